@@ -1,0 +1,306 @@
+//! Reduction and broadcast between arrays: the `Comm` trait and its host
+//! implementation [`CpuComm`]; mirrors `Comm`/`CommCPU` in MXNet's `src/kvstore/comm.h`.
+//!
+//! Summation is deterministic: for every element the values are added left to right in
+//! the order given, f16/bf16 accumulate in f32 and round once, integers wrap. Large
+//! arrays are cut into chunks over the store's own rayon pool; the per-element order
+//! does not depend on the chunking, so results are bit-identical for any thread count.
+
+use rayon::prelude::*;
+use rayon::{ThreadPool, ThreadPoolBuilder};
+
+use crate::dtype::{Element, with_dtype};
+use crate::error::{Error, Result};
+use crate::ndarray::{HostBuf, NDArray};
+
+/// One reduction: `out = inputs[0] + inputs[1] + ...`, element-wise, left to right.
+pub struct ReduceJob<'a> {
+    /// The values, in the order they are added. At least one.
+    pub inputs: Vec<&'a NDArray>,
+    /// Where the sum goes; same shape and dtype as every input.
+    pub out: &'a NDArray,
+}
+
+/// One broadcast: every array of `outs` gets a copy of `src`.
+pub struct BroadcastJob<'a> {
+    /// The value to copy.
+    pub src: &'a NDArray,
+    /// The destinations; same shape and dtype as `src`.
+    pub outs: Vec<&'a NDArray>,
+}
+
+/// Moves data between the arrays of one store: sums pushed values, copies pulled ones.
+///
+/// Callers validate shapes and dtypes first; a `Comm` still checks them and returns
+/// [`Error::Internal`] rather than panicking on a mismatch.
+pub trait Comm: Send + Sync {
+    /// A short name for messages and benchmarks.
+    fn name(&self) -> &'static str;
+
+    /// Runs every reduction of `jobs` (of different keys, so in any order).
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if a job's arrays disagree in shape or dtype.
+    fn reduce(&self, jobs: &[ReduceJob<'_>]) -> Result<()>;
+
+    /// Runs every broadcast of `jobs`.
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if a job's arrays disagree in shape or dtype.
+    fn broadcast(&self, jobs: &[BroadcastJob<'_>]) -> Result<()>;
+}
+
+/// Arrays with at least this many bytes are split into chunks over the pool
+/// (MXNet: `MXNET_KVSTORE_BIGARRAY_BOUND`, 1e6 elements); smaller ones are one task.
+const BIG_BYTES: usize = 1 << 20;
+/// The chunk length, in bytes, for splitting big arrays (a multiple of 64).
+const CHUNK_BYTES: usize = 1 << 18;
+/// Below this many bytes in total, a batch of jobs runs on the calling thread: waking
+/// the pool costs more than the work.
+const PARALLEL_BYTES: usize = 1 << 16;
+/// Elements summed per block while the accumulator stays in L1.
+const ACC_BLOCK: usize = 1024;
+
+/// The host `Comm`: plain loops over a rayon pool owned by the store.
+pub struct CpuComm {
+    pool: ThreadPool,
+}
+
+impl CpuComm {
+    /// A `CpuComm` with its own pool of `threads` threads (0: one per core).
+    ///
+    /// # Errors
+    /// [`Error::Internal`] if the operating system refuses to start the threads.
+    pub fn new(threads: usize) -> Result<Self> {
+        let pool = ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("kvstore-cpu-{i}"))
+            .build()
+            .map_err(|e| Error::Internal(format!("cannot start the reduction threads: {e}")))?;
+        Ok(CpuComm { pool })
+    }
+
+    /// The number of threads of the pool.
+    pub fn num_threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+}
+
+fn job_check(out: &NDArray, other: &NDArray) -> Result<()> {
+    if out.shape() != other.shape() || out.dtype() != other.dtype() {
+        return Err(Error::Internal(format!(
+            "comm: arrays disagree: {:?} {} vs {:?} {}",
+            out.shape(),
+            out.dtype(),
+            other.shape(),
+            other.dtype()
+        )));
+    }
+    Ok(())
+}
+
+/// `out = inputs[0] + inputs[1] + ...` for one block of `out`, accumulating in
+/// `T::Acc`; `offset` is where `out` starts in every input.
+#[inline]
+fn sum_block<T: Element>(inputs: &[&[T]], offset: usize, out: &mut [T]) {
+    let mut acc = [T::Acc::default(); ACC_BLOCK];
+    for (b, out) in out.chunks_mut(ACC_BLOCK).enumerate() {
+        let start = offset + b * ACC_BLOCK;
+        let end = start + out.len();
+        let acc = &mut acc[..out.len()];
+        let mut srcs = inputs.iter().map(|s| &s[start..end]);
+        if let Some(first) = srcs.next() {
+            for (a, &x) in acc.iter_mut().zip(first) {
+                *a = x.to_acc();
+            }
+        }
+        for src in srcs {
+            for (a, &x) in acc.iter_mut().zip(src) {
+                *a = T::acc_add(*a, x.to_acc());
+            }
+        }
+        for (o, &a) in out.iter_mut().zip(acc.iter()) {
+            *o = T::from_acc(a);
+        }
+    }
+}
+
+fn reduce_typed<T: Element>(pool: Option<&ThreadPool>, inputs: &[&HostBuf], out: &mut HostBuf) {
+    let srcs: Vec<&[T]> = inputs.iter().map(|b| b.typed::<T>()).collect();
+    let out = out.typed_mut::<T>();
+    match pool {
+        Some(pool) => {
+            let chunk = CHUNK_BYTES / std::mem::size_of::<T>();
+            pool.install(|| {
+                out.par_chunks_mut(chunk)
+                    .enumerate()
+                    .for_each(|(i, o)| sum_block(&srcs, i * chunk, o));
+            });
+        }
+        None => sum_block(&srcs, 0, out),
+    }
+}
+
+impl CpuComm {
+    /// One reduction; `split` cuts it into chunks over the pool.
+    fn reduce_one(&self, job: &ReduceJob<'_>, split: bool) -> Result<()> {
+        let out = job.out;
+        for input in &job.inputs {
+            job_check(out, input)?;
+        }
+        // An input that is `out` itself (an updater kept a handle to the stored value
+        // and pushed it) is copied first: `out` cannot be read and written at once.
+        let copies: Vec<NDArray> = job
+            .inputs
+            .iter()
+            .filter(|a| a.same_storage(out))
+            .map(|a| a.deep_copy())
+            .collect::<Result<_>>()?;
+        let mut copies = copies.iter();
+        let inputs: Vec<&NDArray> = job
+            .inputs
+            .iter()
+            .map(|&a| if a.same_storage(out) { copies.next().unwrap_or(a) } else { a })
+            .collect();
+        let guards: Vec<_> = inputs.iter().map(|a| a.read()).collect();
+        let bufs: Vec<&HostBuf> = guards.iter().map(|g| &**g).collect();
+        let mut dst = out.write();
+        let pool = (split && dst.bytes().len() >= BIG_BYTES).then_some(&self.pool);
+        with_dtype!(out.dtype(), T => reduce_typed::<T>(pool, &bufs, &mut dst));
+        Ok(())
+    }
+
+    fn broadcast_one(&self, job: &BroadcastJob<'_>, split: bool) -> Result<()> {
+        for out in &job.outs {
+            job_check(job.src, out)?;
+        }
+        let src = job.src.read();
+        let src = src.bytes();
+        for out in job.outs.iter().filter(|o| !o.same_storage(job.src)) {
+            let mut dst = out.write();
+            let dst = dst.bytes_mut();
+            if split && src.len() >= BIG_BYTES {
+                self.pool.install(|| {
+                    dst.par_chunks_mut(CHUNK_BYTES)
+                        .zip(src.par_chunks(CHUNK_BYTES))
+                        .for_each(|(d, s)| d.copy_from_slice(s));
+                });
+            } else {
+                dst.copy_from_slice(src);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `one` over the jobs: big jobs one after another, each split over the pool;
+    /// small jobs in parallel, one task per job, when there is enough work to share.
+    fn run_jobs<J: Sync>(
+        &self,
+        jobs: &[J],
+        bytes: impl Fn(&J) -> usize,
+        one: impl Fn(&J, bool) -> Result<()> + Sync,
+    ) -> Result<()> {
+        let (big, small): (Vec<&J>, Vec<&J>) = jobs.iter().partition(|j| bytes(j) >= BIG_BYTES);
+        for job in big {
+            one(job, true)?;
+        }
+        let small_bytes: usize = small.iter().map(|j| bytes(j)).sum();
+        if small.len() > 1 && small_bytes >= PARALLEL_BYTES && self.num_threads() > 1 {
+            // Tasks take only the locks of their own job's arrays and start no nested
+            // parallel work, so a worker never waits on a lock while holding another's.
+            self.pool.install(|| small.par_iter().try_for_each(|j| one(j, false)))
+        } else {
+            small.iter().try_for_each(|j| one(j, false))
+        }
+    }
+}
+
+impl Comm for CpuComm {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn reduce(&self, jobs: &[ReduceJob<'_>]) -> Result<()> {
+        self.run_jobs(
+            jobs,
+            |j| j.out.size() * j.out.dtype().size() * (j.inputs.len() + 1),
+            |j, split| self.reduce_one(j, split),
+        )
+    }
+
+    fn broadcast(&self, jobs: &[BroadcastJob<'_>]) -> Result<()> {
+        self.run_jobs(
+            jobs,
+            |j| j.src.size() * j.src.dtype().size() * (j.outs.len() + 1),
+            |j, split| self.broadcast_one(j, split),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Context, DType};
+    use half::{bf16, f16};
+
+    fn reduce(comm: &CpuComm, inputs: &[NDArray]) -> NDArray {
+        let out = NDArray::zeros_with(inputs[0].shape(), inputs[0].dtype(), Context::cpu(0)).unwrap();
+        comm.reduce(&[ReduceJob { inputs: inputs.iter().collect(), out: &out }]).unwrap();
+        out
+    }
+
+    #[test]
+    fn half_precision_sums_accumulate_in_f32() {
+        let comm = CpuComm::new(1).unwrap();
+        let vals = |v: &[f32], d| {
+            v.iter().map(|&x| NDArray::full_with(&[1], x as f64, d, Context::cpu(0)).unwrap()).collect::<Vec<_>>()
+        };
+        let sum = reduce(&comm, &vals(&[1.0, 2048.0, 1.0], DType::F16));
+        assert_eq!(sum.to_vec::<f16>().unwrap()[0].to_f32(), 2050.0);
+        let sum = reduce(&comm, &vals(&[60000.0, 60000.0], DType::F16));
+        assert!(sum.to_vec::<f16>().unwrap()[0].to_f32().is_infinite());
+        let sum = reduce(&comm, &vals(&[256.0, 1.0, 1.0], DType::BF16));
+        assert_eq!(sum.to_vec::<bf16>().unwrap()[0].to_f32(), 258.0);
+    }
+
+    #[test]
+    fn f32_sums_run_left_to_right() {
+        let comm = CpuComm::new(2).unwrap();
+        let vals: Vec<NDArray> = [4.0, 4.0, 1e8].iter().map(|&x| NDArray::full(&[3], x).unwrap()).collect();
+        assert_eq!(reduce(&comm, &vals).to_vec::<f32>().unwrap(), vec![100000008.0; 3]);
+    }
+
+    #[test]
+    fn integer_sums_wrap() {
+        let comm = CpuComm::new(1).unwrap();
+        let vals: Vec<NDArray> =
+            [100.0, 100.0].iter().map(|&x| NDArray::full_with(&[2], x, DType::I8, Context::cpu(0)).unwrap()).collect();
+        assert_eq!(reduce(&comm, &vals).to_vec::<i8>().unwrap(), vec![-56, -56]);
+    }
+
+    #[test]
+    fn big_arrays_split_over_the_pool_give_the_serial_result() {
+        let n = 3 * (BIG_BYTES / 4) + 7;
+        let vals: Vec<NDArray> = (0..5)
+            .map(|k| NDArray::from_vec(&[n], (0..n).map(|i| ((i * 7 + k * 13) % 1000) as f32 * 0.1).collect()).unwrap())
+            .collect();
+        let serial: Vec<f32> = (0..n)
+            .map(|i| vals.iter().map(|v| v.read().typed::<f32>()[i]).fold(None, |a: Option<f32>, x| Some(a.map_or(x, |a| a + x))).unwrap())
+            .collect();
+        for threads in [1, 2, 4] {
+            let got = reduce(&CpuComm::new(threads).unwrap(), &vals).to_vec::<f32>().unwrap();
+            assert!(got.iter().zip(&serial).all(|(a, b)| a.to_bits() == b.to_bits()), "threads {threads}");
+        }
+    }
+
+    #[test]
+    fn a_mismatched_job_is_an_internal_error_not_a_panic() {
+        let comm = CpuComm::new(1).unwrap();
+        let out = NDArray::zeros(&[2]).unwrap();
+        let bad = NDArray::zeros(&[3]).unwrap();
+        let e = comm.reduce(&[ReduceJob { inputs: vec![&bad], out: &out }]).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Internal);
+        let e = comm.broadcast(&[BroadcastJob { src: &out, outs: vec![&bad] }]).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Internal);
+    }
+}

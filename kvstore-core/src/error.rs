@@ -1,0 +1,231 @@
+//! The error type of the crate, mirroring the error classes of MXNet's KVStore
+//! (reference §3) as typed variants, plus a stable, `Copy` [`ErrorKind`] that is the
+//! contract with the Java and Clojure bindings.
+
+use std::fmt;
+
+use crate::dtype::DType;
+use crate::key::Key;
+
+/// Shorthand for `Result<T, kvstore_core::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in a store or array operation.
+///
+/// Messages are lowercase, name the operation and the key, and say what to do when
+/// there is something to do. Match on [`Error::kind`] rather than on message text.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    // ----- keys -----
+    /// The key was never passed to `init` (or `broadcast`).
+    #[error("{op}: key \"{key}\" is not initialized: call init first")]
+    KeyNotInitialized {
+        /// The operation that was refused (`push`, `pull`, ...).
+        op: &'static str,
+        /// The key.
+        key: Key,
+    },
+    /// `init` or `broadcast` of a key the store already holds, or twice in one call.
+    #[error("{op}: duplicate init of key \"{key}\": {detail}")]
+    AlreadyInitialized {
+        /// The operation that was refused (`init` or `broadcast`).
+        op: &'static str,
+        /// The key.
+        key: Key,
+        /// Where the earlier init came from.
+        detail: &'static str,
+    },
+
+    // ----- values -----
+    /// An array has a different shape than the one it must match.
+    #[error("{context}: shape mismatch: expected {expected:?}, got {got:?}")]
+    ShapeMismatch {
+        /// The operation and key or operand concerned.
+        context: String,
+        /// The shape that was required.
+        expected: Vec<usize>,
+        /// The shape that was given.
+        got: Vec<usize>,
+    },
+    /// An array has a different element type than the one it must match.
+    #[error("{context}: dtype mismatch: expected {expected}, got {got}")]
+    DTypeMismatch {
+        /// The operation and key or operand concerned.
+        context: String,
+        /// The dtype that was required.
+        expected: DType,
+        /// The dtype that was given.
+        got: DType,
+    },
+    /// Parallel lists of different lengths (keys and values, keys and outs).
+    #[error("{context}: length mismatch: {expected} {what} expected, got {got}")]
+    LengthMismatch {
+        /// The operation concerned.
+        context: String,
+        /// What is being counted ("values", "outs").
+        what: &'static str,
+        /// The length that was required.
+        expected: usize,
+        /// The length that was given.
+        got: usize,
+    },
+
+    // ----- stores and devices -----
+    /// `create` was given a kind that no build of the library knows.
+    #[error("unknown store kind \"{kind}\": known kinds are {}", known.join(", "))]
+    UnknownStoreKind {
+        /// The name as given.
+        kind: String,
+        /// The kinds that exist.
+        known: Vec<&'static str>,
+    },
+    /// A device context was used but no backend can serve it.
+    #[error("device {context} is unavailable: {reason}")]
+    DeviceUnavailable {
+        /// The context, for example `gpu(0)`.
+        context: String,
+        /// Why, and what to do about it.
+        reason: String,
+    },
+    /// A feature this build or this store kind does not provide.
+    #[error("{what} is not supported: {hint}")]
+    Unsupported {
+        /// The feature.
+        what: String,
+        /// What is supported instead.
+        hint: String,
+    },
+    /// An argument that is invalid on its own (not a mismatch with stored state).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// An object that was closed or disposed was used.
+    #[error("{what} was used after it was disposed")]
+    Disposed {
+        /// The kind of object.
+        what: &'static str,
+    },
+    /// A file could not be read or written.
+    #[error("{context}: {source}")]
+    Io {
+        /// The operation and path.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A device or transport backend reported a failure.
+    #[error("{backend} backend: {message}")]
+    Backend {
+        /// The backend's name.
+        backend: &'static str,
+        /// Its message.
+        message: String,
+    },
+    /// A bug in the library; please report it.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// The stable category of an [`Error`], shared with the Java (`KVStoreException.code()`)
+/// and Clojure (`:kvstore/error`) bindings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// See [`Error::KeyNotInitialized`].
+    KeyNotInitialized,
+    /// See [`Error::AlreadyInitialized`].
+    AlreadyInitialized,
+    /// See [`Error::ShapeMismatch`].
+    ShapeMismatch,
+    /// See [`Error::DTypeMismatch`].
+    DTypeMismatch,
+    /// See [`Error::LengthMismatch`].
+    LengthMismatch,
+    /// See [`Error::UnknownStoreKind`].
+    UnknownStoreKind,
+    /// See [`Error::DeviceUnavailable`].
+    DeviceUnavailable,
+    /// See [`Error::Unsupported`].
+    Unsupported,
+    /// See [`Error::InvalidArgument`].
+    InvalidArgument,
+    /// See [`Error::Disposed`].
+    Disposed,
+    /// See [`Error::Io`].
+    Io,
+    /// See [`Error::Backend`].
+    Backend,
+    /// See [`Error::Internal`].
+    Internal,
+}
+
+impl ErrorKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [ErrorKind; 13] = [
+        ErrorKind::KeyNotInitialized,
+        ErrorKind::AlreadyInitialized,
+        ErrorKind::ShapeMismatch,
+        ErrorKind::DTypeMismatch,
+        ErrorKind::LengthMismatch,
+        ErrorKind::UnknownStoreKind,
+        ErrorKind::DeviceUnavailable,
+        ErrorKind::Unsupported,
+        ErrorKind::InvalidArgument,
+        ErrorKind::Disposed,
+        ErrorKind::Io,
+        ErrorKind::Backend,
+        ErrorKind::Internal,
+    ];
+
+    /// The name used across FFI: `"SHAPE_MISMATCH"` for [`ErrorKind::ShapeMismatch`].
+    pub fn code(self) -> &'static str {
+        match self {
+            ErrorKind::KeyNotInitialized => "KEY_NOT_INITIALIZED",
+            ErrorKind::AlreadyInitialized => "ALREADY_INITIALIZED",
+            ErrorKind::ShapeMismatch => "SHAPE_MISMATCH",
+            ErrorKind::DTypeMismatch => "DTYPE_MISMATCH",
+            ErrorKind::LengthMismatch => "LENGTH_MISMATCH",
+            ErrorKind::UnknownStoreKind => "UNKNOWN_STORE_KIND",
+            ErrorKind::DeviceUnavailable => "DEVICE_UNAVAILABLE",
+            ErrorKind::Unsupported => "UNSUPPORTED",
+            ErrorKind::InvalidArgument => "INVALID_ARGUMENT",
+            ErrorKind::Disposed => "DISPOSED",
+            ErrorKind::Io => "IO",
+            ErrorKind::Backend => "BACKEND",
+            ErrorKind::Internal => "INTERNAL",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
+impl Error {
+    /// The stable category of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::KeyNotInitialized { .. } => ErrorKind::KeyNotInitialized,
+            Error::AlreadyInitialized { .. } => ErrorKind::AlreadyInitialized,
+            Error::ShapeMismatch { .. } => ErrorKind::ShapeMismatch,
+            Error::DTypeMismatch { .. } => ErrorKind::DTypeMismatch,
+            Error::LengthMismatch { .. } => ErrorKind::LengthMismatch,
+            Error::UnknownStoreKind { .. } => ErrorKind::UnknownStoreKind,
+            Error::DeviceUnavailable { .. } => ErrorKind::DeviceUnavailable,
+            Error::Unsupported { .. } => ErrorKind::Unsupported,
+            Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            Error::Disposed { .. } => ErrorKind::Disposed,
+            Error::Io { .. } => ErrorKind::Io,
+            Error::Backend { .. } => ErrorKind::Backend,
+            Error::Internal(_) => ErrorKind::Internal,
+        }
+    }
+
+    /// An [`Error::InvalidArgument`] with the given message.
+    pub fn invalid_argument(message: impl Into<String>) -> Self {
+        Error::InvalidArgument(message.into())
+    }
+}

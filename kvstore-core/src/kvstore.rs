@@ -1,0 +1,584 @@
+//! The store: mirrors `KVStoreLocal` in MXNet's `src/kvstore/kvstore_local.h`, with
+//! the deliberate differences listed in the crate docs.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry as MapEntry;
+use std::fmt;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::comm::{BroadcastJob, Comm, CpuComm, ReduceJob};
+use crate::error::{Error, Result};
+use crate::key::{Key, Keys};
+use crate::ndarray::NDArray;
+use crate::updater::Updater;
+
+/// Values or outs of a call: one array, a list, or a list of lists (one list per key).
+#[derive(Clone, Copy)]
+pub enum Values<'a> {
+    /// One array.
+    One(&'a NDArray),
+    /// A list of arrays: all for the one key, or one per key.
+    Many(&'a [NDArray]),
+    /// One list of arrays per key: `push([k1, k2], [[a, b], [c]])`.
+    Nested(&'a [Vec<NDArray>]),
+}
+
+impl<'a> From<&'a NDArray> for Values<'a> {
+    fn from(a: &'a NDArray) -> Self {
+        Values::One(a)
+    }
+}
+
+impl<'a> From<&'a [NDArray]> for Values<'a> {
+    fn from(a: &'a [NDArray]) -> Self {
+        Values::Many(a)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [NDArray; N]> for Values<'a> {
+    fn from(a: &'a [NDArray; N]) -> Self {
+        Values::Many(a)
+    }
+}
+
+impl<'a> From<&'a Vec<NDArray>> for Values<'a> {
+    fn from(a: &'a Vec<NDArray>) -> Self {
+        Values::Many(a)
+    }
+}
+
+impl<'a> From<&'a [Vec<NDArray>]> for Values<'a> {
+    fn from(a: &'a [Vec<NDArray>]) -> Self {
+        Values::Nested(a)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [Vec<NDArray>; N]> for Values<'a> {
+    fn from(a: &'a [Vec<NDArray>; N]) -> Self {
+        Values::Nested(a)
+    }
+}
+
+impl<'a> From<&'a Vec<Vec<NDArray>>> for Values<'a> {
+    fn from(a: &'a Vec<Vec<NDArray>>) -> Self {
+        Values::Nested(a)
+    }
+}
+
+/// How a store moves data. Chosen by the kind name given to [`KVStore::create`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `local`: reduce on the host.
+    Local,
+    /// `device`: reduce on the devices of the pushed values; on CPU contexts the same
+    /// as `local`.
+    Device,
+}
+
+/// Kind names this build creates.
+const SUPPORTED: [&str; 2] = ["local", "device"];
+/// Every kind name of the project, for the message of an unknown kind.
+const KNOWN: [&str; 5] = ["local", "device", "dist_sync", "dist_device_sync", "nccl"];
+
+fn parse_kind(name: &str) -> Result<Mode> {
+    let lower = name.to_ascii_lowercase();
+    match lower.as_str() {
+        // MXNet's spellings of a local store.
+        "local" | "local_update_cpu" | "local_allreduce_cpu" => Ok(Mode::Local),
+        "device" | "local_allreduce_device" => Ok(Mode::Device),
+        _ if lower.contains("dist") || lower.contains("nccl") => Err(Error::Unsupported {
+            what: format!("store kind \"{lower}\""),
+            hint: format!(
+                "this build supports {} (dist_sync comes with kvstore-mpi, nccl with kvstore-cuda)",
+                SUPPORTED.join(", ")
+            ),
+        }),
+        _ => Err(Error::UnknownStoreKind { kind: name.to_string(), known: KNOWN.to_vec() }),
+    }
+}
+
+struct Entry {
+    key: Key,
+    index: usize,
+    value: RwLock<NDArray>,
+}
+
+#[derive(Default)]
+struct Table {
+    entries: HashMap<Key, Arc<Entry>>,
+    next_index: usize,
+}
+
+/// Builds a [`KVStore`] with settings other than the defaults.
+pub struct KVStoreBuilder {
+    kind: String,
+    threads: usize,
+}
+
+impl KVStoreBuilder {
+    /// The number of reduction threads of the store's own pool (0, the default: one
+    /// per core).
+    pub fn num_threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self
+    }
+
+    /// Creates the store.
+    ///
+    /// # Errors
+    /// As [`KVStore::create`].
+    pub fn build(self) -> Result<KVStore> {
+        // On CPU contexts a `device` store reduces exactly as a `local` one; the
+        // kinds differ once a GPU backend is plugged in.
+        let _mode = parse_kind(&self.kind)?;
+        Ok(KVStore {
+            kind: self.kind.to_ascii_lowercase(),
+            comm: Box::new(CpuComm::new(self.threads)?),
+            table: RwLock::new(Table::default()),
+            updater: RwLock::new(None),
+        })
+    }
+}
+
+/// A key-value store of arrays: `init` keys, `push` values (summed, then merged by the
+/// updater), `pull` the stored values into outs.
+///
+/// Every call takes its keys as one key or a list ([`Keys`]: `3`, `"w"`, `&["5", "7"]`)
+/// and its values as one array, a list or a list of lists ([`Values`]). With one key,
+/// every value belongs to it; with a list of keys, values pair up with keys, and a
+/// repeated key gets the sum of its values. `priority` is accepted as in MXNet; every
+/// call here completes before it returns, so it cannot change any result.
+///
+/// `KVStore` is `Send + Sync`: operations on one key are serialised, operations on
+/// different keys run in parallel.
+pub struct KVStore {
+    kind: String,
+    comm: Box<dyn Comm>,
+    table: RwLock<Table>,
+    updater: RwLock<Option<Arc<dyn Updater>>>,
+}
+
+impl fmt::Debug for KVStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KVStore")
+            .field("kind", &self.kind)
+            .field("keys", &self.table.read().entries.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Pairs each key with its values, following MXNet's flattening rules.
+fn flatten<'a>(op: &'static str, keys: Keys, values: Values<'a>, what: &'static str) -> Result<Vec<(Key, &'a NDArray)>> {
+    let mismatch = |expected: usize, got: usize| Error::LengthMismatch {
+        context: format!("{op}: {expected} keys"),
+        what,
+        expected,
+        got,
+    };
+    match (keys, values) {
+        (Keys::One(k), Values::One(v)) => Ok(vec![(k, v)]),
+        (Keys::One(k), Values::Many(vs)) => Ok(vs.iter().map(|v| (k.clone(), v)).collect()),
+        (Keys::One(k), Values::Nested(_)) => Err(Error::invalid_argument(format!(
+            "{op}: key \"{k}\" takes one array or a list of arrays, not a list of lists"
+        ))),
+        (Keys::Many(ks), Values::One(v)) if ks.len() == 1 => Ok(ks.into_iter().map(|k| (k, v)).collect()),
+        (Keys::Many(ks), Values::One(_)) => Err(mismatch(ks.len(), 1)),
+        (Keys::Many(ks), Values::Many(vs)) if ks.len() == vs.len() => Ok(ks.into_iter().zip(vs).collect()),
+        (Keys::Many(ks), Values::Many(vs)) => Err(mismatch(ks.len(), vs.len())),
+        (Keys::Many(ks), Values::Nested(vss)) if ks.len() == vss.len() => Ok(ks
+            .into_iter()
+            .zip(vss)
+            .flat_map(|(k, vs)| vs.iter().map(move |v| (k.clone(), v)))
+            .collect()),
+        (Keys::Many(ks), Values::Nested(vss)) => Err(mismatch(ks.len(), vss.len())),
+    }
+}
+
+/// The arrays of one key in one call, in call order.
+struct Group<'a> {
+    entry: Arc<Entry>,
+    arrays: Vec<&'a NDArray>,
+}
+
+fn check_host(op: &'static str, key: &Key, a: &NDArray) -> Result<()> {
+    if a.context().is_cpu() {
+        Ok(())
+    } else {
+        Err(Error::DeviceUnavailable {
+            context: a.context().to_string(),
+            reason: format!("{op} of key \"{key}\": no GPU backend is registered in this build"),
+        })
+    }
+}
+
+/// Checks that every array of `group` matches the stored value in shape and dtype.
+fn check_group(op: &'static str, what: &str, group: &Group<'_>, stored: &NDArray) -> Result<()> {
+    let key = &group.entry.key;
+    let n = group.arrays.len();
+    for (i, a) in group.arrays.iter().enumerate() {
+        check_host(op, key, a)?;
+        let context = || {
+            if n == 1 {
+                format!("{op} of key \"{key}\"")
+            } else {
+                format!("{op} of key \"{key}\" ({what} {} of {n})", i + 1)
+            }
+        };
+        if a.shape() != stored.shape() {
+            return Err(Error::ShapeMismatch {
+                context: context(),
+                expected: stored.shape().to_vec(),
+                got: a.shape().to_vec(),
+            });
+        }
+        if a.dtype() != stored.dtype() {
+            return Err(Error::DTypeMismatch { context: context(), expected: stored.dtype(), got: a.dtype() });
+        }
+    }
+    Ok(())
+}
+
+impl KVStore {
+    /// Creates a store of the given kind with the default settings.
+    ///
+    /// Kinds: `local` (reduce on the host) and `device` (reduce on the devices of the
+    /// pushed values; on CPU contexts the same as `local`), case-insensitive, plus
+    /// MXNet's spellings `local_update_cpu`, `local_allreduce_cpu` and
+    /// `local_allreduce_device`.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for `dist_*` and `nccl` kinds, which this build lacks;
+    /// [`Error::UnknownStoreKind`] for any other name (MXNet made those local stores).
+    pub fn create(kind: &str) -> Result<Self> {
+        Self::builder(kind).build()
+    }
+
+    /// A builder for a store of the given kind.
+    pub fn builder(kind: &str) -> KVStoreBuilder {
+        KVStoreBuilder { kind: kind.to_string(), threads: 0 }
+    }
+
+    /// The kind, lower-cased as given (MXNet's `type`).
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// The name of the data mover (`"cpu"`).
+    pub fn comm_name(&self) -> &'static str {
+        self.comm.name()
+    }
+
+    /// The rank of this worker: 0 for a local store.
+    pub fn rank(&self) -> usize {
+        0
+    }
+
+    /// The number of workers: 1 for a local store.
+    pub fn num_workers(&self) -> usize {
+        1
+    }
+
+    /// Waits for every worker: a local store has only this one, so it returns at once.
+    ///
+    /// # Errors
+    /// None for a local store.
+    pub fn barrier(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The number of dead nodes in `node_id`'s group: 0 for a local store.
+    pub fn num_dead_node(&self, _node_id: i32) -> usize {
+        0
+    }
+
+    /// Whether the store can do `capability` (`"optimizer"`, case-insensitive).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an unknown capability, as MXNet.
+    pub fn is_capable(&self, capability: &str) -> Result<bool> {
+        if capability.eq_ignore_ascii_case("optimizer") {
+            Ok(true)
+        } else {
+            Err(Error::invalid_argument(format!("unknown capability \"{capability}\"")))
+        }
+    }
+
+    /// Gradient compression, which this build does not provide.
+    ///
+    /// # Errors
+    /// Always [`Error::Unsupported`]; the store is unchanged.
+    pub fn set_gradient_compression(&self, _params: &[(&str, &str)]) -> Result<()> {
+        Err(Error::Unsupported {
+            what: "gradient compression".to_string(),
+            hint: format!("a {} store pushes uncompressed values", self.kind),
+        })
+    }
+
+    /// Installs `updater`, replacing any earlier one. Pushes after this call merge
+    /// through it instead of assigning.
+    pub fn set_updater(&self, updater: impl Updater + 'static) {
+        *self.updater.write() = Some(Arc::new(updater));
+    }
+
+    /// Removes the updater: pushes assign the sum again (MXNet's default, ASSIGN).
+    pub fn clear_updater(&self) {
+        *self.updater.write() = None;
+    }
+
+    /// The keys of the store, in the order they were first initialised.
+    pub fn keys(&self) -> Vec<Key> {
+        let table = self.table.read();
+        let mut entries: Vec<&Arc<Entry>> = table.entries.values().collect();
+        entries.sort_by_key(|e| e.index);
+        entries.iter().map(|e| e.key.clone()).collect()
+    }
+
+    /// The internal number of `key` (0, 1, 2, ... in order of first init), which
+    /// MXNet's Scala and Clojure updaters received instead of string keys.
+    pub fn key_index(&self, key: impl Into<Key>) -> Option<usize> {
+        self.table.read().entries.get(&key.into()).map(|e| e.index)
+    }
+
+    /// Initialises keys with copies of the values. All or nothing: on error no key of
+    /// the call is added.
+    ///
+    /// # Errors
+    /// [`Error::AlreadyInitialized`] for a key the store holds or that appears twice in
+    /// the call; [`Error::LengthMismatch`] for lists of different lengths;
+    /// [`Error::DeviceUnavailable`] for a value on an unavailable device.
+    pub fn init<'a>(&self, keys: impl Into<Keys>, values: impl Into<Values<'a>>) -> Result<()> {
+        self.init_pairs("init", flatten("init", keys.into(), values.into(), "values")?)
+    }
+
+    fn init_pairs(&self, op: &'static str, pairs: Vec<(Key, &NDArray)>) -> Result<()> {
+        let mut seen = HashMap::new();
+        for (k, v) in &pairs {
+            check_host(op, k, v)?;
+            if seen.insert(k, ()).is_some() {
+                return Err(Error::AlreadyInitialized { op, key: k.clone(), detail: "the key appears twice in this call" });
+            }
+        }
+        let already = |k: &Key| Error::AlreadyInitialized {
+            op,
+            key: k.clone(),
+            detail: "it was initialized before; init and broadcast take each key once",
+        };
+        if let Some((k, _)) = pairs.iter().find(|(k, _)| self.table.read().entries.contains_key(k)) {
+            return Err(already(k));
+        }
+        // Copy outside the table lock: copies of big arrays take a while.
+        let copies: Vec<NDArray> = pairs.iter().map(|(_, v)| v.deep_copy()).collect::<Result<_>>()?;
+        let mut table = self.table.write();
+        if let Some((k, _)) = pairs.iter().find(|(k, _)| table.entries.contains_key(k)) {
+            return Err(already(k));
+        }
+        for ((key, _), value) in pairs.into_iter().zip(copies) {
+            let index = table.next_index;
+            table.next_index += 1;
+            let entry = Arc::new(Entry { key: key.clone(), index, value: RwLock::new(value) });
+            table.entries.insert(key, entry);
+        }
+        Ok(())
+    }
+
+    /// Groups `pairs` by key (values in call order) and finds each key's entry; the
+    /// groups come sorted by internal index, the order of updates and of locking.
+    fn group<'a>(&self, op: &'static str, pairs: Vec<(Key, &'a NDArray)>) -> Result<Vec<Group<'a>>> {
+        let table = self.table.read();
+        let mut at: HashMap<Key, usize> = HashMap::new();
+        let mut groups: Vec<Group<'a>> = Vec::new();
+        for (key, value) in pairs {
+            match at.entry(key) {
+                MapEntry::Occupied(o) => groups[*o.get()].arrays.push(value),
+                MapEntry::Vacant(v) => {
+                    let Some(entry) = table.entries.get(v.key()) else {
+                        return Err(Error::KeyNotInitialized { op, key: v.key().clone() });
+                    };
+                    groups.push(Group { entry: Arc::clone(entry), arrays: vec![value] });
+                    v.insert(groups.len() - 1);
+                }
+            }
+        }
+        groups.sort_by_key(|g| g.entry.index);
+        Ok(groups)
+    }
+
+    /// Pushes values: for each distinct key, sums its values left to right, then the
+    /// updater merges the sum into the stored value (with none, the sum replaces it).
+    /// Always copies: the store never keeps a reference to a pushed array.
+    ///
+    /// # Errors
+    /// [`Error::KeyNotInitialized`], [`Error::ShapeMismatch`], [`Error::DTypeMismatch`],
+    /// [`Error::LengthMismatch`], or the updater's error. On any error the store keeps
+    /// the values it had before the call.
+    pub fn push<'a>(&self, keys: impl Into<Keys>, values: impl Into<Values<'a>>, priority: i32) -> Result<()> {
+        let _ = priority;
+        let pairs = flatten("push", keys.into(), values.into(), "values")?;
+        self.push_pull("push", pairs, Vec::new())
+    }
+
+    /// Copies each key's stored value into its outs.
+    ///
+    /// # Errors
+    /// [`Error::KeyNotInitialized`], [`Error::ShapeMismatch`] or
+    /// [`Error::DTypeMismatch`] (pull does not convert: use [`NDArray::as_type`]),
+    /// [`Error::LengthMismatch`]. On error no out is written.
+    pub fn pull<'a>(&self, keys: impl Into<Keys>, outs: impl Into<Values<'a>>, priority: i32) -> Result<()> {
+        let _ = priority;
+        self.pull_pairs("pull", flatten("pull", keys.into(), outs.into(), "outs")?)
+    }
+
+    fn pull_pairs(&self, op: &'static str, pairs: Vec<(Key, &NDArray)>) -> Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let groups = self.group(op, pairs)?;
+        let guards: Vec<_> = groups.iter().map(|g| g.entry.value.read()).collect();
+        for (g, stored) in groups.iter().zip(&guards) {
+            check_group(op, "out", g, stored)?;
+        }
+        let jobs: Vec<BroadcastJob<'_>> = groups
+            .iter()
+            .zip(&guards)
+            .map(|(g, stored)| BroadcastJob { src: &**stored, outs: g.arrays.clone() })
+            .collect();
+        self.comm.broadcast(&jobs)
+    }
+
+    /// Push, then pull into `outs`, holding the keys in between so the outs see this
+    /// push's result.
+    ///
+    /// # Errors
+    /// As [`KVStore::push`] and [`KVStore::pull`]; on error nothing changes.
+    pub fn pushpull<'a, 'b>(
+        &self,
+        keys: impl Into<Keys>,
+        values: impl Into<Values<'a>>,
+        outs: impl Into<Values<'b>>,
+        priority: i32,
+    ) -> Result<()> {
+        let _ = priority;
+        let keys = keys.into();
+        let push = flatten("pushpull", keys.clone(), values.into(), "values")?;
+        let pull = flatten("pushpull", keys, outs.into(), "outs")?;
+        self.push_pull("pushpull", push, pull)
+    }
+
+    /// Push, then pull the result back into the pushed arrays themselves (MXNet's
+    /// `pushpull` with `out=None`).
+    ///
+    /// # Errors
+    /// As [`KVStore::pushpull`].
+    pub fn pushpull_in_place<'a>(&self, keys: impl Into<Keys>, values: impl Into<Values<'a>>, priority: i32) -> Result<()> {
+        let _ = priority;
+        let pairs = flatten("pushpull", keys.into(), values.into(), "values")?;
+        self.push_pull("pushpull", pairs.clone(), pairs)
+    }
+
+    /// Initialises the keys with the values, then pulls them into the outs.
+    ///
+    /// # Errors
+    /// As [`KVStore::init`], and [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`]
+    /// for an out that does not match its value (checked before anything is stored).
+    pub fn broadcast<'a, 'b>(
+        &self,
+        keys: impl Into<Keys>,
+        values: impl Into<Values<'a>>,
+        outs: impl Into<Values<'b>>,
+        priority: i32,
+    ) -> Result<()> {
+        let keys = keys.into();
+        let init = flatten("broadcast", keys.clone(), values.into(), "values")?;
+        let pull = flatten("broadcast", keys.clone(), outs.into(), "outs")?;
+        for (k, out) in &pull {
+            if let Some((_, v)) = init.iter().find(|(ik, _)| ik == k) {
+                let context = || format!("broadcast of key \"{k}\" (out)");
+                if out.shape() != v.shape() {
+                    return Err(Error::ShapeMismatch { context: context(), expected: v.shape().to_vec(), got: out.shape().to_vec() });
+                }
+                if out.dtype() != v.dtype() {
+                    return Err(Error::DTypeMismatch { context: context(), expected: v.dtype(), got: out.dtype() });
+                }
+            }
+        }
+        let _ = priority;
+        self.init_pairs("broadcast", init)?;
+        self.pull_pairs("broadcast", pull)
+    }
+
+    /// The push algorithm (`KVStoreLocal::PushImpl`) followed by an optional pull, with
+    /// every key of the call write-locked, in index order, for the whole call.
+    fn push_pull(&self, op: &'static str, push: Vec<(Key, &NDArray)>, pull: Vec<(Key, &NDArray)>) -> Result<()> {
+        if push.is_empty() && pull.is_empty() {
+            return Ok(());
+        }
+        let push = self.group(op, push)?;
+        let pull = self.group(op, pull)?;
+        // Lock the union of the keys in index order, so that concurrent multi-key
+        // calls cannot deadlock.
+        let mut entries: Vec<&Arc<Entry>> = push.iter().chain(&pull).map(|g| &g.entry).collect();
+        entries.sort_by_key(|e| e.index);
+        entries.dedup_by_key(|e| e.index);
+        let mut guards: Vec<_> = entries.iter().map(|e| e.value.write()).collect();
+        let slot = |index: usize| entries.iter().position(|e| e.index == index);
+        let stored = |g: &Group<'_>| slot(g.entry.index).map(|i| guards[i].clone());
+        // Validate everything before changing anything.
+        for g in &push {
+            let s = stored(g).ok_or_else(|| Error::Internal("push: key not locked".into()))?;
+            check_group(op, "value", g, &s)?;
+        }
+        for g in &pull {
+            let s = stored(g).ok_or_else(|| Error::Internal("pull: key not locked".into()))?;
+            check_group(op, "out", g, &s)?;
+        }
+        let updater = self.updater.read().clone();
+        match updater {
+            None => {
+                let jobs: Vec<ReduceJob<'_>> = push
+                    .iter()
+                    .map(|g| {
+                        let i = slot(g.entry.index).unwrap_or_default();
+                        ReduceJob { inputs: g.arrays.clone(), out: &*guards[i] }
+                    })
+                    .collect();
+                self.comm.reduce(&jobs)?;
+            }
+            Some(updater) => {
+                // The updater works on copies of the stored values, committed only
+                // when every key's update succeeded: a failing updater leaves the
+                // store as it was.
+                let mut merged = Vec::with_capacity(push.len());
+                let mut working = Vec::with_capacity(push.len());
+                for g in &push {
+                    let s = &*guards[slot(g.entry.index).unwrap_or_default()];
+                    merged.push(NDArray::zeros_with(s.shape(), s.dtype(), s.context())?);
+                    working.push(s.deep_copy()?);
+                }
+                let jobs: Vec<ReduceJob<'_>> = push
+                    .iter()
+                    .zip(&merged)
+                    .map(|(g, m)| ReduceJob { inputs: g.arrays.clone(), out: m })
+                    .collect();
+                self.comm.reduce(&jobs)?;
+                for ((g, m), w) in push.iter().zip(&merged).zip(&working) {
+                    updater.update(&g.entry.key, g.entry.index, m, w)?;
+                }
+                for (g, w) in push.iter().zip(working) {
+                    if let Some(i) = slot(g.entry.index) {
+                        *guards[i] = w;
+                    }
+                }
+            }
+        }
+        let jobs: Vec<BroadcastJob<'_>> = pull
+            .iter()
+            .map(|g| {
+                let i = slot(g.entry.index).unwrap_or_default();
+                BroadcastJob { src: &*guards[i], outs: g.arrays.clone() }
+            })
+            .collect();
+        self.comm.broadcast(&jobs)
+    }
+}

@@ -1,0 +1,78 @@
+//! `kvstore-core`: the semantics of Apache MXNet's KVStore in safe Rust.
+//!
+//! A store holds one array per key. `init` a key with an array, `push` one or many
+//! arrays into it (they are **summed**, then an [`Updater`] merges the sum into the
+//! stored value; by default the sum replaces it), and `pull` the value into one or many
+//! output arrays. This crate is the local store (`local` and `device` kinds) with the
+//! data model every other crate of the project builds on: [`NDArray`], [`Context`],
+//! [`DType`], [`Key`], [`KVStore`], the [`Comm`] trait with [`CpuComm`], the
+//! [`Updater`] trait and [`Error`].
+//!
+//! ```
+//! use kvstore_core::{Context, KVStore, NDArray};
+//!
+//! let kv = KVStore::create("local")?;
+//! let shape = [2, 3];
+//! kv.init(3, &NDArray::ones(&shape)?.mul(2.0)?)?;
+//! let a = NDArray::zeros(&shape)?;
+//! kv.pull(3, &a, 0)?;
+//! assert_eq!(a.to_vec::<f32>()?, vec![2.0; 6]);
+//!
+//! // Values pushed from several devices are summed.
+//! let b: Vec<NDArray> = (0..4)
+//!     .map(|i| NDArray::ones_with(&shape, Default::default(), Context::cpu(i)))
+//!     .collect::<Result<_, _>>()?;
+//! kv.push(3, &b, 0)?;
+//! kv.pull(3, &a, 0)?;
+//! assert_eq!(a.to_vec::<f32>()?, vec![4.0; 6]);
+//!
+//! // A list of keys with repeats: each key is updated once, with its sum.
+//! kv.push(&["3", "3", "3"], &b[..3], 0)?;
+//! kv.pull(3, &a, 0)?;
+//! assert_eq!(a.to_vec::<f32>()?, vec![3.0; 6]);
+//! # Ok::<(), kvstore_core::Error>(())
+//! ```
+//!
+//! # Deliberate differences from MXNet 1.9.1
+//! 1. Push always copies: the store never aliases a caller's array.
+//! 2. Every push and pull checks shape and dtype against the stored value.
+//! 3. Any number of values may be pushed to a key at any time.
+//! 4. An error inside an updater fails that push, and the store keeps its old values.
+//! 5. Sums run left to right in the order given; f16/bf16 accumulate in f32 and round
+//!    once; integers wrap. Results are bit-identical for any number of threads.
+//! 6. `create` rejects unknown kinds; `barrier` works.
+//! 7. Keys are strings; the integer key `3` is the string `"3"`. Updates run in the
+//!    order keys were first initialised (MXNet sorted integer keys numerically).
+//! 8. A failed call changes nothing: list calls are validated whole before any key is
+//!    touched (MXNet could apply a prefix of a list, then fail).
+//!
+//! # Features
+//! None. GPU arrays come from `kvstore-cuda`, `dist_sync` from `kvstore-mpi`.
+//!
+//! # Errors
+//! Every fallible call returns [`Result`] with an [`Error`] whose [`Error::kind`] is a
+//! stable [`ErrorKind`]. No user input reaches a panic.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod comm;
+mod context;
+mod device;
+mod dtype;
+mod error;
+mod key;
+mod kvstore;
+mod ndarray;
+mod updater;
+
+pub use comm::{BroadcastJob, Comm, CpuComm, ReduceJob};
+pub use context::{Context, DeviceType};
+pub use dtype::{DType, Element};
+pub use error::{Error, ErrorKind, Result};
+pub use key::{Key, Keys};
+pub use kvstore::{KVStore, KVStoreBuilder, Values};
+pub use ndarray::{NDArray, Operand};
+pub use updater::Updater;
+
+/// Re-exported so that users name `f16` and `bf16` elements without a direct dependency.
+pub use half::{bf16, f16};

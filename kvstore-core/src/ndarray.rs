@@ -1,0 +1,691 @@
+//! `NDArray`: a shape, a dtype, a context and a shared, mutable buffer, as MXNet's
+//! `NDArray` handle. Cloning an `NDArray` shares the buffer; [`crate::KVStore::pull`]
+//! writes into the caller's arrays in place.
+//!
+//! Only the operations users of a KVStore need are here: constructors, `to_vec`,
+//! element-wise `+ - * /` with a scalar or an array, `copy_to`, `as_type`. It is not a
+//! tensor library.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytemuck::{Pod, Zeroable};
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::context::Context;
+use crate::dtype::{DType, Element, cast, with_dtype};
+use crate::error::{Error, Result};
+
+/// One 64-byte, 64-byte-aligned block: the unit host buffers are made of, so that
+/// every host array starts on a cache line.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C, align(64))]
+struct Block([u8; 64]);
+
+/// The host memory of an array.
+pub(crate) struct HostBuf {
+    blocks: Vec<Block>,
+    len: usize,
+}
+
+impl HostBuf {
+    /// A zero-filled buffer of `len` bytes; an allocation failure is an error, not an abort.
+    fn zeroed(len: usize) -> Result<Self> {
+        let n = len.div_ceil(64);
+        let mut blocks = Vec::new();
+        blocks.try_reserve_exact(n).map_err(|_| {
+            Error::invalid_argument(format!("cannot allocate {len} bytes for an array"))
+        })?;
+        blocks.resize(n, Block([0; 64]));
+        Ok(HostBuf { blocks, len })
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice::<Block, u8>(&self.blocks)[..self.len]
+    }
+
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut::<Block, u8>(&mut self.blocks)[..self.len]
+    }
+
+    pub(crate) fn typed<T: Element>(&self) -> &[T] {
+        let n = self.len / std::mem::size_of::<T>();
+        &bytemuck::cast_slice::<Block, T>(&self.blocks)[..n]
+    }
+
+    pub(crate) fn typed_mut<T: Element>(&mut self) -> &mut [T] {
+        let n = self.len / std::mem::size_of::<T>();
+        &mut bytemuck::cast_slice_mut::<Block, T>(&mut self.blocks)[..n]
+    }
+}
+
+struct Inner {
+    shape: Box<[usize]>,
+    dtype: DType,
+    ctx: Context,
+    size: usize,
+    buf: RwLock<HostBuf>,
+}
+
+/// An n-dimensional array whose buffer is shared by every clone of the handle.
+///
+/// ```
+/// use kvstore_core::{Context, DType, NDArray};
+/// let a = NDArray::ones(&[2, 3])?;
+/// let b = a.mul(2.0)?;
+/// assert_eq!(b.to_vec::<f32>()?, vec![2.0; 6]);
+/// let c = NDArray::zeros_with(&[2], DType::I32, Context::cpu(1))?;
+/// assert_eq!(c.to_string(), "[0 0]\n<NDArray 2 int32 @cpu(1)>");
+/// # Ok::<(), kvstore_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct NDArray {
+    inner: Arc<Inner>,
+}
+
+/// The right-hand side of an element-wise operation: a scalar or an array of the
+/// same shape and dtype.
+#[derive(Clone, Copy)]
+pub enum Operand<'a> {
+    /// A number, first converted to the array's dtype (as MXNet does).
+    Scalar(f64),
+    /// An array of the same shape and dtype.
+    Array(&'a NDArray),
+}
+
+impl From<f64> for Operand<'_> {
+    fn from(v: f64) -> Self {
+        Operand::Scalar(v)
+    }
+}
+
+impl From<f32> for Operand<'_> {
+    fn from(v: f32) -> Self {
+        Operand::Scalar(v as f64)
+    }
+}
+
+impl From<i32> for Operand<'_> {
+    fn from(v: i32) -> Self {
+        Operand::Scalar(v as f64)
+    }
+}
+
+impl<'a> From<&'a NDArray> for Operand<'a> {
+    fn from(a: &'a NDArray) -> Self {
+        Operand::Array(a)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+impl BinOp {
+    fn name(self) -> &'static str {
+        match self {
+            BinOp::Add => "add",
+            BinOp::Sub => "sub",
+            BinOp::Mul => "mul",
+            BinOp::Div => "div",
+        }
+    }
+
+    /// Floats compute in f64 and round once, which equals the native operation for
+    /// f32/f16/bf16 (f64 has more than twice their precision); integers wrap.
+    #[inline]
+    fn apply<T: Element>(self, a: T, b: T) -> T {
+        if T::DTYPE.is_float() {
+            let (a, b) = (a.to_f64(), b.to_f64());
+            T::from_f64(match self {
+                BinOp::Add => a + b,
+                BinOp::Sub => a - b,
+                BinOp::Mul => a * b,
+                BinOp::Div => a / b,
+            })
+        } else {
+            let (a, b) = (a.to_i64(), b.to_i64());
+            T::from_i64(match self {
+                BinOp::Add => a.wrapping_add(b),
+                BinOp::Sub => a.wrapping_sub(b),
+                BinOp::Mul => a.wrapping_mul(b),
+                // Divisors were checked for zero before any element was written.
+                BinOp::Div => a.checked_div(b).unwrap_or(0),
+            })
+        }
+    }
+}
+
+/// The number of elements of `shape`, or an error if it overflows.
+pub(crate) fn checked_size(shape: &[usize], dtype: DType) -> Result<usize> {
+    let size = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+    match size.and_then(|n| n.checked_mul(dtype.size()).map(|_| n)) {
+        Some(n) if n.saturating_mul(dtype.size()) <= isize::MAX as usize => Ok(n),
+        _ => Err(Error::invalid_argument(format!(
+            "shape {shape:?} of {dtype} is too large to allocate"
+        ))),
+    }
+}
+
+fn check_context(ctx: Context) -> Result<()> {
+    if ctx.is_cpu() {
+        Ok(())
+    } else {
+        Err(crate::device::unavailable(ctx))
+    }
+}
+
+impl NDArray {
+    fn alloc(shape: &[usize], dtype: DType, ctx: Context) -> Result<Self> {
+        check_context(ctx)?;
+        let size = checked_size(shape, dtype)?;
+        let buf = HostBuf::zeroed(size * dtype.size())?;
+        Ok(NDArray {
+            inner: Arc::new(Inner {
+                shape: shape.into(),
+                dtype,
+                ctx,
+                size,
+                buf: RwLock::new(buf),
+            }),
+        })
+    }
+
+    /// An f32 array of zeros on `cpu(0)`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the shape is too large to allocate.
+    pub fn zeros(shape: &[usize]) -> Result<Self> {
+        Self::zeros_with(shape, DType::F32, Context::default())
+    }
+
+    /// An array of zeros of the given dtype on the given context.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the shape is too large to allocate;
+    /// [`Error::DeviceUnavailable`] for a device no backend serves.
+    pub fn zeros_with(shape: &[usize], dtype: DType, ctx: Context) -> Result<Self> {
+        Self::alloc(shape, dtype, ctx)
+    }
+
+    /// An f32 array of ones on `cpu(0)`.
+    ///
+    /// # Errors
+    /// As [`NDArray::zeros`].
+    pub fn ones(shape: &[usize]) -> Result<Self> {
+        Self::full_with(shape, 1.0, DType::F32, Context::default())
+    }
+
+    /// An array of ones of the given dtype on the given context.
+    ///
+    /// # Errors
+    /// As [`NDArray::zeros_with`].
+    pub fn ones_with(shape: &[usize], dtype: DType, ctx: Context) -> Result<Self> {
+        Self::full_with(shape, 1.0, dtype, ctx)
+    }
+
+    /// An f32 array filled with `value` on `cpu(0)`.
+    ///
+    /// # Errors
+    /// As [`NDArray::zeros`].
+    pub fn full(shape: &[usize], value: f64) -> Result<Self> {
+        Self::full_with(shape, value, DType::F32, Context::default())
+    }
+
+    /// An array filled with `value` (converted to `dtype`).
+    ///
+    /// # Errors
+    /// As [`NDArray::zeros_with`].
+    pub fn full_with(shape: &[usize], value: f64, dtype: DType, ctx: Context) -> Result<Self> {
+        let a = Self::alloc(shape, dtype, ctx)?;
+        if value != 0.0 {
+            with_dtype!(dtype, T => a.write().typed_mut::<T>().fill(T::from_f64(value)));
+        }
+        Ok(a)
+    }
+
+    /// An array on `cpu(0)` holding `data` (row-major) with the given shape.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] if `data.len()` is not the number of elements of `shape`.
+    pub fn from_vec<T: Element>(shape: &[usize], data: Vec<T>) -> Result<Self> {
+        Self::from_slice_in(shape, &data, Context::default())
+    }
+
+    /// An array on `ctx` holding a copy of `data` (row-major) with the given shape.
+    ///
+    /// # Errors
+    /// As [`NDArray::from_vec`], and [`Error::DeviceUnavailable`] for a device no
+    /// backend serves.
+    pub fn from_slice_in<T: Element>(shape: &[usize], data: &[T], ctx: Context) -> Result<Self> {
+        let size = checked_size(shape, T::DTYPE)?;
+        if size != data.len() {
+            return Err(Error::ShapeMismatch {
+                context: format!("from_vec: {} elements for shape {shape:?}", data.len()),
+                expected: shape.to_vec(),
+                got: vec![data.len()],
+            });
+        }
+        let a = Self::alloc(shape, T::DTYPE, ctx)?;
+        a.write().typed_mut::<T>().copy_from_slice(data);
+        Ok(a)
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.inner.shape
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.inner.dtype
+    }
+
+    /// The context the array lives on.
+    pub fn context(&self) -> Context {
+        self.inner.ctx
+    }
+
+    /// The number of elements.
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// Whether `self` and `other` are handles to the same buffer.
+    pub fn same_storage(&self, other: &NDArray) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// A shared read lock on the buffer (recursive, so one thread may hold several
+    /// read locks of one array, as when the same array is pushed twice in one call).
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, HostBuf> {
+        self.inner.buf.read_recursive()
+    }
+
+    /// An exclusive lock on the buffer.
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, HostBuf> {
+        self.inner.buf.write()
+    }
+
+    /// Locks `self` for writing and `other` (a different buffer) for reading, in
+    /// address order, so that two threads doing `a op= b` and `b op= a` cannot deadlock.
+    fn lock_pair<'a>(
+        &'a self,
+        other: &'a NDArray,
+    ) -> (RwLockWriteGuard<'a, HostBuf>, RwLockReadGuard<'a, HostBuf>) {
+        if Arc::as_ptr(&self.inner) < Arc::as_ptr(&other.inner) {
+            let w = self.write();
+            (w, other.read())
+        } else {
+            let r = other.read();
+            (self.write(), r)
+        }
+    }
+
+    /// The elements, row-major, converted to `T` (see [`NDArray::as_type`] for the
+    /// conversion rules).
+    ///
+    /// # Errors
+    /// None for host arrays; the `Result` leaves room for device arrays.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        let buf = self.read();
+        Ok(with_dtype!(self.dtype(), S => buf.typed::<S>().iter().map(|&s| cast::<S, T>(s)).collect()))
+    }
+
+    /// The elements as f64, row-major (exact for every dtype but large i64 values).
+    ///
+    /// # Errors
+    /// As [`NDArray::to_vec`].
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        self.to_vec::<f64>()
+    }
+
+    /// A copy of this array on `ctx`.
+    ///
+    /// # Errors
+    /// [`Error::DeviceUnavailable`] for a device no backend serves.
+    pub fn copy_to(&self, ctx: Context) -> Result<NDArray> {
+        let out = Self::alloc(self.shape(), self.dtype(), ctx)?;
+        out.write().bytes_mut().copy_from_slice(self.read().bytes());
+        Ok(out)
+    }
+
+    /// A copy of this array converted to `dtype`: floats to integers truncate toward
+    /// zero (saturating), integers to narrower integers wrap, floats round to nearest.
+    ///
+    /// # Errors
+    /// As [`NDArray::copy_to`].
+    pub fn as_type(&self, dtype: DType) -> Result<NDArray> {
+        let out = Self::alloc(self.shape(), dtype, self.context())?;
+        out.copy_from(self)?;
+        Ok(out)
+    }
+
+    /// Overwrites this array with `src` (same shape; the dtype is converted as in
+    /// [`NDArray::as_type`]).
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] if the shapes differ.
+    pub fn copy_from(&self, src: &NDArray) -> Result<()> {
+        self.check_shape(src, "copy_from")?;
+        if self.same_storage(src) {
+            return Ok(());
+        }
+        let (mut dst, s) = self.lock_pair(src);
+        if self.dtype() == src.dtype() {
+            dst.bytes_mut().copy_from_slice(s.bytes());
+        } else {
+            with_dtype!(src.dtype(), S => with_dtype!(self.dtype(), D => {
+                for (d, &x) in dst.typed_mut::<D>().iter_mut().zip(s.typed::<S>()) {
+                    *d = cast::<S, D>(x);
+                }
+            }));
+        }
+        Ok(())
+    }
+
+    fn check_shape(&self, other: &NDArray, op: &str) -> Result<()> {
+        if self.shape() != other.shape() {
+            return Err(Error::ShapeMismatch {
+                context: format!("ndarray {op}"),
+                expected: self.shape().to_vec(),
+                got: other.shape().to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    fn assign_op(&self, rhs: Operand<'_>, op: BinOp) -> Result<()> {
+        match rhs {
+            Operand::Scalar(v) => with_dtype!(self.dtype(), T => {
+                let s = T::from_f64(v);
+                if matches!(op, BinOp::Div) && !T::DTYPE.is_float() && s == T::default() {
+                    return Err(Error::invalid_argument("ndarray div: integer division by zero"));
+                }
+                for x in self.write().typed_mut::<T>() {
+                    *x = op.apply(*x, s);
+                }
+            }),
+            Operand::Array(b) => {
+                self.check_shape(b, op.name())?;
+                if self.dtype() != b.dtype() {
+                    return Err(Error::DTypeMismatch {
+                        context: format!("ndarray {}", op.name()),
+                        expected: self.dtype(),
+                        got: b.dtype(),
+                    });
+                }
+                if self.same_storage(b) {
+                    with_dtype!(self.dtype(), T => {
+                        let mut g = self.write();
+                        let xs = g.typed_mut::<T>();
+                        if matches!(op, BinOp::Div) && !T::DTYPE.is_float() && xs.contains(&T::default()) {
+                            return Err(Error::invalid_argument("ndarray div: integer division by zero"));
+                        }
+                        for x in xs {
+                            *x = op.apply(*x, *x);
+                        }
+                    });
+                } else {
+                    let (mut dst, src) = self.lock_pair(b);
+                    with_dtype!(self.dtype(), T => {
+                        let ys = src.typed::<T>();
+                        if matches!(op, BinOp::Div) && !T::DTYPE.is_float() && ys.contains(&T::default()) {
+                            return Err(Error::invalid_argument("ndarray div: integer division by zero"));
+                        }
+                        for (x, &y) in dst.typed_mut::<T>().iter_mut().zip(ys) {
+                            *x = op.apply(*x, y);
+                        }
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn binary(&self, rhs: Operand<'_>, op: BinOp) -> Result<NDArray> {
+        let out = self.copy_to(self.context())?;
+        out.assign_op(rhs, op)?;
+        Ok(out)
+    }
+
+    /// `self + rhs` as a new array.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`] for an array operand that
+    /// differs in shape or dtype (there is no broadcasting).
+    pub fn add<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<NDArray> {
+        self.binary(rhs.into(), BinOp::Add)
+    }
+
+    /// `self - rhs` as a new array.
+    ///
+    /// # Errors
+    /// As [`NDArray::add`].
+    pub fn sub<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<NDArray> {
+        self.binary(rhs.into(), BinOp::Sub)
+    }
+
+    /// `self * rhs` as a new array.
+    ///
+    /// # Errors
+    /// As [`NDArray::add`].
+    pub fn mul<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<NDArray> {
+        self.binary(rhs.into(), BinOp::Mul)
+    }
+
+    /// `self / rhs` as a new array.
+    ///
+    /// # Errors
+    /// As [`NDArray::add`], and [`Error::InvalidArgument`] for an integer division by zero.
+    pub fn div<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<NDArray> {
+        self.binary(rhs.into(), BinOp::Div)
+    }
+
+    /// `self += rhs`, in place (visible through every clone of the handle).
+    ///
+    /// # Errors
+    /// As [`NDArray::add`].
+    pub fn add_assign<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<()> {
+        self.assign_op(rhs.into(), BinOp::Add)
+    }
+
+    /// `self -= rhs`, in place.
+    ///
+    /// # Errors
+    /// As [`NDArray::add`].
+    pub fn sub_assign<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<()> {
+        self.assign_op(rhs.into(), BinOp::Sub)
+    }
+
+    /// `self *= rhs`, in place.
+    ///
+    /// # Errors
+    /// As [`NDArray::add`].
+    pub fn mul_assign<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<()> {
+        self.assign_op(rhs.into(), BinOp::Mul)
+    }
+
+    /// `self /= rhs`, in place.
+    ///
+    /// # Errors
+    /// As [`NDArray::div`].
+    pub fn div_assign<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<()> {
+        self.assign_op(rhs.into(), BinOp::Div)
+    }
+
+    /// A deep copy on the same context, sharing nothing with `self`.
+    ///
+    /// # Errors
+    /// As [`NDArray::copy_to`].
+    pub fn deep_copy(&self) -> Result<NDArray> {
+        self.copy_to(self.context())
+    }
+}
+
+/// Elements shown per axis at each end when an array is too large to print whole.
+const EDGE: usize = 3;
+/// Arrays up to this many elements print whole.
+const PRINT_WHOLE: usize = 1000;
+
+fn fmt_elem<T: Element>(x: T, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    if T::DTYPE.is_float() {
+        write!(f, "{:?}", x.to_f64() as f32)
+    } else {
+        write!(f, "{}", x.to_i64())
+    }
+}
+
+fn fmt_axis<T: Element>(
+    data: &[T],
+    shape: &[usize],
+    depth: usize,
+    summarize: bool,
+    f: &mut fmt::Formatter<'_>,
+) -> fmt::Result {
+    let Some((&n, rest)) = shape.split_first() else {
+        return data.first().map_or(Ok(()), |&x| fmt_elem(x, f));
+    };
+    let stride: usize = rest.iter().product();
+    f.write_str("[")?;
+    let shown: Vec<Option<usize>> = if summarize && n > 2 * EDGE {
+        (0..EDGE).map(Some).chain([None]).chain((n - EDGE..n).map(Some)).collect()
+    } else {
+        (0..n).map(Some).collect()
+    };
+    for (j, item) in shown.iter().enumerate() {
+        if j > 0 {
+            if rest.is_empty() {
+                f.write_str(" ")?;
+            } else {
+                write!(f, "\n{:width$}", "", width = depth + 1)?;
+            }
+        }
+        match item {
+            Some(i) => {
+                let sub = data.get(i * stride..(i + 1) * stride).unwrap_or(&[]);
+                fmt_axis(sub, rest, depth + 1, summarize, f)?;
+            }
+            None => f.write_str("...")?,
+        }
+    }
+    f.write_str("]")
+}
+
+impl fmt::Display for NDArray {
+    /// Prints the values (summarised beyond 1000 elements) and a line naming the
+    /// shape, dtype and context, as MXNet's `NDArray.__repr__`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let buf = self.read();
+        let summarize = self.size() > PRINT_WHOLE;
+        with_dtype!(self.dtype(), T => fmt_axis(buf.typed::<T>(), self.shape(), 0, summarize, f))?;
+        let dims: Vec<String> = self.shape().iter().map(usize::to_string).collect();
+        write!(f, "\n<NDArray {} {} @{}>", dims.join("x"), self.dtype(), self.context())
+    }
+}
+
+impl fmt::Debug for NDArray {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::f16;
+
+    #[test]
+    fn clones_share_the_buffer_and_deep_copies_do_not() {
+        let a = NDArray::zeros(&[2, 2]).unwrap();
+        let b = a.clone();
+        let c = a.deep_copy().unwrap();
+        a.add_assign(3.0).unwrap();
+        assert_eq!(b.to_vec::<f32>().unwrap(), vec![3.0; 4]);
+        assert_eq!(c.to_vec::<f32>().unwrap(), vec![0.0; 4]);
+        assert!(a.same_storage(&b) && !a.same_storage(&c));
+    }
+
+    #[test]
+    fn host_buffers_are_64_byte_aligned() {
+        for n in [1, 3, 17, 1000] {
+            let a = NDArray::zeros_with(&[n], DType::U8, Context::cpu(0)).unwrap();
+            assert_eq!(a.read().bytes().as_ptr() as usize % 64, 0);
+        }
+    }
+
+    #[test]
+    fn scalar_and_array_ops_follow_the_dtype() {
+        let a = NDArray::from_vec(&[3], vec![1.0f32, 2.0, 3.0]).unwrap();
+        assert_eq!(a.mul(2).unwrap().to_vec::<f32>().unwrap(), vec![2.0, 4.0, 6.0]);
+        assert_eq!(a.sub(&a).unwrap().to_vec::<f32>().unwrap(), vec![0.0; 3]);
+        assert_eq!(a.div(&a.add(1.0).unwrap()).unwrap().to_vec::<f32>().unwrap(), vec![0.5, 2.0 / 3.0, 0.75]);
+        let i = NDArray::from_vec(&[2], vec![7i32, -7]).unwrap();
+        assert_eq!(i.div(2).unwrap().to_vec::<i32>().unwrap(), vec![3, -3]);
+        assert_eq!(i.div(0).unwrap_err().kind(), crate::ErrorKind::InvalidArgument);
+        assert_eq!(i.mul(2.9).unwrap().to_vec::<i32>().unwrap(), vec![14, -14]);
+        let u = NDArray::from_vec(&[1], vec![250u8]).unwrap();
+        assert_eq!(u.add(10).unwrap().to_vec::<u8>().unwrap(), vec![4]);
+    }
+
+    #[test]
+    fn an_op_on_itself_does_not_deadlock() {
+        let a = NDArray::full(&[4], 3.0).unwrap();
+        a.add_assign(&a).unwrap();
+        assert_eq!(a.to_vec::<f32>().unwrap(), vec![6.0; 4]);
+        a.copy_from(&a.clone()).unwrap();
+        assert_eq!(a.to_vec::<f32>().unwrap(), vec![6.0; 4]);
+    }
+
+    #[test]
+    fn mismatched_operands_are_errors_that_change_nothing() {
+        let a = NDArray::ones(&[2, 3]).unwrap();
+        let b = NDArray::ones(&[3, 2]).unwrap();
+        assert_eq!(a.add_assign(&b).unwrap_err().kind(), crate::ErrorKind::ShapeMismatch);
+        let c = NDArray::ones_with(&[2, 3], DType::F64, Context::cpu(0)).unwrap();
+        assert_eq!(a.add_assign(&c).unwrap_err().kind(), crate::ErrorKind::DTypeMismatch);
+        assert_eq!(a.to_vec::<f32>().unwrap(), vec![1.0; 6]);
+    }
+
+    #[test]
+    fn as_type_and_copy_to_convert_and_move() {
+        let a = NDArray::from_vec(&[2], vec![1.7f32, -1.7]).unwrap();
+        assert_eq!(a.as_type(DType::I32).unwrap().to_vec::<i32>().unwrap(), vec![1, -1]);
+        assert_eq!(a.as_type(DType::F16).unwrap().to_vec::<f16>().unwrap()[0].to_f32(), 1.7001953);
+        let b = a.copy_to(Context::cpu(3)).unwrap();
+        assert_eq!(b.context(), Context::cpu(3));
+        assert_eq!(b.to_vec::<f32>().unwrap(), a.to_vec::<f32>().unwrap());
+    }
+
+    #[test]
+    fn bad_shapes_and_devices_are_errors() {
+        assert_eq!(NDArray::zeros(&[usize::MAX, 2]).unwrap_err().kind(), crate::ErrorKind::InvalidArgument);
+        assert_eq!(NDArray::zeros(&[1 << 62]).unwrap_err().kind(), crate::ErrorKind::InvalidArgument);
+        assert_eq!(NDArray::from_vec(&[2, 2], vec![1.0f32; 3]).unwrap_err().kind(), crate::ErrorKind::ShapeMismatch);
+        let e = NDArray::zeros_with(&[2], DType::F32, Context::gpu(0)).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::DeviceUnavailable);
+        assert!(e.to_string().contains("gpu(0)"), "{e}");
+    }
+
+    #[test]
+    fn empty_and_scalar_shapes_work() {
+        let e = NDArray::zeros(&[0, 3]).unwrap();
+        assert_eq!(e.size(), 0);
+        assert!(e.to_vec::<f32>().unwrap().is_empty());
+        let s = NDArray::full(&[], 5.0).unwrap();
+        assert_eq!(s.size(), 1);
+        assert_eq!(s.to_string(), "5.0\n<NDArray  float32 @cpu(0)>");
+    }
+
+    #[test]
+    fn arrays_print_readably_and_summarise_large_ones() {
+        let a = NDArray::full(&[2, 3], 2.0).unwrap();
+        assert_eq!(a.to_string(), "[[2.0 2.0 2.0]\n [2.0 2.0 2.0]]\n<NDArray 2x3 float32 @cpu(0)>");
+        let big = NDArray::zeros_with(&[2000], DType::I8, Context::cpu(0)).unwrap();
+        assert_eq!(big.to_string(), "[0 0 0 ... 0 0 0]\n<NDArray 2000 int8 @cpu(0)>");
+    }
+}
