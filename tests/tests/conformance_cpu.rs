@@ -1,0 +1,1 @@
+//! conformance_cpu
