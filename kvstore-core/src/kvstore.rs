@@ -221,7 +221,7 @@ fn check_group(op: &'static str, what: &str, group: &Group<'_>, stored: &NDArray
         check_host(op, key, a)?;
         let context = || {
             if n == 1 {
-                format!("{op} of key \"{key}\"")
+                format!("{op} of key \"{key}\" ({what})")
             } else {
                 format!("{op} of key \"{key}\" ({what} {} of {n})", i + 1)
             }

@@ -1,1 +1,138 @@
-//! errors
+//! The error contract (reference §3): every situation gives a typed error whose message
+//! names the key and what was expected, and a failed call leaves the store exactly as
+//! it was.
+
+use kvstore_core::{Context, DType, Error, ErrorKind, KVStore, Key, NDArray, Result};
+use kvstore_tests::{full, pulled};
+
+const SHAPE: [usize; 2] = [2, 3];
+
+fn store() -> KVStore {
+    let kv = KVStore::create("local").expect("create");
+    kv.init(&[Key::from(3), Key::from("s")], &[full(&SHAPE, 2.0, Context::cpu(0)), full(&SHAPE, 5.0, Context::cpu(0))])
+        .expect("init");
+    kv
+}
+
+/// Runs `op` on a fresh store, checks the error kind and that the message mentions
+/// every one of `mentions`, then checks both keys still hold their values.
+fn rejected(op: impl Fn(&KVStore) -> Result<()>, kind: ErrorKind, mentions: &[&str]) -> Error {
+    let kv = store();
+    let e = op(&kv).expect_err("the call must fail");
+    assert_eq!(e.kind(), kind, "{e}");
+    for m in mentions {
+        assert!(e.to_string().contains(m), "message {e:?} should mention {m}");
+    }
+    assert_eq!(pulled(&kv, 3, &SHAPE), vec![2.0; 6], "after {e}");
+    assert_eq!(pulled(&kv, "s", &SHAPE), vec![5.0; 6], "after {e}");
+    e
+}
+
+fn ones() -> NDArray {
+    NDArray::ones(&SHAPE).expect("alloc")
+}
+
+#[test]
+fn pull_and_pushpull_of_an_uninitialized_key_are_key_not_initialized() {
+    rejected(|kv| kv.pull(100, &ones(), 0), ErrorKind::KeyNotInitialized, &["pull", "\"100\"", "call init first"]);
+    rejected(|kv| kv.pushpull(100, &ones(), &ones(), 0), ErrorKind::KeyNotInitialized, &["pushpull", "\"100\""]);
+    rejected(|kv| kv.pushpull_in_place("zz", &ones(), 0), ErrorKind::KeyNotInitialized, &["\"zz\""]);
+}
+
+#[test]
+fn push_to_an_uninitialized_key_is_key_not_initialized_with_or_without_an_updater() {
+    rejected(|kv| kv.push(50, &ones(), 0), ErrorKind::KeyNotInitialized, &["push", "\"50\""]);
+    rejected(
+        |kv| {
+            kv.set_updater(|_: &Key, _: usize, m: &NDArray, s: &NDArray| s.copy_from(m));
+            kv.push("zz", &[ones(), ones()], 0)
+        },
+        ErrorKind::KeyNotInitialized,
+        &["\"zz\""],
+    );
+}
+
+#[test]
+fn re_init_and_a_second_broadcast_are_already_initialized() {
+    rejected(|kv| kv.init(3, &ones()), ErrorKind::AlreadyInitialized, &["duplicate init of key \"3\""]);
+    rejected(|kv| kv.init("s", &ones()), ErrorKind::AlreadyInitialized, &["\"s\""]);
+    rejected(|kv| kv.broadcast("s", &ones(), &ones(), 0), ErrorKind::AlreadyInitialized, &["broadcast", "\"s\""]);
+}
+
+#[test]
+fn a_duplicate_key_inside_one_init_list_inits_nothing() {
+    let kv = store();
+    let e = kv.init(&["n", "m", "n"], &[ones(), ones(), ones()]).expect_err("duplicate");
+    assert_eq!(e.kind(), ErrorKind::AlreadyInitialized);
+    assert!(e.to_string().contains("appears twice"), "{e}");
+    assert_eq!(kv.pull("n", &ones(), 0).expect_err("not added").kind(), ErrorKind::KeyNotInitialized);
+    assert_eq!(kv.pull("m", &ones(), 0).expect_err("not added").kind(), ErrorKind::KeyNotInitialized);
+}
+
+#[test]
+fn wrong_shapes_in_push_pull_and_broadcast_are_shape_mismatch() {
+    let wrong = || NDArray::zeros(&[3, 3]).expect("alloc");
+    rejected(|kv| kv.push(3, &wrong(), 0), ErrorKind::ShapeMismatch, &["push of key \"3\"", "[2, 3]", "[3, 3]"]);
+    rejected(|kv| kv.push(3, &[ones(), wrong()], 0), ErrorKind::ShapeMismatch, &["value 2 of 2"]);
+    rejected(|kv| kv.push(3, &[wrong(), ones()], 0), ErrorKind::ShapeMismatch, &["value 1 of 2"]);
+    rejected(|kv| kv.pull(3, &NDArray::zeros(&[4, 4]).expect("alloc"), 0), ErrorKind::ShapeMismatch, &["[4, 4]"]);
+    rejected(|kv| kv.pushpull(3, &ones(), &wrong(), 0), ErrorKind::ShapeMismatch, &["pushpull", "out"]);
+    rejected(|kv| kv.broadcast("new", &ones(), &wrong(), 0), ErrorKind::ShapeMismatch, &["broadcast", "\"new\""]);
+    // The failed broadcast did not init the key either.
+    let kv = store();
+    assert!(kv.broadcast("new", &ones(), &wrong(), 0).is_err());
+    assert_eq!(kv.key_index("new"), None);
+}
+
+#[test]
+fn wrong_dtypes_in_push_and_pull_are_dtype_mismatch() {
+    let f64s = || NDArray::ones_with(&SHAPE, DType::F64, Context::cpu(0)).expect("alloc");
+    rejected(|kv| kv.push(3, &[f64s(), ones()], 0), ErrorKind::DTypeMismatch, &["\"3\"", "float32", "float64"]);
+    rejected(|kv| kv.push(3, &[ones(), f64s()], 0), ErrorKind::DTypeMismatch, &["value 2 of 2"]);
+    rejected(|kv| kv.pull("s", &f64s(), 0), ErrorKind::DTypeMismatch, &["pull of key \"s\""]);
+}
+
+#[test]
+fn lists_of_different_lengths_are_length_mismatch() {
+    rejected(|kv| kv.init(&[8, 9], &[ones()]), ErrorKind::LengthMismatch, &["init", "2"]);
+    rejected(|kv| kv.push(&[3, 9], &[ones()], 0), ErrorKind::LengthMismatch, &["push"]);
+    rejected(|kv| kv.pull(&["s"], &[ones(), ones()], 0), ErrorKind::LengthMismatch, &["pull", "outs"]);
+    rejected(|kv| kv.push(&[3, 9], &[vec![ones()]], 0), ErrorKind::LengthMismatch, &["push"]);
+    rejected(|kv| kv.push(3, &[vec![ones()]], 0), ErrorKind::InvalidArgument, &["list of lists"]);
+}
+
+#[test]
+fn gradient_compression_on_a_local_store_is_unsupported() {
+    rejected(|kv| kv.set_gradient_compression(&[("type", "2bit")]), ErrorKind::Unsupported, &["gradient compression"]);
+}
+
+#[test]
+fn gpu_contexts_are_device_unavailable_without_a_backend() {
+    for kind in ["local", "device"] {
+        let kv = KVStore::create(kind).expect("create");
+        let e = NDArray::zeros_with(&SHAPE, DType::F32, Context::gpu(0)).expect_err("no gpu backend");
+        assert_eq!(e.kind(), ErrorKind::DeviceUnavailable);
+        assert!(e.to_string().contains("gpu(0)"), "{e}");
+        assert!(ones().copy_to(Context::gpu(1)).is_err());
+        assert_eq!(kv.kind(), kind);
+    }
+}
+
+#[test]
+fn empty_lists_do_nothing_even_for_unknown_keys() {
+    let kv = store();
+    let none: [NDArray; 0] = [];
+    let no_keys: [&str; 0] = [];
+    kv.push(&no_keys, &none, 0).expect("empty push");
+    kv.pull(&no_keys, &none, 0).expect("empty pull");
+    kv.push(5, &none, 0).expect("one key, no values");
+    kv.pull(5, &none, 0).expect("one key, no outs");
+    assert_eq!(pulled(&kv, 3, &SHAPE), vec![2.0; 6]);
+}
+
+#[test]
+fn every_error_kind_has_a_distinct_ffi_code() {
+    let codes: std::collections::HashSet<&str> = ErrorKind::ALL.iter().map(|k| k.code()).collect();
+    assert_eq!(codes.len(), ErrorKind::ALL.len());
+    assert!(codes.contains("INTERNAL") && codes.contains("SHAPE_MISMATCH"));
+}
