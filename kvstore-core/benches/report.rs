@@ -1,1 +1,181 @@
-fn main() {}
+//! `make bench`'s report: times the machine's limits (plain loops over the same bytes)
+//! and the store in one run, prints a table of medians and ratios, and writes
+//! `target/bench/results.json` (DESIGN §9). Ratios are limit time / store time, so 1.0
+//! means the store runs at the speed of the plain loop.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use kvstore_core::{Context, DType, KVStore, NDArray};
+
+const BIG: usize = 4 << 20; // 4 Mi f32 = 16 MiB per array
+const D: usize = 4; // devices
+const SMALL_KEYS: usize = 1000;
+const SMALL: usize = 1 << 10; // 1 Ki f32
+
+/// Median of `runs` timings of `f` in seconds, after `warm` untimed calls.
+fn median(warm: usize, runs: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..warm {
+        f();
+    }
+    let mut t: Vec<f64> = (0..runs)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+struct Row {
+    name: &'static str,
+    median_s: f64,
+    limit_s: Option<f64>,
+    target: &'static str,
+    per: f64,
+}
+
+fn filled(n: usize, v: f32) -> Vec<f32> {
+    (0..n).map(|i| v + (i % 7) as f32).collect()
+}
+
+fn limit_reduce(ins: &[Vec<f32>], out: &mut [f32]) {
+    let [a, b, c, d] = ins else { return };
+    for ((((o, a), b), c), d) in out.iter_mut().zip(a).zip(b).zip(c).zip(d) {
+        *o = a + b + c + d;
+    }
+}
+
+fn machine() -> serde_json::Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).unwrap_or("unknown");
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_kb: u64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    serde_json::json!({
+        "cpu": model.trim(),
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "mem_gib": mem_kb / (1 << 20),
+        "os": std::env::consts::OS,
+        "arch": std::env::consts::ARCH,
+    })
+}
+
+fn main() -> kvstore_core::Result<()> {
+    // `cargo bench` passes `--bench`; a filter argument that is not ours means another
+    // bench target was selected, so do nothing.
+    if std::env::args().skip(1).any(|a| !a.starts_with("--") && a != "report") {
+        return Ok(());
+    }
+    let runs = std::env::var("KVSTORE_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(21);
+    let mut rows = Vec::new();
+
+    // ---- limits: plain loops over the same bytes ----
+    let ins: Vec<Vec<f32>> = (0..D).map(|k| filled(BIG, k as f32)).collect();
+    let mut out = vec![0f32; BIG];
+    let limit_reduce_s = median(3, runs, || limit_reduce(black_box(&ins), black_box(&mut out)));
+    rows.push(Row { name: "limit: plain-loop reduce 4 x 4 Mi f32", median_s: limit_reduce_s, limit_s: None, target: "", per: 1.0 });
+    let src = filled(BIG, 1.0);
+    let mut outs: Vec<Vec<f32>> = (0..D).map(|_| vec![0f32; BIG]).collect();
+    let limit_copy_s = median(3, runs, || {
+        for o in outs.iter_mut() {
+            o.copy_from_slice(black_box(&src));
+        }
+    });
+    rows.push(Row { name: "limit: copy 4 Mi f32 into 4 arrays", median_s: limit_copy_s, limit_s: None, target: "", per: 1.0 });
+
+    // ---- the store ----
+    let kv = KVStore::create("local")?;
+    let vals: Vec<NDArray> =
+        (0..D).map(|k| NDArray::from_slice_in(&[BIG], &ins[k], Context::cpu(k as u32))).collect::<Result<_, _>>()?;
+    kv.init("big", &vals[0])?;
+    let push_s = median(3, runs, || kv.push("big", &vals, 0).expect("push"));
+    rows.push(Row { name: "store: push 4 x 4 Mi f32", median_s: push_s, limit_s: Some(limit_reduce_s), target: ">= 0.8", per: 1.0 });
+    let pulls: Vec<NDArray> =
+        (0..D).map(|k| NDArray::zeros_with(&[BIG], DType::F32, Context::cpu(k as u32))).collect::<Result<_, _>>()?;
+    let pull_s = median(3, runs, || kv.pull("big", &pulls, 0).expect("pull"));
+    rows.push(Row { name: "store: pull 4 Mi f32 into 4 outs", median_s: pull_s, limit_s: Some(limit_copy_s), target: ">= 0.8", per: 1.0 });
+
+    // ---- many small keys ----
+    let keys: Vec<String> = (0..SMALL_KEYS).map(|i| format!("k{i}")).collect();
+    let small_vals: Vec<Vec<NDArray>> = (0..SMALL_KEYS)
+        .map(|_| (0..D).map(|k| NDArray::full_with(&[SMALL], k as f64, DType::F32, Context::cpu(k as u32))).collect())
+        .collect::<Result<_, _>>()?;
+    let small_outs: Vec<NDArray> = (0..SMALL_KEYS).map(|_| NDArray::zeros(&[SMALL])).collect::<Result<_, _>>()?;
+    kv.init(&keys, &small_outs)?;
+    let small_s = median(3, runs, || {
+        kv.push(&keys, &small_vals, 0).expect("list push");
+        kv.pull(&keys, &small_outs, 0).expect("list pull");
+    });
+    // The limit for the same bytes: plain loops, one key after another.
+    let plain_in: Vec<Vec<Vec<f32>>> = (0..SMALL_KEYS).map(|_| (0..D).map(|k| filled(SMALL, k as f32)).collect()).collect();
+    let mut plain_store: Vec<Vec<f32>> = (0..SMALL_KEYS).map(|_| vec![0f32; SMALL]).collect();
+    let mut plain_out: Vec<Vec<f32>> = (0..SMALL_KEYS).map(|_| vec![0f32; SMALL]).collect();
+    let small_limit_s = median(3, runs, || {
+        for ((i, s), o) in plain_in.iter().zip(plain_store.iter_mut()).zip(plain_out.iter_mut()) {
+            limit_reduce(black_box(i), s);
+            o.copy_from_slice(black_box(s));
+        }
+    });
+    let per_key = SMALL_KEYS as f64;
+    rows.push(Row {
+        name: "limit: plain loops, 1000 keys x 1 Ki f32 x 4 (per key)",
+        median_s: small_limit_s / per_key,
+        limit_s: None,
+        target: "",
+        per: per_key,
+    });
+    rows.push(Row {
+        name: "store: 1000 keys x 1 Ki f32 x 4, list push + list pull (per key)",
+        median_s: small_s / per_key,
+        limit_s: Some(small_limit_s / per_key),
+        target: "<= 5 us/key",
+        per: per_key,
+    });
+
+    // ---- print and save ----
+    println!("\n{:<66} {:>12} {:>12} {:>7}  target", "row", "median", "limit", "ratio");
+    let fmt = |s: f64| if s < 1e-3 { format!("{:.2} us", s * 1e6) } else { format!("{:.3} ms", s * 1e3) };
+    let mut json_rows = Vec::new();
+    for r in &rows {
+        let ratio = r.limit_s.map(|l| l / r.median_s);
+        println!(
+            "{:<66} {:>12} {:>12} {:>7}  {}",
+            r.name,
+            fmt(r.median_s),
+            r.limit_s.map(fmt).unwrap_or_default(),
+            ratio.map(|x| format!("{x:.2}")).unwrap_or_default(),
+            r.target
+        );
+        json_rows.push(serde_json::json!({
+            "name": r.name,
+            "median_s": r.median_s,
+            "limit_s": r.limit_s,
+            "ratio": ratio,
+            "target": r.target,
+            "per": r.per,
+        }));
+    }
+    let gbs = |bytes: f64, s: f64| bytes / s / 1e9;
+    println!(
+        "\npush moves {:.1} GB/s, pull {:.1} GB/s; threads: {}; runs per row: {runs} (median)",
+        gbs((BIG * 4 * (D + 1)) as f64, push_s),
+        gbs((BIG * 4 * (D + 1)) as f64, pull_s),
+        rayon::current_num_threads()
+    );
+    let doc = serde_json::json!({ "machine": machine(), "runs": runs, "rows": json_rows });
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(std::path::Path::new("."));
+    let dir = root.join("target/bench");
+    std::fs::create_dir_all(&dir).map_err(|e| kvstore_core::Error::Io { context: "create target/bench".into(), source: e })?;
+    let path = dir.join("results.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap_or_default())
+        .map_err(|e| kvstore_core::Error::Io { context: format!("write {}", path.display()), source: e })?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
