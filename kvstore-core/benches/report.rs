@@ -50,7 +50,8 @@ fn limit_reduce(ins: &[Vec<f32>], out: &mut [f32]) {
 
 fn machine() -> serde_json::Value {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).unwrap_or("unknown");
+    let model =
+        cpuinfo.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).unwrap_or("unknown");
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let mem_kb: u64 = meminfo
         .lines()
@@ -80,7 +81,13 @@ fn main() -> kvstore_core::Result<()> {
     let ins: Vec<Vec<f32>> = (0..D).map(|k| filled(BIG, k as f32)).collect();
     let mut out = vec![0f32; BIG];
     let limit_reduce_s = median(3, runs, || limit_reduce(black_box(&ins), black_box(&mut out)));
-    rows.push(Row { name: "limit: plain-loop reduce 4 x 4 Mi f32", median_s: limit_reduce_s, limit_s: None, target: "", per: 1.0 });
+    rows.push(Row {
+        name: "limit: plain-loop reduce 4 x 4 Mi f32",
+        median_s: limit_reduce_s,
+        limit_s: None,
+        target: "",
+        per: 1.0,
+    });
     let src = filled(BIG, 1.0);
     let mut outs: Vec<Vec<f32>> = (0..D).map(|_| vec![0f32; BIG]).collect();
     let limit_copy_s = median(3, runs, || {
@@ -88,7 +95,13 @@ fn main() -> kvstore_core::Result<()> {
             o.copy_from_slice(black_box(&src));
         }
     });
-    rows.push(Row { name: "limit: copy 4 Mi f32 into 4 arrays", median_s: limit_copy_s, limit_s: None, target: "", per: 1.0 });
+    rows.push(Row {
+        name: "limit: copy 4 Mi f32 into 4 arrays",
+        median_s: limit_copy_s,
+        limit_s: None,
+        target: "",
+        per: 1.0,
+    });
 
     // ---- the store ----
     let kv = KVStore::create("local")?;
@@ -96,11 +109,23 @@ fn main() -> kvstore_core::Result<()> {
         (0..D).map(|k| NDArray::from_slice_in(&[BIG], &ins[k], Context::cpu(k as u32))).collect::<Result<_, _>>()?;
     kv.init("big", &vals[0])?;
     let push_s = median(3, runs, || kv.push("big", &vals, 0).expect("push"));
-    rows.push(Row { name: "store: push 4 x 4 Mi f32", median_s: push_s, limit_s: Some(limit_reduce_s), target: ">= 0.8", per: 1.0 });
+    rows.push(Row {
+        name: "store: push 4 x 4 Mi f32",
+        median_s: push_s,
+        limit_s: Some(limit_reduce_s),
+        target: ">= 0.8",
+        per: 1.0,
+    });
     let pulls: Vec<NDArray> =
         (0..D).map(|k| NDArray::zeros_with(&[BIG], DType::F32, Context::cpu(k as u32))).collect::<Result<_, _>>()?;
     let pull_s = median(3, runs, || kv.pull("big", &pulls, 0).expect("pull"));
-    rows.push(Row { name: "store: pull 4 Mi f32 into 4 outs", median_s: pull_s, limit_s: Some(limit_copy_s), target: ">= 0.8", per: 1.0 });
+    rows.push(Row {
+        name: "store: pull 4 Mi f32 into 4 outs",
+        median_s: pull_s,
+        limit_s: Some(limit_copy_s),
+        target: ">= 0.8",
+        per: 1.0,
+    });
 
     // ---- many small keys ----
     let keys: Vec<String> = (0..SMALL_KEYS).map(|i| format!("k{i}")).collect();
@@ -114,7 +139,8 @@ fn main() -> kvstore_core::Result<()> {
         kv.pull(&keys, &small_outs, 0).expect("list pull");
     });
     // The limit for the same bytes: plain loops, one key after another.
-    let plain_in: Vec<Vec<Vec<f32>>> = (0..SMALL_KEYS).map(|_| (0..D).map(|k| filled(SMALL, k as f32)).collect()).collect();
+    let plain_in: Vec<Vec<Vec<f32>>> =
+        (0..SMALL_KEYS).map(|_| (0..D).map(|k| filled(SMALL, k as f32)).collect()).collect();
     let mut plain_store: Vec<Vec<f32>> = (0..SMALL_KEYS).map(|_| vec![0f32; SMALL]).collect();
     let mut plain_out: Vec<Vec<f32>> = (0..SMALL_KEYS).map(|_| vec![0f32; SMALL]).collect();
     let small_limit_s = median(3, runs, || {
@@ -172,7 +198,8 @@ fn main() -> kvstore_core::Result<()> {
     let doc = serde_json::json!({ "machine": machine(), "runs": runs, "rows": json_rows });
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(std::path::Path::new("."));
     let dir = root.join("target/bench");
-    std::fs::create_dir_all(&dir).map_err(|e| kvstore_core::Error::Io { context: "create target/bench".into(), source: e })?;
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| kvstore_core::Error::Io { context: "create target/bench".into(), source: e })?;
     let path = dir.join("results.json");
     std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap_or_default())
         .map_err(|e| kvstore_core::Error::Io { context: format!("write {}", path.display()), source: e })?;

@@ -50,7 +50,9 @@ fn small_keys(c: &mut Criterion) {
     let outs: Vec<NDArray> = (0..n).map(|_| NDArray::zeros(&[1024]).expect("alloc")).collect();
     kv.init(&keys, &outs).expect("init");
     let vals: Vec<Vec<NDArray>> = (0..n)
-        .map(|_| (0..D).map(|k| NDArray::ones_with(&[1024], DType::F32, Context::cpu(k as u32)).expect("alloc")).collect())
+        .map(|_| {
+            (0..D).map(|k| NDArray::ones_with(&[1024], DType::F32, Context::cpu(k as u32)).expect("alloc")).collect()
+        })
         .collect();
     let mut g = c.benchmark_group("1000x1Ki_f32");
     g.throughput(Throughput::Bytes((n * 1024 * 4 * (D + 2)) as u64));

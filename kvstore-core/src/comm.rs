@@ -132,9 +132,7 @@ fn reduce_typed<T: Element>(pool: Option<&ThreadPool>, inputs: &[&HostBuf], out:
         Some(pool) => {
             let chunk = CHUNK_BYTES / std::mem::size_of::<T>();
             pool.install(|| {
-                out.par_chunks_mut(chunk)
-                    .enumerate()
-                    .for_each(|(i, o)| sum_block(&srcs, i * chunk, o));
+                out.par_chunks_mut(chunk).enumerate().for_each(|(i, o)| sum_block(&srcs, i * chunk, o));
             });
         }
         None => sum_block(&srcs, 0, out),
@@ -150,18 +148,11 @@ impl CpuComm {
         }
         // An input that is `out` itself (an updater kept a handle to the stored value
         // and pushed it) is copied first: `out` cannot be read and written at once.
-        let copies: Vec<NDArray> = job
-            .inputs
-            .iter()
-            .filter(|a| a.same_storage(out))
-            .map(|a| a.deep_copy())
-            .collect::<Result<_>>()?;
+        let copies: Vec<NDArray> =
+            job.inputs.iter().filter(|a| a.same_storage(out)).map(|a| a.deep_copy()).collect::<Result<_>>()?;
         let mut copies = copies.iter();
-        let inputs: Vec<&NDArray> = job
-            .inputs
-            .iter()
-            .map(|&a| if a.same_storage(out) { copies.next().unwrap_or(a) } else { a })
-            .collect();
+        let inputs: Vec<&NDArray> =
+            job.inputs.iter().map(|&a| if a.same_storage(out) { copies.next().unwrap_or(a) } else { a }).collect();
         let guards: Vec<_> = inputs.iter().map(|a| a.read()).collect();
         let bufs: Vec<&HostBuf> = guards.iter().map(|g| &**g).collect();
         let mut dst = out.write();
@@ -285,7 +276,12 @@ mod tests {
             .map(|k| NDArray::from_vec(&[n], (0..n).map(|i| ((i * 7 + k * 13) % 1000) as f32 * 0.1).collect()).unwrap())
             .collect();
         let serial: Vec<f32> = (0..n)
-            .map(|i| vals.iter().map(|v| v.read().typed::<f32>()[i]).fold(None, |a: Option<f32>, x| Some(a.map_or(x, |a| a + x))).unwrap())
+            .map(|i| {
+                vals.iter()
+                    .map(|v| v.read().typed::<f32>()[i])
+                    .fold(None, |a: Option<f32>, x| Some(a.map_or(x, |a| a + x)))
+                    .unwrap()
+            })
             .collect();
         for threads in [1, 2, 4] {
             let got = reduce(&CpuComm::new(threads).unwrap(), &vals).to_vec::<f32>().unwrap();

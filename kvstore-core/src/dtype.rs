@@ -32,16 +32,8 @@ pub enum DType {
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 8] = [
-        DType::F32,
-        DType::F64,
-        DType::F16,
-        DType::BF16,
-        DType::I32,
-        DType::I64,
-        DType::I8,
-        DType::U8,
-    ];
+    pub const ALL: [DType; 8] =
+        [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::I8, DType::U8];
 
     /// Bytes per element.
     pub const fn size(self) -> usize {
@@ -266,11 +258,7 @@ pub(crate) use with_dtype;
 /// as numpy's `astype` does for in-range values).
 #[inline]
 pub(crate) fn cast<S: Element, D: Element>(s: S) -> D {
-    if S::DTYPE.is_float() || D::DTYPE.is_float() {
-        D::from_f64(s.to_f64())
-    } else {
-        D::from_i64(s.to_i64())
-    }
+    if S::DTYPE.is_float() || D::DTYPE.is_float() { D::from_f64(s.to_f64()) } else { D::from_i64(s.to_i64()) }
 }
 
 #[cfg(test)]
@@ -300,9 +288,7 @@ mod tests {
     #[test]
     fn half_types_accumulate_in_f32_and_round_once() {
         // 2048 + 1 + 1 in f16 steps would round to 2048 twice; in f32 it is 2050.
-        let acc = [1.0f32, 1.0]
-            .iter()
-            .fold(f16::from_f32(2048.0).to_acc(), |a, &x| f16::acc_add(a, x));
+        let acc = [1.0f32, 1.0].iter().fold(f16::from_f32(2048.0).to_acc(), |a, &x| f16::acc_add(a, x));
         assert_eq!(f16::from_acc(acc).to_f32(), 2050.0);
         assert_eq!(i8::acc_add(127, 1), -128);
     }

@@ -170,7 +170,12 @@ impl fmt::Debug for KVStore {
 }
 
 /// Pairs each key with its values, following MXNet's flattening rules.
-fn flatten<'a>(op: &'static str, keys: Keys, values: Values<'a>, what: &'static str) -> Result<Vec<(Key, &'a NDArray)>> {
+fn flatten<'a>(
+    op: &'static str,
+    keys: Keys,
+    values: Values<'a>,
+    what: &'static str,
+) -> Result<Vec<(Key, &'a NDArray)>> {
     let mismatch = |expected: usize, got: usize| Error::LengthMismatch {
         context: format!("{op}: {expected} keys"),
         what,
@@ -187,11 +192,9 @@ fn flatten<'a>(op: &'static str, keys: Keys, values: Values<'a>, what: &'static 
         (Keys::Many(ks), Values::One(_)) => Err(mismatch(ks.len(), 1)),
         (Keys::Many(ks), Values::Many(vs)) if ks.len() == vs.len() => Ok(ks.into_iter().zip(vs).collect()),
         (Keys::Many(ks), Values::Many(vs)) => Err(mismatch(ks.len(), vs.len())),
-        (Keys::Many(ks), Values::Nested(vss)) if ks.len() == vss.len() => Ok(ks
-            .into_iter()
-            .zip(vss)
-            .flat_map(|(k, vs)| vs.iter().map(move |v| (k.clone(), v)))
-            .collect()),
+        (Keys::Many(ks), Values::Nested(vss)) if ks.len() == vss.len() => {
+            Ok(ks.into_iter().zip(vss).flat_map(|(k, vs)| vs.iter().map(move |v| (k.clone(), v))).collect())
+        }
         (Keys::Many(ks), Values::Nested(vss)) => Err(mismatch(ks.len(), vss.len())),
     }
 }
@@ -357,7 +360,11 @@ impl KVStore {
         for (k, v) in &pairs {
             check_host(op, k, v)?;
             if seen.insert(k, ()).is_some() {
-                return Err(Error::AlreadyInitialized { op, key: k.clone(), detail: "the key appears twice in this call" });
+                return Err(Error::AlreadyInitialized {
+                    op,
+                    key: k.clone(),
+                    detail: "the key appears twice in this call",
+                });
             }
         }
         let already = |k: &Key| Error::AlreadyInitialized {
@@ -442,7 +449,7 @@ impl KVStore {
         let jobs: Vec<BroadcastJob<'_>> = groups
             .iter()
             .zip(&guards)
-            .map(|(g, stored)| BroadcastJob { src: &**stored, outs: g.arrays.clone() })
+            .map(|(g, stored)| BroadcastJob { src: stored, outs: g.arrays.clone() })
             .collect();
         self.comm.broadcast(&jobs)
     }
@@ -471,7 +478,12 @@ impl KVStore {
     ///
     /// # Errors
     /// As [`KVStore::pushpull`].
-    pub fn pushpull_in_place<'a>(&self, keys: impl Into<Keys>, values: impl Into<Values<'a>>, priority: i32) -> Result<()> {
+    pub fn pushpull_in_place<'a>(
+        &self,
+        keys: impl Into<Keys>,
+        values: impl Into<Values<'a>>,
+        priority: i32,
+    ) -> Result<()> {
         let _ = priority;
         let pairs = flatten("pushpull", keys.into(), values.into(), "values")?;
         self.push_pull("pushpull", pairs.clone(), pairs)
@@ -496,7 +508,11 @@ impl KVStore {
             if let Some((_, v)) = init.iter().find(|(ik, _)| ik == k) {
                 let context = || format!("broadcast of key \"{k}\" (out)");
                 if out.shape() != v.shape() {
-                    return Err(Error::ShapeMismatch { context: context(), expected: v.shape().to_vec(), got: out.shape().to_vec() });
+                    return Err(Error::ShapeMismatch {
+                        context: context(),
+                        expected: v.shape().to_vec(),
+                        got: out.shape().to_vec(),
+                    });
                 }
                 if out.dtype() != v.dtype() {
                     return Err(Error::DTypeMismatch { context: context(), expected: v.dtype(), got: out.dtype() });
@@ -522,26 +538,28 @@ impl KVStore {
         entries.sort_by_key(|e| e.index);
         entries.dedup_by_key(|e| e.index);
         let mut guards: Vec<_> = entries.iter().map(|e| e.value.write()).collect();
-        let slot = |index: usize| entries.iter().position(|e| e.index == index);
-        let stored = |g: &Group<'_>| slot(g.entry.index).map(|i| guards[i].clone());
+        let slots = |groups: &[Group<'_>]| -> Result<Vec<usize>> {
+            groups
+                .iter()
+                .map(|g| entries.iter().position(|e| e.index == g.entry.index))
+                .collect::<Option<_>>()
+                .ok_or_else(|| Error::Internal(format!("{op}: a key of the call was not locked")))
+        };
+        let (push_slots, pull_slots) = (slots(&push)?, slots(&pull)?);
         // Validate everything before changing anything.
-        for g in &push {
-            let s = stored(g).ok_or_else(|| Error::Internal("push: key not locked".into()))?;
-            check_group(op, "value", g, &s)?;
+        for (g, &i) in push.iter().zip(&push_slots) {
+            check_group(op, "value", g, &guards[i])?;
         }
-        for g in &pull {
-            let s = stored(g).ok_or_else(|| Error::Internal("pull: key not locked".into()))?;
-            check_group(op, "out", g, &s)?;
+        for (g, &i) in pull.iter().zip(&pull_slots) {
+            check_group(op, "out", g, &guards[i])?;
         }
         let updater = self.updater.read().clone();
         match updater {
             None => {
                 let jobs: Vec<ReduceJob<'_>> = push
                     .iter()
-                    .map(|g| {
-                        let i = slot(g.entry.index).unwrap_or_default();
-                        ReduceJob { inputs: g.arrays.clone(), out: &*guards[i] }
-                    })
+                    .zip(&push_slots)
+                    .map(|(g, &i)| ReduceJob { inputs: g.arrays.clone(), out: &guards[i] })
                     .collect();
                 self.comm.reduce(&jobs)?;
             }
@@ -551,33 +569,26 @@ impl KVStore {
                 // store as it was.
                 let mut merged = Vec::with_capacity(push.len());
                 let mut working = Vec::with_capacity(push.len());
-                for g in &push {
-                    let s = &*guards[slot(g.entry.index).unwrap_or_default()];
+                for &i in &push_slots {
+                    let s = &guards[i];
                     merged.push(NDArray::zeros_with(s.shape(), s.dtype(), s.context())?);
                     working.push(s.deep_copy()?);
                 }
-                let jobs: Vec<ReduceJob<'_>> = push
-                    .iter()
-                    .zip(&merged)
-                    .map(|(g, m)| ReduceJob { inputs: g.arrays.clone(), out: m })
-                    .collect();
+                let jobs: Vec<ReduceJob<'_>> =
+                    push.iter().zip(&merged).map(|(g, m)| ReduceJob { inputs: g.arrays.clone(), out: m }).collect();
                 self.comm.reduce(&jobs)?;
                 for ((g, m), w) in push.iter().zip(&merged).zip(&working) {
                     updater.update(&g.entry.key, g.entry.index, m, w)?;
                 }
-                for (g, w) in push.iter().zip(working) {
-                    if let Some(i) = slot(g.entry.index) {
-                        *guards[i] = w;
-                    }
+                for (&i, w) in push_slots.iter().zip(working) {
+                    *guards[i] = w;
                 }
             }
         }
         let jobs: Vec<BroadcastJob<'_>> = pull
             .iter()
-            .map(|g| {
-                let i = slot(g.entry.index).unwrap_or_default();
-                BroadcastJob { src: &*guards[i], outs: g.arrays.clone() }
-            })
+            .zip(&pull_slots)
+            .map(|(g, &i)| BroadcastJob { src: &guards[i], outs: g.arrays.clone() })
             .collect();
         self.comm.broadcast(&jobs)
     }

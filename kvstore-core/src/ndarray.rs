@@ -33,9 +33,9 @@ impl HostBuf {
     fn zeroed(len: usize) -> Result<Self> {
         let n = len.div_ceil(64);
         let mut blocks = Vec::new();
-        blocks.try_reserve_exact(n).map_err(|_| {
-            Error::invalid_argument(format!("cannot allocate {len} bytes for an array"))
-        })?;
+        blocks
+            .try_reserve_exact(n)
+            .map_err(|_| Error::invalid_argument(format!("cannot allocate {len} bytes for an array")))?;
         blocks.resize(n, Block([0; 64]));
         Ok(HostBuf { blocks, len })
     }
@@ -165,18 +165,12 @@ pub(crate) fn checked_size(shape: &[usize], dtype: DType) -> Result<usize> {
     let size = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
     match size.and_then(|n| n.checked_mul(dtype.size()).map(|_| n)) {
         Some(n) if n.saturating_mul(dtype.size()) <= isize::MAX as usize => Ok(n),
-        _ => Err(Error::invalid_argument(format!(
-            "shape {shape:?} of {dtype} is too large to allocate"
-        ))),
+        _ => Err(Error::invalid_argument(format!("shape {shape:?} of {dtype} is too large to allocate"))),
     }
 }
 
 fn check_context(ctx: Context) -> Result<()> {
-    if ctx.is_cpu() {
-        Ok(())
-    } else {
-        Err(crate::device::unavailable(ctx))
-    }
+    if ctx.is_cpu() { Ok(()) } else { Err(crate::device::unavailable(ctx)) }
 }
 
 impl NDArray {
@@ -184,15 +178,7 @@ impl NDArray {
         check_context(ctx)?;
         let size = checked_size(shape, dtype)?;
         let buf = HostBuf::zeroed(size * dtype.size())?;
-        Ok(NDArray {
-            inner: Arc::new(Inner {
-                shape: shape.into(),
-                dtype,
-                ctx,
-                size,
-                buf: RwLock::new(buf),
-            }),
-        })
+        Ok(NDArray { inner: Arc::new(Inner { shape: shape.into(), dtype, ctx, size, buf: RwLock::new(buf) }) })
     }
 
     /// An f32 array of zeros on `cpu(0)`.
@@ -313,10 +299,7 @@ impl NDArray {
 
     /// Locks `self` for writing and `other` (a different buffer) for reading, in
     /// address order, so that two threads doing `a op= b` and `b op= a` cannot deadlock.
-    fn lock_pair<'a>(
-        &'a self,
-        other: &'a NDArray,
-    ) -> (RwLockWriteGuard<'a, HostBuf>, RwLockReadGuard<'a, HostBuf>) {
+    fn lock_pair<'a>(&'a self, other: &'a NDArray) -> (RwLockWriteGuard<'a, HostBuf>, RwLockReadGuard<'a, HostBuf>) {
         if Arc::as_ptr(&self.inner) < Arc::as_ptr(&other.inner) {
             let w = self.write();
             (w, other.read())
@@ -533,11 +516,7 @@ const EDGE: usize = 3;
 const PRINT_WHOLE: usize = 1000;
 
 fn fmt_elem<T: Element>(x: T, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-    if T::DTYPE.is_float() {
-        write!(f, "{:?}", x.to_f64() as f32)
-    } else {
-        write!(f, "{}", x.to_i64())
-    }
+    if T::DTYPE.is_float() { write!(f, "{:?}", x.to_f64() as f32) } else { write!(f, "{}", x.to_i64()) }
 }
 
 fn fmt_axis<T: Element>(

@@ -4,6 +4,11 @@
 
 use std::sync::{Arc, Mutex};
 
+/// The README's Rust quickstart, compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 use kvstore_core::{Context, DType, ErrorKind, KVStore, Key, NDArray, Result};
 
 /// What a conformance case needs from a backend: stores and the contexts of devices.
@@ -340,8 +345,11 @@ pub fn case_22_metadata(b: &dyn Backend) {
     assert_eq!(KVStore::create("nccl").expect_err("no nccl").kind(), ErrorKind::Unsupported);
 }
 
+/// A conformance case: a function of the backend.
+pub type Case = fn(&dyn Backend);
+
 /// Every case, by name, for backends that run them all in one test.
-pub const CASES: &[(&str, fn(&dyn Backend))] = &[
+pub const CASES: &[(&str, Case)] = &[
     ("case_01_init_then_pull", case_01_init_then_pull),
     ("case_02_push_assigns", case_02_push_assigns),
     ("case_03_push_from_devices_sums_and_pull_broadcasts", case_03_push_from_devices_sums_and_pull_broadcasts),

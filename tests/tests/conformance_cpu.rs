@@ -1,7 +1,7 @@
 //! The conformance cases of the reference (§10) that concern a local store, on `cpu(i)`
 //! contexts. Each test calls the shared case of `kvstore_tests` by the same name.
 
-use kvstore_tests::{Cpu, CASES};
+use kvstore_tests::{CASES, Cpu};
 
 macro_rules! cpu_cases {
     ($($name:ident),* $(,)?) => {

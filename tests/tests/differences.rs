@@ -26,7 +26,10 @@ fn a_single_value_push_of_another_shape_or_dtype_is_an_error_not_a_replacement()
     let kv = store_with(2.0);
     let e = kv.push("w", &NDArray::ones(&[3, 3]).expect("alloc"), 0).expect_err("shape");
     assert_eq!(e.kind(), ErrorKind::ShapeMismatch);
-    assert!(e.to_string().contains("\"w\"") && e.to_string().contains("[2, 3]") && e.to_string().contains("[3, 3]"), "{e}");
+    assert!(
+        e.to_string().contains("\"w\"") && e.to_string().contains("[2, 3]") && e.to_string().contains("[3, 3]"),
+        "{e}"
+    );
     let f64_value = NDArray::ones_with(&SHAPE, DType::F64, Context::cpu(0)).expect("alloc");
     let e = kv.push("w", &f64_value, 0).expect_err("dtype");
     assert_eq!(e.kind(), ErrorKind::DTypeMismatch);
@@ -98,7 +101,8 @@ fn sums_are_bit_identical_for_one_two_and_four_threads() {
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         let values: Vec<NDArray> = (0..5)
             .map(|k| {
-                let data: Vec<f32> = (0..n).map(|i| ((i * 2654435761usize + k * 97) % 10007) as f32 * 0.37 - 1851.3).collect();
+                let data: Vec<f32> =
+                    (0..n).map(|i| ((i * 2654435761usize + k * 97) % 10007) as f32 * 0.37 - 1851.3).collect();
                 NDArray::from_vec(&[n], data).expect("alloc").as_type(dtype).expect("cast")
             })
             .collect();
@@ -111,7 +115,12 @@ fn sums_are_bit_identical_for_one_two_and_four_threads() {
             .step_by(4099)
             .map(|i| {
                 let s = inputs[1..].iter().fold(inputs[0][i], |acc, v| acc + v[i]);
-                NDArray::from_vec(&[1], vec![s]).expect("one").as_type(dtype).expect("round").to_vec::<f32>().expect("r")[0]
+                NDArray::from_vec(&[1], vec![s])
+                    .expect("one")
+                    .as_type(dtype)
+                    .expect("round")
+                    .to_vec::<f32>()
+                    .expect("r")[0]
                     .to_bits()
             })
             .collect();
@@ -150,7 +159,10 @@ fn the_integer_key_3_and_the_string_key_3_are_one_key() {
     kv.init(3, &full(&SHAPE, 1.0, Context::cpu(0))).expect("init");
     kv.push("3", &full(&SHAPE, 5.0, Context::cpu(0)), 0).expect("push by string");
     assert_eq!(pulled(&kv, 3, &SHAPE), vec![5.0; 6]);
-    assert_eq!(kv.init("3", &full(&SHAPE, 1.0, Context::cpu(0))).expect_err("same key").kind(), ErrorKind::AlreadyInitialized);
+    assert_eq!(
+        kv.init("3", &full(&SHAPE, 1.0, Context::cpu(0))).expect_err("same key").kind(),
+        ErrorKind::AlreadyInitialized
+    );
 }
 
 #[test]

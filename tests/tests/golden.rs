@@ -17,12 +17,14 @@ const UPDATE_ORDER_DIFFERS: &[(&str, &str)] = &[(
 )];
 
 fn array(spec: &Value, with_data: bool) -> NDArray {
-    let shape: Vec<usize> = spec["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("dim") as usize).collect();
+    let shape: Vec<usize> =
+        spec["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("dim") as usize).collect();
     let dtype: DType = spec["dtype"].as_str().expect("dtype").parse().expect("known dtype");
     let ctx = Context::cpu(spec["ctx"].as_u64().expect("ctx") as u32);
     let a = NDArray::zeros_with(&shape, dtype, ctx).expect("alloc");
     if with_data {
-        let data: Vec<f64> = spec["data"].as_array().expect("data").iter().map(|x| x.as_f64().expect("number")).collect();
+        let data: Vec<f64> =
+            spec["data"].as_array().expect("data").iter().map(|x| x.as_f64().expect("number")).collect();
         a.copy_from(&NDArray::from_slice_in(&shape, &data, ctx).expect("from data")).expect("fill");
     }
     a
@@ -151,7 +153,8 @@ fn every_golden_case_recorded_from_mxnet_replays_exactly() {
 #[test]
 fn the_known_differences_name_recorded_cases() {
     let golden: Value = serde_json::from_str(GOLDEN).expect("golden JSON");
-    let names: Vec<&str> = golden["cases"].as_array().expect("cases").iter().filter_map(|c| c["name"].as_str()).collect();
+    let names: Vec<&str> =
+        golden["cases"].as_array().expect("cases").iter().filter_map(|c| c["name"].as_str()).collect();
     for (name, why) in UPDATE_ORDER_DIFFERS {
         assert!(names.contains(name), "{name} ({why}) is not in the golden file");
     }

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs every check and suite of `make test` and ends with one line
+# `N passed, N failed` that totals them: each static check (fmt, clippy, doc) counts
+# as one, each test of the cargo suites (unit, integration, doc tests) as one.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+logs=target/test-logs
+mkdir -p "$logs"
+passed=0
+failed=0
+
+check() {
+    local name=$1
+    shift
+    if "$@" >"$logs/$name.log" 2>&1; then
+        passed=$((passed + 1))
+        echo "check $name: ok"
+    else
+        failed=$((failed + 1))
+        echo "check $name: FAILED (last lines of $logs/$name.log):"
+        tail -n 40 "$logs/$name.log"
+    fi
+}
+
+check fmt cargo fmt --all -- --check
+check clippy cargo clippy --workspace --all-targets -- -D warnings
+check doc env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+
+# The cargo suites. `--no-fail-fast` runs every test binary even after a failure.
+cargo test --workspace --no-fail-fast 2>&1 | tee "$logs/cargo.log"
+status=${PIPESTATUS[0]}
+read -r p f < <(awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } } END { print p + 0, f + 0 }' "$logs/cargo.log")
+echo "cargo: $p passed, $f failed"
+passed=$((passed + p))
+failed=$((failed + f))
+if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then
+    # A build error or a crashed test binary: no test reported the failure.
+    echo "cargo test exited with status $status without a failing test (build error?)"
+    failed=$((failed + 1))
+fi
+if [ "$p" -eq 0 ]; then
+    echo "no cargo test ran"
+    failed=$((failed + 1))
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
