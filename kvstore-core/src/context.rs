@@ -7,7 +7,7 @@ use std::fmt;
 pub enum DeviceType {
     /// Host memory. CPU ids are logical devices, as MXNet's `cpu(i)`.
     Cpu,
-    /// A GPU, served by a registered device backend (see [`crate::device`]).
+    /// A GPU, served by a registered GPU backend (`kvstore-cuda`).
     Gpu,
 }
 

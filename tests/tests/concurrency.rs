@@ -1,1 +1,309 @@
-//! concurrency
+//! Concurrency: a store shared by threads that push, pull and pushpull at once gives
+//! exact totals and never a torn or stale-then-newer-then-older value, and multi-key
+//! calls (and `a += b` against `b += a` on arrays) in opposite orders do not deadlock.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use kvstore_core::{Context, DType, Error, KVStore, Key, NDArray};
+
+/// `KVStore` (and what crosses threads with it) is `Send + Sync`; this fails to compile
+/// otherwise.
+const fn assert_send_sync<T: Send + Sync>() {}
+const _: () = {
+    assert_send_sync::<KVStore>();
+    assert_send_sync::<NDArray>();
+    assert_send_sync::<Key>();
+    assert_send_sync::<Error>();
+};
+
+/// The updater that makes pushes accumulate: `stored += merged`.
+fn accumulate(_key: &Key, _index: usize, merged: &NDArray, stored: &NDArray) -> kvstore_core::Result<()> {
+    stored.add_assign(merged)
+}
+
+/// A store with the accumulating updater and `keys` initialised to zeros of `len` f32.
+fn accumulating_store(keys: &[String], len: usize) -> kvstore_core::Result<KVStore> {
+    let kv = KVStore::create("local")?;
+    kv.set_updater(accumulate);
+    for k in keys {
+        kv.init(k.as_str(), &NDArray::zeros(&[len])?)?;
+    }
+    Ok(kv)
+}
+
+/// The one value every element of `a` holds; fails on a torn array (elements that
+/// differ) or a value that is not an integer.
+fn uniform_integer(a: &NDArray, what: &str) -> f32 {
+    let v = a.to_vec::<f32>().expect("host arrays convert");
+    let first = v.first().copied().unwrap_or_default();
+    assert!(v.iter().all(|&x| x.to_bits() == first.to_bits()), "{what}: torn array: {first} and {:?}", {
+        v.iter().find(|&&x| x.to_bits() != first.to_bits())
+    });
+    assert_eq!(first.fract(), 0.0, "{what}: {first} is not an integer");
+    first
+}
+
+/// Sends on drop, so that a thread that panics still reports that it ended.
+struct Ended(mpsc::Sender<()>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
+    }
+}
+
+/// Runs each body on its own thread; fails the test if they have not all ended within
+/// `limit` (a deadlock fails instead of hanging), and re-raises any thread's panic.
+fn run_within(limit: Duration, what: &str, bodies: Vec<Box<dyn FnOnce() + Send>>) {
+    let (tx, rx) = mpsc::channel();
+    let handles: Vec<_> = bodies
+        .into_iter()
+        .map(|body| {
+            let ended = Ended(tx.clone());
+            thread::spawn(move || {
+                let _ended = ended;
+                body();
+            })
+        })
+        .collect();
+    drop(tx);
+    let deadline = Instant::now() + limit;
+    for ended in 0..handles.len() {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(()) => {}
+            Err(RecvTimeoutError::Timeout) => {
+                panic!("{what}: only {ended} of {} threads ended within {limit:?}: deadlock", handles.len())
+            }
+            Err(RecvTimeoutError::Disconnected) => unreachable!("every thread reports before its sender drops"),
+        }
+    }
+    for h in handles {
+        if let Err(panic) = h.join() {
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+#[test]
+fn a_store_shared_by_reference_sums_pushes_from_every_thread() {
+    let kv = accumulating_store(&["w".to_owned()], 16).expect("store");
+    thread::scope(|s| {
+        for i in 0..4 {
+            let kv = &kv;
+            s.spawn(move || {
+                let one = NDArray::ones_with(&[16], DType::F32, Context::cpu(i)).expect("array");
+                for _ in 0..25 {
+                    kv.push("w", &one, 0).expect("push");
+                }
+            });
+        }
+    });
+    let out = NDArray::zeros(&[16]).expect("array");
+    kv.pull("w", &out, 0).expect("pull");
+    assert_eq!(uniform_integer(&out, "w"), 100.0);
+}
+
+#[test]
+fn concurrent_pushes_and_pulls_give_exact_totals_and_no_torn_or_older_reads() {
+    const PUSHERS: usize = 8;
+    const PUSHES: usize = 120;
+    // Big enough that a copy without the key's lock would be seen half-done.
+    const LEN: usize = 64 * 1024;
+    let private: Vec<String> = (0..PUSHERS).map(|i| format!("private{i}")).collect();
+    let keys: Vec<String> = std::iter::once("shared".to_owned()).chain(private.iter().cloned()).collect();
+    let kv = accumulating_store(&keys, LEN).expect("store");
+    let pushers_done = AtomicUsize::new(0);
+    let pulls = AtomicUsize::new(0);
+    thread::scope(|s| {
+        for (i, mine) in private.iter().enumerate() {
+            let (kv, pushers_done) = (&kv, &pushers_done);
+            s.spawn(move || {
+                let ctx = Context::cpu(i as u32 % 4);
+                let one = NDArray::ones_with(&[LEN], DType::F32, ctx).expect("array");
+                let half = NDArray::full_with(&[LEN], 0.5, DType::F32, ctx).expect("array");
+                let halves = [half.clone(), half];
+                let outs = [NDArray::zeros(&[LEN]).expect("array"), NDArray::zeros(&[LEN]).expect("array")];
+                for j in 0..PUSHES {
+                    match j % 3 {
+                        0 => {
+                            kv.push("shared", &one, 0).expect("push shared");
+                            kv.push(mine.as_str(), &one, 0).expect("push private");
+                        }
+                        // Two values of 0.5 sum to exactly 1.
+                        1 => {
+                            kv.push("shared", &halves, 0).expect("push shared halves");
+                            kv.push(mine.as_str(), &halves, 0).expect("push private halves");
+                        }
+                        // A list push that also pulls: the private key is this thread's
+                        // alone, so the out holds exactly the pushes so far.
+                        _ => {
+                            let pair = ["shared", mine.as_str()];
+                            kv.pushpull(&pair, &[one.clone(), one.clone()], &outs, 0).expect("pushpull");
+                            let shared = uniform_integer(&outs[0], "pushpull out of shared");
+                            assert!(shared >= (j + 1) as f32 && shared <= (PUSHERS * PUSHES) as f32, "shared {shared}");
+                            assert_eq!(uniform_integer(&outs[1], mine), (j + 1) as f32);
+                        }
+                    }
+                }
+                pushers_done.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        for p in 0..2 {
+            let (kv, pushers_done, pulls, private) = (&kv, &pushers_done, &pulls, &private);
+            s.spawn(move || {
+                let out = NDArray::zeros(&[LEN]).expect("array");
+                let pair = [NDArray::zeros(&[LEN]).expect("array"), NDArray::zeros(&[LEN]).expect("array")];
+                let mut last_shared = 0.0f32;
+                let mut last_private = vec![0.0f32; PUSHERS];
+                let mut turn = p;
+                while pushers_done.load(Ordering::SeqCst) < PUSHERS {
+                    turn += 1;
+                    let k = turn % PUSHERS;
+                    kv.pull("shared", &out, 0).expect("pull shared");
+                    let shared = uniform_integer(&out, "shared");
+                    assert!(shared >= last_shared, "shared went back from {last_shared} to {shared}");
+                    assert!(shared <= (PUSHERS * PUSHES) as f32, "shared {shared} is over the total");
+                    last_shared = shared;
+                    kv.pull(&["shared", private[k].as_str()], &pair, 0).expect("list pull");
+                    let shared = uniform_integer(&pair[0], "shared (list pull)");
+                    let mine = uniform_integer(&pair[1], &private[k]);
+                    assert!(shared >= last_shared, "shared went back from {last_shared} to {shared}");
+                    assert!(mine >= last_private[k], "{} went back from {} to {mine}", private[k], last_private[k]);
+                    assert!(mine <= PUSHES as f32 && mine <= shared, "{}: {mine} with shared {shared}", private[k]);
+                    last_shared = shared;
+                    last_private[k] = mine;
+                    pulls.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    assert!(pulls.load(Ordering::SeqCst) > 0, "the pullers never ran while pushes were going on");
+    let out = NDArray::zeros(&[LEN]).expect("array");
+    kv.pull("shared", &out, 0).expect("pull");
+    assert_eq!(uniform_integer(&out, "shared"), (PUSHERS * PUSHES) as f32);
+    for k in &private {
+        kv.pull(k.as_str(), &out, 0).expect("pull");
+        assert_eq!(uniform_integer(&out, k), PUSHES as f32);
+    }
+}
+
+#[test]
+fn multi_key_calls_in_opposite_key_orders_do_not_deadlock() {
+    const ROUNDS: usize = 1500;
+    const LEN: usize = 256;
+    let kv = Arc::new(accumulating_store(&["x".to_owned(), "y".to_owned()], LEN).expect("store"));
+    let start = Arc::new(Barrier::new(6));
+    let one = || NDArray::ones(&[LEN]).expect("array");
+    let outs = || [NDArray::zeros(&[LEN]).expect("array"), NDArray::zeros(&[LEN]).expect("array")];
+    // Each body adds 1 to both keys per round, except the puller and the initialiser.
+    let bodies: Vec<Box<dyn FnOnce() + Send>> = vec![
+        Box::new({
+            let (kv, start, v) = (Arc::clone(&kv), Arc::clone(&start), [one(), one()]);
+            move || {
+                start.wait();
+                for _ in 0..ROUNDS {
+                    kv.push(&["x", "y"], &v, 0).expect("push x, y");
+                }
+            }
+        }),
+        Box::new({
+            let (kv, start, v) = (Arc::clone(&kv), Arc::clone(&start), [one(), one()]);
+            move || {
+                start.wait();
+                for _ in 0..ROUNDS {
+                    kv.push(&["y", "x"], &v, 0).expect("push y, x");
+                }
+            }
+        }),
+        Box::new({
+            let (kv, start, v, o) = (Arc::clone(&kv), Arc::clone(&start), [one(), one()], outs());
+            move || {
+                start.wait();
+                for _ in 0..ROUNDS {
+                    kv.pushpull(&["y", "x"], &v, &o, 0).expect("pushpull y, x");
+                }
+            }
+        }),
+        Box::new({
+            let (kv, start) = (Arc::clone(&kv), Arc::clone(&start));
+            move || {
+                start.wait();
+                for _ in 0..ROUNDS {
+                    let v = [one(), one()];
+                    kv.pushpull_in_place(&["x", "y"], &v, 0).expect("pushpull_in_place x, y");
+                }
+            }
+        }),
+        Box::new({
+            let (kv, start, o) = (Arc::clone(&kv), Arc::clone(&start), outs());
+            move || {
+                start.wait();
+                for _ in 0..ROUNDS {
+                    kv.pull(&["y", "x"], &o, 0).expect("pull y, x");
+                }
+            }
+        }),
+        // Takes the table's write lock and the updater's while the others hold keys.
+        Box::new({
+            let (kv, start) = (Arc::clone(&kv), Arc::clone(&start));
+            move || {
+                start.wait();
+                for i in 0..ROUNDS / 10 {
+                    kv.init(format!("new{i}"), &one()).expect("init a new key");
+                    kv.set_updater(accumulate);
+                }
+            }
+        }),
+    ];
+    run_within(LIMIT, "opposite-order multi-key calls", bodies);
+    let [x, y] = outs();
+    kv.pull(&["x", "y"], &[x.clone(), y.clone()], 0).expect("pull");
+    assert_eq!(uniform_integer(&x, "x"), (4 * ROUNDS) as f32);
+    assert_eq!(uniform_integer(&y, "y"), (4 * ROUNDS) as f32);
+    assert_eq!(kv.keys().len(), 2 + ROUNDS / 10);
+}
+
+#[test]
+fn add_assign_in_both_directions_at_once_does_not_deadlock() {
+    const ROUNDS: usize = 3000;
+    const LEN: usize = 4096;
+    let full = |v: f64| NDArray::full_with(&[LEN], v, DType::I64, Context::cpu(0)).expect("array");
+    let (a, b) = (full(1.0), full(1.0));
+    let (c, d) = (full(2.0), full(3.0));
+    let start = Arc::new(Barrier::new(4));
+    // Opposite directions on one pair each: `a += b` against `b += a` (i64 wraps, so the
+    // values may grow without bound), and `c := d` against `d := c`.
+    let pairs = [(a.clone(), b.clone(), true), (b.clone(), a.clone(), true), (c.clone(), d.clone(), false), (d.clone(), c.clone(), false)];
+    let bodies: Vec<Box<dyn FnOnce() + Send>> = pairs
+        .into_iter()
+        .map(|(dst, src, add)| -> Box<dyn FnOnce() + Send> {
+            let start = Arc::clone(&start);
+            Box::new(move || {
+                start.wait();
+                for _ in 0..ROUNDS {
+                    if add {
+                        dst.add_assign(&src).expect("add_assign");
+                    } else {
+                        dst.copy_from(&src).expect("copy_from");
+                    }
+                }
+            })
+        })
+        .collect();
+    run_within(LIMIT, "a += b against b += a", bodies);
+    // Each operation saw a whole operand: every array is still uniform.
+    for (name, x) in [("a", &a), ("b", &b), ("c", &c), ("d", &d)] {
+        let v = x.to_vec::<i64>().expect("host arrays convert");
+        assert!(v.iter().all(|&e| e == v[0]), "{name} is torn: {} and {:?}", v[0], v.iter().find(|&&e| e != v[0]));
+    }
+    let (a0, b0) = (a.to_vec::<i64>().expect("convert")[0], b.to_vec::<i64>().expect("convert")[0]);
+    assert!(a0 != 1 && b0 != 1, "the additions did not run: a {a0}, b {b0}");
+    let (c0, d0) = (c.to_vec::<i64>().expect("convert")[0], d.to_vec::<i64>().expect("convert")[0]);
+    assert!([2, 3].contains(&c0) && [2, 3].contains(&d0), "copies invented a value: c {c0}, d {d0}");
+}
