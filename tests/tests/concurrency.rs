@@ -112,7 +112,7 @@ fn a_store_shared_by_reference_sums_pushes_from_every_thread() {
 #[test]
 fn concurrent_pushes_and_pulls_give_exact_totals_and_no_torn_or_older_reads() {
     const PUSHERS: usize = 8;
-    const PUSHES: usize = 120;
+    const PUSHES: usize = 100;
     // Big enough that a copy without the key's lock would be seen half-done.
     const LEN: usize = 64 * 1024;
     let private: Vec<String> = (0..PUSHERS).map(|i| format!("private{i}")).collect();
@@ -160,7 +160,7 @@ fn concurrent_pushes_and_pulls_give_exact_totals_and_no_torn_or_older_reads() {
                 let out = NDArray::zeros(&[LEN]).expect("array");
                 let pair = [NDArray::zeros(&[LEN]).expect("array"), NDArray::zeros(&[LEN]).expect("array")];
                 let mut last_shared = 0.0f32;
-                let mut last_private = vec![0.0f32; PUSHERS];
+                let mut last_private = [0.0f32; PUSHERS];
                 let mut turn = p;
                 while pushers_done.load(Ordering::SeqCst) < PUSHERS {
                     turn += 1;
@@ -191,6 +191,54 @@ fn concurrent_pushes_and_pulls_give_exact_totals_and_no_torn_or_older_reads() {
         kv.pull(k.as_str(), &out, 0).expect("pull");
         assert_eq!(uniform_integer(&out, k), PUSHES as f32);
     }
+}
+
+#[test]
+fn assigning_pushes_from_many_threads_are_never_seen_half_written() {
+    const PUSHERS: usize = 4;
+    const PUSHES: usize = 40;
+    // Over 1 MiB: the store writes the sum in chunks across its threads.
+    const LEN: usize = 300_000;
+    // No updater: each push overwrites the stored value in place with its sum.
+    let kv = KVStore::create("local").expect("store");
+    kv.init("w", &NDArray::zeros(&[LEN]).expect("array")).expect("init");
+    let pushers_done = AtomicUsize::new(0);
+    let pulls = AtomicUsize::new(0);
+    thread::scope(|s| {
+        for i in 0..PUSHERS {
+            let (kv, pushers_done) = (&kv, &pushers_done);
+            s.spawn(move || {
+                // Thread i pushes i + 1, as one array or as two halves.
+                let whole = NDArray::full(&[LEN], (i + 1) as f64).expect("array");
+                let halves = [whole.div(2.0).expect("div"), whole.div(2.0).expect("div")];
+                for j in 0..PUSHES {
+                    if j % 2 == 0 {
+                        kv.push("w", &whole, 0).expect("push");
+                    } else {
+                        kv.push("w", &halves, 0).expect("push halves");
+                    }
+                }
+                pushers_done.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        for _ in 0..2 {
+            let (kv, pushers_done, pulls) = (&kv, &pushers_done, &pulls);
+            s.spawn(move || {
+                let out = NDArray::zeros(&[LEN]).expect("array");
+                while pushers_done.load(Ordering::SeqCst) < PUSHERS {
+                    kv.pull("w", &out, 0).expect("pull");
+                    let v = uniform_integer(&out, "w");
+                    assert!((0.0..=PUSHERS as f32).contains(&v), "w holds {v}, which nobody pushed");
+                    pulls.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    assert!(pulls.load(Ordering::SeqCst) > 0, "the pullers never ran while pushes were going on");
+    let out = NDArray::zeros(&[LEN]).expect("array");
+    kv.pull("w", &out, 0).expect("pull");
+    let last = uniform_integer(&out, "w");
+    assert!((1.0..=PUSHERS as f32).contains(&last), "w ends at {last}, which nobody pushed");
 }
 
 #[test]
@@ -279,7 +327,12 @@ fn add_assign_in_both_directions_at_once_does_not_deadlock() {
     let start = Arc::new(Barrier::new(4));
     // Opposite directions on one pair each: `a += b` against `b += a` (i64 wraps, so the
     // values may grow without bound), and `c := d` against `d := c`.
-    let pairs = [(a.clone(), b.clone(), true), (b.clone(), a.clone(), true), (c.clone(), d.clone(), false), (d.clone(), c.clone(), false)];
+    let pairs = [
+        (a.clone(), b.clone(), true),
+        (b.clone(), a.clone(), true),
+        (c.clone(), d.clone(), false),
+        (d.clone(), c.clone(), false),
+    ];
     let bodies: Vec<Box<dyn FnOnce() + Send>> = pairs
         .into_iter()
         .map(|(dst, src, add)| -> Box<dyn FnOnce() + Send> {

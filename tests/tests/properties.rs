@@ -9,8 +9,9 @@
 //! the same way and must agree with the store bit for bit after every call.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use kvstore_core::{Context, DType, Element, ErrorKind, KVStore, Key, Keys, NDArray, Values, bf16, f16};
+use kvstore_core::{Context, DType, Element, ErrorKind, KVStore, Key, Keys, NDArray, Updater, Values, bf16, f16};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -131,16 +132,19 @@ fn array(spec: &Spec, data: &[f64], ctx: Context) -> NDArray {
 /// A shape other than `shape`: one more axis of length 1 (same number of elements), or
 /// one element more.
 fn wrong_shape(shape: &[usize], extra_axis: bool) -> Vec<usize> {
-    if extra_axis {
-        shape.iter().copied().chain([1]).collect()
-    } else {
-        vec![shape.iter().product::<usize>() + 1]
-    }
+    if extra_axis { shape.iter().copied().chain([1]).collect() } else { vec![shape.iter().product::<usize>() + 1] }
 }
 
-/// The updater that makes a push accumulate instead of assign.
-fn accumulate(_key: &Key, _index: usize, merged: &NDArray, stored: &NDArray) -> kvstore_core::Result<()> {
-    stored.add_assign(merged)
+/// What an updater was called with: key and index, in call order.
+type UpdateLog = Arc<Mutex<Vec<(String, usize)>>>;
+
+/// The updater that makes a push accumulate instead of assign (`stored += merged`), and
+/// logs its calls.
+fn accumulate(log: UpdateLog) -> impl Updater {
+    move |key: &Key, index: usize, merged: &NDArray, stored: &NDArray| {
+        log.lock().unwrap_or_else(PoisonError::into_inner).push((key.as_str().to_owned(), index));
+        stored.add_assign(merged)
+    }
 }
 
 // ----- the model -----
@@ -151,12 +155,15 @@ struct Slot {
     values: Vec<f64>,
 }
 
-/// The reference: each key's dtype, shape and exact values, and the keys in init order.
+/// The reference: each key's dtype, shape and exact values, and the keys in init order;
+/// and the updater calls expected, beside those the store made.
 #[derive(Default)]
 struct Model {
     order: Vec<String>,
     slots: HashMap<String, Slot>,
     accumulate: bool,
+    expected_updates: Vec<(String, usize)>,
+    updates: UpdateLog,
 }
 
 impl Model {
@@ -191,12 +198,23 @@ impl Model {
 
     /// A whole push: `owners[p]` is the key of array `p`; each key gets the sum of its
     /// arrays, in call order.
+    ///
+    /// With the updater, it runs once per distinct key, in the order the keys were first
+    /// initialised, with the key's index in that order.
     fn push_all(&mut self, names: &[String], owners: &[usize], data: &[Vec<f64>]) {
         let mut keys: Vec<usize> = Vec::new();
         for &k in owners {
             if !keys.iter().any(|&seen| names[seen] == names[k]) {
                 keys.push(k);
             }
+        }
+        if self.accumulate {
+            let mut updates: Vec<(String, usize)> = keys
+                .iter()
+                .filter_map(|&k| self.order.iter().position(|o| *o == names[k]).map(|i| (names[k].clone(), i)))
+                .collect();
+            updates.sort_by_key(|u| u.1);
+            self.expected_updates.extend(updates);
         }
         for k in keys {
             let inputs: Vec<&[f64]> =
@@ -206,10 +224,13 @@ impl Model {
     }
 }
 
-/// Pulls every key of the model from the store and compares exactly; also the key order.
-fn check_store(kv: &KVStore, model: &Model, step: usize) -> Result<(), TestCaseError> {
+/// Pulls every key of the model from the store and compares exactly; also the key order
+/// and the updater calls since the last check.
+fn check_store(kv: &KVStore, model: &mut Model, step: usize) -> Result<(), TestCaseError> {
     let keys: Vec<String> = kv.keys().iter().map(|k| k.as_str().to_owned()).collect();
     prop_assert_eq!(&keys, &model.order, "step {}: the store's keys", step);
+    let updates = std::mem::take(&mut *model.updates.lock().unwrap_or_else(PoisonError::into_inner));
+    prop_assert_eq!(updates, std::mem::take(&mut model.expected_updates), "step {}: updater calls", step);
     for name in &model.order {
         let slot = &model.slots[name];
         let out = NDArray::zeros_with(&slot.spec.shape, slot.spec.dtype, Context::cpu(0))?;
@@ -400,8 +421,7 @@ fn side(
     let total = structure.total();
     let owners = structure.owners(call);
     let last = call.names.len() - 1;
-    let mut specs: Vec<Spec> =
-        (0..total).map(|p| spec_of(owners.as_ref().map_or(p.min(last), |o| o[p]))).collect();
+    let mut specs: Vec<Spec> = (0..total).map(|p| spec_of(owners.as_ref().map_or(p.min(last), |o| o[p]))).collect();
     let mut fault_at = None;
     if owners.is_ok() && total > 0 {
         match fault {
@@ -534,7 +554,9 @@ fn run_op(kv: &KVStore, model: &mut Model, op: &Op, step: usize) -> Result<(), T
             let values = side(rng, &call, values, *fault, &|k| specs[k % specs.len()].clone(), Fill::Stored, false);
             let possible = init_errors(model, &call, &values);
             if outcome(kv.init(call.keys.clone(), values.built.values()), &possible, step)? {
-                for ((&k, spec), data) in values.owners.as_deref().unwrap_or_default().iter().zip(&values.specs).zip(&values.data) {
+                for ((&k, spec), data) in
+                    values.owners.as_deref().unwrap_or_default().iter().zip(&values.specs).zip(&values.data)
+                {
                     model.init(&call.names[k], spec.clone(), data.clone());
                 }
             }
@@ -544,7 +566,8 @@ fn run_op(kv: &KVStore, model: &mut Model, op: &Op, step: usize) -> Result<(), T
         Op::Broadcast { keys, values, outs, specs, fault, seed } => {
             let rng = &mut Rng(*seed);
             let call = resolve(model, keys);
-            let values = side(rng, &call, values, Fault::None, &|k| specs[k % specs.len()].clone(), Fill::Stored, false);
+            let values =
+                side(rng, &call, values, Fault::None, &|k| specs[k % specs.len()].clone(), Fill::Stored, false);
             let fallback = any_spec(rng);
             let value_spec = |k: usize| {
                 let owners = values.owners.as_deref().unwrap_or_default();
@@ -558,7 +581,9 @@ fn run_op(kv: &KVStore, model: &mut Model, op: &Op, step: usize) -> Result<(), T
             possible.extend(outs.fault.map(|(_, kind)| kind));
             let result = kv.broadcast(call.keys.clone(), values.built.values(), outs.built.values(), 0);
             if outcome(result, &possible, step)? {
-                for ((&k, spec), data) in values.owners.as_deref().unwrap_or_default().iter().zip(&values.specs).zip(&values.data) {
+                for ((&k, spec), data) in
+                    values.owners.as_deref().unwrap_or_default().iter().zip(&values.specs).zip(&values.data)
+                {
                     model.init(&call.names[k], spec.clone(), data.clone());
                 }
                 holds_model(&outs, model, &call, step, "broadcast out")?;
@@ -628,7 +653,7 @@ fn run_op(kv: &KVStore, model: &mut Model, op: &Op, step: usize) -> Result<(), T
         }
         Op::SetUpdater(on) => {
             if *on {
-                kv.set_updater(accumulate);
+                kv.set_updater(accumulate(Arc::clone(&model.updates)));
             } else {
                 kv.clear_updater();
             }
@@ -659,17 +684,16 @@ fn spec() -> impl Strategy<Value = Spec> {
 
 /// Keys, each initialised already with probability about `live`.
 fn key_arg(live: f64) -> impl Strategy<Value = KeyArg> {
-    let pick = (prop::bool::weighted(live), 0usize..16, any::<bool>())
-        .prop_map(|(live, slot, as_int)| Pick { live, slot, as_int });
+    let pick = (prop::bool::weighted(live), 0usize..16, any::<bool>()).prop_map(|(live, slot, as_int)| Pick {
+        live,
+        slot,
+        as_int,
+    });
     (any::<bool>(), vec(pick, 1..=4)).prop_map(|(list, picks)| KeyArg { list, picks })
 }
 
 fn layout() -> impl Strategy<Value = Layout> {
-    prop_oneof![
-        Just(Layout::One),
-        (1usize..=4).prop_map(Layout::Flat),
-        vec(1usize..=3, 4).prop_map(Layout::Nested),
-    ]
+    prop_oneof![Just(Layout::One), (1usize..=4).prop_map(Layout::Flat), vec(1usize..=3, 4).prop_map(Layout::Nested),]
 }
 
 fn fault() -> impl Strategy<Value = Fault> {
@@ -721,16 +745,18 @@ proptest! {
 
     #[test]
     fn random_call_sequences_agree_with_the_model(
+        kind in select(vec!["local", "device", "LOCAL_UPDATE_CPU"]),
+        threads in 0usize..=2,
         accumulating in any::<bool>(),
         first in init_op(Just(Fault::None)),
         ops in vec(op(), 1..48),
     ) {
-        let kv = KVStore::create("local")?;
+        let kv = KVStore::builder(kind).num_threads(threads).build()?;
         let mut model = Model::default();
         run_op(&kv, &mut model, &Op::SetUpdater(accumulating), 0)?;
         for (step, op) in std::iter::once(&first).chain(&ops).enumerate() {
             run_op(&kv, &mut model, op, step + 1)?;
-            check_store(&kv, &model, step + 1)?;
+            check_store(&kv, &mut model, step + 1)?;
         }
     }
 }
@@ -816,7 +842,7 @@ proptest! {
         };
         let e = kv.push(&keys, &values, 0).expect_err("a push list with a bad entry must fail");
         prop_assert_eq!(e.kind(), expected);
-        check_store(&kv, &model, 1)?;
+        check_store(&kv, &mut model, 1)?;
         // The same list without the bad entry goes through, and only then do values move.
         keys.remove(p);
         values.remove(p);
@@ -826,7 +852,7 @@ proptest! {
         data.remove(p);
         kv.push(&keys, &values, 0)?;
         model.push_all(&names, &owners, &data);
-        check_store(&kv, &model, 2)?;
+        check_store(&kv, &mut model, 2)?;
     }
 }
 
