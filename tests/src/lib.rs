@@ -54,32 +54,30 @@ pub fn assert_all(a: &NDArray, v: f64) {
     assert!(got.iter().all(|&x| x == v), "expected all {v}, got {got:?}");
 }
 
-/// A log of updater calls: (key, index, sum of the merged value's elements / size).
+/// A log of updater calls: (key, index, first element of the merged value).
 pub type CallLog = Arc<Mutex<Vec<(String, usize, f64)>>>;
 
-/// Installs the tutorial's updater `stored += 2 * input`, logging each call's key,
-/// index and the first element of the input.
-pub fn install_add_twice(kv: &KVStore) -> CallLog {
+/// Installs an updater that logs each call's key, index and the first element of the
+/// merged value, then merges with `merge(merged, stored)`.
+fn install_logging(kv: &KVStore, merge: fn(&NDArray, &NDArray) -> Result<()>) -> CallLog {
     let log: CallLog = Arc::default();
     let l = Arc::clone(&log);
     kv.set_updater(move |key: &Key, index: usize, merged: &NDArray, stored: &NDArray| -> Result<()> {
         let first = merged.to_f64_vec()?.first().copied().unwrap_or(0.0);
         l.lock().expect("log").push((key.to_string(), index, first));
-        stored.add_assign(&merged.mul(2.0)?)
+        merge(merged, stored)
     });
     log
 }
 
-/// Installs an updater that only logs (key, index, first element) and assigns.
+/// Installs the tutorial's updater `stored += 2 * input`, logging each call.
+pub fn install_add_twice(kv: &KVStore) -> CallLog {
+    install_logging(kv, |merged, stored| stored.add_assign(&merged.mul(2.0)?))
+}
+
+/// Installs an updater that logs each call and assigns (MXNet's default behaviour).
 pub fn install_logging_assign(kv: &KVStore) -> CallLog {
-    let log: CallLog = Arc::default();
-    let l = Arc::clone(&log);
-    kv.set_updater(move |key: &Key, index: usize, merged: &NDArray, stored: &NDArray| -> Result<()> {
-        let first = merged.to_f64_vec()?.first().copied().unwrap_or(0.0);
-        l.lock().expect("log").push((key.to_string(), index, first));
-        stored.copy_from(merged)
-    });
-    log
+    install_logging(kv, |merged, stored| stored.copy_from(merged))
 }
 
 const SHAPE: [usize; 2] = [2, 3];
