@@ -296,6 +296,19 @@ impl KVStore {
         0
     }
 
+    /// Whether destroying the store waits at a barrier first. A local store has no
+    /// other worker to wait for, so this is accepted and changes nothing.
+    pub fn set_barrier_before_exit(&self, _barrier_before_exit: bool) {}
+
+    /// Sends a command to the parameter servers. A local store has none, so it does
+    /// nothing, as MXNet's local store.
+    ///
+    /// # Errors
+    /// None for a local store.
+    pub fn send_command_to_servers(&self, _head: i32, _body: &str) -> Result<()> {
+        Ok(())
+    }
+
     /// Whether the store can do `capability` (`"optimizer"`, case-insensitive).
     ///
     /// # Errors
@@ -372,8 +385,11 @@ impl KVStore {
             key: k.clone(),
             detail: "it was initialized before; init and broadcast take each key once",
         };
-        if let Some((k, _)) = pairs.iter().find(|(k, _)| self.table.read().entries.contains_key(k)) {
-            return Err(already(k));
+        {
+            let table = self.table.read();
+            if let Some((k, _)) = pairs.iter().find(|(k, _)| table.entries.contains_key(k)) {
+                return Err(already(k));
+            }
         }
         // Copy outside the table lock: copies of big arrays take a while.
         let copies: Vec<NDArray> = pairs.iter().map(|(_, v)| v.deep_copy()).collect::<Result<_>>()?;

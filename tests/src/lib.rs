@@ -338,6 +338,11 @@ pub fn case_22_metadata(b: &dyn Backend) {
     assert_eq!(b.store("LOCAL").kind(), "local");
     assert_eq!(b.store("device").kind(), "device");
     assert!(kv.barrier().is_ok());
+    assert_eq!(kv.num_dead_node(4), 0);
+    kv.set_barrier_before_exit(false);
+    assert!(kv.send_command_to_servers(0, "").is_ok());
+    assert!(kv.is_capable("OPTIMIZER").expect("known capability"));
+    assert_eq!(kv.is_capable("teleport").expect_err("unknown capability").kind(), ErrorKind::InvalidArgument);
     assert_eq!(KVStore::create("horovod").expect_err("unknown").kind(), ErrorKind::UnknownStoreKind);
     assert_eq!(KVStore::create("dist_sync").expect_err("no mpi").kind(), ErrorKind::Unsupported);
     assert_eq!(KVStore::create("nccl").expect_err("no nccl").kind(), ErrorKind::Unsupported);
