@@ -517,9 +517,14 @@ impl KVStore {
         outs: impl Into<Values<'b>>,
         priority: i32,
     ) -> Result<()> {
+        let _ = priority;
         let keys = keys.into();
         let init = flatten("broadcast", keys.clone(), values.into(), "values")?;
-        let pull = flatten("broadcast", keys.clone(), outs.into(), "outs")?;
+        let pull = flatten("broadcast", keys, outs.into(), "outs")?;
+        self.broadcast_flat(init, pull)
+    }
+
+    fn broadcast_flat(&self, init: Vec<(Key, &NDArray)>, pull: Vec<(Key, &NDArray)>) -> Result<()> {
         for (k, out) in &pull {
             if let Some((_, v)) = init.iter().find(|(ik, _)| ik == k) {
                 let context = || format!("broadcast of key \"{k}\" (out)");
@@ -535,9 +540,46 @@ impl KVStore {
                 }
             }
         }
-        let _ = priority;
         self.init_pairs("broadcast", init)?;
         self.pull_pairs("broadcast", pull)
+    }
+
+    /// [`KVStore::pushpull`] on flat lists: `values[i]` is pushed to `keys[i]` and
+    /// `outs[j]` pulled from `out_keys[j]`, so values and outs may differ in number per
+    /// key. For bindings, which flatten their own call forms.
+    ///
+    /// # Errors
+    /// As [`KVStore::pushpull`].
+    pub fn pushpull_pairs(
+        &self,
+        keys: &[Key],
+        values: &[NDArray],
+        out_keys: &[Key],
+        outs: &[NDArray],
+        priority: i32,
+    ) -> Result<()> {
+        let _ = priority;
+        let push = flatten("pushpull", Keys::Many(keys.to_vec()), Values::Many(values), "values")?;
+        let pull = flatten("pushpull", Keys::Many(out_keys.to_vec()), Values::Many(outs), "outs")?;
+        self.push_pull("pushpull", push, pull)
+    }
+
+    /// [`KVStore::broadcast`] on flat lists, as [`KVStore::pushpull_pairs`].
+    ///
+    /// # Errors
+    /// As [`KVStore::broadcast`].
+    pub fn broadcast_pairs(
+        &self,
+        keys: &[Key],
+        values: &[NDArray],
+        out_keys: &[Key],
+        outs: &[NDArray],
+        priority: i32,
+    ) -> Result<()> {
+        let _ = priority;
+        let init = flatten("broadcast", Keys::Many(keys.to_vec()), Values::Many(values), "values")?;
+        let pull = flatten("broadcast", Keys::Many(out_keys.to_vec()), Values::Many(outs), "outs")?;
+        self.broadcast_flat(init, pull)
     }
 
     /// The push algorithm (`KVStoreLocal::PushImpl`) followed by an optional pull, with

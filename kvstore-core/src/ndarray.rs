@@ -319,6 +319,34 @@ impl NDArray {
         Ok(with_dtype!(self.dtype(), S => buf.typed::<S>().iter().map(|&s| cast::<S, T>(s)).collect()))
     }
 
+    /// Runs `f` on the elements, row-major, without copying them (the array is read-locked
+    /// meanwhile). For bindings that copy straight out of the array.
+    ///
+    /// # Errors
+    /// [`Error::DTypeMismatch`] if `T` is not the array's element type.
+    pub fn with_data<T: Element, R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+        self.check_element::<T>("with_data")?;
+        Ok(f(self.read().typed::<T>()))
+    }
+
+    /// Runs `f` on the elements, mutably, without copying them (the array is
+    /// write-locked meanwhile). For bindings that copy straight into the array.
+    ///
+    /// # Errors
+    /// [`Error::DTypeMismatch`] if `T` is not the array's element type.
+    pub fn with_data_mut<T: Element, R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+        self.check_element::<T>("with_data_mut")?;
+        Ok(f(self.write().typed_mut::<T>()))
+    }
+
+    fn check_element<T: Element>(&self, op: &str) -> Result<()> {
+        if T::DTYPE == self.dtype() {
+            Ok(())
+        } else {
+            Err(Error::DTypeMismatch { context: format!("ndarray {op}"), expected: self.dtype(), got: T::DTYPE })
+        }
+    }
+
     /// The elements as f64, row-major (exact for every dtype but large i64 values).
     ///
     /// # Errors
@@ -638,6 +666,15 @@ mod tests {
         let b = a.copy_to(Context::cpu(3)).unwrap();
         assert_eq!(b.context(), Context::cpu(3));
         assert_eq!(b.to_vec::<f32>().unwrap(), a.to_vec::<f32>().unwrap());
+    }
+
+    #[test]
+    fn element_access_is_in_place_and_checks_the_dtype() {
+        let a = NDArray::zeros(&[3]).unwrap();
+        a.with_data_mut(|x: &mut [f32]| x.copy_from_slice(&[1.0, 2.0, 3.0])).unwrap();
+        assert_eq!(a.with_data(|x: &[f32]| x.iter().sum::<f32>()).unwrap(), 6.0);
+        let e = a.with_data(|x: &[f64]| x.len()).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::DTypeMismatch);
     }
 
     #[test]

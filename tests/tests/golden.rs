@@ -38,22 +38,6 @@ fn keys(v: &Value) -> Vec<Key> {
     v.as_array().expect("keys").iter().map(|k| Key::from(k.as_str().expect("string key"))).collect()
 }
 
-/// Rebuilds MXNet's nested call form from flattened keys: consecutive runs of one key.
-fn runs(keys: &[Key], arrays: &[NDArray]) -> (Vec<Key>, Vec<Vec<NDArray>>) {
-    let mut ks: Vec<Key> = Vec::new();
-    let mut vs: Vec<Vec<NDArray>> = Vec::new();
-    for (k, a) in keys.iter().zip(arrays) {
-        match (ks.last(), vs.last_mut()) {
-            (Some(last), Some(group)) if last == k => group.push(a.clone()),
-            _ => {
-                ks.push(k.clone());
-                vs.push(vec![a.clone()]);
-            }
-        }
-    }
-    (ks, vs)
-}
-
 fn expect_arrays(case: &str, i: usize, got: &[NDArray], expect: &Value) {
     let expect = arrays(expect, true);
     assert_eq!(got.len(), expect.len(), "{case} op {i}: number of results");
@@ -96,13 +80,11 @@ fn run_case(case: &Value) {
             kind @ ("pushpull" | "broadcast") => {
                 let values = arrays(&op["values"], true);
                 let outs = arrays(&op["outs"], false);
-                let (vk, vs) = runs(&ks, &values);
-                let (ok, os) = runs(&keys(&op["out_keys"]), &outs);
-                assert_eq!(vk, ok, "{name} op {i}: values and outs name different keys");
+                let out_keys = keys(&op["out_keys"]);
                 let r = if kind == "pushpull" {
-                    kv.pushpull(Keys::Many(vk), &vs, &os, 0)
+                    kv.pushpull_pairs(&ks, &values, &out_keys, &outs, 0)
                 } else {
-                    kv.broadcast(Keys::Many(vk), &vs, &os, 0)
+                    kv.broadcast_pairs(&ks, &values, &out_keys, &outs, 0)
                 };
                 r.map(|()| outs)
             }
