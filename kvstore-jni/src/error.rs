@@ -1,0 +1,170 @@
+//! Errors across the boundary: every native returns normally or throws
+//! `io.github.kvstore.KVStoreException(code, message)`, whose code is the Rust
+//! [`kvstore_core::ErrorKind::code`]. Panics are caught by jni's `with_env` and thrown as
+//! `INTERNAL`. A Java exception from an updater becomes the cause of the `BACKEND`
+//! exception that fails the push.
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::fmt;
+
+use jni::errors::ErrorPolicy;
+use jni::objects::{Global, JThrowable, JValue};
+use jni::{Env, jni_sig, jni_str};
+use kvstore_core::{Error, ErrorKind};
+
+/// The error of a native call: the store's, or one of jni's own.
+#[derive(Debug)]
+pub enum JniError {
+    /// An error of the store or of an array.
+    Store(Error),
+    /// A JNI failure (null argument, pending Java exception, ...).
+    Jni(jni::errors::Error),
+}
+
+impl From<Error> for JniError {
+    fn from(e: Error) -> Self {
+        JniError::Store(e)
+    }
+}
+
+impl From<jni::errors::Error> for JniError {
+    fn from(e: jni::errors::Error) -> Self {
+        JniError::Jni(e)
+    }
+}
+
+impl fmt::Display for JniError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JniError::Store(e) => e.fmt(f),
+            JniError::Jni(e) => write!(f, "jni: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for JniError {}
+
+/// `Result` of a native call.
+pub type JResult<T> = std::result::Result<T, JniError>;
+
+impl JniError {
+    /// The code and message thrown to Java.
+    fn code_and_message(&self) -> (&'static str, String) {
+        match self {
+            JniError::Store(e) => (e.kind().code(), e.to_string()),
+            JniError::Jni(jni::errors::Error::NullPtr(what)) => {
+                (ErrorKind::InvalidArgument.code(), format!("a null argument was passed ({what})"))
+            }
+            JniError::Jni(e) => (ErrorKind::Internal.code(), format!("internal error: jni: {e}")),
+        }
+    }
+
+    /// As a store error, for code that must return `kvstore_core::Result`.
+    pub fn into_store_error(self) -> Error {
+        match self {
+            JniError::Store(e) => e,
+            JniError::Jni(e) => Error::Backend { backend: "jni", message: e.to_string() },
+        }
+    }
+}
+
+thread_local! {
+    /// The Java exception an updater threw during the current native call, attached as
+    /// the cause of the `BACKEND` exception that the call throws.
+    static CAUSE: RefCell<Option<Global<JThrowable<'static>>>> = const { RefCell::new(None) };
+}
+
+/// Remembers `cause` for the exception the current native call will throw.
+pub fn set_cause(cause: Global<JThrowable<'static>>) {
+    CAUSE.with(|c| *c.borrow_mut() = Some(cause));
+}
+
+fn take_cause() -> Option<Global<JThrowable<'static>>> {
+    CAUSE.with(|c| c.borrow_mut().take())
+}
+
+/// Throws `KVStoreException(code, message)`, with the updater's exception as its cause
+/// for a `BACKEND` error.
+fn throw(env: &mut Env<'_>, code: &str, message: &str) -> jni::errors::Result<()> {
+    let cause = take_cause();
+    let class = env.find_class(jni_str!("io/github/kvstore/KVStoreException"))?;
+    let jcode = env.new_string(code)?;
+    let jmsg = env.new_string(message)?;
+    let ex = env.new_object(
+        &class,
+        jni_sig!("(Ljava/lang/String;Ljava/lang/String;)V"),
+        &[JValue::Object(&jcode), JValue::Object(&jmsg)],
+    )?;
+    if let Some(cause) = cause.filter(|_| code == ErrorKind::Backend.code()) {
+        env.call_method(
+            &ex,
+            jni_str!("initCause"),
+            jni_sig!("(Ljava/lang/Throwable;)Ljava/lang/Throwable;"),
+            &[JValue::Object(cause.as_ref())],
+        )?;
+    }
+    let ex = env.cast_local::<JThrowable>(ex)?;
+    // `throw` answers Err(JavaException) once the exception is pending: that is success.
+    let _ = env.throw(ex);
+    Ok(())
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with no message".to_string()
+    }
+}
+
+/// The error policy of every native: throws `KVStoreException`.
+pub struct ThrowKvStore;
+
+impl<T: Default> ErrorPolicy<T, JniError> for ThrowKvStore {
+    type Captures<'unowned_env_local: 'native_method, 'native_method> = ();
+
+    fn on_error<'unowned_env_local: 'native_method, 'native_method>(
+        env: &mut Env<'unowned_env_local>,
+        _cap: &mut Self::Captures<'unowned_env_local, 'native_method>,
+        err: JniError,
+    ) -> jni::errors::Result<T> {
+        if env.exception_check() {
+            take_cause();
+            return Ok(T::default());
+        }
+        let (code, message) = err.code_and_message();
+        throw(env, code, &message)?;
+        Ok(T::default())
+    }
+
+    fn on_panic<'unowned_env_local: 'native_method, 'native_method>(
+        env: &mut Env<'unowned_env_local>,
+        _cap: &mut Self::Captures<'unowned_env_local, 'native_method>,
+        payload: Box<dyn Any + Send + 'static>,
+    ) -> jni::errors::Result<T> {
+        let message = format!("internal error: panic in kvstore-jni: {}", panic_message(payload.as_ref()));
+        if !env.exception_check() {
+            throw(env, ErrorKind::Internal.code(), &message)?;
+        }
+        Ok(T::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_errors_keep_their_code_and_null_arguments_are_invalid() {
+        let e = JniError::from(Error::Disposed { what: "KVStore" });
+        assert_eq!(e.code_and_message(), ("DISPOSED", "KVStore was used after it was disposed".to_string()));
+        let (code, msg) = JniError::from(jni::errors::Error::NullPtr("keys")).code_and_message();
+        assert_eq!(code, "INVALID_ARGUMENT");
+        assert!(msg.contains("null"), "{msg}");
+        assert_eq!(panic_message(&"boom"), "boom");
+        assert_eq!(panic_message(&String::from("bang")), "bang");
+    }
+}

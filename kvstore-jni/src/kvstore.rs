@@ -1,0 +1,275 @@
+//! Natives of `io.github.kvstore.KVStore`: thin shims over [`kvstore_core::KVStore`].
+
+use std::sync::Arc;
+
+use jni::objects::{JClass, JLongArray, JObject, JObjectArray, JString};
+use jni::sys::{jboolean, jint, jlong};
+use jni::{Env, EnvUnowned};
+use kvstore_core::{KVStore, Keys, Values};
+
+use crate::convert::{arrays, keys};
+use crate::error::{JResult, ThrowKvStore};
+use crate::handles::STORES;
+use crate::updater::JavaUpdater;
+
+fn string(env: &Env<'_>, s: &JString<'_>) -> JResult<String> {
+    Ok(s.try_to_string(env)?)
+}
+
+/// Runs `f` with the store of handle `h`.
+fn with_store<T>(h: jlong, f: impl FnOnce(&KVStore) -> kvstore_core::Result<T>) -> JResult<T> {
+    let kv = STORES.get(h)?;
+    Ok(f(&kv)?)
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nCreate<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    kind: JString<'l>,
+) -> jlong {
+    env.with_env(|env| -> JResult<jlong> {
+        let kv = KVStore::create(&string(env, &kind)?)?;
+        Ok(STORES.insert(Arc::new(kv)))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nFree<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, h: jlong) {
+    env.with_env(|_| -> JResult<()> {
+        STORES.remove(h);
+        Ok(())
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nType<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+) -> JString<'l> {
+    env.with_env(|env| -> JResult<JString<'l>> {
+        let kind = with_store(h, |kv| Ok(kv.kind().to_string()))?;
+        Ok(env.new_string(kind)?)
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nRank<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+) -> jint {
+    env.with_env(|_| -> JResult<jint> { with_store(h, |kv| Ok(kv.rank() as jint)) }).resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nNumWorkers<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+) -> jint {
+    env.with_env(|_| -> JResult<jint> { with_store(h, |kv| Ok(kv.num_workers() as jint)) }).resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nInit<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    ks: JObjectArray<'l, JString<'l>>,
+    vs: JLongArray<'l>,
+) {
+    env.with_env(|env| -> JResult<()> {
+        let (ks, vs) = (keys(env, &ks)?, arrays(env, &vs)?);
+        with_store(h, |kv| kv.init(Keys::Many(ks), Values::Many(&vs)))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nPush<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    ks: JObjectArray<'l, JString<'l>>,
+    vs: JLongArray<'l>,
+    priority: jint,
+) {
+    env.with_env(|env| -> JResult<()> {
+        let (ks, vs) = (keys(env, &ks)?, arrays(env, &vs)?);
+        with_store(h, |kv| kv.push(Keys::Many(ks), Values::Many(&vs), priority))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nPull<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    ks: JObjectArray<'l, JString<'l>>,
+    outs: JLongArray<'l>,
+    priority: jint,
+) {
+    env.with_env(|env| -> JResult<()> {
+        let (ks, outs) = (keys(env, &ks)?, arrays(env, &outs)?);
+        with_store(h, |kv| kv.pull(Keys::Many(ks), Values::Many(&outs), priority))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+/// The flat arguments of `nPushPull` and `nBroadcast`.
+type PairsOp = fn(
+    &KVStore,
+    &[kvstore_core::Key],
+    &[kvstore_core::NDArray],
+    &[kvstore_core::Key],
+    &[kvstore_core::NDArray],
+    i32,
+) -> kvstore_core::Result<()>;
+
+#[allow(clippy::too_many_arguments)]
+fn pairs_call(
+    env: &mut Env<'_>,
+    h: jlong,
+    ks: &JObjectArray<'_, JString<'_>>,
+    vs: &JLongArray<'_>,
+    out_ks: &JObjectArray<'_, JString<'_>>,
+    outs: &JLongArray<'_>,
+    priority: jint,
+    op: PairsOp,
+) -> JResult<()> {
+    let (ks, vs) = (keys(env, ks)?, arrays(env, vs)?);
+    let (out_ks, outs) = (keys(env, out_ks)?, arrays(env, outs)?);
+    with_store(h, |kv| op(kv, &ks, &vs, &out_ks, &outs, priority))
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nPushPull<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    ks: JObjectArray<'l, JString<'l>>,
+    vs: JLongArray<'l>,
+    out_ks: JObjectArray<'l, JString<'l>>,
+    outs: JLongArray<'l>,
+    priority: jint,
+) {
+    env.with_env(|env| pairs_call(env, h, &ks, &vs, &out_ks, &outs, priority, KVStore::pushpull_pairs))
+        .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nBroadcast<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    ks: JObjectArray<'l, JString<'l>>,
+    vs: JLongArray<'l>,
+    out_ks: JObjectArray<'l, JString<'l>>,
+    outs: JLongArray<'l>,
+    priority: jint,
+) {
+    env.with_env(|env| pairs_call(env, h, &ks, &vs, &out_ks, &outs, priority, KVStore::broadcast_pairs))
+        .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nSetUpdater<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    updater: JObject<'l>,
+) {
+    env.with_env(|env| -> JResult<()> {
+        let kv = STORES.get(h)?;
+        if updater.is_null() {
+            kv.clear_updater();
+        } else {
+            kv.set_updater(JavaUpdater::new(env, &updater)?);
+        }
+        Ok(())
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nBarrier<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, h: jlong) {
+    env.with_env(|_| -> JResult<()> { with_store(h, KVStore::barrier) }).resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nNumDeadNode<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    node_id: jint,
+) -> jint {
+    env.with_env(|_| -> JResult<jint> { with_store(h, |kv| Ok(kv.num_dead_node(node_id) as jint)) })
+        .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nSetBarrierBeforeExit<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    barrier: jboolean,
+) {
+    env.with_env(|_| -> JResult<()> {
+        with_store(h, |kv| {
+            kv.set_barrier_before_exit(barrier);
+            Ok(())
+        })
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nSendCommandToServers<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    head: jint,
+    body: JString<'l>,
+) {
+    env.with_env(|env| -> JResult<()> {
+        let body = string(env, &body)?;
+        with_store(h, |kv| kv.send_command_to_servers(head, &body))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nSetGradientCompression<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    kvs: JObjectArray<'l, JString<'l>>,
+) {
+    env.with_env(|env| -> JResult<()> {
+        let flat = keys(env, &kvs)?;
+        let pairs: Vec<(&str, &str)> =
+            flat.chunks(2).map(|p| (p[0].as_str(), p.get(1).map_or("", |v| v.as_str()))).collect();
+        with_store(h, |kv| kv.set_gradient_compression(&pairs))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nIsCapable<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    capability: JString<'l>,
+) -> jboolean {
+    env.with_env(|env| -> JResult<jboolean> {
+        let capability = string(env, &capability)?;
+        with_store(h, |kv| kv.is_capable(&capability))
+    })
+    .resolve::<ThrowKvStore>()
+}

@@ -1,0 +1,32 @@
+//! `kvstore-jni`: the native library (`libkvstore_jni.so`) behind the Java API in
+//! package `io.github.kvstore` and the Clojure namespaces `org.apache.clojure-mxnet.*`.
+//!
+//! It is the only crate of the workspace with `extern "system"` functions. Each one is a
+//! thin shim: it converts its arguments, calls a plain-Rust function that returns a
+//! `Result`, and maps the error. The contract with Java (native signatures, codes,
+//! handles, errors) is `NATIVES.md` beside this crate's `Cargo.toml`. From Java:
+//!
+//! ```java
+//! try (KVStore kv = KVStore.create("local"); NDArray a = NDArray.ones(2, 3)) {
+//!     kv.init("3", a.mul(2));
+//!     kv.pull("3", a);            // a == 2
+//! }
+//! ```
+//!
+//! # Safety against the caller
+//! Java holds `long` handles into tables of `Arc`s ([`handles`]), never pointers: a
+//! closed, stale or forged handle is a `KVStoreException` with code `DISPOSED`. Every
+//! error is thrown as `KVStoreException(code, message)` with the Rust
+//! [`kvstore_core::ErrorKind`] code; a panic is caught by jni's `with_env` and thrown
+//! as `INTERNAL`. Nothing a caller passes can crash the JVM.
+//!
+//! # Features
+//! None yet. GPU (kvstore-cuda) and MPI (kvstore-mpi) support come as features later.
+
+pub mod convert;
+pub mod error;
+pub mod handles;
+pub mod kvstore;
+pub mod native;
+pub mod ndarray;
+pub mod updater;

@@ -1,0 +1,309 @@
+//! Natives of `io.github.kvstore.NDArray`: thin shims over [`kvstore_core::NDArray`].
+
+use jni::objects::{JClass, JDoubleArray, JFloatArray, JIntArray, JLongArray, JPrimitiveArray, JString, TypeArray};
+use jni::sys::{jboolean, jdouble, jint, jlong};
+use jni::{Env, EnvUnowned};
+use kvstore_core::{DType, Element, Error, NDArray, Operand};
+
+use crate::convert::{context, device_code, dtype, dtype_code, shape};
+use crate::error::{JResult, ThrowKvStore};
+use crate::handles::ARRAYS;
+
+/// A new array of `shape` filled with `fill`.
+fn new_array(shape: &[usize], dtype: DType, ctx: kvstore_core::Context, fill: f64) -> kvstore_core::Result<i64> {
+    Ok(ARRAYS.insert(NDArray::full_with(shape, fill, dtype, ctx)?))
+}
+
+/// An array holding a Java primitive array's elements: copied once, straight into the
+/// array, when the dtype is the Java element type's; converted otherwise.
+fn from_java<T: Element + TypeArray>(
+    env: &Env<'_>,
+    data: &JPrimitiveArray<'_, T>,
+    shape: &[usize],
+    dtype: DType,
+    ctx: kvstore_core::Context,
+) -> JResult<i64> {
+    let len = data.len(env)?;
+    if dtype == T::DTYPE {
+        let a = NDArray::zeros_with(shape, dtype, ctx)?;
+        if a.size() != len {
+            return Err(size_mismatch(shape, len).into());
+        }
+        a.with_data_mut(|buf: &mut [T]| data.get_region(env, 0, buf))??;
+        return Ok(ARRAYS.insert(a));
+    }
+    let mut buf = vec![T::default(); len];
+    data.get_region(env, 0, &mut buf)?;
+    let a = NDArray::from_slice_in(shape, &buf, ctx).map_err(|_| size_mismatch(shape, len))?;
+    Ok(ARRAYS.insert(a.as_type(dtype)?))
+}
+
+fn size_mismatch(shape: &[usize], len: usize) -> Error {
+    Error::ShapeMismatch {
+        context: format!("NDArray.array: {len} elements for shape {shape:?}"),
+        expected: shape.to_vec(),
+        got: vec![len],
+    }
+}
+
+/// A new Java primitive array with the elements of array `h`: copied once, straight
+/// from the array, when the dtype is the Java element type's; converted otherwise.
+fn to_java<'l, T: Element + TypeArray>(env: &mut Env<'l>, h: i64) -> JResult<JPrimitiveArray<'l, T>> {
+    let a = ARRAYS.get(h)?;
+    if a.size() > i32::MAX as usize {
+        return Err(
+            Error::invalid_argument(format!("an array of {} elements does not fit a Java array", a.size())).into()
+        );
+    }
+    let out = JPrimitiveArray::<T>::new(env, a.size())?;
+    if a.dtype() == T::DTYPE {
+        a.with_data(|s: &[T]| out.set_region(env, 0, s))??;
+    } else {
+        out.set_region(env, 0, &a.to_vec::<T>()?)?;
+    }
+    Ok(out)
+}
+
+fn operand_op(op: jint) -> JResult<fn(&NDArray, Operand<'_>) -> kvstore_core::Result<NDArray>> {
+    Ok(match op {
+        0 => |a, b| a.add(b),
+        1 => |a, b| a.sub(b),
+        2 => |a, b| a.mul(b),
+        3 => |a, b| a.div(b),
+        _ => return Err(Error::invalid_argument(format!("unknown operation code {op}")).into()),
+    })
+}
+
+fn assign_op(op: jint) -> JResult<fn(&NDArray, Operand<'_>) -> kvstore_core::Result<()>> {
+    Ok(match op {
+        0 => |a, b| a.add_assign(b),
+        1 => |a, b| a.sub_assign(b),
+        2 => |a, b| a.mul_assign(b),
+        3 => |a, b| a.div_assign(b),
+        _ => return Err(Error::invalid_argument(format!("unknown operation code {op}")).into()),
+    })
+}
+
+/// `{dtype, devType, devId, ndim, dims...}`.
+fn info(h: i64) -> kvstore_core::Result<Vec<i64>> {
+    let a = ARRAYS.get(h)?;
+    let ctx = a.context();
+    let mut v = vec![dtype_code(a.dtype()), device_code(ctx), i64::from(ctx.device_id()), a.shape().len() as i64];
+    v.extend(a.shape().iter().map(|&d| d as i64));
+    Ok(v)
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_NDArray_nNew<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    dims: JLongArray<'l>,
+    dt: jint,
+    dev_type: jint,
+    dev_id: jint,
+    fill: jdouble,
+) -> jlong {
+    env.with_env(|env| -> JResult<jlong> {
+        Ok(new_array(&shape(env, &dims)?, dtype(dt)?, context(dev_type, dev_id)?, fill)?)
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+macro_rules! from_java_native {
+    ($name:ident, $jarray:ty) => {
+        #[unsafe(no_mangle)]
+        pub extern "system" fn $name<'l>(
+            mut env: EnvUnowned<'l>,
+            _c: JClass<'l>,
+            data: $jarray,
+            dims: JLongArray<'l>,
+            dt: jint,
+            dev_type: jint,
+            dev_id: jint,
+        ) -> jlong {
+            env.with_env(|env| -> JResult<jlong> {
+                from_java(env, &data, &shape(env, &dims)?, dtype(dt)?, context(dev_type, dev_id)?)
+            })
+            .resolve::<ThrowKvStore>()
+        }
+    };
+}
+
+from_java_native!(Java_io_github_kvstore_NDArray_nFromFloats, JFloatArray<'l>);
+from_java_native!(Java_io_github_kvstore_NDArray_nFromDoubles, JDoubleArray<'l>);
+from_java_native!(Java_io_github_kvstore_NDArray_nFromInts, JIntArray<'l>);
+from_java_native!(Java_io_github_kvstore_NDArray_nFromLongs, JLongArray<'l>);
+
+macro_rules! to_java_native {
+    ($name:ident, $jarray:ident, $t:ty) => {
+        #[unsafe(no_mangle)]
+        pub extern "system" fn $name<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, h: jlong) -> $jarray<'l> {
+            env.with_env(|env| -> JResult<$jarray<'l>> { to_java::<$t>(env, h) }).resolve::<ThrowKvStore>()
+        }
+    };
+}
+
+to_java_native!(Java_io_github_kvstore_NDArray_nToFloats, JFloatArray, f32);
+to_java_native!(Java_io_github_kvstore_NDArray_nToDoubles, JDoubleArray, f64);
+to_java_native!(Java_io_github_kvstore_NDArray_nToInts, JIntArray, i32);
+to_java_native!(Java_io_github_kvstore_NDArray_nToLongs, JLongArray, i64);
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_NDArray_nInfo<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+) -> JLongArray<'l> {
+    env.with_env(|env| -> JResult<JLongArray<'l>> {
+        let v = info(h)?;
+        let out = JLongArray::new(env, v.len())?;
+        out.set_region(env, 0, &v)?;
+        Ok(out)
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_NDArray_nBinary<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    op: jint,
+    other: jlong,
+) -> jlong {
+    env.with_env(|_| -> JResult<jlong> {
+        let (a, b) = (ARRAYS.get(h)?, ARRAYS.get(other)?);
+        Ok(ARRAYS.insert(operand_op(op)?(&a, Operand::Array(&b))?))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_NDArray_nBinaryScalar<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    op: jint,
+    value: jdouble,
+) -> jlong {
+    env.with_env(|_| -> JResult<jlong> {
+        let a = ARRAYS.get(h)?;
+        Ok(ARRAYS.insert(operand_op(op)?(&a, Operand::Scalar(value))?))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_NDArray_nAssign<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    op: jint,
+    other: jlong,
+) {
+    env.with_env(|_| -> JResult<()> {
+        let (a, b) = (ARRAYS.get(h)?, ARRAYS.get(other)?);
+        Ok(assign_op(op)?(&a, Operand::Array(&b))?)
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_NDArray_nAssignScalar<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    op: jint,
+    value: jdouble,
+) {
+    env.with_env(|_| -> JResult<()> { Ok(assign_op(op)?(&ARRAYS.get(h)?, Operand::Scalar(value))?) })
+        .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_NDArray_nCopyTo<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    dev_type: jint,
+    dev_id: jint,
+) -> jlong {
+    env.with_env(|_| -> JResult<jlong> { Ok(ARRAYS.insert(ARRAYS.get(h)?.copy_to(context(dev_type, dev_id)?)?)) })
+        .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_NDArray_nAsType<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    dt: jint,
+) -> jlong {
+    env.with_env(|_| -> JResult<jlong> { Ok(ARRAYS.insert(ARRAYS.get(h)?.as_type(dtype(dt)?)?)) })
+        .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_NDArray_nCopyFrom<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    src: jlong,
+) {
+    env.with_env(|_| -> JResult<()> { Ok(ARRAYS.get(h)?.copy_from(&ARRAYS.get(src)?)?) }).resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_NDArray_nSameStorage<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    a: jlong,
+    b: jlong,
+) -> jboolean {
+    env.with_env(|_| -> JResult<jboolean> { Ok(ARRAYS.get(a)?.same_storage(&ARRAYS.get(b)?)) })
+        .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_NDArray_nToString<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+) -> JString<'l> {
+    env.with_env(|env| -> JResult<JString<'l>> { Ok(env.new_string(ARRAYS.get(h)?.to_string())?) })
+        .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_NDArray_nFree<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, h: jlong) {
+    env.with_env(|_| -> JResult<()> {
+        ARRAYS.remove(h);
+        Ok(())
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvstore_core::{Context, ErrorKind};
+
+    #[test]
+    fn info_describes_dtype_context_and_shape() {
+        let h = new_array(&[2, 3], DType::I64, Context::cpu(2), 7.0).unwrap();
+        assert_eq!(info(h).unwrap(), vec![5, 1, 2, 2, 2, 3]);
+        assert!(ARRAYS.remove(h));
+        assert_eq!(info(h).unwrap_err().kind(), ErrorKind::Disposed);
+    }
+
+    #[test]
+    fn unknown_operation_codes_are_invalid_arguments() {
+        assert!(operand_op(4).is_err());
+        assert!(assign_op(-1).is_err());
+        let a = NDArray::full(&[2], 3.0).unwrap();
+        assert_eq!(
+            operand_op(2).ok().unwrap()(&a, Operand::Scalar(2.0)).unwrap().to_vec::<f32>().unwrap(),
+            vec![6.0; 2]
+        );
+    }
+}
