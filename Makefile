@@ -1,7 +1,10 @@
 # The one entry point. `make demo` and `make test` install what they need.
-.PHONY: all setup build demo test bench lint fmt doc clean
+.PHONY: all setup setup-jvm build native jar repl demo test bench lint fmt doc clean
 
 CARGO ?= cargo
+JAVA ?= java
+# Clojure from Debian's packages (scripts/setup-jvm.sh installs them).
+CLJ_CP := /usr/share/java/clojure.jar:/usr/share/java/spec.alpha.jar:/usr/share/java/core.specs.alpha.jar
 
 all: build
 
@@ -11,21 +14,45 @@ setup:
 	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy
 	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 
+setup-jvm:
+	@bash scripts/setup-jvm.sh
+
 build: setup
 	$(CARGO) build --workspace --release
 
-# MXNet's KVStore tutorial, in Rust (the Clojure version comes with the jar).
-demo: setup
-	$(CARGO) run --release -q -p kvstore-core --example tutorial
+# The JNI library, target/release/libkvstore_jni.so.
+native: setup
+	$(CARGO) build --release -p kvstore-jni
 
-# fmt, clippy, doc and every cargo suite; ends with one line `N passed, N failed`.
-test: setup
+# target/kvstore.jar: the Java API, the Clojure namespaces and the native library.
+jar: native setup-jvm
+	@bash scripts/jar.sh
+
+# A Clojure REPL with the jar: (require '[org.apache.clojure-mxnet.kvstore :as kvstore])
+repl: jar
+	$(JAVA) -cp target/kvstore.jar:$(CLJ_CP) clojure.main
+
+# MXNet's KVStore tutorial, in Rust and then in Clojure (the seed tutorial, verbatim).
+demo: jar
+	@echo "== the KVStore tutorial in Rust (cargo run --example tutorial) =="
+	$(CARGO) run --release -q -p kvstore-core --example tutorial
+	@echo "== the KVStore tutorial in Clojure (clojure/examples/tutorial.clj) =="
+	$(JAVA) -cp target/kvstore.jar:$(CLJ_CP) clojure.main clojure/examples/tutorial.clj
+
+# fmt, clippy, doc, every cargo suite, the jar, JUnit, clojure.test, the tutorial and
+# the Leiningen/deps.edn smoke checks; ends with one line `N passed, N failed`.
+test: setup setup-jvm
 	@bash scripts/test.sh
 
-# Criterion benches, then the report: limit and store rows in one run, medians and
-# ratios, written to target/bench/results.json.
-bench: setup
+# Criterion benches; the Java and Clojure benches; then the report: limit, store and JVM
+# rows in one run, medians and ratios, written to target/bench/results.json.
+bench: jar
 	$(CARGO) bench -p kvstore-core --bench store
+	mkdir -p target/bench/java-classes
+	javac --release 17 -Xlint:all -Werror -cp target/kvstore.jar -d target/bench/java-classes \
+	    clojure/java-bench/io/github/kvstore/bench/JvmBench.java
+	$(JAVA) -cp target/kvstore.jar:target/bench/java-classes io.github.kvstore.bench.JvmBench target/bench/jvm-java.json
+	$(JAVA) -cp target/kvstore.jar:$(CLJ_CP) clojure.main clojure/bench/kvstore_bench.clj target/bench/jvm-clojure.json
 	$(CARGO) bench -p kvstore-core --bench report
 
 lint: setup

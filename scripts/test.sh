@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every check and suite of `make test` and ends with one line
-# `N passed, N failed` that totals them: each static check (fmt, clippy, doc) counts
-# as one, each test of the cargo suites (unit, integration, doc tests) as one.
+# `N passed, N failed` that totals them: each static check (fmt, clippy, doc, native,
+# jar) counts as one, each test of the cargo suites (unit, integration, doc tests) as
+# one, and each suite of the JVM side (JUnit, clojure.test, tutorial, Leiningen and
+# deps.edn smoke checks) counts as its own script reports.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=target/test-logs
@@ -41,6 +43,39 @@ fi
 if [ "$p" -eq 0 ]; then
     echo "no cargo test ran"
     failed=$((failed + 1))
+fi
+
+# The JVM side: build the native library and the jar, then each suite script prints
+# one or more lines `<suite>: N passed, N failed`, which are added up here.
+check native cargo build --release -p kvstore-jni
+check jar bash scripts/jar.sh
+
+suite() {
+    local name=$1
+    shift
+    "$@" 2>&1 | tee "$logs/$name.log"
+    local status=${PIPESTATUS[0]}
+    local lines
+    lines=$(grep -E '^[a-z][a-z-]*: [0-9]+ passed, [0-9]+ failed$' "$logs/$name.log" || true)
+    local p=0 f=0
+    if [ -n "$lines" ]; then
+        p=$(echo "$lines" | awk '{ s += $2 } END { print s + 0 }')
+        f=$(echo "$lines" | awk '{ s += $4 } END { print s + 0 }')
+    fi
+    passed=$((passed + p))
+    failed=$((failed + f))
+    if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then
+        echo "$name exited with status $status without a failing test"
+        failed=$((failed + 1))
+    fi
+    if [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then
+        echo "$name ran no test"
+        failed=$((failed + 1))
+    fi
+}
+
+if [ -f target/kvstore.jar ]; then
+    suite junit bash scripts/test-java.sh
 fi
 
 echo "$passed passed, $failed failed"

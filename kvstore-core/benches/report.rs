@@ -30,11 +30,29 @@ fn median(warm: usize, runs: usize, mut f: impl FnMut()) -> f64 {
 }
 
 struct Row {
-    name: &'static str,
+    name: String,
     median_s: f64,
     limit_s: Option<f64>,
-    target: &'static str,
+    target: String,
     per: f64,
+}
+
+impl Row {
+    fn new(name: &str, median_s: f64, limit_s: Option<f64>, target: &str) -> Self {
+        Row { name: name.to_string(), median_s, limit_s, target: target.to_string(), per: 1.0 }
+    }
+}
+
+/// The JVM rows written by `make bench` before this report (Java and Clojure benches),
+/// as (name, median seconds); empty when they were not run.
+fn jvm_rows(dir: &std::path::Path) -> Vec<(String, f64)> {
+    ["jvm-java.json", "jvm-clojure.json"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(dir.join(f)).ok())
+        .filter_map(|text| serde_json::from_str::<Vec<serde_json::Value>>(&text).ok())
+        .flatten()
+        .filter_map(|r| Some((r["name"].as_str()?.to_string(), r["median_s"].as_f64()?)))
+        .collect()
 }
 
 fn filled(n: usize, v: f32) -> Vec<f32> {
@@ -81,13 +99,7 @@ fn main() -> kvstore_core::Result<()> {
     let ins: Vec<Vec<f32>> = (0..D).map(|k| filled(BIG, k as f32)).collect();
     let mut out = vec![0f32; BIG];
     let limit_reduce_s = median(3, runs, || limit_reduce(black_box(&ins), black_box(&mut out)));
-    rows.push(Row {
-        name: "limit: plain-loop reduce 4 x 4 Mi f32",
-        median_s: limit_reduce_s,
-        limit_s: None,
-        target: "",
-        per: 1.0,
-    });
+    rows.push(Row::new("limit: plain-loop reduce 4 x 4 Mi f32", limit_reduce_s, None, ""));
     let src = filled(BIG, 1.0);
     let mut outs: Vec<Vec<f32>> = (0..D).map(|_| vec![0f32; BIG]).collect();
     let limit_copy_s = median(3, runs, || {
@@ -95,13 +107,7 @@ fn main() -> kvstore_core::Result<()> {
             o.copy_from_slice(black_box(&src));
         }
     });
-    rows.push(Row {
-        name: "limit: copy 4 Mi f32 into 4 arrays",
-        median_s: limit_copy_s,
-        limit_s: None,
-        target: "",
-        per: 1.0,
-    });
+    rows.push(Row::new("limit: copy 4 Mi f32 into 4 arrays", limit_copy_s, None, ""));
 
     // ---- the store ----
     let kv = KVStore::create("local")?;
@@ -109,23 +115,11 @@ fn main() -> kvstore_core::Result<()> {
         (0..D).map(|k| NDArray::from_slice_in(&[BIG], &ins[k], Context::cpu(k as u32))).collect::<Result<_, _>>()?;
     kv.init("big", &vals[0])?;
     let push_s = median(3, runs, || kv.push("big", &vals, 0).expect("push"));
-    rows.push(Row {
-        name: "store: push 4 x 4 Mi f32",
-        median_s: push_s,
-        limit_s: Some(limit_reduce_s),
-        target: ">= 0.8",
-        per: 1.0,
-    });
+    rows.push(Row::new("store: push 4 x 4 Mi f32", push_s, Some(limit_reduce_s), ">= 0.8"));
     let pulls: Vec<NDArray> =
         (0..D).map(|k| NDArray::zeros_with(&[BIG], DType::F32, Context::cpu(k as u32))).collect::<Result<_, _>>()?;
     let pull_s = median(3, runs, || kv.pull("big", &pulls, 0).expect("pull"));
-    rows.push(Row {
-        name: "store: pull 4 Mi f32 into 4 outs",
-        median_s: pull_s,
-        limit_s: Some(limit_copy_s),
-        target: ">= 0.8",
-        per: 1.0,
-    });
+    rows.push(Row::new("store: pull 4 Mi f32 into 4 outs", pull_s, Some(limit_copy_s), ">= 0.8"));
 
     // ---- many small keys ----
     let keys: Vec<String> = (0..SMALL_KEYS).map(|i| format!("k{i}")).collect();
@@ -151,19 +145,55 @@ fn main() -> kvstore_core::Result<()> {
     });
     let per_key = SMALL_KEYS as f64;
     rows.push(Row {
-        name: "limit: plain loops, 1000 keys x 1 Ki f32 x 4 (per key)",
-        median_s: small_limit_s / per_key,
-        limit_s: None,
-        target: "",
         per: per_key,
+        ..Row::new("limit: plain loops, 1000 keys x 1 Ki f32 x 4 (per key)", small_limit_s / per_key, None, "")
     });
     rows.push(Row {
-        name: "store: 1000 keys x 1 Ki f32 x 4, list push + list pull (per key)",
-        median_s: small_s / per_key,
-        limit_s: Some(small_limit_s / per_key),
-        target: "<= 5 us/key",
         per: per_key,
+        ..Row::new(
+            "store: 1000 keys x 1 Ki f32 x 4, list push + list pull (per key)",
+            small_s / per_key,
+            Some(small_limit_s / per_key),
+            "<= 5 us/key",
+        )
     });
+
+    // ---- the Rust side of the JVM rows: the same calls the Java and Clojure benches make ----
+    let one = NDArray::ones(&[SMALL])?;
+    let one_out = NDArray::zeros(&[SMALL])?;
+    kv.init("s", &one)?;
+    let reps = 20_000;
+    let rust_small_s = median(1, runs, || {
+        for _ in 0..reps {
+            kv.push("s", &one, 0).expect("push");
+            kv.pull("s", &one_out, 0).expect("pull");
+        }
+    }) / reps as f64;
+    rows.push(Row::new("rust: push+pull 1 Ki f32", rust_small_s, None, ""));
+    let rust_in_s = median(3, runs, || {
+        black_box(NDArray::from_slice_in(&[BIG], &ins[1], Context::cpu(0)).expect("array"));
+    });
+    rows.push(Row::new("rust: &[f32; 4 Mi] into a new NDArray", rust_in_s, None, ""));
+    let rust_out_s = median(3, runs, || {
+        black_box(vals[1].to_vec::<f32>().expect("to_vec"));
+    });
+    rows.push(Row::new("rust: NDArray of 4 Mi f32 to Vec<f32>", rust_out_s, None, ""));
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(std::path::Path::new("."));
+    let dir = root.join("target/bench");
+    for (name, median_s) in jvm_rows(&dir) {
+        let row = match name.as_str() {
+            n if n.ends_with("push+pull 1 Ki f32") => {
+                let more_us = (median_s - rust_small_s) * 1e6;
+                Row::new(n, median_s, Some(rust_small_s), &format!("<= +2 us (here {more_us:+.2} us)"))
+            }
+            n if n.ends_with("push 4 x 4 Mi f32") => Row::new(n, median_s, Some(push_s), "~1 (no copy)"),
+            n if n.ends_with("pull 4 Mi f32 into 4 outs") => Row::new(n, median_s, Some(pull_s), "~1 (no copy)"),
+            n if n.ends_with("into a new NDArray") => Row::new(n, median_s, Some(rust_in_s), "~1 (one copy)"),
+            n if n.ends_with("to float[]") => Row::new(n, median_s, Some(rust_out_s), "~1 (one copy)"),
+            n => Row::new(n, median_s, None, ""),
+        };
+        rows.push(row);
+    }
 
     // ---- print and save ----
     println!("\n{:<66} {:>12} {:>12} {:>7}  target", "row", "median", "limit", "ratio");
@@ -196,8 +226,6 @@ fn main() -> kvstore_core::Result<()> {
         rayon::current_num_threads()
     );
     let doc = serde_json::json!({ "machine": machine(), "runs": runs, "rows": json_rows });
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(std::path::Path::new("."));
-    let dir = root.join("target/bench");
     std::fs::create_dir_all(&dir)
         .map_err(|e| kvstore_core::Error::Io { context: "create target/bench".into(), source: e })?;
     let path = dir.join("results.json");

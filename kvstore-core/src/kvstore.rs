@@ -1,6 +1,7 @@
 //! The store: mirrors `KVStoreLocal` in MXNet's `src/kvstore/kvstore_local.h`, with
 //! the deliberate differences listed in the crate docs.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::collections::hash_map::Entry as MapEntry;
 use std::fmt;
@@ -109,6 +110,43 @@ struct Entry {
 struct Table {
     entries: HashMap<Key, Arc<Entry>>,
     next_index: usize,
+}
+
+thread_local! {
+    /// The keys this thread has locked, as (store address, key index): an updater runs
+    /// while its push holds the push's keys, and a call from it on one of those keys
+    /// must fail instead of waiting for itself forever.
+    static HELD: RefCell<Vec<(usize, usize)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Marks keys as locked by this thread until dropped.
+struct Held {
+    store: usize,
+    indices: Vec<usize>,
+}
+
+impl Held {
+    fn new(op: &'static str, store: &KVStore, entries: &[&Arc<Entry>]) -> Result<Self> {
+        let store = store as *const KVStore as usize;
+        HELD.with(|held| {
+            let mut held = held.borrow_mut();
+            if let Some(e) = entries.iter().find(|e| held.contains(&(store, e.index))) {
+                return Err(Error::invalid_argument(format!(
+                    "{op} of key \"{}\" from inside an updater of that key's push: the push holds the key \
+                     until its updates finish, so an updater may not push or pull the keys of its own push",
+                    e.key
+                )));
+            }
+            held.extend(entries.iter().map(|e| (store, e.index)));
+            Ok(Held { store, indices: entries.iter().map(|e| e.index).collect() })
+        })
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        HELD.with(|held| held.borrow_mut().retain(|&(s, i)| s != self.store || !self.indices.contains(&i)));
+    }
 }
 
 /// Builds a [`KVStore`] with settings other than the defaults.
@@ -458,6 +496,7 @@ impl KVStore {
             return Ok(());
         }
         let groups = self.group(op, pairs)?;
+        let _held = Held::new(op, self, &groups.iter().map(|g| &g.entry).collect::<Vec<_>>())?;
         let guards: Vec<_> = groups.iter().map(|g| g.entry.value.read()).collect();
         for (g, stored) in groups.iter().zip(&guards) {
             check_group(op, "out", g, stored)?;
@@ -595,6 +634,7 @@ impl KVStore {
         let mut entries: Vec<&Arc<Entry>> = push.iter().chain(&pull).map(|g| &g.entry).collect();
         entries.sort_by_key(|e| e.index);
         entries.dedup_by_key(|e| e.index);
+        let _held = Held::new(op, self, &entries)?;
         let mut guards: Vec<_> = entries.iter().map(|e| e.value.write()).collect();
         let slots = |groups: &[Group<'_>]| -> Result<Vec<usize>> {
             groups

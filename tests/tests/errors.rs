@@ -136,3 +136,28 @@ fn every_error_kind_has_a_distinct_ffi_code() {
     assert_eq!(codes.len(), ErrorKind::ALL.len());
     assert!(codes.contains("INTERNAL") && codes.contains("SHAPE_MISMATCH"));
 }
+
+#[test]
+fn an_updater_calling_the_store_for_its_own_key_gets_an_error_instead_of_a_deadlock() {
+    let kv = std::sync::Arc::new(store());
+    let inner = std::sync::Arc::downgrade(&kv);
+    kv.set_updater(move |key: &Key, _index: usize, merged: &NDArray, stored: &NDArray| -> Result<()> {
+        let kv = inner.upgrade().expect("store alive");
+        // Another key of the store works from inside an updater.
+        let other = if key.as_str() == "s" { Key::from(3) } else { Key::from("s") };
+        kv.pull(other, &NDArray::zeros(&SHAPE)?, 0)?;
+        // The key of this very push is held by the push: a clear error, not a hang.
+        let e = kv.pull(key.clone(), &NDArray::zeros(&SHAPE)?, 0).expect_err("own key");
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("inside an updater"), "{e}");
+        let e = kv.push(key.clone(), merged, 0).expect_err("own key");
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        stored.copy_from(merged)
+    });
+    kv.push(3, &full(&SHAPE, 7.0, Context::cpu(0)), 0).expect("push");
+    assert_eq!(pulled(&kv, 3, &SHAPE), vec![7.0; 6]);
+    // After the push, the key is free again on this thread.
+    kv.clear_updater();
+    kv.push(3, &full(&SHAPE, 8.0, Context::cpu(0)), 0).expect("push");
+    assert_eq!(pulled(&kv, 3, &SHAPE), vec![8.0; 6]);
+}

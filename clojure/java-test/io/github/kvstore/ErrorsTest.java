@@ -1,0 +1,343 @@
+package io.github.kvstore;
+
+import static io.github.kvstore.Fixtures.assertAll;
+import static io.github.kvstore.Fixtures.assertCode;
+import static io.github.kvstore.Fixtures.assertNpe;
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertSame;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.github.kvstore.KVStoreException.Code;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.Map;
+import org.junit.jupiter.api.Test;
+
+/**
+ * Every {@link KVStoreException.Code} from a real situation, and everything a caller can
+ * pass that must be an exception, never a crash.
+ */
+class ErrorsTest {
+    private static final int[] SHAPE = {2, 3};
+
+    @Test
+    void nativeErrorCodesEqualTheJavaEnumInOrder() {
+        String[] java = Arrays.stream(Code.values()).map(Enum::name).toArray(String[]::new);
+        assertArrayEquals(java, Native.nErrorCodes());
+        assertEquals(13, java.length);
+    }
+
+    @Test
+    void pullOfAnUnknownKeyIsKeyNotInitialized() {
+        try (KVStore kv = KVStore.create();
+                NDArray out = NDArray.zeros(SHAPE)) {
+            KVStoreException e = assertCode(Code.KEY_NOT_INITIALIZED, () -> kv.pull("nope", out));
+            assertTrue(e.getMessage().contains("nope"), e.getMessage());
+            assertCode(Code.KEY_NOT_INITIALIZED, () -> kv.push("nope", out));
+            assertCode(Code.KEY_NOT_INITIALIZED, () -> kv.pushpull("nope", out));
+        }
+    }
+
+    @Test
+    void secondInitOfAKeyIsAlreadyInitializedAndAddsNothing() {
+        try (KVStore kv = KVStore.create();
+                NDArray ones = NDArray.ones(SHAPE);
+                NDArray out = NDArray.zeros(SHAPE)) {
+            kv.init("k", ones);
+            assertCode(Code.ALREADY_INITIALIZED, () -> kv.init("k", ones));
+            assertCode(Code.ALREADY_INITIALIZED, () -> kv.broadcast("k", ones, out));
+            // All or nothing: "fresh" must not be added by a call that fails on "k".
+            assertCode(Code.ALREADY_INITIALIZED, () -> kv.init(new String[] {"fresh", "k"}, new NDArray[] {ones, ones}));
+            assertCode(Code.KEY_NOT_INITIALIZED, () -> kv.pull("fresh", out));
+            assertCode(Code.ALREADY_INITIALIZED, () -> kv.init(new String[] {"x", "x"}, new NDArray[] {ones, ones}));
+        }
+    }
+
+    @Test
+    void wrongShapesAreShapeMismatch() {
+        try (KVStore kv = KVStore.create();
+                NDArray ones = NDArray.ones(SHAPE);
+                NDArray other = NDArray.ones(3, 2);
+                NDArray out = NDArray.zeros(SHAPE)) {
+            kv.init("k", ones);
+            assertCode(Code.SHAPE_MISMATCH, () -> kv.push("k", other));
+            assertCode(Code.SHAPE_MISMATCH, () -> kv.pull("k", other));
+            assertCode(Code.SHAPE_MISMATCH, () -> kv.push("k", new NDArray[] {ones, other}));
+            assertCode(Code.SHAPE_MISMATCH, () -> ones.add(other));
+            assertCode(Code.SHAPE_MISMATCH, () -> ones.copyFrom(other));
+            assertCode(Code.SHAPE_MISMATCH, () -> kv.broadcast("b", ones, other));
+            kv.pull("k", out);
+            assertAll(1f, out);
+        }
+    }
+
+    @Test
+    void pullIntoAnInt32OutIsDtypeMismatch() {
+        try (KVStore kv = KVStore.create();
+                NDArray ones = NDArray.ones(SHAPE);
+                NDArray intOut = NDArray.zeros(SHAPE, Context.cpu(), DType.INT32);
+                NDArray doubles = NDArray.ones(SHAPE, Context.cpu(), DType.FLOAT64)) {
+            kv.init("k", ones);
+            assertCode(Code.DTYPE_MISMATCH, () -> kv.pull("k", intOut));
+            assertCode(Code.DTYPE_MISMATCH, () -> kv.push("k", doubles));
+            assertCode(Code.DTYPE_MISMATCH, () -> ones.addInPlace(doubles));
+        }
+    }
+
+    @Test
+    void listsOfDifferentLengthsAreLengthMismatch() {
+        try (KVStore kv = KVStore.create();
+                NDArray a = NDArray.ones(SHAPE);
+                NDArray b = NDArray.ones(SHAPE)) {
+            String[] two = {"a", "b"};
+            NDArray[] one = {a};
+            assertCode(Code.LENGTH_MISMATCH, () -> kv.init(two, one));
+            kv.init(two, new NDArray[] {a, b});
+            assertCode(Code.LENGTH_MISMATCH, () -> kv.push(two, one));
+            assertCode(Code.LENGTH_MISMATCH, () -> kv.push(two, new NDArray[] {a, b, a}, 2));
+            assertCode(Code.LENGTH_MISMATCH, () -> kv.pull(two, one));
+            assertCode(Code.LENGTH_MISMATCH, () -> kv.pushpull(two, new NDArray[] {a, b}, one));
+            assertCode(Code.LENGTH_MISMATCH, () -> kv.pushpull(two, one));
+            assertCode(Code.LENGTH_MISMATCH, () -> kv.broadcast(new String[] {"c", "d"}, one, one));
+            assertCode(Code.LENGTH_MISMATCH, () -> kv.init(new String[] {}, one));
+        }
+    }
+
+    @Test
+    void unknownStoreKindIsUnknownStoreKind() {
+        KVStoreException e = assertCode(Code.UNKNOWN_STORE_KIND, () -> KVStore.create("foo"));
+        assertTrue(e.getMessage().contains("foo"), e.getMessage());
+        assertCode(Code.UNKNOWN_STORE_KIND, () -> KVStore.create(""));
+    }
+
+    @Test
+    void gpuArraysWithoutABackendAreDeviceUnavailable() {
+        KVStoreException e = assertCode(Code.DEVICE_UNAVAILABLE,
+                () -> NDArray.zeros(new int[] {2}, Context.gpu(0), DType.FLOAT32));
+        assertTrue(e.getMessage().contains("gpu(0)"), e.getMessage());
+        try (NDArray a = NDArray.ones(2)) {
+            assertCode(Code.DEVICE_UNAVAILABLE, () -> a.copyTo(Context.gpu(1)));
+            assertCode(Code.DEVICE_UNAVAILABLE,
+                    () -> NDArray.array(new float[] {1, 2}, new int[] {2}, Context.gpu(0), DType.FLOAT32));
+        }
+    }
+
+    @Test
+    void distSyncAndGradientCompressionAreUnsupported() {
+        assertCode(Code.UNSUPPORTED, () -> KVStore.create("dist_sync"));
+        assertCode(Code.UNSUPPORTED, () -> KVStore.create("nccl"));
+        try (KVStore kv = KVStore.create()) {
+            Map<String, String> params = new HashMap<>();
+            params.put("type", "2bit");
+            params.put("threshold", "0.5");
+            assertCode(Code.UNSUPPORTED, () -> kv.setGradientCompression(params));
+            assertEquals("local", kv.type(), "the store still works");
+        }
+    }
+
+    @Test
+    void negativeDimensionsAndIntegerDivisionByZeroAreInvalidArgument() {
+        assertCode(Code.INVALID_ARGUMENT, () -> NDArray.zeros(2, -1));
+        assertCode(Code.INVALID_ARGUMENT, () -> NDArray.ones(new int[] {-5}, Context.cpu(), DType.INT8));
+        assertCode(Code.INVALID_ARGUMENT, () -> NDArray.array(new float[] {}, new int[] {-1}));
+        try (NDArray i = NDArray.array(new int[] {4, 6}, new int[] {2});
+                NDArray zero = NDArray.zeros(new int[] {2}, Context.cpu(), DType.INT32)) {
+            assertCode(Code.INVALID_ARGUMENT, () -> i.div(0));
+            assertCode(Code.INVALID_ARGUMENT, () -> i.divInPlace(zero));
+            assertCode(Code.INVALID_ARGUMENT, () -> i.div(zero));
+            assertArrayEquals(new int[] {4, 6}, i.toIntArray(), "a failed division changes nothing");
+        }
+        try (KVStore kv = KVStore.create()) {
+            assertCode(Code.INVALID_ARGUMENT, () -> kv.isCapable("teleport"));
+        }
+    }
+
+    @Test
+    void hugeShapesAreInvalidArgument() {
+        int[] huge = {Integer.MAX_VALUE, Integer.MAX_VALUE, 8};
+        assertCode(Code.INVALID_ARGUMENT, () -> NDArray.zeros(huge));
+        assertCode(Code.INVALID_ARGUMENT, () -> NDArray.zeros(huge, Context.cpu(), DType.FLOAT64));
+        assertCode(Code.INVALID_ARGUMENT, () -> NDArray.full(huge, 1.0, Context.cpu(), DType.UINT8));
+        assertCode(Code.INVALID_ARGUMENT, () -> NDArray.array(new float[] {1}, huge));
+        assertCode(Code.INVALID_ARGUMENT, () -> NDArray.array(new long[] {1}, huge));
+    }
+
+    @Test
+    void dataOfAnotherLengthThanTheShapeIsShapeMismatch() {
+        assertCode(Code.SHAPE_MISMATCH, () -> NDArray.array(new float[] {1, 2, 3}, new int[] {2, 2}));
+        assertCode(Code.SHAPE_MISMATCH, () -> NDArray.array(new double[] {1}, new int[] {2}));
+        assertCode(Code.SHAPE_MISMATCH, () -> NDArray.array(new int[] {1, 2}, new int[] {}));
+        assertCode(Code.SHAPE_MISMATCH,
+                () -> NDArray.array(new long[] {1, 2, 3}, new int[] {2}, Context.cpu(), DType.FLOAT16));
+    }
+
+    @Test
+    void closedStoresAndArraysAreDisposed() {
+        KVStore kv = KVStore.create();
+        NDArray ones = NDArray.ones(SHAPE);
+        NDArray closed = NDArray.ones(SHAPE);
+        NDArray out = NDArray.zeros(SHAPE);
+        kv.init("k", ones);
+        closed.close();
+        assertCode(Code.DISPOSED, () -> kv.push("k", closed));
+        assertCode(Code.DISPOSED, () -> kv.pull("k", new NDArray[] {out, closed}));
+        assertCode(Code.DISPOSED, () -> kv.init("j", closed));
+        assertCode(Code.DISPOSED, () -> ones.add(closed));
+        assertCode(Code.DISPOSED, () -> out.copyFrom(closed));
+        assertCode(Code.DISPOSED, closed::toDoubleArray);
+        kv.close();
+        assertCode(Code.DISPOSED, () -> kv.push("k", ones));
+        assertCode(Code.DISPOSED, () -> kv.pull("k", out));
+        assertCode(Code.DISPOSED, kv::type);
+        assertCode(Code.DISPOSED, kv::rank);
+        assertCode(Code.DISPOSED, kv::numWorkers);
+        assertCode(Code.DISPOSED, kv::barrier);
+        assertCode(Code.DISPOSED, () -> kv.setUpdater(null));
+        assertCode(Code.DISPOSED, () -> kv.isCapable("optimizer"));
+        // Stale handles reach the native side as such: still DISPOSED, never a crash.
+        assertCode(Code.DISPOSED, () -> KVStore.nType(0));
+        assertCode(Code.DISPOSED, () -> KVStore.nPush(0, new String[] {"k"}, new long[] {0}, 0));
+        assertCode(Code.DISPOSED, () -> NDArray.nToFloats(0));
+        assertCode(Code.DISPOSED, () -> NDArray.nToFloats(Long.MAX_VALUE));
+        assertCode(Code.DISPOSED, () -> NDArray.nInfo(-42));
+        ones.close();
+        out.close();
+    }
+
+    @Test
+    void aThrowingUpdaterIsBackendWithItsExceptionAsCauseAndTheStoreKeepsItsValue() {
+        IllegalStateException boom = new IllegalStateException("boom");
+        try (KVStore kv = KVStore.create();
+                NDArray ones = NDArray.ones(SHAPE);
+                NDArray out = NDArray.zeros(SHAPE)) {
+            kv.init(new String[] {"a", "b"}, new NDArray[] {ones, ones});
+            kv.setUpdater((key, index, merged, stored) -> {
+                stored.addInPlace(100);
+                if (key.equals("b")) {
+                    throw boom;
+                }
+            });
+            KVStoreException e = assertCode(Code.BACKEND, () -> kv.push(new String[] {"a", "b"}, new NDArray[] {ones, ones}));
+            assertSame(boom, e.getCause());
+            // Neither key changed: "a"'s successful update is not committed either.
+            kv.pull("a", out);
+            assertAll(1f, out);
+            kv.pull("b", out);
+            assertAll(1f, out);
+            try (NDArray two = ones.mul(2)) {
+                kv.setUpdater(null).push("b", two).pull("b", out);
+            }
+            assertAll(2f, out);
+        }
+    }
+
+    @Test
+    void aRustPanicIsInternal() {
+        KVStoreException e = assertCode(Code.INTERNAL, Native::nDebugPanic);
+        assertNull(e.getCause());
+        // The library still works after a panic.
+        try (NDArray a = NDArray.ones(2)) {
+            assertAll(1f, a);
+        }
+    }
+
+    @Test
+    void anUnknownCodeStringMapsToInternal() {
+        KVStoreException e = new KVStoreException("NO_SUCH_CODE", "m");
+        assertEquals(Code.INTERNAL, e.code());
+        assertTrue(e.getMessage().contains("NO_SUCH_CODE"));
+        assertEquals(Code.SHAPE_MISMATCH, new KVStoreException("SHAPE_MISMATCH", "m").code());
+        assertEquals("m", new KVStoreException("IO", "m").getMessage());
+        assertEquals(Code.IO, new KVStoreException("IO", "m").code());
+        IllegalStateException cause = new IllegalStateException();
+        assertSame(cause, new KVStoreException("BACKEND", "m", cause).getCause());
+        assertEquals(Code.INTERNAL, new KVStoreException((String) null, "m").code());
+    }
+
+    @Test
+    void nullArgumentsAreNullPointerExceptionsNamingTheParameter() {
+        try (KVStore kv = KVStore.create();
+                NDArray a = NDArray.ones(SHAPE)) {
+            kv.init("k", a);
+            assertNpe("kind", () -> KVStore.create(null));
+            assertNpe("key", () -> kv.init((String) null, a));
+            assertNpe("value", () -> kv.init("k2", (NDArray) null));
+            assertNpe("keys", () -> kv.init((String[]) null, new NDArray[] {a}));
+            assertNpe("keys[1]", () -> kv.push(new String[] {"k", null}, new NDArray[] {a, a}));
+            assertNpe("values[2]", () -> kv.push(new String[] {"k", "k", "k"}, new NDArray[] {a, a, null}));
+            assertNpe("values", () -> kv.push("k", (NDArray[]) null));
+            assertNpe("values[0]", () -> kv.push("k", new NDArray[] {null}));
+            assertNpe("out", () -> kv.pull("k", (NDArray) null));
+            assertNpe("outs[1]", () -> kv.pull("k", new NDArray[] {a, null}));
+            assertNpe("outs", () -> kv.pushpull("k", new NDArray[] {a}, null));
+            assertNpe("value", () -> kv.pushpull("k", (NDArray) null));
+            assertNpe("outs[0]", () -> kv.broadcast("z", a, new NDArray[] {null}));
+            assertNpe("body", () -> kv.sendCommandToServers(0, null));
+            assertNpe("params", () -> kv.setGradientCompression(null));
+            assertNpe("capability", () -> kv.isCapable(null));
+            assertNpe("shape", () -> NDArray.zeros((int[]) null));
+            assertNpe("data", () -> NDArray.array((float[]) null, SHAPE));
+            assertNpe("ctx", () -> NDArray.ones(SHAPE, null, DType.INT8));
+            assertNpe("dtype", () -> NDArray.ones(SHAPE, Context.cpu(), null));
+            assertNpe("other", () -> a.add((NDArray) null));
+            assertNpe("src", () -> a.copyFrom(null));
+            // Nothing reached the store: the key still holds its value.
+            try (NDArray out = NDArray.zeros(SHAPE)) {
+                kv.pull("k", out);
+                assertAll(1f, out);
+            }
+        }
+    }
+
+    @Test
+    void nullsPassedStraightToTheNativesAreInvalidArgument() {
+        try (KVStore kv = KVStore.create()) {
+            long h = storeHandle(kv);
+            assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nPush(h, null, new long[] {}, 0));
+            assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nPull(h, new String[] {}, null, 0));
+            assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nInit(h, new String[] {null}, new long[] {1}));
+            assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nCreate(null));
+            assertCode(Code.INVALID_ARGUMENT, () -> NDArray.nNew(null, 0, 1, 0, 0));
+            assertCode(Code.INVALID_ARGUMENT, () -> NDArray.nFromFloats(null, new long[] {1}, 0, 1, 0));
+            assertCode(Code.INVALID_ARGUMENT, () -> NDArray.nNew(new long[] {1}, 99, 1, 0, 0));
+            assertCode(Code.INVALID_ARGUMENT, () -> NDArray.nNew(new long[] {1}, 0, 7, 0, 0));
+            assertCode(Code.INVALID_ARGUMENT, () -> NDArray.nNew(new long[] {1}, 0, 1, -1, 0));
+            assertCode(Code.INVALID_ARGUMENT, () -> NDArray.nNew(new long[] {Long.MIN_VALUE}, 0, 1, 0, 0));
+        }
+    }
+
+    /** The native handle of a live store, read by reflection (tests only). */
+    private static long storeHandle(KVStore kv) {
+        try {
+            java.lang.reflect.Field f = KVStore.class.getDeclaredField("state");
+            f.setAccessible(true);
+            Object state = f.get(kv);
+            java.lang.reflect.Field h = state.getClass().getDeclaredField("handle");
+            h.setAccessible(true);
+            return ((java.util.concurrent.atomic.AtomicLong) h.get(state)).get();
+        } catch (ReflectiveOperationException e) {
+            throw new AssertionError(e);
+        }
+    }
+
+    @Test
+    void nanValuesAreStoredSummedAndPulledWithoutTrouble() {
+        try (KVStore kv = KVStore.create();
+                NDArray nan = NDArray.full(SHAPE, Double.NaN);
+                NDArray ones = NDArray.ones(SHAPE);
+                NDArray out = NDArray.zeros(SHAPE);
+                NDArray intNan = NDArray.array(new float[] {Float.NaN}, new int[] {1}, Context.cpu(), DType.INT32)) {
+            kv.init("n", ones).push("n", new NDArray[] {ones, nan}).pull("n", out);
+            for (float v : out.toFloatArray()) {
+                assertTrue(Float.isNaN(v));
+            }
+            assertTrue(out.toString().contains("nan") || out.toString().contains("NaN"), out.toString());
+            assertArrayEquals(new int[] {0}, intNan.toIntArray());
+            try (NDArray scaled = ones.mul(Double.NaN)) {
+                assertTrue(Float.isNaN(scaled.toFloatArray()[0]));
+            }
+        }
+    }
+}

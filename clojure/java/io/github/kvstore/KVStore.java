@@ -1,0 +1,913 @@
+package io.github.kvstore;
+
+import java.lang.ref.Cleaner;
+import java.lang.ref.Reference;
+import java.util.Arrays;
+import java.util.Map;
+import java.util.Objects;
+import java.util.concurrent.atomic.AtomicLong;
+
+/**
+ * A key-value store of arrays, as MXNet's {@code KVStore}: {@link #init(String, NDArray)}
+ * keys, {@link #push(String, NDArray)} values (summed, then merged into the stored value by
+ * the {@link Updater}; by default the sum replaces it), {@link #pull(String, NDArray)} the
+ * stored values into outs.
+ *
+ * <p>Every operation comes in MXNet's list forms: one key and one array; one key and many
+ * arrays (pushed arrays are summed, pulled outs all receive the value); and parallel
+ * arrays of keys and arrays, where a repeated key gets the sum of its arrays in one update
+ * ({@code push(new String[] {"3", "3", "3"}, ones)} stores 3, not 1). Keys and arrays of
+ * different lengths are {@link KVStoreException.Code#LENGTH_MISMATCH}. {@code priority} is
+ * accepted as in MXNet: every call completes before it returns, so it changes no result.
+ * Push always copies: the store never keeps a caller's array.
+ *
+ * <p>Mutating methods return {@code this} for chaining. A store is safe to use from many
+ * threads (calls on one key are serialised, calls on different keys run in parallel). It
+ * holds native memory until {@link #close()}; a {@link Cleaner} frees stores that become
+ * unreachable unclosed. After {@code close()} every call throws {@link KVStoreException}
+ * with code {@link KVStoreException.Code#DISPOSED}; calls already running finish.
+ *
+ * <pre>{@code
+ * try (KVStore kv = KVStore.create("local");
+ *      NDArray two = NDArray.full(new int[] {2, 3}, 2.0);
+ *      NDArray out = NDArray.zeros(2, 3)) {
+ *     kv.init("3", two).push("3", two).pull("3", out);   // out == 2
+ * }
+ * }</pre>
+ */
+public final class KVStore implements AutoCloseable {
+    static {
+        NativeLibrary.load();
+    }
+
+    private static final Cleaner CLEANER = Cleaner.create();
+
+    /** The native handle, freed exactly once; never refers to the KVStore itself. */
+    private static final class State implements Runnable {
+        private final AtomicLong handle;
+
+        State(long handle) {
+            this.handle = new AtomicLong(handle);
+        }
+
+        @Override
+        public void run() {
+            long h = handle.getAndSet(0);
+            if (h != 0) {
+                try {
+                    nFree(h);
+                } catch (KVStoreException e) {
+                    // Nothing is left to free, and close() never throws.
+                }
+            }
+        }
+    }
+
+    private final State state;
+    private final Cleaner.Cleanable cleanable;
+
+    private KVStore(long handle) {
+        this.state = new State(handle);
+        this.cleanable = CLEANER.register(this, state);
+    }
+
+    /**
+     * A {@code local} store: values are reduced on the host.
+     *
+     * @return the store
+     */
+    public static KVStore create() {
+        return create("local");
+    }
+
+    /**
+     * A store of the given kind: {@code "local"} or {@code "device"} (case-insensitive; also
+     * MXNet's {@code local_update_cpu}, {@code local_allreduce_cpu},
+     * {@code local_allreduce_device}).
+     *
+     * @param kind the kind
+     * @return the store
+     * @throws KVStoreException {@code UNSUPPORTED} for {@code dist_*} and {@code nccl}, which
+     *     this build lacks; {@code UNKNOWN_STORE_KIND} for any other name
+     */
+    public static KVStore create(String kind) {
+        Objects.requireNonNull(kind, "kind");
+        return new KVStore(nCreate(kind));
+    }
+
+    private long handle() {
+        long h = state.handle.get();
+        if (h == 0) {
+            throw new KVStoreException(KVStoreException.Code.DISPOSED, "KVStore was used after it was closed");
+        }
+        return h;
+    }
+
+    // ----- argument conversion: every null is found before any native call -----
+
+    private static String[] keys(String[] keys, String name) {
+        Objects.requireNonNull(keys, name);
+        for (int i = 0; i < keys.length; i++) {
+            Objects.requireNonNull(keys[i], name + "[" + i + "]");
+        }
+        return keys;
+    }
+
+    private static String[] repeat(String key, String keyName, NDArray[] arrays, String arraysName) {
+        Objects.requireNonNull(key, keyName);
+        Objects.requireNonNull(arrays, arraysName);
+        String[] keys = new String[arrays.length];
+        Arrays.fill(keys, key);
+        return keys;
+    }
+
+    private static void checkArrays(NDArray[] arrays, String name) {
+        Objects.requireNonNull(arrays, name);
+        for (int i = 0; i < arrays.length; i++) {
+            Objects.requireNonNull(arrays[i], name + "[" + i + "]");
+        }
+    }
+
+    /** The handles of {@code arrays}; {@code DISPOSED} for a closed one. Nulls were checked. */
+    private static long[] handles(NDArray[] arrays, String name) {
+        long[] hs = new long[arrays.length];
+        for (int i = 0; i < arrays.length; i++) {
+            try {
+                hs[i] = arrays[i].handle();
+            } catch (KVStoreException e) {
+                throw new KVStoreException(KVStoreException.Code.DISPOSED,
+                        name + "[" + i + "] is an NDArray that was closed", e);
+            }
+        }
+        return hs;
+    }
+
+    private static NDArray[] one(NDArray array, String name) {
+        return new NDArray[] {Objects.requireNonNull(array, name)};
+    }
+
+    private static String[] one(String key, String name) {
+        return new String[] {Objects.requireNonNull(key, name)};
+    }
+
+    // ----- the store's kind and place -----
+
+    /**
+     * The kind, lower-cased (MXNet's {@code type}).
+     *
+     * @return for example {@code "local"}
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public String type() {
+        try {
+            return nType(handle());
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
+    /**
+     * This worker's rank: 0 for a local store.
+     *
+     * @return the rank
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public int rank() {
+        try {
+            return nRank(handle());
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
+    /**
+     * The number of workers: 1 for a local store.
+     *
+     * @return the number of workers
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public int numWorkers() {
+        try {
+            return nNumWorkers(handle());
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
+    // ----- init -----
+
+    /**
+     * Initialises {@code key} with a copy of {@code value}.
+     *
+     * @param key the key
+     * @param value the initial value
+     * @return this store
+     * @throws KVStoreException {@code ALREADY_INITIALIZED}, {@code DEVICE_UNAVAILABLE},
+     *     {@code DISPOSED}
+     */
+    public KVStore init(String key, NDArray value) {
+        return init(one(key, "key"), one(value, "value"));
+    }
+
+    /**
+     * Initialises each key with a copy of its value. All or nothing: on error no key of the
+     * call is added.
+     *
+     * @param keys the keys, each at most once
+     * @param values the values, one per key
+     * @return this store
+     * @throws KVStoreException {@code ALREADY_INITIALIZED} (also for a key twice in
+     *     {@code keys}), {@code LENGTH_MISMATCH}, {@code DISPOSED}
+     */
+    public KVStore init(String[] keys, NDArray[] values) {
+        keys(keys, "keys");
+        checkArrays(values, "values");
+        long[] vs = handles(values, "values");
+        try {
+            nInit(handle(), keys, vs);
+        } finally {
+            Reference.reachabilityFence(this);
+            Reference.reachabilityFence(values);
+        }
+        return this;
+    }
+
+    // ----- push -----
+
+    /**
+     * Pushes one value to {@code key}.
+     *
+     * @param key the key
+     * @param value the value
+     * @return this store
+     * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
+     */
+    public KVStore push(String key, NDArray value) {
+        return push(key, value, 0);
+    }
+
+    /**
+     * Pushes one value to {@code key}.
+     *
+     * @param key the key
+     * @param value the value
+     * @param priority MXNet's priority (no effect)
+     * @return this store
+     * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
+     */
+    public KVStore push(String key, NDArray value, int priority) {
+        return push(one(key, "key"), one(value, "value"), priority);
+    }
+
+    /**
+     * Pushes many values to {@code key}: they are summed, left to right, into one update.
+     *
+     * @param key the key
+     * @param values the values, for example one per device
+     * @return this store
+     * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
+     */
+    public KVStore push(String key, NDArray[] values) {
+        return push(key, values, 0);
+    }
+
+    /**
+     * Pushes many values to {@code key}: they are summed, left to right, into one update.
+     *
+     * @param key the key
+     * @param values the values
+     * @param priority MXNet's priority (no effect)
+     * @return this store
+     * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
+     */
+    public KVStore push(String key, NDArray[] values, int priority) {
+        return push(repeat(key, "key", values, "values"), values, priority);
+    }
+
+    /**
+     * Pushes {@code values[i]} to {@code keys[i]}; the values of a repeated key are summed
+     * into one update.
+     *
+     * @param keys the keys
+     * @param values the values, one per key
+     * @return this store
+     * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
+     */
+    public KVStore push(String[] keys, NDArray[] values) {
+        return push(keys, values, 0);
+    }
+
+    /**
+     * Pushes {@code values[i]} to {@code keys[i]}: for each distinct key, its values are
+     * summed left to right, then the updater merges the sum into the stored value. On any
+     * error the store keeps the values it had before the call.
+     *
+     * @param keys the keys
+     * @param values the values, one per key
+     * @param priority MXNet's priority (no effect)
+     * @return this store
+     * @throws KVStoreException {@code KEY_NOT_INITIALIZED}, {@code SHAPE_MISMATCH},
+     *     {@code DTYPE_MISMATCH}, {@code LENGTH_MISMATCH}, {@code BACKEND} (the updater
+     *     threw: it is the cause), {@code DISPOSED}
+     */
+    public KVStore push(String[] keys, NDArray[] values, int priority) {
+        keys(keys, "keys");
+        checkArrays(values, "values");
+        long[] vs = handles(values, "values");
+        try {
+            nPush(handle(), keys, vs, priority);
+        } finally {
+            Reference.reachabilityFence(this);
+            Reference.reachabilityFence(values);
+        }
+        return this;
+    }
+
+    // ----- pull -----
+
+    /**
+     * Copies the value of {@code key} into {@code out}.
+     *
+     * @param key the key
+     * @param out an array of the key's shape and dtype
+     * @return this store
+     * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
+     */
+    public KVStore pull(String key, NDArray out) {
+        return pull(key, out, 0);
+    }
+
+    /**
+     * Copies the value of {@code key} into {@code out}.
+     *
+     * @param key the key
+     * @param out an array of the key's shape and dtype
+     * @param priority MXNet's priority (no effect)
+     * @return this store
+     * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
+     */
+    public KVStore pull(String key, NDArray out, int priority) {
+        return pull(one(key, "key"), one(out, "out"), priority);
+    }
+
+    /**
+     * Copies the value of {@code key} into every out (a broadcast to devices).
+     *
+     * @param key the key
+     * @param outs the outs
+     * @return this store
+     * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
+     */
+    public KVStore pull(String key, NDArray[] outs) {
+        return pull(key, outs, 0);
+    }
+
+    /**
+     * Copies the value of {@code key} into every out.
+     *
+     * @param key the key
+     * @param outs the outs
+     * @param priority MXNet's priority (no effect)
+     * @return this store
+     * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
+     */
+    public KVStore pull(String key, NDArray[] outs, int priority) {
+        return pull(repeat(key, "key", outs, "outs"), outs, priority);
+    }
+
+    /**
+     * Copies the value of {@code keys[i]} into {@code outs[i]}.
+     *
+     * @param keys the keys
+     * @param outs the outs, one per key
+     * @return this store
+     * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
+     */
+    public KVStore pull(String[] keys, NDArray[] outs) {
+        return pull(keys, outs, 0);
+    }
+
+    /**
+     * Copies the value of {@code keys[i]} into {@code outs[i]}. Pull does not convert: an
+     * out of another dtype is an error (use {@link NDArray#asType(DType)}). On error no out
+     * is written.
+     *
+     * @param keys the keys
+     * @param outs the outs, one per key
+     * @param priority MXNet's priority (no effect)
+     * @return this store
+     * @throws KVStoreException {@code KEY_NOT_INITIALIZED}, {@code SHAPE_MISMATCH},
+     *     {@code DTYPE_MISMATCH}, {@code LENGTH_MISMATCH}, {@code DISPOSED}
+     */
+    public KVStore pull(String[] keys, NDArray[] outs, int priority) {
+        keys(keys, "keys");
+        checkArrays(outs, "outs");
+        long[] os = handles(outs, "outs");
+        try {
+            nPull(handle(), keys, os, priority);
+        } finally {
+            Reference.reachabilityFence(this);
+            Reference.reachabilityFence(outs);
+        }
+        return this;
+    }
+
+    // ----- pushpull -----
+
+    private KVStore pushpull0(String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
+        long[] vs = handles(values, "values");
+        long[] os = handles(outs, "outs");
+        try {
+            nPushPull(handle(), keys, vs, outKeys, os, priority);
+        } finally {
+            Reference.reachabilityFence(this);
+            Reference.reachabilityFence(values);
+            Reference.reachabilityFence(outs);
+        }
+        return this;
+    }
+
+    /**
+     * Pushes {@code value} to {@code key}, then pulls the result into {@code out}, as one
+     * step (no other push to the key can come in between).
+     *
+     * @param key the key
+     * @param value the value
+     * @param out the out
+     * @return this store
+     * @throws KVStoreException as {@link #push(String[], NDArray[], int)} and
+     *     {@link #pull(String[], NDArray[], int)}; on error nothing changes
+     */
+    public KVStore pushpull(String key, NDArray value, NDArray out) {
+        return pushpull(key, value, out, 0);
+    }
+
+    /**
+     * As {@link #pushpull(String, NDArray, NDArray)}.
+     *
+     * @param key the key
+     * @param value the value
+     * @param out the out
+     * @param priority MXNet's priority (no effect)
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
+     */
+    public KVStore pushpull(String key, NDArray value, NDArray out, int priority) {
+        String[] k = one(key, "key");
+        NDArray[] v = one(value, "value");
+        NDArray[] o = one(out, "out");
+        return pushpull0(k, v, k, o, priority);
+    }
+
+    /**
+     * Pushes {@code values} (summed) to {@code key}, then pulls the result into every out.
+     *
+     * @param key the key
+     * @param values the values
+     * @param outs the outs
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
+     */
+    public KVStore pushpull(String key, NDArray[] values, NDArray[] outs) {
+        return pushpull(key, values, outs, 0);
+    }
+
+    /**
+     * As {@link #pushpull(String, NDArray[], NDArray[])}.
+     *
+     * @param key the key
+     * @param values the values
+     * @param outs the outs
+     * @param priority MXNet's priority (no effect)
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
+     */
+    public KVStore pushpull(String key, NDArray[] values, NDArray[] outs, int priority) {
+        String[] valueKeys = repeat(key, "key", values, "values");
+        String[] outKeys = repeat(key, "key", outs, "outs");
+        checkArrays(values, "values");
+        checkArrays(outs, "outs");
+        return pushpull0(valueKeys, values, outKeys, outs, priority);
+    }
+
+    /**
+     * Pushes {@code values[i]} to {@code keys[i]}, then pulls {@code keys[i]} into
+     * {@code outs[i]}.
+     *
+     * @param keys the keys
+     * @param values the values, one per key
+     * @param outs the outs, one per key
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
+     */
+    public KVStore pushpull(String[] keys, NDArray[] values, NDArray[] outs) {
+        return pushpull(keys, values, outs, 0);
+    }
+
+    /**
+     * As {@link #pushpull(String[], NDArray[], NDArray[])}.
+     *
+     * @param keys the keys
+     * @param values the values, one per key
+     * @param outs the outs, one per key
+     * @param priority MXNet's priority (no effect)
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
+     */
+    public KVStore pushpull(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
+        keys(keys, "keys");
+        checkArrays(values, "values");
+        checkArrays(outs, "outs");
+        return pushpull0(keys, values, keys, outs, priority);
+    }
+
+    /**
+     * Pushes {@code value} to {@code key}, then writes the result back into {@code value}
+     * (MXNet's {@code pushpull} without {@code out}).
+     *
+     * @param key the key
+     * @param value the value, overwritten with the result
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
+     */
+    public KVStore pushpull(String key, NDArray value) {
+        return pushpull(key, value, value, 0);
+    }
+
+    /**
+     * As {@link #pushpull(String, NDArray)}.
+     *
+     * @param key the key
+     * @param value the value, overwritten with the result
+     * @param priority MXNet's priority (no effect)
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
+     */
+    public KVStore pushpull(String key, NDArray value, int priority) {
+        return pushpull(key, value, value, priority);
+    }
+
+    /**
+     * Pushes {@code values} (summed) to {@code key}, then writes the result back into every
+     * one of them.
+     *
+     * @param key the key
+     * @param values the values, overwritten with the result
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
+     */
+    public KVStore pushpull(String key, NDArray[] values) {
+        return pushpull(key, values, values, 0);
+    }
+
+    /**
+     * As {@link #pushpull(String, NDArray[])}.
+     *
+     * @param key the key
+     * @param values the values, overwritten with the result
+     * @param priority MXNet's priority (no effect)
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
+     */
+    public KVStore pushpull(String key, NDArray[] values, int priority) {
+        return pushpull(key, values, values, priority);
+    }
+
+    /**
+     * Pushes {@code values[i]} to {@code keys[i]}, then writes each key's result back into
+     * its values.
+     *
+     * @param keys the keys
+     * @param values the values, one per key, overwritten with the results
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
+     */
+    public KVStore pushpull(String[] keys, NDArray[] values) {
+        return pushpull(keys, values, values, 0);
+    }
+
+    /**
+     * As {@link #pushpull(String[], NDArray[])}.
+     *
+     * @param keys the keys
+     * @param values the values, one per key, overwritten with the results
+     * @param priority MXNet's priority (no effect)
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
+     */
+    public KVStore pushpull(String[] keys, NDArray[] values, int priority) {
+        return pushpull(keys, values, values, priority);
+    }
+
+    // ----- broadcast -----
+
+    /**
+     * Initialises {@code key} with {@code value}, then pulls it into {@code out}.
+     *
+     * @param key the key
+     * @param value the initial value
+     * @param out the out
+     * @return this store
+     * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
+     */
+    public KVStore broadcast(String key, NDArray value, NDArray out) {
+        return broadcast(key, value, out, 0);
+    }
+
+    /**
+     * As {@link #broadcast(String, NDArray, NDArray)}.
+     *
+     * @param key the key
+     * @param value the initial value
+     * @param out the out
+     * @param priority MXNet's priority (no effect)
+     * @return this store
+     * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
+     */
+    public KVStore broadcast(String key, NDArray value, NDArray out, int priority) {
+        String[] k = one(key, "key");
+        return broadcast0(k, one(value, "value"), k, one(out, "out"), priority);
+    }
+
+    /**
+     * Initialises {@code key} with {@code value}, then pulls it into every out.
+     *
+     * @param key the key
+     * @param value the initial value
+     * @param outs the outs
+     * @return this store
+     * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
+     */
+    public KVStore broadcast(String key, NDArray value, NDArray[] outs) {
+        return broadcast(key, value, outs, 0);
+    }
+
+    /**
+     * As {@link #broadcast(String, NDArray, NDArray[])}.
+     *
+     * @param key the key
+     * @param value the initial value
+     * @param outs the outs
+     * @param priority MXNet's priority (no effect)
+     * @return this store
+     * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
+     */
+    public KVStore broadcast(String key, NDArray value, NDArray[] outs, int priority) {
+        String[] k = one(key, "key");
+        NDArray[] v = one(value, "value");
+        String[] outKeys = repeat(key, "key", outs, "outs");
+        checkArrays(outs, "outs");
+        return broadcast0(k, v, outKeys, outs, priority);
+    }
+
+    /**
+     * Initialises {@code keys[i]} with {@code values[i]}, then pulls {@code keys[i]} into
+     * {@code outs[i]}.
+     *
+     * @param keys the keys
+     * @param values the initial values, one per key
+     * @param outs the outs, one per key
+     * @return this store
+     * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
+     */
+    public KVStore broadcast(String[] keys, NDArray[] values, NDArray[] outs) {
+        return broadcast(keys, values, outs, 0);
+    }
+
+    /**
+     * Initialises {@code keys[i]} with {@code values[i]}, then pulls {@code keys[i]} into
+     * {@code outs[i]}. Outs are checked against their values before anything is stored.
+     *
+     * @param keys the keys
+     * @param values the initial values, one per key
+     * @param outs the outs, one per key
+     * @param priority MXNet's priority (no effect)
+     * @return this store
+     * @throws KVStoreException {@code ALREADY_INITIALIZED}, {@code SHAPE_MISMATCH},
+     *     {@code DTYPE_MISMATCH}, {@code LENGTH_MISMATCH}, {@code DISPOSED}
+     */
+    public KVStore broadcast(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
+        keys(keys, "keys");
+        checkArrays(values, "values");
+        checkArrays(outs, "outs");
+        return broadcast0(keys, values, keys, outs, priority);
+    }
+
+    private KVStore broadcast0(String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
+        long[] vs = handles(values, "values");
+        long[] os = handles(outs, "outs");
+        try {
+            nBroadcast(handle(), keys, vs, outKeys, os, priority);
+        } finally {
+            Reference.reachabilityFence(this);
+            Reference.reachabilityFence(values);
+            Reference.reachabilityFence(outs);
+        }
+        return this;
+    }
+
+    // ----- updater and the rest of MXNet's API -----
+
+    /**
+     * Installs a custom updater, replacing any earlier one; {@code null} goes back to the
+     * default (the pushed sum replaces the stored value). See {@link Updater} for when it
+     * runs. The store keeps a reference to the updater until it is replaced or the store
+     * is closed.
+     *
+     * @param updater the updater, or {@code null}
+     * @return this store
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public KVStore setUpdater(Updater updater) {
+        try {
+            nSetUpdater(handle(), updater);
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+        return this;
+    }
+
+    /**
+     * Waits for every worker; a local store has only this one, so it returns at once.
+     *
+     * @return this store
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public KVStore barrier() {
+        try {
+            nBarrier(handle());
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+        return this;
+    }
+
+    /**
+     * The number of dead nodes in {@code nodeId}'s group: 0 for a local store.
+     *
+     * @param nodeId the node group
+     * @return the number of dead nodes
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public int numDeadNode(int nodeId) {
+        try {
+            return nNumDeadNode(handle(), nodeId);
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
+    /**
+     * Whether closing the store waits at a barrier first (no effect on a local store).
+     *
+     * @param barrierBeforeExit whether to wait
+     * @return this store
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public KVStore setBarrierBeforeExit(boolean barrierBeforeExit) {
+        try {
+            nSetBarrierBeforeExit(handle(), barrierBeforeExit);
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+        return this;
+    }
+
+    /**
+     * Sends a command to the parameter servers; a local store has none and ignores it.
+     *
+     * @param head the command's head
+     * @param body the command's body
+     * @return this store
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public KVStore sendCommandToServers(int head, String body) {
+        Objects.requireNonNull(body, "body");
+        try {
+            nSendCommandToServers(handle(), head, body);
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+        return this;
+    }
+
+    /**
+     * Sets gradient compression, for example {@code {"type": "2bit", "threshold": "0.5"}}.
+     *
+     * @param params the parameters
+     * @return this store
+     * @throws KVStoreException {@code UNSUPPORTED}: this build pushes uncompressed values
+     *     (the store is unchanged)
+     */
+    public KVStore setGradientCompression(Map<String, String> params) {
+        Objects.requireNonNull(params, "params");
+        String[] flat = new String[params.size() * 2];
+        int i = 0;
+        for (Map.Entry<String, String> e : params.entrySet()) {
+            if (i >= flat.length) {
+                throw new java.util.ConcurrentModificationException("params changed while being read");
+            }
+            flat[i] = Objects.requireNonNull(e.getKey(), "params key");
+            flat[i + 1] = Objects.requireNonNull(e.getValue(), "params[" + e.getKey() + "]");
+            i += 2;
+        }
+        if (i != flat.length) {
+            throw new java.util.ConcurrentModificationException("params changed while being read");
+        }
+        try {
+            nSetGradientCompression(handle(), flat);
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+        return this;
+    }
+
+    /**
+     * Whether the store can do {@code capability} ({@code "optimizer"}).
+     *
+     * @param capability the capability's name
+     * @return whether the store has it
+     * @throws KVStoreException {@code INVALID_ARGUMENT} for an unknown capability
+     */
+    public boolean isCapable(String capability) {
+        Objects.requireNonNull(capability, "capability");
+        try {
+            return nIsCapable(handle(), capability);
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
+    // ----- lifecycle -----
+
+    /** Frees the store and its values. Idempotent; never throws. Running calls finish. */
+    @Override
+    public void close() {
+        cleanable.clean();
+    }
+
+    /** The same as {@link #close()} (clojure-mxnet's {@code dispose}). */
+    public void dispose() {
+        close();
+    }
+
+    /**
+     * Whether the store was closed.
+     *
+     * @return true once closed
+     */
+    public boolean isClosed() {
+        return state.handle.get() == 0;
+    }
+
+    @Override
+    public String toString() {
+        long h = state.handle.get();
+        if (h == 0) {
+            return "<KVStore closed>";
+        }
+        try {
+            return "<KVStore " + nType(h) + ">";
+        } catch (KVStoreException e) {
+            return "<KVStore closed>";
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
+    // ----- natives (kvstore-jni/src/kvstore.rs; contract in kvstore-jni/NATIVES.md) -----
+
+    static native long nCreate(String kind);
+
+    static native void nFree(long h);
+
+    static native String nType(long h);
+
+    static native int nRank(long h);
+
+    static native int nNumWorkers(long h);
+
+    static native void nInit(long h, String[] keys, long[] values);
+
+    static native void nPush(long h, String[] keys, long[] values, int priority);
+
+    static native void nPull(long h, String[] keys, long[] outs, int priority);
+
+    static native void nPushPull(long h, String[] keys, long[] values, String[] outKeys, long[] outs, int priority);
+
+    static native void nBroadcast(long h, String[] keys, long[] values, String[] outKeys, long[] outs, int priority);
+
+    static native void nSetUpdater(long h, Updater updater);
+
+    static native void nBarrier(long h);
+
+    static native int nNumDeadNode(long h, int nodeId);
+
+    static native void nSetBarrierBeforeExit(long h, boolean barrierBeforeExit);
+
+    static native void nSendCommandToServers(long h, int head, String body);
+
+    static native void nSetGradientCompression(long h, String[] keysAndValues);
+
+    static native boolean nIsCapable(long h, String capability);
+}

@@ -1,0 +1,874 @@
+package io.github.kvstore;
+
+import java.lang.ref.Cleaner;
+import java.lang.ref.Reference;
+import java.util.Objects;
+import java.util.concurrent.atomic.AtomicLong;
+
+/**
+ * An n-dimensional array in native memory: a shape, a {@link DType}, a {@link Context} and a
+ * buffer, as MXNet's {@code NDArray}. {@link KVStore#pull(String, NDArray)} writes into the
+ * caller's arrays in place.
+ *
+ * <p>Only what users of a store need is here: constructors, copies out to Java arrays,
+ * element-wise {@code + - * /} with a scalar or an array of the same shape and dtype,
+ * {@link #copyTo(Context)} and {@link #asType(DType)}. It is not a tensor library.
+ *
+ * <p>An array holds native memory until {@link #close()} (try-with-resources); a
+ * {@link Cleaner} frees arrays that become unreachable unclosed, but only when the garbage
+ * collector gets to them, which may be late for large arrays. After {@code close()} every
+ * method but {@link #close()}, {@link #isClosed()} and {@link #toString()} throws a
+ * {@link KVStoreException} with code {@link KVStoreException.Code#DISPOSED}. Arrays are
+ * safe to use from several threads; a concurrent {@code close()} makes the calls that
+ * follow it fail with {@code DISPOSED}.
+ *
+ * <p>Element-wise operations with a scalar convert the scalar to the array's dtype first
+ * (as MXNet); integer arithmetic wraps, integer division by zero is
+ * {@link KVStoreException.Code#INVALID_ARGUMENT}.
+ */
+public final class NDArray implements AutoCloseable {
+    static {
+        NativeLibrary.load();
+    }
+
+    private static final Cleaner CLEANER = Cleaner.create();
+    /** Native arrays freed so far, by close() or by the Cleaner (for tests). */
+    private static final AtomicLong FREED = new AtomicLong();
+
+    private static final int OP_ADD = 0;
+    private static final int OP_SUB = 1;
+    private static final int OP_MUL = 2;
+    private static final int OP_DIV = 3;
+
+    /**
+     * The native handle, freed exactly once. Static and holding only the handle, so the
+     * Cleaner can run it after the NDArray itself became unreachable.
+     */
+    private static final class State implements Runnable {
+        private final AtomicLong handle;
+
+        State(long handle) {
+            this.handle = new AtomicLong(handle);
+        }
+
+        @Override
+        public void run() {
+            long h = handle.getAndSet(0);
+            if (h != 0) {
+                FREED.incrementAndGet();
+                try {
+                    nFree(h);
+                } catch (KVStoreException e) {
+                    // Already freed natively (an updater's array after its call): nothing
+                    // is left to free, and close() never throws.
+                }
+            }
+        }
+    }
+
+    private final State state;
+    private final Cleaner.Cleanable cleanable;
+    private final int[] shape;
+    private final DType dtype;
+    private final Context context;
+
+    /**
+     * Wraps a native handle, taking ownership of it. The native side calls this (signature
+     * {@code (J)V}) to hand arrays to an {@link Updater}.
+     */
+    NDArray(long handle) {
+        long[] info;
+        try {
+            info = nInfo(handle);
+            if (info == null || info.length < 4 || info[3] != info.length - 4) {
+                throw new KVStoreException(KVStoreException.Code.INTERNAL, "malformed native array info");
+            }
+            this.dtype = DType.fromCode(info[0]);
+            this.context = Context.fromCodes(info[1], info[2]);
+            this.shape = new int[(int) info[3]];
+            for (int i = 0; i < shape.length; i++) {
+                if (info[4 + i] < 0 || info[4 + i] > Integer.MAX_VALUE) {
+                    throw new KVStoreException(KVStoreException.Code.INTERNAL,
+                            "array dimension " + info[4 + i] + " does not fit an int");
+                }
+                shape[i] = (int) info[4 + i];
+            }
+        } catch (RuntimeException | Error e) {
+            // Never leak a handle we were given but cannot represent.
+            if (handle != 0) {
+                try {
+                    nFree(handle);
+                } catch (RuntimeException suppressed) {
+                    e.addSuppressed(suppressed);
+                }
+            }
+            throw e;
+        }
+        this.state = new State(handle);
+        this.cleanable = CLEANER.register(this, state);
+    }
+
+    // ----- factories -----
+
+    /**
+     * A float32 array of zeros on {@code cpu(0)}.
+     *
+     * @param shape the dimensions, each at least 0
+     * @return the array
+     * @throws KVStoreException {@code INVALID_ARGUMENT} for a negative dimension or a size
+     *     too large to allocate
+     */
+    public static NDArray zeros(int... shape) {
+        return zeros(shape, Context.defaultContext(), DType.FLOAT32);
+    }
+
+    /**
+     * An array of zeros.
+     *
+     * @param shape the dimensions, each at least 0
+     * @param ctx the context
+     * @param dtype the element type
+     * @return the array
+     * @throws KVStoreException {@code INVALID_ARGUMENT} for a negative dimension or a size
+     *     too large to allocate; {@code DEVICE_UNAVAILABLE} for a device no backend serves
+     */
+    public static NDArray zeros(int[] shape, Context ctx, DType dtype) {
+        return full(shape, 0.0, ctx, dtype);
+    }
+
+    /**
+     * A float32 array of ones on {@code cpu(0)}.
+     *
+     * @param shape the dimensions
+     * @return the array
+     * @throws KVStoreException as {@link #zeros(int...)}
+     */
+    public static NDArray ones(int... shape) {
+        return ones(shape, Context.defaultContext(), DType.FLOAT32);
+    }
+
+    /**
+     * An array of ones.
+     *
+     * @param shape the dimensions
+     * @param ctx the context
+     * @param dtype the element type
+     * @return the array
+     * @throws KVStoreException as {@link #zeros(int[], Context, DType)}
+     */
+    public static NDArray ones(int[] shape, Context ctx, DType dtype) {
+        return full(shape, 1.0, ctx, dtype);
+    }
+
+    /**
+     * A float32 array on {@code cpu(0)} filled with {@code value}.
+     *
+     * @param shape the dimensions
+     * @param value the value
+     * @return the array
+     * @throws KVStoreException as {@link #zeros(int...)}
+     */
+    public static NDArray full(int[] shape, double value) {
+        return full(shape, value, Context.defaultContext(), DType.FLOAT32);
+    }
+
+    /**
+     * An array filled with {@code value}, converted to {@code dtype} (floats to integers
+     * truncate toward zero and saturate).
+     *
+     * @param shape the dimensions
+     * @param value the value
+     * @param ctx the context
+     * @param dtype the element type
+     * @return the array
+     * @throws KVStoreException as {@link #zeros(int[], Context, DType)}
+     */
+    public static NDArray full(int[] shape, double value, Context ctx, DType dtype) {
+        long[] dims = dims(shape);
+        Objects.requireNonNull(ctx, "ctx");
+        Objects.requireNonNull(dtype, "dtype");
+        return new NDArray(nNew(dims, dtype.code(), ctx.typeCode(), ctx.deviceId(), value));
+    }
+
+    /**
+     * A float32 array on {@code cpu(0)} holding {@code data} (row-major).
+     *
+     * @param data the elements; {@code data.length} must be the size of {@code shape}
+     * @param shape the dimensions
+     * @return the array
+     * @throws KVStoreException {@code SHAPE_MISMATCH} if the lengths differ;
+     *     {@code INVALID_ARGUMENT} for a bad shape
+     */
+    public static NDArray array(float[] data, int[] shape) {
+        return array(data, shape, Context.defaultContext(), DType.FLOAT32);
+    }
+
+    /**
+     * An array holding {@code data} (row-major) converted to {@code dtype} (into float32 it
+     * is one straight copy).
+     *
+     * @param data the elements; {@code data.length} must be the size of {@code shape}
+     * @param shape the dimensions
+     * @param ctx the context
+     * @param dtype the element type
+     * @return the array
+     * @throws KVStoreException {@code SHAPE_MISMATCH} if the lengths differ;
+     *     {@code INVALID_ARGUMENT} for a bad shape; {@code DEVICE_UNAVAILABLE}
+     */
+    public static NDArray array(float[] data, int[] shape, Context ctx, DType dtype) {
+        Objects.requireNonNull(data, "data");
+        long[] dims = dims(shape);
+        Objects.requireNonNull(ctx, "ctx");
+        Objects.requireNonNull(dtype, "dtype");
+        return new NDArray(nFromFloats(data, dims, dtype.code(), ctx.typeCode(), ctx.deviceId()));
+    }
+
+    /**
+     * A float64 array on {@code cpu(0)} holding {@code data} (row-major).
+     *
+     * @param data the elements
+     * @param shape the dimensions
+     * @return the array
+     * @throws KVStoreException as {@link #array(float[], int[])}
+     */
+    public static NDArray array(double[] data, int[] shape) {
+        return array(data, shape, Context.defaultContext(), DType.FLOAT64);
+    }
+
+    /**
+     * An array holding {@code data} (row-major) converted to {@code dtype}.
+     *
+     * @param data the elements
+     * @param shape the dimensions
+     * @param ctx the context
+     * @param dtype the element type
+     * @return the array
+     * @throws KVStoreException as {@link #array(float[], int[], Context, DType)}
+     */
+    public static NDArray array(double[] data, int[] shape, Context ctx, DType dtype) {
+        Objects.requireNonNull(data, "data");
+        long[] dims = dims(shape);
+        Objects.requireNonNull(ctx, "ctx");
+        Objects.requireNonNull(dtype, "dtype");
+        return new NDArray(nFromDoubles(data, dims, dtype.code(), ctx.typeCode(), ctx.deviceId()));
+    }
+
+    /**
+     * An int32 array on {@code cpu(0)} holding {@code data} (row-major).
+     *
+     * @param data the elements
+     * @param shape the dimensions
+     * @return the array
+     * @throws KVStoreException as {@link #array(float[], int[])}
+     */
+    public static NDArray array(int[] data, int[] shape) {
+        return array(data, shape, Context.defaultContext(), DType.INT32);
+    }
+
+    /**
+     * An array holding {@code data} (row-major) converted to {@code dtype} (into narrower
+     * integers it wraps).
+     *
+     * @param data the elements
+     * @param shape the dimensions
+     * @param ctx the context
+     * @param dtype the element type
+     * @return the array
+     * @throws KVStoreException as {@link #array(float[], int[], Context, DType)}
+     */
+    public static NDArray array(int[] data, int[] shape, Context ctx, DType dtype) {
+        Objects.requireNonNull(data, "data");
+        long[] dims = dims(shape);
+        Objects.requireNonNull(ctx, "ctx");
+        Objects.requireNonNull(dtype, "dtype");
+        return new NDArray(nFromInts(data, dims, dtype.code(), ctx.typeCode(), ctx.deviceId()));
+    }
+
+    /**
+     * An int64 array on {@code cpu(0)} holding {@code data} (row-major).
+     *
+     * @param data the elements
+     * @param shape the dimensions
+     * @return the array
+     * @throws KVStoreException as {@link #array(float[], int[])}
+     */
+    public static NDArray array(long[] data, int[] shape) {
+        return array(data, shape, Context.defaultContext(), DType.INT64);
+    }
+
+    /**
+     * An array holding {@code data} (row-major) converted to {@code dtype}.
+     *
+     * @param data the elements
+     * @param shape the dimensions
+     * @param ctx the context
+     * @param dtype the element type
+     * @return the array
+     * @throws KVStoreException as {@link #array(float[], int[], Context, DType)}
+     */
+    public static NDArray array(long[] data, int[] shape, Context ctx, DType dtype) {
+        Objects.requireNonNull(data, "data");
+        long[] dims = dims(shape);
+        Objects.requireNonNull(ctx, "ctx");
+        Objects.requireNonNull(dtype, "dtype");
+        return new NDArray(nFromLongs(data, dims, dtype.code(), ctx.typeCode(), ctx.deviceId()));
+    }
+
+    /**
+     * A one-dimensional array of evenly spaced values in {@code [start, stop)}, with numpy's
+     * semantics: {@code ceil((stop - start) / step)} elements (none if that is not
+     * positive), element {@code i} being {@code start + i * step} computed in float64 and
+     * then converted to {@code dtype}.
+     *
+     * @param start the first value
+     * @param stop the end, exclusive
+     * @param step the spacing, not 0
+     * @param ctx the context
+     * @param dtype the element type
+     * @return the array
+     * @throws KVStoreException {@code INVALID_ARGUMENT} for a zero or non-finite step, a
+     *     non-finite bound, or more than {@code Integer.MAX_VALUE} elements
+     */
+    public static NDArray arange(double start, double stop, double step, Context ctx, DType dtype) {
+        Objects.requireNonNull(ctx, "ctx");
+        Objects.requireNonNull(dtype, "dtype");
+        if (step == 0 || !Double.isFinite(step) || !Double.isFinite(start) || !Double.isFinite(stop)) {
+            throw new KVStoreException(KVStoreException.Code.INVALID_ARGUMENT,
+                    "arange(" + start + ", " + stop + ", " + step + "): start, stop and step must be finite"
+                            + " and step must not be 0");
+        }
+        double n = Math.ceil((stop - start) / step);
+        if (n > Integer.MAX_VALUE) {
+            throw new KVStoreException(KVStoreException.Code.INVALID_ARGUMENT,
+                    "arange(" + start + ", " + stop + ", " + step + "): " + n + " elements is too many");
+        }
+        int len = n > 0 ? (int) n : 0;
+        double[] data = new double[len];
+        for (int i = 0; i < len; i++) {
+            data[i] = start + i * step;
+        }
+        return array(data, new int[] {len}, ctx, dtype);
+    }
+
+    /**
+     * {@code arange(start, stop, step)} of float32 on {@code cpu(0)}.
+     *
+     * @param start the first value
+     * @param stop the end, exclusive
+     * @param step the spacing, not 0
+     * @return the array
+     * @throws KVStoreException as {@link #arange(double, double, double, Context, DType)}
+     */
+    public static NDArray arange(double start, double stop, double step) {
+        return arange(start, stop, step, Context.defaultContext(), DType.FLOAT32);
+    }
+
+    private static long[] dims(int[] shape) {
+        Objects.requireNonNull(shape, "shape");
+        long[] dims = new long[shape.length];
+        for (int i = 0; i < shape.length; i++) {
+            // Negative dimensions go through as they are: the native side reports them
+            // (INVALID_ARGUMENT) with the rest of the shape checks.
+            dims[i] = shape[i];
+        }
+        return dims;
+    }
+
+    // ----- accessors -----
+
+    /**
+     * The handle for a native call; {@code DISPOSED} once closed. The caller must keep
+     * this object reachable until the native call returns.
+     */
+    long handle() {
+        long h = state.handle.get();
+        if (h == 0) {
+            throw new KVStoreException(KVStoreException.Code.DISPOSED, "NDArray was used after it was closed");
+        }
+        return h;
+    }
+
+    /** Native arrays freed so far, explicitly or by the Cleaner. */
+    static long freedCount() {
+        return FREED.get();
+    }
+
+    /**
+     * The dimensions (a copy).
+     *
+     * @return the shape
+     */
+    public int[] shape() {
+        return shape.clone();
+    }
+
+    /**
+     * The number of dimensions.
+     *
+     * @return the number of dimensions (0 for a scalar)
+     */
+    public int ndim() {
+        return shape.length;
+    }
+
+    /**
+     * The number of elements.
+     *
+     * @return the product of the dimensions
+     */
+    public long size() {
+        long n = 1;
+        for (int d : shape) {
+            n *= d;
+        }
+        return n;
+    }
+
+    /**
+     * The element type.
+     *
+     * @return the dtype
+     */
+    public DType dtype() {
+        return dtype;
+    }
+
+    /**
+     * The context the array lives on.
+     *
+     * @return the context
+     */
+    public Context context() {
+        return context;
+    }
+
+    // ----- data out -----
+
+    /**
+     * The elements, row-major, converted to float.
+     *
+     * @return a new Java array
+     * @throws KVStoreException {@code DISPOSED} if closed
+     */
+    public float[] toFloatArray() {
+        try {
+            return nToFloats(handle());
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
+    /**
+     * The elements, row-major, converted to double (exact for every dtype but int64 values
+     * beyond 2^53).
+     *
+     * @return a new Java array
+     * @throws KVStoreException {@code DISPOSED} if closed
+     */
+    public double[] toDoubleArray() {
+        try {
+            return nToDoubles(handle());
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
+    /**
+     * The elements, row-major, converted to int (floats truncate toward zero and saturate;
+     * int64 wraps).
+     *
+     * @return a new Java array
+     * @throws KVStoreException {@code DISPOSED} if closed
+     */
+    public int[] toIntArray() {
+        try {
+            return nToInts(handle());
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
+    /**
+     * The elements, row-major, converted to long (floats truncate toward zero and saturate).
+     *
+     * @return a new Java array
+     * @throws KVStoreException {@code DISPOSED} if closed
+     */
+    public long[] toLongArray() {
+        try {
+            return nToLongs(handle());
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
+    // ----- arithmetic -----
+
+    private NDArray binary(int op, NDArray other) {
+        Objects.requireNonNull(other, "other");
+        try {
+            return new NDArray(nBinary(handle(), op, other.handle()));
+        } finally {
+            Reference.reachabilityFence(this);
+            Reference.reachabilityFence(other);
+        }
+    }
+
+    private NDArray binary(int op, double value) {
+        try {
+            return new NDArray(nBinaryScalar(handle(), op, value));
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
+    private NDArray assign(int op, NDArray other) {
+        Objects.requireNonNull(other, "other");
+        try {
+            nAssign(handle(), op, other.handle());
+        } finally {
+            Reference.reachabilityFence(this);
+            Reference.reachabilityFence(other);
+        }
+        return this;
+    }
+
+    private NDArray assign(int op, double value) {
+        try {
+            nAssignScalar(handle(), op, value);
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+        return this;
+    }
+
+    /**
+     * {@code this + other} as a new array.
+     *
+     * @param other an array of the same shape and dtype
+     * @return the sum
+     * @throws KVStoreException {@code SHAPE_MISMATCH}, {@code DTYPE_MISMATCH}, {@code DISPOSED}
+     */
+    public NDArray add(NDArray other) {
+        return binary(OP_ADD, other);
+    }
+
+    /**
+     * {@code this + value} as a new array.
+     *
+     * @param value the scalar, converted to the array's dtype
+     * @return the sum
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public NDArray add(double value) {
+        return binary(OP_ADD, value);
+    }
+
+    /**
+     * {@code this - other} as a new array.
+     *
+     * @param other an array of the same shape and dtype
+     * @return the difference
+     * @throws KVStoreException as {@link #add(NDArray)}
+     */
+    public NDArray sub(NDArray other) {
+        return binary(OP_SUB, other);
+    }
+
+    /**
+     * {@code this - value} as a new array.
+     *
+     * @param value the scalar
+     * @return the difference
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public NDArray sub(double value) {
+        return binary(OP_SUB, value);
+    }
+
+    /**
+     * {@code this * other} (element-wise) as a new array.
+     *
+     * @param other an array of the same shape and dtype
+     * @return the product
+     * @throws KVStoreException as {@link #add(NDArray)}
+     */
+    public NDArray mul(NDArray other) {
+        return binary(OP_MUL, other);
+    }
+
+    /**
+     * {@code this * value} as a new array.
+     *
+     * @param value the scalar
+     * @return the product
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public NDArray mul(double value) {
+        return binary(OP_MUL, value);
+    }
+
+    /**
+     * {@code this / other} (element-wise) as a new array.
+     *
+     * @param other an array of the same shape and dtype
+     * @return the quotient
+     * @throws KVStoreException as {@link #add(NDArray)}; {@code INVALID_ARGUMENT} for an
+     *     integer division by zero
+     */
+    public NDArray div(NDArray other) {
+        return binary(OP_DIV, other);
+    }
+
+    /**
+     * {@code this / value} as a new array.
+     *
+     * @param value the scalar
+     * @return the quotient
+     * @throws KVStoreException {@code INVALID_ARGUMENT} for an integer division by zero
+     */
+    public NDArray div(double value) {
+        return binary(OP_DIV, value);
+    }
+
+    /**
+     * {@code this += other}.
+     *
+     * @param other an array of the same shape and dtype
+     * @return this array
+     * @throws KVStoreException as {@link #add(NDArray)}; on error nothing changes
+     */
+    public NDArray addInPlace(NDArray other) {
+        return assign(OP_ADD, other);
+    }
+
+    /**
+     * {@code this += value}.
+     *
+     * @param value the scalar
+     * @return this array
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public NDArray addInPlace(double value) {
+        return assign(OP_ADD, value);
+    }
+
+    /**
+     * {@code this -= other}.
+     *
+     * @param other an array of the same shape and dtype
+     * @return this array
+     * @throws KVStoreException as {@link #add(NDArray)}
+     */
+    public NDArray subInPlace(NDArray other) {
+        return assign(OP_SUB, other);
+    }
+
+    /**
+     * {@code this -= value}.
+     *
+     * @param value the scalar
+     * @return this array
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public NDArray subInPlace(double value) {
+        return assign(OP_SUB, value);
+    }
+
+    /**
+     * {@code this *= other}.
+     *
+     * @param other an array of the same shape and dtype
+     * @return this array
+     * @throws KVStoreException as {@link #add(NDArray)}
+     */
+    public NDArray mulInPlace(NDArray other) {
+        return assign(OP_MUL, other);
+    }
+
+    /**
+     * {@code this *= value}.
+     *
+     * @param value the scalar
+     * @return this array
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public NDArray mulInPlace(double value) {
+        return assign(OP_MUL, value);
+    }
+
+    /**
+     * {@code this /= other}.
+     *
+     * @param other an array of the same shape and dtype
+     * @return this array
+     * @throws KVStoreException as {@link #div(NDArray)}
+     */
+    public NDArray divInPlace(NDArray other) {
+        return assign(OP_DIV, other);
+    }
+
+    /**
+     * {@code this /= value}.
+     *
+     * @param value the scalar
+     * @return this array
+     * @throws KVStoreException as {@link #div(double)}
+     */
+    public NDArray divInPlace(double value) {
+        return assign(OP_DIV, value);
+    }
+
+    // ----- copies -----
+
+    /**
+     * A copy of this array on {@code ctx}.
+     *
+     * @param ctx the context
+     * @return the copy
+     * @throws KVStoreException {@code DEVICE_UNAVAILABLE}, {@code DISPOSED}
+     */
+    public NDArray copyTo(Context ctx) {
+        Objects.requireNonNull(ctx, "ctx");
+        try {
+            return new NDArray(nCopyTo(handle(), ctx.typeCode(), ctx.deviceId()));
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
+    /**
+     * A copy converted to {@code dtype}: floats to integers truncate toward zero
+     * (saturating), integers to narrower integers wrap, floats round to nearest.
+     *
+     * @param dtype the element type
+     * @return the copy
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public NDArray asType(DType dtype) {
+        Objects.requireNonNull(dtype, "dtype");
+        try {
+            return new NDArray(nAsType(handle(), dtype.code()));
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
+    /**
+     * Overwrites this array with {@code src} (same shape; the dtype is converted as in
+     * {@link #asType(DType)}).
+     *
+     * @param src the source
+     * @return this array
+     * @throws KVStoreException {@code SHAPE_MISMATCH}, {@code DISPOSED}
+     */
+    public NDArray copyFrom(NDArray src) {
+        Objects.requireNonNull(src, "src");
+        try {
+            nCopyFrom(handle(), src.handle());
+        } finally {
+            Reference.reachabilityFence(this);
+            Reference.reachabilityFence(src);
+        }
+        return this;
+    }
+
+    /**
+     * Whether both objects are views of one native buffer.
+     *
+     * @param other the other array
+     * @return true if they share storage
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public boolean sameStorage(NDArray other) {
+        Objects.requireNonNull(other, "other");
+        try {
+            return nSameStorage(handle(), other.handle());
+        } finally {
+            Reference.reachabilityFence(this);
+            Reference.reachabilityFence(other);
+        }
+    }
+
+    // ----- lifecycle -----
+
+    /**
+     * MXNet's repr: the values (large arrays summarised), then a line
+     * {@code <NDArray 2x3 float32 @cpu(0)>}; {@code "<NDArray closed>"} once closed.
+     */
+    @Override
+    public String toString() {
+        long h = state.handle.get();
+        if (h == 0) {
+            return "<NDArray closed>";
+        }
+        try {
+            return nToString(h);
+        } catch (KVStoreException e) {
+            if (e.code() == KVStoreException.Code.DISPOSED) {
+                // Closed by another thread, or an updater's array after its call.
+                return "<NDArray closed>";
+            }
+            throw e;
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
+    /** Frees the native array. Idempotent; never throws. */
+    @Override
+    public void close() {
+        cleanable.clean();
+    }
+
+    /**
+     * Whether {@link #close()} was called (or the array was freed otherwise).
+     *
+     * @return true once closed
+     */
+    public boolean isClosed() {
+        return state.handle.get() == 0;
+    }
+
+    // ----- natives (kvstore-jni/src/ndarray.rs; contract in kvstore-jni/NATIVES.md) -----
+
+    static native long nNew(long[] shape, int dtype, int devType, int devId, double fill);
+
+    static native long nFromFloats(float[] data, long[] shape, int dtype, int devType, int devId);
+
+    static native long nFromDoubles(double[] data, long[] shape, int dtype, int devType, int devId);
+
+    static native long nFromInts(int[] data, long[] shape, int dtype, int devType, int devId);
+
+    static native long nFromLongs(long[] data, long[] shape, int dtype, int devType, int devId);
+
+    static native float[] nToFloats(long h);
+
+    static native double[] nToDoubles(long h);
+
+    static native int[] nToInts(long h);
+
+    static native long[] nToLongs(long h);
+
+    static native long[] nInfo(long h);
+
+    static native long nBinary(long h, int op, long other);
+
+    static native long nBinaryScalar(long h, int op, double value);
+
+    static native void nAssign(long h, int op, long other);
+
+    static native void nAssignScalar(long h, int op, double value);
+
+    static native long nCopyTo(long h, int devType, int devId);
+
+    static native long nAsType(long h, int dtype);
+
+    static native void nCopyFrom(long h, long src);
+
+    static native boolean nSameStorage(long a, long b);
+
+    static native String nToString(long h);
+
+    static native void nFree(long h);
+}

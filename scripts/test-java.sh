@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Compiles the JUnit tests (clojure/java-test) against target/kvstore.jar and runs them
+# with Debian's JUnit console launcher, then prints one line `junit: N passed, N failed`.
+# Exits non-zero if any test failed or was aborted, if a test class could not even start,
+# or if no test ran.
+#
+# The JVM runs with an empty java.library.path and no -Dkvstore.native.path, so the
+# library comes from the jar's bundled copy (the loader's extraction path);
+# LoaderTest starts fresh JVMs for the other places.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+junit=${JUNIT_CONSOLE_JAR:-/usr/share/java/junit-platform-console-standalone.jar}
+jar=target/kvstore.jar
+classes=target/jvm/test-classes
+logs=target/test-logs
+log=$logs/junit.log
+mkdir -p "$logs"
+
+fail() {
+    echo "test-java.sh: $*" >&2
+    echo "junit: 0 passed, 1 failed"
+    exit 1
+}
+
+[ -f "$jar" ] || fail "$jar not found: run scripts/jar.sh first"
+[ -f "$junit" ] || fail "$junit not found: install Debian's junit5 package (apt-get install junit5)"
+
+mapfile -t sources < <(find clojure/java-test -name '*.java' | sort)
+[ "${#sources[@]}" -gt 0 ] || fail "no test sources under clojure/java-test"
+
+rm -rf "$classes"
+mkdir -p "$classes" target/jvm/empty-library-path
+javac --release 17 -Xlint:all -Werror -encoding UTF-8 -cp "$jar:$junit" -d "$classes" "${sources[@]}" \
+    || fail "the tests do not compile"
+
+# Debian's launcher (JUnit Platform 1.9) has no `execute` subcommand: options go directly.
+timeout 900 java \
+    -Djava.library.path=target/jvm/empty-library-path \
+    -Dkvstore.test.expectBundled=true \
+    -jar "$junit" \
+    --disable-banner --disable-ansi-colors --details=tree --details-theme=ascii \
+    --class-path "$classes" --class-path "$jar" \
+    --select-package io.github.kvstore \
+    --fail-if-no-tests \
+    2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+
+count() {
+    # The summary's lines look like "[        12 tests successful      ]".
+    awk -v what="$1" '$0 ~ "^\\[ *[0-9]+ " what " *\\]$" { gsub(/[^0-9]/, "", $2); n = $2 } END { print n + 0 }' "$log"
+}
+successful=$(count "tests successful")
+failed=$(( $(count "tests failed") + $(count "tests aborted") + $(count "containers failed") + $(count "containers aborted") ))
+if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
+    # A crashed or timed-out JVM, or a launcher error: no test reported it.
+    echo "test-java.sh: the launcher exited with status $status without a failing test" >&2
+    failed=1
+fi
+if [ "$successful" -eq 0 ] && [ "$failed" -eq 0 ]; then
+    echo "test-java.sh: no test ran" >&2
+    failed=1
+fi
+echo "junit: $successful passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$successful" -gt 0 ]
