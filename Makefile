@@ -28,9 +28,9 @@ native: setup
 jar: native setup-jvm
 	@bash scripts/jar.sh
 
-# A Clojure REPL with the jar: (require '[org.apache.clojure-mxnet.kvstore :as kvstore])
+# A Clojure REPL with the jar and the kvstore, ndarray and context namespaces required.
 repl: jar
-	$(JAVA) -cp target/kvstore.jar:$(CLJ_CP) clojure.main
+	$(JAVA) -cp target/kvstore.jar:$(CLJ_CP) clojure.main -e "(require '[org.apache.clojure-mxnet.kvstore :as kvstore] '[org.apache.clojure-mxnet.ndarray :as ndarray] '[org.apache.clojure-mxnet.context :as context])" -r
 
 # MXNet's KVStore tutorial, in Rust and then in Clojure (the seed tutorial, verbatim).
 demo: jar

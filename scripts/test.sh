@@ -76,6 +76,8 @@ suite() {
 
 if [ -f target/kvstore.jar ]; then
     suite junit bash scripts/test-java.sh
+    suite clojure bash scripts/test-clojure.sh
+    suite clojure-tools bash scripts/clojure-smoke.sh
 fi
 
 echo "$passed passed, $failed failed"

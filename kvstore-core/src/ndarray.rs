@@ -24,19 +24,17 @@ struct Block([u8; 64]);
 
 /// The host memory of an array.
 pub(crate) struct HostBuf {
-    blocks: Vec<Block>,
+    blocks: Box<[Block]>,
     len: usize,
 }
 
 impl HostBuf {
-    /// A zero-filled buffer of `len` bytes; an allocation failure is an error, not an abort.
+    /// A zero-filled buffer of `len` bytes; an allocation failure is an error, not an
+    /// abort. The memory comes zeroed from the allocator (calloc), so fresh pages are
+    /// not written twice before their first use.
     fn zeroed(len: usize) -> Result<Self> {
-        let n = len.div_ceil(64);
-        let mut blocks = Vec::new();
-        blocks
-            .try_reserve_exact(n)
-            .map_err(|_| Error::invalid_argument(format!("cannot allocate {len} bytes for an array")))?;
-        blocks.resize(n, Block([0; 64]));
+        let blocks = bytemuck::allocation::try_zeroed_slice_box::<Block>(len.div_ceil(64))
+            .map_err(|()| Error::invalid_argument(format!("cannot allocate {len} bytes for an array")))?;
         Ok(HostBuf { blocks, len })
     }
 

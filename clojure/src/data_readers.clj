@@ -1,0 +1,1 @@
+{kvstore/ndarray org.apache.clojure-mxnet.ndarray/read-ndarray}

@@ -1,0 +1,305 @@
+(ns org.apache.clojure-mxnet.kvstore
+  "The key-value store, as in clojure-mxnet's `org.apache.clojure-mxnet.kvstore`,
+  over `io.github.kvstore.KVStore`.
+
+  Same names, arities and argument forms as clojure-mxnet: keys are a string
+  or a vector of strings, values and outs an NDArray or a vector of NDArrays.
+  `push`, `pull`, `pushpull` and `broadcast` repeat a single key for each of a
+  vector of values (or outs); `init` does not. Pushing a key several times in
+  one call sums its values. Functions that change the store return it, so
+  calls thread with `->`:
+
+      (-> (create)
+          (init \"3\" (ndarray/ones [2 1]))
+          (push \"3\" (ndarray/* (ndarray/ones [2 1]) 4))
+          (pull \"3\" out))
+
+  Additions: `set-updater` (a Clojure fn as the updater), `pushpull`,
+  `broadcast`. Fixed: `barrier` works (clojure-mxnet passed the store twice);
+  `send-command-to-servers` is callable; `create` rejects unknown kinds.
+
+  Errors are `ex-info`. Arguments are checked with spec first: \"Invalid keys\",
+  \"Invalid values\", \"Invalid outs\", \"Invalid priority\", \"Invalid head\",
+  \"Invalid body\" (data: `s/explain-data`). Errors of the store carry
+  `{:kvstore/error :key-not-initialized ...}` (the keyword of the
+  `KVStoreException` code: `:already-initialized :shape-mismatch
+  :dtype-mismatch :length-mismatch :unknown-store-kind :device-unavailable
+  :unsupported :invalid-argument :disposed :io :backend :internal`), with the
+  Java exception as cause."
+  (:refer-clojure :exclude [type])
+  (:require [clojure.spec.alpha :as s]
+            [org.apache.clojure-mxnet.util :as util])
+  (:import (io.github.kvstore KVStore NDArray Updater)))
+
+(set! *warn-on-reflection* true)
+
+(s/def ::name string?)
+(s/def ::ks (s/or :string string?
+                  :vec-of-string (s/coll-of string? :kind vector?)))
+(s/def ::ndarray #(instance? NDArray %))
+(s/def ::vs (s/or :ndarray ::ndarray
+                  :vec-of-ndarray (s/coll-of ::ndarray :kind vector?)))
+(s/def ::outs (s/or :ndarray ::ndarray
+                    :vec-of-ndarray (s/coll-of ::ndarray :kind vector?)))
+(s/def ::priority int?)
+(s/def ::node-id int?)
+(s/def ::head int?)
+(s/def ::body string?)
+(s/def ::updater (s/nilable (s/or :updater #(instance? Updater %)
+                                 :fn ifn?)))
+
+;; Hand-written equivalents of the specs above, checked first so that valid
+;; arguments (the hot path of push and pull) skip spec; spec still produces the
+;; error and its explain-data. Loops, not every?: these run on every call.
+(defn- vector-of? [pred x]
+  (and (vector? x)
+       (let [^clojure.lang.IPersistentVector v x
+             n (.count v)]
+         (loop [i 0]
+           (cond
+             (== i n) true
+             (pred (.nth v i)) (recur (inc i))
+             :else false)))))
+
+(defn- ndarray? [x]
+  (instance? NDArray x))
+
+(defn- ks? [ks]
+  (or (string? ks) (vector-of? string? ks)))
+
+(defn- ndarrays? [vs]
+  (or (instance? NDArray vs) (vector-of? ndarray? vs)))
+
+(defmacro ^:private check!
+  "`(util/validate! spec x msg)`, evaluated only when `(fast? x)` is false."
+  [fast? spec x msg]
+  `(when-not (~fast? ~x)
+     (util/validate! ~spec ~x ~msg)))
+
+(defn- key-array
+  "The keys `ks` (a vector of strings) as a String[]. (Filled by hand:
+  into-array costs more than the native push of a small key.)"
+  ^"[Ljava.lang.String;" [ks]
+  (let [^clojure.lang.IPersistentVector v ks
+        n (.count v)
+        ^"[Ljava.lang.String;" a (make-array String n)]
+    (dotimes [i n]
+      (aset a i ^String (.nth v i)))
+    a))
+
+(defn- ndarray-array
+  "The NDArrays `vs` (a vector) as an NDArray[]."
+  ^"[Lio.github.kvstore.NDArray;" [vs]
+  (let [^clojure.lang.IPersistentVector v vs
+        n (.count v)
+        ^"[Lio.github.kvstore.NDArray;" a (make-array NDArray n)]
+    (dotimes [i n]
+      (aset a i ^NDArray (.nth v i)))
+    a))
+
+(defn- as-vector
+  "`x` if it is a vector, else `[x]`."
+  [x]
+  (if (vector? x) x [x]))
+
+(defn- key-array-for
+  "The String[] of keys for the values `vals`: `ks` (a vector) itself, or the
+  single key `ks` repeated once per value."
+  ^"[Ljava.lang.String;" [ks vals]
+  (if (vector? ks)
+    (key-array ks)
+    (let [^"[Ljava.lang.String;" a (make-array String (count vals))]
+      (java.util.Arrays/fill a ^Object ks)
+      a)))
+
+(defn create
+  "A new store of kind `name` (default \"local\"): \"local\" reduces on the
+  host, \"device\" on the devices of the pushed arrays (case-insensitive).
+  \"dist_sync\" (across processes, over MPI) and \"nccl\" are
+  `{:kvstore/error :unsupported}` in a build without them; an unknown kind is
+  `{:kvstore/error :unknown-store-kind}` (MXNet made it a local store).
+  The store's native memory is freed by `dispose`, or once it is unreachable."
+  ([name]
+   (util/validate! ::name name "Invalid name")
+   (util/with-kvstore-errors :create
+     (KVStore/create ^String name)))
+  ([]
+   (create "local")))
+
+(defn dispose
+  "Releases the store's native memory. Idempotent; any later use of the store
+  is `{:kvstore/error :disposed}`."
+  [^KVStore kvstore]
+  (util/with-kvstore-errors :dispose
+    (.dispose kvstore))
+  nil)
+
+(defn init
+  "Initializes a key or a vector of keys `ks` with a value or a vector of
+  values `vs` (copied). Every key must be initialized once, before push and
+  pull. In a distributed store only rank 0's values are used. Returns the
+  store."
+  [^KVStore kvstore ks vs]
+  (check! ks? ::ks ks "Invalid keys")
+  (check! ndarrays? ::vs vs "Invalid values")
+  (util/with-kvstore-errors :init
+    (doto kvstore
+      (.init (key-array (as-vector ks)) (ndarray-array (as-vector vs))))))
+
+(defn push
+  "Pushes a value or a vector of values `vs` to a key or a vector of keys
+  `ks`. A single key with a vector of values is repeated for each value. The
+  values of each key are summed, then the updater (default: assign) merges the
+  sum into the stored value. `priority` (default 0) never changes results.
+  Returns the store."
+  ([^KVStore kvstore ks vs priority]
+   (check! ks? ::ks ks "Invalid keys")
+   (check! ndarrays? ::vs vs "Invalid values")
+   (check! int? ::priority priority "Invalid priority")
+   (let [store-vals (as-vector vs)]
+     (util/with-kvstore-errors :push
+       (doto kvstore
+         (.push (key-array-for ks store-vals) (ndarray-array store-vals) (int priority))))))
+  ([kvstore ks vs]
+   (push kvstore ks vs 0)))
+
+(defn pull
+  "Copies the values of a key or a vector of keys `ks` into an out or a
+  vector of outs `outs`. A single key with a vector of outs is repeated for
+  each out. Returns the store."
+  ([^KVStore kvstore ks outs priority]
+   (check! ks? ::ks ks "Invalid keys")
+   (check! ndarrays? ::outs outs "Invalid outs")
+   (check! int? ::priority priority "Invalid priority")
+   (let [store-outs (as-vector outs)]
+     (util/with-kvstore-errors :pull
+       (doto kvstore
+         (.pull (key-array-for ks store-outs) (ndarray-array store-outs) (int priority))))))
+  ([kvstore ks outs]
+   (pull kvstore ks outs 0)))
+
+(defn pushpull
+  "Push then pull as one step (no other push to the key comes in between).
+  With no `outs` the result is written back into the values `vs` themselves.
+  A single key is repeated for each value and for each out. Returns the store."
+  ([^KVStore kvstore ks vs]
+   (check! ks? ::ks ks "Invalid keys")
+   (check! ndarrays? ::vs vs "Invalid values")
+   (let [store-vals (ndarray-array (as-vector vs))]
+     (util/with-kvstore-errors :pushpull
+       (if (string? ks)
+         (.pushpull kvstore ^String ks store-vals)
+         (.pushpull kvstore (key-array ks) store-vals))
+       kvstore)))
+  ([kvstore ks vs outs]
+   (pushpull kvstore ks vs outs 0))
+  ([^KVStore kvstore ks vs outs priority]
+   (check! ks? ::ks ks "Invalid keys")
+   (check! ndarrays? ::vs vs "Invalid values")
+   (check! ndarrays? ::outs outs "Invalid outs")
+   (check! int? ::priority priority "Invalid priority")
+   (let [store-vals (ndarray-array (as-vector vs))
+         store-outs (ndarray-array (as-vector outs))]
+     (util/with-kvstore-errors :pushpull
+       (if (string? ks)
+         (.pushpull kvstore ^String ks store-vals store-outs (int priority))
+         (.pushpull kvstore (key-array ks) store-vals store-outs (int priority)))
+       kvstore))))
+
+(defn broadcast
+  "Initializes the keys `ks` with the values `vs`, then pulls them into
+  `outs`, as one step. A single key with a single value is pulled into each
+  of a vector of outs. Broadcasting a key that is already initialized is
+  `{:kvstore/error :already-initialized}`. Returns the store."
+  ([kvstore ks vs outs]
+   (broadcast kvstore ks vs outs 0))
+  ([^KVStore kvstore ks vs outs priority]
+   (check! ks? ::ks ks "Invalid keys")
+   (check! ndarrays? ::vs vs "Invalid values")
+   (check! ndarrays? ::outs outs "Invalid outs")
+   (check! int? ::priority priority "Invalid priority")
+   (let [store-vals (as-vector vs)
+         store-outs (ndarray-array (as-vector outs))]
+     (util/with-kvstore-errors :broadcast
+       (if (and (string? ks) (= 1 (count store-vals)))
+         (.broadcast kvstore ^String ks ^NDArray (first store-vals) store-outs (int priority))
+         ;; Several values for one key: the key is repeated for each value
+         ;; (and each out), which the store rejects as a duplicate init.
+         (.broadcast kvstore (key-array-for ks store-vals) (ndarray-array store-vals)
+                     store-outs (int priority)))
+       kvstore))))
+
+(defn- ->updater
+  ^Updater [f]
+  (cond
+    (nil? f) nil
+    (instance? Updater f) f
+    :else (reify Updater
+            (update [_ key _index merged stored]
+              (f key merged stored)))))
+
+(defn set-updater
+  "Installs `updater` as the store's updater: a fn of `[key input stored]`
+  called once per distinct key of each push with the key (a string), the sum
+  of the pushed values and the stored value, which it updates in place, e.g.
+  `(fn [key input stored] (ndarray/+= stored (ndarray/* input 2)))`. It runs
+  on the thread that pushes; `input` and `stored` are valid only during the
+  call. If it throws, the push fails with `{:kvstore/error :backend}` (the
+  fn's exception is the root cause) and the store keeps its value. An
+  `io.github.kvstore.Updater` is used as is; nil restores the default
+  (assign). Returns the store."
+  [^KVStore kvstore updater]
+  (util/validate! ::updater updater "Invalid updater")
+  (util/with-kvstore-errors :set-updater
+    (doto kvstore
+      (.setUpdater (->updater updater)))))
+
+(defn type
+  "The kind of the store: \"local\", \"device\", \"dist_sync\"..."
+  [^KVStore kvstore]
+  (util/with-kvstore-errors :type
+    (.type kvstore)))
+
+(defn num-workers
+  "The number of worker processes (1 unless distributed)."
+  [^KVStore kvstore]
+  (util/with-kvstore-errors :num-workers
+    (.numWorkers kvstore)))
+
+(defn rank
+  "The rank of this worker, in [0, num-workers)."
+  [^KVStore kvstore]
+  (util/with-kvstore-errors :rank
+    (.rank kvstore)))
+
+(defn barrier
+  "Waits until every worker has reached the barrier (does nothing for a
+  single worker). Returns the store."
+  [^KVStore kvstore]
+  (util/with-kvstore-errors :barrier
+    (doto kvstore
+      (.barrier))))
+
+(defn num-dead-node
+  "The number of dead nodes in the group `node-id` (0 on a local store)."
+  [^KVStore kvstore node-id]
+  (util/validate! ::node-id node-id "Invalid node-id")
+  (util/with-kvstore-errors :num-dead-node
+    (.numDeadNode kvstore (int node-id))))
+
+(defn set-barrier-before-exit
+  "Whether disposing the store waits at a barrier first. Returns the store."
+  [^KVStore kvstore barrier-before-exit]
+  (util/with-kvstore-errors :set-barrier-before-exit
+    (doto kvstore
+      (.setBarrierBeforeExit (boolean barrier-before-exit)))))
+
+(defn send-command-to-servers
+  "Sends the command `head` (an int) with `body` (a string) to the servers
+  (nothing to do on a local store). Returns the store."
+  [^KVStore kvstore head body]
+  (util/validate! ::head head "Invalid head")
+  (util/validate! ::body body "Invalid body")
+  (util/with-kvstore-errors :send-command-to-servers
+    (doto kvstore
+      (.sendCommandToServers (int head) ^String body))))

@@ -1,0 +1,92 @@
+(ns org.apache.clojure-mxnet.util
+  "Helpers shared by the kvstore, ndarray and context namespaces: spec
+  validation with clojure-mxnet's messages, and the one place where a Java
+  `KVStoreException` becomes an `ex-info`.
+
+  Every error that reaches a caller of these namespaces is an `ex-info`:
+  - argument validation (before any Java call): the message names the argument
+    (\"Invalid keys\", \"Invalid values\", ...) and the data is
+    `(s/explain-data spec value)`, as in clojure-mxnet;
+  - an error of the store or of an array: the message is the Java message and
+    the data is `{:kvstore/error :shape-mismatch, :kvstore/code \"SHAPE_MISMATCH\",
+    :kvstore/op :push}`; the `KVStoreException` is the cause."
+  (:require [clojure.spec.alpha :as s]
+            [clojure.string :as string])
+  (:import (io.github.kvstore KVStoreException KVStoreException$Code)))
+
+(set! *warn-on-reflection* true)
+
+(defn validate!
+  "Throws `ex-info` with `error-msg` and `(s/explain-data spec value)` as its
+  data unless `value` conforms to `spec`. Returns nil.
+  Unlike clojure-mxnet it does not print `s/explain` to *out*: the explanation
+  is in the exception's data."
+  [spec value error-msg]
+  (when-not (s/valid? spec value)
+    (throw (ex-info error-msg (s/explain-data spec value)))))
+
+(defn code->keyword
+  "The keyword for a `KVStoreException$Code` or its name:
+  `SHAPE_MISMATCH` -> `:shape-mismatch`."
+  [code]
+  (-> (if (instance? KVStoreException$Code code)
+        (.name ^KVStoreException$Code code)
+        (str code))
+      string/lower-case
+      (string/replace "_" "-")
+      keyword))
+
+(defn kvstore-exception->ex-info
+  "The `ex-info` that stands for `e`: its message, `{:kvstore/error <keyword>
+  :kvstore/code <code name> :kvstore/op op}` plus `extra` as data, `e` as cause."
+  ([^KVStoreException e op]
+   (kvstore-exception->ex-info e op nil))
+  ([^KVStoreException e op extra]
+   (let [code (or (some-> (.code e) (.name)) "INTERNAL")]
+     (ex-info (or (.getMessage e) (str "kvstore error " code))
+              (merge {:kvstore/error (code->keyword code)
+                      :kvstore/code code
+                      :kvstore/op op}
+                     extra)
+              e))))
+
+(defmacro with-kvstore-errors
+  "Evaluates `body`; a `KVStoreException` thrown by it is rethrown as an
+  `ex-info` (see `kvstore-exception->ex-info`) naming the operation `op` (a
+  keyword such as `:push`)."
+  [op & body]
+  `(try
+     ~@body
+     (catch KVStoreException e#
+       (throw (kvstore-exception->ex-info e# ~op)))))
+
+(defn invalid-argument!
+  "Throws the `ex-info` of an argument error found on the Clojure side that
+  spec does not describe well: `{:kvstore/error :invalid-argument ...}`."
+  [msg data]
+  (throw (ex-info msg (merge {:kvstore/error :invalid-argument
+                              :kvstore/code "INVALID_ARGUMENT"}
+                             data))))
+
+(s/def ::non-empty-seq (s/and sequential? not-empty))
+
+(defn nd-seq-shape
+  "The shape of a nested sequential structure of numbers, as a vector:
+  `[[1 2 3] [4 5 6]]` -> `[2 3]`. Every row must have the same length."
+  [nd-seq]
+  (validate! ::non-empty-seq nd-seq "Invalid N-D sequence")
+  (let [shape (loop [x nd-seq
+                     shape []]
+                (if (sequential? x)
+                  (recur (first x) (conj shape (count x)))
+                  shape))
+        ragged? (fn ragged? [x [d & ds]]
+                  (cond
+                    (nil? d) (sequential? x)
+                    (not (sequential? x)) true
+                    (not= d (count x)) true
+                    :else (boolean (some #(ragged? % ds) x))))]
+    (when (ragged? nd-seq shape)
+      (invalid-argument! "Invalid N-D sequence: rows of different lengths"
+                         {:value nd-seq :shape shape}))
+    shape))

@@ -1,0 +1,53 @@
+(ns org.apache.clojure-mxnet.context-test
+  (:require [clojure.test :refer [deftest is testing]]
+            [org.apache.clojure-mxnet.context :as context])
+  (:import (io.github.kvstore Context)))
+
+(set! *warn-on-reflection* true)
+
+(deftest cpu-defaults-to-device-0
+  (let [c (context/cpu)]
+    (is (instance? Context c))
+    (is (= "cpu" (context/device-type c)))
+    (is (= 0 (context/device-id c)))
+    (is (= "cpu(0)" (str c)))))
+
+(deftest cpu-takes-a-device-id
+  (let [c (context/cpu 3)]
+    (is (= "cpu" (context/device-type c)))
+    (is (= 3 (context/device-id c)))
+    (is (= "cpu(3)" (str c)))))
+
+(deftest gpu-contexts-are-values-even-without-a-gpu
+  (is (= "gpu" (context/device-type (context/gpu))))
+  (is (= 0 (context/device-id (context/gpu))))
+  (is (= 2 (context/device-id (context/gpu 2))))
+  (is (= "gpu(1)" (str (context/gpu 1)))))
+
+(deftest cpu-context-and-default-context-are-cpu-0
+  (doseq [c [(context/cpu-context) (context/default-context)]]
+    (is (= "cpu" (context/device-type c)))
+    (is (= 0 (context/device-id c)))))
+
+(deftest a-negative-device-id-is-invalid
+  (doseq [f [context/cpu context/gpu]]
+    (let [e (try (f -1) nil (catch clojure.lang.ExceptionInfo e e))]
+      (is (= "Invalid device id" (ex-message e)))
+      (is (contains? (ex-data e) :clojure.spec.alpha/problems)))))
+
+(deftest ->context-coerces-contexts-strings-keywords-and-vectors
+  (is (= "cpu(0)" (str (context/->context nil))))
+  (let [c (context/cpu 2)]
+    (is (identical? c (context/->context c))))
+  (is (= "cpu(1)" (str (context/->context "cpu(1)"))))
+  (is (= "gpu(0)" (str (context/->context "gpu"))))
+  (is (= "cpu(0)" (str (context/->context :cpu))))
+  (is (= "gpu(3)" (str (context/->context [:gpu 3]))))
+  (testing "anything else is an invalid argument"
+    (doseq [x ["tpu(0)" 7 [:cpu] :foo]]
+      (let [e (try (context/->context x) nil (catch clojure.lang.ExceptionInfo e e))]
+        (is (= :invalid-argument (:kvstore/error (ex-data e))) (pr-str x))))))
+
+(deftest context?-recognises-contexts
+  (is (context/context? (context/cpu)))
+  (is (not (context/context? "cpu(0)"))))

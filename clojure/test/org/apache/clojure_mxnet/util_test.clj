@@ -1,0 +1,50 @@
+(ns org.apache.clojure-mxnet.util-test
+  (:require [clojure.test :refer [deftest is testing]]
+            [org.apache.clojure-mxnet.util :as util]
+            [org.apache.clojure-mxnet.test-util :refer [thrown]])
+  (:import (io.github.kvstore KVStoreException KVStoreException$Code)))
+
+(set! *warn-on-reflection* true)
+
+(deftest every-code-has-a-lower-case-dashed-keyword
+  (is (= {"KEY_NOT_INITIALIZED" :key-not-initialized
+          "ALREADY_INITIALIZED" :already-initialized
+          "SHAPE_MISMATCH" :shape-mismatch
+          "DTYPE_MISMATCH" :dtype-mismatch
+          "LENGTH_MISMATCH" :length-mismatch
+          "UNKNOWN_STORE_KIND" :unknown-store-kind
+          "DEVICE_UNAVAILABLE" :device-unavailable
+          "UNSUPPORTED" :unsupported
+          "INVALID_ARGUMENT" :invalid-argument
+          "DISPOSED" :disposed
+          "IO" :io
+          "BACKEND" :backend
+          "INTERNAL" :internal}
+         (into {} (map (fn [^KVStoreException$Code c] [(.name c) (util/code->keyword c)]))
+               (KVStoreException$Code/values)))))
+
+(deftest with-kvstore-errors-rethrows-as-ex-info-with-the-cause
+  (let [cause (KVStoreException. "SHAPE_MISMATCH" "push of key \"w\": expected [2], got [3]")
+        e (thrown #(util/with-kvstore-errors :push (throw cause)))]
+    (is (= {:kvstore/error :shape-mismatch :kvstore/code "SHAPE_MISMATCH" :kvstore/op :push}
+           (ex-data e)))
+    (is (identical? cause (ex-cause e)))
+    (is (= (.getMessage cause) (ex-message e))))
+  (testing "other exceptions and values pass through"
+    (is (= 3 (util/with-kvstore-errors :x (+ 1 2))))
+    (is (thrown? IllegalStateException (util/with-kvstore-errors :x (throw (IllegalStateException.)))))))
+
+(deftest validate!-throws-explain-data
+  (is (nil? (util/validate! string? "a" "Invalid a")))
+  (let [e (thrown #(util/validate! string? 1 "Invalid a"))]
+    (is (= "Invalid a" (ex-message e)))
+    (is (= 1 (:clojure.spec.alpha/value (ex-data e))))
+    (is (seq (:clojure.spec.alpha/problems (ex-data e))))))
+
+(deftest nd-seq-shape-of-nested-vectors
+  (is (= [3] (util/nd-seq-shape [1 2 3])))
+  (is (= [2 3] (util/nd-seq-shape [[1 2 3] [4 5 6]])))
+  (is (= [1 2 1] (util/nd-seq-shape [[[1] [2]]])))
+  (is (= :invalid-argument (:kvstore/error (ex-data (thrown #(util/nd-seq-shape [[1 2] [3]]))))))
+  (is (= :invalid-argument (:kvstore/error (ex-data (thrown #(util/nd-seq-shape [[1 2] 3]))))))
+  (is (= "Invalid N-D sequence" (ex-message (thrown #(util/nd-seq-shape []))))))

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Proves that clojure/project.clj and clojure/deps.edn work for users, offline,
+# with Debian's tools and Debian's maven repository (/usr/share/maven-repo):
+#  - lein with-profile +debian run: requires the namespaces, pushes and pulls a key;
+#  - lein with-profile +debian test: the test suite through Leiningen;
+#  - deps.edn: the classpath resolved by Debian's tools.deps (its API, as the
+#    Clojure CLI would), then the same check with that classpath;
+#  - deps.edn's :test alias: the test suite on the resolved classpath.
+# Ends with one line `clojure-tools: N passed, N failed`; exits non-zero on failure.
+#
+# Needs target/kvstore.jar (make jar). Installs Debian's leiningen and
+# libtools-deps-clojure when missing and apt-get can.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+logs=$root/target/test-logs
+mkdir -p "$logs"
+passed=0
+failed=0
+
+if ! command -v lein >/dev/null || [ ! -f /usr/share/java/tools.deps.jar ] || [ ! -f /usr/share/java/test.check.jar ]; then
+    if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
+        echo "installing Debian's leiningen, libtools-deps-clojure and libtest-check-clojure"
+        for _ in 1 2 3 4 5; do
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q leiningen libtools-deps-clojure \
+                libtest-check-clojure clojure >"$logs/clojure-tools-apt.log" 2>&1 && break
+            sleep 10 # apt may be locked by another apt process
+        done
+    fi
+fi
+if [ ! -f "$root/target/kvstore.jar" ]; then
+    echo "target/kvstore.jar not found: build it first (make jar)"
+    echo "clojure-tools: 0 passed, 1 failed"
+    exit 1
+fi
+
+cd clojure
+# Leiningen and the checks below write clojure/target (the :debian profile's
+# local repository target/m2 among them) and clojure/.lein-failures: remove
+# them afterwards unless they were there before.
+[ -e target ] && had_target=1 || had_target=0
+[ -e .lein-failures ] && had_lein_failures=1 || had_lein_failures=0
+
+# The check: the three namespaces load, a key is pushed from two devices and pulled.
+form='(do (require (quote [org.apache.clojure-mxnet.kvstore :as kvstore])
+                   (quote [org.apache.clojure-mxnet.ndarray :as ndarray])
+                   (quote [org.apache.clojure-mxnet.context :as context]))
+          (let [out (ndarray/zeros [2 3])]
+            (-> (kvstore/create "local")
+                (kvstore/init "w" (ndarray/ones [2 3]))
+                (kvstore/push "w" [(ndarray/ones [2 3] {:ctx (context/cpu 0)})
+                                   (ndarray/ones [2 3] {:ctx (context/cpu 1)})])
+                (kvstore/pull "w" out))
+            (println "smoke:" (ndarray/->vec out))))'
+expected='smoke: [2.0 2.0 2.0 2.0 2.0 2.0]'
+
+# check NAME LOG COMMAND...: passes when COMMAND exits 0 and, for the smoke
+# checks, printed the expected line.
+check() {
+    local name=$1 log=$2 want=$3
+    shift 3
+    if "$@" >"$log" 2>&1 && { [ -z "$want" ] || grep -qxF "$want" "$log"; }; then
+        passed=$((passed + 1))
+        echo "check $name: ok"
+    else
+        failed=$((failed + 1))
+        echo "check $name: FAILED (last lines of $log):"
+        tail -n 30 "$log" | sed 's/^/    /' # indented: its summary lines are not ours
+    fi
+}
+
+if command -v lein >/dev/null; then
+    check lein-run "$logs/clojure-lein-run.log" "$expected" \
+        lein with-profile +debian run -m clojure.main -e "$form"
+    check lein-test "$logs/clojure-lein-test.log" "" \
+        lein with-profile +debian test
+else
+    echo "lein not found (apt-get install leiningen)"
+    failed=$((failed + 2))
+fi
+
+if [ -f /usr/share/java/tools.deps.jar ]; then
+    # Resolve deps.edn's classpath (with and without the :test alias) through
+    # tools.deps, into a local repository under target/.
+    resolve() {
+        local aliases=$1 out=$2
+        java -cp /usr/share/java/tools.deps.jar clojure.main -e "
+          (require 'clojure.tools.deps)
+          (let [basis (clojure.tools.deps/create-basis
+                        {:user nil :project \"deps.edn\" :aliases $aliases
+                         :extra {:mvn/local-repo \"target/m2\"}})]
+            (spit \"$out\" (clojure.tools.deps/join-classpath (:classpath-roots basis))))"
+    }
+    cp_file=$(mktemp)
+    test_cp_file=$(mktemp)
+    if resolve "[]" "$cp_file" >"$logs/clojure-deps-resolve.log" 2>&1 &&
+        resolve "[:test]" "$test_cp_file" >>"$logs/clojure-deps-resolve.log" 2>&1; then
+        check deps-run "$logs/clojure-deps-run.log" "$expected" \
+            java -cp "$(cat "$cp_file")" clojure.main -e "$form"
+        # The :test alias's :main-opts, as `clj -M:test` would run them.
+        check deps-test "$logs/clojure-deps-test.log" "" \
+            java -cp "$(cat "$test_cp_file")" clojure.main -m kvstore-test-runner
+    else
+        echo "check deps-resolve: FAILED (last lines of $logs/clojure-deps-resolve.log):"
+        tail -n 30 "$logs/clojure-deps-resolve.log" | sed 's/^/    /'
+        failed=$((failed + 2))
+    fi
+    rm -f "$cp_file" "$test_cp_file"
+else
+    echo "tools.deps not found (apt-get install libtools-deps-clojure)"
+    failed=$((failed + 2))
+fi
+
+[ "$had_target" -eq 0 ] && rm -rf target
+[ "$had_lein_failures" -eq 0 ] && rm -f .lein-failures
+echo "clojure-tools: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
