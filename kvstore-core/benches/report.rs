@@ -178,6 +178,16 @@ fn main() -> kvstore_core::Result<()> {
         black_box(vals[1].to_vec::<f32>().expect("to_vec"));
     });
     rows.push(Row::new("rust: NDArray of 4 Mi f32 to Vec<f32>", rust_out_s, None, ""));
+    let mut existing = vec![0f32; BIG];
+    let rust_into_s = median(3, runs, || {
+        pulls[2].with_data_mut(|d: &mut [f32]| d.copy_from_slice(black_box(&ins[1]))).expect("copy in");
+    });
+    rows.push(Row::new("rust: &[f32; 4 Mi] into an existing NDArray", rust_into_s, None, ""));
+    let rust_outof_s = median(3, runs, || {
+        vals[1].with_data(|s: &[f32]| existing.copy_from_slice(s)).expect("copy out");
+        black_box(&existing);
+    });
+    rows.push(Row::new("rust: NDArray of 4 Mi f32 into an existing Vec<f32>", rust_outof_s, None, ""));
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(std::path::Path::new("."));
     let dir = root.join("target/bench");
     for (name, median_s) in jvm_rows(&dir) {
@@ -188,8 +198,12 @@ fn main() -> kvstore_core::Result<()> {
             }
             n if n.ends_with("push 4 x 4 Mi f32") => Row::new(n, median_s, Some(push_s), "~1 (no copy)"),
             n if n.ends_with("pull 4 Mi f32 into 4 outs") => Row::new(n, median_s, Some(pull_s), "~1 (no copy)"),
-            n if n.ends_with("into a new NDArray") => Row::new(n, median_s, Some(rust_in_s), "~1 (one copy)"),
-            n if n.ends_with("to float[]") => Row::new(n, median_s, Some(rust_out_s), "~1 (one copy)"),
+            n if n.ends_with("into an existing NDArray") => Row::new(n, median_s, Some(rust_into_s), "~1 (one copy)"),
+            n if n.ends_with("into an existing float[]") => Row::new(n, median_s, Some(rust_outof_s), "~1 (one copy)"),
+            n if n.ends_with("into a new NDArray") => {
+                Row::new(n, median_s, Some(rust_in_s), "one copy + a fresh native allocation")
+            }
+            n if n.ends_with("to float[]") => Row::new(n, median_s, Some(rust_out_s), "one copy + JVM zeroing"),
             n => Row::new(n, median_s, None, ""),
         };
         rows.push(row);

@@ -122,6 +122,38 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nPull<'l>(
     .resolve::<ThrowKvStore>()
 }
 
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nPushKey<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    key: JString<'l>,
+    vs: JLongArray<'l>,
+    priority: jint,
+) {
+    env.with_env(|env| -> JResult<()> {
+        let (key, vs) = (string(env, &key)?, arrays(env, &vs)?);
+        with_store(h, |kv| kv.push(key, Values::Many(&vs), priority))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nPullKey<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    key: JString<'l>,
+    outs: JLongArray<'l>,
+    priority: jint,
+) {
+    env.with_env(|env| -> JResult<()> {
+        let (key, outs) = (string(env, &key)?, arrays(env, &outs)?);
+        with_store(h, |kv| kv.pull(key, Values::Many(&outs), priority))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
 /// The flat arguments of `nPushPull` and `nBroadcast`.
 type PairsOp = fn(
     &KVStore,

@@ -148,6 +148,64 @@ to_java_native!(Java_io_github_kvstore_NDArray_nToDoubles, JDoubleArray, f64);
 to_java_native!(Java_io_github_kvstore_NDArray_nToInts, JIntArray, i32);
 to_java_native!(Java_io_github_kvstore_NDArray_nToLongs, JLongArray, i64);
 
+/// Copies a `float[]` into the existing array `h` (converting for other dtypes): one
+/// copy, no allocation for a float32 array.
+fn copy_from_floats(env: &Env<'_>, h: i64, data: &JFloatArray<'_>) -> JResult<()> {
+    let a = ARRAYS.get(h)?;
+    let len = data.len(env)?;
+    if len != a.size() {
+        return Err(size_mismatch(a.shape(), len).into());
+    }
+    if a.dtype() == DType::F32 {
+        a.with_data_mut(|buf: &mut [f32]| data.get_region(env, 0, buf))??;
+    } else {
+        let mut buf = vec![0f32; len];
+        data.get_region(env, 0, &mut buf)?;
+        a.copy_from(&NDArray::from_slice_in(a.shape(), &buf, a.context())?)?;
+    }
+    Ok(())
+}
+
+/// Copies array `h` into an existing `float[]` of its size: one copy for float32.
+fn copy_to_floats(env: &Env<'_>, h: i64, dst: &JFloatArray<'_>) -> JResult<()> {
+    let a = ARRAYS.get(h)?;
+    let len = dst.len(env)?;
+    if len != a.size() {
+        return Err(Error::ShapeMismatch {
+            context: format!("NDArray.toFloatArray: a float[{len}] for {} elements", a.size()),
+            expected: vec![a.size()],
+            got: vec![len],
+        }
+        .into());
+    }
+    if a.dtype() == DType::F32 {
+        a.with_data(|s: &[f32]| dst.set_region(env, 0, s))??;
+    } else {
+        dst.set_region(env, 0, &a.to_vec::<f32>()?)?;
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_NDArray_nCopyFromFloats<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    data: JFloatArray<'l>,
+) {
+    env.with_env(|env| copy_from_floats(env, h, &data)).resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_NDArray_nCopyToFloats<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    dst: JFloatArray<'l>,
+) {
+    env.with_env(|env| copy_to_floats(env, h, &dst)).resolve::<ThrowKvStore>()
+}
+
 #[unsafe(no_mangle)]
 pub extern "system" fn Java_io_github_kvstore_NDArray_nInfo<'l>(
     mut env: EnvUnowned<'l>,

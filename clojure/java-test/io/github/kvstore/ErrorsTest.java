@@ -282,7 +282,7 @@ class ErrorsTest {
             assertNpe("ctx", () -> NDArray.ones(SHAPE, null, DType.INT8));
             assertNpe("dtype", () -> NDArray.ones(SHAPE, Context.cpu(), null));
             assertNpe("other", () -> a.add((NDArray) null));
-            assertNpe("src", () -> a.copyFrom(null));
+            assertNpe("src", () -> a.copyFrom((NDArray) null));
             // Nothing reached the store: the key still holds its value.
             try (NDArray out = NDArray.zeros(SHAPE)) {
                 kv.pull("k", out);

@@ -345,4 +345,24 @@ class NDArrayTest {
         assertThrows(IllegalArgumentException.class, () -> DType.fromName("complex64"));
         assertThrows(NullPointerException.class, () -> DType.fromName(null));
     }
+
+    @Test
+    void floatArraysCopyIntoAndOutOfExistingArrays() {
+        try (NDArray a = NDArray.zeros(2, 3);
+                NDArray h = NDArray.zeros(new int[] {2, 3}, Context.cpu(0), DType.FLOAT16)) {
+            float[] data = {1, 2, 3, 4, 5, 6.5f};
+            assertSame(a, a.copyFrom(data));
+            float[] dst = new float[6];
+            assertSame(dst, a.toFloatArray(dst));
+            assertArrayEquals(data, dst);
+            h.copyFrom(data);
+            assertArrayEquals(data, h.toFloatArray(new float[6]));
+            KVStoreException e = assertThrows(KVStoreException.class, () -> a.copyFrom(new float[5]));
+            assertEquals(KVStoreException.Code.SHAPE_MISMATCH, e.code());
+            e = assertThrows(KVStoreException.class, () -> a.toFloatArray(new float[7]));
+            assertEquals(KVStoreException.Code.SHAPE_MISMATCH, e.code());
+            assertArrayEquals(data, a.toFloatArray(), "a failed copy changes nothing");
+            assertThrows(NullPointerException.class, () -> a.copyFrom((float[]) null));
+        }
+    }
 }

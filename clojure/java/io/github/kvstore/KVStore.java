@@ -256,7 +256,7 @@ public final class KVStore implements AutoCloseable {
      * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
      */
     public KVStore push(String key, NDArray value, int priority) {
-        return push(one(key, "key"), one(value, "value"), priority);
+        return push(key, one(value, "value"), priority);
     }
 
     /**
@@ -281,7 +281,16 @@ public final class KVStore implements AutoCloseable {
      * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
      */
     public KVStore push(String key, NDArray[] values, int priority) {
-        return push(repeat(key, "key", values, "values"), values, priority);
+        Objects.requireNonNull(key, "key");
+        checkArrays(values, "values");
+        long[] vs = handles(values, "values");
+        try {
+            nPushKey(handle(), key, vs, priority);
+        } finally {
+            Reference.reachabilityFence(this);
+            Reference.reachabilityFence(values);
+        }
+        return this;
     }
 
     /**
@@ -347,7 +356,7 @@ public final class KVStore implements AutoCloseable {
      * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
      */
     public KVStore pull(String key, NDArray out, int priority) {
-        return pull(one(key, "key"), one(out, "out"), priority);
+        return pull(key, one(out, "out"), priority);
     }
 
     /**
@@ -372,7 +381,16 @@ public final class KVStore implements AutoCloseable {
      * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
      */
     public KVStore pull(String key, NDArray[] outs, int priority) {
-        return pull(repeat(key, "key", outs, "outs"), outs, priority);
+        Objects.requireNonNull(key, "key");
+        checkArrays(outs, "outs");
+        long[] os = handles(outs, "outs");
+        try {
+            nPullKey(handle(), key, os, priority);
+        } finally {
+            Reference.reachabilityFence(this);
+            Reference.reachabilityFence(outs);
+        }
+        return this;
     }
 
     /**
@@ -892,6 +910,10 @@ public final class KVStore implements AutoCloseable {
     static native void nPush(long h, String[] keys, long[] values, int priority);
 
     static native void nPull(long h, String[] keys, long[] outs, int priority);
+
+    static native void nPushKey(long h, String key, long[] values, int priority);
+
+    static native void nPullKey(long h, String key, long[] outs, int priority);
 
     static native void nPushPull(long h, String[] keys, long[] values, String[] outKeys, long[] outs, int priority);
 

@@ -459,6 +459,24 @@ public final class NDArray implements AutoCloseable {
     }
 
     /**
+     * Copies the elements, row-major, into {@code dst} (converted to float): one copy,
+     * straight from the native buffer, with no allocation.
+     *
+     * @param dst a Java array of this array's size
+     * @return {@code dst}
+     * @throws KVStoreException {@code SHAPE_MISMATCH} if the lengths differ; {@code DISPOSED}
+     */
+    public float[] toFloatArray(float[] dst) {
+        Objects.requireNonNull(dst, "dst");
+        try {
+            nCopyToFloats(handle(), dst);
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+        return dst;
+    }
+
+    /**
      * The elements, row-major, converted to double (exact for every dtype but int64 values
      * beyond 2^53).
      *
@@ -774,6 +792,24 @@ public final class NDArray implements AutoCloseable {
     }
 
     /**
+     * Overwrites this array with {@code data} (row-major): one copy, straight into the
+     * native buffer, with no allocation for a float32 array (other dtypes convert).
+     *
+     * @param data the elements; {@code data.length} must be this array's size
+     * @return this array
+     * @throws KVStoreException {@code SHAPE_MISMATCH} if the lengths differ; {@code DISPOSED}
+     */
+    public NDArray copyFrom(float[] data) {
+        Objects.requireNonNull(data, "data");
+        try {
+            nCopyFromFloats(handle(), data);
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+        return this;
+    }
+
+    /**
      * Whether both objects are views of one native buffer.
      *
      * @param other the other array
@@ -849,6 +885,10 @@ public final class NDArray implements AutoCloseable {
     static native int[] nToInts(long h);
 
     static native long[] nToLongs(long h);
+
+    static native void nCopyFromFloats(long h, float[] data);
+
+    static native void nCopyToFloats(long h, float[] dst);
 
     static native long[] nInfo(long h);
 

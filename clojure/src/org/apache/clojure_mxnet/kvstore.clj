@@ -158,8 +158,10 @@
    (check! int? ::priority priority "Invalid priority")
    (let [store-vals (as-vector vs)]
      (util/with-kvstore-errors :push
-       (doto kvstore
-         (.push (key-array-for ks store-vals) (ndarray-array store-vals) (int priority))))))
+       (if (string? ks)
+         (.push kvstore ^String ks (ndarray-array store-vals) (int priority))
+         (.push kvstore (key-array-for ks store-vals) (ndarray-array store-vals) (int priority)))
+       kvstore)))
   ([kvstore ks vs]
    (push kvstore ks vs 0)))
 
@@ -173,8 +175,10 @@
    (check! int? ::priority priority "Invalid priority")
    (let [store-outs (as-vector outs)]
      (util/with-kvstore-errors :pull
-       (doto kvstore
-         (.pull (key-array-for ks store-outs) (ndarray-array store-outs) (int priority))))))
+       (if (string? ks)
+         (.pull kvstore ^String ks (ndarray-array store-outs) (int priority))
+         (.pull kvstore (key-array-for ks store-outs) (ndarray-array store-outs) (int priority)))
+       kvstore)))
   ([kvstore ks outs]
    (pull kvstore ks outs 0)))
 

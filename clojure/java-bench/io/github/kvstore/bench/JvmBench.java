@@ -75,6 +75,10 @@ public final class JvmBench {
             float[] data = new float[BIG];
             Arrays.fill(data, 1.5f);
             int[] shape = {BIG};
+            rows.add(row("java: float[4 Mi] into an existing NDArray", medianPerCall(runs, 3, () -> outs[2].copyFrom(data))));
+            float[] dst = new float[BIG];
+            rows.add(row("java: NDArray of 4 Mi f32 into an existing float[]",
+                    medianPerCall(runs, 3, () -> vals[1].toFloatArray(dst))));
             rows.add(row("java: float[4 Mi] into a new NDArray", medianPerCall(runs, 3, () -> {
                 try (NDArray a = NDArray.array(data, shape)) {
                     if (a.size() != BIG) {
