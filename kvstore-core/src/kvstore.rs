@@ -237,6 +237,22 @@ fn flatten<'a>(
     }
 }
 
+/// The value pairs and the out pairs of a flat call (`*_pairs`).
+type FlatPairs<'a> = (Vec<(Key, &'a NDArray)>, Vec<(Key, &'a NDArray)>);
+
+fn flat_pairs<'a>(
+    op: &'static str,
+    keys: &[Key],
+    values: &'a [NDArray],
+    out_keys: &[Key],
+    outs: &'a [NDArray],
+) -> Result<FlatPairs<'a>> {
+    Ok((
+        flatten(op, Keys::Many(keys.to_vec()), Values::Many(values), "values")?,
+        flatten(op, Keys::Many(out_keys.to_vec()), Values::Many(outs), "outs")?,
+    ))
+}
+
 /// The arrays of one key in one call, in call order.
 struct Group<'a> {
     entry: Arc<Entry>,
@@ -598,8 +614,7 @@ impl KVStore {
         priority: i32,
     ) -> Result<()> {
         let _ = priority;
-        let push = flatten("pushpull", Keys::Many(keys.to_vec()), Values::Many(values), "values")?;
-        let pull = flatten("pushpull", Keys::Many(out_keys.to_vec()), Values::Many(outs), "outs")?;
+        let (push, pull) = flat_pairs("pushpull", keys, values, out_keys, outs)?;
         self.push_pull("pushpull", push, pull)
     }
 
@@ -616,8 +631,7 @@ impl KVStore {
         priority: i32,
     ) -> Result<()> {
         let _ = priority;
-        let init = flatten("broadcast", Keys::Many(keys.to_vec()), Values::Many(values), "values")?;
-        let pull = flatten("broadcast", Keys::Many(out_keys.to_vec()), Values::Many(outs), "outs")?;
+        let (init, pull) = flat_pairs("broadcast", keys, values, out_keys, outs)?;
         self.broadcast_flat(init, pull)
     }
 
