@@ -32,12 +32,17 @@ jar: native setup-jvm
 repl: jar
 	$(JAVA) -cp target/kvstore.jar:$(CLJ_CP) clojure.main -e "(require '[org.apache.clojure-mxnet.kvstore :as kvstore] '[org.apache.clojure-mxnet.ndarray :as ndarray] '[org.apache.clojure-mxnet.context :as context])" -r
 
-# MXNet's KVStore tutorial, in Rust and then in Clojure (the seed tutorial, verbatim).
+# MXNet's KVStore tutorial, in Rust and then in Clojure (the seed tutorial, verbatim);
+# then a linear regression trained data-parallel on 4 cpu contexts with SGD (momentum).
 demo: jar
 	@echo "== the KVStore tutorial in Rust (cargo run --example tutorial) =="
 	$(CARGO) run --release -q -p kvstore-core --example tutorial
 	@echo "== the KVStore tutorial in Clojure (clojure/examples/tutorial.clj) =="
 	$(JAVA) -cp target/kvstore.jar:$(CLJ_CP) clojure.main clojure/examples/tutorial.clj
+	@echo "== data-parallel training with an optimizer, in Rust (cargo run --example train_linear) =="
+	$(CARGO) run --release -q -p kvstore-jni --example train_linear
+	@echo "== data-parallel training with an optimizer, in Clojure (clojure/examples/train_linear.clj) =="
+	$(JAVA) -cp target/kvstore.jar:$(CLJ_CP) clojure.main clojure/examples/train_linear.clj
 
 # fmt, clippy, doc, every cargo suite, the jar, JUnit, clojure.test, the tutorial and
 # the Leiningen/deps.edn smoke checks; ends with one line `N passed, N failed`.

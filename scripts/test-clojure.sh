@@ -3,9 +3,12 @@
 # target/kvstore.jar, so this tests the jar, not clojure/src):
 #  1. clojure.test through the runner clojure/test/kvstore_test_runner.clj, which
 #     prints `clojure: N passed, N failed` (N counts deftests; see its docstring);
-#  2. the tutorial clojure/examples/tutorial.clj, run from an empty folder with
-#     only the jar and Clojure's jars on the classpath, its output compared with
-#     the values the tutorial shows: one line `clojure-examples: N passed, N failed`.
+#  2. the examples, each run from an empty folder with only the jar and
+#     Clojure's jars on the classpath: the tutorial clojure/examples/tutorial.clj,
+#     its output compared with the values the tutorial shows, and the training
+#     demo clojure/examples/train_linear.clj, whose final loss must be near the
+#     noise floor and whose learned weights near the true ones; one line
+#     `clojure-examples: N passed, N failed`.
 # Exits non-zero when anything failed.
 #
 # Needs: target/kvstore.jar (make jar) and Debian's clojure and
@@ -62,7 +65,10 @@ if [ "$status" -ne 0 ] && ! grep -qE '^clojure: [0-9]+ passed, [1-9][0-9]* faile
     echo "clojure: 0 passed, 1 failed"
 fi
 
-# 2. the tutorial, from an empty folder
+# 2. the examples, each from an empty folder
+examples_passed=0
+examples_failed=0
+
 expected='[2.0 2.0 2.0 2.0 2.0 2.0]
 [8.0 8.0 8.0 8.0 8.0 8.0]
 [3.0 3.0 3.0 3.0 3.0 3.0]
@@ -75,12 +81,45 @@ tutorial_status=$?
 rm -rf "$tmp"
 if [ "$tutorial_status" -eq 0 ] && [ "$actual" = "$expected" ]; then
     echo "tutorial.clj: ok"
-    echo "clojure-examples: 1 passed, 0 failed"
+    examples_passed=$((examples_passed + 1))
 else
     echo "tutorial.clj: FAILED (exit status $tutorial_status)"
     diff <(echo "$expected") <(echo "$actual") | sed 's/^/  /'
     tail -n 30 "$logs/clojure-tutorial.err" | sed 's/^/  /'
-    echo "clojure-examples: 0 passed, 1 failed"
-    status=1
+    examples_failed=$((examples_failed + 1))
 fi
+
+# The training demo: the last epoch's loss below max_loss (the noise floor is
+# 0.01) and every learned parameter within tolerance of the true one. The
+# demo's own table is read, so the check does not trust the demo's arithmetic
+# for the comparison.
+max_loss=0.015
+tolerance=0.05
+tmp=$(mktemp -d)
+(cd "$tmp" && timeout 120 java "${java_opts[@]}" -cp "$jar:$clojure_jars" \
+    clojure.main "$root/clojure/examples/train_linear.clj") >"$logs/clojure-train-linear.log" \
+    2>"$logs/clojure-train-linear.err"
+train_status=$?
+rm -rf "$tmp"
+verdict=$(awk -v max_loss="$max_loss" -v tol="$tolerance" '
+    /^epoch +[0-9]+ +loss / { epochs++; loss = $4 }
+    /^(w\[[0-9]+\]|b) / { params++; d = $2 - $3; if (d < 0) d = -d; if (d > worst) worst = d }
+    END {
+        if (epochs < 2 || params != 9) { printf "FAILED: %d epoch lines and %d parameter rows", epochs, params; exit }
+        if (loss + 0 >= max_loss) { printf "FAILED: final loss %s is not below %s", loss, max_loss; exit }
+        if (worst > tol) { printf "FAILED: a learned parameter is %.4f from the true one (tolerance %s)", worst, tol; exit }
+        printf "ok (final loss %s < %s, parameters within %.4f <= %s of the true ones)", loss, max_loss, worst, tol
+    }' "$logs/clojure-train-linear.log")
+if [ "$train_status" -eq 0 ] && [[ "$verdict" == ok* ]]; then
+    echo "train_linear.clj: $verdict"
+    examples_passed=$((examples_passed + 1))
+else
+    echo "train_linear.clj: ${verdict:-FAILED} (exit status $train_status)"
+    sed 's/^/  /' "$logs/clojure-train-linear.log"
+    tail -n 30 "$logs/clojure-train-linear.err" | sed 's/^/  /'
+    examples_failed=$((examples_failed + 1))
+fi
+
+echo "clojure-examples: $examples_passed passed, $examples_failed failed"
+[ "$examples_failed" -eq 0 ] || status=1
 exit "$status"

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Compiles the JUnit tests (clojure/java-test) against target/kvstore.jar and runs them
 # with Debian's JUnit console launcher, then prints one line `junit: N passed, N failed`.
-# Exits non-zero if any test failed or was aborted, if a test class could not even start,
-# or if no test ran.
+# Exits non-zero if any test failed, if a test class could not even start, or if no test
+# ran. A test aborted by a JUnit assumption (`Assumptions.assumeTrue`) is a skip: it
+# counts neither way and is reported on its own line, `test-java.sh: N skipped`; the
+# test prints why (`SKIP: ...`).
 #
 # The JVM runs with an empty java.library.path and no -Dkvstore.native.path, so the
 # library comes from the jar's bundled copy (the loader's extraction path);
@@ -51,7 +53,12 @@ count() {
     awk -v what="$1" '$0 ~ "^\\[ *[0-9]+ " what " *\\]$" { gsub(/[^0-9]/, "", $2); n = $2 } END { print n + 0 }' "$log"
 }
 successful=$(count "tests successful")
-failed=$(( $(count "tests failed") + $(count "tests aborted") + $(count "containers failed") + $(count "containers aborted") ))
+failed=$(( $(count "tests failed") + $(count "containers failed") + $(count "containers aborted") ))
+skipped=$(count "tests aborted")
+if [ "$skipped" -gt 0 ]; then
+    echo "test-java.sh: $skipped skipped (aborted by an assumption):"
+    grep '^SKIP: ' "$log" | sed 's/^/  /'
+fi
 if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
     # A crashed or timed-out JVM, or a launcher error: no test reported it.
     echo "test-java.sh: the launcher exited with status $status without a failing test" >&2

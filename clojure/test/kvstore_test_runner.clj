@@ -29,6 +29,7 @@
   '[org.apache.clojure-mxnet.context-test
     org.apache.clojure-mxnet.ndarray-test
     org.apache.clojure-mxnet.kvstore-test
+    org.apache.clojure-mxnet.optimizer-test
     org.apache.clojure-mxnet.util-test])
 
 (defn- file->ns

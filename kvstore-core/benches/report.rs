@@ -158,6 +158,46 @@ fn main() -> kvstore_core::Result<()> {
         )
     });
 
+    // ---- optimizers through push: the update against a plain loop moving the same bytes ----
+    let g = NDArray::from_slice_in(&[BIG], &ins[1], Context::cpu(0))?;
+    let (mut w_plain, mut m_plain, mut v_plain) = (ins[0].clone(), vec![0f32; BIG], vec![0f32; BIG]);
+    // SGD with momentum reads w, g, m and writes w, m.
+    let limit_sgd_s = median(3, runs, || {
+        for ((w, &g), m) in w_plain.iter_mut().zip(black_box(&ins[1])).zip(m_plain.iter_mut()) {
+            *m = 0.9 * *m - 0.01 * g;
+            *w += *m;
+        }
+    });
+    rows.push(Row::new("limit: plain loop over w, g, m (SGD-momentum bytes)", limit_sgd_s, None, ""));
+    // Adam reads w, g, m, v and writes w, m, v.
+    let limit_adam_s = median(3, runs, || {
+        for (((w, &g), m), v) in
+            w_plain.iter_mut().zip(black_box(&ins[1])).zip(m_plain.iter_mut()).zip(v_plain.iter_mut())
+        {
+            *m = 0.9 * *m + 0.1 * g;
+            *v = 0.999 * *v + 0.001 * g * g;
+            *w -= 0.001 * *m / (*v + 1e-8);
+        }
+    });
+    rows.push(Row::new("limit: plain loop over w, g, m, v (Adam bytes)", limit_adam_s, None, ""));
+    for (name, opt, limit) in [
+        ("store: SGD-momentum update of 4 Mi f32 through push", "sgd", limit_sgd_s),
+        ("store: Adam update of 4 Mi f32 through push", "adam", limit_adam_s),
+    ] {
+        let builder = kvstore_core::Optimizer::builder(opt).param("learning_rate", 0.001);
+        let builder = if opt == "sgd" { builder.param("momentum", 0.9) } else { builder };
+        match builder.build() {
+            Ok(optimizer) => {
+                let okv = KVStore::create("local")?;
+                okv.init("w", &vals[0])?;
+                okv.set_optimizer(optimizer)?;
+                let s = median(3, runs, || okv.push("w", &g, 0).expect("push"));
+                rows.push(Row::new(name, s, Some(limit), ">= 0.7"));
+            }
+            Err(e) => println!("skipped {name}: {e}"),
+        }
+    }
+
     // ---- the Rust side of the JVM rows: the same calls the Java and Clojure benches make ----
     let one = NDArray::ones(&[SMALL])?;
     let one_out = NDArray::zeros(&[SMALL])?;

@@ -7,12 +7,14 @@ use std::collections::hash_map::Entry as MapEntry;
 use std::fmt;
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::comm::{BroadcastJob, Comm, CpuComm, ReduceJob};
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys};
 use crate::ndarray::NDArray;
+use crate::optimizer::states as opt_states;
+use crate::optimizer::{KeyState, Optimizer, Runtime};
 use crate::updater::Updater;
 
 /// Values or outs of a call: one array, a list, or a list of lists (one list per key).
@@ -103,7 +105,32 @@ fn parse_kind(name: &str) -> Result<Mode> {
 struct Entry {
     key: Key,
     index: usize,
-    value: RwLock<NDArray>,
+    value: RwLock<Slot>,
+}
+
+/// A key's value and what lives next to it: the optimizer's state for the key and the
+/// buffer its pushed values are summed into.
+struct Slot {
+    value: NDArray,
+    opt: Option<KeyState>,
+    merge: Option<NDArray>,
+}
+
+impl Slot {
+    fn new(value: NDArray) -> Self {
+        Slot { value, opt: None, merge: None }
+    }
+}
+
+/// What a push does with the sum of its values.
+#[derive(Clone)]
+enum Merger {
+    /// MXNet's default: the sum replaces the value.
+    Assign,
+    /// A custom updater.
+    Custom(Arc<dyn Updater>),
+    /// An optimizer installed by `set_optimizer`.
+    Optimizer(Arc<Runtime>),
 }
 
 #[derive(Default)]
@@ -119,10 +146,17 @@ thread_local! {
     static HELD: RefCell<Vec<(usize, usize)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Marks keys as locked by this thread until dropped.
+/// Marks keys as locked by this thread until dropped, and decides how to lock them.
+///
+/// An updater runs while its push holds the push's keys. A call from it on the same
+/// store fails: it could wait for itself, or for another thread that waits for the
+/// keys it holds. A call from it on another store locks without waiting (and fails if
+/// a key is busy), so that two stores whose updaters call each other cannot deadlock.
 struct Held {
     store: usize,
     indices: Vec<usize>,
+    /// Whether this thread already holds keys (of another store): lock without waiting.
+    nonblocking: bool,
 }
 
 impl Held {
@@ -130,16 +164,45 @@ impl Held {
         let store = store as *const KVStore as usize;
         HELD.with(|held| {
             let mut held = held.borrow_mut();
-            if let Some(e) = entries.iter().find(|e| held.contains(&(store, e.index))) {
+            if held.iter().any(|&(s, _)| s == store) {
                 return Err(Error::invalid_argument(format!(
-                    "{op} of key \"{}\" from inside an updater of that key's push: the push holds the key \
-                     until its updates finish, so an updater may not push or pull the keys of its own push",
-                    e.key
+                    "{op} from inside an updater of this store: a push holds its keys until its updates \
+                     finish, so an updater may not call the store that runs it"
                 )));
             }
+            let nonblocking = !held.is_empty();
             held.extend(entries.iter().map(|e| (store, e.index)));
-            Ok(Held { store, indices: entries.iter().map(|e| e.index).collect() })
+            Ok(Held { store, indices: entries.iter().map(|e| e.index).collect(), nonblocking })
         })
+    }
+
+    fn busy(op: &'static str, key: &Key) -> Error {
+        Error::invalid_argument(format!(
+            "{op} of key \"{key}\" from inside an updater of another store: the key is busy, and an updater \
+             may not wait for a key (two stores' updaters could wait for each other)"
+        ))
+    }
+
+    /// Read locks on `entries`, in order.
+    fn read<'a>(&self, op: &'static str, entries: &[&'a Arc<Entry>]) -> Result<Vec<RwLockReadGuard<'a, Slot>>> {
+        entries
+            .iter()
+            .map(|e| match self.nonblocking {
+                false => Ok(e.value.read()),
+                true => e.value.try_read().ok_or_else(|| Self::busy(op, &e.key)),
+            })
+            .collect()
+    }
+
+    /// Write locks on `entries`, in order.
+    fn write<'a>(&self, op: &'static str, entries: &[&'a Arc<Entry>]) -> Result<Vec<RwLockWriteGuard<'a, Slot>>> {
+        entries
+            .iter()
+            .map(|e| match self.nonblocking {
+                false => Ok(e.value.write()),
+                true => e.value.try_write().ok_or_else(|| Self::busy(op, &e.key)),
+            })
+            .collect()
     }
 }
 
@@ -175,7 +238,7 @@ impl KVStoreBuilder {
             kind: self.kind.to_ascii_lowercase(),
             comm: Box::new(CpuComm::new(self.threads)?),
             table: RwLock::new(Table::default()),
-            updater: RwLock::new(None),
+            merger: RwLock::new(Merger::Assign),
         })
     }
 }
@@ -195,7 +258,7 @@ pub struct KVStore {
     kind: String,
     comm: Box<dyn Comm>,
     table: RwLock<Table>,
-    updater: RwLock<Option<Arc<dyn Updater>>>,
+    merger: RwLock<Merger>,
 }
 
 impl fmt::Debug for KVStore {
@@ -389,12 +452,143 @@ impl KVStore {
     /// Installs `updater`, replacing any earlier one. Pushes after this call merge
     /// through it instead of assigning.
     pub fn set_updater(&self, updater: impl Updater + 'static) {
-        *self.updater.write() = Some(Arc::new(updater));
+        *self.merger.write() = Merger::Custom(Arc::new(updater));
     }
 
-    /// Removes the updater: pushes assign the sum again (MXNet's default, ASSIGN).
+    /// Removes the updater or optimizer: pushes assign the sum again (MXNet's default,
+    /// ASSIGN).
     pub fn clear_updater(&self) {
-        *self.updater.write() = None;
+        *self.merger.write() = Merger::Assign;
+    }
+
+    /// Installs `optimizer` (MXNet's `set_optimizer`): every later push of gradients
+    /// updates the weights with it. Replaces any updater; every key's optimizer state
+    /// starts afresh.
+    ///
+    /// # Errors
+    /// None yet; the `Result` leaves room for stores that must agree with peers.
+    pub fn set_optimizer(&self, optimizer: Optimizer) -> Result<()> {
+        let runtime = Arc::new(Runtime::new(optimizer));
+        let entries = self.entries();
+        let entries: Vec<&Arc<Entry>> = entries.iter().collect();
+        let held = Held::new("set_optimizer", self, &entries)?;
+        let mut guards = held.write("set_optimizer", &entries)?;
+        let mut merger = self.merger.write();
+        for g in guards.iter_mut() {
+            g.opt = None;
+        }
+        *merger = Merger::Optimizer(runtime);
+        Ok(())
+    }
+
+    /// The name of the installed optimizer, if any.
+    pub fn optimizer_name(&self) -> Option<&'static str> {
+        match &*self.merger.read() {
+            Merger::Optimizer(r) => Some(r.optimizer().name()),
+            _ => None,
+        }
+    }
+
+    fn runtime(&self, op: &str) -> Result<Arc<Runtime>> {
+        match &*self.merger.read() {
+            Merger::Optimizer(r) => Ok(Arc::clone(r)),
+            _ => Err(Error::invalid_argument(format!("{op}: no optimizer is set: call set_optimizer first"))),
+        }
+    }
+
+    /// Writes every key's optimizer state, the update counters, the schedule's state and
+    /// the hyper-parameters to `path` (safetensors with JSON metadata). The file is
+    /// written beside `path` and renamed, so a failed save leaves any old file whole.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if no optimizer is set; [`Error::Io`] if the file
+    /// cannot be written.
+    pub fn save_optimizer_states(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let path = path.as_ref();
+        let runtime = self.runtime("save_optimizer_states")?;
+        let entries = self.entries();
+        let locked: Vec<&Arc<Entry>> = entries.iter().collect();
+        let held = Held::new("save_optimizer_states", self, &locked)?;
+        let guards = held.read("save_optimizer_states", &locked)?;
+        let keyed: Vec<(Key, Vec<usize>, &KeyState)> = entries
+            .iter()
+            .zip(&guards)
+            .filter_map(|(e, g)| Some((e.key.clone(), g.value.shape().to_vec(), g.opt.as_ref()?)))
+            .collect();
+        let bytes = opt_states::encode(&runtime, &runtime.snapshot(), &keyed)?;
+        drop(guards);
+        let io = |source| Error::Io { context: format!("save_optimizer_states to {}", path.display()), source };
+        // A temporary name of this process and call, so concurrent saves never share it.
+        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+        tmp_name.push(format!(".{}.{n}.tmp", std::process::id()));
+        let tmp = path.with_file_name(tmp_name);
+        std::fs::write(&tmp, &bytes).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            io(e)
+        })
+    }
+
+    /// Reads a file of [`KVStore::save_optimizer_states`] into the installed optimizer:
+    /// the states of the keys in the file, the update counters and the schedule (the
+    /// hyper-parameters stay those of the installed optimizer). Keys of the store that
+    /// are not in the file start afresh. All or nothing: the file is checked whole
+    /// against the store before anything changes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if no optimizer is set or the file is for another
+    /// optimizer; [`Error::Io`] for a missing, truncated or corrupted file;
+    /// [`Error::KeyNotInitialized`] for a key of the file that the store lacks;
+    /// [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`] for a state that does not fit
+    /// its key.
+    pub fn load_optimizer_states(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let path = path.as_ref();
+        let context = format!("load_optimizer_states from {}", path.display());
+        let runtime = self.runtime("load_optimizer_states")?;
+        let bytes = std::fs::read(path).map_err(|source| Error::Io { context: context.clone(), source })?;
+        let (snapshot, loaded) = opt_states::decode(&runtime, &bytes, &context)?;
+        runtime.check_snapshot(&snapshot, &context)?;
+        let entries = self.entries();
+        let locked: Vec<&Arc<Entry>> = entries.iter().collect();
+        let held = Held::new("load_optimizer_states", self, &locked)?;
+        let mut guards = held.write("load_optimizer_states", &locked)?;
+        let mut at: HashMap<&Key, usize> = HashMap::new();
+        for (i, e) in entries.iter().enumerate() {
+            at.insert(&e.key, i);
+        }
+        let mut slots = Vec::with_capacity(loaded.len());
+        for l in &loaded {
+            let Some(&i) = at.get(&l.key) else {
+                return Err(Error::KeyNotInitialized { op: "load_optimizer_states", key: l.key.clone() });
+            };
+            let weight = &guards[i].value;
+            if weight.shape() != l.shape.as_slice() {
+                return Err(Error::ShapeMismatch {
+                    context: format!("{context}: key \"{}\"", l.key),
+                    expected: weight.shape().to_vec(),
+                    got: l.shape.clone(),
+                });
+            }
+            runtime.check_loaded(&l.key, weight, &l.state)?;
+            slots.push(i);
+        }
+        for g in guards.iter_mut() {
+            g.opt = None;
+        }
+        for (l, i) in loaded.into_iter().zip(slots) {
+            guards[i].opt = Some(l.state);
+        }
+        runtime.restore(snapshot);
+        Ok(())
+    }
+
+    /// Every entry, in index order.
+    fn entries(&self) -> Vec<Arc<Entry>> {
+        let mut entries: Vec<Arc<Entry>> = self.table.read().entries.values().cloned().collect();
+        entries.sort_by_key(|e| e.index);
+        entries
     }
 
     /// The keys of the store, in the order they were first initialised.
@@ -454,7 +648,7 @@ impl KVStore {
         for ((key, _), value) in pairs.into_iter().zip(copies) {
             let index = table.next_index;
             table.next_index += 1;
-            let entry = Arc::new(Entry { key: key.clone(), index, value: RwLock::new(value) });
+            let entry = Arc::new(Entry { key: key.clone(), index, value: RwLock::new(Slot::new(value)) });
             table.entries.insert(key, entry);
         }
         Ok(())
@@ -512,15 +706,16 @@ impl KVStore {
             return Ok(());
         }
         let groups = self.group(op, pairs)?;
-        let _held = Held::new(op, self, &groups.iter().map(|g| &g.entry).collect::<Vec<_>>())?;
-        let guards: Vec<_> = groups.iter().map(|g| g.entry.value.read()).collect();
+        let entries: Vec<&Arc<Entry>> = groups.iter().map(|g| &g.entry).collect();
+        let held = Held::new(op, self, &entries)?;
+        let guards = held.read(op, &entries)?;
         for (g, stored) in groups.iter().zip(&guards) {
-            check_group(op, "out", g, stored)?;
+            check_group(op, "out", g, &stored.value)?;
         }
         let jobs: Vec<BroadcastJob<'_>> = groups
             .iter()
             .zip(&guards)
-            .map(|(g, stored)| BroadcastJob { src: stored, outs: g.arrays.clone() })
+            .map(|(g, stored)| BroadcastJob { src: &stored.value, outs: g.arrays.clone() })
             .collect();
         self.comm.broadcast(&jobs)
     }
@@ -581,7 +776,12 @@ impl KVStore {
 
     fn broadcast_flat(&self, init: Vec<(Key, &NDArray)>, pull: Vec<(Key, &NDArray)>) -> Result<()> {
         for (k, out) in &pull {
-            if let Some((_, v)) = init.iter().find(|(ik, _)| ik == k) {
+            let Some((_, v)) = init.iter().find(|(ik, _)| ik == k) else {
+                return Err(Error::invalid_argument(format!(
+                    "broadcast: out key \"{k}\" is not one of the keys being broadcast"
+                )));
+            };
+            {
                 let context = || format!("broadcast of key \"{k}\" (out)");
                 if out.shape() != v.shape() {
                     return Err(Error::ShapeMismatch {
@@ -648,8 +848,8 @@ impl KVStore {
         let mut entries: Vec<&Arc<Entry>> = push.iter().chain(&pull).map(|g| &g.entry).collect();
         entries.sort_by_key(|e| e.index);
         entries.dedup_by_key(|e| e.index);
-        let _held = Held::new(op, self, &entries)?;
-        let mut guards: Vec<_> = entries.iter().map(|e| e.value.write()).collect();
+        let held = Held::new(op, self, &entries)?;
+        let mut guards = held.write(op, &entries)?;
         let slots = |groups: &[Group<'_>]| -> Result<Vec<usize>> {
             groups
                 .iter()
@@ -660,29 +860,60 @@ impl KVStore {
         let (push_slots, pull_slots) = (slots(&push)?, slots(&pull)?);
         // Validate everything before changing anything.
         for (g, &i) in push.iter().zip(&push_slots) {
-            check_group(op, "value", g, &guards[i])?;
+            check_group(op, "value", g, &guards[i].value)?;
         }
         for (g, &i) in pull.iter().zip(&pull_slots) {
-            check_group(op, "out", g, &guards[i])?;
+            check_group(op, "out", g, &guards[i].value)?;
         }
-        let updater = self.updater.read().clone();
-        match updater {
-            None => {
+        let merger = self.merger.read().clone();
+        match merger {
+            Merger::Assign => {
                 let jobs: Vec<ReduceJob<'_>> = push
                     .iter()
                     .zip(&push_slots)
-                    .map(|(g, &i)| ReduceJob { inputs: g.arrays.clone(), out: &guards[i] })
+                    .map(|(g, &i)| ReduceJob { inputs: g.arrays.clone(), out: &guards[i].value })
                     .collect();
                 self.comm.reduce(&jobs)?;
             }
-            Some(updater) => {
+            Merger::Optimizer(runtime) => {
+                for (g, &i) in push.iter().zip(&push_slots) {
+                    runtime.check_weight(&g.entry.key, &guards[i].value)?;
+                }
+                // Several values of a key are summed into the key's merge buffer first;
+                // a single value is read where it is (no copy: the store keeps nothing
+                // of it).
+                for (g, &i) in push.iter().zip(&push_slots) {
+                    let slot = &mut *guards[i];
+                    if g.arrays.len() > 1 && slot.merge.is_none() {
+                        let v = &slot.value;
+                        slot.merge = Some(NDArray::zeros_with(v.shape(), v.dtype(), v.context())?);
+                    }
+                }
+                let jobs: Vec<ReduceJob<'_>> = push
+                    .iter()
+                    .zip(&push_slots)
+                    .filter(|(g, _)| g.arrays.len() > 1)
+                    .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays.clone(), out: guards[i].merge.as_ref()? }))
+                    .collect();
+                self.comm.reduce(&jobs)?;
+                for (g, &i) in push.iter().zip(&push_slots) {
+                    let Slot { value, opt, merge } = &mut *guards[i];
+                    let grad = match (g.arrays.as_slice(), merge.as_ref()) {
+                        ([one], _) => *one,
+                        (_, Some(m)) => m,
+                        _ => return Err(Error::Internal("push: no merge buffer".into())),
+                    };
+                    runtime.update(&g.entry.key, value, grad, opt)?;
+                }
+            }
+            Merger::Custom(updater) => {
                 // The updater works on copies of the stored values, committed only
                 // when every key's update succeeded: a failing updater leaves the
                 // store as it was.
                 let mut merged = Vec::with_capacity(push.len());
                 let mut working = Vec::with_capacity(push.len());
                 for &i in &push_slots {
-                    let s = &guards[i];
+                    let s = &guards[i].value;
                     merged.push(NDArray::zeros_with(s.shape(), s.dtype(), s.context())?);
                     working.push(s.deep_copy()?);
                 }
@@ -693,14 +924,14 @@ impl KVStore {
                     updater.update(&g.entry.key, g.entry.index, m, w)?;
                 }
                 for (&i, w) in push_slots.iter().zip(working) {
-                    *guards[i] = w;
+                    guards[i].value = w;
                 }
             }
         }
         let jobs: Vec<BroadcastJob<'_>> = pull
             .iter()
             .zip(&pull_slots)
-            .map(|(g, &i)| BroadcastJob { src: &guards[i], outs: g.arrays.clone() })
+            .map(|(g, &i)| BroadcastJob { src: &guards[i].value, outs: g.arrays.clone() })
             .collect();
         self.comm.broadcast(&jobs)
     }

@@ -63,6 +63,7 @@ mod error;
 mod key;
 mod kvstore;
 mod ndarray;
+mod optimizer;
 mod updater;
 
 pub use comm::{BroadcastJob, Comm, CpuComm, ReduceJob};
@@ -72,6 +73,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use key::{Key, Keys};
 pub use kvstore::{KVStore, KVStoreBuilder, Values};
 pub use ndarray::{NDArray, Operand};
+pub use optimizer::{LrScheduler, Optimizer, OptimizerBuilder, WarmupMode, optimizer_names};
 pub use updater::Updater;
 
 /// Re-exported so that users name `f16` and `bf16` elements without a direct dependency.

@@ -10,6 +10,7 @@ use kvstore_core::{KVStore, Keys, Values};
 use crate::convert::{arrays, keys};
 use crate::error::{JResult, ThrowKvStore};
 use crate::handles::STORES;
+use crate::optimizer::optimizer_from_json;
 use crate::updater::JavaUpdater;
 
 fn string(env: &Env<'_>, s: &JString<'_>) -> JResult<String> {
@@ -302,6 +303,63 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nIsCapable<'l>(
     env.with_env(|env| -> JResult<jboolean> {
         let capability = string(env, &capability)?;
         with_store(h, |kv| kv.is_capable(&capability))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nSetOptimizer<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    json: JString<'l>,
+) {
+    env.with_env(|env| -> JResult<()> {
+        let optimizer = optimizer_from_json(&string(env, &json)?)?;
+        with_store(h, |kv| kv.set_optimizer(optimizer))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nSaveOptimizerStates<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    path: JString<'l>,
+) {
+    env.with_env(|env| -> JResult<()> {
+        let path = string(env, &path)?;
+        with_store(h, |kv| kv.save_optimizer_states(&path))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nLoadOptimizerStates<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    path: JString<'l>,
+) {
+    env.with_env(|env| -> JResult<()> {
+        let path = string(env, &path)?;
+        with_store(h, |kv| kv.load_optimizer_states(&path))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nOptimizerName<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+) -> JString<'l> {
+    env.with_env(|env| -> JResult<JString<'l>> {
+        match with_store(h, |kv| Ok(kv.optimizer_name()))? {
+            Some(name) => Ok(env.new_string(name)?),
+            None => Ok(JString::null()),
+        }
     })
     .resolve::<ThrowKvStore>()
 }

@@ -29,4 +29,5 @@ pub mod handles;
 pub mod kvstore;
 pub mod native;
 pub mod ndarray;
+pub mod optimizer;
 pub mod updater;

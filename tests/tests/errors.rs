@@ -138,26 +138,76 @@ fn every_error_kind_has_a_distinct_ffi_code() {
 }
 
 #[test]
-fn an_updater_calling_the_store_for_its_own_key_gets_an_error_instead_of_a_deadlock() {
+fn an_updater_calling_its_own_store_gets_an_error_instead_of_a_deadlock() {
     let kv = std::sync::Arc::new(store());
-    let inner = std::sync::Arc::downgrade(&kv);
+    let other = std::sync::Arc::new(store());
+    let (inner, other_inner) = (std::sync::Arc::downgrade(&kv), std::sync::Arc::clone(&other));
     kv.set_updater(move |key: &Key, _index: usize, merged: &NDArray, stored: &NDArray| -> Result<()> {
         let kv = inner.upgrade().expect("store alive");
-        // Another key of the store works from inside an updater.
-        let other = if key.as_str() == "s" { Key::from(3) } else { Key::from("s") };
-        kv.pull(other, &NDArray::zeros(&SHAPE)?, 0)?;
-        // The key of this very push is held by the push: a clear error, not a hang.
-        let e = kv.pull(key.clone(), &NDArray::zeros(&SHAPE)?, 0).expect_err("own key");
-        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
-        assert!(e.to_string().contains("inside an updater"), "{e}");
-        let e = kv.push(key.clone(), merged, 0).expect_err("own key");
-        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        // Any call on the store that runs the updater is refused, for any key: the push
+        // holds its keys, and another thread may wait for them while holding others.
+        for k in [key.clone(), Key::from("s")] {
+            let e = kv.pull(k, &NDArray::zeros(&SHAPE)?, 0).expect_err("own store");
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+            assert!(e.to_string().contains("inside an updater"), "{e}");
+        }
+        assert_eq!(kv.push(key.clone(), merged, 0).expect_err("own store").kind(), ErrorKind::InvalidArgument);
+        // Another store works (its keys are free here).
+        other_inner.pull("s", &NDArray::zeros(&SHAPE)?, 0)?;
         stored.copy_from(merged)
     });
     kv.push(3, &full(&SHAPE, 7.0, Context::cpu(0)), 0).expect("push");
     assert_eq!(pulled(&kv, 3, &SHAPE), vec![7.0; 6]);
-    // After the push, the key is free again on this thread.
+    // After the push, the store is free again on this thread.
     kv.clear_updater();
     kv.push(3, &full(&SHAPE, 8.0, Context::cpu(0)), 0).expect("push");
     assert_eq!(pulled(&kv, 3, &SHAPE), vec![8.0; 6]);
+}
+
+#[test]
+fn two_stores_whose_updaters_call_each_other_do_not_deadlock() {
+    use std::sync::{Arc, mpsc};
+    let a = Arc::new(store());
+    let b = Arc::new(store());
+    // a's updater pulls from b and b's from a; pushes to both from two threads at once.
+    for (this, that) in [(&a, &b), (&b, &a)] {
+        let that = Arc::downgrade(that);
+        this.set_updater(move |_: &Key, _: usize, merged: &NDArray, stored: &NDArray| -> Result<()> {
+            if let Some(that) = that.upgrade() {
+                // Either the key is free (Ok) or busy (an error): never a wait.
+                let _ = that.pull(3, &NDArray::zeros(&SHAPE)?, 0);
+            }
+            stored.copy_from(merged)
+        });
+    }
+    let (tx, rx) = mpsc::channel();
+    for (kv, n) in [(Arc::clone(&a), 0), (Arc::clone(&b), 1)] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for i in 0..2000 {
+                kv.push(3, &full(&SHAPE, f64::from(i), Context::cpu(0)), 0).expect("push");
+            }
+            tx.send(n).expect("send");
+        });
+    }
+    for _ in 0..2 {
+        rx.recv_timeout(std::time::Duration::from_secs(60)).expect("a deadlock: the pushes did not finish");
+    }
+    assert_eq!(pulled(&a, 3, &SHAPE), vec![1999.0; 6]);
+}
+
+#[test]
+fn a_broadcast_whose_out_names_another_key_inits_nothing() {
+    let kv = store();
+    let e = kv
+        .broadcast_pairs(
+            &[Key::from("new")],
+            &[NDArray::ones(&SHAPE).expect("v")],
+            &[Key::from("s")],
+            &[NDArray::zeros(&SHAPE).expect("o")],
+            0,
+        )
+        .expect_err("out key not broadcast");
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(kv.key_index("new"), None);
 }

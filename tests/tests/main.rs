@@ -8,4 +8,6 @@ mod conformance_cpu;
 mod differences;
 mod errors;
 mod golden;
+mod optimizer_states;
+mod optimizers;
 mod properties;

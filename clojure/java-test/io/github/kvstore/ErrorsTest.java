@@ -10,10 +10,14 @@ import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.github.kvstore.KVStoreException.Code;
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.util.Arrays;
 import java.util.HashMap;
 import java.util.Map;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
 
 /**
  * Every {@link KVStoreException.Code} from a real situation, and everything a caller can
@@ -134,6 +138,22 @@ class ErrorsTest {
             params.put("threshold", "0.5");
             assertCode(Code.UNSUPPORTED, () -> kv.setGradientCompression(params));
             assertEquals("local", kv.type(), "the store still works");
+        }
+    }
+
+    @Test
+    void aStateFileThatCannotBeWrittenOrReadIsIo(@TempDir Path dir) throws IOException {
+        try (KVStore kv = KVStore.create();
+                NDArray ones = NDArray.ones(SHAPE)) {
+            kv.init("w", ones).setOptimizer(Optimizer.sgd().momentum(0.9).build()).push("w", ones);
+            KVStoreException e = assertCode(Code.IO,
+                    () -> kv.saveOptimizerStates(dir.resolve("no/such/folder/w.states").toString()));
+            assertTrue(e.getMessage().contains("w.states"), e.getMessage());
+            Path notStates = dir.resolve("not.states");
+            Files.writeString(notStates, "this is not an optimizer-state file");
+            assertCode(Code.IO, () -> kv.loadOptimizerStates(notStates.toString()));
+            assertCode(Code.IO, () -> kv.loadOptimizerStates(dir.resolve("absent.states").toString()));
+            assertCode(Code.IO, () -> kv.loadOptimizerStates(dir.toString()));
         }
     }
 
@@ -299,6 +319,11 @@ class ErrorsTest {
             assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nPull(h, new String[] {}, null, 0));
             assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nInit(h, new String[] {null}, new long[] {1}));
             assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nCreate(null));
+            assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nSetOptimizer(h, null));
+            assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nSetOptimizer(h, "{\"name\": \"sgd\""));
+            assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nSaveOptimizerStates(h, null));
+            assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nLoadOptimizerStates(h, null));
+            assertNull(KVStore.nOptimizerName(h));
             assertCode(Code.INVALID_ARGUMENT, () -> NDArray.nNew(null, 0, 1, 0, 0));
             assertCode(Code.INVALID_ARGUMENT, () -> NDArray.nFromFloats(null, new long[] {1}, 0, 1, 0));
             assertCode(Code.INVALID_ARGUMENT, () -> NDArray.nNew(new long[] {1}, 99, 1, 0, 0));

@@ -10,8 +10,8 @@ import java.util.concurrent.atomic.AtomicLong;
 /**
  * A key-value store of arrays, as MXNet's {@code KVStore}: {@link #init(String, NDArray)}
  * keys, {@link #push(String, NDArray)} values (summed, then merged into the stored value by
- * the {@link Updater}; by default the sum replaces it), {@link #pull(String, NDArray)} the
- * stored values into outs.
+ * the {@link Updater} or the {@link Optimizer}; by default the sum replaces it),
+ * {@link #pull(String, NDArray)} the stored values into outs.
  *
  * <p>Every operation comes in MXNet's list forms: one key and one array; one key and many
  * arrays (pushed arrays are summed, pulled outs all receive the value); and parallel
@@ -746,6 +746,89 @@ public final class KVStore implements AutoCloseable {
     }
 
     /**
+     * Installs {@code optimizer} (MXNet's {@code set_optimizer}): every later push of
+     * gradients to a key updates the key's value, its weight, in place with the optimizer's
+     * rule; the per-key state lives in the store. Replaces any updater or earlier optimizer,
+     * and every key's optimizer state starts afresh.
+     *
+     * @param optimizer the optimizer
+     * @return this store
+     * @throws KVStoreException {@code DISPOSED}; {@code INVALID_ARGUMENT} or
+     *     {@code UNSUPPORTED} as {@link Optimizer.Builder#build()} (an optimizer that was
+     *     built has passed those checks already)
+     */
+    public KVStore setOptimizer(Optimizer optimizer) {
+        Objects.requireNonNull(optimizer, "optimizer");
+        try {
+            nSetOptimizer(handle(), optimizer.toJson());
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+        return this;
+    }
+
+    /**
+     * The canonical name of the installed optimizer ({@code "sgd"} also for an optimizer
+     * built as {@code "SGD"} or {@code "ccsgd"}), or {@code null} when none is installed
+     * (no optimizer yet, a custom updater, or the default assign).
+     *
+     * @return the name, or {@code null}
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public String optimizerName() {
+        try {
+            return nOptimizerName(handle());
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
+    /**
+     * Writes the installed optimizer's state to the file {@code path}: every key's state
+     * arrays and update count, the global update count and the schedule's position (a
+     * safetensors file with JSON metadata). The file is written beside {@code path} and
+     * renamed into place, so a failed save leaves an old file whole.
+     *
+     * @param path the file
+     * @return this store
+     * @throws KVStoreException {@code INVALID_ARGUMENT} if no optimizer is installed;
+     *     {@code IO} if the file cannot be written; {@code DISPOSED}
+     */
+    public KVStore saveOptimizerStates(String path) {
+        Objects.requireNonNull(path, "path");
+        try {
+            nSaveOptimizerStates(handle(), path);
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+        return this;
+    }
+
+    /**
+     * Reads a file of {@link #saveOptimizerStates(String)} into the installed optimizer, so
+     * that training continues exactly where the saving store was (the hyper-parameters stay
+     * those of the installed optimizer). Keys of this store that are not in the file start
+     * afresh. All or nothing: on any error the optimizer's state is unchanged.
+     *
+     * @param path the file
+     * @return this store
+     * @throws KVStoreException {@code IO} for a missing, truncated or corrupted file;
+     *     {@code INVALID_ARGUMENT} if no optimizer is installed or the file holds another
+     *     optimizer's state; {@code KEY_NOT_INITIALIZED} for a key of the file this store
+     *     lacks; {@code SHAPE_MISMATCH} / {@code DTYPE_MISMATCH} for a state that does not
+     *     fit its key; {@code DISPOSED}
+     */
+    public KVStore loadOptimizerStates(String path) {
+        Objects.requireNonNull(path, "path");
+        try {
+            nLoadOptimizerStates(handle(), path);
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+        return this;
+    }
+
+    /**
      * Waits for every worker; a local store has only this one, so it returns at once.
      *
      * @return this store
@@ -932,4 +1015,12 @@ public final class KVStore implements AutoCloseable {
     static native void nSetGradientCompression(long h, String[] keysAndValues);
 
     static native boolean nIsCapable(long h, String capability);
+
+    static native void nSetOptimizer(long h, String optimizerJson);
+
+    static native void nSaveOptimizerStates(long h, String path);
+
+    static native void nLoadOptimizerStates(long h, String path);
+
+    static native String nOptimizerName(long h);
 }

@@ -14,13 +14,19 @@
           (push \"3\" (ndarray/* (ndarray/ones [2 1]) 4))
           (pull \"3\" out))
 
+  Optimizers (`org.apache.clojure-mxnet.optimizer`) are installed with
+  `set-optimizer`; their state is saved and loaded with
+  `save-optimizer-states` / `load-optimizer-states`.
+
   Additions: `set-updater` (a Clojure fn as the updater), `pushpull`,
-  `broadcast`. Fixed: `barrier` works (clojure-mxnet passed the store twice);
-  `send-command-to-servers` is callable; `create` rejects unknown kinds.
+  `broadcast`, `optimizer-name`. Fixed: `barrier` works (clojure-mxnet passed
+  the store twice); `send-command-to-servers` is callable; `create` rejects
+  unknown kinds.
 
   Errors are `ex-info`. Arguments are checked with spec first: \"Invalid keys\",
   \"Invalid values\", \"Invalid outs\", \"Invalid priority\", \"Invalid head\",
-  \"Invalid body\" (data: `s/explain-data`). Errors of the store carry
+  \"Invalid body\", \"Invalid optimizer\", \"Invalid filename\" (data:
+  `s/explain-data`). Errors of the store carry
   `{:kvstore/error :key-not-initialized ...}` (the keyword of the
   `KVStoreException` code: `:already-initialized :shape-mismatch
   :dtype-mismatch :length-mismatch :unknown-store-kind :device-unavailable
@@ -29,7 +35,7 @@
   (:refer-clojure :exclude [type])
   (:require [clojure.spec.alpha :as s]
             [org.apache.clojure-mxnet.util :as util])
-  (:import (io.github.kvstore KVStore NDArray Updater)))
+  (:import (io.github.kvstore KVStore NDArray Optimizer Updater)))
 
 (set! *warn-on-reflection* true)
 
@@ -307,3 +313,50 @@
   (util/with-kvstore-errors :send-command-to-servers
     (doto kvstore
       (.sendCommandToServers (int head) ^String body))))
+
+(s/def ::optimizer #(instance? Optimizer %))
+
+(defn set-optimizer
+  "Registers `optimizer` (from `org.apache.clojure-mxnet.optimizer`) with the
+  store: every later push of gradients to a key updates the key's value, its
+  weight, with the optimizer; the optimizer's per-key state lives in the
+  store. Replaces any updater or earlier optimizer (every key's state starts
+  afresh). Returns the store."
+  [^KVStore kvstore optimizer]
+  (util/validate! ::optimizer optimizer "Invalid optimizer")
+  (util/with-kvstore-errors :set-optimizer
+    (doto kvstore
+      (.setOptimizer ^Optimizer optimizer))))
+
+(defn optimizer-name
+  "The MXNet name of the optimizer registered with the store (\"sgd\",
+  \"adam\", ...), or nil when there is none."
+  [^KVStore kvstore]
+  (util/with-kvstore-errors :optimizer-name
+    (.optimizerName kvstore)))
+
+(s/def ::fname string?)
+
+(defn save-optimizer-states
+  "Saves the optimizer (updater) state to the file `fname`: every key's state
+  and update count and the schedule's position. Returns the store.
+  No optimizer registered is `{:kvstore/error :invalid-argument}`; a file that
+  cannot be written `{:kvstore/error :io}`."
+  [^KVStore kvstore fname]
+  (util/validate! ::fname fname "Invalid filename")
+  (util/with-kvstore-errors :save-optimizer-states
+    (doto kvstore
+      (.saveOptimizerStates ^String fname))))
+
+(defn load-optimizer-states
+  "Loads the optimizer (updater) state from the file `fname` (written by
+  `save-optimizer-states`), so that training continues where it was saved.
+  All or nothing. Returns the store. A missing or corrupted file is
+  `{:kvstore/error :io}`; no optimizer registered, or a file of another
+  optimizer, `{:kvstore/error :invalid-argument}`; a key of the file that the
+  store lacks `{:kvstore/error :key-not-initialized}`."
+  [^KVStore kvstore fname]
+  (util/validate! ::fname fname "Invalid filename")
+  (util/with-kvstore-errors :load-optimizer-states
+    (doto kvstore
+      (.loadOptimizerStates ^String fname))))

@@ -1,0 +1,604 @@
+//! Optimizers on the store: what `set_optimizer` installs. Each push of gradients updates
+//! the weights in place, with MXNet 1.9.1's Python rules and defaults (reference §4.2),
+//! `rescale_grad`, `clip_gradient`, `wd`, per-key `lr_mult`/`wd_mult`, per-key update
+//! counts and learning-rate schedulers. The per-key state (momentum, ...) lives next to
+//! the key's value in the store.
+//!
+//! ```
+//! use kvstore_core::{KVStore, NDArray, Optimizer};
+//! let kv = KVStore::create("local")?;
+//! kv.init(3, &NDArray::zeros(&[2, 2])?)?;
+//! kv.set_optimizer(Optimizer::builder("sgd").build()?)?;   // lr 0.01
+//! kv.push(3, &NDArray::ones(&[2, 2])?, 0)?;
+//! let w = NDArray::zeros(&[2, 2])?;
+//! kv.pull(3, &w, 0)?;
+//! assert_eq!(w.to_vec::<f32>()?, vec![-0.01; 4]);
+//! # Ok::<(), kvstore_core::Error>(())
+//! ```
+
+mod rules;
+mod scheduler;
+pub(crate) mod states;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use half::{bf16, f16};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::key::Key;
+use crate::ndarray::NDArray;
+
+pub use scheduler::{LrScheduler, WarmupMode};
+
+use rules::{Rule, Step};
+
+pub(crate) use states::Snapshot;
+
+/// An optimizer's name, the hyper-parameters it takes beyond the common ones, and their
+/// MXNet defaults (`NaN`: unset, as Python's `None`).
+struct Spec {
+    name: &'static str,
+    aliases: &'static [&'static str],
+    default_lr: f64,
+    params: &'static [(&'static str, f64)],
+    sched_lr: SchedLr,
+}
+
+/// When MXNet's `Optimizer.__init__` hands the learning rate to the schedule
+/// (`lr_scheduler.base_lr = learning_rate`): it does so when `learning_rate` reaches
+/// it, which depends on whether the optimizer's constructor passes its own default.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SchedLr {
+    /// Always (the optimizer passes its default rate on: adam, rmsprop, ...).
+    Always,
+    /// Only when the caller set `learning_rate` (sgd, nag, ...).
+    IfExplicit,
+    /// Never (ftrl).
+    Never,
+}
+
+/// Hyper-parameters every optimizer takes, with MXNet's defaults (`learning_rate` comes
+/// from the optimizer's spec).
+const COMMON: &[(&str, f64)] = &[
+    ("learning_rate", f64::NAN),
+    ("wd", 0.0),
+    ("rescale_grad", 1.0),
+    ("clip_gradient", f64::NAN),
+    ("multi_precision", 0.0),
+    ("begin_num_update", 0.0),
+];
+
+const SPECS: &[Spec] = &[
+    Spec {
+        name: "sgd",
+        aliases: &["ccsgd"],
+        default_lr: 0.01,
+        params: &[("momentum", 0.0), ("lazy_update", 1.0)],
+        sched_lr: SchedLr::IfExplicit,
+    },
+    Spec { name: "nag", aliases: &[], default_lr: 0.01, params: &[("momentum", 0.0)], sched_lr: SchedLr::IfExplicit },
+    Spec {
+        name: "adam",
+        aliases: &[],
+        default_lr: 0.001,
+        params: &[("beta1", 0.9), ("beta2", 0.999), ("epsilon", 1e-8), ("lazy_update", 1.0)],
+        sched_lr: SchedLr::Always,
+    },
+    Spec { name: "adagrad", aliases: &[], default_lr: 0.01, params: &[("eps", 1e-7)], sched_lr: SchedLr::IfExplicit },
+    Spec {
+        name: "rmsprop",
+        aliases: &[],
+        default_lr: 0.001,
+        params: &[("gamma1", 0.9), ("gamma2", 0.9), ("epsilon", 1e-8), ("centered", 0.0), ("clip_weights", f64::NAN)],
+        sched_lr: SchedLr::Always,
+    },
+    Spec {
+        name: "adadelta",
+        aliases: &[],
+        default_lr: 0.01,
+        params: &[("rho", 0.9), ("epsilon", 1e-5)],
+        sched_lr: SchedLr::IfExplicit,
+    },
+    Spec {
+        name: "ftrl",
+        aliases: &[],
+        default_lr: 0.1,
+        params: &[("lamda1", 0.01), ("beta", 1.0)],
+        sched_lr: SchedLr::Never,
+    },
+    Spec {
+        name: "signum",
+        aliases: &[],
+        default_lr: 0.01,
+        params: &[("momentum", 0.9), ("wd_lh", 0.0)],
+        sched_lr: SchedLr::Always,
+    },
+    Spec { name: "sgld", aliases: &[], default_lr: 0.01, params: &[("seed", 0.0)], sched_lr: SchedLr::IfExplicit },
+    Spec {
+        name: "dcasgd",
+        aliases: &[],
+        default_lr: 0.01,
+        params: &[("momentum", 0.0), ("lamda", 0.04)],
+        sched_lr: SchedLr::IfExplicit,
+    },
+    Spec {
+        name: "adamax",
+        aliases: &[],
+        default_lr: 0.002,
+        params: &[("beta1", 0.9), ("beta2", 0.999)],
+        sched_lr: SchedLr::Always,
+    },
+    Spec {
+        name: "nadam",
+        aliases: &[],
+        default_lr: 0.001,
+        params: &[("beta1", 0.9), ("beta2", 0.999), ("epsilon", 1e-8), ("schedule_decay", 0.004)],
+        sched_lr: SchedLr::Always,
+    },
+    Spec {
+        name: "lamb",
+        aliases: &[],
+        default_lr: 0.001,
+        params: &[
+            ("beta1", 0.9),
+            ("beta2", 0.999),
+            ("epsilon", 1e-6),
+            ("lower_bound", f64::NAN),
+            ("upper_bound", f64::NAN),
+            ("bias_correction", 1.0),
+        ],
+        sched_lr: SchedLr::Always,
+    },
+    Spec {
+        name: "lars",
+        aliases: &[],
+        default_lr: 0.01,
+        params: &[("momentum", 0.0), ("eta", 0.001), ("eps", 0.0), ("momentum_correction", 1.0), ("lazy_update", 1.0)],
+        sched_lr: SchedLr::IfExplicit,
+    },
+];
+
+fn spec(name: &str) -> Option<&'static Spec> {
+    let lower = name.to_ascii_lowercase();
+    SPECS.iter().find(|s| s.name == lower || s.aliases.contains(&lower.as_str()))
+}
+
+/// The names of every optimizer, for messages and bindings.
+pub fn optimizer_names() -> Vec<&'static str> {
+    SPECS.iter().map(|s| s.name).collect()
+}
+
+/// Resolved hyper-parameters: every name of the optimizer's spec, with its value.
+#[derive(Debug, Clone, PartialEq)]
+struct Params(BTreeMap<&'static str, f64>);
+
+impl Params {
+    /// The value of `name`, `None` when unset.
+    fn get(&self, name: &str) -> Option<f64> {
+        self.0.get(name).copied().filter(|v| !v.is_nan())
+    }
+
+    /// The value of `name`, 0 when unset.
+    fn num(&self, name: &str) -> f64 {
+        self.get(name).unwrap_or(0.0)
+    }
+}
+
+/// Builds an [`Optimizer`] by name, with MXNet's hyper-parameter names.
+#[derive(Debug, Clone)]
+pub struct OptimizerBuilder {
+    name: String,
+    params: Vec<(String, f64)>,
+    scheduler: Option<LrScheduler>,
+    lr_mult: HashMap<Key, f64>,
+    wd_mult: HashMap<Key, f64>,
+}
+
+impl OptimizerBuilder {
+    /// Sets a hyper-parameter by its MXNet name (`learning_rate`, `momentum`, `wd`, ...);
+    /// booleans are 0 or 1.
+    pub fn param(mut self, name: &str, value: f64) -> Self {
+        self.params.push((name.to_string(), value));
+        self
+    }
+
+    /// The learning-rate schedule; its base rate becomes the optimizer's learning rate.
+    pub fn lr_scheduler(mut self, scheduler: LrScheduler) -> Self {
+        self.scheduler = Some(scheduler);
+        self
+    }
+
+    /// Multiplies the learning rate of `key` by `mult`.
+    ///
+    /// A multiplier that is not finite is an error at [`OptimizerBuilder::build`].
+    pub fn lr_mult(mut self, key: impl Into<Key>, mult: f64) -> Self {
+        self.lr_mult.insert(key.into(), mult);
+        self
+    }
+
+    /// Multiplies the weight decay of `key` by `mult`.
+    pub fn wd_mult(mut self, key: impl Into<Key>, mult: f64) -> Self {
+        self.wd_mult.insert(key.into(), mult);
+        self
+    }
+
+    /// The optimizer.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an unknown optimizer or hyper-parameter name (the
+    /// message lists the valid ones), or a value out of range.
+    pub fn build(self) -> Result<Optimizer> {
+        let Some(spec) = spec(&self.name) else {
+            return Err(Error::invalid_argument(format!(
+                "unknown optimizer \"{}\": known optimizers are {}",
+                self.name,
+                optimizer_names().join(", ")
+            )));
+        };
+        let mut params: BTreeMap<&'static str, f64> = COMMON.iter().chain(spec.params).copied().collect();
+        params.insert("learning_rate", spec.default_lr);
+        for (name, value) in &self.params {
+            let Some((&known, _)) = params.get_key_value(name.as_str()) else {
+                let valid: Vec<&str> = COMMON.iter().chain(spec.params).map(|p| p.0).collect();
+                return Err(Error::invalid_argument(format!(
+                    "optimizer {}: unknown hyper-parameter \"{name}\": valid names are {}",
+                    spec.name,
+                    valid.join(", ")
+                )));
+            };
+            params.insert(known, *value);
+        }
+        let params = Params(params);
+        check_params(spec.name, &params)?;
+        if let Some((k, m)) = self.lr_mult.iter().chain(&self.wd_mult).find(|(_, m)| !m.is_finite()) {
+            return Err(Error::invalid_argument(format!(
+                "optimizer {}: the multiplier of key \"{k}\" is {m}, not a finite number",
+                spec.name
+            )));
+        }
+        let rule = rules::make_rule(spec.name, &|n| params.get(n))?;
+        let mut scheduler = self.scheduler;
+        let explicit_lr = self.params.iter().any(|(n, _)| n == "learning_rate");
+        let hand_over = match spec.sched_lr {
+            SchedLr::Always => true,
+            SchedLr::IfExplicit => explicit_lr,
+            SchedLr::Never => false,
+        };
+        if let Some(s) = scheduler.as_mut().filter(|_| hand_over) {
+            s.set_optimizer_lr(params.num("learning_rate"));
+        }
+        Ok(Optimizer { name: spec.name, params, rule, scheduler, lr_mult: self.lr_mult, wd_mult: self.wd_mult })
+    }
+}
+
+fn check_params(name: &str, p: &Params) -> Result<()> {
+    let bad = |what: &str| Err(Error::invalid_argument(format!("optimizer {name}: {what}")));
+    if p.0.values().any(|v| v.is_infinite()) {
+        return bad("hyper-parameters must be finite");
+    }
+    if p.num("learning_rate") < 0.0 {
+        return bad("learning_rate must not be negative");
+    }
+    if p.get("clip_gradient").is_some_and(|c| c < 0.0) {
+        return bad("clip_gradient must not be negative");
+    }
+    if p.get("momentum").is_some_and(|m| !(0.0..1.0).contains(&m)) {
+        return bad("momentum must be in [0, 1)");
+    }
+    if p.num("begin_num_update") < 0.0 || p.num("begin_num_update").fract() != 0.0 {
+        return bad("begin_num_update must be a whole number");
+    }
+    for beta in ["beta1", "beta2", "gamma1", "gamma2", "rho"] {
+        if p.get(beta).is_some_and(|b| !(0.0..1.0).contains(&b)) {
+            return bad(&format!("{beta} must be in [0, 1)"));
+        }
+    }
+    for eps in ["epsilon", "eps", "wd", "rescale_grad"] {
+        if p.get(eps).is_some_and(|e| e < 0.0) {
+            return bad(&format!("{eps} must not be negative"));
+        }
+    }
+    if p.get("seed").is_some_and(|v| v < 0.0 || v.fract() != 0.0 || v > 9_007_199_254_740_992.0) {
+        return bad("seed must be a whole number from 0 to 2^53");
+    }
+    Ok(())
+}
+
+/// An optimizer: a rule, its hyper-parameters, an optional schedule and per-key
+/// multipliers. Install it with [`crate::KVStore::set_optimizer`].
+pub struct Optimizer {
+    name: &'static str,
+    params: Params,
+    rule: Box<dyn Rule>,
+    scheduler: Option<LrScheduler>,
+    lr_mult: HashMap<Key, f64>,
+    wd_mult: HashMap<Key, f64>,
+}
+
+impl fmt::Debug for Optimizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Optimizer").field("name", &self.name).field("params", &self.params.0).finish_non_exhaustive()
+    }
+}
+
+impl Optimizer {
+    /// A builder for the optimizer `name` (`sgd`, `nag`, `adam`, `adagrad`, `rmsprop`,
+    /// `adadelta`, `ftrl`, `signum`, `sgld`, `dcasgd`, `adamax`, `nadam`, `lamb`,
+    /// `lars`; case-insensitive), every hyper-parameter at MXNet's default.
+    pub fn builder(name: &str) -> OptimizerBuilder {
+        OptimizerBuilder {
+            name: name.to_string(),
+            params: Vec::new(),
+            scheduler: None,
+            lr_mult: HashMap::new(),
+            wd_mult: HashMap::new(),
+        }
+    }
+
+    /// The optimizer's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The value of a hyper-parameter (`None` if unset or not one of this optimizer's).
+    pub fn param(&self, name: &str) -> Option<f64> {
+        self.params.get(name)
+    }
+}
+
+/// The per-key state: next to the key's value in the store.
+#[derive(Debug)]
+pub(crate) struct KeyState {
+    /// This key's update count (MXNet's `_index_update_count`).
+    pub count: u64,
+    /// The rule's state arrays (f32, or f64 for f64 weights).
+    pub states: Vec<NDArray>,
+    /// The f32 master copy of an f16/bf16 weight under `multi_precision`.
+    pub master: Option<NDArray>,
+}
+
+/// An installed optimizer and its mutable, store-wide state.
+pub(crate) struct Runtime {
+    opt: Optimizer,
+    /// `num_update`, the schedule's state and the rule's global values, together.
+    global: parking_lot::Mutex<Global>,
+}
+
+struct Global {
+    num_update: u64,
+    scheduler: Option<LrScheduler>,
+    values: Vec<f64>,
+}
+
+/// The compute type of a weight dtype: f64 for f64, f32 for the others.
+fn state_dtype(weight: DType) -> DType {
+    if weight == DType::F64 { DType::F64 } else { DType::F32 }
+}
+
+impl Runtime {
+    pub(crate) fn new(opt: Optimizer) -> Self {
+        let global = Global {
+            num_update: opt.params.num("begin_num_update") as u64,
+            scheduler: opt.scheduler.clone(),
+            values: opt.rule.global_init(),
+        };
+        Runtime { opt, global: parking_lot::Mutex::new(global) }
+    }
+
+    pub(crate) fn optimizer(&self) -> &Optimizer {
+        &self.opt
+    }
+
+    /// The store-wide state, for a state file.
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        let g = self.global.lock();
+        Snapshot { num_update: g.num_update, scheduler: g.scheduler.clone(), values: g.values.clone() }
+    }
+
+    /// Checks a snapshot read from a file before anything is restored.
+    pub(crate) fn check_snapshot(&self, s: &Snapshot, context: &str) -> Result<()> {
+        let g = self.global.lock();
+        if s.values.len() != g.values.len() {
+            return Err(Error::invalid_argument(format!(
+                "{context}: the file holds {} shared values of optimizer {}, which has {}",
+                s.values.len(),
+                self.opt.name,
+                g.values.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Restores the store-wide state read from a file: the counter, the rule's shared
+    /// values, and the schedule's progress when the installed optimizer has a schedule
+    /// of the same kind (the installed schedule is never replaced or added).
+    pub(crate) fn restore(&self, s: Snapshot) {
+        let mut g = self.global.lock();
+        g.num_update = s.num_update;
+        g.values = s.values;
+        if let (Some(mine), Some(saved)) = (&mut g.scheduler, s.scheduler)
+            && mine.same_kind(&saved)
+        {
+            *mine = saved;
+        }
+    }
+
+    /// Checks that a state read from a file fits `weight`: the state dtype follows the
+    /// weight's, and f16/bf16 weights under `multi_precision` have a master copy.
+    pub(crate) fn check_loaded(&self, key: &Key, weight: &NDArray, state: &KeyState) -> Result<()> {
+        let sd = state_dtype(weight.dtype());
+        if let Some(a) = state.states.iter().find(|a| a.dtype() != sd) {
+            return Err(Error::DTypeMismatch {
+                context: format!("load_optimizer_states: the state of key \"{key}\" for its {} weight", weight.dtype()),
+                expected: sd,
+                got: a.dtype(),
+            });
+        }
+        let wants_master =
+            self.opt.params.num("multi_precision") != 0.0 && matches!(weight.dtype(), DType::F16 | DType::BF16);
+        if wants_master != state.master.is_some() {
+            return Err(Error::invalid_argument(format!(
+                "load_optimizer_states: key \"{key}\": the file was saved with multi_precision {}, the optimizer has it {}",
+                if state.master.is_some() { "on" } else { "off" },
+                if wants_master { "on" } else { "off" }
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks that a weight can be optimized, before anything of a push changes.
+    pub(crate) fn check_weight(&self, key: &Key, w: &NDArray) -> Result<()> {
+        if w.dtype().is_float() {
+            Ok(())
+        } else {
+            Err(Error::DTypeMismatch {
+                context: format!("push of key \"{key}\" with optimizer {} (weights must be float)", self.opt.name),
+                expected: DType::F32,
+                got: w.dtype(),
+            })
+        }
+    }
+
+    fn new_state(&self, w: &NDArray) -> Result<KeyState> {
+        let sd = state_dtype(w.dtype());
+        let states = (0..self.opt.rule.states().len())
+            .map(|i| {
+                if self.opt.rule.state_starts_as_weight(i) {
+                    w.as_type(sd)
+                } else {
+                    NDArray::zeros_with(w.shape(), sd, w.context())
+                }
+            })
+            .collect::<Result<_>>()?;
+        let master = match (self.opt.params.num("multi_precision") != 0.0, w.dtype()) {
+            (true, DType::F16 | DType::BF16) => Some(w.as_type(DType::F32)?),
+            _ => None,
+        };
+        Ok(KeyState { count: self.opt.params.num("begin_num_update") as u64, states, master })
+    }
+
+    /// One update of `weight` with gradient `grad` (same shape; any float dtype).
+    pub(crate) fn update(
+        &self,
+        key: &Key,
+        weight: &NDArray,
+        grad: &NDArray,
+        state: &mut Option<KeyState>,
+    ) -> Result<()> {
+        if state.is_none() {
+            *state = Some(self.new_state(weight)?);
+        }
+        let Some(st) = state.as_mut() else { return Err(Error::Internal("optimizer state missing".into())) };
+        st.count += 1;
+        let p = &self.opt.params;
+        let mut global = self.global.lock();
+        global.num_update = global.num_update.max(st.count);
+        let num_update = global.num_update;
+        let base_lr = match &mut global.scheduler {
+            Some(s) => s.lr(num_update),
+            None => p.num("learning_rate"),
+        };
+        let step = Step {
+            lr: base_lr * self.opt.lr_mult.get(key).copied().unwrap_or(1.0),
+            base_lr,
+            key: key.as_str(),
+            wd: p.num("wd") * self.opt.wd_mult.get(key).copied().unwrap_or(1.0),
+            rescale: p.num("rescale_grad"),
+            clip: p.get("clip_gradient"),
+            t: st.count,
+            seed: (p.num("seed") as u64) ^ (st.count << 20) ^ hash_key(key),
+        };
+        if global.values.is_empty() {
+            // Only rules with values shared by all keys (Nadam) need the lock for the
+            // update itself; the others update different keys in parallel.
+            drop(global);
+            self.apply(&step, &mut [], weight, grad, st)
+        } else {
+            self.apply(&step, &mut global.values, weight, grad, st)
+        }
+    }
+
+    fn apply(
+        &self,
+        step: &Step,
+        values: &mut [f64],
+        weight: &NDArray,
+        grad: &NDArray,
+        st: &mut KeyState,
+    ) -> Result<()> {
+        let rule = &*self.opt.rule;
+        match (weight.dtype(), &st.master) {
+            (DType::F64, _) => {
+                let g = grad.to_vec::<f64>()?;
+                let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect();
+                let mut ss: Vec<&mut [f64]> = guards.iter_mut().map(|b| b.typed_mut::<f64>()).collect();
+                weight.with_data_mut(|w: &mut [f64]| rule.update_f64(step, values, w, &g, &mut ss))?;
+            }
+            (DType::F32, _) => {
+                let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect();
+                let mut ss: Vec<&mut [f32]> = guards.iter_mut().map(|b| b.typed_mut::<f32>()).collect();
+                let update = |w: &mut [f32]| grad.with_data(|g: &[f32]| rule.update_f32(step, values, w, g, &mut ss));
+                weight.with_data_mut(update)??;
+            }
+            (dtype, master) => {
+                // f16/bf16: update in f32 (the master copy under multi_precision), then
+                // round into the weight once.
+                let g = grad.to_vec::<f32>()?;
+                let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect();
+                let mut ss: Vec<&mut [f32]> = guards.iter_mut().map(|b| b.typed_mut::<f32>()).collect();
+                let w32 = match master {
+                    Some(m) => {
+                        m.with_data_mut(|w: &mut [f32]| rule.update_f32(step, values, w, &g, &mut ss))?;
+                        m.to_vec::<f32>()?
+                    }
+                    None => {
+                        let mut w = weight.to_vec::<f32>()?;
+                        rule.update_f32(step, values, &mut w, &g, &mut ss);
+                        w
+                    }
+                };
+                match dtype {
+                    DType::F16 => weight.with_data_mut(|w: &mut [f16]| {
+                        w.iter_mut().zip(&w32).for_each(|(d, &s)| *d = f16::from_f32(s))
+                    })?,
+                    _ => weight.with_data_mut(|w: &mut [bf16]| {
+                        w.iter_mut().zip(&w32).for_each(|(d, &s)| *d = bf16::from_f32(s))
+                    })?,
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A stable hash of a key (FNV-1a), for per-key random streams.
+fn hash_key(key: &Key) -> u64 {
+    key.as_str().bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    #[test]
+    fn unknown_names_are_errors_that_list_the_valid_ones() {
+        let e = Optimizer::builder("adamw").build().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("sgd, nag, adam"), "{e}");
+        let e = Optimizer::builder("sgd").param("beta1", 0.9).build().unwrap_err();
+        assert!(e.to_string().contains("momentum"), "{e}");
+        let e = Optimizer::builder("sgd").param("momentum", 1.5).build().unwrap_err();
+        assert!(e.to_string().contains("momentum must be in"), "{e}");
+    }
+
+    #[test]
+    fn defaults_are_mxnets() {
+        let o = Optimizer::builder("SGD").build().unwrap();
+        assert_eq!((o.name(), o.param("learning_rate"), o.param("momentum")), ("sgd", Some(0.01), Some(0.0)));
+        assert_eq!(o.param("clip_gradient"), None);
+        assert_eq!(Optimizer::builder("ccsgd").build().unwrap().name(), "sgd");
+    }
+}
