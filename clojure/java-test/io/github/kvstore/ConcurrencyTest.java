@@ -2,6 +2,7 @@ package io.github.kvstore;
 
 import static io.github.kvstore.Fixtures.assertAll;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.ArrayList;
@@ -159,7 +160,13 @@ class ConcurrencyTest {
         NDArray ones = NDArray.ones(2);
         kv.init("k", ones).init("other", ones);
         kv.setUpdater((key, index, merged, stored) -> kv.pull("other", merged));
-        kv.push("k", ones); // a pull of another key from an updater works
+        // Any call on the store that runs the updater is refused, even for another key
+        // (waiting could deadlock with another thread's push): the push fails, BACKEND,
+        // with the refusal as its cause, and the key keeps its value.
+        KVStoreException refused = assertThrows(KVStoreException.class, () -> kv.push("k", ones));
+        assertEquals(KVStoreException.Code.BACKEND, refused.code());
+        assertTrue(refused.getCause() instanceof KVStoreException cause
+                && cause.code() == KVStoreException.Code.INVALID_ARGUMENT, () -> "cause: " + refused.getCause());
         kv.setUpdater((key, index, merged, stored) -> kv.pull("k", merged));
         ConcurrentLinkedQueue<Object> outcome = new ConcurrentLinkedQueue<>();
         Thread pusher = new Thread(() -> {

@@ -1005,7 +1005,7 @@ public final class Optimizer {
          * @return this builder
          */
         public Lars epsilon(double epsilon) {
-            return param("epsilon", epsilon);
+            return param("eps", epsilon);
         }
 
         /**

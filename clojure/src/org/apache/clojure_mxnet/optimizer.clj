@@ -393,10 +393,10 @@
 (defn lars
   "LARS, layer-wise adaptive rate scaling (You et al., 2017).
 
-  Options (Python's defaults): `:learning-rate` 0.1, `:momentum` 0, `:eta`
+  Options (Python's defaults): `:learning-rate` 0.01, `:momentum` 0, `:eta`
   0.001, `:epsilon` 0, `:momentum-correction` true, `:wd` 0, `:clip-gradient`
   0, `:lr-scheduler` nil."
   ([opts]
-   (build "lars" ::lars-opts "Incorrect lars optimizer options" opts {}))
+   (build "lars" ::lars-opts "Incorrect lars optimizer options" opts {} {:epsilon "eps"}))
   ([]
    (lars {})))

@@ -271,3 +271,8 @@
                       (kvstore/push "a" (ndarray/ones [2])))]
         (kvstore/save-optimizer-states other (str file))
         (is (= :invalid-argument (error-of #(kvstore/load-optimizer-states kv (str file)))))))))
+
+(deftest lars-takes-epsilon-as-mxnets-eps
+  (let [opt (optimizer/lars {:epsilon 1e-9 :eta 0.002})]
+    (is (= "lars" (.name ^io.github.kvstore.Optimizer opt)))
+    (is (re-find #"\"eps\": 1(\.0)?E-9" (.toJson ^io.github.kvstore.Optimizer opt)))))
