@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::collective::Collective;
 use crate::comm::{BroadcastJob, Comm, CpuComm, ReduceJob};
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys};
@@ -78,10 +79,12 @@ enum Mode {
     /// `device`: reduce on the devices of the pushed values; on CPU contexts the same
     /// as `local`.
     Device,
+    /// `dist_sync`: reduce locally, then sum across the workers of a [`Collective`].
+    Dist,
 }
 
-/// Kind names this build creates.
-const SUPPORTED: [&str; 2] = ["local", "device"];
+/// Kind names this build creates (`dist_sync` with a worker group).
+const SUPPORTED: [&str; 3] = ["local", "device", "dist_sync"];
 /// Every kind name of the project, for the message of an unknown kind.
 const KNOWN: [&str; 5] = ["local", "device", "dist_sync", "dist_device_sync", "nccl"];
 
@@ -91,10 +94,13 @@ fn parse_kind(name: &str) -> Result<Mode> {
         // MXNet's spellings of a local store.
         "local" | "local_update_cpu" | "local_allreduce_cpu" => Ok(Mode::Local),
         "device" | "local_allreduce_device" => Ok(Mode::Device),
+        // MXNet's synchronous spellings; `_async` ones are not synchronous.
+        "dist_sync" | "dist" | "dist_sync_device" | "dist_device_sync" => Ok(Mode::Dist),
         _ if lower.contains("dist") || lower.contains("nccl") => Err(Error::Unsupported {
             what: format!("store kind \"{lower}\""),
             hint: format!(
-                "this build supports {} (dist_sync comes with kvstore-mpi, nccl with kvstore-cuda)",
+                "the supported kinds are {} (dist_sync runs over MPI with kvstore-mpi; nccl will come with \
+                 kvstore-cuda)",
                 SUPPORTED.join(", ")
             ),
         }),
@@ -216,6 +222,7 @@ impl Drop for Held {
 pub struct KVStoreBuilder {
     kind: String,
     threads: usize,
+    collective: Option<Arc<dyn Collective>>,
 }
 
 impl KVStoreBuilder {
@@ -226,15 +233,39 @@ impl KVStoreBuilder {
         self
     }
 
+    /// The group of workers a `dist_sync` store sums across (`kvstore-mpi` makes one
+    /// over MPI).
+    pub fn collective(mut self, group: Arc<dyn Collective>) -> Self {
+        self.collective = Some(group);
+        self
+    }
+
     /// Creates the store.
     ///
     /// # Errors
-    /// As [`KVStore::create`].
+    /// As [`KVStore::create`]; [`Error::Unsupported`] for `dist_sync` without a worker
+    /// group, [`Error::InvalidArgument`] for a worker group on a local kind.
     pub fn build(self) -> Result<KVStore> {
         // On CPU contexts a `device` store reduces exactly as a `local` one; the
         // kinds differ once a GPU backend is plugged in.
-        let _mode = parse_kind(&self.kind)?;
+        let mode = parse_kind(&self.kind)?;
+        match (mode, &self.collective) {
+            (Mode::Dist, None) => {
+                return Err(Error::Unsupported {
+                    what: format!("store kind \"{}\" without a worker group", self.kind.to_ascii_lowercase()),
+                    hint: "create dist_sync stores with kvstore-mpi, which joins the MPI job".to_string(),
+                });
+            }
+            (Mode::Local | Mode::Device, Some(_)) => {
+                return Err(Error::invalid_argument(format!(
+                    "store kind \"{}\" is local: it takes no worker group (use dist_sync)",
+                    self.kind
+                )));
+            }
+            _ => {}
+        }
         Ok(KVStore {
+            collective: self.collective,
             kind: self.kind.to_ascii_lowercase(),
             comm: Box::new(CpuComm::new(self.threads)?),
             table: RwLock::new(Table::default()),
@@ -255,6 +286,7 @@ impl KVStoreBuilder {
 /// `KVStore` is `Send + Sync`: operations on one key are serialised, operations on
 /// different keys run in parallel.
 pub struct KVStore {
+    collective: Option<Arc<dyn Collective>>,
     kind: String,
     comm: Box<dyn Comm>,
     table: RwLock<Table>,
@@ -377,7 +409,7 @@ impl KVStore {
 
     /// A builder for a store of the given kind.
     pub fn builder(kind: &str) -> KVStoreBuilder {
-        KVStoreBuilder { kind: kind.to_string(), threads: 0 }
+        KVStoreBuilder { kind: kind.to_string(), threads: 0, collective: None }
     }
 
     /// The kind, lower-cased as given (MXNet's `type`).
@@ -392,20 +424,20 @@ impl KVStore {
 
     /// The rank of this worker: 0 for a local store.
     pub fn rank(&self) -> usize {
-        0
+        self.collective.as_ref().map_or(0, |c| c.rank())
     }
 
     /// The number of workers: 1 for a local store.
     pub fn num_workers(&self) -> usize {
-        1
+        self.collective.as_ref().map_or(1, |c| c.size())
     }
 
     /// Waits for every worker: a local store has only this one, so it returns at once.
     ///
     /// # Errors
-    /// None for a local store.
+    /// [`Error::Backend`] if the worker group is broken.
     pub fn barrier(&self) -> Result<()> {
-        Ok(())
+        self.collective.as_ref().map_or(Ok(()), |c| c.barrier())
     }
 
     /// The number of dead nodes in `node_id`'s group: 0 for a local store.
@@ -641,6 +673,11 @@ impl KVStore {
         }
         // Copy outside the table lock: copies of big arrays take a while.
         let copies: Vec<NDArray> = pairs.iter().map(|(_, v)| v.deep_copy()).collect::<Result<_>>()?;
+        // dist_sync: every worker takes rank 0's values (MXNet: only rank 0's init
+        // reaches the servers), before any is visible in this store.
+        if let Some(group) = &self.collective {
+            group.broadcast(&copies.iter().collect::<Vec<_>>(), 0)?;
+        }
         let mut table = self.table.write();
         if let Some((k, _)) = pairs.iter().find(|(k, _)| table.entries.contains_key(k)) {
             return Err(already(k));
@@ -651,7 +688,8 @@ impl KVStore {
             let entry = Arc::new(Entry { key: key.clone(), index, value: RwLock::new(Slot::new(value)) });
             table.entries.insert(key, entry);
         }
-        Ok(())
+        drop(table);
+        self.barrier()
     }
 
     /// Groups `pairs` by key (values in call order) and finds each key's entry; the
@@ -874,6 +912,9 @@ impl KVStore {
                     .map(|(g, &i)| ReduceJob { inputs: g.arrays.clone(), out: &guards[i].value })
                     .collect();
                 self.comm.reduce(&jobs)?;
+                if let Some(group) = &self.collective {
+                    group.allreduce_sum(&push_slots.iter().map(|&i| &guards[i].value).collect::<Vec<_>>())?;
+                }
             }
             Merger::Optimizer(runtime) => {
                 for (g, &i) in push.iter().zip(&push_slots) {
@@ -882,9 +923,12 @@ impl KVStore {
                 // Several values of a key are summed into the key's merge buffer first;
                 // a single value is read where it is (no copy: the store keeps nothing
                 // of it).
+                // dist_sync sums across the workers in the merge buffers, so every key
+                // uses one.
+                let merged = |g: &Group<'_>| g.arrays.len() > 1 || self.collective.is_some();
                 for (g, &i) in push.iter().zip(&push_slots) {
                     let slot = &mut *guards[i];
-                    if g.arrays.len() > 1 && slot.merge.is_none() {
+                    if merged(g) && slot.merge.is_none() {
                         let v = &slot.value;
                         slot.merge = Some(NDArray::zeros_with(v.shape(), v.dtype(), v.context())?);
                     }
@@ -892,15 +936,18 @@ impl KVStore {
                 let jobs: Vec<ReduceJob<'_>> = push
                     .iter()
                     .zip(&push_slots)
-                    .filter(|(g, _)| g.arrays.len() > 1)
+                    .filter(|(g, _)| merged(g))
                     .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays.clone(), out: guards[i].merge.as_ref()? }))
                     .collect();
                 self.comm.reduce(&jobs)?;
+                if let Some(group) = &self.collective {
+                    group.allreduce_sum(&jobs.iter().map(|j| j.out).collect::<Vec<_>>())?;
+                }
                 for (g, &i) in push.iter().zip(&push_slots) {
                     let Slot { value, opt, merge } = &mut *guards[i];
                     let grad = match (g.arrays.as_slice(), merge.as_ref()) {
+                        (_, Some(m)) if merged(g) => m,
                         ([one], _) => *one,
-                        (_, Some(m)) => m,
                         _ => return Err(Error::Internal("push: no merge buffer".into())),
                     };
                     runtime.update(&g.entry.key, value, grad, opt)?;
@@ -920,6 +967,9 @@ impl KVStore {
                 let jobs: Vec<ReduceJob<'_>> =
                     push.iter().zip(&merged).map(|(g, m)| ReduceJob { inputs: g.arrays.clone(), out: m }).collect();
                 self.comm.reduce(&jobs)?;
+                if let Some(group) = &self.collective {
+                    group.allreduce_sum(&merged.iter().collect::<Vec<_>>())?;
+                }
                 for ((g, m), w) in push.iter().zip(&merged).zip(&working) {
                     updater.update(&g.entry.key, g.entry.index, m, w)?;
                 }

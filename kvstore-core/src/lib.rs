@@ -55,6 +55,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod collective;
 mod comm;
 mod context;
 mod device;
@@ -66,6 +67,7 @@ mod ndarray;
 mod optimizer;
 mod updater;
 
+pub use collective::Collective;
 pub use comm::{BroadcastJob, Comm, CpuComm, ReduceJob};
 pub use context::{Context, DeviceType};
 pub use dtype::{DType, Element};

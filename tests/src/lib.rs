@@ -371,3 +371,110 @@ pub const CASES: &[(&str, Case)] = &[
     ("case_18_push_copies", case_18_push_copies),
     ("case_22_metadata", case_22_metadata),
 ];
+
+/// A worker group of threads in one process: each thread is a worker with its own
+/// store, and the collective operations meet at barriers. It runs the `dist_sync`
+/// semantics without MPI (kvstore-mpi runs the same cases across processes).
+pub struct ThreadGroup {
+    size: usize,
+    barrier: std::sync::Barrier,
+    deposits: Mutex<Vec<Vec<NDArray>>>,
+}
+
+/// One worker's view of a [`ThreadGroup`].
+pub struct ThreadMember {
+    group: Arc<ThreadGroup>,
+    rank: usize,
+}
+
+impl ThreadGroup {
+    /// A group of `size` workers; hand `member(r)` to the thread of rank `r`.
+    pub fn new(size: usize) -> Arc<Self> {
+        Arc::new(ThreadGroup {
+            size,
+            barrier: std::sync::Barrier::new(size),
+            deposits: Mutex::new(vec![Vec::new(); size]),
+        })
+    }
+
+    /// The worker of rank `rank`.
+    pub fn member(self: &Arc<Self>, rank: usize) -> Arc<ThreadMember> {
+        Arc::new(ThreadMember { group: Arc::clone(self), rank })
+    }
+}
+
+impl ThreadMember {
+    /// Deposits copies of `arrays`, waits for every worker, runs `read` over every
+    /// worker's deposits (in rank order), then waits again so deposits stay until all
+    /// have read them.
+    fn exchange(&self, arrays: &[&NDArray], read: impl FnOnce(&[Vec<NDArray>]) -> Result<()>) -> Result<()> {
+        let copies = arrays.iter().map(|a| a.deep_copy()).collect::<Result<Vec<_>>>()?;
+        self.group.deposits.lock().expect("deposits")[self.rank] = copies;
+        self.group.barrier.wait();
+        let all = self.group.deposits.lock().expect("deposits").clone();
+        let r = read(&all);
+        self.group.barrier.wait();
+        r
+    }
+}
+
+impl kvstore_core::Collective for ThreadMember {
+    fn name(&self) -> &'static str {
+        "threads"
+    }
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.group.size
+    }
+    fn barrier(&self) -> Result<()> {
+        self.group.barrier.wait();
+        Ok(())
+    }
+    fn allreduce_sum(&self, arrays: &[&NDArray]) -> Result<()> {
+        self.exchange(arrays, |all| {
+            for (j, out) in arrays.iter().enumerate() {
+                // Rank order on every worker: bit-identical results everywhere.
+                let sum = all[0][j].deep_copy()?;
+                for worker in &all[1..] {
+                    sum.add_assign(&worker[j])?;
+                }
+                out.copy_from(&sum)?;
+            }
+            Ok(())
+        })
+    }
+    fn broadcast(&self, arrays: &[&NDArray], root: usize) -> Result<()> {
+        self.exchange(arrays, |all| {
+            for (j, out) in arrays.iter().enumerate() {
+                out.copy_from(&all[root][j])?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Runs `worker(rank, store)` on `size` threads, each with a `dist_sync` store of one
+/// [`ThreadGroup`], and returns their results in rank order.
+pub fn run_workers<T: Send + 'static>(
+    size: usize,
+    worker: impl Fn(usize, KVStore) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let group = ThreadGroup::new(size);
+    let worker = Arc::new(worker);
+    let handles: Vec<_> = (0..size)
+        .map(|rank| {
+            let (group, worker) = (Arc::clone(&group), Arc::clone(&worker));
+            std::thread::spawn(move || {
+                let kv = KVStore::builder("dist_sync")
+                    .num_threads(1)
+                    .collective(group.member(rank))
+                    .build()
+                    .expect("dist_sync");
+                worker(rank, kv)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("worker panicked")).collect()
+}

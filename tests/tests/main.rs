@@ -6,6 +6,7 @@
 mod concurrency;
 mod conformance_cpu;
 mod differences;
+mod dist;
 mod errors;
 mod golden;
 mod optimizer_states;

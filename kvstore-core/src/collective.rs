@@ -1,0 +1,43 @@
+//! The group of worker processes a `dist_sync` store sums across. Core names no
+//! transport: `kvstore-mpi` implements [`Collective`] over MPI, and tests implement it
+//! with threads. MXNet's `dist_sync` summed on parameter servers; MXNet's allreduce
+//! stores (Horovod, BytePS) and PyTorch DDP sum across the workers instead, which is
+//! what a `dist_sync` store built with a `Collective` does.
+
+use crate::error::Result;
+use crate::ndarray::NDArray;
+
+/// A fixed group of workers that every `dist_sync` store of a job shares.
+///
+/// Every worker calls the collective operations in the same order with arrays of the
+/// same shapes and dtypes (the store guarantees this when every worker makes the same
+/// store calls with the same keys, as MXNet required).
+pub trait Collective: Send + Sync {
+    /// A short name for messages (`"mpi"`).
+    fn name(&self) -> &'static str;
+
+    /// This worker's rank, in `0..size()`.
+    fn rank(&self) -> usize;
+
+    /// The number of workers.
+    fn size(&self) -> usize;
+
+    /// Waits until every worker has called it.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] if the group is broken (a worker died).
+    fn barrier(&self) -> Result<()>;
+
+    /// Sums every array element-wise across the workers, in place. Every worker ends
+    /// with bit-identical arrays.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] if the group is broken.
+    fn allreduce_sum(&self, arrays: &[&NDArray]) -> Result<()>;
+
+    /// Overwrites every array with the one of worker `root`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] if the group is broken.
+    fn broadcast(&self, arrays: &[&NDArray], root: usize) -> Result<()>;
+}
