@@ -44,8 +44,9 @@ demo: jar
 	@echo "== data-parallel training with an optimizer, in Clojure (clojure/examples/train_linear.clj) =="
 	$(JAVA) -cp target/kvstore.jar:$(CLJ_CP) clojure.main clojure/examples/train_linear.clj
 
-# fmt, clippy, doc, every cargo suite, the jar, JUnit, clojure.test, the tutorial and
-# the Leiningen/deps.edn smoke checks; ends with one line `N passed, N failed`.
+# fmt, clippy, doc, every cargo suite, the jar, JUnit, clojure.test, the tutorial, the
+# Leiningen/deps.edn smoke checks and the MPI suite under mpirun; ends with one line
+# `N passed, N failed`.
 test: setup setup-jvm
 	@bash scripts/test.sh
 

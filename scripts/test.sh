@@ -3,7 +3,8 @@
 # `N passed, N failed` that totals them: each static check (fmt, clippy, doc, native,
 # jar) counts as one, each test of the cargo suites (unit, integration, doc tests) as
 # one, and each suite of the JVM side (JUnit, clojure.test, tutorial, Leiningen and
-# deps.edn smoke checks) counts as its own script reports.
+# deps.edn smoke checks) and of MPI (tests under mpirun -np 2 and 4, a dying worker)
+# counts as its own script reports.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=target/test-logs
@@ -79,6 +80,10 @@ if [ -f target/kvstore.jar ]; then
     suite clojure bash scripts/test-clojure.sh
     suite clojure-tools bash scripts/clojure-smoke.sh
 fi
+
+# Multi-rank: kvstore-mpi with its `mpi` feature (Open MPI from Debian), under mpirun.
+check clippy-mpi bash -c 'bash scripts/setup-mpi.sh && cargo clippy -p kvstore-mpi --features mpi --all-targets -- -D warnings'
+suite mpi bash scripts/test-mpi.sh
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

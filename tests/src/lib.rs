@@ -478,3 +478,111 @@ pub fn run_workers<T: Send + 'static>(
         .collect();
     handles.into_iter().map(|h| h.join().expect("worker panicked")).collect()
 }
+
+/// The `dist_sync` cases (reference §9, case 23), written once as functions of one
+/// worker's rank and store; they assert what that worker must see for the store's
+/// number of workers W. The thread runner (`tests/tests/dist.rs`) and the MPI runner
+/// (`kvstore-mpi/tests/mpi.rs`) call the same functions.
+pub mod dist_cases {
+    use kvstore_core::{Context, DType, KVStore, Key, NDArray, Optimizer, Result};
+
+    use super::{full, pulled};
+
+    const SHAPE: [usize; 2] = [2, 3];
+
+    fn triangle(w: usize) -> f64 {
+        (w * (w + 1) / 2) as f64
+    }
+
+    fn twice_updater(kv: &KVStore) {
+        kv.set_updater(|_: &Key, _: usize, merged: &NDArray, stored: &NDArray| -> Result<()> {
+            stored.add_assign(&merged.mul(2.0)?)
+        });
+    }
+
+    /// Case 23: init takes rank 0's value (10); pushes of rank + 1 sum to W(W+1)/2; the
+    /// `test` optimizer with rescale 2 (w += 2 * sum) from 0 gives 2s, then 4s.
+    pub fn case_23_init_push_and_test_optimizer(rank: usize, kv: &KVStore) {
+        let w = kv.num_workers();
+        assert_eq!((kv.rank(), kv.kind()), (rank, "dist_sync"));
+        kv.init("w", &full(&SHAPE, 10.0 + rank as f64, Context::cpu(0))).expect("init");
+        assert_eq!(pulled(kv, "w", &SHAPE), vec![10.0; 6], "init takes rank 0's value");
+        kv.push("w", &full(&SHAPE, 1.0 + rank as f64, Context::cpu(0)), 0).expect("push");
+        assert_eq!(pulled(kv, "w", &SHAPE), vec![triangle(w); 6], "pushes are summed over the workers");
+        kv.init("t", &full(&SHAPE, 0.0, Context::cpu(0))).expect("init");
+        twice_updater(kv);
+        for round in 1..=2 {
+            kv.push("t", &full(&SHAPE, 1.0 + rank as f64, Context::cpu(0)), 0).expect("push");
+            assert_eq!(pulled(kv, "t", &SHAPE), vec![2.0 * triangle(w) * f64::from(round); 6]);
+        }
+        kv.clear_updater();
+    }
+
+    /// The nightly check: each round every worker pushes rank + 1 to f32, f16 and big
+    /// keys in one list; with rate 2, after round i every element is 1 + W(W+1) i.
+    pub fn each_round_every_worker_pushes_rank_plus_one(rank: usize, kv: &KVStore) {
+        let w = kv.num_workers();
+        let keys = ["a", "b", "big"];
+        let shapes: [&[usize]; 3] = [&[2, 3], &[5], &[600, 700]];
+        let dtypes = [DType::F32, DType::F16, DType::F32];
+        for ((k, s), d) in keys.iter().zip(shapes).zip(dtypes) {
+            kv.init(*k, &NDArray::full_with(s, 1.0, d, Context::cpu(0)).expect("v")).expect("init");
+        }
+        twice_updater(kv);
+        for round in 1..=3 {
+            let vals: Vec<NDArray> = shapes
+                .iter()
+                .zip(dtypes)
+                .map(|(s, d)| NDArray::full_with(s, (rank + 1) as f64, d, Context::cpu(0)).expect("v"))
+                .collect();
+            kv.push(&keys, &vals, 0).expect("push");
+            let outs: Vec<NDArray> = shapes
+                .iter()
+                .zip(dtypes)
+                .map(|(s, d)| NDArray::zeros_with(s, d, Context::cpu(0)).expect("o"))
+                .collect();
+            kv.pull(&keys, &outs, 0).expect("pull");
+            let expect = 1.0 + 2.0 * triangle(w) * f64::from(round);
+            for o in &outs {
+                assert!(o.to_f64_vec().expect("r").iter().all(|&x| x == expect), "round {round}: expected {expect}");
+            }
+        }
+        kv.clear_updater();
+    }
+
+    /// One SGD step (lr 1) from 1 with pushes rank + 1 gives 1 - W(W+1)/2; then Adam
+    /// steps; returns the weight's bits, which must be equal on every worker.
+    pub fn an_optimizer_runs_identically_on_every_worker(rank: usize, kv: &KVStore) -> Vec<u32> {
+        let w = kv.num_workers();
+        kv.init("o", &full(&SHAPE, 1.0, Context::cpu(0))).expect("init");
+        kv.set_optimizer(Optimizer::builder("sgd").param("learning_rate", 1.0).build().expect("sgd")).expect("set");
+        kv.push("o", &full(&SHAPE, (rank + 1) as f64, Context::cpu(0)), 0).expect("push");
+        assert_eq!(pulled(kv, "o", &SHAPE), vec![1.0 - triangle(w); 6]);
+        let adam = Optimizer::builder("adam").param("learning_rate", 0.01).param("wd", 0.001).build().expect("adam");
+        kv.set_optimizer(adam).expect("set");
+        for step in 0..5 {
+            let g =
+                NDArray::from_vec(&SHAPE, (0..6).map(|i| (i * (rank + 1) + step) as f32 * 0.37).collect()).expect("g");
+            kv.push("o", &g, 0).expect("push");
+        }
+        let out = NDArray::zeros(&SHAPE).expect("out");
+        kv.pull("o", &out, 0).expect("pull");
+        kv.clear_updater();
+        out.to_vec::<f32>().expect("r").iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Every dtype, string keys, a repeated key with two local values per worker: the
+    /// local sums (rank + 1 each) are summed across the workers: W(W+1)/2.
+    pub fn every_dtype_sums_local_then_across_workers(rank: usize, kv: &KVStore) {
+        let w = kv.num_workers();
+        for (i, d) in DType::ALL.iter().enumerate() {
+            let key = format!("key-{d}");
+            kv.init(key.as_str(), &NDArray::zeros_with(&[4], *d, Context::cpu(0)).expect("z")).expect("init");
+            let v = |x: f64| NDArray::full_with(&[4], x, *d, Context::cpu(i as u32 % 4)).expect("v");
+            kv.push(&[key.as_str(), key.as_str()], &[v(rank as f64), v(1.0)], 0).expect("push");
+            let o = NDArray::zeros_with(&[4], *d, Context::cpu(0)).expect("o");
+            kv.pull(key.as_str(), &o, 0).expect("pull");
+            assert_eq!(o.to_f64_vec().expect("r"), vec![triangle(w); 4], "{d}");
+        }
+    }
+}

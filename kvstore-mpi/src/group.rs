@@ -1,0 +1,284 @@
+//! The MPI job as a [`Collective`]: `MPI_COMM_WORLD`, initialised once per process at
+//! `MPI_THREAD_SERIALIZED`; every MPI call goes through one mutex, so threads of the
+//! process never call MPI at once.
+//!
+//! Fail-stop: a process must end with [`finalize`]. One that exits without it, or
+//! panics, aborts the whole job (`MPI_Abort`), so that its peers never wait forever in
+//! a collective for a worker that is gone (finalising there would let the dead worker
+//! leave cleanly and its peers hang).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use kvstore_core::{Collective, DType, Element, Error, NDArray, Result};
+use mpi::collective::SystemOperation;
+use mpi::datatype::Equivalence;
+use mpi::environment::{Threading, Universe};
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+use parking_lot::Mutex;
+
+struct Mpi {
+    world: SimpleCommunicator,
+    // Dropping the universe calls MPI_Finalize; it goes last.
+    universe: Universe,
+}
+
+/// The process's MPI state.
+struct Shared(Mutex<Option<Mpi>>);
+
+// SAFETY: MPI was initialised at MPI_THREAD_SERIALIZED and every use of its handles
+// goes through the mutex, so no two threads call MPI at the same time.
+unsafe impl Send for Shared {}
+// SAFETY: as above: shared access is serialised by the mutex.
+unsafe impl Sync for Shared {}
+
+static MPI: OnceLock<Shared> = OnceLock::new();
+static GROUP: OnceLock<Arc<MpiGroup>> = OnceLock::new();
+static FINALIZED: AtomicBool = AtomicBool::new(false);
+
+/// Ends the whole MPI job at once (every rank), with `code`.
+fn abort_job(code: i32) {
+    // SAFETY: MPI_Abort takes the world communicator, a constant handle valid from
+    // MPI_Init on; it is called only once MPI is initialised (and not finalised), and
+    // it does not return in practice. Calling it while another thread is inside MPI is
+    // allowed for a process that is being torn down.
+    unsafe {
+        mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, code);
+    }
+}
+
+extern "C" fn abort_unless_finalized() {
+    if MPI.get().is_some() && !FINALIZED.load(Ordering::SeqCst) {
+        eprintln!("kvstore-mpi: this rank exits without kvstore_mpi::finalize(): aborting the MPI job");
+        abort_job(1);
+    }
+}
+
+/// Finalises MPI: call it once at the end of a `dist_sync` program, on every rank,
+/// after its last store call. A rank that exits without it aborts the whole job.
+///
+/// # Errors
+/// [`Error::Backend`] if MPI was not initialised or is already finalised.
+pub fn finalize() -> Result<()> {
+    let shared = MPI.get().ok_or(Error::Backend { backend: "mpi", message: "MPI was not initialised".into() })?;
+    let mpi =
+        shared.0.lock().take().ok_or(Error::Backend { backend: "mpi", message: "MPI is already finalised".into() })?;
+    FINALIZED.store(true, Ordering::SeqCst);
+    drop(mpi.world);
+    drop(mpi.universe);
+    Ok(())
+}
+
+/// The default bucket size of the fused allreduce.
+const DEFAULT_BUCKET_BYTES: usize = 4 << 20;
+
+/// This process's view of the MPI job.
+pub struct MpiGroup {
+    rank: usize,
+    size: usize,
+    bucket_bytes: AtomicUsize,
+}
+
+/// The job's group, initialising MPI on first use (once per process).
+///
+/// # Errors
+/// [`Error::Backend`] if MPI cannot be initialised (another library initialised it, or
+/// the MPI library lacks serialized threading).
+pub fn group() -> Result<Arc<MpiGroup>> {
+    if let Some(g) = GROUP.get() {
+        return Ok(Arc::clone(g));
+    }
+    // One thread initialises MPI; the others wait here and then find the group.
+    static INIT: Mutex<()> = Mutex::new(());
+    let _init = INIT.lock();
+    if let Some(g) = GROUP.get() {
+        return Ok(Arc::clone(g));
+    }
+    let backend = |message: String| Error::Backend { backend: "mpi", message };
+    let (universe, threading) = mpi::initialize_with_threading(Threading::Serialized)
+        .ok_or_else(|| backend("MPI was already initialised by another library".into()))?;
+    if threading < Threading::Serialized {
+        return Err(backend(format!("the MPI library offers {threading:?} threading; kvstore needs Serialized")));
+    }
+    let world = universe.world();
+    let (rank, size) = (world.rank() as usize, world.size() as usize);
+    let _ = MPI.set(Shared(Mutex::new(Some(Mpi { world, universe }))));
+    // SAFETY: `abort_unless_finalized` is an `extern "C" fn()` that reads two statics
+    // and may call MPI_Abort; registering it has no other effect.
+    unsafe {
+        libc::atexit(abort_unless_finalized);
+    }
+    // A panic anywhere in a rank ends the job too (after the usual message): the other
+    // ranks would otherwise wait in a collective that this rank never reaches.
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        previous(info);
+        if !FINALIZED.load(Ordering::SeqCst) {
+            eprintln!("kvstore-mpi: a panic on this rank aborts the MPI job");
+            abort_job(101);
+        }
+    }));
+    let group = Arc::new(MpiGroup { rank, size, bucket_bytes: AtomicUsize::new(DEFAULT_BUCKET_BYTES) });
+    Ok(Arc::clone(GROUP.get_or_init(|| group)))
+}
+
+impl MpiGroup {
+    /// The size, in bytes, of one fused allreduce (default 4 MiB): small keys share a
+    /// bucket, big keys span several.
+    pub fn set_bucket_bytes(&self, bytes: usize) {
+        self.bucket_bytes.store(bytes.max(64), Ordering::Relaxed);
+    }
+
+    fn with_world<T>(&self, f: impl FnOnce(&SimpleCommunicator) -> T) -> Result<T> {
+        let shared = MPI.get().ok_or_else(|| Error::Internal("MPI is not initialised".into()))?;
+        let guard = shared.0.lock();
+        let mpi =
+            guard.as_ref().ok_or_else(|| Error::Backend { backend: "mpi", message: "MPI was finalised".into() })?;
+        Ok(f(&mpi.world))
+    }
+}
+
+/// The element type arrays of `dtype` travel as: f16/bf16 as f32 (sums accumulate in
+/// f32, as on the host), the others as themselves.
+macro_rules! with_wire {
+    ($dtype:expr, $w:ident => $body:expr) => {
+        match $dtype {
+            DType::F32 | DType::F16 | DType::BF16 => {
+                type $w = f32;
+                $body
+            }
+            DType::F64 => {
+                type $w = f64;
+                $body
+            }
+            DType::I32 => {
+                type $w = i32;
+                $body
+            }
+            DType::I64 => {
+                type $w = i64;
+                $body
+            }
+            DType::I8 => {
+                type $w = i8;
+                $body
+            }
+            DType::U8 => {
+                type $w = u8;
+                $body
+            }
+        }
+    };
+}
+
+/// An array's elements as `W`, and a way back.
+fn read_wire<W: Element>(a: &NDArray) -> Result<Vec<W>> {
+    if a.dtype() == W::DTYPE { a.with_data(|s: &[W]| s.to_vec()) } else { a.to_vec::<W>() }
+}
+
+fn write_wire<W: Element>(a: &NDArray, data: &[W]) -> Result<()> {
+    if a.dtype() == W::DTYPE {
+        a.with_data_mut(|s: &mut [W]| s.copy_from_slice(data))
+    } else {
+        a.copy_from(&NDArray::from_slice_in(a.shape(), data, a.context())?)
+    }
+}
+
+impl MpiGroup {
+    /// Allreduces `arrays` (all of wire type `W`) in buckets of `bucket` elements.
+    fn allreduce_wire<W: Element + Equivalence>(&self, arrays: &[&NDArray], bucket: usize) -> Result<()> {
+        let mut data: Vec<Vec<W>> = arrays.iter().map(|a| read_wire::<W>(a)).collect::<Result<_>>()?;
+        // (array, offset, len) of each piece of the current bucket.
+        let mut pieces: Vec<(usize, usize, usize)> = Vec::new();
+        let mut send: Vec<W> = Vec::with_capacity(bucket);
+        let flush =
+            |send: &mut Vec<W>, pieces: &mut Vec<(usize, usize, usize)>, data: &mut Vec<Vec<W>>| -> Result<()> {
+                if send.is_empty() {
+                    return Ok(());
+                }
+                let mut recv = vec![W::default(); send.len()];
+                self.with_world(|w| w.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum()))?;
+                let mut at = 0;
+                for &(ai, off, len) in pieces.iter() {
+                    data[ai][off..off + len].copy_from_slice(&recv[at..at + len]);
+                    at += len;
+                }
+                send.clear();
+                pieces.clear();
+                Ok(())
+            };
+        for ai in 0..data.len() {
+            let n = data[ai].len();
+            let mut off = 0;
+            while off < n {
+                let take = (n - off).min(bucket - send.len());
+                send.extend_from_slice(&data[ai][off..off + take]);
+                pieces.push((ai, off, take));
+                off += take;
+                if send.len() == bucket {
+                    flush(&mut send, &mut pieces, &mut data)?;
+                }
+            }
+        }
+        flush(&mut send, &mut pieces, &mut data)?;
+        for (a, d) in arrays.iter().zip(&data) {
+            write_wire(a, d)?;
+        }
+        Ok(())
+    }
+}
+
+impl Collective for MpiGroup {
+    fn name(&self) -> &'static str {
+        "mpi"
+    }
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.with_world(|w| w.barrier())
+    }
+
+    fn allreduce_sum(&self, arrays: &[&NDArray]) -> Result<()> {
+        if self.size == 1 {
+            return Ok(());
+        }
+        let bytes = self.bucket_bytes.load(Ordering::Relaxed);
+        // Consecutive arrays of one wire type share buckets; every rank walks the same
+        // arrays in the same order, so the buckets match.
+        let mut start = 0;
+        while start < arrays.len() {
+            let wire = |d: DType| with_wire!(d, W => W::DTYPE);
+            let t = wire(arrays[start].dtype());
+            let end = (start..arrays.len()).find(|&i| wire(arrays[i].dtype()) != t).unwrap_or(arrays.len());
+            with_wire!(arrays[start].dtype(), W => {
+                let bucket = (bytes / std::mem::size_of::<W>()).max(1);
+                self.allreduce_wire::<W>(&arrays[start..end], bucket)?
+            });
+            start = end;
+        }
+        Ok(())
+    }
+
+    fn broadcast(&self, arrays: &[&NDArray], root: usize) -> Result<()> {
+        if self.size == 1 {
+            return Ok(());
+        }
+        let root = i32::try_from(root).map_err(|_| Error::invalid_argument(format!("broadcast root {root}")))?;
+        for a in arrays {
+            with_wire!(a.dtype(), W => {
+                let mut data = read_wire::<W>(a)?;
+                self.with_world(|w| w.process_at_rank(root).broadcast_into(&mut data[..]))?;
+                write_wire(a, &data)?;
+            });
+        }
+        Ok(())
+    }
+}

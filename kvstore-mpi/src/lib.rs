@@ -1,0 +1,77 @@
+//! `kvstore-mpi`: `dist_sync` stores across processes and machines over MPI.
+//!
+//! A `dist_sync` store reduces the values pushed in each process, then sums those
+//! across every process of the MPI job (allreduce, fused into buckets), then runs the
+//! same updater or optimizer in every process, so every replica holds the same value.
+//! `init` takes rank 0's value. Launch with `mpirun -np 4 app`, `mpirun -np 8 -H
+//! a:4,b:4 app` or `srun`; run without a launcher, a program is a job of one worker.
+//!
+//! ```no_run
+//! use kvstore_core::NDArray;
+//! let kv = kvstore_mpi::create("dist_sync")?;
+//! kv.init("w", &NDArray::zeros(&[2])?)?;              // every rank gets rank 0's value
+//! let g = NDArray::full(&[2], (kv.rank() + 1) as f64)?;
+//! kv.push("w", &g, 0)?;                                // summed over the ranks
+//! kvstore_mpi::finalize()?;                            // on every rank, at the end
+//! # Ok::<(), kvstore_core::Error>(())
+//! ```
+//!
+//! # Features
+//! `mpi` links MPI (needs `libopenmpi-dev` and `libclang-dev`). Without it, [`create`]
+//! answers `Unsupported` for `dist_*` kinds.
+//!
+//! # Errors
+//! Fail-stop, as MPI: a failed MPI call, a panic, or a rank that exits without
+//! [`finalize`] aborts the whole job, and `mpirun` stops every rank within seconds, so
+//! no call waits forever on a peer that is gone.
+
+#[cfg(feature = "mpi")]
+mod group;
+
+#[cfg(feature = "mpi")]
+pub use group::{MpiGroup, finalize, group};
+
+#[cfg(not(feature = "mpi"))]
+use kvstore_core::Error;
+use kvstore_core::{KVStore, Result};
+
+/// Creates a store of `kind`: `dist_sync` (and MXNet's synchronous spellings) over the
+/// MPI job; any other kind as `KVStore::create` does.
+///
+/// # Errors
+/// [`Error::Unsupported`] for `dist_async` and, in a build without the `mpi` feature,
+/// for every `dist_*` kind; otherwise as `KVStore::create`.
+pub fn create(kind: &str) -> Result<KVStore> {
+    let lower = kind.to_ascii_lowercase();
+    if !lower.starts_with("dist") {
+        return KVStore::create(kind);
+    }
+    if lower.contains("async") {
+        // Let core word the refusal (it names the supported kinds).
+        return KVStore::create(kind);
+    }
+    with_group(kind)
+}
+
+#[cfg(feature = "mpi")]
+fn with_group(kind: &str) -> Result<KVStore> {
+    KVStore::builder(kind).collective(group()?).build()
+}
+
+#[cfg(not(feature = "mpi"))]
+fn with_group(kind: &str) -> Result<KVStore> {
+    Err(Error::Unsupported {
+        what: format!("store kind \"{kind}\""),
+        hint: "this kvstore-mpi was built without its `mpi` feature".to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn local_kinds_pass_through_and_async_is_refused() {
+        assert_eq!(super::create("local").expect("local").kind(), "local");
+        let e = super::create("dist_async").expect_err("async");
+        assert_eq!(e.kind(), kvstore_core::ErrorKind::Unsupported);
+    }
+}

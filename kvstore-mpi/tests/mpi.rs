@@ -1,0 +1,64 @@
+//! The `dist_sync` cases of `kvstore_tests::dist_cases` across the processes of an MPI
+//! job: `scripts/test-mpi.sh` runs this binary under `mpirun -np 2` and `-np 4` (and
+//! `cargo test` runs it as a job of one worker). Every rank runs the same tests in the
+//! same order (`--test-threads=1`: libtest runs them sorted by name, so the last one,
+//! `zz_finalize_mpi`, ends MPI on every rank), so their collective calls match.
+#![cfg(feature = "mpi")]
+
+use kvstore_tests::dist_cases;
+
+fn store() -> kvstore_core::KVStore {
+    kvstore_mpi::create("dist_sync").expect("dist_sync")
+}
+
+#[test]
+fn case_23_init_push_and_test_optimizer() {
+    let kv = store();
+    dist_cases::case_23_init_push_and_test_optimizer(kv.rank(), &kv);
+}
+
+#[test]
+fn each_round_every_worker_pushes_rank_plus_one() {
+    let kv = store();
+    dist_cases::each_round_every_worker_pushes_rank_plus_one(kv.rank(), &kv);
+}
+
+#[test]
+fn every_dtype_sums_local_then_across_workers() {
+    let kv = store();
+    dist_cases::every_dtype_sums_local_then_across_workers(kv.rank(), &kv);
+}
+
+#[test]
+fn replicas_are_bit_identical_after_optimizer_steps() {
+    let kv = store();
+    let bits = dist_cases::an_optimizer_runs_identically_on_every_worker(kv.rank(), &kv);
+    // Rank 0's bits reach every rank through init; each rank compares them with its own.
+    let mine =
+        kvstore_core::NDArray::from_vec(&[bits.len()], bits.iter().map(|&b| i64::from(b)).collect()).expect("bits");
+    kv.init("bits", &mine).expect("init");
+    let root =
+        kvstore_core::NDArray::zeros_with(&[bits.len()], kvstore_core::DType::I64, kvstore_core::Context::cpu(0))
+            .expect("root");
+    kv.pull("bits", &root, 0).expect("pull");
+    assert_eq!(
+        root.to_vec::<i64>().expect("r"),
+        mine.to_vec::<i64>().expect("r"),
+        "rank {} differs from rank 0",
+        kv.rank()
+    );
+}
+
+#[test]
+fn small_buckets_split_keys_and_give_the_same_sums() {
+    let group = kvstore_mpi::group().expect("group");
+    group.set_bucket_bytes(256);
+    let kv = store();
+    dist_cases::every_dtype_sums_local_then_across_workers(kv.rank(), &kv);
+    group.set_bucket_bytes(4 << 20);
+}
+
+#[test]
+fn zz_finalize_mpi() {
+    kvstore_mpi::finalize().expect("finalize");
+}

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The multi-rank suite: builds kvstore-mpi's tests with its `mpi` feature and runs them
+# under `mpirun -np 2` and `-np 4` (every rank runs the same tests, in order), then
+# checks that a worker dying mid-job ends the job within seconds. Prints one line
+# `mpi: N passed, N failed` (a test counts once per run, if it passed on every rank).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup-mpi.sh || { echo "mpi: 0 passed, 1 failed"; exit 1; }
+# Open MPI refuses root unless told, and needs --oversubscribe for more ranks than cores.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+logs=target/test-logs
+mkdir -p "$logs"
+
+artifacts=$(cargo test -p kvstore-mpi --features mpi --no-run --message-format=json 2>"$logs/mpi-build.log")
+status=$?
+bin=$(echo "$artifacts" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "mpi":
+        print(m["executable"])')
+if [ "$status" -ne 0 ] || [ -z "$bin" ]; then
+    tail -n 30 "$logs/mpi-build.log"
+    echo "mpi: 0 passed, 1 failed"
+    exit 1
+fi
+cargo build -q -p kvstore-mpi --features mpi --example early_exit 2>>"$logs/mpi-build.log"
+
+passed=0
+failed=0
+for np in 2 4; do
+    out="$logs/mpi-np$np.log"
+    timeout 300 "${MPIRUN[@]}" -np "$np" "$bin" --test-threads=1 --color never >"$out" 2>&1
+    rc=$?
+    ok_lines=$(grep -c '^test result: .*ok\. ' "$out" || true)
+    n=$(grep -m1 -oE '[0-9]+ passed' "$out" | grep -oE '[0-9]+' || echo 0)
+    f=$(grep -oE '[0-9]+ failed' "$out" | grep -oE '[0-9]+' | sort -n | tail -n 1)
+    f=${f:-0}
+    if [ "$rc" -eq 0 ] && [ "$ok_lines" -eq "$np" ] && [ "$n" -gt 0 ]; then
+        echo "mpirun -np $np: $n tests passed on every rank"
+        passed=$((passed + n))
+    else
+        echo "mpirun -np $np: exit $rc, $ok_lines of $np ranks ok (log: $out)"
+        tail -n 40 "$out"
+        failed=$((failed + (f > 0 ? f : 1)))
+    fi
+done
+
+# A worker that dies mid-job: the job must end, with an error, within seconds.
+start=$(date +%s)
+timeout 60 "${MPIRUN[@]}" -np 2 target/debug/examples/early_exit >"$logs/mpi-early-exit.log" 2>&1
+rc=$?
+elapsed=$(($(date +%s) - start))
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$elapsed" -lt 30 ] && ! grep -q "push returned" "$logs/mpi-early-exit.log"; then
+    echo "a worker that died ended the job in ${elapsed} s (exit $rc)"
+    passed=$((passed + 1))
+else
+    echo "a worker that died: exit $rc after ${elapsed} s (124: the job hung)"
+    tail -n 20 "$logs/mpi-early-exit.log"
+    failed=$((failed + 1))
+fi
+
+echo "mpi: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
