@@ -39,7 +39,7 @@ use kvstore_core::{KVStore, Result};
 /// MPI job; any other kind as `KVStore::create` does.
 ///
 /// # Errors
-/// [`Error::Unsupported`] for `dist_async` and, in a build without the `mpi` feature,
+/// [`kvstore_core::Error::Unsupported`] for `dist_async` and, in a build without the `mpi` feature,
 /// for every `dist_*` kind; otherwise as `KVStore::create`.
 pub fn create(kind: &str) -> Result<KVStore> {
     let lower = kind.to_ascii_lowercase();
@@ -51,6 +51,16 @@ pub fn create(kind: &str) -> Result<KVStore> {
         return KVStore::create(kind);
     }
     with_group(kind)
+}
+
+/// Finalises MPI at the end of a `dist_sync` program. Without the `mpi` feature there
+/// is no MPI to finalise, and this does nothing.
+///
+/// # Errors
+/// None without the `mpi` feature.
+#[cfg(not(feature = "mpi"))]
+pub fn finalize() -> Result<()> {
+    Ok(())
 }
 
 #[cfg(feature = "mpi")]
