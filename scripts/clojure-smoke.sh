@@ -54,17 +54,27 @@ form='(do (require (quote [org.apache.clojure-mxnet.kvstore :as kvstore])
             (println "smoke:" (ndarray/->vec out))))'
 expected='smoke: [2.0 2.0 2.0 2.0 2.0 2.0]'
 
-# check NAME LOG COMMAND...: passes when COMMAND exits 0 and, for the smoke
-# checks, printed the expected line.
+# Every lein and java run is limited (generously): a hang fails its check
+# instead of stalling the script. timeout exits 124 (137 after its KILL).
+limit=300
+
+# check NAME LOG COMMAND...: passes when COMMAND exits 0 within $limit seconds
+# and, for the smoke checks, printed the expected line.
 check() {
-    local name=$1 log=$2 want=$3
+    local name=$1 log=$2 want=$3 status
     shift 3
-    if "$@" >"$log" 2>&1 && { [ -z "$want" ] || grep -qxF "$want" "$log"; }; then
+    timeout -k 10 "$limit" "$@" >"$log" 2>&1
+    status=$?
+    if [ "$status" -eq 0 ] && { [ -z "$want" ] || grep -qxF "$want" "$log"; }; then
         passed=$((passed + 1))
         echo "check $name: ok"
     else
         failed=$((failed + 1))
-        echo "check $name: FAILED (last lines of $log):"
+        if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
+            echo "check $name: FAILED (did not finish within $limit s; last lines of $log):"
+        else
+            echo "check $name: FAILED (last lines of $log):"
+        fi
         tail -n 30 "$log" | sed 's/^/    /' # indented: its summary lines are not ours
     fi
 }
@@ -84,7 +94,7 @@ if [ -f /usr/share/java/tools.deps.jar ]; then
     # tools.deps, into a local repository under target/.
     resolve() {
         local aliases=$1 out=$2
-        java -cp /usr/share/java/tools.deps.jar clojure.main -e "
+        timeout -k 10 "$limit" java -cp /usr/share/java/tools.deps.jar clojure.main -e "
           (require 'clojure.tools.deps)
           (let [basis (clojure.tools.deps/create-basis
                         {:user nil :project \"deps.edn\" :aliases $aliases

@@ -55,13 +55,25 @@ fi
 # of into a temporary file.
 java_opts=(-Dclojure.main.report=stderr)
 
+# Every JVM runs under `timeout` (generous limits), so that a hang fails the suite
+# instead of stalling it: timeout exits 124 (137 after its KILL), a failure below.
+runner_limit=600
+example_limit=120
+timed_out() {
+    [ "$1" -eq 124 ] || [ "$1" -eq 137 ]
+}
+
 # 1. clojure.test
-java "${java_opts[@]}" -cp "$jar:$root/clojure/test:$clojure_jars:$test_jars" \
+timeout -k 10 "$runner_limit" java "${java_opts[@]}" -cp "$jar:$root/clojure/test:$clojure_jars:$test_jars" \
     clojure.main -m kvstore-test-runner 2>&1 | tee "$logs/clojure.log"
 status=${PIPESTATUS[0]}
 if [ "$status" -ne 0 ] && ! grep -qE '^clojure: [0-9]+ passed, [1-9][0-9]* failed$' "$logs/clojure.log"; then
-    # The runner died before its summary (a JVM or classpath problem).
-    echo "the Clojure test runner exited with status $status before its summary"
+    # The runner died before its summary (a JVM or classpath problem, or a hang).
+    if timed_out "$status"; then
+        echo "the Clojure test runner did not finish within $runner_limit s (killed)"
+    else
+        echo "the Clojure test runner exited with status $status before its summary"
+    fi
     echo "clojure: 0 passed, 1 failed"
 fi
 
@@ -75,7 +87,7 @@ expected='[2.0 2.0 2.0 2.0 2.0 2.0]
 ([3.0 3.0 3.0 3.0 3.0 3.0] [3.0 3.0 3.0 3.0 3.0 3.0])
 ([1.0 1.0 1.0 1.0 1.0 1.0] [1.0 1.0 1.0 1.0 1.0 1.0] [1.0 1.0 1.0 1.0 1.0 1.0])'
 tmp=$(mktemp -d)
-actual=$(cd "$tmp" && java "${java_opts[@]}" -cp "$jar:$clojure_jars" \
+actual=$(cd "$tmp" && timeout -k 10 "$example_limit" java "${java_opts[@]}" -cp "$jar:$clojure_jars" \
     clojure.main "$root/clojure/examples/tutorial.clj" 2>"$logs/clojure-tutorial.err")
 tutorial_status=$?
 rm -rf "$tmp"
@@ -83,7 +95,7 @@ if [ "$tutorial_status" -eq 0 ] && [ "$actual" = "$expected" ]; then
     echo "tutorial.clj: ok"
     examples_passed=$((examples_passed + 1))
 else
-    echo "tutorial.clj: FAILED (exit status $tutorial_status)"
+    echo "tutorial.clj: FAILED (exit status $tutorial_status$(timed_out "$tutorial_status" && echo ", timed out after $example_limit s"))"
     diff <(echo "$expected") <(echo "$actual") | sed 's/^/  /'
     tail -n 30 "$logs/clojure-tutorial.err" | sed 's/^/  /'
     examples_failed=$((examples_failed + 1))
@@ -96,7 +108,7 @@ fi
 max_loss=0.015
 tolerance=0.05
 tmp=$(mktemp -d)
-(cd "$tmp" && timeout 120 java "${java_opts[@]}" -cp "$jar:$clojure_jars" \
+(cd "$tmp" && timeout -k 10 "$example_limit" java "${java_opts[@]}" -cp "$jar:$clojure_jars" \
     clojure.main "$root/clojure/examples/train_linear.clj") >"$logs/clojure-train-linear.log" \
     2>"$logs/clojure-train-linear.err"
 train_status=$?
@@ -114,7 +126,7 @@ if [ "$train_status" -eq 0 ] && [[ "$verdict" == ok* ]]; then
     echo "train_linear.clj: $verdict"
     examples_passed=$((examples_passed + 1))
 else
-    echo "train_linear.clj: ${verdict:-FAILED} (exit status $train_status)"
+    echo "train_linear.clj: ${verdict:-FAILED} (exit status $train_status$(timed_out "$train_status" && echo ", timed out after $example_limit s"))"
     sed 's/^/  /' "$logs/clojure-train-linear.log"
     tail -n 30 "$logs/clojure-train-linear.err" | sed 's/^/  /'
     examples_failed=$((examples_failed + 1))

@@ -8,13 +8,69 @@ use kvstore_core::{Context, DType, Error, Key, NDArray};
 use crate::error::JResult;
 use crate::handles::ARRAYS;
 
-/// A `String[]` of keys.
-pub fn keys(env: &mut Env<'_>, array: &JObjectArray<'_, JString<'_>>) -> JResult<Vec<Key>> {
+/// A Java string as a Rust one. `what` names it in the error ("key", "path", ...).
+///
+/// Java strings are UTF-16 and may hold unpaired surrogates, which no Rust string can;
+/// a lossy conversion would turn `"\uD800"` and `"\uDC00"` into the same key. They are
+/// rejected instead.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a string that is not valid UTF-16; a JNI error for a
+/// null one.
+pub fn string(env: &Env<'_>, s: &JString<'_>, what: &str) -> JResult<String> {
+    let chars = s.mutf8_chars(env)?;
+    Ok(from_modified_utf8(chars.to_bytes(), what)?)
+}
+
+/// Decodes the modified UTF-8 that JNI hands out, strictly.
+///
+/// Modified UTF-8 differs from UTF-8 in two ways only: U+0000 is `C0 80`, and every
+/// UTF-16 code unit above U+FFFF is encoded on its own (a surrogate pair is two 3-byte
+/// sequences). Standard UTF-8 validation rejects both, so a string that passes it is
+/// the same in both encodings (the common case, with no copy but the final one);
+/// anything else is decoded to UTF-16 code units and checked as UTF-16.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for an unpaired surrogate (or bytes that are not modified
+/// UTF-8, which a JVM does not produce).
+pub fn from_modified_utf8(bytes: &[u8], what: &str) -> Result<String, Error> {
+    if let Ok(s) = std::str::from_utf8(bytes) {
+        return Ok(s.to_owned());
+    }
+    let bad = |detail: String| Error::invalid_argument(format!("{what} is not valid UTF-16: {detail}"));
+    let mut units = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let cont = |k: usize| bytes.get(i + k).filter(|&&c| c & 0xC0 == 0x80).map(|&c| u16::from(c & 0x3F));
+        let (unit, len) = match b {
+            0x00..=0x7F => (Some(u16::from(b)), 1),
+            0xC0..=0xDF => (cont(1).map(|c1| (u16::from(b & 0x1F) << 6) | c1), 2),
+            0xE0..=0xEF => (cont(1).zip(cont(2)).map(|(c1, c2)| (u16::from(b & 0x0F) << 12) | (c1 << 6) | c2), 3),
+            _ => (None, 1),
+        };
+        units.push(unit.ok_or_else(|| bad(format!("malformed modified UTF-8 at byte {i}")))?);
+        i += len;
+    }
+    let mut out = String::with_capacity(units.len());
+    let mut at = 0;
+    for c in char::decode_utf16(units.iter().copied()) {
+        let c = c.map_err(|e| bad(format!("an unpaired surrogate \\u{:04X} at index {at}", e.unpaired_surrogate())))?;
+        out.push(c);
+        at += c.len_utf16();
+    }
+    Ok(out)
+}
+
+/// A `String[]` of keys; `what` names one element in errors ("a key").
+///
+/// # Errors
+/// As [`string`], for any element.
+pub fn keys(env: &mut Env<'_>, array: &JObjectArray<'_, JString<'_>>, what: &str) -> JResult<Vec<Key>> {
     let n = array.len(env)?;
     let mut keys = Vec::with_capacity(n);
     for i in 0..n {
         let s = array.get_element(env, i)?;
-        keys.push(Key::from(s.try_to_string(env)?));
+        keys.push(Key::from(string(env, &s, what)?));
         env.delete_local_ref(s);
     }
     Ok(keys)
@@ -92,5 +148,21 @@ mod tests {
         assert_eq!(context(7, 0).unwrap_err().kind(), ErrorKind::InvalidArgument);
         assert_eq!(shape_of(&[2, -3]).unwrap_err().kind(), ErrorKind::InvalidArgument);
         assert_eq!(shape_of(&[2, 3]).unwrap(), vec![2, 3]);
+    }
+
+    #[test]
+    fn strings_decode_strictly_from_modified_utf8() {
+        assert_eq!(from_modified_utf8(b"w", "a key").unwrap(), "w");
+        // U+0000 is C0 80; U+1F600 is a surrogate pair, each half in 3 bytes.
+        assert_eq!(from_modified_utf8(&[0x61, 0xC0, 0x80], "a key").unwrap(), "a\0");
+        assert_eq!(from_modified_utf8(&[0xED, 0xA0, 0xBD, 0xED, 0xB8, 0x80], "a key").unwrap(), "\u{1F600}");
+        // Unpaired surrogates (U+D800, U+DC00) are errors, never a shared replacement key.
+        let e = from_modified_utf8(&[0x6B, 0xED, 0xA0, 0x80], "a key").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("a key is not valid UTF-16: an unpaired surrogate \\uD800 at index 1"), "{e}");
+        assert!(from_modified_utf8(&[0xED, 0xB0, 0x80], "a key").is_err());
+        assert!(from_modified_utf8(&[0xED, 0xB8, 0x80, 0xED, 0xA0, 0xBD], "a key").is_err(), "a reversed pair");
+        assert!(from_modified_utf8(&[0xFF], "a key").is_err());
+        assert!(from_modified_utf8(&[0xE0, 0x80], "a key").is_err(), "a truncated sequence");
     }
 }

@@ -8,10 +8,12 @@ use std::any::Any;
 use std::cell::RefCell;
 use std::fmt;
 
+use jni::Env;
 use jni::errors::ErrorPolicy;
-use jni::objects::{Global, JThrowable, JValue};
-use jni::{Env, jni_sig, jni_str};
+use jni::objects::{Global, JObject, JThrowable, JValue};
 use kvstore_core::{Error, ErrorKind};
+
+use crate::classes::classes;
 
 /// The error of a native call: the store's, or one of jni's own.
 #[derive(Debug)]
@@ -86,25 +88,25 @@ fn take_cause() -> Option<Global<JThrowable<'static>>> {
 
 /// Throws `KVStoreException(code, message)`, with the updater's exception as its cause
 /// for a `BACKEND` error.
+///
+/// It makes no class or method lookup (the class and constructor come from
+/// [`crate::classes`]) and calls no Java method but the constructor, so it cannot start
+/// jni-rs's class-lookup recursion on a thread that is short of stack; if the
+/// constructor itself fails there, its `StackOverflowError` is what Java sees.
 fn throw(env: &mut Env<'_>, code: &str, message: &str) -> jni::errors::Result<()> {
-    let cause = take_cause();
-    let class = env.find_class(jni_str!("io/github/kvstore/KVStoreException"))?;
+    let cause = take_cause().filter(|_| code == ErrorKind::Backend.code());
+    let classes = classes()?;
     let jcode = env.new_string(code)?;
     let jmsg = env.new_string(message)?;
-    let ex = env.new_object(
-        &class,
-        jni_sig!("(Ljava/lang/String;Ljava/lang/String;)V"),
-        &[JValue::Object(&jcode), JValue::Object(&jmsg)],
-    )?;
-    if let Some(cause) = cause.filter(|_| code == ErrorKind::Backend.code()) {
-        env.call_method(
-            &ex,
-            jni_str!("initCause"),
-            jni_sig!("(Ljava/lang/Throwable;)Ljava/lang/Throwable;"),
-            &[JValue::Object(cause.as_ref())],
-        )?;
-    }
-    let ex = env.cast_local::<JThrowable>(ex)?;
+    let null = JObject::null();
+    let cause: &JObject<'_> = cause.as_ref().map_or(&null, |c| c.as_ref());
+    let args = [JValue::Object(&jcode).as_jni(), JValue::Object(&jmsg).as_jni(), JValue::Object(cause).as_jni()];
+    // SAFETY: `kvstore_exception_new` is the `(String, String, Throwable)` constructor of
+    // `kvstore_exception`, and `args` are a String, a String and a Throwable (or null).
+    let ex = unsafe { env.new_object_unchecked(&classes.kvstore_exception, classes.kvstore_exception_new, &args)? };
+    // SAFETY: `ex` was just built by a constructor of KVStoreException, a Throwable; the
+    // raw reference moves from `ex` to the new wrapper, so it is owned once.
+    let ex = unsafe { JThrowable::from_raw(env, ex.into_raw()) };
     // `throw` answers Err(JavaException) once the exception is pending: that is success.
     let _ = env.throw(ex);
     Ok(())

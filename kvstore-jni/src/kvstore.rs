@@ -7,15 +7,11 @@ use jni::sys::{jboolean, jint, jlong};
 use jni::{Env, EnvUnowned};
 use kvstore_core::{KVStore, Keys, Values};
 
-use crate::convert::{arrays, keys};
+use crate::convert::{arrays, keys, string};
 use crate::error::{JResult, ThrowKvStore};
 use crate::handles::STORES;
 use crate::optimizer::optimizer_from_json;
 use crate::updater::JavaUpdater;
-
-fn string(env: &Env<'_>, s: &JString<'_>) -> JResult<String> {
-    Ok(s.try_to_string(env)?)
-}
 
 /// Runs `f` with the store of handle `h`.
 fn with_store<T>(h: jlong, f: impl FnOnce(&KVStore) -> kvstore_core::Result<T>) -> JResult<T> {
@@ -30,7 +26,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nCreate<'l>(
     kind: JString<'l>,
 ) -> jlong {
     env.with_env(|env| -> JResult<jlong> {
-        let kv = KVStore::create(&string(env, &kind)?)?;
+        let kv = KVStore::create(&string(env, &kind, "the store kind")?)?;
         Ok(STORES.insert(Arc::new(kv)))
     })
     .resolve::<ThrowKvStore>()
@@ -85,7 +81,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nInit<'l>(
     vs: JLongArray<'l>,
 ) {
     env.with_env(|env| -> JResult<()> {
-        let (ks, vs) = (keys(env, &ks)?, arrays(env, &vs)?);
+        let (ks, vs) = (keys(env, &ks, "a key")?, arrays(env, &vs)?);
         with_store(h, |kv| kv.init(Keys::Many(ks), Values::Many(&vs)))
     })
     .resolve::<ThrowKvStore>()
@@ -101,7 +97,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nPush<'l>(
     priority: jint,
 ) {
     env.with_env(|env| -> JResult<()> {
-        let (ks, vs) = (keys(env, &ks)?, arrays(env, &vs)?);
+        let (ks, vs) = (keys(env, &ks, "a key")?, arrays(env, &vs)?);
         with_store(h, |kv| kv.push(Keys::Many(ks), Values::Many(&vs), priority))
     })
     .resolve::<ThrowKvStore>()
@@ -117,7 +113,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nPull<'l>(
     priority: jint,
 ) {
     env.with_env(|env| -> JResult<()> {
-        let (ks, outs) = (keys(env, &ks)?, arrays(env, &outs)?);
+        let (ks, outs) = (keys(env, &ks, "a key")?, arrays(env, &outs)?);
         with_store(h, |kv| kv.pull(Keys::Many(ks), Values::Many(&outs), priority))
     })
     .resolve::<ThrowKvStore>()
@@ -133,7 +129,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nPushKey<'l>(
     priority: jint,
 ) {
     env.with_env(|env| -> JResult<()> {
-        let (key, vs) = (string(env, &key)?, arrays(env, &vs)?);
+        let (key, vs) = (string(env, &key, "the key")?, arrays(env, &vs)?);
         with_store(h, |kv| kv.push(key, Values::Many(&vs), priority))
     })
     .resolve::<ThrowKvStore>()
@@ -149,7 +145,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nPullKey<'l>(
     priority: jint,
 ) {
     env.with_env(|env| -> JResult<()> {
-        let (key, outs) = (string(env, &key)?, arrays(env, &outs)?);
+        let (key, outs) = (string(env, &key, "the key")?, arrays(env, &outs)?);
         with_store(h, |kv| kv.pull(key, Values::Many(&outs), priority))
     })
     .resolve::<ThrowKvStore>()
@@ -176,8 +172,8 @@ fn pairs_call(
     priority: jint,
     op: PairsOp,
 ) -> JResult<()> {
-    let (ks, vs) = (keys(env, ks)?, arrays(env, vs)?);
-    let (out_ks, outs) = (keys(env, out_ks)?, arrays(env, outs)?);
+    let (ks, vs) = (keys(env, ks, "a key")?, arrays(env, vs)?);
+    let (out_ks, outs) = (keys(env, out_ks, "an out key")?, arrays(env, outs)?);
     with_store(h, |kv| op(kv, &ks, &vs, &out_ks, &outs, priority))
 }
 
@@ -271,7 +267,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nSendCommandToServers<'l>(
     body: JString<'l>,
 ) {
     env.with_env(|env| -> JResult<()> {
-        let body = string(env, &body)?;
+        let body = string(env, &body, "the command body")?;
         with_store(h, |kv| kv.send_command_to_servers(head, &body))
     })
     .resolve::<ThrowKvStore>()
@@ -285,7 +281,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nSetGradientCompression<'l
     kvs: JObjectArray<'l, JString<'l>>,
 ) {
     env.with_env(|env| -> JResult<()> {
-        let flat = keys(env, &kvs)?;
+        let flat = keys(env, &kvs, "a gradient-compression parameter")?;
         let pairs: Vec<(&str, &str)> =
             flat.chunks(2).map(|p| (p[0].as_str(), p.get(1).map_or("", |v| v.as_str()))).collect();
         with_store(h, |kv| kv.set_gradient_compression(&pairs))
@@ -301,7 +297,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nIsCapable<'l>(
     capability: JString<'l>,
 ) -> jboolean {
     env.with_env(|env| -> JResult<jboolean> {
-        let capability = string(env, &capability)?;
+        let capability = string(env, &capability, "the capability")?;
         with_store(h, |kv| kv.is_capable(&capability))
     })
     .resolve::<ThrowKvStore>()
@@ -315,7 +311,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nSetOptimizer<'l>(
     json: JString<'l>,
 ) {
     env.with_env(|env| -> JResult<()> {
-        let optimizer = optimizer_from_json(&string(env, &json)?)?;
+        let optimizer = optimizer_from_json(&string(env, &json, "the optimizer JSON")?)?;
         with_store(h, |kv| kv.set_optimizer(optimizer))
     })
     .resolve::<ThrowKvStore>()
@@ -329,7 +325,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nSaveOptimizerStates<'l>(
     path: JString<'l>,
 ) {
     env.with_env(|env| -> JResult<()> {
-        let path = string(env, &path)?;
+        let path = string(env, &path, "the path")?;
         with_store(h, |kv| kv.save_optimizer_states(&path))
     })
     .resolve::<ThrowKvStore>()
@@ -343,7 +339,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nLoadOptimizerStates<'l>(
     path: JString<'l>,
 ) {
     env.with_env(|env| -> JResult<()> {
-        let path = string(env, &path)?;
+        let path = string(env, &path, "the path")?;
         with_store(h, |kv| kv.load_optimizer_states(&path))
     })
     .resolve::<ThrowKvStore>()

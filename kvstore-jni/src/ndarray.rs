@@ -16,6 +16,11 @@ fn new_array(shape: &[usize], dtype: DType, ctx: kvstore_core::Context, fill: f6
 
 /// An array holding a Java primitive array's elements: copied once, straight into the
 /// array, when the dtype is the Java element type's; converted otherwise.
+///
+/// The data length is checked against the shape before anything is allocated (a
+/// `float[1]` with a shape of 10 GB is a `SHAPE_MISMATCH`, not a 10 GB allocation);
+/// every other error (a device no backend serves, a size too large to allocate) is the
+/// store's own.
 fn from_java<T: Element + TypeArray>(
     env: &Env<'_>,
     data: &JPrimitiveArray<'_, T>,
@@ -24,18 +29,28 @@ fn from_java<T: Element + TypeArray>(
     ctx: kvstore_core::Context,
 ) -> JResult<i64> {
     let len = data.len(env)?;
+    check_len(shape, len)?;
     if dtype == T::DTYPE {
         let a = NDArray::zeros_with(shape, dtype, ctx)?;
-        if a.size() != len {
-            return Err(size_mismatch(shape, len).into());
-        }
         a.with_data_mut(|buf: &mut [T]| data.get_region(env, 0, buf))??;
         return Ok(ARRAYS.insert(a));
     }
     let mut buf = vec![T::default(); len];
     data.get_region(env, 0, &mut buf)?;
-    let a = NDArray::from_slice_in(shape, &buf, ctx).map_err(|_| size_mismatch(shape, len))?;
+    let a = NDArray::from_slice_in(shape, &buf, ctx)?;
     Ok(ARRAYS.insert(a.as_type(dtype)?))
+}
+
+/// Checks that `len` elements fill `shape`, without allocating.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if the shape's size overflows; [`Error::ShapeMismatch`] if
+/// it is not `len`.
+fn check_len(shape: &[usize], len: usize) -> kvstore_core::Result<()> {
+    let size = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
+        Error::invalid_argument(format!("NDArray.array: shape {shape:?} has more elements than memory can hold"))
+    })?;
+    if size == len { Ok(()) } else { Err(size_mismatch(shape, len)) }
 }
 
 fn size_mismatch(shape: &[usize], len: usize) -> Error {
@@ -352,6 +367,17 @@ mod tests {
         assert_eq!(info(h).unwrap(), vec![5, 1, 2, 2, 2, 3]);
         assert!(ARRAYS.remove(h));
         assert_eq!(info(h).unwrap_err().kind(), ErrorKind::Disposed);
+    }
+
+    #[test]
+    fn data_lengths_are_checked_against_the_shape_before_any_allocation() {
+        assert!(check_len(&[2, 3], 6).is_ok());
+        assert!(check_len(&[], 1).is_ok());
+        assert!(check_len(&[0, 5], 0).is_ok());
+        assert_eq!(check_len(&[2, 3], 5).unwrap_err().kind(), ErrorKind::ShapeMismatch);
+        // 2^63 elements: a size that fits usize but no memory; checked, not allocated.
+        assert_eq!(check_len(&[1 << 31, 1 << 31, 2], 1).unwrap_err().kind(), ErrorKind::ShapeMismatch);
+        assert_eq!(check_len(&[usize::MAX, 2], 1).unwrap_err().kind(), ErrorKind::InvalidArgument);
     }
 
     #[test]

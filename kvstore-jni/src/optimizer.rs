@@ -215,7 +215,7 @@ pub extern "system" fn Java_io_github_kvstore_Optimizer_nValidate<'l>(
     json: JString<'l>,
 ) {
     env.with_env(|env| -> JResult<()> {
-        optimizer_from_json(&json.try_to_string(env)?)?;
+        optimizer_from_json(&crate::convert::string(env, &json, "the optimizer JSON")?)?;
         Ok(())
     })
     .resolve::<ThrowKvStore>()

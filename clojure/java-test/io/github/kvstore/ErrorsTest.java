@@ -20,8 +20,9 @@ import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
 /**
- * Every {@link KVStoreException.Code} from a real situation, and everything a caller can
- * pass that must be an exception, never a crash.
+ * Every {@link KVStoreException.Code} but {@code INTERNAL} from a real situation (
+ * {@code INTERNAL} stands for a bug, so it comes from a deliberate panic in a test-only
+ * native), and everything a caller can pass that must be an exception, never a crash.
  */
 class ErrorsTest {
     private static final int[] SHAPE = {2, 3};
@@ -191,6 +192,57 @@ class ErrorsTest {
         assertCode(Code.SHAPE_MISMATCH, () -> NDArray.array(new int[] {1, 2}, new int[] {}));
         assertCode(Code.SHAPE_MISMATCH,
                 () -> NDArray.array(new long[] {1, 2, 3}, new int[] {2}, Context.cpu(), DType.FLOAT16));
+    }
+
+    @Test
+    void arraysFromJavaDataCheckTheLengthFirstAndKeepTheStoresOwnErrors() {
+        // The converting path (float[] into float64, int[] into float32) keeps the error of
+        // the device.
+        assertCode(Code.DEVICE_UNAVAILABLE,
+                () -> NDArray.array(new float[2], new int[] {2}, Context.gpu(0), DType.FLOAT64));
+        assertCode(Code.DEVICE_UNAVAILABLE,
+                () -> NDArray.array(new int[2], new int[] {2}, Context.gpu(0), DType.FLOAT32));
+        // 2^63 elements: compared with the data's length, never allocated.
+        int[] unallocatable = {Integer.MAX_VALUE, Integer.MAX_VALUE, 2};
+        assertCode(Code.SHAPE_MISMATCH, () -> NDArray.array(new float[1], unallocatable));
+        assertCode(Code.SHAPE_MISMATCH,
+                () -> NDArray.array(new double[1], unallocatable, Context.cpu(), DType.FLOAT32));
+        // 10 GB of float32 for one element.
+        assertCode(Code.SHAPE_MISMATCH, () -> NDArray.array(new float[1], new int[] {100_000, 25_000}));
+        try (NDArray ok = NDArray.array(new float[] {1, 2}, new int[] {2}, Context.cpu(), DType.FLOAT64)) {
+            assertArrayEquals(new double[] {1, 2}, ok.toDoubleArray());
+        }
+    }
+
+    @Test
+    void stringsThatAreNotValidUtf16AreInvalidArgumentNotAnotherKey(@TempDir Path dir) throws IOException {
+        try (KVStore kv = KVStore.create();
+                NDArray seven = NDArray.full(new int[] {1}, 7);
+                NDArray out = NDArray.zeros(1)) {
+            KVStoreException e = assertCode(Code.INVALID_ARGUMENT, () -> kv.init("\uD800", seven));
+            assertTrue(e.getMessage().contains("unpaired surrogate"), e.getMessage());
+            // Unpaired surrogates never stand for one another (a lossy conversion made
+            // U+D800 and U+DC00 the same key).
+            kv.init("k", seven);
+            assertCode(Code.INVALID_ARGUMENT, () -> kv.pull("\uDC00", out));
+            assertCode(Code.INVALID_ARGUMENT, () -> kv.push("k\uDBFF", seven));
+            assertCode(Code.INVALID_ARGUMENT, () -> kv.push(new String[] {"k", "\uDFFFk"}, new NDArray[] {seven, seven}));
+            assertCode(Code.INVALID_ARGUMENT, () -> kv.pull(new String[] {"k", "\uD800"}, new NDArray[] {out, out}));
+            assertCode(Code.INVALID_ARGUMENT, () -> kv.pushpull("\uD800", seven, out));
+            assertCode(Code.INVALID_ARGUMENT, () -> kv.broadcast("\uDC00", seven, out));
+            assertCode(Code.INVALID_ARGUMENT, () -> kv.isCapable("optimizer\uD800"));
+            assertCode(Code.INVALID_ARGUMENT, () -> KVStore.create("local\uD800"));
+            kv.setOptimizer(Optimizer.sgd().build());
+            assertCode(Code.INVALID_ARGUMENT, () -> kv.saveOptimizerStates(dir + "/w\uD800.states"));
+            try (var files = Files.list(dir)) {
+                assertEquals(0, files.count(), "no file was written under another name");
+            }
+            // A surrogate pair is one character, and a key of its own.
+            kv.setUpdater(null).init("\uD83D\uDE00", seven);
+            kv.pull("\uD83D\uDE00", out);
+            assertAll(7f, out);
+            assertCode(Code.KEY_NOT_INITIALIZED, () -> kv.pull("\uD83D\uDE01", out));
+        }
     }
 
     @Test

@@ -41,6 +41,8 @@ public final class KVStore implements AutoCloseable {
     }
 
     private static final Cleaner CLEANER = Cleaner.create();
+    /** Native stores freed so far, by close() or by the Cleaner (for tests). */
+    private static final AtomicLong FREED = new AtomicLong();
 
     /** The native handle, freed exactly once; never refers to the KVStore itself. */
     private static final class State implements Runnable {
@@ -54,6 +56,7 @@ public final class KVStore implements AutoCloseable {
         public void run() {
             long h = handle.getAndSet(0);
             if (h != 0) {
+                FREED.incrementAndGet();
                 try {
                     nFree(h);
                 } catch (KVStoreException e) {
@@ -65,6 +68,12 @@ public final class KVStore implements AutoCloseable {
 
     private final State state;
     private final Cleaner.Cleanable cleanable;
+    /**
+     * The installed updater. The native store holds it only weakly, so this field is what
+     * keeps it alive, for as long as the store is reachable: an updater that captures the
+     * store forms a cycle the garbage collector can free, not a GC root.
+     */
+    private volatile Updater updater;
 
     private KVStore(long handle) {
         this.state = new State(handle);
@@ -93,6 +102,11 @@ public final class KVStore implements AutoCloseable {
     public static KVStore create(String kind) {
         Objects.requireNonNull(kind, "kind");
         return new KVStore(nCreate(kind));
+    }
+
+    /** Native stores freed so far, explicitly or by the Cleaner. */
+    static long freedCount() {
+        return FREED.get();
     }
 
     private long handle() {
@@ -284,9 +298,12 @@ public final class KVStore implements AutoCloseable {
         Objects.requireNonNull(key, "key");
         checkArrays(values, "values");
         long[] vs = handles(values, "values");
+        // Kept reachable: setUpdater on another thread may replace it while this push runs it.
+        Updater running = updater;
         try {
             nPushKey(handle(), key, vs, priority);
         } finally {
+            Reference.reachabilityFence(running);
             Reference.reachabilityFence(this);
             Reference.reachabilityFence(values);
         }
@@ -323,9 +340,12 @@ public final class KVStore implements AutoCloseable {
         keys(keys, "keys");
         checkArrays(values, "values");
         long[] vs = handles(values, "values");
+        // Kept reachable: setUpdater on another thread may replace it while this push runs it.
+        Updater running = updater;
         try {
             nPush(handle(), keys, vs, priority);
         } finally {
+            Reference.reachabilityFence(running);
             Reference.reachabilityFence(this);
             Reference.reachabilityFence(values);
         }
@@ -435,9 +455,12 @@ public final class KVStore implements AutoCloseable {
     private KVStore pushpull0(String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
         long[] vs = handles(values, "values");
         long[] os = handles(outs, "outs");
+        // Kept reachable: setUpdater on another thread may replace it while this push runs it.
+        Updater running = updater;
         try {
             nPushPull(handle(), keys, vs, outKeys, os, priority);
         } finally {
+            Reference.reachabilityFence(running);
             Reference.reachabilityFence(this);
             Reference.reachabilityFence(values);
             Reference.reachabilityFence(outs);
@@ -729,8 +752,10 @@ public final class KVStore implements AutoCloseable {
     /**
      * Installs a custom updater, replacing any earlier one; {@code null} goes back to the
      * default (the pushed sum replaces the stored value). See {@link Updater} for when it
-     * runs. The store keeps a reference to the updater until it is replaced or the store
-     * is closed.
+     * runs and what it may call. The store keeps the updater reachable until it is
+     * replaced, for as long as the store itself is reachable; an updater that captures the
+     * store does not keep the store alive. A push that runs on another thread while the
+     * updater is replaced uses the old or the new one.
      *
      * @param updater the updater, or {@code null}
      * @return this store
@@ -739,8 +764,10 @@ public final class KVStore implements AutoCloseable {
     public KVStore setUpdater(Updater updater) {
         try {
             nSetUpdater(handle(), updater);
+            this.updater = updater;
         } finally {
             Reference.reachabilityFence(this);
+            Reference.reachabilityFence(updater);
         }
         return this;
     }

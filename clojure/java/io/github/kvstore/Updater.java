@@ -15,8 +15,24 @@ package io.github.kvstore;
  *
  * <p>{@code merged} and {@code stored} are valid only during the call: afterwards any use
  * of them is {@link KVStoreException.Code#DISPOSED}; copy what must outlive the call
- * ({@code stored.copyTo(ctx)}). Do not call the store itself from an updater: the keys of
- * the push are locked while it runs.
+ * ({@code stored.copyTo(ctx)}).
+ *
+ * <p>Calling stores from an updater: an updater may not call the store that runs it
+ * ({@code push}, {@code pull}, {@code pushpull}, the optimizer calls; for any key, not
+ * only the keys of the push): the push holds its keys while its updates run, so such a
+ * call fails at once with {@link KVStoreException.Code#INVALID_ARGUMENT} instead of
+ * waiting for itself or for a thread that waits for this push. It may call other stores,
+ * but those calls never wait: if a key they need is locked by a call on another thread,
+ * they fail with {@code INVALID_ARGUMENT} instead, so that two stores whose updaters call
+ * each other cannot deadlock. Pushes nested through updaters (an updater pushing to a store whose
+ * updater pushes to another, ...) may be at most 8 deep on one thread; a deeper push
+ * fails with {@code INVALID_ARGUMENT}. An exception thrown here, a
+ * {@link StackOverflowError} included, fails the push with {@code BACKEND} and is its
+ * cause.
+ *
+ * <p>The store keeps its updater reachable for as long as the store is (the native side
+ * holds it only weakly), so an updater that captures its own store does not keep the
+ * store alive.
  */
 @FunctionalInterface
 public interface Updater {
@@ -30,4 +46,13 @@ public interface Updater {
      * @param stored a working copy of the key's value: modify it in place
      */
     void update(String key, int index, NDArray merged, NDArray stored);
+
+    /**
+     * Runs {@code updater} on the arrays of two native handles; called by the native side
+     * ({@code kvstore-jni/src/updater.rs}) for each update, through a method ID cached when
+     * the library loads, so that no class has to be looked up during a push.
+     */
+    private static void invoke(Updater updater, String key, int index, long merged, long stored) {
+        updater.update(key, index, new NDArray(merged), new NDArray(stored));
+    }
 }

@@ -6,15 +6,19 @@
   `(cpu 3)` works on any machine. A GPU context can be created on any machine;
   using it where no GPU is available fails with
   `{:kvstore/error :device-unavailable}`."
-  (:require [org.apache.clojure-mxnet.util :as util])
+  (:require [clojure.spec.alpha :as s]
+            [org.apache.clojure-mxnet.util :as util])
   (:import (io.github.kvstore Context)))
 
 (set! *warn-on-reflection* true)
 
+(s/def ::device-id (s/and nat-int? util/int-value?))
+(s/def ::context #(instance? Context %))
+
 (defn cpu
   "The CPU context `device-id` (default 0)."
   (^Context [device-id]
-   (util/validate! nat-int? device-id "Invalid device id")
+   (util/validate! ::device-id device-id "Invalid device id")
    (util/with-kvstore-errors :cpu
      (Context/cpu (int device-id))))
   (^Context []
@@ -23,7 +27,7 @@
 (defn gpu
   "The GPU context `device-id` (default 0)."
   (^Context [device-id]
-   (util/validate! nat-int? device-id "Invalid device id")
+   (util/validate! ::device-id device-id "Invalid device id")
    (util/with-kvstore-errors :gpu
      (Context/gpu (int device-id))))
   (^Context []
@@ -43,11 +47,13 @@
 (defn device-type
   "\"cpu\" or \"gpu\"."
   [^Context context]
+  (util/validate! ::context context "Invalid context")
   (.deviceType context))
 
 (defn device-id
   "The device number of `context`."
   [^Context context]
+  (util/validate! ::context context "Invalid context")
   (.deviceId context))
 
 (defn context?
@@ -75,7 +81,7 @@
       (and (vector? x) (= 2 (count x)) (keyword? (first x)) (nat-int? (second x)))
       (make (name (first x)) (second x))
       (string? x)
-      (if-let [[_ t id] (re-matches #"\s*(cpu|gpu)\s*(?:\(\s*(\d+)\s*\))?\s*" x)]
+      (if-let [[_ t id] (re-matches #"\s*(cpu|gpu)\s*(?:\(\s*(\d{1,10})\s*\))?\s*" x)]
         (make t (if id (Long/parseLong id) 0))
         (bad))
       :else (bad))))

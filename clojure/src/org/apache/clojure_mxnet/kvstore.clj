@@ -23,10 +23,12 @@
   the store twice); `send-command-to-servers` is callable; `create` rejects
   unknown kinds.
 
-  Errors are `ex-info`. Arguments are checked with spec first: \"Invalid keys\",
-  \"Invalid values\", \"Invalid outs\", \"Invalid priority\", \"Invalid head\",
-  \"Invalid body\", \"Invalid optimizer\", \"Invalid filename\" (data:
-  `s/explain-data`). Errors of the store carry
+  Errors are `ex-info`. Arguments are checked with spec first: \"Invalid
+  kvstore\" (not a store, e.g. nil), \"Invalid keys\", \"Invalid values\",
+  \"Invalid outs\", \"Invalid priority\", \"Invalid node-id\", \"Invalid head\"
+  (numbers must fit a Java int), \"Invalid body\", \"Invalid optimizer\",
+  \"Invalid filename\" (data: `s/explain-data` plus
+  `{:kvstore/error :invalid-argument}`). Errors of the store carry
   `{:kvstore/error :key-not-initialized ...}` (the keyword of the
   `KVStoreException` code: `:already-initialized :shape-mismatch
   :dtype-mismatch :length-mismatch :unknown-store-kind :device-unavailable
@@ -47,9 +49,10 @@
                   :vec-of-ndarray (s/coll-of ::ndarray :kind vector?)))
 (s/def ::outs (s/or :ndarray ::ndarray
                     :vec-of-ndarray (s/coll-of ::ndarray :kind vector?)))
-(s/def ::priority int?)
-(s/def ::node-id int?)
-(s/def ::head int?)
+(s/def ::kvstore #(instance? KVStore %))
+(s/def ::priority util/int-value?)
+(s/def ::node-id util/int-value?)
+(s/def ::head util/int-value?)
 (s/def ::body string?)
 (s/def ::updater (s/nilable (s/or :updater #(instance? Updater %)
                                  :fn ifn?)))
@@ -75,6 +78,9 @@
 
 (defn- ndarrays? [vs]
   (or (instance? NDArray vs) (vector-of? ndarray? vs)))
+
+(defn- kvstore? [x]
+  (instance? KVStore x))
 
 (defmacro ^:private check!
   "`(util/validate! spec x msg)`, evaluated only when `(fast? x)` is false."
@@ -136,6 +142,7 @@
   "Releases the store's native memory. Idempotent; any later use of the store
   is `{:kvstore/error :disposed}`."
   [^KVStore kvstore]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (util/with-kvstore-errors :dispose
     (.dispose kvstore))
   nil)
@@ -146,6 +153,7 @@
   pull. In a distributed store only rank 0's values are used. Returns the
   store."
   [^KVStore kvstore ks vs]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (check! ks? ::ks ks "Invalid keys")
   (check! ndarrays? ::vs vs "Invalid values")
   (util/with-kvstore-errors :init
@@ -159,9 +167,10 @@
   sum into the stored value. `priority` (default 0) never changes results.
   Returns the store."
   ([^KVStore kvstore ks vs priority]
+   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
    (check! ks? ::ks ks "Invalid keys")
    (check! ndarrays? ::vs vs "Invalid values")
-   (check! int? ::priority priority "Invalid priority")
+   (check! util/int-value? ::priority priority "Invalid priority")
    (let [store-vals (as-vector vs)]
      (util/with-kvstore-errors :push
        (if (string? ks)
@@ -176,9 +185,10 @@
   vector of outs `outs`. A single key with a vector of outs is repeated for
   each out. Returns the store."
   ([^KVStore kvstore ks outs priority]
+   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
    (check! ks? ::ks ks "Invalid keys")
    (check! ndarrays? ::outs outs "Invalid outs")
-   (check! int? ::priority priority "Invalid priority")
+   (check! util/int-value? ::priority priority "Invalid priority")
    (let [store-outs (as-vector outs)]
      (util/with-kvstore-errors :pull
        (if (string? ks)
@@ -193,6 +203,7 @@
   With no `outs` the result is written back into the values `vs` themselves.
   A single key is repeated for each value and for each out. Returns the store."
   ([^KVStore kvstore ks vs]
+   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
    (check! ks? ::ks ks "Invalid keys")
    (check! ndarrays? ::vs vs "Invalid values")
    (let [store-vals (ndarray-array (as-vector vs))]
@@ -204,10 +215,11 @@
   ([kvstore ks vs outs]
    (pushpull kvstore ks vs outs 0))
   ([^KVStore kvstore ks vs outs priority]
+   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
    (check! ks? ::ks ks "Invalid keys")
    (check! ndarrays? ::vs vs "Invalid values")
    (check! ndarrays? ::outs outs "Invalid outs")
-   (check! int? ::priority priority "Invalid priority")
+   (check! util/int-value? ::priority priority "Invalid priority")
    (let [store-vals (ndarray-array (as-vector vs))
          store-outs (ndarray-array (as-vector outs))]
      (util/with-kvstore-errors :pushpull
@@ -224,10 +236,11 @@
   ([kvstore ks vs outs]
    (broadcast kvstore ks vs outs 0))
   ([^KVStore kvstore ks vs outs priority]
+   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
    (check! ks? ::ks ks "Invalid keys")
    (check! ndarrays? ::vs vs "Invalid values")
    (check! ndarrays? ::outs outs "Invalid outs")
-   (check! int? ::priority priority "Invalid priority")
+   (check! util/int-value? ::priority priority "Invalid priority")
    (let [store-vals (as-vector vs)
          store-outs (ndarray-array (as-vector outs))]
      (util/with-kvstore-errors :broadcast
@@ -255,10 +268,16 @@
   `(fn [key input stored] (ndarray/+= stored (ndarray/* input 2)))`. It runs
   on the thread that pushes; `input` and `stored` are valid only during the
   call. If it throws, the push fails with `{:kvstore/error :backend}` (the
-  fn's exception is the root cause) and the store keeps its value. An
+  fn's exception is the root cause) and the store keeps its value. It may not
+  call the store that runs it (`{:kvstore/error :invalid-argument}`); calls to
+  other stores fail instead of waiting when a key there is busy, and pushes
+  nested through updaters may be at most 8 deep on one thread. An
   `io.github.kvstore.Updater` is used as is; nil restores the default
-  (assign). Returns the store."
+  (assign). The store keeps `updater` alive as long as the store is reachable
+  (a fn that closes over the store does not keep it alive). Returns the
+  store."
   [^KVStore kvstore updater]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (util/validate! ::updater updater "Invalid updater")
   (util/with-kvstore-errors :set-updater
     (doto kvstore
@@ -267,18 +286,21 @@
 (defn type
   "The kind of the store: \"local\", \"device\", \"dist_sync\"..."
   [^KVStore kvstore]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (util/with-kvstore-errors :type
     (.type kvstore)))
 
 (defn num-workers
   "The number of worker processes (1 unless distributed)."
   [^KVStore kvstore]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (util/with-kvstore-errors :num-workers
     (.numWorkers kvstore)))
 
 (defn rank
   "The rank of this worker, in [0, num-workers)."
   [^KVStore kvstore]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (util/with-kvstore-errors :rank
     (.rank kvstore)))
 
@@ -286,6 +308,7 @@
   "Waits until every worker has reached the barrier (does nothing for a
   single worker). Returns the store."
   [^KVStore kvstore]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (util/with-kvstore-errors :barrier
     (doto kvstore
       (.barrier))))
@@ -293,6 +316,7 @@
 (defn num-dead-node
   "The number of dead nodes in the group `node-id` (0 on a local store)."
   [^KVStore kvstore node-id]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (util/validate! ::node-id node-id "Invalid node-id")
   (util/with-kvstore-errors :num-dead-node
     (.numDeadNode kvstore (int node-id))))
@@ -300,6 +324,7 @@
 (defn set-barrier-before-exit
   "Whether disposing the store waits at a barrier first. Returns the store."
   [^KVStore kvstore barrier-before-exit]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (util/with-kvstore-errors :set-barrier-before-exit
     (doto kvstore
       (.setBarrierBeforeExit (boolean barrier-before-exit)))))
@@ -308,6 +333,7 @@
   "Sends the command `head` (an int) with `body` (a string) to the servers
   (nothing to do on a local store). Returns the store."
   [^KVStore kvstore head body]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (util/validate! ::head head "Invalid head")
   (util/validate! ::body body "Invalid body")
   (util/with-kvstore-errors :send-command-to-servers
@@ -323,6 +349,7 @@
   store. Replaces any updater or earlier optimizer (every key's state starts
   afresh). Returns the store."
   [^KVStore kvstore optimizer]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (util/validate! ::optimizer optimizer "Invalid optimizer")
   (util/with-kvstore-errors :set-optimizer
     (doto kvstore
@@ -332,6 +359,7 @@
   "The MXNet name of the optimizer registered with the store (\"sgd\",
   \"adam\", ...), or nil when there is none."
   [^KVStore kvstore]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (util/with-kvstore-errors :optimizer-name
     (.optimizerName kvstore)))
 
@@ -343,6 +371,7 @@
   No optimizer registered is `{:kvstore/error :invalid-argument}`; a file that
   cannot be written `{:kvstore/error :io}`."
   [^KVStore kvstore fname]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (util/validate! ::fname fname "Invalid filename")
   (util/with-kvstore-errors :save-optimizer-states
     (doto kvstore
@@ -356,6 +385,7 @@
   optimizer, `{:kvstore/error :invalid-argument}`; a key of the file that the
   store lacks `{:kvstore/error :key-not-initialized}`."
   [^KVStore kvstore fname]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (util/validate! ::fname fname "Invalid filename")
   (util/with-kvstore-errors :load-optimizer-states
     (doto kvstore

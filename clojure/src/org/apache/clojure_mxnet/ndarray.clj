@@ -20,7 +20,9 @@
   :ctx \"cpu(0)\" :values [[...] [...]]}`, which reads back: `read-ndarray` is
   the tag's reader, registered by the jar's data_readers.clj (the tag reads
   once this namespace is loaded); with `*print-dup*` they print as a
-  `#=(...)` form.
+  `#=(...)` form. Arrays of more than `*print-threshold*` (1000) elements
+  print a `:summary` string instead of `:values` (reading that back is an
+  error); `*print-length*` and `*print-level*` do not cut the printed map.
 
   Errors are `ex-info`: bad arguments carry spec's explain-data, errors from
   the native side `{:kvstore/error <keyword> ...}` (see
@@ -80,6 +82,7 @@
 (defn shape
   "The shape of `ndarray` as a vector: `[2 3]`. (clojure-mxnet returns a Shape.)"
   [^NDArray ndarray]
+  (validate-ndarray! ndarray)
   (util/with-kvstore-errors :shape
     (mapv long (.shape ndarray))))
 
@@ -91,12 +94,14 @@
 (defn ndim
   "The number of dimensions of `ndarray`."
   [^NDArray ndarray]
+  (validate-ndarray! ndarray)
   (util/with-kvstore-errors :ndim
     (.ndim ndarray)))
 
 (defn size
   "The number of elements of `ndarray`."
   [^NDArray ndarray]
+  (validate-ndarray! ndarray)
   (util/with-kvstore-errors :size
     (.size ndarray)))
 
@@ -104,12 +109,14 @@
   "The element type of `ndarray`, an `io.github.kvstore.DType` (see
   `dtype-keyword`)."
   ^DType [^NDArray ndarray]
+  (validate-ndarray! ndarray)
   (util/with-kvstore-errors :dtype
     (.dtype ndarray)))
 
 (defn context
   "The context (device) `ndarray` lives in."
   ^Context [^NDArray ndarray]
+  (validate-ndarray! ndarray)
   (util/with-kvstore-errors :context
     (.context ndarray)))
 
@@ -216,6 +223,7 @@
 (defn to-array
   "The elements of `ndarray` as a new float[] (converted from its dtype)."
   ^floats [^NDArray ndarray]
+  (validate-ndarray! ndarray)
   (util/with-kvstore-errors :to-array
     (.toFloatArray ndarray)))
 
@@ -233,6 +241,7 @@
 (defn ->double-vec
   "The elements of `ndarray` as a flat vector of Doubles."
   [^NDArray ndarray]
+  (validate-ndarray! ndarray)
   (util/with-kvstore-errors :->double-vec
     (vec (.toDoubleArray ndarray))))
 
@@ -240,12 +249,14 @@
   "The elements of `ndarray` as a flat vector of Integers (floats are
   truncated toward zero)."
   [^NDArray ndarray]
+  (validate-ndarray! ndarray)
   (util/with-kvstore-errors :->int-vec
     (vec (.toIntArray ndarray))))
 
 (defn ->long-vec
   "The elements of `ndarray` as a flat vector of Longs."
   [^NDArray ndarray]
+  (validate-ndarray! ndarray)
   (util/with-kvstore-errors :->long-vec
     (vec (.toLongArray ndarray))))
 
@@ -348,6 +359,7 @@
 (defn copy
   "A new NDArray with the contents of `ndarray`, in the same context."
   [^NDArray ndarray]
+  (validate-ndarray! ndarray)
   (util/with-kvstore-errors :copy
     (.copyTo ndarray (.context ndarray))))
 
@@ -365,6 +377,7 @@
 (defn as-in-context
   "`ndarray` itself when it lives in `ctx`, else a copy in `ctx`."
   [^NDArray ndarray ctx]
+  (validate-ndarray! ndarray)
   (let [ctx (mx-context/->context ctx)]
     (util/with-kvstore-errors :as-in-context
       (if (= (str ctx) (str (.context ndarray)))
@@ -374,6 +387,7 @@
 (defn as-type
   "A new NDArray with the values of `ndarray` converted to `dtype`."
   [^NDArray ndarray dtype]
+  (validate-ndarray! ndarray)
   (let [dtype (->dtype dtype)]
     (util/with-kvstore-errors :as-type
       (.asType ndarray dtype))))
@@ -396,6 +410,7 @@
   "Frees the native memory of `ndarray` now (it is also freed once
   unreachable). Idempotent. Later use is `{:kvstore/error :disposed}`."
   [^NDArray ndarray]
+  (validate-ndarray! ndarray)
   (util/with-kvstore-errors :dispose
     (.close ndarray))
   nil)
@@ -418,34 +433,62 @@
         shape (vec (.shape ndarray))]
     (if (empty? shape) v (nest v shape))))
 
-(defn- printable-map [^NDArray ndarray exact?]
-  {:shape (mapv long (.shape ndarray))
-   :dtype (dtype-keyword (.dtype ndarray))
-   :ctx (str (.context ndarray))
-   :values (values-of ndarray exact?)})
+(def ^:dynamic *print-threshold*
+  "Arrays of more elements than this print as a summary (see `print-method`),
+  not with every value: printing ten million values would take gigabytes. Bind
+  it higher to print a larger array whole. Default 1000."
+  1000)
+
+(defn- printable-map
+  "The map an NDArray prints as: its values when it has at most
+  `*print-threshold*` elements (or `exact?`, for print-dup), else a `:summary`,
+  the Java `toString` (its first and last values per axis)."
+  [^NDArray ndarray exact?]
+  (let [m {:shape (mapv long (.shape ndarray))
+           :dtype (dtype-keyword (.dtype ndarray))
+           :ctx (str (.context ndarray))}]
+    (if (or exact? (<= (.size ndarray) *print-threshold*))
+      (assoc m :values (values-of ndarray exact?))
+      (assoc m :summary (str ndarray)))))
 
 (defn read-ndarray
   "Builds an NDArray from the map an NDArray prints as (`:values` nested or
   flat, `:shape`, `:dtype`, `:ctx` as printed): the reader of the tag
-  `#kvstore/ndarray`."
-  [{:keys [values shape dtype ctx]}]
+  `#kvstore/ndarray`. The summary of a large array (a `:summary` and no
+  `:values`) cannot be read back: it is `{:kvstore/error :invalid-argument}`."
+  [{:keys [values shape dtype ctx] :as m}]
+  (when-not (contains? m :values)
+    (util/invalid-argument!
+     (str "Cannot read an NDArray from a map without :values"
+          (when (contains? m :summary)
+            (str ": it was printed as a summary (more than *print-threshold* elements);"
+                 " bind org.apache.clojure-mxnet.ndarray/*print-threshold* higher, or *print-dup*,"
+                 " to print its values")))
+     {:kvstore/op :read-ndarray :shape shape :dtype dtype :ctx ctx}))
   (let [flat (vec (flatten values))]
     (array flat (or shape (util/nd-seq-shape values)) {:ctx ctx :dtype dtype})))
 
 (defn- print-ndarray [^NDArray ndarray ^Writer w dup?]
-  (let [m (try
-            (printable-map ndarray dup?)
-            ;; A disposed array still prints, as an opaque object.
-            (catch clojure.lang.ExceptionInfo e
-              (ex-message e))
-            (catch KVStoreException e
-              (ex-message e)))]
+  ;; A disposed array still prints, as an opaque object.
+  (let [m (if (.isClosed ndarray)
+            "NDArray was used after it was closed"
+            (try
+              (printable-map ndarray dup?)
+              (catch clojure.lang.ExceptionInfo e
+                (ex-message e))
+              (catch KVStoreException e
+                (ex-message e))))]
     (if (map? m)
       (do
         (.write w (if dup?
                     "#=(org.apache.clojure-mxnet.ndarray/read-ndarray "
                     "#kvstore/ndarray "))
-        (print-method m w)
+        ;; The map is one value: *print-length* / *print-level* cutting it (or its
+        ;; values) would print a form that no longer reads back. Its size is
+        ;; bounded by *print-threshold* instead.
+        (binding [*print-length* nil
+                  *print-level* nil]
+          (print-method m w))
         (when dup? (.write w ")")))
       (.write w (str "#object[io.github.kvstore.NDArray " (pr-str (str m)) "]")))))
 

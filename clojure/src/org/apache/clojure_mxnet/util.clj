@@ -3,10 +3,12 @@
   validation with clojure-mxnet's messages, and the one place where a Java
   `KVStoreException` becomes an `ex-info`.
 
-  Every error that reaches a caller of these namespaces is an `ex-info`:
+  Every error that reaches a caller of these namespaces is an `ex-info` whose
+  data has a `:kvstore/error` keyword:
   - argument validation (before any Java call): the message names the argument
     (\"Invalid keys\", \"Invalid values\", ...) and the data is
-    `(s/explain-data spec value)`, as in clojure-mxnet;
+    `(s/explain-data spec value)`, as in clojure-mxnet, plus
+    `{:kvstore/error :invalid-argument, :kvstore/code \"INVALID_ARGUMENT\"}`;
   - an error of the store or of an array: the message is the Java message and
     the data is `{:kvstore/error :shape-mismatch, :kvstore/code \"SHAPE_MISMATCH\",
     :kvstore/op :push}`; the `KVStoreException` is the cause."
@@ -17,13 +19,21 @@
 (set! *warn-on-reflection* true)
 
 (defn validate!
-  "Throws `ex-info` with `error-msg` and `(s/explain-data spec value)` as its
-  data unless `value` conforms to `spec`. Returns nil.
+  "Throws `ex-info` with `error-msg` and `(s/explain-data spec value)` plus
+  `{:kvstore/error :invalid-argument :kvstore/code \"INVALID_ARGUMENT\"}` as
+  its data unless `value` conforms to `spec`. Returns nil.
   Unlike clojure-mxnet it does not print `s/explain` to *out*: the explanation
   is in the exception's data."
   [spec value error-msg]
   (when-not (s/valid? spec value)
-    (throw (ex-info error-msg (s/explain-data spec value)))))
+    (throw (ex-info error-msg (assoc (s/explain-data spec value)
+                                     :kvstore/error :invalid-argument
+                                     :kvstore/code "INVALID_ARGUMENT")))))
+
+(defn int-value?
+  "True for an integer that fits a Java int (what the Java API takes)."
+  [x]
+  (and (int? x) (<= Integer/MIN_VALUE x Integer/MAX_VALUE)))
 
 (defn code->keyword
   "The keyword for a `KVStoreException$Code` or its name:

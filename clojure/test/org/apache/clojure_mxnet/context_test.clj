@@ -33,7 +33,25 @@
   (doseq [f [context/cpu context/gpu]]
     (let [e (try (f -1) nil (catch clojure.lang.ExceptionInfo e e))]
       (is (= "Invalid device id" (ex-message e)))
+      (is (= :invalid-argument (:kvstore/error (ex-data e))))
       (is (contains? (ex-data e) :clojure.spec.alpha/problems)))))
+
+(deftest a-device-id-beyond-int-range-is-invalid-not-an-overflow
+  (doseq [f [context/cpu context/gpu]
+          id [(inc Integer/MAX_VALUE) Long/MAX_VALUE]]
+    (let [e (try (f id) nil (catch Exception e e))]
+      (is (instance? clojure.lang.ExceptionInfo e) (str "device id " id ": " e))
+      (is (= "Invalid device id" (ex-message e)))
+      (is (= :invalid-argument (:kvstore/error (ex-data e))))))
+  (doseq [x ["cpu(2147483648)" "gpu(99999999999999999999)" [:gpu (inc Integer/MAX_VALUE)]]]
+    (let [e (try (context/->context x) nil (catch Exception e e))]
+      (is (= :invalid-argument (:kvstore/error (ex-data e))) (str (pr-str x) ": " e)))))
+
+(deftest device-type-and-device-id-of-a-non-context-are-invalid-arguments
+  (doseq [f [context/device-type context/device-id]
+          x [nil "cpu(0)"]]
+    (let [e (try (f x) nil (catch Exception e e))]
+      (is (= :invalid-argument (:kvstore/error (ex-data e))) (str (pr-str x) ": " e)))))
 
 (deftest ->context-coerces-contexts-strings-keywords-and-vectors
   (is (= "cpu(0)" (str (context/->context nil))))

@@ -288,6 +288,69 @@
     (is (= "Invalid head" (spec-message-of #(kvstore/send-command-to-servers kv "0" "body"))))
     (is (= "Invalid body" (spec-message-of #(kvstore/send-command-to-servers kv 0 :body))))))
 
+(deftest argument-errors-are-ex-info-with-kvstore-error-and-explain-data
+  (let [kv (kvstore/init (kvstore/create) "3" (ndarray/zeros [1]))
+        v (ndarray/ones [1])]
+    (doseq [[msg f] [["Invalid keys" #(kvstore/push kv 3 v)]
+                     ["Invalid values" #(kvstore/init kv "4" [1.0])]
+                     ["Invalid outs" #(kvstore/pull kv "3" [v "x"])]
+                     ["Invalid priority" #(kvstore/push kv "3" v 1.5)]
+                     ["Invalid name" #(kvstore/create 3)]
+                     ["Invalid filename" #(kvstore/save-optimizer-states kv nil)]]]
+      (let [e (thrown f)]
+        (is (= msg (ex-message e)))
+        (is (= :invalid-argument (:kvstore/error (ex-data e))) msg)
+        (is (= "INVALID_ARGUMENT" (:kvstore/code (ex-data e))) msg)
+        (is (seq (:clojure.spec.alpha/problems (ex-data e))) (str msg ": explain-data kept"))))))
+
+(deftest numbers-beyond-int-range-are-invalid-arguments-not-overflows
+  (let [kv (kvstore/init (kvstore/create) "3" (ndarray/zeros [1]))
+        v (ndarray/ones [1])
+        big (inc Integer/MAX_VALUE)
+        small (dec Integer/MIN_VALUE)
+        outcome (fn [f] (try (f) :returned
+                             (catch clojure.lang.ExceptionInfo e
+                               [(ex-message e) (:kvstore/error (ex-data e))])
+                             (catch Exception e (class e))))]
+    (is (= ["Invalid priority" :invalid-argument] (outcome #(kvstore/push kv "3" v big))))
+    (is (= ["Invalid priority" :invalid-argument] (outcome #(kvstore/pull kv "3" v small))))
+    (is (= ["Invalid priority" :invalid-argument] (outcome #(kvstore/pushpull kv "3" v v big))))
+    (is (= ["Invalid priority" :invalid-argument] (outcome #(kvstore/broadcast kv "8" v v big))))
+    (is (= ["Invalid node-id" :invalid-argument] (outcome #(kvstore/num-dead-node kv big))))
+    (is (= ["Invalid head" :invalid-argument] (outcome #(kvstore/send-command-to-servers kv Long/MAX_VALUE "b"))))
+    (testing "the int range's ends still work"
+      (is (= :returned (outcome #(kvstore/push kv "3" v Integer/MAX_VALUE))))
+      (is (= :returned (outcome #(kvstore/pull kv "3" v Integer/MIN_VALUE)))))))
+
+(deftest a-nil-or-foreign-store-is-invalid-kvstore
+  (let [v (ndarray/ones [1])
+        calls {:dispose #(kvstore/dispose %)
+               :init #(kvstore/init % "3" v)
+               :push #(kvstore/push % "3" v)
+               :push-priority #(kvstore/push % "3" v 0)
+               :pull #(kvstore/pull % "3" v)
+               :pushpull #(kvstore/pushpull % "3" v)
+               :pushpull-outs #(kvstore/pushpull % "3" v v)
+               :broadcast #(kvstore/broadcast % "3" v v)
+               :set-updater #(kvstore/set-updater % nil)
+               :type #(kvstore/type %)
+               :num-workers #(kvstore/num-workers %)
+               :rank #(kvstore/rank %)
+               :barrier #(kvstore/barrier %)
+               :num-dead-node #(kvstore/num-dead-node % 0)
+               :set-barrier-before-exit #(kvstore/set-barrier-before-exit % true)
+               :send-command-to-servers #(kvstore/send-command-to-servers % 0 "b")
+               :set-optimizer #(kvstore/set-optimizer % nil)
+               :optimizer-name #(kvstore/optimizer-name %)
+               :save-optimizer-states #(kvstore/save-optimizer-states % "f")
+               :load-optimizer-states #(kvstore/load-optimizer-states % "f")}]
+    (doseq [[op f] calls
+            store [nil "local" (ndarray/zeros [1])]]
+      (let [e (try (f store) nil (catch Exception e e))]
+        (is (instance? clojure.lang.ExceptionInfo e) (str op " of " (pr-str store) ": " e))
+        (is (= "Invalid kvstore" (ex-message e)) (str op))
+        (is (= :invalid-argument (:kvstore/error (ex-data e))) (str op))))))
+
 (deftest invalid-arguments-never-reach-the-store
   (let [kv (kvstore/init (kvstore/create) "3" (ndarray/zeros [1]))
         out (ndarray/zeros [1])]

@@ -262,6 +262,45 @@
       (is (= (ndarray/->vec a) (ndarray/->vec b)))
       (is (= "cpu(1)" (str (ndarray/context b)))))))
 
+(deftest large-arrays-print-a-bounded-summary
+  (let [a (ndarray/zeros [2000000])
+        s (pr-str a)]
+    (is (< (count s) 1000) "the printed form does not grow with the array")
+    (is (re-find #"^#kvstore/ndarray \{:shape \[2000000\], :dtype :float32, :ctx \"cpu\(0\)\", :summary \"" s) s)
+    (is (not (re-find #":values" s)))
+    (testing "reading a summary back is an invalid-argument error, not a wrong array"
+      (let [e (try (edn/read-string {:readers {'kvstore/ndarray ndarray/read-ndarray}} s) nil
+                   (catch Exception e e))
+            info (loop [t e] (cond (nil? t) nil
+                                   (instance? clojure.lang.ExceptionInfo t) t
+                                   :else (recur (.getCause ^Throwable t))))]
+        (is (= :invalid-argument (:kvstore/error (ex-data info))) (str e))
+        (is (re-find #"summary" (str (ex-message info))))))
+    (testing "*print-threshold* decides"
+      (let [b (ndarray/array (range 1001) [1001])]
+        (is (re-find #":summary" (pr-str b)))
+        (is (re-find #":values" (binding [ndarray/*print-threshold* 1001] (pr-str b))))
+        (is (re-find #":values" (pr-str (ndarray/array (range 1000) [1000]))))))))
+
+(deftest print-length-and-print-level-do-not-cut-the-printed-array
+  (let [a (ndarray/array [1 2 3 4 5 6] [2 3] {:dtype :int32})
+        s (binding [*print-length* 2 *print-level* 1] (pr-str a))]
+    (is (= "#kvstore/ndarray {:shape [2 3], :dtype :int32, :ctx \"cpu(0)\", :values [[1 2 3] [4 5 6]]}" s))
+    (is (= [1 2 3 4 5 6] (ndarray/->long-vec (edn/read-string {:readers {'kvstore/ndarray ndarray/read-ndarray}} s))))
+    (testing "they still apply around the array"
+      (is (= "[1 2 ...]" (binding [*print-length* 2] (pr-str [1 2 a])))))))
+
+(deftest a-nil-or-non-array-argument-is-invalid-argument
+  (doseq [[op f] {:shape ndarray/shape :ndim ndarray/ndim :size ndarray/size :dtype ndarray/dtype
+                  :context ndarray/context :->vec ndarray/->vec :->double-vec ndarray/->double-vec
+                  :->int-vec ndarray/->int-vec :->long-vec ndarray/->long-vec :copy ndarray/copy
+                  :dispose ndarray/dispose :as-type #(ndarray/as-type % :int32)
+                  :as-in-context #(ndarray/as-in-context % (context/cpu)) :+ #(ndarray/+ % 1)}
+          x [nil "array"]]
+    (let [e (try (f x) nil (catch Exception e e))]
+      (is (instance? clojure.lang.ExceptionInfo e) (str op " of " (pr-str x) ": " e))
+      (is (= :invalid-argument (:kvstore/error (ex-data e))) (str op)))))
+
 ;;; Properties
 
 (def ^:private gen-small-int (gen/choose -1000 1000))

@@ -39,7 +39,14 @@
   (let [e (thrown #(util/validate! string? 1 "Invalid a"))]
     (is (= "Invalid a" (ex-message e)))
     (is (= 1 (:clojure.spec.alpha/value (ex-data e))))
-    (is (seq (:clojure.spec.alpha/problems (ex-data e))))))
+    (is (seq (:clojure.spec.alpha/problems (ex-data e))))
+    (testing "and the :kvstore/error of every argument error"
+      (is (= :invalid-argument (:kvstore/error (ex-data e))))
+      (is (= "INVALID_ARGUMENT" (:kvstore/code (ex-data e)))))))
+
+(deftest int-value?-is-an-integer-that-fits-a-java-int
+  (is (every? util/int-value? [0 -1 Integer/MAX_VALUE Integer/MIN_VALUE (int 5) (short 3)]))
+  (is (not-any? util/int-value? [(inc Integer/MAX_VALUE) (dec Integer/MIN_VALUE) Long/MAX_VALUE 1.0 1N nil "1"])))
 
 (deftest nd-seq-shape-of-nested-vectors
   (is (= [3] (util/nd-seq-shape [1 2 3])))
