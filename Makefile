@@ -50,8 +50,8 @@ demo: jar
 test: setup setup-jvm
 	@bash scripts/test.sh
 
-# Criterion benches; the Java and Clojure benches; then the report: limit, store and JVM
-# rows in one run, medians and ratios, written to target/bench/results.json.
+# Criterion benches; the Java, Clojure and MPI (2 ranks) benches; then the report:
+# limit, store, JVM and MPI rows, medians and ratios, written to target/bench/results.json.
 bench: jar
 	$(CARGO) bench -p kvstore-core --bench store
 	mkdir -p target/bench/java-classes
@@ -59,6 +59,10 @@ bench: jar
 	    clojure/java-bench/io/github/kvstore/bench/JvmBench.java
 	$(JAVA) -cp target/kvstore.jar:target/bench/java-classes io.github.kvstore.bench.JvmBench target/bench/jvm-java.json
 	$(JAVA) -cp target/kvstore.jar:$(CLJ_CP) clojure.main clojure/bench/kvstore_bench.clj target/bench/jvm-clojure.json
+	bash scripts/setup-mpi.sh
+	$(CARGO) build --release -p kvstore-mpi --features mpi --example bench_mpi
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 2 \
+	    target/release/examples/bench_mpi target/bench/mpi.json
 	$(CARGO) bench -p kvstore-core --bench report
 
 lint: setup

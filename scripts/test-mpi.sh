@@ -34,18 +34,30 @@ passed=0
 failed=0
 for np in 2 4; do
     out="$logs/mpi-np$np.log"
-    timeout 300 "${MPIRUN[@]}" -np "$np" "$bin" --test-threads=1 --color never >"$out" 2>&1
+    ranks="$logs/mpi-np$np"
+    rm -rf "$ranks"
+    # Each rank writes its own file (interleaved output would split result lines).
+    timeout 300 "${MPIRUN[@]}" --output-filename "$ranks" -np "$np" "$bin" --test-threads=1 --color never >"$out" 2>&1
     rc=$?
-    ok_lines=$(grep -c '^test result: .*ok\. ' "$out" || true)
-    n=$(grep -m1 -oE '[0-9]+ passed' "$out" | grep -oE '[0-9]+' || echo 0)
-    f=$(grep -oE '[0-9]+ failed' "$out" | grep -oE '[0-9]+' | sort -n | tail -n 1)
-    f=${f:-0}
-    if [ "$rc" -eq 0 ] && [ "$ok_lines" -eq "$np" ] && [ "$n" -gt 0 ]; then
+    ok_ranks=0
+    n=0
+    f=0
+    for file in $(find "$ranks" -name stdout 2>/dev/null); do
+        line=$(grep -m1 '^test result:' "$file")
+        if [[ "$line" == "test result: ok. "* ]]; then
+            ok_ranks=$((ok_ranks + 1))
+            n=$(echo "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+')
+        fi
+        rf=$(echo "$line" | grep -oE '[0-9]+ failed' | grep -oE '[0-9]+')
+        [ "${rf:-0}" -gt "$f" ] && f=$rf
+    done
+    if [ "$rc" -eq 0 ] && [ "$ok_ranks" -eq "$np" ] && [ "${n:-0}" -gt 0 ]; then
         echo "mpirun -np $np: $n tests passed on every rank"
         passed=$((passed + n))
     else
-        echo "mpirun -np $np: exit $rc, $ok_lines of $np ranks ok (log: $out)"
+        echo "mpirun -np $np: exit $rc, $ok_ranks of $np ranks ok (logs: $out, $ranks)"
         tail -n 40 "$out"
+        cat $(find "$ranks" -name stdout 2>/dev/null) | grep -E 'panicked|FAILED' | head -20
         failed=$((failed + (f > 0 ? f : 1)))
     fi
 done

@@ -43,10 +43,17 @@ impl Row {
     }
 }
 
+/// The limit an MPI row was measured against in the same mpirun (its `limit_s`).
+fn mpi_limit(dir: &std::path::Path, name: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(dir.join("mpi.json")).ok()?;
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&text).ok()?;
+    rows.iter().find(|r| r["name"] == name).and_then(|r| r["limit_s"].as_f64())
+}
+
 /// The JVM rows written by `make bench` before this report (Java and Clojure benches),
 /// as (name, median seconds); empty when they were not run.
 fn jvm_rows(dir: &std::path::Path) -> Vec<(String, f64)> {
-    ["jvm-java.json", "jvm-clojure.json"]
+    ["jvm-java.json", "jvm-clojure.json", "mpi.json"]
         .iter()
         .filter_map(|f| std::fs::read_to_string(dir.join(f)).ok())
         .filter_map(|text| serde_json::from_str::<Vec<serde_json::Value>>(&text).ok())
@@ -244,6 +251,15 @@ fn main() -> kvstore_core::Result<()> {
                 Row::new(n, median_s, Some(rust_in_s), "one copy + a fresh native allocation")
             }
             n if n.ends_with("to float[]") => Row::new(n, median_s, Some(rust_out_s), "one copy + JVM zeroing"),
+            n if n.starts_with("mpi ") && n.contains("dist_sync push") => {
+                Row::new(n, median_s, mpi_limit(&dir, n), "<= 1.25x the bare allreduce (ratio >= 0.8)")
+            }
+            n if n.starts_with("mpi ") && n.contains("list push") => {
+                Row::new(n, median_s, mpi_limit(&dir, n), "vs 1000 separate allreduces")
+            }
+            n if n.starts_with("mpi ") && n.contains("fused (4 MiB") => {
+                Row::new(n, median_s, mpi_limit(&dir, n), "fusion: > 1 is faster than unfused")
+            }
             n => Row::new(n, median_s, None, ""),
         };
         rows.push(row);

@@ -28,12 +28,13 @@ pub trait Collective: Send + Sync {
     /// [`crate::Error::Backend`] if the group is broken (a worker died).
     fn barrier(&self) -> Result<()>;
 
-    /// Sums every array element-wise across the workers, in place. Every worker ends
-    /// with bit-identical arrays.
+    /// For each `(source, destination)` pair, sums `source` element-wise across the
+    /// workers into `destination` (same shape and dtype). A pair may name one array
+    /// twice, to sum in place. Every worker ends with bit-identical destinations.
     ///
     /// # Errors
     /// [`crate::Error::Backend`] if the group is broken.
-    fn allreduce_sum(&self, arrays: &[&NDArray]) -> Result<()>;
+    fn allreduce_sum(&self, pairs: &[(&NDArray, &NDArray)]) -> Result<()>;
 
     /// Overwrites every array with the one of worker `root`.
     ///

@@ -906,14 +906,26 @@ impl KVStore {
         let merger = self.merger.read().clone();
         match merger {
             Merger::Assign => {
+                // dist_sync: a single pushed value goes straight into the across-workers
+                // sum (no local copy); several are summed locally first, then in place.
+                let direct = |g: &Group<'_>| self.collective.is_some() && g.arrays.len() == 1;
                 let jobs: Vec<ReduceJob<'_>> = push
                     .iter()
                     .zip(&push_slots)
+                    .filter(|(g, _)| !direct(g))
                     .map(|(g, &i)| ReduceJob { inputs: g.arrays.clone(), out: &guards[i].value })
                     .collect();
                 self.comm.reduce(&jobs)?;
                 if let Some(group) = &self.collective {
-                    group.allreduce_sum(&push_slots.iter().map(|&i| &guards[i].value).collect::<Vec<_>>())?;
+                    let pairs: Vec<(&NDArray, &NDArray)> = push
+                        .iter()
+                        .zip(&push_slots)
+                        .map(|(g, &i)| {
+                            let dst = &guards[i].value;
+                            (if direct(g) { g.arrays[0] } else { dst }, dst)
+                        })
+                        .collect();
+                    group.allreduce_sum(&pairs)?;
                 }
             }
             Merger::Optimizer(runtime) => {
@@ -933,15 +945,25 @@ impl KVStore {
                         slot.merge = Some(NDArray::zeros_with(v.shape(), v.dtype(), v.context())?);
                     }
                 }
+                // dist_sync: a single value is summed across the workers straight into
+                // the merge buffer; several are summed locally first.
                 let jobs: Vec<ReduceJob<'_>> = push
                     .iter()
                     .zip(&push_slots)
-                    .filter(|(g, _)| merged(g))
+                    .filter(|(g, _)| g.arrays.len() > 1)
                     .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays.clone(), out: guards[i].merge.as_ref()? }))
                     .collect();
                 self.comm.reduce(&jobs)?;
                 if let Some(group) = &self.collective {
-                    group.allreduce_sum(&jobs.iter().map(|j| j.out).collect::<Vec<_>>())?;
+                    let pairs: Vec<(&NDArray, &NDArray)> = push
+                        .iter()
+                        .zip(&push_slots)
+                        .filter_map(|(g, &i)| {
+                            let m = guards[i].merge.as_ref()?;
+                            Some((if g.arrays.len() == 1 { g.arrays[0] } else { m }, m))
+                        })
+                        .collect();
+                    group.allreduce_sum(&pairs)?;
                 }
                 for (g, &i) in push.iter().zip(&push_slots) {
                     let Slot { value, opt, merge } = &mut *guards[i];
@@ -968,7 +990,7 @@ impl KVStore {
                     push.iter().zip(&merged).map(|(g, m)| ReduceJob { inputs: g.arrays.clone(), out: m }).collect();
                 self.comm.reduce(&jobs)?;
                 if let Some(group) = &self.collective {
-                    group.allreduce_sum(&merged.iter().collect::<Vec<_>>())?;
+                    group.allreduce_sum(&merged.iter().map(|m| (m, m)).collect::<Vec<_>>())?;
                 }
                 for ((g, m), w) in push.iter().zip(&merged).zip(&working) {
                     updater.update(&g.entry.key, g.entry.index, m, w)?;

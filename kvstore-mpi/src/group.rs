@@ -185,45 +185,117 @@ fn write_wire<W: Element>(a: &NDArray, data: &[W]) -> Result<()> {
     }
 }
 
+thread_local! {
+    /// Send and receive buffers reused across calls (u64 words, so that every element
+    /// type is aligned): fresh multi-megabyte buffers would page-fault on every push.
+    static BUFFERS: std::cell::RefCell<(Vec<u64>, Vec<u64>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Runs `f` on send and receive buffers of `n` elements of `W`.
+fn with_buffers<W: Element, T>(n: usize, f: impl FnOnce(&mut [W], &mut [W]) -> T) -> T {
+    BUFFERS.with(|b| {
+        let (send, recv) = &mut *b.borrow_mut();
+        let words = (n * std::mem::size_of::<W>()).div_ceil(8);
+        if send.len() < words {
+            send.resize(words, 0);
+            recv.resize(words, 0);
+        }
+        let send = &mut bytemuck::cast_slice_mut::<u64, W>(&mut send[..words])[..n];
+        let recv = &mut bytemuck::cast_slice_mut::<u64, W>(&mut recv[..words])[..n];
+        f(send, recv)
+    })
+}
+
+/// Elements per MPI call, within MPI's `int` counts.
+const MAX_COUNT: usize = i32::MAX as usize;
+
 impl MpiGroup {
-    /// Allreduces `arrays` (all of wire type `W`) in buckets of `bucket` elements.
-    fn allreduce_wire<W: Element + Equivalence>(&self, arrays: &[&NDArray], bucket: usize) -> Result<()> {
-        let mut data: Vec<Vec<W>> = arrays.iter().map(|a| read_wire::<W>(a)).collect::<Result<_>>()?;
-        // (array, offset, len) of each piece of the current bucket.
-        let mut pieces: Vec<(usize, usize, usize)> = Vec::new();
-        let mut send: Vec<W> = Vec::with_capacity(bucket);
-        let flush =
-            |send: &mut Vec<W>, pieces: &mut Vec<(usize, usize, usize)>, data: &mut Vec<Vec<W>>| -> Result<()> {
-                if send.is_empty() {
-                    return Ok(());
+    /// A big array whose dtype MPI sums natively: `dst = sum(src)` straight from the
+    /// source's memory into the destination's (no copy), or, in place, through one copy
+    /// into the send buffer, chunk by chunk.
+    fn allreduce_big<W: Element + Equivalence>(&self, src: &NDArray, dst: &NDArray, chunk: usize) -> Result<()> {
+        if src.same_storage(dst) {
+            dst.with_data_mut(|d: &mut [W]| -> Result<()> {
+                for piece in d.chunks_mut(chunk.min(MAX_COUNT)) {
+                    with_buffers::<W, _>(piece.len(), |send, _| {
+                        send.copy_from_slice(piece);
+                        self.with_world(|w| w.all_reduce_into(&send[..], piece, SystemOperation::sum()))
+                    })?;
                 }
-                let mut recv = vec![W::default(); send.len()];
-                self.with_world(|w| w.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum()))?;
-                let mut at = 0;
-                for &(ai, off, len) in pieces.iter() {
-                    data[ai][off..off + len].copy_from_slice(&recv[at..at + len]);
-                    at += len;
-                }
-                send.clear();
-                pieces.clear();
                 Ok(())
-            };
-        for ai in 0..data.len() {
-            let n = data[ai].len();
-            let mut off = 0;
-            while off < n {
-                let take = (n - off).min(bucket - send.len());
-                send.extend_from_slice(&data[ai][off..off + take]);
-                pieces.push((ai, off, take));
-                off += take;
-                if send.len() == bucket {
-                    flush(&mut send, &mut pieces, &mut data)?;
+            })??;
+        } else {
+            src.with_data(|s: &[W]| {
+                dst.with_data_mut(|d: &mut [W]| -> Result<()> {
+                    for (sp, dp) in s.chunks(MAX_COUNT).zip(d.chunks_mut(MAX_COUNT)) {
+                        self.with_world(|w| w.all_reduce_into(sp, dp, SystemOperation::sum()))?;
+                    }
+                    Ok(())
+                })
+            })???;
+        }
+        Ok(())
+    }
+
+    /// Small arrays of one wire type `W`, fused into buckets of `bucket` elements,
+    /// staged in the reused send buffer.
+    fn allreduce_fused<W: Element + Equivalence>(&self, pairs: &[(&NDArray, &NDArray)], bucket: usize) -> Result<()> {
+        let total: usize = pairs.iter().map(|(s, _)| s.size()).sum();
+        let bucket = bucket.min(total.max(1));
+        with_buffers::<W, _>(bucket, |send, recv| -> Result<()> {
+            // (pair, offset, len) of each piece staged in the bucket.
+            let mut pending: Vec<(usize, usize, usize)> = Vec::new();
+            let mut filled = 0;
+            for (p, (src, _)) in pairs.iter().enumerate() {
+                let converted = if src.dtype() == W::DTYPE { None } else { Some(read_wire::<W>(src)?) };
+                let len = src.size();
+                let mut off = 0;
+                while off < len {
+                    let take = (len - off).min(bucket - filled);
+                    let slot = &mut send[filled..filled + take];
+                    match &converted {
+                        Some(data) => slot.copy_from_slice(&data[off..off + take]),
+                        None => src.with_data(|s: &[W]| slot.copy_from_slice(&s[off..off + take]))?,
+                    }
+                    pending.push((p, off, take));
+                    off += take;
+                    filled += take;
+                    if filled == bucket {
+                        self.flush_bucket(pairs, &send[..filled], &mut recv[..filled], &pending)?;
+                        pending.clear();
+                        filled = 0;
+                    }
                 }
             }
-        }
-        flush(&mut send, &mut pieces, &mut data)?;
-        for (a, d) in arrays.iter().zip(&data) {
-            write_wire(a, d)?;
+            if filled > 0 {
+                self.flush_bucket(pairs, &send[..filled], &mut recv[..filled], &pending)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Allreduces one staged bucket and copies each summed piece into its destination.
+    fn flush_bucket<W: Element + Equivalence>(
+        &self,
+        pairs: &[(&NDArray, &NDArray)],
+        send: &[W],
+        recv: &mut [W],
+        pending: &[(usize, usize, usize)],
+    ) -> Result<()> {
+        self.with_world(|w| w.all_reduce_into(send, &mut *recv, SystemOperation::sum()))?;
+        let mut at = 0;
+        for &(p, off, len) in pending {
+            let dst = pairs[p].1;
+            let part = &recv[at..at + len];
+            if dst.dtype() == W::DTYPE {
+                dst.with_data_mut(|d: &mut [W]| d[off..off + len].copy_from_slice(part))?;
+            } else {
+                // f16/bf16 travel as f32: convert the summed piece back.
+                let mut whole = read_wire::<W>(dst)?;
+                whole[off..off + len].copy_from_slice(part);
+                write_wire(dst, &whole)?;
+            }
+            at += len;
         }
         Ok(())
     }
@@ -246,21 +318,37 @@ impl Collective for MpiGroup {
         self.with_world(|w| w.barrier())
     }
 
-    fn allreduce_sum(&self, arrays: &[&NDArray]) -> Result<()> {
+    fn allreduce_sum(&self, pairs: &[(&NDArray, &NDArray)]) -> Result<()> {
         if self.size == 1 {
+            for (src, dst) in pairs {
+                dst.copy_from(src)?;
+            }
             return Ok(());
         }
         let bytes = self.bucket_bytes.load(Ordering::Relaxed);
-        // Consecutive arrays of one wire type share buckets; every rank walks the same
-        // arrays in the same order, so the buckets match.
+        let wire = |d: DType| with_wire!(d, W => W::DTYPE);
+        // Whether a pair goes straight through MPI (an array of at least a bucket whose
+        // dtype MPI sums natively) depends only on shapes and dtypes, so every rank
+        // makes the same MPI calls, whatever its local values were.
+        let big = |a: &NDArray| a.size() * a.dtype().size() >= bytes && wire(a.dtype()) == a.dtype();
         let mut start = 0;
-        while start < arrays.len() {
-            let wire = |d: DType| with_wire!(d, W => W::DTYPE);
-            let t = wire(arrays[start].dtype());
-            let end = (start..arrays.len()).find(|&i| wire(arrays[i].dtype()) != t).unwrap_or(arrays.len());
-            with_wire!(arrays[start].dtype(), W => {
+        while start < pairs.len() {
+            let (src, dst) = pairs[start];
+            if big(dst) {
+                with_wire!(dst.dtype(), W => {
+                    let chunk = (bytes / std::mem::size_of::<W>()).max(1);
+                    self.allreduce_big::<W>(src, dst, chunk)?
+                });
+                start += 1;
+                continue;
+            }
+            // A run of small arrays of one wire type shares buckets.
+            let t = wire(dst.dtype());
+            let end =
+                (start..pairs.len()).find(|&i| big(pairs[i].1) || wire(pairs[i].1.dtype()) != t).unwrap_or(pairs.len());
+            with_wire!(dst.dtype(), W => {
                 let bucket = (bytes / std::mem::size_of::<W>()).max(1);
-                self.allreduce_wire::<W>(&arrays[start..end], bucket)?
+                self.allreduce_fused::<W>(&pairs[start..end], bucket)?
             });
             start = end;
         }

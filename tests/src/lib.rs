@@ -432,9 +432,10 @@ impl kvstore_core::Collective for ThreadMember {
         self.group.barrier.wait();
         Ok(())
     }
-    fn allreduce_sum(&self, arrays: &[&NDArray]) -> Result<()> {
-        self.exchange(arrays, |all| {
-            for (j, out) in arrays.iter().enumerate() {
+    fn allreduce_sum(&self, pairs: &[(&NDArray, &NDArray)]) -> Result<()> {
+        let sources: Vec<&NDArray> = pairs.iter().map(|p| p.0).collect();
+        self.exchange(&sources, |all| {
+            for (j, (_, out)) in pairs.iter().enumerate() {
                 // Rank order on every worker: bit-identical results everywhere.
                 let sum = all[0][j].deep_copy()?;
                 for worker in &all[1..] {

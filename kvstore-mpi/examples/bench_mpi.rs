@@ -1,0 +1,82 @@
+//! The MPI rows of `make bench`, run with `mpirun -np 2`: a `dist_sync` push of 4 MB and
+//! 64 MB against a bare MPI allreduce of the same bytes, and 1000 small keys in one list
+//! push against 1000 separate bare allreduces, all timed in the same run. Rank 0 writes
+//! the medians as JSON (`bench_mpi OUT.json`) for the report.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use kvstore_core::{KVStore, NDArray};
+use mpi::collective::SystemOperation;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+
+fn median(world: &SimpleCommunicator, runs: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..3 {
+        f();
+    }
+    let mut t: Vec<f64> = (0..runs)
+        .map(|_| {
+            world.barrier();
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+fn main() -> kvstore_core::Result<()> {
+    let out = std::env::args().nth(1).unwrap_or_else(|| "target/bench/mpi.json".to_string());
+    let runs: usize = std::env::var("KVSTORE_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(21);
+    let kv: KVStore = kvstore_mpi::create("dist_sync")?;
+    let world = SimpleCommunicator::world();
+    let mut rows = Vec::new();
+    for (label, n) in [("4 MB", 1usize << 20), ("64 MB", 16 << 20)] {
+        let send = vec![1.0f32; n];
+        let mut recv = vec![0.0f32; n];
+        let bare = median(&world, runs, || {
+            world.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
+            black_box(&recv);
+        });
+        let key = format!("w{n}");
+        kv.init(key.as_str(), &NDArray::zeros(&[n])?)?;
+        let g = NDArray::ones(&[n])?;
+        let store = median(&world, runs, || kv.push(key.as_str(), &g, 0).expect("push"));
+        rows.push((format!("mpi 2 ranks: bare allreduce {label} f32"), bare, None));
+        rows.push((format!("mpi 2 ranks: dist_sync push {label} f32"), store, Some(bare)));
+    }
+    let keys: Vec<String> = (0..1000).map(|i| format!("k{i}")).collect();
+    let small: Vec<NDArray> = (0..1000).map(|_| NDArray::ones(&[1024])).collect::<Result<_, _>>()?;
+    kv.init(&keys, &small)?;
+    let send = vec![1.0f32; 1024];
+    let mut recv = vec![0.0f32; 1024];
+    let bare = median(&world, runs, || {
+        for _ in 0..1000 {
+            world.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
+        }
+    });
+    let store = median(&world, runs, || kv.push(&keys, &small, 0).expect("push"));
+    // The same push unfused: buckets of one key's 4 KiB make it 1000 allreduces.
+    let group = kvstore_mpi::group()?;
+    group.set_bucket_bytes(4096);
+    let unfused = median(&world, runs, || kv.push(&keys, &small, 0).expect("push"));
+    group.set_bucket_bytes(4 << 20);
+    rows.push(("mpi 2 ranks: 1000 separate bare allreduces of 1 Ki f32".to_string(), bare, None));
+    rows.push(("mpi 2 ranks: dist_sync list push of 1000 keys x 1 Ki f32".to_string(), store, Some(bare)));
+    rows.push(("mpi 2 ranks: the same push unfused (4 KiB buckets)".to_string(), unfused, None));
+    rows.push(("mpi 2 ranks: the same push fused (4 MiB buckets)".to_string(), store, Some(unfused)));
+    if kv.rank() == 0 {
+        let json: Vec<String> = rows
+            .iter()
+            .map(|(name, m, limit)| {
+                let limit = limit.map_or("null".to_string(), |l| format!("{l:.9e}"));
+                format!("{{\"name\": \"{name}\", \"median_s\": {m:.9e}, \"limit_s\": {limit}}}")
+            })
+            .collect();
+        std::fs::write(&out, format!("[\n{}\n]\n", json.join(",\n")))
+            .map_err(|e| kvstore_core::Error::Io { context: format!("write {out}"), source: e })?;
+    }
+    kvstore_mpi::finalize()
+}
