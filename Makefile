@@ -1,8 +1,13 @@
 # The one entry point. `make demo` and `make test` install what they need.
-.PHONY: all setup setup-jvm build native jar repl demo test bench lint fmt doc clean
+.PHONY: all setup setup-jvm setup-mpi build native jar repl demo test bench lint fmt doc clean
 
 CARGO ?= cargo
 JAVA ?= java
+# Cargo features of the JNI library: `make jar FEATURES=mpi` builds it with dist_sync
+# over MPI (it then needs Open MPI at run time) into target/kvstore-mpi.jar; the default
+# jar, target/kvstore.jar, needs no MPI.
+FEATURES ?=
+JAR := target/kvstore$(if $(strip $(FEATURES)),-$(subst $(eval) ,-,$(strip $(FEATURES)))).jar
 # Clojure from Debian's packages (scripts/setup-jvm.sh installs them).
 CLJ_CP := /usr/share/java/clojure.jar:/usr/share/java/spec.alpha.jar:/usr/share/java/core.specs.alpha.jar
 
@@ -17,16 +22,21 @@ setup:
 setup-jvm:
 	@bash scripts/setup-jvm.sh
 
+# Open MPI and libclang, for the `mpi` features.
+setup-mpi:
+	@bash scripts/setup-mpi.sh
+
 build: setup
 	$(CARGO) build --workspace --release
 
-# The JNI library, target/release/libkvstore_jni.so.
-native: setup
-	$(CARGO) build --release -p kvstore-jni
+# The JNI library, target/release/libkvstore_jni.so (with FEATURES, if given).
+native: setup $(if $(filter mpi,$(FEATURES)),setup-mpi)
+	$(CARGO) build --release -p kvstore-jni $(if $(strip $(FEATURES)),--features "$(strip $(FEATURES))")
 
-# target/kvstore.jar: the Java API, the Clojure namespaces and the native library.
+# target/kvstore.jar (target/kvstore-mpi.jar with FEATURES=mpi): the Java API, the
+# Clojure namespaces and the native library.
 jar: native setup-jvm
-	@bash scripts/jar.sh
+	@KVSTORE_JAR=$(JAR) bash scripts/jar.sh
 
 # A Clojure REPL with the jar and the kvstore, ndarray and context namespaces required.
 repl: jar

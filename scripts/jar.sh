@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds target/kvstore.jar: the Java API (clojure/java), the Clojure sources
+# Builds target/kvstore.jar (or ${KVSTORE_JAR}): the Java API (clojure/java), the Clojure sources
 # (clojure/src, at the jar root) and the native library at
 # native/linux-x86_64/libkvstore_jni.so, where NativeLibrary looks for its bundled copy.
 #
@@ -19,7 +19,7 @@ fi
 out=target/jvm
 classes=$out/classes
 staging=$out/jar-native
-jar=target/kvstore.jar
+jar=${KVSTORE_JAR:-target/kvstore.jar}
 
 mapfile -t sources < <(find clojure/java -name '*.java' | sort)
 if [ "${#sources[@]}" -eq 0 ]; then

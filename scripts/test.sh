@@ -82,8 +82,12 @@ if [ -f target/kvstore.jar ]; then
 fi
 
 # Multi-rank: kvstore-mpi with its `mpi` feature (Open MPI from Debian), under mpirun.
-check clippy-mpi bash -c 'bash scripts/setup-mpi.sh && cargo clippy -p kvstore-mpi --features mpi --all-targets -- -D warnings'
+check clippy-mpi bash -c 'bash scripts/setup-mpi.sh && cargo clippy -p kvstore-mpi -p kvstore-jni --features kvstore-mpi/mpi,kvstore-jni/mpi --all-targets -- -D warnings'
 suite mpi bash scripts/test-mpi.sh
+# The JVM under mpirun: target/kvstore-mpi.jar (make jar FEATURES=mpi) trains
+# clojure/examples/dist_train.clj on 2 ranks. It rebuilds the JNI library with MPI,
+# so it runs after every suite that uses the default jar.
+suite mpi-jvm bash scripts/test-mpi-jvm.sh
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

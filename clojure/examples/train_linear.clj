@@ -13,63 +13,19 @@
 ;;   java -cp target/kvstore.jar:/usr/share/java/clojure.jar:/usr/share/java/spec.alpha.jar:/usr/share/java/core.specs.alpha.jar \
 ;;        clojure.main clojure/examples/train_linear.clj
 
+(load-file (str (.getParent (java.io.File. ^String *file*)) "/linear.clj"))
+
 (ns examples.train-linear
-  (:require [org.apache.clojure-mxnet.context :as context]
+  (:require [examples.linear :refer [features params samples batch epochs noise-sd
+                                     loss gradient print-params]]
+            [org.apache.clojure-mxnet.context :as context]
             [org.apache.clojure-mxnet.kvstore :as kvstore]
             [org.apache.clojure-mxnet.ndarray :as ndarray]
             [org.apache.clojure-mxnet.optimizer :as optimizer]))
 
 (set! *warn-on-reflection* true)
 
-(def features 8)
-(def params (inc features))          ; the key "w" holds [w0 .. w7 b]
-(def samples 4096)
-(def batch 256)
 (def workers 4)
-(def epochs 10)
-(def noise-sd 0.1)
-(def w-true [1.5 -2.0 0.7 3.1 -0.4 0.0 2.2 -1.3])
-(def b-true 0.5)
-
-;;; The data: x row-major (samples x features), y = x.w + b + noise, fixed seed.
-
-(defn- predict ^double [^doubles x ^long row ^doubles p]
-  (loop [j 0 acc (aget p features)]
-    (if (== j features)
-      acc
-      (recur (inc j) (+ acc (* (aget x (+ (* row features) j)) (aget p j)))))))
-
-(def data
-  (let [rng (java.util.Random. 42)
-        x (double-array (repeatedly (* samples features) #(.nextGaussian rng)))
-        truth (double-array (conj w-true b-true))
-        y (double-array (for [i (range samples)]
-                          (+ (predict x i truth) (* noise-sd (.nextGaussian rng)))))]
-    {:x x :y y}))
-
-(defn loss
-  "The mean squared error of the parameters `p` over the whole data set."
-  ^double [^doubles p]
-  (let [^doubles x (:x data) ^doubles y (:y data)]
-    (/ (loop [i 0 acc 0.0]
-         (if (== i samples)
-           acc
-           (let [e (- (predict x i p) (aget y i))]
-             (recur (inc i) (+ acc (* e e))))))
-       samples)))
-
-(defn gradient
-  "The gradient of the squared error summed over the samples [from, to):
-  sum of 2 (x.w + b - y) [x 1]."
-  [^doubles p ^long from ^long to]
-  (let [^doubles x (:x data) ^doubles y (:y data)
-        g (double-array params)]
-    (doseq [i (range from to)]
-      (let [err (* 2.0 (- (predict x i p) (aget y i)))]
-        (dotimes [j features]
-          (aset g j (+ (aget g j) (* err (aget x (+ (* i features) j))))))
-        (aset g features (+ (aget g features) err))))
-    (vec g)))
 
 ;;; Training
 
@@ -112,8 +68,6 @@
           (kvstore/pull "w" weights))))
   (println (format "epoch %2d  loss %.6f" epoch (loss (params-of (first weights))))))
 
-(println "param    learned      true")
-(doseq [[j learned truth] (map vector (range) (ndarray/->double-vec (first weights)) (conj w-true b-true))]
-  (println (format "%-6s %9.4f %9.4f" (if (< j features) (str "w[" j "]") "b") learned (double truth))))
+(print-params "" (ndarray/->double-vec (first weights)))
 
 (shutdown-agents)

@@ -26,10 +26,23 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nCreate<'l>(
     kind: JString<'l>,
 ) -> jlong {
     env.with_env(|env| -> JResult<jlong> {
-        let kv = KVStore::create(&string(env, &kind, "the store kind")?)?;
+        let kv = kvstore_mpi::create(&string(env, &kind, "the store kind")?)?;
         Ok(STORES.insert(Arc::new(kv)))
     })
     .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nMpiSupported<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+) -> jboolean {
+    env.with_env(|_| -> JResult<jboolean> { Ok(cfg!(feature = "mpi")) }).resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nFinalizeMpi<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>) {
+    env.with_env(|_| -> JResult<()> { Ok(kvstore_mpi::finalize()?) }).resolve::<ThrowKvStore>()
 }
 
 #[unsafe(no_mangle)]

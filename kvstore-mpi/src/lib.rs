@@ -72,7 +72,9 @@ fn with_group(kind: &str) -> Result<KVStore> {
 fn with_group(kind: &str) -> Result<KVStore> {
     Err(Error::Unsupported {
         what: format!("store kind \"{kind}\""),
-        hint: "this kvstore-mpi was built without its `mpi` feature".to_string(),
+        hint: "this build has no MPI support: build with the cargo feature `mpi` (for the JVM, \
+               `make jar FEATURES=mpi`, which writes target/kvstore-mpi.jar)"
+            .to_string(),
     })
 }
 

@@ -5,6 +5,7 @@ import static io.github.kvstore.Fixtures.assertCode;
 import static io.github.kvstore.Fixtures.assertNpe;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -131,7 +132,13 @@ class ErrorsTest {
 
     @Test
     void distSyncAndGradientCompressionAreUnsupported() {
-        assertCode(Code.UNSUPPORTED, () -> KVStore.create("dist_sync"));
+        // The suites run on the default jar, without MPI (scripts/test-mpi-jvm.sh runs the
+        // MPI jar under mpirun).
+        assertFalse(KVStore.mpiSupported());
+        KVStoreException e = assertCode(Code.UNSUPPORTED, () -> KVStore.create("dist_sync"));
+        assertTrue(e.getMessage().contains("make jar FEATURES=mpi"), e.getMessage());
+        assertCode(Code.UNSUPPORTED, () -> KVStore.create("dist_async"));
+        KVStore.finalizeMpi(); // does nothing without MPI
         assertCode(Code.UNSUPPORTED, () -> KVStore.create("nccl"));
         try (KVStore kv = KVStore.create()) {
             Map<String, String> params = new HashMap<>();

@@ -92,16 +92,48 @@ public final class KVStore implements AutoCloseable {
     /**
      * A store of the given kind: {@code "local"} or {@code "device"} (case-insensitive; also
      * MXNet's {@code local_update_cpu}, {@code local_allreduce_cpu},
-     * {@code local_allreduce_device}).
+     * {@code local_allreduce_device}); with MPI support ({@link #mpiSupported()}), also
+     * {@code "dist_sync"} (and {@code "dist"}, {@code "dist_sync_device"}): a store shared by
+     * every process of the MPI job ({@code mpirun -np 2 java ...}). A program that creates
+     * one must call {@link #finalizeMpi()} on every rank at its end.
      *
      * @param kind the kind
      * @return the store
-     * @throws KVStoreException {@code UNSUPPORTED} for {@code dist_*} and {@code nccl}, which
-     *     this build lacks; {@code UNKNOWN_STORE_KIND} for any other name
+     * @throws KVStoreException {@code UNSUPPORTED} for {@code dist_async}, {@code nccl}, and
+     *     {@code dist_sync} in a build without MPI support; {@code UNKNOWN_STORE_KIND} for any
+     *     other name; {@code BACKEND} if MPI cannot be initialised
      */
     public static KVStore create(String kind) {
         Objects.requireNonNull(kind, "kind");
         return new KVStore(nCreate(kind));
+    }
+
+    /**
+     * Whether this build of the native library supports {@code dist_sync} over MPI: true in
+     * {@code target/kvstore-mpi.jar} ({@code make jar FEATURES=mpi}), false in the default
+     * jar, which needs no MPI installed.
+     *
+     * @return whether {@code create("dist_sync")} can work
+     */
+    public static boolean mpiSupported() {
+        return nMpiSupported();
+    }
+
+    /**
+     * Ends MPI at the end of a {@code dist_sync} program: call it once on every rank, after
+     * the last store call (a {@code dist_sync} store fails with {@code BACKEND} after it).
+     *
+     * <p>Fail-stop: a process that created a {@code dist_sync} store and exits without this
+     * call, normally or through an exception, aborts the whole MPI job, so that the other
+     * ranks never wait forever in a push for a worker that is gone. There is deliberately
+     * no shutdown hook that finalises: a JVM cannot tell a failing exit from a clean one.
+     *
+     * @throws KVStoreException {@code BACKEND} if no {@code dist_sync} store initialised MPI
+     *     in this process, or MPI is already finalised; does nothing in a build without MPI
+     *     support
+     */
+    public static void finalizeMpi() {
+        nFinalizeMpi();
     }
 
     /** Native stores freed so far, explicitly or by the Cleaner. */
@@ -1008,6 +1040,10 @@ public final class KVStore implements AutoCloseable {
     static native long nCreate(String kind);
 
     static native void nFree(long h);
+
+    static native boolean nMpiSupported();
+
+    static native void nFinalizeMpi();
 
     static native String nType(long h);
 

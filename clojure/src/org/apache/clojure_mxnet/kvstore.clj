@@ -127,8 +127,11 @@
 (defn create
   "A new store of kind `name` (default \"local\"): \"local\" reduces on the
   host, \"device\" on the devices of the pushed arrays (case-insensitive).
-  \"dist_sync\" (across processes, over MPI) and \"nccl\" are
-  `{:kvstore/error :unsupported}` in a build without them; an unknown kind is
+  \"dist_sync\" is one store shared by every process of an MPI job
+  (`mpirun -np 2 java ...`), in a jar built with MPI support (see
+  `mpi-supported?`); a program that creates one calls `finalize-mpi` on every
+  rank at its end. \"dist_sync\" without MPI support, \"dist_async\" and
+  \"nccl\" are `{:kvstore/error :unsupported}`; an unknown kind is
   `{:kvstore/error :unknown-store-kind}` (MXNet made it a local store).
   The store's native memory is freed by `dispose`, or once it is unreachable."
   ([name]
@@ -289,6 +292,23 @@
   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (util/with-kvstore-errors :type
     (.type kvstore)))
+
+(defn mpi-supported?
+  "Whether this jar's native library supports \"dist_sync\" over MPI
+  (target/kvstore-mpi.jar, built by `make jar FEATURES=mpi`)."
+  []
+  (KVStore/mpiSupported))
+
+(defn finalize-mpi
+  "Ends MPI at the end of a \"dist_sync\" program: call it once on every rank,
+  after the last store call. A process that created a \"dist_sync\" store and
+  exits without it, normally or through an exception, aborts the whole MPI job
+  (fail-stop: the other ranks never wait forever for a worker that is gone).
+  Does nothing in a jar without MPI support. Returns nil."
+  []
+  (util/with-kvstore-errors :finalize-mpi
+    (KVStore/finalizeMpi))
+  nil)
 
 (defn num-workers
   "The number of worker processes (1 unless distributed)."

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The JVM with MPI: builds target/kvstore-mpi.jar (the JNI library with its `mpi`
+# feature, as `make jar FEATURES=mpi` does), then
+#  1. trains clojure/examples/dist_train.clj under `mpirun -np 2`: both ranks must
+#     print the same weights to the last bit, the final loss must be near the noise
+#     floor and the weights near the true ones;
+#  2. runs it without mpirun: a job of one worker;
+#  3. runs clojure/examples/dying_rank.clj under `mpirun -np 2`: a JVM rank that
+#     throws must end the job within seconds (never a hang), with a failing status.
+# Prints one line `mpi-jvm: N passed, N failed`.
+#
+# Needs Debian's clojure (scripts/setup-jvm.sh) and Open MPI (scripts/setup-mpi.sh).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+logs=$root/target/test-logs
+mkdir -p "$logs"
+jar=$root/target/kvstore-mpi.jar
+share=/usr/share/java
+cp="$jar:$share/clojure.jar:$share/spec.alpha.jar:$share/core.specs.alpha.jar"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+java_opts=(-Dclojure.main.report=stderr)
+passed=0
+failed=0
+pass() { echo "$1: ok${2:+ ($2)}"; passed=$((passed + 1)); }
+fail() { echo "$1: FAILED${2:+ ($2)}"; failed=$((failed + 1)); }
+
+bash scripts/setup-mpi.sh || { echo "mpi-jvm: 0 passed, 1 failed"; exit 1; }
+if ! cargo build --release -p kvstore-jni --features mpi >"$logs/mpi-jvm-build.log" 2>&1 ||
+    ! KVSTORE_JAR=$jar bash scripts/jar.sh >>"$logs/mpi-jvm-build.log" 2>&1; then
+    tail -n 30 "$logs/mpi-jvm-build.log"
+    echo "mpi-jvm: 0 passed, 1 failed"
+    exit 1
+fi
+
+# The checks of the training run: read from each rank's output, not trusted from
+# the demo. $1: the check's name; $2...: the ranks' stdout files.
+check_training() {
+    local name=$1
+    shift
+    local verdict
+    verdict=$(awk -v ranks="$#" '
+        /epoch +[0-9]+ +loss / { loss[FILENAME] = $NF }
+        / (w\[[0-9]+\]|b) / { params++; d = $(NF-1) - $NF; if (d < 0) d = -d; if (d > worst) worst = d }
+        / bits / { sub(/^rank [0-9]+: bits /, ""); bits[$0]++; nbits++ }
+        END {
+            if (nbits != ranks) { printf "FAILED: %d of %d ranks printed their weights", nbits, ranks; exit }
+            n = 0; for (b in bits) n++
+            if (n != 1) { printf "FAILED: the ranks hold different weights"; exit }
+            if (params != 9 * ranks) { printf "FAILED: %d parameter rows", params; exit }
+            for (f in loss) if (loss[f] + 0 >= 0.015) { printf "FAILED: final loss %s is not below 0.015", loss[f]; exit }
+            if (worst > 0.05) { printf "FAILED: a weight is %.4f from the true one", worst; exit }
+            printf "ok: the same weights on %d ranks, final loss %s, within %.4f of the true weights", ranks, loss[f], worst
+        }' "$@")
+    if [[ "$verdict" == ok* ]]; then pass "$name" "${verdict#ok: }"; else fail "$name" "$verdict"; fi
+}
+
+# 1. Two ranks, each rank's output in its own file.
+out=$logs/mpi-jvm-dist-train
+rm -rf "$out"
+timeout -k 10 300 "${MPIRUN[@]}" --output-filename "$out" -np 2 \
+    java "${java_opts[@]}" -cp "$cp" clojure.main "$root/clojure/examples/dist_train.clj" >"$out.log" 2>&1
+rc=$?
+mapfile -t files < <(find "$out" -name stdout 2>/dev/null | sort)
+if [ "$rc" -eq 0 ] && [ "${#files[@]}" -eq 2 ]; then
+    check_training "dist_train.clj, mpirun -np 2" "${files[@]}"
+else
+    fail "dist_train.clj, mpirun -np 2" "exit $rc, ${#files[@]} rank outputs; log $out.log"
+    tail -n 30 "$out.log"
+fi
+[ "$failed" -eq 0 ] || cat "${files[@]}" 2>/dev/null | tail -n 40
+
+# 2. No mpirun: a job of one worker.
+timeout -k 10 300 java "${java_opts[@]}" -cp "$cp" clojure.main "$root/clojure/examples/dist_train.clj" \
+    >"$logs/mpi-jvm-single.log" 2>&1
+rc=$?
+if [ "$rc" -eq 0 ] && grep -q "over 1 ranks" "$logs/mpi-jvm-single.log"; then
+    check_training "dist_train.clj without mpirun" "$logs/mpi-jvm-single.log"
+else
+    fail "dist_train.clj without mpirun" "exit $rc"
+    tail -n 30 "$logs/mpi-jvm-single.log"
+fi
+
+# 3. A rank that fails: the job ends within 30 s, with a failing status.
+start=$(date +%s)
+timeout -k 10 120 "${MPIRUN[@]}" -np 2 java "${java_opts[@]}" -cp "$cp" clojure.main \
+    "$root/clojure/examples/dying_rank.clj" >"$logs/mpi-jvm-dying.log" 2>&1
+rc=$?
+elapsed=$(($(date +%s) - start))
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$elapsed" -lt 30 ] && ! grep -q "push returned" "$logs/mpi-jvm-dying.log" &&
+    grep -q "rank 1 fails before its push" "$logs/mpi-jvm-dying.log"; then
+    pass "a JVM rank that throws" "the job ended in ${elapsed} s, exit $rc"
+else
+    fail "a JVM rank that throws" "exit $rc after ${elapsed} s (124: the job hung)"
+    tail -n 20 "$logs/mpi-jvm-dying.log"
+fi
+
+echo "mpi-jvm: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
