@@ -73,6 +73,10 @@ bench: jar
 	$(CARGO) build --release -p kvstore-mpi --features mpi --example bench_mpi
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 2 \
 	    target/release/examples/bench_mpi target/bench/mpi.json
+	# Again over TCP (loopback): allreduce latency closer to a network's than shared memory's.
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 KVSTORE_BENCH_LABEL="mpi 2 ranks over tcp" \
+	    mpirun --oversubscribe --bind-to none --mca btl self,tcp -np 2 \
+	    target/release/examples/bench_mpi target/bench/mpi-tcp.json
 	$(CARGO) bench -p kvstore-core --bench report
 
 lint: setup

@@ -32,12 +32,19 @@ cargo build -q -p kvstore-mpi --features mpi --example early_exit 2>>"$logs/mpi-
 
 passed=0
 failed=0
-for np in 2 4; do
-    out="$logs/mpi-np$np.log"
-    ranks="$logs/mpi-np$np"
+# np 2 and 4 with the default 4 MiB buckets; then np 2 with 256-byte buckets from the
+# environment, so that every case also runs with keys split over many buckets.
+for run in 2 4 2:256; do
+    np=${run%%:*}
+    bucket=
+    [ "$run" != "$np" ] && bucket=${run#*:}
+    name="np$np${bucket:+-bucket$bucket}"
+    out="$logs/mpi-$name.log"
+    ranks="$logs/mpi-$name"
     rm -rf "$ranks"
     # Each rank writes its own file (interleaved output would split result lines).
-    timeout 300 "${MPIRUN[@]}" --output-filename "$ranks" -np "$np" "$bin" --test-threads=1 --color never >"$out" 2>&1
+    env ${bucket:+KVSTORE_MPI_BUCKET_BYTES=$bucket} timeout 300 "${MPIRUN[@]}" \
+        ${bucket:+-x KVSTORE_MPI_BUCKET_BYTES} --output-filename "$ranks" -np "$np" "$bin" --test-threads=1 --color never >"$out" 2>&1
     rc=$?
     ok_ranks=0
     n=0
@@ -52,15 +59,26 @@ for np in 2 4; do
         [ "${rf:-0}" -gt "$f" ] && f=$rf
     done
     if [ "$rc" -eq 0 ] && [ "$ok_ranks" -eq "$np" ] && [ "${n:-0}" -gt 0 ]; then
-        echo "mpirun -np $np: $n tests passed on every rank"
+        echo "mpirun -np $np${bucket:+ with $bucket-byte buckets}: $n tests passed on every rank"
         passed=$((passed + n))
     else
-        echo "mpirun -np $np: exit $rc, $ok_ranks of $np ranks ok (logs: $out, $ranks)"
+        echo "mpirun -np $np${bucket:+ with $bucket-byte buckets}: exit $rc, $ok_ranks of $np ranks ok (logs: $out, $ranks)"
         tail -n 40 "$out"
         cat $(find "$ranks" -name stdout 2>/dev/null) | grep -E 'panicked|FAILED' | head -20
         failed=$((failed + (f > 0 ? f : 1)))
     fi
 done
+
+# A bucket size that is not a number is an error naming the variable (one process).
+if KVSTORE_MPI_BUCKET_BYTES=lots timeout 120 "$bin" --exact bucket_bytes_come_from_the_environment \
+    >"$logs/mpi-bad-bucket.log" 2>&1 && grep -q "1 passed" "$logs/mpi-bad-bucket.log"; then
+    echo "KVSTORE_MPI_BUCKET_BYTES=lots is refused with a clear error"
+    passed=$((passed + 1))
+else
+    echo "KVSTORE_MPI_BUCKET_BYTES=lots: FAILED"
+    tail -n 20 "$logs/mpi-bad-bucket.log"
+    failed=$((failed + 1))
+fi
 
 # A worker that dies mid-job: the job must end, with an error, within seconds.
 start=$(date +%s)

@@ -43,22 +43,17 @@ impl Row {
     }
 }
 
-/// The limit an MPI row was measured against in the same mpirun (its `limit_s`).
-fn mpi_limit(dir: &std::path::Path, name: &str) -> Option<f64> {
-    let text = std::fs::read_to_string(dir.join("mpi.json")).ok()?;
-    let rows: Vec<serde_json::Value> = serde_json::from_str(&text).ok()?;
-    rows.iter().find(|r| r["name"] == name).and_then(|r| r["limit_s"].as_f64())
-}
-
-/// The JVM rows written by `make bench` before this report (Java and Clojure benches),
-/// as (name, median seconds); empty when they were not run.
-fn jvm_rows(dir: &std::path::Path) -> Vec<(String, f64)> {
-    ["jvm-java.json", "jvm-clojure.json", "mpi.json"]
+/// The rows written by `make bench` before this report (the Java and Clojure benches,
+/// and the MPI benches on shared memory and over TCP), as (name, median seconds, the
+/// limit the row was measured against in the same run, if its bench wrote one); empty
+/// when they were not run.
+fn outside_rows(dir: &std::path::Path) -> Vec<(String, f64, Option<f64>)> {
+    ["jvm-java.json", "jvm-clojure.json", "mpi.json", "mpi-tcp.json"]
         .iter()
         .filter_map(|f| std::fs::read_to_string(dir.join(f)).ok())
         .filter_map(|text| serde_json::from_str::<Vec<serde_json::Value>>(&text).ok())
         .flatten()
-        .filter_map(|r| Some((r["name"].as_str()?.to_string(), r["median_s"].as_f64()?)))
+        .filter_map(|r| Some((r["name"].as_str()?.to_string(), r["median_s"].as_f64()?, r["limit_s"].as_f64())))
         .collect()
 }
 
@@ -237,7 +232,7 @@ fn main() -> kvstore_core::Result<()> {
     rows.push(Row::new("rust: NDArray of 4 Mi f32 into an existing Vec<f32>", rust_outof_s, None, ""));
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(std::path::Path::new("."));
     let dir = root.join("target/bench");
-    for (name, median_s) in jvm_rows(&dir) {
+    for (name, median_s, limit_s) in outside_rows(&dir) {
         let row = match name.as_str() {
             n if n.ends_with("push+pull 1 Ki f32") => {
                 let more_us = (median_s - rust_small_s) * 1e6;
@@ -252,13 +247,13 @@ fn main() -> kvstore_core::Result<()> {
             }
             n if n.ends_with("to float[]") => Row::new(n, median_s, Some(rust_out_s), "one copy + JVM zeroing"),
             n if n.starts_with("mpi ") && n.contains("dist_sync push") => {
-                Row::new(n, median_s, mpi_limit(&dir, n), "<= 1.25x the bare allreduce (ratio >= 0.8)")
+                Row::new(n, median_s, limit_s, "<= 1.25x the bare allreduce (ratio >= 0.8)")
             }
             n if n.starts_with("mpi ") && n.contains("list push") => {
-                Row::new(n, median_s, mpi_limit(&dir, n), "vs 1000 separate allreduces")
+                Row::new(n, median_s, limit_s, "vs 1000 separate allreduces (> 1: cheaper)")
             }
-            n if n.starts_with("mpi ") && n.contains("fused (4 MiB") => {
-                Row::new(n, median_s, mpi_limit(&dir, n), "fusion: > 1 is faster than unfused")
+            n if n.starts_with("mpi ") && n.contains("push fused (") => {
+                Row::new(n, median_s, limit_s, "fusion: > 1 is faster than unfused")
             }
             n => Row::new(n, median_s, None, ""),
         };

@@ -72,6 +72,10 @@ pub fn finalize() -> Result<()> {
 
 /// The default bucket size of the fused allreduce.
 const DEFAULT_BUCKET_BYTES: usize = 4 << 20;
+/// The smallest bucket (one f64 at least, whatever is asked for).
+const MIN_BUCKET_BYTES: usize = 64;
+/// The environment variable that sets the bucket size at start-up, in bytes.
+pub const BUCKET_BYTES_VAR: &str = "KVSTORE_MPI_BUCKET_BYTES";
 
 /// This process's view of the MPI job.
 pub struct MpiGroup {
@@ -95,6 +99,8 @@ pub fn group() -> Result<Arc<MpiGroup>> {
     if let Some(g) = GROUP.get() {
         return Ok(Arc::clone(g));
     }
+    // Read before MPI starts: a bad value leaves MPI untouched.
+    let bucket_bytes = bucket_bytes_from_env()?;
     let backend = |message: String| Error::Backend { backend: "mpi", message };
     let (universe, threading) = mpi::initialize_with_threading(Threading::Serialized)
         .ok_or_else(|| backend("MPI was already initialised by another library".into()))?;
@@ -119,15 +125,31 @@ pub fn group() -> Result<Arc<MpiGroup>> {
             abort_job(101);
         }
     }));
-    let group = Arc::new(MpiGroup { rank, size, bucket_bytes: AtomicUsize::new(DEFAULT_BUCKET_BYTES) });
+    let group = Arc::new(MpiGroup { rank, size, bucket_bytes: AtomicUsize::new(bucket_bytes.max(MIN_BUCKET_BYTES)) });
     Ok(Arc::clone(GROUP.get_or_init(|| group)))
 }
 
+/// The bucket size `KVSTORE_MPI_BUCKET_BYTES` asks for (unset or empty: the default).
+fn bucket_bytes_from_env() -> Result<usize> {
+    match std::env::var(BUCKET_BYTES_VAR) {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse::<usize>().map_err(|_| {
+            Error::invalid_argument(format!("{BUCKET_BYTES_VAR}={v:?}: expected a whole number of bytes"))
+        }),
+        _ => Ok(DEFAULT_BUCKET_BYTES),
+    }
+}
+
 impl MpiGroup {
-    /// The size, in bytes, of one fused allreduce (default 4 MiB): small keys share a
-    /// bucket, big keys span several.
+    /// The size, in bytes, of one fused allreduce.
+    pub fn bucket_bytes(&self) -> usize {
+        self.bucket_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Sets the size, in bytes, of one fused allreduce (default 4 MiB, or
+    /// `KVSTORE_MPI_BUCKET_BYTES` at start-up; at least 64): small keys share a bucket,
+    /// big keys span several. Every rank must use the same size.
     pub fn set_bucket_bytes(&self, bytes: usize) {
-        self.bucket_bytes.store(bytes.max(64), Ordering::Relaxed);
+        self.bucket_bytes.store(bytes.max(MIN_BUCKET_BYTES), Ordering::Relaxed);
     }
 
     fn with_world<T>(&self, f: impl FnOnce(&SimpleCommunicator) -> T) -> Result<T> {

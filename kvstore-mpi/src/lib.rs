@@ -16,6 +16,13 @@
 //! # Ok::<(), kvstore_core::Error>(())
 //! ```
 //!
+//! # Bucket size
+//! Small keys share allreduce buckets of 4 MiB; big keys span several. Set the size with
+//! the environment variable `KVSTORE_MPI_BUCKET_BYTES` (read when MPI starts; a value
+//! that is not a number makes [`create`] fail) or `group()?.set_bucket_bytes(n)`, the
+//! same on every rank. Fusion pays where one allreduce is expensive (across machines);
+//! through shared memory on one machine a bucket per key is about as fast.
+//!
 //! # Features
 //! `mpi` links MPI (needs `libopenmpi-dev` and `libclang-dev`). Without it, [`create`]
 //! answers `Unsupported` for `dist_*` kinds.
@@ -29,7 +36,7 @@
 mod group;
 
 #[cfg(feature = "mpi")]
-pub use group::{MpiGroup, finalize, group};
+pub use group::{BUCKET_BYTES_VAR, MpiGroup, finalize, group};
 
 #[cfg(not(feature = "mpi"))]
 use kvstore_core::Error;

@@ -52,10 +52,28 @@ fn replicas_are_bit_identical_after_optimizer_steps() {
 #[test]
 fn small_buckets_split_keys_and_give_the_same_sums() {
     let group = kvstore_mpi::group().expect("group");
+    let bucket = group.bucket_bytes();
     group.set_bucket_bytes(256);
     let kv = store();
     dist_cases::every_dtype_sums_local_then_across_workers(kv.rank(), &kv);
-    group.set_bucket_bytes(4 << 20);
+    group.set_bucket_bytes(bucket);
+}
+
+/// `scripts/test-mpi.sh` runs the whole suite once with `KVSTORE_MPI_BUCKET_BYTES=256`,
+/// and this test alone with a value that is not a number.
+#[test]
+fn bucket_bytes_come_from_the_environment() {
+    match std::env::var(kvstore_mpi::BUCKET_BYTES_VAR).ok().filter(|v| !v.trim().is_empty()) {
+        None => assert_eq!(kvstore_mpi::group().expect("group").bucket_bytes(), 4 << 20),
+        Some(v) => match v.trim().parse::<usize>() {
+            Ok(n) => assert_eq!(kvstore_mpi::group().expect("group").bucket_bytes(), n.max(64)),
+            Err(_) => {
+                let e = kvstore_mpi::create("dist_sync").expect_err("a bad bucket size");
+                assert_eq!(e.kind(), kvstore_core::ErrorKind::InvalidArgument);
+                assert!(e.to_string().contains(kvstore_mpi::BUCKET_BYTES_VAR), "{e}");
+            }
+        },
+    }
 }
 
 #[test]
