@@ -9,9 +9,10 @@
 use rayon::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
+use crate::device::{self, DeviceBuffer};
 use crate::dtype::{Element, with_dtype};
 use crate::error::{Error, Result};
-use crate::ndarray::{HostBuf, NDArray};
+use crate::ndarray::{HostBuf, NDArray, Storage, copy_storage};
 
 /// One reduction: `out = inputs[0] + inputs[1] + ...`, element-wise, left to right.
 pub struct ReduceJob<'a> {
@@ -153,22 +154,57 @@ impl CpuComm {
         let mut copies = copies.iter();
         let inputs: Vec<&NDArray> =
             job.inputs.iter().map(|&a| if a.same_storage(out) { copies.next().unwrap_or(a) } else { a }).collect();
-        let guards: Vec<_> = inputs.iter().map(|a| a.read()).collect();
+        if out.on_device() && inputs.iter().all(|a| a.on_device()) && Self::reduce_on_device(&inputs, out)? {
+            return Ok(());
+        }
+        let guards: Vec<_> = inputs.iter().map(|a| a.read()).collect::<Result<_>>()?;
         let bufs: Vec<&HostBuf> = guards.iter().map(|g| &**g).collect();
-        let mut dst = out.write();
+        let mut dst = out.write()?;
         let pool = (split && dst.bytes().len() >= BIG_BYTES).then_some(&self.pool);
         with_dtype!(out.dtype(), T => reduce_typed::<T>(pool, &bufs, &mut dst));
+        drop(guards);
+        dst.finish()?;
         Ok(())
+    }
+
+    /// The backend's reduction kernel, when every array is on a device: `Ok(false)`
+    /// when the backend has none (the caller then stages through the host).
+    fn reduce_on_device(inputs: &[&NDArray], out: &NDArray) -> Result<bool> {
+        let Some(backend) = device::backend() else { return Ok(false) };
+        let guards: Vec<_> = inputs.iter().map(|a| a.storage()).collect::<Result<_>>()?;
+        let bufs: Vec<&dyn DeviceBuffer> = guards
+            .iter()
+            .filter_map(|g| match &**g {
+                Storage::Device(d) => Some(&**d),
+                Storage::Host(_) => None,
+            })
+            .collect();
+        let mut dst = out.storage_mut()?;
+        match &mut *dst {
+            Storage::Device(d) if bufs.len() == inputs.len() => backend.reduce(out.dtype(), &bufs, &mut **d),
+            _ => Ok(false),
+        }
     }
 
     fn broadcast_one(&self, job: &BroadcastJob<'_>, split: bool) -> Result<()> {
         for out in &job.outs {
             job_check(job.src, out)?;
         }
-        let src = job.src.read();
+        let src_storage = job.src.storage()?;
+        let Storage::Host(src) = &*src_storage else {
+            // From a device: each output is a download or a device-to-device copy.
+            for out in job.outs.iter().filter(|o| !o.same_storage(job.src)) {
+                copy_storage(&src_storage, &mut *out.storage_mut()?)?;
+            }
+            return Ok(());
+        };
         let src = src.bytes();
         for out in job.outs.iter().filter(|o| !o.same_storage(job.src)) {
-            let mut dst = out.write();
+            if out.on_device() {
+                copy_storage(&src_storage, &mut *out.storage_mut()?)?;
+                continue;
+            }
+            let mut dst = out.write()?;
             let dst = dst.bytes_mut();
             if split && src.len() >= BIG_BYTES {
                 self.pool.install(|| {
@@ -278,7 +314,7 @@ mod tests {
         let serial: Vec<f32> = (0..n)
             .map(|i| {
                 vals.iter()
-                    .map(|v| v.read().typed::<f32>()[i])
+                    .map(|v| v.read().unwrap().typed::<f32>()[i])
                     .fold(None, |a: Option<f32>, x| Some(a.map_or(x, |a| a + x)))
                     .unwrap()
             })

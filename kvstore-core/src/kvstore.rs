@@ -354,15 +354,13 @@ struct Group<'a> {
     arrays: Vec<&'a NDArray>,
 }
 
-fn check_host(op: &'static str, key: &Key, a: &NDArray) -> Result<()> {
-    if a.context().is_cpu() {
-        Ok(())
-    } else {
-        Err(Error::DeviceUnavailable {
-            context: a.context().to_string(),
-            reason: format!("{op} of key \"{key}\": no GPU backend is registered in this build"),
-        })
-    }
+fn check_context(op: &'static str, key: &Key, a: &NDArray) -> Result<()> {
+    crate::device::check_context(a.context()).map_err(|e| match e {
+        Error::DeviceUnavailable { context, reason } => {
+            Error::DeviceUnavailable { context, reason: format!("{op} of key \"{key}\": {reason}") }
+        }
+        other => other,
+    })
 }
 
 /// Checks that every array of `group` matches the stored value in shape and dtype.
@@ -370,7 +368,7 @@ fn check_group(op: &'static str, what: &str, group: &Group<'_>, stored: &NDArray
     let key = &group.entry.key;
     let n = group.arrays.len();
     for (i, a) in group.arrays.iter().enumerate() {
-        check_host(op, key, a)?;
+        check_context(op, key, a)?;
         let context = || {
             if n == 1 {
                 format!("{op} of key \"{key}\" ({what})")
@@ -651,7 +649,7 @@ impl KVStore {
     fn init_pairs(&self, op: &'static str, pairs: Vec<(Key, &NDArray)>) -> Result<()> {
         let mut seen = HashMap::new();
         for (k, v) in &pairs {
-            check_host(op, k, v)?;
+            check_context(op, k, v)?;
             if seen.insert(k, ()).is_some() {
                 return Err(Error::AlreadyInitialized {
                     op,

@@ -47,7 +47,8 @@
 //!    touched (MXNet could apply a prefix of a list, then fail).
 //!
 //! # Features
-//! None. GPU arrays come from `kvstore-cuda`, `dist_sync` from `kvstore-mpi`.
+//! None. GPU arrays come from `kvstore-cuda` (a [`DeviceBackend`] installed with
+//! [`register_backend`]), `dist_sync` from `kvstore-mpi`.
 //!
 //! # Errors
 //! Every fallible call returns [`Result`] with an [`Error`] whose [`Error::kind`] is a
@@ -70,6 +71,7 @@ mod updater;
 pub use collective::Collective;
 pub use comm::{BroadcastJob, Comm, CpuComm, ReduceJob};
 pub use context::{Context, DeviceType};
+pub use device::{DeviceBackend, DeviceBuffer, backend as device_backend, register_backend};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
 pub use key::{Key, Keys};

@@ -7,12 +7,14 @@
 //! tensor library.
 
 use std::fmt;
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
-use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{MappedRwLockReadGuard, MappedRwLockWriteGuard, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::context::Context;
+use crate::device::{self, DeviceBuffer};
 use crate::dtype::{DType, Element, cast, with_dtype};
 use crate::error::{Error, Result};
 
@@ -57,12 +59,118 @@ impl HostBuf {
     }
 }
 
+/// Where an array's elements live: host memory, or a device buffer of the registered
+/// backend.
+pub(crate) enum Storage {
+    Host(HostBuf),
+    Device(Box<dyn DeviceBuffer>),
+}
+
+/// Copies `src` into `dst` (same length) whatever each side is: a host copy, an upload,
+/// a download, or a device-to-device copy through the backend.
+pub(crate) fn copy_storage(src: &Storage, dst: &mut Storage) -> Result<()> {
+    match (src, dst) {
+        (Storage::Host(s), Storage::Host(d)) => {
+            d.bytes_mut().copy_from_slice(s.bytes());
+            Ok(())
+        }
+        (Storage::Host(s), Storage::Device(d)) => d.write_from_host(s.bytes()),
+        (Storage::Device(s), Storage::Host(d)) => s.read_to_host(d.bytes_mut()),
+        (Storage::Device(s), Storage::Device(d)) => {
+            let backend = device::backend().ok_or_else(|| Error::Internal("device array without a backend".into()))?;
+            backend.copy(&**s, &mut **d)
+        }
+    }
+}
+
 struct Inner {
     shape: Box<[usize]>,
     dtype: DType,
     ctx: Context,
     size: usize,
-    buf: RwLock<HostBuf>,
+    buf: RwLock<Storage>,
+    /// Set when writing a staged copy back to the device failed: the device buffer may
+    /// hold anything, so every later access is this error.
+    fault: Mutex<Option<String>>,
+}
+
+/// Read access to an array's elements as host memory: the buffer itself for a host
+/// array, a staged copy (downloaded under the read lock) for a device array.
+pub(crate) enum HostRead<'a> {
+    Host(MappedRwLockReadGuard<'a, HostBuf>),
+    /// The read lock, held while the staged copy is in use, and the copy.
+    Staged {
+        _lock: RwLockReadGuard<'a, Storage>,
+        buf: HostBuf,
+    },
+}
+
+impl Deref for HostRead<'_> {
+    type Target = HostBuf;
+    fn deref(&self) -> &HostBuf {
+        match self {
+            HostRead::Host(g) => g,
+            HostRead::Staged { buf, .. } => buf,
+        }
+    }
+}
+
+/// Write access to an array's elements as host memory. For a device array it is a
+/// staged copy, written back to the device when the guard drops (under the write lock);
+/// a failed write-back marks the array faulty (see `Inner::fault`).
+pub(crate) enum HostWrite<'a> {
+    Host(MappedRwLockWriteGuard<'a, HostBuf>),
+    Staged { lock: RwLockWriteGuard<'a, Storage>, buf: HostBuf, fault: &'a Mutex<Option<String>>, done: bool },
+}
+
+impl HostWrite<'_> {
+    /// Writes a staged copy back to the device now, so that a failure is this call's
+    /// error (it also marks the array faulty); does nothing for a host array.
+    pub(crate) fn finish(mut self) -> Result<()> {
+        self.write_back()
+    }
+
+    fn write_back(&mut self) -> Result<()> {
+        if let HostWrite::Staged { lock, buf, fault, done } = self
+            && !*done
+        {
+            *done = true;
+            if let Storage::Device(d) = &mut **lock
+                && let Err(e) = d.write_from_host(buf.bytes())
+            {
+                *fault.lock() = Some(format!("writing the array back to its device failed: {e}"));
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Deref for HostWrite<'_> {
+    type Target = HostBuf;
+    fn deref(&self) -> &HostBuf {
+        match self {
+            HostWrite::Host(g) => g,
+            HostWrite::Staged { buf, .. } => buf,
+        }
+    }
+}
+
+impl DerefMut for HostWrite<'_> {
+    fn deref_mut(&mut self) -> &mut HostBuf {
+        match self {
+            HostWrite::Host(g) => g,
+            HostWrite::Staged { buf, .. } => buf,
+        }
+    }
+}
+
+impl Drop for HostWrite<'_> {
+    /// A guard dropped without [`HostWrite::finish`] writes back here; a failure can
+    /// only be recorded (the array turns faulty).
+    fn drop(&mut self) {
+        let _ = self.write_back();
+    }
 }
 
 /// An n-dimensional array whose buffer is shared by every clone of the handle.
@@ -167,16 +275,26 @@ pub(crate) fn checked_size(shape: &[usize], dtype: DType) -> Result<usize> {
     }
 }
 
-fn check_context(ctx: Context) -> Result<()> {
-    if ctx.is_cpu() { Ok(()) } else { Err(crate::device::unavailable(ctx)) }
-}
-
 impl NDArray {
     fn alloc(shape: &[usize], dtype: DType, ctx: Context) -> Result<Self> {
-        check_context(ctx)?;
         let size = checked_size(shape, dtype)?;
-        let buf = HostBuf::zeroed(size * dtype.size())?;
-        Ok(NDArray { inner: Arc::new(Inner { shape: shape.into(), dtype, ctx, size, buf: RwLock::new(buf) }) })
+        let bytes = size * dtype.size();
+        let storage = if ctx.is_cpu() {
+            Storage::Host(HostBuf::zeroed(bytes)?)
+        } else {
+            let backend = device::backend_for(ctx)?;
+            let buf = backend.alloc_zeroed(ctx.device_id() as usize, bytes)?;
+            if buf.len_bytes() != bytes {
+                return Err(Error::Internal(format!(
+                    "the {} backend gave {} bytes for an array of {bytes}",
+                    backend.name(),
+                    buf.len_bytes()
+                )));
+            }
+            Storage::Device(buf)
+        };
+        let inner = Inner { shape: shape.into(), dtype, ctx, size, buf: RwLock::new(storage), fault: Mutex::new(None) };
+        Ok(NDArray { inner: Arc::new(inner) })
     }
 
     /// An f32 array of zeros on `cpu(0)`.
@@ -227,7 +345,9 @@ impl NDArray {
     pub fn full_with(shape: &[usize], value: f64, dtype: DType, ctx: Context) -> Result<Self> {
         let a = Self::alloc(shape, dtype, ctx)?;
         if value != 0.0 {
-            with_dtype!(dtype, T => a.write().typed_mut::<T>().fill(T::from_f64(value)));
+            let mut w = a.write()?;
+            with_dtype!(dtype, T => w.typed_mut::<T>().fill(T::from_f64(value)));
+            w.finish()?;
         }
         Ok(a)
     }
@@ -255,7 +375,9 @@ impl NDArray {
             });
         }
         let a = Self::alloc(shape, T::DTYPE, ctx)?;
-        a.write().typed_mut::<T>().copy_from_slice(data);
+        let mut w = a.write()?;
+        w.typed_mut::<T>().copy_from_slice(data);
+        w.finish()?;
         Ok(a)
     }
 
@@ -284,26 +406,97 @@ impl NDArray {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    /// A shared read lock on the buffer (recursive, so one thread may hold several
-    /// read locks of one array, as when the same array is pushed twice in one call).
-    pub(crate) fn read(&self) -> RwLockReadGuard<'_, HostBuf> {
-        self.inner.buf.read_recursive()
+    fn check_fault(&self) -> Result<()> {
+        match &*self.inner.fault.lock() {
+            None => Ok(()),
+            Some(message) => Err(Error::Backend { backend: "device", message: message.clone() }),
+        }
     }
 
-    /// An exclusive lock on the buffer.
-    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, HostBuf> {
-        self.inner.buf.write()
+    /// A shared read lock on the storage itself (recursive, so one thread may hold
+    /// several read locks of one array, as when the same array is pushed twice).
+    pub(crate) fn storage(&self) -> Result<RwLockReadGuard<'_, Storage>> {
+        self.check_fault()?;
+        Ok(self.inner.buf.read_recursive())
+    }
+
+    /// An exclusive lock on the storage itself.
+    pub(crate) fn storage_mut(&self) -> Result<RwLockWriteGuard<'_, Storage>> {
+        self.check_fault()?;
+        Ok(self.inner.buf.write())
+    }
+
+    /// Whether the elements live on a device.
+    pub(crate) fn on_device(&self) -> bool {
+        !self.context().is_cpu()
+    }
+
+    /// A host copy of this array's storage `st`.
+    fn download(&self, st: &Storage) -> Result<HostBuf> {
+        let mut staged = Storage::Host(HostBuf::zeroed(self.size() * self.dtype().size())?);
+        copy_storage(st, &mut staged)?;
+        match staged {
+            Storage::Host(b) => Ok(b),
+            Storage::Device(_) => Err(Error::Internal("a host copy turned into a device buffer".into())),
+        }
+    }
+
+    /// The elements as host memory, read-locked (staged from the device for a device
+    /// array).
+    pub(crate) fn read(&self) -> Result<HostRead<'_>> {
+        let guard = self.storage()?;
+        match RwLockReadGuard::try_map(guard, |st| match st {
+            Storage::Host(b) => Some(b),
+            Storage::Device(_) => None,
+        }) {
+            Ok(host) => Ok(HostRead::Host(host)),
+            Err(guard) => {
+                let staged = self.download(&guard)?;
+                Ok(HostRead::Staged { _lock: guard, buf: staged })
+            }
+        }
+    }
+
+    /// The elements as host memory, write-locked (for a device array, a staged copy
+    /// written back when the guard drops).
+    pub(crate) fn write(&self) -> Result<HostWrite<'_>> {
+        let guard = self.storage_mut()?;
+        match RwLockWriteGuard::try_map(guard, |st| match st {
+            Storage::Host(b) => Some(b),
+            Storage::Device(_) => None,
+        }) {
+            Ok(host) => Ok(HostWrite::Host(host)),
+            Err(guard) => {
+                let staged = self.download(&guard)?;
+                Ok(HostWrite::Staged { lock: guard, buf: staged, fault: &self.inner.fault, done: false })
+            }
+        }
     }
 
     /// Locks `self` for writing and `other` (a different buffer) for reading, in
     /// address order, so that two threads doing `a op= b` and `b op= a` cannot deadlock.
-    fn lock_pair<'a>(&'a self, other: &'a NDArray) -> (RwLockWriteGuard<'a, HostBuf>, RwLockReadGuard<'a, HostBuf>) {
+    fn lock_pair<'a>(&'a self, other: &'a NDArray) -> Result<(HostWrite<'a>, HostRead<'a>)> {
         if Arc::as_ptr(&self.inner) < Arc::as_ptr(&other.inner) {
-            let w = self.write();
-            (w, other.read())
+            let w = self.write()?;
+            Ok((w, other.read()?))
         } else {
-            let r = other.read();
-            (self.write(), r)
+            let r = other.read()?;
+            Ok((self.write()?, r))
+        }
+    }
+
+    /// The storages of `self` (write) and `other` (read, a different buffer), locked
+    /// in address order as [`NDArray::lock_pair`].
+    fn lock_storage_pair<'a>(
+        &'a self,
+        other: &'a NDArray,
+    ) -> Result<(RwLockWriteGuard<'a, Storage>, RwLockReadGuard<'a, Storage>)> {
+        if Arc::as_ptr(&self.inner) < Arc::as_ptr(&other.inner) {
+            let w = self.storage_mut()?;
+            Ok((w, other.storage()?))
+        } else {
+            let r = other.storage()?;
+            Ok((self.storage_mut()?, r))
         }
     }
 
@@ -311,30 +504,36 @@ impl NDArray {
     /// conversion rules).
     ///
     /// # Errors
-    /// None for host arrays; the `Result` leaves room for device arrays.
+    /// None for host arrays; a backend error for a device array.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        let buf = self.read();
+        let buf = self.read()?;
         Ok(with_dtype!(self.dtype(), S => buf.typed::<S>().iter().map(|&s| cast::<S, T>(s)).collect()))
     }
 
     /// Runs `f` on the elements, row-major, without copying them (the array is read-locked
-    /// meanwhile). For bindings that copy straight out of the array.
+    /// meanwhile). For bindings that copy straight out of the array. A device array's
+    /// elements are staged through host memory first.
     ///
     /// # Errors
-    /// [`Error::DTypeMismatch`] if `T` is not the array's element type.
+    /// [`Error::DTypeMismatch`] if `T` is not the array's element type; a backend error
+    /// for a device array.
     pub fn with_data<T: Element, R>(&self, f: impl FnOnce(&[T]) -> R) -> Result<R> {
         self.check_element::<T>("with_data")?;
-        Ok(f(self.read().typed::<T>()))
+        Ok(f(self.read()?.typed::<T>()))
     }
 
     /// Runs `f` on the elements, mutably, without copying them (the array is
-    /// write-locked meanwhile). For bindings that copy straight into the array.
+    /// write-locked meanwhile). For bindings that copy straight into the array. A device
+    /// array's elements are staged through host memory and written back afterwards.
     ///
     /// # Errors
-    /// [`Error::DTypeMismatch`] if `T` is not the array's element type.
+    /// As [`NDArray::with_data`].
     pub fn with_data_mut<T: Element, R>(&self, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
         self.check_element::<T>("with_data_mut")?;
-        Ok(f(self.write().typed_mut::<T>()))
+        let mut w = self.write()?;
+        let r = f(w.typed_mut::<T>());
+        w.finish()?;
+        Ok(r)
     }
 
     fn check_element<T: Element>(&self, op: &str) -> Result<()> {
@@ -359,7 +558,7 @@ impl NDArray {
     /// [`Error::DeviceUnavailable`] for a device no backend serves.
     pub fn copy_to(&self, ctx: Context) -> Result<NDArray> {
         let out = Self::alloc(self.shape(), self.dtype(), ctx)?;
-        out.write().bytes_mut().copy_from_slice(self.read().bytes());
+        copy_storage(&*self.storage()?, &mut *out.storage_mut()?)?;
         Ok(out)
     }
 
@@ -384,15 +583,18 @@ impl NDArray {
         if self.same_storage(src) {
             return Ok(());
         }
-        let (mut dst, s) = self.lock_pair(src);
         if self.dtype() == src.dtype() {
-            dst.bytes_mut().copy_from_slice(s.bytes());
+            let (mut dst, s) = self.lock_storage_pair(src)?;
+            copy_storage(&s, &mut dst)?;
         } else {
+            let (mut dst, s) = self.lock_pair(src)?;
             with_dtype!(src.dtype(), S => with_dtype!(self.dtype(), D => {
                 for (d, &x) in dst.typed_mut::<D>().iter_mut().zip(s.typed::<S>()) {
                     *d = cast::<S, D>(x);
                 }
             }));
+            drop(s);
+            dst.finish()?;
         }
         Ok(())
     }
@@ -415,9 +617,11 @@ impl NDArray {
                 if matches!(op, BinOp::Div) && !T::DTYPE.is_float() && s == T::default() {
                     return Err(Error::invalid_argument("ndarray div: integer division by zero"));
                 }
-                for x in self.write().typed_mut::<T>() {
+                let mut w = self.write()?;
+                for x in w.typed_mut::<T>() {
                     *x = op.apply(*x, s);
                 }
+                w.finish()?;
             }),
             Operand::Array(b) => {
                 self.check_shape(b, op.name())?;
@@ -430,7 +634,7 @@ impl NDArray {
                 }
                 if self.same_storage(b) {
                     with_dtype!(self.dtype(), T => {
-                        let mut g = self.write();
+                        let mut g = self.write()?;
                         let xs = g.typed_mut::<T>();
                         if matches!(op, BinOp::Div) && !T::DTYPE.is_float() && xs.contains(&T::default()) {
                             return Err(Error::invalid_argument("ndarray div: integer division by zero"));
@@ -438,9 +642,10 @@ impl NDArray {
                         for x in xs {
                             *x = op.apply(*x, *x);
                         }
+                        g.finish()?;
                     });
                 } else {
-                    let (mut dst, src) = self.lock_pair(b);
+                    let (mut dst, src) = self.lock_pair(b)?;
                     with_dtype!(self.dtype(), T => {
                         let ys = src.typed::<T>();
                         if matches!(op, BinOp::Div) && !T::DTYPE.is_float() && ys.contains(&T::default()) {
@@ -449,6 +654,8 @@ impl NDArray {
                         for (x, &y) in dst.typed_mut::<T>().iter_mut().zip(ys) {
                             *x = op.apply(*x, y);
                         }
+                        drop(src);
+                        dst.finish()?;
                     });
                 }
             }
@@ -585,7 +792,7 @@ impl fmt::Display for NDArray {
     /// Prints the values (summarised beyond 1000 elements) and a line naming the
     /// shape, dtype and context, as MXNet's `NDArray.__repr__`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let buf = self.read();
+        let buf = self.read().map_err(|_| fmt::Error)?;
         let summarize = self.size() > PRINT_WHOLE;
         with_dtype!(self.dtype(), T => fmt_axis(buf.typed::<T>(), self.shape(), 0, summarize, f))?;
         let dims: Vec<String> = self.shape().iter().map(usize::to_string).collect();
@@ -619,7 +826,7 @@ mod tests {
     fn host_buffers_are_64_byte_aligned() {
         for n in [1, 3, 17, 1000] {
             let a = NDArray::zeros_with(&[n], DType::U8, Context::cpu(0)).unwrap();
-            assert_eq!(a.read().bytes().as_ptr() as usize % 64, 0);
+            assert_eq!(a.read().unwrap().bytes().as_ptr() as usize % 64, 0);
         }
     }
 

@@ -36,6 +36,30 @@ impl Backend for Cpu {
     }
 }
 
+/// Device contexts `gpu(i % count)` of the installed device backend; `store(kind)`
+/// makes `device` stores instead of `local` ones when `device_store` is set.
+pub struct Gpus {
+    /// How many devices the backend has.
+    pub count: u32,
+    /// Whether "local" stores become "device" stores.
+    pub device_store: bool,
+}
+
+impl Backend for Gpus {
+    fn name(&self) -> &str {
+        if self.device_store { "gpu (device store)" } else { "gpu (local store)" }
+    }
+    fn store(&self, kind: &str) -> KVStore {
+        let kind = if self.device_store && kind == "local" { "device" } else { kind };
+        KVStore::create(kind).expect("create a store")
+    }
+    fn ctx(&self, i: u32) -> Context {
+        Context::gpu(i % self.count.max(1))
+    }
+}
+
+pub mod sim_device;
+
 /// `value` everywhere, f32, shape `shape`, on `ctx`.
 pub fn full(shape: &[usize], value: f64, ctx: Context) -> NDArray {
     NDArray::full_with(shape, value, DType::F32, ctx).expect("allocate")

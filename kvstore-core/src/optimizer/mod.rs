@@ -532,12 +532,12 @@ impl Runtime {
         match (weight.dtype(), &st.master) {
             (DType::F64, _) => {
                 let g = grad.to_vec::<f64>()?;
-                let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect();
+                let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect::<Result<_>>()?;
                 let mut ss: Vec<&mut [f64]> = guards.iter_mut().map(|b| b.typed_mut::<f64>()).collect();
                 weight.with_data_mut(|w: &mut [f64]| rule.update_f64(step, values, w, &g, &mut ss))?;
             }
             (DType::F32, _) => {
-                let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect();
+                let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect::<Result<_>>()?;
                 let mut ss: Vec<&mut [f32]> = guards.iter_mut().map(|b| b.typed_mut::<f32>()).collect();
                 let update = |w: &mut [f32]| grad.with_data(|g: &[f32]| rule.update_f32(step, values, w, g, &mut ss));
                 weight.with_data_mut(update)??;
@@ -546,7 +546,7 @@ impl Runtime {
                 // f16/bf16: update in f32 (the master copy under multi_precision), then
                 // round into the weight once.
                 let g = grad.to_vec::<f32>()?;
-                let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect();
+                let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect::<Result<_>>()?;
                 let mut ss: Vec<&mut [f32]> = guards.iter_mut().map(|b| b.typed_mut::<f32>()).collect();
                 let w32 = match master {
                     Some(m) => {

@@ -57,8 +57,10 @@ pub(crate) fn encode(rt: &Runtime, snapshot: &Snapshot, keys: &[(Key, Vec<usize>
     let opt = rt.optimizer();
     let names = opt.rule.states();
     // Hold every array's bytes while the views borrow them.
-    let guards: Vec<Vec<_>> =
-        keys.iter().map(|(_, _, s)| s.states.iter().chain(&s.master).map(NDArray::read).collect()).collect();
+    let guards: Vec<Vec<_>> = keys
+        .iter()
+        .map(|(_, _, s)| s.states.iter().chain(&s.master).map(NDArray::read).collect::<Result<Vec<_>>>())
+        .collect::<Result<_>>()?;
     let mut tensors: Vec<(String, TensorView<'_>)> = Vec::new();
     let mut meta_keys = Vec::new();
     for (n, ((key, shape, state), bufs)) in keys.iter().zip(&guards).enumerate() {

@@ -1,0 +1,225 @@
+//! Core's device paths on the simulated device backend (`kvstore_tests::sim_device`,
+//! device memory that is host memory): every conformance case on `gpu(i)` contexts
+//! with `local` and `device` stores, results bit-identical to the host for every dtype
+//! through the reduction kernel and through host staging, mixed host and device
+//! values, NDArray ops on device arrays, device-to-device copies, unknown devices, and
+//! a device that fails a write. The CUDA backend runs the same cases on a real GPU.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+
+use kvstore_core::{Context, DType, ErrorKind, KVStore, NDArray};
+use kvstore_tests::sim_device::SimDevice;
+use kvstore_tests::{Backend, CASES, Gpus};
+
+const DEVICES: u32 = 4;
+
+/// The backend, installed once for this process.
+fn sim() -> &'static Arc<SimDevice> {
+    static SIM: OnceLock<Arc<SimDevice>> = OnceLock::new();
+    SIM.get_or_init(|| {
+        let sim = Arc::new(SimDevice::new(DEVICES as usize));
+        kvstore_core::register_backend(sim.clone()).expect("register the sim backend");
+        sim
+    })
+}
+
+/// Serialises the tests that switch the backend's kernel or fault switches.
+fn switches() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[test]
+fn every_conformance_case_passes_on_device_contexts() {
+    let _s = switches();
+    sim();
+    for device_store in [false, true] {
+        let b = Gpus { count: DEVICES, device_store };
+        for (name, case) in CASES {
+            if device_store && *name == "case_22_metadata" {
+                continue; // it checks the kind "local" by name
+            }
+            let run = std::panic::catch_unwind(|| case(&b));
+            assert!(run.is_ok(), "{name} failed on {}", b.name());
+        }
+    }
+}
+
+/// Deterministic values of `dtype` with mixed signs and magnitudes (so that the f32
+/// accumulation order of f16/bf16 shows in the bits).
+fn values(n: usize, seed: u64, dtype: DType, ctx: Context) -> NDArray {
+    let data: Vec<f64> = (0..n)
+        .map(|i| {
+            let x = (i as u64).wrapping_mul(6364136223846793005).wrapping_add(seed.wrapping_mul(1442695040888963407));
+            let v = ((x >> 33) % 2001) as f64 - 1000.0;
+            if dtype.is_float() { v / 7.0 * (1 + i % 5) as f64 } else { v }
+        })
+        .collect();
+    NDArray::from_vec(&[n], data).and_then(|a| a.as_type(dtype)).and_then(|a| a.copy_to(ctx)).expect("values")
+}
+
+fn bits(a: &NDArray) -> Vec<u8> {
+    let host = a.copy_to(Context::cpu(0)).expect("download");
+    let mut out = Vec::new();
+    match host.dtype() {
+        DType::F32 => host.with_data(|x: &[f32]| out.extend(x.iter().flat_map(|v| v.to_bits().to_le_bytes()))),
+        _ => host.to_vec::<f64>().map(|x| out.extend(x.iter().flat_map(|v| v.to_bits().to_le_bytes()))),
+    }
+    .expect("bits");
+    out
+}
+
+/// Pushes 5 values of `dtype` from `ctxs` and pulls the sum to the host.
+fn push_sum(dtype: DType, init_ctx: Context, ctxs: &[Context]) -> Vec<u8> {
+    let n = 4099;
+    let kv = KVStore::create("device").expect("store");
+    kv.init("k", &values(n, 99, dtype, init_ctx)).expect("init");
+    let vals: Vec<NDArray> = (0..5).map(|i| values(n, i, dtype, ctxs[i as usize % ctxs.len()])).collect();
+    kv.push("k", &vals, 0).expect("push");
+    let out = NDArray::zeros_with(&[n], dtype, Context::cpu(0)).expect("out");
+    kv.pull("k", &out, 0).expect("pull");
+    bits(&out)
+}
+
+#[test]
+fn sums_are_bit_identical_to_the_host_with_and_without_the_kernel() {
+    let _s = switches();
+    let sim = sim();
+    let gpus: Vec<Context> = (0..DEVICES).map(Context::gpu).collect();
+    for dtype in DType::ALL {
+        let host = push_sum(dtype, Context::cpu(0), &[Context::cpu(0), Context::cpu(1)]);
+        let before = sim.reduces.load(Ordering::SeqCst);
+        let kernel = push_sum(dtype, Context::gpu(0), &gpus);
+        assert!(sim.reduces.load(Ordering::SeqCst) > before, "{dtype}: the reduction kernel did not run");
+        assert_eq!(kernel, host, "{dtype}: the device kernel's sum differs from the host's");
+        sim.kernels.store(false, Ordering::SeqCst);
+        let staged = push_sum(dtype, Context::gpu(1), &gpus);
+        sim.kernels.store(true, Ordering::SeqCst);
+        assert_eq!(staged, host, "{dtype}: the staged sum differs from the host's");
+        let mixed = push_sum(dtype, Context::gpu(2), &[Context::cpu(0), Context::gpu(3), Context::cpu(2)]);
+        assert_eq!(mixed, host, "{dtype}: the mixed host/device sum differs from the host's");
+    }
+}
+
+#[test]
+fn pulls_and_broadcasts_reach_host_and_device_outputs() {
+    sim();
+    let kv = KVStore::create("local").expect("store");
+    kv.init("w", &NDArray::full_with(&[3, 2], 2.5, DType::F32, Context::gpu(1)).expect("w")).expect("init");
+    let outs: Vec<NDArray> = [Context::cpu(0), Context::gpu(0), Context::gpu(1), Context::gpu(3)]
+        .iter()
+        .map(|&c| NDArray::zeros_with(&[3, 2], DType::F32, c).expect("out"))
+        .collect();
+    kv.pull("w", &outs, 0).expect("pull");
+    for o in &outs {
+        assert_eq!(o.to_vec::<f32>().expect("read"), vec![2.5; 6], "{}", o.context());
+    }
+    let b_outs: Vec<NDArray> =
+        (0..2).map(|i| NDArray::zeros_with(&[2], DType::I64, Context::gpu(i)).expect("out")).collect();
+    let src = NDArray::from_vec(&[2], vec![7i64, -7]).expect("src");
+    kv.broadcast("b", &src, &b_outs, 0).expect("broadcast");
+    for o in &b_outs {
+        assert_eq!(o.to_vec::<i64>().expect("read"), vec![7, -7]);
+    }
+}
+
+#[test]
+fn ndarray_ops_work_on_device_arrays_and_copies_stay_on_devices() {
+    let _s = switches();
+    let sim = sim();
+    let a = NDArray::from_vec(&[4], vec![1.0f32, 2.0, 3.0, 4.0]).and_then(|a| a.copy_to(Context::gpu(0))).expect("a");
+    assert_eq!(a.context(), Context::gpu(0));
+    let b = a.mul(2.0).and_then(|b| b.add(&a)).expect("ops");
+    assert_eq!(b.context(), Context::gpu(0));
+    assert_eq!(b.to_vec::<f32>().expect("read"), vec![3.0, 6.0, 9.0, 12.0]);
+    b.div_assign(3.0).expect("div");
+    assert_eq!(b.to_vec::<f32>().expect("read"), vec![1.0, 2.0, 3.0, 4.0]);
+    let before = sim.copies.load(Ordering::SeqCst);
+    let c = b.copy_to(Context::gpu(2)).expect("peer copy");
+    assert!(sim.copies.load(Ordering::SeqCst) > before, "gpu(0) -> gpu(2) must be a device copy");
+    assert_eq!(c.as_type(DType::I32).and_then(|i| i.to_vec::<i32>()).expect("cast"), vec![1, 2, 3, 4]);
+    assert_eq!(c.to_string(), "[1.0 2.0 3.0 4.0]\n<NDArray 4 float32 @gpu(2)>");
+    let shared = c.clone();
+    c.with_data_mut(|x: &mut [f32]| x[0] = 10.0).expect("write");
+    assert_eq!(shared.to_vec::<f32>().expect("read")[0], 10.0, "clones share device storage");
+}
+
+#[test]
+fn an_optimizer_updates_device_weights_as_on_the_host() {
+    sim();
+    let run = |ctx: Context| {
+        let kv = KVStore::create("local").expect("store");
+        let opt = kvstore_core::Optimizer::builder("adam").param("learning_rate", 0.01).build().expect("adam");
+        kv.set_optimizer(opt).expect("set");
+        kv.init("w", &values(257, 5, DType::F32, ctx)).expect("init");
+        for step in 0..3 {
+            kv.push("w", &[values(257, step, DType::F32, ctx), values(257, step + 7, DType::F32, ctx)], 0)
+                .expect("push");
+        }
+        let out = NDArray::zeros(&[257]).expect("out");
+        kv.pull("w", &out, 0).expect("pull");
+        bits(&out)
+    };
+    assert_eq!(run(Context::gpu(1)), run(Context::cpu(0)));
+}
+
+#[test]
+fn devices_the_backend_lacks_are_unavailable() {
+    sim();
+    let e = NDArray::zeros_with(&[2], DType::F32, Context::gpu(DEVICES)).expect_err("gpu(4)");
+    assert_eq!(e.kind(), ErrorKind::DeviceUnavailable);
+    assert!(e.to_string().contains("gpu(4)") && e.to_string().contains("4 devices"), "{e}");
+    let kv = KVStore::create("local").expect("store");
+    kv.init("a", &NDArray::zeros(&[2]).expect("a")).expect("init");
+    let e = kv
+        .pull("a", &NDArray::zeros(&[2]).expect("a"), 0)
+        .and_then(|()| NDArray::zeros_with(&[2], DType::F32, Context::gpu(9)).and_then(|o| kv.pull("a", &o, 0)));
+    assert_eq!(e.expect_err("gpu(9)").kind(), ErrorKind::DeviceUnavailable);
+}
+
+#[test]
+fn a_failed_device_write_is_an_error_and_marks_the_array() {
+    let _s = switches();
+    let sim = sim();
+    let a = NDArray::full_with(&[3], 1.0, DType::F32, Context::gpu(0)).expect("a");
+    sim.fail_writes.store(true, Ordering::SeqCst);
+    let e = a.add_assign(1.0);
+    sim.fail_writes.store(false, Ordering::SeqCst);
+    assert_eq!(e.expect_err("injected failure").kind(), ErrorKind::Backend);
+    let later = a.to_vec::<f32>().expect_err("the array is faulty");
+    assert_eq!(later.kind(), ErrorKind::Backend);
+    assert!(later.to_string().contains("writing the array back"), "{later}");
+    // Other arrays are unaffected.
+    let b = NDArray::full_with(&[3], 1.0, DType::F32, Context::gpu(0)).expect("b");
+    assert_eq!(b.add(1.0).and_then(|c| c.to_vec::<f32>()).expect("b + 1"), vec![2.0; 3]);
+}
+
+#[test]
+fn a_second_backend_is_refused() {
+    sim();
+    let e = kvstore_core::register_backend(Arc::new(Other)).expect_err("second backend");
+    assert_eq!(e.kind(), ErrorKind::Unsupported);
+    assert!(e.to_string().contains("sim"), "{e}");
+}
+
+struct Other;
+
+impl kvstore_core::DeviceBackend for Other {
+    fn name(&self) -> &'static str {
+        "other"
+    }
+    fn device_count(&self) -> usize {
+        0
+    }
+    fn alloc_zeroed(&self, _: usize, _: usize) -> kvstore_core::Result<Box<dyn kvstore_core::DeviceBuffer>> {
+        Err(kvstore_core::Error::Internal("unused".into()))
+    }
+    fn copy(
+        &self,
+        _: &dyn kvstore_core::DeviceBuffer,
+        _: &mut dyn kvstore_core::DeviceBuffer,
+    ) -> kvstore_core::Result<()> {
+        Err(kvstore_core::Error::Internal("unused".into()))
+    }
+}
