@@ -1,5 +1,5 @@
 # The one entry point. `make demo` and `make test` install what they need.
-.PHONY: all setup setup-jvm setup-mpi build native jar repl demo test bench lint fmt doc clean
+.PHONY: all setup setup-jvm setup-mpi build native jar repl demo test bench gpu-bundle lint fmt doc clean
 
 CARGO ?= cargo
 JAVA ?= java
@@ -78,6 +78,11 @@ bench: jar
 	    mpirun --oversubscribe --bind-to none --mca btl self,tcp -np 2 \
 	    target/release/examples/bench_mpi target/bench/mpi-tcp.json
 	$(CARGO) bench -p kvstore-core --bench report
+
+# kvstore-cuda's GPU tests (release) and a run script in target/gpu-bundle, for a GPU
+# machine with no Rust toolchain: `bash target/gpu-bundle/run.sh OUT_DIR` there.
+gpu-bundle: setup
+	@bash scripts/gpu-bundle.sh
 
 lint: setup
 	$(CARGO) fmt --all -- --check

@@ -14,15 +14,7 @@ mkdir -p "$logs"
 
 artifacts=$(cargo test -p kvstore-mpi --features mpi --no-run --message-format=json 2>"$logs/mpi-build.log")
 status=$?
-bin=$(echo "$artifacts" | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "mpi":
-        print(m["executable"])')
+bin=$(echo "$artifacts" | python3 scripts/cargo-executables.py | awk '$1 == "mpi" { print $2 }')
 if [ "$status" -ne 0 ] || [ -z "$bin" ]; then
     tail -n 30 "$logs/mpi-build.log"
     echo "mpi: 0 passed, 1 failed"

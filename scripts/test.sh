@@ -46,6 +46,10 @@ if [ "$p" -eq 0 ]; then
     failed=$((failed + 1))
 fi
 
+# GPU: kvstore-cuda's tests skip visibly without a CUDA device (make gpu-bundle runs
+# them on a GPU machine).
+check gpu-skip bash scripts/check-gpu-skip.sh
+
 # The JVM side: build the native library and the jar, then each suite script prints
 # one or more lines `<suite>: N passed, N failed`, which are added up here.
 check native cargo build --release -p kvstore-jni

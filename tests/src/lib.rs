@@ -60,6 +60,66 @@ impl Backend for Gpus {
 
 pub mod sim_device;
 
+/// Checks shared by every device backend (the simulated one and CUDA): the same
+/// functions, so a GPU run checks exactly what the simulated run checks.
+pub mod device_checks {
+    use kvstore_core::{Context, DType, KVStore, NDArray};
+
+    use crate::{Backend, CASES, Gpus};
+
+    /// Every conformance case on `gpu(i % count)` contexts, with `local` stores and
+    /// with `device` stores.
+    pub fn every_case_on_devices(count: u32) {
+        for device_store in [false, true] {
+            let b = Gpus { count, device_store };
+            for (name, case) in CASES {
+                if device_store && *name == "case_22_metadata" {
+                    continue; // it checks the kind "local" by name
+                }
+                let run = std::panic::catch_unwind(|| case(&b));
+                assert!(run.is_ok(), "{name} failed on {}", b.name());
+            }
+        }
+    }
+
+    /// Deterministic values of `dtype` with mixed signs and magnitudes (so that the f32
+    /// accumulation order of f16/bf16 shows in the bits).
+    pub fn values(n: usize, seed: u64, dtype: DType, ctx: Context) -> NDArray {
+        let data: Vec<f64> = (0..n)
+            .map(|i| {
+                let x =
+                    (i as u64).wrapping_mul(6364136223846793005).wrapping_add(seed.wrapping_mul(1442695040888963407));
+                let v = ((x >> 33) % 2001) as f64 - 1000.0;
+                if dtype.is_float() { v / 7.0 * (1 + i % 5) as f64 } else { v }
+            })
+            .collect();
+        NDArray::from_vec(&[n], data).and_then(|a| a.as_type(dtype)).and_then(|a| a.copy_to(ctx)).expect("values")
+    }
+
+    pub fn bits(a: &NDArray) -> Vec<u8> {
+        let host = a.copy_to(Context::cpu(0)).expect("download");
+        let mut out = Vec::new();
+        match host.dtype() {
+            DType::F32 => host.with_data(|x: &[f32]| out.extend(x.iter().flat_map(|v| v.to_bits().to_le_bytes()))),
+            _ => host.to_vec::<f64>().map(|x| out.extend(x.iter().flat_map(|v| v.to_bits().to_le_bytes()))),
+        }
+        .expect("bits");
+        out
+    }
+
+    /// Pushes 5 values of `dtype` from `ctxs` and pulls the sum to the host.
+    pub fn push_sum(dtype: DType, init_ctx: Context, ctxs: &[Context]) -> Vec<u8> {
+        let n = 4099;
+        let kv = KVStore::create("device").expect("store");
+        kv.init("k", &values(n, 99, dtype, init_ctx)).expect("init");
+        let vals: Vec<NDArray> = (0..5).map(|i| values(n, i, dtype, ctxs[i as usize % ctxs.len()])).collect();
+        kv.push("k", &vals, 0).expect("push");
+        let out = NDArray::zeros_with(&[n], dtype, Context::cpu(0)).expect("out");
+        kv.pull("k", &out, 0).expect("pull");
+        bits(&out)
+    }
+}
+
 /// `value` everywhere, f32, shape `shape`, on `ctx`.
 pub fn full(shape: &[usize], value: f64, ctx: Context) -> NDArray {
     NDArray::full_with(shape, value, DType::F32, ctx).expect("allocate")

@@ -1,0 +1,102 @@
+//! `kvstore-cuda`: GPU arrays for kvstore. It implements `kvstore-core`'s device
+//! backend with CUDA through cudarc: device buffers for every dtype, host↔device and
+//! device↔device (peer) copies, and a reduction kernel that sums any number of inputs
+//! in one pass, in the host's order (f16/bf16 accumulate in f32; integers wrap), so the
+//! bits are the host's. The kernels are CUDA C compiled at first use per device by
+//! NVRTC, so the crate builds with no CUDA toolkit; the driver and NVRTC libraries are
+//! loaded at run time.
+//!
+//! ```no_run
+//! use kvstore_core::{Context, DType, KVStore, NDArray};
+//! kvstore_cuda::register()?;                    // gpu(i) contexts are now CUDA devices
+//! let kv = KVStore::create("device")?;
+//! kv.init("w", &NDArray::zeros_with(&[1024], DType::F32, Context::gpu(0))?)?;
+//! # Ok::<(), kvstore_core::Error>(())
+//! ```
+//!
+//! Operations core has no device kernel for (element-wise ops, optimizer rules) run on
+//! copies staged through host memory and give the host's results.
+//!
+//! # Errors
+//! [`is_available`] never panics. With no driver library, no device, or a driver that
+//! fails to start, [`register`] and every GPU call are `DeviceUnavailable` errors that
+//! name the reason (cudarc panics when its library is missing; this crate probes first
+//! and never reaches that panic).
+//!
+//! # Features
+//! One CUDA version for cudarc's bindings: `cuda-13000` (default) or `cuda-12080`.
+
+mod backend;
+
+use std::sync::{Arc, OnceLock};
+
+use kvstore_core::{Error, Result};
+
+pub use backend::CudaBackend;
+
+/// The environment variable that turns a skipped GPU test into a failure (`1`).
+pub const REQUIRE_CUDA_VAR: &str = "KVSTORE_REQUIRE_CUDA";
+
+/// The number of CUDA devices, or why there are none usable. Probed once per process:
+/// the driver library first (without it cudarc panics), then the device count.
+fn probe() -> &'static std::result::Result<usize, String> {
+    static PROBE: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
+    PROBE.get_or_init(|| {
+        // SAFETY: `is_culib_present` only tries to load the driver library (dlopen) and
+        // reports whether that worked; it calls no CUDA function.
+        let present = std::panic::catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() });
+        if !matches!(present, Ok(true)) {
+            return Err("no CUDA driver library (libcuda.so) on this machine".to_string());
+        }
+        match std::panic::catch_unwind(cudarc::driver::CudaContext::device_count) {
+            Ok(Ok(n)) if n > 0 => Ok(n as usize),
+            Ok(Ok(_)) => Err("the CUDA driver reports no device".to_string()),
+            Ok(Err(e)) => Err(format!("the CUDA driver failed to start: {e}")),
+            Err(_) => Err("the CUDA driver library could not be loaded".to_string()),
+        }
+    })
+}
+
+/// Whether this machine has a usable CUDA device. Never panics.
+pub fn is_available() -> bool {
+    probe().is_ok()
+}
+
+/// Why no CUDA device can be used, or `None` when one can.
+pub fn unavailable_reason() -> Option<String> {
+    probe().as_ref().err().cloned()
+}
+
+/// The number of CUDA devices (0 when unavailable).
+pub fn device_count() -> usize {
+    *probe().as_ref().unwrap_or(&0)
+}
+
+/// Installs the CUDA backend, so that `gpu(i)` contexts are CUDA devices. Calling it
+/// again does nothing.
+///
+/// # Errors
+/// [`Error::DeviceUnavailable`] with the reason when no CUDA device can be used;
+/// [`Error::Unsupported`] if another device backend is installed.
+pub fn register() -> Result<()> {
+    static BACKEND: OnceLock<Arc<CudaBackend>> = OnceLock::new();
+    let count = probe().clone().map_err(|reason| Error::DeviceUnavailable { context: "gpu".to_string(), reason })?;
+    let backend = BACKEND.get_or_init(|| Arc::new(CudaBackend::new(count)));
+    kvstore_core::register_backend(backend.clone())
+}
+
+/// For GPU tests: `true` when a CUDA device is there. Otherwise prints
+/// `SKIP: no CUDA device (<reason>)` and returns `false`, or panics when
+/// `KVSTORE_REQUIRE_CUDA=1` asks for a GPU run that cannot pass vacuously.
+pub fn gpu_or_skip(test: &str) -> bool {
+    match unavailable_reason() {
+        None => true,
+        Some(reason) => {
+            if std::env::var(REQUIRE_CUDA_VAR).is_ok_and(|v| v == "1") {
+                panic!("{test}: {REQUIRE_CUDA_VAR}=1 but there is no CUDA device ({reason})");
+            }
+            println!("SKIP: no CUDA device ({reason}): {test}");
+            false
+        }
+    }
+}

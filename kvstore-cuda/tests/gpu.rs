@@ -1,0 +1,71 @@
+//! kvstore-cuda against a real GPU: the same device checks as the simulated backend
+//! (`kvstore_tests::device_checks`): every conformance case on `gpu(i)` contexts, sums
+//! bit-identical to the host for every dtype, mixed host and GPU values, peer copies.
+//! Without a CUDA device each test prints `SKIP: no CUDA device` and passes;
+//! `KVSTORE_REQUIRE_CUDA=1` makes that a failure. The first test runs everywhere: no
+//! CUDA is a clear error, never a panic.
+
+use kvstore_core::{Context, DType, ErrorKind, KVStore, NDArray};
+use kvstore_tests::device_checks::{self, bits, push_sum, values};
+
+fn gpus() -> Option<u32> {
+    kvstore_cuda::register().ok()?;
+    Some(kvstore_cuda::device_count() as u32)
+}
+
+#[test]
+fn without_cuda_every_gpu_call_is_a_clear_error() {
+    if kvstore_cuda::is_available() {
+        return; // the GPU tests below cover this machine
+    }
+    let reason = kvstore_cuda::unavailable_reason().expect("a reason");
+    assert!(!reason.is_empty());
+    assert_eq!(kvstore_cuda::device_count(), 0);
+    let e = kvstore_cuda::register().expect_err("no CUDA");
+    assert_eq!(e.kind(), ErrorKind::DeviceUnavailable);
+    assert!(e.to_string().contains(&reason), "{e}");
+    let e = NDArray::zeros_with(&[2], DType::F32, Context::gpu(0)).expect_err("no GPU");
+    assert_eq!(e.kind(), ErrorKind::DeviceUnavailable);
+    let kv = KVStore::create("device").expect("store");
+    assert_eq!(kv.init("w", &NDArray::zeros(&[2]).expect("w")).map(|()| kv.keys().len()).expect("init"), 1);
+}
+
+#[test]
+fn every_conformance_case_passes_on_gpus() {
+    if !kvstore_cuda::gpu_or_skip("every_conformance_case_passes_on_gpus") {
+        return;
+    }
+    device_checks::every_case_on_devices(gpus().expect("register"));
+}
+
+#[test]
+fn gpu_sums_are_bit_identical_to_the_host() {
+    if !kvstore_cuda::gpu_or_skip("gpu_sums_are_bit_identical_to_the_host") {
+        return;
+    }
+    let n = gpus().expect("register");
+    let devices: Vec<Context> = (0..n).map(Context::gpu).collect();
+    for dtype in DType::ALL {
+        let host = push_sum(dtype, Context::cpu(0), &[Context::cpu(0), Context::cpu(1)]);
+        assert_eq!(push_sum(dtype, Context::gpu(0), &devices), host, "{dtype}: the GPU sum differs from the host's");
+        let mixed = push_sum(dtype, Context::gpu(n - 1), &[Context::cpu(0), Context::gpu(0), Context::cpu(1)]);
+        assert_eq!(mixed, host, "{dtype}: the mixed host/GPU sum differs from the host's");
+    }
+}
+
+#[test]
+fn gpu_arrays_round_trip_and_copy_between_devices() {
+    if !kvstore_cuda::gpu_or_skip("gpu_arrays_round_trip_and_copy_between_devices") {
+        return;
+    }
+    let n = gpus().expect("register");
+    for dtype in DType::ALL {
+        let a = values(1 << 20, 3, dtype, Context::gpu(0));
+        let b = a.copy_to(Context::gpu(n - 1)).expect("device copy");
+        assert_eq!(bits(&b), bits(&a.copy_to(Context::cpu(0)).expect("download")), "{dtype}");
+        let empty = NDArray::zeros_with(&[0, 3], dtype, Context::gpu(0)).expect("empty");
+        assert_eq!(empty.copy_to(Context::cpu(0)).expect("download").size(), 0);
+    }
+    let e = NDArray::zeros_with(&[2], DType::F32, Context::gpu(n)).expect_err("no such GPU");
+    assert_eq!(e.kind(), ErrorKind::DeviceUnavailable);
+}

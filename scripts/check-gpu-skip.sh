@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# kvstore-cuda's GPU tests, shown uncaptured: on a machine without a CUDA device each
+# must print `SKIP: no CUDA device (...)` and pass (and the no-CUDA error test must
+# pass); on a GPU machine they must all pass. Also checks that KVSTORE_REQUIRE_CUDA=1
+# turns a skip into a failure, so a GPU run cannot pass vacuously.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=$(cargo test -q -p kvstore-cuda --test gpu -- --nocapture --test-threads=1 2>&1)
+status=$?
+echo "$out" | grep -oE 'SKIP: no CUDA device.*|^test result.*'
+[ "$status" -eq 0 ] || { echo "$out" | tail -n 30; exit 1; }
+if echo "$out" | grep -q 'SKIP: no CUDA device'; then
+    skips=$(echo "$out" | grep -o 'SKIP: no CUDA device' | wc -l)
+    [ "$skips" -eq 3 ] || { echo "expected 3 skipped GPU tests, saw $skips"; exit 1; }
+    if KVSTORE_REQUIRE_CUDA=1 cargo test -q -p kvstore-cuda --test gpu >/dev/null 2>&1; then
+        echo "KVSTORE_REQUIRE_CUDA=1 passed without a GPU"
+        exit 1
+    fi
+    echo "no CUDA device here: 3 GPU tests skipped, and KVSTORE_REQUIRE_CUDA=1 fails them"
+fi

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# `make gpu-bundle`: builds kvstore-cuda's GPU tests (release) into one folder,
+# target/gpu-bundle (or $1), with a run script, for a machine that has an NVIDIA GPU and
+# CUDA 13 but no Rust toolchain and no JDK. There: `bash run.sh [OUT_DIR]`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-target/gpu-bundle}
+mkdir -p "$out"
+artifacts=$(cargo test -p kvstore-cuda --release --no-run --message-format=json)
+bins=$(echo "$artifacts" | python3 scripts/cargo-executables.py)
+[ -n "$bins" ] || { echo "gpu-bundle: no test binary was built" >&2; exit 1; }
+rm -f "$out"/test-*
+while read -r name exe; do
+    cp "$exe" "$out/test-$name"
+done <<<"$bins"
+cat >"$out/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs every GPU test binary of this folder with KVSTORE_REQUIRE_CUDA=1 (a missing GPU
+# fails instead of skipping) and writes the logs to ${1:-.}/gpu-tests.log.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:-$here}
+mkdir -p "$out"
+# NVRTC and (if only libnccl.so.2 exists) NCCL from Python's nvidia-* packages, when the
+# system has no CUDA toolkit on the library path.
+for d in $(python3 -c 'import nvidia, os; p = list(nvidia.__path__)[0]; [print(os.path.join(p, x, "lib")) for x in sorted(os.listdir(p))]' 2>/dev/null); do
+    [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+export LD_LIBRARY_PATH KVSTORE_REQUIRE_CUDA=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu-tests.log" 2>&1
+status=0
+for t in "$here"/test-*; do
+    echo "== $(basename "$t")" >>"$out/gpu-tests.log"
+    "$t" --test-threads=1 --nocapture >>"$out/gpu-tests.log" 2>&1 || status=1
+done
+grep -E '^test result|FAILED|panicked' "$out/gpu-tests.log"
+exit $status
+RUN
+chmod +x "$out/run.sh"
+echo "gpu-bundle: wrote $out ($(ls "$out" | tr '\n' ' '))"
