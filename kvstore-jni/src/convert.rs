@@ -120,9 +120,30 @@ pub fn context(dev_type: i32, dev_id: i32) -> Result<Context, Error> {
     let id = u32::try_from(dev_id).map_err(|_| Error::invalid_argument(format!("device id {dev_id} is negative")))?;
     match dev_type {
         1 => Ok(Context::cpu(id)),
-        2 => Ok(Context::gpu(id)),
+        2 => {
+            gpu_backend(id)?;
+            Ok(Context::gpu(id))
+        }
         _ => Err(Error::invalid_argument(format!("unknown device type {dev_type}: 1 is cpu, 2 is gpu"))),
     }
+}
+
+/// Installs the CUDA backend on first use of a GPU context; without CUDA, the error
+/// names the context and why.
+#[cfg(feature = "cuda")]
+fn gpu_backend(id: u32) -> Result<(), Error> {
+    kvstore_cuda::register().map_err(|e| match e {
+        Error::DeviceUnavailable { reason, .. } => {
+            Error::DeviceUnavailable { context: Context::gpu(id).to_string(), reason }
+        }
+        other => other,
+    })
+}
+
+/// Without the `cuda` feature, core answers for GPU contexts (DeviceUnavailable).
+#[cfg(not(feature = "cuda"))]
+fn gpu_backend(_id: u32) -> Result<(), Error> {
+    Ok(())
 }
 
 /// The device type code of a context.
@@ -142,7 +163,13 @@ mod tests {
         }
         assert_eq!(dtype(8).unwrap_err().kind(), ErrorKind::InvalidArgument);
         assert_eq!(dtype(-1).unwrap_err().kind(), ErrorKind::InvalidArgument);
-        assert_eq!(context(2, 3).unwrap(), Context::gpu(3));
+        match context(2, 0) {
+            Ok(ctx) => assert_eq!(ctx, Context::gpu(0)),
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::DeviceUnavailable);
+                assert!(e.to_string().contains("gpu(0)"), "{e}");
+            }
+        }
         assert_eq!(device_code(context(1, 0).unwrap()), 1);
         assert_eq!(context(1, -1).unwrap_err().kind(), ErrorKind::InvalidArgument);
         assert_eq!(context(7, 0).unwrap_err().kind(), ErrorKind::InvalidArgument);

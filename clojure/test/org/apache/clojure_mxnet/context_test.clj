@@ -1,6 +1,7 @@
 (ns org.apache.clojure-mxnet.context-test
   (:require [clojure.test :refer [deftest is testing]]
-            [org.apache.clojure-mxnet.context :as context])
+            [org.apache.clojure-mxnet.context :as context]
+            [org.apache.clojure-mxnet.ndarray :as ndarray])
   (:import (io.github.kvstore Context)))
 
 (set! *warn-on-reflection* true)
@@ -69,3 +70,14 @@
 (deftest context?-recognises-contexts
   (is (context/context? (context/cpu)))
   (is (not (context/context? "cpu(0)"))))
+
+(deftest arrays-on-a-gpu-need-one
+  ;; The jar's library carries the CUDA backend; on a machine without a usable GPU
+  ;; an array on gpu(0) is a :device-unavailable error naming the context and why.
+  (let [r (try (ndarray/zeros [2] {:ctx (context/gpu 0)})
+               (catch clojure.lang.ExceptionInfo e e))]
+    (if (instance? clojure.lang.ExceptionInfo r)
+      (do (is (= :device-unavailable (:kvstore/error (ex-data r))))
+          (is (re-find #"gpu\(0\)" (ex-message r)))
+          (is (re-find #"CUDA|cuda" (ex-message r)) "the message says why"))
+      (is (= [0.0 0.0] (ndarray/->double-vec r)) "a GPU is there: the array works"))))
