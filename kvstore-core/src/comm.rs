@@ -190,30 +190,21 @@ impl CpuComm {
         for out in &job.outs {
             job_check(job.src, out)?;
         }
-        let src_storage = job.src.storage()?;
-        let Storage::Host(src) = &*src_storage else {
-            // From a device: each output is a download or a device-to-device copy.
-            for out in job.outs.iter().filter(|o| !o.same_storage(job.src)) {
-                copy_storage(&src_storage, &mut *out.storage_mut()?)?;
-            }
-            return Ok(());
-        };
-        let src = src.bytes();
+        let src = job.src.storage()?;
         for out in job.outs.iter().filter(|o| !o.same_storage(job.src)) {
-            if out.on_device() {
-                copy_storage(&src_storage, &mut *out.storage_mut()?)?;
-                continue;
-            }
-            let mut dst = out.write()?;
-            let dst = dst.bytes_mut();
-            if split && src.len() >= BIG_BYTES {
-                self.pool.install(|| {
-                    dst.par_chunks_mut(CHUNK_BYTES)
-                        .zip(src.par_chunks(CHUNK_BYTES))
-                        .for_each(|(d, s)| d.copy_from_slice(s));
-                });
-            } else {
-                dst.copy_from_slice(src);
+            let mut dst = out.storage_mut()?;
+            match (&*src, &mut *dst) {
+                // A big host-to-host copy is split over the pool.
+                (Storage::Host(s), Storage::Host(d)) if split && s.bytes().len() >= BIG_BYTES => {
+                    self.pool.install(|| {
+                        d.bytes_mut()
+                            .par_chunks_mut(CHUNK_BYTES)
+                            .zip(s.bytes().par_chunks(CHUNK_BYTES))
+                            .for_each(|(d, s)| d.copy_from_slice(s));
+                    });
+                }
+                // Anything else: a copy, an upload, a download or a device copy.
+                (s, d) => copy_storage(s, d)?,
             }
         }
         Ok(())

@@ -8,10 +8,10 @@
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytemuck::{Pod, Zeroable};
-use parking_lot::{MappedRwLockReadGuard, MappedRwLockWriteGuard, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{MappedRwLockReadGuard, MappedRwLockWriteGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::context::Context;
 use crate::device::{self, DeviceBuffer};
@@ -91,7 +91,8 @@ struct Inner {
     buf: RwLock<Storage>,
     /// Set when writing a staged copy back to the device failed: the device buffer may
     /// hold anything, so every later access is this error.
-    fault: Mutex<Option<String>>,
+    /// Set once (an atomic load to check on every access, no lock).
+    fault: OnceLock<String>,
 }
 
 /// Read access to an array's elements as host memory: the buffer itself for a host
@@ -120,7 +121,7 @@ impl Deref for HostRead<'_> {
 /// a failed write-back marks the array faulty (see `Inner::fault`).
 pub(crate) enum HostWrite<'a> {
     Host(MappedRwLockWriteGuard<'a, HostBuf>),
-    Staged { lock: RwLockWriteGuard<'a, Storage>, buf: HostBuf, fault: &'a Mutex<Option<String>>, done: bool },
+    Staged { lock: RwLockWriteGuard<'a, Storage>, buf: HostBuf, fault: &'a OnceLock<String>, done: bool },
 }
 
 impl HostWrite<'_> {
@@ -138,7 +139,7 @@ impl HostWrite<'_> {
             if let Storage::Device(d) = &mut **lock
                 && let Err(e) = d.write_from_host(buf.bytes())
             {
-                *fault.lock() = Some(format!("writing the array back to its device failed: {e}"));
+                let _ = fault.set(format!("writing the array back to its device failed: {e}"));
                 return Err(e);
             }
         }
@@ -293,7 +294,7 @@ impl NDArray {
             }
             Storage::Device(buf)
         };
-        let inner = Inner { shape: shape.into(), dtype, ctx, size, buf: RwLock::new(storage), fault: Mutex::new(None) };
+        let inner = Inner { shape: shape.into(), dtype, ctx, size, buf: RwLock::new(storage), fault: OnceLock::new() };
         Ok(NDArray { inner: Arc::new(inner) })
     }
 
@@ -407,7 +408,7 @@ impl NDArray {
     }
 
     fn check_fault(&self) -> Result<()> {
-        match &*self.inner.fault.lock() {
+        match self.inner.fault.get() {
             None => Ok(()),
             Some(message) => Err(Error::Backend { backend: "device", message: message.clone() }),
         }

@@ -221,21 +221,23 @@ impl DeviceBackend for CudaBackend {
         }
         let dev = out.device.clone();
         let kernel = &dev.kernels()?.reduce[DType::ALL.iter().position(|&d| d == dtype).unwrap_or(0)];
-        // Inputs on other devices are first copied to the output's device.
+        // Inputs on other devices are first copied to the output's device; the copies
+        // live until the synchronisation below.
         let mut staged: Vec<CudaSlice<u8>> = Vec::new();
-        for b in ins.iter().filter(|b| b.ordinal != out.ordinal) {
-            let mut copy = dev
-                .stream
-                .alloc_zeros::<u8>(b.data.len())
-                .map_err(|e| backend_error("allocating a staging copy", e))?;
-            dev.stream.memcpy_dtod(&b.data, &mut copy).map_err(|e| backend_error("peer copy", e))?;
-            staged.push(copy);
-        }
-        let mut staged_iter = staged.iter();
         let mut pointers: Vec<u64> = Vec::with_capacity(ins.len());
         for b in &ins {
-            let slice = if b.ordinal == out.ordinal { &b.data } else { staged_iter.next().unwrap_or(&b.data) };
-            let (ptr, _sync) = slice.device_ptr(&dev.stream);
+            let ptr = if b.ordinal == out.ordinal {
+                b.data.device_ptr(&dev.stream).0
+            } else {
+                let mut copy = dev
+                    .stream
+                    .alloc_zeros::<u8>(b.data.len())
+                    .map_err(|e| backend_error("allocating a staging copy", e))?;
+                dev.stream.memcpy_dtod(&b.data, &mut copy).map_err(|e| backend_error("peer copy", e))?;
+                let ptr = copy.device_ptr(&dev.stream).0;
+                staged.push(copy);
+                ptr
+            };
             pointers.push(ptr);
         }
         let table = dev.stream.clone_htod(&pointers).map_err(|e| backend_error("uploading the input table", e))?;
