@@ -60,8 +60,8 @@ demo: jar
 test: setup setup-jvm
 	@bash scripts/test.sh
 
-# Criterion benches; the Java, Clojure and MPI (2 ranks) benches; then the report:
-# limit, store, JVM and MPI rows, medians and ratios, written to target/bench/results.json.
+# Criterion benches; the Java, Clojure, MPI (2 ranks) and GPU benches; then the report:
+# limit, store, JVM, MPI and GPU rows, medians and ratios, written to target/bench/results.json.
 bench: jar
 	$(CARGO) bench -p kvstore-core --bench store
 	mkdir -p target/bench/java-classes
@@ -77,6 +77,12 @@ bench: jar
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 KVSTORE_BENCH_LABEL="mpi 2 ranks over tcp" \
 	    mpirun --oversubscribe --bind-to none --mca btl self,tcp -np 2 \
 	    target/release/examples/bench_mpi target/bench/mpi-tcp.json
+	# GPU rows when this machine has a CUDA device (otherwise they print SKIP), and
+	# PyTorch's a+b+c+d on the same arrays when PyTorch is installed.
+	rm -f target/bench/gpu.json target/bench/torch.json
+	$(CARGO) build --release -p kvstore-cuda --example bench_gpu
+	target/release/examples/bench_gpu target/bench/gpu.json
+	python3 scripts/bench_torch.py target/bench/gpu.json target/bench/torch.json
 	$(CARGO) bench -p kvstore-core --bench report
 
 # kvstore-cuda's GPU tests (release) and a run script in target/gpu-bundle, for a GPU

@@ -11,10 +11,10 @@ echo "$out" | grep -oE 'SKIP: no CUDA device.*|^test result.*'
 [ "$status" -eq 0 ] || { echo "$out" | tail -n 30; exit 1; }
 if echo "$out" | grep -q 'SKIP: no CUDA device'; then
     skips=$(echo "$out" | grep -o 'SKIP: no CUDA device' | wc -l)
-    [ "$skips" -eq 3 ] || { echo "expected 3 skipped GPU tests, saw $skips"; exit 1; }
+    [ "$skips" -eq 5 ] || { echo "expected 5 skipped GPU tests, saw $skips"; exit 1; }
     if KVSTORE_REQUIRE_CUDA=1 cargo test -q -p kvstore-cuda --test gpu >/dev/null 2>&1; then
         echo "KVSTORE_REQUIRE_CUDA=1 passed without a GPU"
         exit 1
     fi
-    echo "no CUDA device here: 3 GPU tests skipped, and KVSTORE_REQUIRE_CUDA=1 fails them"
+    echo "no CUDA device here: 5 GPU tests skipped, and KVSTORE_REQUIRE_CUDA=1 fails them"
 fi

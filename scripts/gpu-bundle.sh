@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# `make gpu-bundle`: builds kvstore-cuda's GPU tests (release) into one folder,
-# target/gpu-bundle (or $1), with a run script, for a machine that has an NVIDIA GPU and
-# CUDA 13 but no Rust toolchain and no JDK. There: `bash run.sh [OUT_DIR]`.
+# `make gpu-bundle`: builds kvstore-cuda's GPU tests and GPU bench (release) into one
+# folder, target/gpu-bundle (or $1), with a run script, for a machine that has an NVIDIA
+# GPU and CUDA 13 but no Rust toolchain and no JDK. There: `bash run.sh [OUT_DIR]`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-target/gpu-bundle}
 mkdir -p "$out"
 artifacts=$(cargo test -p kvstore-cuda --release --no-run --message-format=json)
-bins=$(echo "$artifacts" | python3 scripts/cargo-executables.py)
+bins=$(echo "$artifacts" | python3 scripts/cargo-executables.py --tests)
 [ -n "$bins" ] || { echo "gpu-bundle: no test binary was built" >&2; exit 1; }
-rm -f "$out"/test-*
+rm -f "$out"/test-* "$out"/bench_gpu
 while read -r name exe; do
     cp "$exe" "$out/test-$name"
 done <<<"$bins"
+cargo build -p kvstore-cuda --release --example bench_gpu
+cp target/release/examples/bench_gpu "$out/bench_gpu"
+cp scripts/bench_torch.py "$out/bench_torch.py"
 cat >"$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs every GPU test binary of this folder with KVSTORE_REQUIRE_CUDA=1 (a missing GPU
-# fails instead of skipping) and writes the logs to ${1:-.}/gpu-tests.log.
+# fails instead of skipping), then the GPU bench and, where PyTorch is installed,
+# PyTorch's a+b+c+d on the same arrays. Writes ${1:-.}/gpu-tests.log, gpu-bench.log,
+# gpu.json and torch.json.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here}
@@ -34,6 +39,9 @@ for t in "$here"/test-*; do
     "$t" --test-threads=1 --nocapture >>"$out/gpu-tests.log" 2>&1 || status=1
 done
 grep -E '^test result|FAILED|panicked' "$out/gpu-tests.log"
+"$here/bench_gpu" "$out/gpu.json" >"$out/gpu-bench.log" 2>&1 || status=1
+python3 "$here/bench_torch.py" "$out/gpu.json" "$out/torch.json" >>"$out/gpu-bench.log" 2>&1 || status=1
+cat "$out/gpu-bench.log"
 exit $status
 RUN
 chmod +x "$out/run.sh"

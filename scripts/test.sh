@@ -29,6 +29,14 @@ check fmt cargo fmt --all -- --check
 check clippy cargo clippy --workspace --all-targets -- -D warnings
 check doc env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 
+# NVRTC from PyPI (no GPU needed): kvstore-cuda's kernels are compiled with it by
+# kvstore-cuda/tests/nvrtc.rs, which must then not skip.
+check nvrtc bash scripts/setup-nvrtc.sh
+nvrtc=$(tail -n 1 "$logs/nvrtc.log")
+if [ -f "$nvrtc/libnvrtc.so.13" ]; then
+    export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" KVSTORE_REQUIRE_NVRTC=1
+fi
+
 # The cargo suites. `--no-fail-fast` runs every test binary even after a failure.
 cargo test --workspace --no-fail-fast 2>&1 | tee "$logs/cargo.log"
 status=${PIPESTATUS[0]}

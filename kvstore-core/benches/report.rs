@@ -4,7 +4,6 @@
 //! means the store runs at the speed of the plain loop.
 
 use std::hint::black_box;
-use std::time::Instant;
 
 use kvstore_core::{Context, DType, KVStore, NDArray};
 
@@ -14,19 +13,8 @@ const SMALL_KEYS: usize = 1000;
 const SMALL: usize = 1 << 10; // 1 Ki f32
 
 /// Median of `runs` timings of `f` in seconds, after `warm` untimed calls.
-fn median(warm: usize, runs: usize, mut f: impl FnMut()) -> f64 {
-    for _ in 0..warm {
-        f();
-    }
-    let mut t: Vec<f64> = (0..runs)
-        .map(|_| {
-            let s = Instant::now();
-            f();
-            s.elapsed().as_secs_f64()
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t[t.len() / 2]
+fn median(warm: usize, runs: usize, f: impl FnMut()) -> f64 {
+    kvstore_tests::bench::median(warm, runs, || {}, f)
 }
 
 struct Row {
@@ -44,11 +32,12 @@ impl Row {
 }
 
 /// The rows written by `make bench` before this report (the Java and Clojure benches,
-/// and the MPI benches on shared memory and over TCP), as (name, median seconds, the
+/// the MPI benches on shared memory and over TCP, and the GPU benches when a GPU is
+/// there), as (name, median seconds, the
 /// limit the row was measured against in the same run, if its bench wrote one); empty
 /// when they were not run.
 fn outside_rows(dir: &std::path::Path) -> Vec<(String, f64, Option<f64>)> {
-    ["jvm-java.json", "jvm-clojure.json", "mpi.json", "mpi-tcp.json"]
+    ["jvm-java.json", "jvm-clojure.json", "mpi.json", "mpi-tcp.json", "gpu.json", "torch.json"]
         .iter()
         .filter_map(|f| std::fs::read_to_string(dir.join(f)).ok())
         .filter_map(|text| serde_json::from_str::<Vec<serde_json::Value>>(&text).ok())
@@ -255,6 +244,13 @@ fn main() -> kvstore_core::Result<()> {
             n if n.starts_with("mpi ") && n.contains("push fused (") => {
                 Row::new(n, median_s, limit_s, "fusion: > 1 is faster than unfused")
             }
+            n if n.contains("4-input reduce of 64 Mi") => {
+                Row::new(n, median_s, limit_s, ">= 0.85 of the copy bandwidth")
+            }
+            n if n.contains("device store push 4 x") => Row::new(n, median_s, limit_s, "~1 (the bare reduction)"),
+            n if n.contains("fused adam step") => Row::new(n, median_s, limit_s, "vs the copy bandwidth (7 arrays)"),
+            n if n.contains("push+pull of 1000 keys") => Row::new(n, median_s, limit_s, "vs host arrays, local store"),
+            n if n.contains("vs torch") => Row::new(n, median_s, limit_s, "> 1: faster than PyTorch"),
             n => Row::new(n, median_s, None, ""),
         };
         rows.push(row);

@@ -11,6 +11,7 @@ use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::collective::Collective;
 use crate::comm::{BroadcastJob, Comm, CpuComm, ReduceJob};
+use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys};
 use crate::ndarray::NDArray;
@@ -114,17 +115,38 @@ struct Entry {
     value: RwLock<Slot>,
 }
 
-/// A key's value and what lives next to it: the optimizer's state for the key and the
-/// buffer its pushed values are summed into.
+/// A key's value and what lives next to it: the optimizer's state for the key, the
+/// buffer its pushed values are summed into, and (`local` stores) the page-locked host
+/// buffers its device values are copied into before they are summed.
 struct Slot {
     value: NDArray,
     opt: Option<KeyState>,
     merge: Option<NDArray>,
+    staging: Vec<Option<NDArray>>,
+    /// `device` stores: whether the key has been given its device (at its first push
+    /// of device values).
+    placed: bool,
 }
 
 impl Slot {
     fn new(value: NDArray) -> Self {
-        Slot { value, opt: None, merge: None }
+        Slot { value, opt: None, merge: None, staging: Vec::new(), placed: false }
+    }
+
+    /// Moves the value and everything next to it to `ctx`.
+    fn move_to(&mut self, ctx: Context) -> Result<()> {
+        if self.value.context() != ctx {
+            self.value = self.value.copy_to(ctx)?;
+        }
+        if let Some(st) = &mut self.opt {
+            for a in st.states.iter_mut().chain(st.master.iter_mut()) {
+                if a.context() != ctx {
+                    *a = a.copy_to(ctx)?;
+                }
+            }
+        }
+        self.merge = None;
+        Ok(())
     }
 }
 
@@ -267,6 +289,8 @@ impl KVStoreBuilder {
         Ok(KVStore {
             collective: self.collective,
             kind: self.kind.to_ascii_lowercase(),
+            mode,
+            placement: parking_lot::Mutex::new(HashMap::new()),
             comm: Box::new(CpuComm::new(self.threads)?),
             table: RwLock::new(Table::default()),
             merger: RwLock::new(Merger::Assign),
@@ -288,6 +312,9 @@ impl KVStoreBuilder {
 pub struct KVStore {
     collective: Option<Arc<dyn Collective>>,
     kind: String,
+    mode: Mode,
+    /// `device` stores: the bytes of keys given to each device so far.
+    placement: parking_lot::Mutex<HashMap<Context, usize>>,
     comm: Box<dyn Comm>,
     table: RwLock<Table>,
     merger: RwLock<Merger>,
@@ -390,7 +417,61 @@ fn check_group(op: &'static str, what: &str, group: &Group<'_>, stored: &NDArray
     Ok(())
 }
 
+/// Copies the device arrays of `arrays` into `slot`'s page-locked staging buffers
+/// (one per position, made at first use and kept) and returns what to sum: the host
+/// arrays themselves and the staged copies, in order.
+fn stage(slot: &mut Slot, arrays: &[&NDArray]) -> Result<Vec<NDArray>> {
+    let mut out = Vec::with_capacity(arrays.len());
+    for (j, &a) in arrays.iter().enumerate() {
+        if !a.on_device() {
+            out.push(a.clone());
+            continue;
+        }
+        if slot.staging.len() <= j {
+            slot.staging.resize(j + 1, None);
+        }
+        let buf = match &slot.staging[j] {
+            Some(b) => b.clone(),
+            None => slot.staging[j].insert(NDArray::pinned_zeros(a.shape(), a.dtype())?).clone(),
+        };
+        buf.copy_from(a)?;
+        out.push(buf);
+    }
+    Ok(out)
+}
+
 impl KVStore {
+    /// `device` stores: gives each key pushed from devices for the first time the
+    /// device, among those its values come from, that holds the fewest bytes of keys so
+    /// far, biggest keys first (MXNet's `CommDevice::InitMergeBuffer`), and moves the
+    /// key's value there: its sums, its updates and its pulls run from that device.
+    fn place(&self, push: &[Group<'_>], slots: &[usize], guards: &mut [RwLockWriteGuard<'_, Slot>]) -> Result<()> {
+        let mut new: Vec<(usize, &Group<'_>)> = push
+            .iter()
+            .zip(slots)
+            .filter(|&(g, &i)| !guards[i].placed && g.arrays.iter().any(|a| a.on_device()))
+            .map(|(g, &i)| (i, g))
+            .collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        let bytes = |g: &Group<'_>| g.arrays[0].size() * g.arrays[0].dtype().size();
+        new.sort_by_key(|(_, g)| std::cmp::Reverse(bytes(g)));
+        let mut load = self.placement.lock();
+        for (i, g) in new {
+            let mut devices: Vec<Context> = g.arrays.iter().map(|a| a.context()).filter(|c| !c.is_cpu()).collect();
+            devices.sort_by_key(|c| c.device_id());
+            devices.dedup();
+            let Some(&home) = devices.iter().min_by_key(|c| (load.get(c).copied().unwrap_or(0), c.device_id())) else {
+                continue;
+            };
+            guards[i].move_to(home)?;
+            guards[i].placed = true;
+            *load.entry(home).or_insert(0) += bytes(g);
+        }
+        Ok(())
+    }
+
     /// Creates a store of the given kind with the default settings.
     ///
     /// Kinds: `local` (reduce on the host) and `device` (reduce on the devices of the
@@ -635,6 +716,23 @@ impl KVStore {
         self.table.read().entries.get(&key.into()).map(|e| e.index)
     }
 
+    /// Where `key`'s value lives: the host for `local` stores (they sum on the host;
+    /// values of devices are staged through page-locked memory); for `device` stores
+    /// the device the key was given at its first push from devices, where its sums and
+    /// updates run (keys are spread over the devices by size).
+    ///
+    /// # Errors
+    /// [`Error::KeyNotInitialized`]; [`Error::InvalidArgument`] when called from an
+    /// updater running on this key.
+    pub fn context_of(&self, key: impl Into<Key>) -> Result<Context> {
+        let key = key.into();
+        let entry =
+            self.table.read().entries.get(&key).cloned().ok_or(Error::KeyNotInitialized { op: "context_of", key })?;
+        let held = Held::new("context_of", self, &[&entry])?;
+        let guards = held.read("context_of", &[&entry])?;
+        Ok(guards[0].value.context())
+    }
+
     /// Initialises keys with copies of the values. All or nothing: on error no key of
     /// the call is added.
     ///
@@ -669,8 +767,21 @@ impl KVStore {
                 return Err(already(k));
             }
         }
-        // Copy outside the table lock: copies of big arrays take a while.
-        let copies: Vec<NDArray> = pairs.iter().map(|(_, v)| v.deep_copy()).collect::<Result<_>>()?;
+        // Copy outside the table lock: copies of big arrays take a while. A `local`
+        // store keeps its values on the host (MXNet: in pinned memory), a `device`
+        // store where they come from.
+        let copies: Vec<NDArray> = pairs
+            .iter()
+            .map(|(_, v)| {
+                if self.mode == Mode::Local && v.on_device() {
+                    let c = NDArray::pinned_zeros(v.shape(), v.dtype())?;
+                    c.copy_from(v)?;
+                    Ok(c)
+                } else {
+                    v.deep_copy()
+                }
+            })
+            .collect::<Result<_>>()?;
         // dist_sync: every worker takes rank 0's values (MXNet: only rank 0's init
         // reaches the servers), before any is visible in this store.
         if let Some(group) = &self.collective {
@@ -901,6 +1012,22 @@ impl KVStore {
         for (g, &i) in pull.iter().zip(&pull_slots) {
             check_group(op, "out", g, &guards[i].value)?;
         }
+        // What is summed for each key: the pushed arrays, or (`local` stores) their
+        // staged host copies.
+        let pushed: Vec<Vec<NDArray>> = match self.mode {
+            Mode::Local => {
+                push.iter().zip(&push_slots).map(|(g, &i)| stage(&mut guards[i], &g.arrays)).collect::<Result<_>>()?
+            }
+            _ => push.iter().map(|g| g.arrays.iter().map(|&a| a.clone()).collect()).collect(),
+        };
+        let push: Vec<Group<'_>> = push
+            .iter()
+            .zip(&pushed)
+            .map(|(g, arrays)| Group { entry: Arc::clone(&g.entry), arrays: arrays.iter().collect() })
+            .collect();
+        if self.mode == Mode::Device {
+            self.place(&push, &push_slots, &mut guards)?;
+        }
         let merger = self.merger.read().clone();
         match merger {
             Merger::Assign => {
@@ -964,7 +1091,7 @@ impl KVStore {
                     group.allreduce_sum(&pairs)?;
                 }
                 for (g, &i) in push.iter().zip(&push_slots) {
-                    let Slot { value, opt, merge } = &mut *guards[i];
+                    let Slot { value, opt, merge, .. } = &mut *guards[i];
                     let grad = match (g.arrays.as_slice(), merge.as_ref()) {
                         (_, Some(m)) if merged(g) => m,
                         ([one], _) => *one,

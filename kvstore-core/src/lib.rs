@@ -71,7 +71,10 @@ mod updater;
 pub use collective::Collective;
 pub use comm::{BroadcastJob, Comm, CpuComm, ReduceJob};
 pub use context::{Context, DeviceType};
-pub use device::{DeviceBackend, DeviceBuffer, backend as device_backend, register_backend};
+pub use device::{
+    DeviceBackend, DeviceBuffer, FusedArrays, FusedRule, FusedStep, PinnedMemory, backend as device_backend,
+    register_backend,
+};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
 pub use key::{Key, Keys};

@@ -14,7 +14,7 @@ use bytemuck::{Pod, Zeroable};
 use parking_lot::{MappedRwLockReadGuard, MappedRwLockWriteGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::context::Context;
-use crate::device::{self, DeviceBuffer};
+use crate::device::{self, DeviceBuffer, PinnedMemory};
 use crate::dtype::{DType, Element, cast, with_dtype};
 use crate::error::{Error, Result};
 
@@ -24,10 +24,17 @@ use crate::error::{Error, Result};
 #[repr(C, align(64))]
 struct Block([u8; 64]);
 
-/// The host memory of an array.
+/// The host memory of an array: ordinary memory in 64-byte blocks, or page-locked
+/// memory from the device backend (for buffers that device values are staged through).
 pub(crate) struct HostBuf {
-    blocks: Box<[Block]>,
+    mem: HostMem,
     len: usize,
+}
+
+enum HostMem {
+    Blocks(Box<[Block]>),
+    /// 64-byte aligned (checked when it is made), at least `len` bytes.
+    Pinned(Box<dyn PinnedMemory>),
 }
 
 impl HostBuf {
@@ -37,25 +44,56 @@ impl HostBuf {
     fn zeroed(len: usize) -> Result<Self> {
         let blocks = bytemuck::allocation::try_zeroed_slice_box::<Block>(len.div_ceil(64))
             .map_err(|()| Error::invalid_argument(format!("cannot allocate {len} bytes for an array")))?;
-        Ok(HostBuf { blocks, len })
+        Ok(HostBuf { mem: HostMem::Blocks(blocks), len })
+    }
+
+    /// A zero-filled buffer of `len` bytes in the backend's page-locked memory, or in
+    /// ordinary memory when there is no backend or it has none to give.
+    fn pinned(len: usize) -> Result<Self> {
+        if len > 0
+            && let Some(backend) = device::backend()
+            && let Some(mut mem) = backend.alloc_pinned(len)?
+        {
+            let fits = mem.bytes().len() >= len && (mem.bytes().as_ptr() as usize).is_multiple_of(64);
+            if fits {
+                mem.bytes_mut()[..len].fill(0);
+                return Ok(HostBuf { mem: HostMem::Pinned(mem), len });
+            }
+        }
+        Self::zeroed(len)
+    }
+
+    fn all_bytes(&self) -> &[u8] {
+        match &self.mem {
+            HostMem::Blocks(b) => bytemuck::cast_slice::<Block, u8>(b),
+            HostMem::Pinned(p) => p.bytes(),
+        }
+    }
+
+    fn all_bytes_mut(&mut self) -> &mut [u8] {
+        match &mut self.mem {
+            HostMem::Blocks(b) => bytemuck::cast_slice_mut::<Block, u8>(b),
+            HostMem::Pinned(p) => p.bytes_mut(),
+        }
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice::<Block, u8>(&self.blocks)[..self.len]
+        &self.all_bytes()[..self.len]
     }
 
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut::<Block, u8>(&mut self.blocks)[..self.len]
+        let len = self.len;
+        &mut self.all_bytes_mut()[..len]
     }
 
+    // Both kinds of memory start on a 64-byte boundary, so the casts cannot fail.
     pub(crate) fn typed<T: Element>(&self) -> &[T] {
-        let n = self.len / std::mem::size_of::<T>();
-        &bytemuck::cast_slice::<Block, T>(&self.blocks)[..n]
+        bytemuck::cast_slice::<u8, T>(&self.all_bytes()[..self.len - self.len % std::mem::size_of::<T>()])
     }
 
     pub(crate) fn typed_mut<T: Element>(&mut self) -> &mut [T] {
-        let n = self.len / std::mem::size_of::<T>();
-        &mut bytemuck::cast_slice_mut::<Block, T>(&mut self.blocks)[..n]
+        let len = self.len - self.len % std::mem::size_of::<T>();
+        bytemuck::cast_slice_mut::<u8, T>(&mut self.all_bytes_mut()[..len])
     }
 }
 
@@ -278,10 +316,21 @@ pub(crate) fn checked_size(shape: &[usize], dtype: DType) -> Result<usize> {
 
 impl NDArray {
     fn alloc(shape: &[usize], dtype: DType, ctx: Context) -> Result<Self> {
+        Self::alloc_in(shape, dtype, ctx, false)
+    }
+
+    /// A host array of zeros on `cpu(0)` in the device backend's page-locked memory
+    /// (ordinary memory when it has none): the buffers that stores stage device values
+    /// through.
+    pub(crate) fn pinned_zeros(shape: &[usize], dtype: DType) -> Result<Self> {
+        Self::alloc_in(shape, dtype, Context::cpu(0), true)
+    }
+
+    fn alloc_in(shape: &[usize], dtype: DType, ctx: Context, pinned: bool) -> Result<Self> {
         let size = checked_size(shape, dtype)?;
         let bytes = size * dtype.size();
         let storage = if ctx.is_cpu() {
-            Storage::Host(HostBuf::zeroed(bytes)?)
+            Storage::Host(if pinned { HostBuf::pinned(bytes)? } else { HostBuf::zeroed(bytes)? })
         } else {
             let backend = device::backend_for(ctx)?;
             let buf = backend.alloc_zeroed(ctx.device_id() as usize, bytes)?;
@@ -412,6 +461,12 @@ impl NDArray {
             None => Ok(()),
             Some(message) => Err(Error::Backend { backend: "device", message: message.clone() }),
         }
+    }
+
+    /// Marks the array faulty: a device operation on it failed half way, so every later
+    /// access is a [`Error::Backend`] error with `message`.
+    pub(crate) fn mark_faulty(&self, message: String) {
+        let _ = self.inner.fault.set(message);
     }
 
     /// A shared read lock on the storage itself (recursive, so one thread may hold

@@ -5,9 +5,14 @@
 use std::any::Any;
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
-use kvstore_core::{DType, DeviceBackend, DeviceBuffer, Error, Result};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PinnedHostSlice,
+    PushKernelArg,
+};
+use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
+use kvstore_core::{
+    DType, DeviceBackend, DeviceBuffer, Error, FusedArrays, FusedRule, FusedStep, PinnedMemory, Result,
+};
 
 /// The kernels' CUDA C source.
 const KERNELS: &str = include_str!("kernels.cu");
@@ -23,9 +28,93 @@ struct Device {
     kernels: OnceLock<std::result::Result<Kernels, String>>,
 }
 
-/// The reduction kernel of each dtype, in `DType::ALL` order.
+/// The kernels of one device.
 struct Kernels {
+    /// The reduction of each dtype, in `DType::ALL` order.
     reduce: Vec<CudaFunction>,
+    /// The fused optimizer step of each float dtype, in [`OPT_KERNELS`] order.
+    opt: Vec<CudaFunction>,
+}
+
+/// The fused optimizer kernels, by weight dtype.
+const OPT_KERNELS: [(DType, &str); 4] =
+    [(DType::F32, "kv_opt_f32"), (DType::F64, "kv_opt_f64"), (DType::F16, "kv_opt_f16"), (DType::BF16, "kv_opt_bf16")];
+
+/// A rule's number in the kernels' `switch`.
+fn rule_code(rule: FusedRule) -> i32 {
+    match rule {
+        FusedRule::Sgd => 0,
+        FusedRule::SgdMomentum => 1,
+        FusedRule::Nag => 2,
+        FusedRule::NagMomentum => 3,
+        FusedRule::Adam => 4,
+        FusedRule::AdaGrad => 5,
+        FusedRule::RmsProp => 6,
+        FusedRule::RmsPropCentered => 7,
+    }
+}
+
+/// Input pointers the reduction takes by value (`KV_INLINE` in kernels.cu).
+const INLINE: usize = 8;
+
+/// `KvPtrs` of kernels.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct InlinePtrs([u64; INLINE]);
+// SAFETY: plain data with the layout of the kernels' `KvPtrs` (8 pointers).
+unsafe impl DeviceRepr for InlinePtrs {}
+
+/// `KvCoefs<R>` of kernels.cu: the rule's scalars in the compute type `R`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Coefs<R> {
+    c: [R; 6],
+    clip: R,
+    clipw: R,
+    flags: i32,
+}
+// SAFETY: plain data laid out as the kernels' `KvCoefs<float>` / `KvCoefs<double>`
+// (six scalars, two bounds, an int; C and Rust pad the same way).
+unsafe impl DeviceRepr for Coefs<f32> {}
+unsafe impl DeviceRepr for Coefs<f64> {}
+
+impl<R: Copy + Default> Coefs<R> {
+    fn new(step: &FusedStep, of: impl Fn(f64) -> R) -> Self {
+        Coefs {
+            c: step.coefs.map(&of),
+            clip: step.clip.map(&of).unwrap_or_default(),
+            clipw: step.clip_weights.map(&of).unwrap_or_default(),
+            flags: i32::from(step.clip.is_some()) | (i32::from(step.clip_weights.is_some()) << 1),
+        }
+    }
+}
+
+/// The kernels' CUDA C compiled to PTX for the virtual architecture `arch`
+/// (`"compute_90"`), with the options that keep the host's rounding: no fused
+/// multiply-add, IEEE division and square root, no flush to zero. Needs only the NVRTC
+/// library, no device.
+///
+/// # Errors
+/// [`Error::DeviceUnavailable`] when the NVRTC library is missing; [`Error::Backend`]
+/// with NVRTC's log when the source does not compile.
+pub fn compile_kernels(arch: &'static str) -> Result<Ptx> {
+    // SAFETY: only tries to load the NVRTC library (dlopen); calls nothing in it.
+    let present = std::panic::catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() });
+    if !matches!(present, Ok(true)) {
+        return Err(Error::DeviceUnavailable {
+            context: "nvrtc".to_string(),
+            reason: "no NVRTC library (libnvrtc.so) on the library path".to_string(),
+        });
+    }
+    let opts = CompileOptions {
+        arch: Some(arch),
+        fmad: Some(false),
+        ftz: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        ..Default::default()
+    };
+    compile_ptx_with_opts(KERNELS, opts).map_err(|e| backend_error("NVRTC", e))
 }
 
 /// The kernel name of each dtype's reduction, in `DType::ALL` order.
@@ -71,21 +160,13 @@ impl Device {
     fn kernels(&self) -> Result<&Kernels> {
         let compiled = self.kernels.get_or_init(|| {
             let (major, minor) = self.ctx.compute_capability().map_err(|e| e.to_string())?;
-            let opts = CompileOptions {
-                arch: Some(arch(major, minor)),
-                fmad: Some(false),
-                ftz: Some(false),
-                prec_div: Some(true),
-                prec_sqrt: Some(true),
-                ..Default::default()
-            };
-            let ptx = compile_ptx_with_opts(KERNELS, opts).map_err(|e| format!("NVRTC: {e}"))?;
+            let ptx = compile_kernels(arch(major, minor)).map_err(|e| e.to_string())?;
             let module = self.ctx.load_module(ptx).map_err(|e| format!("loading the kernels: {e}"))?;
-            let reduce = DType::ALL
-                .iter()
-                .map(|&d| module.load_function(reduce_kernel_name(d)).map_err(|e| e.to_string()))
-                .collect::<std::result::Result<_, _>>()?;
-            Ok(Kernels { reduce })
+            let load = |name: &str| module.load_function(name).map_err(|e| format!("kernel {name}: {e}"));
+            let reduce =
+                DType::ALL.iter().map(|&d| load(reduce_kernel_name(d))).collect::<std::result::Result<_, _>>()?;
+            let opt = OPT_KERNELS.iter().map(|&(_, name)| load(name)).collect::<std::result::Result<_, _>>()?;
+            Ok(Kernels { reduce, opt })
         });
         compiled.as_ref().map_err(|e| backend_error("compiling the kernels", e))
     }
@@ -174,8 +255,41 @@ impl DeviceBuffer for CudaBuffer {
     }
 }
 
-/// Threads per block of the reduction kernel.
+/// Threads per block of the kernels.
 const BLOCK: u32 = 256;
+
+/// A grid of `BLOCK`-thread blocks for `work` items (the kernels loop with a stride
+/// over whatever the grid does not cover).
+fn launch_config(work: u64) -> LaunchConfig {
+    let blocks = work.div_ceil(u64::from(BLOCK)).clamp(1, 65_535 * 32) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// Page-locked host memory (`cuMemHostAlloc`, portable to every context).
+struct Pinned {
+    /// Owns the memory; `ptr` points into it.
+    _slice: PinnedHostSlice<u8>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the memory is plain host memory owned by `_slice` (itself Send + Sync);
+// `&self`/`&mut self` give shared/exclusive access to it.
+unsafe impl Send for Pinned {}
+unsafe impl Sync for Pinned {}
+
+impl PinnedMemory for Pinned {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` points to `len` bytes that live as long as `_slice`, and every
+        // copy into them has finished (every operation synchronises its stream).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as `bytes`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
 
 impl DeviceBackend for CudaBackend {
     fn name(&self) -> &'static str {
@@ -224,7 +338,7 @@ impl DeviceBackend for CudaBackend {
         // Inputs on other devices are first copied to the output's device; the copies
         // live until the synchronisation below.
         let mut staged: Vec<CudaSlice<u8>> = Vec::new();
-        let mut pointers: Vec<u64> = Vec::with_capacity(ins.len());
+        let mut pointers: Vec<u64> = Vec::with_capacity(ins.len().max(INLINE));
         for b in &ins {
             let ptr = if b.ordinal == out.ordinal {
                 b.data.device_ptr(&dev.stream).0
@@ -240,20 +354,94 @@ impl DeviceBackend for CudaBackend {
             };
             pointers.push(ptr);
         }
-        let table = dev.stream.clone_htod(&pointers).map_err(|e| backend_error("uploading the input table", e))?;
         let k = i32::try_from(ins.len()).map_err(|_| Error::invalid_argument("too many values to reduce"))?;
-        let blocks = (n as u64).div_ceil(u64::from(BLOCK)).min(65_535 * 32) as u32;
-        let cfg = LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        // Up to INLINE pointers go by value; more go in a table on the device.
+        let table = if ins.len() > INLINE {
+            Some(dev.stream.clone_htod(&pointers).map_err(|e| backend_error("uploading the input table", e))?)
+        } else {
+            None
+        };
+        let table_ptr = table.as_ref().map_or(0, |t| t.device_ptr(&dev.stream).0);
+        pointers.resize(INLINE.max(pointers.len()), 0);
+        let mut inline = InlinePtrs([0; INLINE]);
+        inline.0.copy_from_slice(&pointers[..INLINE]);
+        // One thread per 16 bytes of output.
+        let vectors = (out.len as u64).div_ceil(16).max(1);
+        let cfg = launch_config(vectors);
         let count = n as u64;
         let mut launch = dev.stream.launch_builder(kernel);
-        launch.arg(&mut out.data).arg(&table).arg(&k).arg(&count);
-        // SAFETY: the kernel's parameters are (T* out, const T* const* ins, int k, u64 n):
-        // `out` holds n elements of the dtype, `table` holds k device pointers to
-        // buffers of n elements on this device (inputs or their staged copies, alive
-        // until the synchronisation below), and the grid covers n with a stride loop.
+        launch.arg(&mut out.data).arg(&inline).arg(&table_ptr).arg(&k).arg(&count);
+        // SAFETY: the kernel's parameters are (T* out, KvPtrs inl, const void* const*
+        // table, int k, u64 n): `out` holds n elements of the dtype; the k input
+        // pointers (in `inline` when k <= INLINE, else in `table`) point to buffers of n
+        // elements on this device (inputs or their staged copies, alive until the
+        // synchronisation below), each a whole allocation and so 16-byte aligned for
+        // the vector loads; the grid covers n with a stride loop.
         unsafe { launch.launch(cfg) }.map_err(|e| backend_error("launching the reduction", e))?;
         dev.sync()?;
-        drop(staged);
+        drop((staged, table));
         Ok(true)
+    }
+
+    fn optimizer_step(&self, step: &FusedStep, a: FusedArrays<'_>) -> Result<bool> {
+        let Some(kernel_at) = OPT_KERNELS.iter().position(|&(d, _)| d == a.dtype) else { return Ok(false) };
+        let compute = if a.dtype == DType::F64 { 8 } else { 4 };
+        let w = cuda_mut(a.weight)?;
+        let g = cuda(a.grad)?;
+        let states: Vec<&CudaBuffer> = a.states.into_iter().map(|b| cuda_mut(b).map(|b| &*b)).collect::<Result<_>>()?;
+        let master = a.master.map(|m| cuda_mut(m).map(|m| &*m)).transpose()?;
+        let n = w.len / a.dtype.size();
+        if states.len() != step.rule.states() || states.len() > 3 {
+            return Err(Error::Internal(format!("{:?}: {} state arrays", step.rule, states.len())));
+        }
+        check_len("optimizer gradient", w.len, g.len)?;
+        for s in states.iter().chain(&master) {
+            check_len("optimizer state", n * compute, s.len)?;
+        }
+        // The kernel runs on the weight's device: every array must be there.
+        if std::iter::once(g).chain(states.iter().copied()).chain(master).any(|b| b.ordinal != w.ordinal) {
+            return Ok(false);
+        }
+        if n == 0 {
+            return Ok(true);
+        }
+        let dev = w.device.clone();
+        let kernel = &dev.kernels()?.opt[kernel_at];
+        let ptr = |b: &CudaBuffer| b.data.device_ptr(&dev.stream).0;
+        let [s0, s1, s2] = [0, 1, 2].map(|i| states.get(i).map_or(0, |b| ptr(b)));
+        let m = master.map_or(0, ptr);
+        let (rule, count) = (rule_code(step.rule), n as u64);
+        let grad = ptr(g);
+        let (c32, c64) = (Coefs::new(step, |x| x as f32), Coefs::new(step, |x| x));
+        let mut launch = dev.stream.launch_builder(kernel);
+        launch.arg(&rule);
+        if a.dtype == DType::F64 {
+            launch.arg(&c64);
+        } else {
+            launch.arg(&c32);
+        }
+        launch.arg(&mut w.data).arg(&grad).arg(&s0).arg(&s1).arg(&s2).arg(&m).arg(&count);
+        // SAFETY: the kernel's parameters are (int rule, KvCoefs<R> k, W* w, const W* g,
+        // R* s0, R* s1, R* s2, R* master, u64 n) with R = double for f64 weights and
+        // float otherwise (the Coefs passed match): w and g hold n elements of the
+        // weight's dtype, each state and the master copy n elements of R (checked above)
+        // or are null when the rule has fewer, all on this device and alive until the
+        // synchronisation below; the grid covers n with a stride loop.
+        unsafe { launch.launch(launch_config(count)) }.map_err(|e| backend_error("launching the optimizer step", e))?;
+        dev.sync()?;
+        Ok(true)
+    }
+
+    fn alloc_pinned(&self, bytes: usize) -> Result<Option<Box<dyn PinnedMemory>>> {
+        let dev = self.device(0)?;
+        // Portable: usable from every device's context. Not write-combined: the host
+        // reads these buffers (it sums them).
+        // SAFETY: the memory is uninitialised; core zeroes it before any read.
+        let mut slice = unsafe {
+            dev.ctx.alloc_pinned_with_flags::<u8>(bytes.max(1), cudarc::driver::sys::CU_MEMHOSTALLOC_PORTABLE)
+        }
+        .map_err(|e| backend_error("allocating page-locked memory", e))?;
+        let ptr = slice.as_mut_ptr().map_err(|e| backend_error("page-locked memory", e))?;
+        Ok(Some(Box::new(Pinned { _slice: slice, ptr, len: bytes })))
     }
 }

@@ -1,7 +1,6 @@
-// Reduction kernels of kvstore-cuda, compiled at run time by NVRTC (with --fmad=false).
-// out[i] = ins[0][i] + ins[1][i] + ... + ins[k-1][i], added left to right as on the
-// host: f16/bf16 accumulate in f32 and round once (to nearest even), integers wrap
-// (they are summed as unsigned, where overflow is defined, then narrowed).
+// Kernels of kvstore-cuda, compiled at run time by NVRTC with --fmad=false (no fused
+// multiply-add contraction), IEEE division and square root, no flush to zero: every
+// operation rounds as the host's does, so results are the host's bits.
 
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -26,14 +25,50 @@ __device__ __forceinline__ u16 f2b(float f) {
     return (u16)(x >> 16);
 }
 
-#define KV_REDUCE(NAME, T, ACC, LOAD, STORE)                                              \
-    extern "C" __global__ void NAME(T* out, const T* const* ins, int k, u64 n) {          \
-        u64 stride = (u64)gridDim.x * blockDim.x;                                         \
-        for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {    \
-            ACC acc = LOAD(ins[0][i]);                                                    \
-            for (int j = 1; j < k; ++j) acc = acc + LOAD(ins[j][i]);                      \
-            out[i] = STORE(acc);                                                          \
-        }                                                                                 \
+// ---- Reduction ----
+// out[i] = ins[0][i] + ins[1][i] + ... + ins[k-1][i], added left to right as on the
+// host: f16/bf16 accumulate in f32 and round once (to nearest even), integers wrap
+// (they are summed as unsigned, where overflow is defined, then narrowed).
+//
+// Up to KV_INLINE input pointers come by value in the parameters (no upload); more come
+// in a device table. Each thread moves 16 bytes per input per step (one vector load;
+// every buffer is a whole allocation, so 256-byte aligned), then the tail element by
+// element.
+
+#define KV_INLINE 8
+struct KvPtrs {
+    const void* p[KV_INLINE];
+};
+
+#define KV_REDUCE(NAME, T, ACC, LOAD, STORE)                                                     \
+    extern "C" __global__ void NAME(T* out, KvPtrs inl, const void* const* table, int k, u64 n) { \
+        const int V = 16 / (int)sizeof(T);                                                       \
+        union Vec {                                                                              \
+            uint4 raw;                                                                           \
+            T e[16 / sizeof(T)];                                                                 \
+        };                                                                                       \
+        u64 stride = (u64)gridDim.x * blockDim.x;                                                \
+        u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;                                  \
+        u64 nv = n / V;                                                                          \
+        for (u64 v = first; v < nv; v += stride) {                                               \
+            ACC acc[16 / sizeof(T)];                                                             \
+            Vec x;                                                                               \
+            x.raw = ((const uint4*)(k <= KV_INLINE ? inl.p[0] : table[0]))[v];                  \
+            _Pragma("unroll") for (int q = 0; q < V; ++q) acc[q] = LOAD(x.e[q]);                 \
+            for (int j = 1; j < k; ++j) {                                                        \
+                x.raw = ((const uint4*)(k <= KV_INLINE ? inl.p[j] : table[j]))[v];              \
+                _Pragma("unroll") for (int q = 0; q < V; ++q) acc[q] = acc[q] + LOAD(x.e[q]);    \
+            }                                                                                    \
+            Vec o;                                                                               \
+            _Pragma("unroll") for (int q = 0; q < V; ++q) o.e[q] = STORE(acc[q]);                \
+            ((uint4*)out)[v] = o.raw;                                                            \
+        }                                                                                        \
+        for (u64 i = nv * V + first; i < n; i += stride) {                                       \
+            ACC acc = LOAD(((const T*)(k <= KV_INLINE ? inl.p[0] : table[0]))[i]);              \
+            for (int j = 1; j < k; ++j)                                                          \
+                acc = acc + LOAD(((const T*)(k <= KV_INLINE ? inl.p[j] : table[j]))[i]);        \
+            out[i] = STORE(acc);                                                                 \
+        }                                                                                        \
     }
 
 #define KV_ID(x) (x)
@@ -48,3 +83,117 @@ KV_REDUCE(kv_reduce_i32, int, u32, KV_U32, (int))
 KV_REDUCE(kv_reduce_i64, long long, u64, KV_U64, (long long))
 KV_REDUCE(kv_reduce_i8, signed char, u32, KV_U32, (signed char))
 KV_REDUCE(kv_reduce_u8, unsigned char, u32, KV_U32, (unsigned char))
+
+// ---- Fused optimizer steps ----
+// One kernel per weight dtype runs any rule (`rule`, kvstore_core::FusedRule's order:
+// 0 SGD, 1 SGD with momentum, 2 NAG, 3 NAG with momentum, 4 Adam, 5 AdaGrad, 6 RMSProp,
+// 7 centered RMSProp) element by element, exactly as FusedRule documents it and as the
+// host rules compute it, operation for operation. The scalars come already rounded to
+// the compute type R (float; double for f64 weights).
+
+template <typename R>
+struct KvCoefs {
+    R c[6];
+    R clip;   // the gradient clip bound, when flags & 1
+    R clipw;  // the weight clip bound (RMSProp), when flags & 2
+    int flags;
+};
+
+__device__ __forceinline__ float kv_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double kv_sqrt(double x) { return sqrt(x); }
+
+template <typename R>
+__device__ __forceinline__ R kv_clip(R x, R b, bool on) {
+    if (!on) return x;
+    if (x > b) return b;
+    if (x < -b) return -b;
+    return x;
+}
+
+template <typename R>
+__device__ __forceinline__ void kv_step(int rule, const KvCoefs<R>& k, R& w, R g, R& s0, R& s1, R& s2) {
+    const R* c = k.c;
+    const bool cl = (k.flags & 1) != 0;
+    const bool cw = (k.flags & 2) != 0;
+    const R one = (R)1;
+    switch (rule) {
+        case 0: {  // SGD: c = lr, wd, rescale, mu
+            w = w + ((c[3] * (R)0 - (c[0] * c[1]) * w) - c[0] * kv_clip(c[2] * g, k.clip, cl));
+            break;
+        }
+        case 1: {  // SGD with momentum
+            s0 = (c[3] * s0 - (c[0] * c[1]) * w) - c[0] * kv_clip(c[2] * g, k.clip, cl);
+            w = w + s0;
+            break;
+        }
+        case 2: {  // NAG: c = lr, wd, rescale
+            if (cl) {
+                w = (one - c[0] * c[1]) * w - c[0] * kv_clip(c[2] * g, k.clip, true);
+            } else {
+                w = (one - c[0] * c[1]) * w - (c[0] * c[2]) * g;
+            }
+            break;
+        }
+        case 3: {  // NAG with momentum: c = lr, wd, rescale, mu
+            R rg = kv_clip(c[2] * g, k.clip, cl);
+            s0 = c[3] * s0;
+            w = (w - s0) + (c[3] + one) * (s0 - c[0] * (rg + c[1] * w));
+            s0 = s0 - c[0] * (rg + c[1] * w);
+            break;
+        }
+        case 4: {  // Adam: c = lr, wd, rescale, beta1, beta2, epsilon
+            R gr = kv_clip(g * c[2] + w * c[1], k.clip, cl);
+            s0 = c[3] * s0 + (one - c[3]) * gr;
+            s1 = c[4] * s1 + ((one - c[4]) * gr) * gr;
+            w = w - (c[0] * s0) / (kv_sqrt(s1) + c[5]);
+            break;
+        }
+        case 5: {  // AdaGrad: c = -lr, wd, rescale, eps
+            R gr = kv_clip(g * c[2], k.clip, cl);
+            s0 = s0 + gr * gr;
+            w = w + (gr / kv_sqrt(s0 + c[3]) + w * c[1]) * c[0];
+            break;
+        }
+        case 6: {  // RMSProp: c = lr, wd, rescale, gamma1, epsilon
+            R gr = kv_clip(c[2] * g + c[1] * w, k.clip, cl);
+            s0 = (one - c[3]) * (gr * gr) + c[3] * s0;
+            w = kv_clip(w - c[0] * (gr / kv_sqrt(s0 + c[4])), k.clipw, cw);
+            break;
+        }
+        case 7: {  // centered RMSProp: c = lr, wd, rescale, gamma1, gamma2, epsilon
+            R gr = kv_clip(c[2] * g + c[1] * w, k.clip, cl);
+            s0 = ((one - c[3]) * gr) * gr + c[3] * s0;
+            s1 = (one - c[3]) * gr + c[3] * s1;
+            s2 = c[4] * s2 - (c[0] * gr) / kv_sqrt((s0 - s1 * s1) + c[5]);
+            w = kv_clip(w + s2, k.clipw, cw);
+            break;
+        }
+        default:
+            break;
+    }
+}
+
+// W: the weight's storage type; R: the compute type; master: the f32 master copy of
+// an f16/bf16 weight, or null; s0..s2: the states in R, null when the rule has fewer.
+#define KV_OPT(NAME, W, R, TOR, FROMR)                                                             \
+    extern "C" __global__ void NAME(int rule, KvCoefs<R> k, W* w, const W* g, R* s0, R* s1, R* s2, \
+                                    R* master, u64 n) {                                           \
+        u64 stride = (u64)gridDim.x * blockDim.x;                                                  \
+        for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {             \
+            R a = s0 ? s0[i] : (R)0;                                                               \
+            R b = s1 ? s1[i] : (R)0;                                                               \
+            R c = s2 ? s2[i] : (R)0;                                                               \
+            R wi = master ? master[i] : TOR(w[i]);                                                 \
+            kv_step<R>(rule, k, wi, TOR(g[i]), a, b, c);                                           \
+            if (s0) s0[i] = a;                                                                     \
+            if (s1) s1[i] = b;                                                                     \
+            if (s2) s2[i] = c;                                                                     \
+            if (master) master[i] = wi;                                                            \
+            w[i] = FROMR(wi);                                                                      \
+        }                                                                                          \
+    }
+
+KV_OPT(kv_opt_f32, float, float, KV_ID, KV_ID)
+KV_OPT(kv_opt_f64, double, double, KV_ID, KV_ID)
+KV_OPT(kv_opt_f16, u16, float, h2f, f2h)
+KV_OPT(kv_opt_bf16, u16, float, b2f, f2b)

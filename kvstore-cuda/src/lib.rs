@@ -14,8 +14,15 @@
 //! # Ok::<(), kvstore_core::Error>(())
 //! ```
 //!
-//! Operations core has no device kernel for (element-wise ops, optimizer rules) run on
-//! copies staged through host memory and give the host's results.
+//! Fused optimizer kernels run SGD (with and without momentum), NAG, Adam, AdaGrad and
+//! RMSProp (plain and centered) where the weights live, with the host rule's bits.
+//! Operations that have no device kernel (element-wise ops, the other optimizers) run
+//! on copies staged through host memory and give the host's results, more slowly.
+//!
+//! With a `local` store, values pushed from GPUs are copied into page-locked host
+//! buffers (kept per key) and summed on the host, as MXNet's `CommCPU` does; a `device`
+//! store sums and updates each key on one of the GPUs its values come from, keys spread
+//! over the GPUs by size (MXNet's `CommDevice`).
 //!
 //! # Errors
 //! [`is_available`] never panics. With no driver library, no device, or a driver that
@@ -32,7 +39,7 @@ use std::sync::{Arc, OnceLock};
 
 use kvstore_core::{Error, Result};
 
-pub use backend::CudaBackend;
+pub use backend::{CudaBackend, compile_kernels};
 
 /// The environment variable that turns a skipped GPU test into a failure (`1`).
 pub const REQUIRE_CUDA_VAR: &str = "KVSTORE_REQUIRE_CUDA";

@@ -69,3 +69,21 @@ fn gpu_arrays_round_trip_and_copy_between_devices() {
     let e = NDArray::zeros_with(&[2], DType::F32, Context::gpu(n)).expect_err("no such GPU");
     assert_eq!(e.kind(), ErrorKind::DeviceUnavailable);
 }
+
+#[test]
+fn gpu_optimizer_steps_give_the_host_bits() {
+    if !kvstore_cuda::gpu_or_skip("gpu_optimizer_steps_give_the_host_bits") {
+        return;
+    }
+    let n = gpus().expect("register");
+    let devices: Vec<Context> = (0..n).map(Context::gpu).collect();
+    device_checks::optimizers_match_the_host(&devices);
+}
+
+#[test]
+fn keys_are_spread_over_gpus_by_size() {
+    if !kvstore_cuda::gpu_or_skip("keys_are_spread_over_gpus_by_size") {
+        return;
+    }
+    device_checks::keys_spread_over_devices_by_size(gpus().expect("register"));
+}

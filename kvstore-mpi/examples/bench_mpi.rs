@@ -6,27 +6,14 @@
 //! TCP, where one allreduce costs what it costs across machines, not over shared memory).
 
 use std::hint::black_box;
-use std::time::Instant;
 
 use kvstore_core::{KVStore, NDArray};
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
-fn median(world: &SimpleCommunicator, runs: usize, mut f: impl FnMut()) -> f64 {
-    for _ in 0..3 {
-        f();
-    }
-    let mut t: Vec<f64> = (0..runs)
-        .map(|_| {
-            world.barrier();
-            let s = Instant::now();
-            f();
-            s.elapsed().as_secs_f64()
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t[t.len() / 2]
+fn median(world: &SimpleCommunicator, runs: usize, f: impl FnMut()) -> f64 {
+    kvstore_tests::bench::median(3, runs, || world.barrier(), f)
 }
 
 fn main() -> kvstore_core::Result<()> {
@@ -72,15 +59,7 @@ fn main() -> kvstore_core::Result<()> {
     rows.push((format!("{run}: the same push unfused (4 KiB buckets)"), unfused, None));
     rows.push((format!("{run}: the same push fused ({} KiB buckets)", bucket >> 10), store, Some(unfused)));
     if kv.rank() == 0 {
-        let json: Vec<String> = rows
-            .iter()
-            .map(|(name, m, limit)| {
-                let limit = limit.map_or("null".to_string(), |l| format!("{l:.9e}"));
-                format!("{{\"name\": \"{name}\", \"median_s\": {m:.9e}, \"limit_s\": {limit}}}")
-            })
-            .collect();
-        std::fs::write(&out, format!("[\n{}\n]\n", json.join(",\n")))
-            .map_err(|e| kvstore_core::Error::Io { context: format!("write {out}"), source: e })?;
+        kvstore_tests::bench::write_rows(&out, &rows)?;
     }
     kvstore_mpi::finalize()
 }

@@ -107,6 +107,115 @@ pub mod device_checks {
         out
     }
 
+    /// Optimizers and parameters for the fused-step checks: every rule with a fused
+    /// kernel in each of its forms (momentum or not, clipping or not, centered RMSProp,
+    /// weight clipping), and two that have none (their device path stages the host rule).
+    pub const OPTIMIZERS: &[(&str, &[(&str, f64)])] = &[
+        ("sgd", &[("learning_rate", 0.1)]),
+        ("sgd", &[("learning_rate", 0.1), ("momentum", 0.9), ("wd", 0.01)]),
+        ("sgd", &[("momentum", 0.9), ("clip_gradient", 0.5), ("rescale_grad", 0.5)]),
+        ("nag", &[("learning_rate", 0.1), ("wd", 0.01)]),
+        ("nag", &[("learning_rate", 0.1), ("clip_gradient", 2.0)]),
+        ("nag", &[("momentum", 0.9), ("wd", 0.01)]),
+        ("nag", &[("momentum", 0.9), ("clip_gradient", 0.5)]),
+        ("adam", &[("learning_rate", 0.01), ("wd", 0.01)]),
+        ("adam", &[("clip_gradient", 0.3), ("rescale_grad", 0.25)]),
+        ("adagrad", &[("learning_rate", 0.1), ("wd", 0.01)]),
+        ("adagrad", &[("clip_gradient", 0.5)]),
+        ("rmsprop", &[("learning_rate", 0.01), ("wd", 0.01)]),
+        ("rmsprop", &[("clip_gradient", 0.5), ("clip_weights", 0.8)]),
+        ("rmsprop", &[("centered", 1.0), ("wd", 0.01), ("clip_weights", 2.0)]),
+        ("adadelta", &[("wd", 0.01)]),
+        ("nadam", &[("learning_rate", 0.01)]),
+    ];
+
+    /// Three pushes of two gradients of `dtype` from `ctxs` (the weight initialised from
+    /// `ctxs[0]`) into a store of `kind` with the optimizer `name`, then the weight's bits.
+    pub fn optimized(kind: &str, name: &str, params: &[(&str, f64)], dtype: DType, ctxs: &[Context]) -> Vec<u8> {
+        let n = 1031;
+        let kv = KVStore::create(kind).expect("store");
+        let mut b = kvstore_core::Optimizer::builder(name);
+        for &(p, v) in params {
+            b = b.param(p, v);
+        }
+        kv.set_optimizer(b.build().expect("optimizer")).expect("set");
+        kv.init("w", &values(n, 5, dtype, ctxs[0]).mul(0.001).expect("w")).expect("init");
+        for step in 0..3u64 {
+            let g: Vec<NDArray> =
+                (0..2u64).map(|i| values(n, step * 2 + i, dtype, ctxs[i as usize % ctxs.len()])).collect();
+            kv.push("w", &g, 0).expect("push");
+        }
+        let out = NDArray::zeros_with(&[n], dtype, Context::cpu(0)).expect("out");
+        kv.pull("w", &out, 0).expect("pull");
+        bits(&out)
+    }
+
+    /// Every optimizer of [`OPTIMIZERS`] on every float dtype (f16 also with
+    /// `multi_precision`) gives the host's bits on a `device` store whose values are on
+    /// `devices`.
+    pub fn optimizers_match_the_host(devices: &[Context]) {
+        for &(name, params) in OPTIMIZERS {
+            for (dtype, mp) in
+                [(DType::F32, 0.0), (DType::F64, 0.0), (DType::F16, 0.0), (DType::F16, 1.0), (DType::BF16, 0.0)]
+            {
+                let params: Vec<(&str, f64)> = params.iter().copied().chain([("multi_precision", mp)]).collect();
+                let host = optimized("local", name, &params, dtype, &[Context::cpu(0), Context::cpu(1)]);
+                let dev = optimized("device", name, &params, dtype, devices);
+                assert_eq!(dev, host, "{name} {params:?} on {dtype}: the device update differs from the host's");
+            }
+        }
+    }
+
+    /// A `device` store gives each key, at its first push from devices, the device
+    /// (among those it is pushed from) with the fewest bytes of keys so far, biggest
+    /// keys first; later pushes do not move it. A `local` store keeps values on the host.
+    pub fn keys_spread_over_devices_by_size(count: u32) {
+        let kv = KVStore::create("device").expect("store");
+        let sizes = [100usize, 4000, 300, 2000, 1000, 50];
+        let keys: Vec<String> = (0..sizes.len()).map(|i| format!("k{i}")).collect();
+        for (k, &n) in keys.iter().zip(&sizes) {
+            kv.init(k.as_str(), &NDArray::zeros(&[n]).expect("value")).expect("init");
+            assert_eq!(kv.context_of(k.as_str()).expect("context"), Context::cpu(0));
+        }
+        let devices: Vec<Context> = (0..count).map(Context::gpu).collect();
+        let push = |keys: &[String]| {
+            let (ks, vs): (Vec<&str>, Vec<NDArray>) = keys
+                .iter()
+                .flat_map(|k| {
+                    let n = sizes[keys_index(k)];
+                    devices.iter().map(move |&d| (k.as_str(), NDArray::ones_with(&[n], DType::F32, d).expect("value")))
+                })
+                .unzip();
+            kv.push(ks, &vs, 0).expect("push");
+        };
+        push(&keys);
+        // The expected placement: biggest first, each to the least loaded device.
+        let mut order: Vec<usize> = (0..sizes.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(sizes[i]));
+        let mut load = vec![0usize; count as usize];
+        let mut expected = vec![0u32; sizes.len()];
+        for i in order {
+            let d = (0..count as usize).min_by_key(|&d| (load[d], d)).expect("a device");
+            load[d] += sizes[i] * 4;
+            expected[i] = d as u32;
+        }
+        push(&keys);
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(kv.context_of(k.as_str()).expect("context"), Context::gpu(expected[i]), "{k}");
+            let out = NDArray::zeros(&[sizes[i]]).expect("out");
+            kv.pull(k.as_str(), &out, 0).expect("pull");
+            assert!(out.to_vec::<f32>().expect("read").iter().all(|&x| x == count as f32), "{k}");
+        }
+        let local = KVStore::create("local").expect("store");
+        local.init("g", &NDArray::ones_with(&[8], DType::F32, Context::gpu(count - 1)).expect("g")).expect("init");
+        assert_eq!(local.context_of("g").expect("context"), Context::cpu(0));
+        assert_eq!(kv.context_of("nope").expect_err("no key").kind(), kvstore_core::ErrorKind::KeyNotInitialized);
+    }
+
+    fn keys_index(k: &str) -> usize {
+        k[1..].parse().expect("k<i>")
+    }
+
     /// Pushes 5 values of `dtype` from `ctxs` and pulls the sum to the host.
     pub fn push_sum(dtype: DType, init_ctx: Context, ctxs: &[Context]) -> Vec<u8> {
         let n = 4099;
@@ -669,5 +778,48 @@ pub mod dist_cases {
             kv.pull(key.as_str(), &o, 0).expect("pull");
             assert_eq!(o.to_f64_vec().expect("r"), vec![triangle(w); 4], "{d}");
         }
+    }
+}
+
+/// Helpers of the bench binaries outside criterion (the MPI and GPU benches): timing and
+/// the JSON rows that `make bench`'s report reads.
+pub mod bench {
+    use std::time::Instant;
+
+    /// The median of `runs` timings of `f` in seconds, after `warm` untimed calls;
+    /// `before` runs untimed before each timed call (an MPI barrier).
+    pub fn median(warm: usize, runs: usize, mut before: impl FnMut(), mut f: impl FnMut()) -> f64 {
+        for _ in 0..warm {
+            f();
+        }
+        let mut t: Vec<f64> = (0..runs)
+            .map(|_| {
+                before();
+                let s = Instant::now();
+                f();
+                s.elapsed().as_secs_f64()
+            })
+            .collect();
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    }
+
+    /// Writes rows `(name, median seconds, limit seconds)` as the report's JSON.
+    ///
+    /// # Errors
+    /// The file cannot be written.
+    pub fn write_rows(path: &str, rows: &[(String, f64, Option<f64>)]) -> kvstore_core::Result<()> {
+        let json: Vec<String> = rows
+            .iter()
+            .map(|(name, m, limit)| {
+                let limit = limit.map_or("null".to_string(), |l| format!("{l:.9e}"));
+                format!("{{\"name\": \"{name}\", \"median_s\": {m:.9e}, \"limit_s\": {limit}}}")
+            })
+            .collect();
+        let io = |e| kvstore_core::Error::Io { context: format!("write {path}"), source: e };
+        if let Some(dir) = std::path::Path::new(path).parent() {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        std::fs::write(path, format!("[\n{}\n]\n", json.join(",\n"))).map_err(io)
     }
 }

@@ -6,7 +6,10 @@
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use kvstore_core::{DType, DeviceBackend, DeviceBuffer, Element, Error, Result, bf16, f16};
+use kvstore_core::{
+    DType, DeviceBackend, DeviceBuffer, Element, Error, FusedArrays, FusedRule, FusedStep, PinnedMemory, Result, bf16,
+    f16,
+};
 
 /// One simulated device buffer: `len` bytes in 8-byte words (aligned for every dtype).
 pub struct SimBuffer {
@@ -14,7 +17,7 @@ pub struct SimBuffer {
     len: usize,
     words: Vec<u64>,
     /// The backend's write-failure switch, shared by every buffer.
-    fail_writes: &'static AtomicBool,
+    fail_writes: &'static AtomicUsize,
 }
 
 impl SimBuffer {
@@ -51,7 +54,7 @@ impl DeviceBuffer for SimBuffer {
     }
 
     fn write_from_host(&mut self, src: &[u8]) -> Result<()> {
-        if self.fail_writes.load(Ordering::SeqCst) {
+        if self.fail_writes.load(Ordering::SeqCst) == self.device + 1 {
             return Err(Error::Backend { backend: "sim", message: "injected write failure".into() });
         }
         self.bytes_mut().copy_from_slice(src);
@@ -77,8 +80,15 @@ pub struct SimDevice {
     pub reduces: AtomicUsize,
     /// Device-to-device copies.
     pub copies: AtomicUsize,
+    /// Whether `optimizer_step` runs (otherwise core stages the host rule).
+    pub fused: AtomicBool,
+    /// Optimizer steps run by the fused path.
+    pub fused_steps: AtomicUsize,
+    /// Page-locked host buffers handed out.
+    pub pinned_allocs: AtomicUsize,
     /// Makes every `write_from_host` fail.
-    pub fail_writes: &'static AtomicBool,
+    /// `d + 1` makes every `write_from_host` to device `d` fail (0: none fail).
+    pub fail_writes: &'static AtomicUsize,
 }
 
 impl SimDevice {
@@ -89,7 +99,10 @@ impl SimDevice {
             kernels: AtomicBool::new(true),
             reduces: AtomicUsize::new(0),
             copies: AtomicUsize::new(0),
-            fail_writes: Box::leak(Box::new(AtomicBool::new(false))),
+            fused: AtomicBool::new(true),
+            fused_steps: AtomicUsize::new(0),
+            pinned_allocs: AtomicUsize::new(0),
+            fail_writes: Box::leak(Box::new(AtomicUsize::new(0))),
         }
     }
 }
@@ -112,6 +125,162 @@ fn sum<T: Element>(inputs: &[&SimBuffer], out: &mut SimBuffer) {
         }
         *o = T::from_acc(acc);
     }
+}
+
+/// "Page-locked" host memory of the simulated backend: 64-byte aligned host memory.
+struct SimPinned {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+impl PinnedMemory for SimPinned {
+    fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.lines)[..self.len]
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut(&mut self.lines)[..self.len]
+    }
+}
+
+/// The compute types of the fused optimizer steps.
+trait Real: Copy + PartialOrd + std::ops::Add<Output = Self> + std::ops::Sub<Output = Self> {
+    fn of(x: f64) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn div(self, o: Self) -> Self;
+    fn sqrt(self) -> Self;
+    fn neg(self) -> Self;
+}
+
+macro_rules! real {
+    ($t:ty) => {
+        impl Real for $t {
+            fn of(x: f64) -> Self {
+                x as $t
+            }
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            fn div(self, o: Self) -> Self {
+                self / o
+            }
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            fn neg(self) -> Self {
+                -self
+            }
+        }
+    };
+}
+real!(f32);
+real!(f64);
+
+/// `x` clipped to `[-b, b]` when `b` is set.
+fn clip<R: Real>(x: R, b: Option<R>) -> R {
+    match b {
+        Some(b) if x > b => b,
+        Some(b) if x < b.neg() => b.neg(),
+        _ => x,
+    }
+}
+
+/// One element of a fused step, written exactly as `FusedRule` documents it (the
+/// reference for the CUDA kernels in kvstore-cuda/src/kernels.cu).
+fn fused_element<R: Real>(step: &FusedStep, w: &mut R, g: R, s: &mut [R]) {
+    let c = step.coefs.map(R::of);
+    let (bound, wbound) = (step.clip.map(R::of), step.clip_weights.map(R::of));
+    let (zero, one) = (R::of(0.0), R::of(1.0));
+    match (step.rule, s) {
+        (FusedRule::Sgd, _) => {
+            let [lr, wd, r, mu, ..] = c;
+            *w = *w + ((mu.mul(zero) - lr.mul(wd).mul(*w)) - lr.mul(clip(r.mul(g), bound)));
+        }
+        (FusedRule::SgdMomentum, [m, ..]) => {
+            let [lr, wd, r, mu, ..] = c;
+            *m = (mu.mul(*m) - lr.mul(wd).mul(*w)) - lr.mul(clip(r.mul(g), bound));
+            *w = *w + *m;
+        }
+        (FusedRule::Nag, _) => {
+            let [lr, wd, r, ..] = c;
+            *w = match bound {
+                Some(_) => (one - lr.mul(wd)).mul(*w) - lr.mul(clip(r.mul(g), bound)),
+                None => (one - lr.mul(wd)).mul(*w) - lr.mul(r).mul(g),
+            };
+        }
+        (FusedRule::NagMomentum, [m, ..]) => {
+            let [lr, wd, r, mu, ..] = c;
+            let rg = clip(r.mul(g), bound);
+            *m = mu.mul(*m);
+            *w = (*w - *m) + (mu + one).mul(*m - lr.mul(rg + wd.mul(*w)));
+            *m = *m - lr.mul(rg + wd.mul(*w));
+        }
+        (FusedRule::Adam, [m, v, ..]) => {
+            let [lr, wd, r, b1, b2, eps] = c;
+            let gr = clip(g.mul(r) + w.mul(wd), bound);
+            *m = b1.mul(*m) + (one - b1).mul(gr);
+            *v = b2.mul(*v) + (one - b2).mul(gr).mul(gr);
+            *w = *w - lr.mul(*m).div(v.sqrt() + eps);
+        }
+        (FusedRule::AdaGrad, [h, ..]) => {
+            let [neg_lr, wd, r, eps, ..] = c;
+            let gr = clip(g.mul(r), bound);
+            *h = *h + gr.mul(gr);
+            *w = *w + (gr.div((*h + eps).sqrt()) + w.mul(wd)).mul(neg_lr);
+        }
+        (FusedRule::RmsProp, [n, ..]) => {
+            let [lr, wd, r, g1, eps, _] = c;
+            let gr = clip(r.mul(g) + wd.mul(*w), bound);
+            *n = (one - g1).mul(gr.mul(gr)) + g1.mul(*n);
+            *w = clip(*w - lr.mul(gr.div((*n + eps).sqrt())), wbound);
+        }
+        (FusedRule::RmsPropCentered, [n, gb, d, ..]) => {
+            let [lr, wd, r, g1, g2, eps] = c;
+            let gr = clip(r.mul(g) + wd.mul(*w), bound);
+            *n = (one - g1).mul(gr).mul(gr) + g1.mul(*n);
+            *gb = (one - g1).mul(gr) + g1.mul(*gb);
+            *d = g2.mul(*d) - lr.mul(gr).div(((*n - gb.mul(*gb)) + eps).sqrt());
+            *w = clip(*w + *d, wbound);
+        }
+        _ => {}
+    }
+}
+
+/// A fused step over whole buffers: weights of `W`, computed in `R` (`to`/`from`
+/// convert a weight element; f16/bf16 round to nearest even).
+fn fused_run<W: Element, R: Real + Element>(
+    step: &FusedStep,
+    a: FusedArrays<'_>,
+    to: impl Fn(W) -> R,
+    from: impl Fn(R) -> W,
+) -> Result<()> {
+    let g: Vec<W> = sim(a.grad)?.typed::<W>().to_vec();
+    let w = sim_mut(a.weight)?;
+    let mut states: Vec<&mut SimBuffer> = a.states.into_iter().map(sim_mut).collect::<Result<_>>()?;
+    let mut master = a.master.map(sim_mut).transpose()?;
+    let mut s = vec![R::of(0.0); states.len()];
+    for (i, &gi) in g.iter().enumerate() {
+        for (x, b) in s.iter_mut().zip(&states) {
+            *x = b.typed::<R>()[i];
+        }
+        let mut wi = match &master {
+            Some(m) => m.typed::<R>()[i],
+            None => to(w.typed::<W>()[i]),
+        };
+        fused_element(step, &mut wi, to(gi), &mut s);
+        for (x, b) in s.iter().zip(states.iter_mut()) {
+            b.typed_mut::<R>()[i] = *x;
+        }
+        if let Some(m) = &mut master {
+            m.typed_mut::<R>()[i] = wi;
+        }
+        w.typed_mut::<W>()[i] = from(wi);
+    }
+    Ok(())
 }
 
 impl DeviceBackend for SimDevice {
@@ -152,5 +321,25 @@ impl DeviceBackend for SimDevice {
         }
         self.reduces.fetch_add(1, Ordering::SeqCst);
         Ok(true)
+    }
+
+    fn optimizer_step(&self, step: &FusedStep, a: FusedArrays<'_>) -> Result<bool> {
+        if !self.fused.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        match a.dtype {
+            DType::F32 => fused_run::<f32, f32>(step, a, |x| x, |x| x)?,
+            DType::F64 => fused_run::<f64, f64>(step, a, |x| x, |x| x)?,
+            DType::F16 => fused_run::<f16, f32>(step, a, f16::to_f32, f16::from_f32)?,
+            DType::BF16 => fused_run::<bf16, f32>(step, a, bf16::to_f32, bf16::from_f32)?,
+            _ => return Ok(false),
+        }
+        self.fused_steps.fetch_add(1, Ordering::SeqCst);
+        Ok(true)
+    }
+
+    fn alloc_pinned(&self, bytes: usize) -> Result<Option<Box<dyn PinnedMemory>>> {
+        self.pinned_allocs.fetch_add(1, Ordering::SeqCst);
+        Ok(Some(Box::new(SimPinned { lines: vec![Line([0; 64]); bytes.div_ceil(64)], len: bytes })))
     }
 }

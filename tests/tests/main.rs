@@ -12,3 +12,8 @@ mod golden;
 mod optimizer_states;
 mod optimizers;
 mod properties;
+
+/// The property tests run on `cpu(i)` contexts here.
+fn property_devices() -> Option<u32> {
+    Some(0)
+}

@@ -9,6 +9,7 @@
 //! the same way and must agree with the store bit for bit after every call.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kvstore_core::{Context, DType, Element, ErrorKind, KVStore, Key, Keys, NDArray, Updater, Values, bf16, f16};
@@ -16,6 +17,33 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::TestCaseError;
+
+// ----- contexts -----
+
+/// The devices the arrays of these tests spread over: 0 puts them on `cpu(i)` contexts.
+/// The binaries that include this module say which through `property_devices` (the
+/// simulated device backend's binary and kvstore-cuda's GPU binary run it on `gpu(i)`).
+static DEVICES: AtomicU32 = AtomicU32::new(0);
+
+/// The context of the `i`-th array of a call.
+fn ctx(i: usize) -> Context {
+    match DEVICES.load(Ordering::Relaxed) {
+        0 => Context::cpu(i as u32),
+        n => Context::gpu(i as u32 % n),
+    }
+}
+
+/// Takes the including binary's devices; `false` when it has none to run on (the test
+/// then passes without running: the binary has printed why).
+fn devices_ready() -> bool {
+    match super::property_devices() {
+        Some(n) => {
+            DEVICES.store(n, Ordering::Relaxed);
+            true
+        }
+        None => false,
+    }
+}
 
 // ----- data -----
 
@@ -233,7 +261,7 @@ fn check_store(kv: &KVStore, model: &mut Model, step: usize) -> Result<(), TestC
     prop_assert_eq!(updates, std::mem::take(&mut model.expected_updates), "step {}: updater calls", step);
     for name in &model.order {
         let slot = &model.slots[name];
-        let out = NDArray::zeros_with(&slot.spec.shape, slot.spec.dtype, Context::cpu(0))?;
+        let out = NDArray::zeros_with(&slot.spec.shape, slot.spec.dtype, ctx(0))?;
         kv.pull(name.as_str(), &out, 0)?;
         prop_assert_eq!(out.to_f64_vec()?, slot.values.clone(), "step {}: key {:?}", step, name);
     }
@@ -441,8 +469,7 @@ fn side(
     }
     let mut data: Vec<Vec<f64>> =
         specs.iter().map(|s| (0..s.size()).map(|_| fill.value(rng, s.dtype)).collect()).collect();
-    let mut arrays: Vec<NDArray> =
-        specs.iter().zip(&data).map(|(s, d)| array(s, d, Context::cpu(rng.below(4) as u32))).collect();
+    let mut arrays: Vec<NDArray> = specs.iter().zip(&data).map(|(s, d)| array(s, d, ctx(rng.below(4)))).collect();
     if share && total >= 2 && specs[0] == specs[1] {
         data[1] = data[0].clone();
         arrays[1] = arrays[0].clone();
@@ -751,6 +778,9 @@ proptest! {
         first in init_op(Just(Fault::None)),
         ops in vec(op(), 1..48),
     ) {
+        if !devices_ready() {
+            return Ok(());
+        }
         let kv = KVStore::builder(kind).num_threads(threads).build()?;
         let mut model = Model::default();
         run_op(&kv, &mut model, &Op::SetUpdater(accumulating), 0)?;
@@ -772,8 +802,11 @@ proptest! {
         duplicate in any::<bool>(),
         spec in spec(),
     ) {
+        if !devices_ready() {
+            return Ok(());
+        }
         let kv = KVStore::create("local")?;
-        let one = |s: &Spec| array(s, &vec![1.0; s.size()], Context::cpu(0));
+        let one = |s: &Spec| array(s, &vec![1.0; s.size()], ctx(0));
         for k in 0..held {
             kv.init(k as i32, &one(&spec))?;
         }
@@ -805,6 +838,9 @@ proptest! {
         accumulating in any::<bool>(),
         seed in any::<u64>(),
     ) {
+        if !devices_ready() {
+            return Ok(());
+        }
         let rng = &mut Rng(seed);
         let kv = KVStore::create("local")?;
         let mut model = Model::default();
@@ -812,7 +848,7 @@ proptest! {
         let names: Vec<String> = (0..specs.len()).map(|k| format!("k{k}")).collect();
         for (name, spec) in names.iter().zip(&specs) {
             let data: Vec<f64> = (0..spec.size()).map(|_| Fill::Stored.value(rng, spec.dtype)).collect();
-            kv.init(name.as_str(), &array(spec, &data, Context::cpu(0)))?;
+            kv.init(name.as_str(), &array(spec, &data, ctx(0)))?;
             model.init(name, spec.clone(), data);
         }
         // Every key once, then some again: a list with repeats.
@@ -821,7 +857,7 @@ proptest! {
             owners.iter().map(|&k| (0..specs[k].size()).map(|_| Fill::Pushed.value(rng, specs[k].dtype)).collect()).collect();
         let mut keys: Vec<String> = owners.iter().map(|&k| names[k].clone()).collect();
         let mut values: Vec<NDArray> =
-            owners.iter().zip(&data).map(|(&k, d)| array(&specs[k], d, Context::cpu(rng.below(4) as u32))).collect();
+            owners.iter().zip(&data).map(|(&k, d)| array(&specs[k], d, ctx(rng.below(4)))).collect();
         let p = at % keys.len();
         let spec = &specs[owners[p]];
         let expected = match mistake {
@@ -831,12 +867,12 @@ proptest! {
             }
             1 => {
                 let shape = wrong_shape(&spec.shape, at % 2 == 0);
-                values[p] = array(&Spec { shape: shape.clone(), dtype: spec.dtype }, &vec![1.0; shape.iter().product()], Context::cpu(0));
+                values[p] = array(&Spec { shape: shape.clone(), dtype: spec.dtype }, &vec![1.0; shape.iter().product()], ctx(0));
                 ErrorKind::ShapeMismatch
             }
             _ => {
                 let dtype = if spec.dtype == DType::F64 { DType::F32 } else { DType::F64 };
-                values[p] = array(&Spec { shape: spec.shape.clone(), dtype }, &vec![1.0; spec.size()], Context::cpu(0));
+                values[p] = array(&Spec { shape: spec.shape.clone(), dtype }, &vec![1.0; spec.size()], ctx(0));
                 ErrorKind::DTypeMismatch
             }
         };
@@ -869,7 +905,7 @@ fn scattered_arrays(rng: &mut Rng, dtype: DType, n: usize, count: usize) -> Vec<
     (0..count)
         .map(|i| {
             let raw: Vec<f32> = (0..n).map(|_| scattered(rng)).collect();
-            let ctx = Context::cpu(i as u32 % 4);
+            let ctx = ctx(i % 4);
             match dtype {
                 DType::F16 => {
                     let v: Vec<f16> = raw.iter().map(|&x| f16::from_f32(x)).collect();
@@ -919,6 +955,9 @@ proptest! {
         odd in 0usize..64,
         seed in any::<u64>(),
     ) {
+        if !devices_ready() {
+            return Ok(());
+        }
         let rng = &mut Rng(seed);
         // Over 1 MiB per array, so that the store splits it across its threads; an odd
         // length, so that the last chunk is short.
@@ -935,7 +974,7 @@ proptest! {
             .collect();
         for threads in [1, 2, 4] {
             let kv = KVStore::builder("local").num_threads(threads).build()?;
-            let out = NDArray::zeros_with(&[n], dtype, Context::cpu(0))?;
+            let out = NDArray::zeros_with(&[n], dtype, ctx(0))?;
             kv.init("big", &out)?;
             kv.push("big", &big_values, 0)?;
             kv.pull("big", &out, 0)?;
@@ -946,7 +985,7 @@ proptest! {
             kv.pull("big", &out, 0)?;
             prop_assert!(bits(&out)? == expected_big, "{} threads: repeated-key list of {}", threads, dtype);
             let mid_outs: Vec<NDArray> =
-                (0..4).map(|_| NDArray::zeros_with(&[20_000 + odd], dtype, Context::cpu(0))).collect::<Result<_, _>>()?;
+                (0..4).map(|_| NDArray::zeros_with(&[20_000 + odd], dtype, ctx(0))).collect::<Result<_, _>>()?;
             kv.init(&mid_keys[..4], &mid_outs)?;
             kv.push(&mid_keys, &mid_values, 0)?;
             kv.pull(&mid_keys[..4], &mid_outs, 0)?;

@@ -13,12 +13,27 @@ use kvstore_tests::device_checks::{self, bits, push_sum, values};
 use kvstore_tests::sim_device::SimDevice;
 
 const DEVICES: u32 = 4;
+/// The device of the write-failure test.
+const FAULTY: u32 = DEVICES;
+
+/// The property tests against the reference model (tests/properties.rs), on the
+/// simulated devices.
+#[path = "properties.rs"]
+mod properties;
+
+/// The property tests run on `gpu(0)` to `gpu(3)` of the simulated backend here.
+fn property_devices() -> Option<u32> {
+    sim();
+    Some(DEVICES)
+}
 
 /// The backend, installed once for this process.
 fn sim() -> &'static Arc<SimDevice> {
     static SIM: OnceLock<Arc<SimDevice>> = OnceLock::new();
     SIM.get_or_init(|| {
-        let sim = Arc::new(SimDevice::new(DEVICES as usize));
+        // One more device than the tests spread over: gpu(FAULTY) is the one whose writes
+        // are made to fail, which no other test uses.
+        let sim = Arc::new(SimDevice::new(DEVICES as usize + 1));
         kvstore_core::register_backend(sim.clone()).expect("register the sim backend");
         sim
     })
@@ -122,9 +137,9 @@ fn an_optimizer_updates_device_weights_as_on_the_host() {
 #[test]
 fn devices_the_backend_lacks_are_unavailable() {
     sim();
-    let e = NDArray::zeros_with(&[2], DType::F32, Context::gpu(DEVICES)).expect_err("gpu(4)");
+    let e = NDArray::zeros_with(&[2], DType::F32, Context::gpu(DEVICES + 1)).expect_err("gpu(5)");
     assert_eq!(e.kind(), ErrorKind::DeviceUnavailable);
-    assert!(e.to_string().contains("gpu(4)") && e.to_string().contains("4 devices"), "{e}");
+    assert!(e.to_string().contains("gpu(5)") && e.to_string().contains("5 devices"), "{e}");
     let kv = KVStore::create("local").expect("store");
     kv.init("a", &NDArray::zeros(&[2]).expect("a")).expect("init");
     let e = kv
@@ -137,16 +152,16 @@ fn devices_the_backend_lacks_are_unavailable() {
 fn a_failed_device_write_is_an_error_and_marks_the_array() {
     let _s = switches();
     let sim = sim();
-    let a = NDArray::full_with(&[3], 1.0, DType::F32, Context::gpu(0)).expect("a");
-    sim.fail_writes.store(true, Ordering::SeqCst);
+    let a = NDArray::full_with(&[3], 1.0, DType::F32, Context::gpu(FAULTY)).expect("a");
+    sim.fail_writes.store(FAULTY as usize + 1, Ordering::SeqCst);
     let e = a.add_assign(1.0);
-    sim.fail_writes.store(false, Ordering::SeqCst);
+    sim.fail_writes.store(0, Ordering::SeqCst);
     assert_eq!(e.expect_err("injected failure").kind(), ErrorKind::Backend);
     let later = a.to_vec::<f32>().expect_err("the array is faulty");
     assert_eq!(later.kind(), ErrorKind::Backend);
     assert!(later.to_string().contains("writing the array back"), "{later}");
     // Other arrays are unaffected.
-    let b = NDArray::full_with(&[3], 1.0, DType::F32, Context::gpu(0)).expect("b");
+    let b = NDArray::full_with(&[3], 1.0, DType::F32, Context::gpu(FAULTY)).expect("b");
     assert_eq!(b.add(1.0).and_then(|c| c.to_vec::<f32>()).expect("b + 1"), vec![2.0; 3]);
 }
 
@@ -177,4 +192,69 @@ impl kvstore_core::DeviceBackend for Other {
     ) -> kvstore_core::Result<()> {
         Err(kvstore_core::Error::Internal("unused".into()))
     }
+}
+
+#[test]
+fn fused_optimizer_steps_give_the_host_bits() {
+    let _s = switches();
+    let sim = sim();
+    let gpus: Vec<Context> = (0..DEVICES).map(Context::gpu).collect();
+    let before = sim.fused_steps.load(Ordering::SeqCst);
+    device_checks::optimizers_match_the_host(&gpus);
+    assert!(sim.fused_steps.load(Ordering::SeqCst) > before, "no update ran as a fused step");
+    // Without the backend's fused step, the same updates run staged through the host.
+    sim.fused.store(false, Ordering::SeqCst);
+    let staged = std::panic::catch_unwind(|| device_checks::optimizers_match_the_host(&gpus[1..3]));
+    sim.fused.store(true, Ordering::SeqCst);
+    assert!(staged.is_ok(), "the staged updates differ from the host's");
+}
+
+#[test]
+fn every_fused_rule_runs_fused() {
+    let _s = switches();
+    let sim = sim();
+    let gpus = [Context::gpu(2), Context::gpu(2)];
+    for &(name, params) in device_checks::OPTIMIZERS {
+        let before = sim.fused_steps.load(Ordering::SeqCst);
+        device_checks::optimized("device", name, params, DType::F32, &gpus);
+        let fused = sim.fused_steps.load(Ordering::SeqCst) - before;
+        let expected = if matches!(name, "adadelta" | "nadam") { 0 } else { 3 };
+        assert_eq!(fused, expected, "{name} {params:?}: fused steps");
+    }
+}
+
+#[test]
+fn keys_are_spread_over_devices_by_size() {
+    sim();
+    device_checks::keys_spread_over_devices_by_size(DEVICES);
+}
+
+#[test]
+fn local_stores_stage_device_values_through_reused_pinned_buffers() {
+    let _s = switches();
+    let sim = sim();
+    let kv = KVStore::create("local").expect("store");
+    let before = sim.pinned_allocs.load(Ordering::SeqCst);
+    kv.init("w", &values(300, 1, DType::F32, Context::gpu(0))).expect("init");
+    assert_eq!(sim.pinned_allocs.load(Ordering::SeqCst) - before, 1, "the value lives in pinned memory");
+    assert_eq!(kv.context_of("w").expect("context"), Context::cpu(0));
+    let vals = [
+        values(300, 2, DType::F32, Context::gpu(1)),
+        values(300, 3, DType::F32, Context::cpu(0)),
+        values(300, 4, DType::F32, Context::gpu(3)),
+    ];
+    let host: Vec<NDArray> = vals.iter().map(|v| v.copy_to(Context::cpu(0)).expect("host copy")).collect();
+    let reference = KVStore::create("local").expect("store");
+    reference.init("w", &values(300, 1, DType::F32, Context::cpu(0))).expect("init");
+    let before = sim.pinned_allocs.load(Ordering::SeqCst);
+    for _ in 0..3 {
+        kv.push("w", &vals, 0).expect("push");
+        reference.push("w", &host, 0).expect("push");
+    }
+    assert_eq!(sim.pinned_allocs.load(Ordering::SeqCst) - before, 2, "one staging buffer per device value, kept");
+    let out = NDArray::zeros_with(&[300], DType::F32, Context::gpu(2)).expect("out");
+    kv.pull("w", &out, 0).expect("pull");
+    let expected = NDArray::zeros(&[300]).expect("out");
+    reference.pull("w", &expected, 0).expect("pull");
+    assert_eq!(bits(&out), bits(&expected));
 }

@@ -25,10 +25,11 @@ use std::fmt;
 
 use half::{bf16, f16};
 
+use crate::device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::ndarray::NDArray;
+use crate::ndarray::{NDArray, Storage};
 
 pub use scheduler::{LrScheduler, WarmupMode};
 
@@ -528,6 +529,9 @@ impl Runtime {
         grad: &NDArray,
         st: &mut KeyState,
     ) -> Result<()> {
+        if values.is_empty() && self.fused(step, weight, grad, st)? {
+            return Ok(());
+        }
         let rule = &*self.opt.rule;
         match (weight.dtype(), &st.master) {
             (DType::F64, _) => {
@@ -570,6 +574,51 @@ impl Runtime {
             }
         }
         Ok(())
+    }
+}
+
+impl Runtime {
+    /// The update as the device backend's fused kernel, when the weight, the gradient
+    /// and the states are on its devices and it has one for the rule: `Ok(false)`
+    /// otherwise (the caller runs the host rule on staged copies).
+    fn fused(&self, step: &Step, weight: &NDArray, grad: &NDArray, st: &KeyState) -> Result<bool> {
+        let arrays = || std::iter::once(grad).chain(&st.states).chain(&st.master);
+        if !weight.on_device() || !arrays().all(NDArray::on_device) || arrays().any(|a| a.same_storage(weight)) {
+            return Ok(false);
+        }
+        let (Some(backend), Some(fused)) = (device::backend(), self.opt.rule.fused(step, weight.dtype() == DType::F64))
+        else {
+            return Ok(false);
+        };
+        // Locks in a fixed order: the gradient, the weight, the states, the master copy
+        // (the store holds the key, so no other thread locks the last three).
+        let g = grad.storage()?;
+        let mut w = weight.storage_mut()?;
+        let mut states: Vec<_> = st.states.iter().map(NDArray::storage_mut).collect::<Result<_>>()?;
+        let mut master = st.master.as_ref().map(NDArray::storage_mut).transpose()?;
+        let (Storage::Device(g), Some(w)) = (&*g, device_buffer(&mut w)) else { return Ok(false) };
+        let Some(states) = states.iter_mut().map(|s| device_buffer(s)).collect::<Option<Vec<_>>>() else {
+            return Ok(false);
+        };
+        let master = match master.as_deref_mut() {
+            Some(m) => Some(device_buffer(m).ok_or_else(|| Error::Internal("master copy not on the device".into()))?),
+            None => None,
+        };
+        let arrays = device::FusedArrays { dtype: weight.dtype(), weight: w, grad: &**g, states, master };
+        let done = backend.optimizer_step(&fused, arrays);
+        if let Err(e) = &done {
+            // The kernel may have stopped half way: the weight's contents are unknown.
+            weight.mark_faulty(format!("the fused {:?} step failed: {e}", fused.rule));
+        }
+        done
+    }
+}
+
+/// The device buffer of a storage, if it is one.
+fn device_buffer(s: &mut Storage) -> Option<&mut dyn device::DeviceBuffer> {
+    match s {
+        Storage::Device(d) => Some(&mut **d),
+        Storage::Host(_) => None,
     }
 }
 

@@ -19,6 +19,7 @@
 
 use num_traits::Float;
 
+use crate::device::{FusedRule, FusedStep};
 use crate::error::{Error, Result};
 
 /// What one update of one key needs besides the arrays.
@@ -133,6 +134,32 @@ pub(crate) trait Rule: Send + Sync {
 
     /// Updates `w` with gradient `g` in f64.
     fn update_f64(&self, s: &Step, global: &mut [f64], w: &mut [f64], g: &[f64], st: &mut [&mut [f64]]);
+
+    /// The same update as a fused device kernel's step (computing in f64 when `f64`,
+    /// else in f32), for rules that have one: the scalars are the ones `update_*` uses.
+    fn fused(&self, s: &Step, f64: bool) -> Option<FusedStep> {
+        let _ = (s, f64);
+        None
+    }
+}
+
+/// A [`FusedStep`] from scalars of the compute type `R`.
+fn fused_step<R: Float>(rule: FusedRule, coefs: &[R], clip: Option<R>, clip_weights: Option<R>) -> FusedStep {
+    let f = |x: R| x.to_f64().unwrap_or(f64::NAN);
+    let mut c = [0.0; 6];
+    for (d, &x) in c.iter_mut().zip(coefs) {
+        *d = f(x);
+    }
+    FusedStep { rule, coefs: c, clip: clip.map(f), clip_weights: clip_weights.map(f) }
+}
+
+/// Implements [`Rule::fused`] by a rule's generic `fused_in::<R>`.
+macro_rules! fused_rule {
+    () => {
+        fn fused(&self, s: &Step, f64: bool) -> Option<FusedStep> {
+            Some(if f64 { self.fused_in::<f64>(s) } else { self.fused_in::<f32>(s) })
+        }
+    };
 }
 
 /// Implements both `update_*` methods of a rule by its generic `apply`.
@@ -195,15 +222,24 @@ pub(crate) struct Sgd {
 }
 
 impl Sgd {
-    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
-        let k = MultiSgd {
+    fn params<R: Float>(&self, s: &Step) -> MultiSgd<R> {
+        MultiSgd {
             lr: kp(s.lr),
             wd: kp(s.wd),
             rescale: kp(s.rescale),
             clip: s.kernel_clip(),
             momentum: if self.momentum > 0.0 { kp(self.momentum) } else { R::zero() },
-        };
-        k.run(w, g, st.first_mut().map(|m| &mut **m));
+        }
+    }
+
+    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+        self.params::<R>(s).run(w, g, st.first_mut().map(|m| &mut **m));
+    }
+
+    fn fused_in<R: Float>(&self, s: &Step) -> FusedStep {
+        let k = self.params::<R>(s);
+        let rule = if self.momentum > 0.0 { FusedRule::SgdMomentum } else { FusedRule::Sgd };
+        fused_step(rule, &[k.lr, k.wd, k.rescale, k.momentum], k.clip, None)
     }
 }
 
@@ -212,6 +248,7 @@ impl Rule for Sgd {
         if self.momentum > 0.0 { &["momentum"] } else { &[] }
     }
     float_rule!();
+    fused_rule!();
 }
 
 /// Nesterov momentum (`nag_mom_update`; `sgd_update` without momentum).
@@ -220,8 +257,18 @@ pub(crate) struct Nag {
 }
 
 impl Nag {
+    fn params<R: Float>(s: &Step) -> (R, R, R, Option<R>) {
+        (kp::<R>(s.lr), kp::<R>(s.wd), kp::<R>(s.rescale), s.kernel_clip::<R>())
+    }
+
+    fn fused_in<R: Float>(&self, s: &Step) -> FusedStep {
+        let (lr, wd, r, c) = Self::params::<R>(s);
+        let rule = if self.momentum > 0.0 { FusedRule::NagMomentum } else { FusedRule::Nag };
+        fused_step(rule, &[lr, wd, r, kp::<R>(self.momentum)], c, None)
+    }
+
     fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
-        let (lr, wd, r, c) = (kp::<R>(s.lr), kp::<R>(s.wd), kp::<R>(s.rescale), s.kernel_clip::<R>());
+        let (lr, wd, r, c) = Self::params::<R>(s);
         match st.first_mut() {
             Some(mom) if self.momentum > 0.0 => {
                 let mu = kp::<R>(self.momentum);
@@ -255,6 +302,7 @@ impl Rule for Nag {
         if self.momentum > 0.0 { &["momentum"] } else { &[] }
     }
     float_rule!();
+    fused_rule!();
 }
 
 /// Adam (`adam_update`; the bias correction is folded into lr in Python, in f64).
@@ -265,13 +313,23 @@ pub(crate) struct Adam {
 }
 
 impl Adam {
-    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
-        let [mean, var] = st else { return };
+    /// `[lr, wd, rescale, beta1, beta2, epsilon]` (lr bias-corrected) and the clip.
+    fn params<R: Float>(&self, s: &Step) -> ([R; 6], Option<R>) {
         let coef1 = 1.0 - powt(self.beta1, s.t);
         let coef2 = 1.0 - powt(self.beta2, s.t);
         let lr = kp::<R>(s.lr * (coef2.sqrt() / coef1));
-        let (wd, r, c) = (kp::<R>(s.wd), kp::<R>(s.rescale), s.kernel_clip::<R>());
-        let (b1, b2, eps) = (kp::<R>(self.beta1), kp::<R>(self.beta2), kp::<R>(self.epsilon));
+        let (wd, r) = (kp::<R>(s.wd), kp::<R>(s.rescale));
+        ([lr, wd, r, kp::<R>(self.beta1), kp::<R>(self.beta2), kp::<R>(self.epsilon)], s.kernel_clip::<R>())
+    }
+
+    fn fused_in<R: Float>(&self, s: &Step) -> FusedStep {
+        let (k, c) = self.params::<R>(s);
+        fused_step(FusedRule::Adam, &k, c, None)
+    }
+
+    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+        let [mean, var] = st else { return };
+        let ([lr, wd, r, b1, b2, eps], c) = self.params::<R>(s);
         for (((w, &g), m), v) in w.iter_mut().zip(g).zip(mean.iter_mut()).zip(var.iter_mut()) {
             let gr = clip(g * r + *w * wd, c);
             *m = b1 * *m + (R::one() - b1) * gr;
@@ -286,6 +344,7 @@ impl Rule for Adam {
         &["mean", "var"]
     }
     float_rule!();
+    fused_rule!();
 }
 
 /// AdaGrad (dense: Python NDArray arithmetic).
@@ -294,10 +353,19 @@ pub(crate) struct AdaGrad {
 }
 
 impl AdaGrad {
+    /// `(rescale, clip, eps, wd, -lr)`.
+    fn params<R: Float>(&self, s: &Step) -> (R, Option<R>, R, R, R) {
+        (sc::<R>(s.rescale), s.nd_clip::<R>(), sc::<R>(self.eps), sc::<R>(s.wd), sc::<R>(-s.lr))
+    }
+
+    fn fused_in<R: Float>(&self, s: &Step) -> FusedStep {
+        let (r, c, eps, wd, neg_lr) = self.params::<R>(s);
+        fused_step(FusedRule::AdaGrad, &[neg_lr, wd, r, eps], c, None)
+    }
+
     fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
         let [history] = st else { return };
-        let (r, c, eps, wd, neg_lr) =
-            (sc::<R>(s.rescale), s.nd_clip::<R>(), sc::<R>(self.eps), sc::<R>(s.wd), sc::<R>(-s.lr));
+        let (r, c, eps, wd, neg_lr) = self.params::<R>(s);
         for ((w, &g), h) in w.iter_mut().zip(g).zip(history.iter_mut()) {
             let g = clip(g * r, c);
             *h = *h + g * g;
@@ -312,6 +380,7 @@ impl Rule for AdaGrad {
         &["history"]
     }
     float_rule!();
+    fused_rule!();
 }
 
 /// RMSProp: Tieleman & Hinton (`rmsprop_update`) or, centered, Graves
@@ -325,10 +394,24 @@ pub(crate) struct RmsProp {
 }
 
 impl RmsProp {
+    /// `[lr, wd, rescale, gamma1, gamma2, epsilon]`, the gradient clip and the weight
+    /// clip.
+    fn params<R: Float>(&self, s: &Step) -> ([R; 6], Option<R>, Option<R>) {
+        let k = [s.lr, s.wd, s.rescale, self.gamma1, self.gamma2, self.epsilon].map(kp::<R>);
+        (k, s.kernel_clip::<R>(), self.clip_weights.filter(|&v| v > 0.0).map(kp::<R>))
+    }
+
+    fn fused_in<R: Float>(&self, s: &Step) -> FusedStep {
+        let ([lr, wd, r, g1, g2, eps], c, cw) = self.params::<R>(s);
+        if self.centered {
+            fused_step(FusedRule::RmsPropCentered, &[lr, wd, r, g1, g2, eps], c, cw)
+        } else {
+            fused_step(FusedRule::RmsProp, &[lr, wd, r, g1, eps], c, cw)
+        }
+    }
+
     fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
-        let (lr, wd, r, c) = (kp::<R>(s.lr), kp::<R>(s.wd), kp::<R>(s.rescale), s.kernel_clip::<R>());
-        let (g1, g2, eps) = (kp::<R>(self.gamma1), kp::<R>(self.gamma2), kp::<R>(self.epsilon));
-        let cw = self.clip_weights.filter(|&v| v > 0.0).map(kp::<R>);
+        let ([lr, wd, r, g1, g2, eps], c, cw) = self.params::<R>(s);
         match st {
             [n] if !self.centered => {
                 for ((w, &g), n) in w.iter_mut().zip(g).zip(n.iter_mut()) {
@@ -357,6 +440,7 @@ impl Rule for RmsProp {
         if self.centered { &["n", "g", "delta"] } else { &["n"] }
     }
     float_rule!();
+    fused_rule!();
 }
 
 /// AdaDelta (Python NDArray arithmetic; the learning rate is not used).
