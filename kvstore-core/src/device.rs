@@ -10,7 +10,8 @@
 //! code, and written back), so every operation is correct on every backend, with
 //! results bit-identical to the host's. The optional methods are the fast paths: a
 //! backend that implements them (a reduction kernel) keeps the data on the device, and
-//! must give the same bits as the host code: a reduction kernel, fused optimizer
+//! must give the same bits as the host code (NaN results excepted: a NaN stays a NaN,
+//! but its sign and payload may be the device's canonical ones): a reduction kernel, fused optimizer
 //! steps, and page-locked ("pinned") host memory for the buffers that `local` stores
 //! stage device values through.
 
@@ -189,8 +190,7 @@ pub trait DeviceBackend: Send + Sync {
         Ok(false)
     }
 
-    /// Page-locked host memory of `bytes` bytes (any contents: core zeroes it), for
-    /// staging buffers; `None`
+    /// Page-locked host memory of `bytes` bytes, zeroed, for staging buffers; `None`
     /// when the backend has none (core then uses ordinary memory).
     ///
     /// # Errors

@@ -52,11 +52,10 @@ impl HostBuf {
     fn pinned(len: usize) -> Result<Self> {
         if len > 0
             && let Some(backend) = device::backend()
-            && let Some(mut mem) = backend.alloc_pinned(len)?
+            && let Some(mem) = backend.alloc_pinned(len)?
         {
             let fits = mem.bytes().len() >= len && (mem.bytes().as_ptr() as usize).is_multiple_of(64);
             if fits {
-                mem.bytes_mut()[..len].fill(0);
                 return Ok(HostBuf { mem: HostMem::Pinned(mem), len });
             }
         }

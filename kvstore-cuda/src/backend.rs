@@ -171,6 +171,23 @@ impl Device {
         compiled.as_ref().map_err(|e| backend_error("compiling the kernels", e))
     }
 
+    /// The kernels, or `None` when they cannot be compiled or loaded here (no NVRTC
+    /// library, a driver older than the NVRTC): the caller then answers "no kernel" and
+    /// core stages the work through the host, with the same results. Said once on
+    /// standard error, since it costs speed.
+    fn kernels_or_staging(&self) -> Option<&Kernels> {
+        match self.kernels() {
+            Ok(k) => Some(k),
+            Err(e) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    eprintln!("kvstore-cuda: no GPU kernels ({e}); sums and updates stage through host memory")
+                });
+                None
+            }
+        }
+    }
+
     fn sync(&self) -> Result<()> {
         self.stream.synchronize().map_err(|e| backend_error("synchronising the stream", e))
     }
@@ -334,7 +351,8 @@ impl DeviceBackend for CudaBackend {
             return Ok(true);
         }
         let dev = out.device.clone();
-        let kernel = &dev.kernels()?.reduce[DType::ALL.iter().position(|&d| d == dtype).unwrap_or(0)];
+        let Some(kernels) = dev.kernels_or_staging() else { return Ok(false) };
+        let kernel = &kernels.reduce[DType::ALL.iter().position(|&d| d == dtype).unwrap_or(0)];
         // Inputs on other devices are first copied to the output's device; the copies
         // live until the synchronisation below.
         let mut staged: Vec<CudaSlice<u8>> = Vec::new();
@@ -375,7 +393,7 @@ impl DeviceBackend for CudaBackend {
         // table, int k, u64 n): `out` holds n elements of the dtype; the k input
         // pointers (in `inline` when k <= INLINE, else in `table`) point to buffers of n
         // elements on this device (inputs or their staged copies, alive until the
-        // synchronisation below), each a whole allocation and so 16-byte aligned for
+        // synchronisation below), each a whole allocation and so aligned for
         // the vector loads; the grid covers n with a stride loop.
         unsafe { launch.launch(cfg) }.map_err(|e| backend_error("launching the reduction", e))?;
         dev.sync()?;
@@ -406,7 +424,8 @@ impl DeviceBackend for CudaBackend {
             return Ok(true);
         }
         let dev = w.device.clone();
-        let kernel = &dev.kernels()?.opt[kernel_at];
+        let Some(kernels) = dev.kernels_or_staging() else { return Ok(false) };
+        let kernel = &kernels.opt[kernel_at];
         let ptr = |b: &CudaBuffer| b.data.device_ptr(&dev.stream).0;
         let [s0, s1, s2] = [0, 1, 2].map(|i| states.get(i).map_or(0, |b| ptr(b)));
         let m = master.map_or(0, ptr);
@@ -436,12 +455,15 @@ impl DeviceBackend for CudaBackend {
         let dev = self.device(0)?;
         // Portable: usable from every device's context. Not write-combined: the host
         // reads these buffers (it sums them).
-        // SAFETY: the memory is uninitialised; core zeroes it before any read.
+        // SAFETY: the memory is uninitialised until the write_bytes below, and nothing
+        // reads it before.
         let mut slice = unsafe {
             dev.ctx.alloc_pinned_with_flags::<u8>(bytes.max(1), cudarc::driver::sys::CU_MEMHOSTALLOC_PORTABLE)
         }
         .map_err(|e| backend_error("allocating page-locked memory", e))?;
         let ptr = slice.as_mut_ptr().map_err(|e| backend_error("page-locked memory", e))?;
+        // SAFETY: `ptr` points to `bytes.max(1)` writable bytes owned by `slice`.
+        unsafe { std::ptr::write_bytes(ptr, 0, bytes.max(1)) };
         Ok(Some(Box::new(Pinned { _slice: slice, ptr, len: bytes })))
     }
 }

@@ -1,6 +1,8 @@
 // Kernels of kvstore-cuda, compiled at run time by NVRTC with --fmad=false (no fused
 // multiply-add contraction), IEEE division and square root, no flush to zero: every
-// operation rounds as the host's does, so results are the host's bits.
+// operation rounds as the host's does, so results are the host's bits. One exception:
+// a NaN result is a NaN on both, but the GPU's is the canonical NaN while the host keeps
+// the sign and payload of the NaN it came from.
 
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -32,7 +34,7 @@ __device__ __forceinline__ u16 f2b(float f) {
 //
 // Up to KV_INLINE input pointers come by value in the parameters (no upload); more come
 // in a device table. Each thread moves 16 bytes per input per step (one vector load;
-// every buffer is a whole allocation, so 256-byte aligned), then the tail element by
+// every buffer is a whole allocation, aligned for any type), then the tail element by
 // element.
 
 #define KV_INLINE 8

@@ -606,8 +606,8 @@ impl Runtime {
         };
         let arrays = device::FusedArrays { dtype: weight.dtype(), weight: w, grad: &**g, states, master };
         let done = backend.optimizer_step(&fused, arrays);
-        if let Err(e) = &done {
-            // The kernel may have stopped half way: the weight's contents are unknown.
+        if let Err(e @ Error::Backend { .. }) = &done {
+            // The device failed while running the step: the weight's contents are unknown.
             weight.mark_faulty(format!("the fused {:?} step failed: {e}", fused.rule));
         }
         done
