@@ -459,10 +459,8 @@ impl KVStore {
         new.sort_by_key(|(_, g)| std::cmp::Reverse(bytes(g)));
         let mut load = self.placement.lock();
         for (i, g) in new {
-            let mut devices: Vec<Context> = g.arrays.iter().map(|a| a.context()).filter(|c| !c.is_cpu()).collect();
-            devices.sort_by_key(|c| c.device_id());
-            devices.dedup();
-            let Some(&home) = devices.iter().min_by_key(|c| (load.get(c).copied().unwrap_or(0), c.device_id())) else {
+            let devices = g.arrays.iter().map(|a| a.context()).filter(|c| !c.is_cpu());
+            let Some(home) = devices.min_by_key(|c| (load.get(c).copied().unwrap_or(0), c.device_id())) else {
                 continue;
             };
             guards[i].move_to(home)?;
@@ -1012,21 +1010,32 @@ impl KVStore {
         for (g, &i) in pull.iter().zip(&pull_slots) {
             check_group(op, "out", g, &guards[i].value)?;
         }
-        // What is summed for each key: the pushed arrays, or (`local` stores) their
-        // staged host copies.
-        let pushed: Vec<Vec<NDArray>> = match self.mode {
-            Mode::Local => {
-                push.iter().zip(&push_slots).map(|(g, &i)| stage(&mut guards[i], &g.arrays)).collect::<Result<_>>()?
-            }
-            _ => push.iter().map(|g| g.arrays.iter().map(|&a| a.clone()).collect()).collect(),
+        // `local` stores sum the staged host copies of values on devices.
+        let staged: Vec<Option<Vec<NDArray>>> = match self.mode {
+            Mode::Local => push
+                .iter()
+                .zip(&push_slots)
+                .map(|(g, &i)| {
+                    let on_device = g.arrays.iter().any(|a| a.on_device());
+                    on_device.then(|| stage(&mut guards[i], &g.arrays)).transpose()
+                })
+                .collect::<Result<_>>()?,
+            _ => Vec::new(),
         };
-        let push: Vec<Group<'_>> = push
-            .iter()
-            .zip(&pushed)
-            .map(|(g, arrays)| Group { entry: Arc::clone(&g.entry), arrays: arrays.iter().collect() })
-            .collect();
+        let restaged: Vec<Group<'_>> = if staged.iter().any(Option::is_some) {
+            push.iter()
+                .zip(&staged)
+                .map(|(g, s)| Group {
+                    entry: Arc::clone(&g.entry),
+                    arrays: s.as_ref().map_or_else(|| g.arrays.clone(), |a| a.iter().collect()),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let push: &[Group<'_>] = if restaged.is_empty() { &push } else { &restaged };
         if self.mode == Mode::Device {
-            self.place(&push, &push_slots, &mut guards)?;
+            self.place(push, &push_slots, &mut guards)?;
         }
         let merger = self.merger.read().clone();
         match merger {

@@ -178,17 +178,17 @@ pub mod device_checks {
             assert_eq!(kv.context_of(k.as_str()).expect("context"), Context::cpu(0));
         }
         let devices: Vec<Context> = (0..count).map(Context::gpu).collect();
-        let push = |keys: &[String]| {
+        let push = || {
             let (ks, vs): (Vec<&str>, Vec<NDArray>) = keys
                 .iter()
-                .flat_map(|k| {
-                    let n = sizes[keys_index(k)];
+                .zip(&sizes)
+                .flat_map(|(k, &n)| {
                     devices.iter().map(move |&d| (k.as_str(), NDArray::ones_with(&[n], DType::F32, d).expect("value")))
                 })
                 .unzip();
             kv.push(ks, &vs, 0).expect("push");
         };
-        push(&keys);
+        push();
         // The expected placement: biggest first, each to the least loaded device.
         let mut order: Vec<usize> = (0..sizes.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(sizes[i]));
@@ -199,7 +199,7 @@ pub mod device_checks {
             load[d] += sizes[i] * 4;
             expected[i] = d as u32;
         }
-        push(&keys);
+        push();
         for (i, k) in keys.iter().enumerate() {
             assert_eq!(kv.context_of(k.as_str()).expect("context"), Context::gpu(expected[i]), "{k}");
             let out = NDArray::zeros(&[sizes[i]]).expect("out");
@@ -210,10 +210,6 @@ pub mod device_checks {
         local.init("g", &NDArray::ones_with(&[8], DType::F32, Context::gpu(count - 1)).expect("g")).expect("init");
         assert_eq!(local.context_of("g").expect("context"), Context::cpu(0));
         assert_eq!(kv.context_of("nope").expect_err("no key").kind(), kvstore_core::ErrorKind::KeyNotInitialized);
-    }
-
-    fn keys_index(k: &str) -> usize {
-        k[1..].parse().expect("k<i>")
     }
 
     /// Pushes 5 values of `dtype` from `ctxs` and pulls the sum to the host.
