@@ -35,7 +35,7 @@ fn main() -> Result<()> {
     kv.set_updater(|key: &Key, _index: usize, input: &NDArray, stored: &NDArray| -> Result<()> {
         println!("update on key: {key}");
         stored.add_assign(&input.mul(2)?)
-    });
+    })?;
     kv.pull(3, &a, 0)?;
     show(">>> kv._set_updater(update); kv.pull(3, out=a)", &a)?;
     kv.push(3, &NDArray::ones(&shape)?, 0)?;

@@ -6,6 +6,9 @@
 //! arrays are cut into chunks over the store's own rayon pool; the per-element order
 //! does not depend on the chunking, so results are bit-identical for any thread count.
 
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use rayon::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
@@ -62,28 +65,57 @@ const PARALLEL_BYTES: usize = 1 << 16;
 /// Elements summed per block while the accumulator stays in L1.
 const ACC_BLOCK: usize = 1024;
 
-/// The host `Comm`: plain loops over a rayon pool owned by the store.
+/// The host `Comm`: plain loops over a rayon pool, shared by every store that does not
+/// ask for its own.
 pub struct CpuComm {
-    pool: ThreadPool,
+    pool: Arc<ThreadPool>,
+}
+
+/// The pool of stores that ask for no pool of their own: one thread per core for the
+/// whole process, however many stores there are.
+static SHARED: Mutex<Option<Arc<ThreadPool>>> = Mutex::new(None);
+
+fn start_pool(threads: usize) -> Result<ThreadPool> {
+    ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("kvstore-cpu-{i}")).build().map_err(|e| {
+        Error::ResourceExhausted {
+            what: format!(
+                "starting {} reduction threads",
+                if threads == 0 { "the".to_string() } else { threads.to_string() }
+            ),
+            detail: format!(
+                "{e} (the process may be at its limit of threads: close unused stores, or raise the limit)"
+            ),
+        }
+    })
 }
 
 impl CpuComm {
-    /// A `CpuComm` with its own pool of `threads` threads (0: one per core).
+    /// A `CpuComm` on the process's shared pool (`threads` 0: one thread per core,
+    /// started by the first store that needs it), or on a pool of its own of `threads`
+    /// threads.
     ///
     /// # Errors
-    /// [`Error::Internal`] if the operating system refuses to start the threads.
+    /// [`Error::ResourceExhausted`] if the operating system refuses to start the threads.
     pub fn new(threads: usize) -> Result<Self> {
-        let pool = ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("kvstore-cpu-{i}"))
-            .build()
-            .map_err(|e| Error::Internal(format!("cannot start the reduction threads: {e}")))?;
+        if threads > 0 {
+            return Ok(CpuComm { pool: Arc::new(start_pool(threads)?) });
+        }
+        let mut shared = SHARED.lock();
+        let pool = match &*shared {
+            Some(p) => Arc::clone(p),
+            None => Arc::clone(shared.insert(Arc::new(start_pool(0)?))),
+        };
         Ok(CpuComm { pool })
     }
 
     /// The number of threads of the pool.
     pub fn num_threads(&self) -> usize {
         self.pool.current_num_threads()
+    }
+
+    /// Whether this comm and `other` run on the same pool.
+    pub fn shares_pool_with(&self, other: &CpuComm) -> bool {
+        Arc::ptr_eq(&self.pool, &other.pool)
     }
 }
 
@@ -160,7 +192,7 @@ impl CpuComm {
         let guards: Vec<_> = inputs.iter().map(|a| a.read()).collect::<Result<_>>()?;
         let bufs: Vec<&HostBuf> = guards.iter().map(|g| &**g).collect();
         let mut dst = out.write()?;
-        let pool = (split && dst.bytes().len() >= BIG_BYTES).then_some(&self.pool);
+        let pool = (split && dst.bytes().len() >= BIG_BYTES).then_some(&*self.pool);
         with_dtype!(out.dtype(), T => reduce_typed::<T>(pool, &bufs, &mut dst));
         drop(guards);
         dst.finish()?;

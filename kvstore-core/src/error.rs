@@ -122,6 +122,15 @@ pub enum Error {
         /// Its message.
         message: String,
     },
+    /// The machine refused a resource: memory for an array, or threads for a pool.
+    /// Nothing of the call changed; it may succeed once resources are freed.
+    #[error("{what}: out of resources: {detail}")]
+    ResourceExhausted {
+        /// What was being done (`allocating 4096 bytes for an array`, ...).
+        what: String,
+        /// What the system said, and what to do.
+        detail: String,
+    },
     /// A bug in the library; please report it.
     #[error("internal error: {0}")]
     Internal(String),
@@ -156,13 +165,15 @@ pub enum ErrorKind {
     Io,
     /// See [`Error::Backend`].
     Backend,
+    /// See [`Error::ResourceExhausted`].
+    ResourceExhausted,
     /// See [`Error::Internal`].
     Internal,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 13] = [
+    pub const ALL: [ErrorKind; 14] = [
         ErrorKind::KeyNotInitialized,
         ErrorKind::AlreadyInitialized,
         ErrorKind::ShapeMismatch,
@@ -175,6 +186,7 @@ impl ErrorKind {
         ErrorKind::Disposed,
         ErrorKind::Io,
         ErrorKind::Backend,
+        ErrorKind::ResourceExhausted,
         ErrorKind::Internal,
     ];
 
@@ -193,6 +205,7 @@ impl ErrorKind {
             ErrorKind::Disposed => "DISPOSED",
             ErrorKind::Io => "IO",
             ErrorKind::Backend => "BACKEND",
+            ErrorKind::ResourceExhausted => "RESOURCE_EXHAUSTED",
             ErrorKind::Internal => "INTERNAL",
         }
     }
@@ -220,6 +233,7 @@ impl Error {
             Error::Disposed { .. } => ErrorKind::Disposed,
             Error::Io { .. } => ErrorKind::Io,
             Error::Backend { .. } => ErrorKind::Backend,
+            Error::ResourceExhausted { .. } => ErrorKind::ResourceExhausted,
             Error::Internal(_) => ErrorKind::Internal,
         }
     }

@@ -1,7 +1,7 @@
 //! Keys. A key is a string; an integer key is its decimal string, so `3` and `"3"` are
 //! the same key (MXNet kept int and string keys apart and refused to mix them).
 
-use std::borrow::Borrow;
+use std::borrow::{Borrow, Cow};
 use std::fmt;
 use std::sync::Arc;
 
@@ -16,9 +16,27 @@ impl Key {
     }
 }
 
+/// Strings longer than this many bytes are shortened in messages.
+const SHOWN_BYTES: usize = 128;
+
+/// `s` for a message: whole when short, else its start, an ellipsis and its length
+/// (`aaaa…(1048576 bytes)`), so that a megabyte key or name never fills a message.
+pub fn shorten(s: &str) -> Cow<'_, str> {
+    if s.len() <= SHOWN_BYTES {
+        return Cow::Borrowed(s);
+    }
+    let mut end = SHOWN_BYTES / 2;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!("{}…({} bytes)", &s[..end], s.len()))
+}
+
+/// Shows the key as messages do: whole up to 128 bytes, else shortened (see
+/// [`shorten`]). [`Key::as_str`] is the whole key.
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&shorten(&self.0))
     }
 }
 
@@ -123,6 +141,16 @@ mod tests {
         assert_eq!(Key::from(3), Key::from("3"));
         assert_eq!(Key::from(-7i64).as_str(), "-7");
         assert_eq!(format!("{:?}", Key::from("w")), "\"w\"");
+    }
+
+    #[test]
+    fn long_keys_are_shortened_in_messages_with_their_length() {
+        let long = "é".repeat(500_000);
+        let shown = Key::from(long.as_str()).to_string();
+        assert!(shown.len() < 100, "{}", shown.len());
+        assert!(shown.ends_with("…(1000000 bytes)"), "{shown}");
+        assert_eq!(Key::from("w").to_string(), "w");
+        assert_eq!(shorten(&"k".repeat(128)), "k".repeat(128));
     }
 
     #[test]

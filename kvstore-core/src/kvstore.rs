@@ -170,19 +170,24 @@ struct Table {
 thread_local! {
     /// The keys this thread has locked, as (store address, key index): an updater runs
     /// while its push holds the push's keys, and a call from it on one of those keys
-    /// must fail instead of waiting for itself forever.
+    /// must fail instead of waiting for itself forever. [`Held`] values live on the
+    /// stack, so entries are added and removed last in, first out.
     static HELD: RefCell<Vec<(usize, usize)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Marks keys as locked by this thread until dropped, and decides how to lock them.
 ///
-/// An updater runs while its push holds the push's keys. A call from it on the same
-/// store fails: it could wait for itself, or for another thread that waits for the
-/// keys it holds. A call from it on another store locks without waiting (and fails if
-/// a key is busy), so that two stores whose updaters call each other cannot deadlock.
+/// An updater runs while its push holds the push's keys and the store's merger. A call
+/// from it on the same store fails: it could wait for itself, or for another thread
+/// that waits for the keys it holds. A call from it on another store locks without
+/// waiting (and fails if a key or the merger is busy), so that two stores whose
+/// updaters call each other cannot deadlock.
+///
+/// Lock order: the store's merger (when the call takes it) before its keys, keys in
+/// index order; nothing waits for the merger while holding keys.
 struct Held {
-    store: usize,
-    indices: Vec<usize>,
+    /// The length of [`HELD`] before this call's keys were added.
+    mark: usize,
     /// Whether this thread already holds keys (of another store): lock without waiting.
     nonblocking: bool,
 }
@@ -198,9 +203,15 @@ impl Held {
                      finish, so an updater may not call the store that runs it"
                 )));
             }
-            let nonblocking = !held.is_empty();
+            let mark = held.len();
+            let nonblocking = mark > 0;
+            // A call with no key (set_updater, ...) still marks the store, so that its
+            // own nested calls are refused too.
+            if entries.is_empty() {
+                held.push((store, usize::MAX));
+            }
             held.extend(entries.iter().map(|e| (store, e.index)));
-            Ok(Held { store, indices: entries.iter().map(|e| e.index).collect(), nonblocking })
+            Ok(Held { mark, nonblocking })
         })
     }
 
@@ -209,6 +220,30 @@ impl Held {
             "{op} of key \"{key}\" from inside an updater of another store: the key is busy, and an updater \
              may not wait for a key (two stores' updaters could wait for each other)"
         ))
+    }
+
+    fn merger_busy(op: &'static str) -> Error {
+        Error::invalid_argument(format!(
+            "{op} from inside an updater of another store: that store is busy (a push, or a change of its \
+             updater or optimizer, is running), and an updater may not wait for it"
+        ))
+    }
+
+    /// The store's merger, shared: what pushes hold for their whole duration, so that
+    /// the updater or optimizer they started with stays installed until they end.
+    fn merger_read<'a>(&self, op: &'static str, m: &'a RwLock<Merger>) -> Result<RwLockReadGuard<'a, Merger>> {
+        match self.nonblocking {
+            false => Ok(m.read()),
+            true => m.try_read().ok_or_else(|| Self::merger_busy(op)),
+        }
+    }
+
+    /// The store's merger, exclusive: waits for the pushes in flight.
+    fn merger_write<'a>(&self, op: &'static str, m: &'a RwLock<Merger>) -> Result<RwLockWriteGuard<'a, Merger>> {
+        match self.nonblocking {
+            false => Ok(m.write()),
+            true => m.try_write().ok_or_else(|| Self::merger_busy(op)),
+        }
     }
 
     /// Read locks on `entries`, in order.
@@ -236,7 +271,7 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        HELD.with(|held| held.borrow_mut().retain(|&(s, i)| s != self.store || !self.indices.contains(&i)));
+        HELD.with(|held| held.borrow_mut().truncate(self.mark));
     }
 }
 
@@ -559,34 +594,58 @@ impl KVStore {
     }
 
     /// Installs `updater`, replacing any earlier one. Pushes after this call merge
-    /// through it instead of assigning.
-    pub fn set_updater(&self, updater: impl Updater + 'static) {
-        *self.merger.write() = Merger::Custom(Arc::new(updater));
+    /// through it instead of assigning; pushes in flight finish with the one they
+    /// started with (this call waits for them).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when called from inside an updater of this store (or,
+    /// from an updater of another store, while this store is busy).
+    pub fn set_updater(&self, updater: impl Updater + 'static) -> Result<()> {
+        self.replace_merger("set_updater", Merger::Custom(Arc::new(updater)))
     }
 
     /// Removes the updater or optimizer: pushes assign the sum again (MXNet's default,
-    /// ASSIGN).
-    pub fn clear_updater(&self) {
-        *self.merger.write() = Merger::Assign;
+    /// ASSIGN). Waits for the pushes in flight, as [`KVStore::set_updater`].
+    ///
+    /// # Errors
+    /// As [`KVStore::set_updater`].
+    pub fn clear_updater(&self) -> Result<()> {
+        self.replace_merger("clear_updater", Merger::Assign)
+    }
+
+    fn replace_merger(&self, op: &'static str, new: Merger) -> Result<()> {
+        let held = Held::new(op, self, &[])?;
+        let mut merger = held.merger_write(op, &self.merger)?;
+        let old = std::mem::replace(&mut *merger, new);
+        drop(merger);
+        // The old updater is dropped outside the lock (a binding's drop may call back).
+        drop(old);
+        Ok(())
     }
 
     /// Installs `optimizer` (MXNet's `set_optimizer`): every later push of gradients
     /// updates the weights with it. Replaces any updater; every key's optimizer state
-    /// starts afresh.
+    /// starts afresh. Waits for the pushes in flight; a state file saved or loaded at
+    /// the same time is wholly of the old optimizer or wholly of the new one.
     ///
     /// # Errors
-    /// None yet; the `Result` leaves room for stores that must agree with peers.
+    /// [`Error::InvalidArgument`] when called from inside an updater of this store.
     pub fn set_optimizer(&self, optimizer: Optimizer) -> Result<()> {
         let runtime = Arc::new(Runtime::new(optimizer));
+        let held = Held::new("set_optimizer", self, &[])?;
+        let mut merger = held.merger_write("set_optimizer", &self.merger)?;
+        // With the merger held no push runs, so every key's state can be dropped; keys
+        // initialised later start with none.
         let entries = self.entries();
         let entries: Vec<&Arc<Entry>> = entries.iter().collect();
-        let held = Held::new("set_optimizer", self, &entries)?;
         let mut guards = held.write("set_optimizer", &entries)?;
-        let mut merger = self.merger.write();
         for g in guards.iter_mut() {
             g.opt = None;
         }
-        *merger = Merger::Optimizer(runtime);
+        let old = std::mem::replace(&mut *merger, Merger::Optimizer(runtime));
+        drop(guards);
+        drop(merger);
+        drop(old);
         Ok(())
     }
 
@@ -598,71 +657,79 @@ impl KVStore {
         }
     }
 
-    fn runtime(&self, op: &str) -> Result<Arc<Runtime>> {
-        match &*self.merger.read() {
-            Merger::Optimizer(r) => Ok(Arc::clone(r)),
+    fn runtime<'m>(op: &str, merger: &'m Merger) -> Result<&'m Arc<Runtime>> {
+        match merger {
+            Merger::Optimizer(r) => Ok(r),
             _ => Err(Error::invalid_argument(format!("{op}: no optimizer is set: call set_optimizer first"))),
         }
     }
 
     /// Writes every key's optimizer state, the update counters, the schedule's state and
-    /// the hyper-parameters to `path` (safetensors with JSON metadata). The file is
-    /// written beside `path` and renamed, so a failed save leaves any old file whole.
+    /// the hyper-parameters to `path` (safetensors with JSON metadata and a checksum of
+    /// its contents). The file is one consistent snapshot: no push, `set_optimizer` or
+    /// load runs while it is taken.
+    ///
+    /// The file is written beside `path` under a temporary name, flushed to disk and
+    /// renamed over `path`, so a failed save leaves any old file whole. A symbolic link
+    /// is written through (its target is replaced); a path that is a directory, a device,
+    /// a FIFO or a socket is refused. Temporary files left by a process that died while
+    /// saving to the same path are removed.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if no optimizer is set; [`Error::Io`] if the file
-    /// cannot be written.
+    /// [`Error::InvalidArgument`] if no optimizer is set or `path` names something other
+    /// than a regular file; [`Error::Io`] if the file cannot be written.
     pub fn save_optimizer_states(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        const OP: &str = "save_optimizer_states";
         let path = path.as_ref();
-        let runtime = self.runtime("save_optimizer_states")?;
+        let target = opt_states::save_target(path, OP)?;
+        let held = Held::new(OP, self, &[])?;
+        let merger = held.merger_read(OP, &self.merger)?;
+        let runtime = Self::runtime(OP, &merger)?;
         let entries = self.entries();
         let locked: Vec<&Arc<Entry>> = entries.iter().collect();
-        let held = Held::new("save_optimizer_states", self, &locked)?;
-        let guards = held.read("save_optimizer_states", &locked)?;
+        let guards = held.read(OP, &locked)?;
         let keyed: Vec<(Key, Vec<usize>, &KeyState)> = entries
             .iter()
             .zip(&guards)
             .filter_map(|(e, g)| Some((e.key.clone(), g.value.shape().to_vec(), g.opt.as_ref()?)))
             .collect();
-        let bytes = opt_states::encode(&runtime, &runtime.snapshot(), &keyed)?;
+        let bytes = opt_states::encode(runtime, &runtime.snapshot(), &keyed)?;
         drop(guards);
-        let io = |source| Error::Io { context: format!("save_optimizer_states to {}", path.display()), source };
-        // A temporary name of this process and call, so concurrent saves never share it.
-        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
-        tmp_name.push(format!(".{}.{n}.tmp", std::process::id()));
-        let tmp = path.with_file_name(tmp_name);
-        std::fs::write(&tmp, &bytes).map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            io(e)
-        })
+        drop(merger);
+        opt_states::write_file(&target, &bytes, OP)
     }
 
     /// Reads a file of [`KVStore::save_optimizer_states`] into the installed optimizer:
     /// the states of the keys in the file, the update counters and the schedule (the
     /// hyper-parameters stay those of the installed optimizer). Keys of the store that
     /// are not in the file start afresh. All or nothing: the file is checked whole
-    /// against the store before anything changes.
+    /// (structure, checksum, counters) and against the store before anything changes,
+    /// and no push or `set_optimizer` runs while it is loaded.
+    ///
+    /// Only regular files are read (a FIFO, a device or a directory is refused), and
+    /// no more than the size the file's header declares.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if no optimizer is set or the file is for another
-    /// optimizer; [`Error::Io`] for a missing, truncated or corrupted file;
-    /// [`Error::KeyNotInitialized`] for a key of the file that the store lacks;
-    /// [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`] for a state that does not fit
-    /// its key.
+    /// [`Error::InvalidArgument`] if no optimizer is set, the file is for another
+    /// optimizer, or `path` is not a regular file; [`Error::Io`] for a missing,
+    /// truncated or corrupted file; [`Error::KeyNotInitialized`] for a key of the file
+    /// that the store lacks; [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`] for a
+    /// state that does not fit its key.
     pub fn load_optimizer_states(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        const OP: &str = "load_optimizer_states";
         let path = path.as_ref();
-        let context = format!("load_optimizer_states from {}", path.display());
-        let runtime = self.runtime("load_optimizer_states")?;
-        let bytes = std::fs::read(path).map_err(|source| Error::Io { context: context.clone(), source })?;
-        let (snapshot, loaded) = opt_states::decode(&runtime, &bytes, &context)?;
+        let context = format!("{OP} from {}", path.display());
+        let held = Held::new(OP, self, &[])?;
+        // Fail early, before reading, when no optimizer is set.
+        Self::runtime(OP, &self.merger.read())?;
+        let bytes = opt_states::read_file(path, &context)?;
+        let merger = held.merger_write(OP, &self.merger)?;
+        let runtime = Self::runtime(OP, &merger)?;
+        let (snapshot, loaded) = opt_states::decode(runtime, &bytes, &context)?;
         runtime.check_snapshot(&snapshot, &context)?;
         let entries = self.entries();
         let locked: Vec<&Arc<Entry>> = entries.iter().collect();
-        let held = Held::new("load_optimizer_states", self, &locked)?;
-        let mut guards = held.write("load_optimizer_states", &locked)?;
+        let mut guards = held.write(OP, &locked)?;
         let mut at: HashMap<&Key, usize> = HashMap::new();
         for (i, e) in entries.iter().enumerate() {
             at.insert(&e.key, i);
@@ -670,7 +737,7 @@ impl KVStore {
         let mut slots = Vec::with_capacity(loaded.len());
         for l in &loaded {
             let Some(&i) = at.get(&l.key) else {
-                return Err(Error::KeyNotInitialized { op: "load_optimizer_states", key: l.key.clone() });
+                return Err(Error::KeyNotInitialized { op: OP, key: l.key.clone() });
             };
             let weight = &guards[i].value;
             if weight.shape() != l.shape.as_slice() {
@@ -743,6 +810,7 @@ impl KVStore {
     }
 
     fn init_pairs(&self, op: &'static str, pairs: Vec<(Key, &NDArray)>) -> Result<()> {
+        let _held = Held::new(op, self, &[])?;
         let mut seen = HashMap::new();
         for (k, v) in &pairs {
             check_context(op, k, v)?;
@@ -831,7 +899,9 @@ impl KVStore {
     /// the values it had before the call.
     pub fn push<'a>(&self, keys: impl Into<Keys>, values: impl Into<Values<'a>>, priority: i32) -> Result<()> {
         let _ = priority;
-        let pairs = flatten("push", keys.into(), values.into(), "values")?;
+        let (keys, values) = (keys.into(), values.into());
+        self.require_bare_keys("push", &keys, values)?;
+        let pairs = flatten("push", keys, values, "values")?;
         self.push_pull("push", pairs, Vec::new())
     }
 
@@ -843,7 +913,26 @@ impl KVStore {
     /// [`Error::LengthMismatch`]. On error no out is written.
     pub fn pull<'a>(&self, keys: impl Into<Keys>, outs: impl Into<Values<'a>>, priority: i32) -> Result<()> {
         let _ = priority;
-        self.pull_pairs("pull", flatten("pull", keys.into(), outs.into(), "outs")?)
+        let (keys, outs) = (keys.into(), outs.into());
+        self.require_bare_keys("pull", &keys, outs)?;
+        self.pull_pairs("pull", flatten("pull", keys, outs, "outs")?)
+    }
+
+    /// Keys of a call that come with no array (an empty list of values or outs) must
+    /// still be initialised, as with any other call on them.
+    fn require_bare_keys(&self, op: &'static str, keys: &Keys, arrays: Values<'_>) -> Result<()> {
+        let bare: Vec<&Key> = match (keys, arrays) {
+            (Keys::One(k), Values::Many([])) => vec![k],
+            (Keys::Many(ks), Values::Nested(vss)) => {
+                ks.iter().zip(vss).filter(|(_, vs)| vs.is_empty()).map(|(k, _)| k).collect()
+            }
+            _ => return Ok(()),
+        };
+        let table = self.table.read();
+        match bare.into_iter().find(|k| !table.entries.contains_key(*k)) {
+            Some(k) => Err(Error::KeyNotInitialized { op, key: k.clone() }),
+            None => Ok(()),
+        }
     }
 
     fn pull_pairs(&self, op: &'static str, pairs: Vec<(Key, &NDArray)>) -> Result<()> {
@@ -878,9 +967,11 @@ impl KVStore {
         priority: i32,
     ) -> Result<()> {
         let _ = priority;
-        let keys = keys.into();
-        let push = flatten("pushpull", keys.clone(), values.into(), "values")?;
-        let pull = flatten("pushpull", keys, outs.into(), "outs")?;
+        let (keys, values, outs) = (keys.into(), values.into(), outs.into());
+        self.require_bare_keys("pushpull", &keys, values)?;
+        self.require_bare_keys("pushpull", &keys, outs)?;
+        let push = flatten("pushpull", keys.clone(), values, "values")?;
+        let pull = flatten("pushpull", keys, outs, "outs")?;
         self.push_pull("pushpull", push, pull)
     }
 
@@ -896,7 +987,9 @@ impl KVStore {
         priority: i32,
     ) -> Result<()> {
         let _ = priority;
-        let pairs = flatten("pushpull", keys.into(), values.into(), "values")?;
+        let (keys, values) = (keys.into(), values.into());
+        self.require_bare_keys("pushpull", &keys, values)?;
+        let pairs = flatten("pushpull", keys, values, "values")?;
         self.push_pull("pushpull", pairs.clone(), pairs)
     }
 
@@ -994,11 +1087,14 @@ impl KVStore {
         entries.sort_by_key(|e| e.index);
         entries.dedup_by_key(|e| e.index);
         let held = Held::new(op, self, &entries)?;
+        // The merger is held for the whole call: the updater or optimizer it starts with
+        // stays installed (and alive) until it ends.
+        let merger = held.merger_read(op, &self.merger)?;
         let mut guards = held.write(op, &entries)?;
         let slots = |groups: &[Group<'_>]| -> Result<Vec<usize>> {
             groups
                 .iter()
-                .map(|g| entries.iter().position(|e| e.index == g.entry.index))
+                .map(|g| entries.binary_search_by_key(&g.entry.index, |e| e.index).ok())
                 .collect::<Option<_>>()
                 .ok_or_else(|| Error::Internal(format!("{op}: a key of the call was not locked")))
         };
@@ -1037,8 +1133,7 @@ impl KVStore {
         if self.mode == Mode::Device {
             self.place(push, &push_slots, &mut guards)?;
         }
-        let merger = self.merger.read().clone();
-        match merger {
+        match &*merger {
             Merger::Assign => {
                 // dist_sync: a single pushed value goes straight into the across-workers
                 // sum (no local copy); several are summed locally first, then in place.
@@ -1077,6 +1172,26 @@ impl KVStore {
                     if merged(g) && slot.merge.is_none() {
                         let v = &slot.value;
                         slot.merge = Some(NDArray::zeros_with(v.shape(), v.dtype(), v.context())?);
+                    }
+                }
+                // Every key's state exists before any key is updated: a state that
+                // cannot be made (out of memory) fails the call with no key changed.
+                let mut created = Vec::new();
+                for &i in &push_slots {
+                    let slot = &mut *guards[i];
+                    if slot.opt.is_none() {
+                        match runtime.new_state(&slot.value) {
+                            Ok(st) => {
+                                slot.opt = Some(st);
+                                created.push(i);
+                            }
+                            Err(e) => {
+                                for &j in &created {
+                                    guards[j].opt = None;
+                                }
+                                return Err(e);
+                            }
+                        }
                     }
                 }
                 // dist_sync: a single value is summed across the workers straight into

@@ -77,7 +77,7 @@ pub use device::{
 };
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
-pub use key::{Key, Keys};
+pub use key::{Key, Keys, shorten};
 pub use kvstore::{KVStore, KVStoreBuilder, Values};
 pub use ndarray::{NDArray, Operand};
 pub use optimizer::{LrScheduler, Optimizer, OptimizerBuilder, WarmupMode, optimizer_names};

@@ -42,8 +42,12 @@ impl HostBuf {
     /// abort. The memory comes zeroed from the allocator (calloc), so fresh pages are
     /// not written twice before their first use.
     fn zeroed(len: usize) -> Result<Self> {
-        let blocks = bytemuck::allocation::try_zeroed_slice_box::<Block>(len.div_ceil(64))
-            .map_err(|()| Error::invalid_argument(format!("cannot allocate {len} bytes for an array")))?;
+        let blocks = bytemuck::allocation::try_zeroed_slice_box::<Block>(len.div_ceil(64)).map_err(|()| {
+            Error::ResourceExhausted {
+                what: format!("allocating {len} bytes for an array"),
+                detail: "the system refused the memory".to_string(),
+            }
+        })?;
         Ok(HostBuf { mem: HostMem::Blocks(blocks), len })
     }
 
@@ -297,8 +301,9 @@ impl BinOp {
                 BinOp::Add => a.wrapping_add(b),
                 BinOp::Sub => a.wrapping_sub(b),
                 BinOp::Mul => a.wrapping_mul(b),
-                // Divisors were checked for zero before any element was written.
-                BinOp::Div => a.checked_div(b).unwrap_or(0),
+                // Divisors were checked for zero before any element was written;
+                // MIN / -1 wraps to MIN, as every other integer operation wraps.
+                BinOp::Div => a.wrapping_div(b),
             })
         }
     }
@@ -306,6 +311,10 @@ impl BinOp {
 
 /// The number of elements of `shape`, or an error if it overflows.
 pub(crate) fn checked_size(shape: &[usize], dtype: DType) -> Result<usize> {
+    // A zero in the shape makes an empty array, however large the other dimensions.
+    if shape.contains(&0) {
+        return Ok(0);
+    }
     let size = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
     match size.and_then(|n| n.checked_mul(dtype.size()).map(|_| n)) {
         Some(n) if n.saturating_mul(dtype.size()) <= isize::MAX as usize => Ok(n),
@@ -670,7 +679,15 @@ impl NDArray {
             Operand::Scalar(v) => with_dtype!(self.dtype(), T => {
                 let s = T::from_f64(v);
                 if matches!(op, BinOp::Div) && !T::DTYPE.is_float() && s == T::default() {
-                    return Err(Error::invalid_argument("ndarray div: integer division by zero"));
+                    return Err(Error::invalid_argument(if v == 0.0 {
+                        "ndarray div: integer division by zero".to_string()
+                    } else {
+                        format!(
+                            "ndarray div: the divisor {v} is 0 as {} (a scalar takes the array's dtype, and \
+                             integers are not divided by 0): convert the array with as_type first",
+                            T::DTYPE
+                        )
+                    }));
                 }
                 let mut w = self.write()?;
                 for x in w.typed_mut::<T>() {

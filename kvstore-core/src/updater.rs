@@ -21,7 +21,7 @@ use crate::ndarray::NDArray;
 /// kv.init(3, &NDArray::ones(&[2, 3])?)?;
 /// kv.set_updater(|_key: &_, _index, merged: &NDArray, stored: &NDArray| {
 ///     stored.add_assign(&merged.mul(2.0)?)
-/// });
+/// })?;
 /// kv.push(3, &NDArray::ones(&[2, 3])?, 0)?;
 /// let out = NDArray::zeros(&[2, 3])?;
 /// kv.pull(3, &out, 0)?;

@@ -255,7 +255,8 @@ fn install_logging(kv: &KVStore, merge: fn(&NDArray, &NDArray) -> Result<()>) ->
         let first = merged.to_f64_vec()?.first().copied().unwrap_or(0.0);
         l.lock().expect("log").push((key.to_string(), index, first));
         merge(merged, stored)
-    });
+    })
+    .expect("install the updater");
     log
 }
 
@@ -687,7 +688,8 @@ pub mod dist_cases {
     fn twice_updater(kv: &KVStore) {
         kv.set_updater(|_: &Key, _: usize, merged: &NDArray, stored: &NDArray| -> Result<()> {
             stored.add_assign(&merged.mul(2.0)?)
-        });
+        })
+        .expect("install the updater");
     }
 
     /// Case 23: init takes rank 0's value (10); pushes of rank + 1 sum to W(W+1)/2; the
@@ -705,7 +707,7 @@ pub mod dist_cases {
             kv.push("t", &full(&SHAPE, 1.0 + rank as f64, Context::cpu(0)), 0).expect("push");
             assert_eq!(pulled(kv, "t", &SHAPE), vec![2.0 * triangle(w) * f64::from(round); 6]);
         }
-        kv.clear_updater();
+        kv.clear_updater().expect("install the updater");
     }
 
     /// The nightly check: each round every worker pushes rank + 1 to f32, f16 and big
@@ -737,7 +739,7 @@ pub mod dist_cases {
                 assert!(o.to_f64_vec().expect("r").iter().all(|&x| x == expect), "round {round}: expected {expect}");
             }
         }
-        kv.clear_updater();
+        kv.clear_updater().expect("install the updater");
     }
 
     /// One SGD step (lr 1) from 1 with pushes rank + 1 gives 1 - W(W+1)/2; then Adam
@@ -757,7 +759,7 @@ pub mod dist_cases {
         }
         let out = NDArray::zeros(&SHAPE).expect("out");
         kv.pull("o", &out, 0).expect("pull");
-        kv.clear_updater();
+        kv.clear_updater().expect("install the updater");
         out.to_vec::<f32>().expect("r").iter().map(|x| x.to_bits()).collect()
     }
 

@@ -28,7 +28,7 @@ fn accumulate(_key: &Key, _index: usize, merged: &NDArray, stored: &NDArray) -> 
 /// A store with the accumulating updater and `keys` initialised to zeros of `len` f32.
 fn accumulating_store(keys: &[String], len: usize) -> kvstore_core::Result<KVStore> {
     let kv = KVStore::create("local")?;
-    kv.set_updater(accumulate);
+    kv.set_updater(accumulate).expect("install the updater");
     for k in keys {
         kv.init(k.as_str(), &NDArray::zeros(&[len])?)?;
     }
@@ -304,7 +304,7 @@ fn multi_key_calls_in_opposite_key_orders_do_not_deadlock() {
                 start.wait();
                 for i in 0..ROUNDS / 10 {
                     kv.init(format!("new{i}"), &one()).expect("init a new key");
-                    kv.set_updater(accumulate);
+                    kv.set_updater(accumulate).expect("install the updater");
                 }
             }
         }),

@@ -72,7 +72,8 @@ fn an_updater_error_fails_the_push_and_keeps_every_key_as_it_was() {
             return Err(kvstore_core::Error::invalid_argument("the updater refused key b"));
         }
         Ok(())
-    });
+    })
+    .expect("install the updater");
     let e = kv.push(&["a", "b"], &[full(&SHAPE, 10.0, Context::cpu(0)), full(&SHAPE, 10.0, Context::cpu(0))], 0);
     let e = e.expect_err("updater error");
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);

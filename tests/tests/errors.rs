@@ -44,7 +44,7 @@ fn push_to_an_uninitialized_key_is_key_not_initialized_with_or_without_an_update
     rejected(|kv| kv.push(50, &ones(), 0), ErrorKind::KeyNotInitialized, &["push", "\"50\""]);
     rejected(
         |kv| {
-            kv.set_updater(|_: &Key, _: usize, m: &NDArray, s: &NDArray| s.copy_from(m));
+            kv.set_updater(|_: &Key, _: usize, m: &NDArray, s: &NDArray| s.copy_from(m)).expect("install the updater");
             kv.push("zz", &[ones(), ones()], 0)
         },
         ErrorKind::KeyNotInitialized,
@@ -119,14 +119,25 @@ fn gpu_contexts_are_device_unavailable_without_a_backend() {
 }
 
 #[test]
-fn empty_lists_do_nothing_even_for_unknown_keys() {
+fn empty_lists_do_nothing_but_their_keys_must_be_initialized() {
     let kv = store();
     let none: [NDArray; 0] = [];
     let no_keys: [&str; 0] = [];
     kv.push(&no_keys, &none, 0).expect("empty push");
     kv.pull(&no_keys, &none, 0).expect("empty pull");
-    kv.push(5, &none, 0).expect("one key, no values");
-    kv.pull(5, &none, 0).expect("one key, no outs");
+    kv.push(3, &none, 0).expect("one key, no values");
+    kv.pull(3, &none, 0).expect("one key, no outs");
+    // MXNet let an unknown key through when it came with no array; here it is the
+    // same error as any other call on that key.
+    for e in [
+        kv.push(5, &none, 0).expect_err("unknown key, no values"),
+        kv.pull(5, &none, 0).expect_err("unknown key, no outs"),
+        kv.pushpull(5, &none, &none, 0).expect_err("unknown key, pushpull"),
+        kv.pull(&["3", "5"], &[vec![ones()], vec![]][..], 0).expect_err("nested, one empty"),
+    ] {
+        assert_eq!(e.kind(), ErrorKind::KeyNotInitialized, "{e}");
+        assert!(e.to_string().contains("\"5\""), "{e}");
+    }
     assert_eq!(pulled(&kv, 3, &SHAPE), vec![2.0; 6]);
 }
 
@@ -155,11 +166,12 @@ fn an_updater_calling_its_own_store_gets_an_error_instead_of_a_deadlock() {
         // Another store works (its keys are free here).
         other_inner.pull("s", &NDArray::zeros(&SHAPE)?, 0)?;
         stored.copy_from(merged)
-    });
+    })
+    .expect("install the updater");
     kv.push(3, &full(&SHAPE, 7.0, Context::cpu(0)), 0).expect("push");
     assert_eq!(pulled(&kv, 3, &SHAPE), vec![7.0; 6]);
     // After the push, the store is free again on this thread.
-    kv.clear_updater();
+    kv.clear_updater().expect("install the updater");
     kv.push(3, &full(&SHAPE, 8.0, Context::cpu(0)), 0).expect("push");
     assert_eq!(pulled(&kv, 3, &SHAPE), vec![8.0; 6]);
 }
@@ -178,7 +190,8 @@ fn two_stores_whose_updaters_call_each_other_do_not_deadlock() {
                 let _ = that.pull(3, &NDArray::zeros(&SHAPE)?, 0);
             }
             stored.copy_from(merged)
-        });
+        })
+        .expect("install the updater");
     }
     let (tx, rx) = mpsc::channel();
     for (kv, n) in [(Arc::clone(&a), 0), (Arc::clone(&b), 1)] {

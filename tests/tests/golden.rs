@@ -60,7 +60,8 @@ fn run_case(case: &Value) {
             kv.set_updater(move |key: &Key, _index: usize, merged: &NDArray, stored: &NDArray| -> Result<()> {
                 log.lock().expect("log").push((key.to_string(), merged.to_f64_vec()?));
                 stored.add_assign(&merged.mul(2.0)?)
-            });
+            })
+            .expect("install the updater");
         }
         Some(other) => panic!("{name}: unknown updater {other}"),
     }

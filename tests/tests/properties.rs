@@ -680,9 +680,9 @@ fn run_op(kv: &KVStore, model: &mut Model, op: &Op, step: usize) -> Result<(), T
         }
         Op::SetUpdater(on) => {
             if *on {
-                kv.set_updater(accumulate(Arc::clone(&model.updates)));
+                kv.set_updater(accumulate(Arc::clone(&model.updates))).expect("install the updater");
             } else {
-                kv.clear_updater();
+                kv.clear_updater().expect("install the updater");
             }
             model.accumulate = *on;
         }

@@ -60,6 +60,12 @@ enum SchedLr {
     Never,
 }
 
+/// The largest update count (2^53, the last integer of a run of f64 integers): counts
+/// enter the rules as floats, and a count that wrapped around would turn the next update
+/// into NaN or infinity. `begin_num_update`, state files and the per-key counts are
+/// held to it.
+pub(crate) const MAX_COUNT: u64 = 1 << 53;
+
 /// Hyper-parameters every optimizer takes, with MXNet's defaults (`learning_rate` comes
 /// from the optimizer's spec).
 const COMMON: &[(&str, f64)] = &[
@@ -274,35 +280,21 @@ impl OptimizerBuilder {
     }
 }
 
+/// Checks what would corrupt the store's state, and nothing else: MXNet 1.9.1 accepts
+/// any number for a hyper-parameter (a negative learning rate is gradient ascent,
+/// a momentum of 1 or more diverges, as the user asked), and so does this. Refused:
+/// infinite values (every update would make the weights NaN or infinite), and counters
+/// (`begin_num_update`, `seed`) that are not whole numbers from 0 to 2^53, which would
+/// wrap around.
 fn check_params(name: &str, p: &Params) -> Result<()> {
     let bad = |what: &str| Err(Error::invalid_argument(format!("optimizer {name}: {what}")));
-    if p.0.values().any(|v| v.is_infinite()) {
-        return bad("hyper-parameters must be finite");
+    if let Some((k, v)) = p.0.iter().find(|(_, v)| v.is_infinite()) {
+        return bad(&format!("{k} is {v}: hyper-parameters must be finite"));
     }
-    if p.num("learning_rate") < 0.0 {
-        return bad("learning_rate must not be negative");
-    }
-    if p.get("clip_gradient").is_some_and(|c| c < 0.0) {
-        return bad("clip_gradient must not be negative");
-    }
-    if p.get("momentum").is_some_and(|m| !(0.0..1.0).contains(&m)) {
-        return bad("momentum must be in [0, 1)");
-    }
-    if p.num("begin_num_update") < 0.0 || p.num("begin_num_update").fract() != 0.0 {
-        return bad("begin_num_update must be a whole number");
-    }
-    for beta in ["beta1", "beta2", "gamma1", "gamma2", "rho"] {
-        if p.get(beta).is_some_and(|b| !(0.0..1.0).contains(&b)) {
-            return bad(&format!("{beta} must be in [0, 1)"));
+    for counter in ["begin_num_update", "seed"] {
+        if p.get(counter).is_some_and(|v| v < 0.0 || v.fract() != 0.0 || v > MAX_COUNT as f64) {
+            return bad(&format!("{counter} must be a whole number from 0 to 2^53, not {}", p.num(counter)));
         }
-    }
-    for eps in ["epsilon", "eps", "wd", "rescale_grad"] {
-        if p.get(eps).is_some_and(|e| e < 0.0) {
-            return bad(&format!("{eps} must not be negative"));
-        }
-    }
-    if p.get("seed").is_some_and(|v| v < 0.0 || v.fract() != 0.0 || v > 9_007_199_254_740_992.0) {
-        return bad("seed must be a whole number from 0 to 2^53");
     }
     Ok(())
 }
@@ -462,7 +454,7 @@ impl Runtime {
         }
     }
 
-    fn new_state(&self, w: &NDArray) -> Result<KeyState> {
+    pub(crate) fn new_state(&self, w: &NDArray) -> Result<KeyState> {
         let sd = state_dtype(w.dtype());
         let states = (0..self.opt.rule.states().len())
             .map(|i| {
@@ -492,6 +484,21 @@ impl Runtime {
             *state = Some(self.new_state(weight)?);
         }
         let Some(st) = state.as_mut() else { return Err(Error::Internal("optimizer state missing".into())) };
+        let rule_states = self.opt.rule.states().len();
+        if st.states.len() != rule_states || st.states.iter().chain(&st.master).any(|a| a.size() != weight.size()) {
+            // The rules would skip such a state silently; it is a bug to surface.
+            return Err(Error::Internal(format!(
+                "key \"{key}\": optimizer {} needs {rule_states} state arrays of {} elements, the key has {}",
+                self.opt.name,
+                weight.size(),
+                st.states.len()
+            )));
+        }
+        if st.count >= MAX_COUNT {
+            return Err(Error::invalid_argument(format!(
+                "push of key \"{key}\": its update count reached 2^53, the most an optimizer counts"
+            )));
+        }
         st.count += 1;
         let p = &self.opt.params;
         let mut global = self.global.lock();
@@ -639,8 +646,10 @@ mod tests {
         assert!(e.to_string().contains("sgd, nag, adam"), "{e}");
         let e = Optimizer::builder("sgd").param("beta1", 0.9).build().unwrap_err();
         assert!(e.to_string().contains("momentum"), "{e}");
-        let e = Optimizer::builder("sgd").param("momentum", 1.5).build().unwrap_err();
-        assert!(e.to_string().contains("momentum must be in"), "{e}");
+        let e = Optimizer::builder("sgd").param("begin_num_update", 1e20).build().unwrap_err();
+        assert!(e.to_string().contains("begin_num_update must be a whole number from 0 to 2^53"), "{e}");
+        let e = Optimizer::builder("adam").param("beta1", f64::INFINITY).build().unwrap_err();
+        assert!(e.to_string().contains("beta1 is inf"), "{e}");
     }
 
     #[test]
@@ -649,5 +658,16 @@ mod tests {
         assert_eq!((o.name(), o.param("learning_rate"), o.param("momentum")), ("sgd", Some(0.01), Some(0.0)));
         assert_eq!(o.param("clip_gradient"), None);
         assert_eq!(Optimizer::builder("ccsgd").build().unwrap().name(), "sgd");
+    }
+
+    #[test]
+    fn what_mxnet_accepts_is_accepted() {
+        // Gradient ascent, and momentum or betas outside [0, 1): MXNet 1.9.1 takes them.
+        for (name, param, value) in
+            [("sgd", "learning_rate", -1.0), ("sgd", "momentum", 1.5), ("adam", "beta1", 1.0), ("sgd", "wd", -0.1)]
+        {
+            let o = Optimizer::builder(name).param(param, value).build();
+            assert_eq!(o.map(|o| o.param(param)).ok(), Some(Some(value)), "{name} {param} {value}");
+        }
     }
 }

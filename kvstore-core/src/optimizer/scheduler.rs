@@ -177,11 +177,19 @@ impl LrScheduler {
         let warmup = self.warmup_steps;
         match &mut self.kind {
             Kind::Factor { step, factor, stop_factor_lr, count } => {
-                while num_update > *count + *step {
+                while num_update > count.saturating_add(*step) {
                     *count += *step;
+                    let before = self.base_lr;
                     self.base_lr *= *factor;
                     if self.base_lr < *stop_factor_lr {
                         self.base_lr = *stop_factor_lr;
+                    }
+                    if self.base_lr.to_bits() == before.to_bits() {
+                        // A fixed point (the floor, or a factor of 1): the remaining steps
+                        // change nothing but the count, so skip them at once (a count
+                        // far ahead would otherwise loop for a very long time).
+                        let remaining = (num_update - 1 - *count) / *step;
+                        *count += remaining * *step;
                     }
                 }
             }
@@ -271,10 +279,31 @@ impl LrScheduler {
             },
             _ => return None,
         };
+        // What the constructors refuse, and counters that could wrap, are refused here
+        // too: such a schedule would loop forever or overflow.
+        let max = super::MAX_COUNT;
+        let warmup_steps = u(v, "warmup_steps")?;
+        let ok = warmup_steps <= max
+            && match &kind {
+                Kind::Factor { step, count, .. } => (1..=max).contains(step) && *count <= max,
+                Kind::MultiFactor { steps, cur_step_ind, count, .. } => {
+                    steps.first().is_some_and(|&s| s >= 1)
+                        && steps.windows(2).all(|w| w[0] < w[1])
+                        && steps.last().is_some_and(|&s| s <= max)
+                        && *cur_step_ind <= steps.len()
+                        && *count <= max
+                }
+                Kind::Poly { max_update, .. } | Kind::Cosine { max_update, .. } => {
+                    (1..=max).contains(max_update) && warmup_steps < *max_update
+                }
+            };
+        if !ok {
+            return None;
+        }
         Some(LrScheduler {
             kind,
             base_lr: f(v, "base_lr")?,
-            warmup_steps: u(v, "warmup_steps")?,
+            warmup_steps,
             warmup_begin_lr: f(v, "warmup_begin_lr")?,
             warmup_final_lr: f(v, "warmup_final_lr")?,
             warmup_mode: match v["warmup_mode"].as_str()? {
@@ -296,6 +325,33 @@ mod tests {
         s.set_optimizer_lr(1.0);
         let lrs: Vec<f64> = (1..=8).map(|n| s.lr(n)).collect();
         assert_eq!(lrs, [1.0, 1.0, 0.5, 0.5, 0.25, 0.25, 0.2, 0.2]);
+    }
+
+    #[test]
+    fn a_factor_schedule_far_ahead_skips_the_steps_that_change_nothing() {
+        let mut s = LrScheduler::factor(1, 0.5).unwrap();
+        s.set_optimizer_lr(1.0);
+        let mut stepped = s.clone();
+        assert_eq!(s.lr(1 << 52), 1e-8);
+        // The same as stepping through, where it can be checked.
+        let direct: Vec<f64> = (1..2000).map(|n| stepped.lr(n)).collect();
+        let mut jumped = LrScheduler::factor(1, 0.5).unwrap();
+        jumped.set_optimizer_lr(1.0);
+        assert_eq!(jumped.lr(1999), direct[1998]);
+        assert_eq!(jumped, stepped);
+    }
+
+    #[test]
+    fn schedules_that_would_loop_or_wrap_are_refused_from_json() {
+        let mut v = LrScheduler::factor(2, 0.5).unwrap().to_json();
+        v["kind"]["step"] = 0.into();
+        assert_eq!(LrScheduler::from_json(&v), None);
+        let mut v = LrScheduler::factor(2, 0.5).unwrap().to_json();
+        v["kind"]["count"] = u64::MAX.into();
+        assert_eq!(LrScheduler::from_json(&v), None);
+        let mut v = LrScheduler::poly(10, 2.0, 0.0).unwrap().to_json();
+        v["warmup_steps"] = 20.into();
+        assert_eq!(LrScheduler::from_json(&v), None);
     }
 
     #[test]

@@ -2,23 +2,37 @@
 //! safetensors, one tensor per state array (`k{n}.{state}`, `k{n}.master`), and JSON
 //! metadata holding the optimizer's name and hyper-parameters, `num_update`, the
 //! schedule's state, the rule's global values, and per key its name, update count,
-//! shape and dtype. MXNet pickled a dict of NDArrays; this format is documented,
-//! checked on load, and readable by any safetensors tool.
+//! shape and dtype, and a CRC-32 of all of it (`checksum`). MXNet pickled a dict of
+//! NDArrays; this format is documented, checked whole on load, and readable by any
+//! safetensors tool.
+//!
+//! Files are written to a temporary file beside the destination, flushed, and renamed
+//! over it; only regular files are read, and no more than their header declares.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype as StDtype, SafeTensors};
 use serde_json::{Value, json};
 
-use super::{KeyState, LrScheduler, Runtime};
+use super::{KeyState, LrScheduler, MAX_COUNT, Runtime};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::ndarray::NDArray;
 
 const FORMAT: &str = "kvstore-optimizer-states";
-const VERSION: u64 = 1;
+/// 2: with `checksum`. Files of version 1 (no checksum) still load.
+const VERSION: u64 = 2;
+/// The largest header read (safetensors' own limit).
+const MAX_HEADER: u64 = 100_000_000;
+/// The metadata entry holding the checksum, `crc32:` and 8 hex digits.
+const CHECKSUM: &str = "checksum";
 
 /// The store-wide part of an optimizer's state.
 pub(crate) struct Snapshot {
@@ -95,7 +109,222 @@ pub(crate) fn encode(rt: &Runtime, snapshot: &Snapshot, keys: &[(Key, Vec<usize>
         ("global".to_string(), json!(snapshot.values).to_string()),
         ("keys".to_string(), Value::Array(meta_keys).to_string()),
     ]);
+    let mut metadata = metadata;
+    let sum = checksum(&metadata, tensors.iter().map(|(n, t)| (n.as_str(), t.dtype(), t.shape(), t.data())));
+    metadata.insert(CHECKSUM.to_string(), format!("crc32:{sum:08x}"));
     safetensors::serialize(tensors, Some(metadata)).map_err(|e| Error::Internal(format!("optimizer states: {e}")))
+}
+
+/// CRC-32 of everything a file says: every metadata entry but the checksum, and every
+/// tensor's name, dtype, shape and bytes, each length-prefixed, in name order.
+fn checksum<'a>(
+    metadata: &HashMap<String, String>,
+    tensors: impl Iterator<Item = (&'a str, StDtype, &'a [usize], &'a [u8])>,
+) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    let mut field = |b: &[u8]| {
+        h.update(&(b.len() as u64).to_le_bytes());
+        h.update(b);
+    };
+    let sorted: BTreeMap<&String, &String> = metadata.iter().filter(|(k, _)| k.as_str() != CHECKSUM).collect();
+    for (k, v) in sorted {
+        field(k.as_bytes());
+        field(v.as_bytes());
+    }
+    let tensors: BTreeMap<&str, (StDtype, &[usize], &[u8])> = tensors.map(|(n, d, s, b)| (n, (d, s, b))).collect();
+    for (name, (dtype, shape, data)) in tensors {
+        field(name.as_bytes());
+        field(format!("{dtype:?}").as_bytes());
+        let dims: Vec<u8> = shape.iter().flat_map(|d| (*d as u64).to_le_bytes()).collect();
+        field(&dims);
+        field(data);
+    }
+    h.finalize()
+}
+
+/// Checks the file's checksum; a file of version 1 has none and loads (said once).
+fn verify_checksum(file: &SafeTensors<'_>, meta: &HashMap<String, String>, context: &str) -> Result<()> {
+    let Some(stored) = meta.get(CHECKSUM) else {
+        if meta.get("version").map(String::as_str) == Some("1") {
+            static SAID: AtomicBool = AtomicBool::new(false);
+            if !SAID.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "kvstore: {context}: the file is of version 1, which has no checksum; it was loaded unchecked \
+                     (save it again to add one)"
+                );
+            }
+            return Ok(());
+        }
+        return Err(corrupt(context, "no checksum"));
+    };
+    let tensors = file.tensors();
+    let sum = checksum(meta, tensors.iter().map(|(n, t)| (n.as_str(), t.dtype(), t.shape(), t.data())));
+    if stored != &format!("crc32:{sum:08x}") {
+        return Err(corrupt(context, "the checksum does not match the contents (the file is damaged)"));
+    }
+    Ok(())
+}
+
+/// Where a save to `path` writes: through symbolic links to their target; refused when
+/// that is something other than a regular file or a missing one.
+pub(crate) fn save_target(path: &Path, op: &str) -> Result<PathBuf> {
+    let mut target = path.to_path_buf();
+    // Follow links one at a time (a dangling link's target is created), at most as
+    // many as the kernel would.
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&target) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let link = std::fs::read_link(&target)
+                    .map_err(|source| Error::Io { context: format!("{op} to {}", path.display()), source })?;
+                target = match target.parent() {
+                    Some(dir) => dir.join(link),
+                    None => link,
+                };
+            }
+            Ok(m) if m.is_file() => return Ok(target),
+            Ok(m) => {
+                return Err(Error::invalid_argument(format!(
+                    "{op} to {}: {} is {}, not a regular file: give the path of a file",
+                    path.display(),
+                    target.display(),
+                    file_kind(&m)
+                )));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(target),
+            Err(source) => return Err(Error::Io { context: format!("{op} to {}", path.display()), source }),
+        }
+    }
+    Err(Error::invalid_argument(format!("{op} to {}: too many levels of symbolic links", path.display())))
+}
+
+fn file_kind(m: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = m.file_type();
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// The temporary names of saves to a file named `name`: `.{name}.{pid}.{n}.kvstore-tmp`.
+fn tmp_name(name: &str, pid: u32, n: u64) -> String {
+    format!(".{name}.{pid}.{n}.kvstore-tmp")
+}
+
+/// Removes temporary files of saves to `target` whose process is gone (killed while
+/// saving); those of live processes, this one included, are left alone.
+fn remove_stale_tmp(dir: &Path, name: &str) {
+    let Ok(listing) = std::fs::read_dir(dir) else { return };
+    let prefix = format!(".{name}.");
+    for entry in listing.flatten() {
+        let file = entry.file_name();
+        let Some(rest) = file.to_str().and_then(|f| f.strip_prefix(&prefix)?.strip_suffix(".kvstore-tmp")) else {
+            continue;
+        };
+        let Some((pid, n)) = rest.split_once('.') else { continue };
+        let (Ok(pid), Ok(_)) = (pid.parse::<u32>(), n.parse::<u64>()) else { continue };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Writes `bytes` to `target` (from [`save_target`]) through a temporary file in its
+/// directory: written, flushed to disk, renamed over `target`, and the directory
+/// flushed, so that `target` is always either the old file or the new one, whole.
+pub(crate) fn write_file(target: &Path, bytes: &[u8], op: &str) -> Result<()> {
+    let io = |source| Error::Io { context: format!("{op} to {}", target.display()), source };
+    let name = target
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| Error::invalid_argument(format!("{op} to {}: not a file name", target.display())))?;
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    remove_stale_tmp(&dir, name);
+    static SAVES: AtomicU64 = AtomicU64::new(0);
+    let tmp = dir.join(tmp_name(name, std::process::id(), SAVES.fetch_add(1, Ordering::Relaxed)));
+    let written = (|| -> std::io::Result<()> {
+        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        if let Ok(m) = std::fs::metadata(target) {
+            f.set_permissions(m.permissions())?;
+        }
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, target)?;
+        // The rename is durable once the directory is.
+        File::open(&dir)?.sync_all()
+    })();
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io(e)
+    })
+}
+
+/// Reads a state file: only a regular file (a FIFO with no writer would block, a device
+/// would never end), and only the bytes its header declares (which must be the file's
+/// size).
+pub(crate) fn read_file(path: &Path, context: &str) -> Result<Vec<u8>> {
+    let io = |source| Error::Io { context: context.to_string(), source };
+    let not_regular = |m: &std::fs::Metadata| {
+        Error::invalid_argument(format!("{context}: {} is {}, not a regular file", path.display(), file_kind(m)))
+    };
+    let m = std::fs::metadata(path).map_err(io)?;
+    if !m.is_file() {
+        return Err(not_regular(&m));
+    }
+    // O_NONBLOCK: if the path was swapped for a FIFO since, opening it does not wait.
+    let mut f = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(io)?;
+    let m = f.metadata().map_err(io)?;
+    if !m.is_file() {
+        return Err(not_regular(&m));
+    }
+    let size = m.len();
+    let mut head = [0u8; 8];
+    f.read_exact(&mut head).map_err(|_| corrupt(context, format!("the file is {size} bytes, too short")))?;
+    let n = u64::from_le_bytes(head);
+    if n > MAX_HEADER || n > size - 8 {
+        return Err(corrupt(context, format!("a header of {n} bytes in a file of {size}")));
+    }
+    let mut header = vec![0u8; n as usize];
+    f.read_exact(&mut header).map_err(io)?;
+    let end = data_end(&header).ok_or_else(|| corrupt(context, "the header is not a safetensors header"))?;
+    let declared = 8 + n + end;
+    if declared != size {
+        return Err(corrupt(context, format!("the header declares {declared} bytes, the file has {size}")));
+    }
+    let mut bytes = Vec::with_capacity(declared as usize);
+    bytes.extend_from_slice(&head);
+    bytes.extend_from_slice(&header);
+    f.take(end).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() as u64 != declared {
+        return Err(corrupt(context, "the file changed while it was read"));
+    }
+    Ok(bytes)
+}
+
+/// The end of the data section that a safetensors header declares.
+fn data_end(header: &[u8]) -> Option<u64> {
+    let v: Value = serde_json::from_slice(header).ok()?;
+    let mut end = 0u64;
+    for (name, t) in v.as_object()? {
+        if name == "__metadata__" {
+            continue;
+        }
+        end = end.max(t.get("data_offsets")?.get(1)?.as_u64()?);
+    }
+    Some(end)
 }
 
 /// Reads a file's bytes: the store-wide snapshot and every key's state. Checks the
@@ -108,9 +337,10 @@ pub(crate) fn decode(rt: &Runtime, bytes: &[u8], context: &str) -> Result<(Snaps
     let meta = meta.metadata().as_ref().ok_or_else(|| corrupt(context, "no metadata"))?;
     let get = |name: &str| meta.get(name).ok_or_else(|| corrupt(context, format!("no \"{name}\" in the metadata")));
     let json = |name: &str| -> Result<Value> { serde_json::from_str(get(name)?).map_err(|e| corrupt(context, e)) };
-    if get("format")? != FORMAT || get("version")? != &VERSION.to_string() {
+    if get("format")? != FORMAT || !["1", "2"].contains(&get("version")?.as_str()) {
         return Err(corrupt(context, "unknown format or version"));
     }
+    verify_checksum(&file, meta, context)?;
     let opt = rt.optimizer();
     let saved_for = get("optimizer")?;
     if saved_for != opt.name {
@@ -127,6 +357,9 @@ pub(crate) fn decode(rt: &Runtime, bytes: &[u8], context: &str) -> Result<(Snaps
         )));
     }
     let num_update = get("num_update")?.parse::<u64>().map_err(|e| corrupt(context, e))?;
+    if num_update > MAX_COUNT {
+        return Err(corrupt(context, format!("num_update {num_update} is above 2^53")));
+    }
     let scheduler = match json("scheduler")? {
         Value::Null => None,
         v => Some(LrScheduler::from_json(&v).ok_or_else(|| corrupt(context, "bad scheduler"))?),
@@ -135,10 +368,14 @@ pub(crate) fn decode(rt: &Runtime, bytes: &[u8], context: &str) -> Result<(Snaps
     let keys = json("keys")?;
     let keys = keys.as_array().ok_or_else(|| corrupt(context, "\"keys\" is not a list"))?;
     let mut loaded = Vec::with_capacity(keys.len());
+    let mut seen = std::collections::HashSet::new();
     for (n, k) in keys.iter().enumerate() {
         let bad = |what: &str| corrupt(context, format!("key entry {n}: {what}"));
         let key = Key::from(k["key"].as_str().ok_or_else(|| bad("no key"))?);
-        let count = k["count"].as_u64().ok_or_else(|| bad("no count"))?;
+        if !seen.insert(key.clone()) {
+            return Err(bad(&format!("key \"{key}\" appears twice")));
+        }
+        let count = k["count"].as_u64().filter(|&c| c <= MAX_COUNT).ok_or_else(|| bad("no count up to 2^53"))?;
         let shape: Vec<usize> = serde_json::from_value(k["shape"].clone()).map_err(|_| bad("no shape"))?;
         let master = k["master"].as_bool().ok_or_else(|| bad("no master flag"))?;
         let tensor_names = names.iter().map(|s| format!("k{n}.{s}")).chain(master.then(|| format!("k{n}.master")));
