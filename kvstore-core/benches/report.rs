@@ -149,6 +149,30 @@ fn main() -> kvstore_core::Result<()> {
         )
     });
 
+    // ---- many distinct keys in one call: the cost per key does not grow with their number ----
+    let list_push_per_key = |n: usize, runs: usize| -> kvstore_core::Result<f64> {
+        let kv = KVStore::create("local")?;
+        let keys: Vec<String> = (0..n).map(|i| format!("key-{i}")).collect();
+        let vals: Vec<NDArray> = (0..n).map(|i| NDArray::full(&[16], i as f64)).collect::<Result<_, _>>()?;
+        kv.init(&keys, &vals)?;
+        Ok(median(1, runs, || kv.push(&keys, &vals, 0).expect("list push")) / n as f64)
+    };
+    let few_s = list_push_per_key(1000, runs)?;
+    let many_s = list_push_per_key(100_000, runs.min(7))?;
+    rows.push(Row {
+        per: 1000.0,
+        ..Row::new("store: list push of 1000 distinct keys x 16 f32 (per key)", few_s, None, "")
+    });
+    rows.push(Row {
+        per: 100_000.0,
+        ..Row::new(
+            "store: list push of 100000 distinct keys x 16 f32 (per key)",
+            many_s,
+            Some(few_s),
+            ">= 0.5 (linear)",
+        )
+    });
+
     // ---- optimizers through push: the update against a plain loop moving the same bytes ----
     let g = NDArray::from_slice_in(&[BIG], &ins[1], Context::cpu(0))?;
     let (mut w_plain, mut m_plain, mut v_plain) = (ins[0].clone(), vec![0f32; BIG], vec![0f32; BIG]);

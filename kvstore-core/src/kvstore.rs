@@ -98,14 +98,14 @@ fn parse_kind(name: &str) -> Result<Mode> {
         // MXNet's synchronous spellings; `_async` ones are not synchronous.
         "dist_sync" | "dist" | "dist_sync_device" | "dist_device_sync" => Ok(Mode::Dist),
         _ if lower.contains("dist") || lower.contains("nccl") => Err(Error::Unsupported {
-            what: format!("store kind \"{lower}\""),
+            what: format!("store kind \"{}\"", crate::key::shorten(&lower)),
             hint: format!(
                 "the supported kinds are {} (dist_sync runs over MPI with kvstore-mpi; nccl will come with \
                  kvstore-cuda)",
                 SUPPORTED.join(", ")
             ),
         }),
-        _ => Err(Error::UnknownStoreKind { kind: name.to_string(), known: KNOWN.to_vec() }),
+        _ => Err(Error::UnknownStoreKind { kind: crate::key::shorten(name).into_owned(), known: KNOWN.to_vec() }),
     }
 }
 
@@ -578,7 +578,7 @@ impl KVStore {
         if capability.eq_ignore_ascii_case("optimizer") {
             Ok(true)
         } else {
-            Err(Error::invalid_argument(format!("unknown capability \"{capability}\"")))
+            Err(Error::invalid_argument(format!("unknown capability \"{}\"", crate::key::shorten(capability))))
         }
     }
 

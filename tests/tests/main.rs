@@ -9,6 +9,7 @@ mod differences;
 mod dist;
 mod errors;
 mod golden;
+mod hostile;
 mod optimizer_states;
 mod optimizers;
 mod properties;

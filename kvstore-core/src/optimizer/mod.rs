@@ -240,7 +240,7 @@ impl OptimizerBuilder {
         let Some(spec) = spec(&self.name) else {
             return Err(Error::invalid_argument(format!(
                 "unknown optimizer \"{}\": known optimizers are {}",
-                self.name,
+                crate::key::shorten(&self.name),
                 optimizer_names().join(", ")
             )));
         };
@@ -250,8 +250,9 @@ impl OptimizerBuilder {
             let Some((&known, _)) = params.get_key_value(name.as_str()) else {
                 let valid: Vec<&str> = COMMON.iter().chain(spec.params).map(|p| p.0).collect();
                 return Err(Error::invalid_argument(format!(
-                    "optimizer {}: unknown hyper-parameter \"{name}\": valid names are {}",
+                    "optimizer {}: unknown hyper-parameter \"{}\": valid names are {}",
                     spec.name,
+                    crate::key::shorten(name),
                     valid.join(", ")
                 )));
             };
