@@ -1,5 +1,5 @@
 # The one entry point. `make demo` and `make test` install what they need.
-.PHONY: all setup setup-jvm setup-mpi build native jar repl demo test bench gpu-bundle lint fmt doc clean
+.PHONY: all setup setup-jvm setup-mpi build native jar repl demo test fuzz bench gpu-bundle lint fmt doc clean
 
 CARGO ?= cargo
 JAVA ?= java
@@ -59,6 +59,13 @@ demo: jar
 # `N passed, N failed`.
 test: setup setup-jvm
 	@bash scripts/test.sh
+
+# The state-file loader fuzzed with many more mutated files than `make test` runs
+# (FUZZ_CASES, default 20000): never a panic, never a file that loads other states.
+FUZZ_CASES ?= 20000
+fuzz: setup
+	KVSTORE_FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test --release -p kvstore-tests --test main \
+	    hostile::mutated_state_files_never_panic_and_never_load_other_states -- --exact
 
 # Criterion benches; the Java, Clojure, MPI (2 ranks) and GPU benches; then the report:
 # limit, store, JVM, MPI and GPU rows, medians and ratios, written to target/bench/results.json.

@@ -380,7 +380,12 @@ fn a_flipped_bit_anywhere_in_a_state_file_is_refused() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+    // 256 cases in `make test`; `make fuzz` runs many more (KVSTORE_FUZZ_CASES).
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("KVSTORE_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     /// Mutated state files: the loader never panics, and a file it accepts holds
     /// exactly what was saved (saving the loaded store gives the original file).
