@@ -70,6 +70,14 @@ fn st_dtype(d: DType) -> Result<StDtype> {
 pub(crate) fn encode(rt: &Runtime, snapshot: &Snapshot, keys: &[(Key, Vec<usize>, &KeyState)]) -> Result<Vec<u8>> {
     let opt = rt.optimizer();
     let names = opt.rule.states();
+    if let Some((key, _, st)) = keys.iter().find(|(_, _, st)| st.states.len() != names.len()) {
+        return Err(Error::Internal(format!(
+            "save_optimizer_states: key \"{key}\" has {} state arrays, optimizer {} has {}",
+            st.states.len(),
+            opt.name,
+            names.len()
+        )));
+    }
     // Hold every array's bytes while the views borrow them.
     let guards: Vec<Vec<_>> = keys
         .iter()
