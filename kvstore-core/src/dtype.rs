@@ -88,8 +88,9 @@ impl FromStr for DType {
             "uint8" | "u8" => DType::U8,
             _ => {
                 return Err(Error::invalid_argument(format!(
-                    "unknown dtype \"{s}\": expected one of float32, float64, float16, \
-                     bfloat16, int32, int64, int8, uint8"
+                    "unknown dtype \"{}\": expected one of float32, float64, float16, \
+                     bfloat16, int32, int64, int8, uint8",
+                    crate::key::shorten(s)
                 )));
             }
         };

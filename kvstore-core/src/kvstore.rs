@@ -309,14 +309,17 @@ impl KVStoreBuilder {
         match (mode, &self.collective) {
             (Mode::Dist, None) => {
                 return Err(Error::Unsupported {
-                    what: format!("store kind \"{}\" without a worker group", self.kind.to_ascii_lowercase()),
+                    what: format!(
+                        "store kind \"{}\" without a worker group",
+                        crate::key::shorten(&self.kind.to_ascii_lowercase())
+                    ),
                     hint: "create dist_sync stores with kvstore-mpi, which joins the MPI job".to_string(),
                 });
             }
             (Mode::Local | Mode::Device, Some(_)) => {
                 return Err(Error::invalid_argument(format!(
                     "store kind \"{}\" is local: it takes no worker group (use dist_sync)",
-                    self.kind
+                    crate::key::shorten(&self.kind)
                 )));
             }
             _ => {}
@@ -718,7 +721,7 @@ impl KVStore {
     pub fn load_optimizer_states(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
         const OP: &str = "load_optimizer_states";
         let path = path.as_ref();
-        let context = format!("{OP} from {}", path.display());
+        let context = format!("{OP} from {}", crate::key::shorten(&path.display().to_string()));
         let held = Held::new(OP, self, &[])?;
         // Fail early, before reading, when no optimizer is set.
         Self::runtime(OP, &self.merger.read())?;

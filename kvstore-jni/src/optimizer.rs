@@ -138,7 +138,8 @@ fn scheduler_from_json(v: &Value) -> Result<LrScheduler> {
         }
         other => {
             return Err(bad(format!(
-                "scheduler: unknown type \"{other}\": the types are factor, multifactor, poly, cosine"
+                "scheduler: unknown type \"{}\": the types are factor, multifactor, poly, cosine",
+                kvstore_core::shorten(other)
             )));
         }
     };

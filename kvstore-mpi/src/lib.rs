@@ -78,7 +78,7 @@ fn with_group(kind: &str) -> Result<KVStore> {
 #[cfg(not(feature = "mpi"))]
 fn with_group(kind: &str) -> Result<KVStore> {
     Err(Error::Unsupported {
-        what: format!("store kind \"{kind}\""),
+        what: format!("store kind \"{}\"", kvstore_core::shorten(kind)),
         hint: "this build has no MPI support: build with the cargo feature `mpi` (for the JVM, \
                `make jar FEATURES=mpi`, which writes target/kvstore-mpi.jar)"
             .to_string(),

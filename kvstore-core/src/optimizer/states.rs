@@ -183,7 +183,7 @@ pub(crate) fn save_target(path: &Path, op: &str) -> Result<PathBuf> {
         match std::fs::symlink_metadata(&target) {
             Ok(m) if m.file_type().is_symlink() => {
                 let link = std::fs::read_link(&target)
-                    .map_err(|source| Error::Io { context: format!("{op} to {}", path.display()), source })?;
+                    .map_err(|source| Error::Io { context: format!("{op} to {}", shown(path)), source })?;
                 target = match target.parent() {
                     Some(dir) => dir.join(link),
                     None => link,
@@ -193,16 +193,21 @@ pub(crate) fn save_target(path: &Path, op: &str) -> Result<PathBuf> {
             Ok(m) => {
                 return Err(Error::invalid_argument(format!(
                     "{op} to {}: {} is {}, not a regular file: give the path of a file",
-                    path.display(),
-                    target.display(),
+                    shown(path),
+                    shown(&target),
                     file_kind(&m)
                 )));
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(target),
-            Err(source) => return Err(Error::Io { context: format!("{op} to {}", path.display()), source }),
+            Err(source) => return Err(Error::Io { context: format!("{op} to {}", shown(path)), source }),
         }
     }
-    Err(Error::invalid_argument(format!("{op} to {}: too many levels of symbolic links", path.display())))
+    Err(Error::invalid_argument(format!("{op} to {}: too many levels of symbolic links", shown(path))))
+}
+
+/// A path for a message, shortened when long.
+fn shown(path: &Path) -> String {
+    crate::key::shorten(&path.display().to_string()).into_owned()
 }
 
 fn file_kind(m: &std::fs::Metadata) -> &'static str {
@@ -250,11 +255,11 @@ fn remove_stale_tmp(dir: &Path, name: &str) {
 /// directory: written, flushed to disk, renamed over `target`, and the directory
 /// flushed, so that `target` is always either the old file or the new one, whole.
 pub(crate) fn write_file(target: &Path, bytes: &[u8], op: &str) -> Result<()> {
-    let io = |source| Error::Io { context: format!("{op} to {}", target.display()), source };
+    let io = |source| Error::Io { context: format!("{op} to {}", shown(&target)), source };
     let name = target
         .file_name()
         .and_then(|n| n.to_str())
-        .ok_or_else(|| Error::invalid_argument(format!("{op} to {}: not a file name", target.display())))?;
+        .ok_or_else(|| Error::invalid_argument(format!("{op} to {}: not a file name", shown(&target))))?;
     let dir = match target.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -286,7 +291,7 @@ pub(crate) fn write_file(target: &Path, bytes: &[u8], op: &str) -> Result<()> {
 pub(crate) fn read_file(path: &Path, context: &str) -> Result<Vec<u8>> {
     let io = |source| Error::Io { context: context.to_string(), source };
     let not_regular = |m: &std::fs::Metadata| {
-        Error::invalid_argument(format!("{context}: {} is {}, not a regular file", path.display(), file_kind(m)))
+        Error::invalid_argument(format!("{context}: {} is {}, not a regular file", shown(path), file_kind(m)))
     };
     let m = std::fs::metadata(path).map_err(io)?;
     if !m.is_file() {
