@@ -255,11 +255,11 @@ fn remove_stale_tmp(dir: &Path, name: &str) {
 /// directory: written, flushed to disk, renamed over `target`, and the directory
 /// flushed, so that `target` is always either the old file or the new one, whole.
 pub(crate) fn write_file(target: &Path, bytes: &[u8], op: &str) -> Result<()> {
-    let io = |source| Error::Io { context: format!("{op} to {}", shown(&target)), source };
+    let io = |source| Error::Io { context: format!("{op} to {}", shown(target)), source };
     let name = target
         .file_name()
         .and_then(|n| n.to_str())
-        .ok_or_else(|| Error::invalid_argument(format!("{op} to {}: not a file name", shown(&target))))?;
+        .ok_or_else(|| Error::invalid_argument(format!("{op} to {}: not a file name", shown(target))))?;
     let dir = match target.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
