@@ -324,15 +324,19 @@ fn counters_that_would_wrap_are_refused_where_they_enter() {
 
 // ----- integrity (item 5) and the fuzzed loader -----
 
-/// A store with Adam states and a schedule, and its state file's bytes.
-fn saved_states(dir: &TempDir) -> (Vec<u8>, PathBuf) {
-    let kv = store(&[("w", 6), ("b", 3)]);
-    let adam = Optimizer::builder("adam")
+/// Adam with a factor schedule: states, counters and a schedule to save.
+fn scheduled_adam() -> Optimizer {
+    Optimizer::builder("adam")
         .param("learning_rate", 0.1)
         .lr_scheduler(kvstore_core::LrScheduler::factor(2, 0.5).expect("scheduler"))
         .build()
-        .expect("adam");
-    kv.set_optimizer(adam).expect("adam");
+        .expect("adam")
+}
+
+/// A store with Adam states and a schedule, and its state file's bytes.
+fn saved_states(dir: &TempDir) -> (Vec<u8>, PathBuf) {
+    let kv = store(&[("w", 6), ("b", 3)]);
+    kv.set_optimizer(scheduled_adam()).expect("adam");
     for step in 0..3 {
         kv.push(&["w", "b"], &[NDArray::full(&[6], step as f64).expect("g"), NDArray::ones(&[3]).expect("g")], 0)
             .expect("push");
@@ -345,12 +349,7 @@ fn saved_states(dir: &TempDir) -> (Vec<u8>, PathBuf) {
 /// A fresh store that takes the states of [`saved_states`].
 fn loader() -> KVStore {
     let kv = store(&[("w", 6), ("b", 3)]);
-    let adam = Optimizer::builder("adam")
-        .param("learning_rate", 0.1)
-        .lr_scheduler(kvstore_core::LrScheduler::factor(2, 0.5).expect("scheduler"))
-        .build()
-        .expect("adam");
-    kv.set_optimizer(adam).expect("adam");
+    kv.set_optimizer(scheduled_adam()).expect("adam");
     kv
 }
 
