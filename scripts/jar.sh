@@ -5,7 +5,9 @@
 #
 # The native library comes from ${KVSTORE_NATIVE_LIB:-target/release/libkvstore_jni.so}
 # (`cargo build -p kvstore-jni --release`); without it this script fails, since a jar
-# without it cannot work anywhere the library is not installed separately.
+# without it cannot work anywhere the library is not installed separately. Classes are
+# compiled under ${KVSTORE_JVM_OUT:-target/jvm} (a separate folder lets a second build,
+# with another CARGO_TARGET_DIR, run beside the default one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +18,7 @@ if [ ! -f "$native" ]; then
     exit 1
 fi
 
-out=target/jvm
+out=${KVSTORE_JVM_OUT:-target/jvm}
 classes=$out/classes
 staging=$out/jar-native
 jar=${KVSTORE_JAR:-target/kvstore.jar}

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Compiles the JUnit tests (clojure/java-test) against target/kvstore.jar and runs them
+# Compiles the JUnit tests (clojure/java-test) against target/kvstore.jar (or ${KVSTORE_JAR})
+# into ${KVSTORE_JVM_OUT:-target/jvm}/test-classes and runs them
 # with Debian's JUnit console launcher, then prints one line `junit: N passed, N failed`.
 # Exits non-zero if any test failed, if a test class could not even start, or if no test
 # ran. A test aborted by a JUnit assumption (`Assumptions.assumeTrue`) is a skip: it
@@ -13,8 +14,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 junit=${JUNIT_CONSOLE_JAR:-/usr/share/java/junit-platform-console-standalone.jar}
-jar=target/kvstore.jar
-classes=target/jvm/test-classes
+jar=${KVSTORE_JAR:-target/kvstore.jar}
+out=${KVSTORE_JVM_OUT:-target/jvm}
+classes=$out/test-classes
 logs=target/test-logs
 log=$logs/junit.log
 mkdir -p "$logs"
@@ -32,13 +34,13 @@ mapfile -t sources < <(find clojure/java-test -name '*.java' | sort)
 [ "${#sources[@]}" -gt 0 ] || fail "no test sources under clojure/java-test"
 
 rm -rf "$classes"
-mkdir -p "$classes" target/jvm/empty-library-path
+mkdir -p "$classes" "$out/empty-library-path"
 javac --release 17 -Xlint:all -Werror -encoding UTF-8 -cp "$jar:$junit" -d "$classes" "${sources[@]}" \
     || fail "the tests do not compile"
 
 # Debian's launcher (JUnit Platform 1.9) has no `execute` subcommand: options go directly.
 timeout 900 java \
-    -Djava.library.path=target/jvm/empty-library-path \
+    -Djava.library.path="$out/empty-library-path" \
     -Dkvstore.test.expectBundled=true \
     -jar "$junit" \
     --disable-banner --disable-ansi-colors --details=tree --details-theme=ascii \

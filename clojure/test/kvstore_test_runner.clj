@@ -28,6 +28,7 @@
 (def default-namespaces
   '[org.apache.clojure-mxnet.context-test
     org.apache.clojure-mxnet.ndarray-test
+    org.apache.clojure-mxnet.hardening-test
     org.apache.clojure-mxnet.kvstore-test
     org.apache.clojure-mxnet.optimizer-test
     org.apache.clojure-mxnet.util-test])

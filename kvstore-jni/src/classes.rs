@@ -139,9 +139,10 @@ fn lookup_classes(env: &mut Env<'_>) -> jni::errors::Result<Classes> {
     Ok(Classes { kvstore_exception, kvstore_exception_new, updater, updater_invoke })
 }
 
-/// Called by the JVM when it loads the library: fills the caches (see the module
-/// docs). On failure the load fails (`UnsatisfiedLinkError`), rather than leaving error
-/// paths that can crash.
+/// Called by the JVM when it loads the library: installs the panic hook
+/// ([`crate::error::install_panic_hook`]) and fills the caches (see the module docs).
+/// On failure the load fails (`UnsatisfiedLinkError`), rather than leaving error paths
+/// that can crash.
 ///
 /// # Safety
 /// Only the JVM may call it, on the thread that loads the library, with its own
@@ -151,6 +152,7 @@ pub unsafe extern "system" fn JNI_OnLoad(vm: *mut jni::sys::JavaVM, _reserved: *
     if vm.is_null() {
         return JNI_ERR;
     }
+    crate::error::install_panic_hook();
     // SAFETY: the JVM passes JNI_OnLoad a pointer to itself, valid for as long as the
     // library is loaded, and supports JNI 1.8 (JDK 8 and later).
     let vm = unsafe { JavaVM::from_raw(vm) };

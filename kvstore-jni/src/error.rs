@@ -112,6 +112,36 @@ fn throw(env: &mut Env<'_>, code: &str, message: &str) -> jni::errors::Result<()
     Ok(())
 }
 
+/// The environment variable that brings back Rust's own report of a panic on stderr.
+pub const DEBUG_VAR: &str = "KVSTORE_DEBUG";
+
+/// Whether [`DEBUG_VAR`] asks for panic reports: set to anything but empty or `0`.
+fn debug_requested(value: Option<&std::ffi::OsStr>) -> bool {
+    value.is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Installs, once per process, a panic hook that prints nothing unless [`DEBUG_VAR`]
+/// is set (read at each panic), and then hands the panic to the hook it replaced.
+///
+/// Why: every panic of a native call is caught by jni's `with_env` and reaches Java as
+/// an `INTERNAL` exception carrying the panic's message; Rust's default hook would also
+/// print "thread ... panicked at ..." (and a backtrace under `RUST_BACKTRACE`) on the
+/// application's stderr for an error the caller already got and may handle. The hook
+/// belongs to this library's copy of the Rust runtime only (a cdylib links its own), so
+/// no other Rust code in the process is affected. It also does no formatting, so a
+/// panic on a thread short of stack cannot overflow it.
+pub fn install_panic_hook() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if debug_requested(std::env::var_os(DEBUG_VAR).as_deref()) {
+                previous(info);
+            }
+        }));
+    });
+}
+
 fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_string()
@@ -168,5 +198,15 @@ mod tests {
         assert!(msg.contains("null"), "{msg}");
         assert_eq!(panic_message(&"boom"), "boom");
         assert_eq!(panic_message(&String::from("bang")), "bang");
+    }
+
+    #[test]
+    fn kvstore_debug_asks_for_reports_unless_empty_or_zero() {
+        use std::ffi::OsStr;
+        assert!(!debug_requested(None));
+        assert!(!debug_requested(Some(OsStr::new(""))));
+        assert!(!debug_requested(Some(OsStr::new("0"))));
+        assert!(debug_requested(Some(OsStr::new("1"))));
+        assert!(debug_requested(Some(OsStr::new("full"))));
     }
 }

@@ -229,10 +229,12 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nSetUpdater<'l>(
 ) {
     env.with_env(|env| -> JResult<()> {
         let kv = STORES.get(h)?;
+        // Both wait for the pushes in flight (each holds the updater it started with),
+        // and refuse a call from inside an updater of this store.
         if updater.is_null() {
-            kv.clear_updater();
+            kv.clear_updater()?;
         } else {
-            kv.set_updater(JavaUpdater::new(env, &updater)?);
+            kv.set_updater(JavaUpdater::new(env, &updater)?)?;
         }
         Ok(())
     })

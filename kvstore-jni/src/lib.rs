@@ -18,10 +18,12 @@
 //! closed, stale or forged handle is a `KVStoreException` with code `DISPOSED`. Every
 //! error is thrown as `KVStoreException(code, message)` with the Rust
 //! [`kvstore_core::ErrorKind`] code; a panic is caught by jni's `with_env` and thrown
-//! as `INTERNAL`. Nothing a caller passes can crash the JVM: `JNI_OnLoad`
-//! ([`classes`]) caches every class the error and updater paths need while the stack is
-//! healthy, so that they work, or fail with a Java exception, on a thread that is
-//! nearly out of stack.
+//! as `INTERNAL` with the panic's message, and nothing is printed on stderr unless the
+//! environment variable `KVSTORE_DEBUG` is set (then Rust's own report comes too, with a
+//! backtrace under `RUST_BACKTRACE`; see [`error::install_panic_hook`]). Nothing a
+//! caller passes can crash the JVM: `JNI_OnLoad` ([`classes`]) caches every class the
+//! error and updater paths need while the stack is healthy, so that they work, or fail
+//! with a Java exception, on a thread that is nearly out of stack.
 //!
 //! # Features
 //! None yet. GPU (kvstore-cuda) and MPI (kvstore-mpi) support come as features later.

@@ -32,7 +32,9 @@ class ErrorsTest {
     void nativeErrorCodesEqualTheJavaEnumInOrder() {
         String[] java = Arrays.stream(Code.values()).map(Enum::name).toArray(String[]::new);
         assertArrayEquals(java, Native.nErrorCodes());
-        assertEquals(13, java.length);
+        assertEquals(14, java.length);
+        assertEquals(Code.INTERNAL, Code.values()[13]);
+        assertEquals(Code.RESOURCE_EXHAUSTED, Code.values()[12]);
     }
 
     @Test
@@ -161,7 +163,8 @@ class ErrorsTest {
             Files.writeString(notStates, "this is not an optimizer-state file");
             assertCode(Code.IO, () -> kv.loadOptimizerStates(notStates.toString()));
             assertCode(Code.IO, () -> kv.loadOptimizerStates(dir.resolve("absent.states").toString()));
-            assertCode(Code.IO, () -> kv.loadOptimizerStates(dir.toString()));
+            // Not a regular file: refused before it is opened.
+            assertCode(Code.INVALID_ARGUMENT, () -> kv.loadOptimizerStates(dir.toString()));
         }
     }
 
@@ -190,6 +193,23 @@ class ErrorsTest {
         assertCode(Code.INVALID_ARGUMENT, () -> NDArray.full(huge, 1.0, Context.cpu(), DType.UINT8));
         assertCode(Code.INVALID_ARGUMENT, () -> NDArray.array(new float[] {1}, huge));
         assertCode(Code.INVALID_ARGUMENT, () -> NDArray.array(new long[] {1}, huge));
+    }
+
+    @Test
+    void memoryTheSystemRefusesIsResourceExhausted() {
+        // 2^44 float32 elements: a size that exists, 64 TiB that no machine here gives.
+        KVStoreException e = assertCode(Code.RESOURCE_EXHAUSTED, () -> NDArray.zeros(1 << 20, 1 << 20, 16));
+        assertTrue(e.getMessage().contains("70368744177664 bytes"), e.getMessage());
+        // A size beyond what can be represented stays INVALID_ARGUMENT.
+        assertCode(Code.INVALID_ARGUMENT, () -> NDArray.zeros(1 << 30, 1 << 30, 4));
+        // An arange whose values cannot fit the Java heap while they are computed.
+        long heap = Runtime.getRuntime().maxMemory();
+        double n = 2e9;
+        if (n * Double.BYTES > heap) {
+            assertCode(Code.RESOURCE_EXHAUSTED, () -> NDArray.arange(0, n, 1));
+        } else {
+            System.out.println("SKIP-PART: the heap (" + heap + " bytes) holds 2e9 doubles");
+        }
     }
 
     @Test

@@ -11,30 +11,37 @@ import java.util.Locale;
  */
 public enum DType {
     /** 32-bit float, the default. */
-    FLOAT32("float32", "f32"),
+    FLOAT32("float32", "f32", 4),
     /** 64-bit float. */
-    FLOAT64("float64", "f64"),
+    FLOAT64("float64", "f64", 8),
     /** IEEE 754 half precision. */
-    FLOAT16("float16", "f16"),
+    FLOAT16("float16", "f16", 2),
     /** bfloat16 (8-bit exponent, 7-bit mantissa). */
-    BFLOAT16("bfloat16", "bf16"),
+    BFLOAT16("bfloat16", "bf16", 2),
     /** 32-bit signed integer. */
-    INT32("int32", "i32"),
+    INT32("int32", "i32", 4),
     /** 64-bit signed integer. */
-    INT64("int64", "i64"),
+    INT64("int64", "i64", 8),
     /** 8-bit signed integer. */
-    INT8("int8", "i8"),
+    INT8("int8", "i8", 1),
     /** 8-bit unsigned integer. */
-    UINT8("uint8", "u8");
+    UINT8("uint8", "u8", 1);
 
     private static final DType[] VALUES = values();
 
     private final String mxnetName;
     private final String shortName;
+    private final int bytes;
 
-    DType(String mxnetName, String shortName) {
+    DType(String mxnetName, String shortName, int bytes) {
         this.mxnetName = mxnetName;
         this.shortName = shortName;
+        this.bytes = bytes;
+    }
+
+    /** The size of one element in bytes. */
+    int elementBytes() {
+        return bytes;
     }
 
     /**

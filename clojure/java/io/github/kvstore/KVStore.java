@@ -6,6 +6,7 @@ import java.util.Arrays;
 import java.util.Map;
 import java.util.Objects;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.locks.ReentrantLock;
 
 /**
  * A key-value store of arrays, as MXNet's {@code KVStore}: {@link #init(String, NDArray)}
@@ -66,14 +67,27 @@ public final class KVStore implements AutoCloseable {
         }
     }
 
+    /**
+     * How many {@link Updater} calls are running on each thread (see {@link #updaterDepth()});
+     * a plain ThreadLocal, filled on first use, so that no lambda or extra class has to be
+     * linked during an updater call on a thread short of stack.
+     */
+    private static final ThreadLocal<int[]> UPDATER_DEPTH = new ThreadLocal<>();
+
     private final State state;
     private final Cleaner.Cleanable cleanable;
     /**
      * The installed updater. The native store holds it only weakly, so this field is what
      * keeps it alive, for as long as the store is reachable: an updater that captures the
-     * store forms a cycle the garbage collector can free, not a GC root.
+     * store forms a cycle the garbage collector can free, not a GC root. Written only under
+     * {@link #updaterLock}, after the native store installed the same updater.
      */
     private volatile Updater updater;
+    /**
+     * Serialises {@link #setUpdater}, {@link #setOptimizer}: each installs natively and then
+     * writes {@link #updater}, so the field always ends up holding what the native store has.
+     */
+    private final ReentrantLock updaterLock = new ReentrantLock();
 
     private KVStore(long handle) {
         this.state = new State(handle);
@@ -139,6 +153,19 @@ public final class KVStore implements AutoCloseable {
     /** Native stores freed so far, explicitly or by the Cleaner. */
     static long freedCount() {
         return FREED.get();
+    }
+
+    /**
+     * The count of {@link Updater} calls running on this thread, as a mutable cell that
+     * {@code Updater.invoke} increments around each call.
+     */
+    static int[] updaterDepth() {
+        int[] depth = UPDATER_DEPTH.get();
+        if (depth == null) {
+            depth = new int[1];
+            UPDATER_DEPTH.set(depth);
+        }
+        return depth;
     }
 
     private long handle() {
@@ -330,12 +357,9 @@ public final class KVStore implements AutoCloseable {
         Objects.requireNonNull(key, "key");
         checkArrays(values, "values");
         long[] vs = handles(values, "values");
-        // Kept reachable: setUpdater on another thread may replace it while this push runs it.
-        Updater running = updater;
         try {
             nPushKey(handle(), key, vs, priority);
         } finally {
-            Reference.reachabilityFence(running);
             Reference.reachabilityFence(this);
             Reference.reachabilityFence(values);
         }
@@ -372,12 +396,9 @@ public final class KVStore implements AutoCloseable {
         keys(keys, "keys");
         checkArrays(values, "values");
         long[] vs = handles(values, "values");
-        // Kept reachable: setUpdater on another thread may replace it while this push runs it.
-        Updater running = updater;
         try {
             nPush(handle(), keys, vs, priority);
         } finally {
-            Reference.reachabilityFence(running);
             Reference.reachabilityFence(this);
             Reference.reachabilityFence(values);
         }
@@ -487,12 +508,9 @@ public final class KVStore implements AutoCloseable {
     private KVStore pushpull0(String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
         long[] vs = handles(values, "values");
         long[] os = handles(outs, "outs");
-        // Kept reachable: setUpdater on another thread may replace it while this push runs it.
-        Updater running = updater;
         try {
             nPushPull(handle(), keys, vs, outKeys, os, priority);
         } finally {
-            Reference.reachabilityFence(running);
             Reference.reachabilityFence(this);
             Reference.reachabilityFence(values);
             Reference.reachabilityFence(outs);
@@ -786,43 +804,75 @@ public final class KVStore implements AutoCloseable {
      * default (the pushed sum replaces the stored value). See {@link Updater} for when it
      * runs and what it may call. The store keeps the updater reachable until it is
      * replaced, for as long as the store itself is reachable; an updater that captures the
-     * store does not keep the store alive. A push that runs on another thread while the
-     * updater is replaced uses the old or the new one.
+     * store does not keep the store alive.
+     *
+     * <p>Pushes in flight finish with the updater they started with: this call waits for
+     * them, then returns; pushes that start after it use the new one. Calls from several
+     * threads take effect one at a time.
      *
      * @param updater the updater, or {@code null}
      * @return this store
-     * @throws KVStoreException {@code DISPOSED}
+     * @throws KVStoreException {@code DISPOSED}; {@code INVALID_ARGUMENT} when called from
+     *     inside an updater of this store, or from inside an updater of another store
+     *     while this one is busy (a push, or another thread replacing its updater): an
+     *     updater never waits for a store
      */
     public KVStore setUpdater(Updater updater) {
-        try {
-            nSetUpdater(handle(), updater);
-            this.updater = updater;
-        } finally {
-            Reference.reachabilityFence(this);
-            Reference.reachabilityFence(updater);
-        }
+        replaceMerger(updater, () -> nSetUpdater(handle(), updater));
         return this;
+    }
+
+    /**
+     * Runs {@code install} (a native call that replaces the store's updater or optimizer,
+     * waiting for the pushes in flight), then makes {@code installed} the updater this
+     * object keeps alive. Serialised by {@link #updaterLock}, so that the field and the
+     * native store change in the same order: until the native call returns, the field
+     * still holds the updater that the pushes in flight run, and the new one is held by
+     * this call.
+     */
+    private void replaceMerger(Updater installed, Runnable install) {
+        if (updaterDepth()[0] > 0) {
+            // Inside an updater (of this store or another): the lock's holder may be waiting
+            // for the push that runs this very updater, so never wait for it. The native
+            // call then fails with INVALID_ARGUMENT for this store, or fails instead of
+            // waiting for another store that is busy.
+            if (!updaterLock.tryLock()) {
+                throw new KVStoreException(KVStoreException.Code.INVALID_ARGUMENT,
+                        "replacing the updater or optimizer of a store from inside an updater, while another"
+                                + " thread is replacing it: an updater may not wait for a store");
+            }
+        } else {
+            updaterLock.lock();
+        }
+        try {
+            install.run();
+            this.updater = installed;
+        } finally {
+            updaterLock.unlock();
+            Reference.reachabilityFence(this);
+            Reference.reachabilityFence(installed);
+        }
     }
 
     /**
      * Installs {@code optimizer} (MXNet's {@code set_optimizer}): every later push of
      * gradients to a key updates the key's value, its weight, in place with the optimizer's
      * rule; the per-key state lives in the store. Replaces any updater or earlier optimizer,
-     * and every key's optimizer state starts afresh.
+     * and every key's optimizer state starts afresh. Waits for the pushes in flight, as
+     * {@link #setUpdater(Updater)}.
      *
      * @param optimizer the optimizer
      * @return this store
-     * @throws KVStoreException {@code DISPOSED}; {@code INVALID_ARGUMENT} or
+     * @throws KVStoreException {@code DISPOSED}; {@code INVALID_ARGUMENT} from inside an
+     *     updater, as {@link #setUpdater(Updater)}; {@code INVALID_ARGUMENT} or
      *     {@code UNSUPPORTED} as {@link Optimizer.Builder#build()} (an optimizer that was
      *     built has passed those checks already)
      */
     public KVStore setOptimizer(Optimizer optimizer) {
         Objects.requireNonNull(optimizer, "optimizer");
-        try {
-            nSetOptimizer(handle(), optimizer.toJson());
-        } finally {
-            Reference.reachabilityFence(this);
-        }
+        String json = optimizer.toJson();
+        // The optimizer replaces the updater, which need not be kept alive any more.
+        replaceMerger(null, () -> nSetOptimizer(handle(), json));
         return this;
     }
 

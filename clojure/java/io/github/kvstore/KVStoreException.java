@@ -44,6 +44,12 @@ public final class KVStoreException extends RuntimeException {
         IO,
         /** A backend failed, or a custom {@link Updater} threw (then it is the cause). */
         BACKEND,
+        /**
+         * The machine refused a resource: memory (an array, or a Java array the result of a
+         * call needs, too large for what is free) or threads. Nothing was changed; the call
+         * may succeed once resources are freed.
+         */
+        RESOURCE_EXHAUSTED,
         /** A bug in the library (a Rust panic lands here); please report it. */
         INTERNAL
     }

@@ -15,12 +15,23 @@ import java.util.concurrent.atomic.AtomicLong;
  * {@link #copyTo(Context)} and {@link #asType(DType)}. It is not a tensor library.
  *
  * <p>An array holds native memory until {@link #close()} (try-with-resources); a
- * {@link Cleaner} frees arrays that become unreachable unclosed, but only when the garbage
- * collector gets to them, which may be late for large arrays. After {@code close()} every
- * method but {@link #close()}, {@link #isClosed()} and {@link #toString()} throws a
- * {@link KVStoreException} with code {@link KVStoreException.Code#DISPOSED}. Arrays are
- * safe to use from several threads; a concurrent {@code close()} makes the calls that
- * follow it fail with {@code DISPOSED}.
+ * {@link Cleaner} frees arrays that become unreachable unclosed once the garbage collector
+ * finds them. So that a program that forgets {@code close()} still runs in bounded memory,
+ * the native bytes of the arrays not yet freed are counted: when they pass a threshold,
+ * making an array first asks for a garbage collection ({@link System#gc()}) and waits
+ * briefly for the Cleaner to free the unreachable ones (as the JDK does for direct
+ * buffers). The threshold is the system property {@code kvstore.nativeMemoryThreshold}
+ * (bytes, or with a {@code k}, {@code m} or {@code g} suffix: {@code -Dkvstore.nativeMemoryThreshold=512m};
+ * {@code 0} turns this off), by default a quarter of the maximum heap
+ * ({@code -Xmx}) and at least 64 MiB; after each collection it rises to twice what is still
+ * live, so a program that really holds many arrays is not slowed by collections on every
+ * allocation. It never makes a call fail. Closing arrays explicitly remains the cheapest.
+ *
+ * <p>After {@code close()} every method but {@link #close()}, {@link #isClosed()} and
+ * {@link #toString()} (which says {@code <NDArray closed>}) throws a
+ * {@link KVStoreException} with code {@link KVStoreException.Code#DISPOSED}, the shape and
+ * dtype accessors included. Arrays are safe to use from several threads; a concurrent
+ * {@code close()} makes the calls that follow it fail with {@code DISPOSED}.
  *
  * <p>Element-wise operations with a scalar convert the scalar to the array's dtype first
  * (as MXNet); integer arithmetic wraps, integer division by zero is
@@ -46,9 +57,12 @@ public final class NDArray implements AutoCloseable {
      */
     private static final class State implements Runnable {
         private final AtomicLong handle;
+        /** The native bytes counted in {@link NativeMemory} for this array (0: not counted). */
+        private final long bytes;
 
-        State(long handle) {
+        State(long handle, long bytes) {
             this.handle = new AtomicLong(handle);
+            this.bytes = bytes;
         }
 
         @Override
@@ -56,6 +70,7 @@ public final class NDArray implements AutoCloseable {
             long h = handle.getAndSet(0);
             if (h != 0) {
                 FREED.incrementAndGet();
+                NativeMemory.freed(bytes);
                 try {
                     nFree(h);
                 } catch (KVStoreException e) {
@@ -67,16 +82,31 @@ public final class NDArray implements AutoCloseable {
     }
 
     private final State state;
+    /** Null for an updater's array, which the native side frees after the call. */
     private final Cleaner.Cleanable cleanable;
     private final int[] shape;
     private final DType dtype;
     private final Context context;
 
     /**
-     * Wraps a native handle, taking ownership of it. The native side calls this (signature
-     * {@code (J)V}) to hand arrays to an {@link Updater}.
+     * Wraps a native handle, taking ownership of it: the array is freed by {@link #close()}
+     * or the Cleaner, and its bytes count towards the collection threshold (see the class
+     * docs), which may make this constructor wait for a garbage collection first.
      */
     NDArray(long handle) {
+        this(handle, true);
+    }
+
+    /**
+     * An array an {@link Updater} gets: a view of the store's memory whose handle the native
+     * side frees when the call returns; {@link #release()} marks it closed then. Not counted,
+     * not registered with the Cleaner.
+     */
+    static NDArray borrowed(long handle) {
+        return new NDArray(handle, false);
+    }
+
+    private NDArray(long handle, boolean owned) {
         long[] info;
         try {
             info = nInfo(handle);
@@ -104,8 +134,20 @@ public final class NDArray implements AutoCloseable {
             }
             throw e;
         }
-        this.state = new State(handle);
-        this.cleanable = CLEANER.register(this, state);
+        if (owned) {
+            long bytes = size(shape) * dtype.elementBytes();
+            this.state = new State(handle, bytes);
+            this.cleanable = CLEANER.register(this, state);
+            NativeMemory.allocated(bytes);
+        } else {
+            this.state = new State(handle, 0);
+            this.cleanable = null;
+        }
+    }
+
+    /** Marks a {@link #borrowed(long)} array closed: its call is over. */
+    void release() {
+        state.handle.set(0);
     }
 
     // ----- factories -----
@@ -327,7 +369,9 @@ public final class NDArray implements AutoCloseable {
      * @param dtype the element type
      * @return the array
      * @throws KVStoreException {@code INVALID_ARGUMENT} for a zero or non-finite step, a
-     *     non-finite bound, or more than {@code Integer.MAX_VALUE} elements
+     *     non-finite bound, or more than {@code Integer.MAX_VALUE} elements;
+     *     {@code RESOURCE_EXHAUSTED} if the Java heap cannot hold the values while they are
+     *     computed (8 bytes each)
      */
     public static NDArray arange(double start, double stop, double step, Context ctx, DType dtype) {
         Objects.requireNonNull(ctx, "ctx");
@@ -343,7 +387,7 @@ public final class NDArray implements AutoCloseable {
                     "arange(" + start + ", " + stop + ", " + step + "): " + n + " elements is too many");
         }
         int len = n > 0 ? (int) n : 0;
-        double[] data = new double[len];
+        double[] data = javaDoubles(len, "arange(" + start + ", " + stop + ", " + step + ")");
         for (int i = 0; i < len; i++) {
             data[i] = start + i * step;
         }
@@ -361,6 +405,27 @@ public final class NDArray implements AutoCloseable {
      */
     public static NDArray arange(double start, double stop, double step) {
         return arange(start, stop, step, Context.defaultContext(), DType.FLOAT32);
+    }
+
+    /**
+     * A new {@code double[len]} for {@code what}: {@code RESOURCE_EXHAUSTED}, not an
+     * {@link OutOfMemoryError}, when the heap cannot hold it (checked against the maximum
+     * heap first, so that a hopeless request does not make the collector run in vain).
+     */
+    private static double[] javaDoubles(int len, String what) {
+        long bytes = (long) len * Double.BYTES;
+        long max = Runtime.getRuntime().maxMemory();
+        if (bytes > max) {
+            throw new KVStoreException(KVStoreException.Code.RESOURCE_EXHAUSTED,
+                    what + ": " + len + " values take " + bytes + " bytes of Java heap, more than its maximum, "
+                            + max + " bytes (-Xmx)");
+        }
+        try {
+            return new double[len];
+        } catch (OutOfMemoryError e) {
+            throw new KVStoreException(KVStoreException.Code.RESOURCE_EXHAUSTED,
+                    what + ": the Java heap cannot hold " + len + " values (" + bytes + " bytes): " + e.getMessage(), e);
+        }
     }
 
     private static long[] dims(int[] shape) {
@@ -393,30 +458,12 @@ public final class NDArray implements AutoCloseable {
         return FREED.get();
     }
 
-    /**
-     * The dimensions (a copy).
-     *
-     * @return the shape
-     */
-    public int[] shape() {
-        return shape.clone();
+    /** Throws {@code DISPOSED} once closed: the metadata of a closed array is gone too. */
+    private void checkOpen() {
+        handle();
     }
 
-    /**
-     * The number of dimensions.
-     *
-     * @return the number of dimensions (0 for a scalar)
-     */
-    public int ndim() {
-        return shape.length;
-    }
-
-    /**
-     * The number of elements.
-     *
-     * @return the product of the dimensions
-     */
-    public long size() {
+    private static long size(int[] shape) {
         long n = 1;
         for (int d : shape) {
             n *= d;
@@ -425,11 +472,46 @@ public final class NDArray implements AutoCloseable {
     }
 
     /**
+     * The dimensions (a copy).
+     *
+     * @return the shape
+     * @throws KVStoreException {@code DISPOSED} if closed
+     */
+    public int[] shape() {
+        checkOpen();
+        return shape.clone();
+    }
+
+    /**
+     * The number of dimensions.
+     *
+     * @return the number of dimensions (0 for a scalar)
+     * @throws KVStoreException {@code DISPOSED} if closed
+     */
+    public int ndim() {
+        checkOpen();
+        return shape.length;
+    }
+
+    /**
+     * The number of elements.
+     *
+     * @return the product of the dimensions
+     * @throws KVStoreException {@code DISPOSED} if closed
+     */
+    public long size() {
+        checkOpen();
+        return size(shape);
+    }
+
+    /**
      * The element type.
      *
      * @return the dtype
+     * @throws KVStoreException {@code DISPOSED} if closed
      */
     public DType dtype() {
+        checkOpen();
         return dtype;
     }
 
@@ -437,8 +519,10 @@ public final class NDArray implements AutoCloseable {
      * The context the array lives on.
      *
      * @return the context
+     * @throws KVStoreException {@code DISPOSED} if closed
      */
     public Context context() {
+        checkOpen();
         return context;
     }
 
@@ -854,7 +938,11 @@ public final class NDArray implements AutoCloseable {
     /** Frees the native array. Idempotent; never throws. */
     @Override
     public void close() {
-        cleanable.clean();
+        if (cleanable != null) {
+            cleanable.clean();
+        } else {
+            release();
+        }
     }
 
     /**

@@ -344,7 +344,8 @@ public final class Optimizer {
          * The learning rate (MXNet {@code learning_rate}; its default depends on the
          * optimizer).
          *
-         * @param lr the rate, at least 0
+         * @param lr the rate, any finite number: as in MXNet, a negative rate is gradient
+         *     ascent (SGD with {@code -1} and no weight decay adds each push to the weight)
          * @return this builder
          */
         public B learningRate(double lr) {
@@ -376,7 +377,7 @@ public final class Optimizer {
          * Clips rescaled gradients to {@code [-clip, clip]} (MXNet {@code clip_gradient},
          * default: no clipping).
          *
-         * @param clip the bound, at least 0
+         * @param clip the bound (MXNet's rules for a bound of 0 or less apply)
          * @return this builder
          */
         public B clipGradient(double clip) {
@@ -397,7 +398,8 @@ public final class Optimizer {
         /**
          * The update count to start from (MXNet {@code begin_num_update}, default 0).
          *
-         * @param n the count, at least 0
+         * @param n the count, a whole number from 0 to 2^53 (larger counts would wrap;
+         *     {@link #build()} rejects them with {@code INVALID_ARGUMENT})
          * @return this builder
          */
         public B beginNumUpdate(long n) {

@@ -13,15 +13,17 @@ package io.github.kvstore;
  * {@link KVStoreException.Code#BACKEND}, its cause is the exception thrown here, and the
  * store keeps the values it had before the push.
  *
- * <p>{@code merged} and {@code stored} are valid only during the call: afterwards any use
- * of them is {@link KVStoreException.Code#DISPOSED}; copy what must outlive the call
+ * <p>{@code merged} and {@code stored} are valid only during the call: afterwards they are
+ * closed, and any use of them (their shape included) is
+ * {@link KVStoreException.Code#DISPOSED}; copy what must outlive the call
  * ({@code stored.copyTo(ctx)}).
  *
  * <p>Calling stores from an updater: an updater may not call the store that runs it
- * ({@code push}, {@code pull}, {@code pushpull}, the optimizer calls; for any key, not
- * only the keys of the push): the push holds its keys while its updates run, so such a
- * call fails at once with {@link KVStoreException.Code#INVALID_ARGUMENT} instead of
- * waiting for itself or for a thread that waits for this push. It may call other stores,
+ * ({@code init}, {@code push}, {@code pull}, {@code pushpull}, {@code setUpdater}, the
+ * optimizer calls; for any key, not only the keys of the push): the push holds its keys
+ * while its updates run, so such a call fails at once with
+ * {@link KVStoreException.Code#INVALID_ARGUMENT} instead of waiting for itself or for a
+ * thread that waits for this push. It may call other stores,
  * but those calls never wait: if a key they need is locked by a call on another thread,
  * they fail with {@code INVALID_ARGUMENT} instead, so that two stores whose updaters call
  * each other cannot deadlock. Pushes nested through updaters (an updater pushing to a store whose
@@ -53,6 +55,18 @@ public interface Updater {
      * the library loads, so that no class has to be looked up during a push.
      */
     private static void invoke(Updater updater, String key, int index, long merged, long stored) {
-        updater.update(key, index, new NDArray(merged), new NDArray(stored));
+        NDArray m = NDArray.borrowed(merged);
+        NDArray s = NDArray.borrowed(stored);
+        // Counted for KVStore.setUpdater, which must not wait for a lock from inside an updater.
+        int[] depth = KVStore.updaterDepth();
+        depth[0]++;
+        try {
+            updater.update(key, index, m, s);
+        } finally {
+            depth[0]--;
+            // Their handles end with the call (the native side frees them): so does every use.
+            m.release();
+            s.release();
+        }
     }
 }

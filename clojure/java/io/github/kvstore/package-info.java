@@ -38,7 +38,10 @@
  *
  * <p>Every native-backed object is {@link java.lang.AutoCloseable}: close it (or use
  * try-with-resources) to free its native memory at once; a {@link java.lang.ref.Cleaner}
- * frees what becomes unreachable unclosed. Using a closed object is a
+ * frees what becomes unreachable unclosed, and the native bytes of arrays count towards
+ * garbage collections (see {@link io.github.kvstore.NDArray}, property
+ * {@code kvstore.nativeMemoryThreshold}), so a loop that forgets {@code close} still runs in
+ * bounded memory. Using a closed object is a
  * {@code KVStoreException} with code {@code DISPOSED}, never a crash: no argument, however
  * wrong, can crash the JVM. The native library is found by
  * {@link io.github.kvstore.NativeLibrary} ({@code -Dkvstore.native.path},

@@ -32,7 +32,8 @@
   `{:kvstore/error :key-not-initialized ...}` (the keyword of the
   `KVStoreException` code: `:already-initialized :shape-mismatch
   :dtype-mismatch :length-mismatch :unknown-store-kind :device-unavailable
-  :unsupported :invalid-argument :disposed :io :backend :internal`), with the
+  :unsupported :invalid-argument :disposed :io :backend :resource-exhausted
+  :internal`), with the
   Java exception as cause."
   (:refer-clojure :exclude [type])
   (:require [clojure.spec.alpha :as s]
@@ -54,8 +55,18 @@
 (s/def ::node-id util/int-value?)
 (s/def ::head util/int-value?)
 (s/def ::body string?)
+(defn- updater-fn?
+  "Whether `x` can be called as an updater: a fn, a multimethod, or a var
+  whose value is one. Keywords, symbols, maps, sets and vectors are invocable
+  too, but as look-ups: installed as updaters they would fail only at the
+  first push."
+  [x]
+  (or (fn? x)
+      (instance? clojure.lang.MultiFn x)
+      (and (var? x) (updater-fn? (deref x)))))
+
 (s/def ::updater (s/nilable (s/or :updater #(instance? Updater %)
-                                 :fn ifn?)))
+                                 :fn updater-fn?)))
 
 ;; Hand-written equivalents of the specs above, checked first so that valid
 ;; arguments (the hot path of push and pull) skip spec; spec still produces the
@@ -275,10 +286,14 @@
   call the store that runs it (`{:kvstore/error :invalid-argument}`); calls to
   other stores fail instead of waiting when a key there is busy, and pushes
   nested through updaters may be at most 8 deep on one thread. An
-  `io.github.kvstore.Updater` is used as is; nil restores the default
-  (assign). The store keeps `updater` alive as long as the store is reachable
-  (a fn that closes over the store does not keep it alive). Returns the
-  store."
+  `io.github.kvstore.Updater` is used as is, and so is a multimethod or a var
+  holding a fn; nil restores the default (assign). Anything else (a keyword, a
+  map, a set, a vector, ...: invocable, but not as an updater) is \"Invalid
+  updater\", `{:kvstore/error :invalid-argument}`, here rather than at the
+  first push. Pushes in flight finish with the updater they started with:
+  this call waits for them. The store keeps `updater` alive as long as the
+  store is reachable (a fn that closes over the store does not keep it
+  alive). Returns the store."
   [^KVStore kvstore updater]
   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (util/validate! ::updater updater "Invalid updater")

@@ -184,10 +184,31 @@
   ([source-vec shape-vec]
    (array source-vec shape-vec {})))
 
+(defn- repeat-each
+  "A new NDArray of `values` (a double[]) with each element repeated `n`
+  times. The size is checked before anything is allocated: more elements than
+  an array can have is `:invalid-argument`, more than the Java heap can hold
+  `:resource-exhausted`."
+  [^doubles values n ctx dtype]
+  (let [len (alength values)
+        total (*' n len)]
+    (when (> total Integer/MAX_VALUE)
+      (util/invalid-argument! (str "arange: " len " values repeated " n " times are " total
+                                   " elements, more than an array can have (" Integer/MAX_VALUE ")")
+                              {:kvstore/op :arange :size total}))
+    (util/check-heap! :arange (clojure.core/* 8 total) (str total " elements"))
+    (util/with-kvstore-errors :arange
+      (let [^doubles data (double-array total)]
+        (dotimes [i len]
+          (java.util.Arrays/fill data (int (clojure.core/* i n)) (int (clojure.core/* (inc i) n)) (aget values i)))
+        (NDArray/array data (int-array [total]) ^Context ctx ^DType dtype)))))
+
 (defn arange
   "A 1-D NDArray of evenly spaced values in the half-open interval
   [`start`, `stop`), `:step` apart (default 1), each repeated `:repeat` times
-  (default 1)."
+  (default 1). More elements than an array can have (2^31 - 1) is
+  `{:kvstore/error :invalid-argument}`; more than the Java heap can hold while
+  the values are built is `{:kvstore/error :resource-exhausted}`."
   ([start stop {:keys [step repeat ctx dtype] :or {step 1 repeat 1}}]
    (util/validate! ::number start "Invalid start")
    (util/validate! ::number stop "Invalid stop")
@@ -200,11 +221,10 @@
      (if (= 1 repeat)
        a
        (let [^NDArray a a
-             values (vec (.toDoubleArray a))]
-         (.close a)
-         (array (mapcat #(clojure.core/repeat repeat %) values)
-                [(clojure.core/* repeat (count values))]
-                {:ctx ctx :dtype dtype})))))
+             values (try
+                      (util/with-kvstore-errors :arange (.toDoubleArray a))
+                      (finally (.close a)))]
+         (repeat-each values repeat ctx dtype)))))
   ([start stop]
    (arange start stop {})))
 

@@ -25,9 +25,12 @@
   Errors are `ex-info`: options that are not a map of known keys with values
   of the right type fail spec with \"Incorrect <name> optimizer options\" and
   `s/explain-data` as data (unknown keys included: clojure-mxnet silently
-  ignored a misspelt key); values out of range fail in the library with
-  `{:kvstore/error :invalid-argument}`, a Scala behaviour that cannot be
-  reproduced with `{:kvstore/error :unsupported}`.
+  ignored a misspelt key); values MXNet 1.9.1 takes are taken (a negative
+  `:learning-rate` is gradient ascent: sgd with -1 and `:wd 0` adds each push
+  to the weight), and what would corrupt the store fails in the library with
+  `{:kvstore/error :invalid-argument}` (non-finite values, update counts such
+  as `:begin-num-update` beyond 2^53); a Scala behaviour that cannot be
+  reproduced fails with `{:kvstore/error :unsupported}`.
 
   Not provided: clojure-mxnet's `update` and `create-state`, which ran an
   optimizer on arrays outside any store; here an optimizer runs inside the

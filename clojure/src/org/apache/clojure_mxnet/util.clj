@@ -11,7 +11,15 @@
     `{:kvstore/error :invalid-argument, :kvstore/code \"INVALID_ARGUMENT\"}`;
   - an error of the store or of an array: the message is the Java message and
     the data is `{:kvstore/error :shape-mismatch, :kvstore/code \"SHAPE_MISMATCH\",
-    :kvstore/op :push}`; the `KVStoreException` is the cause."
+    :kvstore/op :push}`; the `KVStoreException` is the cause. The keyword is
+    the code's name in lower case with dashes: `:key-not-initialized
+    :already-initialized :shape-mismatch :dtype-mismatch :length-mismatch
+    :unknown-store-kind :device-unavailable :unsupported :invalid-argument
+    :disposed :io :backend :resource-exhausted :internal`;
+  - a Java heap too small for what a call must build (a `java.lang.OutOfMemoryError`
+    inside these namespaces' calls, or a size found too large for the heap
+    before allocating): `{:kvstore/error :resource-exhausted}`, with the
+    `OutOfMemoryError`, when there is one, as the cause."
   (:require [clojure.spec.alpha :as s]
             [clojure.string :as string])
   (:import (io.github.kvstore KVStoreException KVStoreException$Code)))
@@ -60,15 +68,55 @@
                      extra)
               e))))
 
+(defn resource-exhausted
+  "The `ex-info` of a Java heap too small for operation `op`:
+  `{:kvstore/error :resource-exhausted :kvstore/op op}` plus `data`, with
+  `cause` (an `OutOfMemoryError`, or nil)."
+  [op msg data cause]
+  (ex-info msg
+           (merge {:kvstore/error :resource-exhausted
+                   :kvstore/code "RESOURCE_EXHAUSTED"
+                   :kvstore/op op}
+                  data)
+           cause))
+
+(defn out-of-memory->ex-info
+  "The `ex-info` that stands for the `OutOfMemoryError` `e` thrown by operation
+  `op` (see `resource-exhausted`)."
+  [^OutOfMemoryError e op]
+  (resource-exhausted op
+                      (str (name op) ": the Java heap cannot hold the result ("
+                           (.getMessage e) "); free memory, or raise -Xmx")
+                      nil e))
+
 (defmacro with-kvstore-errors
   "Evaluates `body`; a `KVStoreException` thrown by it is rethrown as an
   `ex-info` (see `kvstore-exception->ex-info`) naming the operation `op` (a
-  keyword such as `:push`)."
+  keyword such as `:push`), and so is an `OutOfMemoryError` (see
+  `out-of-memory->ex-info`): the Java arrays these calls build are as large as
+  the user's arrays."
   [op & body]
   `(try
      ~@body
      (catch KVStoreException e#
-       (throw (kvstore-exception->ex-info e# ~op)))))
+       (throw (kvstore-exception->ex-info e# ~op)))
+     (catch OutOfMemoryError e#
+       (throw (out-of-memory->ex-info e# ~op)))))
+
+(defn check-heap!
+  "Throws the `:resource-exhausted` ex-info of operation `op` when `bytes` of
+  Java heap are more than this JVM's maximum heap (`-Xmx`): a request that
+  can never succeed is refused before it is tried (trying would first make the
+  garbage collector work in vain). Returns nil."
+  [op bytes what]
+  (let [max-heap (.maxMemory (Runtime/getRuntime))]
+    (when (> bytes max-heap)
+      (throw (resource-exhausted op
+                                 (str (name op) ": " what " would take " bytes
+                                      " bytes of Java heap, more than its maximum, " max-heap
+                                      " bytes (-Xmx)")
+                                 {:bytes bytes :max-heap max-heap}
+                                 nil)))))
 
 (defn invalid-argument!
   "Throws the `ex-info` of an argument error found on the Clojure side that

@@ -19,6 +19,7 @@
           "DISPOSED" :disposed
           "IO" :io
           "BACKEND" :backend
+          "RESOURCE_EXHAUSTED" :resource-exhausted
           "INTERNAL" :internal}
          (into {} (map (fn [^KVStoreException$Code c] [(.name c) (util/code->keyword c)]))
                (KVStoreException$Code/values)))))
@@ -30,6 +31,12 @@
            (ex-data e)))
     (is (identical? cause (ex-cause e)))
     (is (= (.getMessage cause) (ex-message e))))
+  (testing "an OutOfMemoryError is :resource-exhausted, with the error as cause"
+    (let [oom (OutOfMemoryError. "Java heap space")
+          e (thrown #(util/with-kvstore-errors :->vec (throw oom)))]
+      (is (= {:kvstore/error :resource-exhausted :kvstore/code "RESOURCE_EXHAUSTED" :kvstore/op :->vec}
+             (ex-data e)))
+      (is (identical? oom (ex-cause e)))))
   (testing "other exceptions and values pass through"
     (is (= 3 (util/with-kvstore-errors :x (+ 1 2))))
     (is (thrown? IllegalStateException (util/with-kvstore-errors :x (throw (IllegalStateException.)))))))
