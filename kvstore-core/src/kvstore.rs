@@ -874,8 +874,8 @@ impl KVStore {
     /// groups come sorted by internal index, the order of updates and of locking.
     fn group<'a>(&self, op: &'static str, pairs: Vec<(Key, &'a NDArray)>) -> Result<Vec<Group<'a>>> {
         let table = self.table.read();
-        let mut at: HashMap<Key, usize> = HashMap::new();
-        let mut groups: Vec<Group<'a>> = Vec::new();
+        let mut at: HashMap<Key, usize> = HashMap::with_capacity(pairs.len());
+        let mut groups: Vec<Group<'a>> = Vec::with_capacity(pairs.len());
         for (key, value) in pairs {
             match at.entry(key) {
                 MapEntry::Occupied(o) => groups[*o.get()].arrays.push(value),
