@@ -724,7 +724,7 @@ impl KVStore {
         let context = format!("{OP} from {}", crate::key::shorten(&path.display().to_string()));
         let held = Held::new(OP, self, &[])?;
         // Fail early, before reading, when no optimizer is set.
-        Self::runtime(OP, &self.merger.read())?;
+        Self::runtime(OP, &*held.merger_read(OP, &self.merger)?)?;
         let bytes = opt_states::read_file(path, &context)?;
         let merger = held.merger_write(OP, &self.merger)?;
         let runtime = Self::runtime(OP, &merger)?;
