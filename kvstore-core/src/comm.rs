@@ -11,6 +11,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rayon::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
+use smallvec::SmallVec;
 
 use crate::device::{self, DeviceBuffer};
 use crate::dtype::{Element, with_dtype};
@@ -20,7 +21,7 @@ use crate::ndarray::{HostBuf, NDArray, Storage, copy_storage};
 /// One reduction: `out = inputs[0] + inputs[1] + ...`, element-wise, left to right.
 pub struct ReduceJob<'a> {
     /// The values, in the order they are added. At least one.
-    pub inputs: Vec<&'a NDArray>,
+    pub inputs: &'a [&'a NDArray],
     /// Where the sum goes; same shape and dtype as every input.
     pub out: &'a NDArray,
 }
@@ -30,7 +31,7 @@ pub struct BroadcastJob<'a> {
     /// The value to copy.
     pub src: &'a NDArray,
     /// The destinations; same shape and dtype as `src`.
-    pub outs: Vec<&'a NDArray>,
+    pub outs: &'a [&'a NDArray],
 }
 
 /// Moves data between the arrays of one store: sums pushed values, copies pulled ones.
@@ -158,8 +159,13 @@ fn sum_block<T: Element>(inputs: &[&[T]], offset: usize, out: &mut [T]) {
     }
 }
 
+/// A job's inputs (or what is made of them): a few, so on the stack. A call with many
+/// small keys reduces each key on its own, and a heap allocation per key and step costs
+/// more than the sum itself.
+type Few<T> = SmallVec<[T; 8]>;
+
 fn reduce_typed<T: Element>(pool: Option<&ThreadPool>, inputs: &[&HostBuf], out: &mut HostBuf) {
-    let srcs: Vec<&[T]> = inputs.iter().map(|b| b.typed::<T>()).collect();
+    let srcs: Few<&[T]> = inputs.iter().map(|b| b.typed::<T>()).collect();
     let out = out.typed_mut::<T>();
     match pool {
         Some(pool) => {
@@ -176,7 +182,7 @@ impl CpuComm {
     /// One reduction; `split` cuts it into chunks over the pool.
     fn reduce_one(&self, job: &ReduceJob<'_>, split: bool) -> Result<()> {
         let out = job.out;
-        for input in &job.inputs {
+        for input in job.inputs {
             job_check(out, input)?;
         }
         // An input that is `out` itself (an updater kept a handle to the stored value
@@ -184,16 +190,17 @@ impl CpuComm {
         let copies: Vec<NDArray> =
             job.inputs.iter().filter(|a| a.same_storage(out)).map(|a| a.deep_copy()).collect::<Result<_>>()?;
         let mut copies = copies.iter();
-        let inputs: Vec<&NDArray> =
+        let inputs: Few<&NDArray> =
             job.inputs.iter().map(|&a| if a.same_storage(out) { copies.next().unwrap_or(a) } else { a }).collect();
         if out.on_device() && inputs.iter().all(|a| a.on_device()) && Self::reduce_on_device(&inputs, out)? {
             return Ok(());
         }
-        let guards: Vec<_> = inputs.iter().map(|a| a.read()).collect::<Result<_>>()?;
-        let bufs: Vec<&HostBuf> = guards.iter().map(|g| &**g).collect();
+        let guards: Few<_> = inputs.iter().map(|a| a.read()).collect::<Result<_>>()?;
+        let bufs: Few<&HostBuf> = guards.iter().map(|g| &**g).collect();
         let mut dst = out.write()?;
         let pool = (split && dst.bytes().len() >= BIG_BYTES).then_some(&*self.pool);
         with_dtype!(out.dtype(), T => reduce_typed::<T>(pool, &bufs, &mut dst));
+        drop(bufs);
         drop(guards);
         dst.finish()?;
         Ok(())
@@ -219,7 +226,7 @@ impl CpuComm {
     }
 
     fn broadcast_one(&self, job: &BroadcastJob<'_>, split: bool) -> Result<()> {
-        for out in &job.outs {
+        for out in job.outs {
             job_check(job.src, out)?;
         }
         let src = job.src.storage()?;
@@ -295,7 +302,8 @@ mod tests {
 
     fn reduce(comm: &CpuComm, inputs: &[NDArray]) -> NDArray {
         let out = NDArray::zeros_with(inputs[0].shape(), inputs[0].dtype(), Context::cpu(0)).unwrap();
-        comm.reduce(&[ReduceJob { inputs: inputs.iter().collect(), out: &out }]).unwrap();
+        let inputs: Vec<&NDArray> = inputs.iter().collect();
+        comm.reduce(&[ReduceJob { inputs: &inputs, out: &out }]).unwrap();
         out
     }
 
@@ -353,9 +361,9 @@ mod tests {
         let comm = CpuComm::new(1).unwrap();
         let out = NDArray::zeros(&[2]).unwrap();
         let bad = NDArray::zeros(&[3]).unwrap();
-        let e = comm.reduce(&[ReduceJob { inputs: vec![&bad], out: &out }]).unwrap_err();
+        let e = comm.reduce(&[ReduceJob { inputs: &[&bad], out: &out }]).unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Internal);
-        let e = comm.broadcast(&[BroadcastJob { src: &out, outs: vec![&bad] }]).unwrap_err();
+        let e = comm.broadcast(&[BroadcastJob { src: &out, outs: &[&bad] }]).unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Internal);
     }
 }

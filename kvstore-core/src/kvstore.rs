@@ -3,7 +3,6 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::collections::hash_map::Entry as MapEntry;
 use std::fmt;
 use std::sync::Arc;
 
@@ -416,7 +415,35 @@ fn flat_pairs<'a>(
 /// The arrays of one key in one call, in call order.
 struct Group<'a> {
     entry: Arc<Entry>,
-    arrays: Vec<&'a NDArray>,
+    arrays: Arrays<'a>,
+}
+
+/// A list of arrays that holds one array without a heap allocation: a call with many
+/// keys almost always has one array per key, and an allocation per key costs more
+/// than a small key's sum.
+#[derive(Clone)]
+enum Arrays<'a> {
+    One(&'a NDArray),
+    Many(Vec<&'a NDArray>),
+}
+
+impl<'a> Arrays<'a> {
+    fn push(&mut self, a: &'a NDArray) {
+        match self {
+            Arrays::One(first) => *self = Arrays::Many(vec![*first, a]),
+            Arrays::Many(v) => v.push(a),
+        }
+    }
+}
+
+impl<'a> std::ops::Deref for Arrays<'a> {
+    type Target = [&'a NDArray];
+    fn deref(&self) -> &[&'a NDArray] {
+        match self {
+            Arrays::One(a) => std::slice::from_ref(a),
+            Arrays::Many(v) => v,
+        }
+    }
 }
 
 fn check_context(op: &'static str, key: &Key, a: &NDArray) -> Result<()> {
@@ -872,23 +899,27 @@ impl KVStore {
 
     /// Groups `pairs` by key (values in call order) and finds each key's entry; the
     /// groups come sorted by internal index, the order of updates and of locking.
+    ///
+    /// One table lookup per pair, then a stable sort by index (linear when the keys
+    /// come in the order they were initialised, as lists of parameters do), so a
+    /// key's values stay in call order and repeated keys end up next to each other.
     fn group<'a>(&self, op: &'static str, pairs: Vec<(Key, &'a NDArray)>) -> Result<Vec<Group<'a>>> {
         let table = self.table.read();
-        let mut at: HashMap<Key, usize> = HashMap::with_capacity(pairs.len());
-        let mut groups: Vec<Group<'a>> = Vec::with_capacity(pairs.len());
+        let mut found: Vec<(&Arc<Entry>, &'a NDArray)> = Vec::with_capacity(pairs.len());
         for (key, value) in pairs {
-            match at.entry(key) {
-                MapEntry::Occupied(o) => groups[*o.get()].arrays.push(value),
-                MapEntry::Vacant(v) => {
-                    let Some(entry) = table.entries.get(v.key()) else {
-                        return Err(Error::KeyNotInitialized { op, key: v.key().clone() });
-                    };
-                    groups.push(Group { entry: Arc::clone(entry), arrays: vec![value] });
-                    v.insert(groups.len() - 1);
-                }
+            match table.entries.get(&key) {
+                Some(entry) => found.push((entry, value)),
+                None => return Err(Error::KeyNotInitialized { op, key }),
             }
         }
-        groups.sort_by_key(|g| g.entry.index);
+        found.sort_by_key(|(e, _)| e.index);
+        let mut groups: Vec<Group<'a>> = Vec::with_capacity(found.len());
+        for (entry, value) in found {
+            match groups.last_mut() {
+                Some(last) if last.entry.index == entry.index => last.arrays.push(value),
+                _ => groups.push(Group { entry: Arc::clone(entry), arrays: Arrays::One(value) }),
+            }
+        }
         Ok(groups)
     }
 
@@ -952,7 +983,7 @@ impl KVStore {
         let jobs: Vec<BroadcastJob<'_>> = groups
             .iter()
             .zip(&guards)
-            .map(|(g, stored)| BroadcastJob { src: &stored.value, outs: g.arrays.clone() })
+            .map(|(g, stored)| BroadcastJob { src: &stored.value, outs: &g.arrays })
             .collect();
         self.comm.broadcast(&jobs)
     }
@@ -1126,7 +1157,7 @@ impl KVStore {
                 .zip(&staged)
                 .map(|(g, s)| Group {
                     entry: Arc::clone(&g.entry),
-                    arrays: s.as_ref().map_or_else(|| g.arrays.clone(), |a| a.iter().collect()),
+                    arrays: s.as_ref().map_or_else(|| g.arrays.clone(), |a| Arrays::Many(a.iter().collect())),
                 })
                 .collect()
         } else {
@@ -1145,7 +1176,7 @@ impl KVStore {
                     .iter()
                     .zip(&push_slots)
                     .filter(|(g, _)| !direct(g))
-                    .map(|(g, &i)| ReduceJob { inputs: g.arrays.clone(), out: &guards[i].value })
+                    .map(|(g, &i)| ReduceJob { inputs: &g.arrays, out: &guards[i].value })
                     .collect();
                 self.comm.reduce(&jobs)?;
                 if let Some(group) = &self.collective {
@@ -1203,7 +1234,7 @@ impl KVStore {
                     .iter()
                     .zip(&push_slots)
                     .filter(|(g, _)| g.arrays.len() > 1)
-                    .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays.clone(), out: guards[i].merge.as_ref()? }))
+                    .filter_map(|(g, &i)| Some(ReduceJob { inputs: &g.arrays, out: guards[i].merge.as_ref()? }))
                     .collect();
                 self.comm.reduce(&jobs)?;
                 if let Some(group) = &self.collective {
@@ -1219,7 +1250,7 @@ impl KVStore {
                 }
                 for (g, &i) in push.iter().zip(&push_slots) {
                     let Slot { value, opt, merge, .. } = &mut *guards[i];
-                    let grad = match (g.arrays.as_slice(), merge.as_ref()) {
+                    let grad = match (&*g.arrays, merge.as_ref()) {
                         (_, Some(m)) if merged(g) => m,
                         ([one], _) => *one,
                         _ => return Err(Error::Internal("push: no merge buffer".into())),
@@ -1239,7 +1270,7 @@ impl KVStore {
                     working.push(s.deep_copy()?);
                 }
                 let jobs: Vec<ReduceJob<'_>> =
-                    push.iter().zip(&merged).map(|(g, m)| ReduceJob { inputs: g.arrays.clone(), out: m }).collect();
+                    push.iter().zip(&merged).map(|(g, m)| ReduceJob { inputs: &g.arrays, out: m }).collect();
                 self.comm.reduce(&jobs)?;
                 if let Some(group) = &self.collective {
                     group.allreduce_sum(&merged.iter().map(|m| (m, m)).collect::<Vec<_>>())?;
@@ -1255,7 +1286,7 @@ impl KVStore {
         let jobs: Vec<BroadcastJob<'_>> = pull
             .iter()
             .zip(&pull_slots)
-            .map(|(g, &i)| BroadcastJob { src: &guards[i].value, outs: g.arrays.clone() })
+            .map(|(g, &i)| BroadcastJob { src: &guards[i].value, outs: &g.arrays })
             .collect();
         self.comm.broadcast(&jobs)
     }

@@ -125,7 +125,8 @@ pub(crate) fn copy_storage(src: &Storage, dst: &mut Storage) -> Result<()> {
 }
 
 struct Inner {
-    shape: Box<[usize]>,
+    /// Inline up to 4 dimensions: checking a call's shapes reads no other memory.
+    shape: smallvec::SmallVec<[usize; 4]>,
     dtype: DType,
     ctx: Context,
     size: usize,

@@ -47,9 +47,9 @@ fn main() -> kvstore_core::Result<()> {
     let n = 64 << 20;
     let ins: Vec<NDArray> = (0..4).map(|i| gpu_array(n, 1.0 + i as f64)).collect::<kvstore_core::Result<_>>()?;
     let sum = gpu_array(n, 0.0)?;
-    let copy_s = median(|| comm.broadcast(&[BroadcastJob { src: &ins[0], outs: vec![&sum] }]).expect("copy"));
-    let job = || ReduceJob { inputs: ins.iter().collect(), out: &sum };
-    let reduce_s = median(|| comm.reduce(&[job()]).expect("reduce"));
+    let copy_s = median(|| comm.broadcast(&[BroadcastJob { src: &ins[0], outs: &[&sum] }]).expect("copy"));
+    let inputs: Vec<&NDArray> = ins.iter().collect();
+    let reduce_s = median(|| comm.reduce(&[ReduceJob { inputs: &inputs, out: &sum }]).expect("reduce"));
     let got = sum.to_vec::<f32>()?;
     assert!(got.iter().all(|&x| x == 10.0), "the reduction is wrong");
     // At the copy's bandwidth, the reduction (4 reads + 1 write against 1 + 1) would take:
