@@ -1,13 +1,20 @@
 # The one entry point. `make demo` and `make test` install what they need.
-.PHONY: all setup setup-jvm setup-mpi build native jar repl demo test fuzz bench gpu-bundle lint fmt doc clean
+.PHONY: all setup setup-jvm setup-mpi build native jar install repl demo test fuzz bench gpu-bundle lint fmt doc javadoc clean
 
 CARGO ?= cargo
 JAVA ?= java
 # Cargo features of the JNI library: `make jar FEATURES=mpi` builds it with dist_sync
-# over MPI (it then needs Open MPI at run time) into target/kvstore-mpi.jar; the default
-# jar, target/kvstore.jar, needs no MPI.
+# over MPI (it then needs Open MPI at run time) as the artifact kvstore-mpi,
+# target/kvstore-mpi-<version>.jar; the default artifact, kvstore
+# (target/kvstore-<version>.jar), needs no MPI. target/kvstore.jar and
+# target/kvstore-mpi.jar link to them.
 FEATURES ?=
-JAR := target/kvstore$(if $(strip $(FEATURES)),-$(subst $(eval) ,-,$(strip $(FEATURES)))).jar
+VERSION := $(shell bash scripts/version.sh)
+ARTIFACT := kvstore$(if $(filter mpi,$(FEATURES)),-mpi)
+JAR := target/$(ARTIFACT)-$(VERSION).jar
+# What the jar is built from: it is rebuilt only when one of these changed.
+JAR_INPUTS := $(shell find kvstore-core kvstore-cuda kvstore-mpi kvstore-jni clojure/java clojure/src \
+    -type f -not -path '*/target/*' 2>/dev/null) Cargo.toml Cargo.lock scripts/jar.sh
 # Clojure from Debian's packages (scripts/setup-jvm.sh installs them).
 CLJ_CP := /usr/share/java/clojure.jar:/usr/share/java/spec.alpha.jar:/usr/share/java/core.specs.alpha.jar
 
@@ -33,14 +40,27 @@ build: setup
 native: setup $(if $(filter mpi,$(FEATURES)),setup-mpi)
 	$(CARGO) build --release -p kvstore-jni $(if $(strip $(FEATURES)),--features "$(strip $(FEATURES))")
 
-# target/kvstore.jar (target/kvstore-mpi.jar with FEATURES=mpi): the Java API, the
-# Clojure namespaces and the native library.
-jar: native setup-jvm
-	@KVSTORE_JAR=$(JAR) bash scripts/jar.sh
+# target/kvstore-<version>.jar (kvstore-mpi-<version>.jar with FEATURES=mpi) and its
+# POM: the Java API, the Clojure namespaces and the native library; rebuilt only when
+# a source changed.
+jar: $(JAR)
 
-# A Clojure REPL with the jar and the kvstore, ndarray and context namespaces required.
+$(JAR): $(JAR_INPUTS)
+	@$(MAKE) --no-print-directory native setup-jvm
+	@KVSTORE_ARTIFACT=$(ARTIFACT) bash scripts/jar.sh
+
+# The jar and its POM into the local Maven repository (~/.m2/repository, or M2_REPO),
+# as io.github.kvstore/kvstore (FEATURES=mpi: io.github.kvstore/kvstore-mpi), the
+# version of Cargo.toml: Maven, Leiningen and deps.edn projects then resolve it offline.
+install: jar
+	@KVSTORE_ARTIFACT=$(ARTIFACT) bash scripts/install.sh
+
+# A Clojure REPL with the jar and the kvstore, ndarray, context and optimizer namespaces
+# required (through rlwrap, for line editing and history, when it is installed).
+RLWRAP := $(shell command -v rlwrap 2>/dev/null)
 repl: jar
-	$(JAVA) -cp target/kvstore.jar:$(CLJ_CP) clojure.main -e "(require '[org.apache.clojure-mxnet.kvstore :as kvstore] '[org.apache.clojure-mxnet.ndarray :as ndarray] '[org.apache.clojure-mxnet.context :as context])" -r
+	@$(if $(RLWRAP),,echo "(for line editing and history: apt-get install rlwrap)")
+	@$(RLWRAP) $(JAVA) -cp $(JAR):$(CLJ_CP) clojure.main -e "(require '[org.apache.clojure-mxnet.kvstore :as kvstore] '[org.apache.clojure-mxnet.ndarray :as ndarray] '[org.apache.clojure-mxnet.context :as context] '[org.apache.clojure-mxnet.optimizer :as optimizer])" -r
 
 # MXNet's KVStore tutorial, in Rust and then in Clojure (the seed tutorial, verbatim);
 # then a linear regression trained data-parallel on 4 cpu contexts with SGD (momentum).
@@ -48,11 +68,11 @@ demo: jar
 	@echo "== the KVStore tutorial in Rust (cargo run --example tutorial) =="
 	$(CARGO) run --release -q -p kvstore-core --example tutorial
 	@echo "== the KVStore tutorial in Clojure (clojure/examples/tutorial.clj) =="
-	$(JAVA) -cp target/kvstore.jar:$(CLJ_CP) clojure.main clojure/examples/tutorial.clj
+	$(JAVA) -cp $(JAR):$(CLJ_CP) clojure.main clojure/examples/tutorial.clj
 	@echo "== data-parallel training with an optimizer, in Rust (cargo run --example train_linear) =="
 	$(CARGO) run --release -q -p kvstore-jni --example train_linear
 	@echo "== data-parallel training with an optimizer, in Clojure (clojure/examples/train_linear.clj) =="
-	$(JAVA) -cp target/kvstore.jar:$(CLJ_CP) clojure.main clojure/examples/train_linear.clj
+	$(JAVA) -cp $(JAR):$(CLJ_CP) clojure.main clojure/examples/train_linear.clj
 
 # fmt, clippy, doc, every cargo suite, the jar, JUnit, clojure.test, the tutorial, the
 # Leiningen/deps.edn smoke checks and the MPI suite under mpirun; ends with one line
@@ -72,10 +92,10 @@ fuzz: setup
 bench: jar
 	$(CARGO) bench -p kvstore-core --bench store
 	mkdir -p target/bench/java-classes
-	javac --release 17 -Xlint:all -Werror -cp target/kvstore.jar -d target/bench/java-classes \
+	javac --release 17 -Xlint:all -Werror -cp $(JAR) -d target/bench/java-classes \
 	    clojure/java-bench/io/github/kvstore/bench/JvmBench.java
-	$(JAVA) -cp target/kvstore.jar:target/bench/java-classes io.github.kvstore.bench.JvmBench target/bench/jvm-java.json
-	$(JAVA) -cp target/kvstore.jar:$(CLJ_CP) clojure.main clojure/bench/kvstore_bench.clj target/bench/jvm-clojure.json
+	$(JAVA) -cp $(JAR):target/bench/java-classes io.github.kvstore.bench.JvmBench target/bench/jvm-java.json
+	$(JAVA) -cp $(JAR):$(CLJ_CP) clojure.main clojure/bench/kvstore_bench.clj target/bench/jvm-clojure.json
 	bash scripts/setup-mpi.sh
 	$(CARGO) build --release -p kvstore-mpi --features mpi --example bench_mpi
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 2 \
@@ -106,6 +126,10 @@ fmt:
 
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
+
+# The Java API's documentation, target/javadoc (fails on any warning).
+javadoc: setup-jvm
+	@bash scripts/javadoc.sh
 
 clean:
 	$(CARGO) clean

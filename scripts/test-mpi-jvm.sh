@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The JVM with MPI: builds target/kvstore-mpi.jar (the JNI library with its `mpi`
-# feature, as `make jar FEATURES=mpi` does), then
+# The JVM with MPI: builds target/kvstore-mpi-<version>.jar, linked from
+# target/kvstore-mpi.jar (the JNI library with its `mpi` feature, as
+# `make jar FEATURES=mpi` does), then
 #  1. trains clojure/examples/dist_train.clj under `mpirun -np 2`: both ranks must
 #     print the same weights to the last bit, the final loss must be near the noise
 #     floor and the weights near the true ones;
@@ -28,7 +29,7 @@ fail() { echo "$1: FAILED${2:+ ($2)}"; failed=$((failed + 1)); }
 
 bash scripts/setup-mpi.sh || { echo "mpi-jvm: 0 passed, 1 failed"; exit 1; }
 if ! cargo build --release -p kvstore-jni --features mpi >"$logs/mpi-jvm-build.log" 2>&1 ||
-    ! KVSTORE_JAR=$jar bash scripts/jar.sh >>"$logs/mpi-jvm-build.log" 2>&1; then
+    ! KVSTORE_ARTIFACT=kvstore-mpi bash scripts/jar.sh >>"$logs/mpi-jvm-build.log" 2>&1; then
     tail -n 30 "$logs/mpi-jvm-build.log"
     echo "mpi-jvm: 0 passed, 1 failed"
     exit 1

@@ -12,9 +12,10 @@ public final class LoaderProbe {
     /**
      * Entry point.
      *
-     * @param args ignored
+     * @param args {@code hold}: after loading, print {@code holding} and wait (to be killed)
+     * @throws InterruptedException if interrupted while holding
      */
-    public static void main(String[] args) {
+    public static void main(String[] args) throws InterruptedException {
         try {
             NativeLibrary.load();
         } catch (UnsatisfiedLinkError e) {
@@ -22,6 +23,11 @@ public final class LoaderProbe {
             System.exit(3);
         }
         System.out.println("loaded-from: " + NativeLibrary.loadedFrom());
+        if (args.length > 0 && args[0].equals("hold")) {
+            System.out.println("holding");
+            System.out.flush();
+            Thread.sleep(120_000);
+        }
         try (KVStore kv = KVStore.create();
                 NDArray one = NDArray.ones(2);
                 NDArray out = NDArray.zeros(2)) {

@@ -146,11 +146,77 @@ class LoaderTest {
     @Test
     void aFreshJvmExtractsTheBundledCopyFromTheJar() throws Exception {
         Path api = location(NativeLibrary.class);
-        Run run = runProbe(classPath(api));
+        Path cache = tmp.resolve("cache");
+        Run run = runProbe(classPath(api), "-Dkvstore.native.cache=" + cache);
         assertEquals(0, run.exit, run::toString);
-        assertTrue(run.out.contains("loaded-from: bundled: /native/linux-x86_64/libkvstore_jni.so (extracted to "),
-                run::toString);
+        assertTrue(run.out.contains("loaded-from: bundled: /native/linux-x86_64/libkvstore_jni.so (extracted to "
+                + cache.resolve("libkvstore_jni-")), run::toString);
         assertTrue(run.out.contains("pulled: [3.0, 3.0]"), run::toString);
+    }
+
+    /** The files of {@code dir}, by name. */
+    private static List<String> files(Path dir) throws IOException {
+        try (var s = Files.list(dir)) {
+            return s.map(p -> p.getFileName().toString()).sorted().toList();
+        }
+    }
+
+    @Test
+    void theExtractedLibraryIsReusedSoNoRunLeavesAFileBehindNotEvenAKilledOne() throws Exception {
+        Path api = location(NativeLibrary.class);
+        Path cache = tmp.resolve("reused-cache");
+        String cacheProperty = "-Dkvstore.native.cache=" + cache;
+        Run first = runProbe(classPath(api), cacheProperty);
+        assertEquals(0, first.exit, first::toString);
+        List<String> after = files(cache);
+        assertEquals(1, after.size(), () -> "one library file: " + after);
+        String name = after.get(0);
+        assertTrue(name.matches("libkvstore_jni-[0-9A-Za-z.+-]+-[0-9a-f]{16}\\.so"), name);
+        Path lib = cache.resolve(name);
+        Object inode = Files.readAttributes(lib, java.nio.file.attribute.BasicFileAttributes.class).fileKey();
+        long modified = Files.getLastModifiedTime(lib).toMillis();
+
+        Run second = runProbe(classPath(api), cacheProperty);
+        assertEquals(0, second.exit, second::toString);
+        assertTrue(second.out.contains("(extracted to " + lib + ")"), second::toString);
+
+        // A JVM killed with SIGKILL while it uses the library.
+        Process held = new ProcessBuilder(Path.of(System.getProperty("java.home"), "bin", "java").toString(),
+                "-Djava.library.path=" + Files.createDirectories(tmp.resolve("empty-library-path")), cacheProperty,
+                "-cp", classPath(api), LoaderProbe.class.getName(), "hold")
+                .redirectErrorStream(true).start();
+        try (var out = new java.io.BufferedReader(
+                new java.io.InputStreamReader(held.getInputStream(), StandardCharsets.UTF_8))) {
+            String line;
+            StringBuilder seen = new StringBuilder();
+            while ((line = out.readLine()) != null && !line.equals("holding")) {
+                seen.append(line).append('\n');
+            }
+            assertEquals("holding", line, () -> "the probe loaded the library and waits: " + seen);
+            held.destroyForcibly();
+            assertTrue(held.waitFor(60, TimeUnit.SECONDS), "the killed probe ended");
+        }
+
+        assertEquals(List.of(name), files(cache), "still exactly the one library file");
+        assertEquals(inode, Files.readAttributes(lib, java.nio.file.attribute.BasicFileAttributes.class).fileKey(),
+                "the file was reused, not written again");
+        assertEquals(modified, Files.getLastModifiedTime(lib).toMillis(), "the file was not rewritten");
+    }
+
+    @Test
+    void aTruncatedCachedLibraryIsWrittenAgain() throws Exception {
+        Path api = location(NativeLibrary.class);
+        Path cache = tmp.resolve("truncated-cache");
+        String cacheProperty = "-Dkvstore.native.cache=" + cache;
+        assertEquals(0, runProbe(classPath(api), cacheProperty).exit);
+        Path lib = cache.resolve(files(cache).get(0));
+        long size = Files.size(lib);
+        Files.write(lib, new byte[100]); // a cut-short copy, as a full disk leaves one
+        Run run = runProbe(classPath(api), cacheProperty);
+        assertEquals(0, run.exit, run::toString);
+        assertTrue(run.out.contains("pulled: [3.0, 3.0]"), run::toString);
+        assertEquals(size, Files.size(lib), "the whole library again");
+        assertEquals(List.of(lib.getFileName().toString()), files(cache));
     }
 
     @Test
