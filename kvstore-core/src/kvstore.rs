@@ -298,6 +298,16 @@ impl KVStoreBuilder {
 
     /// Creates the store.
     ///
+    /// ```
+    /// use kvstore_core::{ErrorKind, KVStore};
+    /// let kv = KVStore::builder("local").num_threads(2).build()?;
+    /// assert_eq!(kv.kind(), "local");
+    /// // dist_sync needs a worker group: kvstore-mpi builds those stores.
+    /// let e = KVStore::builder("dist_sync").build().err();
+    /// assert_eq!(e.map(|e| e.kind()), Some(ErrorKind::Unsupported));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// As [`KVStore::create`]; [`Error::Unsupported`] for `dist_sync` without a worker
     /// group, [`Error::InvalidArgument`] for a worker group on a local kind.
@@ -542,6 +552,15 @@ impl KVStore {
     /// MXNet's spellings `local_update_cpu`, `local_allreduce_cpu` and
     /// `local_allreduce_device`.
     ///
+    /// ```
+    /// use kvstore_core::{ErrorKind, KVStore};
+    /// let kv = KVStore::create("Local")?;
+    /// assert_eq!(kv.kind(), "local");
+    /// assert_eq!(KVStore::create("nccl").err().map(|e| e.kind()), Some(ErrorKind::Unsupported));
+    /// assert_eq!(KVStore::create("lcoal").err().map(|e| e.kind()), Some(ErrorKind::UnknownStoreKind));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::Unsupported`] for `dist_*` and `nccl` kinds, which this build lacks;
     /// [`Error::UnknownStoreKind`] for any other name (MXNet made those local stores).
@@ -550,31 +569,77 @@ impl KVStore {
     }
 
     /// A builder for a store of the given kind.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray};
+    /// let kv = KVStore::builder("device").num_threads(2).build()?;
+    /// kv.init("w", &NDArray::zeros(&[4])?)?;
+    /// kv.push("w", &[NDArray::ones(&[4])?, NDArray::ones(&[4])?], 0)?;
+    /// let out = NDArray::zeros(&[4])?;
+    /// kv.pull("w", &out, 0)?;
+    /// assert_eq!(out.to_vec::<f32>()?, vec![2.0; 4]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn builder(kind: &str) -> KVStoreBuilder {
         KVStoreBuilder { kind: kind.to_string(), threads: 0, collective: None }
     }
 
     /// The kind, lower-cased as given (MXNet's `type`).
+    ///
+    /// ```
+    /// use kvstore_core::KVStore;
+    /// assert_eq!(KVStore::create("Device")?.kind(), "device");
+    /// assert_eq!(KVStore::create("local_allreduce_cpu")?.kind(), "local_allreduce_cpu");
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn kind(&self) -> &str {
         &self.kind
     }
 
     /// The name of the data mover (`"cpu"`).
+    ///
+    /// ```
+    /// use kvstore_core::KVStore;
+    /// assert_eq!(KVStore::create("local")?.comm_name(), "cpu");
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn comm_name(&self) -> &'static str {
         self.comm.name()
     }
 
     /// The rank of this worker: 0 for a local store.
+    ///
+    /// ```
+    /// use kvstore_core::KVStore;
+    /// // A dist_sync store (kvstore-mpi) gives this process's rank in the job.
+    /// assert_eq!(KVStore::create("local")?.rank(), 0);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn rank(&self) -> usize {
         self.collective.as_ref().map_or(0, |c| c.rank())
     }
 
     /// The number of workers: 1 for a local store.
+    ///
+    /// ```
+    /// use kvstore_core::KVStore;
+    /// // A dist_sync store (kvstore-mpi) gives the number of processes of the job.
+    /// assert_eq!(KVStore::create("local")?.num_workers(), 1);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn num_workers(&self) -> usize {
         self.collective.as_ref().map_or(1, |c| c.size())
     }
 
     /// Waits for every worker: a local store has only this one, so it returns at once.
+    ///
+    /// ```
+    /// use kvstore_core::KVStore;
+    /// let kv = KVStore::create("local")?;
+    /// // In a dist_sync store every worker must reach this call; here there is one.
+    /// assert!(kv.barrier().is_ok());
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::Backend`] if the worker group is broken.
@@ -583,16 +648,37 @@ impl KVStore {
     }
 
     /// The number of dead nodes in `node_id`'s group: 0 for a local store.
+    ///
+    /// ```
+    /// use kvstore_core::KVStore;
+    /// assert_eq!(KVStore::create("local")?.num_dead_node(0), 0);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn num_dead_node(&self, _node_id: i32) -> usize {
         0
     }
 
     /// Whether destroying the store waits at a barrier first. A local store has no
     /// other worker to wait for, so this is accepted and changes nothing.
+    ///
+    /// ```
+    /// use kvstore_core::KVStore;
+    /// let kv = KVStore::create("local")?;
+    /// kv.set_barrier_before_exit(false);
+    /// assert!(kv.barrier().is_ok()); // the store is unchanged
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn set_barrier_before_exit(&self, _barrier_before_exit: bool) {}
 
     /// Sends a command to the parameter servers. A local store has none, so it does
     /// nothing, as MXNet's local store.
+    ///
+    /// ```
+    /// use kvstore_core::KVStore;
+    /// let kv = KVStore::create("local")?;
+    /// assert!(kv.send_command_to_servers(0, "profile").is_ok());
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// None for a local store.
@@ -601,6 +687,14 @@ impl KVStore {
     }
 
     /// Whether the store can do `capability` (`"optimizer"`, case-insensitive).
+    ///
+    /// ```
+    /// use kvstore_core::{ErrorKind, KVStore};
+    /// let kv = KVStore::create("local")?;
+    /// assert!(kv.is_capable("OPTIMIZER")?);
+    /// assert_eq!(kv.is_capable("teleport").err().map(|e| e.kind()), Some(ErrorKind::InvalidArgument));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an unknown capability, as MXNet.
@@ -613,6 +707,14 @@ impl KVStore {
     }
 
     /// Gradient compression, which this build does not provide.
+    ///
+    /// ```
+    /// use kvstore_core::{ErrorKind, KVStore};
+    /// let kv = KVStore::create("local")?;
+    /// let e = kv.set_gradient_compression(&[("type", "2bit"), ("threshold", "0.5")]).err();
+    /// assert_eq!(e.map(|e| e.kind()), Some(ErrorKind::Unsupported));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// Always [`Error::Unsupported`]; the store is unchanged.
@@ -627,6 +729,19 @@ impl KVStore {
     /// through it instead of assigning; pushes in flight finish with the one they
     /// started with (this call waits for them).
     ///
+    /// ```
+    /// use kvstore_core::{KVStore, Key, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("w", &NDArray::ones(&[2])?)?;
+    /// // Accumulate instead of assigning: stored += sum of the pushed values.
+    /// kv.set_updater(|_: &Key, _, merged: &NDArray, stored: &NDArray| stored.add_assign(merged))?;
+    /// kv.push("w", &NDArray::full(&[2], 3.0)?, 0)?;
+    /// let out = NDArray::zeros(&[2])?;
+    /// kv.pull("w", &out, 0)?;
+    /// assert_eq!(out.to_vec::<f32>()?, vec![4.0; 2]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] when called from inside an updater of this store (or,
     /// from an updater of another store, while this store is busy).
@@ -636,6 +751,19 @@ impl KVStore {
 
     /// Removes the updater or optimizer: pushes assign the sum again (MXNet's default,
     /// ASSIGN). Waits for the pushes in flight, as [`KVStore::set_updater`].
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, Key, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("w", &NDArray::ones(&[2])?)?;
+    /// kv.set_updater(|_: &Key, _, merged: &NDArray, stored: &NDArray| stored.add_assign(merged))?;
+    /// kv.clear_updater()?;
+    /// kv.push("w", &NDArray::full(&[2], 5.0)?, 0)?;
+    /// let out = NDArray::zeros(&[2])?;
+    /// kv.pull("w", &out, 0)?;
+    /// assert_eq!(out.to_vec::<f32>()?, vec![5.0; 2]); // the sum replaced the value
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// As [`KVStore::set_updater`].
@@ -657,6 +785,18 @@ impl KVStore {
     /// updates the weights with it. Replaces any updater; every key's optimizer state
     /// starts afresh. Waits for the pushes in flight; a state file saved or loaded at
     /// the same time is wholly of the old optimizer or wholly of the new one.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray, Optimizer};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("w", &NDArray::ones(&[2])?)?;
+    /// kv.set_optimizer(Optimizer::builder("sgd").param("learning_rate", 0.5).build()?)?;
+    /// kv.push("w", &NDArray::ones(&[2])?, 0)?; // a gradient: w -= 0.5 * 1
+    /// let w = NDArray::zeros(&[2])?;
+    /// kv.pull("w", &w, 0)?;
+    /// assert_eq!(w.to_vec::<f32>()?, vec![0.5; 2]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when called from inside an updater of this store.
@@ -680,6 +820,15 @@ impl KVStore {
     }
 
     /// The name of the installed optimizer, if any.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, Optimizer};
+    /// let kv = KVStore::create("local")?;
+    /// assert_eq!(kv.optimizer_name(), None);
+    /// kv.set_optimizer(Optimizer::builder("Adam").build()?)?;
+    /// assert_eq!(kv.optimizer_name(), Some("adam"));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn optimizer_name(&self) -> Option<&'static str> {
         match &*self.merger.read() {
             Merger::Optimizer(r) => Some(r.optimizer().name()),
@@ -704,6 +853,19 @@ impl KVStore {
     /// is written through (its target is replaced); a path that is a directory, a device,
     /// a FIFO or a socket is refused. Temporary files left by a process that died while
     /// saving to the same path are removed.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray, Optimizer};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("w", &NDArray::ones(&[2])?)?;
+    /// kv.set_optimizer(Optimizer::builder("adam").build()?)?;
+    /// kv.push("w", &NDArray::ones(&[2])?, 0)?;
+    /// let path = std::env::temp_dir().join(format!("kvstore-doc-save-{}.states", std::process::id()));
+    /// kv.save_optimizer_states(&path)?;
+    /// assert!(std::fs::metadata(&path).is_ok_and(|m| m.len() > 0));
+    /// # std::fs::remove_file(&path).ok();
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if no optimizer is set or `path` names something other
@@ -738,6 +900,24 @@ impl KVStore {
     ///
     /// Only regular files are read (a FIFO, a device or a directory is refused), and
     /// no more than the size the file's header declares.
+    ///
+    /// ```
+    /// # use kvstore_core::{KVStore, NDArray, Optimizer};
+    /// # let path = std::env::temp_dir().join(format!("kvstore-doc-load-{}.states", std::process::id()));
+    /// # let (kv, w, g) = (KVStore::create("local")?, NDArray::zeros(&[1])?, NDArray::ones(&[1])?);
+    /// # kv.init("w", &w)?;
+    /// // A key "w" of zeros, and a gradient g of ones.
+    /// let sgd = || Optimizer::builder("sgd").param("learning_rate", 0.5).param("momentum", 0.5).build();
+    /// kv.set_optimizer(sgd()?)?;
+    /// kv.push("w", &g, 0)?; // momentum -0.5, w -0.5
+    /// kv.save_optimizer_states(&path)?;
+    /// kv.set_optimizer(sgd()?)?; // the momentum starts afresh...
+    /// kv.load_optimizer_states(&path)?; // ...and comes back from the file
+    /// kv.pushpull("w", &g, &w, 0)?; // momentum 0.5 * -0.5 - 0.5, w -0.5 - 0.75
+    /// assert_eq!(w.to_vec::<f32>()?, vec![-1.25]);
+    /// # std::fs::remove_file(&path).ok();
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if no optimizer is set, the file is for another
@@ -798,6 +978,16 @@ impl KVStore {
     }
 
     /// The keys of the store, in the order they were first initialised.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init(&["b", "a"], &[NDArray::zeros(&[1])?, NDArray::zeros(&[1])?])?;
+    /// kv.init(7, &NDArray::zeros(&[1])?)?;
+    /// let keys = kv.keys();
+    /// assert_eq!(keys.iter().map(|k| k.as_str()).collect::<Vec<_>>(), ["b", "a", "7"]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn keys(&self) -> Vec<Key> {
         let table = self.table.read();
         let mut entries: Vec<&Arc<Entry>> = table.entries.values().collect();
@@ -807,6 +997,15 @@ impl KVStore {
 
     /// The internal number of `key` (0, 1, 2, ... in order of first init), which
     /// MXNet's Scala and Clojure updaters received instead of string keys.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init(&["w", "b"], &[NDArray::zeros(&[1])?, NDArray::zeros(&[1])?])?;
+    /// assert_eq!((kv.key_index("w"), kv.key_index("b")), (Some(0), Some(1)));
+    /// assert_eq!(kv.key_index("nope"), None);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn key_index(&self, key: impl Into<Key>) -> Option<usize> {
         self.table.read().entries.get(&key.into()).map(|e| e.index)
     }
@@ -815,6 +1014,16 @@ impl KVStore {
     /// values of devices are staged through page-locked memory); for `device` stores
     /// the device the key was given at its first push from devices, where its sums and
     /// updates run (keys are spread over the devices by size).
+    ///
+    /// ```
+    /// use kvstore_core::{Context, DType, ErrorKind, KVStore, NDArray};
+    /// let kv = KVStore::create("device")?;
+    /// kv.init("w", &NDArray::zeros_with(&[2], DType::F32, Context::cpu(1))?)?;
+    /// // On a GPU machine (kvstore-cuda), keys pushed from gpu(i) arrays report a gpu(j).
+    /// assert_eq!(kv.context_of("w")?, Context::cpu(1));
+    /// assert_eq!(kv.context_of("nope").err().map(|e| e.kind()), Some(ErrorKind::KeyNotInitialized));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::KeyNotInitialized`]; [`Error::InvalidArgument`] when called from an
@@ -830,6 +1039,18 @@ impl KVStore {
 
     /// Initialises keys with copies of the values. All or nothing: on error no key of
     /// the call is added.
+    ///
+    /// ```
+    /// use kvstore_core::{ErrorKind, KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init(&["a", "b"], &[NDArray::ones(&[2])?, NDArray::zeros(&[3])?])?;
+    /// let out = NDArray::zeros(&[2])?;
+    /// kv.pull("a", &out, 0)?;
+    /// assert_eq!(out.to_vec::<f32>()?, vec![1.0; 2]);
+    /// let again = kv.init("a", &NDArray::ones(&[2])?).err();
+    /// assert_eq!(again.map(|e| e.kind()), Some(ErrorKind::AlreadyInitialized));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::AlreadyInitialized`] for a key the store holds or that appears twice in
@@ -927,6 +1148,18 @@ impl KVStore {
     /// updater merges the sum into the stored value (with none, the sum replaces it).
     /// Always copies: the store never keeps a reference to a pushed array.
     ///
+    /// ```
+    /// use kvstore_core::{ErrorKind, KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init(3, &NDArray::zeros(&[2])?)?;
+    /// kv.push(3, &[NDArray::full(&[2], 1.0)?, NDArray::full(&[2], 2.0)?], 0)?; // summed
+    /// let out = NDArray::zeros(&[2])?;
+    /// kv.pull(3, &out, 0)?;
+    /// assert_eq!(out.to_vec::<f32>()?, vec![3.0; 2]);
+    /// assert_eq!(kv.push(4, &out, 0).err().map(|e| e.kind()), Some(ErrorKind::KeyNotInitialized));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::KeyNotInitialized`], [`Error::ShapeMismatch`], [`Error::DTypeMismatch`],
     /// [`Error::LengthMismatch`], or the updater's error. On any error the store keeps
@@ -941,6 +1174,18 @@ impl KVStore {
 
     /// Copies each key's stored value into its outs.
     ///
+    /// ```
+    /// use kvstore_core::{ErrorKind, KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("w", &NDArray::full(&[2], 7.0)?)?;
+    /// let outs = [NDArray::zeros(&[2])?, NDArray::zeros(&[2])?];
+    /// kv.pull("w", &outs, 0)?; // every out gets the value
+    /// assert_eq!(outs[1].to_vec::<f32>()?, vec![7.0; 2]);
+    /// let wrong = NDArray::zeros(&[3])?;
+    /// assert_eq!(kv.pull("w", &wrong, 0).err().map(|e| e.kind()), Some(ErrorKind::ShapeMismatch));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::KeyNotInitialized`], [`Error::ShapeMismatch`] or
     /// [`Error::DTypeMismatch`] (pull does not convert: use [`NDArray::as_type`]),
@@ -950,6 +1195,36 @@ impl KVStore {
         let (keys, outs) = (keys.into(), outs.into());
         self.require_bare_keys("pull", &keys, outs)?;
         self.pull_pairs("pull", flatten("pull", keys, outs, "outs")?)
+    }
+
+    /// Pulls `key`'s value into a new array on `cpu(0)`, of the value's shape and dtype
+    /// (MXNet's `pull` needs an out; this makes one).
+    ///
+    /// # Errors
+    /// [`Error::KeyNotInitialized`]; [`Error::InvalidArgument`] when called from an
+    /// updater of this store.
+    ///
+    /// ```
+    /// use kvstore_core::{DType, KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init(3, &NDArray::full(&[2, 3], 2.0)?)?;
+    /// let w = kv.pull_new(3, 0)?;
+    /// assert_eq!((w.shape(), w.dtype()), (&[2, 3][..], DType::F32));
+    /// assert_eq!(w.to_vec::<f32>()?, vec![2.0; 6]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    pub fn pull_new(&self, key: impl Into<Key>, priority: i32) -> Result<NDArray> {
+        let key = key.into();
+        let entry = self.table.read().entries.get(&key).cloned();
+        let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op: "pull", key: key.clone() })?;
+        // A key's shape and dtype never change once initialised (pushes are checked).
+        let out = {
+            let held = Held::new("pull", self, &[&entry])?;
+            let guards = held.read("pull", &[&entry])?;
+            NDArray::zeros_with(guards[0].value.shape(), guards[0].value.dtype(), Context::cpu(0))?
+        };
+        self.pull(key, &out, priority)?;
+        Ok(out)
     }
 
     /// Keys of a call that come with no array (an empty list of values or outs) must
@@ -991,6 +1266,16 @@ impl KVStore {
     /// Push, then pull into `outs`, holding the keys in between so the outs see this
     /// push's result.
     ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("g", &NDArray::zeros(&[2])?)?;
+    /// let out = NDArray::zeros(&[2])?;
+    /// kv.pushpull("g", &[NDArray::ones(&[2])?, NDArray::ones(&[2])?], &out, 0)?;
+    /// assert_eq!(out.to_vec::<f32>()?, vec![2.0; 2]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// As [`KVStore::push`] and [`KVStore::pull`]; on error nothing changes.
     pub fn pushpull<'a, 'b>(
@@ -1012,6 +1297,17 @@ impl KVStore {
     /// Push, then pull the result back into the pushed arrays themselves (MXNet's
     /// `pushpull` with `out=None`).
     ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("g", &NDArray::zeros(&[2])?)?;
+    /// let grads = [NDArray::full(&[2], 1.0)?, NDArray::full(&[2], 2.0)?];
+    /// kv.pushpull_in_place("g", &grads, 0)?; // each array now holds the sum
+    /// assert_eq!(grads[0].to_vec::<f32>()?, vec![3.0; 2]);
+    /// assert_eq!(grads[1].to_vec::<f32>()?, vec![3.0; 2]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// As [`KVStore::pushpull`].
     pub fn pushpull_in_place<'a>(
@@ -1028,6 +1324,16 @@ impl KVStore {
     }
 
     /// Initialises the keys with the values, then pulls them into the outs.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// let outs = [NDArray::zeros(&[2])?, NDArray::zeros(&[2])?];
+    /// kv.broadcast("w", &NDArray::full(&[2], 4.0)?, &outs, 0)?;
+    /// assert_eq!(outs[1].to_vec::<f32>()?, vec![4.0; 2]);
+    /// assert_eq!(kv.key_index("w"), Some(0)); // "w" is initialised now
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// As [`KVStore::init`], and [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`]
@@ -1075,6 +1381,18 @@ impl KVStore {
     /// `outs[j]` pulled from `out_keys[j]`, so values and outs may differ in number per
     /// key. For bindings, which flatten their own call forms.
     ///
+    /// ```
+    /// use kvstore_core::{KVStore, Key, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init(&["a", "b"], &[NDArray::zeros(&[1])?, NDArray::zeros(&[1])?])?;
+    /// let (a, b) = (Key::from("a"), Key::from("b"));
+    /// let values = [NDArray::full(&[1], 1.0)?, NDArray::full(&[1], 2.0)?, NDArray::full(&[1], 5.0)?];
+    /// let outs = [NDArray::zeros(&[1])?, NDArray::zeros(&[1])?];
+    /// kv.pushpull_pairs(&[a.clone(), a.clone(), b.clone()], &values, &[a, b], &outs, 0)?;
+    /// assert_eq!((outs[0].to_vec::<f32>()?, outs[1].to_vec::<f32>()?), (vec![3.0], vec![5.0]));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// As [`KVStore::pushpull`].
     pub fn pushpull_pairs(
@@ -1091,6 +1409,16 @@ impl KVStore {
     }
 
     /// [`KVStore::broadcast`] on flat lists, as [`KVStore::pushpull_pairs`].
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, Key, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// let w = Key::from("w");
+    /// let outs = [NDArray::zeros(&[2])?, NDArray::zeros(&[2])?];
+    /// kv.broadcast_pairs(&[w.clone()], &[NDArray::full(&[2], 6.0)?], &[w.clone(), w], &outs, 0)?;
+    /// assert_eq!((outs[0].to_vec::<f32>()?, outs[1].to_vec::<f32>()?), (vec![6.0; 2], vec![6.0; 2]));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// As [`KVStore::broadcast`].

@@ -5,8 +5,9 @@
 //! stored value; by default the sum replaces it), and `pull` the value into one or many
 //! output arrays. This crate is the local store (`local` and `device` kinds) with the
 //! data model every other crate of the project builds on: [`NDArray`], [`Context`],
-//! [`DType`], [`Key`], [`KVStore`], the [`Comm`] trait with [`CpuComm`], the
-//! [`Updater`] trait and [`Error`].
+//! [`DType`], [`Key`], [`KVStore`], the [`Updater`] trait and [`Error`]. What backend
+//! crates implement (the [`backend::Comm`] trait with [`backend::CpuComm`], device
+//! backends, worker groups) lives in [`backend`].
 //!
 //! ```
 //! use kvstore_core::{Context, KVStore, NDArray};
@@ -47,8 +48,9 @@
 //!    touched (MXNet could apply a prefix of a list, then fail).
 //!
 //! # Features
-//! None. GPU arrays come from `kvstore-cuda` (a [`DeviceBackend`] installed with
-//! [`register_backend`]), `dist_sync` from `kvstore-mpi`.
+//! None. GPU arrays come from `kvstore-cuda` (a [`backend::DeviceBackend`] installed
+//! with [`backend::register_backend`]), `dist_sync` from `kvstore-mpi` (a
+//! [`backend::Collective`]).
 //!
 //! # Errors
 //! Every fallible call returns [`Result`] with an [`Error`] whose [`Error::kind`] is a
@@ -56,6 +58,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod backend;
 mod collective;
 mod comm;
 mod context;
@@ -68,13 +71,7 @@ mod ndarray;
 mod optimizer;
 mod updater;
 
-pub use collective::Collective;
-pub use comm::{BroadcastJob, Comm, CpuComm, ReduceJob};
 pub use context::{Context, DeviceType};
-pub use device::{
-    DeviceBackend, DeviceBuffer, FusedArrays, FusedRule, FusedStep, PinnedMemory, backend as device_backend,
-    register_backend,
-};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
 pub use key::{Key, Keys, shorten};
@@ -82,6 +79,14 @@ pub use kvstore::{KVStore, KVStoreBuilder, Values};
 pub use ndarray::{NDArray, Operand};
 pub use optimizer::{LrScheduler, Optimizer, OptimizerBuilder, WarmupMode, optimizer_names};
 pub use updater::Updater;
+
+/// The version of this library (the workspace's version, shared by every crate, the
+/// jar and its Maven artifact).
+///
+/// ```
+/// assert_eq!(kvstore_core::VERSION.split('.').count(), 3);
+/// ```
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Re-exported so that users name `f16` and `bf16` elements without a direct dependency.
 pub use half::{bf16, f16};

@@ -358,6 +358,14 @@ impl NDArray {
 
     /// An f32 array of zeros on `cpu(0)`.
     ///
+    /// ```
+    /// use kvstore_core::{DType, NDArray};
+    /// let a = NDArray::zeros(&[2, 3])?;
+    /// assert_eq!((a.shape(), a.dtype()), (&[2, 3][..], DType::F32));
+    /// assert_eq!(a.to_vec::<f32>()?, vec![0.0; 6]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] if the shape is too large to allocate.
     pub fn zeros(shape: &[usize]) -> Result<Self> {
@@ -365,6 +373,16 @@ impl NDArray {
     }
 
     /// An array of zeros of the given dtype on the given context.
+    ///
+    /// ```
+    /// use kvstore_core::{Context, DType, ErrorKind, NDArray};
+    /// let a = NDArray::zeros_with(&[2], DType::I64, Context::cpu(1))?;
+    /// assert_eq!((a.to_vec::<i64>()?, a.context()), (vec![0, 0], Context::cpu(1)));
+    /// // gpu(i) needs a device backend (kvstore-cuda); without one it is an error.
+    /// let e = NDArray::zeros_with(&[2], DType::F32, Context::gpu(0)).err();
+    /// assert_eq!(e.map(|e| e.kind()), Some(ErrorKind::DeviceUnavailable));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if the shape is too large to allocate;
@@ -375,6 +393,12 @@ impl NDArray {
 
     /// An f32 array of ones on `cpu(0)`.
     ///
+    /// ```
+    /// use kvstore_core::NDArray;
+    /// assert_eq!(NDArray::ones(&[3])?.to_vec::<f32>()?, vec![1.0; 3]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// As [`NDArray::zeros`].
     pub fn ones(shape: &[usize]) -> Result<Self> {
@@ -382,6 +406,13 @@ impl NDArray {
     }
 
     /// An array of ones of the given dtype on the given context.
+    ///
+    /// ```
+    /// use kvstore_core::{Context, DType, NDArray};
+    /// let a = NDArray::ones_with(&[2, 2], DType::U8, Context::default())?;
+    /// assert_eq!(a.to_vec::<u8>()?, vec![1; 4]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// As [`NDArray::zeros_with`].
@@ -391,6 +422,12 @@ impl NDArray {
 
     /// An f32 array filled with `value` on `cpu(0)`.
     ///
+    /// ```
+    /// use kvstore_core::NDArray;
+    /// assert_eq!(NDArray::full(&[2], 0.25)?.to_vec::<f32>()?, vec![0.25; 2]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// As [`NDArray::zeros`].
     pub fn full(shape: &[usize], value: f64) -> Result<Self> {
@@ -398,6 +435,14 @@ impl NDArray {
     }
 
     /// An array filled with `value` (converted to `dtype`).
+    ///
+    /// ```
+    /// use kvstore_core::{Context, DType, NDArray, f16};
+    /// let a = NDArray::full_with(&[2], 2.5, DType::F16, Context::cpu(0))?;
+    /// assert_eq!(a.to_vec::<f16>()?, vec![f16::from_f32(2.5); 2]);
+    /// assert_eq!(NDArray::full_with(&[1], 2.5, DType::I32, Context::cpu(0))?.to_vec::<i32>()?, vec![2]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// As [`NDArray::zeros_with`].
@@ -413,6 +458,15 @@ impl NDArray {
 
     /// An array on `cpu(0)` holding `data` (row-major) with the given shape.
     ///
+    /// ```
+    /// use kvstore_core::{DType, ErrorKind, NDArray};
+    /// let a = NDArray::from_vec(&[2, 2], vec![1i32, 2, 3, 4])?;
+    /// assert_eq!((a.dtype(), a.to_vec::<f64>()?), (DType::I32, vec![1.0, 2.0, 3.0, 4.0]));
+    /// let e = NDArray::from_vec(&[3], vec![1.0f32]).err();
+    /// assert_eq!(e.map(|e| e.kind()), Some(ErrorKind::ShapeMismatch));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::ShapeMismatch`] if `data.len()` is not the number of elements of `shape`.
     pub fn from_vec<T: Element>(shape: &[usize], data: Vec<T>) -> Result<Self> {
@@ -420,6 +474,14 @@ impl NDArray {
     }
 
     /// An array on `ctx` holding a copy of `data` (row-major) with the given shape.
+    ///
+    /// ```
+    /// use kvstore_core::{Context, DType, NDArray};
+    /// let a = NDArray::from_slice_in(&[3], &[1.0f64, 2.0, 3.0], Context::cpu(2))?;
+    /// assert_eq!((a.dtype(), a.context()), (DType::F64, Context::cpu(2)));
+    /// assert_eq!(a.to_vec::<f64>()?, vec![1.0, 2.0, 3.0]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// As [`NDArray::from_vec`], and [`Error::DeviceUnavailable`] for a device no
@@ -441,26 +503,62 @@ impl NDArray {
     }
 
     /// The shape.
+    ///
+    /// ```
+    /// use kvstore_core::NDArray;
+    /// assert_eq!(NDArray::zeros(&[2, 3])?.shape(), &[2, 3]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn shape(&self) -> &[usize] {
         &self.inner.shape
     }
 
     /// The element type.
+    ///
+    /// ```
+    /// use kvstore_core::{DType, NDArray};
+    /// assert_eq!(NDArray::from_vec(&[1], vec![1u8])?.dtype(), DType::U8);
+    /// assert_eq!(NDArray::zeros(&[1])?.dtype(), DType::F32);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn dtype(&self) -> DType {
         self.inner.dtype
     }
 
     /// The context the array lives on.
+    ///
+    /// ```
+    /// use kvstore_core::{Context, DType, NDArray};
+    /// assert_eq!(NDArray::zeros(&[1])?.context(), Context::cpu(0));
+    /// let a = NDArray::ones_with(&[1], DType::F32, Context::cpu(3))?;
+    /// assert_eq!(a.context().to_string(), "cpu(3)");
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn context(&self) -> Context {
         self.inner.ctx
     }
 
     /// The number of elements.
+    ///
+    /// ```
+    /// use kvstore_core::NDArray;
+    /// assert_eq!(NDArray::zeros(&[2, 3, 4])?.size(), 24);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn size(&self) -> usize {
         self.inner.size
     }
 
     /// Whether `self` and `other` are handles to the same buffer.
+    ///
+    /// ```
+    /// use kvstore_core::NDArray;
+    /// let a = NDArray::zeros(&[2])?;
+    /// let (b, c) = (a.clone(), a.deep_copy()?);
+    /// assert!(a.same_storage(&b)); // a clone is another handle to the same buffer
+    /// assert!(!a.same_storage(&c));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn same_storage(&self, other: &NDArray) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
@@ -568,6 +666,14 @@ impl NDArray {
     /// The elements, row-major, converted to `T` (see [`NDArray::as_type`] for the
     /// conversion rules).
     ///
+    /// ```
+    /// use kvstore_core::NDArray;
+    /// let a = NDArray::from_vec(&[3], vec![1.5f32, -2.5, 3.0])?;
+    /// assert_eq!(a.to_vec::<f32>()?, vec![1.5, -2.5, 3.0]);
+    /// assert_eq!(a.to_vec::<i32>()?, vec![1, -2, 3]); // truncated toward zero
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// None for host arrays; a backend error for a device array.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
@@ -578,6 +684,15 @@ impl NDArray {
     /// Runs `f` on the elements, row-major, without copying them (the array is read-locked
     /// meanwhile). For bindings that copy straight out of the array. A device array's
     /// elements are staged through host memory first.
+    ///
+    /// ```
+    /// use kvstore_core::{ErrorKind, NDArray};
+    /// let a = NDArray::from_vec(&[3], vec![1.0f32, 2.0, 3.0])?;
+    /// assert_eq!(a.with_data(|x: &[f32]| x.iter().sum::<f32>())?, 6.0);
+    /// let e = a.with_data(|x: &[f64]| x.len()).err(); // not an f64 array
+    /// assert_eq!(e.map(|e| e.kind()), Some(ErrorKind::DTypeMismatch));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::DTypeMismatch`] if `T` is not the array's element type; a backend error
@@ -590,6 +705,14 @@ impl NDArray {
     /// Runs `f` on the elements, mutably, without copying them (the array is
     /// write-locked meanwhile). For bindings that copy straight into the array. A device
     /// array's elements are staged through host memory and written back afterwards.
+    ///
+    /// ```
+    /// use kvstore_core::NDArray;
+    /// let a = NDArray::zeros(&[3])?;
+    /// a.with_data_mut(|x: &mut [f32]| x.copy_from_slice(&[1.0, 2.0, 3.0]))?;
+    /// assert_eq!(a.to_vec::<f32>()?, vec![1.0, 2.0, 3.0]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// As [`NDArray::with_data`].
@@ -611,6 +734,13 @@ impl NDArray {
 
     /// The elements as f64, row-major (exact for every dtype but large i64 values).
     ///
+    /// ```
+    /// use kvstore_core::NDArray;
+    /// let a = NDArray::from_vec(&[2], vec![7i64, -1])?;
+    /// assert_eq!(a.to_f64_vec()?, vec![7.0, -1.0]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// As [`NDArray::to_vec`].
     pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
@@ -618,6 +748,15 @@ impl NDArray {
     }
 
     /// A copy of this array on `ctx`.
+    ///
+    /// ```
+    /// use kvstore_core::{Context, NDArray};
+    /// let a = NDArray::ones(&[2])?;
+    /// let b = a.copy_to(Context::cpu(1))?;
+    /// assert_eq!((b.context(), b.to_vec::<f32>()?), (Context::cpu(1), vec![1.0; 2]));
+    /// assert!(!a.same_storage(&b));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::DeviceUnavailable`] for a device no backend serves.
@@ -630,6 +769,14 @@ impl NDArray {
     /// A copy of this array converted to `dtype`: floats to integers truncate toward
     /// zero (saturating), integers to narrower integers wrap, floats round to nearest.
     ///
+    /// ```
+    /// use kvstore_core::{DType, NDArray};
+    /// let a = NDArray::from_vec(&[3], vec![1.7f32, -1.7, 300.0])?;
+    /// let b = a.as_type(DType::I8)?;
+    /// assert_eq!((b.dtype(), b.to_vec::<i8>()?), (DType::I8, vec![1, -1, 127])); // truncated, saturated
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// As [`NDArray::copy_to`].
     pub fn as_type(&self, dtype: DType) -> Result<NDArray> {
@@ -640,6 +787,16 @@ impl NDArray {
 
     /// Overwrites this array with `src` (same shape; the dtype is converted as in
     /// [`NDArray::as_type`]).
+    ///
+    /// ```
+    /// use kvstore_core::{ErrorKind, NDArray};
+    /// let a = NDArray::zeros(&[2])?;
+    /// a.copy_from(&NDArray::from_vec(&[2], vec![1i32, 2])?)?; // converted to f32
+    /// assert_eq!(a.to_vec::<f32>()?, vec![1.0, 2.0]);
+    /// let e = a.copy_from(&NDArray::zeros(&[3])?).err();
+    /// assert_eq!(e.map(|e| e.kind()), Some(ErrorKind::ShapeMismatch));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::ShapeMismatch`] if the shapes differ.
@@ -744,6 +901,14 @@ impl NDArray {
 
     /// `self + rhs` as a new array.
     ///
+    /// ```
+    /// use kvstore_core::NDArray;
+    /// let a = NDArray::from_vec(&[2], vec![1.0f32, 2.0])?;
+    /// assert_eq!(a.add(1.0)?.to_vec::<f32>()?, vec![2.0, 3.0]);
+    /// assert_eq!(a.add(&a)?.to_vec::<f32>()?, vec![2.0, 4.0]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`] for an array operand that
     /// differs in shape or dtype (there is no broadcasting).
@@ -753,6 +918,14 @@ impl NDArray {
 
     /// `self - rhs` as a new array.
     ///
+    /// ```
+    /// use kvstore_core::NDArray;
+    /// let a = NDArray::from_vec(&[2], vec![1.0f32, 2.0])?;
+    /// assert_eq!(a.sub(1.0)?.to_vec::<f32>()?, vec![0.0, 1.0]);
+    /// assert_eq!(a.sub(&a.mul(3.0)?)?.to_vec::<f32>()?, vec![-2.0, -4.0]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// As [`NDArray::add`].
     pub fn sub<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<NDArray> {
@@ -760,6 +933,14 @@ impl NDArray {
     }
 
     /// `self * rhs` as a new array.
+    ///
+    /// ```
+    /// use kvstore_core::NDArray;
+    /// let a = NDArray::from_vec(&[2], vec![1.5f32, 2.0])?;
+    /// assert_eq!(a.mul(2.0)?.to_vec::<f32>()?, vec![3.0, 4.0]);
+    /// assert_eq!(a.mul(&a)?.to_vec::<f32>()?, vec![2.25, 4.0]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// As [`NDArray::add`].
@@ -769,6 +950,16 @@ impl NDArray {
 
     /// `self / rhs` as a new array.
     ///
+    /// ```
+    /// use kvstore_core::{ErrorKind, NDArray};
+    /// let a = NDArray::from_vec(&[2], vec![3.0f32, 1.0])?;
+    /// assert_eq!(a.div(2.0)?.to_vec::<f32>()?, vec![1.5, 0.5]);
+    /// let i = NDArray::from_vec(&[2], vec![7i32, -7])?;
+    /// assert_eq!(i.div(2)?.to_vec::<i32>()?, vec![3, -3]);
+    /// assert_eq!(i.div(0).err().map(|e| e.kind()), Some(ErrorKind::InvalidArgument));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// As [`NDArray::add`], and [`Error::InvalidArgument`] for an integer division by zero.
     pub fn div<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<NDArray> {
@@ -776,6 +967,15 @@ impl NDArray {
     }
 
     /// `self += rhs`, in place (visible through every clone of the handle).
+    ///
+    /// ```
+    /// use kvstore_core::NDArray;
+    /// let a = NDArray::ones(&[2])?;
+    /// let b = a.clone();
+    /// a.add_assign(2.0)?;
+    /// assert_eq!(b.to_vec::<f32>()?, vec![3.0; 2]); // seen through the clone
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// As [`NDArray::add`].
@@ -785,6 +985,14 @@ impl NDArray {
 
     /// `self -= rhs`, in place.
     ///
+    /// ```
+    /// use kvstore_core::NDArray;
+    /// let a = NDArray::full(&[2], 5.0)?;
+    /// a.sub_assign(&NDArray::ones(&[2])?)?;
+    /// assert_eq!(a.to_vec::<f32>()?, vec![4.0; 2]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// As [`NDArray::add`].
     pub fn sub_assign<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<()> {
@@ -792,6 +1000,14 @@ impl NDArray {
     }
 
     /// `self *= rhs`, in place.
+    ///
+    /// ```
+    /// use kvstore_core::NDArray;
+    /// let a = NDArray::full(&[2], 5.0)?;
+    /// a.mul_assign(0.5)?;
+    /// assert_eq!(a.to_vec::<f32>()?, vec![2.5; 2]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// As [`NDArray::add`].
@@ -801,6 +1017,14 @@ impl NDArray {
 
     /// `self /= rhs`, in place.
     ///
+    /// ```
+    /// use kvstore_core::NDArray;
+    /// let a = NDArray::full(&[2], 5.0)?;
+    /// a.div_assign(&NDArray::full(&[2], 2.0)?)?;
+    /// assert_eq!(a.to_vec::<f32>()?, vec![2.5; 2]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// As [`NDArray::div`].
     pub fn div_assign<'a>(&self, rhs: impl Into<Operand<'a>>) -> Result<()> {
@@ -808,6 +1032,15 @@ impl NDArray {
     }
 
     /// A deep copy on the same context, sharing nothing with `self`.
+    ///
+    /// ```
+    /// use kvstore_core::NDArray;
+    /// let a = NDArray::ones(&[2])?;
+    /// let b = a.deep_copy()?;
+    /// a.add_assign(1.0)?;
+    /// assert_eq!(b.to_vec::<f32>()?, vec![1.0; 2]); // the copy shares nothing
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// As [`NDArray::copy_to`].

@@ -14,7 +14,8 @@
 //! `SKIP: no CUDA device (...)` and writes nothing (fails under `KVSTORE_REQUIRE_CUDA=1`).
 //! `scripts/bench_torch.py` adds PyTorch's `a + b + c + d` on the same sizes.
 
-use kvstore_core::{BroadcastJob, Comm, Context, CpuComm, DType, KVStore, NDArray, Optimizer, ReduceJob};
+use kvstore_core::backend::{BroadcastJob, Comm, CpuComm, ReduceJob};
+use kvstore_core::{Context, DType, KVStore, NDArray, Optimizer};
 
 const RUNS: usize = 21;
 

@@ -10,9 +10,8 @@ use cudarc::driver::{
     PushKernelArg,
 };
 use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
-use kvstore_core::{
-    DType, DeviceBackend, DeviceBuffer, Error, FusedArrays, FusedRule, FusedStep, PinnedMemory, Result,
-};
+use kvstore_core::backend::{DeviceBackend, DeviceBuffer, FusedArrays, FusedRule, FusedStep, PinnedMemory};
+use kvstore_core::{DType, Error, Result};
 
 /// The kernels' CUDA C source.
 const KERNELS: &str = include_str!("kernels.cu");

@@ -89,7 +89,7 @@ pub fn register() -> Result<()> {
     static BACKEND: OnceLock<Arc<CudaBackend>> = OnceLock::new();
     let count = probe().clone().map_err(|reason| Error::DeviceUnavailable { context: "gpu".to_string(), reason })?;
     let backend = BACKEND.get_or_init(|| Arc::new(CudaBackend::new(count)));
-    kvstore_core::register_backend(backend.clone())
+    kvstore_core::backend::register_backend(backend.clone())
 }
 
 /// For GPU tests: `true` when a CUDA device is there. Otherwise prints

@@ -10,7 +10,8 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use kvstore_core::{Collective, DType, Element, Error, NDArray, Result};
+use kvstore_core::backend::Collective;
+use kvstore_core::{DType, Element, Error, NDArray, Result};
 use mpi::collective::SystemOperation;
 use mpi::datatype::Equivalence;
 use mpi::environment::{Threading, Universe};

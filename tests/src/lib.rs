@@ -608,7 +608,7 @@ impl ThreadMember {
     }
 }
 
-impl kvstore_core::Collective for ThreadMember {
+impl kvstore_core::backend::Collective for ThreadMember {
     fn name(&self) -> &'static str {
         "threads"
     }

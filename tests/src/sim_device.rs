@@ -6,10 +6,8 @@
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use kvstore_core::{
-    DType, DeviceBackend, DeviceBuffer, Element, Error, FusedArrays, FusedRule, FusedStep, PinnedMemory, Result, bf16,
-    f16,
-};
+use kvstore_core::backend::{DeviceBackend, DeviceBuffer, FusedArrays, FusedRule, FusedStep, PinnedMemory};
+use kvstore_core::{DType, Element, Error, Result, bf16, f16};
 
 /// One simulated device buffer: `len` bytes in 8-byte words (aligned for every dtype).
 pub struct SimBuffer {

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use kvstore_core::{CpuComm, ErrorKind, KVStore, Key, NDArray, Optimizer, Result};
+use kvstore_core::backend::CpuComm;
+use kvstore_core::{ErrorKind, KVStore, Key, NDArray, Optimizer, Result};
 use proptest::prelude::*;
 use safetensors::SafeTensors;
 

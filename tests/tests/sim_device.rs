@@ -34,7 +34,7 @@ fn sim() -> &'static Arc<SimDevice> {
         // One more device than the tests spread over: gpu(FAULTY) is the one whose writes
         // are made to fail, which no other test uses.
         let sim = Arc::new(SimDevice::new(DEVICES as usize + 1));
-        kvstore_core::register_backend(sim.clone()).expect("register the sim backend");
+        kvstore_core::backend::register_backend(sim.clone()).expect("register the sim backend");
         sim
     })
 }
@@ -168,27 +168,27 @@ fn a_failed_device_write_is_an_error_and_marks_the_array() {
 #[test]
 fn a_second_backend_is_refused() {
     sim();
-    let e = kvstore_core::register_backend(Arc::new(Other)).expect_err("second backend");
+    let e = kvstore_core::backend::register_backend(Arc::new(Other)).expect_err("second backend");
     assert_eq!(e.kind(), ErrorKind::Unsupported);
     assert!(e.to_string().contains("sim"), "{e}");
 }
 
 struct Other;
 
-impl kvstore_core::DeviceBackend for Other {
+impl kvstore_core::backend::DeviceBackend for Other {
     fn name(&self) -> &'static str {
         "other"
     }
     fn device_count(&self) -> usize {
         0
     }
-    fn alloc_zeroed(&self, _: usize, _: usize) -> kvstore_core::Result<Box<dyn kvstore_core::DeviceBuffer>> {
+    fn alloc_zeroed(&self, _: usize, _: usize) -> kvstore_core::Result<Box<dyn kvstore_core::backend::DeviceBuffer>> {
         Err(kvstore_core::Error::Internal("unused".into()))
     }
     fn copy(
         &self,
-        _: &dyn kvstore_core::DeviceBuffer,
-        _: &mut dyn kvstore_core::DeviceBuffer,
+        _: &dyn kvstore_core::backend::DeviceBuffer,
+        _: &mut dyn kvstore_core::backend::DeviceBuffer,
     ) -> kvstore_core::Result<()> {
         Err(kvstore_core::Error::Internal("unused".into()))
     }

@@ -173,6 +173,12 @@ fn spec(name: &str) -> Option<&'static Spec> {
 }
 
 /// The names of every optimizer, for messages and bindings.
+///
+/// ```
+/// let names = kvstore_core::optimizer_names();
+/// assert_eq!(names.len(), 14);
+/// assert!(names.contains(&"adam") && names.contains(&"lars"));
+/// ```
 pub fn optimizer_names() -> Vec<&'static str> {
     SPECS.iter().map(|s| s.name).collect()
 }
@@ -206,12 +212,32 @@ pub struct OptimizerBuilder {
 impl OptimizerBuilder {
     /// Sets a hyper-parameter by its MXNet name (`learning_rate`, `momentum`, `wd`, ...);
     /// booleans are 0 or 1.
+    ///
+    /// ```
+    /// use kvstore_core::Optimizer;
+    /// let opt = Optimizer::builder("sgd").param("learning_rate", 0.1).param("wd", 1e-4).build()?;
+    /// assert_eq!((opt.param("learning_rate"), opt.param("wd")), (Some(0.1), Some(1e-4)));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn param(mut self, name: &str, value: f64) -> Self {
         self.params.push((name.to_string(), value));
         self
     }
 
     /// The learning-rate schedule; its base rate becomes the optimizer's learning rate.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, LrScheduler, NDArray, Optimizer};
+    /// let halve = LrScheduler::factor(1, 0.5)?; // halve the rate after every update
+    /// let opt = Optimizer::builder("sgd").param("learning_rate", 1.0).lr_scheduler(halve).build()?;
+    /// let (kv, w) = (KVStore::create("local")?, NDArray::zeros(&[1])?);
+    /// kv.init("w", &w)?;
+    /// kv.set_optimizer(opt)?;
+    /// kv.push("w", &NDArray::ones(&[1])?, 0)?; // rate 1
+    /// kv.pushpull("w", &NDArray::ones(&[1])?, &w, 0)?; // rate 0.5
+    /// assert_eq!(w.to_vec::<f32>()?, vec![-1.5]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn lr_scheduler(mut self, scheduler: LrScheduler) -> Self {
         self.scheduler = Some(scheduler);
         self
@@ -220,18 +246,52 @@ impl OptimizerBuilder {
     /// Multiplies the learning rate of `key` by `mult`.
     ///
     /// A multiplier that is not finite is an error at [`OptimizerBuilder::build`].
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray, Optimizer};
+    /// let opt = Optimizer::builder("sgd").param("learning_rate", 1.0).lr_mult("bias", 0.5).build()?;
+    /// let (kv, ws) = (KVStore::create("local")?, [NDArray::zeros(&[1])?, NDArray::zeros(&[1])?]);
+    /// kv.init(&["w", "bias"], &ws)?;
+    /// kv.set_optimizer(opt)?;
+    /// let grads = [NDArray::ones(&[1])?, NDArray::ones(&[1])?];
+    /// kv.pushpull(&["w", "bias"], &grads, &ws, 0)?;
+    /// assert_eq!((ws[0].to_vec::<f32>()?, ws[1].to_vec::<f32>()?), (vec![-1.0], vec![-0.5]));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn lr_mult(mut self, key: impl Into<Key>, mult: f64) -> Self {
         self.lr_mult.insert(key.into(), mult);
         self
     }
 
     /// Multiplies the weight decay of `key` by `mult`.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray, Optimizer};
+    /// let opt = Optimizer::builder("sgd").param("learning_rate", 1.0).param("wd", 0.5);
+    /// let opt = opt.wd_mult("bias", 0.0).build()?;
+    /// let (kv, ws) = (KVStore::create("local")?, [NDArray::ones(&[1])?, NDArray::ones(&[1])?]);
+    /// kv.init(&["w", "bias"], &ws)?;
+    /// kv.set_optimizer(opt)?;
+    /// let grads = [NDArray::zeros(&[1])?, NDArray::zeros(&[1])?];
+    /// kv.pushpull(&["w", "bias"], &grads, &ws, 0)?; // w -= 1 * (0 + 0.5 * w); bias has no decay
+    /// assert_eq!((ws[0].to_vec::<f32>()?, ws[1].to_vec::<f32>()?), (vec![0.5], vec![1.0]));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn wd_mult(mut self, key: impl Into<Key>, mult: f64) -> Self {
         self.wd_mult.insert(key.into(), mult);
         self
     }
 
     /// The optimizer.
+    ///
+    /// ```
+    /// use kvstore_core::{ErrorKind, Optimizer};
+    /// let opt = Optimizer::builder("nag").param("momentum", 0.9).build()?;
+    /// assert_eq!(opt.param("momentum"), Some(0.9));
+    /// let e = Optimizer::builder("sgd").param("beta1", 0.9).build().err(); // sgd has no beta1
+    /// assert_eq!(e.map(|e| e.kind()), Some(ErrorKind::InvalidArgument));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an unknown optimizer or hyper-parameter name (the
@@ -321,6 +381,14 @@ impl Optimizer {
     /// A builder for the optimizer `name` (`sgd`, `nag`, `adam`, `adagrad`, `rmsprop`,
     /// `adadelta`, `ftrl`, `signum`, `sgld`, `dcasgd`, `adamax`, `nadam`, `lamb`,
     /// `lars`; case-insensitive), every hyper-parameter at MXNet's default.
+    ///
+    /// ```
+    /// use kvstore_core::Optimizer;
+    /// let opt = Optimizer::builder("SGD").param("momentum", 0.9).build()?;
+    /// assert_eq!(opt.name(), "sgd");
+    /// assert_eq!(opt.param("learning_rate"), Some(0.01)); // MXNet's default
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn builder(name: &str) -> OptimizerBuilder {
         OptimizerBuilder {
             name: name.to_string(),
@@ -332,11 +400,27 @@ impl Optimizer {
     }
 
     /// The optimizer's name.
+    ///
+    /// ```
+    /// use kvstore_core::Optimizer;
+    /// assert_eq!(Optimizer::builder("Adam").build()?.name(), "adam");
+    /// assert_eq!(Optimizer::builder("ccsgd").build()?.name(), "sgd"); // MXNet's alias
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn name(&self) -> &'static str {
         self.name
     }
 
     /// The value of a hyper-parameter (`None` if unset or not one of this optimizer's).
+    ///
+    /// ```
+    /// use kvstore_core::Optimizer;
+    /// let adam = Optimizer::builder("adam").param("beta1", 0.8).build()?;
+    /// assert_eq!((adam.param("beta1"), adam.param("epsilon")), (Some(0.8), Some(1e-8)));
+    /// assert_eq!(adam.param("clip_gradient"), None); // unset
+    /// assert_eq!(adam.param("momentum"), None); // not one of adam's
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn param(&self, name: &str) -> Option<f64> {
         self.params.get(name)
     }

@@ -50,6 +50,14 @@ impl LrScheduler {
     /// Multiplies the rate by `factor` every `step` updates, down to `stop_factor_lr`
     /// (MXNet's `FactorScheduler`, default stop 1e-8).
     ///
+    /// ```
+    /// use kvstore_core::LrScheduler;
+    /// let mut s = LrScheduler::factor(2, 0.5)?.base_lr(1.0);
+    /// assert_eq!([s.lr(1), s.lr(2), s.lr(3), s.lr(5)], [1.0, 1.0, 0.5, 0.25]);
+    /// assert!(LrScheduler::factor(0, 0.5).is_err());
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `step` is 0 or `factor` is above 1.
     pub fn factor(step: u64, factor: f64) -> Result<Self> {
@@ -63,6 +71,14 @@ impl LrScheduler {
     }
 
     /// Multiplies the rate by `factor` after each update count in `steps` (increasing).
+    ///
+    /// ```
+    /// use kvstore_core::LrScheduler;
+    /// let mut s = LrScheduler::multi_factor(&[2, 4], 0.5)?.base_lr(1.0);
+    /// assert_eq!([s.lr(1), s.lr(3), s.lr(5), s.lr(100)], [1.0, 0.5, 0.25, 0.25]);
+    /// assert!(LrScheduler::multi_factor(&[4, 2], 0.5).is_err());
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `steps` is empty, not increasing, starts below 1,
@@ -82,6 +98,13 @@ impl LrScheduler {
     /// Polynomial decay from the base rate to `final_lr` at `max_update`, with power
     /// `pwr` (MXNet default 2).
     ///
+    /// ```
+    /// use kvstore_core::LrScheduler;
+    /// let mut s = LrScheduler::poly(4, 1.0, 0.0)?.base_lr(1.0); // linear, down to 0 at update 4
+    /// assert_eq!([s.lr(1), s.lr(2), s.lr(4), s.lr(9)], [0.75, 0.5, 0.0, 0.0]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `max_update` is 0.
     pub fn poly(max_update: u64, pwr: f64, final_lr: f64) -> Result<Self> {
@@ -92,6 +115,13 @@ impl LrScheduler {
     }
 
     /// Half-cosine decay from the base rate to `final_lr` at `max_update`.
+    ///
+    /// ```
+    /// use kvstore_core::LrScheduler;
+    /// let mut s = LrScheduler::cosine(4, 0.0)?.base_lr(1.0);
+    /// assert_eq!([s.lr(0), s.lr(2), s.lr(4), s.lr(9)], [1.0, 0.5, 0.0, 0.0]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `max_update` is 0.
@@ -105,6 +135,13 @@ impl LrScheduler {
     /// The scheduler's own base rate (MXNet's `base_lr` constructor argument, default
     /// 0.01). Poly and cosine decay from this value; factor and multi-factor start from
     /// the optimizer's learning rate, which replaces it (as in MXNet).
+    ///
+    /// ```
+    /// use kvstore_core::LrScheduler;
+    /// let mut s = LrScheduler::poly(10, 2.0, 0.0)?.base_lr(0.1);
+    /// assert_eq!(s.lr(0), 0.1);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn base_lr(mut self, lr: f64) -> Self {
         self.base_lr = lr;
         self.warmup_final_lr = lr;
@@ -117,6 +154,13 @@ impl LrScheduler {
 
     /// The lowest rate of a factor schedule (default 1e-8); other schedules have no
     /// such floor and ignore it.
+    ///
+    /// ```
+    /// use kvstore_core::LrScheduler;
+    /// let mut s = LrScheduler::factor(1, 0.1)?.base_lr(1.0).stop_factor_lr(0.05);
+    /// assert_eq!(s.lr(100), 0.05); // 1, 0.1, then the floor
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn stop_factor_lr(mut self, stop: f64) -> Self {
         if let Kind::Factor { stop_factor_lr, .. } = &mut self.kind {
             *stop_factor_lr = stop;
@@ -128,6 +172,14 @@ impl LrScheduler {
     /// own base rate (MXNet's `warmup_final_lr` is the constructor's `base_lr`, not the
     /// optimizer's learning rate). `begin_lr` is checked against the base rate set so
     /// far: call [`LrScheduler::base_lr`] first.
+    ///
+    /// ```
+    /// use kvstore_core::{LrScheduler, WarmupMode};
+    /// let mut s = LrScheduler::poly(10, 1.0, 0.0)?.base_lr(1.0).warmup(4, 0.0, WarmupMode::Linear)?;
+    /// assert_eq!([s.lr(0), s.lr(2), s.lr(4)], [0.0, 0.5, 1.0]); // up over 4 updates, then decay
+    /// assert!(LrScheduler::factor(1, 0.5)?.warmup(2, 5.0, WarmupMode::Constant).is_err()); // 5 > 0.01
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `begin_lr` is above the base rate, or the warm-up
@@ -170,6 +222,14 @@ impl LrScheduler {
     }
 
     /// The rate for update number `num_update`; advances the schedule's state.
+    ///
+    /// ```
+    /// use kvstore_core::LrScheduler;
+    /// let mut s = LrScheduler::factor(1, 0.5)?.base_lr(2.0);
+    /// assert_eq!(s.lr(1), 2.0);
+    /// assert_eq!(s.lr(3), 0.5); // halved after updates 1 and 2
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     pub fn lr(&mut self, num_update: u64) -> f64 {
         if num_update < self.warmup_steps {
             return self.warmup_lr(num_update);

@@ -1,0 +1,37 @@
+//! For backend authors: the traits and types a crate implements to give stores a new
+//! kind of device or a new group of workers. Users of stores need nothing from here.
+//!
+//! - **A device backend**, as `kvstore-cuda`: implement [`DeviceBackend`] (and
+//!   [`DeviceBuffer`] for its memory, [`PinnedMemory`] for page-locked host memory if it
+//!   has any) and install it once per process with [`register_backend`]; from then on
+//!   `gpu(i)` contexts are its devices. [`device_backend`] returns the installed one.
+//!   The optional [`DeviceBackend::optimizer_step`] runs one optimizer step as a fused
+//!   kernel ([`FusedStep`], [`FusedRule`], [`FusedArrays`]), as MXNet's update operators
+//!   (`sgd_mom_update`, `adam_update`, ... in `src/operator/optimizer_op-inl.h`). MXNet
+//!   had no such seam: its devices were compiled in (`Context::kGPU`, `mshadow`).
+//! - **A group of workers**, as `kvstore-mpi`: implement [`Collective`] and give it to
+//!   [`KVStoreBuilder::collective`](crate::KVStoreBuilder::collective) to build a
+//!   `dist_sync` store. It stands where MXNet's `KVStoreDist` talked to the parameter
+//!   servers through ps-lite (`src/kvstore/kvstore_dist.h`).
+//! - **The data mover** of a store: [`Comm`], its jobs [`ReduceJob`] and
+//!   [`BroadcastJob`], and the host implementation [`CpuComm`] (MXNet's `Comm` and
+//!   `CommCPU` in `src/kvstore/comm.h`), for benchmarks and alternative reductions.
+//!
+//! ```
+//! use kvstore_core::backend::{Comm, CpuComm, ReduceJob};
+//! use kvstore_core::NDArray;
+//!
+//! let comm = CpuComm::new(1)?;
+//! let (a, b, out) = (NDArray::full(&[3], 1.0)?, NDArray::full(&[3], 2.0)?, NDArray::zeros(&[3])?);
+//! comm.reduce(&[ReduceJob { inputs: &[&a, &b], out: &out }])?;
+//! assert_eq!(out.to_vec::<f32>()?, vec![3.0; 3]);
+//! assert!(kvstore_core::backend::device_backend().is_none()); // no GPU backend installed
+//! # Ok::<(), kvstore_core::Error>(())
+//! ```
+
+pub use crate::collective::Collective;
+pub use crate::comm::{BroadcastJob, Comm, CpuComm, ReduceJob};
+pub use crate::device::{
+    DeviceBackend, DeviceBuffer, FusedArrays, FusedRule, FusedStep, PinnedMemory, backend as device_backend,
+    register_backend,
+};
