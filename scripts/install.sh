@@ -58,4 +58,4 @@ release=$(echo "$versions" | tail -n 1)
     echo '</metadata>'
 } >"$base/maven-metadata-local.xml.tmp"
 mv -f "$base/maven-metadata-local.xml.tmp" "$base/maven-metadata-local.xml"
-echo "install.sh: installed io.github.kvstore/$artifact $version into $dir"
+echo "install.sh: installed io.github.kvstore/$artifact $version into ${dir/#$HOME/\~}"

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Compiles the JUnit tests (clojure/java-test) against target/kvstore.jar (or ${KVSTORE_JAR})
 # into ${KVSTORE_JVM_OUT:-target/jvm}/test-classes and runs them
-# with Debian's JUnit console launcher, then prints one line `junit: N passed, N failed`.
+# with Debian's JUnit console launcher; then compiles the Java example
+# clojure/java-examples/io/github/kvstore/examples/TrainLinear.java against the jar, as a
+# user would (javac --release 17 -Xlint:all -Werror), and runs it: it checks its own
+# result and must exit 0 with a last line `TrainLinear: ok (...)`. It counts as one more
+# test. Prints one line `junit: N passed, N failed`.
 # Exits non-zero if any test failed, if a test class could not even start, or if no test
 # ran. A test aborted by a JUnit assumption (`Assumptions.assumeTrue`) is a skip: it
 # counts neither way and is reported on its own line, `test-java.sh: N skipped`; the
@@ -70,5 +74,35 @@ if [ "$successful" -eq 0 ] && [ "$failed" -eq 0 ]; then
     echo "test-java.sh: no test ran" >&2
     failed=1
 fi
+
+# The example, from the jar alone (its bundled library, as above).
+example_classes=$out/example-classes
+example_log=$logs/java-example.log
+rm -rf "$example_classes"
+mkdir -p "$example_classes"
+mapfile -t examples < <(find clojure/java-examples -name '*.java' | sort)
+if [ "${#examples[@]}" -eq 0 ]; then
+    echo "test-java.sh: no example under clojure/java-examples" >&2
+    failed=$((failed + 1))
+elif ! javac --release 17 -Xlint:all -Werror -encoding UTF-8 -cp "$jar" -d "$example_classes" "${examples[@]}" \
+    >"$example_log" 2>&1; then
+    echo "TrainLinear.java: FAILED (it does not compile)"
+    sed 's/^/  /' "$example_log"
+    failed=$((failed + 1))
+else
+    timeout 300 java -Djava.library.path="$out/empty-library-path" -cp "$jar:$example_classes" \
+        io.github.kvstore.examples.TrainLinear >"$example_log" 2>&1
+    example_status=$?
+    verdict=$(tail -n 1 "$example_log")
+    if [ "$example_status" -eq 0 ] && [[ "$verdict" == "TrainLinear: ok"* ]]; then
+        echo "$verdict"
+        successful=$((successful + 1))
+    else
+        echo "TrainLinear.java: FAILED (exit status $example_status$( [ "$example_status" -eq 124 ] && echo ", timed out after 300 s"))"
+        tail -n 40 "$example_log" | sed 's/^/  /'
+        failed=$((failed + 1))
+    fi
+fi
+
 echo "junit: $successful passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$successful" -gt 0 ]

@@ -1205,12 +1205,13 @@ impl KVStore {
     /// updater of this store.
     ///
     /// ```
-    /// use kvstore_core::{DType, KVStore, NDArray};
+    /// use kvstore_core::{DType, ErrorKind, KVStore, NDArray};
     /// let kv = KVStore::create("local")?;
     /// kv.init(3, &NDArray::full(&[2, 3], 2.0)?)?;
     /// let w = kv.pull_new(3, 0)?;
     /// assert_eq!((w.shape(), w.dtype()), (&[2, 3][..], DType::F32));
     /// assert_eq!(w.to_vec::<f32>()?, vec![2.0; 6]);
+    /// assert_eq!(kv.pull_new("w", 0).unwrap_err().kind(), ErrorKind::KeyNotInitialized);
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn pull_new(&self, key: impl Into<Key>, priority: i32) -> Result<NDArray> {

@@ -9,7 +9,7 @@ use kvstore_core::{KVStore, Keys, Values};
 
 use crate::convert::{arrays, keys, string};
 use crate::error::{JResult, ThrowKvStore};
-use crate::handles::STORES;
+use crate::handles::{ARRAYS, STORES};
 use crate::optimizer::optimizer_from_json;
 use crate::updater::JavaUpdater;
 
@@ -30,6 +30,14 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nCreate<'l>(
         Ok(STORES.insert(Arc::new(kv)))
     })
     .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nVersion<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+) -> JString<'l> {
+    env.with_env(|env| -> JResult<JString<'l>> { Ok(env.new_string(kvstore_core::VERSION)?) }).resolve::<ThrowKvStore>()
 }
 
 #[unsafe(no_mangle)]
@@ -162,6 +170,53 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nPullKey<'l>(
         with_store(h, |kv| kv.pull(key, Values::Many(&outs), priority))
     })
     .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nPullNew<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    key: JString<'l>,
+    priority: jint,
+) -> jlong {
+    env.with_env(|env| -> JResult<jlong> {
+        let key = string(env, &key, "the key")?;
+        let out = with_store(h, |kv| kv.pull_new(key, priority))?;
+        Ok(ARRAYS.insert(out))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nKeys<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+) -> JObjectArray<'l, JString<'l>> {
+    env.with_env(|env| -> JResult<JObjectArray<'l, JString<'l>>> {
+        let keys = with_store(h, |kv| Ok(kv.keys()))?;
+        let empty = JString::from_str(env, "")?;
+        let out = JObjectArray::<JString>::new(env, keys.len(), &empty)?;
+        for (i, key) in keys.iter().enumerate() {
+            let s = JString::from_str(env, key.as_str())?;
+            out.set_element(env, i, &s)?;
+            // One local reference per key: a store of many keys must not fill the frame.
+            env.delete_local_ref(s);
+        }
+        Ok(out)
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nNumKeys<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+) -> jint {
+    env.with_env(|_| -> JResult<jint> { with_store(h, |kv| Ok(jint::try_from(kv.keys().len()).unwrap_or(jint::MAX))) })
+        .resolve::<ThrowKvStore>()
 }
 
 /// The flat arguments of `nPushPull` and `nBroadcast`.

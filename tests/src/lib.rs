@@ -60,6 +60,36 @@ impl Backend for Gpus {
 
 pub mod sim_device;
 
+/// A folder of one test in the system's temp dir, removed (with what the test left in
+/// it) when dropped, so that no run leaves files behind.
+pub struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    /// A fresh, empty folder for the test `name` of this process.
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("kvstore-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+
+    /// The folder.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.0
+    }
+
+    /// The path of `file` in the folder.
+    pub fn path(&self, file: &str) -> std::path::PathBuf {
+        self.0.join(file)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Checks shared by every device backend (the simulated one and CUDA): the same
 /// functions, so a GPU run checks exactly what the simulated run checks.
 pub mod device_checks {

@@ -12,30 +12,9 @@ use std::time::{Duration, Instant};
 
 use kvstore_core::backend::CpuComm;
 use kvstore_core::{ErrorKind, KVStore, Key, NDArray, Optimizer, Result};
+use kvstore_tests::TempDir;
 use proptest::prelude::*;
 use safetensors::SafeTensors;
-
-/// A folder of this test in the system's temp dir, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("kvstore-hostile-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        TempDir(dir)
-    }
-
-    fn path(&self, file: &str) -> PathBuf {
-        self.0.join(file)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn opt(name: &str) -> Optimizer {
     Optimizer::builder(name).param("learning_rate", 0.1).build().expect("optimizer")
@@ -443,7 +422,7 @@ fn saves_write_through_links_and_refuse_special_files() {
     // A FIFO, a directory and a character device are refused, and left as they were.
     let fifo = dir.path("fifo");
     assert!(std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo").success());
-    for special in [fifo.as_path(), dir.0.as_path(), Path::new("/dev/null")] {
+    for special in [fifo.as_path(), dir.dir(), Path::new("/dev/null")] {
         let kind = |p: &Path| std::fs::symlink_metadata(p).expect("meta").file_type();
         let before = kind(special);
         let e = kv.save_optimizer_states(special).expect_err("a special file");
@@ -463,7 +442,7 @@ fn loads_refuse_special_files_without_blocking_or_reading_without_bound() {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
         s.spawn(|| {
-            let results: Vec<_> = [fifo.as_path(), Path::new("/dev/zero"), dir.0.as_path()]
+            let results: Vec<_> = [fifo.as_path(), Path::new("/dev/zero"), dir.dir()]
                 .iter()
                 .map(|p| kv.load_optimizer_states(p).map_err(|e| e.kind()))
                 .collect();
@@ -502,7 +481,7 @@ fn stale_temporary_files_of_dead_savers_are_removed() {
     kv.save_optimizer_states(dir.path("s.safetensors")).expect("save");
     assert!(!dead.exists(), "the dead saver's temporary file was kept");
     assert!(alive.exists() && other.exists());
-    let listing: Vec<_> = std::fs::read_dir(&dir.0).expect("list").flatten().map(|e| e.file_name()).collect();
+    let listing: Vec<_> = std::fs::read_dir(dir.dir()).expect("list").flatten().map(|e| e.file_name()).collect();
     assert_eq!(listing.len(), 3, "{listing:?}");
 }
 

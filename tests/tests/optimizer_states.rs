@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use kvstore_core::{ErrorKind, KVStore, LrScheduler, NDArray, Optimizer};
+use kvstore_tests::TempDir;
 
 fn sgd() -> Optimizer {
     Optimizer::builder("sgd")
@@ -52,15 +53,16 @@ fn weights(kv: &KVStore) -> Vec<Vec<f32>> {
         .collect()
 }
 
-fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kvstore-states-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir.join("states.safetensors")
+/// A state file's path in a folder that is removed with the returned guard.
+fn temp(name: &str) -> (TempDir, PathBuf) {
+    let dir = TempDir::new(&format!("states-{name}"));
+    let path = dir.path("states.safetensors");
+    (dir, path)
 }
 
 #[test]
 fn saved_states_continue_training_exactly_where_it_was() {
-    let path = temp("roundtrip");
+    let (_dir, path) = temp("roundtrip");
     let a = store(KEYS);
     train(&a, 0..3);
     a.save_optimizer_states(&path).expect("save");
@@ -88,7 +90,7 @@ fn saved_states_continue_training_exactly_where_it_was() {
 
 #[test]
 fn the_file_is_safetensors_with_the_optimizer_in_its_metadata() {
-    let path = temp("format");
+    let (_dir, path) = temp("format");
     let kv = store(KEYS);
     train(&kv, 0..2);
     kv.save_optimizer_states(&path).expect("save");
@@ -118,7 +120,7 @@ fn failed_load_changes_nothing(bad: impl Fn(&KVStore) -> kvstore_core::Result<()
 
 #[test]
 fn truncated_corrupted_and_missing_files_are_io_errors_that_change_nothing() {
-    let path = temp("bad");
+    let (_dir, path) = temp("bad");
     let src = store(KEYS);
     train(&src, 0..4);
     src.save_optimizer_states(&path).expect("save");
@@ -139,7 +141,7 @@ fn truncated_corrupted_and_missing_files_are_io_errors_that_change_nothing() {
 
 #[test]
 fn files_of_other_keys_shapes_or_optimizers_are_clear_errors_that_change_nothing() {
-    let path = temp("mismatch");
+    let (_dir, path) = temp("mismatch");
     let other = KVStore::create("local").expect("create");
     other.init("w0", &NDArray::zeros(&[2, 3]).expect("w")).expect("init");
     other.init("extra", &NDArray::zeros(&[4]).expect("w")).expect("init");
@@ -170,7 +172,7 @@ fn files_of_other_keys_shapes_or_optimizers_are_clear_errors_that_change_nothing
 fn saving_or_loading_without_an_optimizer_is_an_error() {
     let kv = KVStore::create("local").expect("create");
     kv.init("w", &NDArray::zeros(&[2]).expect("w")).expect("init");
-    let path = temp("none");
+    let (_dir, path) = temp("none");
     assert_eq!(kv.save_optimizer_states(&path).expect_err("no optimizer").kind(), ErrorKind::InvalidArgument);
     assert_eq!(kv.load_optimizer_states(&path).expect_err("no optimizer").kind(), ErrorKind::InvalidArgument);
     assert!(!path.exists(), "a failed save writes no file");
@@ -178,7 +180,7 @@ fn saving_or_loading_without_an_optimizer_is_an_error() {
 
 #[test]
 fn loading_never_installs_a_schedule_the_optimizer_does_not_have() {
-    let path = temp("schedule");
+    let (_dir, path) = temp("schedule");
     let scheduled = store(KEYS); // factor(2, 0.5): after 3 updates its rate is 0.05
     train(&scheduled, 0..3);
     scheduled.save_optimizer_states(&path).expect("save");

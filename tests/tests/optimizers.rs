@@ -400,12 +400,11 @@ fn tiny_train(kv: &KVStore, steps: std::ops::Range<usize>) -> Vec<Vec<f32>> {
 /// before the first update.
 #[test]
 fn every_optimizer_continues_exactly_after_a_state_file() {
-    let dir = std::env::temp_dir().join(format!("kvstore-optimizers-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = kvstore_tests::TempDir::new("optimizers");
     let w0 = vec![vec![0.5f32, -0.25, 1.0, 0.75], vec![-1.0f32, 0.125, 0.3, -0.6]];
     for name in kvstore_core::optimizer_names() {
         for saved_after in [0, 2] {
-            let path = dir.join(format!("{name}-{saved_after}.states"));
+            let path = dir.path(&format!("{name}-{saved_after}.states"));
             let a = tiny_store(name, &w0);
             let at_save = tiny_train(&a, 0..saved_after);
             a.save_optimizer_states(&path).unwrap_or_else(|e| panic!("{name}: save: {e}"));
@@ -418,5 +417,4 @@ fn every_optimizer_continues_exactly_after_a_state_file() {
             );
         }
     }
-    std::fs::remove_dir_all(&dir).ok();
 }

@@ -325,9 +325,90 @@ class KVStoreTest {
             assertEquals(0, kv.numDeadNode(0));
             assertTrue(kv.isCapable("optimizer"));
             assertTrue(kv.isCapable("OPTIMIZER"));
-            assertEquals("<KVStore local>", kv.toString());
+            assertEquals("#kvstore/store {:kind \"local\", :keys 1}", kv.toString());
             assertFalse(kv.isClosed());
         }
+    }
+
+    @Test
+    void toStringGivesTheKindAndNumberOfKeysAndNeverThrows() {
+        KVStore kv = KVStore.create("LOCAL");
+        try (NDArray one = NDArray.ones(1)) {
+            assertEquals("#kvstore/store {:kind \"local\", :keys 0}", kv.toString());
+            kv.init(new String[] {"a", "b", "c"}, new NDArray[] {one, one, one});
+            assertEquals("#kvstore/store {:kind \"local\", :keys 3}", kv.toString());
+            kv.broadcast("d", one, one);
+            assertEquals("#kvstore/store {:kind \"local\", :keys 4}", kv.toString());
+        }
+        try (KVStore device = KVStore.create("device")) {
+            assertEquals("#kvstore/store {:kind \"device\", :keys 0}", device.toString());
+        }
+        kv.close();
+        assertEquals("#kvstore/store {:closed true}", kv.toString());
+        assertEquals("#kvstore/store {:closed true}", String.valueOf(kv), "string concatenation of a closed store");
+    }
+
+    @Test
+    void versionIsTheWorkspaceVersion() throws java.io.IOException {
+        String cargo = java.nio.file.Files.readString(java.nio.file.Path.of("Cargo.toml"));
+        java.util.regex.Matcher m = java.util.regex.Pattern
+                .compile("(?s)\\[workspace\\.package\\].*?\nversion = \"([^\"]+)\"").matcher(cargo);
+        assertTrue(m.find(), "the suite runs from the repository root, next to the workspace's Cargo.toml");
+        assertEquals(m.group(1), KVStore.version());
+    }
+
+    @Test
+    void keysListsTheKeysInFirstInitOrder() {
+        KVStore kv = KVStore.create();
+        try (NDArray one = NDArray.ones(2)) {
+            assertArrayEquals(new String[0], kv.keys());
+            kv.init(new String[] {"b", "a"}, new NDArray[] {one, one}).init("10", one);
+            kv.broadcast("\uD83D\uDE00", one, one);
+            assertArrayEquals(new String[] {"b", "a", "10", "\uD83D\uDE00"}, kv.keys());
+            String[] keys = kv.keys();
+            keys[0] = "changed";
+            assertArrayEquals(new String[] {"b", "a", "10", "\uD83D\uDE00"}, kv.keys(), "a new array each time");
+            try (NDArray outs = NDArray.zeros(2)) {
+                // The keys go back into the list forms as they are.
+                kv.pull(kv.keys(), new NDArray[] {outs, outs, outs, outs});
+                assertAll(1f, outs);
+            }
+        } finally {
+            kv.close();
+        }
+        Fixtures.assertCode(KVStoreException.Code.DISPOSED, kv::keys);
+    }
+
+    @Test
+    void pullOfAKeyAloneReturnsANewArrayOfItsShapeAndDtype() {
+        KVStore kv = KVStore.create();
+        try (NDArray w = NDArray.array(new double[] {1, 2, 3, 4, 5, 6}, SHAPE, Context.cpu(2), DType.FLOAT64);
+                NDArray g = NDArray.full(SHAPE, 1, Context.cpu(), DType.FLOAT64)) {
+            kv.init("w", w);
+            try (NDArray value = kv.pull("w")) {
+                assertArrayEquals(SHAPE, value.shape());
+                assertEquals(DType.FLOAT64, value.dtype());
+                assertEquals(Context.cpu(), value.context());
+                assertArrayEquals(new double[] {1, 2, 3, 4, 5, 6}, value.toDoubleArray());
+                assertFalse(value.sameStorage(w));
+                value.addInPlace(100);
+            }
+            kv.push("w", g);
+            try (NDArray value = kv.pull("w")) {
+                assertArrayEquals(new double[] {1, 1, 1, 1, 1, 1}, value.toDoubleArray(), "the value after a push");
+            }
+            try (NDArray i8 = NDArray.full(new int[] {3}, -2, Context.cpu(), DType.INT8)) {
+                kv.init("7", i8);
+                try (NDArray value = kv.pull("7")) {
+                    assertEquals(DType.INT8, value.dtype());
+                    assertArrayEquals(new int[] {-2, -2, -2}, value.toIntArray());
+                }
+            }
+            Fixtures.assertCode(KVStoreException.Code.KEY_NOT_INITIALIZED, () -> kv.pull("nope"));
+        } finally {
+            kv.close();
+        }
+        Fixtures.assertCode(KVStoreException.Code.DISPOSED, () -> kv.pull("w"));
     }
 
     @Test

@@ -278,7 +278,7 @@ class NDArrayTest {
         kv.dispose();
         kv.close();
         assertTrue(kv.isClosed());
-        assertEquals("<KVStore closed>", kv.toString());
+        assertEquals("#kvstore/store {:closed true}", kv.toString());
     }
 
     @Test

@@ -6,6 +6,10 @@ package io.github.kvstore;
  * <p>CPU ids are logical devices (MXNet's {@code cpu(i)}): every one of them lives in host
  * memory, so arrays "on" {@code cpu(0)} to {@code cpu(3)} can stand for the four devices of
  * a data-parallel step on a machine without GPUs. Instances are immutable values.
+ *
+ * <p>A null argument is a {@link NullPointerException} naming the parameter, as everywhere
+ * in this package ({@link #equals(Object)} answers false instead); a negative device id is an
+ * {@link IllegalArgumentException}.
  */
 public final class Context {
     /** MXNet's device-type code of a CPU context (the code that crosses JNI). */

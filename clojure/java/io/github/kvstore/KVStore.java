@@ -28,6 +28,12 @@ import java.util.concurrent.locks.ReentrantLock;
  * unreachable unclosed. After {@code close()} every call throws {@link KVStoreException}
  * with code {@link KVStoreException.Code#DISPOSED}; calls already running finish.
  *
+ * <p>A null argument is a {@link NullPointerException} naming the parameter
+ * ({@code "keys"}, or {@code "keys[2]"} for an element), thrown before any native call;
+ * the one exception is {@link #setUpdater(Updater)}, where {@code null} means "back to
+ * the default". Errors of the store itself are {@link KVStoreException}s: catch one and
+ * switch on its {@link KVStoreException#code()}.
+ *
  * <pre>{@code
  * try (KVStore kv = KVStore.create("local");
  *      NDArray two = NDArray.full(new int[] {2, 3}, 2.0);
@@ -44,6 +50,8 @@ public final class KVStore implements AutoCloseable {
     private static final Cleaner CLEANER = Cleaner.create();
     /** Native stores freed so far, by close() or by the Cleaner (for tests). */
     private static final AtomicLong FREED = new AtomicLong();
+    /** What {@link #toString()} says once the store is closed. */
+    private static final String CLOSED_FORM = "#kvstore/store {:closed true}";
 
     /** The native handle, freed exactly once; never refers to the KVStore itself. */
     private static final class State implements Runnable {
@@ -120,6 +128,16 @@ public final class KVStore implements AutoCloseable {
     public static KVStore create(String kind) {
         Objects.requireNonNull(kind, "kind");
         return new KVStore(nCreate(kind));
+    }
+
+    /**
+     * The version of the library: the native library's, which is the jar's and the Rust
+     * crates' (one workspace version for all), for example {@code "0.1.0"}.
+     *
+     * @return the version
+     */
+    public static String version() {
+        return nVersion();
     }
 
     /**
@@ -267,6 +285,20 @@ public final class KVStore implements AutoCloseable {
         }
     }
 
+    /**
+     * The keys of the store, in the order they were first initialised.
+     *
+     * @return a new array of the keys (empty for a new store)
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public String[] keys() {
+        try {
+            return nKeys(handle());
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
     // ----- init -----
 
     /**
@@ -406,6 +438,24 @@ public final class KVStore implements AutoCloseable {
     }
 
     // ----- pull -----
+
+    /**
+     * The value of {@code key}, as a new array on {@code cpu(0)} of the value's shape and
+     * dtype (the other forms of pull write into arrays the caller made). The caller owns
+     * the array: close it when done.
+     *
+     * @param key the key
+     * @return a new array holding the value
+     * @throws KVStoreException {@code KEY_NOT_INITIALIZED}, {@code DISPOSED}
+     */
+    public NDArray pull(String key) {
+        Objects.requireNonNull(key, "key");
+        try {
+            return new NDArray(nPullNew(handle(), key, 0));
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
 
     /**
      * Copies the value of {@code key} into {@code out}.
@@ -1070,16 +1120,34 @@ public final class KVStore implements AutoCloseable {
         return state.handle.get() == 0;
     }
 
+    /**
+     * The store's facts in the form Clojure prints it: {@code #kvstore/store {:kind "local",
+     * :keys 3}} (its kind and number of keys), or {@code #kvstore/store {:closed true}} once
+     * closed. Never throws.
+     *
+     * @return the printed form
+     */
     @Override
     public String toString() {
         long h = state.handle.get();
         if (h == 0) {
-            return "<KVStore closed>";
+            return CLOSED_FORM;
         }
         try {
-            return "<KVStore " + nType(h) + ">";
+            String kind = nType(h);
+            int keys = nNumKeys(h);
+            StringBuilder out = new StringBuilder("#kvstore/store {:kind \"");
+            for (int i = 0; i < kind.length(); i++) {
+                char c = kind.charAt(i);
+                if (c == '"' || c == '\\') {
+                    out.append('\\');
+                }
+                out.append(c);
+            }
+            return out.append("\", :keys ").append(keys).append('}').toString();
         } catch (KVStoreException e) {
-            return "<KVStore closed>";
+            // Closed by another thread since the check above.
+            return CLOSED_FORM;
         } finally {
             Reference.reachabilityFence(this);
         }
@@ -1091,6 +1159,8 @@ public final class KVStore implements AutoCloseable {
 
     static native void nFree(long h);
 
+    static native String nVersion();
+
     static native boolean nMpiSupported();
 
     static native void nFinalizeMpi();
@@ -1100,6 +1170,12 @@ public final class KVStore implements AutoCloseable {
     static native int nRank(long h);
 
     static native int nNumWorkers(long h);
+
+    static native String[] nKeys(long h);
+
+    static native int nNumKeys(long h);
+
+    static native long nPullNew(long h, String key, int priority);
 
     static native void nInit(long h, String[] keys, long[] values);
 

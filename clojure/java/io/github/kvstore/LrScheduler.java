@@ -20,6 +20,8 @@ import java.util.Objects;
  * replaces the scheduler's {@code base_lr} with it); poly and cosine schedules decay from
  * their own {@link #baseLr(double)} (default 0.01), which is also where a warm-up ends, as
  * in MXNet.
+ *
+ * <p>A null argument is a {@link NullPointerException} naming the parameter.
  */
 public final class LrScheduler {
     private final String type;

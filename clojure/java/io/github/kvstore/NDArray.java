@@ -36,6 +36,9 @@ import java.util.concurrent.atomic.AtomicLong;
  * <p>Element-wise operations with a scalar convert the scalar to the array's dtype first
  * (as MXNet); integer arithmetic wraps, integer division by zero is
  * {@link KVStoreException.Code#INVALID_ARGUMENT}.
+ *
+ * <p>A null argument is a {@link NullPointerException} naming the parameter
+ * ({@code "shape"}, {@code "other"}, ...), thrown before any native call.
  */
 public final class NDArray implements AutoCloseable {
     static {

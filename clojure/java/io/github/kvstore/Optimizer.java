@@ -27,6 +27,9 @@ import java.util.Optional;
  * double)} sets any hyper-parameter by its MXNet name. Unset options keep MXNet's
  * defaults. {@link Builder#build()} checks the whole description in the native library,
  * so a bad name or value fails there, with the library's message.
+ *
+ * <p>A null argument is a {@link NullPointerException} naming the parameter, except for
+ * {@link Builder#lrScheduler(LrScheduler)}, where {@code null} means no schedule.
  */
 public final class Optimizer {
     static {

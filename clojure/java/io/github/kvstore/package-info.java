@@ -46,5 +46,22 @@
  * wrong, can crash the JVM. The native library is found by
  * {@link io.github.kvstore.NativeLibrary} ({@code -Dkvstore.native.path},
  * {@code java.library.path}, or the copy bundled in the jar).
+ *
+ * <p>Argument errors that Java can see by itself are reported the Java way, before any
+ * native call: a null argument is a {@link java.lang.NullPointerException} whose message
+ * names the parameter ({@code "keys"}, or {@code "keys[2]"} for an element of an array);
+ * the only parameters that take {@code null} say so ({@code KVStore.setUpdater},
+ * {@code Optimizer.Builder.lrScheduler}). Everything else is a
+ * {@code KVStoreException}, whose {@code code()} says what went wrong:
+ * <pre>{@code
+ * try {
+ *     kv.push("w", gradient);
+ * } catch (KVStoreException e) {
+ *     if (e.code() != KVStoreException.Code.KEY_NOT_INITIALIZED) {
+ *         throw e;
+ *     }
+ *     kv.init("w", gradient);
+ * }
+ * }</pre>
  */
 package io.github.kvstore;

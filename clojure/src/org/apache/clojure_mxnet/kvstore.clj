@@ -4,6 +4,9 @@
 
   Same names, arities and argument forms as clojure-mxnet: keys are a string
   or a vector of strings, values and outs an NDArray or a vector of NDArrays.
+  A key may also be an integer, which stands for its decimal string (`3` is
+  the key \"3\", as in the Rust API and MXNet's Python), alone or in a vector
+  (`[3 \"3\" 5]`).
   `push`, `pull`, `pushpull` and `broadcast` repeat a single key for each of a
   vector of values (or outs); `init` does not. Pushing a key several times in
   one call sums its values. Functions that change the store return it, so
@@ -19,11 +22,16 @@
   `save-optimizer-states` / `load-optimizer-states`.
 
   Additions: `set-updater` (a Clojure fn as the updater), `pushpull`,
-  `broadcast`, `optimizer-name`. Fixed: `barrier` works (clojure-mxnet passed
-  the store twice); `send-command-to-servers` is callable; `create` rejects
-  unknown kinds.
+  `broadcast`, `optimizer-name`, `keys` (the keys, in init order), `version`
+  (the library's), and `(pull kvstore ks)`, which returns the value of a key
+  as a new NDArray (a vector of them for a vector of keys). A store prints as
+  `#kvstore/store {:kind \"local\", :keys 3}` (its kind and number of keys;
+  `#kvstore/store {:closed true}` once disposed), the Java `toString`.
+  Fixed: `barrier` works (clojure-mxnet passed the store twice);
+  `send-command-to-servers` is callable; `create` rejects unknown kinds.
 
-  Errors are `ex-info`. Arguments are checked with spec first: \"Invalid
+  Errors are `ex-info`. Arguments are checked with spec first, and the
+  message shows the argument given (`Invalid keys: [\"a\" 3.5]`): \"Invalid
   kvstore\" (not a store, e.g. nil), \"Invalid keys\", \"Invalid values\",
   \"Invalid outs\", \"Invalid priority\", \"Invalid node-id\", \"Invalid head\"
   (numbers must fit a Java int), \"Invalid body\", \"Invalid optimizer\",
@@ -35,16 +43,19 @@
   :unsupported :invalid-argument :disposed :io :backend :resource-exhausted
   :internal`), with the
   Java exception as cause."
-  (:refer-clojure :exclude [type])
+  (:refer-clojure :exclude [keys type])
   (:require [clojure.spec.alpha :as s]
             [org.apache.clojure-mxnet.util :as util])
-  (:import (io.github.kvstore KVStore NDArray Optimizer Updater)))
+  (:import (io.github.kvstore KVStore NDArray Optimizer Updater)
+           (java.io Writer)))
 
 (set! *warn-on-reflection* true)
 
 (s/def ::name string?)
-(s/def ::ks (s/or :string string?
-                  :vec-of-string (s/coll-of string? :kind vector?)))
+(s/def ::key (s/or :string string?
+                   :integer integer?))
+(s/def ::ks (s/or :key ::key
+                  :vec-of-keys (s/coll-of ::key :kind vector?)))
 (s/def ::ndarray #(instance? NDArray %))
 (s/def ::vs (s/or :ndarray ::ndarray
                   :vec-of-ndarray (s/coll-of ::ndarray :kind vector?)))
@@ -84,8 +95,17 @@
 (defn- ndarray? [x]
   (instance? NDArray x))
 
+(defn- key? [k]
+  (or (string? k) (integer? k)))
+
 (defn- ks? [ks]
-  (or (string? ks) (vector-of? string? ks)))
+  (or (key? ks) (vector-of? key? ks)))
+
+(defn- key-str
+  "The key `k` as the Java API takes it: a string as is, an integer as its
+  decimal string (`3` -> \"3\")."
+  ^String [k]
+  (if (string? k) k (str k)))
 
 (defn- ndarrays? [vs]
   (or (instance? NDArray vs) (vector-of? ndarray? vs)))
@@ -100,14 +120,14 @@
      (util/validate! ~spec ~x ~msg)))
 
 (defn- key-array
-  "The keys `ks` (a vector of strings) as a String[]. (Filled by hand:
-  into-array costs more than the native push of a small key.)"
+  "The keys `ks` (a vector of strings and integers) as a String[]. (Filled by
+  hand: into-array costs more than the native push of a small key.)"
   ^"[Ljava.lang.String;" [ks]
   (let [^clojure.lang.IPersistentVector v ks
         n (.count v)
         ^"[Ljava.lang.String;" a (make-array String n)]
     (dotimes [i n]
-      (aset a i ^String (.nth v i)))
+      (aset a i (key-str (.nth v i))))
     a))
 
 (defn- ndarray-array
@@ -132,7 +152,7 @@
   (if (vector? ks)
     (key-array ks)
     (let [^"[Ljava.lang.String;" a (make-array String (count vals))]
-      (java.util.Arrays/fill a ^Object ks)
+      (java.util.Arrays/fill a ^Object (key-str ks))
       a)))
 
 (defn create
@@ -187,17 +207,43 @@
    (check! util/int-value? ::priority priority "Invalid priority")
    (let [store-vals (as-vector vs)]
      (util/with-kvstore-errors :push
-       (if (string? ks)
-         (.push kvstore ^String ks (ndarray-array store-vals) (int priority))
-         (.push kvstore (key-array-for ks store-vals) (ndarray-array store-vals) (int priority)))
+       (if (vector? ks)
+         (.push kvstore (key-array ks) (ndarray-array store-vals) (int priority))
+         (.push kvstore (key-str ks) (ndarray-array store-vals) (int priority)))
        kvstore)))
   ([kvstore ks vs]
    (push kvstore ks vs 0)))
 
+(defn- pull-new
+  "The values of the keys `ks` (a vector) as new NDArrays, in a vector; on an
+  error, the arrays made so far are closed."
+  [^KVStore kvstore ks]
+  (let [made (java.util.ArrayList.)]
+    (try
+      (doseq [k ks]
+        (.add made (.pull kvstore (key-str k))))
+      (vec made)
+      (catch Throwable t
+        (doseq [^NDArray a made]
+          (.close a))
+        (throw t)))))
+
 (defn pull
   "Copies the values of a key or a vector of keys `ks` into an out or a
   vector of outs `outs`. A single key with a vector of outs is repeated for
-  each out. Returns the store."
+  each out. Returns the store.
+
+  With no `outs`, returns the value of the key `ks` as a new NDArray on
+  `(cpu 0)` of the value's shape and dtype, or, for a vector of keys, a
+  vector of new NDArrays, one per key (an addition to clojure-mxnet, whose
+  pull always wrote into outs)."
+  ([^KVStore kvstore ks]
+   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+   (check! ks? ::ks ks "Invalid keys")
+   (util/with-kvstore-errors :pull
+     (if (vector? ks)
+       (pull-new kvstore ks)
+       (.pull kvstore (key-str ks)))))
   ([^KVStore kvstore ks outs priority]
    (check! kvstore? ::kvstore kvstore "Invalid kvstore")
    (check! ks? ::ks ks "Invalid keys")
@@ -205,9 +251,9 @@
    (check! util/int-value? ::priority priority "Invalid priority")
    (let [store-outs (as-vector outs)]
      (util/with-kvstore-errors :pull
-       (if (string? ks)
-         (.pull kvstore ^String ks (ndarray-array store-outs) (int priority))
-         (.pull kvstore (key-array-for ks store-outs) (ndarray-array store-outs) (int priority)))
+       (if (vector? ks)
+         (.pull kvstore (key-array ks) (ndarray-array store-outs) (int priority))
+         (.pull kvstore (key-str ks) (ndarray-array store-outs) (int priority)))
        kvstore)))
   ([kvstore ks outs]
    (pull kvstore ks outs 0)))
@@ -222,9 +268,9 @@
    (check! ndarrays? ::vs vs "Invalid values")
    (let [store-vals (ndarray-array (as-vector vs))]
      (util/with-kvstore-errors :pushpull
-       (if (string? ks)
-         (.pushpull kvstore ^String ks store-vals)
-         (.pushpull kvstore (key-array ks) store-vals))
+       (if (vector? ks)
+         (.pushpull kvstore (key-array ks) store-vals)
+         (.pushpull kvstore (key-str ks) store-vals))
        kvstore)))
   ([kvstore ks vs outs]
    (pushpull kvstore ks vs outs 0))
@@ -237,9 +283,9 @@
    (let [store-vals (ndarray-array (as-vector vs))
          store-outs (ndarray-array (as-vector outs))]
      (util/with-kvstore-errors :pushpull
-       (if (string? ks)
-         (.pushpull kvstore ^String ks store-vals store-outs (int priority))
-         (.pushpull kvstore (key-array ks) store-vals store-outs (int priority)))
+       (if (vector? ks)
+         (.pushpull kvstore (key-array ks) store-vals store-outs (int priority))
+         (.pushpull kvstore (key-str ks) store-vals store-outs (int priority)))
        kvstore))))
 
 (defn broadcast
@@ -258,8 +304,8 @@
    (let [store-vals (as-vector vs)
          store-outs (ndarray-array (as-vector outs))]
      (util/with-kvstore-errors :broadcast
-       (if (and (string? ks) (= 1 (count store-vals)))
-         (.broadcast kvstore ^String ks ^NDArray (first store-vals) store-outs (int priority))
+       (if (and (not (vector? ks)) (= 1 (count store-vals)))
+         (.broadcast kvstore (key-str ks) ^NDArray (first store-vals) store-outs (int priority))
          ;; Several values for one key: the key is repeated for each value
          ;; (and each out), which the store rejects as a duplicate init.
          (.broadcast kvstore (key-array-for ks store-vals) (ndarray-array store-vals)
@@ -300,6 +346,30 @@
   (util/with-kvstore-errors :set-updater
     (doto kvstore
       (.setUpdater (->updater updater)))))
+
+(defn version
+  "The version of the library (the jar's, its native library's and the Rust
+  crates'), for example \"0.1.0\"."
+  []
+  (KVStore/version))
+
+(defn keys
+  "The keys of the store, a vector of strings, in the order they were first
+  initialized (integer keys as their decimal strings)."
+  [^KVStore kvstore]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+  (util/with-kvstore-errors :keys
+    (vec (.keys kvstore))))
+
+(defmethod print-method KVStore [^KVStore kvstore ^Writer w]
+  ;; The Java toString: `#kvstore/store {:kind "local", :keys 3}`; it never throws,
+  ;; so a disposed store prints too.
+  (.write w (.toString kvstore)))
+
+(defmethod print-dup KVStore [kvstore w]
+  ;; A store lives in native memory: there is no form that reads back as one, so
+  ;; print-dup shows the same facts (reading the tag back is an error).
+  (print-method kvstore w))
 
 (defn type
   "The kind of the store: \"local\", \"device\", \"dist_sync\"..."

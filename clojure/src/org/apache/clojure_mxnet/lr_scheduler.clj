@@ -18,10 +18,13 @@
   updates from 1; clojure-mxnet's Scala schedule saw n - 1, so its factor
   schedule lowered the rate one update later.
 
-  A schedule is checked when it is made: bad arguments fail spec (\"Invalid
-  step\", \"Invalid factor\", \"Invalid opts\", ... with `s/explain-data`),
-  values out of range fail in the library with `{:kvstore/error
-  :invalid-argument}` (a step below 1, a factor above 1, steps that do not
+  A schedule is checked when it is made: an unknown key in the options says
+  which and lists the options there are (`unknown option :stop-factor for
+  factor-scheduler; the options are :stop-factor-lr, :base-lr, ...`), bad
+  arguments fail spec (\"Invalid step: <the step>\", \"Invalid factor: ...\",
+  \"Invalid opts: ...\", with `s/explain-data`), values out of range fail in
+  the library; all are `{:kvstore/error :invalid-argument}` (for the library's
+  checks: a step below 1, a factor above 1, steps that do not
   increase, a warm-up that begins above the base rate ...)."
   (:require [clojure.spec.alpha :as s]
             [org.apache.clojure-mxnet.util :as util])
@@ -44,6 +47,23 @@
 (s/def ::factor-opts (s/merge ::common-opts (s/keys :opt-un [::stop-factor-lr])))
 (s/def ::poly-opts (s/merge ::common-opts (s/keys :opt-un [::pwr ::final-lr])))
 (s/def ::cosine-opts (s/merge ::common-opts (s/keys :opt-un [::final-lr])))
+
+(def ^:private common-options [:base-lr :warmup-steps :warmup-begin-lr :warmup-mode])
+
+(def option-names
+  "The option keys each schedule takes, in the order the error of an unknown
+  option lists them."
+  {"factor-scheduler" (into [:stop-factor-lr] common-options)
+   "multi-factor-scheduler" common-options
+   "poly-scheduler" (into [:pwr :final-lr] common-options)
+   "cosine-scheduler" (into [:final-lr] common-options)})
+
+(defn- validate-opts!
+  "Checks the options `opts` of the schedule `fn-name` against `spec`: an
+  unknown key first, then the values."
+  [fn-name spec opts]
+  (util/check-options! fn-name (option-names fn-name) opts {:kvstore/op :lr-scheduler})
+  (util/validate! spec opts "Invalid opts"))
 
 (defn- finish
   "`sched` with the options common to every schedule, checked by the library."
@@ -73,7 +93,7 @@
   ([step factor opts]
    (util/validate! ::step step "Invalid step")
    (util/validate! ::factor factor "Invalid factor")
-   (util/validate! ::factor-opts opts "Invalid opts")
+   (validate-opts! "factor-scheduler" ::factor-opts opts)
    (let [sched (LrScheduler/factor (long step) (double factor))]
      (finish (if-let [stop (:stop-factor-lr opts)] (.stopFactorLr sched (double stop)) sched) opts))))
 
@@ -87,7 +107,7 @@
   ([steps factor opts]
    (util/validate! ::steps steps "Invalid steps")
    (util/validate! ::factor factor "Invalid factor")
-   (util/validate! ::common-opts opts "Invalid opts")
+   (validate-opts! "multi-factor-scheduler" ::common-opts opts)
    (finish (LrScheduler/multiFactor (long-array steps) (double factor)) opts)))
 
 (defn poly-scheduler
@@ -99,7 +119,7 @@
    (poly-scheduler max-update {}))
   ([max-update opts]
    (util/validate! ::max-update max-update "Invalid max-update")
-   (util/validate! ::poly-opts opts "Invalid opts")
+   (validate-opts! "poly-scheduler" ::poly-opts opts)
    (finish (LrScheduler/poly (long max-update) (double (:pwr opts 2)) (double (:final-lr opts 0))) opts)))
 
 (defn cosine-scheduler
@@ -110,5 +130,5 @@
    (cosine-scheduler max-update {}))
   ([max-update opts]
    (util/validate! ::max-update max-update "Invalid max-update")
-   (util/validate! ::cosine-opts opts "Invalid opts")
+   (validate-opts! "cosine-scheduler" ::cosine-opts opts)
    (finish (LrScheduler/cosine (long max-update) (double (:final-lr opts 0))) opts)))

@@ -22,10 +22,13 @@
   given the defaults and options that clojure-mxnet's Scala optimizers had;
   see the comment block below for where the two differ.
 
-  Errors are `ex-info`: options that are not a map of known keys with values
-  of the right type fail spec with \"Incorrect <name> optimizer options\" and
-  `s/explain-data` as data (unknown keys included: clojure-mxnet silently
-  ignored a misspelt key); values MXNet 1.9.1 takes are taken (a negative
+  Errors are `ex-info`: an unknown key in the options (clojure-mxnet silently
+  ignored a misspelt one) says which and lists the options there are
+  (`unknown option :momentun for sgd; the options are :learning-rate,
+  :momentum, ...`, data `{:kvstore/error :invalid-argument :unknown
+  [:momentun] :options [...]}`); options that are not a map, or values of the
+  wrong type, fail spec with \"Incorrect <name> optimizer options: <opts>\"
+  and `s/explain-data` as data; values MXNet 1.9.1 takes are taken (a negative
   `:learning-rate` is gradient ascent: sgd with -1 and `:wd 0` adds each push
   to the weight), and what would corrupt the store fails in the library with
   `{:kvstore/error :invalid-argument}` (non-finite values, update counts such
@@ -183,14 +186,24 @@
    :upper-bound "upper_bound" :bias-correction "bias_correction" :eta "eta"
    :momentum-correction "momentum_correction"})
 
+(defn option-names
+  "The option keys that the options spec `spec` (one of this namespace's
+  `::<name>-opts`) allows, in the order it lists them: what the error of an
+  unknown option lists."
+  [spec]
+  (let [[_and keys-form] (s/form spec)]
+    (mapv (comp keyword name) (:opt-un (apply hash-map (rest keys-form))))))
+
 (defn- build
-  "The optimizer `mxnet-name` with the options `opts` (checked against `spec`,
-  else an ex-info with `msg`) over `defaults`. `renames` maps an option to
-  another MXNet name than `mxnet-names` gives."
-  (^Optimizer [mxnet-name spec msg opts defaults]
-   (build mxnet-name spec msg opts defaults {}))
-  (^Optimizer [mxnet-name spec msg opts defaults renames]
-   (util/validate! spec opts msg)
+  "The optimizer `mxnet-name` (the function `fn-name` of this namespace) with
+  the options `opts` (checked against `spec`: an unknown key, then the rest)
+  over `defaults`. `renames` maps an option to another MXNet name than
+  `mxnet-names` gives."
+  (^Optimizer [fn-name mxnet-name spec opts defaults]
+   (build fn-name mxnet-name spec opts defaults {}))
+  (^Optimizer [fn-name mxnet-name spec opts defaults renames]
+   (util/check-options! fn-name (option-names spec) opts {:kvstore/op :optimizer})
+   (util/validate! spec opts (str "Incorrect " fn-name " optimizer options"))
    (let [o (merge defaults opts)
          ^Optimizer$Named b (Optimizer/builder ^String mxnet-name)]
      (doseq [[k v] o
@@ -217,7 +230,7 @@
   `:wd` 0.0001 (Python: 0), `:clip-gradient` 0 (none), `:lr-scheduler` nil;
   also `:lazy-update` and the options every optimizer takes (see the ns)."
   ([opts]
-   (build "sgd" ::sgd-opts "Incorrect sgd optimizer options" opts
+   (build "sgd" "sgd" ::sgd-opts opts
           {:learning-rate 0.01 :momentum 0.0 :wd 0.0001 :clip-gradient 0}))
   ([]
    (sgd {})))
@@ -232,7 +245,7 @@
   `:lr-scheduler` nil. Unlike clojure-mxnet, `:lambda` and `:momentum` reach
   the optimizer as themselves (it swapped them)."
   ([opts]
-   (build "dcasgd" ::dcasgd-opts "Incorrect dcasgd optimizer options" opts
+   (build "dcasgd" "dcasgd" ::dcasgd-opts opts
           {:learning-rate 0.01 :momentum 0.0 :lambda 0.04 :wd 0.0 :clip-gradient 0}))
   ([]
    (dcasgd {})))
@@ -243,7 +256,7 @@
   Options (clojure-mxnet's defaults): `:learning-rate` 0.01, `:momentum` 0.0,
   `:wd` 0.0001 (Python: 0), `:clip-gradient` 0, `:lr-scheduler` nil."
   ([opts]
-   (build "nag" ::nag-opts "Incorrect nag optimizer options" opts
+   (build "nag" "nag" ::nag-opts opts
           {:learning-rate 0.01 :momentum 0.0 :wd 0.0001 :clip-gradient 0}))
   ([]
    (nag {})))
@@ -256,7 +269,7 @@
   `:rescale-gradient` 1.0 (honoured; Scala ignored it), `:epsilon` 1e-8
   (Python: 1e-5), `:wd` 0.0, `:clip-gradient` 0."
   ([opts]
-   (build "adadelta" ::ada-delta-opts "Incorrect ada-delta optimizer options" opts
+   (build "ada-delta" "adadelta" ::ada-delta-opts opts
           {:rho 0.05 :rescale-gradient 1.0 :epsilon 1e-8 :wd 0.0 :clip-gradient 0}))
   ([]
    (ada-delta {})))
@@ -273,7 +286,7 @@
   `:epsilon` 1e-4 (Scala's constant; Python: 1e-8), `:centered` true (Scala
   was always centered; Python defaults to false), `:clip-weights`."
   ([opts]
-   (build "rmsprop" ::rms-prop-opts "Incorrect rms-prop optimizer options" opts
+   (build "rms-prop" "rmsprop" ::rms-prop-opts opts
           {:learning-rate 0.002 :rescale-gradient 1.0 :gamma1 0.95 :gamma2 0.9 :wd 0.0
            :clip-gradient 0 :epsilon 1e-4 :centered true}))
   ([]
@@ -287,7 +300,7 @@
   `:rescale-gradient` 1.0, `:epsilon` 1e-7, `:wd` 0.0. Additions:
   `:clip-gradient` 0, `:lr-scheduler` nil."
   ([opts]
-   (build "adagrad" ::ada-grad-opts "Incorrect ada-grad optimizer options" opts
+   (build "ada-grad" "adagrad" ::ada-grad-opts opts
           {:learning-rate 0.05 :rescale-gradient 1.0 :epsilon 1e-7 :wd 0.0}
           {:epsilon "eps"}))
   ([]
@@ -317,7 +330,7 @@
                         :kvstore/code "UNSUPPORTED"
                         :kvstore/op :optimizer
                         :decay-factor decay}))))
-   (build "adam" ::adam-opts "Incorrect adam optimizer options" opts
+   (build "adam" "adam" ::adam-opts opts
           {:learning-rate 0.002 :beta1 0.9 :beta2 0.999 :epsilon 1e-8 :wd 0 :clip-gradient 0}))
   ([]
    (adam {})))
@@ -330,7 +343,7 @@
   0), `:clip-gradient` 0, `:lr-scheduler` nil. Addition: `:seed` 0 (the same
   seed gives the same noise)."
   ([opts]
-   (build "sgld" ::sgld-opts "Incorrect sgld optimizer options" opts
+   (build "sgld" "sgld" ::sgld-opts opts
           {:learning-rate 0.01 :rescale-gradient 1 :wd 0.0001 :clip-gradient 0}))
   ([]
    (sgld {})))
@@ -343,7 +356,7 @@
   Options (Python's defaults): `:learning-rate` 0.002, `:beta1` 0.9, `:beta2`
   0.999, `:wd` 0, `:clip-gradient` 0, `:lr-scheduler` nil."
   ([opts]
-   (build "adamax" ::adamax-opts "Incorrect adamax optimizer options" opts {}))
+   (build "adamax" "adamax" ::adamax-opts opts {}))
   ([]
    (adamax {})))
 
@@ -355,7 +368,7 @@
   0.999, `:epsilon` 1e-8, `:schedule-decay` 0.004, `:wd` 0, `:clip-gradient`
   0, `:lr-scheduler` nil."
   ([opts]
-   (build "nadam" ::nadam-opts "Incorrect nadam optimizer options" opts {}))
+   (build "nadam" "nadam" ::nadam-opts opts {}))
   ([]
    (nadam {})))
 
@@ -365,7 +378,7 @@
   Options (Python's defaults): `:learning-rate` 0.1, `:lamda1` 0.01 (the L1
   strength), `:beta` 1, `:wd` 0, `:clip-gradient` 0, `:lr-scheduler` nil."
   ([opts]
-   (build "ftrl" ::ftrl-opts "Incorrect ftrl optimizer options" opts {}))
+   (build "ftrl" "ftrl" ::ftrl-opts opts {}))
   ([]
    (ftrl {})))
 
@@ -377,7 +390,7 @@
   `:wd-lh` 0 (decoupled weight decay), `:wd` 0, `:clip-gradient` 0,
   `:lr-scheduler` nil."
   ([opts]
-   (build "signum" ::signum-opts "Incorrect signum optimizer options" opts {}))
+   (build "signum" "signum" ::signum-opts opts {}))
   ([]
    (signum {})))
 
@@ -389,7 +402,7 @@
   norm in the trust ratio; none), `:bias-correction` true, `:wd` 0,
   `:clip-gradient` 0, `:lr-scheduler` nil."
   ([opts]
-   (build "lamb" ::lamb-opts "Incorrect lamb optimizer options" opts {}))
+   (build "lamb" "lamb" ::lamb-opts opts {}))
   ([]
    (lamb {})))
 
@@ -400,6 +413,6 @@
   0.001, `:epsilon` 0, `:momentum-correction` true, `:wd` 0, `:clip-gradient`
   0, `:lr-scheduler` nil."
   ([opts]
-   (build "lars" ::lars-opts "Incorrect lars optimizer options" opts {} {:epsilon "eps"}))
+   (build "lars" "lars" ::lars-opts opts {} {:epsilon "eps"}))
   ([]
    (lars {})))

@@ -6,9 +6,12 @@
   Every error that reaches a caller of these namespaces is an `ex-info` whose
   data has a `:kvstore/error` keyword:
   - argument validation (before any Java call): the message names the argument
-    (\"Invalid keys\", \"Invalid values\", ...) and the data is
-    `(s/explain-data spec value)`, as in clojure-mxnet, plus
+    and shows the value given (`Invalid keys: [\"a\" 3.5]`, shortened if it is
+    long; see `shown`) and the data is `(s/explain-data spec value)`, as in
+    clojure-mxnet, plus
     `{:kvstore/error :invalid-argument, :kvstore/code \"INVALID_ARGUMENT\"}`;
+  - an unknown key in an options map (see `check-options!`): the message names
+    it and lists the options there are, `{:kvstore/error :invalid-argument}`;
   - an error of the store or of an array: the message is the Java message and
     the data is `{:kvstore/error :shape-mismatch, :kvstore/code \"SHAPE_MISMATCH\",
     :kvstore/op :push}`; the `KVStoreException` is the cause. The keyword is
@@ -26,17 +29,41 @@
 
 (set! *warn-on-reflection* true)
 
+(def ^:private shown-chars
+  "The most characters of a value that an error message shows."
+  200)
+
+(defn shown
+  "`x` as `pr-str` prints it, for an error message: at most 20 elements and 4
+  levels of each collection, and at most 200 characters (a longer form is cut
+  and ends in \"...\"), so that a huge argument does not make a huge message."
+  [x]
+  (let [printed (try
+                  (binding [*print-length* 20
+                            *print-level* 4
+                            *print-meta* false
+                            *print-dup* false]
+                    (pr-str x))
+                  (catch Exception _
+                    ;; A value whose printing fails still gets a message.
+                    (str "a " (pr-str (class x)))))]
+    (if (> (count printed) shown-chars)
+      (str (subs printed 0 (- shown-chars 3)) "...")
+      printed)))
+
 (defn validate!
-  "Throws `ex-info` with `error-msg` and `(s/explain-data spec value)` plus
-  `{:kvstore/error :invalid-argument :kvstore/code \"INVALID_ARGUMENT\"}` as
-  its data unless `value` conforms to `spec`. Returns nil.
-  Unlike clojure-mxnet it does not print `s/explain` to *out*: the explanation
-  is in the exception's data."
+  "Throws `ex-info` unless `value` conforms to `spec`: the message is
+  `error-msg`, a colon and the value (see `shown`), as
+  `Invalid keys: [\"a\" 3.5]`; the data is `(s/explain-data spec value)` plus
+  `{:kvstore/error :invalid-argument :kvstore/code \"INVALID_ARGUMENT\"}`.
+  Returns nil. Unlike clojure-mxnet it does not print `s/explain` to *out*:
+  the explanation is in the exception's data."
   [spec value error-msg]
   (when-not (s/valid? spec value)
-    (throw (ex-info error-msg (assoc (s/explain-data spec value)
-                                     :kvstore/error :invalid-argument
-                                     :kvstore/code "INVALID_ARGUMENT")))))
+    (throw (ex-info (str error-msg ": " (shown value))
+                    (assoc (s/explain-data spec value)
+                           :kvstore/error :invalid-argument
+                           :kvstore/code "INVALID_ARGUMENT")))))
 
 (defn int-value?
   "True for an integer that fits a Java int (what the Java API takes)."
@@ -125,6 +152,25 @@
   (throw (ex-info msg (merge {:kvstore/error :invalid-argument
                               :kvstore/code "INVALID_ARGUMENT"}
                              data))))
+
+(defn check-options!
+  "Throws the `:invalid-argument` ex-info of the keys of the options map
+  `opts` that are not in `allowed` (a vector of keywords, in the order the
+  message lists them): `unknown option :momentun for sgd; the options are
+  :learning-rate, :momentum, ...`, where `fn-name` is \"sgd\". Its data is
+  `{:unknown [:momentun] :options allowed}` plus `data`. (clojure-mxnet
+  silently ignored a misspelt option.) Does nothing when `opts` is not a map:
+  its spec says what is wrong then. Returns nil."
+  [fn-name allowed opts data]
+  (when (map? opts)
+    (let [allowed-set (set allowed)
+          unknown (vec (remove allowed-set (keys opts)))]
+      (when (seq unknown)
+        (invalid-argument! (str "unknown option" (when (next unknown) "s") " "
+                                (string/join ", " (map shown unknown))
+                                " for " fn-name "; the options are "
+                                (string/join ", " allowed))
+                           (merge {:unknown unknown :options allowed} data))))))
 
 (s/def ::non-empty-seq (s/and sequential? not-empty))
 

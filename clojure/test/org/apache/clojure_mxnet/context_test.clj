@@ -33,7 +33,7 @@
 (deftest a-negative-device-id-is-invalid
   (doseq [f [context/cpu context/gpu]]
     (let [e (try (f -1) nil (catch clojure.lang.ExceptionInfo e e))]
-      (is (= "Invalid device id" (ex-message e)))
+      (is (= "Invalid device id: -1" (ex-message e)))
       (is (= :invalid-argument (:kvstore/error (ex-data e))))
       (is (contains? (ex-data e) :clojure.spec.alpha/problems)))))
 
@@ -42,7 +42,7 @@
           id [(inc Integer/MAX_VALUE) Long/MAX_VALUE]]
     (let [e (try (f id) nil (catch Exception e e))]
       (is (instance? clojure.lang.ExceptionInfo e) (str "device id " id ": " e))
-      (is (= "Invalid device id" (ex-message e)))
+      (is (= (str "Invalid device id: " id) (ex-message e)))
       (is (= :invalid-argument (:kvstore/error (ex-data e))))))
   (doseq [x ["cpu(2147483648)" "gpu(99999999999999999999)" [:gpu (inc Integer/MAX_VALUE)]]]
     (let [e (try (context/->context x) nil (catch Exception e e))]

@@ -69,7 +69,7 @@
     (doseq [bad [:sgd {:a 1} #{1} [1 2] 'updater "sgd" 42 (Object.) #'not-an-updater]]
       (let [e (thrown #(kvstore/set-updater kv bad))]
         (is (= :invalid-argument (:kvstore/error (ex-data e))) (pr-str bad))
-        (is (= "Invalid updater" (ex-message e)) (pr-str bad))))
+        (is (= (str "Invalid updater: " (pr-str bad)) (ex-message e)) (pr-str bad))))
     (testing "a refused updater leaves the installed one"
       (is (= [1.0 1.0] (pushed))))
     (testing "fns, multimethods, vars of fns and Java Updaters are accepted"

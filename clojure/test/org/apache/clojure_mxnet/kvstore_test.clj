@@ -1,5 +1,6 @@
 (ns org.apache.clojure-mxnet.kvstore-test
-  (:require [clojure.test :refer [deftest is testing]]
+  (:require [clojure.string :as string]
+            [clojure.test :refer [deftest is testing]]
             [clojure.test.check.clojure-test :refer [defspec]]
             [clojure.test.check.generators :as gen]
             [clojure.test.check.properties :as prop]
@@ -7,7 +8,7 @@
             [org.apache.clojure-mxnet.kvstore :as kvstore]
             [org.apache.clojure-mxnet.ndarray :as ndarray]
             [org.apache.clojure-mxnet.test-util :refer [error-of root-cause spec-message-of thrown]])
-  (:import (io.github.kvstore KVStore KVStoreException Updater)))
+  (:import (io.github.kvstore KVStore KVStoreException NDArray Updater)))
 
 (set! *warn-on-reflection* true)
 
@@ -254,20 +255,152 @@
 
 ;;; Argument validation with spec (clojure-mxnet's messages)
 
-(deftest keys-must-be-strings-or-vectors-of-strings
+(deftest keys-must-be-strings-integers-or-vectors-of-them
   (let [kv (kvstore/init (kvstore/create) "3" (ndarray/zeros [1]))
         v (ndarray/ones [1])]
-    (is (= "Invalid keys" (spec-message-of #(kvstore/init kv 3 v))))
-    (is (= "Invalid keys" (spec-message-of #(kvstore/push kv 3 v))))
-    (is (= "Invalid keys" (spec-message-of #(kvstore/pull kv 3 v))))
+    (is (= "Invalid keys" (spec-message-of #(kvstore/init kv 3.0 v))) "a float is not an integer")
+    (is (= "Invalid keys" (spec-message-of #(kvstore/push kv 3.5 v))))
+    (is (= "Invalid keys" (spec-message-of #(kvstore/pull kv 3/2 v))))
     (is (= "Invalid keys" (spec-message-of #(kvstore/push kv '("3") [v]))) "a list is not a vector")
     (is (= "Invalid keys" (spec-message-of #(kvstore/pull kv (list "3") [v]))))
-    (is (= "Invalid keys" (spec-message-of #(kvstore/push kv [3] [v]))))
+    (is (= "Invalid keys" (spec-message-of #(kvstore/push kv [3 3.0] [v v]))))
     (is (= "Invalid keys" (spec-message-of #(kvstore/pushpull kv :3 v))))
     (is (= "Invalid keys" (spec-message-of #(kvstore/broadcast kv nil v v))))
-    (let [e (thrown #(kvstore/push kv 3 v))]
-      (is (= 3 (:clojure.spec.alpha/value (ex-data e))))
+    (is (= "Invalid keys" (spec-message-of #(kvstore/pull kv 'w))))
+    (let [e (thrown #(kvstore/push kv 3.5 v))]
+      (is (= 3.5 (:clojure.spec.alpha/value (ex-data e))))
       (is (= :org.apache.clojure-mxnet.kvstore/ks (:clojure.spec.alpha/spec (ex-data e)))))))
+
+(deftest spec-messages-show-the-value-given
+  ;; clojure-mxnet's "Invalid <arg>", then the offending value as printed.
+  (let [kv (kvstore/init (kvstore/create) "3" (ndarray/zeros [1]))
+        v (ndarray/ones [1])]
+    (is (= "Invalid keys: [\"a\" 3.5]" (ex-message (thrown #(kvstore/init kv ["a" 3.5] [v v])))))
+    (is (= "Invalid keys: :3" (ex-message (thrown #(kvstore/push kv :3 v)))))
+    (is (= "Invalid values: [1.0]" (ex-message (thrown #(kvstore/init kv "4" [1.0])))))
+    (is (= "Invalid priority: 1.5" (ex-message (thrown #(kvstore/push kv "3" v 1.5)))))
+    (is (= "Invalid kvstore: nil" (ex-message (thrown #(kvstore/push nil "3" v)))))
+    (is (= "Invalid name: 3" (ex-message (thrown #(kvstore/create 3)))))
+    (is (= "Invalid body: :body" (ex-message (thrown #(kvstore/send-command-to-servers kv 0 :body)))))
+    (testing "a huge value is shortened, not printed whole"
+      (let [e (thrown #(kvstore/push kv (conj (vec (range 100000)) 0.5) v))
+            msg (ex-message e)]
+        (is (string/starts-with? msg "Invalid keys: [0 1 2 3 "))
+        (is (string/ends-with? msg "...]"))
+        (is (< (count msg) 250) msg))
+      (let [msg (ex-message (thrown #(kvstore/create (keyword (apply str (repeat 10000 "k"))))))]
+        (is (string/starts-with? msg "Invalid name: :kkkk"))
+        (is (string/ends-with? msg "..."))
+        (is (<= (count msg) (+ (count "Invalid name: ") 200)) msg)))
+    (testing "the data stays the invalid-argument error with spec's explain-data"
+      (let [data (ex-data (thrown #(kvstore/init kv ["a" 3.5] [v v])))]
+        (is (= :invalid-argument (:kvstore/error data)))
+        (is (= ["a" 3.5] (:clojure.spec.alpha/value data)))
+        (is (seq (:clojure.spec.alpha/problems data)))))))
+
+;;; Integer keys, the keys of a store, pull into new arrays, printing, version
+
+(deftest an-integer-key-is-its-decimal-string
+  (let [kv (kvstore/create)
+        out (ndarray/zeros [2])
+        seen (atom [])]
+    (kvstore/init kv 3 (ndarray/ones [2]))
+    (is (= ["3"] (kvstore/keys kv)))
+    (kvstore/push kv 3 (ndarray/full [2] 4))
+    (kvstore/pull kv 3 out)
+    (is (= [4.0 4.0] (ndarray/->vec out)))
+    (kvstore/pull kv "3" out 0)
+    (is (= [4.0 4.0] (ndarray/->vec out)) "3 and \"3\" are one key")
+    (is (= :already-initialized (error-of #(kvstore/init kv "3" (ndarray/ones [2])))))
+    (testing "in vectors, mixed with strings; repeated keys sum"
+      (kvstore/init kv [5 "7"] [(ndarray/zeros [2]) (ndarray/zeros [2])])
+      (kvstore/push kv [3 "3" 5] [(ndarray/ones [2]) (ndarray/ones [2]) (ndarray/full [2] 6)])
+      (let [outs [(ndarray/zeros [2]) (ndarray/zeros [2]) (ndarray/zeros [2])]]
+        (kvstore/pull kv ["3" 5 7] outs)
+        (is (= [[2.0 2.0] [6.0 6.0] [0.0 0.0]] (mapv ndarray/->vec outs)))))
+    (testing "a single integer key repeated for a vector, pushpull and broadcast"
+      (let [outs [(ndarray/zeros [2]) (ndarray/zeros [2])]]
+        (kvstore/broadcast kv 11 (ndarray/full [2] 11) outs)
+        (is (= [[11.0 11.0] [11.0 11.0]] (mapv ndarray/->vec outs)))
+        (kvstore/push kv 11 [(ndarray/ones [2]) (ndarray/ones [2])])
+        (kvstore/pull kv 11 outs)
+        (is (= [[2.0 2.0] [2.0 2.0]] (mapv ndarray/->vec outs)))
+        (kvstore/pushpull kv [5 7] [(ndarray/full [2] 8) (ndarray/full [2] 9)] outs)
+        (is (= [[8.0 8.0] [9.0 9.0]] (mapv ndarray/->vec outs))))
+      (let [w (ndarray/full [2] 12)]
+        (kvstore/pushpull kv 7 w)
+        (is (= [12.0 12.0] (ndarray/->vec w)))))
+    (testing "negative, long and big integers"
+      (kvstore/init kv [-1 Long/MAX_VALUE 12N (biginteger 13) (int 14)] (vec (repeatedly 5 #(ndarray/zeros [1]))))
+      (is (= ["3" "5" "7" "11" "-1" "9223372036854775807" "12" "13" "14"] (kvstore/keys kv))))
+    (testing "the updater gets the string"
+      (kvstore/set-updater kv (fn [key _ _] (swap! seen conj key)))
+      (kvstore/push kv [7 3] [(ndarray/ones [2]) (ndarray/ones [2])])
+      (is (= ["3" "7"] @seen) "in first-init order, as strings"))))
+
+(deftest keys-are-the-keys-in-first-init-order
+  (let [kv (kvstore/create)]
+    (is (= [] (kvstore/keys kv)))
+    (kvstore/init kv ["b" "a"] [(ndarray/zeros [1]) (ndarray/zeros [1])])
+    (kvstore/broadcast kv 10 (ndarray/ones [2]) (ndarray/zeros [2]))
+    (is (= ["b" "a" "10"] (kvstore/keys kv)))
+    (is (vector? (kvstore/keys kv)))
+    (is (= "Invalid kvstore" (spec-message-of #(kvstore/keys nil))))
+    (kvstore/dispose kv)
+    (is (= :disposed (error-of #(kvstore/keys kv))))))
+
+(deftest pull-without-outs-returns-new-arrays
+  (let [kv (kvstore/create)
+        stored (ndarray/full [2 3] 2 {:dtype :float64 :ctx (context/cpu 1)})]
+    (kvstore/init kv "w" stored)
+    (let [w (kvstore/pull kv "w")]
+      (is (instance? NDArray w))
+      (is (= [2 3] (ndarray/shape w)))
+      (is (= :float64 (ndarray/dtype-keyword (ndarray/dtype w))))
+      (is (= "cpu(0)" (str (ndarray/context w))))
+      (is (= (repeat 6 2.0) (ndarray/->vec w)))
+      (ndarray/set w 7)
+      (is (= (repeat 6 2.0) (ndarray/->vec (kvstore/pull kv "w"))) "a copy: the store keeps its value"))
+    (kvstore/push kv "w" (ndarray/full [2 3] 5 {:dtype :float64}))
+    (is (= (repeat 6 5.0) (ndarray/->vec (kvstore/pull kv "w"))) "the value after a push")
+    (testing "integer keys and vectors of keys"
+      (kvstore/init kv 4 (ndarray/full [1] 4))
+      (is (= [4.0] (ndarray/->vec (kvstore/pull kv 4))))
+      (let [ws (kvstore/pull kv [4 "w" "4"])]
+        (is (vector? ws))
+        (is (= [[4.0] (repeat 6 5.0) [4.0]] (mapv ndarray/->vec ws))))
+      (is (= [] (kvstore/pull kv []))))
+    (testing "errors"
+      (is (= :key-not-initialized (error-of #(kvstore/pull kv "nope"))))
+      (is (= :key-not-initialized (error-of #(kvstore/pull kv ["w" "nope"]))))
+      (is (= "Invalid keys" (spec-message-of #(kvstore/pull kv 1.5))))
+      (is (= "Invalid kvstore" (spec-message-of #(kvstore/pull nil "w")))))
+    (testing "clojure-mxnet's arities are unchanged: they write into outs and return the store"
+      (let [out (ndarray/zeros [1])]
+        (is (identical? kv (kvstore/pull kv 4 out)))
+        (is (identical? kv (kvstore/pull kv "4" out 1)))
+        (is (= [4.0] (ndarray/->vec out)))))
+    (kvstore/dispose kv)
+    (is (= :disposed (error-of #(kvstore/pull kv "w"))))))
+
+(deftest a-store-prints-its-kind-and-number-of-keys
+  (let [kv (kvstore/create)]
+    (is (= "#kvstore/store {:kind \"local\", :keys 0}" (pr-str kv)))
+    (kvstore/init kv ["a" 2 "c"] [(ndarray/zeros [1]) (ndarray/zeros [1]) (ndarray/zeros [1])])
+    (is (= "#kvstore/store {:kind \"local\", :keys 3}" (pr-str kv)))
+    (is (= (pr-str kv) (str kv) (print-str kv) (binding [*print-dup* true] (pr-str kv))))
+    (is (= "#kvstore/store {:kind \"device\", :keys 0}" (pr-str (kvstore/create "device"))))
+    (is (= "[#kvstore/store {:kind \"local\", :keys 3}]" (pr-str [kv])))
+    (kvstore/dispose kv)
+    (is (= "#kvstore/store {:closed true}" (pr-str kv)) "a disposed store prints, never throws")))
+
+(deftest version-is-the-workspace-version
+  (let [version (kvstore/version)
+        cargo (slurp "Cargo.toml")
+        workspace (second (re-find #"(?s)\[workspace\.package\].*?\nversion = \"([^\"]+)\"" cargo))]
+    (is (string? workspace) "the suite runs from the repository root")
+    (is (= workspace version))
+    (is (= (KVStore/version) version))))
 
 (deftest values-and-outs-must-be-ndarrays-or-vectors-of-them
   (let [kv (kvstore/init (kvstore/create) "3" (ndarray/zeros [1]))
@@ -294,12 +427,12 @@
 (deftest argument-errors-are-ex-info-with-kvstore-error-and-explain-data
   (let [kv (kvstore/init (kvstore/create) "3" (ndarray/zeros [1]))
         v (ndarray/ones [1])]
-    (doseq [[msg f] [["Invalid keys" #(kvstore/push kv 3 v)]
-                     ["Invalid values" #(kvstore/init kv "4" [1.0])]
-                     ["Invalid outs" #(kvstore/pull kv "3" [v "x"])]
-                     ["Invalid priority" #(kvstore/push kv "3" v 1.5)]
-                     ["Invalid name" #(kvstore/create 3)]
-                     ["Invalid filename" #(kvstore/save-optimizer-states kv nil)]]]
+    (doseq [[msg f] [["Invalid keys: 3.5" #(kvstore/push kv 3.5 v)]
+                     ["Invalid values: [1.0]" #(kvstore/init kv "4" [1.0])]
+                     ["Invalid outs: [\"x\"]" #(kvstore/pull kv "3" ["x"])]
+                     ["Invalid priority: 1.5" #(kvstore/push kv "3" v 1.5)]
+                     ["Invalid name: 3" #(kvstore/create 3)]
+                     ["Invalid filename: nil" #(kvstore/save-optimizer-states kv nil)]]]
       (let [e (thrown f)]
         (is (= msg (ex-message e)))
         (is (= :invalid-argument (:kvstore/error (ex-data e))) msg)
@@ -315,12 +448,13 @@
                              (catch clojure.lang.ExceptionInfo e
                                [(ex-message e) (:kvstore/error (ex-data e))])
                              (catch Exception e (class e))))]
-    (is (= ["Invalid priority" :invalid-argument] (outcome #(kvstore/push kv "3" v big))))
-    (is (= ["Invalid priority" :invalid-argument] (outcome #(kvstore/pull kv "3" v small))))
-    (is (= ["Invalid priority" :invalid-argument] (outcome #(kvstore/pushpull kv "3" v v big))))
-    (is (= ["Invalid priority" :invalid-argument] (outcome #(kvstore/broadcast kv "8" v v big))))
-    (is (= ["Invalid node-id" :invalid-argument] (outcome #(kvstore/num-dead-node kv big))))
-    (is (= ["Invalid head" :invalid-argument] (outcome #(kvstore/send-command-to-servers kv Long/MAX_VALUE "b"))))
+    (is (= ["Invalid priority: 2147483648" :invalid-argument] (outcome #(kvstore/push kv "3" v big))))
+    (is (= ["Invalid priority: -2147483649" :invalid-argument] (outcome #(kvstore/pull kv "3" v small))))
+    (is (= ["Invalid priority: 2147483648" :invalid-argument] (outcome #(kvstore/pushpull kv "3" v v big))))
+    (is (= ["Invalid priority: 2147483648" :invalid-argument] (outcome #(kvstore/broadcast kv "8" v v big))))
+    (is (= ["Invalid node-id: 2147483648" :invalid-argument] (outcome #(kvstore/num-dead-node kv big))))
+    (is (= ["Invalid head: 9223372036854775807" :invalid-argument]
+           (outcome #(kvstore/send-command-to-servers kv Long/MAX_VALUE "b"))))
     (testing "the int range's ends still work"
       (is (= :returned (outcome #(kvstore/push kv "3" v Integer/MAX_VALUE))))
       (is (= :returned (outcome #(kvstore/pull kv "3" v Integer/MIN_VALUE)))))))
@@ -351,7 +485,7 @@
             store [nil "local" (ndarray/zeros [1])]]
       (let [e (try (f store) nil (catch Exception e e))]
         (is (instance? clojure.lang.ExceptionInfo e) (str op " of " (pr-str store) ": " e))
-        (is (= "Invalid kvstore" (ex-message e)) (str op))
+        (is (= (str "Invalid kvstore: " (pr-str store)) (ex-message e)) (str op))
         (is (= :invalid-argument (:kvstore/error (ex-data e))) (str op))))))
 
 (deftest invalid-arguments-never-reach-the-store

@@ -1,5 +1,6 @@
 (ns org.apache.clojure-mxnet.optimizer-test
   (:require [clojure.java.io :as io]
+            [clojure.string :as string]
             [clojure.test :refer [deftest is testing]]
             [org.apache.clojure-mxnet.kvstore :as kvstore]
             [org.apache.clojure-mxnet.lr-scheduler :as lr-scheduler]
@@ -71,19 +72,93 @@
   (is (= "Incorrect dcasgd optimizer options" (spec-message-of #(optimizer/dcasgd {:lambda 'a}))))
   (is (= "Incorrect nag optimizer options" (spec-message-of #(optimizer/nag {:momentum 'a}))))
   (is (= "Incorrect ada-delta optimizer options" (spec-message-of #(optimizer/ada-delta {:epsilon 'a}))))
-  ;; rms-prop has no :rho: an unknown key is an error, not silently ignored.
-  (is (= "Incorrect rms-prop optimizer options" (spec-message-of #(optimizer/rms-prop {:rho 'a}))))
+  (is (= "Incorrect rms-prop optimizer options" (spec-message-of #(optimizer/rms-prop {:gamma1 'a}))))
   (is (= "Incorrect ada-grad optimizer options" (spec-message-of #(optimizer/ada-grad {:rescale-gradient 'a}))))
   (is (= "Incorrect adam optimizer options" (spec-message-of #(optimizer/adam {:beta1 'a}))))
   (is (= "Incorrect sgld optimizer options" (spec-message-of #(optimizer/sgld {:lr-scheduler 0.1}))))
   (is (= "Incorrect lamb optimizer options" (spec-message-of #(optimizer/lamb {:bias-correction 1}))))
   (is (= "Incorrect sgd optimizer options" (spec-message-of #(optimizer/sgd nil))))
+  (is (= "Incorrect sgd optimizer options: {:wd a}" (ex-message (thrown #(optimizer/sgd {:wd 'a})))))
   (testing "the explain-data names the key and the value"
-    (let [problems (:clojure.spec.alpha/problems (ex-data (thrown #(optimizer/sgd {:learning_rate 0.1}))))]
-      (is (= [{:learning_rate 0.1}] (map :val problems))))
     (let [problems (:clojure.spec.alpha/problems (ex-data (thrown #(optimizer/adam {:beta1 "0.9"}))))]
       (is (= [[:beta1]] (map :path problems)))
       (is (= ["0.9"] (map :val problems))))))
+
+(def ^:private constructors
+  "Every optimizer constructor, by name."
+  {"sgd" optimizer/sgd "dcasgd" optimizer/dcasgd "nag" optimizer/nag "ada-delta" optimizer/ada-delta
+   "rms-prop" optimizer/rms-prop "ada-grad" optimizer/ada-grad "adam" optimizer/adam "sgld" optimizer/sgld
+   "adamax" optimizer/adamax "nadam" optimizer/nadam "ftrl" optimizer/ftrl "signum" optimizer/signum
+   "lamb" optimizer/lamb "lars" optimizer/lars})
+
+(deftest an-unknown-option-is-named-with-the-options-there-are
+  ;; clojure-mxnet silently ignored a misspelt option.
+  (let [e (thrown #(optimizer/sgd {:learning-rate 0.1 :momentun 0.9}))]
+    (is (= (str "unknown option :momentun for sgd; the options are :learning-rate, :momentum, :wd, "
+                ":clip-gradient, :lr-scheduler, :lazy-update, :rescale-gradient, :lr-mult, :wd-mult, "
+                ":multi-precision, :begin-num-update")
+           (ex-message e)))
+    (is (= {:kvstore/error :invalid-argument :kvstore/code "INVALID_ARGUMENT" :kvstore/op :optimizer
+            :unknown [:momentun]
+            :options [:learning-rate :momentum :wd :clip-gradient :lr-scheduler :lazy-update :rescale-gradient
+                      :lr-mult :wd-mult :multi-precision :begin-num-update]}
+           (ex-data e))))
+  (is (= "unknown option :rho for rms-prop; the options are :learning-rate, :rescale-gradient, :gamma1, :gamma2, :wd, :lr-scheduler, :clip-gradient, :epsilon, :centered, :clip-weights, :lr-mult, :wd-mult, :multi-precision, :begin-num-update"
+         (ex-message (thrown #(optimizer/rms-prop {:rho 0.9})))))
+  (is (= "unknown option \"learning-rate\" for adam; the options are :learning-rate, :beta1, :beta2, :epsilon, :decay-factor, :wd, :clip-gradient, :lr-scheduler, :lazy-update, :rescale-gradient, :lr-mult, :wd-mult, :multi-precision, :begin-num-update"
+         (ex-message (thrown #(optimizer/adam {"learning-rate" 0.1})))))
+  (testing "every constructor: the message names it and the key, and lists only options it takes"
+    (doseq [[fn-name f] constructors]
+      (let [e (thrown #(f {:no-such-option 1}))
+            {:keys [unknown options] :as data} (ex-data e)]
+        (is (= :invalid-argument (:kvstore/error data)) fn-name)
+        (is (= [:no-such-option] unknown) fn-name)
+        (is (= (str "unknown option :no-such-option for " fn-name "; the options are "
+                    (string/join ", " options))
+               (ex-message e)))
+        (is (some #{:wd} options) fn-name)
+        (is (not-any? #{:no-such-option} options) fn-name)
+        (testing "each option listed is taken"
+          (doseq [k options
+                  :let [v (case k
+                            (:lr-scheduler) nil
+                            (:lr-mult :wd-mult) {}
+                            (:multi-precision :lazy-update :centered :bias-correction :momentum-correction) false
+                            (:decay-factor) (- 1 1e-8)
+                            (:begin-num-update :seed) 0
+                            0.5)]]
+            (is (instance? Optimizer (f {k v})) (str fn-name " " k)))))))
+  (testing "two unknown options"
+    (is (re-find #"^unknown options :a, :b for nag; the options are :learning-rate, "
+                 (ex-message (thrown #(optimizer/nag (array-map :a 1 :b 2)))))))
+  (testing "a known option with a bad value is still spec's error"
+    (is (= "Incorrect nag optimizer options" (spec-message-of #(optimizer/nag {:momentum "0.9"}))))))
+
+(deftest an-unknown-schedule-option-is-named-with-the-options-there-are
+  (let [e (thrown #(lr-scheduler/factor-scheduler 10 0.5 {:stop-factor 1e-4}))]
+    (is (= (str "unknown option :stop-factor for factor-scheduler; the options are :stop-factor-lr, :base-lr, "
+                ":warmup-steps, :warmup-begin-lr, :warmup-mode")
+           (ex-message e)))
+    (is (= :invalid-argument (:kvstore/error (ex-data e))))
+    (is (= :lr-scheduler (:kvstore/op (ex-data e)))))
+  (is (= "unknown option :stop-factor-lr for multi-factor-scheduler; the options are :base-lr, :warmup-steps, :warmup-begin-lr, :warmup-mode"
+         (ex-message (thrown #(lr-scheduler/multi-factor-scheduler [2 3] 0.5 {:stop-factor-lr 1e-4})))))
+  (is (= "unknown option :power for poly-scheduler; the options are :pwr, :final-lr, :base-lr, :warmup-steps, :warmup-begin-lr, :warmup-mode"
+         (ex-message (thrown #(lr-scheduler/poly-scheduler 10 {:power 2})))))
+  (is (= "unknown option :pwr for cosine-scheduler; the options are :final-lr, :base-lr, :warmup-steps, :warmup-begin-lr, :warmup-mode"
+         (ex-message (thrown #(lr-scheduler/cosine-scheduler 10 {:pwr 2})))))
+  (testing "each option listed is taken"
+    (doseq [[fn-name f] {"factor-scheduler" #(lr-scheduler/factor-scheduler 10 0.5 %)
+                         "multi-factor-scheduler" #(lr-scheduler/multi-factor-scheduler [2 3] 0.5 %)
+                         "poly-scheduler" #(lr-scheduler/poly-scheduler 10 %)
+                         "cosine-scheduler" #(lr-scheduler/cosine-scheduler 10 %)}
+            k (lr-scheduler/option-names fn-name)
+            :let [v (case k
+                      :warmup-mode :linear
+                      :warmup-steps 2
+                      :base-lr 0.1
+                      0.001)]]
+      (is (some? (f {k v})) (str fn-name " " k)))))
 
 ;;; Values: clojure-mxnet's defaults through MXNet's rules
 
@@ -212,6 +287,9 @@
   (is (= "Invalid factor" (spec-message-of #(lr-scheduler/factor-scheduler 10 nil))))
   (is (= "Invalid steps" (spec-message-of #(lr-scheduler/multi-factor-scheduler [] 0.5))))
   (is (= "Invalid opts" (spec-message-of #(lr-scheduler/poly-scheduler 10 {:warmup-mode :cubic}))))
+  (is (= "Invalid opts: {:warmup-mode :cubic}"
+         (ex-message (thrown #(lr-scheduler/poly-scheduler 10 {:warmup-mode :cubic})))))
+  (is (= "Invalid step: \"10\"" (ex-message (thrown #(lr-scheduler/factor-scheduler "10" 0.5)))))
   (is (= :invalid-argument (error-of #(lr-scheduler/factor-scheduler 0 0.5))))
   (is (= :invalid-argument (error-of #(lr-scheduler/factor-scheduler 10 1.5))))
   (is (= :invalid-argument (error-of #(lr-scheduler/multi-factor-scheduler [5 2] 0.5))))

@@ -44,7 +44,7 @@
 (deftest validate!-throws-explain-data
   (is (nil? (util/validate! string? "a" "Invalid a")))
   (let [e (thrown #(util/validate! string? 1 "Invalid a"))]
-    (is (= "Invalid a" (ex-message e)))
+    (is (= "Invalid a: 1" (ex-message e)) "the message shows the value")
     (is (= 1 (:clojure.spec.alpha/value (ex-data e))))
     (is (seq (:clojure.spec.alpha/problems (ex-data e))))
     (testing "and the :kvstore/error of every argument error"
@@ -61,4 +61,32 @@
   (is (= [1 2 1] (util/nd-seq-shape [[[1] [2]]])))
   (is (= :invalid-argument (:kvstore/error (ex-data (thrown #(util/nd-seq-shape [[1 2] [3]]))))))
   (is (= :invalid-argument (:kvstore/error (ex-data (thrown #(util/nd-seq-shape [[1 2] 3]))))))
-  (is (= "Invalid N-D sequence" (ex-message (thrown #(util/nd-seq-shape []))))))
+  (is (= "Invalid N-D sequence: []" (ex-message (thrown #(util/nd-seq-shape []))))))
+
+(deftest shown-prints-a-value-short
+  (is (= "[\"a\" 3.5]" (util/shown ["a" 3.5])))
+  (is (= "nil" (util/shown nil)))
+  (is (= "{:wd a}" (util/shown {:wd 'a})))
+  (testing "at most 20 elements and 4 levels per collection"
+    (is (= "[0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 ...]" (util/shown (vec (range 100))))))
+  (is (= "[[[[#]]]]" (util/shown [[[[[1]]]]])))
+  (testing "at most 200 characters, the cut marked"
+    (let [s (util/shown (apply str (repeat 1000 "x")))]
+      (is (= 200 (count s)))
+      (is (= (str "\"" (apply str (repeat 196 "x")) "...") s))))
+  (testing "an infinite sequence is printed without hanging"
+    (is (= "(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 ...)" (util/shown (range)))))
+  (testing "a value whose printing fails still has a message"
+    (is (re-matches #"a \S*proxy\$java\.lang\.Object\$\S+"
+                    (util/shown (proxy [Object] [] (toString [] (throw (IllegalStateException. "no")))))))))
+
+(deftest check-options!-names-the-unknown-options-and-lists-the-known
+  (is (nil? (util/check-options! "f" [:a :b] {:a 1} {})))
+  (is (nil? (util/check-options! "f" [:a :b] nil {})) "not a map: left to spec")
+  (let [e (thrown #(util/check-options! "f" [:a :b] {:a 1 :c 2} {:kvstore/op :f}))]
+    (is (= "unknown option :c for f; the options are :a, :b" (ex-message e)))
+    (is (= {:kvstore/error :invalid-argument :kvstore/code "INVALID_ARGUMENT" :kvstore/op :f
+            :unknown [:c] :options [:a :b]}
+           (ex-data e))))
+  (is (= "unknown options :c, \"d\" for f; the options are :a"
+         (ex-message (thrown #(util/check-options! "f" [:a] (array-map :c 1 "d" 2) {}))))))
