@@ -80,6 +80,9 @@ check() {
 }
 
 if command -v lein >/dev/null; then
+    # Leiningen leaves a form-init*.clj per run in java.io.tmpdir: keep them in target/.
+    mkdir -p target/java-tmp
+    export LEIN_JVM_OPTS="-XX:+TieredCompilation -XX:TieredStopAtLevel=1 -Djava.io.tmpdir=$(pwd)/target/java-tmp"
     check lein-run "$logs/clojure-lein-run.log" "$expected" \
         lein with-profile +debian run -m clojure.main -e "$form"
     check lein-test "$logs/clojure-lein-test.log" "" \

@@ -11,6 +11,8 @@ logs=target/test-logs
 mkdir -p "$logs"
 passed=0
 failed=0
+# What /tmp holds before the run: the run must leave nothing new there.
+tmp_before=$(ls -A /tmp | sort)
 
 check() {
     local name=$1
@@ -91,7 +93,10 @@ if [ -f target/kvstore.jar ]; then
     suite junit bash scripts/test-java.sh
     suite clojure bash scripts/test-clojure.sh
     suite clojure-tools bash scripts/clojure-smoke.sh
+    # The README's own projects (deps.edn, Leiningen, Maven, Rust), offline.
+    suite user-projects bash scripts/test-user-projects.sh
 fi
+check javadoc bash scripts/javadoc.sh
 
 # Multi-rank: kvstore-mpi with its `mpi` feature (Open MPI from Debian), under mpirun.
 check clippy-mpi bash -c 'bash scripts/setup-mpi.sh && cargo clippy -p kvstore-mpi -p kvstore-jni --features kvstore-mpi/mpi,kvstore-jni/mpi --all-targets -- -D warnings'
@@ -100,6 +105,18 @@ suite mpi bash scripts/test-mpi.sh
 # clojure/examples/dist_train.clj on 2 ranks. It rebuilds the JNI library with MPI,
 # so it runs after every suite that uses the default jar.
 suite mpi-jvm bash scripts/test-mpi-jvm.sh
+
+# No litter: every suite removes its temporary files (the JVM's hsperfdata_* folder is
+# the JVM's own, shared and reused).
+litter=$(comm -13 <(echo "$tmp_before") <(ls -A /tmp | sort) | grep -v '^hsperfdata_' || true)
+if [ -z "$litter" ]; then
+    passed=$((passed + 1))
+    echo "check no-litter: ok"
+else
+    failed=$((failed + 1))
+    echo "check no-litter: FAILED (new in /tmp after the run):"
+    echo "$litter" | sed 's/^/    /'
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Extracts the user projects that README.md tells users to write, for
+scripts/test-user-projects.sh, so that the README cannot drift from what works.
+
+The README marks its blocks with HTML comments (invisible when rendered), each on the
+line before a fenced code block:
+
+    <!-- file: lein/project.clj -->     the block is the file lein/project.clj
+    <!-- run: lein -->                  the block is shell commands, run in the folder lein
+    <!-- prints: lein -->               each line of the block must be printed by the
+                                        run block(s) of lein before it (a check)
+
+Usage: readme_projects.py README.md OUT_DIR ROOT
+Writes every file under OUT_DIR (with /path/to/kvstore replaced by ROOT, the clone the
+README speaks of), and OUT_DIR/steps.tsv: one line per run or prints block, in README
+order, as `run<TAB>DIR<TAB>SCRIPT_FILE` or `prints<TAB>DIR<TAB>LINES_FILE`.
+"""
+
+import pathlib
+import re
+import sys
+
+MARK = re.compile(r"^<!-- (file|run|prints): (\S+) -->$")
+CLONE = "/path/to/kvstore"
+
+
+def blocks(lines):
+    """(kind, name, text) for every marked block, in order."""
+    i = 0
+    while i < len(lines):
+        m = MARK.match(lines[i].strip())
+        i += 1
+        if not m:
+            continue
+        if i >= len(lines) or not lines[i].startswith("```"):
+            sys.exit(f"readme_projects.py: line {i}: a {m.group(1)} mark must stand right before a ``` block")
+        i += 1
+        body = []
+        while i < len(lines) and not lines[i].startswith("```"):
+            body.append(lines[i])
+            i += 1
+        if i >= len(lines):
+            sys.exit(f"readme_projects.py: the block after line {i} never ends")
+        i += 1
+        yield m.group(1), m.group(2), "\n".join(body) + "\n"
+
+
+def main():
+    readme, out, root = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
+    lines = pathlib.Path(readme).read_text(encoding="utf-8").splitlines()
+    steps = []
+    for n, (kind, name, text) in enumerate(blocks(lines)):
+        text = text.replace(CLONE, root)
+        if ".." in pathlib.PurePosixPath(name).parts or name.startswith("/"):
+            sys.exit(f"readme_projects.py: {kind} {name}: not a relative path")
+        if kind == "file":
+            path = out / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        else:
+            (out / name).mkdir(parents=True, exist_ok=True)
+            step = out / f".step-{n}-{kind}"
+            step.write_text(text, encoding="utf-8")
+            steps.append(f"{kind}\t{name}\t{step}")
+    if not steps:
+        sys.exit("readme_projects.py: the README has no run blocks")
+    (out / "steps.tsv").write_text("\n".join(steps) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

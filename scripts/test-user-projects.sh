@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Uses kvstore from a user's own project, the way README.md says, with no network:
+# scripts/readme_projects.py writes the README's project files (deps.edn, Leiningen,
+# Maven, Rust) into a temporary folder and runs the README's commands there, in order
+# (`make install` first), checking that each prints what the README shows. Then the
+# checks no README block can make: `lein repl :headless` answers an nREPL client, and
+# the uberjar runs from another folder.
+#
+# HOME is a fresh folder for the run (so ~/.m2, ~/.lein and the native-library cache are
+# the run's own and removed with it; cargo and rustup keep their homes), and cargo
+# builds the Rust project into target/user-projects with this workspace's Cargo.lock
+# (the versions already fetched). Prints one line `user-projects: N passed, N failed`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+logs=$root/target/test-logs
+mkdir -p "$logs"
+rm -f "$logs"/user-projects-*.log
+passed=0
+failed=0
+pass() { echo "check $1: ok"; passed=$((passed + 1)); }
+fail() {
+    echo "check $1: FAILED${2:+ (last lines of $2):}"
+    [ -n "${2:-}" ] && tail -n 30 "$2" | sed 's/^/    /'
+    failed=$((failed + 1))
+}
+
+# Debian's tools for the three JVM routes, and the Maven plugins a plain jar project
+# uses (compile, test, jar, exec:java).
+pkgs=(leiningen libtools-deps-clojure clojure libnrepl-clojure libnrepl-incomplete-clojure maven
+    libmaven-resources-plugin-java libmaven-compiler-plugin-java libsurefire-java libmaven-jar-plugin-java
+    libmaven-install-plugin-java libexec-maven-plugin-java)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "installing ${missing[*]}"
+    for _ in 1 2 3 4 5 6; do
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } \
+            >"$logs/user-projects-apt.log" 2>&1 && break
+        sleep 10 # another apt may hold the lock
+    done
+fi
+
+tmp=$(mktemp -d)
+server=
+cleanup() {
+    [ -n "$server" ] && kill "$server" 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+export CARGO_HOME=${CARGO_HOME:-$HOME/.cargo} RUSTUP_HOME=${RUSTUP_HOME:-$HOME/.rustup}
+export CARGO_TARGET_DIR=$root/target/user-projects
+export HOME=$tmp/home
+# The JVM takes its home from the password database, not from HOME; its temporary
+# files (Leiningen's form-init*.clj among them) go to the run's folder too.
+export JAVA_TOOL_OPTIONS="-Duser.home=$HOME -Djava.io.tmpdir=$tmp/java-tmp"
+mkdir -p "$HOME" "$tmp/java-tmp"
+projects=$tmp/projects
+
+if ! python3 scripts/readme_projects.py README.md "$projects" "$root" >"$logs/user-projects-extract.log" 2>&1; then
+    fail readme-blocks "$logs/user-projects-extract.log"
+    echo "user-projects: $passed passed, $failed failed"
+    exit 1
+fi
+for toml in "$projects"/*/Cargo.toml; do
+    [ -f "$toml" ] && cp Cargo.lock "$(dirname "$toml")/Cargo.lock"
+done
+
+n=0
+while IFS=$'\t' read -r kind dir file; do
+    n=$((n + 1))
+    log=$logs/user-projects-$dir.log
+    [ "$dir" = . ] && log=$logs/user-projects-install.log
+    case $kind in
+    run)
+        echo "== $(head -n 1 "$file")" >>"$log"
+        if (cd "$projects/$dir" && timeout -k 10 900 bash -euo pipefail "$file") </dev/null >>"$log" 2>&1; then
+            pass "$dir: $(grep -v '^#' "$file" | head -n 1 | cut -c1-60)"
+        else
+            fail "$dir: $(grep -v '^#' "$file" | head -n 1 | cut -c1-60)" "$log"
+        fi
+        ;;
+    prints)
+        missing_line=
+        # What a terminal shows: without colour escapes (Maven prints some even with -B).
+        sed 's/\x1b\[[0-9;]*m//g' "$log" >"$log.plain" 2>/dev/null
+        while IFS= read -r want; do
+            [ -z "$want" ] && continue
+            grep -qxF -- "$want" "$log.plain" || { missing_line=$want; break; }
+        done <"$file"
+        rm -f "$log.plain"
+        if [ -z "$missing_line" ]; then
+            pass "$dir prints what the README shows"
+        else
+            echo "    not printed: $missing_line" >>"$log"
+            fail "$dir prints what the README shows (missing: $missing_line)" "$log"
+        fi
+        ;;
+    esac
+done <"$projects/steps.tsv"
+
+# `lein repl :headless`, offline, as an editor would use it: an nREPL client evaluates
+# a form that uses kvstore in the project's REPL.
+if [ -f "$projects/lein/project.clj" ]; then
+    log=$logs/user-projects-lein-repl.log
+    (cd "$projects/lein" && exec lein repl :headless :port 0) </dev/null >"$log" 2>&1 &
+    server=$!
+    port=
+    for _ in $(seq 1 120); do
+        port=$(sed -n 's/^nREPL server started on port \([0-9]*\).*/\1/p' "$log")
+        [ -n "$port" ] && break
+        sleep 1
+    done
+    share=/usr/share/java
+    if [ -n "$port" ] && timeout 120 java -cp "$share/nrepl.jar:$share/clojure.jar:$share/spec.alpha.jar:$share/core.specs.alpha.jar" \
+        clojure.main -e "
+          (require '[nrepl.core :as nrepl])
+          (with-open [conn (nrepl/connect :port $port)]
+            (let [code \"(do (require '[org.apache.clojure-mxnet.kvstore :as kvstore] '[org.apache.clojure-mxnet.ndarray :as ndarray])
+                             (let [kv (kvstore/init (kvstore/create \\\"local\\\") \\\"w\\\" (ndarray/ones [3]))]
+                               (kvstore/push kv \\\"w\\\" [(ndarray/ones [3]) (ndarray/ones [3])])
+                               (ndarray/->vec (kvstore/pull kv \\\"w\\\"))))\"]
+              (println \"nrepl value:\" (nrepl/response-values (nrepl/message (nrepl/client conn 60000) {:op \"eval\" :code code})))))" \
+        >>"$log" 2>&1 && grep -qxF 'nrepl value: [[2.0 2.0 2.0]]' "$log"; then
+        pass "lein repl :headless answers an nREPL client"
+    else
+        fail "lein repl :headless answers an nREPL client" "$log"
+    fi
+    kill "$server" 2>/dev/null
+    wait "$server" 2>/dev/null
+    server=
+fi
+
+# The uberjar carries the classes and the native library: it runs from anywhere.
+jars=("$projects"/lein/target/*-standalone.jar)
+if [ -f "${jars[0]}" ]; then
+    log=$logs/user-projects-uberjar.log
+    if (cd "$tmp" && timeout 120 java -jar "${jars[0]}") >"$log" 2>&1 &&
+        jar --list --file "${jars[0]}" | grep -qxF 'native/linux-x86_64/libkvstore_jni.so'; then
+        pass "the uberjar runs from another folder and holds the native library"
+    else
+        fail "the uberjar runs from another folder and holds the native library" "$log"
+    fi
+else
+    fail "the README's Leiningen steps made an uberjar"
+fi
+
+echo "user-projects: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
