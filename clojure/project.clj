@@ -1,8 +1,10 @@
-;; Leiningen project for the Clojure namespaces of kvstore (clojure-mxnet's
-;; kvstore, ndarray and context over the kvstore jar).
+;; Leiningen project for working on the Clojure namespaces of kvstore in this
+;; repository (clojure-mxnet's kvstore, ndarray and context over the kvstore
+;; jar). To use kvstore from a project of your own, run `make install` and
+;; depend on [io.github.kvstore/kvstore "0.1.0"]: see the README, "In your own
+;; project: Leiningen".
 ;;
-;; The jar (Java API + native library) is not in a Maven repository: build it
-;; with `make jar` at the repository root; it is put on the classpath from
+;; Here the jar is built with `make jar` at the repository root; it is put on the classpath from
 ;; ../target/kvstore.jar. The namespaces come from src/ (ahead of the copies
 ;; inside the jar).
 ;;
