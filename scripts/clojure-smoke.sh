@@ -19,14 +19,8 @@ passed=0
 failed=0
 
 if ! command -v lein >/dev/null || [ ! -f /usr/share/java/tools.deps.jar ] || [ ! -f /usr/share/java/test.check.jar ]; then
-    if command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
-        echo "installing Debian's leiningen, libtools-deps-clojure and libtest-check-clojure"
-        for _ in 1 2 3 4 5; do
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -q leiningen libtools-deps-clojure \
-                libtest-check-clojure clojure >"$logs/clojure-tools-apt.log" 2>&1 && break
-            sleep 10 # apt may be locked by another apt process
-        done
-    fi
+    bash scripts/apt-install.sh leiningen libtools-deps-clojure libtest-check-clojure clojure \
+        >"$logs/clojure-tools-apt.log" 2>&1
 fi
 if [ ! -f "$root/target/kvstore.jar" ]; then
     echo "target/kvstore.jar not found: build it first (make jar)"

@@ -8,16 +8,4 @@ command -v javac >/dev/null || need+=(openjdk-17-jdk-headless)
 ls /usr/share/java/test.check*.jar >/dev/null 2>&1 || need+=(libtest-check-clojure)
 [ -f /usr/share/java/junit-platform-console-standalone.jar ] || need+=(junit5)
 [ ${#need[@]} -eq 0 ] && exit 0
-echo "installing ${need[*]}"
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO=sudo
-for attempt in 1 2 3 4 5 6; do
-    # Another apt may hold the lock for a while: retry.
-    if $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null; then
-        exit 0
-    fi
-    echo "apt-get failed (attempt $attempt), retrying in 10 s"
-    sleep 10
-done
-echo "could not install ${need[*]}" >&2
-exit 1
+exec bash "$(dirname "$0")/apt-install.sh" "${need[@]}"

@@ -32,13 +32,8 @@ missing_jars() {
     done
 }
 
-if [ -n "$(missing_jars)" ] && command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
-    echo "installing Debian's clojure and libtest-check-clojure"
-    for _ in 1 2 3 4 5; do
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q clojure libtest-check-clojure \
-            >"$logs/clojure-apt.log" 2>&1 && break
-        sleep 10 # apt may be locked by another apt process
-    done
+if [ -n "$(missing_jars)" ]; then
+    bash scripts/apt-install.sh clojure libtest-check-clojure >"$logs/clojure-apt.log" 2>&1
 fi
 if [ -n "$(missing_jars)" ]; then
     echo "missing: $(missing_jars | tr '\n' ' ')(apt-get install clojure libtest-check-clojure)"

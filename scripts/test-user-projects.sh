@@ -30,18 +30,7 @@ fail() {
 pkgs=(leiningen libtools-deps-clojure clojure libnrepl-clojure libnrepl-incomplete-clojure maven
     libmaven-resources-plugin-java libmaven-compiler-plugin-java libsurefire-java libmaven-jar-plugin-java
     libmaven-install-plugin-java libexec-maven-plugin-java)
-missing=()
-for p in "${pkgs[@]}"; do
-    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-    echo "installing ${missing[*]}"
-    for _ in 1 2 3 4 5 6; do
-        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } \
-            >"$logs/user-projects-apt.log" 2>&1 && break
-        sleep 10 # another apt may hold the lock
-    done
-fi
+bash scripts/apt-install.sh "${pkgs[@]}" >"$logs/user-projects-apt.log" 2>&1
 
 tmp=$(mktemp -d)
 server=
