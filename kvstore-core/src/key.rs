@@ -1,8 +1,14 @@
-//! Keys. A key is a string; an integer key is its decimal string, so `3` and `"3"` are
-//! the same key (MXNet kept int and string keys apart and refused to mix them).
+//! Keys, and the forms of a call's keys and arrays. A key is a string; an integer key
+//! is its decimal string, so `3` and `"3"` are the same key (MXNet kept int and string
+//! keys apart and refused to mix them). A call takes one key or a list ([`Keys`]) and
+//! one array, a list or a list per key ([`Values`]); `flatten` pairs them by MXNet's
+//! rules.
 
 use std::borrow::{Borrow, Cow};
 use std::fmt;
+
+use crate::error::{Error, Result};
+use crate::ndarray::NDArray;
 
 use smol_str::{SmolStr, ToSmolStr};
 
@@ -156,6 +162,107 @@ where
     fn from(ks: &'k Vec<K>) -> Self {
         Keys::from(&ks[..])
     }
+}
+
+// ---- the forms of a call's values, paired with its keys ----
+
+/// Values or outs of a call: one array, a list, or a list of lists (one list per key).
+#[derive(Clone, Copy)]
+pub enum Values<'a> {
+    /// One array.
+    One(&'a NDArray),
+    /// A list of arrays: all for the one key, or one per key.
+    Many(&'a [NDArray]),
+    /// One list of arrays per key: `push([k1, k2], [[a, b], [c]])`.
+    Nested(&'a [Vec<NDArray>]),
+}
+
+impl<'a> From<&'a NDArray> for Values<'a> {
+    fn from(a: &'a NDArray) -> Self {
+        Values::One(a)
+    }
+}
+
+impl<'a> From<&'a [NDArray]> for Values<'a> {
+    fn from(a: &'a [NDArray]) -> Self {
+        Values::Many(a)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [NDArray; N]> for Values<'a> {
+    fn from(a: &'a [NDArray; N]) -> Self {
+        Values::Many(a)
+    }
+}
+
+impl<'a> From<&'a Vec<NDArray>> for Values<'a> {
+    fn from(a: &'a Vec<NDArray>) -> Self {
+        Values::Many(a)
+    }
+}
+
+impl<'a> From<&'a [Vec<NDArray>]> for Values<'a> {
+    fn from(a: &'a [Vec<NDArray>]) -> Self {
+        Values::Nested(a)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [Vec<NDArray>; N]> for Values<'a> {
+    fn from(a: &'a [Vec<NDArray>; N]) -> Self {
+        Values::Nested(a)
+    }
+}
+
+impl<'a> From<&'a Vec<Vec<NDArray>>> for Values<'a> {
+    fn from(a: &'a Vec<Vec<NDArray>>) -> Self {
+        Values::Nested(a)
+    }
+}
+
+/// Pairs each key with its values, following MXNet's flattening rules.
+pub(crate) fn flatten<'a>(
+    op: &'static str,
+    keys: Keys,
+    values: Values<'a>,
+    what: &'static str,
+) -> Result<Vec<(Key, &'a NDArray)>> {
+    let mismatch = |expected: usize, got: usize| Error::LengthMismatch {
+        context: format!("{op}: {expected} keys"),
+        what,
+        expected,
+        got,
+    };
+    match (keys, values) {
+        (Keys::One(k), Values::One(v)) => Ok(vec![(k, v)]),
+        (Keys::One(k), Values::Many(vs)) => Ok(vs.iter().map(|v| (k.clone(), v)).collect()),
+        (Keys::One(k), Values::Nested(_)) => Err(Error::invalid_argument(format!(
+            "{op}: key \"{k}\" takes one array or a list of arrays, not a list of lists"
+        ))),
+        (Keys::Many(ks), Values::One(v)) if ks.len() == 1 => Ok(ks.into_iter().map(|k| (k, v)).collect()),
+        (Keys::Many(ks), Values::One(_)) => Err(mismatch(ks.len(), 1)),
+        (Keys::Many(ks), Values::Many(vs)) if ks.len() == vs.len() => Ok(ks.into_iter().zip(vs).collect()),
+        (Keys::Many(ks), Values::Many(vs)) => Err(mismatch(ks.len(), vs.len())),
+        (Keys::Many(ks), Values::Nested(vss)) if ks.len() == vss.len() => {
+            Ok(ks.into_iter().zip(vss).flat_map(|(k, vs)| vs.iter().map(move |v| (k.clone(), v))).collect())
+        }
+        (Keys::Many(ks), Values::Nested(vss)) => Err(mismatch(ks.len(), vss.len())),
+    }
+}
+
+/// The value pairs and the out pairs of a flat call (`*_pairs`).
+pub(crate) type FlatPairs<'a> = (Vec<(Key, &'a NDArray)>, Vec<(Key, &'a NDArray)>);
+
+pub(crate) fn flat_pairs<'a>(
+    op: &'static str,
+    keys: &[Key],
+    values: &'a [NDArray],
+    out_keys: &[Key],
+    outs: &'a [NDArray],
+) -> Result<FlatPairs<'a>> {
+    Ok((
+        flatten(op, Keys::Many(keys.to_vec()), Values::Many(values), "values")?,
+        flatten(op, Keys::Many(out_keys.to_vec()), Values::Many(outs), "outs")?,
+    ))
 }
 
 #[cfg(test)]

@@ -340,6 +340,54 @@ fn data_end(header: &[u8]) -> Option<u64> {
     Some(end)
 }
 
+/// A key of the store as a load sees it: its name, its weight and its state.
+pub(crate) struct KeySlot<'a> {
+    pub(crate) key: &'a Key,
+    pub(crate) weight: &'a NDArray,
+    pub(crate) state: &'a mut Option<KeyState>,
+}
+
+/// Puts the states of a decoded file into the store's keys: every key of the file must
+/// be a key of the store, with the shape it had when saved and states the optimizer
+/// accepts. All is checked before anything changes; then every key's state is the
+/// file's (keys the file does not name start afresh, as after `set_optimizer`).
+///
+/// # Errors
+/// [`Error::KeyNotInitialized`], [`Error::ShapeMismatch`], or the optimizer's error for
+/// a state it does not accept; nothing changed.
+pub(crate) fn install(
+    rt: &Runtime,
+    loaded: Vec<LoadedKey>,
+    slots: &mut [KeySlot<'_>],
+    op: &'static str,
+    context: &str,
+) -> Result<()> {
+    let at: HashMap<&Key, usize> = slots.iter().enumerate().map(|(i, s)| (s.key, i)).collect();
+    let mut targets = Vec::with_capacity(loaded.len());
+    for l in &loaded {
+        let Some(&i) = at.get(&l.key) else {
+            return Err(Error::KeyNotInitialized { op, key: l.key.clone() });
+        };
+        let weight = slots[i].weight;
+        if weight.shape() != l.shape.as_slice() {
+            return Err(Error::ShapeMismatch {
+                context: format!("{context}: key \"{}\"", l.key),
+                expected: weight.shape().to_vec(),
+                got: l.shape.clone(),
+            });
+        }
+        rt.check_loaded(&l.key, weight, &l.state)?;
+        targets.push(i);
+    }
+    for s in slots.iter_mut() {
+        *s.state = None;
+    }
+    for (l, i) in loaded.into_iter().zip(targets) {
+        *slots[i].state = Some(l.state);
+    }
+    Ok(())
+}
+
 /// Reads a file's bytes: the store-wide snapshot and every key's state. Checks the
 /// format, that the file is for the installed optimizer, and that every tensor is
 /// there with the shape and dtype the metadata says; the store-side checks (keys and

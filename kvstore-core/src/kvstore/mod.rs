@@ -1,75 +1,25 @@
 //! The store: mirrors `KVStoreLocal` in MXNet's `src/kvstore/kvstore_local.h`, with
 //! the deliberate differences listed in the crate docs.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{RwLock, RwLockWriteGuard};
 
 use crate::collective::Collective;
 use crate::comm::{BroadcastJob, Comm, CpuComm, ReduceJob};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::key::{Key, Keys};
+use crate::key::{Key, Keys, Values, flat_pairs, flatten};
 use crate::ndarray::NDArray;
 use crate::optimizer::states as opt_states;
 use crate::optimizer::{KeyState, Optimizer, Runtime};
 use crate::updater::Updater;
 
-/// Values or outs of a call: one array, a list, or a list of lists (one list per key).
-#[derive(Clone, Copy)]
-pub enum Values<'a> {
-    /// One array.
-    One(&'a NDArray),
-    /// A list of arrays: all for the one key, or one per key.
-    Many(&'a [NDArray]),
-    /// One list of arrays per key: `push([k1, k2], [[a, b], [c]])`.
-    Nested(&'a [Vec<NDArray>]),
-}
+mod locks;
 
-impl<'a> From<&'a NDArray> for Values<'a> {
-    fn from(a: &'a NDArray) -> Self {
-        Values::One(a)
-    }
-}
-
-impl<'a> From<&'a [NDArray]> for Values<'a> {
-    fn from(a: &'a [NDArray]) -> Self {
-        Values::Many(a)
-    }
-}
-
-impl<'a, const N: usize> From<&'a [NDArray; N]> for Values<'a> {
-    fn from(a: &'a [NDArray; N]) -> Self {
-        Values::Many(a)
-    }
-}
-
-impl<'a> From<&'a Vec<NDArray>> for Values<'a> {
-    fn from(a: &'a Vec<NDArray>) -> Self {
-        Values::Many(a)
-    }
-}
-
-impl<'a> From<&'a [Vec<NDArray>]> for Values<'a> {
-    fn from(a: &'a [Vec<NDArray>]) -> Self {
-        Values::Nested(a)
-    }
-}
-
-impl<'a, const N: usize> From<&'a [Vec<NDArray>; N]> for Values<'a> {
-    fn from(a: &'a [Vec<NDArray>; N]) -> Self {
-        Values::Nested(a)
-    }
-}
-
-impl<'a> From<&'a Vec<Vec<NDArray>>> for Values<'a> {
-    fn from(a: &'a Vec<Vec<NDArray>>) -> Self {
-        Values::Nested(a)
-    }
-}
+use locks::Held;
 
 /// How a store moves data. Chosen by the kind name given to [`KVStore::create`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,114 +114,6 @@ enum Merger {
 struct Table {
     entries: HashMap<Key, Arc<Entry>>,
     next_index: usize,
-}
-
-thread_local! {
-    /// The keys this thread has locked, as (store address, key index): an updater runs
-    /// while its push holds the push's keys, and a call from it on one of those keys
-    /// must fail instead of waiting for itself forever. [`Held`] values live on the
-    /// stack, so entries are added and removed last in, first out.
-    static HELD: RefCell<Vec<(usize, usize)>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Marks keys as locked by this thread until dropped, and decides how to lock them.
-///
-/// An updater runs while its push holds the push's keys and the store's merger. A call
-/// from it on the same store fails: it could wait for itself, or for another thread
-/// that waits for the keys it holds. A call from it on another store locks without
-/// waiting (and fails if a key or the merger is busy), so that two stores whose
-/// updaters call each other cannot deadlock.
-///
-/// Lock order: the store's merger (when the call takes it) before its keys, keys in
-/// index order; nothing waits for the merger while holding keys.
-struct Held {
-    /// The length of [`HELD`] before this call's keys were added.
-    mark: usize,
-    /// Whether this thread already holds keys (of another store): lock without waiting.
-    nonblocking: bool,
-}
-
-impl Held {
-    fn new(op: &'static str, store: &KVStore, entries: &[&Arc<Entry>]) -> Result<Self> {
-        let store = store as *const KVStore as usize;
-        HELD.with(|held| {
-            let mut held = held.borrow_mut();
-            if held.iter().any(|&(s, _)| s == store) {
-                return Err(Error::invalid_argument(format!(
-                    "{op} from inside an updater of this store: a push holds its keys until its updates \
-                     finish, so an updater may not call the store that runs it"
-                )));
-            }
-            let mark = held.len();
-            let nonblocking = mark > 0;
-            // A call with no key (set_updater, ...) still marks the store, so that its
-            // own nested calls are refused too.
-            if entries.is_empty() {
-                held.push((store, usize::MAX));
-            }
-            held.extend(entries.iter().map(|e| (store, e.index)));
-            Ok(Held { mark, nonblocking })
-        })
-    }
-
-    fn busy(op: &'static str, key: &Key) -> Error {
-        Error::invalid_argument(format!(
-            "{op} of key \"{key}\" from inside an updater of another store: the key is busy, and an updater \
-             may not wait for a key (two stores' updaters could wait for each other)"
-        ))
-    }
-
-    fn merger_busy(op: &'static str) -> Error {
-        Error::invalid_argument(format!(
-            "{op} from inside an updater of another store: that store is busy (a push, or a change of its \
-             updater or optimizer, is running), and an updater may not wait for it"
-        ))
-    }
-
-    /// The store's merger, shared: what pushes hold for their whole duration, so that
-    /// the updater or optimizer they started with stays installed until they end.
-    fn merger_read<'a>(&self, op: &'static str, m: &'a RwLock<Merger>) -> Result<RwLockReadGuard<'a, Merger>> {
-        match self.nonblocking {
-            false => Ok(m.read()),
-            true => m.try_read().ok_or_else(|| Self::merger_busy(op)),
-        }
-    }
-
-    /// The store's merger, exclusive: waits for the pushes in flight.
-    fn merger_write<'a>(&self, op: &'static str, m: &'a RwLock<Merger>) -> Result<RwLockWriteGuard<'a, Merger>> {
-        match self.nonblocking {
-            false => Ok(m.write()),
-            true => m.try_write().ok_or_else(|| Self::merger_busy(op)),
-        }
-    }
-
-    /// Read locks on `entries`, in order.
-    fn read<'a>(&self, op: &'static str, entries: &[&'a Arc<Entry>]) -> Result<Vec<RwLockReadGuard<'a, Slot>>> {
-        entries
-            .iter()
-            .map(|e| match self.nonblocking {
-                false => Ok(e.value.read()),
-                true => e.value.try_read().ok_or_else(|| Self::busy(op, &e.key)),
-            })
-            .collect()
-    }
-
-    /// Write locks on `entries`, in order.
-    fn write<'a>(&self, op: &'static str, entries: &[&'a Arc<Entry>]) -> Result<Vec<RwLockWriteGuard<'a, Slot>>> {
-        entries
-            .iter()
-            .map(|e| match self.nonblocking {
-                false => Ok(e.value.write()),
-                true => e.value.try_write().ok_or_else(|| Self::busy(op, &e.key)),
-            })
-            .collect()
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        HELD.with(|held| held.borrow_mut().truncate(self.mark));
-    }
 }
 
 /// Builds a [`KVStore`] with settings other than the defaults.
@@ -374,52 +216,6 @@ impl fmt::Debug for KVStore {
             .field("keys", &self.table.read().entries.len())
             .finish_non_exhaustive()
     }
-}
-
-/// Pairs each key with its values, following MXNet's flattening rules.
-fn flatten<'a>(
-    op: &'static str,
-    keys: Keys,
-    values: Values<'a>,
-    what: &'static str,
-) -> Result<Vec<(Key, &'a NDArray)>> {
-    let mismatch = |expected: usize, got: usize| Error::LengthMismatch {
-        context: format!("{op}: {expected} keys"),
-        what,
-        expected,
-        got,
-    };
-    match (keys, values) {
-        (Keys::One(k), Values::One(v)) => Ok(vec![(k, v)]),
-        (Keys::One(k), Values::Many(vs)) => Ok(vs.iter().map(|v| (k.clone(), v)).collect()),
-        (Keys::One(k), Values::Nested(_)) => Err(Error::invalid_argument(format!(
-            "{op}: key \"{k}\" takes one array or a list of arrays, not a list of lists"
-        ))),
-        (Keys::Many(ks), Values::One(v)) if ks.len() == 1 => Ok(ks.into_iter().map(|k| (k, v)).collect()),
-        (Keys::Many(ks), Values::One(_)) => Err(mismatch(ks.len(), 1)),
-        (Keys::Many(ks), Values::Many(vs)) if ks.len() == vs.len() => Ok(ks.into_iter().zip(vs).collect()),
-        (Keys::Many(ks), Values::Many(vs)) => Err(mismatch(ks.len(), vs.len())),
-        (Keys::Many(ks), Values::Nested(vss)) if ks.len() == vss.len() => {
-            Ok(ks.into_iter().zip(vss).flat_map(|(k, vs)| vs.iter().map(move |v| (k.clone(), v))).collect())
-        }
-        (Keys::Many(ks), Values::Nested(vss)) => Err(mismatch(ks.len(), vss.len())),
-    }
-}
-
-/// The value pairs and the out pairs of a flat call (`*_pairs`).
-type FlatPairs<'a> = (Vec<(Key, &'a NDArray)>, Vec<(Key, &'a NDArray)>);
-
-fn flat_pairs<'a>(
-    op: &'static str,
-    keys: &[Key],
-    values: &'a [NDArray],
-    out_keys: &[Key],
-    outs: &'a [NDArray],
-) -> Result<FlatPairs<'a>> {
-    Ok((
-        flatten(op, Keys::Many(keys.to_vec()), Values::Many(values), "values")?,
-        flatten(op, Keys::Many(out_keys.to_vec()), Values::Many(outs), "outs")?,
-    ))
 }
 
 /// The arrays of one key in one call, in call order.
@@ -940,32 +736,15 @@ impl KVStore {
         let entries = self.entries();
         let locked: Vec<&Arc<Entry>> = entries.iter().collect();
         let mut guards = held.write(OP, &locked)?;
-        let mut at: HashMap<&Key, usize> = HashMap::new();
-        for (i, e) in entries.iter().enumerate() {
-            at.insert(&e.key, i);
-        }
-        let mut slots = Vec::with_capacity(loaded.len());
-        for l in &loaded {
-            let Some(&i) = at.get(&l.key) else {
-                return Err(Error::KeyNotInitialized { op: OP, key: l.key.clone() });
-            };
-            let weight = &guards[i].value;
-            if weight.shape() != l.shape.as_slice() {
-                return Err(Error::ShapeMismatch {
-                    context: format!("{context}: key \"{}\"", l.key),
-                    expected: weight.shape().to_vec(),
-                    got: l.shape.clone(),
-                });
-            }
-            runtime.check_loaded(&l.key, weight, &l.state)?;
-            slots.push(i);
-        }
-        for g in guards.iter_mut() {
-            g.opt = None;
-        }
-        for (l, i) in loaded.into_iter().zip(slots) {
-            guards[i].opt = Some(l.state);
-        }
+        let mut slots: Vec<opt_states::KeySlot<'_>> = entries
+            .iter()
+            .zip(guards.iter_mut())
+            .map(|(e, g)| {
+                let Slot { value, opt, .. } = &mut **g;
+                opt_states::KeySlot { key: &e.key, weight: value, state: opt }
+            })
+            .collect();
+        opt_states::install(runtime, loaded, &mut slots, OP, &context)?;
         runtime.restore(snapshot);
         Ok(())
     }
@@ -1264,6 +1043,22 @@ impl KVStore {
         self.comm.broadcast(&jobs)
     }
 
+    /// Sums each job's inputs into its out, left to right, then (dist_sync) across the
+    /// workers in place: the one way every merger gets a push's sums. Under dist_sync a
+    /// single value goes straight into the across-workers sum, with no local copy.
+    fn sum(&self, jobs: &[ReduceJob<'_>]) -> Result<()> {
+        let Some(group) = &self.collective else {
+            return self.comm.reduce(jobs);
+        };
+        let direct = |j: &ReduceJob<'_>| j.inputs.len() == 1;
+        let local: Vec<ReduceJob<'_>> =
+            jobs.iter().filter(|j| !direct(j)).map(|j| ReduceJob { inputs: j.inputs, out: j.out }).collect();
+        self.comm.reduce(&local)?;
+        let pairs: Vec<(&NDArray, &NDArray)> =
+            jobs.iter().map(|j| (if direct(j) { j.inputs[0] } else { j.out }, j.out)).collect();
+        group.allreduce_sum(&pairs)
+    }
+
     /// Push, then pull into `outs`, holding the keys in between so the outs see this
     /// push's result.
     ///
@@ -1498,27 +1293,12 @@ impl KVStore {
         }
         match &*merger {
             Merger::Assign => {
-                // dist_sync: a single pushed value goes straight into the across-workers
-                // sum (no local copy); several are summed locally first, then in place.
-                let direct = |g: &Group<'_>| self.collective.is_some() && g.arrays.len() == 1;
                 let jobs: Vec<ReduceJob<'_>> = push
                     .iter()
                     .zip(&push_slots)
-                    .filter(|(g, _)| !direct(g))
                     .map(|(g, &i)| ReduceJob { inputs: &g.arrays, out: &guards[i].value })
                     .collect();
-                self.comm.reduce(&jobs)?;
-                if let Some(group) = &self.collective {
-                    let pairs: Vec<(&NDArray, &NDArray)> = push
-                        .iter()
-                        .zip(&push_slots)
-                        .map(|(g, &i)| {
-                            let dst = &guards[i].value;
-                            (if direct(g) { g.arrays[0] } else { dst }, dst)
-                        })
-                        .collect();
-                    group.allreduce_sum(&pairs)?;
-                }
+                self.sum(&jobs)?;
             }
             Merger::Optimizer(runtime) => {
                 for (g, &i) in push.iter().zip(&push_slots) {
@@ -1557,26 +1337,13 @@ impl KVStore {
                         }
                     }
                 }
-                // dist_sync: a single value is summed across the workers straight into
-                // the merge buffer; several are summed locally first.
                 let jobs: Vec<ReduceJob<'_>> = push
                     .iter()
                     .zip(&push_slots)
-                    .filter(|(g, _)| g.arrays.len() > 1)
+                    .filter(|(g, _)| merged(g))
                     .filter_map(|(g, &i)| Some(ReduceJob { inputs: &g.arrays, out: guards[i].merge.as_ref()? }))
                     .collect();
-                self.comm.reduce(&jobs)?;
-                if let Some(group) = &self.collective {
-                    let pairs: Vec<(&NDArray, &NDArray)> = push
-                        .iter()
-                        .zip(&push_slots)
-                        .filter_map(|(g, &i)| {
-                            let m = guards[i].merge.as_ref()?;
-                            Some((if g.arrays.len() == 1 { g.arrays[0] } else { m }, m))
-                        })
-                        .collect();
-                    group.allreduce_sum(&pairs)?;
-                }
+                self.sum(&jobs)?;
                 for (g, &i) in push.iter().zip(&push_slots) {
                     let Slot { value, opt, merge, .. } = &mut *guards[i];
                     let grad = match (&*g.arrays, merge.as_ref()) {
@@ -1600,10 +1367,7 @@ impl KVStore {
                 }
                 let jobs: Vec<ReduceJob<'_>> =
                     push.iter().zip(&merged).map(|(g, m)| ReduceJob { inputs: &g.arrays, out: m }).collect();
-                self.comm.reduce(&jobs)?;
-                if let Some(group) = &self.collective {
-                    group.allreduce_sum(&merged.iter().map(|m| (m, m)).collect::<Vec<_>>())?;
-                }
+                self.sum(&jobs)?;
                 for ((g, m), w) in push.iter().zip(&merged).zip(&working) {
                     updater.update(&g.entry.key, g.entry.index, m, w)?;
                 }

@@ -1,0 +1,136 @@
+//! Key locking: which keys a call holds, in which order it locks them, and the
+//! re-entrancy rule for updaters (a call from an updater on the store that runs it
+//! fails instead of waiting for itself).
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::{Entry, KVStore, Merger, Slot};
+use crate::error::{Error, Result};
+use crate::key::Key;
+
+thread_local! {
+    /// The keys this thread has locked, as (store address, key index): an updater runs
+    /// while its push holds the push's keys, and a call from it on one of those keys
+    /// must fail instead of waiting for itself forever. [`Held`] values live on the
+    /// stack, so entries are added and removed last in, first out.
+    static HELD: RefCell<Vec<(usize, usize)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Marks keys as locked by this thread until dropped, and decides how to lock them.
+///
+/// An updater runs while its push holds the push's keys and the store's merger. A call
+/// from it on the same store fails: it could wait for itself, or for another thread
+/// that waits for the keys it holds. A call from it on another store locks without
+/// waiting (and fails if a key or the merger is busy), so that two stores whose
+/// updaters call each other cannot deadlock.
+///
+/// Lock order: the store's merger (when the call takes it) before its keys, keys in
+/// index order; nothing waits for the merger while holding keys.
+pub(super) struct Held {
+    /// The length of [`HELD`] before this call's keys were added.
+    mark: usize,
+    /// Whether this thread already holds keys (of another store): lock without waiting.
+    nonblocking: bool,
+}
+
+impl Held {
+    pub(super) fn new(op: &'static str, store: &KVStore, entries: &[&Arc<Entry>]) -> Result<Self> {
+        let store = store as *const KVStore as usize;
+        HELD.with(|held| {
+            let mut held = held.borrow_mut();
+            if held.iter().any(|&(s, _)| s == store) {
+                return Err(Error::invalid_argument(format!(
+                    "{op} from inside an updater of this store: a push holds its keys until its updates \
+                     finish, so an updater may not call the store that runs it"
+                )));
+            }
+            let mark = held.len();
+            let nonblocking = mark > 0;
+            // A call with no key (set_updater, ...) still marks the store, so that its
+            // own nested calls are refused too.
+            if entries.is_empty() {
+                held.push((store, usize::MAX));
+            }
+            held.extend(entries.iter().map(|e| (store, e.index)));
+            Ok(Held { mark, nonblocking })
+        })
+    }
+
+    fn busy(op: &'static str, key: &Key) -> Error {
+        Error::invalid_argument(format!(
+            "{op} of key \"{key}\" from inside an updater of another store: the key is busy, and an updater \
+             may not wait for a key (two stores' updaters could wait for each other)"
+        ))
+    }
+
+    fn merger_busy(op: &'static str) -> Error {
+        Error::invalid_argument(format!(
+            "{op} from inside an updater of another store: that store is busy (a push, or a change of its \
+             updater or optimizer, is running), and an updater may not wait for it"
+        ))
+    }
+
+    /// The store's merger, shared: what pushes hold for their whole duration, so that
+    /// the updater or optimizer they started with stays installed until they end.
+    pub(super) fn merger_read<'a>(
+        &self,
+        op: &'static str,
+        m: &'a RwLock<Merger>,
+    ) -> Result<RwLockReadGuard<'a, Merger>> {
+        match self.nonblocking {
+            false => Ok(m.read()),
+            true => m.try_read().ok_or_else(|| Self::merger_busy(op)),
+        }
+    }
+
+    /// The store's merger, exclusive: waits for the pushes in flight.
+    pub(super) fn merger_write<'a>(
+        &self,
+        op: &'static str,
+        m: &'a RwLock<Merger>,
+    ) -> Result<RwLockWriteGuard<'a, Merger>> {
+        match self.nonblocking {
+            false => Ok(m.write()),
+            true => m.try_write().ok_or_else(|| Self::merger_busy(op)),
+        }
+    }
+
+    /// Read locks on `entries`, in order.
+    pub(super) fn read<'a>(
+        &self,
+        op: &'static str,
+        entries: &[&'a Arc<Entry>],
+    ) -> Result<Vec<RwLockReadGuard<'a, Slot>>> {
+        entries
+            .iter()
+            .map(|e| match self.nonblocking {
+                false => Ok(e.value.read()),
+                true => e.value.try_read().ok_or_else(|| Self::busy(op, &e.key)),
+            })
+            .collect()
+    }
+
+    /// Write locks on `entries`, in order.
+    pub(super) fn write<'a>(
+        &self,
+        op: &'static str,
+        entries: &[&'a Arc<Entry>],
+    ) -> Result<Vec<RwLockWriteGuard<'a, Slot>>> {
+        entries
+            .iter()
+            .map(|e| match self.nonblocking {
+                false => Ok(e.value.write()),
+                true => e.value.try_write().ok_or_else(|| Self::busy(op, &e.key)),
+            })
+            .collect()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        HELD.with(|held| held.borrow_mut().truncate(self.mark));
+    }
+}
