@@ -13,15 +13,17 @@
 //!   [`KVStoreBuilder::collective`](crate::KVStoreBuilder::collective) to build a
 //!   `dist_sync` store. It stands where MXNet's `KVStoreDist` talked to the parameter
 //!   servers through ps-lite (`src/kvstore/kvstore_dist.h`).
-//! - **The data mover** of a store: [`Comm`], its jobs [`ReduceJob`] and
-//!   [`BroadcastJob`], and the host implementation [`CpuComm`] (MXNet's `Comm` and
-//!   `CommCPU` in `src/kvstore/comm.h`), for benchmarks and alternative reductions.
+//! - **The data mover** of a store: [`Comm`] (MXNet's `Comm` in `src/kvstore/comm.h`),
+//!   its jobs [`ReduceJob`] and [`BroadcastJob`], its view of a push's keys
+//!   ([`PushKey`]) and what it keeps per key ([`KeyBuffers`]); [`CommCpu`] (MXNet's
+//!   `CommCPU`, `local` and `dist_sync` stores) and [`CommDevice`] (MXNet's
+//!   `CommDevice`, `device` stores) implement it. A new one (NCCL) plugs in beside them.
 //!
 //! ```
-//! use kvstore_core::backend::{Comm, CpuComm, ReduceJob};
+//! use kvstore_core::backend::{Comm, CommCpu, ReduceJob};
 //! use kvstore_core::NDArray;
 //!
-//! let comm = CpuComm::new(1)?;
+//! let comm = CommCpu::new(1)?;
 //! let (a, b, out) = (NDArray::full(&[3], 1.0)?, NDArray::full(&[3], 2.0)?, NDArray::zeros(&[3])?);
 //! comm.reduce(&[ReduceJob { inputs: &[&a, &b], out: &out }])?;
 //! assert_eq!(out.to_vec::<f32>()?, vec![3.0; 3]);
@@ -30,7 +32,7 @@
 //! ```
 
 pub use crate::collective::Collective;
-pub use crate::comm::{BroadcastJob, Comm, CpuComm, ReduceJob};
+pub use crate::comm::{BroadcastJob, Comm, CommCpu, CommDevice, KeyBuffers, PushKey, ReduceJob};
 pub use crate::device::{
     DeviceBackend, DeviceBuffer, FusedArrays, FusedRule, FusedStep, PinnedMemory, backend as device_backend,
     register_backend,

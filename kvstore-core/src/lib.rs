@@ -6,7 +6,7 @@
 //! output arrays. This crate is the local store (`local` and `device` kinds) with the
 //! data model every other crate of the project builds on: [`NDArray`], [`Context`],
 //! [`DType`], [`Key`], [`KVStore`], the [`Updater`] trait and [`Error`]. What backend
-//! crates implement (the [`backend::Comm`] trait with [`backend::CpuComm`], device
+//! crates implement (the [`backend::Comm`] trait with [`backend::CommCpu`] and [`backend::CommDevice`], device
 //! backends, worker groups) lives in [`backend`].
 //!
 //! ```

@@ -13,6 +13,11 @@ use crate::ndarray::NDArray;
 /// updaters received. An error fails the push, and the store keeps the values it had
 /// before the push (MXNet printed the error and went on).
 ///
+/// `merged` and `stored` are the key's own buffers (its merge buffer, and a working
+/// copy of its value that becomes the value when every key of the push succeeded),
+/// reused from push to push as MXNet reuses its merge buffers: an updater that keeps
+/// them after the call sees them change at later pushes.
+///
 /// Closures `Fn(&Key, usize, &NDArray, &NDArray) -> Result<()>` are updaters:
 ///
 /// ```

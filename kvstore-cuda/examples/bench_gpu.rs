@@ -14,7 +14,7 @@
 //! `SKIP: no CUDA device (...)` and writes nothing (fails under `KVSTORE_REQUIRE_CUDA=1`).
 //! `scripts/bench_torch.py` adds PyTorch's `a + b + c + d` on the same sizes.
 
-use kvstore_core::backend::{BroadcastJob, Comm, CpuComm, ReduceJob};
+use kvstore_core::backend::{BroadcastJob, Comm, CommCpu, ReduceJob};
 use kvstore_core::{Context, DType, KVStore, NDArray, Optimizer};
 
 const RUNS: usize = 21;
@@ -42,7 +42,7 @@ fn main() -> kvstore_core::Result<()> {
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "gpu(0)".to_string());
     let mut rows: Vec<(String, f64, Option<f64>)> = Vec::new();
-    let comm = CpuComm::new(1)?;
+    let comm = CommCpu::new(1)?;
 
     // 64 Mi f32 = 256 MiB per array.
     let n = 64 << 20;

@@ -185,3 +185,41 @@ fn a_failed_list_call_changes_nothing() {
     assert_eq!(e.expect_err("shape").kind(), ErrorKind::ShapeMismatch);
     assert_eq!(pulled(&kv, "w", &SHAPE), vec![1.0; 6]);
 }
+
+/// A custom updater's working copies and merge buffers are kept per key and reused
+/// from push to push (as MXNet's merge buffers): the all-or-nothing rule holds with
+/// reused buffers too, and an array an updater kept and pushes later is summed with
+/// what it holds then (the store never overwrites an array the call pushes).
+#[test]
+fn reused_updater_buffers_keep_pushes_all_or_nothing_and_kept_arrays_intact() {
+    use std::sync::{Arc, Mutex};
+    let kv = KVStore::create("local").expect("create");
+    kv.init(&["a", "b"], &[full(&SHAPE, 1.0, Context::cpu(0)), full(&SHAPE, 10.0, Context::cpu(0))]).expect("init");
+    let kept: Arc<Mutex<Vec<NDArray>>> = Arc::new(Mutex::new(Vec::new()));
+    let fail_on = Arc::new(Mutex::new(None::<String>));
+    let (k, f) = (Arc::clone(&kept), Arc::clone(&fail_on));
+    kv.set_updater(move |key: &Key, _index: usize, merged: &NDArray, stored: &NDArray| {
+        if f.lock().expect("lock").as_deref() == Some(key.as_str()) {
+            return Err(kvstore_core::Error::invalid_argument("refused"));
+        }
+        k.lock().expect("lock").push(stored.clone());
+        stored.add_assign(merged)
+    })
+    .expect("set_updater");
+    let two = [full(&SHAPE, 2.0, Context::cpu(0)), full(&SHAPE, 2.0, Context::cpu(0))];
+    kv.push(&["a", "b"], &two, 0).expect("push 1"); // a 3, b 12
+    kv.push(&["a", "b"], &two, 0).expect("push 2"); // a 5, b 14: the buffers are reused now
+    *fail_on.lock().expect("lock") = Some("b".to_string());
+    assert!(kv.push(&["a", "b"], &two, 0).is_err(), "b's update fails");
+    assert_eq!(pulled(&kv, "a", &SHAPE), vec![5.0; 6], "a is not updated when b fails");
+    assert_eq!(pulled(&kv, "b", &SHAPE), vec![14.0; 6]);
+    *fail_on.lock().expect("lock") = None;
+    // The array a's updater was given at push 1 is one of a's reused buffers: pushing
+    // it adds what it holds now, and the push does not overwrite it first.
+    let first = kept.lock().expect("lock")[0].clone();
+    let held = first.to_vec::<f32>().expect("read")[0];
+    kv.push("a", &first, 0).expect("push the kept array");
+    assert_eq!(pulled(&kv, "a", &SHAPE), vec![5.0 + f64::from(held); 6]);
+    kv.push("a", &two[0], 0).expect("push after");
+    assert_eq!(pulled(&kv, "a", &SHAPE), vec![7.0 + f64::from(held); 6]);
+}

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use kvstore_core::backend::CpuComm;
+use kvstore_core::backend::CommCpu;
 use kvstore_core::{ErrorKind, KVStore, Key, NDArray, Optimizer, Result};
 use kvstore_tests::TempDir;
 use proptest::prelude::*;
@@ -524,9 +524,9 @@ fn many_stores_share_one_reduction_pool() {
     assert!(threads() < before + 50, "{} threads for 500 stores (from {before})", threads());
     assert_eq!(stores.len(), 500);
     drop(first);
-    let (a, b) = (CpuComm::new(0).expect("shared"), CpuComm::new(0).expect("shared"));
+    let (a, b) = (CommCpu::new(0).expect("shared"), CommCpu::new(0).expect("shared"));
     assert!(a.shares_pool_with(&b));
-    let own = CpuComm::new(2).expect("own");
+    let own = CommCpu::new(2).expect("own");
     assert!(!own.shares_pool_with(&a) && own.num_threads() == 2);
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::{RwLock, RwLockWriteGuard};
 
 use crate::collective::Collective;
-use crate::comm::{BroadcastJob, Comm, CpuComm, ReduceJob};
+use crate::comm::{BroadcastJob, Comm, CommCpu, CommDevice, KeyBuffers, PushKey, ReduceJob};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys, Values, flat_pairs, flatten};
@@ -65,21 +65,20 @@ struct Entry {
 }
 
 /// A key's value and what lives next to it: the optimizer's state for the key, the
-/// buffer its pushed values are summed into, and (`local` stores) the page-locked host
-/// buffers its device values are copied into before they are summed.
+/// buffer its pushed values are summed into, and what the store's `Comm` keeps for it.
 struct Slot {
     value: NDArray,
     opt: Option<KeyState>,
     merge: Option<NDArray>,
-    staging: Vec<Option<NDArray>>,
-    /// `device` stores: whether the key has been given its device (at its first push
-    /// of device values).
-    placed: bool,
+    /// Custom updaters: the copy of the value the next update works on (the value
+    /// before the last update, reused).
+    spare: Option<NDArray>,
+    buffers: KeyBuffers,
 }
 
 impl Slot {
     fn new(value: NDArray) -> Self {
-        Slot { value, opt: None, merge: None, staging: Vec::new(), placed: false }
+        Slot { value, opt: None, merge: None, spare: None, buffers: KeyBuffers::default() }
     }
 
     /// Moves the value and everything next to it to `ctx`.
@@ -95,6 +94,7 @@ impl Slot {
             }
         }
         self.merge = None;
+        self.spare = None;
         Ok(())
     }
 }
@@ -175,12 +175,15 @@ impl KVStoreBuilder {
             }
             _ => {}
         }
+        let comm: Box<dyn Comm> = match mode {
+            Mode::Local => Box::new(CommCpu::new(self.threads)?),
+            Mode::Device => Box::new(CommDevice::new(self.threads)?),
+            Mode::Dist => Box::new(CommCpu::new(self.threads)?.without_host_staging()),
+        };
         Ok(KVStore {
             collective: self.collective,
             kind: self.kind.to_ascii_lowercase(),
-            mode,
-            placement: parking_lot::Mutex::new(HashMap::new()),
-            comm: Box::new(CpuComm::new(self.threads)?),
+            comm,
             table: RwLock::new(Table::default()),
             merger: RwLock::new(Merger::Assign),
         })
@@ -201,9 +204,8 @@ impl KVStoreBuilder {
 pub struct KVStore {
     collective: Option<Arc<dyn Collective>>,
     kind: String,
-    mode: Mode,
-    /// `device` stores: the bytes of keys given to each device so far.
-    placement: parking_lot::Mutex<HashMap<Context, usize>>,
+    /// How data moves and where keys live (`CommCpu` for `local` and `dist_sync`,
+    /// `CommDevice` for `device`).
     comm: Box<dyn Comm>,
     table: RwLock<Table>,
     merger: RwLock<Merger>,
@@ -288,59 +290,28 @@ fn check_group(op: &'static str, what: &str, group: &Group<'_>, stored: &NDArray
     Ok(())
 }
 
-/// Copies the device arrays of `arrays` into `slot`'s page-locked staging buffers
-/// (one per position, made at first use and kept) and returns what to sum: the host
-/// arrays themselves and the staged copies, in order.
-fn stage(slot: &mut Slot, arrays: &[&NDArray]) -> Result<Vec<NDArray>> {
-    let mut out = Vec::with_capacity(arrays.len());
-    for (j, &a) in arrays.iter().enumerate() {
-        if !a.on_device() {
-            out.push(a.clone());
-            continue;
+/// The keys of a push as the comm sees them: each group with its slot's value and
+/// comm buffers (`slots[j]` is the position of `push[j]`'s key in `guards`, ascending).
+fn push_keys<'k, 'a>(
+    push: &'k [Group<'a>],
+    slots: &[usize],
+    guards: &'k mut [RwLockWriteGuard<'_, Slot>],
+) -> Vec<PushKey<'k, 'a>> {
+    let mut wanted = slots.iter().zip(push).peekable();
+    let mut keys = Vec::with_capacity(push.len());
+    for (i, guard) in guards.iter_mut().enumerate() {
+        if let Some(&(&slot, group)) = wanted.peek()
+            && slot == i
+        {
+            let Slot { value, buffers, .. } = &mut **guard;
+            keys.push(PushKey { values: &group.arrays, value, buffers });
+            wanted.next();
         }
-        if slot.staging.len() <= j {
-            slot.staging.resize(j + 1, None);
-        }
-        let buf = match &slot.staging[j] {
-            Some(b) => b.clone(),
-            None => slot.staging[j].insert(NDArray::pinned_zeros(a.shape(), a.dtype())?).clone(),
-        };
-        buf.copy_from(a)?;
-        out.push(buf);
     }
-    Ok(out)
+    keys
 }
 
 impl KVStore {
-    /// `device` stores: gives each key pushed from devices for the first time the
-    /// device, among those its values come from, that holds the fewest bytes of keys so
-    /// far, biggest keys first (MXNet's `CommDevice::InitMergeBuffer`), and moves the
-    /// key's value there: its sums, its updates and its pulls run from that device.
-    fn place(&self, push: &[Group<'_>], slots: &[usize], guards: &mut [RwLockWriteGuard<'_, Slot>]) -> Result<()> {
-        let mut new: Vec<(usize, &Group<'_>)> = push
-            .iter()
-            .zip(slots)
-            .filter(|&(g, &i)| !guards[i].placed && g.arrays.iter().any(|a| a.on_device()))
-            .map(|(g, &i)| (i, g))
-            .collect();
-        if new.is_empty() {
-            return Ok(());
-        }
-        let bytes = |g: &Group<'_>| g.arrays[0].size() * g.arrays[0].dtype().size();
-        new.sort_by_key(|(_, g)| std::cmp::Reverse(bytes(g)));
-        let mut load = self.placement.lock();
-        for (i, g) in new {
-            let devices = g.arrays.iter().map(|a| a.context()).filter(|c| !c.is_cpu());
-            let Some(home) = devices.min_by_key(|c| (load.get(c).copied().unwrap_or(0), c.device_id())) else {
-                continue;
-            };
-            guards[i].move_to(home)?;
-            guards[i].placed = true;
-            *load.entry(home).or_insert(0) += bytes(g);
-        }
-        Ok(())
-    }
-
     /// Creates a store of the given kind with the default settings.
     ///
     /// Kinds: `local` (reduce on the host) and `device` (reduce on the devices of the
@@ -392,11 +363,13 @@ impl KVStore {
         &self.kind
     }
 
-    /// The name of the data mover (`"cpu"`).
+    /// The name of the data mover: `"cpu"` (`CommCpu`: `local` and `dist_sync` stores)
+    /// or `"device"` (`CommDevice`: `device` stores).
     ///
     /// ```
     /// use kvstore_core::KVStore;
     /// assert_eq!(KVStore::create("local")?.comm_name(), "cpu");
+    /// assert_eq!(KVStore::create("device")?.comm_name(), "device");
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn comm_name(&self) -> &'static str {
@@ -863,21 +836,9 @@ impl KVStore {
                 return Err(already(k));
             }
         }
-        // Copy outside the table lock: copies of big arrays take a while. A `local`
-        // store keeps its values on the host (MXNet: in pinned memory), a `device`
-        // store where they come from.
-        let copies: Vec<NDArray> = pairs
-            .iter()
-            .map(|(_, v)| {
-                if self.mode == Mode::Local && v.on_device() {
-                    let c = NDArray::pinned_zeros(v.shape(), v.dtype())?;
-                    c.copy_from(v)?;
-                    Ok(c)
-                } else {
-                    v.deep_copy()
-                }
-            })
-            .collect::<Result<_>>()?;
+        // Copy outside the table lock: copies of big arrays take a while. Where a value
+        // is kept is the comm's business (`local`: on the host, in page-locked memory).
+        let copies: Vec<NDArray> = pairs.iter().map(|(_, v)| self.comm.init_value(v)).collect::<Result<_>>()?;
         // dist_sync: every worker takes rank 0's values (MXNet: only rank 0's init
         // reaches the servers), before any is visible in this store.
         if let Some(group) = &self.collective {
@@ -1264,18 +1225,17 @@ impl KVStore {
         for (g, &i) in pull.iter().zip(&pull_slots) {
             check_group(op, "out", g, &guards[i].value)?;
         }
-        // `local` stores sum the staged host copies of values on devices.
-        let staged: Vec<Option<Vec<NDArray>>> = match self.mode {
-            Mode::Local => push
-                .iter()
-                .zip(&push_slots)
-                .map(|(g, &i)| {
-                    let on_device = g.arrays.iter().any(|a| a.on_device());
-                    on_device.then(|| stage(&mut guards[i], &g.arrays)).transpose()
-                })
-                .collect::<Result<_>>()?,
-            _ => Vec::new(),
-        };
+        // The comm's policy, before the sums: where each key lives (`CommDevice` gives
+        // a key pushed from devices its device), then what to sum (`CommCpu` sums
+        // page-locked host copies of values on devices).
+        let homes = self.comm.place(&mut push_keys(&push, &push_slots, &mut guards))?;
+        for (&i, home) in push_slots.iter().zip(homes) {
+            if let Some(home) = home {
+                guards[i].move_to(home)?;
+            }
+        }
+        let staged: Vec<Option<Vec<NDArray>>> =
+            push_keys(&push, &push_slots, &mut guards).iter_mut().map(|k| self.comm.stage(k)).collect::<Result<_>>()?;
         let restaged: Vec<Group<'_>> = if staged.iter().any(Option::is_some) {
             push.iter()
                 .zip(&staged)
@@ -1288,9 +1248,6 @@ impl KVStore {
             Vec::new()
         };
         let push: &[Group<'_>] = if restaged.is_empty() { &push } else { &restaged };
-        if self.mode == Mode::Device {
-            self.place(push, &push_slots, &mut guards)?;
-        }
         match &*merger {
             Merger::Assign => {
                 let jobs: Vec<ReduceJob<'_>> = push
@@ -1355,24 +1312,43 @@ impl KVStore {
                 }
             }
             Merger::Custom(updater) => {
-                // The updater works on copies of the stored values, committed only
-                // when every key's update succeeded: a failing updater leaves the
-                // store as it was.
-                let mut merged = Vec::with_capacity(push.len());
-                let mut working = Vec::with_capacity(push.len());
-                for &i in &push_slots {
-                    let s = &guards[i].value;
-                    merged.push(NDArray::zeros_with(s.shape(), s.dtype(), s.context())?);
-                    working.push(s.deep_copy()?);
+                // The updater works on each key's spare copy of its value, brought up
+                // to date here and swapped in only when every key's update succeeded:
+                // a failing updater leaves the store as it was. The spares and the
+                // merge buffers are kept per key and reused (as MXNet's merge buffers).
+                for (g, &i) in push.iter().zip(&push_slots) {
+                    let slot = &mut *guards[i];
+                    let v = &slot.value;
+                    if slot.merge.is_none() {
+                        slot.merge = Some(NDArray::zeros_with(v.shape(), v.dtype(), v.context())?);
+                    }
+                    // A spare that a value of this call shares storage with (an updater
+                    // kept its handle and pushed it) is not overwritten: a new one is made.
+                    match &slot.spare {
+                        Some(spare) if !g.arrays.iter().any(|a| a.same_storage(spare)) => spare.copy_from(v)?,
+                        _ => slot.spare = Some(v.deep_copy()?),
+                    }
                 }
-                let jobs: Vec<ReduceJob<'_>> =
-                    push.iter().zip(&merged).map(|(g, m)| ReduceJob { inputs: &g.arrays, out: m }).collect();
+                let jobs: Vec<ReduceJob<'_>> = push
+                    .iter()
+                    .zip(&push_slots)
+                    .filter_map(|(g, &i)| Some(ReduceJob { inputs: &g.arrays, out: guards[i].merge.as_ref()? }))
+                    .collect();
+                if jobs.len() != push.len() {
+                    return Err(Error::Internal("push: no merge buffer".into()));
+                }
                 self.sum(&jobs)?;
-                for ((g, m), w) in push.iter().zip(&merged).zip(&working) {
+                for (g, &i) in push.iter().zip(&push_slots) {
+                    let (Some(m), Some(w)) = (&guards[i].merge, &guards[i].spare) else {
+                        return Err(Error::Internal("push: no merge buffer or spare".into()));
+                    };
                     updater.update(&g.entry.key, g.entry.index, m, w)?;
                 }
-                for (&i, w) in push_slots.iter().zip(working) {
-                    guards[i].value = w;
+                for &i in &push_slots {
+                    let slot = &mut *guards[i];
+                    if let Some(updated) = slot.spare.take() {
+                        slot.spare = Some(std::mem::replace(&mut slot.value, updated));
+                    }
                 }
             }
         }

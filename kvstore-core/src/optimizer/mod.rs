@@ -29,7 +29,7 @@ use crate::device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::ndarray::{NDArray, Storage};
+use crate::ndarray::NDArray;
 
 pub use scheduler::{LrScheduler, WarmupMode};
 
@@ -688,29 +688,21 @@ impl Runtime {
         let mut w = weight.storage_mut()?;
         let mut states: Vec<_> = st.states.iter().map(NDArray::storage_mut).collect::<Result<_>>()?;
         let mut master = st.master.as_ref().map(NDArray::storage_mut).transpose()?;
-        let (Storage::Device(g), Some(w)) = (&*g, device_buffer(&mut w)) else { return Ok(false) };
-        let Some(states) = states.iter_mut().map(|s| device_buffer(s)).collect::<Option<Vec<_>>>() else {
+        let (Some(g), Some(w)) = (g.device(), w.device_mut()) else { return Ok(false) };
+        let Some(states) = states.iter_mut().map(|s| s.device_mut()).collect::<Option<Vec<_>>>() else {
             return Ok(false);
         };
         let master = match master.as_deref_mut() {
-            Some(m) => Some(device_buffer(m).ok_or_else(|| Error::Internal("master copy not on the device".into()))?),
+            Some(m) => Some(m.device_mut().ok_or_else(|| Error::Internal("master copy not on the device".into()))?),
             None => None,
         };
-        let arrays = device::FusedArrays { dtype: weight.dtype(), weight: w, grad: &**g, states, master };
+        let arrays = device::FusedArrays { dtype: weight.dtype(), weight: w, grad: g, states, master };
         let done = backend.optimizer_step(&fused, arrays);
         if let Err(e @ Error::Backend { .. }) = &done {
             // The device failed while running the step: the weight's contents are unknown.
             weight.mark_faulty(format!("the fused {:?} step failed: {e}", fused.rule));
         }
         done
-    }
-}
-
-/// The device buffer of a storage, if it is one.
-fn device_buffer(s: &mut Storage) -> Option<&mut dyn device::DeviceBuffer> {
-    match s {
-        Storage::Device(d) => Some(&mut **d),
-        Storage::Host(_) => None,
     }
 }
 

@@ -1,5 +1,7 @@
-//! Reduction and broadcast between arrays: the `Comm` trait and its host
-//! implementation [`CpuComm`]; mirrors `Comm`/`CommCPU` in MXNet's `src/kvstore/comm.h`.
+//! [`CommCpu`], the host `Comm`: mirrors `CommCPU` in MXNet's `src/kvstore/comm.h`.
+//! It sums on the host (plain loops over a rayon pool), and a `local` store's values
+//! pushed from devices are first copied into page-locked host buffers it keeps per key
+//! (a value initialised from a device is kept in page-locked memory too).
 //!
 //! Summation is deterministic: for every element the values are added left to right in
 //! the order given, f16/bf16 accumulate in f32 and round once, integers wrap. Large
@@ -13,47 +15,11 @@ use rayon::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 use smallvec::SmallVec;
 
+use super::{BroadcastJob, Comm, PushKey, ReduceJob};
 use crate::device::{self, DeviceBuffer};
 use crate::dtype::{Element, with_dtype};
 use crate::error::{Error, Result};
-use crate::ndarray::{HostBuf, NDArray, Storage, copy_storage};
-
-/// One reduction: `out = inputs[0] + inputs[1] + ...`, element-wise, left to right.
-pub struct ReduceJob<'a> {
-    /// The values, in the order they are added. At least one.
-    pub inputs: &'a [&'a NDArray],
-    /// Where the sum goes; same shape and dtype as every input.
-    pub out: &'a NDArray,
-}
-
-/// One broadcast: every array of `outs` gets a copy of `src`.
-pub struct BroadcastJob<'a> {
-    /// The value to copy.
-    pub src: &'a NDArray,
-    /// The destinations; same shape and dtype as `src`.
-    pub outs: &'a [&'a NDArray],
-}
-
-/// Moves data between the arrays of one store: sums pushed values, copies pulled ones.
-///
-/// Callers validate shapes and dtypes first; a `Comm` still checks them and returns
-/// [`Error::Internal`] rather than panicking on a mismatch.
-pub trait Comm: Send + Sync {
-    /// A short name for messages and benchmarks.
-    fn name(&self) -> &'static str;
-
-    /// Runs every reduction of `jobs` (of different keys, so in any order).
-    ///
-    /// # Errors
-    /// [`Error::Internal`] if a job's arrays disagree in shape or dtype.
-    fn reduce(&self, jobs: &[ReduceJob<'_>]) -> Result<()>;
-
-    /// Runs every broadcast of `jobs`.
-    ///
-    /// # Errors
-    /// [`Error::Internal`] if a job's arrays disagree in shape or dtype.
-    fn broadcast(&self, jobs: &[BroadcastJob<'_>]) -> Result<()>;
-}
+use crate::ndarray::{HostBuf, NDArray, copy_storage};
 
 /// Arrays with at least this many bytes are split into chunks over the pool
 /// (MXNet: `MXNET_KVSTORE_BIGARRAY_BOUND`, 1e6 elements); smaller ones are one task.
@@ -68,9 +34,16 @@ const ACC_BLOCK: usize = 1024;
 
 /// The host `Comm`: plain loops over a rayon pool, shared by every store that does not
 /// ask for its own.
-pub struct CpuComm {
+pub struct CommCpu {
     pool: Arc<ThreadPool>,
+    /// Whether device values are kept and summed in page-locked host memory (`local`
+    /// stores); a `dist_sync` store sums them where they are.
+    host_staging: bool,
 }
+
+/// A key's page-locked host buffers: one per position of its pushed values, made at
+/// the first push of a device value there and reused.
+struct Staging(Vec<Option<NDArray>>);
 
 /// The pool of stores that ask for no pool of their own: one thread per core for the
 /// whole process, however many stores there are.
@@ -90,8 +63,8 @@ fn start_pool(threads: usize) -> Result<ThreadPool> {
     })
 }
 
-impl CpuComm {
-    /// A `CpuComm` on the process's shared pool (`threads` 0: one thread per core,
+impl CommCpu {
+    /// A `CommCpu` on the process's shared pool (`threads` 0: one thread per core,
     /// started by the first store that needs it), or on a pool of its own of `threads`
     /// threads.
     ///
@@ -99,14 +72,21 @@ impl CpuComm {
     /// [`Error::ResourceExhausted`] if the operating system refuses to start the threads.
     pub fn new(threads: usize) -> Result<Self> {
         if threads > 0 {
-            return Ok(CpuComm { pool: Arc::new(start_pool(threads)?) });
+            return Ok(CommCpu { pool: Arc::new(start_pool(threads)?), host_staging: true });
         }
         let mut shared = SHARED.lock();
         let pool = match &*shared {
             Some(p) => Arc::clone(p),
             None => Arc::clone(shared.insert(Arc::new(start_pool(0)?))),
         };
-        Ok(CpuComm { pool })
+        Ok(CommCpu { pool, host_staging: true })
+    }
+
+    /// This comm with device values summed where they are instead of staged through
+    /// page-locked host buffers (what `dist_sync` stores do).
+    pub fn without_host_staging(mut self) -> Self {
+        self.host_staging = false;
+        self
     }
 
     /// The number of threads of the pool.
@@ -115,7 +95,7 @@ impl CpuComm {
     }
 
     /// Whether this comm and `other` run on the same pool.
-    pub fn shares_pool_with(&self, other: &CpuComm) -> bool {
+    pub fn shares_pool_with(&self, other: &CommCpu) -> bool {
         Arc::ptr_eq(&self.pool, &other.pool)
     }
 }
@@ -178,7 +158,7 @@ fn reduce_typed<T: Element>(pool: Option<&ThreadPool>, inputs: &[&HostBuf], out:
     }
 }
 
-impl CpuComm {
+impl CommCpu {
     /// One reduction; `split` cuts it into chunks over the pool.
     fn reduce_one(&self, job: &ReduceJob<'_>, split: bool) -> Result<()> {
         let out = job.out;
@@ -197,7 +177,8 @@ impl CpuComm {
         }
         let guards: Few<_> = inputs.iter().map(|a| a.read()).collect::<Result<_>>()?;
         let bufs: Few<&HostBuf> = guards.iter().map(|g| &**g).collect();
-        let mut dst = out.write()?;
+        // The sum overwrites every element of `out`: a device `out` is not downloaded.
+        let mut dst = out.overwrite()?;
         let pool = (split && dst.bytes().len() >= BIG_BYTES).then_some(&*self.pool);
         with_dtype!(out.dtype(), T => reduce_typed::<T>(pool, &bufs, &mut dst));
         drop(bufs);
@@ -211,16 +192,10 @@ impl CpuComm {
     fn reduce_on_device(inputs: &[&NDArray], out: &NDArray) -> Result<bool> {
         let Some(backend) = device::backend() else { return Ok(false) };
         let guards: Vec<_> = inputs.iter().map(|a| a.storage()).collect::<Result<_>>()?;
-        let bufs: Vec<&dyn DeviceBuffer> = guards
-            .iter()
-            .filter_map(|g| match &**g {
-                Storage::Device(d) => Some(&**d),
-                Storage::Host(_) => None,
-            })
-            .collect();
+        let bufs: Vec<&dyn DeviceBuffer> = guards.iter().filter_map(|g| g.device()).collect();
         let mut dst = out.storage_mut()?;
-        match &mut *dst {
-            Storage::Device(d) if bufs.len() == inputs.len() => backend.reduce(out.dtype(), &bufs, &mut **d),
+        match dst.device_mut() {
+            Some(d) if bufs.len() == inputs.len() => backend.reduce(out.dtype(), &bufs, d),
             _ => Ok(false),
         }
     }
@@ -232,9 +207,9 @@ impl CpuComm {
         let src = job.src.storage()?;
         for out in job.outs.iter().filter(|o| !o.same_storage(job.src)) {
             let mut dst = out.storage_mut()?;
-            match (&*src, &mut *dst) {
+            match (src.host(), dst.host_mut()) {
                 // A big host-to-host copy is split over the pool.
-                (Storage::Host(s), Storage::Host(d)) if split && s.bytes().len() >= BIG_BYTES => {
+                (Some(s), Some(d)) if split && s.bytes().len() >= BIG_BYTES => {
                     self.pool.install(|| {
                         d.bytes_mut()
                             .par_chunks_mut(CHUNK_BYTES)
@@ -243,7 +218,7 @@ impl CpuComm {
                     });
                 }
                 // Anything else: a copy, an upload, a download or a device copy.
-                (s, d) => copy_storage(s, d)?,
+                _ => copy_storage(&src, &mut dst)?,
             }
         }
         Ok(())
@@ -272,7 +247,7 @@ impl CpuComm {
     }
 }
 
-impl Comm for CpuComm {
+impl Comm for CommCpu {
     fn name(&self) -> &'static str {
         "cpu"
     }
@@ -292,6 +267,44 @@ impl Comm for CpuComm {
             |j, split| self.broadcast_one(j, split),
         )
     }
+
+    /// A value from a device is kept on the host in page-locked memory (MXNet's
+    /// `CommCPU` keeps its merge buffers in pinned memory), others as a copy.
+    fn init_value(&self, value: &NDArray) -> Result<NDArray> {
+        if self.host_staging && value.on_device() {
+            let copy = NDArray::pinned_zeros(value.shape(), value.dtype())?;
+            copy.copy_from(value)?;
+            Ok(copy)
+        } else {
+            value.deep_copy()
+        }
+    }
+
+    /// Copies the key's device values into its page-locked staging buffers and returns
+    /// what to sum: the host values themselves and the staged copies, in order.
+    fn stage(&self, key: &mut PushKey<'_, '_>) -> Result<Option<Vec<NDArray>>> {
+        if !self.host_staging || !key.values.iter().any(|a| a.on_device()) {
+            return Ok(None);
+        }
+        let staging = &mut key.buffers.get_or_insert_with(|| Staging(Vec::new())).0;
+        let mut out = Vec::with_capacity(key.values.len());
+        for (j, &a) in key.values.iter().enumerate() {
+            if !a.on_device() {
+                out.push(a.clone());
+                continue;
+            }
+            if staging.len() <= j {
+                staging.resize(j + 1, None);
+            }
+            let buf = match &staging[j] {
+                Some(b) => b.clone(),
+                None => staging[j].insert(NDArray::pinned_zeros(a.shape(), a.dtype())?).clone(),
+            };
+            buf.copy_from(a)?;
+            out.push(buf);
+        }
+        Ok(Some(out))
+    }
 }
 
 #[cfg(test)]
@@ -300,7 +313,7 @@ mod tests {
     use crate::{Context, DType};
     use half::{bf16, f16};
 
-    fn reduce(comm: &CpuComm, inputs: &[NDArray]) -> NDArray {
+    fn reduce(comm: &CommCpu, inputs: &[NDArray]) -> NDArray {
         let out = NDArray::zeros_with(inputs[0].shape(), inputs[0].dtype(), Context::cpu(0)).unwrap();
         let inputs: Vec<&NDArray> = inputs.iter().collect();
         comm.reduce(&[ReduceJob { inputs: &inputs, out: &out }]).unwrap();
@@ -309,7 +322,7 @@ mod tests {
 
     #[test]
     fn half_precision_sums_accumulate_in_f32() {
-        let comm = CpuComm::new(1).unwrap();
+        let comm = CommCpu::new(1).unwrap();
         let vals = |v: &[f32], d| {
             v.iter().map(|&x| NDArray::full_with(&[1], x as f64, d, Context::cpu(0)).unwrap()).collect::<Vec<_>>()
         };
@@ -323,14 +336,14 @@ mod tests {
 
     #[test]
     fn f32_sums_run_left_to_right() {
-        let comm = CpuComm::new(2).unwrap();
+        let comm = CommCpu::new(2).unwrap();
         let vals: Vec<NDArray> = [4.0, 4.0, 1e8].iter().map(|&x| NDArray::full(&[3], x).unwrap()).collect();
         assert_eq!(reduce(&comm, &vals).to_vec::<f32>().unwrap(), vec![100000008.0; 3]);
     }
 
     #[test]
     fn integer_sums_wrap() {
-        let comm = CpuComm::new(1).unwrap();
+        let comm = CommCpu::new(1).unwrap();
         let vals: Vec<NDArray> =
             [100.0, 100.0].iter().map(|&x| NDArray::full_with(&[2], x, DType::I8, Context::cpu(0)).unwrap()).collect();
         assert_eq!(reduce(&comm, &vals).to_vec::<i8>().unwrap(), vec![-56, -56]);
@@ -351,14 +364,14 @@ mod tests {
             })
             .collect();
         for threads in [1, 2, 4] {
-            let got = reduce(&CpuComm::new(threads).unwrap(), &vals).to_vec::<f32>().unwrap();
+            let got = reduce(&CommCpu::new(threads).unwrap(), &vals).to_vec::<f32>().unwrap();
             assert!(got.iter().zip(&serial).all(|(a, b)| a.to_bits() == b.to_bits()), "threads {threads}");
         }
     }
 
     #[test]
     fn a_mismatched_job_is_an_internal_error_not_a_panic() {
-        let comm = CpuComm::new(1).unwrap();
+        let comm = CommCpu::new(1).unwrap();
         let out = NDArray::zeros(&[2]).unwrap();
         let bad = NDArray::zeros(&[3]).unwrap();
         let e = comm.reduce(&[ReduceJob { inputs: &[&bad], out: &out }]).unwrap_err();

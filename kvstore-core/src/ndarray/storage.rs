@@ -1,0 +1,234 @@
+//! The storage layer under `NDArray`: host buffers (64-byte aligned, or page-locked
+//! memory of the device backend), device buffers of the backend, copies between any
+//! two, and host views of either ([`HostRead`], [`HostWrite`]: the buffer itself, or a
+//! staged copy of a device buffer that is written back on finish). `comm` and
+//! `optimizer` reach arrays through these types and the accessors of [`Storage`].
+
+use std::ops::{Deref, DerefMut};
+use std::sync::OnceLock;
+
+use bytemuck::{Pod, Zeroable};
+use parking_lot::{MappedRwLockReadGuard, MappedRwLockWriteGuard, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::device::{self, DeviceBuffer, PinnedMemory};
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+
+/// One 64-byte, 64-byte-aligned block: the unit host buffers are made of, so that
+/// every host array starts on a cache line.
+#[derive(Clone, Copy, Pod, Zeroable)]
+#[repr(C, align(64))]
+struct Block([u8; 64]);
+
+/// The host memory of an array: ordinary memory in 64-byte blocks, or page-locked
+/// memory from the device backend (for buffers that device values are staged through).
+pub(crate) struct HostBuf {
+    mem: HostMem,
+    len: usize,
+}
+
+enum HostMem {
+    Blocks(Box<[Block]>),
+    /// 64-byte aligned (checked when it is made), at least `len` bytes.
+    Pinned(Box<dyn PinnedMemory>),
+}
+
+impl HostBuf {
+    /// A zero-filled buffer of `len` bytes; an allocation failure is an error, not an
+    /// abort. The memory comes zeroed from the allocator (calloc), so fresh pages are
+    /// not written twice before their first use.
+    pub(crate) fn zeroed(len: usize) -> Result<Self> {
+        let blocks = bytemuck::allocation::try_zeroed_slice_box::<Block>(len.div_ceil(64)).map_err(|()| {
+            Error::ResourceExhausted {
+                what: format!("allocating {len} bytes for an array"),
+                detail: "the system refused the memory".to_string(),
+            }
+        })?;
+        Ok(HostBuf { mem: HostMem::Blocks(blocks), len })
+    }
+
+    /// A zero-filled buffer of `len` bytes in the backend's page-locked memory, or in
+    /// ordinary memory when there is no backend or it has none to give.
+    pub(crate) fn pinned(len: usize) -> Result<Self> {
+        if len > 0
+            && let Some(backend) = device::backend()
+            && let Some(mem) = backend.alloc_pinned(len)?
+        {
+            let fits = mem.bytes().len() >= len && (mem.bytes().as_ptr() as usize).is_multiple_of(64);
+            if fits {
+                return Ok(HostBuf { mem: HostMem::Pinned(mem), len });
+            }
+        }
+        Self::zeroed(len)
+    }
+
+    fn all_bytes(&self) -> &[u8] {
+        match &self.mem {
+            HostMem::Blocks(b) => bytemuck::cast_slice::<Block, u8>(b),
+            HostMem::Pinned(p) => p.bytes(),
+        }
+    }
+
+    fn all_bytes_mut(&mut self) -> &mut [u8] {
+        match &mut self.mem {
+            HostMem::Blocks(b) => bytemuck::cast_slice_mut::<Block, u8>(b),
+            HostMem::Pinned(p) => p.bytes_mut(),
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.all_bytes()[..self.len]
+    }
+
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        &mut self.all_bytes_mut()[..len]
+    }
+
+    // Both kinds of memory start on a 64-byte boundary, so the casts cannot fail.
+    pub(crate) fn typed<T: Element>(&self) -> &[T] {
+        bytemuck::cast_slice::<u8, T>(&self.all_bytes()[..self.len - self.len % std::mem::size_of::<T>()])
+    }
+
+    pub(crate) fn typed_mut<T: Element>(&mut self) -> &mut [T] {
+        let len = self.len - self.len % std::mem::size_of::<T>();
+        bytemuck::cast_slice_mut::<u8, T>(&mut self.all_bytes_mut()[..len])
+    }
+}
+
+/// Where an array's elements live: host memory, or a device buffer of the registered
+/// backend.
+pub(crate) enum Storage {
+    Host(HostBuf),
+    Device(Box<dyn DeviceBuffer>),
+}
+
+impl Storage {
+    /// The device buffer, for a device array.
+    pub(crate) fn device(&self) -> Option<&dyn DeviceBuffer> {
+        match self {
+            Storage::Device(d) => Some(&**d),
+            Storage::Host(_) => None,
+        }
+    }
+
+    /// The device buffer, for a device array, to write.
+    pub(crate) fn device_mut(&mut self) -> Option<&mut dyn DeviceBuffer> {
+        match self {
+            Storage::Device(d) => Some(&mut **d),
+            Storage::Host(_) => None,
+        }
+    }
+
+    /// The host buffer, for a host array.
+    pub(crate) fn host(&self) -> Option<&HostBuf> {
+        match self {
+            Storage::Host(h) => Some(h),
+            Storage::Device(_) => None,
+        }
+    }
+
+    /// The host buffer, for a host array, to write.
+    pub(crate) fn host_mut(&mut self) -> Option<&mut HostBuf> {
+        match self {
+            Storage::Host(h) => Some(h),
+            Storage::Device(_) => None,
+        }
+    }
+}
+
+/// Copies `src` into `dst` (same length) whatever each side is: a host copy, an upload,
+/// a download, or a device-to-device copy through the backend.
+pub(crate) fn copy_storage(src: &Storage, dst: &mut Storage) -> Result<()> {
+    match (src, dst) {
+        (Storage::Host(s), Storage::Host(d)) => {
+            d.bytes_mut().copy_from_slice(s.bytes());
+            Ok(())
+        }
+        (Storage::Host(s), Storage::Device(d)) => d.write_from_host(s.bytes()),
+        (Storage::Device(s), Storage::Host(d)) => s.read_to_host(d.bytes_mut()),
+        (Storage::Device(s), Storage::Device(d)) => {
+            let backend = device::backend().ok_or_else(|| Error::Internal("device array without a backend".into()))?;
+            backend.copy(&**s, &mut **d)
+        }
+    }
+}
+
+/// Read access to an array's elements as host memory: the buffer itself for a host
+/// array, a staged copy (downloaded under the read lock) for a device array.
+pub(crate) enum HostRead<'a> {
+    Host(MappedRwLockReadGuard<'a, HostBuf>),
+    /// The read lock, held while the staged copy is in use, and the copy.
+    Staged {
+        _lock: RwLockReadGuard<'a, Storage>,
+        buf: HostBuf,
+    },
+}
+
+impl Deref for HostRead<'_> {
+    type Target = HostBuf;
+    fn deref(&self) -> &HostBuf {
+        match self {
+            HostRead::Host(g) => g,
+            HostRead::Staged { buf, .. } => buf,
+        }
+    }
+}
+
+/// Write access to an array's elements as host memory. For a device array it is a
+/// staged copy, written back to the device when the guard drops (under the write lock);
+/// a failed write-back marks the array faulty (see `Inner::fault`).
+pub(crate) enum HostWrite<'a> {
+    Host(MappedRwLockWriteGuard<'a, HostBuf>),
+    Staged { lock: RwLockWriteGuard<'a, Storage>, buf: HostBuf, fault: &'a OnceLock<String>, done: bool },
+}
+
+impl HostWrite<'_> {
+    /// Writes a staged copy back to the device now, so that a failure is this call's
+    /// error (it also marks the array faulty); does nothing for a host array.
+    pub(crate) fn finish(mut self) -> Result<()> {
+        self.write_back()
+    }
+
+    fn write_back(&mut self) -> Result<()> {
+        if let HostWrite::Staged { lock, buf, fault, done } = self
+            && !*done
+        {
+            *done = true;
+            if let Storage::Device(d) = &mut **lock
+                && let Err(e) = d.write_from_host(buf.bytes())
+            {
+                let _ = fault.set(format!("writing the array back to its device failed: {e}"));
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Deref for HostWrite<'_> {
+    type Target = HostBuf;
+    fn deref(&self) -> &HostBuf {
+        match self {
+            HostWrite::Host(g) => g,
+            HostWrite::Staged { buf, .. } => buf,
+        }
+    }
+}
+
+impl DerefMut for HostWrite<'_> {
+    fn deref_mut(&mut self) -> &mut HostBuf {
+        match self {
+            HostWrite::Host(g) => g,
+            HostWrite::Staged { buf, .. } => buf,
+        }
+    }
+}
+
+impl Drop for HostWrite<'_> {
+    /// A guard dropped without [`HostWrite::finish`] writes back here; a failure can
+    /// only be recorded (the array turns faulty).
+    fn drop(&mut self) {
+        let _ = self.write_back();
+    }
+}
