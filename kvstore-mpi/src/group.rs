@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use kvstore_core::backend::Collective;
-use kvstore_core::{DType, Element, Error, NDArray, Result};
+use kvstore_core::{DType, Element, Error, NDArray, Result, bf16, f16};
 use mpi::collective::SystemOperation;
 use mpi::datatype::Equivalence;
 use mpi::environment::{Threading, Universe};
@@ -200,6 +200,16 @@ fn read_wire<W: Element>(a: &NDArray) -> Result<Vec<W>> {
     if a.dtype() == W::DTYPE { a.with_data(|s: &[W]| s.to_vec()) } else { a.to_vec::<W>() }
 }
 
+/// Writes `part` (summed on the wire) into `dst` from element `off` on, rounding each
+/// value to `T` as `NDArray::as_type` does.
+fn store_piece<W: Element, T: Element>(dst: &NDArray, off: usize, part: &[W]) -> Result<()> {
+    dst.with_data_mut(|d: &mut [T]| {
+        for (o, &x) in d[off..off + part.len()].iter_mut().zip(part) {
+            *o = T::from_f64(x.to_f64());
+        }
+    })
+}
+
 fn write_wire<W: Element>(a: &NDArray, data: &[W]) -> Result<()> {
     if a.dtype() == W::DTYPE {
         a.with_data_mut(|s: &mut [W]| s.copy_from_slice(data))
@@ -310,13 +320,12 @@ impl MpiGroup {
         for &(p, off, len) in pending {
             let dst = pairs[p].1;
             let part = &recv[at..at + len];
-            if dst.dtype() == W::DTYPE {
-                dst.with_data_mut(|d: &mut [W]| d[off..off + len].copy_from_slice(part))?;
-            } else {
-                // f16/bf16 travel as f32: convert the summed piece back.
-                let mut whole = read_wire::<W>(dst)?;
-                whole[off..off + len].copy_from_slice(part);
-                write_wire(dst, &whole)?;
+            match dst.dtype() {
+                d if d == W::DTYPE => dst.with_data_mut(|d: &mut [W]| d[off..off + len].copy_from_slice(part))?,
+                // f16/bf16 travel as f32: only the summed piece is converted back.
+                DType::F16 => store_piece::<W, f16>(dst, off, part)?,
+                DType::BF16 => store_piece::<W, bf16>(dst, off, part)?,
+                d => return Err(Error::Internal(format!("mpi: {d} does not travel as {}", W::DTYPE))),
             }
             at += len;
         }

@@ -3,7 +3,9 @@
 //! the device, among those its values come from, that holds the fewest bytes of keys so
 //! far, biggest keys first (MXNet's `CommDevice::InitMergeBuffer`); the store moves the
 //! key there, and from then on the key's sums (the device backend's kernel), updates
-//! and pulls run from that device. On cpu contexts it sums exactly as [`CommCpu`].
+//! and pulls run from that device. Values pushed from other devices are copied to the
+//! key's device (peer to peer) into buffers kept per key, so the kernel sums inputs
+//! that are all in place. On cpu contexts it sums exactly as [`CommCpu`].
 
 use std::collections::HashMap;
 
@@ -12,6 +14,7 @@ use parking_lot::Mutex;
 use super::{BroadcastJob, Comm, CommCpu, PushKey, ReduceJob};
 use crate::context::Context;
 use crate::error::Result;
+use crate::ndarray::NDArray;
 
 /// The `device` store's `Comm`: places keys on the devices of their values and sums
 /// them there.
@@ -23,8 +26,15 @@ pub struct CommDevice {
     load: Mutex<HashMap<Context, usize>>,
 }
 
-/// In a key's [`KeyBuffers`](super::KeyBuffers): the key has been given its device.
-struct Placed;
+/// What a `CommDevice` keeps in a key's [`KeyBuffers`](super::KeyBuffers).
+#[derive(Default)]
+struct DeviceKey {
+    /// The key has been given its device.
+    placed: bool,
+    /// Copies on the key's device of the values pushed from other devices, one per
+    /// position, made at first use and reused.
+    peers: Vec<Option<NDArray>>,
+}
 
 impl CommDevice {
     /// A `CommDevice` whose host work runs on the process's shared pool (`threads` 0)
@@ -66,7 +76,7 @@ impl Comm for CommDevice {
         let mut new: Vec<usize> = (0..keys.len())
             .filter(|&i| {
                 let k = &mut keys[i];
-                !k.buffers.is::<Placed>() && k.values.iter().any(|a| a.on_device())
+                !k.buffers.get_or_insert_with(DeviceKey::default).placed && k.values.iter().any(|a| a.on_device())
             })
             .collect();
         if new.is_empty() {
@@ -79,10 +89,38 @@ impl Comm for CommDevice {
             let Some(home) = devices.min_by_key(|c| (load.get(c).copied().unwrap_or(0), c.device_id())) else {
                 continue;
             };
-            keys[i].buffers.get_or_insert_with(|| Placed);
+            keys[i].buffers.get_or_insert_with(DeviceKey::default).placed = true;
             *load.entry(home).or_insert(0) += bytes(&keys[i]);
             homes[i] = Some(home);
         }
         Ok(homes)
+    }
+
+    /// Values on devices other than the key's are copied to the key's device into the
+    /// key's peer buffers; the sum then reads every input where it is.
+    fn stage(&self, key: &mut PushKey<'_, '_>) -> Result<Option<Vec<NDArray>>> {
+        let home = key.value.context();
+        let foreign = |a: &NDArray| a.on_device() && a.context() != home;
+        if home.is_cpu() || !key.values.iter().any(|a| foreign(a)) {
+            return Ok(None);
+        }
+        let peers = &mut key.buffers.get_or_insert_with(DeviceKey::default).peers;
+        let mut out = Vec::with_capacity(key.values.len());
+        for (j, &a) in key.values.iter().enumerate() {
+            if !foreign(a) {
+                out.push(a.clone());
+                continue;
+            }
+            if peers.len() <= j {
+                peers.resize(j + 1, None);
+            }
+            let buf = match &peers[j] {
+                Some(b) if b.context() == home && b.shape() == a.shape() && b.dtype() == a.dtype() => b.clone(),
+                _ => peers[j].insert(NDArray::zeros_with(a.shape(), a.dtype(), home)?).clone(),
+            };
+            buf.copy_from(a)?;
+            out.push(buf);
+        }
+        Ok(Some(out))
     }
 }
