@@ -20,7 +20,14 @@ if [ "$status" -ne 0 ] || [ -z "$bin" ]; then
     echo "mpi: 0 passed, 1 failed"
     exit 1
 fi
-cargo build -q -p kvstore-mpi --features mpi --example early_exit 2>>"$logs/mpi-build.log"
+# The fixture of a worker that dies mid-job (a test target that plain `cargo test` skips).
+early_exit=$(cargo test -p kvstore-mpi --features mpi --test early_exit --no-run --message-format=json \
+    2>>"$logs/mpi-build.log" | python3 scripts/cargo-executables.py | awk '$1 == "early_exit" { print $2 }')
+if [ -z "$early_exit" ]; then
+    tail -n 30 "$logs/mpi-build.log"
+    echo "mpi: 0 passed, 1 failed"
+    exit 1
+fi
 
 passed=0
 failed=0
@@ -74,7 +81,7 @@ fi
 
 # A worker that dies mid-job: the job must end, with an error, within seconds.
 start=$(date +%s)
-timeout 60 "${MPIRUN[@]}" -np 2 target/debug/examples/early_exit >"$logs/mpi-early-exit.log" 2>&1
+timeout 60 "${MPIRUN[@]}" -np 2 "$early_exit" >"$logs/mpi-early-exit.log" 2>&1
 rc=$?
 elapsed=$(($(date +%s) - start))
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$elapsed" -lt 30 ] && ! grep -q "push returned" "$logs/mpi-early-exit.log"; then

@@ -7,6 +7,10 @@ use std::hint::black_box;
 
 use kvstore_core::{Context, DType, KVStore, NDArray};
 
+// The bench helpers shared with the MPI and GPU benches; this report only times.
+#[allow(dead_code)]
+mod common;
+
 const BIG: usize = 4 << 20; // 4 Mi f32 = 16 MiB per array
 const D: usize = 4; // devices
 const SMALL_KEYS: usize = 1000;
@@ -14,7 +18,7 @@ const SMALL: usize = 1 << 10; // 1 Ki f32
 
 /// Median of `runs` timings of `f` in seconds, after `warm` untimed calls.
 fn median(warm: usize, runs: usize, f: impl FnMut()) -> f64 {
-    kvstore_tests::bench::median(warm, runs, || {}, f)
+    common::median(warm, runs, || {}, f)
 }
 
 struct Row {

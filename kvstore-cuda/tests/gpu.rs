@@ -1,16 +1,36 @@
 //! kvstore-cuda against a real GPU: the same device checks as the simulated backend
-//! (`kvstore_tests::device_checks`): every conformance case on `gpu(i)` contexts, sums
-//! bit-identical to the host for every dtype, mixed host and GPU values, peer copies.
+//! (`kvstore_tests::device_checks`): every conformance case on `gpu(i)` contexts, with
+//! `local` and `device` stores, and the property tests against the reference model
+//! (both from `kvstore_tests::backend_tests!`, as in the CPU and simulated-device
+//! binaries), sums bit-identical to the host for every dtype, mixed host and GPU values,
+//! peer copies.
 //! Without a CUDA device each test prints `SKIP: no CUDA device` and passes;
 //! `KVSTORE_REQUIRE_CUDA=1` makes that a failure. The first test runs everywhere: no
 //! CUDA is a clear error, never a panic.
 
 use kvstore_core::{Context, DType, ErrorKind, KVStore, NDArray};
+use kvstore_tests::Gpus;
 use kvstore_tests::device_checks::{self, bits, push_sum, values};
 
 fn gpus() -> Option<u32> {
     kvstore_cuda::register().ok()?;
     Some(kvstore_cuda::device_count() as u32)
+}
+
+// The shared conformance cases on every GPU, with `local` stores and with `device`
+// stores (`gpu_local_store::case_01_init_then_pull`, ...), and the property tests with
+// every array on the GPUs (`gpus::random_call_sequences_agree_with_the_model`, ...).
+kvstore_tests::backend_tests!(gpu_local_store = available cuda_gpus(module_path!(), false); cases);
+kvstore_tests::backend_tests!(gpu_device_store = available cuda_gpus(module_path!(), true); cases);
+kvstore_tests::backend_tests!(gpus = available cuda_gpus(module_path!(), false); properties);
+
+/// The GPUs, for the tests of `module`; `None` after printing `SKIP: no CUDA device`
+/// where there is none (a failure under `KVSTORE_REQUIRE_CUDA=1`).
+fn cuda_gpus(module: &str, device_store: bool) -> Option<Gpus> {
+    if !kvstore_cuda::gpu_or_skip(module) {
+        return None;
+    }
+    Some(Gpus { count: gpus().expect("register"), device_store })
 }
 
 #[test]
@@ -28,14 +48,6 @@ fn without_cuda_every_gpu_call_is_a_clear_error() {
     assert_eq!(e.kind(), ErrorKind::DeviceUnavailable);
     let kv = KVStore::create("device").expect("store");
     assert_eq!(kv.init("w", &NDArray::zeros(&[2]).expect("w")).map(|()| kv.keys().len()).expect("init"), 1);
-}
-
-#[test]
-fn every_conformance_case_passes_on_gpus() {
-    if !kvstore_cuda::gpu_or_skip("every_conformance_case_passes_on_gpus") {
-        return;
-    }
-    device_checks::every_case_on_devices(gpus().expect("register"));
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //! It is the only crate of the workspace with `extern "system"` functions. Each one is a
 //! thin shim: it converts its arguments, calls a plain-Rust function that returns a
 //! `Result`, and maps the error. The contract with Java (native signatures, codes,
-//! handles, errors) is `NATIVES.md` beside this crate's `Cargo.toml`. From Java:
+//! handles, errors) is `NATIVES.md` beside this crate's `Cargo.toml`; the Java sources
+//! are beside it too, in `java/` (`src/`, `test/`, `examples/`, `bench/`). From Java:
 //!
 //! ```java
 //! try (KVStore kv = KVStore.create("local"); NDArray a = NDArray.ones(2, 3)) {
@@ -26,7 +27,11 @@
 //! with a Java exception, on a thread that is nearly out of stack.
 //!
 //! # Features
-//! None yet. GPU (kvstore-cuda) and MPI (kvstore-mpi) support come as features later.
+//! - `cuda` (on by default): GPU arrays through kvstore-cuda. CUDA is loaded at run time,
+//!   so the library builds and loads without it and answers `DEVICE_UNAVAILABLE`, with
+//!   the reason, on machines that lack it.
+//! - `mpi`: `dist_sync` over MPI (kvstore-mpi's `mpi` feature); the library then links
+//!   Open MPI's `libmpi`. Without it, `create("dist_sync")` answers `UNSUPPORTED`.
 
 pub mod classes;
 pub mod convert;

@@ -1,6 +1,10 @@
 //! Shared test code of the kvstore workspace: the conformance cases of the reference
-//! (`mxnet-kvstore-semantics.md` §10) written once as functions of a [`Backend`], so
-//! that the CPU, CUDA and MPI test files run the same cases.
+//! (`mxnet-kvstore-semantics.md` §10) and the property tests against a reference model
+//! ([`properties`]), written once as functions of a [`Backend`]; [`backend_tests!`]
+//! makes one `#[test]` of each per backend, so that the CPU, simulated-device and CUDA
+//! test binaries run the same tests from one list (as candle's `test_device!`). The
+//! `dist_sync` cases ([`dist_cases`]) are functions of a worker, for the thread and MPI
+//! runners.
 
 use std::sync::{Arc, Mutex};
 
@@ -17,6 +21,10 @@ pub trait Backend {
     fn name(&self) -> &str;
     /// A store of `kind` ("local" or "device").
     fn store(&self, kind: &str) -> KVStore;
+    /// The kind of the stores `store(kind)` makes: `kind`, unless the backend maps it.
+    fn store_kind<'a>(&self, kind: &'a str) -> &'a str {
+        kind
+    }
     /// The context of device `i` (values pushed "from several devices").
     fn ctx(&self, i: u32) -> Context;
 }
@@ -50,15 +58,108 @@ impl Backend for Gpus {
         if self.device_store { "gpu (device store)" } else { "gpu (local store)" }
     }
     fn store(&self, kind: &str) -> KVStore {
-        let kind = if self.device_store && kind == "local" { "device" } else { kind };
-        KVStore::create(kind).expect("create a store")
+        KVStore::create(self.store_kind(kind)).expect("create a store")
+    }
+    fn store_kind<'a>(&self, kind: &'a str) -> &'a str {
+        if self.device_store && kind == "local" { "device" } else { kind }
     }
     fn ctx(&self, i: u32) -> Context {
         Context::gpu(i % self.count.max(1))
     }
 }
 
+pub mod properties;
 pub mod sim_device;
+
+/// Makes the shared tests of the lists named after `;` (`cases`: the conformance cases,
+/// `properties`: the property tests of [`properties`]) into tests of one backend: one
+/// `#[test]` per shared function, by its name, in a module `$module`. Each list is
+/// written once, here, and every backend's binary runs it.
+///
+/// `$backend` is evaluated in each test, inside `$module` (so it sees the items of the
+/// module around it), and gives the [`Backend`]: `cpu = Cpu` makes the tests
+/// `cpu::case_01_init_then_pull` and so on. After `available` it gives an `Option` of
+/// one instead: `None` skips the test, for machines without the device (the expression
+/// prints why, as kvstore-cuda's GPU tests print `SKIP: no CUDA device`).
+///
+/// ```
+/// use kvstore_tests::Gpus;
+///
+/// kvstore_tests::backend_tests!(cpu = kvstore_tests::Cpu; cases, properties);
+/// kvstore_tests::backend_tests!(gpu_device_store = available gpus(true); cases);
+///
+/// /// The devices, or `None` (after printing why) where there are none.
+/// fn gpus(device_store: bool) -> Option<Gpus> {
+///     Some(Gpus { count: 4, device_store })
+/// }
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! backend_tests {
+    ($module:ident = available $backend:expr; $($list:ident),+ $(,)?) => {
+        mod $module {
+            #[allow(unused_imports)]
+            use super::*;
+
+            /// The backend of this module's tests, or `None` where the machine lacks it.
+            fn backend() -> ::core::option::Option<impl $crate::Backend> {
+                $backend
+            }
+
+            $($crate::backend_tests! { @$list tests })+
+        }
+    };
+    ($module:ident = $backend:expr; $($list:ident),+ $(,)?) => {
+        $crate::backend_tests!($module = available ::core::option::Option::Some($backend); $($list),+);
+    };
+
+    // The lists. `tests` makes the tests; `names` their names, for the check that every
+    // shared case is listed.
+    (@cases $then:ident) => {
+        $crate::backend_tests! { @$then $crate;
+            case_01_init_then_pull,
+            case_02_push_assigns,
+            case_03_push_from_devices_sums_and_pull_broadcasts,
+            case_04_updater_merges_later_pushes,
+            case_05_list_push_with_updater,
+            case_06_clojure_tutorial_string_keys,
+            case_07_aggregate_four_devices,
+            case_08_repeated_keys_group_and_sum,
+            case_09_updater_call_log,
+            case_10_updater_index_is_first_init_order,
+            case_11_errors,
+            case_14_pushpull_in_place,
+            case_15_broadcast,
+            case_16_f16_sums_accumulate_in_f32,
+            case_17_f32_sums_run_left_to_right,
+            case_18_push_copies,
+            case_22_metadata,
+        }
+    };
+    (@properties $then:ident) => {
+        $crate::backend_tests! { @$then $crate::properties;
+            random_call_sequences_agree_with_the_model,
+            an_init_list_with_one_bad_key_inits_nothing,
+            a_push_list_with_one_bad_entry_pushes_nothing,
+            big_pushes_give_the_naive_sum_bit_for_bit_for_any_thread_count,
+        }
+    };
+
+    (@tests $shared:path; $($test:ident),+ $(,)?) => {
+        $(
+            #[test]
+            fn $test() {
+                use $shared as shared;
+                if let ::core::option::Option::Some(backend) = backend() {
+                    shared::$test(&backend);
+                }
+            }
+        )+
+    };
+    (@names $shared:path; $($test:ident),+ $(,)?) => {
+        &[$(::core::stringify!($test)),+]
+    };
+}
 
 /// A folder of one test in the system's temp dir, removed (with what the test left in
 /// it) when dropped, so that no run leaves files behind.
@@ -94,23 +195,6 @@ impl Drop for TempDir {
 /// functions, so a GPU run checks exactly what the simulated run checks.
 pub mod device_checks {
     use kvstore_core::{Context, DType, KVStore, NDArray};
-
-    use crate::{Backend, CASES, Gpus};
-
-    /// Every conformance case on `gpu(i % count)` contexts, with `local` stores and
-    /// with `device` stores.
-    pub fn every_case_on_devices(count: u32) {
-        for device_store in [false, true] {
-            let b = Gpus { count, device_store };
-            for (name, case) in CASES {
-                if device_store && *name == "case_22_metadata" {
-                    continue; // it checks the kind "local" by name
-                }
-                let run = std::panic::catch_unwind(|| case(&b));
-                assert!(run.is_ok(), "{name} failed on {}", b.name());
-            }
-        }
-    }
 
     /// Deterministic values of `dtype` with mixed signs and magnitudes (so that the f32
     /// accumulation order of f16/bf16 shows in the bits).
@@ -554,7 +638,7 @@ pub fn case_18_push_copies(b: &dyn Backend) {
 /// Case 22: metadata; unknown kinds are errors (MXNet made them local stores).
 pub fn case_22_metadata(b: &dyn Backend) {
     let kv = b.store("local");
-    assert_eq!((kv.kind(), kv.rank(), kv.num_workers()), ("local", 0, 1));
+    assert_eq!((kv.kind(), kv.rank(), kv.num_workers()), (b.store_kind("local"), 0, 1));
     assert_eq!(b.store("LOCAL").kind(), "local");
     assert_eq!(b.store("device").kind(), "device");
     assert!(kv.barrier().is_ok());
@@ -567,30 +651,6 @@ pub fn case_22_metadata(b: &dyn Backend) {
     assert_eq!(KVStore::create("dist_sync").expect_err("no mpi").kind(), ErrorKind::Unsupported);
     assert_eq!(KVStore::create("nccl").expect_err("no nccl").kind(), ErrorKind::Unsupported);
 }
-
-/// A conformance case: a function of the backend.
-pub type Case = fn(&dyn Backend);
-
-/// Every case, by name, for backends that run them all in one test.
-pub const CASES: &[(&str, Case)] = &[
-    ("case_01_init_then_pull", case_01_init_then_pull),
-    ("case_02_push_assigns", case_02_push_assigns),
-    ("case_03_push_from_devices_sums_and_pull_broadcasts", case_03_push_from_devices_sums_and_pull_broadcasts),
-    ("case_04_updater_merges_later_pushes", case_04_updater_merges_later_pushes),
-    ("case_05_list_push_with_updater", case_05_list_push_with_updater),
-    ("case_06_clojure_tutorial_string_keys", case_06_clojure_tutorial_string_keys),
-    ("case_07_aggregate_four_devices", case_07_aggregate_four_devices),
-    ("case_08_repeated_keys_group_and_sum", case_08_repeated_keys_group_and_sum),
-    ("case_09_updater_call_log", case_09_updater_call_log),
-    ("case_10_updater_index_is_first_init_order", case_10_updater_index_is_first_init_order),
-    ("case_11_errors", case_11_errors),
-    ("case_14_pushpull_in_place", case_14_pushpull_in_place),
-    ("case_15_broadcast", case_15_broadcast),
-    ("case_16_f16_sums_accumulate_in_f32", case_16_f16_sums_accumulate_in_f32),
-    ("case_17_f32_sums_run_left_to_right", case_17_f32_sums_run_left_to_right),
-    ("case_18_push_copies", case_18_push_copies),
-    ("case_22_metadata", case_22_metadata),
-];
 
 /// A worker group of threads in one process: each thread is a worker with its own
 /// store, and the collective operations meet at barriers. It runs the `dist_sync`
@@ -809,45 +869,37 @@ pub mod dist_cases {
     }
 }
 
-/// Helpers of the bench binaries outside criterion (the MPI and GPU benches): timing and
-/// the JSON rows that `make bench`'s report reads.
-pub mod bench {
-    use std::time::Instant;
+/// The bench helpers, for the bench binaries outside criterion (the MPI and GPU benches).
+#[path = "../../kvstore-core/benches/common/mod.rs"]
+pub mod bench;
 
-    /// The median of `runs` timings of `f` in seconds, after `warm` untimed calls;
-    /// `before` runs untimed before each timed call (an MPI barrier).
-    pub fn median(warm: usize, runs: usize, mut before: impl FnMut(), mut f: impl FnMut()) -> f64 {
-        for _ in 0..warm {
-            f();
-        }
-        let mut t: Vec<f64> = (0..runs)
-            .map(|_| {
-                before();
-                let s = Instant::now();
-                f();
-                s.elapsed().as_secs_f64()
-            })
+#[cfg(test)]
+mod tests {
+    /// The names of the `pub fn`s of `source` that start with `prefix`, sorted.
+    fn shared(source: &str, prefix: &str) -> Vec<String> {
+        let mut names: Vec<String> = source
+            .lines()
+            .filter_map(|l| l.strip_prefix("pub fn "))
+            .filter(|l| l.starts_with(prefix))
+            .map(|l| l.split('(').next().unwrap_or(l).to_string())
             .collect();
-        t.sort_by(f64::total_cmp);
-        t[t.len() / 2]
+        names.sort_unstable();
+        names
     }
 
-    /// Writes rows `(name, median seconds, limit seconds)` as the report's JSON.
-    ///
-    /// # Errors
-    /// The file cannot be written.
-    pub fn write_rows(path: &str, rows: &[(String, f64, Option<f64>)]) -> kvstore_core::Result<()> {
-        let json: Vec<String> = rows
-            .iter()
-            .map(|(name, m, limit)| {
-                let limit = limit.map_or("null".to_string(), |l| format!("{l:.9e}"));
-                format!("{{\"name\": \"{name}\", \"median_s\": {m:.9e}, \"limit_s\": {limit}}}")
-            })
-            .collect();
-        let io = |e| kvstore_core::Error::Io { context: format!("write {path}"), source: e };
-        if let Some(dir) = std::path::Path::new(path).parent() {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
-        std::fs::write(path, format!("[\n{}\n]\n", json.join(",\n"))).map_err(io)
+    fn sorted(names: &[&str]) -> Vec<String> {
+        let mut names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// A case or property written but missing from `backend_tests!`'s lists would run
+    /// on no backend.
+    #[test]
+    fn every_shared_case_and_property_is_in_the_backend_tests_lists() {
+        let cases: &[&str] = crate::backend_tests!(@cases names);
+        assert_eq!(sorted(cases), shared(include_str!("lib.rs"), "case_"));
+        let properties: &[&str] = crate::backend_tests!(@properties names);
+        assert_eq!(sorted(properties), shared(include_str!("properties.rs"), ""));
     }
 }

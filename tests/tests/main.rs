@@ -4,7 +4,6 @@
 //! concurrency.
 
 mod concurrency;
-mod conformance_cpu;
 mod differences;
 mod dist;
 mod errors;
@@ -12,9 +11,8 @@ mod golden;
 mod hostile;
 mod optimizer_states;
 mod optimizers;
-mod properties;
 
-/// The property tests run on `cpu(i)` contexts here.
-fn property_devices() -> Option<u32> {
-    Some(0)
-}
+// The shared conformance cases of the reference (§10) and the property tests against the
+// reference model, on `cpu(i)` contexts: one test per shared function, by its name
+// (`cpu::case_01_init_then_pull`, `cpu::random_call_sequences_agree_with_the_model`, ...).
+kvstore_tests::backend_tests!(cpu = kvstore_tests::Cpu; cases, properties);

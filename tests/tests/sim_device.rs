@@ -1,30 +1,55 @@
 //! Core's device paths on the simulated device backend (`kvstore_tests::sim_device`,
 //! device memory that is host memory): every conformance case on `gpu(i)` contexts
-//! with `local` and `device` stores, results bit-identical to the host for every dtype
+//! with `local` and `device` stores, the property tests on `gpu(i)`, results bit-identical to the host for every dtype
 //! through the reduction kernel and through host staging, mixed host and device
 //! values, NDArray ops on device arrays, device-to-device copies, unknown devices, and
 //! a device that fails a write. The CUDA backend runs the same cases on a real GPU.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, MutexGuard, OnceLock};
 
 use kvstore_core::{Context, DType, ErrorKind, KVStore, NDArray};
 use kvstore_tests::device_checks::{self, bits, push_sum, values};
 use kvstore_tests::sim_device::SimDevice;
+use kvstore_tests::{Backend, Gpus};
 
 const DEVICES: u32 = 4;
 /// The device of the write-failure test.
 const FAULTY: u32 = DEVICES;
 
-/// The property tests against the reference model (tests/properties.rs), on the
-/// simulated devices.
-#[path = "properties.rs"]
-mod properties;
+// The shared conformance cases on `gpu(0)` to `gpu(3)`, with `local` stores and with
+// `device` stores (`gpu_local_store::case_01_init_then_pull`, ...), and the property
+// tests on the same devices (`gpus::random_call_sequences_agree_with_the_model`, ...).
+kvstore_tests::backend_tests!(gpu_local_store = sim_gpus(false); cases);
+kvstore_tests::backend_tests!(gpu_device_store = sim_gpus(true); cases);
+kvstore_tests::backend_tests!(gpus = { sim(); Gpus { count: DEVICES, device_store: false } }; properties);
 
-/// The property tests run on `gpu(0)` to `gpu(3)` of the simulated backend here.
-fn property_devices() -> Option<u32> {
+/// The simulated devices for a conformance case, holding the switches while it runs, so
+/// that no test flips them or counts the backend's calls meanwhile.
+struct SimGpus {
+    gpus: Gpus,
+    _switches: MutexGuard<'static, ()>,
+}
+
+fn sim_gpus(device_store: bool) -> SimGpus {
+    let switches = switches();
     sim();
-    Some(DEVICES)
+    SimGpus { gpus: Gpus { count: DEVICES, device_store }, _switches: switches }
+}
+
+impl Backend for SimGpus {
+    fn name(&self) -> &str {
+        self.gpus.name()
+    }
+    fn store(&self, kind: &str) -> KVStore {
+        self.gpus.store(kind)
+    }
+    fn store_kind<'a>(&self, kind: &'a str) -> &'a str {
+        self.gpus.store_kind(kind)
+    }
+    fn ctx(&self, i: u32) -> Context {
+        self.gpus.ctx(i)
+    }
 }
 
 /// The backend, installed once for this process.
@@ -40,16 +65,9 @@ fn sim() -> &'static Arc<SimDevice> {
 }
 
 /// Serialises the tests that switch the backend's kernel or fault switches.
-fn switches() -> std::sync::MutexGuard<'static, ()> {
+fn switches() -> MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-#[test]
-fn every_conformance_case_passes_on_device_contexts() {
-    let _s = switches();
-    sim();
-    device_checks::every_case_on_devices(DEVICES);
 }
 
 #[test]

@@ -7,9 +7,12 @@
 //! values), so that every sum is exact and the only rounding is the one the store does
 //! on purpose: once per sum and once per update, to the key's dtype. The model rounds
 //! the same way and must agree with the store bit for bit after every call.
+//!
+//! Each property is a function of a [`Backend`], whose `ctx(i)` places the arrays of a
+//! call (`cpu(i)`, or `gpu(i)` of the simulated or CUDA devices); `backend_tests!`
+//! makes them tests of each backend.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kvstore_core::{Context, DType, Element, ErrorKind, KVStore, Key, Keys, NDArray, Updater, Values, bf16, f16};
@@ -18,32 +21,7 @@ use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::TestCaseError;
 
-// ----- contexts -----
-
-/// The devices the arrays of these tests spread over: 0 puts them on `cpu(i)` contexts.
-/// The binaries that include this module say which through `property_devices` (the
-/// simulated device backend's binary and kvstore-cuda's GPU binary run it on `gpu(i)`).
-static DEVICES: AtomicU32 = AtomicU32::new(0);
-
-/// The context of the `i`-th array of a call.
-fn ctx(i: usize) -> Context {
-    match DEVICES.load(Ordering::Relaxed) {
-        0 => Context::cpu(i as u32),
-        n => Context::gpu(i as u32 % n),
-    }
-}
-
-/// Takes the including binary's devices; `false` when it has none to run on (the test
-/// then passes without running: the binary has printed why).
-fn devices_ready() -> bool {
-    match super::property_devices() {
-        Some(n) => {
-            DEVICES.store(n, Ordering::Relaxed);
-            true
-        }
-        None => false,
-    }
-}
+use crate::Backend;
 
 // ----- data -----
 
@@ -254,14 +232,14 @@ impl Model {
 
 /// Pulls every key of the model from the store and compares exactly; also the key order
 /// and the updater calls since the last check.
-fn check_store(kv: &KVStore, model: &mut Model, step: usize) -> Result<(), TestCaseError> {
+fn check_store(b: &dyn Backend, kv: &KVStore, model: &mut Model, step: usize) -> Result<(), TestCaseError> {
     let keys: Vec<String> = kv.keys().iter().map(|k| k.as_str().to_owned()).collect();
     prop_assert_eq!(&keys, &model.order, "step {}: the store's keys", step);
     let updates = std::mem::take(&mut *model.updates.lock().unwrap_or_else(PoisonError::into_inner));
     prop_assert_eq!(updates, std::mem::take(&mut model.expected_updates), "step {}: updater calls", step);
     for name in &model.order {
         let slot = &model.slots[name];
-        let out = NDArray::zeros_with(&slot.spec.shape, slot.spec.dtype, ctx(0))?;
+        let out = NDArray::zeros_with(&slot.spec.shape, slot.spec.dtype, b.ctx(0))?;
         kv.pull(name.as_str(), &out, 0)?;
         prop_assert_eq!(out.to_f64_vec()?, slot.values.clone(), "step {}: key {:?}", step, name);
     }
@@ -436,7 +414,9 @@ impl Built {
 
 /// Builds one side of a call. `spec_of(k)` is the spec the arrays of key `k` must have;
 /// `share` makes the first two arrays one handle when they have the same spec.
+#[allow(clippy::too_many_arguments, reason = "one side of a call: where its arrays go, how they are shaped and filled")]
 fn side(
+    b: &dyn Backend,
     rng: &mut Rng,
     call: &Call,
     layout: &Layout,
@@ -469,7 +449,8 @@ fn side(
     }
     let mut data: Vec<Vec<f64>> =
         specs.iter().map(|s| (0..s.size()).map(|_| fill.value(rng, s.dtype)).collect()).collect();
-    let mut arrays: Vec<NDArray> = specs.iter().zip(&data).map(|(s, d)| array(s, d, ctx(rng.below(4)))).collect();
+    let mut arrays: Vec<NDArray> =
+        specs.iter().zip(&data).map(|(s, d)| array(s, d, b.ctx(rng.below(4) as u32))).collect();
     if share && total >= 2 && specs[0] == specs[1] {
         data[1] = data[0].clone();
         arrays[1] = arrays[0].clone();
@@ -572,13 +553,13 @@ fn scribble(side: &Side) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn run_op(kv: &KVStore, model: &mut Model, op: &Op, step: usize) -> Result<(), TestCaseError> {
+fn run_op(b: &dyn Backend, kv: &KVStore, model: &mut Model, op: &Op, step: usize) -> Result<(), TestCaseError> {
     match op {
         Op::Init { keys, values, specs, fault, seed } => {
             let rng = &mut Rng(*seed);
             let call = resolve(model, keys);
             // A shape or dtype "fault" is no mistake for init: it only varies the spec.
-            let values = side(rng, &call, values, *fault, &|k| specs[k % specs.len()].clone(), Fill::Stored, false);
+            let values = side(b, rng, &call, values, *fault, &|k| specs[k % specs.len()].clone(), Fill::Stored, false);
             let possible = init_errors(model, &call, &values);
             if outcome(kv.init(call.keys.clone(), values.built.values()), &possible, step)? {
                 for ((&k, spec), data) in
@@ -594,7 +575,7 @@ fn run_op(kv: &KVStore, model: &mut Model, op: &Op, step: usize) -> Result<(), T
             let rng = &mut Rng(*seed);
             let call = resolve(model, keys);
             let values =
-                side(rng, &call, values, Fault::None, &|k| specs[k % specs.len()].clone(), Fill::Stored, false);
+                side(b, rng, &call, values, Fault::None, &|k| specs[k % specs.len()].clone(), Fill::Stored, false);
             let fallback = any_spec(rng);
             let value_spec = |k: usize| {
                 let owners = values.owners.as_deref().unwrap_or_default();
@@ -602,7 +583,7 @@ fn run_op(kv: &KVStore, model: &mut Model, op: &Op, step: usize) -> Result<(), T
                 let first = owners.iter().position(|&o| call.names[o] == call.names[k]);
                 first.map_or_else(|| fallback.clone(), |p| values.specs[p].clone())
             };
-            let outs = side(rng, &call, outs, *fault, &value_spec, Fill::Out, false);
+            let outs = side(b, rng, &call, outs, *fault, &value_spec, Fill::Out, false);
             let mut possible: Vec<ErrorKind> = outs.owners.as_ref().err().copied().into_iter().collect();
             possible.extend(init_errors(model, &call, &values));
             possible.extend(outs.fault.map(|(_, kind)| kind));
@@ -625,7 +606,7 @@ fn run_op(kv: &KVStore, model: &mut Model, op: &Op, step: usize) -> Result<(), T
             let call = resolve(model, keys);
             let fallback = any_spec(rng);
             let spec_of = |k: usize| model.spec(&call.names[k]).unwrap_or_else(|| fallback.clone());
-            let values = side(rng, &call, values, *fault, &spec_of, Fill::Pushed, *share);
+            let values = side(b, rng, &call, values, *fault, &spec_of, Fill::Pushed, *share);
             let possible = access_errors(model, &call, &[&values]);
             if outcome(kv.push(call.keys.clone(), values.built.values(), 0), &possible, step)? {
                 model.push_all(&call.names, values.owners.as_deref().unwrap_or_default(), &values.data);
@@ -638,7 +619,7 @@ fn run_op(kv: &KVStore, model: &mut Model, op: &Op, step: usize) -> Result<(), T
             let call = resolve(model, keys);
             let fallback = any_spec(rng);
             let spec_of = |k: usize| model.spec(&call.names[k]).unwrap_or_else(|| fallback.clone());
-            let outs = side(rng, &call, outs, *fault, &spec_of, Fill::Out, false);
+            let outs = side(b, rng, &call, outs, *fault, &spec_of, Fill::Out, false);
             let possible = access_errors(model, &call, &[&outs]);
             if outcome(kv.pull(call.keys.clone(), outs.built.values(), 0), &possible, step)? {
                 holds_model(&outs, model, &call, step, "pull out")?;
@@ -652,8 +633,8 @@ fn run_op(kv: &KVStore, model: &mut Model, op: &Op, step: usize) -> Result<(), T
             let fallback = any_spec(rng);
             let spec_of = |k: usize| model.spec(&call.names[k]).unwrap_or_else(|| fallback.clone());
             let (value_fault, out_fault) = if *on_outs { (Fault::None, *fault) } else { (*fault, Fault::None) };
-            let values = side(rng, &call, values, value_fault, &spec_of, Fill::Pushed, *share);
-            let outs = side(rng, &call, outs, out_fault, &spec_of, Fill::Out, false);
+            let values = side(b, rng, &call, values, value_fault, &spec_of, Fill::Pushed, *share);
+            let outs = side(b, rng, &call, outs, out_fault, &spec_of, Fill::Out, false);
             let possible = access_errors(model, &call, &[&values, &outs]);
             let result = kv.pushpull(call.keys.clone(), values.built.values(), outs.built.values(), 0);
             if outcome(result, &possible, step)? {
@@ -669,7 +650,7 @@ fn run_op(kv: &KVStore, model: &mut Model, op: &Op, step: usize) -> Result<(), T
             let call = resolve(model, keys);
             let fallback = any_spec(rng);
             let spec_of = |k: usize| model.spec(&call.names[k]).unwrap_or_else(|| fallback.clone());
-            let values = side(rng, &call, values, *fault, &spec_of, Fill::Pushed, false);
+            let values = side(b, rng, &call, values, *fault, &spec_of, Fill::Pushed, false);
             let possible = access_errors(model, &call, &[&values]);
             if outcome(kv.pushpull_in_place(call.keys.clone(), values.built.values(), 0), &possible, step)? {
                 model.push_all(&call.names, values.owners.as_deref().unwrap_or_default(), &values.data);
@@ -767,46 +748,38 @@ fn op() -> impl Strategy<Value = Op> {
 
 // ----- properties -----
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
-
-    #[test]
-    fn random_call_sequences_agree_with_the_model(
+/// Random sequences of calls, valid and invalid, in every list form, agree with the
+/// model after every call, on every kind of store and thread count.
+pub fn random_call_sequences_agree_with_the_model(b: &dyn Backend) {
+    proptest!(ProptestConfig::with_cases(256), |(
         kind in select(vec!["local", "device", "LOCAL_UPDATE_CPU"]),
         threads in 0usize..=2,
         accumulating in any::<bool>(),
         first in init_op(Just(Fault::None)),
         ops in vec(op(), 1..48),
-    ) {
-        if !devices_ready() {
-            return Ok(());
-        }
+    )| {
         let kv = KVStore::builder(kind).num_threads(threads).build()?;
         let mut model = Model::default();
-        run_op(&kv, &mut model, &Op::SetUpdater(accumulating), 0)?;
+        run_op(b, &kv, &mut model, &Op::SetUpdater(accumulating), 0)?;
         for (step, op) in std::iter::once(&first).chain(&ops).enumerate() {
-            run_op(&kv, &mut model, op, step + 1)?;
-            check_store(&kv, &mut model, step + 1)?;
+            run_op(b, &kv, &mut model, op, step + 1)?;
+            check_store(b, &kv, &mut model, step + 1)?;
         }
-    }
+    });
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
-
-    #[test]
-    fn an_init_list_with_one_bad_key_inits_nothing(
+/// An init list with one key already held (or repeated) fails and inits none of its
+/// keys; the list without that key goes through.
+pub fn an_init_list_with_one_bad_key_inits_nothing(b: &dyn Backend) {
+    proptest!(ProptestConfig::with_cases(64), |(
         held in 1usize..=3,
         fresh in 1usize..=4,
         at in any::<usize>(),
         duplicate in any::<bool>(),
         spec in spec(),
-    ) {
-        if !devices_ready() {
-            return Ok(());
-        }
+    )| {
         let kv = KVStore::create("local")?;
-        let one = |s: &Spec| array(s, &vec![1.0; s.size()], ctx(0));
+        let one = |s: &Spec| array(s, &vec![1.0; s.size()], b.ctx(0));
         for k in 0..held {
             kv.init(k as i32, &one(&spec))?;
         }
@@ -827,28 +800,28 @@ proptest! {
         keys.remove(at % (fresh + 1));
         kv.init(keys, &values[..fresh])?;
         prop_assert_eq!(kv.keys().len(), before.len() + fresh);
-    }
+    });
+}
 
-    #[test]
-    fn a_push_list_with_one_bad_entry_pushes_nothing(
+/// A push list with one bad entry (an uninitialised key, a wrong shape or dtype) fails
+/// and moves no value; the list without that entry goes through.
+pub fn a_push_list_with_one_bad_entry_pushes_nothing(b: &dyn Backend) {
+    proptest!(ProptestConfig::with_cases(64), |(
         specs in vec(spec(), 1..=4),
         repeats in vec(0usize..4, 0..4),
         at in any::<usize>(),
         mistake in 0usize..3,
         accumulating in any::<bool>(),
         seed in any::<u64>(),
-    ) {
-        if !devices_ready() {
-            return Ok(());
-        }
+    )| {
         let rng = &mut Rng(seed);
         let kv = KVStore::create("local")?;
         let mut model = Model::default();
-        run_op(&kv, &mut model, &Op::SetUpdater(accumulating), 0)?;
+        run_op(b, &kv, &mut model, &Op::SetUpdater(accumulating), 0)?;
         let names: Vec<String> = (0..specs.len()).map(|k| format!("k{k}")).collect();
         for (name, spec) in names.iter().zip(&specs) {
             let data: Vec<f64> = (0..spec.size()).map(|_| Fill::Stored.value(rng, spec.dtype)).collect();
-            kv.init(name.as_str(), &array(spec, &data, ctx(0)))?;
+            kv.init(name.as_str(), &array(spec, &data, b.ctx(0)))?;
             model.init(name, spec.clone(), data);
         }
         // Every key once, then some again: a list with repeats.
@@ -857,7 +830,7 @@ proptest! {
             owners.iter().map(|&k| (0..specs[k].size()).map(|_| Fill::Pushed.value(rng, specs[k].dtype)).collect()).collect();
         let mut keys: Vec<String> = owners.iter().map(|&k| names[k].clone()).collect();
         let mut values: Vec<NDArray> =
-            owners.iter().zip(&data).map(|(&k, d)| array(&specs[k], d, ctx(rng.below(4)))).collect();
+            owners.iter().zip(&data).map(|(&k, d)| array(&specs[k], d, b.ctx(rng.below(4) as u32))).collect();
         let p = at % keys.len();
         let spec = &specs[owners[p]];
         let expected = match mistake {
@@ -867,18 +840,18 @@ proptest! {
             }
             1 => {
                 let shape = wrong_shape(&spec.shape, at % 2 == 0);
-                values[p] = array(&Spec { shape: shape.clone(), dtype: spec.dtype }, &vec![1.0; shape.iter().product()], ctx(0));
+                values[p] = array(&Spec { shape: shape.clone(), dtype: spec.dtype }, &vec![1.0; shape.iter().product()], b.ctx(0));
                 ErrorKind::ShapeMismatch
             }
             _ => {
                 let dtype = if spec.dtype == DType::F64 { DType::F32 } else { DType::F64 };
-                values[p] = array(&Spec { shape: spec.shape.clone(), dtype }, &vec![1.0; spec.size()], ctx(0));
+                values[p] = array(&Spec { shape: spec.shape.clone(), dtype }, &vec![1.0; spec.size()], b.ctx(0));
                 ErrorKind::DTypeMismatch
             }
         };
         let e = kv.push(&keys, &values, 0).expect_err("a push list with a bad entry must fail");
         prop_assert_eq!(e.kind(), expected);
-        check_store(&kv, &mut model, 1)?;
+        check_store(b, &kv, &mut model, 1)?;
         // The same list without the bad entry goes through, and only then do values move.
         keys.remove(p);
         values.remove(p);
@@ -888,8 +861,8 @@ proptest! {
         data.remove(p);
         kv.push(&keys, &values, 0)?;
         model.push_all(&names, &owners, &data);
-        check_store(&kv, &mut model, 2)?;
-    }
+        check_store(b, &kv, &mut model, 2)?;
+    });
 }
 
 // ----- thread-count independence -----
@@ -901,11 +874,11 @@ fn scattered(rng: &mut Rng) -> f32 {
 }
 
 /// Each value's bits after converting to `dtype`, and arrays holding them.
-fn scattered_arrays(rng: &mut Rng, dtype: DType, n: usize, count: usize) -> Vec<(Vec<f32>, NDArray)> {
+fn scattered_arrays(b: &dyn Backend, rng: &mut Rng, dtype: DType, n: usize, count: usize) -> Vec<(Vec<f32>, NDArray)> {
     (0..count)
         .map(|i| {
             let raw: Vec<f32> = (0..n).map(|_| scattered(rng)).collect();
-            let ctx = ctx(i % 4);
+            let ctx = b.ctx((i % 4) as u32);
             match dtype {
                 DType::F16 => {
                     let v: Vec<f16> = raw.iter().map(|&x| f16::from_f32(x)).collect();
@@ -945,28 +918,24 @@ fn bits(a: &NDArray) -> kvstore_core::Result<Vec<u32>> {
     })
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(4))]
-
-    #[test]
-    fn big_pushes_give_the_naive_sum_bit_for_bit_for_any_thread_count(
+/// Big pushes (split over the store's threads) and lists of mid-size keys give the
+/// naive left-to-right sum bit for bit, for 1, 2 and 4 threads.
+pub fn big_pushes_give_the_naive_sum_bit_for_bit_for_any_thread_count(b: &dyn Backend) {
+    proptest!(ProptestConfig::with_cases(4), |(
         dtype in select(vec![DType::F32, DType::F16, DType::BF16]),
         count in 2usize..=3,
         odd in 0usize..64,
         seed in any::<u64>(),
-    ) {
-        if !devices_ready() {
-            return Ok(());
-        }
+    )| {
         let rng = &mut Rng(seed);
         // Over 1 MiB per array, so that the store splits it across its threads; an odd
         // length, so that the last chunk is short.
         let n = ((1 << 20) + (1 << 16)) / dtype.size() + odd;
-        let big = scattered_arrays(rng, dtype, n, count);
+        let big = scattered_arrays(b, rng, dtype, n, count);
         let big_values: Vec<NDArray> = big.iter().map(|(_, a)| a.clone()).collect();
         let expected_big = naive_sum_bits(dtype, &big.iter().map(|(v, _)| &v[..]).collect::<Vec<_>>());
         // And four mid-size keys in one list call, which run as parallel small jobs.
-        let mid = scattered_arrays(rng, dtype, 20_000 + odd, 4 * count);
+        let mid = scattered_arrays(b, rng, dtype, 20_000 + odd, 4 * count);
         let mid_keys: Vec<String> = (0..4 * count).map(|i| format!("mid{}", i % 4)).collect();
         let mid_values: Vec<NDArray> = mid.iter().map(|(_, a)| a.clone()).collect();
         let expected_mid: Vec<Vec<u32>> = (0..4)
@@ -974,7 +943,7 @@ proptest! {
             .collect();
         for threads in [1, 2, 4] {
             let kv = KVStore::builder("local").num_threads(threads).build()?;
-            let out = NDArray::zeros_with(&[n], dtype, ctx(0))?;
+            let out = NDArray::zeros_with(&[n], dtype, b.ctx(0))?;
             kv.init("big", &out)?;
             kv.push("big", &big_values, 0)?;
             kv.pull("big", &out, 0)?;
@@ -985,7 +954,7 @@ proptest! {
             kv.pull("big", &out, 0)?;
             prop_assert!(bits(&out)? == expected_big, "{} threads: repeated-key list of {}", threads, dtype);
             let mid_outs: Vec<NDArray> =
-                (0..4).map(|_| NDArray::zeros_with(&[20_000 + odd], dtype, ctx(0))).collect::<Result<_, _>>()?;
+                (0..4).map(|_| NDArray::zeros_with(&[20_000 + odd], dtype, b.ctx(0))).collect::<Result<_, _>>()?;
             kv.init(&mid_keys[..4], &mid_outs)?;
             kv.push(&mid_keys, &mid_values, 0)?;
             kv.pull(&mid_keys[..4], &mid_outs, 0)?;
@@ -993,5 +962,5 @@ proptest! {
                 prop_assert!(bits(out)? == expected_mid[k], "{} threads: mid{} of {}", threads, k, dtype);
             }
         }
-    }
+    });
 }

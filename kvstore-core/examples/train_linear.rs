@@ -7,11 +7,8 @@
 //! with momentum, `rescale_grad` = 1 / batch size, so the sum becomes the mean) updates
 //! the weights, and every worker pulls them back. The loss over the whole data set falls
 //! to the noise floor (the noise variance), and the learned weights land next to the true
-//! ones. Run with `cargo run --release -p kvstore-jni --example train_linear`; the same
+//! ones. Run with `cargo run --release -p kvstore-core --example train_linear`; the same
 //! demo in Clojure is `clojure/examples/train_linear.clj`.
-//!
-//! The example lives in kvstore-jni only because that crate may carry it; it uses
-//! nothing but kvstore-core's public API.
 
 use std::thread;
 
