@@ -13,8 +13,11 @@ VERSION := $(shell bash scripts/version.sh)
 ARTIFACT := kvstore$(if $(filter mpi,$(FEATURES)),-mpi)
 JAR := target/$(ARTIFACT)-$(VERSION).jar
 # What the jar is built from: it is rebuilt only when one of these changed.
-JAR_INPUTS := $(shell find kvstore-core kvstore-cuda kvstore-mpi kvstore-jni clojure/java clojure/src \
-    -type f -not -path '*/target/*' 2>/dev/null) Cargo.toml Cargo.lock scripts/jar.sh
+# (kvstore-jni/java/src is the Java API; its tests, bench and examples are not in the jar.)
+JAR_INPUTS := $(shell find kvstore-core kvstore-cuda kvstore-mpi kvstore-jni clojure/src \
+    -type f -not -path '*/target/*' -not -path 'kvstore-jni/java/test/*' \
+    -not -path 'kvstore-jni/java/bench/*' -not -path 'kvstore-jni/java/examples/*' \
+    2>/dev/null) Cargo.toml Cargo.lock scripts/jar.sh
 # Clojure from Debian's packages (scripts/setup-jvm.sh installs them).
 CLJ_CP := /usr/share/java/clojure.jar:/usr/share/java/spec.alpha.jar:/usr/share/java/core.specs.alpha.jar
 
@@ -70,7 +73,7 @@ demo: jar
 	@echo "== the KVStore tutorial in Clojure (clojure/examples/tutorial.clj) =="
 	$(JAVA) -cp $(JAR):$(CLJ_CP) clojure.main clojure/examples/tutorial.clj
 	@echo "== data-parallel training with an optimizer, in Rust (cargo run --example train_linear) =="
-	$(CARGO) run --release -q -p kvstore-jni --example train_linear
+	$(CARGO) run --release -q -p kvstore-core --example train_linear
 	@echo "== data-parallel training with an optimizer, in Clojure (clojure/examples/train_linear.clj) =="
 	$(JAVA) -cp $(JAR):$(CLJ_CP) clojure.main clojure/examples/train_linear.clj
 
@@ -93,7 +96,7 @@ bench: jar
 	$(CARGO) bench -p kvstore-core --bench store
 	mkdir -p target/bench/java-classes
 	javac --release 17 -Xlint:all -Werror -cp $(JAR) -d target/bench/java-classes \
-	    clojure/java-bench/io/github/kvstore/bench/JvmBench.java
+	    kvstore-jni/java/bench/io/github/kvstore/bench/JvmBench.java
 	$(JAVA) -cp $(JAR):target/bench/java-classes io.github.kvstore.bench.JvmBench target/bench/jvm-java.json
 	$(JAVA) -cp $(JAR):$(CLJ_CP) clojure.main clojure/bench/kvstore_bench.clj target/bench/jvm-clojure.json
 	bash scripts/setup-mpi.sh

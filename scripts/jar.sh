@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds target/<artifact>-<version>.jar: the Java API (clojure/java), the Clojure sources
-# (clojure/src, at the jar root) and the native library at
+# Builds target/<artifact>-<version>.jar: the Java API (kvstore-jni/java/src), the Clojure
+# sources (clojure/src, at the jar root) and the native library at
 # native/linux-x86_64/libkvstore_jni.so, where NativeLibrary looks for its bundled copy;
 # its manifest carries the version (Implementation-Version) and META-INF/maven the POM,
 # as a jar built by Maven does. Beside it: target/<artifact>-<version>.pom (what
@@ -37,9 +37,9 @@ case $artifact in
     *) echo "jar.sh: unknown artifact '$artifact' (kvstore or kvstore-mpi)" >&2; exit 1 ;;
 esac
 
-mapfile -t sources < <(find clojure/java -name '*.java' | sort)
+mapfile -t sources < <(find kvstore-jni/java/src -name '*.java' | sort)
 if [ "${#sources[@]}" -eq 0 ]; then
-    echo "jar.sh: no Java sources under clojure/java" >&2
+    echo "jar.sh: no Java sources under kvstore-jni/java/src" >&2
     exit 1
 fi
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the Javadoc of the Java API (the sources under clojure/java, package
+# Builds the Javadoc of the Java API (the sources under kvstore-jni/java/src, package
 # io.github.kvstore) into ${KVSTORE_JAVADOC_OUT:-target/javadoc}, with every doclint
 # check of JDK 17's javadoc (-Xdoclint:all: accessibility, html, missing, reference,
 # syntax) on the public and protected API, and -Werror. Exits non-zero on any warning or
@@ -12,9 +12,9 @@ logs=target/test-logs
 log=$logs/javadoc.log
 mkdir -p "$logs"
 
-mapfile -t sources < <(find clojure/java -name '*.java' | sort)
+mapfile -t sources < <(find kvstore-jni/java/src -name '*.java' | sort)
 if [ "${#sources[@]}" -eq 0 ]; then
-    echo "javadoc.sh: no Java sources under clojure/java" >&2
+    echo "javadoc.sh: no Java sources under kvstore-jni/java/src" >&2
     exit 1
 fi
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Compiles the JUnit tests (clojure/java-test) against target/kvstore.jar (or ${KVSTORE_JAR})
+# Compiles the JUnit tests (kvstore-jni/java/test) against target/kvstore.jar (or ${KVSTORE_JAR})
 # into ${KVSTORE_JVM_OUT:-target/jvm}/test-classes and runs them
 # with Debian's JUnit console launcher; then compiles the Java example
-# clojure/java-examples/io/github/kvstore/examples/TrainLinear.java against the jar, as a
+# kvstore-jni/java/examples/io/github/kvstore/examples/TrainLinear.java against the jar, as a
 # user would (javac --release 17 -Xlint:all -Werror), and runs it: it checks its own
 # result and must exit 0 with a last line `TrainLinear: ok (...)`. It counts as one more
 # test. Prints one line `junit: N passed, N failed`.
@@ -34,8 +34,8 @@ fail() {
 [ -f "$jar" ] || fail "$jar not found: run scripts/jar.sh first"
 [ -f "$junit" ] || fail "$junit not found: install Debian's junit5 package (apt-get install junit5)"
 
-mapfile -t sources < <(find clojure/java-test -name '*.java' | sort)
-[ "${#sources[@]}" -gt 0 ] || fail "no test sources under clojure/java-test"
+mapfile -t sources < <(find kvstore-jni/java/test -name '*.java' | sort)
+[ "${#sources[@]}" -gt 0 ] || fail "no test sources under kvstore-jni/java/test"
 
 rm -rf "$classes"
 mkdir -p "$classes" "$out/empty-library-path"
@@ -80,9 +80,9 @@ example_classes=$out/example-classes
 example_log=$logs/java-example.log
 rm -rf "$example_classes"
 mkdir -p "$example_classes"
-mapfile -t examples < <(find clojure/java-examples -name '*.java' | sort)
+mapfile -t examples < <(find kvstore-jni/java/examples -name '*.java' | sort)
 if [ "${#examples[@]}" -eq 0 ]; then
-    echo "test-java.sh: no example under clojure/java-examples" >&2
+    echo "test-java.sh: no example under kvstore-jni/java/examples" >&2
     failed=$((failed + 1))
 elif ! javac --release 17 -Xlint:all -Werror -encoding UTF-8 -cp "$jar" -d "$example_classes" "${examples[@]}" \
     >"$example_log" 2>&1; then

@@ -51,7 +51,7 @@ public final class Context {
     }
 
     /**
-     * {@code gpu(0)}.
+     * Same as {@link #gpu(int)} with device {@code 0}.
      *
      * @return the context
      */

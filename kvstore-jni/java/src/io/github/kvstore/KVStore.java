@@ -5,7 +5,6 @@ import java.lang.ref.Reference;
 import java.util.Arrays;
 import java.util.Map;
 import java.util.Objects;
-import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.locks.ReentrantLock;
 
 /**
@@ -42,38 +41,15 @@ import java.util.concurrent.locks.ReentrantLock;
  * }
  * }</pre>
  */
-public final class KVStore implements AutoCloseable {
+public final class KVStore extends NativeObject implements AutoCloseable {
     static {
         NativeLibrary.load();
     }
 
-    private static final Cleaner CLEANER = Cleaner.create();
-    /** Native stores freed so far, by close() or by the Cleaner (for tests). */
-    private static final AtomicLong FREED = new AtomicLong();
+    /** How stores are freed, and how many were (for tests). */
+    private static final Kind KIND = new Kind("KVStore", KVStore::nFree);
     /** What {@link #toString()} says once the store is closed. */
     private static final String CLOSED_FORM = "#kvstore/store {:closed true}";
-
-    /** The native handle, freed exactly once; never refers to the KVStore itself. */
-    private static final class State implements Runnable {
-        private final AtomicLong handle;
-
-        State(long handle) {
-            this.handle = new AtomicLong(handle);
-        }
-
-        @Override
-        public void run() {
-            long h = handle.getAndSet(0);
-            if (h != 0) {
-                FREED.incrementAndGet();
-                try {
-                    nFree(h);
-                } catch (KVStoreException e) {
-                    // Nothing is left to free, and close() never throws.
-                }
-            }
-        }
-    }
 
     /**
      * How many {@link Updater} calls are running on each thread (see {@link #updaterDepth()});
@@ -82,8 +58,6 @@ public final class KVStore implements AutoCloseable {
      */
     private static final ThreadLocal<int[]> UPDATER_DEPTH = new ThreadLocal<>();
 
-    private final State state;
-    private final Cleaner.Cleanable cleanable;
     /**
      * The installed updater. The native store holds it only weakly, so this field is what
      * keeps it alive, for as long as the store is reachable: an updater that captures the
@@ -98,12 +72,11 @@ public final class KVStore implements AutoCloseable {
     private final ReentrantLock updaterLock = new ReentrantLock();
 
     private KVStore(long handle) {
-        this.state = new State(handle);
-        this.cleanable = CLEANER.register(this, state);
+        super(KIND, handle, 0, true);
     }
 
     /**
-     * A {@code local} store: values are reduced on the host.
+     * Same as {@link #create(String)} with kind {@code "local"}.
      *
      * @return the store
      */
@@ -170,7 +143,7 @@ public final class KVStore implements AutoCloseable {
 
     /** Native stores freed so far, explicitly or by the Cleaner. */
     static long freedCount() {
-        return FREED.get();
+        return KIND.freedCount();
     }
 
     /**
@@ -184,14 +157,6 @@ public final class KVStore implements AutoCloseable {
             UPDATER_DEPTH.set(depth);
         }
         return depth;
-    }
-
-    private long handle() {
-        long h = state.handle.get();
-        if (h == 0) {
-            throw new KVStoreException(KVStoreException.Code.DISPOSED, "KVStore was used after it was closed");
-        }
-        return h;
     }
 
     // ----- argument conversion: every null is found before any native call -----
@@ -340,12 +305,11 @@ public final class KVStore implements AutoCloseable {
     // ----- push -----
 
     /**
-     * Pushes one value to {@code key}.
+     * Same as {@link #push(String, NDArray, int)} with priority 0.
      *
      * @param key the key
      * @param value the value
      * @return this store
-     * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
      */
     public KVStore push(String key, NDArray value) {
         return push(key, value, 0);
@@ -365,12 +329,11 @@ public final class KVStore implements AutoCloseable {
     }
 
     /**
-     * Pushes many values to {@code key}: they are summed, left to right, into one update.
+     * Same as {@link #push(String, NDArray[], int)} with priority 0.
      *
      * @param key the key
      * @param values the values, for example one per device
      * @return this store
-     * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
      */
     public KVStore push(String key, NDArray[] values) {
         return push(key, values, 0);
@@ -380,7 +343,7 @@ public final class KVStore implements AutoCloseable {
      * Pushes many values to {@code key}: they are summed, left to right, into one update.
      *
      * @param key the key
-     * @param values the values
+     * @param values the values, for example one per device
      * @param priority MXNet's priority (no effect)
      * @return this store
      * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
@@ -399,13 +362,11 @@ public final class KVStore implements AutoCloseable {
     }
 
     /**
-     * Pushes {@code values[i]} to {@code keys[i]}; the values of a repeated key are summed
-     * into one update.
+     * Same as {@link #push(String[], NDArray[], int)} with priority 0.
      *
      * @param keys the keys
      * @param values the values, one per key
      * @return this store
-     * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
      */
     public KVStore push(String[] keys, NDArray[] values) {
         return push(keys, values, 0);
@@ -458,12 +419,11 @@ public final class KVStore implements AutoCloseable {
     }
 
     /**
-     * Copies the value of {@code key} into {@code out}.
+     * Same as {@link #pull(String, NDArray, int)} with priority 0.
      *
      * @param key the key
      * @param out an array of the key's shape and dtype
      * @return this store
-     * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
      */
     public KVStore pull(String key, NDArray out) {
         return pull(key, out, 0);
@@ -483,12 +443,11 @@ public final class KVStore implements AutoCloseable {
     }
 
     /**
-     * Copies the value of {@code key} into every out (a broadcast to devices).
+     * Same as {@link #pull(String, NDArray[], int)} with priority 0.
      *
      * @param key the key
      * @param outs the outs
      * @return this store
-     * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
      */
     public KVStore pull(String key, NDArray[] outs) {
         return pull(key, outs, 0);
@@ -517,12 +476,11 @@ public final class KVStore implements AutoCloseable {
     }
 
     /**
-     * Copies the value of {@code keys[i]} into {@code outs[i]}.
+     * Same as {@link #pull(String[], NDArray[], int)} with priority 0.
      *
      * @param keys the keys
      * @param outs the outs, one per key
      * @return this store
-     * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
      */
     public KVStore pull(String[] keys, NDArray[] outs) {
         return pull(keys, outs, 0);
@@ -569,29 +527,28 @@ public final class KVStore implements AutoCloseable {
     }
 
     /**
-     * Pushes {@code value} to {@code key}, then pulls the result into {@code out}, as one
-     * step (no other push to the key can come in between).
+     * Same as {@link #pushpull(String, NDArray, NDArray, int)} with priority 0.
      *
      * @param key the key
      * @param value the value
      * @param out the out
      * @return this store
-     * @throws KVStoreException as {@link #push(String[], NDArray[], int)} and
-     *     {@link #pull(String[], NDArray[], int)}; on error nothing changes
      */
     public KVStore pushpull(String key, NDArray value, NDArray out) {
         return pushpull(key, value, out, 0);
     }
 
     /**
-     * As {@link #pushpull(String, NDArray, NDArray)}.
+     * Pushes {@code value} to {@code key}, then pulls the result into {@code out}, as one
+     * step (no other push to the key can come in between).
      *
      * @param key the key
      * @param value the value
      * @param out the out
      * @param priority MXNet's priority (no effect)
      * @return this store
-     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
+     * @throws KVStoreException as {@link #push(String[], NDArray[], int)} and
+     *     {@link #pull(String[], NDArray[], int)}; on error nothing changes
      */
     public KVStore pushpull(String key, NDArray value, NDArray out, int priority) {
         String[] k = one(key, "key");
@@ -601,27 +558,26 @@ public final class KVStore implements AutoCloseable {
     }
 
     /**
-     * Pushes {@code values} (summed) to {@code key}, then pulls the result into every out.
+     * Same as {@link #pushpull(String, NDArray[], NDArray[], int)} with priority 0.
      *
      * @param key the key
      * @param values the values
      * @param outs the outs
      * @return this store
-     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
      */
     public KVStore pushpull(String key, NDArray[] values, NDArray[] outs) {
         return pushpull(key, values, outs, 0);
     }
 
     /**
-     * As {@link #pushpull(String, NDArray[], NDArray[])}.
+     * Pushes {@code values} (summed) to {@code key}, then pulls the result into every out.
      *
      * @param key the key
      * @param values the values
      * @param outs the outs
      * @param priority MXNet's priority (no effect)
      * @return this store
-     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
+     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray, int)}
      */
     public KVStore pushpull(String key, NDArray[] values, NDArray[] outs, int priority) {
         String[] valueKeys = repeat(key, "key", values, "values");
@@ -632,28 +588,27 @@ public final class KVStore implements AutoCloseable {
     }
 
     /**
-     * Pushes {@code values[i]} to {@code keys[i]}, then pulls {@code keys[i]} into
-     * {@code outs[i]}.
+     * Same as {@link #pushpull(String[], NDArray[], NDArray[], int)} with priority 0.
      *
      * @param keys the keys
      * @param values the values, one per key
      * @param outs the outs, one per key
      * @return this store
-     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
      */
     public KVStore pushpull(String[] keys, NDArray[] values, NDArray[] outs) {
         return pushpull(keys, values, outs, 0);
     }
 
     /**
-     * As {@link #pushpull(String[], NDArray[], NDArray[])}.
+     * Pushes {@code values[i]} to {@code keys[i]}, then pulls {@code keys[i]} into
+     * {@code outs[i]}.
      *
      * @param keys the keys
      * @param values the values, one per key
      * @param outs the outs, one per key
      * @param priority MXNet's priority (no effect)
      * @return this store
-     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
+     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray, int)}
      */
     public KVStore pushpull(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
         keys(keys, "keys");
@@ -663,29 +618,39 @@ public final class KVStore implements AutoCloseable {
     }
 
     /**
-     * Pushes {@code value} to {@code key}, then writes the result back into {@code value}
-     * (MXNet's {@code pushpull} without {@code out}).
+     * Same as {@link #pushpull(String, NDArray, int)} with priority 0.
      *
      * @param key the key
      * @param value the value, overwritten with the result
      * @return this store
-     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
      */
     public KVStore pushpull(String key, NDArray value) {
         return pushpull(key, value, value, 0);
     }
 
     /**
-     * As {@link #pushpull(String, NDArray)}.
+     * Pushes {@code value} to {@code key}, then writes the result back into {@code value}
+     * (MXNet's {@code pushpull} without {@code out}).
      *
      * @param key the key
      * @param value the value, overwritten with the result
      * @param priority MXNet's priority (no effect)
      * @return this store
-     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
+     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray, int)}
      */
     public KVStore pushpull(String key, NDArray value, int priority) {
         return pushpull(key, value, value, priority);
+    }
+
+    /**
+     * Same as {@link #pushpull(String, NDArray[], int)} with priority 0.
+     *
+     * @param key the key
+     * @param values the values, overwritten with the result
+     * @return this store
+     */
+    public KVStore pushpull(String key, NDArray[] values) {
+        return pushpull(key, values, values, 0);
     }
 
     /**
@@ -694,24 +659,23 @@ public final class KVStore implements AutoCloseable {
      *
      * @param key the key
      * @param values the values, overwritten with the result
-     * @return this store
-     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
-     */
-    public KVStore pushpull(String key, NDArray[] values) {
-        return pushpull(key, values, values, 0);
-    }
-
-    /**
-     * As {@link #pushpull(String, NDArray[])}.
-     *
-     * @param key the key
-     * @param values the values, overwritten with the result
      * @param priority MXNet's priority (no effect)
      * @return this store
-     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
+     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray, int)}
      */
     public KVStore pushpull(String key, NDArray[] values, int priority) {
         return pushpull(key, values, values, priority);
+    }
+
+    /**
+     * Same as {@link #pushpull(String[], NDArray[], int)} with priority 0.
+     *
+     * @param keys the keys
+     * @param values the values, one per key, overwritten with the results
+     * @return this store
+     */
+    public KVStore pushpull(String[] keys, NDArray[] values) {
+        return pushpull(keys, values, values, 0);
     }
 
     /**
@@ -720,21 +684,9 @@ public final class KVStore implements AutoCloseable {
      *
      * @param keys the keys
      * @param values the values, one per key, overwritten with the results
-     * @return this store
-     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
-     */
-    public KVStore pushpull(String[] keys, NDArray[] values) {
-        return pushpull(keys, values, values, 0);
-    }
-
-    /**
-     * As {@link #pushpull(String[], NDArray[])}.
-     *
-     * @param keys the keys
-     * @param values the values, one per key, overwritten with the results
      * @param priority MXNet's priority (no effect)
      * @return this store
-     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray)}
+     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray, int)}
      */
     public KVStore pushpull(String[] keys, NDArray[] values, int priority) {
         return pushpull(keys, values, values, priority);
@@ -743,20 +695,19 @@ public final class KVStore implements AutoCloseable {
     // ----- broadcast -----
 
     /**
-     * Initialises {@code key} with {@code value}, then pulls it into {@code out}.
+     * Same as {@link #broadcast(String, NDArray, NDArray, int)} with priority 0.
      *
      * @param key the key
      * @param value the initial value
      * @param out the out
      * @return this store
-     * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
      */
     public KVStore broadcast(String key, NDArray value, NDArray out) {
         return broadcast(key, value, out, 0);
     }
 
     /**
-     * As {@link #broadcast(String, NDArray, NDArray)}.
+     * Initialises {@code key} with {@code value}, then pulls it into {@code out}.
      *
      * @param key the key
      * @param value the initial value
@@ -771,20 +722,19 @@ public final class KVStore implements AutoCloseable {
     }
 
     /**
-     * Initialises {@code key} with {@code value}, then pulls it into every out.
+     * Same as {@link #broadcast(String, NDArray, NDArray[], int)} with priority 0.
      *
      * @param key the key
      * @param value the initial value
      * @param outs the outs
      * @return this store
-     * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
      */
     public KVStore broadcast(String key, NDArray value, NDArray[] outs) {
         return broadcast(key, value, outs, 0);
     }
 
     /**
-     * As {@link #broadcast(String, NDArray, NDArray[])}.
+     * Initialises {@code key} with {@code value}, then pulls it into every out.
      *
      * @param key the key
      * @param value the initial value
@@ -802,14 +752,12 @@ public final class KVStore implements AutoCloseable {
     }
 
     /**
-     * Initialises {@code keys[i]} with {@code values[i]}, then pulls {@code keys[i]} into
-     * {@code outs[i]}.
+     * Same as {@link #broadcast(String[], NDArray[], NDArray[], int)} with priority 0.
      *
      * @param keys the keys
      * @param values the initial values, one per key
      * @param outs the outs, one per key
      * @return this store
-     * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
      */
     public KVStore broadcast(String[] keys, NDArray[] values, NDArray[] outs) {
         return broadcast(keys, values, outs, 0);
@@ -1100,24 +1048,9 @@ public final class KVStore implements AutoCloseable {
 
     // ----- lifecycle -----
 
-    /** Frees the store and its values. Idempotent; never throws. Running calls finish. */
-    @Override
-    public void close() {
-        cleanable.clean();
-    }
-
     /** The same as {@link #close()} (clojure-mxnet's {@code dispose}). */
     public void dispose() {
         close();
-    }
-
-    /**
-     * Whether the store was closed.
-     *
-     * @return true once closed
-     */
-    public boolean isClosed() {
-        return state.handle.get() == 0;
     }
 
     /**
@@ -1129,7 +1062,7 @@ public final class KVStore implements AutoCloseable {
      */
     @Override
     public String toString() {
-        long h = state.handle.get();
+        long h = handleOrZero();
         if (h == 0) {
             return CLOSED_FORM;
         }

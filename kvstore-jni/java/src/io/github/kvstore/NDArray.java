@@ -3,7 +3,6 @@ package io.github.kvstore;
 import java.lang.ref.Cleaner;
 import java.lang.ref.Reference;
 import java.util.Objects;
-import java.util.concurrent.atomic.AtomicLong;
 
 /**
  * An n-dimensional array in native memory: a shape, a {@link DType}, a {@link Context} and a
@@ -40,56 +39,71 @@ import java.util.concurrent.atomic.AtomicLong;
  * <p>A null argument is a {@link NullPointerException} naming the parameter
  * ({@code "shape"}, {@code "other"}, ...), thrown before any native call.
  */
-public final class NDArray implements AutoCloseable {
+public final class NDArray extends NativeObject implements AutoCloseable {
     static {
         NativeLibrary.load();
     }
 
-    private static final Cleaner CLEANER = Cleaner.create();
-    /** Native arrays freed so far, by close() or by the Cleaner (for tests). */
-    private static final AtomicLong FREED = new AtomicLong();
+    /** How arrays are freed, and how many were (for tests). */
+    private static final Kind KIND = new Kind("NDArray", NDArray::nFree);
 
     private static final int OP_ADD = 0;
     private static final int OP_SUB = 1;
     private static final int OP_MUL = 2;
     private static final int OP_DIV = 3;
 
-    /**
-     * The native handle, freed exactly once. Static and holding only the handle, so the
-     * Cleaner can run it after the NDArray itself became unreachable.
-     */
-    private static final class State implements Runnable {
-        private final AtomicLong handle;
-        /** The native bytes counted in {@link NativeMemory} for this array (0: not counted). */
-        private final long bytes;
-
-        State(long handle, long bytes) {
-            this.handle = new AtomicLong(handle);
-            this.bytes = bytes;
-        }
-
-        @Override
-        public void run() {
-            long h = handle.getAndSet(0);
-            if (h != 0) {
-                FREED.incrementAndGet();
-                NativeMemory.freed(bytes);
-                try {
-                    nFree(h);
-                } catch (KVStoreException e) {
-                    // Already freed natively (an updater's array after its call): nothing
-                    // is left to free, and close() never throws.
-                }
-            }
-        }
-    }
-
-    private final State state;
-    /** Null for an updater's array, which the native side frees after the call. */
-    private final Cleaner.Cleanable cleanable;
     private final int[] shape;
     private final DType dtype;
     private final Context context;
+
+    /** What an array's native info says: read before the array exists. */
+    private static final class Meta {
+        private final int[] shape;
+        private final DType dtype;
+        private final Context context;
+
+        private Meta(int[] shape, DType dtype, Context context) {
+            this.shape = shape;
+            this.dtype = dtype;
+            this.context = context;
+        }
+
+        /** The native bytes of the array's elements. */
+        long bytes() {
+            return size(shape) * dtype.elementBytes();
+        }
+
+        /** Reads {@code handle}'s info; frees the handle if it cannot be represented. */
+        static Meta of(long handle) {
+            try {
+                long[] info = nInfo(handle);
+                if (info == null || info.length < 4 || info[3] != info.length - 4) {
+                    throw new KVStoreException(KVStoreException.Code.INTERNAL, "malformed native array info");
+                }
+                DType dtype = DType.fromCode(info[0]);
+                Context context = Context.fromCodes(info[1], info[2]);
+                int[] shape = new int[(int) info[3]];
+                for (int i = 0; i < shape.length; i++) {
+                    if (info[4 + i] < 0 || info[4 + i] > Integer.MAX_VALUE) {
+                        throw new KVStoreException(KVStoreException.Code.INTERNAL,
+                                "array dimension " + info[4 + i] + " does not fit an int");
+                    }
+                    shape[i] = (int) info[4 + i];
+                }
+                return new Meta(shape, dtype, context);
+            } catch (RuntimeException | Error e) {
+                // Never leak a handle we were given but cannot represent.
+                if (handle != 0) {
+                    try {
+                        nFree(handle);
+                    } catch (RuntimeException suppressed) {
+                        e.addSuppressed(suppressed);
+                    }
+                }
+                throw e;
+            }
+        }
+    }
 
     /**
      * Wraps a native handle, taking ownership of it: the array is freed by {@link #close()}
@@ -97,7 +111,7 @@ public final class NDArray implements AutoCloseable {
      * docs), which may make this constructor wait for a garbage collection first.
      */
     NDArray(long handle) {
-        this(handle, true);
+        this(handle, Meta.of(handle), true);
     }
 
     /**
@@ -106,62 +120,24 @@ public final class NDArray implements AutoCloseable {
      * not registered with the Cleaner.
      */
     static NDArray borrowed(long handle) {
-        return new NDArray(handle, false);
+        return new NDArray(handle, Meta.of(handle), false);
     }
 
-    private NDArray(long handle, boolean owned) {
-        long[] info;
-        try {
-            info = nInfo(handle);
-            if (info == null || info.length < 4 || info[3] != info.length - 4) {
-                throw new KVStoreException(KVStoreException.Code.INTERNAL, "malformed native array info");
-            }
-            this.dtype = DType.fromCode(info[0]);
-            this.context = Context.fromCodes(info[1], info[2]);
-            this.shape = new int[(int) info[3]];
-            for (int i = 0; i < shape.length; i++) {
-                if (info[4 + i] < 0 || info[4 + i] > Integer.MAX_VALUE) {
-                    throw new KVStoreException(KVStoreException.Code.INTERNAL,
-                            "array dimension " + info[4 + i] + " does not fit an int");
-                }
-                shape[i] = (int) info[4 + i];
-            }
-        } catch (RuntimeException | Error e) {
-            // Never leak a handle we were given but cannot represent.
-            if (handle != 0) {
-                try {
-                    nFree(handle);
-                } catch (RuntimeException suppressed) {
-                    e.addSuppressed(suppressed);
-                }
-            }
-            throw e;
-        }
-        if (owned) {
-            long bytes = size(shape) * dtype.elementBytes();
-            this.state = new State(handle, bytes);
-            this.cleanable = CLEANER.register(this, state);
-            NativeMemory.allocated(bytes);
-        } else {
-            this.state = new State(handle, 0);
-            this.cleanable = null;
-        }
-    }
-
-    /** Marks a {@link #borrowed(long)} array closed: its call is over. */
-    void release() {
-        state.handle.set(0);
+    private NDArray(long handle, Meta meta, boolean owned) {
+        super(KIND, handle, meta.bytes(), owned);
+        this.shape = meta.shape;
+        this.dtype = meta.dtype;
+        this.context = meta.context;
     }
 
     // ----- factories -----
 
     /**
-     * A float32 array of zeros on {@code cpu(0)}.
+     * Same as {@link #zeros(int[], Context, DType)} on {@code cpu(0)} with
+     * {@link DType#FLOAT32}.
      *
      * @param shape the dimensions, each at least 0
      * @return the array
-     * @throws KVStoreException {@code INVALID_ARGUMENT} for a negative dimension or a size
-     *     too large to allocate
      */
     public static NDArray zeros(int... shape) {
         return zeros(shape, Context.defaultContext(), DType.FLOAT32);
@@ -182,11 +158,11 @@ public final class NDArray implements AutoCloseable {
     }
 
     /**
-     * A float32 array of ones on {@code cpu(0)}.
+     * Same as {@link #ones(int[], Context, DType)} on {@code cpu(0)} with
+     * {@link DType#FLOAT32}.
      *
      * @param shape the dimensions
      * @return the array
-     * @throws KVStoreException as {@link #zeros(int...)}
      */
     public static NDArray ones(int... shape) {
         return ones(shape, Context.defaultContext(), DType.FLOAT32);
@@ -206,12 +182,12 @@ public final class NDArray implements AutoCloseable {
     }
 
     /**
-     * A float32 array on {@code cpu(0)} filled with {@code value}.
+     * Same as {@link #full(int[], double, Context, DType)} on {@code cpu(0)} with
+     * {@link DType#FLOAT32}.
      *
      * @param shape the dimensions
      * @param value the value
      * @return the array
-     * @throws KVStoreException as {@link #zeros(int...)}
      */
     public static NDArray full(int[] shape, double value) {
         return full(shape, value, Context.defaultContext(), DType.FLOAT32);
@@ -236,13 +212,12 @@ public final class NDArray implements AutoCloseable {
     }
 
     /**
-     * A float32 array on {@code cpu(0)} holding {@code data} (row-major).
+     * Same as {@link #array(float[], int[], Context, DType)} on {@code cpu(0)} with
+     * {@link DType#FLOAT32}.
      *
      * @param data the elements; {@code data.length} must be the size of {@code shape}
      * @param shape the dimensions
      * @return the array
-     * @throws KVStoreException {@code SHAPE_MISMATCH} if the lengths differ;
-     *     {@code INVALID_ARGUMENT} for a bad shape
      */
     public static NDArray array(float[] data, int[] shape) {
         return array(data, shape, Context.defaultContext(), DType.FLOAT32);
@@ -269,12 +244,12 @@ public final class NDArray implements AutoCloseable {
     }
 
     /**
-     * A float64 array on {@code cpu(0)} holding {@code data} (row-major).
+     * Same as {@link #array(double[], int[], Context, DType)} on {@code cpu(0)} with
+     * {@link DType#FLOAT64}.
      *
      * @param data the elements
      * @param shape the dimensions
      * @return the array
-     * @throws KVStoreException as {@link #array(float[], int[])}
      */
     public static NDArray array(double[] data, int[] shape) {
         return array(data, shape, Context.defaultContext(), DType.FLOAT64);
@@ -299,12 +274,12 @@ public final class NDArray implements AutoCloseable {
     }
 
     /**
-     * An int32 array on {@code cpu(0)} holding {@code data} (row-major).
+     * Same as {@link #array(int[], int[], Context, DType)} on {@code cpu(0)} with
+     * {@link DType#INT32}.
      *
      * @param data the elements
      * @param shape the dimensions
      * @return the array
-     * @throws KVStoreException as {@link #array(float[], int[])}
      */
     public static NDArray array(int[] data, int[] shape) {
         return array(data, shape, Context.defaultContext(), DType.INT32);
@@ -330,12 +305,12 @@ public final class NDArray implements AutoCloseable {
     }
 
     /**
-     * An int64 array on {@code cpu(0)} holding {@code data} (row-major).
+     * Same as {@link #array(long[], int[], Context, DType)} on {@code cpu(0)} with
+     * {@link DType#INT64}.
      *
      * @param data the elements
      * @param shape the dimensions
      * @return the array
-     * @throws KVStoreException as {@link #array(float[], int[])}
      */
     public static NDArray array(long[] data, int[] shape) {
         return array(data, shape, Context.defaultContext(), DType.INT64);
@@ -398,13 +373,13 @@ public final class NDArray implements AutoCloseable {
     }
 
     /**
-     * {@code arange(start, stop, step)} of float32 on {@code cpu(0)}.
+     * Same as {@link #arange(double, double, double, Context, DType)} on {@code cpu(0)} with
+     * {@link DType#FLOAT32}.
      *
      * @param start the first value
      * @param stop the end, exclusive
      * @param step the spacing, not 0
      * @return the array
-     * @throws KVStoreException as {@link #arange(double, double, double, Context, DType)}
      */
     public static NDArray arange(double start, double stop, double step) {
         return arange(start, stop, step, Context.defaultContext(), DType.FLOAT32);
@@ -444,21 +419,9 @@ public final class NDArray implements AutoCloseable {
 
     // ----- accessors -----
 
-    /**
-     * The handle for a native call; {@code DISPOSED} once closed. The caller must keep
-     * this object reachable until the native call returns.
-     */
-    long handle() {
-        long h = state.handle.get();
-        if (h == 0) {
-            throw new KVStoreException(KVStoreException.Code.DISPOSED, "NDArray was used after it was closed");
-        }
-        return h;
-    }
-
     /** Native arrays freed so far, explicitly or by the Cleaner. */
     static long freedCount() {
-        return FREED.get();
+        return KIND.freedCount();
     }
 
     /** Throws {@code DISPOSED} once closed: the metadata of a closed array is gone too. */
@@ -921,7 +884,7 @@ public final class NDArray implements AutoCloseable {
      */
     @Override
     public String toString() {
-        long h = state.handle.get();
+        long h = handleOrZero();
         if (h == 0) {
             return "<NDArray closed>";
         }
@@ -936,25 +899,6 @@ public final class NDArray implements AutoCloseable {
         } finally {
             Reference.reachabilityFence(this);
         }
-    }
-
-    /** Frees the native array. Idempotent; never throws. */
-    @Override
-    public void close() {
-        if (cleanable != null) {
-            cleanable.clean();
-        } else {
-            release();
-        }
-    }
-
-    /**
-     * Whether {@link #close()} was called (or the array was freed otherwise).
-     *
-     * @return true once closed
-     */
-    public boolean isClosed() {
-        return state.handle.get() == 0;
     }
 
     // ----- natives (kvstore-jni/src/ndarray.rs; contract in kvstore-jni/NATIVES.md) -----

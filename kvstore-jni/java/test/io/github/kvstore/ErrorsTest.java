@@ -412,18 +412,9 @@ class ErrorsTest {
         }
     }
 
-    /** The native handle of a live store, read by reflection (tests only). */
+    /** The native handle of a live store (package-private, for tests and the natives). */
     private static long storeHandle(KVStore kv) {
-        try {
-            java.lang.reflect.Field f = KVStore.class.getDeclaredField("state");
-            f.setAccessible(true);
-            Object state = f.get(kv);
-            java.lang.reflect.Field h = state.getClass().getDeclaredField("handle");
-            h.setAccessible(true);
-            return ((java.util.concurrent.atomic.AtomicLong) h.get(state)).get();
-        } catch (ReflectiveOperationException e) {
-            throw new AssertionError(e);
-        }
+        return kv.handle();
     }
 
     @Test

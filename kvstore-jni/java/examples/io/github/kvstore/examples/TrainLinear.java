@@ -30,7 +30,7 @@ import java.util.concurrent.Future;
  *
  * <pre>
  * javac --release 17 -cp target/kvstore.jar -d target/examples \
- *     clojure/java-examples/io/github/kvstore/examples/TrainLinear.java
+ *     kvstore-jni/java/examples/io/github/kvstore/examples/TrainLinear.java
  * java -cp target/kvstore.jar:target/examples io.github.kvstore.examples.TrainLinear
  * </pre>
  */
