@@ -42,7 +42,7 @@ pub struct BroadcastJob<'a> {
 /// Moves data between the arrays of one store: sums pushed values, copies pulled ones.
 ///
 /// Callers validate shapes and dtypes first; a `Comm` still checks them and returns
-/// [`Error::Internal`] rather than panicking on a mismatch.
+/// [`Error::Internal`](crate::Error::Internal) rather than panicking on a mismatch.
 pub trait Comm: Send + Sync {
     /// A short name for messages and benchmarks.
     fn name(&self) -> &'static str;
