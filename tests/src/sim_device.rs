@@ -16,6 +16,8 @@ pub struct SimBuffer {
     words: Vec<u64>,
     /// The backend's write-failure switch, shared by every buffer.
     fail_writes: &'static AtomicUsize,
+    /// The backend's count of downloads, shared by every buffer.
+    downloads: &'static AtomicUsize,
 }
 
 impl SimBuffer {
@@ -48,6 +50,7 @@ impl DeviceBuffer for SimBuffer {
 
     fn read_to_host(&self, dst: &mut [u8]) -> Result<()> {
         dst.copy_from_slice(self.bytes());
+        self.downloads.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
@@ -84,6 +87,13 @@ pub struct SimDevice {
     pub fused_steps: AtomicUsize,
     /// Page-locked host buffers handed out.
     pub pinned_allocs: AtomicUsize,
+    /// Device buffers handed out.
+    pub device_allocs: AtomicUsize,
+    /// Inputs of kernel reductions that were on another device than the out (the CUDA
+    /// backend copies such an input peer to peer into a buffer of its own first).
+    pub foreign_inputs: AtomicUsize,
+    /// Copies from a device buffer to host memory.
+    pub downloads: &'static AtomicUsize,
     /// Makes every `write_from_host` fail.
     /// `d + 1` makes every `write_from_host` to device `d` fail (0: none fail).
     pub fail_writes: &'static AtomicUsize,
@@ -100,6 +110,9 @@ impl SimDevice {
             fused: AtomicBool::new(true),
             fused_steps: AtomicUsize::new(0),
             pinned_allocs: AtomicUsize::new(0),
+            device_allocs: AtomicUsize::new(0),
+            foreign_inputs: AtomicUsize::new(0),
+            downloads: Box::leak(Box::new(AtomicUsize::new(0))),
             fail_writes: Box::leak(Box::new(AtomicUsize::new(0))),
         }
     }
@@ -291,7 +304,14 @@ impl DeviceBackend for SimDevice {
     }
 
     fn alloc_zeroed(&self, device: usize, bytes: usize) -> Result<Box<dyn DeviceBuffer>> {
-        Ok(Box::new(SimBuffer { device, len: bytes, words: vec![0; bytes.div_ceil(8)], fail_writes: self.fail_writes }))
+        self.device_allocs.fetch_add(1, Ordering::SeqCst);
+        Ok(Box::new(SimBuffer {
+            device,
+            len: bytes,
+            words: vec![0; bytes.div_ceil(8)],
+            fail_writes: self.fail_writes,
+            downloads: self.downloads,
+        }))
     }
 
     fn copy(&self, src: &dyn DeviceBuffer, dst: &mut dyn DeviceBuffer) -> Result<()> {
@@ -307,6 +327,8 @@ impl DeviceBackend for SimDevice {
         }
         let ins: Vec<&SimBuffer> = inputs.iter().map(|b| sim(*b)).collect::<Result<_>>()?;
         let out = sim_mut(out)?;
+        let foreign = ins.iter().filter(|b| b.device != out.device).count();
+        self.foreign_inputs.fetch_add(foreign, Ordering::SeqCst);
         match dtype {
             DType::F32 => sum::<f32>(&ins, out),
             DType::F64 => sum::<f64>(&ins, out),
