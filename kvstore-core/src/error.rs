@@ -41,8 +41,11 @@ pub enum Error {
     /// An array has a different shape than the one it must match.
     #[error("{context}: shape mismatch: expected {expected:?}, got {got:?}")]
     ShapeMismatch {
-        /// The operation and key or operand concerned.
+        /// The operation and key or operand concerned, for the message.
         context: String,
+        /// The key concerned; `None` where no key is (array arithmetic, building an
+        /// array from data).
+        key: Option<Key>,
         /// The shape that was required.
         expected: Vec<usize>,
         /// The shape that was given.
@@ -51,8 +54,10 @@ pub enum Error {
     /// An array has a different element type than the one it must match.
     #[error("{context}: dtype mismatch: expected {expected}, got {got}")]
     DTypeMismatch {
-        /// The operation and key or operand concerned.
+        /// The operation and key or operand concerned, for the message.
         context: String,
+        /// The key concerned; `None` where no key is (array arithmetic, a typed read).
+        key: Option<Key>,
         /// The dtype that was required.
         expected: DType,
         /// The dtype that was given.
@@ -235,6 +240,33 @@ impl Error {
             Error::Backend { .. } => ErrorKind::Backend,
             Error::ResourceExhausted { .. } => ErrorKind::ResourceExhausted,
             Error::Internal(_) => ErrorKind::Internal,
+        }
+    }
+
+    /// The key this error concerns, if any: the key of [`Error::KeyNotInitialized`] and
+    /// [`Error::AlreadyInitialized`], and of an [`Error::ShapeMismatch`] or
+    /// [`Error::DTypeMismatch`] of a store operation (`None` for one of array
+    /// arithmetic). Other errors carry no key.
+    ///
+    /// ```
+    /// use kvstore_core::{ErrorKind, KVStore, Key, NDArray};
+    ///
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("w", &NDArray::zeros(&[2, 3])?)?;
+    /// let e = kv.push("w", &NDArray::zeros(&[3, 3])?, 0).unwrap_err();
+    /// assert_eq!(e.kind(), ErrorKind::ShapeMismatch);
+    /// assert_eq!(e.key(), Some(&Key::from("w")));
+    /// let e = kv.pull("b", &NDArray::zeros(&[2, 3])?, 0).unwrap_err();
+    /// assert_eq!(e.key().map(Key::as_str), Some("b"));
+    /// let e = NDArray::zeros(&[2])?.add_assign(&NDArray::zeros(&[3])?).unwrap_err();
+    /// assert_eq!((e.kind(), e.key()), (ErrorKind::ShapeMismatch, None));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    pub fn key(&self) -> Option<&Key> {
+        match self {
+            Error::KeyNotInitialized { key, .. } | Error::AlreadyInitialized { key, .. } => Some(key),
+            Error::ShapeMismatch { key, .. } | Error::DTypeMismatch { key, .. } => key.as_ref(),
+            _ => None,
         }
     }
 

@@ -31,7 +31,10 @@ use jni::{Env, JavaVM, exceptions, jni_sig, jni_str};
 pub struct Classes {
     /// `io.github.kvstore.KVStoreException`.
     pub kvstore_exception: Global<JClass<'static>>,
-    /// Its constructor `(String code, String message, Throwable cause)`.
+    /// Its constructor `(String code, String message, Throwable cause, String key,
+    /// long[] expectedShape, long[] gotShape, int expectedDType, int gotDType,
+    /// long expectedLength, long gotLength)`, where a dtype is its code or -1 and a
+    /// length -1 when absent.
     pub kvstore_exception_new: jni::objects::JMethodID,
     /// `io.github.kvstore.Updater`.
     pub updater: Global<JClass<'static>>,
@@ -118,17 +121,27 @@ fn lookup_classes(env: &mut Env<'_>) -> jni::errors::Result<Classes> {
     let kvstore_exception_new = env.get_method_id(
         &class,
         jni_str!("<init>"),
-        jni_sig!("(Ljava/lang/String;Ljava/lang/String;Ljava/lang/Throwable;)V"),
+        jni_sig!("(Ljava/lang/String;Ljava/lang/String;Ljava/lang/Throwable;Ljava/lang/String;[J[JIIJJ)V"),
     )?;
     let kvstore_exception = env.new_global_ref(&class)?;
     let code = JString::from_str(env, "INTERNAL")?;
     let message = JString::from_str(env, "warm-up")?;
     let null = JObject::null();
-    env.new_object(
-        &class,
-        jni_sig!("(Ljava/lang/String;Ljava/lang/String;Ljava/lang/Throwable;)V"),
-        &[JValue::Object(&code), JValue::Object(&message), JValue::Object(&null)],
-    )?;
+    let args = [
+        JValue::Object(&code).as_jni(),
+        JValue::Object(&message).as_jni(),
+        JValue::Object(&null).as_jni(),
+        JValue::Object(&null).as_jni(),
+        JValue::Object(&null).as_jni(),
+        JValue::Object(&null).as_jni(),
+        JValue::Int(-1).as_jni(),
+        JValue::Int(-1).as_jni(),
+        JValue::Long(-1).as_jni(),
+        JValue::Long(-1).as_jni(),
+    ];
+    // SAFETY: `kvstore_exception_new` is the constructor of `class` whose signature was
+    // just given, and `args` are of its types (a String, a String, then nulls and -1s).
+    unsafe { env.new_object_unchecked(&class, kvstore_exception_new, &args)? };
     let class = env.find_class(jni_str!("io/github/kvstore/Updater"))?;
     let updater_invoke = env.get_static_method_id(
         &class,

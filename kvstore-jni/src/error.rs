@@ -1,6 +1,7 @@
 //! Errors across the boundary: every native returns normally or throws
 //! `io.github.kvstore.KVStoreException(code, message)`, whose code is the Rust
-//! [`kvstore_core::ErrorKind::code`]. Panics are caught by jni's `with_env` and thrown as
+//! [`kvstore_core::ErrorKind::code`], with the error's data ([`Detail`]: the key, the
+//! shapes, dtypes or lengths expected and got) as fields of the exception. Panics are caught by jni's `with_env` and thrown as
 //! `INTERNAL`. A Java exception from an updater becomes the cause of the `BACKEND`
 //! exception that fails the push.
 
@@ -11,7 +12,8 @@ use std::fmt;
 use jni::Env;
 use jni::errors::ErrorPolicy;
 use jni::objects::{Global, JObject, JThrowable, JValue};
-use kvstore_core::{Error, ErrorKind};
+use jni::objects::{JLongArray, JString};
+use kvstore_core::{DType, Error, ErrorKind};
 
 use crate::classes::classes;
 
@@ -62,6 +64,24 @@ impl JniError {
         }
     }
 
+    /// The data the exception carries besides its code and message.
+    fn detail(&self) -> Detail<'_> {
+        let JniError::Store(e) = self else { return Detail::default() };
+        let key = e.key().map(|k| k.as_str());
+        match e {
+            Error::ShapeMismatch { expected, got, .. } => {
+                Detail { key, shapes: Some((expected, got)), ..Detail::default() }
+            }
+            Error::DTypeMismatch { expected, got, .. } => {
+                Detail { key, dtypes: Some((*expected, *got)), ..Detail::default() }
+            }
+            Error::LengthMismatch { expected, got, .. } => {
+                Detail { key, lengths: Some((*expected, *got)), ..Detail::default() }
+            }
+            _ => Detail { key, ..Detail::default() },
+        }
+    }
+
     /// As a store error, for code that must return `kvstore_core::Result`.
     pub fn into_store_error(self) -> Error {
         match self {
@@ -69,6 +89,39 @@ impl JniError {
             JniError::Jni(e) => Error::Backend { backend: "jni", message: e.to_string() },
         }
     }
+}
+
+/// The data of an error that `KVStoreException` carries as fields besides its code and
+/// message (`key()`, `expectedShape()`, ... in Java).
+#[derive(Debug, Default, PartialEq)]
+pub struct Detail<'e> {
+    /// The key concerned.
+    pub key: Option<&'e str>,
+    /// The shapes expected and got, of a shape mismatch.
+    pub shapes: Option<(&'e [usize], &'e [usize])>,
+    /// The dtypes expected and got, of a dtype mismatch.
+    pub dtypes: Option<(DType, DType)>,
+    /// The lengths expected and got, of a length mismatch.
+    pub lengths: Option<(usize, usize)>,
+}
+
+/// A new `long[]` of `dims`, or null for `None`.
+fn long_array<'l>(env: &mut Env<'l>, dims: Option<&[usize]>) -> jni::errors::Result<JObject<'l>> {
+    let Some(dims) = dims else { return Ok(JObject::null()) };
+    let dims: Vec<i64> = dims.iter().map(|&d| i64::try_from(d).unwrap_or(i64::MAX)).collect();
+    let out = JLongArray::new(env, dims.len())?;
+    out.set_region(env, 0, &dims)?;
+    Ok(out.into())
+}
+
+/// The Java code of a dtype (`DType.code()`), or -1 for `None`.
+fn dtype_code(d: Option<DType>) -> i32 {
+    d.map_or(-1, |d| i32::try_from(crate::convert::dtype_code(d)).unwrap_or(-1))
+}
+
+/// A length for Java, or -1 for `None`.
+fn length(n: Option<usize>) -> i64 {
+    n.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX))
 }
 
 thread_local! {
@@ -86,23 +139,43 @@ fn take_cause() -> Option<Global<JThrowable<'static>>> {
     CAUSE.with(|c| c.borrow_mut().take())
 }
 
-/// Throws `KVStoreException(code, message)`, with the updater's exception as its cause
-/// for a `BACKEND` error.
+/// Throws `KVStoreException(code, message)` carrying `detail`, with the updater's
+/// exception as its cause for a `BACKEND` error.
 ///
 /// It makes no class or method lookup (the class and constructor come from
-/// [`crate::classes`]) and calls no Java method but the constructor, so it cannot start
-/// jni-rs's class-lookup recursion on a thread that is short of stack; if the
-/// constructor itself fails there, its `StackOverflowError` is what Java sees.
-fn throw(env: &mut Env<'_>, code: &str, message: &str) -> jni::errors::Result<()> {
+/// [`crate::classes`]) and calls no Java method but the constructor (the strings and
+/// `long[]`s of `detail` are made with JNI functions), so it cannot start jni-rs's
+/// class-lookup recursion on a thread that is short of stack; if the constructor itself
+/// fails there, its `StackOverflowError` is what Java sees.
+fn throw(env: &mut Env<'_>, code: &str, message: &str, detail: &Detail<'_>) -> jni::errors::Result<()> {
     let cause = take_cause().filter(|_| code == ErrorKind::Backend.code());
     let classes = classes()?;
     let jcode = env.new_string(code)?;
     let jmsg = env.new_string(message)?;
     let null = JObject::null();
     let cause: &JObject<'_> = cause.as_ref().map_or(&null, |c| c.as_ref());
-    let args = [JValue::Object(&jcode).as_jni(), JValue::Object(&jmsg).as_jni(), JValue::Object(cause).as_jni()];
-    // SAFETY: `kvstore_exception_new` is the `(String, String, Throwable)` constructor of
-    // `kvstore_exception`, and `args` are a String, a String and a Throwable (or null).
+    let jkey: JObject<'_> = match detail.key {
+        Some(k) => JString::into(env.new_string(k)?),
+        None => JObject::null(),
+    };
+    let expected_shape = long_array(env, detail.shapes.map(|s| s.0))?;
+    let got_shape = long_array(env, detail.shapes.map(|s| s.1))?;
+    let args = [
+        JValue::Object(&jcode).as_jni(),
+        JValue::Object(&jmsg).as_jni(),
+        JValue::Object(cause).as_jni(),
+        JValue::Object(&jkey).as_jni(),
+        JValue::Object(&expected_shape).as_jni(),
+        JValue::Object(&got_shape).as_jni(),
+        JValue::Int(dtype_code(detail.dtypes.map(|d| d.0))).as_jni(),
+        JValue::Int(dtype_code(detail.dtypes.map(|d| d.1))).as_jni(),
+        JValue::Long(length(detail.lengths.map(|l| l.0))).as_jni(),
+        JValue::Long(length(detail.lengths.map(|l| l.1))).as_jni(),
+    ];
+    // SAFETY: `kvstore_exception_new` is the `(String, String, Throwable, String, long[],
+    // long[], int, int, long, long)` constructor of `kvstore_exception` (see
+    // `crate::classes::Classes`), and `args` are of those types: each reference a local
+    // of the right class, or null.
     let ex = unsafe { env.new_object_unchecked(&classes.kvstore_exception, classes.kvstore_exception_new, &args)? };
     // SAFETY: `ex` was just built by a constructor of KVStoreException, a Throwable; the
     // raw reference moves from `ex` to the new wrapper, so it is owned once.
@@ -168,7 +241,7 @@ impl<T: Default> ErrorPolicy<T, JniError> for ThrowKvStore {
             return Ok(T::default());
         }
         let (code, message) = err.code_and_message();
-        throw(env, code, &message)?;
+        throw(env, code, &message, &err.detail())?;
         Ok(T::default())
     }
 
@@ -179,7 +252,7 @@ impl<T: Default> ErrorPolicy<T, JniError> for ThrowKvStore {
     ) -> jni::errors::Result<T> {
         let message = format!("internal error: panic in kvstore-jni: {}", panic_message(payload.as_ref()));
         if !env.exception_check() {
-            throw(env, ErrorKind::Internal.code(), &message)?;
+            throw(env, ErrorKind::Internal.code(), &message, &Detail::default())?;
         }
         Ok(T::default())
     }
@@ -198,6 +271,31 @@ mod tests {
         assert!(msg.contains("null"), "{msg}");
         assert_eq!(panic_message(&"boom"), "boom");
         assert_eq!(panic_message(&String::from("bang")), "bang");
+    }
+
+    #[test]
+    fn the_detail_carries_the_key_and_what_was_expected_and_got() {
+        let e = JniError::from(Error::ShapeMismatch {
+            context: "push of key \"w\" (value)".into(),
+            key: Some("w".into()),
+            expected: vec![2, 3],
+            got: vec![3],
+        });
+        assert_eq!(e.detail(), Detail { key: Some("w"), shapes: Some((&[2, 3][..], &[3][..])), ..Detail::default() });
+        let e = JniError::from(Error::DTypeMismatch {
+            context: "ndarray add".into(),
+            key: None,
+            expected: DType::F32,
+            got: DType::F64,
+        });
+        assert_eq!(e.detail(), Detail { dtypes: Some((DType::F32, DType::F64)), ..Detail::default() });
+        assert_eq!((dtype_code(Some(DType::F64)), dtype_code(None)), (1, -1));
+        let e = JniError::from(Error::LengthMismatch { context: "push".into(), what: "values", expected: 2, got: 1 });
+        assert_eq!(e.detail(), Detail { lengths: Some((2, 1)), ..Detail::default() });
+        assert_eq!((length(Some(2)), length(None)), (2, -1));
+        let e = JniError::from(Error::KeyNotInitialized { op: "pull", key: "b".into() });
+        assert_eq!(e.detail(), Detail { key: Some("b"), ..Detail::default() });
+        assert_eq!(JniError::from(jni::errors::Error::NullPtr("keys")).detail(), Detail::default());
     }
 
     #[test]

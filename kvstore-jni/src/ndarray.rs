@@ -56,6 +56,7 @@ fn check_len(shape: &[usize], len: usize) -> kvstore_core::Result<()> {
 fn size_mismatch(shape: &[usize], len: usize) -> Error {
     Error::ShapeMismatch {
         context: format!("NDArray.array: {len} elements for shape {shape:?}"),
+        key: None,
         expected: shape.to_vec(),
         got: vec![len],
     }
@@ -188,6 +189,7 @@ fn copy_to_floats(env: &Env<'_>, h: i64, dst: &JFloatArray<'_>) -> JResult<()> {
     if len != a.size() {
         return Err(Error::ShapeMismatch {
             context: format!("NDArray.toFloatArray: a float[{len}] for {} elements", a.size()),
+            key: None,
             expected: vec![a.size()],
             got: vec![len],
         }

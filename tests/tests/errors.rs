@@ -93,6 +93,39 @@ fn wrong_dtypes_in_push_and_pull_are_dtype_mismatch() {
 }
 
 #[test]
+fn mismatches_carry_the_key_and_what_was_expected_and_got_as_fields() {
+    let wrong = || NDArray::zeros(&[3, 3]).expect("alloc");
+    let e = rejected(|kv| kv.push(3, &wrong(), 0), ErrorKind::ShapeMismatch, &[]);
+    assert_eq!(e.key(), Some(&Key::from("3")));
+    match &e {
+        Error::ShapeMismatch { key, expected, got, .. } => {
+            assert_eq!(key.as_ref().map(Key::as_str), Some("3"));
+            assert_eq!(expected, &SHAPE.to_vec());
+            assert_eq!(got, &vec![3, 3]);
+        }
+        other => panic!("not a shape mismatch: {other:?}"),
+    }
+    let f64s = || NDArray::ones_with(&SHAPE, DType::F64, Context::cpu(0)).expect("alloc");
+    let e = rejected(|kv| kv.push("s", &[ones(), f64s()], 0), ErrorKind::DTypeMismatch, &[]);
+    assert_eq!(e.key(), Some(&Key::from("s")));
+    match &e {
+        Error::DTypeMismatch { key, expected, got, .. } => {
+            assert_eq!(key.as_ref().map(Key::as_str), Some("s"));
+            assert_eq!((*expected, *got), (DType::F32, DType::F64));
+        }
+        other => panic!("not a dtype mismatch: {other:?}"),
+    }
+    let e = rejected(|kv| kv.pull(100, &ones(), 0), ErrorKind::KeyNotInitialized, &[]);
+    assert_eq!(e.key().map(Key::as_str), Some("100"));
+    let e = rejected(|kv| kv.init("s", &ones()), ErrorKind::AlreadyInitialized, &[]);
+    assert_eq!(e.key().map(Key::as_str), Some("s"));
+    // Array arithmetic concerns no key.
+    let e = ones().add_assign(&wrong()).expect_err("shapes differ");
+    assert!(matches!(&e, Error::ShapeMismatch { key: None, .. }), "{e:?}");
+    assert_eq!(e.key(), None);
+}
+
+#[test]
 fn lists_of_different_lengths_are_length_mismatch() {
     rejected(|kv| kv.init(&[8, 9], &[ones()]), ErrorKind::LengthMismatch, &["init", "2"]);
     rejected(|kv| kv.push(&[3, 9], &[ones()], 0), ErrorKind::LengthMismatch, &["push"]);

@@ -279,12 +279,18 @@ fn check_group(op: &'static str, what: &str, group: &Group<'_>, stored: &NDArray
         if a.shape() != stored.shape() {
             return Err(Error::ShapeMismatch {
                 context: context(),
+                key: Some(key.clone()),
                 expected: stored.shape().to_vec(),
                 got: a.shape().to_vec(),
             });
         }
         if a.dtype() != stored.dtype() {
-            return Err(Error::DTypeMismatch { context: context(), expected: stored.dtype(), got: a.dtype() });
+            return Err(Error::DTypeMismatch {
+                context: context(),
+                key: Some(key.clone()),
+                expected: stored.dtype(),
+                got: a.dtype(),
+            });
         }
     }
     Ok(())
@@ -1121,12 +1127,18 @@ impl KVStore {
                 if out.shape() != v.shape() {
                     return Err(Error::ShapeMismatch {
                         context: context(),
+                        key: Some(k.clone()),
                         expected: v.shape().to_vec(),
                         got: out.shape().to_vec(),
                     });
                 }
                 if out.dtype() != v.dtype() {
-                    return Err(Error::DTypeMismatch { context: context(), expected: v.dtype(), got: out.dtype() });
+                    return Err(Error::DTypeMismatch {
+                        context: context(),
+                        key: Some(k.clone()),
+                        expected: v.dtype(),
+                        got: out.dtype(),
+                    });
                 }
             }
         }

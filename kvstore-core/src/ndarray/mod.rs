@@ -308,6 +308,7 @@ impl NDArray {
         if size != data.len() {
             return Err(Error::ShapeMismatch {
                 context: format!("from_vec: {} elements for shape {shape:?}", data.len()),
+                key: None,
                 expected: shape.to_vec(),
                 got: vec![data.len()],
             });
@@ -559,7 +560,12 @@ impl NDArray {
         if T::DTYPE == self.dtype() {
             Ok(())
         } else {
-            Err(Error::DTypeMismatch { context: format!("ndarray {op}"), expected: self.dtype(), got: T::DTYPE })
+            Err(Error::DTypeMismatch {
+                context: format!("ndarray {op}"),
+                key: None,
+                expected: self.dtype(),
+                got: T::DTYPE,
+            })
         }
     }
 
@@ -656,6 +662,7 @@ impl NDArray {
         if self.shape() != other.shape() {
             return Err(Error::ShapeMismatch {
                 context: format!("ndarray {op}"),
+                key: None,
                 expected: self.shape().to_vec(),
                 got: other.shape().to_vec(),
             });
@@ -689,6 +696,7 @@ impl NDArray {
                 if self.dtype() != b.dtype() {
                     return Err(Error::DTypeMismatch {
                         context: format!("ndarray {}", op.name()),
+                        key: None,
                         expected: self.dtype(),
                         got: b.dtype(),
                     });

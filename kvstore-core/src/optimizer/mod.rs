@@ -510,6 +510,7 @@ impl Runtime {
         if let Some(a) = state.states.iter().find(|a| a.dtype() != sd) {
             return Err(Error::DTypeMismatch {
                 context: format!("load_optimizer_states: the state of key \"{key}\" for its {} weight", weight.dtype()),
+                key: Some(key.clone()),
                 expected: sd,
                 got: a.dtype(),
             });
@@ -533,6 +534,7 @@ impl Runtime {
         } else {
             Err(Error::DTypeMismatch {
                 context: format!("push of key \"{key}\" with optimizer {} (weights must be float)", self.opt.name),
+                key: Some(key.clone()),
                 expected: DType::F32,
                 got: w.dtype(),
             })

@@ -372,6 +372,7 @@ pub(crate) fn install(
         if weight.shape() != l.shape.as_slice() {
             return Err(Error::ShapeMismatch {
                 context: format!("{context}: key \"{}\"", l.key),
+                key: Some(l.key.clone()),
                 expected: weight.shape().to_vec(),
                 got: l.shape.clone(),
             });

@@ -14,7 +14,11 @@
     it and lists the options there are, `{:kvstore/error :invalid-argument}`;
   - an error of the store or of an array: the message is the Java message and
     the data is `{:kvstore/error :shape-mismatch, :kvstore/code \"SHAPE_MISMATCH\",
-    :kvstore/op :push}`; the `KVStoreException` is the cause. The keyword is
+    :kvstore/op :push}` plus, when the error has them, `:key` (the key concerned,
+    a string) and `:expected` / `:got` (the shapes of a shape mismatch as
+    vectors of longs, the dtypes of a dtype mismatch as keywords such as
+    `:float32`, the lengths of a length mismatch as longs; see
+    `kvstore-exception-data`); the `KVStoreException` is the cause. The keyword is
     the code's name in lower case with dashes: `:key-not-initialized
     :already-initialized :shape-mismatch :dtype-mismatch :length-mismatch
     :unknown-store-kind :device-unavailable :unsupported :invalid-argument
@@ -25,7 +29,7 @@
     `OutOfMemoryError`, when there is one, as the cause."
   (:require [clojure.spec.alpha :as s]
             [clojure.string :as string])
-  (:import (io.github.kvstore KVStoreException KVStoreException$Code)))
+  (:import (io.github.kvstore DType KVStoreException KVStoreException$Code)))
 
 (set! *warn-on-reflection* true)
 
@@ -81,9 +85,35 @@
       (string/replace "_" "-")
       keyword))
 
+(defn- dtype->keyword
+  "The keyword naming `d` as `ndarray/dtype-keyword` does (`:float32`), or nil."
+  [^DType d]
+  (some-> d .mxnetName keyword))
+
+(defn kvstore-exception-data
+  "The data that `e` carries besides its code, as a map with only the entries
+  that apply: `:key` (the key concerned, a string), and `:expected` / `:got`:
+  shapes as vectors of longs (`[2 3]`) for a shape mismatch, dtypes as
+  keywords (`:float32`) for a dtype mismatch, lengths as longs for a length
+  mismatch."
+  [^KVStoreException e]
+  (let [shapes (when-let [expected (.expectedShape e)]
+                 [(vec expected) (vec (.gotShape e))])
+        dtypes (when-let [expected (.expectedDType e)]
+                 [(dtype->keyword expected) (dtype->keyword (.gotDType e))])
+        lengths (when (.isPresent (.expectedLength e))
+                  [(.getAsLong (.expectedLength e)) (.getAsLong (.gotLength e))])
+        [expected got] (or shapes dtypes lengths)]
+    (cond-> {}
+      (.key e) (assoc :key (.key e))
+      (some? expected) (assoc :expected expected)
+      (some? got) (assoc :got got))))
+
 (defn kvstore-exception->ex-info
   "The `ex-info` that stands for `e`: its message, `{:kvstore/error <keyword>
-  :kvstore/code <code name> :kvstore/op op}` plus `extra` as data, `e` as cause."
+  :kvstore/code <code name> :kvstore/op op}`, the data of `e` (see
+  `kvstore-exception-data`: `:key`, `:expected`, `:got`) and `extra` as data,
+  `e` as cause."
   ([^KVStoreException e op]
    (kvstore-exception->ex-info e op nil))
   ([^KVStoreException e op extra]
@@ -92,6 +122,7 @@
               (merge {:kvstore/error (code->keyword code)
                       :kvstore/code code
                       :kvstore/op op}
+                     (kvstore-exception-data e)
                      extra)
               e))))
 

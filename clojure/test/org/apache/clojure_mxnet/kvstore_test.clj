@@ -242,6 +242,32 @@
   (let [kv (kvstore/init (kvstore/create) "a" (ndarray/zeros [2]))]
     (is (= :dtype-mismatch (error-of #(kvstore/push kv "a" (ndarray/ones [2] {:dtype :float64})))))))
 
+(deftest errors-carry-the-key-and-what-was-expected-and-got
+  (let [kv (kvstore/init (kvstore/create) "a" (ndarray/zeros [2 3]))]
+    (testing "a shape mismatch: the key and the shapes as vectors of longs"
+      (let [data (ex-data (thrown #(kvstore/push kv "a" (ndarray/ones [3 3]))))]
+        (is (= {:kvstore/error :shape-mismatch :key "a" :expected [2 3] :got [3 3]}
+               (select-keys data [:kvstore/error :key :expected :got])))
+        (is (every? #(instance? Long %) (concat (:expected data) (:got data))))))
+    (testing "a dtype mismatch: the dtypes as ndarray's keywords"
+      (let [data (ex-data (thrown #(kvstore/push kv "a" (ndarray/ones [2 3] {:dtype :float64}))))]
+        (is (= {:kvstore/error :dtype-mismatch :key "a" :expected :float32 :got :float64}
+               (select-keys data [:kvstore/error :key :expected :got])))
+        (is (= (:expected data) (ndarray/dtype-keyword (ndarray/dtype (ndarray/zeros [1])))))))
+    (testing "a key that was never initialized"
+      (let [data (ex-data (thrown #(kvstore/pull kv "nope" (ndarray/zeros [2 3]))))]
+        (is (= :key-not-initialized (:kvstore/error data)))
+        (is (= "nope" (:key data)))
+        (is (not (contains? data :expected)))))
+    (testing "a length mismatch: the lengths, and no key"
+      (let [data (ex-data (thrown #(kvstore/push kv ["a" "a"] [(ndarray/ones [2 3])])))]
+        (is (= {:kvstore/error :length-mismatch :expected 2 :got 1}
+               (select-keys data [:kvstore/error :key :expected :got])))))
+    (testing "an error of another kind has none of them"
+      (let [data (ex-data (thrown #(kvstore/create "no-such-kind")))]
+        (is (= :unknown-store-kind (:kvstore/error data)))
+        (is (empty? (select-keys data [:key :expected :got])))))))
+
 (deftest gpu-values-work-or-are-device-unavailable
   (let [r (try (let [kv (kvstore/init (kvstore/create "device") "g" (ndarray/zeros [2]))
                      vals [(ndarray/ones [2] {:ctx (context/gpu 0)}) (ndarray/ones [2] {:ctx (context/gpu 0)})]

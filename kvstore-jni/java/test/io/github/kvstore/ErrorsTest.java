@@ -95,6 +95,55 @@ class ErrorsTest {
     }
 
     @Test
+    void errorsCarryTheKeyAndWhatWasExpectedAndGot() {
+        try (KVStore kv = KVStore.create();
+                NDArray ones = NDArray.ones(SHAPE);
+                NDArray other = NDArray.ones(3, 2);
+                NDArray doubles = NDArray.ones(SHAPE, Context.cpu(), DType.FLOAT64)) {
+            kv.init("k", ones);
+            KVStoreException e = assertCode(Code.SHAPE_MISMATCH, () -> kv.push("k", other));
+            assertEquals("k", e.key());
+            assertArrayEquals(new long[] {2, 3}, e.expectedShape());
+            assertArrayEquals(new long[] {3, 2}, e.gotShape());
+            e.gotShape()[0] = 99;
+            assertArrayEquals(new long[] {3, 2}, e.gotShape(), "the accessor returns a copy");
+            assertNull(e.expectedDType());
+            assertFalse(e.expectedLength().isPresent());
+
+            e = assertCode(Code.DTYPE_MISMATCH, () -> kv.push("k", doubles));
+            assertEquals("k", e.key());
+            assertSame(DType.FLOAT32, e.expectedDType());
+            assertSame(DType.FLOAT64, e.gotDType());
+            assertNull(e.expectedShape());
+            assertNull(e.gotShape());
+
+            e = assertCode(Code.KEY_NOT_INITIALIZED, () -> kv.pull("nope", ones));
+            assertEquals("nope", e.key());
+            assertNull(e.expectedShape());
+            assertNull(e.gotDType());
+            assertEquals("k", assertCode(Code.ALREADY_INITIALIZED, () -> kv.init("k", ones)).key());
+
+            e = assertCode(Code.LENGTH_MISMATCH, () -> kv.push(new String[] {"k", "k"}, new NDArray[] {ones}));
+            assertNull(e.key());
+            assertEquals(2, e.expectedLength().getAsLong());
+            assertEquals(1, e.gotLength().getAsLong());
+
+            // Array arithmetic concerns no key.
+            e = assertCode(Code.SHAPE_MISMATCH, () -> ones.add(other));
+            assertNull(e.key());
+            assertArrayEquals(new long[] {2, 3}, e.expectedShape());
+            e = assertCode(Code.DTYPE_MISMATCH, () -> ones.addInPlace(doubles));
+            assertNull(e.key());
+            assertSame(DType.FLOAT64, e.gotDType());
+        }
+        KVStoreException java = new KVStoreException(Code.IO, "made in Java");
+        assertNull(java.key());
+        assertNull(java.expectedShape());
+        assertNull(java.expectedDType());
+        assertFalse(java.gotLength().isPresent());
+    }
+
+    @Test
     void listsOfDifferentLengthsAreLengthMismatch() {
         try (KVStore kv = KVStore.create();
                 NDArray a = NDArray.ones(SHAPE);
