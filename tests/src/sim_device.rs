@@ -16,8 +16,26 @@ pub struct SimBuffer {
     words: Vec<u64>,
     /// The backend's write-failure switch, shared by every buffer.
     fail_writes: &'static AtomicUsize,
-    /// The backend's count of downloads, shared by every buffer.
-    downloads: &'static AtomicUsize,
+    /// The backend's counts, shared by every buffer.
+    sizes: &'static SizeCounts,
+}
+
+/// Counts of events by the byte size of the buffers involved: tests that run beside
+/// others in one process count only the events of their own (distinctively sized)
+/// arrays.
+#[derive(Default)]
+pub struct SizeCounts(std::sync::Mutex<std::collections::HashMap<(&'static str, usize), usize>>);
+
+impl SizeCounts {
+    fn add(&self, what: &'static str, bytes: usize, n: usize) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()).entry((what, bytes)).or_insert(0) += n;
+    }
+
+    /// How many times `what` (`"alloc"`, `"download"`, `"foreign input"`) happened to
+    /// buffers of `bytes` bytes.
+    pub fn get(&self, what: &'static str, bytes: usize) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).get(&(what, bytes)).copied().unwrap_or(0)
+    }
 }
 
 impl SimBuffer {
@@ -50,7 +68,7 @@ impl DeviceBuffer for SimBuffer {
 
     fn read_to_host(&self, dst: &mut [u8]) -> Result<()> {
         dst.copy_from_slice(self.bytes());
-        self.downloads.fetch_add(1, Ordering::SeqCst);
+        self.sizes.add("download", self.len, 1);
         Ok(())
     }
 
@@ -87,13 +105,11 @@ pub struct SimDevice {
     pub fused_steps: AtomicUsize,
     /// Page-locked host buffers handed out.
     pub pinned_allocs: AtomicUsize,
-    /// Device buffers handed out.
-    pub device_allocs: AtomicUsize,
-    /// Inputs of kernel reductions that were on another device than the out (the CUDA
-    /// backend copies such an input peer to peer into a buffer of its own first).
-    pub foreign_inputs: AtomicUsize,
-    /// Copies from a device buffer to host memory.
-    pub downloads: &'static AtomicUsize,
+    /// By buffer size: device buffers handed out (`"alloc"`), copies to host memory
+    /// (`"download"`), and inputs of kernel reductions on another device than the out
+    /// (`"foreign input"`: the CUDA backend copies such an input peer to peer into a
+    /// buffer of its own first).
+    pub sizes: &'static SizeCounts,
     /// Makes every `write_from_host` fail.
     /// `d + 1` makes every `write_from_host` to device `d` fail (0: none fail).
     pub fail_writes: &'static AtomicUsize,
@@ -110,9 +126,7 @@ impl SimDevice {
             fused: AtomicBool::new(true),
             fused_steps: AtomicUsize::new(0),
             pinned_allocs: AtomicUsize::new(0),
-            device_allocs: AtomicUsize::new(0),
-            foreign_inputs: AtomicUsize::new(0),
-            downloads: Box::leak(Box::new(AtomicUsize::new(0))),
+            sizes: Box::leak(Box::default()),
             fail_writes: Box::leak(Box::new(AtomicUsize::new(0))),
         }
     }
@@ -304,13 +318,13 @@ impl DeviceBackend for SimDevice {
     }
 
     fn alloc_zeroed(&self, device: usize, bytes: usize) -> Result<Box<dyn DeviceBuffer>> {
-        self.device_allocs.fetch_add(1, Ordering::SeqCst);
+        self.sizes.add("alloc", bytes, 1);
         Ok(Box::new(SimBuffer {
             device,
             len: bytes,
             words: vec![0; bytes.div_ceil(8)],
             fail_writes: self.fail_writes,
-            downloads: self.downloads,
+            sizes: self.sizes,
         }))
     }
 
@@ -328,7 +342,7 @@ impl DeviceBackend for SimDevice {
         let ins: Vec<&SimBuffer> = inputs.iter().map(|b| sim(*b)).collect::<Result<_>>()?;
         let out = sim_mut(out)?;
         let foreign = ins.iter().filter(|b| b.device != out.device).count();
-        self.foreign_inputs.fetch_add(foreign, Ordering::SeqCst);
+        self.sizes.add("foreign input", out.len, foreign);
         match dtype {
             DType::F32 => sum::<f32>(&ins, out),
             DType::F64 => sum::<f64>(&ins, out),

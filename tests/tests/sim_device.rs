@@ -281,33 +281,36 @@ fn local_stores_stage_device_values_through_reused_pinned_buffers() {
 fn device_stores_keep_peer_copies_per_key_and_never_download_an_out_they_overwrite() {
     let _s = switches();
     let sim = sim();
+    // 337 f32: a size no other test uses, so that the counts are this test's alone.
+    const N: usize = 337;
+    let bytes = N * 4;
     let kv = KVStore::create("device").expect("store");
-    kv.init("w", &values(300, 1, DType::F32, Context::gpu(0))).expect("init");
+    kv.init("w", &values(N, 1, DType::F32, Context::gpu(0))).expect("init");
     // Values from two devices: the key goes to one of them; the other's value is copied
     // there at every push, into a buffer made once.
-    let vals = [values(300, 2, DType::F32, Context::gpu(0)), values(300, 3, DType::F32, Context::gpu(1))];
+    let vals = [values(N, 2, DType::F32, Context::gpu(0)), values(N, 3, DType::F32, Context::gpu(1))];
     kv.push("w", &vals, 0).expect("first push");
     let home = kv.context_of("w").expect("context");
     assert!(!home.is_cpu(), "the key lives on a GPU");
-    let (allocs, foreign) = (sim.device_allocs.load(Ordering::SeqCst), sim.foreign_inputs.load(Ordering::SeqCst));
+    let (allocs, foreign) = (sim.sizes.get("alloc", bytes), sim.sizes.get("foreign input", bytes));
     for _ in 0..3 {
         kv.push("w", &vals, 0).expect("push");
     }
-    assert_eq!(sim.device_allocs.load(Ordering::SeqCst), allocs, "later pushes allocate no device buffer");
-    assert_eq!(sim.foreign_inputs.load(Ordering::SeqCst), foreign, "the kernel sums inputs on the key's device");
+    assert_eq!(sim.sizes.get("alloc", bytes), allocs, "later pushes allocate no device buffer");
+    assert_eq!(sim.sizes.get("foreign input", bytes), foreign, "the kernel sums inputs on the key's device");
     // A push with a host value sums on the host: the device values are read, the key's
     // value (the sum's out, overwritten whole) is not downloaded first.
-    let mixed = [values(300, 2, DType::F32, home), values(300, 4, DType::F32, Context::cpu(0))];
-    let before = sim.downloads.load(Ordering::SeqCst);
+    let mixed = [values(N, 2, DType::F32, home), values(N, 4, DType::F32, Context::cpu(0))];
+    let before = sim.sizes.get("download", bytes);
     kv.push("w", &mixed, 0).expect("mixed push");
-    assert_eq!(sim.downloads.load(Ordering::SeqCst) - before, 1, "only the device input is downloaded");
-    let out = NDArray::zeros(&[300]).expect("out");
+    assert_eq!(sim.sizes.get("download", bytes) - before, 1, "only the device input is downloaded");
+    let out = NDArray::zeros(&[N]).expect("out");
     kv.pull("w", &out, 0).expect("pull");
     let reference = KVStore::create("local").expect("store");
-    reference.init("w", &values(300, 1, DType::F32, Context::cpu(0))).expect("init");
+    reference.init("w", &values(N, 1, DType::F32, Context::cpu(0))).expect("init");
     let host: Vec<NDArray> = mixed.iter().map(|v| v.copy_to(Context::cpu(0)).expect("host copy")).collect();
     reference.push("w", &host, 0).expect("push");
-    let expected = NDArray::zeros(&[300]).expect("out");
+    let expected = NDArray::zeros(&[N]).expect("out");
     reference.pull("w", &expected, 0).expect("pull");
     assert_eq!(bits(&out), bits(&expected));
 }
