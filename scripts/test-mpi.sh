@@ -49,13 +49,12 @@ for run in 2 4 2:256; do
     n=0
     f=0
     for file in $(find "$ranks" -name stdout 2>/dev/null); do
-        line=$(grep -m1 '^test result:' "$file")
-        if [[ "$line" == "test result: ok. "* ]]; then
+        read -r rp rf < <(bash scripts/count-results.sh cargo "$file")
+        if grep -q '^test result: ok\. ' "$file" && [ "$rf" -eq 0 ]; then
             ok_ranks=$((ok_ranks + 1))
-            n=$(echo "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+')
+            n=$rp
         fi
-        rf=$(echo "$line" | grep -oE '[0-9]+ failed' | grep -oE '[0-9]+')
-        [ "${rf:-0}" -gt "$f" ] && f=$rf
+        [ "$rf" -gt "$f" ] && f=$rf
     done
     if [ "$rc" -eq 0 ] && [ "$ok_ranks" -eq "$np" ] && [ "${n:-0}" -gt 0 ]; then
         echo "mpirun -np $np${bucket:+ with $bucket-byte buckets}: $n tests passed on every rank"

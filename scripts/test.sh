@@ -42,7 +42,7 @@ fi
 # The cargo suites. `--no-fail-fast` runs every test binary even after a failure.
 cargo test --workspace --no-fail-fast 2>&1 | tee "$logs/cargo.log"
 status=${PIPESTATUS[0]}
-read -r p f < <(awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } } END { print p + 0, f + 0 }' "$logs/cargo.log")
+read -r p f < <(bash scripts/count-results.sh cargo "$logs/cargo.log")
 echo "cargo: $p passed, $f failed"
 passed=$((passed + p))
 failed=$((failed + f))
@@ -70,13 +70,8 @@ suite() {
     shift
     "$@" 2>&1 | tee "$logs/$name.log"
     local status=${PIPESTATUS[0]}
-    local lines
-    lines=$(grep -E '^[a-z][a-z-]*: [0-9]+ passed, [0-9]+ failed$' "$logs/$name.log" || true)
-    local p=0 f=0
-    if [ -n "$lines" ]; then
-        p=$(echo "$lines" | awk '{ s += $2 } END { print s + 0 }')
-        f=$(echo "$lines" | awk '{ s += $4 } END { print s + 0 }')
-    fi
+    local p f
+    read -r p f < <(bash scripts/count-results.sh suites "$logs/$name.log")
     passed=$((passed + p))
     failed=$((failed + f))
     if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then
