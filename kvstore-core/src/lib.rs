@@ -77,7 +77,10 @@ pub use error::{Error, ErrorKind, Result};
 pub use key::{Key, Keys, Values, shorten};
 pub use kvstore::{KVStore, KVStoreBuilder};
 pub use ndarray::{NDArray, Operand};
-pub use optimizer::{LrScheduler, Optimizer, OptimizerBuilder, WarmupMode, optimizer_names};
+pub use optimizer::{
+    LrScheduler, Optimizer, OptimizerBuilder, OptimizerSpec, ParamValue, ScheduleKind, ScheduleSpec, WarmupMode,
+    optimizer_names,
+};
 pub use updater::Updater;
 
 /// The version of this library (the workspace's version, shared by every crate, the

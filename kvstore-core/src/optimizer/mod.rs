@@ -18,6 +18,7 @@
 
 mod rules;
 mod scheduler;
+mod spec;
 pub(crate) mod states;
 
 use std::collections::{BTreeMap, HashMap};
@@ -32,6 +33,7 @@ use crate::key::Key;
 use crate::ndarray::NDArray;
 
 pub use scheduler::{LrScheduler, WarmupMode};
+pub use spec::{OptimizerSpec, ParamValue, ScheduleKind, ScheduleSpec};
 
 use rules::{Rule, Step};
 

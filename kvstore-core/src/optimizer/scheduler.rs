@@ -3,12 +3,15 @@
 //! keep state (the current rate and how far the steps have advanced), which is saved
 //! with the optimizer states.
 
+use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::spec::ScheduleKind;
 use crate::error::{Error, Result};
 
 /// How the rate rises during warm-up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum WarmupMode {
     /// From `warmup_begin_lr` to the base rate, linearly.
     Linear,
@@ -282,62 +285,68 @@ impl LrScheduler {
         self.base_lr
     }
 
-    /// The schedule and its state, for optimizer-state files.
+    /// The schedule and its state, for optimizer-state files: under `"kind"` the
+    /// [`ScheduleKind`] (every option written out) with the kind's own state, beside it
+    /// the state every kind has.
     pub(crate) fn to_json(&self) -> Value {
-        let kind = match &self.kind {
-            Kind::Factor { step, factor, stop_factor_lr, count } => {
-                json!({"type": "factor", "step": step, "factor": factor, "stop_factor_lr": stop_factor_lr, "count": count})
-            }
-            Kind::MultiFactor { steps, factor, cur_step_ind, count } => {
-                json!({"type": "multifactor", "steps": steps, "factor": factor, "cur_step_ind": cur_step_ind, "count": count})
-            }
-            Kind::Poly { max_update, pwr, final_lr, base_lr_orig } => {
-                json!({"type": "poly", "max_update": max_update, "pwr": pwr, "final_lr": final_lr, "base_lr_orig": base_lr_orig})
-            }
-            Kind::Cosine { max_update, final_lr, base_lr_orig } => {
-                json!({"type": "cosine", "max_update": max_update, "final_lr": final_lr, "base_lr_orig": base_lr_orig})
-            }
+        let (spec, state) = match &self.kind {
+            Kind::Factor { step, factor, stop_factor_lr, count } => (
+                ScheduleKind::Factor { step: *step, factor: *factor, stop_factor_lr: Some(*stop_factor_lr) },
+                json!({"count": count}),
+            ),
+            Kind::MultiFactor { steps, factor, cur_step_ind, count } => (
+                ScheduleKind::MultiFactor { steps: steps.clone(), factor: *factor },
+                json!({"cur_step_ind": cur_step_ind, "count": count}),
+            ),
+            Kind::Poly { max_update, pwr, final_lr, base_lr_orig } => (
+                ScheduleKind::Poly { max_update: *max_update, pwr: Some(*pwr), final_lr: Some(*final_lr) },
+                json!({"base_lr_orig": base_lr_orig}),
+            ),
+            Kind::Cosine { max_update, final_lr, base_lr_orig } => (
+                ScheduleKind::Cosine { max_update: *max_update, final_lr: Some(*final_lr) },
+                json!({"base_lr_orig": base_lr_orig}),
+            ),
         };
+        // Serialising numbers, strings and lists into a value cannot fail.
+        let mut kind = serde_json::to_value(&spec).unwrap_or_default();
+        if let (Value::Object(kind), Value::Object(state)) = (&mut kind, state) {
+            kind.extend(state);
+        }
         json!({
             "kind": kind,
             "base_lr": self.base_lr,
             "warmup_steps": self.warmup_steps,
             "warmup_begin_lr": self.warmup_begin_lr,
             "warmup_final_lr": self.warmup_final_lr,
-            "warmup_mode": if self.warmup_mode == WarmupMode::Linear { "linear" } else { "constant" },
+            "warmup_mode": self.warmup_mode,
         })
     }
 
-    /// Reads what [`LrScheduler::to_json`] wrote.
+    /// Reads what [`LrScheduler::to_json`] wrote (state-file versions 1 and 2 alike).
     pub(crate) fn from_json(v: &Value) -> Option<Self> {
-        let k = &v["kind"];
+        let k = v["kind"].as_object()?;
+        // Other fields are ignored, as they always were.
+        let (spec, _) = ScheduleKind::from_object(k).ok()?;
         let f = |v: &Value, name: &str| v[name].as_f64();
         let u = |v: &Value, name: &str| v[name].as_u64();
-        let kind = match k["type"].as_str()? {
-            "factor" => Kind::Factor {
-                step: u(k, "step")?,
-                factor: f(k, "factor")?,
-                stop_factor_lr: f(k, "stop_factor_lr")?,
-                count: u(k, "count")?,
-            },
-            "multifactor" => Kind::MultiFactor {
-                steps: k["steps"].as_array()?.iter().map(Value::as_u64).collect::<Option<_>>()?,
-                factor: f(k, "factor")?,
+        let k = &v["kind"];
+        // A state file writes every option out: one missing is a corrupt file.
+        let kind = match spec {
+            ScheduleKind::Factor { step, factor, stop_factor_lr } => {
+                Kind::Factor { step, factor, stop_factor_lr: stop_factor_lr?, count: u(k, "count")? }
+            }
+            ScheduleKind::MultiFactor { steps, factor } => Kind::MultiFactor {
+                steps,
+                factor,
                 cur_step_ind: usize::try_from(u(k, "cur_step_ind")?).ok()?,
                 count: u(k, "count")?,
             },
-            "poly" => Kind::Poly {
-                max_update: u(k, "max_update")?,
-                pwr: f(k, "pwr")?,
-                final_lr: f(k, "final_lr")?,
-                base_lr_orig: f(k, "base_lr_orig")?,
-            },
-            "cosine" => Kind::Cosine {
-                max_update: u(k, "max_update")?,
-                final_lr: f(k, "final_lr")?,
-                base_lr_orig: f(k, "base_lr_orig")?,
-            },
-            _ => return None,
+            ScheduleKind::Poly { max_update, pwr, final_lr } => {
+                Kind::Poly { max_update, pwr: pwr?, final_lr: final_lr?, base_lr_orig: f(k, "base_lr_orig")? }
+            }
+            ScheduleKind::Cosine { max_update, final_lr } => {
+                Kind::Cosine { max_update, final_lr: final_lr?, base_lr_orig: f(k, "base_lr_orig")? }
+            }
         };
         // What the constructors refuse, and counters that could wrap, are refused here
         // too: such a schedule would loop forever or overflow.
@@ -412,6 +421,26 @@ mod tests {
         let mut v = LrScheduler::poly(10, 2.0, 0.0).unwrap().to_json();
         v["warmup_steps"] = 20.into();
         assert_eq!(LrScheduler::from_json(&v), None);
+    }
+
+    #[test]
+    fn a_state_files_kind_is_the_schedule_kinds_json_with_the_state_beside_it() {
+        let cases = [
+            (LrScheduler::factor(2, 0.5).unwrap(), &["count"][..]),
+            (LrScheduler::multi_factor(&[2, 5], 0.1).unwrap(), &["cur_step_ind", "count"][..]),
+            (LrScheduler::poly(10, 2.0, 0.0).unwrap(), &["base_lr_orig"][..]),
+            (LrScheduler::cosine(10, 0.0).unwrap(), &["base_lr_orig"][..]),
+        ];
+        for (s, state) in cases {
+            let v = s.to_json();
+            let mut kind = v["kind"].as_object().unwrap().clone();
+            for name in state {
+                assert!(kind.remove(*name).is_some(), "{name} in {v}");
+            }
+            let (spec, _) = ScheduleKind::from_object(&kind).unwrap();
+            assert_eq!(serde_json::to_value(&spec).unwrap(), Value::Object(kind));
+            assert_eq!(LrScheduler::from_json(&v), Some(s));
+        }
     }
 
     #[test]

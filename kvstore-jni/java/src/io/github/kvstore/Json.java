@@ -4,7 +4,7 @@ import java.util.Map;
 
 /**
  * The little JSON writing that {@link Optimizer#toJson()} and {@link LrScheduler#toJson()}
- * need (the format is in {@code kvstore-jni/src/optimizer.rs}). Non-finite numbers, which
+ * need (the format is in {@code kvstore-core/src/optimizer/spec.rs}). Non-finite numbers, which
  * JSON lacks, are written as the strings {@code "NaN"}, {@code "Infinity"} and
  * {@code "-Infinity"}, so that the native side can reject them by name.
  */

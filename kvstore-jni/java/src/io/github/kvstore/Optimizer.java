@@ -274,7 +274,7 @@ public final class Optimizer {
     /**
      * This optimizer as the JSON that the native library reads: {@code {"name": "sgd",
      * "params": {"learning_rate": 0.1}, "scheduler": null, "lr_mult": {}, "wd_mult": {}}}
-     * (format in {@code kvstore-jni/src/optimizer.rs}).
+     * (format in {@code kvstore-core/src/optimizer/spec.rs}).
      *
      * @return the JSON text
      */
@@ -1027,4 +1027,7 @@ public final class Optimizer {
     // ----- natives (kvstore-jni/src/optimizer.rs; contract in kvstore-jni/NATIVES.md) -----
 
     static native void nValidate(String json);
+
+    /** Core's canonical JSON of the description {@code json} (read, not built); for tests. */
+    static native String nCanonicalJson(String json);
 }

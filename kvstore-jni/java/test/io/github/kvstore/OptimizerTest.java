@@ -279,7 +279,7 @@ class OptimizerTest {
     }
 
     /** Every factory, with the MXNet name it must install as. */
-    private static Stream<Map.Entry<String, Supplier<Optimizer.Builder<?>>>> factories() {
+    static Stream<Map.Entry<String, Supplier<Optimizer.Builder<?>>>> factories() {
         Map<String, Supplier<Optimizer.Builder<?>>> m = new LinkedHashMap<>();
         m.put("sgd", Optimizer::sgd);
         m.put("nag", Optimizer::nag);
@@ -302,7 +302,7 @@ class OptimizerTest {
      * Builds {@code b}; a build that says UNSUPPORTED (the optimizer's rule is not in this
      * build of the library) skips the test, printing which, and nothing else may.
      */
-    private static Optimizer buildOrSkip(String name, Optimizer.Builder<?> b) {
+    static Optimizer buildOrSkip(String name, Optimizer.Builder<?> b) {
         try {
             return b.build();
         } catch (KVStoreException e) {
