@@ -100,18 +100,18 @@ bench: jar
 	$(JAVA) -cp $(JAR):target/bench/java-classes io.github.kvstore.bench.JvmBench target/bench/jvm-java.json
 	$(JAVA) -cp $(JAR):$(CLJ_CP) clojure.main clojure/bench/kvstore_bench.clj target/bench/jvm-clojure.json
 	bash scripts/setup-mpi.sh
-	$(CARGO) build --release -p kvstore-mpi --features mpi --example bench_mpi
+	# Over shared memory, then again over TCP (loopback): allreduce latency closer to a
+	# network's than shared memory's.
+	mpi=$$(bash scripts/bench-exe.sh kvstore-mpi mpi --features mpi) && \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 2 \
-	    target/release/examples/bench_mpi target/bench/mpi.json
-	# Again over TCP (loopback): allreduce latency closer to a network's than shared memory's.
+	    "$$mpi" target/bench/mpi.json && \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 KVSTORE_BENCH_LABEL="mpi 2 ranks over tcp" \
 	    mpirun --oversubscribe --bind-to none --mca btl self,tcp -np 2 \
-	    target/release/examples/bench_mpi target/bench/mpi-tcp.json
+	    "$$mpi" target/bench/mpi-tcp.json
 	# GPU rows when this machine has a CUDA device (otherwise they print SKIP), and
 	# PyTorch's a+b+c+d on the same arrays when PyTorch is installed.
 	rm -f target/bench/gpu.json target/bench/torch.json
-	$(CARGO) build --release -p kvstore-cuda --example bench_gpu
-	target/release/examples/bench_gpu target/bench/gpu.json
+	$(CARGO) bench -p kvstore-cuda --bench gpu -- target/bench/gpu.json
 	python3 scripts/bench_torch.py target/bench/gpu.json target/bench/torch.json
 	$(CARGO) bench -p kvstore-core --bench report
 

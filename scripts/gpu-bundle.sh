@@ -13,8 +13,7 @@ rm -f "$out"/test-* "$out"/bench_gpu
 while read -r name exe; do
     cp "$exe" "$out/test-$name"
 done <<<"$bins"
-cargo build -p kvstore-cuda --release --example bench_gpu
-cp target/release/examples/bench_gpu "$out/bench_gpu"
+cp "$(bash scripts/bench-exe.sh kvstore-cuda gpu)" "$out/bench_gpu"
 cp scripts/bench_torch.py "$out/bench_torch.py"
 cat >"$out/run.sh" <<'RUN'
 #!/usr/bin/env bash

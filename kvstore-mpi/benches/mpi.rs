@@ -1,7 +1,7 @@
 //! The MPI rows of `make bench`, run with `mpirun -np 2`: a `dist_sync` push of 4 MB and
 //! 64 MB against a bare MPI allreduce of the same bytes, and 1000 small keys in one list
 //! push against 1000 separate bare allreduces, all timed in the same run. Rank 0 writes
-//! the medians as JSON (`bench_mpi OUT.json`) for the report. `KVSTORE_BENCH_LABEL`
+//! the medians as JSON (the bench binary with `OUT.json`) for the report. `KVSTORE_BENCH_LABEL`
 //! names the run in the rows (default "mpi 2 ranks"; `make bench` runs it again over
 //! TCP, where one allreduce costs what it costs across machines, not over shared memory).
 
@@ -17,7 +17,8 @@ fn median(world: &SimpleCommunicator, runs: usize, f: impl FnMut()) -> f64 {
 }
 
 fn main() -> kvstore_core::Result<()> {
-    let out = std::env::args().nth(1).unwrap_or_else(|| "target/bench/mpi.json".to_string());
+    let out =
+        std::env::args().skip(1).find(|a| !a.starts_with("--")).unwrap_or_else(|| "target/bench/mpi.json".to_string());
     let runs: usize = std::env::var("KVSTORE_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(21);
     let kv: KVStore = kvstore_mpi::create("dist_sync")?;
     let world = SimpleCommunicator::world();

@@ -1,4 +1,4 @@
-//! The GPU rows of `make bench` and of the GPU bundle (`bench_gpu OUT.json`), each
+//! The GPU rows of `make bench` and of the GPU bundle (`cargo bench -p kvstore-cuda --bench gpu`, or its binary with `OUT.json`), each
 //! against a limit measured in the same run:
 //! * the 4-input reduction of 64 Mi f32 on one GPU, as bandwidth against the GPU's own
 //!   device-to-device copy bandwidth (target: ratio >= 0.85);
@@ -28,7 +28,8 @@ fn gpu_array(n: usize, v: f64) -> kvstore_core::Result<NDArray> {
 }
 
 fn main() -> kvstore_core::Result<()> {
-    let out = std::env::args().nth(1).unwrap_or_else(|| "target/bench/gpu.json".to_string());
+    let out =
+        std::env::args().skip(1).find(|a| !a.starts_with("--")).unwrap_or_else(|| "target/bench/gpu.json".to_string());
     if !kvstore_cuda::gpu_or_skip("bench_gpu") {
         return Ok(());
     }
