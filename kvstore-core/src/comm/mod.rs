@@ -19,9 +19,11 @@ use crate::ndarray::NDArray;
 
 mod cpu;
 mod device;
+mod kind;
 
 pub use cpu::CommCpu;
 pub use device::CommDevice;
+pub(crate) use kind::StoreKind;
 
 /// One reduction: `out = inputs[0] + inputs[1] + ...`, element-wise, left to right.
 pub struct ReduceJob<'a> {

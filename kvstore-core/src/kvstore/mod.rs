@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::{RwLock, RwLockWriteGuard};
 
 use crate::collective::Collective;
-use crate::comm::{BroadcastJob, Comm, CommCpu, CommDevice, KeyBuffers, PushKey, ReduceJob};
+use crate::comm::{BroadcastJob, Comm, KeyBuffers, PushKey, ReduceJob, StoreKind};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys, Values, flat_pairs, flatten};
@@ -20,43 +20,6 @@ use crate::updater::Updater;
 mod locks;
 
 use locks::Held;
-
-/// How a store moves data. Chosen by the kind name given to [`KVStore::create`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    /// `local`: reduce on the host.
-    Local,
-    /// `device`: reduce on the devices of the pushed values; on CPU contexts the same
-    /// as `local`.
-    Device,
-    /// `dist_sync`: reduce locally, then sum across the workers of a [`Collective`].
-    Dist,
-}
-
-/// Kind names this build creates (`dist_sync` with a worker group).
-const SUPPORTED: [&str; 3] = ["local", "device", "dist_sync"];
-/// Every kind name of the project, for the message of an unknown kind.
-const KNOWN: [&str; 5] = ["local", "device", "dist_sync", "dist_device_sync", "nccl"];
-
-fn parse_kind(name: &str) -> Result<Mode> {
-    let lower = name.to_ascii_lowercase();
-    match lower.as_str() {
-        // MXNet's spellings of a local store.
-        "local" | "local_update_cpu" | "local_allreduce_cpu" => Ok(Mode::Local),
-        "device" | "local_allreduce_device" => Ok(Mode::Device),
-        // MXNet's synchronous spellings; `_async` ones are not synchronous.
-        "dist_sync" | "dist" | "dist_sync_device" | "dist_device_sync" => Ok(Mode::Dist),
-        _ if lower.contains("dist") || lower.contains("nccl") => Err(Error::Unsupported {
-            what: format!("store kind \"{}\"", crate::key::shorten(&lower)),
-            hint: format!(
-                "the supported kinds are {} (dist_sync runs over MPI with kvstore-mpi; nccl will come with \
-                 kvstore-cuda)",
-                SUPPORTED.join(", ")
-            ),
-        }),
-        _ => Err(Error::UnknownStoreKind { kind: crate::key::shorten(name).into_owned(), known: KNOWN.to_vec() }),
-    }
-}
 
 struct Entry {
     key: Key,
@@ -154,11 +117,9 @@ impl KVStoreBuilder {
     /// As [`KVStore::create`]; [`Error::Unsupported`] for `dist_sync` without a worker
     /// group, [`Error::InvalidArgument`] for a worker group on a local kind.
     pub fn build(self) -> Result<KVStore> {
-        // On CPU contexts a `device` store reduces exactly as a `local` one; the
-        // kinds differ once a GPU backend is plugged in.
-        let mode = parse_kind(&self.kind)?;
-        match (mode, &self.collective) {
-            (Mode::Dist, None) => {
+        let kind = StoreKind::parse(&self.kind)?;
+        match (kind.spans_processes(), &self.collective) {
+            (true, None) => {
                 return Err(Error::Unsupported {
                     what: format!(
                         "store kind \"{}\" without a worker group",
@@ -167,7 +128,7 @@ impl KVStoreBuilder {
                     hint: "create dist_sync stores with kvstore-mpi, which joins the MPI job".to_string(),
                 });
             }
-            (Mode::Local | Mode::Device, Some(_)) => {
+            (false, Some(_)) => {
                 return Err(Error::invalid_argument(format!(
                     "store kind \"{}\" is local: it takes no worker group (use dist_sync)",
                     crate::key::shorten(&self.kind)
@@ -175,15 +136,10 @@ impl KVStoreBuilder {
             }
             _ => {}
         }
-        let comm: Box<dyn Comm> = match mode {
-            Mode::Local => Box::new(CommCpu::new(self.threads)?),
-            Mode::Device => Box::new(CommDevice::new(self.threads)?),
-            Mode::Dist => Box::new(CommCpu::new(self.threads)?.without_host_staging()),
-        };
         Ok(KVStore {
             collective: self.collective,
             kind: self.kind.to_ascii_lowercase(),
-            comm,
+            comm: kind.comm(self.threads)?,
             table: RwLock::new(Table::default()),
             merger: RwLock::new(Merger::Assign),
         })

@@ -1,0 +1,63 @@
+//! Store kinds: the names `KVStore::create` takes, and the `Comm` each kind gets. A new
+//! way of moving data (NCCL) is a kind here and a `Comm` beside `CommCpu` and
+//! `CommDevice`; the store itself does not change.
+
+use super::{Comm, CommCpu, CommDevice};
+use crate::error::{Error, Result};
+
+/// A kind of store, by the name given to [`KVStore::create`](crate::KVStore::create):
+/// it decides the store's [`Comm`] and whether the store spans processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StoreKind {
+    /// `local`: reduce on the host.
+    Local,
+    /// `device`: reduce on the devices of the pushed values; on CPU contexts the same
+    /// as `local`.
+    Device,
+    /// `dist_sync`: reduce locally, then sum across the workers of a [`Collective`](crate::backend::Collective).
+    Dist,
+}
+
+/// Kind names this build creates (`dist_sync` with a worker group).
+const SUPPORTED: [&str; 3] = ["local", "device", "dist_sync"];
+/// Every kind name of the project, for the message of an unknown kind.
+const KNOWN: [&str; 5] = ["local", "device", "dist_sync", "dist_device_sync", "nccl"];
+
+impl StoreKind {
+    /// The kind a name stands for (case-insensitive; MXNet's spellings too).
+    pub(crate) fn parse(name: &str) -> Result<Self> {
+        let lower = name.to_ascii_lowercase();
+        match lower.as_str() {
+            // MXNet's spellings of a local store.
+            "local" | "local_update_cpu" | "local_allreduce_cpu" => Ok(StoreKind::Local),
+            "device" | "local_allreduce_device" => Ok(StoreKind::Device),
+            // MXNet's synchronous spellings; `_async` ones are not synchronous.
+            "dist_sync" | "dist" | "dist_sync_device" | "dist_device_sync" => Ok(StoreKind::Dist),
+            _ if lower.contains("dist") || lower.contains("nccl") => Err(Error::Unsupported {
+                what: format!("store kind \"{}\"", crate::key::shorten(&lower)),
+                hint: format!(
+                    "the supported kinds are {} (dist_sync runs over MPI with kvstore-mpi; nccl will come with \
+                     kvstore-cuda)",
+                    SUPPORTED.join(", ")
+                ),
+            }),
+            _ => Err(Error::UnknownStoreKind { kind: crate::key::shorten(name).into_owned(), known: KNOWN.to_vec() }),
+        }
+    }
+
+    /// Whether stores of this kind sum across the processes of a job (they need a
+    /// worker group).
+    pub(crate) fn spans_processes(self) -> bool {
+        self == StoreKind::Dist
+    }
+
+    /// The `Comm` of a store of this kind: `threads` 0 for the shared host pool.
+    pub(crate) fn comm(self, threads: usize) -> Result<Box<dyn Comm>> {
+        Ok(match self {
+            StoreKind::Local => Box::new(CommCpu::new(threads)?),
+            StoreKind::Device => Box::new(CommDevice::new(threads)?),
+            // Workers sum their values where they are, then across the job.
+            StoreKind::Dist => Box::new(CommCpu::new(threads)?.without_host_staging()),
+        })
+    }
+}
