@@ -46,11 +46,6 @@ impl CommDevice {
     pub fn new(threads: usize) -> Result<Self> {
         Ok(CommDevice { host: CommCpu::new(threads)?.without_host_staging(), load: Mutex::new(HashMap::new()) })
     }
-
-    /// The host comm under this one (its pool).
-    pub fn host(&self) -> &CommCpu {
-        &self.host
-    }
 }
 
 impl Comm for CommDevice {

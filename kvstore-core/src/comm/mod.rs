@@ -85,8 +85,7 @@ pub trait Comm: Send + Sync {
     ///
     /// # Errors
     /// The copies' (out of memory, a device failure).
-    fn stage(&self, key: &mut PushKey<'_, '_>) -> Result<Option<Vec<NDArray>>> {
-        let _ = key;
+    fn stage(&self, _key: &mut PushKey<'_, '_>) -> Result<Option<Vec<NDArray>>> {
         Ok(None)
     }
 }
@@ -106,7 +105,7 @@ impl KeyBuffers {
     /// The comm's data for the key, made by `make` at first use (or when a different
     /// type was stored).
     pub fn get_or_insert_with<T: Any + Send + Sync>(&mut self, make: impl FnOnce() -> T) -> &mut T {
-        if !self.0.as_ref().is_some_and(|b| b.is::<T>()) {
+        if !self.is::<T>() {
             self.0 = Some(Box::new(make()));
         }
         match self.0.as_mut().and_then(|b| b.downcast_mut::<T>()) {

@@ -219,6 +219,28 @@ fn check_context(op: &'static str, key: &Key, a: &NDArray) -> Result<()> {
     })
 }
 
+/// Checks that `got` has the shape and dtype of `expected`; the error names `key` and
+/// `context()` (made only on error).
+fn check_like(context: impl Fn() -> String, key: &Key, expected: &NDArray, got: &NDArray) -> Result<()> {
+    if got.shape() != expected.shape() {
+        return Err(Error::ShapeMismatch {
+            context: context(),
+            key: Some(key.clone()),
+            expected: expected.shape().to_vec(),
+            got: got.shape().to_vec(),
+        });
+    }
+    if got.dtype() != expected.dtype() {
+        return Err(Error::DTypeMismatch {
+            context: context(),
+            key: Some(key.clone()),
+            expected: expected.dtype(),
+            got: got.dtype(),
+        });
+    }
+    Ok(())
+}
+
 /// Checks that every array of `group` matches the stored value in shape and dtype.
 fn check_group(op: &'static str, what: &str, group: &Group<'_>, stored: &NDArray) -> Result<()> {
     let key = &group.entry.key;
@@ -232,22 +254,7 @@ fn check_group(op: &'static str, what: &str, group: &Group<'_>, stored: &NDArray
                 format!("{op} of key \"{key}\" ({what} {} of {n})", i + 1)
             }
         };
-        if a.shape() != stored.shape() {
-            return Err(Error::ShapeMismatch {
-                context: context(),
-                key: Some(key.clone()),
-                expected: stored.shape().to_vec(),
-                got: a.shape().to_vec(),
-            });
-        }
-        if a.dtype() != stored.dtype() {
-            return Err(Error::DTypeMismatch {
-                context: context(),
-                key: Some(key.clone()),
-                expected: stored.dtype(),
-                got: a.dtype(),
-            });
-        }
+        check_like(context, key, stored, a)?;
     }
     Ok(())
 }
@@ -1078,25 +1085,7 @@ impl KVStore {
                     "broadcast: out key \"{k}\" is not one of the keys being broadcast"
                 )));
             };
-            {
-                let context = || format!("broadcast of key \"{k}\" (out)");
-                if out.shape() != v.shape() {
-                    return Err(Error::ShapeMismatch {
-                        context: context(),
-                        key: Some(k.clone()),
-                        expected: v.shape().to_vec(),
-                        got: out.shape().to_vec(),
-                    });
-                }
-                if out.dtype() != v.dtype() {
-                    return Err(Error::DTypeMismatch {
-                        context: context(),
-                        key: Some(k.clone()),
-                        expected: v.dtype(),
-                        got: out.dtype(),
-                    });
-                }
-            }
+            check_like(|| format!("broadcast of key \"{k}\" (out)"), k, v, out)?;
         }
         self.init_pairs("broadcast", init)?;
         self.pull_pairs("broadcast", pull)

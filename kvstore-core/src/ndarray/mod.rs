@@ -426,10 +426,7 @@ impl NDArray {
     /// array).
     pub(crate) fn read(&self) -> Result<HostRead<'_>> {
         let guard = self.storage()?;
-        match RwLockReadGuard::try_map(guard, |st| match st {
-            Storage::Host(b) => Some(b),
-            Storage::Device(_) => None,
-        }) {
+        match RwLockReadGuard::try_map(guard, |st| st.host()) {
             Ok(host) => Ok(HostRead::Host(host)),
             Err(guard) => {
                 let staged = self.download(&guard)?;
@@ -441,28 +438,27 @@ impl NDArray {
     /// The elements as host memory, write-locked (for a device array, a staged copy
     /// written back when the guard drops).
     pub(crate) fn write(&self) -> Result<HostWrite<'_>> {
-        let guard = self.storage_mut()?;
-        match RwLockWriteGuard::try_map(guard, |st| match st {
-            Storage::Host(b) => Some(b),
-            Storage::Device(_) => None,
-        }) {
-            Ok(host) => Ok(HostWrite::Host(host)),
-            Err(guard) => {
-                let staged = self.download(&guard)?;
-                Ok(HostWrite::Staged { lock: guard, buf: staged, fault: &self.inner.fault, done: false })
-            }
-        }
+        self.host_write(true)
     }
 
     /// The elements as host memory, write-locked, for a caller that overwrites every
     /// element: a device array's staged copy starts zeroed instead of downloaded (the
     /// download would be thrown away), and is written back on finish.
     pub(crate) fn overwrite(&self) -> Result<HostWrite<'_>> {
+        self.host_write(false)
+    }
+
+    /// [`NDArray::write`] (`download`: the staged copy starts as the device's data) or
+    /// [`NDArray::overwrite`] (it starts zeroed).
+    fn host_write(&self, download: bool) -> Result<HostWrite<'_>> {
         let guard = self.storage_mut()?;
         match RwLockWriteGuard::try_map(guard, |st| st.host_mut()) {
             Ok(host) => Ok(HostWrite::Host(host)),
             Err(guard) => {
-                let staged = HostBuf::zeroed(self.size() * self.dtype().size())?;
+                let staged = match download {
+                    true => self.download(&guard)?,
+                    false => HostBuf::zeroed(self.size() * self.dtype().size())?,
+                };
                 Ok(HostWrite::Staged { lock: guard, buf: staged, fault: &self.inner.fault, done: false })
             }
         }
