@@ -74,6 +74,9 @@ pub trait Comm: Send + Sync {
     /// `Some(context)` moves the key (its value, optimizer state and merge buffer) there
     /// first. By default every key stays where it is.
     ///
+    /// The store calls `place` and `stage` only for pushes with a value on a device: a
+    /// push of host values is summed where its values are.
+    ///
     /// # Errors
     /// The comm's; no key has moved then.
     fn place(&self, keys: &mut [PushKey<'_, '_>]) -> Result<Vec<Option<Context>>> {

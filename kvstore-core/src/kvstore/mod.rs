@@ -1185,14 +1185,20 @@ impl KVStore {
         // The comm's policy, before the sums: where each key lives (`CommDevice` gives
         // a key pushed from devices its device), then what to sum (`CommCpu` sums
         // page-locked host copies of values on devices).
-        let homes = self.comm.place(&mut push_keys(&push, &push_slots, &mut guards))?;
-        for (&i, home) in push_slots.iter().zip(homes) {
-            if let Some(home) = home {
-                guards[i].move_to(home)?;
+        // Both are about values on devices: a push of host values skips them (and their
+        // allocations), as the `Comm` contract allows.
+        let from_devices = push.iter().any(|g| g.arrays.iter().any(|a| a.on_device()));
+        let staged: Vec<Option<Vec<NDArray>>> = if from_devices {
+            let homes = self.comm.place(&mut push_keys(&push, &push_slots, &mut guards))?;
+            for (&i, home) in push_slots.iter().zip(homes) {
+                if let Some(home) = home {
+                    guards[i].move_to(home)?;
+                }
             }
-        }
-        let staged: Vec<Option<Vec<NDArray>>> =
-            push_keys(&push, &push_slots, &mut guards).iter_mut().map(|k| self.comm.stage(k)).collect::<Result<_>>()?;
+            push_keys(&push, &push_slots, &mut guards).iter_mut().map(|k| self.comm.stage(k)).collect::<Result<_>>()?
+        } else {
+            Vec::new()
+        };
         let restaged: Vec<Group<'_>> = if staged.iter().any(Option::is_some) {
             push.iter()
                 .zip(&staged)
