@@ -64,6 +64,7 @@ mod comm;
 mod context;
 mod device;
 mod dtype;
+mod engine;
 mod error;
 mod key;
 mod kvstore;
@@ -75,7 +76,7 @@ pub use context::{Context, DeviceType};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
 pub use key::{Key, Keys, Values, shorten};
-pub use kvstore::{KVStore, KVStoreBuilder};
+pub use kvstore::{KVStore, KVStoreBuilder, Pending};
 pub use ndarray::{NDArray, Operand};
 pub use optimizer::{
     LrScheduler, Optimizer, OptimizerBuilder, OptimizerSpec, ParamValue, ScheduleKind, ScheduleSpec, WarmupMode,

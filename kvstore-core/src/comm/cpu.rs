@@ -50,8 +50,12 @@ struct Staging(Vec<Option<NDArray>>);
 static SHARED: Mutex<Option<Arc<ThreadPool>>> = Mutex::new(None);
 
 fn start_pool(threads: usize) -> Result<ThreadPool> {
-    ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("kvstore-cpu-{i}")).build().map_err(|e| {
-        Error::ResourceExhausted {
+    ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("kvstore-cpu-{i}"))
+        .start_handler(|_| crate::ndarray::mark_store_thread())
+        .build()
+        .map_err(|e| Error::ResourceExhausted {
             what: format!(
                 "starting {} reduction threads",
                 if threads == 0 { "the".to_string() } else { threads.to_string() }
@@ -59,8 +63,7 @@ fn start_pool(threads: usize) -> Result<ThreadPool> {
             detail: format!(
                 "{e} (the process may be at its limit of threads: close unused stores, or raise the limit)"
             ),
-        }
-    })
+        })
 }
 
 impl CommCpu {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use super::{Entry, KVStore, Merger, Slot};
+use super::{Entry, Merger, Slot, Store};
 use crate::error::{Error, Result};
 use crate::key::Key;
 
@@ -36,16 +36,45 @@ pub(super) struct Held {
     nonblocking: bool,
 }
 
+/// The error of a call from inside an updater on the store that runs it.
+fn reentry(op: &'static str) -> Error {
+    Error::invalid_argument(format!(
+        "{op} from inside an updater of this store: a push holds its keys until its updates \
+         finish, so an updater may not call the store that runs it"
+    ))
+}
+
+/// Fails when this thread runs an updater of `store` (checked before a call is queued,
+/// which would otherwise wait behind the push that runs the updater).
+pub(super) fn check_reentry(op: &'static str, store: &Store) -> Result<()> {
+    let store = store as *const Store as usize;
+    match HELD.with(|held| held.borrow().iter().any(|&(s, _)| s == store)) {
+        true => Err(reentry(op)),
+        false => Ok(()),
+    }
+}
+
+/// Whether this thread runs an updater (of any store): it may then not wait for another
+/// store's calls.
+pub(super) fn inside_updater() -> bool {
+    HELD.with(|held| !held.borrow().is_empty())
+}
+
+/// The error of a call from an updater on another store whose keys are busy.
+pub(super) fn busy_store(op: &'static str) -> Error {
+    Error::invalid_argument(format!(
+        "{op} from inside an updater of another store: that store's keys are busy with earlier calls, and an \
+         updater may not wait for them (two stores' updaters could wait for each other)"
+    ))
+}
+
 impl Held {
-    pub(super) fn new(op: &'static str, store: &KVStore, entries: &[&Arc<Entry>]) -> Result<Self> {
-        let store = store as *const KVStore as usize;
+    pub(super) fn new(op: &'static str, store: &Store, entries: &[&Arc<Entry>]) -> Result<Self> {
+        let store = store as *const Store as usize;
         HELD.with(|held| {
             let mut held = held.borrow_mut();
             if held.iter().any(|&(s, _)| s == store) {
-                return Err(Error::invalid_argument(format!(
-                    "{op} from inside an updater of this store: a push holds its keys until its updates \
-                     finish, so an updater may not call the store that runs it"
-                )));
+                return Err(reentry(op));
             }
             let mark = held.len();
             let nonblocking = mark > 0;

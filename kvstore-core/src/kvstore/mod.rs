@@ -18,8 +18,14 @@ use crate::optimizer::{KeyState, Optimizer, Runtime};
 use crate::updater::Updater;
 
 mod locks;
+mod nonblocking;
+mod pending;
 
 use locks::Held;
+pub use pending::Pending;
+use pending::{Done, Unobserved};
+
+use crate::engine::Engine;
 
 struct Entry {
     key: Key,
@@ -83,7 +89,15 @@ struct Table {
 pub struct KVStoreBuilder {
     kind: String,
     threads: usize,
+    engine_threads: usize,
     collective: Option<Arc<dyn Collective>>,
+}
+
+/// The engine threads of a store built without [`KVStoreBuilder::engine_threads`]: one
+/// per core, at most 4 (the calls they run spend most of their time in the reduction
+/// pool and in memory copies).
+fn default_engine_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 4)
 }
 
 impl KVStoreBuilder {
@@ -91,6 +105,14 @@ impl KVStoreBuilder {
     /// per core).
     pub fn num_threads(mut self, threads: usize) -> Self {
         self.threads = threads;
+        self
+    }
+
+    /// The number of engine threads, which run the store's non-blocking calls (0, the
+    /// default: one per core, at most 4). A `dist_sync` store always has one, so that
+    /// its collectives run in the order of its calls on every worker.
+    pub fn engine_threads(mut self, threads: usize) -> Self {
+        self.engine_threads = threads;
         self
     }
 
@@ -136,13 +158,20 @@ impl KVStoreBuilder {
             }
             _ => {}
         }
-        Ok(KVStore {
+        let store = Store {
             collective: self.collective,
             kind: self.kind.to_ascii_lowercase(),
             comm: kind.comm(self.threads)?,
             table: RwLock::new(Table::default()),
             merger: RwLock::new(Merger::Assign),
-        })
+            unobserved: Unobserved::default(),
+        };
+        let threads = match self.engine_threads {
+            0 => default_engine_threads(),
+            n => n,
+        };
+        let engine = Engine::new(threads, kind.spans_processes())?;
+        Ok(KVStore { engine, store: Arc::new(store) })
     }
 }
 
@@ -152,12 +181,35 @@ impl KVStoreBuilder {
 /// Every call takes its keys as one key or a list ([`Keys`]: `3`, `"w"`, `&["5", "7"]`)
 /// and its values as one array, a list or a list of lists ([`Values`]). With one key,
 /// every value belongs to it; with a list of keys, values pair up with keys, and a
-/// repeated key gets the sum of its values. `priority` is accepted as in MXNet; every
-/// call here completes before it returns, so it cannot change any result.
+/// repeated key gets the sum of its values.
 ///
-/// `KVStore` is `Send + Sync`: operations on one key are serialised, operations on
-/// different keys run in parallel.
+/// # Blocking and non-blocking calls
+/// `push`, `pull`, `pushpull` and `broadcast` return when the call is done. Their
+/// `_async` twins (`push_async`, ...) return a [`Pending`] at once and run the call on the
+/// store's engine threads, so the caller can go on computing (MXNet's `push` returned at
+/// once too). The blocking calls are the same calls followed by a wait, so both give the
+/// same results, bit for bit:
+/// - Calls on the same key take effect in the order they were made, from whatever
+///   thread; calls on different keys run in parallel. `priority` orders calls that are
+///   ready to run at the same time (higher first); it never changes a result, and a
+///   `dist_sync` store ignores it (its calls run in the order made, on every worker).
+/// - A push copies its values before it returns: they may be reused at once. A pull's
+///   outs are written later; until then, every access to them (`to_vec`, `copy_from`,
+///   using one in another call) waits for the pull.
+/// - A failed call changes nothing and reports its error to its own handle. A handle
+///   dropped before its call failed leaves the error to [`KVStore::wait_all`].
+/// - Dropping the store waits for its queued calls.
+///
+/// `KVStore` is `Send + Sync`.
 pub struct KVStore {
+    /// Declared first, so dropped first: the store's queued calls finish before
+    /// anything else of it goes.
+    engine: Engine,
+    store: Arc<Store>,
+}
+
+/// What a store's calls work on, shared with the engine threads that run them.
+pub(crate) struct Store {
     collective: Option<Arc<dyn Collective>>,
     kind: String,
     /// How data moves and where keys live (`CommCpu` for `local` and `dist_sync`,
@@ -165,16 +217,20 @@ pub struct KVStore {
     comm: Box<dyn Comm>,
     table: RwLock<Table>,
     merger: RwLock<Merger>,
+    unobserved: Unobserved,
 }
 
 impl fmt::Debug for KVStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KVStore")
-            .field("kind", &self.kind)
-            .field("keys", &self.table.read().entries.len())
+            .field("kind", &self.store.kind)
+            .field("keys", &self.store.table.read().entries.len())
             .finish_non_exhaustive()
     }
 }
+
+/// A call's pairs with their keys' entries, in call order.
+type Found<'a> = Vec<(Arc<Entry>, &'a NDArray)>;
 
 /// The arrays of one key in one call, in call order.
 struct Group<'a> {
@@ -317,7 +373,7 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn builder(kind: &str) -> KVStoreBuilder {
-        KVStoreBuilder { kind: kind.to_string(), threads: 0, collective: None }
+        KVStoreBuilder { kind: kind.to_string(), threads: 0, engine_threads: 0, collective: None }
     }
 
     /// The kind, lower-cased as given (MXNet's `type`).
@@ -329,7 +385,7 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn kind(&self) -> &str {
-        &self.kind
+        &self.store.kind
     }
 
     /// The name of the data mover: `"cpu"` (`CommCpu`: `local` and `dist_sync` stores)
@@ -342,7 +398,7 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn comm_name(&self) -> &'static str {
-        self.comm.name()
+        self.store.comm.name()
     }
 
     /// The rank of this worker: 0 for a local store.
@@ -354,7 +410,7 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn rank(&self) -> usize {
-        self.collective.as_ref().map_or(0, |c| c.rank())
+        self.store.collective.as_ref().map_or(0, |c| c.rank())
     }
 
     /// The number of workers: 1 for a local store.
@@ -366,7 +422,7 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn num_workers(&self) -> usize {
-        self.collective.as_ref().map_or(1, |c| c.size())
+        self.store.collective.as_ref().map_or(1, |c| c.size())
     }
 
     /// Waits for every worker: a local store has only this one, so it returns at once.
@@ -382,7 +438,7 @@ impl KVStore {
     /// # Errors
     /// [`Error::Backend`] if the worker group is broken.
     pub fn barrier(&self) -> Result<()> {
-        self.collective.as_ref().map_or(Ok(()), |c| c.barrier())
+        self.in_order("barrier", Store::barrier)
     }
 
     /// The number of dead nodes in `node_id`'s group: 0 for a local store.
@@ -459,7 +515,7 @@ impl KVStore {
     pub fn set_gradient_compression(&self, _params: &[(&str, &str)]) -> Result<()> {
         Err(Error::Unsupported {
             what: "gradient compression".to_string(),
-            hint: format!("a {} store pushes uncompressed values", self.kind),
+            hint: format!("a {} store pushes uncompressed values", self.store.kind),
         })
     }
 
@@ -484,7 +540,8 @@ impl KVStore {
     /// [`Error::InvalidArgument`] when called from inside an updater of this store (or,
     /// from an updater of another store, while this store is busy).
     pub fn set_updater(&self, updater: impl Updater + 'static) -> Result<()> {
-        self.replace_merger("set_updater", Merger::Custom(Arc::new(updater)))
+        self.settle();
+        self.store.replace_merger("set_updater", Merger::Custom(Arc::new(updater)))
     }
 
     /// Removes the updater or optimizer: pushes assign the sum again (MXNet's default,
@@ -506,17 +563,8 @@ impl KVStore {
     /// # Errors
     /// As [`KVStore::set_updater`].
     pub fn clear_updater(&self) -> Result<()> {
-        self.replace_merger("clear_updater", Merger::Assign)
-    }
-
-    fn replace_merger(&self, op: &'static str, new: Merger) -> Result<()> {
-        let held = Held::new(op, self, &[])?;
-        let mut merger = held.merger_write(op, &self.merger)?;
-        let old = std::mem::replace(&mut *merger, new);
-        drop(merger);
-        // The old updater is dropped outside the lock (a binding's drop may call back).
-        drop(old);
-        Ok(())
+        self.settle();
+        self.store.replace_merger("clear_updater", Merger::Assign)
     }
 
     /// Installs `optimizer` (MXNet's `set_optimizer`): every later push of gradients
@@ -539,12 +587,13 @@ impl KVStore {
     /// # Errors
     /// [`Error::InvalidArgument`] when called from inside an updater of this store.
     pub fn set_optimizer(&self, optimizer: Optimizer) -> Result<()> {
+        self.settle();
         let runtime = Arc::new(Runtime::new(optimizer));
-        let held = Held::new("set_optimizer", self, &[])?;
-        let mut merger = held.merger_write("set_optimizer", &self.merger)?;
+        let held = Held::new("set_optimizer", &self.store, &[])?;
+        let mut merger = held.merger_write("set_optimizer", &self.store.merger)?;
         // With the merger held no push runs, so every key's state can be dropped; keys
         // initialised later start with none.
-        let entries = self.entries();
+        let entries = self.store.entries();
         let entries: Vec<&Arc<Entry>> = entries.iter().collect();
         let mut guards = held.write("set_optimizer", &entries)?;
         for g in guards.iter_mut() {
@@ -568,16 +617,9 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn optimizer_name(&self) -> Option<&'static str> {
-        match &*self.merger.read() {
+        match &*self.store.merger.read() {
             Merger::Optimizer(r) => Some(r.optimizer().name()),
             _ => None,
-        }
-    }
-
-    fn runtime<'m>(op: &str, merger: &'m Merger) -> Result<&'m Arc<Runtime>> {
-        match merger {
-            Merger::Optimizer(r) => Ok(r),
-            _ => Err(Error::invalid_argument(format!("{op}: no optimizer is set: call set_optimizer first"))),
         }
     }
 
@@ -612,10 +654,11 @@ impl KVStore {
         const OP: &str = "save_optimizer_states";
         let path = path.as_ref();
         let target = opt_states::save_target(path, OP)?;
-        let held = Held::new(OP, self, &[])?;
-        let merger = held.merger_read(OP, &self.merger)?;
-        let runtime = Self::runtime(OP, &merger)?;
-        let entries = self.entries();
+        self.settle();
+        let held = Held::new(OP, &self.store, &[])?;
+        let merger = held.merger_read(OP, &self.store.merger)?;
+        let runtime = Store::runtime(OP, &merger)?;
+        let entries = self.store.entries();
         let locked: Vec<&Arc<Entry>> = entries.iter().collect();
         let guards = held.read(OP, &locked)?;
         let keyed: Vec<(Key, Vec<usize>, &KeyState)> = entries
@@ -667,15 +710,16 @@ impl KVStore {
         const OP: &str = "load_optimizer_states";
         let path = path.as_ref();
         let context = format!("{OP} from {}", crate::key::shorten(&path.display().to_string()));
-        let held = Held::new(OP, self, &[])?;
+        self.settle();
+        let held = Held::new(OP, &self.store, &[])?;
         // Fail early, before reading, when no optimizer is set.
-        Self::runtime(OP, &*held.merger_read(OP, &self.merger)?)?;
+        Store::runtime(OP, &*held.merger_read(OP, &self.store.merger)?)?;
         let bytes = opt_states::read_file(path, &context)?;
-        let merger = held.merger_write(OP, &self.merger)?;
-        let runtime = Self::runtime(OP, &merger)?;
+        let merger = held.merger_write(OP, &self.store.merger)?;
+        let runtime = Store::runtime(OP, &merger)?;
         let (snapshot, loaded) = opt_states::decode(runtime, &bytes, &context)?;
         runtime.check_snapshot(&snapshot, &context)?;
-        let entries = self.entries();
+        let entries = self.store.entries();
         let locked: Vec<&Arc<Entry>> = entries.iter().collect();
         let mut guards = held.write(OP, &locked)?;
         let mut slots: Vec<opt_states::KeySlot<'_>> = entries
@@ -691,13 +735,6 @@ impl KVStore {
         Ok(())
     }
 
-    /// Every entry, in index order.
-    fn entries(&self) -> Vec<Arc<Entry>> {
-        let mut entries: Vec<Arc<Entry>> = self.table.read().entries.values().cloned().collect();
-        entries.sort_by_key(|e| e.index);
-        entries
-    }
-
     /// The keys of the store, in the order they were first initialised.
     ///
     /// ```
@@ -710,7 +747,7 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn keys(&self) -> Vec<Key> {
-        let table = self.table.read();
+        let table = self.store.table.read();
         let mut entries: Vec<&Arc<Entry>> = table.entries.values().collect();
         entries.sort_by_key(|e| e.index);
         entries.iter().map(|e| e.key.clone()).collect()
@@ -728,7 +765,7 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn key_index(&self, key: impl Into<Key>) -> Option<usize> {
-        self.table.read().entries.get(&key.into()).map(|e| e.index)
+        self.store.table.read().entries.get(&key.into()).map(|e| e.index)
     }
 
     /// Where `key`'s value lives: the host for `local` stores (they sum on the host;
@@ -751,9 +788,16 @@ impl KVStore {
     /// updater running on this key.
     pub fn context_of(&self, key: impl Into<Key>) -> Result<Context> {
         let key = key.into();
-        let entry =
-            self.table.read().entries.get(&key).cloned().ok_or(Error::KeyNotInitialized { op: "context_of", key })?;
-        let held = Held::new("context_of", self, &[&entry])?;
+        self.settle();
+        let entry = self
+            .store
+            .table
+            .read()
+            .entries
+            .get(&key)
+            .cloned()
+            .ok_or(Error::KeyNotInitialized { op: "context_of", key })?;
+        let held = Held::new("context_of", &self.store, &[&entry])?;
         let guards = held.read("context_of", &[&entry])?;
         Ok(guards[0].value.context())
     }
@@ -778,7 +822,257 @@ impl KVStore {
     /// the call; [`Error::LengthMismatch`] for lists of different lengths;
     /// [`Error::DeviceUnavailable`] for a value on an unavailable device.
     pub fn init<'a>(&self, keys: impl Into<Keys>, values: impl Into<Values<'a>>) -> Result<()> {
-        self.init_pairs("init", flatten("init", keys.into(), values.into(), "values")?)
+        self.init_flat("init", flatten("init", keys.into(), values.into(), "values")?)
+    }
+
+    /// Pushes values: for each distinct key, sums its values left to right, then the
+    /// updater merges the sum into the stored value (with none, the sum replaces it).
+    /// Always copies: the store never keeps a reference to a pushed array.
+    ///
+    /// ```
+    /// use kvstore_core::{ErrorKind, KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init(3, &NDArray::zeros(&[2])?)?;
+    /// kv.push(3, &[NDArray::full(&[2], 1.0)?, NDArray::full(&[2], 2.0)?], 0)?; // summed
+    /// let out = NDArray::zeros(&[2])?;
+    /// kv.pull(3, &out, 0)?;
+    /// assert_eq!(out.to_vec::<f32>()?, vec![3.0; 2]);
+    /// assert_eq!(kv.push(4, &out, 0).err().map(|e| e.kind()), Some(ErrorKind::KeyNotInitialized));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::KeyNotInitialized`], [`Error::ShapeMismatch`], [`Error::DTypeMismatch`],
+    /// [`Error::LengthMismatch`], or the updater's error. On any error the store keeps
+    /// the values it had before the call.
+    pub fn push<'a>(&self, keys: impl Into<Keys>, values: impl Into<Values<'a>>, priority: i32) -> Result<()> {
+        let (keys, values) = (keys.into(), values.into());
+        self.store.require_bare_keys("push", &keys, values)?;
+        let pairs = flatten("push", keys, values, "values")?;
+        self.call("push", pairs, Vec::new(), priority)
+    }
+
+    /// Copies each key's stored value into its outs.
+    ///
+    /// ```
+    /// use kvstore_core::{ErrorKind, KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("w", &NDArray::full(&[2], 7.0)?)?;
+    /// let outs = [NDArray::zeros(&[2])?, NDArray::zeros(&[2])?];
+    /// kv.pull("w", &outs, 0)?; // every out gets the value
+    /// assert_eq!(outs[1].to_vec::<f32>()?, vec![7.0; 2]);
+    /// let wrong = NDArray::zeros(&[3])?;
+    /// assert_eq!(kv.pull("w", &wrong, 0).err().map(|e| e.kind()), Some(ErrorKind::ShapeMismatch));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::KeyNotInitialized`], [`Error::ShapeMismatch`] or
+    /// [`Error::DTypeMismatch`] (pull does not convert: use [`NDArray::as_type`]),
+    /// [`Error::LengthMismatch`]. On error no out is written.
+    pub fn pull<'a>(&self, keys: impl Into<Keys>, outs: impl Into<Values<'a>>, priority: i32) -> Result<()> {
+        let (keys, outs) = (keys.into(), outs.into());
+        self.store.require_bare_keys("pull", &keys, outs)?;
+        self.call("pull", Vec::new(), flatten("pull", keys, outs, "outs")?, priority)
+    }
+
+    /// Pulls `key`'s value into a new array on `cpu(0)`, of the value's shape and dtype
+    /// (MXNet's `pull` needs an out; this makes one).
+    ///
+    /// # Errors
+    /// [`Error::KeyNotInitialized`]; [`Error::InvalidArgument`] when called from an
+    /// updater of this store.
+    ///
+    /// ```
+    /// use kvstore_core::{DType, ErrorKind, KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init(3, &NDArray::full(&[2, 3], 2.0)?)?;
+    /// let w = kv.pull_new(3, 0)?;
+    /// assert_eq!((w.shape(), w.dtype()), (&[2, 3][..], DType::F32));
+    /// assert_eq!(w.to_vec::<f32>()?, vec![2.0; 6]);
+    /// assert_eq!(kv.pull_new("w", 0).unwrap_err().kind(), ErrorKind::KeyNotInitialized);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    pub fn pull_new(&self, key: impl Into<Key>, priority: i32) -> Result<NDArray> {
+        let key = key.into();
+        let entry = self.store.table.read().entries.get(&key).cloned();
+        let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op: "pull", key: key.clone() })?;
+        // A key's shape and dtype never change once initialised (pushes are checked).
+        let out = {
+            let held = Held::new("pull", &self.store, &[&entry])?;
+            let guards = held.read("pull", &[&entry])?;
+            NDArray::zeros_with(guards[0].value.shape(), guards[0].value.dtype(), Context::cpu(0))?
+        };
+        self.pull(key, &out, priority)?;
+        Ok(out)
+    }
+
+    /// Push, then pull into `outs`, holding the keys in between so the outs see this
+    /// push's result.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("g", &NDArray::zeros(&[2])?)?;
+    /// let out = NDArray::zeros(&[2])?;
+    /// kv.pushpull("g", &[NDArray::ones(&[2])?, NDArray::ones(&[2])?], &out, 0)?;
+    /// assert_eq!(out.to_vec::<f32>()?, vec![2.0; 2]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`KVStore::push`] and [`KVStore::pull`]; on error nothing changes.
+    pub fn pushpull<'a, 'b>(
+        &self,
+        keys: impl Into<Keys>,
+        values: impl Into<Values<'a>>,
+        outs: impl Into<Values<'b>>,
+        priority: i32,
+    ) -> Result<()> {
+        let (keys, values, outs) = (keys.into(), values.into(), outs.into());
+        self.store.require_bare_keys("pushpull", &keys, values)?;
+        self.store.require_bare_keys("pushpull", &keys, outs)?;
+        let push = flatten("pushpull", keys.clone(), values, "values")?;
+        let pull = flatten("pushpull", keys, outs, "outs")?;
+        self.call("pushpull", push, pull, priority)
+    }
+
+    /// Push, then pull the result back into the pushed arrays themselves (MXNet's
+    /// `pushpull` with `out=None`).
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("g", &NDArray::zeros(&[2])?)?;
+    /// let grads = [NDArray::full(&[2], 1.0)?, NDArray::full(&[2], 2.0)?];
+    /// kv.pushpull_in_place("g", &grads, 0)?; // each array now holds the sum
+    /// assert_eq!(grads[0].to_vec::<f32>()?, vec![3.0; 2]);
+    /// assert_eq!(grads[1].to_vec::<f32>()?, vec![3.0; 2]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`KVStore::pushpull`].
+    pub fn pushpull_in_place<'a>(
+        &self,
+        keys: impl Into<Keys>,
+        values: impl Into<Values<'a>>,
+        priority: i32,
+    ) -> Result<()> {
+        let (keys, values) = (keys.into(), values.into());
+        self.store.require_bare_keys("pushpull", &keys, values)?;
+        let pairs = flatten("pushpull", keys, values, "values")?;
+        self.call("pushpull", pairs.clone(), pairs, priority)
+    }
+
+    /// Initialises the keys with the values, then pulls them into the outs.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// let outs = [NDArray::zeros(&[2])?, NDArray::zeros(&[2])?];
+    /// kv.broadcast("w", &NDArray::full(&[2], 4.0)?, &outs, 0)?;
+    /// assert_eq!(outs[1].to_vec::<f32>()?, vec![4.0; 2]);
+    /// assert_eq!(kv.key_index("w"), Some(0)); // "w" is initialised now
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`KVStore::init`], and [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`]
+    /// for an out that does not match its value (checked before anything is stored).
+    pub fn broadcast<'a, 'b>(
+        &self,
+        keys: impl Into<Keys>,
+        values: impl Into<Values<'a>>,
+        outs: impl Into<Values<'b>>,
+        priority: i32,
+    ) -> Result<()> {
+        let keys = keys.into();
+        let init = flatten("broadcast", keys.clone(), values.into(), "values")?;
+        let pull = flatten("broadcast", keys, outs.into(), "outs")?;
+        self.broadcast_flat(init, pull, priority)
+    }
+
+    /// [`KVStore::pushpull`] on flat lists: `values[i]` is pushed to `keys[i]` and
+    /// `outs[j]` pulled from `out_keys[j]`, so values and outs may differ in number per
+    /// key. For bindings, which flatten their own call forms.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, Key, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init(&["a", "b"], &[NDArray::zeros(&[1])?, NDArray::zeros(&[1])?])?;
+    /// let (a, b) = (Key::from("a"), Key::from("b"));
+    /// let values = [NDArray::full(&[1], 1.0)?, NDArray::full(&[1], 2.0)?, NDArray::full(&[1], 5.0)?];
+    /// let outs = [NDArray::zeros(&[1])?, NDArray::zeros(&[1])?];
+    /// kv.pushpull_pairs(&[a.clone(), a.clone(), b.clone()], &values, &[a, b], &outs, 0)?;
+    /// assert_eq!((outs[0].to_vec::<f32>()?, outs[1].to_vec::<f32>()?), (vec![3.0], vec![5.0]));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`KVStore::pushpull`].
+    pub fn pushpull_pairs(
+        &self,
+        keys: &[Key],
+        values: &[NDArray],
+        out_keys: &[Key],
+        outs: &[NDArray],
+        priority: i32,
+    ) -> Result<()> {
+        let (push, pull) = flat_pairs("pushpull", keys, values, out_keys, outs)?;
+        self.call("pushpull", push, pull, priority)
+    }
+
+    /// [`KVStore::broadcast`] on flat lists, as [`KVStore::pushpull_pairs`].
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, Key, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// let w = Key::from("w");
+    /// let outs = [NDArray::zeros(&[2])?, NDArray::zeros(&[2])?];
+    /// kv.broadcast_pairs(&[w.clone()], &[NDArray::full(&[2], 6.0)?], &[w.clone(), w], &outs, 0)?;
+    /// assert_eq!((outs[0].to_vec::<f32>()?, outs[1].to_vec::<f32>()?), (vec![6.0; 2], vec![6.0; 2]));
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`KVStore::broadcast`].
+    pub fn broadcast_pairs(
+        &self,
+        keys: &[Key],
+        values: &[NDArray],
+        out_keys: &[Key],
+        outs: &[NDArray],
+        priority: i32,
+    ) -> Result<()> {
+        let (init, pull) = flat_pairs("broadcast", keys, values, out_keys, outs)?;
+        self.broadcast_flat(init, pull, priority)
+    }
+}
+
+impl Store {
+    fn replace_merger(&self, op: &'static str, new: Merger) -> Result<()> {
+        let held = Held::new(op, self, &[])?;
+        let mut merger = held.merger_write(op, &self.merger)?;
+        let old = std::mem::replace(&mut *merger, new);
+        drop(merger);
+        // The old updater is dropped outside the lock (a binding's drop may call back).
+        drop(old);
+        Ok(())
+    }
+
+    fn runtime<'m>(op: &str, merger: &'m Merger) -> Result<&'m Arc<Runtime>> {
+        match merger {
+            Merger::Optimizer(r) => Ok(r),
+            _ => Err(Error::invalid_argument(format!("{op}: no optimizer is set: call set_optimizer first"))),
+        }
+    }
+
+    /// Every entry, in index order.
+    fn entries(&self) -> Vec<Arc<Entry>> {
+        let mut entries: Vec<Arc<Entry>> = self.table.read().entries.values().cloned().collect();
+        entries.sort_by_key(|e| e.index);
+        entries
     }
 
     fn init_pairs(&self, op: &'static str, pairs: Vec<(Key, &NDArray)>) -> Result<()> {
@@ -827,114 +1121,38 @@ impl KVStore {
         self.barrier()
     }
 
-    /// Groups `pairs` by key (values in call order) and finds each key's entry; the
-    /// groups come sorted by internal index, the order of updates and of locking.
+    fn barrier(&self) -> Result<()> {
+        self.collective.as_ref().map_or(Ok(()), |c| c.barrier())
+    }
+
+    /// Finds each pair's entry; [`Store::group`] then groups them by key (values in
+    /// call order), sorted by internal index, the order of updates and of locking.
     ///
     /// One table lookup per pair, then a stable sort by index (linear when the keys
     /// come in the order they were initialised, as lists of parameters do), so a
     /// key's values stay in call order and repeated keys end up next to each other.
-    fn group<'a>(&self, op: &'static str, pairs: Vec<(Key, &'a NDArray)>) -> Result<Vec<Group<'a>>> {
+    fn lookup<'a>(&self, op: &'static str, pairs: Vec<(Key, &'a NDArray)>) -> Result<Found<'a>> {
         let table = self.table.read();
-        let mut found: Vec<(&Arc<Entry>, &'a NDArray)> = Vec::with_capacity(pairs.len());
-        for (key, value) in pairs {
-            match table.entries.get(&key) {
-                Some(entry) => found.push((entry, value)),
-                None => return Err(Error::KeyNotInitialized { op, key }),
-            }
-        }
+        pairs
+            .into_iter()
+            .map(|(key, value)| match table.entries.get(&key) {
+                Some(entry) => Ok((Arc::clone(entry), value)),
+                None => Err(Error::KeyNotInitialized { op, key }),
+            })
+            .collect()
+    }
+
+    /// The groups of `found` (see [`Store::lookup`]).
+    fn group(mut found: Found<'_>) -> Vec<Group<'_>> {
         found.sort_by_key(|(e, _)| e.index);
-        let mut groups: Vec<Group<'a>> = Vec::with_capacity(found.len());
+        let mut groups: Vec<Group<'_>> = Vec::with_capacity(found.len());
         for (entry, value) in found {
             match groups.last_mut() {
                 Some(last) if last.entry.index == entry.index => last.arrays.push(value),
-                _ => groups.push(Group { entry: Arc::clone(entry), arrays: Arrays::One(value) }),
+                _ => groups.push(Group { entry, arrays: Arrays::One(value) }),
             }
         }
-        Ok(groups)
-    }
-
-    /// Pushes values: for each distinct key, sums its values left to right, then the
-    /// updater merges the sum into the stored value (with none, the sum replaces it).
-    /// Always copies: the store never keeps a reference to a pushed array.
-    ///
-    /// ```
-    /// use kvstore_core::{ErrorKind, KVStore, NDArray};
-    /// let kv = KVStore::create("local")?;
-    /// kv.init(3, &NDArray::zeros(&[2])?)?;
-    /// kv.push(3, &[NDArray::full(&[2], 1.0)?, NDArray::full(&[2], 2.0)?], 0)?; // summed
-    /// let out = NDArray::zeros(&[2])?;
-    /// kv.pull(3, &out, 0)?;
-    /// assert_eq!(out.to_vec::<f32>()?, vec![3.0; 2]);
-    /// assert_eq!(kv.push(4, &out, 0).err().map(|e| e.kind()), Some(ErrorKind::KeyNotInitialized));
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::KeyNotInitialized`], [`Error::ShapeMismatch`], [`Error::DTypeMismatch`],
-    /// [`Error::LengthMismatch`], or the updater's error. On any error the store keeps
-    /// the values it had before the call.
-    pub fn push<'a>(&self, keys: impl Into<Keys>, values: impl Into<Values<'a>>, priority: i32) -> Result<()> {
-        let _ = priority;
-        let (keys, values) = (keys.into(), values.into());
-        self.require_bare_keys("push", &keys, values)?;
-        let pairs = flatten("push", keys, values, "values")?;
-        self.push_pull("push", pairs, Vec::new())
-    }
-
-    /// Copies each key's stored value into its outs.
-    ///
-    /// ```
-    /// use kvstore_core::{ErrorKind, KVStore, NDArray};
-    /// let kv = KVStore::create("local")?;
-    /// kv.init("w", &NDArray::full(&[2], 7.0)?)?;
-    /// let outs = [NDArray::zeros(&[2])?, NDArray::zeros(&[2])?];
-    /// kv.pull("w", &outs, 0)?; // every out gets the value
-    /// assert_eq!(outs[1].to_vec::<f32>()?, vec![7.0; 2]);
-    /// let wrong = NDArray::zeros(&[3])?;
-    /// assert_eq!(kv.pull("w", &wrong, 0).err().map(|e| e.kind()), Some(ErrorKind::ShapeMismatch));
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::KeyNotInitialized`], [`Error::ShapeMismatch`] or
-    /// [`Error::DTypeMismatch`] (pull does not convert: use [`NDArray::as_type`]),
-    /// [`Error::LengthMismatch`]. On error no out is written.
-    pub fn pull<'a>(&self, keys: impl Into<Keys>, outs: impl Into<Values<'a>>, priority: i32) -> Result<()> {
-        let _ = priority;
-        let (keys, outs) = (keys.into(), outs.into());
-        self.require_bare_keys("pull", &keys, outs)?;
-        self.pull_pairs("pull", flatten("pull", keys, outs, "outs")?)
-    }
-
-    /// Pulls `key`'s value into a new array on `cpu(0)`, of the value's shape and dtype
-    /// (MXNet's `pull` needs an out; this makes one).
-    ///
-    /// # Errors
-    /// [`Error::KeyNotInitialized`]; [`Error::InvalidArgument`] when called from an
-    /// updater of this store.
-    ///
-    /// ```
-    /// use kvstore_core::{DType, ErrorKind, KVStore, NDArray};
-    /// let kv = KVStore::create("local")?;
-    /// kv.init(3, &NDArray::full(&[2, 3], 2.0)?)?;
-    /// let w = kv.pull_new(3, 0)?;
-    /// assert_eq!((w.shape(), w.dtype()), (&[2, 3][..], DType::F32));
-    /// assert_eq!(w.to_vec::<f32>()?, vec![2.0; 6]);
-    /// assert_eq!(kv.pull_new("w", 0).unwrap_err().kind(), ErrorKind::KeyNotInitialized);
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    pub fn pull_new(&self, key: impl Into<Key>, priority: i32) -> Result<NDArray> {
-        let key = key.into();
-        let entry = self.table.read().entries.get(&key).cloned();
-        let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op: "pull", key: key.clone() })?;
-        // A key's shape and dtype never change once initialised (pushes are checked).
-        let out = {
-            let held = Held::new("pull", self, &[&entry])?;
-            let guards = held.read("pull", &[&entry])?;
-            NDArray::zeros_with(guards[0].value.shape(), guards[0].value.dtype(), Context::cpu(0))?
-        };
-        self.pull(key, &out, priority)?;
-        Ok(out)
+        groups
     }
 
     /// Keys of a call that come with no array (an empty list of values or outs) must
@@ -954,11 +1172,11 @@ impl KVStore {
         }
     }
 
-    fn pull_pairs(&self, op: &'static str, pairs: Vec<(Key, &NDArray)>) -> Result<()> {
-        if pairs.is_empty() {
+    fn pull_found(&self, op: &'static str, found: Found<'_>) -> Result<()> {
+        if found.is_empty() {
             return Ok(());
         }
-        let groups = self.group(op, pairs)?;
+        let groups = Self::group(found);
         let entries: Vec<&Arc<Entry>> = groups.iter().map(|g| &g.entry).collect();
         let held = Held::new(op, self, &entries)?;
         let guards = held.read(op, &entries)?;
@@ -989,174 +1207,14 @@ impl KVStore {
         group.allreduce_sum(&pairs)
     }
 
-    /// Push, then pull into `outs`, holding the keys in between so the outs see this
-    /// push's result.
-    ///
-    /// ```
-    /// use kvstore_core::{KVStore, NDArray};
-    /// let kv = KVStore::create("local")?;
-    /// kv.init("g", &NDArray::zeros(&[2])?)?;
-    /// let out = NDArray::zeros(&[2])?;
-    /// kv.pushpull("g", &[NDArray::ones(&[2])?, NDArray::ones(&[2])?], &out, 0)?;
-    /// assert_eq!(out.to_vec::<f32>()?, vec![2.0; 2]);
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// As [`KVStore::push`] and [`KVStore::pull`]; on error nothing changes.
-    pub fn pushpull<'a, 'b>(
-        &self,
-        keys: impl Into<Keys>,
-        values: impl Into<Values<'a>>,
-        outs: impl Into<Values<'b>>,
-        priority: i32,
-    ) -> Result<()> {
-        let _ = priority;
-        let (keys, values, outs) = (keys.into(), values.into(), outs.into());
-        self.require_bare_keys("pushpull", &keys, values)?;
-        self.require_bare_keys("pushpull", &keys, outs)?;
-        let push = flatten("pushpull", keys.clone(), values, "values")?;
-        let pull = flatten("pushpull", keys, outs, "outs")?;
-        self.push_pull("pushpull", push, pull)
-    }
-
-    /// Push, then pull the result back into the pushed arrays themselves (MXNet's
-    /// `pushpull` with `out=None`).
-    ///
-    /// ```
-    /// use kvstore_core::{KVStore, NDArray};
-    /// let kv = KVStore::create("local")?;
-    /// kv.init("g", &NDArray::zeros(&[2])?)?;
-    /// let grads = [NDArray::full(&[2], 1.0)?, NDArray::full(&[2], 2.0)?];
-    /// kv.pushpull_in_place("g", &grads, 0)?; // each array now holds the sum
-    /// assert_eq!(grads[0].to_vec::<f32>()?, vec![3.0; 2]);
-    /// assert_eq!(grads[1].to_vec::<f32>()?, vec![3.0; 2]);
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// As [`KVStore::pushpull`].
-    pub fn pushpull_in_place<'a>(
-        &self,
-        keys: impl Into<Keys>,
-        values: impl Into<Values<'a>>,
-        priority: i32,
-    ) -> Result<()> {
-        let _ = priority;
-        let (keys, values) = (keys.into(), values.into());
-        self.require_bare_keys("pushpull", &keys, values)?;
-        let pairs = flatten("pushpull", keys, values, "values")?;
-        self.push_pull("pushpull", pairs.clone(), pairs)
-    }
-
-    /// Initialises the keys with the values, then pulls them into the outs.
-    ///
-    /// ```
-    /// use kvstore_core::{KVStore, NDArray};
-    /// let kv = KVStore::create("local")?;
-    /// let outs = [NDArray::zeros(&[2])?, NDArray::zeros(&[2])?];
-    /// kv.broadcast("w", &NDArray::full(&[2], 4.0)?, &outs, 0)?;
-    /// assert_eq!(outs[1].to_vec::<f32>()?, vec![4.0; 2]);
-    /// assert_eq!(kv.key_index("w"), Some(0)); // "w" is initialised now
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// As [`KVStore::init`], and [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`]
-    /// for an out that does not match its value (checked before anything is stored).
-    pub fn broadcast<'a, 'b>(
-        &self,
-        keys: impl Into<Keys>,
-        values: impl Into<Values<'a>>,
-        outs: impl Into<Values<'b>>,
-        priority: i32,
-    ) -> Result<()> {
-        let _ = priority;
-        let keys = keys.into();
-        let init = flatten("broadcast", keys.clone(), values.into(), "values")?;
-        let pull = flatten("broadcast", keys, outs.into(), "outs")?;
-        self.broadcast_flat(init, pull)
-    }
-
-    fn broadcast_flat(&self, init: Vec<(Key, &NDArray)>, pull: Vec<(Key, &NDArray)>) -> Result<()> {
-        for (k, out) in &pull {
-            let Some((_, v)) = init.iter().find(|(ik, _)| ik == k) else {
-                return Err(Error::invalid_argument(format!(
-                    "broadcast: out key \"{k}\" is not one of the keys being broadcast"
-                )));
-            };
-            check_like(|| format!("broadcast of key \"{k}\" (out)"), k, v, out)?;
-        }
-        self.init_pairs("broadcast", init)?;
-        self.pull_pairs("broadcast", pull)
-    }
-
-    /// [`KVStore::pushpull`] on flat lists: `values[i]` is pushed to `keys[i]` and
-    /// `outs[j]` pulled from `out_keys[j]`, so values and outs may differ in number per
-    /// key. For bindings, which flatten their own call forms.
-    ///
-    /// ```
-    /// use kvstore_core::{KVStore, Key, NDArray};
-    /// let kv = KVStore::create("local")?;
-    /// kv.init(&["a", "b"], &[NDArray::zeros(&[1])?, NDArray::zeros(&[1])?])?;
-    /// let (a, b) = (Key::from("a"), Key::from("b"));
-    /// let values = [NDArray::full(&[1], 1.0)?, NDArray::full(&[1], 2.0)?, NDArray::full(&[1], 5.0)?];
-    /// let outs = [NDArray::zeros(&[1])?, NDArray::zeros(&[1])?];
-    /// kv.pushpull_pairs(&[a.clone(), a.clone(), b.clone()], &values, &[a, b], &outs, 0)?;
-    /// assert_eq!((outs[0].to_vec::<f32>()?, outs[1].to_vec::<f32>()?), (vec![3.0], vec![5.0]));
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// As [`KVStore::pushpull`].
-    pub fn pushpull_pairs(
-        &self,
-        keys: &[Key],
-        values: &[NDArray],
-        out_keys: &[Key],
-        outs: &[NDArray],
-        priority: i32,
-    ) -> Result<()> {
-        let _ = priority;
-        let (push, pull) = flat_pairs("pushpull", keys, values, out_keys, outs)?;
-        self.push_pull("pushpull", push, pull)
-    }
-
-    /// [`KVStore::broadcast`] on flat lists, as [`KVStore::pushpull_pairs`].
-    ///
-    /// ```
-    /// use kvstore_core::{KVStore, Key, NDArray};
-    /// let kv = KVStore::create("local")?;
-    /// let w = Key::from("w");
-    /// let outs = [NDArray::zeros(&[2])?, NDArray::zeros(&[2])?];
-    /// kv.broadcast_pairs(&[w.clone()], &[NDArray::full(&[2], 6.0)?], &[w.clone(), w], &outs, 0)?;
-    /// assert_eq!((outs[0].to_vec::<f32>()?, outs[1].to_vec::<f32>()?), (vec![6.0; 2], vec![6.0; 2]));
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// As [`KVStore::broadcast`].
-    pub fn broadcast_pairs(
-        &self,
-        keys: &[Key],
-        values: &[NDArray],
-        out_keys: &[Key],
-        outs: &[NDArray],
-        priority: i32,
-    ) -> Result<()> {
-        let _ = priority;
-        let (init, pull) = flat_pairs("broadcast", keys, values, out_keys, outs)?;
-        self.broadcast_flat(init, pull)
-    }
-
     /// The push algorithm (`KVStoreLocal::PushImpl`) followed by an optional pull, with
     /// every key of the call write-locked, in index order, for the whole call.
-    fn push_pull(&self, op: &'static str, push: Vec<(Key, &NDArray)>, pull: Vec<(Key, &NDArray)>) -> Result<()> {
-        if push.is_empty() && pull.is_empty() {
-            return Ok(());
+    fn push_pull(&self, op: &'static str, push: Found<'_>, pull: Found<'_>) -> Result<()> {
+        if push.is_empty() {
+            return self.pull_found(op, pull);
         }
-        let push = self.group(op, push)?;
-        let pull = self.group(op, pull)?;
+        let push = Self::group(push);
+        let pull = Self::group(pull);
         // Lock the union of the keys in index order, so that concurrent multi-key
         // calls cannot deadlock.
         let mut entries: Vec<&Arc<Entry>> = push.iter().chain(&pull).map(|g| &g.entry).collect();

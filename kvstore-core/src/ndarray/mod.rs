@@ -16,7 +16,10 @@ use crate::device;
 use crate::dtype::{DType, Element, cast, with_dtype};
 use crate::error::{Error, Result};
 
+mod pending;
 mod storage;
+
+pub(crate) use pending::{PendingWrites, mark_store_thread};
 
 pub(crate) use storage::{HostBuf, HostRead, HostWrite, Storage, copy_storage};
 
@@ -31,6 +34,8 @@ struct Inner {
     /// hold anything, so every later access is this error.
     /// Set once (an atomic load to check on every access, no lock).
     fault: OnceLock<String>,
+    /// Writes a store's engine will make later (see `pending.rs`).
+    pending: std::sync::atomic::AtomicUsize,
 }
 
 /// An n-dimensional array whose buffer is shared by every clone of the handle.
@@ -169,7 +174,15 @@ impl NDArray {
             }
             Storage::Device(buf)
         };
-        let inner = Inner { shape: shape.into(), dtype, ctx, size, buf: RwLock::new(storage), fault: OnceLock::new() };
+        let inner = Inner {
+            shape: shape.into(),
+            dtype,
+            ctx,
+            size,
+            buf: RwLock::new(storage),
+            fault: OnceLock::new(),
+            pending: Default::default(),
+        };
         Ok(NDArray { inner: Arc::new(inner) })
     }
 
@@ -397,12 +410,14 @@ impl NDArray {
     /// A shared read lock on the storage itself (recursive, so one thread may hold
     /// several read locks of one array, as when the same array is pushed twice).
     pub(crate) fn storage(&self) -> Result<RwLockReadGuard<'_, Storage>> {
+        self.settle();
         self.check_fault()?;
         Ok(self.inner.buf.read_recursive())
     }
 
     /// An exclusive lock on the storage itself.
     pub(crate) fn storage_mut(&self) -> Result<RwLockWriteGuard<'_, Storage>> {
+        self.settle();
         self.check_fault()?;
         Ok(self.inner.buf.write())
     }

@@ -1,0 +1,439 @@
+//! The store's engine: runs a store's calls on its own threads, each key's calls in the
+//! order they were made, calls on different keys in parallel (MXNet's threaded engine,
+//! reduced to what a store needs).
+//!
+//! Every call names the [`Var`]s it touches: its keys, and the arrays it writes (a
+//! pull's outs). Each var keeps the queue of the calls on it in submission order; a call
+//! is ready when it is at the head of every queue it is in. Submission order is one
+//! total order, and every queue follows it, so no two calls can wait for each other.
+//! Ready calls run highest `priority` first, then oldest first.
+//!
+//! An ordered engine (a `dist_sync` store's) has one thread and ignores priority: its
+//! calls run one at a time in submission order, so every worker of a job issues the
+//! same collectives in the same order, however the calls were timed.
+//!
+//! A blocking call first asks [`Engine::may_run_now`]: when none of its vars is busy it
+//! runs at once on the caller's thread (no hand-over to a worker); otherwise it is
+//! queued and the caller waits for it.
+
+use std::cell::Cell;
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
+use smallvec::SmallVec;
+
+use crate::error::{Error, Result};
+
+/// What a call touches: a key of the store (by index) or an array it writes (by the
+/// address of its shared buffer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Var {
+    Key(usize),
+    Array(usize),
+}
+
+/// The vars of one call.
+pub(crate) type Vars = SmallVec<[Var; 4]>;
+
+/// A queued call.
+struct Op {
+    seq: u64,
+    priority: i32,
+    vars: Vars,
+    run: Box<dyn FnOnce() + Send>,
+}
+
+impl PartialEq for Op {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Op {}
+
+impl PartialOrd for Op {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Op {
+    /// The heap's greatest runs first: higher priority, then the older call.
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.priority.cmp(&other.priority).then_with(|| other.seq.cmp(&self.seq))
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Each var's calls, oldest first; the head holds the var. Empty queues are removed.
+    queues: HashMap<Var, VecDeque<u64>>,
+    /// Calls not yet at the head of all their queues, with how many heads they wait for.
+    waiting: HashMap<u64, (usize, Op)>,
+    ready: BinaryHeap<Op>,
+    /// Calls submitted or claimed and not yet finished.
+    pending: usize,
+    next_seq: u64,
+    stop: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Workers wait here for ready calls.
+    work: Condvar,
+    /// [`Engine::wait_idle`] waits here for `pending == 0`.
+    idle: Condvar,
+    ordered: bool,
+    /// `State::pending`, readable without the lock.
+    queued: AtomicUsize,
+}
+
+thread_local! {
+    /// The engine whose worker this thread is (its address), 0 for other threads.
+    static WORKER_OF: Cell<usize> = const { Cell::new(0) };
+}
+
+impl Shared {
+    fn id(&self) -> usize {
+        self as *const Shared as usize
+    }
+
+    /// Registers a call on its vars; returns its sequence number and whether it holds
+    /// them all now.
+    fn register(st: &mut State, vars: &Vars) -> (u64, usize) {
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        st.pending += 1;
+        let mut deps = 0;
+        for v in vars {
+            let q = st.queues.entry(*v).or_default();
+            if !q.is_empty() {
+                deps += 1;
+            }
+            q.push_back(seq);
+        }
+        (seq, deps)
+    }
+
+    /// Releases the vars of finished call `seq`; the calls this readies are queued.
+    fn finish(&self, seq: u64, vars: &Vars) {
+        let mut st = self.state.lock();
+        let mut readied = 0;
+        for v in vars {
+            let Some(q) = st.queues.get_mut(v) else { continue };
+            debug_assert_eq!(q.front(), Some(&seq));
+            q.pop_front();
+            match q.front().copied() {
+                None => {
+                    st.queues.remove(v);
+                }
+                Some(next) => {
+                    if let Some((deps, _)) = st.waiting.get_mut(&next) {
+                        *deps -= 1;
+                        if *deps == 0
+                            && let Some((_, op)) = st.waiting.remove(&next)
+                        {
+                            st.ready.push(op);
+                            readied += 1;
+                        }
+                    }
+                }
+            }
+        }
+        st.pending -= 1;
+        self.queued.store(st.pending, AtomicOrdering::Release);
+        if st.pending == 0 {
+            self.idle.notify_all();
+        }
+        drop(st);
+        for _ in 0..readied {
+            self.work.notify_one();
+        }
+    }
+
+    fn worker(self: Arc<Self>) {
+        WORKER_OF.with(|w| w.set(self.id()));
+        crate::ndarray::mark_store_thread();
+        loop {
+            let op = {
+                let mut st = self.state.lock();
+                loop {
+                    if let Some(op) = st.ready.pop() {
+                        break op;
+                    }
+                    if st.stop && st.pending == 0 {
+                        return;
+                    }
+                    self.work.wait(&mut st);
+                }
+            };
+            let (seq, vars) = (op.seq, op.vars);
+            // A call reports its own result; a panic must not take the worker (and the
+            // vars the call holds) with it.
+            let _ = std::panic::catch_unwind(AssertUnwindSafe(op.run));
+            self.finish(seq, &vars);
+        }
+    }
+}
+
+/// A store's engine and its worker threads.
+pub(crate) struct Engine {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Starts `threads` workers (at least one); an ordered engine has exactly one.
+    ///
+    /// # Errors
+    /// [`Error::ResourceExhausted`] when the operating system refuses a thread.
+    pub(crate) fn new(threads: usize, ordered: bool) -> Result<Self> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            work: Condvar::new(),
+            idle: Condvar::new(),
+            ordered,
+            queued: AtomicUsize::new(0),
+        });
+        let threads = if ordered { 1 } else { threads.max(1) };
+        let mut engine = Engine { shared, workers: Vec::with_capacity(threads) };
+        for i in 0..threads {
+            let shared = Arc::clone(&engine.shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("kvstore-engine-{i}"))
+                .spawn(move || shared.worker())
+                .map_err(|e| Error::ResourceExhausted {
+                    what: format!("starting engine thread {i} of {threads}"),
+                    detail: format!("{e}; build the store with fewer engine threads"),
+                })?;
+            engine.workers.push(handle);
+        }
+        Ok(engine)
+    }
+
+    /// The number of worker threads.
+    pub(crate) fn threads(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Whether calls run strictly in submission order on one thread.
+    pub(crate) fn is_ordered(&self) -> bool {
+        self.shared.ordered
+    }
+
+    /// Whether the current thread is one of this engine's workers.
+    pub(crate) fn on_worker(&self) -> bool {
+        WORKER_OF.with(|w| w.get()) == self.shared.id()
+    }
+
+    /// Queues `run` on `vars` (deduplicated here). It runs on a worker once every call
+    /// submitted before it on any of its vars has finished.
+    pub(crate) fn submit(&self, mut vars: Vars, priority: i32, run: Box<dyn FnOnce() + Send>) {
+        vars.sort_unstable();
+        vars.dedup();
+        let priority = if self.shared.ordered { 0 } else { priority };
+        let mut st = self.shared.state.lock();
+        let (seq, deps) = Shared::register(&mut st, &vars);
+        self.shared.queued.store(st.pending, AtomicOrdering::Release);
+        let op = Op { seq, priority, vars, run };
+        if deps == 0 {
+            st.ready.push(op);
+            drop(st);
+            self.shared.work.notify_one();
+        } else {
+            st.waiting.insert(seq, (deps, op));
+        }
+    }
+
+    /// Whether a call on `vars` may run now on the caller's thread: no queued or running
+    /// call of the engine holds or wants any of them (always false for an ordered
+    /// engine, whose calls all run on its worker).
+    ///
+    /// Such a call is not registered: the caller waits for it, so no later call of that
+    /// thread can overtake it, and calls of other threads made meanwhile are concurrent
+    /// with it (the store's key locks keep each call whole). When the engine has no
+    /// queued call at all, this reads one atomic.
+    pub(crate) fn may_run_now(&self, vars: impl IntoIterator<Item = Var>) -> bool {
+        if self.shared.ordered {
+            return false;
+        }
+        if self.shared.queued.load(AtomicOrdering::Acquire) == 0 {
+            return true;
+        }
+        let st = self.shared.state.lock();
+        !vars.into_iter().any(|v| st.queues.contains_key(&v))
+    }
+
+    /// Waits until every call submitted so far (and any submitted meanwhile) has
+    /// finished. From one of this engine's own workers it returns at once: the call
+    /// running there could never finish otherwise.
+    pub(crate) fn wait_idle(&self) {
+        if self.on_worker() {
+            return;
+        }
+        let mut st = self.shared.state.lock();
+        while st.pending > 0 {
+            self.shared.idle.wait(&mut st);
+        }
+    }
+}
+
+impl Drop for Engine {
+    /// Runs every queued call, then stops the workers. Dropped on one of its own workers
+    /// (an updater that dropped its store), the workers finish the queue and exit on
+    /// their own.
+    fn drop(&mut self) {
+        let on_worker = self.on_worker();
+        self.wait_idle();
+        self.shared.state.lock().stop = true;
+        self.shared.work.notify_all();
+        if !on_worker {
+            for w in self.workers.drain(..) {
+                let _ = w.join();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn vars(v: &[Var]) -> Vars {
+        v.iter().copied().collect()
+    }
+
+    #[test]
+    fn calls_on_one_var_run_in_submission_order_across_threads() {
+        let engine = Engine::new(4, false).unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        for i in 0..200 {
+            let log = Arc::clone(&log);
+            // Alternating priorities must not reorder calls on the same var.
+            engine.submit(vars(&[Var::Key(7)]), i % 3, Box::new(move || log.lock().push(i)));
+        }
+        engine.wait_idle();
+        assert_eq!(*log.lock(), (0..200).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn calls_on_different_vars_run_in_parallel() {
+        let engine = Engine::new(2, false).unwrap();
+        let (gate, started) = (Arc::new((Mutex::new(false), Condvar::new())), Arc::new(AtomicUsize::new(0)));
+        for k in 0..2 {
+            let (gate, started) = (Arc::clone(&gate), Arc::clone(&started));
+            engine.submit(
+                vars(&[Var::Key(k)]),
+                0,
+                Box::new(move || {
+                    started.fetch_add(1, AtomicOrdering::SeqCst);
+                    let mut open = gate.0.lock();
+                    while !*open {
+                        gate.1.wait(&mut open);
+                    }
+                }),
+            );
+        }
+        // Both start although neither finishes until the gate opens.
+        let t0 = std::time::Instant::now();
+        while started.load(AtomicOrdering::SeqCst) < 2 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "the second key waited for the first");
+            std::thread::yield_now();
+        }
+        *gate.0.lock() = true;
+        gate.1.notify_all();
+        engine.wait_idle();
+    }
+
+    #[test]
+    fn a_call_on_two_vars_waits_for_both_and_no_call_runs_now_on_a_wanted_var() {
+        let engine = Engine::new(2, false).unwrap();
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let g = Arc::clone(&gate);
+        engine.submit(
+            vars(&[Var::Key(1)]),
+            0,
+            Box::new(move || {
+                let mut open = g.0.lock();
+                while !*open {
+                    g.1.wait(&mut open);
+                }
+            }),
+        );
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r = Arc::clone(&ran);
+        engine.submit(
+            vars(&[Var::Key(2), Var::Key(1)]),
+            0,
+            Box::new(move || {
+                r.fetch_add(1, AtomicOrdering::SeqCst);
+            }),
+        );
+        // Key 2 is wanted by a queued call: a call on it must not overtake that call.
+        assert!(!engine.may_run_now(vars(&[Var::Key(2)])));
+        assert!(engine.may_run_now(vars(&[Var::Key(3)])));
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(ran.load(AtomicOrdering::SeqCst), 0);
+        *gate.0.lock() = true;
+        gate.1.notify_all();
+        engine.wait_idle();
+        assert_eq!(ran.load(AtomicOrdering::SeqCst), 1);
+        assert!(engine.may_run_now(vars(&[Var::Key(2)])));
+    }
+
+    #[test]
+    fn higher_priority_runs_first_among_ready_calls_and_an_ordered_engine_ignores_it() {
+        for ordered in [false, true] {
+            let engine = Engine::new(1, ordered).unwrap();
+            let gate = Arc::new((Mutex::new(false), Condvar::new()));
+            let g = Arc::clone(&gate);
+            // Occupy the only worker so the next calls are all ready at once.
+            engine.submit(
+                vars(&[Var::Key(0)]),
+                0,
+                Box::new(move || {
+                    let mut open = g.0.lock();
+                    while !*open {
+                        g.1.wait(&mut open);
+                    }
+                }),
+            );
+            let log = Arc::new(Mutex::new(Vec::new()));
+            for (k, p) in [(1, 0), (2, 5), (3, -1), (4, 5)] {
+                let log = Arc::clone(&log);
+                engine.submit(vars(&[Var::Key(k)]), p, Box::new(move || log.lock().push(k)));
+            }
+            *gate.0.lock() = true;
+            gate.1.notify_all();
+            engine.wait_idle();
+            let expected = if ordered { vec![1, 2, 3, 4] } else { vec![2, 4, 1, 3] };
+            assert_eq!(*log.lock(), expected, "ordered: {ordered}");
+        }
+    }
+
+    #[test]
+    fn a_panicking_call_releases_its_vars_and_dropping_runs_the_queue() {
+        let engine = Engine::new(1, false).unwrap();
+        engine.submit(vars(&[Var::Key(0)]), 0, Box::new(|| panic!("a call panicked")));
+        let ran = Arc::new(AtomicUsize::new(0));
+        for _ in 0..10 {
+            let r = Arc::clone(&ran);
+            engine.submit(
+                vars(&[Var::Key(0)]),
+                0,
+                Box::new(move || {
+                    std::thread::sleep(Duration::from_millis(1));
+                    r.fetch_add(1, AtomicOrdering::SeqCst);
+                }),
+            );
+        }
+        drop(engine);
+        assert_eq!(ran.load(AtomicOrdering::SeqCst), 10);
+    }
+}

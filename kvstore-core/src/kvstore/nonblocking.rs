@@ -1,0 +1,388 @@
+//! How a store's calls reach its engine: the one path of every push, pull, pushpull
+//! and broadcast, blocking or not, and the non-blocking API itself.
+//!
+//! A call is looked up (its keys must exist), then either runs at once on the caller's
+//! thread, when it is blocking and none of its keys or outs is busy with an earlier
+//! call ([`Engine::may_run_now`]), or is queued on the engine with the arrays it needs: a
+//! non-blocking push takes copies of its values (the caller may reuse them at once), a
+//! blocking one shares them (its caller waits); a pull's outs are marked pending until
+//! it wrote them. The work itself is the same function either way
+//! ([`Store::push_pull`]).
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use super::{Done, Entry, Found, KVStore, Pending, Store, check_like, locks};
+use crate::engine::{Var, Vars};
+use crate::error::{Error, Result};
+use crate::key::{Key, Keys, Values, flat_pairs, flatten};
+use crate::ndarray::{NDArray, PendingWrites};
+
+/// A call's pairs, held by the call itself so it can run after its caller returned.
+type Owned = Vec<(Arc<Entry>, NDArray)>;
+
+fn borrow(owned: &Owned) -> Found<'_> {
+    owned.iter().map(|(e, a)| (Arc::clone(e), a)).collect()
+}
+
+/// The vars of a call: its keys, and the arrays it uses that an earlier queued call
+/// writes; a queued call also takes all its outs (a call queued later that writes or
+/// reads one of them then runs after it). A call that runs at once needs no more: its
+/// caller waits, and an array it uses is not pending for anyone else.
+fn vars_of<'f>(push: &'f Found<'_>, pull: &'f Found<'_>, queued: bool) -> impl Iterator<Item = Var> + 'f {
+    let keys = push.iter().chain(pull).map(|(e, _)| Var::Key(e.index));
+    let inputs = push.iter().filter(|(_, a)| a.is_pending()).map(|(_, a)| Var::Array(a.buffer_id()));
+    let outs = pull.iter().filter(move |(_, a)| queued || a.is_pending()).map(|(_, a)| Var::Array(a.buffer_id()));
+    keys.chain(inputs).chain(outs)
+}
+
+impl KVStore {
+    /// The one path of push, pull and pushpull when blocking: at once on this thread
+    /// when nothing earlier holds its keys or outs, else queued and waited for.
+    pub(super) fn call(
+        &self,
+        op: &'static str,
+        push: Vec<(Key, &NDArray)>,
+        pull: Vec<(Key, &NDArray)>,
+        priority: i32,
+    ) -> Result<()> {
+        locks::check_reentry(op, &self.store)?;
+        if push.is_empty() && pull.is_empty() {
+            return Ok(());
+        }
+        let (push, pull) = (self.store.lookup(op, push)?, self.store.lookup(op, pull)?);
+        if self.engine.may_run_now(vars_of(&push, &pull, false)) {
+            return self.store.push_pull(op, push, pull);
+        }
+        if locks::inside_updater() {
+            return Err(locks::busy_store(op));
+        }
+        let vars: Vars = vars_of(&push, &pull, true).collect();
+        let own = |f: Found<'_>| -> Owned { f.into_iter().map(|(e, a)| (e, a.clone())).collect() };
+        self.queue(op, vars, own(push), own(pull), priority).wait()
+    }
+
+    /// The one path of push, pull and pushpull when non-blocking: checked and copied
+    /// now, queued, and reported to the handle.
+    pub(super) fn call_async<'a>(
+        &self,
+        op: &'static str,
+        pairs: impl FnOnce() -> Result<(Vec<(Key, &'a NDArray)>, Vec<(Key, &'a NDArray)>)>,
+        priority: i32,
+    ) -> Pending {
+        let prepared = (|| -> Result<_> {
+            locks::check_reentry(op, &self.store)?;
+            let (push, pull) = pairs()?;
+            let (push, pull) = (self.store.lookup(op, push)?, self.store.lookup(op, pull)?);
+            let vars: Vars = vars_of(&push, &pull, true).collect();
+            // The copies are the only work done before returning (an array with a
+            // pending write is copied once that write is done).
+            let push: Owned = push.into_iter().map(|(e, a)| Ok((e, a.deep_copy()?))).collect::<Result<_>>()?;
+            let pull: Owned = pull.into_iter().map(|(e, a)| (e, a.clone())).collect();
+            Ok((vars, push, pull))
+        })();
+        match prepared {
+            Ok((vars, push, pull)) if !(push.is_empty() && pull.is_empty()) => {
+                self.queue(op, vars, push, pull, priority)
+            }
+            Ok(_) => Pending::finished(Ok(()), Arc::clone(&self.store.unobserved)),
+            Err(e) => Pending::finished(Err(e), Arc::clone(&self.store.unobserved)),
+        }
+    }
+
+    fn queue(&self, op: &'static str, vars: Vars, push: Owned, pull: Owned, priority: i32) -> Pending {
+        let done = Done::new(Arc::clone(&self.store.unobserved));
+        let writes = PendingWrites::new(pull.iter().map(|(_, out)| out.clone()).collect());
+        let (store, finished) = (Arc::clone(&self.store), Arc::clone(&done));
+        self.engine.submit(
+            vars,
+            priority,
+            Box::new(move || {
+                let r =
+                    std::panic::catch_unwind(AssertUnwindSafe(|| store.push_pull(op, borrow(&push), borrow(&pull))))
+                        .unwrap_or_else(|_| Err(Error::Internal(format!("{op} panicked"))));
+                // The outs are readable before the handle says the call is done.
+                drop(writes);
+                finished.finish(r);
+            }),
+        );
+        Pending::new(done)
+    }
+
+    /// Runs `f` on the engine, after every call queued before it, and waits: how a
+    /// `dist_sync` store's `init` and `barrier` keep their collectives in call order.
+    /// Elsewhere `f` runs here at once.
+    pub(super) fn in_order(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&Store) -> Result<()> + Send + 'static,
+    ) -> Result<()> {
+        if !self.engine.is_ordered() {
+            return f(&self.store);
+        }
+        locks::check_reentry(op, &self.store)?;
+        if locks::inside_updater() || self.engine.on_worker() {
+            return Err(locks::busy_store(op));
+        }
+        let done = Done::new(Arc::clone(&self.store.unobserved));
+        let (store, finished) = (Arc::clone(&self.store), Arc::clone(&done));
+        self.engine.submit(
+            Vars::new(),
+            0,
+            Box::new(move || {
+                let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(&store)))
+                    .unwrap_or_else(|_| Err(Error::Internal(format!("{op} panicked"))));
+                finished.finish(r);
+            }),
+        );
+        Pending::new(done).wait()
+    }
+
+    /// `init` of flat pairs, in call order under `dist_sync`.
+    pub(super) fn init_flat(&self, op: &'static str, pairs: Vec<(Key, &NDArray)>) -> Result<()> {
+        let owned: Vec<(Key, NDArray)> = pairs.into_iter().map(|(k, v)| (k, v.clone())).collect();
+        self.in_order(op, move |store| store.init_pairs(op, owned.iter().map(|(k, v)| (k.clone(), v)).collect()))
+    }
+
+    /// Checks a broadcast's outs against its values (before anything is stored).
+    fn check_broadcast(init: &[(Key, &NDArray)], pull: &[(Key, &NDArray)]) -> Result<()> {
+        for (k, out) in pull {
+            let Some((_, v)) = init.iter().find(|(ik, _)| ik == k) else {
+                return Err(Error::invalid_argument(format!(
+                    "broadcast: out key \"{k}\" is not one of the keys being broadcast"
+                )));
+            };
+            check_like(|| format!("broadcast of key \"{k}\" (out)"), k, v, out)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn broadcast_flat(
+        &self,
+        init: Vec<(Key, &NDArray)>,
+        pull: Vec<(Key, &NDArray)>,
+        priority: i32,
+    ) -> Result<()> {
+        Self::check_broadcast(&init, &pull)?;
+        self.init_flat("broadcast", init)?;
+        self.call("broadcast", Vec::new(), pull, priority)
+    }
+
+    fn broadcast_flat_async(
+        &self,
+        init: Result<Vec<(Key, &NDArray)>>,
+        pull: Result<Vec<(Key, &NDArray)>>,
+        priority: i32,
+    ) -> Pending {
+        let initialised = (|| {
+            let (init, pull) = (init?, pull?);
+            Self::check_broadcast(&init, &pull)?;
+            self.init_flat("broadcast", init)?;
+            Ok(pull)
+        })();
+        match initialised {
+            Ok(pull) => self.call_async("broadcast", || Ok((Vec::new(), pull)), priority),
+            Err(e) => Pending::finished(Err(e), Arc::clone(&self.store.unobserved)),
+        }
+    }
+
+    /// [`KVStore::push`], non-blocking: the values are copied, the rest runs on the
+    /// store's engine. See the type's docs for the order of calls.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("w", &NDArray::zeros(&[2])?)?;
+    /// let g = NDArray::ones(&[2])?;
+    /// let pushed = kv.push_async("w", &g, 0);
+    /// g.add_assign(1.0)?; // the push took a copy: this changes nothing it sums
+    /// pushed.wait()?;
+    /// assert_eq!(kv.pull_new("w", 0)?.to_vec::<f32>()?, vec![1.0; 2]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// Errors are those of [`KVStore::push`], from [`Pending::wait`].
+    pub fn push_async<'a>(&self, keys: impl Into<Keys>, values: impl Into<Values<'a>>, priority: i32) -> Pending {
+        let (keys, values) = (keys.into(), values.into());
+        self.call_async(
+            "push",
+            || {
+                self.store.require_bare_keys("push", &keys, values)?;
+                Ok((flatten("push", keys, values, "values")?, Vec::new()))
+            },
+            priority,
+        )
+    }
+
+    /// [`KVStore::pull`], non-blocking: the outs are written later, and every access to
+    /// them waits until then.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("w", &NDArray::full(&[2], 3.0)?)?;
+    /// kv.push_async("w", &NDArray::full(&[2], 5.0)?, 0).wait()?;
+    /// let out = NDArray::zeros(&[2])?;
+    /// let pulled = kv.pull_async("w", &out, 0);
+    /// assert_eq!(out.to_vec::<f32>()?, vec![5.0; 2]); // waits for the pull
+    /// pulled.wait()?;
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// Errors are those of [`KVStore::pull`], from [`Pending::wait`].
+    pub fn pull_async<'a>(&self, keys: impl Into<Keys>, outs: impl Into<Values<'a>>, priority: i32) -> Pending {
+        let (keys, outs) = (keys.into(), outs.into());
+        self.call_async(
+            "pull",
+            || {
+                self.store.require_bare_keys("pull", &keys, outs)?;
+                Ok((Vec::new(), flatten("pull", keys, outs, "outs")?))
+            },
+            priority,
+        )
+    }
+
+    /// [`KVStore::pushpull`], non-blocking.
+    ///
+    /// Errors are those of [`KVStore::pushpull`], from [`Pending::wait`].
+    pub fn pushpull_async<'a, 'b>(
+        &self,
+        keys: impl Into<Keys>,
+        values: impl Into<Values<'a>>,
+        outs: impl Into<Values<'b>>,
+        priority: i32,
+    ) -> Pending {
+        let (keys, values, outs) = (keys.into(), values.into(), outs.into());
+        self.call_async(
+            "pushpull",
+            || {
+                self.store.require_bare_keys("pushpull", &keys, values)?;
+                self.store.require_bare_keys("pushpull", &keys, outs)?;
+                let push = flatten("pushpull", keys.clone(), values, "values")?;
+                Ok((push, flatten("pushpull", keys, outs, "outs")?))
+            },
+            priority,
+        )
+    }
+
+    /// [`KVStore::pushpull_in_place`], non-blocking: the arrays are copied for the push
+    /// and written with the result later.
+    ///
+    /// Errors are those of [`KVStore::pushpull`], from [`Pending::wait`].
+    pub fn pushpull_in_place_async<'a>(
+        &self,
+        keys: impl Into<Keys>,
+        values: impl Into<Values<'a>>,
+        priority: i32,
+    ) -> Pending {
+        let (keys, values) = (keys.into(), values.into());
+        self.call_async(
+            "pushpull",
+            || {
+                self.store.require_bare_keys("pushpull", &keys, values)?;
+                let pairs = flatten("pushpull", keys, values, "values")?;
+                Ok((pairs.clone(), pairs))
+            },
+            priority,
+        )
+    }
+
+    /// [`KVStore::pushpull_pairs`], non-blocking.
+    ///
+    /// Errors are those of [`KVStore::pushpull`], from [`Pending::wait`].
+    pub fn pushpull_pairs_async(
+        &self,
+        keys: &[Key],
+        values: &[NDArray],
+        out_keys: &[Key],
+        outs: &[NDArray],
+        priority: i32,
+    ) -> Pending {
+        self.call_async("pushpull", || flat_pairs("pushpull", keys, values, out_keys, outs), priority)
+    }
+
+    /// [`KVStore::broadcast`], non-blocking for its pull: the keys are initialised
+    /// before it returns (under `dist_sync` that waits for the calls queued before),
+    /// the outs are written later.
+    ///
+    /// Errors are those of [`KVStore::broadcast`], from [`Pending::wait`].
+    pub fn broadcast_async<'a, 'b>(
+        &self,
+        keys: impl Into<Keys>,
+        values: impl Into<Values<'a>>,
+        outs: impl Into<Values<'b>>,
+        priority: i32,
+    ) -> Pending {
+        let keys = keys.into();
+        let init = flatten("broadcast", keys.clone(), values.into(), "values");
+        let pull = flatten("broadcast", keys, outs.into(), "outs");
+        self.broadcast_flat_async(init, pull, priority)
+    }
+
+    /// [`KVStore::broadcast_pairs`], non-blocking as [`KVStore::broadcast_async`].
+    ///
+    /// Errors are those of [`KVStore::broadcast`], from [`Pending::wait`].
+    pub fn broadcast_pairs_async(
+        &self,
+        keys: &[Key],
+        values: &[NDArray],
+        out_keys: &[Key],
+        outs: &[NDArray],
+        priority: i32,
+    ) -> Pending {
+        match flat_pairs("broadcast", keys, values, out_keys, outs) {
+            Ok((init, pull)) => self.broadcast_flat_async(Ok(init), Ok(pull), priority),
+            Err(e) => Pending::finished(Err(e), Arc::clone(&self.store.unobserved)),
+        }
+    }
+
+    /// The number of engine threads that run the store's calls (1 for `dist_sync`).
+    ///
+    /// ```
+    /// use kvstore_core::KVStore;
+    /// assert_eq!(KVStore::builder("local").engine_threads(3).build()?.engine_threads(), 3);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    pub fn engine_threads(&self) -> usize {
+        self.engine.threads()
+    }
+
+    /// Waits until every call made so far has finished (MXNet's `WaitAll`).
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("w", &NDArray::zeros(&[2])?)?;
+    /// let outs = [NDArray::zeros(&[2])?, NDArray::zeros(&[2])?];
+    /// for _ in 0..3 {
+    ///     drop(kv.push_async("w", &NDArray::ones(&[2])?, 0)); // handles not kept
+    /// }
+    /// drop(kv.pull_async("w", &outs, 0));
+    /// drop(kv.pull_async("no such key", &outs, 0)); // fails
+    /// assert!(kv.wait_all().is_err()); // ... and is reported here
+    /// assert_eq!(outs[1].to_vec::<f32>()?, vec![1.0; 2]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// The oldest error of a call whose handle was dropped before anyone saw its
+    /// result, since the last `wait_all` (each call reports one: the next reports the
+    /// next). Calls whose handles are kept report to their handles only.
+    pub fn wait_all(&self) -> Result<()> {
+        self.settle();
+        let mut unobserved = self.store.unobserved.lock();
+        match unobserved.is_empty() {
+            true => Ok(()),
+            false => Err(unobserved.remove(0)),
+        }
+    }
+
+    /// Waits for the queued calls before a call that must see all of them (a change of
+    /// updater or optimizer, saving states); from inside an updater it does not wait
+    /// (the locks taken next decide, as before).
+    pub(super) fn settle(&self) {
+        if !locks::inside_updater() {
+            self.engine.wait_idle();
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! [`Pending`]: the handle of a non-blocking call, and where the errors of handles
+//! dropped unobserved go.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::{Error, Result};
+
+/// A function told a call's result when it finishes (bindings complete their futures
+/// with it). It runs on the thread that finished the call.
+type Callback = Box<dyn FnOnce(Result<()>) + Send>;
+
+/// Errors of calls whose handles were dropped before anyone saw the result: what
+/// [`crate::KVStore::wait_all`] reports, oldest first.
+pub(crate) type Unobserved = Arc<Mutex<Vec<Error>>>;
+
+enum State {
+    /// Queued or running; `abandoned` once the handle is gone.
+    Running { abandoned: bool, callback: Option<Callback> },
+    /// Finished, its result not yet taken.
+    Finished(Result<()>),
+    /// Finished and the result taken (by `wait`, a callback, or `wait_all`).
+    Taken,
+}
+
+pub(crate) struct Done {
+    state: Mutex<State>,
+    finished: Condvar,
+    unobserved: Unobserved,
+}
+
+impl Done {
+    pub(crate) fn new(unobserved: Unobserved) -> Arc<Self> {
+        Arc::new(Done {
+            state: Mutex::new(State::Running { abandoned: false, callback: None }),
+            finished: Condvar::new(),
+            unobserved,
+        })
+    }
+
+    /// Records the call's result: to its handle, its callback, or (handle dropped, call
+    /// failed) the store's unobserved errors.
+    pub(crate) fn finish(&self, result: Result<()>) {
+        let mut st = self.state.lock();
+        let State::Running { abandoned, callback } = std::mem::replace(&mut *st, State::Taken) else {
+            return;
+        };
+        match (callback, abandoned) {
+            (Some(cb), _) => {
+                drop(st);
+                cb(result);
+                return;
+            }
+            (None, true) => {
+                if let Err(e) = result {
+                    self.unobserved.lock().push(e);
+                }
+            }
+            (None, false) => *st = State::Finished(result),
+        }
+        drop(st);
+        self.finished.notify_all();
+    }
+}
+
+/// The handle of a non-blocking call (`push_async`, `pull_async`, ...): [`Pending::wait`]
+/// for its result. Dropping the handle does not cancel the call; if it then fails, the
+/// error is reported by the next [`crate::KVStore::wait_all`] instead.
+#[must_use = "a dropped handle's error is only reported by wait_all"]
+pub struct Pending {
+    done: Arc<Done>,
+}
+
+impl Pending {
+    pub(crate) fn new(done: Arc<Done>) -> Self {
+        Pending { done }
+    }
+
+    /// A handle finished before anything was queued: a call that failed its checks (a
+    /// key not initialised, a length mismatch; nothing changed) or had nothing to do.
+    pub(crate) fn finished(result: Result<()>, unobserved: Unobserved) -> Self {
+        let done = Done::new(unobserved);
+        done.finish(result);
+        Pending { done }
+    }
+
+    /// Whether the call has finished (successfully or not).
+    pub fn is_done(&self) -> bool {
+        !matches!(*self.done.state.lock(), State::Running { .. })
+    }
+
+    /// Waits for the call to finish and returns its result: what the blocking call
+    /// would have returned.
+    ///
+    /// # Errors
+    /// The call's error; the store then holds what it held before the call.
+    pub fn wait(self) -> Result<()> {
+        let mut st = self.done.state.lock();
+        while matches!(*st, State::Running { .. }) {
+            self.done.finished.wait(&mut st);
+        }
+        match std::mem::replace(&mut *st, State::Taken) {
+            State::Finished(r) => r,
+            _ => Err(Error::Internal("a handle's result was taken twice".into())),
+        }
+    }
+
+    /// Waits at most `timeout`: `Err(self)` (the handle back) if the call is still
+    /// running then, else its result.
+    pub fn wait_timeout(self, timeout: Duration) -> std::result::Result<Result<()>, Pending> {
+        {
+            let mut st = self.done.state.lock();
+            if matches!(*st, State::Running { .. }) {
+                let _ = self.done.finished.wait_for(&mut st, timeout);
+            }
+            if matches!(*st, State::Running { .. }) {
+                drop(st);
+                return Err(self);
+            }
+        }
+        Ok(self.wait())
+    }
+
+    /// Calls `f` with the result once the call finishes: at once, on this thread, if it
+    /// already has; otherwise on the thread that finishes it (a store's engine thread),
+    /// where `f` must not wait for the store's calls.
+    pub fn on_done(self, f: impl FnOnce(Result<()>) + Send + 'static) {
+        let mut st = self.done.state.lock();
+        match &mut *st {
+            State::Running { callback, .. } => *callback = Some(Box::new(f)),
+            State::Finished(_) => {
+                let State::Finished(r) = std::mem::replace(&mut *st, State::Taken) else { unreachable!() };
+                drop(st);
+                f(r);
+            }
+            State::Taken => {
+                drop(st);
+                f(Err(Error::Internal("a handle's result was taken twice".into())));
+            }
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let mut st = self.done.state.lock();
+        match &mut *st {
+            State::Running { abandoned, callback: None } => *abandoned = true,
+            State::Finished(_) => {
+                if let State::Finished(Err(e)) = std::mem::replace(&mut *st, State::Taken) {
+                    self.done.unobserved.lock().push(e);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+impl fmt::Debug for Pending {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pending").field("done", &self.is_done()).finish()
+    }
+}

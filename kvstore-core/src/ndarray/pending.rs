@@ -1,0 +1,110 @@
+//! Writes that a store's engine will make to an array later (a non-blocking pull's
+//! outs): until they are made, every access to the array's elements waits for them. So
+//! no read of a pending out sees its old value, and no write to it is overwritten by
+//! the pull.
+//!
+//! The store's own threads (engine workers and the reduction pool) never wait here: the
+//! engine orders every call after the calls that write the arrays it uses (a pending
+//! array is one of the call's vars), so what they access is never pending for them.
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::NDArray;
+
+/// Where accesses to arrays with pending writes wait; notified whenever an array's
+/// pending writes end. One for the process: waiting is the rare case.
+static SETTLED: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
+
+thread_local! {
+    /// Whether this thread is one of the store's own (see the module docs).
+    static STORE_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the current thread as one of the store's own: an engine worker or a thread of
+/// the reduction pool.
+pub(crate) fn mark_store_thread() {
+    STORE_THREAD.with(|t| t.set(true));
+}
+
+impl NDArray {
+    /// The address of the shared buffer: one per buffer, the same for every clone.
+    pub(crate) fn buffer_id(&self) -> usize {
+        std::sync::Arc::as_ptr(&self.inner) as usize
+    }
+
+    /// Waits until no write is pending on this array (not on the store's own threads).
+    pub(super) fn settle(&self) {
+        if self.inner.pending.load(Ordering::Acquire) == 0 || STORE_THREAD.with(Cell::get) {
+            return;
+        }
+        let mut guard = SETTLED.0.lock();
+        while self.inner.pending.load(Ordering::Acquire) != 0 {
+            SETTLED.1.wait(&mut guard);
+        }
+    }
+
+    /// Whether a write to this array by a queued call is pending: an access now waits
+    /// for it.
+    pub fn is_pending(&self) -> bool {
+        self.inner.pending.load(Ordering::Acquire) != 0
+    }
+}
+
+/// The outs of a queued call: pending from creation until dropped.
+pub(crate) struct PendingWrites {
+    arrays: Vec<NDArray>,
+}
+
+impl PendingWrites {
+    /// Marks `arrays` as pending: from now on, accesses from other threads wait.
+    pub(crate) fn new(arrays: Vec<NDArray>) -> Self {
+        for a in &arrays {
+            a.inner.pending.fetch_add(1, Ordering::AcqRel);
+        }
+        PendingWrites { arrays }
+    }
+}
+
+impl Drop for PendingWrites {
+    fn drop(&mut self) {
+        if self.arrays.is_empty() {
+            return;
+        }
+        for a in &self.arrays {
+            a.inner.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+        // Taking the lock orders this notification after any waiter's check.
+        let _guard = SETTLED.0.lock();
+        SETTLED.1.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn reads_wait_for_pending_writes_except_on_the_stores_threads() {
+        let a = NDArray::zeros(&[4]).unwrap();
+        let writes = PendingWrites::new(vec![a.clone()]);
+        assert!(a.is_pending());
+        let reader = {
+            let a = a.clone();
+            std::thread::spawn(move || a.to_vec::<f32>().unwrap())
+        };
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(!reader.is_finished(), "the read did not wait for the pending write");
+        let writer = std::thread::spawn(move || {
+            // The store's own threads do not wait for pending writes: they make them.
+            mark_store_thread();
+            a.copy_from(&NDArray::full(&[4], 5.0).unwrap()).unwrap();
+            drop(writes);
+        });
+        writer.join().unwrap();
+        assert_eq!(reader.join().unwrap(), vec![5.0; 4]);
+    }
+}
