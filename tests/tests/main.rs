@@ -9,6 +9,7 @@ mod dist;
 mod errors;
 mod golden;
 mod hostile;
+mod nonblocking;
 mod optimizer_states;
 mod optimizers;
 

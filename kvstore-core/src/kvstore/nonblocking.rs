@@ -365,9 +365,9 @@ impl KVStore {
     /// ```
     ///
     /// # Errors
-    /// The oldest error of a call whose handle was dropped before anyone saw its
-    /// result, since the last `wait_all` (each call reports one: the next reports the
-    /// next). Calls whose handles are kept report to their handles only.
+    /// The first error (in the order the calls failed) of a call whose handle was
+    /// dropped before anyone saw its result, not yet reported: each `wait_all` reports
+    /// one, the next reports the next. Calls whose handles are kept report to their handles only.
     pub fn wait_all(&self) -> Result<()> {
         self.settle();
         let mut unobserved = self.store.unobserved.lock();

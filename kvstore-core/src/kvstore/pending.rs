@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 type Callback = Box<dyn FnOnce(Result<()>) + Send>;
 
 /// Errors of calls whose handles were dropped before anyone saw the result: what
-/// [`crate::KVStore::wait_all`] reports, oldest first.
+/// [`crate::KVStore::wait_all`] reports, in the order the calls failed.
 pub(crate) type Unobserved = Arc<Mutex<Vec<Error>>>;
 
 enum State {

@@ -1,0 +1,341 @@
+//! The non-blocking API: call order per key from several threads against a reference
+//! model, bit-identical results with the blocking API, pending outs, errors reported
+//! to their own handles, and the store's drop waiting for its queued calls.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use kvstore_core::{Context, DType, Error, ErrorKind, KVStore, Key, NDArray, Optimizer, Pending};
+use proptest::prelude::*;
+
+/// A custom updater that sleeps before assigning: keeps calls queued long enough for a
+/// test to look at them while they are.
+fn slow_assign(kv: &KVStore, ms: u64) {
+    kv.set_updater(move |_: &Key, _, merged: &NDArray, stored: &NDArray| {
+        std::thread::sleep(Duration::from_millis(ms));
+        stored.copy_from(merged)
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_pull_after_a_push_sees_it_and_its_outs_wait_until_written() {
+    let kv = KVStore::create("local").unwrap();
+    kv.init("w", &NDArray::zeros(&[3]).unwrap()).unwrap();
+    slow_assign(&kv, 50);
+    let t0 = Instant::now();
+    let pushed = kv.push_async("w", &NDArray::full(&[3], 4.0).unwrap(), 0);
+    let out = NDArray::zeros(&[3]).unwrap();
+    let pulled = kv.pull_async("w", &out, 0);
+    // Both returned before the updater finished its first call.
+    assert!(t0.elapsed() < Duration::from_millis(40), "the calls did not return at once: {:?}", t0.elapsed());
+    assert!(out.is_pending());
+    // Reading the out waits for the pull, which comes after the push.
+    assert_eq!(out.to_vec::<f32>().unwrap(), vec![4.0; 3]);
+    assert!(!out.is_pending());
+    pushed.wait().unwrap();
+    pulled.wait().unwrap();
+}
+
+#[test]
+fn pushed_arrays_may_be_reused_at_once() {
+    let kv = KVStore::create("local").unwrap();
+    kv.init("w", &NDArray::zeros(&[2]).unwrap()).unwrap();
+    slow_assign(&kv, 20);
+    let g = NDArray::full(&[2], 1.0).unwrap();
+    let mut handles = Vec::new();
+    for i in 0..5 {
+        g.copy_from(&NDArray::full(&[2], f64::from(i)).unwrap()).unwrap();
+        handles.push(kv.push_async("w", &g, 0));
+    }
+    g.copy_from(&NDArray::full(&[2], 100.0).unwrap()).unwrap();
+    handles.into_iter().for_each(|h| h.wait().unwrap());
+    // The last push pushed 4, whatever happened to `g` after it returned.
+    assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), vec![4.0; 2]);
+}
+
+#[test]
+fn a_pending_out_used_as_a_value_is_pushed_after_the_pull_wrote_it() {
+    let kv = KVStore::create("local").unwrap();
+    kv.init(&["a", "b"], &[NDArray::full(&[2], 7.0).unwrap(), NDArray::zeros(&[2]).unwrap()]).unwrap();
+    slow_assign(&kv, 30);
+    kv.push_async("a", &NDArray::full(&[2], 9.0).unwrap(), 0).wait().unwrap();
+    let buf = NDArray::zeros(&[2]).unwrap();
+    kv.push_async("a", &NDArray::full(&[2], 11.0).unwrap(), 0).wait_timeout(Duration::ZERO).ok();
+    let pulled = kv.pull_async("a", &buf, 0);
+    // Blocking and non-blocking pushes of the pending out both push what the pull wrote.
+    kv.push("b", &buf, 0).unwrap();
+    assert_eq!(kv.pull_new("b", 0).unwrap().to_vec::<f32>().unwrap(), vec![11.0; 2]);
+    kv.push_async("b", &buf.mul(2.0).unwrap(), 0).wait().unwrap();
+    assert_eq!(kv.pull_new("b", 0).unwrap().to_vec::<f32>().unwrap(), vec![22.0; 2]);
+    pulled.wait().unwrap();
+}
+
+#[test]
+fn a_failing_updater_reports_to_its_own_handle_and_the_key_keeps_its_value() {
+    let kv = KVStore::create("local").unwrap();
+    kv.init(&["ok", "bad"], &[NDArray::zeros(&[2]).unwrap(), NDArray::full(&[2], 5.0).unwrap()]).unwrap();
+    kv.set_updater(|key: &Key, _, merged: &NDArray, stored: &NDArray| {
+        if key.as_str() == "bad" {
+            return Err(Error::invalid_argument("the updater refuses \"bad\""));
+        }
+        stored.add_assign(merged)
+    })
+    .unwrap();
+    let before = kv.push_async("ok", &NDArray::ones(&[2]).unwrap(), 0);
+    let failing = kv.push_async("bad", &NDArray::ones(&[2]).unwrap(), 0);
+    let after = kv.push_async("ok", &NDArray::ones(&[2]).unwrap(), 0);
+    assert!(before.wait().is_ok());
+    let e = failing.wait().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.to_string().contains("refuses"), "{e}");
+    assert!(after.wait().is_ok());
+    assert_eq!(kv.pull_new("bad", 0).unwrap().to_vec::<f32>().unwrap(), vec![5.0; 2]);
+    assert_eq!(kv.pull_new("ok", 0).unwrap().to_vec::<f32>().unwrap(), vec![2.0; 2]);
+    // Kept handles report to themselves only: nothing is left for wait_all.
+    assert!(kv.wait_all().is_ok());
+}
+
+#[test]
+fn errors_found_before_queueing_go_to_the_handle_and_change_nothing() {
+    let kv = KVStore::create("local").unwrap();
+    kv.init("w", &NDArray::full(&[2], 1.0).unwrap()).unwrap();
+    let out = NDArray::full(&[2], -1.0).unwrap();
+    let e = kv.pull_async(&["w", "nope"], &[out.clone(), out.clone()], 0).wait().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::KeyNotInitialized);
+    assert!(!out.is_pending());
+    assert_eq!(out.to_vec::<f32>().unwrap(), vec![-1.0; 2]);
+    let e = kv.push_async("w", &NDArray::zeros(&[3]).unwrap(), 0).wait().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ShapeMismatch);
+    let e = kv.push_async(&["w", "w"], &[NDArray::zeros(&[2]).unwrap()], 0).wait().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::LengthMismatch);
+    assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 2]);
+}
+
+#[test]
+fn wait_all_reports_the_errors_of_dropped_handles_in_the_order_they_failed() {
+    let kv = KVStore::create("local").unwrap();
+    kv.init("w", &NDArray::zeros(&[2]).unwrap()).unwrap();
+    slow_assign(&kv, 10);
+    drop(kv.push_async("w", &NDArray::ones(&[2]).unwrap(), 0));
+    drop(kv.push_async("w", &NDArray::zeros(&[5]).unwrap(), 0)); // shape: fails when run
+    drop(kv.pull_async("missing", &NDArray::zeros(&[2]).unwrap(), 0)); // fails at once
+    // In the order the calls failed: the pull of a missing key at once, the push when run.
+    let first = kv.wait_all().unwrap_err();
+    assert_eq!(first.kind(), ErrorKind::KeyNotInitialized, "{first}");
+    assert_eq!(kv.wait_all().unwrap_err().kind(), ErrorKind::ShapeMismatch);
+    assert!(kv.wait_all().is_ok());
+}
+
+#[test]
+fn an_updater_may_not_call_its_own_store_even_without_waiting() {
+    let kv = Arc::new(KVStore::create("local").unwrap());
+    kv.init("w", &NDArray::zeros(&[2]).unwrap()).unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let (inner, s) = (Arc::downgrade(&kv), Arc::clone(&seen));
+    kv.set_updater(move |_: &Key, _, merged: &NDArray, stored: &NDArray| {
+        if let Some(kv) = inner.upgrade() {
+            *s.lock().unwrap() = Some(kv.push_async("w", merged, 0).wait().map_err(|e| e.kind()));
+        }
+        stored.copy_from(merged)
+    })
+    .unwrap();
+    kv.push_async("w", &NDArray::ones(&[2]).unwrap(), 0).wait().unwrap();
+    assert_eq!(*seen.lock().unwrap(), Some(Err(ErrorKind::InvalidArgument)));
+}
+
+#[test]
+fn dropping_the_store_runs_its_queued_calls_first() {
+    let kv = KVStore::create("local").unwrap();
+    kv.init("w", &NDArray::zeros(&[2]).unwrap()).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = Arc::clone(&calls);
+    kv.set_updater(move |_: &Key, _, merged: &NDArray, stored: &NDArray| {
+        std::thread::sleep(Duration::from_millis(5));
+        c.fetch_add(1, Ordering::SeqCst);
+        stored.add_assign(merged)
+    })
+    .unwrap();
+    let out = NDArray::zeros(&[2]).unwrap();
+    let handles: Vec<Pending> = (0..10).map(|_| kv.push_async("w", &NDArray::ones(&[2]).unwrap(), 0)).collect();
+    let pulled = kv.pull_async("w", &out, 0);
+    drop(kv);
+    assert_eq!(calls.load(Ordering::SeqCst), 10);
+    assert_eq!(out.to_vec::<f32>().unwrap(), vec![10.0; 2]);
+    handles.into_iter().chain([pulled]).for_each(|h| assert!(h.is_done() && h.wait().is_ok()));
+}
+
+#[test]
+fn priority_never_changes_results() {
+    let kv = KVStore::builder("local").engine_threads(2).build().unwrap();
+    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    let zeros: Vec<NDArray> = keys.iter().map(|_| NDArray::zeros(&[4]).unwrap()).collect();
+    kv.init(keys.as_slice(), zeros.as_slice()).unwrap();
+    slow_assign(&kv, 1);
+    for round in 0..5 {
+        for (i, k) in keys.iter().enumerate() {
+            let v = NDArray::full(&[4], (round * 10 + i) as f64).unwrap();
+            drop(kv.push_async(k.as_str(), &v, (i as i32 * 7 + round as i32) % 5 - 2));
+        }
+    }
+    kv.wait_all().unwrap();
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(kv.pull_new(k.as_str(), 0).unwrap().to_vec::<f32>().unwrap(), vec![(40 + i) as f32; 4]);
+    }
+}
+
+/// Weights after a short training run with `optimizer` on keys of different sizes,
+/// pushed from two devices, pulled after every step: blocking or not.
+fn train(optimizer: &str, engine_threads: usize, nonblocking: bool) -> Vec<Vec<u8>> {
+    let kv = KVStore::builder("local").engine_threads(engine_threads).build().unwrap();
+    let sizes = [1usize, 17, 1024, 70_000, 300_000];
+    let keys: Vec<String> = (0..sizes.len()).map(|i| format!("w{i}")).collect();
+    for (k, &n) in keys.iter().zip(&sizes) {
+        kv.init(k.as_str(), &kvstore_tests::device_checks::values(n, 7, DType::F32, Context::cpu(0))).unwrap();
+    }
+    let opt = match optimizer {
+        "adam" => Optimizer::builder("adam").param("learning_rate", 0.01).build(),
+        _ => Optimizer::builder("sgd").param("learning_rate", 0.1).param("momentum", 0.9).build(),
+    };
+    kv.set_optimizer(opt.unwrap()).unwrap();
+    let outs: Vec<NDArray> = sizes.iter().map(|&n| NDArray::zeros(&[n]).unwrap()).collect();
+    for step in 0..4u64 {
+        let mut handles = Vec::new();
+        // Backward order, one key per call, as a backward pass hands them over.
+        for (i, (k, &n)) in keys.iter().zip(&sizes).enumerate().rev() {
+            let grads: Vec<NDArray> = (0..2u32)
+                .map(|d| {
+                    kvstore_tests::device_checks::values(
+                        n,
+                        step * 31 + i as u64 * 7 + u64::from(d),
+                        DType::F32,
+                        Context::cpu(d),
+                    )
+                })
+                .collect();
+            match nonblocking {
+                true => handles.push(kv.pushpull_async(k.as_str(), grads.as_slice(), &outs[i], 0)),
+                false => kv.pushpull(k.as_str(), grads.as_slice(), &outs[i], 0).unwrap(),
+            }
+        }
+        handles.into_iter().for_each(|h| h.wait().unwrap());
+    }
+    outs.iter().map(kvstore_tests::device_checks::bits).collect()
+}
+
+#[test]
+fn training_gives_the_same_bits_blocking_or_not_on_one_or_two_engine_threads() {
+    for optimizer in ["sgd", "adam"] {
+        let reference = train(optimizer, 1, false);
+        for threads in [1, 2] {
+            assert!(train(optimizer, threads, true) == reference, "{optimizer}, {threads} engine threads");
+        }
+    }
+}
+
+/// One call of a random sequence: on key `k` of the thread's own keys.
+#[derive(Clone, Debug)]
+enum Call {
+    Push { k: usize, values: Vec<f32> },
+    Pull { k: usize },
+    PushPull { k: usize, values: Vec<f32> },
+    Wait,
+}
+
+fn call() -> impl Strategy<Value = Call> {
+    let values = prop::collection::vec(-100i32..100, 1..4).prop_map(|v| v.into_iter().map(|x| x as f32).collect());
+    prop_oneof![
+        (0..3usize, values.clone()).prop_map(|(k, values)| Call::Push { k, values }),
+        (0..3usize).prop_map(|k| Call::Pull { k }),
+        (0..3usize, values).prop_map(|(k, values)| Call::PushPull { k, values }),
+        Just(Call::Wait),
+    ]
+}
+
+/// Runs one thread's calls non-blocking on `kv` (keys `t{thread}k{k}`) and checks every
+/// pull against the model: the key's value after the calls made before it on the key.
+fn run_thread(kv: &KVStore, thread: usize, calls: &[Call]) -> std::result::Result<(), String> {
+    let mut model = [0f32; 3];
+    let mut pending: Vec<(Pending, NDArray, f32)> = Vec::new();
+    let mut unchecked: Vec<Pending> = Vec::new();
+    let key = |k: usize| format!("t{thread}k{k}");
+    for c in calls {
+        match c {
+            Call::Push { k, values } | Call::PushPull { k, values } => {
+                let arrays: Vec<NDArray> = values.iter().map(|&v| NDArray::full(&[2], f64::from(v)).unwrap()).collect();
+                model[*k] = values.iter().sum();
+                if let Call::PushPull { .. } = c {
+                    let out = NDArray::zeros(&[2]).unwrap();
+                    pending.push((kv.pushpull_async(key(*k), arrays.as_slice(), &out, 0), out, model[*k]));
+                } else {
+                    unchecked.push(kv.push_async(key(*k), arrays.as_slice(), 0));
+                }
+            }
+            Call::Pull { k } => {
+                let out = NDArray::zeros(&[2]).unwrap();
+                pending.push((kv.pull_async(key(*k), &out, 0), out, model[*k]));
+            }
+            Call::Wait => {
+                for (h, out, want) in pending.drain(..) {
+                    h.wait().map_err(|e| e.to_string())?;
+                    let got = out.to_vec::<f32>().unwrap();
+                    if got != vec![want; 2] {
+                        return Err(format!("thread {thread}: pulled {got:?}, the model says {want}"));
+                    }
+                }
+            }
+        }
+    }
+    for (h, out, want) in pending {
+        // Read before waiting: the read itself must wait for the pull.
+        let got = out.to_vec::<f32>().unwrap();
+        h.wait().map_err(|e| e.to_string())?;
+        if got != vec![want; 2] {
+            return Err(format!("thread {thread}: pulled {got:?}, the model says {want}"));
+        }
+    }
+    unchecked.into_iter().try_for_each(|h| h.wait().map_err(|e| e.to_string()))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("KVSTORE_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Random interleavings of non-blocking calls and waits from three threads on one
+    /// store agree with the reference model applied in call order per key.
+    #[test]
+    fn random_nonblocking_calls_from_several_threads_agree_with_the_model(
+        threads in prop::collection::vec(prop::collection::vec(call(), 1..30), 3),
+        engine_threads in 1usize..4,
+        slow in any::<bool>(),
+    ) {
+        let kv = KVStore::builder("local").engine_threads(engine_threads).build().unwrap();
+        for t in 0..threads.len() {
+            let keys: Vec<String> = (0..3).map(|k| format!("t{t}k{k}")).collect();
+            let zeros: Vec<NDArray> = keys.iter().map(|_| NDArray::zeros(&[2]).unwrap()).collect();
+            kv.init(keys.as_slice(), zeros.as_slice()).unwrap();
+        }
+        if slow {
+            // Calls stay queued longer, so more of them overlap.
+            kv.set_updater(|_: &Key, _, merged: &NDArray, stored: &NDArray| {
+                std::thread::yield_now();
+                stored.copy_from(merged)
+            }).unwrap();
+        }
+        let results: Vec<std::result::Result<(), String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = threads.iter().enumerate().map(|(t, calls)| {
+                let kv = &kv;
+                s.spawn(move || run_thread(kv, t, calls))
+            }).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in results {
+            prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+        }
+        prop_assert!(kv.wait_all().is_ok());
+    }
+}
