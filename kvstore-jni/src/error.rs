@@ -135,7 +135,7 @@ pub fn set_cause(cause: Global<JThrowable<'static>>) {
     CAUSE.with(|c| *c.borrow_mut() = Some(cause));
 }
 
-fn take_cause() -> Option<Global<JThrowable<'static>>> {
+pub fn take_cause() -> Option<Global<JThrowable<'static>>> {
     CAUSE.with(|c| c.borrow_mut().take())
 }
 

@@ -41,4 +41,5 @@ pub mod kvstore;
 pub mod native;
 pub mod ndarray;
 pub mod optimizer;
+pub mod pending;
 pub mod updater;

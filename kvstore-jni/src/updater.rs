@@ -1,7 +1,9 @@
 //! A Java `io.github.kvstore.Updater` as a store [`Updater`]: called on the thread that
-//! pushed (already attached to the JVM, since the push came from Java), with the merged
-//! and stored arrays handed over as `NDArray` objects whose handles live only for the
-//! call.
+//! runs the push: the thread that pushed (attached to the JVM, since the push came from
+//! Java), or one of the store's engine threads, which the first such call attaches as a
+//! daemon thread (so that it never keeps the JVM from exiting) until the thread ends.
+//! The merged and stored arrays are handed over as `NDArray` objects whose handles live
+//! only for the call.
 //!
 //! Ownership: the Java `KVStore` keeps its updater in a strong field; this side holds
 //! only a weak global reference. A global reference would be a GC root, and an updater
@@ -15,7 +17,7 @@
 //! through updaters (an updater that pushes to another store whose updater pushes ...)
 //! are capped at [`MAX_NESTING`] on one thread.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 use jni::objects::{JObject, JValue, Weak};
 use jni::signature::{Primitive, ReturnType};
@@ -34,6 +36,47 @@ pub const MAX_NESTING: usize = 8;
 thread_local! {
     /// How many Java updater calls are running on this thread.
     static NESTING: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Detaches the thread it belongs to from the JVM when the thread ends.
+struct Detach(*mut jni::sys::JavaVM);
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        // SAFETY: `self.0` is the process's JavaVM (it lives as long as the process), and
+        // this thread was attached by `attach_as_daemon` and holds no JNI reference any
+        // more: its thread-locals are being destroyed.
+        unsafe {
+            ((*(*self.0)).v1_1.DetachCurrentThread)(self.0);
+        }
+    }
+}
+
+thread_local! {
+    /// Set when this (store engine) thread was attached here.
+    static ATTACHED: RefCell<Option<Detach>> = const { RefCell::new(None) };
+}
+
+/// Attaches the current thread to the JVM as a daemon thread, unless it is attached
+/// already (a Java thread, or an engine thread attached before).
+fn attach_as_daemon(vm: &JavaVM) -> Result<()> {
+    let raw = vm.get_raw();
+    let mut env = std::ptr::null_mut();
+    // SAFETY: `raw` is the process's JavaVM; GetEnv only writes the env pointer.
+    let state = unsafe { ((*(*raw)).v1_2.GetEnv)(raw, &mut env, jni::sys::JNI_VERSION_1_6) };
+    if state == jni::sys::JNI_OK {
+        return Ok(());
+    }
+    // SAFETY: as above; a null argument block attaches with default name and group.
+    let attached = unsafe { ((*(*raw)).v1_4.AttachCurrentThreadAsDaemon)(raw, &mut env, std::ptr::null_mut()) };
+    if attached != jni::sys::JNI_OK {
+        return Err(Error::Backend {
+            backend: "java updater",
+            message: format!("cannot attach the store's thread to the JVM to run the updater (JNI error {attached})"),
+        });
+    }
+    ATTACHED.with(|a| *a.borrow_mut() = Some(Detach(raw)));
+    Ok(())
 }
 
 /// One level of [`NESTING`], released when dropped.
@@ -131,10 +174,11 @@ impl Updater for JavaUpdater {
     fn update(&self, key: &Key, index: usize, merged: &NDArray, stored: &NDArray) -> Result<()> {
         let _nested = Nested::enter(key)?;
         let vm = JavaVM::singleton().map_err(|e| JniError::from(e).into_store_error())?;
+        attach_as_daemon(&vm)?;
         let (m, s) = (ARRAYS.insert(merged.clone()), ARRAYS.insert(stored.clone()));
-        // The pushing thread is attached (the push came from Java): take its env without
-        // an attach policy, whose exception handling calls Java methods on a pending
-        // exception. Every path below leaves no exception pending.
+        // The thread is attached now: take its env without an attach policy, whose
+        // exception handling calls Java methods on a pending exception. Every path below
+        // leaves no exception pending.
         let r = vm.with_local_frame(8, |env| -> JResult<()> {
             self.call(env, key, index, m, s).map_err(|e| Self::caught(env, key, "the updater could not be called", e))
         });

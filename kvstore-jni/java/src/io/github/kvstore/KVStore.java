@@ -5,6 +5,7 @@ import java.lang.ref.Reference;
 import java.util.Arrays;
 import java.util.Map;
 import java.util.Objects;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.locks.ReentrantLock;
 
 /**
@@ -795,6 +796,456 @@ public final class KVStore extends NativeObject implements AutoCloseable {
         return this;
     }
 
+    // ----- non-blocking calls -----
+
+    private static final int OP_PUSH = 0;
+    private static final int OP_PULL = 1;
+    private static final int OP_PUSHPULL = 2;
+    private static final int OP_BROADCAST = 3;
+    private static final int OP_PUSH_KEY = 4;
+    private static final int OP_PULL_KEY = 5;
+    private static final String[] NO_KEYS = new String[0];
+    private static final NDArray[] NO_ARRAYS = new NDArray[0];
+
+    /**
+     * Submits a call to the store's engine: the future completes when the call is done,
+     * exceptionally with the {@link KVStoreException} the blocking call would throw.
+     */
+    private CompletableFuture<Void> submit(
+            int op, String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
+        long[] vs = handles(values, "values");
+        long[] os = handles(outs, "outs");
+        CompletableFuture<Void> future = new CompletableFuture<>();
+        long id = Completer.register(future);
+        try {
+            nSubmit(handle(), id, op, keys, vs, outKeys, os, priority);
+        } catch (KVStoreException e) {
+            // Found before anything was queued (a closed store, a stale array): the same
+            // exception, through the future.
+            Completer.forget(id);
+            future.completeExceptionally(e);
+        } finally {
+            Reference.reachabilityFence(this);
+            Reference.reachabilityFence(values);
+            Reference.reachabilityFence(outs);
+        }
+        return future;
+    }
+
+    /**
+     * Same as {@link #pushAsync(String[], NDArray[], int)} for one value of one key,
+     * priority 0.
+     *
+     * @param key the key
+     * @param value the value
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pushAsync(String key, NDArray value) {
+        return pushAsync(key, value, 0);
+    }
+
+    /**
+     * Same as {@link #pushAsync(String[], NDArray[], int)} for one value of one key.
+     *
+     * @param key the key
+     * @param value the value
+     * @param priority orders calls ready at the same time (higher first)
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pushAsync(String key, NDArray value, int priority) {
+        return pushAsync(key, one(value, "value"), priority);
+    }
+
+    /**
+     * Same as {@link #pushAsync(String, NDArray[], int)} with priority 0.
+     *
+     * @param key the key
+     * @param values the values, summed
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pushAsync(String key, NDArray[] values) {
+        return pushAsync(key, values, 0);
+    }
+
+    /**
+     * {@link #push(String, NDArray[], int)}, non-blocking.
+     *
+     * @param key the key
+     * @param values the values, summed
+     * @param priority orders calls ready at the same time (higher first)
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pushAsync(String key, NDArray[] values, int priority) {
+        String[] k = one(key, "key");
+        checkArrays(values, "values");
+        return submit(OP_PUSH_KEY, k, values, NO_KEYS, NO_ARRAYS, priority);
+    }
+
+    /**
+     * Same as {@link #pushAsync(String[], NDArray[], int)} with priority 0.
+     *
+     * @param keys the keys
+     * @param values the values, one per key
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pushAsync(String[] keys, NDArray[] values) {
+        return pushAsync(keys, values, 0);
+    }
+
+    /**
+     * {@link #push(String[], NDArray[], int)}, non-blocking: the values are copied before
+     * this returns (reuse them at once); the sums and updates run on the store's threads.
+     * Calls on the same key take effect in the order they were made, from any thread.
+     * The future's dependent actions run on the thread {@code kvstore-completer}: use the
+     * {@code ...Async} forms of {@link CompletableFuture} for long work.
+     *
+     * @param keys the keys
+     * @param values the values, one per key
+     * @param priority orders calls ready at the same time (higher first); never
+     *     changes a result
+     * @return the call's future, completed exceptionally with the
+     *     {@link KVStoreException} that {@link #push(String[], NDArray[], int)} throws
+     */
+    public CompletableFuture<Void> pushAsync(String[] keys, NDArray[] values, int priority) {
+        keys(keys, "keys");
+        checkArrays(values, "values");
+        return submit(OP_PUSH, keys, values, NO_KEYS, NO_ARRAYS, priority);
+    }
+
+    /**
+     * Same as {@link #pullAsync(String, NDArray[], int)} into one out, priority 0.
+     *
+     * @param key the key
+     * @param out the out
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pullAsync(String key, NDArray out) {
+        return pullAsync(key, out, 0);
+    }
+
+    /**
+     * Same as {@link #pullAsync(String, NDArray[], int)} into one out.
+     *
+     * @param key the key
+     * @param out the out
+     * @param priority orders calls ready at the same time (higher first)
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pullAsync(String key, NDArray out, int priority) {
+        return pullAsync(key, one(out, "out"), priority);
+    }
+
+    /**
+     * Same as {@link #pullAsync(String, NDArray[], int)} with priority 0.
+     *
+     * @param key the key
+     * @param outs the outs
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pullAsync(String key, NDArray[] outs) {
+        return pullAsync(key, outs, 0);
+    }
+
+    /**
+     * {@link #pull(String, NDArray[], int)}, non-blocking.
+     *
+     * @param key the key
+     * @param outs the outs
+     * @param priority orders calls ready at the same time (higher first)
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pullAsync(String key, NDArray[] outs, int priority) {
+        String[] k = one(key, "key");
+        checkArrays(outs, "outs");
+        return submit(OP_PULL_KEY, NO_KEYS, NO_ARRAYS, k, outs, priority);
+    }
+
+    /**
+     * Same as {@link #pullAsync(String[], NDArray[], int)} with priority 0.
+     *
+     * @param keys the keys
+     * @param outs the outs, one per key
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pullAsync(String[] keys, NDArray[] outs) {
+        return pullAsync(keys, outs, 0);
+    }
+
+    /**
+     * {@link #pull(String[], NDArray[], int)}, non-blocking: the outs are written later,
+     * after every call made before on their keys; until then every access to them
+     * ({@code toFloatArray}, {@code toString}, using one in another call) waits.
+     *
+     * @param keys the keys
+     * @param outs the outs, one per key
+     * @param priority orders calls ready at the same time (higher first)
+     * @return the call's future, completed exceptionally with the
+     *     {@link KVStoreException} that {@link #pull(String[], NDArray[], int)} throws
+     */
+    public CompletableFuture<Void> pullAsync(String[] keys, NDArray[] outs, int priority) {
+        keys(keys, "keys");
+        checkArrays(outs, "outs");
+        return submit(OP_PULL, NO_KEYS, NO_ARRAYS, keys, outs, priority);
+    }
+
+    /**
+     * Same as {@link #pushpullAsync(String, NDArray, NDArray, int)} with priority 0.
+     *
+     * @param key the key
+     * @param value the value
+     * @param out the out
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pushpullAsync(String key, NDArray value, NDArray out) {
+        return pushpullAsync(key, value, out, 0);
+    }
+
+    /**
+     * {@link #pushpull(String, NDArray, NDArray, int)}, non-blocking.
+     *
+     * @param key the key
+     * @param value the value
+     * @param out the out
+     * @param priority orders calls ready at the same time (higher first)
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pushpullAsync(String key, NDArray value, NDArray out, int priority) {
+        String[] k = one(key, "key");
+        return submit(OP_PUSHPULL, k, one(value, "value"), k, one(out, "out"), priority);
+    }
+
+    /**
+     * Same as {@link #pushpullAsync(String, NDArray[], NDArray[], int)} with priority 0.
+     *
+     * @param key the key
+     * @param values the values, summed
+     * @param outs the outs
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pushpullAsync(String key, NDArray[] values, NDArray[] outs) {
+        return pushpullAsync(key, values, outs, 0);
+    }
+
+    /**
+     * {@link #pushpull(String, NDArray[], NDArray[], int)}, non-blocking.
+     *
+     * @param key the key
+     * @param values the values, summed
+     * @param outs the outs
+     * @param priority orders calls ready at the same time (higher first)
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pushpullAsync(String key, NDArray[] values, NDArray[] outs, int priority) {
+        String[] valueKeys = repeat(key, "key", values, "values");
+        String[] outKeys = repeat(key, "key", outs, "outs");
+        checkArrays(values, "values");
+        checkArrays(outs, "outs");
+        return submit(OP_PUSHPULL, valueKeys, values, outKeys, outs, priority);
+    }
+
+    /**
+     * Same as {@link #pushpullAsync(String[], NDArray[], NDArray[], int)} with priority 0.
+     *
+     * @param keys the keys
+     * @param values the values, one per key
+     * @param outs the outs, one per key
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pushpullAsync(String[] keys, NDArray[] values, NDArray[] outs) {
+        return pushpullAsync(keys, values, outs, 0);
+    }
+
+    /**
+     * {@link #pushpull(String[], NDArray[], NDArray[], int)}, non-blocking: the values
+     * are copied before this returns, the outs written later (see
+     * {@link #pullAsync(String[], NDArray[], int)}).
+     *
+     * @param keys the keys
+     * @param values the values, one per key
+     * @param outs the outs, one per key
+     * @param priority orders calls ready at the same time (higher first)
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pushpullAsync(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
+        keys(keys, "keys");
+        checkArrays(values, "values");
+        checkArrays(outs, "outs");
+        return submit(OP_PUSHPULL, keys, values, keys, outs, priority);
+    }
+
+    /**
+     * Same as {@link #pushpullAsync(String, NDArray, NDArray)} into the value itself.
+     *
+     * @param key the key
+     * @param value the value, then the result
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pushpullAsync(String key, NDArray value) {
+        return pushpullAsync(key, value, value, 0);
+    }
+
+    /**
+     * Same as {@link #pushpullAsync(String, NDArray, NDArray, int)} into the value itself.
+     *
+     * @param key the key
+     * @param value the value, then the result
+     * @param priority orders calls ready at the same time (higher first)
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pushpullAsync(String key, NDArray value, int priority) {
+        return pushpullAsync(key, value, value, priority);
+    }
+
+    /**
+     * Same as {@link #pushpullAsync(String, NDArray[], NDArray[])} into the values.
+     *
+     * @param key the key
+     * @param values the values, then the result
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pushpullAsync(String key, NDArray[] values) {
+        return pushpullAsync(key, values, values, 0);
+    }
+
+    /**
+     * Same as {@link #pushpullAsync(String, NDArray[], NDArray[], int)} into the values.
+     *
+     * @param key the key
+     * @param values the values, then the result
+     * @param priority orders calls ready at the same time (higher first)
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pushpullAsync(String key, NDArray[] values, int priority) {
+        return pushpullAsync(key, values, values, priority);
+    }
+
+    /**
+     * Same as {@link #pushpullAsync(String[], NDArray[], NDArray[])} into the values.
+     *
+     * @param keys the keys
+     * @param values the values, then the results
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pushpullAsync(String[] keys, NDArray[] values) {
+        return pushpullAsync(keys, values, values, 0);
+    }
+
+    /**
+     * Same as {@link #pushpullAsync(String[], NDArray[], NDArray[], int)} into the values.
+     *
+     * @param keys the keys
+     * @param values the values, then the results
+     * @param priority orders calls ready at the same time (higher first)
+     * @return the call's future
+     */
+    public CompletableFuture<Void> pushpullAsync(String[] keys, NDArray[] values, int priority) {
+        return pushpullAsync(keys, values, values, priority);
+    }
+
+    /**
+     * Same as {@link #broadcastAsync(String, NDArray, NDArray, int)} with priority 0.
+     *
+     * @param key the key
+     * @param value the value
+     * @param out the out
+     * @return the call's future
+     */
+    public CompletableFuture<Void> broadcastAsync(String key, NDArray value, NDArray out) {
+        return broadcastAsync(key, value, out, 0);
+    }
+
+    /**
+     * {@link #broadcast(String, NDArray, NDArray, int)}, non-blocking for its pull.
+     *
+     * @param key the key
+     * @param value the value
+     * @param out the out
+     * @param priority orders calls ready at the same time (higher first)
+     * @return the call's future
+     */
+    public CompletableFuture<Void> broadcastAsync(String key, NDArray value, NDArray out, int priority) {
+        String[] k = one(key, "key");
+        return submit(OP_BROADCAST, k, one(value, "value"), k, one(out, "out"), priority);
+    }
+
+    /**
+     * Same as {@link #broadcastAsync(String, NDArray, NDArray[], int)} with priority 0.
+     *
+     * @param key the key
+     * @param value the value
+     * @param outs the outs
+     * @return the call's future
+     */
+    public CompletableFuture<Void> broadcastAsync(String key, NDArray value, NDArray[] outs) {
+        return broadcastAsync(key, value, outs, 0);
+    }
+
+    /**
+     * {@link #broadcast(String, NDArray, NDArray[], int)}, non-blocking for its pull.
+     *
+     * @param key the key
+     * @param value the value
+     * @param outs the outs
+     * @param priority orders calls ready at the same time (higher first)
+     * @return the call's future
+     */
+    public CompletableFuture<Void> broadcastAsync(String key, NDArray value, NDArray[] outs, int priority) {
+        String[] k = one(key, "key");
+        NDArray[] v = one(value, "value");
+        String[] outKeys = repeat(key, "key", outs, "outs");
+        checkArrays(outs, "outs");
+        return submit(OP_BROADCAST, k, v, outKeys, outs, priority);
+    }
+
+    /**
+     * Same as {@link #broadcastAsync(String[], NDArray[], NDArray[], int)} with priority 0.
+     *
+     * @param keys the keys
+     * @param values the values, one per key
+     * @param outs the outs, one per key
+     * @return the call's future
+     */
+    public CompletableFuture<Void> broadcastAsync(String[] keys, NDArray[] values, NDArray[] outs) {
+        return broadcastAsync(keys, values, outs, 0);
+    }
+
+    /**
+     * {@link #broadcast(String[], NDArray[], NDArray[], int)}, non-blocking for its pull:
+     * the keys are initialised before this returns (under {@code dist_sync} that waits
+     * for the calls made before), the outs are written later.
+     *
+     * @param keys the keys
+     * @param values the values, one per key
+     * @param outs the outs, one per key
+     * @param priority orders calls ready at the same time (higher first)
+     * @return the call's future
+     */
+    public CompletableFuture<Void> broadcastAsync(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
+        keys(keys, "keys");
+        checkArrays(values, "values");
+        checkArrays(outs, "outs");
+        return submit(OP_BROADCAST, keys, values, keys, outs, priority);
+    }
+
+    /**
+     * Waits until every call made so far on this store has finished (MXNet's
+     * {@code WaitAll}).
+     *
+     * @return this store
+     * Each non-blocking call reports its error to its own future only, so this throws
+     * nothing else.
+     *
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public KVStore waitAll() {
+        try {
+            nWaitAll(handle());
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+        return this;
+    }
+
     // ----- updater and the rest of MXNet's API -----
 
     /**
@@ -1123,6 +1574,15 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     static native void nPushPull(long h, String[] keys, long[] values, String[] outKeys, long[] outs, int priority);
 
     static native void nBroadcast(long h, String[] keys, long[] values, String[] outKeys, long[] outs, int priority);
+
+    static native void nSubmit(
+            long h, long id, int op, String[] keys, long[] values, String[] outKeys, long[] outs, int priority);
+
+    static native int nTakeDone(long[] ids, int timeoutMs);
+
+    static native void nResult(long id);
+
+    static native void nWaitAll(long h);
 
     static native void nSetUpdater(long h, Updater updater);
 

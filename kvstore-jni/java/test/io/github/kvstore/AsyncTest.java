@@ -1,0 +1,170 @@
+package io.github.kvstore;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertInstanceOf;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.Test;
+
+/** The non-blocking calls: futures, their errors, pending outs, order and Java updaters. */
+class AsyncTest {
+    private static final int[] SHAPE = {2, 3};
+
+    private static float[] filled(float v) {
+        float[] a = new float[6];
+        java.util.Arrays.fill(a, v);
+        return a;
+    }
+
+    /** stored = merged, after a pause: keeps calls queued while the test looks at them. */
+    private static void slowAssign(String key, int index, NDArray merged, NDArray stored) {
+        try {
+            Thread.sleep(20);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+        stored.copyFrom(merged);
+    }
+
+    @Test
+    void futuresCompleteAndPendingOutsWaitForThePull() throws Exception {
+        try (KVStore kv = KVStore.create("local");
+                NDArray zeros = NDArray.zeros(SHAPE);
+                NDArray four = NDArray.full(SHAPE, 4);
+                NDArray out = NDArray.zeros(SHAPE)) {
+            kv.init("w", zeros);
+            kv.setUpdater(AsyncTest::slowAssign);
+            long t0 = System.nanoTime();
+            CompletableFuture<Void> pushed = kv.pushAsync("w", four);
+            CompletableFuture<Void> pulled = kv.pullAsync("w", out);
+            // The Java updater runs on the store's engine thread, not here.
+            assertTrue(System.nanoTime() - t0 < TimeUnit.MILLISECONDS.toNanos(15), "the calls did not return at once");
+            assertFalse(pulled.isDone());
+            // Reading the out waits for the pull, which sees the push.
+            assertArrayEquals(filled(4), out.toFloatArray());
+            assertNull(pushed.get(10, TimeUnit.SECONDS));
+            assertNull(pulled.get(10, TimeUnit.SECONDS));
+        }
+    }
+
+    @Test
+    void aFailedCallCompletesItsFutureExceptionallyWithTheBlockingCallsException() throws Exception {
+        try (KVStore kv = KVStore.create("local");
+                NDArray two = NDArray.full(SHAPE, 2);
+                NDArray wrong = NDArray.zeros(3)) {
+            kv.init("w", two);
+            ExecutionException missing = assertThrows(ExecutionException.class,
+                    () -> kv.pullAsync("nope", two).get(10, TimeUnit.SECONDS));
+            KVStoreException e = assertInstanceOf(KVStoreException.class, missing.getCause());
+            assertEquals(KVStoreException.Code.KEY_NOT_INITIALIZED, e.code());
+            ExecutionException shape = assertThrows(ExecutionException.class,
+                    () -> kv.pushAsync("w", wrong).get(10, TimeUnit.SECONDS));
+            KVStoreException s = assertInstanceOf(KVStoreException.class, shape.getCause());
+            assertEquals(KVStoreException.Code.SHAPE_MISMATCH, s.code());
+            assertEquals("w", s.key());
+            // Nothing changed.
+            try (NDArray w = kv.pull("w")) {
+                assertArrayEquals(filled(2), w.toFloatArray());
+            }
+            kv.waitAll();
+        }
+    }
+
+    @Test
+    void aThrowingJavaUpdaterFailsOnlyItsOwnFutureWithItsExceptionAsTheCause() throws Exception {
+        try (KVStore kv = KVStore.create("local");
+                NDArray zeros = NDArray.zeros(SHAPE);
+                NDArray one = NDArray.ones(SHAPE)) {
+            kv.init(new String[] {"ok", "bad"}, new NDArray[] {zeros, zeros});
+            kv.setUpdater((key, index, merged, stored) -> {
+                if (key.equals("bad")) {
+                    throw new IllegalStateException("the updater refuses " + key);
+                }
+                stored.addInPlace(merged);
+            });
+            CompletableFuture<Void> before = kv.pushAsync("ok", one);
+            CompletableFuture<Void> failing = kv.pushAsync("bad", one);
+            CompletableFuture<Void> after = kv.pushAsync("ok", one);
+            before.get(10, TimeUnit.SECONDS);
+            ExecutionException e = assertThrows(ExecutionException.class, () -> failing.get(10, TimeUnit.SECONDS));
+            KVStoreException k = assertInstanceOf(KVStoreException.class, e.getCause());
+            assertEquals(KVStoreException.Code.BACKEND, k.code());
+            assertInstanceOf(IllegalStateException.class, k.getCause());
+            after.get(10, TimeUnit.SECONDS);
+            try (NDArray ok = kv.pull("ok"); NDArray bad = kv.pull("bad")) {
+                assertArrayEquals(filled(2), ok.toFloatArray());
+                assertArrayEquals(filled(0), bad.toFloatArray());
+            }
+        }
+    }
+
+    @Test
+    void callsOnOneKeyTakeEffectInOrderAndClosingWaitsForThem() throws Exception {
+        NDArray out = NDArray.zeros(SHAPE);
+        List<CompletableFuture<Void>> futures = new ArrayList<>();
+        try (KVStore kv = KVStore.create("local"); NDArray zeros = NDArray.zeros(SHAPE)) {
+            kv.init("w", zeros);
+            kv.setUpdater((key, index, merged, stored) -> stored.addInPlace(merged));
+            for (int i = 1; i <= 20; i++) {
+                try (NDArray v = NDArray.full(SHAPE, i)) {
+                    futures.add(kv.pushAsync("w", v, i % 3));
+                }
+            }
+            futures.add(kv.pushpullAsync("w", new NDArray[] {}, new NDArray[] {out}));
+        }
+        // close() waited for every call: 1 + 2 + ... + 20.
+        assertArrayEquals(filled(210), out.toFloatArray());
+        CompletableFuture.allOf(futures.toArray(new CompletableFuture<?>[0])).get(10, TimeUnit.SECONDS);
+        out.close();
+    }
+
+    @Test
+    void everyFormMatchesItsBlockingTwin() throws Exception {
+        try (KVStore a = KVStore.create("local");
+                KVStore b = KVStore.create("local");
+                NDArray zeros = NDArray.zeros(SHAPE);
+                NDArray v1 = NDArray.full(SHAPE, 1.5);
+                NDArray v2 = NDArray.full(SHAPE, -2)) {
+            for (KVStore kv : new KVStore[] {a, b}) {
+                kv.init(new String[] {"x", "y"}, new NDArray[] {zeros, zeros});
+            }
+            NDArray[] outsA = {NDArray.zeros(SHAPE), NDArray.zeros(SHAPE)};
+            NDArray[] outsB = {NDArray.zeros(SHAPE), NDArray.zeros(SHAPE)};
+            a.push("x", new NDArray[] {v1, v2}).pushpull(new String[] {"x", "y"}, new NDArray[] {v1, v2}, outsA);
+            b.pushAsync("x", new NDArray[] {v1, v2});
+            b.pushpullAsync(new String[] {"x", "y"}, new NDArray[] {v1, v2}, outsB).get(10, TimeUnit.SECONDS);
+            for (int i = 0; i < 2; i++) {
+                assertArrayEquals(outsA[i].toFloatArray(), outsB[i].toFloatArray());
+            }
+            a.broadcast("z", v2, outsA);
+            b.broadcastAsync("z", v2, outsB).get(10, TimeUnit.SECONDS);
+            assertArrayEquals(outsA[1].toFloatArray(), outsB[1].toFloatArray());
+            a.pull(new String[] {"x", "z"}, outsA);
+            b.pullAsync(new String[] {"x", "z"}, outsB).get(10, TimeUnit.SECONDS);
+            assertArrayEquals(outsA[0].toFloatArray(), outsB[0].toFloatArray());
+            assertArrayEquals(outsA[1].toFloatArray(), outsB[1].toFloatArray());
+            Fixtures.closeAll(outsA);
+            Fixtures.closeAll(outsB);
+        }
+    }
+
+    @Test
+    void aClosedStoreFailsTheFutureWithDisposed() {
+        KVStore kv = KVStore.create("local");
+        kv.close();
+        try (NDArray one = NDArray.ones(SHAPE)) {
+            ExecutionException e = assertThrows(ExecutionException.class,
+                    () -> kv.pushAsync("w", one).get(10, TimeUnit.SECONDS));
+            assertEquals(KVStoreException.Code.DISPOSED, ((KVStoreException) e.getCause()).code());
+        }
+    }
+}
