@@ -26,7 +26,8 @@
 (set! *warn-on-reflection* true)
 
 (def default-namespaces
-  '[org.apache.clojure-mxnet.context-test
+  '[org.apache.clojure-mxnet.async-test
+    org.apache.clojure-mxnet.context-test
     org.apache.clojure-mxnet.ndarray-test
     org.apache.clojure-mxnet.hardening-test
     org.apache.clojure-mxnet.kvstore-test

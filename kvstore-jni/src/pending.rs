@@ -100,7 +100,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nSubmit<'l>(
 }
 
 /// Waits up to `timeout_ms` for finished calls and writes their ids into `ids`; returns
-/// how many it wrote (0 when none finished in time).
+/// how many it wrote (0 when none finished in time). With an empty `ids` it only waits.
 #[unsafe(no_mangle)]
 pub extern "system" fn Java_io_github_kvstore_KVStore_nTakeDone<'l>(
     mut env: EnvUnowned<'l>,

@@ -21,6 +21,10 @@
   `set-optimizer`; their state is saved and loaded with
   `save-optimizer-states` / `load-optimizer-states`.
 
+  Non-blocking calls: `push-async`, `pull-async`, `pushpull-async` and
+  `broadcast-async` take the arguments of their blocking twins and return at
+  once a value to `deref` (see `push-async`); `wait-all` waits for every call.
+
   Additions: `set-updater` (a Clojure fn as the updater), `pushpull`,
   `broadcast`, `optimizer-name`, `keys` (the keys, in init order), `version`
   (the library's), and `(pull kvstore ks)`, which returns the value of a key
@@ -46,8 +50,9 @@
   (:refer-clojure :exclude [keys type])
   (:require [clojure.spec.alpha :as s]
             [org.apache.clojure-mxnet.util :as util])
-  (:import (io.github.kvstore KVStore NDArray Optimizer Updater)
-           (java.io Writer)))
+  (:import (io.github.kvstore KVStore KVStoreException NDArray Optimizer Updater)
+           (java.io Writer)
+           (java.util.concurrent CompletableFuture ExecutionException TimeUnit TimeoutException)))
 
 (set! *warn-on-reflection* true)
 
@@ -311,6 +316,123 @@
          (.broadcast kvstore (key-array-for ks store-vals) (ndarray-array store-vals)
                      store-outs (int priority)))
        kvstore))))
+
+(defn- pending
+  "What the `-async` functions return: `deref` waits for the call and returns
+  the store, or throws the `ex-info` the blocking call throws; `(deref p ms
+  timeout-val)` gives up after `ms` milliseconds; `realized?` says whether the
+  call is done."
+  [op kvstore ^CompletableFuture f]
+  (letfn [(rethrow [^ExecutionException e]
+            (let [cause (.getCause e)]
+              (throw (if (instance? KVStoreException cause)
+                       (util/kvstore-exception->ex-info cause op)
+                       cause))))]
+    (reify
+      clojure.lang.IDeref
+      (deref [_]
+        (try (.get f) kvstore
+             (catch ExecutionException e (rethrow e))))
+      clojure.lang.IBlockingDeref
+      (deref [_ ms timeout-val]
+        (try (.get f (long ms) TimeUnit/MILLISECONDS) kvstore
+             (catch TimeoutException _ timeout-val)
+             (catch ExecutionException e (rethrow e))))
+      clojure.lang.IPending
+      (isRealized [_] (.isDone f)))))
+
+(defn push-async
+  "`push`, non-blocking: the values are copied before it returns (reuse them
+  at once), and the sums and updates run on the store's threads. Calls on the
+  same key take effect in the order they were made. Returns a pending value:
+  `@p` waits and returns the store, or throws the `ex-info` `push` throws;
+  `(deref p ms timeout-val)` waits at most `ms` milliseconds."
+  ([kvstore ks vs]
+   (push-async kvstore ks vs 0))
+  ([^KVStore kvstore ks vs priority]
+   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+   (check! ks? ::ks ks "Invalid keys")
+   (check! ndarrays? ::vs vs "Invalid values")
+   (check! util/int-value? ::priority priority "Invalid priority")
+   (let [store-vals (ndarray-array (as-vector vs))]
+     (pending :push kvstore
+              (if (vector? ks)
+                (.pushAsync kvstore (key-array ks) store-vals (int priority))
+                (.pushAsync kvstore (key-str ks) store-vals (int priority)))))))
+
+(defn pull-async
+  "`pull` into `outs`, non-blocking: the outs are written later, after the
+  calls made before on their keys; until then every read of them (`->vec`,
+  printing, using one in another call) waits. Returns a pending value, as
+  `push-async`."
+  ([kvstore ks outs]
+   (pull-async kvstore ks outs 0))
+  ([^KVStore kvstore ks outs priority]
+   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+   (check! ks? ::ks ks "Invalid keys")
+   (check! ndarrays? ::outs outs "Invalid outs")
+   (check! util/int-value? ::priority priority "Invalid priority")
+   (let [store-outs (ndarray-array (as-vector outs))]
+     (pending :pull kvstore
+              (if (vector? ks)
+                (.pullAsync kvstore (key-array ks) store-outs (int priority))
+                (.pullAsync kvstore (key-str ks) store-outs (int priority)))))))
+
+(defn pushpull-async
+  "`pushpull`, non-blocking (the values are copied; the outs, or the values
+  themselves with no `outs`, are written later). Returns a pending value, as
+  `push-async`."
+  ([^KVStore kvstore ks vs]
+   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+   (check! ks? ::ks ks "Invalid keys")
+   (check! ndarrays? ::vs vs "Invalid values")
+   (let [store-vals (ndarray-array (as-vector vs))]
+     (pending :pushpull kvstore
+              (if (vector? ks)
+                (.pushpullAsync kvstore (key-array ks) store-vals)
+                (.pushpullAsync kvstore (key-str ks) store-vals)))))
+  ([kvstore ks vs outs]
+   (pushpull-async kvstore ks vs outs 0))
+  ([^KVStore kvstore ks vs outs priority]
+   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+   (check! ks? ::ks ks "Invalid keys")
+   (check! ndarrays? ::vs vs "Invalid values")
+   (check! ndarrays? ::outs outs "Invalid outs")
+   (check! util/int-value? ::priority priority "Invalid priority")
+   (let [store-vals (ndarray-array (as-vector vs))
+         store-outs (ndarray-array (as-vector outs))]
+     (pending :pushpull kvstore
+              (if (vector? ks)
+                (.pushpullAsync kvstore (key-array ks) store-vals store-outs (int priority))
+                (.pushpullAsync kvstore (key-str ks) store-vals store-outs (int priority)))))))
+
+(defn broadcast-async
+  "`broadcast`, non-blocking for its pull: the keys are initialized before it
+  returns, the outs written later. Returns a pending value, as `push-async`."
+  ([kvstore ks vs outs]
+   (broadcast-async kvstore ks vs outs 0))
+  ([^KVStore kvstore ks vs outs priority]
+   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+   (check! ks? ::ks ks "Invalid keys")
+   (check! ndarrays? ::vs vs "Invalid values")
+   (check! ndarrays? ::outs outs "Invalid outs")
+   (check! util/int-value? ::priority priority "Invalid priority")
+   (let [store-vals (as-vector vs)
+         store-outs (ndarray-array (as-vector outs))]
+     (pending :broadcast kvstore
+              (if (and (not (vector? ks)) (= 1 (count store-vals)))
+                (.broadcastAsync kvstore (key-str ks) ^NDArray (first store-vals) store-outs (int priority))
+                (.broadcastAsync kvstore (key-array-for ks store-vals) (ndarray-array store-vals)
+                                 store-outs (int priority)))))))
+
+(defn wait-all
+  "Waits until every call made so far on the store has finished (MXNet's
+  `WaitAll`); each non-blocking call reports its error to its own pending
+  value. Returns the store."
+  [^KVStore kvstore]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+  (util/with-kvstore-errors :wait-all
+    (.waitAll kvstore)))
 
 (defn- ->updater
   ^Updater [f]

@@ -1229,7 +1229,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
 
     /**
      * Waits until every call made so far on this store has finished (MXNet's
-     * {@code WaitAll}).
+     * {@code WaitAll}), and their futures are complete.
      *
      * @return this store
      * Each non-blocking call reports its error to its own future only, so this throws
@@ -1243,6 +1243,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
         } finally {
             Reference.reachabilityFence(this);
         }
+        // The calls are done; their futures are completed before this returns.
+        Completer.drain();
         return this;
     }
 

@@ -158,6 +158,24 @@ class AsyncTest {
     }
 
     @Test
+    void afterWaitAllEveryFutureIsDone() {
+        try (KVStore kv = KVStore.create("local"); NDArray zeros = NDArray.zeros(SHAPE); NDArray one = NDArray.ones(SHAPE)) {
+            kv.init("w", zeros);
+            kv.setUpdater(AsyncTest::slowAssign);
+            List<CompletableFuture<Void>> futures = new ArrayList<>();
+            for (int i = 0; i < 5; i++) {
+                futures.add(kv.pushAsync("w", one));
+            }
+            futures.add(kv.pushAsync("missing", one));
+            kv.waitAll();
+            for (CompletableFuture<Void> f : futures) {
+                assertTrue(f.isDone());
+            }
+            assertTrue(futures.get(5).isCompletedExceptionally());
+        }
+    }
+
+    @Test
     void aClosedStoreFailsTheFutureWithDisposed() {
         KVStore kv = KVStore.create("local");
         kv.close();
