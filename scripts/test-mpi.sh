@@ -78,19 +78,28 @@ else
     failed=$((failed + 1))
 fi
 
-# A worker that dies mid-job: the job must end, with an error, within seconds.
-start=$(date +%s)
-timeout 60 "${MPIRUN[@]}" -np 2 "$early_exit" >"$logs/mpi-early-exit.log" 2>&1
-rc=$?
-elapsed=$(($(date +%s) - start))
-if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$elapsed" -lt 30 ] && ! grep -q "push returned" "$logs/mpi-early-exit.log"; then
-    echo "a worker that died ended the job in ${elapsed} s (exit $rc)"
-    passed=$((passed + 1))
-else
-    echo "a worker that died: exit $rc after ${elapsed} s (124: the job hung)"
-    tail -n 20 "$logs/mpi-early-exit.log"
-    failed=$((failed + 1))
-fi
+# A worker that dies mid-job: the job must end, with an error, within seconds; once
+# while the survivor waits in a blocking push, once with non-blocking pushes queued.
+for mode in blocking nonblocking; do
+    start=$(date +%s)
+    if [ "$mode" = nonblocking ]; then
+        KVSTORE_EARLY_EXIT_NONBLOCKING=1 timeout 60 "${MPIRUN[@]}" -x KVSTORE_EARLY_EXIT_NONBLOCKING -np 2 \
+            "$early_exit" >"$logs/mpi-early-exit-$mode.log" 2>&1
+    else
+        timeout 60 "${MPIRUN[@]}" -np 2 "$early_exit" >"$logs/mpi-early-exit-$mode.log" 2>&1
+    fi
+    rc=$?
+    elapsed=$(($(date +%s) - start))
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$elapsed" -lt 30 ] \
+        && ! grep -q "push returned" "$logs/mpi-early-exit-$mode.log"; then
+        echo "a worker that died ($mode pushes) ended the job in ${elapsed} s (exit $rc)"
+        passed=$((passed + 1))
+    else
+        echo "a worker that died ($mode pushes): exit $rc after ${elapsed} s (124: the job hung)"
+        tail -n 20 "$logs/mpi-early-exit-$mode.log"
+        failed=$((failed + 1))
+    fi
+done
 
 echo "mpi: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -8,9 +8,9 @@
 //! total order, and every queue follows it, so no two calls can wait for each other.
 //! Ready calls run highest `priority` first, then oldest first.
 //!
-//! An ordered engine (a `dist_sync` store's) has one thread and ignores priority: its
-//! calls run one at a time in submission order, so every worker of a job issues the
-//! same collectives in the same order, however the calls were timed.
+//! An ordered engine (shared by the `dist_sync` stores of a worker group) has one thread and
+//! ignores priority: its calls run one at a time in submission order, so every worker of
+//! a job issues the same collectives in the same order, however the calls were timed.
 //!
 //! A blocking call first asks [`Engine::may_run_now`]: when none of its vars is busy it
 //! runs at once on the caller's thread (no hand-over to a worker); otherwise it is
@@ -213,6 +213,25 @@ impl Engine {
                 })?;
             engine.workers.push(handle);
         }
+        Ok(engine)
+    }
+
+    /// The ordered engine of the `dist_sync` stores over one worker group (`group`: the
+    /// address of its `Collective`), started by the first: one thread runs the calls of
+    /// all of them, so their collectives follow one order, the order of the calls, in
+    /// every process of the job. It stops when the last of those stores is dropped.
+    ///
+    /// # Errors
+    /// As [`Engine::new`].
+    pub(crate) fn ordered_for(group: usize) -> Result<Arc<Engine>> {
+        static ENGINES: Mutex<Vec<(usize, std::sync::Weak<Engine>)>> = Mutex::new(Vec::new());
+        let mut engines = ENGINES.lock();
+        engines.retain(|(_, e)| e.strong_count() > 0);
+        if let Some(engine) = engines.iter().find(|(g, _)| *g == group).and_then(|(_, e)| e.upgrade()) {
+            return Ok(engine);
+        }
+        let engine = Arc::new(Engine::new(1, true)?);
+        engines.push((group, Arc::downgrade(&engine)));
         Ok(engine)
     }
 

@@ -50,6 +50,18 @@ fn replicas_are_bit_identical_after_optimizer_steps() {
 }
 
 #[test]
+fn nonblocking_training_matches_blocking() {
+    let kv = store();
+    let bits = dist_cases::nonblocking_training_matches_blocking(kv.rank(), &kv);
+    // Every rank compares its weights with rank 0's (which init gives every rank).
+    let mine =
+        kvstore_core::NDArray::from_vec(&[bits.len()], bits.iter().map(|&b| i32::from(b)).collect()).expect("bits");
+    kv.init("nonblocking bits", &mine).expect("init");
+    let root = kv.pull_new("nonblocking bits", 0).expect("pull");
+    assert_eq!(root.to_vec::<i32>().expect("r"), mine.to_vec::<i32>().expect("r"), "rank {} differs", kv.rank());
+}
+
+#[test]
 fn small_buckets_split_keys_and_give_the_same_sums() {
     let group = kvstore_mpi::group().expect("group");
     let bucket = group.bucket_bytes();

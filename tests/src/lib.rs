@@ -853,6 +853,51 @@ pub mod dist_cases {
         out.to_vec::<f32>().expect("r").iter().map(|x| x.to_bits()).collect()
     }
 
+    /// Training with non-blocking pushpulls (one key per call, in backward order, waited
+    /// for at the end of each step) gives the bits of the same training with blocking
+    /// calls: Adam with a schedule, small and big keys (fused and alone across workers),
+    /// two local values per key. Returns the bits, which must also be equal on every
+    /// worker.
+    pub fn nonblocking_training_matches_blocking(rank: usize, kv: &KVStore) -> Vec<u8> {
+        let sizes = [3usize, 1000, 5, 300_000];
+        let mut runs = Vec::new();
+        for mode in ["blocking", "nonblocking"] {
+            // A fresh optimizer per run: the schedule counts the updates of every key.
+            let adam = Optimizer::builder("adam")
+                .param("learning_rate", 0.01)
+                .param("wd", 0.001)
+                .lr_scheduler(kvstore_core::LrScheduler::factor(2, 0.5).expect("schedule"))
+                .build()
+                .expect("adam");
+            kv.set_optimizer(adam).expect("set");
+            let keys: Vec<String> = (0..sizes.len()).map(|i| format!("{mode}{i}")).collect();
+            for (k, &n) in keys.iter().zip(&sizes) {
+                kv.init(k.as_str(), &crate::device_checks::values(n, 11, DType::F32, Context::cpu(0))).expect("init");
+            }
+            let outs: Vec<NDArray> = sizes.iter().map(|&n| NDArray::zeros(&[n]).expect("out")).collect();
+            for step in 0..3u64 {
+                let mut pending = Vec::new();
+                for (i, (k, &n)) in keys.iter().zip(&sizes).enumerate().rev() {
+                    let grads: Vec<NDArray> = (0..2u64)
+                        .map(|d| {
+                            let seed = step * 101 + i as u64 * 13 + d * 7 + rank as u64 * 1009;
+                            crate::device_checks::values(n, seed, DType::F32, Context::cpu(d as u32))
+                        })
+                        .collect();
+                    match mode {
+                        "blocking" => kv.pushpull(k.as_str(), grads.as_slice(), &outs[i], 0).expect("pushpull"),
+                        _ => pending.push(kv.pushpull_async(k.as_str(), grads.as_slice(), &outs[i], 0)),
+                    }
+                }
+                pending.into_iter().for_each(|p| p.wait().expect("pushpull_async"));
+            }
+            runs.push(outs.iter().flat_map(crate::device_checks::bits).collect::<Vec<u8>>());
+        }
+        kv.clear_updater().expect("install the updater");
+        assert!(runs[0] == runs[1], "rank {rank}: non-blocking training differs from blocking");
+        runs.swap_remove(0)
+    }
+
     /// Every dtype, string keys, a repeated key with two local values per worker: the
     /// local sums (rank + 1 each) are summed across the workers: W(W+1)/2.
     pub fn every_dtype_sums_local_then_across_workers(rank: usize, kv: &KVStore) {

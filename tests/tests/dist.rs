@@ -56,3 +56,11 @@ fn dist_kinds_without_a_group_or_async_are_unsupported() {
     let e = KVStore::builder("local").collective(group.member(0)).build().expect_err("local with a group");
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
 }
+
+#[test]
+fn nonblocking_training_matches_blocking_on_one_two_and_four_workers() {
+    for w in [1, 2, 4] {
+        let bits = run_workers(w, |rank, kv| dist_cases::nonblocking_training_matches_blocking(rank, &kv));
+        assert!(bits.windows(2).all(|b| b[0] == b[1]), "{w} workers: the workers' weights differ");
+    }
+}

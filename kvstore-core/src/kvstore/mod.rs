@@ -109,8 +109,9 @@ impl KVStoreBuilder {
     }
 
     /// The number of engine threads, which run the store's non-blocking calls (0, the
-    /// default: one per core, at most 4). A `dist_sync` store always has one, so that
-    /// its collectives run in the order of its calls on every worker.
+    /// default: one per core, at most 4). `dist_sync` stores ignore it: the stores of a
+    /// worker group share one engine thread, so that their collectives run in the order
+    /// of their calls on every worker.
     pub fn engine_threads(mut self, threads: usize) -> Self {
         self.engine_threads = threads;
         self
@@ -170,7 +171,10 @@ impl KVStoreBuilder {
             0 => default_engine_threads(),
             n => n,
         };
-        let engine = Engine::new(threads, kind.spans_processes())?;
+        let engine = match &store.collective {
+            Some(group) => Engine::ordered_for(Arc::as_ptr(group) as *const () as usize)?,
+            None => Arc::new(Engine::new(threads, false)?),
+        };
         Ok(KVStore { engine, store: Arc::new(store) })
     }
 }
@@ -202,10 +206,16 @@ impl KVStoreBuilder {
 ///
 /// `KVStore` is `Send + Sync`.
 pub struct KVStore {
-    /// Declared first, so dropped first: the store's queued calls finish before
-    /// anything else of it goes.
-    engine: Engine,
+    /// The store's own, or its worker group's for `dist_sync` stores.
+    engine: Arc<Engine>,
     store: Arc<Store>,
+}
+
+impl Drop for KVStore {
+    /// Waits for the queued calls (a store's own engine then stops its threads).
+    fn drop(&mut self) {
+        self.engine.wait_idle();
+    }
 }
 
 /// What a store's calls work on, shared with the engine threads that run them.
