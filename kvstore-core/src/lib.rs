@@ -34,6 +34,10 @@
 //! # Ok::<(), kvstore_core::Error>(())
 //! ```
 //!
+//! Every call has a non-blocking twin (`push_async`, `pull_async`, `pushpull_async`,
+//! `broadcast_async`) that returns a [`Pending`] at once and runs on the store's engine
+//! threads, each key's calls in the order they were made (see [`KVStore`]).
+//!
 //! # Deliberate differences from MXNet 1.9.1
 //! 1. Push always copies: the store never aliases a caller's array.
 //! 2. Every push and pull checks shape and dtype against the stored value.

@@ -321,7 +321,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param key the key
      * @param value the value
-     * @param priority MXNet's priority (no effect)
+     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
      */
@@ -345,7 +345,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param key the key
      * @param values the values, for example one per device
-     * @param priority MXNet's priority (no effect)
+     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
      */
@@ -380,7 +380,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param keys the keys
      * @param values the values, one per key
-     * @param priority MXNet's priority (no effect)
+     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException {@code KEY_NOT_INITIALIZED}, {@code SHAPE_MISMATCH},
      *     {@code DTYPE_MISMATCH}, {@code LENGTH_MISMATCH}, {@code BACKEND} (the updater
@@ -435,7 +435,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param key the key
      * @param out an array of the key's shape and dtype
-     * @param priority MXNet's priority (no effect)
+     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
      */
@@ -459,7 +459,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param key the key
      * @param outs the outs
-     * @param priority MXNet's priority (no effect)
+     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
      */
@@ -494,7 +494,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param keys the keys
      * @param outs the outs, one per key
-     * @param priority MXNet's priority (no effect)
+     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException {@code KEY_NOT_INITIALIZED}, {@code SHAPE_MISMATCH},
      *     {@code DTYPE_MISMATCH}, {@code LENGTH_MISMATCH}, {@code DISPOSED}
@@ -546,7 +546,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param key the key
      * @param value the value
      * @param out the out
-     * @param priority MXNet's priority (no effect)
+     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException as {@link #push(String[], NDArray[], int)} and
      *     {@link #pull(String[], NDArray[], int)}; on error nothing changes
@@ -576,7 +576,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param key the key
      * @param values the values
      * @param outs the outs
-     * @param priority MXNet's priority (no effect)
+     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray, int)}
      */
@@ -607,7 +607,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param keys the keys
      * @param values the values, one per key
      * @param outs the outs, one per key
-     * @param priority MXNet's priority (no effect)
+     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray, int)}
      */
@@ -635,7 +635,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param key the key
      * @param value the value, overwritten with the result
-     * @param priority MXNet's priority (no effect)
+     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray, int)}
      */
@@ -660,7 +660,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param key the key
      * @param values the values, overwritten with the result
-     * @param priority MXNet's priority (no effect)
+     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray, int)}
      */
@@ -685,7 +685,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param keys the keys
      * @param values the values, one per key, overwritten with the results
-     * @param priority MXNet's priority (no effect)
+     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray, int)}
      */
@@ -713,7 +713,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param key the key
      * @param value the initial value
      * @param out the out
-     * @param priority MXNet's priority (no effect)
+     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
      */
@@ -740,7 +740,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param key the key
      * @param value the initial value
      * @param outs the outs
-     * @param priority MXNet's priority (no effect)
+     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
      */
@@ -771,7 +771,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param keys the keys
      * @param values the initial values, one per key
      * @param outs the outs, one per key
-     * @param priority MXNet's priority (no effect)
+     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException {@code ALREADY_INITIALIZED}, {@code SHAPE_MISMATCH},
      *     {@code DTYPE_MISMATCH}, {@code LENGTH_MISMATCH}, {@code DISPOSED}
