@@ -229,6 +229,36 @@ fn main() -> kvstore_core::Result<()> {
         }
     }) / reps as f64;
     rows.push(Row::new("rust: push+pull 1 Ki f32", rust_small_s, None, ""));
+
+    // ---- the engine's cost: a non-blocking push's submit against a blocking push ----
+    // Per call, over batches of 1000 calls on 1000 keys (then a wait_all, not timed for
+    // the submits): what the caller's thread pays to hand a gradient over.
+    let engine_keys: Vec<String> = (0..1000).map(|i| format!("e{i}")).collect();
+    let engine_vals: Vec<NDArray> = engine_keys.iter().map(|_| NDArray::zeros(&[SMALL])).collect::<Result<_, _>>()?;
+    kv.init(engine_keys.as_slice(), engine_vals.as_slice())?;
+    let blocking_push_s = median(1, runs, || {
+        for k in &engine_keys {
+            kv.push(k.as_str(), &one, 0).expect("push");
+        }
+    }) / engine_keys.len() as f64;
+    rows.push(Row::new("store: blocking push of 1 Ki f32 (per call)", blocking_push_s, None, ""));
+    let mut submits = Vec::new();
+    for _ in 0..runs {
+        let t0 = std::time::Instant::now();
+        let pending: Vec<kvstore_core::Pending> =
+            engine_keys.iter().map(|k| kv.push_async(k.as_str(), &one, 0)).collect();
+        submits.push(t0.elapsed().as_secs_f64() / engine_keys.len() as f64);
+        pending.into_iter().for_each(|p| p.wait().expect("push_async"));
+    }
+    submits.sort_by(f64::total_cmp);
+    let submit_s = submits[submits.len() / 2];
+    let more_us = (submit_s - blocking_push_s) * 1e6;
+    rows.push(Row::new(
+        "store: push_async submit of 1 Ki f32 (per call)",
+        submit_s,
+        Some(blocking_push_s),
+        &format!("<= blocking + 1 us (here {more_us:+.2} us)"),
+    ));
     let rust_in_s = median(3, runs, || {
         black_box(NDArray::from_slice_in(&[BIG], &ins[1], Context::cpu(0)).expect("array"));
     });

@@ -19,18 +19,40 @@ fn slow_assign(kv: &KVStore, ms: u64) {
     .unwrap();
 }
 
+type Gate = Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>;
+
+/// Installs an assigning updater that waits (at most 10 s) until the returned gate is
+/// opened with the returned function: keeps calls queued for as long as a test needs.
+fn gated_assign(kv: &KVStore) -> (Gate, fn(&Gate)) {
+    let gate: Gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let g = Arc::clone(&gate);
+    kv.set_updater(move |_: &Key, _, merged: &NDArray, stored: &NDArray| {
+        let open = g.0.lock().unwrap();
+        drop(g.1.wait_timeout_while(open, Duration::from_secs(10), |open| !*open).unwrap());
+        stored.copy_from(merged)
+    })
+    .unwrap();
+    fn open(gate: &Gate) {
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+    }
+    (gate, open)
+}
+
 #[test]
 fn a_pull_after_a_push_sees_it_and_its_outs_wait_until_written() {
     let kv = KVStore::create("local").unwrap();
     kv.init("w", &NDArray::zeros(&[3]).unwrap()).unwrap();
-    slow_assign(&kv, 50);
+    // Had the calls blocked, they would have waited out the gate's 10 s.
+    let (gate, open) = gated_assign(&kv);
     let t0 = Instant::now();
     let pushed = kv.push_async("w", &NDArray::full(&[3], 4.0).unwrap(), 0);
     let out = NDArray::zeros(&[3]).unwrap();
     let pulled = kv.pull_async("w", &out, 0);
-    // Both returned before the updater finished its first call.
-    assert!(t0.elapsed() < Duration::from_millis(40), "the calls did not return at once: {:?}", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(5), "the calls did not return at once: {:?}", t0.elapsed());
+    assert!(!pushed.is_done() && !pulled.is_done());
     assert!(out.is_pending());
+    open(&gate);
     // Reading the out waits for the pull, which comes after the push.
     assert_eq!(out.to_vec::<f32>().unwrap(), vec![4.0; 3]);
     assert!(!out.is_pending());
@@ -117,10 +139,11 @@ fn errors_found_before_queueing_go_to_the_handle_and_change_nothing() {
 fn wait_all_reports_the_errors_of_dropped_handles_in_the_order_they_failed() {
     let kv = KVStore::create("local").unwrap();
     kv.init("w", &NDArray::zeros(&[2]).unwrap()).unwrap();
-    slow_assign(&kv, 10);
-    drop(kv.push_async("w", &NDArray::ones(&[2]).unwrap(), 0));
+    let (gate, open) = gated_assign(&kv);
+    drop(kv.push_async("w", &NDArray::ones(&[2]).unwrap(), 0)); // held by the gate
     drop(kv.push_async("w", &NDArray::zeros(&[5]).unwrap(), 0)); // shape: fails when run
     drop(kv.pull_async("missing", &NDArray::zeros(&[2]).unwrap(), 0)); // fails at once
+    open(&gate);
     // In the order the calls failed: the pull of a missing key at once, the push when run.
     let first = kv.wait_all().unwrap_err();
     assert_eq!(first.kind(), ErrorKind::KeyNotInitialized, "{first}");

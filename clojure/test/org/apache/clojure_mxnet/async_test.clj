@@ -15,14 +15,21 @@
 
 (deftest push-async-and-pull-async-return-at-once-and-reads-wait
   (let [kv (kvstore/create)
-        out (ndarray/zeros [2 1])]
+        out (ndarray/zeros [2 1])
+        release (java.util.concurrent.CountDownLatch. 1)]
     (kvstore/init kv "3" (ndarray/zeros [2 1]))
-    (kvstore/set-updater kv slow-assign)
+    ;; The updater waits until the test lets it go: had the calls blocked, they
+    ;; would have waited out the latch's 10 s.
+    (kvstore/set-updater kv (fn [_ merged stored]
+                              (.await release 10 java.util.concurrent.TimeUnit/SECONDS)
+                              (ndarray/copy-to merged stored)))
     (let [t0 (System/nanoTime)
           pushed (kvstore/push-async kv "3" (ndarray/* (ndarray/ones [2 1]) 4))
           pulled (kvstore/pull-async kv "3" out)]
-      (is (< (- (System/nanoTime) t0) 15e6) "the calls returned at once")
+      (is (< (- (System/nanoTime) t0) 5e9) "the calls returned at once")
+      (is (not (realized? pushed)))
       (is (not (realized? pulled)))
+      (.countDown release)
       ;; Reading the out waits for the pull, which comes after the push.
       (is (= [4.0 4.0] (ndarray/->vec out)))
       (is (identical? kv @pushed))
@@ -46,11 +53,15 @@
       (is (= :invalid-argument (error-of #(kvstore/push-async kv "w" nil)))))))
 
 (deftest deref-with-a-timeout-gives-the-timeout-value-while-the-call-runs
-  (let [kv (kvstore/create)]
+  (let [kv (kvstore/create)
+        release (java.util.concurrent.CountDownLatch. 1)]
     (kvstore/init kv "w" (ndarray/zeros [2]))
-    (kvstore/set-updater kv (fn [_ merged stored] (Thread/sleep 300) (ndarray/copy-to merged stored)))
+    (kvstore/set-updater kv (fn [_ merged stored]
+                              (.await release 10 java.util.concurrent.TimeUnit/SECONDS)
+                              (ndarray/copy-to merged stored)))
     (let [p (kvstore/push-async kv "w" (ndarray/ones [2]))]
       (is (= :timeout (deref p 10 :timeout)))
+      (.countDown release)
       (is (identical? kv @p)))))
 
 (deftest calls-on-one-key-take-effect-in-order-and-wait-all-waits

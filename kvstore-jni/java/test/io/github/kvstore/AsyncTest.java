@@ -11,6 +11,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.Test;
@@ -37,18 +38,29 @@ class AsyncTest {
 
     @Test
     void futuresCompleteAndPendingOutsWaitForThePull() throws Exception {
+        CountDownLatch release = new CountDownLatch(1);
         try (KVStore kv = KVStore.create("local");
                 NDArray zeros = NDArray.zeros(SHAPE);
                 NDArray four = NDArray.full(SHAPE, 4);
                 NDArray out = NDArray.zeros(SHAPE)) {
             kv.init("w", zeros);
-            kv.setUpdater(AsyncTest::slowAssign);
+            // The updater (on the store's engine thread) waits until the test lets it go:
+            // had the calls blocked, they would have waited out the latch's 10 s here.
+            kv.setUpdater((key, index, merged, stored) -> {
+                try {
+                    release.await(10, TimeUnit.SECONDS);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                }
+                stored.copyFrom(merged);
+            });
             long t0 = System.nanoTime();
             CompletableFuture<Void> pushed = kv.pushAsync("w", four);
             CompletableFuture<Void> pulled = kv.pullAsync("w", out);
-            // The Java updater runs on the store's engine thread, not here.
-            assertTrue(System.nanoTime() - t0 < TimeUnit.MILLISECONDS.toNanos(15), "the calls did not return at once");
+            assertTrue(System.nanoTime() - t0 < TimeUnit.SECONDS.toNanos(5), "the calls did not return at once");
+            assertFalse(pushed.isDone());
             assertFalse(pulled.isDone());
+            release.countDown();
             // Reading the out waits for the pull, which sees the push.
             assertArrayEquals(filled(4), out.toFloatArray());
             assertNull(pushed.get(10, TimeUnit.SECONDS));
