@@ -35,7 +35,8 @@ bash scripts/apt-install.sh "${pkgs[@]}" >"$logs/user-projects-apt.log" 2>&1
 tmp=$(mktemp -d)
 server=
 cleanup() {
-    [ -n "$server" ] && kill "$server" 2>/dev/null
+    # The whole process group: lein's launcher JVM and the REPL's JVM with it.
+    [ -n "$server" ] && kill -- -"$server" 2>/dev/null
     rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -95,7 +96,9 @@ done <"$projects/steps.tsv"
 # a form that uses kvstore in the project's REPL.
 if [ -f "$projects/lein/project.clj" ]; then
     log=$logs/user-projects-lein-repl.log
-    (cd "$projects/lein" && exec lein repl :headless :port 0) </dev/null >"$log" 2>&1 &
+    # In a process group of its own (setsid), so that killing the group ends lein's
+    # launcher JVM and the REPL's JVM, not just the lein script.
+    (cd "$projects/lein" && exec setsid lein repl :headless :port 0) </dev/null >"$log" 2>&1 &
     server=$!
     port=
     for _ in $(seq 1 120); do
@@ -118,9 +121,20 @@ if [ -f "$projects/lein/project.clj" ]; then
     else
         fail "lein repl :headless answers an nREPL client" "$log"
     fi
-    kill "$server" 2>/dev/null
+    kill -- -"$server" 2>/dev/null
     wait "$server" 2>/dev/null
     server=
+    # Nothing of the REPL outlives the check (lein's launcher JVM used to).
+    for _ in $(seq 50); do
+        pgrep -f "$projects/lein" >/dev/null || break
+        sleep 0.2
+    done
+    if pgrep -f "$projects/lein" >/dev/null; then
+        fail "no process of lein repl is left" "$log"
+        pkill -f "$projects/lein"
+    else
+        pass "no process of lein repl is left"
+    fi
 fi
 
 # The uberjar carries the classes and the native library: it runs from anywhere.

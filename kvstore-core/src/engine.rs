@@ -71,7 +71,8 @@ impl Ord for Op {
 
 #[derive(Default)]
 struct State {
-    /// Each var's calls, oldest first; the head holds the var. Empty queues are removed.
+    /// Each var's calls, oldest first; the head holds the var. Empty queues of arrays are
+    /// removed, those of keys kept.
     queues: HashMap<Var, VecDeque<u64>>,
     /// Calls not yet at the head of all their queues, with how many heads they wait for.
     waiting: HashMap<u64, (usize, Op)>,
@@ -91,7 +92,14 @@ struct Shared {
     ordered: bool,
     /// `State::pending`, readable without the lock.
     queued: AtomicUsize,
+    /// `State::ready.len()`, readable without the lock (for idle workers' spin).
+    ready: AtomicUsize,
 }
+
+/// How long an idle worker keeps looking for work before it sleeps: calls handed over
+/// in a stream (a backward pass's gradients) then find it awake, and their submits
+/// skip waking a thread (a system call each).
+const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
 thread_local! {
     /// The engine whose worker this thread is (its address), 0 for other threads.
@@ -129,8 +137,12 @@ impl Shared {
             debug_assert_eq!(q.front(), Some(&seq));
             q.pop_front();
             match q.front().copied() {
+                // A key's empty queue is kept for its next call (one allocation less
+                // per call); an array's goes, arrays come and go.
                 None => {
-                    st.queues.remove(v);
+                    if let Var::Array(_) = v {
+                        st.queues.remove(v);
+                    }
                 }
                 Some(next) => {
                     if let Some((deps, _)) = st.waiting.get_mut(&next) {
@@ -139,6 +151,7 @@ impl Shared {
                             && let Some((_, op)) = st.waiting.remove(&next)
                         {
                             st.ready.push(op);
+                            self.ready.store(st.ready.len(), AtomicOrdering::Release);
                             readied += 1;
                         }
                     }
@@ -162,14 +175,29 @@ impl Shared {
         loop {
             let op = {
                 let mut st = self.state.lock();
+                let mut spun = false;
                 loop {
                     if let Some(op) = st.ready.pop() {
+                        self.ready.store(st.ready.len(), AtomicOrdering::Release);
                         break op;
                     }
                     if st.stop && st.pending == 0 {
                         return;
                     }
+                    if !spun {
+                        // Look for work a little longer, without the lock, yielding the
+                        // core to the threads that submit it.
+                        spun = true;
+                        drop(st);
+                        let t0 = std::time::Instant::now();
+                        while self.ready.load(AtomicOrdering::Acquire) == 0 && t0.elapsed() < SPIN {
+                            std::thread::yield_now();
+                        }
+                        st = self.state.lock();
+                        continue;
+                    }
                     self.work.wait(&mut st);
+                    spun = false;
                 }
             };
             let (seq, vars) = (op.seq, op.vars);
@@ -199,6 +227,7 @@ impl Engine {
             idle: Condvar::new(),
             ordered,
             queued: AtomicUsize::new(0),
+            ready: AtomicUsize::new(0),
         });
         let threads = if ordered { 1 } else { threads.max(1) };
         let mut engine = Engine { shared, workers: Vec::with_capacity(threads) };
@@ -262,6 +291,7 @@ impl Engine {
         let op = Op { seq, priority, vars, run };
         if deps == 0 {
             st.ready.push(op);
+            self.shared.ready.store(st.ready.len(), AtomicOrdering::Release);
             drop(st);
             self.shared.work.notify_one();
         } else {
@@ -285,7 +315,7 @@ impl Engine {
             return true;
         }
         let st = self.shared.state.lock();
-        !vars.into_iter().any(|v| st.queues.contains_key(&v))
+        !vars.into_iter().any(|v| st.queues.get(&v).is_some_and(|q| !q.is_empty()))
     }
 
     /// Waits until every call submitted so far (and any submitted meanwhile) has
