@@ -4,8 +4,15 @@
 //! the medians as JSON (the bench binary with `OUT.json`) for the report. `KVSTORE_BENCH_LABEL`
 //! names the run in the rows (default "mpi 2 ranks"; `make bench` runs it again over
 //! TCP, where one allreduce costs what it costs across machines, not over shared memory).
+//!
+//! With `KVSTORE_BENCH_OVERLAP=1` (the TCP run) it also times a simulated training step
+//! on ResNet-50's 161 parameter tensors: the rows `overlap: compute alone`,
+//! `overlap: communication alone`, `overlap: blocking step` and
+//! `overlap: non-blocking step`, and prints the exposed communication.
 
 use std::hint::black_box;
+
+use std::time::Duration;
 
 use kvstore_core::{KVStore, NDArray};
 use mpi::collective::SystemOperation;
@@ -59,8 +66,101 @@ fn main() -> kvstore_core::Result<()> {
     rows.push((format!("{run}: dist_sync list push of 1000 keys x 1 Ki f32"), store, Some(bare)));
     rows.push((format!("{run}: the same push unfused (4 KiB buckets)"), unfused, None));
     rows.push((format!("{run}: the same push fused ({} KiB buckets)", bucket >> 10), store, Some(unfused)));
+    if std::env::var_os("KVSTORE_BENCH_OVERLAP").is_some() {
+        overlap(&kv, &world, runs.min(7), &mut rows)?;
+    }
     if kv.rank() == 0 {
         kvstore_tests::bench::write_rows(&out, &rows)?;
     }
     kvstore_mpi::finalize()
+}
+
+/// ResNet-50's 161 parameter tensors in forward order (conv weights, batch-norm gamma and
+/// beta, the classifier): 25.6 M f32.
+fn resnet50_shapes() -> Vec<Vec<usize>> {
+    let mut shapes = vec![vec![64, 3, 7, 7], vec![64], vec![64]];
+    let mut inputs = 64;
+    for (blocks, width) in [(3, 64), (4, 128), (6, 256), (3, 512)] {
+        for block in 0..blocks {
+            for (out, inp, k) in [(width, inputs, 1), (width, width, 3), (4 * width, width, 1)] {
+                shapes.extend([vec![out, inp, k, k], vec![out], vec![out]]);
+            }
+            if block == 0 {
+                shapes.extend([vec![4 * width, inputs, 1, 1], vec![4 * width], vec![4 * width]]);
+            }
+            inputs = 4 * width;
+        }
+    }
+    shapes.extend([vec![1000, 2048], vec![1000]]);
+    shapes
+}
+
+/// The overlap rows (see the module docs). A step: for each tensor in backward order,
+/// its simulated compute (a sleep proportional to its size, standing for accelerator
+/// work that leaves the CPU free), then its push; then a pull of every key.
+fn overlap(
+    kv: &KVStore,
+    world: &SimpleCommunicator,
+    runs: usize,
+    rows: &mut Vec<(String, f64, Option<f64>)>,
+) -> kvstore_core::Result<()> {
+    let shapes = resnet50_shapes();
+    let sizes: Vec<usize> = shapes.iter().map(|s| s.iter().product()).collect();
+    let total: usize = sizes.iter().sum();
+    assert_eq!((shapes.len(), total), (161, 25_557_032), "ResNet-50's parameters");
+    let keys: Vec<String> = (0..shapes.len()).map(|i| format!("resnet50.{i}")).collect();
+    let zeros: Vec<NDArray> = shapes.iter().map(|s| NDArray::zeros(s)).collect::<Result<_, _>>()?;
+    kv.init(keys.as_slice(), zeros.as_slice())?;
+    let grads: Vec<NDArray> = shapes.iter().map(|s| NDArray::full(s, 0.5)).collect::<Result<_, _>>()?;
+    let outs: Vec<NDArray> = shapes.iter().map(|s| NDArray::zeros(s)).collect::<Result<_, _>>()?;
+    let step = |compute: &[Duration], push: bool, nonblocking: bool| {
+        let mut pending = Vec::new();
+        for i in (0..keys.len()).rev() {
+            if !compute[i].is_zero() {
+                std::thread::sleep(compute[i]);
+            }
+            match (push, nonblocking) {
+                (false, _) => {}
+                (true, false) => kv.push(keys[i].as_str(), &grads[i], 0).expect("push"),
+                (true, true) => pending.push(kv.push_async(keys[i].as_str(), &grads[i], 0)),
+            }
+        }
+        match (push, nonblocking) {
+            (false, _) => {}
+            (true, false) => kv.pull(keys.as_slice(), outs.as_slice(), 0).expect("pull"),
+            (true, true) => {
+                pending.push(kv.pull_async(keys.as_slice(), outs.as_slice(), 0));
+                pending.into_iter().for_each(|p| p.wait().expect("non-blocking step"));
+            }
+        }
+    };
+    let none = vec![Duration::ZERO; keys.len()];
+    let communication = median(world, runs, || step(&none, true, false));
+    // Compute of 1.5 x the communication (the slower rank's), spread by size: the
+    // communication is then two thirds of the compute, inside the half-to-all range.
+    let mut slowest = 0.0f64;
+    world.all_reduce_into(&communication, &mut slowest, SystemOperation::max());
+    let compute: Vec<Duration> =
+        sizes.iter().map(|&n| Duration::from_secs_f64(1.5 * slowest * n as f64 / total as f64)).collect();
+    let compute_alone = median(world, runs, || step(&compute, false, false));
+    let blocking = median(world, runs, || step(&compute, true, false));
+    let nonblocking = median(world, runs, || step(&compute, true, true));
+    rows.push(("overlap: compute alone".into(), compute_alone, None));
+    rows.push(("overlap: communication alone".into(), communication, None));
+    rows.push(("overlap: blocking step".into(), blocking, None));
+    rows.push(("overlap: non-blocking step".into(), nonblocking, None));
+    if kv.rank() == 0 {
+        println!(
+            "overlap: compute {:.1} ms, communication alone {:.1} ms ({:.2} of the compute), blocking step {:.1} ms, \
+             non-blocking step {:.1} ms; exposed communication = (non-blocking - compute) / communication = {:.3} \
+             (target <= 0.15)",
+            compute_alone * 1e3,
+            communication * 1e3,
+            communication / compute_alone,
+            blocking * 1e3,
+            nonblocking * 1e3,
+            (nonblocking - compute_alone) / communication
+        );
+    }
+    Ok(())
 }
