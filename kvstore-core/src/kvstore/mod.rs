@@ -22,6 +22,7 @@ mod nonblocking;
 mod pending;
 
 use locks::Held;
+use nonblocking::broadcast_args;
 pub use pending::Pending;
 use pending::{Done, Unobserved};
 
@@ -856,10 +857,8 @@ impl KVStore {
     /// [`Error::LengthMismatch`], or the updater's error. On any error the store keeps
     /// the values it had before the call.
     pub fn push<'a>(&self, keys: impl Into<Keys>, values: impl Into<Values<'a>>, priority: i32) -> Result<()> {
-        let (keys, values) = (keys.into(), values.into());
-        self.store.require_bare_keys("push", &keys, values)?;
-        let pairs = flatten("push", keys, values, "values")?;
-        self.call("push", pairs, Vec::new(), priority)
+        let (push, pull) = self.store.push_args(keys.into(), values.into())?;
+        self.call("push", push, pull, priority)
     }
 
     /// Copies each key's stored value into its outs.
@@ -881,9 +880,8 @@ impl KVStore {
     /// [`Error::DTypeMismatch`] (pull does not convert: use [`NDArray::as_type`]),
     /// [`Error::LengthMismatch`]. On error no out is written.
     pub fn pull<'a>(&self, keys: impl Into<Keys>, outs: impl Into<Values<'a>>, priority: i32) -> Result<()> {
-        let (keys, outs) = (keys.into(), outs.into());
-        self.store.require_bare_keys("pull", &keys, outs)?;
-        self.call("pull", Vec::new(), flatten("pull", keys, outs, "outs")?, priority)
+        let (push, pull) = self.store.pull_args(keys.into(), outs.into())?;
+        self.call("pull", push, pull, priority)
     }
 
     /// Pulls `key`'s value into a new array on `cpu(0)`, of the value's shape and dtype
@@ -939,11 +937,7 @@ impl KVStore {
         outs: impl Into<Values<'b>>,
         priority: i32,
     ) -> Result<()> {
-        let (keys, values, outs) = (keys.into(), values.into(), outs.into());
-        self.store.require_bare_keys("pushpull", &keys, values)?;
-        self.store.require_bare_keys("pushpull", &keys, outs)?;
-        let push = flatten("pushpull", keys.clone(), values, "values")?;
-        let pull = flatten("pushpull", keys, outs, "outs")?;
+        let (push, pull) = self.store.pushpull_args(keys.into(), values.into(), outs.into())?;
         self.call("pushpull", push, pull, priority)
     }
 
@@ -969,10 +963,8 @@ impl KVStore {
         values: impl Into<Values<'a>>,
         priority: i32,
     ) -> Result<()> {
-        let (keys, values) = (keys.into(), values.into());
-        self.store.require_bare_keys("pushpull", &keys, values)?;
-        let pairs = flatten("pushpull", keys, values, "values")?;
-        self.call("pushpull", pairs.clone(), pairs, priority)
+        let (push, pull) = self.store.in_place_args(keys.into(), values.into())?;
+        self.call("pushpull", push, pull, priority)
     }
 
     /// Initialises the keys with the values, then pulls them into the outs.
@@ -997,10 +989,9 @@ impl KVStore {
         outs: impl Into<Values<'b>>,
         priority: i32,
     ) -> Result<()> {
-        let keys = keys.into();
-        let init = flatten("broadcast", keys.clone(), values.into(), "values")?;
-        let pull = flatten("broadcast", keys, outs.into(), "outs")?;
-        self.broadcast_flat(init, pull, priority)
+        let (init, pull) = broadcast_args(keys.into(), values.into(), outs.into())?;
+        let pull = self.broadcast_init(init, pull)?;
+        self.call("broadcast", Vec::new(), pull, priority)
     }
 
     /// [`KVStore::pushpull`] on flat lists: `values[i]` is pushed to `keys[i]` and
@@ -1056,7 +1047,8 @@ impl KVStore {
         priority: i32,
     ) -> Result<()> {
         let (init, pull) = flat_pairs("broadcast", keys, values, out_keys, outs)?;
-        self.broadcast_flat(init, pull, priority)
+        let pull = self.broadcast_init(init, pull)?;
+        self.call("broadcast", Vec::new(), pull, priority)
     }
 }
 

@@ -21,6 +21,43 @@ use crate::ndarray::{NDArray, PendingWrites};
 /// A call's pairs, held by the call itself so it can run after its caller returned.
 type Owned = Vec<(Arc<Entry>, NDArray)>;
 
+/// A call's pairs as given: what it pushes and what it pulls, each key with its array.
+type Pairs<'a> = (Vec<(Key, &'a NDArray)>, Vec<(Key, &'a NDArray)>);
+
+/// A broadcast's values and outs as pairs (what `init` and the pull take).
+pub(super) fn broadcast_args<'a>(keys: Keys, values: Values<'a>, outs: Values<'a>) -> Result<Pairs<'a>> {
+    let init = flatten("broadcast", keys.clone(), values, "values")?;
+    Ok((init, flatten("broadcast", keys, outs, "outs")?))
+}
+
+/// The pairs of each call form, the same for its blocking and non-blocking twin. Keys
+/// that come with no array must still be initialised, as with any other call on them.
+impl Store {
+    pub(super) fn push_args<'a>(&self, keys: Keys, values: Values<'a>) -> Result<Pairs<'a>> {
+        self.require_bare_keys("push", &keys, values)?;
+        Ok((flatten("push", keys, values, "values")?, Vec::new()))
+    }
+
+    pub(super) fn pull_args<'a>(&self, keys: Keys, outs: Values<'a>) -> Result<Pairs<'a>> {
+        self.require_bare_keys("pull", &keys, outs)?;
+        Ok((Vec::new(), flatten("pull", keys, outs, "outs")?))
+    }
+
+    pub(super) fn pushpull_args<'a>(&self, keys: Keys, values: Values<'a>, outs: Values<'a>) -> Result<Pairs<'a>> {
+        self.require_bare_keys("pushpull", &keys, values)?;
+        self.require_bare_keys("pushpull", &keys, outs)?;
+        let push = flatten("pushpull", keys.clone(), values, "values")?;
+        Ok((push, flatten("pushpull", keys, outs, "outs")?))
+    }
+
+    /// `pushpull` into the pushed arrays themselves.
+    pub(super) fn in_place_args<'a>(&self, keys: Keys, values: Values<'a>) -> Result<Pairs<'a>> {
+        self.require_bare_keys("pushpull", &keys, values)?;
+        let pairs = flatten("pushpull", keys, values, "values")?;
+        Ok((pairs.clone(), pairs))
+    }
+}
+
 fn borrow(owned: &Owned) -> Found<'_> {
     owned.iter().map(|(e, a)| (Arc::clone(e), a)).collect()
 }
@@ -67,7 +104,7 @@ impl KVStore {
     pub(super) fn call_async<'a>(
         &self,
         op: &'static str,
-        pairs: impl FnOnce() -> Result<(Vec<(Key, &'a NDArray)>, Vec<(Key, &'a NDArray)>)>,
+        pairs: impl FnOnce() -> Result<Pairs<'a>>,
         priority: i32,
     ) -> Pending {
         let prepared = (|| -> Result<_> {
@@ -157,33 +194,16 @@ impl KVStore {
         Ok(())
     }
 
-    pub(super) fn broadcast_flat(
+    /// A broadcast's first half, done before it returns (blocking or not): its outs
+    /// checked against its values, then the keys initialised; what is left is its pull.
+    pub(super) fn broadcast_init<'a>(
         &self,
         init: Vec<(Key, &NDArray)>,
-        pull: Vec<(Key, &NDArray)>,
-        priority: i32,
-    ) -> Result<()> {
+        pull: Vec<(Key, &'a NDArray)>,
+    ) -> Result<Vec<(Key, &'a NDArray)>> {
         Self::check_broadcast(&init, &pull)?;
         self.init_flat("broadcast", init)?;
-        self.call("broadcast", Vec::new(), pull, priority)
-    }
-
-    fn broadcast_flat_async(
-        &self,
-        init: Result<Vec<(Key, &NDArray)>>,
-        pull: Result<Vec<(Key, &NDArray)>>,
-        priority: i32,
-    ) -> Pending {
-        let initialised = (|| {
-            let (init, pull) = (init?, pull?);
-            Self::check_broadcast(&init, &pull)?;
-            self.init_flat("broadcast", init)?;
-            Ok(pull)
-        })();
-        match initialised {
-            Ok(pull) => self.call_async("broadcast", || Ok((Vec::new(), pull)), priority),
-            Err(e) => Pending::finished(Err(e), Arc::clone(&self.store.unobserved)),
-        }
+        Ok(pull)
     }
 
     /// [`KVStore::push`], non-blocking: the values are copied, the rest runs on the
@@ -204,14 +224,7 @@ impl KVStore {
     /// Errors are those of [`KVStore::push`], from [`Pending::wait`].
     pub fn push_async<'a>(&self, keys: impl Into<Keys>, values: impl Into<Values<'a>>, priority: i32) -> Pending {
         let (keys, values) = (keys.into(), values.into());
-        self.call_async(
-            "push",
-            || {
-                self.store.require_bare_keys("push", &keys, values)?;
-                Ok((flatten("push", keys, values, "values")?, Vec::new()))
-            },
-            priority,
-        )
+        self.call_async("push", || self.store.push_args(keys, values), priority)
     }
 
     /// [`KVStore::pull`], non-blocking: the outs are written later, and every access to
@@ -232,14 +245,7 @@ impl KVStore {
     /// Errors are those of [`KVStore::pull`], from [`Pending::wait`].
     pub fn pull_async<'a>(&self, keys: impl Into<Keys>, outs: impl Into<Values<'a>>, priority: i32) -> Pending {
         let (keys, outs) = (keys.into(), outs.into());
-        self.call_async(
-            "pull",
-            || {
-                self.store.require_bare_keys("pull", &keys, outs)?;
-                Ok((Vec::new(), flatten("pull", keys, outs, "outs")?))
-            },
-            priority,
-        )
+        self.call_async("pull", || self.store.pull_args(keys, outs), priority)
     }
 
     /// [`KVStore::pushpull`], non-blocking.
@@ -253,16 +259,7 @@ impl KVStore {
         priority: i32,
     ) -> Pending {
         let (keys, values, outs) = (keys.into(), values.into(), outs.into());
-        self.call_async(
-            "pushpull",
-            || {
-                self.store.require_bare_keys("pushpull", &keys, values)?;
-                self.store.require_bare_keys("pushpull", &keys, outs)?;
-                let push = flatten("pushpull", keys.clone(), values, "values")?;
-                Ok((push, flatten("pushpull", keys, outs, "outs")?))
-            },
-            priority,
-        )
+        self.call_async("pushpull", || self.store.pushpull_args(keys, values, outs), priority)
     }
 
     /// [`KVStore::pushpull_in_place`], non-blocking: the arrays are copied for the push
@@ -276,15 +273,7 @@ impl KVStore {
         priority: i32,
     ) -> Pending {
         let (keys, values) = (keys.into(), values.into());
-        self.call_async(
-            "pushpull",
-            || {
-                self.store.require_bare_keys("pushpull", &keys, values)?;
-                let pairs = flatten("pushpull", keys, values, "values")?;
-                Ok((pairs.clone(), pairs))
-            },
-            priority,
-        )
+        self.call_async("pushpull", || self.store.in_place_args(keys, values), priority)
     }
 
     /// [`KVStore::pushpull_pairs`], non-blocking.
@@ -313,10 +302,15 @@ impl KVStore {
         outs: impl Into<Values<'b>>,
         priority: i32,
     ) -> Pending {
-        let keys = keys.into();
-        let init = flatten("broadcast", keys.clone(), values.into(), "values");
-        let pull = flatten("broadcast", keys, outs.into(), "outs");
-        self.broadcast_flat_async(init, pull, priority)
+        let (keys, values, outs) = (keys.into(), values.into(), outs.into());
+        self.call_async(
+            "broadcast",
+            || {
+                let (init, pull) = broadcast_args(keys, values, outs)?;
+                Ok((Vec::new(), self.broadcast_init(init, pull)?))
+            },
+            priority,
+        )
     }
 
     /// [`KVStore::broadcast_pairs`], non-blocking as [`KVStore::broadcast_async`].
@@ -330,10 +324,14 @@ impl KVStore {
         outs: &[NDArray],
         priority: i32,
     ) -> Pending {
-        match flat_pairs("broadcast", keys, values, out_keys, outs) {
-            Ok((init, pull)) => self.broadcast_flat_async(Ok(init), Ok(pull), priority),
-            Err(e) => Pending::finished(Err(e), Arc::clone(&self.store.unobserved)),
-        }
+        self.call_async(
+            "broadcast",
+            || {
+                let (init, pull) = flat_pairs("broadcast", keys, values, out_keys, outs)?;
+                Ok((Vec::new(), self.broadcast_init(init, pull)?))
+            },
+            priority,
+        )
     }
 
     /// The number of engine threads that run the store's calls (1 for `dist_sync`).

@@ -19,7 +19,7 @@ final class Completer {
     private static final long[] NONE = new long[0];
     /** Held while ids are taken and their futures completed, so a drain sees all of them. */
     private static final ReentrantLock LOCK = new ReentrantLock();
-    private static Thread thread;
+    private static volatile Thread thread;
 
     private Completer() {}
 
@@ -27,7 +27,9 @@ final class Completer {
     static long register(CompletableFuture<Void> future) {
         long id = NEXT_ID.incrementAndGet();
         FUTURES.put(id, future);
-        start();
+        if (thread == null) {
+            start();
+        }
         return id;
     }
 
