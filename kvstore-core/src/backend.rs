@@ -18,6 +18,8 @@
 //!   ([`PushKey`]) and what it keeps per key ([`KeyBuffers`]); [`CommCpu`] (MXNet's
 //!   `CommCPU`, `local` and `dist_sync` stores) and [`CommDevice`] (MXNet's
 //!   `CommDevice`, `device` stores) implement it. A new one (NCCL) plugs in beside them.
+//! - [`in_background`]: whether the current thread runs a call in the background of
+//!   its caller (a backend then waits without spinning).
 //!
 //! ```
 //! use kvstore_core::backend::{Comm, CommCpu, ReduceJob};
@@ -37,3 +39,4 @@ pub use crate::device::{
     DeviceBackend, DeviceBuffer, FusedArrays, FusedRule, FusedStep, PinnedMemory, backend as device_backend,
     register_backend,
 };
+pub use crate::engine::in_background;

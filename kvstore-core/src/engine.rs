@@ -106,6 +106,26 @@ thread_local! {
     static WORKER_OF: Cell<usize> = const { Cell::new(0) };
 }
 
+thread_local! {
+    /// Whether the call this thread runs goes on while its caller does other work.
+    static BACKGROUND: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the current thread runs a store call in the background: a non-blocking call,
+/// whose caller goes on with other work. A backend that waits a long time there (for the
+/// other workers of a collective) should wait without spinning, to leave the core to
+/// the caller; a blocking call's caller waits anyway.
+pub fn in_background() -> bool {
+    BACKGROUND.with(Cell::get)
+}
+
+/// Runs `f` with [`in_background`] saying `background`.
+pub(crate) fn run_as(background: bool, f: impl FnOnce()) {
+    let before = BACKGROUND.with(|b| b.replace(background));
+    f();
+    BACKGROUND.with(|b| b.set(before));
+}
+
 impl Shared {
     fn id(&self) -> usize {
         self as *const Shared as usize

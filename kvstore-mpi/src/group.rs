@@ -1,6 +1,8 @@
 //! The MPI job as a [`Collective`]: `MPI_COMM_WORLD`, initialised once per process at
 //! `MPI_THREAD_SERIALIZED`; every MPI call goes through one mutex, so threads of the
-//! process never call MPI at once.
+//! process never call MPI at once. For a non-blocking store call (running while its
+//! caller computes) a collective is MPI's non-blocking one, tested with a yield between
+//! tests instead of spinning inside MPI (see [`wait`]).
 //!
 //! Fail-stop: a process must end with [`finalize`]. One that exits without it, or
 //! panics, aborts the whole job (`MPI_Abort`), so that its peers never wait forever in
@@ -10,11 +12,12 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use kvstore_core::backend::Collective;
+use kvstore_core::backend::{Collective, in_background};
 use kvstore_core::{DType, Element, Error, NDArray, Result, bf16, f16};
 use mpi::collective::SystemOperation;
 use mpi::datatype::Equivalence;
 use mpi::environment::{Threading, Universe};
+use mpi::request::{Request, Scope};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use parking_lot::Mutex;
@@ -239,6 +242,32 @@ fn with_buffers<W: Element, T>(n: usize, f: impl FnOnce(&mut [W], &mut [W]) -> T
     })
 }
 
+/// Waits for a non-blocking MPI operation by testing it, yielding the core between
+/// tests. A blocking MPI call spins inside the library until the slowest rank arrives:
+/// the lowest latency for a caller that waits anyway, but under a non-blocking store call
+/// (running in the background) it would take a core from the caller's own work.
+fn wait<'a, D: ?Sized, S: Scope<'a>>(mut request: Request<'a, D, S>) {
+    loop {
+        match request.test() {
+            Ok(_) => return,
+            Err(pending) => {
+                request = pending;
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// `recv = sum(send)` across the ranks: blocking for a blocking store call, waited for
+/// as [`wait`] does for a non-blocking one.
+fn all_reduce<W: Equivalence>(w: &SimpleCommunicator, send: &[W], recv: &mut [W]) {
+    if in_background() {
+        mpi::request::scope(|scope| wait(w.immediate_all_reduce_into(scope, send, recv, SystemOperation::sum())));
+    } else {
+        w.all_reduce_into(send, recv, SystemOperation::sum());
+    }
+}
+
 /// Elements per MPI call, within MPI's `int` counts.
 const MAX_COUNT: usize = i32::MAX as usize;
 
@@ -252,7 +281,7 @@ impl MpiGroup {
                 for piece in d.chunks_mut(chunk.min(MAX_COUNT)) {
                     with_buffers::<W, _>(piece.len(), |send, _| {
                         send.copy_from_slice(piece);
-                        self.with_world(|w| w.all_reduce_into(&send[..], piece, SystemOperation::sum()))
+                        self.with_world(|w| all_reduce(w, &send[..], piece))
                     })?;
                 }
                 Ok(())
@@ -261,7 +290,7 @@ impl MpiGroup {
             src.with_data(|s: &[W]| {
                 dst.with_data_mut(|d: &mut [W]| -> Result<()> {
                     for (sp, dp) in s.chunks(MAX_COUNT).zip(d.chunks_mut(MAX_COUNT)) {
-                        self.with_world(|w| w.all_reduce_into(sp, dp, SystemOperation::sum()))?;
+                        self.with_world(|w| all_reduce(w, sp, dp))?;
                     }
                     Ok(())
                 })
@@ -315,7 +344,7 @@ impl MpiGroup {
         recv: &mut [W],
         pending: &[(usize, usize, usize)],
     ) -> Result<()> {
-        self.with_world(|w| w.all_reduce_into(send, &mut *recv, SystemOperation::sum()))?;
+        self.with_world(|w| all_reduce(w, send, &mut *recv))?;
         let mut at = 0;
         for &(p, off, len) in pending {
             let dst = pairs[p].1;
@@ -347,7 +376,7 @@ impl Collective for MpiGroup {
     }
 
     fn barrier(&self) -> Result<()> {
-        self.with_world(|w| w.barrier())
+        self.with_world(|w| if in_background() { wait(w.immediate_barrier()) } else { w.barrier() })
     }
 
     fn allreduce_sum(&self, pairs: &[(&NDArray, &NDArray)]) -> Result<()> {
@@ -395,7 +424,14 @@ impl Collective for MpiGroup {
         for a in arrays {
             with_wire!(a.dtype(), W => {
                 let mut data = read_wire::<W>(a)?;
-                self.with_world(|w| w.process_at_rank(root).broadcast_into(&mut data[..]))?;
+                self.with_world(|w| {
+                    let root = w.process_at_rank(root);
+                    if in_background() {
+                        mpi::request::scope(|scope| wait(root.immediate_broadcast_into(scope, &mut data[..])));
+                    } else {
+                        root.broadcast_into(&mut data[..]);
+                    }
+                })?;
                 write_wire(a, &data)?;
             });
         }

@@ -78,6 +78,48 @@ fn pushed_arrays_may_be_reused_at_once() {
 }
 
 #[test]
+fn a_pushed_array_is_read_before_a_later_pull_writes_it() {
+    let kv = KVStore::builder("local").engine_threads(2).build().unwrap();
+    kv.init(&["w", "v"], &[NDArray::zeros(&[2]).unwrap(), NDArray::full(&[2], 9.0).unwrap()]).unwrap();
+    let (gate, open) = gated_assign(&kv);
+    let opener = |gate: &Gate| {
+        let gate = Arc::clone(gate);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            open(&gate);
+        })
+    };
+    let g = NDArray::full(&[2], 1.0).unwrap();
+    // The first push is held at the gate, so the second has not read `g` yet when the
+    // pull into `g` (of another key, free to run at once) is made: the pull must wait
+    // until the push has read it.
+    let first = kv.push_async("w", &NDArray::full(&[2], 5.0).unwrap(), 0);
+    let pushed = kv.push_async("w", &g, 0);
+    let pulled = kv.pull_async("v", &g, 0);
+    let opened = opener(&gate);
+    for h in [first, pushed, pulled] {
+        h.wait().unwrap();
+    }
+    opened.join().unwrap();
+    assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 2]);
+    assert_eq!(g.to_vec::<f32>().unwrap(), vec![9.0; 2]);
+    // A blocking pull into a value of a queued push runs at once, and leaves the push
+    // a copy of the value it was given.
+    *gate.0.lock().unwrap() = false;
+    g.copy_from(&NDArray::full(&[2], 3.0).unwrap()).unwrap();
+    let first = kv.push_async("w", &NDArray::full(&[2], 5.0).unwrap(), 0);
+    let pushed = kv.push_async("w", &g, 0);
+    let opened = opener(&gate);
+    kv.pull("v", &g, 0).unwrap();
+    for h in [first, pushed] {
+        h.wait().unwrap();
+    }
+    opened.join().unwrap();
+    assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), vec![3.0; 2]);
+    assert_eq!(g.to_vec::<f32>().unwrap(), vec![9.0; 2]);
+}
+
+#[test]
 fn a_pending_out_used_as_a_value_is_pushed_after_the_pull_wrote_it() {
     let kv = KVStore::create("local").unwrap();
     kv.init(&["a", "b"], &[NDArray::full(&[2], 7.0).unwrap(), NDArray::zeros(&[2]).unwrap()]).unwrap();

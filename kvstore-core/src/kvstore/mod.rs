@@ -198,7 +198,9 @@ impl KVStoreBuilder {
 ///   thread; calls on different keys run in parallel. `priority` orders calls that are
 ///   ready to run at the same time (higher first); it never changes a result, and a
 ///   `dist_sync` store ignores it (its calls run in the order made, on every worker).
-/// - A push copies its values before it returns: they may be reused at once. A pull's
+/// - A push's values may be reused as soon as it returns: it sums what they held when it
+///   was made (they are lent to the queued call, not copied: a write before the call
+///   read one copies it for the call first, a write while it reads waits). A pull's
 ///   outs are written later; until then, every access to them (`to_vec`, `copy_from`,
 ///   using one in another call) waits for the pull.
 /// - A failed call changes nothing and reports its error to its own handle. A handle

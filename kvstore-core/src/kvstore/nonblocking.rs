@@ -4,7 +4,8 @@
 //! A call is looked up (its keys must exist), then either runs at once on the caller's
 //! thread, when it is blocking and none of its keys or outs is busy with an earlier
 //! call ([`Engine::may_run_now`]), or is queued on the engine with the arrays it needs: a
-//! non-blocking push takes copies of its values (the caller may reuse them at once), a
+//! non-blocking push borrows its values (the caller may write them at once: a write
+//! before the call read them copies them for it, `ndarray/loan.rs`), a
 //! blocking one shares them (its caller waits); a pull's outs are marked pending until
 //! it wrote them. The work itself is the same function either way
 //! ([`Store::push_pull`]).
@@ -13,10 +14,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use super::{Done, Entry, Found, KVStore, Pending, Store, check_like, locks};
-use crate::engine::{Var, Vars};
+use crate::engine::{self, Var, Vars};
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys, Values, flat_pairs, flatten};
-use crate::ndarray::{NDArray, PendingWrites};
+use crate::ndarray::{Lent, NDArray, PendingWrites};
 
 /// A call's pairs, held by the call itself so it can run after its caller returned.
 type Owned = Vec<(Arc<Entry>, NDArray)>;
@@ -63,14 +64,33 @@ fn borrow(owned: &Owned) -> Found<'_> {
 }
 
 /// The vars of a call: its keys, and the arrays it uses that an earlier queued call
-/// writes; a queued call also takes all its outs (a call queued later that writes or
-/// reads one of them then runs after it). A call that runs at once needs no more: its
-/// caller waits, and an array it uses is not pending for anyone else.
+/// writes; a queued call also takes all its arrays (a call queued later that writes
+/// one of them then runs after it: a pull into a value it pushes cannot overtake its
+/// read). A call that runs at once needs no more: its caller waits, an array it uses is
+/// not pending for anyone else, and an array it writes that a queued call will read
+/// leaves that call a copy first (`ndarray/loan.rs`).
 fn vars_of<'f>(push: &'f Found<'_>, pull: &'f Found<'_>, queued: bool) -> impl Iterator<Item = Var> + 'f {
     let keys = push.iter().chain(pull).map(|(e, _)| Var::Key(e.index));
-    let inputs = push.iter().filter(|(_, a)| a.is_pending()).map(|(_, a)| Var::Array(a.buffer_id()));
+    let inputs = push.iter().filter(move |(_, a)| queued || a.is_pending()).map(|(_, a)| Var::Array(a.buffer_id()));
     let outs = pull.iter().filter(move |(_, a)| queued || a.is_pending()).map(|(_, a)| Var::Array(a.buffer_id()));
     keys.chain(inputs).chain(outs)
+}
+
+/// A queued push's value: shared with a caller that waits for the call, or lent by
+/// one that does not (see `ndarray/loan.rs`).
+enum Input {
+    Shared(NDArray),
+    Lent(Lent),
+}
+
+impl Input {
+    /// The array to read, once the call runs.
+    fn read(&self) -> NDArray {
+        match self {
+            Input::Shared(a) => a.clone(),
+            Input::Lent(l) => l.read(),
+        }
+    }
 }
 
 impl KVStore {
@@ -95,8 +115,9 @@ impl KVStore {
             return Err(locks::busy_store(op));
         }
         let vars: Vars = vars_of(&push, &pull, true).collect();
-        let own = |f: Found<'_>| -> Owned { f.into_iter().map(|(e, a)| (e, a.clone())).collect() };
-        self.queue(op, vars, own(push), own(pull), priority).wait()
+        let push = push.into_iter().map(|(e, a)| (e, Input::Shared(a.clone()))).collect();
+        let pull = pull.into_iter().map(|(e, a)| (e, a.clone())).collect();
+        self.queue(op, vars, push, pull, priority, false).wait()
     }
 
     /// The one path of push, pull and pushpull when non-blocking: checked and copied
@@ -112,22 +133,32 @@ impl KVStore {
             let (push, pull) = pairs()?;
             let (push, pull) = (self.store.lookup(op, push)?, self.store.lookup(op, pull)?);
             let vars: Vars = vars_of(&push, &pull, true).collect();
-            // The copies are the only work done before returning (an array with a
-            // pending write is copied once that write is done).
-            let push: Owned = push.into_iter().map(|(e, a)| Ok((e, a.deep_copy()?))).collect::<Result<_>>()?;
+            // The values are lent, not copied: the caller may write them at once (a
+            // write before the call read them copies them first).
+            let push: Vec<_> = push.into_iter().map(|(e, a)| (e, Input::Lent(a.lend()))).collect();
             let pull: Owned = pull.into_iter().map(|(e, a)| (e, a.clone())).collect();
             Ok((vars, push, pull))
         })();
         match prepared {
             Ok((vars, push, pull)) if !(push.is_empty() && pull.is_empty()) => {
-                self.queue(op, vars, push, pull, priority)
+                self.queue(op, vars, push, pull, priority, true)
             }
             Ok(_) => Pending::finished(Ok(()), Arc::clone(&self.store.unobserved)),
             Err(e) => Pending::finished(Err(e), Arc::clone(&self.store.unobserved)),
         }
     }
 
-    fn queue(&self, op: &'static str, vars: Vars, push: Owned, pull: Owned, priority: i32) -> Pending {
+    /// Queues a call; `background` when its caller does not wait for it (see
+    /// [`crate::backend::in_background`]).
+    fn queue(
+        &self,
+        op: &'static str,
+        vars: Vars,
+        push: Vec<(Arc<Entry>, Input)>,
+        pull: Owned,
+        priority: i32,
+        background: bool,
+    ) -> Pending {
         let done = Done::new(Arc::clone(&self.store.unobserved));
         let writes = PendingWrites::new(pull.iter().map(|(_, out)| out.clone()).collect());
         let (store, finished) = (Arc::clone(&self.store), Arc::clone(&done));
@@ -135,12 +166,18 @@ impl KVStore {
             vars,
             priority,
             Box::new(move || {
-                let r =
-                    std::panic::catch_unwind(AssertUnwindSafe(|| store.push_pull(op, borrow(&push), borrow(&pull))))
-                        .unwrap_or_else(|_| Err(Error::Internal(format!("{op} panicked"))));
-                // The outs are readable before the handle says the call is done.
-                drop(writes);
-                finished.finish(r);
+                engine::run_as(background, || {
+                    let values: Owned = push.iter().map(|(e, input)| (Arc::clone(e), input.read())).collect();
+                    let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        store.push_pull(op, borrow(&values), borrow(&pull))
+                    }))
+                    .unwrap_or_else(|_| Err(Error::Internal(format!("{op} panicked"))));
+                    // The values are returned and the outs readable before the handle
+                    // says the call is done.
+                    drop((values, push));
+                    drop(writes);
+                    finished.finish(r);
+                })
             }),
         );
         Pending::new(done)
@@ -206,7 +243,8 @@ impl KVStore {
         Ok(pull)
     }
 
-    /// [`KVStore::push`], non-blocking: the values are copied, the rest runs on the
+    /// [`KVStore::push`], non-blocking: the values are lent to the call (see the type's
+    /// docs: the caller may write them at once), and it runs on the
     /// store's engine. See the type's docs for the order of calls.
     ///
     /// ```
@@ -215,7 +253,7 @@ impl KVStore {
     /// kv.init("w", &NDArray::zeros(&[2])?)?;
     /// let g = NDArray::ones(&[2])?;
     /// let pushed = kv.push_async("w", &g, 0);
-    /// g.add_assign(1.0)?; // the push took a copy: this changes nothing it sums
+    /// g.add_assign(1.0)?; // the push still sums the 1s that `g` held when it was made
     /// pushed.wait()?;
     /// assert_eq!(kv.pull_new("w", 0)?.to_vec::<f32>()?, vec![1.0; 2]);
     /// # Ok::<(), kvstore_core::Error>(())

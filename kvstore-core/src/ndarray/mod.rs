@@ -16,9 +16,11 @@ use crate::device;
 use crate::dtype::{DType, Element, cast, with_dtype};
 use crate::error::{Error, Result};
 
+mod loan;
 mod pending;
 mod storage;
 
+pub(crate) use loan::Lent;
 pub(crate) use pending::{PendingWrites, mark_store_thread};
 
 pub(crate) use storage::{HostBuf, HostRead, HostWrite, Storage, copy_storage};
@@ -36,6 +38,9 @@ struct Inner {
     fault: OnceLock<String>,
     /// Writes a store's engine will make later (see `pending.rs`).
     pending: std::sync::atomic::AtomicUsize,
+    /// Queued calls that read this array later, and their number (see `loan.rs`).
+    loans: parking_lot::Mutex<Vec<Arc<loan::Loan>>>,
+    lent: std::sync::atomic::AtomicUsize,
 }
 
 /// An n-dimensional array whose buffer is shared by every clone of the handle.
@@ -182,6 +187,8 @@ impl NDArray {
             buf: RwLock::new(storage),
             fault: OnceLock::new(),
             pending: Default::default(),
+            loans: Default::default(),
+            lent: Default::default(),
         };
         Ok(NDArray { inner: Arc::new(inner) })
     }
@@ -415,9 +422,11 @@ impl NDArray {
         Ok(self.inner.buf.read_recursive())
     }
 
-    /// An exclusive lock on the storage itself.
+    /// An exclusive lock on the storage itself (once queued calls that read the array
+    /// have a copy of it or are done with it: see `loan.rs`).
     pub(crate) fn storage_mut(&self) -> Result<RwLockWriteGuard<'_, Storage>> {
         self.settle();
+        self.reclaim()?;
         self.check_fault()?;
         Ok(self.inner.buf.write())
     }

@@ -16,11 +16,11 @@ use super::NDArray;
 
 /// Where accesses to arrays with pending writes wait; notified whenever an array's
 /// pending writes end. One for the process: waiting is the rare case.
-static SETTLED: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
+pub(super) static SETTLED: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
 
 thread_local! {
     /// Whether this thread is one of the store's own (see the module docs).
-    static STORE_THREAD: Cell<bool> = const { Cell::new(false) };
+    pub(super) static STORE_THREAD: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Marks the current thread as one of the store's own: an engine worker or a thread of

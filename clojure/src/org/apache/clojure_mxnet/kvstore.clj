@@ -342,8 +342,10 @@
       (isRealized [_] (.isDone f)))))
 
 (defn push-async
-  "`push`, non-blocking: the values are copied before it returns (reuse them
-  at once), and the sums and updates run on the store's threads. Calls on the
+  "`push`, non-blocking: the values may be reused as soon as it returns (the
+  push sums what they held when it was made: a write before the push read
+  one copies it for the push first), and the sums and updates run on the
+  store's threads. Calls on the
   same key take effect in the order they were made. Returns a pending value:
   `@p` waits and returns the store, or throws the `ex-info` `push` throws;
   `(deref p ms timeout-val)` waits at most `ms` milliseconds."
@@ -379,7 +381,7 @@
                 (.pullAsync kvstore (key-str ks) store-outs (int priority)))))))
 
 (defn pushpull-async
-  "`pushpull`, non-blocking (the values are copied; the outs, or the values
+  "`pushpull`, non-blocking (the values may be reused at once; the outs, or the values
   themselves with no `outs`, are written later). Returns a pending value, as
   `push-async`."
   ([^KVStore kvstore ks vs]

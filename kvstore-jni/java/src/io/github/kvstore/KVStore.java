@@ -893,8 +893,10 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     }
 
     /**
-     * {@link #push(String[], NDArray[], int)}, non-blocking: the values are copied before
-     * this returns (reuse them at once); the sums and updates run on the store's threads.
+     * {@link #push(String[], NDArray[], int)}, non-blocking: the values may be reused as
+     * soon as this returns, and the push sums what they held when it was made (a write
+     * to one before the push read it copies it for the push first; a write while the push
+     * reads it waits). The sums and updates run on the store's threads.
      * Calls on the same key take effect in the order they were made, from any thread.
      * The future's dependent actions run on the thread {@code kvstore-completer}: use the
      * {@code ...Async} forms of {@link CompletableFuture} for long work.
