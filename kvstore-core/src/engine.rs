@@ -285,6 +285,11 @@ impl Engine {
     }
 
     /// The number of worker threads.
+    /// The engine's identity: the same for every handle of one engine.
+    pub(crate) fn id(&self) -> usize {
+        self.shared.id()
+    }
+
     pub(crate) fn threads(&self) -> usize {
         self.workers.len()
     }

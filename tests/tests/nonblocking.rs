@@ -120,6 +120,26 @@ fn a_pushed_array_is_read_before_a_later_pull_writes_it() {
 }
 
 #[test]
+fn a_pull_of_another_store_into_a_pushed_array_leaves_the_push_its_value() {
+    // Two stores, two engines: nothing orders the second store's pull after the first
+    // store's push, so the pull reclaims the value the push has not read yet.
+    let pushed_to = KVStore::create("local").unwrap();
+    pushed_to.init("w", &NDArray::zeros(&[2]).unwrap()).unwrap();
+    let pulled_from = KVStore::create("local").unwrap();
+    pulled_from.init("v", &NDArray::full(&[2], 9.0).unwrap()).unwrap();
+    let (gate, open) = gated_assign(&pushed_to);
+    let g = NDArray::full(&[2], 1.0).unwrap();
+    let first = pushed_to.push_async("w", &NDArray::full(&[2], 5.0).unwrap(), 0);
+    let pushed = pushed_to.push_async("w", &g, 0);
+    pulled_from.pull_async("v", &g, 0).wait().unwrap();
+    assert_eq!(g.to_vec::<f32>().unwrap(), vec![9.0; 2]);
+    open(&gate);
+    first.wait().unwrap();
+    pushed.wait().unwrap();
+    assert_eq!(pushed_to.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 2]);
+}
+
+#[test]
 fn a_pending_out_used_as_a_value_is_pushed_after_the_pull_wrote_it() {
     let kv = KVStore::create("local").unwrap();
     kv.init(&["a", "b"], &[NDArray::full(&[2], 7.0).unwrap(), NDArray::zeros(&[2]).unwrap()]).unwrap();

@@ -115,6 +115,9 @@ impl KVStore {
             return Err(locks::busy_store(op));
         }
         let vars: Vars = vars_of(&push, &pull, true).collect();
+        for (_, out) in &pull {
+            out.reclaim_foreign(self.engine.id())?;
+        }
         let push = push.into_iter().map(|(e, a)| (e, Input::Shared(a.clone()))).collect();
         let pull = pull.into_iter().map(|(e, a)| (e, a.clone())).collect();
         self.queue(op, vars, push, pull, priority, false).wait()
@@ -135,7 +138,11 @@ impl KVStore {
             let vars: Vars = vars_of(&push, &pull, true).collect();
             // The values are lent, not copied: the caller may write them at once (a
             // write before the call read them copies them first).
-            let push: Vec<_> = push.into_iter().map(|(e, a)| (e, Input::Lent(a.lend()))).collect();
+            let engine = self.engine.id();
+            for (_, out) in &pull {
+                out.reclaim_foreign(engine)?;
+            }
+            let push: Vec<_> = push.into_iter().map(|(e, a)| (e, Input::Lent(a.lend(engine)))).collect();
             let pull: Owned = pull.into_iter().map(|(e, a)| (e, a.clone())).collect();
             Ok((vars, push, pull))
         })();

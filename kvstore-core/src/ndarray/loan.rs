@@ -6,8 +6,10 @@
 //! array held when the push was made, and costs a copy only when the caller overwrites
 //! the array before the push ran.
 //!
-//! The store's own threads never reclaim a loan: the engine orders every call that
-//! writes an array after the calls it is lent to (the array is one of their vars).
+//! The store's own threads never reclaim a loan: an engine orders every call that
+//! writes an array after its own calls the array is lent to (the array is one of their
+//! vars), and a call that writes an array lent to another engine's call reclaims that
+//! loan when it is made, on the caller's thread ([`NDArray::reclaim_foreign`]).
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -21,6 +23,8 @@ use crate::error::Result;
 
 /// One queued call's read of one array.
 pub(crate) struct Loan {
+    /// The engine of the call (see [`crate::engine::Engine::id`]).
+    owner: usize,
     state: Mutex<State>,
 }
 
@@ -42,9 +46,10 @@ pub(crate) struct Lent {
 }
 
 impl NDArray {
-    /// Lends the array to a call that reads it later (see the module docs).
-    pub(crate) fn lend(&self) -> Lent {
-        let loan = Arc::new(Loan { state: Mutex::new(State::Lent) });
+    /// Lends the array to a call of engine `owner` that reads it later (see the module
+    /// docs).
+    pub(crate) fn lend(&self, owner: usize) -> Lent {
+        let loan = Arc::new(Loan { owner, state: Mutex::new(State::Lent) });
         self.inner.loans.lock().push(Arc::clone(&loan));
         self.inner.lent.fetch_add(1, Ordering::AcqRel);
         Lent { array: self.clone(), loan }
@@ -61,8 +66,23 @@ impl NDArray {
         if !self.is_lent() || STORE_THREAD.with(Cell::get) {
             return Ok(());
         }
+        self.reclaim_but(None)
+    }
+
+    /// Before queueing a call of engine `owner` that writes this array: the loans of
+    /// other engines' calls are reclaimed as [`NDArray::reclaim`] does (`owner`'s own
+    /// calls it is lent to run before the call anyway).
+    pub(crate) fn reclaim_foreign(&self, owner: usize) -> Result<()> {
+        if !self.is_lent() {
+            return Ok(());
+        }
+        self.reclaim_but(Some(owner))
+    }
+
+    fn reclaim_but(&self, owner: Option<usize>) -> Result<()> {
         loop {
-            let loans: Vec<Arc<Loan>> = self.inner.loans.lock().clone();
+            let loans: Vec<Arc<Loan>> =
+                self.inner.loans.lock().iter().filter(|l| Some(l.owner) != owner).cloned().collect();
             let Some(loan) = loans.first() else { return Ok(()) };
             if matches!(*loan.state.lock(), State::Lent) {
                 // Copied without holding the loan: the copy may wait for a pending
@@ -126,7 +146,7 @@ mod tests {
     #[test]
     fn a_write_before_the_read_copies_the_old_contents_for_the_call() {
         let a = NDArray::full(&[4], 1.0).unwrap();
-        let lent = a.lend();
+        let lent = a.lend(0);
         assert!(a.is_lent());
         a.add_assign(1.0).unwrap(); // no wait: the loan gets a copy
         assert!(!a.is_lent());
@@ -138,7 +158,7 @@ mod tests {
     #[test]
     fn a_write_while_the_call_reads_waits_until_the_loan_ends() {
         let a = NDArray::full(&[4], 1.0).unwrap();
-        let lent = a.lend();
+        let lent = a.lend(0);
         let read = lent.read();
         assert!(read.same_storage(&a), "an unwritten loan reads the array itself");
         let writer = {
@@ -157,7 +177,7 @@ mod tests {
     #[test]
     fn the_stores_threads_write_lent_arrays_without_copying() {
         let a = NDArray::full(&[2], 1.0).unwrap();
-        let lent = a.lend();
+        let lent = a.lend(0);
         let a2 = a.clone();
         std::thread::spawn(move || {
             crate::ndarray::mark_store_thread();
