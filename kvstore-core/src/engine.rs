@@ -284,12 +284,12 @@ impl Engine {
         Ok(engine)
     }
 
-    /// The number of worker threads.
     /// The engine's identity: the same for every handle of one engine.
     pub(crate) fn id(&self) -> usize {
         self.shared.id()
     }
 
+    /// The number of worker threads.
     pub(crate) fn threads(&self) -> usize {
         self.workers.len()
     }

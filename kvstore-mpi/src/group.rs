@@ -1,8 +1,9 @@
 //! The MPI job as a [`Collective`]: `MPI_COMM_WORLD`, initialised once per process at
 //! `MPI_THREAD_SERIALIZED`; every MPI call goes through one mutex, so threads of the
 //! process never call MPI at once. For a non-blocking store call (running while its
-//! caller computes) a collective is MPI's non-blocking one, tested with a yield between
-//! tests instead of spinning inside MPI (see [`wait`]).
+//! caller computes) an allreduce is MPI's non-blocking one, tested with a yield between
+//! tests instead of spinning inside MPI (see [`wait`]); barriers and broadcasts come only
+//! from `init` and `barrier`, whose callers wait.
 //!
 //! Fail-stop: a process must end with [`finalize`]. One that exits without it, or
 //! panics, aborts the whole job (`MPI_Abort`), so that its peers never wait forever in
@@ -246,7 +247,7 @@ fn with_buffers<W: Element, T>(n: usize, f: impl FnOnce(&mut [W], &mut [W]) -> T
 /// tests. A blocking MPI call spins inside the library until the slowest rank arrives:
 /// the lowest latency for a caller that waits anyway, but under a non-blocking store call
 /// (running in the background) it would take a core from the caller's own work.
-fn wait<'a, D: ?Sized, S: Scope<'a>>(mut request: Request<'a, D, S>) {
+fn wait<'a, S: Scope<'a>>(mut request: Request<'a, [impl Equivalence], S>) {
     loop {
         match request.test() {
             Ok(_) => return,
@@ -376,7 +377,7 @@ impl Collective for MpiGroup {
     }
 
     fn barrier(&self) -> Result<()> {
-        self.with_world(|w| if in_background() { wait(w.immediate_barrier()) } else { w.barrier() })
+        self.with_world(|w| w.barrier())
     }
 
     fn allreduce_sum(&self, pairs: &[(&NDArray, &NDArray)]) -> Result<()> {
@@ -424,14 +425,7 @@ impl Collective for MpiGroup {
         for a in arrays {
             with_wire!(a.dtype(), W => {
                 let mut data = read_wire::<W>(a)?;
-                self.with_world(|w| {
-                    let root = w.process_at_rank(root);
-                    if in_background() {
-                        mpi::request::scope(|scope| wait(root.immediate_broadcast_into(scope, &mut data[..])));
-                    } else {
-                        root.broadcast_into(&mut data[..]);
-                    }
-                })?;
+                self.with_world(|w| w.process_at_rank(root).broadcast_into(&mut data[..]))?;
                 write_wire(a, &data)?;
             });
         }

@@ -307,8 +307,9 @@ impl KVStore {
         self.call_async("pushpull", || self.store.pushpull_args(keys, values, outs), priority)
     }
 
-    /// [`KVStore::pushpull_in_place`], non-blocking: the arrays are copied for the push
-    /// and written with the result later.
+    /// [`KVStore::pushpull_in_place`], non-blocking: the arrays are pushed as they are
+    /// when the call is made and written with the result later (until then every access
+    /// to them waits, as to any pull's outs).
     ///
     /// Errors are those of [`KVStore::pushpull`], from [`Pending::wait`].
     pub fn pushpull_in_place_async<'a>(

@@ -81,9 +81,8 @@ impl NDArray {
 
     fn reclaim_but(&self, owner: Option<usize>) -> Result<()> {
         loop {
-            let loans: Vec<Arc<Loan>> =
-                self.inner.loans.lock().iter().filter(|l| Some(l.owner) != owner).cloned().collect();
-            let Some(loan) = loans.first() else { return Ok(()) };
+            let loan = self.inner.loans.lock().iter().find(|l| Some(l.owner) != owner).cloned();
+            let Some(loan) = loan else { return Ok(()) };
             if matches!(*loan.state.lock(), State::Lent) {
                 // Copied without holding the loan: the copy may wait for a pending
                 // write, and the call must stay free to start meanwhile.
@@ -92,7 +91,7 @@ impl NDArray {
                 if matches!(*state, State::Lent) {
                     *state = State::Copied(copy);
                     drop(state);
-                    self.unlist(loan);
+                    self.unlist(&loan);
                 }
                 continue;
             }
