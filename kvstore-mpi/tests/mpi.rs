@@ -11,6 +11,42 @@ fn store() -> kvstore_core::KVStore {
     kvstore_mpi::create("dist_sync").expect("dist_sync")
 }
 
+/// A folder every rank sees: rank 0's name for it reaches every rank through `init`
+/// (the ranks of these tests share one machine's filesystem).
+fn shared_dir(kv: &kvstore_core::KVStore, name: &str) -> std::path::PathBuf {
+    let mine = std::env::temp_dir().join(format!("kvstore-mpi-{}-{name}", std::process::id()));
+    let mut bytes = mine.to_str().expect("a UTF-8 temp dir").as_bytes().to_vec();
+    bytes.resize(512, 0);
+    kv.init(format!("{name} dir"), &kvstore_core::NDArray::from_vec(&[512], bytes).expect("path")).expect("init");
+    let root = kv.pull_new(format!("{name} dir"), 0).expect("pull").to_vec::<u8>().expect("bytes");
+    let end = root.iter().position(|&b| b == 0).unwrap_or(root.len());
+    let dir = std::path::PathBuf::from(String::from_utf8(root[..end].to_vec()).expect("a path"));
+    if kv.rank() == 0 {
+        std::fs::create_dir_all(&dir).expect("create the folder");
+    }
+    kv.barrier().expect("barrier");
+    dir
+}
+
+#[test]
+fn a_checkpoint_resumes_exactly() {
+    let kv = store();
+    let dir = shared_dir(&kv, "checkpoint");
+    let bits = dist_cases::a_checkpoint_resumes_exactly(kv.rank(), &kv, &store, &dir);
+    kv.barrier().expect("barrier");
+    if kv.rank() == 0 {
+        std::fs::remove_dir_all(&dir).expect("remove the folder");
+    }
+    // Every rank compares its weights with rank 0's.
+    let mine = kvstore_core::NDArray::from_vec(&[bits.len()], bits.clone()).expect("bits");
+    kv.init("checkpoint bits", &mine).expect("init");
+    assert!(
+        kv.pull_new("checkpoint bits", 0).expect("pull").to_vec::<u8>().expect("r") == bits,
+        "rank {} differs",
+        kv.rank()
+    );
+}
+
 #[test]
 fn case_23_init_push_and_test_optimizer() {
     let kv = store();

@@ -736,28 +736,37 @@ impl kvstore_core::backend::Collective for ThreadMember {
     }
 }
 
+/// A `dist_sync` store of the worker `member` (several stores of one worker share its
+/// group, as the stores of one MPI process do).
+pub fn dist_store(member: &Arc<ThreadMember>) -> KVStore {
+    let group: Arc<dyn kvstore_core::backend::Collective> = Arc::clone(member) as _;
+    KVStore::builder("dist_sync").num_threads(1).collective(group).build().expect("dist_sync")
+}
+
+/// Runs `worker(rank, member)` on `size` threads, each a worker of one [`ThreadGroup`],
+/// and returns their results in rank order.
+pub fn run_members<T: Send + 'static>(
+    size: usize,
+    worker: impl Fn(usize, Arc<ThreadMember>) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let group = ThreadGroup::new(size);
+    let worker = Arc::new(worker);
+    let handles: Vec<_> = (0..size)
+        .map(|rank| {
+            let (member, worker) = (group.member(rank), Arc::clone(&worker));
+            std::thread::spawn(move || worker(rank, member))
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("worker panicked")).collect()
+}
+
 /// Runs `worker(rank, store)` on `size` threads, each with a `dist_sync` store of one
 /// [`ThreadGroup`], and returns their results in rank order.
 pub fn run_workers<T: Send + 'static>(
     size: usize,
     worker: impl Fn(usize, KVStore) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
-    let group = ThreadGroup::new(size);
-    let worker = Arc::new(worker);
-    let handles: Vec<_> = (0..size)
-        .map(|rank| {
-            let (group, worker) = (Arc::clone(&group), Arc::clone(&worker));
-            std::thread::spawn(move || {
-                let kv = KVStore::builder("dist_sync")
-                    .num_threads(1)
-                    .collective(group.member(rank))
-                    .build()
-                    .expect("dist_sync");
-                worker(rank, kv)
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().expect("worker panicked")).collect()
+    run_members(size, move |rank, member| worker(rank, dist_store(&member)))
 }
 
 /// The `dist_sync` cases (reference §9, case 23), written once as functions of one
@@ -863,13 +872,7 @@ pub mod dist_cases {
         let mut runs = Vec::new();
         for mode in ["blocking", "nonblocking"] {
             // A fresh optimizer per run: the schedule counts the updates of every key.
-            let adam = Optimizer::builder("adam")
-                .param("learning_rate", 0.01)
-                .param("wd", 0.001)
-                .lr_scheduler(kvstore_core::LrScheduler::factor(2, 0.5).expect("schedule"))
-                .build()
-                .expect("adam");
-            kv.set_optimizer(adam).expect("set");
+            kv.set_optimizer(scheduled_adam()).expect("set");
             let keys: Vec<String> = (0..sizes.len()).map(|i| format!("{mode}{i}")).collect();
             for (k, &n) in keys.iter().zip(&sizes) {
                 kv.init(k.as_str(), &crate::device_checks::values(n, 11, DType::F32, Context::cpu(0))).expect("init");
@@ -896,6 +899,107 @@ pub mod dist_cases {
         kv.clear_updater().expect("install the updater");
         assert!(runs[0] == runs[1], "rank {rank}: non-blocking training differs from blocking");
         runs.swap_remove(0)
+    }
+
+    /// The optimizers a checkpoint must resume exactly: SGD with momentum (f16 keys with
+    /// an f32 master copy), and Adam with a schedule.
+    pub fn checkpoint_optimizers() -> Vec<(&'static str, Optimizer)> {
+        let sgd = Optimizer::builder("sgd")
+            .param("learning_rate", 0.1)
+            .param("momentum", 0.9)
+            .param("multi_precision", 1.0)
+            .lr_mult("sgd-b", 0.5)
+            .build()
+            .expect("sgd");
+        vec![("sgd", sgd), ("adam", scheduled_adam())]
+    }
+
+    /// Adam with weight decay and a schedule that halves the rate every 2 updates.
+    pub fn scheduled_adam() -> Optimizer {
+        Optimizer::builder("adam")
+            .param("learning_rate", 0.01)
+            .param("wd", 0.001)
+            .lr_scheduler(kvstore_core::LrScheduler::factor(2, 0.5).expect("schedule"))
+            .build()
+            .expect("adam")
+    }
+
+    /// The keys of a checkpoint case: small and big (alone across workers), f32 and f16,
+    /// and one first pushed after the checkpoint (its first update must see the
+    /// schedule where the checkpoint left it).
+    pub fn checkpoint_keys(name: &str) -> Vec<(String, usize, DType)> {
+        [("a", 3, DType::F32), ("b", 1000, DType::F16), ("c", 300_000, DType::F32), ("late", 4, DType::F32)]
+            .iter()
+            .map(|(k, n, d)| (format!("{name}-{k}"), *n, *d))
+            .collect()
+    }
+
+    /// Steps `steps` of training: each key gets one pushpull of two local gradients per
+    /// worker per step (`grad(step, key, local)`), keys in backward order; a key named
+    /// `*-late` only from step 3 on. Returns the weights' bits.
+    pub fn train(
+        kv: &KVStore,
+        keys: &[(String, usize, DType)],
+        steps: std::ops::Range<u64>,
+        grad: &dyn Fn(u64, usize, u64) -> NDArray,
+    ) -> Vec<u8> {
+        let outs: Vec<NDArray> =
+            keys.iter().map(|(_, n, d)| NDArray::zeros_with(&[*n], *d, Context::cpu(0)).expect("out")).collect();
+        for step in steps {
+            for (i, (k, _, _)) in
+                keys.iter().enumerate().rev().filter(|(_, (k, _, _))| step >= 3 || !k.ends_with("-late"))
+            {
+                let grads: Vec<NDArray> = (0..2).map(|d| grad(step, i, d)).collect();
+                kv.pushpull(k.as_str(), grads.as_slice(), &outs[i], 0).expect("pushpull");
+            }
+        }
+        outs.iter().flat_map(crate::device_checks::bits).collect()
+    }
+
+    /// Resuming is exact: train 3 steps, save a checkpoint, train 2 more (W1); a fresh
+    /// store of the same job loads the checkpoint and trains the same 2 steps (W2); W1
+    /// and W2 are byte-identical. For each of [`checkpoint_optimizers`]; every worker
+    /// calls it with the same `dir`. Returns W1, which must be equal on every worker.
+    pub fn a_checkpoint_resumes_exactly(
+        rank: usize,
+        kv: &KVStore,
+        fresh: &dyn Fn() -> KVStore,
+        dir: &std::path::Path,
+    ) -> Vec<u8> {
+        let mut all = Vec::new();
+        for (name, opt) in checkpoint_optimizers() {
+            let keys = checkpoint_keys(name);
+            for (k, n, d) in &keys {
+                kv.init(k.as_str(), &crate::device_checks::values(*n, 3, *d, Context::cpu(0))).expect("init");
+            }
+            kv.set_optimizer(opt).expect("set");
+            let grad = |step: u64, key: usize, local: u64| {
+                let (_, n, d) = &keys[key];
+                let seed = step * 101 + key as u64 * 13 + local * 7 + rank as u64 * 1009;
+                crate::device_checks::values(*n, seed, *d, Context::cpu(local as u32)).mul(0.01).expect("grad")
+            };
+            train(kv, &keys, 0..3, &grad);
+            let path = dir.join(format!("{name}.ckpt"));
+            kv.save_checkpoint(&path).expect("save_checkpoint");
+            let w1 = train(kv, &keys, 3..5, &grad);
+            let resumed = fresh();
+            if name == "adam" {
+                // Keys the store has take the file's values and states; the others
+                // are initialised by the load.
+                for (k, n, d) in &keys {
+                    resumed
+                        .init(k.as_str(), &NDArray::zeros_with(&[*n], *d, Context::cpu(0)).expect("z"))
+                        .expect("init");
+                }
+            }
+            resumed.load_checkpoint(&path).expect("load_checkpoint");
+            assert_eq!(resumed.optimizer_name(), Some(name));
+            let w2 = train(&resumed, &keys, 3..5, &grad);
+            assert!(w1 == w2, "rank {rank}: {name}: the resumed run differs from the one that went on");
+            all.extend(w1);
+        }
+        kv.clear_updater().expect("clear");
+        all
     }
 
     /// Every dtype, string keys, a repeated key with two local values per worker: the

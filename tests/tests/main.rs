@@ -3,6 +3,7 @@
 //! recorded from MXNet 1.9.1, property tests against a reference model, and
 //! concurrency.
 
+mod checkpoint;
 mod concurrency;
 mod differences;
 mod dist;

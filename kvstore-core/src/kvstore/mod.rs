@@ -17,6 +17,7 @@ use crate::optimizer::states as opt_states;
 use crate::optimizer::{KeyState, Optimizer, Runtime};
 use crate::updater::Updater;
 
+mod checkpoint;
 mod locks;
 mod nonblocking;
 mod pending;

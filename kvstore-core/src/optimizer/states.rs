@@ -125,7 +125,7 @@ pub(crate) fn encode(rt: &Runtime, snapshot: &Snapshot, keys: &[(Key, Vec<usize>
 
 /// CRC-32 of everything a file says: every metadata entry but the checksum, and every
 /// tensor's name, dtype, shape and bytes, each length-prefixed, in name order.
-fn checksum<'a>(
+pub(crate) fn checksum<'a>(
     metadata: &HashMap<String, String>,
     tensors: impl Iterator<Item = (&'a str, StDtype, &'a [usize], &'a [u8])>,
 ) -> u32 {
@@ -469,4 +469,77 @@ pub(crate) fn decode(rt: &Runtime, bytes: &[u8], context: &str) -> Result<(Snaps
         loaded.push(LoadedKey { key, shape, state: KeyState { count, states: arrays, master } });
     }
     Ok((Snapshot { num_update, scheduler, values }, loaded))
+}
+
+// ---- what a whole-store checkpoint keeps of the optimizer (`kvstore/checkpoint.rs`) ----
+
+/// The names of the state arrays of the installed optimizer's rule, in order.
+pub(crate) fn state_names(rt: &Runtime) -> &'static [&'static str] {
+    rt.optimizer().rule.states()
+}
+
+/// Everything needed to build `rt` again exactly as it is now: the optimizer (name,
+/// hyper-parameters, per-key multipliers, the schedule it was built with) and its
+/// store-wide state (`num_update`, the schedule's progress, the rule's global values).
+pub(crate) fn runtime_json(rt: &Runtime) -> Value {
+    let opt = rt.optimizer();
+    let snapshot = rt.snapshot();
+    let params: serde_json::Map<String, Value> =
+        opt.params.0.iter().map(|(k, v)| (k.to_string(), if v.is_nan() { Value::Null } else { json!(v) })).collect();
+    let mults =
+        |m: &HashMap<Key, f64>| -> BTreeMap<String, f64> { m.iter().map(|(k, v)| (k.to_string(), *v)).collect() };
+    json!({
+        "name": opt.name,
+        "params": params,
+        "lr_mult": mults(&opt.lr_mult),
+        "wd_mult": mults(&opt.wd_mult),
+        "scheduler": opt.scheduler.as_ref().map_or(Value::Null, LrScheduler::to_json),
+        "states": opt.rule.states(),
+        "num_update": snapshot.num_update,
+        "schedule": snapshot.scheduler.as_ref().map_or(Value::Null, LrScheduler::to_json),
+        "global": snapshot.values,
+    })
+}
+
+/// Builds the runtime [`runtime_json`] described, in the state it was in; `bad` makes
+/// the error for a part that is missing or wrong.
+pub(crate) fn runtime_from_json(v: &Value, bad: &dyn Fn(String) -> Error) -> Result<Runtime> {
+    let name = v["name"].as_str().ok_or_else(|| bad("the optimizer has no name".into()))?;
+    let mut builder = super::Optimizer::builder(name);
+    let params = v["params"].as_object().ok_or_else(|| bad("the optimizer has no hyper-parameters".into()))?;
+    for (p, value) in params {
+        if !value.is_null() {
+            let x = value.as_f64().ok_or_else(|| bad(format!("hyper-parameter {p} is not a number")))?;
+            builder = builder.param(p, x);
+        }
+    }
+    for (field, lr) in [("lr_mult", true), ("wd_mult", false)] {
+        let mults = v[field].as_object().ok_or_else(|| bad(format!("the optimizer has no {field}")))?;
+        for (k, m) in mults {
+            let m = m.as_f64().ok_or_else(|| bad(format!("{field} of key \"{k}\" is not a number")))?;
+            builder = if lr { builder.lr_mult(k.as_str(), m) } else { builder.wd_mult(k.as_str(), m) };
+        }
+    }
+    // Any problem with the hyper-parameters is the file's: it names what it holds.
+    let mut opt = builder.build().map_err(|e| bad(format!("the optimizer: {e}")))?;
+    let scheduler = |field: &str| match &v[field] {
+        Value::Null => Ok(None),
+        s => LrScheduler::from_json(s).map(Some).ok_or_else(|| bad(format!("a bad {field}"))),
+    };
+    // The schedule the optimizer was built with (its hand-over of the learning rate
+    // already done), as it was: not handed over again.
+    opt.scheduler = scheduler("scheduler")?;
+    if json!(opt.rule.states()) != v["states"] {
+        return Err(bad(format!("the state arrays of optimizer {} are not {}", opt.name, v["states"])));
+    }
+    let num_update = v["num_update"].as_u64().filter(|&n| n <= MAX_COUNT);
+    let snapshot = Snapshot {
+        num_update: num_update.ok_or_else(|| bad("num_update is not a whole number up to 2^53".into()))?,
+        scheduler: scheduler("schedule")?,
+        values: serde_json::from_value(v["global"].clone()).map_err(|e| bad(format!("global values: {e}")))?,
+    };
+    let rt = Runtime::new(opt);
+    rt.check_snapshot(&snapshot, "checkpoint").map_err(|e| bad(e.to_string()))?;
+    rt.restore(snapshot);
+    Ok(rt)
 }

@@ -1,0 +1,539 @@
+//! Whole-store checkpoints (`save_checkpoint` / `load_checkpoint`): every key's name,
+//! shape, dtype and value, the optimizer with its hyper-parameters and per-key
+//! multipliers, every key's optimizer state and update count, the schedule's state, and
+//! a CRC-32 of every tensor and of the whole file. The file is safetensors with JSON
+//! metadata, written and read with the machinery of the optimizer-state files
+//! (`optimizer/states.rs`: temporary file and rename, fsync of the file and its
+//! directory, special files refused, bounded reads).
+//!
+//! Tensors: `v{n}` is the value of the `n`-th key (in the order keys were initialised),
+//! `s{n}.{state}` its optimizer states and `s{n}.master` its f32 master copy. Metadata:
+//! `format`, `version`, `merger` (`assign`, `custom` or `optimizer`), `optimizer`
+//! (null, or everything needed to build it again in its saved state), `keys` (per key:
+//! `key`, `shape`, `dtype`, `crc32`, and `state`: null or `count`, `master`, `crc32` of
+//! each state tensor), `store` (the kind and number of workers that saved it, for
+//! people), and `checksum`.
+//!
+//! Nothing in a file depends on the number of workers or devices that saved it: under
+//! `dist_sync` every worker holds the same values, so rank 0 writes them, and a file
+//! loads into any store kind on any number of workers.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype as StDtype, SafeTensors};
+use serde_json::{Value, json};
+
+use super::{Entry, KVStore, Merger, Slot, Store, locks::Held};
+use crate::context::Context;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::key::{Key, shorten};
+use crate::ndarray::NDArray;
+use crate::optimizer::states as opt_states;
+use crate::optimizer::{KeyState, Runtime};
+
+const FORMAT: &str = "kvstore-checkpoint";
+const VERSION: &str = "1";
+const CHECKSUM: &str = "checksum";
+/// The largest update count a file may hold (as optimizer-state files).
+const MAX_COUNT: u64 = 1 << 53;
+
+fn st_dtype(d: DType) -> StDtype {
+    match d {
+        DType::F32 => StDtype::F32,
+        DType::F64 => StDtype::F64,
+        DType::F16 => StDtype::F16,
+        DType::BF16 => StDtype::BF16,
+        DType::I32 => StDtype::I32,
+        DType::I64 => StDtype::I64,
+        DType::I8 => StDtype::I8,
+        DType::U8 => StDtype::U8,
+    }
+}
+
+fn corrupt(context: &str, what: impl std::fmt::Display) -> Error {
+    Error::Io {
+        context: context.to_string(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not a valid checkpoint: {what}")),
+    }
+}
+
+fn crc(bytes: &[u8]) -> String {
+    format!("{:08x}", crc32fast::hash(bytes))
+}
+
+/// A path for a message, shortened when long.
+fn shown(path: &Path) -> String {
+    shorten(&path.display().to_string()).into_owned()
+}
+
+/// What pushes did with their sums when the file was saved, as it is loaded.
+enum SavedMerger {
+    /// The sum replaced the value.
+    Assign,
+    /// A custom updater: it is code, so it is not in the file; loading keeps the store's.
+    Custom,
+    /// An optimizer, rebuilt in the state it was saved in.
+    Optimizer(Box<Runtime>),
+}
+
+/// One key of a file, read and checked.
+struct SavedKey {
+    key: Key,
+    value: NDArray,
+    state: Option<KeyState>,
+}
+
+/// A file, read and checked whole.
+struct Checkpoint {
+    keys: Vec<SavedKey>,
+    merger: SavedMerger,
+    /// Names the file for the comparison across workers: its CRC-32 and length.
+    hash: u64,
+}
+
+/// A tensor of the file as a host array, after checking its dtype, shape and CRC-32.
+fn tensor(
+    file: &SafeTensors<'_>,
+    name: &str,
+    dtype: DType,
+    shape: &[usize],
+    crc32: &Value,
+    bad: &dyn Fn(String) -> Error,
+) -> Result<NDArray> {
+    let t = file.tensor(name).map_err(|_| bad(format!("tensor {name} is missing")))?;
+    if t.dtype() != st_dtype(dtype) || t.shape() != shape {
+        return Err(bad(format!(
+            "tensor {name} is {:?} {:?}, the metadata says {dtype} {shape:?}",
+            t.dtype(),
+            t.shape()
+        )));
+    }
+    if crc32.as_str() != Some(crc(t.data()).as_str()) {
+        return Err(bad(format!("tensor {name} is damaged: its CRC-32 does not match")));
+    }
+    let a = NDArray::zeros_with(shape, dtype, Context::default())?;
+    a.write()?.bytes_mut().copy_from_slice(t.data());
+    Ok(a)
+}
+
+/// Reads a file's bytes whole: format, every tensor's CRC-32, the file's checksum, the
+/// optimizer, and every key's value and state (which must fit the optimizer).
+fn decode(bytes: &[u8], context: &str) -> Result<Checkpoint> {
+    let file = SafeTensors::deserialize(bytes).map_err(|e| corrupt(context, e))?;
+    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| corrupt(context, e))?;
+    let meta = meta.metadata().as_ref().ok_or_else(|| corrupt(context, "no metadata"))?;
+    let get = |name: &str| meta.get(name).ok_or_else(|| corrupt(context, format!("no \"{name}\" in the metadata")));
+    let json = |name: &str| -> Result<Value> { serde_json::from_str(get(name)?).map_err(|e| corrupt(context, e)) };
+    if get("format")? != FORMAT {
+        return Err(corrupt(context, format!("the format is \"{}\", not \"{FORMAT}\"", shorten(get("format")?))));
+    }
+    if get("version")? != VERSION {
+        return Err(corrupt(context, format!("version {} is not known here", shorten(get("version")?))));
+    }
+    let bad = |what: String| corrupt(context, what);
+    let merger = match get("merger")?.as_str() {
+        "assign" => SavedMerger::Assign,
+        "custom" => SavedMerger::Custom,
+        "optimizer" => SavedMerger::Optimizer(Box::new(opt_states::runtime_from_json(&json("optimizer")?, &bad)?)),
+        other => return Err(bad(format!("unknown merger \"{}\"", shorten(other)))),
+    };
+    let keys = json("keys")?;
+    let keys = keys.as_array().ok_or_else(|| bad("\"keys\" is not a list".into()))?;
+    let mut saved = Vec::with_capacity(keys.len());
+    let mut seen = HashSet::new();
+    for (n, k) in keys.iter().enumerate() {
+        let bad = |what: String| corrupt(context, format!("key entry {n}: {what}"));
+        let key = Key::from(k["key"].as_str().ok_or_else(|| bad("no key".into()))?);
+        if !seen.insert(key.clone()) {
+            return Err(bad(format!("key \"{key}\" appears twice")));
+        }
+        let shape: Vec<usize> = serde_json::from_value(k["shape"].clone()).map_err(|_| bad("no shape".into()))?;
+        let dtype: DType = k["dtype"].as_str().and_then(|d| d.parse().ok()).ok_or_else(|| bad("no dtype".into()))?;
+        let value = tensor(&file, &format!("v{n}"), dtype, &shape, &k["crc32"], &bad)?;
+        let state = match (&k["state"], &merger) {
+            (Value::Null, _) => None,
+            (s, SavedMerger::Optimizer(rt)) => {
+                let count = s["count"].as_u64().filter(|&c| c <= MAX_COUNT).ok_or_else(|| bad("no count".into()))?;
+                let master = s["master"].as_bool().ok_or_else(|| bad("no master flag".into()))?;
+                let state_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+                let names = opt_states::state_names(rt).iter().map(|s| format!("s{n}.{s}"));
+                let names: Vec<String> = names.chain(master.then(|| format!("s{n}.master"))).collect();
+                let crcs = s["crc32"].as_array().filter(|c| c.len() == names.len());
+                let crcs = crcs.ok_or_else(|| bad(format!("{} state checksums expected", names.len())))?;
+                let mut arrays: Vec<NDArray> = names
+                    .iter()
+                    .zip(crcs)
+                    .map(|(name, c)| tensor(&file, name, state_dtype, &shape, c, &bad))
+                    .collect::<Result<_>>()?;
+                let master = if master { arrays.pop() } else { None };
+                let state = KeyState { count, states: arrays, master };
+                rt.check_loaded(&key, &value, &state)?;
+                Some(state)
+            }
+            _ => return Err(bad("a state, but no optimizer".into())),
+        };
+        saved.push(SavedKey { key, value, state });
+    }
+    let tensors = file.tensors();
+    let sum = opt_states::checksum(meta, tensors.iter().map(|(n, t)| (n.as_str(), t.dtype(), t.shape(), t.data())));
+    if get(CHECKSUM)? != &format!("crc32:{sum:08x}") {
+        return Err(corrupt(context, "the checksum does not match the contents (the file is damaged)"));
+    }
+    let hash = (u64::from(crc32fast::hash(bytes)) << 32) | (bytes.len() as u64 & 0xffff_ffff);
+    Ok(Checkpoint { keys: saved, merger, hash })
+}
+
+/// A loaded file, ready to go into the store: every array already where it will live.
+struct Plan {
+    /// Per key of the file: its slot among the locked entries, or `None` for a new key.
+    keys: Vec<(Option<usize>, Key, NDArray, Option<KeyState>)>,
+    /// The new merger; `None` keeps the store's (a file saved with a custom updater).
+    merger: Option<Merger>,
+}
+
+impl Store {
+    /// The file's bytes, from the store as it is: every key and the merger are held
+    /// for the whole snapshot, so it is one consistent step.
+    fn checkpoint_bytes(&self, op: &'static str) -> Result<Vec<u8>> {
+        let held = Held::new(op, self, &[])?;
+        let merger = held.merger_read(op, &self.merger)?;
+        let entries = self.entries();
+        let locked: Vec<&Arc<Entry>> = entries.iter().collect();
+        let guards = held.read(op, &locked)?;
+        let (name, runtime) = match &*merger {
+            Merger::Assign => ("assign", None),
+            Merger::Custom(_) => ("custom", None),
+            Merger::Optimizer(rt) => ("optimizer", Some(rt)),
+        };
+        let names = runtime.map_or(&[][..], |rt| opt_states::state_names(rt));
+        // Per key: the value, then its state arrays (with an optimizer only).
+        let arrays: Vec<Vec<&NDArray>> = guards
+            .iter()
+            .map(|g| {
+                let state = g.opt.as_ref().filter(|_| runtime.is_some());
+                std::iter::once(&g.value)
+                    .chain(state.into_iter().flat_map(|s| s.states.iter().chain(&s.master)))
+                    .collect()
+            })
+            .collect();
+        let bufs: Vec<Vec<_>> =
+            arrays.iter().map(|a| a.iter().map(|a| a.read()).collect::<Result<Vec<_>>>()).collect::<Result<_>>()?;
+        let mut tensors: Vec<(String, TensorView<'_>)> = Vec::new();
+        let mut meta_keys = Vec::with_capacity(entries.len());
+        for (n, ((entry, g), (arrays, bufs))) in entries.iter().zip(&guards).zip(arrays.iter().zip(&bufs)).enumerate() {
+            let state = g.opt.as_ref().filter(|_| runtime.is_some());
+            if let Some(st) = state
+                && st.states.len() != names.len()
+            {
+                return Err(Error::Internal(format!(
+                    "{op}: key \"{}\" has {} state arrays, the optimizer {}",
+                    entry.key,
+                    st.states.len(),
+                    names.len()
+                )));
+            }
+            let mut crcs = Vec::new();
+            for (j, (a, buf)) in arrays.iter().zip(bufs).enumerate() {
+                let tensor_name = match j {
+                    0 => format!("v{n}"),
+                    j if j <= names.len() => format!("s{n}.{}", names[j - 1]),
+                    _ => format!("s{n}.master"),
+                };
+                let view = TensorView::new(st_dtype(a.dtype()), a.shape().to_vec(), buf.bytes())
+                    .map_err(|e| Error::Internal(format!("{op}: tensor {tensor_name}: {e}")))?;
+                crcs.push(crc(buf.bytes()));
+                tensors.push((tensor_name, view));
+            }
+            let v = &g.value;
+            meta_keys.push(json!({
+                "key": entry.key.as_str(),
+                "shape": v.shape(),
+                "dtype": v.dtype().name(),
+                "crc32": crcs[0],
+                "state": state.map_or(Value::Null, |st| json!({
+                    "count": st.count,
+                    "master": st.master.is_some(),
+                    "crc32": crcs[1..],
+                })),
+            }));
+        }
+        let mut metadata = HashMap::from([
+            ("format".to_string(), FORMAT.to_string()),
+            ("version".to_string(), VERSION.to_string()),
+            ("merger".to_string(), name.to_string()),
+            ("optimizer".to_string(), runtime.map_or(Value::Null, |rt| opt_states::runtime_json(rt)).to_string()),
+            ("keys".to_string(), Value::Array(meta_keys).to_string()),
+            ("store".to_string(), json!({"kind": self.kind, "workers": self.workers()}).to_string()),
+        ]);
+        let sum =
+            opt_states::checksum(&metadata, tensors.iter().map(|(n, t)| (n.as_str(), t.dtype(), t.shape(), t.data())));
+        metadata.insert(CHECKSUM.to_string(), format!("crc32:{sum:08x}"));
+        safetensors::serialize(tensors, Some(metadata)).map_err(|e| Error::Internal(format!("{op}: {e}")))
+    }
+
+    fn workers(&self) -> usize {
+        self.collective.as_ref().map_or(1, |c| c.size())
+    }
+
+    /// Under `dist_sync`, tells every worker how every other one fared, so that all
+    /// fail or none does: `local` is this worker's outcome (with the hash of the file it
+    /// read, for a load). Errors name the workers that failed, or that read another file.
+    /// Elsewhere, and for a worker whose own step failed, it says nothing.
+    fn agree(&self, context: &str, local: std::result::Result<u64, ()>, what_failed: &str) -> Result<()> {
+        let Some(group) = &self.collective else { return Ok(()) };
+        let (world, rank) = (group.size(), group.rank());
+        let mut v = vec![0i64; 2 * world];
+        match local {
+            Ok(hash) => v[rank] = hash as i64,
+            Err(()) => v[world + rank] = 1,
+        }
+        let exchanged = NDArray::from_vec(&[2 * world], v)?;
+        group.allreduce_sum(&[(&exchanged, &exchanged)])?;
+        let v = exchanged.to_vec::<i64>()?;
+        let Ok(mine) = local else { return Ok(()) };
+        let other =
+            |message: String| Error::Io { context: context.to_string(), source: std::io::Error::other(message) };
+        let failed: Vec<String> = (0..world).filter(|&r| v[world + r] != 0).map(|r| r.to_string()).collect();
+        if !failed.is_empty() {
+            let ranks = if failed.len() == 1 { "rank" } else { "ranks" };
+            return Err(other(format!(
+                "{ranks} {} {what_failed} (the error on {} says why); no rank changed anything",
+                failed.join(", "),
+                if failed.len() == 1 { "that rank" } else { "those ranks" }
+            )));
+        }
+        if v[..world].iter().any(|&h| h as u64 != mine) {
+            let mut groups: Vec<(u64, Vec<String>)> = Vec::new();
+            for (r, &h) in v[..world].iter().enumerate() {
+                match groups.iter_mut().find(|(g, _)| *g == h as u64) {
+                    Some((_, ranks)) => ranks.push(r.to_string()),
+                    None => groups.push((h as u64, vec![r.to_string()])),
+                }
+            }
+            let said: Vec<String> = groups
+                .iter()
+                .map(|(h, ranks)| {
+                    let who = if ranks.len() == 1 { "rank" } else { "ranks" };
+                    format!(
+                        "{who} {} read a file of {} bytes with CRC-32 {:08x}",
+                        ranks.join(", "),
+                        h & 0xffff_ffff,
+                        h >> 32
+                    )
+                })
+                .collect();
+            return Err(Error::invalid_argument(format!(
+                "{context}: the ranks read different files: {}; every rank must load the same checkpoint, so nothing \
+                 was loaded",
+                said.join("; ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Saves now (the caller ordered it after the calls before it): rank 0 writes, and
+    /// every rank returns once the file is durable, or fails if rank 0 failed.
+    fn save_checkpoint_now(&self, path: &Path) -> Result<()> {
+        const OP: &str = "save_checkpoint";
+        let rank = self.collective.as_ref().map_or(0, |c| c.rank());
+        let written = if rank == 0 {
+            opt_states::save_target(path, OP)
+                .and_then(|target| opt_states::write_file(&target, &self.checkpoint_bytes(OP)?, OP))
+        } else {
+            Ok(())
+        };
+        let context = format!("{OP} to {}", shown(path));
+        self.agree(&context, written.as_ref().map(|_| 0).map_err(|_| ()), "could not write the file")?;
+        written
+    }
+
+    /// Loads now (the caller ordered it after the calls before it): every rank reads and
+    /// checks the file whole and makes every array it needs, the ranks compare what they
+    /// read, and only when every rank succeeded with the same file does any change.
+    fn load_checkpoint_now(&self, path: &Path) -> Result<()> {
+        const OP: &str = "load_checkpoint";
+        let context = format!("{OP} from {}", shown(path));
+        let held = Held::new(OP, self, &[])?;
+        let mut merger = held.merger_write(OP, &self.merger)?;
+        let entries = self.entries();
+        let locked: Vec<&Arc<Entry>> = entries.iter().collect();
+        let mut guards = held.write(OP, &locked)?;
+        let checkpoint = opt_states::read_file(path, &context).and_then(|bytes| decode(&bytes, &context));
+        let plan = checkpoint.and_then(|c| {
+            let hash = c.hash;
+            Ok((self.plan(c, &entries, &guards, &context)?, hash))
+        });
+        self.agree(&context, plan.as_ref().map(|(_, h)| *h).map_err(|_| ()), "could not read or check the file")?;
+        let (plan, _) = plan?;
+        // Everything is checked and made: from here on nothing fails but a key that
+        // another thread initialised meanwhile, which is checked before any change.
+        let mut table = self.table.write();
+        if let Some((_, key, _, _)) = plan.keys.iter().find(|(i, k, _, _)| i.is_none() && table.entries.contains_key(k))
+        {
+            return Err(Error::AlreadyInitialized {
+                op: OP,
+                key: key.clone(),
+                detail: "it was initialised while the checkpoint was loaded",
+            });
+        }
+        let replaced = plan.merger.is_some();
+        if replaced {
+            for g in guards.iter_mut() {
+                g.opt = None;
+            }
+        }
+        for (slot, key, value, state) in plan.keys {
+            match slot {
+                Some(i) => {
+                    let g = &mut guards[i];
+                    g.value = value;
+                    g.opt = state;
+                    g.merge = None;
+                    g.spare = None;
+                }
+                None => {
+                    let index = table.next_index;
+                    table.next_index += 1;
+                    let mut slot = Slot::new(value);
+                    slot.opt = state;
+                    table.entries.insert(key.clone(), Arc::new(Entry { key, index, value: RwLock::new(slot) }));
+                }
+            }
+        }
+        if let Some(new) = plan.merger {
+            let old = std::mem::replace(&mut *merger, new);
+            drop((table, guards, merger));
+            drop(old);
+        }
+        Ok(())
+    }
+
+    /// Checks a file against the store and makes every array where it will live: a
+    /// key the store has keeps its shape, dtype and context; a new key is initialised
+    /// as `init` would.
+    fn plan(
+        &self,
+        c: Checkpoint,
+        entries: &[Arc<Entry>],
+        guards: &[parking_lot::RwLockWriteGuard<'_, Slot>],
+        context: &str,
+    ) -> Result<Plan> {
+        let at: HashMap<&Key, usize> = entries.iter().enumerate().map(|(i, e)| (&e.key, i)).collect();
+        let mut keys = Vec::with_capacity(c.keys.len());
+        for SavedKey { key, value, state } in c.keys {
+            let slot = at.get(&key).copied();
+            let value = match slot {
+                Some(i) => {
+                    let stored = &guards[i].value;
+                    super::check_like(|| format!("{context}: key \"{key}\""), &key, stored, &value)?;
+                    if stored.context() == value.context() { value } else { value.copy_to(stored.context())? }
+                }
+                None => self.comm.init_value(&value)?,
+            };
+            let state = match state {
+                Some(mut st) if value.context() != Context::default() => {
+                    for a in st.states.iter_mut().chain(st.master.iter_mut()) {
+                        *a = a.copy_to(value.context())?;
+                    }
+                    Some(st)
+                }
+                other => other,
+            };
+            keys.push((slot, key, value, state));
+        }
+        let merger = match c.merger {
+            SavedMerger::Assign => Some(Merger::Assign),
+            SavedMerger::Custom => None,
+            // Keys of any dtype may be in the file (the optimizer refuses a push to a
+            // key it cannot update, as before the checkpoint); each key's state was
+            // checked against its value when read.
+            SavedMerger::Optimizer(rt) => Some(Merger::Optimizer(Arc::new(*rt))),
+        };
+        Ok(Plan { keys, merger })
+    }
+}
+
+impl KVStore {
+    /// Saves the whole store to `path`: every key (name, shape, dtype, value), the
+    /// optimizer with its hyper-parameters and per-key multipliers, every key's optimizer
+    /// state and update count, and the schedule's state, with a CRC-32 of every tensor
+    /// and of the file (safetensors with JSON metadata; see the module's docs in
+    /// `kvstore/checkpoint.rs` for the layout). A custom updater is code and is not
+    /// saved: the file says one was installed.
+    ///
+    /// The checkpoint is one consistent step: it waits for the calls made before it, and
+    /// no push, `set_optimizer` or load runs while it is taken. The file is written as
+    /// optimizer-state files are ([`KVStore::save_optimizer_states`]): to a temporary file
+    /// beside `path`, flushed, renamed over `path`, and the directory flushed; special
+    /// files are refused.
+    ///
+    /// Under `dist_sync` every worker calls it at the same point of its calls; rank 0
+    /// writes the file, and every worker returns only once the file is durable (or fails,
+    /// naming rank 0, if rank 0 could not write it).
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray, Optimizer};
+    /// let path = std::env::temp_dir().join(format!("kvstore-doc-ckpt-{}.safetensors", std::process::id()));
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("w", &NDArray::ones(&[2])?)?;
+    /// kv.set_optimizer(Optimizer::builder("sgd").param("momentum", 0.9).build()?)?;
+    /// kv.push("w", &NDArray::ones(&[2])?, 0)?;
+    /// kv.save_checkpoint(&path)?;
+    ///
+    /// let resumed = KVStore::create("device")?; // any kind, any number of workers
+    /// resumed.load_checkpoint(&path)?;
+    /// assert_eq!(resumed.optimizer_name(), Some("sgd"));
+    /// assert_eq!(resumed.pull_new("w", 0)?.to_vec::<f32>()?, kv.pull_new("w", 0)?.to_vec::<f32>()?);
+    /// # std::fs::remove_file(&path).ok();
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `path` names something other than a regular file,
+    /// or the call comes from inside an updater of this store; [`Error::Io`] if the file
+    /// cannot be written (on every worker under `dist_sync`).
+    pub fn save_checkpoint(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path: PathBuf = path.as_ref().to_path_buf();
+        self.settle();
+        self.in_order("save_checkpoint", move |store| store.save_checkpoint_now(&path))
+    }
+
+    /// Loads a file of [`KVStore::save_checkpoint`] into this store, of any kind and on
+    /// any number of workers or devices:
+    /// - every key of the file gets the file's value: a key the store has must have the
+    ///   file's shape and dtype, and stays where it lives (its device); a key the store
+    ///   lacks is initialised with it;
+    /// - the file's optimizer is installed in the state it was saved in (counters,
+    ///   schedule, every key's state), so training resumes exactly; a file saved with no
+    ///   updater makes pushes assign again; a file saved with a custom updater keeps the
+    ///   store's updater (set it before or after loading);
+    /// - keys of the store that the file lacks keep their values, and their optimizer
+    ///   state starts afresh.
+    ///
+    /// All or nothing: the file is read and checked whole (every tensor's CRC-32, the
+    /// file's checksum, the optimizer, every key against the store) and every array is
+    /// made before anything changes. It waits for the calls made before it, and no push
+    /// runs while it loads.
+    ///
+    /// Under `dist_sync` every worker calls it with the same file (on a filesystem they
+    /// share, or a copy each); the workers compare the files they read (CRC-32 and
+    /// length), and if any worker could not read or check its file, or the files differ,
+    /// every worker fails and none changes.
+    ///
+    /// # Errors
+    /// [`Error::Io`] for a missing, truncated or damaged file (or, under `dist_sync`,
+    /// one that another worker could not read); [`Error::InvalidArgument`] for a path
+    /// that is not a regular file or workers that read different files;
+    /// [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`] for a key the store has with
+    /// another shape or dtype.
+    pub fn load_checkpoint(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path: PathBuf = path.as_ref().to_path_buf();
+        self.settle();
+        self.in_order("load_checkpoint", move |store| store.load_checkpoint_now(&path))
+    }
+}
