@@ -416,6 +416,34 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nLoadOptimizerStates<'l>(
 }
 
 #[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nSaveCheckpoint<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    path: JString<'l>,
+) {
+    env.with_env(|env| -> JResult<()> {
+        let path = string(env, &path, "the path")?;
+        with_store(h, |kv| kv.save_checkpoint(&path))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nLoadCheckpoint<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    path: JString<'l>,
+) {
+    env.with_env(|env| -> JResult<()> {
+        let path = string(env, &path, "the path")?;
+        with_store(h, |kv| kv.load_checkpoint(&path))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
 pub extern "system" fn Java_io_github_kvstore_KVStore_nOptimizerName<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,

@@ -619,3 +619,35 @@
   (util/with-kvstore-errors :load-optimizer-states
     (doto kvstore
       (.loadOptimizerStates ^String fname))))
+
+(defn save-checkpoint
+  "Saves the whole store to the file `fname`: every key's name, shape, dtype
+  and value, the optimizer with its hyper-parameters, every key's optimizer
+  state and update count, and the schedule's state, each tensor with a CRC-32.
+  One consistent step: it waits for the calls made before it. Under dist_sync
+  every worker calls it at the same point; rank 0 writes, and every worker
+  returns once the file is durable. Returns the store. A path that is not a
+  regular file is `{:kvstore/error :invalid-argument}`; a file that cannot be
+  written `{:kvstore/error :io}`."
+  [^KVStore kvstore fname]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+  (util/validate! ::fname fname "Invalid filename")
+  (util/with-kvstore-errors :save-checkpoint
+    (doto kvstore
+      (.saveCheckpoint ^String fname))))
+
+(defn load-checkpoint
+  "Loads a file of `save-checkpoint` into the store, of any kind and on any
+  number of workers: every key of the file gets its value (new keys are
+  initialised), and the file's optimizer is installed in the state it was
+  saved in, so training resumes exactly. All or nothing. Under dist_sync every
+  worker loads the same file, or all fail. Returns the store. A missing or
+  damaged file is `{:kvstore/error :io}`; workers that read different files
+  `{:kvstore/error :invalid-argument}`; a key of the store with another shape
+  `{:kvstore/error :shape-mismatch}`."
+  [^KVStore kvstore fname]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+  (util/validate! ::fname fname "Invalid filename")
+  (util/with-kvstore-errors :load-checkpoint
+    (doto kvstore
+      (.loadCheckpoint ^String fname))))

@@ -508,7 +508,9 @@
                :set-optimizer #(kvstore/set-optimizer % nil)
                :optimizer-name #(kvstore/optimizer-name %)
                :save-optimizer-states #(kvstore/save-optimizer-states % "f")
-               :load-optimizer-states #(kvstore/load-optimizer-states % "f")}]
+               :load-optimizer-states #(kvstore/load-optimizer-states % "f")
+               :save-checkpoint #(kvstore/save-checkpoint % "f")
+               :load-checkpoint #(kvstore/load-checkpoint % "f")}]
     (doseq [[op f] calls
             store [nil "local" (ndarray/zeros [1])]]
       (let [e (try (f store) nil (catch Exception e e))]

@@ -329,6 +329,26 @@
       (is (= expected (train! fresh 3)))
       (is (not= expected (train! unloaded 3)) "without the file the momentum starts afresh"))))
 
+(deftest a-checkpoint-resumes-training-exactly-in-a-fresh-store
+  (let [file (str (temp-file "store.ckpt"))
+        kv (-> (kvstore/create)
+               (kvstore/init ["a" "b"] [(ndarray/ones [2 2]) (ndarray/ones [2 2])])
+               (kvstore/set-optimizer (stateful)))]
+    (train! kv 2)
+    (is (identical? kv (kvstore/save-checkpoint kv file)))
+    (let [expected (train! kv 3)
+          fresh (kvstore/create "device")]
+      (is (identical? fresh (kvstore/load-checkpoint fresh file)))
+      (is (= "sgd" (kvstore/optimizer-name fresh)))
+      (is (= expected (train! fresh 3))))
+    (testing "errors"
+      (is (= "Invalid filename" (spec-message-of #(kvstore/save-checkpoint kv 42))))
+      (is (= "Invalid filename" (spec-message-of #(kvstore/load-checkpoint kv nil))))
+      (is (= :io (error-of #(kvstore/load-checkpoint kv (str file ".missing")))))
+      (spit file "not a checkpoint")
+      (is (= :io (error-of #(kvstore/load-checkpoint (kvstore/create) file))))
+      (is (= :load-checkpoint (:kvstore/op (ex-data (thrown #(kvstore/load-checkpoint kv file)))))))))
+
 (deftest state-files-errors
   (let [kv (-> (kvstore/create) (kvstore/init "a" (ndarray/ones [2])))
         file (temp-file "bad.states")]

@@ -1391,6 +1391,65 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     }
 
     /**
+     * Saves the whole store to the file {@code path}: every key (name, shape, dtype,
+     * value), the optimizer with its hyper-parameters and per-key multipliers, every
+     * key's optimizer state and update count, and the schedule's state, with a CRC-32 of
+     * every tensor and of the file (safetensors with JSON metadata). A custom updater is
+     * code and is not saved. The checkpoint is one consistent step: it waits for the
+     * calls made before it. The file is written beside {@code path}, flushed and renamed
+     * into place, so a failed save leaves an old file whole.
+     *
+     * <p>Under {@code dist_sync} every worker calls it at the same point; rank 0 writes
+     * the file, and every worker returns only once it is durable (or throws, naming rank
+     * 0, if rank 0 could not write it).
+     *
+     * @param path the file
+     * @return this store
+     * @throws KVStoreException {@code INVALID_ARGUMENT} if {@code path} is not a regular
+     *     file; {@code IO} if the file cannot be written; {@code DISPOSED}
+     */
+    public KVStore saveCheckpoint(String path) {
+        Objects.requireNonNull(path, "path");
+        try {
+            nSaveCheckpoint(handle(), path);
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+        return this;
+    }
+
+    /**
+     * Loads a file of {@link #saveCheckpoint(String)} into this store, of any kind and on
+     * any number of workers: every key of the file gets the file's value (a key the store
+     * has must have the file's shape and dtype and stays on its device; a key the store
+     * lacks is initialised), and the file's optimizer is installed in the state it was
+     * saved in, so training resumes exactly. A file saved with no updater makes pushes
+     * assign again; one saved with a custom updater keeps this store's updater. Keys of
+     * this store that the file lacks keep their values. All or nothing: the file is
+     * checked whole before anything changes.
+     *
+     * <p>Under {@code dist_sync} every worker calls it with the same file; if any worker
+     * cannot read it, or the workers read different files, every worker throws and none
+     * changes.
+     *
+     * @param path the file
+     * @return this store
+     * @throws KVStoreException {@code IO} for a missing, truncated or damaged file;
+     *     {@code INVALID_ARGUMENT} for a path that is not a regular file, or workers that
+     *     read different files; {@code SHAPE_MISMATCH} / {@code DTYPE_MISMATCH} for a key
+     *     of this store that differs from the file's; {@code DISPOSED}
+     */
+    public KVStore loadCheckpoint(String path) {
+        Objects.requireNonNull(path, "path");
+        try {
+            nLoadCheckpoint(handle(), path);
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+        return this;
+    }
+
+    /**
      * Waits for every worker; a local store has only this one, so it returns at once.
      *
      * @return this store
@@ -1607,6 +1666,10 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     static native void nSaveOptimizerStates(long h, String path);
 
     static native void nLoadOptimizerStates(long h, String path);
+
+    static native void nSaveCheckpoint(long h, String path);
+
+    static native void nLoadCheckpoint(long h, String path);
 
     static native String nOptimizerName(long h);
 }

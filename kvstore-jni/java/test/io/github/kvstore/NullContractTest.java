@@ -77,6 +77,8 @@ class NullContractTest {
             KVStore.setOptimizer(Optimizer) optimizer
             KVStore.saveOptimizerStates(String) path
             KVStore.loadOptimizerStates(String) path
+            KVStore.saveCheckpoint(String) path
+            KVStore.loadCheckpoint(String) path
             KVStore.sendCommandToServers(int,String) body
             KVStore.setGradientCompression(Map) params
             KVStore.isCapable(String) capability

@@ -156,6 +156,40 @@ class OptimizerTest {
     }
 
     @Test
+    void aCheckpointResumesTrainingExactlyInAFreshStore(@TempDir Path dir) throws IOException {
+        String file = dir.resolve("store.ckpt").toString();
+        try (KVStore kv = KVStore.create();
+                KVStore resumed = KVStore.create("device");
+                NDArray ones = NDArray.ones(SHAPE);
+                NDArray g = NDArray.full(SHAPE, 0.5);
+                NDArray out = NDArray.zeros(SHAPE)) {
+            kv.init(new String[] {"a", "b"}, new NDArray[] {ones, ones}).setOptimizer(stateful());
+            train(kv, g, out, 2);
+            assertSame(kv, kv.saveCheckpoint(file));
+            float[][] expected = train(kv, g, out, 3);
+            // Nothing in the fresh store: the file brings the keys, the weights, the
+            // optimizer and its state.
+            assertSame(resumed, resumed.loadCheckpoint(file));
+            assertEquals("sgd", resumed.optimizerName());
+            float[][] got = train(resumed, g, out, 3);
+            assertArrayEquals(expected[0], got[0]);
+            assertArrayEquals(expected[1], got[1]);
+
+            // A damaged file is IO and changes nothing.
+            byte[] bytes = Files.readAllBytes(Path.of(file));
+            bytes[bytes.length - 2] ^= 0x40;
+            Files.write(Path.of(file), bytes);
+            try (KVStore other = KVStore.create()) {
+                KVStoreException e = assertCode(Code.IO, () -> other.loadCheckpoint(file));
+                assertTrue(e.getMessage().contains("CRC-32"), e.getMessage());
+                assertEquals(0, other.keys().length);
+            }
+            assertCode(Code.INVALID_ARGUMENT, () -> kv.saveCheckpoint(dir.toString()));
+            assertCode(Code.IO, () -> kv.loadCheckpoint(dir.resolve("missing").toString()));
+        }
+    }
+
+    @Test
     void aCorruptedOrMissingStateFileIsIoAndChangesNothing(@TempDir Path dir) throws IOException {
         Path good = dir.resolve("good.states");
         Path corrupt = dir.resolve("corrupt.states");
