@@ -33,7 +33,7 @@
 //! # Ok::<(), kvstore_core::Error>(())
 //! ```
 
-pub use crate::collective::Collective;
+pub use crate::collective::{Collective, MAX_RECORD};
 pub use crate::comm::{BroadcastJob, Comm, CommCpu, CommDevice, KeyBuffers, PushKey, ReduceJob};
 pub use crate::device::{
     DeviceBackend, DeviceBuffer, FusedArrays, FusedRule, FusedStep, PinnedMemory, backend as device_backend,

@@ -4,7 +4,8 @@
 //! stores (Horovod, BytePS) and PyTorch DDP sum across the workers instead, which is
 //! what a `dist_sync` store built with a `Collective` does.
 
-use crate::error::Result;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
 
 /// A fixed group of workers that every `dist_sync` store of a job shares.
@@ -41,4 +42,28 @@ pub trait Collective: Send + Sync {
     /// # Errors
     /// [`crate::Error::Backend`] if the group is broken.
     fn broadcast(&self, arrays: &[&NDArray], root: usize) -> Result<()>;
+
+    /// Every worker's `mine` (at most [`MAX_RECORD`] bytes; every worker gives one of the
+    /// same length), in rank order: how the workers compare the calls they make before
+    /// the data of a call moves (desync detection, `kvstore/steps.rs`). The default
+    /// sums per-worker slots with [`Collective::allreduce_sum`]; a transport may do
+    /// better (kvstore-mpi: messages, which also tell which workers never arrived).
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] if the group is broken; [`crate::Error::Internal`]
+    /// for a record longer than [`MAX_RECORD`].
+    fn exchange(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        if mine.len() > MAX_RECORD {
+            return Err(Error::Internal(format!("a record of {} bytes to exchange", mine.len())));
+        }
+        let (n, world, rank) = (mine.len(), self.size(), self.rank());
+        let slots = NDArray::zeros_with(&[n * world], DType::U8, crate::Context::default())?;
+        slots.write()?.bytes_mut()[rank * n..(rank + 1) * n].copy_from_slice(mine);
+        self.allreduce_sum(&[(&slots, &slots)])?;
+        let all = slots.to_vec::<u8>()?;
+        Ok(all.chunks(n.max(1)).take(world).map(<[u8]>::to_vec).collect())
+    }
 }
+
+/// The longest record [`Collective::exchange`] takes.
+pub const MAX_RECORD: usize = 1024;

@@ -44,6 +44,15 @@ fn main() -> kvstore_core::Result<()> {
         let store = median(&world, runs, || kv.push(key.as_str(), &g, 0).expect("push"));
         rows.push((format!("{run}: bare allreduce {label} f32"), bare, None));
         rows.push((format!("{run}: dist_sync push {label} f32"), store, Some(bare)));
+        if n == 1 << 20 {
+            // Desync detection's cost: the same push by a store whose workers do not
+            // compare their calls, timed alternately with the checked one.
+            let unchecked = unchecked_store()?;
+            unchecked.init(key.as_str(), &NDArray::zeros(&[n])?)?;
+            let (checked, bare_push) = alternate(&world, runs, &kv, &unchecked, |s| s.push(key.as_str(), &g, 0));
+            rows.push((format!("{run}: dist_sync push {label} f32, calls not compared"), bare_push, None));
+            rows.push((format!("{run}: dist_sync push {label} f32, calls compared"), checked, Some(bare_push)));
+        }
     }
     let keys: Vec<String> = (0..1000).map(|i| format!("k{i}")).collect();
     let small: Vec<NDArray> = (0..1000).map(|_| NDArray::ones(&[1024])).collect::<Result<_, _>>()?;
@@ -56,6 +65,9 @@ fn main() -> kvstore_core::Result<()> {
         }
     });
     let store = median(&world, runs, || kv.push(&keys, &small, 0).expect("push"));
+    let unchecked = unchecked_store()?;
+    unchecked.init(&keys, &small)?;
+    let (checked, bare_push) = alternate(&world, runs, &kv, &unchecked, |s| s.push(&keys, &small, 0));
     // The same push unfused: buckets of one key's 4 KiB make it 1000 allreduces.
     let group = kvstore_mpi::group()?;
     let bucket = group.bucket_bytes();
@@ -66,6 +78,8 @@ fn main() -> kvstore_core::Result<()> {
     rows.push((format!("{run}: dist_sync list push of 1000 keys x 1 Ki f32"), store, Some(bare)));
     rows.push((format!("{run}: the same push unfused (4 KiB buckets)"), unfused, None));
     rows.push((format!("{run}: the same push fused ({} KiB buckets)", bucket >> 10), store, Some(unfused)));
+    rows.push((format!("{run}: the list push of 1000 keys, calls not compared"), bare_push, None));
+    rows.push((format!("{run}: the list push of 1000 keys, calls compared"), checked, Some(bare_push)));
     if std::env::var_os("KVSTORE_BENCH_OVERLAP").is_some() {
         overlap(&kv, &world, runs.min(7), &mut rows)?;
     }
@@ -73,6 +87,38 @@ fn main() -> kvstore_core::Result<()> {
         kvstore_tests::bench::write_rows(&out, &rows)?;
     }
     kvstore_mpi::finalize()
+}
+
+/// A second `dist_sync` store of the job whose workers do not compare their calls.
+fn unchecked_store() -> kvstore_core::Result<KVStore> {
+    KVStore::builder("dist_sync").collective(kvstore_mpi::group()?).compare_calls(false).build()
+}
+
+/// The medians of `call` on `a` and on `b`, timed alternately (run by run), so that the
+/// machine's drifts touch both alike.
+fn alternate(
+    world: &SimpleCommunicator,
+    runs: usize,
+    a: &KVStore,
+    b: &KVStore,
+    call: impl Fn(&KVStore) -> kvstore_core::Result<()>,
+) -> (f64, f64) {
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    for i in 0..runs + 3 {
+        for (s, t) in [(a, &mut ta), (b, &mut tb)] {
+            world.barrier();
+            let start = std::time::Instant::now();
+            call(s).expect("push");
+            if i >= 3 {
+                t.push(start.elapsed().as_secs_f64());
+            }
+        }
+    }
+    let med = |t: &mut Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    };
+    (med(&mut ta), med(&mut tb))
 }
 
 /// ResNet-50's 161 parameter tensors in forward order (conv weights, batch-norm gamma and

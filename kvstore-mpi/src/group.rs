@@ -417,6 +417,23 @@ impl Collective for MpiGroup {
         Ok(())
     }
 
+    /// One `MPI_Allgather` of the records (non-blocking and waited for politely under a
+    /// non-blocking store call, as allreduces are).
+    fn exchange(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        if self.size == 1 || mine.is_empty() {
+            return Ok(vec![mine.to_vec(); self.size]);
+        }
+        let mut all = vec![0u8; mine.len() * self.size];
+        self.with_world(|w| {
+            if in_background() {
+                mpi::request::scope(|scope| wait(w.immediate_all_gather_into(scope, mine, &mut all[..])));
+            } else {
+                w.all_gather_into(mine, &mut all[..]);
+            }
+        })?;
+        Ok(all.chunks(mine.len()).map(<[u8]>::to_vec).collect())
+    }
+
     fn broadcast(&self, arrays: &[&NDArray], root: usize) -> Result<()> {
         if self.size == 1 {
             return Ok(());

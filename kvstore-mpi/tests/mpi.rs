@@ -54,6 +54,12 @@ fn case_23_init_push_and_test_optimizer() {
 }
 
 #[test]
+fn workers_whose_calls_differ_all_fail() {
+    let kv = store();
+    dist_cases::workers_whose_calls_differ_all_fail(kv.rank(), &kv);
+}
+
+#[test]
 fn each_round_every_worker_pushes_rank_plus_one() {
     let kv = store();
     dist_cases::each_round_every_worker_pushes_rank_plus_one(kv.rank(), &kv);

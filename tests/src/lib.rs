@@ -1002,6 +1002,64 @@ pub mod dist_cases {
         all
     }
 
+    /// Desync detection: when the workers' calls differ (another key, another shape, a
+    /// skipped call), every worker fails that call with the same message naming each
+    /// worker's call, and no value changes. With one worker there is nothing to differ.
+    pub fn workers_whose_calls_differ_all_fail(rank: usize, kv: &KVStore) {
+        let w = kv.num_workers();
+        kv.init(&["d-a", "d-b"], &[full(&[2], 1.0, Context::cpu(0)), full(&[3], 1.0, Context::cpu(0))]).expect("init");
+        let unchanged = |kv: &KVStore| {
+            assert_eq!(pulled(kv, "d-a", &[2]), vec![1.0; 2], "rank {rank}: d-a changed");
+            assert_eq!(pulled(kv, "d-b", &[3]), vec![1.0; 3], "rank {rank}: d-b changed");
+        };
+        // The last worker pushes another key.
+        let last = rank + 1 == w && w > 1;
+        let r = if last {
+            kv.push("d-b", &full(&[3], 2.0, Context::cpu(0)), 0)
+        } else {
+            kv.push("d-a", &full(&[2], 2.0, Context::cpu(0)), 0)
+        };
+        if w == 1 {
+            r.expect("one worker");
+            kv.push("d-a", &full(&[2], 1.0, Context::cpu(0)), 0).expect("push");
+        } else {
+            let e = r.expect_err("the workers pushed different keys");
+            assert_eq!(e.kind(), kvstore_core::ErrorKind::InvalidArgument, "{e}");
+            let m = e.to_string();
+            let first = if w == 2 {
+                "rank 0".to_string()
+            } else {
+                format!("ranks {}", (0..w - 1).map(|r| r.to_string()).collect::<Vec<_>>().join(", "))
+            };
+            let expected = format!(
+                "the workers' calls differ: {first} pushed \"d-a\" [2] float32; rank {} pushed \"d-b\" [3] float32; every worker",
+                w - 1
+            );
+            assert!(m.contains(&expected), "rank {rank}: {m}\nexpected: {expected}");
+            assert!(m.starts_with("push #"), "{m}");
+            unchanged(kv);
+            // A value of another shape on one worker: that worker's own error, and the
+            // others name it.
+            let shape: &[usize] = if last { &[4] } else { &[2] };
+            let e = kv.push("d-a", &full(shape, 2.0, Context::cpu(0)), 0).expect_err("another shape");
+            if last {
+                assert_eq!(e.kind(), kvstore_core::ErrorKind::ShapeMismatch, "{e}");
+            } else {
+                let m = e.to_string();
+                assert!(m.contains(&format!("rank {} pushed \"d-a\" [4] float32, which it refused (", w - 1)), "{m}");
+            }
+            unchanged(kv);
+            // A barrier on one worker against a push on the others.
+            let r = if last { kv.barrier() } else { kv.push("d-a", &full(&[2], 2.0, Context::cpu(0)), 0) };
+            let m = r.expect_err("a barrier against a push").to_string();
+            assert!(m.contains(&format!("rank {} waited at a barrier", w - 1)), "{m}");
+            unchanged(kv);
+        }
+        // The workers agree again: the next call works.
+        kv.push("d-b", &full(&[3], 1.0, Context::cpu(0)), 0).expect("push");
+        assert_eq!(pulled(kv, "d-b", &[3]), vec![w as f64; 3]);
+    }
+
     /// Every dtype, string keys, a repeated key with two local values per worker: the
     /// local sums (rank + 1 each) are summed across the workers: W(W+1)/2.
     pub fn every_dtype_sums_local_then_across_workers(rank: usize, kv: &KVStore) {

@@ -31,6 +31,13 @@ fn every_dtype_sums_local_then_across_workers() {
 }
 
 #[test]
+fn workers_whose_calls_differ_all_fail() {
+    for w in [1, 2, 3] {
+        run_workers(w, |rank, kv| dist_cases::workers_whose_calls_differ_all_fail(rank, &kv));
+    }
+}
+
+#[test]
 fn barrier_and_rank_come_from_the_group() {
     let ranks = run_workers(4, |rank, kv| {
         kv.barrier().expect("barrier");

@@ -340,6 +340,7 @@ impl Store {
     /// every rank returns once the file is durable, or fails if rank 0 failed.
     fn save_checkpoint_now(&self, path: &Path) -> Result<()> {
         const OP: &str = "save_checkpoint";
+        self.check_step(OP, &[], Ok(()))?;
         let rank = self.collective.as_ref().map_or(0, |c| c.rank());
         let written = if rank == 0 {
             opt_states::save_target(path, OP)
@@ -358,6 +359,7 @@ impl Store {
     fn load_checkpoint_now(&self, path: &Path) -> Result<()> {
         const OP: &str = "load_checkpoint";
         let context = format!("{OP} from {}", shown(path));
+        self.check_step(OP, &[], Ok(()))?;
         let held = Held::new(OP, self, &[])?;
         let mut merger = held.merger_write(OP, &self.merger)?;
         let entries = self.entries();

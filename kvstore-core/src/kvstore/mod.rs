@@ -21,6 +21,7 @@ mod checkpoint;
 mod locks;
 mod nonblocking;
 mod pending;
+mod steps;
 
 use locks::Held;
 use nonblocking::broadcast_args;
@@ -93,6 +94,7 @@ pub struct KVStoreBuilder {
     threads: usize,
     engine_threads: usize,
     collective: Option<Arc<dyn Collective>>,
+    compare_calls: bool,
 }
 
 /// The engine threads of a store built without [`KVStoreBuilder::engine_threads`]: one
@@ -123,6 +125,17 @@ impl KVStoreBuilder {
     /// over MPI).
     pub fn collective(mut self, group: Arc<dyn Collective>) -> Self {
         self.collective = Some(group);
+        self
+    }
+
+    /// Whether the workers of a `dist_sync` store compare each call before its data
+    /// moves (default `true`): desync detection, so that workers that push different
+    /// keys or shapes, or skip a call, all fail that call with a message saying what
+    /// each called, instead of hanging or summing different keys. It costs one small
+    /// message exchange per call (`make bench` measures it); turn it off only for a
+    /// program known to call alike on every worker.
+    pub fn compare_calls(mut self, compare: bool) -> Self {
+        self.compare_calls = compare;
         self
     }
 
@@ -168,6 +181,8 @@ impl KVStoreBuilder {
             table: RwLock::new(Table::default()),
             merger: RwLock::new(Merger::Assign),
             unobserved: Unobserved::default(),
+            steps: std::sync::atomic::AtomicU64::new(0),
+            compare_calls: self.compare_calls,
         };
         let threads = match self.engine_threads {
             0 => default_engine_threads(),
@@ -232,6 +247,11 @@ pub(crate) struct Store {
     table: RwLock<Table>,
     merger: RwLock<Merger>,
     unobserved: Unobserved,
+    /// The number of this store's calls that communicated (`dist_sync`), for desync
+    /// detection (`kvstore/steps.rs`).
+    steps: std::sync::atomic::AtomicU64,
+    /// Whether the steps are compared ([`KVStoreBuilder::compare_calls`]).
+    compare_calls: bool,
 }
 
 impl fmt::Debug for KVStore {
@@ -387,7 +407,7 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn builder(kind: &str) -> KVStoreBuilder {
-        KVStoreBuilder { kind: kind.to_string(), threads: 0, engine_threads: 0, collective: None }
+        KVStoreBuilder { kind: kind.to_string(), threads: 0, engine_threads: 0, collective: None, compare_calls: true }
     }
 
     /// The kind, lower-cased as given (MXNet's `type`).
@@ -1082,27 +1102,12 @@ impl Store {
 
     fn init_pairs(&self, op: &'static str, pairs: Vec<(Key, &NDArray)>) -> Result<()> {
         let _held = Held::new(op, self, &[])?;
-        let mut seen = HashMap::new();
-        for (k, v) in &pairs {
-            check_context(op, k, v)?;
-            if seen.insert(k, ()).is_some() {
-                return Err(Error::AlreadyInitialized {
-                    op,
-                    key: k.clone(),
-                    detail: "the key appears twice in this call",
-                });
-            }
-        }
-        let already = |k: &Key| Error::AlreadyInitialized {
-            op,
-            key: k.clone(),
-            detail: "it was initialized before; init and broadcast take each key once",
-        };
-        {
-            let table = self.table.read();
-            if let Some((k, _)) = pairs.iter().find(|(k, _)| table.entries.contains_key(k)) {
-                return Err(already(k));
-            }
+        let checked = self.check_init(op, &pairs);
+        if self.collective.is_some() {
+            let keys: Vec<steps::StepKey<'_>> = pairs.iter().map(|(k, v)| (k, v.shape(), v.dtype())).collect();
+            self.check_step(op, &keys, checked)?;
+        } else {
+            checked?;
         }
         // Copy outside the table lock: copies of big arrays take a while. Where a value
         // is kept is the comm's business (`local`: on the host, in page-locked memory).
@@ -1114,7 +1119,7 @@ impl Store {
         }
         let mut table = self.table.write();
         if let Some((k, _)) = pairs.iter().find(|(k, _)| table.entries.contains_key(k)) {
-            return Err(already(k));
+            return Err(Self::already(op, k));
         }
         for ((key, _), value) in pairs.into_iter().zip(copies) {
             let index = table.next_index;
@@ -1123,10 +1128,40 @@ impl Store {
             table.entries.insert(key, entry);
         }
         drop(table);
-        self.barrier()
+        self.collective.as_ref().map_or(Ok(()), |c| c.barrier())
     }
 
+    fn already(op: &'static str, k: &Key) -> Error {
+        Error::AlreadyInitialized {
+            op,
+            key: k.clone(),
+            detail: "it was initialized before; init and broadcast take each key once",
+        }
+    }
+
+    /// The checks of `init` before anything is copied.
+    fn check_init(&self, op: &'static str, pairs: &[(Key, &NDArray)]) -> Result<()> {
+        let mut seen = HashMap::new();
+        for (k, v) in pairs {
+            check_context(op, k, v)?;
+            if seen.insert(k, ()).is_some() {
+                return Err(Error::AlreadyInitialized {
+                    op,
+                    key: k.clone(),
+                    detail: "the key appears twice in this call",
+                });
+            }
+        }
+        let table = self.table.read();
+        match pairs.iter().find(|(k, _)| table.entries.contains_key(k)) {
+            Some((k, _)) => Err(Self::already(op, k)),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for every worker (a step of its own: the workers compare their calls).
     fn barrier(&self) -> Result<()> {
+        self.check_step("barrier", &[], Ok(()))?;
         self.collective.as_ref().map_or(Ok(()), |c| c.barrier())
     }
 
@@ -1238,12 +1273,21 @@ impl Store {
                 .ok_or_else(|| Error::Internal(format!("{op}: a key of the call was not locked")))
         };
         let (push_slots, pull_slots) = (slots(&push)?, slots(&pull)?);
-        // Validate everything before changing anything.
-        for (g, &i) in push.iter().zip(&push_slots) {
-            check_group(op, "value", g, &guards[i].value)?;
-        }
-        for (g, &i) in pull.iter().zip(&pull_slots) {
-            check_group(op, "out", g, &guards[i].value)?;
+        // Validate everything before changing anything (under dist_sync, on every
+        // worker: they compare their calls before the data moves).
+        let checked = push
+            .iter()
+            .zip(&push_slots)
+            .try_for_each(|(g, &i)| check_group(op, "value", g, &guards[i].value))
+            .and_then(|()| {
+                pull.iter().zip(&pull_slots).try_for_each(|(g, &i)| check_group(op, "out", g, &guards[i].value))
+            });
+        if self.collective.is_some() {
+            let keys: Vec<steps::StepKey<'_>> =
+                push.iter().map(|g| (&g.entry.key, g.arrays[0].shape(), g.arrays[0].dtype())).collect();
+            self.check_step(op, &keys, checked)?;
+        } else {
+            checked?;
         }
         // The comm's policy, before the sums: where each key lives (`CommDevice` gives
         // a key pushed from devices its device), then what to sum (`CommCpu` sums

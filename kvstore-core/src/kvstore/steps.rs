@@ -1,0 +1,150 @@
+//! Desync detection: before the data of a `dist_sync` call moves, the workers compare
+//! what they are calling. Each call that communicates (push, pushpull, init, broadcast,
+//! barrier, checkpoints) is a numbered step of its store; every worker sends the others
+//! a fingerprint of its step (the number, the operation, every key with its shape and
+//! dtype, and whether its own checks refused the call). When the fingerprints differ,
+//! the workers exchange readable descriptions and every worker fails the call with the
+//! same message, saying what each worker called, instead of hanging in a collective of
+//! another size or summing different keys together. A worker whose own checks refused
+//! the call returns its own error; the others say which worker refused.
+
+use std::sync::atomic::Ordering;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::key::Key;
+
+use super::Store;
+
+/// One key of a step: its name, and the shape and dtype of what the call gives for it.
+pub(super) type StepKey<'a> = (&'a Key, &'a [usize], DType);
+
+/// The keys named in a description; the rest are counted.
+const SHOWN_KEYS: usize = 3;
+
+/// What a call does, in the words of the desync message (`rank 0 pushed "w" [2] f32`).
+fn verb(op: &str) -> &str {
+    match op {
+        "push" => "pushed",
+        "pushpull" => "pushpulled",
+        "init" => "initialised",
+        "broadcast" => "broadcast",
+        "barrier" => "waited at a barrier",
+        "save_checkpoint" => "saved a checkpoint",
+        "load_checkpoint" => "loaded a checkpoint",
+        other => other,
+    }
+}
+
+/// The fingerprint record: the step number, a 64-bit hash of the call, and whether
+/// the call was refused here.
+fn fingerprint(op: &str, seq: u64, keys: &[StepKey<'_>], refused: bool) -> [u8; 17] {
+    let mut h1 = crc32fast::Hasher::new();
+    let mut h2 = crc32fast::Hasher::new_with_initial(0x9e37_79b9);
+    let mut feed = |b: &[u8]| {
+        h1.update(&(b.len() as u64).to_le_bytes());
+        h1.update(b);
+        h2.update(b);
+        h2.update(&(b.len() as u64).to_le_bytes());
+    };
+    feed(op.as_bytes());
+    for (key, shape, dtype) in keys {
+        feed(key.as_str().as_bytes());
+        let dims: Vec<u8> = shape.iter().flat_map(|&d| (d as u64).to_le_bytes()).collect();
+        feed(&dims);
+        feed(dtype.name().as_bytes());
+    }
+    let hash = (u64::from(h1.finalize()) << 32) | u64::from(h2.finalize());
+    let mut record = [0u8; 17];
+    record[..8].copy_from_slice(&seq.to_le_bytes());
+    record[8..16].copy_from_slice(&hash.to_le_bytes());
+    record[16] = u8::from(refused);
+    record
+}
+
+/// A step as the desync message shows it: `pushed "fc1.weight" [512, 256] f32`.
+fn describe(op: &str, keys: &[StepKey<'_>], refused: Option<&Error>) -> String {
+    let mut s = verb(op).to_string();
+    for (i, (key, shape, dtype)) in keys.iter().take(SHOWN_KEYS).enumerate() {
+        let shape = shape.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
+        s += &format!("{} \"{key}\" [{shape}] {dtype}", if i == 0 { "" } else { "," });
+    }
+    if keys.len() > SHOWN_KEYS {
+        s += &format!(" and {} more keys", keys.len() - SHOWN_KEYS);
+    }
+    if let Some(e) = refused {
+        s += &format!(", which it refused ({e})");
+    }
+    // A record has room for a long key or message, shortened (on a char boundary).
+    let limit = crate::backend::MAX_RECORD - 4;
+    if s.len() > limit {
+        let cut = (0..=limit - 3).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
+        s.truncate(cut);
+        s += "…";
+    }
+    s
+}
+
+/// `ranks 0, 2` or `rank 1`.
+fn ranks(list: &[usize]) -> String {
+    let names: Vec<String> = list.iter().map(usize::to_string).collect();
+    format!("{} {}", if list.len() == 1 { "rank" } else { "ranks" }, names.join(", "))
+}
+
+impl Store {
+    /// Under `dist_sync`, checks that every worker makes this call (see the module's
+    /// docs): `keys` are the call's keys in index order with what it gives for each, and
+    /// `local` the outcome of this worker's own checks. Elsewhere returns `local`.
+    ///
+    /// # Errors
+    /// `local`'s error on a worker whose checks refused the call;
+    /// [`Error::InvalidArgument`] on the others, naming each worker's call, when the
+    /// workers' calls differ or one refused it; the group's error if it is broken.
+    pub(super) fn check_step(&self, op: &'static str, keys: &[StepKey<'_>], local: Result<()>) -> Result<()> {
+        let Some(group) = self.collective.as_ref().filter(|_| self.compare_calls) else { return local };
+        let seq = self.steps.fetch_add(1, Ordering::Relaxed) + 1;
+        let mine = fingerprint(op, seq, keys, local.is_err());
+        let all = group.exchange(&mine)?;
+        if all.iter().all(|r| r.as_slice() == mine.as_slice()) && local.is_ok() {
+            return Ok(());
+        }
+        // Every worker sees the same records, so every worker takes this path: the
+        // descriptions are exchanged, and every worker builds the same message.
+        let text = describe(op, keys, local.as_ref().err());
+        let mut padded = text.into_bytes();
+        padded.resize(crate::backend::MAX_RECORD, 0);
+        let texts: Vec<String> = group
+            .exchange(&padded)?
+            .iter()
+            .map(|t| String::from_utf8_lossy(&t[..t.iter().position(|&b| b == 0).unwrap_or(t.len())]).into_owned())
+            .collect();
+        local?;
+        let refused: Vec<usize> = (0..all.len()).filter(|&r| all[r].get(16) == Some(&1)).collect();
+        let mut groups: Vec<(&[u8], &str, Vec<usize>)> = Vec::new();
+        for (r, (record, text)) in all.iter().zip(&texts).enumerate() {
+            let (call, _) = record.split_at(16.min(record.len()));
+            match groups.iter_mut().find(|(c, t, _)| *c == call && *t == text.as_str()) {
+                Some((_, _, list)) => list.push(r),
+                None => groups.push((call, text, vec![r])),
+            }
+        }
+        let said: Vec<String> = groups
+            .iter()
+            .map(|(call, text, list)| {
+                let theirs = call.get(..8).and_then(|b| b.try_into().ok()).map_or(seq, u64::from_le_bytes);
+                let number = if theirs == seq { String::new() } else { format!(" as its call #{theirs}") };
+                format!("{} {text}{number}", ranks(list))
+            })
+            .collect();
+        let same_calls = all.iter().all(|r| r.get(..16) == all[0].get(..16));
+        let what = if same_calls && !refused.is_empty() {
+            format!("{} refused the call", ranks(&refused))
+        } else {
+            "the workers' calls differ".to_string()
+        };
+        Err(Error::invalid_argument(format!(
+            "{op} #{seq}: {what}: {}; every worker fails this call and none changed anything",
+            said.join("; ")
+        )))
+    }
+}
