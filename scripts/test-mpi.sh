@@ -20,10 +20,13 @@ if [ "$status" -ne 0 ] || [ -z "$bin" ]; then
     echo "mpi: 0 passed, 1 failed"
     exit 1
 fi
-# The fixture of a worker that dies mid-job (a test target that plain `cargo test` skips).
+# The fixtures of a worker that dies mid-job and of one that is stuck (test targets that
+# plain `cargo test` skips).
 early_exit=$(cargo test -p kvstore-mpi --features mpi --test early_exit --no-run --message-format=json \
     2>>"$logs/mpi-build.log" | python3 scripts/cargo-executables.py | awk '$1 == "early_exit" { print $2 }')
-if [ -z "$early_exit" ]; then
+stall=$(cargo test -p kvstore-mpi --features mpi --test stall --no-run --message-format=json \
+    2>>"$logs/mpi-build.log" | python3 scripts/cargo-executables.py | awk '$1 == "stall" { print $2 }')
+if [ -z "$early_exit" ] || [ -z "$stall" ]; then
     tail -n 30 "$logs/mpi-build.log"
     echo "mpi: 0 passed, 1 failed"
     exit 1
@@ -67,14 +70,35 @@ for run in 2 4 2:256; do
     fi
 done
 
-# A bucket size that is not a number is an error naming the variable (one process).
-if KVSTORE_MPI_BUCKET_BYTES=lots timeout 120 "$bin" --exact bucket_bytes_come_from_the_environment \
-    >"$logs/mpi-bad-bucket.log" 2>&1 && grep -q "1 passed" "$logs/mpi-bad-bucket.log"; then
-    echo "KVSTORE_MPI_BUCKET_BYTES=lots is refused with a clear error"
+# A setting that is not a number is an error naming its variable (one process, the
+# test of that setting alone): the bucket size and the stall timeout.
+bad_setting() {
+    local var=$1 value=$2 test=$3 log="$logs/mpi-bad-$1.log"
+    if env "$var=$value" timeout 120 "$bin" --exact "$test" >"$log" 2>&1 && grep -q "1 passed" "$log"; then
+        echo "$var=$value is refused with a clear error"
+        passed=$((passed + 1))
+    else
+        echo "$var=$value: FAILED"
+        tail -n 20 "$log"
+        failed=$((failed + 1))
+    fi
+}
+bad_setting KVSTORE_MPI_BUCKET_BYTES lots bucket_bytes_come_from_the_environment
+bad_setting KVSTORE_TIMEOUT soon timeout_comes_from_the_environment
+
+# A worker that is alive but stuck before a push (one of three): with a 3 s timeout the
+# job ends within seconds, the waiting ranks naming the stuck rank and the call.
+start=$(date +%s)
+KVSTORE_TIMEOUT=3 timeout 100 "${MPIRUN[@]}" -x KVSTORE_TIMEOUT -np 3 "$stall" >"$logs/mpi-stall.log" 2>&1
+rc=$?
+elapsed=$(($(date +%s) - start))
+if [ "$rc" -eq 86 ] && [ "$elapsed" -lt 30 ] && grep -q "push #2 has waited 3 s for rank 2, which never arrived" \
+    "$logs/mpi-stall.log" && ! grep -q "push returned" "$logs/mpi-stall.log"; then
+    echo "a stuck worker ended the job in ${elapsed} s: $(grep -m1 'never arrived' "$logs/mpi-stall.log")"
     passed=$((passed + 1))
 else
-    echo "KVSTORE_MPI_BUCKET_BYTES=lots: FAILED"
-    tail -n 20 "$logs/mpi-bad-bucket.log"
+    echo "a stuck worker: exit $rc after ${elapsed} s (86: the watchdog; 124: the job hung)"
+    tail -n 20 "$logs/mpi-stall.log"
     failed=$((failed + 1))
 fi
 

@@ -44,7 +44,7 @@ pub trait Collective: Send + Sync {
     fn broadcast(&self, arrays: &[&NDArray], root: usize) -> Result<()>;
 
     /// Every worker's `mine` (at most [`MAX_RECORD`] bytes; every worker gives one of the
-    /// same length), in rank order: how the workers compare the calls they make before
+    /// same length) for the call `step` (`"push #812"`, for messages), in rank order: how the workers compare the calls they make before
     /// the data of a call moves (desync detection, `kvstore/steps.rs`). The default
     /// sums per-worker slots with [`Collective::allreduce_sum`]; a transport may do
     /// better (kvstore-mpi: messages, which also tell which workers never arrived).
@@ -52,7 +52,8 @@ pub trait Collective: Send + Sync {
     /// # Errors
     /// [`crate::Error::Backend`] if the group is broken; [`crate::Error::Internal`]
     /// for a record longer than [`MAX_RECORD`].
-    fn exchange(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+    fn exchange(&self, step: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let _ = step;
         if mine.len() > MAX_RECORD {
             return Err(Error::Internal(format!("a record of {} bytes to exchange", mine.len())));
         }
@@ -62,6 +63,13 @@ pub trait Collective: Send + Sync {
         self.allreduce_sum(&[(&slots, &slots)])?;
         let all = slots.to_vec::<u8>()?;
         Ok(all.chunks(n.max(1)).take(world).map(<[u8]>::to_vec).collect())
+    }
+
+    /// Sets how long a collective operation may wait for the workers before the job
+    /// ends ([`crate::KVStoreBuilder::timeout`]); a transport without a watchdog ignores
+    /// it.
+    fn set_timeout(&self, timeout: std::time::Duration) {
+        let _ = timeout;
     }
 }
 

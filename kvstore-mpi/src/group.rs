@@ -10,8 +10,9 @@
 //! a collective for a worker that is gone (finalising there would let the dead worker
 //! leave cleanly and its peers hang).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use kvstore_core::backend::{Collective, in_background};
 use kvstore_core::{DType, Element, Error, NDArray, Result, bf16, f16};
@@ -25,6 +26,9 @@ use parking_lot::Mutex;
 
 struct Mpi {
     world: SimpleCommunicator,
+    /// A duplicate of the world for the records of desync detection: their messages
+    /// never meet those of the collectives.
+    steps: SimpleCommunicator,
     // Dropping the universe calls MPI_Finalize; it goes last.
     universe: Universe,
 }
@@ -70,6 +74,7 @@ pub fn finalize() -> Result<()> {
     let mpi =
         shared.0.lock().take().ok_or(Error::Backend { backend: "mpi", message: "MPI is already finalised".into() })?;
     FINALIZED.store(true, Ordering::SeqCst);
+    drop(mpi.steps);
     drop(mpi.world);
     drop(mpi.universe);
     Ok(())
@@ -82,11 +87,40 @@ const MIN_BUCKET_BYTES: usize = 64;
 /// The environment variable that sets the bucket size at start-up, in bytes.
 pub const BUCKET_BYTES_VAR: &str = "KVSTORE_MPI_BUCKET_BYTES";
 
+/// The default stall timeout: a collective that has waited this long ends the job.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+/// The environment variable that sets the stall timeout at start-up, in seconds.
+pub const TIMEOUT_VAR: &str = "KVSTORE_TIMEOUT";
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The timeout `KVSTORE_TIMEOUT` asks for (unset or empty: the default).
+fn timeout_from_env() -> Result<Duration> {
+    match std::env::var(TIMEOUT_VAR) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "{TIMEOUT_VAR}={v:?}: expected a number of seconds above 0 (default {})",
+                    DEFAULT_TIMEOUT.as_secs()
+                ))
+            }),
+        _ => Ok(DEFAULT_TIMEOUT),
+    }
+}
+
 /// This process's view of the MPI job.
 pub struct MpiGroup {
     rank: usize,
     size: usize,
     bucket_bytes: AtomicUsize,
+    timeout_ms: AtomicU64,
 }
 
 /// The job's group, initialising MPI on first use (once per process).
@@ -106,6 +140,7 @@ pub fn group() -> Result<Arc<MpiGroup>> {
     }
     // Read before MPI starts: a bad value leaves MPI untouched.
     let bucket_bytes = bucket_bytes_from_env()?;
+    let timeout = timeout_from_env()?;
     let backend = |message: String| Error::Backend { backend: "mpi", message };
     let (universe, threading) = mpi::initialize_with_threading(Threading::Serialized)
         .ok_or_else(|| backend("MPI was already initialised by another library".into()))?;
@@ -113,8 +148,9 @@ pub fn group() -> Result<Arc<MpiGroup>> {
         return Err(backend(format!("the MPI library offers {threading:?} threading; kvstore needs Serialized")));
     }
     let world = universe.world();
+    let steps = world.duplicate();
     let (rank, size) = (world.rank() as usize, world.size() as usize);
-    let _ = MPI.set(Shared(Mutex::new(Some(Mpi { world, universe }))));
+    let _ = MPI.set(Shared(Mutex::new(Some(Mpi { world, steps, universe }))));
     // SAFETY: `abort_unless_finalized` is an `extern "C" fn()` that reads two statics
     // and may call MPI_Abort; registering it has no other effect.
     unsafe {
@@ -130,8 +166,15 @@ pub fn group() -> Result<Arc<MpiGroup>> {
             abort_job(101);
         }
     }));
-    let group = Arc::new(MpiGroup { rank, size, bucket_bytes: AtomicUsize::new(bucket_bytes.max(MIN_BUCKET_BYTES)) });
-    Ok(Arc::clone(GROUP.get_or_init(|| group)))
+    let group = Arc::new(MpiGroup {
+        rank,
+        size,
+        bucket_bytes: AtomicUsize::new(bucket_bytes.max(MIN_BUCKET_BYTES)),
+        timeout_ms: AtomicU64::new(millis(timeout)),
+    });
+    let group = Arc::clone(GROUP.get_or_init(|| group));
+    watchdog::start(Arc::clone(&group));
+    Ok(group)
 }
 
 /// The bucket size `KVSTORE_MPI_BUCKET_BYTES` asks for (unset or empty: the default).
@@ -157,12 +200,33 @@ impl MpiGroup {
         self.bucket_bytes.store(bytes.max(MIN_BUCKET_BYTES), Ordering::Relaxed);
     }
 
+    /// The stall timeout: a collective that has waited this long ends the job, with a
+    /// message naming the call (and, when the workers compare their calls, the workers
+    /// that never arrived). Default 10 minutes, or `KVSTORE_TIMEOUT` (seconds) at
+    /// start-up.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
+    }
+
+    /// Sets the stall timeout (see [`MpiGroup::timeout`]) for every store of the job on
+    /// this worker; every worker should set the same.
+    pub fn set_timeout(&self, timeout: Duration) {
+        self.timeout_ms.store(millis(timeout), Ordering::Relaxed);
+    }
+
     fn with_world<T>(&self, f: impl FnOnce(&SimpleCommunicator) -> T) -> Result<T> {
+        self.with_mpi(|mpi| f(&mpi.world))
+    }
+
+    /// Runs `f` with MPI, under the watchdog: a call that has not returned within the
+    /// timeout ends the job (see [`watchdog`]).
+    fn with_mpi<T>(&self, f: impl FnOnce(&Mpi) -> T) -> Result<T> {
         let shared = MPI.get().ok_or_else(|| Error::Internal("MPI is not initialised".into()))?;
         let guard = shared.0.lock();
         let mpi =
             guard.as_ref().ok_or_else(|| Error::Backend { backend: "mpi", message: "MPI was finalised".into() })?;
-        Ok(f(&mpi.world))
+        let _watched = watchdog::Watched::start();
+        Ok(f(mpi))
     }
 }
 
@@ -417,21 +481,57 @@ impl Collective for MpiGroup {
         Ok(())
     }
 
-    /// One `MPI_Allgather` of the records (non-blocking and waited for politely under a
-    /// non-blocking store call, as allreduces are).
-    fn exchange(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        if self.size == 1 || mine.is_empty() {
+    /// The records travel as messages, one to every other worker, on a communicator of
+    /// their own; the wait tests them (yielding under a non-blocking store call), so it
+    /// knows which workers have arrived. After the timeout it prints which ranks never
+    /// arrived at `step` and ends the job.
+    fn exchange(&self, step: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let n = mine.len();
+        if self.size == 1 || n == 0 {
             return Ok(vec![mine.to_vec(); self.size]);
         }
-        let mut all = vec![0u8; mine.len() * self.size];
-        self.with_world(|w| {
-            if in_background() {
-                mpi::request::scope(|scope| wait(w.immediate_all_gather_into(scope, mine, &mut all[..])));
-            } else {
-                w.all_gather_into(mine, &mut all[..]);
-            }
+        watchdog::set_step(step);
+        let mut all = vec![0u8; n * self.size];
+        all[self.rank * n..(self.rank + 1) * n].copy_from_slice(mine);
+        // Records of one length share a tag: a worker a round ahead cannot be taken for
+        // one of this round.
+        let tag = (n % 30_000) as i32 + 1;
+        let timeout = self.timeout();
+        let background = in_background();
+        self.with_mpi(|mpi| {
+            let _own_deadline = watchdog::Exchanging::start();
+            let start = std::time::Instant::now();
+            mpi::request::scope(|scope| {
+                let mut receives: Vec<(usize, Request<'_, [u8], _>)> = all
+                    .chunks_mut(n)
+                    .enumerate()
+                    .filter(|(r, _)| *r != self.rank)
+                    .map(|(r, buf)| {
+                        (r, mpi.steps.process_at_rank(r as i32).immediate_receive_into_with_tag(scope, buf, tag))
+                    })
+                    .collect();
+                let mut sends: Vec<Request<'_, [u8], _>> = (0..self.size)
+                    .filter(|&r| r != self.rank)
+                    .map(|r| mpi.steps.process_at_rank(r as i32).immediate_send_with_tag(scope, mine, tag))
+                    .collect();
+                while !(receives.is_empty() && sends.is_empty()) {
+                    receives = receives.into_iter().filter_map(|(r, q)| q.test().err().map(|q| (r, q))).collect();
+                    sends = sends.into_iter().filter_map(|q| q.test().err()).collect();
+                    if start.elapsed() >= timeout && !receives.is_empty() {
+                        let missing: Vec<usize> = receives.iter().map(|(r, _)| *r).collect();
+                        watchdog::never_arrived(self.rank, self.size, step, timeout, &missing);
+                    }
+                    if background {
+                        std::thread::yield_now();
+                    }
+                }
+            });
         })?;
-        Ok(all.chunks(mine.len()).map(<[u8]>::to_vec).collect())
+        Ok(all.chunks(n).map(<[u8]>::to_vec).collect())
+    }
+
+    fn set_timeout(&self, timeout: Duration) {
+        MpiGroup::set_timeout(self, timeout);
     }
 
     fn broadcast(&self, arrays: &[&NDArray], root: usize) -> Result<()> {
@@ -447,5 +547,146 @@ impl Collective for MpiGroup {
             });
         }
         Ok(())
+    }
+}
+
+/// The stall watchdog. Desync detection's exchange waits with its own deadline and knows
+/// who arrived ([`MpiGroup::exchange`]); every other MPI call (the collectives that move
+/// data) is watched by a thread, which ends the job when one has not returned within
+/// the timeout: a worker stopped inside it (once every worker has arrived at a call, only
+/// a worker stopped or stuck inside it keeps it from completing).
+mod watchdog {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    use parking_lot::Mutex;
+
+    use super::MpiGroup;
+
+    /// The exit status of a job the watchdog ended.
+    pub(super) const WATCHDOG_EXIT: i32 = 86;
+
+    /// When the MPI call in progress started, in ms since [`epoch`] (0: none).
+    static BUSY_SINCE: AtomicU64 = AtomicU64::new(0);
+    /// Whether the call in progress is an exchange (which keeps its own deadline).
+    static EXCHANGING: AtomicBool = AtomicBool::new(false);
+    /// The last step the workers compared: the call the data belongs to.
+    static STEP: Mutex<String> = Mutex::new(String::new());
+
+    fn epoch() -> Instant {
+        static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *EPOCH.get_or_init(Instant::now)
+    }
+
+    fn now_ms() -> u64 {
+        u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX).max(1)
+    }
+
+    pub(super) fn set_step(step: &str) {
+        let mut s = STEP.lock();
+        s.clear();
+        s.push_str(step);
+    }
+
+    /// Marks an MPI call in progress while alive.
+    pub(super) struct Watched(());
+
+    impl Watched {
+        pub(super) fn start() -> Self {
+            BUSY_SINCE.store(now_ms(), Ordering::SeqCst);
+            Watched(())
+        }
+    }
+
+    impl Drop for Watched {
+        fn drop(&mut self) {
+            BUSY_SINCE.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Marks an exchange in progress while alive.
+    pub(super) struct Exchanging(());
+
+    impl Exchanging {
+        pub(super) fn start() -> Self {
+            EXCHANGING.store(true, Ordering::SeqCst);
+            Exchanging(())
+        }
+    }
+
+    impl Drop for Exchanging {
+        fn drop(&mut self) {
+            EXCHANGING.store(false, Ordering::SeqCst);
+        }
+    }
+
+    fn seconds(d: Duration) -> String {
+        let s = d.as_secs_f64();
+        if s.fract() == 0.0 { format!("{s:.0}") } else { format!("{s}") }
+    }
+
+    fn ranks(list: &[usize]) -> String {
+        let names: Vec<String> = list.iter().map(usize::to_string).collect();
+        format!("{} {}", if list.len() == 1 { "rank" } else { "ranks" }, names.join(", "))
+    }
+
+    /// Ends the job after a peer or more never arrived at `step`: says so, leaves the
+    /// other waiting workers a moment to say it too, and aborts.
+    pub(super) fn never_arrived(rank: usize, size: usize, step: &str, timeout: Duration, missing: &[usize]) -> ! {
+        let arrived: Vec<usize> = (0..size).filter(|r| !missing.contains(r)).collect();
+        eprintln!(
+            "kvstore-mpi: rank {rank}: {step} has waited {} s for {}, which never arrived at it ({} did); a worker \
+             that is alive but stuck (or stopped) holds up the job: aborting it ({}={})",
+            seconds(timeout),
+            ranks(missing),
+            ranks(&arrived),
+            super::TIMEOUT_VAR,
+            seconds(timeout)
+        );
+        abort_soon()
+    }
+
+    fn abort_soon() -> ! {
+        // The other workers that can still speak time out at about the same moment.
+        std::thread::sleep(Duration::from_secs(2));
+        super::abort_job(WATCHDOG_EXIT);
+        std::process::exit(WATCHDOG_EXIT)
+    }
+
+    /// Starts the thread that watches the MPI calls (once per process).
+    pub(super) fn start(group: Arc<MpiGroup>) {
+        static STARTED: AtomicBool = AtomicBool::new(false);
+        if STARTED.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        epoch();
+        let spawned = std::thread::Builder::new().name("kvstore-mpi-watchdog".into()).spawn(move || {
+            loop {
+                let timeout = group.timeout();
+                std::thread::sleep((timeout / 8).clamp(Duration::from_millis(50), Duration::from_secs(1)));
+                let since = BUSY_SINCE.load(Ordering::SeqCst);
+                if since == 0 || EXCHANGING.load(Ordering::SeqCst) || super::FINALIZED.load(Ordering::SeqCst) {
+                    continue;
+                }
+                let waited = Duration::from_millis(now_ms().saturating_sub(since));
+                if waited >= timeout {
+                    let step = STEP.lock().clone();
+                    let step = if step.is_empty() { "a collective operation".to_string() } else { step };
+                    eprintln!(
+                        "kvstore-mpi: rank {}: the data of {step} has not moved after {} s: every worker arrived at \
+                         the call, so one stopped or is stuck inside it; aborting the job ({}={})",
+                        group.rank,
+                        seconds(waited),
+                        super::TIMEOUT_VAR,
+                        seconds(timeout)
+                    );
+                    abort_soon();
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            eprintln!("kvstore-mpi: the stall watchdog could not start ({e}): a stuck worker would hold up the job");
+        }
     }
 }

@@ -36,7 +36,7 @@
 mod group;
 
 #[cfg(feature = "mpi")]
-pub use group::{BUCKET_BYTES_VAR, MpiGroup, finalize, group};
+pub use group::{BUCKET_BYTES_VAR, MpiGroup, TIMEOUT_VAR, finalize, group};
 
 #[cfg(not(feature = "mpi"))]
 use kvstore_core::Error;

@@ -130,6 +130,38 @@ fn bucket_bytes_come_from_the_environment() {
     }
 }
 
+/// `scripts/test-mpi.sh` runs this test alone with `KVSTORE_TIMEOUT` not a number; the
+/// suite runs with it unset (the default) or as the script sets it.
+#[test]
+fn timeout_comes_from_the_environment() {
+    match std::env::var(kvstore_mpi::TIMEOUT_VAR).ok().filter(|v| !v.trim().is_empty()) {
+        None => assert_eq!(kvstore_mpi::group().expect("group").timeout(), std::time::Duration::from_secs(600)),
+        Some(v) => match v.trim().parse::<f64>() {
+            Ok(s) => assert_eq!(kvstore_mpi::group().expect("group").timeout().as_secs_f64(), s),
+            Err(_) => {
+                let e = kvstore_mpi::create("dist_sync").expect_err("a bad timeout");
+                assert_eq!(e.kind(), kvstore_core::ErrorKind::InvalidArgument);
+                assert!(e.to_string().contains(kvstore_mpi::TIMEOUT_VAR), "{e}");
+            }
+        },
+    }
+}
+
+/// The builder's timeout is the group's, for every store of the job on this worker.
+#[test]
+fn the_builder_sets_the_timeout() {
+    let group = kvstore_mpi::group().expect("group");
+    let before = group.timeout();
+    let kv = kvstore_core::KVStore::builder("dist_sync")
+        .collective(group.clone())
+        .timeout(std::time::Duration::from_secs(42))
+        .build()
+        .expect("store");
+    assert_eq!(group.timeout(), std::time::Duration::from_secs(42));
+    drop(kv);
+    group.set_timeout(before);
+}
+
 #[test]
 fn zz_finalize_mpi() {
     kvstore_mpi::finalize().expect("finalize");

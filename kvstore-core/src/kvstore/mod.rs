@@ -95,6 +95,7 @@ pub struct KVStoreBuilder {
     engine_threads: usize,
     collective: Option<Arc<dyn Collective>>,
     compare_calls: bool,
+    timeout: Option<std::time::Duration>,
 }
 
 /// The engine threads of a store built without [`KVStoreBuilder::engine_threads`]: one
@@ -139,6 +140,15 @@ impl KVStoreBuilder {
         self
     }
 
+    /// How long a collective operation of a `dist_sync` store may wait for the other
+    /// workers before the job ends, with a message naming the call and the workers that
+    /// never arrived (kvstore-mpi: default 10 minutes, or `KVSTORE_TIMEOUT` in seconds;
+    /// it applies to every store of the worker group). Ignored by local stores.
+    pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
     /// Creates the store.
     ///
     /// ```
@@ -173,6 +183,12 @@ impl KVStoreBuilder {
                 )));
             }
             _ => {}
+        }
+        if let (Some(group), Some(timeout)) = (&self.collective, self.timeout) {
+            if timeout.is_zero() {
+                return Err(Error::invalid_argument("timeout: a collective needs more than 0 s to complete"));
+            }
+            group.set_timeout(timeout);
         }
         let store = Store {
             collective: self.collective,
@@ -407,7 +423,14 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn builder(kind: &str) -> KVStoreBuilder {
-        KVStoreBuilder { kind: kind.to_string(), threads: 0, engine_threads: 0, collective: None, compare_calls: true }
+        KVStoreBuilder {
+            kind: kind.to_string(),
+            threads: 0,
+            engine_threads: 0,
+            collective: None,
+            compare_calls: true,
+            timeout: None,
+        }
     }
 
     /// The kind, lower-cased as given (MXNet's `type`).

@@ -104,7 +104,8 @@ impl Store {
         let Some(group) = self.collective.as_ref().filter(|_| self.compare_calls) else { return local };
         let seq = self.steps.fetch_add(1, Ordering::Relaxed) + 1;
         let mine = fingerprint(op, seq, keys, local.is_err());
-        let all = group.exchange(&mine)?;
+        let step = format!("{op} #{seq}");
+        let all = group.exchange(&step, &mine)?;
         if all.iter().all(|r| r.as_slice() == mine.as_slice()) && local.is_ok() {
             return Ok(());
         }
@@ -114,7 +115,7 @@ impl Store {
         let mut padded = text.into_bytes();
         padded.resize(crate::backend::MAX_RECORD, 0);
         let texts: Vec<String> = group
-            .exchange(&padded)?
+            .exchange(&step, &padded)?
             .iter()
             .map(|t| String::from_utf8_lossy(&t[..t.iter().position(|&b| b == 0).unwrap_or(t.len())]).into_owned())
             .collect();
