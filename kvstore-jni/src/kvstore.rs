@@ -387,60 +387,58 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nSetOptimizer<'l>(
     .resolve::<ThrowKvStore>()
 }
 
+/// A store call on a file whose path comes from Java (state files, checkpoints).
+fn with_path(
+    mut env: EnvUnowned<'_>,
+    h: jlong,
+    path: &JString<'_>,
+    f: impl FnOnce(&KVStore, &str) -> kvstore_core::Result<()>,
+) {
+    env.with_env(|env| -> JResult<()> {
+        let path = string(env, path, "the path")?;
+        with_store(h, |kv| f(kv, &path))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
 #[unsafe(no_mangle)]
 pub extern "system" fn Java_io_github_kvstore_KVStore_nSaveOptimizerStates<'l>(
-    mut env: EnvUnowned<'l>,
+    env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
     path: JString<'l>,
 ) {
-    env.with_env(|env| -> JResult<()> {
-        let path = string(env, &path, "the path")?;
-        with_store(h, |kv| kv.save_optimizer_states(&path))
-    })
-    .resolve::<ThrowKvStore>()
+    with_path(env, h, &path, |kv, path| kv.save_optimizer_states(path));
 }
 
 #[unsafe(no_mangle)]
 pub extern "system" fn Java_io_github_kvstore_KVStore_nLoadOptimizerStates<'l>(
-    mut env: EnvUnowned<'l>,
+    env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
     path: JString<'l>,
 ) {
-    env.with_env(|env| -> JResult<()> {
-        let path = string(env, &path, "the path")?;
-        with_store(h, |kv| kv.load_optimizer_states(&path))
-    })
-    .resolve::<ThrowKvStore>()
+    with_path(env, h, &path, |kv, path| kv.load_optimizer_states(path));
 }
 
 #[unsafe(no_mangle)]
 pub extern "system" fn Java_io_github_kvstore_KVStore_nSaveCheckpoint<'l>(
-    mut env: EnvUnowned<'l>,
+    env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
     path: JString<'l>,
 ) {
-    env.with_env(|env| -> JResult<()> {
-        let path = string(env, &path, "the path")?;
-        with_store(h, |kv| kv.save_checkpoint(&path))
-    })
-    .resolve::<ThrowKvStore>()
+    with_path(env, h, &path, |kv, path| kv.save_checkpoint(path));
 }
 
 #[unsafe(no_mangle)]
 pub extern "system" fn Java_io_github_kvstore_KVStore_nLoadCheckpoint<'l>(
-    mut env: EnvUnowned<'l>,
+    env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
     path: JString<'l>,
 ) {
-    env.with_env(|env| -> JResult<()> {
-        let path = string(env, &path, "the path")?;
-        with_store(h, |kv| kv.load_checkpoint(&path))
-    })
-    .resolve::<ThrowKvStore>()
+    with_path(env, h, &path, |kv, path| kv.load_checkpoint(path));
 }
 
 #[unsafe(no_mangle)]

@@ -27,20 +27,19 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype as StDtype, SafeTensors};
 use serde_json::{Value, json};
 
-use super::{Entry, KVStore, Merger, Slot, Store, locks::Held};
+use super::{Entry, KVStore, Merger, Slot, Store, locks::Held, steps};
 use crate::context::Context;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::key::{Key, shorten};
 use crate::ndarray::NDArray;
-use crate::optimizer::states as opt_states;
+use crate::optimizer::MAX_COUNT;
+use crate::optimizer::states::{self as opt_states, shown};
 use crate::optimizer::{KeyState, Runtime};
 
 const FORMAT: &str = "kvstore-checkpoint";
 const VERSION: &str = "1";
 const CHECKSUM: &str = "checksum";
-/// The largest update count a file may hold (as optimizer-state files).
-const MAX_COUNT: u64 = 1 << 53;
 
 fn st_dtype(d: DType) -> StDtype {
     match d {
@@ -64,11 +63,6 @@ fn corrupt(context: &str, what: impl std::fmt::Display) -> Error {
 
 fn crc(bytes: &[u8]) -> String {
     format!("{:08x}", crc32fast::hash(bytes))
-}
-
-/// A path for a message, shortened when long.
-fn shown(path: &Path) -> String {
-    shorten(&path.display().to_string()).into_owned()
 }
 
 /// What pushes did with their sums when the file was saved, as it is loaded.
@@ -280,48 +274,41 @@ impl Store {
         self.collective.as_ref().map_or(1, |c| c.size())
     }
 
-    /// Under `dist_sync`, tells every worker how every other one fared, so that all
-    /// fail or none does: `local` is this worker's outcome (with the hash of the file it
-    /// read, for a load). Errors name the workers that failed, or that read another file.
-    /// Elsewhere, and for a worker whose own step failed, it says nothing.
-    fn agree(&self, context: &str, local: std::result::Result<u64, ()>, what_failed: &str) -> Result<()> {
+    /// Under `dist_sync`, tells every worker how every other one fared at `step`, so
+    /// that all fail or none does: `local` is this worker's outcome (with the hash of
+    /// the file it read, for a load). Errors name the workers that failed, or that read
+    /// another file. Elsewhere, and for a worker whose own step failed, it says nothing.
+    fn agree(&self, step: &str, context: &str, local: std::result::Result<u64, ()>, what_failed: &str) -> Result<()> {
         let Some(group) = &self.collective else { return Ok(()) };
-        let (world, rank) = (group.size(), group.rank());
-        let mut v = vec![0i64; 2 * world];
+        let mut mine = [0u8; 9];
         match local {
-            Ok(hash) => v[rank] = hash as i64,
-            Err(()) => v[world + rank] = 1,
+            Ok(hash) => mine[..8].copy_from_slice(&hash.to_le_bytes()),
+            Err(()) => mine[8] = 1,
         }
-        let exchanged = NDArray::from_vec(&[2 * world], v)?;
-        group.allreduce_sum(&[(&exchanged, &exchanged)])?;
-        let v = exchanged.to_vec::<i64>()?;
-        let Ok(mine) = local else { return Ok(()) };
-        let other =
-            |message: String| Error::Io { context: context.to_string(), source: std::io::Error::other(message) };
-        let failed: Vec<String> = (0..world).filter(|&r| v[world + r] != 0).map(|r| r.to_string()).collect();
+        let all = group.exchange(step, &mine)?;
+        if local.is_err() {
+            return Ok(());
+        }
+        let failed: Vec<usize> = (0..all.len()).filter(|&r| all[r].get(8) == Some(&1)).collect();
         if !failed.is_empty() {
-            let ranks = if failed.len() == 1 { "rank" } else { "ranks" };
-            return Err(other(format!(
-                "{ranks} {} {what_failed} (the error on {} says why); no rank changed anything",
-                failed.join(", "),
-                if failed.len() == 1 { "that rank" } else { "those ranks" }
-            )));
+            let those = if failed.len() == 1 { "that rank" } else { "those ranks" };
+            return Err(Error::Io {
+                context: context.to_string(),
+                source: std::io::Error::other(format!(
+                    "{} {what_failed} (the error on {those} says why); no rank changed anything",
+                    steps::ranks(&failed)
+                )),
+            });
         }
-        if v[..world].iter().any(|&h| h as u64 != mine) {
-            let mut groups: Vec<(u64, Vec<String>)> = Vec::new();
-            for (r, &h) in v[..world].iter().enumerate() {
-                match groups.iter_mut().find(|(g, _)| *g == h as u64) {
-                    Some((_, ranks)) => ranks.push(r.to_string()),
-                    None => groups.push((h as u64, vec![r.to_string()])),
-                }
-            }
+        let hash = |r: &Vec<u8>| r.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+        let groups = steps::by_value(all.iter().map(hash));
+        if groups.len() > 1 {
             let said: Vec<String> = groups
                 .iter()
-                .map(|(h, ranks)| {
-                    let who = if ranks.len() == 1 { "rank" } else { "ranks" };
+                .map(|(h, list)| {
                     format!(
-                        "{who} {} read a file of {} bytes with CRC-32 {:08x}",
-                        ranks.join(", "),
+                        "{} read a file of {} bytes with CRC-32 {:08x}",
+                        steps::ranks(list),
                         h & 0xffff_ffff,
                         h >> 32
                     )
@@ -349,7 +336,7 @@ impl Store {
             Ok(())
         };
         let context = format!("{OP} to {}", shown(path));
-        self.agree(&context, written.as_ref().map(|_| 0).map_err(|_| ()), "could not write the file")?;
+        self.agree(OP, &context, written.as_ref().map(|_| 0).map_err(|_| ()), "could not write the file")?;
         written
     }
 
@@ -370,7 +357,7 @@ impl Store {
             let hash = c.hash;
             Ok((self.plan(c, &entries, &guards, &context)?, hash))
         });
-        self.agree(&context, plan.as_ref().map(|(_, h)| *h).map_err(|_| ()), "could not read or check the file")?;
+        self.agree(OP, &context, plan.as_ref().map(|(_, h)| *h).map_err(|_| ()), "could not read or check the file")?;
         let (plan, _) = plan?;
         // Everything is checked and made: from here on nothing fails but a key that
         // another thread initialised meanwhile, which is checked before any change.
@@ -437,15 +424,12 @@ impl Store {
                 }
                 None => self.comm.init_value(&value)?,
             };
-            let state = match state {
-                Some(mut st) if value.context() != Context::default() => {
-                    for a in st.states.iter_mut().chain(st.master.iter_mut()) {
-                        *a = a.copy_to(value.context())?;
-                    }
-                    Some(st)
+            let mut state = state;
+            for a in state.iter_mut().flat_map(|st| st.states.iter_mut().chain(st.master.iter_mut())) {
+                if a.context() != value.context() {
+                    *a = a.copy_to(value.context())?;
                 }
-                other => other,
-            };
+            }
             keys.push((slot, key, value, state));
         }
         let merger = match c.merger {

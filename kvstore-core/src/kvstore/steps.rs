@@ -50,8 +50,11 @@ fn fingerprint(op: &str, seq: u64, keys: &[StepKey<'_>], refused: bool) -> [u8; 
     feed(op.as_bytes());
     for (key, shape, dtype) in keys {
         feed(key.as_str().as_bytes());
-        let dims: Vec<u8> = shape.iter().flat_map(|&d| (d as u64).to_le_bytes()).collect();
-        feed(&dims);
+        // The rank, then each dimension: no allocation per key on this per-call path.
+        feed(&(shape.len() as u64).to_le_bytes());
+        for &d in *shape {
+            feed(&(d as u64).to_le_bytes());
+        }
         feed(dtype.name().as_bytes());
     }
     let hash = (u64::from(h1.finalize()) << 32) | u64::from(h2.finalize());
@@ -86,9 +89,22 @@ fn describe(op: &str, keys: &[StepKey<'_>], refused: Option<&Error>) -> String {
 }
 
 /// `ranks 0, 2` or `rank 1`.
-fn ranks(list: &[usize]) -> String {
+pub(super) fn ranks(list: &[usize]) -> String {
     let names: Vec<String> = list.iter().map(usize::to_string).collect();
     format!("{} {}", if list.len() == 1 { "rank" } else { "ranks" }, names.join(", "))
+}
+
+/// The distinct values of `items`, in order of first appearance, each with the
+/// positions (ranks) that hold it.
+pub(super) fn by_value<T: PartialEq>(items: impl IntoIterator<Item = T>) -> Vec<(T, Vec<usize>)> {
+    let mut groups: Vec<(T, Vec<usize>)> = Vec::new();
+    for (r, item) in items.into_iter().enumerate() {
+        match groups.iter_mut().find(|(g, _)| *g == item) {
+            Some((_, list)) => list.push(r),
+            None => groups.push((item, vec![r])),
+        }
+    }
+    groups
 }
 
 impl Store {
@@ -121,17 +137,10 @@ impl Store {
             .collect();
         local?;
         let refused: Vec<usize> = (0..all.len()).filter(|&r| all[r].get(16) == Some(&1)).collect();
-        let mut groups: Vec<(&[u8], &str, Vec<usize>)> = Vec::new();
-        for (r, (record, text)) in all.iter().zip(&texts).enumerate() {
-            let (call, _) = record.split_at(16.min(record.len()));
-            match groups.iter_mut().find(|(c, t, _)| *c == call && *t == text.as_str()) {
-                Some((_, _, list)) => list.push(r),
-                None => groups.push((call, text, vec![r])),
-            }
-        }
+        let groups = by_value(all.iter().zip(&texts).map(|(record, text)| (&record[..16.min(record.len())], text)));
         let said: Vec<String> = groups
             .iter()
-            .map(|(call, text, list)| {
+            .map(|((call, text), list)| {
                 let theirs = call.get(..8).and_then(|b| b.try_into().ok()).map_or(seq, u64::from_le_bytes);
                 let number = if theirs == seq { String::new() } else { format!(" as its call #{theirs}") };
                 format!("{} {text}{number}", ranks(list))

@@ -206,7 +206,7 @@ pub(crate) fn save_target(path: &Path, op: &str) -> Result<PathBuf> {
 }
 
 /// A path for a message, shortened when long.
-fn shown(path: &Path) -> String {
+pub(crate) fn shown(path: &Path) -> String {
     crate::key::shorten(&path.display().to_string()).into_owned()
 }
 

@@ -594,17 +594,23 @@
 
 (s/def ::fname string?)
 
+(defn- file-call
+  "Checks the store and the file name, then calls `(f kvstore fname)` as the
+  operation `op`; returns the store."
+  [kvstore fname op f]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+  (util/validate! ::fname fname "Invalid filename")
+  (util/with-kvstore-errors op
+    (f kvstore fname)
+    kvstore))
+
 (defn save-optimizer-states
   "Saves the optimizer (updater) state to the file `fname`: every key's state
   and update count and the schedule's position. Returns the store.
   No optimizer registered is `{:kvstore/error :invalid-argument}`; a file that
   cannot be written `{:kvstore/error :io}`."
   [^KVStore kvstore fname]
-  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
-  (util/validate! ::fname fname "Invalid filename")
-  (util/with-kvstore-errors :save-optimizer-states
-    (doto kvstore
-      (.saveOptimizerStates ^String fname))))
+  (file-call kvstore fname :save-optimizer-states #(.saveOptimizerStates ^KVStore %1 ^String %2)))
 
 (defn load-optimizer-states
   "Loads the optimizer (updater) state from the file `fname` (written by
@@ -614,11 +620,7 @@
   optimizer, `{:kvstore/error :invalid-argument}`; a key of the file that the
   store lacks `{:kvstore/error :key-not-initialized}`."
   [^KVStore kvstore fname]
-  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
-  (util/validate! ::fname fname "Invalid filename")
-  (util/with-kvstore-errors :load-optimizer-states
-    (doto kvstore
-      (.loadOptimizerStates ^String fname))))
+  (file-call kvstore fname :load-optimizer-states #(.loadOptimizerStates ^KVStore %1 ^String %2)))
 
 (defn save-checkpoint
   "Saves the whole store to the file `fname`: every key's name, shape, dtype
@@ -630,11 +632,7 @@
   regular file is `{:kvstore/error :invalid-argument}`; a file that cannot be
   written `{:kvstore/error :io}`."
   [^KVStore kvstore fname]
-  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
-  (util/validate! ::fname fname "Invalid filename")
-  (util/with-kvstore-errors :save-checkpoint
-    (doto kvstore
-      (.saveCheckpoint ^String fname))))
+  (file-call kvstore fname :save-checkpoint #(.saveCheckpoint ^KVStore %1 ^String %2)))
 
 (defn load-checkpoint
   "Loads a file of `save-checkpoint` into the store, of any kind and on any
@@ -646,8 +644,4 @@
   `{:kvstore/error :invalid-argument}`; a key of the store with another shape
   `{:kvstore/error :shape-mismatch}`."
   [^KVStore kvstore fname]
-  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
-  (util/validate! ::fname fname "Invalid filename")
-  (util/with-kvstore-errors :load-checkpoint
-    (doto kvstore
-      (.loadCheckpoint ^String fname))))
+  (file-call kvstore fname :load-checkpoint #(.loadCheckpoint ^KVStore %1 ^String %2)))
