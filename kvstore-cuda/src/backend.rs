@@ -1,6 +1,19 @@
 //! The CUDA device backend: one context and one stream per device, created on first
-//! use. Every operation is synchronous (it waits for its stream before returning), so
-//! no buffer is ever in use by two operations at once and no event tracking is needed.
+//! use. Every operation on a device's buffers is queued on that device's one stream,
+//! so operations take effect in the order they were queued, and each call returns
+//! without waiting for the GPU. The host waits for the stream only where it must:
+//! - after a copy to the host (the caller reads the bytes next);
+//! - after a copy from the host (its source may be page-locked memory, which the GPU
+//!   reads after the call returns, and which the caller may change then);
+//! - around any operation that involves two devices: the other device's stream is
+//!   waited for before, and the operation's own after, so neither stream uses a buffer
+//!   the other is still writing.
+//!
+//! Buffers are freed on their stream (`cuMemFreeAsync`), after the work queued before.
+//! Because the order of the stream is the order of the calls, which the store's locks
+//! already decide, no event tracking is needed. An error of a kernel that fails while
+//! running (none is expected: every launch is checked) is reported by the next call
+//! that waits for the stream.
 
 use std::any::Any;
 use std::sync::{Arc, OnceLock};
@@ -147,10 +160,11 @@ fn arch(major: i32, minor: i32) -> &'static str {
 impl Device {
     fn open(ordinal: usize) -> std::result::Result<Device, String> {
         let ctx = CudaContext::new(ordinal).map_err(|e| format!("the CUDA context could not be created: {e}"))?;
-        // Every operation waits for its stream, so cudarc's per-buffer events are not
-        // needed.
+        // Every operation is queued on the one stream of its context, so cudarc's
+        // per-buffer events are not needed.
         // SAFETY: no buffer of this context is used on two streams at once: there is
-        // one stream per context, and every operation synchronises it before returning.
+        // one stream per context, and an operation that involves another device's
+        // buffer waits for that device's stream before and for its own stream after.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         Ok(Device { ctx, stream, kernels: OnceLock::new() })
@@ -201,6 +215,12 @@ pub struct CudaBackend {
 impl CudaBackend {
     pub(crate) fn new(count: usize) -> Self {
         CudaBackend { devices: (0..count).map(|_| OnceLock::new()).collect() }
+    }
+
+    /// Waits until every operation queued on any device so far has finished, and
+    /// reports the first error a device reports.
+    pub fn synchronize(&self) -> Result<()> {
+        self.devices.iter().filter_map(|d| d.get()).filter_map(|d| d.as_ref().ok()).try_for_each(|d| d.sync())
     }
 
     fn device(&self, ordinal: usize) -> Result<&Arc<Device>> {
@@ -297,7 +317,8 @@ unsafe impl Sync for Pinned {}
 impl PinnedMemory for Pinned {
     fn bytes(&self) -> &[u8] {
         // SAFETY: `ptr` points to `len` bytes that live as long as `_slice`, and every
-        // copy into them has finished (every operation synchronises its stream).
+        // copy into them has finished (copies to and from the host wait for their
+        // stream before they return).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
@@ -319,8 +340,8 @@ impl DeviceBackend for CudaBackend {
     fn alloc_zeroed(&self, device: usize, bytes: usize) -> Result<Box<dyn DeviceBuffer>> {
         let dev = self.device(device)?;
         // cudarc cannot allocate zero bytes; an empty array gets one unused byte.
+        // Allocated and zeroed on the stream, before any later use of the buffer.
         let data = dev.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(|e| backend_error("allocating", e))?;
-        dev.sync()?;
         Ok(Box::new(CudaBuffer { device: dev.clone(), ordinal: device, len: bytes, data }))
     }
 
@@ -331,9 +352,14 @@ impl DeviceBackend for CudaBackend {
         if src.len == 0 {
             return Ok(());
         }
-        // Across devices cudarc makes this a peer copy.
+        // Across devices cudarc makes this a peer copy; the source's stream is waited
+        // for before, and the copy's after.
+        let peer = src.ordinal != dst.ordinal;
+        if peer {
+            src.device.sync()?;
+        }
         dst.device.stream.memcpy_dtod(&src.data, &mut dst.data).map_err(|e| backend_error("device copy", e))?;
-        dst.device.sync()
+        if peer { dst.device.sync() } else { Ok(()) }
     }
 
     fn reduce(&self, dtype: DType, inputs: &[&dyn DeviceBuffer], out: &mut dyn DeviceBuffer) -> Result<bool> {
@@ -352,14 +378,17 @@ impl DeviceBackend for CudaBackend {
         let dev = out.device.clone();
         let Some(kernels) = dev.kernels_or_staging() else { return Ok(false) };
         let kernel = &kernels.reduce[DType::ALL.iter().position(|&d| d == dtype).unwrap_or(0)];
-        // Inputs on other devices are first copied to the output's device; the copies
-        // live until the synchronisation below.
+        // Inputs on other devices are first copied to the output's device (their
+        // streams waited for first); the copies are freed on the stream after the
+        // kernel, and the stream is waited for at the end, before the inputs' devices
+        // can write them again.
         let mut staged: Vec<CudaSlice<u8>> = Vec::new();
         let mut pointers: Vec<u64> = Vec::with_capacity(ins.len().max(INLINE));
         for b in &ins {
             let ptr = if b.ordinal == out.ordinal {
                 b.data.device_ptr(&dev.stream).0
             } else {
+                b.device.sync()?;
                 let mut copy = dev
                     .stream
                     .alloc_zeros::<u8>(b.data.len())
@@ -372,7 +401,8 @@ impl DeviceBackend for CudaBackend {
             pointers.push(ptr);
         }
         let k = i32::try_from(ins.len()).map_err(|_| Error::invalid_argument("too many values to reduce"))?;
-        // Up to INLINE pointers go by value; more go in a table on the device.
+        // Up to INLINE pointers go by value; more go in a table on the device (the
+        // upload copies `pointers`, pageable memory, before it returns).
         let table = if ins.len() > INLINE {
             Some(dev.stream.clone_htod(&pointers).map_err(|e| backend_error("uploading the input table", e))?)
         } else {
@@ -391,12 +421,15 @@ impl DeviceBackend for CudaBackend {
         // SAFETY: the kernel's parameters are (T* out, KvPtrs inl, const void* const*
         // table, int k, u64 n): `out` holds n elements of the dtype; the k input
         // pointers (in `inline` when k <= INLINE, else in `table`) point to buffers of n
-        // elements on this device (inputs or their staged copies, alive until the
-        // synchronisation below), each a whole allocation and so aligned for
+        // elements on this device (inputs, or their staged copies and the table, freed
+        // on this stream after the kernel), each a whole allocation and so aligned for
         // the vector loads; the grid covers n with a stride loop.
         unsafe { launch.launch(cfg) }.map_err(|e| backend_error("launching the reduction", e))?;
-        dev.sync()?;
+        let peer = !staged.is_empty();
         drop((staged, table));
+        if peer {
+            dev.sync()?
+        }
         Ok(true)
     }
 
@@ -443,10 +476,10 @@ impl DeviceBackend for CudaBackend {
         // R* s0, R* s1, R* s2, R* master, u64 n) with R = double for f64 weights and
         // float otherwise (the Coefs passed match): w and g hold n elements of the
         // weight's dtype, each state and the master copy n elements of R (checked above)
-        // or are null when the rule has fewer, all on this device and alive until the
-        // synchronisation below; the grid covers n with a stride loop.
+        // or are null when the rule has fewer, all on this device, where a buffer is
+        // freed only on this stream, after the kernel; the grid covers n with a stride
+        // loop.
         unsafe { launch.launch(launch_config(count)) }.map_err(|e| backend_error("launching the optimizer step", e))?;
-        dev.sync()?;
         Ok(true)
     }
 

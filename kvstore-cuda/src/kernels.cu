@@ -35,56 +35,136 @@ __device__ __forceinline__ u16 f2b(float f) {
 // Up to KV_INLINE input pointers come by value in the parameters (no upload); more come
 // in a device table. Each thread moves 16 bytes per input per step (one vector load;
 // every buffer is a whole allocation, aligned for any type), then the tail element by
-// element.
+// element. For k <= KV_INLINE the count is a template argument: the pointers stay in
+// registers (a run-time index into the parameters would copy them to local memory) and
+// all k loads are in flight before the first add, which is what reaches the copy's
+// bandwidth.
 
 #define KV_INLINE 8
 struct KvPtrs {
     const void* p[KV_INLINE];
 };
 
-#define KV_REDUCE(NAME, T, ACC, LOAD, STORE)                                                     \
-    extern "C" __global__ void NAME(T* out, KvPtrs inl, const void* const* table, int k, u64 n) { \
-        const int V = 16 / (int)sizeof(T);                                                       \
-        union Vec {                                                                              \
-            uint4 raw;                                                                           \
-            T e[16 / sizeof(T)];                                                                 \
-        };                                                                                       \
-        u64 stride = (u64)gridDim.x * blockDim.x;                                                \
-        u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;                                  \
-        u64 nv = n / V;                                                                          \
-        for (u64 v = first; v < nv; v += stride) {                                               \
-            ACC acc[16 / sizeof(T)];                                                             \
-            Vec x;                                                                               \
-            x.raw = ((const uint4*)(k <= KV_INLINE ? inl.p[0] : table[0]))[v];                  \
-            _Pragma("unroll") for (int q = 0; q < V; ++q) acc[q] = LOAD(x.e[q]);                 \
-            for (int j = 1; j < k; ++j) {                                                        \
-                x.raw = ((const uint4*)(k <= KV_INLINE ? inl.p[j] : table[j]))[v];              \
-                _Pragma("unroll") for (int q = 0; q < V; ++q) acc[q] = acc[q] + LOAD(x.e[q]);    \
-            }                                                                                    \
-            Vec o;                                                                               \
-            _Pragma("unroll") for (int q = 0; q < V; ++q) o.e[q] = STORE(acc[q]);                \
-            ((uint4*)out)[v] = o.raw;                                                            \
-        }                                                                                        \
-        for (u64 i = nv * V + first; i < n; i += stride) {                                       \
-            ACC acc = LOAD(((const T*)(k <= KV_INLINE ? inl.p[0] : table[0]))[i]);              \
-            for (int j = 1; j < k; ++j)                                                          \
-                acc = acc + LOAD(((const T*)(k <= KV_INLINE ? inl.p[j] : table[j]))[i]);        \
-            out[i] = STORE(acc);                                                                 \
-        }                                                                                        \
+// Each dtype's storage type T, accumulator A, and the conversions between them.
+#define KV_OP(NAME, TT, AA, LOAD, STORE)                                  \
+    struct NAME {                                                          \
+        typedef TT T;                                                      \
+        typedef AA A;                                                      \
+        static __device__ __forceinline__ A load(T x) { return LOAD(x); }  \
+        static __device__ __forceinline__ T store(A a) { return STORE(a); } \
+    };
+#define KV_ID(x) (x)
+KV_OP(KvF32, float, float, KV_ID, KV_ID)
+KV_OP(KvF64, double, double, KV_ID, KV_ID)
+KV_OP(KvF16, u16, float, h2f, f2h)
+KV_OP(KvBF16, u16, float, b2f, f2b)
+KV_OP(KvI32, int, u32, (u32), (int))
+KV_OP(KvI64, long long, u64, (u64), (long long))
+KV_OP(KvI8, signed char, u32, (u32), (signed char))
+KV_OP(KvU8, unsigned char, u32, (u32), (unsigned char))
+
+// The 16-byte vectors, with their elements.
+template <typename Op>
+union KvVec {
+    uint4 raw;
+    typename Op::T e[16 / sizeof(typename Op::T)];
+};
+
+// k = K inputs, K known when compiling.
+template <typename Op, int K>
+__device__ __forceinline__ void kv_reduce_fixed(typename Op::T* out, const KvPtrs& inl, u64 n) {
+    typedef typename Op::T T;
+    typedef typename Op::A A;
+    const int V = 16 / (int)sizeof(T);
+    const T* p[K];
+#pragma unroll
+    for (int j = 0; j < K; ++j) p[j] = (const T*)inl.p[j];
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 nv = n / V;
+    for (u64 v = first; v < nv; v += stride) {
+        KvVec<Op> x[K];
+#pragma unroll
+        for (int j = 0; j < K; ++j) x[j].raw = ((const uint4*)p[j])[v];
+        KvVec<Op> o;
+#pragma unroll
+        for (int q = 0; q < V; ++q) {
+            A acc = Op::load(x[0].e[q]);
+#pragma unroll
+            for (int j = 1; j < K; ++j) acc = acc + Op::load(x[j].e[q]);
+            o.e[q] = Op::store(acc);
+        }
+        ((uint4*)out)[v] = o.raw;
+    }
+    for (u64 i = nv * V + first; i < n; i += stride) {
+        A acc = Op::load(p[0][i]);
+#pragma unroll
+        for (int j = 1; j < K; ++j) acc = acc + Op::load(p[j][i]);
+        out[i] = Op::store(acc);
+    }
+}
+
+// Any k > KV_INLINE, the pointers read from the device table.
+template <typename Op>
+__device__ __forceinline__ void kv_reduce_table(typename Op::T* out, const void* const* table, int k, u64 n) {
+    typedef typename Op::T T;
+    typedef typename Op::A A;
+    const int V = 16 / (int)sizeof(T);
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 nv = n / V;
+    for (u64 v = first; v < nv; v += stride) {
+        A acc[16 / sizeof(T)];
+        KvVec<Op> x;
+        x.raw = ((const uint4*)table[0])[v];
+#pragma unroll
+        for (int q = 0; q < V; ++q) acc[q] = Op::load(x.e[q]);
+        for (int j = 1; j < k; ++j) {
+            x.raw = ((const uint4*)table[j])[v];
+#pragma unroll
+            for (int q = 0; q < V; ++q) acc[q] = acc[q] + Op::load(x.e[q]);
+        }
+        KvVec<Op> o;
+#pragma unroll
+        for (int q = 0; q < V; ++q) o.e[q] = Op::store(acc[q]);
+        ((uint4*)out)[v] = o.raw;
+    }
+    for (u64 i = nv * V + first; i < n; i += stride) {
+        A acc = Op::load(((const T*)table[0])[i]);
+        for (int j = 1; j < k; ++j) acc = acc + Op::load(((const T*)table[j])[i]);
+        out[i] = Op::store(acc);
+    }
+}
+
+template <typename Op>
+__device__ __forceinline__ void kv_reduce(typename Op::T* out, const KvPtrs& inl, const void* const* table, int k,
+                                          u64 n) {
+    switch (k) {
+        case 1: kv_reduce_fixed<Op, 1>(out, inl, n); break;
+        case 2: kv_reduce_fixed<Op, 2>(out, inl, n); break;
+        case 3: kv_reduce_fixed<Op, 3>(out, inl, n); break;
+        case 4: kv_reduce_fixed<Op, 4>(out, inl, n); break;
+        case 5: kv_reduce_fixed<Op, 5>(out, inl, n); break;
+        case 6: kv_reduce_fixed<Op, 6>(out, inl, n); break;
+        case 7: kv_reduce_fixed<Op, 7>(out, inl, n); break;
+        case 8: kv_reduce_fixed<Op, 8>(out, inl, n); break;
+        default: kv_reduce_table<Op>(out, table, k, n); break;
+    }
+}
+
+#define KV_REDUCE(NAME, OP)                                                                        \
+    extern "C" __global__ void NAME(OP::T* out, KvPtrs inl, const void* const* table, int k, u64 n) { \
+        kv_reduce<OP>(out, inl, table, k, n);                                                       \
     }
 
-#define KV_ID(x) (x)
-#define KV_U32(x) ((u32)(x))
-#define KV_U64(x) ((u64)(x))
-
-KV_REDUCE(kv_reduce_f32, float, float, KV_ID, KV_ID)
-KV_REDUCE(kv_reduce_f64, double, double, KV_ID, KV_ID)
-KV_REDUCE(kv_reduce_f16, u16, float, h2f, f2h)
-KV_REDUCE(kv_reduce_bf16, u16, float, b2f, f2b)
-KV_REDUCE(kv_reduce_i32, int, u32, KV_U32, (int))
-KV_REDUCE(kv_reduce_i64, long long, u64, KV_U64, (long long))
-KV_REDUCE(kv_reduce_i8, signed char, u32, KV_U32, (signed char))
-KV_REDUCE(kv_reduce_u8, unsigned char, u32, KV_U32, (unsigned char))
+KV_REDUCE(kv_reduce_f32, KvF32)
+KV_REDUCE(kv_reduce_f64, KvF64)
+KV_REDUCE(kv_reduce_f16, KvF16)
+KV_REDUCE(kv_reduce_bf16, KvBF16)
+KV_REDUCE(kv_reduce_i32, KvI32)
+KV_REDUCE(kv_reduce_i64, KvI64)
+KV_REDUCE(kv_reduce_i8, KvI8)
+KV_REDUCE(kv_reduce_u8, KvU8)
 
 // ---- Fused optimizer steps ----
 // One kernel per weight dtype runs any rule (`rule`, kvstore_core::FusedRule's order:

@@ -79,6 +79,21 @@ pub fn device_count() -> usize {
     *probe().as_ref().unwrap_or(&0)
 }
 
+/// The backend [`register`] installs.
+static BACKEND: OnceLock<Arc<CudaBackend>> = OnceLock::new();
+
+/// Waits until the GPUs have finished every operation queued so far. Store calls return
+/// once their GPU work is queued, in order on each device's stream; any read of the
+/// results from the host (`to_vec`, a pull into host arrays) waits for that work by
+/// itself, so this is needed only to time the GPU work or to hand the buffers to other
+/// CUDA code. Does nothing before [`register`].
+///
+/// # Errors
+/// [`Error::Backend`] with the driver's message when a device reports an error.
+pub fn synchronize() -> Result<()> {
+    BACKEND.get().map_or(Ok(()), |b| b.synchronize())
+}
+
 /// Installs the CUDA backend, so that `gpu(i)` contexts are CUDA devices. Calling it
 /// again does nothing.
 ///
@@ -86,7 +101,6 @@ pub fn device_count() -> usize {
 /// [`Error::DeviceUnavailable`] with the reason when no CUDA device can be used;
 /// [`Error::Unsupported`] if another device backend is installed.
 pub fn register() -> Result<()> {
-    static BACKEND: OnceLock<Arc<CudaBackend>> = OnceLock::new();
     let count = probe().clone().map_err(|reason| Error::DeviceUnavailable { context: "gpu".to_string(), reason })?;
     let backend = BACKEND.get_or_init(|| Arc::new(CudaBackend::new(count)));
     kvstore_core::backend::register_backend(backend.clone())

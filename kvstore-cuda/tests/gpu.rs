@@ -99,3 +99,46 @@ fn keys_are_spread_over_gpus_by_size() {
     }
     device_checks::keys_spread_over_devices_by_size(gpus().expect("register"));
 }
+
+/// Store calls return once their GPU work is queued: calls on a key still take effect
+/// in call order, temporaries can be dropped at once, and reads wait for the work.
+/// More than 8 values (the kernel's pointer table in device memory) sum as the host.
+#[test]
+fn queued_gpu_work_takes_effect_in_call_order() {
+    if !kvstore_cuda::gpu_or_skip("queued_gpu_work_takes_effect_in_call_order") {
+        return;
+    }
+    gpus().expect("register");
+    // 4 Mi f32: each sum is still running when the next call is queued.
+    let n = 1 << 22;
+    let kv = KVStore::create("device").expect("store");
+    kv.init("w", &NDArray::zeros_with(&[n], DType::F32, Context::gpu(0)).expect("w")).expect("init");
+    let out = NDArray::zeros_with(&[n], DType::F32, Context::gpu(0)).expect("out");
+    for round in 0..8u32 {
+        let vals: Vec<NDArray> = (0..10)
+            .map(|j| NDArray::full_with(&[n], f64::from(round * 10 + j), DType::F32, Context::gpu(0)).expect("v"))
+            .collect();
+        kv.push("w", &vals, 0).expect("push");
+        drop(vals);
+        kv.pull("w", &out, 0).expect("pull");
+        // The pulled array is pushed again at once: its sum must see this pull.
+        kv.push("w", &[out.clone(), out.clone()], 0).expect("push the pulled value");
+        kv.pull("w", &out, 0).expect("pull");
+        let want = 2.0 * (0..10).map(|j| (round * 10 + j) as f32).sum::<f32>();
+        let got = out.to_vec::<f32>().expect("read");
+        assert!(got.iter().all(|&x| x == want), "round {round}: {} where {want} was due", got[0]);
+    }
+    kvstore_cuda::synchronize().expect("synchronize");
+    for dtype in DType::ALL {
+        let sum = |ctx: Context| {
+            let kv = KVStore::create("device").expect("store");
+            kv.init("k", &values(4099, 99, dtype, ctx)).expect("init");
+            let vals: Vec<NDArray> = (0..10).map(|i| values(4099, i, dtype, ctx)).collect();
+            kv.push("k", &vals, 0).expect("push");
+            let out = NDArray::zeros_with(&[4099], dtype, Context::cpu(0)).expect("out");
+            kv.pull("k", &out, 0).expect("pull");
+            bits(&out)
+        };
+        assert_eq!(sum(Context::gpu(0)), sum(Context::cpu(0)), "{dtype}: 10 values on the GPU sum differently");
+    }
+}
