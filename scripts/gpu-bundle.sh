@@ -20,7 +20,8 @@ cat >"$out/run.sh" <<'RUN'
 # Runs every GPU test binary of this folder with KVSTORE_REQUIRE_CUDA=1 (a missing GPU
 # fails instead of skipping), then the GPU bench and, where PyTorch is installed,
 # PyTorch's a+b+c+d on the same arrays. Writes ${1:-.}/gpu-tests.log, gpu-bench.log,
-# gpu.json and torch.json.
+# gpu.json, torch.json and gpu-results.json (all of them, with the machine: the file
+# bench/results/<device>-<date>.json is a copy of it).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here}
@@ -41,6 +42,28 @@ grep -E '^test result|FAILED|panicked' "$out/gpu-tests.log"
 "$here/bench_gpu" "$out/gpu.json" >"$out/gpu-bench.log" 2>&1 || status=1
 python3 "$here/bench_torch.py" "$out/gpu.json" "$out/torch.json" >>"$out/gpu-bench.log" 2>&1 || status=1
 cat "$out/gpu-bench.log"
+# One file for bench/results/<device>-<date>.json: the machine, every row with its ratio
+# (limit / median), and the test summary lines.
+python3 - "$out" <<'PY' || status=1
+import json, os, subprocess, sys, time
+out = sys.argv[1]
+q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader", "-i", "0"],
+                   capture_output=True, text=True).stdout.strip().split(", ")
+rows = []
+for f in ("gpu.json", "torch.json"):
+    try:
+        rows += json.load(open(os.path.join(out, f)))
+    except OSError:
+        pass
+for r in rows:
+    r["ratio"] = r["limit_s"] / r["median_s"] if r.get("limit_s") else None
+log = open(os.path.join(out, "gpu-tests.log")).read().splitlines()
+tests = [l for l in log if l.startswith(("== ", "test result", "SKIP")) or "FAILED" in l or "panicked" in l]
+result = {"device": q[0], "driver": q[1] if len(q) > 1 else None, "memory": q[2] if len(q) > 2 else None,
+          "date": time.strftime("%Y-%m-%d"), "KVSTORE_REQUIRE_CUDA": "1", "tests": tests, "rows": rows}
+json.dump(result, open(os.path.join(out, "gpu-results.json"), "w"), indent=1)
+print("wrote", os.path.join(out, "gpu-results.json"))
+PY
 exit $status
 RUN
 chmod +x "$out/run.sh"

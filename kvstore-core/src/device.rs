@@ -145,6 +145,13 @@ pub struct FusedArrays<'a> {
 }
 
 /// A GPU (or other device) backend: the device memory and, optionally, kernels.
+///
+/// An operation may return before the device has done it (kvstore-cuda queues each on
+/// its device's stream), provided that the operations touching a buffer take effect in
+/// the order they were called, from any thread, and that
+/// [`DeviceBuffer::read_to_host`] and [`DeviceBuffer::write_from_host`] return only
+/// once the host memory they were given has been read or written: core calls in the
+/// order its locks decide and reads results only through those two.
 pub trait DeviceBackend: Send + Sync {
     /// The backend's name, for messages (`"cuda"`).
     fn name(&self) -> &'static str;

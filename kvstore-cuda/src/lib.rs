@@ -14,6 +14,10 @@
 //! # Ok::<(), kvstore_core::Error>(())
 //! ```
 //!
+//! Each GPU has one stream; calls queue their GPU work there and return, so work on a
+//! key runs in call order, and reading results on the host waits for it
+//! ([`synchronize`] waits for everything).
+//!
 //! Fused optimizer kernels run SGD (with and without momentum), NAG, Adam, AdaGrad and
 //! RMSProp (plain and centered) where the weights live, with the host rule's bits.
 //! Operations that have no device kernel (element-wise ops, the other optimizers) run
