@@ -1,5 +1,5 @@
 # The one entry point. `make demo` and `make test` install what they need.
-.PHONY: all setup setup-jvm setup-mpi build native jar install repl demo test fuzz bench gpu-bundle lint fmt doc javadoc clean
+.PHONY: all setup setup-jvm setup-mpi build native jar install repl demo test fuzz chaos bench gpu-bundle lint fmt doc javadoc clean
 
 CARGO ?= cargo
 JAVA ?= java
@@ -89,6 +89,15 @@ FUZZ_CASES ?= 20000
 fuzz: setup
 	KVSTORE_FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test --release -p kvstore-tests --test main \
 	    hostile::mutated_state_files_never_panic_and_never_load_other_states -- --exact
+
+# The chaos suite with many more runs than `make test`'s 6 (CHAOS_RUNS, default 100):
+# a 4-rank dist_sync training job that checkpoints every 4 steps, a random rank killed
+# (SIGKILL) or stopped (SIGSTOP) at a random moment; every job must end (no hang), every
+# checkpoint load, and a job resumed from the latest (on 4 or 2 ranks) train on. Ends
+# with the summary: runs, kills, stops, hangs, watchdog endings, checkpoints, resumes.
+CHAOS_RUNS ?= 100
+chaos: setup
+	@bash scripts/chaos.sh $(CHAOS_RUNS)
 
 # Criterion benches; the Java, Clojure, MPI (2 ranks) and GPU benches; then the report:
 # limit, store, JVM, MPI and GPU rows, medians and ratios, written to target/bench/results.json.

@@ -86,21 +86,27 @@ bad_setting() {
 bad_setting KVSTORE_MPI_BUCKET_BYTES lots bucket_bytes_come_from_the_environment
 bad_setting KVSTORE_TIMEOUT soon timeout_comes_from_the_environment
 
-# A worker that is alive but stuck before a push (one of three): with a 3 s timeout the
-# job ends within seconds, the waiting ranks naming the stuck rank and the call.
-start=$(date +%s)
-KVSTORE_TIMEOUT=3 timeout 100 "${MPIRUN[@]}" -x KVSTORE_TIMEOUT -np 3 "$stall" >"$logs/mpi-stall.log" 2>&1
-rc=$?
-elapsed=$(($(date +%s) - start))
-if [ "$rc" -eq 86 ] && [ "$elapsed" -lt 30 ] && grep -q "push #2 has waited 3 s for rank 2, which never arrived" \
-    "$logs/mpi-stall.log" && ! grep -q "push returned" "$logs/mpi-stall.log"; then
-    echo "a stuck worker ended the job in ${elapsed} s: $(grep -m1 'never arrived' "$logs/mpi-stall.log")"
-    passed=$((passed + 1))
-else
-    echo "a stuck worker: exit $rc after ${elapsed} s (86: the watchdog; 124: the job hung)"
-    tail -n 20 "$logs/mpi-stall.log"
-    failed=$((failed + 1))
-fi
+# A worker that is alive but stuck (one of three), before a push and before finalize:
+# with a 3 s timeout the job ends within seconds, the waiting ranks naming the stuck rank
+# and the call.
+stuck() {
+    local at=$1 said=$2 log="$logs/mpi-stall-$1.log" start rc elapsed
+    start=$(date +%s)
+    KVSTORE_STALL_AT=$at KVSTORE_TIMEOUT=3 timeout 100 "${MPIRUN[@]}" -x KVSTORE_TIMEOUT -x KVSTORE_STALL_AT -np 3 \
+        "$stall" >"$log" 2>&1
+    rc=$?
+    elapsed=$(($(date +%s) - start))
+    if [ "$rc" -eq 86 ] && [ "$elapsed" -lt 30 ] && grep -q "$said" "$log" && ! grep -q "returned although" "$log"; then
+        echo "a worker stuck before $at ended the job in ${elapsed} s: $(grep -m1 "$said" "$log")"
+        passed=$((passed + 1))
+    else
+        echo "a worker stuck before $at: exit $rc after ${elapsed} s (86: the watchdog; 124: the job hung)"
+        tail -n 20 "$log"
+        failed=$((failed + 1))
+    fi
+}
+stuck push "push #2 has waited 3 s for rank 2, which never arrived"
+stuck finalize "finalize has waited 3 s for the other workers"
 
 # A worker that dies mid-job: the job must end, with an error, within seconds; once
 # while the survivor waits in a blocking push, once with non-blocking pushes queued.

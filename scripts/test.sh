@@ -96,6 +96,10 @@ check javadoc bash scripts/javadoc.sh
 # Multi-rank: kvstore-mpi with its `mpi` feature (Open MPI from Debian), under mpirun.
 check clippy-mpi bash -c 'bash scripts/setup-mpi.sh && cargo clippy -p kvstore-mpi -p kvstore-jni --features kvstore-mpi/mpi,kvstore-jni/mpi --all-targets -- -D warnings'
 suite mpi bash scripts/test-mpi.sh
+# Chaos, a bounded slice (6 runs; `make chaos` runs 100): a 4-rank training job that
+# checkpoints, with a random rank killed or stopped; it must end, its checkpoints load
+# and a job resumed from the latest trains on.
+suite chaos bash scripts/chaos.sh 6
 # The JVM under mpirun: target/kvstore-mpi.jar (make jar FEATURES=mpi) trains
 # clojure/examples/dist_train.clj on 2 ranks. It rebuilds the JNI library with MPI,
 # so it runs after every suite that uses the default jar.

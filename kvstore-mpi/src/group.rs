@@ -73,6 +73,7 @@ pub fn finalize() -> Result<()> {
     let shared = MPI.get().ok_or(Error::Backend { backend: "mpi", message: "MPI was not initialised".into() })?;
     let mpi =
         shared.0.lock().take().ok_or(Error::Backend { backend: "mpi", message: "MPI is already finalised".into() })?;
+    watchdog::finalizing();
     FINALIZED.store(true, Ordering::SeqCst);
     drop(mpi.steps);
     drop(mpi.world);
@@ -573,6 +574,8 @@ mod watchdog {
     static EXCHANGING: AtomicBool = AtomicBool::new(false);
     /// The last step the workers compared: the call the data belongs to.
     static STEP: Mutex<String> = Mutex::new(String::new());
+    /// When this rank entered [`super::finalize`], in ms since [`epoch`] (0: not yet).
+    static FINALIZING_SINCE: AtomicU64 = AtomicU64::new(0);
 
     fn epoch() -> Instant {
         static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
@@ -587,6 +590,12 @@ mod watchdog {
         let mut s = STEP.lock();
         s.clear();
         s.push_str(step);
+    }
+
+    /// Marks the start of `MPI_Finalize`, which waits for every rank: a rank stuck
+    /// before its own finalize would hold the others there for ever.
+    pub(super) fn finalizing() {
+        FINALIZING_SINCE.store(now_ms(), Ordering::SeqCst);
     }
 
     /// Marks an MPI call in progress while alive.
@@ -621,6 +630,13 @@ mod watchdog {
         }
     }
 
+    /// Prints `msg` and a newline on standard error in one write, so that the lines of
+    /// ranks printing at the same moment do not interleave in the launcher's output.
+    fn say(msg: String) {
+        use std::io::Write;
+        let _ = std::io::stderr().write_all(format!("{msg}\n").as_bytes());
+    }
+
     fn seconds(d: Duration) -> String {
         let s = d.as_secs_f64();
         if s.fract() == 0.0 { format!("{s:.0}") } else { format!("{s}") }
@@ -635,7 +651,7 @@ mod watchdog {
     /// other waiting workers a moment to say it too, and aborts.
     pub(super) fn never_arrived(rank: usize, size: usize, step: &str, timeout: Duration, missing: &[usize]) -> ! {
         let arrived: Vec<usize> = (0..size).filter(|r| !missing.contains(r)).collect();
-        eprintln!(
+        say(format!(
             "kvstore-mpi: rank {rank}: {step} has waited {} s for {}, which never arrived at it ({} did); a worker \
              that is alive but stuck (or stopped) holds up the job: aborting it ({}={})",
             seconds(timeout),
@@ -643,7 +659,7 @@ mod watchdog {
             ranks(&arrived),
             super::TIMEOUT_VAR,
             seconds(timeout)
-        );
+        ));
         abort_soon()
     }
 
@@ -665,6 +681,28 @@ mod watchdog {
             loop {
                 let timeout = group.timeout();
                 std::thread::sleep((timeout / 8).clamp(Duration::from_millis(50), Duration::from_secs(1)));
+                let finalizing = FINALIZING_SINCE.load(Ordering::SeqCst);
+                if finalizing != 0 {
+                    let waited = Duration::from_millis(now_ms().saturating_sub(finalizing));
+                    if waited >= timeout {
+                        say(format!(
+                            "kvstore-mpi: rank {}: finalize has waited {} s for the other workers: one is alive but \
+                             stuck (or stopped) before its finalize; this rank exits with status {WATCHDOG_EXIT}, \
+                             which ends the job ({}={})",
+                            group.rank,
+                            seconds(waited),
+                            super::TIMEOUT_VAR,
+                            seconds(timeout)
+                        ));
+                        std::thread::sleep(Duration::from_secs(2));
+                        // MPI_Abort is not allowed once MPI_Finalize has begun; a rank that
+                        // exits with a failure ends the job all the same (the launcher's
+                        // fail-stop). `_exit`: no exit handlers, which could wait on MPI.
+                        // SAFETY: `_exit` ends the process at once; it has no preconditions.
+                        unsafe { libc::_exit(WATCHDOG_EXIT) };
+                    }
+                    continue;
+                }
                 let since = BUSY_SINCE.load(Ordering::SeqCst);
                 if since == 0 || EXCHANGING.load(Ordering::SeqCst) || super::FINALIZED.load(Ordering::SeqCst) {
                     continue;
@@ -673,14 +711,14 @@ mod watchdog {
                 if waited >= timeout {
                     let step = STEP.lock().clone();
                     let step = if step.is_empty() { "a collective operation".to_string() } else { step };
-                    eprintln!(
+                    say(format!(
                         "kvstore-mpi: rank {}: the data of {step} has not moved after {} s: every worker arrived at \
                          the call, so one stopped or is stuck inside it; aborting the job ({}={})",
                         group.rank,
                         seconds(waited),
                         super::TIMEOUT_VAR,
                         seconds(timeout)
-                    );
+                    ));
                     abort_soon();
                 }
             }
