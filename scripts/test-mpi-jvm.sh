@@ -7,7 +7,10 @@
 #     floor and the weights near the true ones;
 #  2. runs it without mpirun: a job of one worker;
 #  3. runs clojure/examples/dying_rank.clj under `mpirun -np 2`: a JVM rank that
-#     throws must end the job within seconds (never a hang), with a failing status.
+#     throws must end the job within seconds (never a hang), with a failing status;
+#  4. stops dist_train.clj after epoch 5 (--checkpoint-dir, --epochs 5) and restarts it
+#     with --resume: it must end with the bits of step 1's job, which never stopped;
+#  5. resumes that job's checkpoint in one process (fewer ranks): it must train on.
 # Prints one line `mpi-jvm: N passed, N failed`.
 #
 # Needs Debian's clojure (scripts/setup-jvm.sh) and Open MPI (scripts/setup-mpi.sh).
@@ -95,6 +98,41 @@ if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$elapsed" -lt 30 ] && ! grep -q "p
 else
     fail "a JVM rank that throws" "exit $rc after ${elapsed} s (124: the job hung)"
     tail -n 20 "$logs/mpi-jvm-dying.log"
+fi
+
+# 4. A job stopped after epoch 5 (checkpoints at epochs 2 and 4), restarted with
+# --resume on its checkpoint folder: it resumes from epoch 4 and ends with the weights
+# of the job of step 1, which never stopped, to the last bit.
+ck=$logs/mpi-jvm-checkpoints
+rm -rf "$ck" "$logs"/mpi-jvm-stopped* "$logs"/mpi-jvm-resumed*
+dist_train=(java "${java_opts[@]}" -cp "$cp" clojure.main "$root/clojure/examples/dist_train.clj")
+timeout -k 10 300 "${MPIRUN[@]}" -np 2 "${dist_train[@]}" --checkpoint-dir "$ck" --epochs 5 \
+    >"$logs/mpi-jvm-stopped.log" 2>&1
+rc=$?
+timeout -k 10 300 "${MPIRUN[@]}" --output-filename "$logs/mpi-jvm-resumed" -np 2 "${dist_train[@]}" \
+    --checkpoint-dir "$ck" --resume "$ck" >"$logs/mpi-jvm-resumed.log" 2>&1
+rrc=$?
+mapfile -t resumed < <(find "$logs/mpi-jvm-resumed" -name stdout 2>/dev/null | sort)
+bits_of() { grep -h ' bits ' "$@" 2>/dev/null | sed 's/^rank [0-9]*: //' | sort -u; }
+if [ "$rc" -eq 0 ] && [ "$rrc" -eq 0 ] && [ "${#resumed[@]}" -eq 2 ] && [ -f "$ck/epoch-04.ckpt" ] &&
+    [ "$(cat "${resumed[@]}" | grep -c "resumed from $ck/epoch-04.ckpt at epoch 4 on 2 ranks")" -eq 2 ] &&
+    [ -n "$(bits_of "${files[@]}")" ] && [ "$(bits_of "${files[@]}")" = "$(bits_of "${resumed[@]}")" ]; then
+    pass "dist_train.clj stopped after epoch 5, restarted with --resume" \
+        "resumed from epoch-04.ckpt, the same bits as the job that never stopped"
+else
+    fail "dist_train.clj stopped after epoch 5, restarted with --resume" "exit $rc then $rrc; logs $logs/mpi-jvm-resumed*"
+    tail -n 20 "$logs/mpi-jvm-stopped.log" "$logs/mpi-jvm-resumed.log"
+    cat "${resumed[@]}" 2>/dev/null | tail -n 20
+fi
+
+# 5. The checkpoint of the 2-rank job resumed by one process (fewer ranks): it trains on.
+timeout -k 10 300 "${dist_train[@]}" --resume "$ck/epoch-04.ckpt" >"$logs/mpi-jvm-fewer.log" 2>&1
+rc=$?
+if [ "$rc" -eq 0 ] && grep -q "resumed from $ck/epoch-04.ckpt at epoch 4 on 1 ranks" "$logs/mpi-jvm-fewer.log"; then
+    check_training "dist_train.clj resumed on 1 rank from the 2 ranks' checkpoint" "$logs/mpi-jvm-fewer.log"
+else
+    fail "dist_train.clj resumed on 1 rank from the 2 ranks' checkpoint" "exit $rc"
+    tail -n 30 "$logs/mpi-jvm-fewer.log"
 fi
 
 echo "mpi-jvm: $passed passed, $failed failed"

@@ -5,6 +5,18 @@
 ;;   mpirun -np 2 java -cp target/kvstore-mpi.jar:/usr/share/java/clojure.jar:/usr/share/java/spec.alpha.jar:/usr/share/java/core.specs.alpha.jar \
 ;;          clojure.main clojure/examples/dist_train.clj
 ;;
+;; Checkpoints and restarts: with --checkpoint-dir DIR the job saves the whole
+;; store (weights, momentum, the optimizer's progress) every 2 epochs, as
+;; DIR/epoch-NN.ckpt (rank 0 writes; every rank returns once the file is on
+;; disk). With --resume PATH it starts from that checkpoint (PATH a file, or a
+;; folder: its latest checkpoint) at the epoch its name gives; on as many ranks
+;; as saved it, the weights come out the same, to the last bit, as if the job had
+;; never stopped; on fewer (or more) ranks it trains on. --epochs N stops after
+;; epoch N (default 10). After a crash, run the same command with --resume DIR:
+;;
+;;   mpirun -np 2 java -cp ... clojure.main clojure/examples/dist_train.clj \
+;;          --checkpoint-dir ckpt --resume ckpt
+;;
 ;; Each minibatch is split between the ranks, and each rank splits its share
 ;; between two cpu contexts. Every step, each context computes the gradient
 ;; of its samples from its own copy of the weights and pushes it to the key
@@ -28,6 +40,32 @@
 (set! *warn-on-reflection* true)
 
 (def local-workers 2)
+(def checkpoint-every 2)
+
+(defn option
+  "The value after `flag` on the command line, or nil."
+  [flag]
+  (second (drop-while #(not= flag %) *command-line-args*)))
+
+(defn epoch-of
+  "The epoch a checkpoint named epoch-NN.ckpt was saved after, or nil."
+  [^java.io.File f]
+  (some->> (.getName f) (re-matches #"epoch-(\d+)\.ckpt") second Long/parseLong))
+
+(defn latest-checkpoint
+  "The checkpoint file `path` names: itself, or the latest epoch-NN.ckpt in
+  the folder `path`."
+  ^java.io.File [path]
+  (let [f (java.io.File. ^String path)]
+    (cond
+      (.isDirectory f) (or (->> (.listFiles f) (filter epoch-of) (sort-by epoch-of) last)
+                           (throw (ex-info (str "no epoch-NN.ckpt checkpoint in " path) {:path path})))
+      (.exists f) f
+      :else (throw (ex-info (str "no checkpoint at " path) {:path path})))))
+
+(def checkpoint-dir (option "--checkpoint-dir"))
+(def resume-from (some-> (option "--resume") latest-checkpoint))
+(def last-epoch (if-let [n (option "--epochs")] (Long/parseLong n) epochs))
 
 (def kv (kvstore/create "dist_sync"))
 (def rank (kvstore/rank kv))
@@ -50,6 +88,22 @@
                                            :wd 0.0
                                            :rescale-gradient (/ 1.0 batch)})))
 
+;; Resuming: the checkpoint replaces the store's weights, optimizer and
+;; momentum (every rank loads the same file, or every rank fails); each context
+;; then pulls the weights it computes its next gradient from.
+(def first-epoch
+  (if resume-from
+    (let [epoch (or (epoch-of resume-from)
+                    (throw (ex-info (str resume-from ": not an epoch-NN.ckpt checkpoint") {})))]
+      (kvstore/load-checkpoint kv (str resume-from))
+      (kvstore/pull kv "w" weights)
+      (println (format "%sresumed from %s at epoch %d on %d ranks" prefix resume-from epoch ranks))
+      (inc epoch))
+    1))
+
+(when checkpoint-dir
+  (.mkdirs (java.io.File. ^String checkpoint-dir)))
+
 (defn params-of
   "The parameters in the NDArray `w`, as doubles."
   ^doubles [w]
@@ -61,8 +115,8 @@
   (println (format "dist_sync over %d ranks x %d cpu contexts; optimizer %s, learning-rate 0.05, momentum 0.9"
                    ranks local-workers (kvstore/optimizer-name kv))))
 
-(println (format "%sepoch %2d  loss %.6f" prefix 0 (loss (params-of (first weights)))))
-(doseq [epoch (range 1 (inc epochs))]
+(println (format "%sepoch %2d  loss %.6f" prefix (dec first-epoch) (loss (params-of (first weights)))))
+(doseq [epoch (range first-epoch (inc last-epoch))]
   (doseq [start (range 0 samples batch)]
     (let [grads (->> (range local-workers)
                      (mapv (fn [k]
@@ -75,7 +129,11 @@
       (-> kv
           (kvstore/push (vec (repeat local-workers "w")) grads)
           (kvstore/pull "w" weights))))
-  (println (format "%sepoch %2d  loss %.6f" prefix epoch (loss (params-of (first weights))))))
+  (println (format "%sepoch %2d  loss %.6f" prefix epoch (loss (params-of (first weights)))))
+  (when (and checkpoint-dir (zero? (mod epoch checkpoint-every)))
+    (let [f (str (java.io.File. ^String checkpoint-dir (format "epoch-%02d.ckpt" epoch)))]
+      (kvstore/save-checkpoint kv f)
+      (when (zero? rank) (println (str "checkpoint " f))))))
 
 (print-params prefix (ndarray/->double-vec (first weights)))
 ;; The exact bits, so that a check can compare the ranks without rounding.
