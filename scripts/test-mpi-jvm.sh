@@ -60,11 +60,12 @@ check_training() {
     if [[ "$verdict" == ok* ]]; then pass "$name" "${verdict#ok: }"; else fail "$name" "$verdict"; fi
 }
 
+dist_train=(java "${java_opts[@]}" -cp "$cp" clojure.main "$root/clojure/examples/dist_train.clj")
+
 # 1. Two ranks, each rank's output in its own file.
 out=$logs/mpi-jvm-dist-train
 rm -rf "$out"
-timeout -k 10 300 "${MPIRUN[@]}" --output-filename "$out" -np 2 \
-    java "${java_opts[@]}" -cp "$cp" clojure.main "$root/clojure/examples/dist_train.clj" >"$out.log" 2>&1
+timeout -k 10 300 "${MPIRUN[@]}" --output-filename "$out" -np 2 "${dist_train[@]}" >"$out.log" 2>&1
 rc=$?
 mapfile -t files < <(find "$out" -name stdout 2>/dev/null | sort)
 if [ "$rc" -eq 0 ] && [ "${#files[@]}" -eq 2 ]; then
@@ -75,16 +76,23 @@ else
 fi
 [ "$failed" -eq 0 ] || cat "${files[@]}" 2>/dev/null | tail -n 40
 
+# dist_train.clj in one process, without mpirun (a job of one worker): $1 the check's
+# name, $2 its log, $3 a line the log must hold, then the script's arguments.
+single() {
+    local name=$1 log=$2 expect=$3 rc
+    shift 3
+    timeout -k 10 300 "${dist_train[@]}" "$@" >"$log" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ] && grep -q "$expect" "$log"; then
+        check_training "$name" "$log"
+    else
+        fail "$name" "exit $rc"
+        tail -n 30 "$log"
+    fi
+}
+
 # 2. No mpirun: a job of one worker.
-timeout -k 10 300 java "${java_opts[@]}" -cp "$cp" clojure.main "$root/clojure/examples/dist_train.clj" \
-    >"$logs/mpi-jvm-single.log" 2>&1
-rc=$?
-if [ "$rc" -eq 0 ] && grep -q "over 1 ranks" "$logs/mpi-jvm-single.log"; then
-    check_training "dist_train.clj without mpirun" "$logs/mpi-jvm-single.log"
-else
-    fail "dist_train.clj without mpirun" "exit $rc"
-    tail -n 30 "$logs/mpi-jvm-single.log"
-fi
+single "dist_train.clj without mpirun" "$logs/mpi-jvm-single.log" "over 1 ranks"
 
 # 3. A rank that fails: the job ends within 30 s, with a failing status.
 start=$(date +%s)
@@ -105,7 +113,6 @@ fi
 # of the job of step 1, which never stopped, to the last bit.
 ck=$logs/mpi-jvm-checkpoints
 rm -rf "$ck" "$logs"/mpi-jvm-stopped* "$logs"/mpi-jvm-resumed*
-dist_train=(java "${java_opts[@]}" -cp "$cp" clojure.main "$root/clojure/examples/dist_train.clj")
 timeout -k 10 300 "${MPIRUN[@]}" -np 2 "${dist_train[@]}" --checkpoint-dir "$ck" --epochs 5 \
     >"$logs/mpi-jvm-stopped.log" 2>&1
 rc=$?
@@ -126,14 +133,8 @@ else
 fi
 
 # 5. The checkpoint of the 2-rank job resumed by one process (fewer ranks): it trains on.
-timeout -k 10 300 "${dist_train[@]}" --resume "$ck/epoch-04.ckpt" >"$logs/mpi-jvm-fewer.log" 2>&1
-rc=$?
-if [ "$rc" -eq 0 ] && grep -q "resumed from $ck/epoch-04.ckpt at epoch 4 on 1 ranks" "$logs/mpi-jvm-fewer.log"; then
-    check_training "dist_train.clj resumed on 1 rank from the 2 ranks' checkpoint" "$logs/mpi-jvm-fewer.log"
-else
-    fail "dist_train.clj resumed on 1 rank from the 2 ranks' checkpoint" "exit $rc"
-    tail -n 30 "$logs/mpi-jvm-fewer.log"
-fi
+single "dist_train.clj resumed on 1 rank from the 2 ranks' checkpoint" "$logs/mpi-jvm-fewer.log" \
+    "resumed from $ck/epoch-04.ckpt at epoch 4 on 1 ranks" --resume "$ck/epoch-04.ckpt"
 
 echo "mpi-jvm: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
