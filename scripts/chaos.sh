@@ -55,7 +55,7 @@ for i in $(seq 1 "$runs"); do
     mkdir -p "$dir"
     victim=$((RANDOM % 4))
     if [ $((RANDOM % 2)) -eq 0 ]; then fault=KILL; else fault=STOP; fi
-    at_ms=$((500 + RANDOM % 7000))
+    at_ms=$((500 + RANDOM % 6000))
     touch "$dir/started"
     start=$(now_ms)
     timeout -k 5 "$bound" "${MPIRUN[@]}" -np 4 "$bin" train "$dir" "$steps" "$every" "$step_ms" >"$dir/job.log" 2>&1 &
@@ -63,10 +63,12 @@ for i in $(seq 1 "$runs"); do
     sleep "$(printf '%d.%03d' $((at_ms / 1000)) $((at_ms % 1000)))"
     pid=$(cat "$dir/rank-$victim.pid" 2>/dev/null)
     what="SIG$fault to rank $victim at ${at_ms} ms"
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && kill -"$fault" "$pid" 2>/dev/null; then
+    # A rank that has finalised MPI is done with the store: a fault then is "after".
+    if [ -n "$pid" ] && [ ! -e "$dir/rank-$victim.done" ] && kill -0 "$pid" 2>/dev/null &&
+        kill -"$fault" "$pid" 2>/dev/null; then
         if [ "$fault" = KILL ]; then kills=$((kills + 1)); else stops=$((stops + 1)); fi
     else
-        what="$what: came after rank $victim had finished"
+        what="$what: came after rank $victim had finished with MPI"
         late=$((late + 1))
     fi
     wait "$job"
@@ -85,7 +87,7 @@ for i in $(seq 1 "$runs"); do
         at_call=$((at_call + 1))
     elif grep -q "has not moved" "$dir/job.log"; then
         in_data=$((in_data + 1))
-    elif grep -q "finalize has waited" "$dir/job.log"; then
+    elif grep -q "MPI_Finalize has not returned" "$dir/job.log"; then
         at_finalize=$((at_finalize + 1))
     elif [ "$fault" = STOP ] && [[ "$what" != *finished* ]] && [ "$rc" -ne 0 ]; then
         problems+=("the job with a stopped rank ended without the watchdog")
@@ -100,7 +102,7 @@ for i in $(seq 1 "$runs"); do
     from=0
     [ -n "$latest" ] && from=$((10#$(basename "$latest" .ckpt | sed 's/^step-//')))
     to=$((from + 8))
-    rm -f "$dir"/rank-*.pid
+    rm -f "$dir"/rank-*.pid "$dir"/rank-*.done
     timeout -k 5 "$bound" "${MPIRUN[@]}" -np "$np" "$bin" train "$dir" "$to" "$every" 0 ${latest:+"$latest"} \
         >"$dir/resume.log" 2>&1
     rrc=$?

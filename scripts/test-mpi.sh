@@ -106,7 +106,7 @@ stuck() {
     fi
 }
 stuck push "push #2 has waited 3 s for rank 2, which never arrived"
-stuck finalize "finalize has waited 3 s for the other workers"
+stuck finalize "finalize has waited 3 s for rank 2, which never arrived"
 
 # A worker that dies mid-job: the job must end, with an error, within seconds; once
 # while the survivor waits in a blocking push, once with non-blocking pushes queued.

@@ -71,8 +71,19 @@ extern "C" fn abort_unless_finalized() {
 /// [`Error::Backend`] if MPI was not initialised or is already finalised.
 pub fn finalize() -> Result<()> {
     let shared = MPI.get().ok_or(Error::Backend { backend: "mpi", message: "MPI was not initialised".into() })?;
-    let mpi =
-        shared.0.lock().take().ok_or(Error::Backend { backend: "mpi", message: "MPI is already finalised".into() })?;
+    let finalised = || Error::Backend { backend: "mpi", message: "MPI is already finalised".into() };
+    if shared.0.lock().is_none() {
+        return Err(finalised());
+    }
+    // Every rank arrives here before any finalises (one small message to every other
+    // rank, under the watchdog's deadline): a rank that never comes (stuck, stopped, or
+    // still making store calls) is named by the others, which end the job. Without
+    // this, ranks that finished left it alone, and a rank stopped in its finalize held
+    // up the launcher for ever.
+    if let Some(group) = GROUP.get() {
+        group.exchange("finalize", &[0])?;
+    }
+    let mpi = shared.0.lock().take().ok_or_else(finalised)?;
     watchdog::finalizing();
     FINALIZED.store(true, Ordering::SeqCst);
     drop(mpi.steps);
@@ -592,8 +603,8 @@ mod watchdog {
         s.push_str(step);
     }
 
-    /// Marks the start of `MPI_Finalize`, which waits for every rank: a rank stuck
-    /// before its own finalize would hold the others there for ever.
+    /// Marks the start of `MPI_Finalize` (after every rank arrived at finalize): a
+    /// rank stuck inside it could hold the others, or the launcher, for ever.
     pub(super) fn finalizing() {
         FINALIZING_SINCE.store(now_ms(), Ordering::SeqCst);
     }
@@ -686,9 +697,9 @@ mod watchdog {
                     let waited = Duration::from_millis(now_ms().saturating_sub(finalizing));
                     if waited >= timeout {
                         say(format!(
-                            "kvstore-mpi: rank {}: finalize has waited {} s for the other workers: one is alive but \
-                             stuck (or stopped) before its finalize; this rank exits with status {WATCHDOG_EXIT}, \
-                             which ends the job ({}={})",
+                            "kvstore-mpi: rank {}: MPI_Finalize has not returned after {} s: every worker arrived \
+                             at finalize, so one stopped or is stuck inside it; this rank exits with status \
+                             {WATCHDOG_EXIT}, which ends the job ({}={})",
                             group.rank,
                             seconds(waited),
                             super::TIMEOUT_VAR,
