@@ -55,7 +55,7 @@ for i in $(seq 1 "$runs"); do
     mkdir -p "$dir"
     victim=$((RANDOM % 4))
     if [ $((RANDOM % 2)) -eq 0 ]; then fault=KILL; else fault=STOP; fi
-    at_ms=$((500 + RANDOM % 6000))
+    at_ms=$((500 + RANDOM % 4500))
     touch "$dir/started"
     start=$(now_ms)
     timeout -k 5 "$bound" "${MPIRUN[@]}" -np 4 "$bin" train "$dir" "$steps" "$every" "$step_ms" >"$dir/job.log" 2>&1 &

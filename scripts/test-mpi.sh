@@ -70,17 +70,19 @@ for run in 2 4 2:256; do
     fi
 done
 
+# A check that passed, with what it says; one that failed, with what it says and the
+# end of its log.
+pass() { echo "$1"; passed=$((passed + 1)); }
+fail() { echo "$1"; tail -n 20 "$2"; failed=$((failed + 1)); }
+
 # A setting that is not a number is an error naming its variable (one process, the
 # test of that setting alone): the bucket size and the stall timeout.
 bad_setting() {
     local var=$1 value=$2 test=$3 log="$logs/mpi-bad-$1.log"
     if env "$var=$value" timeout 120 "$bin" --exact "$test" >"$log" 2>&1 && grep -q "1 passed" "$log"; then
-        echo "$var=$value is refused with a clear error"
-        passed=$((passed + 1))
+        pass "$var=$value is refused with a clear error"
     else
-        echo "$var=$value: FAILED"
-        tail -n 20 "$log"
-        failed=$((failed + 1))
+        fail "$var=$value: FAILED" "$log"
     fi
 }
 bad_setting KVSTORE_MPI_BUCKET_BYTES lots bucket_bytes_come_from_the_environment
@@ -97,12 +99,9 @@ stuck() {
     rc=$?
     elapsed=$(($(date +%s) - start))
     if [ "$rc" -eq 86 ] && [ "$elapsed" -lt 30 ] && grep -q "$said" "$log" && ! grep -q "returned although" "$log"; then
-        echo "a worker stuck before $at ended the job in ${elapsed} s: $(grep -m1 "$said" "$log")"
-        passed=$((passed + 1))
+        pass "a worker stuck before $at ended the job in ${elapsed} s: $(grep -m1 "$said" "$log")"
     else
-        echo "a worker stuck before $at: exit $rc after ${elapsed} s (86: the watchdog; 124: the job hung)"
-        tail -n 20 "$log"
-        failed=$((failed + 1))
+        fail "a worker stuck before $at: exit $rc after ${elapsed} s (86: the watchdog; 124: the job hung)" "$log"
     fi
 }
 stuck push "push #2 has waited 3 s for rank 2, which never arrived"
@@ -122,12 +121,10 @@ for mode in blocking nonblocking; do
     elapsed=$(($(date +%s) - start))
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$elapsed" -lt 30 ] \
         && ! grep -q "push returned" "$logs/mpi-early-exit-$mode.log"; then
-        echo "a worker that died ($mode pushes) ended the job in ${elapsed} s (exit $rc)"
-        passed=$((passed + 1))
+        pass "a worker that died ($mode pushes) ended the job in ${elapsed} s (exit $rc)"
     else
-        echo "a worker that died ($mode pushes): exit $rc after ${elapsed} s (124: the job hung)"
-        tail -n 20 "$logs/mpi-early-exit-$mode.log"
-        failed=$((failed + 1))
+        fail "a worker that died ($mode pushes): exit $rc after ${elapsed} s (124: the job hung)" \
+            "$logs/mpi-early-exit-$mode.log"
     fi
 done
 

@@ -10,7 +10,7 @@
 
 use kvstore_core::{Context, DType, ErrorKind, KVStore, NDArray};
 use kvstore_tests::Gpus;
-use kvstore_tests::device_checks::{self, bits, push_sum, values};
+use kvstore_tests::device_checks::{self, bits, push_sum, push_sum_of, values};
 
 fn gpus() -> Option<u32> {
     kvstore_cuda::register().ok()?;
@@ -130,15 +130,7 @@ fn queued_gpu_work_takes_effect_in_call_order() {
     }
     kvstore_cuda::synchronize().expect("synchronize");
     for dtype in DType::ALL {
-        let sum = |ctx: Context| {
-            let kv = KVStore::create("device").expect("store");
-            kv.init("k", &values(4099, 99, dtype, ctx)).expect("init");
-            let vals: Vec<NDArray> = (0..10).map(|i| values(4099, i, dtype, ctx)).collect();
-            kv.push("k", &vals, 0).expect("push");
-            let out = NDArray::zeros_with(&[4099], dtype, Context::cpu(0)).expect("out");
-            kv.pull("k", &out, 0).expect("pull");
-            bits(&out)
-        };
+        let sum = |ctx: Context| push_sum_of(10, dtype, ctx, &[ctx]);
         assert_eq!(sum(Context::gpu(0)), sum(Context::cpu(0)), "{dtype}: 10 values on the GPU sum differently");
     }
 }

@@ -328,10 +328,15 @@ pub mod device_checks {
 
     /// Pushes 5 values of `dtype` from `ctxs` and pulls the sum to the host.
     pub fn push_sum(dtype: DType, init_ctx: Context, ctxs: &[Context]) -> Vec<u8> {
+        push_sum_of(5, dtype, init_ctx, ctxs)
+    }
+
+    /// [`push_sum`] with `count` pushed values.
+    pub fn push_sum_of(count: u64, dtype: DType, init_ctx: Context, ctxs: &[Context]) -> Vec<u8> {
         let n = 4099;
         let kv = KVStore::create("device").expect("store");
         kv.init("k", &values(n, 99, dtype, init_ctx)).expect("init");
-        let vals: Vec<NDArray> = (0..5).map(|i| values(n, i, dtype, ctxs[i as usize % ctxs.len()])).collect();
+        let vals: Vec<NDArray> = (0..count).map(|i| values(n, i, dtype, ctxs[i as usize % ctxs.len()])).collect();
         kv.push("k", &vals, 0).expect("push");
         let out = NDArray::zeros_with(&[n], dtype, Context::cpu(0)).expect("out");
         kv.pull("k", &out, 0).expect("pull");
