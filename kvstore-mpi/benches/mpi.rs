@@ -1,6 +1,7 @@
 //! The MPI rows of `make bench`, run with `mpirun -np 2`: a `dist_sync` push of 4 MB and
 //! 64 MB against a bare MPI allreduce of the same bytes, and 1000 small keys in one list
-//! push against 1000 separate bare allreduces, all timed in the same run. Rank 0 writes
+//! push against 1000 separate bare allreduces, all timed in the same run, and the cost of
+//! desync detection on the 4 MB push and the list push (see [`alternate`]). Rank 0 writes
 //! the medians as JSON (the bench binary with `OUT.json`) for the report. `KVSTORE_BENCH_LABEL`
 //! names the run in the rows (default "mpi 2 ranks"; `make bench` runs it again over
 //! TCP, where one allreduce costs what it costs across machines, not over shared memory).
@@ -45,13 +46,12 @@ fn main() -> kvstore_core::Result<()> {
         rows.push((format!("{run}: bare allreduce {label} f32"), bare, None));
         rows.push((format!("{run}: dist_sync push {label} f32"), store, Some(bare)));
         if n == 1 << 20 {
-            // Desync detection's cost: the same push by a store whose workers do not
-            // compare their calls, timed alternately with the checked one.
-            let unchecked = unchecked_store()?;
-            unchecked.init(key.as_str(), &NDArray::zeros(&[n])?)?;
-            let (checked, bare_push) = alternate(&world, runs, &kv, &unchecked, |s| s.push(key.as_str(), &g, 0));
-            rows.push((format!("{run}: dist_sync push {label} f32, calls not compared"), bare_push, None));
-            rows.push((format!("{run}: dist_sync push {label} f32, calls compared"), checked, Some(bare_push)));
+            // Desync detection's cost: the same push by stores whose workers do not
+            // compare their calls, timed alternately with stores whose workers do.
+            let init = |s: &KVStore| s.init(key.as_str(), &NDArray::zeros(&[n])?);
+            let (checked, unchecked) = stores(init)?;
+            let cost = alternate(&world, &checked, &unchecked, |s| s.push(key.as_str(), &g, 0));
+            cost_rows(&mut rows, &format!("{run}: dist_sync push {label} f32"), cost);
         }
     }
     let keys: Vec<String> = (0..1000).map(|i| format!("k{i}")).collect();
@@ -65,9 +65,9 @@ fn main() -> kvstore_core::Result<()> {
         }
     });
     let store = median(&world, runs, || kv.push(&keys, &small, 0).expect("push"));
-    let unchecked = unchecked_store()?;
-    unchecked.init(&keys, &small)?;
-    let (checked, bare_push) = alternate(&world, runs, &kv, &unchecked, |s| s.push(&keys, &small, 0));
+    let init = |s: &KVStore| s.init(&keys, &small);
+    let (checked, unchecked) = stores(init)?;
+    let cost = alternate(&world, &checked, &unchecked, |s| s.push(&keys, &small, 0));
     // The same push unfused: buckets of one key's 4 KiB make it 1000 allreduces.
     let group = kvstore_mpi::group()?;
     let bucket = group.bucket_bytes();
@@ -78,8 +78,7 @@ fn main() -> kvstore_core::Result<()> {
     rows.push((format!("{run}: dist_sync list push of 1000 keys x 1 Ki f32"), store, Some(bare)));
     rows.push((format!("{run}: the same push unfused (4 KiB buckets)"), unfused, None));
     rows.push((format!("{run}: the same push fused ({} KiB buckets)", bucket >> 10), store, Some(unfused)));
-    rows.push((format!("{run}: the list push of 1000 keys, calls not compared"), bare_push, None));
-    rows.push((format!("{run}: the list push of 1000 keys, calls compared"), checked, Some(bare_push)));
+    cost_rows(&mut rows, &format!("{run}: the list push of 1000 keys"), cost);
     if std::env::var_os("KVSTORE_BENCH_OVERLAP").is_some() {
         overlap(&kv, &world, runs.min(7), &mut rows)?;
     }
@@ -89,36 +88,80 @@ fn main() -> kvstore_core::Result<()> {
     kvstore_mpi::finalize()
 }
 
-/// A second `dist_sync` store of the job whose workers do not compare their calls.
-fn unchecked_store() -> kvstore_core::Result<KVStore> {
-    KVStore::builder("dist_sync").collective(kvstore_mpi::group()?).compare_calls(false).build()
+/// How many stores of each kind [`alternate`] takes in turn.
+const STORES: usize = 6;
+
+/// `STORES` new `dist_sync` stores of the job whose workers compare their calls, and
+/// `STORES` whose workers do not, each holding `init`'s keys. They are made in turns,
+/// the kind that goes first alternating: made all of one kind first, the first kind ran
+/// 2–8 % slower than the second even when neither compared its calls (where their
+/// arrays lie in memory), which would have been taken for the cost of comparing.
+fn stores(init: impl Fn(&KVStore) -> kvstore_core::Result<()>) -> kvstore_core::Result<(Vec<KVStore>, Vec<KVStore>)> {
+    let (mut checked, mut unchecked) = (Vec::new(), Vec::new());
+    for i in 0..2 * STORES {
+        let compare = (i % 2 == 0) == (i % 4 < 2);
+        let kv = KVStore::builder("dist_sync").collective(kvstore_mpi::group()?).compare_calls(compare).build()?;
+        init(&kv)?;
+        if compare { checked.push(kv) } else { unchecked.push(kv) }
+    }
+    Ok((checked, unchecked))
 }
 
-/// The medians of `call` on `a` and on `b`, timed alternately (run by run), so that the
-/// machine's drifts touch both alike.
+/// How many pairs [`alternate`] times: a cost of a few per cent is well under the
+/// run-to-run noise of a fraction of a millisecond on a shared machine, so these rows
+/// take ten times the usual samples (a few seconds in all).
+const PAIRS: usize = 201;
+
+/// Times `call` on a checked and an unchecked store back to back, [`PAIRS`] times, in
+/// the order c u, u c, c u, ... (so that neither always follows the other), taking the
+/// stores of each kind in turn, and returns the medians of each and the median of the
+/// pairs' ratios unchecked / checked.
+///
+/// On a shared machine the times of these pushes have two or three modes (which core
+/// each rank's threads land on), and a median of 201 runs can sit in one mode for one
+/// store and in another for the other: the ratio of the two medians moved by ±6 %
+/// between runs of the same binary. Both runs of a pair share their mode, so the median
+/// of the pairs' ratios is steadier. A store's own arrays (where they lie in memory)
+/// matter more: with one store of each kind, new in every run, the ratio ranged over
+/// 0.79–1.01 in 8 runs, so [`stores`] makes several of each kind, in turns, and they are
+/// taken in turn. Checked against itself (both kinds not comparing) the ratio read
+/// 0.96–1.03 in 6 runs, median 1.00: that is this row's noise.
 fn alternate(
     world: &SimpleCommunicator,
-    runs: usize,
-    a: &KVStore,
-    b: &KVStore,
+    checked: &[KVStore],
+    unchecked: &[KVStore],
     call: impl Fn(&KVStore) -> kvstore_core::Result<()>,
-) -> (f64, f64) {
-    let (mut ta, mut tb) = (Vec::new(), Vec::new());
-    for i in 0..runs + 3 {
-        for (s, t) in [(a, &mut ta), (b, &mut tb)] {
+) -> (f64, f64, f64) {
+    let (mut tc, mut tu) = (Vec::new(), Vec::new());
+    // Each store's first pair warms it up and is not counted.
+    for i in 0..PAIRS + STORES {
+        let mut pair = [(&checked[i % checked.len()], &mut tc), (&unchecked[i % unchecked.len()], &mut tu)];
+        if i % 2 == 1 {
+            pair.reverse();
+        }
+        for (s, t) in pair {
             world.barrier();
             let start = std::time::Instant::now();
             call(s).expect("push");
-            if i >= 3 {
+            if i >= STORES {
                 t.push(start.elapsed().as_secs_f64());
             }
         }
     }
-    let med = |t: &mut Vec<f64>| {
+    let median = |mut t: Vec<f64>| {
         t.sort_by(f64::total_cmp);
         t[t.len() / 2]
     };
-    (med(&mut ta), med(&mut tb))
+    let ratios = tc.iter().zip(&tu).map(|(c, u)| u / c).collect();
+    (median(tc), median(tu), median(ratios))
+}
+
+/// The rows of [`alternate`]: the unchecked push, and the checked one whose limit is
+/// the unchecked push timed next to it (its median times the median paired ratio, so
+/// that the row's ratio is that paired ratio).
+fn cost_rows(rows: &mut Vec<(String, f64, Option<f64>)>, name: &str, (checked, unchecked, ratio): (f64, f64, f64)) {
+    rows.push((format!("{name}, calls not compared"), unchecked, None));
+    rows.push((format!("{name}, calls compared ({PAIRS} paired runs)"), checked, Some(checked * ratio)));
 }
 
 /// ResNet-50's 161 parameter tensors in forward order (conv weights, batch-norm gamma and
