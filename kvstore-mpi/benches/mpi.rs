@@ -17,6 +17,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use kvstore_core::{KVStore, NDArray};
+use kvstore_tests::bench::median_of;
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -149,12 +150,8 @@ fn alternate(
             }
         }
     }
-    let median = |mut t: Vec<f64>| {
-        t.sort_by(f64::total_cmp);
-        t[t.len() / 2]
-    };
     let ratios = tc.iter().zip(&tu).map(|(c, u)| u / c).collect();
-    (median(tc), median(tu), median(ratios))
+    (median_of(tc), median_of(tu), median_of(ratios))
 }
 
 /// The rows of [`alternate`]: the unchecked push, and the checked one whose limit is
@@ -260,10 +257,7 @@ fn overlap(
             }
         }
     }
-    let [compute_alone, blocking, nonblocking, list_pull] = times.map(|mut t| {
-        t.sort_by(f64::total_cmp);
-        t[t.len() / 2]
-    });
+    let [compute_alone, blocking, nonblocking, list_pull] = times.map(median_of);
     rows.push(("overlap: compute alone".into(), compute_alone, None));
     rows.push(("overlap: communication alone".into(), communication, None));
     rows.push(("overlap: blocking step".into(), blocking, None));

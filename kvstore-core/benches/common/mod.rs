@@ -12,14 +12,20 @@ pub fn median(warm: usize, runs: usize, mut before: impl FnMut(), mut f: impl Fn
     for _ in 0..warm {
         f();
     }
-    let mut t: Vec<f64> = (0..runs)
-        .map(|_| {
-            before();
-            let s = Instant::now();
-            f();
-            s.elapsed().as_secs_f64()
-        })
-        .collect();
+    median_of(
+        (0..runs)
+            .map(|_| {
+                before();
+                let s = Instant::now();
+                f();
+                s.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+/// The median of `t` (the upper one of an even count).
+pub fn median_of(mut t: Vec<f64>) -> f64 {
     t.sort_by(f64::total_cmp);
     t[t.len() / 2]
 }

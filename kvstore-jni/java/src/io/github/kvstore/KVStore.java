@@ -1357,13 +1357,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *     {@code IO} if the file cannot be written; {@code DISPOSED}
      */
     public KVStore saveOptimizerStates(String path) {
-        Objects.requireNonNull(path, "path");
-        try {
-            nSaveOptimizerStates(handle(), path);
-        } finally {
-            Reference.reachabilityFence(this);
-        }
-        return this;
+        return onFile(path, KVStore::nSaveOptimizerStates);
     }
 
     /**
@@ -1381,13 +1375,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *     fit its key; {@code DISPOSED}
      */
     public KVStore loadOptimizerStates(String path) {
-        Objects.requireNonNull(path, "path");
-        try {
-            nLoadOptimizerStates(handle(), path);
-        } finally {
-            Reference.reachabilityFence(this);
-        }
-        return this;
+        return onFile(path, KVStore::nLoadOptimizerStates);
     }
 
     /**
@@ -1409,13 +1397,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *     file; {@code IO} if the file cannot be written; {@code DISPOSED}
      */
     public KVStore saveCheckpoint(String path) {
-        Objects.requireNonNull(path, "path");
-        try {
-            nSaveCheckpoint(handle(), path);
-        } finally {
-            Reference.reachabilityFence(this);
-        }
-        return this;
+        return onFile(path, KVStore::nSaveCheckpoint);
     }
 
     /**
@@ -1440,13 +1422,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *     of this store that differs from the file's; {@code DISPOSED}
      */
     public KVStore loadCheckpoint(String path) {
-        Objects.requireNonNull(path, "path");
-        try {
-            nLoadCheckpoint(handle(), path);
-        } finally {
-            Reference.reachabilityFence(this);
-        }
-        return this;
+        return onFile(path, KVStore::nLoadCheckpoint);
     }
 
     /**
@@ -1662,6 +1638,23 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     static native boolean nIsCapable(long h, String capability);
 
     static native void nSetOptimizer(long h, String optimizerJson);
+
+    /** A native call on this store's handle and a file's path. */
+    @FunctionalInterface
+    private interface FileCall {
+        void run(long handle, String path);
+    }
+
+    /** Runs {@code call} on this store and {@code path}, which must not be null. */
+    private KVStore onFile(String path, FileCall call) {
+        Objects.requireNonNull(path, "path");
+        try {
+            call.run(handle(), path);
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+        return this;
+    }
 
     static native void nSaveOptimizerStates(long h, String path);
 
