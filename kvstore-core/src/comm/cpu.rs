@@ -19,7 +19,7 @@ use super::{BroadcastJob, Comm, PushKey, ReduceJob};
 use crate::device::{self, DeviceBuffer};
 use crate::dtype::{Element, with_dtype};
 use crate::error::{Error, Result};
-use crate::ndarray::{HostBuf, NDArray, copy_storage};
+use crate::ndarray::{HostBuf, HostRead, NDArray, copy_storage};
 
 /// Arrays with at least this many bytes are split into chunks over the pool
 /// (MXNet: `MXNET_KVSTORE_BIGARRAY_BOUND`, 1e6 elements); smaller ones are one task.
@@ -125,6 +125,11 @@ fn sum_block<T: Element>(inputs: &[&[T]], offset: usize, out: &mut [T]) {
     // operations per element in the same order as the blocked loop below.
     let add = |a: T::Acc, x: &T| T::acc_add(a, x.to_acc());
     match inputs {
+        // One value: its elements as they are (a round trip through `T::Acc` is exact).
+        [a] => {
+            out.copy_from_slice(&a[r]);
+            return;
+        }
         [a, b] => {
             for ((o, a), b) in out.iter_mut().zip(&a[r.clone()]).zip(&b[r]) {
                 *o = T::from_acc(add(a.to_acc(), b));
@@ -171,9 +176,9 @@ fn sum_block<T: Element>(inputs: &[&[T]], offset: usize, out: &mut [T]) {
 /// A job's inputs (or what is made of them): a few, so on the stack. A call with many
 /// small keys reduces each key on its own, and a heap allocation per key and step costs
 /// more than the sum itself.
-type Few<T> = SmallVec<[T; 8]>;
+type Few<T> = SmallVec<[T; 4]>;
 
-fn reduce_typed<T: Element>(pool: Option<&ThreadPool>, inputs: &[&HostBuf], out: &mut HostBuf) {
+fn reduce_typed<T: Element>(pool: Option<&ThreadPool>, inputs: &[HostRead<'_>], out: &mut HostBuf) {
     let srcs: Few<&[T]> = inputs.iter().map(|b| b.typed::<T>()).collect();
     let out = out.typed_mut::<T>();
     match pool {
@@ -194,6 +199,9 @@ impl CommCpu {
         for input in job.inputs {
             job_check(out, input)?;
         }
+        if !job.inputs.iter().any(|a| a.same_storage(out)) {
+            return self.reduce_into(job.inputs, out, split);
+        }
         // An input that is `out` itself (an updater kept a handle to the stored value
         // and pushed it) is copied first: `out` cannot be read and written at once.
         let copies: Vec<NDArray> =
@@ -201,19 +209,25 @@ impl CommCpu {
         let mut copies = copies.iter();
         let inputs: Few<&NDArray> =
             job.inputs.iter().map(|&a| if a.same_storage(out) { copies.next().unwrap_or(a) } else { a }).collect();
-        if out.on_device() && inputs.iter().all(|a| a.on_device()) && Self::reduce_on_device(&inputs, out)? {
+        self.reduce_into(&inputs, out, split)
+    }
+
+    /// `out = inputs[0] + inputs[1] + ...`, where no input is `out`. Run once per key
+    /// and step of a call with many small keys, so it keeps to a few locks and moves.
+    fn reduce_into(&self, inputs: &[&NDArray], out: &NDArray, split: bool) -> Result<()> {
+        if out.on_device() && inputs.iter().all(|a| a.on_device()) && Self::reduce_on_device(inputs, out)? {
             return Ok(());
         }
-        let guards: Few<_> = inputs.iter().map(|a| a.read()).collect::<Result<_>>()?;
-        let bufs: Few<&HostBuf> = guards.iter().map(|g| &**g).collect();
+        let mut guards: Few<HostRead<'_>> = Few::new();
+        for a in inputs {
+            guards.push(a.read()?);
+        }
         // The sum overwrites every element of `out`: a device `out` is not downloaded.
         let mut dst = out.overwrite()?;
         let pool = (split && dst.bytes().len() >= BIG_BYTES).then_some(&*self.pool);
-        with_dtype!(out.dtype(), T => reduce_typed::<T>(pool, &bufs, &mut dst));
-        drop(bufs);
+        with_dtype!(out.dtype(), T => reduce_typed::<T>(pool, &guards, &mut dst));
         drop(guards);
-        dst.finish()?;
-        Ok(())
+        dst.finish()
     }
 
     /// The backend's reduction kernel, when every array is on a device: `Ok(false)`
