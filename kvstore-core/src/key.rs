@@ -10,6 +10,7 @@ use std::fmt;
 use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
 
+use smallvec::{SmallVec, smallvec};
 use smol_str::{SmolStr, ToSmolStr};
 
 /// A key of the store: a cheaply clonable string. Keys of up to 23 bytes (nearly all
@@ -219,13 +220,13 @@ impl<'a> From<&'a Vec<Vec<NDArray>>> for Values<'a> {
     }
 }
 
-/// Pairs each key with its values, following MXNet's flattening rules.
-pub(crate) fn flatten<'a>(
-    op: &'static str,
-    keys: Keys,
-    values: Values<'a>,
-    what: &'static str,
-) -> Result<Vec<(Key, &'a NDArray)>> {
+/// One key of a call with its arrays in call order, held inline up to four (one per
+/// device): a call with many keys makes one run per key, not one allocation.
+pub(crate) type Run<'a> = (Key, SmallVec<[&'a NDArray; 4]>);
+
+/// Pairs each key with its values, following MXNet's flattening rules: a run per key
+/// as given (a key given twice has two runs; a key with an empty list, none).
+pub(crate) fn runs<'a>(op: &'static str, keys: Keys, values: Values<'a>, what: &'static str) -> Result<Vec<Run<'a>>> {
     let mismatch = |expected: usize, got: usize| Error::LengthMismatch {
         context: format!("{op}: {expected} keys"),
         what,
@@ -233,41 +234,82 @@ pub(crate) fn flatten<'a>(
         got,
     };
     match (keys, values) {
-        (Keys::One(k), Values::One(v)) => Ok(vec![(k, v)]),
-        (Keys::One(k), Values::Many(vs)) => Ok(vs.iter().map(|v| (k.clone(), v)).collect()),
+        (Keys::One(k), Values::One(v)) => Ok(vec![(k, smallvec![v])]),
+        (Keys::One(_), Values::Many([])) => Ok(Vec::new()),
+        (Keys::One(k), Values::Many(vs)) => Ok(vec![(k, vs.iter().collect())]),
         (Keys::One(k), Values::Nested(_)) => Err(Error::invalid_argument(format!(
             "{op}: key \"{k}\" takes one array or a list of arrays, not a list of lists"
         ))),
-        (Keys::Many(ks), Values::One(v)) if ks.len() == 1 => Ok(ks.into_iter().map(|k| (k, v)).collect()),
+        (Keys::Many(ks), Values::One(v)) if ks.len() == 1 => Ok(ks.into_iter().map(|k| (k, smallvec![v])).collect()),
         (Keys::Many(ks), Values::One(_)) => Err(mismatch(ks.len(), 1)),
-        (Keys::Many(ks), Values::Many(vs)) if ks.len() == vs.len() => Ok(ks.into_iter().zip(vs).collect()),
-        (Keys::Many(ks), Values::Many(vs)) => Err(mismatch(ks.len(), vs.len())),
-        (Keys::Many(ks), Values::Nested(vss)) if ks.len() == vss.len() => {
-            Ok(ks.into_iter().zip(vss).flat_map(|(k, vs)| vs.iter().map(move |v| (k.clone(), v))).collect())
+        (Keys::Many(ks), Values::Many(vs)) if ks.len() == vs.len() => {
+            Ok(ks.into_iter().zip(vs).map(|(k, v)| (k, smallvec![v])).collect())
         }
+        (Keys::Many(ks), Values::Many(vs)) => Err(mismatch(ks.len(), vs.len())),
+        (Keys::Many(ks), Values::Nested(vss)) if ks.len() == vss.len() => Ok(ks
+            .into_iter()
+            .zip(vss)
+            .filter(|(_, vs)| !vs.is_empty())
+            .map(|(k, vs)| (k, vs.iter().collect()))
+            .collect()),
         (Keys::Many(ks), Values::Nested(vss)) => Err(mismatch(ks.len(), vss.len())),
     }
 }
 
-/// The value pairs and the out pairs of a flat call (`*_pairs`).
-pub(crate) type FlatPairs<'a> = (Vec<(Key, &'a NDArray)>, Vec<(Key, &'a NDArray)>);
+/// [`runs`] as one pair per array.
+pub(crate) fn flatten<'a>(
+    op: &'static str,
+    keys: Keys,
+    values: Values<'a>,
+    what: &'static str,
+) -> Result<Vec<(Key, &'a NDArray)>> {
+    Ok(pairs_of(runs(op, keys, values, what)?))
+}
 
-pub(crate) fn flat_pairs<'a>(
+/// One pair per array of `runs`.
+pub(crate) fn pairs_of(runs: Vec<Run<'_>>) -> Vec<(Key, &NDArray)> {
+    runs.into_iter().flat_map(|(k, vs)| vs.into_iter().map(move |v| (k.clone(), v))).collect()
+}
+
+/// The value runs and the out runs of a flat call (`*_pairs`).
+pub(crate) type FlatRuns<'a> = (Vec<Run<'a>>, Vec<Run<'a>>);
+
+pub(crate) fn flat_runs<'a>(
     op: &'static str,
     keys: &[Key],
     values: &'a [NDArray],
     out_keys: &[Key],
     outs: &'a [NDArray],
-) -> Result<FlatPairs<'a>> {
+) -> Result<FlatRuns<'a>> {
     Ok((
-        flatten(op, Keys::Many(keys.to_vec()), Values::Many(values), "values")?,
-        flatten(op, Keys::Many(out_keys.to_vec()), Values::Many(outs), "outs")?,
+        runs(op, Keys::Many(keys.to_vec()), Values::Many(values), "values")?,
+        runs(op, Keys::Many(out_keys.to_vec()), Values::Many(outs), "outs")?,
     ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runs_keep_each_key_with_its_arrays_in_call_order() {
+        let a: Vec<NDArray> = (0..4).map(|i| NDArray::full(&[1], i as f64).unwrap()).collect();
+        let shape = |rs: &[Run<'_>]| -> Vec<(String, Vec<f32>)> {
+            rs.iter()
+                .map(|(k, vs)| (k.to_string(), vs.iter().map(|v| v.to_vec::<f32>().unwrap()[0]).collect()))
+                .collect()
+        };
+        let one = runs("push", Keys::from("w"), Values::Many(&a[..3]), "values").unwrap();
+        assert_eq!(shape(&one), [("w".into(), vec![0.0, 1.0, 2.0])]);
+        let nested = [vec![a[0].clone(), a[1].clone()], vec![], vec![a[3].clone()]];
+        let rs = runs("push", Keys::from(&["x", "y", "x"]), Values::Nested(&nested), "values").unwrap();
+        assert_eq!(shape(&rs), [("x".into(), vec![0.0, 1.0]), ("x".into(), vec![3.0])]);
+        let flat = flatten("push", Keys::from(&["x", "y", "x"]), Values::Nested(&nested), "values").unwrap();
+        assert_eq!(flat.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["x", "x", "x"]);
+        assert!(runs("push", Keys::from("w"), Values::Many(&[]), "values").unwrap().is_empty());
+        let e = runs("push", Keys::from(&["x", "y"]), Values::Many(&a[..3]), "values").unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::LengthMismatch);
+    }
 
     #[test]
     fn an_integer_key_is_its_decimal_string() {

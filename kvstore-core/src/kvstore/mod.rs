@@ -12,7 +12,7 @@ use crate::collective::Collective;
 use crate::comm::{BroadcastJob, Comm, KeyBuffers, PushKey, ReduceJob, StoreKind};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::key::{Key, Keys, Values, flat_pairs, flatten};
+use crate::key::{Key, Keys, Run, Values, flat_runs, flatten};
 use crate::ndarray::NDArray;
 use crate::optimizer::states as opt_states;
 use crate::optimizer::{KeyState, Optimizer, Runtime};
@@ -282,13 +282,19 @@ impl fmt::Debug for KVStore {
     }
 }
 
-/// A call's pairs with their keys' entries, in call order.
-type Found<'a> = Vec<(Arc<Entry>, &'a NDArray)>;
+/// A call's keys' entries, each with its arrays, in call order.
+type Found<'a> = Vec<(Arc<Entry>, Arrays<'a>)>;
 
 /// The arrays of one key in one call, in call order.
 struct Group<'a> {
     entry: Arc<Entry>,
     arrays: Arrays<'a>,
+}
+
+/// A key of a push as summed: its entry, and its values as given or their staged copies.
+struct Pushed<'x> {
+    entry: &'x Arc<Entry>,
+    arrays: &'x [&'x NDArray],
 }
 
 /// The arrays of one key in one call, without a heap allocation for up to four: a call
@@ -1046,7 +1052,7 @@ impl KVStore {
         outs: &[NDArray],
         priority: i32,
     ) -> Result<()> {
-        let (push, pull) = flat_pairs("pushpull", keys, values, out_keys, outs)?;
+        let (push, pull) = flat_runs("pushpull", keys, values, out_keys, outs)?;
         self.call("pushpull", push, pull, priority)
     }
 
@@ -1072,7 +1078,7 @@ impl KVStore {
         outs: &[NDArray],
         priority: i32,
     ) -> Result<()> {
-        let (init, pull) = flat_pairs("broadcast", keys, values, out_keys, outs)?;
+        let (init, pull) = flat_runs("broadcast", keys, values, out_keys, outs)?;
         let pull = self.broadcast_init(init, pull)?;
         self.call("broadcast", Vec::new(), pull, priority)
     }
@@ -1168,17 +1174,17 @@ impl Store {
         self.collective.as_ref().map_or(Ok(()), |c| c.barrier())
     }
 
-    /// Finds each pair's entry; [`Store::group`] then groups them by key (values in
+    /// Finds each run's entry; [`Store::group`] then groups them by key (values in
     /// call order), sorted by internal index, the order of updates and of locking.
     ///
-    /// One table lookup per pair, then a stable sort by index (linear when the keys
-    /// come in the order they were initialised, as lists of parameters do), so a
-    /// key's values stay in call order and repeated keys end up next to each other.
-    /// A key repeated in a row (one key's values from several devices) is looked up once.
-    fn lookup<'a>(&self, op: &'static str, pairs: Vec<(Key, &'a NDArray)>) -> Result<Found<'a>> {
+    /// One table lookup per key as given (a key given again right after is looked up
+    /// once), then a stable sort by index (linear when the keys come in the order they
+    /// were initialised, as lists of parameters do), so a key's values stay in call
+    /// order and repeated keys end up next to each other.
+    fn lookup<'a>(&self, op: &'static str, runs: Vec<Run<'a>>) -> Result<Found<'a>> {
         let table = self.table.read();
-        let mut found: Found<'a> = Vec::with_capacity(pairs.len());
-        for (key, value) in pairs {
+        let mut found: Found<'a> = Vec::with_capacity(runs.len());
+        for (key, arrays) in runs {
             let entry = match found.last() {
                 Some((last, _)) if last.key == key => Arc::clone(last),
                 _ => match table.entries.get(&key) {
@@ -1186,19 +1192,21 @@ impl Store {
                     None => return Err(Error::KeyNotInitialized { op, key }),
                 },
             };
-            found.push((entry, value));
+            found.push((entry, arrays));
         }
         Ok(found)
     }
 
     /// The groups of `found` (see [`Store::lookup`]).
     fn group(mut found: Found<'_>) -> Vec<Group<'_>> {
-        found.sort_by_key(|(e, _)| e.index);
+        if !found.is_sorted_by(|(a, _), (b, _)| a.index < b.index) {
+            found.sort_by_key(|(e, _)| e.index);
+        }
         let mut groups: Vec<Group<'_>> = Vec::with_capacity(found.len());
-        for (entry, value) in found {
+        for (entry, arrays) in found {
             match groups.last_mut() {
-                Some(last) if last.entry.index == entry.index => last.arrays.push(value),
-                _ => groups.push(Group { entry, arrays: smallvec::smallvec![value] }),
+                Some(last) if last.entry.index == entry.index => last.arrays.extend(arrays),
+                _ => groups.push(Group { entry, arrays }),
             }
         }
         groups
@@ -1258,12 +1266,10 @@ impl Store {
 
     /// The push algorithm (`KVStoreLocal::PushImpl`) followed by an optional pull, with
     /// every key of the call write-locked, in index order, for the whole call.
-    fn push_pull(&self, op: &'static str, push: Found<'_>, pull: Found<'_>) -> Result<()> {
+    fn push_pull<'a>(&self, op: &'static str, push: Found<'a>, pull: Found<'a>) -> Result<()> {
         if push.is_empty() {
             return self.pull_found(op, pull);
         }
-        // Declared before the groups, which may borrow from it (and outlive them).
-        let staged: Vec<Option<Vec<NDArray>>>;
         let push = Self::group(push);
         let pull = Self::group(pull);
         // Lock the union of the keys in index order, so that concurrent multi-key
@@ -1306,7 +1312,7 @@ impl Store {
         // Both are about values on devices: a push of host values skips them (and their
         // allocations), as the `Comm` contract allows.
         let from_devices = push.iter().any(|g| g.arrays.iter().any(|a| a.on_device()));
-        staged = if from_devices {
+        let staged: Vec<Option<Vec<NDArray>>> = if from_devices {
             let homes = self.comm.place(&mut push_keys(&push, &push_slots, &mut guards))?;
             for (&i, home) in push_slots.iter().zip(homes) {
                 if let Some(home) = home {
@@ -1317,24 +1323,22 @@ impl Store {
         } else {
             Vec::new()
         };
-        let restaged: Vec<Group<'_>> = if staged.iter().any(Option::is_some) {
-            push.iter()
-                .zip(&staged)
-                .map(|(g, s)| Group {
-                    entry: Arc::clone(&g.entry),
-                    arrays: s.as_ref().map_or_else(|| g.arrays.clone(), |a| a.iter().collect()),
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let push: &[Group<'_>] = if restaged.is_empty() { &push } else { &restaged };
+        let staged: Vec<Option<Vec<&NDArray>>> =
+            staged.iter().map(|s| s.as_ref().map(|a| a.iter().collect())).collect();
+        let push: Vec<Pushed<'_>> = push
+            .iter()
+            .enumerate()
+            .map(|(j, g)| Pushed {
+                entry: &g.entry,
+                arrays: staged.get(j).and_then(Option::as_deref).unwrap_or(&g.arrays),
+            })
+            .collect();
         match &*merger {
             Merger::Assign => {
                 let jobs: Vec<ReduceJob<'_>> = push
                     .iter()
                     .zip(&push_slots)
-                    .map(|(g, &i)| ReduceJob { inputs: &g.arrays, out: &guards[i].value })
+                    .map(|(g, &i)| ReduceJob { inputs: g.arrays, out: &guards[i].value })
                     .collect();
                 self.sum(&jobs)?;
             }
@@ -1347,7 +1351,7 @@ impl Store {
                 // of it).
                 // dist_sync sums across the workers in the merge buffers, so every key
                 // uses one.
-                let merged = |g: &Group<'_>| g.arrays.len() > 1 || self.collective.is_some();
+                let merged = |g: &Pushed<'_>| g.arrays.len() > 1 || self.collective.is_some();
                 for (g, &i) in push.iter().zip(&push_slots) {
                     let slot = &mut *guards[i];
                     if merged(g) && slot.merge.is_none() {
@@ -1379,12 +1383,12 @@ impl Store {
                     .iter()
                     .zip(&push_slots)
                     .filter(|(g, _)| merged(g))
-                    .filter_map(|(g, &i)| Some(ReduceJob { inputs: &g.arrays, out: guards[i].merge.as_ref()? }))
+                    .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays, out: guards[i].merge.as_ref()? }))
                     .collect();
                 self.sum(&jobs)?;
                 for (g, &i) in push.iter().zip(&push_slots) {
                     let Slot { value, opt, merge, .. } = &mut *guards[i];
-                    let grad = match (&*g.arrays, merge.as_ref()) {
+                    let grad = match (g.arrays, merge.as_ref()) {
                         (_, Some(m)) if merged(g) => m,
                         ([one], _) => *one,
                         _ => return Err(Error::Internal("push: no merge buffer".into())),
@@ -1413,7 +1417,7 @@ impl Store {
                 let jobs: Vec<ReduceJob<'_>> = push
                     .iter()
                     .zip(&push_slots)
-                    .filter_map(|(g, &i)| Some(ReduceJob { inputs: &g.arrays, out: guards[i].merge.as_ref()? }))
+                    .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays, out: guards[i].merge.as_ref()? }))
                     .collect();
                 if jobs.len() != push.len() {
                     return Err(Error::Internal("push: no merge buffer".into()));

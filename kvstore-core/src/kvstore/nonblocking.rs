@@ -16,19 +16,19 @@ use std::sync::Arc;
 use super::{Done, Entry, Found, KVStore, Pending, Store, check_like, locks};
 use crate::engine::{self, Var, Vars};
 use crate::error::{Error, Result};
-use crate::key::{Key, Keys, Values, flat_pairs, flatten};
+use crate::key::{Key, Keys, Run, Values, flat_runs, pairs_of, runs};
 use crate::ndarray::{Lent, NDArray, PendingWrites};
 
 /// A call's pairs, held by the call itself so it can run after its caller returned.
 type Owned = Vec<(Arc<Entry>, NDArray)>;
 
-/// A call's pairs as given: what it pushes and what it pulls, each key with its array.
-type Pairs<'a> = (Vec<(Key, &'a NDArray)>, Vec<(Key, &'a NDArray)>);
+/// A call's keys as given, each with its arrays: what it pushes and what it pulls.
+type Pairs<'a> = (Vec<Run<'a>>, Vec<Run<'a>>);
 
-/// A broadcast's values and outs as pairs (what `init` and the pull take).
+/// A broadcast's values and outs (what `init` and the pull take).
 pub(super) fn broadcast_args<'a>(keys: Keys, values: Values<'a>, outs: Values<'a>) -> Result<Pairs<'a>> {
-    let init = flatten("broadcast", keys.clone(), values, "values")?;
-    Ok((init, flatten("broadcast", keys, outs, "outs")?))
+    let init = runs("broadcast", keys.clone(), values, "values")?;
+    Ok((init, runs("broadcast", keys, outs, "outs")?))
 }
 
 /// The pairs of each call form, the same for its blocking and non-blocking twin. Keys
@@ -36,31 +36,47 @@ pub(super) fn broadcast_args<'a>(keys: Keys, values: Values<'a>, outs: Values<'a
 impl Store {
     pub(super) fn push_args<'a>(&self, keys: Keys, values: Values<'a>) -> Result<Pairs<'a>> {
         self.require_bare_keys("push", &keys, values)?;
-        Ok((flatten("push", keys, values, "values")?, Vec::new()))
+        Ok((runs("push", keys, values, "values")?, Vec::new()))
     }
 
     pub(super) fn pull_args<'a>(&self, keys: Keys, outs: Values<'a>) -> Result<Pairs<'a>> {
         self.require_bare_keys("pull", &keys, outs)?;
-        Ok((Vec::new(), flatten("pull", keys, outs, "outs")?))
+        Ok((Vec::new(), runs("pull", keys, outs, "outs")?))
     }
 
     pub(super) fn pushpull_args<'a>(&self, keys: Keys, values: Values<'a>, outs: Values<'a>) -> Result<Pairs<'a>> {
         self.require_bare_keys("pushpull", &keys, values)?;
         self.require_bare_keys("pushpull", &keys, outs)?;
-        let push = flatten("pushpull", keys.clone(), values, "values")?;
-        Ok((push, flatten("pushpull", keys, outs, "outs")?))
+        let push = runs("pushpull", keys.clone(), values, "values")?;
+        Ok((push, runs("pushpull", keys, outs, "outs")?))
     }
 
     /// `pushpull` into the pushed arrays themselves.
     pub(super) fn in_place_args<'a>(&self, keys: Keys, values: Values<'a>) -> Result<Pairs<'a>> {
         self.require_bare_keys("pushpull", &keys, values)?;
-        let pairs = flatten("pushpull", keys, values, "values")?;
+        let pairs = runs("pushpull", keys, values, "values")?;
         Ok((pairs.clone(), pairs))
     }
 }
 
+/// `owned` as the call's keys with their arrays (a key's arrays are next to each other).
 fn borrow(owned: &Owned) -> Found<'_> {
-    owned.iter().map(|(e, a)| (Arc::clone(e), a)).collect()
+    let mut found: Found<'_> = Vec::new();
+    for (e, a) in owned {
+        match found.last_mut() {
+            Some((last, arrays)) if Arc::ptr_eq(last, e) => arrays.push(a),
+            _ => found.push((Arc::clone(e), smallvec::smallvec![a])),
+        }
+    }
+    found
+}
+
+/// A call's arrays, each with its key's entry, for a call that holds them.
+fn own<T>(found: Found<'_>, f: impl Fn(&NDArray) -> T) -> Vec<(Arc<Entry>, T)> {
+    found
+        .into_iter()
+        .flat_map(|(e, arrays)| arrays.into_iter().map(|a| (Arc::clone(&e), f(a))).collect::<Vec<_>>())
+        .collect()
 }
 
 /// The vars of a call: its keys, and the arrays it uses that an earlier queued call
@@ -69,11 +85,10 @@ fn borrow(owned: &Owned) -> Found<'_> {
 /// read). A call that runs at once needs no more: its caller waits, an array it uses is
 /// not pending for anyone else, and an array it writes that a queued call will read
 /// leaves that call a copy first (`ndarray/loan.rs`).
-fn vars_of<'f>(push: &'f Found<'_>, pull: &'f Found<'_>, queued: bool) -> impl Iterator<Item = Var> + 'f {
+fn vars_of<'f, 'a>(push: &'f Found<'a>, pull: &'f Found<'a>, queued: bool) -> impl Iterator<Item = Var> {
     let keys = push.iter().chain(pull).map(|(e, _)| Var::Key(e.index));
-    let inputs = push.iter().filter(move |(_, a)| queued || a.is_pending()).map(|(_, a)| Var::Array(a.buffer_id()));
-    let outs = pull.iter().filter(move |(_, a)| queued || a.is_pending()).map(|(_, a)| Var::Array(a.buffer_id()));
-    keys.chain(inputs).chain(outs)
+    let arrays = push.iter().chain(pull).flat_map(|(_, arrays)| arrays.iter());
+    keys.chain(arrays.filter(move |a| queued || a.is_pending()).map(|a| Var::Array(a.buffer_id())))
 }
 
 /// A queued push's value: shared with a caller that waits for the call, or lent by
@@ -96,11 +111,11 @@ impl Input {
 impl KVStore {
     /// The one path of push, pull and pushpull when blocking: at once on this thread
     /// when nothing earlier holds its keys or outs, else queued and waited for.
-    pub(super) fn call(
+    pub(super) fn call<'a>(
         &self,
         op: &'static str,
-        push: Vec<(Key, &NDArray)>,
-        pull: Vec<(Key, &NDArray)>,
+        push: Vec<Run<'a>>,
+        pull: Vec<Run<'a>>,
         priority: i32,
     ) -> Result<()> {
         locks::check_reentry(op, &self.store)?;
@@ -115,11 +130,11 @@ impl KVStore {
             return Err(locks::busy_store(op));
         }
         let vars: Vars = vars_of(&push, &pull, true).collect();
-        for (_, out) in &pull {
+        for out in pull.iter().flat_map(|(_, outs)| outs) {
             out.reclaim_foreign(self.engine.id())?;
         }
-        let push = push.into_iter().map(|(e, a)| (e, Input::Shared(a.clone()))).collect();
-        let pull = pull.into_iter().map(|(e, a)| (e, a.clone())).collect();
+        let push = own(push, |a| Input::Shared(a.clone()));
+        let pull = own(pull, NDArray::clone);
         self.queue(op, vars, push, pull, priority, false).wait()
     }
 
@@ -139,11 +154,11 @@ impl KVStore {
             // The values are lent, not copied: the caller may write them at once (a
             // write before the call read them copies them first).
             let engine = self.engine.id();
-            for (_, out) in &pull {
+            for out in pull.iter().flat_map(|(_, outs)| outs) {
                 out.reclaim_foreign(engine)?;
             }
-            let push: Vec<_> = push.into_iter().map(|(e, a)| (e, Input::Lent(a.lend(engine)))).collect();
-            let pull: Owned = pull.into_iter().map(|(e, a)| (e, a.clone())).collect();
+            let push = own(push, |a| Input::Lent(a.lend(engine)));
+            let pull: Owned = own(pull, NDArray::clone);
             Ok((vars, push, pull))
         })();
         match prepared {
@@ -226,8 +241,8 @@ impl KVStore {
     }
 
     /// Checks a broadcast's outs against its values (before anything is stored).
-    fn check_broadcast(init: &[(Key, &NDArray)], pull: &[(Key, &NDArray)]) -> Result<()> {
-        for (k, out) in pull {
+    fn check_broadcast(init: &[(Key, &NDArray)], pull: &[Run<'_>]) -> Result<()> {
+        for (k, out) in pull.iter().flat_map(|(k, outs)| outs.iter().map(move |o| (k, o))) {
             let Some((_, v)) = init.iter().find(|(ik, _)| ik == k) else {
                 return Err(Error::invalid_argument(format!(
                     "broadcast: out key \"{k}\" is not one of the keys being broadcast"
@@ -240,11 +255,8 @@ impl KVStore {
 
     /// A broadcast's first half, done before it returns (blocking or not): its outs
     /// checked against its values, then the keys initialised; what is left is its pull.
-    pub(super) fn broadcast_init<'a>(
-        &self,
-        init: Vec<(Key, &NDArray)>,
-        pull: Vec<(Key, &'a NDArray)>,
-    ) -> Result<Vec<(Key, &'a NDArray)>> {
+    pub(super) fn broadcast_init<'a>(&self, init: Vec<Run<'_>>, pull: Vec<Run<'a>>) -> Result<Vec<Run<'a>>> {
+        let init = pairs_of(init);
         Self::check_broadcast(&init, &pull)?;
         self.init_flat("broadcast", init)?;
         Ok(pull)
@@ -333,7 +345,7 @@ impl KVStore {
         outs: &[NDArray],
         priority: i32,
     ) -> Pending {
-        self.call_async("pushpull", || flat_pairs("pushpull", keys, values, out_keys, outs), priority)
+        self.call_async("pushpull", || flat_runs("pushpull", keys, values, out_keys, outs), priority)
     }
 
     /// [`KVStore::broadcast`], non-blocking for its pull: the keys are initialised
@@ -373,7 +385,7 @@ impl KVStore {
         self.call_async(
             "broadcast",
             || {
-                let (init, pull) = flat_pairs("broadcast", keys, values, out_keys, outs)?;
+                let (init, pull) = flat_runs("broadcast", keys, values, out_keys, outs)?;
                 Ok((Vec::new(), self.broadcast_init(init, pull)?))
             },
             priority,
