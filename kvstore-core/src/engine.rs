@@ -21,7 +21,7 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
 use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
@@ -94,11 +94,15 @@ struct Shared {
     queued: AtomicUsize,
     /// `State::ready.len()`, readable without the lock (for idle workers' spin).
     ready: AtomicUsize,
+    /// Whether an idle worker is spinning: only one does, so that idle workers never
+    /// take more than one core from the threads that submit calls.
+    spinning: AtomicBool,
 }
 
 /// How long an idle worker keeps looking for work before it sleeps: calls handed over
 /// in a stream (a backward pass's gradients) then find it awake, and their submits
-/// skip waking a thread (a system call each).
+/// skip waking a thread (a system call each). One idle worker at a time spins; the
+/// others sleep at once.
 const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
 thread_local! {
@@ -204,7 +208,7 @@ impl Shared {
                     if st.stop && st.pending == 0 {
                         return;
                     }
-                    if !spun {
+                    if !spun && !self.spinning.swap(true, AtomicOrdering::AcqRel) {
                         // Look for work a little longer, without the lock, yielding the
                         // core to the threads that submit it.
                         spun = true;
@@ -213,6 +217,7 @@ impl Shared {
                         while self.ready.load(AtomicOrdering::Acquire) == 0 && t0.elapsed() < SPIN {
                             std::thread::yield_now();
                         }
+                        self.spinning.store(false, AtomicOrdering::Release);
                         st = self.state.lock();
                         continue;
                     }
@@ -248,6 +253,7 @@ impl Engine {
             ordered,
             queued: AtomicUsize::new(0),
             ready: AtomicUsize::new(0),
+            spinning: AtomicBool::new(false),
         });
         let threads = if ordered { 1 } else { threads.max(1) };
         let mut engine = Engine { shared, workers: Vec::with_capacity(threads) };

@@ -73,10 +73,8 @@ fn borrow(owned: &Owned) -> Found<'_> {
 
 /// A call's arrays, each with its key's entry, for a call that holds them.
 fn own<T>(found: Found<'_>, f: impl Fn(&NDArray) -> T) -> Vec<(Arc<Entry>, T)> {
-    found
-        .into_iter()
-        .flat_map(|(e, arrays)| arrays.into_iter().map(|a| (Arc::clone(&e), f(a))).collect::<Vec<_>>())
-        .collect()
+    let f = &f;
+    found.into_iter().flat_map(|(e, arrays)| arrays.into_iter().map(move |a| (Arc::clone(&e), f(a)))).collect()
 }
 
 /// The vars of a call: its keys, and the arrays it uses that an earlier queued call
