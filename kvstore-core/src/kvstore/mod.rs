@@ -282,8 +282,9 @@ impl fmt::Debug for KVStore {
     }
 }
 
-/// A call's keys' entries, each with its arrays, in call order.
-type Found<'a> = Vec<(Arc<Entry>, Arrays<'a>)>;
+/// A call's keys' entries, each with its arrays, in call order (a key may appear more
+/// than once until [`Store::group`] merges it).
+type Found<'a> = Vec<Group<'a>>;
 
 /// The arrays of one key in one call, in call order.
 struct Group<'a> {
@@ -1186,27 +1187,27 @@ impl Store {
         let mut found: Found<'a> = Vec::with_capacity(runs.len());
         for (key, arrays) in runs {
             let entry = match found.last() {
-                Some((last, _)) if last.key == key => Arc::clone(last),
+                Some(last) if last.entry.key == key => Arc::clone(&last.entry),
                 _ => match table.entries.get(&key) {
                     Some(entry) => Arc::clone(entry),
                     None => return Err(Error::KeyNotInitialized { op, key }),
                 },
             };
-            found.push((entry, arrays));
+            found.push(Group { entry, arrays });
         }
         Ok(found)
     }
 
     /// The groups of `found` (see [`Store::lookup`]).
     fn group(mut found: Found<'_>) -> Vec<Group<'_>> {
-        if !found.is_sorted_by(|(a, _), (b, _)| a.index < b.index) {
-            found.sort_by_key(|(e, _)| e.index);
+        if !found.is_sorted_by(|a, b| a.entry.index < b.entry.index) {
+            found.sort_by_key(|g| g.entry.index);
         }
         let mut groups: Vec<Group<'_>> = Vec::with_capacity(found.len());
-        for (entry, arrays) in found {
+        for g in found {
             match groups.last_mut() {
-                Some(last) if last.entry.index == entry.index => last.arrays.extend(arrays),
-                _ => groups.push(Group { entry, arrays }),
+                Some(last) if last.entry.index == g.entry.index => last.arrays.extend(g.arrays),
+                _ => groups.push(g),
             }
         }
         groups

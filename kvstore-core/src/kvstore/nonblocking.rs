@@ -13,14 +13,17 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use super::{Done, Entry, Found, KVStore, Pending, Store, check_like, locks};
+use smallvec::SmallVec;
+
+use super::{Done, Entry, Found, Group, KVStore, Pending, Store, check_like, locks};
 use crate::engine::{self, Var, Vars};
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys, Run, Values, flat_runs, pairs_of, runs};
 use crate::ndarray::{Lent, NDArray, PendingWrites};
 
-/// A call's pairs, held by the call itself so it can run after its caller returned.
-type Owned = Vec<(Arc<Entry>, NDArray)>;
+/// A call's keys with their arrays (or what stands for them), held by the call itself so
+/// it can run after its caller returned.
+type Owned<T = NDArray> = Vec<(Arc<Entry>, SmallVec<[T; 4]>)>;
 
 /// A call's keys as given, each with its arrays: what it pushes and what it pulls.
 type Pairs<'a> = (Vec<Run<'a>>, Vec<Run<'a>>);
@@ -59,22 +62,14 @@ impl Store {
     }
 }
 
-/// `owned` as the call's keys with their arrays (a key's arrays are next to each other).
+/// `owned` as the call's keys with their arrays.
 fn borrow(owned: &Owned) -> Found<'_> {
-    let mut found: Found<'_> = Vec::new();
-    for (e, a) in owned {
-        match found.last_mut() {
-            Some((last, arrays)) if Arc::ptr_eq(last, e) => arrays.push(a),
-            _ => found.push((Arc::clone(e), smallvec::smallvec![a])),
-        }
-    }
-    found
+    owned.iter().map(|(e, arrays)| Group { entry: Arc::clone(e), arrays: arrays.iter().collect() }).collect()
 }
 
-/// A call's arrays, each with its key's entry, for a call that holds them.
-fn own<T>(found: Found<'_>, f: impl Fn(&NDArray) -> T) -> Vec<(Arc<Entry>, T)> {
-    let f = &f;
-    found.into_iter().flat_map(|(e, arrays)| arrays.into_iter().map(move |a| (Arc::clone(&e), f(a)))).collect()
+/// A call's keys with what `f` makes of each array, for a call that holds them.
+fn own<T>(found: Found<'_>, f: impl Fn(&NDArray) -> T) -> Owned<T> {
+    found.into_iter().map(|g| (g.entry, g.arrays.into_iter().map(&f).collect())).collect()
 }
 
 /// The vars of a call: its keys, and the arrays it uses that an earlier queued call
@@ -84,8 +79,8 @@ fn own<T>(found: Found<'_>, f: impl Fn(&NDArray) -> T) -> Vec<(Arc<Entry>, T)> {
 /// not pending for anyone else, and an array it writes that a queued call will read
 /// leaves that call a copy first (`ndarray/loan.rs`).
 fn vars_of<'f, 'a>(push: &'f Found<'a>, pull: &'f Found<'a>, queued: bool) -> impl Iterator<Item = Var> {
-    let keys = push.iter().chain(pull).map(|(e, _)| Var::Key(e.index));
-    let arrays = push.iter().chain(pull).flat_map(|(_, arrays)| arrays.iter());
+    let keys = push.iter().chain(pull).map(|g| Var::Key(g.entry.index));
+    let arrays = push.iter().chain(pull).flat_map(|g| g.arrays.iter());
     keys.chain(arrays.filter(move |a| queued || a.is_pending()).map(|a| Var::Array(a.buffer_id())))
 }
 
@@ -128,7 +123,7 @@ impl KVStore {
             return Err(locks::busy_store(op));
         }
         let vars: Vars = vars_of(&push, &pull, true).collect();
-        for out in pull.iter().flat_map(|(_, outs)| outs) {
+        for out in pull.iter().flat_map(|g| &g.arrays) {
             out.reclaim_foreign(self.engine.id())?;
         }
         let push = own(push, |a| Input::Shared(a.clone()));
@@ -152,11 +147,11 @@ impl KVStore {
             // The values are lent, not copied: the caller may write them at once (a
             // write before the call read them copies them first).
             let engine = self.engine.id();
-            for out in pull.iter().flat_map(|(_, outs)| outs) {
+            for out in pull.iter().flat_map(|g| &g.arrays) {
                 out.reclaim_foreign(engine)?;
             }
             let push = own(push, |a| Input::Lent(a.lend(engine)));
-            let pull: Owned = own(pull, NDArray::clone);
+            let pull = own(pull, NDArray::clone);
             Ok((vars, push, pull))
         })();
         match prepared {
@@ -174,20 +169,23 @@ impl KVStore {
         &self,
         op: &'static str,
         vars: Vars,
-        push: Vec<(Arc<Entry>, Input)>,
+        push: Owned<Input>,
         pull: Owned,
         priority: i32,
         background: bool,
     ) -> Pending {
         let done = Done::new(Arc::clone(&self.store.unobserved));
-        let writes = PendingWrites::new(pull.iter().map(|(_, out)| out.clone()).collect());
+        let writes = PendingWrites::new(pull.iter().flat_map(|(_, outs)| outs.iter().cloned()).collect());
         let (store, finished) = (Arc::clone(&self.store), Arc::clone(&done));
         self.engine.submit(
             vars,
             priority,
             Box::new(move || {
                 engine::run_as(background, || {
-                    let values: Owned = push.iter().map(|(e, input)| (Arc::clone(e), input.read())).collect();
+                    let values: Owned = push
+                        .iter()
+                        .map(|(e, inputs)| (Arc::clone(e), inputs.iter().map(Input::read).collect()))
+                        .collect();
                     let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
                         store.push_pull(op, borrow(&values), borrow(&pull))
                     }))
