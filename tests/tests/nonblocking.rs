@@ -60,6 +60,77 @@ fn a_pull_after_a_push_sees_it_and_its_outs_wait_until_written() {
     pulled.wait().unwrap();
 }
 
+/// Blocking calls that run at once on the caller's thread, with copies big enough to be
+/// shared out over the store's threads (8 keys of 64 KiB): every array they write or
+/// read is ready first, whichever thread copies it. A pull into values lent to queued
+/// pushes leaves each push its value; a pull into outs of another store's queued pull
+/// writes them after it.
+#[test]
+fn calls_run_at_once_over_the_pool_respect_loans_and_pending_writes() {
+    const N: usize = 16 * 1024;
+    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    let stored: Vec<NDArray> = (0..8).map(|i| NDArray::full(&[N], 10.0 + f64::from(i)).unwrap()).collect();
+    let opener = |gate: &Gate, open: fn(&Gate)| {
+        let gate = Arc::clone(gate);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            open(&gate);
+        })
+    };
+    // Loans: each out is lent to a push queued behind one held at the gate; the
+    // updater records what each push summed.
+    let kv = KVStore::builder("local").engine_threads(2).build().unwrap();
+    kv.init(keys.as_slice(), stored.as_slice()).unwrap();
+    kv.init("w", &NDArray::zeros(&[N]).unwrap()).unwrap();
+    let gate: Gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let summed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (g, seen) = (Arc::clone(&gate), Arc::clone(&summed));
+    kv.set_updater(move |_: &Key, _, merged: &NDArray, stored: &NDArray| {
+        let open = g.0.lock().unwrap();
+        drop(g.1.wait_timeout_while(open, Duration::from_secs(10), |open| !*open).unwrap());
+        seen.lock().unwrap().push(merged.to_vec::<f32>()?);
+        stored.copy_from(merged)
+    })
+    .unwrap();
+    let outs: Vec<NDArray> = (0..8).map(|i| NDArray::full(&[N], f64::from(i)).unwrap()).collect();
+    let mut pushes = vec![kv.push_async("w", &NDArray::full(&[N], 100.0).unwrap(), 0)];
+    pushes.extend(outs.iter().map(|o| kv.push_async("w", o, 0)));
+    fn open(gate: &Gate) {
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+    }
+    let opened = opener(&gate, open);
+    kv.pull(keys.as_slice(), outs.as_slice(), 0).unwrap();
+    pushes.into_iter().for_each(|p| p.wait().unwrap());
+    opened.join().unwrap();
+    let summed = summed.lock().unwrap();
+    for (i, v) in summed.iter().enumerate() {
+        let want = if i == 0 { 100.0 } else { (i - 1) as f32 };
+        assert!(v.iter().all(|&x| x == want), "push {i} summed {}, not the {want} it was given", v[0]);
+    }
+    assert_eq!(summed.len(), 9);
+    for (i, o) in outs.iter().enumerate() {
+        assert_eq!(o.to_vec::<f32>().unwrap()[N - 1], 10.0 + i as f32);
+    }
+    // Pending writes: another store's pull into the outs is queued behind its gate.
+    let other = KVStore::create("local").unwrap();
+    other.init("v", &NDArray::full(&[N], -1.0).unwrap()).unwrap();
+    let (gate, open) = gated_assign(&other);
+    let held = other.push_async("v", &NDArray::full(&[N], -2.0).unwrap(), 0);
+    let pulled: Vec<Pending> = outs.iter().map(|o| other.pull_async("v", o, 0)).collect();
+    assert!(outs.iter().all(NDArray::is_pending));
+    let opened = opener(&gate, open);
+    // Made after the other store's pulls, so it writes after them.
+    kv.pull(keys.as_slice(), outs.as_slice(), 0).unwrap();
+    for p in pulled.into_iter().chain([held]) {
+        p.wait().unwrap();
+    }
+    opened.join().unwrap();
+    for (i, o) in outs.iter().enumerate() {
+        assert!(o.to_vec::<f32>().unwrap().iter().all(|&x| x == 10.0 + i as f32), "out {i} was overwritten");
+    }
+}
+
 #[test]
 fn pushed_arrays_may_be_reused_at_once() {
     let kv = KVStore::create("local").unwrap();

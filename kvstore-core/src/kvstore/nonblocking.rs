@@ -117,6 +117,9 @@ impl KVStore {
         }
         let (push, pull) = (self.store.lookup(op, push)?, self.store.lookup(op, pull)?);
         if self.engine.may_run_now(vars_of(&push, &pull, false)) {
+            for (g, written) in push.iter().map(|g| (g, false)).chain(pull.iter().map(|g| (g, true))) {
+                g.arrays.iter().try_for_each(|a| a.prepare_for_call(written))?;
+            }
             return self.store.push_pull(op, push, pull);
         }
         if locks::inside_updater() {

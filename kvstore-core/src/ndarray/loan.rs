@@ -69,6 +69,16 @@ impl NDArray {
         self.reclaim_but(None)
     }
 
+    /// Before a call that runs at once on this thread uses this array (`written`: as an
+    /// out): waits for the writes other stores' queued calls will make to it, and gives
+    /// the queued calls it is lent to a copy first when the call writes it. Done here,
+    /// on the caller's thread, because the call's work may be shared out over the
+    /// store's threads, which do neither.
+    pub(crate) fn prepare_for_call(&self, written: bool) -> Result<()> {
+        self.settle();
+        if written { self.reclaim() } else { Ok(()) }
+    }
+
     /// Before queueing a call of engine `owner` that writes this array: the loans of
     /// other engines' calls are reclaimed as [`NDArray::reclaim`] does (`owner`'s own
     /// calls it is lent to run before the call anyway).
