@@ -21,21 +21,36 @@ fn slow_assign(kv: &KVStore, ms: u64) {
 
 type Gate = Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>;
 
+/// Waits (at most 10 s) until `gate` is opened.
+fn wait_at(gate: &Gate) {
+    let open = gate.0.lock().unwrap();
+    drop(gate.1.wait_timeout_while(open, Duration::from_secs(10), |open| !*open).unwrap());
+}
+
+fn open(gate: &Gate) {
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+}
+
+/// Opens `gate` from another thread after `ms` milliseconds.
+fn open_later(gate: &Gate, ms: u64) -> std::thread::JoinHandle<()> {
+    let gate = Arc::clone(gate);
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(ms));
+        open(&gate);
+    })
+}
+
 /// Installs an assigning updater that waits (at most 10 s) until the returned gate is
 /// opened with the returned function: keeps calls queued for as long as a test needs.
 fn gated_assign(kv: &KVStore) -> (Gate, fn(&Gate)) {
     let gate: Gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
     let g = Arc::clone(&gate);
     kv.set_updater(move |_: &Key, _, merged: &NDArray, stored: &NDArray| {
-        let open = g.0.lock().unwrap();
-        drop(g.1.wait_timeout_while(open, Duration::from_secs(10), |open| !*open).unwrap());
+        wait_at(&g);
         stored.copy_from(merged)
     })
     .unwrap();
-    fn open(gate: &Gate) {
-        *gate.0.lock().unwrap() = true;
-        gate.1.notify_all();
-    }
     (gate, open)
 }
 
@@ -61,22 +76,17 @@ fn a_pull_after_a_push_sees_it_and_its_outs_wait_until_written() {
 }
 
 /// Blocking calls that run at once on the caller's thread, with copies big enough to be
-/// shared out over the store's threads (8 keys of 64 KiB): every array they write or
-/// read is ready first, whichever thread copies it. A pull into values lent to queued
+/// shared out over the store's threads (256 keys of 64 KiB: the calling thread copies
+/// the first while the pool's threads wake, and they take the rest): every array they
+/// write or read is ready first, whichever thread copies it. A pull into values lent to queued
 /// pushes leaves each push its value; a pull into outs of another store's queued pull
 /// writes them after it.
 #[test]
 fn calls_run_at_once_over_the_pool_respect_loans_and_pending_writes() {
     const N: usize = 16 * 1024;
-    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
-    let stored: Vec<NDArray> = (0..8).map(|i| NDArray::full(&[N], 10.0 + f64::from(i)).unwrap()).collect();
-    let opener = |gate: &Gate, open: fn(&Gate)| {
-        let gate = Arc::clone(gate);
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(100));
-            open(&gate);
-        })
-    };
+    const K: u32 = 256;
+    let keys: Vec<String> = (0..K).map(|i| format!("k{i}")).collect();
+    let stored: Vec<NDArray> = (0..K).map(|i| NDArray::full(&[N], 10.0 + f64::from(i)).unwrap()).collect();
     // Loans: each out is lent to a push queued behind one held at the gate; the
     // updater records what each push summed.
     let kv = KVStore::builder("local").engine_threads(2).build().unwrap();
@@ -86,20 +96,15 @@ fn calls_run_at_once_over_the_pool_respect_loans_and_pending_writes() {
     let summed = Arc::new(std::sync::Mutex::new(Vec::new()));
     let (g, seen) = (Arc::clone(&gate), Arc::clone(&summed));
     kv.set_updater(move |_: &Key, _, merged: &NDArray, stored: &NDArray| {
-        let open = g.0.lock().unwrap();
-        drop(g.1.wait_timeout_while(open, Duration::from_secs(10), |open| !*open).unwrap());
+        wait_at(&g);
         seen.lock().unwrap().push(merged.to_vec::<f32>()?);
         stored.copy_from(merged)
     })
     .unwrap();
-    let outs: Vec<NDArray> = (0..8).map(|i| NDArray::full(&[N], f64::from(i)).unwrap()).collect();
+    let outs: Vec<NDArray> = (0..K).map(|i| NDArray::full(&[N], f64::from(i)).unwrap()).collect();
     let mut pushes = vec![kv.push_async("w", &NDArray::full(&[N], 100.0).unwrap(), 0)];
     pushes.extend(outs.iter().map(|o| kv.push_async("w", o, 0)));
-    fn open(gate: &Gate) {
-        *gate.0.lock().unwrap() = true;
-        gate.1.notify_all();
-    }
-    let opened = opener(&gate, open);
+    let opened = open_later(&gate, 100);
     kv.pull(keys.as_slice(), outs.as_slice(), 0).unwrap();
     pushes.into_iter().for_each(|p| p.wait().unwrap());
     opened.join().unwrap();
@@ -108,18 +113,18 @@ fn calls_run_at_once_over_the_pool_respect_loans_and_pending_writes() {
         let want = if i == 0 { 100.0 } else { (i - 1) as f32 };
         assert!(v.iter().all(|&x| x == want), "push {i} summed {}, not the {want} it was given", v[0]);
     }
-    assert_eq!(summed.len(), 9);
+    assert_eq!(summed.len(), K as usize + 1);
     for (i, o) in outs.iter().enumerate() {
         assert_eq!(o.to_vec::<f32>().unwrap()[N - 1], 10.0 + i as f32);
     }
     // Pending writes: another store's pull into the outs is queued behind its gate.
     let other = KVStore::create("local").unwrap();
     other.init("v", &NDArray::full(&[N], -1.0).unwrap()).unwrap();
-    let (gate, open) = gated_assign(&other);
+    let (gate, _) = gated_assign(&other);
     let held = other.push_async("v", &NDArray::full(&[N], -2.0).unwrap(), 0);
     let pulled: Vec<Pending> = outs.iter().map(|o| other.pull_async("v", o, 0)).collect();
     assert!(outs.iter().all(NDArray::is_pending));
-    let opened = opener(&gate, open);
+    let opened = open_later(&gate, 100);
     // Made after the other store's pulls, so it writes after them.
     kv.pull(keys.as_slice(), outs.as_slice(), 0).unwrap();
     for p in pulled.into_iter().chain([held]) {
@@ -152,14 +157,7 @@ fn pushed_arrays_may_be_reused_at_once() {
 fn a_pushed_array_is_read_before_a_later_pull_writes_it() {
     let kv = KVStore::builder("local").engine_threads(2).build().unwrap();
     kv.init(&["w", "v"], &[NDArray::zeros(&[2]).unwrap(), NDArray::full(&[2], 9.0).unwrap()]).unwrap();
-    let (gate, open) = gated_assign(&kv);
-    let opener = |gate: &Gate| {
-        let gate = Arc::clone(gate);
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(50));
-            open(&gate);
-        })
-    };
+    let (gate, _) = gated_assign(&kv);
     let g = NDArray::full(&[2], 1.0).unwrap();
     // The first push is held at the gate, so the second has not read `g` yet when the
     // pull into `g` (of another key, free to run at once) is made: the pull must wait
@@ -167,7 +165,7 @@ fn a_pushed_array_is_read_before_a_later_pull_writes_it() {
     let first = kv.push_async("w", &NDArray::full(&[2], 5.0).unwrap(), 0);
     let pushed = kv.push_async("w", &g, 0);
     let pulled = kv.pull_async("v", &g, 0);
-    let opened = opener(&gate);
+    let opened = open_later(&gate, 50);
     for h in [first, pushed, pulled] {
         h.wait().unwrap();
     }
@@ -180,7 +178,7 @@ fn a_pushed_array_is_read_before_a_later_pull_writes_it() {
     g.copy_from(&NDArray::full(&[2], 3.0).unwrap()).unwrap();
     let first = kv.push_async("w", &NDArray::full(&[2], 5.0).unwrap(), 0);
     let pushed = kv.push_async("w", &g, 0);
-    let opened = opener(&gate);
+    let opened = open_later(&gate, 50);
     kv.pull("v", &g, 0).unwrap();
     for h in [first, pushed] {
         h.wait().unwrap();

@@ -117,8 +117,11 @@ impl KVStore {
         }
         let (push, pull) = (self.store.lookup(op, push)?, self.store.lookup(op, pull)?);
         if self.engine.may_run_now(vars_of(&push, &pull, false)) {
-            for (g, written) in push.iter().map(|g| (g, false)).chain(pull.iter().map(|g| (g, true))) {
-                g.arrays.iter().try_for_each(|a| a.prepare_for_call(written))?;
+            for value in push.iter().flat_map(|g| &g.arrays) {
+                value.prepare_for_call(false)?;
+            }
+            for out in pull.iter().flat_map(|g| &g.arrays) {
+                out.prepare_for_call(true)?;
             }
             return self.store.push_pull(op, push, pull);
         }
