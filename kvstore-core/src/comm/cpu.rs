@@ -8,8 +8,9 @@
 //! arrays are cut into chunks over the store's own rayon pool; the per-element order
 //! does not depend on the chunking, so results are bit-identical for any thread count.
 
+use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use rayon::prelude::*;
@@ -301,40 +302,107 @@ impl CommCpu {
         }
     }
 
-    /// Runs `one` over `jobs` on this thread and on the pool's other threads at once,
-    /// each taking the next `per_claim` jobs until none is left.
+    /// Runs `one` over `jobs` on this thread and on the pool's other threads at once.
     ///
+    /// Each thread has a contiguous part of the jobs, which it runs in order, `per_claim`
+    /// at a time; a thread done with its part takes the rest of another's from its end.
     /// The calling thread starts at once and the pool's threads join as they wake, so
     /// a call does not wait for a sleeping thread to start its work, nor for the last
     /// one to finish a larger share (on a 2-core machine whose threads woke 16–30 µs
     /// late, that cost about 0.1 µs per key of a 1,000-key push, and as much of a
-    /// pull). Jobs take only the locks of their own arrays and start no nested parallel
-    /// work, so no thread waits on a lock while holding another's. After an error no
-    /// more jobs start, and the first error is returned.
+    /// pull). Contiguous parts matter as much: plain loops over 1,000 keys of 1 Ki f32,
+    /// the keys dealt out three at a time in turn, took 0.51–0.57 µs per key to sum and
+    /// copy, against 0.30–0.46 µs in two halves. Jobs take only the locks of their own
+    /// arrays and start no nested parallel work, so no thread waits on a lock while
+    /// holding another's. After an error no more jobs start, and the first error is
+    /// returned.
     fn share<J: Sync>(&self, jobs: &[&J], per_claim: usize, one: impl Fn(&J) -> Result<()> + Sync) -> Result<()> {
-        let next = AtomicUsize::new(0);
+        let threads = self.num_threads().min(jobs.len().div_ceil(per_claim)).max(1);
+        let Some(parts) = Parts::new(jobs.len(), threads) else {
+            return jobs.iter().try_for_each(|j| one(j));
+        };
+        let stop = AtomicBool::new(false);
         let failed: Mutex<Option<Error>> = Mutex::new(None);
-        let work = || {
-            loop {
-                let start = next.fetch_add(per_claim, Ordering::Relaxed);
-                let Some(claimed) = jobs.get(start..) else { return };
-                for j in claimed.iter().take(per_claim) {
-                    if let Err(e) = one(j) {
-                        // Later claims find nothing left.
-                        next.store(jobs.len(), Ordering::Relaxed);
-                        failed.lock().get_or_insert(e);
+        let run = |range: Range<usize>| {
+            for j in &jobs[range] {
+                if let Err(e) = one(j) {
+                    stop.store(true, Ordering::Relaxed);
+                    failed.lock().get_or_insert(e);
+                    return false;
+                }
+            }
+            !stop.load(Ordering::Relaxed)
+        };
+        let work = |me: usize| {
+            while let Some(r) = parts.front(me, per_claim) {
+                if !run(r) {
+                    return;
+                }
+            }
+            for other in (1..threads).map(|k| (me + k) % threads) {
+                while let Some(r) = parts.back(other, per_claim) {
+                    if !run(r) {
                         return;
                     }
                 }
             }
         };
         self.pool.in_place_scope(|s| {
-            for _ in 1..self.num_threads().min(jobs.len().div_ceil(per_claim)) {
-                s.spawn(|_| work());
+            for me in 1..threads {
+                let work = &work;
+                s.spawn(move |_| work(me));
             }
-            work();
+            work(0);
         });
         failed.into_inner().map_or(Ok(()), Err)
+    }
+}
+
+/// The jobs of [`CommCpu::share`] cut into one contiguous part per thread, each an
+/// unclaimed range `front..back` in one atomic word, taken from the front by its
+/// thread and from the back by others.
+struct Parts(Vec<AtomicU64>);
+
+impl Parts {
+    /// `None` for more jobs than a part's bounds can count (then one thread runs them).
+    fn new(jobs: usize, threads: usize) -> Option<Self> {
+        u32::try_from(jobs).ok()?;
+        let bound = |t: usize| (jobs * t / threads) as u64;
+        Some(Parts((0..threads).map(|t| AtomicU64::new(bound(t) | bound(t + 1) << 32)).collect()))
+    }
+
+    /// Claims up to `n` jobs of part `p`, from its front or from its back.
+    fn claim(&self, p: usize, n: usize, from_front: bool) -> Option<Range<usize>> {
+        let part = &self.0[p];
+        let mut cur = part.load(Ordering::Relaxed);
+        loop {
+            let (front, back) = ((cur & u64::from(u32::MAX)) as usize, (cur >> 32) as usize);
+            if front >= back {
+                return None;
+            }
+            let (taken, next) = match from_front {
+                true => {
+                    let end = back.min(front + n);
+                    (front..end, end as u64 | (back as u64) << 32)
+                }
+                false => {
+                    let start = front.max(back.saturating_sub(n));
+                    (start..back, front as u64 | (start as u64) << 32)
+                }
+            };
+            match part.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Some(taken),
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    fn front(&self, p: usize, n: usize) -> Option<Range<usize>> {
+        self.claim(p, n, true)
+    }
+
+    fn back(&self, p: usize, n: usize) -> Option<Range<usize>> {
+        self.claim(p, n, false)
     }
 }
 
@@ -359,6 +427,32 @@ impl Comm for CommCpu {
             |j| j.src.on_device() && j.outs.iter().all(|a| a.on_device()),
             |j, split| self.broadcast_one(j, split),
         )
+    }
+
+    /// Pieces of fewer than `CLAIM_BYTES` (or of one key), under `PARALLEL_BYTES`, so
+    /// the `reduce` and `broadcast` of a piece run where they are called.
+    fn share_keys(&self, sizes: &[usize], work: &(dyn Fn(Range<usize>) -> Result<()> + Sync)) -> Option<Result<()>> {
+        if self.num_threads() < 2
+            || sizes.iter().sum::<usize>() < PARALLEL_BYTES
+            || sizes.iter().any(|&b| b >= BIG_BYTES)
+        {
+            return None;
+        }
+        let mut pieces: Vec<Range<usize>> = Vec::new();
+        let (mut start, mut bytes) = (0, 0);
+        for (i, &b) in sizes.iter().enumerate() {
+            if i > start && bytes + b >= CLAIM_BYTES {
+                pieces.push(start..i);
+                (start, bytes) = (i, 0);
+            }
+            bytes += b;
+        }
+        pieces.push(start..sizes.len());
+        if pieces.len() < 2 {
+            return None;
+        }
+        let pieces: Vec<&Range<usize>> = pieces.iter().collect();
+        Some(self.share(&pieces, 1, |r| work(r.clone())))
     }
 
     /// A value from a device is kept on the host in page-locked memory (MXNet's
@@ -402,6 +496,8 @@ impl Comm for CommCpu {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicUsize;
+
     use super::*;
     use crate::{Context, DType};
     use half::{bf16, f16};
@@ -497,6 +593,34 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.to_string(), Error::Internal("job 10".into()).to_string());
         assert!(after.load(Ordering::SeqCst) <= 2 * 5, "{} jobs started after the error", after.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn parts_hand_out_every_job_once_from_both_ends() {
+        // Four threads take from their own part's front, then from the others' backs,
+        // all at once: every job is taken exactly once, and each claim is contiguous.
+        for (jobs, threads) in [(1000, 4), (7, 4), (3, 2), (100_003, 3)] {
+            let parts = Parts::new(jobs, threads).unwrap();
+            let taken: Vec<AtomicUsize> = (0..jobs).map(|_| AtomicUsize::new(0)).collect();
+            std::thread::scope(|s| {
+                for me in 0..threads {
+                    let (parts, taken) = (&parts, &taken);
+                    s.spawn(move || {
+                        let take = |r: Range<usize>| r.for_each(|j| _ = taken[j].fetch_add(1, Ordering::Relaxed));
+                        while let Some(r) = parts.front(me, 1 + me) {
+                            take(r);
+                        }
+                        for other in (1..threads).map(|k| (me + k) % threads) {
+                            while let Some(r) = parts.back(other, 3) {
+                                take(r);
+                            }
+                        }
+                    });
+                }
+            });
+            assert!(taken.iter().all(|t| t.load(Ordering::Relaxed) == 1), "{jobs} jobs over {threads} threads");
+        }
+        assert!(Parts::new(1 << 33, 2).is_none());
     }
 
     #[test]

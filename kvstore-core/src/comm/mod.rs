@@ -12,6 +12,7 @@
 //! wrap; results are bit-identical for any thread count and on devices.
 
 use std::any::Any;
+use std::ops::Range;
 
 use crate::context::Context;
 use crate::error::Result;
@@ -60,6 +61,19 @@ pub trait Comm: Send + Sync {
     /// # Errors
     /// [`Error::Internal`](crate::Error::Internal) if a job's arrays disagree in shape or dtype.
     fn broadcast(&self, jobs: &[BroadcastJob<'_>]) -> Result<()>;
+
+    /// Runs `work` over consecutive pieces of `0..sizes.len()` (the keys of a call, key
+    /// `i` moving `sizes[i]` bytes) on this comm's threads, the caller's among them, each
+    /// piece once, and returns the first error (no piece starts after one). The pieces
+    /// depend only on `sizes`, and each is small enough that a `reduce` or `broadcast`
+    /// of its keys, called from `work`, runs on the thread that calls it.
+    ///
+    /// `None`, with nothing run, when the comm does not share such work out: by
+    /// default, and when there is too little work to share or a key big enough to be
+    /// split on its own. The caller then does the work as one piece.
+    fn share_keys(&self, _sizes: &[usize], _work: &(dyn Fn(Range<usize>) -> Result<()> + Sync)) -> Option<Result<()>> {
+        None
+    }
 
     /// The array a store keeps for a value given to `init`: by default a copy in the
     /// value's context.

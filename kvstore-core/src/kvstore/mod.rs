@@ -22,6 +22,7 @@ mod checkpoint;
 mod locks;
 mod nonblocking;
 mod pending;
+mod spread;
 mod steps;
 
 use locks::Held;
@@ -1235,6 +1236,9 @@ impl Store {
             return Ok(());
         }
         let groups = Self::group(found);
+        if let Some(r) = self.spread(op, &[], &groups) {
+            return r;
+        }
         let entries: Vec<&Arc<Entry>> = groups.iter().map(|g| &g.entry).collect();
         let held = Held::new(op, self, &entries)?;
         let guards = held.read(op, &entries)?;
@@ -1273,6 +1277,9 @@ impl Store {
         }
         let push = Self::group(push);
         let pull = Self::group(pull);
+        if let Some(r) = self.spread(op, &push, &pull) {
+            return r;
+        }
         // Lock the union of the keys in index order, so that concurrent multi-key
         // calls cannot deadlock.
         let mut entries: Vec<&Arc<Entry>> = push.iter().chain(&pull).map(|g| &g.entry).collect();
