@@ -1201,9 +1201,12 @@ impl Store {
 
     /// The groups of `found` (see [`Store::lookup`]).
     fn group(mut found: Found<'_>) -> Vec<Group<'_>> {
-        if !found.is_sorted_by(|a, b| a.entry.index < b.entry.index) {
-            found.sort_by_key(|g| g.entry.index);
+        // Keys in the order they were initialised, each once (lists of parameters):
+        // already the groups.
+        if found.is_sorted_by(|a, b| a.entry.index < b.entry.index) {
+            return found;
         }
+        found.sort_by_key(|g| g.entry.index);
         let mut groups: Vec<Group<'_>> = Vec::with_capacity(found.len());
         for g in found {
             match groups.last_mut() {
