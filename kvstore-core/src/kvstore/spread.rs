@@ -47,6 +47,11 @@ impl Store {
     /// the ordinary path, which knows how such a call may lock.
     pub(super) fn spread<'a>(&self, op: &'static str, push: &[Group<'a>], pull: &[Group<'a>]) -> Option<Result<()>> {
         let keys = if push.is_empty() { pull } else { push };
+        // One key is no call to spread (and the common blocking call: it should cost
+        // no more than these two comparisons here).
+        if keys.len() < 2 {
+            return None;
+        }
         let same_keys = push.is_empty()
             || pull.is_empty()
             || (push.len() == pull.len() && push.iter().zip(pull).all(|(a, b)| a.entry.index == b.entry.index));
