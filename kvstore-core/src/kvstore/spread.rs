@@ -32,8 +32,11 @@ fn keep_first(first: &First, at: usize, e: Error) {
     }
 }
 
-/// Why the checking pass stopped a piece early (the reason itself is kept aside).
-struct Stop;
+/// What a piece of the checking pass returns to stop the pass early: the reason (a
+/// busy key, a failed check) is kept aside, and this error is never reported.
+fn stopped() -> Result<()> {
+    Err(Error::Internal("spread: a piece stopped early".into()))
+}
 
 impl Store {
     /// [`Store::push_pull`] of `push` and `pull` (grouped), spread over the comm's
@@ -55,12 +58,10 @@ impl Store {
         let same_keys = push.is_empty()
             || pull.is_empty()
             || (push.len() == pull.len() && push.iter().zip(pull).all(|(a, b)| a.entry.index == b.entry.index));
-        let arrays = || push.iter().chain(pull).flat_map(|g| g.arrays.iter());
         if self.collective.is_some()
             || locks::inside_updater()
             || !same_keys
-            || push.iter().chain(pull).any(|g| g.arrays.is_empty())
-            || arrays().any(|a| a.on_device())
+            || push.iter().chain(pull).any(|g| g.arrays.is_empty() || g.arrays.iter().any(|a| a.on_device()))
         {
             return None;
         }
@@ -100,22 +101,21 @@ impl Store {
         let held: Vec<OnceLock<G>> = (0..keys.len()).map(|_| OnceLock::new()).collect();
         let handed_back = AtomicBool::new(false);
         let (value_error, out_error): (First, First) = Default::default();
-        let check = |range: Range<usize>| -> std::result::Result<(), Stop> {
+        let hand_back = || {
+            handed_back.store(true, Ordering::Relaxed);
+            stopped()
+        };
+        let check = |range: Range<usize>| -> Result<()> {
             for i in range {
-                let Some(guard) = lock(&keys[i].entry) else {
-                    handed_back.store(true, Ordering::Relaxed);
-                    return Err(Stop);
+                let Some(guard) = lock(&keys[i].entry).filter(|g| !g.value.on_device()) else {
+                    return hand_back();
                 };
-                if guard.value.on_device() {
-                    handed_back.store(true, Ordering::Relaxed);
-                    return Err(Stop);
-                }
                 if let Some(g) = push.get(i)
                     && let Err(e) = check_group(op, "value", g, &guard.value)
                 {
                     // Later keys' values cannot come first; earlier pieces finish.
                     keep_first(&value_error, i, e);
-                    return Err(Stop);
+                    return stopped();
                 }
                 if let Some(g) = pull.get(i)
                     && let Err(e) = check_group(op, "out", g, &guard.value)
@@ -125,14 +125,13 @@ impl Store {
                     keep_first(&out_error, i, e);
                 }
                 if held[i].set(guard).is_err() {
-                    handed_back.store(true, Ordering::Relaxed);
-                    return Err(Stop);
+                    return hand_back();
                 }
             }
             Ok(())
         };
-        let checked = self.comm.share_keys(sizes, &|range| check(range).map_err(|Stop| Error::Internal(String::new())));
-        checked.as_ref()?;
+        // The pass's own result says only whether it stopped early; why is kept aside.
+        let _stopped_early = self.comm.share_keys(sizes, &check)?;
         if handed_back.load(Ordering::Relaxed) {
             return None;
         }
