@@ -345,6 +345,56 @@ fn all_reduce<W: Equivalence>(w: &SimpleCommunicator, send: &[W], recv: &mut [W]
     }
 }
 
+/// The tag of [`tree_sum`]'s messages (the world carries no other point-to-point ones).
+const TREE_TAG: i32 = 7;
+
+/// `recv = sum(send)` across the ranks with every element summed alike, wherever it sits
+/// in the buffer: pairs of partial sums up a fixed binary tree, the lower ranks' on the
+/// left (((a0 + a1) + (a2 + a3)) on 4 ranks), then rank 0's result to every rank. MPI's
+/// own allreduce picks its algorithm by message size, and some (a ring) sum each part
+/// of the buffer in a different order: on 3 or more ranks, a key fused with other
+/// keys (a list call, or non-blocking calls fused across calls) could then get other
+/// bits than the same key summed alone. On 2 ranks every algorithm makes the one sum
+/// a0 + a1, so those use MPI's allreduce.
+fn tree_sum<W: Element + Equivalence>(w: &SimpleCommunicator, send: &[W], recv: &mut [W]) {
+    let (rank, size) = (w.rank(), w.size());
+    recv.copy_from_slice(send);
+    let mut theirs: Vec<W> = Vec::new();
+    let mut step = 1;
+    while step < size {
+        if rank % (2 * step) == step {
+            let to = w.process_at_rank(rank - step);
+            if in_background() {
+                mpi::request::scope(|scope| wait(to.immediate_send_with_tag(scope, &recv[..], TREE_TAG)));
+            } else {
+                to.send_with_tag(&recv[..], TREE_TAG);
+            }
+            break;
+        }
+        if rank + step < size {
+            theirs.resize(recv.len(), W::default());
+            let from = w.process_at_rank(rank + step);
+            if in_background() {
+                mpi::request::scope(|scope| {
+                    wait(from.immediate_receive_into_with_tag(scope, &mut theirs[..], TREE_TAG))
+                });
+            } else {
+                from.receive_into_with_tag(&mut theirs[..], TREE_TAG);
+            }
+            for (mine, &other) in recv.iter_mut().zip(&theirs) {
+                *mine = W::from_acc(W::acc_add(mine.to_acc(), other.to_acc()));
+            }
+        }
+        step *= 2;
+    }
+    let root = w.process_at_rank(0);
+    if in_background() {
+        mpi::request::scope(|scope| wait(root.immediate_broadcast_into(scope, recv)));
+    } else {
+        root.broadcast_into(recv);
+    }
+}
+
 /// Elements per MPI call, within MPI's `int` counts.
 const MAX_COUNT: usize = i32::MAX as usize;
 
@@ -421,7 +471,11 @@ impl MpiGroup {
         recv: &mut [W],
         pending: &[(usize, usize, usize)],
     ) -> Result<()> {
-        self.with_world(|w| all_reduce(w, send, &mut *recv))?;
+        if self.size > 2 {
+            self.with_world(|w| tree_sum(w, send, &mut *recv))?;
+        } else {
+            self.with_world(|w| all_reduce(w, send, &mut *recv))?;
+        }
         let mut at = 0;
         for &(p, off, len) in pending {
             let dst = pairs[p].1;

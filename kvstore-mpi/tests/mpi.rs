@@ -48,6 +48,15 @@ fn a_checkpoint_resumes_exactly() {
 }
 
 #[test]
+fn a_key_sums_alike_alone_and_fused() {
+    let kv = store();
+    let bits = dist_cases::a_key_sums_alike_alone_and_fused(kv.rank(), &kv);
+    let mine = kvstore_core::NDArray::from_vec(&[bits.len()], bits).expect("bits");
+    kv.init("alike bits", &mine).expect("init");
+    assert!(kv.pull_new("alike bits", 0).expect("pull").to_vec::<u8>().expect("r") == mine.to_vec::<u8>().expect("r"));
+}
+
+#[test]
 fn case_23_init_push_and_test_optimizer() {
     let kv = store();
     dist_cases::case_23_init_push_and_test_optimizer(kv.rank(), &kv);

@@ -1065,6 +1065,37 @@ pub mod dist_cases {
         assert_eq!(pulled(kv, "d-b", &[3]), vec![w as f64; 3]);
     }
 
+    /// A key's sum across the workers has the same bits whether it travels alone or
+    /// fused behind other keys (at another place in the buffer, in a buffer large enough
+    /// that an allreduce may pick another algorithm): the values span many orders of
+    /// magnitude, so any other order of summing the workers' values changes some bits.
+    /// Returns the bits, which must also be equal on every worker.
+    pub fn a_key_sums_alike_alone_and_fused(rank: usize, kv: &KVStore) -> Vec<u8> {
+        const N: usize = 1000;
+        let value = |n: usize, salt: usize| -> NDArray {
+            let v: Vec<f32> = (0..n)
+                .map(|i| {
+                    let mantissa = ((i * 31 + rank * 17 + salt) % 13) as f32 + 0.1;
+                    let sign = if (i + rank).is_multiple_of(3) { -1.0 } else { 1.0 };
+                    sign * mantissa * 10f32.powi(((i + 2 * rank) % 5) as i32 * 3 - 6)
+                })
+                .collect();
+            NDArray::from_vec(&[n], v).expect("value")
+        };
+        let keys = ["alike-alone", "alike-pad", "alike-fused"];
+        let sizes = [N, 20_000, N];
+        for (k, &n) in keys.iter().zip(&sizes) {
+            kv.init(*k, &NDArray::zeros(&[n]).expect("zeros")).expect("init");
+        }
+        kv.push("alike-alone", &value(N, 0), 0).expect("push alone");
+        kv.push(&keys[1..], &[value(sizes[1], 5), value(N, 0)], 0).expect("push fused");
+        let alone = kv.pull_new("alike-alone", 0).expect("pull");
+        let fused = kv.pull_new("alike-fused", 0).expect("pull");
+        let bits = crate::device_checks::bits(&alone);
+        assert!(bits == crate::device_checks::bits(&fused), "rank {rank}: a key fused with others got other bits");
+        bits
+    }
+
     /// Every dtype, string keys, a repeated key with two local values per worker: the
     /// local sums (rank + 1 each) are summed across the workers: W(W+1)/2.
     pub fn every_dtype_sums_local_then_across_workers(rank: usize, kv: &KVStore) {

@@ -26,6 +26,14 @@ fn an_optimizer_runs_identically_on_every_worker() {
 }
 
 #[test]
+fn a_key_sums_alike_alone_and_fused() {
+    for w in [2, 3, 4] {
+        let bits = run_workers(w, |rank, kv| dist_cases::a_key_sums_alike_alone_and_fused(rank, &kv));
+        assert!(bits.windows(2).all(|b| b[0] == b[1]), "workers differ");
+    }
+}
+
+#[test]
 fn every_dtype_sums_local_then_across_workers() {
     run_workers(3, |rank, kv| dist_cases::every_dtype_sums_local_then_across_workers(rank, &kv));
 }
