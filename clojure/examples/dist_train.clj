@@ -140,6 +140,12 @@
 (println (str prefix "bits " (clojure.string/join " " (map #(Long/toHexString (Double/doubleToLongBits %))
                                                            (ndarray/->double-vec (first weights))))))
 
+;; A non-blocking push of a small key: dist_sync holds it back to fuse with the calls
+;; after it, and deref releases it, so the wait never waits for a later call.
+(kvstore/init kv "fused" (ndarray/zeros [4]))
+(when (= ::timeout (deref (kvstore/push-async kv "fused" (ndarray/ones [4])) 60000 ::timeout))
+  (throw (ex-info "a held push-async did not finish within 60 s of its deref" {})))
+
 (kvstore/barrier kv)
 (kvstore/finalize-mpi)
 (shutdown-agents)

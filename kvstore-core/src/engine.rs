@@ -234,10 +234,84 @@ impl Shared {
     }
 }
 
+/// What turns held calls into the job that runs them.
+pub(crate) type IntoJob = fn(Box<dyn std::any::Any + Send>) -> Box<dyn FnOnce() + Send>;
+
+/// Calls an ordered engine holds back, to run later as one job (`kvstore/fusion.rs`
+/// decides which calls join and what the job does; the engine keeps them and submits
+/// the job before anything else is submitted, so the held calls keep their place in
+/// submission order).
+pub(crate) struct HeldCalls {
+    /// The batch's number: numbers grow, so a handle can tell whether its batch is
+    /// still held.
+    pub(crate) id: u64,
+    /// Every var of every held call.
+    pub(crate) vars: Vars,
+    /// The arrays the held calls write (their buffers' addresses): a read of one of them
+    /// must release the batch before it waits for it.
+    pub(crate) outs: Vec<usize>,
+    /// The calls themselves, as `fusion.rs` keeps them.
+    pub(crate) calls: Box<dyn std::any::Any + Send>,
+    /// Turns `calls` into the job that runs them.
+    pub(crate) into_job: IntoJob,
+}
+
+/// An ordered engine's held calls and the next batch number.
+#[derive(Default)]
+pub(crate) struct Held {
+    next: u64,
+    open: Option<HeldCalls>,
+}
+
 /// A store's engine and its worker threads.
 pub(crate) struct Engine {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
+    held: Mutex<Held>,
+}
+
+/// The locked held calls of an engine ([`Engine::held`]).
+pub(crate) struct HeldGuard<'e> {
+    engine: &'e Engine,
+    held: parking_lot::MutexGuard<'e, Held>,
+}
+
+impl HeldGuard<'_> {
+    /// The batch held now, if any.
+    pub(crate) fn open(&mut self) -> Option<&mut HeldCalls> {
+        self.held.open.as_mut()
+    }
+
+    /// Holds a new batch (after releasing any batch held before); returns its number.
+    pub(crate) fn start(&mut self, mut calls: HeldCalls) -> u64 {
+        self.release();
+        self.held.next += 1;
+        calls.id = self.held.next;
+        self.held.open = Some(calls);
+        self.held.next
+    }
+
+    /// Submits the held batch's job, if a batch is held.
+    pub(crate) fn release(&mut self) {
+        if let Some(b) = self.held.open.take() {
+            self.engine.enqueue(b.vars, 0, (b.into_job)(b.calls));
+        }
+    }
+}
+
+/// Every ordered engine, by its worker group's address.
+static ORDERED: Mutex<Vec<(usize, std::sync::Weak<Engine>)>> = Mutex::new(Vec::new());
+
+/// Releases the held batch of any ordered engine whose calls write the array with
+/// buffer address `buffer` (a read of it is about to wait for them).
+pub(crate) fn release_writers_of(buffer: usize) {
+    let engines: Vec<Arc<Engine>> = ORDERED.lock().iter().filter_map(|(_, e)| e.upgrade()).collect();
+    for engine in engines {
+        let mut held = engine.held();
+        if held.open().is_some_and(|b| b.outs.contains(&buffer)) {
+            held.release();
+        }
+    }
 }
 
 impl Engine {
@@ -256,7 +330,7 @@ impl Engine {
             spinning: AtomicBool::new(false),
         });
         let threads = if ordered { 1 } else { threads.max(1) };
-        let mut engine = Engine { shared, workers: Vec::with_capacity(threads) };
+        let mut engine = Engine { shared, workers: Vec::with_capacity(threads), held: Mutex::new(Held::default()) };
         for i in 0..threads {
             let shared = Arc::clone(&engine.shared);
             let handle = std::thread::Builder::new()
@@ -279,8 +353,7 @@ impl Engine {
     /// # Errors
     /// As [`Engine::new`].
     pub(crate) fn ordered_for(group: usize) -> Result<Arc<Engine>> {
-        static ENGINES: Mutex<Vec<(usize, std::sync::Weak<Engine>)>> = Mutex::new(Vec::new());
-        let mut engines = ENGINES.lock();
+        let mut engines = ORDERED.lock();
         engines.retain(|(_, e)| e.strong_count() > 0);
         if let Some(engine) = engines.iter().find(|(g, _)| *g == group).and_then(|(_, e)| e.upgrade()) {
             return Ok(engine);
@@ -311,8 +384,36 @@ impl Engine {
     }
 
     /// Queues `run` on `vars` (deduplicated here). It runs on a worker once every call
-    /// submitted before it on any of its vars has finished.
-    pub(crate) fn submit(&self, mut vars: Vars, priority: i32, run: Box<dyn FnOnce() + Send>) {
+    /// submitted before it on any of its vars has finished. Calls the engine holds are
+    /// released first: they were made before.
+    pub(crate) fn submit(&self, vars: Vars, priority: i32, run: Box<dyn FnOnce() + Send>) {
+        if self.shared.ordered {
+            let mut held = self.held();
+            held.release();
+            self.enqueue(vars, priority, run);
+        } else {
+            self.enqueue(vars, priority, run);
+        }
+    }
+
+    /// The calls this engine holds, locked (only an ordered engine holds calls).
+    pub(crate) fn held(&self) -> HeldGuard<'_> {
+        HeldGuard { engine: self, held: self.held.lock() }
+    }
+
+    /// Releases the held batch numbered `id` (any held batch for `None`): its job is
+    /// queued behind every call made before it.
+    pub(crate) fn release_held(&self, id: Option<u64>) {
+        if !self.shared.ordered {
+            return;
+        }
+        let mut held = self.held();
+        if id.is_none_or(|id| held.open().is_some_and(|b| b.id == id)) {
+            held.release();
+        }
+    }
+
+    fn enqueue(&self, mut vars: Vars, priority: i32, run: Box<dyn FnOnce() + Send>) {
         vars.sort_unstable();
         vars.dedup();
         let priority = if self.shared.ordered { 0 } else { priority };
@@ -356,6 +457,7 @@ impl Engine {
         if self.on_worker() {
             return;
         }
+        self.release_held(None);
         let mut st = self.shared.state.lock();
         while st.pending > 0 {
             self.shared.idle.wait(&mut st);

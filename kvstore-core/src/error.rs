@@ -141,6 +141,46 @@ pub enum Error {
     Internal(String),
 }
 
+/// A copy: the same variant with the same fields; an I/O error's copy keeps its kind
+/// and message (what several calls that failed together each report).
+impl Clone for Error {
+    fn clone(&self) -> Self {
+        match self {
+            Error::KeyNotInitialized { op, key } => Error::KeyNotInitialized { op, key: key.clone() },
+            Error::AlreadyInitialized { op, key, detail } => Error::AlreadyInitialized { op, key: key.clone(), detail },
+            Error::ShapeMismatch { context, key, expected, got } => Error::ShapeMismatch {
+                context: context.clone(),
+                key: key.clone(),
+                expected: expected.clone(),
+                got: got.clone(),
+            },
+            Error::DTypeMismatch { context, key, expected, got } => {
+                Error::DTypeMismatch { context: context.clone(), key: key.clone(), expected: *expected, got: *got }
+            }
+            Error::LengthMismatch { context, what, expected, got } => {
+                Error::LengthMismatch { context: context.clone(), what, expected: *expected, got: *got }
+            }
+            Error::UnknownStoreKind { kind, known } => {
+                Error::UnknownStoreKind { kind: kind.clone(), known: known.clone() }
+            }
+            Error::DeviceUnavailable { context, reason } => {
+                Error::DeviceUnavailable { context: context.clone(), reason: reason.clone() }
+            }
+            Error::Unsupported { what, hint } => Error::Unsupported { what: what.clone(), hint: hint.clone() },
+            Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+            Error::Disposed { what } => Error::Disposed { what },
+            Error::Io { context, source } => {
+                Error::Io { context: context.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
+            }
+            Error::Backend { backend, message } => Error::Backend { backend, message: message.clone() },
+            Error::ResourceExhausted { what, detail } => {
+                Error::ResourceExhausted { what: what.clone(), detail: detail.clone() }
+            }
+            Error::Internal(m) => Error::Internal(m.clone()),
+        }
+    }
+}
+
 /// The stable category of an [`Error`], shared with the Java (`KVStoreException.code()`)
 /// and Clojure (`:kvstore/error`) bindings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

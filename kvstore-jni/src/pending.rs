@@ -15,7 +15,7 @@ use std::time::Duration;
 use jni::EnvUnowned;
 use jni::objects::{Global, JClass, JLongArray, JObjectArray, JString, JThrowable};
 use jni::sys::{jint, jlong};
-use kvstore_core::{Error, KVStore, Keys, Pending, Values};
+use kvstore_core::{Error, KVStore, Keys, Pending, Release, Values};
 use parking_lot::{Condvar, Mutex};
 
 use crate::convert::{arrays, keys};
@@ -35,9 +35,16 @@ struct Done {
 
 static DONE: LazyLock<(Mutex<Done>, Condvar)> = LazyLock::new(Default::default);
 
+/// What releases each unfinished call that a batch of fused calls may hold back (see
+/// `kvstore_core::Release`), by id: a Java future's `get`, `join` and `isDone` release
+/// it first (`nRelease`).
+static RELEASE: LazyLock<Mutex<HashMap<i64, Release>>> = LazyLock::new(Default::default);
+
 /// Hands `pending`'s result, when it comes, to the completer under `id`.
 fn track(id: i64, pending: Pending) {
+    RELEASE.lock().insert(id, pending.releaser());
     pending.on_done(move |result| {
+        RELEASE.lock().remove(&id);
         let cause = if result.is_err() { take_cause() } else { None };
         let mut done = DONE.0.lock();
         done.results.insert(id, (result, cause));
@@ -94,6 +101,20 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nSubmit<'l>(
         let (out_ks, outs) = (keys(env, &out_ks, "an out key")?, arrays(env, &outs)?);
         let kv = STORES.get(h)?;
         track(id, submit(&kv, op, ks, &vs, out_ks, &outs, priority)?);
+        Ok(())
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+/// Releases call `id` if a batch of fused calls holds it back (a Java thread is about to
+/// wait for its future); nothing for a call that finished or that no batch holds.
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nRelease<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, id: jlong) {
+    env.with_env(|_| -> JResult<()> {
+        let release = RELEASE.lock().get(&id).cloned();
+        if let Some(r) = release {
+            r.release();
+        }
         Ok(())
     })
     .resolve::<ThrowKvStore>()

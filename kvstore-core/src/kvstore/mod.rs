@@ -19,6 +19,7 @@ use crate::optimizer::{KeyState, Optimizer, Runtime};
 use crate::updater::Updater;
 
 mod checkpoint;
+mod fusion;
 mod locks;
 mod nonblocking;
 mod pending;
@@ -27,8 +28,8 @@ mod steps;
 
 use locks::Held;
 use nonblocking::broadcast_args;
-pub use pending::Pending;
 use pending::{Done, Unobserved};
+pub use pending::{Pending, Release};
 
 use crate::engine::Engine;
 
@@ -100,6 +101,7 @@ pub struct KVStoreBuilder {
     collective: Option<Arc<dyn Collective>>,
     compare_calls: bool,
     timeout: Option<std::time::Duration>,
+    fuse_bytes: Option<usize>,
 }
 
 /// The engine threads of a store built without [`KVStoreBuilder::engine_threads`]: one
@@ -153,6 +155,20 @@ impl KVStoreBuilder {
         self
     }
 
+    /// The fusion size of a `dist_sync` store's non-blocking calls (default 1 MiB, or
+    /// `KVSTORE_FUSE_BYTES`; 0 turns fusion off): non-blocking pushes and pushpulls of
+    /// keys under a quarter of it, made one after another, are held back and run as one
+    /// call once their values reach it (or another call is made, or one of them is
+    /// waited for), so that they share one comparison of the workers' calls and one
+    /// allreduce. Which calls fuse depends only on the sequence of calls, waits
+    /// included: every worker must wait for a call, or read a pending out, at the same
+    /// point of its calls (see the README, "Non-blocking calls"). Ignored by local
+    /// stores.
+    pub fn fuse_calls(mut self, bytes: usize) -> Self {
+        self.fuse_bytes = Some(bytes);
+        self
+    }
+
     /// Creates the store.
     ///
     /// ```
@@ -194,7 +210,15 @@ impl KVStoreBuilder {
             }
             group.set_timeout(timeout);
         }
+        let fuse_bytes = match (self.fuse_bytes, std::env::var("KVSTORE_FUSE_BYTES")) {
+            (Some(bytes), _) => bytes,
+            (None, Ok(v)) => v.trim().parse().map_err(|_| {
+                Error::invalid_argument(format!("KVSTORE_FUSE_BYTES: \"{v}\" is not a number of bytes"))
+            })?,
+            (None, Err(_)) => fusion::DEFAULT_FUSE_BYTES,
+        };
         let store = Store {
+            fuse_bytes: if self.collective.is_some() { fuse_bytes } else { 0 },
             collective: self.collective,
             kind: self.kind.to_ascii_lowercase(),
             comm: kind.comm(self.threads)?,
@@ -272,6 +296,9 @@ pub(crate) struct Store {
     steps: std::sync::atomic::AtomicU64,
     /// Whether the steps are compared ([`KVStoreBuilder::compare_calls`]).
     compare_calls: bool,
+    /// The fusion size of non-blocking calls across calls, 0 for none
+    /// ([`KVStoreBuilder::fuse_calls`], `kvstore/fusion.rs`).
+    fuse_bytes: usize,
 }
 
 impl fmt::Debug for KVStore {
@@ -418,6 +445,7 @@ impl KVStore {
             collective: None,
             compare_calls: true,
             timeout: None,
+            fuse_bytes: None,
         }
     }
 
@@ -1317,6 +1345,22 @@ impl Store {
         } else {
             checked?;
         }
+        self.apply(&push, &pull, &push_slots, &pull_slots, &mut guards, &merger)
+    }
+
+    /// The rest of a push (the sums and the update) and of its pull (the copies), once
+    /// every key of the call is locked (`guards`, in index order; `push_slots[j]` is
+    /// the position of `push[j]`'s key there) and checked.
+    #[allow(clippy::too_many_arguments)]
+    fn apply(
+        &self,
+        push: &[Group<'_>],
+        pull: &[Group<'_>],
+        push_slots: &[usize],
+        pull_slots: &[usize],
+        guards: &mut [RwLockWriteGuard<'_, Slot>],
+        merger: &Merger,
+    ) -> Result<()> {
         // The comm's policy, before the sums: where each key lives (`CommDevice` gives
         // a key pushed from devices its device), then what to sum (`CommCpu` sums
         // page-locked host copies of values on devices).
@@ -1324,13 +1368,13 @@ impl Store {
         // allocations), as the `Comm` contract allows.
         let from_devices = push.iter().any(|g| g.arrays.iter().any(|a| a.on_device()));
         let staged: Vec<Option<Vec<NDArray>>> = if from_devices {
-            let homes = self.comm.place(&mut push_keys(&push, &push_slots, &mut guards))?;
+            let homes = self.comm.place(&mut push_keys(push, push_slots, guards))?;
             for (&i, home) in push_slots.iter().zip(homes) {
                 if let Some(home) = home {
                     guards[i].move_to(home)?;
                 }
             }
-            push_keys(&push, &push_slots, &mut guards).iter_mut().map(|k| self.comm.stage(k)).collect::<Result<_>>()?
+            push_keys(push, push_slots, guards).iter_mut().map(|k| self.comm.stage(k)).collect::<Result<_>>()?
         } else {
             Vec::new()
         };
@@ -1344,17 +1388,17 @@ impl Store {
                 arrays: staged.get(j).and_then(Option::as_deref).unwrap_or(&g.arrays),
             })
             .collect();
-        match &*merger {
+        match merger {
             Merger::Assign => {
                 let jobs: Vec<ReduceJob<'_>> = push
                     .iter()
-                    .zip(&push_slots)
+                    .zip(push_slots)
                     .map(|(g, &i)| ReduceJob { inputs: g.arrays, out: &guards[i].value })
                     .collect();
                 self.sum(&jobs)?;
             }
             Merger::Optimizer(runtime) => {
-                for (g, &i) in push.iter().zip(&push_slots) {
+                for (g, &i) in push.iter().zip(push_slots) {
                     runtime.check_weight(&g.entry.key, &guards[i].value)?;
                 }
                 // Several values of a key are summed into the key's merge buffer first;
@@ -1363,7 +1407,7 @@ impl Store {
                 // dist_sync sums across the workers in the merge buffers, so every key
                 // uses one.
                 let merged = |g: &Pushed<'_>| g.arrays.len() > 1 || self.collective.is_some();
-                for (g, &i) in push.iter().zip(&push_slots) {
+                for (g, &i) in push.iter().zip(push_slots) {
                     let slot = &mut *guards[i];
                     if merged(g) && slot.merge.is_none() {
                         let v = &slot.value;
@@ -1373,7 +1417,7 @@ impl Store {
                 // Every key's state exists before any key is updated: a state that
                 // cannot be made (out of memory) fails the call with no key changed.
                 let mut created = Vec::new();
-                for &i in &push_slots {
+                for &i in push_slots {
                     let slot = &mut *guards[i];
                     if slot.opt.is_none() {
                         match runtime.new_state(&slot.value) {
@@ -1392,12 +1436,12 @@ impl Store {
                 }
                 let jobs: Vec<ReduceJob<'_>> = push
                     .iter()
-                    .zip(&push_slots)
+                    .zip(push_slots)
                     .filter(|(g, _)| merged(g))
                     .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays, out: guards[i].merge.as_ref()? }))
                     .collect();
                 self.sum(&jobs)?;
-                for (g, &i) in push.iter().zip(&push_slots) {
+                for (g, &i) in push.iter().zip(push_slots) {
                     let Slot { value, opt, merge, .. } = &mut *guards[i];
                     let grad = match (g.arrays, merge.as_ref()) {
                         (_, Some(m)) if merged(g) => m,
@@ -1412,7 +1456,7 @@ impl Store {
                 // to date here and swapped in only when every key's update succeeded:
                 // a failing updater leaves the store as it was. The spares and the
                 // merge buffers are kept per key and reused (as MXNet's merge buffers).
-                for (g, &i) in push.iter().zip(&push_slots) {
+                for (g, &i) in push.iter().zip(push_slots) {
                     let slot = &mut *guards[i];
                     let v = &slot.value;
                     if slot.merge.is_none() {
@@ -1427,20 +1471,20 @@ impl Store {
                 }
                 let jobs: Vec<ReduceJob<'_>> = push
                     .iter()
-                    .zip(&push_slots)
+                    .zip(push_slots)
                     .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays, out: guards[i].merge.as_ref()? }))
                     .collect();
                 if jobs.len() != push.len() {
                     return Err(Error::Internal("push: no merge buffer".into()));
                 }
                 self.sum(&jobs)?;
-                for (g, &i) in push.iter().zip(&push_slots) {
+                for (g, &i) in push.iter().zip(push_slots) {
                     let (Some(m), Some(w)) = (&guards[i].merge, &guards[i].spare) else {
                         return Err(Error::Internal("push: no merge buffer or spare".into()));
                     };
                     updater.update(&g.entry.key, g.entry.index, m, w)?;
                 }
-                for &i in &push_slots {
+                for &i in push_slots {
                     let slot = &mut *guards[i];
                     if let Some(updated) = slot.spare.take() {
                         slot.spare = Some(std::mem::replace(&mut slot.value, updated));
@@ -1450,7 +1494,7 @@ impl Store {
         }
         let jobs: Vec<BroadcastJob<'_>> = pull
             .iter()
-            .zip(&pull_slots)
+            .zip(pull_slots)
             .map(|(g, &i)| BroadcastJob { src: &guards[i].value, outs: &g.arrays })
             .collect();
         self.comm.broadcast(&jobs)

@@ -23,7 +23,7 @@ use crate::ndarray::{Lent, NDArray, PendingWrites};
 
 /// A call's keys with their arrays (or what stands for them), held by the call itself so
 /// it can run after its caller returned.
-type Owned<T = NDArray> = Vec<(Arc<Entry>, SmallVec<[T; 4]>)>;
+pub(super) type Owned<T = NDArray> = Vec<(Arc<Entry>, SmallVec<[T; 4]>)>;
 
 /// A call's keys as given, each with its arrays: what it pushes and what it pulls.
 type Pairs<'a> = (Vec<Run<'a>>, Vec<Run<'a>>);
@@ -63,7 +63,7 @@ impl Store {
 }
 
 /// `owned` as the call's keys with their arrays.
-fn borrow(owned: &Owned) -> Found<'_> {
+pub(super) fn borrow(owned: &Owned) -> Found<'_> {
     owned.iter().map(|(e, arrays)| Group { entry: Arc::clone(e), arrays: arrays.iter().collect() }).collect()
 }
 
@@ -86,14 +86,14 @@ fn vars_of<'f, 'a>(push: &'f Found<'a>, pull: &'f Found<'a>, queued: bool) -> im
 
 /// A queued push's value: shared with a caller that waits for the call, or lent by
 /// one that does not (see `ndarray/loan.rs`).
-enum Input {
+pub(super) enum Input {
     Shared(NDArray),
     Lent(Lent),
 }
 
 impl Input {
     /// The array to read, once the call runs.
-    fn read(&self) -> NDArray {
+    pub(super) fn read(&self) -> NDArray {
         match self {
             Input::Shared(a) => a.clone(),
             Input::Lent(l) => l.read(),
@@ -150,6 +150,7 @@ impl KVStore {
             let (push, pull) = pairs()?;
             let (push, pull) = (self.store.lookup(op, push)?, self.store.lookup(op, pull)?);
             let vars: Vars = vars_of(&push, &pull, true).collect();
+            let fuse = self.fusable(op, &push, &pull);
             // The values are lent, not copied: the caller may write them at once (a
             // write before the call read them copies them first).
             let engine = self.engine.id();
@@ -158,10 +159,11 @@ impl KVStore {
             }
             let push = own(push, |a| Input::Lent(a.lend(engine)));
             let pull = own(pull, NDArray::clone);
-            Ok((vars, push, pull))
+            Ok((vars, push, pull, fuse))
         })();
         match prepared {
-            Ok((vars, push, pull)) if !(push.is_empty() && pull.is_empty()) => {
+            Ok((vars, push, pull, Some(fuse))) => self.hold(op, vars, push, pull, fuse),
+            Ok((vars, push, pull, None)) if !(push.is_empty() && pull.is_empty()) => {
                 self.queue(op, vars, push, pull, priority, true)
             }
             Ok(_) => Pending::finished(Ok(()), Arc::clone(&self.store.unobserved)),

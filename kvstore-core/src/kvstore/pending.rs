@@ -2,11 +2,12 @@
 //! dropped unobserved go.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 
 /// A function told a call's result when it finishes (bindings complete their futures
@@ -72,11 +73,48 @@ impl Done {
 #[must_use = "a dropped handle's error is only reported by wait_all"]
 pub struct Pending {
     done: Arc<Done>,
+    /// For a call fused with the calls after it (`kvstore/fusion.rs`): waiting for it
+    /// releases its batch first.
+    held: Release,
+}
+
+/// Releases the batch of fused calls that holds a non-blocking call back, if one still
+/// does (see [`crate::KVStoreBuilder::fuse_calls`]): what [`Pending::wait`] and
+/// [`Pending::is_done`] do first. For bindings whose handles wait without calling them
+/// (Java's futures). A call that no batch holds ignores it.
+#[derive(Clone, Debug, Default)]
+pub struct Release(Option<(Weak<Engine>, u64)>);
+
+impl Release {
+    /// Queues the held batch, so that the call runs behind the calls made before it.
+    pub fn release(&self) {
+        if let Some((engine, id)) = &self.0
+            && let Some(engine) = engine.upgrade()
+        {
+            engine.release_held(Some(*id));
+        }
+    }
 }
 
 impl Pending {
     pub(crate) fn new(done: Arc<Done>) -> Self {
-        Pending { done }
+        Pending { done, held: Release::default() }
+    }
+
+    /// The handle of a call that `engine` holds in batch `id`.
+    pub(crate) fn held(done: Arc<Done>, engine: &Arc<Engine>, id: u64) -> Self {
+        Pending { done, held: Release(Some((Arc::downgrade(engine), id))) }
+    }
+
+    /// Releases the batch that holds the call, if one still does: whoever asks for the
+    /// call's result wants it to run.
+    fn release(&self) {
+        self.held.release();
+    }
+
+    /// What releases the call's batch, for a handle kept elsewhere (see [`Release`]).
+    pub fn releaser(&self) -> Release {
+        self.held.clone()
     }
 
     /// A handle finished before anything was queued: a call that failed its checks (a
@@ -84,11 +122,12 @@ impl Pending {
     pub(crate) fn finished(result: Result<()>, unobserved: Unobserved) -> Self {
         let done = Done::new(unobserved);
         done.finish(result);
-        Pending { done }
+        Pending::new(done)
     }
 
     /// Whether the call has finished (successfully or not).
     pub fn is_done(&self) -> bool {
+        self.release();
         !matches!(*self.done.state.lock(), State::Running { .. })
     }
 
@@ -98,6 +137,7 @@ impl Pending {
     /// # Errors
     /// The call's error; the store then holds what it held before the call.
     pub fn wait(self) -> Result<()> {
+        self.release();
         let mut st = self.done.state.lock();
         while matches!(*st, State::Running { .. }) {
             self.done.finished.wait(&mut st);
@@ -111,6 +151,7 @@ impl Pending {
     /// Waits at most `timeout`: `Err(self)` (the handle back) if the call is still
     /// running then, else its result.
     pub fn wait_timeout(self, timeout: Duration) -> std::result::Result<Result<()>, Pending> {
+        self.release();
         {
             let mut st = self.done.state.lock();
             if matches!(*st, State::Running { .. }) {

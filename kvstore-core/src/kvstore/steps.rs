@@ -125,17 +125,66 @@ impl Store {
     /// [`Error::InvalidArgument`] on the others, naming each worker's call, when the
     /// workers' calls differ or one refused it; the group's error if it is broken.
     pub(super) fn check_step(&self, op: &'static str, keys: &[StepKey<'_>], local: Result<()>) -> Result<()> {
-        let Some(group) = self.collective.as_ref().filter(|_| self.compare_calls) else { return local };
+        self.check_calls(op, &[keys.len()], keys, vec![local])?.pop().unwrap_or(Ok(()))
+    }
+
+    /// [`Store::check_step`] for several calls that move their data together (non-blocking
+    /// calls fused across calls, `kvstore/fusion.rs`), as one step: `counts[i]` of `keys`
+    /// (in order) are call `i`'s, and `local[i]` is the outcome of this worker's checks of
+    /// it. When the workers made the same calls, each call refused by some worker fails
+    /// on every worker (with its own error where it was refused) and the others go on:
+    /// the inner results. When the workers' calls differ, every call fails: the outer
+    /// error (or its own error, where refused).
+    ///
+    /// # Errors
+    /// The outer error as above; the group's error if it is broken.
+    pub(super) fn check_calls(
+        &self,
+        op: &'static str,
+        counts: &[usize],
+        keys: &[StepKey<'_>],
+        mut local: Vec<Result<()>>,
+    ) -> Result<Vec<Result<()>>> {
+        let Some(group) = self.collective.as_ref().filter(|_| self.compare_calls) else { return Ok(local) };
         let seq = self.steps.fetch_add(1, Ordering::Relaxed) + 1;
-        let mine = fingerprint(op, seq, keys, local.is_err());
+        // Which calls this worker refused (a batch holds at most 64 calls).
+        let refused_here =
+            local.iter().enumerate().filter(|(_, r)| r.is_err()).fold(0u64, |m, (i, _)| m | 1 << (i % 64));
+        // A batch's record names each call's size, so that where one call ends and the
+        // next begins is part of the fingerprint.
+        let what = if counts.len() == 1 { op.to_string() } else { format!("{op} of fused calls {counts:?}") };
+        let mut mine = fingerprint(&what, seq, keys, refused_here != 0).to_vec();
+        mine.extend_from_slice(&refused_here.to_le_bytes());
         let step = format!("{op} #{seq}");
         let all = group.exchange(&step, &mine)?;
-        if all.iter().all(|r| r.as_slice() == mine.as_slice()) && local.is_ok() {
-            return Ok(());
+        let same_calls = all.iter().all(|r| r.get(..16) == mine.get(..16));
+        let refused_by = |i: usize| -> Vec<usize> {
+            let bit = |r: &Vec<u8>| r.get(17..25).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+            (0..all.len()).filter(|&r| bit(&all[r]) & (1 << (i % 64)) != 0).collect()
+        };
+        if same_calls && counts.len() > 1 {
+            for (i, r) in local.iter_mut().enumerate() {
+                let by = refused_by(i);
+                if r.is_ok() && !by.is_empty() {
+                    *r = Err(Error::invalid_argument(format!(
+                        "{op} #{seq}: {} refused call {} of {} fused calls; every worker fails that call and none \
+                         changed anything for it",
+                        ranks(&by),
+                        i + 1,
+                        counts.len()
+                    )));
+                }
+            }
+            return Ok(local);
         }
+        if same_calls && refused_here == 0 && (0..counts.len()).all(|i| refused_by(i).is_empty()) {
+            return Ok(local);
+        }
+        let local = local.into_iter().find(Result::is_err).unwrap_or(Ok(()));
+        let all: Vec<Vec<u8>> = all.into_iter().map(|r| r[..17.min(r.len())].to_vec()).collect();
         // Every worker sees the same records, so every worker takes this path: the
         // descriptions are exchanged, and every worker builds the same message.
-        let text = describe(op, keys, local.as_ref().err());
+        let text = describe(&what, keys, local.as_ref().err());
         let mut padded = text.into_bytes();
         padded.resize(crate::backend::MAX_RECORD, 0);
         let texts: Vec<String> = group

@@ -40,6 +40,8 @@ impl NDArray {
         if self.inner.pending.load(Ordering::Acquire) == 0 || STORE_THREAD.with(Cell::get) {
             return;
         }
+        // A write a batch of fused calls holds back is released first (`kvstore/fusion.rs`).
+        crate::engine::release_writers_of(self.buffer_id());
         let mut guard = SETTLED.0.lock();
         while self.inner.pending.load(Ordering::Acquire) != 0 {
             SETTLED.1.wait(&mut guard);

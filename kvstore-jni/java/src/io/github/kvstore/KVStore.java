@@ -6,6 +6,9 @@ import java.util.Arrays;
 import java.util.Map;
 import java.util.Objects;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
 import java.util.concurrent.locks.ReentrantLock;
 
 /**
@@ -808,6 +811,60 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     private static final NDArray[] NO_ARRAYS = new NDArray[0];
 
     /**
+     * The future of a non-blocking call. A {@code dist_sync} store may hold a small push
+     * or pushpull back, to run fused with the calls made after it (the README's
+     * "Non-blocking calls"; {@code KVSTORE_FUSE_BYTES}): {@code get}, {@code join},
+     * {@code getNow} and {@code isDone} release it first, as {@code Pending::wait} does
+     * in Rust, so that waiting for it never waits for a later call. Dependent stages and
+     * {@link CompletableFuture#allOf} do not: wait for one of the calls, or call
+     * {@link #waitAll()}, before waiting for those. Like every call of a
+     * {@code dist_sync} store, a wait must come at the same point of the calls on every
+     * worker.
+     */
+    private static final class CallFuture extends CompletableFuture<Void> {
+        /** The call's id, once registered (-1 until then). */
+        volatile long id = -1;
+
+        private void release() {
+            long call = id;
+            if (call >= 0 && !super.isDone()) {
+                nRelease(call);
+            }
+        }
+
+        @Override
+        public Void get() throws InterruptedException, ExecutionException {
+            release();
+            return super.get();
+        }
+
+        @Override
+        public Void get(long timeout, TimeUnit unit)
+                throws InterruptedException, ExecutionException, TimeoutException {
+            release();
+            return super.get(timeout, unit);
+        }
+
+        @Override
+        public Void join() {
+            release();
+            return super.join();
+        }
+
+        @Override
+        public Void getNow(Void valueIfAbsent) {
+            release();
+            return super.getNow(valueIfAbsent);
+        }
+
+        @Override
+        public boolean isDone() {
+            release();
+            return super.isDone();
+        }
+    }
+
+    /**
      * Submits a call to the store's engine: the future completes when the call is done,
      * exceptionally with the {@link KVStoreException} the blocking call would throw.
      */
@@ -815,8 +872,9 @@ public final class KVStore extends NativeObject implements AutoCloseable {
             int op, String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
         long[] vs = handles(values, "values");
         long[] os = handles(outs, "outs");
-        CompletableFuture<Void> future = new CompletableFuture<>();
+        CallFuture future = new CallFuture();
         long id = Completer.register(future);
+        future.id = id;
         try {
             nSubmit(handle(), id, op, keys, vs, outKeys, os, priority);
         } catch (KVStoreException e) {
@@ -1618,6 +1676,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
             long h, long id, int op, String[] keys, long[] values, String[] outKeys, long[] outs, int priority);
 
     static native int nTakeDone(long[] ids, int timeoutMs);
+
+    static native void nRelease(long id);
 
     static native void nResult(long id);
 

@@ -1,0 +1,247 @@
+//! Fusion across calls (`dist_sync`): non-blocking pushes and pushpulls of small keys,
+//! made one after another, are held back on the worker group's engine and run as one
+//! call, whose keys then share one comparison of the workers' calls and one fused
+//! allreduce, where each call alone would pay both round trips across the network.
+//!
+//! What joins a batch depends only on the sequence of calls, never on timing, so every
+//! worker of a job makes the same batches:
+//! - a call joins the held batch when it is a non-blocking `push` or `pushpull` of the
+//!   same store, with the default merger or an optimizer (a custom updater's failure
+//!   must reach its own call only), whose keys are each below a quarter of the store's
+//!   fusion size ([`crate::KVStoreBuilder::fuse_calls`]; the call's keys together too)
+//!   and not in the batch already (a second push of a key must follow the first);
+//! - a batch is released (queued to run) once its values reach the fusion size or it
+//!   holds [`MAX_CALLS`] calls; when any other call of the group is made (blocking or
+//!   not, on any of its stores: `Engine::submit` releases it first); and when a caller
+//!   asks for one of its calls: [`crate::Pending::wait`], `wait_timeout`, `is_done`,
+//!   [`crate::KVStore::wait_all`], a read or write of an out one of its calls writes
+//!   (`ndarray/pending.rs`), a change of merger, dropping the store.
+//!
+//! The last rule makes waiting part of the sequence of calls: every worker must wait
+//! (or read a pending out) at the same point of its calls, as every worker must make the
+//! same calls. A worker that waits where the others do not releases a smaller batch,
+//! and the workers' comparison of their calls then fails that batch on every worker
+//! with a message naming what each called, rather than summing mismatched buffers.
+//!
+//! A batch runs as one call that keeps each call's own outcome: each call is checked
+//! alone, and one that fails its checks (on any worker) fails alone, on every worker,
+//! with nothing changed for it; the others go on together, and an error after the
+//! checks (a broken group) reaches each of them. The sums are bit-identical to the
+//! calls run one by one: each key is summed alike wherever it sits in a fused buffer
+//! (`kvstore-mpi`'s fixed tree on 3 or more workers).
+
+use std::collections::HashSet;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use super::nonblocking::{Input, Owned, borrow};
+use super::steps::StepKey;
+use super::{Done, Found, Group, KVStore, Merger, Pending, Store, check_group, locks::Held};
+use crate::engine::{self, HeldCalls, Vars};
+use crate::error::{Error, Result};
+use crate::ndarray::PendingWrites;
+
+/// The most calls one batch holds (the workers' comparison marks refused calls in a
+/// 64-bit mask).
+pub(super) const MAX_CALLS: usize = 64;
+
+/// The default fusion size of a `dist_sync` store: a batch is released once its values
+/// reach 1 MiB, and keys of 256 KiB or more go alone. Measured on ResNet-50's tensors
+/// over TCP, buckets of 1 MiB left less communication exposed than 256 KiB or 4 MiB.
+pub(super) const DEFAULT_FUSE_BYTES: usize = 1 << 20;
+
+/// A call held in a batch: what `queue` would have queued.
+struct Call {
+    op: &'static str,
+    push: Owned<Input>,
+    pull: Owned,
+    done: Arc<Done>,
+    writes: PendingWrites,
+}
+
+/// The calls of one batch, and what decides whether the next joins.
+struct Batch {
+    store: Arc<Store>,
+    calls: Vec<Call>,
+    keys: HashSet<usize>,
+    bytes: usize,
+}
+
+/// What a call brings to a batch: its keys (by index) and their bytes.
+pub(super) struct Fuse {
+    keys: Vec<usize>,
+    bytes: usize,
+}
+
+impl Batch {
+    /// The job that runs the batch's calls as one (`HeldCalls::into_job`).
+    fn job(calls: Box<dyn std::any::Any + Send>) -> Box<dyn FnOnce() + Send> {
+        match calls.downcast::<Batch>() {
+            Ok(batch) => Box::new(move || engine::run_as(true, || batch.run())),
+            Err(_) => Box::new(|| {}),
+        }
+    }
+
+    fn run(self) {
+        let Batch { store, calls, .. } = self;
+        let values: Vec<Owned> = calls
+            .iter()
+            .map(|c| {
+                c.push.iter().map(|(e, inputs)| (Arc::clone(e), inputs.iter().map(Input::read).collect())).collect()
+            })
+            .collect();
+        let n = calls.len();
+        let results = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let found = calls.iter().zip(&values).map(|(c, v)| (c.op, borrow(v), borrow(&c.pull))).collect();
+            store.push_pull_fused(found)
+        }))
+        .unwrap_or_else(|_| (0..n).map(|_| Err(Error::Internal("fused calls panicked".into()))).collect());
+        drop(values);
+        // As `queue`: the values returned and the outs readable before a handle says
+        // its call is done.
+        for (call, result) in calls.into_iter().zip(results) {
+            let Call { push, writes, done, .. } = call;
+            drop(push);
+            drop(writes);
+            done.finish(result);
+        }
+    }
+}
+
+impl KVStore {
+    /// Whether a non-blocking call may join a batch (see the module docs), and what it
+    /// brings to it.
+    pub(super) fn fusable<'a>(&self, op: &'static str, push: &Found<'a>, pull: &Found<'a>) -> Option<Fuse> {
+        let limit = self.store.fuse_bytes;
+        if limit == 0 || !self.engine.is_ordered() || push.is_empty() || !matches!(op, "push" | "pushpull") {
+            return None;
+        }
+        if !matches!(*self.store.merger.try_read()?, Merger::Assign | Merger::Optimizer(_)) {
+            return None;
+        }
+        let mut keys = Vec::with_capacity(push.len() + pull.len());
+        let mut bytes = 0usize;
+        for g in push.iter().chain(pull) {
+            let size = g.arrays.first().map_or(0, |a| a.size() * a.dtype().size());
+            if size >= limit / 4 {
+                return None;
+            }
+            bytes += size;
+            keys.push(g.entry.index);
+        }
+        (bytes < limit / 4).then_some(Fuse { keys, bytes })
+    }
+
+    /// Holds a non-blocking call in the group engine's batch (joining the batch held
+    /// now, or starting one) and returns its handle.
+    pub(super) fn hold(&self, op: &'static str, vars: Vars, push: Owned<Input>, pull: Owned, fuse: Fuse) -> Pending {
+        let done = Done::new(Arc::clone(&self.store.unobserved));
+        let outs: Vec<_> = pull.iter().flat_map(|(_, outs)| outs.iter().cloned()).collect();
+        let out_ids: Vec<usize> = outs.iter().map(|a| a.buffer_id()).collect();
+        let mut call = Some(Call { op, push, pull, done: Arc::clone(&done), writes: PendingWrites::new(outs) });
+        let owner = Arc::as_ptr(&self.store);
+        let mut held = self.engine.held();
+        let mut joined = None;
+        if let Some(open) = held.open()
+            && let Some(batch) = open.calls.downcast_mut::<Batch>()
+            && std::ptr::eq(Arc::as_ptr(&batch.store), owner)
+            && fuse.keys.iter().all(|k| !batch.keys.contains(k))
+        {
+            batch.calls.extend(call.take());
+            batch.keys.extend(&fuse.keys);
+            batch.bytes += fuse.bytes;
+            open.vars.extend(vars.iter().copied());
+            open.outs.extend(&out_ids);
+            joined = Some((open.id, batch.bytes, batch.calls.len()));
+        }
+        let (id, bytes, calls) = match (joined, call) {
+            (Some(j), _) => j,
+            (None, Some(call)) => {
+                let batch = Batch {
+                    store: Arc::clone(&self.store),
+                    calls: vec![call],
+                    keys: fuse.keys.into_iter().collect(),
+                    bytes: fuse.bytes,
+                };
+                let id =
+                    held.start(HeldCalls { id: 0, vars, outs: out_ids, calls: Box::new(batch), into_job: Batch::job });
+                (id, fuse.bytes, 1)
+            }
+            (None, None) => unreachable!("a call that did not join a batch is still here"),
+        };
+        if bytes >= self.store.fuse_bytes || calls >= MAX_CALLS {
+            held.release();
+        }
+        drop(held);
+        Pending::held(done, &self.engine, id)
+    }
+}
+
+impl Store {
+    /// Runs a batch's calls as one (see the module docs): each call's result, in order.
+    fn push_pull_fused<'a>(&self, calls: Vec<(&'static str, Found<'a>, Found<'a>)>) -> Vec<Result<()>> {
+        const OP: &str = "push";
+        let n = calls.len();
+        let every = |e: Error| (0..n).map(|_| Err(e.clone())).collect::<Vec<_>>();
+        let grouped: Vec<(&'static str, Vec<Group<'a>>, Vec<Group<'a>>)> =
+            calls.into_iter().map(|(op, push, pull)| (op, Self::group(push), Self::group(pull))).collect();
+        let mut owned: Vec<Arc<super::Entry>> =
+            grouped.iter().flat_map(|(_, push, pull)| push.iter().chain(pull)).map(|g| Arc::clone(&g.entry)).collect();
+        owned.sort_by_key(|e| e.index);
+        owned.dedup_by_key(|e| e.index);
+        let entries: Vec<&Arc<super::Entry>> = owned.iter().collect();
+        let locked = Held::new(OP, self, &entries)
+            .and_then(|held| Ok((held.merger_read(OP, &self.merger)?, held.write(OP, &entries)?, held)));
+        let (merger, mut guards, _held) = match locked {
+            Ok(l) => l,
+            Err(e) => return every(e),
+        };
+        let slot = |g: &Group<'_>| entries.binary_search_by_key(&g.entry.index, |e| e.index).unwrap_or(0);
+        // Each call checked alone, before anything changes.
+        let local: Vec<Result<()>> = grouped
+            .iter()
+            .map(|(op, push, pull)| {
+                push.iter()
+                    .try_for_each(|g| check_group(op, "value", g, &guards[slot(g)].value))
+                    .and_then(|()| pull.iter().try_for_each(|g| check_group(op, "out", g, &guards[slot(g)].value)))
+            })
+            .collect();
+        let counts: Vec<usize> = grouped.iter().map(|(_, push, _)| push.len()).collect();
+        // The workers compare each key with its stored shape and dtype (the same on every
+        // worker): a value of another shape on one worker is that worker's refusal of
+        // its call, which fails that call alone, not a difference that fails the batch.
+        let keys: Vec<StepKey<'_>> = grouped
+            .iter()
+            .flat_map(|(_, push, _)| push.iter().map(|g| &g.entry.key).zip(push.iter().map(&slot)))
+            .map(|(key, i)| (key, guards[i].value.shape(), guards[i].value.dtype()))
+            .collect();
+        let mut results = match self.check_calls(OP, &counts, &keys, local) {
+            Ok(r) => r,
+            Err(e) => return every(e),
+        };
+        drop(keys);
+        if matches!(*merger, Merger::Custom(_)) {
+            return every(Error::Internal("push: a custom updater's calls were fused".into()));
+        }
+        let (mut push, mut pull) = (Vec::new(), Vec::new());
+        for ((_, p, q), r) in grouped.into_iter().zip(&results) {
+            if r.is_ok() {
+                push.extend(p);
+                pull.extend(q);
+            }
+        }
+        if push.is_empty() {
+            return results;
+        }
+        push.sort_by_key(|g| g.entry.index);
+        pull.sort_by_key(|g| g.entry.index);
+        let push_slots: Vec<usize> = push.iter().map(slot).collect();
+        let pull_slots: Vec<usize> = pull.iter().map(slot).collect();
+        if let Err(e) = self.apply(&push, &pull, &push_slots, &pull_slots, &mut guards, &merger) {
+            for r in results.iter_mut().filter(|r| r.is_ok()) {
+                *r = Err(e.clone());
+            }
+        }
+        results
+    }
+}

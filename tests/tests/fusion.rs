@@ -1,0 +1,225 @@
+//! Fusion of non-blocking `dist_sync` calls across calls (`kvstore/fusion.rs`): which
+//! calls fuse (counted as the collective operations the workers make), what releases a
+//! batch, and that fused calls keep their own results and errors.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use kvstore_core::backend::Collective;
+use kvstore_core::{ErrorKind, KVStore, NDArray, Result};
+use kvstore_tests::{ThreadMember, run_members};
+
+/// A worker that counts its allreduces (each comparison of the workers' calls is one too).
+struct Counting {
+    member: Arc<ThreadMember>,
+    calls: AtomicUsize,
+}
+
+impl Collective for Counting {
+    fn name(&self) -> &'static str {
+        "counting threads"
+    }
+    fn rank(&self) -> usize {
+        self.member.rank()
+    }
+    fn size(&self) -> usize {
+        self.member.size()
+    }
+    fn barrier(&self) -> Result<()> {
+        self.member.barrier()
+    }
+    fn allreduce_sum(&self, pairs: &[(&NDArray, &NDArray)]) -> Result<()> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.member.allreduce_sum(pairs)
+    }
+    fn broadcast(&self, arrays: &[&NDArray], root: usize) -> Result<()> {
+        self.member.broadcast(arrays, root)
+    }
+}
+
+/// Runs `worker(rank, store, counter)` on `size` workers whose store fuses at `fuse`
+/// bytes (None: the default).
+fn run<T: Send + 'static>(
+    size: usize,
+    fuse: Option<usize>,
+    worker: impl Fn(usize, KVStore, &Counting) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    run_members(size, move |rank, member| {
+        let counting = Arc::new(Counting { member, calls: AtomicUsize::new(0) });
+        let group: Arc<dyn Collective> = Arc::clone(&counting) as _;
+        let mut builder = KVStore::builder("dist_sync").num_threads(1).collective(group);
+        if let Some(bytes) = fuse {
+            builder = builder.fuse_calls(bytes);
+        }
+        worker(rank, builder.build().expect("dist_sync"), &counting)
+    })
+}
+
+/// The collective operations `f` makes.
+fn counted(c: &Counting, f: impl FnOnce()) -> usize {
+    let before = c.calls.load(Ordering::SeqCst);
+    f();
+    c.calls.load(Ordering::SeqCst) - before
+}
+
+fn keys(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("k{i}")).collect()
+}
+
+fn init(kv: &KVStore, n: usize, len: usize) {
+    for k in keys(n) {
+        kv.init(k.as_str(), &NDArray::zeros(&[len]).expect("zeros")).expect("init");
+    }
+}
+
+#[test]
+fn small_pushpulls_fuse_into_one_comparison_and_one_allreduce_with_the_same_results() {
+    let results = run(2, None, |rank, kv, c| {
+        init(&kv, 10, 8);
+        let outs: Vec<NDArray> = (0..10).map(|_| NDArray::zeros(&[8]).expect("out")).collect();
+        let value = |i: usize| NDArray::full(&[8], (i * 10 + rank) as f64).expect("value");
+        let fused = counted(c, || {
+            let pending: Vec<_> = keys(10)
+                .iter()
+                .zip(&outs)
+                .enumerate()
+                .map(|(i, (k, o))| kv.pushpull_async(k.as_str(), &value(i), o, 0))
+                .collect();
+            pending.into_iter().for_each(|p| p.wait().expect("pushpull_async"));
+        });
+        let fused_outs: Vec<Vec<f32>> = outs.iter().map(|o| o.to_vec().expect("out")).collect();
+        let blocking = counted(c, || {
+            for (i, (k, o)) in keys(10).iter().zip(&outs).enumerate() {
+                kv.pushpull(k.as_str(), &value(i), o, 0).expect("pushpull");
+            }
+        });
+        let blocking_outs: Vec<Vec<f32>> = outs.iter().map(|o| o.to_vec().expect("out")).collect();
+        assert_eq!(fused_outs, blocking_outs);
+        assert_eq!(fused_outs[3], vec![61.0; 8], "key 3: 30 + 31");
+        (fused, blocking)
+    });
+    // One comparison and one allreduce for the ten fused calls; two each one by one.
+    assert_eq!(results, vec![(2, 20); 2]);
+}
+
+#[test]
+fn a_batch_is_released_at_its_size_and_a_key_pushed_twice_goes_in_the_next() {
+    let results = run(2, Some(1024), |_, kv, c| {
+        // 63 f32 = 252 bytes, under a quarter of 1 KiB: the fifth call fills a batch.
+        init(&kv, 8, 63);
+        let before = c.calls.load(Ordering::SeqCst);
+        let mut pending: Vec<_> =
+            keys(8)[..5].iter().map(|k| kv.push_async(k.as_str(), &NDArray::ones(&[63]).unwrap(), 0)).collect();
+        // Released when full: it runs with no wait and no other call.
+        let start = std::time::Instant::now();
+        while c.calls.load(Ordering::SeqCst) - before < 2 && start.elapsed().as_secs() < 20 {
+            std::thread::yield_now();
+        }
+        let full = c.calls.load(Ordering::SeqCst) - before;
+        pending.extend(keys(8)[5..].iter().map(|k| kv.push_async(k.as_str(), &NDArray::ones(&[63]).unwrap(), 0)));
+        let rest = counted(c, || kv.wait_all().expect("wait_all"));
+        pending.into_iter().for_each(|p| p.wait().expect("push_async"));
+        // A key pushed twice: the second push starts a new batch, and the sum is the
+        // second push's (the default merger assigns), not both pushes' sum.
+        let twice = counted(c, || {
+            let a = kv.push_async("k0", &NDArray::full(&[63], 2.0).unwrap(), 0);
+            let b = kv.push_async("k0", &NDArray::full(&[63], 5.0).unwrap(), 0);
+            a.wait().and(b.wait()).expect("pushes");
+        });
+        (full, rest, twice, kv.pull_new("k0", 0).unwrap().to_vec::<f32>().unwrap()[0])
+    });
+    assert_eq!(results, vec![(2, 2, 4, 10.0); 2]);
+}
+
+#[test]
+fn waits_reads_blocking_calls_and_drops_release_a_batch() {
+    run(2, None, |rank, kv, c| {
+        init(&kv, 4, 4);
+        let r = rank as f64;
+        // wait on a held call
+        let one = counted(c, || kv.push_async("k0", &NDArray::full(&[4], 1.0 + r).unwrap(), 0).wait().expect("wait"));
+        assert_eq!(one, 2);
+        // is_done on a held call releases it (it then finishes without another call)
+        let p = kv.push_async("k1", &NDArray::full(&[4], 1.0).unwrap(), 0);
+        while !p.is_done() {
+            std::thread::yield_now();
+        }
+        p.wait().expect("is_done");
+        // a read of a held pull's out
+        let out = NDArray::zeros(&[4]).unwrap();
+        let p = kv.pushpull_async("k2", &NDArray::full(&[4], 2.0 + r).unwrap(), &out, 0);
+        assert_eq!(out.to_vec::<f32>().unwrap(), vec![5.0; 4], "the read waits for the held pushpull");
+        p.wait().expect("pushpull");
+        // a blocking call after a held push sees it
+        drop(kv.push_async("k3", &NDArray::full(&[4], 3.0 + r).unwrap(), 0));
+        assert_eq!(kv.pull_new("k3", 0).unwrap().to_vec::<f32>().unwrap(), vec![7.0; 4]);
+        // dropping the store runs what it holds
+        let out = NDArray::zeros(&[4]).unwrap();
+        drop(kv.pushpull_async("k0", &NDArray::full(&[4], 4.0 + r).unwrap(), &out, 0));
+        drop(kv);
+        assert_eq!(out.to_vec::<f32>().unwrap(), vec![9.0; 4]);
+    });
+}
+
+#[test]
+fn a_refused_call_fails_alone_on_every_worker_and_the_others_of_its_batch_go_on() {
+    let results = run(2, None, |rank, kv, c| {
+        init(&kv, 3, 4);
+        let bad_shape = if rank == 1 { 5 } else { 4 };
+        let made = counted(c, || {
+            let a = kv.push_async("k0", &NDArray::full(&[4], 1.0).unwrap(), 0);
+            let b = kv.push_async("k1", &NDArray::full(&[bad_shape], 1.0).unwrap(), 0);
+            let c = kv.push_async("k2", &NDArray::full(&[4], 3.0).unwrap(), 0);
+            let (a, b, c) = (a.wait(), b.wait(), c.wait());
+            a.expect("k0 goes on");
+            c.expect("k2 goes on");
+            let e = b.expect_err("k1 fails");
+            if rank == 1 {
+                assert_eq!(e.kind(), ErrorKind::ShapeMismatch, "{e}");
+            } else {
+                assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+                assert!(e.to_string().contains("rank 1 refused call 2 of 3 fused calls"), "{e}");
+            }
+        });
+        let values: Vec<f32> =
+            keys(3).iter().map(|k| kv.pull_new(k.as_str(), 0).unwrap().to_vec::<f32>().unwrap()[0]).collect();
+        (made, values)
+    });
+    assert_eq!(results, vec![(2, vec![2.0, 0.0, 6.0]); 2]);
+}
+
+#[test]
+fn calls_with_a_custom_updater_big_keys_or_fusion_off_go_alone() {
+    run(2, None, |_, kv, c| {
+        init(&kv, 2, 4);
+        kv.init("big", &NDArray::zeros(&[65_536]).unwrap()).unwrap();
+        let two = |kv: &KVStore, k: &str| {
+            let p = [
+                kv.push_async("k0", &NDArray::ones(&[4]).unwrap(), 0),
+                kv.push_async(k, &NDArray::ones(&[4]).unwrap(), 0),
+            ];
+            p.into_iter().for_each(|p| p.wait().expect("push"));
+        };
+        // 256 KiB: a quarter of the default 1 MiB goes alone.
+        let big = counted(c, || {
+            let p = [
+                kv.push_async("k0", &NDArray::ones(&[4]).unwrap(), 0),
+                kv.push_async("big", &NDArray::ones(&[65_536]).unwrap(), 0),
+            ];
+            p.into_iter().for_each(|p| p.wait().expect("push"));
+        });
+        assert_eq!(big, 4);
+        kv.set_updater(|_: &kvstore_core::Key, _, g: &NDArray, w: &NDArray| w.copy_from(g)).unwrap();
+        assert_eq!(counted(c, || two(&kv, "k1")), 4, "a custom updater's calls go alone");
+        kv.clear_updater().unwrap();
+        assert_eq!(counted(c, || two(&kv, "k1")), 2);
+    });
+    run(2, Some(0), |_, kv, c| {
+        init(&kv, 2, 4);
+        let p = [
+            kv.push_async("k0", &NDArray::ones(&[4]).unwrap(), 0),
+            kv.push_async("k1", &NDArray::ones(&[4]).unwrap(), 0),
+        ];
+        assert_eq!(counted(c, || p.into_iter().for_each(|p| p.wait().expect("push"))), 4, "fusion off");
+    });
+}
