@@ -234,8 +234,13 @@ impl Shared {
     }
 }
 
-/// What turns held calls into the job that runs them.
-pub(crate) type IntoJob = fn(Box<dyn std::any::Any + Send>) -> Box<dyn FnOnce() + Send>;
+/// Calls an ordered engine holds back, as `kvstore/fusion.rs` keeps them.
+pub(crate) trait HeldBatch: Send {
+    /// The batch as its own type, for a call that joins it.
+    fn as_any(&mut self) -> &mut dyn std::any::Any;
+    /// The job that runs the batch's calls.
+    fn into_job(self: Box<Self>) -> Box<dyn FnOnce() + Send>;
+}
 
 /// Calls an ordered engine holds back, to run later as one job (`kvstore/fusion.rs`
 /// decides which calls join and what the job does; the engine keeps them and submits
@@ -250,10 +255,8 @@ pub(crate) struct HeldCalls {
     /// The arrays the held calls write (their buffers' addresses): a read of one of them
     /// must release the batch before it waits for it.
     pub(crate) outs: Vec<usize>,
-    /// The calls themselves, as `fusion.rs` keeps them.
-    pub(crate) calls: Box<dyn std::any::Any + Send>,
-    /// Turns `calls` into the job that runs them.
-    pub(crate) into_job: IntoJob,
+    /// The calls themselves.
+    pub(crate) calls: Box<dyn HeldBatch>,
 }
 
 /// An ordered engine's held calls and the next batch number.
@@ -294,7 +297,7 @@ impl HeldGuard<'_> {
     /// Submits the held batch's job, if a batch is held.
     pub(crate) fn release(&mut self) {
         if let Some(b) = self.held.open.take() {
-            self.engine.enqueue(b.vars, 0, (b.into_job)(b.calls));
+            self.engine.enqueue(b.vars, 0, b.calls.into_job());
         }
     }
 }
@@ -387,13 +390,13 @@ impl Engine {
     /// submitted before it on any of its vars has finished. Calls the engine holds are
     /// released first: they were made before.
     pub(crate) fn submit(&self, vars: Vars, priority: i32, run: Box<dyn FnOnce() + Send>) {
-        if self.shared.ordered {
+        // Held while the call is queued, so that no batch starts between the two.
+        let _held = self.shared.ordered.then(|| {
             let mut held = self.held();
             held.release();
-            self.enqueue(vars, priority, run);
-        } else {
-            self.enqueue(vars, priority, run);
-        }
+            held
+        });
+        self.enqueue(vars, priority, run);
     }
 
     /// The calls this engine holds, locked (only an ordered engine holds calls).

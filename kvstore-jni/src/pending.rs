@@ -35,16 +35,18 @@ struct Done {
 
 static DONE: LazyLock<(Mutex<Done>, Condvar)> = LazyLock::new(Default::default);
 
-/// What releases each unfinished call that a batch of fused calls may hold back (see
+/// What releases each unfinished call that a batch of fused calls holds back (see
 /// `kvstore_core::Release`), by id: a Java future's `get`, `join` and `isDone` release
-/// it first (`nRelease`).
+/// it first (`nRelease`). Calls that no batch holds are not here.
 static RELEASE: LazyLock<Mutex<HashMap<i64, Release>>> = LazyLock::new(Default::default);
 
 /// Hands `pending`'s result, when it comes, to the completer under `id`.
 fn track(id: i64, pending: Pending) {
-    RELEASE.lock().insert(id, pending.releaser());
+    let held = pending.releaser().map(|r| RELEASE.lock().insert(id, r)).is_some();
     pending.on_done(move |result| {
-        RELEASE.lock().remove(&id);
+        if held {
+            RELEASE.lock().remove(&id);
+        }
         let cause = if result.is_err() { take_cause() } else { None };
         let mut done = DONE.0.lock();
         done.results.insert(id, (result, cause));

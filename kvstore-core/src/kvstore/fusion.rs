@@ -36,8 +36,8 @@ use std::sync::Arc;
 
 use super::nonblocking::{Input, Owned, borrow};
 use super::steps::StepKey;
-use super::{Done, Found, Group, KVStore, Merger, Pending, Store, check_group, locks::Held};
-use crate::engine::{self, HeldCalls, Vars};
+use super::{Done, Found, Group, KVStore, Merger, Pending, Store, check_group, locks::Held, slots};
+use crate::engine::{self, HeldBatch, HeldCalls, Vars};
 use crate::error::{Error, Result};
 use crate::ndarray::PendingWrites;
 
@@ -73,15 +73,17 @@ pub(super) struct Fuse {
     bytes: usize,
 }
 
-impl Batch {
-    /// The job that runs the batch's calls as one (`HeldCalls::into_job`).
-    fn job(calls: Box<dyn std::any::Any + Send>) -> Box<dyn FnOnce() + Send> {
-        match calls.downcast::<Batch>() {
-            Ok(batch) => Box::new(move || engine::run_as(true, || batch.run())),
-            Err(_) => Box::new(|| {}),
-        }
+impl HeldBatch for Batch {
+    fn as_any(&mut self) -> &mut dyn std::any::Any {
+        self
     }
 
+    fn into_job(self: Box<Self>) -> Box<dyn FnOnce() + Send> {
+        Box::new(move || engine::run_as(true, || self.run()))
+    }
+}
+
+impl Batch {
     fn run(self) {
         let Batch { store, calls, .. } = self;
         let values: Vec<Owned> = calls
@@ -138,36 +140,28 @@ impl KVStore {
         let done = Done::new(Arc::clone(&self.store.unobserved));
         let outs: Vec<_> = pull.iter().flat_map(|(_, outs)| outs.iter().cloned()).collect();
         let out_ids: Vec<usize> = outs.iter().map(|a| a.buffer_id()).collect();
-        let mut call = Some(Call { op, push, pull, done: Arc::clone(&done), writes: PendingWrites::new(outs) });
+        let call = Call { op, push, pull, done: Arc::clone(&done), writes: PendingWrites::new(outs) };
         let owner = Arc::as_ptr(&self.store);
         let mut held = self.engine.held();
-        let mut joined = None;
-        if let Some(open) = held.open()
-            && let Some(batch) = open.calls.downcast_mut::<Batch>()
+        let (id, bytes, calls) = if let Some(open) = held.open()
+            && let Some(batch) = open.calls.as_any().downcast_mut::<Batch>()
             && std::ptr::eq(Arc::as_ptr(&batch.store), owner)
             && fuse.keys.iter().all(|k| !batch.keys.contains(k))
         {
-            batch.calls.extend(call.take());
+            batch.calls.push(call);
             batch.keys.extend(&fuse.keys);
             batch.bytes += fuse.bytes;
             open.vars.extend(vars.iter().copied());
             open.outs.extend(&out_ids);
-            joined = Some((open.id, batch.bytes, batch.calls.len()));
-        }
-        let (id, bytes, calls) = match (joined, call) {
-            (Some(j), _) => j,
-            (None, Some(call)) => {
-                let batch = Batch {
-                    store: Arc::clone(&self.store),
-                    calls: vec![call],
-                    keys: fuse.keys.into_iter().collect(),
-                    bytes: fuse.bytes,
-                };
-                let id =
-                    held.start(HeldCalls { id: 0, vars, outs: out_ids, calls: Box::new(batch), into_job: Batch::job });
-                (id, fuse.bytes, 1)
-            }
-            (None, None) => unreachable!("a call that did not join a batch is still here"),
+            (open.id, batch.bytes, batch.calls.len())
+        } else {
+            let batch = Batch {
+                store: Arc::clone(&self.store),
+                calls: vec![call],
+                keys: fuse.keys.into_iter().collect(),
+                bytes: fuse.bytes,
+            };
+            (held.start(HeldCalls { id: 0, vars, outs: out_ids, calls: Box::new(batch) }), fuse.bytes, 1)
         };
         if bytes >= self.store.fuse_bytes || calls >= MAX_CALLS {
             held.release();
@@ -196,14 +190,24 @@ impl Store {
             Ok(l) => l,
             Err(e) => return every(e),
         };
-        let slot = |g: &Group<'_>| entries.binary_search_by_key(&g.entry.index, |e| e.index).unwrap_or(0);
+        // Where each call's keys are among the locked ones.
+        let at: Result<Vec<(Vec<usize>, Vec<usize>)>> = grouped
+            .iter()
+            .map(|(_, push, pull)| Ok((slots(OP, &entries, push)?, slots(OP, &entries, pull)?)))
+            .collect();
+        let at = match at {
+            Ok(at) => at,
+            Err(e) => return every(e),
+        };
         // Each call checked alone, before anything changes.
+        let check = |op, what, groups: &[Group<'_>], at: &[usize]| {
+            groups.iter().zip(at).try_for_each(|(g, &i)| check_group(op, what, g, &guards[i].value))
+        };
         let local: Vec<Result<()>> = grouped
             .iter()
-            .map(|(op, push, pull)| {
-                push.iter()
-                    .try_for_each(|g| check_group(op, "value", g, &guards[slot(g)].value))
-                    .and_then(|()| pull.iter().try_for_each(|g| check_group(op, "out", g, &guards[slot(g)].value)))
+            .zip(&at)
+            .map(|((op, push, pull), (push_at, pull_at))| {
+                check(op, "value", push, push_at).and_then(|()| check(op, "out", pull, pull_at))
             })
             .collect();
         let counts: Vec<usize> = grouped.iter().map(|(_, push, _)| push.len()).collect();
@@ -212,31 +216,32 @@ impl Store {
         // its call, which fails that call alone, not a difference that fails the batch.
         let keys: Vec<StepKey<'_>> = grouped
             .iter()
-            .flat_map(|(_, push, _)| push.iter().map(|g| &g.entry.key).zip(push.iter().map(&slot)))
-            .map(|(key, i)| (key, guards[i].value.shape(), guards[i].value.dtype()))
+            .zip(&at)
+            .flat_map(|((_, push, _), (push_at, _))| push.iter().zip(push_at))
+            .map(|(g, &i)| (&g.entry.key, guards[i].value.shape(), guards[i].value.dtype()))
             .collect();
         let mut results = match self.check_calls(OP, &counts, &keys, local) {
             Ok(r) => r,
             Err(e) => return every(e),
         };
-        drop(keys);
         if matches!(*merger, Merger::Custom(_)) {
             return every(Error::Internal("push: a custom updater's calls were fused".into()));
         }
+        // The calls that go on, their keys in index order (the order of their slots).
         let (mut push, mut pull) = (Vec::new(), Vec::new());
-        for ((_, p, q), r) in grouped.into_iter().zip(&results) {
+        for (((_, p, q), (p_at, q_at)), r) in grouped.into_iter().zip(at).zip(&results) {
             if r.is_ok() {
-                push.extend(p);
-                pull.extend(q);
+                push.extend(p.into_iter().zip(p_at));
+                pull.extend(q.into_iter().zip(q_at));
             }
         }
         if push.is_empty() {
             return results;
         }
-        push.sort_by_key(|g| g.entry.index);
-        pull.sort_by_key(|g| g.entry.index);
-        let push_slots: Vec<usize> = push.iter().map(slot).collect();
-        let pull_slots: Vec<usize> = pull.iter().map(slot).collect();
+        push.sort_by_key(|(_, i)| *i);
+        pull.sort_by_key(|(_, i)| *i);
+        let (push, push_slots): (Vec<Group<'_>>, Vec<usize>) = push.into_iter().unzip();
+        let (pull, pull_slots): (Vec<Group<'_>>, Vec<usize>) = pull.into_iter().unzip();
         if let Err(e) = self.apply(&push, &pull, &push_slots, &pull_slots, &mut guards, &merger) {
             for r in results.iter_mut().filter(|r| r.is_ok()) {
                 *r = Err(e.clone());

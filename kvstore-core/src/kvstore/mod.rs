@@ -380,6 +380,18 @@ fn check_group(op: &'static str, what: &str, group: &Group<'_>, stored: &NDArray
     Ok(())
 }
 
+/// Where each group's key is in `entries` (a call's locked keys, in index order).
+///
+/// # Errors
+/// [`Error::Internal`] for a key that is not there.
+fn slots(op: &str, entries: &[&Arc<Entry>], groups: &[Group<'_>]) -> Result<Vec<usize>> {
+    groups
+        .iter()
+        .map(|g| entries.binary_search_by_key(&g.entry.index, |e| e.index).ok())
+        .collect::<Option<_>>()
+        .ok_or_else(|| Error::Internal(format!("{op}: a key of the call was not locked")))
+}
+
 /// The keys of a push as the comm sees them: each group with its slot's value and
 /// comm buffers (`slots[j]` is the position of `push[j]`'s key in `guards`, ascending).
 fn push_keys<'k, 'a>(
@@ -1321,14 +1333,7 @@ impl Store {
         // stays installed (and alive) until it ends.
         let merger = held.merger_read(op, &self.merger)?;
         let mut guards = held.write(op, &entries)?;
-        let slots = |groups: &[Group<'_>]| -> Result<Vec<usize>> {
-            groups
-                .iter()
-                .map(|g| entries.binary_search_by_key(&g.entry.index, |e| e.index).ok())
-                .collect::<Option<_>>()
-                .ok_or_else(|| Error::Internal(format!("{op}: a key of the call was not locked")))
-        };
-        let (push_slots, pull_slots) = (slots(&push)?, slots(&pull)?);
+        let (push_slots, pull_slots) = (slots(op, &entries, &push)?, slots(op, &entries, &pull)?);
         // Validate everything before changing anything (under dist_sync, on every
         // worker: they compare their calls before the data moves).
         let checked = push

@@ -75,45 +75,49 @@ pub struct Pending {
     done: Arc<Done>,
     /// For a call fused with the calls after it (`kvstore/fusion.rs`): waiting for it
     /// releases its batch first.
-    held: Release,
+    held: Option<Release>,
 }
 
 /// Releases the batch of fused calls that holds a non-blocking call back, if one still
 /// does (see [`crate::KVStoreBuilder::fuse_calls`]): what [`Pending::wait`] and
 /// [`Pending::is_done`] do first. For bindings whose handles wait without calling them
-/// (Java's futures). A call that no batch holds ignores it.
-#[derive(Clone, Debug, Default)]
-pub struct Release(Option<(Weak<Engine>, u64)>);
+/// (Java's futures). Once the batch was released it does nothing.
+#[derive(Clone, Debug)]
+pub struct Release {
+    engine: Weak<Engine>,
+    batch: u64,
+}
 
 impl Release {
     /// Queues the held batch, so that the call runs behind the calls made before it.
     pub fn release(&self) {
-        if let Some((engine, id)) = &self.0
-            && let Some(engine) = engine.upgrade()
-        {
-            engine.release_held(Some(*id));
+        if let Some(engine) = self.engine.upgrade() {
+            engine.release_held(Some(self.batch));
         }
     }
 }
 
 impl Pending {
     pub(crate) fn new(done: Arc<Done>) -> Self {
-        Pending { done, held: Release::default() }
+        Pending { done, held: None }
     }
 
     /// The handle of a call that `engine` holds in batch `id`.
     pub(crate) fn held(done: Arc<Done>, engine: &Arc<Engine>, id: u64) -> Self {
-        Pending { done, held: Release(Some((Arc::downgrade(engine), id))) }
+        Pending { done, held: Some(Release { engine: Arc::downgrade(engine), batch: id }) }
     }
 
     /// Releases the batch that holds the call, if one still does: whoever asks for the
     /// call's result wants it to run.
     fn release(&self) {
-        self.held.release();
+        if let Some(r) = &self.held {
+            r.release();
+        }
     }
 
-    /// What releases the call's batch, for a handle kept elsewhere (see [`Release`]).
-    pub fn releaser(&self) -> Release {
+    /// What releases the call's batch, for a handle kept elsewhere (see [`Release`]);
+    /// `None` for a call that no batch held when it was made.
+    pub fn releaser(&self) -> Option<Release> {
         self.held.clone()
     }
 
