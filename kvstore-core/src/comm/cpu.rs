@@ -8,16 +8,17 @@
 //! arrays are cut into chunks over the store's own rayon pool; the per-element order
 //! does not depend on the chunking, so results are bit-identical for any thread count.
 
+use std::cell::Cell;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use rayon::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 use smallvec::SmallVec;
 
-use super::{BroadcastJob, Comm, PushKey, ReduceJob};
+use super::{BroadcastJob, Claims, Comm, PushKey, ReduceJob};
 use crate::device::{self, DeviceBuffer};
 use crate::dtype::{Element, with_dtype};
 use crate::error::{Error, Result};
@@ -285,6 +286,17 @@ impl CommCpu {
         on_devices: impl Fn(&J) -> bool,
         one: impl Fn(&J, bool) -> Result<()> + Sync,
     ) -> Result<()> {
+        // Small host jobs with too little work to share, as a piece of a shared call
+        // has: one after another here, with nothing to sort out first.
+        let mut total = 0;
+        let plain = jobs.iter().all(|j| {
+            let b = bytes(j);
+            total += b;
+            b < BIG_BYTES && !on_devices(j)
+        });
+        if plain && (jobs.len() < 2 || total < PARALLEL_BYTES || self.num_threads() < 2) {
+            return jobs.iter().try_for_each(|j| one(j, false));
+        }
         let (big, small): (Vec<&J>, Vec<&J>) = jobs.iter().partition(|j| bytes(j) >= BIG_BYTES);
         for job in big {
             one(job, true)?;
@@ -361,14 +373,26 @@ impl CommCpu {
 /// The jobs of [`CommCpu::share`] cut into one contiguous part per thread, each an
 /// unclaimed range `front..back` in one atomic word, taken from the front by its
 /// thread and from the back by others.
-struct Parts(Vec<AtomicU64>);
+struct Parts(Vec<Padded<AtomicU64>>);
+
+/// A value on cache lines of its own, so that threads writing neighbouring values do
+/// not take the line from each other (128 bytes: the pair of lines some cores fetch).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
 
 impl Parts {
     /// `None` for more jobs than a part's bounds can count (then one thread runs them).
     fn new(jobs: usize, threads: usize) -> Option<Self> {
         u32::try_from(jobs).ok()?;
         let bound = |t: usize| (jobs * t / threads) as u64;
-        Some(Parts((0..threads).map(|t| AtomicU64::new(bound(t) | bound(t + 1) << 32)).collect()))
+        Some(Parts((0..threads).map(|t| Padded(AtomicU64::new(bound(t) | bound(t + 1) << 32))).collect()))
     }
 
     /// Claims up to `n` jobs of part `p`, from its front or from its back.
@@ -406,6 +430,113 @@ impl Parts {
     }
 }
 
+/// What the threads of one [`Comm::share_keys`] share: the pieces, the rounds, and
+/// whether a thread failed.
+struct Shared {
+    pieces: Vec<Range<usize>>,
+    rounds: Vec<Round>,
+    threads: usize,
+    stop: AtomicBool,
+}
+
+/// One round of a [`Comm::share_keys`]: who has taken which piece, and how many
+/// pieces each thread has done.
+struct Round {
+    parts: Parts,
+    done: Vec<Padded<AtomicUsize>>,
+}
+
+/// One thread's [`Claims`]: its round, whether it holds a piece not yet counted done,
+/// and whether it was told that none is left in the round.
+struct ThreadClaims<'s> {
+    shared: &'s Shared,
+    me: usize,
+    round: Cell<usize>,
+    taken: Cell<bool>,
+    drained: Cell<bool>,
+}
+
+impl ThreadClaims<'_> {
+    /// This thread's round, while there is one.
+    fn round(&self) -> Option<&Round> {
+        self.shared.rounds.get(self.round.get())
+    }
+
+    fn finish(&self) {
+        if self.taken.replace(false)
+            && let Some(round) = self.round()
+        {
+            round.done[self.me].fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
+impl Claims for ThreadClaims<'_> {
+    fn pieces(&self) -> usize {
+        self.shared.pieces.len()
+    }
+
+    fn next(&self) -> Option<(usize, Range<usize>)> {
+        self.finish();
+        let s = self.shared;
+        let claimed = match (self.round(), s.stop.load(Ordering::Acquire)) {
+            (Some(round), false) => round.parts.front(self.me, 1).or_else(|| {
+                (1..s.threads).map(|k| (self.me + k) % s.threads).find_map(|other| round.parts.back(other, 1))
+            }),
+            _ => None,
+        };
+        match claimed {
+            Some(p) => {
+                self.taken.set(true);
+                Some((p.start, s.pieces[p.start].clone()))
+            }
+            None => {
+                self.drained.set(true);
+                None
+            }
+        }
+    }
+
+    fn all_done(&self) -> bool {
+        self.finish();
+        let s = self.shared;
+        let Some(round) = self.round().filter(|_| self.drained.replace(false)) else {
+            s.stop.store(true, Ordering::Release);
+            return false;
+        };
+        // The wait is for pieces other threads are working on, never for one not yet
+        // taken: this thread took what was left.
+        let mut spins = 0;
+        loop {
+            if s.stop.load(Ordering::Acquire) {
+                return false;
+            }
+            if round.done.iter().map(|d| d.load(Ordering::Acquire)).sum::<usize>() == s.pieces.len() {
+                self.round.set(self.round.get() + 1);
+                return true;
+            }
+            if spins < 64 {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Stops the other threads of a [`Comm::share_keys`] when its thread panics: they may
+/// be waiting for its piece.
+struct StopOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+}
+
 impl Comm for CommCpu {
     fn name(&self) -> &'static str {
         "cpu"
@@ -431,7 +562,16 @@ impl Comm for CommCpu {
 
     /// Pieces of fewer than `CLAIM_BYTES` (or of one key), under `PARALLEL_BYTES`, so
     /// the `reduce` and `broadcast` of a piece run where they are called.
-    fn share_keys(&self, sizes: &[usize], work: &(dyn Fn(Range<usize>) -> Result<()> + Sync)) -> Option<Result<()>> {
+    fn wake(&self) {
+        self.pool.spawn(|| ());
+    }
+
+    fn share_keys(
+        &self,
+        sizes: &[usize],
+        rounds: usize,
+        work: &(dyn Fn(&dyn Claims) -> Result<()> + Sync),
+    ) -> Option<Result<()>> {
         if self.num_threads() < 2
             || sizes.iter().sum::<usize>() < PARALLEL_BYTES
             || sizes.iter().any(|&b| b >= BIG_BYTES)
@@ -451,8 +591,39 @@ impl Comm for CommCpu {
         if pieces.len() < 2 {
             return None;
         }
-        let pieces: Vec<&Range<usize>> = pieces.iter().collect();
-        Some(self.share(&pieces, 1, |r| work(r.clone())))
+        let threads = self.num_threads().min(pieces.len());
+        let rounds = (0..rounds.max(1))
+            .map(|_| {
+                let done = (0..threads).map(|_| Padded(AtomicUsize::new(0))).collect();
+                Some(Round { parts: Parts::new(pieces.len(), threads)?, done })
+            })
+            .collect::<Option<_>>()?;
+        let shared = Shared { rounds, pieces, threads, stop: AtomicBool::new(false) };
+        let failed: Mutex<Option<Error>> = Mutex::new(None);
+        let run = |me: usize| {
+            let claims = ThreadClaims {
+                shared: &shared,
+                me,
+                round: Cell::new(0),
+                taken: Cell::new(false),
+                drained: Cell::new(false),
+            };
+            let _stop_on_panic = StopOnPanic(&shared.stop);
+            if let Err(e) = work(&claims) {
+                shared.stop.store(true, Ordering::Release);
+                failed.lock().get_or_insert(e);
+            }
+            // A piece taken last counts as done once `work` returns, whatever it did.
+            claims.finish();
+        };
+        self.pool.in_place_scope(|s| {
+            for me in 1..threads {
+                let run = &run;
+                s.spawn(move |_| run(me));
+            }
+            run(0);
+        });
+        Some(failed.into_inner().map_or(Ok(()), Err))
     }
 
     /// A value from a device is kept on the host in page-locked memory (MXNet's
@@ -593,6 +764,83 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.to_string(), Error::Internal("job 10".into()).to_string());
         assert!(after.load(Ordering::SeqCst) <= 2 * 5, "{} jobs started after the error", after.load(Ordering::SeqCst));
+    }
+
+    /// Runs `work` through `share_keys` over 300 keys of 20 KiB (pieces of three keys),
+    /// in two rounds, counting each key's visits per round.
+    fn two_rounds(
+        comm: &CommCpu,
+        work: impl Fn(&dyn Claims, usize, Range<usize>) -> Result<()> + Sync,
+    ) -> (Option<Result<()>>, [Vec<usize>; 2]) {
+        let sizes = vec![20 << 10; 300];
+        let visits: [Vec<AtomicUsize>; 2] = std::array::from_fn(|_| sizes.iter().map(|_| AtomicUsize::new(0)).collect());
+        let r = comm.share_keys(&sizes, 2, &|claims: &dyn Claims| {
+            for round in 0..2 {
+                if round == 1 && !claims.all_done() {
+                    return Ok(());
+                }
+                while let Some((_, keys)) = claims.next() {
+                    keys.clone().for_each(|k| _ = visits[round][k].fetch_add(1, Ordering::SeqCst));
+                    work(claims, round, keys)?;
+                }
+            }
+            Ok(())
+        });
+        (r, visits.map(|v| v.into_iter().map(AtomicUsize::into_inner).collect()))
+    }
+
+    #[test]
+    fn shared_keys_go_round_by_round_and_a_failing_thread_stops_the_others() {
+        let comm = CommCpu::new(3).unwrap();
+        // Every piece once per round, and no piece of the second round before every
+        // piece of the first is done (some first-round pieces are slow).
+        let first_done = AtomicUsize::new(0);
+        let (r, visits) = two_rounds(&comm, |claims, round, keys| {
+            assert_eq!(claims.pieces(), 100);
+            match round {
+                0 => {
+                    if keys.start % 30 == 0 {
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                    }
+                    first_done.fetch_add(keys.len(), Ordering::SeqCst);
+                }
+                _ => assert_eq!(first_done.load(Ordering::SeqCst), 300, "a second round began early"),
+            }
+            Ok(())
+        });
+        r.expect("shared").unwrap();
+        assert!(visits.iter().all(|v| v.iter().all(|&n| n == 1)), "{visits:?}");
+        // A failing piece of the first round: its error is returned, and no thread
+        // starts the second round.
+        let (r, visits) = two_rounds(&comm, |_, round, keys| match (round, keys.contains(&150)) {
+            (0, true) => Err(Error::Internal("key 150".into())),
+            _ => Ok(()),
+        });
+        assert_eq!(r.expect("shared").unwrap_err().to_string(), Error::Internal("key 150".into()).to_string());
+        assert!(visits[1].iter().all(|&n| n == 0));
+        // A thread that panics in the first round: the panic reaches the caller, and the
+        // threads waiting for its piece stop instead of waiting for ever.
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            two_rounds(&comm, |_, round, keys| {
+                assert!(round == 1 || !keys.contains(&10), "a piece panicked");
+                Ok(())
+            })
+        }));
+        assert!(panicked.is_err());
+        // A thread at the end of a round before it took every piece it could: the round
+        // cannot end, so it fails at once for every thread, with no hang.
+        let sizes = vec![20 << 10; 300];
+        let second = AtomicUsize::new(0);
+        let r = comm.share_keys(&sizes, 2, &|claims: &dyn Claims| {
+            if claims.next().is_some() && claims.all_done() {
+                second.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(())
+        });
+        r.expect("shared").unwrap();
+        assert_eq!(second.load(Ordering::SeqCst), 0);
+        // Too little work to share: nothing runs.
+        assert!(comm.share_keys(&[64; 10], 2, &|_: &dyn Claims| unreachable!()).is_none());
     }
 
     #[test]

@@ -21,6 +21,10 @@ use crate::error::{Error, Result};
 use crate::key::{Key, Keys, Run, Values, flat_runs, pairs_of, runs};
 use crate::ndarray::{Lent, NDArray, PendingWrites};
 
+/// Keys (with their arrays) from which a blocking call wakes its comm's threads as it
+/// starts ([`crate::comm::Comm::wake`]).
+const WAKE_RUNS: usize = 64;
+
 /// A call's keys with their arrays (or what stands for them), held by the call itself so
 /// it can run after its caller returned.
 pub(super) type Owned<T = NDArray> = Vec<(Arc<Entry>, SmallVec<[T; 4]>)>;
@@ -114,6 +118,11 @@ impl KVStore {
         locks::check_reentry(op, &self.store)?;
         if push.is_empty() && pull.is_empty() {
             return Ok(());
+        }
+        if push.len() + pull.len() >= WAKE_RUNS && self.store.collective.is_none() {
+            // A call this long may share its work out: a pool thread is woken now, so
+            // it is up by the time the keys are looked up and checked.
+            self.store.comm.wake();
         }
         let (push, pull) = (self.store.lookup(op, push)?, self.store.lookup(op, pull)?);
         if self.engine.may_run_now(vars_of(&push, &pull, false)) {

@@ -17,10 +17,14 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 
 use super::{Entry, Group, Merger, Slot, Store, check_group, locks};
-use crate::comm::{BroadcastJob, ReduceJob};
+use crate::comm::{BroadcastJob, Claims, ReduceJob};
 use crate::error::{Error, Result};
+
+/// The guards of a piece's keys.
+type Guards<G> = SmallVec<[G; 8]>;
 
 /// The first error of some keys, by key position.
 type First = Mutex<Option<(usize, Error)>>;
@@ -34,8 +38,8 @@ fn keep_first(first: &First, at: usize, e: Error) {
 
 /// What a piece of the checking pass returns to stop the pass early: the reason (a
 /// busy key, a failed check) is kept aside, and this error is never reported.
-fn stopped() -> Result<()> {
-    Err(Error::Internal("spread: a piece stopped early".into()))
+fn stopped() -> Error {
+    Error::Internal("spread: a piece stopped early".into())
 }
 
 impl Store {
@@ -89,6 +93,12 @@ impl Store {
 
     /// [`Store::spread`] with the keys locked by `lock` (shared for a pull, exclusive
     /// when the call pushes).
+    ///
+    /// In a first round the threads lock and check the keys of the pieces they take,
+    /// and leave each piece's guards in its place; when every piece is checked
+    /// (`Claims::all_done`) and nothing failed, they take the pieces again to sum and
+    /// copy them, and unlock each piece when it is done. No key is unlocked before
+    /// every key is locked, so the call still takes effect at once for other calls.
     fn spread_locked<'k, 'a, G: Deref<Target = Slot> + Send + Sync>(
         &self,
         op: &'static str,
@@ -98,24 +108,22 @@ impl Store {
         lock: impl Fn(&'k Entry) -> Option<G> + Sync,
     ) -> Option<Result<()>> {
         let keys = if push.is_empty() { pull } else { push };
-        let held: Vec<OnceLock<G>> = (0..keys.len()).map(|_| OnceLock::new()).collect();
         let handed_back = AtomicBool::new(false);
         let (value_error, out_error): (First, First) = Default::default();
-        let hand_back = || {
-            handed_back.store(true, Ordering::Relaxed);
-            stopped()
-        };
-        let check = |range: Range<usize>| -> Result<()> {
+        // Locks and checks the keys of `range`: their guards, in key order.
+        let check = |range: Range<usize>| -> Result<Guards<G>> {
+            let mut held = Guards::with_capacity(range.len());
             for i in range {
                 let Some(guard) = lock(&keys[i].entry).filter(|g| !g.value.on_device()) else {
-                    return hand_back();
+                    handed_back.store(true, Ordering::Relaxed);
+                    return Err(stopped());
                 };
                 if let Some(g) = push.get(i)
                     && let Err(e) = check_group(op, "value", g, &guard.value)
                 {
                     // Later keys' values cannot come first; earlier pieces finish.
                     keep_first(&value_error, i, e);
-                    return stopped();
+                    return Err(stopped());
                 }
                 if let Some(g) = pull.get(i)
                     && let Err(e) = check_group(op, "out", g, &guard.value)
@@ -124,44 +132,57 @@ impl Store {
                     // checked.
                     keep_first(&out_error, i, e);
                 }
-                if held[i].set(guard).is_err() {
-                    return hand_back();
-                }
+                held.push(guard);
             }
-            Ok(())
+            Ok(held)
         };
-        // The pass's own result says only whether it stopped early; why is kept aside.
-        let _stopped_early = self.comm.share_keys(sizes, &check)?;
-        if handed_back.load(Ordering::Relaxed) {
-            return None;
-        }
-        if let Some((_, e)) = value_error.into_inner().or(out_error.into_inner()) {
-            return Some(Err(e));
-        }
-        let run = |range: Range<usize>| -> Result<()> {
-            let mut slots: Vec<&Slot> = Vec::with_capacity(range.len());
-            for h in &held[range.clone()] {
-                slots.push(h.get().ok_or_else(|| Error::Internal(format!("{op}: a key of the call was not locked")))?);
-            }
+        // Sums and copies the keys of `range`, whose guards are `slots`.
+        let run = |range: Range<usize>, slots: &[G]| -> Result<()> {
             if !push.is_empty() {
-                let jobs: Vec<ReduceJob<'_>> = push[range.clone()]
+                let jobs: SmallVec<[ReduceJob<'_>; 8]> = push[range.clone()]
                     .iter()
-                    .zip(&slots)
+                    .zip(slots)
                     .map(|(g, slot)| ReduceJob { inputs: &g.arrays, out: &slot.value })
                     .collect();
                 self.comm.reduce(&jobs)?;
             }
             if !pull.is_empty() {
-                let jobs: Vec<BroadcastJob<'_>> = pull[range]
+                let jobs: SmallVec<[BroadcastJob<'_>; 8]> = pull[range]
                     .iter()
-                    .zip(&slots)
+                    .zip(slots)
                     .map(|(g, slot)| BroadcastJob { src: &slot.value, outs: &g.arrays })
                     .collect();
                 self.comm.broadcast(&jobs)?;
             }
             Ok(())
         };
-        Some(self.comm.share_keys(sizes, &run).unwrap_or_else(|| run(0..keys.len())))
+        // Each piece's guards, from the round that checks it to the round that runs it.
+        let placed: OnceLock<Vec<Mutex<Guards<G>>>> = OnceLock::new();
+        let work = |claims: &dyn Claims| -> Result<()> {
+            let placed = placed.get_or_init(|| (0..claims.pieces()).map(|_| Mutex::default()).collect());
+            while let Some((p, range)) = claims.next() {
+                *placed[p].lock() = check(range)?;
+            }
+            // Every key of the call is locked and checked (else it stopped); an out's
+            // error stops nothing, so it is looked at here.
+            if !claims.all_done() || out_error.lock().is_some() {
+                return Ok(());
+            }
+            while let Some((p, range)) = claims.next() {
+                let slots = std::mem::take(&mut *placed[p].lock());
+                run(range, &slots)?;
+            }
+            Ok(())
+        };
+        // The result says only whether a piece stopped early; why is kept aside.
+        let r = self.comm.share_keys(sizes, 2, &work)?;
+        if handed_back.load(Ordering::Relaxed) {
+            return None;
+        }
+        if let Some((_, e)) = value_error.into_inner().or(out_error.into_inner()) {
+            return Some(Err(e));
+        }
+        Some(r)
     }
 }
 
