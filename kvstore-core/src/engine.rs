@@ -446,11 +446,17 @@ impl Engine {
         if self.shared.ordered {
             return false;
         }
-        if self.shared.queued.load(AtomicOrdering::Acquire) == 0 {
+        if self.idle() {
             return true;
         }
         let st = self.shared.state.lock();
         !vars.into_iter().any(|v| st.queues.get(&v).is_some_and(|q| !q.is_empty()))
+    }
+
+    /// Whether a blocking call may run at once whatever its vars: the engine is not
+    /// ordered, and no call is queued on it (one atomic read).
+    pub(crate) fn idle(&self) -> bool {
+        !self.shared.ordered && self.shared.queued.load(AtomicOrdering::Acquire) == 0
     }
 
     /// Waits until every call submitted so far (and any submitted meanwhile) has

@@ -773,14 +773,15 @@ mod tests {
         work: impl Fn(&dyn Claims, usize, Range<usize>) -> Result<()> + Sync,
     ) -> (Option<Result<()>>, [Vec<usize>; 2]) {
         let sizes = vec![20 << 10; 300];
-        let visits: [Vec<AtomicUsize>; 2] = std::array::from_fn(|_| sizes.iter().map(|_| AtomicUsize::new(0)).collect());
+        let visits: [Vec<AtomicUsize>; 2] =
+            std::array::from_fn(|_| sizes.iter().map(|_| AtomicUsize::new(0)).collect());
         let r = comm.share_keys(&sizes, 2, &|claims: &dyn Claims| {
-            for round in 0..2 {
+            for (round, visits) in visits.iter().enumerate() {
                 if round == 1 && !claims.all_done() {
                     return Ok(());
                 }
                 while let Some((_, keys)) = claims.next() {
-                    keys.clone().for_each(|k| _ = visits[round][k].fetch_add(1, Ordering::SeqCst));
+                    keys.clone().for_each(|k| _ = visits[k].fetch_add(1, Ordering::SeqCst));
                     work(claims, round, keys)?;
                 }
             }

@@ -364,9 +364,13 @@ fn check_like(context: impl Fn() -> String, key: &Key, expected: &NDArray, got: 
 
 /// Checks that every array of `group` matches the stored value in shape and dtype.
 fn check_group(op: &'static str, what: &str, group: &Group<'_>, stored: &NDArray) -> Result<()> {
-    let key = &group.entry.key;
-    let n = group.arrays.len();
-    for (i, a) in group.arrays.iter().enumerate() {
+    check_arrays(op, what, &group.entry.key, &group.arrays, stored)
+}
+
+/// Checks that every one of `key`'s `arrays` matches the stored value in shape and dtype.
+fn check_arrays(op: &'static str, what: &str, key: &Key, arrays: &[&NDArray], stored: &NDArray) -> Result<()> {
+    let n = arrays.len();
+    for (i, a) in arrays.iter().enumerate() {
         check_context(op, key, a)?;
         let context = || {
             if n == 1 {

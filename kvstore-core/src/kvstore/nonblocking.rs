@@ -124,6 +124,13 @@ impl KVStore {
             // it is up by the time the keys are looked up and checked.
             self.store.comm.wake();
         }
+        // Nothing queued: a call of many small keys may be spread as given, lookups
+        // and all (`spread.rs`).
+        if self.engine.idle()
+            && let Some(r) = self.store.spread_runs(op, &push, &pull)
+        {
+            return r;
+        }
         let (push, pull) = (self.store.lookup(op, push)?, self.store.lookup(op, pull)?);
         if self.engine.may_run_now(vars_of(&push, &pull, false)) {
             for value in push.iter().flat_map(|g| &g.arrays) {

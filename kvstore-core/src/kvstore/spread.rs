@@ -19,14 +19,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
-use super::{Entry, Group, Merger, Slot, Store, check_group, locks};
+use super::{Entry, Group, Merger, Slot, Store, Table, check_arrays, locks};
 use crate::comm::{BroadcastJob, Claims, ReduceJob};
 use crate::error::{Error, Result};
+use crate::key::Run;
+use crate::ndarray::NDArray;
 
 /// The guards of a piece's keys.
 type Guards<G> = SmallVec<[G; 8]>;
 
-/// The first error of some keys, by key position.
+/// The first error of some keys, by key index.
 type First = Mutex<Option<(usize, Error)>>;
 
 fn keep_first(first: &First, at: usize, e: Error) {
@@ -42,6 +44,65 @@ fn stopped() -> Error {
     Error::Internal("spread: a piece stopped early".into())
 }
 
+/// The keys of a call as a spread call reads them.
+#[derive(Clone, Copy)]
+enum CallKeys<'k, 'a> {
+    /// Looked up and grouped (one group per key), their arrays made ready for the call.
+    Groups { push: &'k [Group<'a>], pull: &'k [Group<'a>] },
+    /// As the caller gave them, looked up here in `table`. An array that is pending, or
+    /// an out that is lent, hands the call back (the ordinary path waits for the one
+    /// and copies the other first), and so does a failed check: the ordinary path
+    /// then reports it as it does any other.
+    Runs { table: &'k Table, push: &'k [Run<'a>], pull: &'k [Run<'a>] },
+}
+
+impl<'k, 'a> CallKeys<'k, 'a> {
+    fn len(self) -> usize {
+        match self {
+            CallKeys::Groups { push, pull } => push.len().max(pull.len()),
+            CallKeys::Runs { push, pull, .. } => push.len().max(pull.len()),
+        }
+    }
+
+    /// Key `i`'s values and outs (empty for none).
+    fn arrays(self, i: usize) -> (&'k [&'a NDArray], &'k [&'a NDArray]) {
+        match self {
+            CallKeys::Groups { push, pull } => {
+                (push.get(i).map_or(&[][..], |g| &g.arrays), pull.get(i).map_or(&[][..], |g| &g.arrays))
+            }
+            CallKeys::Runs { push, pull, .. } => {
+                (push.get(i).map_or(&[][..], |r| &r.1), pull.get(i).map_or(&[][..], |r| &r.1))
+            }
+        }
+    }
+
+    /// Key `i`'s entry, when the call may go on with it here.
+    fn entry(self, i: usize) -> Option<&'k Entry> {
+        match self {
+            CallKeys::Groups { push, pull } => push.get(i).or(pull.get(i)).map(|g| &*g.entry),
+            CallKeys::Runs { table, push, pull } => {
+                let key = match (push.get(i), pull.get(i)) {
+                    (Some(p), Some(q)) if p.0 != q.0 => return None,
+                    (Some((key, _)), _) | (None, Some((key, _))) => key,
+                    (None, None) => return None,
+                };
+                let (values, outs) = self.arrays(i);
+                let unready =
+                    values.iter().any(|a| a.is_pending()) || outs.iter().any(|a| a.is_pending() || a.is_lent());
+                if unready {
+                    return None;
+                }
+                table.entries.get(key).map(|e| &**e)
+            }
+        }
+    }
+
+    /// Whether a failed check hands the call back instead of failing it here.
+    fn checks_elsewhere(self) -> bool {
+        matches!(self, CallKeys::Runs { .. })
+    }
+}
+
 impl Store {
     /// [`Store::push_pull`] of `push` and `pull` (grouped), spread over the comm's
     /// threads; `None`, with nothing changed and no lock held, when the call is not one
@@ -53,37 +114,56 @@ impl Store {
     /// share ([`crate::comm::Comm::share_keys`]). A thread that runs an updater takes
     /// the ordinary path, which knows how such a call may lock.
     pub(super) fn spread<'a>(&self, op: &'static str, push: &[Group<'a>], pull: &[Group<'a>]) -> Option<Result<()>> {
-        let keys = if push.is_empty() { pull } else { push };
-        // One key is no call to spread (and the common blocking call: it should cost
-        // no more than these two comparisons here).
-        if keys.len() < 2 {
-            return None;
-        }
         let same_keys = push.is_empty()
             || pull.is_empty()
             || (push.len() == pull.len() && push.iter().zip(pull).all(|(a, b)| a.entry.index == b.entry.index));
-        if self.collective.is_some()
-            || locks::inside_updater()
-            || !same_keys
-            || push.iter().chain(pull).any(|g| g.arrays.is_empty() || g.arrays.iter().any(|a| a.on_device()))
-        {
+        if !same_keys {
             return None;
         }
+        self.spread_keys(op, CallKeys::Groups { push, pull })
+    }
+
+    /// [`Store::spread`] of a blocking call's keys as given, before anything else is
+    /// done with them: the lookups, the checks that its arrays are ready and the key
+    /// checks are spread too. For a caller that runs the call at once (its engine has
+    /// nothing queued); `None` hands it to the ordinary path, which does all that
+    /// again on its own.
+    pub(super) fn spread_runs<'a>(&self, op: &'static str, push: &[Run<'a>], pull: &[Run<'a>]) -> Option<Result<()>> {
+        if !(push.is_empty() || pull.is_empty() || push.len() == pull.len()) {
+            return None;
+        }
+        // Short calls are not looked at further, nor is the table locked for them.
+        if push.len().max(pull.len()) < 2 {
+            return None;
+        }
+        let table = self.table.read();
+        self.spread_keys(op, CallKeys::Runs { table: &table, push, pull })
+    }
+
+    fn spread_keys(&self, op: &'static str, keys: CallKeys<'_, '_>) -> Option<Result<()>> {
+        // One key is no call to spread (and the common blocking call: it should cost
+        // no more than these comparisons here).
+        if keys.len() < 2 || self.collective.is_some() || locks::inside_updater() {
+            return None;
+        }
+        let pushes = !keys.arrays(0).0.is_empty();
         let merger = self.merger.try_read()?;
-        if !push.is_empty() && !matches!(*merger, Merger::Assign) {
+        if pushes && !matches!(*merger, Merger::Assign) {
             return None;
         }
         let sizes: Vec<usize> = (0..keys.len())
             .map(|i| {
-                let a = keys[i].arrays[0];
-                let n = push.get(i).map_or(0, |g| g.arrays.len()) + pull.get(i).map_or(0, |g| g.arrays.len());
-                a.size() * a.dtype().size() * (n + 1)
+                let (values, outs) = keys.arrays(i);
+                values
+                    .first()
+                    .or(outs.first())
+                    .map_or(0, |a| a.size() * a.dtype().size() * (values.len() + outs.len() + 1))
             })
             .collect();
-        let r = if push.is_empty() {
-            self.spread_locked(op, &sizes, push, pull, |e: &Entry| e.value.try_read())
+        let r = if pushes {
+            self.spread_locked(op, &sizes, keys, |e: &Entry| e.value.try_write())
         } else {
-            self.spread_locked(op, &sizes, push, pull, |e: &Entry| e.value.try_write())
+            self.spread_locked(op, &sizes, keys, |e: &Entry| e.value.try_read())
         };
         drop(merger);
         #[cfg(test)]
@@ -94,43 +174,56 @@ impl Store {
     /// [`Store::spread`] with the keys locked by `lock` (shared for a pull, exclusive
     /// when the call pushes).
     ///
-    /// In a first round the threads lock and check the keys of the pieces they take,
-    /// and leave each piece's guards in its place; when every piece is checked
-    /// (`Claims::all_done`) and nothing failed, they take the pieces again to sum and
-    /// copy them, and unlock each piece when it is done. No key is unlocked before
-    /// every key is locked, so the call still takes effect at once for other calls.
+    /// In a first round the threads look the keys of the pieces they take up, lock
+    /// and check them, and leave each piece's guards in its place; when every piece is
+    /// checked (`Claims::all_done`) and nothing failed, they take the pieces again to
+    /// sum and copy them, and unlock each piece when it is done. No key is unlocked
+    /// before every key is locked, so the call still takes effect at once for other
+    /// calls.
     fn spread_locked<'k, 'a, G: Deref<Target = Slot> + Send + Sync>(
         &self,
         op: &'static str,
         sizes: &[usize],
-        push: &'k [Group<'a>],
-        pull: &'k [Group<'a>],
+        keys: CallKeys<'k, 'a>,
         lock: impl Fn(&'k Entry) -> Option<G> + Sync,
     ) -> Option<Result<()>> {
-        let keys = if push.is_empty() { pull } else { push };
         let handed_back = AtomicBool::new(false);
         let (value_error, out_error): (First, First) = Default::default();
-        // Locks and checks the keys of `range`: their guards, in key order.
+        let hand_back = || {
+            handed_back.store(true, Ordering::Relaxed);
+            stopped()
+        };
+        // Looks up, locks and checks the keys of `range`: their guards, in key order.
         let check = |range: Range<usize>| -> Result<Guards<G>> {
             let mut held = Guards::with_capacity(range.len());
             for i in range {
-                let Some(guard) = lock(&keys[i].entry).filter(|g| !g.value.on_device()) else {
-                    handed_back.store(true, Ordering::Relaxed);
-                    return Err(stopped());
+                let (values, outs) = keys.arrays(i);
+                if values.is_empty() && outs.is_empty() || values.iter().chain(outs).any(|a| a.on_device()) {
+                    return Err(hand_back());
+                }
+                let Some(entry) = keys.entry(i) else { return Err(hand_back()) };
+                let Some(guard) = lock(entry).filter(|g| !g.value.on_device()) else {
+                    return Err(hand_back());
                 };
-                if let Some(g) = push.get(i)
-                    && let Err(e) = check_group(op, "value", g, &guard.value)
-                {
+                let checked = |what, arrays: &[&NDArray]| match arrays {
+                    [] => Ok(()),
+                    _ => check_arrays(op, what, &entry.key, arrays, &guard.value),
+                };
+                if let Err(e) = checked("value", values) {
+                    if keys.checks_elsewhere() {
+                        return Err(hand_back());
+                    }
                     // Later keys' values cannot come first; earlier pieces finish.
-                    keep_first(&value_error, i, e);
+                    keep_first(&value_error, entry.index, e);
                     return Err(stopped());
                 }
-                if let Some(g) = pull.get(i)
-                    && let Err(e) = check_group(op, "out", g, &guard.value)
-                {
+                if let Err(e) = checked("out", outs) {
+                    if keys.checks_elsewhere() {
+                        return Err(hand_back());
+                    }
                     // A value's error comes first: the values of later keys are still
                     // checked.
-                    keep_first(&out_error, i, e);
+                    keep_first(&out_error, entry.index, e);
                 }
                 held.push(guard);
             }
@@ -138,23 +231,17 @@ impl Store {
         };
         // Sums and copies the keys of `range`, whose guards are `slots`.
         let run = |range: Range<usize>, slots: &[G]| -> Result<()> {
-            if !push.is_empty() {
-                let jobs: SmallVec<[ReduceJob<'_>; 8]> = push[range.clone()]
-                    .iter()
-                    .zip(slots)
-                    .map(|(g, slot)| ReduceJob { inputs: &g.arrays, out: &slot.value })
-                    .collect();
-                self.comm.reduce(&jobs)?;
-            }
-            if !pull.is_empty() {
-                let jobs: SmallVec<[BroadcastJob<'_>; 8]> = pull[range]
-                    .iter()
-                    .zip(slots)
-                    .map(|(g, slot)| BroadcastJob { src: &slot.value, outs: &g.arrays })
-                    .collect();
-                self.comm.broadcast(&jobs)?;
-            }
-            Ok(())
+            let arrays = || range.clone().map(|i| keys.arrays(i)).zip(slots);
+            let jobs: SmallVec<[ReduceJob<'_>; 8]> = arrays()
+                .filter(|((values, _), _)| !values.is_empty())
+                .map(|((values, _), slot)| ReduceJob { inputs: values, out: &slot.value })
+                .collect();
+            self.comm.reduce(&jobs)?;
+            let jobs: SmallVec<[BroadcastJob<'_>; 8]> = arrays()
+                .filter(|((_, outs), _)| !outs.is_empty())
+                .map(|((_, outs), slot)| BroadcastJob { src: &slot.value, outs })
+                .collect();
+            self.comm.broadcast(&jobs)
         };
         // Each piece's guards, from the round that checks it to the round that runs it.
         let placed: OnceLock<Vec<Mutex<Guards<G>>>> = OnceLock::new();
@@ -285,6 +372,65 @@ mod tests {
         kv.pull(&keys, &now, 0)?;
         assert_eq!(firsts(&now)?, (0..KEYS).map(|k| k as f32).collect::<Vec<_>>());
         assert!(outs.iter().all(|o| o.to_vec::<f32>().unwrap().iter().all(|&x| x == 0.0)));
+        Ok(())
+    }
+
+    #[test]
+    fn a_call_as_given_waits_for_pending_outs_and_copies_lent_ones() -> Result<()> {
+        // Another store's engine is held up by a slow first push; behind it, queued
+        // pushes have the odd outs on loan (its updater adds them up), then queued
+        // pulls will write the even ones.
+        let (kv, keys) = store(2)?;
+        let other = KVStore::builder("local").num_threads(1).build()?;
+        other.init("slow", &NDArray::zeros(&[LEN])?)?;
+        other.set_updater(|_: &crate::Key, _, merged: &NDArray, stored: &NDArray| {
+            if merged.to_vec::<f32>()?[0] == 7.0 {
+                std::thread::sleep(std::time::Duration::from_millis(150));
+                return stored.copy_from(merged);
+            }
+            stored.add_assign(merged)
+        })?;
+        let outs: Vec<NDArray> = (0..KEYS).map(|k| NDArray::full(&[LEN], -1.0 - k as f64)).collect::<Result<_>>()?;
+        for lend in [true, false] {
+            let mut queued = vec![other.push_async("slow", &NDArray::full(&[LEN], 7.0)?, 0)];
+            for out in outs.iter().skip(usize::from(lend)).step_by(2) {
+                queued.push(if lend { other.push_async("slow", out, 0) } else { other.pull_async("slow", out, 0) });
+            }
+            // A blocking pull of every key into those outs: it writes each after the
+            // queued push that reads it has a copy, and after the queued pull did.
+            kv.pull(&keys, &outs, 0)?;
+            queued.into_iter().try_for_each(|p| p.wait())?;
+            if lend {
+                let slow = NDArray::zeros(&[LEN])?;
+                other.pull("slow", &slow, 0)?;
+                let lent: f32 = (1..KEYS).step_by(2).map(|k| -1.0 - k as f32).sum();
+                assert_eq!(slow.to_vec::<f32>()?[0], 7.0 + lent, "a queued push read a pulled value");
+            }
+            assert_eq!(firsts(&outs)?, (0..KEYS).map(|k| k as f32).collect::<Vec<_>>(), "a queued pull wrote last");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn calls_with_a_repeated_or_unknown_key_give_the_ordinary_results() -> Result<()> {
+        let (kv, keys) = store(2)?;
+        let (plain, _) = store(1)?;
+        let mut vals = values(1.0)?;
+        let mut again = keys.clone();
+        again.push("w5".into());
+        vals.push(vals[5].clone());
+        let mut unknown = keys.clone();
+        unknown.push("nope".into());
+        for kv in [&kv, &plain] {
+            kv.push(&again, &vals, 0)?;
+            let err = kv.push(&unknown, &vals, 0).unwrap_err();
+            assert!(err.to_string().contains("nope"), "{err}");
+        }
+        let outs = [zeros(KEYS)?, zeros(KEYS)?];
+        kv.pull(&keys, &outs[0], 0)?;
+        plain.pull(&keys, &outs[1], 0)?;
+        assert_eq!(firsts(&outs[0])?, firsts(&outs[1])?);
+        assert_eq!(firsts(&outs[0])?[5], 2.0 * (20 + 21 + 22 + 23) as f32);
         Ok(())
     }
 

@@ -56,7 +56,7 @@ impl NDArray {
     }
 
     /// Whether a queued call will read this array.
-    fn is_lent(&self) -> bool {
+    pub(crate) fn is_lent(&self) -> bool {
         self.inner.lent.load(Ordering::Acquire) != 0
     }
 
