@@ -2,15 +2,19 @@
 //! keys: it locks, checks, sums and copies them where it is, instead of the caller doing
 //! the per-key bookkeeping of every key alone while the other threads wait for the sums.
 //!
-//! It does what [`Store::push_pull`] does for the same call, in two passes over the
-//! same pieces of the call's keys: first every key is locked (without waiting) and
-//! checked, then, when every key is held and passed, the sums and copies. A failed
-//! check changes nothing, and the error is the one the ordinary path reports (the
-//! first value's error in key order, else the first out's). A key that another call
-//! holds, or anything this path does not do, hands the call back, with every lock
-//! released and nothing changed, to the ordinary path, which waits for locks in key
-//! order: no lock is ever waited for here, so no deadlock can come of taking locks
-//! on several threads at once.
+//! It does what [`Store::push_pull`] does for the same call, in two rounds over the
+//! same pieces of the call's keys (`Comm::share_keys`): first every key is locked
+//! (without waiting) and checked, then, when every key is held and passed, the sums
+//! and copies, each piece unlocked when done. A failed check changes nothing, and the
+//! error is the one the ordinary path reports (the first value's error in key order,
+//! else the first out's). A key that another call holds, or anything this path does
+//! not do, hands the call back, with every lock released and nothing changed, to the
+//! ordinary path, which waits for locks in key order: no lock is ever waited for here,
+//! so no deadlock can come of taking locks on several threads at once.
+//!
+//! A blocking call on an idle engine comes here as its caller gave it, before its keys
+//! are looked up (`Store::spread_runs`): the first round also looks them up and checks
+//! that its arrays are ready, which the caller would otherwise do alone.
 
 use std::ops::{Deref, Range};
 use std::sync::OnceLock;
