@@ -34,7 +34,7 @@
 //! ```
 
 pub use crate::collective::{Collective, MAX_RECORD};
-pub use crate::comm::{BroadcastJob, Comm, CommCpu, CommDevice, KeyBuffers, PushKey, ReduceJob};
+pub use crate::comm::{BroadcastJob, Claims, Comm, CommCpu, CommDevice, KeyBuffers, PushKey, ReduceJob};
 pub use crate::device::{
     DeviceBackend, DeviceBuffer, FusedArrays, FusedRule, FusedStep, PinnedMemory, backend as device_backend,
     register_backend,
