@@ -329,50 +329,65 @@ impl CommCpu {
     /// holding another's. After an error no more jobs start, and the first error is
     /// returned.
     fn share<J: Sync>(&self, jobs: &[&J], per_claim: usize, one: impl Fn(&J) -> Result<()> + Sync) -> Result<()> {
-        let threads = self.num_threads().min(jobs.len().div_ceil(per_claim)).max(1);
-        let Some(parts) = Parts::new(jobs.len(), threads) else {
-            return jobs.iter().try_for_each(|j| one(j));
+        let pieces = (0..jobs.len()).step_by(per_claim.max(1)).map(|s| s..jobs.len().min(s + per_claim.max(1)));
+        let work = |claims: &dyn Claims| -> Result<()> {
+            while let Some((_, piece)) = claims.next() {
+                jobs[piece].iter().try_for_each(|j| one(j))?;
+            }
+            Ok(())
         };
-        let stop = AtomicBool::new(false);
+        self.share_pieces(pieces.collect(), 1, &work).unwrap_or_else(|| jobs.iter().try_for_each(|j| one(j)))
+    }
+
+    /// Runs `work` once on this thread and once on each of the pool's other threads (as
+    /// many as there are pieces), each with its [`Claims`] of `pieces` in `rounds`
+    /// rounds, and returns the first error. `None`, with nothing run, for more pieces
+    /// than a part's bounds can count.
+    fn share_pieces(
+        &self,
+        pieces: Vec<Range<usize>>,
+        rounds: usize,
+        work: &(dyn Fn(&dyn Claims) -> Result<()> + Sync),
+    ) -> Option<Result<()>> {
+        let threads = self.num_threads().min(pieces.len()).max(1);
+        let rounds = (0..rounds.max(1))
+            .map(|_| {
+                let done = (0..threads).map(|_| Padded(AtomicUsize::new(0))).collect();
+                Some(Round { parts: Parts::new(pieces.len(), threads)?, done })
+            })
+            .collect::<Option<_>>()?;
+        let shared = Shared { rounds, pieces, threads, stop: AtomicBool::new(false) };
         let failed: Mutex<Option<Error>> = Mutex::new(None);
-        let run = |range: Range<usize>| {
-            for j in &jobs[range] {
-                if let Err(e) = one(j) {
-                    stop.store(true, Ordering::Relaxed);
-                    failed.lock().get_or_insert(e);
-                    return false;
-                }
+        let run = |me: usize| {
+            let claims = ThreadClaims {
+                shared: &shared,
+                me,
+                round: Cell::new(0),
+                taken: Cell::new(false),
+                drained: Cell::new(false),
+            };
+            let _stop_on_panic = StopOnPanic(&shared.stop);
+            if let Err(e) = work(&claims) {
+                shared.stop.store(true, Ordering::Release);
+                failed.lock().get_or_insert(e);
             }
-            !stop.load(Ordering::Relaxed)
-        };
-        let work = |me: usize| {
-            while let Some(r) = parts.front(me, per_claim) {
-                if !run(r) {
-                    return;
-                }
-            }
-            for other in (1..threads).map(|k| (me + k) % threads) {
-                while let Some(r) = parts.back(other, per_claim) {
-                    if !run(r) {
-                        return;
-                    }
-                }
-            }
+            // A piece taken last counts as done once `work` returns, whatever it did.
+            claims.finish();
         };
         self.pool.in_place_scope(|s| {
             for me in 1..threads {
-                let work = &work;
-                s.spawn(move |_| work(me));
+                let run = &run;
+                s.spawn(move |_| run(me));
             }
-            work(0);
+            run(0);
         });
-        failed.into_inner().map_or(Ok(()), Err)
+        Some(failed.into_inner().map_or(Ok(()), Err))
     }
 }
 
-/// The jobs of [`CommCpu::share`] cut into one contiguous part per thread, each an
-/// unclaimed range `front..back` in one atomic word, taken from the front by its
-/// thread and from the back by others.
+/// The pieces of [`CommCpu::share_pieces`] cut into one contiguous part per thread,
+/// each an unclaimed range `front..back` in one atomic word, taken from the front by
+/// its thread and from the back by others.
 struct Parts(Vec<Padded<AtomicU64>>);
 
 /// A value on cache lines of its own, so that threads writing neighbouring values do
@@ -560,12 +575,14 @@ impl Comm for CommCpu {
         )
     }
 
-    /// Pieces of fewer than `CLAIM_BYTES` (or of one key), under `PARALLEL_BYTES`, so
-    /// the `reduce` and `broadcast` of a piece run where they are called.
-    fn wake(&self) {
-        self.pool.spawn(|| ());
+    fn wake(&self, bytes: usize) {
+        if bytes >= PARALLEL_BYTES && self.num_threads() > 1 {
+            self.pool.spawn(|| ());
+        }
     }
 
+    /// Pieces of fewer than `CLAIM_BYTES` (or of one key), under `PARALLEL_BYTES`, so
+    /// the `reduce` and `broadcast` of a piece run where they are called.
     fn share_keys(
         &self,
         sizes: &[usize],
@@ -591,39 +608,7 @@ impl Comm for CommCpu {
         if pieces.len() < 2 {
             return None;
         }
-        let threads = self.num_threads().min(pieces.len());
-        let rounds = (0..rounds.max(1))
-            .map(|_| {
-                let done = (0..threads).map(|_| Padded(AtomicUsize::new(0))).collect();
-                Some(Round { parts: Parts::new(pieces.len(), threads)?, done })
-            })
-            .collect::<Option<_>>()?;
-        let shared = Shared { rounds, pieces, threads, stop: AtomicBool::new(false) };
-        let failed: Mutex<Option<Error>> = Mutex::new(None);
-        let run = |me: usize| {
-            let claims = ThreadClaims {
-                shared: &shared,
-                me,
-                round: Cell::new(0),
-                taken: Cell::new(false),
-                drained: Cell::new(false),
-            };
-            let _stop_on_panic = StopOnPanic(&shared.stop);
-            if let Err(e) = work(&claims) {
-                shared.stop.store(true, Ordering::Release);
-                failed.lock().get_or_insert(e);
-            }
-            // A piece taken last counts as done once `work` returns, whatever it did.
-            claims.finish();
-        };
-        self.pool.in_place_scope(|s| {
-            for me in 1..threads {
-                let run = &run;
-                s.spawn(move |_| run(me));
-            }
-            run(0);
-        });
-        Some(failed.into_inner().map_or(Ok(()), Err))
+        self.share_pieces(pieces, rounds, work)
     }
 
     /// A value from a device is kept on the host in page-locked memory (MXNet's

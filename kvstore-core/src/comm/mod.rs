@@ -82,10 +82,11 @@ pub trait Comm: Send + Sync {
     /// [`Error::Internal`](crate::Error::Internal) if a job's arrays disagree in shape or dtype.
     fn broadcast(&self, jobs: &[BroadcastJob<'_>]) -> Result<()>;
 
-    /// A call that may share its work out ([`Comm::share_keys`]) is starting: a comm
-    /// whose threads sleep when idle wakes one now, so that it is up when the work is
-    /// ready (waking one took 15–45 µs on a 2-core machine). By default nothing.
-    fn wake(&self) {}
+    /// A call that may share about `bytes` of work out ([`Comm::share_keys`]) is
+    /// starting: a comm whose threads sleep when idle wakes one now, if it would share
+    /// that much, so that it is up when the work is ready (waking one took 15–45 µs on
+    /// a 2-core machine). By default nothing.
+    fn wake(&self, _bytes: usize) {}
 
     /// Runs `work` once on each of this comm's threads, the caller's among them; the
     /// threads take consecutive pieces of `0..sizes.len()` (the keys of a call, key `i`

@@ -1278,12 +1278,12 @@ impl Store {
         }
     }
 
-    fn pull_found(&self, op: &'static str, found: Found<'_>) -> Result<()> {
+    fn pull_found(&self, op: &'static str, found: Found<'_>, spread: bool) -> Result<()> {
         if found.is_empty() {
             return Ok(());
         }
         let groups = Self::group(found);
-        if let Some(r) = self.spread(op, &[], &groups) {
+        if spread && let Some(r) = self.spread(op, &[], &groups) {
             return r;
         }
         let entries: Vec<&Arc<Entry>> = groups.iter().map(|g| &g.entry).collect();
@@ -1317,14 +1317,16 @@ impl Store {
     }
 
     /// The push algorithm (`KVStoreLocal::PushImpl`) followed by an optional pull, with
-    /// every key of the call write-locked, in index order, for the whole call.
-    fn push_pull<'a>(&self, op: &'static str, push: Found<'a>, pull: Found<'a>) -> Result<()> {
+    /// every key of the call write-locked, in index order, for the whole call. `spread`:
+    /// whether to offer the call to [`Store::spread`] first (not when it was found to
+    /// be no call for that path already).
+    fn push_pull<'a>(&self, op: &'static str, push: Found<'a>, pull: Found<'a>, spread: bool) -> Result<()> {
         if push.is_empty() {
-            return self.pull_found(op, pull);
+            return self.pull_found(op, pull, spread);
         }
         let push = Self::group(push);
         let pull = Self::group(pull);
-        if let Some(r) = self.spread(op, &push, &pull) {
+        if spread && let Some(r) = self.spread(op, &push, &pull) {
             return r;
         }
         // Lock the union of the keys in index order, so that concurrent multi-key

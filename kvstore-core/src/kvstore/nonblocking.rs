@@ -15,15 +15,12 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::spread::Spread;
 use super::{Done, Entry, Found, Group, KVStore, Pending, Store, check_like, locks};
 use crate::engine::{self, Var, Vars};
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys, Run, Values, flat_runs, pairs_of, runs};
 use crate::ndarray::{Lent, NDArray, PendingWrites};
-
-/// Keys (with their arrays) from which a blocking call wakes its comm's threads as it
-/// starts ([`crate::comm::Comm::wake`]).
-const WAKE_RUNS: usize = 64;
 
 /// A call's keys with their arrays (or what stands for them), held by the call itself so
 /// it can run after its caller returned.
@@ -119,18 +116,16 @@ impl KVStore {
         if push.is_empty() && pull.is_empty() {
             return Ok(());
         }
-        if push.len() + pull.len() >= WAKE_RUNS && self.store.collective.is_none() {
-            // A call this long may share its work out: a pool thread is woken now, so
-            // it is up by the time the keys are looked up and checked.
-            self.store.comm.wake();
-        }
         // Nothing queued: a call of many small keys may be spread as given, lookups
-        // and all (`spread.rs`).
-        if self.engine.idle()
-            && let Some(r) = self.store.spread_runs(op, &push, &pull)
-        {
-            return r;
-        }
+        // and all (`spread.rs`). One that is not such a call is not offered again.
+        let spread = match self.engine.idle() {
+            true => match self.store.spread_runs(op, &push, &pull) {
+                Spread::Ran(r) => return r,
+                Spread::NotOne => false,
+                Spread::HandedBack => true,
+            },
+            false => true,
+        };
         let (push, pull) = (self.store.lookup(op, push)?, self.store.lookup(op, pull)?);
         if self.engine.may_run_now(vars_of(&push, &pull, false)) {
             for value in push.iter().flat_map(|g| &g.arrays) {
@@ -139,7 +134,7 @@ impl KVStore {
             for out in pull.iter().flat_map(|g| &g.arrays) {
                 out.prepare_for_call(true)?;
             }
-            return self.store.push_pull(op, push, pull);
+            return self.store.push_pull(op, push, pull, spread);
         }
         if locks::inside_updater() {
             return Err(locks::busy_store(op));
@@ -211,7 +206,7 @@ impl KVStore {
                         .map(|(e, inputs)| (Arc::clone(e), inputs.iter().map(Input::read).collect()))
                         .collect();
                     let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        store.push_pull(op, borrow(&values), borrow(&pull))
+                        store.push_pull(op, borrow(&values), borrow(&pull), true)
                     }))
                     .unwrap_or_else(|_| Err(Error::Internal(format!("{op} panicked"))));
                     // The values are returned and the outs readable before the handle

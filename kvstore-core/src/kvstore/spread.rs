@@ -107,6 +107,28 @@ impl<'k, 'a> CallKeys<'k, 'a> {
     }
 }
 
+/// What became of a call offered to the spread path.
+pub(super) enum Spread {
+    /// It ran here, with this result.
+    Ran(Result<()>),
+    /// It is not a call this path runs (one key, too little work to share, a store
+    /// with a worker group or another merger): offered again, it would not be either.
+    NotOne,
+    /// Handed back, with nothing changed and no lock held: a key was busy, or
+    /// something this path does not do came up.
+    HandedBack,
+}
+
+impl Spread {
+    /// The result of a call that ran here.
+    fn ran(self) -> Option<Result<()>> {
+        match self {
+            Spread::Ran(r) => Some(r),
+            Spread::NotOne | Spread::HandedBack => None,
+        }
+    }
+}
+
 impl Store {
     /// [`Store::push_pull`] of `push` and `pull` (grouped), spread over the comm's
     /// threads; `None`, with nothing changed and no lock held, when the call is not one
@@ -124,36 +146,41 @@ impl Store {
         if !same_keys {
             return None;
         }
-        self.spread_keys(op, CallKeys::Groups { push, pull })
+        self.spread_keys(op, CallKeys::Groups { push, pull }).ran()
     }
 
     /// [`Store::spread`] of a blocking call's keys as given, before anything else is
     /// done with them: the lookups, the checks that its arrays are ready and the key
     /// checks are spread too. For a caller that runs the call at once (its engine has
-    /// nothing queued); `None` hands it to the ordinary path, which does all that
-    /// again on its own.
-    pub(super) fn spread_runs<'a>(&self, op: &'static str, push: &[Run<'a>], pull: &[Run<'a>]) -> Option<Result<()>> {
-        if !(push.is_empty() || pull.is_empty() || push.len() == pull.len()) {
-            return None;
-        }
+    /// nothing queued); a call handed back goes to the ordinary path, which does all
+    /// that again on its own (and need not offer the call to [`Store::spread`] when
+    /// it is [`Spread::NotOne`]).
+    pub(super) fn spread_runs<'a>(&self, op: &'static str, push: &[Run<'a>], pull: &[Run<'a>]) -> Spread {
         // Short calls are not looked at further, nor is the table locked for them.
-        if push.len().max(pull.len()) < 2 {
-            return None;
+        if !(push.is_empty() || pull.is_empty() || push.len() == pull.len()) || push.len().max(pull.len()) < 2 {
+            return Spread::NotOne;
         }
         let table = self.table.read();
         self.spread_keys(op, CallKeys::Runs { table: &table, push, pull })
     }
 
-    fn spread_keys(&self, op: &'static str, keys: CallKeys<'_, '_>) -> Option<Result<()>> {
+    fn spread_keys(&self, op: &'static str, keys: CallKeys<'_, '_>) -> Spread {
         // One key is no call to spread (and the common blocking call: it should cost
         // no more than these comparisons here).
         if keys.len() < 2 || self.collective.is_some() || locks::inside_updater() {
-            return None;
+            return Spread::NotOne;
         }
-        let pushes = !keys.arrays(0).0.is_empty();
-        let merger = self.merger.try_read()?;
-        if pushes && !matches!(*merger, Merger::Assign) {
-            return None;
+        let (values, outs) = keys.arrays(0);
+        let Some(merger) = self.merger.try_read() else { return Spread::HandedBack };
+        if !values.is_empty() && !matches!(*merger, Merger::Assign) {
+            return Spread::NotOne;
+        }
+        if matches!(keys, CallKeys::Runs { .. })
+            && let Some(a) = values.first().or(outs.first())
+        {
+            // A caller's call: a pool thread is woken now (keys alike assumed), so it
+            // is up by the time the sizes are read and the work is ready.
+            self.comm.wake(keys.len() * a.size() * a.dtype().size() * (values.len() + outs.len() + 1));
         }
         let sizes: Vec<usize> = (0..keys.len())
             .map(|i| {
@@ -164,14 +191,14 @@ impl Store {
                     .map_or(0, |a| a.size() * a.dtype().size() * (values.len() + outs.len() + 1))
             })
             .collect();
-        let r = if pushes {
-            self.spread_locked(op, &sizes, keys, |e: &Entry| e.value.try_write())
-        } else {
+        let r = if values.is_empty() {
             self.spread_locked(op, &sizes, keys, |e: &Entry| e.value.try_read())
+        } else {
+            self.spread_locked(op, &sizes, keys, |e: &Entry| e.value.try_write())
         };
         drop(merger);
         #[cfg(test)]
-        tests::TAKEN.with(|t| t.set(t.get() + usize::from(r.is_some())));
+        tests::TAKEN.with(|t| t.set(t.get() + usize::from(matches!(r, Spread::Ran(_)))));
         r
     }
 
@@ -190,7 +217,7 @@ impl Store {
         sizes: &[usize],
         keys: CallKeys<'k, 'a>,
         lock: impl Fn(&'k Entry) -> Option<G> + Sync,
-    ) -> Option<Result<()>> {
+    ) -> Spread {
         let handed_back = AtomicBool::new(false);
         let (value_error, out_error): (First, First) = Default::default();
         let hand_back = || {
@@ -266,14 +293,11 @@ impl Store {
             Ok(())
         };
         // The result says only whether a piece stopped early; why is kept aside.
-        let r = self.comm.share_keys(sizes, 2, &work)?;
+        let Some(r) = self.comm.share_keys(sizes, 2, &work) else { return Spread::NotOne };
         if handed_back.load(Ordering::Relaxed) {
-            return None;
+            return Spread::HandedBack;
         }
-        if let Some((_, e)) = value_error.into_inner().or(out_error.into_inner()) {
-            return Some(Err(e));
-        }
-        Some(r)
+        Spread::Ran(value_error.into_inner().or(out_error.into_inner()).map_or(r, |(_, e)| Err(e)))
     }
 }
 
