@@ -283,6 +283,12 @@ fn main() -> kvstore_core::Result<()> {
         Some(blocking_push_s),
         &format!("<= blocking + 1 us (here {more_us:+.2} us)"),
     ));
+    // What a hand-over between two threads costs on this machine now: a submit shares
+    // cache lines with the engine thread that runs the calls, and on some placements
+    // of this machine's cores each transfer costs several times more (a slow mode of
+    // the submit row that the blocking row does not have).
+    let round_trip_s = common::median_of((0..runs).map(|_| core_round_trip()).collect());
+    rows.push(Row::new("machine: core-to-core round trip (two threads, one atomic)", round_trip_s, None, ""));
     let rust_in_s = median(3, runs, || {
         black_box(NDArray::from_slice_in(&[BIG], &ins[1], Context::cpu(0)).expect("array"));
     });
@@ -381,4 +387,32 @@ fn main() -> kvstore_core::Result<()> {
         .map_err(|e| kvstore_core::Error::Io { context: format!("write {}", path.display()), source: e })?;
     println!("wrote {}", path.display());
     Ok(())
+}
+
+/// Two threads pass a counter back and forth through one atomic (on a cache line of
+/// its own); returns the mean time of one pass there and back, in seconds.
+fn core_round_trip() -> f64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+    const TRIPS: u64 = 200_000;
+    let line = Line(AtomicU64::new(0));
+    let t0 = std::time::Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..TRIPS {
+                while line.0.load(Ordering::Acquire) != 2 * i + 1 {
+                    std::hint::spin_loop();
+                }
+                line.0.store(2 * i + 2, Ordering::Release);
+            }
+        });
+        for i in 0..TRIPS {
+            line.0.store(2 * i + 1, Ordering::Release);
+            while line.0.load(Ordering::Acquire) != 2 * i + 2 {
+                std::hint::spin_loop();
+            }
+        }
+    });
+    black_box(t0.elapsed().as_secs_f64() / TRIPS as f64)
 }
