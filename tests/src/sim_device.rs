@@ -31,7 +31,8 @@ impl SizeCounts {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()).entry((what, bytes)).or_insert(0) += n;
     }
 
-    /// How many times `what` (`"alloc"`, `"download"`, `"foreign input"`) happened to
+    /// How many times `what` (`"alloc"`, `"pinned"`, `"fused step"`, `"download"`,
+    /// `"foreign input"`) happened to
     /// buffers of `bytes` bytes.
     pub fn get(&self, what: &'static str, bytes: usize) -> usize {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).get(&(what, bytes)).copied().unwrap_or(0)
@@ -101,11 +102,9 @@ pub struct SimDevice {
     pub copies: AtomicUsize,
     /// Whether `optimizer_step` runs (otherwise core stages the host rule).
     pub fused: AtomicBool,
-    /// Optimizer steps run by the fused path.
-    pub fused_steps: AtomicUsize,
-    /// Page-locked host buffers handed out.
-    pub pinned_allocs: AtomicUsize,
-    /// By buffer size: device buffers handed out (`"alloc"`), copies to host memory
+    /// By buffer size: device buffers handed out (`"alloc"`), page-locked host buffers
+    /// handed out (`"pinned"`), optimizer steps run by the fused path (`"fused step"`, by the
+    /// weight's size), copies to host memory
     /// (`"download"`), and inputs of kernel reductions on another device than the out
     /// (`"foreign input"`: the CUDA backend copies such an input peer to peer into a
     /// buffer of its own first).
@@ -124,8 +123,6 @@ impl SimDevice {
             reduces: AtomicUsize::new(0),
             copies: AtomicUsize::new(0),
             fused: AtomicBool::new(true),
-            fused_steps: AtomicUsize::new(0),
-            pinned_allocs: AtomicUsize::new(0),
             sizes: Box::leak(Box::default()),
             fail_writes: Box::leak(Box::new(AtomicUsize::new(0))),
         }
@@ -361,6 +358,7 @@ impl DeviceBackend for SimDevice {
         if !self.fused.load(Ordering::SeqCst) {
             return Ok(false);
         }
+        let bytes = sim(&*a.weight)?.len;
         match a.dtype {
             DType::F32 => fused_run::<f32, f32>(step, a, |x| x, |x| x)?,
             DType::F64 => fused_run::<f64, f64>(step, a, |x| x, |x| x)?,
@@ -368,12 +366,12 @@ impl DeviceBackend for SimDevice {
             DType::BF16 => fused_run::<bf16, f32>(step, a, bf16::to_f32, bf16::from_f32)?,
             _ => return Ok(false),
         }
-        self.fused_steps.fetch_add(1, Ordering::SeqCst);
+        self.sizes.add("fused step", bytes, 1);
         Ok(true)
     }
 
     fn alloc_pinned(&self, bytes: usize) -> Result<Option<Box<dyn PinnedMemory>>> {
-        self.pinned_allocs.fetch_add(1, Ordering::SeqCst);
+        self.sizes.add("pinned", bytes, 1);
         Ok(Some(Box::new(SimPinned { lines: vec![Line([0; 64]); bytes.div_ceil(64)], len: bytes })))
     }
 }

@@ -217,9 +217,10 @@ fn fused_optimizer_steps_give_the_host_bits() {
     let _s = switches();
     let sim = sim();
     let gpus: Vec<Context> = (0..DEVICES).map(Context::gpu).collect();
-    let before = sim.fused_steps.load(Ordering::SeqCst);
+    let f32_steps = || sim.sizes.get("fused step", device_checks::OPTIMIZED_LEN * 4);
+    let before = f32_steps();
     device_checks::optimizers_match_the_host(&gpus);
-    assert!(sim.fused_steps.load(Ordering::SeqCst) > before, "no update ran as a fused step");
+    assert!(f32_steps() > before, "no update ran as a fused step");
     // Without the backend's fused step, the same updates run staged through the host.
     sim.fused.store(false, Ordering::SeqCst);
     let staged = std::panic::catch_unwind(|| device_checks::optimizers_match_the_host(&gpus[1..3]));
@@ -233,9 +234,10 @@ fn every_fused_rule_runs_fused() {
     let sim = sim();
     let gpus = [Context::gpu(2), Context::gpu(2)];
     for &(name, params) in device_checks::OPTIMIZERS {
-        let before = sim.fused_steps.load(Ordering::SeqCst);
+        let f32_steps = || sim.sizes.get("fused step", device_checks::OPTIMIZED_LEN * 4);
+        let before = f32_steps();
         device_checks::optimized("device", name, params, DType::F32, &gpus);
-        let fused = sim.fused_steps.load(Ordering::SeqCst) - before;
+        let fused = f32_steps() - before;
         let expected = if matches!(name, "adadelta" | "nadam") { 0 } else { 3 };
         assert_eq!(fused, expected, "{name} {params:?}: fused steps");
     }
@@ -251,28 +253,31 @@ fn keys_are_spread_over_devices_by_size() {
 fn local_stores_stage_device_values_through_reused_pinned_buffers() {
     let _s = switches();
     let sim = sim();
+    // 293 f32: a size no other test uses, so that the counts are this test's alone.
+    const N: usize = 293;
+    let bytes = N * 4;
     let kv = KVStore::create("local").expect("store");
-    let before = sim.pinned_allocs.load(Ordering::SeqCst);
-    kv.init("w", &values(300, 1, DType::F32, Context::gpu(0))).expect("init");
-    assert_eq!(sim.pinned_allocs.load(Ordering::SeqCst) - before, 1, "the value lives in pinned memory");
+    let before = sim.sizes.get("pinned", bytes);
+    kv.init("w", &values(N, 1, DType::F32, Context::gpu(0))).expect("init");
+    assert_eq!(sim.sizes.get("pinned", bytes) - before, 1, "the value lives in pinned memory");
     assert_eq!(kv.context_of("w").expect("context"), Context::cpu(0));
     let vals = [
-        values(300, 2, DType::F32, Context::gpu(1)),
-        values(300, 3, DType::F32, Context::cpu(0)),
-        values(300, 4, DType::F32, Context::gpu(3)),
+        values(N, 2, DType::F32, Context::gpu(1)),
+        values(N, 3, DType::F32, Context::cpu(0)),
+        values(N, 4, DType::F32, Context::gpu(3)),
     ];
     let host: Vec<NDArray> = vals.iter().map(|v| v.copy_to(Context::cpu(0)).expect("host copy")).collect();
     let reference = KVStore::create("local").expect("store");
-    reference.init("w", &values(300, 1, DType::F32, Context::cpu(0))).expect("init");
-    let before = sim.pinned_allocs.load(Ordering::SeqCst);
+    reference.init("w", &values(N, 1, DType::F32, Context::cpu(0))).expect("init");
+    let before = sim.sizes.get("pinned", bytes);
     for _ in 0..3 {
         kv.push("w", &vals, 0).expect("push");
         reference.push("w", &host, 0).expect("push");
     }
-    assert_eq!(sim.pinned_allocs.load(Ordering::SeqCst) - before, 2, "one staging buffer per device value, kept");
-    let out = NDArray::zeros_with(&[300], DType::F32, Context::gpu(2)).expect("out");
+    assert_eq!(sim.sizes.get("pinned", bytes) - before, 2, "one staging buffer per device value, kept");
+    let out = NDArray::zeros_with(&[N], DType::F32, Context::gpu(2)).expect("out");
     kv.pull("w", &out, 0).expect("pull");
-    let expected = NDArray::zeros(&[300]).expect("out");
+    let expected = NDArray::zeros(&[N]).expect("out");
     reference.pull("w", &expected, 0).expect("pull");
     assert_eq!(bits(&out), bits(&expected));
 }
