@@ -8,6 +8,14 @@
 //! total order, and every queue follows it, so no two calls can wait for each other.
 //! Ready calls run highest `priority` first, then oldest first.
 //!
+//! A submit does not touch that bookkeeping: it puts the call in the engine's inbox (a
+//! lock-free queue) and counts it. The workers move the inbox's calls, oldest first, onto
+//! their vars' queues under the state lock, so the queues and the ready heap stay in the
+//! workers' caches, and a submit costs the caller one queue slot and one counter. The
+//! inbox's order is the submission order: one thread at a time drains it, and anything
+//! that looks at the queues from another thread (a blocking call's [`Engine::may_run_now`])
+//! drains it first.
+//!
 //! An ordered engine (shared by the `dist_sync` stores of a worker group) has one thread and
 //! ignores priority: its calls run one at a time in submission order, so every worker of
 //! a job issues the same collectives in the same order, however the calls were timed.
@@ -24,6 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
 use std::thread::JoinHandle;
 
+use crossbeam_deque::{Injector, Steal};
 use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
 
@@ -40,7 +49,14 @@ pub(crate) enum Var {
 /// The vars of one call.
 pub(crate) type Vars = SmallVec<[Var; 4]>;
 
-/// A queued call.
+/// A submitted call, in the inbox until a drain registers it on its vars.
+struct Submitted {
+    priority: i32,
+    vars: Vars,
+    run: Box<dyn FnOnce() + Send>,
+}
+
+/// A registered call.
 struct Op {
     seq: u64,
     priority: i32,
@@ -77,26 +93,30 @@ struct State {
     /// Calls not yet at the head of all their queues, with how many heads they wait for.
     waiting: HashMap<u64, (usize, Op)>,
     ready: BinaryHeap<Op>,
-    /// Calls submitted or claimed and not yet finished.
-    pending: usize,
     next_seq: u64,
     stop: bool,
 }
 
 struct Shared {
     state: Mutex<State>,
+    /// Calls submitted and not yet registered, oldest first.
+    inbox: Injector<Submitted>,
     /// Workers wait here for ready calls.
     work: Condvar,
-    /// [`Engine::wait_idle`] waits here for `pending == 0`.
+    /// [`Engine::wait_idle`] waits here for `queued == 0`.
     idle: Condvar,
     ordered: bool,
-    /// `State::pending`, readable without the lock.
+    /// Calls submitted and not yet finished (those in the inbox included). Raised by a
+    /// submit without the lock, lowered by a finish under it.
     queued: AtomicUsize,
     /// `State::ready.len()`, readable without the lock (for idle workers' spin).
     ready: AtomicUsize,
     /// Whether an idle worker is spinning: only one does, so that idle workers never
     /// take more than one core from the threads that submit calls.
     spinning: AtomicBool,
+    /// Workers asleep on `work`, or about to be (counted under the lock before their last
+    /// look at the inbox).
+    sleepers: AtomicUsize,
 }
 
 /// How long an idle worker keeps looking for work before it sleeps: calls handed over
@@ -140,7 +160,6 @@ impl Shared {
     fn register(st: &mut State, vars: &Vars) -> (u64, usize) {
         let seq = st.next_seq;
         st.next_seq += 1;
-        st.pending += 1;
         let mut deps = 0;
         for v in vars {
             let q = st.queues.entry(*v).or_default();
@@ -150,6 +169,48 @@ impl Shared {
             q.push_back(seq);
         }
         (seq, deps)
+    }
+
+    /// Registers the inbox's calls, oldest first, on their vars (under the state lock: one
+    /// thread at a time, so that the inbox's order is the registration order); returns
+    /// how many went onto the ready heap.
+    fn drain(&self, st: &mut State) -> usize {
+        let mut readied = 0;
+        loop {
+            let call = match self.inbox.steal() {
+                Steal::Success(call) => call,
+                Steal::Empty => break,
+                Steal::Retry => {
+                    std::hint::spin_loop();
+                    continue;
+                }
+            };
+            let (seq, deps) = Self::register(st, &call.vars);
+            let op = Op { seq, priority: call.priority, vars: call.vars, run: call.run };
+            if deps == 0 {
+                st.ready.push(op);
+                readied += 1;
+            } else {
+                st.waiting.insert(seq, (deps, op));
+            }
+        }
+        if readied > 0 {
+            self.ready.store(st.ready.len(), AtomicOrdering::Release);
+        }
+        readied
+    }
+
+    /// Wakes a sleeping worker for a call just put in the inbox, unless an idle worker
+    /// spins (it will find the call). The sequentially consistent accesses pair with a
+    /// sleeper's: either this sees its count, or the sleeper's last look sees the call.
+    fn wake(&self) {
+        if self.spinning.load(AtomicOrdering::SeqCst) || self.sleepers.load(AtomicOrdering::SeqCst) == 0 {
+            return;
+        }
+        // A worker between its last look at the inbox and its wait holds the lock: taking
+        // it once keeps the notification from falling between the two.
+        drop(self.state.lock());
+        self.work.notify_one();
     }
 
     /// Releases the vars of finished call `seq`; the calls this readies are queued.
@@ -182,10 +243,12 @@ impl Shared {
                 }
             }
         }
-        st.pending -= 1;
-        self.queued.store(st.pending, AtomicOrdering::Release);
-        if st.pending == 0 {
+        if self.queued.fetch_sub(1, AtomicOrdering::AcqRel) == 1 {
             self.idle.notify_all();
+            if st.stop {
+                // Workers asleep on a stopped engine's last call may exit now.
+                self.work.notify_all();
+            }
         }
         drop(st);
         for _ in 0..readied {
@@ -197,34 +260,48 @@ impl Shared {
         WORKER_OF.with(|w| w.set(self.id()));
         crate::ndarray::mark_store_thread();
         loop {
-            let op = {
+            let (op, more) = {
                 let mut st = self.state.lock();
                 let mut spun = false;
                 loop {
+                    self.drain(&mut st);
                     if let Some(op) = st.ready.pop() {
                         self.ready.store(st.ready.len(), AtomicOrdering::Release);
-                        break op;
+                        break (op, !st.ready.is_empty());
                     }
-                    if st.stop && st.pending == 0 {
+                    if st.stop && self.queued.load(AtomicOrdering::Acquire) == 0 {
                         return;
                     }
-                    if !spun && !self.spinning.swap(true, AtomicOrdering::AcqRel) {
+                    if !spun && !self.spinning.swap(true, AtomicOrdering::SeqCst) {
                         // Look for work a little longer, without the lock, yielding the
                         // core to the threads that submit it.
                         spun = true;
                         drop(st);
                         let t0 = std::time::Instant::now();
-                        while self.ready.load(AtomicOrdering::Acquire) == 0 && t0.elapsed() < SPIN {
+                        while self.ready.load(AtomicOrdering::Acquire) == 0
+                            && self.inbox.is_empty()
+                            && t0.elapsed() < SPIN
+                        {
                             std::thread::yield_now();
                         }
-                        self.spinning.store(false, AtomicOrdering::Release);
+                        // Submits that saw the flag did not wake anyone: the drain at the
+                        // top of the loop, after this store, registers their calls.
+                        self.spinning.store(false, AtomicOrdering::SeqCst);
                         st = self.state.lock();
                         continue;
                     }
-                    self.work.wait(&mut st);
+                    self.sleepers.fetch_add(1, AtomicOrdering::SeqCst);
+                    if self.inbox.is_empty() {
+                        self.work.wait(&mut st);
+                    }
+                    self.sleepers.fetch_sub(1, AtomicOrdering::SeqCst);
                     spun = false;
                 }
             };
+            if more {
+                // Ready calls are left: another worker may take one.
+                self.work.notify_one();
+            }
             let (seq, vars) = (op.seq, op.vars);
             // A call reports its own result; a panic must not take the worker (and the
             // vars the call holds) with it.
@@ -325,12 +402,14 @@ impl Engine {
     pub(crate) fn new(threads: usize, ordered: bool) -> Result<Self> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
+            inbox: Injector::new(),
             work: Condvar::new(),
             idle: Condvar::new(),
             ordered,
             queued: AtomicUsize::new(0),
             ready: AtomicUsize::new(0),
             spinning: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
         });
         let threads = if ordered { 1 } else { threads.max(1) };
         let mut engine = Engine { shared, workers: Vec::with_capacity(threads), held: Mutex::new(Held::default()) };
@@ -420,18 +499,11 @@ impl Engine {
         vars.sort_unstable();
         vars.dedup();
         let priority = if self.shared.ordered { 0 } else { priority };
-        let mut st = self.shared.state.lock();
-        let (seq, deps) = Shared::register(&mut st, &vars);
-        self.shared.queued.store(st.pending, AtomicOrdering::Release);
-        let op = Op { seq, priority, vars, run };
-        if deps == 0 {
-            st.ready.push(op);
-            self.shared.ready.store(st.ready.len(), AtomicOrdering::Release);
-            drop(st);
-            self.shared.work.notify_one();
-        } else {
-            st.waiting.insert(seq, (deps, op));
-        }
+        // Counted before it is visible, so that no finish takes the count below the calls
+        // not yet finished.
+        self.shared.queued.fetch_add(1, AtomicOrdering::SeqCst);
+        self.shared.inbox.push(Submitted { priority, vars, run });
+        self.shared.wake();
     }
 
     /// Whether a call on `vars` may run now on the caller's thread: no queued or running
@@ -449,8 +521,14 @@ impl Engine {
         if self.idle() {
             return true;
         }
-        let st = self.shared.state.lock();
-        !vars.into_iter().any(|v| st.queues.get(&v).is_some_and(|q| !q.is_empty()))
+        let mut st = self.shared.state.lock();
+        let readied = self.shared.drain(&mut st);
+        let free = !vars.into_iter().any(|v| st.queues.get(&v).is_some_and(|q| !q.is_empty()));
+        drop(st);
+        for _ in 0..readied {
+            self.shared.work.notify_one();
+        }
+        free
     }
 
     /// Whether a blocking call may run at once whatever its vars: the engine is not
@@ -468,7 +546,7 @@ impl Engine {
         }
         self.release_held(None);
         let mut st = self.shared.state.lock();
-        while st.pending > 0 {
+        while self.shared.queued.load(AtomicOrdering::Acquire) > 0 {
             self.shared.idle.wait(&mut st);
         }
     }
@@ -500,6 +578,33 @@ mod tests {
         v.iter().copied().collect()
     }
 
+    /// A gate: calls that wait at it run until it opens.
+    #[derive(Clone, Default)]
+    struct Gate(Arc<(Mutex<bool>, Condvar)>);
+
+    impl Gate {
+        fn wait(&self) {
+            let mut open = self.0.0.lock();
+            while !*open {
+                self.0.1.wait(&mut open);
+            }
+        }
+
+        fn open(&self) {
+            *self.0.0.lock() = true;
+            self.0.1.notify_all();
+        }
+
+        /// Submits a call on `var` that holds it until the gate opens.
+        fn hold(&self, engine: &Engine, var: Var) {
+            let gate = self.clone();
+            engine.submit(vars(&[var]), 0, Box::new(move || gate.wait()));
+        }
+    }
+
+    /// Per key, the calls that ran, in order, as (submitter, its call number).
+    type Logs = Arc<Vec<Mutex<Vec<(usize, usize)>>>>;
+
     #[test]
     fn calls_on_one_var_run_in_submission_order_across_threads() {
         let engine = Engine::new(4, false).unwrap();
@@ -514,20 +619,97 @@ mod tests {
     }
 
     #[test]
+    fn every_call_runs_while_submitters_pause_and_workers_fall_asleep_in_call_order_per_key() {
+        const SUBMITTERS: usize = 3;
+        const CALLS: usize = 2000;
+        for threads in [1, 2, 3] {
+            let engine = Arc::new(Engine::new(threads, false).unwrap());
+            let logs: Logs = Arc::new((0..5).map(|_| Mutex::new(Vec::new())).collect());
+            let ran = Arc::new(AtomicUsize::new(0));
+            let submitters: Vec<_> = (0..SUBMITTERS)
+                .map(|t| {
+                    let (engine, logs, ran) = (Arc::clone(&engine), Arc::clone(&logs), Arc::clone(&ran));
+                    std::thread::spawn(move || {
+                        for i in 0..CALLS {
+                            let key = (t * 7 + i * 3) % 5;
+                            let (logs, ran) = (Arc::clone(&logs), Arc::clone(&ran));
+                            engine.submit(
+                                vars(&[Var::Key(key)]),
+                                (i % 3) as i32,
+                                Box::new(move || {
+                                    logs[key].lock().push((t, i));
+                                    ran.fetch_add(1, AtomicOrdering::SeqCst);
+                                }),
+                            );
+                            if i % 64 == 0 {
+                                // Longer than the workers' spin: they go to sleep, and
+                                // the next submits must wake one.
+                                std::thread::sleep(Duration::from_micros(150));
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for s in submitters {
+                s.join().unwrap();
+            }
+            // No further submit comes to wake a worker: every call must run anyway.
+            let t0 = std::time::Instant::now();
+            while ran.load(AtomicOrdering::SeqCst) < SUBMITTERS * CALLS {
+                if t0.elapsed() > Duration::from_secs(20) {
+                    let n = ran.load(AtomicOrdering::SeqCst);
+                    // Dropped, the engine would wait for the calls that never run.
+                    std::mem::forget(engine);
+                    panic!("{threads} workers: {n} of {} calls ran: a wake-up was lost", SUBMITTERS * CALLS);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            engine.wait_idle();
+            for (key, log) in logs.iter().enumerate() {
+                let log = log.lock();
+                for t in 0..SUBMITTERS {
+                    let mine: Vec<usize> = log.iter().filter(|(s, _)| *s == t).map(|&(_, i)| i).collect();
+                    assert!(mine.is_sorted(), "{threads} workers, key {key}: submitter {t}'s calls ran out of order");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_call_made_after_another_threads_call_returned_runs_after_it() {
+        let engine = Arc::new(Engine::new(2, false).unwrap());
+        let gate = Gate::default();
+        // Holds the key, so that the next two calls queue behind it.
+        gate.hold(&engine, Var::Key(0));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        for round in 0..50 {
+            let (l1, l2) = (Arc::clone(&log), Arc::clone(&log));
+            let e = Arc::clone(&engine);
+            std::thread::spawn(move || e.submit(vars(&[Var::Key(0)]), 0, Box::new(move || l1.lock().push((round, 1)))))
+                .join()
+                .unwrap();
+            // The other thread's submit has returned; this one, at a higher priority,
+            // still comes after it.
+            engine.submit(vars(&[Var::Key(0)]), 9, Box::new(move || l2.lock().push((round, 2))));
+        }
+        gate.open();
+        engine.wait_idle();
+        let expected: Vec<(i32, i32)> = (0..50).flat_map(|r| [(r, 1), (r, 2)]).collect();
+        assert_eq!(*log.lock(), expected);
+    }
+
+    #[test]
     fn calls_on_different_vars_run_in_parallel() {
         let engine = Engine::new(2, false).unwrap();
-        let (gate, started) = (Arc::new((Mutex::new(false), Condvar::new())), Arc::new(AtomicUsize::new(0)));
+        let (gate, started) = (Gate::default(), Arc::new(AtomicUsize::new(0)));
         for k in 0..2 {
-            let (gate, started) = (Arc::clone(&gate), Arc::clone(&started));
+            let (gate, started) = (gate.clone(), Arc::clone(&started));
             engine.submit(
                 vars(&[Var::Key(k)]),
                 0,
                 Box::new(move || {
                     started.fetch_add(1, AtomicOrdering::SeqCst);
-                    let mut open = gate.0.lock();
-                    while !*open {
-                        gate.1.wait(&mut open);
-                    }
+                    gate.wait();
                 }),
             );
         }
@@ -537,26 +719,15 @@ mod tests {
             assert!(t0.elapsed() < Duration::from_secs(10), "the second key waited for the first");
             std::thread::yield_now();
         }
-        *gate.0.lock() = true;
-        gate.1.notify_all();
+        gate.open();
         engine.wait_idle();
     }
 
     #[test]
     fn a_call_on_two_vars_waits_for_both_and_no_call_runs_now_on_a_wanted_var() {
         let engine = Engine::new(2, false).unwrap();
-        let gate = Arc::new((Mutex::new(false), Condvar::new()));
-        let g = Arc::clone(&gate);
-        engine.submit(
-            vars(&[Var::Key(1)]),
-            0,
-            Box::new(move || {
-                let mut open = g.0.lock();
-                while !*open {
-                    g.1.wait(&mut open);
-                }
-            }),
-        );
+        let gate = Gate::default();
+        gate.hold(&engine, Var::Key(1));
         let ran = Arc::new(AtomicUsize::new(0));
         let r = Arc::clone(&ran);
         engine.submit(
@@ -571,8 +742,7 @@ mod tests {
         assert!(engine.may_run_now(vars(&[Var::Key(3)])));
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(ran.load(AtomicOrdering::SeqCst), 0);
-        *gate.0.lock() = true;
-        gate.1.notify_all();
+        gate.open();
         engine.wait_idle();
         assert_eq!(ran.load(AtomicOrdering::SeqCst), 1);
         assert!(engine.may_run_now(vars(&[Var::Key(2)])));
@@ -582,26 +752,15 @@ mod tests {
     fn higher_priority_runs_first_among_ready_calls_and_an_ordered_engine_ignores_it() {
         for ordered in [false, true] {
             let engine = Engine::new(1, ordered).unwrap();
-            let gate = Arc::new((Mutex::new(false), Condvar::new()));
-            let g = Arc::clone(&gate);
+            let gate = Gate::default();
             // Occupy the only worker so the next calls are all ready at once.
-            engine.submit(
-                vars(&[Var::Key(0)]),
-                0,
-                Box::new(move || {
-                    let mut open = g.0.lock();
-                    while !*open {
-                        g.1.wait(&mut open);
-                    }
-                }),
-            );
+            gate.hold(&engine, Var::Key(0));
             let log = Arc::new(Mutex::new(Vec::new()));
             for (k, p) in [(1, 0), (2, 5), (3, -1), (4, 5)] {
                 let log = Arc::clone(&log);
                 engine.submit(vars(&[Var::Key(k)]), p, Box::new(move || log.lock().push(k)));
             }
-            *gate.0.lock() = true;
-            gate.1.notify_all();
+            gate.open();
             engine.wait_idle();
             let expected = if ordered { vec![1, 2, 3, 4] } else { vec![2, 4, 1, 3] };
             assert_eq!(*log.lock(), expected, "ordered: {ordered}");
