@@ -56,12 +56,10 @@ struct Submitted {
     run: Box<dyn FnOnce() + Send>,
 }
 
-/// A registered call.
+/// A registered call: a submitted one with its place in submission order.
 struct Op {
     seq: u64,
-    priority: i32,
-    vars: Vars,
-    run: Box<dyn FnOnce() + Send>,
+    call: Submitted,
 }
 
 impl PartialEq for Op {
@@ -81,7 +79,7 @@ impl PartialOrd for Op {
 impl Ord for Op {
     /// The heap's greatest runs first: higher priority, then the older call.
     fn cmp(&self, other: &Self) -> Ordering {
-        self.priority.cmp(&other.priority).then_with(|| other.seq.cmp(&self.seq))
+        self.call.priority.cmp(&other.call.priority).then_with(|| other.seq.cmp(&self.seq))
     }
 }
 
@@ -186,7 +184,7 @@ impl Shared {
                 }
             };
             let (seq, deps) = Self::register(st, &call.vars);
-            let op = Op { seq, priority: call.priority, vars: call.vars, run: call.run };
+            let op = Op { seq, call };
             if deps == 0 {
                 st.ready.push(op);
                 readied += 1;
@@ -302,10 +300,10 @@ impl Shared {
                 // Ready calls are left: another worker may take one.
                 self.work.notify_one();
             }
-            let (seq, vars) = (op.seq, op.vars);
+            let Op { seq, call: Submitted { vars, run, .. } } = op;
             // A call reports its own result; a panic must not take the worker (and the
             // vars the call holds) with it.
-            let _ = std::panic::catch_unwind(AssertUnwindSafe(op.run));
+            let _ = std::panic::catch_unwind(AssertUnwindSafe(run));
             self.finish(seq, &vars);
         }
     }

@@ -32,8 +32,7 @@ impl SizeCounts {
     }
 
     /// How many times `what` (`"alloc"`, `"pinned"`, `"fused step"`, `"download"`,
-    /// `"foreign input"`) happened to
-    /// buffers of `bytes` bytes.
+    /// `"foreign input"`) happened to buffers of `bytes` bytes.
     pub fn get(&self, what: &'static str, bytes: usize) -> usize {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).get(&(what, bytes)).copied().unwrap_or(0)
     }
@@ -103,11 +102,10 @@ pub struct SimDevice {
     /// Whether `optimizer_step` runs (otherwise core stages the host rule).
     pub fused: AtomicBool,
     /// By buffer size: device buffers handed out (`"alloc"`), page-locked host buffers
-    /// handed out (`"pinned"`), optimizer steps run by the fused path (`"fused step"`, by the
-    /// weight's size), copies to host memory
-    /// (`"download"`), and inputs of kernel reductions on another device than the out
-    /// (`"foreign input"`: the CUDA backend copies such an input peer to peer into a
-    /// buffer of its own first).
+    /// handed out (`"pinned"`), optimizer steps run by the fused path (`"fused step"`, by
+    /// the weight's size), copies to host memory (`"download"`), and inputs of kernel
+    /// reductions on another device than the out (`"foreign input"`: the CUDA backend
+    /// copies such an input peer to peer into a buffer of its own first).
     pub sizes: &'static SizeCounts,
     /// Makes every `write_from_host` fail.
     /// `d + 1` makes every `write_from_host` to device `d` fail (0: none fail).
