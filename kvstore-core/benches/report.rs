@@ -177,6 +177,33 @@ fn main() -> kvstore_core::Result<()> {
         )
     });
 
+    // The same calls on arrays of 16 f32, whose sums and copies cost next to nothing: what
+    // the row above costs per key apart from moving its data (lookups, locks, checks).
+    let fixed_s = {
+        const TINY: usize = 16;
+        let kv = KVStore::create("local")?;
+        let vals: Vec<Vec<NDArray>> = (0..SMALL_KEYS)
+            .map(|_| {
+                (0..D).map(|k| NDArray::full_with(&[TINY], k as f64, DType::F32, Context::cpu(k as u32))).collect()
+            })
+            .collect::<Result<_, _>>()?;
+        let outs: Vec<NDArray> = (0..SMALL_KEYS).map(|_| NDArray::zeros(&[TINY])).collect::<Result<_, _>>()?;
+        kv.init(&keys, &outs)?;
+        median(3, runs, || {
+            kv.push(&keys, &vals, 0).expect("list push");
+            kv.pull(&keys, &outs, 0).expect("list pull");
+        })
+    };
+    rows.push(Row {
+        per: per_key,
+        ..Row::new(
+            "store: 1000 keys x 16 f32 x 4, list push + list pull (per key: the cost apart from the data)",
+            fixed_s / per_key,
+            None,
+            "",
+        )
+    });
+
     // ---- many distinct keys in one call: the cost per key does not grow with their number ----
     let list_push_per_key = |n: usize, runs: usize| -> kvstore_core::Result<f64> {
         let kv = KVStore::create("local")?;
