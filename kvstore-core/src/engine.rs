@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
 use std::thread::JoinHandle;
 
 use crossbeam_deque::{Injector, Steal};
+use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
 
@@ -93,6 +94,8 @@ struct State {
     ready: BinaryHeap<Op>,
     next_seq: u64,
     stop: bool,
+    /// Threads in [`Engine::wait_idle`].
+    idle_waiters: usize,
 }
 
 struct Shared {
@@ -101,14 +104,26 @@ struct Shared {
     inbox: Injector<Submitted>,
     /// Workers wait here for ready calls.
     work: Condvar,
-    /// [`Engine::wait_idle`] waits here for `queued == 0`.
+    /// [`Engine::wait_idle`] waits here until every call submitted has finished.
     idle: Condvar,
     ordered: bool,
-    /// Calls submitted and not yet finished (those in the inbox included). Raised by a
-    /// submit without the lock, lowered by a finish under it.
-    queued: AtomicUsize,
+    /// Calls submitted so far (those in the inbox included), raised by a submit without
+    /// the lock. The calls not yet finished are `submitted - finished`: two counts, each
+    /// raised by one side on a cache line of its own, so that a stream of submits and
+    /// the workers that finish them do not take one line from each other at every call
+    /// (on a machine whose cores are far apart, each such move costs a fraction of a
+    /// microsecond).
+    submitted: CachePadded<AtomicUsize>,
+    /// Calls finished so far, raised under the lock.
+    finished: AtomicUsize,
     /// `State::ready.len()`, readable without the lock (for idle workers' spin).
     ready: AtomicUsize,
+    /// What a submit reads to decide whether to wake a worker, on a line that changes
+    /// only when a worker goes idle or wakes.
+    idlers: CachePadded<Idlers>,
+}
+
+struct Idlers {
     /// Whether an idle worker is spinning: only one does, so that idle workers never
     /// take more than one core from the threads that submit calls.
     spinning: AtomicBool,
@@ -198,11 +213,20 @@ impl Shared {
         readied
     }
 
+    /// Whether every call submitted has finished (the finished count is read first: it
+    /// never passes the submitted one, so equal counts were equal when the second was
+    /// read).
+    fn is_idle(&self) -> bool {
+        let finished = self.finished.load(AtomicOrdering::Acquire);
+        self.submitted.load(AtomicOrdering::Acquire) == finished
+    }
+
     /// Wakes a sleeping worker for a call just put in the inbox, unless an idle worker
     /// spins (it will find the call). The sequentially consistent accesses pair with a
     /// sleeper's: either this sees its count, or the sleeper's last look sees the call.
     fn wake(&self) {
-        if self.spinning.load(AtomicOrdering::SeqCst) || self.sleepers.load(AtomicOrdering::SeqCst) == 0 {
+        let idlers = &self.idlers;
+        if idlers.spinning.load(AtomicOrdering::SeqCst) || idlers.sleepers.load(AtomicOrdering::SeqCst) == 0 {
             return;
         }
         // A worker between its last look at the inbox and its wait holds the lock: taking
@@ -241,7 +265,9 @@ impl Shared {
                 }
             }
         }
-        if self.queued.fetch_sub(1, AtomicOrdering::AcqRel) == 1 {
+        self.finished.fetch_add(1, AtomicOrdering::AcqRel);
+        // The submits' line is read only when someone waits for the engine to be idle.
+        if (st.idle_waiters > 0 || st.stop) && self.is_idle() {
             self.idle.notify_all();
             if st.stop {
                 // Workers asleep on a stopped engine's last call may exit now.
@@ -267,10 +293,10 @@ impl Shared {
                         self.ready.store(st.ready.len(), AtomicOrdering::Release);
                         break (op, !st.ready.is_empty());
                     }
-                    if st.stop && self.queued.load(AtomicOrdering::Acquire) == 0 {
+                    if st.stop && self.is_idle() {
                         return;
                     }
-                    if !spun && !self.spinning.swap(true, AtomicOrdering::SeqCst) {
+                    if !spun && !self.idlers.spinning.swap(true, AtomicOrdering::SeqCst) {
                         // Look for work a little longer, without the lock, yielding the
                         // core to the threads that submit it.
                         spun = true;
@@ -284,15 +310,15 @@ impl Shared {
                         }
                         // Submits that saw the flag did not wake anyone: the drain at the
                         // top of the loop, after this store, registers their calls.
-                        self.spinning.store(false, AtomicOrdering::SeqCst);
+                        self.idlers.spinning.store(false, AtomicOrdering::SeqCst);
                         st = self.state.lock();
                         continue;
                     }
-                    self.sleepers.fetch_add(1, AtomicOrdering::SeqCst);
+                    self.idlers.sleepers.fetch_add(1, AtomicOrdering::SeqCst);
                     if self.inbox.is_empty() {
                         self.work.wait(&mut st);
                     }
-                    self.sleepers.fetch_sub(1, AtomicOrdering::SeqCst);
+                    self.idlers.sleepers.fetch_sub(1, AtomicOrdering::SeqCst);
                     spun = false;
                 }
             };
@@ -404,10 +430,10 @@ impl Engine {
             work: Condvar::new(),
             idle: Condvar::new(),
             ordered,
-            queued: AtomicUsize::new(0),
+            submitted: CachePadded::new(AtomicUsize::new(0)),
+            finished: AtomicUsize::new(0),
             ready: AtomicUsize::new(0),
-            spinning: AtomicBool::new(false),
-            sleepers: AtomicUsize::new(0),
+            idlers: CachePadded::new(Idlers { spinning: AtomicBool::new(false), sleepers: AtomicUsize::new(0) }),
         });
         let threads = if ordered { 1 } else { threads.max(1) };
         let mut engine = Engine { shared, workers: Vec::with_capacity(threads), held: Mutex::new(Held::default()) };
@@ -497,9 +523,9 @@ impl Engine {
         vars.sort_unstable();
         vars.dedup();
         let priority = if self.shared.ordered { 0 } else { priority };
-        // Counted before it is visible, so that no finish takes the count below the calls
-        // not yet finished.
-        self.shared.queued.fetch_add(1, AtomicOrdering::SeqCst);
+        // Counted before it is visible, so that the counts never say idle while it is
+        // not finished.
+        self.shared.submitted.fetch_add(1, AtomicOrdering::SeqCst);
         self.shared.inbox.push(Submitted { priority, vars, run });
         self.shared.wake();
     }
@@ -511,7 +537,7 @@ impl Engine {
     /// Such a call is not registered: the caller waits for it, so no later call of that
     /// thread can overtake it, and calls of other threads made meanwhile are concurrent
     /// with it (the store's key locks keep each call whole). When the engine has no
-    /// queued call at all, this reads one atomic.
+    /// queued call at all, this reads two atomics.
     pub(crate) fn may_run_now(&self, vars: impl IntoIterator<Item = Var>) -> bool {
         if self.shared.ordered {
             return false;
@@ -530,9 +556,9 @@ impl Engine {
     }
 
     /// Whether a blocking call may run at once whatever its vars: the engine is not
-    /// ordered, and no call is queued on it (one atomic read).
+    /// ordered, and no call is queued on it (two atomic reads).
     pub(crate) fn idle(&self) -> bool {
-        !self.shared.ordered && self.shared.queued.load(AtomicOrdering::Acquire) == 0
+        !self.shared.ordered && self.shared.is_idle()
     }
 
     /// Waits until every call submitted so far (and any submitted meanwhile) has
@@ -544,9 +570,11 @@ impl Engine {
         }
         self.release_held(None);
         let mut st = self.shared.state.lock();
-        while self.shared.queued.load(AtomicOrdering::Acquire) > 0 {
+        st.idle_waiters += 1;
+        while !self.shared.is_idle() {
             self.shared.idle.wait(&mut st);
         }
+        st.idle_waiters -= 1;
     }
 }
 

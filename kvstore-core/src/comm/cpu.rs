@@ -13,6 +13,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
+use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use rayon::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
@@ -352,7 +353,7 @@ impl CommCpu {
         let threads = self.num_threads().min(pieces.len()).max(1);
         let rounds = (0..rounds.max(1))
             .map(|_| {
-                let done = (0..threads).map(|_| Padded(AtomicUsize::new(0))).collect();
+                let done = (0..threads).map(|_| CachePadded::new(AtomicUsize::new(0))).collect();
                 Some(Round { parts: Parts::new(pieces.len(), threads)?, done })
             })
             .collect::<Option<_>>()?;
@@ -388,26 +389,14 @@ impl CommCpu {
 /// The pieces of [`CommCpu::share_pieces`] cut into one contiguous part per thread,
 /// each an unclaimed range `front..back` in one atomic word, taken from the front by
 /// its thread and from the back by others.
-struct Parts(Vec<Padded<AtomicU64>>);
-
-/// A value on cache lines of its own, so that threads writing neighbouring values do
-/// not take the line from each other (128 bytes: the pair of lines some cores fetch).
-#[repr(align(128))]
-struct Padded<T>(T);
-
-impl<T> std::ops::Deref for Padded<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
-    }
-}
+struct Parts(Vec<CachePadded<AtomicU64>>);
 
 impl Parts {
     /// `None` for more jobs than a part's bounds can count (then one thread runs them).
     fn new(jobs: usize, threads: usize) -> Option<Self> {
         u32::try_from(jobs).ok()?;
         let bound = |t: usize| (jobs * t / threads) as u64;
-        Some(Parts((0..threads).map(|t| Padded(AtomicU64::new(bound(t) | bound(t + 1) << 32))).collect()))
+        Some(Parts((0..threads).map(|t| CachePadded::new(AtomicU64::new(bound(t) | bound(t + 1) << 32))).collect()))
     }
 
     /// Claims up to `n` jobs of part `p`, from its front or from its back.
@@ -458,7 +447,7 @@ struct Shared {
 /// pieces each thread has done.
 struct Round {
     parts: Parts,
-    done: Vec<Padded<AtomicUsize>>,
+    done: Vec<CachePadded<AtomicUsize>>,
 }
 
 /// One thread's [`Claims`]: its round, whether it holds a piece not yet counted done,

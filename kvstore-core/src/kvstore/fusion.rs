@@ -34,7 +34,7 @@ use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use super::nonblocking::{Input, Owned, borrow};
+use super::nonblocking::{Copies, Input, Owned, borrow, borrow_inputs, start_reads};
 use super::steps::StepKey;
 use super::{Done, Found, Group, KVStore, Merger, Pending, Store, check_group, locks::Held, slots};
 use crate::engine::{self, HeldBatch, HeldCalls, Vars};
@@ -86,15 +86,11 @@ impl HeldBatch for Batch {
 impl Batch {
     fn run(self) {
         let Batch { store, calls, .. } = self;
-        let values: Vec<Owned> = calls
-            .iter()
-            .map(|c| {
-                c.push.iter().map(|(e, inputs)| (Arc::clone(e), inputs.iter().map(Input::read).collect())).collect()
-            })
-            .collect();
+        let values: Vec<Copies> = calls.iter().map(|c| start_reads(&c.push)).collect();
         let n = calls.len();
         let results = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            let found = calls.iter().zip(&values).map(|(c, v)| (c.op, borrow(v), borrow(&c.pull))).collect();
+            let found =
+                calls.iter().zip(&values).map(|(c, v)| (c.op, borrow_inputs(&c.push, v), borrow(&c.pull))).collect();
             store.push_pull_fused(found)
         }))
         .unwrap_or_else(|_| (0..n).map(|_| Err(Error::Internal("fused calls panicked".into()))).collect());

@@ -93,13 +93,43 @@ pub(super) enum Input {
 }
 
 impl Input {
-    /// The array to read, once the call runs.
-    pub(super) fn read(&self) -> NDArray {
+    /// Starts the call's read, once it runs: `None` when it reads [`Input::array`]
+    /// itself, else the copy to read instead (see [`Lent::start_read`]).
+    fn start_read(&self) -> Option<NDArray> {
         match self {
-            Input::Shared(a) => a.clone(),
-            Input::Lent(l) => l.read(),
+            Input::Shared(_) => None,
+            Input::Lent(l) => l.start_read(),
         }
     }
+
+    fn array(&self) -> &NDArray {
+        match self {
+            Input::Shared(a) => a,
+            Input::Lent(l) => l.array(),
+        }
+    }
+}
+
+/// The copies a queued push reads instead of its values, by key and value (`None`: the
+/// value itself), from [`start_reads`].
+pub(super) type Copies = Vec<SmallVec<[Option<NDArray>; 4]>>;
+
+/// Starts the reads of a queued push's values, once the call runs.
+pub(super) fn start_reads(push: &Owned<Input>) -> Copies {
+    push.iter().map(|(_, inputs)| inputs.iter().map(Input::start_read).collect()).collect()
+}
+
+/// A queued push's keys with the arrays it reads (`copies`: from [`start_reads`]). The
+/// values themselves are borrowed, not cloned: the engine's thread leaves alone the
+/// memory that their callers' threads write.
+pub(super) fn borrow_inputs<'a>(push: &'a Owned<Input>, copies: &'a Copies) -> Found<'a> {
+    push.iter()
+        .zip(copies)
+        .map(|((e, inputs), copies)| Group {
+            entry: Arc::clone(e),
+            arrays: inputs.iter().zip(copies).map(|(i, c)| c.as_ref().unwrap_or_else(|| i.array())).collect(),
+        })
+        .collect()
 }
 
 impl KVStore {
@@ -201,17 +231,14 @@ impl KVStore {
             priority,
             Box::new(move || {
                 engine::run_as(background, || {
-                    let values: Owned = push
-                        .iter()
-                        .map(|(e, inputs)| (Arc::clone(e), inputs.iter().map(Input::read).collect()))
-                        .collect();
+                    let copies = start_reads(&push);
                     let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        store.push_pull(op, borrow(&values), borrow(&pull), true)
+                        store.push_pull(op, borrow_inputs(&push, &copies), borrow(&pull), true)
                     }))
                     .unwrap_or_else(|_| Err(Error::Internal(format!("{op} panicked"))));
                     // The values are returned and the outs readable before the handle
                     // says the call is done.
-                    drop((values, push));
+                    drop((copies, push));
                     drop(writes);
                     finished.finish(r);
                 })

@@ -10,10 +10,18 @@
 //! writes an array after its own calls the array is lent to (the array is one of their
 //! vars), and a call that writes an array lent to another engine's call reclaims that
 //! loan when it is made, on the caller's thread ([`NDArray::reclaim_foreign`]).
+//!
+//! A call done with its loan marks it returned and leaves the array alone: the
+//! array's list of loans (and their count) is the caller's, who lends the array again
+//! or writes it, so the call's thread does not take that memory from the caller's
+//! core after every call. Returned loans leave the list when it is long and the array
+//! is lent again (those at its front: calls end in about the order they were made), or
+//! when its loans are looked at (a write, [`NDArray::is_lent`]).
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
@@ -21,11 +29,24 @@ use super::NDArray;
 use super::pending::{SETTLED, STORE_THREAD};
 use crate::error::Result;
 
+/// How many loans an array lists before lending it again drops the returned ones at
+/// the front of its list: a few at once, so that a stream of calls lending the array
+/// does not read back, at every call, the loan that the engine's thread just returned.
+const PRUNE_AT: usize = 32;
+
 /// One queued call's read of one array.
 pub(crate) struct Loan {
     /// The engine of the call (see [`crate::engine::Engine::id`]).
     owner: usize,
     state: Mutex<State>,
+    /// Set when the call is done with the array (after `state` says so).
+    returned: AtomicBool,
+}
+
+impl Loan {
+    fn is_returned(&self) -> bool {
+        self.returned.load(Ordering::Acquire)
+    }
 }
 
 enum State {
@@ -49,21 +70,38 @@ impl NDArray {
     /// Lends the array to a call of engine `owner` that reads it later (see the module
     /// docs).
     pub(crate) fn lend(&self, owner: usize) -> Lent {
-        let loan = Arc::new(Loan { owner, state: Mutex::new(State::Lent) });
-        self.inner.loans.lock().push(Arc::clone(&loan));
+        let loan = Arc::new(Loan { owner, state: Mutex::new(State::Lent), returned: AtomicBool::new(false) });
+        let mut loans = self.inner.loans.lock();
+        if loans.len() >= PRUNE_AT {
+            while loans.front().is_some_and(|l| l.is_returned()) {
+                loans.pop_front();
+                self.inner.lent.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        loans.push_back(Arc::clone(&loan));
         self.inner.lent.fetch_add(1, Ordering::AcqRel);
+        drop(loans);
         Lent { array: self.clone(), loan }
     }
 
     /// Whether a queued call will read this array.
     pub(crate) fn is_lent(&self) -> bool {
-        self.inner.lent.load(Ordering::Acquire) != 0
+        self.inner.lent.load(Ordering::Acquire) != 0 && !self.returned_dropped().is_empty()
+    }
+
+    /// The list of loans, without those returned.
+    fn returned_dropped(&self) -> parking_lot::MutexGuard<'_, VecDeque<Arc<Loan>>> {
+        let mut loans = self.inner.loans.lock();
+        let before = loans.len();
+        loans.retain(|l| !l.is_returned());
+        self.inner.lent.fetch_sub(before - loans.len(), Ordering::AcqRel);
+        loans
     }
 
     /// Before a write from outside the store: every loan not yet read gets a copy of
     /// the contents, and loans being read are waited for.
     pub(super) fn reclaim(&self) -> Result<()> {
-        if !self.is_lent() || STORE_THREAD.with(Cell::get) {
+        if STORE_THREAD.with(Cell::get) || !self.is_lent() {
             return Ok(());
         }
         self.reclaim_but(None)
@@ -91,7 +129,7 @@ impl NDArray {
 
     fn reclaim_but(&self, owner: Option<usize>) -> Result<()> {
         loop {
-            let loan = self.inner.loans.lock().iter().find(|l| Some(l.owner) != owner).cloned();
+            let loan = self.returned_dropped().iter().find(|l| Some(l.owner) != owner).cloned();
             let Some(loan) = loan else { return Ok(()) };
             if matches!(*loan.state.lock(), State::Lent) {
                 // Copied without holding the loan: the copy may wait for a pending
@@ -116,31 +154,37 @@ impl NDArray {
     fn unlist(&self, loan: &Arc<Loan>) {
         let mut loans = self.inner.loans.lock();
         if let Some(i) = loans.iter().position(|l| Arc::ptr_eq(l, loan)) {
-            loans.swap_remove(i);
+            loans.remove(i);
             self.inner.lent.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
 
 impl Lent {
-    /// The array the call reads, on the store's thread: the array itself (writes to it
-    /// wait from now until the loan ends), or the copy made when the caller wrote it.
-    pub(crate) fn read(&self) -> NDArray {
+    /// Starts the call's read, on the store's thread: `None` when the call reads the
+    /// array itself ([`Lent::array`]; writes to it wait from now until the loan ends),
+    /// or the copy made when the caller wrote it first.
+    pub(crate) fn start_read(&self) -> Option<NDArray> {
         let mut state = self.loan.state.lock();
         match &*state {
-            State::Copied(copy) => copy.clone(),
+            State::Copied(copy) => Some(copy.clone()),
             _ => {
                 *state = State::Reading;
-                self.array.clone()
+                None
             }
         }
+    }
+
+    /// The array lent.
+    pub(crate) fn array(&self) -> &NDArray {
+        &self.array
     }
 }
 
 impl Drop for Lent {
     fn drop(&mut self) {
-        self.array.unlist(&self.loan);
         *self.loan.state.lock() = State::Returned;
+        self.loan.returned.store(true, Ordering::Release);
         // Taking the lock orders this notification after any waiter's check.
         let _guard = SETTLED.0.lock();
         SETTLED.1.notify_all();
@@ -159,7 +203,7 @@ mod tests {
         assert!(a.is_lent());
         a.add_assign(1.0).unwrap(); // no wait: the loan gets a copy
         assert!(!a.is_lent());
-        assert_eq!(lent.read().to_vec::<f32>().unwrap(), vec![1.0; 4]);
+        assert_eq!(lent.start_read().expect("a copy").to_vec::<f32>().unwrap(), vec![1.0; 4]);
         assert_eq!(a.to_vec::<f32>().unwrap(), vec![2.0; 4]);
         drop(lent);
     }
@@ -168,8 +212,9 @@ mod tests {
     fn a_write_while_the_call_reads_waits_until_the_loan_ends() {
         let a = NDArray::full(&[4], 1.0).unwrap();
         let lent = a.lend(0);
-        let read = lent.read();
-        assert!(read.same_storage(&a), "an unwritten loan reads the array itself");
+        assert!(lent.start_read().is_none(), "an unwritten loan reads the array itself");
+        let read = lent.array();
+        assert!(read.same_storage(&a));
         let writer = {
             let a = a.clone();
             std::thread::spawn(move || a.add_assign(1.0).unwrap())
@@ -184,6 +229,38 @@ mod tests {
     }
 
     #[test]
+    fn returned_loans_stay_listed_until_the_array_is_lent_again_or_looked_at() {
+        let a = NDArray::zeros(&[4]).unwrap();
+        for _ in 0..100 {
+            let lent = a.lend(0);
+            std::thread::spawn(move || {
+                assert!(lent.start_read().is_none());
+                drop(lent);
+            })
+            .join()
+            .unwrap();
+            // The call's thread left the array's list alone; lending again drops the
+            // returned loans once there are a few, so the list does not grow.
+            let listed = a.inner.loans.lock().len();
+            assert!((1..=PRUNE_AT).contains(&listed), "{listed} loans listed");
+        }
+        assert!(!a.is_lent());
+        assert!(a.inner.loans.lock().is_empty());
+    }
+
+    #[test]
+    fn a_write_copies_for_unread_loans_and_skips_returned_ones_behind_them() {
+        let a = NDArray::full(&[2], 1.0).unwrap();
+        let (first, second) = (a.lend(0), a.lend(0));
+        std::thread::spawn(move || drop(second)).join().unwrap();
+        assert!(a.is_lent(), "the first loan is not returned");
+        a.add_assign(1.0).unwrap();
+        assert_eq!(first.start_read().expect("a copy").to_vec::<f32>().unwrap(), vec![1.0; 2]);
+        assert!(!a.is_lent());
+        assert_eq!(a.to_vec::<f32>().unwrap(), vec![2.0; 2]);
+    }
+
+    #[test]
     fn the_stores_threads_write_lent_arrays_without_copying() {
         let a = NDArray::full(&[2], 1.0).unwrap();
         let lent = a.lend(0);
@@ -195,6 +272,7 @@ mod tests {
         .join()
         .unwrap();
         assert!(a.is_lent(), "a store thread reclaimed a loan");
-        assert_eq!(lent.read().to_vec::<f32>().unwrap(), vec![2.0; 2]);
+        assert!(lent.start_read().is_none(), "a store thread copied a loan");
+        assert_eq!(lent.array().to_vec::<f32>().unwrap(), vec![2.0; 2]);
     }
 }

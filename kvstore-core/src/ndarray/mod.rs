@@ -38,8 +38,9 @@ struct Inner {
     fault: OnceLock<String>,
     /// Writes a store's engine will make later (see `pending.rs`).
     pending: std::sync::atomic::AtomicUsize,
-    /// Queued calls that read this array later, and their number (see `loan.rs`).
-    loans: parking_lot::Mutex<Vec<Arc<loan::Loan>>>,
+    /// Queued calls that read this array later (and some that are done with it, until
+    /// they are dropped from the list), and their number (see `loan.rs`).
+    loans: parking_lot::Mutex<std::collections::VecDeque<Arc<loan::Loan>>>,
     lent: std::sync::atomic::AtomicUsize,
 }
 
