@@ -39,7 +39,7 @@ pub(crate) struct Loan {
     /// The engine of the call (see [`crate::engine::Engine::id`]).
     owner: usize,
     state: Mutex<State>,
-    /// Set when the call is done with the array (after `state` says so).
+    /// Set when the call is done with the array (with `state`, under its lock).
     returned: AtomicBool,
 }
 
@@ -183,8 +183,13 @@ impl Lent {
 
 impl Drop for Lent {
     fn drop(&mut self) {
-        *self.loan.state.lock() = State::Returned;
+        // The flag is set under the state's lock: whoever sees the state returned also
+        // sees the flag, so a write looking for unreturned loans never finds this one
+        // again once it looked at its state (it would spin until the flag was set).
+        let mut state = self.loan.state.lock();
+        *state = State::Returned;
         self.loan.returned.store(true, Ordering::Release);
+        drop(state);
         // Taking the lock orders this notification after any waiter's check.
         let _guard = SETTLED.0.lock();
         SETTLED.1.notify_all();
