@@ -21,7 +21,7 @@
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 
@@ -39,13 +39,13 @@ pub(crate) struct Loan {
     /// The engine of the call (see [`crate::engine::Engine::id`]).
     owner: usize,
     state: Mutex<State>,
-    /// Set when the call is done with the array (with `state`, under its lock).
-    returned: AtomicBool,
 }
 
 impl Loan {
+    /// Whether the call is done with the array (looked at only when a list of loans is
+    /// trimmed, with the list locked: that lock is always taken before a loan's).
     fn is_returned(&self) -> bool {
-        self.returned.load(Ordering::Acquire)
+        matches!(*self.state.lock(), State::Returned)
     }
 }
 
@@ -70,7 +70,7 @@ impl NDArray {
     /// Lends the array to a call of engine `owner` that reads it later (see the module
     /// docs).
     pub(crate) fn lend(&self, owner: usize) -> Lent {
-        let loan = Arc::new(Loan { owner, state: Mutex::new(State::Lent), returned: AtomicBool::new(false) });
+        let loan = Arc::new(Loan { owner, state: Mutex::new(State::Lent) });
         let mut loans = self.inner.loans.lock();
         if loans.len() >= PRUNE_AT {
             while loans.front().is_some_and(|l| l.is_returned()) {
@@ -183,13 +183,7 @@ impl Lent {
 
 impl Drop for Lent {
     fn drop(&mut self) {
-        // The flag is set under the state's lock: whoever sees the state returned also
-        // sees the flag, so a write looking for unreturned loans never finds this one
-        // again once it looked at its state (it would spin until the flag was set).
-        let mut state = self.loan.state.lock();
-        *state = State::Returned;
-        self.loan.returned.store(true, Ordering::Release);
-        drop(state);
+        *self.loan.state.lock() = State::Returned;
         // Taking the lock orders this notification after any waiter's check.
         let _guard = SETTLED.0.lock();
         SETTLED.1.notify_all();
