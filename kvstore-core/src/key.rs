@@ -10,7 +10,6 @@ use std::fmt;
 use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
 
-use smallvec::{SmallVec, smallvec};
 use smol_str::{SmolStr, ToSmolStr};
 
 /// A key of the store: a cheaply clonable string. Keys of up to 23 bytes (nearly all
@@ -220,9 +219,10 @@ impl<'a> From<&'a Vec<Vec<NDArray>>> for Values<'a> {
     }
 }
 
-/// One key of a call with its arrays in call order, held inline up to four (one per
-/// device): a call with many keys makes one run per key, not one allocation.
-pub(crate) type Run<'a> = (Key, SmallVec<[&'a NDArray; 4]>);
+/// One key of a call with its arrays in call order, as the caller's slice (one array,
+/// a list, or a key's list of a list of lists): pairing a call's keys with their
+/// arrays copies no array handle, only slices.
+pub(crate) type Run<'a> = (Key, &'a [NDArray]);
 
 /// Pairs each key with its values, following MXNet's flattening rules: a run per key
 /// as given (a key given twice has two runs; a key with an empty list, none).
@@ -233,25 +233,26 @@ pub(crate) fn runs<'a>(op: &'static str, keys: Keys, values: Values<'a>, what: &
         expected,
         got,
     };
+    let one = std::slice::from_ref;
     match (keys, values) {
-        (Keys::One(k), Values::One(v)) => Ok(vec![(k, smallvec![v])]),
+        (Keys::One(k), Values::One(v)) => Ok(vec![(k, one(v))]),
         (Keys::One(_), Values::Many([])) => Ok(Vec::new()),
-        (Keys::One(k), Values::Many(vs)) => Ok(vec![(k, vs.iter().collect())]),
+        (Keys::One(k), Values::Many(vs)) => Ok(vec![(k, vs)]),
         (Keys::One(k), Values::Nested(_)) => Err(Error::invalid_argument(format!(
             "{op}: key \"{k}\" takes one array or a list of arrays, not a list of lists"
         ))),
-        (Keys::Many(ks), Values::One(v)) if ks.len() == 1 => Ok(ks.into_iter().map(|k| (k, smallvec![v])).collect()),
+        (Keys::Many(ks), Values::One(v)) if ks.len() == 1 => Ok(ks.into_iter().map(|k| (k, one(v))).collect()),
         (Keys::Many(ks), Values::One(_)) => Err(mismatch(ks.len(), 1)),
         (Keys::Many(ks), Values::Many(vs)) if ks.len() == vs.len() => {
-            Ok(ks.into_iter().zip(vs).map(|(k, v)| (k, smallvec![v])).collect())
+            Ok(ks.into_iter().zip(vs).map(|(k, v)| (k, one(v))).collect())
         }
         (Keys::Many(ks), Values::Many(vs)) => Err(mismatch(ks.len(), vs.len())),
-        (Keys::Many(ks), Values::Nested(vss)) if ks.len() == vss.len() => Ok(ks
-            .into_iter()
-            .zip(vss)
-            .filter(|(_, vs)| !vs.is_empty())
-            .map(|(k, vs)| (k, vs.iter().collect()))
-            .collect()),
+        (Keys::Many(ks), Values::Nested(vss)) if ks.len() == vss.len() => {
+            // Sized for every key at once: keys with an empty list are few.
+            let mut runs = Vec::with_capacity(ks.len());
+            runs.extend(ks.into_iter().zip(vss).filter(|(_, vs)| !vs.is_empty()).map(|(k, vs)| (k, &vs[..])));
+            Ok(runs)
+        }
         (Keys::Many(ks), Values::Nested(vss)) => Err(mismatch(ks.len(), vss.len())),
     }
 }
@@ -268,7 +269,7 @@ pub(crate) fn flatten<'a>(
 
 /// One pair per array of `runs`.
 pub(crate) fn pairs_of(runs: Vec<Run<'_>>) -> Vec<(Key, &NDArray)> {
-    runs.into_iter().flat_map(|(k, vs)| vs.into_iter().map(move |v| (k.clone(), v))).collect()
+    runs.into_iter().flat_map(|(k, vs)| vs.iter().map(move |v| (k.clone(), v))).collect()
 }
 
 /// The value runs and the out runs of a flat call (`*_pairs`).

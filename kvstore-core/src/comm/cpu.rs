@@ -359,6 +359,9 @@ impl CommCpu {
             .collect::<Option<_>>()?;
         let shared = Shared { rounds, pieces, threads, stop: AtomicBool::new(false) };
         let failed: Mutex<Option<Error>> = Mutex::new(None);
+        // The pool's threads at work on the call: the caller waits for them spinning,
+        // not asleep in the pool's latch.
+        let helping = CachePadded::new(AtomicUsize::new(0));
         let run = |me: usize| {
             let claims = ThreadClaims {
                 shared: &shared,
@@ -377,12 +380,35 @@ impl CommCpu {
         };
         self.pool.in_place_scope(|s| {
             for me in 1..threads {
-                let run = &run;
-                s.spawn(move |_| run(me));
+                let (run, helping) = (&run, &helping);
+                s.spawn(move |_| {
+                    helping.fetch_add(1, Ordering::AcqRel);
+                    run(me);
+                    helping.fetch_sub(1, Ordering::AcqRel);
+                });
             }
             run(0);
+            wait_for_helpers(&helping);
         });
         Some(failed.into_inner().map_or(Ok(()), Err))
+    }
+}
+
+/// Spins while `helping` is not zero, for at most `HELPER_SPIN`: the pool's threads
+/// that started on a shared call are working on it and finish about when the caller
+/// does, so a wait of microseconds here saves a sleep and a wake-up (about 10 µs each
+/// on a 2-core machine) in the pool's own wait, which follows. Threads that have not
+/// started are not waited for here.
+fn wait_for_helpers(helping: &AtomicUsize) {
+    const HELPER_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+    let mut since: Option<std::time::Instant> = None;
+    let mut spins = 0u32;
+    while helping.load(Ordering::Acquire) != 0 {
+        std::hint::spin_loop();
+        spins += 1;
+        if spins.is_multiple_of(64) && since.get_or_insert_with(std::time::Instant::now).elapsed() > HELPER_SPIN {
+            return;
+        }
     }
 }
 

@@ -364,15 +364,21 @@ fn check_like(context: impl Fn() -> String, key: &Key, expected: &NDArray, got: 
 
 /// Checks that every array of `group` matches the stored value in shape and dtype.
 fn check_group(op: &'static str, what: &str, group: &Group<'_>, stored: &NDArray) -> Result<()> {
-    check_arrays(op, what, &group.entry.key, &group.arrays, stored)
+    check_arrays(op, what, &group.entry.key, group.arrays.iter().copied(), stored)
 }
 
 /// Checks that every one of `key`'s `arrays` matches the stored value in shape and dtype.
-fn check_arrays(op: &'static str, what: &str, key: &Key, arrays: &[&NDArray], stored: &NDArray) -> Result<()> {
-    let n = arrays.len();
-    for (i, a) in arrays.iter().enumerate() {
+fn check_arrays<'x>(
+    op: &'static str,
+    what: &str,
+    key: &Key,
+    arrays: impl Iterator<Item = &'x NDArray> + Clone,
+    stored: &NDArray,
+) -> Result<()> {
+    for (i, a) in arrays.clone().enumerate() {
         check_context(op, key, a)?;
         let context = || {
+            let n = arrays.clone().count();
             if n == 1 {
                 format!("{op} of key \"{key}\" ({what})")
             } else {
@@ -1238,7 +1244,7 @@ impl Store {
                     None => return Err(Error::KeyNotInitialized { op, key }),
                 },
             };
-            found.push(Group { entry, arrays });
+            found.push(Group { entry, arrays: arrays.iter().collect() });
         }
         Ok(found)
     }

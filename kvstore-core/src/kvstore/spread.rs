@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
-use super::{Entry, Group, Merger, Slot, Store, Table, check_arrays, locks};
+use super::{Arrays, Entry, Group, Merger, Slot, Store, Table, check_arrays, locks};
 use crate::comm::{BroadcastJob, Claims, ReduceJob};
 use crate::error::{Error, Result};
 use crate::key::Run;
@@ -48,6 +48,39 @@ fn stopped() -> Error {
     Error::Internal("spread: a piece stopped early".into())
 }
 
+/// One key's values or outs in a call: looked up (in a group), or as the caller gave
+/// them (in a run).
+#[derive(Clone, Copy)]
+enum Side<'k, 'a> {
+    Grouped(&'k [&'a NDArray]),
+    Given(&'a [NDArray]),
+}
+
+impl<'k, 'a> Side<'k, 'a> {
+    fn len(self) -> usize {
+        match self {
+            Side::Grouped(arrays) => arrays.len(),
+            Side::Given(arrays) => arrays.len(),
+        }
+    }
+
+    fn is_empty(self) -> bool {
+        self.len() == 0
+    }
+
+    fn first(self) -> Option<&'a NDArray> {
+        self.iter().next()
+    }
+
+    fn iter(self) -> impl Iterator<Item = &'a NDArray> + Clone {
+        let (grouped, given) = match self {
+            Side::Grouped(arrays) => (arrays, &[][..]),
+            Side::Given(arrays) => (&[][..], arrays),
+        };
+        grouped.iter().copied().chain(given)
+    }
+}
+
 /// The keys of a call as a spread call reads them.
 #[derive(Clone, Copy)]
 enum CallKeys<'k, 'a> {
@@ -69,13 +102,15 @@ impl<'k, 'a> CallKeys<'k, 'a> {
     }
 
     /// Key `i`'s values and outs (empty for none).
-    fn arrays(self, i: usize) -> (&'k [&'a NDArray], &'k [&'a NDArray]) {
+    fn arrays(self, i: usize) -> (Side<'k, 'a>, Side<'k, 'a>) {
         match self {
             CallKeys::Groups { push, pull } => {
-                (push.get(i).map_or(&[][..], |g| &g.arrays), pull.get(i).map_or(&[][..], |g| &g.arrays))
+                let side = |g: Option<&'k Group<'a>>| Side::Grouped(g.map_or(&[][..], |g| &g.arrays));
+                (side(push.get(i)), side(pull.get(i)))
             }
             CallKeys::Runs { push, pull, .. } => {
-                (push.get(i).map_or(&[][..], |r| &r.1), pull.get(i).map_or(&[][..], |r| &r.1))
+                let side = |r: Option<&'k Run<'a>>| Side::Given(r.map_or(&[][..], |r| r.1));
+                (side(push.get(i)), side(pull.get(i)))
             }
         }
     }
@@ -229,16 +264,16 @@ impl Store {
             let mut held = Guards::with_capacity(range.len());
             for i in range {
                 let (values, outs) = keys.arrays(i);
-                if values.is_empty() && outs.is_empty() || values.iter().chain(outs).any(|a| a.on_device()) {
+                if values.is_empty() && outs.is_empty() || values.iter().chain(outs.iter()).any(|a| a.on_device()) {
                     return Err(hand_back());
                 }
                 let Some(entry) = keys.entry(i) else { return Err(hand_back()) };
                 let Some(guard) = lock(entry).filter(|g| !g.value.on_device()) else {
                     return Err(hand_back());
                 };
-                let checked = |what, arrays: &[&NDArray]| match arrays {
-                    [] => Ok(()),
-                    _ => check_arrays(op, what, &entry.key, arrays, &guard.value),
+                let checked = |what, arrays: Side<'_, '_>| match arrays.is_empty() {
+                    true => Ok(()),
+                    false => check_arrays(op, what, &entry.key, arrays.iter(), &guard.value),
                 };
                 if let Err(e) = checked("value", values) {
                     if keys.checks_elsewhere() {
@@ -262,7 +297,9 @@ impl Store {
         };
         // Sums and copies the keys of `range`, whose guards are `slots`.
         let run = |range: Range<usize>, slots: &[G]| -> Result<()> {
-            let arrays = || range.clone().map(|i| keys.arrays(i)).zip(slots);
+            let sides: SmallVec<[(Arrays<'_>, Arrays<'_>); 8]> =
+                range.map(|i| keys.arrays(i)).map(|(v, o)| (v.iter().collect(), o.iter().collect())).collect();
+            let arrays = || sides.iter().zip(slots);
             let jobs: SmallVec<[ReduceJob<'_>; 8]> = arrays()
                 .filter(|((values, _), _)| !values.is_empty())
                 .map(|((values, _), slot)| ReduceJob { inputs: values, out: &slot.value })
