@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
-use super::{Arrays, Entry, Group, Merger, Slot, Store, Table, check_arrays, locks};
+use super::{Entry, Group, Merger, Slot, Store, Table, check_arrays, locks};
 use crate::comm::{BroadcastJob, Claims, ReduceJob};
 use crate::error::{Error, Result};
 use crate::key::Run;
@@ -31,6 +31,13 @@ use crate::ndarray::NDArray;
 
 /// The guards of a piece's keys.
 type Guards<G> = SmallVec<[G; 8]>;
+
+/// Keys whose arrays a piece gathers at a time to sum and copy them.
+const GATHERED: usize = 8;
+
+/// The arrays of `GATHERED` keys, one after another: room for a few per key (one per
+/// device, and an out) without a heap allocation.
+type Gathered<'a> = SmallVec<[&'a NDArray; 64]>;
 
 /// The first error of some keys, by key index.
 type First = Mutex<Option<(usize, Error)>>;
@@ -69,7 +76,27 @@ impl<'k, 'a> Side<'k, 'a> {
     }
 
     fn first(self) -> Option<&'a NDArray> {
-        self.iter().next()
+        match self {
+            Side::Grouped(arrays) => arrays.first().copied(),
+            Side::Given(arrays) => arrays.first(),
+        }
+    }
+
+    fn any(self, f: impl Fn(&NDArray) -> bool) -> bool {
+        match self {
+            Side::Grouped(arrays) => arrays.iter().any(|a| f(a)),
+            Side::Given(arrays) => arrays.iter().any(f),
+        }
+    }
+
+    /// Appends the arrays to `to`, and says where they are there.
+    fn gather(self, to: &mut Gathered<'a>) -> Range<usize> {
+        let start = to.len();
+        match self {
+            Side::Grouped(arrays) => to.extend_from_slice(arrays),
+            Side::Given(arrays) => to.extend(arrays),
+        }
+        start..to.len()
     }
 
     fn iter(self) -> impl Iterator<Item = &'a NDArray> + Clone {
@@ -126,8 +153,7 @@ impl<'k, 'a> CallKeys<'k, 'a> {
                     (None, None) => return None,
                 };
                 let (values, outs) = self.arrays(i);
-                let unready =
-                    values.iter().any(|a| a.is_pending()) || outs.iter().any(|a| a.is_pending() || a.is_lent());
+                let unready = values.any(NDArray::is_pending) || outs.any(|a| a.is_pending() || a.is_lent());
                 if unready {
                     return None;
                 }
@@ -264,7 +290,10 @@ impl Store {
             let mut held = Guards::with_capacity(range.len());
             for i in range {
                 let (values, outs) = keys.arrays(i);
-                if values.is_empty() && outs.is_empty() || values.iter().chain(outs.iter()).any(|a| a.on_device()) {
+                if values.is_empty() && outs.is_empty()
+                    || values.any(NDArray::on_device)
+                    || outs.any(NDArray::on_device)
+                {
                     return Err(hand_back());
                 }
                 let Some(entry) = keys.entry(i) else { return Err(hand_back()) };
@@ -297,19 +326,29 @@ impl Store {
         };
         // Sums and copies the keys of `range`, whose guards are `slots`.
         let run = |range: Range<usize>, slots: &[G]| -> Result<()> {
-            let sides: SmallVec<[(Arrays<'_>, Arrays<'_>); 8]> =
-                range.map(|i| keys.arrays(i)).map(|(v, o)| (v.iter().collect(), o.iter().collect())).collect();
-            let arrays = || sides.iter().zip(slots);
-            let jobs: SmallVec<[ReduceJob<'_>; 8]> = arrays()
-                .filter(|((values, _), _)| !values.is_empty())
-                .map(|((values, _), slot)| ReduceJob { inputs: values, out: &slot.value })
-                .collect();
-            self.comm.reduce(&jobs)?;
-            let jobs: SmallVec<[BroadcastJob<'_>; 8]> = arrays()
-                .filter(|((_, outs), _)| !outs.is_empty())
-                .map(|((_, outs), slot)| BroadcastJob { src: &slot.value, outs })
-                .collect();
-            self.comm.broadcast(&jobs)
+            // A few keys at a time, their arrays gathered on the stack.
+            for (start, slots) in range.step_by(GATHERED).zip(slots.chunks(GATHERED)) {
+                let mut arrays = Gathered::new();
+                let spans: SmallVec<[(Range<usize>, Range<usize>); GATHERED]> = (start..start + slots.len())
+                    .map(|i| {
+                        let (values, outs) = keys.arrays(i);
+                        (values.gather(&mut arrays), outs.gather(&mut arrays))
+                    })
+                    .collect();
+                let sides =
+                    || spans.iter().map(|(values, outs)| (&arrays[values.clone()], &arrays[outs.clone()])).zip(slots);
+                let jobs: SmallVec<[ReduceJob<'_>; GATHERED]> = sides()
+                    .filter(|((values, _), _)| !values.is_empty())
+                    .map(|((values, _), slot)| ReduceJob { inputs: values, out: &slot.value })
+                    .collect();
+                self.comm.reduce(&jobs)?;
+                let jobs: SmallVec<[BroadcastJob<'_>; GATHERED]> = sides()
+                    .filter(|((_, outs), _)| !outs.is_empty())
+                    .map(|((_, outs), slot)| BroadcastJob { src: &slot.value, outs })
+                    .collect();
+                self.comm.broadcast(&jobs)?;
+            }
+            Ok(())
         };
         // Each piece's guards, from the round that checks it to the round that runs it.
         let placed: OnceLock<Vec<Mutex<Guards<G>>>> = OnceLock::new();
