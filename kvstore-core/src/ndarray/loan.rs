@@ -92,9 +92,13 @@ impl NDArray {
     /// The list of loans, without those returned.
     fn returned_dropped(&self) -> parking_lot::MutexGuard<'_, VecDeque<Arc<Loan>>> {
         let mut loans = self.inner.loans.lock();
-        let before = loans.len();
-        loans.retain(|l| !l.is_returned());
-        self.inner.lent.fetch_sub(before - loans.len(), Ordering::AcqRel);
+        let mut dropped = 0;
+        loans.retain(|l| {
+            let returned = l.is_returned();
+            dropped += u32::from(returned);
+            !returned
+        });
+        self.inner.lent.fetch_sub(dropped, Ordering::AcqRel);
         loans
     }
 

@@ -25,23 +25,33 @@ pub(crate) use pending::{PendingWrites, mark_store_thread};
 
 pub(crate) use storage::{HostBuf, HostRead, HostWrite, Storage, copy_storage};
 
+/// An array's shared state, laid out by use: its first cache line holds what every
+/// access to the elements reads (the lock and the buffer, the pending writes, the
+/// loans' count, the fault flag) and what sizing a call reads (size and dtype), and
+/// its second what checking a call reads (shape and context). A call of many small
+/// keys touches a few arrays per key, so each line it reads costs it a cache miss
+/// per array. The handle's reference counts are on a line of their own before it.
+#[repr(C, align(64))]
 struct Inner {
+    buf: RwLock<Storage>,
+    size: usize,
+    /// Writes a store's engine will make later (see `pending.rs`): one per queued
+    /// call, so far fewer than `u32::MAX` (each takes memory).
+    pending: std::sync::atomic::AtomicU32,
+    /// The number of `loans` (as `pending`, one per queued call).
+    lent: std::sync::atomic::AtomicU32,
+    dtype: DType,
+    /// Whether `fault` is set (read on every access; the message is read only then).
+    faulted: std::sync::atomic::AtomicBool,
     /// Inline up to 4 dimensions: checking a call's shapes reads no other memory.
     shape: smallvec::SmallVec<[usize; 4]>,
-    dtype: DType,
     ctx: Context,
-    size: usize,
-    buf: RwLock<Storage>,
     /// Set when writing a staged copy back to the device failed: the device buffer may
-    /// hold anything, so every later access is this error.
-    /// Set once (an atomic load to check on every access, no lock).
+    /// hold anything, so every later access is this error. Set once.
     fault: OnceLock<String>,
-    /// Writes a store's engine will make later (see `pending.rs`).
-    pending: std::sync::atomic::AtomicUsize,
     /// Queued calls that read this array later (and some that are done with it, until
-    /// they are dropped from the list), and their number (see `loan.rs`).
+    /// they are dropped from the list; see `loan.rs`).
     loans: parking_lot::Mutex<std::collections::VecDeque<Arc<loan::Loan>>>,
-    lent: std::sync::atomic::AtomicUsize,
 }
 
 /// An n-dimensional array whose buffer is shared by every clone of the handle.
@@ -181,15 +191,16 @@ impl NDArray {
             Storage::Device(buf)
         };
         let inner = Inner {
-            shape: shape.into(),
-            dtype,
-            ctx,
-            size,
             buf: RwLock::new(storage),
-            fault: OnceLock::new(),
+            size,
             pending: Default::default(),
-            loans: Default::default(),
             lent: Default::default(),
+            dtype,
+            faulted: Default::default(),
+            shape: shape.into(),
+            ctx,
+            fault: OnceLock::new(),
+            loans: Default::default(),
         };
         Ok(NDArray { inner: Arc::new(inner) })
     }
@@ -403,16 +414,18 @@ impl NDArray {
     }
 
     fn check_fault(&self) -> Result<()> {
-        match self.inner.fault.get() {
-            None => Ok(()),
-            Some(message) => Err(Error::Backend { backend: "device", message: message.clone() }),
+        if !self.inner.faulted.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
         }
+        let message = self.inner.fault.get().map_or("the array is faulty", String::as_str);
+        Err(Error::Backend { backend: "device", message: message.to_string() })
     }
 
     /// Marks the array faulty: a device operation on it failed half way, so every later
     /// access is a [`Error::Backend`] error with `message`.
     pub(crate) fn mark_faulty(&self, message: String) {
         let _ = self.inner.fault.set(message);
+        self.inner.faulted.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// A shared read lock on the storage itself (recursive, so one thread may hold
@@ -484,7 +497,7 @@ impl NDArray {
                     true => self.download(&guard)?,
                     false => HostBuf::zeroed(self.size() * self.dtype().size())?,
                 };
-                Ok(HostWrite::Staged { lock: guard, buf: staged, fault: &self.inner.fault, done: false })
+                Ok(HostWrite::Staged { lock: guard, buf: staged, array: self, done: false })
             }
         }
     }
@@ -986,6 +999,35 @@ mod tests {
         assert_eq!(b.to_vec::<f32>().unwrap(), vec![3.0; 4]);
         assert_eq!(c.to_vec::<f32>().unwrap(), vec![0.0; 4]);
         assert!(a.same_storage(&b) && !a.same_storage(&c));
+    }
+
+    #[test]
+    fn what_an_access_reads_is_on_one_cache_line_and_the_checks_on_the_next() {
+        use std::mem::{align_of, offset_of, size_of};
+        assert_eq!(align_of::<Inner>(), 64);
+        let first = [
+            offset_of!(Inner, buf) + size_of::<RwLock<Storage>>(),
+            offset_of!(Inner, size) + size_of::<usize>(),
+            offset_of!(Inner, pending) + 4,
+            offset_of!(Inner, lent) + 4,
+            offset_of!(Inner, dtype) + size_of::<DType>(),
+            offset_of!(Inner, faulted) + 1,
+        ];
+        assert!(first.iter().all(|&end| end <= 64), "{first:?}");
+        assert_eq!(offset_of!(Inner, shape), 64);
+        assert!(offset_of!(Inner, ctx) + size_of::<Context>() <= 128);
+        // The reference counts of the `Arc` are on the line before.
+        let a = NDArray::zeros(&[3]).unwrap();
+        assert!((Arc::as_ptr(&a.inner) as usize).is_multiple_of(64));
+    }
+
+    #[test]
+    fn a_faulty_array_reports_its_message_on_every_access() {
+        let a = NDArray::zeros(&[2]).unwrap();
+        a.mark_faulty("the device is gone".to_string());
+        for e in [a.to_vec::<f32>().unwrap_err(), a.add_assign(1.0).unwrap_err()] {
+            assert!(e.to_string().contains("the device is gone"), "{e}");
+        }
     }
 
     #[test]

@@ -5,7 +5,6 @@
 //! `optimizer` reach arrays through these types and the accessors of [`Storage`].
 
 use std::ops::{Deref, DerefMut};
-use std::sync::OnceLock;
 
 use bytemuck::{Pod, Zeroable};
 use parking_lot::{MappedRwLockReadGuard, MappedRwLockWriteGuard, RwLockReadGuard, RwLockWriteGuard};
@@ -180,7 +179,7 @@ impl Deref for HostRead<'_> {
 /// a failed write-back marks the array faulty (see `Inner::fault`).
 pub(crate) enum HostWrite<'a> {
     Host(MappedRwLockWriteGuard<'a, HostBuf>),
-    Staged { lock: RwLockWriteGuard<'a, Storage>, buf: HostBuf, fault: &'a OnceLock<String>, done: bool },
+    Staged { lock: RwLockWriteGuard<'a, Storage>, buf: HostBuf, array: &'a super::NDArray, done: bool },
 }
 
 impl HostWrite<'_> {
@@ -191,14 +190,14 @@ impl HostWrite<'_> {
     }
 
     fn write_back(&mut self) -> Result<()> {
-        if let HostWrite::Staged { lock, buf, fault, done } = self
+        if let HostWrite::Staged { lock, buf, array, done } = self
             && !*done
         {
             *done = true;
             if let Storage::Device(d) = &mut **lock
                 && let Err(e) = d.write_from_host(buf.bytes())
             {
-                let _ = fault.set(format!("writing the array back to its device failed: {e}"));
+                array.mark_faulty(format!("writing the array back to its device failed: {e}"));
                 return Err(e);
             }
         }
