@@ -110,8 +110,11 @@ impl CommCpu {
     }
 }
 
+/// Whether a job's arrays have as many elements of one dtype, so that its loops stay in
+/// bounds. Their shapes were checked against the key's by the caller; this reads only
+/// what taking the arrays' locks reads too.
 fn job_check(out: &NDArray, other: &NDArray) -> Result<()> {
-    if out.shape() != other.shape() || out.dtype() != other.dtype() {
+    if out.size() != other.size() || out.dtype() != other.dtype() {
         return Err(Error::Internal(format!(
             "comm: arrays disagree: {:?} {} vs {:?} {}",
             out.shape(),

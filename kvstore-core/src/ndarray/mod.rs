@@ -27,7 +27,8 @@ pub(crate) use storage::{HostBuf, HostRead, HostWrite, Storage, copy_storage};
 
 /// An array's shared state, laid out by use: its first cache line holds what every
 /// access to the elements reads (the lock and the buffer, the pending writes, the
-/// loans' count, the fault flag) and what sizing a call reads (size and dtype), and
+/// loans' count, the fault flag) and what the comm and sizing a call read (size,
+/// dtype, whether it is on the host), and
 /// its second what checking a call reads (shape and context). A call of many small
 /// keys touches a few arrays per key, so each line it reads costs it a cache miss
 /// per array. The handle's reference counts are on a line of their own before it.
@@ -43,6 +44,8 @@ struct Inner {
     dtype: DType,
     /// Whether `fault` is set (read on every access; the message is read only then).
     faulted: std::sync::atomic::AtomicBool,
+    /// Whether `ctx` is the host's: what the comm asks of every array it is given.
+    on_host: bool,
     /// Inline up to 4 dimensions: checking a call's shapes reads no other memory.
     shape: smallvec::SmallVec<[usize; 4]>,
     ctx: Context,
@@ -197,6 +200,7 @@ impl NDArray {
             lent: Default::default(),
             dtype,
             faulted: Default::default(),
+            on_host: ctx.is_cpu(),
             shape: shape.into(),
             ctx,
             fault: OnceLock::new(),
@@ -447,7 +451,7 @@ impl NDArray {
 
     /// Whether the elements live on a device.
     pub(crate) fn on_device(&self) -> bool {
-        !self.context().is_cpu()
+        !self.inner.on_host
     }
 
     /// A host copy of this array's storage `st`.
@@ -1012,6 +1016,7 @@ mod tests {
             offset_of!(Inner, lent) + 4,
             offset_of!(Inner, dtype) + size_of::<DType>(),
             offset_of!(Inner, faulted) + 1,
+            offset_of!(Inner, on_host) + 1,
         ];
         assert!(first.iter().all(|&end| end <= 64), "{first:?}");
         assert_eq!(offset_of!(Inner, shape), 64);
