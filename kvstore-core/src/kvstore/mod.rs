@@ -343,7 +343,7 @@ fn check_context(op: &'static str, key: &Key, a: &NDArray) -> Result<()> {
 /// Checks that `got` has the shape and dtype of `expected`; the error names `key` and
 /// `context()` (made only on error).
 fn check_like(context: impl Fn() -> String, key: &Key, expected: &NDArray, got: &NDArray) -> Result<()> {
-    if got.shape() != expected.shape() {
+    if !got.same_shape(expected) {
         return Err(Error::ShapeMismatch {
             context: context(),
             key: Some(key.clone()),
@@ -376,7 +376,9 @@ fn check_arrays<'x>(
     stored: &NDArray,
 ) -> Result<()> {
     for (i, a) in arrays.clone().enumerate() {
-        check_context(op, key, a)?;
+        if a.on_device() {
+            check_context(op, key, a)?;
+        }
         let context = || {
             let n = arrays.clone().count();
             if n == 1 {

@@ -46,6 +46,9 @@ struct Inner {
     faulted: std::sync::atomic::AtomicBool,
     /// Whether `ctx` is the host's: what the comm asks of every array it is given.
     on_host: bool,
+    /// Whether `shape` has one dimension, so that `size` is the whole shape: two such
+    /// arrays are checked alike reading this line only.
+    flat: bool,
     /// Inline up to 4 dimensions: checking a call's shapes reads no other memory.
     shape: smallvec::SmallVec<[usize; 4]>,
     ctx: Context,
@@ -201,6 +204,7 @@ impl NDArray {
             dtype,
             faulted: Default::default(),
             on_host: ctx.is_cpu(),
+            flat: shape.len() == 1,
             shape: shape.into(),
             ctx,
             fault: OnceLock::new(),
@@ -447,6 +451,15 @@ impl NDArray {
         self.reclaim()?;
         self.check_fault()?;
         Ok(self.inner.buf.write())
+    }
+
+    /// Whether `other` has this array's shape (reading only the first cache line of
+    /// each when both have one dimension).
+    pub(crate) fn same_shape(&self, other: &NDArray) -> bool {
+        match self.inner.flat && other.inner.flat {
+            true => self.inner.size == other.inner.size,
+            false => self.shape() == other.shape(),
+        }
     }
 
     /// Whether the elements live on a device.
@@ -1017,6 +1030,7 @@ mod tests {
             offset_of!(Inner, dtype) + size_of::<DType>(),
             offset_of!(Inner, faulted) + 1,
             offset_of!(Inner, on_host) + 1,
+            offset_of!(Inner, flat) + 1,
         ];
         assert!(first.iter().all(|&end| end <= 64), "{first:?}");
         assert_eq!(offset_of!(Inner, shape), 64);
@@ -1024,6 +1038,15 @@ mod tests {
         // The reference counts of the `Arc` are on the line before.
         let a = NDArray::zeros(&[3]).unwrap();
         assert!((Arc::as_ptr(&a.inner) as usize).is_multiple_of(64));
+    }
+
+    #[test]
+    fn shapes_compare_alike_whether_flat_or_not() {
+        let a = |shape: &[usize]| NDArray::zeros(shape).unwrap();
+        let same = [(a(&[6]), a(&[6])), (a(&[2, 3]), a(&[2, 3])), (a(&[]), a(&[])), (a(&[0]), a(&[0]))];
+        assert!(same.iter().all(|(x, y)| x.same_shape(y) && y.same_shape(x)));
+        let differ = [(a(&[6]), a(&[7])), (a(&[2, 3]), a(&[3, 2])), (a(&[6]), a(&[1, 6])), (a(&[1]), a(&[]))];
+        assert!(differ.iter().all(|(x, y)| !x.same_shape(y) && !y.same_shape(x)));
     }
 
     #[test]
