@@ -33,14 +33,19 @@ pub use pending::{Pending, Release};
 
 use crate::engine::Engine;
 
+/// Laid out for a call on many keys: the lock and the value's handle (first in the
+/// slot) come first, in 16 bytes that never straddle a cache line, so a call reads
+/// one line of each key's entry.
+#[repr(C)]
 struct Entry {
-    key: Key,
-    index: usize,
     value: RwLock<Slot>,
+    index: usize,
+    key: Key,
 }
 
 /// A key's value and what lives next to it: the optimizer's state for the key, the
 /// buffer its pushed values are summed into, and what the store's `Comm` keeps for it.
+#[repr(C)]
 struct Slot {
     value: NDArray,
     opt: Option<KeyState>,
@@ -1517,5 +1522,20 @@ impl Store {
             .map(|(g, &i)| BroadcastJob { src: &guards[i].value, outs: &g.arrays })
             .collect();
         self.comm.broadcast(&jobs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Entry, Slot};
+
+    #[test]
+    fn an_entry_starts_with_its_lock_and_the_value_handle() {
+        use std::mem::{offset_of, size_of};
+        assert_eq!(offset_of!(Entry, value), 0);
+        assert_eq!(offset_of!(Slot, value), 0);
+        // The lock's word, then the slot: 16 bytes from an allocation's 16-byte aligned
+        // start, within one cache line.
+        assert!(size_of::<parking_lot::RawRwLock>() + size_of::<crate::NDArray>() <= 16);
     }
 }
