@@ -160,6 +160,11 @@ fn empty_lists_do_nothing_but_their_keys_must_be_initialized() {
     kv.pull(&no_keys, &none, 0).expect("empty pull");
     kv.push(3, &none, 0).expect("one key, no values");
     kv.pull(3, &none, 0).expect("one key, no outs");
+    let no_lists: [Vec<NDArray>; 0] = [];
+    kv.push(&no_keys, &no_lists[..], 0).expect("empty list of lists");
+    kv.pushpull(&no_keys, &no_lists[..], &none, 0).expect("empty pushpull");
+    // The first key's list is empty, the second's is not: key "3" gets one push.
+    kv.push(&["3", "3"], &[vec![], vec![ones()]][..], 0).expect("nested, first empty");
     // MXNet let an unknown key through when it came with no array; here it is the
     // same error as any other call on that key.
     for e in [
@@ -171,7 +176,7 @@ fn empty_lists_do_nothing_but_their_keys_must_be_initialized() {
         assert_eq!(e.kind(), ErrorKind::KeyNotInitialized, "{e}");
         assert!(e.to_string().contains("\"5\""), "{e}");
     }
-    assert_eq!(pulled(&kv, 3, &SHAPE), vec![2.0; 6]);
+    assert_eq!(pulled(&kv, 3, &SHAPE), vec![1.0; 6]);
 }
 
 #[test]

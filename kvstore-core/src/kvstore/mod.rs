@@ -948,7 +948,9 @@ impl KVStore {
     /// [`Error::LengthMismatch`], or the updater's error. On any error the store keeps
     /// the values it had before the call.
     pub fn push<'a>(&self, keys: impl Into<Keys>, values: impl Into<Values<'a>>, priority: i32) -> Result<()> {
-        let (push, pull) = self.store.push_args(keys.into(), values.into())?;
+        let values = values.into();
+        self.wake_for(values);
+        let (push, pull) = self.store.push_args(keys.into(), values)?;
         self.call("push", push, pull, priority)
     }
 
@@ -971,7 +973,9 @@ impl KVStore {
     /// [`Error::DTypeMismatch`] (pull does not convert: use [`NDArray::as_type`]),
     /// [`Error::LengthMismatch`]. On error no out is written.
     pub fn pull<'a>(&self, keys: impl Into<Keys>, outs: impl Into<Values<'a>>, priority: i32) -> Result<()> {
-        let (push, pull) = self.store.pull_args(keys.into(), outs.into())?;
+        let outs = outs.into();
+        self.wake_for(outs);
+        let (push, pull) = self.store.pull_args(keys.into(), outs)?;
         self.call("pull", push, pull, priority)
     }
 
@@ -1028,7 +1032,9 @@ impl KVStore {
         outs: impl Into<Values<'b>>,
         priority: i32,
     ) -> Result<()> {
-        let (push, pull) = self.store.pushpull_args(keys.into(), values.into(), outs.into())?;
+        let values = values.into();
+        self.wake_for(values);
+        let (push, pull) = self.store.pushpull_args(keys.into(), values, outs.into())?;
         self.call("pushpull", push, pull, priority)
     }
 

@@ -133,6 +133,28 @@ pub(super) fn borrow_inputs<'a>(push: &'a Owned<Input>, copies: &'a Copies) -> F
 }
 
 impl KVStore {
+    /// Before a blocking call of many keys turns its keys into `Key`s and pairs them
+    /// with `arrays` (its values, or its outs for a pull), which takes its thread tens
+    /// of microseconds: a pool thread the call may share its work with is woken now, so
+    /// that it is up, not asleep, when the work is ready (`Comm::wake`; only when
+    /// nothing is queued, as a call is spread only then).
+    pub(super) fn wake_for(&self, arrays: Values<'_>) {
+        let (keys, first, per_key) = match arrays {
+            Values::Many(vs) => (vs.len(), vs.first(), 1),
+            Values::Nested(vss) => {
+                let first = vss.first().map_or(&[][..], |vs| &vs[..]);
+                (vss.len(), first.first(), first.len())
+            }
+            Values::One(_) => return,
+        };
+        if let Some(a) = first
+            && keys > 1
+            && self.engine.idle()
+        {
+            self.store.comm.wake(keys * a.size() * a.dtype().size() * (per_key + 1));
+        }
+    }
+
     /// The one path of push, pull and pushpull when blocking: at once on this thread
     /// when nothing earlier holds its keys or outs, else queued and waited for.
     pub(super) fn call<'a>(
