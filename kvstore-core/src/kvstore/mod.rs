@@ -1060,7 +1060,9 @@ impl KVStore {
         values: impl Into<Values<'a>>,
         priority: i32,
     ) -> Result<()> {
-        let (push, pull) = self.store.in_place_args(keys.into(), values.into())?;
+        let values = values.into();
+        self.wake_for(values);
+        let (push, pull) = self.store.in_place_args(keys.into(), values)?;
         self.call("pushpull", push, pull, priority)
     }
 
@@ -1086,8 +1088,10 @@ impl KVStore {
         outs: impl Into<Values<'b>>,
         priority: i32,
     ) -> Result<()> {
-        let (init, pull) = broadcast_args(keys.into(), values.into(), outs.into())?;
+        let outs = outs.into();
+        let (init, pull) = broadcast_args(keys.into(), values.into(), outs)?;
         let pull = self.broadcast_init(init, pull)?;
+        self.wake_for(outs);
         self.call("broadcast", Vec::new(), pull, priority)
     }
 
@@ -1117,6 +1121,7 @@ impl KVStore {
         outs: &[NDArray],
         priority: i32,
     ) -> Result<()> {
+        self.wake_for(Values::Many(values));
         let (push, pull) = flat_runs("pushpull", keys, values, out_keys, outs)?;
         self.call("pushpull", push, pull, priority)
     }
@@ -1145,6 +1150,7 @@ impl KVStore {
     ) -> Result<()> {
         let (init, pull) = flat_runs("broadcast", keys, values, out_keys, outs)?;
         let pull = self.broadcast_init(init, pull)?;
+        self.wake_for(Values::Many(outs));
         self.call("broadcast", Vec::new(), pull, priority)
     }
 }

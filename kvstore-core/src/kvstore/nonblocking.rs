@@ -134,10 +134,11 @@ pub(super) fn borrow_inputs<'a>(push: &'a Owned<Input>, copies: &'a Copies) -> F
 
 impl KVStore {
     /// Before a blocking call of many keys turns its keys into `Key`s and pairs them
-    /// with `arrays` (its values, or its outs for a pull), which takes its thread tens
-    /// of microseconds: a pool thread the call may share its work with is woken now, so
-    /// that it is up, not asleep, when the work is ready (`Comm::wake`; only when
-    /// nothing is queued, as a call is spread only then).
+    /// with `arrays` (its values, or its outs for a pull or a broadcast), which takes
+    /// its thread tens of microseconds: a pool thread the call may share its work with
+    /// is woken now, so that it is up, not asleep, when the work is ready (`Comm::wake`;
+    /// only when nothing is queued, as a call is spread only then). Every blocking call
+    /// that [`KVStore::call`] may spread wakes the pool here, once.
     pub(super) fn wake_for(&self, arrays: Values<'_>) {
         let (keys, first, per_key) = match arrays {
             Values::Many(vs) => (vs.len(), vs.first(), 1),

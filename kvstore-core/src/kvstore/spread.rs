@@ -75,36 +75,19 @@ impl<'k, 'a> Side<'k, 'a> {
         self.len() == 0
     }
 
-    fn first(self) -> Option<&'a NDArray> {
-        match self {
-            Side::Grouped(arrays) => arrays.first().copied(),
-            Side::Given(arrays) => arrays.first(),
-        }
-    }
-
-    fn any(self, f: impl Fn(&NDArray) -> bool) -> bool {
-        match self {
-            Side::Grouped(arrays) => arrays.iter().any(|a| f(a)),
-            Side::Given(arrays) => arrays.iter().any(f),
-        }
-    }
-
-    /// Appends the arrays to `to`, and says where they are there.
-    fn gather(self, to: &mut Gathered<'a>) -> Range<usize> {
-        let start = to.len();
-        match self {
-            Side::Grouped(arrays) => to.extend_from_slice(arrays),
-            Side::Given(arrays) => to.extend(arrays),
-        }
-        start..to.len()
-    }
-
     fn iter(self) -> impl Iterator<Item = &'a NDArray> + Clone {
         let (grouped, given) = match self {
             Side::Grouped(arrays) => (arrays, &[][..]),
             Side::Given(arrays) => (&[][..], arrays),
         };
         grouped.iter().copied().chain(given)
+    }
+
+    /// Appends the arrays to `to`, and says where they are there.
+    fn gather(self, to: &mut Gathered<'a>) -> Range<usize> {
+        let start = to.len();
+        to.extend(self.iter());
+        start..to.len()
     }
 }
 
@@ -153,7 +136,8 @@ impl<'k, 'a> CallKeys<'k, 'a> {
                     (None, None) => return None,
                 };
                 let (values, outs) = self.arrays(i);
-                let unready = values.any(NDArray::is_pending) || outs.any(|a| a.is_pending() || a.is_lent());
+                let unready =
+                    values.iter().any(|a| a.is_pending()) || outs.iter().any(|a| a.is_pending() || a.is_lent());
                 if unready {
                     return None;
                 }
@@ -231,24 +215,18 @@ impl Store {
         if keys.len() < 2 || self.collective.is_some() || locks::inside_updater() {
             return Spread::NotOne;
         }
-        let (values, outs) = keys.arrays(0);
+        let (values, _) = keys.arrays(0);
         let Some(merger) = self.merger.try_read() else { return Spread::HandedBack };
         if !values.is_empty() && !matches!(*merger, Merger::Assign) {
             return Spread::NotOne;
-        }
-        if matches!(keys, CallKeys::Runs { .. })
-            && let Some(a) = values.first().or(outs.first())
-        {
-            // A caller's call: a pool thread is woken now (keys alike assumed), so it
-            // is up by the time the sizes are read and the work is ready.
-            self.comm.wake(keys.len() * a.size() * a.dtype().size() * (values.len() + outs.len() + 1));
         }
         let sizes: Vec<usize> = (0..keys.len())
             .map(|i| {
                 let (values, outs) = keys.arrays(i);
                 values
-                    .first()
-                    .or(outs.first())
+                    .iter()
+                    .chain(outs.iter())
+                    .next()
                     .map_or(0, |a| a.size() * a.dtype().size() * (values.len() + outs.len() + 1))
             })
             .collect();
@@ -290,10 +268,7 @@ impl Store {
             let mut held = Guards::with_capacity(range.len());
             for i in range {
                 let (values, outs) = keys.arrays(i);
-                if values.is_empty() && outs.is_empty()
-                    || values.any(NDArray::on_device)
-                    || outs.any(NDArray::on_device)
-                {
+                if values.is_empty() && outs.is_empty() || values.iter().chain(outs.iter()).any(|a| a.on_device()) {
                     return Err(hand_back());
                 }
                 let Some(entry) = keys.entry(i) else { return Err(hand_back()) };
