@@ -110,10 +110,18 @@ pub struct KVStoreBuilder {
 }
 
 /// The engine threads of a store built without [`KVStoreBuilder::engine_threads`]: one
-/// per core, at most 4 (the calls they run spend most of their time in the reduction
-/// pool and in memory copies).
+/// per core but one, for the thread that makes the calls, at least 1 and at most 4 (the
+/// calls they run spend most of their time in the reduction pool and in memory copies).
+/// A worker more than that finds no core of its own: it takes its turns on the
+/// caller's core while it waits for work, and every call the caller submits then costs
+/// it a wake-up.
 fn default_engine_threads() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 4)
+    engine_threads_for(std::thread::available_parallelism().map_or(2, |n| n.get()))
+}
+
+/// [`default_engine_threads`] on a machine of `cores` cores.
+fn engine_threads_for(cores: usize) -> usize {
+    cores.saturating_sub(1).clamp(1, 4)
 }
 
 impl KVStoreBuilder {
@@ -125,7 +133,7 @@ impl KVStoreBuilder {
     }
 
     /// The number of engine threads, which run the store's non-blocking calls (0, the
-    /// default: one per core, at most 4). `dist_sync` stores ignore it: the stores of a
+    /// default: one per core but one, at least 1 and at most 4). `dist_sync` stores ignore it: the stores of a
     /// worker group share one engine thread, so that their collectives run in the order
     /// of their calls on every worker.
     pub fn engine_threads(mut self, threads: usize) -> Self {
@@ -1539,7 +1547,16 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use super::{Entry, Slot};
+    use super::{Entry, Slot, engine_threads_for};
+
+    #[test]
+    fn the_default_engine_leaves_the_callers_thread_a_core() {
+        assert_eq!(engine_threads_for(1), 1);
+        assert_eq!(engine_threads_for(2), 1);
+        assert_eq!(engine_threads_for(3), 2);
+        assert_eq!(engine_threads_for(5), 4);
+        assert_eq!(engine_threads_for(64), 4);
+    }
 
     #[test]
     fn an_entry_starts_with_its_lock_and_the_value_handle() {
