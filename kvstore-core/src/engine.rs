@@ -50,11 +50,41 @@ pub(crate) enum Var {
 /// The vars of one call.
 pub(crate) type Vars = SmallVec<[Var; 4]>;
 
+/// A call's work, as the engine holds it until a worker has run it.
+///
+/// A job is shared, not owned, by the engine: a store's queued call is one allocation
+/// that its handle ([`crate::Pending`]) holds too, so that its memory is freed by
+/// whoever lets go of it last — normally the thread that made the call, when it is done
+/// with the handle. Memory that one thread allocates and another frees passes the
+/// allocator's lists between their cores at every call (with the C library's allocator,
+/// most of what a submit cost when the two cores are far apart).
+pub(crate) trait Job: Send + Sync {
+    /// Runs the call; the engine calls it once.
+    fn run(&self);
+}
+
+/// A closure as a [`Job`] (see [`job`]).
+struct Once<F>(Mutex<Option<F>>);
+
+impl<F: FnOnce() + Send> Job for Once<F> {
+    fn run(&self) {
+        let f = self.0.lock().take();
+        if let Some(f) = f {
+            f();
+        }
+    }
+}
+
+/// `f` as a [`Job`] of its own.
+pub(crate) fn job(f: impl FnOnce() + Send + 'static) -> Arc<dyn Job> {
+    Arc::new(Once(Mutex::new(Some(f))))
+}
+
 /// A submitted call, in the inbox until a drain registers it on its vars.
 struct Submitted {
     priority: i32,
     vars: Vars,
-    run: Box<dyn FnOnce() + Send>,
+    run: Arc<dyn Job>,
 }
 
 /// A registered call: a submitted one with its place in submission order.
@@ -329,7 +359,8 @@ impl Shared {
             let Op { seq, call: Submitted { vars, run, .. } } = op;
             // A call reports its own result; a panic must not take the worker (and the
             // vars the call holds) with it.
-            let _ = std::panic::catch_unwind(AssertUnwindSafe(run));
+            let _ = std::panic::catch_unwind(AssertUnwindSafe(|| run.run()));
+            drop(run);
             self.finish(seq, &vars);
         }
     }
@@ -340,7 +371,7 @@ pub(crate) trait HeldBatch: Send {
     /// The batch as its own type, for a call that joins it.
     fn as_any(&mut self) -> &mut dyn std::any::Any;
     /// The job that runs the batch's calls.
-    fn into_job(self: Box<Self>) -> Box<dyn FnOnce() + Send>;
+    fn into_job(self: Box<Self>) -> Arc<dyn Job>;
 }
 
 /// Calls an ordered engine holds back, to run later as one job (`kvstore/fusion.rs`
@@ -489,10 +520,15 @@ impl Engine {
         WORKER_OF.with(|w| w.get()) == self.shared.id()
     }
 
+    /// Queues `f` on `vars` (see [`Engine::submit_job`]).
+    pub(crate) fn submit(&self, vars: Vars, priority: i32, f: impl FnOnce() + Send + 'static) {
+        self.submit_job(vars, priority, job(f));
+    }
+
     /// Queues `run` on `vars` (deduplicated here). It runs on a worker once every call
     /// submitted before it on any of its vars has finished. Calls the engine holds are
     /// released first: they were made before.
-    pub(crate) fn submit(&self, vars: Vars, priority: i32, run: Box<dyn FnOnce() + Send>) {
+    pub(crate) fn submit_job(&self, vars: Vars, priority: i32, run: Arc<dyn Job>) {
         // Held while the call is queued, so that no batch starts between the two.
         let _held = self.shared.ordered.then(|| {
             let mut held = self.held();
@@ -519,7 +555,7 @@ impl Engine {
         }
     }
 
-    fn enqueue(&self, mut vars: Vars, priority: i32, run: Box<dyn FnOnce() + Send>) {
+    fn enqueue(&self, mut vars: Vars, priority: i32, run: Arc<dyn Job>) {
         vars.sort_unstable();
         vars.dedup();
         let priority = if self.shared.ordered { 0 } else { priority };
@@ -624,7 +660,7 @@ mod tests {
         /// Submits a call on `var` that holds it until the gate opens.
         fn hold(&self, engine: &Engine, var: Var) {
             let gate = self.clone();
-            engine.submit(vars(&[var]), 0, Box::new(move || gate.wait()));
+            engine.submit(vars(&[var]), 0, move || gate.wait());
         }
     }
 
@@ -638,7 +674,7 @@ mod tests {
         for i in 0..200 {
             let log = Arc::clone(&log);
             // Alternating priorities must not reorder calls on the same var.
-            engine.submit(vars(&[Var::Key(7)]), i % 3, Box::new(move || log.lock().push(i)));
+            engine.submit(vars(&[Var::Key(7)]), i % 3, move || log.lock().push(i));
         }
         engine.wait_idle();
         assert_eq!(*log.lock(), (0..200).collect::<Vec<_>>());
@@ -659,14 +695,10 @@ mod tests {
                         for i in 0..CALLS {
                             let key = (t * 7 + i * 3) % 5;
                             let (logs, ran) = (Arc::clone(&logs), Arc::clone(&ran));
-                            engine.submit(
-                                vars(&[Var::Key(key)]),
-                                (i % 3) as i32,
-                                Box::new(move || {
-                                    logs[key].lock().push((t, i));
-                                    ran.fetch_add(1, AtomicOrdering::SeqCst);
-                                }),
-                            );
+                            engine.submit(vars(&[Var::Key(key)]), (i % 3) as i32, move || {
+                                logs[key].lock().push((t, i));
+                                ran.fetch_add(1, AtomicOrdering::SeqCst);
+                            });
                             if i % 64 == 0 {
                                 // Longer than the workers' spin: they go to sleep, and
                                 // the next submits must wake one.
@@ -711,12 +743,12 @@ mod tests {
         for round in 0..50 {
             let (l1, l2) = (Arc::clone(&log), Arc::clone(&log));
             let e = Arc::clone(&engine);
-            std::thread::spawn(move || e.submit(vars(&[Var::Key(0)]), 0, Box::new(move || l1.lock().push((round, 1)))))
+            std::thread::spawn(move || e.submit(vars(&[Var::Key(0)]), 0, move || l1.lock().push((round, 1))))
                 .join()
                 .unwrap();
             // The other thread's submit has returned; this one, at a higher priority,
             // still comes after it.
-            engine.submit(vars(&[Var::Key(0)]), 9, Box::new(move || l2.lock().push((round, 2))));
+            engine.submit(vars(&[Var::Key(0)]), 9, move || l2.lock().push((round, 2)));
         }
         gate.open();
         engine.wait_idle();
@@ -730,14 +762,10 @@ mod tests {
         let (gate, started) = (Gate::default(), Arc::new(AtomicUsize::new(0)));
         for k in 0..2 {
             let (gate, started) = (gate.clone(), Arc::clone(&started));
-            engine.submit(
-                vars(&[Var::Key(k)]),
-                0,
-                Box::new(move || {
-                    started.fetch_add(1, AtomicOrdering::SeqCst);
-                    gate.wait();
-                }),
-            );
+            engine.submit(vars(&[Var::Key(k)]), 0, move || {
+                started.fetch_add(1, AtomicOrdering::SeqCst);
+                gate.wait();
+            });
         }
         // Both start although neither finishes until the gate opens.
         let t0 = std::time::Instant::now();
@@ -756,13 +784,9 @@ mod tests {
         gate.hold(&engine, Var::Key(1));
         let ran = Arc::new(AtomicUsize::new(0));
         let r = Arc::clone(&ran);
-        engine.submit(
-            vars(&[Var::Key(2), Var::Key(1)]),
-            0,
-            Box::new(move || {
-                r.fetch_add(1, AtomicOrdering::SeqCst);
-            }),
-        );
+        engine.submit(vars(&[Var::Key(2), Var::Key(1)]), 0, move || {
+            r.fetch_add(1, AtomicOrdering::SeqCst);
+        });
         // Key 2 is wanted by a queued call: a call on it must not overtake that call.
         assert!(!engine.may_run_now(vars(&[Var::Key(2)])));
         assert!(engine.may_run_now(vars(&[Var::Key(3)])));
@@ -784,7 +808,7 @@ mod tests {
             let log = Arc::new(Mutex::new(Vec::new()));
             for (k, p) in [(1, 0), (2, 5), (3, -1), (4, 5)] {
                 let log = Arc::clone(&log);
-                engine.submit(vars(&[Var::Key(k)]), p, Box::new(move || log.lock().push(k)));
+                engine.submit(vars(&[Var::Key(k)]), p, move || log.lock().push(k));
             }
             gate.open();
             engine.wait_idle();
@@ -796,18 +820,14 @@ mod tests {
     #[test]
     fn a_panicking_call_releases_its_vars_and_dropping_runs_the_queue() {
         let engine = Engine::new(1, false).unwrap();
-        engine.submit(vars(&[Var::Key(0)]), 0, Box::new(|| panic!("a call panicked")));
+        engine.submit(vars(&[Var::Key(0)]), 0, || panic!("a call panicked"));
         let ran = Arc::new(AtomicUsize::new(0));
         for _ in 0..10 {
             let r = Arc::clone(&ran);
-            engine.submit(
-                vars(&[Var::Key(0)]),
-                0,
-                Box::new(move || {
-                    std::thread::sleep(Duration::from_millis(1));
-                    r.fetch_add(1, AtomicOrdering::SeqCst);
-                }),
-            );
+            engine.submit(vars(&[Var::Key(0)]), 0, move || {
+                std::thread::sleep(Duration::from_millis(1));
+                r.fetch_add(1, AtomicOrdering::SeqCst);
+            });
         }
         drop(engine);
         assert_eq!(ran.load(AtomicOrdering::SeqCst), 10);

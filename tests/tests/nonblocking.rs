@@ -493,3 +493,34 @@ proptest! {
         prop_assert!(kv.wait_all().is_ok());
     }
 }
+
+#[test]
+fn a_finished_calls_handle_does_not_keep_its_store_alive() {
+    // A handle shares its call's memory with the engine; once the call ran, what the
+    // call worked on (the store among it) is let go even while the handle is kept.
+    struct Flag(Arc<AtomicUsize>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let kv = KVStore::create("local").unwrap();
+    kv.init("w", &NDArray::zeros(&[4]).unwrap()).unwrap();
+    let flag = Flag(Arc::clone(&dropped));
+    kv.set_updater(move |_: &Key, _, merged: &NDArray, stored: &NDArray| {
+        let _ = &flag;
+        stored.copy_from(merged)
+    })
+    .unwrap();
+    let out = NDArray::zeros(&[4]).unwrap();
+    let pushed = kv.push_async("w", &NDArray::ones(&[4]).unwrap(), 0);
+    let pulled = kv.pull_async("w", &out, 0);
+    kv.wait_all().unwrap();
+    drop(kv);
+    assert_eq!(dropped.load(Ordering::SeqCst), 1, "a finished call's handle kept its store (and updater)");
+    assert!(pushed.is_done() && pulled.is_done());
+    pushed.wait().unwrap();
+    pulled.wait().unwrap();
+    assert_eq!(out.to_vec::<f32>().unwrap(), vec![1.0; 4]);
+}

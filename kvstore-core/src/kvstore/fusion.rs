@@ -78,8 +78,8 @@ impl HeldBatch for Batch {
         self
     }
 
-    fn into_job(self: Box<Self>) -> Box<dyn FnOnce() + Send> {
-        Box::new(move || engine::run_as(true, || self.run()))
+    fn into_job(self: Box<Self>) -> Arc<dyn engine::Job> {
+        engine::job(move || engine::run_as(true, || self.run()))
     }
 }
 

@@ -16,8 +16,11 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::spread::Spread;
+use parking_lot::Mutex;
+
+use super::pending::HasDone;
 use super::{Done, Entry, Found, Group, KVStore, Pending, Store, check_like, locks};
-use crate::engine::{self, Var, Vars};
+use crate::engine::{self, Job, Var, Vars};
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys, Run, Values, flat_runs, pairs_of, runs};
 use crate::ndarray::{Lent, NDArray, PendingWrites};
@@ -130,6 +133,57 @@ pub(super) fn borrow_inputs<'a>(push: &'a Owned<Input>, copies: &'a Copies) -> F
             arrays: inputs.iter().zip(copies).map(|(i, c)| c.as_ref().unwrap_or_else(|| i.array())).collect(),
         })
         .collect()
+}
+
+/// A queued call and its handle's state, one allocation that the engine and the call's
+/// [`Pending`] share. The engine's thread runs the call and gives back at once what it
+/// borrowed (the values' loans, the outs' pending writes, the store), but the memory
+/// goes with the last holder: normally the caller's thread, when it is done with the
+/// handle (see [`Job`]).
+struct Queued {
+    done: Done,
+    op: &'static str,
+    /// Whether the caller goes on without waiting (see [`crate::backend::in_background`]).
+    background: bool,
+    work: Mutex<Work>,
+}
+
+/// What a queued call works on; emptied (its lists' memory kept) once it ran.
+struct Work {
+    store: Option<Arc<Store>>,
+    push: Owned<Input>,
+    pull: Owned,
+    writes: PendingWrites,
+}
+
+impl HasDone for Queued {
+    fn done(&self) -> &Done {
+        &self.done
+    }
+}
+
+impl Job for Queued {
+    fn run(&self) {
+        let mut work = self.work.lock();
+        let Some(store) = work.store.take() else { return };
+        let op = self.op;
+        engine::run_as(self.background, || {
+            let copies = start_reads(&work.push);
+            let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                store.push_pull(op, borrow_inputs(&work.push, &copies), borrow(&work.pull), true)
+            }))
+            .unwrap_or_else(|_| Err(Error::Internal(format!("{op} panicked"))));
+            // The values are returned and the outs readable before the handle says the
+            // call is done.
+            drop(copies);
+            work.push.clear();
+            work.writes.end();
+            work.pull.clear();
+            drop(work);
+            drop(store);
+            self.done.finish(r);
+        });
+    }
 }
 
 impl KVStore {
@@ -246,28 +300,15 @@ impl KVStore {
         priority: i32,
         background: bool,
     ) -> Pending {
-        let done = Done::new(Arc::clone(&self.store.unobserved));
         let writes = PendingWrites::new(pull.iter().flat_map(|(_, outs)| outs.iter().cloned()).collect());
-        let (store, finished) = (Arc::clone(&self.store), Arc::clone(&done));
-        self.engine.submit(
-            vars,
-            priority,
-            Box::new(move || {
-                engine::run_as(background, || {
-                    let copies = start_reads(&push);
-                    let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        store.push_pull(op, borrow_inputs(&push, &copies), borrow(&pull), true)
-                    }))
-                    .unwrap_or_else(|_| Err(Error::Internal(format!("{op} panicked"))));
-                    // The values are returned and the outs readable before the handle
-                    // says the call is done.
-                    drop((copies, push));
-                    drop(writes);
-                    finished.finish(r);
-                })
-            }),
-        );
-        Pending::new(done)
+        let call = Arc::new(Queued {
+            done: Done::running(Arc::clone(&self.store.unobserved)),
+            op,
+            background,
+            work: Mutex::new(Work { store: Some(Arc::clone(&self.store)), push, pull, writes }),
+        });
+        self.engine.submit_job(vars, priority, Arc::clone(&call) as Arc<dyn Job>);
+        Pending::new(call)
     }
 
     /// Runs `f` on the engine, after every call queued before it, and waits: how a
@@ -287,15 +328,11 @@ impl KVStore {
         }
         let done = Done::new(Arc::clone(&self.store.unobserved));
         let (store, finished) = (Arc::clone(&self.store), Arc::clone(&done));
-        self.engine.submit(
-            Vars::new(),
-            0,
-            Box::new(move || {
-                let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(&store)))
-                    .unwrap_or_else(|_| Err(Error::Internal(format!("{op} panicked"))));
-                finished.finish(r);
-            }),
-        );
+        self.engine.submit(Vars::new(), 0, move || {
+            let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(&store)))
+                .unwrap_or_else(|_| Err(Error::Internal(format!("{op} panicked"))));
+            finished.finish(r);
+        });
         Pending::new(done).wait()
     }
 

@@ -33,13 +33,30 @@ pub(crate) struct Done {
     unobserved: Unobserved,
 }
 
+/// What a handle holds: a call's [`Done`], alone or within the call itself (a queued
+/// call and its handle are one allocation: see [`crate::engine::Job`]).
+pub(crate) trait HasDone: Send + Sync {
+    fn done(&self) -> &Done;
+}
+
+impl HasDone for Done {
+    fn done(&self) -> &Done {
+        self
+    }
+}
+
 impl Done {
     pub(crate) fn new(unobserved: Unobserved) -> Arc<Self> {
-        Arc::new(Done {
+        Arc::new(Done::running(unobserved))
+    }
+
+    /// The state of a call not finished yet.
+    pub(crate) fn running(unobserved: Unobserved) -> Self {
+        Done {
             state: Mutex::new(State::Running { abandoned: false, callback: None }),
             finished: Condvar::new(),
             unobserved,
-        })
+        }
     }
 
     /// Records the call's result: to its handle, its callback, or (handle dropped, call
@@ -72,7 +89,7 @@ impl Done {
 /// error is reported by the next [`crate::KVStore::wait_all`] instead.
 #[must_use = "a dropped handle's error is only reported by wait_all"]
 pub struct Pending {
-    done: Arc<Done>,
+    call: Arc<dyn HasDone>,
     /// For a call fused with the calls after it (`kvstore/fusion.rs`): waiting for it
     /// releases its batch first.
     held: Option<Release>,
@@ -98,13 +115,17 @@ impl Release {
 }
 
 impl Pending {
-    pub(crate) fn new(done: Arc<Done>) -> Self {
-        Pending { done, held: None }
+    pub(crate) fn new(call: Arc<dyn HasDone>) -> Self {
+        Pending { call, held: None }
     }
 
     /// The handle of a call that `engine` holds in batch `id`.
-    pub(crate) fn held(done: Arc<Done>, engine: &Arc<Engine>, id: u64) -> Self {
-        Pending { done, held: Some(Release { engine: Arc::downgrade(engine), batch: id }) }
+    pub(crate) fn held(call: Arc<dyn HasDone>, engine: &Arc<Engine>, id: u64) -> Self {
+        Pending { call, held: Some(Release { engine: Arc::downgrade(engine), batch: id }) }
+    }
+
+    fn done(&self) -> &Done {
+        self.call.done()
     }
 
     /// Releases the batch that holds the call, if one still does: whoever asks for the
@@ -132,7 +153,7 @@ impl Pending {
     /// Whether the call has finished (successfully or not).
     pub fn is_done(&self) -> bool {
         self.release();
-        !matches!(*self.done.state.lock(), State::Running { .. })
+        !matches!(*self.done().state.lock(), State::Running { .. })
     }
 
     /// Waits for the call to finish and returns its result: what the blocking call
@@ -142,9 +163,9 @@ impl Pending {
     /// The call's error; the store then holds what it held before the call.
     pub fn wait(self) -> Result<()> {
         self.release();
-        let mut st = self.done.state.lock();
+        let mut st = self.done().state.lock();
         while matches!(*st, State::Running { .. }) {
-            self.done.finished.wait(&mut st);
+            self.done().finished.wait(&mut st);
         }
         match std::mem::replace(&mut *st, State::Taken) {
             State::Finished(r) => r,
@@ -157,9 +178,9 @@ impl Pending {
     pub fn wait_timeout(self, timeout: Duration) -> std::result::Result<Result<()>, Pending> {
         self.release();
         {
-            let mut st = self.done.state.lock();
+            let mut st = self.done().state.lock();
             if matches!(*st, State::Running { .. }) {
-                let _ = self.done.finished.wait_for(&mut st, timeout);
+                let _ = self.done().finished.wait_for(&mut st, timeout);
             }
             if matches!(*st, State::Running { .. }) {
                 drop(st);
@@ -173,7 +194,7 @@ impl Pending {
     /// already has; otherwise on the thread that finishes it (a store's engine thread),
     /// where `f` must not wait for the store's calls.
     pub fn on_done(self, f: impl FnOnce(Result<()>) + Send + 'static) {
-        let mut st = self.done.state.lock();
+        let mut st = self.done().state.lock();
         match &mut *st {
             State::Running { callback, .. } => *callback = Some(Box::new(f)),
             State::Finished(_) => {
@@ -191,12 +212,12 @@ impl Pending {
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        let mut st = self.done.state.lock();
+        let mut st = self.done().state.lock();
         match &mut *st {
             State::Running { abandoned, callback: None } => *abandoned = true,
             State::Finished(_) => {
                 if let State::Finished(Err(e)) = std::mem::replace(&mut *st, State::Taken) {
-                    self.done.unobserved.lock().push(e);
+                    self.done().unobserved.lock().push(e);
                 }
             }
             _ => {}

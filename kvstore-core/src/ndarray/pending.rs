@@ -70,17 +70,25 @@ impl PendingWrites {
     }
 }
 
-impl Drop for PendingWrites {
-    fn drop(&mut self) {
+impl PendingWrites {
+    /// Ends the writes (the call wrote its outs): accesses no longer wait. The list's
+    /// memory is kept, for whoever drops it.
+    pub(crate) fn end(&mut self) {
         if self.arrays.is_empty() {
             return;
         }
-        for a in &self.arrays {
+        for a in self.arrays.drain(..) {
             a.inner.pending.fetch_sub(1, Ordering::AcqRel);
         }
         // Taking the lock orders this notification after any waiter's check.
         let _guard = SETTLED.0.lock();
         SETTLED.1.notify_all();
+    }
+}
+
+impl Drop for PendingWrites {
+    fn drop(&mut self) {
+        self.end();
     }
 }
 
