@@ -148,18 +148,16 @@ struct Shared {
     finished: AtomicUsize,
     /// `State::ready.len()`, readable without the lock (for idle workers' spin).
     ready: AtomicUsize,
-    /// What a submit reads to decide whether to wake a worker, on a line that changes
-    /// only when a worker goes idle or wakes.
-    idlers: CachePadded<Idlers>,
-}
-
-struct Idlers {
-    /// Whether an idle worker is spinning: only one does, so that idle workers never
-    /// take more than one core from the threads that submit calls.
-    spinning: AtomicBool,
     /// Workers asleep on `work`, or about to be (counted under the lock before their last
-    /// look at the inbox).
-    sleepers: AtomicUsize,
+    /// look at the inbox): what a submit reads first to decide whether to wake one, on a
+    /// line of its own that changes only when a worker falls asleep or wakes (in a
+    /// stream of calls, not at all).
+    sleepers: CachePadded<AtomicUsize>,
+    /// Whether an idle worker is spinning: only one does, so that idle workers never
+    /// take more than one core from the threads that submit calls. It changes whenever
+    /// a worker that keeps up with the submits runs out of work; a submit reads it only
+    /// when a worker sleeps.
+    spinning: CachePadded<AtomicBool>,
 }
 
 /// How long an idle worker keeps looking for work before it sleeps: calls handed over
@@ -255,8 +253,7 @@ impl Shared {
     /// spins (it will find the call). The sequentially consistent accesses pair with a
     /// sleeper's: either this sees its count, or the sleeper's last look sees the call.
     fn wake(&self) {
-        let idlers = &self.idlers;
-        if idlers.spinning.load(AtomicOrdering::SeqCst) || idlers.sleepers.load(AtomicOrdering::SeqCst) == 0 {
+        if self.sleepers.load(AtomicOrdering::SeqCst) == 0 || self.spinning.load(AtomicOrdering::SeqCst) {
             return;
         }
         // A worker between its last look at the inbox and its wait holds the lock: taking
@@ -326,7 +323,7 @@ impl Shared {
                     if st.stop && self.is_idle() {
                         return;
                     }
-                    if !spun && !self.idlers.spinning.swap(true, AtomicOrdering::SeqCst) {
+                    if !spun && !self.spinning.swap(true, AtomicOrdering::SeqCst) {
                         // Look for work a little longer, without the lock, yielding the
                         // core to the threads that submit it.
                         spun = true;
@@ -340,15 +337,15 @@ impl Shared {
                         }
                         // Submits that saw the flag did not wake anyone: the drain at the
                         // top of the loop, after this store, registers their calls.
-                        self.idlers.spinning.store(false, AtomicOrdering::SeqCst);
+                        self.spinning.store(false, AtomicOrdering::SeqCst);
                         st = self.state.lock();
                         continue;
                     }
-                    self.idlers.sleepers.fetch_add(1, AtomicOrdering::SeqCst);
+                    self.sleepers.fetch_add(1, AtomicOrdering::SeqCst);
                     if self.inbox.is_empty() {
                         self.work.wait(&mut st);
                     }
-                    self.idlers.sleepers.fetch_sub(1, AtomicOrdering::SeqCst);
+                    self.sleepers.fetch_sub(1, AtomicOrdering::SeqCst);
                     spun = false;
                 }
             };
@@ -464,7 +461,8 @@ impl Engine {
             submitted: CachePadded::new(AtomicUsize::new(0)),
             finished: AtomicUsize::new(0),
             ready: AtomicUsize::new(0),
-            idlers: CachePadded::new(Idlers { spinning: AtomicBool::new(false), sleepers: AtomicUsize::new(0) }),
+            sleepers: CachePadded::new(AtomicUsize::new(0)),
+            spinning: CachePadded::new(AtomicBool::new(false)),
         });
         let threads = if ordered { 1 } else { threads.max(1) };
         let mut engine = Engine { shared, workers: Vec::with_capacity(threads), held: Mutex::new(Held::default()) };
