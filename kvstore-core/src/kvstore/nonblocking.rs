@@ -23,7 +23,7 @@ use super::{Done, Entry, Found, Group, KVStore, Pending, Store, check_like, lock
 use crate::engine::{self, Job, Var, Vars};
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys, Run, Values, flat_runs, pairs_of, runs};
-use crate::ndarray::{Lent, NDArray, PendingWrites};
+use crate::ndarray::{Lent, NDArray, PendingWrites, empty_list};
 
 /// A call's keys with their arrays (or what stands for them), held by the call itself so
 /// it can run after its caller returned.
@@ -148,7 +148,8 @@ struct Queued {
     work: Mutex<Work>,
 }
 
-/// What a queued call works on; emptied (its lists' memory kept) once it ran.
+/// What a queued call works on; emptied once it ran (short lists keep their memory:
+/// [`empty_list`]).
 struct Work {
     store: Option<Arc<Store>>,
     push: Owned<Input>,
@@ -176,9 +177,9 @@ impl Job for Queued {
             // The values are returned and the outs readable before the handle says the
             // call is done.
             drop(copies);
-            work.push.clear();
+            empty_list(&mut work.push);
             work.writes.end();
-            work.pull.clear();
+            empty_list(&mut work.pull);
             drop(work);
             drop(store);
             self.done.finish(r);

@@ -21,7 +21,7 @@ mod pending;
 mod storage;
 
 pub(crate) use loan::Lent;
-pub(crate) use pending::{PendingWrites, mark_store_thread};
+pub(crate) use pending::{PendingWrites, empty_list, mark_store_thread};
 
 pub(crate) use storage::{HostBuf, HostRead, HostWrite, Storage, copy_storage};
 

@@ -55,6 +55,21 @@ impl NDArray {
     }
 }
 
+/// The most elements a queued call's emptied list keeps room for (see [`empty_list`]).
+const KEPT: usize = 8;
+
+/// Empties a list of a queued call that ran. A short list's memory is kept, for the
+/// call's last holder to free (normally the thread that made the call: see
+/// `kvstore/nonblocking.rs`); a long one's is freed now, so that a handle kept for long
+/// does not hold it (one block freed on the engine's thread per call of many keys
+/// costs little).
+pub(crate) fn empty_list<T>(list: &mut Vec<T>) {
+    match list.capacity() > KEPT {
+        true => *list = Vec::new(),
+        false => list.clear(),
+    }
+}
+
 /// The outs of a queued call: pending from creation until dropped.
 pub(crate) struct PendingWrites {
     arrays: Vec<NDArray>,
@@ -71,15 +86,16 @@ impl PendingWrites {
 }
 
 impl PendingWrites {
-    /// Ends the writes (the call wrote its outs): accesses no longer wait. The list's
-    /// memory is kept, for whoever drops it.
+    /// Ends the writes (the call wrote its outs): accesses no longer wait. A short
+    /// list's memory is kept, for whoever drops it ([`empty_list`]).
     pub(crate) fn end(&mut self) {
         if self.arrays.is_empty() {
             return;
         }
-        for a in self.arrays.drain(..) {
+        for a in &self.arrays {
             a.inner.pending.fetch_sub(1, Ordering::AcqRel);
         }
+        empty_list(&mut self.arrays);
         // Taking the lock orders this notification after any waiter's check.
         let _guard = SETTLED.0.lock();
         SETTLED.1.notify_all();
@@ -96,6 +112,23 @@ impl Drop for PendingWrites {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn an_emptied_list_keeps_its_memory_only_when_short() {
+        let mut short: Vec<u32> = Vec::with_capacity(KEPT);
+        short.extend(0..KEPT as u32);
+        empty_list(&mut short);
+        assert!(short.is_empty() && short.capacity() >= KEPT);
+        let mut long: Vec<u32> = (0..1000).collect();
+        empty_list(&mut long);
+        assert!(long.is_empty() && long.capacity() == 0);
+        // The outs of a call of many keys: no longer pending, and the list let go.
+        let outs: Vec<NDArray> = (0..20).map(|_| NDArray::zeros(&[2]).unwrap()).collect();
+        let mut writes = PendingWrites::new(outs.clone());
+        assert!(outs.iter().all(NDArray::is_pending));
+        writes.end();
+        assert!(outs.iter().all(|a| !a.is_pending()) && writes.arrays.capacity() == 0);
+    }
 
     #[test]
     fn reads_wait_for_pending_writes_except_on_the_stores_threads() {
