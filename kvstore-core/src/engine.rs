@@ -54,8 +54,9 @@ pub(crate) type Vars = SmallVec<[Var; 4]>;
 ///
 /// A job is shared, not owned, by the engine: a store's queued call is one allocation
 /// that its handle ([`crate::Pending`]) holds too, so that its memory is freed by
-/// whoever lets go of it last — normally the thread that made the call, when it is done
-/// with the handle. Memory that one thread allocates and another frees passes the
+/// whoever lets go of it last — the thread that made the call when it keeps the handle
+/// until the call is done. The engine lets go of a job before the call counts as
+/// finished (see [`Engine::wait_idle`]). Memory that one thread allocates and another frees passes the
 /// allocator's lists between their cores at every call (with the C library's allocator,
 /// most of what a submit cost when the two cores are far apart).
 pub(crate) trait Job: Send + Sync {
@@ -151,7 +152,7 @@ struct Shared {
     /// Workers asleep on `work`, or about to be (counted under the lock before their last
     /// look at the inbox): what a submit reads first to decide whether to wake one, on a
     /// line of its own that changes only when a worker falls asleep or wakes (in a
-    /// stream of calls, not at all).
+    /// stream of calls that keeps every worker busy or spinning, not at all).
     sleepers: CachePadded<AtomicUsize>,
     /// Whether an idle worker is spinning: only one does, so that idle workers never
     /// take more than one core from the threads that submit calls. It changes whenever
@@ -356,8 +357,10 @@ impl Shared {
             let Op { seq, call: Submitted { vars, run, .. } } = op;
             // A call reports its own result; a panic must not take the worker (and the
             // vars the call holds) with it.
-            let _ = std::panic::catch_unwind(AssertUnwindSafe(|| run.run()));
-            drop(run);
+            let _ = std::panic::catch_unwind(AssertUnwindSafe(move || {
+                run.run();
+                drop(run);
+            }));
             self.finish(seq, &vars);
         }
     }
@@ -813,6 +816,25 @@ mod tests {
             let expected = if ordered { vec![1, 2, 3, 4] } else { vec![2, 4, 1, 3] };
             assert_eq!(*log.lock(), expected, "ordered: {ordered}");
         }
+    }
+
+    #[test]
+    fn the_engine_lets_go_of_a_job_before_its_call_counts_as_finished() {
+        struct Probe(AtomicUsize);
+        impl Job for Probe {
+            fn run(&self) {
+                self.0.fetch_add(1, AtomicOrdering::SeqCst);
+            }
+        }
+        let engine = Engine::new(2, false).unwrap();
+        let job = Arc::new(Probe(AtomicUsize::new(0)));
+        for k in 0..100 {
+            engine.submit_job(vars(&[Var::Key(k % 3)]), 0, Arc::clone(&job) as Arc<dyn Job>);
+        }
+        engine.wait_idle();
+        assert_eq!(job.0.load(AtomicOrdering::SeqCst), 100);
+        // The handle's holder frees a call's memory: the engine holds no reference now.
+        assert_eq!(Arc::strong_count(&job), 1);
     }
 
     #[test]

@@ -41,8 +41,8 @@ fn this_thread() -> usize {
         .unwrap_or(usize::MAX)
 }
 
-// SAFETY: every block is the system allocator's block of the same alignment, `header`
-// bytes larger; the pointer handed out is `header` bytes in, and the header holds a
+// SAFETY: every block is the system allocator's block, `header` bytes larger and
+// aligned to the layout's alignment or 16, whichever is larger; the pointer handed out is `header` bytes in, and the header holds a
 // `usize` written before the pointer is handed out.
 unsafe impl GlobalAlloc for Recording {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {

@@ -137,9 +137,11 @@ pub(super) fn borrow_inputs<'a>(push: &'a Owned<Input>, copies: &'a Copies) -> F
 
 /// A queued call and its handle's state, one allocation that the engine and the call's
 /// [`Pending`] share. The engine's thread runs the call and gives back at once what it
-/// borrowed (the values' loans, the outs' pending writes, the store), but the memory
-/// goes with the last holder: normally the caller's thread, when it is done with the
-/// handle (see [`Job`]).
+/// borrowed (the values' loans, the outs' pending writes and its references to keys and
+/// outs) before it finishes the handle, and lets go of the store after, but the memory
+/// goes with the last holder: the caller's thread when it keeps the handle until the
+/// call is done (Java's and Clojure's futures do not keep it: there the engine's
+/// thread frees it), see [`Job`]. Whatever panics, the handle is finished.
 struct Queued {
     done: Done,
     op: &'static str,
@@ -169,20 +171,24 @@ impl Job for Queued {
         let Some(store) = work.store.take() else { return };
         let op = self.op;
         engine::run_as(self.background, || {
-            let copies = start_reads(&work.push);
             let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let copies = start_reads(&work.push);
                 store.push_pull(op, borrow_inputs(&work.push, &copies), borrow(&work.pull), true)
             }))
             .unwrap_or_else(|_| Err(Error::Internal(format!("{op} panicked"))));
             // The values are returned and the outs readable before the handle says the
             // call is done.
-            drop(copies);
-            empty_list(&mut work.push);
-            work.writes.end();
-            empty_list(&mut work.pull);
+            let returned = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                empty_list(&mut work.push);
+                work.writes.end();
+                empty_list(&mut work.pull);
+            }));
             drop(work);
+            self.done.finish(match returned {
+                Ok(()) => r,
+                Err(_) => Err(Error::Internal(format!("{op} panicked returning its arrays"))),
+            });
             drop(store);
-            self.done.finish(r);
         });
     }
 }
@@ -543,5 +549,31 @@ impl KVStore {
         if !locks::inside_updater() {
             self.engine.wait_idle();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{KVStore, NDArray};
+
+    #[test]
+    fn a_kept_handle_of_a_finished_call_holds_no_loan_and_no_pending_out() {
+        let kv = KVStore::create("local").unwrap();
+        let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+        let values: Vec<NDArray> = keys.iter().map(|_| NDArray::ones(&[8]).unwrap()).collect();
+        let outs: Vec<NDArray> = keys.iter().map(|_| NDArray::zeros(&[8]).unwrap()).collect();
+        kv.init(keys.as_slice(), outs.as_slice()).unwrap();
+        // One key (short lists, kept with the handle) and twenty (long ones, freed).
+        let one = (kv.push_async("k0", &values[0], 0), kv.pull_async("k0", &outs[0], 0));
+        let many =
+            (kv.push_async(keys.as_slice(), values.as_slice(), 0), kv.pull_async(keys.as_slice(), outs.as_slice(), 0));
+        kv.wait_all().unwrap();
+        assert!(values.iter().all(|v| !v.is_lent()), "a finished call kept a loan");
+        assert!(outs.iter().all(|o| !o.is_pending()), "a finished call kept an out pending");
+        for p in [one.0, one.1, many.0, many.1] {
+            assert!(p.is_done());
+            p.wait().unwrap();
+        }
+        assert_eq!(outs[19].to_vec::<f32>().unwrap(), vec![1.0; 8]);
     }
 }

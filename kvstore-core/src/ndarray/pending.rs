@@ -55,22 +55,23 @@ impl NDArray {
     }
 }
 
-/// The most elements a queued call's emptied list keeps room for (see [`empty_list`]).
-const KEPT: usize = 8;
+/// The most bytes a queued call's emptied list keeps (see [`empty_list`]).
+const KEPT_BYTES: usize = 512;
 
 /// Empties a list of a queued call that ran. A short list's memory is kept, for the
-/// call's last holder to free (normally the thread that made the call: see
-/// `kvstore/nonblocking.rs`); a long one's is freed now, so that a handle kept for long
-/// does not hold it (one block freed on the engine's thread per call of many keys
-/// costs little).
+/// call's last holder to free (the thread that made the call, when it keeps the handle:
+/// see `kvstore/nonblocking.rs`); a long one's is freed now, so that a handle kept for
+/// long does not hold it (a few blocks freed on the engine's thread per call of many
+/// keys cost little).
 pub(crate) fn empty_list<T>(list: &mut Vec<T>) {
-    match list.capacity() > KEPT {
+    match list.capacity() * std::mem::size_of::<T>() > KEPT_BYTES {
         true => *list = Vec::new(),
         false => list.clear(),
     }
 }
 
-/// The outs of a queued call: pending from creation until dropped.
+/// The outs of a queued call: pending from creation until ended ([`PendingWrites::end`])
+/// or dropped.
 pub(crate) struct PendingWrites {
     arrays: Vec<NDArray>,
 }
@@ -115,15 +116,16 @@ mod tests {
 
     #[test]
     fn an_emptied_list_keeps_its_memory_only_when_short() {
-        let mut short: Vec<u32> = Vec::with_capacity(KEPT);
-        short.extend(0..KEPT as u32);
+        let kept = KEPT_BYTES / std::mem::size_of::<u32>();
+        let mut short: Vec<u32> = Vec::with_capacity(kept);
+        short.extend(0..kept as u32);
         empty_list(&mut short);
-        assert!(short.is_empty() && short.capacity() >= KEPT);
+        assert!(short.is_empty() && short.capacity() >= kept);
         let mut long: Vec<u32> = (0..1000).collect();
         empty_list(&mut long);
         assert!(long.is_empty() && long.capacity() == 0);
         // The outs of a call of many keys: no longer pending, and the list let go.
-        let outs: Vec<NDArray> = (0..20).map(|_| NDArray::zeros(&[2]).unwrap()).collect();
+        let outs: Vec<NDArray> = (0..100).map(|_| NDArray::zeros(&[2]).unwrap()).collect();
         let mut writes = PendingWrites::new(outs.clone());
         assert!(outs.iter().all(NDArray::is_pending));
         writes.end();
