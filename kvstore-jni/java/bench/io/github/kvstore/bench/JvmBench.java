@@ -13,6 +13,7 @@ import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 import java.util.Locale;
+import java.util.concurrent.CompletableFuture;
 
 /**
  * The Java rows of {@code make bench}: the same operations as the Rust report's, timed
@@ -61,6 +62,42 @@ public final class JvmBench {
                 kv.push("s", small);
                 kv.pull("s", smallOut);
             })));
+
+            // The engine's cost from Java: a pushAsync's submit against a blocking push, per
+            // call, over 1000 calls on 1000 keys (the futures joined after, not timed).
+            String[] keys = new String[1000];
+            NDArray[] zeros = new NDArray[keys.length];
+            for (int i = 0; i < keys.length; i++) {
+                keys[i] = "e" + i;
+                zeros[i] = NDArray.zeros(1024);
+            }
+            kv.init(keys, zeros);
+            rows.add(row("java: blocking push of 1 Ki f32 (per call)", medianPerCall(runs, 1, () -> {
+                for (String k : keys) {
+                    kv.push(k, small);
+                }
+            }) / keys.length));
+            List<CompletableFuture<Void>> futures = new ArrayList<>(keys.length);
+            double[] submits = new double[runs];
+            for (int r = -3; r < runs; r++) {
+                futures.clear();
+                long start = System.nanoTime();
+                for (String k : keys) {
+                    futures.add(kv.pushAsync(k, small));
+                }
+                double s = (System.nanoTime() - start) / 1e9 / keys.length;
+                for (CompletableFuture<Void> f : futures) {
+                    f.join();
+                }
+                if (r >= 0) {
+                    submits[r] = s;
+                }
+            }
+            Arrays.sort(submits);
+            rows.add(row("java: pushAsync submit of 1 Ki f32 (per call)", submits[runs / 2]));
+            for (NDArray z : zeros) {
+                z.close();
+            }
 
             NDArray[] vals = new NDArray[DEVICES];
             NDArray[] outs = new NDArray[DEVICES];
