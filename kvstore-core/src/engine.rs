@@ -56,9 +56,9 @@ pub(crate) type Vars = SmallVec<[Var; 4]>;
 /// that its handle ([`crate::Pending`]) holds too, so that its memory is freed by
 /// whoever lets go of it last — the thread that made the call when it keeps the handle
 /// until the call is done. The engine lets go of a job before the call counts as
-/// finished (see [`Engine::wait_idle`]). Memory that one thread allocates and another frees passes the
-/// allocator's lists between their cores at every call (with the C library's allocator,
-/// most of what a submit cost when the two cores are far apart).
+/// finished (see [`Engine::wait_idle`]). Memory that one thread allocates and another
+/// frees passes the allocator's lists between their cores at every call (with the C
+/// library's allocator, most of what a submit cost when the two cores are far apart).
 pub(crate) trait Job: Send + Sync {
     /// Runs the call; the engine calls it once.
     fn run(&self);

@@ -134,9 +134,8 @@ impl KVStoreBuilder {
 
     /// The number of engine threads, which run the store's non-blocking calls (0, the
     /// default: one per core but one, at least 1 and at most 4). `dist_sync` stores
-    /// ignore it: the stores of a
-    /// worker group share one engine thread, so that their collectives run in the order
-    /// of their calls on every worker.
+    /// ignore it: the stores of a worker group share one engine thread, so that their
+    /// collectives run in the order of their calls on every worker.
     pub fn engine_threads(mut self, threads: usize) -> Self {
         self.engine_threads = threads;
         self
@@ -271,9 +270,10 @@ impl KVStoreBuilder {
 /// - Calls on the same key take effect in the order they were made, from whatever
 ///   thread; calls on different keys run in parallel, on as many engine threads as the
 ///   store has ([`KVStoreBuilder::engine_threads`]: by default one per core but one, so
-///   one on a machine of two cores, where they run in turn). `priority` orders calls that are
-///   ready to run at the same time (higher first); it never changes a result, and a
-///   `dist_sync` store ignores it (its calls run in the order made, on every worker).
+///   one on a machine of two cores, where they run in turn). `priority` orders calls
+///   that are ready to run at the same time (higher first); it never changes a result,
+///   and a `dist_sync` store ignores it (its calls run in the order made, on every
+///   worker).
 /// - A push's values may be reused as soon as it returns: it sums what they held when it
 ///   was made (they are lent to the queued call, not copied: a write before the call
 ///   read one copies it for the call first, a write while it reads waits). A pull's

@@ -84,9 +84,7 @@ impl PendingWrites {
         }
         PendingWrites { arrays }
     }
-}
 
-impl PendingWrites {
     /// Ends the writes (the call wrote its outs): accesses no longer wait. A short
     /// list's memory is kept, for whoever drops it ([`empty_list`]).
     pub(crate) fn end(&mut self) {
