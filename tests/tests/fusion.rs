@@ -132,6 +132,21 @@ fn a_batch_is_released_at_its_size_and_a_key_pushed_twice_goes_in_the_next() {
 }
 
 #[test]
+fn is_finished_leaves_a_held_call_held() {
+    run(2, None, |rank, kv, c| {
+        init(&kv, 1, 4);
+        let before = c.calls.load(Ordering::SeqCst);
+        let p = kv.push_async("k0", &NDArray::full(&[4], 1.0 + rank as f64).unwrap(), 0);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // Unlike is_done, asking whether it finished does not release the batch.
+        assert!(!p.is_finished());
+        assert_eq!(c.calls.load(Ordering::SeqCst), before, "is_finished released the batch");
+        p.wait().expect("push");
+        assert_eq!(kv.pull_new("k0", 0).unwrap().to_vec::<f32>().unwrap(), vec![3.0; 4]);
+    });
+}
+
+#[test]
 fn waits_reads_blocking_calls_and_drops_release_a_batch() {
     run(2, None, |rank, kv, c| {
         init(&kv, 4, 4);

@@ -494,16 +494,19 @@ proptest! {
     }
 }
 
+/// Counts its drops: tells whether what holds it let go.
+struct Flag(Arc<AtomicUsize>);
+
+impl Drop for Flag {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 #[test]
 fn a_finished_calls_handle_does_not_keep_its_store_alive() {
     // A handle shares its call's memory with the engine; once the call ran, what the
     // call worked on (the store among it) is let go even while the handle is kept.
-    struct Flag(Arc<AtomicUsize>);
-    impl Drop for Flag {
-        fn drop(&mut self) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
     let dropped = Arc::new(AtomicUsize::new(0));
     let kv = KVStore::create("local").unwrap();
     kv.init("w", &NDArray::zeros(&[4]).unwrap()).unwrap();
@@ -523,4 +526,47 @@ fn a_finished_calls_handle_does_not_keep_its_store_alive() {
     pushed.wait().unwrap();
     pulled.wait().unwrap();
     assert_eq!(out.to_vec::<f32>().unwrap(), vec![1.0; 4]);
+}
+
+#[test]
+fn on_done_leaves_the_handle_to_its_caller_and_takes_the_result_once() {
+    let kv = KVStore::create("local").unwrap();
+    kv.init("w", &NDArray::zeros(&[4]).unwrap()).unwrap();
+    let gate: Gate = Arc::default();
+    let held = Arc::clone(&gate);
+    kv.set_updater(move |_: &Key, _, merged: &NDArray, stored: &NDArray| {
+        wait_at(&held);
+        stored.copy_from(merged)
+    })
+    .unwrap();
+    let pushed = kv.push_async("w", &NDArray::ones(&[4]).unwrap(), 0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let flag = Flag(Arc::clone(&dropped));
+    pushed.on_done(move |r| {
+        let _ = &flag;
+        tx.send(r).unwrap();
+    });
+    // A second callback gets an error at once; the first keeps the result.
+    let (tx2, rx2) = std::sync::mpsc::channel();
+    pushed.on_done(move |r| tx2.send(r).unwrap());
+    assert_eq!(rx2.recv().unwrap().unwrap_err().kind(), ErrorKind::Internal);
+    assert!(!pushed.is_finished());
+    open(&gate);
+    rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    assert_eq!(dropped.load(Ordering::SeqCst), 1, "the callback's closure was not dropped when it ran");
+    assert!(pushed.is_finished() && pushed.is_done());
+    // The result went to the callback.
+    assert_eq!(pushed.wait().unwrap_err().kind(), ErrorKind::Internal);
+    assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 4]);
+    // A callback on a finished call runs at once, on this thread.
+    let done = kv.push_async("w", &NDArray::full(&[4], 2.0).unwrap(), 0);
+    kv.wait_all().unwrap();
+    let here = std::thread::current().id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    done.on_done(move |r| tx.send((r, std::thread::current().id())).unwrap());
+    let (r, on) = rx.try_recv().expect("the callback of a finished call did not run at once");
+    assert!(r.is_ok() && on == here);
+    drop(done);
+    kv.wait_all().unwrap();
 }

@@ -140,8 +140,9 @@ pub(super) fn borrow_inputs<'a>(push: &'a Owned<Input>, copies: &'a Copies) -> F
 /// borrowed (the values' loans, the outs' pending writes and its references to keys and
 /// outs) before it finishes the handle, and lets go of the store after, but the memory
 /// goes with the last holder: the caller's thread when it keeps the handle until the
-/// call is done (Java's and Clojure's futures do not keep it: there the engine's
-/// thread frees it), see [`Job`]. Whatever panics, the handle is finished.
+/// call is done (the JNI layer keeps the handles of Java's and Clojure's calls on their
+/// threads until they are done, for this), see [`Job`]. Whatever panics, the handle is
+/// finished.
 struct Queued {
     done: Done,
     op: &'static str,

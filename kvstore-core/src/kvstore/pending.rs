@@ -11,8 +11,23 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 
 /// A function told a call's result when it finishes (bindings complete their futures
-/// with it). It runs on the thread that finished the call.
-type Callback = Box<dyn FnOnce(Result<()>) + Send>;
+/// with it). It runs on the thread that finished the call; its box stays with the call
+/// (see [`State::Taken`]).
+type Callback = Box<dyn CallOnce>;
+
+/// A boxed `FnOnce` that can be called through `&mut`: calling it takes the closure out
+/// and leaves its box, so the box is freed with the call, not where it was called.
+trait CallOnce: Send {
+    fn call(&mut self, result: Result<()>);
+}
+
+impl<F: FnOnce(Result<()>) + Send> CallOnce for Option<F> {
+    fn call(&mut self, result: Result<()>) {
+        if let Some(f) = self.take() {
+            f(result);
+        }
+    }
+}
 
 /// Errors of calls whose handles were dropped before anyone saw the result: what
 /// [`crate::KVStore::wait_all`] reports, in the order the calls failed.
@@ -23,8 +38,10 @@ enum State {
     Running { abandoned: bool, callback: Option<Callback> },
     /// Finished, its result not yet taken.
     Finished(Result<()>),
-    /// Finished and the result taken (by `wait`, a callback, or `wait_all`).
-    Taken,
+    /// Finished and the result taken (by `wait`, a callback, or `wait_all`); with the
+    /// callback's emptied box, if one took it: the memory goes with the call's last
+    /// holder (the thread that keeps the handle), not with the thread that finished it.
+    Taken(Option<Callback>),
 }
 
 pub(crate) struct Done {
@@ -63,13 +80,16 @@ impl Done {
     /// failed) the store's unobserved errors.
     pub(crate) fn finish(&self, result: Result<()>) {
         let mut st = self.state.lock();
-        let State::Running { abandoned, callback } = std::mem::replace(&mut *st, State::Taken) else {
+        let State::Running { abandoned, callback } = std::mem::replace(&mut *st, State::Taken(None)) else {
             return;
         };
         match (callback, abandoned) {
-            (Some(cb), _) => {
+            (Some(mut cb), _) => {
                 drop(st);
-                cb(result);
+                cb.call(result);
+                if let State::Taken(spent @ None) = &mut *self.state.lock() {
+                    *spent = Some(cb);
+                }
                 return;
             }
             (None, true) => {
@@ -153,6 +173,12 @@ impl Pending {
     /// Whether the call has finished (successfully or not).
     pub fn is_done(&self) -> bool {
         self.release();
+        self.is_finished()
+    }
+
+    /// Whether the call has finished, without releasing the batch that may hold it (as
+    /// [`Pending::is_done`] does): for a binding that keeps handles only to free them.
+    pub fn is_finished(&self) -> bool {
         !matches!(*self.done().state.lock(), State::Running { .. })
     }
 
@@ -167,7 +193,7 @@ impl Pending {
         while matches!(*st, State::Running { .. }) {
             self.done().finished.wait(&mut st);
         }
-        match std::mem::replace(&mut *st, State::Taken) {
+        match std::mem::replace(&mut *st, State::Taken(None)) {
             State::Finished(r) => r,
             _ => Err(Error::Internal("a handle's result was taken twice".into())),
         }
@@ -192,17 +218,23 @@ impl Pending {
 
     /// Calls `f` with the result once the call finishes: at once, on this thread, if it
     /// already has; otherwise on the thread that finishes it (a store's engine thread),
-    /// where `f` must not wait for the store's calls.
-    pub fn on_done(self, f: impl FnOnce(Result<()>) + Send + 'static) {
+    /// where `f` must not wait for the store's calls. The result then belongs to `f`:
+    /// [`Pending::wait`] returns an error, and a second `on_done` is called with one.
+    ///
+    /// The handle may be dropped at once (the call goes on), or kept until the call is
+    /// done and dropped on this thread: the call's memory, `f`'s box included, is freed
+    /// by whichever holds it last, and allocators are fastest when memory is freed by
+    /// the thread that allocated it.
+    pub fn on_done(&self, f: impl FnOnce(Result<()>) + Send + 'static) {
         let mut st = self.done().state.lock();
         match &mut *st {
-            State::Running { callback, .. } => *callback = Some(Box::new(f)),
+            State::Running { callback: callback @ None, .. } => *callback = Some(Box::new(Some(f))),
             State::Finished(_) => {
-                let State::Finished(r) = std::mem::replace(&mut *st, State::Taken) else { unreachable!() };
+                let State::Finished(r) = std::mem::replace(&mut *st, State::Taken(None)) else { unreachable!() };
                 drop(st);
                 f(r);
             }
-            State::Taken => {
+            State::Running { callback: Some(_), .. } | State::Taken(_) => {
                 drop(st);
                 f(Err(Error::Internal("a handle's result was taken twice".into())));
             }
@@ -216,7 +248,7 @@ impl Drop for Pending {
         match &mut *st {
             State::Running { abandoned, callback: None } => *abandoned = true,
             State::Finished(_) => {
-                if let State::Finished(Err(e)) = std::mem::replace(&mut *st, State::Taken) {
+                if let State::Finished(Err(e)) = std::mem::replace(&mut *st, State::Taken(None)) {
                     self.done().unobserved.lock().push(e);
                 }
             }

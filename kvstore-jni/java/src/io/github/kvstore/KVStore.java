@@ -819,7 +819,9 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * {@link CompletableFuture#allOf} do not: wait for one of the calls, or call
      * {@link #waitAll()}, before waiting for those. Like every call of a
      * {@code dist_sync} store, a wait must come at the same point of the calls on every
-     * worker.
+     * worker. A thread in {@code get} or {@code join} has its future completed as soon
+     * as the call finishes; dependents of futures that no thread waits for may run up
+     * to 50 microseconds later, as the completer takes finished calls in batches.
      */
     private static final class CallFuture extends CompletableFuture<Void> {
         /** The call's id, once registered (-1 until then). */
@@ -835,20 +837,44 @@ public final class KVStore extends NativeObject implements AutoCloseable {
         @Override
         public Void get() throws InterruptedException, ExecutionException {
             release();
-            return super.get();
+            if (super.isDone()) {
+                return super.get();
+            }
+            Completer.startWaiting();
+            try {
+                return super.get();
+            } finally {
+                Completer.stopWaiting();
+            }
         }
 
         @Override
         public Void get(long timeout, TimeUnit unit)
                 throws InterruptedException, ExecutionException, TimeoutException {
             release();
-            return super.get(timeout, unit);
+            if (super.isDone()) {
+                return super.get(timeout, unit);
+            }
+            Completer.startWaiting();
+            try {
+                return super.get(timeout, unit);
+            } finally {
+                Completer.stopWaiting();
+            }
         }
 
         @Override
         public Void join() {
             release();
-            return super.join();
+            if (super.isDone()) {
+                return super.join();
+            }
+            Completer.startWaiting();
+            try {
+                return super.join();
+            } finally {
+                Completer.stopWaiting();
+            }
         }
 
         @Override
@@ -867,16 +893,22 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     /**
      * Submits a call to the store's engine: the future completes when the call is done,
      * exceptionally with the {@link KVStoreException} the blocking call would throw.
+     * {@code key} is the one key of {@code OP_PUSH_KEY} and {@code OP_PULL_KEY} (whose
+     * {@code keys} and {@code outKeys} are not read), null for the other calls.
      */
     private CompletableFuture<Void> submit(
-            int op, String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
+            int op, String key, String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
         long[] vs = handles(values, "values");
         long[] os = handles(outs, "outs");
         CallFuture future = new CallFuture();
         long id = Completer.register(future);
         future.id = id;
         try {
-            nSubmit(handle(), id, op, keys, vs, outKeys, os, priority);
+            if (key != null) {
+                nSubmitKey(handle(), id, op, key, op == OP_PUSH_KEY ? vs : os, priority);
+            } else {
+                nSubmit(handle(), id, op, keys, vs, outKeys, os, priority);
+            }
         } catch (KVStoreException e) {
             // Found before anything was queued (a closed store, a stale array): the same
             // exception, through the future.
@@ -934,9 +966,9 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @return the call's future
      */
     public CompletableFuture<Void> pushAsync(String key, NDArray[] values, int priority) {
-        String[] k = one(key, "key");
+        Objects.requireNonNull(key, "key");
         checkArrays(values, "values");
-        return submit(OP_PUSH_KEY, k, values, NO_KEYS, NO_ARRAYS, priority);
+        return submit(OP_PUSH_KEY, key, NO_KEYS, values, NO_KEYS, NO_ARRAYS, priority);
     }
 
     /**
@@ -969,7 +1001,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     public CompletableFuture<Void> pushAsync(String[] keys, NDArray[] values, int priority) {
         keys(keys, "keys");
         checkArrays(values, "values");
-        return submit(OP_PUSH, keys, values, NO_KEYS, NO_ARRAYS, priority);
+        return submit(OP_PUSH, null, keys, values, NO_KEYS, NO_ARRAYS, priority);
     }
 
     /**
@@ -1015,9 +1047,9 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @return the call's future
      */
     public CompletableFuture<Void> pullAsync(String key, NDArray[] outs, int priority) {
-        String[] k = one(key, "key");
+        Objects.requireNonNull(key, "key");
         checkArrays(outs, "outs");
-        return submit(OP_PULL_KEY, NO_KEYS, NO_ARRAYS, k, outs, priority);
+        return submit(OP_PULL_KEY, key, NO_KEYS, NO_ARRAYS, NO_KEYS, outs, priority);
     }
 
     /**
@@ -1045,7 +1077,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     public CompletableFuture<Void> pullAsync(String[] keys, NDArray[] outs, int priority) {
         keys(keys, "keys");
         checkArrays(outs, "outs");
-        return submit(OP_PULL, NO_KEYS, NO_ARRAYS, keys, outs, priority);
+        return submit(OP_PULL, null, NO_KEYS, NO_ARRAYS, keys, outs, priority);
     }
 
     /**
@@ -1071,7 +1103,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      */
     public CompletableFuture<Void> pushpullAsync(String key, NDArray value, NDArray out, int priority) {
         String[] k = one(key, "key");
-        return submit(OP_PUSHPULL, k, one(value, "value"), k, one(out, "out"), priority);
+        return submit(OP_PUSHPULL, null, k, one(value, "value"), k, one(out, "out"), priority);
     }
 
     /**
@@ -1100,7 +1132,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
         String[] outKeys = repeat(key, "key", outs, "outs");
         checkArrays(values, "values");
         checkArrays(outs, "outs");
-        return submit(OP_PUSHPULL, valueKeys, values, outKeys, outs, priority);
+        return submit(OP_PUSHPULL, null, valueKeys, values, outKeys, outs, priority);
     }
 
     /**
@@ -1130,7 +1162,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
         keys(keys, "keys");
         checkArrays(values, "values");
         checkArrays(outs, "outs");
-        return submit(OP_PUSHPULL, keys, values, keys, outs, priority);
+        return submit(OP_PUSHPULL, null, keys, values, keys, outs, priority);
     }
 
     /**
@@ -1225,7 +1257,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      */
     public CompletableFuture<Void> broadcastAsync(String key, NDArray value, NDArray out, int priority) {
         String[] k = one(key, "key");
-        return submit(OP_BROADCAST, k, one(value, "value"), k, one(out, "out"), priority);
+        return submit(OP_BROADCAST, null, k, one(value, "value"), k, one(out, "out"), priority);
     }
 
     /**
@@ -1254,7 +1286,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
         NDArray[] v = one(value, "value");
         String[] outKeys = repeat(key, "key", outs, "outs");
         checkArrays(outs, "outs");
-        return submit(OP_BROADCAST, k, v, outKeys, outs, priority);
+        return submit(OP_BROADCAST, null, k, v, outKeys, outs, priority);
     }
 
     /**
@@ -1284,7 +1316,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
         keys(keys, "keys");
         checkArrays(values, "values");
         checkArrays(outs, "outs");
-        return submit(OP_BROADCAST, keys, values, keys, outs, priority);
+        return submit(OP_BROADCAST, null, keys, values, keys, outs, priority);
     }
 
     /**
@@ -1674,6 +1706,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
 
     static native void nSubmit(
             long h, long id, int op, String[] keys, long[] values, String[] outKeys, long[] outs, int priority);
+
+    static native void nSubmitKey(long h, long id, int op, String key, long[] arrays, int priority);
 
     static native int nTakeDone(long[] ids, int timeoutMs);
 

@@ -170,6 +170,30 @@ class AsyncTest {
     }
 
     @Test
+    void futuresThatNoThreadWaitsForRunTheirDependents() throws Exception {
+        int calls = 2000;
+        CountDownLatch ran = new CountDownLatch(calls + 1);
+        List<KVStoreException.Code> failures = new java.util.concurrent.CopyOnWriteArrayList<>();
+        try (KVStore kv = KVStore.create("local"); NDArray zeros = NDArray.zeros(SHAPE); NDArray one = NDArray.ones(SHAPE)) {
+            kv.init(new String[] {"a", "b"}, new NDArray[] {zeros, zeros});
+            kv.setUpdater((key, index, merged, stored) -> stored.addInPlace(merged));
+            for (int i = 0; i < calls; i++) {
+                kv.pushAsync(i % 2 == 0 ? "a" : "b", one).thenRun(ran::countDown);
+            }
+            kv.pullAsync("missing", one).whenComplete((v, e) -> {
+                failures.add(e instanceof KVStoreException k ? k.code() : null);
+                ran.countDown();
+            });
+            // Nothing waits for a future: the completer takes them as they finish.
+            assertTrue(ran.await(10, TimeUnit.SECONDS), "dependents did not run: " + ran.getCount() + " left");
+            assertEquals(List.of(KVStoreException.Code.KEY_NOT_INITIALIZED), failures);
+            try (NDArray a = kv.pull("a")) {
+                assertArrayEquals(filled(calls / 2), a.toFloatArray());
+            }
+        }
+    }
+
+    @Test
     void afterWaitAllEveryFutureIsDone() {
         try (KVStore kv = KVStore.create("local"); NDArray zeros = NDArray.zeros(SHAPE); NDArray one = NDArray.ones(SHAPE)) {
             kv.init("w", zeros);
