@@ -204,7 +204,10 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nTakeDone<'l>(
     env.with_env(|env| -> JResult<jint> {
         let room = ids.len(env)?;
         let mut done = DONE.0.lock();
-        if done.ids.is_empty() {
+        // Only a take that waits (the completer's) sleeps on the condition variable: a
+        // take with no time to wait (`waitAll`'s) could otherwise be handed the wake-up
+        // meant for the completer in the instant before its own timeout removes it.
+        if done.ids.is_empty() && timeout_ms > 0 {
             let _ = DONE.1.wait_for(&mut done, Duration::from_millis(u64::try_from(timeout_ms).unwrap_or(0)));
         }
         let n = room.min(done.ids.len());
