@@ -25,14 +25,14 @@ use crate::handles::STORES;
 
 /// A failed call's error, with the Java exception an updater threw for it (the cause of
 /// its `BACKEND` error), taken on the thread that ran the updater.
-type Finished = (Error, Option<Global<JThrowable<'static>>>);
+type Failed = (Error, Option<Global<JThrowable<'static>>>);
 
 #[derive(Default)]
 struct Done {
     /// Ids of finished calls, in the order they finished; negated for calls that failed.
     ids: VecDeque<i64>,
     /// The errors of the calls that failed, by id.
-    failed: HashMap<i64, Finished>,
+    failed: HashMap<i64, Failed>,
 }
 
 static DONE: LazyLock<(Mutex<Done>, Condvar)> = LazyLock::new(Default::default);
