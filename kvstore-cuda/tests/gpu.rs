@@ -92,6 +92,20 @@ fn gpu_optimizer_steps_give_the_host_bits() {
     device_checks::optimizers_match_the_host(&devices);
 }
 
+/// Non-blocking calls with every array on the GPUs (the engine's threads queue the GPU
+/// work): training gives the host's bits, blocking or not, on one or two engine
+/// threads; pending outs, lent values and failed calls behave as on the host.
+#[test]
+fn nonblocking_calls_on_gpus_give_the_host_bits() {
+    if !kvstore_cuda::gpu_or_skip("nonblocking_calls_on_gpus_give_the_host_bits") {
+        return;
+    }
+    let devices: Vec<Context> = (0..gpus().expect("register")).map(Context::gpu).collect();
+    device_checks::nonblocking_training_matches_the_host(&devices);
+    device_checks::nonblocking_training_matches_the_host(&[devices[0], Context::cpu(0)]);
+    device_checks::nonblocking_calls_on_devices(&devices);
+}
+
 #[test]
 fn keys_are_spread_over_gpus_by_size() {
     if !kvstore_cuda::gpu_or_skip("keys_are_spread_over_gpus_by_size") {

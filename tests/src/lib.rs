@@ -331,6 +331,140 @@ pub mod device_checks {
         assert_eq!(kv.context_of("nope").expect_err("no key").kind(), kvstore_core::ErrorKind::KeyNotInitialized);
     }
 
+    /// The sizes of [`trained`]'s keys: small ones, and one over the size at which a
+    /// host sum is split over threads.
+    pub const TRAINED_SIZES: [usize; 4] = [3, 1000, 4099, 70_000];
+
+    /// A short training run on a store of `kind` with `engine_threads` engine threads,
+    /// every array on `ctxs`: each key's weights are pulled into two outs (on `ctxs[0]`
+    /// and `ctxs[1 % len]`) and pushed from two gradient arrays there. Adam (a fused
+    /// kernel where the weight is on a device). The keys are initialised by a broadcast
+    /// into the outs; then, per step, in backward order, each key's gradients are
+    /// written into the same two arrays as at every step, from the outs' current
+    /// values, and the key is pushed and pulled: by one pushpull for even keys, a push
+    /// then a pull for odd ones. Non-blocking, no handle is waited for before the end of
+    /// the run (`wait_all`): writing a gradient array reads the outs of the pull before
+    /// (which waits for it) and overwrites an array the push before may not have read
+    /// yet (which copies it for that push). Returns every key's weights' bits, after
+    /// checking that its two outs hold the same.
+    pub fn trained(kind: &str, engine_threads: usize, nonblocking: bool, ctxs: &[Context]) -> Vec<Vec<u8>> {
+        let kv = KVStore::builder(kind).engine_threads(engine_threads).build().expect("store");
+        let adam = kvstore_core::Optimizer::builder("adam").param("learning_rate", 0.01).param("wd", 0.01);
+        kv.set_optimizer(adam.build().expect("adam")).expect("set");
+        let on = |d: usize| ctxs[d % ctxs.len()];
+        let keys: Vec<String> = (0..TRAINED_SIZES.len()).map(|i| format!("t{i}")).collect();
+        let arrays = |n: usize| -> Vec<NDArray> {
+            (0..2).map(|d| NDArray::zeros_with(&[n], DType::F32, on(d)).expect("array")).collect()
+        };
+        let outs: Vec<Vec<NDArray>> = TRAINED_SIZES.iter().map(|&n| arrays(n)).collect();
+        let grads: Vec<Vec<NDArray>> = TRAINED_SIZES.iter().map(|&n| arrays(n)).collect();
+        let mut pending = Vec::new();
+        for (i, (k, &n)) in keys.iter().zip(&TRAINED_SIZES).enumerate() {
+            let w = values(n, 50 + i as u64, DType::F32, on(0)).mul(0.01).expect("w");
+            match nonblocking {
+                true => pending.push(kv.broadcast_async(k.as_str(), &w, outs[i].as_slice(), 0)),
+                false => kv.broadcast(k.as_str(), &w, outs[i].as_slice(), 0).expect("broadcast"),
+            }
+        }
+        for step in 0..3u64 {
+            for (i, (k, &n)) in keys.iter().zip(&TRAINED_SIZES).enumerate().rev() {
+                for (d, g) in grads[i].iter().enumerate() {
+                    let seed = step * 101 + i as u64 * 13 + d as u64 * 7;
+                    let fresh = values(n, seed, DType::F32, on(d)).add(&outs[i][d].mul(0.5).expect("w/2")).expect("g");
+                    g.copy_from(&fresh).expect("write the gradient");
+                }
+                let (k, g, o) = (k.as_str(), grads[i].as_slice(), outs[i].as_slice());
+                match (nonblocking, i % 2 == 0) {
+                    (true, true) => pending.push(kv.pushpull_async(k, g, o, 0)),
+                    (true, false) => pending.extend([kv.push_async(k, g, 0), kv.pull_async(k, o, 0)]),
+                    (false, true) => kv.pushpull(k, g, o, 0).expect("pushpull"),
+                    (false, false) => kv.push(k, g, 0).and_then(|()| kv.pull(k, o, 0)).expect("push, pull"),
+                }
+            }
+        }
+        kv.wait_all().expect("wait_all");
+        for p in pending {
+            p.wait().expect("a non-blocking call");
+        }
+        outs.iter()
+            .zip(&keys)
+            .map(|(o, k)| {
+                let b = bits(&o[0]);
+                assert!(bits(&o[1]) == b, "{kind}: the two outs of {k} differ");
+                b
+            })
+            .collect()
+    }
+
+    /// [`trained`] on `ctxs` gives the host's bits with `local` and `device` stores,
+    /// blocking and non-blocking, on one and two engine threads.
+    pub fn nonblocking_training_matches_the_host(ctxs: &[Context]) {
+        let host = trained("local", 1, false, &[Context::cpu(0), Context::cpu(1)]);
+        for kind in ["local", "device"] {
+            for (threads, nonblocking) in [(1, false), (1, true), (2, true)] {
+                let got = trained(kind, threads, nonblocking, ctxs);
+                assert!(
+                    got == host,
+                    "{kind} store on {ctxs:?}, {threads} engine threads, non-blocking {nonblocking}: not the host's bits"
+                );
+            }
+        }
+    }
+
+    /// Non-blocking calls on arrays on `ctxs`, with `local` and `device` stores: a
+    /// pending out pushed as a value is pushed as the pull wrote it; a pushed array
+    /// overwritten before its push ran is pushed as it was; calls that fail (a wrong
+    /// shape, a missing key) report to their own handles and change nothing. The store
+    /// has one engine thread, held by an updater (an assignment) that waits at a gate
+    /// until every call is made, so every call runs after the writes that follow it.
+    pub fn nonblocking_calls_on_devices(ctxs: &[Context]) {
+        use std::sync::{Arc, Condvar, Mutex};
+        let n = 4099;
+        let last = ctxs[ctxs.len() - 1];
+        for kind in ["local", "device"] {
+            let kv = KVStore::builder(kind).engine_threads(1).build().expect("store");
+            let gate = Arc::new((Mutex::new(false), Condvar::new()));
+            let held = Arc::clone(&gate);
+            kv.set_updater(move |_: &kvstore_core::Key, _: usize, merged: &NDArray, stored: &NDArray| {
+                let mut open = held.0.lock().expect("gate");
+                while !*open {
+                    open = held.1.wait(open).expect("gate");
+                }
+                stored.copy_from(merged)
+            })
+            .expect("updater");
+            kv.init("a", &values(n, 1, DType::F32, ctxs[0])).expect("init a");
+            kv.init("b", &NDArray::zeros_with(&[n], DType::F32, last).expect("b")).expect("init b");
+            let out = NDArray::zeros_with(&[n], DType::F32, last).expect("out");
+            let pulled = kv.pull_async("a", &out, 0);
+            let pushed = kv.push_async("b", &out, 0); // pushes what the pull writes
+            let g = values(n, 2, DType::F32, ctxs[0]);
+            let pushed_g = kv.push_async("a", &g, 0);
+            g.copy_from(&values(n, 3, DType::F32, ctxs[0])).expect("overwrite"); // the push keeps seed 2
+            let wrong = NDArray::zeros_with(&[n + 1], DType::F32, ctxs[0]).expect("wrong");
+            let bad_push = kv.push_async("a", &wrong, 0);
+            let bad_out = NDArray::full_with(&[n], 7.0, DType::F32, last).expect("bad out");
+            let bad_pull = kv.pull_async("nope", &bad_out, 0);
+            let ab = [last, ctxs[0]].map(|c| NDArray::zeros_with(&[n], DType::F32, c).expect("out"));
+            let read = kv.pull_async(&["a", "b"], &ab, 0);
+            *gate.0.lock().expect("gate") = true;
+            gate.1.notify_all();
+            assert_eq!(bad_push.wait().expect_err("wrong shape").kind(), kvstore_core::ErrorKind::ShapeMismatch);
+            assert_eq!(bad_pull.wait().expect_err("no key").kind(), kvstore_core::ErrorKind::KeyNotInitialized);
+            for (p, what) in [(pulled, "pull"), (pushed, "push of a pending out"), (pushed_g, "push"), (read, "reads")]
+            {
+                p.wait().unwrap_or_else(|e| panic!("{kind}: {what}: {e}"));
+            }
+            kv.wait_all().expect("the failures went to their handles");
+            assert!(bits(&ab[0]) == bits(&values(n, 2, DType::F32, Context::cpu(0))), "{kind}: a is not the lent push");
+            assert!(
+                bits(&ab[1]) == bits(&values(n, 1, DType::F32, Context::cpu(0))),
+                "{kind}: b is not a's first value"
+            );
+            assert!(bits(&bad_out) == bits(&NDArray::full(&[n], 7.0).expect("7")), "{kind}: a failed pull wrote");
+        }
+    }
+
     /// Pushes 5 values of `dtype` from `ctxs` and pulls the sum to the host.
     pub fn push_sum(dtype: DType, init_ctx: Context, ctxs: &[Context]) -> Vec<u8> {
         push_sum_of(5, dtype, init_ctx, ctxs)

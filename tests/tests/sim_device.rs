@@ -244,6 +244,21 @@ fn every_fused_rule_runs_fused() {
 }
 
 #[test]
+fn nonblocking_training_on_devices_gives_the_host_bits() {
+    sim();
+    let gpus: Vec<Context> = (0..DEVICES).map(Context::gpu).collect();
+    device_checks::nonblocking_training_matches_the_host(&gpus);
+    // Host and device arrays mixed in one run.
+    device_checks::nonblocking_training_matches_the_host(&[Context::gpu(1), Context::cpu(0)]);
+}
+
+#[test]
+fn nonblocking_calls_on_devices_keep_call_order_and_report_their_own_errors() {
+    sim();
+    device_checks::nonblocking_calls_on_devices(&(0..DEVICES).map(Context::gpu).collect::<Vec<_>>());
+}
+
+#[test]
 fn keys_are_spread_over_devices_by_size() {
     sim();
     device_checks::keys_spread_over_devices_by_size(DEVICES);
