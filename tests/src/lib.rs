@@ -418,21 +418,11 @@ pub mod device_checks {
     /// has one engine thread, held by an updater (an assignment) that waits at a gate
     /// until every call is made, so every call runs after the writes that follow it.
     pub fn nonblocking_calls_on_devices(ctxs: &[Context]) {
-        use std::sync::{Arc, Condvar, Mutex};
         let n = 4099;
         let last = ctxs[ctxs.len() - 1];
         for kind in ["local", "device"] {
             let kv = KVStore::builder(kind).engine_threads(1).build().expect("store");
-            let gate = Arc::new((Mutex::new(false), Condvar::new()));
-            let held = Arc::clone(&gate);
-            kv.set_updater(move |_: &kvstore_core::Key, _: usize, merged: &NDArray, stored: &NDArray| {
-                let mut open = held.0.lock().expect("gate");
-                while !*open {
-                    open = held.1.wait(open).expect("gate");
-                }
-                stored.copy_from(merged)
-            })
-            .expect("updater");
+            let (gate, open) = crate::gated_assign(&kv);
             kv.init("a", &values(n, 1, DType::F32, ctxs[0])).expect("init a");
             kv.init("b", &NDArray::zeros_with(&[n], DType::F32, last).expect("b")).expect("init b");
             let out = NDArray::zeros_with(&[n], DType::F32, last).expect("out");
@@ -447,8 +437,7 @@ pub mod device_checks {
             let bad_pull = kv.pull_async("nope", &bad_out, 0);
             let ab = [last, ctxs[0]].map(|c| NDArray::zeros_with(&[n], DType::F32, c).expect("out"));
             let read = kv.pull_async(&["a", "b"], &ab, 0);
-            *gate.0.lock().expect("gate") = true;
-            gate.1.notify_all();
+            open(&gate);
             assert_eq!(bad_push.wait().expect_err("wrong shape").kind(), kvstore_core::ErrorKind::ShapeMismatch);
             assert_eq!(bad_pull.wait().expect_err("no key").kind(), kvstore_core::ErrorKind::KeyNotInitialized);
             for (p, what) in [(pulled, "pull"), (pushed, "push of a pending out"), (pushed_g, "push"), (read, "reads")]
@@ -516,6 +505,34 @@ fn install_logging(kv: &KVStore, merge: fn(&NDArray, &NDArray) -> Result<()>) ->
     })
     .expect("install the updater");
     log
+}
+
+/// A gate that calls can be held at until a test opens it.
+pub type Gate = Arc<(Mutex<bool>, std::sync::Condvar)>;
+
+/// Waits (at most 10 s) until `gate` is opened.
+pub fn wait_at(gate: &Gate) {
+    let open = gate.0.lock().expect("gate");
+    drop(gate.1.wait_timeout_while(open, std::time::Duration::from_secs(10), |open| !*open).expect("gate"));
+}
+
+/// Opens `gate`.
+pub fn open(gate: &Gate) {
+    *gate.0.lock().expect("gate") = true;
+    gate.1.notify_all();
+}
+
+/// Installs an assigning updater that waits (at most 10 s) until the returned gate is
+/// opened with the returned function: keeps calls queued for as long as a test needs.
+pub fn gated_assign(kv: &KVStore) -> (Gate, fn(&Gate)) {
+    let gate: Gate = Arc::default();
+    let g = Arc::clone(&gate);
+    kv.set_updater(move |_: &Key, _, merged: &NDArray, stored: &NDArray| {
+        wait_at(&g);
+        stored.copy_from(merged)
+    })
+    .expect("install the updater");
+    (gate, open)
 }
 
 /// Installs the tutorial's updater `stored += 2 * input`, logging each call.

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kvstore_core::{Context, DType, Error, ErrorKind, KVStore, Key, NDArray, Optimizer, Pending};
+use kvstore_tests::{Gate, gated_assign, open, wait_at};
 use proptest::prelude::*;
 
 /// A custom updater that sleeps before assigning: keeps calls queued long enough for a
@@ -19,19 +20,6 @@ fn slow_assign(kv: &KVStore, ms: u64) {
     .unwrap();
 }
 
-type Gate = Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>;
-
-/// Waits (at most 10 s) until `gate` is opened.
-fn wait_at(gate: &Gate) {
-    let open = gate.0.lock().unwrap();
-    drop(gate.1.wait_timeout_while(open, Duration::from_secs(10), |open| !*open).unwrap());
-}
-
-fn open(gate: &Gate) {
-    *gate.0.lock().unwrap() = true;
-    gate.1.notify_all();
-}
-
 /// Opens `gate` from another thread after `ms` milliseconds.
 fn open_later(gate: &Gate, ms: u64) -> std::thread::JoinHandle<()> {
     let gate = Arc::clone(gate);
@@ -39,19 +27,6 @@ fn open_later(gate: &Gate, ms: u64) -> std::thread::JoinHandle<()> {
         std::thread::sleep(Duration::from_millis(ms));
         open(&gate);
     })
-}
-
-/// Installs an assigning updater that waits (at most 10 s) until the returned gate is
-/// opened with the returned function: keeps calls queued for as long as a test needs.
-fn gated_assign(kv: &KVStore) -> (Gate, fn(&Gate)) {
-    let gate: Gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
-    let g = Arc::clone(&gate);
-    kv.set_updater(move |_: &Key, _, merged: &NDArray, stored: &NDArray| {
-        wait_at(&g);
-        stored.copy_from(merged)
-    })
-    .unwrap();
-    (gate, open)
 }
 
 #[test]

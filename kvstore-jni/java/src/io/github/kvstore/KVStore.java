@@ -834,46 +834,54 @@ public final class KVStore extends NativeObject implements AutoCloseable {
             }
         }
 
-        @Override
-        public Void get() throws InterruptedException, ExecutionException {
+        /**
+         * Before a wait for the future: releases the call, and unless the future is done
+         * counts this thread among those waiting ({@link Completer#startWaiting()});
+         * returns whether it did, for {@link #endWait}.
+         */
+        private boolean startWait() {
             release();
             if (super.isDone()) {
-                return super.get();
+                return false;
             }
             Completer.startWaiting();
+            return true;
+        }
+
+        private static void endWait(boolean counted) {
+            if (counted) {
+                Completer.stopWaiting();
+            }
+        }
+
+        @Override
+        public Void get() throws InterruptedException, ExecutionException {
+            boolean counted = startWait();
             try {
                 return super.get();
             } finally {
-                Completer.stopWaiting();
+                endWait(counted);
             }
         }
 
         @Override
         public Void get(long timeout, TimeUnit unit)
                 throws InterruptedException, ExecutionException, TimeoutException {
-            release();
-            if (super.isDone()) {
-                return super.get(timeout, unit);
-            }
-            Completer.startWaiting();
+            boolean counted = startWait();
             try {
                 return super.get(timeout, unit);
             } finally {
-                Completer.stopWaiting();
+                endWait(counted);
             }
         }
 
         @Override
         public Void join() {
-            release();
-            if (super.isDone()) {
-                return super.join();
-            }
-            Completer.startWaiting();
+            boolean counted = startWait();
             try {
                 return super.join();
             } finally {
-                Completer.stopWaiting();
+                endWait(counted);
             }
         }
 
