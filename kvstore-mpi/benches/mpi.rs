@@ -10,7 +10,9 @@
 //! on ResNet-50's 161 parameter tensors: the rows `overlap: compute alone`,
 //! `overlap: communication alone`, `overlap: blocking step`,
 //! `overlap: non-blocking step` and `overlap: non-blocking step, pushes then one list
-//! pull`, and prints the exposed communication (see [`overlap`]).
+//! pull`, and prints the exposed communication (see [`overlap`]). With
+//! `KVSTORE_BENCH_OVERLAP=only` it times that step alone (about 15 s over TCP with
+//! `KVSTORE_BENCH_RUNS=11`), for comparing builds run after run.
 
 use std::hint::black_box;
 
@@ -34,53 +36,55 @@ fn main() -> kvstore_core::Result<()> {
     let world = SimpleCommunicator::world();
     let run = std::env::var("KVSTORE_BENCH_LABEL").unwrap_or_else(|_| format!("mpi {} ranks", kv.num_workers()));
     let mut rows = Vec::new();
-    for (label, n) in [("4 MB", 1usize << 20), ("64 MB", 16 << 20)] {
-        let send = vec![1.0f32; n];
-        let mut recv = vec![0.0f32; n];
+    if std::env::var("KVSTORE_BENCH_OVERLAP").as_deref() != Ok("only") {
+        for (label, n) in [("4 MB", 1usize << 20), ("64 MB", 16 << 20)] {
+            let send = vec![1.0f32; n];
+            let mut recv = vec![0.0f32; n];
+            let bare = median(&world, runs, || {
+                world.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
+                black_box(&recv);
+            });
+            let key = format!("w{n}");
+            kv.init(key.as_str(), &NDArray::zeros(&[n])?)?;
+            let g = NDArray::ones(&[n])?;
+            let store = median(&world, runs, || kv.push(key.as_str(), &g, 0).expect("push"));
+            rows.push((format!("{run}: bare allreduce {label} f32"), bare, None));
+            rows.push((format!("{run}: dist_sync push {label} f32"), store, Some(bare)));
+            if n == 1 << 20 {
+                // Desync detection's cost: the same push by stores whose workers do not
+                // compare their calls, timed alternately with stores whose workers do.
+                let init = |s: &KVStore| s.init(key.as_str(), &NDArray::zeros(&[n])?);
+                let (checked, unchecked) = stores(init)?;
+                let cost = alternate(&world, &checked, &unchecked, |s| s.push(key.as_str(), &g, 0));
+                cost_rows(&mut rows, &format!("{run}: dist_sync push {label} f32"), cost);
+            }
+        }
+        let keys: Vec<String> = (0..1000).map(|i| format!("k{i}")).collect();
+        let small: Vec<NDArray> = (0..1000).map(|_| NDArray::ones(&[1024])).collect::<Result<_, _>>()?;
+        kv.init(&keys, &small)?;
+        let send = vec![1.0f32; 1024];
+        let mut recv = vec![0.0f32; 1024];
         let bare = median(&world, runs, || {
-            world.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
-            black_box(&recv);
+            for _ in 0..1000 {
+                world.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
+            }
         });
-        let key = format!("w{n}");
-        kv.init(key.as_str(), &NDArray::zeros(&[n])?)?;
-        let g = NDArray::ones(&[n])?;
-        let store = median(&world, runs, || kv.push(key.as_str(), &g, 0).expect("push"));
-        rows.push((format!("{run}: bare allreduce {label} f32"), bare, None));
-        rows.push((format!("{run}: dist_sync push {label} f32"), store, Some(bare)));
-        if n == 1 << 20 {
-            // Desync detection's cost: the same push by stores whose workers do not
-            // compare their calls, timed alternately with stores whose workers do.
-            let init = |s: &KVStore| s.init(key.as_str(), &NDArray::zeros(&[n])?);
-            let (checked, unchecked) = stores(init)?;
-            let cost = alternate(&world, &checked, &unchecked, |s| s.push(key.as_str(), &g, 0));
-            cost_rows(&mut rows, &format!("{run}: dist_sync push {label} f32"), cost);
-        }
+        let store = median(&world, runs, || kv.push(&keys, &small, 0).expect("push"));
+        let init = |s: &KVStore| s.init(&keys, &small);
+        let (checked, unchecked) = stores(init)?;
+        let cost = alternate(&world, &checked, &unchecked, |s| s.push(&keys, &small, 0));
+        // The same push unfused: buckets of one key's 4 KiB make it 1000 allreduces.
+        let group = kvstore_mpi::group()?;
+        let bucket = group.bucket_bytes();
+        group.set_bucket_bytes(4096);
+        let unfused = median(&world, runs, || kv.push(&keys, &small, 0).expect("push"));
+        group.set_bucket_bytes(bucket);
+        rows.push((format!("{run}: 1000 separate bare allreduces of 1 Ki f32"), bare, None));
+        rows.push((format!("{run}: dist_sync list push of 1000 keys x 1 Ki f32"), store, Some(bare)));
+        rows.push((format!("{run}: the same push unfused (4 KiB buckets)"), unfused, None));
+        rows.push((format!("{run}: the same push fused ({} KiB buckets)", bucket >> 10), store, Some(unfused)));
+        cost_rows(&mut rows, &format!("{run}: the list push of 1000 keys"), cost);
     }
-    let keys: Vec<String> = (0..1000).map(|i| format!("k{i}")).collect();
-    let small: Vec<NDArray> = (0..1000).map(|_| NDArray::ones(&[1024])).collect::<Result<_, _>>()?;
-    kv.init(&keys, &small)?;
-    let send = vec![1.0f32; 1024];
-    let mut recv = vec![0.0f32; 1024];
-    let bare = median(&world, runs, || {
-        for _ in 0..1000 {
-            world.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
-        }
-    });
-    let store = median(&world, runs, || kv.push(&keys, &small, 0).expect("push"));
-    let init = |s: &KVStore| s.init(&keys, &small);
-    let (checked, unchecked) = stores(init)?;
-    let cost = alternate(&world, &checked, &unchecked, |s| s.push(&keys, &small, 0));
-    // The same push unfused: buckets of one key's 4 KiB make it 1000 allreduces.
-    let group = kvstore_mpi::group()?;
-    let bucket = group.bucket_bytes();
-    group.set_bucket_bytes(4096);
-    let unfused = median(&world, runs, || kv.push(&keys, &small, 0).expect("push"));
-    group.set_bucket_bytes(bucket);
-    rows.push((format!("{run}: 1000 separate bare allreduces of 1 Ki f32"), bare, None));
-    rows.push((format!("{run}: dist_sync list push of 1000 keys x 1 Ki f32"), store, Some(bare)));
-    rows.push((format!("{run}: the same push unfused (4 KiB buckets)"), unfused, None));
-    rows.push((format!("{run}: the same push fused ({} KiB buckets)", bucket >> 10), store, Some(unfused)));
-    cost_rows(&mut rows, &format!("{run}: the list push of 1000 keys"), cost);
     if std::env::var_os("KVSTORE_BENCH_OVERLAP").is_some() {
         overlap(&kv, &world, runs, &mut rows)?;
     }
