@@ -107,32 +107,39 @@ fn main() -> kvstore_core::Result<()> {
     let runs = std::env::var("KVSTORE_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(21);
     let mut rows = Vec::new();
 
-    // ---- limits: plain loops over the same bytes ----
+    // ---- one big key: the store against plain loops over the same bytes on every core,
+    // timed in turn ----
     let ins: Vec<Vec<f32>> = (0..D).map(|k| filled(BIG, k as f32)).collect();
     let mut out = vec![0f32; BIG];
-    let limit_reduce_s = median(3, runs, || limit_reduce_all_cores(black_box(&ins), black_box(&mut out)));
-    rows.push(Row::new("limit: all cores, plain-loop reduce 4 x 4 Mi f32", limit_reduce_s, None, ""));
-    let src = filled(BIG, 1.0);
-    let mut outs: Vec<Vec<f32>> = (0..D).map(|_| vec![0f32; BIG]).collect();
-    let limit_copy_s = median(3, runs, || {
-        for o in outs.iter_mut() {
-            o.par_chunks_mut(LIMIT_CHUNK)
-                .zip(black_box(&src).par_chunks(LIMIT_CHUNK))
-                .for_each(|(o, s)| o.copy_from_slice(s));
-        }
-    });
-    rows.push(Row::new("limit: all cores, copy 4 Mi f32 into 4 arrays", limit_copy_s, None, ""));
-
-    // ---- the store ----
     let kv = KVStore::create("local")?;
     let vals: Vec<NDArray> =
         (0..D).map(|k| NDArray::from_slice_in(&[BIG], &ins[k], Context::cpu(k as u32))).collect::<Result<_, _>>()?;
     kv.init("big", &vals[0])?;
-    let push_s = median(3, runs, || kv.push("big", &vals, 0).expect("push"));
-    rows.push(Row::new("store: push 4 x 4 Mi f32", push_s, Some(limit_reduce_s), ">= 0.9"));
+    let (limit_reduce_s, push_s) = common::medians_in_turn(
+        3,
+        runs,
+        || limit_reduce_all_cores(black_box(&ins), black_box(&mut out)),
+        || kv.push("big", &vals, 0).expect("push"),
+    );
+    rows.push(Row::new("limit: all cores, plain-loop reduce 4 x 4 Mi f32", limit_reduce_s, None, ""));
+    let src = filled(BIG, 1.0);
+    let mut outs: Vec<Vec<f32>> = (0..D).map(|_| vec![0f32; BIG]).collect();
     let pulls: Vec<NDArray> =
         (0..D).map(|k| NDArray::zeros_with(&[BIG], DType::F32, Context::cpu(k as u32))).collect::<Result<_, _>>()?;
-    let pull_s = median(3, runs, || kv.pull("big", &pulls, 0).expect("pull"));
+    let (limit_copy_s, pull_s) = common::medians_in_turn(
+        3,
+        runs,
+        || {
+            for o in outs.iter_mut() {
+                o.par_chunks_mut(LIMIT_CHUNK)
+                    .zip(black_box(&src).par_chunks(LIMIT_CHUNK))
+                    .for_each(|(o, s)| o.copy_from_slice(s));
+            }
+        },
+        || kv.pull("big", &pulls, 0).expect("pull"),
+    );
+    rows.push(Row::new("limit: all cores, copy 4 Mi f32 into 4 arrays", limit_copy_s, None, ""));
+    rows.push(Row::new("store: push 4 x 4 Mi f32", push_s, Some(limit_reduce_s), ">= 0.9"));
     rows.push(Row::new("store: pull 4 Mi f32 into 4 outs", pull_s, Some(limit_copy_s), ">= 0.9"));
 
     // ---- many small keys ----

@@ -24,6 +24,34 @@ pub fn median(warm: usize, runs: usize, mut before: impl FnMut(), mut f: impl Fn
     )
 }
 
+/// The medians of `runs` timings each of `a` and `b` in seconds, timed in turn (`a`
+/// first in even runs, `b` first in odd ones) after `warm` untimed calls of each: a
+/// limit and the store call measured against it see the same state of a shared
+/// machine, where timed one block after the other a drift between the blocks moved
+/// their ratio (the push of 4 x 4 Mi f32 read 0.77 and 1.06 of its limit in two runs).
+pub fn medians_in_turn(warm: usize, runs: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
+    for _ in 0..warm {
+        a();
+        b();
+    }
+    let time = |f: &mut dyn FnMut()| {
+        let s = Instant::now();
+        f();
+        s.elapsed().as_secs_f64()
+    };
+    let (mut ta, mut tb) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
+    for run in 0..runs {
+        if run % 2 == 0 {
+            ta.push(time(&mut a));
+            tb.push(time(&mut b));
+        } else {
+            tb.push(time(&mut b));
+            ta.push(time(&mut a));
+        }
+    }
+    (median_of(ta), median_of(tb))
+}
+
 /// The median of `t` (the upper one of an even count).
 pub fn median_of(mut t: Vec<f64>) -> f64 {
     t.sort_by(f64::total_cmp);
