@@ -422,7 +422,7 @@ pub mod device_checks {
         let last = ctxs[ctxs.len() - 1];
         for kind in ["local", "device"] {
             let kv = KVStore::builder(kind).engine_threads(1).build().expect("store");
-            let (gate, open) = crate::gated_assign(&kv);
+            let gate = crate::gated_assign(&kv);
             kv.init("a", &values(n, 1, DType::F32, ctxs[0])).expect("init a");
             kv.init("b", &NDArray::zeros_with(&[n], DType::F32, last).expect("b")).expect("init b");
             let out = NDArray::zeros_with(&[n], DType::F32, last).expect("out");
@@ -437,7 +437,7 @@ pub mod device_checks {
             let bad_pull = kv.pull_async("nope", &bad_out, 0);
             let ab = [last, ctxs[0]].map(|c| NDArray::zeros_with(&[n], DType::F32, c).expect("out"));
             let read = kv.pull_async(&["a", "b"], &ab, 0);
-            open(&gate);
+            crate::open(&gate);
             assert_eq!(bad_push.wait().expect_err("wrong shape").kind(), kvstore_core::ErrorKind::ShapeMismatch);
             assert_eq!(bad_pull.wait().expect_err("no key").kind(), kvstore_core::ErrorKind::KeyNotInitialized);
             for (p, what) in [(pulled, "pull"), (pushed, "push of a pending out"), (pushed_g, "push"), (read, "reads")]
@@ -523,8 +523,8 @@ pub fn open(gate: &Gate) {
 }
 
 /// Installs an assigning updater that waits (at most 10 s) until the returned gate is
-/// opened with the returned function: keeps calls queued for as long as a test needs.
-pub fn gated_assign(kv: &KVStore) -> (Gate, fn(&Gate)) {
+/// opened ([`open`]): keeps calls queued for as long as a test needs.
+pub fn gated_assign(kv: &KVStore) -> Gate {
     let gate: Gate = Arc::default();
     let g = Arc::clone(&gate);
     kv.set_updater(move |_: &Key, _, merged: &NDArray, stored: &NDArray| {
@@ -532,7 +532,7 @@ pub fn gated_assign(kv: &KVStore) -> (Gate, fn(&Gate)) {
         stored.copy_from(merged)
     })
     .expect("install the updater");
-    (gate, open)
+    gate
 }
 
 /// Installs the tutorial's updater `stored += 2 * input`, logging each call.

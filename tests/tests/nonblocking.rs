@@ -34,7 +34,7 @@ fn a_pull_after_a_push_sees_it_and_its_outs_wait_until_written() {
     let kv = KVStore::create("local").unwrap();
     kv.init("w", &NDArray::zeros(&[3]).unwrap()).unwrap();
     // Had the calls blocked, they would have waited out the gate's 10 s.
-    let (gate, open) = gated_assign(&kv);
+    let gate = gated_assign(&kv);
     let t0 = Instant::now();
     let pushed = kv.push_async("w", &NDArray::full(&[3], 4.0).unwrap(), 0);
     let out = NDArray::zeros(&[3]).unwrap();
@@ -95,7 +95,7 @@ fn calls_run_at_once_over_the_pool_respect_loans_and_pending_writes() {
     // Pending writes: another store's pull into the outs is queued behind its gate.
     let other = KVStore::create("local").unwrap();
     other.init("v", &NDArray::full(&[N], -1.0).unwrap()).unwrap();
-    let (gate, _) = gated_assign(&other);
+    let gate = gated_assign(&other);
     let held = other.push_async("v", &NDArray::full(&[N], -2.0).unwrap(), 0);
     let pulled: Vec<Pending> = outs.iter().map(|o| other.pull_async("v", o, 0)).collect();
     assert!(outs.iter().all(NDArray::is_pending));
@@ -132,7 +132,7 @@ fn pushed_arrays_may_be_reused_at_once() {
 fn a_pushed_array_is_read_before_a_later_pull_writes_it() {
     let kv = KVStore::builder("local").engine_threads(2).build().unwrap();
     kv.init(&["w", "v"], &[NDArray::zeros(&[2]).unwrap(), NDArray::full(&[2], 9.0).unwrap()]).unwrap();
-    let (gate, _) = gated_assign(&kv);
+    let gate = gated_assign(&kv);
     let g = NDArray::full(&[2], 1.0).unwrap();
     // The first push is held at the gate, so the second has not read `g` yet when the
     // pull into `g` (of another key, free to run at once) is made: the pull must wait
@@ -171,7 +171,7 @@ fn a_pull_of_another_store_into_a_pushed_array_leaves_the_push_its_value() {
     pushed_to.init("w", &NDArray::zeros(&[2]).unwrap()).unwrap();
     let pulled_from = KVStore::create("local").unwrap();
     pulled_from.init("v", &NDArray::full(&[2], 9.0).unwrap()).unwrap();
-    let (gate, open) = gated_assign(&pushed_to);
+    let gate = gated_assign(&pushed_to);
     let g = NDArray::full(&[2], 1.0).unwrap();
     let first = pushed_to.push_async("w", &NDArray::full(&[2], 5.0).unwrap(), 0);
     let pushed = pushed_to.push_async("w", &g, 0);
@@ -245,7 +245,7 @@ fn errors_found_before_queueing_go_to_the_handle_and_change_nothing() {
 fn wait_all_reports_the_errors_of_dropped_handles_in_the_order_they_failed() {
     let kv = KVStore::create("local").unwrap();
     kv.init("w", &NDArray::zeros(&[2]).unwrap()).unwrap();
-    let (gate, open) = gated_assign(&kv);
+    let gate = gated_assign(&kv);
     drop(kv.push_async("w", &NDArray::ones(&[2]).unwrap(), 0)); // held by the gate
     drop(kv.push_async("w", &NDArray::zeros(&[5]).unwrap(), 0)); // shape: fails when run
     drop(kv.pull_async("missing", &NDArray::zeros(&[2]).unwrap(), 0)); // fails at once

@@ -16,12 +16,17 @@ pub fn median(warm: usize, runs: usize, mut before: impl FnMut(), mut f: impl Fn
         (0..runs)
             .map(|_| {
                 before();
-                let s = Instant::now();
-                f();
-                s.elapsed().as_secs_f64()
+                seconds(&mut f)
             })
             .collect(),
     )
+}
+
+/// How long one call of `f` takes, in seconds.
+fn seconds(f: &mut impl FnMut()) -> f64 {
+    let s = Instant::now();
+    f();
+    s.elapsed().as_secs_f64()
 }
 
 /// The medians of `runs` timings each of `a` and `b` in seconds, timed in turn (`a`
@@ -34,19 +39,14 @@ pub fn medians_in_turn(warm: usize, runs: usize, mut a: impl FnMut(), mut b: imp
         a();
         b();
     }
-    let time = |f: &mut dyn FnMut()| {
-        let s = Instant::now();
-        f();
-        s.elapsed().as_secs_f64()
-    };
     let (mut ta, mut tb) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
     for run in 0..runs {
         if run % 2 == 0 {
-            ta.push(time(&mut a));
-            tb.push(time(&mut b));
+            ta.push(seconds(&mut a));
+            tb.push(seconds(&mut b));
         } else {
-            tb.push(time(&mut b));
-            ta.push(time(&mut a));
+            tb.push(seconds(&mut b));
+            ta.push(seconds(&mut a));
         }
     }
     (median_of(ta), median_of(tb))
