@@ -42,6 +42,11 @@ type Gathered<'a> = SmallVec<[&'a NDArray; 64]>;
 /// The first error of some keys, by key index.
 type First = Mutex<Option<(usize, Error)>>;
 
+/// Keys looked up together before the first of them is locked. A lock is a barrier for
+/// the core's loads, so lookups made between locks take their cache misses one at a
+/// time (with 100,000 keys, a list push spent a quarter of its time in them).
+const LOOKED_UP: usize = 16;
+
 fn keep_first(first: &First, at: usize, e: Error) {
     let mut first = first.lock();
     if first.as_ref().is_none_or(|(i, _)| at < *i) {
@@ -266,12 +271,18 @@ impl Store {
         // Looks up, locks and checks the keys of `range`: their guards, in key order.
         let check = |range: Range<usize>| -> Result<Guards<G>> {
             let mut held = Guards::with_capacity(range.len());
-            for i in range {
+            let mut looked_up: SmallVec<[Option<&Entry>; LOOKED_UP]> = SmallVec::new();
+            for i in range.clone() {
+                let ahead = (i - range.start) % LOOKED_UP;
+                if ahead == 0 {
+                    looked_up.clear();
+                    looked_up.extend((i..range.end.min(i + LOOKED_UP)).map(|k| keys.entry(k)));
+                }
                 let (values, outs) = keys.arrays(i);
                 if values.is_empty() && outs.is_empty() || values.iter().chain(outs.iter()).any(|a| a.on_device()) {
                     return Err(hand_back());
                 }
-                let Some(entry) = keys.entry(i) else { return Err(hand_back()) };
+                let Some(entry) = looked_up[ahead] else { return Err(hand_back()) };
                 let Some(guard) = lock(entry).filter(|g| !g.value.on_device()) else {
                     return Err(hand_back());
                 };
