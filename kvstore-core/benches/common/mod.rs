@@ -23,7 +23,7 @@ pub fn median(warm: usize, runs: usize, mut before: impl FnMut(), mut f: impl Fn
 }
 
 /// How long one call of `f` takes, in seconds.
-fn seconds(f: &mut impl FnMut()) -> f64 {
+pub fn seconds(f: &mut impl FnMut()) -> f64 {
     let s = Instant::now();
     f();
     s.elapsed().as_secs_f64()
