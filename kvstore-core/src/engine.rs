@@ -172,6 +172,17 @@ thread_local! {
     static WORKER_OF: Cell<usize> = const { Cell::new(0) };
 }
 
+/// The engine whose worker the current thread is ([`Engine::id`]), 0 for other threads.
+pub(crate) fn current_worker() -> usize {
+    WORKER_OF.with(Cell::get)
+}
+
+/// Makes the current thread count as a worker of engine `id` (0: of none), for tests.
+#[cfg(test)]
+pub(crate) fn set_current_worker(id: usize) {
+    WORKER_OF.with(|w| w.set(id));
+}
+
 thread_local! {
     /// Whether the call this thread runs goes on while its caller does other work.
     static BACKGROUND: Cell<bool> = const { Cell::new(false) };
@@ -310,7 +321,6 @@ impl Shared {
 
     fn worker(self: Arc<Self>) {
         WORKER_OF.with(|w| w.set(self.id()));
-        crate::ndarray::mark_store_thread();
         loop {
             let (op, more) = {
                 let mut st = self.state.lock();

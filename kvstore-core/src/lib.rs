@@ -75,6 +75,7 @@ mod kvstore;
 mod ndarray;
 mod optimizer;
 mod updater;
+mod waits;
 
 pub use context::{Context, DeviceType};
 pub use dtype::{DType, Element};

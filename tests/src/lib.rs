@@ -522,6 +522,15 @@ pub fn open(gate: &Gate) {
     gate.1.notify_all();
 }
 
+/// Opens `gate` from another thread after `ms` milliseconds.
+pub fn open_later(gate: &Gate, ms: u64) -> std::thread::JoinHandle<()> {
+    let gate = Arc::clone(gate);
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        open(&gate);
+    })
+}
+
 /// Installs an assigning updater that waits (at most 10 s) until the returned gate is
 /// opened ([`open`]): keeps calls queued for as long as a test needs.
 pub fn gated_assign(kv: &KVStore) -> Gate {

@@ -14,6 +14,7 @@ mod hostile;
 mod nonblocking;
 mod optimizer_states;
 mod optimizers;
+mod shared_arrays;
 
 // The shared conformance cases of the reference (§10) and the property tests against the
 // reference model, on `cpu(i)` contexts: one test per shared function, by its name

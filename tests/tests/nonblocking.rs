@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kvstore_core::{Context, DType, Error, ErrorKind, KVStore, Key, NDArray, Optimizer, Pending};
-use kvstore_tests::{Gate, gated_assign, open, wait_at};
+use kvstore_tests::{Gate, gated_assign, open, open_later, wait_at};
 use proptest::prelude::*;
 
 /// A custom updater that sleeps before assigning: keeps calls queued long enough for a
@@ -18,15 +18,6 @@ fn slow_assign(kv: &KVStore, ms: u64) {
         stored.copy_from(merged)
     })
     .unwrap();
-}
-
-/// Opens `gate` from another thread after `ms` milliseconds.
-fn open_later(gate: &Gate, ms: u64) -> std::thread::JoinHandle<()> {
-    let gate = Arc::clone(gate);
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(ms));
-        open(&gate);
-    })
 }
 
 #[test]

@@ -23,7 +23,7 @@ use super::{BroadcastJob, Claims, Comm, PushKey, ReduceJob};
 use crate::device::{self, DeviceBuffer};
 use crate::dtype::{Element, with_dtype};
 use crate::error::{Error, Result};
-use crate::ndarray::{HostBuf, HostRead, NDArray, copy_storage};
+use crate::ndarray::{HostBuf, HostRead, NDArray, copy_storage, use_token};
 
 /// Arrays with at least this many bytes are split into chunks over the pool
 /// (MXNet: `MXNET_KVSTORE_BIGARRAY_BOUND`, 1e6 elements); smaller ones are one task.
@@ -60,7 +60,7 @@ fn start_pool(threads: usize) -> Result<ThreadPool> {
     ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(|i| format!("kvstore-cpu-{i}"))
-        .start_handler(|_| crate::ndarray::mark_store_thread())
+        .start_handler(|_| crate::ndarray::mark_pool_thread())
         .build()
         .map_err(|e| Error::ResourceExhausted {
             what: format!(
@@ -585,6 +585,14 @@ impl Comm for CommCpu {
     }
 
     fn broadcast(&self, jobs: &[BroadcastJob<'_>]) -> Result<()> {
+        // An out given for several keys is written in the order of the jobs, as one
+        // thread would: such a call is not shared out.
+        if jobs.len() > 1 {
+            let token = use_token();
+            if jobs.iter().flat_map(|j| j.outs).any(|out| out.used_again(token, true)) {
+                return jobs.iter().try_for_each(|j| self.broadcast_one(j, true));
+            }
+        }
         self.run_jobs(
             jobs,
             |j| j.src.size() * j.src.dtype().size() * (j.outs.len() + 1),

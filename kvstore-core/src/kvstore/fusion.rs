@@ -136,7 +136,11 @@ impl KVStore {
         let done = Done::new(Arc::clone(&self.store.unobserved));
         let outs: Vec<_> = pull.iter().flat_map(|(_, outs)| outs.iter().cloned()).collect();
         let out_ids: Vec<usize> = outs.iter().map(|a| a.buffer_id()).collect();
-        let call = Call { op, push, pull, done: Arc::clone(&done), writes: PendingWrites::new(outs) };
+        let writes = match PendingWrites::new(self.engine.id(), outs) {
+            Ok(writes) => writes,
+            Err(e) => return Pending::finished(Err(e), Arc::clone(&self.store.unobserved)),
+        };
+        let call = Call { op, push, pull, done: Arc::clone(&done), writes };
         let owner = Arc::as_ptr(&self.store);
         let mut held = self.engine.held();
         let (id, bytes, calls) = if let Some(open) = held.open()

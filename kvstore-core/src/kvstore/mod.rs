@@ -1529,7 +1529,7 @@ impl Store {
                     let (Some(m), Some(w)) = (&guards[i].merge, &guards[i].spare) else {
                         return Err(Error::Internal("push: no merge buffer or spare".into()));
                     };
-                    updater.update(&g.entry.key, g.entry.index, m, w)?;
+                    crate::ndarray::as_user_code(|| updater.update(&g.entry.key, g.entry.index, m, w))?;
                 }
                 for &i in push_slots {
                     let slot = &mut *guards[i];

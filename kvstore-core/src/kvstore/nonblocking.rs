@@ -24,6 +24,7 @@ use crate::engine::{self, Job, Var, Vars};
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys, Run, Values, flat_runs, pairs_of, runs};
 use crate::ndarray::{Lent, NDArray, PendingWrites, empty_list};
+use crate::waits;
 
 /// A call's keys with their arrays (or what stands for them), held by the call itself so
 /// it can run after its caller returned.
@@ -74,6 +75,11 @@ pub(super) fn borrow(owned: &Owned) -> Found<'_> {
 /// A call's keys with what `f` makes of each array, for a call that holds them.
 fn own<T>(found: Found<'_>, f: impl Fn(&NDArray) -> T) -> Owned<T> {
     found.into_iter().map(|g| (g.entry, g.arrays.into_iter().map(&f).collect())).collect()
+}
+
+/// [`own`] with a fallible `f`: its first error.
+fn try_own<T>(found: Found<'_>, f: impl Fn(&NDArray) -> Result<T>) -> Result<Owned<T>> {
+    found.into_iter().map(|g| Ok((g.entry, g.arrays.into_iter().map(&f).collect::<Result<_>>()?))).collect()
 }
 
 /// The vars of a call: its keys, and the arrays it uses that an earlier queued call
@@ -254,11 +260,17 @@ impl KVStore {
         if locks::inside_updater() {
             return Err(locks::busy_store(op));
         }
+        // From an engine's thread (an on_done callback), waiting for this engine must
+        // not close a cycle of waits (its own engine's, at the least).
+        let _waiting = waits::wait_for(self.engine.id(), || format!("a blocking {op} that must queue"))?;
+        let engine = self.engine.id();
         let vars: Vars = vars_of(&push, &pull, true).collect();
         for out in pull.iter().flat_map(|g| &g.arrays) {
-            out.reclaim_foreign(self.engine.id())?;
+            out.reclaim_foreign(engine)?;
         }
-        let push = own(push, |a| Input::Shared(a.clone()));
+        // The caller waits anyway: the values are shared, once other engines' writes
+        // to them are done (as a lent value would be).
+        let push = try_own(push, |a| a.wait_for_other_engines(engine).map(|()| Input::Shared(a.clone())))?;
         let pull = own(pull, NDArray::clone);
         self.queue(op, vars, push, pull, priority, false).wait()
     }
@@ -278,12 +290,14 @@ impl KVStore {
             let vars: Vars = vars_of(&push, &pull, true).collect();
             let fuse = self.fusable(op, &push, &pull);
             // The values are lent, not copied: the caller may write them at once (a
-            // write before the call read them copies them first).
+            // write before the call read them copies them first). An array that
+            // another store's queued call writes is lent (or marked as an out) once
+            // that write is done: the calls take effect in the order they were made.
             let engine = self.engine.id();
             for out in pull.iter().flat_map(|g| &g.arrays) {
                 out.reclaim_foreign(engine)?;
             }
-            let push = own(push, |a| Input::Lent(a.lend(engine)));
+            let push = try_own(push, |a| a.lend(engine).map(Input::Lent))?;
             let pull = own(pull, NDArray::clone);
             Ok((vars, push, pull, fuse))
         })();
@@ -308,7 +322,11 @@ impl KVStore {
         priority: i32,
         background: bool,
     ) -> Pending {
-        let writes = PendingWrites::new(pull.iter().flat_map(|(_, outs)| outs.iter().cloned()).collect());
+        let outs = pull.iter().flat_map(|(_, outs)| outs.iter().cloned()).collect();
+        let writes = match PendingWrites::new(self.engine.id(), outs) {
+            Ok(writes) => writes,
+            Err(e) => return Pending::finished(Err(e), Arc::clone(&self.store.unobserved)),
+        };
         let call = Arc::new(Queued {
             done: Done::running(Arc::clone(&self.store.unobserved)),
             op,

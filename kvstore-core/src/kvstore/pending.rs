@@ -86,7 +86,7 @@ impl Done {
         match (callback, abandoned) {
             (Some(mut cb), _) => {
                 drop(st);
-                cb.call(result);
+                crate::ndarray::as_user_code(|| cb.call(result));
                 if let State::Taken(spent @ None) = &mut *self.state.lock() {
                     *spent = Some(cb);
                 }
@@ -218,7 +218,8 @@ impl Pending {
 
     /// Calls `f` with the result once the call finishes: at once, on this thread, if it
     /// already has; otherwise on the thread that finishes it (a store's engine thread),
-    /// where `f` must not wait for the store's calls. The result then belongs to `f`:
+    /// where `f` must not wait for the store's calls (a blocking call there that must
+    /// queue behind them is an error, not a hang: see `waits.rs`). The result then belongs to `f`:
     /// [`Pending::wait`] returns an error, and a second `on_done` is called with one.
     ///
     /// The handle may be dropped at once (the call goes on), or kept until the call is

@@ -27,7 +27,7 @@ use super::{Entry, Group, Merger, Slot, Store, Table, check_arrays, locks};
 use crate::comm::{BroadcastJob, Claims, ReduceJob};
 use crate::error::{Error, Result};
 use crate::key::Run;
-use crate::ndarray::NDArray;
+use crate::ndarray::{NDArray, use_token};
 
 /// The guards of a piece's keys.
 type Guards<G> = SmallVec<[G; 8]>;
@@ -264,6 +264,16 @@ impl Store {
     ) -> Spread {
         let handed_back = AtomicBool::new(false);
         let (value_error, out_error): (First, First) = Default::default();
+        // The pieces run in no set order, each summing and copying its keys in turn: a
+        // call whose outs alias each other or other keys' values needs the ordinary
+        // path's order (every sum before any copy, outs written in order).
+        let token = (!keys.arrays(0).1.is_empty()).then(use_token);
+        let aliased = |values: Side<'_, '_>, outs: Side<'_, '_>| {
+            let Some(token) = token else { return false };
+            let in_place = values.len() == outs.len() && values.iter().zip(outs.iter()).all(|(v, o)| v.same_storage(o));
+            (!in_place && values.iter().any(|v| v.used_again(token, false)))
+                || outs.iter().any(|o| o.used_again(token, true))
+        };
         let hand_back = || {
             handed_back.store(true, Ordering::Relaxed);
             stopped()
@@ -283,6 +293,9 @@ impl Store {
                     return Err(hand_back());
                 }
                 let Some(entry) = looked_up[ahead] else { return Err(hand_back()) };
+                if aliased(values, outs) {
+                    return Err(hand_back());
+                }
                 let Some(guard) = lock(entry).filter(|g| !g.value.on_device()) else {
                     return Err(hand_back());
                 };
@@ -497,6 +510,36 @@ mod tests {
                 assert_eq!(slow.to_vec::<f32>()?[0], 7.0 + lent, "a queued push read a pulled value");
             }
             assert_eq!(firsts(&outs)?, (0..KEYS).map(|k| k as f32).collect::<Vec<_>>(), "a queued pull wrote last");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn calls_whose_outs_alias_values_or_each_other_give_the_ordinary_results() -> Result<()> {
+        let (kv, keys) = store(2)?;
+        let (plain, _) = store(1)?;
+        let value = |k: usize| NDArray::full(&[LEN], 1000.0 + k as f64);
+        for kv in [&kv, &plain] {
+            let before = taken();
+            // Each key's out is the value pushed to the key half the list away: every
+            // sum reads its value before any copy writes it.
+            let vals: Vec<NDArray> = (0..KEYS).map(value).collect::<Result<_>>()?;
+            let outs: Vec<NDArray> = (0..KEYS).map(|k| vals[(k + KEYS / 2) % KEYS].clone()).collect();
+            kv.pushpull(&keys, &vals, &outs, 0)?;
+            assert_eq!(firsts(&outs)?, (0..KEYS).map(|k| 1000.0 + k as f32).collect::<Vec<_>>());
+            // One out for every key: it ends with the last key's value.
+            let one = NDArray::zeros(&[LEN])?;
+            kv.pull(&keys, &vec![one.clone(); KEYS], 0)?;
+            assert_eq!(firsts(std::slice::from_ref(&one))?, vec![1000.0 + (KEYS - 1) as f32]);
+            // Neither ran spread; a pushpull in place, whose values are its own outs, does.
+            assert_eq!(taken() - before, 0);
+            let in_place: Vec<NDArray> = (0..KEYS).map(value).collect::<Result<_>>()?;
+            kv.pushpull_in_place(&keys, &in_place, 0)?;
+            assert_eq!(taken() - before, usize::from(!std::ptr::eq(kv, &plain)));
+            let stored = zeros(KEYS)?;
+            kv.pull(&keys, &stored, 0)?;
+            assert_eq!(firsts(&stored)?, (0..KEYS).map(|k| 1000.0 + k as f32).collect::<Vec<_>>());
+            assert_eq!(firsts(&in_place)?, (0..KEYS).map(|k| 1000.0 + k as f32).collect::<Vec<_>>());
         }
         Ok(())
     }

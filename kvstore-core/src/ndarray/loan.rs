@@ -6,10 +6,14 @@
 //! array held when the push was made, and costs a copy only when the caller overwrites
 //! the array before the push ran.
 //!
-//! The store's own threads never reclaim a loan: an engine orders every call that
-//! writes an array after its own calls the array is lent to (the array is one of their
-//! vars), and a call that writes an array lent to another engine's call reclaims that
-//! loan when it is made, on the caller's thread ([`NDArray::reclaim_foreign`]).
+//! That holds for every writer: the callers' threads, and user code that an engine
+//! runs (an updater writing an array lent to a queued call copies it for the call, as
+//! the caller's thread would). Only the store's own writes on an engine's thread (a
+//! pull writing its outs) leave loans alone: an engine orders every call that writes an
+//! array after its own calls the array is lent to (the array is one of their vars), and
+//! a call that writes an array lent to another engine's call reclaims that loan when it
+//! is made, on the caller's thread ([`NDArray::reclaim_foreign`]). An array with writes
+//! of another engine pending is lent once they are done (see `pending.rs`).
 //!
 //! A call done with its loan marks it returned and leaves the array alone: the
 //! array's list of loans (and their count) is the caller's, who lends the array again
@@ -26,8 +30,10 @@ use std::sync::atomic::Ordering;
 use parking_lot::Mutex;
 
 use super::NDArray;
-use super::pending::{SETTLED, STORE_THREAD};
+use super::pending::{POOL_THREAD, SETTLED, USER_CODE};
+use crate::engine::current_worker;
 use crate::error::Result;
+use crate::waits;
 
 /// How many loans an array lists before lending it again drops the returned ones at
 /// the front of its list: a few at once, so that a stream of calls lending the array
@@ -54,10 +60,20 @@ enum State {
     Lent,
     /// The caller wrote the array first: the call reads this copy of the old contents.
     Copied(NDArray),
-    /// The call is reading the array itself: writes wait.
-    Reading,
+    /// The call is reading the array itself, on the thread with this [`thread_token`]:
+    /// writes wait (but that thread's own).
+    Reading(usize),
     /// The call is done with it.
     Returned,
+}
+
+thread_local! {
+    static TOKEN: u8 = const { 0 };
+}
+
+/// A number that tells this thread from every other thread alive.
+fn thread_token() -> usize {
+    TOKEN.with(|t| t as *const u8 as usize)
 }
 
 /// An array lent to a queued call; dropping it ends the loan (when the call is done).
@@ -68,10 +84,21 @@ pub(crate) struct Lent {
 
 impl NDArray {
     /// Lends the array to a call of engine `owner` that reads it later (see the module
-    /// docs).
-    pub(crate) fn lend(&self, owner: usize) -> Lent {
+    /// docs), once no other engine's writes to it are pending.
+    ///
+    /// # Errors
+    /// As [`NDArray::settle`].
+    pub(crate) fn lend(&self, owner: usize) -> Result<Lent> {
+        // Writes of `owner` itself may be pending: its engine orders them.
+        let mut loans = loop {
+            let loans = self.inner.loans.lock();
+            if !self.foreign_writes(owner) {
+                break loans;
+            }
+            drop(loans);
+            self.wait_for_writes_but(owner)?;
+        };
         let loan = Arc::new(Loan { owner, state: Mutex::new(State::Lent) });
-        let mut loans = self.inner.loans.lock();
         if loans.len() >= PRUNE_AT {
             while loans.front().is_some_and(|l| l.is_returned()) {
                 loans.pop_front();
@@ -81,7 +108,7 @@ impl NDArray {
         loans.push_back(Arc::clone(&loan));
         self.inner.lent.fetch_add(1, Ordering::AcqRel);
         drop(loans);
-        Lent { array: self.clone(), loan }
+        Ok(Lent { array: self.clone(), loan })
     }
 
     /// Whether a queued call will read this array.
@@ -102,13 +129,17 @@ impl NDArray {
         loans
     }
 
-    /// Before a write from outside the store: every loan not yet read gets a copy of
-    /// the contents, and loans being read are waited for.
+    /// Before a write: every loan not yet read gets a copy of the contents, and loans
+    /// being read are waited for (see the module docs for the store's own writes,
+    /// which skip this, and a call's user code, which skips the loans of the call it
+    /// runs in).
     pub(super) fn reclaim(&self) -> Result<()> {
-        if STORE_THREAD.with(Cell::get) || !self.is_lent() {
+        let store_thread = current_worker() != 0 || POOL_THREAD.with(Cell::get);
+        if (store_thread && !USER_CODE.with(Cell::get)) || !self.is_lent() {
             return Ok(());
         }
-        self.reclaim_but(None)
+        let me = thread_token();
+        self.reclaim_if(|l| !store_thread || !matches!(*l.state.lock(), State::Reading(t) if t == me))
     }
 
     /// Before a call that runs at once on this thread uses this array (`written`: as an
@@ -117,7 +148,7 @@ impl NDArray {
     /// on the caller's thread, because the call's work may be shared out over the
     /// store's threads, which do neither.
     pub(crate) fn prepare_for_call(&self, written: bool) -> Result<()> {
-        self.settle();
+        self.settle()?;
         if written { self.reclaim() } else { Ok(()) }
     }
 
@@ -128,12 +159,14 @@ impl NDArray {
         if !self.is_lent() {
             return Ok(());
         }
-        self.reclaim_but(Some(owner))
+        self.reclaim_if(|l| l.owner != owner)
     }
 
-    fn reclaim_but(&self, owner: Option<usize>) -> Result<()> {
+    /// Reclaims the loans that `which` picks: copies for those not read yet, waits for
+    /// those being read.
+    fn reclaim_if(&self, which: impl Fn(&Loan) -> bool) -> Result<()> {
         loop {
-            let loan = self.returned_dropped().iter().find(|l| Some(l.owner) != owner).cloned();
+            let loan = self.returned_dropped().iter().find(|l| which(l)).cloned();
             let Some(loan) = loan else { return Ok(()) };
             if matches!(*loan.state.lock(), State::Lent) {
                 // Copied without holding the loan: the copy may wait for a pending
@@ -147,8 +180,11 @@ impl NDArray {
                 }
                 continue;
             }
+            let _waiting = waits::wait_for(loan.owner, || {
+                "a write to an array that a running call of another store (or of this one) reads".to_string()
+            })?;
             let mut guard = SETTLED.0.lock();
-            while matches!(*loan.state.lock(), State::Reading) {
+            while matches!(*loan.state.lock(), State::Reading(_)) {
                 SETTLED.1.wait(&mut guard);
             }
         }
@@ -173,7 +209,7 @@ impl Lent {
         match &*state {
             State::Copied(copy) => Some(copy.clone()),
             _ => {
-                *state = State::Reading;
+                *state = State::Reading(thread_token());
                 None
             }
         }
@@ -199,10 +235,13 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// A stand-in for an engine's id (real ids are addresses, never this small).
+    const E: usize = 21;
+
     #[test]
     fn a_write_before_the_read_copies_the_old_contents_for_the_call() {
         let a = NDArray::full(&[4], 1.0).unwrap();
-        let lent = a.lend(0);
+        let lent = a.lend(E).unwrap();
         assert!(a.is_lent());
         a.add_assign(1.0).unwrap(); // no wait: the loan gets a copy
         assert!(!a.is_lent());
@@ -214,7 +253,7 @@ mod tests {
     #[test]
     fn a_write_while_the_call_reads_waits_until_the_loan_ends() {
         let a = NDArray::full(&[4], 1.0).unwrap();
-        let lent = a.lend(0);
+        let lent = a.lend(E).unwrap();
         assert!(lent.start_read().is_none(), "an unwritten loan reads the array itself");
         let read = lent.array();
         assert!(read.same_storage(&a));
@@ -235,7 +274,7 @@ mod tests {
     fn returned_loans_stay_listed_until_the_array_is_lent_again_or_looked_at() {
         let a = NDArray::zeros(&[4]).unwrap();
         for _ in 0..100 {
-            let lent = a.lend(0);
+            let lent = a.lend(E).unwrap();
             std::thread::spawn(move || {
                 assert!(lent.start_read().is_none());
                 drop(lent);
@@ -254,7 +293,7 @@ mod tests {
     #[test]
     fn a_write_copies_for_unread_loans_and_skips_returned_ones_behind_them() {
         let a = NDArray::full(&[2], 1.0).unwrap();
-        let (first, second) = (a.lend(0), a.lend(0));
+        let (first, second) = (a.lend(E).unwrap(), a.lend(E).unwrap());
         std::thread::spawn(move || drop(second)).join().unwrap();
         assert!(a.is_lent(), "the first loan is not returned");
         a.add_assign(1.0).unwrap();
@@ -264,18 +303,42 @@ mod tests {
     }
 
     #[test]
-    fn the_stores_threads_write_lent_arrays_without_copying() {
+    fn the_stores_own_writes_on_its_thread_leave_loans_and_its_user_code_copies_them() {
         let a = NDArray::full(&[2], 1.0).unwrap();
-        let lent = a.lend(0);
-        let a2 = a.clone();
+        let lent = a.lend(E).unwrap();
+        let on_engine = |user_code: bool, a: NDArray| {
+            std::thread::spawn(move || {
+                crate::engine::set_current_worker(E);
+                match user_code {
+                    true => crate::ndarray::as_user_code(|| a.add_assign(1.0)).unwrap(),
+                    false => a.add_assign(1.0).unwrap(),
+                }
+            })
+            .join()
+            .unwrap();
+        };
+        // The store's own write (a pull into its out): the engine ordered it.
+        on_engine(false, a.clone());
+        assert!(a.is_lent(), "a store's own write reclaimed a loan");
+        // An updater's write: the loan gets a copy first, as from the caller's thread.
+        on_engine(true, a.clone());
+        assert!(!a.is_lent(), "user code on the engine's thread did not reclaim the loan");
+        assert_eq!(lent.start_read().expect("a copy").to_vec::<f32>().unwrap(), vec![2.0; 2]);
+        assert_eq!(a.to_vec::<f32>().unwrap(), vec![3.0; 2]);
+    }
+
+    #[test]
+    fn user_code_writes_what_its_own_call_reads_without_waiting_for_itself() {
+        let a = NDArray::full(&[2], 1.0).unwrap();
+        let lent = a.lend(E).unwrap();
         std::thread::spawn(move || {
-            crate::ndarray::mark_store_thread();
-            a2.add_assign(1.0).unwrap();
+            crate::engine::set_current_worker(E);
+            assert!(lent.start_read().is_none());
+            // The updater of the very call that reads the array writes it.
+            crate::ndarray::as_user_code(|| a.add_assign(1.0)).unwrap();
+            assert_eq!(lent.array().to_vec::<f32>().unwrap(), vec![2.0; 2]);
         })
         .join()
         .unwrap();
-        assert!(a.is_lent(), "a store thread reclaimed a loan");
-        assert!(lent.start_read().is_none(), "a store thread copied a loan");
-        assert_eq!(lent.array().to_vec::<f32>().unwrap(), vec![2.0; 2]);
     }
 }

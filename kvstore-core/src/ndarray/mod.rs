@@ -21,7 +21,7 @@ mod pending;
 mod storage;
 
 pub(crate) use loan::Lent;
-pub(crate) use pending::{PendingWrites, empty_list, mark_store_thread};
+pub(crate) use pending::{PendingWrites, as_user_code, empty_list, mark_pool_thread};
 
 pub(crate) use storage::{HostBuf, HostRead, HostWrite, Storage, copy_storage};
 
@@ -41,6 +41,8 @@ struct Inner {
     pending: std::sync::atomic::AtomicU32,
     /// The number of `loans` (as `pending`, one per queued call).
     lent: std::sync::atomic::AtomicU32,
+    /// The last call that marked its use of the array ([`NDArray::used_again`]).
+    used_by: std::sync::atomic::AtomicU32,
     dtype: DType,
     /// Whether `fault` is set (read on every access; the message is read only then).
     faulted: std::sync::atomic::AtomicBool,
@@ -58,6 +60,17 @@ struct Inner {
     /// Queued calls that read this array later (and some that are done with it, until
     /// they are dropped from the list; see `loan.rs`).
     loans: parking_lot::Mutex<std::collections::VecDeque<Arc<loan::Loan>>>,
+    /// The engine whose queued calls make the `pending` writes (set with `loans`
+    /// locked; read only while writes are pending: see `pending.rs`).
+    pending_owner: std::sync::atomic::AtomicUsize,
+}
+
+/// A number for one call's marks ([`NDArray::used_again`]), even, and unlike the last
+/// 2^31 calls' (a call that gets a number a mark from that long ago holds only thinks
+/// it used an array twice: it then takes its slower, ordered way).
+pub(crate) fn use_token() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(2);
+    NEXT.fetch_add(2, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// An n-dimensional array whose buffer is shared by every clone of the handle.
@@ -201,6 +214,7 @@ impl NDArray {
             size,
             pending: Default::default(),
             lent: Default::default(),
+            used_by: Default::default(),
             dtype,
             faulted: Default::default(),
             on_host: ctx.is_cpu(),
@@ -209,6 +223,7 @@ impl NDArray {
             ctx,
             fault: OnceLock::new(),
             loans: Default::default(),
+            pending_owner: Default::default(),
         };
         Ok(NDArray { inner: Arc::new(inner) })
     }
@@ -421,6 +436,15 @@ impl NDArray {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
+    /// Marks this array as used by the call that holds `token` (from [`use_token`]),
+    /// `written` when the call writes it; returns whether that call used it before in a
+    /// way whose order matters: written twice, or read and written. A call that runs
+    /// its keys out of order (on several threads) asks this of every array first.
+    pub(crate) fn used_again(&self, token: u32, written: bool) -> bool {
+        let before = self.inner.used_by.swap(token | u32::from(written), std::sync::atomic::Ordering::Relaxed);
+        before & !1 == token && (written || before & 1 == 1)
+    }
+
     fn check_fault(&self) -> Result<()> {
         if !self.inner.faulted.load(std::sync::atomic::Ordering::Acquire) {
             return Ok(());
@@ -439,7 +463,7 @@ impl NDArray {
     /// A shared read lock on the storage itself (recursive, so one thread may hold
     /// several read locks of one array, as when the same array is pushed twice).
     pub(crate) fn storage(&self) -> Result<RwLockReadGuard<'_, Storage>> {
-        self.settle();
+        self.settle()?;
         self.check_fault()?;
         Ok(self.inner.buf.read_recursive())
     }
@@ -447,7 +471,7 @@ impl NDArray {
     /// An exclusive lock on the storage itself (once queued calls that read the array
     /// have a copy of it or are done with it: see `loan.rs`).
     pub(crate) fn storage_mut(&self) -> Result<RwLockWriteGuard<'_, Storage>> {
-        self.settle();
+        self.settle()?;
         self.reclaim()?;
         self.check_fault()?;
         Ok(self.inner.buf.write())
@@ -1027,6 +1051,7 @@ mod tests {
             offset_of!(Inner, size) + size_of::<usize>(),
             offset_of!(Inner, pending) + 4,
             offset_of!(Inner, lent) + 4,
+            offset_of!(Inner, used_by) + 4,
             offset_of!(Inner, dtype) + size_of::<DType>(),
             offset_of!(Inner, faulted) + 1,
             offset_of!(Inner, on_host) + 1,
@@ -1038,6 +1063,19 @@ mod tests {
         // The reference counts of the `Arc` are on the line before.
         let a = NDArray::zeros(&[3]).unwrap();
         assert!((Arc::as_ptr(&a.inner) as usize).is_multiple_of(64));
+    }
+
+    #[test]
+    fn a_call_finds_the_arrays_it_writes_twice_or_reads_and_writes() {
+        let (a, b) = (NDArray::zeros(&[2]).unwrap(), NDArray::zeros(&[2]).unwrap());
+        let t = use_token();
+        assert!(!a.used_again(t, false) && !a.used_again(t, false), "read twice is fine");
+        assert!(a.used_again(t, true), "read, then written");
+        assert!(!b.used_again(t, true));
+        assert!(b.used_again(t, false), "written, then read");
+        let u = use_token();
+        assert!(!b.used_again(u, true), "another call's marks do not count");
+        assert!(b.used_again(u, true), "written twice");
     }
 
     #[test]

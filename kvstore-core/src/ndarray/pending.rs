@@ -3,9 +3,16 @@
 //! no read of a pending out sees its old value, and no write to it is overwritten by
 //! the pull.
 //!
-//! The store's own threads (engine workers and the reduction pool) never wait here: the
-//! engine orders every call after the calls that write the arrays it uses (a pending
-//! array is one of the call's vars), so what they access is never pending for them.
+//! An array's pending writes belong to one engine at a time (`Inner::pending_owner`):
+//! a call of another store's engine that uses the array waits, when it is made, until
+//! they are done ([`PendingWrites::new`], and `lend` in `loan.rs`), so calls of
+//! different stores on one array take effect in the order they were made. The owning
+//! engine's threads do not wait for them: the engine orders every call after the calls
+//! that write the arrays it uses (a pending array is one of the call's vars), and user
+//! code it runs (an updater) reads an array that a later call of its store writes as it
+//! is, before that call, as call order says. Every other access waits, on any thread:
+//! on another engine's thread too, unless that wait could never end (`waits.rs`), which
+//! is then an error.
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
@@ -13,20 +20,40 @@ use std::sync::atomic::Ordering;
 use parking_lot::{Condvar, Mutex};
 
 use super::NDArray;
+use crate::engine::{current_worker, release_writers_of};
+use crate::error::Result;
+use crate::waits;
 
 /// Where accesses to arrays with pending writes wait; notified whenever an array's
 /// pending writes end. One for the process: waiting is the rare case.
 pub(super) static SETTLED: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
 
 thread_local! {
-    /// Whether this thread is one of the store's own (see the module docs).
-    pub(super) static STORE_THREAD: Cell<bool> = const { Cell::new(false) };
+    /// Whether this thread is one of the reduction pool's: it runs parts of calls
+    /// whose arrays were made ready for them, and store code only, so it never waits
+    /// for pending writes and never reclaims loans.
+    pub(super) static POOL_THREAD: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Marks the current thread as one of the store's own: an engine worker or a thread of
-/// the reduction pool.
-pub(crate) fn mark_store_thread() {
-    STORE_THREAD.with(|t| t.set(true));
+/// Marks the current thread as one of the reduction pool's (see [`POOL_THREAD`]).
+pub(crate) fn mark_pool_thread() {
+    POOL_THREAD.with(|t| t.set(true));
+}
+
+thread_local! {
+    /// Whether this thread runs user code for a store (an updater, an `on_done`
+    /// callback): on an engine's thread, its writes to arrays lent to queued calls
+    /// copy them first, as any other thread's (see `loan.rs`).
+    pub(super) static USER_CODE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f`, user code that a store calls (an updater, a callback), marked as such
+/// on this thread (see [`USER_CODE`]).
+pub(crate) fn as_user_code<R>(f: impl FnOnce() -> R) -> R {
+    let before = USER_CODE.with(|u| u.replace(true));
+    let r = f();
+    USER_CODE.with(|u| u.set(before));
+    r
 }
 
 impl NDArray {
@@ -35,16 +62,65 @@ impl NDArray {
         std::sync::Arc::as_ptr(&self.inner) as usize
     }
 
-    /// Waits until no write is pending on this array (not on the store's own threads).
-    pub(super) fn settle(&self) {
-        if self.inner.pending.load(Ordering::Acquire) == 0 || STORE_THREAD.with(Cell::get) {
-            return;
+    /// Waits until no write is pending on this array, but those of the engine whose
+    /// thread this is (see the module docs).
+    ///
+    /// # Errors
+    /// On an engine's thread, when the wait could never end (`waits.rs`).
+    pub(super) fn settle(&self) -> Result<()> {
+        if self.inner.pending.load(Ordering::Acquire) == 0 || POOL_THREAD.with(Cell::get) {
+            return Ok(());
         }
-        // A write a batch of fused calls holds back is released first (`kvstore/fusion.rs`).
-        crate::engine::release_writers_of(self.buffer_id());
-        let mut guard = SETTLED.0.lock();
-        while self.inner.pending.load(Ordering::Acquire) != 0 {
-            SETTLED.1.wait(&mut guard);
+        self.wait_for_writes_but(current_worker())
+    }
+
+    /// Waits until no write of an engine other than `engine` is pending: before a call
+    /// of `engine` that reads this array is queued (see the module docs).
+    ///
+    /// # Errors
+    /// As [`NDArray::settle`].
+    pub(crate) fn wait_for_other_engines(&self, engine: usize) -> Result<()> {
+        self.wait_for_writes_but(engine)
+    }
+
+    /// Whether writes of an engine other than `engine` (0: of any) are pending.
+    pub(super) fn foreign_writes(&self, engine: usize) -> bool {
+        self.inner.pending.load(Ordering::Acquire) != 0
+            && (engine == 0 || self.inner.pending_owner.load(Ordering::Acquire) != engine)
+    }
+
+    /// Waits until no write of an engine other than `engine` (0: of any) is pending.
+    pub(super) fn wait_for_writes_but(&self, engine: usize) -> Result<()> {
+        while self.foreign_writes(engine) {
+            // A write a batch of fused calls holds back is released first (`kvstore/fusion.rs`).
+            release_writers_of(self.buffer_id());
+            let owner = self.inner.pending_owner.load(Ordering::Acquire);
+            let _waiting = waits::wait_for(owner, || {
+                "an access to an array that a queued call of another store (or a later call of this one) writes"
+                    .to_string()
+            })?;
+            let mut guard = SETTLED.0.lock();
+            while self.foreign_writes(engine) && self.inner.pending_owner.load(Ordering::Acquire) == owner {
+                SETTLED.1.wait(&mut guard);
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks a write of a queued call of `engine` pending, once no other engine's
+    /// writes are.
+    fn mark_pending(&self, engine: usize) -> Result<()> {
+        loop {
+            {
+                let _claim = self.inner.loans.lock();
+                if !self.foreign_writes(engine) {
+                    // The owner first: a reader that sees the count sees its owner.
+                    self.inner.pending_owner.store(engine, Ordering::Release);
+                    self.inner.pending.fetch_add(1, Ordering::AcqRel);
+                    return Ok(());
+                }
+            }
+            self.wait_for_writes_but(engine)?;
         }
     }
 
@@ -77,12 +153,21 @@ pub(crate) struct PendingWrites {
 }
 
 impl PendingWrites {
-    /// Marks `arrays` as pending: from now on, accesses from other threads wait.
-    pub(crate) fn new(arrays: Vec<NDArray>) -> Self {
-        for a in &arrays {
-            a.inner.pending.fetch_add(1, Ordering::AcqRel);
+    /// Marks `arrays` as pending writes of a queued call of `engine`: from now on,
+    /// accesses from other threads wait. An array with pending writes of another
+    /// engine is marked once they are done (this waits for them).
+    ///
+    /// # Errors
+    /// As [`NDArray::settle`]; no array is left marked.
+    pub(crate) fn new(engine: usize, mut arrays: Vec<NDArray>) -> Result<Self> {
+        for (i, a) in arrays.iter().enumerate() {
+            if let Err(e) = a.mark_pending(engine) {
+                arrays.truncate(i);
+                drop(PendingWrites { arrays });
+                return Err(e);
+            }
         }
-        PendingWrites { arrays }
+        Ok(PendingWrites { arrays })
     }
 
     /// Ends the writes (the call wrote its outs): accesses no longer wait. A short
@@ -124,30 +209,81 @@ mod tests {
         assert!(long.is_empty() && long.capacity() == 0);
         // The outs of a call of many keys: no longer pending, and the list let go.
         let outs: Vec<NDArray> = (0..100).map(|_| NDArray::zeros(&[2]).unwrap()).collect();
-        let mut writes = PendingWrites::new(outs.clone());
+        let mut writes = PendingWrites::new(A, outs.clone()).unwrap();
         assert!(outs.iter().all(NDArray::is_pending));
         writes.end();
         assert!(outs.iter().all(|a| !a.is_pending()) && writes.arrays.capacity() == 0);
     }
 
+    /// Stand-ins for two engines' ids (real ids are addresses, never this small).
+    const A: usize = 11;
+    const B: usize = 12;
+
     #[test]
-    fn reads_wait_for_pending_writes_except_on_the_stores_threads() {
+    fn reads_wait_for_pending_writes_except_on_the_owning_engines_threads() {
         let a = NDArray::zeros(&[4]).unwrap();
-        let writes = PendingWrites::new(vec![a.clone()]);
+        let writes = PendingWrites::new(A, vec![a.clone()]).unwrap();
         assert!(a.is_pending());
-        let reader = {
+        let read_on = |engine: usize| {
             let a = a.clone();
-            std::thread::spawn(move || a.to_vec::<f32>().unwrap())
+            std::thread::spawn(move || {
+                crate::engine::set_current_worker(engine);
+                a.to_vec::<f32>().unwrap()
+            })
         };
+        // A caller's thread, and another engine's thread, wait.
+        let (reader, other_engine) = (read_on(0), read_on(B));
         std::thread::sleep(Duration::from_millis(30));
         assert!(!reader.is_finished(), "the read did not wait for the pending write");
+        assert!(!other_engine.is_finished(), "another engine's thread did not wait for the pending write");
         let writer = std::thread::spawn(move || {
-            // The store's own threads do not wait for pending writes: they make them.
-            mark_store_thread();
+            // The owning engine's threads do not wait for its pending writes: they make them.
+            crate::engine::set_current_worker(A);
             a.copy_from(&NDArray::full(&[4], 5.0).unwrap()).unwrap();
             drop(writes);
         });
         writer.join().unwrap();
         assert_eq!(reader.join().unwrap(), vec![5.0; 4]);
+        assert_eq!(other_engine.join().unwrap(), vec![5.0; 4]);
+    }
+
+    #[test]
+    fn another_engines_writes_are_marked_once_the_first_engines_are_done() {
+        let a = NDArray::zeros(&[2]).unwrap();
+        let first = PendingWrites::new(A, vec![a.clone()]).unwrap();
+        // The same engine marks more at once: it orders its own calls.
+        let again = PendingWrites::new(A, vec![a.clone()]).unwrap();
+        let second = {
+            let a = a.clone();
+            std::thread::spawn(move || PendingWrites::new(B, vec![a]).unwrap())
+        };
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(!second.is_finished(), "engine B marked a write while engine A's were pending");
+        drop(first);
+        std::thread::sleep(Duration::from_millis(10));
+        assert!(!second.is_finished());
+        drop(again);
+        let second = second.join().unwrap();
+        assert!(a.is_pending() && a.inner.pending_owner.load(Ordering::Acquire) == B);
+        // Engine A's own thread now waits for B, and B's for nothing.
+        drop(second);
+        assert!(!a.is_pending());
+    }
+
+    #[test]
+    fn an_engines_thread_may_not_wait_for_its_own_engines_writes_elsewhere() {
+        let a = NDArray::zeros(&[2]).unwrap();
+        let writes = PendingWrites::new(A, vec![a.clone()]).unwrap();
+        // On A's thread, a call of engine B on the array would wait for A's write, which
+        // may queue behind the call running there: an error, not a hang.
+        let err = std::thread::spawn(move || {
+            crate::engine::set_current_worker(A);
+            PendingWrites::new(B, vec![a]).err()
+        })
+        .join()
+        .unwrap()
+        .expect("a wait for the thread's own engine");
+        assert!(err.to_string().contains("would wait for ever"), "{err}");
+        drop(writes);
     }
 }
