@@ -203,18 +203,17 @@ fn a_refused_call_fails_alone_on_every_worker_and_the_others_of_its_batch_go_on(
     assert_eq!(results, vec![(2, vec![2.0, 0.0, 6.0]); 2]);
 }
 
+/// Pushes keys "k0" and `k` without blocking, then waits for both.
+fn two(kv: &KVStore, k: &str) {
+    let p = [kv.push_async("k0", &NDArray::ones(&[4]).unwrap(), 0), kv.push_async(k, &NDArray::ones(&[4]).unwrap(), 0)];
+    p.into_iter().for_each(|p| p.wait().expect("push"));
+}
+
 #[test]
 fn calls_with_a_custom_updater_big_keys_or_fusion_off_go_alone() {
     run(2, None, |_, kv, c| {
         init(&kv, 2, 4);
         kv.init("big", &NDArray::zeros(&[65_536]).unwrap()).unwrap();
-        let two = |kv: &KVStore, k: &str| {
-            let p = [
-                kv.push_async("k0", &NDArray::ones(&[4]).unwrap(), 0),
-                kv.push_async(k, &NDArray::ones(&[4]).unwrap(), 0),
-            ];
-            p.into_iter().for_each(|p| p.wait().expect("push"));
-        };
         // 256 KiB: a quarter of the default 1 MiB goes alone.
         let big = counted(c, || {
             let p = [
@@ -231,10 +230,71 @@ fn calls_with_a_custom_updater_big_keys_or_fusion_off_go_alone() {
     });
     run(2, Some(0), |_, kv, c| {
         init(&kv, 2, 4);
-        let p = [
-            kv.push_async("k0", &NDArray::ones(&[4]).unwrap(), 0),
-            kv.push_async("k1", &NDArray::ones(&[4]).unwrap(), 0),
-        ];
-        assert_eq!(counted(c, || p.into_iter().for_each(|p| p.wait().expect("push"))), 4, "fusion off");
+        // Counted from before the calls are made: unfused, the first may run at once.
+        assert_eq!(counted(c, || two(&kv, "k1")), 4, "fusion off");
+    });
+}
+
+#[test]
+fn an_optimizer_refusing_one_fused_call_fails_it_alone_and_the_others_go_on() {
+    use kvstore_core::{Context, DType, Optimizer};
+    let results = run(2, None, |_, kv, c| {
+        init(&kv, 3, 4);
+        kv.init("int", &NDArray::zeros_with(&[4], DType::I32, Context::cpu(0)).unwrap()).unwrap();
+        kv.set_optimizer(Optimizer::builder("sgd").param("learning_rate", 0.5).build().unwrap()).unwrap();
+        let made = counted(c, || {
+            let a = kv.push_async("k0", &NDArray::ones(&[4]).unwrap(), 0);
+            let b = kv.push_async("int", &NDArray::zeros_with(&[4], DType::I32, Context::cpu(0)).unwrap(), 0);
+            let d = kv.push_async("k2", &NDArray::full(&[4], 3.0).unwrap(), 0);
+            let (a, b, d) = (a.wait(), b.wait(), d.wait());
+            a.expect("k0 goes on");
+            d.expect("k2 goes on");
+            // The error the same push gets when made blocking.
+            assert_eq!(b.expect_err("an int32 key with SGD").kind(), ErrorKind::DTypeMismatch);
+        });
+        let blocking = kv.push("int", &NDArray::zeros_with(&[4], DType::I32, Context::cpu(0)).unwrap(), 0);
+        assert_eq!(blocking.expect_err("blocking").kind(), ErrorKind::DTypeMismatch);
+        let values: Vec<f32> =
+            ["k0", "k2"].iter().map(|k| kv.pull_new(*k, 0).unwrap().to_vec::<f32>().unwrap()[0]).collect();
+        (made, values)
+    });
+    // One comparison and one allreduce; SGD: w = 0 - 0.5 * (sum over 2 workers).
+    assert_eq!(results, vec![(2, vec![-1.0, -3.0]); 2]);
+}
+
+#[test]
+fn a_merger_changed_while_small_pushes_are_made_never_fails_them_internally() {
+    // A custom updater (which refuses key k3) swapped in and out while small pushes are
+    // made: a batch fused under the default merger may run under the updater; each
+    // call then gets its own outcome, as made alone.
+    run(1, None, |_, kv, _| {
+        init(&kv, 64, 4);
+        let (kv, done) = (&kv, &std::sync::atomic::AtomicBool::new(false));
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                while !done.load(Ordering::SeqCst) {
+                    kv.set_updater(|k: &kvstore_core::Key, _, g: &NDArray, w: &NDArray| match k.as_str() {
+                        "k3" => Err(kvstore_core::Error::invalid_argument("k3 refused")),
+                        _ => w.copy_from(g),
+                    })
+                    .unwrap();
+                    kv.clear_updater().unwrap();
+                }
+            });
+            let (mut failed, keys) = (Vec::new(), keys(64));
+            for round in 0..300 {
+                let calls: Vec<_> =
+                    keys.iter().map(|k| (k, kv.push_async(k.as_str(), &NDArray::ones(&[4]).unwrap(), 0))).collect();
+                failed.extend(calls.into_iter().filter_map(|(k, p)| Some((round, k, p.wait().err()?.to_string()))));
+            }
+            done.store(true, Ordering::SeqCst);
+            let wrong: Vec<_> = failed.iter().filter(|(_, k, e)| *k != "k3" || !e.contains("k3 refused")).collect();
+            assert!(
+                wrong.is_empty(),
+                "{} pushes failed otherwise than refused, first: {:?}",
+                wrong.len(),
+                wrong.first()
+            );
+        });
     });
 }

@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use super::nonblocking::{Copies, Input, Owned, borrow, borrow_inputs, start_reads};
 use super::steps::StepKey;
-use super::{Done, Found, Group, KVStore, Merger, Pending, Store, check_group, locks::Held, slots};
+use super::{Calls, Done, Found, Group, KVStore, Merger, Pending, Store, check_group, locks::Held, slots};
 use crate::engine::{self, HeldBatch, HeldCalls, Vars};
 use crate::error::{Error, Result};
 use crate::ndarray::PendingWrites;
@@ -203,11 +203,21 @@ impl Store {
         let check = |op, what, groups: &[Group<'_>], at: &[usize]| {
             groups.iter().zip(at).try_for_each(|(g, &i)| check_group(op, what, g, &guards[i].value))
         };
+        // An optimizer's refusal of a key (an integer weight) is a check too: it fails
+        // that call alone, as when made blocking.
+        let optimizer = |push: &[Group<'_>], at: &[usize]| match &*merger {
+            Merger::Optimizer(rt) => {
+                push.iter().zip(at).try_for_each(|(g, &i)| rt.check_weight(&g.entry.key, &guards[i].value))
+            }
+            _ => Ok(()),
+        };
         let local: Vec<Result<()>> = grouped
             .iter()
             .zip(&at)
             .map(|((op, push, pull), (push_at, pull_at))| {
-                check(op, "value", push, push_at).and_then(|()| check(op, "out", pull, pull_at))
+                check(op, "value", push, push_at)
+                    .and_then(|()| optimizer(push, push_at))
+                    .and_then(|()| check(op, "out", pull, pull_at))
             })
             .collect();
         let counts: Vec<usize> = grouped.iter().map(|(_, push, _)| push.len()).collect();
@@ -224,25 +234,28 @@ impl Store {
             Ok(r) => r,
             Err(e) => return every(e),
         };
-        if matches!(*merger, Merger::Custom(_)) {
-            return every(Error::Internal("push: a custom updater's calls were fused".into()));
-        }
-        // The calls that go on, their keys in index order (the order of their slots).
+        // The calls that go on, their keys in index order (the order of their slots),
+        // each with its call's number. (A custom updater, installed after the calls
+        // were made and fused, updates each call's keys alone: see `Store::apply`.)
         let (mut push, mut pull) = (Vec::new(), Vec::new());
-        for (((_, p, q), (p_at, q_at)), r) in grouped.into_iter().zip(at).zip(&results) {
+        for (n, (((_, p, q), (p_at, q_at)), r)) in grouped.into_iter().zip(at).zip(&results).enumerate() {
             if r.is_ok() {
-                push.extend(p.into_iter().zip(p_at));
-                pull.extend(q.into_iter().zip(q_at));
+                push.extend(p.into_iter().zip(p_at).map(|(g, i)| (g, i, n)));
+                pull.extend(q.into_iter().zip(q_at).map(|(g, i)| (g, i, n)));
             }
         }
         if push.is_empty() {
             return results;
         }
-        push.sort_by_key(|(_, i)| *i);
-        pull.sort_by_key(|(_, i)| *i);
-        let (push, push_slots): (Vec<Group<'_>>, Vec<usize>) = push.into_iter().unzip();
-        let (pull, pull_slots): (Vec<Group<'_>>, Vec<usize>) = pull.into_iter().unzip();
-        if let Err(e) = self.apply(&push, &pull, &push_slots, &pull_slots, &mut guards, &merger) {
+        push.sort_by_key(|(_, i, _)| *i);
+        pull.sort_by_key(|(_, i, _)| *i);
+        let (push, (push_slots, push_calls)): (Vec<Group<'_>>, (Vec<usize>, Vec<usize>)) =
+            push.into_iter().map(|(g, i, n)| (g, (i, n))).unzip();
+        let (pull, (pull_slots, pull_calls)): (Vec<Group<'_>>, (Vec<usize>, Vec<usize>)) =
+            pull.into_iter().map(|(g, i, n)| (g, (i, n))).unzip();
+        let mut calls = Calls { push: push_calls, pull: pull_calls, results: &mut results };
+        let applied = self.apply(&push, &pull, &push_slots, &pull_slots, &mut guards, &merger, Some(&mut calls));
+        if let Err(e) = applied {
             for r in results.iter_mut().filter(|r| r.is_ok()) {
                 *r = Err(e.clone());
             }

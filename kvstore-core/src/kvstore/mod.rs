@@ -1392,12 +1392,14 @@ impl Store {
         } else {
             checked?;
         }
-        self.apply(&push, &pull, &push_slots, &pull_slots, &mut guards, &merger)
+        self.apply(&push, &pull, &push_slots, &pull_slots, &mut guards, &merger, None)
     }
 
     /// The rest of a push (the sums and the update) and of its pull (the copies), once
     /// every key of the call is locked (`guards`, in index order; `push_slots[j]` is
-    /// the position of `push[j]`'s key there) and checked.
+    /// the position of `push[j]`'s key there) and checked. For the calls of a fused
+    /// batch, `calls` says whose each group is: a custom updater's failure then fails
+    /// its own call only (any other error fails them all).
     #[allow(clippy::too_many_arguments)]
     fn apply(
         &self,
@@ -1407,6 +1409,7 @@ impl Store {
         pull_slots: &[usize],
         guards: &mut [RwLockWriteGuard<'_, Slot>],
         merger: &Merger,
+        mut calls: Option<&mut Calls<'_>>,
     ) -> Result<()> {
         // The comm's policy, before the sums: where each key lives (`CommDevice` gives
         // a key pushed from devices its device), then what to sum (`CommCpu` sums
@@ -1525,14 +1528,24 @@ impl Store {
                     return Err(Error::Internal("push: no merge buffer".into()));
                 }
                 self.sum(&jobs)?;
-                for (g, &i) in push.iter().zip(push_slots) {
+                for (j, (g, &i)) in push.iter().zip(push_slots).enumerate() {
                     let (Some(m), Some(w)) = (&guards[i].merge, &guards[i].spare) else {
                         return Err(Error::Internal("push: no merge buffer or spare".into()));
                     };
-                    crate::ndarray::as_user_code(|| updater.update(&g.entry.key, g.entry.index, m, w))?;
+                    if calls.as_ref().is_some_and(|c| c.failed_push(j)) {
+                        continue;
+                    }
+                    let updated = crate::ndarray::as_user_code(|| updater.update(&g.entry.key, g.entry.index, m, w));
+                    match (updated, calls.as_mut()) {
+                        (Err(e), Some(c)) => c.fail_push(j, e),
+                        (r, _) => r?,
+                    }
                 }
-                for &i in push_slots {
+                for (j, &i) in push_slots.iter().enumerate() {
                     let slot = &mut *guards[i];
+                    if calls.as_ref().is_some_and(|c| c.failed_push(j)) {
+                        continue;
+                    }
                     if let Some(updated) = slot.spare.take() {
                         slot.spare = Some(std::mem::replace(&mut slot.value, updated));
                     }
@@ -1542,9 +1555,33 @@ impl Store {
         let jobs: Vec<BroadcastJob<'_>> = pull
             .iter()
             .zip(pull_slots)
-            .map(|(g, &i)| BroadcastJob { src: &guards[i].value, outs: &g.arrays })
+            .enumerate()
+            .filter(|(j, _)| !calls.as_ref().is_some_and(|c| c.failed_pull(*j)))
+            .map(|(_, (g, &i))| BroadcastJob { src: &guards[i].value, outs: &g.arrays })
             .collect();
         self.comm.broadcast(&jobs)
+    }
+}
+
+/// The calls of a fused batch as [`Store::apply`] sees them: which call each push and
+/// pull group belongs to, and each call's result so far.
+pub(super) struct Calls<'r> {
+    pub(super) push: Vec<usize>,
+    pub(super) pull: Vec<usize>,
+    pub(super) results: &'r mut [Result<()>],
+}
+
+impl Calls<'_> {
+    fn failed_push(&self, group: usize) -> bool {
+        self.results[self.push[group]].is_err()
+    }
+
+    fn failed_pull(&self, group: usize) -> bool {
+        self.results[self.pull[group]].is_err()
+    }
+
+    fn fail_push(&mut self, group: usize, e: Error) {
+        self.results[self.push[group]] = Err(e);
     }
 }
 
