@@ -19,7 +19,8 @@
 //!   `CommCPU`, `local` and `dist_sync` stores) and [`CommDevice`] (MXNet's
 //!   `CommDevice`, `device` stores) implement it. A new one (NCCL) plugs in beside them.
 //! - [`in_background`]: whether the current thread runs a call in the background of
-//!   its caller (a backend then waits without spinning).
+//!   its caller (a backend then waits without spinning); [`finish_group_calls`]: runs
+//!   and waits for the calls of a group's stores (before the group shuts down).
 //!
 //! ```
 //! use kvstore_core::backend::{Comm, CommCpu, ReduceJob};
@@ -39,4 +40,4 @@ pub use crate::device::{
     DeviceBackend, DeviceBuffer, FusedArrays, FusedRule, FusedStep, PinnedMemory, backend as device_backend,
     register_backend,
 };
-pub use crate::engine::in_background;
+pub use crate::engine::{finish_group_calls, in_background};

@@ -67,6 +67,11 @@ extern "C" fn abort_unless_finalized() {
 /// Finalises MPI: call it once at the end of a `dist_sync` program, on every rank,
 /// after its last store call. A rank that exits without it aborts the whole job.
 ///
+/// It first runs every call of the `dist_sync` stores that is still queued or held
+/// back for fusion (non-blocking calls whose handles were not waited for), and waits
+/// until they are done: each call's result then goes to its handle (and the errors of
+/// dropped handles to the next `wait_all`). A store call made after it fails.
+///
 /// # Errors
 /// [`Error::Backend`] if MPI was not initialised or is already finalised.
 pub fn finalize() -> Result<()> {
@@ -74,6 +79,9 @@ pub fn finalize() -> Result<()> {
     let finalised = || Error::Backend { backend: "mpi", message: "MPI is already finalised".into() };
     if shared.0.lock().is_none() {
         return Err(finalised());
+    }
+    if let Some(group) = GROUP.get() {
+        kvstore_core::backend::finish_group_calls(&**group);
     }
     // Every rank arrives here before any finalises (one small message to every other
     // rank, under the watchdog's deadline): a rank that never comes (stuck, stopped, or

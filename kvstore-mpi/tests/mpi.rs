@@ -171,7 +171,51 @@ fn the_builder_sets_the_timeout() {
     group.set_timeout(before);
 }
 
+/// A call made blocking on one rank and non-blocking on another would never match
+/// in MPI (a non-blocking collective never matches a blocking one): both ranks fail
+/// it at once instead, and go on.
+#[test]
+fn a_call_made_blocking_on_one_rank_and_not_on_another_fails_on_every_rank() {
+    let kv = store();
+    kv.init("mixed", &kvstore_core::NDArray::zeros(&[65_536]).expect("zeros")).expect("init");
+    let big = kvstore_core::NDArray::ones(&[65_536]).expect("ones");
+    let mixed = if kv.rank() == 0 { kv.push_async("mixed", &big, 0).wait() } else { kv.push("mixed", &big, 0) };
+    if kv.num_workers() > 1 {
+        let e = mixed.expect_err("mixed forms");
+        assert!(e.to_string().contains("the workers' calls differ"), "{e}");
+    } else {
+        mixed.expect("one worker");
+    }
+    kv.push("mixed", &big, 0).expect("the same form on every rank");
+}
+
+/// Finalising runs the calls still queued or held back for fusion first: a small
+/// push (held, waiting for more) and a big one, whose handles are kept, and one
+/// whose handle was dropped.
 #[test]
 fn zz_finalize_mpi() {
+    let kv = store();
+    let n = kv.num_workers() as f32;
+    kv.init(
+        ["fin small", "fin big", "fin dropped"].as_slice(),
+        [
+            kvstore_core::NDArray::zeros(&[4]).expect("zeros"),
+            kvstore_core::NDArray::zeros(&[65_536]).expect("zeros"),
+            kvstore_core::NDArray::zeros(&[4]).expect("zeros"),
+        ]
+        .as_slice(),
+    )
+    .expect("init");
+    let big = kv.push_async("fin big", &kvstore_core::NDArray::ones(&[65_536]).expect("ones"), 0);
+    let small = kv.push_async("fin small", &kvstore_core::NDArray::ones(&[4]).expect("ones"), 0);
+    drop(kv.push_async("fin dropped", &kvstore_core::NDArray::ones(&[4]).expect("ones"), 0));
     kvstore_mpi::finalize().expect("finalize");
+    assert!(small.is_finished() && big.is_finished(), "finalize left a call unrun");
+    small.wait().expect("the small push");
+    big.wait().expect("the big push");
+    kv.wait_all().expect("the dropped push");
+    for (key, len) in [("fin small", 4), ("fin big", 65_536), ("fin dropped", 4)] {
+        assert_eq!(kv.pull_new(key, 0).expect("pull").to_vec::<f32>().expect("values"), vec![n; len], "{key}");
+    }
+    assert!(kv.push("fin small", &kvstore_core::NDArray::ones(&[4]).expect("ones"), 0).is_err(), "a push after");
 }

@@ -298,3 +298,32 @@ fn a_merger_changed_while_small_pushes_are_made_never_fails_them_internally() {
         });
     });
 }
+
+#[test]
+fn a_call_made_blocking_on_one_worker_and_not_on_another_fails_on_both_at_once() {
+    let results = run(2, None, |rank, kv, _| {
+        init(&kv, 1, 4);
+        kv.init("big", &NDArray::zeros(&[65_536]).unwrap()).unwrap();
+        // Over MPI, a non-blocking collective never matches a blocking one: both ranks
+        // would wait for ever.
+        let big = NDArray::ones(&[65_536]).unwrap();
+        let mixed = if rank == 0 { kv.push_async("big", &big, 0).wait() } else { kv.push("big", &big, 0) };
+        let e = mixed.expect_err("mixed forms");
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        // A fused pushpull is named as one, against a fused push of the same key.
+        let out = NDArray::zeros(&[4]).unwrap();
+        let one = NDArray::ones(&[4]).unwrap();
+        let fused = if rank == 0 { kv.pushpull_async("k0", &one, &out, 0) } else { kv.push_async("k0", &one, 0) };
+        let f = fused.wait().expect_err("a pushpull against a push");
+        // The same calls on both go on.
+        kv.pushpull_async("k0", &one, &out, 0).wait().expect("the same calls");
+        assert_eq!(out.to_vec::<f32>().unwrap(), vec![2.0; 4]);
+        assert_eq!(kv.pull_new("big", 0).unwrap().to_vec::<f32>().unwrap()[0], 0.0, "the failed push changed the key");
+        (e.to_string(), f.to_string())
+    });
+    assert_eq!(results[0], results[1], "the workers' messages differ");
+    let (mixed, fused) = &results[0];
+    assert!(mixed.contains("rank 0 pushed \"big\" [65536] float32 (non-blocking)"), "{mixed}");
+    assert!(mixed.contains("rank 1 pushed \"big\" [65536] float32 (blocking)"), "{mixed}");
+    assert!(fused.contains("rank 0 pushpulled \"k0\"") && fused.contains("rank 1 pushed \"k0\""), "{fused}");
+}

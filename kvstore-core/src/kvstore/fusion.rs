@@ -220,7 +220,7 @@ impl Store {
                     .and_then(|()| check(op, "out", pull, pull_at))
             })
             .collect();
-        let counts: Vec<usize> = grouped.iter().map(|(_, push, _)| push.len()).collect();
+        let counts: Vec<(&'static str, usize)> = grouped.iter().map(|(op, push, _)| (*op, push.len())).collect();
         // The workers compare each key with its stored shape and dtype (the same on every
         // worker): a value of another shape on one worker is that worker's refusal of
         // its call, which fails that call alone, not a difference that fails the batch.

@@ -73,8 +73,9 @@ fn fingerprint(op: &str, seq: u64, keys: &[StepKey<'_>], refused: bool) -> [u8; 
     record
 }
 
-/// A step as the desync message shows it: `pushed "fc1.weight" [512, 256] f32`.
-fn describe(op: &str, keys: &[StepKey<'_>], refused: Option<&Error>) -> String {
+/// A step as the desync message shows it: `pushed "fc1.weight" [512, 256] f32`, then
+/// ` (form)` (which [`Store::check_calls`] keeps only where the workers' forms differ).
+fn describe(op: &str, keys: &[StepKey<'_>], refused: Option<&Error>, form: &str) -> String {
     let mut s = verb(op).to_string();
     for (i, (key, shape, dtype)) in keys.iter().take(SHOWN_KEYS).enumerate() {
         let shape = shape.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
@@ -86,14 +87,15 @@ fn describe(op: &str, keys: &[StepKey<'_>], refused: Option<&Error>) -> String {
     if let Some(e) = refused {
         s += &format!(", which it refused ({e})");
     }
-    // A record has room for a long key or message, shortened (on a char boundary).
-    let limit = crate::backend::MAX_RECORD - 4;
+    // A record has room for a long key or message, shortened (on a char boundary),
+    // and the form.
+    let limit = crate::backend::MAX_RECORD - 4 - form.len() - 3;
     if s.len() > limit {
         let cut = (0..=limit - 3).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
         s.truncate(cut);
         s += "…";
     }
-    s
+    s + " (" + form + ")"
 }
 
 /// `ranks 0, 2` or `rank 1`.
@@ -125,13 +127,18 @@ impl Store {
     /// [`Error::InvalidArgument`] on the others, naming each worker's call, when the
     /// workers' calls differ or one refused it; the group's error if it is broken.
     pub(super) fn check_step(&self, op: &'static str, keys: &[StepKey<'_>], local: Result<()>) -> Result<()> {
-        self.check_calls(op, &[keys.len()], keys, vec![local])?.pop().unwrap_or(Ok(()))
+        self.check_calls(op, &[(op, keys.len())], keys, vec![local])?.pop().unwrap_or(Ok(()))
     }
 
     /// [`Store::check_step`] for several calls that move their data together (non-blocking
-    /// calls fused across calls, `kvstore/fusion.rs`), as one step: `counts[i]` of `keys`
-    /// (in order) are call `i`'s, and `local[i]` is the outcome of this worker's checks of
-    /// it. When the workers made the same calls, each call refused by some worker fails
+    /// calls fused across calls, `kvstore/fusion.rs`), as one step: `calls[i]` is call
+    /// `i`'s operation and how many of `keys` (in order) are its, and `local[i]` is the
+    /// outcome of this worker's checks of it.
+    ///
+    /// Whether the calls are non-blocking is part of the fingerprint: MPI never matches
+    /// a non-blocking collective with a blocking one, so a worker that makes a call
+    /// blocking where another makes it non-blocking would wait for ever; instead both
+    /// fail the call, saying so. When the workers made the same calls, each call refused by some worker fails
     /// on every worker (with its own error where it was refused) and the others go on:
     /// the inner results. When the workers' calls differ, every call fails: the outer
     /// error (or its own error, where refused).
@@ -141,7 +148,7 @@ impl Store {
     pub(super) fn check_calls(
         &self,
         op: &'static str,
-        counts: &[usize],
+        calls: &[(&'static str, usize)],
         keys: &[StepKey<'_>],
         mut local: Vec<Result<()>>,
     ) -> Result<Vec<Result<()>>> {
@@ -150,10 +157,17 @@ impl Store {
         // Which calls this worker refused (a batch holds at most 64 calls).
         let refused_here =
             local.iter().enumerate().filter(|(_, r)| r.is_err()).fold(0u64, |m, (i, _)| m | 1 << (i % 64));
-        // A batch's record names each call's size, so that where one call ends and the
-        // next begins is part of the fingerprint.
-        let what = if counts.len() == 1 { op.to_string() } else { format!("{op} of fused calls {counts:?}") };
-        let mut mine = fingerprint(&what, seq, keys, refused_here != 0).to_vec();
+        // A batch's record names each call and its size, so that where one call ends and
+        // the next begins is part of the fingerprint.
+        let what = match calls {
+            [(one, _)] => (*one).to_string(),
+            _ => {
+                let each: Vec<String> = calls.iter().map(|(op, n)| format!("{op} of {n}")).collect();
+                format!("{} fused calls ({})", calls.len(), each.join(", "))
+            }
+        };
+        let form = if crate::engine::in_background() { "non-blocking" } else { "blocking" };
+        let mut mine = fingerprint(&format!("{form} {what}"), seq, keys, refused_here != 0).to_vec();
         mine.extend_from_slice(&refused_here.to_le_bytes());
         let step = format!("{op} #{seq}");
         let all = group.exchange(&step, &mine)?;
@@ -162,7 +176,7 @@ impl Store {
             let bit = |r: &Vec<u8>| r.get(17..25).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
             (0..all.len()).filter(|&r| bit(&all[r]) & (1 << (i % 64)) != 0).collect()
         };
-        if same_calls && counts.len() > 1 {
+        if same_calls && calls.len() > 1 {
             for (i, r) in local.iter_mut().enumerate() {
                 let by = refused_by(i);
                 if r.is_ok() && !by.is_empty() {
@@ -171,7 +185,7 @@ impl Store {
                          changed anything for it",
                         ranks(&by),
                         i + 1,
-                        counts.len()
+                        calls.len()
                     )));
                 }
             }
@@ -184,7 +198,7 @@ impl Store {
         let local = local.into_iter().find(Result::is_err).unwrap_or(Ok(()));
         // Every worker sees the same records, so every worker takes this path: the
         // descriptions are exchanged, and every worker builds the same message.
-        let text = describe(&what, keys, local.as_ref().err());
+        let text = describe(&what, keys, local.as_ref().err(), form);
         let mut padded = text.into_bytes();
         padded.resize(crate::backend::MAX_RECORD, 0);
         let texts: Vec<String> = group
@@ -192,6 +206,12 @@ impl Store {
             .iter()
             .map(|t| String::from_utf8_lossy(&t[..t.iter().position(|&b| b == 0).unwrap_or(t.len())]).into_owned())
             .collect();
+        // Each text ends with its call's form; said only where the forms differ.
+        let forms: Vec<&str> = texts.iter().map(|t| t.rsplit_once(" (").map_or("", |(_, f)| f)).collect();
+        let texts: Vec<String> = match forms.iter().all(|f| *f == forms[0]) {
+            true => texts.iter().map(|t| t.rsplit_once(" (").map_or(t.as_str(), |(t, _)| t).to_string()).collect(),
+            false => texts,
+        };
         local?;
         let refused: Vec<usize> = (0..all.len()).filter(|&r| all[r].get(16) == Some(&1)).collect();
         let groups = by_value(all.iter().zip(&texts).map(|(record, text)| (&record[..16.min(record.len())], text)));
