@@ -294,3 +294,81 @@ fn keys_of_any_dtype_load_beside_an_optimizer() {
         assert!(kvstore_tests::device_checks::bits(&a) == kvstore_tests::device_checks::bits(&b), "{}", a.dtype());
     }
 }
+
+/// Trains keys "a" and "b" for `steps`: "b" alone at odd steps, then both in one list
+/// push (so their update counts differ, and the order the store updates them in within
+/// the list push matters to a schedule); their values' bits.
+fn train_two(kv: &KVStore, steps: std::ops::Range<u64>) -> Vec<Vec<u32>> {
+    for step in steps {
+        let g = |k: u64| NDArray::full(&[2], 1.0 + (step * 2 + k) as f64).expect("g");
+        if step % 2 == 1 {
+            kv.push("b", &g(1), 0).expect("push");
+        }
+        kv.push(&["a", "b"], &[g(0), g(1)], 0).expect("push");
+    }
+    let bits =
+        |k: &str| kv.pull_new(k, 0).expect("pull").to_vec::<f32>().expect("r").iter().map(|x| x.to_bits()).collect();
+    vec![bits("a"), bits("b")]
+}
+
+/// SGD whose learning rate halves at every update, or NAdam (whose momentum schedule
+/// is one product over every update).
+fn order_sensitive(name: &str) -> Optimizer {
+    match name {
+        "sgd" => {
+            let halving = kvstore_core::LrScheduler::factor(1, 0.5).expect("factor");
+            Optimizer::builder("sgd").param("learning_rate", 1.0).lr_scheduler(halving).build().expect("sgd")
+        }
+        _ => Optimizer::builder("nadam").build().expect("nadam"),
+    }
+}
+
+fn store_of(keys: &[&str], value: f64) -> KVStore {
+    let kv = KVStore::create("local").expect("local");
+    let values: Vec<NDArray> = keys.iter().map(|_| NDArray::full(&[2], value).expect("v")).collect();
+    kv.init(keys, values.as_slice()).expect("init");
+    kv
+}
+
+/// A load resumes the file's run exactly, whatever keys the store has and in whatever
+/// order they were initialised: the keys are updated in the file's order (the order
+/// of the run that saved it), which a schedule and NAdam's momentum depend on.
+#[test]
+fn a_load_updates_keys_in_the_files_order_whatever_the_store_had() {
+    let dir = TempDir::new("ckpt-order");
+    let (path, again_path) = (dir.path("c.ckpt"), dir.path("again.ckpt"));
+    for name in ["sgd", "nadam"] {
+        let opt = || order_sensitive(name);
+        let saved = store_of(&["a", "b"], 0.0);
+        saved.set_optimizer(opt()).expect("set");
+        train_two(&saved, 0..3);
+        saved.save_checkpoint(&path).expect("save");
+        let expected = train_two(&saved, 3..6);
+        // The order matters: trained from the start in the other order, the run ends
+        // elsewhere.
+        let other = store_of(&["b", "a"], 0.0);
+        other.set_optimizer(opt()).expect("set");
+        train_two(&other, 0..3);
+        assert_ne!(train_two(&other, 3..6), expected, "{name}: the order does not matter here");
+        // Fresh, initialised in the other order, with only "b", with a key of its own
+        // first, and one that already trained in the other order.
+        let trained = store_of(&["b", "a"], 1.0);
+        trained.set_optimizer(opt()).expect("set");
+        train_two(&trained, 0..2);
+        for (what, kv) in [
+            ("fresh", KVStore::create("local").expect("local")),
+            ("reversed", store_of(&["b", "a"], 1.0)),
+            ("only b", store_of(&["b"], 1.0)),
+            ("another key first", store_of(&["c", "b", "a"], 1.0)),
+            ("trained", trained),
+        ] {
+            kv.load_checkpoint(&path).expect("load");
+            assert_eq!(train_two(&kv, 3..6), expected, "{name}: {what}");
+            // Saved again, the file keeps the run's order.
+            kv.save_checkpoint(&again_path).expect("save");
+            let again = store_of(&["b", "a"], 1.0);
+            again.load_checkpoint(&again_path).expect("load");
+            assert_eq!(train_two(&again, 6..8), train_two(&kv, 6..8), "{name}: {what}, saved again");
+        }
+    }
+}

@@ -6,7 +6,8 @@
 //! (`optimizer/states.rs`: temporary file and rename, fsync of the file and its
 //! directory, special files refused, bounded reads).
 //!
-//! Tensors: `v{n}` is the value of the `n`-th key (in the order keys were initialised),
+//! Tensors: `v{n}` is the value of the `n`-th key (in the order the store updates keys
+//! within a call: the order they were initialised in, or that of a loaded file's run),
 //! `s{n}.{state}` its optimizer states and `s{n}.master` its f32 master copy. Metadata:
 //! `format`, `version`, `merger` (`assign`, `custom` or `optimizer`), `optimizer`
 //! (null, or everything needed to build it again in its saved state), `keys` (per key:
@@ -199,6 +200,12 @@ impl Store {
         let entries = self.entries();
         let locked: Vec<&Arc<Entry>> = entries.iter().collect();
         let guards = held.read(op, &locked)?;
+        // Keys are written in the order their updates go (`Slot::order`), so that a
+        // run resumed from the file updates them as this one does.
+        let mut by_order: Vec<usize> = (0..entries.len()).collect();
+        by_order.sort_by_key(|&i| guards[i].order);
+        let (entries, guards): (Vec<&Arc<Entry>>, Vec<&Slot>) =
+            by_order.iter().map(|&i| (&entries[i], &*guards[i])).unzip();
         let (name, runtime) = match &*merger {
             Merger::Assign => ("assign", None),
             Merger::Custom(_) => ("custom", None),
@@ -376,7 +383,10 @@ impl Store {
                 g.opt = None;
             }
         }
+        // The file's keys are updated in the file's order from now on, after the
+        // store's other keys: the order of the run that saved it.
         for (slot, key, value, state) in plan.keys {
+            let order = table.take_order();
             match slot {
                 Some(i) => {
                     let g = &mut guards[i];
@@ -384,11 +394,12 @@ impl Store {
                     g.opt = state;
                     g.merge = None;
                     g.spare = None;
+                    g.order = order;
                 }
                 None => {
                     let index = table.next_index;
                     table.next_index += 1;
-                    let mut slot = Slot::new(value);
+                    let mut slot = Slot::new(value, order);
                     slot.opt = state;
                     table.entries.insert(key.clone(), Arc::new(Entry { key, index, value: RwLock::new(slot) }));
                 }
@@ -499,7 +510,11 @@ impl KVStore {
     ///   updater makes pushes assign again; a file saved with a custom updater keeps the
     ///   store's updater (set it before or after loading);
     /// - keys of the store that the file lacks keep their values, and their optimizer
-    ///   state starts afresh.
+    ///   state starts afresh;
+    /// - from then on the file's keys are updated in the file's order (the order of the
+    ///   run that saved it; a schedule and NAdam's momentum depend on the order of
+    ///   updates within a call), after the store's other keys, however the store's keys
+    ///   were initialised: the run resumes as it was.
     ///
     /// All or nothing: the file is read and checked whole (every tensor's CRC-32, the
     /// file's checksum, the optimizer, every key against the store) and every array is

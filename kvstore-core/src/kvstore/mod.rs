@@ -54,11 +54,15 @@ struct Slot {
     /// before the last update, reused).
     spare: Option<NDArray>,
     buffers: KeyBuffers,
+    /// Where the key's optimizer updates come among a call's keys: the order keys were
+    /// initialised in, or that of the run a checkpoint resumed (`Table::next_order`).
+    /// A schedule and NAdam's momentum depend on it.
+    order: u64,
 }
 
 impl Slot {
-    fn new(value: NDArray) -> Self {
-        Slot { value, opt: None, merge: None, spare: None, buffers: KeyBuffers::default() }
+    fn new(value: NDArray, order: u64) -> Self {
+        Slot { value, opt: None, merge: None, spare: None, buffers: KeyBuffers::default(), order }
     }
 
     /// Moves the value and everything next to it to `ctx`.
@@ -96,6 +100,17 @@ enum Merger {
 struct Table {
     entries: foldhash::HashMap<Key, Arc<Entry>>,
     next_index: usize,
+    /// The next key's [`Slot::order`]: `init` gives each key the next, and a loaded
+    /// checkpoint gives its keys the next ones, in the file's order.
+    next_order: u64,
+}
+
+impl Table {
+    /// The next [`Slot::order`].
+    fn take_order(&mut self) -> u64 {
+        self.next_order += 1;
+        self.next_order - 1
+    }
 }
 
 /// Builds a [`KVStore`] with settings other than the defaults.
@@ -1215,7 +1230,8 @@ impl Store {
         for ((key, _), value) in pairs.into_iter().zip(copies) {
             let index = table.next_index;
             table.next_index += 1;
-            let entry = Arc::new(Entry { key: key.clone(), index, value: RwLock::new(Slot::new(value)) });
+            let order = table.take_order();
+            let entry = Arc::new(Entry { key: key.clone(), index, value: RwLock::new(Slot::new(value, order)) });
             table.entries.insert(key, entry);
         }
         drop(table);
@@ -1466,6 +1482,13 @@ impl Store {
                 }
                 // Every key's state exists before any key is updated: a state that
                 // cannot be made (out of memory) fails the call with no key changed.
+                // Updates go in the keys' order (that of the run a checkpoint resumed,
+                // else of `init`): a schedule and NAdam's momentum depend on it. Keys are
+                // locked in index order, which is the same unless a load reordered them.
+                let mut updates: Vec<usize> = (0..push.len()).collect();
+                if push_slots.windows(2).any(|w| guards[w[0]].order > guards[w[1]].order) {
+                    updates.sort_by_key(|&j| guards[push_slots[j]].order);
+                }
                 let mut created = Vec::new();
                 for &i in push_slots {
                     let slot = &mut *guards[i];
@@ -1491,7 +1514,7 @@ impl Store {
                     .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays, out: guards[i].merge.as_ref()? }))
                     .collect();
                 self.sum(&jobs)?;
-                for (g, &i) in push.iter().zip(push_slots) {
+                for (g, &i) in updates.iter().map(|&j| (&push[j], &push_slots[j])) {
                     let Slot { value, opt, merge, .. } = &mut *guards[i];
                     let grad = match (g.arrays, merge.as_ref()) {
                         (_, Some(m)) if merged(g) => m,
