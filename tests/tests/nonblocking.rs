@@ -537,3 +537,39 @@ fn on_done_leaves_the_handle_to_its_caller_and_takes_the_result_once() {
     drop(done);
     kv.wait_all().unwrap();
 }
+
+/// A write to a pushed value waits only while the push reads it: once the push made its
+/// sums it is done with its values, and its updater (held here at a gate) does not
+/// hold them.
+#[test]
+fn a_write_to_a_pushed_value_waits_for_the_read_not_for_the_updater() {
+    let kv = KVStore::create("local").unwrap();
+    kv.init("w", &NDArray::zeros(&[4]).unwrap()).unwrap();
+    let gate: Gate = Arc::default();
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let g = Arc::clone(&gate);
+    kv.set_updater(move |_: &Key, _, merged: &NDArray, stored: &NDArray| {
+        entered_tx.send(()).unwrap();
+        wait_at(&g);
+        stored.copy_from(merged)
+    })
+    .unwrap();
+    let x = NDArray::ones(&[4]).unwrap();
+    let pushed = kv.push_async("w", &x, 0);
+    entered.recv_timeout(Duration::from_secs(20)).expect("the updater ran");
+    let writer = {
+        let x = x.clone();
+        std::thread::spawn(move || x.add_assign(1.0).unwrap())
+    };
+    let t0 = Instant::now();
+    while !writer.is_finished() && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let finished = writer.is_finished();
+    open(&gate);
+    writer.join().unwrap();
+    pushed.wait().unwrap();
+    assert!(finished, "the write waited for the push's updater");
+    assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 4], "the push summed the write");
+    assert_eq!(x.to_vec::<f32>().unwrap(), vec![2.0; 4]);
+}

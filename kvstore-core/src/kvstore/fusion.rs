@@ -86,7 +86,7 @@ impl HeldBatch for Batch {
 impl Batch {
     fn run(self) {
         let Batch { store, calls, .. } = self;
-        let values: Vec<Copies> = calls.iter().map(|c| start_reads(&c.push)).collect();
+        let (values, _reading): (Vec<Copies>, Vec<_>) = calls.iter().map(|c| start_reads(&c.push)).unzip();
         let n = calls.len();
         let results = std::panic::catch_unwind(AssertUnwindSafe(|| {
             let found =

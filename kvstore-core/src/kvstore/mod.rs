@@ -1462,6 +1462,7 @@ impl Store {
                     .map(|(g, &i)| ReduceJob { inputs: g.arrays, out: &guards[i].value })
                     .collect();
                 self.sum(&jobs)?;
+                crate::ndarray::values_read();
             }
             Merger::Optimizer(runtime) => {
                 for (g, &i) in push.iter().zip(push_slots) {
@@ -1523,6 +1524,7 @@ impl Store {
                     };
                     runtime.update(&g.entry.key, value, grad, opt)?;
                 }
+                crate::ndarray::values_read();
             }
             Merger::Custom(updater) => {
                 // The updater works on each key's spare copy of its value, brought up
@@ -1551,6 +1553,8 @@ impl Store {
                     return Err(Error::Internal("push: no merge buffer".into()));
                 }
                 self.sum(&jobs)?;
+                // The updater works on the sums: the values are free.
+                crate::ndarray::values_read();
                 for (j, (g, &i)) in push.iter().zip(push_slots).enumerate() {
                     let (Some(m), Some(w)) = (&guards[i].merge, &guards[i].spare) else {
                         return Err(Error::Internal("push: no merge buffer or spare".into()));

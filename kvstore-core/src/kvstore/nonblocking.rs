@@ -23,7 +23,7 @@ use super::{Done, Entry, Found, Group, KVStore, Pending, Store, check_like, lock
 use crate::engine::{self, Job, Var, Vars};
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys, Run, Values, flat_runs, pairs_of, runs};
-use crate::ndarray::{Lent, NDArray, PendingWrites, empty_list};
+use crate::ndarray::{Lent, NDArray, PendingWrites, Reading, empty_list};
 use crate::waits;
 
 /// A call's keys with their arrays (or what stands for them), held by the call itself so
@@ -123,9 +123,15 @@ impl Input {
 /// value itself), from [`start_reads`].
 pub(super) type Copies = Vec<SmallVec<[Option<NDArray>; 4]>>;
 
-/// Starts the reads of a queued push's values, once the call runs.
-pub(super) fn start_reads(push: &Owned<Input>) -> Copies {
-    push.iter().map(|(_, inputs)| inputs.iter().map(Input::start_read).collect()).collect()
+/// Starts the reads of a queued push's values, once the call runs; the loans are
+/// listed for [`crate::ndarray::values_read`] until the [`Reading`] is dropped.
+pub(super) fn start_reads(push: &Owned<Input>) -> (Copies, Reading) {
+    let copies = push.iter().map(|(_, inputs)| inputs.iter().map(Input::start_read).collect()).collect();
+    let lent = push.iter().flat_map(|(_, inputs)| inputs.iter()).filter_map(|i| match i {
+        Input::Lent(l) => Some(l),
+        Input::Shared(_) => None,
+    });
+    (copies, Reading::new(lent))
 }
 
 /// A queued push's keys with the arrays it reads (`copies`: from [`start_reads`]). The
@@ -179,7 +185,7 @@ impl Job for Queued {
         let op = self.op;
         engine::run_as(self.background, || {
             let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                let copies = start_reads(&work.push);
+                let (copies, _reading) = start_reads(&work.push);
                 store.push_pull(op, borrow_inputs(&work.push, &copies), borrow(&work.pull), true)
             }))
             .unwrap_or_else(|_| Err(Error::Internal(format!("{op} panicked"))));

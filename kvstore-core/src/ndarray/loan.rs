@@ -22,7 +22,7 @@
 //! is lent again (those at its front: calls end in about the order they were made), or
 //! when its loans are looked at (a write, [`NDArray::is_lent`]).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -74,6 +74,52 @@ thread_local! {
 /// A number that tells this thread from every other thread alive.
 fn thread_token() -> usize {
     TOKEN.with(|t| t as *const u8 as usize)
+}
+
+thread_local! {
+    /// The loans of the queued call this thread runs, until it has read them for the
+    /// last time (see [`values_read`]).
+    static READING: RefCell<Vec<Arc<Loan>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The loans of a queued call that runs on this thread, listed (for [`values_read`])
+/// until dropped.
+pub(crate) struct Reading(());
+
+impl Reading {
+    pub(crate) fn new<'a>(lent: impl Iterator<Item = &'a Lent>) -> Self {
+        READING.with(|r| r.borrow_mut().extend(lent.map(|l| Arc::clone(&l.loan))));
+        Reading(())
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        READING.with(|r| r.borrow_mut().clear());
+    }
+}
+
+/// Says that the call this thread runs has read its values for the last time (its
+/// sums are made; an optimizer's update of a single value read it too): their loans
+/// end now, so that a write to one of them waits no longer, not until the whole call,
+/// its updater included, is done. Only store code runs between a call's start and
+/// this (user code, an updater, runs after), so the list is the call's own.
+pub(crate) fn values_read() {
+    READING.with(|r| {
+        let mut loans = r.borrow_mut();
+        if loans.is_empty() {
+            return;
+        }
+        for loan in loans.drain(..) {
+            let mut state = loan.state.lock();
+            if matches!(*state, State::Reading(_)) {
+                *state = State::Returned;
+            }
+        }
+        // Taking the lock orders this notification after any waiter's check.
+        let _guard = SETTLED.0.lock();
+        SETTLED.1.notify_all();
+    });
 }
 
 /// An array lent to a queued call; dropping it ends the loan (when the call is done).
