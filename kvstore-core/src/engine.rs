@@ -124,8 +124,12 @@ struct State {
     waiting: HashMap<u64, (usize, Op)>,
     ready: BinaryHeap<Op>,
     next_seq: u64,
+    /// Every call numbered below this has finished.
+    done_below: u64,
+    /// Whether each call from `done_below` on has finished (what moves `done_below`).
+    done: VecDeque<bool>,
     stop: bool,
-    /// Threads in [`Engine::wait_idle`].
+    /// Threads in [`Engine::wait_idle`] or [`Engine::wait_for_earlier`].
     idle_waiters: usize,
 }
 
@@ -213,6 +217,7 @@ impl Shared {
     fn register(st: &mut State, vars: &Vars) -> (u64, usize) {
         let seq = st.next_seq;
         st.next_seq += 1;
+        st.done.push_back(false);
         let mut deps = 0;
         for v in vars {
             let q = st.queues.entry(*v).or_default();
@@ -304,14 +309,24 @@ impl Shared {
                 }
             }
         }
+        let at = (seq - st.done_below) as usize;
+        if let Some(done) = st.done.get_mut(at) {
+            *done = true;
+        }
+        while st.done.front() == Some(&true) {
+            st.done.pop_front();
+            st.done_below += 1;
+        }
         self.finished.fetch_add(1, AtomicOrdering::AcqRel);
-        // The submits' line is read only when someone waits for the engine to be idle.
-        if (st.idle_waiters > 0 || st.stop) && self.is_idle() {
+        // Threads that wait for calls look again, each at the calls it waits for. The
+        // submits' line is read only when the engine stops.
+        if st.idle_waiters > 0 {
             self.idle.notify_all();
-            if st.stop {
-                // Workers asleep on a stopped engine's last call may exit now.
-                self.work.notify_all();
-            }
+        }
+        if st.stop && self.is_idle() {
+            self.idle.notify_all();
+            // Workers asleep on a stopped engine's last call may exit now.
+            self.work.notify_all();
         }
         drop(st);
         for _ in 0..readied {
@@ -636,6 +651,26 @@ impl Engine {
         let mut st = self.shared.state.lock();
         st.idle_waiters += 1;
         while !self.shared.is_idle() {
+            self.shared.idle.wait(&mut st);
+        }
+        st.idle_waiters -= 1;
+    }
+
+    /// Waits until every call submitted before this one was made has finished, not
+    /// those made meanwhile (another thread that submits faster than the calls run
+    /// would keep [`Engine::wait_idle`] waiting). Calls are numbered in the order they
+    /// reach the inbox, and a call whose submit returned was counted before it did, so
+    /// every such call's number is below the count read here. From one of this
+    /// engine's own workers it returns at once, as `wait_idle`.
+    pub(crate) fn wait_for_earlier(&self) {
+        if self.on_worker() {
+            return;
+        }
+        self.release_held(None);
+        let before = self.shared.submitted.load(AtomicOrdering::SeqCst) as u64;
+        let mut st = self.shared.state.lock();
+        st.idle_waiters += 1;
+        while st.done_below < before {
             self.shared.idle.wait(&mut st);
         }
         st.idle_waiters -= 1;

@@ -573,3 +573,38 @@ fn a_write_to_a_pushed_value_waits_for_the_read_not_for_the_updater() {
     assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 4], "the push summed the write");
     assert_eq!(x.to_vec::<f32>().unwrap(), vec![2.0; 4]);
 }
+
+/// `wait_all` (and what waits as it does: a change of optimizer, a checkpoint) waits for
+/// the calls made before it, not for those another thread keeps making meanwhile.
+#[test]
+fn wait_all_waits_for_the_calls_before_it_not_for_a_stream_of_later_ones() {
+    let kv = KVStore::builder("local").engine_threads(1).build().unwrap();
+    kv.init("w", &NDArray::zeros(&[4]).unwrap()).unwrap();
+    slow_assign(&kv, 3);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let made = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        // Faster than the store runs them: the engine is never idle while this goes on.
+        let submitter = s.spawn(|| {
+            let t0 = Instant::now();
+            while !stop.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(10) {
+                drop(kv.push_async("w", &NDArray::ones(&[4]).unwrap(), 0));
+                made.fetch_add(1, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        while made.load(Ordering::SeqCst) < 20 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        kv.wait_all().unwrap();
+        let still_submitting = !submitter.is_finished();
+        let optimizer = Optimizer::builder("sgd").build().unwrap();
+        kv.set_optimizer(optimizer).unwrap();
+        let still_after_set = !submitter.is_finished();
+        stop.store(true, Ordering::SeqCst);
+        submitter.join().unwrap();
+        assert!(still_submitting, "wait_all waited for the stream of calls made after it");
+        assert!(still_after_set, "set_optimizer waited for the stream of calls made after it");
+    });
+    kv.wait_all().unwrap();
+}

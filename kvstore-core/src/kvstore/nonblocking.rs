@@ -572,7 +572,7 @@ impl KVStore {
     /// (the locks taken next decide, as before).
     pub(super) fn settle(&self) {
         if !locks::inside_updater() {
-            self.engine.wait_idle();
+            self.engine.wait_for_earlier();
         }
     }
 }
