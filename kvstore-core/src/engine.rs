@@ -656,6 +656,38 @@ impl Engine {
         st.idle_waiters -= 1;
     }
 
+    /// The calls submitted so far (a count on the submitting threads' own cache line).
+    pub(crate) fn submitted(&self) -> usize {
+        self.shared.submitted.load(AtomicOrdering::Relaxed)
+    }
+
+    /// The calls submitted and not finished (held calls of a fused batch not counted).
+    pub(crate) fn queued(&self) -> usize {
+        let finished = self.shared.finished.load(AtomicOrdering::Acquire);
+        self.shared.submitted.load(AtomicOrdering::Acquire).saturating_sub(finished)
+    }
+
+    /// Waits while `wait()` says so and calls are queued, looking again whenever one
+    /// finishes (held calls are released first: they run too). Back-pressure for a
+    /// thread that makes calls faster than the engine runs them; never from one of the
+    /// engine's own workers (it could wait for itself).
+    pub(crate) fn wait_while(&self, mut wait: impl FnMut(usize) -> bool) {
+        if self.on_worker() || !wait(self.queued()) {
+            return;
+        }
+        self.release_held(None);
+        let mut st = self.shared.state.lock();
+        st.idle_waiters += 1;
+        loop {
+            let queued = self.queued();
+            if queued == 0 || !wait(queued) {
+                break;
+            }
+            self.shared.idle.wait(&mut st);
+        }
+        st.idle_waiters -= 1;
+    }
+
     /// Waits until every call submitted before this one was made has finished, not
     /// those made meanwhile (another thread that submits faster than the calls run
     /// would keep [`Engine::wait_idle`] waiting). Calls are numbered in the order they

@@ -608,3 +608,63 @@ fn wait_all_waits_for_the_calls_before_it_not_for_a_stream_of_later_ones() {
     });
     kv.wait_all().unwrap();
 }
+
+/// Back-pressure: a non-blocking call waits, when made, while the store has its bound
+/// of calls queued, and while copies made for queued calls hold more than their bound;
+/// calls made on the store's own threads never wait for it.
+#[test]
+fn non_blocking_calls_wait_while_too_many_calls_or_copied_bytes_are_queued() {
+    const MIB: usize = 1 << 18; // f32s
+    // Calls: 8 queued behind a gate, the 9th waits until the gate opens.
+    let kv = KVStore::builder("local").engine_threads(1).max_queued_calls(8).build().unwrap();
+    kv.init("w", &NDArray::zeros(&[4]).unwrap()).unwrap();
+    let gate = gated_assign(&kv);
+    let first: Vec<Pending> = (0..8).map(|_| kv.push_async("w", &NDArray::ones(&[4]).unwrap(), 0)).collect();
+    std::thread::scope(|s| {
+        let ninth = s.spawn(|| kv.push_async("w", &NDArray::full(&[4], 9.0).unwrap(), 0).wait());
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!ninth.is_finished(), "a 9th call was queued beyond the bound of 8");
+        open(&gate);
+        ninth.join().unwrap().unwrap();
+    });
+    first.into_iter().try_for_each(Pending::wait).unwrap();
+    assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), vec![9.0; 4]);
+
+    // Copied bytes: the engine's one thread held by a first push at the gate, each push
+    // of "w" behind it has its value written at once (a 1 MiB copy for the push); at
+    // 4 MiB the next push waits for the queued ones to run and free theirs.
+    let kv = KVStore::builder("local").engine_threads(1).max_copied_bytes(4 << 20).build().unwrap();
+    kv.init(["w", "first"].as_slice(), [NDArray::zeros(&[MIB]).unwrap(), NDArray::zeros(&[1]).unwrap()].as_slice())
+        .unwrap();
+    let gate = gated_assign(&kv);
+    let x = NDArray::ones(&[MIB]).unwrap();
+    let mut pushed = vec![kv.push_async("first", &NDArray::ones(&[1]).unwrap(), 0)];
+    for _ in 0..4 {
+        pushed.push(kv.push_async("w", &x, 0));
+        x.add_assign(1.0).unwrap(); // copies the value for the push
+    }
+    std::thread::scope(|s| {
+        let fifth = s.spawn(|| kv.push_async("w", &x, 0));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!fifth.is_finished(), "a push was made with 4 MiB of copies queued");
+        open(&gate);
+        pushed.push(fifth.join().unwrap());
+    });
+    pushed.into_iter().try_for_each(Pending::wait).unwrap();
+    assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap()[0], 5.0);
+
+    // From an on_done callback (the store's own thread) a call never waits for the bound.
+    let kv = Arc::new(KVStore::builder("local").engine_threads(1).max_queued_calls(1).build().unwrap());
+    kv.init("w", &NDArray::zeros(&[4]).unwrap()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let kv2 = Arc::clone(&kv);
+    let p = kv.push_async("w", &NDArray::ones(&[4]).unwrap(), 0);
+    p.on_done(move |_| {
+        let more: Vec<Pending> = (0..3).map(|_| kv2.push_async("w", &NDArray::ones(&[4]).unwrap(), 0)).collect();
+        tx.send(more.len()).unwrap();
+        drop(more);
+    });
+    assert_eq!(rx.recv_timeout(Duration::from_secs(20)).expect("the callback waited for its own store"), 3);
+    drop(p);
+    kv.wait_all().unwrap();
+}

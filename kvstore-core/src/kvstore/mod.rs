@@ -122,6 +122,28 @@ pub struct KVStoreBuilder {
     compare_calls: bool,
     timeout: Option<std::time::Duration>,
     fuse_bytes: Option<usize>,
+    max_queued_calls: Option<usize>,
+    max_copied_bytes: Option<usize>,
+}
+
+/// The default bound on a store's queued calls ([`KVStoreBuilder::max_queued_calls`]).
+const DEFAULT_MAX_QUEUED_CALLS: usize = 16_384;
+
+/// The default bound on the bytes of copies made for queued calls
+/// ([`KVStoreBuilder::max_copied_bytes`]): 256 MiB.
+const DEFAULT_MAX_COPIED_BYTES: usize = 256 << 20;
+
+/// A bound from the builder, else from the environment variable `var` (a number),
+/// else `default`.
+fn bound(given: Option<usize>, var: &str, default: usize) -> Result<usize> {
+    match (given, std::env::var(var)) {
+        (Some(n), _) => Ok(n),
+        (None, Ok(v)) => v
+            .trim()
+            .parse()
+            .map_err(|_| Error::invalid_argument(format!("{var}: \"{}\" is not a number", crate::key::shorten(&v)))),
+        (None, Err(_)) => Ok(default),
+    }
 }
 
 /// The engine threads of a store built without [`KVStoreBuilder::engine_threads`]: one
@@ -197,6 +219,29 @@ impl KVStoreBuilder {
         self
     }
 
+    /// How many of the store's calls may be queued (made and not finished) before a
+    /// non-blocking call waits, when it is made, for the queue to shrink (default
+    /// 16,384, or `KVSTORE_MAX_QUEUED_CALLS`; 0 for no bound). Back-pressure: a loop that
+    /// makes calls faster than the store runs them would otherwise hold ever more memory
+    /// (each queued call holds its handle and its keys' lists; from Java, about 1.4 KB).
+    /// Calls made on the store's own threads (an updater, an `on_done` callback) never
+    /// wait for it: they could wait for themselves.
+    pub fn max_queued_calls(mut self, calls: usize) -> Self {
+        self.max_queued_calls = Some(calls);
+        self
+    }
+
+    /// How many bytes the copies made for queued calls may hold (a write to a value lent
+    /// to a queued push copies it for the push: see the type's docs), counted over every
+    /// store of the process, before a non-blocking call of this store waits, when it is
+    /// made, for its queued calls to run and free them (default 256 MiB, or
+    /// `KVSTORE_MAX_COPIED_BYTES`; 0 for no bound). Calls made on the store's own threads
+    /// never wait for it.
+    pub fn max_copied_bytes(mut self, bytes: usize) -> Self {
+        self.max_copied_bytes = Some(bytes);
+        self
+    }
+
     /// Creates the store.
     ///
     /// ```
@@ -245,7 +290,11 @@ impl KVStoreBuilder {
             })?,
             (None, Err(_)) => fusion::DEFAULT_FUSE_BYTES,
         };
+        let max_queued_calls = bound(self.max_queued_calls, "KVSTORE_MAX_QUEUED_CALLS", DEFAULT_MAX_QUEUED_CALLS)?;
+        let max_copied_bytes = bound(self.max_copied_bytes, "KVSTORE_MAX_COPIED_BYTES", DEFAULT_MAX_COPIED_BYTES)?;
         let store = Store {
+            max_queued_calls: if max_queued_calls == 0 { usize::MAX } else { max_queued_calls },
+            max_copied_bytes: if max_copied_bytes == 0 { usize::MAX } else { max_copied_bytes },
             fuse_bytes: if self.collective.is_some() { fuse_bytes } else { 0 },
             collective: self.collective,
             kind: self.kind.to_ascii_lowercase(),
@@ -330,6 +379,10 @@ pub(crate) struct Store {
     /// The fusion size of non-blocking calls across calls, 0 for none
     /// ([`KVStoreBuilder::fuse_calls`], `kvstore/fusion.rs`).
     fuse_bytes: usize,
+    /// Back-pressure: see [`KVStoreBuilder::max_queued_calls`] (`usize::MAX`: none).
+    max_queued_calls: usize,
+    /// Back-pressure: see [`KVStoreBuilder::max_copied_bytes`] (`usize::MAX`: none).
+    max_copied_bytes: usize,
 }
 
 impl fmt::Debug for KVStore {
@@ -501,6 +554,8 @@ impl KVStore {
             compare_calls: true,
             timeout: None,
             fuse_bytes: None,
+            max_queued_calls: None,
+            max_copied_bytes: None,
         }
     }
 

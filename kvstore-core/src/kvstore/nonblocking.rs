@@ -289,6 +289,7 @@ impl KVStore {
         pairs: impl FnOnce() -> Result<Pairs<'a>>,
         priority: i32,
     ) -> Pending {
+        self.back_pressure();
         let prepared = (|| -> Result<_> {
             locks::check_reentry(op, &self.store)?;
             let (push, pull) = pairs()?;
@@ -315,6 +316,26 @@ impl KVStore {
             Ok(_) => Pending::finished(Ok(()), Arc::clone(&self.store.unobserved)),
             Err(e) => Pending::finished(Err(e), Arc::clone(&self.store.unobserved)),
         }
+    }
+
+    /// Before a non-blocking call is made: waits while the store has too many calls
+    /// queued, or the copies made for queued calls hold too many bytes
+    /// ([`crate::KVStoreBuilder::max_queued_calls`], `max_copied_bytes`). Not on an
+    /// engine's thread, nor inside an updater (which may not wait for a store).
+    ///
+    /// Under a bound of over a thousand calls it looks every 16th call only (so up to
+    /// 15 more may be queued): the count of finished calls is on the engine threads'
+    /// cache line, and a stream of submits should not take it from them at every call.
+    fn back_pressure(&self) {
+        let (calls, bytes) = (self.store.max_queued_calls, self.store.max_copied_bytes);
+        let sampled = calls > 1024 && !self.engine.submitted().is_multiple_of(16);
+        if (sampled && crate::ndarray::copied_bytes() < bytes)
+            || crate::engine::current_worker() != 0
+            || locks::inside_updater()
+        {
+            return;
+        }
+        self.engine.wait_while(|queued| queued >= calls || crate::ndarray::copied_bytes() >= bytes);
     }
 
     /// Queues a call; `background` when its caller does not wait for it (see

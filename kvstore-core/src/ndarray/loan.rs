@@ -25,7 +25,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -55,11 +55,37 @@ impl Loan {
     }
 }
 
+/// Bytes held in copies made for queued calls ([`State::Copied`]), in every store:
+/// what a store's non-blocking calls wait for when it passes the store's bound
+/// (`KVStoreBuilder::max_copied_bytes`).
+static COPIED_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// Bytes held now in copies of lent arrays made for queued calls (see [`COPIED_BYTES`]).
+pub(crate) fn copied_bytes() -> usize {
+    COPIED_BYTES.load(Ordering::Acquire)
+}
+
+/// A copy made for a queued call, counted in [`COPIED_BYTES`] while the loan holds it.
+struct CallCopy(NDArray);
+
+impl CallCopy {
+    fn new(array: NDArray) -> Self {
+        COPIED_BYTES.fetch_add(array.size() * array.dtype().size(), Ordering::AcqRel);
+        CallCopy(array)
+    }
+}
+
+impl Drop for CallCopy {
+    fn drop(&mut self) {
+        COPIED_BYTES.fetch_sub(self.0.size() * self.0.dtype().size(), Ordering::AcqRel);
+    }
+}
+
 enum State {
     /// Not read yet: the array itself will be read.
     Lent,
     /// The caller wrote the array first: the call reads this copy of the old contents.
-    Copied(NDArray),
+    Copied(CallCopy),
     /// The call is reading the array itself, on the thread with this [`thread_token`]:
     /// writes wait (but that thread's own).
     Reading(usize),
@@ -220,7 +246,7 @@ impl NDArray {
                 let copy = self.deep_copy()?;
                 let mut state = loan.state.lock();
                 if matches!(*state, State::Lent) {
-                    *state = State::Copied(copy);
+                    *state = State::Copied(CallCopy::new(copy));
                     drop(state);
                     self.unlist(&loan);
                 }
@@ -253,7 +279,7 @@ impl Lent {
     pub(crate) fn start_read(&self) -> Option<NDArray> {
         let mut state = self.loan.state.lock();
         match &*state {
-            State::Copied(copy) => Some(copy.clone()),
+            State::Copied(copy) => Some(copy.0.clone()),
             _ => {
                 *state = State::Reading(thread_token());
                 None

@@ -20,7 +20,7 @@ mod loan;
 mod pending;
 mod storage;
 
-pub(crate) use loan::{Lent, Reading, values_read};
+pub(crate) use loan::{Lent, Reading, copied_bytes, values_read};
 pub(crate) use pending::{PendingWrites, as_user_code, empty_list, mark_pool_thread};
 
 pub(crate) use storage::{HostBuf, HostRead, HostWrite, Storage, copy_storage};
