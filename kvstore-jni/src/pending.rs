@@ -1,12 +1,12 @@
 //! Non-blocking calls from Java: `KVStore.pushAsync` and its siblings submit through
 //! `nSubmit` with an id that Java chose for the call's `CompletableFuture`; when the call
-//! finishes, its id waits here until the Java completer thread takes it (`nTakeDone`,
+//! finishes, its id waits here until a Java completer thread takes it (`nTakeDone`,
 //! the id negated for a call that failed; then `nResult` throws the failed call's
 //! `KVStoreException`) and completes the future.
 //!
 //! No Java method is called from the store's engine threads for this: the result is
-//! handed over in Rust, and the future's dependents run on the completer thread, never
-//! on a thread that runs the store's calls.
+//! handed over in Rust, and the future's dependents run on the completer's threads (or
+//! in `waitAll`), never on a thread that runs the store's calls.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -204,9 +204,9 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nTakeDone<'l>(
     env.with_env(|env| -> JResult<jint> {
         let room = ids.len(env)?;
         let mut done = DONE.0.lock();
-        // Only a take that waits (the completer's) sleeps on the condition variable: a
-        // take with no time to wait (`waitAll`'s) could otherwise be handed the wake-up
-        // meant for the completer in the instant before its own timeout removes it.
+        // Only a take that waits (the completer's taker's) sleeps on the condition
+        // variable: a take with no time to wait (`waitAll`'s) could otherwise be handed
+        // the wake-up meant for the taker in the instant before its own timeout removes it.
         if done.ids.is_empty() && timeout_ms > 0 {
             let _ = DONE.1.wait_for(&mut done, Duration::from_millis(u64::try_from(timeout_ms).unwrap_or(0)));
         }

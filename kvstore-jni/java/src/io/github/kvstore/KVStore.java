@@ -822,6 +822,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * worker. A thread in {@code get} or {@code join} has its future completed as soon
      * as the call finishes; dependents of futures that no thread waits for may run up
      * to 50 microseconds later, as the completer takes finished calls in batches.
+     * Dependents run on the completer's threads ({@link Completer}), where they may wait.
      */
     private static final class CallFuture extends CompletableFuture<Void> {
         /** The call's id, once registered (-1 until then). */
@@ -996,8 +997,15 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * to one before the push read it copies it for the push first; a write while the push
      * reads it waits). The sums and updates run on the store's threads.
      * Calls on the same key take effect in the order they were made, from any thread.
-     * The future's dependent actions run on the thread {@code kvstore-completer}: use the
-     * {@code ...Async} forms of {@link CompletableFuture} for long work.
+     *
+     * <p>The futures of all non-blocking calls work alike. Their dependent actions run
+     * on the daemon threads {@code kvstore-completer-N}, or on a thread in
+     * {@link #waitAll()}, never on the store's threads: a dependent may block, and may
+     * wait for another call's future ({@code join}, {@code get}); the futures of calls
+     * that finished about when its own did may then complete up to about 10 milliseconds
+     * late, when another thread takes them on (100 milliseconds for a dependent that
+     * computes rather than waits: use the {@code ...Async} forms of
+     * {@link CompletableFuture} for long work).
      *
      * @param keys the keys
      * @param values the values, one per key
@@ -1329,12 +1337,13 @@ public final class KVStore extends NativeObject implements AutoCloseable {
 
     /**
      * Waits until every call made so far on this store has finished (MXNet's
-     * {@code WaitAll}), and their futures are complete.
+     * {@code WaitAll}), and their futures are complete: those that no other thread has
+     * completed yet are completed on this thread, where their dependents then run. It
+     * waits for no dependent running elsewhere, and no interrupt stops it. Each
+     * non-blocking call reports its error to its own future only, so this throws nothing
+     * else.
      *
      * @return this store
-     * Each non-blocking call reports its error to its own future only, so this throws
-     * nothing else.
-     *
      * @throws KVStoreException {@code DISPOSED}
      */
     public KVStore waitAll() {

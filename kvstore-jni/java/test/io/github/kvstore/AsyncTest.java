@@ -10,6 +10,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.ExecutionException;
@@ -220,5 +221,35 @@ class AsyncTest {
                     () -> kv.pushAsync("w", one).get(10, TimeUnit.SECONDS));
             assertEquals(KVStoreException.Code.DISPOSED, ((KVStoreException) e.getCause()).code());
         }
+    }
+
+    /**
+     * Runs a {@link CompleterProbe} scenario in a fresh JVM (a stuck completer there stalls
+     * no other test) and asserts that it passed all its {@code steps}.
+     */
+    private static void assertProbePasses(String scenario, int steps) throws Exception {
+        ChildJvm.Result run = ChildJvm.run(CompleterProbe.class, List.of(), Map.of(), 300, scenario);
+        assertEquals(0, run.exit, run::toString);
+        assertEquals(steps, run.out.lines().filter(l -> l.startsWith("ok: ")).count(), run::toString);
+        assertTrue(run.out.endsWith("done\n"), run::toString);
+    }
+
+    /**
+     * Issue 38, finding 1: a dependent stage that waits for another call's future
+     * ({@code join}, {@code get}), even one taken in the same batch as its own, once
+     * waited on the one thread that completes futures, for good.
+     */
+    @Test
+    void aDependentStageMayWaitForAnotherCallsFuture() throws Exception {
+        assertProbePasses("join-in-stage", 4);
+    }
+
+    /**
+     * Issue 38, finding 1: while a dependent stage blocks, the futures of other calls, of
+     * any store, complete, their dependents run, and {@code waitAll} returns.
+     */
+    @Test
+    void aBlockedDependentStageHoldsUpNoOtherFutureNorWaitAll() throws Exception {
+        assertProbePasses("blocked-stage", 6);
     }
 }
