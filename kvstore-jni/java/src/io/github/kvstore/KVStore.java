@@ -823,6 +823,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * as the call finishes; dependents of futures that no thread waits for may run up
      * to 50 microseconds later, as the completer takes finished calls in batches.
      * Dependents run on the completer's threads ({@link Completer}), where they may wait.
+     * {@code cancel} is refused: a submitted call is never withdrawn.
      */
     private static final class CallFuture extends CompletableFuture<Void> {
         /** The call's id, once registered (-1 until then). */
@@ -897,6 +898,17 @@ public final class KVStore extends NativeObject implements AutoCloseable {
             release();
             return super.isDone();
         }
+
+        /**
+         * Refuses, whatever {@code mayInterruptIfRunning} says, and returns false: a
+         * submitted call is never withdrawn (a queued call runs, and a running one
+         * finishes), so a cancelled future would report a call that still takes effect.
+         * The future completes with the call.
+         */
+        @Override
+        public boolean cancel(boolean mayInterruptIfRunning) {
+            return false;
+        }
     }
 
     /**
@@ -937,7 +949,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param key the key
      * @param value the value
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pushAsync(String key, NDArray value) {
         return pushAsync(key, value, 0);
@@ -949,7 +962,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param key the key
      * @param value the value
      * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pushAsync(String key, NDArray value, int priority) {
         return pushAsync(key, one(value, "value"), priority);
@@ -960,7 +974,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param key the key
      * @param values the values, summed
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pushAsync(String key, NDArray[] values) {
         return pushAsync(key, values, 0);
@@ -972,7 +987,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param key the key
      * @param values the values, summed
      * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pushAsync(String key, NDArray[] values, int priority) {
         Objects.requireNonNull(key, "key");
@@ -985,7 +1001,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param keys the keys
      * @param values the values, one per key
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pushAsync(String[] keys, NDArray[] values) {
         return pushAsync(keys, values, 0);
@@ -1005,14 +1022,16 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * that finished about when its own did may then complete up to about 10 milliseconds
      * late, when another thread takes them on (100 milliseconds for a dependent that
      * computes rather than waits: use the {@code ...Async} forms of
-     * {@link CompletableFuture} for long work).
+     * {@link CompletableFuture} for long work). A call cannot be withdrawn once made:
+     * {@code cancel} returns false and the future completes with the call.
      *
      * @param keys the keys
      * @param values the values, one per key
      * @param priority orders calls ready at the same time (higher first); never
      *     changes a result
      * @return the call's future, completed exceptionally with the
-     *     {@link KVStoreException} that {@link #push(String[], NDArray[], int)} throws
+     *     {@link KVStoreException} that {@link #push(String[], NDArray[], int)} throws;
+     *     {@code cancel} refuses (returns false)
      */
     public CompletableFuture<Void> pushAsync(String[] keys, NDArray[] values, int priority) {
         keys(keys, "keys");
@@ -1025,7 +1044,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param key the key
      * @param out the out
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pullAsync(String key, NDArray out) {
         return pullAsync(key, out, 0);
@@ -1037,7 +1057,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param key the key
      * @param out the out
      * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pullAsync(String key, NDArray out, int priority) {
         return pullAsync(key, one(out, "out"), priority);
@@ -1048,7 +1069,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param key the key
      * @param outs the outs
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pullAsync(String key, NDArray[] outs) {
         return pullAsync(key, outs, 0);
@@ -1060,7 +1082,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param key the key
      * @param outs the outs
      * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pullAsync(String key, NDArray[] outs, int priority) {
         Objects.requireNonNull(key, "key");
@@ -1073,7 +1096,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param keys the keys
      * @param outs the outs, one per key
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pullAsync(String[] keys, NDArray[] outs) {
         return pullAsync(keys, outs, 0);
@@ -1088,7 +1112,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param outs the outs, one per key
      * @param priority orders calls ready at the same time (higher first)
      * @return the call's future, completed exceptionally with the
-     *     {@link KVStoreException} that {@link #pull(String[], NDArray[], int)} throws
+     *     {@link KVStoreException} that {@link #pull(String[], NDArray[], int)} throws;
+     *     {@code cancel} refuses (see {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pullAsync(String[] keys, NDArray[] outs, int priority) {
         keys(keys, "keys");
@@ -1102,7 +1127,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param key the key
      * @param value the value
      * @param out the out
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pushpullAsync(String key, NDArray value, NDArray out) {
         return pushpullAsync(key, value, out, 0);
@@ -1115,7 +1141,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param value the value
      * @param out the out
      * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pushpullAsync(String key, NDArray value, NDArray out, int priority) {
         String[] k = one(key, "key");
@@ -1128,7 +1155,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param key the key
      * @param values the values, summed
      * @param outs the outs
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pushpullAsync(String key, NDArray[] values, NDArray[] outs) {
         return pushpullAsync(key, values, outs, 0);
@@ -1141,7 +1169,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param values the values, summed
      * @param outs the outs
      * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pushpullAsync(String key, NDArray[] values, NDArray[] outs, int priority) {
         String[] valueKeys = repeat(key, "key", values, "values");
@@ -1157,7 +1186,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param keys the keys
      * @param values the values, one per key
      * @param outs the outs, one per key
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pushpullAsync(String[] keys, NDArray[] values, NDArray[] outs) {
         return pushpullAsync(keys, values, outs, 0);
@@ -1172,7 +1202,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param values the values, one per key
      * @param outs the outs, one per key
      * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pushpullAsync(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
         keys(keys, "keys");
@@ -1186,7 +1217,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param key the key
      * @param value the value, then the result
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pushpullAsync(String key, NDArray value) {
         return pushpullAsync(key, value, value, 0);
@@ -1198,7 +1230,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param key the key
      * @param value the value, then the result
      * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pushpullAsync(String key, NDArray value, int priority) {
         return pushpullAsync(key, value, value, priority);
@@ -1209,7 +1242,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param key the key
      * @param values the values, then the result
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pushpullAsync(String key, NDArray[] values) {
         return pushpullAsync(key, values, values, 0);
@@ -1221,7 +1255,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param key the key
      * @param values the values, then the result
      * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pushpullAsync(String key, NDArray[] values, int priority) {
         return pushpullAsync(key, values, values, priority);
@@ -1232,7 +1267,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param keys the keys
      * @param values the values, then the results
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pushpullAsync(String[] keys, NDArray[] values) {
         return pushpullAsync(keys, values, values, 0);
@@ -1244,7 +1280,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param keys the keys
      * @param values the values, then the results
      * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> pushpullAsync(String[] keys, NDArray[] values, int priority) {
         return pushpullAsync(keys, values, values, priority);
@@ -1256,7 +1293,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param key the key
      * @param value the value
      * @param out the out
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> broadcastAsync(String key, NDArray value, NDArray out) {
         return broadcastAsync(key, value, out, 0);
@@ -1269,7 +1307,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param value the value
      * @param out the out
      * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> broadcastAsync(String key, NDArray value, NDArray out, int priority) {
         String[] k = one(key, "key");
@@ -1282,7 +1321,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param key the key
      * @param value the value
      * @param outs the outs
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> broadcastAsync(String key, NDArray value, NDArray[] outs) {
         return broadcastAsync(key, value, outs, 0);
@@ -1295,7 +1335,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param value the value
      * @param outs the outs
      * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> broadcastAsync(String key, NDArray value, NDArray[] outs, int priority) {
         String[] k = one(key, "key");
@@ -1311,7 +1352,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param keys the keys
      * @param values the values, one per key
      * @param outs the outs, one per key
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> broadcastAsync(String[] keys, NDArray[] values, NDArray[] outs) {
         return broadcastAsync(keys, values, outs, 0);
@@ -1326,7 +1368,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param values the values, one per key
      * @param outs the outs, one per key
      * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future
+     * @return the call's future, which {@code cancel} does not cancel (see
+     *     {@link #pushAsync(String[], NDArray[], int)})
      */
     public CompletableFuture<Void> broadcastAsync(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
         keys(keys, "keys");

@@ -37,33 +37,57 @@ class AsyncTest {
         stored.copyFrom(merged);
     }
 
+    /** An updater that waits for {@code gate} (10 s at most), then assigns. */
+    private static Updater gatedAssign(CountDownLatch gate) {
+        return (key, index, merged, stored) -> {
+            try {
+                gate.await(10, TimeUnit.SECONDS);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+            stored.copyFrom(merged);
+        };
+    }
+
+    /**
+     * A store whose key "w" (zeros) has {@link #gatedAssign} for updater, with a value of
+     * 4s to push and an out; closing it opens the gate first.
+     */
+    private static final class Gated implements AutoCloseable {
+        final CountDownLatch release = new CountDownLatch(1);
+        final KVStore kv = KVStore.create("local");
+        final NDArray four = NDArray.full(SHAPE, 4);
+        final NDArray out = NDArray.zeros(SHAPE);
+
+        Gated() {
+            try (NDArray zeros = NDArray.zeros(SHAPE)) {
+                kv.init("w", zeros);
+            }
+            kv.setUpdater(gatedAssign(release));
+        }
+
+        @Override
+        public void close() {
+            release.countDown();
+            kv.close();
+            Fixtures.closeAll(four, out);
+        }
+    }
+
     @Test
     void futuresCompleteAndPendingOutsWaitForThePull() throws Exception {
-        CountDownLatch release = new CountDownLatch(1);
-        try (KVStore kv = KVStore.create("local");
-                NDArray zeros = NDArray.zeros(SHAPE);
-                NDArray four = NDArray.full(SHAPE, 4);
-                NDArray out = NDArray.zeros(SHAPE)) {
-            kv.init("w", zeros);
+        try (Gated g = new Gated()) {
             // The updater (on the store's engine thread) waits until the test lets it go:
             // had the calls blocked, they would have waited out the latch's 10 s here.
-            kv.setUpdater((key, index, merged, stored) -> {
-                try {
-                    release.await(10, TimeUnit.SECONDS);
-                } catch (InterruptedException e) {
-                    Thread.currentThread().interrupt();
-                }
-                stored.copyFrom(merged);
-            });
             long t0 = System.nanoTime();
-            CompletableFuture<Void> pushed = kv.pushAsync("w", four);
-            CompletableFuture<Void> pulled = kv.pullAsync("w", out);
+            CompletableFuture<Void> pushed = g.kv.pushAsync("w", g.four);
+            CompletableFuture<Void> pulled = g.kv.pullAsync("w", g.out);
             assertTrue(System.nanoTime() - t0 < TimeUnit.SECONDS.toNanos(5), "the calls did not return at once");
             assertFalse(pushed.isDone());
             assertFalse(pulled.isDone());
-            release.countDown();
+            g.release.countDown();
             // Reading the out waits for the pull, which sees the push.
-            assertArrayEquals(filled(4), out.toFloatArray());
+            assertArrayEquals(filled(4), g.out.toFloatArray());
             assertNull(pushed.get(10, TimeUnit.SECONDS));
             assertNull(pulled.get(10, TimeUnit.SECONDS));
         }
@@ -251,5 +275,26 @@ class AsyncTest {
     @Test
     void aBlockedDependentStageHoldsUpNoOtherFutureNorWaitAll() throws Exception {
         assertProbePasses("blocked-stage", 6);
+    }
+
+    /**
+     * Issue 38, finding 2: a call cannot be withdrawn once submitted, so {@code cancel}
+     * is refused, with either argument, and the future completes with the call.
+     */
+    @Test
+    void cancelIsRefusedAndTheCallStillTakesEffect() throws Exception {
+        try (Gated g = new Gated()) {
+            CompletableFuture<Void> pushed = g.kv.pushAsync("w", g.four);
+            assertFalse(pushed.cancel(true), "cancel(true) of a submitted call was accepted");
+            assertFalse(pushed.cancel(false), "cancel(false) of a submitted call was accepted");
+            assertFalse(pushed.isCancelled());
+            assertFalse(pushed.isDone());
+            g.release.countDown();
+            assertNull(pushed.get(10, TimeUnit.SECONDS));
+            assertFalse(pushed.isCancelled());
+            try (NDArray w = g.kv.pull("w")) {
+                assertArrayEquals(filled(4), w.toFloatArray());
+            }
+        }
     }
 }
