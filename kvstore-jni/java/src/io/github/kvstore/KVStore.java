@@ -37,6 +37,16 @@ import java.util.concurrent.locks.ReentrantLock;
  * the default". Errors of the store itself are {@link KVStoreException}s: catch one and
  * switch on its {@link KVStoreException#code()}.
  *
+ * <p>{@link Thread#interrupt()} does not stop a blocking call (nor {@link #waitAll()}):
+ * one that waits for earlier calls on its keys returns when it is done, with the thread's
+ * interrupt status still set, as {@link CompletableFuture#join()} and the streams of
+ * {@code java.io} do. It could not give up honestly: the native store either runs the
+ * call at once on the calling thread or queues it and waits inside the native call, where
+ * no interrupt reaches, and a queued call always runs. For a wait that an interrupt ends,
+ * make the non-blocking call and wait for its future: {@code pullAsync(keys, outs).get()}
+ * throws {@link InterruptedException}, and the call still takes effect (its outs stay
+ * pending until it wrote them).
+ *
  * <pre>{@code
  * try (KVStore kv = KVStore.create("local");
  *      NDArray two = NDArray.full(new int[] {2, 3}, 2.0);
@@ -379,7 +389,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     /**
      * Pushes {@code values[i]} to {@code keys[i]}: for each distinct key, its values are
      * summed left to right, then the updater merges the sum into the stored value. On any
-     * error the store keeps the values it had before the call.
+     * error the store keeps the values it had before the call. An interrupt does not stop
+     * it (see the class doc).
      *
      * @param keys the keys
      * @param values the values, one per key
@@ -493,7 +504,9 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     /**
      * Copies the value of {@code keys[i]} into {@code outs[i]}. Pull does not convert: an
      * out of another dtype is an error (use {@link NDArray#asType(DType)}). On error no out
-     * is written.
+     * is written. An interrupt does not stop it: it returns once the outs are written,
+     * the thread's interrupt status still set (see the class doc; the interruptible wait
+     * is {@code pullAsync(keys, outs).get()}).
      *
      * @param keys the keys
      * @param outs the outs, one per key
@@ -1023,7 +1036,9 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * late, when another thread takes them on (100 milliseconds for a dependent that
      * computes rather than waits: use the {@code ...Async} forms of
      * {@link CompletableFuture} for long work). A call cannot be withdrawn once made:
-     * {@code cancel} returns false and the future completes with the call.
+     * {@code cancel} returns false and the future completes with the call. {@code get}
+     * and {@code get(timeout, unit)} end on an interrupt (the call goes on); {@code join}
+     * does not, as for every {@link CompletableFuture}.
      *
      * @param keys the keys
      * @param values the values, one per key

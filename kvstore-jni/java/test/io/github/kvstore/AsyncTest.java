@@ -15,6 +15,7 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicReference;
 import org.junit.jupiter.api.Test;
 
 /** The non-blocking calls: futures, their errors, pending outs, order and Java updaters. */
@@ -296,5 +297,73 @@ class AsyncTest {
                 assertArrayEquals(filled(4), w.toFloatArray());
             }
         }
+    }
+
+    /** A wait for a pull into {@code out} of key "w" of {@code kv}: what it returns, or throws. */
+    @FunctionalInterface
+    private interface PullWait {
+        Object run(KVStore kv, NDArray out) throws Exception;
+    }
+
+    /**
+     * How an interrupted wait ended: with what, by the deadline after the interrupt (null
+     * if it was still waiting), and in the end.
+     */
+    private record Ended(Object byDeadline, Object atEnd) {}
+
+    /**
+     * Runs {@code wait} on a thread while a push of 4 to "w" is held at a gate, interrupts
+     * the thread 100 ms in and gives it {@code deadlineMillis} to end; then opens the gate,
+     * lets the thread end, and asserts that the pull still wrote the push's 4.
+     */
+    private static Ended interruptedWait(PullWait wait, long deadlineMillis) throws Exception {
+        try (Gated g = new Gated()) {
+            g.kv.pushAsync("w", g.four);
+            AtomicReference<Object> ended = new AtomicReference<>();
+            Thread waiter = new Thread(() -> {
+                try {
+                    ended.set(wait.run(g.kv, g.out));
+                } catch (Exception e) {
+                    ended.set(e);
+                }
+            }, "kvstore-test-waiter");
+            waiter.setDaemon(true);
+            waiter.start();
+            Thread.sleep(100);
+            waiter.interrupt();
+            waiter.join(deadlineMillis);
+            Object byDeadline = waiter.isAlive() ? null : ended.get();
+            g.release.countDown();
+            waiter.join(10_000);
+            assertFalse(waiter.isAlive(), "the wait did not end after the push ran");
+            // The pull ran, interrupt or not.
+            assertArrayEquals(filled(4), g.out.toFloatArray());
+            return new Ended(byDeadline, ended.get());
+        }
+    }
+
+    /**
+     * Issue 38, finding 3, as documented on {@link KVStore#pull(String[], NDArray[], int)}:
+     * an interrupt does not stop a blocking call that waits for queued calls; it returns
+     * when done, its out written, with the thread's interrupt status still set.
+     */
+    @Test
+    void anInterruptLeavesABlockingPullToFinishWithTheStatusSet() throws Exception {
+        Ended e = interruptedWait((kv, out) -> {
+            kv.pull("w", out);
+            return Thread.currentThread().isInterrupted() ? "interrupt status set" : "interrupt status cleared";
+        }, 300);
+        assertNull(e.byDeadline(), "the pull returned before the push it waits for ran");
+        assertEquals("interrupt status set", e.atEnd());
+    }
+
+    /**
+     * What the blocking calls' documentation offers instead: a wait for a non-blocking
+     * call's future ends at once on an interrupt, and the call still takes effect.
+     */
+    @Test
+    void anInterruptEndsAWaitForAFutureButNotItsCall() throws Exception {
+        Ended e = interruptedWait((kv, out) -> kv.pullAsync("w", out).get(), 10_000);
+        assertInstanceOf(InterruptedException.class, e.byDeadline(), "get did not end on the interrupt");
     }
 }
