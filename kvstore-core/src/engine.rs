@@ -202,9 +202,15 @@ pub fn in_background() -> bool {
 
 /// Runs `f` with [`in_background`] saying `background`.
 pub(crate) fn run_as(background: bool, f: impl FnOnce()) {
-    let before = BACKGROUND.with(|b| b.replace(background));
+    /// Puts the flag back however `f` ends (a panic included).
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            BACKGROUND.with(|b| b.set(self.0));
+        }
+    }
+    let _restore = Restore(BACKGROUND.with(|b| b.replace(background)));
     f();
-    BACKGROUND.with(|b| b.set(before));
 }
 
 impl Shared {
@@ -668,14 +674,14 @@ impl Engine {
     }
 
     /// Waits while `wait()` says so and calls are queued, looking again whenever one
-    /// finishes (held calls are released first: they run too). Back-pressure for a
-    /// thread that makes calls faster than the engine runs them; never from one of the
-    /// engine's own workers (it could wait for itself).
+    /// finishes. Back-pressure for a thread that makes calls faster than the engine
+    /// runs them; never from one of the engine's own workers (it could wait for itself).
+    /// Held calls are not counted and not released: when a batch is released must
+    /// depend on the sequence of calls only, never on timing (`kvstore/fusion.rs`).
     pub(crate) fn wait_while(&self, mut wait: impl FnMut(usize) -> bool) {
         if self.on_worker() || !wait(self.queued()) {
             return;
         }
-        self.release_held(None);
         let mut st = self.shared.state.lock();
         st.idle_waiters += 1;
         loop {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kvstore_core::backend::Collective;
-use kvstore_core::{ErrorKind, KVStore, NDArray, Result};
+use kvstore_core::{ErrorKind, KVStore, NDArray, Pending, Result};
 use kvstore_tests::{ThreadMember, run_members};
 
 /// A worker that counts its allreduces (each comparison of the workers' calls is one too).
@@ -326,4 +326,171 @@ fn a_call_made_blocking_on_one_worker_and_not_on_another_fails_on_both_at_once()
     assert!(mixed.contains("rank 0 pushed \"big\" [65536] float32 (non-blocking)"), "{mixed}");
     assert!(mixed.contains("rank 1 pushed \"big\" [65536] float32 (blocking)"), "{mixed}");
     assert!(fused.contains("rank 0 pushpulled \"k0\"") && fused.contains("rank 1 pushed \"k0\""), "{fused}");
+}
+
+/// A worker whose allreduces of big arrays take 300 ms: keeps a big call running while
+/// a test makes the next calls.
+struct SlowBig(Arc<ThreadMember>);
+
+impl Collective for SlowBig {
+    fn name(&self) -> &'static str {
+        "slow threads"
+    }
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn barrier(&self) -> Result<()> {
+        self.0.barrier()
+    }
+    fn allreduce_sum(&self, pairs: &[(&NDArray, &NDArray)]) -> Result<()> {
+        if pairs.iter().any(|(a, _)| a.size() >= 65_536) {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        self.0.allreduce_sum(pairs)
+    }
+    fn broadcast(&self, arrays: &[&NDArray], root: usize) -> Result<()> {
+        self.0.broadcast(arrays, root)
+    }
+}
+
+/// Back-pressure only delays calls: a worker that waits for its bound of copied bytes
+/// makes the same batches as one that does not (releasing a held batch there would
+/// depend on timing, and the workers' batches would differ).
+#[test]
+fn back_pressure_never_changes_which_calls_fuse() {
+    let results = run_members(2, |rank, member| {
+        let group: Arc<dyn Collective> = Arc::new(SlowBig(member));
+        let mut builder = KVStore::builder("dist_sync").num_threads(1).collective(group);
+        if rank == 0 {
+            builder = builder.max_copied_bytes(64 << 10);
+        }
+        let kv = builder.build().expect("dist_sync");
+        init(&kv, 2, 4);
+        for k in ["big", "big2"] {
+            kv.init(k, &NDArray::zeros(&[65_536]).unwrap()).unwrap();
+        }
+        // A big push runs (300 ms), a second waits behind it with its value lent; a
+        // small push is held for fusion; then the second's value is written (a 256 KiB
+        // copy): on rank 0 the next small push waits for the copies to be freed.
+        let big = kv.push_async("big", &NDArray::ones(&[65_536]).unwrap(), 0);
+        let x = NDArray::ones(&[65_536]).unwrap();
+        let big2 = kv.push_async("big2", &x, 0);
+        let k0 = kv.push_async("k0", &NDArray::ones(&[4]).unwrap(), 0);
+        x.add_assign(1.0).unwrap();
+        let k1 = kv.push_async("k1", &NDArray::ones(&[4]).unwrap(), 0);
+        big.wait().expect("big");
+        big2.wait().expect("big2");
+        [k0, k1].into_iter().map(|p| p.wait().map_err(|e| e.to_string())).collect::<Vec<_>>()
+    });
+    assert_eq!(results, vec![vec![Ok(()), Ok(())]; 2]);
+}
+
+/// A call that uses an array a held call uses starts a new batch: in a batch every sum
+/// comes before any copy, so a value another call of it writes would be summed before
+/// that write, and two writes of one out could lose their order.
+#[test]
+fn fused_calls_that_share_an_array_give_the_unfused_results() {
+    let run_with = |fuse: usize| {
+        run(2, Some(fuse), |rank, kv, _| {
+            init(&kv, 3, 4);
+            let a = NDArray::zeros(&[4]).unwrap();
+            let g = |v: f64| NDArray::full(&[4], v + rank as f64).unwrap();
+            // "k1" pushes what the pushpull of "k0" writes into `a`; "k2" and then "k0"
+            // again write `a` (the later write last).
+            let calls = [
+                kv.pushpull_async("k0", &g(1.0), &a, 0),
+                kv.push_async("k1", &a, 0),
+                kv.pushpull_async("k2", &g(10.0), &a, 0),
+            ];
+            calls.into_iter().try_for_each(Pending::wait).unwrap();
+            let values: Vec<f32> =
+                keys(3).iter().map(|k| kv.pull_new(k.as_str(), 0).unwrap().to_vec::<f32>().unwrap()[0]).collect();
+            (values, a.to_vec::<f32>().unwrap()[0])
+        })
+    };
+    let (fused, unfused) = (run_with(1 << 20), run_with(0));
+    assert_eq!(fused, unfused);
+    // k0 = 1 + 2; k1 = its pulled value summed over both workers; a = k2's value last.
+    assert_eq!(fused[0], (vec![3.0, 6.0, 21.0], 21.0));
+}
+
+/// The fused calls of a batch update their keys call after call, as they would one by
+/// one: with NAdam (whose momentum schedule is one product over every update) the bits
+/// are those of the calls unfused.
+#[test]
+fn fused_calls_update_in_the_order_of_the_calls() {
+    use kvstore_core::Optimizer;
+    let run_with = |fuse: usize| {
+        run(2, Some(fuse), |rank, kv, _| {
+            init(&kv, 3, 4);
+            kv.set_optimizer(Optimizer::builder("nadam").build().unwrap()).unwrap();
+            for step in 0..3 {
+                // The calls in the other order than the keys' (k2, k1, k0).
+                let calls: Vec<Pending> = (0..3)
+                    .rev()
+                    .map(|k| {
+                        let g = NDArray::full(&[4], 0.1 * (1 + k + step + rank) as f64).unwrap();
+                        kv.push_async(format!("k{k}").as_str(), &g, 0)
+                    })
+                    .collect();
+                calls.into_iter().try_for_each(Pending::wait).unwrap();
+            }
+            keys(3)
+                .iter()
+                .map(|k| kv.pull_new(k.as_str(), 0).unwrap().to_vec::<f32>().unwrap()[0].to_bits())
+                .collect::<Vec<u32>>()
+        })
+    };
+    assert_eq!(run_with(1 << 20), run_with(0));
+}
+
+/// A callback that panics is ended where it ran: the other calls of its batch finish,
+/// and the engine's thread goes on as before (its next calls are described alike on
+/// every worker).
+#[test]
+fn a_panicking_callback_leaves_its_batch_and_the_engine_whole() {
+    let results = run(2, None, |rank, kv, _| {
+        init(&kv, 3, 4);
+        let calls: Vec<Pending> =
+            keys(3).iter().map(|k| kv.push_async(k.as_str(), &NDArray::ones(&[4]).unwrap(), 0)).collect();
+        if rank == 0 {
+            calls[0].on_done(|_| panic!("a callback that panics (expected by the test)"));
+        }
+        let rest: Vec<Result<()>> = calls.into_iter().skip(1).map(Pending::wait).collect();
+        // A blocking call and a barrier after it: the same form on both workers.
+        kv.push("k0", &NDArray::ones(&[4]).unwrap(), 0).unwrap();
+        kv.barrier().unwrap();
+        let reported = kv.wait_all().err().map(|e| e.to_string());
+        (rest.iter().all(Result::is_ok), rank == 0 && reported.is_some_and(|e| e.contains("panicked")))
+    });
+    assert_eq!(results, vec![(true, true), (true, false)]);
+}
+
+/// From the engine's own thread (an on_done callback of a dist_sync store, whose group
+/// has one engine thread), waiting for another call's result could never end: an error.
+#[test]
+fn waiting_for_a_call_on_the_engines_own_thread_is_an_error_not_a_hang() {
+    run(1, None, |_, kv, _| {
+        init(&kv, 2, 4);
+        let kv = Arc::new(kv);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let kv2 = Arc::clone(&kv);
+        let first = kv.push_async("k0", &NDArray::ones(&[4]).unwrap(), 0);
+        first.on_done(move |_| {
+            let r = kv2.push_async("k1", &NDArray::ones(&[4]).unwrap(), 0).wait();
+            tx.send(r.map_err(|e| e.to_string())).unwrap();
+        });
+        // Released from its batch (is_done asks for it), then let go of.
+        let _ = first.is_done();
+        drop(first);
+        let Ok(r) = rx.recv_timeout(std::time::Duration::from_secs(20)) else {
+            std::mem::forget(kv);
+            panic!("the callback hung");
+        };
+        assert!(r.expect_err("a wait on the engine's own thread").contains("would wait for ever"));
+        kv.wait_all().unwrap();
+    });
 }

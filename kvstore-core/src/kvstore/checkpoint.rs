@@ -496,7 +496,7 @@ impl KVStore {
     /// cannot be written (on every worker under `dist_sync`).
     pub fn save_checkpoint(&self, path: impl AsRef<Path>) -> Result<()> {
         let path: PathBuf = path.as_ref().to_path_buf();
-        self.settle();
+        self.settle()?;
         self.in_order("save_checkpoint", move |store| store.save_checkpoint_now(&path))
     }
 
@@ -534,7 +534,7 @@ impl KVStore {
     /// another shape or dtype.
     pub fn load_checkpoint(&self, path: impl AsRef<Path>) -> Result<()> {
         let path: PathBuf = path.as_ref().to_path_buf();
-        self.settle();
+        self.settle()?;
         self.in_order("load_checkpoint", move |store| store.load_checkpoint_now(&path))
     }
 }

@@ -9,7 +9,10 @@
 //!   same store, with the default merger or an optimizer (a custom updater's failure
 //!   must reach its own call only), whose keys are each below a quarter of the store's
 //!   fusion size ([`crate::KVStoreBuilder::fuse_calls`]; the call's keys together too)
-//!   and not in the batch already (a second push of a key must follow the first);
+//!   and not in the batch already (a second push of a key must follow the first), and
+//!   that uses no array a call of the batch uses (a value that another call writes
+//!   must be read after that write, two writes of one out must keep their order: in a
+//!   batch every sum comes before any copy);
 //! - a batch is released (queued to run) once its values reach the fusion size or it
 //!   holds [`MAX_CALLS`] calls; when any other call of the group is made (blocking or
 //!   not, on any of its stores: `Engine::submit` releases it first); and when a caller
@@ -37,7 +40,7 @@ use std::sync::Arc;
 use super::nonblocking::{Copies, Input, Owned, borrow, borrow_inputs, start_reads};
 use super::steps::StepKey;
 use super::{Calls, Done, Found, Group, KVStore, Merger, Pending, Store, check_group, locks::Held, slots};
-use crate::engine::{self, HeldBatch, HeldCalls, Vars};
+use crate::engine::{self, HeldBatch, HeldCalls, Var, Vars};
 use crate::error::{Error, Result};
 use crate::ndarray::PendingWrites;
 
@@ -133,7 +136,7 @@ impl KVStore {
     /// Holds a non-blocking call in the group engine's batch (joining the batch held
     /// now, or starting one) and returns its handle.
     pub(super) fn hold(&self, op: &'static str, vars: Vars, push: Owned<Input>, pull: Owned, fuse: Fuse) -> Pending {
-        let done = Done::new(Arc::clone(&self.store.unobserved));
+        let done = Done::new(Arc::clone(&self.store.unobserved), self.engine.id());
         let outs: Vec<_> = pull.iter().flat_map(|(_, outs)| outs.iter().cloned()).collect();
         let out_ids: Vec<usize> = outs.iter().map(|a| a.buffer_id()).collect();
         let writes = match PendingWrites::new(self.engine.id(), outs) {
@@ -147,6 +150,7 @@ impl KVStore {
             && let Some(batch) = open.calls.as_any().downcast_mut::<Batch>()
             && std::ptr::eq(Arc::as_ptr(&batch.store), owner)
             && fuse.keys.iter().all(|k| !batch.keys.contains(k))
+            && !vars.iter().any(|v| matches!(v, Var::Array(_)) && open.vars.contains(v))
         {
             batch.calls.push(call);
             batch.keys.extend(&fuse.keys);

@@ -723,7 +723,7 @@ impl KVStore {
     /// [`Error::InvalidArgument`] when called from inside an updater of this store (or,
     /// from an updater of another store, while this store is busy).
     pub fn set_updater(&self, updater: impl Updater + 'static) -> Result<()> {
-        self.settle();
+        self.settle()?;
         self.store.replace_merger("set_updater", Merger::Custom(Arc::new(updater)))
     }
 
@@ -746,7 +746,7 @@ impl KVStore {
     /// # Errors
     /// As [`KVStore::set_updater`].
     pub fn clear_updater(&self) -> Result<()> {
-        self.settle();
+        self.settle()?;
         self.store.replace_merger("clear_updater", Merger::Assign)
     }
 
@@ -770,7 +770,7 @@ impl KVStore {
     /// # Errors
     /// [`Error::InvalidArgument`] when called from inside an updater of this store.
     pub fn set_optimizer(&self, optimizer: Optimizer) -> Result<()> {
-        self.settle();
+        self.settle()?;
         let runtime = Arc::new(Runtime::new(optimizer));
         let held = Held::new("set_optimizer", &self.store, &[])?;
         let mut merger = held.merger_write("set_optimizer", &self.store.merger)?;
@@ -837,7 +837,7 @@ impl KVStore {
         const OP: &str = "save_optimizer_states";
         let path = path.as_ref();
         let target = opt_states::save_target(path, OP)?;
-        self.settle();
+        self.settle()?;
         let held = Held::new(OP, &self.store, &[])?;
         let merger = held.merger_read(OP, &self.store.merger)?;
         let runtime = Store::runtime(OP, &merger)?;
@@ -893,7 +893,7 @@ impl KVStore {
         const OP: &str = "load_optimizer_states";
         let path = path.as_ref();
         let context = format!("{OP} from {}", crate::key::shorten(&path.display().to_string()));
-        self.settle();
+        self.settle()?;
         let held = Held::new(OP, &self.store, &[])?;
         // Fail early, before reading, when no optimizer is set.
         Store::runtime(OP, &*held.merger_read(OP, &self.store.merger)?)?;
@@ -971,7 +971,7 @@ impl KVStore {
     /// updater running on this key.
     pub fn context_of(&self, key: impl Into<Key>) -> Result<Context> {
         let key = key.into();
-        self.settle();
+        self.settle()?;
         let entry = self
             .store
             .table
@@ -1541,9 +1541,13 @@ impl Store {
                 // Updates go in the keys' order (that of the run a checkpoint resumed,
                 // else of `init`): a schedule and NAdam's momentum depend on it. Keys are
                 // locked in index order, which is the same unless a load reordered them.
+                // The calls of a fused batch update their keys call after call, as
+                // they would one by one.
+                let call_of = |j: usize| calls.as_ref().map_or(0, |c| c.push[j]);
+                let place = |j: usize| (call_of(j), guards[push_slots[j]].order);
                 let mut updates: Vec<usize> = (0..push.len()).collect();
-                if push_slots.windows(2).any(|w| guards[w[0]].order > guards[w[1]].order) {
-                    updates.sort_by_key(|&j| guards[push_slots[j]].order);
+                if updates.windows(2).any(|w| place(w[0]) > place(w[1])) {
+                    updates.sort_by_key(|&j| place(j));
                 }
                 let mut created = Vec::new();
                 for &i in push_slots {

@@ -355,7 +355,7 @@ impl KVStore {
             Err(e) => return Pending::finished(Err(e), Arc::clone(&self.store.unobserved)),
         };
         let call = Arc::new(Queued {
-            done: Done::running(Arc::clone(&self.store.unobserved)),
+            done: Done::running(Arc::clone(&self.store.unobserved), self.engine.id()),
             op,
             background,
             work: Mutex::new(Work { store: Some(Arc::clone(&self.store)), push, pull, writes }),
@@ -379,7 +379,7 @@ impl KVStore {
         if locks::inside_updater() || self.engine.on_worker() {
             return Err(locks::busy_store(op));
         }
-        let done = Done::new(Arc::clone(&self.store.unobserved));
+        let done = Done::new(Arc::clone(&self.store.unobserved), self.engine.id());
         let (store, finished) = (Arc::clone(&self.store), Arc::clone(&done));
         self.engine.submit(Vars::new(), 0, move || {
             let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(&store)))
@@ -580,7 +580,7 @@ impl KVStore {
     /// dropped before anyone saw its result, not yet reported: each `wait_all` reports
     /// one, the next reports the next. Calls whose handles are kept report to their handles only.
     pub fn wait_all(&self) -> Result<()> {
-        self.settle();
+        self.settle()?;
         let mut unobserved = self.store.unobserved.lock();
         match unobserved.is_empty() {
             true => Ok(()),
@@ -591,10 +591,13 @@ impl KVStore {
     /// Waits for the queued calls before a call that must see all of them (a change of
     /// updater or optimizer, saving states); from inside an updater it does not wait
     /// (the locks taken next decide, as before).
-    pub(super) fn settle(&self) {
-        if !locks::inside_updater() {
+    pub(super) fn settle(&self) -> Result<()> {
+        if !locks::inside_updater() && !self.engine.on_worker() {
+            // From another engine's thread: not if that could never end (`waits.rs`).
+            let _waiting = waits::wait_for(self.engine.id(), || "a wait for a store's earlier calls".to_string())?;
             self.engine.wait_for_earlier();
         }
+        Ok(())
     }
 }
 

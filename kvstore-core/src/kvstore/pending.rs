@@ -48,6 +48,9 @@ pub(crate) struct Done {
     state: Mutex<State>,
     finished: Condvar,
     unobserved: Unobserved,
+    /// The engine that runs the call (0: none, a call finished when made): a wait for
+    /// it from an engine's thread must not close a cycle of waits (`waits.rs`).
+    engine: usize,
 }
 
 /// What a handle holds: a call's [`Done`], alone or within the call itself (a queued
@@ -63,17 +66,25 @@ impl HasDone for Done {
 }
 
 impl Done {
-    pub(crate) fn new(unobserved: Unobserved) -> Arc<Self> {
-        Arc::new(Done::running(unobserved))
+    /// The state of a call that `engine` runs ([`Done::running`]), shared.
+    pub(crate) fn new(unobserved: Unobserved, engine: usize) -> Arc<Self> {
+        Arc::new(Done::running(unobserved, engine))
     }
 
-    /// The state of a call not finished yet.
-    pub(crate) fn running(unobserved: Unobserved) -> Self {
+    /// The state of a call not finished yet, that `engine` runs (0: none).
+    pub(crate) fn running(unobserved: Unobserved, engine: usize) -> Self {
         Done {
             state: Mutex::new(State::Running { abandoned: false, callback: None }),
             finished: Condvar::new(),
             unobserved,
+            engine,
         }
+    }
+
+    /// Before a wait for the call: from an engine's thread, a wait that could never
+    /// end is an error instead (see `waits.rs`); the wait is registered until dropped.
+    fn may_wait(&self) -> Result<crate::waits::Waiting> {
+        crate::waits::wait_for(self.engine, || "a wait for a non-blocking call's result".to_string())
     }
 
     /// Records the call's result: to its handle, its callback, or (handle dropped, call
@@ -86,7 +97,14 @@ impl Done {
         match (callback, abandoned) {
             (Some(mut cb), _) => {
                 drop(st);
-                crate::ndarray::as_user_code(|| cb.call(result));
+                // A callback that panics must not leave the calls finished after it
+                // (a batch's) unfinished, nor the engine's thread: it is ended here.
+                let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    crate::ndarray::as_user_code(|| cb.call(result))
+                }));
+                if called.is_err() {
+                    self.unobserved.lock().push(Error::Internal("an on_done callback panicked".into()));
+                }
                 if let State::Taken(spent @ None) = &mut *self.state.lock() {
                     *spent = Some(cb);
                 }
@@ -165,7 +183,7 @@ impl Pending {
     /// A handle finished before anything was queued: a call that failed its checks (a
     /// key not initialised, a length mismatch; nothing changed) or had nothing to do.
     pub(crate) fn finished(result: Result<()>, unobserved: Unobserved) -> Self {
-        let done = Done::new(unobserved);
+        let done = Done::new(unobserved, 0);
         done.finish(result);
         Pending::new(done)
     }
@@ -190,8 +208,13 @@ impl Pending {
     pub fn wait(self) -> Result<()> {
         self.release();
         let mut st = self.done().state.lock();
-        while matches!(*st, State::Running { .. }) {
-            self.done().finished.wait(&mut st);
+        if matches!(*st, State::Running { .. }) {
+            drop(st);
+            let _waiting = self.done().may_wait()?;
+            st = self.done().state.lock();
+            while matches!(*st, State::Running { .. }) {
+                self.done().finished.wait(&mut st);
+            }
         }
         match std::mem::replace(&mut *st, State::Taken(None)) {
             State::Finished(r) => r,
@@ -206,7 +229,15 @@ impl Pending {
         {
             let mut st = self.done().state.lock();
             if matches!(*st, State::Running { .. }) {
-                let _ = self.done().finished.wait_for(&mut st, timeout);
+                drop(st);
+                let _waiting = match self.done().may_wait() {
+                    Ok(w) => w,
+                    Err(e) => return Ok(Err(e)),
+                };
+                st = self.done().state.lock();
+                if matches!(*st, State::Running { .. }) {
+                    let _ = self.done().finished.wait_for(&mut st, timeout);
+                }
             }
             if matches!(*st, State::Running { .. }) {
                 drop(st);

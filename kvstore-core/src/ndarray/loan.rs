@@ -47,6 +47,12 @@ pub(crate) struct Loan {
     state: Mutex<State>,
 }
 
+/// Whether `loans` (an array's list, locked) holds a loan not returned of an engine
+/// other than `engine`.
+pub(super) fn foreign_loans(loans: &VecDeque<Arc<Loan>>, engine: usize) -> bool {
+    loans.iter().any(|l| l.owner != engine && !l.is_returned())
+}
+
 impl Loan {
     /// Whether the call is done with the array (looked at only when a list of loans is
     /// trimmed, with the list locked: that lock is always taken before a loan's).

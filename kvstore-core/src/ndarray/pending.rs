@@ -28,6 +28,10 @@ use crate::waits;
 /// pending writes end. One for the process: waiting is the rare case.
 pub(super) static SETTLED: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
 
+/// How long an access waits for pending writes before it looks again, releasing a
+/// batch of fused calls that may hold them since.
+const RELOOK: std::time::Duration = std::time::Duration::from_millis(5);
+
 thread_local! {
     /// Whether this thread is one of the reduction pool's: it runs parts of calls
     /// whose arrays were made ready for them, and store code only, so it never waits
@@ -50,10 +54,15 @@ thread_local! {
 /// Runs `f`, user code that a store calls (an updater, a callback), marked as such
 /// on this thread (see [`USER_CODE`]).
 pub(crate) fn as_user_code<R>(f: impl FnOnce() -> R) -> R {
-    let before = USER_CODE.with(|u| u.replace(true));
-    let r = f();
-    USER_CODE.with(|u| u.set(before));
-    r
+    /// Puts the flag back however `f` ends (a panic included).
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            USER_CODE.with(|u| u.set(self.0));
+        }
+    }
+    let _restore = Restore(USER_CODE.with(|u| u.replace(true)));
+    f()
 }
 
 impl NDArray {
@@ -99,20 +108,29 @@ impl NDArray {
                 "an access to an array that a queued call of another store (or a later call of this one) writes"
                     .to_string()
             })?;
+            // A batch that is about to hold the write (its call marks its outs before
+            // it joins the batch) is released on a later look: the wait looks again
+            // every few milliseconds.
             let mut guard = SETTLED.0.lock();
-            while self.foreign_writes(engine) && self.inner.pending_owner.load(Ordering::Acquire) == owner {
-                SETTLED.1.wait(&mut guard);
+            if self.foreign_writes(engine) && self.inner.pending_owner.load(Ordering::Acquire) == owner {
+                SETTLED.1.wait_for(&mut guard, RELOOK);
             }
         }
         Ok(())
     }
 
     /// Marks a write of a queued call of `engine` pending, once no other engine's
-    /// writes are.
+    /// writes are, and no other engine's call has the array on loan (those loans get
+    /// their copies first: one lent since the caller reclaimed them is caught here).
     fn mark_pending(&self, engine: usize) -> Result<()> {
         loop {
             {
-                let _claim = self.inner.loans.lock();
+                let claim = self.inner.loans.lock();
+                if super::loan::foreign_loans(&claim, engine) {
+                    drop(claim);
+                    self.reclaim_foreign(engine)?;
+                    continue;
+                }
                 if !self.foreign_writes(engine) {
                     // The owner first: a reader that sees the count sees its owner.
                     self.inner.pending_owner.store(engine, Ordering::Release);
