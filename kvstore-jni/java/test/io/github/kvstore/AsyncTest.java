@@ -94,6 +94,69 @@ class AsyncTest {
         }
     }
 
+    /**
+     * An array that another store's queued pull writes is pushed after that pull wrote it:
+     * the push waits, when it is made, for the pull (the store's gate opens 50 ms later,
+     * from another thread).
+     */
+    @Test
+    void anArrayAnotherStoresPullWritesIsPushedAfterThatWrite() throws Exception {
+        try (Gated g = new Gated();
+                KVStore b = KVStore.create("local");
+                NDArray x = NDArray.ones(SHAPE);
+                NDArray zeros = NDArray.zeros(SHAPE);
+                NDArray got = NDArray.zeros(SHAPE)) {
+            b.init("w", zeros);
+            CompletableFuture<Void> pushed = g.kv.pushAsync("w", g.four);
+            CompletableFuture<Void> pulled = g.kv.pullAsync("w", x);
+            Thread opener = new Thread(() -> {
+                try {
+                    Thread.sleep(50);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                }
+                g.release.countDown();
+            });
+            opener.start();
+            b.pushAsync("w", x).get(20, TimeUnit.SECONDS);
+            b.pull("w", got);
+            for (float v : got.toFloatArray()) {
+                assertEquals(4f, v, "the push summed the array before the other store's pull wrote it");
+            }
+            pushed.get(20, TimeUnit.SECONDS);
+            pulled.get(20, TimeUnit.SECONDS);
+            opener.join();
+        }
+    }
+
+    /**
+     * A blocking pull of many keys into one out writes it key after key: it ends with the
+     * value of the key initialised last, whichever threads share the copies.
+     */
+    @Test
+    void aBlockingPullOfManyKeysIntoOneOutEndsWithTheLastKeysValue() {
+        int n = 256;
+        String[] keys = new String[n];
+        NDArray[] values = new NDArray[n];
+        try (KVStore kv = KVStore.create("local"); NDArray out = NDArray.zeros(256)) {
+            for (int i = 0; i < n; i++) {
+                keys[i] = "k" + i;
+                values[i] = NDArray.full(new int[] {256}, i);
+            }
+            kv.init(keys, values);
+            NDArray[] outs = new NDArray[n];
+            java.util.Arrays.fill(outs, out);
+            for (int round = 0; round < 20; round++) {
+                kv.pull(keys, outs);
+                for (float v : out.toFloatArray()) {
+                    assertEquals(n - 1f, v, "round " + round);
+                }
+            }
+        } finally {
+            Fixtures.closeAll(values);
+        }
+    }
+
     @Test
     void aFailedCallCompletesItsFutureExceptionallyWithTheBlockingCallsException() throws Exception {
         try (KVStore kv = KVStore.create("local");
