@@ -27,8 +27,6 @@
 use std::cell::Cell;
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
-
-use foldhash::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
@@ -36,6 +34,7 @@ use std::thread::JoinHandle;
 
 use crossbeam_deque::{Injector, Steal};
 use crossbeam_utils::CachePadded;
+use foldhash::HashMap;
 use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
 
@@ -656,9 +655,15 @@ impl Engine {
             return;
         }
         self.release_held(None);
+        self.wait_until(|_| self.shared.is_idle());
+    }
+
+    /// Waits, counted among the idle waiters, until `done` says so: looked at now and
+    /// whenever a call finishes.
+    fn wait_until(&self, mut done: impl FnMut(&State) -> bool) {
         let mut st = self.shared.state.lock();
         st.idle_waiters += 1;
-        while !self.shared.is_idle() {
+        while !done(&st) {
             self.shared.idle.wait(&mut st);
         }
         st.idle_waiters -= 1;
@@ -684,16 +689,10 @@ impl Engine {
         if self.on_worker() || !wait(self.queued()) {
             return;
         }
-        let mut st = self.shared.state.lock();
-        st.idle_waiters += 1;
-        loop {
+        self.wait_until(|_| {
             let queued = self.queued();
-            if queued == 0 || !wait(queued) {
-                break;
-            }
-            self.shared.idle.wait(&mut st);
-        }
-        st.idle_waiters -= 1;
+            queued == 0 || !wait(queued)
+        });
     }
 
     /// Waits until every call submitted before this one was made has finished, not
@@ -708,12 +707,7 @@ impl Engine {
         }
         self.release_held(None);
         let before = self.shared.submitted.load(AtomicOrdering::SeqCst) as u64;
-        let mut st = self.shared.state.lock();
-        st.idle_waiters += 1;
-        while st.done_below < before {
-            self.shared.idle.wait(&mut st);
-        }
-        st.idle_waiters -= 1;
+        self.wait_until(|st| st.done_below >= before);
     }
 }
 

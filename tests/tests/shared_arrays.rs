@@ -10,17 +10,40 @@ use std::time::Duration;
 use kvstore_core::{KVStore, Key, NDArray, Pending};
 use kvstore_tests::{Gate, gated_assign, open, open_later};
 
-/// Store A, whose key "k" will hold 5 once its gate opens, with a pull of "k" into `x`
-/// queued behind that push: `x` (1s until then) is pending. The gate opens after
-/// `ms` milliseconds, from another thread.
-fn pending_out_of_store_a(x: &NDArray, ms: u64) -> (KVStore, Pending, Pending, std::thread::JoinHandle<()>) {
-    let a = KVStore::create("local").unwrap();
-    a.init("k", &NDArray::zeros(&[4]).unwrap()).unwrap();
-    let gate = gated_assign(&a);
-    let pushed = a.push_async("k", &NDArray::full(&[4], 5.0).unwrap(), 0);
-    let pulled = a.pull_async("k", x, 0);
-    assert!(x.is_pending());
-    (a, pushed, pulled, open_later(&gate, ms))
+/// Store A, whose key "k" will hold 5 once its gate opens, with a pull of "k" into an
+/// array queued behind that push: the array (1s until then) is pending. The gate opens
+/// after `ms` milliseconds, from another thread.
+struct PendingOut {
+    _a: KVStore,
+    pushed: Pending,
+    pulled: Pending,
+    opener: std::thread::JoinHandle<()>,
+}
+
+impl PendingOut {
+    fn new(x: &NDArray, ms: u64) -> Self {
+        let a = KVStore::create("local").unwrap();
+        a.init("k", &NDArray::zeros(&[4]).unwrap()).unwrap();
+        let gate = gated_assign(&a);
+        let pushed = a.push_async("k", &NDArray::full(&[4], 5.0).unwrap(), 0);
+        let pulled = a.pull_async("k", x, 0);
+        assert!(x.is_pending());
+        PendingOut { _a: a, pushed, pulled, opener: open_later(&gate, ms) }
+    }
+
+    /// Waits for store A's calls and the thread that opened its gate.
+    fn finish(self) {
+        self.pushed.wait().unwrap();
+        self.pulled.wait().unwrap();
+        self.opener.join().unwrap();
+    }
+}
+
+/// Store B: a local store whose key "k" holds `value`s.
+fn store_b(value: f64) -> KVStore {
+    let b = KVStore::create("local").unwrap();
+    b.init("k", &NDArray::full(&[4], value).unwrap()).unwrap();
+    b
 }
 
 fn values(a: &NDArray) -> Vec<f32> {
@@ -32,9 +55,8 @@ fn another_stores_push_of_a_pending_out_sums_it_after_it_is_written() {
     // Non-blocking push, and pushpull.
     for pushpull in [false, true] {
         let x = NDArray::ones(&[4]).unwrap();
-        let (_a, pushed, pulled, opener) = pending_out_of_store_a(&x, 50);
-        let b = KVStore::create("local").unwrap();
-        b.init("k", &NDArray::zeros(&[4]).unwrap()).unwrap();
+        let a = PendingOut::new(&x, 50);
+        let b = store_b(0.0);
         let y = NDArray::zeros(&[4]).unwrap();
         let call = match pushpull {
             false => b.push_async("k", &x, 0),
@@ -45,53 +67,44 @@ fn another_stores_push_of_a_pending_out_sums_it_after_it_is_written() {
         if pushpull {
             assert_eq!(values(&y), vec![5.0; 4]);
         }
-        pushed.wait().unwrap();
-        pulled.wait().unwrap();
-        opener.join().unwrap();
+        a.finish();
     }
 }
 
 #[test]
 fn a_blocking_push_queued_on_a_busy_store_sums_another_stores_pending_out_after_it_is_written() {
     let x = NDArray::ones(&[4]).unwrap();
-    let (_a, pushed, pulled, opener) = pending_out_of_store_a(&x, 150);
+    let a = PendingOut::new(&x, 150);
     // B's engine is busy with "k" (until before A's pull is done): the blocking push is
     // queued and runs on B's thread.
-    let b = KVStore::create("local").unwrap();
-    b.init("k", &NDArray::zeros(&[4]).unwrap()).unwrap();
+    let b = store_b(0.0);
     let b_gate = gated_assign(&b);
     let first = b.push_async("k", &NDArray::full(&[4], 2.0).unwrap(), 0);
     let b_opener = open_later(&b_gate, 50);
     b.push("k", &x, 0).unwrap();
     first.wait().unwrap();
     assert_eq!(values(&b.pull_new("k", 0).unwrap()), vec![5.0; 4]);
-    pushed.wait().unwrap();
-    pulled.wait().unwrap();
-    opener.join().unwrap();
+    a.finish();
     b_opener.join().unwrap();
 }
 
 #[test]
 fn pulls_of_two_stores_into_one_array_write_it_in_the_order_they_were_made() {
     let x = NDArray::ones(&[4]).unwrap();
-    let (_a, pushed, pulled, opener) = pending_out_of_store_a(&x, 50);
-    let b = KVStore::create("local").unwrap();
-    b.init("k", &NDArray::full(&[4], 7.0).unwrap()).unwrap();
+    let a = PendingOut::new(&x, 50);
+    let b = store_b(7.0);
     // Made after A's pull: its write comes last.
     let b_pulled = b.pull_async("k", &x, 0);
     b_pulled.wait().unwrap();
-    pulled.wait().unwrap();
-    pushed.wait().unwrap();
+    a.finish();
     assert_eq!(values(&x), vec![7.0; 4]);
-    opener.join().unwrap();
 }
 
 #[test]
 fn another_stores_updater_reads_a_pending_out_after_it_is_written() {
     let x = NDArray::ones(&[4]).unwrap();
-    let (_a, pushed, pulled, opener) = pending_out_of_store_a(&x, 50);
-    let b = KVStore::create("local").unwrap();
-    b.init("k", &NDArray::zeros(&[4]).unwrap()).unwrap();
+    let a = PendingOut::new(&x, 50);
+    let b = store_b(0.0);
     let (seen_tx, seen) = mpsc::channel();
     let read = x.clone();
     b.set_updater(move |_: &Key, _, merged: &NDArray, stored: &NDArray| {
@@ -101,9 +114,7 @@ fn another_stores_updater_reads_a_pending_out_after_it_is_written() {
     .unwrap();
     b.push_async("k", &NDArray::ones(&[4]).unwrap(), 0).wait().unwrap();
     assert_eq!(seen.recv().unwrap(), vec![5.0; 4]);
-    pushed.wait().unwrap();
-    pulled.wait().unwrap();
-    opener.join().unwrap();
+    a.finish();
 }
 
 #[test]

@@ -271,12 +271,10 @@ impl KVStore {
         let _waiting = waits::wait_for(self.engine.id(), || format!("a blocking {op} that must queue"))?;
         let engine = self.engine.id();
         let vars: Vars = vars_of(&push, &pull, true).collect();
-        for out in pull.iter().flat_map(|g| &g.arrays) {
-            out.reclaim_foreign(engine)?;
-        }
         // The caller waits anyway: the values are shared, once other engines' writes
-        // to them are done (as a lent value would be).
-        let push = try_own(push, |a| a.wait_for_other_engines(engine).map(|()| Input::Shared(a.clone())))?;
+        // to them are done (as a lent value would be). The outs' loans to other
+        // engines' calls are reclaimed when they are marked pending (`queue`).
+        let push = try_own(push, |a| a.wait_for_writes_but(engine).map(|()| Input::Shared(a.clone())))?;
         let pull = own(pull, NDArray::clone);
         self.queue(op, vars, push, pull, priority, false).wait()
     }
@@ -300,10 +298,9 @@ impl KVStore {
             // write before the call read them copies them first). An array that
             // another store's queued call writes is lent (or marked as an out) once
             // that write is done: the calls take effect in the order they were made.
+            // An out lent to another engine's call gives it a copy when it is marked
+            // pending (`PendingWrites::new`).
             let engine = self.engine.id();
-            for out in pull.iter().flat_map(|g| &g.arrays) {
-                out.reclaim_foreign(engine)?;
-            }
             let push = try_own(push, |a| a.lend(engine).map(Input::Lent))?;
             let pull = own(pull, NDArray::clone);
             Ok((vars, push, pull, fuse))

@@ -135,13 +135,15 @@ impl Store {
     /// `i`'s operation and how many of `keys` (in order) are its, and `local[i]` is the
     /// outcome of this worker's checks of it.
     ///
+    /// When the workers made the same calls, each call refused by some worker fails on
+    /// every worker (with its own error where it was refused) and the others go on:
+    /// the inner results. When the workers' calls differ, every call fails: the outer
+    /// error (or its own error, where refused).
+    ///
     /// Whether the calls are non-blocking is part of the fingerprint: MPI never matches
     /// a non-blocking collective with a blocking one, so a worker that makes a call
     /// blocking where another makes it non-blocking would wait for ever; instead both
-    /// fail the call, saying so. When the workers made the same calls, each call refused by some worker fails
-    /// on every worker (with its own error where it was refused) and the others go on:
-    /// the inner results. When the workers' calls differ, every call fails: the outer
-    /// error (or its own error, where refused).
+    /// fail the call, saying so.
     ///
     /// # Errors
     /// The outer error as above; the group's error if it is broken.

@@ -83,23 +83,18 @@ impl NDArray {
         self.wait_for_writes_but(current_worker())
     }
 
-    /// Waits until no write of an engine other than `engine` is pending: before a call
-    /// of `engine` that reads this array is queued (see the module docs).
-    ///
-    /// # Errors
-    /// As [`NDArray::settle`].
-    pub(crate) fn wait_for_other_engines(&self, engine: usize) -> Result<()> {
-        self.wait_for_writes_but(engine)
-    }
-
     /// Whether writes of an engine other than `engine` (0: of any) are pending.
     pub(super) fn foreign_writes(&self, engine: usize) -> bool {
         self.inner.pending.load(Ordering::Acquire) != 0
             && (engine == 0 || self.inner.pending_owner.load(Ordering::Acquire) != engine)
     }
 
-    /// Waits until no write of an engine other than `engine` (0: of any) is pending.
-    pub(super) fn wait_for_writes_but(&self, engine: usize) -> Result<()> {
+    /// Waits until no write of an engine other than `engine` (0: of any) is pending (as
+    /// before a call of `engine` that reads this array is queued: see the module docs).
+    ///
+    /// # Errors
+    /// As [`NDArray::settle`].
+    pub(crate) fn wait_for_writes_but(&self, engine: usize) -> Result<()> {
         while self.foreign_writes(engine) {
             // A write a batch of fused calls holds back is released first (`kvstore/fusion.rs`).
             release_writers_of(self.buffer_id());
