@@ -103,9 +103,9 @@ pub fn finalize() -> Result<()> {
 /// The default bucket size of the fused allreduce.
 const DEFAULT_BUCKET_BYTES: usize = 4 << 20;
 /// The most bytes of small arrays packed into one fused allreduce, whatever the bucket
-/// size: packing copies every array into the send buffer and back out of the receive
-/// buffer, and with both buffers in a core's cache (1 MiB of L2 here) those copies cost
-/// far less. A list push of 1,000 keys of 4 KiB over shared memory (2 ranks, `make
+/// size: packing copies every array into the send buffer, and the sums are read from
+/// the send and receive buffers, and with both buffers in a core's cache (1 MiB of L2
+/// here) those copies cost far less. A list push of 1,000 keys of 4 KiB over shared memory (2 ranks, `make
 /// bench`'s MPI rows, 31-run medians in two rounds, each size in turn): packed in
 /// 4 MiB, 2.3 and 3.1 ms (1.18 and 1.26 times the same push unfused); in 512 KiB,
 /// 1.96 and 1.76 ms (0.93 and 0.87 times it); 256 KiB and 1 MiB alike. The same on
@@ -299,14 +299,32 @@ fn read_wire<W: Element>(a: &NDArray) -> Result<Vec<W>> {
     if a.dtype() == W::DTYPE { a.with_data(|s: &[W]| s.to_vec()) } else { a.to_vec::<W>() }
 }
 
-/// Writes `part` (summed on the wire) into `dst` from element `off` on, rounding each
-/// value to `T` as `NDArray::as_type` does.
-fn store_piece<W: Element, T: Element>(dst: &NDArray, off: usize, part: &[W]) -> Result<()> {
-    dst.with_data_mut(|d: &mut [T]| {
-        for (o, &x) in d[off..off + part.len()].iter_mut().zip(part) {
-            *o = T::from_f64(x.to_f64());
-        }
-    })
+/// Writes the summed elements `part` (`len` of them, on the wire) into `dst` from
+/// element `off` on; f16/bf16 round each value as `NDArray::as_type` does.
+fn store_piece<W: Element>(dst: &NDArray, off: usize, len: usize, part: impl Iterator<Item = W>) -> Result<()> {
+    fn narrow<W: Element, T: Element>(
+        dst: &NDArray,
+        off: usize,
+        len: usize,
+        part: impl Iterator<Item = W>,
+    ) -> Result<()> {
+        dst.with_data_mut(|d: &mut [T]| {
+            for (o, x) in d[off..off + len].iter_mut().zip(part) {
+                *o = T::from_f64(x.to_f64());
+            }
+        })
+    }
+    match dst.dtype() {
+        d if d == W::DTYPE => dst.with_data_mut(|d: &mut [W]| {
+            for (o, x) in d[off..off + len].iter_mut().zip(part) {
+                *o = x;
+            }
+        }),
+        // f16/bf16 travel as f32: only the summed piece is converted back.
+        DType::F16 => narrow::<W, f16>(dst, off, len, part),
+        DType::BF16 => narrow::<W, bf16>(dst, off, len, part),
+        d => Err(Error::Internal(format!("mpi: {d} does not travel as {}", W::DTYPE))),
+    }
 }
 
 fn write_wire<W: Element>(a: &NDArray, data: &[W]) -> Result<()> {
@@ -364,8 +382,27 @@ fn all_reduce<W: Equivalence>(w: &SimpleCommunicator, send: &[W], recv: &mut [W]
     }
 }
 
-/// The tag of [`tree_sum`]'s messages (the world carries no other point-to-point ones).
+/// The tag of [`tree_sum`]'s messages.
 const TREE_TAG: i32 = 7;
+/// The tag of [`swap`]'s messages (the world carries no other point-to-point ones).
+const SWAP_TAG: i32 = 8;
+
+/// Sends `send` to `peer` and receives the peer's buffer of the same length into
+/// `recv`: blocking for a blocking store call, waited for as [`wait`] does for a
+/// non-blocking one.
+fn swap<W: Equivalence>(w: &SimpleCommunicator, peer: i32, send: &[W], recv: &mut [W]) {
+    let p = w.process_at_rank(peer);
+    if in_background() {
+        mpi::request::scope(|scope| {
+            let received = p.immediate_receive_into_with_tag(scope, recv, SWAP_TAG);
+            let sent = p.immediate_send_with_tag(scope, send, SWAP_TAG);
+            wait(received);
+            wait(sent);
+        });
+    } else {
+        mpi::point_to_point::send_receive_into_with_tags(send, &p, SWAP_TAG, recv, &p, SWAP_TAG);
+    }
+}
 
 /// `recv = sum(send)` across the ranks with every element summed alike, wherever it sits
 /// in the buffer: pairs of partial sums up a fixed binary tree, the lower ranks' on the
@@ -374,7 +411,7 @@ const TREE_TAG: i32 = 7;
 /// of the buffer in a different order: on 3 or more ranks, a key fused with other
 /// keys (a list call, or non-blocking calls fused across calls) could then get other
 /// bits than the same key summed alone. On 2 ranks every algorithm makes the one sum
-/// a0 + a1, so those use MPI's allreduce.
+/// a0 + a1: big arrays use MPI's allreduce there, fused buckets [`swap`].
 fn tree_sum<W: Element + Equivalence>(w: &SimpleCommunicator, send: &[W], recv: &mut [W]) {
     let (rank, size) = (w.rank(), w.size());
     recv.copy_from_slice(send);
@@ -482,7 +519,12 @@ impl MpiGroup {
         })
     }
 
-    /// Allreduces one staged bucket and copies each summed piece into its destination.
+    /// Sums one staged bucket across the ranks and writes each summed piece into its
+    /// destination. On 2 ranks the ranks swap their buckets and each sums
+    /// `rank 0's + rank 1's` straight into the destinations: one round of messages and
+    /// no copy out of a receive buffer, where MPI's allreduce takes two rounds (reduce-
+    /// scatter, allgather) and copies the send buffer first. The sum is the one MPI's
+    /// makes on 2 ranks, a0 + a1, so a key gets the same bits fused as alone or big.
     fn flush_bucket<W: Element + Equivalence>(
         &self,
         pairs: &[(&NDArray, &NDArray)],
@@ -490,22 +532,23 @@ impl MpiGroup {
         recv: &mut [W],
         pending: &[(usize, usize, usize)],
     ) -> Result<()> {
-        if self.size > 2 {
-            self.with_world(|w| tree_sum(w, send, &mut *recv))?;
-        } else {
-            self.with_world(|w| all_reduce(w, send, &mut *recv))?;
+        if self.size == 2 {
+            let peer = 1 - self.rank as i32;
+            self.with_world(|w| swap(w, peer, send, &mut *recv))?;
+            let (lo, hi) = if self.rank == 0 { (send, &*recv) } else { (&*recv, send) };
+            let mut at = 0;
+            for &(p, off, len) in pending {
+                let (a, b) = (&lo[at..at + len], &hi[at..at + len]);
+                let sum = a.iter().zip(b).map(|(&x, &y)| W::from_acc(W::acc_add(x.to_acc(), y.to_acc())));
+                store_piece::<W>(pairs[p].1, off, len, sum)?;
+                at += len;
+            }
+            return Ok(());
         }
+        self.with_world(|w| tree_sum(w, send, &mut *recv))?;
         let mut at = 0;
         for &(p, off, len) in pending {
-            let dst = pairs[p].1;
-            let part = &recv[at..at + len];
-            match dst.dtype() {
-                d if d == W::DTYPE => dst.with_data_mut(|d: &mut [W]| d[off..off + len].copy_from_slice(part))?,
-                // f16/bf16 travel as f32: only the summed piece is converted back.
-                DType::F16 => store_piece::<W, f16>(dst, off, part)?,
-                DType::BF16 => store_piece::<W, bf16>(dst, off, part)?,
-                d => return Err(Error::Internal(format!("mpi: {d} does not travel as {}", W::DTYPE))),
-            }
+            store_piece::<W>(pairs[p].1, off, len, recv[at..at + len].iter().copied())?;
             at += len;
         }
         Ok(())
