@@ -82,7 +82,7 @@ pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
 pub use key::{Key, Keys, Values, shorten};
 pub use kvstore::{KVStore, KVStoreBuilder, Pending, Release};
-pub use ndarray::{NDArray, Operand};
+pub use ndarray::{ForeignMemory, NDArray, Operand};
 pub use optimizer::{
     LrScheduler, Optimizer, OptimizerBuilder, OptimizerSpec, ParamValue, ScheduleKind, ScheduleSpec, WarmupMode,
     optimizer_names,

@@ -8,6 +8,7 @@ mod concurrency;
 mod differences;
 mod dist;
 mod errors;
+mod foreign;
 mod fusion;
 mod golden;
 mod hostile;

@@ -451,7 +451,9 @@ fn check_group(op: &'static str, what: &str, group: &Group<'_>, stored: &NDArray
     check_arrays(op, what, &group.entry.key, group.arrays.iter().copied(), stored)
 }
 
-/// Checks that every one of `key`'s `arrays` matches the stored value in shape and dtype.
+/// Checks that every one of `key`'s `arrays` matches the stored value in shape and
+/// dtype, and, for outs (`what` "out"), that it may be written (see
+/// [`NDArray::from_foreign`]): a call with a read-only out fails before its push.
 fn check_arrays<'x>(
     op: &'static str,
     what: &str,
@@ -472,6 +474,9 @@ fn check_arrays<'x>(
             }
         };
         check_like(context, key, stored, a)?;
+        if what == "out" && a.is_read_only() {
+            return Err(Error::invalid_argument(format!("{}: the out is read-only", context())));
+        }
     }
     Ok(())
 }

@@ -23,6 +23,7 @@ mod storage;
 pub(crate) use loan::{Lent, Reading, copied_bytes, values_read};
 pub(crate) use pending::{PendingWrites, as_user_code, empty_list, mark_pool_thread};
 
+pub use storage::ForeignMemory;
 pub(crate) use storage::{HostBuf, HostRead, HostWrite, Storage, copy_storage};
 
 /// An array's shared state, laid out by use: its first cache line holds what every
@@ -63,6 +64,8 @@ struct Inner {
     /// The engine whose queued calls make the `pending` writes (set with `loans`
     /// locked; read only while writes are pending: see `pending.rs`).
     pending_owner: std::sync::atomic::AtomicUsize,
+    /// Whether every write is refused (foreign memory lent read-only).
+    read_only: bool,
 }
 
 /// A number for one call's marks ([`NDArray::used_again`]), even, and unlike the last
@@ -224,8 +227,60 @@ impl NDArray {
             fault: OnceLock::new(),
             loans: Default::default(),
             pending_owner: Default::default(),
+            read_only: false,
         };
         Ok(NDArray { inner: Arc::new(inner) })
+    }
+
+    /// A host array on `cpu(0)` over memory it does not own (see [`ForeignMemory`]): a
+    /// binding's way to read and write its language's arrays in place, with no copy.
+    /// A read-only one (`writable` false) refuses every write with an
+    /// [`Error::InvalidArgument`]; it may still be pushed, as its elements are only
+    /// read then.
+    ///
+    /// ```
+    /// use kvstore_core::{DType, ForeignMemory, NDArray};
+    /// struct Owned(Vec<u8>);
+    /// impl ForeignMemory for Owned {
+    ///     fn bytes(&self) -> &[u8] { &self.0 }
+    ///     fn bytes_mut(&mut self) -> &mut [u8] { &mut self.0 }
+    /// }
+    /// let a = NDArray::from_foreign(&[2], DType::U8, Box::new(Owned(vec![1, 2])), true)?;
+    /// a.add_assign(1.0)?;
+    /// assert_eq!(a.to_vec::<u8>()?, vec![2, 3]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the shape is too large, or `mem` does not hold
+    /// exactly the elements of `shape`, or is not aligned for `dtype`.
+    pub fn from_foreign(shape: &[usize], dtype: DType, mem: Box<dyn ForeignMemory>, writable: bool) -> Result<Self> {
+        let size = checked_size(shape, dtype)?;
+        let buf = HostBuf::foreign(mem, size * dtype.size(), dtype.size())?;
+        let ctx = Context::cpu(0);
+        let inner = Inner {
+            buf: RwLock::new(Storage::Host(buf)),
+            size,
+            pending: Default::default(),
+            lent: Default::default(),
+            used_by: Default::default(),
+            dtype,
+            faulted: Default::default(),
+            on_host: true,
+            flat: shape.len() == 1,
+            shape: shape.into(),
+            ctx,
+            fault: OnceLock::new(),
+            loans: Default::default(),
+            pending_owner: Default::default(),
+            read_only: !writable,
+        };
+        Ok(NDArray { inner: Arc::new(inner) })
+    }
+
+    /// Whether the array refuses writes (see [`NDArray::from_foreign`]).
+    pub fn is_read_only(&self) -> bool {
+        self.inner.read_only
     }
 
     /// An f32 array of zeros on `cpu(0)`.
@@ -471,6 +526,13 @@ impl NDArray {
     /// An exclusive lock on the storage itself (once queued calls that read the array
     /// have a copy of it or are done with it: see `loan.rs`).
     pub(crate) fn storage_mut(&self) -> Result<RwLockWriteGuard<'_, Storage>> {
+        if self.inner.read_only {
+            return Err(Error::invalid_argument(format!(
+                "the array (shape {:?}, {}) is read-only: it may be pushed, not written",
+                self.shape(),
+                self.dtype()
+            )));
+        }
         self.settle()?;
         self.reclaim()?;
         self.check_fault()?;

@@ -30,6 +30,26 @@ enum HostMem {
     Blocks(Box<[Block]>),
     /// 64-byte aligned (checked when it is made), at least `len` bytes.
     Pinned(Box<dyn PinnedMemory>),
+    /// Another owner's memory, aligned to its dtype's size (checked when it is made),
+    /// `len` bytes.
+    Foreign(Box<dyn ForeignMemory>),
+}
+
+/// Host memory that an array uses in place but does not own: a Python object's buffer,
+/// a Java direct `ByteBuffer`. The implementation (in a binding crate) keeps the owner
+/// alive as long as it lives, and the memory neither moves nor shrinks meanwhile.
+///
+/// Arrays over such memory are made by [`crate::NDArray::from_foreign`]; their
+/// elements are read and written where they are, by the store's threads too, so the
+/// owner's other users must leave them alone while a call uses them.
+pub trait ForeignMemory: Send + Sync {
+    /// The memory: as many bytes as the array's elements take.
+    fn bytes(&self) -> &[u8];
+
+    /// The memory, writable. Called only for an array made writable
+    /// ([`crate::NDArray::from_foreign`]'s `writable`); a read-only array is never
+    /// written (every write is an error first).
+    fn bytes_mut(&mut self) -> &mut [u8];
 }
 
 impl HostBuf {
@@ -48,6 +68,25 @@ impl HostBuf {
 
     /// A zero-filled buffer of `len` bytes in the backend's page-locked memory, or in
     /// ordinary memory when there is no backend or it has none to give.
+    /// `mem`, as the buffer of an array of `len` bytes whose elements are `align` bytes
+    /// each; an error unless `mem` has exactly `len` bytes, aligned for them.
+    pub(crate) fn foreign(mem: Box<dyn ForeignMemory>, len: usize, align: usize) -> Result<Self> {
+        let bytes = mem.bytes();
+        if bytes.len() != len {
+            return Err(Error::invalid_argument(format!(
+                "foreign memory of {} bytes for an array of {len} bytes",
+                bytes.len()
+            )));
+        }
+        if len > 0 && !(bytes.as_ptr() as usize).is_multiple_of(align) {
+            return Err(Error::invalid_argument(format!(
+                "foreign memory at {:p} is not aligned for elements of {align} bytes",
+                bytes.as_ptr()
+            )));
+        }
+        Ok(HostBuf { mem: HostMem::Foreign(mem), len })
+    }
+
     pub(crate) fn pinned(len: usize) -> Result<Self> {
         if len > 0
             && let Some(backend) = device::backend()
@@ -65,6 +104,9 @@ impl HostBuf {
         match &self.mem {
             HostMem::Blocks(b) => bytemuck::cast_slice::<Block, u8>(b),
             HostMem::Pinned(p) => p.bytes(),
+            // An empty array's memory may sit anywhere: none of it is read.
+            HostMem::Foreign(_) if self.len == 0 => &[],
+            HostMem::Foreign(f) => f.bytes(),
         }
     }
 
@@ -72,6 +114,8 @@ impl HostBuf {
         match &mut self.mem {
             HostMem::Blocks(b) => bytemuck::cast_slice_mut::<Block, u8>(b),
             HostMem::Pinned(p) => p.bytes_mut(),
+            HostMem::Foreign(_) if self.len == 0 => &mut [],
+            HostMem::Foreign(f) => f.bytes_mut(),
         }
     }
 
@@ -84,7 +128,9 @@ impl HostBuf {
         &mut self.all_bytes_mut()[..len]
     }
 
-    // Both kinds of memory start on a 64-byte boundary, so the casts cannot fail.
+    // Blocks and pinned memory start on a 64-byte boundary, and foreign memory is
+    // aligned for its array's dtype (the only `T` its array is read as), so the casts
+    // cannot fail.
     pub(crate) fn typed<T: Element>(&self) -> &[T] {
         bytemuck::cast_slice::<u8, T>(&self.all_bytes()[..self.len - self.len % std::mem::size_of::<T>()])
     }

@@ -1,0 +1,124 @@
+//! Arrays over memory the store does not own (`NDArray::from_foreign`): what the Python
+//! and Java bindings lend it. They are read and written in place, a read-only one is
+//! only ever read, and the owner's memory is given back when the last handle goes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use kvstore_core::{DType, ErrorKind, ForeignMemory, KVStore, NDArray};
+
+/// Memory in a shared buffer, counting its drops; `at` bytes in (to misalign it).
+struct Lent {
+    buf: Arc<std::sync::Mutex<Vec<u8>>>,
+    ptr: *mut u8,
+    len: usize,
+    drops: Arc<AtomicUsize>,
+}
+
+// SAFETY (test): `ptr` points into `buf`'s vector, which is never resized and lives as
+// long as the `Arc` this struct holds.
+unsafe impl Send for Lent {}
+// SAFETY (test): as above.
+unsafe impl Sync for Lent {}
+
+impl ForeignMemory for Lent {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY (test): see the `Send` impl.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY (test): see the `Send` impl.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.drops.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// An f32 array over a buffer holding `values`, `at` bytes into it.
+fn lent(values: &[f32], at: usize, drops: &Arc<AtomicUsize>) -> (Arc<std::sync::Mutex<Vec<u8>>>, Box<Lent>) {
+    let mut bytes = vec![0u8; at + values.len() * 4 + 64];
+    // A start 64-byte aligned (then `at` past it).
+    let base = bytes.as_ptr().align_offset(64);
+    for (i, v) in values.iter().enumerate() {
+        bytes[base + at + 4 * i..base + at + 4 * i + 4].copy_from_slice(&v.to_ne_bytes());
+    }
+    let buf = Arc::new(std::sync::Mutex::new(bytes));
+    let ptr = unsafe { buf.lock().unwrap().as_mut_ptr().add(base + at) };
+    let mem = Lent { buf: Arc::clone(&buf), ptr, len: values.len() * 4, drops: Arc::clone(drops) };
+    (buf, Box::new(mem))
+}
+
+fn floats(buf: &std::sync::Mutex<Vec<u8>>, n: usize) -> Vec<f32> {
+    let b = buf.lock().unwrap();
+    let base = b.as_ptr().align_offset(64);
+    (0..n).map(|i| f32::from_ne_bytes(b[base + 4 * i..base + 4 * i + 4].try_into().unwrap())).collect()
+}
+
+#[test]
+fn foreign_arrays_are_pushed_and_pulled_in_place() {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let kv = KVStore::create("local").unwrap();
+    kv.init("w", &NDArray::zeros(&[4]).unwrap()).unwrap();
+    let (_, mem) = lent(&[1.0, 2.0, 3.0, 4.0], 0, &drops);
+    let value = NDArray::from_foreign(&[4], DType::F32, mem, false).unwrap();
+    kv.push("w", &[value.clone(), value.clone()][..], 0).unwrap();
+    let (out_buf, mem) = lent(&[0.0; 4], 0, &drops);
+    let out = NDArray::from_foreign(&[4], DType::F32, mem, true).unwrap();
+    kv.pull("w", &out, 0).unwrap();
+    assert_eq!(floats(&out_buf, 4), vec![2.0, 4.0, 6.0, 8.0], "the pull wrote the owner's memory");
+    drop((value, out));
+    assert_eq!(drops.load(Ordering::SeqCst), 2, "each owner's memory given back once");
+}
+
+#[test]
+fn a_read_only_foreign_array_is_pushed_but_never_written() {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let kv = KVStore::create("local").unwrap();
+    kv.init("w", &NDArray::full(&[2], 7.0).unwrap()).unwrap();
+    let (buf, mem) = lent(&[5.0, 5.0], 0, &drops);
+    let ro = NDArray::from_foreign(&[2], DType::F32, mem, false).unwrap();
+    assert!(ro.is_read_only());
+    let e = kv.pull("w", &ro, 0).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("read-only"), "{e}");
+    assert_eq!(floats(&buf, 2), vec![5.0, 5.0], "nothing written");
+    assert_eq!(ro.add_assign(1.0).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    let e = kv.pushpull_in_place("w", &ro, 0).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), vec![7.0, 7.0], "the store kept its value");
+    kv.push("w", &ro, 0).unwrap();
+    assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), vec![5.0, 5.0]);
+}
+
+#[test]
+fn foreign_memory_of_the_wrong_size_or_alignment_is_refused() {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let (_, mem) = lent(&[1.0, 2.0], 0, &drops);
+    let e = NDArray::from_foreign(&[3], DType::F32, mem, true).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    let (_, mem) = lent(&[1.0, 2.0], 2, &drops);
+    let e = NDArray::from_foreign(&[2], DType::F32, mem, true).unwrap_err();
+    assert!(e.to_string().contains("aligned"), "{e}");
+    // Aligned for its dtype is enough: 4 bytes past a 64-byte boundary.
+    let (_, mem) = lent(&[1.0, 2.0], 4, &drops);
+    let a = NDArray::from_foreign(&[2], DType::F32, mem, true).unwrap();
+    assert_eq!(a.to_vec::<f32>().unwrap().len(), 2);
+}
+
+#[test]
+fn a_write_to_a_foreign_value_lent_to_a_queued_push_copies_it_first() {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let kv = KVStore::create("local").unwrap();
+    kv.init("w", &NDArray::zeros(&[3]).unwrap()).unwrap();
+    let (_, mem) = lent(&[1.0; 3], 0, &drops);
+    let g = NDArray::from_foreign(&[3], DType::F32, mem, true).unwrap();
+    let pushed = kv.push_async("w", &g, 0);
+    g.add_assign(10.0).unwrap();
+    pushed.wait().unwrap();
+    assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 3], "the push summed the 1s");
+    assert_eq!(g.to_vec::<f32>().unwrap(), vec![11.0; 3]);
+}
