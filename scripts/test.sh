@@ -3,7 +3,7 @@
 # `N passed, N failed` that totals them: each static check (fmt, clippy, doc, native,
 # jar) counts as one, each test of the cargo suites (unit, integration, doc tests) as
 # one, and each suite of the JVM side (JUnit, clojure.test, tutorial, Leiningen and
-# deps.edn smoke checks) and of MPI (tests under mpirun -np 2 and 4, a dying worker)
+# deps.edn smoke checks), of Python and of MPI (tests under mpirun -np 2 and 4, a dying worker)
 # counts as its own script reports.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -92,6 +92,10 @@ if [ -f target/kvstore.jar ]; then
     suite user-projects bash scripts/test-user-projects.sh
 fi
 check javadoc bash scripts/javadoc.sh
+
+# Python: `pip install ./kvstore-py` into a fresh virtualenv, `import kvstore`, then its
+# pytest suite (numpy, PyTorch and MXNet 1.9.1 arrays, dist_sync under mpirun).
+suite python bash scripts/test-python.sh
 
 # Multi-rank: kvstore-mpi with its `mpi` feature (Open MPI from Debian), under mpirun.
 check clippy-mpi bash -c 'bash scripts/setup-mpi.sh && cargo clippy -p kvstore-mpi -p kvstore-jni --features kvstore-mpi/mpi,kvstore-jni/mpi --all-targets -- -D warnings'

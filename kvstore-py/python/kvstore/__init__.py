@@ -1,0 +1,247 @@
+"""kvstore: MXNet's KVStore, rebuilt in Rust, with MXNet's Python API.
+
+A key-value store for data-parallel training: ``init`` parameters, ``push``
+gradients from every device (the store sums them, then applies an optimizer or an
+updater), and ``pull`` the new weights back to every device::
+
+    import numpy as np
+    import kvstore as kv
+
+    store = kv.create("local")
+    shape = (2, 3)
+    store.init(3, np.ones(shape) * 2)
+    a = np.zeros(shape)
+    store.pull(3, out=a)                  # a is 2
+    store.push(3, [np.ones(shape)] * 4)   # summed: 4
+    store.pull(3, out=a)                  # a is 4
+
+Arrays are numpy arrays, or anything with ``__dlpack__`` on the host (PyTorch, JAX,
+MXNet's NDArray): the store reads pushed values where they are and pulls straight into
+the caller's arrays, with no copy at the boundary. Keys are ints or strings (``3`` is
+the key ``"3"``). Every call that waits releases the GIL.
+
+Store kinds: ``local`` (and MXNet's other single-process names: ``device``,
+``local_allreduce_cpu``, ``local_allreduce_device``, ``nccl``), and ``dist_sync``
+(``dist``, ``dist_sync_device``, ``dist_device_sync``) across processes under
+``mpirun``, from the ``kvstore-mpi`` distribution.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Generator, List, Optional, Union
+
+from . import _kvstore, errors, lr_scheduler, optimizer
+from .errors import (
+    AlreadyInitializedError,
+    BackendError,
+    DeviceUnavailableError,
+    DisposedError,
+    DTypeMismatchError,
+    InternalError,
+    InvalidArgumentError,
+    KeyNotInitializedError,
+    KVStoreError,
+    LengthMismatchError,
+    ResourceExhaustedError,
+    ShapeMismatchError,
+    StoreIOError,
+    UnknownStoreKindError,
+    UnsupportedError,
+)
+
+__version__: str = _kvstore.__version__
+
+__all__ = [
+    "__version__",
+    "create",
+    "KVStore",
+    "Future",
+    "optimizer",
+    "lr_scheduler",
+    "errors",
+    "KVStoreError",
+    "KeyNotInitializedError",
+    "AlreadyInitializedError",
+    "ShapeMismatchError",
+    "DTypeMismatchError",
+    "LengthMismatchError",
+    "UnknownStoreKindError",
+    "DeviceUnavailableError",
+    "UnsupportedError",
+    "InvalidArgumentError",
+    "DisposedError",
+    "StoreIOError",
+    "BackendError",
+    "ResourceExhaustedError",
+    "InternalError",
+    "finalize",
+]
+
+Key = Union[int, str]
+
+
+class Future:
+    """The handle of a non-blocking call (``push_async``, ``pull_async``, ...), with
+    the interface of :class:`concurrent.futures.Future`: ``result(timeout)``,
+    ``exception(timeout)``, ``done()``, ``add_done_callback(fn)``; and awaitable in
+    asyncio (``await kv.push_async(...)``). A call cannot be cancelled: ``cancel()``
+    returns ``False``.
+    """
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    def done(self) -> bool:
+        """Whether the call is done (successfully or not)."""
+        return self._native.done()
+
+    def running(self) -> bool:
+        """Whether the call is not done yet."""
+        return not self._native.done()
+
+    def cancel(self) -> bool:
+        """Calls cannot be cancelled: always ``False``."""
+        return False
+
+    def cancelled(self) -> bool:
+        """Always ``False``."""
+        return False
+
+    def result(self, timeout: Optional[float] = None) -> None:
+        """Waits for the call (at most `timeout` seconds) and returns ``None``, or
+        raises its error. Raises ``TimeoutError`` if it is still running then."""
+        if not self._native.wait(timeout):
+            raise TimeoutError(f"the call is still running after {timeout} s")
+        self._native.result()
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        """Waits as ``result`` does and returns the call's error, or ``None``."""
+        try:
+            self.result(timeout)
+        except TimeoutError:
+            raise
+        except KVStoreError as e:
+            return e
+        return None
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Waits at most `timeout` seconds; returns whether the call is done."""
+        return self._native.wait(timeout)
+
+    def add_done_callback(self, fn: Callable[["Future"], Any]) -> None:
+        """Calls ``fn(self)`` once the call is done: at once if it is, else on the
+        store's thread that finishes it (with the GIL)."""
+        self._native.add_done_callback(lambda: fn(self))
+
+    def __await__(self) -> Generator[Any, None, None]:
+        loop = asyncio.get_running_loop()
+        settled: asyncio.Future = loop.create_future()
+
+        def wake(_: "Future") -> None:
+            loop.call_soon_threadsafe(lambda: settled.done() or settled.set_result(None))
+
+        self.add_done_callback(wake)
+        yield from settled.__await__()
+        return self.result(0)
+
+    def __repr__(self) -> str:
+        return f"<kvstore.Future {'done' if self.done() else 'running'}>"
+
+
+class KVStore(_kvstore.KVStore):
+    """A key-value store for data-parallel training (MXNet's ``mxnet.kvstore.KVStore``).
+
+    Made by :func:`create`. Keys are ints or strings; values and outs are numpy arrays
+    or DLPack arrays on the host, read and written in place. The argument forms are
+    MXNet's:
+
+    - one key and one array: ``kv.push(3, a)``;
+    - one key and a list of arrays: ``kv.push(3, [a, b, c])`` sums them; ``kv.pull(3,
+      out=[a, b])`` writes each;
+    - a list of keys and a list of arrays, one per key: ``kv.push([3, 5], [a, b])``;
+    - a list of keys and a list of lists: ``kv.push([3, 5], [[a, b], [c]])``;
+    - a key repeated in a list: its values are summed (pushes) or each out written.
+
+    ``init``, ``push``, ``pull``, ``pushpull`` and ``broadcast`` are the native
+    module's own methods (no Python frame in between): see their docs.
+    """
+
+    def set_optimizer(self, optimizer: "optimizer.Optimizer") -> None:
+        """Runs `optimizer` on every push from now on (in the store, in Rust): a
+        :mod:`kvstore.optimizer` optimizer, such as ``optimizer.SGD(learning_rate=0.1,
+        momentum=0.9)`` or ``optimizer.create("adam")``. It replaces any updater."""
+        if not isinstance(optimizer, globals()["optimizer"].Optimizer):
+            raise TypeError(
+                "set_optimizer takes a kvstore.optimizer optimizer (e.g. kvstore.optimizer.SGD(...)), "
+                f"not {type(optimizer).__name__}"
+            )
+        self._set_optimizer_json(optimizer._json())
+
+    def set_updater(self, updater: Optional[Callable[[Any, Any, Any], None]]) -> None:
+        """Runs ``updater(key, recv, stored)`` on every push from now on: `recv` is the
+        sum pushed, `stored` the stored value (both numpy views of the store's memory,
+        valid during the call: ``stored += recv * 2`` updates the key in place). The
+        key comes as it was first given (an int key as an int). ``None`` goes back to
+        assignment.
+
+        The updater runs on the store's threads with the GIL held. If it raises, the
+        push fails with :class:`BackendError` (the exception is its ``__cause__``) and
+        the key keeps its value.
+        """
+        self._set_updater(updater)
+
+    def push_async(self, key: Any, value: Any, priority: int = 0, copy: bool = True) -> Future:
+        """``push``, non-blocking: returns a :class:`Future` at once.
+
+        By default the values are copied now, so the caller may change them at once.
+        With ``copy=False`` they are read in place, later: they must then not change
+        until the future is done (as PyTorch's ``non_blocking`` copies require).
+        Calls of one store take effect in the order they were made.
+        """
+        return Future(super().push_async(key, value, priority, copy))
+
+    def pull_async(self, key: Any, out: Any, priority: int = 0) -> Future:
+        """``pull``, non-blocking: `out` is written later and must not be read (or
+        written) before the returned :class:`Future` is done."""
+        return Future(super().pull_async(key, out, priority))
+
+    def pushpull_async(self, key: Any, value: Any, out: Any = None, priority: int = 0, copy: bool = True) -> Future:
+        """``pushpull``, non-blocking (`copy` as for ``push_async``; with no `out` the
+        values are written, so they must not be used until it is done)."""
+        return Future(super().pushpull_async(key, value, out, priority, copy))
+
+    def broadcast_async(self, key: Any, value: Any, out: Any, priority: int = 0) -> Future:
+        """``broadcast``, non-blocking: the keys are initialized before it returns;
+        `out` is written later (see ``pull_async``)."""
+        return Future(super().broadcast_async(key, value, out, priority))
+
+    @property
+    def optimizer(self) -> Optional[str]:
+        """The registry name of the optimizer set, or ``None``."""
+        return self._optimizer_name()
+
+    def __repr__(self) -> str:
+        return f"<kvstore.KVStore type={self.type!r} rank={self.rank} num_workers={self.num_workers}>"
+
+
+def create(name: str = "local") -> KVStore:
+    """A new store of kind `name` (MXNet's ``mx.kv.create``).
+
+    ``local``, ``device``, ``local_allreduce_cpu``, ``local_allreduce_device`` and
+    ``nccl`` are single-process stores; ``dist_sync`` (``dist``, ``dist_sync_device``,
+    ``dist_device_sync``) spans the processes of an ``mpirun`` job and needs the
+    ``kvstore-mpi`` distribution. An unknown name raises
+    :class:`UnknownStoreKindError`; ``dist_async`` raises :class:`UnsupportedError`.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, not {type(name).__name__}")
+    return KVStore(name)
+
+
+def finalize() -> None:
+    """Ends MPI at the end of a ``dist_sync`` job (every rank, after its last call).
+    Does nothing for other stores."""
+    _kvstore._finalize()

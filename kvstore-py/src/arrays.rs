@@ -1,0 +1,203 @@
+//! Python arrays as store arrays, in place: a numpy array (or anything the package's
+//! Python layer turns into a numpy view without a copy: DLPack, `__array_interface__`)
+//! becomes an [`NDArray`] over the same memory ([`NDArray::from_foreign`]), and store
+//! arrays go back to Python as numpy views that keep their memory alive.
+
+use kvstore_core::{DType, ForeignMemory, NDArray, bf16, f16};
+use numpy::ndarray::{ArrayViewD, IxDyn};
+use numpy::{PyArray, PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods, npyffi};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+/// The memory of a Python array, kept alive (and unmoved) by a reference to the array.
+struct PyMemory {
+    /// The numpy array whose buffer this is (its base keeps any other owner alive).
+    _owner: Py<PyAny>,
+    ptr: *mut u8,
+    len: usize,
+    writable: bool,
+}
+
+// SAFETY: the pointer is into the buffer of `_owner`, a numpy array this struct holds a
+// reference to: numpy frees or moves an array's buffer only when the array is freed or
+// resized, and `ndarray.resize` refuses an array that another reference holds (unless
+// the user passes `refcheck=False`, which numpy documents as unsafe). The bytes are
+// plain data, read and written under the store's array locks.
+unsafe impl Send for PyMemory {}
+// SAFETY: as above; `&PyMemory` only reads.
+unsafe impl Sync for PyMemory {}
+
+impl ForeignMemory for PyMemory {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` points to `len` initialised bytes that live as long as `_owner`
+        // (see the `Send` impl); `len` > 0 (empty arrays are not wrapped).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        if !self.writable {
+            // Never reached: core refuses every write to a read-only array first.
+            return &mut [];
+        }
+        // SAFETY: as in `bytes`, and numpy marked the buffer writable; `&mut self`
+        // is core's exclusive (write-locked) access to it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// The store dtype of a numpy dtype, if it is one of the eight (in native byte order).
+fn dtype_of(py: Python<'_>, descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
+    if !descr.is_native_byteorder().unwrap_or(true) {
+        return None;
+    }
+    let d = match (descr.kind(), descr.itemsize()) {
+        (b'f', 4) => DType::F32,
+        (b'f', 8) => DType::F64,
+        (b'f', 2) => DType::F16,
+        (b'i', 4) => DType::I32,
+        (b'i', 8) => DType::I64,
+        (b'i', 1) => DType::I8,
+        (b'u', 1) => DType::U8,
+        (b'V', 2) if is_bfloat16(py, descr) => DType::BF16,
+        _ => return None,
+    };
+    Some(d)
+}
+
+/// Whether `descr` is ml_dtypes' bfloat16 (looked up only for 2-byte void dtypes, and
+/// only if ml_dtypes is already imported: an array of it cannot exist otherwise).
+fn is_bfloat16(py: Python<'_>, descr: &Bound<'_, PyArrayDescr>) -> bool {
+    let imported =
+        py.import("sys").and_then(|sys| sys.getattr("modules")).and_then(|m| m.contains("ml_dtypes")).unwrap_or(false);
+    imported && descr.is_equiv_to(&numpy::dtype::<bf16>(py))
+}
+
+/// A description of `obj` for messages: its type, and shape and dtype for an array.
+fn describe(obj: &Bound<'_, PyAny>) -> String {
+    match obj.cast::<PyUntypedArray>() {
+        Ok(a) => format!("a numpy array of shape {:?} and dtype {}", a.shape(), a.dtype()),
+        Err(_) => obj.get_type().name().map_or_else(|_| "an object".to_string(), |n| format!("a {n}")),
+    }
+}
+
+/// What the caller does with an array: reads it (a value) or writes it (an out).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Use {
+    Read,
+    Write,
+}
+
+/// `obj` as a store array over the same memory, for `what` ("value", "out").
+///
+/// A numpy array must be C-contiguous, aligned, in native byte order and of one of the
+/// eight dtypes, and writable when it is written; anything else that is not a numpy
+/// array goes through the package's `kvstore._arrays.as_numpy`, which returns a numpy
+/// view of it without a copy (DLPack, `__array_interface__`) or raises `TypeError`.
+pub(crate) fn wrap(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<NDArray> {
+    let py = obj.py();
+    let array = match obj.cast::<PyUntypedArray>() {
+        Ok(a) => a.clone(),
+        Err(_) => {
+            let view = py.import("kvstore._arrays")?.call_method1("as_numpy", (obj, usage == Use::Write))?;
+            match view.cast_into::<PyUntypedArray>() {
+                Ok(a) => a,
+                Err(_) => {
+                    return Err(PyTypeError::new_err(format!(
+                        "{what} must be an array (numpy, or with __dlpack__), not {}",
+                        describe(obj)
+                    )));
+                }
+            }
+        }
+    };
+    let descr = array.dtype();
+    let dtype = dtype_of(py, &descr).ok_or_else(|| {
+        PyTypeError::new_err(format!(
+            "{what}: dtype {descr} is not supported: use float32, float64, float16, bfloat16, int32, int64, int8 or uint8"
+        ))
+    })?;
+    if !array.is_c_contiguous() {
+        return Err(PyValueError::new_err(format!(
+            "{what} must be C-contiguous (it is read and written in place): got {}; pass numpy.ascontiguousarray(...) for a value",
+            describe(obj)
+        )));
+    }
+    let raw = array.as_array_ptr();
+    // SAFETY: `raw` is the live PyArrayObject of `array` (held above); reading its
+    // flags and data pointer does not change it.
+    let (flags, data) = unsafe { ((*raw).flags, (*raw).data) };
+    if flags & npyffi::NPY_ARRAY_ALIGNED == 0 {
+        return Err(PyValueError::new_err(format!("{what} is not aligned for its dtype: {}", describe(obj))));
+    }
+    let writable = flags & npyffi::NPY_ARRAY_WRITEABLE != 0;
+    if usage == Use::Write && !writable {
+        return Err(PyValueError::new_err(format!(
+            "{what} is read-only: the store writes it in place ({})",
+            describe(obj)
+        )));
+    }
+    let shape: Vec<usize> = array.shape().to_vec();
+    let len = array.len() * dtype.size();
+    if len == 0 {
+        // No memory to share: an empty array of the same shape.
+        return NDArray::zeros_with(&shape, dtype, kvstore_core::Context::cpu(0)).map_err(crate::errors::to_py);
+    }
+    let mem = PyMemory { _owner: array.into_any().unbind(), ptr: data.cast::<u8>(), len, writable };
+    NDArray::from_foreign(&shape, dtype, Box::new(mem), writable).map_err(crate::errors::to_py)
+}
+
+/// Keeps a store array alive for the numpy views of its memory (their base).
+#[pyclass(frozen, module = "kvstore._kvstore")]
+pub(crate) struct Owner {
+    _array: NDArray,
+}
+
+/// A numpy array over `array`'s host memory, keeping `array` alive; writable unless
+/// `array` is read-only.
+///
+/// Only for arrays no other thread writes meanwhile: a new array (a pull into no out)
+/// or an updater's arguments, which the store hands to the updater alone for the call.
+pub(crate) fn view<'py>(py: Python<'py>, array: &NDArray) -> PyResult<Bound<'py, PyAny>> {
+    if !array.context().is_cpu() {
+        return Err(PyValueError::new_err(format!(
+            "an array on {} has no host memory to view: copy it to the host first",
+            array.context()
+        )));
+    }
+    fn typed<'py, T: numpy::Element + kvstore_core::Element>(
+        py: Python<'py>,
+        array: &NDArray,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let ptr = array.with_data(|d: &[T]| d.as_ptr()).map_err(crate::errors::to_py)?;
+        let shape = IxDyn(array.shape());
+        let owner = Bound::new(py, Owner { _array: array.clone() })?.into_any();
+        // SAFETY: `ptr` points to the array's `size()` elements of `T` (its dtype),
+        // row-major in `shape`; the memory belongs to the array, which `owner` (the
+        // view's base) keeps alive, and a host array's buffer never moves. An empty
+        // array's pointer is dangling but aligned, which ndarray allows.
+        let elements = unsafe { ArrayViewD::from_shape_ptr(shape, ptr) };
+        // SAFETY: as above: `owner` keeps the memory alive as long as the view.
+        let view = unsafe { PyArray::borrow_from_array(&elements, owner) };
+        if array.is_read_only() {
+            // SAFETY: `view` is a live numpy array made just above; clearing its
+            // writeable flag only narrows what Python may do with it.
+            unsafe { (*view.as_array_ptr()).flags &= !npyffi::NPY_ARRAY_WRITEABLE };
+        }
+        Ok(view.into_any())
+    }
+    match array.dtype() {
+        DType::F32 => typed::<f32>(py, array),
+        DType::F64 => typed::<f64>(py, array),
+        DType::F16 => typed::<f16>(py, array),
+        DType::BF16 => {
+            py.import("ml_dtypes").map_err(|_| {
+                PyTypeError::new_err("bfloat16 arrays need the ml_dtypes package: pip install ml_dtypes")
+            })?;
+            typed::<bf16>(py, array)
+        }
+        DType::I32 => typed::<i32>(py, array),
+        DType::I64 => typed::<i64>(py, array),
+        DType::I8 => typed::<i8>(py, array),
+        DType::U8 => typed::<u8>(py, array),
+    }
+}

@@ -1,0 +1,72 @@
+//! `kvstore-py`: the native module `kvstore._kvstore` under the Python package
+//! `kvstore` (`python/kvstore/`), built by maturin. The package's Python layer holds
+//! MXNet's names, the optimizer classes, the error classes and the docs; this crate
+//! holds the store ([`store`]), arrays in place ([`arrays`]), errors ([`errors`]),
+//! Python updaters ([`updater`]) and the handles of non-blocking calls ([`pending`]).
+//!
+//! Every call that may wait or compute releases the GIL. The unsafe code is in
+//! [`arrays`] (numpy memory lent to the store, store memory lent to numpy), each block
+//! with its SAFETY note.
+//!
+//! # Features
+//! - `cuda` (on by default): GPU arrays through kvstore-cuda, loaded at run time.
+//! - `mpi`: `dist_sync` over MPI; `make python FEATURES=mpi` builds the `kvstore-mpi`
+//!   wheel with it.
+
+use pyo3::prelude::*;
+
+mod arrays;
+mod errors;
+mod pending;
+mod store;
+mod updater;
+
+/// A store of `kind`: `dist_sync` over MPI when built with the `mpi` feature.
+pub(crate) fn create_store(kind: &str) -> kvstore_core::Result<kvstore_core::KVStore> {
+    kvstore_mpi::create(kind)
+}
+
+/// Whether this build has `dist_sync` over MPI.
+#[pyfunction]
+fn _has_mpi() -> bool {
+    cfg!(feature = "mpi")
+}
+
+/// Registers the GPU backend (kvstore-cuda) if this build has it and CUDA loads:
+/// `None`, or why not.
+#[pyfunction]
+fn _register_gpu() -> Option<String> {
+    #[cfg(feature = "cuda")]
+    {
+        kvstore_cuda::register().err().map(|e| e.to_string())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Some("this build has no GPU support (the `cuda` feature)".to_string())
+    }
+}
+
+/// Checks an optimizer's JSON description (what `kvstore.optimizer` makes) as
+/// `set_optimizer` would, raising its error.
+#[pyfunction]
+fn _check_optimizer_json(json: &str) -> PyResult<()> {
+    kvstore_core::OptimizerSpec::from_json(json).and_then(|s| s.build()).map(drop).map_err(errors::to_py)
+}
+
+/// Ends MPI for a `dist_sync` job (every rank, after its last call); nothing without.
+#[pyfunction]
+fn _finalize(py: Python<'_>) -> PyResult<()> {
+    py.detach(kvstore_mpi::finalize).map_err(errors::to_py)
+}
+
+#[pymodule]
+fn _kvstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<store::PyStore>()?;
+    m.add_class::<pending::Pending>()?;
+    m.add_function(wrap_pyfunction!(_has_mpi, m)?)?;
+    m.add_function(wrap_pyfunction!(_register_gpu, m)?)?;
+    m.add_function(wrap_pyfunction!(_finalize, m)?)?;
+    m.add_function(wrap_pyfunction!(_check_optimizer_json, m)?)?;
+    Ok(())
+}

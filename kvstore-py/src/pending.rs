@@ -1,0 +1,192 @@
+//! The handle of a non-blocking call (`kvstore._kvstore.Pending`), under the package's
+//! `kvstore.Future`: waited for with the GIL released, from any number of threads,
+//! and with callbacks run once the call is done.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvstore_core::{Error, Pending as Handle};
+use parking_lot::{Condvar, Mutex};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::errors::to_py;
+
+enum State {
+    /// Not done, as far as anyone looked; nobody is waiting with the handle.
+    Running(Handle),
+    /// A thread is waiting with the handle, or a callback hook owns it.
+    Busy,
+    /// Done, with the call's result.
+    Done(Result<(), Error>),
+}
+
+struct Inner {
+    state: Mutex<State>,
+    changed: Condvar,
+    /// Callbacks to run once the call is done.
+    callbacks: Mutex<Vec<Py<PyAny>>>,
+}
+
+impl Inner {
+    /// Puts back the handle a waiter took, once it stopped waiting: or hands it to
+    /// a hook when callbacks were added meanwhile (they run when the call is done).
+    fn give_back(self: &Arc<Self>, h: Handle) {
+        let mut st = self.state.lock();
+        if self.callbacks.lock().is_empty() {
+            *st = State::Running(h);
+            drop(st);
+            self.changed.notify_all();
+            return;
+        }
+        drop(st);
+        self.hook(h);
+    }
+
+    /// Makes `h`'s result come to [`Inner::finish`] (state `Busy` until then).
+    fn hook(self: &Arc<Self>, h: Handle) {
+        let inner = Arc::clone(self);
+        h.on_done(move |r| inner.finish(r));
+        // A call held for fusion goes now: nobody may ever wait for it.
+        if let Some(r) = h.releaser() {
+            r.release();
+        }
+    }
+
+    /// Records the result, wakes the waiters and runs the callbacks (with the GIL).
+    fn finish(&self, result: Result<(), Error>) {
+        *self.state.lock() = State::Done(result);
+        self.changed.notify_all();
+        let callbacks = std::mem::take(&mut *self.callbacks.lock());
+        if !callbacks.is_empty() {
+            Python::attach(|py| run_callbacks(py, callbacks));
+        }
+    }
+}
+
+/// Calls each callback; an exception in one is reported as unraisable (as
+/// `concurrent.futures` logs it) and the others still run.
+fn run_callbacks(py: Python<'_>, callbacks: Vec<Py<PyAny>>) {
+    for cb in callbacks {
+        if let Err(e) = cb.call0(py) {
+            e.write_unraisable(py, Some(cb.bind(py)));
+        }
+    }
+}
+
+/// The handle of a non-blocking call.
+#[pyclass(frozen, module = "kvstore._kvstore")]
+pub(crate) struct Pending {
+    inner: Arc<Inner>,
+}
+
+impl Pending {
+    pub(crate) fn new(handle: Handle) -> Self {
+        Pending {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State::Running(handle)),
+                changed: Condvar::new(),
+                callbacks: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+}
+
+#[pymethods]
+impl Pending {
+    /// Whether the call is done.
+    fn done(&self) -> bool {
+        match &*self.inner.state.lock() {
+            State::Done(_) => true,
+            State::Busy => false,
+            State::Running(h) => h.is_done(),
+        }
+    }
+
+    /// Waits until the call is done, at most `timeout` seconds (``None``: as long as
+    /// it takes); returns whether it is done. The GIL is released meanwhile.
+    #[pyo3(signature = (timeout = None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let deadline = match timeout {
+            Some(t) if !(t >= 0.0 && t.is_finite()) => {
+                return Err(PyValueError::new_err(format!("timeout must be a number of seconds >= 0, not {t}")));
+            }
+            Some(t) => Some(Instant::now() + Duration::from_secs_f64(t)),
+            None => None,
+        };
+        let inner = &self.inner;
+        Ok(py.detach(|| {
+            loop {
+                let mut st = inner.state.lock();
+                match std::mem::replace(&mut *st, State::Busy) {
+                    State::Done(r) => {
+                        *st = State::Done(r);
+                        return true;
+                    }
+                    State::Busy => {
+                        let timed_out = match deadline {
+                            Some(d) => inner.changed.wait_until(&mut st, d).timed_out(),
+                            None => {
+                                inner.changed.wait(&mut st);
+                                false
+                            }
+                        };
+                        if timed_out && !matches!(*st, State::Done(_)) {
+                            return false;
+                        }
+                    }
+                    State::Running(h) => {
+                        drop(st);
+                        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                        let outcome = match left {
+                            None => Ok(h.wait()),
+                            Some(left) => h.wait_timeout(left),
+                        };
+                        match outcome {
+                            Ok(r) => {
+                                inner.finish(r);
+                                return true;
+                            }
+                            Err(h) => {
+                                inner.give_back(h);
+                                return false;
+                            }
+                        }
+                    }
+                }
+            }
+        }))
+    }
+
+    /// The call's result once it is done: ``None``, or its error raised. Call it after
+    /// ``wait`` returned ``True``.
+    fn result(&self) -> PyResult<()> {
+        match &*self.inner.state.lock() {
+            State::Done(Ok(())) => Ok(()),
+            State::Done(Err(e)) => Err(to_py(e.clone())),
+            _ => Err(PyValueError::new_err("the call is not done: wait for it first")),
+        }
+    }
+
+    /// Calls `callback()` once the call is done: at once if it is, else on the thread
+    /// that finishes it.
+    fn add_done_callback(&self, py: Python<'_>, callback: Py<PyAny>) {
+        let mut st = self.inner.state.lock();
+        match std::mem::replace(&mut *st, State::Busy) {
+            State::Done(r) => {
+                *st = State::Done(r);
+                drop(st);
+                run_callbacks(py, vec![callback]);
+            }
+            State::Busy => {
+                self.inner.callbacks.lock().push(callback);
+            }
+            State::Running(h) => {
+                self.inner.callbacks.lock().push(callback);
+                drop(st);
+                // The hook owns the result from now on; waiters wait for `finish`.
+                py.detach(|| self.inner.hook(h));
+            }
+        }
+    }
+}

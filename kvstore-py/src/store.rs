@@ -1,0 +1,445 @@
+//! `kvstore._kvstore.KVStore`: the store, with MXNet's argument forms. The package's
+//! `kvstore.KVStore` subclasses it (adding the optimizer objects and docs), so a call
+//! made from Python reaches this code with no Python frame in between.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use kvstore_core::{KVStore as Store, Key, Keys, NDArray, Values};
+use parking_lot::RwLock;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt, PyList, PyString, PyTuple};
+
+use crate::arrays::{Use, view, wrap};
+use crate::errors::to_py;
+use crate::pending::Pending;
+
+/// A call's keys: one, or a list.
+fn keys_of(obj: &Bound<'_, PyAny>) -> PyResult<Keys> {
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        let mut keys = Vec::with_capacity(obj.len()?);
+        for k in obj.try_iter()? {
+            keys.push(key_of(&k?)?);
+        }
+        return Ok(Keys::Many(keys));
+    }
+    Ok(Keys::One(key_of(obj)?))
+}
+
+/// One key: a str, or an int (`3` is the key `"3"`).
+pub(crate) fn key_of(obj: &Bound<'_, PyAny>) -> PyResult<Key> {
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(Key::from(s.to_str()?));
+    }
+    if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
+        return Ok(match obj.extract::<i64>() {
+            Ok(i) => Key::from(i),
+            Err(_) => Key::from(obj.str()?.to_str()?),
+        });
+    }
+    let ty = obj.get_type().name().map_or_else(|_| "object".to_string(), |n| n.to_string());
+    Err(PyTypeError::new_err(format!("a key must be an int or a str, not {ty}")))
+}
+
+/// A call's arrays (values or outs) in the forms MXNet takes: one array, a list (one
+/// key's arrays, or one per key), or a list with lists in it (one list per key).
+pub(crate) enum Arrays {
+    One(NDArray),
+    Many(Vec<NDArray>),
+    Nested(Vec<Vec<NDArray>>),
+}
+
+impl Arrays {
+    fn values(&self) -> Values<'_> {
+        match self {
+            Arrays::One(a) => Values::One(a),
+            Arrays::Many(v) => Values::Many(v),
+            Arrays::Nested(v) => Values::Nested(v),
+        }
+    }
+}
+
+fn is_list(obj: &Bound<'_, PyAny>) -> bool {
+    obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>()
+}
+
+/// `obj` as a call's arrays (see [`Arrays`]), wrapped in place for `usage`.
+fn arrays_of(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<Arrays> {
+    if !is_list(obj) {
+        return Ok(Arrays::One(wrap(obj, usage, what)?));
+    }
+    let items: Vec<Bound<'_, PyAny>> = obj.try_iter()?.collect::<PyResult<_>>()?;
+    if !items.iter().any(is_list) {
+        return Ok(Arrays::Many(items.iter().map(|a| wrap(a, usage, what)).collect::<PyResult<_>>()?));
+    }
+    let nested = items
+        .iter()
+        .map(|item| match is_list(item) {
+            true => item.try_iter()?.map(|a| wrap(&a?, usage, what)).collect::<PyResult<Vec<_>>>(),
+            false => Ok(vec![wrap(item, usage, what)?]),
+        })
+        .collect::<PyResult<_>>()?;
+    Ok(Arrays::Nested(nested))
+}
+
+/// The store, shared by its Python object and its updater's calls.
+pub(crate) struct Shared {
+    pub(crate) kv: Store,
+    /// Keys first given as ints: an updater receives them as ints again.
+    pub(crate) int_keys: RwLock<HashSet<Key>>,
+}
+
+impl Shared {
+    /// `key` as the caller first wrote it: an int for an int key.
+    pub(crate) fn key_object<'py>(&self, py: Python<'py>, key: &Key) -> PyResult<Bound<'py, PyAny>> {
+        if self.int_keys.read().contains(key)
+            && let Ok(i) = key.as_str().parse::<i64>()
+        {
+            return Ok(i.into_pyobject(py)?.into_any());
+        }
+        Ok(PyString::new(py, key.as_str()).into_any())
+    }
+}
+
+/// A key-value store for data-parallel training, with MXNet's Python API.
+///
+/// Create one with ``kvstore.create(name)``. See the package's ``KVStore`` for the
+/// methods' documentation.
+#[pyclass(subclass, frozen, module = "kvstore._kvstore", name = "KVStore")]
+pub(crate) struct PyStore {
+    pub(crate) shared: Arc<Shared>,
+}
+
+/// Records which keys of an `init` or `broadcast` were ints.
+fn remember_int_keys(shared: &Shared, key: &Bound<'_, PyAny>) {
+    let int = |k: &Bound<'_, PyAny>| k.is_instance_of::<PyInt>() && !k.is_instance_of::<PyBool>();
+    let mut ints = Vec::new();
+    if is_list(key) {
+        if let Ok(it) = key.try_iter() {
+            for k in it.flatten() {
+                if int(&k)
+                    && let Ok(k) = key_of(&k)
+                {
+                    ints.push(k);
+                }
+            }
+        }
+    } else if int(key)
+        && let Ok(k) = key_of(key)
+    {
+        ints.push(k);
+    }
+    if !ints.is_empty() {
+        shared.int_keys.write().extend(ints);
+    }
+}
+
+#[pymethods]
+impl PyStore {
+    #[new]
+    #[pyo3(signature = (name = "local"))]
+    fn new(py: Python<'_>, name: &str) -> PyResult<Self> {
+        let kv = py.detach(|| crate::create_store(name)).map_err(to_py)?;
+        Ok(PyStore { shared: Arc::new(Shared { kv, int_keys: RwLock::new(HashSet::new()) }) })
+    }
+
+    /// Initializes a key (or a list of keys) with its value, copied into the store.
+    /// Each key is initialized once: again is ``AlreadyInitializedError``. Under
+    /// ``dist_sync`` rank 0's value wins.
+    fn init(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let keys = keys_of(key)?;
+        let values = arrays_of(value, Use::Read, "value")?;
+        py.detach(|| self.shared.kv.init(keys, values.values())).map_err(to_py)?;
+        remember_int_keys(&self.shared, key);
+        Ok(())
+    }
+
+    /// Pushes values into the store.
+    ///
+    /// Forms (MXNet's): one key and one array, ``push(3, a)``; one key and a list,
+    /// ``push(3, [a, b, c])``, summed; a list of keys with one array each,
+    /// ``push([3, 5], [a, b])``; a list of keys with a list each, ``push([3, 5],
+    /// [[a, b], [c]])``. A key repeated in a list has its values summed.
+    ///
+    /// Each key's values are summed (left to right, in the order given), then the
+    /// optimizer or updater merges the sum into the stored value; with neither set,
+    /// the sum replaces it. Under ``dist_sync`` the sums are also summed across the
+    /// workers first. Values are numpy (or DLPack) arrays on the host, read in place.
+    /// `priority` is accepted for MXNet's sake. Errors change nothing: a push that
+    /// fails leaves every key as it was.
+    #[pyo3(signature = (key, value, priority = 0))]
+    fn push(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
+        let keys = keys_of(key)?;
+        let values = arrays_of(value, Use::Read, "value")?;
+        py.detach(|| self.shared.kv.push(keys, values.values(), priority)).map_err(to_py)
+    }
+
+    /// Pulls stored values into `out`, written in place, and returns ``None``. The
+    /// forms are ``push``'s: ``pull(3, out=a)``, ``pull(3, out=[a, b])`` (each
+    /// written), ``pull([3, 5], out=[a, b])``, ``pull([3, 5], out=[[a, b], [c]])``.
+    /// Outs must be writable, C-contiguous and of the key's shape and dtype.
+    ///
+    /// With no `out`, pulls into new numpy arrays and returns them: one array for one
+    /// key, a list for a list of keys.
+    #[pyo3(signature = (key, out = None, priority = 0, ignore_sparse = true))]
+    fn pull<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        out: Option<&Bound<'py, PyAny>>,
+        priority: i32,
+        ignore_sparse: bool,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let _ = ignore_sparse;
+        let keys = keys_of(key)?;
+        let Some(out) = out else {
+            return self.pull_new(py, keys, priority).map(Some);
+        };
+        let outs = arrays_of(out, Use::Write, "out")?;
+        py.detach(|| self.shared.kv.pull(keys, outs.values(), priority)).map_err(to_py)?;
+        Ok(None)
+    }
+
+    /// Pushes `value`, then pulls the result into `out`, in one call; with no `out`,
+    /// into the pushed arrays themselves (MXNet's rule), which must then be writable.
+    #[pyo3(signature = (key, value, out = None, priority = 0))]
+    fn pushpull(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        out: Option<&Bound<'_, PyAny>>,
+        priority: i32,
+    ) -> PyResult<()> {
+        let keys = keys_of(key)?;
+        match out {
+            Some(out) => {
+                let values = arrays_of(value, Use::Read, "value")?;
+                let outs = arrays_of(out, Use::Write, "out")?;
+                py.detach(|| self.shared.kv.pushpull(keys, values.values(), outs.values(), priority)).map_err(to_py)
+            }
+            None => {
+                let values = arrays_of(value, Use::Write, "value (written: pushpull with no out)")?;
+                py.detach(|| self.shared.kv.pushpull_in_place(keys, values.values(), priority)).map_err(to_py)
+            }
+        }
+    }
+
+    /// Initializes the keys with `value` and pulls them into `out`: ``init`` then
+    /// ``pull``. A key broadcast twice is ``AlreadyInitializedError``.
+    #[pyo3(signature = (key, value, out, priority = 0))]
+    fn broadcast(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        priority: i32,
+    ) -> PyResult<()> {
+        let keys = keys_of(key)?;
+        let values = arrays_of(value, Use::Read, "value")?;
+        let outs = arrays_of(out, Use::Write, "out")?;
+        py.detach(|| self.shared.kv.broadcast(keys, values.values(), outs.values(), priority)).map_err(to_py)?;
+        remember_int_keys(&self.shared, key);
+        Ok(())
+    }
+
+    /// Sets a Python updater ``fn(key, recv, stored)`` (``None``: back to assignment).
+    fn _set_updater(&self, updater: Option<Py<PyAny>>) -> PyResult<()> {
+        match updater {
+            Some(f) => crate::updater::install(&self.shared, f),
+            None => self.shared.kv.clear_updater().map_err(to_py),
+        }
+    }
+
+    /// Sets the optimizer described by `json` (the package's optimizer classes make it).
+    fn _set_optimizer_json(&self, py: Python<'_>, json: &str) -> PyResult<()> {
+        let opt = kvstore_core::OptimizerSpec::from_json(json).and_then(|s| s.build()).map_err(to_py)?;
+        py.detach(|| self.shared.kv.set_optimizer(opt)).map_err(to_py)
+    }
+
+    /// The name of the optimizer set, or ``None``.
+    fn _optimizer_name(&self) -> Option<&'static str> {
+        self.shared.kv.optimizer_name()
+    }
+
+    /// Writes the optimizer's state (every key's, its counters, its hyper-parameters)
+    /// to `fname`. `dump_optimizer` is accepted for MXNet's sake: the file always holds
+    /// the hyper-parameters.
+    #[pyo3(signature = (fname, dump_optimizer = false))]
+    fn save_optimizer_states(&self, py: Python<'_>, fname: std::path::PathBuf, dump_optimizer: bool) -> PyResult<()> {
+        let _ = dump_optimizer;
+        py.detach(|| self.shared.kv.save_optimizer_states(&fname)).map_err(to_py)
+    }
+
+    /// Loads an optimizer state file written by ``save_optimizer_states``.
+    fn load_optimizer_states(&self, py: Python<'_>, fname: std::path::PathBuf) -> PyResult<()> {
+        py.detach(|| self.shared.kv.load_optimizer_states(&fname)).map_err(to_py)
+    }
+
+    /// Writes every key's value and optimizer state to `path` (one consistent
+    /// snapshot), for ``load_checkpoint``.
+    fn save_checkpoint(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        py.detach(|| self.shared.kv.save_checkpoint(&path)).map_err(to_py)
+    }
+
+    /// Loads a checkpoint written by ``save_checkpoint``.
+    fn load_checkpoint(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        py.detach(|| self.shared.kv.load_checkpoint(&path)).map_err(to_py)
+    }
+
+    /// The store's kind, as given to ``create``.
+    #[getter]
+    fn r#type(&self) -> String {
+        self.shared.kv.kind().to_string()
+    }
+
+    /// This worker's rank (0 outside ``dist_sync``).
+    #[getter]
+    fn rank(&self) -> usize {
+        self.shared.kv.rank()
+    }
+
+    /// The number of workers (1 outside ``dist_sync``).
+    #[getter]
+    fn num_workers(&self) -> usize {
+        self.shared.kv.num_workers()
+    }
+
+    /// Waits until every worker reached this barrier (at once with one worker).
+    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.shared.kv.barrier()).map_err(to_py)
+    }
+
+    /// ``barrier``, under MXNet's other name.
+    fn _barrier(&self, py: Python<'_>) -> PyResult<()> {
+        self.barrier(py)
+    }
+
+    /// Whether the store has a capability (``"optimizer"``).
+    fn is_capable(&self, capability: &str) -> PyResult<bool> {
+        self.shared.kv.is_capable(capability).map_err(to_py)
+    }
+
+    /// The keys the store holds, in the order they were initialized (ints as ints).
+    fn keys<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        self.shared.kv.keys().iter().map(|k| self.shared.key_object(py, k)).collect()
+    }
+
+    /// Waits until every non-blocking call made before it is done.
+    fn wait_all(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.shared.kv.wait_all()).map_err(to_py)
+    }
+
+    /// ``push``, non-blocking (see the package's docs for the rules on `copy`).
+    #[pyo3(signature = (key, value, priority = 0, copy = true))]
+    fn push_async(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        priority: i32,
+        copy: bool,
+    ) -> PyResult<Pending> {
+        let keys = keys_of(key)?;
+        let values = private(arrays_of(value, Use::Read, "value")?, copy)?;
+        Ok(Pending::new(py.detach(|| self.shared.kv.push_async(keys, values.values(), priority))))
+    }
+
+    /// ``pull``, non-blocking: `out` must not be read before the handle is done.
+    #[pyo3(signature = (key, out, priority = 0))]
+    fn pull_async(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        priority: i32,
+    ) -> PyResult<Pending> {
+        let keys = keys_of(key)?;
+        let outs = arrays_of(out, Use::Write, "out")?;
+        Ok(Pending::new(py.detach(|| self.shared.kv.pull_async(keys, outs.values(), priority))))
+    }
+
+    /// ``pushpull``, non-blocking.
+    #[pyo3(signature = (key, value, out = None, priority = 0, copy = true))]
+    fn pushpull_async(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        out: Option<&Bound<'_, PyAny>>,
+        priority: i32,
+        copy: bool,
+    ) -> PyResult<Pending> {
+        let keys = keys_of(key)?;
+        match out {
+            Some(out) => {
+                let values = private(arrays_of(value, Use::Read, "value")?, copy)?;
+                let outs = arrays_of(out, Use::Write, "out")?;
+                Ok(Pending::new(
+                    py.detach(|| self.shared.kv.pushpull_async(keys, values.values(), outs.values(), priority)),
+                ))
+            }
+            None => {
+                let values = arrays_of(value, Use::Write, "value (written: pushpull with no out)")?;
+                Ok(Pending::new(py.detach(|| self.shared.kv.pushpull_in_place_async(keys, values.values(), priority))))
+            }
+        }
+    }
+
+    /// ``broadcast``, non-blocking (the keys are initialized before it returns).
+    #[pyo3(signature = (key, value, out, priority = 0))]
+    fn broadcast_async(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        out: &Bound<'_, PyAny>,
+        priority: i32,
+    ) -> PyResult<Pending> {
+        let keys = keys_of(key)?;
+        let values = arrays_of(value, Use::Read, "value")?;
+        let outs = arrays_of(out, Use::Write, "out")?;
+        let handle = py.detach(|| self.shared.kv.broadcast_async(keys, values.values(), outs.values(), priority));
+        remember_int_keys(&self.shared, key);
+        Ok(Pending::new(handle))
+    }
+}
+
+impl PyStore {
+    /// A pull into new numpy arrays: one per key.
+    fn pull_new<'py>(&self, py: Python<'py>, keys: Keys, priority: i32) -> PyResult<Bound<'py, PyAny>> {
+        match keys {
+            Keys::One(k) => {
+                let a = py.detach(|| self.shared.kv.pull_new(k, priority)).map_err(to_py)?;
+                view(py, &a)
+            }
+            Keys::Many(ks) => {
+                let arrays = py
+                    .detach(|| ks.into_iter().map(|k| self.shared.kv.pull_new(k, priority)).collect::<Vec<_>>())
+                    .into_iter()
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(to_py)?;
+                let views = arrays.iter().map(|a| view(py, a)).collect::<PyResult<Vec<_>>>()?;
+                Ok(PyList::new(py, views)?.into_any())
+            }
+        }
+    }
+}
+
+/// A non-blocking push's values as the call reads them: private copies (`copy`), or
+/// the caller's own arrays, which must then not change until the call is done.
+fn private(arrays: Arrays, copy: bool) -> PyResult<Arrays> {
+    if !copy {
+        return Ok(arrays);
+    }
+    let dup = |a: &NDArray| a.deep_copy().map_err(to_py);
+    Ok(match arrays {
+        Arrays::One(a) => Arrays::One(dup(&a)?),
+        Arrays::Many(v) => Arrays::Many(v.iter().map(dup).collect::<PyResult<_>>()?),
+        Arrays::Nested(v) => {
+            Arrays::Nested(v.iter().map(|l| l.iter().map(dup).collect::<PyResult<_>>()).collect::<PyResult<_>>()?)
+        }
+    })
+}

@@ -1,0 +1,188 @@
+"""Non-blocking calls, threads and the GIL, and memory over many calls."""
+
+import asyncio
+import resource
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import kvstore as kv
+
+
+def f32(x, n=4):
+    return np.full(n, x, dtype=np.float32)
+
+
+def test_push_async_copies_its_values_unless_told_not_to():
+    store = kv.create("local")
+    store.init("w", f32(0))
+    g = f32(1)
+    fut = store.push_async("w", g)
+    g += 100  # at once: the call reads its own copy
+    assert fut.result(10) is None and fut.done()
+    assert (store.pull("w") == 1).all()
+    h = f32(2)
+    fut = store.push_async("w", h, copy=False)
+    fut.result(10)  # h unchanged until done: it is read in place
+    assert (store.pull("w") == 2).all()
+
+
+def test_pull_async_writes_its_out_once_done():
+    store = kv.create("local")
+    store.init(["a", "b"], [f32(3), f32(4)])
+    outs = [f32(0), f32(0)]
+    fut = store.pull_async(["a", "b"], out=outs)
+    fut.result(10)
+    assert (outs[0] == 3).all() and (outs[1] == 4).all()
+    fut = store.pushpull_async("a", [f32(1), f32(1)], out=outs[0])
+    fut.result(10)
+    assert (outs[0] == 2).all()
+    x = f32(0)
+    store.broadcast_async("c", f32(9), out=x).result(10)
+    assert (x == 9).all()
+    store.wait_all()
+
+
+def test_a_failed_async_call_raises_from_its_future_and_changes_nothing():
+    store = kv.create("local")
+    store.init("w", f32(1))
+    fut = store.push_async("w", f32(1, 5))
+    with pytest.raises(kv.ShapeMismatchError):
+        fut.result(10)
+    assert isinstance(fut.exception(10), kv.ShapeMismatchError)
+    fut = store.push_async("missing", f32(1))
+    with pytest.raises(KeyError):
+        fut.result(10)
+    assert (store.pull("w") == 1).all()
+
+
+def slow_store(seconds):
+    store = kv.create("local")
+    store.init("w", f32(0))
+    store.set_updater(lambda key, recv, stored: time.sleep(seconds))
+    return store
+
+
+def test_result_times_out_while_the_call_runs_and_callbacks_run_once_done():
+    store = slow_store(0.3)
+    fut = store.push_async("w", f32(1))
+    with pytest.raises(TimeoutError):
+        fut.result(0.01)
+    assert not fut.done() and fut.running() and not fut.cancel()
+    seen = []
+    done = threading.Event()
+    fut.add_done_callback(lambda f: (seen.append(f.done()), done.set()))
+    assert done.wait(10)
+    assert seen == [True]
+    fut.result(0)
+    late = []
+    fut.add_done_callback(lambda f: late.append(f))
+    assert late == [fut], "a callback added after the call is done runs at once"
+
+
+def test_several_threads_wait_for_one_future():
+    store = slow_store(0.2)
+    fut = store.push_async("w", f32(1))
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(fut.wait(10))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [True] * 4
+    fut.result()
+
+
+def test_futures_are_awaitable():
+    store = kv.create("local")
+    store.init("w", f32(0))
+
+    async def main():
+        await store.push_async("w", f32(5))
+        out = f32(0)
+        await store.pull_async("w", out)
+        return out
+
+    assert (asyncio.run(main()) == 5).all()
+
+
+def test_a_long_call_releases_the_gil():
+    store = kv.create("local")
+    n = 1 << 25  # 128 MiB: a pull of it takes tens of milliseconds
+    store.init("big", np.ones(n, dtype=np.float32))
+    out = np.zeros(n, dtype=np.float32)
+    store.pull("big", out=out)
+    count = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            count[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    time.sleep(0.05)
+    try:
+        ratios = []
+        for _ in range(5):
+            before = count[0]
+            t0 = time.perf_counter()
+            store.pull("big", out=out)
+            store.push("big", out)
+            elapsed = time.perf_counter() - t0
+            during = count[0] - before
+            before = count[0]
+            time.sleep(elapsed)
+            alone = count[0] - before
+            ratios.append(during / max(alone, 1))
+    finally:
+        stop.set()
+        t.join()
+    # With the GIL held the other thread would run only between the calls (a few
+    # switch intervals): its count during the calls would be near 0.
+    assert max(ratios) > 0.3, ratios
+
+
+def test_threads_push_to_one_store_and_lose_nothing():
+    store = kv.create("local")
+    keys = [f"k{i}" for i in range(8)]
+    store.init(keys, [f32(0) for _ in keys])
+    store.set_updater(lambda key, recv, stored: np.add(stored, recv, out=stored))
+
+    def work(i):
+        for _ in range(200):
+            store.push(keys[i % 8], f32(1))
+            store.push_async(keys[(i + 1) % 8], f32(1)).result(10)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    store.wait_all()
+    total = sum(float(store.pull(k)[0]) for k in keys)
+    assert total == 8 * 200 * 2
+
+
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / (1 << 20)
+
+
+def test_memory_stays_bounded_over_100000_calls():
+    store = kv.create("local")
+    store.init(["a", "b"], [f32(0, 256), f32(0, 256)])
+    v, o = f32(1, 256), f32(0, 256)
+    for _ in range(2000):
+        store.push("a", v)
+        store.pull("a", out=o)
+    start = rss_mib()
+    for i in range(25000):
+        store.push("a", v)
+        store.pull("a", out=o)
+        store.pushpull("b", [v, v], out=o)
+        store.push_async("b", v).result()
+    grown = rss_mib() - start
+    assert grown < 16, f"RSS grew by {grown:.1f} MiB over 100,000 calls"
