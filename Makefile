@@ -1,5 +1,5 @@
 # The one entry point. `make demo` and `make test` install what they need.
-.PHONY: all setup setup-jvm setup-mpi build native jar install repl demo test fuzz chaos bench gpu-bundle lint fmt doc javadoc clean
+.PHONY: all setup setup-jvm setup-mpi build native jar python install repl demo test fuzz chaos bench gpu-bundle lint fmt doc javadoc clean
 
 CARGO ?= cargo
 JAVA ?= java
@@ -42,6 +42,12 @@ build: setup
 # The JNI library, target/release/libkvstore_jni.so (with FEATURES, if given).
 native: setup $(if $(filter mpi,$(FEATURES)),setup-mpi)
 	$(CARGO) build --release -p kvstore-jni $(if $(strip $(FEATURES)),--features "$(strip $(FEATURES))")
+
+# The Python package's wheel in target/wheels/: kvstore-<version>-cp310-abi3-*.whl, for
+# CPython 3.10 and later (FEATURES=mpi: the kvstore-mpi distribution, with dist_sync
+# over Open MPI). `pip install ./kvstore-py` builds and installs the default one.
+python: setup
+	@KVSTORE_PY_FEATURES="$(strip $(FEATURES))" bash scripts/python-wheel.sh
 
 # target/kvstore-<version>.jar (kvstore-mpi-<version>.jar with FEATURES=mpi) and its
 # POM: the Java API, the Clojure namespaces and the native library; rebuilt only when
@@ -99,8 +105,8 @@ CHAOS_RUNS ?= 100
 chaos: setup
 	@bash scripts/chaos.sh $(CHAOS_RUNS)
 
-# Criterion benches; the Java, Clojure, MPI (2 ranks) and GPU benches; then the report:
-# limit, store, JVM, MPI and GPU rows, medians and ratios, written to target/bench/results.json.
+# Criterion benches; the Java, Clojure, MPI (2 ranks), GPU and Python benches; then the report:
+# limit, store, JVM, MPI, GPU and Python rows, medians and ratios, written to target/bench/results.json.
 bench: jar
 	$(CARGO) bench -p kvstore-core --bench store
 	mkdir -p target/bench/java-classes
@@ -123,6 +129,9 @@ bench: jar
 	rm -f target/bench/gpu.json target/bench/torch.json
 	$(CARGO) bench -p kvstore-cuda --bench gpu -- target/bench/gpu.json
 	python3 scripts/bench_torch.py target/bench/gpu.json target/bench/torch.json
+	# kvstore from Python (numpy) and MXNet 1.9.1's own store, timed in turn in one
+	# process (venv target/py-mxnet-venv, made when missing).
+	bash scripts/bench-python.sh target/bench/python.json
 	$(CARGO) bench -p kvstore-core --bench report
 
 # kvstore-cuda's GPU tests (release) and a run script in target/gpu-bundle, for a GPU

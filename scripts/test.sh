@@ -100,6 +100,8 @@ suite python bash scripts/test-python.sh
 # Multi-rank: kvstore-mpi with its `mpi` feature (Open MPI from Debian), under mpirun.
 check clippy-mpi bash -c 'bash scripts/setup-mpi.sh && cargo clippy -p kvstore-mpi -p kvstore-jni --features kvstore-mpi/mpi,kvstore-jni/mpi --all-targets -- -D warnings'
 suite mpi bash scripts/test-mpi.sh
+# Python under mpirun: the kvstore-mpi wheel (make python FEATURES=mpi), 2-rank jobs.
+suite python-mpi bash scripts/test-python-mpi.sh
 # Chaos, a bounded slice (6 runs; `make chaos` runs 100): a 4-rank training job that
 # checkpoints, with a random rank killed or stopped; it must end, its checkpoints load
 # and a job resumed from the latest trains on.

@@ -29,6 +29,8 @@ Store kinds: ``local`` (and MXNet's other single-process names: ``device``,
 from __future__ import annotations
 
 import asyncio
+import atexit
+import sys
 from typing import Any, Callable, Generator, List, Optional, Union
 
 from . import _kvstore, errors, lr_scheduler, optimizer
@@ -238,10 +240,46 @@ def create(name: str = "local") -> KVStore:
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, not {type(name).__name__}")
-    return KVStore(name)
+    store = KVStore(name)
+    if store.type.startswith("dist"):
+        _finalize_at_exit()
+    return store
 
 
 def finalize() -> None:
     """Ends MPI at the end of a ``dist_sync`` job (every rank, after its last call).
-    Does nothing for other stores."""
+
+    It first runs every non-blocking call still pending, then ends MPI; a store call
+    after it fails. A program need not call it: when a program that made a
+    ``dist_sync`` store ends normally, this runs by itself. When it ends with an
+    uncaught exception, it does not: the rank then aborts the MPI job, so that the
+    other ranks end too instead of waiting for it. Does nothing without MPI.
+    """
     _kvstore._finalize()
+
+
+# Whether an uncaught exception is ending the program (set by the hook below).
+_failed = False
+_hooked = False
+
+
+def _finalize_at_exit() -> None:
+    """Registers, once, the end-of-program finalize of a dist_sync job."""
+    global _hooked
+    if _hooked:
+        return
+    _hooked = True
+    previous = sys.excepthook
+
+    def note_failure(*exc_info: Any) -> None:
+        global _failed
+        _failed = True
+        previous(*exc_info)
+
+    sys.excepthook = note_failure
+
+    def at_exit() -> None:
+        if not _failed:
+            _kvstore._finalize()
+
+    atexit.register(at_exit)

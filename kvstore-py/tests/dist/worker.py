@@ -1,0 +1,107 @@
+"""One rank of a dist_sync job, run by test_dist.py under `mpirun -np 2`.
+
+`worker.py train OUT`: trains a weight with SGD (momentum, a factor schedule) on
+gradients that differ by rank, through blocking and non-blocking pushes, pulls and
+pushpulls, then writes its final weights' bytes to OUT.<rank>.npy.
+`worker.py desync`: the ranks push different keys; both must get the error at once,
+then go on with a matched call. `worker.py stall`: rank 1 never pushes; the job must end
+after KVSTORE_TIMEOUT seconds. `worker.py crash`: rank 1 raises; the job must end.
+"""
+
+import sys
+import time
+
+import numpy as np
+
+import kvstore as kv
+from kvstore import lr_scheduler, optimizer
+
+
+def gradient(rank: int, step: int, shape) -> np.ndarray:
+    rng = np.random.default_rng(1000 * step + rank)
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def train(out: str) -> None:
+    store = kv.create("dist_sync")
+    rank, n = store.rank, store.num_workers
+    assert n == 2, n
+    assert store.type == "dist_sync"
+    # Rank 0's value wins.
+    store.init(3, np.full((4, 5), 1.0 + rank, dtype=np.float32))
+    store.init("b", np.full(7, 2.0 + rank, dtype=np.float32))
+    w = store.pull(3)
+    assert np.array_equal(w, np.full((4, 5), 1.0, dtype=np.float32)), w
+    # No optimizer yet: a push stores the sum over the workers.
+    store.push("b", np.full(7, 1.0 + rank, dtype=np.float32))
+    assert np.array_equal(store.pull("b"), np.full(7, 3.0, dtype=np.float32))
+    store.set_optimizer(
+        optimizer.SGD(
+            learning_rate=0.05,
+            momentum=0.9,
+            wd=1e-3,
+            lr_scheduler=lr_scheduler.FactorScheduler(step=3, factor=0.5),
+        )
+    )
+    b = np.zeros(7, dtype=np.float32)
+    for step in range(12):
+        g, gb = gradient(rank, step, (4, 5)), gradient(rank + 10, step, 7)
+        if step % 3 == 0:
+            store.push(3, g)
+            store.pushpull("b", gb, out=b)
+        elif step % 3 == 1:
+            f = store.push_async(3, g)
+            store.pushpull_async("b", gb, out=b).result()
+            f.result()
+        else:
+            store.push([3, "b"], [g, gb])
+            store.pull("b", out=b)
+    w = np.zeros((4, 5), dtype=np.float32)
+    store.pull_async(3, w).result()
+    store.wait_all()
+    np.save(f"{out}.{rank}.npy", np.concatenate([w.ravel(), b]))
+    store.barrier()
+    print(f"rank {rank}: done")
+
+
+def desync() -> None:
+    store = kv.create("dist_sync")
+    rank = store.rank
+    store.init(["a", "b"], [np.zeros(3, dtype=np.float32)] * 2)
+    try:
+        store.push("a" if rank == 0 else "b", np.ones(3, dtype=np.float32))
+    except kv.KVStoreError as e:
+        print(f"rank {rank}: desync error {type(e).__name__}: {e}")
+    else:
+        raise AssertionError("different keys pushed on the two ranks did not fail")
+    # The job goes on: a matched call works, and the refused pushes changed nothing.
+    store.push("a", np.ones(3, dtype=np.float32))
+    assert np.array_equal(store.pull("a"), np.full(3, 2.0, dtype=np.float32))
+    assert np.array_equal(store.pull("b"), np.zeros(3, dtype=np.float32))
+    print(f"rank {rank}: went on")
+
+
+def stall() -> None:
+    store = kv.create("dist_sync")
+    store.init("a", np.zeros(3, dtype=np.float32))
+    if store.rank == 1:
+        time.sleep(120)
+    store.push("a", np.ones(3, dtype=np.float32))
+    print(f"rank {store.rank}: the push returned")
+
+
+def crash() -> None:
+    store = kv.create("dist_sync")
+    store.init("a", np.zeros(3, dtype=np.float32))
+    if store.rank == 1:
+        raise RuntimeError("rank 1 fails on purpose")
+    store.push("a", np.ones(3, dtype=np.float32))
+    print(f"rank {store.rank}: the push returned")
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "train":
+        train(sys.argv[2])
+    else:
+        {"desync": desync, "stall": stall, "crash": crash}[mode]()

@@ -1,0 +1,93 @@
+"""dist_sync from Python: `mpirun -np 2 python worker.py ...` with the kvstore-mpi
+build (scripts/test-python-mpi.sh runs this file with it, and KVSTORE_REQUIRE_MPI=1,
+under which a build without MPI fails here instead of skipping)."""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import kvstore as kv
+from kvstore import _kvstore, lr_scheduler, optimizer
+
+WORKER = pathlib.Path(__file__).resolve().parent / "dist" / "worker.py"
+
+if not _kvstore._has_mpi() or shutil.which("mpirun") is None:
+    if os.environ.get("KVSTORE_REQUIRE_MPI") == "1":
+        raise RuntimeError("KVSTORE_REQUIRE_MPI=1, but this build has no MPI or mpirun is missing")
+    pytest.skip(
+        "this kvstore build has no MPI (the kvstore-mpi build runs these: scripts/test-python-mpi.sh)",
+        allow_module_level=True,
+    )
+
+
+def mpirun(*args, ranks=2, timeout=120, env=None):
+    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)]
+    for name in env or {}:
+        cmd += ["-x", name]
+    cmd += [sys.executable, str(WORKER), *args]
+    full_env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **(env or {}))
+    start = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    return done, time.monotonic() - start
+
+
+def gradient(rank, step, shape):
+    rng = np.random.default_rng(1000 * step + rank)
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def test_training_gives_every_rank_the_bits_of_one_store_fed_the_sums(tmp_path):
+    done, _ = mpirun("train", str(tmp_path / "w"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    ranks = [np.load(tmp_path / f"w.{r}.npy") for r in range(2)]
+    assert ranks[0].tobytes() == ranks[1].tobytes(), "the ranks' weights differ"
+    # One process, one store, fed each step's two gradients as one summed list.
+    store = kv.create("local")
+    store.init(3, np.full((4, 5), 1.0, dtype=np.float32))
+    store.init("b", np.full(7, 2.0, dtype=np.float32))
+    store.push("b", [np.full(7, 1.0, dtype=np.float32), np.full(7, 2.0, dtype=np.float32)])
+    store.set_optimizer(
+        optimizer.SGD(
+            learning_rate=0.05, momentum=0.9, wd=1e-3, lr_scheduler=lr_scheduler.FactorScheduler(step=3, factor=0.5)
+        )
+    )
+    for step in range(12):
+        g = [gradient(r, step, (4, 5)) for r in range(2)]
+        gb = [gradient(r + 10, step, 7) for r in range(2)]
+        if step % 3 == 2:
+            store.push([3, "b"], [g, gb])
+        else:
+            store.push(3, g)
+            store.push("b", gb)
+    expected = np.concatenate([store.pull(3).ravel(), store.pull("b")])
+    assert ranks[0].tobytes() == expected.tobytes(), (ranks[0], expected)
+
+
+def test_different_keys_on_two_ranks_fail_on_both_and_the_job_goes_on():
+    done, seconds = mpirun("desync", timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("desync error") == 2, done.stdout
+    assert "the workers' calls differ" in done.stdout, done.stdout
+    assert done.stdout.count("went on") == 2, done.stdout
+    assert seconds < 30, f"the desync took {seconds:.1f} s to report"
+
+
+def test_a_stalled_rank_ends_the_job_after_kvstore_timeout():
+    done, seconds = mpirun("stall", timeout=100, env={"KVSTORE_TIMEOUT": "3"})
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "the push returned" not in done.stdout
+    assert seconds < 60, f"the job took {seconds:.1f} s to end"
+    assert "KVSTORE_TIMEOUT" in done.stderr or "timeout" in done.stderr.lower(), done.stderr
+
+
+def test_a_rank_that_raises_ends_the_job_instead_of_hanging_it():
+    done, seconds = mpirun("crash", timeout=100, env={"KVSTORE_TIMEOUT": "60"})
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "rank 1 fails on purpose" in done.stderr
+    assert seconds < 45, f"the job took {seconds:.1f} s to end"

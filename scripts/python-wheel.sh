@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# `make python`: builds the Python package's wheel into target/wheels/ with pip (which
+# fetches maturin itself into an isolated build environment), from a build virtualenv
+# target/py-build whose only job is a recent pip.
+#
+# KVSTORE_PY_FEATURES=mpi builds the kvstore-mpi distribution instead: the same
+# package `kvstore`, with dist_sync over Open MPI (which it links and needs at run
+# time, so the wheel keeps the system's MPI rather than bundling one: auditwheel is
+# skipped and the wheel is tagged linux_x86_64). It is built from a staged copy of
+# kvstore-py (target/py-mpi-src) whose pyproject.toml names the distribution
+# kvstore-mpi and turns the feature on. Prints the wheel's path last.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+features=${KVSTORE_PY_FEATURES:-}
+mkdir -p target/wheels
+# pip and maturin build under TMPDIR: keep their files out of /tmp.
+export TMPDIR=$root/target/py-tmp
+mkdir -p "$TMPDIR"
+trap 'rm -rf "$TMPDIR"' EXIT
+if [ ! -x target/py-build/bin/pip ]; then
+    python3 -m venv target/py-build
+    target/py-build/bin/pip install --quiet --upgrade pip
+fi
+case "$features" in
+    "")
+        src=kvstore-py
+        dist=kvstore
+        ;;
+    mpi)
+        bash scripts/setup-mpi.sh
+        src=target/py-mpi-src
+        dist=kvstore_mpi
+        rm -rf "$src"
+        mkdir -p "$src"
+        cp -r kvstore-py/python kvstore-py/README.md "$src/"
+        # The package's pyproject.toml, renamed, with the feature and the crate's path.
+        awk -v manifest="$root/kvstore-py/Cargo.toml" '
+            /^name = "kvstore"$/ { print "name = \"kvstore-mpi\""; next }
+            /^description = / { print "description = \"MXNet'"'"'s KVStore, rebuilt in Rust, with dist_sync across the processes of an MPI job (Open MPI)\""; next }
+            /^manifest-path = / { print "manifest-path = \"" manifest "\""; print "features = [\"mpi\"]"; print "compatibility = \"linux\""; print "auditwheel = \"skip\""; next }
+            { print }' kvstore-py/pyproject.toml >"$src/pyproject.toml"
+        ;;
+    *)
+        echo "python-wheel.sh: unknown FEATURES '$features' (the Python package has: mpi)" >&2
+        exit 2
+        ;;
+esac
+version=$(bash scripts/version.sh)
+rm -f target/wheels/"$dist"-"$version"-*.whl
+target/py-build/bin/pip wheel --quiet --no-deps "./$src" -w target/wheels
+ls target/wheels/"$dist"-"$version"-*.whl
