@@ -71,13 +71,16 @@ repl: jar
 	@$(if $(RLWRAP),,echo "(for line editing and history: apt-get install rlwrap)")
 	@$(RLWRAP) $(JAVA) -cp $(JAR):$(CLJ_CP) clojure.main -e "(require '[org.apache.clojure-mxnet.kvstore :as kvstore] '[org.apache.clojure-mxnet.ndarray :as ndarray] '[org.apache.clojure-mxnet.context :as context] '[org.apache.clojure-mxnet.optimizer :as optimizer])" -r
 
-# MXNet's KVStore tutorial, in Rust and then in Clojure (the seed tutorial, verbatim);
+# MXNet's KVStore tutorial, in Rust, in Clojure (the seed tutorial, verbatim) and in
+# Python (MXNet's Python tutorial with numpy);
 # then a linear regression trained data-parallel on 4 cpu contexts with SGD (momentum).
-demo: jar
+demo: jar python
 	@echo "== the KVStore tutorial in Rust (cargo run --example tutorial) =="
 	$(CARGO) run --release -q -p kvstore-core --example tutorial
 	@echo "== the KVStore tutorial in Clojure (clojure/examples/tutorial.clj) =="
 	$(JAVA) -cp $(JAR):$(CLJ_CP) clojure.main clojure/examples/tutorial.clj
+	@echo "== the KVStore tutorial in Python (kvstore-py/examples/tutorial.py) =="
+	bash scripts/python-demo.sh
 	@echo "== data-parallel training with an optimizer, in Rust (cargo run --example train_linear) =="
 	$(CARGO) run --release -q -p kvstore-core --example train_linear
 	@echo "== data-parallel training with an optimizer, in Clojure (clojure/examples/train_linear.clj) =="

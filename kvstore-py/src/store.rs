@@ -334,7 +334,7 @@ impl PyStore {
 
     /// ``push``, non-blocking (see the package's docs for the rules on `copy`).
     #[pyo3(signature = (key, value, priority = 0, copy = true))]
-    fn push_async(
+    fn _push_async(
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
@@ -349,7 +349,7 @@ impl PyStore {
 
     /// ``pull``, non-blocking: `out` must not be read before the handle is done.
     #[pyo3(signature = (key, out, priority = 0))]
-    fn pull_async(
+    fn _pull_async(
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
@@ -363,7 +363,7 @@ impl PyStore {
 
     /// ``pushpull``, non-blocking.
     #[pyo3(signature = (key, value, out = None, priority = 0, copy = true))]
-    fn pushpull_async(
+    fn _pushpull_async(
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
@@ -390,7 +390,7 @@ impl PyStore {
 
     /// ``broadcast``, non-blocking (the keys are initialized before it returns).
     #[pyo3(signature = (key, value, out, priority = 0))]
-    fn broadcast_async(
+    fn _broadcast_async(
         &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,

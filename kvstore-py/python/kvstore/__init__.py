@@ -143,7 +143,7 @@ class Future:
         settled: asyncio.Future = loop.create_future()
 
         def wake(_: "Future") -> None:
-            loop.call_soon_threadsafe(lambda: settled.done() or settled.set_result(None))
+            loop.call_soon_threadsafe(lambda: None if settled.done() else settled.set_result(None))
 
         self.add_done_callback(wake)
         yield from settled.__await__()
@@ -203,22 +203,22 @@ class KVStore(_kvstore.KVStore):
         until the future is done (as PyTorch's ``non_blocking`` copies require).
         Calls of one store take effect in the order they were made.
         """
-        return Future(super().push_async(key, value, priority, copy))
+        return Future(self._push_async(key, value, priority, copy))
 
     def pull_async(self, key: Any, out: Any, priority: int = 0) -> Future:
         """``pull``, non-blocking: `out` is written later and must not be read (or
         written) before the returned :class:`Future` is done."""
-        return Future(super().pull_async(key, out, priority))
+        return Future(self._pull_async(key, out, priority))
 
     def pushpull_async(self, key: Any, value: Any, out: Any = None, priority: int = 0, copy: bool = True) -> Future:
         """``pushpull``, non-blocking (`copy` as for ``push_async``; with no `out` the
         values are written, so they must not be used until it is done)."""
-        return Future(super().pushpull_async(key, value, out, priority, copy))
+        return Future(self._pushpull_async(key, value, out, priority, copy))
 
     def broadcast_async(self, key: Any, value: Any, out: Any, priority: int = 0) -> Future:
         """``broadcast``, non-blocking: the keys are initialized before it returns;
         `out` is written later (see ``pull_async``)."""
-        return Future(super().broadcast_async(key, value, out, priority))
+        return Future(self._broadcast_async(key, value, out, priority))
 
     @property
     def optimizer(self) -> Optional[str]:

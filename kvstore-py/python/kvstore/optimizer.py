@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Type
 
 from . import _kvstore
 from .lr_scheduler import LRScheduler
@@ -137,7 +137,7 @@ def _number(v: Any) -> Any:
     return v
 
 
-def _optimizer(cls_name: str, name: str, doc: str) -> type:
+def _optimizer(cls_name: str, name: str, doc: str) -> Type[Optimizer]:
     def __init__(self: Optimizer, **kwargs: Any) -> None:
         Optimizer.__init__(self, None, **kwargs)
 
@@ -166,7 +166,7 @@ LARS = _optimizer(
     "LARS", "lars", "LARS: ``momentum`` 0, ``eta`` 0.001, ``eps`` 0, ``momentum_correction``, ``lazy_update``."
 )
 
-_REGISTRY: Dict[str, type] = {
+_REGISTRY: Dict[str, Type[Optimizer]] = {
     c.name: c for c in (SGD, NAG, Adam, AdaGrad, RMSProp, AdaDelta, Ftrl, Signum, SGLD, DCASGD, Adamax, Nadam, LAMB, LARS)
 }
 _REGISTRY["ccsgd"] = SGD
