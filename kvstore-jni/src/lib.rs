@@ -33,6 +33,7 @@
 //! - `mpi`: `dist_sync` over MPI (kvstore-mpi's `mpi` feature); the library then links
 //!   Open MPI's `libmpi`. Without it, `create("dist_sync")` answers `UNSUPPORTED`.
 
+pub mod buffer;
 pub mod classes;
 pub mod convert;
 pub mod error;

@@ -1,6 +1,8 @@
 //! Natives of `io.github.kvstore.NDArray`: thin shims over [`kvstore_core::NDArray`].
 
-use jni::objects::{JClass, JDoubleArray, JFloatArray, JIntArray, JLongArray, JPrimitiveArray, JString, TypeArray};
+use jni::objects::{
+    JByteBuffer, JClass, JDoubleArray, JFloatArray, JIntArray, JLongArray, JPrimitiveArray, JString, TypeArray,
+};
 use jni::sys::{jboolean, jdouble, jint, jlong};
 use jni::{Env, EnvUnowned};
 use kvstore_core::{DType, Element, Error, NDArray, Operand};
@@ -149,6 +151,25 @@ from_java_native!(Java_io_github_kvstore_NDArray_nFromFloats, JFloatArray<'l>);
 from_java_native!(Java_io_github_kvstore_NDArray_nFromDoubles, JDoubleArray<'l>);
 from_java_native!(Java_io_github_kvstore_NDArray_nFromInts, JIntArray<'l>);
 from_java_native!(Java_io_github_kvstore_NDArray_nFromLongs, JLongArray<'l>);
+
+/// An array over a direct buffer's bytes, in place (see [`crate::buffer`]).
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_NDArray_nWrap<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    buffer: JByteBuffer<'l>,
+    position: jint,
+    remaining: jint,
+    writable: jboolean,
+    dims: JLongArray<'l>,
+    dt: jint,
+) -> jlong {
+    env.with_env(|env| -> JResult<jlong> {
+        let a = crate::buffer::wrap(env, &buffer, position, remaining, writable, &shape(env, &dims)?, dtype(dt)?)?;
+        Ok(ARRAYS.insert(a))
+    })
+    .resolve::<ThrowKvStore>()
+}
 
 macro_rules! to_java_native {
     ($name:ident, $jarray:ident, $t:ty) => {

@@ -2,6 +2,8 @@ package io.github.kvstore;
 
 import java.lang.ref.Cleaner;
 import java.lang.ref.Reference;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 import java.util.Objects;
 
 /**
@@ -25,6 +27,8 @@ import java.util.Objects;
  * ({@code -Xmx}) and at least 64 MiB; after each collection it rises to twice what is still
  * live, so a program that really holds many arrays is not slowed by collections on every
  * allocation. It never makes a call fail. Closing arrays explicitly remains the cheapest.
+ * An array over a direct buffer ({@link #wrap(ByteBuffer, int[], DType)}) uses the buffer's
+ * memory and counts nothing.
  *
  * <p>After {@code close()} every method but {@link #close()}, {@link #isClosed()} and
  * {@link #toString()} (which says {@code <NDArray closed>}) throws a
@@ -123,8 +127,22 @@ public final class NDArray extends NativeObject implements AutoCloseable {
         return new NDArray(handle, Meta.of(handle), false);
     }
 
+    /**
+     * Wraps the handle of an array over memory the library did not allocate (a direct
+     * buffer, {@link #wrap(ByteBuffer, int[], DType)}): owned and registered with the
+     * Cleaner, but its bytes are not counted towards the collection threshold, since
+     * freeing the handle frees none of them.
+     */
+    private static NDArray wrapped(long handle) {
+        return new NDArray(handle, Meta.of(handle), true, 0);
+    }
+
     private NDArray(long handle, Meta meta, boolean owned) {
-        super(KIND, handle, meta.bytes(), owned);
+        this(handle, meta, owned, meta.bytes());
+    }
+
+    private NDArray(long handle, Meta meta, boolean owned, long bytes) {
+        super(KIND, handle, bytes, owned);
         this.shape = meta.shape;
         this.dtype = meta.dtype;
         this.context = meta.context;
@@ -332,6 +350,74 @@ public final class NDArray extends NativeObject implements AutoCloseable {
         Objects.requireNonNull(ctx, "ctx");
         Objects.requireNonNull(dtype, "dtype");
         return new NDArray(nFromLongs(data, dims, dtype.code(), ctx.typeCode(), ctx.deviceId()));
+    }
+
+    /**
+     * An array over the bytes of a direct {@link ByteBuffer}, in place: no copy is made. The
+     * elements, row-major, are the buffer's bytes from its {@linkplain ByteBuffer#position()
+     * position} to its {@linkplain ByteBuffer#limit() limit}, which must be exactly the
+     * shape's size times the dtype's element size; the array is on {@code cpu(0)}. The store
+     * reads pushed values straight from the buffer and writes pulls straight into it; later
+     * changes to the buffer's position, limit or order do not move the array.
+     *
+     * <p><b>Byte order.</b> Elements are read and written in the platform's byte order,
+     * {@link ByteOrder#nativeOrder()}. For a dtype wider than a byte the buffer's order must
+     * therefore be the native one, else this throws (a buffer from
+     * {@link ByteBuffer#allocateDirect(int)} starts big-endian: call
+     * {@code buffer.order(ByteOrder.nativeOrder())} before filling it or making views such as
+     * {@code asFloatBuffer()}). Only the flag can be checked: bytes written through a view of
+     * another order are read as they lie.
+     *
+     * <p><b>Read-only buffers</b> ({@link ByteBuffer#isReadOnly()}) give a read-only array:
+     * it may be pushed and read, but every write to it (a pull into it, an in-place
+     * operation, {@link #copyFrom(NDArray)}) fails with {@code INVALID_ARGUMENT} and changes
+     * nothing.
+     *
+     * <p><b>Lifetime.</b> The array keeps the buffer reachable (a JNI global reference) for
+     * as long as it or a call using it lives, so the garbage collector cannot free the
+     * memory under it. Memory freed explicitly is the caller's to keep alive until the array
+     * is closed and its calls are done: do not close the {@code Arena} of a
+     * {@code MemorySegment} whose {@code asByteBuffer()} is wrapped, call a buffer's cleaner,
+     * or free the memory of a buffer made by other native code before then.
+     *
+     * <p><b>Accesses through the buffer</b> are invisible to the store, so ordering them is
+     * the caller's responsibility, as for the numpy arrays that the Python binding lends:
+     * while a non-blocking call that uses the array is pending (from
+     * {@link KVStore#pushAsync(String, NDArray)} or {@link KVStore#pullAsync(String, NDArray)}
+     * until its future completes), Java code must not write the buffer, nor read it while a
+     * pull into it is pending. Accesses through this array ({@link #toFloatArray()},
+     * {@link #addInPlace(double)}, ...) are ordered by the store as for any array.
+     *
+     * @param buffer a direct buffer holding the elements between its position and limit
+     * @param shape the dimensions
+     * @param dtype the element type
+     * @return the array, over the buffer's memory
+     * @throws IllegalArgumentException for a heap (non-direct) buffer, which has no fixed
+     *     address; for a buffer whose order is not the native one when {@code dtype} is wider
+     *     than a byte
+     * @throws KVStoreException {@code INVALID_ARGUMENT} if the remaining bytes are not the
+     *     shape's, if the bytes at the position are not aligned for {@code dtype} (use
+     *     {@link ByteBuffer#alignedSlice(int)}), or for a negative dimension
+     */
+    public static NDArray wrap(ByteBuffer buffer, int[] shape, DType dtype) {
+        Objects.requireNonNull(buffer, "buffer");
+        long[] dims = dims(shape);
+        Objects.requireNonNull(dtype, "dtype");
+        if (!buffer.isDirect()) {
+            throw new IllegalArgumentException("NDArray.wrap: the buffer is a heap buffer, which has no fixed address"
+                    + " for the store to use in place: allocate it with ByteBuffer.allocateDirect, or copy the data"
+                    + " with NDArray.array");
+        }
+        if (dtype.elementBytes() > 1 && buffer.order() != ByteOrder.nativeOrder()) {
+            throw new IllegalArgumentException("NDArray.wrap: the buffer's byte order is " + buffer.order()
+                    + ", but the store reads and writes " + dtype.mxnetName() + " elements in the native order, "
+                    + ByteOrder.nativeOrder() + ": call buffer.order(ByteOrder.nativeOrder()) before filling it");
+        }
+        // One read of each: the native side checks them against the buffer's capacity, so a
+        // concurrent change is an error, never an access outside the buffer.
+        int position = buffer.position();
+        int limit = buffer.limit();
+        return wrapped(nWrap(buffer, position, limit - position, !buffer.isReadOnly(), dims, dtype.code()));
     }
 
     /**
@@ -912,6 +998,8 @@ public final class NDArray extends NativeObject implements AutoCloseable {
     static native long nFromInts(int[] data, long[] shape, int dtype, int devType, int devId);
 
     static native long nFromLongs(long[] data, long[] shape, int dtype, int devType, int devId);
+
+    static native long nWrap(ByteBuffer buffer, int position, int remaining, boolean writable, long[] shape, int dtype);
 
     static native float[] nToFloats(long h);
 

@@ -8,6 +8,8 @@ import static org.junit.jupiter.api.Assertions.fail;
 import java.lang.reflect.InvocationTargetException;
 import java.lang.reflect.Method;
 import java.lang.reflect.Modifier;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.LinkedHashMap;
@@ -96,6 +98,7 @@ class NullContractTest {
             NDArray.array(int[],int[],Context,DType) data shape ctx dtype
             NDArray.array(long[],int[]) data shape
             NDArray.array(long[],int[],Context,DType) data shape ctx dtype
+            NDArray.wrap(ByteBuffer,int[],DType) buffer shape dtype
             NDArray.arange(double,double,double,Context,DType) ctx dtype
             NDArray.toFloatArray(float[]) dst
             NDArray.add(NDArray) other
@@ -188,6 +191,9 @@ class NullContractTest {
             return new float[6];
         } else if (t == double[].class) {
             return new double[6];
+        } else if (t == ByteBuffer.class) {
+            // The bytes of the sample shape {2, 3} in float32, as NDArray.wrap wants them.
+            return ByteBuffer.allocateDirect(24).order(ByteOrder.nativeOrder());
         } else if (t == Context.class) {
             return Context.cpu();
         } else if (t == DType.class) {
