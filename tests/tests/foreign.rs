@@ -122,3 +122,20 @@ fn a_write_to_a_foreign_value_lent_to_a_queued_push_copies_it_first() {
     assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 3], "the push summed the 1s");
     assert_eq!(g.to_vec::<f32>().unwrap(), vec![11.0; 3]);
 }
+
+/// An empty array over foreign memory (a zero-length numpy array or direct buffer,
+/// whose pointer need not be aligned for the dtype) reads and writes as empty.
+#[test]
+fn an_empty_foreign_array_at_any_address_reads_as_empty() {
+    let drops = Arc::new(AtomicUsize::new(0));
+    for at in [0, 1, 2, 3] {
+        let (_, mem) = lent(&[], at, &drops);
+        let a = NDArray::from_foreign(&[0, 3], DType::F32, mem, true).unwrap();
+        assert_eq!(a.to_vec::<f32>().unwrap(), Vec::<f32>::new(), "at {at}");
+        a.add_assign(1.0).unwrap();
+        let kv = KVStore::create("local").unwrap();
+        kv.init("e", &a).unwrap();
+        kv.push("e", &a, 0).unwrap();
+        kv.pull("e", &a, 0).unwrap();
+    }
+}

@@ -69,7 +69,9 @@ impl HostBuf {
     /// A zero-filled buffer of `len` bytes in the backend's page-locked memory, or in
     /// ordinary memory when there is no backend or it has none to give.
     /// `mem`, as the buffer of an array of `len` bytes whose elements are `align` bytes
-    /// each; an error unless `mem` has exactly `len` bytes, aligned for them.
+    /// each; an error unless `mem` has exactly `len` bytes, aligned for them. An empty
+    /// array shares nothing: it gets an ordinary empty buffer (an owner's empty memory
+    /// may sit at any address, where no slice of its dtype could start).
     pub(crate) fn foreign(mem: Box<dyn ForeignMemory>, len: usize, align: usize) -> Result<Self> {
         let bytes = mem.bytes();
         if bytes.len() != len {
@@ -78,7 +80,10 @@ impl HostBuf {
                 bytes.len()
             )));
         }
-        if len > 0 && !(bytes.as_ptr() as usize).is_multiple_of(align) {
+        if len == 0 {
+            return Self::zeroed(0);
+        }
+        if !(bytes.as_ptr() as usize).is_multiple_of(align) {
             return Err(Error::invalid_argument(format!(
                 "foreign memory at {:p} is not aligned for elements of {align} bytes",
                 bytes.as_ptr()
