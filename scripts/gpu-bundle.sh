@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make gpu-bundle`: builds kvstore-cuda's GPU tests and GPU bench (release) into one
-# folder, target/gpu-bundle (or $1), with a run script, for a machine that has an NVIDIA
+# `make gpu-bundle`: builds kvstore-cuda's GPU tests and GPU bench (release), and the
+# Python wheel with its GPU tests, into one folder, target/gpu-bundle (or $1), with a run script, for a machine that has an NVIDIA
 # GPU and CUDA 13 but no Rust toolchain and no JDK. There: `bash run.sh [OUT_DIR]`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +15,13 @@ while read -r name exe; do
 done <<<"$bins"
 cp "$(bash scripts/bench-exe.sh kvstore-cuda gpu)" "$out/bench_gpu"
 cp scripts/bench_torch.py "$out/bench_torch.py"
+# The Python package and its GPU tests (CUDA tensors through DLPack), with pytest's
+# wheels: the GPU machine may have PyTorch but no pytest, and no network.
+rm -rf "$out/py"
+mkdir -p "$out/py/wheels"
+cp "$(bash scripts/python-wheel.sh | tail -n 1)" "$out/py/wheels/"
+target/py-build/bin/pip download --quiet --only-binary :all: --dest "$out/py/wheels" pytest
+cp kvstore-py/tests/test_gpu.py "$out/py/"
 cat >"$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs every GPU test binary of this folder with KVSTORE_REQUIRE_CUDA=1 (a missing GPU
@@ -38,7 +45,24 @@ for t in "$here"/test-*; do
     echo "== $(basename "$t")" >>"$out/gpu-tests.log"
     "$t" --test-threads=1 --nocapture >>"$out/gpu-tests.log" 2>&1 || status=1
 done
-grep -E '^test result|FAILED|panicked' "$out/gpu-tests.log"
+# The Python package's GPU tests, in a virtualenv over the system's Python (its
+# PyTorch and numpy), with the bundled wheels only.
+if python3 -c 'import torch, numpy' 2>/dev/null; then
+    echo "== python test_gpu.py" >>"$out/gpu-tests.log"
+    rm -rf "$out/py-venv"
+    if python3 -m venv --system-site-packages "$out/py-venv" >>"$out/gpu-tests.log" 2>&1 &&
+        "$out/py-venv/bin/pip" install --quiet --no-index --find-links "$here/py/wheels" pytest kvstore \
+            >>"$out/gpu-tests.log" 2>&1; then
+        (cd "$here/py" && "$out/py-venv/bin/python" -m pytest -q -rs -p no:cacheprovider test_gpu.py) \
+            >>"$out/gpu-tests.log" 2>&1 || status=1
+    else
+        echo "FAILED: installing the kvstore wheel" >>"$out/gpu-tests.log"
+        status=1
+    fi
+else
+    echo "SKIP: no PyTorch with numpy here: the Python GPU tests did not run" >>"$out/gpu-tests.log"
+fi
+grep -E '^test result|FAILED|panicked|passed|failed' "$out/gpu-tests.log"
 "$here/bench_gpu" "$out/gpu.json" >"$out/gpu-bench.log" 2>&1 || status=1
 python3 "$here/bench_torch.py" "$out/gpu.json" "$out/torch.json" >>"$out/gpu-bench.log" 2>&1 || status=1
 cat "$out/gpu-bench.log"
@@ -58,7 +82,8 @@ for f in ("gpu.json", "torch.json"):
 for r in rows:
     r["ratio"] = r["limit_s"] / r["median_s"] if r.get("limit_s") else None
 log = open(os.path.join(out, "gpu-tests.log")).read().splitlines()
-tests = [l for l in log if l.startswith(("== ", "test result", "SKIP")) or "FAILED" in l or "panicked" in l]
+tests = [l for l in log if l.startswith(("== ", "test result", "SKIP")) or "FAILED" in l or "panicked" in l
+         or " passed" in l or " failed" in l]
 result = {"device": q[0], "driver": q[1] if len(q) > 1 else None, "memory": q[2] if len(q) > 2 else None,
           "date": time.strftime("%Y-%m-%d"), "KVSTORE_REQUIRE_CUDA": "1", "tests": tests, "rows": rows}
 json.dump(result, open(os.path.join(out, "gpu-results.json"), "w"), indent=1)

@@ -16,6 +16,7 @@
 //! that waits for the stream.
 
 use std::any::Any;
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{
@@ -235,12 +236,73 @@ impl CudaBackend {
 }
 
 /// One device buffer: `len` bytes on one device (`data` holds at least one byte:
-/// cudarc cannot allocate zero).
+/// cudarc cannot allocate zero). `data` is freed with the buffer, unless the memory is
+/// another library's (`owner`): then it is only given back, once the work queued on it
+/// is done.
 pub struct CudaBuffer {
     device: Arc<Device>,
     ordinal: usize,
     len: usize,
-    data: CudaSlice<u8>,
+    data: ManuallyDrop<CudaSlice<u8>>,
+    /// What keeps another library's memory alive (a Python tensor), or `None` for
+    /// memory this backend allocated.
+    owner: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl Drop for CudaBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `data` is taken once, here, and never used after.
+        let data = unsafe { ManuallyDrop::take(&mut self.data) };
+        if self.owner.is_none() {
+            drop(data); // freed on the stream, after the work queued before
+            return;
+        }
+        // Another library's memory: not ours to free. Its owner may free it as soon as
+        // it is dropped, so the work queued on it must be done first.
+        let _ = data.leak();
+        if let Err(e) = self.device.sync() {
+            eprintln!("kvstore-cuda: giving back a tensor's memory: {e}");
+        }
+        drop(self.owner.take());
+    }
+}
+
+impl CudaBackend {
+    /// `len` bytes of device memory at `ptr` on `device`, allocated by another library
+    /// in the device's primary context (as CUDA's runtime API and PyTorch do), as a
+    /// buffer of this backend; `owner` keeps that memory alive and is dropped when the
+    /// buffer is, after the work queued on it.
+    ///
+    /// # Safety
+    /// `ptr` must point to `len` bytes of device memory on `device` that stay valid
+    /// while `owner` lives, and that nothing else writes while the buffer is in use
+    /// (its producer's pending work must be ordered before this device's stream, the
+    /// legacy default stream: see [`crate::DLPACK_STREAM`]).
+    pub unsafe fn wrap_device_memory(
+        &self,
+        device: usize,
+        ptr: u64,
+        len: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Result<Box<dyn DeviceBuffer>> {
+        if len == 0 {
+            // Nothing to share: an ordinary empty buffer.
+            return self.alloc_zeroed(device, 0);
+        }
+        let dev = self.device(device)?;
+        // SAFETY: the caller's promise: `ptr` is `len` valid bytes on this device, in
+        // its primary context (the one `dev` holds), alive while `owner` is; the
+        // buffer's `Drop` leaks the slice instead of freeing it, so cudarc never frees
+        // memory it did not allocate.
+        let data = unsafe { dev.stream.upgrade_device_ptr::<u8>(ptr, len) };
+        Ok(Box::new(CudaBuffer {
+            device: dev.clone(),
+            ordinal: device,
+            len,
+            data: ManuallyDrop::new(data),
+            owner: Some(owner),
+        }))
+    }
 }
 
 fn cuda(b: &dyn DeviceBuffer) -> Result<&CudaBuffer> {
@@ -269,7 +331,7 @@ impl DeviceBuffer for CudaBuffer {
         if dst.is_empty() {
             return Ok(());
         }
-        self.device.stream.memcpy_dtoh(&self.data, dst).map_err(|e| backend_error("device to host copy", e))?;
+        self.device.stream.memcpy_dtoh(&*self.data, dst).map_err(|e| backend_error("device to host copy", e))?;
         self.device.sync()
     }
 
@@ -278,7 +340,7 @@ impl DeviceBuffer for CudaBuffer {
         if src.is_empty() {
             return Ok(());
         }
-        self.device.stream.memcpy_htod(src, &mut self.data).map_err(|e| backend_error("host to device copy", e))?;
+        self.device.stream.memcpy_htod(src, &mut *self.data).map_err(|e| backend_error("host to device copy", e))?;
         self.device.sync()
     }
 
@@ -342,7 +404,13 @@ impl DeviceBackend for CudaBackend {
         // cudarc cannot allocate zero bytes; an empty array gets one unused byte.
         // Allocated and zeroed on the stream, before any later use of the buffer.
         let data = dev.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(|e| backend_error("allocating", e))?;
-        Ok(Box::new(CudaBuffer { device: dev.clone(), ordinal: device, len: bytes, data }))
+        Ok(Box::new(CudaBuffer {
+            device: dev.clone(),
+            ordinal: device,
+            len: bytes,
+            data: ManuallyDrop::new(data),
+            owner: None,
+        }))
     }
 
     fn copy(&self, src: &dyn DeviceBuffer, dst: &mut dyn DeviceBuffer) -> Result<()> {
@@ -358,7 +426,7 @@ impl DeviceBackend for CudaBackend {
         if peer {
             src.device.sync()?;
         }
-        dst.device.stream.memcpy_dtod(&src.data, &mut dst.data).map_err(|e| backend_error("device copy", e))?;
+        dst.device.stream.memcpy_dtod(&*src.data, &mut *dst.data).map_err(|e| backend_error("device copy", e))?;
         if peer { dst.device.sync() } else { Ok(()) }
     }
 
@@ -393,7 +461,7 @@ impl DeviceBackend for CudaBackend {
                     .stream
                     .alloc_zeros::<u8>(b.data.len())
                     .map_err(|e| backend_error("allocating a staging copy", e))?;
-                dev.stream.memcpy_dtod(&b.data, &mut copy).map_err(|e| backend_error("peer copy", e))?;
+                dev.stream.memcpy_dtod(&*b.data, &mut copy).map_err(|e| backend_error("peer copy", e))?;
                 let ptr = copy.device_ptr(&dev.stream).0;
                 staged.push(copy);
                 ptr
@@ -417,7 +485,7 @@ impl DeviceBackend for CudaBackend {
         let cfg = launch_config(vectors);
         let count = n as u64;
         let mut launch = dev.stream.launch_builder(kernel);
-        launch.arg(&mut out.data).arg(&inline).arg(&table_ptr).arg(&k).arg(&count);
+        launch.arg(&mut *out.data).arg(&inline).arg(&table_ptr).arg(&k).arg(&count);
         // SAFETY: the kernel's parameters are (T* out, KvPtrs inl, const void* const*
         // table, int k, u64 n): `out` holds n elements of the dtype; the k input
         // pointers (in `inline` when k <= INLINE, else in `table`) point to buffers of n
@@ -471,7 +539,7 @@ impl DeviceBackend for CudaBackend {
         } else {
             launch.arg(&c32);
         }
-        launch.arg(&mut w.data).arg(&grad).arg(&s0).arg(&s1).arg(&s2).arg(&m).arg(&count);
+        launch.arg(&mut *w.data).arg(&grad).arg(&s0).arg(&s1).arg(&s2).arg(&m).arg(&count);
         // SAFETY: the kernel's parameters are (int rule, KvCoefs<R> k, W* w, const W* g,
         // R* s0, R* s1, R* s2, R* master, u64 n) with R = double for f64 weights and
         // float otherwise (the Coefs passed match): w and g hold n elements of the

@@ -98,6 +98,39 @@ pub fn synchronize() -> Result<()> {
     BACKEND.get().map_or(Ok(()), |b| b.synchronize())
 }
 
+/// The stream the backend queues its work on, as DLPack's `__dlpack__(stream=...)`
+/// names it: 1, CUDA's legacy default stream (every device's one stream here). A
+/// producer given it orders its pending work on a tensor before the store's.
+pub const DLPACK_STREAM: i64 = 1;
+
+/// Another library's device memory as a buffer of the registered backend, for
+/// `NDArray::from_device_buffer`: `len` bytes at `ptr` on `device`, kept alive by
+/// `owner`, which is dropped with the buffer once the work queued on it is done. The
+/// memory is never freed by the store.
+///
+/// # Safety
+/// `ptr` must point to `len` bytes of device memory on `device`, allocated in its
+/// primary context (CUDA's runtime API, PyTorch, CuPy and JAX allocate there), valid
+/// while `owner` lives; the producer's pending writes to it must be ordered before the
+/// legacy default stream ([`DLPACK_STREAM`]) and nothing may write it while the store
+/// uses it.
+///
+/// # Errors
+/// [`Error::DeviceUnavailable`] before [`register`] or for a device the machine lacks.
+pub unsafe fn wrap_device_memory(
+    device: usize,
+    ptr: u64,
+    len: usize,
+    owner: Box<dyn std::any::Any + Send + Sync>,
+) -> Result<Box<dyn kvstore_core::backend::DeviceBuffer>> {
+    let backend = BACKEND.get().ok_or_else(|| Error::DeviceUnavailable {
+        context: format!("gpu({device})"),
+        reason: "the CUDA backend is not registered (kvstore_cuda::register)".to_string(),
+    })?;
+    // SAFETY: the caller's promise, passed on.
+    unsafe { backend.wrap_device_memory(device, ptr, len, owner) }
+}
+
 /// Installs the CUDA backend, so that `gpu(i)` contexts are CUDA devices. Calling it
 /// again does nothing.
 ///

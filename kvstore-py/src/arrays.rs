@@ -80,6 +80,31 @@ fn describe(obj: &Bound<'_, PyAny>) -> String {
     }
 }
 
+/// DLPack's `kDLCUDA` device type.
+pub(crate) const KDL_CUDA: i32 = 2;
+
+/// The CUDA device `obj` is on, if it is a tensor on a GPU (by its `__dlpack_device__`).
+fn cuda_device(obj: &Bound<'_, PyAny>) -> PyResult<Option<i32>> {
+    if !obj.hasattr("__dlpack_device__")? {
+        return Ok(None);
+    }
+    let (kind, id): (i32, i32) = obj.call_method0("__dlpack_device__")?.extract()?;
+    Ok((kind == KDL_CUDA).then_some(id))
+}
+
+/// `obj`, a tensor on the CUDA device `device`, as a `gpu(device)` array over its memory.
+#[cfg(feature = "cuda")]
+fn wrap_cuda(obj: &Bound<'_, PyAny>, device: i32, what: &str) -> PyResult<NDArray> {
+    crate::dlpack::wrap_cuda(obj, device, what)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn wrap_cuda(_obj: &Bound<'_, PyAny>, device: i32, what: &str) -> PyResult<NDArray> {
+    Err(PyTypeError::new_err(format!(
+        "{what} is a tensor on CUDA device {device}, and this build of kvstore has no GPU support (the `cuda` feature)"
+    )))
+}
+
 /// What the caller does with an array: reads it (a value) or writes it (an out).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Use {
@@ -90,14 +115,18 @@ pub(crate) enum Use {
 /// `obj` as a store array over the same memory, for `what` ("value", "out").
 ///
 /// A numpy array must be C-contiguous, aligned, in native byte order and of one of the
-/// eight dtypes, and writable when it is written; anything else that is not a numpy
-/// array goes through the package's `kvstore._arrays.as_numpy`, which returns a numpy
+/// eight dtypes, and writable when it is written; a tensor on a GPU (its
+/// `__dlpack_device__` says CUDA) becomes a `gpu(i)` array over its memory
+/// (`dlpack.rs`); anything else that is not a numpy array goes through the package's `kvstore._arrays.as_numpy`, which returns a numpy
 /// view of it without a copy (DLPack, `__array_interface__`) or raises `TypeError`.
 pub(crate) fn wrap(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<NDArray> {
     let py = obj.py();
     let array = match obj.cast::<PyUntypedArray>() {
         Ok(a) => a.clone(),
         Err(_) => {
+            if let Some(device) = cuda_device(obj)? {
+                return wrap_cuda(obj, device, what);
+            }
             let view = py.import("kvstore._arrays")?.call_method1("as_numpy", (obj, usage == Use::Write))?;
             match view.cast_into::<PyUntypedArray>() {
                 Ok(a) => a,

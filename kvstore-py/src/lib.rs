@@ -5,8 +5,8 @@
 //! Python updaters ([`updater`]) and the handles of non-blocking calls ([`pending`]).
 //!
 //! Every call that may wait or compute releases the GIL. The unsafe code is in
-//! [`arrays`] (numpy memory lent to the store, store memory lent to numpy), each block
-//! with its SAFETY note.
+//! [`arrays`] (numpy memory lent to the store, store memory lent to numpy) and `dlpack`
+//! (CUDA tensors' memory lent to the store), each block with its SAFETY note.
 //!
 //! # Features
 //! - `cuda` (on by default): GPU arrays through kvstore-cuda, loaded at run time.
@@ -16,6 +16,8 @@
 use pyo3::prelude::*;
 
 mod arrays;
+#[cfg(feature = "cuda")]
+mod dlpack;
 mod errors;
 mod pending;
 mod store;

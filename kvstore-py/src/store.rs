@@ -60,6 +60,31 @@ impl Arrays {
     }
 }
 
+impl Arrays {
+    fn any_on_device(&self) -> bool {
+        let on_device = |a: &NDArray| !a.context().is_cpu();
+        match self {
+            Arrays::One(a) => on_device(a),
+            Arrays::Many(v) => v.iter().any(on_device),
+            Arrays::Nested(v) => v.iter().flatten().any(on_device),
+        }
+    }
+}
+
+/// `result`, once the GPU work of a blocking call on `arrays` is done when one of them
+/// is a tensor on a GPU: the call returns with its writes to (and reads of) the
+/// caller's tensors finished, whatever stream the caller uses next.
+fn settled(result: kvstore_core::Result<()>, arrays: &[&Arrays]) -> kvstore_core::Result<()> {
+    result?;
+    #[cfg(feature = "cuda")]
+    if arrays.iter().any(|a| a.any_on_device()) {
+        kvstore_cuda::synchronize()?;
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = arrays;
+    Ok(())
+}
+
 fn is_list(obj: &Bound<'_, PyAny>) -> bool {
     obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>()
 }
@@ -150,7 +175,7 @@ impl PyStore {
     fn init(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let keys = keys_of(key)?;
         let values = arrays_of(value, Use::Read, "value")?;
-        py.detach(|| self.shared.kv.init(keys, values.values())).map_err(to_py)?;
+        py.detach(|| settled(self.shared.kv.init(keys, values.values()), &[&values])).map_err(to_py)?;
         remember_int_keys(&self.shared, key);
         Ok(())
     }
@@ -172,7 +197,7 @@ impl PyStore {
     fn push(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
         let keys = keys_of(key)?;
         let values = arrays_of(value, Use::Read, "value")?;
-        py.detach(|| self.shared.kv.push(keys, values.values(), priority)).map_err(to_py)
+        py.detach(|| settled(self.shared.kv.push(keys, values.values(), priority), &[&values])).map_err(to_py)
     }
 
     /// Pulls stored values into `out`, written in place, and returns ``None``. The
@@ -197,7 +222,7 @@ impl PyStore {
             return self.pull_new(py, keys, priority).map(Some);
         };
         let outs = arrays_of(out, Use::Write, "out")?;
-        py.detach(|| self.shared.kv.pull(keys, outs.values(), priority)).map_err(to_py)?;
+        py.detach(|| settled(self.shared.kv.pull(keys, outs.values(), priority), &[&outs])).map_err(to_py)?;
         Ok(None)
     }
 
@@ -217,11 +242,15 @@ impl PyStore {
             Some(out) => {
                 let values = arrays_of(value, Use::Read, "value")?;
                 let outs = arrays_of(out, Use::Write, "out")?;
-                py.detach(|| self.shared.kv.pushpull(keys, values.values(), outs.values(), priority)).map_err(to_py)
+                py.detach(|| {
+                    settled(self.shared.kv.pushpull(keys, values.values(), outs.values(), priority), &[&values, &outs])
+                })
+                .map_err(to_py)
             }
             None => {
                 let values = arrays_of(value, Use::Write, "value (written: pushpull with no out)")?;
-                py.detach(|| self.shared.kv.pushpull_in_place(keys, values.values(), priority)).map_err(to_py)
+                py.detach(|| settled(self.shared.kv.pushpull_in_place(keys, values.values(), priority), &[&values]))
+                    .map_err(to_py)
             }
         }
     }
@@ -240,7 +269,10 @@ impl PyStore {
         let keys = keys_of(key)?;
         let values = arrays_of(value, Use::Read, "value")?;
         let outs = arrays_of(out, Use::Write, "out")?;
-        py.detach(|| self.shared.kv.broadcast(keys, values.values(), outs.values(), priority)).map_err(to_py)?;
+        py.detach(|| {
+            settled(self.shared.kv.broadcast(keys, values.values(), outs.values(), priority), &[&values, &outs])
+        })
+        .map_err(to_py)?;
         remember_int_keys(&self.shared, key);
         Ok(())
     }

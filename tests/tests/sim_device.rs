@@ -334,3 +334,36 @@ fn device_stores_keep_peer_copies_per_key_and_never_download_an_out_they_overwri
     reference.pull("w", &expected, 0).expect("pull");
     assert_eq!(bits(&out), bits(&expected));
 }
+
+/// A device buffer made with the backend (as a binding wraps another library's device
+/// memory) is an array on that device, pushed from and pulled into in place; a
+/// read-only one is only read; a buffer of the wrong size or a host context is refused.
+#[test]
+fn arrays_over_device_buffers_made_elsewhere_are_used_in_place() {
+    let sim = sim();
+    let _lock = sim_gpus(false);
+    let backend: &dyn kvstore_core::backend::DeviceBackend = &**sim;
+    let ctx = Context::gpu(1);
+    let buffer_of = |values: &[f32]| {
+        let mut buf = backend.alloc_zeroed(1, values.len() * 4).unwrap();
+        buf.write_from_host(bytemuck::cast_slice(values)).unwrap();
+        buf
+    };
+    let kv = KVStore::create("local").unwrap();
+    kv.init("w", &NDArray::zeros(&[3]).unwrap()).unwrap();
+    let g = NDArray::from_device_buffer(&[3], DType::F32, ctx, buffer_of(&[1.0, 2.0, 3.0]), false).unwrap();
+    assert!(g.is_read_only() && g.context() == ctx);
+    kv.push("w", &[g.clone(), g.clone()][..], 0).unwrap();
+    let out = NDArray::from_device_buffer(&[3], DType::F32, ctx, buffer_of(&[0.0; 3]), true).unwrap();
+    kv.pull("w", &out, 0).unwrap();
+    assert_eq!(out.to_vec::<f32>().unwrap(), vec![2.0, 4.0, 6.0]);
+    let e = kv.pull("w", &g, 0).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert_eq!(g.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0], "the read-only buffer kept its values");
+    let e = NDArray::from_device_buffer(&[4], DType::F32, ctx, buffer_of(&[0.0; 3]), true).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    let e = NDArray::from_device_buffer(&[3], DType::F32, Context::cpu(0), buffer_of(&[0.0; 3]), true).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    let e = NDArray::from_device_buffer(&[3], DType::F32, Context::gpu(99), buffer_of(&[0.0; 3]), true).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::DeviceUnavailable, "{e}");
+}

@@ -212,6 +212,11 @@ impl NDArray {
             }
             Storage::Device(buf)
         };
+        Ok(Self::over(storage, shape, size, dtype, ctx, false))
+    }
+
+    /// The array of `size` elements of `dtype` in `shape` on `ctx`, over `storage`.
+    fn over(storage: Storage, shape: &[usize], size: usize, dtype: DType, ctx: Context, read_only: bool) -> Self {
         let inner = Inner {
             buf: RwLock::new(storage),
             size,
@@ -227,9 +232,9 @@ impl NDArray {
             fault: OnceLock::new(),
             loans: Default::default(),
             pending_owner: Default::default(),
-            read_only: false,
+            read_only,
         };
-        Ok(NDArray { inner: Arc::new(inner) })
+        NDArray { inner: Arc::new(inner) }
     }
 
     /// A host array on `cpu(0)` over memory it does not own (see [`ForeignMemory`]): a
@@ -257,25 +262,41 @@ impl NDArray {
     pub fn from_foreign(shape: &[usize], dtype: DType, mem: Box<dyn ForeignMemory>, writable: bool) -> Result<Self> {
         let size = checked_size(shape, dtype)?;
         let buf = HostBuf::foreign(mem, size * dtype.size(), dtype.size())?;
-        let ctx = Context::cpu(0);
-        let inner = Inner {
-            buf: RwLock::new(Storage::Host(buf)),
-            size,
-            pending: Default::default(),
-            lent: Default::default(),
-            used_by: Default::default(),
-            dtype,
-            faulted: Default::default(),
-            on_host: true,
-            flat: shape.len() == 1,
-            shape: shape.into(),
-            ctx,
-            fault: OnceLock::new(),
-            loans: Default::default(),
-            pending_owner: Default::default(),
-            read_only: !writable,
-        };
-        Ok(NDArray { inner: Arc::new(inner) })
+        Ok(Self::over(Storage::Host(buf), shape, size, dtype, Context::cpu(0), !writable))
+    }
+
+    /// An array on the device `ctx` over a buffer the caller made with that device's
+    /// backend (`kvstore_core::backend::DeviceBuffer`): a binding's way to use another
+    /// library's device memory in place (a CUDA tensor through DLPack), the backend's
+    /// buffer keeping that memory's owner alive. A read-only one (`writable` false)
+    /// refuses every write, as [`NDArray::from_foreign`] says.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `ctx` is a host context, the shape is too large or
+    /// `buf` does not hold exactly the elements of `shape`;
+    /// [`Error::DeviceUnavailable`] if no backend has the device.
+    pub fn from_device_buffer(
+        shape: &[usize],
+        dtype: DType,
+        ctx: Context,
+        buf: Box<dyn device::DeviceBuffer>,
+        writable: bool,
+    ) -> Result<Self> {
+        if ctx.is_cpu() {
+            return Err(Error::invalid_argument(format!(
+                "a device buffer on {ctx}: host memory is lent with NDArray::from_foreign"
+            )));
+        }
+        device::backend_for(ctx)?;
+        let size = checked_size(shape, dtype)?;
+        let bytes = size * dtype.size();
+        if buf.len_bytes() != bytes {
+            return Err(Error::invalid_argument(format!(
+                "a device buffer of {} bytes for an array of {bytes} bytes",
+                buf.len_bytes()
+            )));
+        }
+        Ok(Self::over(Storage::Device(buf), shape, size, dtype, ctx, !writable))
     }
 
     /// Whether the array refuses writes (see [`NDArray::from_foreign`]).

@@ -1,0 +1,105 @@
+"""Tensors on a GPU, through DLPack: a CUDA tensor is a gpu(i) array of the store over
+the tensor's own memory. Without a GPU, such a tensor is a clear error and changes
+nothing; with one (PyTorch with CUDA), pushes read and pulls write the tensors in
+place. KVSTORE_REQUIRE_CUDA=1 turns the GPU tests' skip into a failure."""
+
+import os
+
+import numpy as np
+import pytest
+
+import kvstore as kv
+
+
+class FakeCudaTensor:
+    """Says it is on CUDA device 0; its memory is never reached without a GPU."""
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None):
+        raise AssertionError("a CUDA tensor's memory was asked for with no GPU to use it")
+
+
+def has_gpu():
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def test_a_cuda_tensor_without_a_usable_gpu_is_a_clear_error_and_changes_nothing():
+    if has_gpu():
+        pytest.skip("this machine has a GPU: the tests below use it")
+    store = kv.create("local")
+    store.init("w", np.ones(3, dtype=np.float32))
+    with pytest.raises((kv.DeviceUnavailableError, TypeError)) as e:
+        store.push("w", FakeCudaTensor())
+    assert "gpu" in str(e.value).lower() or "cuda" in str(e.value).lower(), e.value
+    with pytest.raises((kv.DeviceUnavailableError, TypeError)):
+        store.pull("w", out=FakeCudaTensor())
+    assert store.pull("w").tolist() == [1.0, 1.0, 1.0]
+
+
+needs_gpu = pytest.mark.skipif(
+    not has_gpu() and os.environ.get("KVSTORE_REQUIRE_CUDA") != "1",
+    reason="no CUDA GPU with PyTorch here (KVSTORE_REQUIRE_CUDA=1 makes this a failure)",
+)
+
+
+@needs_gpu
+def test_cuda_tensors_are_pushed_and_pulled_in_place():
+    import torch
+
+    store = kv.create("device")
+    dev = torch.device("cuda", 0)
+    store.init(3, torch.full((2, 3), 2.0, device=dev))
+    grads = [torch.full((2, 3), float(i + 1), device=dev) for i in range(4)]
+    store.push(3, grads)
+    out = torch.zeros((2, 3), device=dev)
+    ptr = out.data_ptr()
+    store.pull(3, out=out)
+    assert out.data_ptr() == ptr
+    assert out.cpu().tolist() == [[10.0] * 3] * 2
+    # Host and device values in one call; requires_grad tensors are read as data.
+    w = torch.zeros(5, device=dev, requires_grad=True)
+    store.init("w", torch.ones(5))
+    store.pushpull("w", [torch.ones(5, device=dev), np.ones(5, dtype=np.float32)], out=w)
+    assert w.detach().cpu().tolist() == [2.0] * 5
+    for dtype in (torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.int8, torch.uint8):
+        key = f"d {dtype}"
+        store.init(key, torch.ones(7, dtype=dtype, device=dev))
+        store.push(key, [torch.ones(7, dtype=dtype, device=dev)] * 3)
+        got = torch.zeros(7, dtype=dtype, device=dev)
+        store.pull(key, out=got)
+        assert got.cpu().tolist() == [3] * 7, dtype
+
+
+@needs_gpu
+def test_non_blocking_calls_on_cuda_tensors():
+    import torch
+
+    store = kv.create("device")
+    dev = torch.device("cuda", 0)
+    store.init("a", torch.zeros(1 << 20, device=dev))
+    g = torch.ones(1 << 20, device=dev)
+    store.push_async("a", g, copy=False).result()
+    out = torch.empty(1 << 20, device=dev)
+    store.pull_async("a", out).result()
+    torch.cuda.synchronize()
+    assert float(out.sum()) == float(1 << 20)
+
+
+@needs_gpu
+def test_cuda_tensors_that_are_not_contiguous_or_of_another_dtype_are_clear_errors():
+    import torch
+
+    store = kv.create("device")
+    dev = torch.device("cuda", 0)
+    store.init("m", torch.ones((3, 4), device=dev))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        store.pull("m", out=torch.zeros((4, 3), device=dev).t())
+    with pytest.raises(TypeError, match="not supported"):
+        store.push("m", torch.ones((3, 4), dtype=torch.complex64, device=dev))
+    assert store.pull("m").tolist() == [[1.0] * 4] * 3
