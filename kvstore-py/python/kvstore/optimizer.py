@@ -94,7 +94,8 @@ class Optimizer:
 
     @property
     def wd(self) -> float:
-        return self.params.get("wd", 0.0)
+        """The weight decay given (default 0)."""
+        return float(self.params.get("wd", 0.0))
 
     def set_lr_mult(self, args_lr_mult: Dict[Any, float]) -> None:
         """Per-key learning-rate multipliers (keys as in the store)."""
