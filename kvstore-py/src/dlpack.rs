@@ -65,7 +65,8 @@ unsafe impl Sync for Managed {}
 impl Drop for Managed {
     fn drop(&mut self) {
         let ptr = self.0.as_ptr();
-        Python::attach(|_| {
+        // When the interpreter is exiting the tensor is left to it (never freed twice).
+        crate::attach(|_| {
             // SAFETY: `ptr` is the live managed tensor this struct took from its capsule
             // (whose name says it is used, so the capsule will not delete it too); its
             // deleter is called exactly once, here.

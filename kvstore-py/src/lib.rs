@@ -13,6 +13,8 @@
 //! - `mpi`: `dist_sync` over MPI; `make python FEATURES=mpi` builds the `kvstore-mpi`
 //!   wheel with it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use pyo3::prelude::*;
 
 mod arrays;
@@ -22,6 +24,27 @@ mod errors;
 mod pending;
 mod store;
 mod updater;
+
+/// Set once the interpreter is exiting (the package's exit hook, after it waited for
+/// every store's calls): from then on the store's threads never enter Python again.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// Runs `f` attached to the interpreter from one of the store's threads (an updater, a
+/// callback, giving back a tensor), or returns `None` when the interpreter is exiting
+/// or gone: entering Python then would crash it.
+pub(crate) fn attach<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> Option<R> {
+    if EXITING.load(Ordering::SeqCst) {
+        return None;
+    }
+    Python::try_attach(f)
+}
+
+/// Called by the package's exit hook once every store's calls are done: the store's
+/// threads stay out of Python from now on.
+#[pyfunction]
+fn _exiting() {
+    EXITING.store(true, Ordering::SeqCst);
+}
 
 /// A store of `kind`: `dist_sync` over MPI when built with the `mpi` feature.
 pub(crate) fn create_store(kind: &str) -> kvstore_core::Result<kvstore_core::KVStore> {
@@ -69,6 +92,7 @@ fn _kvstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_has_mpi, m)?)?;
     m.add_function(wrap_pyfunction!(_register_gpu, m)?)?;
     m.add_function(wrap_pyfunction!(_finalize, m)?)?;
+    m.add_function(wrap_pyfunction!(_exiting, m)?)?;
     m.add_function(wrap_pyfunction!(_check_optimizer_json, m)?)?;
     Ok(())
 }

@@ -59,7 +59,8 @@ impl Inner {
         self.changed.notify_all();
         let callbacks = std::mem::take(&mut *self.callbacks.lock());
         if !callbacks.is_empty() {
-            Python::attach(|py| run_callbacks(py, callbacks));
+            // Not when the interpreter is exiting: the callbacks are dropped unrun.
+            let _ = crate::attach(|py| run_callbacks(py, callbacks));
         }
     }
 }

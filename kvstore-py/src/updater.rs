@@ -37,13 +37,19 @@ impl PyUpdater {
 impl Updater for PyUpdater {
     fn update(&self, key: &Key, _index: usize, merged: &NDArray, stored: &NDArray) -> Result<()> {
         let before = stored.deep_copy()?;
-        Python::attach(|py| match self.call(py, key, merged, stored) {
+        crate::attach(|py| match self.call(py, key, merged, stored) {
             Ok(()) => Ok(()),
             Err(e) => {
                 let err = crate::errors::updater_failed(py, key.as_str(), e);
                 stored.copy_from(&before)?;
                 Err(err)
             }
+        })
+        .unwrap_or_else(|| {
+            Err(Error::Backend {
+                backend: "python updater",
+                message: format!("the Python interpreter is exiting: the updater was not called for key \"{key}\""),
+            })
         })
     }
 }

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import sys
+import weakref
 from typing import Any, Callable, Generator, List, Optional, Union
 
 from . import _kvstore, errors, lr_scheduler, optimizer
@@ -171,6 +172,11 @@ class KVStore(_kvstore.KVStore):
     module's own methods (no Python frame in between): see their docs.
     """
 
+    def __init__(self, name: str = "local") -> None:
+        # (The store itself is made by the native __new__.) Remembered for the exit
+        # hook, which waits for the store's calls before the interpreter goes.
+        _stores.add(self)
+
     def set_optimizer(self, optimizer: "optimizer.Optimizer") -> None:
         """Runs `optimizer` on every push from now on (in the store, in Rust): a
         :mod:`kvstore.optimizer` optimizer, such as ``optimizer.SGD(learning_rate=0.1,
@@ -227,6 +233,25 @@ class KVStore(_kvstore.KVStore):
 
     def __repr__(self) -> str:
         return f"<kvstore.KVStore type={self.type!r} rank={self.rank} num_workers={self.num_workers}>"
+
+
+# Every store made, until it is garbage: the exit hook waits for their calls.
+_stores: "weakref.WeakSet[KVStore]" = weakref.WeakSet()
+
+
+def _wait_at_exit() -> None:
+    """At interpreter exit (after the program's own exit hooks, registered later):
+    waits for every store's non-blocking calls, whose updaters and callbacks need the
+    interpreter, then keeps the store's threads out of it."""
+    for store in list(_stores):
+        try:
+            store.wait_all()
+        except Exception:  # each call's error belongs to its future
+            pass
+    _kvstore._exiting()
+
+
+atexit.register(_wait_at_exit)
 
 
 def create(name: str = "local") -> KVStore:

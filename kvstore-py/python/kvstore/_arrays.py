@@ -31,6 +31,20 @@ def _describe(obj: Any) -> str:
     return f"a {type(obj).__module__}.{type(obj).__qualname__}"
 
 
+class _Writable:
+    """The memory of `view`, offered writable through ``__array_interface__`` (and
+    kept alive: the array numpy makes of it has this object as its base)."""
+
+    def __init__(self, view: np.ndarray) -> None:
+        self._view = view
+        interface = dict(view.__array_interface__)
+        interface["data"] = (interface["data"][0], False)
+        self.__array_interface__ = interface
+
+
+_NUMPY_1 = int(np.__version__.split(".")[0]) < 2
+
+
 def _writable_view(view: np.ndarray, obj: Any) -> np.ndarray:
     """`view` made writable where numpy marked it read-only only because DLPack
     carries no such flag (the producer's memory is writable)."""
@@ -38,7 +52,11 @@ def _writable_view(view: np.ndarray, obj: Any) -> np.ndarray:
         try:
             view.flags.writeable = True
         except ValueError:
-            raise ValueError(f"out is read-only: the store writes it in place ({_describe(obj)})") from None
+            if not _NUMPY_1:
+                raise ValueError(f"out is read-only: the store writes it in place ({_describe(obj)})") from None
+            # numpy 1.x marks every DLPack import read-only and refuses to unmark it
+            # (and exports no read-only array): the same memory, writable.
+            view = np.asarray(_Writable(view))
     return view
 
 
