@@ -37,12 +37,12 @@ impl Row {
 }
 
 /// The rows written by `make bench` before this report (the Java and Clojure benches,
-/// the MPI benches on shared memory and over TCP, and the GPU benches when a GPU is
-/// there), as (name, median seconds, the
-/// limit the row was measured against in the same run, if its bench wrote one); empty
-/// when they were not run.
+/// the MPI benches on shared memory and over TCP, the GPU benches when a GPU is
+/// there, and the Python bench: kvstore from numpy and MXNet 1.9.1's store), as
+/// (name, median seconds, the limit the row was measured against in the same run, if
+/// its bench wrote one); empty when they were not run.
 fn outside_rows(dir: &std::path::Path) -> Vec<(String, f64, Option<f64>)> {
-    ["jvm-java.json", "jvm-clojure.json", "mpi.json", "mpi-tcp.json", "gpu.json", "torch.json"]
+    ["jvm-java.json", "jvm-clojure.json", "mpi.json", "mpi-tcp.json", "gpu.json", "torch.json", "python.json"]
         .iter()
         .filter_map(|f| std::fs::read_to_string(dir.join(f)).ok())
         .filter_map(|text| serde_json::from_str::<Vec<serde_json::Value>>(&text).ok())
@@ -360,6 +360,29 @@ fn main() -> kvstore_core::Result<()> {
                 let more =
                     jvm_blocking_push_s.map_or(String::new(), |b| format!(" (here {:+.2} us)", (median_s - b) * 1e6));
                 Row::new(n, median_s, jvm_blocking_push_s, &format!("<= blocking + 1 us{more}"))
+            }
+            // Python (scripts/bench_python.py): kvstore against MXNet 1.9.1's store timed
+            // in turn in one process (limit: MXNet's time), then against the Rust rows.
+            n if n.contains(" vs MXNet ") => {
+                let target = match n {
+                    n if n.contains("1000 keys") => ">= 20",
+                    n if n.contains(" push 4 x ") => ">= 3",
+                    _ => "> 1: faster than MXNet",
+                };
+                Row::new(n, median_s, limit_s, target)
+            }
+            n if n.starts_with("python:") && n.ends_with("push+pull 1 Ki f32") => {
+                let more_us = (median_s - rust_small_s) * 1e6;
+                Row::new(n, median_s, Some(rust_small_s), &format!("<= +1 us (here {more_us:+.2} us)"))
+            }
+            n if n.starts_with("python:") && n.ends_with("push 4 x 4 Mi f32") => {
+                Row::new(n, median_s, Some(push_s), ">= 0.9")
+            }
+            n if n.starts_with("python:") && n.ends_with("pull 4 Mi f32 into 4 outs") => {
+                Row::new(n, median_s, Some(pull_s), ">= 0.9")
+            }
+            n if n.starts_with("python:") && n.contains("1000 keys x 1 Ki f32 x 4") => {
+                Row::new(n, median_s, Some(small_s / per_key), "vs the Rust row, reported")
             }
             n if n.ends_with("push+pull 1 Ki f32") => {
                 let more_us = (median_s - rust_small_s) * 1e6;
