@@ -165,14 +165,14 @@ pub(crate) fn wrap(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<N
             describe(obj)
         )));
     }
-    let shape: Vec<usize> = array.shape().to_vec();
+    let shape = array.shape();
     let len = array.len() * dtype.size();
     if len == 0 {
         // No memory to share: an empty array of the same shape.
-        return NDArray::zeros_with(&shape, dtype, kvstore_core::Context::cpu(0)).map_err(crate::errors::to_py);
+        return NDArray::zeros_with(shape, dtype, kvstore_core::Context::cpu(0)).map_err(crate::errors::to_py);
     }
-    let mem = PyMemory { _owner: array.into_any().unbind(), ptr: data.cast::<u8>(), len, writable };
-    NDArray::from_foreign(&shape, dtype, Box::new(mem), writable).map_err(crate::errors::to_py)
+    let mem = PyMemory { _owner: array.clone().into_any().unbind(), ptr: data.cast::<u8>(), len, writable };
+    NDArray::from_foreign(shape, dtype, Box::new(mem), writable).map_err(crate::errors::to_py)
 }
 
 /// Keeps a store array alive for the numpy views of its memory (their base).

@@ -3,6 +3,7 @@
 //! made from Python reaches this code with no Python frame in between.
 
 use std::collections::HashSet;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use kvstore_core::{KVStore as Store, Key, Keys, NDArray, Values};
@@ -18,11 +19,7 @@ use crate::pending::Pending;
 /// A call's keys: one, or a list.
 fn keys_of(obj: &Bound<'_, PyAny>) -> PyResult<Keys> {
     if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
-        let mut keys = Vec::with_capacity(obj.len()?);
-        for k in obj.try_iter()? {
-            keys.push(key_of(&k?)?);
-        }
-        return Ok(Keys::Many(keys));
+        return Ok(Keys::Many(map_items(obj, |k| key_of(k))?));
     }
     Ok(Keys::One(key_of(obj)?))
 }
@@ -94,18 +91,29 @@ fn arrays_of(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<Arrays>
     if !is_list(obj) {
         return Ok(Arrays::One(wrap(obj, usage, what)?));
     }
-    let items: Vec<Bound<'_, PyAny>> = obj.try_iter()?.collect::<PyResult<_>>()?;
-    if !items.iter().any(is_list) {
-        return Ok(Arrays::Many(items.iter().map(|a| wrap(a, usage, what)).collect::<PyResult<_>>()?));
+    if map_items(obj, |item| Ok(is_list(item)))?.into_iter().all(|list| !list) {
+        return Ok(Arrays::Many(map_items(obj, |a| wrap(a, usage, what))?));
     }
-    let nested = items
-        .iter()
-        .map(|item| match is_list(item) {
-            true => item.try_iter()?.map(|a| wrap(&a?, usage, what)).collect::<PyResult<Vec<_>>>(),
-            false => Ok(vec![wrap(item, usage, what)?]),
-        })
-        .collect::<PyResult<_>>()?;
+    let nested = map_items(obj, |item| match is_list(item) {
+        true => map_items(item, |a| wrap(a, usage, what)),
+        false => Ok(vec![wrap(item, usage, what)?]),
+    })?;
     Ok(Arrays::Nested(nested))
+}
+
+/// `f` of each item of `obj`, a list or tuple (read in place: no iterator object), or
+/// of another iterable.
+fn map_items<'py, T>(
+    obj: &Bound<'py, PyAny>,
+    mut f: impl FnMut(&Bound<'py, PyAny>) -> PyResult<T>,
+) -> PyResult<Vec<T>> {
+    if let Ok(list) = obj.cast::<PyList>() {
+        return list.iter().map(|item| f(&item)).collect();
+    }
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return tuple.iter().map(|item| f(&item)).collect();
+    }
+    obj.try_iter()?.map(|item| f(&item?)).collect()
 }
 
 /// The store, shared by its Python object and its updater's calls.
@@ -133,7 +141,21 @@ impl Shared {
 /// methods' documentation.
 #[pyclass(subclass, frozen, module = "kvstore._kvstore", name = "KVStore")]
 pub(crate) struct PyStore {
-    pub(crate) shared: Arc<Shared>,
+    /// Dropped by hand (see `Drop`): taken once, when the Python object goes.
+    pub(crate) shared: ManuallyDrop<Arc<Shared>>,
+}
+
+impl Drop for PyStore {
+    /// Dropping the store waits for its queued calls, whose Python updaters and
+    /// callbacks need the GIL: the GIL is released meanwhile (holding it deadlocked).
+    fn drop(&mut self) {
+        // SAFETY: `shared` is taken once, here, and never used after.
+        let shared = unsafe { ManuallyDrop::take(&mut self.shared) };
+        // (Python frees the object with the GIL held, so this attach is the thread's
+        // own; when the interpreter cannot be entered, the closure, and the store with
+        // it, is dropped unrun.)
+        let _ = Python::try_attach(move |py| py.detach(move || drop(shared)));
+    }
 }
 
 /// Records which keys of an `init` or `broadcast` were ints.
@@ -166,7 +188,7 @@ impl PyStore {
     #[pyo3(signature = (name = "local"))]
     fn new(py: Python<'_>, name: &str) -> PyResult<Self> {
         let kv = py.detach(|| crate::create_store(name)).map_err(to_py)?;
-        Ok(PyStore { shared: Arc::new(Shared { kv, int_keys: RwLock::new(HashSet::new()) }) })
+        Ok(PyStore { shared: ManuallyDrop::new(Arc::new(Shared { kv, int_keys: RwLock::new(HashSet::new()) })) })
     }
 
     /// Initializes a key (or a list of keys) with its value, copied into the store.
