@@ -1,50 +1,149 @@
 #!/usr/bin/env bash
-# The Python package: installs kvstore-py into a fresh virtualenv the way a user does
-# (`pip install ./kvstore-py`: pip fetches maturin and builds the native module), checks
-# `import kvstore`, then runs its pytest suite and examples. Prints one line
-# `python: N passed, N failed`. The virtualenv (target/py-venv) is rebuilt each run;
-# pip's download cache makes later runs quick.
+# The Python package: builds kvstore-py's wheel once the way pip does for a user
+# (`pip wheel ./kvstore-py`: pip fetches maturin and builds the native module), installs
+# it into a fresh virtualenv (target/py-venv), checks `import kvstore`, and runs its
+# pytest suite there. Then runs the interop tests (test_interop.py) against the
+# libraries themselves, with the same wheel:
+#   - target/py-mxnet-venv: mxnet 1.9.1 and numpy<1.24, where the MXNet tests must run
+#     (KVSTORE_REQUIRE_MXNET=1 turns a failed `import mxnet` into a failure);
+#   - target/py-torch-venv: Debian's python3 with Debian's python3-torch (CPU, small;
+#     PyPI's torch is the 5 GB CUDA build), KVSTORE_REQUIRE_TORCH=1 likewise.
+# Those two venvs are kept between runs (rebuilt when missing, broken or made for other
+# requirements); the kvstore wheel is reinstalled into them every run. Installs the
+# Debian packages they need (python3-torch, python3-venv, MXNet's libgomp1 and
+# libquadmath0) through scripts/apt-install.sh.
+# Prints one line `python: N passed, N failed`, summing every pytest run and the
+# install check.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=target/test-logs
 mkdir -p "$logs"
 venv=target/py-venv
+wheels=target/py-wheels
+mxnet_venv=target/py-mxnet-venv
+torch_venv=target/py-torch-venv
+# What the cached venvs are made of: a venv made for other requirements is rebuilt.
+mxnet_spec="mxnet==1.9.1 numpy<1.24 pytest"
+torch_spec="debian-python3-torch pytest"
 # pip and maturin build under TMPDIR: keep their files out of /tmp.
 export TMPDIR=$PWD/target/py-tmp
-rm -rf "$venv" "$TMPDIR"
+rm -rf "$venv" "$TMPDIR" "$wheels"
 mkdir -p "$TMPDIR"
-fail() {
+passed=0
+failed=0
+finish() {
+    rm -rf "$TMPDIR"
+    echo "python: $passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+    exit
+}
+# A step that failed: its message and log's tail, counted as one failure.
+step_failed() {
     echo "$1"
     tail -n 40 "$2" | sed 's/^/  /'
-    echo "python: 0 passed, 1 failed"
-    rm -rf "$TMPDIR"
-    exit 1
+    failed=$((failed + 1))
 }
-python3 -m venv "$venv" >"$logs/python-venv.log" 2>&1 || fail "python3 -m venv failed" "$logs/python-venv.log"
-"$venv/bin/pip" install --quiet --upgrade pip >"$logs/python-pip.log" 2>&1 || fail "pip upgrade failed" "$logs/python-pip.log"
-"$venv/bin/pip" install ./kvstore-py >"$logs/python-install.log" 2>&1 ||
-    fail "pip install ./kvstore-py failed" "$logs/python-install.log"
-version=$("$venv/bin/python" -c "import kvstore; print(kvstore.__version__)" 2>"$logs/python-import.log") ||
-    fail "import kvstore failed" "$logs/python-import.log"
-if [ "$version" != "$(bash scripts/version.sh)" ]; then
-    echo "kvstore.__version__ is $version, the workspace version is $(bash scripts/version.sh)"
-    echo "python: 0 passed, 1 failed"
-    exit 1
+fatal() {
+    step_failed "$1" "$2"
+    finish
+}
+
+# Debian's python3 makes venvs only with python3-venv (its ensurepip).
+if ! python3 -c "import ensurepip" >/dev/null 2>&1; then
+    bash scripts/apt-install.sh python3-venv >"$logs/python-venv.log" 2>&1 ||
+        fatal "installing python3-venv failed" "$logs/python-venv.log"
 fi
-"$venv/bin/pip" install --quiet pytest hypothesis ml_dtypes >"$logs/python-deps.log" 2>&1 ||
-    fail "installing pytest, hypothesis and ml_dtypes failed" "$logs/python-deps.log"
-# Run from outside the source tree, so that the installed package is the one tested.
-(cd "$venv" && bin/python -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 "$OLDPWD/kvstore-py/tests") \
-    2>&1 | tee "$logs/python-pytest.log"
-status=${PIPESTATUS[0]}
-summary=$(tail -n 1 "$logs/python-pytest.log")
-passed=$(echo "$summary" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+' || echo 0)
-failed=$(echo "$summary" | grep -oE '[0-9]+ (failed|errors?)' | awk '{ n += $1 } END { print n + 0 }')
-if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
-    failed=1
+python3 -m venv "$venv" >>"$logs/python-venv.log" 2>&1 || fatal "python3 -m venv failed" "$logs/python-venv.log"
+"$venv/bin/pip" install --quiet --upgrade pip >"$logs/python-pip.log" 2>&1 || fatal "pip upgrade failed" "$logs/python-pip.log"
+"$venv/bin/pip" wheel --no-deps ./kvstore-py -w "$wheels" >"$logs/python-install.log" 2>&1 ||
+    fatal "pip wheel ./kvstore-py failed" "$logs/python-install.log"
+wheel=$(ls "$PWD/$wheels"/kvstore-*.whl)
+"$venv/bin/pip" install "$wheel" >>"$logs/python-install.log" 2>&1 ||
+    fatal "pip install of the kvstore wheel failed" "$logs/python-install.log"
+version=$("$venv/bin/python" -c "import kvstore; print(kvstore.__version__)" 2>"$logs/python-import.log") ||
+    fatal "import kvstore failed" "$logs/python-import.log"
+if [ "$version" != "$(bash scripts/version.sh)" ]; then
+    echo "kvstore.__version__ is $version, the workspace version is $(bash scripts/version.sh)" >"$logs/python-import.log"
+    fatal "wrong version" "$logs/python-import.log"
 fi
 # The install route itself counts as one test.
 passed=$((passed + 1))
-rm -rf "$TMPDIR"
-echo "python: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+"$venv/bin/pip" install --quiet pytest hypothesis ml_dtypes >"$logs/python-deps.log" 2>&1 ||
+    fatal "installing pytest, hypothesis and ml_dtypes failed" "$logs/python-deps.log"
+
+# Runs pytest with `python` (from outside the source tree, so that the installed package
+# is the one tested), logging to target/test-logs/python-pytest-NAME.log, and adds its
+# counts. Usage: run_pytest NAME PYTHON PYTEST-ARGS...
+run_pytest() {
+    local name=$1 python=$2
+    shift 2
+    local log=$logs/python-pytest-$name.log
+    echo "== pytest ($name)"
+    (cd "$TMPDIR" && "$python" -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 "$@") 2>&1 | tee "$log"
+    local status=${PIPESTATUS[0]}
+    local summary
+    summary=$(tail -n 1 "$log")
+    local p f
+    p=$(echo "$summary" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+' || echo 0)
+    f=$(echo "$summary" | grep -oE '[0-9]+ (failed|errors?)' | awk '{ n += $1 } END { print n + 0 }')
+    if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then
+        f=1
+    fi
+    passed=$((passed + p))
+    failed=$((failed + f))
+}
+
+run_pytest main "$PWD/$venv/bin/python" "$PWD/kvstore-py/tests"
+
+# A cached venv: kept if it was made from `spec` and `check` succeeds in it, else
+# rebuilt by `make`. Usage: cached_venv DIR SPEC CHECK-PYTHON-CODE MAKE-FUNCTION
+cached_venv() {
+    local dir=$1 spec=$2 check=$3 make=$4
+    if [ -x "$dir/bin/python" ] && [ "$(cat "$dir/.kvstore-spec" 2>/dev/null)" = "$spec" ] &&
+        "$dir/bin/python" -c "$check" >/dev/null 2>&1; then
+        return 0
+    fi
+    rm -rf "$dir"
+    "$make" "$dir" || return 1
+    "$dir/bin/python" -c "$check" || return 1
+    echo "$spec" >"$dir/.kvstore-spec"
+}
+
+make_mxnet_venv() {
+    python3 -m venv "$1" &&
+        "$1/bin/pip" install --quiet --upgrade pip &&
+        "$1/bin/pip" install --quiet mxnet==1.9.1 'numpy<1.24' pytest
+}
+
+make_torch_venv() {
+    # Debian's python3 (python3-torch is built for it), seeing its site-packages.
+    /usr/bin/python3 -m venv --system-site-packages "$1" &&
+        "$1/bin/pip" install --quiet pytest
+}
+
+# Installs the kvstore wheel into a cached venv (every run: the wheel is new).
+install_wheel() {
+    "$1/bin/pip" install --quiet --force-reinstall --no-deps "$wheel"
+}
+
+mxlog=$logs/python-mxnet-venv.log
+if bash scripts/apt-install.sh libgomp1 libquadmath0 >"$mxlog" 2>&1 &&
+    cached_venv "$mxnet_venv" "$mxnet_spec" "import mxnet, pytest, numpy" make_mxnet_venv >>"$mxlog" 2>&1 &&
+    install_wheel "$mxnet_venv" >>"$mxlog" 2>&1; then
+    KVSTORE_REQUIRE_MXNET=1 run_pytest mxnet "$PWD/$mxnet_venv/bin/python" -W ignore::DeprecationWarning \
+        -k "not torch" "$PWD/kvstore-py/tests/test_interop.py"
+else
+    step_failed "setting up $mxnet_venv (mxnet 1.9.1) failed" "$mxlog"
+fi
+
+torchlog=$logs/python-torch-venv.log
+if bash scripts/apt-install.sh python3-torch python3-venv >"$torchlog" 2>&1 &&
+    cached_venv "$torch_venv" "$torch_spec" "import torch, pytest, numpy" make_torch_venv >>"$torchlog" 2>&1 &&
+    install_wheel "$torch_venv" >>"$torchlog" 2>&1; then
+    KVSTORE_REQUIRE_TORCH=1 run_pytest torch "$PWD/$torch_venv/bin/python" \
+        -k "not mxnet" "$PWD/kvstore-py/tests/test_interop.py"
+else
+    step_failed "setting up $torch_venv (Debian's python3-torch) failed" "$torchlog"
+fi
+
+finish
