@@ -24,7 +24,7 @@ mxnet_venv=target/py-mxnet-venv
 torch_venv=target/py-torch-venv
 # What the cached venvs are made of: a venv made for other requirements is rebuilt.
 mxnet_spec="mxnet==1.9.1 numpy<1.24 pytest"
-torch_spec="debian-python3-torch pytest"
+torch_spec="debian-python3-torch pytest ml_dtypes<0.5 numpy<2"
 # pip and maturin build under TMPDIR: keep their files out of /tmp.
 export TMPDIR=$PWD/target/py-tmp
 rm -rf "$venv" "$TMPDIR" "$wheels"
@@ -68,8 +68,8 @@ if [ "$version" != "$(bash scripts/version.sh)" ]; then
 fi
 # The install route itself counts as one test.
 passed=$((passed + 1))
-"$venv/bin/pip" install --quiet pytest hypothesis ml_dtypes >"$logs/python-deps.log" 2>&1 ||
-    fatal "installing pytest, hypothesis and ml_dtypes failed" "$logs/python-deps.log"
+"$venv/bin/pip" install --quiet pytest hypothesis ml_dtypes mypy >"$logs/python-deps.log" 2>&1 ||
+    fatal "installing pytest, hypothesis, ml_dtypes and mypy failed" "$logs/python-deps.log"
 
 # Runs pytest with `python` (from outside the source tree, so that the installed package
 # is the one tested), logging to target/test-logs/python-pytest-NAME.log, and adds its
@@ -118,7 +118,7 @@ make_mxnet_venv() {
 make_torch_venv() {
     # Debian's python3 (python3-torch is built for it), seeing its site-packages.
     /usr/bin/python3 -m venv --system-site-packages "$1" &&
-        "$1/bin/pip" install --quiet pytest
+        "$1/bin/pip" install --quiet pytest 'ml_dtypes<0.5' 'numpy<2'
 }
 
 # Installs the kvstore wheel into a cached venv (every run: the wheel is new).
@@ -138,7 +138,7 @@ fi
 
 torchlog=$logs/python-torch-venv.log
 if bash scripts/apt-install.sh python3-torch python3-venv >"$torchlog" 2>&1 &&
-    cached_venv "$torch_venv" "$torch_spec" "import torch, pytest, numpy" make_torch_venv >>"$torchlog" 2>&1 &&
+    cached_venv "$torch_venv" "$torch_spec" "import torch, pytest, numpy, ml_dtypes" make_torch_venv >>"$torchlog" 2>&1 &&
     install_wheel "$torch_venv" >>"$torchlog" 2>&1; then
     KVSTORE_REQUIRE_TORCH=1 run_pytest torch "$PWD/$torch_venv/bin/python" \
         -k "not mxnet" "$PWD/kvstore-py/tests/test_interop.py"

@@ -84,12 +84,11 @@ fn describe(obj: &Bound<'_, PyAny>) -> String {
 pub(crate) const KDL_CUDA: i32 = 2;
 
 /// The CUDA device `obj` is on, if it is a tensor on a GPU (by its `__dlpack_device__`).
-fn cuda_device(obj: &Bound<'_, PyAny>) -> PyResult<Option<i32>> {
-    if !obj.hasattr("__dlpack_device__")? {
-        return Ok(None);
-    }
-    let (kind, id): (i32, i32) = obj.call_method0("__dlpack_device__")?.extract()?;
-    Ok((kind == KDL_CUDA).then_some(id))
+/// An object whose `__dlpack_device__` fails or says something else (PyTorch raises for
+/// its `meta` and `mps` devices) is not one: the package's Python layer then names it.
+fn cuda_device(obj: &Bound<'_, PyAny>) -> Option<i32> {
+    let (kind, id): (i32, i32) = obj.call_method0("__dlpack_device__").ok()?.extract().ok()?;
+    (kind == KDL_CUDA).then_some(id)
 }
 
 /// `obj`, a tensor on the CUDA device `device`, as a `gpu(device)` array over its memory.
@@ -124,7 +123,7 @@ pub(crate) fn wrap(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<N
     let array = match obj.cast::<PyUntypedArray>() {
         Ok(a) => a.clone(),
         Err(_) => {
-            if let Some(device) = cuda_device(obj)? {
+            if let Some(device) = cuda_device(obj) {
                 return wrap_cuda(obj, device, what);
             }
             let view = py.import("kvstore._arrays")?.call_method1("as_numpy", (obj, usage == Use::Write))?;

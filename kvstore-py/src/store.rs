@@ -126,10 +126,12 @@ pub(crate) struct Shared {
 impl Shared {
     /// `key` as the caller first wrote it: an int for an int key.
     pub(crate) fn key_object<'py>(&self, py: Python<'py>, key: &Key) -> PyResult<Bound<'py, PyAny>> {
-        if self.int_keys.read().contains(key)
-            && let Ok(i) = key.as_str().parse::<i64>()
-        {
-            return Ok(i.into_pyobject(py)?.into_any());
+        if self.int_keys.read().contains(key) {
+            return match key.as_str().parse::<i64>() {
+                Ok(i) => Ok(i.into_pyobject(py)?.into_any()),
+                // Wider than 64 bits: Python's int of its digits.
+                Err(_) => py.get_type::<PyInt>().call1((key.as_str(),)),
+            };
         }
         Ok(PyString::new(py, key.as_str()).into_any())
     }

@@ -456,3 +456,14 @@ def test_case_22_metadata():
     with pytest.raises(NotImplementedError):
         kv.create("dist_async")
     store.barrier()
+
+
+def test_int_keys_wider_than_64_bits_come_back_as_ints():
+    store = kv.create("local")
+    big = 2**70
+    store.init([big, -5], [np.zeros(2)] * 2)
+    assert store.keys() == [big, -5]
+    seen = []
+    store.set_updater(lambda key, recv, stored: seen.append(key))
+    store.push(big, np.ones(2))
+    assert seen == [big] and isinstance(seen[0], int)

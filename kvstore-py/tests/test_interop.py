@@ -173,13 +173,6 @@ def test_torch_a_tensor_of_an_unsupported_dtype_is_a_type_error(torch, store):
     assert (store.pull("w") == 0).all()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="kvstore-py/src/arrays.rs's cuda_device() calls __dlpack_device__ first and lets "
-    "its error through: torch raises ValueError('Unknown device type meta for Dlpack') "
-    "(also for mps), before _arrays.as_numpy can raise its TypeError",
-)
 def test_torch_a_tensor_not_on_the_cpu_is_a_type_error(torch, store):
     # A CUDA tensor is the store's gpu(i) array (test_gpu.py); a tensor on a device
     # with no route to the store (meta here; mps, xla) is a TypeError naming it.
@@ -412,3 +405,14 @@ def test_a_strided_array_interface_out_is_a_value_error(store):
     strided = np.zeros(6, np.float32)[::2]
     with pytest.raises(ValueError, match="C-contiguous"):
         store.pull("w", out=ArrayInterfaceOnly(strided))
+
+
+def test_torch_bfloat16_tensors_are_read_and_written_in_place(torch, store):
+    pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes")
+    store.init("bf", torch.ones(4, dtype=torch.bfloat16))
+    store.push("bf", [torch.full((4,), 1.5, dtype=torch.bfloat16)] * 2)
+    out = torch.zeros(4, dtype=torch.bfloat16)
+    ptr = out.data_ptr()
+    store.pull("bf", out=out)
+    assert out.data_ptr() == ptr
+    assert out.float().tolist() == [3.0] * 4

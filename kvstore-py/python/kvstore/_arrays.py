@@ -7,6 +7,7 @@ numpy itself), anything with ``__array_interface__``, and MXNet's ``NDArray``.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -71,6 +72,13 @@ def as_numpy(obj: Any, writable: bool) -> np.ndarray:
             )
         if getattr(obj, "requires_grad", False):
             obj = obj.detach()
+        if str(obj.dtype) == "torch.bfloat16":
+            # numpy has no bfloat16: the same memory, seen as ml_dtypes' bfloat16.
+            try:
+                import ml_dtypes
+            except ImportError:
+                raise TypeError("bfloat16 tensors need the ml_dtypes package: pip install ml_dtypes") from None
+            return obj.view(sys.modules["torch"].int16).numpy().view(ml_dtypes.bfloat16)
         return obj.numpy()
     # MXNet's NDArray (mx.nd and mx.np): through its own DLPack functions.
     if hasattr(obj, "to_dlpack_for_write") and hasattr(obj, "asnumpy"):
