@@ -1,11 +1,11 @@
 //! `kvstore-py`: the native module `kvstore._kvstore` under the Python package
 //! `kvstore` (`python/kvstore/`), built by maturin. The package's Python layer holds
 //! MXNet's names, the optimizer classes, the error classes and the docs; this crate
-//! holds the store ([`store`]), arrays in place ([`arrays`]), errors ([`errors`]),
-//! Python updaters ([`updater`]) and the handles of non-blocking calls ([`pending`]).
+//! holds the store (`store`), arrays in place (`arrays`), errors (`errors`),
+//! Python updaters (`updater`) and the handles of non-blocking calls (`pending`).
 //!
 //! Every call that may wait or compute releases the GIL. The unsafe code is in
-//! [`arrays`] (numpy memory lent to the store, store memory lent to numpy) and `dlpack`
+//! `arrays` (numpy memory lent to the store, store memory lent to numpy) and `dlpack`
 //! (CUDA tensors' memory lent to the store), each block with its SAFETY note.
 //!
 //! # Features

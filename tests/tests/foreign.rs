@@ -9,7 +9,8 @@ use kvstore_core::{DType, ErrorKind, ForeignMemory, KVStore, NDArray};
 
 /// Memory in a shared buffer, counting its drops; `at` bytes in (to misalign it).
 struct Lent {
-    buf: Arc<std::sync::Mutex<Vec<u8>>>,
+    /// Keeps the memory `ptr` points into alive.
+    _buf: Arc<std::sync::Mutex<Vec<u8>>>,
     ptr: *mut u8,
     len: usize,
     drops: Arc<AtomicUsize>,
@@ -48,7 +49,7 @@ fn lent(values: &[f32], at: usize, drops: &Arc<AtomicUsize>) -> (Arc<std::sync::
     }
     let buf = Arc::new(std::sync::Mutex::new(bytes));
     let ptr = unsafe { buf.lock().unwrap().as_mut_ptr().add(base + at) };
-    let mem = Lent { buf: Arc::clone(&buf), ptr, len: values.len() * 4, drops: Arc::clone(drops) };
+    let mem = Lent { _buf: Arc::clone(&buf), ptr, len: values.len() * 4, drops: Arc::clone(drops) };
     (buf, Box::new(mem))
 }
 
