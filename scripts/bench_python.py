@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 import kvstore
+from kvstore import _kvstore
 
 BIG = 4 << 20  # 4 Mi f32 = 16 MiB per array, the report's
 D = 4  # values per push, outs per pull
@@ -75,6 +76,23 @@ def medians_in_blocks(blocks, per_block, a, b):
     return median(ta), median(tb)
 
 
+def medians_against_rust(warm, runs, py_call, rust_call):
+    """Medians of `runs` timings of `py_call` (timed here) and of `rust_call` (which
+    returns the seconds its call from Rust took), in turn, Python first in even runs."""
+    for _ in range(warm):
+        py_call()
+        rust_call()
+    tp, tr = [], []
+    for run in range(runs):
+        if run % 2 == 0:
+            tp.append(seconds(py_call))
+            tr.append(rust_call())
+        else:
+            tr.append(rust_call())
+            tp.append(seconds(py_call))
+    return median(tp), median(tr)
+
+
 def filled(n, v):
     """The report's arrays: v + (i % 7)."""
     return (np.arange(n, dtype=np.int64) % 7).astype(np.float32) + np.float32(v)
@@ -121,6 +139,15 @@ def main() -> int:
         assert all(np.array_equal(o.asnumpy(), want) for o in mouts), "MXNet: the pulled sum is wrong"
     rows.append(("python: push 4 x 4 Mi f32", push_s, None))
     rows.append(("python: pull 4 Mi f32 into 4 outs", pull_s, None))
+    # The same calls made from Rust on the same arrays, in turn with Python's, call by
+    # call: what calling from Python costs, whatever the machine does meanwhile.
+    for op, what, arrays, name in (
+        ("push", "push 4 x 4 Mi f32", ins, "push"),
+        ("pull", "pull 4 Mi f32 into 4 outs", outs, "pull"),
+    ):
+        call = (lambda: kv.push("big", ins)) if op == "push" else (lambda: kv.pull("big", out=outs))
+        py_s, rust_s = medians_against_rust(3, runs, call, lambda: _kvstore._time_calls_from_rust(kv, op, "big", arrays, 1)[0])
+        rows.append((f"python: {what} (against the same call from Rust, in turn)", py_s, rust_s))
     if mx:
         rows.append((f"{mxname}: push 4 x 4 Mi f32 (mx.nd, waitall)", mx_push_s, None))
         rows.append((f"{mxname}: pull 4 Mi f32 into 4 outs (mx.nd, waitall)", mx_pull_s, None))

@@ -378,11 +378,17 @@ fn main() -> kvstore_core::Result<()> {
                 let more_us = (median_s - rust_small_s) * 1e6;
                 Row::new(n, median_s, Some(rust_small_s), &format!("<= +1 us (here {more_us:+.2} us)"))
             }
+            // Against the same call made from Rust in the same process, in turn: the
+            // target. Against the report's Rust rows (another process, another moment,
+            // timed in turn with plain loops that evict the caches): reported.
+            n if n.starts_with("python:") && n.contains("against the same call from Rust") => {
+                Row::new(n, median_s, limit_s, ">= 0.9")
+            }
             n if n.starts_with("python:") && n.ends_with("push 4 x 4 Mi f32") => {
-                Row::new(n, median_s, Some(push_s), ">= 0.9")
+                Row::new(n, median_s, Some(push_s), "vs the Rust row, reported")
             }
             n if n.starts_with("python:") && n.ends_with("pull 4 Mi f32 into 4 outs") => {
-                Row::new(n, median_s, Some(pull_s), ">= 0.9")
+                Row::new(n, median_s, Some(pull_s), "vs the Rust row, reported")
             }
             n if n.starts_with("python:") && n.contains("1000 keys x 1 Ki f32 x 4") => {
                 Row::new(n, median_s, Some(small_s / per_key), "vs the Rust row, reported")

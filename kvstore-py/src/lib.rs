@@ -93,6 +93,7 @@ fn _kvstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_register_gpu, m)?)?;
     m.add_function(wrap_pyfunction!(_finalize, m)?)?;
     m.add_function(wrap_pyfunction!(_exiting, m)?)?;
+    m.add_function(wrap_pyfunction!(store::_time_calls_from_rust, m)?)?;
     m.add_function(wrap_pyfunction!(_check_optimizer_json, m)?)?;
     Ok(())
 }

@@ -463,6 +463,39 @@ impl PyStore {
     }
 }
 
+/// For `make bench` (scripts/bench_python.py): the seconds each of `runs` calls of
+/// `op` ("push" or "pull") takes when made from Rust, on arrays wrapped once, so that
+/// the Python rows are set against the same calls without Python, in the same process
+/// and moment. Not part of the API.
+#[pyfunction]
+pub(crate) fn _time_calls_from_rust(
+    py: Python<'_>,
+    store: &PyStore,
+    op: &str,
+    key: &Bound<'_, PyAny>,
+    arrays: &Bound<'_, PyAny>,
+    runs: usize,
+) -> PyResult<Vec<f64>> {
+    let keys = keys_of(key)?;
+    let kv = &store.shared.kv;
+    type Call = fn(&Store, Keys, Values<'_>) -> kvstore_core::Result<()>;
+    let (arrays, call): (Arrays, Call) = match op {
+        "push" => (arrays_of(arrays, Use::Read, "value")?, |kv, k, v| kv.push(k, v, 0)),
+        "pull" => (arrays_of(arrays, Use::Write, "out")?, |kv, k, v| kv.pull(k, v, 0)),
+        _ => return Err(PyTypeError::new_err(format!("op must be \"push\" or \"pull\", not {op:?}"))),
+    };
+    py.detach(|| {
+        (0..runs)
+            .map(|_| {
+                let start = std::time::Instant::now();
+                call(kv, keys.clone(), arrays.values())?;
+                Ok(start.elapsed().as_secs_f64())
+            })
+            .collect::<kvstore_core::Result<Vec<_>>>()
+    })
+    .map_err(to_py)
+}
+
 impl PyStore {
     /// A pull into new numpy arrays: one per key.
     fn pull_new<'py>(&self, py: Python<'py>, keys: Keys, priority: i32) -> PyResult<Bound<'py, PyAny>> {
