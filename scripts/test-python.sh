@@ -5,7 +5,8 @@
 # pytest suite there. Then runs the interop tests (test_interop.py) against the
 # libraries themselves, with the same wheel:
 #   - target/py-mxnet-venv: mxnet 1.9.1 and numpy<1.24, where the MXNet tests must run
-#     (KVSTORE_REQUIRE_MXNET=1 turns a failed `import mxnet` into a failure);
+#     (KVSTORE_REQUIRE_MXNET=1 turns a failed `import mxnet` into a failure), with
+#     kvstore.mxnet's tests (test_mxnet_dropin.py, test_mxnet_examples.py);
 #   - target/py-torch-venv: Debian's python3 with Debian's python3-torch (CPU, small;
 #     PyPI's torch is the 5 GB CUDA build), KVSTORE_REQUIRE_TORCH=1 likewise.
 # Those two venvs are kept between runs (rebuilt when missing, broken or made for other
@@ -130,8 +131,11 @@ mxlog=$logs/python-mxnet-venv.log
 if bash scripts/apt-install.sh libgomp1 libquadmath0 >"$mxlog" 2>&1 &&
     cached_venv "$mxnet_venv" "$mxnet_spec" "import mxnet, pytest, numpy" make_mxnet_venv >>"$mxlog" 2>&1 &&
     install_wheel "$mxnet_venv" >>"$mxlog" 2>&1; then
+    # test_interop.py's MXNet half, and kvstore.mxnet (the drop-in store for MXNet)
+    # against MXNet's own store, with its examples.
     KVSTORE_REQUIRE_MXNET=1 run_pytest mxnet "$PWD/$mxnet_venv/bin/python" -W ignore::DeprecationWarning \
-        -k "not torch" "$PWD/kvstore-py/tests/test_interop.py"
+        -k "not torch" "$PWD/kvstore-py/tests/test_interop.py" "$PWD/kvstore-py/tests/test_mxnet_dropin.py" \
+        "$PWD/kvstore-py/tests/test_mxnet_examples.py"
 else
     step_failed "setting up $mxnet_venv (mxnet 1.9.1) failed" "$mxlog"
 fi

@@ -1,0 +1,548 @@
+"""A drop-in store for Apache MXNet 1.9.1: ``import kvstore.mxnet`` makes
+``mx.kv.create(name)`` (and so gluon's ``Trainer(..., kvstore=name)``) return this
+project's store for ``local``, ``device``, ``local_allreduce_cpu``,
+``local_allreduce_device``, ``dist_sync``, ``dist_device_sync`` and ``dist``::
+
+    import mxnet as mx
+    import kvstore.mxnet
+
+    kv = mx.kv.create("local")          # a kvstore.mxnet.KVStore
+    kv.init(3, mx.nd.ones((2, 3)) * 2)
+    a = mx.nd.zeros((2, 3))
+    kv.pull(3, out=a)                    # written in place: a is 2
+
+Every other name (``nccl``, ``dist_async``, ``teststore``, ...) stays MXNet's.
+:func:`unregister` gives the names back to MXNet; :func:`native_create` makes MXNet's
+own store whatever is registered.
+
+The store (:class:`KVStore`) is an ``mxnet.kvstore.KVStoreBase``, so gluon takes it,
+and has every method and property of MXNet 1.9.1's ``mxnet.kvstore.KVStore`` with
+MXNet's signatures. Values and outs are ``mx.nd.NDArray`` and ``mx.np.ndarray`` arrays
+on ``mx.cpu(i)`` (numpy arrays too), read and written in place through DLPack (each
+call first waits for MXNet's pending writes to them).
+
+- ``init``, ``push``, ``pull`` (``out`` is required, as in MXNet), ``pushpull`` and
+  ``broadcast`` take MXNet's forms: one key, a list of keys, a key with a list of
+  arrays, lists of lists, repeated keys.
+- ``_set_updater(fn)`` (and ``set_updater``, the same) calls ``fn(key, recv, stored)``
+  as MXNet does: an int key as an int, a str key as ``bytes``; ``recv`` and ``stored``
+  are ``mx.nd.NDArray`` views of the store's memory (also under ``npx.set_np()``, as
+  in MXNet), so ``stored += recv * 2`` updates the key in place. They are valid
+  during the call only. ``mx.optimizer.get_updater(opt)`` works as an updater (it runs
+  MXNet's own Python optimizer), and ``save_optimizer_states`` then pickles its states
+  as MXNet does.
+- ``set_optimizer(opt)`` takes an ``mx.optimizer.Optimizer`` of the 14 kinds the store
+  runs in Rust (SGD, ccSGD, NAG, Adam, AdaGrad, RMSProp, AdaDelta, Ftrl, Signum, SGLD,
+  DCASGD, Adamax, Nadam, LAMB, LARS), with its hyper-parameters, its
+  ``lr_scheduler`` (FactorScheduler, MultiFactorScheduler, PolyScheduler,
+  CosineScheduler), ``multi_precision``, ``begin_num_update`` and the per-key
+  ``lr_mult``/``wd_mult`` MXNet would use (``param_dict`` multipliers, as gluon sets
+  them, ``set_lr_mult``/``set_wd_mult``, ``param_idx2name``). Later changes to the
+  optimizer object (gluon's ``set_learning_rate``, ``rescale_grad`` for a new batch
+  size, a parameter's ``lr_mult``) reach the store at the next push, with the
+  optimizer's state kept. Any other optimizer (FTML, LBSGD, Test, a subclass, a
+  custom schedule), or one that has already made updates itself, is a ``TypeError``
+  or ``ValueError`` naming what cannot be mapped; a kvstore.optimizer optimizer is
+  taken as it is.
+- ``save_optimizer_states``/``load_optimizer_states`` of a ``set_optimizer``
+  optimizer write and read the store's own state file (safetensors with JSON
+  metadata), not MXNet's pickle; gluon's ``Trainer.save_states``/``load_states``
+  work with it.
+
+Not supported, and why (each raises ``NotImplementedError`` with this reason):
+
+- ``row_sparse_pull``: the store holds dense arrays only (no row-sparse storage).
+- ``set_gradient_compression``: the store has no gradient compression (on ``local``
+  it raises MXNet's own ``Exception``, as MXNet does).
+- arrays on ``mx.gpu(i)`` are a ``TypeError`` (copy them to ``mx.cpu()``); sparse
+  NDArrays are a ``TypeError``.
+
+Where the results differ from MXNet's native store, the README's "Differences from
+MXNet" says why: a push copies its values, shapes and dtypes are checked (a pull does
+not convert dtypes), ``3`` and ``"3"`` are one key (no "mixed key types" error), the
+updater runs in the order keys were first initialized (MXNet sorts int keys), and an
+exception in an updater fails the push (MXNet prints it and goes on). ``dist_sync``
+and ``dist`` need the ``kvstore-mpi`` build and ``mpirun``; ``_send_command_to_servers``
+does nothing (there are no parameter servers).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import tempfile
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import mxnet as _mx  # type: ignore
+from mxnet.kvstore import KVStoreBase as _KVStoreBase  # type: ignore
+
+import kvstore as _kv
+from kvstore import lr_scheduler as _sched
+from kvstore import optimizer as _opt
+
+__all__ = ["KVStore", "NAMES", "create", "native_create", "register", "unregister", "convert_optimizer"]
+
+# The names registered in MXNet's kv_registry.
+NAMES: Tuple[str, ...] = (
+    "local",
+    "device",
+    "local_allreduce_cpu",
+    "local_allreduce_device",
+    "dist_sync",
+    "dist_device_sync",
+    "dist",
+)
+
+
+def _to_mx(view: Any) -> Any:
+    """An MXNet array over `view`'s memory (a numpy view of the store's), no copy."""
+    try:
+        nd = _mx.nd.from_dlpack(view.__dlpack__())
+    except Exception:  # a dtype numpy does not export through DLPack (bool on numpy 1.x)
+        nd = _mx.nd.from_numpy(view, zero_copy=True)
+    return nd
+
+
+def _check_arrays(obj: Any) -> None:
+    """MXNet's sparse arrays and GPU arrays are refused with a clear message."""
+    if isinstance(obj, (list, tuple)):
+        for o in obj:
+            _check_arrays(o)
+        return
+    stype = getattr(obj, "stype", "default")
+    if stype != "default":
+        raise TypeError(f"a {stype} NDArray is not supported: the store holds dense arrays only (use .tostype('default'))")
+
+
+class _OptimizerUpdater:
+    """What ``KVStore._updater`` holds after ``set_optimizer`` of an MXNet optimizer:
+    gluon's ``Trainer.load_states`` reads ``kvstore._updater.optimizer``."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self.optimizer = optimizer
+
+
+class KVStore(_KVStoreBase):
+    """This project's store with MXNet 1.9.1's ``mxnet.kvstore.KVStore`` interface
+    (see the module's documentation). Made by ``mx.kv.create(name)`` once
+    ``kvstore.mxnet`` is imported, or by :func:`create`."""
+
+    def __init__(self, name: str = "local") -> None:
+        self._kv = _kv.create(name)
+        # MXNet's: the updater set (set_optimizer: an object with .optimizer).
+        self._updater: Any = None
+        # An MXNet optimizer set with set_optimizer, and the JSON last installed for it.
+        self._mx_optimizer: Any = None
+        self._installed: Optional[str] = None
+        self._sync_lock = threading.Lock()
+
+    # -- the calls -------------------------------------------------------------
+
+    def init(self, key: Any, value: Any) -> None:
+        """Initializes a key (or list of keys) with a copy of its value (MXNet's ``init``)."""
+        _check_arrays(value)
+        self._kv.init(key, value)
+
+    def push(self, key: Any, value: Any, priority: int = 0) -> None:
+        """Pushes values (MXNet's ``push``): each key's values are summed, then the
+        optimizer or updater merges the sum, or it replaces the stored value."""
+        _check_arrays(value)
+        self._sync_optimizer()
+        self._kv.push(key, value, priority)
+
+    def pull(self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True) -> None:
+        """Pulls the stored values into `out`, written in place (MXNet's ``pull``:
+        `out` is required)."""
+        assert out is not None, "pull needs out= (the arrays to write), as MXNet's pull does"
+        _check_arrays(out)
+        self._kv.pull(key, out=out, priority=priority, ignore_sparse=ignore_sparse)
+
+    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
+        """Pushes `value` and pulls the result into `out` (MXNet's ``pushpull``); with
+        no `out`, into the pushed arrays."""
+        _check_arrays(value)
+        if out is not None:
+            _check_arrays(out)
+        self._sync_optimizer()
+        self._kv.pushpull(key, value, out=out, priority=priority)
+
+    def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
+        """Initializes the keys with `value` and pulls them into `out` (MXNet's
+        ``broadcast``)."""
+        _check_arrays(value)
+        _check_arrays(out)
+        self._kv.broadcast(key, value, out, priority)
+
+    def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> None:
+        """Not supported: the store holds dense arrays only (no row-sparse storage)."""
+        assert out is not None
+        assert row_ids is not None
+        raise NotImplementedError(
+            "row_sparse_pull: the store holds dense arrays only (no row-sparse storage); use pull"
+        )
+
+    def set_gradient_compression(self, compression_params: Dict[str, Any]) -> None:
+        """Not supported: the store pushes uncompressed values."""
+        if "device" not in self.type and "dist" not in self.type:
+            raise Exception("Gradient compression is not supported for this type of kvstore")
+        raise NotImplementedError("set_gradient_compression: the store has no gradient compression")
+
+    # -- updaters and optimizers -----------------------------------------------
+
+    def _set_updater(self, updater: Optional[Callable[[Any, Any, Any], None]]) -> None:
+        """Calls ``updater(key, recv, stored)`` on every push from now on, as MXNet
+        does: an int key as an int, a str key as ``bytes``; `recv` and `stored` are
+        MXNet arrays over the store's memory, valid during the call."""
+        if updater is None:
+            self._kv.set_updater(None)
+            self._updater = None
+            self._mx_optimizer = self._installed = None
+            return
+        if not callable(updater):
+            raise TypeError(f"an updater must be callable as fn(key, recv, stored), not a {type(updater).__name__}")
+
+        def call(key: Any, recv: Any, stored: Any) -> None:
+            if isinstance(key, str):
+                key = key.encode()
+            r, s = _to_mx(recv), _to_mx(stored)
+            updater(key, r, s)
+            # MXNet computes lazily: its writes to `stored` are done before the
+            # store's memory is used again.
+            s.wait_to_read()
+            r.wait_to_read()
+
+        self._kv.set_updater(call)
+        self._updater = updater
+        self._mx_optimizer = self._installed = None
+
+    def set_updater(self, updater: Optional[Callable[[Any, Any, Any], None]]) -> None:
+        """``_set_updater`` (MXNet 1.9.1 has only the underscored name)."""
+        self._set_updater(updater)
+
+    def set_optimizer(self, optimizer: Any) -> None:
+        """Runs `optimizer` on every push from now on, in the store (in Rust): an
+        ``mx.optimizer.Optimizer`` of the 14 kinds the store has (mapped with its
+        hyper-parameters, schedule and multipliers: see :func:`convert_optimizer`), or a
+        ``kvstore.optimizer`` optimizer."""
+        if isinstance(optimizer, _opt.Optimizer):
+            self._kv.set_optimizer(optimizer)
+            self._updater = _OptimizerUpdater(optimizer)
+            self._mx_optimizer = self._installed = None
+            return
+        converted = convert_optimizer(optimizer, check_fresh=True)
+        with self._sync_lock:
+            self._kv.set_optimizer(converted)
+            self._updater = _OptimizerUpdater(optimizer)
+            self._mx_optimizer = optimizer
+            self._installed = converted._json()
+
+    def _sync_optimizer(self) -> None:
+        """Installs the MXNet optimizer's hyper-parameters again if they changed since
+        (a new learning rate, rescale_grad, multiplier), keeping every key's state."""
+        opt = self._mx_optimizer
+        if opt is None:
+            return
+        converted = convert_optimizer(opt, check_fresh=False)
+        spec = converted._json()
+        if spec == self._installed:
+            return
+        with self._sync_lock:
+            if spec == self._installed:
+                return
+            fd, path = tempfile.mkstemp(prefix="kvstore-mxnet-", suffix=".states")
+            os.close(fd)
+            try:
+                self._kv.save_optimizer_states(path)
+                self._kv.set_optimizer(converted)
+                self._kv.load_optimizer_states(path)
+            finally:
+                os.unlink(path)
+            self._installed = spec
+
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
+        """Writes the optimizer's states to `fname`: the store's state file for an
+        optimizer of ``set_optimizer``; the updater's pickled states (MXNet's format)
+        for an ``mx.optimizer.get_updater`` updater."""
+        assert self._updater is not None, "Cannot save states for distributed training"
+        if isinstance(self._updater, _OptimizerUpdater):
+            self._sync_optimizer()
+            self._kv.save_optimizer_states(fname, dump_optimizer)
+            return
+        if not hasattr(self._updater, "get_states"):
+            raise TypeError("save_optimizer_states: the updater set has no get_states() (set an optimizer)")
+        with open(fname, "wb") as fout:
+            fout.write(self._updater.get_states(dump_optimizer))
+
+    def load_optimizer_states(self, fname: str) -> None:
+        """Loads a file written by ``save_optimizer_states``."""
+        assert self._updater is not None, "Cannot load states for distributed training"
+        if isinstance(self._updater, _OptimizerUpdater):
+            self._sync_optimizer()
+            self._kv.load_optimizer_states(fname)
+            return
+        if not hasattr(self._updater, "set_states"):
+            raise TypeError("load_optimizer_states: the updater set has no set_states() (set an optimizer)")
+        with open(fname, "rb") as f:
+            self._updater.set_states(f.read())
+
+    # -- properties and the rest ---------------------------------------------
+
+    def is_capable(self, capability: str) -> bool:
+        """Whether the store can do `capability`: ``"optimizer"`` is ``True``; any
+        other is MXNet's ``ValueError``."""
+        if capability.lower() == _KVStoreBase.OPTIMIZER:
+            return True
+        raise ValueError("Unknown capability: {}".format(capability))
+
+    @property
+    def type(self) -> str:
+        """The store's kind, as given to ``create`` (lower-cased by MXNet)."""
+        return self._kv.type
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank (0 outside ``dist_sync``)."""
+        return self._kv.rank
+
+    @property
+    def num_workers(self) -> int:
+        """The number of workers (1 outside ``dist_sync``)."""
+        return self._kv.num_workers
+
+    def _barrier(self) -> None:
+        """Waits until every worker reached this barrier (at once with one worker)."""
+        self._kv.barrier()
+
+    def barrier(self) -> None:
+        """``_barrier``."""
+        self._kv.barrier()
+
+    def _send_command_to_servers(self, head: int, body: str) -> None:
+        """Does nothing: the store has no parameter servers (MXNet's local store does
+        nothing either)."""
+
+    @property
+    def store(self) -> "_kv.KVStore":
+        """The underlying :class:`kvstore.KVStore` (numpy views, ``push_async``, ...)."""
+        return self._kv
+
+    def __repr__(self) -> str:
+        return f"<kvstore.mxnet.KVStore type={self.type!r} rank={self.rank} num_workers={self.num_workers}>"
+
+
+# -- optimizers -----------------------------------------------------------------
+
+
+def _optimizer_table() -> Dict[type, Tuple[str, List[Tuple[str, str]]]]:
+    o = _mx.optimizer
+    sgd = [("momentum", "momentum"), ("lazy_update", "lazy_update")]
+    return {
+        o.SGD: ("sgd", sgd),
+        o.ccSGD: ("sgd", sgd),
+        o.NAG: ("nag", [("momentum", "momentum")]),
+        o.Adam: ("adam", [("beta1", "beta1"), ("beta2", "beta2"), ("epsilon", "epsilon"), ("lazy_update", "lazy_update")]),
+        o.AdaGrad: ("adagrad", [("eps", "float_stable_eps")]),
+        o.RMSProp: (
+            "rmsprop",
+            [("gamma1", "gamma1"), ("gamma2", "gamma2"), ("epsilon", "epsilon"), ("centered", "centered"), ("clip_weights", "clip_weights")],
+        ),
+        o.AdaDelta: ("adadelta", [("rho", "rho"), ("epsilon", "epsilon")]),
+        o.Ftrl: ("ftrl", [("lamda1", "lamda1"), ("beta", "beta")]),
+        o.Signum: ("signum", [("momentum", "momentum"), ("wd_lh", "wd_lh")]),
+        o.SGLD: ("sgld", []),
+        o.DCASGD: ("dcasgd", [("momentum", "momentum"), ("lamda", "lamda")]),
+        o.Adamax: ("adamax", [("beta1", "beta1"), ("beta2", "beta2")]),
+        o.Nadam: ("nadam", [("beta1", "beta1"), ("beta2", "beta2"), ("epsilon", "epsilon"), ("schedule_decay", "schedule_decay")]),
+        o.LAMB: (
+            "lamb",
+            [
+                ("beta1", "beta1"),
+                ("beta2", "beta2"),
+                ("epsilon", "epsilon"),
+                ("lower_bound", "lower_bound"),
+                ("upper_bound", "upper_bound"),
+                ("bias_correction", "bias_correction"),
+            ],
+        ),
+        o.LARS: (
+            "lars",
+            [("momentum", "momentum"), ("eta", "eta"), ("eps", "eps"), ("momentum_correction", "momentum_correction"), ("lazy_update", "lazy_update")],
+        ),
+    }
+
+
+# Hyper-parameters that are switches (MXNet takes any truthy value).
+_BOOL_PARAMS = ("lazy_update", "centered", "bias_correction", "momentum_correction")
+
+
+def _convert_scheduler(s: Any) -> Tuple[_sched.LRScheduler, float]:
+    """The store's schedule for an MXNet schedule, and the learning rate MXNet uses
+    with it (its current ``base_lr``, which the optimizer's learning_rate replaced)."""
+    m = _mx.lr_scheduler
+    # The rate the schedule was made with: MXNet's warm-up (and poly and cosine decay)
+    # start from it even when the optimizer's learning_rate replaced base_lr.
+    warm = dict(
+        base_lr=float(s.warmup_final_lr),
+        warmup_steps=int(s.warmup_steps),
+        warmup_begin_lr=float(s.warmup_begin_lr),
+        warmup_mode=s.warmup_mode,
+    )
+    t = type(s)
+    if t is m.FactorScheduler:
+        if s.count != 0:
+            raise ValueError("the FactorScheduler has already advanced (count > 0): pass a fresh schedule")
+        out: _sched.LRScheduler = _sched.FactorScheduler(step=int(s.step), factor=float(s.factor), stop_factor_lr=float(s.stop_factor_lr), **warm)
+    elif t is m.MultiFactorScheduler:
+        if s.cur_step_ind != 0:
+            raise ValueError("the MultiFactorScheduler has already advanced: pass a fresh schedule")
+        out = _sched.MultiFactorScheduler(step=[int(x) for x in s.step], factor=float(s.factor), **warm)
+    elif t is m.PolyScheduler:
+        warm["base_lr"] = float(s.base_lr_orig)
+        out = _sched.PolyScheduler(max_update=int(s.max_update), pwr=float(s.power), final_lr=float(s.final_lr), **warm)
+    elif t is m.CosineScheduler:
+        warm["base_lr"] = float(s.base_lr_orig)
+        out = _sched.CosineScheduler(max_update=int(s.max_update), final_lr=float(s.final_lr), **warm)
+    else:
+        raise TypeError(
+            f"lr_scheduler {t.__module__}.{t.__qualname__} cannot run in the store: it runs MXNet's "
+            "FactorScheduler, MultiFactorScheduler, PolyScheduler and CosineScheduler"
+        )
+    return out, float(s.base_lr)
+
+
+def _multipliers(opt: Any, which: str) -> Dict[str, float]:
+    """Per-key multipliers as MXNet's ``_get_lrs``/``_get_wds`` find them, keyed by
+    the store's key (``str(index)``)."""
+    mults = opt.lr_mult if which == "lr" else opt.wd_mult
+    attr = "lr_mult" if which == "lr" else "wd_mult"
+    indices: List[Any] = list(opt.param_dict) + list(mults) + list(opt.idx2name)
+    out: Dict[str, float] = {}
+    for index in indices:
+        if index in opt.param_dict:
+            m = getattr(opt.param_dict[index], attr)
+        elif index in mults:
+            m = mults[index]
+        elif index in opt.idx2name:
+            m = mults.get(opt.idx2name[index], 1.0)
+        else:
+            continue
+        out.setdefault(str(index), float(m))
+    return {k: v for k, v in out.items() if v != 1.0}
+
+
+def convert_optimizer(optimizer: Any, check_fresh: bool = True) -> _opt.Optimizer:
+    """The ``kvstore.optimizer`` optimizer that runs `optimizer` (an
+    ``mx.optimizer.Optimizer``) as MXNet would: its class's registry name, its
+    hyper-parameters, schedule, ``multi_precision``, ``begin_num_update`` and per-key
+    multipliers. Raises ``TypeError`` for an optimizer or schedule the store does not
+    have, and (with `check_fresh`) ``ValueError`` for one that has already made
+    updates itself (its update counts and states stay in MXNet)."""
+    if not isinstance(optimizer, _mx.optimizer.Optimizer):
+        raise TypeError(
+            f"set_optimizer takes an mx.optimizer.Optimizer (or a kvstore.optimizer one), not {type(optimizer).__name__}"
+        )
+    table = _optimizer_table()
+    entry = table.get(type(optimizer))
+    if entry is None:
+        t = type(optimizer)
+        names = ", ".join(sorted({c.__name__ for c in table}))
+        raise TypeError(
+            f"optimizer {t.__module__}.{t.__qualname__} cannot run in the store: it runs MXNet's {names}; "
+            "for another one, pass mx.optimizer.get_updater(opt) to kv._set_updater (MXNet's Python update)"
+        )
+    name, own = entry
+    if check_fresh and (optimizer.num_update != optimizer.begin_num_update or any(optimizer._all_index_update_counts.values())):
+        raise ValueError(
+            f"the {type(optimizer).__name__} optimizer has already made updates: its update counts and states "
+            "cannot be carried into the store; pass a fresh optimizer"
+        )
+    if name == "nadam" and check_fresh and optimizer.m_schedule != 1.0:
+        raise ValueError("the Nadam optimizer's momentum schedule has advanced: pass a fresh optimizer")
+    if name == "dcasgd" and check_fresh and optimizer.weight_previous:
+        raise ValueError("the DCASGD optimizer holds previous weights: pass a fresh optimizer")
+    params: Dict[str, Any] = {}
+    scheduler = None
+    if optimizer.lr_scheduler is not None:
+        scheduler, lr = _convert_scheduler(optimizer.lr_scheduler)
+    else:
+        lr = optimizer.lr
+    params["learning_rate"] = float(lr)
+    params["wd"] = float(optimizer.wd)
+    params["rescale_grad"] = float(optimizer.rescale_grad)
+    if optimizer.clip_gradient is not None:
+        params["clip_gradient"] = float(optimizer.clip_gradient)
+    params["multi_precision"] = bool(optimizer.multi_precision)
+    params["begin_num_update"] = int(optimizer.begin_num_update)
+    for ours, theirs in own:
+        v = getattr(optimizer, theirs)
+        if v is None:
+            continue
+        params[ours] = bool(v) if ours in _BOOL_PARAMS else float(v)
+    converted = _opt.create(name, lr_scheduler=scheduler, **params)
+    lr_mult = _multipliers(optimizer, "lr")
+    wd_mult = _multipliers(optimizer, "wd")
+    if lr_mult:
+        converted.set_lr_mult(lr_mult)
+    if wd_mult:
+        converted.set_wd_mult(wd_mult)
+    return converted
+
+
+# -- creation and the registry ----------------------------------------------------
+
+
+def create(name: str = "local") -> KVStore:
+    """A new store of kind `name` with MXNet's interface (what ``mx.kv.create(name)``
+    returns for the registered names)."""
+    if not isinstance(name, str):
+        raise TypeError("name must be a string")
+    return KVStore(name.lower())
+
+
+def native_create(name: str = "local") -> Any:
+    """MXNet's own native store of kind `name` (``mxnet.kvstore.KVStore``), whatever
+    the registry holds: what ``mx.kv.create`` does for a name not registered."""
+    from mxnet.base import _LIB, KVStoreHandle, c_str, check_call  # type: ignore
+    from mxnet.kvstore.kvstore import KVStore as NativeKVStore  # type: ignore
+
+    if not isinstance(name, str):
+        raise TypeError("name must be a string")
+    handle = KVStoreHandle()
+    check_call(_LIB.MXKVStoreCreate(c_str(name.lower()), ctypes.byref(handle)))
+    return NativeKVStore(handle)
+
+
+def _store_class(name: str) -> type:
+    """A subclass whose ``__name__`` is `name` (MXNet's registry key is the class's
+    lower-cased name, and ``mx.kv.create`` calls it with no argument)."""
+
+    def __init__(self: KVStore) -> None:
+        KVStore.__init__(self, name)
+
+    return type(
+        name,
+        (KVStore,),
+        {"__init__": __init__, "__module__": __name__, "__doc__": f"The ``{name}`` store (``mx.kv.create('{name}')``)."},
+    )
+
+
+_CLASSES: Dict[str, type] = {name: _store_class(name) for name in NAMES}
+
+
+def register() -> None:
+    """Registers the store in MXNet's ``KVStoreBase.kv_registry`` for :data:`NAMES`
+    (done when the module is imported)."""
+    for name, cls in _CLASSES.items():
+        _KVStoreBase.kv_registry[name] = cls
+
+
+def unregister() -> None:
+    """Gives :data:`NAMES` back to MXNet's native stores."""
+    for name, cls in _CLASSES.items():
+        if _KVStoreBase.kv_registry.get(name) is cls:
+            del _KVStoreBase.kv_registry[name]
+
+
+register()
