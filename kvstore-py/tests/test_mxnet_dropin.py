@@ -485,6 +485,29 @@ def test_a_learning_rate_set_later_reaches_the_store_with_the_state_kept():
     assert_same(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("sched", ["factor", "poly"])
+def test_reading_the_learning_rate_of_a_schedule_changes_nothing(sched):
+    # MXNet's schedules move their base_lr when read (opt.learning_rate, gluon's
+    # trainer.learning_rate); the store's copy of the schedule is not disturbed.
+    native, ours = both()
+    outs = []
+    for kv in (native, ours):
+        if sched == "factor":
+            s = F(step=2, factor=0.5, base_lr=0.2)
+        else:
+            s = P(max_update=10, base_lr=0.2, pwr=2, final_lr=0.01)
+        opt = mx.optimizer.SGD(learning_rate=0.1, momentum=0.5, lr_scheduler=s, begin_num_update=5)
+        kv.init("w", mx.nd.ones((3,)))
+        kv.set_optimizer(opt)
+        for step in range(4):
+            opt.learning_rate  # noqa: B018 (read: MXNet's schedule moves)
+            kv.push("w", mx.nd.array([1.0, -2.0, 0.5]))
+        out = mx.nd.zeros((3,))
+        kv.pull("w", out=out)
+        outs.append(out)
+    assert_same(outs[0], outs[1])
+
+
 def test_optimizers_the_store_cannot_run_are_refused():
     kv = mx.kv.create("local")
     kv.init("w", mx.nd.ones((2,)))
@@ -605,6 +628,42 @@ def test_gluon_trainer_with_adam_a_new_learning_rate_and_saved_states(tmp_path):
     _, got = train("device", True, "adam", params, steps=6, change_lr=True, states=str(tmp_path / "states"))
     for i, (g, e) in enumerate(zip(got, expected)):
         np.testing.assert_array_equal(g[0], e[0], err_msg=f"parameter {i}")
+
+
+def fit_module():
+    """MXNet's Module API (string keys: the parameters' names; wd_mult 0 for biases
+    through param_idx2name), two devices, kvstore "device"."""
+    mx.random.seed(0)
+    data = mx.sym.Variable("data")
+    act = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=4, name="fc1"), act_type="relu")
+    out = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(act, num_hidden=3, name="fc2"), name="softmax")
+    rng = np.random.RandomState(0)
+    it = mx.io.NDArrayIter(rng.randn(16, 5).astype("float32"), rng.randint(0, 3, 16).astype("float32"), batch_size=8)
+    mod = mx.mod.Module(out, context=[mx.cpu(0), mx.cpu(1)])
+    mod.fit(
+        it,
+        num_epoch=2,
+        kvstore="device",
+        optimizer="sgd",
+        optimizer_params={"learning_rate": 0.1, "momentum": 0.9, "wd": 0.01},
+        initializer=mx.init.Xavier(),
+    )
+    return mod._kvstore, {k: v.asnumpy() for k, v in mod.get_params()[0].items()}
+
+
+@pytest.mark.parametrize("update_on_kvstore", ["1", "0"])
+def test_mxnets_module_fit_through_the_store_as_through_mxnets(update_on_kvstore, monkeypatch):
+    monkeypatch.setenv("MXNET_UPDATE_ON_KVSTORE", update_on_kvstore)
+    kmx.unregister()
+    try:
+        kv_native, expected = fit_module()
+    finally:
+        kmx.register()
+    kv_ours, got = fit_module()
+    assert type(kv_native) is NATIVE and isinstance(kv_ours, kmx.KVStore)
+    assert sorted(got) == sorted(expected) == ["fc1_bias", "fc1_weight", "fc2_bias", "fc2_weight"]
+    for k in got:
+        np.testing.assert_array_equal(got[k], expected[k], err_msg=k)
 
 
 # ------------------------------------------------------------------ errors and the rest

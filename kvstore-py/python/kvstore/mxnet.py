@@ -1,7 +1,8 @@
 """A drop-in store for Apache MXNet 1.9.1: ``import kvstore.mxnet`` makes
-``mx.kv.create(name)`` (and so gluon's ``Trainer(..., kvstore=name)``) return this
-project's store for ``local``, ``device``, ``local_allreduce_cpu``,
-``local_allreduce_device``, ``dist_sync``, ``dist_device_sync`` and ``dist``::
+``mx.kv.create(name)`` (and so gluon's ``Trainer(..., kvstore=name)`` and
+``Module.fit(..., kvstore=name)``) return this project's store for ``local``,
+``device``, ``local_allreduce_cpu``, ``local_allreduce_device``, ``dist_sync``,
+``dist_device_sync`` and ``dist``::
 
     import mxnet as mx
     import kvstore.mxnet
@@ -47,7 +48,9 @@ call first waits for MXNet's pending writes to them).
 - ``save_optimizer_states``/``load_optimizer_states`` of a ``set_optimizer``
   optimizer write and read the store's own state file (safetensors with JSON
   metadata), not MXNet's pickle; gluon's ``Trainer.save_states``/``load_states``
-  work with it.
+  work with it. The MXNet optimizer object itself makes no update: its
+  ``num_update`` and the rate its ``learning_rate`` (gluon's
+  ``trainer.learning_rate``) reports stay at their start, while the store counts.
 
 Not supported, and why (each raises ``NotImplementedError`` with this reason):
 
@@ -56,6 +59,8 @@ Not supported, and why (each raises ``NotImplementedError`` with this reason):
   it raises MXNet's own ``Exception``, as MXNet does).
 - arrays on ``mx.gpu(i)`` are a ``TypeError`` (copy them to ``mx.cpu()``); sparse
   NDArrays are a ``TypeError``.
+- the ``handle`` attribute (MXNet's C handle) does not exist: the store is not
+  MXNet's C++ one (so MXNet's profiler does not see it).
 
 Where the results differ from MXNet's native store, the README's "Differences from
 MXNet" says why: a push copies its values, shapes and dtypes are checked (a pull does
@@ -136,6 +141,7 @@ class KVStore(_KVStoreBase):
         # An MXNet optimizer set with set_optimizer, and the JSON last installed for it.
         self._mx_optimizer: Any = None
         self._installed: Optional[str] = None
+        self._scheduler_lr: Optional[float] = None
         self._sync_lock = threading.Lock()
 
     # -- the calls -------------------------------------------------------------
@@ -237,6 +243,9 @@ class KVStore(_KVStoreBase):
             self._updater = _OptimizerUpdater(optimizer)
             self._mx_optimizer = optimizer
             self._installed = converted._json()
+            # With a schedule the rate cannot be set again (MXNet's set_learning_rate
+            # refuses), but reading it moves the schedule's base_lr: kept as it is now.
+            self._scheduler_lr = converted.learning_rate if optimizer.lr_scheduler is not None else None
 
     def _sync_optimizer(self) -> None:
         """Installs the MXNet optimizer's hyper-parameters again if they changed since
@@ -244,7 +253,7 @@ class KVStore(_KVStoreBase):
         opt = self._mx_optimizer
         if opt is None:
             return
-        converted = convert_optimizer(opt, check_fresh=False)
+        converted = convert_optimizer(opt, check_fresh=False, scheduler_lr=self._scheduler_lr)
         spec = converted._json()
         if spec == self._installed:
             return
@@ -377,9 +386,10 @@ def _optimizer_table() -> Dict[type, Tuple[str, List[Tuple[str, str]]]]:
 _BOOL_PARAMS = ("lazy_update", "centered", "bias_correction", "momentum_correction")
 
 
-def _convert_scheduler(s: Any) -> Tuple[_sched.LRScheduler, float]:
+def _convert_scheduler(s: Any, check_fresh: bool) -> Tuple[_sched.LRScheduler, float]:
     """The store's schedule for an MXNet schedule, and the learning rate MXNet uses
-    with it (its current ``base_lr``, which the optimizer's learning_rate replaced)."""
+    with it (its current ``base_lr``, which the optimizer's learning_rate replaced).
+    Reads only the fields a schedule never changes, but for that ``base_lr``."""
     m = _mx.lr_scheduler
     # The rate the schedule was made with: MXNet's warm-up (and poly and cosine decay)
     # start from it even when the optimizer's learning_rate replaced base_lr.
@@ -391,11 +401,11 @@ def _convert_scheduler(s: Any) -> Tuple[_sched.LRScheduler, float]:
     )
     t = type(s)
     if t is m.FactorScheduler:
-        if s.count != 0:
+        if check_fresh and s.count != 0:
             raise ValueError("the FactorScheduler has already advanced (count > 0): pass a fresh schedule")
         out: _sched.LRScheduler = _sched.FactorScheduler(step=int(s.step), factor=float(s.factor), stop_factor_lr=float(s.stop_factor_lr), **warm)
     elif t is m.MultiFactorScheduler:
-        if s.cur_step_ind != 0:
+        if check_fresh and s.cur_step_ind != 0:
             raise ValueError("the MultiFactorScheduler has already advanced: pass a fresh schedule")
         out = _sched.MultiFactorScheduler(step=[int(x) for x in s.step], factor=float(s.factor), **warm)
     elif t is m.PolyScheduler:
@@ -432,13 +442,15 @@ def _multipliers(opt: Any, which: str) -> Dict[str, float]:
     return {k: v for k, v in out.items() if v != 1.0}
 
 
-def convert_optimizer(optimizer: Any, check_fresh: bool = True) -> _opt.Optimizer:
+def convert_optimizer(optimizer: Any, check_fresh: bool = True, scheduler_lr: Optional[float] = None) -> _opt.Optimizer:
     """The ``kvstore.optimizer`` optimizer that runs `optimizer` (an
     ``mx.optimizer.Optimizer``) as MXNet would: its class's registry name, its
     hyper-parameters, schedule, ``multi_precision``, ``begin_num_update`` and per-key
     multipliers. Raises ``TypeError`` for an optimizer or schedule the store does not
     have, and (with `check_fresh`) ``ValueError`` for one that has already made
-    updates itself (its update counts and states stay in MXNet)."""
+    updates itself (its update counts and states stay in MXNet). `scheduler_lr`, with
+    a schedule, is the learning rate to use instead of the schedule's ``base_lr``
+    (which MXNet changes when its ``learning_rate`` is read)."""
     if not isinstance(optimizer, _mx.optimizer.Optimizer):
         raise TypeError(
             f"set_optimizer takes an mx.optimizer.Optimizer (or a kvstore.optimizer one), not {type(optimizer).__name__}"
@@ -465,7 +477,9 @@ def convert_optimizer(optimizer: Any, check_fresh: bool = True) -> _opt.Optimize
     params: Dict[str, Any] = {}
     scheduler = None
     if optimizer.lr_scheduler is not None:
-        scheduler, lr = _convert_scheduler(optimizer.lr_scheduler)
+        scheduler, lr = _convert_scheduler(optimizer.lr_scheduler, check_fresh)
+        if scheduler_lr is not None:
+            lr = scheduler_lr
     else:
         lr = optimizer.lr
     params["learning_rate"] = float(lr)
