@@ -397,6 +397,7 @@ OPTIMIZERS = {
     "lamb": lambda: mx.optimizer.LAMB(learning_rate=0.05, beta1=0.8, beta2=0.95, lower_bound=0.5, upper_bound=1.2, **COMMON),
     "lars": lambda: mx.optimizer.LARS(learning_rate=0.5, momentum=0.9, eta=0.01, eps=1e-4, **COMMON),
     "adam_f16_multi_precision": lambda: mx.optimizer.Adam(learning_rate=0.02, multi_precision=True, **COMMON),
+    "sgd_f16_multi_precision": lambda: mx.optimizer.SGD(learning_rate=0.1, momentum=0.8, multi_precision=True, **COMMON),
     "sgd_mults_idx2name": lambda: mx.optimizer.SGD(
         learning_rate=0.1, momentum=0.9, param_idx2name={0: "fc_weight", 1: "fc_bias", 2: "x_weight"}, **COMMON
     ),

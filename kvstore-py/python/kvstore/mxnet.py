@@ -140,7 +140,7 @@ class KVStore(_KVStoreBase):
         self._updater: Any = None
         # An MXNet optimizer set with set_optimizer, and the JSON last installed for it.
         self._mx_optimizer: Any = None
-        self._installed: Optional[str] = None
+        self._installed: Any = None
         self._scheduler_lr: Optional[float] = None
         self._sync_lock = threading.Lock()
 
@@ -237,12 +237,13 @@ class KVStore(_KVStoreBase):
             self._updater = _OptimizerUpdater(optimizer)
             self._mx_optimizer = self._installed = None
             return
-        converted = convert_optimizer(optimizer, check_fresh=True)
+        described = _describe(optimizer, True, None)
+        converted = described.build()
         with self._sync_lock:
             self._kv.set_optimizer(converted)
             self._updater = _OptimizerUpdater(optimizer)
             self._mx_optimizer = optimizer
-            self._installed = converted._json()
+            self._installed = described.key
             # With a schedule the rate cannot be set again (MXNet's set_learning_rate
             # refuses), but reading it moves the schedule's base_lr: kept as it is now.
             self._scheduler_lr = converted.learning_rate if optimizer.lr_scheduler is not None else None
@@ -253,13 +254,13 @@ class KVStore(_KVStoreBase):
         opt = self._mx_optimizer
         if opt is None:
             return
-        converted = convert_optimizer(opt, check_fresh=False, scheduler_lr=self._scheduler_lr)
-        spec = converted._json()
-        if spec == self._installed:
+        described = _describe(opt, False, self._scheduler_lr)
+        if described.key == self._installed:
             return
         with self._sync_lock:
-            if spec == self._installed:
+            if described.key == self._installed:
                 return
+            converted = described.build()
             fd, path = tempfile.mkstemp(prefix="kvstore-mxnet-", suffix=".states")
             os.close(fd)
             try:
@@ -268,7 +269,7 @@ class KVStore(_KVStoreBase):
                 self._kv.load_optimizer_states(path)
             finally:
                 os.unlink(path)
-            self._installed = spec
+            self._installed = described.key
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Writes the optimizer's states to `fname`: the store's state file for an
@@ -345,40 +346,30 @@ class KVStore(_KVStoreBase):
 
 
 def _optimizer_table() -> Dict[type, Tuple[str, List[Tuple[str, str]]]]:
+    """Each MXNet optimizer class the store runs: its registry name, and its own
+    hyper-parameters as (the store's name, the MXNet attribute)."""
     o = _mx.optimizer
-    sgd = [("momentum", "momentum"), ("lazy_update", "lazy_update")]
+
+    def same(*names: str) -> List[Tuple[str, str]]:
+        return [(n, n) for n in names]
+
+    sgd = same("momentum", "lazy_update")
     return {
         o.SGD: ("sgd", sgd),
         o.ccSGD: ("sgd", sgd),
-        o.NAG: ("nag", [("momentum", "momentum")]),
-        o.Adam: ("adam", [("beta1", "beta1"), ("beta2", "beta2"), ("epsilon", "epsilon"), ("lazy_update", "lazy_update")]),
+        o.NAG: ("nag", same("momentum")),
+        o.Adam: ("adam", same("beta1", "beta2", "epsilon", "lazy_update")),
         o.AdaGrad: ("adagrad", [("eps", "float_stable_eps")]),
-        o.RMSProp: (
-            "rmsprop",
-            [("gamma1", "gamma1"), ("gamma2", "gamma2"), ("epsilon", "epsilon"), ("centered", "centered"), ("clip_weights", "clip_weights")],
-        ),
-        o.AdaDelta: ("adadelta", [("rho", "rho"), ("epsilon", "epsilon")]),
-        o.Ftrl: ("ftrl", [("lamda1", "lamda1"), ("beta", "beta")]),
-        o.Signum: ("signum", [("momentum", "momentum"), ("wd_lh", "wd_lh")]),
+        o.RMSProp: ("rmsprop", same("gamma1", "gamma2", "epsilon", "centered", "clip_weights")),
+        o.AdaDelta: ("adadelta", same("rho", "epsilon")),
+        o.Ftrl: ("ftrl", same("lamda1", "beta")),
+        o.Signum: ("signum", same("momentum", "wd_lh")),
         o.SGLD: ("sgld", []),
-        o.DCASGD: ("dcasgd", [("momentum", "momentum"), ("lamda", "lamda")]),
-        o.Adamax: ("adamax", [("beta1", "beta1"), ("beta2", "beta2")]),
-        o.Nadam: ("nadam", [("beta1", "beta1"), ("beta2", "beta2"), ("epsilon", "epsilon"), ("schedule_decay", "schedule_decay")]),
-        o.LAMB: (
-            "lamb",
-            [
-                ("beta1", "beta1"),
-                ("beta2", "beta2"),
-                ("epsilon", "epsilon"),
-                ("lower_bound", "lower_bound"),
-                ("upper_bound", "upper_bound"),
-                ("bias_correction", "bias_correction"),
-            ],
-        ),
-        o.LARS: (
-            "lars",
-            [("momentum", "momentum"), ("eta", "eta"), ("eps", "eps"), ("momentum_correction", "momentum_correction"), ("lazy_update", "lazy_update")],
-        ),
+        o.DCASGD: ("dcasgd", same("momentum", "lamda")),
+        o.Adamax: ("adamax", same("beta1", "beta2")),
+        o.Nadam: ("nadam", same("beta1", "beta2", "epsilon", "schedule_decay")),
+        o.LAMB: ("lamb", same("beta1", "beta2", "epsilon", "lower_bound", "upper_bound", "bias_correction")),
+        o.LARS: ("lars", same("momentum", "eta", "eps", "momentum_correction", "lazy_update")),
     }
 
 
@@ -403,7 +394,9 @@ def _convert_scheduler(s: Any, check_fresh: bool) -> Tuple[_sched.LRScheduler, f
     if t is m.FactorScheduler:
         if check_fresh and s.count != 0:
             raise ValueError("the FactorScheduler has already advanced (count > 0): pass a fresh schedule")
-        out: _sched.LRScheduler = _sched.FactorScheduler(step=int(s.step), factor=float(s.factor), stop_factor_lr=float(s.stop_factor_lr), **warm)
+        out: _sched.LRScheduler = _sched.FactorScheduler(
+            step=int(s.step), factor=float(s.factor), stop_factor_lr=float(s.stop_factor_lr), **warm
+        )
     elif t is m.MultiFactorScheduler:
         if check_fresh and s.cur_step_ind != 0:
             raise ValueError("the MultiFactorScheduler has already advanced: pass a fresh schedule")
@@ -451,6 +444,11 @@ def convert_optimizer(optimizer: Any, check_fresh: bool = True, scheduler_lr: Op
     updates itself (its update counts and states stay in MXNet). `scheduler_lr`, with
     a schedule, is the learning rate to use instead of the schedule's ``base_lr``
     (which MXNet changes when its ``learning_rate`` is read)."""
+    return _describe(optimizer, check_fresh, scheduler_lr).build()
+
+
+def _describe(optimizer: Any, check_fresh: bool, scheduler_lr: Optional[float]) -> "_Description":
+    """`optimizer` as plain data (see :func:`convert_optimizer`)."""
     if not isinstance(optimizer, _mx.optimizer.Optimizer):
         raise TypeError(
             f"set_optimizer takes an mx.optimizer.Optimizer (or a kvstore.optimizer one), not {type(optimizer).__name__}"
@@ -494,14 +492,31 @@ def convert_optimizer(optimizer: Any, check_fresh: bool = True, scheduler_lr: Op
         if v is None:
             continue
         params[ours] = bool(v) if ours in _BOOL_PARAMS else float(v)
-    converted = _opt.create(name, lr_scheduler=scheduler, **params)
-    lr_mult = _multipliers(optimizer, "lr")
-    wd_mult = _multipliers(optimizer, "wd")
-    if lr_mult:
-        converted.set_lr_mult(lr_mult)
-    if wd_mult:
-        converted.set_wd_mult(wd_mult)
-    return converted
+    return _Description(name, params, scheduler, _multipliers(optimizer, "lr"), _multipliers(optimizer, "wd"))
+
+
+class _Description:
+    """An MXNet optimizer as plain data (compared cheaply before each push)."""
+
+    def __init__(
+        self,
+        name: str,
+        params: Dict[str, Any],
+        scheduler: Optional[_sched.LRScheduler],
+        lr_mult: Dict[str, float],
+        wd_mult: Dict[str, float],
+    ) -> None:
+        self.name, self.params, self.scheduler = name, params, scheduler
+        self.key = (name, params, scheduler._spec() if scheduler is not None else None, lr_mult, wd_mult)
+
+    def build(self) -> _opt.Optimizer:
+        converted = _opt.create(self.name, lr_scheduler=self.scheduler, **self.params)
+        lr_mult, wd_mult = self.key[3], self.key[4]
+        if lr_mult:
+            converted.set_lr_mult(lr_mult)
+        if wd_mult:
+            converted.set_wd_mult(wd_mult)
+        return converted
 
 
 # -- creation and the registry ----------------------------------------------------
