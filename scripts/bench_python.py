@@ -93,6 +93,52 @@ def medians_against_rust(warm, runs, py_call, rust_call):
     return median(tp), median(tr)
 
 
+def gluon_steps(mx, runs):
+    """Medians of one gluon training step (forward and backward on 2 cpu contexts, then
+    Trainer.step with SGD and momentum) of the same MLP (784-512-512-10, batch 128)
+    through this store (kvstore.mxnet, `device`) and through MXNet's own `device`
+    store, in turn. Both nets start from the same weights and see the same data; the
+    weights they end with are checked equal."""
+    import kvstore.mxnet as kvmx
+    from mxnet import autograd, gluon
+
+    ctxs = [mx.cpu(0), mx.cpu(1)]
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((128, 784)).astype(np.float32)
+    y = rng.integers(0, 10, 128).astype(np.float32)
+    xs = [mx.nd.array(x[i::2], ctx=c) for i, c in enumerate(ctxs)]
+    ys = [mx.nd.array(y[i::2], ctx=c) for i, c in enumerate(ctxs)]
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def net_and_trainer(kv):
+        mx.random.seed(7)
+        net = gluon.nn.Sequential()
+        net.add(
+            gluon.nn.Dense(512, activation="relu", in_units=784),
+            gluon.nn.Dense(512, activation="relu", in_units=512),
+            gluon.nn.Dense(10, in_units=512),
+        )
+        net.initialize(mx.init.Xavier(), ctx=ctxs)
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9}, kvstore=kv)
+
+        def step():
+            with autograd.record():
+                losses = [loss_fn(net(a), b) for a, b in zip(xs, ys)]
+            for l in losses:
+                l.backward()
+            trainer.step(128)
+            mx.nd.waitall()
+
+        return net, step
+
+    ours_net, ours = net_and_trainer(kvmx.create("device"))
+    native_net, native = net_and_trainer(kvmx.native_create("device"))
+    ours_s, native_s = medians_in_turn(3, runs, ours, native)
+    for (_, a), (_, b) in zip(ours_net.collect_params().items(), native_net.collect_params().items()):
+        assert np.array_equal(a.data(ctxs[0]).asnumpy(), b.data(ctxs[0]).asnumpy()), "gluon: the two stores' weights differ"
+    return ours_s, native_s
+
+
 def filled(n, v):
     """The report's arrays: v + (i % 7)."""
     return (np.arange(n, dtype=np.int64) % 7).astype(np.float32) + np.float32(v)
@@ -197,6 +243,13 @@ def main() -> int:
         blocks_s, mx_blocks_s = medians_in_blocks(6, max(3, runs // 3), small, mx_small)
         name = f"python: kvstore vs MXNet {mx_version}, 1000 keys x 1 Ki f32 x 4 (per key, each in its own loop)"
         rows.append((name, blocks_s / per, mx_blocks_s / per))
+
+    # ---- the MXNet drop-in: a gluon Trainer step through each store ----
+    if mx:
+        ours_s, native_s = gluon_steps(mx, runs)
+        rows.append((f"{mxname}: gluon Trainer step, MLP on 2 cpu contexts, native device store", native_s, None))
+        name = f"python: kvstore.mxnet vs MXNet {mx_version}'s device store, gluon Trainer step (in turn)"
+        rows.append((name, ours_s, native_s))
 
     # ---- one small key: a blocking push, then a pull (the Rust row's calls) ----
     one = np.ones(SMALL, np.float32)
