@@ -3,8 +3,14 @@
 # installs it into a virtualenv (target/py-mpi-venv, kept between runs; the wheel is
 # reinstalled every run), and runs kvstore-py/tests/test_dist.py there, which starts
 # 2-rank jobs under mpirun: bit-identical training on every rank, desync errors, the
-# KVSTORE_TIMEOUT watchdog, a rank that raises. KVSTORE_REQUIRE_MPI=1 makes a build
-# without MPI fail instead of skip. Prints one line `python-mpi: N passed, N failed`.
+# KVSTORE_TIMEOUT watchdog, a rank that raises. Then, with the same wheel, gluon's
+# Trainer over dist_sync (kvstore-py/tests/test_dist_gluon.py: kvstore.mxnet under
+# mpirun, update_on_kvstore True and False, against one process) in
+# target/py-mxnet-mpi-venv (mxnet 1.9.1, numpy<1.24, pytest; kept between runs, rebuilt
+# when missing, broken or made for other requirements, as scripts/test-python.sh keeps
+# its venvs; MXNet's libgomp1 and libquadmath0 through scripts/apt-install.sh).
+# KVSTORE_REQUIRE_MPI=1 makes a build without MPI (or a venv without mxnet) fail
+# instead of skip. Prints one line `python-mpi: N passed, N failed`, summing both runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -30,20 +36,63 @@ fi
 export TMPDIR=$root/target/py-mpi-tmp
 rm -rf "$TMPDIR"
 mkdir -p "$TMPDIR"
-(cd "$venv" && KVSTORE_REQUIRE_MPI=1 bin/python -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
-    "$root/kvstore-py/tests/test_dist.py") 2>&1 | tee "$logs/python-mpi-pytest.log"
-status=${PIPESTATUS[0]}
+passed=0
+failed=0
+
+# Runs pytest with `python` from its venv's folder (so that the installed package is the
+# one tested), logging to target/test-logs/python-mpi-NAME.log, and adds its counts (a
+# skip counts as a failure: the MPI build must run everything).
+# Usage: run_pytest NAME VENV PYTEST-ARGS...
+run_pytest() {
+    local name=$1 dir=$2
+    shift 2
+    local log=$logs/python-mpi-$name.log
+    (cd "$dir" && KVSTORE_REQUIRE_MPI=1 bin/python -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 "$@") \
+        2>&1 | tee "$log"
+    local status=${PIPESTATUS[0]}
+    local summary p f k
+    summary=$(tail -n 1 "$log")
+    p=$(echo "$summary" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+' || echo 0)
+    f=$(echo "$summary" | grep -oE '[0-9]+ (failed|errors?)' | awk '{ n += $1 } END { print n + 0 }')
+    k=$(echo "$summary" | grep -oE '[0-9]+ skipped' | grep -oE '[0-9]+' || echo 0)
+    if [ "$k" -ne 0 ]; then
+        echo "python-mpi: $k tests skipped in the MPI build ($name)"
+        f=$((f + k))
+    fi
+    if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then
+        f=1
+    fi
+    passed=$((passed + p))
+    failed=$((failed + f))
+}
+
+run_pytest pytest "$venv" "$root/kvstore-py/tests/test_dist.py"
+
+# gluon over dist_sync: MXNet 1.9.1 in a cached venv, as scripts/test-python.sh keeps
+# target/py-mxnet-venv (its .kvstore-spec names what it was made from).
+mxnet_venv=target/py-mxnet-mpi-venv
+mxnet_spec="mxnet==1.9.1 numpy<1.24 pytest"
+mxnet_check="import mxnet, pytest, numpy"
+make_mxnet_venv() {
+    rm -rf "$mxnet_venv"
+    python3 -m venv "$mxnet_venv" &&
+        "$mxnet_venv/bin/pip" install --quiet --upgrade pip &&
+        "$mxnet_venv/bin/pip" install --quiet mxnet==1.9.1 'numpy<1.24' pytest &&
+        "$mxnet_venv/bin/python" -c "$mxnet_check" &&
+        echo "$mxnet_spec" >"$mxnet_venv/.kvstore-spec"
+}
+mxlog=$logs/python-mpi-mxnet-venv.log
+if bash scripts/apt-install.sh libgomp1 libquadmath0 >"$mxlog" 2>&1 && {
+    { [ -x "$mxnet_venv/bin/python" ] && [ "$(cat "$mxnet_venv/.kvstore-spec" 2>/dev/null)" = "$mxnet_spec" ] &&
+        "$mxnet_venv/bin/python" -c "$mxnet_check" >/dev/null 2>&1; } || make_mxnet_venv >>"$mxlog" 2>&1
+} && "$mxnet_venv/bin/pip" install --quiet --force-reinstall --no-deps "$wheel" >>"$mxlog" 2>&1; then
+    run_pytest gluon "$mxnet_venv" -W ignore::DeprecationWarning "$root/kvstore-py/tests/test_dist_gluon.py"
+else
+    echo "setting up $mxnet_venv (mxnet 1.9.1) failed"
+    tail -n 40 "$mxlog" | sed 's/^/  /'
+    failed=$((failed + 1))
+fi
+
 rm -rf "$TMPDIR"
-summary=$(tail -n 1 "$logs/python-mpi-pytest.log")
-passed=$(echo "$summary" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+' || echo 0)
-failed=$(echo "$summary" | grep -oE '[0-9]+ (failed|errors?)' | awk '{ n += $1 } END { print n + 0 }')
-skipped=$(echo "$summary" | grep -oE '[0-9]+ skipped' | grep -oE '[0-9]+' || echo 0)
-if [ "$skipped" -ne 0 ]; then
-    echo "python-mpi: $skipped tests skipped in the MPI build"
-    failed=$((failed + skipped))
-fi
-if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
-    failed=1
-fi
 echo "python-mpi: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
