@@ -180,6 +180,16 @@ CASES = [
     dict(name="sgd_momentum_f16_multi_precision", optimizer="sgd", seed=3, dtype="float16",
          params={"learning_rate": 0.1, "momentum": 0.8, "wd": 0.01, "rescale_grad": 0.5,
                  "clip_gradient": 1.5, "lazy_update": 1, "multi_precision": 1, "begin_num_update": 0}),
+    # The multi-tensor kernels compute (lr * rescale_grad) * grad when they do not clip:
+    # a rescale that is not a power of two shows the order in the last bit.
+    dict(name="sgd_momentum_rescale_not_a_power_of_two", optimizer="sgd", seed=30,
+         params={"learning_rate": 0.1, "momentum": 0.9, "wd": 0.01, "rescale_grad": 1.0 / 12,
+                 "clip_gradient": 0.0, "lazy_update": 1, "multi_precision": 0, "begin_num_update": 0},
+         keys=[("w0", (40, 25)), ("w1", (300,)), ("b", (2, 2))]),
+    dict(name="sgd_plain_rescale_not_a_power_of_two", optimizer="sgd", seed=31,
+         params={"learning_rate": 0.07, "momentum": 0.0, "wd": 0.01, "rescale_grad": 1.0 / 12,
+                 "clip_gradient": 0.0, "lazy_update": 1, "multi_precision": 0, "begin_num_update": 0},
+         keys=[("w0", (40, 25)), ("w1", (300,)), ("b", (2, 2))]),
     # --- nag (nag_mom_update; sgd_update without momentum) ---
     dict(name="nag_momentum_poly_warmup", optimizer="nag", seed=4,
          params={"learning_rate": 0.1, "momentum": 0.9, "wd": 0.05, "rescale_grad": 0.5,
