@@ -16,11 +16,10 @@ Exactness, and why:
   both modes; against MXNet's store too with update_on_kvstore=False (the update is
   MXNet's own Python updater on every rank) or with a power-of-two rescale_grad.
 - MXNet's store with update_on_kvstore=True and rescale_grad = 1/12 (batch 12): within
-  1e-6, not the same bits. Not a summation order: MXNet's `multi_sgd_mom_update`
-  computes ``(lr * rescale_grad) * grad`` and the store's SGD ``lr * (rescale_grad *
-  grad)``; the products round differently unless rescale_grad is a power of two (the
-  batch-8 case below gives the same bits). The store (kvstore-core's optimizer rules)
-  would need the change; kvstore.mxnet cannot make it.
+  1e-6, not the same bits (the batch-8 case below gives the same bits). Not a
+  summation order; the cause is not established: the store's SGD matches MXNet's
+  kvstore SGD bit for bit at rescale_grad 1/12 in the golden cases
+  (tests/golden/mxnet_optimizers.json, `*_rescale_not_a_power_of_two`).
 - Two devices per rank (four shards): the dist sum is (g0 + g1) + (g2 + g3) (each rank
   sums its devices, then the ranks are summed), one process's is ((g0 + g1) + g2) + g3:
   a summation order, so within 1e-6.
