@@ -93,6 +93,27 @@ else
     failed=$((failed + 1))
 fi
 
+# kvstore.torch over dist_sync (kvstore-py/tests/test_torch_dp_dist.py: the digits
+# example on 2 ranks, against 1): Debian's python3 with python3-torch and python3-sklearn
+# in target/py-torch-mpi-venv (kept while its .kvstore-spec holds), with the same wheel.
+torch_venv=target/py-torch-mpi-venv
+torch_spec="debian-python3-torch python3-sklearn pytest numpy<2"
+torch_check="import torch, sklearn, pytest, numpy"
+torchlog=$logs/python-mpi-torch-venv.log
+if bash scripts/apt-install.sh python3-torch python3-sklearn python3-venv >"$torchlog" 2>&1 && {
+    { [ -x "$torch_venv/bin/python" ] && [ "$(cat "$torch_venv/.kvstore-spec" 2>/dev/null)" = "$torch_spec" ] &&
+        "$torch_venv/bin/python" -c "$torch_check" >/dev/null 2>&1; } ||
+        { rm -rf "$torch_venv" && /usr/bin/python3 -m venv --system-site-packages "$torch_venv" &&
+            "$torch_venv/bin/pip" install --quiet pytest 'numpy<2' && "$torch_venv/bin/python" -c "$torch_check" &&
+            echo "$torch_spec" >"$torch_venv/.kvstore-spec"; } >>"$torchlog" 2>&1
+} && "$torch_venv/bin/pip" install --quiet --force-reinstall --no-deps "$wheel" >>"$torchlog" 2>&1; then
+    KVSTORE_REQUIRE_TORCH=1 run_pytest torch "$torch_venv" "$root/kvstore-py/tests/test_torch_dp_dist.py"
+else
+    echo "setting up $torch_venv (Debian's python3-torch, python3-sklearn) failed"
+    tail -n 40 "$torchlog" | sed 's/^/  /'
+    failed=$((failed + 1))
+fi
+
 rm -rf "$TMPDIR"
 echo "python-mpi: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

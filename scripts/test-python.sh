@@ -8,7 +8,8 @@
 #     (KVSTORE_REQUIRE_MXNET=1 turns a failed `import mxnet` into a failure), with
 #     kvstore.mxnet's tests (test_mxnet_dropin.py, test_mxnet_examples.py);
 #   - target/py-torch-venv: Debian's python3 with Debian's python3-torch (CPU, small;
-#     PyPI's torch is the 5 GB CUDA build), KVSTORE_REQUIRE_TORCH=1 likewise.
+#     PyPI's torch is the 5 GB CUDA build), KVSTORE_REQUIRE_TORCH=1 likewise, with
+#     kvstore.torch's tests (test_torch_dp.py).
 # Those two venvs are kept between runs (rebuilt when missing, broken or made for other
 # requirements); the kvstore wheel is reinstalled into them every run. Installs the
 # Debian packages they need (python3-torch, python3-venv, MXNet's libgomp1 and
@@ -145,7 +146,7 @@ if bash scripts/apt-install.sh python3-torch python3-venv >"$torchlog" 2>&1 &&
     cached_venv "$torch_venv" "$torch_spec" "import torch, pytest, numpy, ml_dtypes" make_torch_venv >>"$torchlog" 2>&1 &&
     install_wheel "$torch_venv" >>"$torchlog" 2>&1; then
     KVSTORE_REQUIRE_TORCH=1 run_pytest torch "$PWD/$torch_venv/bin/python" \
-        -k "not mxnet" "$PWD/kvstore-py/tests/test_interop.py"
+        -k "not mxnet" "$PWD/kvstore-py/tests/test_interop.py" "$PWD/kvstore-py/tests/test_torch_dp.py"
 else
     step_failed "setting up $torch_venv (Debian's python3-torch) failed" "$torchlog"
 fi
