@@ -69,10 +69,11 @@ pub trait PinnedMemory: Send + Sync {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FusedRule {
     /// SGD without momentum (`c = [lr, wd, rescale, mu]`, `mu` = 0), no state:
-    /// `w = w + ((mu * 0 - (lr * wd) * w) - lr * clip(rescale * g))`.
+    /// `w = w + ((mu * 0 - (lr * wd) * w) - s)`, where the gradient's term `s` is
+    /// `lr * clip(rescale * g)` with a clip bound and `(lr * rescale) * g` without one.
     Sgd,
     /// SGD with momentum (`c = [lr, wd, rescale, mu]`), state `m`:
-    /// `m = (mu * m - (lr * wd) * w) - lr * clip(rescale * g); w = w + m`.
+    /// `m = (mu * m - (lr * wd) * w) - s; w = w + m`, with `s` as for [`FusedRule::Sgd`].
     SgdMomentum,
     /// NAG without momentum (`c = [lr, wd, rescale]`), no state: with a clip bound
     /// `w = (1 - lr * wd) * w - lr * clip(rescale * g)`, without one

@@ -199,12 +199,14 @@ __device__ __forceinline__ void kv_step(int rule, const KvCoefs<R>& k, R& w, R g
     const bool cw = (k.flags & 2) != 0;
     const R one = (R)1;
     switch (rule) {
-        case 0: {  // SGD: c = lr, wd, rescale, mu
-            w = w + ((c[3] * (R)0 - (c[0] * c[1]) * w) - c[0] * kv_clip(c[2] * g, k.clip, cl));
+        case 0: {  // SGD: c = lr, wd, rescale, mu; (lr * rescale) * g when not clipping
+            const R step = cl ? c[0] * kv_clip(c[2] * g, k.clip, true) : (c[0] * c[2]) * g;
+            w = w + ((c[3] * (R)0 - (c[0] * c[1]) * w) - step);
             break;
         }
         case 1: {  // SGD with momentum
-            s0 = (c[3] * s0 - (c[0] * c[1]) * w) - c[0] * kv_clip(c[2] * g, k.clip, cl);
+            const R step = cl ? c[0] * kv_clip(c[2] * g, k.clip, true) : (c[0] * c[2]) * g;
+            s0 = (c[3] * s0 - (c[0] * c[1]) * w) - step;
             w = w + s0;
             break;
         }

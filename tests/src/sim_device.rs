@@ -218,11 +218,19 @@ fn fused_element<R: Real>(step: &FusedStep, w: &mut R, g: R, s: &mut [R]) {
     match (step.rule, s) {
         (FusedRule::Sgd, _) => {
             let [lr, wd, r, mu, ..] = c;
-            *w = *w + ((mu.mul(zero) - lr.mul(wd).mul(*w)) - lr.mul(clip(r.mul(g), bound)));
+            let step = match bound {
+                Some(_) => lr.mul(clip(r.mul(g), bound)),
+                None => lr.mul(r).mul(g),
+            };
+            *w = *w + ((mu.mul(zero) - lr.mul(wd).mul(*w)) - step);
         }
         (FusedRule::SgdMomentum, [m, ..]) => {
             let [lr, wd, r, mu, ..] = c;
-            *m = (mu.mul(*m) - lr.mul(wd).mul(*w)) - lr.mul(clip(r.mul(g), bound));
+            let step = match bound {
+                Some(_) => lr.mul(clip(r.mul(g), bound)),
+                None => lr.mul(r).mul(g),
+            };
+            *m = (mu.mul(*m) - lr.mul(wd).mul(*w)) - step;
             *w = *w + *m;
         }
         (FusedRule::Nag, _) => {

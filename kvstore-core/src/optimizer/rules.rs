@@ -187,27 +187,35 @@ struct MultiSgd<R> {
 impl<R: Float> MultiSgd<R> {
     /// `MultiSGDKernel::Map`; without momentum the kernel runs the same expression with
     /// `mom = 0` and `momentum = 0` (kept as written, so results stay bit-identical, signed
-    /// zeros included). The loops are split by case so that each one vectorises.
+    /// zeros included). The gradient's term is `lr * clip(rescale * g)` when clipping and
+    /// `(lr * rescale) * g` when not, as the kernel's C++ associates it (the two round
+    /// differently unless `rescale` is a power of two). The loops are split by case so
+    /// that each one vectorises.
     fn run(&self, w: &mut [R], g: &[R], mom: Option<&mut [R]>) {
+        let lr = self.lr;
         match self.clip {
-            Some(c) => Self::run_with(w, g, mom, |g| clip(self.rescale * g, Some(c)), self),
-            None => Self::run_with(w, g, mom, |g| self.rescale * g, self),
+            Some(c) => Self::run_with(w, g, mom, |g| lr * clip(self.rescale * g, Some(c)), self),
+            None => {
+                let lr_rescale = lr * self.rescale;
+                Self::run_with(w, g, mom, |g| lr_rescale * g, self)
+            }
         }
     }
 
+    /// The update, with `step(g)` the gradient's term (`lr` included).
     #[inline(always)]
-    fn run_with(w: &mut [R], g: &[R], mom: Option<&mut [R]>, grad: impl Fn(R) -> R, k: &Self) {
+    fn run_with(w: &mut [R], g: &[R], mom: Option<&mut [R]>, step: impl Fn(R) -> R, k: &Self) {
         let (lr, wd, mu) = (k.lr, k.wd, k.momentum);
         match mom {
             Some(mom) => {
                 for ((w, &g), m) in w.iter_mut().zip(g).zip(mom.iter_mut()) {
-                    *m = mu * *m - lr * wd * *w - lr * grad(g);
+                    *m = mu * *m - lr * wd * *w - step(g);
                     *w = *w + *m;
                 }
             }
             None => {
                 for (w, &g) in w.iter_mut().zip(g) {
-                    *w = *w + (mu * R::zero() - lr * wd * *w - lr * grad(g));
+                    *w = *w + (mu * R::zero() - lr * wd * *w - step(g));
                 }
             }
         }
