@@ -203,3 +203,18 @@ def test_bad_arguments():
         kvt.DataParallel(mlp(), store)
     with pytest.raises(ValueError, match="pass optimizer only with"):
         kvt.DataParallel(mlp(), kv.create("local"), optimizer=optimizer.SGD(learning_rate=0.1))
+
+
+@pytest.mark.parametrize("set_to_none", [False, True])
+def test_zeroing_the_gradients_before_synchronize_is_an_error(set_to_none):
+    model = mlp()
+    dp = kvt.DataParallel(model, kv.create("local"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_of(dp, 0).backward()
+    opt.zero_grad(set_to_none=set_to_none)
+    with pytest.raises(RuntimeError, match="0.weight was changed or replaced between backward"):
+        dp.synchronize()
+    # The next step is a normal one.
+    opt.zero_grad()
+    loss_of(dp, 1).backward()
+    dp.step(opt)

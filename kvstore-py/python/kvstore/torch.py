@@ -44,7 +44,10 @@ first layers' calls (whose gradients backward produces last) go first.
 :meth:`synchronize` (or :meth:`step`) returns. Do not zero, rescale, clip or otherwise
 touch the gradients between ``backward()`` and ``synchronize()``; do it after (clipping)
 or before the next ``backward()`` (zeroing). The parameters themselves must not change
-in between either (the optimizer steps after ``synchronize``).
+in between either (the optimizer steps after ``synchronize``). ``synchronize`` checks
+the gradients (torch's version counter, which the store's own writes leave alone): one
+changed in place (``opt.zero_grad()`` too early) or replaced (``set_to_none``) while the
+store had it raises ``RuntimeError``.
 
 Rules of ``dist_sync`` (the calls of every rank are matched in order): every rank wraps
 the same model, runs the same number of backward passes, and uses the same parameters
@@ -57,7 +60,7 @@ synchronized. Only CPU tensors are supported.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch as _torch  # type: ignore
 
@@ -113,8 +116,9 @@ class DataParallel:
         self._names: List[str] = [n for n, _ in named]
         self._params: List[Any] = [p for _, p in named]
         self._keys: List[str] = [key_prefix + n for n in self._names]
-        # The pending call of each parameter (by index) since the last synchronize.
-        self._pending: Dict[int, _kv.Future] = {}
+        # The pending call of each parameter (by index) since the last synchronize, with
+        # the gradient it reads in place and that gradient's version then.
+        self._pending: Dict[int, Tuple[_kv.Future, Any, int]] = {}
         self._syncing = True
         self._hooks: List[Any] = []
         # The AccumulateGrad nodes hooked (torch < 2.1): kept alive here.
@@ -165,7 +169,7 @@ class DataParallel:
             future = self.store.pushpull_async(self._keys[i], grad, priority=-i, copy=False)
         else:
             future = self.store.push_async(self._keys[i], grad, priority=-i, copy=False)
-        self._pending[i] = future
+        self._pending[i] = (future, grad, grad._version)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -197,13 +201,23 @@ class DataParallel:
             # Queued after each key's push: the weights the optimizer made from it.
             pulls = [self.store.pull_async(k, p.detach(), priority=-i) for i, (k, p) in enumerate(zip(self._keys, self._params))]
         errors = []
-        for future in list(pending.values()) + pulls:
+        for future in [f for f, _, _ in pending.values()] + pulls:
             try:
                 future.result()
             except Exception as e:  # wait for every call before raising
                 errors.append(e)
         if errors:
             raise errors[0]
+        for i in sorted(pending):
+            _, grad, version = pending[i]
+            # torch counts in-place changes (zero_, mul_, ...); the store's writes are not
+            # counted. A gradient changed or replaced while the store had it is an error.
+            if self._params[i].grad is not grad or grad._version != version:
+                raise RuntimeError(
+                    f"the gradient of {self._names[i]} was changed or replaced between backward() and "
+                    "synchronize(), while the store was reading it in place: zero the gradients "
+                    "before backward(), not after"
+                )
         if self.mode == "sum" and self.average and self.store.num_workers > 1:
             with _torch.no_grad():
                 for p in self._params:
