@@ -14,9 +14,11 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 features=${KVSTORE_PY_FEATURES:-}
 mkdir -p target/wheels
-# pip and maturin build under TMPDIR: keep their files out of /tmp.
-export TMPDIR=$root/target/py-tmp
-mkdir -p "$TMPDIR"
+# pip and maturin build under TMPDIR: keep their files out of /tmp, in a folder of this
+# run's own (another script may be building beside it).
+mkdir -p target
+TMPDIR=$(mktemp -d "$root/target/py-wheel-tmp.XXXXXX")
+export TMPDIR
 trap 'rm -rf "$TMPDIR"' EXIT
 if [ ! -x target/py-build/bin/pip ]; then
     python3 -m venv target/py-build
