@@ -135,6 +135,8 @@ bench: jar
 	# kvstore from Python (numpy) and MXNet 1.9.1's own store, timed in turn in one
 	# process (venv target/py-mxnet-venv, made when missing).
 	bash scripts/bench-python.sh target/bench/python.json
+	# PyTorch: DDP (gloo) against kvstore.torch over dist_sync, 2 ranks, the same model.
+	bash scripts/bench-torch-dp.sh target/bench/torch-dp.json
 	$(CARGO) bench -p kvstore-core --bench report
 
 # kvstore-cuda's GPU tests (release) and a run script in target/gpu-bundle, for a GPU

@@ -40,15 +40,29 @@ impl Row {
 /// the MPI benches on shared memory and over TCP, the GPU benches when a GPU is
 /// there, and the Python bench: kvstore from numpy and MXNet 1.9.1's store), as
 /// (name, median seconds, the limit the row was measured against in the same run, if
-/// its bench wrote one); empty when they were not run.
-fn outside_rows(dir: &std::path::Path) -> Vec<(String, f64, Option<f64>)> {
-    ["jvm-java.json", "jvm-clojure.json", "mpi.json", "mpi-tcp.json", "gpu.json", "torch.json", "python.json"]
-        .iter()
-        .filter_map(|f| std::fs::read_to_string(dir.join(f)).ok())
-        .filter_map(|text| serde_json::from_str::<Vec<serde_json::Value>>(&text).ok())
-        .flatten()
-        .filter_map(|r| Some((r["name"].as_str()?.to_string(), r["median_s"].as_f64()?, r["limit_s"].as_f64())))
-        .collect()
+/// its bench wrote one, and the target text, if its bench wrote one: the PyTorch
+/// training bench's rows carry their accuracy and exposed communication there); empty
+/// when they were not run.
+fn outside_rows(dir: &std::path::Path) -> Vec<(String, f64, Option<f64>, Option<String>)> {
+    [
+        "jvm-java.json",
+        "jvm-clojure.json",
+        "mpi.json",
+        "mpi-tcp.json",
+        "gpu.json",
+        "torch.json",
+        "python.json",
+        "torch-dp.json",
+    ]
+    .iter()
+    .filter_map(|f| std::fs::read_to_string(dir.join(f)).ok())
+    .filter_map(|text| serde_json::from_str::<Vec<serde_json::Value>>(&text).ok())
+    .flatten()
+    .filter_map(|r| {
+        let target = r["target"].as_str().map(str::to_string);
+        Some((r["name"].as_str()?.to_string(), r["median_s"].as_f64()?, r["limit_s"].as_f64(), target))
+    })
+    .collect()
 }
 
 fn filled(n: usize, v: f32) -> Vec<f32> {
@@ -350,8 +364,9 @@ fn main() -> kvstore_core::Result<()> {
     let dir = root.join("target/bench");
     // A JVM bench's blocking push, for its non-blocking submit row after it.
     let mut jvm_blocking_push_s = None;
-    for (name, median_s, limit_s) in outside_rows(&dir) {
+    for (name, median_s, limit_s, target) in outside_rows(&dir) {
         let row = match name.as_str() {
+            n if target.is_some() => Row::new(n, median_s, limit_s, target.as_deref().unwrap_or_default()),
             n if n.ends_with("blocking push of 1 Ki f32 (per call)") => {
                 jvm_blocking_push_s = Some(median_s);
                 Row::new(n, median_s, None, "")
