@@ -102,10 +102,13 @@ fn a_stream_of_non_blocking_pushes_and_pulls_frees_its_memory_where_it_was_alloc
             p.wait().unwrap();
         }
         let foreign = FOREIGN_FREES.load(Ordering::SeqCst) - before;
-        // The engine's inbox frees a block of slots now and then (one per 63 calls);
-        // a call's own memory freed by the engine's thread would be at least one per call.
+        // The engine frees some of its own bookkeeping now and then (its inbox a block
+        // of slots per 63 calls, its queues as they grow and shrink), more or less
+        // depending on how the two threads interleave: on a quiet 2-core machine up to
+        // 230 of the 2,000 calls here, over the tenth this bound used to be in most runs.
+        // A call's own memory freed by the engine's thread would be at least one per call.
         assert!(
-            foreign < 2 * CALLS / 10,
+            foreign < 2 * CALLS / 4,
             "round {round}: {foreign} blocks of {} calls were freed by a thread other than the one that allocated them",
             2 * CALLS
         );
