@@ -1,5 +1,5 @@
 # The one entry point. `make demo` and `make test` install what they need.
-.PHONY: all setup setup-jvm setup-mpi build native jar python install repl demo test fuzz chaos bench gpu-bundle lint fmt doc javadoc clean
+.PHONY: all setup setup-jvm setup-mpi build native jar python install repl demo test test-torch2 fuzz chaos bench gpu-bundle lint fmt doc javadoc clean
 
 CARGO ?= cargo
 JAVA ?= java
@@ -91,6 +91,11 @@ demo: jar python
 # `N passed, N failed`.
 test: setup setup-jvm
 	@bash scripts/test.sh
+
+# kvstore.torch and the PyTorch interop tests against PyTorch 2.x from PyPI (about
+# 5.4 GB, kept in target/py-torch2-venv; make test uses Debian's small torch 1.13).
+test-torch2: setup
+	@bash scripts/test-python-torch2.sh
 
 # The state-file loader fuzzed with many more mutated files than `make test` runs
 # (FUZZ_CASES, default 20000): never a panic, never a file that loads other states.

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# `make test-torch2`: kvstore.torch and the PyTorch interop tests against PyTorch 2.x
+# from PyPI, where `register_post_accumulate_grad_hook` exists (make test's torch is
+# Debian's 1.13, which takes the AccumulateGrad-node fallback). PyPI's torch is the CUDA
+# build, about 5.4 GB with its nvidia-* packages, so it is not in `make test`: its venv,
+# target/py-torch2-venv, is kept between runs. On a machine with a GPU the GPU tests run
+# too (KVSTORE_REQUIRE_CUDA=1 makes their skip a failure). Prints one line
+# `python-torch2: N passed, N failed`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+venv=target/py-torch2-venv
+logs=target/test-logs
+mkdir -p "$logs"
+log=$logs/python-torch2.log
+: >"$log"
+fail() {
+    echo "$1"
+    tail -n 30 "$log" | sed 's/^/  /'
+    echo "python-torch2: 0 passed, 1 failed"
+    exit 1
+}
+if ! "$venv/bin/python" -c "import torch, pytest, numpy, ml_dtypes, sklearn" >>"$log" 2>&1; then
+    rm -rf "$venv"
+    { python3 -m venv "$venv" && "$venv/bin/pip" install --quiet --upgrade pip &&
+        "$venv/bin/pip" install --quiet torch pytest numpy ml_dtypes scikit-learn; } >>"$log" 2>&1 ||
+        fail "making $venv (PyPI torch) failed"
+fi
+wheel=$(bash scripts/python-wheel.sh 2>>"$log" | tail -n 1) || fail "make python failed"
+"$venv/bin/pip" install --quiet --force-reinstall --no-deps "$wheel" >>"$log" 2>&1 || fail "installing $wheel failed"
+tmp=$(mktemp -d "$root/target/py-torch2-tmp.XXXXXX")
+(cd "$venv" && TMPDIR=$tmp KVSTORE_REQUIRE_TORCH=1 bin/python -m pytest -q -rs -p no:cacheprovider -k "not mxnet" \
+    "$root/kvstore-py/tests/test_torch_dp.py" "$root/kvstore-py/tests/test_interop.py" \
+    "$root/kvstore-py/tests/test_gpu.py") 2>&1 | tee -a "$log"
+status=${PIPESTATUS[0]}
+rm -rf "$tmp"
+summary=$(tail -n 1 "$log")
+passed=$(echo "$summary" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+' || echo 0)
+failed=$(echo "$summary" | grep -oE '[0-9]+ (failed|errors?)' | awk '{ n += $1 } END { print n + 0 }')
+if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
+    failed=1
+fi
+echo "python-torch2: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
