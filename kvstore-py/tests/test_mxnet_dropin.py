@@ -568,7 +568,7 @@ def test_set_optimizer_states_save_and_load(tmp_path):
 # ------------------------------------------------------------------ gluon
 
 
-def train(kvstore_name, update_on_kvstore, optimizer="sgd", params=None, steps=4, change_lr=False, states=None):
+def train(kvstore_name, update_on_kvstore, optimizer="sgd", params=None, steps=20, change_lr=False, states=None):
     from mxnet import autograd, gluon
 
     mx.random.seed(0)
@@ -625,8 +625,8 @@ def test_gluon_trainer_trains_through_the_store_as_through_mxnets(name, update_o
 
 def test_gluon_trainer_with_adam_a_new_learning_rate_and_saved_states(tmp_path):
     params = {"learning_rate": 0.05, "wd": 1e-3}
-    _, expected = train_native("device", True, "adam", params, steps=6, change_lr=True)
-    _, got = train("device", True, "adam", params, steps=6, change_lr=True, states=str(tmp_path / "states"))
+    _, expected = train_native("device", True, "adam", params, steps=20, change_lr=True)
+    _, got = train("device", True, "adam", params, steps=20, change_lr=True, states=str(tmp_path / "states"))
     for i, (g, e) in enumerate(zip(got, expected)):
         np.testing.assert_array_equal(g[0], e[0], err_msg=f"parameter {i}")
 
