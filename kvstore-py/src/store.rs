@@ -18,8 +18,8 @@ use crate::pending::Pending;
 
 /// A call's keys: one, or a list.
 fn keys_of(obj: &Bound<'_, PyAny>) -> PyResult<Keys> {
-    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
-        return Ok(Keys::Many(map_items(obj, |k| key_of(k))?));
+    if is_list(obj) {
+        return Ok(Keys::Many(map_items(obj, key_of)?));
     }
     Ok(Keys::One(key_of(obj)?))
 }
@@ -91,13 +91,17 @@ fn arrays_of(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<Arrays>
     if !is_list(obj) {
         return Ok(Arrays::One(wrap(obj, usage, what)?));
     }
-    if map_items(obj, |item| Ok(is_list(item)))?.into_iter().all(|list| !list) {
-        return Ok(Arrays::Many(map_items(obj, |a| wrap(a, usage, what))?));
+    let items = map_items(obj, |item| Ok(item.clone()))?;
+    if !items.iter().any(is_list) {
+        return Ok(Arrays::Many(items.iter().map(|a| wrap(a, usage, what)).collect::<PyResult<_>>()?));
     }
-    let nested = map_items(obj, |item| match is_list(item) {
-        true => map_items(item, |a| wrap(a, usage, what)),
-        false => Ok(vec![wrap(item, usage, what)?]),
-    })?;
+    let nested = items
+        .iter()
+        .map(|item| match is_list(item) {
+            true => map_items(item, |a| wrap(a, usage, what)),
+            false => Ok(vec![wrap(item, usage, what)?]),
+        })
+        .collect::<PyResult<_>>()?;
     Ok(Arrays::Nested(nested))
 }
 
@@ -161,27 +165,19 @@ impl Drop for PyStore {
 }
 
 /// Records which keys of an `init` or `broadcast` were ints.
-fn remember_int_keys(shared: &Shared, key: &Bound<'_, PyAny>) {
-    let int = |k: &Bound<'_, PyAny>| k.is_instance_of::<PyInt>() && !k.is_instance_of::<PyBool>();
-    let mut ints = Vec::new();
-    if is_list(key) {
-        if let Ok(it) = key.try_iter() {
-            for k in it.flatten() {
-                if int(&k)
-                    && let Ok(k) = key_of(&k)
-                {
-                    ints.push(k);
-                }
-            }
-        }
-    } else if int(key)
-        && let Ok(k) = key_of(key)
-    {
-        ints.push(k);
-    }
+fn remember_int_keys(shared: &Shared, key: &Bound<'_, PyAny>) -> PyResult<()> {
+    let int_key = |k: &Bound<'_, PyAny>| -> PyResult<Option<Key>> {
+        let int = k.is_instance_of::<PyInt>() && !k.is_instance_of::<PyBool>();
+        int.then(|| key_of(k)).transpose()
+    };
+    let ints: Vec<Key> = match is_list(key) {
+        true => map_items(key, int_key)?.into_iter().flatten().collect(),
+        false => int_key(key)?.into_iter().collect(),
+    };
     if !ints.is_empty() {
         shared.int_keys.write().extend(ints);
     }
+    Ok(())
 }
 
 #[pymethods]
@@ -200,7 +196,7 @@ impl PyStore {
         let keys = keys_of(key)?;
         let values = arrays_of(value, Use::Read, "value")?;
         py.detach(|| settled(self.shared.kv.init(keys, values.values()), &[&values])).map_err(to_py)?;
-        remember_int_keys(&self.shared, key);
+        remember_int_keys(&self.shared, key)?;
         Ok(())
     }
 
@@ -297,7 +293,7 @@ impl PyStore {
             settled(self.shared.kv.broadcast(keys, values.values(), outs.values(), priority), &[&values, &outs])
         })
         .map_err(to_py)?;
-        remember_int_keys(&self.shared, key);
+        remember_int_keys(&self.shared, key)?;
         Ok(())
     }
 
@@ -458,7 +454,7 @@ impl PyStore {
         let values = arrays_of(value, Use::Read, "value")?;
         let outs = arrays_of(out, Use::Write, "out")?;
         let handle = py.detach(|| self.shared.kv.broadcast_async(keys, values.values(), outs.values(), priority));
-        remember_int_keys(&self.shared, key);
+        remember_int_keys(&self.shared, key)?;
         Ok(Pending::new(handle))
     }
 }

@@ -4,8 +4,8 @@
 //! store's memory, valid for the call (`stored += recv * 2` updates the key in place).
 //!
 //! An exception fails the push with a `BACKEND` error whose `__cause__` is the
-//! exception, and the key keeps the value it had: the stored value is copied before
-//! the updater runs and put back if it raises.
+//! exception, and the key keeps the value it had: core hands updaters a working copy
+//! of the stored value and commits it only when the whole push succeeded.
 
 use std::sync::{Arc, Weak};
 
@@ -36,14 +36,10 @@ impl PyUpdater {
 
 impl Updater for PyUpdater {
     fn update(&self, key: &Key, _index: usize, merged: &NDArray, stored: &NDArray) -> Result<()> {
-        let before = stored.deep_copy()?;
-        crate::attach(|py| match self.call(py, key, merged, stored) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                let err = crate::errors::updater_failed(py, key.as_str(), e);
-                stored.copy_from(&before)?;
-                Err(err)
-            }
+        // `stored` is the store's working copy, committed only if every update of the
+        // push succeeds: a failed update leaves the key as it was.
+        crate::attach(|py| {
+            self.call(py, key, merged, stored).map_err(|e| crate::errors::updater_failed(py, key.as_str(), e))
         })
         .unwrap_or_else(|| {
             Err(Error::Backend {
