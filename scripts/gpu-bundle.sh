@@ -45,20 +45,22 @@ for t in "$here"/test-*; do
     echo "== $(basename "$t")" >>"$out/gpu-tests.log"
     "$t" --test-threads=1 --nocapture >>"$out/gpu-tests.log" 2>&1 || status=1
 done
-# The Python package's GPU tests, in a virtualenv over the system's Python (its
-# PyTorch and numpy), with the bundled wheels only.
+# The Python package's GPU tests, run by the system's Python (its PyTorch and numpy,
+# wherever they are installed) with the bundled wheels unpacked into a folder of their
+# own: a virtualenv would hide packages installed in the user's site folder.
 if python3 -c 'import torch, numpy' 2>/dev/null; then
     echo "== python test_gpu.py" >>"$out/gpu-tests.log"
-    rm -rf "$out/py-venv"
-    if python3 -m venv --system-site-packages "$out/py-venv" >>"$out/gpu-tests.log" 2>&1 &&
-        "$out/py-venv/bin/pip" install --quiet --no-index --find-links "$here/py/wheels" pytest kvstore \
-            >>"$out/gpu-tests.log" 2>&1; then
-        (cd "$here/py" && "$out/py-venv/bin/python" -m pytest -q -rs -p no:cacheprovider test_gpu.py) \
+    rm -rf "$out/py-tools" "$out/py-site"
+    if python3 -m venv "$out/py-tools" >>"$out/gpu-tests.log" 2>&1 &&
+        "$out/py-tools/bin/pip" install --quiet --no-index --no-deps --target "$out/py-site" \
+            "$here"/py/wheels/*.whl >>"$out/gpu-tests.log" 2>&1; then
+        (cd "$here/py" && PYTHONPATH="$out/py-site" python3 -m pytest -q -rs -p no:cacheprovider test_gpu.py) \
             >>"$out/gpu-tests.log" 2>&1 || status=1
     else
         echo "FAILED: installing the kvstore wheel" >>"$out/gpu-tests.log"
         status=1
     fi
+    rm -rf "$out/py-tools" "$out/py-site"
 else
     echo "SKIP: no PyTorch with numpy here: the Python GPU tests did not run" >>"$out/gpu-tests.log"
 fi

@@ -103,3 +103,78 @@ def test_cuda_tensors_that_are_not_contiguous_or_of_another_dtype_are_clear_erro
     with pytest.raises(TypeError, match="not supported"):
         store.push("m", torch.ones((3, 4), dtype=torch.complex64, device=dev))
     assert store.pull("m").tolist() == [[1.0] * 4] * 3
+
+
+def _busy(torch, ms):
+    """Keeps the current stream busy for about `ms` milliseconds of GPU time."""
+    if hasattr(torch.cuda, "_sleep"):
+        torch.cuda._sleep(int(ms * 2_000_000))  # cycles at roughly 2 GHz
+    else:
+        a = torch.ones((2048, 2048), device="cuda")
+        for _ in range(ms):
+            a = a @ a / 2048
+
+
+@needs_gpu
+def test_a_tensor_written_on_the_callers_stream_is_read_after_that_write():
+    # DLPack's stream rule: the producer (PyTorch) orders the store's stream after its
+    # own current stream, so a push reads what the caller's stream wrote, with no
+    # synchronize in between, even when that stream is not the default one.
+    import torch
+
+    store = kv.create("device")
+    dev = torch.device("cuda", 0)
+    n = 1 << 20
+    store.init("s", torch.zeros(n, device=dev))
+    side = torch.cuda.Stream()
+    for step in range(1, 6):
+        with torch.cuda.stream(side):
+            g = torch.zeros(n, device=dev)
+            _busy(torch, 20)
+            g.fill_(float(step))
+            store.push("s", g)
+        assert store.pull("s").min() == step and store.pull("s").max() == step, step
+
+
+@needs_gpu
+def test_a_tensor_pulled_into_is_ready_for_the_callers_stream():
+    import torch
+
+    store = kv.create("device")
+    dev = torch.device("cuda", 0)
+    n = 1 << 20
+    store.init("r", torch.zeros(n, device=dev))
+    side = torch.cuda.Stream()
+    for step in range(1, 6):
+        big = torch.full((n,), float(step), device=dev)
+        store.push("r", big)
+        with torch.cuda.stream(side):
+            out = torch.zeros(n, device=dev)
+            store.pull("r", out=out)
+            total = out.sum()  # on `side`, right after the pull returned
+        side.synchronize()
+        assert float(total) == float(step * n), step
+
+
+@needs_gpu
+def test_tensors_lent_to_the_store_are_freed_with_them():
+    import gc
+
+    import torch
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated(dev)
+    for _ in range(3):
+        store = kv.create("device")
+        store.init("f", torch.zeros(1 << 22, device=dev))
+        futs = [store.push_async("f", torch.ones(1 << 22, device=dev), copy=False) for _ in range(8)]
+        out = torch.empty(1 << 22, device=dev)
+        store.pull("f", out=out)
+        for f in futs:
+            f.result()
+        assert float(out[0]) == 1.0
+        del store, futs, out
+        gc.collect()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated(dev) == before
