@@ -18,10 +18,9 @@ pub(crate) enum StoreKind {
     Dist,
 }
 
-/// Kind names this build creates (`dist_sync` with a worker group).
+/// The kinds a store can be, as the README lists them (`dist_sync` with a worker
+/// group); MXNet's other spellings of them are accepted too (see [`StoreKind::parse`]).
 const SUPPORTED: [&str; 3] = ["local", "device", "dist_sync"];
-/// Every kind name of the project, for the message of an unknown kind.
-const KNOWN: [&str; 5] = ["local", "device", "dist_sync", "dist_device_sync", "nccl"];
 
 impl StoreKind {
     /// The kind a name stands for (case-insensitive; MXNet's spellings too).
@@ -36,12 +35,13 @@ impl StoreKind {
             _ if lower.contains("dist") || lower.contains("nccl") => Err(Error::Unsupported {
                 what: format!("store kind \"{}\"", crate::key::shorten(&lower)),
                 hint: format!(
-                    "the supported kinds are {} (dist_sync runs over MPI with kvstore-mpi; nccl will come with \
-                     kvstore-cuda)",
+                    "the supported kinds are {} (dist_sync runs over MPI with kvstore-mpi)",
                     SUPPORTED.join(", ")
                 ),
             }),
-            _ => Err(Error::UnknownStoreKind { kind: crate::key::shorten(name).into_owned(), known: KNOWN.to_vec() }),
+            _ => {
+                Err(Error::UnknownStoreKind { kind: crate::key::shorten(name).into_owned(), known: SUPPORTED.to_vec() })
+            }
         }
     }
 
@@ -59,5 +59,22 @@ impl StoreKind {
             // Workers sum their values where they are, then across the job.
             StoreKind::Dist => Box::new(CommCpu::new(threads)?.without_host_staging()),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_kinds_the_readme_lists_and_promise_nothing() {
+        let unknown = StoreKind::parse("horovod").expect_err("unknown").to_string();
+        assert!(unknown.ends_with("known kinds are local, device, dist_sync"), "{unknown}");
+        let unsupported = StoreKind::parse("nccl").expect_err("unsupported").to_string();
+        assert!(unsupported.contains("the supported kinds are local, device, dist_sync"), "{unsupported}");
+        assert!(!unsupported.contains("will come"), "{unsupported}");
+        for alias in ["local_update_cpu", "local_allreduce_cpu", "local_allreduce_device", "dist", "dist_device_sync"] {
+            assert!(StoreKind::parse(alias).is_ok(), "{alias}");
+        }
     }
 }

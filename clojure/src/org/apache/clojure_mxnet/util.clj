@@ -55,6 +55,26 @@
       (str (subs printed 0 (- shown-chars 3)) "...")
       printed)))
 
+(defn- own-frame?
+  "True for a stack frame of this namespace or of Clojure itself."
+  [^StackTraceElement frame]
+  (let [c (.getClassName frame)]
+    (or (.startsWith c "org.apache.clojure_mxnet.util$")
+        (.startsWith c "clojure.core$")
+        (.startsWith c "clojure.lang."))))
+
+(defn- from-caller
+  "`e` with the frames of this namespace and of Clojure cut from the top of its
+  stack trace, so that it seems thrown by the function the user called: the
+  REPL then says `invalid arguments to org.apache.clojure-mxnet.kvstore/push`,
+  not `... to org.apache.clojure-mxnet.util/validate!`."
+  [^Throwable e]
+  (let [trace (vec (.getStackTrace e))
+        kept (drop-while own-frame? trace)]
+    (when (seq kept)
+      (.setStackTrace e (into-array StackTraceElement kept)))
+    e))
+
 (defn validate!
   "Throws `ex-info` unless `value` conforms to `spec`: the message is
   `error-msg`, a colon and the value (see `shown`), as
@@ -64,10 +84,11 @@
   the explanation is in the exception's data."
   [spec value error-msg]
   (when-not (s/valid? spec value)
-    (throw (ex-info (str error-msg ": " (shown value))
-                    (assoc (s/explain-data spec value)
-                           :kvstore/error :invalid-argument
-                           :kvstore/code "INVALID_ARGUMENT")))))
+    (throw (from-caller
+            (ex-info (str error-msg ": " (shown value))
+                     (assoc (s/explain-data spec value)
+                            :kvstore/error :invalid-argument
+                            :kvstore/code "INVALID_ARGUMENT"))))))
 
 (defn int-value?
   "True for an integer that fits a Java int (what the Java API takes)."

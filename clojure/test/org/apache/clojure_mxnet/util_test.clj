@@ -1,5 +1,7 @@
 (ns org.apache.clojure-mxnet.util-test
-  (:require [clojure.test :refer [deftest is testing]]
+  (:require [clojure.main]
+            [clojure.test :refer [deftest is testing]]
+            [org.apache.clojure-mxnet.kvstore :as kvstore]
             [org.apache.clojure-mxnet.util :as util]
             [org.apache.clojure-mxnet.test-util :refer [thrown]])
   (:import (io.github.kvstore KVStoreException KVStoreException$Code)))
@@ -50,6 +52,17 @@
     (testing "and the :kvstore/error of every argument error"
       (is (= :invalid-argument (:kvstore/error (ex-data e))))
       (is (= "INVALID_ARGUMENT" (:kvstore/code (ex-data e)))))))
+
+(deftest argument-errors-name-the-users-call
+  ;; What the REPL prints (clojure.main's report of an uncaught exception) names the
+  ;; function the user called, not the helper that checked its arguments.
+  (let [report (fn [f] (let [e (thrown f)]
+                         (clojure.main/ex-str (clojure.main/ex-triage (Throwable->map e)))))
+        kv (kvstore/create "local")]
+    (is (re-find #"invalid arguments to org\.apache\.clojure-mxnet\.kvstore/push" (report #(kvstore/push kv 3 :x))))
+    (is (re-find #"org\.apache\.clojure-mxnet\.kvstore/pull" (report #(kvstore/pull kv 3.5))))
+    (is (re-find #"org\.apache\.clojure-mxnet\.kvstore/create" (report #(kvstore/create 7))))
+    (is (not (re-find #"util/validate!" (report #(kvstore/push kv 3 :x)))))))
 
 (deftest int-value?-is-an-integer-that-fits-a-java-int
   (is (every? util/int-value? [0 -1 Integer/MAX_VALUE Integer/MIN_VALUE (int 5) (short 3)]))
