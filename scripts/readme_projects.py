@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Extracts the user projects that README.md tells users to write, for
-scripts/test-user-projects.sh, so that the README cannot drift from what works.
+"""Extracts the user projects that README.md and the guides under docs/ tell users to
+write, for scripts/test-user-projects.sh, so that the documents cannot drift from what
+works.
 
-The README marks its blocks with HTML comments (invisible when rendered), each on the
+A document marks its blocks with HTML comments (invisible when rendered), each on the
 line before a fenced code block:
 
     <!-- file: lein/project.clj -->     the block is the file lein/project.clj
@@ -10,10 +11,12 @@ line before a fenced code block:
     <!-- prints: lein -->               each line of the block must be printed by the
                                         run block(s) of lein before it (a check)
 
-Usage: readme_projects.py README.md OUT_DIR ROOT
+Usage: readme_projects.py OUT_DIR ROOT DOCUMENT.md...
 Writes every file under OUT_DIR (with /path/to/kvstore replaced by ROOT, the clone the
-README speaks of), and OUT_DIR/steps.tsv: one line per run or prints block, in README
-order, as `run<TAB>DIR<TAB>SCRIPT_FILE` or `prints<TAB>DIR<TAB>LINES_FILE`.
+documents speak of), and OUT_DIR/steps.tsv: one line per run or prints block, in the
+order of the documents and of their blocks, as `run<TAB>DIR<TAB>SCRIPT_FILE` or
+`prints<TAB>DIR<TAB>LINES_FILE`. A prints block checks the output of the last run
+block of its folder.
 """
 
 import pathlib
@@ -46,24 +49,29 @@ def blocks(lines):
 
 
 def main():
-    readme, out, root = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
-    lines = pathlib.Path(readme).read_text(encoding="utf-8").splitlines()
+    if len(sys.argv) < 4:
+        sys.exit(__doc__)
+    out, root, documents = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
     steps = []
-    for n, (kind, name, text) in enumerate(blocks(lines)):
-        text = text.replace(CLONE, root)
-        if ".." in pathlib.PurePosixPath(name).parts or name.startswith("/"):
-            sys.exit(f"readme_projects.py: {kind} {name}: not a relative path")
-        if kind == "file":
-            path = out / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-        else:
-            (out / name).mkdir(parents=True, exist_ok=True)
-            step = out / f".step-{n}-{kind}"
-            step.write_text(text, encoding="utf-8")
-            steps.append(f"{kind}\t{name}\t{step}")
+    n = 0
+    for document in documents:
+        lines = pathlib.Path(document).read_text(encoding="utf-8").splitlines()
+        for kind, name, text in blocks(lines):
+            n += 1
+            text = text.replace(CLONE, root)
+            if ".." in pathlib.PurePosixPath(name).parts or name.startswith("/"):
+                sys.exit(f"readme_projects.py: {document}: {kind} {name}: not a relative path")
+            if kind == "file":
+                path = out / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text, encoding="utf-8")
+            else:
+                (out / name).mkdir(parents=True, exist_ok=True)
+                step = out / f".step-{n}-{kind}"
+                step.write_text(text, encoding="utf-8")
+                steps.append(f"{kind}\t{name}\t{step}")
     if not steps:
-        sys.exit("readme_projects.py: the README has no run blocks")
+        sys.exit("readme_projects.py: the documents have no run blocks")
     (out / "steps.tsv").write_text("\n".join(steps) + "\n", encoding="utf-8")
 
 

@@ -30,6 +30,10 @@ check() {
 check fmt cargo fmt --all -- --check
 check clippy cargo clippy --workspace --all-targets -- -D warnings
 check doc env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+# The README's performance table is the one its results files give, and the links of
+# the README, ARCHITECTURE.md and the guides under docs/ lead somewhere.
+check readme-bench-table python3 scripts/readme_bench_table.py --check README.md
+check doc-links python3 scripts/check_doc_links.py
 
 # NVRTC from PyPI (no GPU needed): kvstore-cuda's kernels are compiled with it by
 # kvstore-cuda/tests/nvrtc.rs, which must then not skip.
@@ -88,7 +92,8 @@ if [ -f target/kvstore.jar ]; then
     suite junit bash scripts/test-java.sh
     suite clojure bash scripts/test-clojure.sh
     suite clojure-tools bash scripts/clojure-smoke.sh
-    # The README's own projects (deps.edn, Leiningen, Maven, Rust), offline.
+    # The projects of the README and docs/projects.md (the quickstarts, deps.edn,
+    # Leiningen, Maven), offline.
     suite user-projects bash scripts/test-user-projects.sh
 fi
 check javadoc bash scripts/javadoc.sh

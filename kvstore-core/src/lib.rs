@@ -39,17 +39,10 @@
 //! threads, each key's calls in the order they were made (see [`KVStore`]).
 //!
 //! # Deliberate differences from MXNet 1.9.1
-//! 1. Push always copies: the store never aliases a caller's array.
-//! 2. Every push and pull checks shape and dtype against the stored value.
-//! 3. Any number of values may be pushed to a key at any time.
-//! 4. An error inside an updater fails that push, and the store keeps its old values.
-//! 5. Sums run left to right in the order given; f16/bf16 accumulate in f32 and round
-//!    once; integers wrap. Results are bit-identical for any number of threads.
-//! 6. `create` rejects unknown kinds; `barrier` works.
-//! 7. Keys are strings; the integer key `3` is the string `"3"`. Updates run in the
-//!    order keys were first initialised (MXNet sorted integer keys numerically).
-//! 8. A failed call changes nothing: list calls are validated whole before any key is
-//!    touched (MXNet could apply a prefix of a list, then fail).
+//! MXNet 1.9.1's behaviour is the contract, except for thirteen deliberate fixes (push
+//! always copies, shapes and dtypes are checked, sums are deterministic, a failed call
+//! changes nothing, ...). They are listed once, each with its test, in the repository's
+//! `docs/mxnet-differences.md`.
 //!
 //! # Features
 //! None. GPU arrays come from `kvstore-cuda` (a [`backend::DeviceBackend`] installed

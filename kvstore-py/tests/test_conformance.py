@@ -2,8 +2,8 @@
 of §2 and the errors of §3) that apply to a ``local`` store, written in MXNet's Python
 forms with numpy arrays in place of NDArrays.
 
-Where the store deliberately differs from MXNet (the project README's "Differences from
-MXNet"), the test checks the project's rule and says which difference it is: error
+Where the store deliberately differs from MXNet (the project's docs/mxnet-differences.md),
+the test checks the project's rule and says which difference it is: error
 classes and messages are the project's, push copies (case 18), shapes and dtypes are
 checked, sums run left to right with f16 accumulated in f32 (cases 16, 17), keys are
 strings (``3`` is ``"3"``) and updates run in first-init order, unknown store kinds are

@@ -14,7 +14,7 @@ from kvstore import lr_scheduler, optimizer
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "tests" / "golden"
 
-# Where the store deliberately differs from MXNet (README, "Differences from MXNet").
+# Where the store deliberately differs from MXNet (docs/mxnet-differences.md).
 UPDATE_ORDER_DIFFERS = {"updater_call_order_int_keys_sorted"}
 
 ERRORS = {

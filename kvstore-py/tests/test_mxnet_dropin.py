@@ -1,7 +1,7 @@
 """``kvstore.mxnet``, the drop-in store for MXNet 1.9.1, against MXNet's own native store
 in the same process: the same random scenarios (init, push, pull, pushpull,
 broadcast, lists with repeated keys, an updater) and every optimizer for a few steps,
-run on both; every value must be equal. Where the README's "Differences from MXNet"
+run on both; every value must be equal. Where docs/mxnet-differences.md
 makes them differ, the scenarios keep out of the way (small integer values, so that
 the order of a sum cannot round; no push of more values than a key's first
 multi-value push, which crashes MXNet) and a test named after the difference shows it.
@@ -693,7 +693,7 @@ def test_errors_and_forms_as_mxnet():
         ours.pull("missing", out=mx.nd.zeros((2,)))
 
 
-# The README's "Differences from MXNet", each shown against MXNet itself.
+# docs/mxnet-differences.md, each shown against MXNet itself.
 
 
 def test_difference_1_push_copies():

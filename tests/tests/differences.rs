@@ -1,5 +1,5 @@
-//! The deliberate differences from MXNet 1.9.1 (DESIGN §3, README "Differences from
-//! MXNet"), one test each.
+//! The deliberate differences from MXNet 1.9.1 (DESIGN §3, docs/mxnet-differences.md),
+//! one test each.
 
 use kvstore_core::{Context, DType, ErrorKind, KVStore, Key, NDArray, Result};
 use kvstore_tests::{full, pulled};

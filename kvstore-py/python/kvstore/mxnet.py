@@ -62,8 +62,8 @@ Not supported, and why (each raises ``NotImplementedError`` with this reason):
 - the ``handle`` attribute (MXNet's C handle) does not exist: the store is not
   MXNet's C++ one (so MXNet's profiler does not see it).
 
-Where the results differ from MXNet's native store, the README's "Differences from
-MXNet" says why: a push copies its values, shapes and dtypes are checked (a pull does
+Where the results differ from MXNet's native store, the project's docs/mxnet-differences.md
+says why: a push copies its values, shapes and dtypes are checked (a pull does
 not convert dtypes), ``3`` and ``"3"`` are one key (no "mixed key types" error), the
 updater runs in the order keys were first initialized (MXNet sorts int keys), and an
 exception in an updater fails the push (MXNet prints it and goes on). ``dist_sync``
