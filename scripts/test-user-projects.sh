@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Uses kvstore from a user's own project, the way README.md and docs/projects.md say,
-# with no network: scripts/readme_projects.py writes their project files (the README's
-# quickstarts in Clojure, Java, Rust and Python; deps.edn, Leiningen and Maven) into a
+# Uses kvstore from a user's own project, the way README.md and the guides say, with
+# no network: scripts/readme_projects.py writes their project files (the README's
+# quickstarts in Clojure, Java, Rust and Python; deps.edn, Leiningen and Maven from
+# docs/projects.md; the Rust GPU and dist_sync programs of docs/gpus.md and
+# docs/dist-sync.md, the latter under mpirun -np 2) into a
 # temporary folder and runs their commands there, in order (`make install` first),
 # checking that each prints what the document shows. Then the
 # checks no README block can make: `lein repl :headless` answers an nREPL client, and
@@ -32,6 +34,9 @@ pkgs=(leiningen libtools-deps-clojure clojure libnrepl-clojure libnrepl-incomple
     libmaven-resources-plugin-java libmaven-compiler-plugin-java libsurefire-java libmaven-jar-plugin-java
     libmaven-install-plugin-java libexec-maven-plugin-java)
 bash scripts/apt-install.sh "${pkgs[@]}" >"$logs/user-projects-apt.log" 2>&1
+# Open MPI for docs/dist-sync.md's program (as root, mpirun wants these two).
+bash scripts/setup-mpi.sh >>"$logs/user-projects-apt.log" 2>&1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 tmp=$(mktemp -d)
 server=
@@ -51,7 +56,7 @@ export JAVA_TOOL_OPTIONS="-Duser.home=$HOME -Djava.io.tmpdir=$tmp/java-tmp"
 mkdir -p "$HOME" "$tmp/java-tmp"
 projects=$tmp/projects
 
-if ! python3 scripts/readme_projects.py "$projects" "$root" README.md docs/projects.md >"$logs/user-projects-extract.log" 2>&1; then
+if ! python3 scripts/readme_projects.py "$projects" "$root" README.md docs/projects.md docs/gpus.md docs/dist-sync.md >"$logs/user-projects-extract.log" 2>&1; then
     fail readme-blocks "$logs/user-projects-extract.log"
     echo "user-projects: $passed passed, $failed failed"
     exit 1

@@ -79,7 +79,8 @@ fn with_group(kind: &str) -> Result<KVStore> {
 fn with_group(kind: &str) -> Result<KVStore> {
     Err(Error::Unsupported {
         what: format!("store kind \"{}\"", kvstore_core::shorten(kind)),
-        hint: "this build has no MPI support: build with the cargo feature `mpi` (for the JVM, \
+        hint: "this kvstore-mpi was built without MPI: give its dependency the feature \
+               (`kvstore-mpi = { path = \"...\", features = [\"mpi\"] }` in Cargo.toml; for the JVM, \
                `make jar FEATURES=mpi`, which writes target/kvstore-mpi.jar)"
             .to_string(),
     })
@@ -92,5 +93,13 @@ mod tests {
         assert_eq!(super::create("local").expect("local").kind(), "local");
         let e = super::create("dist_async").expect_err("async");
         assert_eq!(e.kind(), kvstore_core::ErrorKind::Unsupported);
+    }
+
+    /// Without the feature, the error says which crate lacks it and how to add it.
+    #[cfg(not(feature = "mpi"))]
+    #[test]
+    fn without_the_feature_dist_sync_names_the_crate_and_the_feature() {
+        let e = super::create("dist_sync").expect_err("no mpi").to_string();
+        assert!(e.contains("kvstore-mpi") && e.contains(r#"features = ["mpi"]"#), "{e}");
     }
 }
