@@ -1,18 +1,43 @@
 #!/usr/bin/env bash
-# Runs every check and suite of `make test` and ends with one line
-# `N passed, N failed` that totals them: each static check (fmt, clippy, doc, native,
-# jar) counts as one, each test of the cargo suites (unit, integration, doc tests) as
-# one, and each suite of the JVM side (JUnit, clojure.test, tutorial, Leiningen and
-# deps.edn smoke checks), of Python and of MPI (tests under mpirun -np 2 and 4, a dying worker)
-# counts as its own script reports.
+# Runs the checks and suites of `make test` and ends with one line `N passed, N failed`
+# that totals them: each static check (fmt, clippy, doc, native, jar, ...) counts as
+# one, each test of the cargo suites (unit, integration, doc tests) as one, and each
+# suite of the JVM side (JUnit, clojure.test, tutorial, Leiningen and deps.edn smoke
+# checks), of Python and of MPI (tests under mpirun -np 2 and 4, a dying worker) counts
+# as its own script reports.
+#
+#   scripts/test.sh [GROUP...]     the groups, in this order (default: all of them):
+#     static    fmt, clippy, doc, the README's bench table, the documents' links
+#     rust      every cargo test of the workspace (with NVRTC), the GPU tests' skip
+#     java      the native library and the jar, JUnit and the Java example, javadoc
+#     clojure   the native library and the jar, clojure.test, the examples, the tools
+#     projects  the native library and the jar, the projects of the README and docs/
+#     python    the Python package's suite, with numpy, PyTorch and MXNet 1.9.1
+#     mpi       kvstore-mpi under mpirun, Python and the JVM under mpirun, chaos
+# `make test-rust`, `make test-java`, ... run one group each.
+#
+# Every group runs with its own TMPDIR (target/test-tmp, emptied first), and the run
+# ends with a no-litter check of that folder: what a suite leaves there is its own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+root=$(pwd)
 logs=target/test-logs
 mkdir -p "$logs"
 passed=0
 failed=0
-# What /tmp holds before the run: the run must leave nothing new there.
-tmp_before=$(ls -A /tmp | sort)
+all_groups=(static rust java clojure projects python mpi)
+groups=("$@")
+[ ${#groups[@]} -eq 0 ] && groups=("${all_groups[@]}")
+for g in "${groups[@]}"; do
+    [[ " ${all_groups[*]} " == *" $g "* ]] || { echo "test.sh: unknown group $g (the groups: ${all_groups[*]})" >&2; exit 2; }
+done
+wants() { [[ " ${groups[*]} " == *" $1 "* ]]; }
+
+# The run's own temporary folder: programs that honour TMPDIR (Rust's temp_dir, Python's
+# tempfile, mktemp, the JVM suites through -Djava.io.tmpdir) put their files there.
+export TMPDIR=$root/target/test-tmp
+rm -rf "$TMPDIR"
+mkdir -p "$TMPDIR"
 
 check() {
     local name=$1
@@ -27,47 +52,46 @@ check() {
     fi
 }
 
-check fmt cargo fmt --all -- --check
-check clippy cargo clippy --workspace --all-targets -- -D warnings
-check doc env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
-# The README's performance table is the one its results files give, and the links of
-# the README, ARCHITECTURE.md and the guides under docs/ lead somewhere.
-check readme-bench-table python3 scripts/readme_bench_table.py --check README.md
-check doc-links python3 scripts/check_doc_links.py
-
-# NVRTC from PyPI (no GPU needed): kvstore-cuda's kernels are compiled with it by
-# kvstore-cuda/tests/nvrtc.rs, which must then not skip.
-check nvrtc bash scripts/setup-nvrtc.sh
-nvrtc=$(tail -n 1 "$logs/nvrtc.log")
-if [ -f "$nvrtc/libnvrtc.so.13" ]; then
-    export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" KVSTORE_REQUIRE_NVRTC=1
+if wants static; then
+    check fmt cargo fmt --all -- --check
+    check clippy cargo clippy --workspace --all-targets -- -D warnings
+    check doc env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+    # The README's performance table is the one its results files give, and the links
+    # of the README, ARCHITECTURE.md and the guides under docs/ lead somewhere.
+    check readme-bench-table python3 scripts/readme_bench_table.py --check README.md
+    check doc-links python3 scripts/check_doc_links.py
 fi
 
-# The cargo suites. `--no-fail-fast` runs every test binary even after a failure.
-cargo test --workspace --no-fail-fast 2>&1 | tee "$logs/cargo.log"
-status=${PIPESTATUS[0]}
-read -r p f < <(bash scripts/count-results.sh cargo "$logs/cargo.log")
-echo "cargo: $p passed, $f failed"
-passed=$((passed + p))
-failed=$((failed + f))
-if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then
-    # A build error or a crashed test binary: no test reported the failure.
-    echo "cargo test exited with status $status without a failing test (build error?)"
-    failed=$((failed + 1))
-fi
-if [ "$p" -eq 0 ]; then
-    echo "no cargo test ran"
-    failed=$((failed + 1))
-fi
+if wants rust; then
+    # NVRTC from PyPI (no GPU needed): kvstore-cuda's kernels are compiled with it by
+    # kvstore-cuda/tests/nvrtc.rs, which must then not skip.
+    check nvrtc bash scripts/setup-nvrtc.sh
+    nvrtc=$(tail -n 1 "$logs/nvrtc.log")
+    if [ -f "$nvrtc/libnvrtc.so.13" ]; then
+        export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" KVSTORE_REQUIRE_NVRTC=1
+    fi
 
-# GPU: kvstore-cuda's tests skip visibly without a CUDA device (make gpu-bundle runs
-# them on a GPU machine).
-check gpu-skip bash scripts/check-gpu-skip.sh
+    # The cargo suites. `--no-fail-fast` runs every test binary even after a failure.
+    cargo test --workspace --no-fail-fast 2>&1 | tee "$logs/cargo.log"
+    status=${PIPESTATUS[0]}
+    read -r p f < <(bash scripts/count-results.sh cargo "$logs/cargo.log")
+    echo "cargo: $p passed, $f failed"
+    passed=$((passed + p))
+    failed=$((failed + f))
+    if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then
+        # A build error or a crashed test binary: no test reported the failure.
+        echo "cargo test exited with status $status without a failing test (build error?)"
+        failed=$((failed + 1))
+    fi
+    if [ "$p" -eq 0 ]; then
+        echo "no cargo test ran"
+        failed=$((failed + 1))
+    fi
 
-# The JVM side: build the native library and the jar, then each suite script prints
-# one or more lines `<suite>: N passed, N failed`, which are added up here.
-check native cargo build --release -p kvstore-jni
-check jar bash scripts/jar.sh
+    # GPU: kvstore-cuda's tests skip visibly without a CUDA device (make gpu-bundle runs
+    # them on a GPU machine).
+    check gpu-skip bash scripts/check-gpu-skip.sh
+fi
 
 suite() {
     local name=$1
@@ -88,43 +112,54 @@ suite() {
     fi
 }
 
-if [ -f target/kvstore.jar ]; then
-    suite junit bash scripts/test-java.sh
-    suite clojure bash scripts/test-clojure.sh
-    suite clojure-tools bash scripts/clojure-smoke.sh
-    # The projects of the README and docs/projects.md (the quickstarts, deps.edn,
-    # Leiningen, Maven), offline.
-    suite user-projects bash scripts/test-user-projects.sh
+# The JVM side: build the native library and the jar once, then each suite script
+# prints one or more lines `<suite>: N passed, N failed`, which are added up here.
+if wants java || wants clojure || wants projects; then
+    check native cargo build --release -p kvstore-jni
+    check jar bash scripts/jar.sh
+    if [ -f target/kvstore.jar ]; then
+        wants java && suite junit bash scripts/test-java.sh
+        wants clojure && suite clojure bash scripts/test-clojure.sh
+        wants clojure && suite clojure-tools bash scripts/clojure-smoke.sh
+        # The projects of the README and the guides (the quickstarts, deps.edn,
+        # Leiningen, Maven, the GPU and dist_sync programs), offline.
+        wants projects && suite user-projects bash scripts/test-user-projects.sh
+    fi
+    wants java && check javadoc bash scripts/javadoc.sh
 fi
-check javadoc bash scripts/javadoc.sh
 
 # Python: `pip install ./kvstore-py` into a fresh virtualenv, `import kvstore`, then its
 # pytest suite (numpy, PyTorch and MXNet 1.9.1 arrays, dist_sync under mpirun).
-suite python bash scripts/test-python.sh
+if wants python; then
+    suite python bash scripts/test-python.sh
+fi
 
-# Multi-rank: kvstore-mpi with its `mpi` feature (Open MPI from Debian), under mpirun.
-check clippy-mpi bash -c 'bash scripts/setup-mpi.sh && cargo clippy -p kvstore-mpi -p kvstore-jni --features kvstore-mpi/mpi,kvstore-jni/mpi --all-targets -- -D warnings'
-suite mpi bash scripts/test-mpi.sh
-# Python under mpirun: the kvstore-mpi wheel (make python FEATURES=mpi), 2-rank jobs.
-suite python-mpi bash scripts/test-python-mpi.sh
-# Chaos, a bounded slice (6 runs; `make chaos` runs 100): a 4-rank training job that
-# checkpoints, with a random rank killed or stopped; it must end, its checkpoints load
-# and a job resumed from the latest trains on.
-suite chaos bash scripts/chaos.sh 6
-# The JVM under mpirun: target/kvstore-mpi.jar (make jar FEATURES=mpi) trains
-# clojure/examples/dist_train.clj on 2 ranks. It rebuilds the JNI library with MPI,
-# so it runs after every suite that uses the default jar.
-suite mpi-jvm bash scripts/test-mpi-jvm.sh
+if wants mpi; then
+    # Multi-rank: kvstore-mpi with its `mpi` feature (Open MPI from Debian), under mpirun.
+    check clippy-mpi bash -c 'bash scripts/setup-mpi.sh && cargo clippy -p kvstore-mpi -p kvstore-jni --features kvstore-mpi/mpi,kvstore-jni/mpi --all-targets -- -D warnings'
+    suite mpi bash scripts/test-mpi.sh
+    # Python under mpirun: the kvstore-mpi wheel (make python FEATURES=mpi), 2-rank jobs.
+    suite python-mpi bash scripts/test-python-mpi.sh
+    # Chaos, a bounded slice (6 runs; `make chaos` runs 100): a 4-rank training job that
+    # checkpoints, with a random rank killed or stopped; it must end, its checkpoints
+    # load and a job resumed from the latest trains on.
+    suite chaos bash scripts/chaos.sh 6
+    # The JVM under mpirun: target/kvstore-mpi.jar (make jar FEATURES=mpi) trains
+    # clojure/examples/dist_train.clj on 2 ranks. It rebuilds the JNI library with MPI,
+    # so it runs after every suite that uses the default jar.
+    suite mpi-jvm bash scripts/test-mpi-jvm.sh
+fi
 
-# No litter: every suite removes its temporary files (the JVM's hsperfdata_* folder is
-# the JVM's own, shared and reused).
-litter=$(comm -13 <(echo "$tmp_before") <(ls -A /tmp | sort) | grep -v '^hsperfdata_' || true)
+# No litter: every suite removes its temporary files from the run's TMPDIR (the JVM's
+# hsperfdata_* folder is the JVM's own, shared and reused).
+litter=$(ls -A "$TMPDIR" | grep -v '^hsperfdata_' || true)
 if [ -z "$litter" ]; then
     passed=$((passed + 1))
     echo "check no-litter: ok"
+    rm -rf "$TMPDIR"
 else
     failed=$((failed + 1))
-    echo "check no-litter: FAILED (new in /tmp after the run):"
+    echo "check no-litter: FAILED (left in $TMPDIR after the run):"
     echo "$litter" | sed 's/^/    /'
 fi
 
