@@ -38,6 +38,7 @@ use foldhash::HashMap;
 use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
 
+use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 
 /// What a call touches: a key of the store (by index) or an array it writes (by the
@@ -361,12 +362,12 @@ impl Shared {
                         // core to the threads that submit it.
                         spun = true;
                         drop(st);
-                        let t0 = std::time::Instant::now();
+                        let (t0, mut backoff) = (std::time::Instant::now(), Backoff::yielding());
                         while self.ready.load(AtomicOrdering::Acquire) == 0
                             && self.inbox.is_empty()
                             && t0.elapsed() < SPIN
                         {
-                            std::thread::yield_now();
+                            backoff.snooze();
                         }
                         // Submits that saw the flag did not wake anyone: the drain at the
                         // top of the loop, after this store, registers their calls.
@@ -865,10 +866,10 @@ mod tests {
             });
         }
         // Both start although neither finishes until the gate opens.
-        let t0 = std::time::Instant::now();
+        let (t0, mut backoff) = (std::time::Instant::now(), Backoff::yielding());
         while started.load(AtomicOrdering::SeqCst) < 2 {
             assert!(t0.elapsed() < Duration::from_secs(10), "the second key waited for the first");
-            std::thread::yield_now();
+            backoff.snooze();
         }
         gate.open();
         engine.wait_idle();

@@ -63,6 +63,7 @@
 #![deny(missing_docs)]
 
 pub mod backend;
+mod backoff;
 mod collective;
 mod comm;
 mod context;

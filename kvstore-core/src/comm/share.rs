@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use rayon::ThreadPool;
 
 use super::Claims;
+use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 
 /// Runs `one` over `jobs` on this thread and on the pool's other threads at once.
@@ -240,7 +241,7 @@ impl Claims for ThreadClaims<'_> {
         };
         // The wait is for pieces other threads are working on, never for one not yet
         // taken: this thread took what was left.
-        let mut spins = 0;
+        let mut backoff = Backoff::new(64);
         loop {
             if s.stop.load(Ordering::Acquire) {
                 return false;
@@ -249,12 +250,7 @@ impl Claims for ThreadClaims<'_> {
                 self.round.set(self.round.get() + 1);
                 return true;
             }
-            if spins < 64 {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
+            backoff.snooze();
         }
     }
 }
