@@ -426,7 +426,7 @@ pub(crate) struct HeldCalls {
 
 /// An ordered engine's held calls and the next batch number.
 #[derive(Default)]
-pub(crate) struct Held {
+pub(crate) struct HeldBatches {
     next: u64,
     open: Option<HeldCalls>,
 }
@@ -435,13 +435,13 @@ pub(crate) struct Held {
 pub(crate) struct Engine {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
-    held: Mutex<Held>,
+    held: Mutex<HeldBatches>,
 }
 
 /// The locked held calls of an engine ([`Engine::held`]).
 pub(crate) struct HeldGuard<'e> {
     engine: &'e Engine,
-    held: parking_lot::MutexGuard<'e, Held>,
+    held: parking_lot::MutexGuard<'e, HeldBatches>,
 }
 
 impl HeldGuard<'_> {
@@ -518,7 +518,8 @@ impl Engine {
             spinning: CachePadded::new(AtomicBool::new(false)),
         });
         let threads = if ordered { 1 } else { threads.max(1) };
-        let mut engine = Engine { shared, workers: Vec::with_capacity(threads), held: Mutex::new(Held::default()) };
+        let mut engine =
+            Engine { shared, workers: Vec::with_capacity(threads), held: Mutex::new(HeldBatches::default()) };
         for i in 0..threads {
             let shared = Arc::clone(&engine.shared);
             let handle = std::thread::Builder::new()

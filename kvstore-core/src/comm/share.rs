@@ -63,7 +63,7 @@ pub(super) fn share_pieces(
             Some(Round { parts: Parts::new(pieces.len(), threads)?, done })
         })
         .collect::<Option<_>>()?;
-    let shared = Shared { rounds, pieces, threads, stop: AtomicBool::new(false) };
+    let shared = Sharing { rounds, pieces, threads, stop: AtomicBool::new(false) };
     let failed: Mutex<Option<Error>> = Mutex::new(None);
     // The pool's threads at work on the call: the caller waits for them spinning,
     // not asleep in the pool's latch.
@@ -167,7 +167,7 @@ impl Parts {
 
 /// What the threads of one [`share_pieces`] share: the pieces, the rounds, and
 /// whether a thread failed.
-struct Shared {
+struct Sharing {
     pieces: Vec<Range<usize>>,
     rounds: Vec<Round>,
     threads: usize,
@@ -184,7 +184,7 @@ struct Round {
 /// One thread's [`Claims`]: its round, whether it holds a piece not yet counted done,
 /// and whether it was told that none is left in the round.
 struct ThreadClaims<'s> {
-    shared: &'s Shared,
+    shared: &'s Sharing,
     me: usize,
     round: Cell<usize>,
     taken: Cell<bool>,
