@@ -38,6 +38,7 @@ use foldhash::HashMap;
 use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
 
+use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 
 /// What a call touches: a key of the store (by index) or an array it writes (by the
@@ -361,12 +362,12 @@ impl Shared {
                         // core to the threads that submit it.
                         spun = true;
                         drop(st);
-                        let t0 = std::time::Instant::now();
+                        let (t0, mut backoff) = (std::time::Instant::now(), Backoff::yielding());
                         while self.ready.load(AtomicOrdering::Acquire) == 0
                             && self.inbox.is_empty()
                             && t0.elapsed() < SPIN
                         {
-                            std::thread::yield_now();
+                            backoff.snooze();
                         }
                         // Submits that saw the flag did not wake anyone: the drain at the
                         // top of the loop, after this store, registers their calls.
@@ -425,7 +426,7 @@ pub(crate) struct HeldCalls {
 
 /// An ordered engine's held calls and the next batch number.
 #[derive(Default)]
-pub(crate) struct Held {
+pub(crate) struct HeldBatches {
     next: u64,
     open: Option<HeldCalls>,
 }
@@ -434,13 +435,13 @@ pub(crate) struct Held {
 pub(crate) struct Engine {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
-    held: Mutex<Held>,
+    held: Mutex<HeldBatches>,
 }
 
 /// The locked held calls of an engine ([`Engine::held`]).
 pub(crate) struct HeldGuard<'e> {
     engine: &'e Engine,
-    held: parking_lot::MutexGuard<'e, Held>,
+    held: parking_lot::MutexGuard<'e, HeldBatches>,
 }
 
 impl HeldGuard<'_> {
@@ -517,7 +518,8 @@ impl Engine {
             spinning: CachePadded::new(AtomicBool::new(false)),
         });
         let threads = if ordered { 1 } else { threads.max(1) };
-        let mut engine = Engine { shared, workers: Vec::with_capacity(threads), held: Mutex::new(Held::default()) };
+        let mut engine =
+            Engine { shared, workers: Vec::with_capacity(threads), held: Mutex::new(HeldBatches::default()) };
         for i in 0..threads {
             let shared = Arc::clone(&engine.shared);
             let handle = std::thread::Builder::new()
@@ -865,10 +867,10 @@ mod tests {
             });
         }
         // Both start although neither finishes until the gate opens.
-        let t0 = std::time::Instant::now();
+        let (t0, mut backoff) = (std::time::Instant::now(), Backoff::yielding());
         while started.load(AtomicOrdering::SeqCst) < 2 {
             assert!(t0.elapsed() < Duration::from_secs(10), "the second key waited for the first");
-            std::thread::yield_now();
+            backoff.snooze();
         }
         gate.open();
         engine.wait_idle();

@@ -56,6 +56,7 @@
 #![deny(missing_docs)]
 
 pub mod backend;
+mod backoff;
 mod collective;
 mod comm;
 mod context;

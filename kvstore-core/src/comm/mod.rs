@@ -21,6 +21,7 @@ use crate::ndarray::NDArray;
 mod cpu;
 mod device;
 mod kind;
+mod share;
 
 pub use cpu::CommCpu;
 pub use device::CommDevice;

@@ -5,11 +5,11 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use parking_lot::{RwLock, RwLockWriteGuard};
+use parking_lot::RwLock;
 use smallvec::SmallVec;
 
 use crate::collective::Collective;
-use crate::comm::{BroadcastJob, Comm, KeyBuffers, PushKey, ReduceJob, StoreKind};
+use crate::comm::{BroadcastJob, Comm, KeyBuffers};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys, Run, Values, flat_runs, flatten};
@@ -18,15 +18,19 @@ use crate::optimizer::states as opt_states;
 use crate::optimizer::{KeyState, Optimizer, Runtime};
 use crate::updater::Updater;
 
+mod builder;
 mod checkpoint;
 mod fusion;
 mod locks;
+mod merge;
 mod nonblocking;
 mod pending;
 mod spread;
 mod steps;
 
+pub use builder::KVStoreBuilder;
 use locks::Held;
+use merge::{Calls, Merger};
 use nonblocking::broadcast_args;
 use pending::{Done, Unobserved};
 pub use pending::{Pending, Release};
@@ -83,17 +87,6 @@ impl Slot {
     }
 }
 
-/// What a push does with the sum of its values.
-#[derive(Clone)]
-enum Merger {
-    /// MXNet's default: the sum replaces the value.
-    Assign,
-    /// A custom updater.
-    Custom(Arc<dyn Updater>),
-    /// An optimizer installed by `set_optimizer`.
-    Optimizer(Arc<Runtime>),
-}
-
 /// The keys and their entries. A lookup per key of every call: the hasher is foldhash's
 /// (seeded per process), about five times as fast as the default's on short keys.
 #[derive(Default)]
@@ -110,210 +103,6 @@ impl Table {
     fn take_order(&mut self) -> u64 {
         self.next_order += 1;
         self.next_order - 1
-    }
-}
-
-/// Builds a [`KVStore`] with settings other than the defaults.
-pub struct KVStoreBuilder {
-    kind: String,
-    threads: usize,
-    engine_threads: usize,
-    collective: Option<Arc<dyn Collective>>,
-    compare_calls: bool,
-    timeout: Option<std::time::Duration>,
-    fuse_bytes: Option<usize>,
-    max_queued_calls: Option<usize>,
-    max_copied_bytes: Option<usize>,
-}
-
-/// The default bound on a store's queued calls ([`KVStoreBuilder::max_queued_calls`]).
-const DEFAULT_MAX_QUEUED_CALLS: usize = 16_384;
-
-/// The default bound on the bytes of copies made for queued calls
-/// ([`KVStoreBuilder::max_copied_bytes`]): 256 MiB.
-const DEFAULT_MAX_COPIED_BYTES: usize = 256 << 20;
-
-/// A bound from the builder, else from the environment variable `var` (a number),
-/// else `default`.
-fn bound(given: Option<usize>, var: &str, default: usize) -> Result<usize> {
-    match (given, std::env::var(var)) {
-        (Some(n), _) => Ok(n),
-        (None, Ok(v)) => v
-            .trim()
-            .parse()
-            .map_err(|_| Error::invalid_argument(format!("{var}: \"{}\" is not a number", crate::key::shorten(&v)))),
-        (None, Err(_)) => Ok(default),
-    }
-}
-
-/// The engine threads of a store built without [`KVStoreBuilder::engine_threads`]: one
-/// per core but one, for the thread that makes the calls, at least 1 and at most 4 (the
-/// calls they run spend most of their time in the reduction pool and in memory copies).
-/// A worker more than that finds no core of its own: it takes its turns on the
-/// caller's core while it waits for work, and every call the caller submits then costs
-/// it a wake-up.
-fn default_engine_threads() -> usize {
-    engine_threads_for(std::thread::available_parallelism().map_or(2, |n| n.get()))
-}
-
-/// [`default_engine_threads`] on a machine of `cores` cores.
-fn engine_threads_for(cores: usize) -> usize {
-    cores.saturating_sub(1).clamp(1, 4)
-}
-
-impl KVStoreBuilder {
-    /// The number of reduction threads of the store's own pool (0, the default: one
-    /// per core).
-    pub fn num_threads(mut self, threads: usize) -> Self {
-        self.threads = threads;
-        self
-    }
-
-    /// The number of engine threads, which run the store's non-blocking calls (0, the
-    /// default: one per core but one, at least 1 and at most 4). `dist_sync` stores
-    /// ignore it: the stores of a worker group share one engine thread, so that their
-    /// collectives run in the order of their calls on every worker.
-    pub fn engine_threads(mut self, threads: usize) -> Self {
-        self.engine_threads = threads;
-        self
-    }
-
-    /// The group of workers a `dist_sync` store sums across (`kvstore-mpi` makes one
-    /// over MPI).
-    pub fn collective(mut self, group: Arc<dyn Collective>) -> Self {
-        self.collective = Some(group);
-        self
-    }
-
-    /// Whether the workers of a `dist_sync` store compare each call before its data
-    /// moves (default `true`): desync detection, so that workers that push different
-    /// keys or shapes, or skip a call, all fail that call with a message saying what
-    /// each called, instead of hanging or summing different keys. It costs one small
-    /// message exchange per call (`make bench` measures it); turn it off only for a
-    /// program known to call alike on every worker.
-    pub fn compare_calls(mut self, compare: bool) -> Self {
-        self.compare_calls = compare;
-        self
-    }
-
-    /// How long a collective operation of a `dist_sync` store may wait for the other
-    /// workers before the job ends, with a message naming the call and the workers that
-    /// never arrived (kvstore-mpi: default 10 minutes, or `KVSTORE_TIMEOUT` in seconds;
-    /// it applies to every store of the worker group). Ignored by local stores.
-    pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
-
-    /// The fusion size of a `dist_sync` store's non-blocking calls (default 1 MiB, or
-    /// `KVSTORE_FUSE_BYTES`; 0 turns fusion off): non-blocking pushes and pushpulls of
-    /// keys under a quarter of it, made one after another, are held back and run as one
-    /// call once their values reach it (or another call is made, or one of them is
-    /// waited for), so that they share one comparison of the workers' calls and one
-    /// allreduce. Which calls fuse depends only on the sequence of calls, waits
-    /// included: every worker must wait for a call, or read a pending out, at the same
-    /// point of its calls (see the README, "Non-blocking calls"). Ignored by local
-    /// stores.
-    pub fn fuse_calls(mut self, bytes: usize) -> Self {
-        self.fuse_bytes = Some(bytes);
-        self
-    }
-
-    /// How many of the store's calls may be queued (made and not finished) before a
-    /// non-blocking call waits, when it is made, for the queue to shrink (default
-    /// 16,384, or `KVSTORE_MAX_QUEUED_CALLS`; 0 for no bound). Back-pressure: a loop that
-    /// makes calls faster than the store runs them would otherwise hold ever more memory
-    /// (each queued call holds its handle and its keys' lists; from Java, about 1.4 KB).
-    /// Calls made on the store's own threads (an updater, an `on_done` callback) never
-    /// wait for it: they could wait for themselves.
-    pub fn max_queued_calls(mut self, calls: usize) -> Self {
-        self.max_queued_calls = Some(calls);
-        self
-    }
-
-    /// How many bytes the copies made for queued calls may hold (a write to a value lent
-    /// to a queued push copies it for the push: see the type's docs), counted over every
-    /// store of the process, before a non-blocking call of this store waits, when it is
-    /// made, for its queued calls to run and free them (default 256 MiB, or
-    /// `KVSTORE_MAX_COPIED_BYTES`; 0 for no bound). Calls made on the store's own threads
-    /// never wait for it.
-    pub fn max_copied_bytes(mut self, bytes: usize) -> Self {
-        self.max_copied_bytes = Some(bytes);
-        self
-    }
-
-    /// Creates the store.
-    ///
-    /// ```
-    /// use kvstore_core::{ErrorKind, KVStore};
-    /// let kv = KVStore::builder("local").num_threads(2).build()?;
-    /// assert_eq!(kv.kind(), "local");
-    /// // dist_sync needs a worker group: kvstore-mpi builds those stores.
-    /// let e = KVStore::builder("dist_sync").build().err();
-    /// assert_eq!(e.map(|e| e.kind()), Some(ErrorKind::Unsupported));
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// As [`KVStore::create`]; [`Error::Unsupported`] for `dist_sync` without a worker
-    /// group, [`Error::InvalidArgument`] for a worker group on a local kind.
-    pub fn build(self) -> Result<KVStore> {
-        let kind = StoreKind::parse(&self.kind)?;
-        match (kind.spans_processes(), &self.collective) {
-            (true, None) => {
-                return Err(Error::Unsupported {
-                    what: format!(
-                        "store kind \"{}\" without a worker group",
-                        crate::key::shorten(&self.kind.to_ascii_lowercase())
-                    ),
-                    hint: "create dist_sync stores with kvstore-mpi, which joins the MPI job".to_string(),
-                });
-            }
-            (false, Some(_)) => {
-                return Err(Error::invalid_argument(format!(
-                    "store kind \"{}\" is local: it takes no worker group (use dist_sync)",
-                    crate::key::shorten(&self.kind)
-                )));
-            }
-            _ => {}
-        }
-        if let (Some(group), Some(timeout)) = (&self.collective, self.timeout) {
-            if timeout.is_zero() {
-                return Err(Error::invalid_argument("timeout: a collective needs more than 0 s to complete"));
-            }
-            group.set_timeout(timeout);
-        }
-        let fuse_bytes = match (self.fuse_bytes, std::env::var("KVSTORE_FUSE_BYTES")) {
-            (Some(bytes), _) => bytes,
-            (None, Ok(v)) => v.trim().parse().map_err(|_| {
-                Error::invalid_argument(format!("KVSTORE_FUSE_BYTES: \"{v}\" is not a number of bytes"))
-            })?,
-            (None, Err(_)) => fusion::DEFAULT_FUSE_BYTES,
-        };
-        let max_queued_calls = bound(self.max_queued_calls, "KVSTORE_MAX_QUEUED_CALLS", DEFAULT_MAX_QUEUED_CALLS)?;
-        let max_copied_bytes = bound(self.max_copied_bytes, "KVSTORE_MAX_COPIED_BYTES", DEFAULT_MAX_COPIED_BYTES)?;
-        let store = Store {
-            max_queued_calls: if max_queued_calls == 0 { usize::MAX } else { max_queued_calls },
-            max_copied_bytes: if max_copied_bytes == 0 { usize::MAX } else { max_copied_bytes },
-            fuse_bytes: if self.collective.is_some() { fuse_bytes } else { 0 },
-            collective: self.collective,
-            kind: self.kind.to_ascii_lowercase(),
-            comm: kind.comm(self.threads)?,
-            table: RwLock::new(Table::default()),
-            merger: RwLock::new(Merger::Assign),
-            unobserved: Unobserved::default(),
-            steps: std::sync::atomic::AtomicU64::new(0),
-            compare_calls: self.compare_calls,
-        };
-        let threads = match self.engine_threads {
-            0 => default_engine_threads(),
-            n => n,
-        };
-        let engine = match &store.collective {
-            Some(group) => Engine::ordered_for(Arc::as_ptr(group) as *const () as usize)?,
-            None => Arc::new(Engine::new(threads, false)?),
-        };
-        Ok(KVStore { engine, store: Arc::new(store) })
     }
 }
 
@@ -404,12 +193,6 @@ struct Group<'a> {
     arrays: Arrays<'a>,
 }
 
-/// A key of a push as summed: its entry, and its values as given or their staged copies.
-struct Pushed<'x> {
-    entry: &'x Arc<Entry>,
-    arrays: &'x [&'x NDArray],
-}
-
 /// The arrays of one key in one call, without a heap allocation for up to four: a call
 /// with many keys has one array per key and device, and an allocation per key costs
 /// more than a small key's sum.
@@ -493,27 +276,6 @@ fn slots(op: &str, entries: &[&Arc<Entry>], groups: &[Group<'_>]) -> Result<Vec<
         .ok_or_else(|| Error::Internal(format!("{op}: a key of the call was not locked")))
 }
 
-/// The keys of a push as the comm sees them: each group with its slot's value and
-/// comm buffers (`slots[j]` is the position of `push[j]`'s key in `guards`, ascending).
-fn push_keys<'k, 'a>(
-    push: &'k [Group<'a>],
-    slots: &[usize],
-    guards: &'k mut [RwLockWriteGuard<'_, Slot>],
-) -> Vec<PushKey<'k, 'a>> {
-    let mut wanted = slots.iter().zip(push).peekable();
-    let mut keys = Vec::with_capacity(push.len());
-    for (i, guard) in guards.iter_mut().enumerate() {
-        if let Some(&(&slot, group)) = wanted.peek()
-            && slot == i
-        {
-            let Slot { value, buffers, .. } = &mut **guard;
-            keys.push(PushKey { values: &group.arrays, value, buffers });
-            wanted.next();
-        }
-    }
-    keys
-}
-
 impl KVStore {
     /// Creates a store of the given kind with the default settings.
     ///
@@ -551,17 +313,7 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn builder(kind: &str) -> KVStoreBuilder {
-        KVStoreBuilder {
-            kind: kind.to_string(),
-            threads: 0,
-            engine_threads: 0,
-            collective: None,
-            compare_calls: true,
-            timeout: None,
-            fuse_bytes: None,
-            max_queued_calls: None,
-            max_copied_bytes: None,
-        }
+        KVStoreBuilder::new(kind)
     }
 
     /// The kind, lower-cased as given (MXNet's `type`).
@@ -1242,23 +994,6 @@ impl KVStore {
 }
 
 impl Store {
-    fn replace_merger(&self, op: &'static str, new: Merger) -> Result<()> {
-        let held = Held::new(op, self, &[])?;
-        let mut merger = held.merger_write(op, &self.merger)?;
-        let old = std::mem::replace(&mut *merger, new);
-        drop(merger);
-        // The old updater is dropped outside the lock (a binding's drop may call back).
-        drop(old);
-        Ok(())
-    }
-
-    fn runtime<'m>(op: &str, merger: &'m Merger) -> Result<&'m Arc<Runtime>> {
-        match merger {
-            Merger::Optimizer(r) => Ok(r),
-            _ => Err(Error::invalid_argument(format!("{op}: no optimizer is set: call set_optimizer first"))),
-        }
-    }
-
     /// Every entry, in index order.
     fn entries(&self) -> Vec<Arc<Entry>> {
         let mut entries: Vec<Arc<Entry>> = self.table.read().entries.values().cloned().collect();
@@ -1412,22 +1147,6 @@ impl Store {
         self.comm.broadcast(&jobs)
     }
 
-    /// Sums each job's inputs into its out, left to right, then (dist_sync) across the
-    /// workers in place: the one way every merger gets a push's sums. Under dist_sync a
-    /// single value goes straight into the across-workers sum, with no local copy.
-    fn sum(&self, jobs: &[ReduceJob<'_>]) -> Result<()> {
-        let Some(group) = &self.collective else {
-            return self.comm.reduce(jobs);
-        };
-        let direct = |j: &ReduceJob<'_>| j.inputs.len() == 1;
-        let local: Vec<ReduceJob<'_>> =
-            jobs.iter().filter(|j| !direct(j)).map(|j| ReduceJob { inputs: j.inputs, out: j.out }).collect();
-        self.comm.reduce(&local)?;
-        let pairs: Vec<(&NDArray, &NDArray)> =
-            jobs.iter().map(|j| (if direct(j) { j.inputs[0] } else { j.out }, j.out)).collect();
-        group.allreduce_sum(&pairs)
-    }
-
     /// The push algorithm (`KVStoreLocal::PushImpl`) followed by an optional pull, with
     /// every key of the call write-locked, in index order, for the whole call. `spread`:
     /// whether to offer the call to [`Store::spread`] first (not when it was found to
@@ -1470,224 +1189,11 @@ impl Store {
         }
         self.apply(&push, &pull, &push_slots, &pull_slots, &mut guards, &merger, None)
     }
-
-    /// The rest of a push (the sums and the update) and of its pull (the copies), once
-    /// every key of the call is locked (`guards`, in index order; `push_slots[j]` is
-    /// the position of `push[j]`'s key there) and checked. For the calls of a fused
-    /// batch, `calls` says whose each group is: a custom updater's failure then fails
-    /// its own call only (any other error fails them all).
-    #[allow(clippy::too_many_arguments)]
-    fn apply(
-        &self,
-        push: &[Group<'_>],
-        pull: &[Group<'_>],
-        push_slots: &[usize],
-        pull_slots: &[usize],
-        guards: &mut [RwLockWriteGuard<'_, Slot>],
-        merger: &Merger,
-        mut calls: Option<&mut Calls<'_>>,
-    ) -> Result<()> {
-        // The comm's policy, before the sums: where each key lives (`CommDevice` gives
-        // a key pushed from devices its device), then what to sum (`CommCpu` sums
-        // page-locked host copies of values on devices).
-        // Both are about values on devices: a push of host values skips them (and their
-        // allocations), as the `Comm` contract allows.
-        let from_devices = push.iter().any(|g| g.arrays.iter().any(|a| a.on_device()));
-        let staged: Vec<Option<Vec<NDArray>>> = if from_devices {
-            let homes = self.comm.place(&mut push_keys(push, push_slots, guards))?;
-            for (&i, home) in push_slots.iter().zip(homes) {
-                if let Some(home) = home {
-                    guards[i].move_to(home)?;
-                }
-            }
-            push_keys(push, push_slots, guards).iter_mut().map(|k| self.comm.stage(k)).collect::<Result<_>>()?
-        } else {
-            Vec::new()
-        };
-        let staged: Vec<Option<Vec<&NDArray>>> =
-            staged.iter().map(|s| s.as_ref().map(|a| a.iter().collect())).collect();
-        let push: Vec<Pushed<'_>> = push
-            .iter()
-            .enumerate()
-            .map(|(j, g)| Pushed {
-                entry: &g.entry,
-                arrays: staged.get(j).and_then(Option::as_deref).unwrap_or(&g.arrays),
-            })
-            .collect();
-        match merger {
-            Merger::Assign => {
-                let jobs: Vec<ReduceJob<'_>> = push
-                    .iter()
-                    .zip(push_slots)
-                    .map(|(g, &i)| ReduceJob { inputs: g.arrays, out: &guards[i].value })
-                    .collect();
-                self.sum(&jobs)?;
-                crate::ndarray::values_read();
-            }
-            Merger::Optimizer(runtime) => {
-                for (g, &i) in push.iter().zip(push_slots) {
-                    runtime.check_weight(&g.entry.key, &guards[i].value)?;
-                }
-                // Several values of a key are summed into the key's merge buffer first;
-                // a single value is read where it is (no copy: the store keeps nothing
-                // of it).
-                // dist_sync sums across the workers in the merge buffers, so every key
-                // uses one.
-                let merged = |g: &Pushed<'_>| g.arrays.len() > 1 || self.collective.is_some();
-                for (g, &i) in push.iter().zip(push_slots) {
-                    let slot = &mut *guards[i];
-                    if merged(g) && slot.merge.is_none() {
-                        let v = &slot.value;
-                        slot.merge = Some(NDArray::zeros_with(v.shape(), v.dtype(), v.context())?);
-                    }
-                }
-                // Every key's state exists before any key is updated: a state that
-                // cannot be made (out of memory) fails the call with no key changed.
-                // Updates go in the keys' order (that of the run a checkpoint resumed,
-                // else of `init`): a schedule and NAdam's momentum depend on it. Keys are
-                // locked in index order, which is the same unless a load reordered them.
-                // The calls of a fused batch update their keys call after call, as
-                // they would one by one.
-                let call_of = |j: usize| calls.as_ref().map_or(0, |c| c.push[j]);
-                let place = |j: usize| (call_of(j), guards[push_slots[j]].order);
-                let mut updates: Vec<usize> = (0..push.len()).collect();
-                if updates.windows(2).any(|w| place(w[0]) > place(w[1])) {
-                    updates.sort_by_key(|&j| place(j));
-                }
-                let mut created = Vec::new();
-                for &i in push_slots {
-                    let slot = &mut *guards[i];
-                    if slot.opt.is_none() {
-                        match runtime.new_state(&slot.value) {
-                            Ok(st) => {
-                                slot.opt = Some(st);
-                                created.push(i);
-                            }
-                            Err(e) => {
-                                for &j in &created {
-                                    guards[j].opt = None;
-                                }
-                                return Err(e);
-                            }
-                        }
-                    }
-                }
-                let jobs: Vec<ReduceJob<'_>> = push
-                    .iter()
-                    .zip(push_slots)
-                    .filter(|(g, _)| merged(g))
-                    .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays, out: guards[i].merge.as_ref()? }))
-                    .collect();
-                self.sum(&jobs)?;
-                for (g, &i) in updates.iter().map(|&j| (&push[j], &push_slots[j])) {
-                    let Slot { value, opt, merge, .. } = &mut *guards[i];
-                    let grad = match (g.arrays, merge.as_ref()) {
-                        (_, Some(m)) if merged(g) => m,
-                        ([one], _) => *one,
-                        _ => return Err(Error::Internal("push: no merge buffer".into())),
-                    };
-                    runtime.update(&g.entry.key, value, grad, opt)?;
-                }
-                crate::ndarray::values_read();
-            }
-            Merger::Custom(updater) => {
-                // The updater works on each key's spare copy of its value, brought up
-                // to date here and swapped in only when every key's update succeeded:
-                // a failing updater leaves the store as it was. The spares and the
-                // merge buffers are kept per key and reused (as MXNet's merge buffers).
-                for (g, &i) in push.iter().zip(push_slots) {
-                    let slot = &mut *guards[i];
-                    let v = &slot.value;
-                    if slot.merge.is_none() {
-                        slot.merge = Some(NDArray::zeros_with(v.shape(), v.dtype(), v.context())?);
-                    }
-                    // A spare that a value of this call shares storage with (an updater
-                    // kept its handle and pushed it) is not overwritten: a new one is made.
-                    match &slot.spare {
-                        Some(spare) if !g.arrays.iter().any(|a| a.same_storage(spare)) => spare.copy_from(v)?,
-                        _ => slot.spare = Some(v.deep_copy()?),
-                    }
-                }
-                let jobs: Vec<ReduceJob<'_>> = push
-                    .iter()
-                    .zip(push_slots)
-                    .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays, out: guards[i].merge.as_ref()? }))
-                    .collect();
-                if jobs.len() != push.len() {
-                    return Err(Error::Internal("push: no merge buffer".into()));
-                }
-                self.sum(&jobs)?;
-                // The updater works on the sums: the values are free.
-                crate::ndarray::values_read();
-                for (j, (g, &i)) in push.iter().zip(push_slots).enumerate() {
-                    let (Some(m), Some(w)) = (&guards[i].merge, &guards[i].spare) else {
-                        return Err(Error::Internal("push: no merge buffer or spare".into()));
-                    };
-                    if calls.as_ref().is_some_and(|c| c.failed_push(j)) {
-                        continue;
-                    }
-                    let updated = crate::ndarray::as_user_code(|| updater.update(&g.entry.key, g.entry.index, m, w));
-                    match (updated, calls.as_mut()) {
-                        (Err(e), Some(c)) => c.fail_push(j, e),
-                        (r, _) => r?,
-                    }
-                }
-                for (j, &i) in push_slots.iter().enumerate() {
-                    let slot = &mut *guards[i];
-                    if calls.as_ref().is_some_and(|c| c.failed_push(j)) {
-                        continue;
-                    }
-                    if let Some(updated) = slot.spare.take() {
-                        slot.spare = Some(std::mem::replace(&mut slot.value, updated));
-                    }
-                }
-            }
-        }
-        let jobs: Vec<BroadcastJob<'_>> = pull
-            .iter()
-            .zip(pull_slots)
-            .enumerate()
-            .filter(|(j, _)| !calls.as_ref().is_some_and(|c| c.failed_pull(*j)))
-            .map(|(_, (g, &i))| BroadcastJob { src: &guards[i].value, outs: &g.arrays })
-            .collect();
-        self.comm.broadcast(&jobs)
-    }
-}
-
-/// The calls of a fused batch as [`Store::apply`] sees them: which call each push and
-/// pull group belongs to, and each call's result so far.
-pub(super) struct Calls<'r> {
-    pub(super) push: Vec<usize>,
-    pub(super) pull: Vec<usize>,
-    pub(super) results: &'r mut [Result<()>],
-}
-
-impl Calls<'_> {
-    fn failed_push(&self, group: usize) -> bool {
-        self.results[self.push[group]].is_err()
-    }
-
-    fn failed_pull(&self, group: usize) -> bool {
-        self.results[self.pull[group]].is_err()
-    }
-
-    fn fail_push(&mut self, group: usize, e: Error) {
-        self.results[self.push[group]] = Err(e);
-    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Entry, Slot, engine_threads_for};
-
-    #[test]
-    fn the_default_engine_leaves_the_callers_thread_a_core() {
-        assert_eq!(engine_threads_for(1), 1);
-        assert_eq!(engine_threads_for(2), 1);
-        assert_eq!(engine_threads_for(3), 2);
-        assert_eq!(engine_threads_for(5), 4);
-        assert_eq!(engine_threads_for(64), 4);
-    }
+    use super::{Entry, Slot};
 
     #[test]
     fn an_entry_starts_with_its_lock_and_the_value_handle() {

@@ -1,0 +1,291 @@
+//! Merging a push into the stored values: the mergers (assign, a custom updater, an
+//! optimizer) and [`Store::apply`], which sums a call's pushed values and hands the sums
+//! to the store's merger, then copies the results to the call's outs.
+
+use std::sync::Arc;
+
+use parking_lot::RwLockWriteGuard;
+
+use super::{Entry, Group, Slot, Store, locks::Held};
+use crate::comm::{BroadcastJob, PushKey, ReduceJob};
+use crate::error::{Error, Result};
+use crate::ndarray::NDArray;
+use crate::optimizer::Runtime;
+use crate::updater::Updater;
+
+/// What a push does with the sum of its values.
+#[derive(Clone)]
+pub(super) enum Merger {
+    /// MXNet's default: the sum replaces the value.
+    Assign,
+    /// A custom updater.
+    Custom(Arc<dyn Updater>),
+    /// An optimizer installed by `set_optimizer`.
+    Optimizer(Arc<Runtime>),
+}
+
+/// A key of a push as summed: its entry, and its values as given or their staged copies.
+struct Pushed<'x> {
+    entry: &'x Arc<Entry>,
+    arrays: &'x [&'x NDArray],
+}
+
+/// The keys of a push as the comm sees them: each group with its slot's value and
+/// comm buffers (`slots[j]` is the position of `push[j]`'s key in `guards`, ascending).
+fn push_keys<'k, 'a>(
+    push: &'k [Group<'a>],
+    slots: &[usize],
+    guards: &'k mut [RwLockWriteGuard<'_, Slot>],
+) -> Vec<PushKey<'k, 'a>> {
+    let mut wanted = slots.iter().zip(push).peekable();
+    let mut keys = Vec::with_capacity(push.len());
+    for (i, guard) in guards.iter_mut().enumerate() {
+        if let Some(&(&slot, group)) = wanted.peek()
+            && slot == i
+        {
+            let Slot { value, buffers, .. } = &mut **guard;
+            keys.push(PushKey { values: &group.arrays, value, buffers });
+            wanted.next();
+        }
+    }
+    keys
+}
+
+impl Store {
+    pub(super) fn replace_merger(&self, op: &'static str, new: Merger) -> Result<()> {
+        let held = Held::new(op, self, &[])?;
+        let mut merger = held.merger_write(op, &self.merger)?;
+        let old = std::mem::replace(&mut *merger, new);
+        drop(merger);
+        // The old updater is dropped outside the lock (a binding's drop may call back).
+        drop(old);
+        Ok(())
+    }
+
+    pub(super) fn runtime<'m>(op: &str, merger: &'m Merger) -> Result<&'m Arc<Runtime>> {
+        match merger {
+            Merger::Optimizer(r) => Ok(r),
+            _ => Err(Error::invalid_argument(format!("{op}: no optimizer is set: call set_optimizer first"))),
+        }
+    }
+
+    /// Sums each job's inputs into its out, left to right, then (dist_sync) across the
+    /// workers in place: the one way every merger gets a push's sums. Under dist_sync a
+    /// single value goes straight into the across-workers sum, with no local copy.
+    fn sum(&self, jobs: &[ReduceJob<'_>]) -> Result<()> {
+        let Some(group) = &self.collective else {
+            return self.comm.reduce(jobs);
+        };
+        let direct = |j: &ReduceJob<'_>| j.inputs.len() == 1;
+        let local: Vec<ReduceJob<'_>> =
+            jobs.iter().filter(|j| !direct(j)).map(|j| ReduceJob { inputs: j.inputs, out: j.out }).collect();
+        self.comm.reduce(&local)?;
+        let pairs: Vec<(&NDArray, &NDArray)> =
+            jobs.iter().map(|j| (if direct(j) { j.inputs[0] } else { j.out }, j.out)).collect();
+        group.allreduce_sum(&pairs)
+    }
+
+    /// The rest of a push (the sums and the update) and of its pull (the copies), once
+    /// every key of the call is locked (`guards`, in index order; `push_slots[j]` is
+    /// the position of `push[j]`'s key there) and checked. For the calls of a fused
+    /// batch, `calls` says whose each group is: a custom updater's failure then fails
+    /// its own call only (any other error fails them all).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn apply(
+        &self,
+        push: &[Group<'_>],
+        pull: &[Group<'_>],
+        push_slots: &[usize],
+        pull_slots: &[usize],
+        guards: &mut [RwLockWriteGuard<'_, Slot>],
+        merger: &Merger,
+        mut calls: Option<&mut Calls<'_>>,
+    ) -> Result<()> {
+        // The comm's policy, before the sums: where each key lives (`CommDevice` gives
+        // a key pushed from devices its device), then what to sum (`CommCpu` sums
+        // page-locked host copies of values on devices).
+        // Both are about values on devices: a push of host values skips them (and their
+        // allocations), as the `Comm` contract allows.
+        let from_devices = push.iter().any(|g| g.arrays.iter().any(|a| a.on_device()));
+        let staged: Vec<Option<Vec<NDArray>>> = if from_devices {
+            let homes = self.comm.place(&mut push_keys(push, push_slots, guards))?;
+            for (&i, home) in push_slots.iter().zip(homes) {
+                if let Some(home) = home {
+                    guards[i].move_to(home)?;
+                }
+            }
+            push_keys(push, push_slots, guards).iter_mut().map(|k| self.comm.stage(k)).collect::<Result<_>>()?
+        } else {
+            Vec::new()
+        };
+        let staged: Vec<Option<Vec<&NDArray>>> =
+            staged.iter().map(|s| s.as_ref().map(|a| a.iter().collect())).collect();
+        let push: Vec<Pushed<'_>> = push
+            .iter()
+            .enumerate()
+            .map(|(j, g)| Pushed {
+                entry: &g.entry,
+                arrays: staged.get(j).and_then(Option::as_deref).unwrap_or(&g.arrays),
+            })
+            .collect();
+        match merger {
+            Merger::Assign => {
+                let jobs: Vec<ReduceJob<'_>> = push
+                    .iter()
+                    .zip(push_slots)
+                    .map(|(g, &i)| ReduceJob { inputs: g.arrays, out: &guards[i].value })
+                    .collect();
+                self.sum(&jobs)?;
+                crate::ndarray::values_read();
+            }
+            Merger::Optimizer(runtime) => {
+                for (g, &i) in push.iter().zip(push_slots) {
+                    runtime.check_weight(&g.entry.key, &guards[i].value)?;
+                }
+                // Several values of a key are summed into the key's merge buffer first;
+                // a single value is read where it is (no copy: the store keeps nothing
+                // of it).
+                // dist_sync sums across the workers in the merge buffers, so every key
+                // uses one.
+                let merged = |g: &Pushed<'_>| g.arrays.len() > 1 || self.collective.is_some();
+                for (g, &i) in push.iter().zip(push_slots) {
+                    let slot = &mut *guards[i];
+                    if merged(g) && slot.merge.is_none() {
+                        let v = &slot.value;
+                        slot.merge = Some(NDArray::zeros_with(v.shape(), v.dtype(), v.context())?);
+                    }
+                }
+                // Every key's state exists before any key is updated: a state that
+                // cannot be made (out of memory) fails the call with no key changed.
+                // Updates go in the keys' order (that of the run a checkpoint resumed,
+                // else of `init`): a schedule and NAdam's momentum depend on it. Keys are
+                // locked in index order, which is the same unless a load reordered them.
+                // The calls of a fused batch update their keys call after call, as
+                // they would one by one.
+                let call_of = |j: usize| calls.as_ref().map_or(0, |c| c.push[j]);
+                let place = |j: usize| (call_of(j), guards[push_slots[j]].order);
+                let mut updates: Vec<usize> = (0..push.len()).collect();
+                if updates.windows(2).any(|w| place(w[0]) > place(w[1])) {
+                    updates.sort_by_key(|&j| place(j));
+                }
+                let mut created = Vec::new();
+                for &i in push_slots {
+                    let slot = &mut *guards[i];
+                    if slot.opt.is_none() {
+                        match runtime.new_state(&slot.value) {
+                            Ok(st) => {
+                                slot.opt = Some(st);
+                                created.push(i);
+                            }
+                            Err(e) => {
+                                for &j in &created {
+                                    guards[j].opt = None;
+                                }
+                                return Err(e);
+                            }
+                        }
+                    }
+                }
+                let jobs: Vec<ReduceJob<'_>> = push
+                    .iter()
+                    .zip(push_slots)
+                    .filter(|(g, _)| merged(g))
+                    .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays, out: guards[i].merge.as_ref()? }))
+                    .collect();
+                self.sum(&jobs)?;
+                for (g, &i) in updates.iter().map(|&j| (&push[j], &push_slots[j])) {
+                    let Slot { value, opt, merge, .. } = &mut *guards[i];
+                    let grad = match (g.arrays, merge.as_ref()) {
+                        (_, Some(m)) if merged(g) => m,
+                        ([one], _) => *one,
+                        _ => return Err(Error::Internal("push: no merge buffer".into())),
+                    };
+                    runtime.update(&g.entry.key, value, grad, opt)?;
+                }
+                crate::ndarray::values_read();
+            }
+            Merger::Custom(updater) => {
+                // The updater works on each key's spare copy of its value, brought up
+                // to date here and swapped in only when every key's update succeeded:
+                // a failing updater leaves the store as it was. The spares and the
+                // merge buffers are kept per key and reused (as MXNet's merge buffers).
+                for (g, &i) in push.iter().zip(push_slots) {
+                    let slot = &mut *guards[i];
+                    let v = &slot.value;
+                    if slot.merge.is_none() {
+                        slot.merge = Some(NDArray::zeros_with(v.shape(), v.dtype(), v.context())?);
+                    }
+                    // A spare that a value of this call shares storage with (an updater
+                    // kept its handle and pushed it) is not overwritten: a new one is made.
+                    match &slot.spare {
+                        Some(spare) if !g.arrays.iter().any(|a| a.same_storage(spare)) => spare.copy_from(v)?,
+                        _ => slot.spare = Some(v.deep_copy()?),
+                    }
+                }
+                let jobs: Vec<ReduceJob<'_>> = push
+                    .iter()
+                    .zip(push_slots)
+                    .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays, out: guards[i].merge.as_ref()? }))
+                    .collect();
+                if jobs.len() != push.len() {
+                    return Err(Error::Internal("push: no merge buffer".into()));
+                }
+                self.sum(&jobs)?;
+                // The updater works on the sums: the values are free.
+                crate::ndarray::values_read();
+                for (j, (g, &i)) in push.iter().zip(push_slots).enumerate() {
+                    let (Some(m), Some(w)) = (&guards[i].merge, &guards[i].spare) else {
+                        return Err(Error::Internal("push: no merge buffer or spare".into()));
+                    };
+                    if calls.as_ref().is_some_and(|c| c.failed_push(j)) {
+                        continue;
+                    }
+                    let updated = crate::ndarray::as_user_code(|| updater.update(&g.entry.key, g.entry.index, m, w));
+                    match (updated, calls.as_mut()) {
+                        (Err(e), Some(c)) => c.fail_push(j, e),
+                        (r, _) => r?,
+                    }
+                }
+                for (j, &i) in push_slots.iter().enumerate() {
+                    let slot = &mut *guards[i];
+                    if calls.as_ref().is_some_and(|c| c.failed_push(j)) {
+                        continue;
+                    }
+                    if let Some(updated) = slot.spare.take() {
+                        slot.spare = Some(std::mem::replace(&mut slot.value, updated));
+                    }
+                }
+            }
+        }
+        let jobs: Vec<BroadcastJob<'_>> = pull
+            .iter()
+            .zip(pull_slots)
+            .enumerate()
+            .filter(|(j, _)| !calls.as_ref().is_some_and(|c| c.failed_pull(*j)))
+            .map(|(_, (g, &i))| BroadcastJob { src: &guards[i].value, outs: &g.arrays })
+            .collect();
+        self.comm.broadcast(&jobs)
+    }
+}
+
+/// The calls of a fused batch as [`Store::apply`] sees them: which call each push and
+/// pull group belongs to, and each call's result so far.
+pub(super) struct Calls<'r> {
+    pub(super) push: Vec<usize>,
+    pub(super) pull: Vec<usize>,
+    pub(super) results: &'r mut [Result<()>],
+}
+
+impl Calls<'_> {
+    fn failed_push(&self, group: usize) -> bool {
+        self.results[self.push[group]].is_err()
+    }
+
+    fn failed_pull(&self, group: usize) -> bool {
+        self.results[self.pull[group]].is_err()
+    }
+
+    fn fail_push(&mut self, group: usize, e: Error) {
+        self.results[self.push[group]] = Err(e);
+    }
+}

@@ -1,0 +1,329 @@
+//! The `dist_sync` cases (reference §9, case 23), written once as functions of one
+//! worker's rank and store; they assert what that worker must see for the store's
+//! number of workers W. The thread runner (`tests/tests/dist.rs`) and the MPI runner
+//! (`kvstore-mpi/tests/mpi.rs`) call the same functions.
+
+use kvstore_core::{Context, DType, KVStore, Key, NDArray, Optimizer, Result};
+
+use crate::{full, pulled};
+
+const SHAPE: [usize; 2] = [2, 3];
+
+fn triangle(w: usize) -> f64 {
+    (w * (w + 1) / 2) as f64
+}
+
+fn twice_updater(kv: &KVStore) {
+    kv.set_updater(|_: &Key, _: usize, merged: &NDArray, stored: &NDArray| -> Result<()> {
+        stored.add_assign(&merged.mul(2.0)?)
+    })
+    .expect("install the updater");
+}
+
+/// Case 23: init takes rank 0's value (10); pushes of rank + 1 sum to W(W+1)/2; the
+/// `test` optimizer with rescale 2 (w += 2 * sum) from 0 gives 2s, then 4s.
+pub fn case_23_init_push_and_test_optimizer(rank: usize, kv: &KVStore) {
+    let w = kv.num_workers();
+    assert_eq!((kv.rank(), kv.kind()), (rank, "dist_sync"));
+    kv.init("w", &full(&SHAPE, 10.0 + rank as f64, Context::cpu(0))).expect("init");
+    assert_eq!(pulled(kv, "w", &SHAPE), vec![10.0; 6], "init takes rank 0's value");
+    kv.push("w", &full(&SHAPE, 1.0 + rank as f64, Context::cpu(0)), 0).expect("push");
+    assert_eq!(pulled(kv, "w", &SHAPE), vec![triangle(w); 6], "pushes are summed over the workers");
+    kv.init("t", &full(&SHAPE, 0.0, Context::cpu(0))).expect("init");
+    twice_updater(kv);
+    for round in 1..=2 {
+        kv.push("t", &full(&SHAPE, 1.0 + rank as f64, Context::cpu(0)), 0).expect("push");
+        assert_eq!(pulled(kv, "t", &SHAPE), vec![2.0 * triangle(w) * f64::from(round); 6]);
+    }
+    kv.clear_updater().expect("install the updater");
+}
+
+/// The nightly check: each round every worker pushes rank + 1 to f32, f16 and big
+/// keys in one list; with rate 2, after round i every element is 1 + W(W+1) i.
+pub fn each_round_every_worker_pushes_rank_plus_one(rank: usize, kv: &KVStore) {
+    let w = kv.num_workers();
+    let keys = ["a", "b", "big"];
+    let shapes: [&[usize]; 3] = [&[2, 3], &[5], &[600, 700]];
+    let dtypes = [DType::F32, DType::F16, DType::F32];
+    for ((k, s), d) in keys.iter().zip(shapes).zip(dtypes) {
+        kv.init(*k, &NDArray::full_with(s, 1.0, d, Context::cpu(0)).expect("v")).expect("init");
+    }
+    twice_updater(kv);
+    for round in 1..=3 {
+        let vals: Vec<NDArray> = shapes
+            .iter()
+            .zip(dtypes)
+            .map(|(s, d)| NDArray::full_with(s, (rank + 1) as f64, d, Context::cpu(0)).expect("v"))
+            .collect();
+        kv.push(&keys, &vals, 0).expect("push");
+        let outs: Vec<NDArray> =
+            shapes.iter().zip(dtypes).map(|(s, d)| NDArray::zeros_with(s, d, Context::cpu(0)).expect("o")).collect();
+        kv.pull(&keys, &outs, 0).expect("pull");
+        let expect = 1.0 + 2.0 * triangle(w) * f64::from(round);
+        for o in &outs {
+            assert!(o.to_f64_vec().expect("r").iter().all(|&x| x == expect), "round {round}: expected {expect}");
+        }
+    }
+    kv.clear_updater().expect("install the updater");
+}
+
+/// One SGD step (lr 1) from 1 with pushes rank + 1 gives 1 - W(W+1)/2; then Adam
+/// steps; returns the weight's bits, which must be equal on every worker.
+pub fn an_optimizer_runs_identically_on_every_worker(rank: usize, kv: &KVStore) -> Vec<u32> {
+    let w = kv.num_workers();
+    kv.init("o", &full(&SHAPE, 1.0, Context::cpu(0))).expect("init");
+    kv.set_optimizer(Optimizer::builder("sgd").param("learning_rate", 1.0).build().expect("sgd")).expect("set");
+    kv.push("o", &full(&SHAPE, (rank + 1) as f64, Context::cpu(0)), 0).expect("push");
+    assert_eq!(pulled(kv, "o", &SHAPE), vec![1.0 - triangle(w); 6]);
+    let adam = Optimizer::builder("adam").param("learning_rate", 0.01).param("wd", 0.001).build().expect("adam");
+    kv.set_optimizer(adam).expect("set");
+    for step in 0..5 {
+        let g = NDArray::from_vec(&SHAPE, (0..6).map(|i| (i * (rank + 1) + step) as f32 * 0.37).collect()).expect("g");
+        kv.push("o", &g, 0).expect("push");
+    }
+    let out = NDArray::zeros(&SHAPE).expect("out");
+    kv.pull("o", &out, 0).expect("pull");
+    kv.clear_updater().expect("install the updater");
+    out.to_vec::<f32>().expect("r").iter().map(|x| x.to_bits()).collect()
+}
+
+/// Training with non-blocking pushpulls (one key per call, in backward order, waited
+/// for at the end of each step) gives the bits of the same training with blocking
+/// calls: Adam with a schedule, small and big keys (fused and alone across workers),
+/// two local values per key. Returns the bits, which must also be equal on every
+/// worker.
+pub fn nonblocking_training_matches_blocking(rank: usize, kv: &KVStore) -> Vec<u8> {
+    let sizes = [3usize, 1000, 5, 300_000];
+    let mut runs = Vec::new();
+    for mode in ["blocking", "nonblocking"] {
+        // A fresh optimizer per run: the schedule counts the updates of every key.
+        kv.set_optimizer(scheduled_adam()).expect("set");
+        let keys: Vec<String> = (0..sizes.len()).map(|i| format!("{mode}{i}")).collect();
+        for (k, &n) in keys.iter().zip(&sizes) {
+            kv.init(k.as_str(), &crate::device_checks::values(n, 11, DType::F32, Context::cpu(0))).expect("init");
+        }
+        let outs: Vec<NDArray> = sizes.iter().map(|&n| NDArray::zeros(&[n]).expect("out")).collect();
+        for step in 0..3u64 {
+            let mut pending = Vec::new();
+            for (i, (k, &n)) in keys.iter().zip(&sizes).enumerate().rev() {
+                let grads: Vec<NDArray> = (0..2u64)
+                    .map(|d| {
+                        let seed = step * 101 + i as u64 * 13 + d * 7 + rank as u64 * 1009;
+                        crate::device_checks::values(n, seed, DType::F32, Context::cpu(d as u32))
+                    })
+                    .collect();
+                match mode {
+                    "blocking" => kv.pushpull(k.as_str(), grads.as_slice(), &outs[i], 0).expect("pushpull"),
+                    _ => pending.push(kv.pushpull_async(k.as_str(), grads.as_slice(), &outs[i], 0)),
+                }
+            }
+            pending.into_iter().for_each(|p| p.wait().expect("pushpull_async"));
+        }
+        runs.push(outs.iter().flat_map(crate::device_checks::bits).collect::<Vec<u8>>());
+    }
+    kv.clear_updater().expect("install the updater");
+    assert!(runs[0] == runs[1], "rank {rank}: non-blocking training differs from blocking");
+    runs.swap_remove(0)
+}
+
+/// The optimizers a checkpoint must resume exactly: SGD with momentum (f16 keys with
+/// an f32 master copy), and Adam with a schedule.
+pub fn checkpoint_optimizers() -> Vec<(&'static str, Optimizer)> {
+    let sgd = Optimizer::builder("sgd")
+        .param("learning_rate", 0.1)
+        .param("momentum", 0.9)
+        .param("multi_precision", 1.0)
+        .lr_mult("sgd-b", 0.5)
+        .build()
+        .expect("sgd");
+    vec![("sgd", sgd), ("adam", scheduled_adam())]
+}
+
+/// Adam with weight decay and a schedule that halves the rate every 2 updates.
+pub fn scheduled_adam() -> Optimizer {
+    Optimizer::builder("adam")
+        .param("learning_rate", 0.01)
+        .param("wd", 0.001)
+        .lr_scheduler(kvstore_core::LrScheduler::factor(2, 0.5).expect("schedule"))
+        .build()
+        .expect("adam")
+}
+
+/// The keys of a checkpoint case: small and big (alone across workers), f32 and f16,
+/// and one first pushed after the checkpoint (its first update must see the
+/// schedule where the checkpoint left it).
+pub fn checkpoint_keys(name: &str) -> Vec<(String, usize, DType)> {
+    [("a", 3, DType::F32), ("b", 1000, DType::F16), ("c", 300_000, DType::F32), ("late", 4, DType::F32)]
+        .iter()
+        .map(|(k, n, d)| (format!("{name}-{k}"), *n, *d))
+        .collect()
+}
+
+/// Steps `steps` of training: each key gets one pushpull of two local gradients per
+/// worker per step (`grad(step, key, local)`), keys in backward order; a key named
+/// `*-late` only from step 3 on. Returns the weights' bits.
+pub fn train(
+    kv: &KVStore,
+    keys: &[(String, usize, DType)],
+    steps: std::ops::Range<u64>,
+    grad: &dyn Fn(u64, usize, u64) -> NDArray,
+) -> Vec<u8> {
+    let outs: Vec<NDArray> =
+        keys.iter().map(|(_, n, d)| NDArray::zeros_with(&[*n], *d, Context::cpu(0)).expect("out")).collect();
+    for step in steps {
+        for (i, (k, _, _)) in keys.iter().enumerate().rev().filter(|(_, (k, _, _))| step >= 3 || !k.ends_with("-late"))
+        {
+            let grads: Vec<NDArray> = (0..2).map(|d| grad(step, i, d)).collect();
+            kv.pushpull(k.as_str(), grads.as_slice(), &outs[i], 0).expect("pushpull");
+        }
+    }
+    outs.iter().flat_map(crate::device_checks::bits).collect()
+}
+
+/// Resuming is exact: train 3 steps, save a checkpoint, train 2 more (W1); a fresh
+/// store of the same job loads the checkpoint and trains the same 2 steps (W2); W1
+/// and W2 are byte-identical. For each of [`checkpoint_optimizers`]; every worker
+/// calls it with the same `dir`. Returns W1, which must be equal on every worker.
+pub fn a_checkpoint_resumes_exactly(
+    rank: usize,
+    kv: &KVStore,
+    fresh: &dyn Fn() -> KVStore,
+    dir: &std::path::Path,
+) -> Vec<u8> {
+    let mut all = Vec::new();
+    for (name, opt) in checkpoint_optimizers() {
+        let keys = checkpoint_keys(name);
+        for (k, n, d) in &keys {
+            kv.init(k.as_str(), &crate::device_checks::values(*n, 3, *d, Context::cpu(0))).expect("init");
+        }
+        kv.set_optimizer(opt).expect("set");
+        let grad = |step: u64, key: usize, local: u64| {
+            let (_, n, d) = &keys[key];
+            let seed = step * 101 + key as u64 * 13 + local * 7 + rank as u64 * 1009;
+            crate::device_checks::values(*n, seed, *d, Context::cpu(local as u32)).mul(0.01).expect("grad")
+        };
+        train(kv, &keys, 0..3, &grad);
+        let path = dir.join(format!("{name}.ckpt"));
+        kv.save_checkpoint(&path).expect("save_checkpoint");
+        let w1 = train(kv, &keys, 3..5, &grad);
+        let resumed = fresh();
+        if name == "adam" {
+            // Keys the store has take the file's values and states; the others
+            // are initialised by the load.
+            for (k, n, d) in &keys {
+                resumed.init(k.as_str(), &NDArray::zeros_with(&[*n], *d, Context::cpu(0)).expect("z")).expect("init");
+            }
+        }
+        resumed.load_checkpoint(&path).expect("load_checkpoint");
+        assert_eq!(resumed.optimizer_name(), Some(name));
+        let w2 = train(&resumed, &keys, 3..5, &grad);
+        assert!(w1 == w2, "rank {rank}: {name}: the resumed run differs from the one that went on");
+        all.extend(w1);
+    }
+    kv.clear_updater().expect("clear");
+    all
+}
+
+/// Desync detection: when the workers' calls differ (another key, another shape, a
+/// skipped call), every worker fails that call with the same message naming each
+/// worker's call, and no value changes. With one worker there is nothing to differ.
+pub fn workers_whose_calls_differ_all_fail(rank: usize, kv: &KVStore) {
+    let w = kv.num_workers();
+    kv.init(&["d-a", "d-b"], &[full(&[2], 1.0, Context::cpu(0)), full(&[3], 1.0, Context::cpu(0))]).expect("init");
+    let unchanged = |kv: &KVStore| {
+        assert_eq!(pulled(kv, "d-a", &[2]), vec![1.0; 2], "rank {rank}: d-a changed");
+        assert_eq!(pulled(kv, "d-b", &[3]), vec![1.0; 3], "rank {rank}: d-b changed");
+    };
+    // The last worker pushes another key.
+    let last = rank + 1 == w && w > 1;
+    let r = if last {
+        kv.push("d-b", &full(&[3], 2.0, Context::cpu(0)), 0)
+    } else {
+        kv.push("d-a", &full(&[2], 2.0, Context::cpu(0)), 0)
+    };
+    if w == 1 {
+        r.expect("one worker");
+        kv.push("d-a", &full(&[2], 1.0, Context::cpu(0)), 0).expect("push");
+    } else {
+        let e = r.expect_err("the workers pushed different keys");
+        assert_eq!(e.kind(), kvstore_core::ErrorKind::InvalidArgument, "{e}");
+        let m = e.to_string();
+        let first = if w == 2 {
+            "rank 0".to_string()
+        } else {
+            format!("ranks {}", (0..w - 1).map(|r| r.to_string()).collect::<Vec<_>>().join(", "))
+        };
+        let expected = format!(
+            "the workers' calls differ: {first} pushed \"d-a\" [2] float32; rank {} pushed \"d-b\" [3] float32; every worker",
+            w - 1
+        );
+        assert!(m.contains(&expected), "rank {rank}: {m}\nexpected: {expected}");
+        assert!(m.starts_with("push #"), "{m}");
+        unchanged(kv);
+        // A value of another shape on one worker: that worker's own error, and the
+        // others name it.
+        let shape: &[usize] = if last { &[4] } else { &[2] };
+        let e = kv.push("d-a", &full(shape, 2.0, Context::cpu(0)), 0).expect_err("another shape");
+        if last {
+            assert_eq!(e.kind(), kvstore_core::ErrorKind::ShapeMismatch, "{e}");
+        } else {
+            let m = e.to_string();
+            assert!(m.contains(&format!("rank {} pushed \"d-a\" [4] float32, which it refused (", w - 1)), "{m}");
+        }
+        unchanged(kv);
+        // A barrier on one worker against a push on the others.
+        let r = if last { kv.barrier() } else { kv.push("d-a", &full(&[2], 2.0, Context::cpu(0)), 0) };
+        let m = r.expect_err("a barrier against a push").to_string();
+        assert!(m.contains(&format!("rank {} waited at a barrier", w - 1)), "{m}");
+        unchanged(kv);
+    }
+    // The workers agree again: the next call works.
+    kv.push("d-b", &full(&[3], 1.0, Context::cpu(0)), 0).expect("push");
+    assert_eq!(pulled(kv, "d-b", &[3]), vec![w as f64; 3]);
+}
+
+/// A key's sum across the workers has the same bits whether it travels alone or
+/// fused behind other keys (at another place in the buffer, in a buffer large enough
+/// that an allreduce may pick another algorithm): the values span many orders of
+/// magnitude, so any other order of summing the workers' values changes some bits.
+/// Returns the bits, which must also be equal on every worker.
+pub fn a_key_sums_alike_alone_and_fused(rank: usize, kv: &KVStore) -> Vec<u8> {
+    const N: usize = 1000;
+    let value = |n: usize, salt: usize| -> NDArray {
+        let v: Vec<f32> = (0..n)
+            .map(|i| {
+                let mantissa = ((i * 31 + rank * 17 + salt) % 13) as f32 + 0.1;
+                let sign = if (i + rank).is_multiple_of(3) { -1.0 } else { 1.0 };
+                sign * mantissa * 10f32.powi(((i + 2 * rank) % 5) as i32 * 3 - 6)
+            })
+            .collect();
+        NDArray::from_vec(&[n], v).expect("value")
+    };
+    let keys = ["alike-alone", "alike-pad", "alike-fused"];
+    let sizes = [N, 20_000, N];
+    for (k, &n) in keys.iter().zip(&sizes) {
+        kv.init(*k, &NDArray::zeros(&[n]).expect("zeros")).expect("init");
+    }
+    kv.push("alike-alone", &value(N, 0), 0).expect("push alone");
+    kv.push(&keys[1..], &[value(sizes[1], 5), value(N, 0)], 0).expect("push fused");
+    let alone = kv.pull_new("alike-alone", 0).expect("pull");
+    let fused = kv.pull_new("alike-fused", 0).expect("pull");
+    let bits = crate::device_checks::bits(&alone);
+    assert!(bits == crate::device_checks::bits(&fused), "rank {rank}: a key fused with others got other bits");
+    bits
+}
+
+/// Every dtype, string keys, a repeated key with two local values per worker: the
+/// local sums (rank + 1 each) are summed across the workers: W(W+1)/2.
+pub fn every_dtype_sums_local_then_across_workers(rank: usize, kv: &KVStore) {
+    let w = kv.num_workers();
+    for (i, d) in DType::ALL.iter().enumerate() {
+        let key = format!("key-{d}");
+        kv.init(key.as_str(), &NDArray::zeros_with(&[4], *d, Context::cpu(0)).expect("z")).expect("init");
+        let v = |x: f64| NDArray::full_with(&[4], x, *d, Context::cpu(i as u32 % 4)).expect("v");
+        kv.push(&[key.as_str(), key.as_str()], &[v(rank as f64), v(1.0)], 0).expect("push");
+        let o = NDArray::zeros_with(&[4], *d, Context::cpu(0)).expect("o");
+        kv.pull(key.as_str(), &o, 0).expect("pull");
+        assert_eq!(o.to_f64_vec().expect("r"), vec![triangle(w); 4], "{d}");
+    }
+}

@@ -1,0 +1,52 @@
+//! Small helpers of many tests: a temporary folder ([`TempDir`]) and arrays made,
+//! pulled and checked in one call.
+
+use kvstore_core::{Context, DType, KVStore, Key, NDArray};
+
+/// A folder of one test in the system's temp dir, removed (with what the test left in
+/// it) when dropped, so that no run leaves files behind.
+pub struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    /// A fresh, empty folder for the test `name` of this process.
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("kvstore-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+
+    /// The folder.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.0
+    }
+
+    /// The path of `file` in the folder.
+    pub fn path(&self, file: &str) -> std::path::PathBuf {
+        self.0.join(file)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `value` everywhere, f32, shape `shape`, on `ctx`.
+pub fn full(shape: &[usize], value: f64, ctx: Context) -> NDArray {
+    NDArray::full_with(shape, value, DType::F32, ctx).expect("allocate")
+}
+
+/// Pulls `key` into a fresh f32 array of `shape` and returns its elements.
+pub fn pulled(kv: &KVStore, key: impl Into<Key>, shape: &[usize]) -> Vec<f64> {
+    let out = NDArray::zeros(shape).expect("allocate");
+    kv.pull(key.into(), &out, 0).expect("pull");
+    out.to_f64_vec().expect("read")
+}
+
+/// Asserts every element of `a` is `v`.
+pub fn assert_all(a: &NDArray, v: f64) {
+    let got = a.to_f64_vec().expect("read");
+    assert!(got.iter().all(|&x| x == v), "expected all {v}, got {got:?}");
+}
