@@ -1,5 +1,5 @@
 # The one entry point. `make demo` and `make test` install what they need.
-.PHONY: all setup setup-jvm setup-mpi build native jar python install repl demo test test-torch2 fuzz chaos bench gpu-bundle lint fmt doc javadoc clean
+.PHONY: all setup setup-jvm setup-mpi build native jar python install repl demo test test-static test-rust test-java test-clojure test-projects test-python test-mpi test-torch2 fuzz chaos bench gpu-bundle lint fmt doc javadoc clean
 
 CARGO ?= cargo
 JAVA ?= java
@@ -91,6 +91,11 @@ demo: jar python
 # `N passed, N failed`.
 test: setup setup-jvm
 	@bash scripts/test.sh
+
+# One group of `make test` each (scripts/test.sh lists what each runs); each ends with
+# its own `N passed, N failed`.
+test-static test-rust test-java test-clojure test-projects test-python test-mpi: setup setup-jvm
+	@bash scripts/test.sh $(@:test-%=%)
 
 # kvstore.torch and the PyTorch interop tests against PyTorch 2.x from PyPI (about
 # 5.4 GB, kept in target/py-torch2-venv; make test uses Debian's small torch 1.13).

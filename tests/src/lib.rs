@@ -18,6 +18,23 @@
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
+/// The Rust programs of the guides under docs/, compiled and run as doc tests (those
+/// that need kvstore-cuda or kvstore-mpi are `ignore` here and built and run as
+/// projects by scripts/test-user-projects.sh).
+#[cfg(doctest)]
+pub mod guides {
+    #[doc = include_str!("../../docs/nonblocking.md")]
+    pub struct NonBlocking;
+    #[doc = include_str!("../../docs/optimizers.md")]
+    pub struct Optimizers;
+    #[doc = include_str!("../../docs/checkpoints.md")]
+    pub struct Checkpoints;
+    #[doc = include_str!("../../docs/gpus.md")]
+    pub struct Gpus;
+    #[doc = include_str!("../../docs/dist-sync.md")]
+    pub struct DistSync;
+}
+
 mod backends;
 pub mod cases;
 pub mod device_checks;
