@@ -37,7 +37,7 @@ use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use super::nonblocking::{Copies, Input, Owned, borrow, borrow_inputs, start_reads};
+use super::calls::{Copies, Input, Owned, borrow, borrow_inputs, start_reads};
 use super::steps::StepKey;
 use super::{Calls, Done, Found, Group, KVStore, Merger, Pending, Store, check_group, locks::Held, slots};
 use crate::engine::{self, HeldBatch, HeldCalls, Var, Vars};

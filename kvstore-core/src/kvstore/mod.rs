@@ -19,19 +19,19 @@ use crate::optimizer::{KeyState, Optimizer, Runtime};
 use crate::updater::Updater;
 
 mod builder;
+mod calls;
 mod checkpoint;
 mod fusion;
 mod locks;
 mod merge;
-mod nonblocking;
 mod pending;
 mod spread;
 mod steps;
 
 pub use builder::KVStoreBuilder;
+use calls::broadcast_args;
 use locks::Held;
 use merge::{Calls, Merger};
-use nonblocking::broadcast_args;
 use pending::{Done, Unobserved};
 pub use pending::{Pending, Release};
 

@@ -149,7 +149,7 @@ const KEPT_BYTES: usize = 512;
 
 /// Empties a list of a queued call that ran. A short list's memory is kept, for the
 /// call's last holder to free (the thread that made the call, when it keeps the handle:
-/// see `kvstore/nonblocking.rs`); a long one's is freed now, so that a handle kept for
+/// see `kvstore/calls.rs`); a long one's is freed now, so that a handle kept for
 /// long does not hold it (a few blocks freed on the engine's thread per call of many
 /// keys cost little).
 pub(crate) fn empty_list<T>(list: &mut Vec<T>) {
