@@ -48,7 +48,7 @@ fi
 
 # -Dclojure.main.report=stderr: an uncaught error prints its trace here instead
 # of into a temporary file.
-java_opts=(-Dclojure.main.report=stderr)
+java_opts=(-Dclojure.main.report=stderr -Djava.io.tmpdir="${TMPDIR:-/tmp}")
 
 # Every JVM runs under `timeout` (generous limits), so that a hang fails the suite
 # instead of stalling it: timeout exits 124 (137 after its KILL), a failure below.
@@ -58,16 +58,22 @@ timed_out() {
     [ "$1" -eq 124 ] || [ "$1" -eq 137 ]
 }
 
-# 1. clojure.test
-timeout -k 10 "$runner_limit" java "${java_opts[@]}" -cp "$jar:$root/clojure/test:$clojure_jars:$test_jars" \
+# 1. clojure.test: the runner writes a JUnit XML report, scripts/junit_totals.py totals it.
+report=$root/target/jvm/clojure-junit.xml
+mkdir -p "$(dirname "$report")"
+rm -f "$report"
+timeout -k 10 "$runner_limit" java "${java_opts[@]}" -Dkvstore.junit.xml="$report" \
+    -cp "$jar:$root/clojure/test:$clojure_jars:$test_jars" \
     clojure.main -m kvstore-test-runner 2>&1 | tee "$logs/clojure.log"
 status=${PIPESTATUS[0]}
-if [ "$status" -ne 0 ] && ! grep -qE '^clojure: [0-9]+ passed, [1-9][0-9]* failed$' "$logs/clojure.log"; then
-    # The runner died before its summary (a JVM or classpath problem, or a hang).
+if [ -f "$report" ]; then
+    python3 "$root/scripts/junit_totals.py" clojure "$report"
+else
+    # The runner died before its report (a JVM or classpath problem, or a hang).
     if timed_out "$status"; then
         echo "the Clojure test runner did not finish within $runner_limit s (killed)"
     else
-        echo "the Clojure test runner exited with status $status before its summary"
+        echo "the Clojure test runner exited with status $status before its report"
     fi
     echo "clojure: 0 passed, 1 failed"
 fi

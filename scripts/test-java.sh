@@ -5,11 +5,13 @@
 # kvstore-jni/java/examples/io/github/kvstore/examples/TrainLinear.java against the jar, as a
 # user would (javac --release 17 -Xlint:all -Werror), and runs it: it checks its own
 # result and must exit 0 with a last line `TrainLinear: ok (...)`. It counts as one more
-# test. Prints one line `junit: N passed, N failed`.
-# Exits non-zero if any test failed, if a test class could not even start, or if no test
-# ran. A test aborted by a JUnit assumption (`Assumptions.assumeTrue`) is a skip: it
-# counts neither way and is reported on its own line, `test-java.sh: N skipped`; the
-# test prints why (`SKIP: ...`).
+# test. The launcher writes JUnit XML reports into ${KVSTORE_JVM_OUT:-target/jvm}/junit-reports,
+# this script its own checks as one more (the example, a test class that failed before
+# its tests, a launcher that failed without a failing test), and
+# scripts/junit_totals.py prints one line `junit: N passed, N failed` from them.
+# Exits non-zero if anything failed. A test aborted by a JUnit assumption
+# (`Assumptions.assumeTrue`) is a skip: it counts neither way and is reported on its
+# own lines; the test prints why (`SKIP: ...`).
 #
 # The JVM runs with an empty java.library.path and no -Dkvstore.native.path, so the
 # library comes from the jar's bundled copy (the loader's extraction path);
@@ -43,36 +45,55 @@ javac --release 17 -Xlint:all -Werror -encoding UTF-8 -cp "$jar:$junit" -d "$cla
     || fail "the tests do not compile"
 
 # Debian's launcher (JUnit Platform 1.9) has no `execute` subcommand: options go directly.
+# It writes JUnit XML reports into $reports; this script adds its own checks as one
+# more report there, and scripts/junit_totals.py totals them all.
+reports=$out/junit-reports
+rm -rf "$reports"
+mkdir -p "$reports"
 timeout 900 java \
     -Djava.library.path="$out/empty-library-path" \
+    -Djava.io.tmpdir="${TMPDIR:-/tmp}" \
     -Dkvstore.test.expectBundled=true \
     -jar "$junit" \
     --disable-banner --disable-ansi-colors --details=tree --details-theme=ascii \
     --class-path "$classes" --class-path "$jar" \
     --select-package io.github.kvstore \
     --fail-if-no-tests \
+    --reports-dir "$reports" \
     2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 
-count() {
-    # The summary's lines look like "[        12 tests successful      ]".
-    awk -v what="$1" '$0 ~ "^\\[ *[0-9]+ " what " *\\]$" { gsub(/[^0-9]/, "", $2); n = $2 } END { print n + 0 }' "$log"
+# This script's own checks, as test cases of one more report: "name" or "name<TAB>why".
+cases=()
+passes() { cases+=("$1"); }
+fails() { cases+=("$1"$'\t'"$2"); }
+write_report() {
+    python3 - "$reports/TEST-test-java-sh.xml" "${cases[@]}" <<'PY'
+import sys
+from xml.sax.saxutils import quoteattr
+out, cases = sys.argv[1], sys.argv[2:]
+with open(out, "w", encoding="utf-8") as f:
+    f.write(f'<testsuite name="test-java.sh" tests="{len(cases)}">\n')
+    for c in cases:
+        name, _, why = c.partition("\t")
+        body = f"<failure message={quoteattr(why)}/>" if why else ""
+        f.write(f'  <testcase classname="test-java.sh" name={quoteattr(name)}>{body}</testcase>\n')
+    f.write("</testsuite>\n")
+PY
 }
-successful=$(count "tests successful")
-failed=$(( $(count "tests failed") + $(count "containers failed") + $(count "containers aborted") ))
-skipped=$(count "tests aborted")
-if [ "$skipped" -gt 0 ]; then
-    echo "test-java.sh: $skipped skipped (aborted by an assumption):"
+
+# What the XML reports cannot show: a class whose setup failed (a failed or aborted
+# container), a crashed or timed-out JVM, or a launcher error.
+containers=$(awk '/^\[ *[0-9]+ containers (failed|aborted) *\]$/ { gsub(/[^0-9]/, "", $2); n += $2 } END { print n + 0 }' "$log")
+if [ "$containers" -gt 0 ]; then
+    fails "test classes" "$containers test class(es) failed or aborted before their tests"
+fi
+if [ "$status" -ne 0 ] && ! grep -q '<failure\|<error' "$reports"/TEST-junit-*.xml 2>/dev/null && [ "$containers" -eq 0 ]; then
+    fails "the launcher" "it exited with status $status without a failing test"
+fi
+if grep -q '^SKIP: ' "$log"; then
+    echo "test-java.sh: skipped (aborted by an assumption):"
     grep '^SKIP: ' "$log" | sed 's/^/  /'
-fi
-if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
-    # A crashed or timed-out JVM, or a launcher error: no test reported it.
-    echo "test-java.sh: the launcher exited with status $status without a failing test" >&2
-    failed=1
-fi
-if [ "$successful" -eq 0 ] && [ "$failed" -eq 0 ]; then
-    echo "test-java.sh: no test ran" >&2
-    failed=1
 fi
 
 # The example, from the jar alone (its bundled library, as above).
@@ -82,27 +103,26 @@ rm -rf "$example_classes"
 mkdir -p "$example_classes"
 mapfile -t examples < <(find kvstore-jni/java/examples -name '*.java' | sort)
 if [ "${#examples[@]}" -eq 0 ]; then
-    echo "test-java.sh: no example under kvstore-jni/java/examples" >&2
-    failed=$((failed + 1))
+    fails "TrainLinear" "no example under kvstore-jni/java/examples"
 elif ! javac --release 17 -Xlint:all -Werror -encoding UTF-8 -cp "$jar" -d "$example_classes" "${examples[@]}" \
     >"$example_log" 2>&1; then
     echo "TrainLinear.java: FAILED (it does not compile)"
     sed 's/^/  /' "$example_log"
-    failed=$((failed + 1))
+    fails "TrainLinear" "it does not compile"
 else
-    timeout 300 java -Djava.library.path="$out/empty-library-path" -cp "$jar:$example_classes" \
-        io.github.kvstore.examples.TrainLinear >"$example_log" 2>&1
+    timeout 300 java -Djava.library.path="$out/empty-library-path" -Djava.io.tmpdir="${TMPDIR:-/tmp}" \
+        -cp "$jar:$example_classes" io.github.kvstore.examples.TrainLinear >"$example_log" 2>&1
     example_status=$?
     verdict=$(tail -n 1 "$example_log")
     if [ "$example_status" -eq 0 ] && [[ "$verdict" == "TrainLinear: ok"* ]]; then
         echo "$verdict"
-        successful=$((successful + 1))
+        passes "TrainLinear"
     else
         echo "TrainLinear.java: FAILED (exit status $example_status$( [ "$example_status" -eq 124 ] && echo ", timed out after 300 s"))"
         tail -n 40 "$example_log" | sed 's/^/  /'
-        failed=$((failed + 1))
+        fails "TrainLinear" "exit status $example_status"
     fi
 fi
 
-echo "junit: $successful passed, $failed failed"
-[ "$failed" -eq 0 ] && [ "$successful" -gt 0 ]
+write_report
+python3 scripts/junit_totals.py junit "$reports"/*.xml

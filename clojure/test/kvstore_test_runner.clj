@@ -1,6 +1,8 @@
 (ns kvstore-test-runner
   "Runs the Clojure test namespaces and ends with one line
-  `clojure: N passed, N failed`.
+  `clojure: N passed, N failed`, or, with `-Dkvstore.junit.xml=FILE`, writes the
+  results to FILE as a JUnit XML report instead (scripts/junit_totals.py totals
+  it).
 
   It counts deftests (a test.check `defspec` is a deftest too), not
   assertions: a deftest passes when it made at least one assertion and none of
@@ -115,31 +117,57 @@
             (.printStackTrace e)
             (swap! load-failures conj (str ns-sym " (did not run: " (.getMessage e) ")"))))))
     (let [{:keys [tests outside]} @state
-          failed-tests (for [[v {:keys [pass fail error]}] tests
-                             :when (or (pos? fail) (pos? error) (zero? pass))]
-                         (str (symbol v)
-                              (cond
-                                (pos? error) (str " (" error " error(s), " fail " failure(s))")
-                                (pos? fail) (str " (" fail " failure(s))")
-                                :else " (no assertion)")))
-          failures (concat @load-failures
-                           failed-tests
-                           (when (pos? outside)
-                             [(str outside " failure(s) outside any deftest")]))]
-      {:passed (- (count tests) (count failed-tests))
-       :failed (count failures)
-       :failures (vec failures)})))
+          why (fn [{:keys [pass fail error]}]
+                (cond
+                  (pos? error) (str error " error(s), " fail " failure(s)")
+                  (pos? fail) (str fail " failure(s)")
+                  (zero? pass) "no assertion"))
+          cases (for [[v counts] (sort-by (comp str symbol key) tests)]
+                  {:ns (str (:ns (meta v))) :name (str (:name (meta v))) :failure (why counts)})
+          failed-tests (for [{:keys [ns name failure]} cases :when failure]
+                         (str ns "/" name " (" failure ")"))
+          others (concat @load-failures
+                         (when (pos? outside)
+                           [(str outside " failure(s) outside any deftest")]))]
+      {:passed (count (remove :failure cases))
+       :failed (+ (count failed-tests) (count others))
+       :failures (vec (concat others failed-tests))
+       :cases (vec (concat cases
+                           (for [o others] {:ns "kvstore-test-runner" :name o :failure o})))})))
+
+(defn- xml-attr
+  "`s` quoted for an XML attribute."
+  [s]
+  (str "\"" (string/escape (str s) {\& "&amp;" \< "&lt;" \> "&gt;" \" "&quot;" \' "&apos;"}) "\""))
+
+(defn write-junit-xml
+  "Writes `cases` (`{:ns :name :failure}`, `:failure` nil for a pass) to the file
+  `path` as a JUnit XML report: one testcase per deftest, and one failed testcase
+  per failure outside the deftests (a namespace that did not load, ...)."
+  [path cases]
+  (with-open [w (io/writer path)]
+    (.write w (str "<testsuite name=\"clojure\" tests=" (xml-attr (count cases)) ">\n"))
+    (doseq [{:keys [ns name failure]} cases]
+      (.write w (str "  <testcase classname=" (xml-attr ns) " name=" (xml-attr name) ">"
+                     (when failure (str "<failure message=" (xml-attr failure) "/>"))
+                     "</testcase>\n")))
+    (.write w "</testsuite>\n")))
 
 (defn -main
   "Runs the test namespaces named by `args` (all of them when none), prints
-  `clojure: N passed, N failed` and exits."
+  `clojure: N passed, N failed` (or writes the JUnit XML report that the system
+  property `kvstore.junit.xml` names) and exits."
   [& args]
   (let [namespaces (if (seq args) (mapv symbol args) (discover-namespaces))
-        {:keys [passed failed failures]} (run namespaces)]
+        {:keys [passed failed failures cases]} (run namespaces)
+        xml (System/getProperty "kvstore.junit.xml")]
     (println)
     (doseq [f failures]
       (println "FAILED:" f))
-    (println (str "clojure: " passed " passed, " failed " failed"))
+    (if xml
+      (do (write-junit-xml xml cases)
+          (println (str "kvstore-test-runner: wrote " xml)))
+      (println (str "clojure: " passed " passed, " failed " failed")))
     (flush)
     (shutdown-agents)
     (System/exit (if (and (zero? failed) (pos? passed)) 0 1))))
