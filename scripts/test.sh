@@ -16,7 +16,7 @@
 #     mpi       kvstore-mpi under mpirun, Python and the JVM under mpirun, chaos
 # `make test-rust`, `make test-java`, ... run one group each.
 #
-# Every group runs with its own TMPDIR (target/test-tmp, emptied first), and the run
+# The run has a TMPDIR of its own (a new folder kvstore-test.* in the system's), and
 # ends with a no-litter check of that folder: what a suite leaves there is its own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,10 +34,10 @@ done
 wants() { [[ " ${groups[*]} " == *" $1 "* ]]; }
 
 # The run's own temporary folder: programs that honour TMPDIR (Rust's temp_dir, Python's
-# tempfile, mktemp, the JVM suites through -Djava.io.tmpdir) put their files there.
-export TMPDIR=$root/target/test-tmp
-rm -rf "$TMPDIR"
-mkdir -p "$TMPDIR"
+# tempfile, mktemp, the JVM suites through -Djava.io.tmpdir) put their files there. It
+# is outside the clone: cargo projects made under it must not see this workspace.
+TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/kvstore-test.XXXXXX")
+export TMPDIR
 
 check() {
     local name=$1
@@ -161,6 +161,7 @@ else
     failed=$((failed + 1))
     echo "check no-litter: FAILED (left in $TMPDIR after the run):"
     echo "$litter" | sed 's/^/    /'
+    rm -rf "$TMPDIR"
 fi
 
 echo "$passed passed, $failed failed"
