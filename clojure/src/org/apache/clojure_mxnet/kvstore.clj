@@ -359,8 +359,8 @@
    (let [store-vals (ndarray-array (as-vector vs))]
      (pending :push kvstore
               (if (vector? ks)
-                (.pushAsync kvstore (key-array ks) store-vals (int priority))
-                (.pushAsync kvstore (key-str ks) store-vals (int priority)))))))
+                (.push (.async kvstore) (key-array ks) store-vals (int priority))
+                (.push (.async kvstore) (key-str ks) store-vals (int priority)))))))
 
 (defn pull-async
   "`pull` into `outs`, non-blocking: the outs are written later, after the
@@ -377,8 +377,8 @@
    (let [store-outs (ndarray-array (as-vector outs))]
      (pending :pull kvstore
               (if (vector? ks)
-                (.pullAsync kvstore (key-array ks) store-outs (int priority))
-                (.pullAsync kvstore (key-str ks) store-outs (int priority)))))))
+                (.pull (.async kvstore) (key-array ks) store-outs (int priority))
+                (.pull (.async kvstore) (key-str ks) store-outs (int priority)))))))
 
 (defn pushpull-async
   "`pushpull`, non-blocking (the values may be reused at once; the outs, or the values
@@ -391,8 +391,8 @@
    (let [store-vals (ndarray-array (as-vector vs))]
      (pending :pushpull kvstore
               (if (vector? ks)
-                (.pushpullAsync kvstore (key-array ks) store-vals)
-                (.pushpullAsync kvstore (key-str ks) store-vals)))))
+                (.pushpull (.async kvstore) (key-array ks) store-vals)
+                (.pushpull (.async kvstore) (key-str ks) store-vals)))))
   ([kvstore ks vs outs]
    (pushpull-async kvstore ks vs outs 0))
   ([^KVStore kvstore ks vs outs priority]
@@ -405,8 +405,8 @@
          store-outs (ndarray-array (as-vector outs))]
      (pending :pushpull kvstore
               (if (vector? ks)
-                (.pushpullAsync kvstore (key-array ks) store-vals store-outs (int priority))
-                (.pushpullAsync kvstore (key-str ks) store-vals store-outs (int priority)))))))
+                (.pushpull (.async kvstore) (key-array ks) store-vals store-outs (int priority))
+                (.pushpull (.async kvstore) (key-str ks) store-vals store-outs (int priority)))))))
 
 (defn broadcast-async
   "`broadcast`, non-blocking for its pull: the keys are initialized before it
@@ -423,9 +423,9 @@
          store-outs (ndarray-array (as-vector outs))]
      (pending :broadcast kvstore
               (if (and (not (vector? ks)) (= 1 (count store-vals)))
-                (.broadcastAsync kvstore (key-str ks) ^NDArray (first store-vals) store-outs (int priority))
-                (.broadcastAsync kvstore (key-array-for ks store-vals) (ndarray-array store-vals)
-                                 store-outs (int priority)))))))
+                (.broadcast (.async kvstore) (key-str ks) ^NDArray (first store-vals) store-outs (int priority))
+                (.broadcast (.async kvstore) (key-array-for ks store-vals) (ndarray-array store-vals)
+                                             store-outs (int priority)))))))
 
 (defn wait-all
   "Waits until every call made so far on the store has finished (MXNet's
