@@ -17,16 +17,16 @@ import java.util.concurrent.TimeoutException;
  * The non-blocking calls of a {@link KVStore}, from {@link KVStore#async()}:
  * {@code push}, {@code pull}, {@code pushpull} and {@code broadcast} in the
  * <a href="KVStore.html#forms">argument forms</a> of the store's blocking calls (with a
- * {@code priority} on the forms with an {@code NDArray[]}, as there), each returning at once a
- * {@link CompletableFuture} that completes when the call has taken effect, or
+ * {@code priority} on the forms with an {@code NDArray[]}, as there), each returning at
+ * once a {@link CompletableFuture} that completes when the call has taken effect, or
  * exceptionally with the {@link KVStoreException} its blocking twin would throw. (As
- * opendal's {@code AsyncOperator} beside its {@code Operator}: a separate view keeps the
- * store's own calls blocking and its overloads half as many.) A view is the same for the
- * life of its store and holds no state: calls through it and the store's blocking calls
- * mix freely, and calls on one key take effect in the order they were made, from any
- * thread. A null argument ({@link NullPointerException} naming the parameter) and a closed
- * array ({@link KVStoreException} {@code DISPOSED}) are thrown at once; every other
- * error, a closed store's {@code DISPOSED} included, comes through the future.
+ * opendal's {@code AsyncOperator} beside its {@code Operator}: a separate view keeps
+ * every call of {@link KVStore} itself blocking.) A view is the same for the life of its
+ * store and holds no state: calls through it and the store's blocking calls mix freely,
+ * and calls on one key take effect in the order they were made, from any thread. A null
+ * argument ({@link NullPointerException} naming the parameter) and a closed array
+ * ({@link KVStoreException} {@code DISPOSED}) are thrown at once; every other error, a
+ * closed store's {@code DISPOSED} included, comes through the future.
  *
  * <p>Values: a push may reuse its values as soon as it returns, and sums what they held
  * when it was made (a write to one before the push read it copies it for the push

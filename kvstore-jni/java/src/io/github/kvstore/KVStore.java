@@ -754,8 +754,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * This store's non-blocking calls: the same {@code push}, {@code pull},
      * {@code pushpull} and {@code broadcast}, in the same forms, each returning a
      * {@link CompletableFuture} at once (see {@link AsyncKVStore}). Always the same view
-     * of this store; it holds no state of its own, and once the store is closed its calls
-     * fail as this store's do.
+     * of this store, with no state of its own; once the store is closed, its calls'
+     * futures complete exceptionally with {@code DISPOSED}.
      *
      * @return the non-blocking view of this store
      */
