@@ -1,4 +1,4 @@
-//! Non-blocking calls from Java: `KVStore.pushAsync` and its siblings submit through
+//! Non-blocking calls from Java: `AsyncKVStore.push` and its siblings submit through
 //! `nSubmit` with an id that Java chose for the call's `CompletableFuture`; when the call
 //! finishes, its id waits here until a Java completer thread takes it (`nTakeDone`,
 //! the id negated for a call that failed; then `nResult` throws the failed call's

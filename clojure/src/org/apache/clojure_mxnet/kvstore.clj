@@ -22,8 +22,9 @@
   `save-optimizer-states` / `load-optimizer-states`.
 
   Non-blocking calls: `push-async`, `pull-async`, `pushpull-async` and
-  `broadcast-async` take the arguments of their blocking twins and return at
-  once a value to `deref` (see `push-async`); `wait-all` waits for every call.
+  `broadcast-async` take the arguments of their blocking twins, checked by the
+  same code, and return at once a value to `deref` (see `push-async`);
+  `wait-all` waits for every call.
 
   Additions: `set-updater` (a Clojure fn as the updater), `pushpull`,
   `broadcast`, `optimizer-name`, `keys` (the keys, in init order), `version`
@@ -199,23 +200,94 @@
     (doto kvstore
       (.init (key-array (as-vector ks)) (ndarray-array (as-vector vs))))))
 
+;; push, pull, pushpull and broadcast, blocking or not: one helper per call kind
+;; checks the arguments and makes the call, on the store (blocking, which returns
+;; the store) or on its non-blocking view `(.async kvstore)` (which returns a
+;; CompletableFuture). Both take the same argument forms.
+
+(defmacro ^:private on
+  "`(. kvstore method args...)` when `async?` is false, else the same call on
+  `(.async kvstore)`; `kvstore` is a symbol hinted ^KVStore."
+  [async? kvstore method & args]
+  `(if ~async?
+     (. (.async ~kvstore) ~method ~@args)
+     (. ~kvstore ~method ~@args)))
+
+(defn- push-call
+  "Checks `push`'s arguments, then pushes, blocking or, when `async?`, not."
+  [async? ^KVStore kvstore ks vs priority]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+  (check! ks? ::ks ks "Invalid keys")
+  (check! ndarrays? ::vs vs "Invalid values")
+  (check! util/int-value? ::priority priority "Invalid priority")
+  (let [store-vals (ndarray-array (as-vector vs))]
+    (if (vector? ks)
+      (on async? kvstore push (key-array ks) store-vals (int priority))
+      (on async? kvstore push (key-str ks) store-vals (int priority)))))
+
+(defn- pull-call
+  "Checks the arguments of `pull` into outs, then pulls, blocking or, when
+  `async?`, not."
+  [async? ^KVStore kvstore ks outs priority]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+  (check! ks? ::ks ks "Invalid keys")
+  (check! ndarrays? ::outs outs "Invalid outs")
+  (check! util/int-value? ::priority priority "Invalid priority")
+  (let [store-outs (ndarray-array (as-vector outs))]
+    (if (vector? ks)
+      (on async? kvstore pull (key-array ks) store-outs (int priority))
+      (on async? kvstore pull (key-str ks) store-outs (int priority)))))
+
+(defn- pushpull-call
+  "Checks `pushpull`'s arguments, then pushes and pulls, blocking or, when
+  `async?`, not. `outs` is `::in-place` for the arity without outs (and without
+  priority), which writes the result back into the values."
+  [async? ^KVStore kvstore ks vs outs priority]
+  (let [in-place? (identical? outs ::in-place)]
+    (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+    (check! ks? ::ks ks "Invalid keys")
+    (check! ndarrays? ::vs vs "Invalid values")
+    (when-not in-place?
+      (check! ndarrays? ::outs outs "Invalid outs")
+      (check! util/int-value? ::priority priority "Invalid priority"))
+    (let [store-vals (ndarray-array (as-vector vs))]
+      (cond
+        (and in-place? (vector? ks)) (on async? kvstore pushpull (key-array ks) store-vals)
+        in-place? (on async? kvstore pushpull (key-str ks) store-vals)
+        :else (let [store-outs (ndarray-array (as-vector outs))]
+                (if (vector? ks)
+                  (on async? kvstore pushpull (key-array ks) store-vals store-outs (int priority))
+                  (on async? kvstore pushpull (key-str ks) store-vals store-outs (int priority))))))))
+
+(defn- broadcast-call
+  "Checks `broadcast`'s arguments, then broadcasts, blocking or, when `async?`,
+  not (non-blocking for the pull only: the keys are initialized before it
+  returns)."
+  [async? ^KVStore kvstore ks vs outs priority]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+  (check! ks? ::ks ks "Invalid keys")
+  (check! ndarrays? ::vs vs "Invalid values")
+  (check! ndarrays? ::outs outs "Invalid outs")
+  (check! util/int-value? ::priority priority "Invalid priority")
+  (let [store-vals (as-vector vs)
+        store-outs (ndarray-array (as-vector outs))]
+    (if (and (not (vector? ks)) (= 1 (count store-vals)))
+      (on async? kvstore broadcast (key-str ks) ^NDArray (first store-vals) store-outs (int priority))
+      ;; Several values for one key: the key is repeated for each value (and
+      ;; each out), which the store rejects as a duplicate init.
+      (on async? kvstore broadcast (key-array-for ks store-vals) (ndarray-array store-vals)
+          store-outs (int priority)))))
+
 (defn push
   "Pushes a value or a vector of values `vs` to a key or a vector of keys
   `ks`. A single key with a vector of values is repeated for each value. The
   values of each key are summed, then the updater (default: assign) merges the
   sum into the stored value. `priority` (default 0) never changes results.
   Returns the store."
-  ([^KVStore kvstore ks vs priority]
-   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
-   (check! ks? ::ks ks "Invalid keys")
-   (check! ndarrays? ::vs vs "Invalid values")
-   (check! util/int-value? ::priority priority "Invalid priority")
-   (let [store-vals (as-vector vs)]
-     (util/with-kvstore-errors :push
-       (if (vector? ks)
-         (.push kvstore (key-array ks) (ndarray-array store-vals) (int priority))
-         (.push kvstore (key-str ks) (ndarray-array store-vals) (int priority)))
-       kvstore)))
+  ([kvstore ks vs priority]
+   (util/with-kvstore-errors :push
+     (push-call false kvstore ks vs priority))
+   kvstore)
   ([kvstore ks vs]
    (push kvstore ks vs 0)))
 
@@ -249,17 +321,10 @@
      (if (vector? ks)
        (pull-new kvstore ks)
        (.pull kvstore (key-str ks)))))
-  ([^KVStore kvstore ks outs priority]
-   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
-   (check! ks? ::ks ks "Invalid keys")
-   (check! ndarrays? ::outs outs "Invalid outs")
-   (check! util/int-value? ::priority priority "Invalid priority")
-   (let [store-outs (as-vector outs)]
-     (util/with-kvstore-errors :pull
-       (if (vector? ks)
-         (.pull kvstore (key-array ks) (ndarray-array store-outs) (int priority))
-         (.pull kvstore (key-str ks) (ndarray-array store-outs) (int priority)))
-       kvstore)))
+  ([kvstore ks outs priority]
+   (util/with-kvstore-errors :pull
+     (pull-call false kvstore ks outs priority))
+   kvstore)
   ([kvstore ks outs]
    (pull kvstore ks outs 0)))
 
@@ -267,31 +332,16 @@
   "Push then pull as one step (no other push to the key comes in between).
   With no `outs` the result is written back into the values `vs` themselves.
   A single key is repeated for each value and for each out. Returns the store."
-  ([^KVStore kvstore ks vs]
-   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
-   (check! ks? ::ks ks "Invalid keys")
-   (check! ndarrays? ::vs vs "Invalid values")
-   (let [store-vals (ndarray-array (as-vector vs))]
-     (util/with-kvstore-errors :pushpull
-       (if (vector? ks)
-         (.pushpull kvstore (key-array ks) store-vals)
-         (.pushpull kvstore (key-str ks) store-vals))
-       kvstore)))
+  ([kvstore ks vs]
+   (util/with-kvstore-errors :pushpull
+     (pushpull-call false kvstore ks vs ::in-place 0))
+   kvstore)
   ([kvstore ks vs outs]
    (pushpull kvstore ks vs outs 0))
-  ([^KVStore kvstore ks vs outs priority]
-   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
-   (check! ks? ::ks ks "Invalid keys")
-   (check! ndarrays? ::vs vs "Invalid values")
-   (check! ndarrays? ::outs outs "Invalid outs")
-   (check! util/int-value? ::priority priority "Invalid priority")
-   (let [store-vals (ndarray-array (as-vector vs))
-         store-outs (ndarray-array (as-vector outs))]
-     (util/with-kvstore-errors :pushpull
-       (if (vector? ks)
-         (.pushpull kvstore (key-array ks) store-vals store-outs (int priority))
-         (.pushpull kvstore (key-str ks) store-vals store-outs (int priority)))
-       kvstore))))
+  ([kvstore ks vs outs priority]
+   (util/with-kvstore-errors :pushpull
+     (pushpull-call false kvstore ks vs outs priority))
+   kvstore))
 
 (defn broadcast
   "Initializes the keys `ks` with the values `vs`, then pulls them into
@@ -300,22 +350,10 @@
   `{:kvstore/error :already-initialized}`. Returns the store."
   ([kvstore ks vs outs]
    (broadcast kvstore ks vs outs 0))
-  ([^KVStore kvstore ks vs outs priority]
-   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
-   (check! ks? ::ks ks "Invalid keys")
-   (check! ndarrays? ::vs vs "Invalid values")
-   (check! ndarrays? ::outs outs "Invalid outs")
-   (check! util/int-value? ::priority priority "Invalid priority")
-   (let [store-vals (as-vector vs)
-         store-outs (ndarray-array (as-vector outs))]
-     (util/with-kvstore-errors :broadcast
-       (if (and (not (vector? ks)) (= 1 (count store-vals)))
-         (.broadcast kvstore (key-str ks) ^NDArray (first store-vals) store-outs (int priority))
-         ;; Several values for one key: the key is repeated for each value
-         ;; (and each out), which the store rejects as a duplicate init.
-         (.broadcast kvstore (key-array-for ks store-vals) (ndarray-array store-vals)
-                     store-outs (int priority)))
-       kvstore))))
+  ([kvstore ks vs outs priority]
+   (util/with-kvstore-errors :broadcast
+     (broadcast-call false kvstore ks vs outs priority))
+   kvstore))
 
 (defn- pending
   "What the `-async` functions return: `deref` waits for the call and returns
@@ -351,16 +389,8 @@
   `(deref p ms timeout-val)` waits at most `ms` milliseconds."
   ([kvstore ks vs]
    (push-async kvstore ks vs 0))
-  ([^KVStore kvstore ks vs priority]
-   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
-   (check! ks? ::ks ks "Invalid keys")
-   (check! ndarrays? ::vs vs "Invalid values")
-   (check! util/int-value? ::priority priority "Invalid priority")
-   (let [store-vals (ndarray-array (as-vector vs))]
-     (pending :push kvstore
-              (if (vector? ks)
-                (.pushAsync kvstore (key-array ks) store-vals (int priority))
-                (.pushAsync kvstore (key-str ks) store-vals (int priority)))))))
+  ([kvstore ks vs priority]
+   (pending :push kvstore (push-call true kvstore ks vs priority))))
 
 (defn pull-async
   "`pull` into `outs`, non-blocking: the outs are written later, after the
@@ -369,63 +399,27 @@
   `push-async`."
   ([kvstore ks outs]
    (pull-async kvstore ks outs 0))
-  ([^KVStore kvstore ks outs priority]
-   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
-   (check! ks? ::ks ks "Invalid keys")
-   (check! ndarrays? ::outs outs "Invalid outs")
-   (check! util/int-value? ::priority priority "Invalid priority")
-   (let [store-outs (ndarray-array (as-vector outs))]
-     (pending :pull kvstore
-              (if (vector? ks)
-                (.pullAsync kvstore (key-array ks) store-outs (int priority))
-                (.pullAsync kvstore (key-str ks) store-outs (int priority)))))))
+  ([kvstore ks outs priority]
+   (pending :pull kvstore (pull-call true kvstore ks outs priority))))
 
 (defn pushpull-async
   "`pushpull`, non-blocking (the values may be reused at once; the outs, or the values
   themselves with no `outs`, are written later). Returns a pending value, as
   `push-async`."
-  ([^KVStore kvstore ks vs]
-   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
-   (check! ks? ::ks ks "Invalid keys")
-   (check! ndarrays? ::vs vs "Invalid values")
-   (let [store-vals (ndarray-array (as-vector vs))]
-     (pending :pushpull kvstore
-              (if (vector? ks)
-                (.pushpullAsync kvstore (key-array ks) store-vals)
-                (.pushpullAsync kvstore (key-str ks) store-vals)))))
+  ([kvstore ks vs]
+   (pending :pushpull kvstore (pushpull-call true kvstore ks vs ::in-place 0)))
   ([kvstore ks vs outs]
    (pushpull-async kvstore ks vs outs 0))
-  ([^KVStore kvstore ks vs outs priority]
-   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
-   (check! ks? ::ks ks "Invalid keys")
-   (check! ndarrays? ::vs vs "Invalid values")
-   (check! ndarrays? ::outs outs "Invalid outs")
-   (check! util/int-value? ::priority priority "Invalid priority")
-   (let [store-vals (ndarray-array (as-vector vs))
-         store-outs (ndarray-array (as-vector outs))]
-     (pending :pushpull kvstore
-              (if (vector? ks)
-                (.pushpullAsync kvstore (key-array ks) store-vals store-outs (int priority))
-                (.pushpullAsync kvstore (key-str ks) store-vals store-outs (int priority)))))))
+  ([kvstore ks vs outs priority]
+   (pending :pushpull kvstore (pushpull-call true kvstore ks vs outs priority))))
 
 (defn broadcast-async
   "`broadcast`, non-blocking for its pull: the keys are initialized before it
   returns, the outs written later. Returns a pending value, as `push-async`."
   ([kvstore ks vs outs]
    (broadcast-async kvstore ks vs outs 0))
-  ([^KVStore kvstore ks vs outs priority]
-   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
-   (check! ks? ::ks ks "Invalid keys")
-   (check! ndarrays? ::vs vs "Invalid values")
-   (check! ndarrays? ::outs outs "Invalid outs")
-   (check! util/int-value? ::priority priority "Invalid priority")
-   (let [store-vals (as-vector vs)
-         store-outs (ndarray-array (as-vector outs))]
-     (pending :broadcast kvstore
-              (if (and (not (vector? ks)) (= 1 (count store-vals)))
-                (.broadcastAsync kvstore (key-str ks) ^NDArray (first store-vals) store-outs (int priority))
-                (.broadcastAsync kvstore (key-array-for ks store-vals) (ndarray-array store-vals)
-                                 store-outs (int priority)))))))
+  ([kvstore ks vs outs priority]
+   (pending :broadcast kvstore (broadcast-call true kvstore ks vs outs priority))))
 
 (defn wait-all
   "Waits until every call made so far on the store has finished (MXNet's

@@ -31,7 +31,7 @@ import java.util.concurrent.locks.ReentrantLock;
  * could complete it, and every future of the JVM stopped, {@code waitAll} with them.)
  * The taker completes what it took itself, so that a thread waiting for a future is
  * woken by the thread that took its call, with no other thread in between: handing
- * every batch to another thread instead cost a round trip of {@code pushAsync} and
+ * every batch to another thread instead cost a round trip of {@code async().push} and
  * {@code get} about half as much again.
  *
  * <p>While calls keep finishing, the taker takes them in batches, at most one every

@@ -1,14 +1,16 @@
 package io.github.kvstore;
 
+import static io.github.kvstore.Args.checkArrays;
+import static io.github.kvstore.Args.checkKeys;
+import static io.github.kvstore.Args.handles;
+import static io.github.kvstore.Args.one;
+import static io.github.kvstore.Args.repeat;
+
 import java.lang.ref.Cleaner;
 import java.lang.ref.Reference;
-import java.util.Arrays;
 import java.util.Map;
 import java.util.Objects;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.ExecutionException;
-import java.util.concurrent.TimeUnit;
-import java.util.concurrent.TimeoutException;
 import java.util.concurrent.locks.ReentrantLock;
 
 /**
@@ -17,13 +19,44 @@ import java.util.concurrent.locks.ReentrantLock;
  * the {@link Updater} or the {@link Optimizer}; by default the sum replaces it),
  * {@link #pull(String, NDArray)} the stored values into outs.
  *
- * <p>Every operation comes in MXNet's list forms: one key and one array; one key and many
- * arrays (pushed arrays are summed, pulled outs all receive the value); and parallel
- * arrays of keys and arrays, where a repeated key gets the sum of its arrays in one update
- * ({@code push(new String[] {"3", "3", "3"}, ones)} stores 3, not 1). Keys and arrays of
- * different lengths are {@link KVStoreException.Code#LENGTH_MISMATCH}. {@code priority} is
- * accepted as in MXNet: every call completes before it returns, so it changes no result.
- * Push always copies: the store never keeps a caller's array.
+ * <h2 id="forms">Argument forms</h2>
+ *
+ * <p>{@code push}, {@code pull}, {@code pushpull} and {@code broadcast}, here and on
+ * {@link AsyncKVStore}, take MXNet's three forms:
+ * <ul>
+ * <li>one key and one array ({@code String, NDArray});
+ * <li>one key and many arrays ({@code String, NDArray[]}): pushed arrays are summed, left
+ *     to right, into one update, and every out receives the value;
+ * <li>parallel arrays of keys and arrays ({@code String[], NDArray[]}), where
+ *     {@code arrays[i]} goes with {@code keys[i]} and a repeated key gets the sum of its
+ *     arrays in one update ({@code push(new String[] {"3", "3", "3"}, ones)} stores 3, not
+ *     1); keys and arrays of different lengths are
+ *     {@link KVStoreException.Code#LENGTH_MISMATCH}.
+ * </ul>
+ * The two forms with an {@code NDArray[]} also come with a trailing {@code int priority}
+ * (see below); the calls without one have priority 0. {@code pushpull} without outs
+ * writes the result back into the values (give the values as the outs too for a
+ * priority); {@code broadcast} takes one value per key. Push always copies: the store
+ * never keeps a caller's array.
+ *
+ * <h2 id="blocking">Blocking and non-blocking calls</h2>
+ *
+ * <p>The calls of this class block: each returns once it has taken effect (its outs are
+ * written), and throws its error. It runs at once on the calling thread when no earlier
+ * call holds its keys or arrays, and otherwise waits in the store's queue for them.
+ * {@link #async()} gives the same calls non-blocking ({@link AsyncKVStore}): they return a
+ * {@link CompletableFuture} at once and run on the store's threads, and their outs stay
+ * pending (every read of one waits) until written. Both kinds may be mixed freely: calls
+ * on one key take effect in the order they were made, from any thread.
+ * {@link #waitAll()} waits for every call made so far.
+ *
+ * <p>{@code priority} is MXNet's: among queued calls that are ready at the same time, the
+ * higher priority runs first. It never
+ * changes a result, since calls on one key keep their order; a blocking call that runs at
+ * once, and every call of a {@code dist_sync} store (which runs its calls in the order
+ * they were made, the same on every worker), ignore it.
+ *
+ * <h2 id="threads">Threads, nulls and errors</h2>
  *
  * <p>Mutating methods return {@code this} for chaining. A store is safe to use from many
  * threads (calls on one key are serialised, calls on different keys run in parallel). It
@@ -43,15 +76,16 @@ import java.util.concurrent.locks.ReentrantLock;
  * {@code java.io} do. It could not give up honestly: the native store either runs the
  * call at once on the calling thread or queues it and waits inside the native call, where
  * no interrupt reaches, and a queued call always runs. For a wait that an interrupt ends,
- * make the non-blocking call and wait for its future: {@code pullAsync(keys, outs).get()}
- * throws {@link InterruptedException}, and the call still takes effect (its outs stay
- * pending until it wrote them).
+ * make the non-blocking call and wait for its future: {@code kv.async().pull(keys,
+ * outs).get()} throws {@link InterruptedException}, and the call still takes effect (its
+ * outs stay pending until it wrote them).
  *
  * <pre>{@code
  * try (KVStore kv = KVStore.create("local");
  *      NDArray two = NDArray.full(new int[] {2, 3}, 2.0);
  *      NDArray out = NDArray.zeros(2, 3)) {
  *     kv.init("3", two).push("3", two).pull("3", out);   // out == 2
+ *     kv.async().push("3", two).join();                  // the same push, non-blocking
  * }
  * }</pre>
  */
@@ -84,13 +118,15 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * writes {@link #updater}, so the field always ends up holding what the native store has.
      */
     private final ReentrantLock updaterLock = new ReentrantLock();
+    /** The view of {@link #async()}: the non-blocking calls. */
+    private final AsyncKVStore async = new AsyncKVStore(this);
 
     private KVStore(long handle) {
         super(KIND, handle, 0, true);
     }
 
     /**
-     * Same as {@link #create(String)} with kind {@code "local"}.
+     * A new {@code "local"} store ({@link #create(String)}), which reduces on the host.
      *
      * @return the store
      */
@@ -171,53 +207,6 @@ public final class KVStore extends NativeObject implements AutoCloseable {
             UPDATER_DEPTH.set(depth);
         }
         return depth;
-    }
-
-    // ----- argument conversion: every null is found before any native call -----
-
-    private static String[] keys(String[] keys, String name) {
-        Objects.requireNonNull(keys, name);
-        for (int i = 0; i < keys.length; i++) {
-            Objects.requireNonNull(keys[i], name + "[" + i + "]");
-        }
-        return keys;
-    }
-
-    private static String[] repeat(String key, String keyName, NDArray[] arrays, String arraysName) {
-        Objects.requireNonNull(key, keyName);
-        Objects.requireNonNull(arrays, arraysName);
-        String[] keys = new String[arrays.length];
-        Arrays.fill(keys, key);
-        return keys;
-    }
-
-    private static void checkArrays(NDArray[] arrays, String name) {
-        Objects.requireNonNull(arrays, name);
-        for (int i = 0; i < arrays.length; i++) {
-            Objects.requireNonNull(arrays[i], name + "[" + i + "]");
-        }
-    }
-
-    /** The handles of {@code arrays}; {@code DISPOSED} for a closed one. Nulls were checked. */
-    private static long[] handles(NDArray[] arrays, String name) {
-        long[] hs = new long[arrays.length];
-        for (int i = 0; i < arrays.length; i++) {
-            try {
-                hs[i] = arrays[i].handle();
-            } catch (KVStoreException e) {
-                throw new KVStoreException(KVStoreException.Code.DISPOSED,
-                        name + "[" + i + "] is an NDArray that was closed", e);
-            }
-        }
-        return hs;
-    }
-
-    private static NDArray[] one(NDArray array, String name) {
-        return new NDArray[] {Objects.requireNonNull(array, name)};
-    }
-
-    private static String[] one(String key, String name) {
-        return new String[] {Objects.requireNonNull(key, name)};
     }
 
     // ----- the store's kind and place -----
@@ -304,7 +293,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *     {@code keys}), {@code LENGTH_MISMATCH}, {@code DISPOSED}
      */
     public KVStore init(String[] keys, NDArray[] values) {
-        keys(keys, "keys");
+        checkKeys(keys, "keys");
         checkArrays(values, "values");
         long[] vs = handles(values, "values");
         try {
@@ -319,46 +308,38 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     // ----- push -----
 
     /**
-     * Same as {@link #push(String, NDArray, int)} with priority 0.
+     * Pushes {@code value} to {@code key} (<a href="#forms">one key, one array</a>).
      *
      * @param key the key
      * @param value the value
-     * @return this store
-     */
-    public KVStore push(String key, NDArray value) {
-        return push(key, value, 0);
-    }
-
-    /**
-     * Pushes one value to {@code key}.
-     *
-     * @param key the key
-     * @param value the value
-     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
      */
-    public KVStore push(String key, NDArray value, int priority) {
-        return push(key, one(value, "value"), priority);
+    public KVStore push(String key, NDArray value) {
+        return push(key, one(value, "value"), 0);
     }
 
     /**
-     * Same as {@link #push(String, NDArray[], int)} with priority 0.
+     * Pushes {@code values} to {@code key}, summed left to right into one update, at
+     * priority 0 (<a href="#forms">one key, many arrays</a>).
      *
      * @param key the key
      * @param values the values, for example one per device
      * @return this store
+     * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
      */
     public KVStore push(String key, NDArray[] values) {
         return push(key, values, 0);
     }
 
     /**
-     * Pushes many values to {@code key}: they are summed, left to right, into one update.
+     * Pushes {@code values} to {@code key}, summed left to right into one update
+     * (<a href="#forms">one key, many arrays</a>).
      *
      * @param key the key
      * @param values the values, for example one per device
-     * @param priority MXNet's priority: orders queued calls (higher first), never results
+     * @param priority MXNet's priority (see the class doc): orders queued calls, never
+     *     results
      * @return this store
      * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
      */
@@ -376,11 +357,13 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     }
 
     /**
-     * Same as {@link #push(String[], NDArray[], int)} with priority 0.
+     * Pushes {@code values[i]} to {@code keys[i]} at priority 0: the list form of
+     * {@link #push(String[], NDArray[], int)}.
      *
      * @param keys the keys
      * @param values the values, one per key
      * @return this store
+     * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
      */
     public KVStore push(String[] keys, NDArray[] values) {
         return push(keys, values, 0);
@@ -394,14 +377,15 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *
      * @param keys the keys
      * @param values the values, one per key
-     * @param priority MXNet's priority: orders queued calls (higher first), never results
+     * @param priority MXNet's priority (see the class doc): orders queued calls, never
+     *     results
      * @return this store
      * @throws KVStoreException {@code KEY_NOT_INITIALIZED}, {@code SHAPE_MISMATCH},
      *     {@code DTYPE_MISMATCH}, {@code LENGTH_MISMATCH}, {@code BACKEND} (the updater
      *     threw: it is the cause), {@code DISPOSED}
      */
     public KVStore push(String[] keys, NDArray[] values, int priority) {
-        keys(keys, "keys");
+        checkKeys(keys, "keys");
         checkArrays(values, "values");
         long[] vs = handles(values, "values");
         try {
@@ -434,46 +418,39 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     }
 
     /**
-     * Same as {@link #pull(String, NDArray, int)} with priority 0.
+     * Copies the value of {@code key} into {@code out} (<a href="#forms">one key, one
+     * array</a>).
      *
      * @param key the key
      * @param out an array of the key's shape and dtype
-     * @return this store
-     */
-    public KVStore pull(String key, NDArray out) {
-        return pull(key, out, 0);
-    }
-
-    /**
-     * Copies the value of {@code key} into {@code out}.
-     *
-     * @param key the key
-     * @param out an array of the key's shape and dtype
-     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
      */
-    public KVStore pull(String key, NDArray out, int priority) {
-        return pull(key, one(out, "out"), priority);
+    public KVStore pull(String key, NDArray out) {
+        return pull(key, one(out, "out"), 0);
     }
 
     /**
-     * Same as {@link #pull(String, NDArray[], int)} with priority 0.
+     * Copies the value of {@code key} into every out, at priority 0 (<a href="#forms">one
+     * key, many arrays</a>).
      *
      * @param key the key
-     * @param outs the outs
+     * @param outs the outs, each of the key's shape and dtype
      * @return this store
+     * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
      */
     public KVStore pull(String key, NDArray[] outs) {
         return pull(key, outs, 0);
     }
 
     /**
-     * Copies the value of {@code key} into every out.
+     * Copies the value of {@code key} into every out (<a href="#forms">one key, many
+     * arrays</a>).
      *
      * @param key the key
-     * @param outs the outs
-     * @param priority MXNet's priority: orders queued calls (higher first), never results
+     * @param outs the outs, each of the key's shape and dtype
+     * @param priority MXNet's priority (see the class doc): orders queued calls, never
+     *     results
      * @return this store
      * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
      */
@@ -491,11 +468,13 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     }
 
     /**
-     * Same as {@link #pull(String[], NDArray[], int)} with priority 0.
+     * Copies the value of {@code keys[i]} into {@code outs[i]} at priority 0: the list
+     * form of {@link #pull(String[], NDArray[], int)}.
      *
      * @param keys the keys
      * @param outs the outs, one per key
      * @return this store
+     * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
      */
     public KVStore pull(String[] keys, NDArray[] outs) {
         return pull(keys, outs, 0);
@@ -506,17 +485,18 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * out of another dtype is an error (use {@link NDArray#asType(DType)}). On error no out
      * is written. An interrupt does not stop it: it returns once the outs are written,
      * the thread's interrupt status still set (see the class doc; the interruptible wait
-     * is {@code pullAsync(keys, outs).get()}).
+     * is {@code async().pull(keys, outs, priority).get()}).
      *
      * @param keys the keys
      * @param outs the outs, one per key
-     * @param priority MXNet's priority: orders queued calls (higher first), never results
+     * @param priority MXNet's priority (see the class doc): orders queued calls, never
+     *     results
      * @return this store
      * @throws KVStoreException {@code KEY_NOT_INITIALIZED}, {@code SHAPE_MISMATCH},
      *     {@code DTYPE_MISMATCH}, {@code LENGTH_MISMATCH}, {@code DISPOSED}
      */
     public KVStore pull(String[] keys, NDArray[] outs, int priority) {
-        keys(keys, "keys");
+        checkKeys(keys, "keys");
         checkArrays(outs, "outs");
         long[] os = handles(outs, "outs");
         try {
@@ -529,6 +509,132 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     }
 
     // ----- pushpull -----
+
+    /**
+     * Pushes {@code value} to {@code key}, then pulls the result into {@code out}, as one
+     * step: no other push to the key comes in between (<a href="#forms">one key, one
+     * array</a>).
+     *
+     * @param key the key
+     * @param value the value
+     * @param out the out
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String[], NDArray[], NDArray[], int)}
+     */
+    public KVStore pushpull(String key, NDArray value, NDArray out) {
+        String[] k = one(key, "key");
+        return pushpull0(k, one(value, "value"), k, one(out, "out"), 0);
+    }
+
+    /**
+     * Pushes {@code values} (summed) to {@code key}, then pulls the result into every out,
+     * as one step, at priority 0 (<a href="#forms">one key, many arrays</a>).
+     *
+     * @param key the key
+     * @param values the values
+     * @param outs the outs
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String[], NDArray[], NDArray[], int)}
+     */
+    public KVStore pushpull(String key, NDArray[] values, NDArray[] outs) {
+        return pushpull(key, values, outs, 0);
+    }
+
+    /**
+     * Pushes {@code values} (summed) to {@code key}, then pulls the result into every out,
+     * as one step (<a href="#forms">one key, many arrays</a>).
+     *
+     * @param key the key
+     * @param values the values
+     * @param outs the outs (the values themselves, to write the result back into them)
+     * @param priority MXNet's priority (see the class doc): orders queued calls, never
+     *     results
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String[], NDArray[], NDArray[], int)}
+     */
+    public KVStore pushpull(String key, NDArray[] values, NDArray[] outs, int priority) {
+        String[] valueKeys = repeat(key, "key", values, "values");
+        String[] outKeys = repeat(key, "key", outs, "outs");
+        checkArrays(values, "values");
+        checkArrays(outs, "outs");
+        return pushpull0(valueKeys, values, outKeys, outs, priority);
+    }
+
+    /**
+     * Pushes {@code values[i]} to {@code keys[i]}, then pulls {@code keys[i]} into
+     * {@code outs[i]}, at priority 0: the list form of
+     * {@link #pushpull(String[], NDArray[], NDArray[], int)}.
+     *
+     * @param keys the keys
+     * @param values the values, one per key
+     * @param outs the outs, one per key
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String[], NDArray[], NDArray[], int)}
+     */
+    public KVStore pushpull(String[] keys, NDArray[] values, NDArray[] outs) {
+        return pushpull(keys, values, outs, 0);
+    }
+
+    /**
+     * Pushes {@code values[i]} to {@code keys[i]}, then pulls {@code keys[i]} into
+     * {@code outs[i]}, as one step: no other push to these keys comes in between. On
+     * error nothing changes. Passing the values as the outs writes the results back into
+     * them.
+     *
+     * @param keys the keys
+     * @param values the values, one per key
+     * @param outs the outs, one per key
+     * @param priority MXNet's priority (see the class doc): orders queued calls, never
+     *     results
+     * @return this store
+     * @throws KVStoreException as {@link #push(String[], NDArray[], int)} and
+     *     {@link #pull(String[], NDArray[], int)}
+     */
+    public KVStore pushpull(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
+        checkKeys(keys, "keys");
+        checkArrays(values, "values");
+        checkArrays(outs, "outs");
+        return pushpull0(keys, values, keys, outs, priority);
+    }
+
+    /**
+     * Pushes {@code value} to {@code key}, then writes the result back into {@code value}
+     * (MXNet's {@code pushpull} without {@code out}).
+     *
+     * @param key the key
+     * @param value the value, overwritten with the result
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String[], NDArray[], NDArray[], int)}
+     */
+    public KVStore pushpull(String key, NDArray value) {
+        return pushpull(key, value, value);
+    }
+
+    /**
+     * Pushes {@code values} (summed) to {@code key}, then writes the result back into every
+     * one of them.
+     *
+     * @param key the key
+     * @param values the values, overwritten with the result
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String[], NDArray[], NDArray[], int)}
+     */
+    public KVStore pushpull(String key, NDArray[] values) {
+        return pushpull(key, values, values, 0);
+    }
+
+    /**
+     * Pushes {@code values[i]} to {@code keys[i]}, then writes each key's result back into
+     * its values.
+     *
+     * @param keys the keys
+     * @param values the values, one per key, overwritten with the results
+     * @return this store
+     * @throws KVStoreException as {@link #pushpull(String[], NDArray[], NDArray[], int)}
+     */
+    public KVStore pushpull(String[] keys, NDArray[] values) {
+        return pushpull(keys, values, values, 0);
+    }
 
     private KVStore pushpull0(String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
         long[] vs = handles(values, "values");
@@ -543,220 +649,46 @@ public final class KVStore extends NativeObject implements AutoCloseable {
         return this;
     }
 
-    /**
-     * Same as {@link #pushpull(String, NDArray, NDArray, int)} with priority 0.
-     *
-     * @param key the key
-     * @param value the value
-     * @param out the out
-     * @return this store
-     */
-    public KVStore pushpull(String key, NDArray value, NDArray out) {
-        return pushpull(key, value, out, 0);
-    }
-
-    /**
-     * Pushes {@code value} to {@code key}, then pulls the result into {@code out}, as one
-     * step (no other push to the key can come in between).
-     *
-     * @param key the key
-     * @param value the value
-     * @param out the out
-     * @param priority MXNet's priority: orders queued calls (higher first), never results
-     * @return this store
-     * @throws KVStoreException as {@link #push(String[], NDArray[], int)} and
-     *     {@link #pull(String[], NDArray[], int)}; on error nothing changes
-     */
-    public KVStore pushpull(String key, NDArray value, NDArray out, int priority) {
-        String[] k = one(key, "key");
-        NDArray[] v = one(value, "value");
-        NDArray[] o = one(out, "out");
-        return pushpull0(k, v, k, o, priority);
-    }
-
-    /**
-     * Same as {@link #pushpull(String, NDArray[], NDArray[], int)} with priority 0.
-     *
-     * @param key the key
-     * @param values the values
-     * @param outs the outs
-     * @return this store
-     */
-    public KVStore pushpull(String key, NDArray[] values, NDArray[] outs) {
-        return pushpull(key, values, outs, 0);
-    }
-
-    /**
-     * Pushes {@code values} (summed) to {@code key}, then pulls the result into every out.
-     *
-     * @param key the key
-     * @param values the values
-     * @param outs the outs
-     * @param priority MXNet's priority: orders queued calls (higher first), never results
-     * @return this store
-     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray, int)}
-     */
-    public KVStore pushpull(String key, NDArray[] values, NDArray[] outs, int priority) {
-        String[] valueKeys = repeat(key, "key", values, "values");
-        String[] outKeys = repeat(key, "key", outs, "outs");
-        checkArrays(values, "values");
-        checkArrays(outs, "outs");
-        return pushpull0(valueKeys, values, outKeys, outs, priority);
-    }
-
-    /**
-     * Same as {@link #pushpull(String[], NDArray[], NDArray[], int)} with priority 0.
-     *
-     * @param keys the keys
-     * @param values the values, one per key
-     * @param outs the outs, one per key
-     * @return this store
-     */
-    public KVStore pushpull(String[] keys, NDArray[] values, NDArray[] outs) {
-        return pushpull(keys, values, outs, 0);
-    }
-
-    /**
-     * Pushes {@code values[i]} to {@code keys[i]}, then pulls {@code keys[i]} into
-     * {@code outs[i]}.
-     *
-     * @param keys the keys
-     * @param values the values, one per key
-     * @param outs the outs, one per key
-     * @param priority MXNet's priority: orders queued calls (higher first), never results
-     * @return this store
-     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray, int)}
-     */
-    public KVStore pushpull(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
-        keys(keys, "keys");
-        checkArrays(values, "values");
-        checkArrays(outs, "outs");
-        return pushpull0(keys, values, keys, outs, priority);
-    }
-
-    /**
-     * Same as {@link #pushpull(String, NDArray, int)} with priority 0.
-     *
-     * @param key the key
-     * @param value the value, overwritten with the result
-     * @return this store
-     */
-    public KVStore pushpull(String key, NDArray value) {
-        return pushpull(key, value, value, 0);
-    }
-
-    /**
-     * Pushes {@code value} to {@code key}, then writes the result back into {@code value}
-     * (MXNet's {@code pushpull} without {@code out}).
-     *
-     * @param key the key
-     * @param value the value, overwritten with the result
-     * @param priority MXNet's priority: orders queued calls (higher first), never results
-     * @return this store
-     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray, int)}
-     */
-    public KVStore pushpull(String key, NDArray value, int priority) {
-        return pushpull(key, value, value, priority);
-    }
-
-    /**
-     * Same as {@link #pushpull(String, NDArray[], int)} with priority 0.
-     *
-     * @param key the key
-     * @param values the values, overwritten with the result
-     * @return this store
-     */
-    public KVStore pushpull(String key, NDArray[] values) {
-        return pushpull(key, values, values, 0);
-    }
-
-    /**
-     * Pushes {@code values} (summed) to {@code key}, then writes the result back into every
-     * one of them.
-     *
-     * @param key the key
-     * @param values the values, overwritten with the result
-     * @param priority MXNet's priority: orders queued calls (higher first), never results
-     * @return this store
-     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray, int)}
-     */
-    public KVStore pushpull(String key, NDArray[] values, int priority) {
-        return pushpull(key, values, values, priority);
-    }
-
-    /**
-     * Same as {@link #pushpull(String[], NDArray[], int)} with priority 0.
-     *
-     * @param keys the keys
-     * @param values the values, one per key, overwritten with the results
-     * @return this store
-     */
-    public KVStore pushpull(String[] keys, NDArray[] values) {
-        return pushpull(keys, values, values, 0);
-    }
-
-    /**
-     * Pushes {@code values[i]} to {@code keys[i]}, then writes each key's result back into
-     * its values.
-     *
-     * @param keys the keys
-     * @param values the values, one per key, overwritten with the results
-     * @param priority MXNet's priority: orders queued calls (higher first), never results
-     * @return this store
-     * @throws KVStoreException as {@link #pushpull(String, NDArray, NDArray, int)}
-     */
-    public KVStore pushpull(String[] keys, NDArray[] values, int priority) {
-        return pushpull(keys, values, values, priority);
-    }
-
     // ----- broadcast -----
 
     /**
-     * Same as {@link #broadcast(String, NDArray, NDArray, int)} with priority 0.
+     * Initialises {@code key} with {@code value}, then pulls it into {@code out}
+     * (<a href="#forms">one key, one array</a>).
      *
      * @param key the key
      * @param value the initial value
      * @param out the out
-     * @return this store
-     */
-    public KVStore broadcast(String key, NDArray value, NDArray out) {
-        return broadcast(key, value, out, 0);
-    }
-
-    /**
-     * Initialises {@code key} with {@code value}, then pulls it into {@code out}.
-     *
-     * @param key the key
-     * @param value the initial value
-     * @param out the out
-     * @param priority MXNet's priority: orders queued calls (higher first), never results
      * @return this store
      * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
      */
-    public KVStore broadcast(String key, NDArray value, NDArray out, int priority) {
+    public KVStore broadcast(String key, NDArray value, NDArray out) {
         String[] k = one(key, "key");
-        return broadcast0(k, one(value, "value"), k, one(out, "out"), priority);
+        return broadcast0(k, one(value, "value"), k, one(out, "out"), 0);
     }
 
     /**
-     * Same as {@link #broadcast(String, NDArray, NDArray[], int)} with priority 0.
+     * Initialises {@code key} with {@code value}, then pulls it into every out, at
+     * priority 0 (<a href="#forms">one key, many arrays</a>: many outs, one value).
      *
      * @param key the key
      * @param value the initial value
      * @param outs the outs
      * @return this store
+     * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
      */
     public KVStore broadcast(String key, NDArray value, NDArray[] outs) {
         return broadcast(key, value, outs, 0);
     }
 
     /**
-     * Initialises {@code key} with {@code value}, then pulls it into every out.
+     * Initialises {@code key} with {@code value}, then pulls it into every out
+     * (<a href="#forms">one key, many arrays</a>: many outs, one value).
      *
      * @param key the key
      * @param value the initial value
      * @param outs the outs
-     * @param priority MXNet's priority: orders queued calls (higher first), never results
+     * @param priority MXNet's priority (see the class doc): orders queued calls, never
+     *     results
      * @return this store
      * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
      */
@@ -769,12 +701,15 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     }
 
     /**
-     * Same as {@link #broadcast(String[], NDArray[], NDArray[], int)} with priority 0.
+     * Initialises {@code keys[i]} with {@code values[i]}, then pulls it into
+     * {@code outs[i]}, at priority 0: the list form of
+     * {@link #broadcast(String[], NDArray[], NDArray[], int)}.
      *
      * @param keys the keys
      * @param values the initial values, one per key
      * @param outs the outs, one per key
      * @return this store
+     * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
      */
     public KVStore broadcast(String[] keys, NDArray[] values, NDArray[] outs) {
         return broadcast(keys, values, outs, 0);
@@ -787,13 +722,14 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * @param keys the keys
      * @param values the initial values, one per key
      * @param outs the outs, one per key
-     * @param priority MXNet's priority: orders queued calls (higher first), never results
+     * @param priority MXNet's priority (see the class doc): orders queued calls, never
+     *     results
      * @return this store
      * @throws KVStoreException {@code ALREADY_INITIALIZED}, {@code SHAPE_MISMATCH},
      *     {@code DTYPE_MISMATCH}, {@code LENGTH_MISMATCH}, {@code DISPOSED}
      */
     public KVStore broadcast(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
-        keys(keys, "keys");
+        checkKeys(keys, "keys");
         checkArrays(values, "values");
         checkArrays(outs, "outs");
         return broadcast0(keys, values, keys, outs, priority);
@@ -814,592 +750,26 @@ public final class KVStore extends NativeObject implements AutoCloseable {
 
     // ----- non-blocking calls -----
 
-    private static final int OP_PUSH = 0;
-    private static final int OP_PULL = 1;
-    private static final int OP_PUSHPULL = 2;
-    private static final int OP_BROADCAST = 3;
-    private static final int OP_PUSH_KEY = 4;
-    private static final int OP_PULL_KEY = 5;
-    private static final String[] NO_KEYS = new String[0];
-    private static final NDArray[] NO_ARRAYS = new NDArray[0];
-
     /**
-     * The future of a non-blocking call. A {@code dist_sync} store may hold a small push
-     * or pushpull back, to run fused with the calls made after it (the README's
-     * "Non-blocking calls"; {@code KVSTORE_FUSE_BYTES}): {@code get}, {@code join},
-     * {@code getNow} and {@code isDone} release it first, as {@code Pending::wait} does
-     * in Rust, so that waiting for it never waits for a later call. Dependent stages and
-     * {@link CompletableFuture#allOf} do not: wait for one of the calls, or call
-     * {@link #waitAll()}, before waiting for those. Like every call of a
-     * {@code dist_sync} store, a wait must come at the same point of the calls on every
-     * worker. A thread in {@code get} or {@code join} has its future completed as soon
-     * as the call finishes; dependents of futures that no thread waits for may run up
-     * to 50 microseconds later, as the completer takes finished calls in batches.
-     * Dependents run on the completer's threads ({@link Completer}), where they may wait.
-     * {@code cancel} is refused: a submitted call is never withdrawn.
-     */
-    private static final class CallFuture extends CompletableFuture<Void> {
-        /** The call's id, once registered (-1 until then). */
-        volatile long id = -1;
-
-        private void release() {
-            long call = id;
-            if (call >= 0 && !super.isDone()) {
-                nRelease(call);
-            }
-        }
-
-        /**
-         * Before a wait for the future: releases the call, and unless the future is done
-         * counts this thread among those waiting ({@link Completer#startWaiting()});
-         * returns whether it did, for {@link #endWait}.
-         */
-        private boolean startWait() {
-            release();
-            if (super.isDone()) {
-                return false;
-            }
-            Completer.startWaiting();
-            return true;
-        }
-
-        private static void endWait(boolean counted) {
-            if (counted) {
-                Completer.stopWaiting();
-            }
-        }
-
-        @Override
-        public Void get() throws InterruptedException, ExecutionException {
-            boolean counted = startWait();
-            try {
-                return super.get();
-            } finally {
-                endWait(counted);
-            }
-        }
-
-        @Override
-        public Void get(long timeout, TimeUnit unit)
-                throws InterruptedException, ExecutionException, TimeoutException {
-            boolean counted = startWait();
-            try {
-                return super.get(timeout, unit);
-            } finally {
-                endWait(counted);
-            }
-        }
-
-        @Override
-        public Void join() {
-            boolean counted = startWait();
-            try {
-                return super.join();
-            } finally {
-                endWait(counted);
-            }
-        }
-
-        @Override
-        public Void getNow(Void valueIfAbsent) {
-            release();
-            return super.getNow(valueIfAbsent);
-        }
-
-        @Override
-        public boolean isDone() {
-            release();
-            return super.isDone();
-        }
-
-        /**
-         * Refuses, whatever {@code mayInterruptIfRunning} says, and returns false: a
-         * submitted call is never withdrawn (a queued call runs, and a running one
-         * finishes), so a cancelled future would report a call that still takes effect.
-         * The future completes with the call.
-         */
-        @Override
-        public boolean cancel(boolean mayInterruptIfRunning) {
-            return false;
-        }
-    }
-
-    /**
-     * Submits a call to the store's engine: the future completes when the call is done,
-     * exceptionally with the {@link KVStoreException} the blocking call would throw.
-     * {@code key} is the one key of {@code OP_PUSH_KEY} and {@code OP_PULL_KEY} (whose
-     * {@code keys} and {@code outKeys} are not read), null for the other calls.
-     */
-    private CompletableFuture<Void> submit(
-            int op, String key, String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
-        long[] vs = handles(values, "values");
-        long[] os = handles(outs, "outs");
-        CallFuture future = new CallFuture();
-        long id = Completer.register(future);
-        future.id = id;
-        try {
-            if (key != null) {
-                nSubmitKey(handle(), id, op, key, op == OP_PUSH_KEY ? vs : os, priority);
-            } else {
-                nSubmit(handle(), id, op, keys, vs, outKeys, os, priority);
-            }
-        } catch (KVStoreException e) {
-            // Found before anything was queued (a closed store, a stale array): the same
-            // exception, through the future.
-            Completer.forget(id);
-            future.completeExceptionally(e);
-        } finally {
-            Reference.reachabilityFence(this);
-            Reference.reachabilityFence(values);
-            Reference.reachabilityFence(outs);
-        }
-        return future;
-    }
-
-    /**
-     * Same as {@link #pushAsync(String[], NDArray[], int)} for one value of one key,
-     * priority 0.
+     * This store's non-blocking calls: the same {@code push}, {@code pull},
+     * {@code pushpull} and {@code broadcast}, in the same forms, each returning a
+     * {@link CompletableFuture} at once (see {@link AsyncKVStore}). Always the same view
+     * of this store, with no state of its own; once the store is closed, its calls'
+     * futures complete exceptionally with {@code DISPOSED}.
      *
-     * @param key the key
-     * @param value the value
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
+     * @return the non-blocking view of this store
      */
-    public CompletableFuture<Void> pushAsync(String key, NDArray value) {
-        return pushAsync(key, value, 0);
-    }
-
-    /**
-     * Same as {@link #pushAsync(String[], NDArray[], int)} for one value of one key.
-     *
-     * @param key the key
-     * @param value the value
-     * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pushAsync(String key, NDArray value, int priority) {
-        return pushAsync(key, one(value, "value"), priority);
-    }
-
-    /**
-     * Same as {@link #pushAsync(String, NDArray[], int)} with priority 0.
-     *
-     * @param key the key
-     * @param values the values, summed
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pushAsync(String key, NDArray[] values) {
-        return pushAsync(key, values, 0);
-    }
-
-    /**
-     * {@link #push(String, NDArray[], int)}, non-blocking.
-     *
-     * @param key the key
-     * @param values the values, summed
-     * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pushAsync(String key, NDArray[] values, int priority) {
-        Objects.requireNonNull(key, "key");
-        checkArrays(values, "values");
-        return submit(OP_PUSH_KEY, key, NO_KEYS, values, NO_KEYS, NO_ARRAYS, priority);
-    }
-
-    /**
-     * Same as {@link #pushAsync(String[], NDArray[], int)} with priority 0.
-     *
-     * @param keys the keys
-     * @param values the values, one per key
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pushAsync(String[] keys, NDArray[] values) {
-        return pushAsync(keys, values, 0);
-    }
-
-    /**
-     * {@link #push(String[], NDArray[], int)}, non-blocking: the values may be reused as
-     * soon as this returns, and the push sums what they held when it was made (a write
-     * to one before the push read it copies it for the push first; a write while the push
-     * reads it waits). The sums and updates run on the store's threads.
-     * Calls on the same key take effect in the order they were made, from any thread.
-     *
-     * <p>The futures of all non-blocking calls work alike. Their dependent actions run
-     * on the daemon threads {@code kvstore-completer-N}, or on a thread in
-     * {@link #waitAll()}, never on the store's threads: a dependent may block, and may
-     * wait for another call's future ({@code join}, {@code get}); the futures of calls
-     * that finished about when its own did may then complete up to about 10 milliseconds
-     * late, when another thread takes them on (100 milliseconds for a dependent that
-     * computes rather than waits: use the {@code ...Async} forms of
-     * {@link CompletableFuture} for long work). A call cannot be withdrawn once made:
-     * {@code cancel} returns false and the future completes with the call. {@code get}
-     * and {@code get(timeout, unit)} end on an interrupt (the call goes on); {@code join}
-     * does not, as for every {@link CompletableFuture}.
-     *
-     * @param keys the keys
-     * @param values the values, one per key
-     * @param priority orders calls ready at the same time (higher first); never
-     *     changes a result
-     * @return the call's future, completed exceptionally with the
-     *     {@link KVStoreException} that {@link #push(String[], NDArray[], int)} throws;
-     *     {@code cancel} refuses (returns false)
-     */
-    public CompletableFuture<Void> pushAsync(String[] keys, NDArray[] values, int priority) {
-        keys(keys, "keys");
-        checkArrays(values, "values");
-        return submit(OP_PUSH, null, keys, values, NO_KEYS, NO_ARRAYS, priority);
-    }
-
-    /**
-     * Same as {@link #pullAsync(String, NDArray[], int)} into one out, priority 0.
-     *
-     * @param key the key
-     * @param out the out
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pullAsync(String key, NDArray out) {
-        return pullAsync(key, out, 0);
-    }
-
-    /**
-     * Same as {@link #pullAsync(String, NDArray[], int)} into one out.
-     *
-     * @param key the key
-     * @param out the out
-     * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pullAsync(String key, NDArray out, int priority) {
-        return pullAsync(key, one(out, "out"), priority);
-    }
-
-    /**
-     * Same as {@link #pullAsync(String, NDArray[], int)} with priority 0.
-     *
-     * @param key the key
-     * @param outs the outs
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pullAsync(String key, NDArray[] outs) {
-        return pullAsync(key, outs, 0);
-    }
-
-    /**
-     * {@link #pull(String, NDArray[], int)}, non-blocking.
-     *
-     * @param key the key
-     * @param outs the outs
-     * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pullAsync(String key, NDArray[] outs, int priority) {
-        Objects.requireNonNull(key, "key");
-        checkArrays(outs, "outs");
-        return submit(OP_PULL_KEY, key, NO_KEYS, NO_ARRAYS, NO_KEYS, outs, priority);
-    }
-
-    /**
-     * Same as {@link #pullAsync(String[], NDArray[], int)} with priority 0.
-     *
-     * @param keys the keys
-     * @param outs the outs, one per key
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pullAsync(String[] keys, NDArray[] outs) {
-        return pullAsync(keys, outs, 0);
-    }
-
-    /**
-     * {@link #pull(String[], NDArray[], int)}, non-blocking: the outs are written later,
-     * after every call made before on their keys; until then every access to them
-     * ({@code toFloatArray}, {@code toString}, using one in another call) waits.
-     *
-     * @param keys the keys
-     * @param outs the outs, one per key
-     * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future, completed exceptionally with the
-     *     {@link KVStoreException} that {@link #pull(String[], NDArray[], int)} throws;
-     *     {@code cancel} refuses (see {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pullAsync(String[] keys, NDArray[] outs, int priority) {
-        keys(keys, "keys");
-        checkArrays(outs, "outs");
-        return submit(OP_PULL, null, NO_KEYS, NO_ARRAYS, keys, outs, priority);
-    }
-
-    /**
-     * Same as {@link #pushpullAsync(String, NDArray, NDArray, int)} with priority 0.
-     *
-     * @param key the key
-     * @param value the value
-     * @param out the out
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pushpullAsync(String key, NDArray value, NDArray out) {
-        return pushpullAsync(key, value, out, 0);
-    }
-
-    /**
-     * {@link #pushpull(String, NDArray, NDArray, int)}, non-blocking.
-     *
-     * @param key the key
-     * @param value the value
-     * @param out the out
-     * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pushpullAsync(String key, NDArray value, NDArray out, int priority) {
-        String[] k = one(key, "key");
-        return submit(OP_PUSHPULL, null, k, one(value, "value"), k, one(out, "out"), priority);
-    }
-
-    /**
-     * Same as {@link #pushpullAsync(String, NDArray[], NDArray[], int)} with priority 0.
-     *
-     * @param key the key
-     * @param values the values, summed
-     * @param outs the outs
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pushpullAsync(String key, NDArray[] values, NDArray[] outs) {
-        return pushpullAsync(key, values, outs, 0);
-    }
-
-    /**
-     * {@link #pushpull(String, NDArray[], NDArray[], int)}, non-blocking.
-     *
-     * @param key the key
-     * @param values the values, summed
-     * @param outs the outs
-     * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pushpullAsync(String key, NDArray[] values, NDArray[] outs, int priority) {
-        String[] valueKeys = repeat(key, "key", values, "values");
-        String[] outKeys = repeat(key, "key", outs, "outs");
-        checkArrays(values, "values");
-        checkArrays(outs, "outs");
-        return submit(OP_PUSHPULL, null, valueKeys, values, outKeys, outs, priority);
-    }
-
-    /**
-     * Same as {@link #pushpullAsync(String[], NDArray[], NDArray[], int)} with priority 0.
-     *
-     * @param keys the keys
-     * @param values the values, one per key
-     * @param outs the outs, one per key
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pushpullAsync(String[] keys, NDArray[] values, NDArray[] outs) {
-        return pushpullAsync(keys, values, outs, 0);
-    }
-
-    /**
-     * {@link #pushpull(String[], NDArray[], NDArray[], int)}, non-blocking: the values
-     * are copied before this returns, the outs written later (see
-     * {@link #pullAsync(String[], NDArray[], int)}).
-     *
-     * @param keys the keys
-     * @param values the values, one per key
-     * @param outs the outs, one per key
-     * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pushpullAsync(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
-        keys(keys, "keys");
-        checkArrays(values, "values");
-        checkArrays(outs, "outs");
-        return submit(OP_PUSHPULL, null, keys, values, keys, outs, priority);
-    }
-
-    /**
-     * Same as {@link #pushpullAsync(String, NDArray, NDArray)} into the value itself.
-     *
-     * @param key the key
-     * @param value the value, then the result
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pushpullAsync(String key, NDArray value) {
-        return pushpullAsync(key, value, value, 0);
-    }
-
-    /**
-     * Same as {@link #pushpullAsync(String, NDArray, NDArray, int)} into the value itself.
-     *
-     * @param key the key
-     * @param value the value, then the result
-     * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pushpullAsync(String key, NDArray value, int priority) {
-        return pushpullAsync(key, value, value, priority);
-    }
-
-    /**
-     * Same as {@link #pushpullAsync(String, NDArray[], NDArray[])} into the values.
-     *
-     * @param key the key
-     * @param values the values, then the result
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pushpullAsync(String key, NDArray[] values) {
-        return pushpullAsync(key, values, values, 0);
-    }
-
-    /**
-     * Same as {@link #pushpullAsync(String, NDArray[], NDArray[], int)} into the values.
-     *
-     * @param key the key
-     * @param values the values, then the result
-     * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pushpullAsync(String key, NDArray[] values, int priority) {
-        return pushpullAsync(key, values, values, priority);
-    }
-
-    /**
-     * Same as {@link #pushpullAsync(String[], NDArray[], NDArray[])} into the values.
-     *
-     * @param keys the keys
-     * @param values the values, then the results
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pushpullAsync(String[] keys, NDArray[] values) {
-        return pushpullAsync(keys, values, values, 0);
-    }
-
-    /**
-     * Same as {@link #pushpullAsync(String[], NDArray[], NDArray[], int)} into the values.
-     *
-     * @param keys the keys
-     * @param values the values, then the results
-     * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> pushpullAsync(String[] keys, NDArray[] values, int priority) {
-        return pushpullAsync(keys, values, values, priority);
-    }
-
-    /**
-     * Same as {@link #broadcastAsync(String, NDArray, NDArray, int)} with priority 0.
-     *
-     * @param key the key
-     * @param value the value
-     * @param out the out
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> broadcastAsync(String key, NDArray value, NDArray out) {
-        return broadcastAsync(key, value, out, 0);
-    }
-
-    /**
-     * {@link #broadcast(String, NDArray, NDArray, int)}, non-blocking for its pull.
-     *
-     * @param key the key
-     * @param value the value
-     * @param out the out
-     * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> broadcastAsync(String key, NDArray value, NDArray out, int priority) {
-        String[] k = one(key, "key");
-        return submit(OP_BROADCAST, null, k, one(value, "value"), k, one(out, "out"), priority);
-    }
-
-    /**
-     * Same as {@link #broadcastAsync(String, NDArray, NDArray[], int)} with priority 0.
-     *
-     * @param key the key
-     * @param value the value
-     * @param outs the outs
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> broadcastAsync(String key, NDArray value, NDArray[] outs) {
-        return broadcastAsync(key, value, outs, 0);
-    }
-
-    /**
-     * {@link #broadcast(String, NDArray, NDArray[], int)}, non-blocking for its pull.
-     *
-     * @param key the key
-     * @param value the value
-     * @param outs the outs
-     * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> broadcastAsync(String key, NDArray value, NDArray[] outs, int priority) {
-        String[] k = one(key, "key");
-        NDArray[] v = one(value, "value");
-        String[] outKeys = repeat(key, "key", outs, "outs");
-        checkArrays(outs, "outs");
-        return submit(OP_BROADCAST, null, k, v, outKeys, outs, priority);
-    }
-
-    /**
-     * Same as {@link #broadcastAsync(String[], NDArray[], NDArray[], int)} with priority 0.
-     *
-     * @param keys the keys
-     * @param values the values, one per key
-     * @param outs the outs, one per key
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> broadcastAsync(String[] keys, NDArray[] values, NDArray[] outs) {
-        return broadcastAsync(keys, values, outs, 0);
-    }
-
-    /**
-     * {@link #broadcast(String[], NDArray[], NDArray[], int)}, non-blocking for its pull:
-     * the keys are initialised before this returns (under {@code dist_sync} that waits
-     * for the calls made before), the outs are written later.
-     *
-     * @param keys the keys
-     * @param values the values, one per key
-     * @param outs the outs, one per key
-     * @param priority orders calls ready at the same time (higher first)
-     * @return the call's future, which {@code cancel} does not cancel (see
-     *     {@link #pushAsync(String[], NDArray[], int)})
-     */
-    public CompletableFuture<Void> broadcastAsync(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
-        keys(keys, "keys");
-        checkArrays(values, "values");
-        checkArrays(outs, "outs");
-        return submit(OP_BROADCAST, null, keys, values, keys, outs, priority);
+    public AsyncKVStore async() {
+        return async;
     }
 
     /**
      * Waits until every call made so far on this store has finished (MXNet's
-     * {@code WaitAll}), and their futures are complete: those that no other thread has
-     * completed yet are completed on this thread, where their dependents then run. It
-     * waits for no dependent running elsewhere, and no interrupt stops it. Each
-     * non-blocking call reports its error to its own future only, so this throws nothing
-     * else.
+     * {@code WaitAll}), and the futures of its non-blocking calls are complete: those that
+     * no other thread has completed yet are completed on this thread, where their
+     * dependents then run. It waits for no dependent running elsewhere, and no interrupt
+     * stops it. Each non-blocking call reports its error to its own future only, so this
+     * throws nothing else.
      *
      * @return this store
      * @throws KVStoreException {@code DISPOSED}

@@ -383,7 +383,7 @@ public final class NDArray extends NativeObject implements AutoCloseable {
      * <p><b>Accesses through the buffer</b> are invisible to the store, so ordering them is
      * the caller's responsibility, as for the numpy arrays that the Python binding lends:
      * while a non-blocking call that uses the array is pending (from
-     * {@link KVStore#pushAsync(String, NDArray)} or {@link KVStore#pullAsync(String, NDArray)}
+     * {@link AsyncKVStore#push(String, NDArray)} or {@link AsyncKVStore#pull(String, NDArray)}
      * until its future completes), Java code must not write the buffer, nor read it while a
      * pull into it is pending. Accesses through this array ({@link #toFloatArray()},
      * {@link #addInPlace(double)}, ...) are ordered by the store as for any array.

@@ -81,8 +81,8 @@ class AsyncTest {
             // The updater (on the store's engine thread) waits until the test lets it go:
             // had the calls blocked, they would have waited out the latch's 10 s here.
             long t0 = System.nanoTime();
-            CompletableFuture<Void> pushed = g.kv.pushAsync("w", g.four);
-            CompletableFuture<Void> pulled = g.kv.pullAsync("w", g.out);
+            CompletableFuture<Void> pushed = g.kv.async().push("w", g.four);
+            CompletableFuture<Void> pulled = g.kv.async().pull("w", g.out);
             assertTrue(System.nanoTime() - t0 < TimeUnit.SECONDS.toNanos(5), "the calls did not return at once");
             assertFalse(pushed.isDone());
             assertFalse(pulled.isDone());
@@ -107,8 +107,8 @@ class AsyncTest {
                 NDArray zeros = NDArray.zeros(SHAPE);
                 NDArray got = NDArray.zeros(SHAPE)) {
             b.init("w", zeros);
-            CompletableFuture<Void> pushed = g.kv.pushAsync("w", g.four);
-            CompletableFuture<Void> pulled = g.kv.pullAsync("w", x);
+            CompletableFuture<Void> pushed = g.kv.async().push("w", g.four);
+            CompletableFuture<Void> pulled = g.kv.async().pull("w", x);
             Thread opener = new Thread(() -> {
                 try {
                     Thread.sleep(50);
@@ -118,7 +118,7 @@ class AsyncTest {
                 g.release.countDown();
             });
             opener.start();
-            b.pushAsync("w", x).get(20, TimeUnit.SECONDS);
+            b.async().push("w", x).get(20, TimeUnit.SECONDS);
             b.pull("w", got);
             for (float v : got.toFloatArray()) {
                 assertEquals(4f, v, "the push summed the array before the other store's pull wrote it");
@@ -164,11 +164,11 @@ class AsyncTest {
                 NDArray wrong = NDArray.zeros(3)) {
             kv.init("w", two);
             ExecutionException missing = assertThrows(ExecutionException.class,
-                    () -> kv.pullAsync("nope", two).get(10, TimeUnit.SECONDS));
+                    () -> kv.async().pull("nope", two).get(10, TimeUnit.SECONDS));
             KVStoreException e = assertInstanceOf(KVStoreException.class, missing.getCause());
             assertEquals(KVStoreException.Code.KEY_NOT_INITIALIZED, e.code());
             ExecutionException shape = assertThrows(ExecutionException.class,
-                    () -> kv.pushAsync("w", wrong).get(10, TimeUnit.SECONDS));
+                    () -> kv.async().push("w", wrong).get(10, TimeUnit.SECONDS));
             KVStoreException s = assertInstanceOf(KVStoreException.class, shape.getCause());
             assertEquals(KVStoreException.Code.SHAPE_MISMATCH, s.code());
             assertEquals("w", s.key());
@@ -192,9 +192,9 @@ class AsyncTest {
                 }
                 stored.addInPlace(merged);
             });
-            CompletableFuture<Void> before = kv.pushAsync("ok", one);
-            CompletableFuture<Void> failing = kv.pushAsync("bad", one);
-            CompletableFuture<Void> after = kv.pushAsync("ok", one);
+            CompletableFuture<Void> before = kv.async().push("ok", one);
+            CompletableFuture<Void> failing = kv.async().push("bad", one);
+            CompletableFuture<Void> after = kv.async().push("ok", one);
             before.get(10, TimeUnit.SECONDS);
             ExecutionException e = assertThrows(ExecutionException.class, () -> failing.get(10, TimeUnit.SECONDS));
             KVStoreException k = assertInstanceOf(KVStoreException.class, e.getCause());
@@ -217,10 +217,10 @@ class AsyncTest {
             kv.setUpdater((key, index, merged, stored) -> stored.addInPlace(merged));
             for (int i = 1; i <= 20; i++) {
                 try (NDArray v = NDArray.full(SHAPE, i)) {
-                    futures.add(kv.pushAsync("w", v, i % 3));
+                    futures.add(kv.async().push("w", new NDArray[] {v}, i % 3));
                 }
             }
-            futures.add(kv.pushpullAsync("w", new NDArray[] {}, new NDArray[] {out}));
+            futures.add(kv.async().pushpull("w", new NDArray[] {}, new NDArray[] {out}));
         }
         // close() waited for every call: 1 + 2 + ... + 20.
         assertArrayEquals(filled(210), out.toFloatArray());
@@ -241,16 +241,16 @@ class AsyncTest {
             NDArray[] outsA = {NDArray.zeros(SHAPE), NDArray.zeros(SHAPE)};
             NDArray[] outsB = {NDArray.zeros(SHAPE), NDArray.zeros(SHAPE)};
             a.push("x", new NDArray[] {v1, v2}).pushpull(new String[] {"x", "y"}, new NDArray[] {v1, v2}, outsA);
-            b.pushAsync("x", new NDArray[] {v1, v2});
-            b.pushpullAsync(new String[] {"x", "y"}, new NDArray[] {v1, v2}, outsB).get(10, TimeUnit.SECONDS);
+            b.async().push("x", new NDArray[] {v1, v2});
+            b.async().pushpull(new String[] {"x", "y"}, new NDArray[] {v1, v2}, outsB).get(10, TimeUnit.SECONDS);
             for (int i = 0; i < 2; i++) {
                 assertArrayEquals(outsA[i].toFloatArray(), outsB[i].toFloatArray());
             }
             a.broadcast("z", v2, outsA);
-            b.broadcastAsync("z", v2, outsB).get(10, TimeUnit.SECONDS);
+            b.async().broadcast("z", v2, outsB).get(10, TimeUnit.SECONDS);
             assertArrayEquals(outsA[1].toFloatArray(), outsB[1].toFloatArray());
             a.pull(new String[] {"x", "z"}, outsA);
-            b.pullAsync(new String[] {"x", "z"}, outsB).get(10, TimeUnit.SECONDS);
+            b.async().pull(new String[] {"x", "z"}, outsB).get(10, TimeUnit.SECONDS);
             assertArrayEquals(outsA[0].toFloatArray(), outsB[0].toFloatArray());
             assertArrayEquals(outsA[1].toFloatArray(), outsB[1].toFloatArray());
             Fixtures.closeAll(outsA);
@@ -267,9 +267,9 @@ class AsyncTest {
             kv.init(new String[] {"a", "b"}, new NDArray[] {zeros, zeros});
             kv.setUpdater((key, index, merged, stored) -> stored.addInPlace(merged));
             for (int i = 0; i < calls; i++) {
-                kv.pushAsync(i % 2 == 0 ? "a" : "b", one).thenRun(ran::countDown);
+                kv.async().push(i % 2 == 0 ? "a" : "b", one).thenRun(ran::countDown);
             }
-            kv.pullAsync("missing", one).whenComplete((v, e) -> {
+            kv.async().pull("missing", one).whenComplete((v, e) -> {
                 failures.add(e instanceof KVStoreException k ? k.code() : null);
                 ran.countDown();
             });
@@ -289,9 +289,9 @@ class AsyncTest {
             kv.setUpdater(AsyncTest::slowAssign);
             List<CompletableFuture<Void>> futures = new ArrayList<>();
             for (int i = 0; i < 5; i++) {
-                futures.add(kv.pushAsync("w", one));
+                futures.add(kv.async().push("w", one));
             }
-            futures.add(kv.pushAsync("missing", one));
+            futures.add(kv.async().push("missing", one));
             kv.waitAll();
             for (CompletableFuture<Void> f : futures) {
                 assertTrue(f.isDone());
@@ -306,7 +306,7 @@ class AsyncTest {
         kv.close();
         try (NDArray one = NDArray.ones(SHAPE)) {
             ExecutionException e = assertThrows(ExecutionException.class,
-                    () -> kv.pushAsync("w", one).get(10, TimeUnit.SECONDS));
+                    () -> kv.async().push("w", one).get(10, TimeUnit.SECONDS));
             assertEquals(KVStoreException.Code.DISPOSED, ((KVStoreException) e.getCause()).code());
         }
     }
@@ -348,7 +348,7 @@ class AsyncTest {
     @Test
     void cancelIsRefusedAndTheCallStillTakesEffect() throws Exception {
         try (Gated g = new Gated()) {
-            CompletableFuture<Void> pushed = g.kv.pushAsync("w", g.four);
+            CompletableFuture<Void> pushed = g.kv.async().push("w", g.four);
             assertFalse(pushed.cancel(true), "cancel(true) of a submitted call was accepted");
             assertFalse(pushed.cancel(false), "cancel(false) of a submitted call was accepted");
             assertFalse(pushed.isCancelled());
@@ -381,7 +381,7 @@ class AsyncTest {
      */
     private static Ended interruptedWait(PullWait wait, long deadlineMillis) throws Exception {
         try (Gated g = new Gated()) {
-            g.kv.pushAsync("w", g.four);
+            g.kv.async().push("w", g.four);
             AtomicReference<Object> ended = new AtomicReference<>();
             Thread waiter = new Thread(() -> {
                 try {
@@ -426,7 +426,7 @@ class AsyncTest {
      */
     @Test
     void anInterruptEndsAWaitForAFutureButNotItsCall() throws Exception {
-        Ended e = interruptedWait((kv, out) -> kv.pullAsync("w", out).get(), 10_000);
+        Ended e = interruptedWait((kv, out) -> kv.async().pull("w", out).get(), 10_000);
         assertInstanceOf(InterruptedException.class, e.byDeadline(), "get did not end on the interrupt");
     }
 }

@@ -107,7 +107,7 @@ public final class CompleterProbe {
 
             step("a stage that joins a pull's future");
             gate = new CountDownLatch(1);
-            CompletableFuture<Void> joining = kv.pushAsync("w", two).thenRun(() -> kv.pullAsync("w", out).join());
+            CompletableFuture<Void> joining = kv.async().push("w", two).thenRun(() -> kv.async().pull("w", out).join());
             gate.countDown();
             joining.get();
             expect(2, out);
@@ -115,9 +115,9 @@ public final class CompleterProbe {
 
             step("a stage that gets a pull's future");
             gate = new CountDownLatch(1);
-            CompletableFuture<Void> getting = kv.pushAsync("w", three).thenRun(() -> {
+            CompletableFuture<Void> getting = kv.async().push("w", three).thenRun(() -> {
                 try {
-                    kv.pullAsync("w", out2).get();
+                    kv.async().pull("w", out2).get();
                 } catch (InterruptedException | ExecutionException e) {
                     throw new CompletionException(e);
                 }
@@ -134,7 +134,7 @@ public final class CompleterProbe {
             gate = new CountDownLatch(1);
             List<CompletableFuture<Void>> calls = new ArrayList<>();
             for (int i = 0; i < 20; i++) {
-                calls.add(kv.pushAsync("w", two));
+                calls.add(kv.async().push("w", two));
             }
             List<CompletableFuture<Void>> stages = new ArrayList<>();
             for (int i = 0; i < 19; i++) {
@@ -148,7 +148,7 @@ public final class CompleterProbe {
             ok();
 
             step("calls after the stages complete, and waitAll returns");
-            kv.pushAsync("w", two).get();
+            kv.async().push("w", two).get();
             kv.waitAll();
             ok();
         }
@@ -172,7 +172,7 @@ public final class CompleterProbe {
 
             step("a stage that blocks starts");
             gate = new CountDownLatch(1);
-            CompletableFuture<Void> blocked = a.pushAsync("w", one).thenRun(() -> {
+            CompletableFuture<Void> blocked = a.async().push("w", one).thenRun(() -> {
                 entered.countDown();
                 try {
                     release.await();
@@ -185,23 +185,23 @@ public final class CompleterProbe {
             ok();
 
             step("another store's future completes while the stage blocks");
-            b.pushAsync("w", one).get();
+            b.async().push("w", one).get();
             ok();
 
             step("the same store's future completes while the stage blocks");
-            a.pushAsync("w", one).get();
+            a.async().push("w", one).get();
             ok();
 
             step("a dependent of a future no thread waits for runs while the stage blocks");
             CountDownLatch ran = new CountDownLatch(1);
-            b.pushAsync("w", one).thenRun(ran::countDown);
+            b.async().push("w", one).thenRun(ran::countDown);
             ran.await();
             ok();
 
             step("waitAll returns while the stage blocks, every future done");
             List<CompletableFuture<Void>> futures = new ArrayList<>();
             for (int i = 0; i < 50; i++) {
-                futures.add(a.pushAsync("w", one));
+                futures.add(a.async().push("w", one));
             }
             a.waitAll();
             for (CompletableFuture<Void> f : futures) {

@@ -315,8 +315,8 @@ class KVStoreTest {
                 NDArray ones = NDArray.ones(SHAPE);
                 NDArray out = NDArray.zeros(SHAPE)) {
             assertSame(kv, kv.init("k", ones));
-            assertSame(kv, kv.push("k", ones, 1));
-            assertSame(kv, kv.pull("k", out, 1));
+            assertSame(kv, kv.push("k", new NDArray[] {ones}, 1));
+            assertSame(kv, kv.pull("k", new NDArray[] {out}, 1));
             assertSame(kv, kv.pushpull("k", ones, out));
             assertSame(kv, kv.setUpdater(null));
             assertSame(kv, kv.barrier());

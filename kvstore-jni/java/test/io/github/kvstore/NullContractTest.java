@@ -20,7 +20,8 @@ import java.util.TreeSet;
 import org.junit.jupiter.api.Test;
 
 /**
- * The null contract of the public API: every public method of {@link KVStore},
+ * The null contract of the public API: every public method of {@link KVStore} (and of
+ * its {@link AsyncKVStore}, whose calls take their blocking twins' parameters),
  * {@link NDArray}, {@link Optimizer} (and its builders), {@link LrScheduler} and
  * {@link Context}, given {@code null} for a reference parameter, throws a
  * {@link NullPointerException} whose message is the parameter's name, before any native
@@ -33,8 +34,8 @@ import org.junit.jupiter.api.Test;
  */
 class NullContractTest {
     /** The classes whose public methods keep the contract. */
-    private static final List<Class<?>> CLASSES = List.of(KVStore.class, NDArray.class, Optimizer.class,
-            Optimizer.Builder.class, Optimizer.Named.class, Optimizer.Sgd.class, Optimizer.Nag.class,
+    private static final List<Class<?>> CLASSES = List.of(KVStore.class, AsyncKVStore.class, NDArray.class,
+            Optimizer.class, Optimizer.Builder.class, Optimizer.Named.class, Optimizer.Sgd.class, Optimizer.Nag.class,
             Optimizer.Adam.class, Optimizer.AdaGrad.class, Optimizer.RmsProp.class, Optimizer.AdaDelta.class,
             Optimizer.Ftrl.class, Optimizer.Signum.class, Optimizer.Sgld.class, Optimizer.Dcasgd.class,
             Optimizer.Adamax.class, Optimizer.Nadam.class, Optimizer.Lamb.class, Optimizer.Lars.class,
@@ -46,32 +47,25 @@ class NullContractTest {
             KVStore.init(String,NDArray) key value
             KVStore.init(String[],NDArray[]) keys values
             KVStore.push(String,NDArray) key value
-            KVStore.push(String,NDArray,int) key value
             KVStore.push(String,NDArray[]) key values
             KVStore.push(String,NDArray[],int) key values
             KVStore.push(String[],NDArray[]) keys values
             KVStore.push(String[],NDArray[],int) keys values
             KVStore.pull(String) key
             KVStore.pull(String,NDArray) key out
-            KVStore.pull(String,NDArray,int) key out
             KVStore.pull(String,NDArray[]) key outs
             KVStore.pull(String,NDArray[],int) key outs
             KVStore.pull(String[],NDArray[]) keys outs
             KVStore.pull(String[],NDArray[],int) keys outs
             KVStore.pushpull(String,NDArray) key value
-            KVStore.pushpull(String,NDArray,int) key value
             KVStore.pushpull(String,NDArray,NDArray) key value out
-            KVStore.pushpull(String,NDArray,NDArray,int) key value out
             KVStore.pushpull(String,NDArray[]) key values
-            KVStore.pushpull(String,NDArray[],int) key values
             KVStore.pushpull(String,NDArray[],NDArray[]) key values outs
             KVStore.pushpull(String,NDArray[],NDArray[],int) key values outs
             KVStore.pushpull(String[],NDArray[]) keys values
-            KVStore.pushpull(String[],NDArray[],int) keys values
             KVStore.pushpull(String[],NDArray[],NDArray[]) keys values outs
             KVStore.pushpull(String[],NDArray[],NDArray[],int) keys values outs
             KVStore.broadcast(String,NDArray,NDArray) key value out
-            KVStore.broadcast(String,NDArray,NDArray,int) key value out
             KVStore.broadcast(String,NDArray,NDArray[]) key value outs
             KVStore.broadcast(String,NDArray,NDArray[],int) key value outs
             KVStore.broadcast(String[],NDArray[],NDArray[]) keys values outs
@@ -236,8 +230,8 @@ class NullContractTest {
                 if (NULLABLE.contains(sig)) {
                     continue;
                 }
-                // A non-blocking twin (pushAsync) takes its blocking twin's parameters.
-                List<String> names = parameters.get(sig.replace("Async(", "("));
+                // A non-blocking twin (kv.async().push) takes its blocking twin's parameters.
+                List<String> names = parameters.get(sig.replace("AsyncKVStore.", "KVStore."));
                 assertNotNull(names, () -> sig + " is not in NullContractTest.PARAMETERS: add its parameters' names");
                 List<Object> receivers = new ArrayList<>();
                 if (Modifier.isStatic(m.getModifiers())) {
@@ -245,6 +239,9 @@ class NullContractTest {
                 } else if (m.getDeclaringClass() == KVStore.class) {
                     receivers.add(open);
                     receivers.add(closed);
+                } else if (m.getDeclaringClass() == AsyncKVStore.class) {
+                    receivers.add(open.async());
+                    receivers.add(closed.async());
                 } else if (m.getDeclaringClass() == NDArray.class) {
                     receivers.add(array);
                     receivers.add(closedArray);
@@ -268,6 +265,7 @@ class NullContractTest {
                         }
                         Throwable t = thrownBy(m, receiver, args);
                         String call = sig + " with null " + name + (receiver == closed || receiver == closedArray
+                                || receiver == closed.async()
                                 ? " on a closed receiver" : "");
                         if (!(t instanceof NullPointerException)) {
                             throw new AssertionError(call + " threw " + t + ", not a NullPointerException", t);

@@ -93,8 +93,8 @@ class WrapTest {
                 NDArray v = NDArray.wrap(value, new int[] {2}, DType.FLOAT32);
                 NDArray o = NDArray.wrap(out, new int[] {2}, DType.FLOAT32)) {
             kv.init("k", zeros);
-            kv.pushAsync("k", v).get(30, TimeUnit.SECONDS);
-            kv.pullAsync("k", o).get(30, TimeUnit.SECONDS);
+            kv.async().push("k", v).get(30, TimeUnit.SECONDS);
+            kv.async().pull("k", o).get(30, TimeUnit.SECONDS);
             assertArrayEquals(new float[] {3, 3}, read(out, 0, 2));
         }
     }
@@ -108,8 +108,8 @@ class WrapTest {
             kv.init("k", zeros);
             NDArray v = NDArray.wrap(value, new int[] {2}, DType.FLOAT32);
             NDArray o = NDArray.wrap(out, new int[] {2}, DType.FLOAT32);
-            CompletableFuture<Void> pushed = kv.pushAsync("k", v);
-            CompletableFuture<Void> pulled = kv.pullAsync("k", o);
+            CompletableFuture<Void> pushed = kv.async().push("k", v);
+            CompletableFuture<Void> pulled = kv.async().pull("k", o);
             v.close();
             o.close();
             pushed.get(30, TimeUnit.SECONDS);
@@ -256,7 +256,7 @@ class WrapTest {
             }
             assertCode(KVStoreException.Code.INVALID_ARGUMENT, () -> ro.addInPlace(1));
             ExecutionException async = assertThrows(ExecutionException.class,
-                    () -> kv.pullAsync("w", ro).get(30, TimeUnit.SECONDS));
+                    () -> kv.async().pull("w", ro).get(30, TimeUnit.SECONDS));
             KVStoreException cause = assertInstanceOf(KVStoreException.class, async.getCause());
             assertEquals(KVStoreException.Code.INVALID_ARGUMENT, cause.code());
             assertArrayEquals(new float[] {5, 5}, read(b, 0, 2));

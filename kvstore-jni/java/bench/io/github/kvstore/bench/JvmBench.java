@@ -63,7 +63,7 @@ public final class JvmBench {
                 kv.pull("s", smallOut);
             })));
 
-            // The engine's cost from Java: a pushAsync's submit against a blocking push, per
+            // The engine's cost from Java: an async().push submit against a blocking push, per
             // call, over 1000 calls on 1000 keys (the futures joined after, not timed).
             String[] keys = new String[1000];
             NDArray[] zeros = new NDArray[keys.length];
@@ -83,7 +83,7 @@ public final class JvmBench {
                 futures.clear();
                 long start = System.nanoTime();
                 for (String k : keys) {
-                    futures.add(kv.pushAsync(k, small));
+                    futures.add(kv.async().push(k, small));
                 }
                 double s = (System.nanoTime() - start) / 1e9 / keys.length;
                 for (CompletableFuture<Void> f : futures) {
@@ -94,7 +94,7 @@ public final class JvmBench {
                 }
             }
             Arrays.sort(submits);
-            rows.add(row("java: pushAsync submit of 1 Ki f32 (per call)", submits[runs / 2]));
+            rows.add(row("java: async().push submit of 1 Ki f32 (per call)", submits[runs / 2]));
             for (NDArray z : zeros) {
                 z.close();
             }

@@ -1,0 +1,58 @@
+package io.github.kvstore;
+
+import java.util.Arrays;
+import java.util.Objects;
+
+/**
+ * The argument checks and conversions of {@link KVStore} and {@link AsyncKVStore}: every
+ * null is found, and named, before any native call.
+ */
+final class Args {
+    private Args() {
+    }
+
+    static String[] checkKeys(String[] keys, String name) {
+        Objects.requireNonNull(keys, name);
+        for (int i = 0; i < keys.length; i++) {
+            Objects.requireNonNull(keys[i], name + "[" + i + "]");
+        }
+        return keys;
+    }
+
+    static String[] repeat(String key, String keyName, NDArray[] arrays, String arraysName) {
+        Objects.requireNonNull(key, keyName);
+        Objects.requireNonNull(arrays, arraysName);
+        String[] keys = new String[arrays.length];
+        Arrays.fill(keys, key);
+        return keys;
+    }
+
+    static void checkArrays(NDArray[] arrays, String name) {
+        Objects.requireNonNull(arrays, name);
+        for (int i = 0; i < arrays.length; i++) {
+            Objects.requireNonNull(arrays[i], name + "[" + i + "]");
+        }
+    }
+
+    /** The handles of {@code arrays}; {@code DISPOSED} for a closed one. Nulls were checked. */
+    static long[] handles(NDArray[] arrays, String name) {
+        long[] hs = new long[arrays.length];
+        for (int i = 0; i < arrays.length; i++) {
+            try {
+                hs[i] = arrays[i].handle();
+            } catch (KVStoreException e) {
+                throw new KVStoreException(KVStoreException.Code.DISPOSED,
+                        name + "[" + i + "] is an NDArray that was closed", e);
+            }
+        }
+        return hs;
+    }
+
+    static NDArray[] one(NDArray array, String name) {
+        return new NDArray[] {Objects.requireNonNull(array, name)};
+    }
+
+    static String[] one(String key, String name) {
+        return new String[] {Objects.requireNonNull(key, name)};
+    }
+}

@@ -1,0 +1,562 @@
+package io.github.kvstore;
+
+import static io.github.kvstore.Args.checkArrays;
+import static io.github.kvstore.Args.checkKeys;
+import static io.github.kvstore.Args.handles;
+import static io.github.kvstore.Args.one;
+import static io.github.kvstore.Args.repeat;
+
+import java.lang.ref.Reference;
+import java.util.Objects;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+
+/**
+ * The non-blocking calls of a {@link KVStore}, from {@link KVStore#async()}:
+ * {@code push}, {@code pull}, {@code pushpull} and {@code broadcast} in the
+ * <a href="KVStore.html#forms">argument forms</a> of the store's blocking calls (with a
+ * {@code priority} on the forms with an {@code NDArray[]}, as there), each returning at
+ * once a {@link CompletableFuture} that completes when the call has taken effect, or
+ * exceptionally with the {@link KVStoreException} its blocking twin would throw. (As
+ * opendal's {@code AsyncOperator} beside its {@code Operator}: a separate view keeps
+ * every call of {@link KVStore} itself blocking.) A view is the same for the life of its
+ * store and holds no state: calls through it and the store's blocking calls mix freely,
+ * and calls on one key take effect in the order they were made, from any thread. A null
+ * argument ({@link NullPointerException} naming the parameter) and a closed array
+ * ({@link KVStoreException} {@code DISPOSED}) are thrown at once; every other error, a
+ * closed store's {@code DISPOSED} included, comes through the future.
+ *
+ * <p>Values: a push may reuse its values as soon as it returns, and sums what they held
+ * when it was made (a write to one before the push read it copies it for the push
+ * first; a write while the push reads it waits). The sums and updates run on the store's
+ * threads. Outs: a pull writes them later, after every call made before on their keys;
+ * until then every access to them ({@code toFloatArray}, {@code toString}, using one in
+ * another call) waits. {@code pushpull} copies its values before it returns and writes
+ * its outs later; {@code broadcast} initialises its keys before it returns (under
+ * {@code dist_sync} that waits for the calls made before) and writes its outs later.
+ *
+ * <p>The futures: their dependent actions run on the daemon threads
+ * {@code kvstore-completer-N}, or on a thread in {@link #waitAll()}, never on the store's
+ * threads: a dependent may block, and may wait for another call's future ({@code join},
+ * {@code get}); the futures of calls that finished about when its own did may then
+ * complete up to about 10 milliseconds late, when another thread takes them on (100
+ * milliseconds for a dependent that computes rather than waits: use the
+ * {@code ...Async} forms of {@link CompletableFuture} for long work). A call cannot be
+ * withdrawn once made: {@code cancel} returns false and the future completes with the
+ * call. {@code get} and {@code get(timeout, unit)} end on an interrupt (the call goes
+ * on); {@code join} does not, as for every {@link CompletableFuture}.
+ *
+ * <pre>{@code
+ * CompletableFuture<Void> pushed = kv.async().push("w", grad);
+ * CompletableFuture<Void> pulled = kv.async().pull("w", weight);  // after the push
+ * pulled.get();                                                   // weight is written
+ * }</pre>
+ */
+public final class AsyncKVStore {
+    private static final int OP_PUSH = 0;
+    private static final int OP_PULL = 1;
+    private static final int OP_PUSHPULL = 2;
+    private static final int OP_BROADCAST = 3;
+    private static final int OP_PUSH_KEY = 4;
+    private static final int OP_PULL_KEY = 5;
+    private static final String[] NO_KEYS = new String[0];
+    private static final NDArray[] NO_ARRAYS = new NDArray[0];
+
+    private final KVStore store;
+
+    AsyncKVStore(KVStore store) {
+        this.store = store;
+    }
+
+    /**
+     * The future of a non-blocking call. A {@code dist_sync} store may hold a small push
+     * or pushpull back, to run fused with the calls made after it (the README's
+     * "Non-blocking calls"; {@code KVSTORE_FUSE_BYTES}): {@code get}, {@code join},
+     * {@code getNow} and {@code isDone} release it first, as {@code Pending::wait} does
+     * in Rust, so that waiting for it never waits for a later call. Dependent stages and
+     * {@link CompletableFuture#allOf} do not: wait for one of the calls, or call
+     * {@link #waitAll()}, before waiting for those. Like every call of a
+     * {@code dist_sync} store, a wait must come at the same point of the calls on every
+     * worker. A thread in {@code get} or {@code join} has its future completed as soon
+     * as the call finishes; dependents of futures that no thread waits for may run up
+     * to 50 microseconds later, as the completer takes finished calls in batches.
+     * Dependents run on the completer's threads ({@link Completer}), where they may wait.
+     * {@code cancel} is refused: a submitted call is never withdrawn.
+     */
+    private static final class CallFuture extends CompletableFuture<Void> {
+        /** The call's id, once registered (-1 until then). */
+        volatile long id = -1;
+
+        private void release() {
+            long call = id;
+            if (call >= 0 && !super.isDone()) {
+                KVStore.nRelease(call);
+            }
+        }
+
+        /**
+         * Before a wait for the future: releases the call, and unless the future is done
+         * counts this thread among those waiting ({@link Completer#startWaiting()});
+         * returns whether it did, for {@link #endWait}.
+         */
+        private boolean startWait() {
+            release();
+            if (super.isDone()) {
+                return false;
+            }
+            Completer.startWaiting();
+            return true;
+        }
+
+        private static void endWait(boolean counted) {
+            if (counted) {
+                Completer.stopWaiting();
+            }
+        }
+
+        @Override
+        public Void get() throws InterruptedException, ExecutionException {
+            boolean counted = startWait();
+            try {
+                return super.get();
+            } finally {
+                endWait(counted);
+            }
+        }
+
+        @Override
+        public Void get(long timeout, TimeUnit unit)
+                throws InterruptedException, ExecutionException, TimeoutException {
+            boolean counted = startWait();
+            try {
+                return super.get(timeout, unit);
+            } finally {
+                endWait(counted);
+            }
+        }
+
+        @Override
+        public Void join() {
+            boolean counted = startWait();
+            try {
+                return super.join();
+            } finally {
+                endWait(counted);
+            }
+        }
+
+        @Override
+        public Void getNow(Void valueIfAbsent) {
+            release();
+            return super.getNow(valueIfAbsent);
+        }
+
+        @Override
+        public boolean isDone() {
+            release();
+            return super.isDone();
+        }
+
+        /**
+         * Refuses, whatever {@code mayInterruptIfRunning} says, and returns false: a
+         * submitted call is never withdrawn (a queued call runs, and a running one
+         * finishes), so a cancelled future would report a call that still takes effect.
+         * The future completes with the call.
+         */
+        @Override
+        public boolean cancel(boolean mayInterruptIfRunning) {
+            return false;
+        }
+    }
+
+    /**
+     * Submits a call to the store's engine: the future completes when the call is done,
+     * exceptionally with the {@link KVStoreException} the blocking call would throw.
+     * {@code key} is the one key of {@code OP_PUSH_KEY} and {@code OP_PULL_KEY} (whose
+     * {@code keys} and {@code outKeys} are not read), null for the other calls.
+     */
+    private CompletableFuture<Void> submit(
+            int op, String key, String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
+        long[] vs = handles(values, "values");
+        long[] os = handles(outs, "outs");
+        CallFuture future = new CallFuture();
+        long id = Completer.register(future);
+        future.id = id;
+        try {
+            if (key != null) {
+                KVStore.nSubmitKey(store.handle(), id, op, key, op == OP_PUSH_KEY ? vs : os, priority);
+            } else {
+                KVStore.nSubmit(store.handle(), id, op, keys, vs, outKeys, os, priority);
+            }
+        } catch (KVStoreException e) {
+            // Found before anything was queued (a closed store, a stale array): the same
+            // exception, through the future.
+            Completer.forget(id);
+            future.completeExceptionally(e);
+        } finally {
+            Reference.reachabilityFence(store);
+            Reference.reachabilityFence(values);
+            Reference.reachabilityFence(outs);
+        }
+        return future;
+    }
+
+    // ----- push -----
+
+    /**
+     * {@link KVStore#push(String, NDArray)}, non-blocking.
+     *
+     * @param key the key
+     * @param value the value, free for reuse when this returns
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> push(String key, NDArray value) {
+        return push(key, one(value, "value"), 0);
+    }
+
+    /**
+     * {@link KVStore#push(String, NDArray[])}, non-blocking, at priority 0: the values
+     * are summed into one update.
+     *
+     * @param key the key
+     * @param values the values, free for reuse when this returns
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> push(String key, NDArray[] values) {
+        return push(key, values, 0);
+    }
+
+    /**
+     * {@link KVStore#push(String, NDArray[], int)}, non-blocking: the values are summed
+     * into one update.
+     *
+     * @param key the key
+     * @param values the values, free for reuse when this returns
+     * @param priority MXNet's priority (see {@link KVStore}): orders queued calls, never
+     *     results
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> push(String key, NDArray[] values, int priority) {
+        Objects.requireNonNull(key, "key");
+        checkArrays(values, "values");
+        return submit(OP_PUSH_KEY, key, NO_KEYS, values, NO_KEYS, NO_ARRAYS, priority);
+    }
+
+    /**
+     * {@link KVStore#push(String[], NDArray[])}, non-blocking, at priority 0.
+     *
+     * @param keys the keys
+     * @param values the values, one per key, free for reuse when this returns
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> push(String[] keys, NDArray[] values) {
+        return push(keys, values, 0);
+    }
+
+    /**
+     * {@link KVStore#push(String[], NDArray[], int)}, non-blocking.
+     *
+     * @param keys the keys
+     * @param values the values, one per key, free for reuse when this returns
+     * @param priority MXNet's priority (see {@link KVStore}): orders queued calls, never
+     *     results
+     * @return the call's future, completed exceptionally with the
+     *     {@link KVStoreException} that {@link KVStore#push(String[], NDArray[], int)}
+     *     throws
+     */
+    public CompletableFuture<Void> push(String[] keys, NDArray[] values, int priority) {
+        checkKeys(keys, "keys");
+        checkArrays(values, "values");
+        return submit(OP_PUSH, null, keys, values, NO_KEYS, NO_ARRAYS, priority);
+    }
+
+    // ----- pull -----
+
+    /**
+     * {@link KVStore#pull(String, NDArray)}, non-blocking: {@code out} is pending until
+     * the future completes.
+     *
+     * @param key the key
+     * @param out the out
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> pull(String key, NDArray out) {
+        return pull(key, one(out, "out"), 0);
+    }
+
+    /**
+     * {@link KVStore#pull(String, NDArray[])}, non-blocking, at priority 0: the outs are
+     * pending until the future completes.
+     *
+     * @param key the key
+     * @param outs the outs
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> pull(String key, NDArray[] outs) {
+        return pull(key, outs, 0);
+    }
+
+    /**
+     * {@link KVStore#pull(String, NDArray[], int)}, non-blocking: the outs are pending
+     * until the future completes.
+     *
+     * @param key the key
+     * @param outs the outs
+     * @param priority MXNet's priority (see {@link KVStore}): orders queued calls, never
+     *     results
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> pull(String key, NDArray[] outs, int priority) {
+        Objects.requireNonNull(key, "key");
+        checkArrays(outs, "outs");
+        return submit(OP_PULL_KEY, key, NO_KEYS, NO_ARRAYS, NO_KEYS, outs, priority);
+    }
+
+    /**
+     * {@link KVStore#pull(String[], NDArray[])}, non-blocking, at priority 0.
+     *
+     * @param keys the keys
+     * @param outs the outs, one per key
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> pull(String[] keys, NDArray[] outs) {
+        return pull(keys, outs, 0);
+    }
+
+    /**
+     * {@link KVStore#pull(String[], NDArray[], int)}, non-blocking: the outs are written
+     * after every call made before on their keys, and pending until then.
+     *
+     * @param keys the keys
+     * @param outs the outs, one per key
+     * @param priority MXNet's priority (see {@link KVStore}): orders queued calls, never
+     *     results
+     * @return the call's future, completed exceptionally with the
+     *     {@link KVStoreException} that {@link KVStore#pull(String[], NDArray[], int)}
+     *     throws
+     */
+    public CompletableFuture<Void> pull(String[] keys, NDArray[] outs, int priority) {
+        checkKeys(keys, "keys");
+        checkArrays(outs, "outs");
+        return submit(OP_PULL, null, NO_KEYS, NO_ARRAYS, keys, outs, priority);
+    }
+
+    // ----- pushpull -----
+
+    /**
+     * {@link KVStore#pushpull(String, NDArray, NDArray)}, non-blocking.
+     *
+     * @param key the key
+     * @param value the value, free for reuse when this returns
+     * @param out the out, pending until the future completes
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> pushpull(String key, NDArray value, NDArray out) {
+        String[] k = one(key, "key");
+        return submit(OP_PUSHPULL, null, k, one(value, "value"), k, one(out, "out"), 0);
+    }
+
+    /**
+     * {@link KVStore#pushpull(String, NDArray[], NDArray[])}, non-blocking, at priority 0.
+     *
+     * @param key the key
+     * @param values the values, summed, free for reuse when this returns
+     * @param outs the outs, pending until the future completes
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> pushpull(String key, NDArray[] values, NDArray[] outs) {
+        return pushpull(key, values, outs, 0);
+    }
+
+    /**
+     * {@link KVStore#pushpull(String, NDArray[], NDArray[], int)}, non-blocking.
+     *
+     * @param key the key
+     * @param values the values, summed, free for reuse when this returns
+     * @param outs the outs, pending until the future completes
+     * @param priority MXNet's priority (see {@link KVStore}): orders queued calls, never
+     *     results
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> pushpull(String key, NDArray[] values, NDArray[] outs, int priority) {
+        String[] valueKeys = repeat(key, "key", values, "values");
+        String[] outKeys = repeat(key, "key", outs, "outs");
+        checkArrays(values, "values");
+        checkArrays(outs, "outs");
+        return submit(OP_PUSHPULL, null, valueKeys, values, outKeys, outs, priority);
+    }
+
+    /**
+     * {@link KVStore#pushpull(String[], NDArray[], NDArray[])}, non-blocking, at
+     * priority 0.
+     *
+     * @param keys the keys
+     * @param values the values, one per key, free for reuse when this returns
+     * @param outs the outs, one per key, pending until the future completes
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> pushpull(String[] keys, NDArray[] values, NDArray[] outs) {
+        return pushpull(keys, values, outs, 0);
+    }
+
+    /**
+     * {@link KVStore#pushpull(String[], NDArray[], NDArray[], int)}, non-blocking: the
+     * values are copied before this returns, the outs written later.
+     *
+     * @param keys the keys
+     * @param values the values, one per key, free for reuse when this returns
+     * @param outs the outs, one per key, pending until the future completes (the values
+     *     themselves, to write the results back into them)
+     * @param priority MXNet's priority (see {@link KVStore}): orders queued calls, never
+     *     results
+     * @return the call's future, completed exceptionally with the
+     *     {@link KVStoreException} that the blocking call throws
+     */
+    public CompletableFuture<Void> pushpull(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
+        checkKeys(keys, "keys");
+        checkArrays(values, "values");
+        checkArrays(outs, "outs");
+        return submit(OP_PUSHPULL, null, keys, values, keys, outs, priority);
+    }
+
+    /**
+     * {@link KVStore#pushpull(String, NDArray)}, non-blocking: the result is written
+     * back into {@code value}, which is pending until the future completes.
+     *
+     * @param key the key
+     * @param value the value, then the result
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> pushpull(String key, NDArray value) {
+        return pushpull(key, value, value);
+    }
+
+    /**
+     * {@link KVStore#pushpull(String, NDArray[])}, non-blocking: the result is written
+     * back into every value, each pending until the future completes.
+     *
+     * @param key the key
+     * @param values the values, summed, then the result
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> pushpull(String key, NDArray[] values) {
+        return pushpull(key, values, values, 0);
+    }
+
+    /**
+     * {@link KVStore#pushpull(String[], NDArray[])}, non-blocking: each key's result is
+     * written back into its values, pending until the future completes.
+     *
+     * @param keys the keys
+     * @param values the values, one per key, then the results
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> pushpull(String[] keys, NDArray[] values) {
+        return pushpull(keys, values, values, 0);
+    }
+
+    // ----- broadcast -----
+
+    /**
+     * {@link KVStore#broadcast(String, NDArray, NDArray)}, non-blocking for its pull: the
+     * key is initialised before this returns.
+     *
+     * @param key the key
+     * @param value the initial value
+     * @param out the out, pending until the future completes
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> broadcast(String key, NDArray value, NDArray out) {
+        String[] k = one(key, "key");
+        return submit(OP_BROADCAST, null, k, one(value, "value"), k, one(out, "out"), 0);
+    }
+
+    /**
+     * {@link KVStore#broadcast(String, NDArray, NDArray[])}, non-blocking for its pull,
+     * at priority 0: the key is initialised before this returns.
+     *
+     * @param key the key
+     * @param value the initial value
+     * @param outs the outs, pending until the future completes
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> broadcast(String key, NDArray value, NDArray[] outs) {
+        return broadcast(key, value, outs, 0);
+    }
+
+    /**
+     * {@link KVStore#broadcast(String, NDArray, NDArray[], int)}, non-blocking for its
+     * pull: the key is initialised before this returns.
+     *
+     * @param key the key
+     * @param value the initial value
+     * @param outs the outs, pending until the future completes
+     * @param priority MXNet's priority (see {@link KVStore}): orders queued calls, never
+     *     results
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> broadcast(String key, NDArray value, NDArray[] outs, int priority) {
+        String[] k = one(key, "key");
+        NDArray[] v = one(value, "value");
+        String[] outKeys = repeat(key, "key", outs, "outs");
+        checkArrays(outs, "outs");
+        return submit(OP_BROADCAST, null, k, v, outKeys, outs, priority);
+    }
+
+    /**
+     * {@link KVStore#broadcast(String[], NDArray[], NDArray[])}, non-blocking for its
+     * pull, at priority 0.
+     *
+     * @param keys the keys
+     * @param values the initial values, one per key
+     * @param outs the outs, one per key, pending until the future completes
+     * @return the call's future (see the class doc)
+     */
+    public CompletableFuture<Void> broadcast(String[] keys, NDArray[] values, NDArray[] outs) {
+        return broadcast(keys, values, outs, 0);
+    }
+
+    /**
+     * {@link KVStore#broadcast(String[], NDArray[], NDArray[], int)}, non-blocking for
+     * its pull: the keys are initialised before this returns (under {@code dist_sync}
+     * that waits for the calls made before), the outs are written later.
+     *
+     * @param keys the keys
+     * @param values the initial values, one per key
+     * @param outs the outs, one per key, pending until the future completes
+     * @param priority MXNet's priority (see {@link KVStore}): orders queued calls, never
+     *     results
+     * @return the call's future, completed exceptionally with the
+     *     {@link KVStoreException} that the blocking call throws
+     */
+    public CompletableFuture<Void> broadcast(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
+        checkKeys(keys, "keys");
+        checkArrays(values, "values");
+        checkArrays(outs, "outs");
+        return submit(OP_BROADCAST, null, keys, values, keys, outs, priority);
+    }
+
+    /**
+     * {@link KVStore#waitAll()}: waits, blocking, until every call made so far on the
+     * store has finished and the futures of its non-blocking calls are complete (their
+     * dependents that no other thread ran run on this thread).
+     *
+     * @return this view
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public AsyncKVStore waitAll() {
+        store.waitAll();
+        return this;
+    }
+
+    /**
+     * The store whose view this is, for its blocking calls.
+     *
+     * @return the store
+     */
+    public KVStore store() {
+        return store;
+    }
+}
