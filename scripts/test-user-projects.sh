@@ -56,7 +56,7 @@ export JAVA_TOOL_OPTIONS="-Duser.home=$HOME -Djava.io.tmpdir=$tmp/java-tmp"
 mkdir -p "$HOME" "$tmp/java-tmp"
 projects=$tmp/projects
 
-if ! python3 scripts/readme_projects.py "$projects" "$root" README.md docs/projects.md docs/gpus.md docs/dist-sync.md >"$logs/user-projects-extract.log" 2>&1; then
+if ! python3 scripts/readme_projects.py "$projects" "$root" README.md docs/projects.md docs/nonblocking.md docs/gpus.md docs/dist-sync.md >"$logs/user-projects-extract.log" 2>&1; then
     fail readme-blocks "$logs/user-projects-extract.log"
     echo "user-projects: $passed passed, $failed failed"
     exit 1
