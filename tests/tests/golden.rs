@@ -1,6 +1,8 @@
 //! Golden cases recorded from MXNet 1.9.1 by `tests/golden/generate.py` into
 //! `tests/golden/mxnet_local.json`, replayed here without MXNet: every pulled value,
-//! every error class and every updater call must match.
+//! every error class and every updater call must match. The Java
+//! (`kvstore-jni/java/test/io/github/kvstore/GoldenTest.java`) and Python
+//! (`kvstore-py/tests/test_golden.py`) suites replay the same file with these semantics.
 
 use std::sync::{Arc, Mutex};
 
