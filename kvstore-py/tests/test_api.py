@@ -275,6 +275,7 @@ def test_every_optimizer_has_its_mxnet_class():
         (optimizer.Nadam, "nadam"),
         (optimizer.LAMB, "lamb"),
         (optimizer.LARS, "lars"),
+        (optimizer.FTML, "ftml"),
     ]:
         s = kv.create("local")
         s.init("w", f32(1))

@@ -160,6 +160,14 @@ const SPECS: &[Spec] = &[
         ],
         sched_lr: SchedLr::Always,
     },
+    // FTML's constructor passes no rate of its own: MXNet's default 0.01.
+    Spec {
+        name: "ftml",
+        aliases: &[],
+        default_lr: 0.01,
+        params: &[("beta1", 0.6), ("beta2", 0.999), ("epsilon", 1e-8)],
+        sched_lr: SchedLr::IfExplicit,
+    },
     Spec {
         name: "lars",
         aliases: &[],
@@ -178,7 +186,7 @@ fn spec(name: &str) -> Option<&'static Spec> {
 ///
 /// ```
 /// let names = kvstore_core::optimizer_names();
-/// assert_eq!(names.len(), 14);
+/// assert_eq!(names.len(), 15);
 /// assert!(names.contains(&"adam") && names.contains(&"lars"));
 /// ```
 pub fn optimizer_names() -> Vec<&'static str> {

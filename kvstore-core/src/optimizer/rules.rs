@@ -683,6 +683,42 @@ impl Rule for Adamax {
     float_rule!();
 }
 
+/// FTML, Follow the Moving Leader (`ftml_update`, a fused kernel: every operand in the
+/// weight's type, `t` too).
+pub(crate) struct Ftml {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub epsilon: f64,
+}
+
+impl Ftml {
+    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+        let [prev_d, v, z] = st else { return };
+        let (lr, wd, r, c) = (kp::<R>(s.lr), kp::<R>(s.wd), kp::<R>(s.rescale), s.kernel_clip::<R>());
+        let (b1, b2, eps) = (kp::<R>(self.beta1), kp::<R>(self.beta2), kp::<R>(self.epsilon));
+        let t = R::from(s.t).unwrap_or_else(R::nan);
+        let one = R::one();
+        // The kernel's `(1 - beta1^t) / lr * (sqrt(v / (1 - beta2^t)) + epsilon)`, its
+        // first factor and the divisor the same for every element.
+        let (scale, v_div) = ((one - b1.powf(t)) / lr, one - b2.powf(t));
+        for ((((w, &g), d), v), z) in w.iter_mut().zip(g).zip(prev_d.iter_mut()).zip(v.iter_mut()).zip(z.iter_mut()) {
+            let gi = clip(r * g + wd * *w, c);
+            *v = b2 * *v + (one - b2) * (gi * gi);
+            let d_t = scale * ((*v / v_div).sqrt() + eps);
+            *z = b1 * *z + (one - b1) * gi - (d_t - b1 * *d) * *w;
+            *d = d_t;
+            *w = -*z / d_t;
+        }
+    }
+}
+
+impl Rule for Ftml {
+    fn states(&self) -> &'static [&'static str] {
+        &["d", "v", "z"]
+    }
+    float_rule!();
+}
+
 /// Nadam (Python NDArray arithmetic, Keras-style). The momentum schedule's product
 /// `m_schedule` is one value for the whole optimizer, multiplied on every update of
 /// every key: `global[0]`.
@@ -876,6 +912,7 @@ pub(crate) fn make_rule(name: &str, param: &dyn Fn(&str) -> Option<f64>) -> Resu
         "sgld" => Box::new(Sgld),
         "dcasgd" => Box::new(DcaSgd { momentum: num("momentum"), lamda: num("lamda") }),
         "adamax" => Box::new(Adamax { beta1: num("beta1"), beta2: num("beta2") }),
+        "ftml" => Box::new(Ftml { beta1: num("beta1"), beta2: num("beta2"), epsilon: num("epsilon") }),
         "nadam" => Box::new(Nadam {
             beta1: num("beta1"),
             beta2: num("beta2"),
@@ -910,6 +947,6 @@ pub(crate) fn make_rule(name: &str, param: &dyn Fn(&str) -> Option<f64>) -> Resu
 pub(crate) fn implemented() -> Vec<&'static str> {
     vec![
         "sgd", "nag", "adam", "adagrad", "rmsprop", "adadelta", "ftrl", "signum", "sgld", "dcasgd", "adamax", "nadam",
-        "lamb", "lars",
+        "lamb", "lars", "ftml",
     ]
 }

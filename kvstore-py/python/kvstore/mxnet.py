@@ -32,16 +32,16 @@ call first waits for MXNet's pending writes to them).
   during the call only. ``mx.optimizer.get_updater(opt)`` works as an updater (it runs
   MXNet's own Python optimizer), and ``save_optimizer_states`` then pickles its states
   as MXNet does.
-- ``set_optimizer(opt)`` takes an ``mx.optimizer.Optimizer`` of the 14 kinds the store
+- ``set_optimizer(opt)`` takes an ``mx.optimizer.Optimizer`` of the 15 kinds the store
   runs in Rust (SGD, ccSGD, NAG, Adam, AdaGrad, RMSProp, AdaDelta, Ftrl, Signum, SGLD,
-  DCASGD, Adamax, Nadam, LAMB, LARS), with its hyper-parameters, its
+  DCASGD, Adamax, Nadam, LAMB, LARS, FTML), with its hyper-parameters, its
   ``lr_scheduler`` (FactorScheduler, MultiFactorScheduler, PolyScheduler,
   CosineScheduler), ``multi_precision``, ``begin_num_update`` and the per-key
   ``lr_mult``/``wd_mult`` MXNet would use (``param_dict`` multipliers, as gluon sets
   them, ``set_lr_mult``/``set_wd_mult``, ``param_idx2name``). Later changes to the
   optimizer object (gluon's ``set_learning_rate``, ``rescale_grad`` for a new batch
   size, a parameter's ``lr_mult``) reach the store at the next push, with the
-  optimizer's state kept. Any other optimizer (FTML, LBSGD, Test, a subclass, a
+  optimizer's state kept. Any other optimizer (LBSGD, Test, a subclass, a
   custom schedule), or one that has already made updates itself, is a ``TypeError``
   or ``ValueError`` naming what cannot be mapped; a kvstore.optimizer optimizer is
   taken as it is.
@@ -370,6 +370,7 @@ def _optimizer_table() -> Dict[type, Tuple[str, List[Tuple[str, str]]]]:
         o.Nadam: ("nadam", same("beta1", "beta2", "epsilon", "schedule_decay")),
         o.LAMB: ("lamb", same("beta1", "beta2", "epsilon", "lower_bound", "upper_bound", "bias_correction")),
         o.LARS: ("lars", same("momentum", "eta", "eps", "momentum_correction", "lazy_update")),
+        o.FTML: ("ftml", same("beta1", "beta2", "epsilon")),
     }
 
 

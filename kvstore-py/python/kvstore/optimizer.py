@@ -39,6 +39,7 @@ __all__ = [
     "Nadam",
     "LAMB",
     "LARS",
+    "FTML",
     "create",
     "register",
 ]
@@ -166,9 +167,10 @@ LAMB = _optimizer(
 LARS = _optimizer(
     "LARS", "lars", "LARS: ``momentum`` 0, ``eta`` 0.001, ``eps`` 0, ``momentum_correction``, ``lazy_update``."
 )
+FTML = _optimizer("FTML", "ftml", "FTML, Follow the Moving Leader: ``beta1`` 0.6, ``beta2`` 0.999, ``epsilon`` 1e-8.")
 
 _REGISTRY: Dict[str, Type[Optimizer]] = {
-    c.name: c for c in (SGD, NAG, Adam, AdaGrad, RMSProp, AdaDelta, Ftrl, Signum, SGLD, DCASGD, Adamax, Nadam, LAMB, LARS)
+    c.name: c for c in (SGD, NAG, Adam, AdaGrad, RMSProp, AdaDelta, Ftrl, Signum, SGLD, DCASGD, Adamax, Nadam, LAMB, LARS, FTML)
 }
 _REGISTRY["ccsgd"] = SGD
 

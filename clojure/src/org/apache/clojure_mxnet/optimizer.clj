@@ -12,7 +12,7 @@
   `sgd dcasgd nag ada-delta rms-prop ada-grad adam sgld`, each `[]` and
   `[opts]`. The other optimizers of MXNet 1.9.1, with Python's names and
   defaults (clojure-mxnet had none of them): `adamax nadam ftrl signum lamb
-  lars`. Every one also takes `:rescale-gradient`, `:lr-mult` and `:wd-mult`
+  lars ftml`. Every one also takes `:rescale-gradient`, `:lr-mult` and `:wd-mult`
   (maps of key to multiplier), `:multi-precision` (a float32 master copy of
   float16 weights) and `:begin-num-update`. `:clip-gradient 0` means no
   clipping, as in clojure-mxnet. Schedules come from
@@ -159,6 +159,8 @@
                               ::lr-mult ::wd-mult ::multi-precision ::begin-num-update))
 (s/def ::adamax-opts (opts-spec ::learning-rate ::beta1 ::beta2 ::wd ::clip-gradient ::lr-scheduler
                                 ::rescale-gradient ::lr-mult ::wd-mult ::multi-precision ::begin-num-update))
+(s/def ::ftml-opts (opts-spec ::learning-rate ::beta1 ::beta2 ::epsilon ::wd ::clip-gradient ::lr-scheduler
+                              ::rescale-gradient ::lr-mult ::wd-mult ::multi-precision ::begin-num-update))
 (s/def ::nadam-opts (opts-spec ::learning-rate ::beta1 ::beta2 ::epsilon ::schedule-decay ::wd ::clip-gradient
                                ::lr-scheduler
                                ::rescale-gradient ::lr-mult ::wd-mult ::multi-precision ::begin-num-update))
@@ -359,6 +361,16 @@
    (build "adamax" "adamax" ::adamax-opts opts {}))
   ([]
    (adamax {})))
+
+(defn ftml
+  "FTML, Follow the Moving Leader (Zheng and Kwok, 2017).
+
+  Options (Python's defaults): `:learning-rate` 0.01, `:beta1` 0.6, `:beta2`
+  0.999, `:epsilon` 1e-8, `:wd` 0, `:clip-gradient` 0, `:lr-scheduler` nil."
+  ([opts]
+   (build "ftml" "ftml" ::ftml-opts opts {}))
+  ([]
+   (ftml {})))
 
 (defn nadam
   "Nadam, Adam with Nesterov momentum (Dozat, 2016). Its momentum schedule is

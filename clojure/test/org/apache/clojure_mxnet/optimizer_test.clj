@@ -55,7 +55,8 @@
                                               ["ftrl" optimizer/ftrl "ftrl"]
                                               ["signum" optimizer/signum "signum"]
                                               ["lamb" optimizer/lamb "lamb"]
-                                              ["lars" optimizer/lars "lars"]]]
+                                              ["lars" optimizer/lars "lars"]
+                                              ["ftml" optimizer/ftml "ftml"]]]
     (testing opt-name
       (let [opt (optimizer-fn)
             kv (kvstore/create)]
@@ -89,7 +90,7 @@
   {"sgd" optimizer/sgd "dcasgd" optimizer/dcasgd "nag" optimizer/nag "ada-delta" optimizer/ada-delta
    "rms-prop" optimizer/rms-prop "ada-grad" optimizer/ada-grad "adam" optimizer/adam "sgld" optimizer/sgld
    "adamax" optimizer/adamax "nadam" optimizer/nadam "ftrl" optimizer/ftrl "signum" optimizer/signum
-   "lamb" optimizer/lamb "lars" optimizer/lars})
+   "lamb" optimizer/lamb "lars" optimizer/lars "ftml" optimizer/ftml})
 
 (deftest an-unknown-option-is-named-with-the-options-there-are
   ;; clojure-mxnet silently ignored a misspelt option.

@@ -193,6 +193,16 @@ public final class Optimizer {
     }
 
     /**
+     * FTML, Follow the Moving Leader (MXNet {@code ftml}): learning rate 0.01, beta1 0.6,
+     * beta2 0.999, epsilon 1e-8.
+     *
+     * @return the builder
+     */
+    public static Ftml ftml() {
+        return new Ftml();
+    }
+
+    /**
      * Nadam (MXNet {@code nadam}): learning rate 0.001, beta1 0.9, beta2 0.999, epsilon
      * 1e-8, schedule decay 0.004.
      *
@@ -845,6 +855,48 @@ public final class Optimizer {
          */
         public Adamax beta2(double beta2) {
             return param("beta2", beta2);
+        }
+    }
+
+    /** Builds {@code ftml}; see {@link Optimizer#ftml()}. */
+    public static final class Ftml extends Builder<Ftml> {
+        Ftml() {
+            super("ftml");
+        }
+
+        @Override
+        protected Ftml self() {
+            return this;
+        }
+
+        /**
+         * Decay of the gradient's running average (default 0.6).
+         *
+         * @param beta1 the decay
+         * @return this builder
+         */
+        public Ftml beta1(double beta1) {
+            return param("beta1", beta1);
+        }
+
+        /**
+         * Decay of the squared gradient's running average (default 0.999).
+         *
+         * @param beta2 the decay
+         * @return this builder
+         */
+        public Ftml beta2(double beta2) {
+            return param("beta2", beta2);
+        }
+
+        /**
+         * Added to the root of the second moment (default 1e-8).
+         *
+         * @param epsilon the constant
+         * @return this builder
+         */
+        public Ftml epsilon(double epsilon) {
+            return param("epsilon", epsilon);
         }
     }
 

@@ -38,7 +38,7 @@ class NullContractTest {
             Optimizer.class, Optimizer.Builder.class, Optimizer.Named.class, Optimizer.Sgd.class, Optimizer.Nag.class,
             Optimizer.Adam.class, Optimizer.AdaGrad.class, Optimizer.RmsProp.class, Optimizer.AdaDelta.class,
             Optimizer.Ftrl.class, Optimizer.Signum.class, Optimizer.Sgld.class, Optimizer.Dcasgd.class,
-            Optimizer.Adamax.class, Optimizer.Nadam.class, Optimizer.Lamb.class, Optimizer.Lars.class,
+            Optimizer.Adamax.class, Optimizer.Nadam.class, Optimizer.Lamb.class, Optimizer.Lars.class, Optimizer.Ftml.class,
             LrScheduler.class, Context.class);
 
     /** Each public method with reference parameters, then the names of those parameters. */

@@ -329,6 +329,7 @@ class OptimizerTest {
         m.put("nadam", Optimizer::nadam);
         m.put("lamb", Optimizer::lamb);
         m.put("lars", Optimizer::lars);
+        m.put("ftml", Optimizer::ftml);
         return m.entrySet().stream();
     }
 
@@ -388,6 +389,7 @@ class OptimizerTest {
         m.put("lamb", () -> Optimizer.lamb().beta1(0.8).beta2(0.99).epsilon(1e-7).lowerBound(0.1).upperBound(10)
                 .biasCorrection(false));
         m.put("lars", () -> Optimizer.lars().momentum(0.5).eta(0.01).epsilon(1e-8).momentumCorrection(false));
+        m.put("ftml", () -> Optimizer.ftml().beta1(0.7).beta2(0.99).epsilon(1e-7));
         return m.entrySet().stream().map(f -> DynamicTest.dynamicTest(f.getKey(), () -> {
             Optimizer.Builder<?> b = f.getValue().get()
                     .learningRate(0.05)
