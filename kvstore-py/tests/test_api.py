@@ -276,6 +276,7 @@ def test_every_optimizer_has_its_mxnet_class():
         (optimizer.LAMB, "lamb"),
         (optimizer.LARS, "lars"),
         (optimizer.FTML, "ftml"),
+        (optimizer.LBSGD, "lbsgd"),
     ]:
         s = kv.create("local")
         s.init("w", f32(1))
@@ -322,3 +323,18 @@ def test_help_explains_the_forms():
     assert "summed" in kv.KVStore.push.__doc__
     assert "new numpy arrays" in kv.KVStore.pull.__doc__
     assert kv.KVStore.push_async.__doc__ and kv.Future.result.__doc__
+
+
+def test_lbsgd_takes_its_warmup_strategy_by_name():
+    # LBSGD's warmup_strategy is a name, as in MXNet; other hyper-parameters stay numbers.
+    s = kv.create("local")
+    s.init("w", f32(1))
+    s.set_optimizer(optimizer.LBSGD(learning_rate=0.1, warmup_strategy="sqrt", batch_scale=2, warmup_epochs=1))
+    s.push("w", f32(0.5))
+    assert (s.pull("w") == 1).all()  # the first push of a batch of two leaves the weight
+    s.push("w", f32(0.5))
+    assert (s.pull("w") < 1).all()
+    with pytest.raises(TypeError, match="momentum must be a number"):
+        optimizer.SGD(momentum="high")
+    with pytest.raises(ValueError, match="batch_scale"):
+        optimizer.LBSGD(batch_scale=0)

@@ -34,5 +34,5 @@ def test_every_public_name_has_a_docstring(name, obj):
 
 
 def test_the_optimizer_and_schedule_lists_are_complete():
-    assert len([n for n in optimizer.__all__ if n not in ("Optimizer", "create", "register")]) == 15
+    assert len([n for n in optimizer.__all__ if n not in ("Optimizer", "create", "register")]) == 16
     assert {"FactorScheduler", "MultiFactorScheduler", "PolyScheduler", "CosineScheduler"} <= set(lr_scheduler.__all__)

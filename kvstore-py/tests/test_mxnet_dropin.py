@@ -397,6 +397,11 @@ OPTIMIZERS = {
     "lamb": lambda: mx.optimizer.LAMB(learning_rate=0.05, beta1=0.8, beta2=0.95, lower_bound=0.5, upper_bound=1.2, **COMMON),
     "lars": lambda: mx.optimizer.LARS(learning_rate=0.5, momentum=0.9, eta=0.01, eps=1e-4, **COMMON),
     "ftml": lambda: mx.optimizer.FTML(learning_rate=0.02, beta1=0.7, beta2=0.99, epsilon=1e-6, **COMMON),
+    "lbsgd_lars": lambda: mx.optimizer.LBSGD(learning_rate=0.05, warmup_strategy="lars", **COMMON),
+    "lbsgd_linear_batches": lambda: mx.optimizer.LBSGD(
+        learning_rate=0.1, momentum=0.9, warmup_strategy="linear", warmup_epochs=1, batch_scale=2,
+        updates_per_epoch=4, begin_epoch=1, **COMMON
+    ),
     "adam_f16_multi_precision": lambda: mx.optimizer.Adam(learning_rate=0.02, multi_precision=True, **COMMON),
     "sgd_f16_multi_precision": lambda: mx.optimizer.SGD(learning_rate=0.1, momentum=0.8, multi_precision=True, **COMMON),
     "sgd_mults_idx2name": lambda: mx.optimizer.SGD(
@@ -513,7 +518,7 @@ def test_reading_the_learning_rate_of_a_schedule_changes_nothing(sched):
 def test_optimizers_the_store_cannot_run_are_refused():
     kv = mx.kv.create("local")
     kv.init("w", mx.nd.ones((2,)))
-    for opt in (mx.optimizer.Test(), mx.optimizer.LBSGD()):
+    for opt in (mx.optimizer.Test(),):
         with pytest.raises(TypeError, match="cannot run in the store"):
             kv.set_optimizer(opt)
 
@@ -726,6 +731,24 @@ def test_difference_1_push_copies_also_out_of_mxnets_merge_buffer():
         kv.pull(0, out=out)
         results.append(out.asnumpy().tolist())
     assert results == [[9], [8]]  # MXNet: 3 + 2 * 3
+
+
+def test_difference_1_lbsgd_sums_a_batch_from_a_copy():
+    # MXNet's LBSGD keeps the first gradient of a key's first batch by reference: with
+    # multi-value pushes that is the store's merge buffer, which the next push
+    # overwrites, so the batch sums the second gradient twice.
+    native, ours = both()
+    results = []
+    for kv in (native, ours):
+        kv.init("w", mx.nd.ones((3,)))
+        kv.set_optimizer(mx.optimizer.LBSGD(learning_rate=1.0, batch_scale=2, warmup_epochs=0))
+        kv.push("w", [mx.nd.ones((3,)), mx.nd.ones((3,)) * 2])  # sums to 3
+        kv.push("w", [mx.nd.ones((3,)) * 10, mx.nd.ones((3,)) * 20])  # sums to 30
+        out = mx.nd.zeros((3,))
+        kv.pull("w", out=out)
+        results.append(out.asnumpy().tolist())
+    # w = 1 - lr * batch_scale * mean: MXNet's mean is (30 + 30) / 2, the store's (3 + 30) / 2.
+    assert results == [[-59.0] * 3, [-32.0] * 3]
 
 
 def test_difference_2_pull_checks_the_dtype():

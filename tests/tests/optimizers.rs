@@ -445,3 +445,26 @@ fn every_optimizer_continues_exactly_after_a_state_file() {
         }
     }
 }
+
+/// LBSGD's `warmup_strategy` is a name in MXNet: the builder and the JSON every binding
+/// sends take the name; any other name is MXNet's "scale by 1" (the next code).
+#[test]
+fn lbsgd_takes_its_warmup_strategy_by_name() {
+    use kvstore_core::{ErrorKind, OptimizerSpec};
+    for (name, code) in [("linear", 0.0), ("power2", 1.0), ("sqrt", 2.0), ("LARS", 3.0), ("constant", 4.0)] {
+        let opt = Optimizer::builder("lbsgd").param_name("warmup_strategy", name).build().expect("build");
+        assert_eq!(opt.param("warmup_strategy"), Some(code), "{name}");
+        let json = format!(r#"{{"name": "lbsgd", "params": {{"warmup_strategy": "{name}"}}}}"#);
+        let spec = OptimizerSpec::from_json(&json).expect("json");
+        assert_eq!(spec.build().expect("build").param("warmup_strategy"), Some(code), "{name}");
+    }
+    let e = Optimizer::builder("sgd").param_name("momentum", "high").build().expect_err("a number");
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.to_string().contains("takes a number"), "{e}");
+    assert!(OptimizerSpec::from_json(r#"{"name": "sgd", "params": {"momentum": "high"}}"#).is_err());
+    for (param, bad) in [("batch_scale", 0.0), ("batch_scale", 1.5), ("warmup_epochs", -1.0)] {
+        let e = Optimizer::builder("lbsgd").param(param, bad).build().expect_err("not a count");
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{param} {bad}");
+        assert!(e.to_string().contains(param), "{e}");
+    }
+}

@@ -168,6 +168,22 @@ const SPECS: &[Spec] = &[
         params: &[("beta1", 0.6), ("beta2", 0.999), ("epsilon", 1e-8)],
         sched_lr: SchedLr::IfExplicit,
     },
+    // LBSGD's warmup_strategy is a code of `rules::LBSGD_STRATEGIES` (0: linear).
+    Spec {
+        name: "lbsgd",
+        aliases: &[],
+        default_lr: 0.01,
+        params: &[
+            ("momentum", 0.0),
+            ("warmup_strategy", 0.0),
+            ("warmup_epochs", 5.0),
+            ("batch_scale", 1.0),
+            ("updates_per_epoch", 32.0),
+            ("begin_epoch", 0.0),
+            ("num_epochs", 60.0),
+        ],
+        sched_lr: SchedLr::IfExplicit,
+    },
     Spec {
         name: "lars",
         aliases: &[],
@@ -176,6 +192,31 @@ const SPECS: &[Spec] = &[
         sched_lr: SchedLr::IfExplicit,
     },
 ];
+
+/// Hyper-parameters MXNet takes as names: (optimizer, parameter, the names, in the
+/// order of their codes). A name that is not listed has the next code: MXNet accepts
+/// any name there and treats the others alike.
+const TEXT_PARAMS: &[(&str, &str, &[&str])] = &[("lbsgd", "warmup_strategy", &rules::LBSGD_STRATEGIES)];
+
+/// The names hyper-parameter `param` of optimizer `optimizer` takes, if it takes names.
+fn text_param(optimizer: &str, param: &str) -> Option<&'static [&'static str]> {
+    let optimizer = spec(optimizer)?.name;
+    TEXT_PARAMS.iter().find(|(o, p, _)| *o == optimizer && *p == param).map(|t| t.2)
+}
+
+/// The code of `value` for a hyper-parameter MXNet takes as a name.
+fn text_param_code(optimizer: &str, param: &str, value: &str) -> Result<f64> {
+    let Some(names) = text_param(optimizer, param) else {
+        return Err(Error::invalid_argument(format!(
+            "optimizer {}: hyper-parameter \"{}\" takes a number, not the name \"{}\"",
+            crate::key::shorten(optimizer),
+            crate::key::shorten(param),
+            crate::key::shorten(value)
+        )));
+    };
+    let lower = value.to_ascii_lowercase();
+    Ok(names.iter().position(|n| *n == lower).unwrap_or(names.len()) as f64)
+}
 
 fn spec(name: &str) -> Option<&'static Spec> {
     let lower = name.to_ascii_lowercase();
@@ -186,7 +227,7 @@ fn spec(name: &str) -> Option<&'static Spec> {
 ///
 /// ```
 /// let names = kvstore_core::optimizer_names();
-/// assert_eq!(names.len(), 15);
+/// assert_eq!(names.len(), 16);
 /// assert!(names.contains(&"adam") && names.contains(&"lars"));
 /// ```
 pub fn optimizer_names() -> Vec<&'static str> {
@@ -214,6 +255,8 @@ impl Params {
 pub struct OptimizerBuilder {
     name: String,
     params: Vec<(String, f64)>,
+    /// Hyper-parameters given as names ([`OptimizerBuilder::param_name`]).
+    names: Vec<(String, String)>,
     scheduler: Option<LrScheduler>,
     lr_mult: HashMap<Key, f64>,
     wd_mult: HashMap<Key, f64>,
@@ -231,6 +274,22 @@ impl OptimizerBuilder {
     /// ```
     pub fn param(mut self, name: &str, value: f64) -> Self {
         self.params.push((name.to_string(), value));
+        self
+    }
+
+    /// Sets a hyper-parameter that MXNet takes as a name: LBSGD's `warmup_strategy`
+    /// (`"linear"`, `"power2"`, `"sqrt"` or `"lars"`; any other name scales the rate by
+    /// 1, as in MXNet). [`OptimizerBuilder::build`] says which parameters take names.
+    ///
+    /// ```
+    /// use kvstore_core::Optimizer;
+    /// let opt = Optimizer::builder("lbsgd").param_name("warmup_strategy", "lars").param("batch_scale", 4.0).build()?;
+    /// assert_eq!(opt.param("warmup_strategy"), Some(3.0)); // its code
+    /// assert!(Optimizer::builder("sgd").param_name("momentum", "high").build().is_err());
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    pub fn param_name(mut self, name: &str, value: &str) -> Self {
+        self.names.push((name.to_string(), value.to_string()));
         self
     }
 
@@ -316,7 +375,11 @@ impl OptimizerBuilder {
         };
         let mut params: BTreeMap<&'static str, f64> = COMMON.iter().chain(spec.params).copied().collect();
         params.insert("learning_rate", spec.default_lr);
-        for (name, value) in &self.params {
+        let mut given = self.params.clone();
+        for (name, value) in &self.names {
+            given.push((name.clone(), text_param_code(spec.name, name, value)?));
+        }
+        for (name, value) in &given {
             let Some((&known, _)) = params.get_key_value(name.as_str()) else {
                 let valid: Vec<&str> = COMMON.iter().chain(spec.params).map(|p| p.0).collect();
                 return Err(Error::invalid_argument(format!(
@@ -403,6 +466,7 @@ impl Optimizer {
         OptimizerBuilder {
             name: name.to_string(),
             params: Vec::new(),
+            names: Vec::new(),
             scheduler: None,
             lr_mult: HashMap::new(),
             wd_mult: HashMap::new(),
@@ -599,8 +663,9 @@ impl Runtime {
         st.count += 1;
         let p = &self.opt.params;
         let mut global = self.global.lock();
+        let before = global.num_update;
         global.num_update = global.num_update.max(st.count);
-        let num_update = global.num_update;
+        let num_update = if self.opt.rule.lr_before_count() { before } else { global.num_update };
         let base_lr = match &mut global.scheduler {
             Some(s) => s.lr(num_update),
             None => p.num("learning_rate"),

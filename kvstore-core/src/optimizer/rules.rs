@@ -129,6 +129,12 @@ pub(crate) trait Rule: Send + Sync {
         Vec::new()
     }
 
+    /// Whether MXNet reads the learning rate before it counts the update (LBSGD): a
+    /// schedule then sees `num_update` as it was before this update.
+    fn lr_before_count(&self) -> bool {
+        false
+    }
+
     /// Updates `w` with gradient `g` in f32.
     fn update_f32(&self, s: &Step, global: &mut [f64], w: &mut [f32], g: &[f32], st: &mut [&mut [f32]]);
 
@@ -719,6 +725,158 @@ impl Rule for Ftml {
     float_rule!();
 }
 
+/// LBSGD's warm-up of the learning rate (`warmup_strategy`), by its code in the
+/// optimizer's parameters: MXNet's names in this order, and any other name (MXNet
+/// scales by 1 then).
+pub const LBSGD_STRATEGIES: [&str; 4] = ["linear", "power2", "sqrt", "lars"];
+
+/// LBSGD, large-batch SGD (Python, then `sgd_update` / `sgd_mom_update`): each key's
+/// gradients are summed over `batch_scale` pushes, counted from `begin_epoch *
+/// updates_per_epoch`; the push that completes a batch updates with their mean and
+/// the rate times a warm-up multiplier (or, for `lars`, the layer's trust ratio), and
+/// the pushes between leave the weight as it is (an `sgd_update` with rate 0).
+pub(crate) struct Lbsgd {
+    pub momentum: f64,
+    /// A code of [`LBSGD_STRATEGIES`], or their number for any other name.
+    pub strategy: usize,
+    pub warmup_epochs: u64,
+    pub batch_scale: u64,
+    pub updates_per_epoch: u64,
+    pub begin_epoch: u64,
+    pub begin_num_update: u64,
+}
+
+impl Lbsgd {
+    /// `_get_lbmult(nup)`, in Python floats.
+    fn lbmult(&self, nup: u64) -> f64 {
+        let nwup = self.warmup_epochs * self.updates_per_epoch;
+        let maxmult = self.batch_scale as f64;
+        if nup >= nwup {
+            return maxmult;
+        }
+        if nwup <= 1 {
+            return 1.0;
+        }
+        let (nup_f, nwup_f) = (nup as f64, nwup as f64);
+        match LBSGD_STRATEGIES.get(self.strategy) {
+            Some(&"linear") => 1.0 + (maxmult - 1.0) * nup_f / nwup_f,
+            Some(&"power2") => 1.0 + (maxmult - 1.0) * ((nup * nup) as f64) / ((nwup * nwup) as f64),
+            Some(&"sqrt") => 1.0 + (maxmult - 1.0) * (nup_f / nwup_f).sqrt(),
+            _ => 1.0,
+        }
+    }
+
+    /// `_get_lars(weight, g, wd)`: the sums of squares as numpy sums them (in the
+    /// array's type), the rest in Python floats, clamped to [0.01, 100].
+    fn lars<R: Float>(w: &[R], g: &[R], wd: f64) -> f64 {
+        let squares = |v: &[R]| -> f64 {
+            let sq: Vec<R> = v.iter().map(|&x| x * x).collect();
+            numpy_sum(&sq).to_f64().unwrap_or(f64::NAN)
+        };
+        let (weight2, grad2) = (squares(w), squares(g));
+        // NaN stays NaN, as with MXNet's comparisons.
+        (weight2 / (grad2 + wd * weight2 + 1e-18)).sqrt().clamp(0.01, 100.0)
+    }
+
+    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+        let (mom, cum): (Option<&mut [R]>, &mut [R]) = match st {
+            [mom, cum] => (Some(&mut **mom), &mut **cum),
+            [cum] => (None, &mut **cum),
+            _ => return,
+        };
+        let updates = s.t.saturating_sub(self.begin_num_update);
+        let num_cums = self.begin_epoch * self.updates_per_epoch + updates;
+        // `_cumulate_gradient`: the first gradient as it is; later ones added to the
+        // sum (a sum just reset is 0, and `0 + g` is what MXNet computes then too).
+        if updates <= 1 {
+            cum.copy_from_slice(g);
+        } else {
+            for (c, &g) in cum.iter_mut().zip(g) {
+                *c = *c + g;
+            }
+        }
+        let wd = kp::<R>(s.wd);
+        if !num_cums.is_multiple_of(self.batch_scale) {
+            // `sgd_update(weight, grad, lr=0.0, wd=wd)`: the weight stays (NaN if the
+            // gradient is not finite, as in MXNet).
+            let (zero, one) = (R::zero(), R::one());
+            for (w, &g) in w.iter_mut().zip(g) {
+                *w = (one - zero * wd) * *w - (zero * one) * g;
+            }
+            return;
+        }
+        let bs = sc::<R>(self.batch_scale as f64);
+        for c in cum.iter_mut() {
+            *c = *c / bs;
+        }
+        let mult = if LBSGD_STRATEGIES.get(self.strategy) == Some(&"lars") {
+            Self::lars(w, cum, s.wd)
+        } else {
+            self.lbmult(num_cums)
+        };
+        let (lr, r, c) = (kp::<R>(s.lr * mult), kp::<R>(s.rescale), s.kernel_clip::<R>());
+        match mom {
+            Some(mom) => {
+                // `SGDMomKernel` (the momentum is passed only when it is positive).
+                let mu = if self.momentum > 0.0 { kp::<R>(self.momentum) } else { R::zero() };
+                for ((w, &g), m) in w.iter_mut().zip(cum.iter()).zip(mom.iter_mut()) {
+                    *m = match c {
+                        Some(_) => mu * *m - lr * wd * *w - lr * clip(r * g, c),
+                        None => mu * *m - lr * wd * *w - lr * r * g,
+                    };
+                    *w = *w + *m;
+                }
+            }
+            None => {
+                // `SGDKernel`: the rescale is folded into lr when there is no clipping.
+                for (w, &g) in w.iter_mut().zip(cum.iter()) {
+                    *w = match c {
+                        Some(_) => (R::one() - lr * wd) * *w - lr * clip(r * g, c),
+                        None => (R::one() - lr * wd) * *w - (lr * r) * g,
+                    };
+                }
+            }
+        }
+        // `_reset_cum_gradient`.
+        cum.fill(R::zero());
+    }
+}
+
+impl Rule for Lbsgd {
+    fn states(&self) -> &'static [&'static str] {
+        if self.momentum != 0.0 { &["momentum", "cum_grad"] } else { &["cum_grad"] }
+    }
+    fn lr_before_count(&self) -> bool {
+        true
+    }
+    float_rule!();
+}
+
+/// numpy's sum of a contiguous array (`pairwise_sum`): fewer than 8 elements in order;
+/// up to 128 in eight interleaved partial sums, added pairwise, then the rest in
+/// order; more split in two at a multiple of 8 and summed recursively.
+fn numpy_sum<R: Float>(a: &[R]) -> R {
+    let n = a.len();
+    if n < 8 {
+        return a.iter().fold(R::zero(), |acc, &x| acc + x);
+    }
+    if n <= 128 {
+        let mut r = [R::zero(); 8];
+        r.copy_from_slice(&a[..8]);
+        let full = n - n % 8;
+        for chunk in a[8..full].chunks_exact(8) {
+            for (r, &x) in r.iter_mut().zip(chunk) {
+                *r = *r + x;
+            }
+        }
+        let res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        return a[full..].iter().fold(res, |acc, &x| acc + x);
+    }
+    let half = n / 2;
+    let half = half - half % 8;
+    numpy_sum(&a[..half]) + numpy_sum(&a[half..])
+}
+
 /// Nadam (Python NDArray arithmetic, Keras-style). The momentum schedule's product
 /// `m_schedule` is one value for the whole optimizer, multiplied on every update of
 /// every key: `global[0]`.
@@ -889,6 +1047,10 @@ impl Rule for Lars {
     float_rule!();
 }
 
+/// The largest count LBSGD takes for its epochs and batch scale (2^32: their products
+/// stay exact in u64 and f64).
+const MAX_WHOLE: f64 = 4_294_967_296.0;
+
 /// The rule of optimizer `name` (a name of `SPECS` in `mod.rs`), with its
 /// hyper-parameters from `param` (`None`: unset, as Python's `None`).
 pub(crate) fn make_rule(name: &str, param: &dyn Fn(&str) -> Option<f64>) -> Result<Box<dyn Rule>> {
@@ -913,6 +1075,27 @@ pub(crate) fn make_rule(name: &str, param: &dyn Fn(&str) -> Option<f64>) -> Resu
         "dcasgd" => Box::new(DcaSgd { momentum: num("momentum"), lamda: num("lamda") }),
         "adamax" => Box::new(Adamax { beta1: num("beta1"), beta2: num("beta2") }),
         "ftml" => Box::new(Ftml { beta1: num("beta1"), beta2: num("beta2"), epsilon: num("epsilon") }),
+        "lbsgd" => {
+            let whole = |n: &str, min: f64| -> Result<u64> {
+                let v = num(n);
+                if v.fract() != 0.0 || v < min || v > MAX_WHOLE {
+                    return Err(Error::invalid_argument(format!(
+                        "optimizer lbsgd: {n} must be a whole number from {min} to 2^32, not {v}"
+                    )));
+                }
+                Ok(v as u64)
+            };
+            let strategy = num("warmup_strategy");
+            Box::new(Lbsgd {
+                momentum: num("momentum"),
+                strategy: if strategy.fract() == 0.0 && (0.0..4.0).contains(&strategy) { strategy as usize } else { 4 },
+                warmup_epochs: whole("warmup_epochs", 0.0)?,
+                batch_scale: whole("batch_scale", 1.0)?,
+                updates_per_epoch: whole("updates_per_epoch", 0.0)?,
+                begin_epoch: whole("begin_epoch", 0.0)?,
+                begin_num_update: num("begin_num_update") as u64,
+            })
+        }
         "nadam" => Box::new(Nadam {
             beta1: num("beta1"),
             beta2: num("beta2"),
@@ -947,6 +1130,6 @@ pub(crate) fn make_rule(name: &str, param: &dyn Fn(&str) -> Option<f64>) -> Resu
 pub(crate) fn implemented() -> Vec<&'static str> {
     vec![
         "sgd", "nag", "adam", "adagrad", "rmsprop", "adadelta", "ftrl", "signum", "sgld", "dcasgd", "adamax", "nadam",
-        "lamb", "lars", "ftml",
+        "lamb", "lars", "ftml", "lbsgd",
     ]
 }

@@ -417,7 +417,15 @@ impl OptimizerSpec {
         let mut params = BTreeMap::new();
         if let Some(p) = field(obj, "params") {
             for (k, x) in object(p, "optimizer JSON: \"params\"")? {
-                params.insert(k.clone(), number(x, &format!("optimizer {name}: hyper-parameter \"{k}\""), true)?);
+                let what = format!("optimizer {name}: hyper-parameter \"{k}\"");
+                let value = match x {
+                    // A parameter MXNet takes as a name (LBSGD's warmup_strategy).
+                    Value::String(text) if super::text_param(&name, k).is_some() => {
+                        ParamValue::Number(super::text_param_code(&name, k, text)?)
+                    }
+                    _ => number(x, &what, true)?,
+                };
+                params.insert(k.clone(), value);
             }
         }
         let scheduler = field(obj, "scheduler").map(ScheduleSpec::from_value).transpose()?;

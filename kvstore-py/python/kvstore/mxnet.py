@@ -32,16 +32,16 @@ call first waits for MXNet's pending writes to them).
   during the call only. ``mx.optimizer.get_updater(opt)`` works as an updater (it runs
   MXNet's own Python optimizer), and ``save_optimizer_states`` then pickles its states
   as MXNet does.
-- ``set_optimizer(opt)`` takes an ``mx.optimizer.Optimizer`` of the 15 kinds the store
+- ``set_optimizer(opt)`` takes an ``mx.optimizer.Optimizer`` of the 16 kinds the store
   runs in Rust (SGD, ccSGD, NAG, Adam, AdaGrad, RMSProp, AdaDelta, Ftrl, Signum, SGLD,
-  DCASGD, Adamax, Nadam, LAMB, LARS, FTML), with its hyper-parameters, its
+  DCASGD, Adamax, Nadam, LAMB, LARS, FTML, LBSGD), with its hyper-parameters, its
   ``lr_scheduler`` (FactorScheduler, MultiFactorScheduler, PolyScheduler,
   CosineScheduler), ``multi_precision``, ``begin_num_update`` and the per-key
   ``lr_mult``/``wd_mult`` MXNet would use (``param_dict`` multipliers, as gluon sets
   them, ``set_lr_mult``/``set_wd_mult``, ``param_idx2name``). Later changes to the
   optimizer object (gluon's ``set_learning_rate``, ``rescale_grad`` for a new batch
   size, a parameter's ``lr_mult``) reach the store at the next push, with the
-  optimizer's state kept. Any other optimizer (LBSGD, Test, a subclass, a
+  optimizer's state kept. Any other optimizer (Test, a subclass, a
   custom schedule), or one that has already made updates itself, is a ``TypeError``
   or ``ValueError`` naming what cannot be mapped; a kvstore.optimizer optimizer is
   taken as it is.
@@ -371,6 +371,10 @@ def _optimizer_table() -> Dict[type, Tuple[str, List[Tuple[str, str]]]]:
         o.LAMB: ("lamb", same("beta1", "beta2", "epsilon", "lower_bound", "upper_bound", "bias_correction")),
         o.LARS: ("lars", same("momentum", "eta", "eps", "momentum_correction", "lazy_update")),
         o.FTML: ("ftml", same("beta1", "beta2", "epsilon")),
+        o.LBSGD: (
+            "lbsgd",
+            same("momentum", "warmup_strategy", "warmup_epochs", "batch_scale", "updates_per_epoch"),
+        ),
     }
 
 
@@ -492,7 +496,10 @@ def _describe(optimizer: Any, check_fresh: bool, scheduler_lr: Optional[float]) 
         v = getattr(optimizer, theirs)
         if v is None:
             continue
-        params[ours] = bool(v) if ours in _BOOL_PARAMS else float(v)
+        params[ours] = bool(v) if ours in _BOOL_PARAMS else (v if isinstance(v, str) else float(v))
+    if name == "lbsgd" and optimizer.updates_per_epoch:
+        # MXNet keeps begin_epoch only as the count it starts from.
+        params["begin_epoch"] = float(optimizer.init_updates // optimizer.updates_per_epoch)
     return _Description(name, params, scheduler, _multipliers(optimizer, "lr"), _multipliers(optimizer, "wd"))
 
 

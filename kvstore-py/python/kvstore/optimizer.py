@@ -40,6 +40,7 @@ __all__ = [
     "LAMB",
     "LARS",
     "FTML",
+    "LBSGD",
     "create",
     "register",
 ]
@@ -47,6 +48,10 @@ __all__ = [
 # Arguments of MXNet's Optimizer that describe a symbol or parameter objects, not the
 # update: accepted and ignored.
 _IGNORED = ("sym", "param_idx2name", "param_dict")
+
+
+# Hyper-parameters MXNet takes as names: (optimizer, parameter).
+_NAMED_PARAMS = {("lbsgd", "warmup_strategy")}
 
 
 class Optimizer:
@@ -76,6 +81,8 @@ class Optimizer:
                 continue  # MXNet's "not set" (clip_gradient=None, ...)
             if isinstance(v, bool):
                 params[k] = v
+            elif isinstance(v, str) and (self.name, k) in _NAMED_PARAMS:
+                params[k] = v  # the store reads the name (LBSGD's warmup_strategy)
             elif isinstance(v, (int, float)):
                 params[k] = float(v)
             else:
@@ -168,9 +175,16 @@ LARS = _optimizer(
     "LARS", "lars", "LARS: ``momentum`` 0, ``eta`` 0.001, ``eps`` 0, ``momentum_correction``, ``lazy_update``."
 )
 FTML = _optimizer("FTML", "ftml", "FTML, Follow the Moving Leader: ``beta1`` 0.6, ``beta2`` 0.999, ``epsilon`` 1e-8.")
+LBSGD = _optimizer(
+    "LBSGD",
+    "lbsgd",
+    "Large-batch SGD: ``momentum`` 0, ``warmup_strategy`` \"linear\" (\"power2\", \"sqrt\", \"lars\"; any "
+    "other name scales the rate by 1, as in MXNet), ``warmup_epochs`` 5, ``batch_scale`` 1 (the pushes "
+    "whose gradients one update averages), ``updates_per_epoch`` 32, ``begin_epoch`` 0.",
+)
 
 _REGISTRY: Dict[str, Type[Optimizer]] = {
-    c.name: c for c in (SGD, NAG, Adam, AdaGrad, RMSProp, AdaDelta, Ftrl, Signum, SGLD, DCASGD, Adamax, Nadam, LAMB, LARS, FTML)
+    c.name: c for c in (SGD, NAG, Adam, AdaGrad, RMSProp, AdaDelta, Ftrl, Signum, SGLD, DCASGD, Adamax, Nadam, LAMB, LARS, FTML, LBSGD)
 }
 _REGISTRY["ccsgd"] = SGD
 

@@ -12,7 +12,7 @@
   `sgd dcasgd nag ada-delta rms-prop ada-grad adam sgld`, each `[]` and
   `[opts]`. The other optimizers of MXNet 1.9.1, with Python's names and
   defaults (clojure-mxnet had none of them): `adamax nadam ftrl signum lamb
-  lars ftml`. Every one also takes `:rescale-gradient`, `:lr-mult` and `:wd-mult`
+  lars ftml lbsgd`. Every one also takes `:rescale-gradient`, `:lr-mult` and `:wd-mult`
   (maps of key to multiplier), `:multi-precision` (a float32 master copy of
   float16 weights) and `:begin-num-update`. `:clip-gradient 0` means no
   clipping, as in clojure-mxnet. Schedules come from
@@ -40,7 +40,7 @@
   store it is installed on."
   (:require [clojure.spec.alpha :as s]
             [org.apache.clojure-mxnet.util :as util])
-  (:import (io.github.kvstore LrScheduler Optimizer Optimizer$Named)))
+  (:import (io.github.kvstore LrScheduler Optimizer Optimizer$Lbsgd Optimizer$Named)))
 
 (set! *warn-on-reflection* true)
 
@@ -125,6 +125,11 @@
 (s/def ::bias-correction boolean?)
 (s/def ::eta number?)
 (s/def ::momentum-correction boolean?)
+(s/def ::warmup-strategy string?)
+(s/def ::warmup-epochs nat-int?)
+(s/def ::batch-scale pos-int?)
+(s/def ::updates-per-epoch nat-int?)
+(s/def ::begin-epoch nat-int?)
 
 (defn- only-keys?
   "Whether every key of the map `m` is in `known`."
@@ -161,6 +166,9 @@
                                 ::rescale-gradient ::lr-mult ::wd-mult ::multi-precision ::begin-num-update))
 (s/def ::ftml-opts (opts-spec ::learning-rate ::beta1 ::beta2 ::epsilon ::wd ::clip-gradient ::lr-scheduler
                               ::rescale-gradient ::lr-mult ::wd-mult ::multi-precision ::begin-num-update))
+(s/def ::lbsgd-opts (opts-spec ::learning-rate ::momentum ::warmup-strategy ::warmup-epochs ::batch-scale
+                               ::updates-per-epoch ::begin-epoch ::wd ::clip-gradient ::lr-scheduler
+                               ::rescale-gradient ::lr-mult ::wd-mult ::multi-precision ::begin-num-update))
 (s/def ::nadam-opts (opts-spec ::learning-rate ::beta1 ::beta2 ::epsilon ::schedule-decay ::wd ::clip-gradient
                                ::lr-scheduler
                                ::rescale-gradient ::lr-mult ::wd-mult ::multi-precision ::begin-num-update))
@@ -186,7 +194,9 @@
    :clip-weights "clip_weights" :beta1 "beta1" :beta2 "beta2" :seed "seed" :lamda1 "lamda1"
    :beta "beta" :wd-lh "wd_lh" :schedule-decay "schedule_decay" :lower-bound "lower_bound"
    :upper-bound "upper_bound" :bias-correction "bias_correction" :eta "eta"
-   :momentum-correction "momentum_correction"})
+   :momentum-correction "momentum_correction" :warmup-strategy "warmup_strategy"
+   :warmup-epochs "warmup_epochs" :batch-scale "batch_scale" :updates-per-epoch "updates_per_epoch"
+   :begin-epoch "begin_epoch"})
 
 (defn option-names
   "The option keys that the options spec `spec` (one of this namespace's
@@ -213,7 +223,11 @@
                         (contains? mxnet-names k)
                         ;; clojure-mxnet's "no clipping".
                         (not (and (= k :clip-gradient) (zero? v))))]
-       (.param b ^String (get renames k (mxnet-names k)) (double (if (boolean? v) (if v 1 0) v))))
+       (.param b ^String (get renames k (mxnet-names k))
+               (double (cond (boolean? v) (if v 1 0)
+                             ;; A name MXNet takes (LBSGD's warm-up), as the store's code.
+                             (string? v) (Optimizer$Lbsgd/warmupStrategyCode v)
+                             :else v))))
      (when-let [sched (:lr-scheduler o)]
        (.lrScheduler b ^LrScheduler sched))
      (doseq [[k m] (:lr-mult o)]
@@ -371,6 +385,22 @@
    (build "ftml" "ftml" ::ftml-opts opts {}))
   ([]
    (ftml {})))
+
+(defn lbsgd
+  "LBSGD, large-batch SGD: each key's gradients are summed over `:batch-scale`
+  pushes, and the push that completes a batch updates the weight with their
+  mean, the rate scaled by the warm-up multiplier (or, for `\"lars\"`, the
+  key's trust ratio).
+
+  Options (Python's defaults): `:learning-rate` 0.01, `:momentum` 0,
+  `:warmup-strategy` \"linear\" (\"power2\", \"sqrt\", \"lars\"; any other name
+  scales by 1, as in MXNet), `:warmup-epochs` 5, `:batch-scale` 1,
+  `:updates-per-epoch` 32, `:begin-epoch` 0, `:wd` 0, `:clip-gradient` 0,
+  `:lr-scheduler` nil."
+  ([opts]
+   (build "lbsgd" "lbsgd" ::lbsgd-opts opts {}))
+  ([]
+   (lbsgd {})))
 
 (defn nadam
   "Nadam, Adam with Nesterov momentum (Dozat, 2016). Its momentum schedule is

@@ -56,7 +56,8 @@
                                               ["signum" optimizer/signum "signum"]
                                               ["lamb" optimizer/lamb "lamb"]
                                               ["lars" optimizer/lars "lars"]
-                                              ["ftml" optimizer/ftml "ftml"]]]
+                                              ["ftml" optimizer/ftml "ftml"]
+                                              ["lbsgd" optimizer/lbsgd "lbsgd"]]]
     (testing opt-name
       (let [opt (optimizer-fn)
             kv (kvstore/create)]
@@ -90,7 +91,8 @@
   {"sgd" optimizer/sgd "dcasgd" optimizer/dcasgd "nag" optimizer/nag "ada-delta" optimizer/ada-delta
    "rms-prop" optimizer/rms-prop "ada-grad" optimizer/ada-grad "adam" optimizer/adam "sgld" optimizer/sgld
    "adamax" optimizer/adamax "nadam" optimizer/nadam "ftrl" optimizer/ftrl "signum" optimizer/signum
-   "lamb" optimizer/lamb "lars" optimizer/lars "ftml" optimizer/ftml})
+   "lamb" optimizer/lamb "lars" optimizer/lars "ftml" optimizer/ftml
+   "lbsgd" optimizer/lbsgd})
 
 (deftest an-unknown-option-is-named-with-the-options-there-are
   ;; clojure-mxnet silently ignored a misspelt option.
@@ -126,7 +128,9 @@
                             (:lr-mult :wd-mult) {}
                             (:multi-precision :lazy-update :centered :bias-correction :momentum-correction) false
                             (:decay-factor) (- 1 1e-8)
-                            (:begin-num-update :seed) 0
+                            (:begin-num-update :seed :warmup-epochs :updates-per-epoch :begin-epoch) 0
+                            (:batch-scale) 2
+                            (:warmup-strategy) "sqrt"
                             0.5)]]
             (is (instance? Optimizer (f {k v})) (str fn-name " " k)))))))
   (testing "two unknown options"
@@ -378,3 +382,8 @@
   (let [opt (optimizer/lars {:epsilon 1e-9 :eta 0.002})]
     (is (= "lars" (.name ^io.github.kvstore.Optimizer opt)))
     (is (re-find #"\"eps\": 1(\.0)?E-9" (.toJson ^io.github.kvstore.Optimizer opt)))))
+
+(deftest lbsgd-takes-its-warm-up-strategy-by-name
+  (is (= 3.0 (get (.params ^Optimizer (optimizer/lbsgd {:warmup-strategy "lars" :batch-scale 2})) "warmup_strategy")))
+  (is (= 4.0 (get (.params ^Optimizer (optimizer/lbsgd {:warmup-strategy "constant"})) "warmup_strategy")))
+  (is (thrown? clojure.lang.ExceptionInfo (optimizer/lbsgd {:batch-scale 0}))))

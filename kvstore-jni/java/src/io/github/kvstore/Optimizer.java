@@ -2,6 +2,8 @@ package io.github.kvstore;
 
 import java.util.Collections;
 import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Locale;
 import java.util.Map;
 import java.util.Objects;
 import java.util.Optional;
@@ -190,6 +192,19 @@ public final class Optimizer {
      */
     public static Adamax adamax() {
         return new Adamax();
+    }
+
+    /**
+     * LBSGD, large-batch SGD (MXNet {@code lbsgd}): learning rate 0.01, momentum 0, warm-up
+     * strategy {@code linear} over 5 epochs of 32 updates, batch scale 1. Each key's
+     * gradients are summed over {@code batchScale} pushes; the push that completes a batch
+     * updates the weight with their mean, the rate scaled by the warm-up multiplier (or,
+     * for {@code lars}, the key's trust ratio).
+     *
+     * @return the builder
+     */
+    public static Lbsgd lbsgd() {
+        return new Lbsgd();
     }
 
     /**
@@ -855,6 +870,97 @@ public final class Optimizer {
          */
         public Adamax beta2(double beta2) {
             return param("beta2", beta2);
+        }
+    }
+
+    /** Builds {@code lbsgd}; see {@link Optimizer#lbsgd()}. */
+    public static final class Lbsgd extends Builder<Lbsgd> {
+        /** MXNet's warm-up strategies, in the order of their codes in the store. */
+        private static final List<String> STRATEGIES = List.of("linear", "power2", "sqrt", "lars");
+
+        Lbsgd() {
+            super("lbsgd");
+        }
+
+        @Override
+        protected Lbsgd self() {
+            return this;
+        }
+
+        /**
+         * Momentum (default 0).
+         *
+         * @param momentum the momentum
+         * @return this builder
+         */
+        public Lbsgd momentum(double momentum) {
+            return param("momentum", momentum);
+        }
+
+        /**
+         * How the rate grows during the warm-up: {@code linear} (the default),
+         * {@code power2}, {@code sqrt}, or {@code lars} (each key's trust ratio instead); any
+         * other name scales the rate by 1, as in MXNet. Stored as its code (0 to 4).
+         *
+         * @param strategy the strategy's name
+         * @return this builder
+         */
+        public Lbsgd warmupStrategy(String strategy) {
+            return param("warmup_strategy", warmupStrategyCode(strategy));
+        }
+
+        /**
+         * The code the store gives a warm-up strategy's name (as
+         * {@link #warmupStrategy(String)} sets it): 0 to 3 for {@code linear},
+         * {@code power2}, {@code sqrt} and {@code lars}, 4 for any other name.
+         *
+         * @param strategy the strategy's name
+         * @return its code
+         */
+        public static int warmupStrategyCode(String strategy) {
+            int code = STRATEGIES.indexOf(Objects.requireNonNull(strategy, "strategy").toLowerCase(Locale.ROOT));
+            return code < 0 ? STRATEGIES.size() : code;
+        }
+
+        /**
+         * Epochs of warm-up (default 5).
+         *
+         * @param epochs the epochs
+         * @return this builder
+         */
+        public Lbsgd warmupEpochs(int epochs) {
+            return param("warmup_epochs", epochs);
+        }
+
+        /**
+         * Pushes per large batch: the gradients summed before one update (default 1).
+         *
+         * @param scale the number of pushes, at least 1
+         * @return this builder
+         */
+        public Lbsgd batchScale(int scale) {
+            return param("batch_scale", scale);
+        }
+
+        /**
+         * Updates per epoch, for the warm-up (default 32).
+         *
+         * @param updates the updates
+         * @return this builder
+         */
+        public Lbsgd updatesPerEpoch(int updates) {
+            return param("updates_per_epoch", updates);
+        }
+
+        /**
+         * The epoch training starts at (default 0): the count of pushes starts at
+         * {@code beginEpoch * updatesPerEpoch}.
+         *
+         * @param epoch the epoch
+         * @return this builder
+         */
+        public Lbsgd beginEpoch(int epoch) {
+            return param("begin_epoch", epoch);
         }
     }
 

@@ -38,7 +38,7 @@ class NullContractTest {
             Optimizer.class, Optimizer.Builder.class, Optimizer.Named.class, Optimizer.Sgd.class, Optimizer.Nag.class,
             Optimizer.Adam.class, Optimizer.AdaGrad.class, Optimizer.RmsProp.class, Optimizer.AdaDelta.class,
             Optimizer.Ftrl.class, Optimizer.Signum.class, Optimizer.Sgld.class, Optimizer.Dcasgd.class,
-            Optimizer.Adamax.class, Optimizer.Nadam.class, Optimizer.Lamb.class, Optimizer.Lars.class, Optimizer.Ftml.class,
+            Optimizer.Adamax.class, Optimizer.Nadam.class, Optimizer.Lamb.class, Optimizer.Lars.class, Optimizer.Ftml.class, Optimizer.Lbsgd.class,
             LrScheduler.class, Context.class);
 
     /** Each public method with reference parameters, then the names of those parameters. */
@@ -110,6 +110,8 @@ class NullContractTest {
             NDArray.sameStorage(NDArray) other
             Optimizer.builder(String) name
             Optimizer.Builder.param(String,double) mxnetName
+            Optimizer.Lbsgd.warmupStrategy(String) strategy
+            Optimizer.Lbsgd.warmupStrategyCode(String) strategy
             Optimizer.Builder.lrMult(String,double) key
             Optimizer.Builder.wdMult(String,double) key
             LrScheduler.multiFactor(long[],double) steps
@@ -247,6 +249,8 @@ class NullContractTest {
                     receivers.add(closedArray);
                 } else if (m.getDeclaringClass() == Optimizer.Builder.class) {
                     receivers.add(Optimizer.sgd());
+                } else if (m.getDeclaringClass() == Optimizer.Lbsgd.class) {
+                    receivers.add(Optimizer.lbsgd());
                 } else {
                     fail("no receiver for " + sig + ": add one");
                 }

@@ -312,6 +312,19 @@ class OptimizerTest {
         assertCode(Code.DISPOSED, () -> closed.loadOptimizerStates("x"));
     }
 
+    /** Java's codes of LBSGD's warm-up strategies are the store's own for their names. */
+    @Test
+    void lbsgdWarmupStrategiesHaveTheStoresCodes() {
+        for (String name : new String[] {"linear", "power2", "sqrt", "lars", "LARS", "constant"}) {
+            String fromJava = Optimizer.nCanonicalJson(Optimizer.lbsgd().warmupStrategy(name).build().toJson());
+            String byName = Optimizer.nCanonicalJson(
+                    "{\"name\": \"lbsgd\", \"params\": {\"warmup_strategy\": \"" + name + "\"}}");
+            assertEquals(byName, fromJava, name);
+        }
+        assertNpe("strategy", () -> Optimizer.lbsgd().warmupStrategy(null));
+        assertCode(Code.INVALID_ARGUMENT, () -> Optimizer.lbsgd().batchScale(0).build());
+    }
+
     /** Every factory, with the MXNet name it must install as. */
     static Stream<Map.Entry<String, Supplier<Optimizer.Builder<?>>>> factories() {
         Map<String, Supplier<Optimizer.Builder<?>>> m = new LinkedHashMap<>();
@@ -330,6 +343,7 @@ class OptimizerTest {
         m.put("lamb", Optimizer::lamb);
         m.put("lars", Optimizer::lars);
         m.put("ftml", Optimizer::ftml);
+        m.put("lbsgd", Optimizer::lbsgd);
         return m.entrySet().stream();
     }
 
@@ -390,6 +404,8 @@ class OptimizerTest {
                 .biasCorrection(false));
         m.put("lars", () -> Optimizer.lars().momentum(0.5).eta(0.01).epsilon(1e-8).momentumCorrection(false));
         m.put("ftml", () -> Optimizer.ftml().beta1(0.7).beta2(0.99).epsilon(1e-7));
+        m.put("lbsgd", () -> Optimizer.lbsgd().momentum(0.9).warmupStrategy("sqrt").warmupEpochs(2).batchScale(2)
+                .updatesPerEpoch(4).beginEpoch(1));
         return m.entrySet().stream().map(f -> DynamicTest.dynamicTest(f.getKey(), () -> {
             Optimizer.Builder<?> b = f.getValue().get()
                     .learningRate(0.05)
