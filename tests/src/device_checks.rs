@@ -47,6 +47,8 @@ pub const OPTIMIZERS: &[(&str, &[(&str, f64)])] = &[
     ("rmsprop", &[("centered", 1.0), ("wd", 0.01), ("clip_weights", 2.0)]),
     ("adadelta", &[("wd", 0.01)]),
     ("nadam", &[("learning_rate", 0.01)]),
+    ("ftml", &[("learning_rate", 0.02), ("wd", 0.01), ("clip_gradient", 0.5)]),
+    ("lbsgd", &[("momentum", 0.9), ("batch_scale", 2.0), ("warmup_strategy", 3.0), ("wd", 0.01)]),
 ];
 
 /// The length of [`optimized`]'s weight: a size no other test uses, so that backends

@@ -238,7 +238,8 @@ fn every_fused_rule_runs_fused() {
         let before = f32_steps();
         device_checks::optimized("device", name, params, DType::F32, &gpus);
         let fused = f32_steps() - before;
-        let expected = if matches!(name, "adadelta" | "nadam") { 0 } else { 3 };
+        // Rules with no device kernel run staged through the host.
+        let expected = if matches!(name, "adadelta" | "nadam" | "ftml" | "lbsgd") { 0 } else { 3 };
         assert_eq!(fused, expected, "{name} {params:?}: fused steps");
     }
 }
