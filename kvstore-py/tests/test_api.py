@@ -338,3 +338,25 @@ def test_lbsgd_takes_its_warmup_strategy_by_name():
         optimizer.SGD(momentum="high")
     with pytest.raises(ValueError, match="batch_scale"):
         optimizer.LBSGD(batch_scale=0)
+
+
+def test_mxnets_reduction_threads_variable_sizes_the_shared_pool():
+    # MXNET_KVSTORE_REDUCTION_NTHREADS, read when the first store starts the shared
+    # pool: its threads are named kvstore-cpu-N (counted from /proc, in a new process).
+    import os
+    import subprocess
+
+    prog = (
+        "import glob, kvstore\n"
+        "s = kvstore.create('local')\n"
+        "names = [open(p).read().strip() for p in glob.glob('/proc/self/task/*/comm')]\n"
+        "print(sum(n.startswith('kvstore-cpu') for n in names))\n"
+    )
+    env = dict(os.environ, MXNET_KVSTORE_REDUCTION_NTHREADS="3")
+    out = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "3"
+    env["MXNET_KVSTORE_REDUCTION_NTHREADS"] = "many"
+    out = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "MXNET_KVSTORE_REDUCTION_NTHREADS must be a number of threads" in out.stderr

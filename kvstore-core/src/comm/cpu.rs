@@ -70,13 +70,36 @@ fn start_pool(threads: usize) -> Result<ThreadPool> {
         })
 }
 
+/// MXNet's variable for the number of reduction threads: here, the size of the shared
+/// pool when it starts (unset: one thread per core).
+const REDUCTION_THREADS_VAR: &str = "MXNET_KVSTORE_REDUCTION_NTHREADS";
+
+/// The shared pool's threads for the value of [`REDUCTION_THREADS_VAR`] (0: one per
+/// core, for an unset or empty variable).
+fn reduction_threads(value: Option<&str>) -> Result<usize> {
+    match value.map(str::trim) {
+        None | Some("") => Ok(0),
+        Some(v) => v.parse::<usize>().ok().filter(|n| (1..=1024).contains(n)).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "{REDUCTION_THREADS_VAR} must be a number of threads from 1 to 1024, not \"{}\"",
+                crate::key::shorten(v)
+            ))
+        }),
+    }
+}
+
 impl CommCpu {
     /// A `CommCpu` on the process's shared pool (`threads` 0: one thread per core,
     /// started by the first store that needs it), or on a pool of its own of `threads`
     /// threads.
     ///
+    /// The shared pool's size can be set with MXNet's `MXNET_KVSTORE_REDUCTION_NTHREADS`
+    /// (read when the pool starts).
+    ///
     /// # Errors
-    /// [`Error::ResourceExhausted`] if the operating system refuses to start the threads.
+    /// [`Error::ResourceExhausted`] if the operating system refuses to start the threads;
+    /// [`Error::InvalidArgument`] if `MXNET_KVSTORE_REDUCTION_NTHREADS` is not a number
+    /// of threads from 1 to 1024.
     pub fn new(threads: usize) -> Result<Self> {
         if threads > 0 {
             return Ok(CommCpu { pool: Arc::new(start_pool(threads)?), host_staging: true });
@@ -84,7 +107,10 @@ impl CommCpu {
         let mut shared = SHARED.lock();
         let pool = match &*shared {
             Some(p) => Arc::clone(p),
-            None => Arc::clone(shared.insert(Arc::new(start_pool(0)?))),
+            None => {
+                let threads = reduction_threads(std::env::var(REDUCTION_THREADS_VAR).ok().as_deref())?;
+                Arc::clone(shared.insert(Arc::new(start_pool(threads)?)))
+            }
         };
         Ok(CommCpu { pool, host_staging: true })
     }
@@ -429,6 +455,18 @@ mod tests {
     use super::*;
     use crate::{Context, DType};
     use half::{bf16, f16};
+
+    #[test]
+    fn mxnets_reduction_threads_variable_sizes_the_shared_pool() {
+        assert_eq!(reduction_threads(None).unwrap(), 0);
+        assert_eq!(reduction_threads(Some("")).unwrap(), 0);
+        assert_eq!(reduction_threads(Some(" 3 ")).unwrap(), 3);
+        for bad in ["0", "-1", "two", "1.5", "100000"] {
+            let e = reduction_threads(Some(bad)).expect_err(bad);
+            assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+            assert!(e.to_string().contains("MXNET_KVSTORE_REDUCTION_NTHREADS"), "{e}");
+        }
+    }
 
     fn reduce(comm: &CommCpu, inputs: &[NDArray]) -> NDArray {
         let out = NDArray::zeros_with(inputs[0].shape(), inputs[0].dtype(), Context::cpu(0)).unwrap();
