@@ -229,7 +229,7 @@ class KVStore(_KVStoreBase):
 
     def set_optimizer(self, optimizer: Any) -> None:
         """Runs `optimizer` on every push from now on, in the store (in Rust): an
-        ``mx.optimizer.Optimizer`` of the 14 kinds the store has (mapped with its
+        ``mx.optimizer.Optimizer`` of the 16 kinds the store has (mapped with its
         hyper-parameters, schedule and multipliers: see :func:`convert_optimizer`), or a
         ``kvstore.optimizer`` optimizer."""
         if isinstance(optimizer, _opt.Optimizer):
