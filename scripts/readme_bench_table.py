@@ -82,7 +82,7 @@ def table():
             sys.exit(f"readme_bench_table.py: {path}: row {name!r} has no ratio")
         lines.append(f"| {label} | {machine(results)} | {seconds(row['median_s'])} | {against} | {ratio:.2f} |")
     lines.append("")
-    lines.append("Results files: " + ", ".join(f"`{p}`" for p in files) + ".")
+    lines.append("The results files are in `bench/results/`, one per machine; `scripts/readme_bench_table.py` names them.")
     return "\n".join(lines)
 
 

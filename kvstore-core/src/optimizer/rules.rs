@@ -769,10 +769,7 @@ impl Lbsgd {
     /// `_get_lars(weight, g, wd)`: the sums of squares as numpy sums them (in the
     /// array's type), the rest in Python floats, clamped to [0.01, 100].
     fn lars<R: Float>(w: &[R], g: &[R], wd: f64) -> f64 {
-        let squares = |v: &[R]| -> f64 {
-            let sq: Vec<R> = v.iter().map(|&x| x * x).collect();
-            numpy_sum(&sq).to_f64().unwrap_or(f64::NAN)
-        };
+        let squares = |v: &[R]| numpy_sum(v, |x| x * x).to_f64().unwrap_or(f64::NAN);
         let (weight2, grad2) = (squares(w), squares(g));
         // NaN stays NaN, as with MXNet's comparisons.
         (weight2 / (grad2 + wd * weight2 + 1e-18)).sqrt().clamp(0.01, 100.0)
@@ -852,29 +849,32 @@ impl Rule for Lbsgd {
     float_rule!();
 }
 
-/// numpy's sum of a contiguous array (`pairwise_sum`): fewer than 8 elements in order;
-/// up to 128 in eight interleaved partial sums, added pairwise, then the rest in
-/// order; more split in two at a multiple of 8 and summed recursively.
-fn numpy_sum<R: Float>(a: &[R]) -> R {
+/// numpy's sum of a contiguous array of `f(x)` for each `x` of `a` (`pairwise_sum`,
+/// with `f` applied as the elements are read, so no array of them is made): fewer than
+/// 8 elements in order; up to 128 in eight interleaved partial sums, added pairwise,
+/// then the rest in order; more split in two at a multiple of 8 and summed recursively.
+fn numpy_sum<R: Float>(a: &[R], f: impl Fn(R) -> R + Copy) -> R {
     let n = a.len();
     if n < 8 {
-        return a.iter().fold(R::zero(), |acc, &x| acc + x);
+        return a.iter().fold(R::zero(), |acc, &x| acc + f(x));
     }
     if n <= 128 {
         let mut r = [R::zero(); 8];
-        r.copy_from_slice(&a[..8]);
+        for (r, &x) in r.iter_mut().zip(&a[..8]) {
+            *r = f(x);
+        }
         let full = n - n % 8;
         for chunk in a[8..full].chunks_exact(8) {
             for (r, &x) in r.iter_mut().zip(chunk) {
-                *r = *r + x;
+                *r = *r + f(x);
             }
         }
         let res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
-        return a[full..].iter().fold(res, |acc, &x| acc + x);
+        return a[full..].iter().fold(res, |acc, &x| acc + f(x));
     }
     let half = n / 2;
     let half = half - half % 8;
-    numpy_sum(&a[..half]) + numpy_sum(&a[half..])
+    numpy_sum(&a[..half], f) + numpy_sum(&a[half..], f)
 }
 
 /// Nadam (Python NDArray arithmetic, Keras-style). The momentum schedule's product
