@@ -494,3 +494,71 @@ fn waiting_for_a_call_on_the_engines_own_thread_is_an_error_not_a_hang() {
         kv.wait_all().unwrap();
     });
 }
+
+/// A blocking call on an idle `dist_sync` engine runs on its caller's thread in the
+/// worker's stead (no hand-over); one made while an earlier call is still queued goes
+/// behind it, on the engine's thread, as ever.
+#[test]
+fn a_blocking_call_runs_on_its_callers_thread_unless_an_earlier_call_is_queued() {
+    run(1, None, |_, kv, _| {
+        init(&kv, 2, 4);
+        let log: Arc<std::sync::Mutex<Vec<(String, std::thread::ThreadId)>>> = Arc::default();
+        let seen = Arc::clone(&log);
+        kv.set_updater(move |key: &kvstore_core::Key, _, merged: &NDArray, stored: &NDArray| {
+            if key.to_string() == "k1" {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            seen.lock().unwrap().push((key.to_string(), std::thread::current().id()));
+            stored.add_assign(merged)
+        })
+        .unwrap();
+        let me = std::thread::current().id();
+        kv.push("k0", &NDArray::ones(&[4]).unwrap(), 0).unwrap();
+        assert_eq!(log.lock().unwrap().as_slice(), [("k0".to_string(), me)], "ran on the caller's thread");
+        let slow = kv.push_async("k1", &NDArray::ones(&[4]).unwrap(), 0);
+        let _ = slow.is_done(); // released from its batch: queued
+        kv.push("k0", &NDArray::ones(&[4]).unwrap(), 0).unwrap();
+        slow.wait().unwrap();
+        let log = log.lock().unwrap();
+        let order: Vec<&str> = log.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(order, ["k0", "k1", "k0"], "the blocking call went behind the queued one");
+        assert!(log[1].1 != me && log[2].1 == log[1].1, "both ran on the engine's thread: {log:?}");
+        assert_eq!(kv.pull_new("k0", 0).unwrap().to_vec::<f32>().unwrap(), vec![2.0; 4]);
+    });
+}
+
+/// An updater of a blocking call that runs on its caller's thread counts as the
+/// engine's: waiting there for a later call of the same engine (another `dist_sync`
+/// store of the group, which shares it) is an error, not a hang.
+#[test]
+fn an_updater_on_the_callers_thread_that_waits_for_its_engine_gets_an_error() {
+    run_members(1, |_, member| {
+        let build = || KVStore::builder("dist_sync").collective(Arc::clone(&member) as _).build().unwrap();
+        let (kv, other) = (Arc::new(build()), Arc::new(build()));
+        init(&kv, 1, 4);
+        init(&other, 1, 4);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tx = std::sync::Mutex::new(tx);
+        let o = Arc::clone(&other);
+        kv.set_updater(move |_: &kvstore_core::Key, _, merged: &NDArray, stored: &NDArray| {
+            let r = o.push_async("k0", &NDArray::ones(&[4]).unwrap(), 0).wait();
+            tx.lock().unwrap().send(r.map_err(|e| e.to_string())).unwrap();
+            stored.add_assign(merged)
+        })
+        .unwrap();
+        let caller = {
+            let kv = Arc::clone(&kv);
+            std::thread::spawn(move || kv.push("k0", &NDArray::ones(&[4]).unwrap(), 0))
+        };
+        let Ok(r) = rx.recv_timeout(std::time::Duration::from_secs(20)) else {
+            std::mem::forget((kv, other));
+            panic!("the updater hung");
+        };
+        let e = r.expect_err("a wait for the engine from its call");
+        assert!(e.contains("would wait for ever"), "{e}");
+        caller.join().unwrap().unwrap();
+        other.wait_all().unwrap();
+        // The updater's non-blocking push ran after the blocking one.
+        assert_eq!(other.pull_new("k0", 0).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 4]);
+    });
+}

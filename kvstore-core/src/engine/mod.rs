@@ -158,6 +158,10 @@ struct Shared {
     submitted: CachePadded<AtomicUsize>,
     /// Calls finished so far, raised under the lock.
     finished: AtomicUsize,
+    /// An ordered engine's one runner at a time: its worker holds it while it runs a
+    /// call, and a blocking call that runs on its caller's thread in the worker's stead
+    /// ([`Engine::stand_in`]) while it runs.
+    running: Mutex<()>,
     /// `State::ready.len()`, readable without the lock (for idle workers' spin).
     ready: AtomicUsize,
     /// Workers asleep on `work`, or about to be (counted under the lock before their last
@@ -395,12 +399,42 @@ impl Shared {
             let Op { seq, call: Submitted { vars, run, .. } } = op;
             // A call reports its own result; a panic must not take the worker (and the
             // vars the call holds) with it.
-            let _ = std::panic::catch_unwind(AssertUnwindSafe(move || {
+            let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let _running = self.ordered.then(|| self.running.lock());
                 run.run();
                 drop(run);
             }));
             self.finish(seq, &vars);
         }
+    }
+}
+
+/// How many times [`Engine::stand_in`] looks for an idle worker, a yield apart, while
+/// one call (the caller's last, most often) is still counted as queued.
+const STAND_IN_TRIES: usize = 64;
+
+/// A blocking call's right to run on its caller's thread in an ordered engine's
+/// worker's stead ([`Engine::stand_in`]).
+pub(crate) struct StandIn<'e> {
+    id: usize,
+    _running: parking_lot::MutexGuard<'e, ()>,
+}
+
+impl StandIn<'_> {
+    /// Runs `f` as the worker would: the thread counts as the engine's worker meanwhile
+    /// (a wait for the engine's own calls from an updater fails instead of hanging, as
+    /// on the worker; the store's own writes need no copies of loans, which the caller
+    /// made before).
+    pub(crate) fn run<T>(&self, f: impl FnOnce() -> T) -> T {
+        /// Puts the thread back however `f` ends (a panic included).
+        struct Restore(usize);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                WORKER_OF.with(|w| w.set(self.0));
+            }
+        }
+        let _restore = Restore(WORKER_OF.with(|w| w.replace(self.id)));
+        f()
     }
 }
 
@@ -445,6 +479,7 @@ impl Engine {
             ordered,
             submitted: CachePadded::new(AtomicUsize::new(0)),
             finished: AtomicUsize::new(0),
+            running: Mutex::new(()),
             ready: AtomicUsize::new(0),
             sleepers: CachePadded::new(AtomicUsize::new(0)),
             spinning: CachePadded::new(AtomicBool::new(false)),
@@ -556,6 +591,41 @@ impl Engine {
             self.shared.work.notify_one();
         }
         free
+    }
+
+    /// For an ordered engine with nothing queued or held: the right to run a blocking
+    /// call on the caller's thread in the worker's stead, so that the call is not handed
+    /// to the worker and back (a wake-up and a wait, and its arrays made over to the
+    /// queue). While the [`StandIn`] lives the worker runs nothing (a call submitted
+    /// meanwhile, by another thread, runs after it: it was made after this one was
+    /// allowed), so calls still run one at a time in the order they were allowed, and
+    /// every worker of a group issues its collectives in that order. `None` when the
+    /// worker runs or something is queued or held (the call then queues, as ever), and
+    /// for engines that are not ordered (see [`Engine::may_run_now`]).
+    pub(crate) fn stand_in(&self) -> Option<StandIn<'_>> {
+        if !self.shared.ordered {
+            return None;
+        }
+        // A caller woken by the end of its last call may find the worker still
+        // finishing it (releasing its vars and counting it): a few pauses let it.
+        let mut backoff = Backoff::yielding();
+        for _ in 0..STAND_IN_TRIES {
+            if self.queued() > 1 {
+                return None;
+            }
+            if let Some(running) = self.shared.running.try_lock() {
+                // Earlier calls of this thread are done: none queued (the counts), none held.
+                if self.shared.is_idle() {
+                    return if self.held().open().is_some() {
+                        None
+                    } else {
+                        Some(StandIn { id: self.shared.id(), _running: running })
+                    };
+                }
+            }
+            backoff.snooze();
+        }
+        None
     }
 
     /// Whether a blocking call may run at once whatever its vars: the engine is not
