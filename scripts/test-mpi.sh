@@ -35,7 +35,9 @@ fi
 passed=0
 failed=0
 # np 2 and 4 with the default 4 MiB buckets; then np 2 with 256-byte buckets from the
-# environment, so that every case also runs with keys split over many buckets. On 4
+# environment, so that every case also runs with keys split over many buckets, and with
+# fused sums through MPI's messages instead of the machine's shared memory
+# (KVSTORE_MPI_SHARED_MEMORY=0; the other runs use it, all their ranks being here). On 4
 # ranks MPI's allreduce is told to use its ring, which sums each part of a buffer in
 # another order: a key must still get the same bits alone and fused with others.
 for run in 2 4 2:256; do
@@ -49,8 +51,8 @@ for run in 2 4 2:256; do
     ring=()
     [ "$np" -ge 3 ] && ring=(--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4)
     # Each rank writes its own file (interleaved output would split result lines).
-    env ${bucket:+KVSTORE_MPI_BUCKET_BYTES=$bucket} timeout 300 "${MPIRUN[@]}" "${ring[@]}" \
-        ${bucket:+-x KVSTORE_MPI_BUCKET_BYTES} --output-filename "$ranks" -np "$np" "$bin" --test-threads=1 --color never >"$out" 2>&1
+    env ${bucket:+KVSTORE_MPI_BUCKET_BYTES=$bucket KVSTORE_MPI_SHARED_MEMORY=0} timeout 300 "${MPIRUN[@]}" "${ring[@]}" \
+        ${bucket:+-x KVSTORE_MPI_BUCKET_BYTES -x KVSTORE_MPI_SHARED_MEMORY} --output-filename "$ranks" -np "$np" "$bin" --test-threads=1 --color never >"$out" 2>&1
     rc=$?
     ok_ranks=0
     n=0
@@ -64,7 +66,7 @@ for run in 2 4 2:256; do
         [ "$rf" -gt "$f" ] && f=$rf
     done
     if [ "$rc" -eq 0 ] && [ "$ok_ranks" -eq "$np" ] && [ "${n:-0}" -gt 0 ]; then
-        echo "mpirun -np $np${bucket:+ with $bucket-byte buckets}: $n tests passed on every rank"
+        echo "mpirun -np $np${bucket:+ with $bucket-byte buckets, no shared memory}: $n tests passed on every rank"
         passed=$((passed + n))
     else
         echo "mpirun -np $np${bucket:+ with $bucket-byte buckets}: exit $rc, $ok_ranks of $np ranks ok (logs: $out, $ranks)"
@@ -79,8 +81,9 @@ done
 pass() { echo "$1"; passed=$((passed + 1)); }
 fail() { echo "$1"; tail -n 20 "$2"; failed=$((failed + 1)); }
 
-# A setting that is not a number is an error naming its variable (one process, the
-# test of that setting alone): the bucket size and the stall timeout.
+# A setting that is not a number (or not 0 or 1) is an error naming its variable (one
+# process, the test of that setting alone): the bucket size, the stall timeout and the
+# shared-memory switch.
 bad_setting() {
     local var=$1 value=$2 test=$3 log="$logs/mpi-bad-$1.log"
     if env "$var=$value" timeout 120 "$bin" --exact "$test" >"$log" 2>&1 && grep -q "1 passed" "$log"; then
@@ -91,6 +94,7 @@ bad_setting() {
 }
 bad_setting KVSTORE_MPI_BUCKET_BYTES lots bucket_bytes_come_from_the_environment
 bad_setting KVSTORE_TIMEOUT soon timeout_comes_from_the_environment
+bad_setting KVSTORE_MPI_SHARED_MEMORY maybe shared_memory_comes_from_the_environment
 
 # A worker that is alive but stuck (one of three), before a push and before finalize:
 # with a 3 s timeout the job ends within seconds, the waiting ranks naming the stuck rank

@@ -435,6 +435,9 @@ fn main() -> kvstore_core::Result<()> {
             n if n.starts_with("mpi ") && n.contains("push fused (") => {
                 Row::new(n, median_s, limit_s, "fusion: > 1 is faster than unfused")
             }
+            n if n.starts_with("mpi ") && n.contains("against MPI's messages") => {
+                Row::new(n, median_s, limit_s, "shared memory: > 1 is faster (1 where it is off: tcp)")
+            }
             n if n.starts_with("mpi ") && n.contains("against one bare allreduce") => {
                 Row::new(n, median_s, limit_s, ">= 0.67 (fused: <= 1.5x one allreduce of its bytes)")
             }

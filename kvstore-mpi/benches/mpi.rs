@@ -1,6 +1,7 @@
 //! The MPI rows of `make bench`, run with `mpirun -np 2`: a `dist_sync` push of 4 MB and
 //! 64 MB against a bare MPI allreduce of the same bytes, and 1000 small keys in one list
-//! push against 1000 separate bare allreduces, all timed in the same run, and the cost of
+//! push against 1000 separate bare allreduces, unfused, and through MPI's messages instead
+//! of the ranks' shared memory, all timed in the same run, and the cost of
 //! desync detection on the 4 MB push and the list push (see [`alternate`]). Rank 0 writes
 //! the medians as JSON (the bench binary with `OUT.json`) for the report. `KVSTORE_BENCH_LABEL`
 //! names the run in the rows (default "mpi 2 ranks"; `make bench` runs it again over
@@ -85,10 +86,18 @@ fn main() -> kvstore_core::Result<()> {
         group.set_bucket_bytes(4096);
         let unfused = median(&world, runs, || kv.push(&keys, &small, 0).expect("push"));
         group.set_bucket_bytes(bucket);
+        // The same push with fused buckets through MPI's messages instead of the ranks'
+        // shared memory (the same where that is off: over TCP).
+        let shm = group.shared_memory();
+        group.set_shared_memory(false);
+        let messages = median(&world, runs, || kv.push(&keys, &small, 0).expect("push"));
+        group.set_shared_memory(shm);
         rows.push((format!("{run}: 1000 separate bare allreduces of 1 Ki f32"), bare, None));
         rows.push((format!("{run}: dist_sync list push of 1000 keys x 1 Ki f32"), store, Some(bare)));
         rows.push((format!("{run}: the same push unfused (4 KiB buckets)"), unfused, None));
         rows.push((format!("{run}: the same push fused ({} KiB buckets)", bucket >> 10), store, Some(unfused)));
+        rows.push((format!("{run}: the same push fused, through MPI's messages"), messages, None));
+        rows.push((format!("{run}: the same push fused, shared memory against MPI's messages"), store, Some(messages)));
         // Fusion's limit: one bare allreduce of the push's 4 MB in one buffer.
         rows.push((format!("{run}: the same push, against one bare allreduce of its 4 MB"), store, Some(bare_4mb)));
         cost_rows(&mut rows, &format!("{run}: the list push of 1000 keys"), cost);

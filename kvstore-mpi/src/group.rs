@@ -24,13 +24,42 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use parking_lot::Mutex;
 
+use crate::shm::{self as shm, NodeWindow};
+
 struct Mpi {
     world: SimpleCommunicator,
     /// A duplicate of the world for the records of desync detection: their messages
     /// never meet those of the collectives.
     steps: SimpleCommunicator,
+    /// The shared window of fused sums: opened at the first fused bucket (every rank
+    /// makes it), freed by [`finalize`].
+    window: Window,
     // Dropping the universe calls MPI_Finalize; it goes last.
     universe: Universe,
+}
+
+/// Whether the shared window is open.
+enum Window {
+    NotYet,
+    /// Not open: some rank runs on another machine, or the path is turned off.
+    No,
+    Open(NodeWindow),
+}
+
+impl Mpi {
+    /// The shared window with slots of `slot_bytes`, opened (collectively) on first use:
+    /// `None` where some rank does not run on this machine.
+    fn window(&mut self, slot_bytes: usize) -> Option<&mut NodeWindow> {
+        if matches!(self.window, Window::NotYet) {
+            // Slots for the largest bucket, whatever its dtype.
+            let opened = NodeWindow::open(&self.world, PACKED_BYTES.max(slot_bytes));
+            self.window = opened.map_or(Window::No, Window::Open);
+        }
+        match &mut self.window {
+            Window::Open(w) if w.slot_bytes() >= slot_bytes => Some(w),
+            _ => None,
+        }
+    }
 }
 
 /// The process's MPI state.
@@ -91,7 +120,10 @@ pub fn finalize() -> Result<()> {
     if let Some(group) = GROUP.get() {
         group.exchange("finalize", &[0])?;
     }
-    let mpi = shared.0.lock().take().ok_or_else(finalised)?;
+    let mut mpi = shared.0.lock().take().ok_or_else(finalised)?;
+    if let Window::Open(window) = std::mem::replace(&mut mpi.window, Window::No) {
+        window.free();
+    }
     watchdog::finalizing();
     FINALIZED.store(true, Ordering::SeqCst);
     drop(mpi.steps);
@@ -150,6 +182,10 @@ pub struct MpiGroup {
     size: usize,
     bucket_bytes: AtomicUsize,
     timeout_ms: AtomicU64,
+    /// Whether fused sums may go through shared memory (see [`shm`]).
+    shared_memory: AtomicBool,
+    /// Whether the last fused bucket went through shared memory.
+    used_shared_memory: AtomicBool,
 }
 
 /// The job's group, initialising MPI on first use (once per process).
@@ -170,6 +206,7 @@ pub fn group() -> Result<Arc<MpiGroup>> {
     // Read before MPI starts: a bad value leaves MPI untouched.
     let bucket_bytes = bucket_bytes_from_env()?;
     let timeout = timeout_from_env()?;
+    let shared_memory = shm::wanted_from_env()?;
     let backend = |message: String| Error::Backend { backend: "mpi", message };
     let (universe, threading) = mpi::initialize_with_threading(Threading::Serialized)
         .ok_or_else(|| backend("MPI was already initialised by another library".into()))?;
@@ -179,7 +216,7 @@ pub fn group() -> Result<Arc<MpiGroup>> {
     let world = universe.world();
     let steps = world.duplicate();
     let (rank, size) = (world.rank() as usize, world.size() as usize);
-    let _ = MPI.set(Shared(Mutex::new(Some(Mpi { world, steps, universe }))));
+    let _ = MPI.set(Shared(Mutex::new(Some(Mpi { world, steps, window: Window::NotYet, universe }))));
     // SAFETY: `abort_unless_finalized` is an `extern "C" fn()` that reads two statics
     // and may call MPI_Abort; registering it has no other effect.
     unsafe {
@@ -200,6 +237,8 @@ pub fn group() -> Result<Arc<MpiGroup>> {
         size,
         bucket_bytes: AtomicUsize::new(bucket_bytes.max(MIN_BUCKET_BYTES)),
         timeout_ms: AtomicU64::new(millis(timeout)),
+        shared_memory: AtomicBool::new(shared_memory),
+        used_shared_memory: AtomicBool::new(false),
     });
     let group = Arc::clone(GROUP.get_or_init(|| group));
     watchdog::start(Arc::clone(&group));
@@ -231,6 +270,28 @@ impl MpiGroup {
         self.bucket_bytes.store(bytes.max(MIN_BUCKET_BYTES), Ordering::Relaxed);
     }
 
+    /// Whether fused sums go through memory shared by the ranks where every rank of the
+    /// job runs on one machine (default: yes, unless `KVSTORE_MPI_SHARED_MEMORY=0` or
+    /// Open MPI's `btl` list leaves its shared-memory transport out, as `mpirun --mca btl
+    /// self,tcp` does). The results are the same bits either way.
+    pub fn shared_memory(&self) -> bool {
+        self.shared_memory.load(Ordering::Relaxed)
+    }
+
+    /// Sets whether fused sums may go through shared memory (see
+    /// [`MpiGroup::shared_memory`]); every rank must set the same, at the same point of
+    /// its calls.
+    pub fn set_shared_memory(&self, on: bool) {
+        self.shared_memory.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the last fused sum went through shared memory: it did where that is on
+    /// ([`MpiGroup::shared_memory`]) and every rank runs on this machine (with 2 ranks
+    /// or more).
+    pub fn used_shared_memory(&self) -> bool {
+        self.used_shared_memory.load(Ordering::Relaxed)
+    }
+
     /// The stall timeout: a collective that has waited this long ends the job, with a
     /// message naming the call (and, when the workers compare their calls, the workers
     /// that never arrived). Default 10 minutes, or `KVSTORE_TIMEOUT` (seconds) at
@@ -251,11 +312,11 @@ impl MpiGroup {
 
     /// Runs `f` with MPI, under the watchdog: a call that has not returned within the
     /// timeout ends the job (see [`watchdog`]).
-    fn with_mpi<T>(&self, f: impl FnOnce(&Mpi) -> T) -> Result<T> {
+    fn with_mpi<T>(&self, f: impl FnOnce(&mut Mpi) -> T) -> Result<T> {
         let shared = MPI.get().ok_or_else(|| Error::Internal("MPI is not initialised".into()))?;
-        let guard = shared.0.lock();
+        let mut guard = shared.0.lock();
         let mpi =
-            guard.as_ref().ok_or_else(|| Error::Backend { backend: "mpi", message: "MPI was finalised".into() })?;
+            guard.as_mut().ok_or_else(|| Error::Backend { backend: "mpi", message: "MPI was finalised".into() })?;
         let _watched = watchdog::Watched::start();
         Ok(f(mpi))
     }
@@ -360,7 +421,7 @@ fn with_buffers<W: Element, T>(n: usize, f: impl FnOnce(&mut [W], &mut [W]) -> T
 /// tests. A blocking MPI call spins inside the library until the slowest rank arrives:
 /// the lowest latency for a caller that waits anyway, but under a non-blocking store call
 /// (running in the background) it would take a core from the caller's own work.
-fn wait<'a, S: Scope<'a>>(mut request: Request<'a, [impl Equivalence], S>) {
+pub(crate) fn wait<'a, D: ?Sized, S: Scope<'a>>(mut request: Request<'a, D, S>) {
     loop {
         match request.test() {
             Ok(_) => return,
@@ -451,6 +512,87 @@ fn tree_sum<W: Element + Equivalence>(w: &SimpleCommunicator, send: &[W], recv: 
     }
 }
 
+/// A piece of a fused bucket: (pair, first element, elements).
+type Piece = (usize, usize, usize);
+
+/// The pieces of `pairs`' sources in buckets of at most `bucket` elements, in order: an
+/// array that does not fit in what is left of a bucket continues in the next.
+fn plan(pairs: &[(&NDArray, &NDArray)], bucket: usize) -> Vec<Vec<Piece>> {
+    let mut buckets = vec![Vec::new()];
+    let mut filled = 0;
+    for (p, (src, _)) in pairs.iter().enumerate() {
+        let len = src.size();
+        let mut off = 0;
+        while off < len {
+            if filled == bucket {
+                buckets.push(Vec::new());
+                filled = 0;
+            }
+            let take = (len - off).min(bucket - filled);
+            buckets.last_mut().expect("a bucket").push((p, off, take));
+            off += take;
+            filled += take;
+        }
+    }
+    buckets.retain(|b| !b.is_empty());
+    buckets
+}
+
+/// Copies `pieces` of the sources into `slot`, one after another, as `W`. A source of
+/// another dtype (f16, bf16) is converted whole once (`converted` keeps the last one,
+/// for its pieces in the next bucket).
+fn pack<W: Element>(
+    pairs: &[(&NDArray, &NDArray)],
+    pieces: &[Piece],
+    slot: &mut [W],
+    converted: &mut Option<(usize, Vec<W>)>,
+) -> Result<()> {
+    let mut at = 0;
+    for &(p, off, len) in pieces {
+        let src = pairs[p].0;
+        let to = &mut slot[at..at + len];
+        if src.dtype() == W::DTYPE {
+            src.with_data(|s: &[W]| to.copy_from_slice(&s[off..off + len]))?;
+        } else {
+            if converted.as_ref().is_none_or(|(q, _)| *q != p) {
+                *converted = Some((p, read_wire::<W>(src)?));
+            }
+            let (_, data) = converted.as_ref().expect("converted above");
+            to.copy_from_slice(&data[off..off + len]);
+        }
+        at += len;
+    }
+    Ok(())
+}
+
+/// Writes each piece's sum over the ranks' `slots` (by rank) into its destination:
+/// summed as [`tree_sum`] sums, so a key gets the same bits whichever path it took.
+fn store_sums<W: Element>(pairs: &[(&NDArray, &NDArray)], pieces: &[Piece], slots: &[&[W]]) -> Result<()> {
+    let mut at = 0;
+    for &(p, off, len) in pieces {
+        let parts: Vec<&[W]> = slots.iter().map(|s| &s[at..at + len]).collect();
+        if let [a, b] = parts[..] {
+            let sum = a.iter().zip(b).map(|(&x, &y)| W::from_acc(W::acc_add(x.to_acc(), y.to_acc())));
+            store_piece::<W>(pairs[p].1, off, len, sum)?;
+        } else {
+            store_piece::<W>(pairs[p].1, off, len, tree_of(&parts).into_iter())?;
+        }
+        at += len;
+    }
+    Ok(())
+}
+
+/// The sums of `parts` (by rank) in [`tree_sum`]'s order: the largest power of two of
+/// ranks below their number on the left, the rest on the right, each summed alike ((a0 + a1) + a2 on 3 ranks, ((a0 + a1) + (a2 + a3)) + a4 on 5).
+fn tree_of<W: Element>(parts: &[&[W]]) -> Vec<W> {
+    if let [one] = parts {
+        return one.to_vec();
+    }
+    let left = parts.len().next_power_of_two() / 2;
+    let (l, r) = (tree_of(&parts[..left]), tree_of(&parts[left..]));
+    l.iter().zip(&r).map(|(&x, &y)| W::from_acc(W::acc_add(x.to_acc(), y.to_acc()))).collect()
+}
+
 /// Elements per MPI call, within MPI's `int` counts.
 const MAX_COUNT: usize = i32::MAX as usize;
 
@@ -482,38 +624,46 @@ impl MpiGroup {
         Ok(())
     }
 
-    /// Small arrays of one wire type `W`, fused into buckets of `bucket` elements,
+    /// Small arrays of one wire type `W`, fused into buckets of `bucket` elements:
+    /// through the machine's shared window where it is open ([`NodeWindow`]), else
     /// staged in the reused send buffer.
-    fn allreduce_fused<W: Element + Equivalence>(&self, pairs: &[(&NDArray, &NDArray)], bucket: usize) -> Result<()> {
+    fn allreduce_fused<W: Element + Equivalence + bytemuck::Pod>(
+        &self,
+        pairs: &[(&NDArray, &NDArray)],
+        bucket: usize,
+    ) -> Result<()> {
         let total: usize = pairs.iter().map(|(s, _)| s.size()).sum();
         let bucket = bucket.min(total.max(1));
-        with_buffers::<W, _>(bucket, |send, recv| -> Result<()> {
-            // (pair, offset, len) of each piece staged in the bucket.
-            let mut pending: Vec<(usize, usize, usize)> = Vec::new();
-            let mut filled = 0;
-            for (p, (src, _)) in pairs.iter().enumerate() {
-                let converted = if src.dtype() == W::DTYPE { None } else { Some(read_wire::<W>(src)?) };
-                let len = src.size();
-                let mut off = 0;
-                while off < len {
-                    let take = (len - off).min(bucket - filled);
-                    let slot = &mut send[filled..filled + take];
-                    match &converted {
-                        Some(data) => slot.copy_from_slice(&data[off..off + take]),
-                        None => src.with_data(|s: &[W]| slot.copy_from_slice(&s[off..off + take]))?,
-                    }
-                    pending.push((p, off, take));
-                    off += take;
-                    filled += take;
-                    if filled == bucket {
-                        self.flush_bucket(pairs, &send[..filled], &mut recv[..filled], &pending)?;
-                        pending.clear();
-                        filled = 0;
-                    }
+        let buckets = plan(pairs, bucket);
+        let background = in_background();
+        let through_window = self.with_mpi(|mpi| -> Result<bool> {
+            // Opened at the first bucket that may use it (every rank says the same).
+            let wanted = self.shared_memory.load(Ordering::Relaxed);
+            let window = match wanted.then(|| mpi.window(bucket * size_of::<W>())).flatten() {
+                Some(w) => w,
+                None => {
+                    self.used_shared_memory.store(false, Ordering::Relaxed);
+                    return Ok(false);
                 }
+            };
+            self.used_shared_memory.store(true, Ordering::Relaxed);
+            let mut converted = None;
+            for pieces in &buckets {
+                let len = pieces.iter().map(|p| p.2).sum();
+                pack::<W>(pairs, pieces, window.my_slot::<W>(len), &mut converted)?;
+                window.publish::<W, _>(len, background, |slots| store_sums(pairs, pieces, slots))?;
             }
-            if filled > 0 {
-                self.flush_bucket(pairs, &send[..filled], &mut recv[..filled], &pending)?;
+            Ok(true)
+        })??;
+        if through_window {
+            return Ok(());
+        }
+        with_buffers::<W, _>(bucket, |send, recv| -> Result<()> {
+            let mut converted = None;
+            for pieces in &buckets {
+                let len = pieces.iter().map(|p| p.2).sum();
+                pack::<W>(pairs, pieces, &mut send[..len], &mut converted)?;
+                self.flush_bucket(pairs, &send[..len], &mut recv[..len], pieces)?;
             }
             Ok(())
         })
@@ -530,7 +680,7 @@ impl MpiGroup {
         pairs: &[(&NDArray, &NDArray)],
         send: &[W],
         recv: &mut [W],
-        pending: &[(usize, usize, usize)],
+        pending: &[Piece],
     ) -> Result<()> {
         if self.size == 2 {
             let peer = 1 - self.rank as i32;

@@ -23,6 +23,12 @@
 //! same on every rank. Fusion pays where one allreduce is expensive (across machines);
 //! through shared memory on one machine a bucket per key is about as fast.
 //!
+//! # Shared memory
+//! Where every rank runs on one machine, fused buckets go through memory the ranks
+//! share (an MPI-3 shared window) instead of MPI's messages, with the same bits. Turn
+//! it off with `KVSTORE_MPI_SHARED_MEMORY=0` or `group()?.set_shared_memory(false)`;
+//! a job confined to other transports (`mpirun --mca btl self,tcp`) does without it.
+//!
 //! # Features
 //! `mpi` links MPI (needs `libopenmpi-dev` and `libclang-dev`). Without it, [`create`]
 //! answers `Unsupported` for `dist_*` kinds.
@@ -34,9 +40,13 @@
 
 #[cfg(feature = "mpi")]
 mod group;
+#[cfg(feature = "mpi")]
+mod shm;
 
 #[cfg(feature = "mpi")]
 pub use group::{BUCKET_BYTES_VAR, MpiGroup, TIMEOUT_VAR, finalize, group};
+#[cfg(feature = "mpi")]
+pub use shm::SHARED_MEMORY_VAR;
 
 #[cfg(not(feature = "mpi"))]
 use kvstore_core::Error;

@@ -122,6 +122,77 @@ fn small_buckets_split_keys_and_give_the_same_sums() {
     group.set_bucket_bytes(bucket);
 }
 
+/// Fused sums through the machine's shared memory and through MPI's own messages give
+/// the same bits: every dtype, values whose sums round differently in another order
+/// (magnitudes 1e-6 to 1e6, both signs), keys fused with others and split over many
+/// buckets (256 bytes: both slots of the window, over several calls), on 2 and 4 ranks.
+#[test]
+fn shared_memory_and_mpi_messages_give_the_same_bits() {
+    use kvstore_core::{DType, NDArray};
+    let group = kvstore_mpi::group().expect("group");
+    let (bucket, shm) = (group.bucket_bytes(), group.shared_memory());
+    let run = |on: bool, bytes: usize| {
+        group.set_shared_memory(on);
+        group.set_bucket_bytes(bytes);
+        let kv = store();
+        let rank = kv.rank();
+        let mut bits = Vec::new();
+        for (d, dtype) in DType::ALL.iter().enumerate() {
+            let keys: Vec<String> = (0..5).map(|k| format!("shm-{dtype}-{k}")).collect();
+            let sizes = [1usize, 7, 100, 33, 250];
+            let value = |n: usize, salt: usize| -> NDArray {
+                let v: Vec<f64> = (0..n)
+                    .map(|i| {
+                        let mantissa = ((i * 31 + rank * 17 + salt + d) % 13) as f64 + 0.1;
+                        let sign = if (i + rank + salt).is_multiple_of(3) { -1.0 } else { 1.0 };
+                        sign * mantissa * 10f64.powi(((i + 2 * rank) % 5) as i32 * 3 - 6)
+                    })
+                    .collect();
+                NDArray::from_vec(&[n], v).expect("value").as_type(*dtype).expect("as_type")
+            };
+            let zeros: Vec<NDArray> =
+                sizes.iter().map(|&n| NDArray::zeros_with(&[n], *dtype, Default::default()).expect("z")).collect();
+            kv.init(&keys, &zeros).expect("init");
+            for round in 0..3 {
+                let values: Vec<NDArray> = sizes.iter().enumerate().map(|(k, &n)| value(n, 7 * round + k)).collect();
+                kv.push(&keys, &values, 0).expect("push");
+                for k in &keys {
+                    let out = kv.pull_new(k.as_str(), 0).expect("pull");
+                    bits.push(kvstore_tests::device_checks::bits(&out));
+                }
+            }
+        }
+        assert_eq!(group.used_shared_memory(), on && kv.num_workers() > 1, "rank {rank}: shared memory {on}");
+        bits
+    };
+    for bytes in [256, 4 << 20] {
+        let through_shm = run(true, bytes);
+        assert!(through_shm == run(false, bytes), "{bytes}-byte buckets: other bits through shared memory");
+    }
+    group.set_bucket_bytes(bucket);
+    group.set_shared_memory(shm);
+}
+
+/// `scripts/test-mpi.sh` runs this test alone with `KVSTORE_MPI_SHARED_MEMORY` neither
+/// 0 nor 1, and the suite once with it 0.
+#[test]
+fn shared_memory_comes_from_the_environment() {
+    // (Open MPI's transport list decides when the variable is unset; the suite sets none.)
+    let btl = std::env::var_os("OMPI_MCA_btl").is_some();
+    match std::env::var(kvstore_mpi::SHARED_MEMORY_VAR).ok().map(|v| v.trim().to_string()) {
+        None if btl => {}
+        Some(v) if v.is_empty() && btl => {}
+        None => assert!(kvstore_mpi::group().expect("group").shared_memory()),
+        Some(v) if v.is_empty() || v == "1" => assert!(kvstore_mpi::group().expect("group").shared_memory()),
+        Some(v) if v == "0" => assert!(!kvstore_mpi::group().expect("group").shared_memory()),
+        Some(_) => {
+            let e = kvstore_mpi::create("dist_sync").expect_err("a bad setting");
+            assert_eq!(e.kind(), kvstore_core::ErrorKind::InvalidArgument);
+            assert!(e.to_string().contains(kvstore_mpi::SHARED_MEMORY_VAR), "{e}");
+        }
+    }
+}
+
 /// `scripts/test-mpi.sh` runs the whole suite once with `KVSTORE_MPI_BUCKET_BYTES=256`,
 /// and this test alone with a value that is not a number.
 #[test]
