@@ -163,21 +163,28 @@ fn main() -> kvstore_core::Result<()> {
         .collect::<Result<_, _>>()?;
     let small_outs: Vec<NDArray> = (0..SMALL_KEYS).map(|_| NDArray::zeros(&[SMALL])).collect::<Result<_, _>>()?;
     kv.init(&keys, &small_outs)?;
-    let small_s = median(3, runs, || {
-        kv.push(&keys, &small_vals, 0).expect("list push");
-        kv.pull(&keys, &small_outs, 0).expect("list pull");
-    });
-    // The limit for the same bytes: plain loops, the keys spread over every core.
+    // The limit for the same bytes: plain loops, the keys spread over every core; timed
+    // in turn with the store's calls, as the big rows are.
     let plain_in: Vec<Vec<Vec<f32>>> =
         (0..SMALL_KEYS).map(|_| (0..D).map(|k| filled(SMALL, k as f32)).collect()).collect();
     let mut plain_store: Vec<Vec<f32>> = (0..SMALL_KEYS).map(|_| vec![0f32; SMALL]).collect();
     let mut plain_out: Vec<Vec<f32>> = (0..SMALL_KEYS).map(|_| vec![0f32; SMALL]).collect();
-    let small_limit_s = median(3, runs, || {
-        plain_in.par_iter().zip(plain_store.par_iter_mut()).zip(plain_out.par_iter_mut()).for_each(|((i, s), o)| {
-            limit_reduce(black_box(i), s);
-            o.copy_from_slice(black_box(s));
-        });
-    });
+    let (small_limit_s, small_s) = common::medians_in_turn(
+        3,
+        runs,
+        || {
+            plain_in.par_iter().zip(plain_store.par_iter_mut()).zip(plain_out.par_iter_mut()).for_each(
+                |((i, s), o)| {
+                    limit_reduce(black_box(i), s);
+                    o.copy_from_slice(black_box(s));
+                },
+            );
+        },
+        || {
+            kv.push(&keys, &small_vals, 0).expect("list push");
+            kv.pull(&keys, &small_outs, 0).expect("list pull");
+        },
+    );
     let per_key = SMALL_KEYS as f64;
     rows.push(Row {
         per: per_key,
