@@ -369,6 +369,32 @@ impl PyStore {
         self.barrier(py)
     }
 
+    /// Sets MXNet's 2-bit gradient compression, on a ``device`` store:
+    /// ``set_gradient_compression({"type": "2bit", "threshold": 0.5})``. Every value
+    /// pushed from then on, even a single one, is quantised to ``{-t, 0, +t}`` with a
+    /// residual per key and per position in the push's list of values, which carries
+    /// what was not sent to the next push; the quantised values are summed and merged
+    /// as ever. ``init`` and ``pull`` are not compressed; values must be float32.
+    ///
+    /// ``type`` is required and must be ``"2bit"``; ``threshold`` (default 0.5) must be
+    /// above 0 (``ValueError`` otherwise); other names are ignored, as in MXNet. On a
+    /// ``local`` store, and for now on ``dist_sync``, it raises
+    /// ``UnsupportedError``.
+    fn set_gradient_compression(&self, compression_params: &Bound<'_, PyAny>) -> PyResult<()> {
+        let dict = compression_params.cast::<pyo3::types::PyDict>().map_err(|_| {
+            PyTypeError::new_err(
+                "set_gradient_compression takes a dict, such as {\"type\": \"2bit\", \"threshold\": 0.5}",
+            )
+        })?;
+        // As MXNet: every name and value as a string.
+        let pairs: Vec<(String, String)> = dict
+            .iter()
+            .map(|(k, v)| Ok((k.str()?.to_str()?.to_string(), v.str()?.to_str()?.to_string())))
+            .collect::<PyResult<_>>()?;
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        self.shared.kv.set_gradient_compression(&pairs).map_err(to_py)
+    }
+
     /// Whether the store has a capability (``"optimizer"``).
     fn is_capable(&self, capability: &str) -> PyResult<bool> {
         self.shared.kv.is_capable(capability).map_err(to_py)

@@ -33,6 +33,8 @@ pub mod guides {
     pub struct Gpus;
     #[doc = include_str!("../../docs/dist-sync.md")]
     pub struct DistSync;
+    #[doc = include_str!("../../docs/compression.md")]
+    pub struct Compression;
 }
 
 mod backends;

@@ -4,6 +4,7 @@
 //! concurrency.
 
 mod checkpoint;
+mod compression;
 mod concurrency;
 mod differences;
 mod dist;

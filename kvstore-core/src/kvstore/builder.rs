@@ -215,6 +215,7 @@ impl KVStoreBuilder {
             comm: kind.comm(self.threads)?,
             table: RwLock::new(Table::default()),
             merger: RwLock::new(Merger::Assign),
+            compression: RwLock::new(None),
             unobserved: Unobserved::default(),
             steps: std::sync::atomic::AtomicU64::new(0),
             compare_calls: self.compare_calls,

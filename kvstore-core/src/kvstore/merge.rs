@@ -6,8 +6,10 @@ use std::sync::Arc;
 
 use parking_lot::RwLockWriteGuard;
 
+use super::compression::TwoBit;
 use super::{Entry, Group, Slot, Store, locks::Held};
 use crate::comm::{BroadcastJob, PushKey, ReduceJob};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
 use crate::optimizer::Runtime;
@@ -126,6 +128,27 @@ impl Store {
             .map(|(j, g)| Pushed {
                 entry: &g.entry,
                 arrays: staged.get(j).and_then(Option::as_deref).unwrap_or(&g.arrays),
+            })
+            .collect();
+        // Gradient compression: the merger sums each value quantised with its key's
+        // residual for its position; the new residuals are kept once the call succeeded.
+        let compression = *self.compression.read();
+        let mut quantised: Vec<Option<Quantised>> = match compression {
+            None => Vec::new(),
+            Some(c) => push
+                .iter()
+                .zip(push_slots)
+                .map(|(g, &i)| quantise(c, g.arrays, &guards[i].residuals).map(Some))
+                .collect::<Result<_>>()?,
+        };
+        let quantised_refs: Vec<Option<Vec<&NDArray>>> =
+            quantised.iter().map(|q| q.as_ref().map(|q| q.values.iter().collect())).collect();
+        let push: Vec<Pushed<'_>> = push
+            .into_iter()
+            .enumerate()
+            .map(|(j, g)| match quantised_refs.get(j).and_then(Option::as_deref) {
+                Some(arrays) => Pushed { entry: g.entry, arrays },
+                None => g,
             })
             .collect();
         match merger {
@@ -257,6 +280,19 @@ impl Store {
                 }
             }
         }
+        for (j, q) in quantised.iter_mut().enumerate() {
+            if let Some(q) = q
+                && !calls.as_ref().is_some_and(|c| c.failed_push(j))
+            {
+                let residuals = &mut guards[push_slots[j]].residuals;
+                if residuals.len() < q.residuals.len() {
+                    residuals.resize(q.residuals.len(), Vec::new());
+                }
+                for (r, new) in residuals.iter_mut().zip(q.residuals.drain(..)) {
+                    *r = new;
+                }
+            }
+        }
         let jobs: Vec<BroadcastJob<'_>> = pull
             .iter()
             .zip(pull_slots)
@@ -266,6 +302,36 @@ impl Store {
             .collect();
         self.comm.broadcast(&jobs)
     }
+}
+
+/// A key's pushed values quantised by gradient compression, and the residuals that
+/// quantising them left (kept if the call succeeds).
+struct Quantised {
+    values: Vec<NDArray>,
+    residuals: Vec<Vec<f32>>,
+}
+
+/// `values` quantised with `residuals` (by position; zeros where there is none yet),
+/// each in its own value's context.
+fn quantise(c: TwoBit, values: &[&NDArray], residuals: &[Vec<f32>]) -> Result<Quantised> {
+    let mut q = Quantised { values: Vec::with_capacity(values.len()), residuals: Vec::with_capacity(values.len()) };
+    for (p, v) in values.iter().enumerate() {
+        if v.dtype() != DType::F32 {
+            return Err(Error::invalid_argument(format!(
+                "gradient compression quantises float32 values: got {} (as MXNet's 2bit)",
+                v.dtype()
+            )));
+        }
+        let mut r = match residuals.get(p) {
+            Some(r) if r.len() == v.size() => r.clone(),
+            _ => vec![0.0; v.size()],
+        };
+        let mut out = vec![0.0f32; v.size()];
+        v.with_data(|g: &[f32]| c.quantize(g, &mut r, &mut out))?;
+        q.values.push(NDArray::from_slice_in(v.shape(), &out, v.context())?);
+        q.residuals.push(r);
+    }
+    Ok(q)
 }
 
 /// The calls of a fused batch as [`Store::apply`] sees them: which call each push and

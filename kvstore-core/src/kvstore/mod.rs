@@ -21,6 +21,7 @@ use crate::updater::Updater;
 mod builder;
 mod calls;
 mod checkpoint;
+mod compression;
 mod fusion;
 mod locks;
 mod merge;
@@ -62,11 +63,22 @@ struct Slot {
     /// initialised in, or that of the run a checkpoint resumed (`Table::next_order`).
     /// A schedule and NAdam's momentum depend on it.
     order: u64,
+    /// Gradient compression's residuals, one per position of a push's values (the
+    /// device each came from, in MXNet), made at the first compressed push.
+    residuals: Vec<Vec<f32>>,
 }
 
 impl Slot {
     fn new(value: NDArray, order: u64) -> Self {
-        Slot { value, opt: None, merge: None, spare: None, buffers: KeyBuffers::default(), order }
+        Slot {
+            value,
+            opt: None,
+            merge: None,
+            spare: None,
+            buffers: KeyBuffers::default(),
+            order,
+            residuals: Vec::new(),
+        }
     }
 
     /// Moves the value and everything next to it to `ctx`.
@@ -159,6 +171,8 @@ pub(crate) struct Store {
     comm: Box<dyn Comm>,
     table: RwLock<Table>,
     merger: RwLock<Merger>,
+    /// Gradient compression, once set ([`KVStore::set_gradient_compression`]).
+    compression: RwLock<Option<compression::TwoBit>>,
     unobserved: Unobserved,
     /// The number of this store's calls that communicated (`dist_sync`), for desync
     /// detection (`kvstore/steps.rs`).
@@ -440,23 +454,50 @@ impl KVStore {
         }
     }
 
-    /// Gradient compression, which this build does not provide.
+    /// Sets MXNet's 2-bit gradient compression, for a `device` store: `[("type",
+    /// "2bit"), ("threshold", "0.5")]` (the threshold `t` defaults to 0.5 and must be
+    /// above 0; other names are ignored, as in MXNet). From then on every pushed value,
+    /// even a single one, is quantised to {−t, 0, +t} with a residual per key and per
+    /// position in the push's list of values (the device it came from) that carries
+    /// what was not sent to the next push; the quantised values are summed and merged
+    /// as ever. `init` and `pull` are not compressed. Values must be float32. The
+    /// residuals are not saved in checkpoints (nor were they in MXNet).
     ///
     /// ```
-    /// use kvstore_core::{ErrorKind, KVStore};
-    /// let kv = KVStore::create("local")?;
-    /// let e = kv.set_gradient_compression(&[("type", "2bit"), ("threshold", "0.5")]).err();
-    /// assert_eq!(e.map(|e| e.kind()), Some(ErrorKind::Unsupported));
+    /// use kvstore_core::{Context, KVStore, NDArray};
+    /// let kv = KVStore::create("device")?;
+    /// kv.set_gradient_compression(&[("type", "2bit"), ("threshold", "1")])?;
+    /// kv.init("w", &NDArray::zeros(&[3])?)?;
+    /// let g = NDArray::from_vec(&[3], vec![0.5f32, 1.5, -2.5])?;
+    /// kv.push("w", &g, 0)?;
+    /// assert_eq!(kv.pull_new("w", 0)?.to_vec::<f32>()?, [0.0, 1.0, -1.0]);
+    /// kv.push("w", &g, 0)?; // the residuals 0.5, 0.5, -1.5 carried over
+    /// assert_eq!(kv.pull_new("w", 0)?.to_vec::<f32>()?, [1.0, 1.0, -1.0]);
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     ///
     /// # Errors
-    /// Always [`Error::Unsupported`]; the store is unchanged.
-    pub fn set_gradient_compression(&self, _params: &[(&str, &str)]) -> Result<()> {
-        Err(Error::Unsupported {
-            what: "gradient compression".to_string(),
-            hint: format!("a {} store pushes uncompressed values", self.store.kind),
-        })
+    /// [`Error::InvalidArgument`] for parameters MXNet refuses (no `type`, a type other
+    /// than `2bit`, a threshold that is not a number above 0); [`Error::Unsupported`]
+    /// on a `local` store (MXNet: "Gradient compression is not supported for this type
+    /// of kvstore") and, for now, on `dist_sync`. The store is unchanged then.
+    pub fn set_gradient_compression(&self, params: &[(&str, &str)]) -> Result<()> {
+        let kind = &self.store.kind;
+        if !kind.contains("device") || self.store.collective.is_some() {
+            return Err(Error::Unsupported {
+                what: format!("gradient compression on a {kind} store"),
+                hint: if self.store.collective.is_some() {
+                    "dist_sync pushes uncompressed values for now; a device store compresses".to_string()
+                } else {
+                    "as in MXNet, it is for device stores (create(\"device\"))".to_string()
+                },
+            });
+        }
+        let compression = compression::parse(params)?;
+        // Pushes made before this call are not compressed; those after are.
+        self.settle()?;
+        *self.store.compression.write() = Some(compression);
+        Ok(())
     }
 
     /// Installs `updater`, replacing any earlier one. Pushes after this call merge

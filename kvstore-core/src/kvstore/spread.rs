@@ -222,7 +222,8 @@ impl Store {
         }
         let (values, _) = keys.arrays(0);
         let Some(merger) = self.merger.try_read() else { return Spread::HandedBack };
-        if !values.is_empty() && !matches!(*merger, Merger::Assign) {
+        // Pushes with compression quantise their values on the ordinary path.
+        if !values.is_empty() && (!matches!(*merger, Merger::Assign) || self.compression.read().is_some()) {
             return Spread::NotOne;
         }
         let sizes: Vec<usize> = (0..keys.len())

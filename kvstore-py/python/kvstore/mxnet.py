@@ -55,8 +55,6 @@ call first waits for MXNet's pending writes to them).
 Not supported, and why (each raises ``NotImplementedError`` with this reason):
 
 - ``row_sparse_pull``: the store holds dense arrays only (no row-sparse storage).
-- ``set_gradient_compression``: the store has no gradient compression (on ``local``
-  it raises MXNet's own ``Exception``, as MXNet does).
 - arrays on ``mx.gpu(i)`` are a ``TypeError`` (copy them to ``mx.cpu()``); sparse
   NDArrays are a ``TypeError``.
 - the ``handle`` attribute (MXNet's C handle) does not exist: the store is not
@@ -190,10 +188,12 @@ class KVStore(_KVStoreBase):
         )
 
     def set_gradient_compression(self, compression_params: Dict[str, Any]) -> None:
-        """Not supported: the store pushes uncompressed values."""
+        """MXNet's 2-bit compression (``{"type": "2bit", "threshold": 0.5}``) on a
+        ``device`` store, as :meth:`kvstore.KVStore.set_gradient_compression`; on
+        ``local`` MXNet's own ``Exception``."""
         if "device" not in self.type and "dist" not in self.type:
             raise Exception("Gradient compression is not supported for this type of kvstore")
-        raise NotImplementedError("set_gradient_compression: the store has no gradient compression")
+        self._kv.set_gradient_compression(compression_params)
 
     # -- updaters and optimizers -----------------------------------------------
 

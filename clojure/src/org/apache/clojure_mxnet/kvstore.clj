@@ -563,6 +563,25 @@
     (doto kvstore
       (.sendCommandToServers (int head) ^String body))))
 
+(s/def ::compression-params (s/map-of (s/or :k keyword? :s string?) some?))
+
+(defn set-gradient-compression
+  "Sets MXNet's 2-bit gradient compression on a \"device\" store, from a map
+  such as `{:type \"2bit\" :threshold 0.5}` (keyword or string keys; every
+  value is sent as its string, as MXNet does): every value pushed from then
+  on, even a single one, is quantised to -t, 0 or +t with a residual per key
+  and per position in the push's values that carries what was not sent to the
+  next push. `init` and `pull` are not compressed; values must be float32.
+  `:threshold` defaults to 0.5 and must be above 0 (`:invalid-argument`); a
+  \"local\" store answers `:unsupported`, as MXNet. Returns the store."
+  [^KVStore kvstore params]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+  (util/validate! ::compression-params params "Invalid compression params")
+  (util/with-kvstore-errors :set-gradient-compression
+    (doto kvstore
+      (.setGradientCompression
+       (java.util.HashMap. ^java.util.Map (into {} (map (fn [[k v]] [(if (keyword? k) (name k) k) (str v)])) params))))))
+
 (s/def ::optimizer #(instance? Optimizer %))
 
 (defn set-optimizer

@@ -33,6 +33,21 @@
         (kvstore/pull "3" out))
     (is (= [4.0 4.0] (ndarray/->vec out)))))
 
+(deftest two-bit-compression-carries-each-values-residual
+  (let [kv (kvstore/set-gradient-compression (kvstore/create "device") {:type "2bit" :threshold 1})
+        g (ndarray/array [0.5 1.5 -2.5] [3])
+        out (ndarray/zeros [3])]
+    (kvstore/init kv "w" out)
+    (kvstore/pull (kvstore/push kv "w" g) "w" out)
+    (is (= [0.0 1.0 -1.0] (ndarray/->vec out)))
+    (kvstore/pull (kvstore/push kv "w" g) "w" out)
+    (is (= [1.0 1.0 -1.0] (ndarray/->vec out)))
+    (is (= :invalid-argument
+           (:kvstore/error (ex-data (thrown #(kvstore/set-gradient-compression kv {"type" "2bit" "threshold" 0}))))))
+    (is (= :unsupported
+           (:kvstore/error (ex-data (thrown #(kvstore/set-gradient-compression (kvstore/create) {:type "2bit"}))))))
+    (is (= "Invalid compression params" (spec-message-of #(kvstore/set-gradient-compression kv [:type "2bit"]))))))
+
 (deftest test-aggregate
   (let [shape [4 4]
         ks ["b" "c" "d"]

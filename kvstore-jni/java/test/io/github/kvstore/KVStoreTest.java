@@ -110,6 +110,27 @@ class KVStoreTest {
         }
     }
 
+    /** MXNet's 2-bit compression on a device store: t = 1, [0.5, 1.5, -2.5] pushed twice. */
+    @Test
+    void twoBitCompressionCarriesEachValuesResidualToTheNextPush() {
+        try (KVStore kv = KVStore.create("device");
+                NDArray g = NDArray.array(new float[] {0.5f, 1.5f, -2.5f}, new int[] {3});
+                NDArray out = NDArray.zeros(3)) {
+            java.util.Map<String, String> params = new java.util.HashMap<>();
+            params.put("type", "2bit");
+            params.put("threshold", "1");
+            kv.setGradientCompression(params).init("w", out);
+            kv.push("w", g).pull("w", out);
+            assertArrayEquals(new float[] {0, 1, -1}, out.toFloatArray());
+            kv.push("w", g).pull("w", out);
+            assertArrayEquals(new float[] {1, 1, -1}, out.toFloatArray());
+            params.put("threshold", "0");
+            KVStoreException e =
+                    Fixtures.assertCode(KVStoreException.Code.INVALID_ARGUMENT, () -> kv.setGradientCompression(params));
+            assertTrue(e.getMessage().contains("greater than 0"), e.getMessage());
+        }
+    }
+
     @Test
     void singleKeyPushReplacesTheValueWithoutAnUpdater() {
         try (KVStore kv = KVStore.create();
