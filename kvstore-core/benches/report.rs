@@ -433,6 +433,9 @@ fn main() -> kvstore_core::Result<()> {
                 Row::new(n, median_s, limit_s, ">= 0.97 (desync detection costs at most 3 %)")
             }
             n if n.contains("calls compared") => Row::new(n, median_s, limit_s, "desync detection's cost, reported"),
+            n if n.starts_with("mpi ") && n.contains("2-bit compressed") => {
+                Row::new(n, median_s, limit_s, "vs the uncompressed push: >= 4 over tcp")
+            }
             n if n.starts_with("mpi ") && n.contains("dist_sync push") => {
                 Row::new(n, median_s, limit_s, "<= 1.25x the bare allreduce (ratio >= 0.8)")
             }

@@ -65,6 +65,27 @@ pub trait Collective: Send + Sync {
         Ok(all.chunks(n.max(1)).take(world).map(<[u8]>::to_vec).collect())
     }
 
+    /// Every worker's `mine` (every worker gives the same number of bytes, any number)
+    /// for the data of the call `step`, one after another in rank order (worker `r`'s
+    /// at `r * mine.len()`): how 2-bit compressed pushes move
+    /// their codes (`kvstore/compression.rs`). The default sums per-worker slots with
+    /// [`Collective::allreduce_sum`]; a transport may do better (kvstore-mpi: MPI's
+    /// allgather).
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] if the group is broken.
+    fn all_gather(&self, step: &str, mine: &[u8]) -> Result<Vec<u8>> {
+        let _ = step;
+        let (n, world, rank) = (mine.len(), self.size(), self.rank());
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let slots = NDArray::zeros_with(&[n * world], DType::U8, crate::Context::default())?;
+        slots.write()?.bytes_mut()[rank * n..(rank + 1) * n].copy_from_slice(mine);
+        self.allreduce_sum(&[(&slots, &slots)])?;
+        slots.to_vec::<u8>()
+    }
+
     /// Sets how long a collective operation may wait for the workers before the job
     /// ends ([`crate::KVStoreBuilder::timeout`]); a transport without a watchdog ignores
     /// it.

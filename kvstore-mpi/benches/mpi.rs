@@ -56,6 +56,23 @@ fn main() -> kvstore_core::Result<()> {
             let store = median(&world, runs, || kv.push(key.as_str(), &g, 0).expect("push"));
             rows.push((format!("{run}: bare allreduce {label} f32"), bare, None));
             rows.push((format!("{run}: dist_sync push {label} f32"), store, Some(bare)));
+            if n == 16 << 20 {
+                // 2-bit compression: each worker sends 2 bits per element (a sixteenth of
+                // the bytes), quantising and adding the codes up on the host.
+                let compressed: KVStore = kvstore_mpi::create("dist_sync")?;
+                compressed.set_gradient_compression(&[("type", "2bit"), ("threshold", "0.5")])?;
+                compressed.init(key.as_str(), &NDArray::zeros(&[n])?)?;
+                let t = median(&world, runs, || compressed.push(key.as_str(), &g, 0).expect("push"));
+                let codes = n / 16 * 4;
+                rows.push((
+                    format!(
+                        "{run}: dist_sync push {label} f32, 2-bit compressed ({} MiB of codes a worker)",
+                        codes >> 20
+                    ),
+                    t,
+                    Some(store),
+                ));
+            }
             if n == 1 << 20 {
                 bare_4mb = bare;
                 // Desync detection's cost: the same push by stores whose workers do not

@@ -808,6 +808,30 @@ impl Collective for MpiGroup {
         Ok(all.chunks(n).map(<[u8]>::to_vec).collect())
     }
 
+    /// MPI's allgather (non-blocking and waited for as [`wait`] does under a
+    /// non-blocking store call), under the watchdog.
+    fn all_gather(&self, step: &str, mine: &[u8]) -> Result<Vec<u8>> {
+        let n = mine.len();
+        if self.size == 1 || n == 0 {
+            return Ok(mine.to_vec());
+        }
+        if n > MAX_COUNT {
+            return Err(Error::invalid_argument(format!(
+                "{step}: {n} bytes per worker in one allgather; MPI counts up to {MAX_COUNT}"
+            )));
+        }
+        watchdog::set_step(step);
+        let mut all = vec![0u8; n * self.size];
+        self.with_world(|w| {
+            if in_background() {
+                mpi::request::scope(|scope| wait(w.immediate_all_gather_into(scope, mine, &mut all[..])));
+            } else {
+                w.all_gather_into(mine, &mut all[..]);
+            }
+        })?;
+        Ok(all)
+    }
+
     fn set_timeout(&self, timeout: Duration) {
         MpiGroup::set_timeout(self, timeout);
     }

@@ -47,13 +47,27 @@ fn a_checkpoint_resumes_exactly() {
     );
 }
 
+/// Asserts that this rank's `bits` are rank 0's (which reach every rank through `init`
+/// of the key `name`).
+fn assert_as_on_rank_0(kv: &kvstore_core::KVStore, name: &str, bits: Vec<u8>) {
+    let mine = kvstore_core::NDArray::from_vec(&[bits.len()], bits).expect("bits");
+    kv.init(name, &mine).expect("init");
+    let root = kv.pull_new(name, 0).expect("pull");
+    assert!(root.to_vec::<u8>().expect("r") == mine.to_vec::<u8>().expect("r"), "rank {} differs", kv.rank());
+}
+
 #[test]
 fn a_key_sums_alike_alone_and_fused() {
     let kv = store();
     let bits = dist_cases::a_key_sums_alike_alone_and_fused(kv.rank(), &kv);
-    let mine = kvstore_core::NDArray::from_vec(&[bits.len()], bits).expect("bits");
-    kv.init("alike bits", &mine).expect("init");
-    assert!(kv.pull_new("alike bits", 0).expect("pull").to_vec::<u8>().expect("r") == mine.to_vec::<u8>().expect("r"));
+    assert_as_on_rank_0(&kv, "alike bits", bits);
+}
+
+#[test]
+fn compressed_pushes_sum_every_workers_quantised_values() {
+    let kv = store();
+    let bits = dist_cases::compressed_pushes_sum_every_workers_quantised_values(kv.rank(), &kv);
+    assert_as_on_rank_0(&kv, "compressed bits", bits);
 }
 
 #[test]

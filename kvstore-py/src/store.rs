@@ -369,17 +369,18 @@ impl PyStore {
         self.barrier(py)
     }
 
-    /// Sets MXNet's 2-bit gradient compression, on a ``device`` store:
+    /// Sets MXNet's 2-bit gradient compression, on a ``device`` or ``dist_sync`` store:
     /// ``set_gradient_compression({"type": "2bit", "threshold": 0.5})``. Every value
     /// pushed from then on, even a single one, is quantised to ``{-t, 0, +t}`` with a
     /// residual per key and per position in the push's list of values, which carries
     /// what was not sent to the next push; the quantised values are summed and merged
-    /// as ever. ``init`` and ``pull`` are not compressed; values must be float32.
+    /// as ever. ``init`` and ``pull`` are not compressed; values must be float32. Under
+    /// ``dist_sync`` each worker quantises its own sum of a key (one residual per key)
+    /// and the workers exchange 2-bit codes; every worker must set the same compression.
     ///
     /// ``type`` is required and must be ``"2bit"``; ``threshold`` (default 0.5) must be
     /// above 0 (``ValueError`` otherwise); other names are ignored, as in MXNet. On a
-    /// ``local`` store, and for now on ``dist_sync``, it raises
-    /// ``UnsupportedError``.
+    /// ``local`` store it raises ``UnsupportedError``.
     fn set_gradient_compression(&self, compression_params: &Bound<'_, PyAny>) -> PyResult<()> {
         let dict = compression_params.cast::<pyo3::types::PyDict>().map_err(|_| {
             PyTypeError::new_err(

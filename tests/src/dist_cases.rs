@@ -327,3 +327,61 @@ pub fn every_dtype_sums_local_then_across_workers(rank: usize, kv: &KVStore) {
         assert_eq!(o.to_f64_vec().expect("r"), vec![triangle(w); 4], "{d}");
     }
 }
+
+/// 2-bit gradient compression under dist_sync: each worker pushes two values per key
+/// (summed locally first), its sum is quantised with its own residual, and the stored
+/// value is the sum over the workers, in rank order, of their quantised sums; keys of
+/// lengths that are not multiples of 16, several steps (residuals carried), a list push
+/// and a non-blocking one (fused with others). Checked against a model of every
+/// worker's residuals; returns the bits every worker must share.
+pub fn compressed_pushes_sum_every_workers_quantised_values(rank: usize, kv: &KVStore) -> Vec<u8> {
+    const T: f32 = 0.4;
+    let workers = kv.num_workers();
+    let keys = ["c-a", "c-b", "c-c"];
+    let lens = [37usize, 16, 3];
+    // Worker w's i-th value of key k at step s.
+    let value = |w: usize, s: usize, k: usize, i: usize| -> Vec<f32> {
+        (0..lens[k]).map(|j| (((w * 5 + s * 3 + k * 7 + i * 11 + j * 13) % 17) as f32 - 8.0) * 0.07).collect()
+    };
+    kv.set_gradient_compression(&[("type", "2bit"), ("threshold", "0.4")]).expect("set_gradient_compression");
+    for (k, n) in keys.iter().zip(lens) {
+        kv.init(*k, &NDArray::zeros(&[n]).expect("zeros")).expect("init");
+    }
+    // The model: every worker's residuals, by key.
+    let mut residuals: Vec<Vec<Vec<f32>>> =
+        (0..workers).map(|_| lens.iter().map(|&n| vec![0.0; n]).collect()).collect();
+    let mut bits = Vec::new();
+    for s in 0..4 {
+        let mine: Vec<Vec<NDArray>> = (0..keys.len())
+            .map(|k| (0..2).map(|i| NDArray::from_vec(&[lens[k]], value(rank, s, k, i)).expect("value")).collect())
+            .collect();
+        if s % 2 == 0 {
+            kv.push(&keys[..], &mine, 0).expect("list push");
+        } else {
+            let pending: Vec<_> = keys.iter().zip(&mine).map(|(k, v)| kv.push_async(*k, &v[..], 0)).collect();
+            for p in pending {
+                p.wait().expect("non-blocking push");
+            }
+        }
+        for (k, key) in keys.iter().enumerate() {
+            let mut want = vec![0.0f32; lens[k]];
+            for (w, r) in residuals.iter_mut().enumerate() {
+                let local: Vec<f32> = value(w, s, k, 0).iter().zip(value(w, s, k, 1)).map(|(a, b)| a + b).collect();
+                for ((x, r), o) in local.iter().zip(r[k].iter_mut()).zip(want.iter_mut()) {
+                    *r += x;
+                    if *r >= T {
+                        *r -= T;
+                        *o += T;
+                    } else if *r <= -T {
+                        *r += T;
+                        *o -= T;
+                    }
+                }
+            }
+            let got = kv.pull_new(*key, 0).expect("pull");
+            assert_eq!(got.to_vec::<f32>().expect("f32"), want, "rank {rank}, step {s}, key {key}");
+            bits.extend(crate::device_checks::bits(&got));
+        }
+    }
+    bits
+}

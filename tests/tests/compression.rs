@@ -167,3 +167,31 @@ fn a_push_of_many_keys_quantises_each_as_alone() {
         assert!(a.to_vec::<f32>().unwrap().iter().all(|x| [0.0, 0.4, -0.4].contains(x)), "{k}: quantised");
     }
 }
+
+#[test]
+fn dist_sync_workers_sum_each_others_quantised_sums_alike() {
+    for workers in [1, 2, 3] {
+        let bits = kvstore_tests::run_workers(workers, |rank, kv| {
+            kvstore_tests::dist_cases::compressed_pushes_sum_every_workers_quantised_values(rank, &kv)
+        });
+        assert!(bits.iter().all(|b| *b == bits[0]), "{workers} workers: every worker holds the same bits");
+    }
+}
+
+/// Workers that differ in compression would move other data: the push fails on every
+/// worker at once, saying so, instead of hanging.
+#[test]
+fn a_push_compressed_on_one_worker_and_not_on_another_fails_on_both() {
+    let errors = kvstore_tests::run_workers(2, |rank, kv| {
+        if rank == 0 {
+            kv.set_gradient_compression(&[("type", "2bit")]).unwrap();
+        }
+        kv.init("w", &NDArray::zeros(&[4]).unwrap()).unwrap();
+        let e = kv.push("w", &NDArray::ones(&[4]).unwrap(), 0).expect_err("a desync");
+        kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap().iter().for_each(|x| assert_eq!(*x, 0.0));
+        e.to_string()
+    });
+    for e in errors {
+        assert!(e.contains("compressed at threshold 0.5") && e.contains("differ"), "{e}");
+    }
+}

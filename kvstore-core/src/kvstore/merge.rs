@@ -8,6 +8,7 @@ use parking_lot::RwLockWriteGuard;
 
 use super::compression::TwoBit;
 use super::{Entry, Group, Slot, Store, locks::Held};
+use crate::collective::Collective;
 use crate::comm::{BroadcastJob, PushKey, ReduceJob};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -74,7 +75,9 @@ impl Store {
     /// Sums each job's inputs into its out, left to right, then (dist_sync) across the
     /// workers in place: the one way every merger gets a push's sums. Under dist_sync a
     /// single value goes straight into the across-workers sum, with no local copy.
-    fn sum(&self, jobs: &[ReduceJob<'_>]) -> Result<()> {
+    /// With gradient compression (`across`, one job per pushed key, in order), each
+    /// worker's sums cross as 2-bit codes instead ([`Across::sum`]).
+    fn sum(&self, jobs: &[ReduceJob<'_>], across: Option<(&mut Across, Vec<&[f32]>)>) -> Result<()> {
         let Some(group) = &self.collective else {
             return self.comm.reduce(jobs);
         };
@@ -84,7 +87,10 @@ impl Store {
         self.comm.reduce(&local)?;
         let pairs: Vec<(&NDArray, &NDArray)> =
             jobs.iter().map(|j| (if direct(j) { j.inputs[0] } else { j.out }, j.out)).collect();
-        group.allreduce_sum(&pairs)
+        match across {
+            Some((across, residuals)) => across.sum(&**group, &pairs, &residuals),
+            None => group.allreduce_sum(&pairs),
+        }
     }
 
     /// The rest of a push (the sums and the update) and of its pull (the copies), once
@@ -132,13 +138,22 @@ impl Store {
             .collect();
         // Gradient compression: the merger sums each value quantised with its key's
         // residual for its position; the new residuals are kept once the call succeeded.
+        // Under dist_sync each worker's sum of a key is quantised instead (with one
+        // residual per key), and crosses to the others as 2-bit codes (`Across`).
         let compression = *self.compression.read();
-        let mut quantised: Vec<Option<Quantised>> = match compression {
+        let mut across = match (compression, &self.collective) {
+            (Some(c), Some(_)) => Some(Across::new(c, &push, push_slots, guards)?),
+            _ => None,
+        };
+        let mut quantised: Vec<Option<Quantised>> = match compression.filter(|_| self.collective.is_none()) {
             None => Vec::new(),
             Some(c) => push
                 .iter()
                 .zip(push_slots)
-                .map(|(g, &i)| quantise(c, g.arrays, &guards[i].residuals).map(Some))
+                .map(|(g, &i)| {
+                    let Slot { residuals, residual_spares, .. } = &mut *guards[i];
+                    quantise(c, g.arrays, residuals, residual_spares).map(Some)
+                })
                 .collect::<Result<_>>()?,
         };
         let quantised_refs: Vec<Option<Vec<&NDArray>>> =
@@ -158,7 +173,7 @@ impl Store {
                     .zip(push_slots)
                     .map(|(g, &i)| ReduceJob { inputs: g.arrays, out: &guards[i].value })
                     .collect();
-                self.sum(&jobs)?;
+                self.sum(&jobs, across.as_mut().map(|a| (a, residuals_of(guards, push_slots))))?;
                 crate::ndarray::values_read();
             }
             Merger::Optimizer(runtime) => {
@@ -215,7 +230,7 @@ impl Store {
                     .filter(|(g, _)| merged(g))
                     .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays, out: guards[i].merge.as_ref()? }))
                     .collect();
-                self.sum(&jobs)?;
+                self.sum(&jobs, across.as_mut().map(|a| (a, residuals_of(guards, push_slots))))?;
                 for (g, &i) in updates.iter().map(|&j| (&push[j], &push_slots[j])) {
                     let Slot { value, opt, merge, .. } = &mut *guards[i];
                     let grad = match (g.arrays, merge.as_ref()) {
@@ -253,7 +268,7 @@ impl Store {
                 if jobs.len() != push.len() {
                     return Err(Error::Internal("push: no merge buffer".into()));
                 }
-                self.sum(&jobs)?;
+                self.sum(&jobs, across.as_mut().map(|a| (a, residuals_of(guards, push_slots))))?;
                 // The updater works on the sums: the values are free.
                 crate::ndarray::values_read();
                 for (j, (g, &i)) in push.iter().zip(push_slots).enumerate() {
@@ -280,17 +295,22 @@ impl Store {
                 }
             }
         }
-        for (j, q) in quantised.iter_mut().enumerate() {
-            if let Some(q) = q
-                && !calls.as_ref().is_some_and(|c| c.failed_push(j))
-            {
-                let residuals = &mut guards[push_slots[j]].residuals;
-                if residuals.len() < q.residuals.len() {
-                    residuals.resize(q.residuals.len(), Vec::new());
-                }
-                for (r, new) in residuals.iter_mut().zip(q.residuals.drain(..)) {
-                    *r = new;
-                }
+        // The new residuals become the keys' residuals, the old ones their spares.
+        let news = across.map(|a| a.spares.into_iter().map(|r| vec![r]).collect::<Vec<_>>()).unwrap_or_else(|| {
+            quantised
+                .iter_mut()
+                .map(|q| q.as_mut().map(|q| std::mem::take(&mut q.residuals)).unwrap_or_default())
+                .collect()
+        });
+        for (j, new) in news.into_iter().enumerate() {
+            if new.is_empty() || calls.as_ref().is_some_and(|c| c.failed_push(j)) {
+                continue;
+            }
+            let Slot { residuals, residual_spares, .. } = &mut *guards[push_slots[j]];
+            residuals.resize(residuals.len().max(new.len()), Vec::new());
+            residual_spares.resize(residuals.len(), Vec::new());
+            for (p, new) in new.into_iter().enumerate() {
+                residual_spares[p] = std::mem::replace(&mut residuals[p], new);
             }
         }
         let jobs: Vec<BroadcastJob<'_>> = pull
@@ -311,25 +331,98 @@ struct Quantised {
     residuals: Vec<Vec<f32>>,
 }
 
+/// Each pushed key's residual under dist_sync (its first; empty before its first
+/// compressed push, which reads zeros), for [`Across::sum`].
+fn residuals_of<'g>(guards: &'g [RwLockWriteGuard<'_, Slot>], push_slots: &[usize]) -> Vec<&'g [f32]> {
+    push_slots.iter().map(|&i| guards[i].residuals.first().map_or(&[][..], Vec::as_slice)).collect()
+}
+
+/// A buffer of `len` for new residuals: the slot's spare at `position` if it has one
+/// (every element is written), else a new one.
+fn spare(spares: &mut [Vec<f32>], position: usize, len: usize) -> Vec<f32> {
+    let mut r = spares.get_mut(position).map(std::mem::take).unwrap_or_default();
+    r.resize(len, 0.0);
+    r
+}
+
+/// A dist_sync push under gradient compression: the buffers each pushed key's new
+/// residual is written into (in the call's order, that of the sums' jobs), taken from
+/// the keys' spares.
+struct Across {
+    compression: TwoBit,
+    spares: Vec<Vec<f32>>,
+}
+
+impl Across {
+    fn new(
+        compression: TwoBit,
+        push: &[Pushed<'_>],
+        push_slots: &[usize],
+        guards: &mut [RwLockWriteGuard<'_, Slot>],
+    ) -> Result<Self> {
+        let mut spares = Vec::with_capacity(push.len());
+        for (g, &i) in push.iter().zip(push_slots) {
+            let slot = &mut *guards[i];
+            if let Some(d) = g.arrays.iter().map(|a| a.dtype()).chain([slot.value.dtype()]).find(|d| *d != DType::F32) {
+                return Err(not_float32(d));
+            }
+            if slot.residuals.first().is_some_and(|r| r.len() != slot.value.size()) {
+                slot.residuals.clear();
+            }
+            spares.push(spare(&mut slot.residual_spares, 0, slot.value.size()));
+        }
+        Ok(Across { compression, spares })
+    }
+
+    /// `dst = sum over the workers of Q(src)` for each pair (one per pushed key, with
+    /// its residual in `residuals`): each worker quantises its sums into 2-bit codes,
+    /// the codes of every worker reach every worker ([`Collective::all_gather`]), and
+    /// each worker adds their values up in rank order, so every worker gets the same
+    /// bits.
+    fn sum(&mut self, group: &dyn Collective, pairs: &[(&NDArray, &NDArray)], residuals: &[&[f32]]) -> Result<()> {
+        let c = self.compression;
+        let mut mine = Vec::new();
+        for (((src, _), old), new) in pairs.iter().zip(residuals).zip(&mut self.spares) {
+            src.with_data(|g: &[f32]| c.quantize_packed(g, old, new, &mut mine))?;
+        }
+        let all = group.all_gather("a compressed push", &mine)?;
+        if mine.is_empty() {
+            // Empty keys only: nothing to sum.
+            return Ok(());
+        }
+        let mut at = 0;
+        for (_, dst) in pairs {
+            let len = dst.size().div_ceil(16) * 4;
+            dst.with_data_mut(|d: &mut [f32]| {
+                for (r, theirs) in all.chunks(mine.len()).enumerate() {
+                    c.add_codes(&theirs[at..at + len], d, r == 0);
+                }
+            })?;
+            at += len;
+        }
+        Ok(())
+    }
+}
+
+fn not_float32(got: DType) -> Error {
+    Error::invalid_argument(format!("gradient compression quantises float32 values: got {got} (as MXNet's 2bit)"))
+}
+
 /// `values` quantised with `residuals` (by position; zeros where there is none yet),
-/// each in its own value's context.
-fn quantise(c: TwoBit, values: &[&NDArray], residuals: &[Vec<f32>]) -> Result<Quantised> {
+/// each in its own value's context; the new residuals are written into buffers taken
+/// from `spares`.
+fn quantise(c: TwoBit, values: &[&NDArray], residuals: &[Vec<f32>], spares: &mut [Vec<f32>]) -> Result<Quantised> {
     let mut q = Quantised { values: Vec::with_capacity(values.len()), residuals: Vec::with_capacity(values.len()) };
     for (p, v) in values.iter().enumerate() {
         if v.dtype() != DType::F32 {
-            return Err(Error::invalid_argument(format!(
-                "gradient compression quantises float32 values: got {} (as MXNet's 2bit)",
-                v.dtype()
-            )));
+            return Err(not_float32(v.dtype()));
         }
-        let mut r = match residuals.get(p) {
-            Some(r) if r.len() == v.size() => r.clone(),
-            _ => vec![0.0; v.size()],
-        };
+        let old = residuals.get(p).filter(|r| r.len() == v.size()).map_or(&[][..], Vec::as_slice);
+        let mut new = spare(spares, p, v.size());
         let mut out = vec![0.0f32; v.size()];
-        v.with_data(|g: &[f32]| c.quantize(g, &mut r, &mut out))?;
+        v.with_data(|g: &[f32]| c.quantize(g, old, &mut new, &mut out))?;
         q.values.push(NDArray::from_slice_in(v.shape(), &out, v.context())?);
-        q.residuals.push(r);
+        q.residuals.push(new);
     }
     Ok(q)
 }

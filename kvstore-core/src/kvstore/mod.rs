@@ -64,8 +64,11 @@ struct Slot {
     /// A schedule and NAdam's momentum depend on it.
     order: u64,
     /// Gradient compression's residuals, one per position of a push's values (the
-    /// device each came from, in MXNet), made at the first compressed push.
+    /// device each came from, in MXNet; one per key under dist_sync), made at the first
+    /// compressed push; and buffers the next push writes its new residuals into, which
+    /// become the residuals only when it succeeded.
     residuals: Vec<Vec<f32>>,
+    residual_spares: Vec<Vec<f32>>,
 }
 
 impl Slot {
@@ -78,6 +81,7 @@ impl Slot {
             buffers: KeyBuffers::default(),
             order,
             residuals: Vec::new(),
+            residual_spares: Vec::new(),
         }
     }
 
@@ -454,7 +458,7 @@ impl KVStore {
         }
     }
 
-    /// Sets MXNet's 2-bit gradient compression, for a `device` store: `[("type",
+    /// Sets MXNet's 2-bit gradient compression, for a `device` or `dist_sync` store: `[("type",
     /// "2bit"), ("threshold", "0.5")]` (the threshold `t` defaults to 0.5 and must be
     /// above 0; other names are ignored, as in MXNet). From then on every pushed value,
     /// even a single one, is quantised to {−t, 0, +t} with a residual per key and per
@@ -462,6 +466,12 @@ impl KVStore {
     /// what was not sent to the next push; the quantised values are summed and merged
     /// as ever. `init` and `pull` are not compressed. Values must be float32. The
     /// residuals are not saved in checkpoints (nor were they in MXNet).
+    ///
+    /// Under `dist_sync` each worker quantises its own sum of a key's values (one
+    /// residual per key) and the workers exchange 2-bit codes, 16 to a 32-bit word (a
+    /// sixteenth of the bytes), then add every worker's quantised values up in rank
+    /// order: every worker gets the same bits. Every worker must set the same
+    /// compression before the same call (a push where they differ fails on every worker).
     ///
     /// ```
     /// use kvstore_core::{Context, KVStore, NDArray};
@@ -480,17 +490,13 @@ impl KVStore {
     /// [`Error::InvalidArgument`] for parameters MXNet refuses (no `type`, a type other
     /// than `2bit`, a threshold that is not a number above 0); [`Error::Unsupported`]
     /// on a `local` store (MXNet: "Gradient compression is not supported for this type
-    /// of kvstore") and, for now, on `dist_sync`. The store is unchanged then.
+    /// of kvstore"). The store is unchanged then.
     pub fn set_gradient_compression(&self, params: &[(&str, &str)]) -> Result<()> {
         let kind = &self.store.kind;
-        if !kind.contains("device") || self.store.collective.is_some() {
+        if !kind.contains("device") && self.store.collective.is_none() {
             return Err(Error::Unsupported {
                 what: format!("gradient compression on a {kind} store"),
-                hint: if self.store.collective.is_some() {
-                    "dist_sync pushes uncompressed values for now; a device store compresses".to_string()
-                } else {
-                    "as in MXNet, it is for device stores (create(\"device\"))".to_string()
-                },
+                hint: "as in MXNet, it is for device and dist_sync stores (create(\"device\"))".to_string(),
             });
         }
         let compression = compression::parse(params)?;

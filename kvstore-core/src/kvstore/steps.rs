@@ -169,6 +169,15 @@ impl Store {
             }
         };
         let form = if crate::engine::in_background() { "non-blocking" } else { "blocking" };
+        // Workers that compress their pushes and workers that do not would move other
+        // data: part of the form, so that they fail at once instead.
+        let compressed = match *self.compression.read() {
+            Some(c) if calls.iter().any(|(op, _)| op.contains("push")) => {
+                format!(", 2-bit compressed at threshold {}", c.threshold)
+            }
+            _ => String::new(),
+        };
+        let form = &format!("{form}{compressed}");
         let mut mine = fingerprint(&format!("{form} {what}"), seq, keys, refused_here != 0).to_vec();
         mine.extend_from_slice(&refused_here.to_le_bytes());
         let step = format!("{op} #{seq}");

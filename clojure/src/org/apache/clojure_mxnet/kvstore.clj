@@ -566,12 +566,14 @@
 (s/def ::compression-params (s/map-of (s/or :k keyword? :s string?) some?))
 
 (defn set-gradient-compression
-  "Sets MXNet's 2-bit gradient compression on a \"device\" store, from a map
-  such as `{:type \"2bit\" :threshold 0.5}` (keyword or string keys; every
-  value is sent as its string, as MXNet does): every value pushed from then
-  on, even a single one, is quantised to -t, 0 or +t with a residual per key
-  and per position in the push's values that carries what was not sent to the
-  next push. `init` and `pull` are not compressed; values must be float32.
+  "Sets MXNet's 2-bit gradient compression on a \"device\" or \"dist_sync\"
+  store, from a map such as `{:type \"2bit\" :threshold 0.5}` (keyword or
+  string keys; every value is sent as its string, as MXNet does): every value
+  pushed from then on, even a single one, is quantised to -t, 0 or +t with a
+  residual per key and per position in the push's values that carries what was
+  not sent to the next push (under dist_sync each worker quantises its own sum
+  of a key, and the workers exchange 2-bit codes). `init` and `pull` are not
+  compressed; values must be float32.
   `:threshold` defaults to 0.5 and must be above 0 (`:invalid-argument`); a
   \"local\" store answers `:unsupported`, as MXNet. Returns the store."
   [^KVStore kvstore params]

@@ -1025,19 +1025,21 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     }
 
     /**
-     * Sets MXNet's 2-bit gradient compression on a {@code device} store, for example
+     * Sets MXNet's 2-bit gradient compression on a {@code device} or {@code dist_sync} store,
+     * for example
      * {@code {"type": "2bit", "threshold": "0.5"}}: every value pushed from then on, even a
      * single one, is quantised to {-t, 0, +t} with a residual per key and per position in the
      * push's values that carries what was not sent to the next push; the quantised values are
      * summed and merged as ever. {@code init} and {@code pull} are not compressed; values must
-     * be float32. {@code threshold} defaults to 0.5; other names are ignored, as in MXNet.
+     * be float32. {@code threshold} defaults to 0.5; other names are ignored, as in MXNet. Under
+     * {@code dist_sync} each worker quantises its own sum of a key and the workers exchange
+     * 2-bit codes; every worker must set the same compression.
      *
      * @param params the parameters
      * @return this store
      * @throws KVStoreException {@code INVALID_ARGUMENT} for no {@code type}, a type other than
      *     {@code 2bit} or a threshold that is not a number above 0; {@code UNSUPPORTED} on a
-     *     {@code local} store (as MXNet) and, for now, on {@code dist_sync} (the store is
-     *     unchanged either way)
+     *     {@code local} store, as MXNet (the store is unchanged either way)
      */
     public KVStore setGradientCompression(Map<String, String> params) {
         Objects.requireNonNull(params, "params");
