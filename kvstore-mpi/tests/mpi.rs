@@ -71,6 +71,15 @@ fn compressed_pushes_sum_every_workers_quantised_values() {
 }
 
 #[test]
+fn half_compressed_pushes_round_each_workers_sum_once() {
+    for kind in ["fp16", "bf16"] {
+        let kv = store();
+        let bits = dist_cases::half_compressed_pushes_round_each_workers_sum_once(kv.rank(), &kv, kind);
+        assert_as_on_rank_0(&kv, &format!("{kind} bits"), bits);
+    }
+}
+
+#[test]
 fn case_23_init_push_and_test_optimizer() {
     let kv = store();
     dist_cases::case_23_init_push_and_test_optimizer(kv.rank(), &kv);

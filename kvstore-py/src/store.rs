@@ -377,6 +377,8 @@ impl PyStore {
     /// as ever. ``init`` and ``pull`` are not compressed; values must be float32. Under
     /// ``dist_sync`` each worker quantises its own sum of a key (one residual per key)
     /// and the workers exchange 2-bit codes; every worker must set the same compression.
+    /// ``{"type": "fp16"}`` or ``"bf16"`` (this store's extension, ``dist_sync`` only)
+    /// rounds each worker's sums once to that 16-bit float for the wire instead.
     ///
     /// ``type`` is required and must be ``"2bit"``; ``threshold`` (default 0.5) must be
     /// above 0 (``ValueError`` otherwise); other names are ignored, as in MXNet. On a

@@ -385,3 +385,39 @@ pub fn compressed_pushes_sum_every_workers_quantised_values(rank: usize, kv: &KV
     }
     bits
 }
+
+/// fp16 and bf16 wire compression under dist_sync: each worker's sum of its two values
+/// is rounded once to the 16-bit type, and the stored value is the f32 sum of those, in
+/// rank order; checked against that model, the bits returned for comparing workers.
+pub fn half_compressed_pushes_round_each_workers_sum_once(rank: usize, kv: &KVStore, kind: &str) -> Vec<u8> {
+    let workers = kv.num_workers();
+    let round = |x: f32| -> f32 {
+        match kind {
+            "fp16" => kvstore_core::f16::from_f32(x).to_f32(),
+            _ => kvstore_core::bf16::from_f32(x).to_f32(),
+        }
+    };
+    let value = |w: usize, s: usize, i: usize| -> Vec<f32> {
+        (0..19)
+            .map(|j| (((w * 5 + s * 3 + i * 11 + j * 13) % 17) as f32 - 8.3) * 1.000_123_4f32.powi(j as i32))
+            .collect()
+    };
+    kv.set_gradient_compression(&[("type", kind)]).expect("set_gradient_compression");
+    kv.init("h", &NDArray::zeros(&[19]).expect("zeros")).expect("init");
+    let mut bits = Vec::new();
+    for s in 0..3 {
+        let mine: Vec<NDArray> = (0..2).map(|i| NDArray::from_vec(&[19], value(rank, s, i)).expect("value")).collect();
+        kv.push("h", &mine[..], 0).expect("push");
+        let mut want = vec![0.0f32; 19];
+        for w in 0..workers {
+            let local: Vec<f32> = value(w, s, 0).iter().zip(value(w, s, 1)).map(|(a, b)| a + b).collect();
+            for (o, x) in want.iter_mut().zip(local) {
+                *o = if w == 0 { round(x) } else { *o + round(x) };
+            }
+        }
+        let got = kv.pull_new("h", 0).expect("pull");
+        assert_eq!(got.to_vec::<f32>().expect("f32"), want, "rank {rank}, step {s}, {kind}");
+        bits.extend(crate::device_checks::bits(&got));
+    }
+    bits
+}

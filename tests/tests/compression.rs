@@ -195,3 +195,19 @@ fn a_push_compressed_on_one_worker_and_not_on_another_fails_on_both() {
         assert!(e.contains("compressed at threshold 0.5") && e.contains("differ"), "{e}");
     }
 }
+
+#[test]
+fn dist_sync_workers_add_up_each_others_sums_rounded_to_16_bits() {
+    for kind in ["fp16", "bf16"] {
+        for workers in [1, 2, 3] {
+            let bits = kvstore_tests::run_workers(workers, move |rank, kv| {
+                kvstore_tests::dist_cases::half_compressed_pushes_round_each_workers_sum_once(rank, &kv, kind)
+            });
+            assert!(bits.iter().all(|b| *b == bits[0]), "{kind}, {workers} workers: the same bits on every worker");
+        }
+    }
+    // A device store has no wire: only MXNet's 2bit.
+    let e = KVStore::create("device").unwrap().set_gradient_compression(&[("type", "fp16")]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported);
+    assert!(e.to_string().contains("dist_sync"), "{e}");
+}

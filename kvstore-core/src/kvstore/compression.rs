@@ -9,10 +9,58 @@
 //! On the wire (MXNet's layout, for `dist_*`) 16 values share a 32-bit word, 2 bits
 //! each (`11` = +t, `10` = −t, `00` = 0): value `i` is in byte `(i % 16) / 4` of its
 //! word, bit pair `i % 4` counted from the byte's most significant bits.
+//!
+//! An extension of this store's, for `dist_*` only: `fp16` and `bf16`, each worker's
+//! sums rounded once to 16 bits for the wire (half the bytes) and added up in f32, as
+//! Horovod's fp16 compression does but with the sum in f32; no residual.
 
 use crate::error::{Error, Result};
 
 /// The store's compression, once set.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Compression {
+    TwoBit(TwoBit),
+    /// Sums rounded to a 16-bit float on the wire (`dist_*` only).
+    Half(Half),
+}
+
+/// The 16-bit float a [`Compression::Half`] sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Half {
+    F16,
+    Bf16,
+}
+
+impl Half {
+    /// `x` rounded to this type (to nearest, ties to even), as its bits.
+    pub(crate) fn round(self, x: f32) -> u16 {
+        match self {
+            Half::F16 => half::f16::from_f32(x).to_bits(),
+            Half::Bf16 => half::bf16::from_f32(x).to_bits(),
+        }
+    }
+
+    /// The f32 that `bits` of this type stand for (exact).
+    pub(crate) fn widen(self, bits: u16) -> f32 {
+        match self {
+            Half::F16 => half::f16::from_bits(bits).to_f32(),
+            Half::Bf16 => half::bf16::from_bits(bits).to_f32(),
+        }
+    }
+}
+
+impl Compression {
+    /// How a desync message names it (no parenthesis: it ends a call's form).
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Compression::TwoBit(c) => format!("2-bit compressed at threshold {}", c.threshold),
+            Compression::Half(Half::F16) => "fp16 compressed".to_string(),
+            Compression::Half(Half::Bf16) => "bf16 compressed".to_string(),
+        }
+    }
+}
+
+/// MXNet's `2bit` compression.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct TwoBit {
     /// The quantum `t` (> 0).
@@ -51,18 +99,24 @@ fn quantum(r: f32, t: f32) -> (u32, f32) {
 const DEFAULT_THRESHOLD: f32 = 0.5;
 
 /// Parses `set_gradient_compression`'s parameters with MXNet's rules: `type` is required
-/// and must be `2bit`; `threshold` (default 0.5) must be a number above 0; other names
-/// are ignored.
-pub(crate) fn parse(params: &[(&str, &str)]) -> Result<TwoBit> {
+/// and must be `2bit` (or this store's `fp16` or `bf16`); `threshold` (default 0.5) must
+/// be a number above 0; other names are ignored.
+pub(crate) fn parse(params: &[(&str, &str)]) -> Result<Compression> {
     let get = |name: &str| params.iter().rev().find(|(k, _)| k.trim() == name).map(|(_, v)| v.trim());
     let kind = get("type").ok_or_else(|| {
         Error::invalid_argument("gradient compression: the parameter \"type\" is required (\"2bit\")")
     })?;
-    if kind != "2bit" {
-        return Err(Error::invalid_argument(format!(
-            "gradient compression: unknown type {:?}: the type is \"2bit\"",
-            crate::key::shorten(kind)
-        )));
+    match kind {
+        "2bit" => {}
+        "fp16" => return Ok(Compression::Half(Half::F16)),
+        "bf16" => return Ok(Compression::Half(Half::Bf16)),
+        _ => {
+            return Err(Error::invalid_argument(format!(
+                "gradient compression: unknown type {:?}: the types are \"2bit\" (MXNet's), and \"fp16\" and \"bf16\" \
+                 for dist_sync",
+                crate::key::shorten(kind)
+            )));
+        }
     }
     let threshold = match get("threshold") {
         None => DEFAULT_THRESHOLD,
@@ -78,7 +132,7 @@ pub(crate) fn parse(params: &[(&str, &str)]) -> Result<TwoBit> {
             "gradient compression: threshold must be greater than 0 (and finite), got {threshold}"
         )));
     }
-    Ok(TwoBit { threshold })
+    Ok(Compression::TwoBit(TwoBit { threshold }))
 }
 
 impl TwoBit {
@@ -207,8 +261,11 @@ mod tests {
 
     #[test]
     fn parameters_follow_mxnets_rules() {
-        assert_eq!(parse(&[("type", "2bit")]).unwrap().threshold, 0.5);
-        assert_eq!(parse(&[("type", "2bit"), ("threshold", "0.25"), ("other", "x")]).unwrap().threshold, 0.25);
+        let two = |t| Compression::TwoBit(TwoBit { threshold: t });
+        assert_eq!(parse(&[("type", "2bit")]).unwrap(), two(0.5));
+        assert_eq!(parse(&[("type", "2bit"), ("threshold", "0.25"), ("other", "x")]).unwrap(), two(0.25));
+        assert_eq!(parse(&[("type", "fp16"), ("threshold", "-1")]).unwrap(), Compression::Half(Half::F16));
+        assert_eq!(parse(&[("type", "bf16")]).unwrap(), Compression::Half(Half::Bf16));
         for (params, says) in [
             (&[("threshold", "0.5")][..], "\"type\" is required"),
             (&[("type", "3bit")][..], "unknown type"),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLockWriteGuard;
 
-use super::compression::TwoBit;
+use super::compression::{Compression, Half, TwoBit};
 use super::{Entry, Group, Slot, Store, locks::Held};
 use crate::collective::Collective;
 use crate::comm::{BroadcastJob, PushKey, ReduceJob};
@@ -146,8 +146,7 @@ impl Store {
             _ => None,
         };
         let mut quantised: Vec<Option<Quantised>> = match compression.filter(|_| self.collective.is_none()) {
-            None => Vec::new(),
-            Some(c) => push
+            Some(Compression::TwoBit(c)) => push
                 .iter()
                 .zip(push_slots)
                 .map(|(g, &i)| {
@@ -155,6 +154,8 @@ impl Store {
                     quantise(c, g.arrays, residuals, residual_spares).map(Some)
                 })
                 .collect::<Result<_>>()?,
+            // (A device store takes no other compression.)
+            _ => Vec::new(),
         };
         let quantised_refs: Vec<Option<Vec<&NDArray>>> =
             quantised.iter().map(|q| q.as_ref().map(|q| q.values.iter().collect())).collect();
@@ -345,17 +346,17 @@ fn spare(spares: &mut [Vec<f32>], position: usize, len: usize) -> Vec<f32> {
     r
 }
 
-/// A dist_sync push under gradient compression: the buffers each pushed key's new
-/// residual is written into (in the call's order, that of the sums' jobs), taken from
-/// the keys' spares.
+/// A dist_sync push under gradient compression: for 2-bit, the buffers each pushed
+/// key's new residual is written into (in the call's order, that of the sums' jobs),
+/// taken from the keys' spares.
 struct Across {
-    compression: TwoBit,
+    compression: Compression,
     spares: Vec<Vec<f32>>,
 }
 
 impl Across {
     fn new(
-        compression: TwoBit,
+        compression: Compression,
         push: &[Pushed<'_>],
         push_slots: &[usize],
         guards: &mut [RwLockWriteGuard<'_, Slot>],
@@ -366,10 +367,12 @@ impl Across {
             if let Some(d) = g.arrays.iter().map(|a| a.dtype()).chain([slot.value.dtype()]).find(|d| *d != DType::F32) {
                 return Err(not_float32(d));
             }
-            if slot.residuals.first().is_some_and(|r| r.len() != slot.value.size()) {
-                slot.residuals.clear();
+            if let Compression::TwoBit(_) = compression {
+                if slot.residuals.first().is_some_and(|r| r.len() != slot.value.size()) {
+                    slot.residuals.clear();
+                }
+                spares.push(spare(&mut slot.residual_spares, 0, slot.value.size()));
             }
-            spares.push(spare(&mut slot.residual_spares, 0, slot.value.size()));
         }
         Ok(Across { compression, spares })
     }
@@ -380,7 +383,10 @@ impl Across {
     /// each worker adds their values up in rank order, so every worker gets the same
     /// bits.
     fn sum(&mut self, group: &dyn Collective, pairs: &[(&NDArray, &NDArray)], residuals: &[&[f32]]) -> Result<()> {
-        let c = self.compression;
+        let c = match self.compression {
+            Compression::TwoBit(c) => c,
+            Compression::Half(h) => return sum_halves(h, group, pairs),
+        };
         let mut mine = Vec::new();
         for (((src, _), old), new) in pairs.iter().zip(residuals).zip(&mut self.spares) {
             src.with_data(|g: &[f32]| c.quantize_packed(g, old, new, &mut mine))?;
@@ -404,8 +410,36 @@ impl Across {
     }
 }
 
+/// `dst = sum over the workers of src rounded to h` for each pair: each worker's sums
+/// cross as 16-bit floats (half the bytes) and every worker adds them up in f32, in
+/// rank order.
+fn sum_halves(h: Half, group: &dyn Collective, pairs: &[(&NDArray, &NDArray)]) -> Result<()> {
+    let mut mine = Vec::with_capacity(pairs.iter().map(|(s, _)| 2 * s.size()).sum());
+    for (src, _) in pairs {
+        src.with_data(|g: &[f32]| mine.extend(g.iter().flat_map(|&x| h.round(x).to_le_bytes())))?;
+    }
+    let all = group.all_gather("a compressed push", &mine)?;
+    if mine.is_empty() {
+        return Ok(());
+    }
+    let mut at = 0;
+    for (_, dst) in pairs {
+        let len = 2 * dst.size();
+        dst.with_data_mut(|d: &mut [f32]| {
+            for (r, theirs) in all.chunks(mine.len()).enumerate() {
+                let values = theirs[at..at + len].chunks_exact(2).map(|b| h.widen(u16::from_le_bytes([b[0], b[1]])));
+                for (o, v) in d.iter_mut().zip(values) {
+                    *o = if r == 0 { v } else { *o + v };
+                }
+            }
+        })?;
+        at += len;
+    }
+    Ok(())
+}
+
 fn not_float32(got: DType) -> Error {
-    Error::invalid_argument(format!("gradient compression quantises float32 values: got {got} (as MXNet's 2bit)"))
+    Error::invalid_argument(format!("gradient compression takes float32 values (as MXNet's 2bit): got {got}"))
 }
 
 /// `values` quantised with `residuals` (by position; zeros where there is none yet),

@@ -176,7 +176,7 @@ pub(crate) struct Store {
     table: RwLock<Table>,
     merger: RwLock<Merger>,
     /// Gradient compression, once set ([`KVStore::set_gradient_compression`]).
-    compression: RwLock<Option<compression::TwoBit>>,
+    compression: RwLock<Option<compression::Compression>>,
     unobserved: Unobserved,
     /// The number of this store's calls that communicated (`dist_sync`), for desync
     /// detection (`kvstore/steps.rs`).
@@ -473,6 +473,10 @@ impl KVStore {
     /// order: every worker gets the same bits. Every worker must set the same
     /// compression before the same call (a push where they differ fails on every worker).
     ///
+    /// An extension for `dist_sync` only: `[("type", "fp16")]` or `"bf16"` rounds each
+    /// worker's sums once to that 16-bit float for the wire (half the bytes, no
+    /// residual), and the workers add them up in f32, in rank order.
+    ///
     /// ```
     /// use kvstore_core::{Context, KVStore, NDArray};
     /// let kv = KVStore::create("device")?;
@@ -488,9 +492,10 @@ impl KVStore {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for parameters MXNet refuses (no `type`, a type other
-    /// than `2bit`, a threshold that is not a number above 0); [`Error::Unsupported`]
-    /// on a `local` store (MXNet: "Gradient compression is not supported for this type
-    /// of kvstore"). The store is unchanged then.
+    /// than `2bit`, `fp16` or `bf16`, a threshold that is not a number above 0);
+    /// [`Error::Unsupported`] on a `local` store (MXNet: "Gradient compression is not
+    /// supported for this type of kvstore"), and for `fp16`/`bf16` on a `device` store.
+    /// The store is unchanged then.
     pub fn set_gradient_compression(&self, params: &[(&str, &str)]) -> Result<()> {
         let kind = &self.store.kind;
         if !kind.contains("device") && self.store.collective.is_none() {
@@ -500,6 +505,14 @@ impl KVStore {
             });
         }
         let compression = compression::parse(params)?;
+        if matches!(compression, compression::Compression::Half(_)) && self.store.collective.is_none() {
+            return Err(Error::Unsupported {
+                what: format!("{} gradient compression on a {kind} store", params_type(params)),
+                hint: "fp16 and bf16 round what crosses the network: they are for dist_sync stores; a device \
+                       store takes MXNet's \"2bit\""
+                    .to_string(),
+            });
+        }
         // Pushes made before this call are not compressed; those after are.
         self.settle()?;
         *self.store.compression.write() = Some(compression);
@@ -1236,6 +1249,11 @@ impl Store {
         }
         self.apply(&push, &pull, &push_slots, &pull_slots, &mut guards, &merger, None)
     }
+}
+
+/// The `type` of gradient-compression parameters, for messages.
+fn params_type(params: &[(&str, &str)]) -> String {
+    params.iter().rev().find(|(k, _)| k.trim() == "type").map_or(String::new(), |(_, v)| v.trim().to_string())
 }
 
 #[cfg(test)]

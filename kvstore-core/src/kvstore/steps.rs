@@ -173,7 +173,7 @@ impl Store {
         // data: part of the form, so that they fail at once instead.
         let compressed = match *self.compression.read() {
             Some(c) if calls.iter().any(|(op, _)| op.contains("push")) => {
-                format!(", 2-bit compressed at threshold {}", c.threshold)
+                format!(", {}", c.describe())
             }
             _ => String::new(),
         };

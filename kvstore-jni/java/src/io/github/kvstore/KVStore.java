@@ -1033,7 +1033,9 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * summed and merged as ever. {@code init} and {@code pull} are not compressed; values must
      * be float32. {@code threshold} defaults to 0.5; other names are ignored, as in MXNet. Under
      * {@code dist_sync} each worker quantises its own sum of a key and the workers exchange
-     * 2-bit codes; every worker must set the same compression.
+     * 2-bit codes; every worker must set the same compression. {@code {"type": "fp16"}} or
+     * {@code "bf16"} (an extension, {@code dist_sync} only) rounds each worker's sums once to
+     * that 16-bit float for the wire instead.
      *
      * @param params the parameters
      * @return this store
