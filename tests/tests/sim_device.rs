@@ -368,3 +368,41 @@ fn arrays_over_device_buffers_made_elsewhere_are_used_in_place() {
     let e = NDArray::from_device_buffer(&[3], DType::F32, Context::gpu(99), buffer_of(&[0.0; 3]), true).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::DeviceUnavailable, "{e}");
 }
+
+/// `dist_sync_device` (and MXNet's `dist_device_sync`): each worker sums its values on
+/// their devices with the reduction kernel, then across the workers, giving the bits a
+/// `dist_sync` store gives for the same values (which it sums on the host); the key
+/// lives on a device.
+#[test]
+fn dist_sync_device_sums_each_workers_values_on_its_devices_first() {
+    let _s = switches();
+    let sim = sim();
+    let n = 4099;
+    let run = |kind: &'static str| {
+        kvstore_tests::run_members(2, move |rank, member| {
+            let group: Arc<dyn kvstore_core::backend::Collective> = member;
+            let kv = KVStore::builder(kind).collective(group).build().expect("store");
+            kv.init("k", &values(n, 99, DType::F32, Context::cpu(0))).expect("init");
+            let mut pulled = Vec::new();
+            for step in 0..3u64 {
+                let vals: Vec<NDArray> = (0..3)
+                    .map(|i| values(n, step * 10 + i + 100 * rank as u64, DType::F32, Context::gpu(i as u32 % 2)))
+                    .collect();
+                kv.push("k", &vals, 0).expect("push");
+                pulled.push(bits(&kv.pull_new("k", 0).expect("pull")));
+            }
+            pulled
+        })
+    };
+    let before = sim.reduces.load(Ordering::SeqCst);
+    let host = run("dist_sync");
+    assert_eq!(sim.reduces.load(Ordering::SeqCst), before, "dist_sync sums on the host");
+    for kind in ["dist_sync_device", "dist_device_sync"] {
+        let before = sim.reduces.load(Ordering::SeqCst);
+        let device = run(kind);
+        // 2 workers x 3 pushes, each a reduction of 3 values on a device.
+        assert!(sim.reduces.load(Ordering::SeqCst) >= before + 6, "{kind}: the kernel summed each worker's values");
+        assert_eq!(device, host, "{kind}: the bits of dist_sync");
+        assert_eq!(device[0], device[1], "{kind}: the same bits on both workers");
+    }
+}

@@ -16,6 +16,9 @@ pub(crate) enum StoreKind {
     Device,
     /// `dist_sync`: reduce locally, then sum across the workers of a [`Collective`](crate::backend::Collective).
     Dist,
+    /// `dist_sync_device` (MXNet's other spelling `dist_device_sync`): as `dist_sync`, but
+    /// each worker reduces its values on their devices first, as `device` does.
+    DistDevice,
 }
 
 /// The kinds a store can be, as the README lists them (`dist_sync` with a worker
@@ -31,7 +34,8 @@ impl StoreKind {
             "local" | "local_update_cpu" | "local_allreduce_cpu" => Ok(StoreKind::Local),
             "device" | "local_allreduce_device" => Ok(StoreKind::Device),
             // MXNet's synchronous spellings; `_async` ones are not synchronous.
-            "dist_sync" | "dist" | "dist_sync_device" | "dist_device_sync" => Ok(StoreKind::Dist),
+            "dist_sync" | "dist" => Ok(StoreKind::Dist),
+            "dist_sync_device" | "dist_device_sync" => Ok(StoreKind::DistDevice),
             _ if lower.contains("dist") || lower.contains("nccl") => Err(Error::Unsupported {
                 what: format!("store kind \"{}\"", crate::key::shorten(&lower)),
                 hint: format!(
@@ -48,7 +52,7 @@ impl StoreKind {
     /// Whether stores of this kind sum across the processes of a job (they need a
     /// worker group).
     pub(crate) fn spans_processes(self) -> bool {
-        self == StoreKind::Dist
+        matches!(self, StoreKind::Dist | StoreKind::DistDevice)
     }
 
     /// The `Comm` of a store of this kind: `threads` 0 for the shared host pool.
@@ -58,6 +62,8 @@ impl StoreKind {
             StoreKind::Device => Box::new(CommDevice::new(threads)?),
             // Workers sum their values where they are, then across the job.
             StoreKind::Dist => Box::new(CommCpu::new(threads)?.without_host_staging()),
+            // Each worker sums its values on their devices, then across the job.
+            StoreKind::DistDevice => Box::new(CommDevice::new(threads)?),
         })
     }
 }

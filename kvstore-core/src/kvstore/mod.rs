@@ -171,7 +171,7 @@ pub(crate) struct Store {
     collective: Option<Arc<dyn Collective>>,
     kind: String,
     /// How data moves and where keys live (`CommCpu` for `local` and `dist_sync`,
-    /// `CommDevice` for `device`).
+    /// `CommDevice` for `device` and `dist_sync_device`).
     comm: Box<dyn Comm>,
     table: RwLock<Table>,
     merger: RwLock<Merger>,
