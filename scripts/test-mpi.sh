@@ -96,6 +96,19 @@ bad_setting KVSTORE_MPI_BUCKET_BYTES lots bucket_bytes_come_from_the_environment
 bad_setting KVSTORE_TIMEOUT soon timeout_comes_from_the_environment
 bad_setting KVSTORE_MPI_SHARED_MEMORY maybe shared_memory_comes_from_the_environment
 
+# Ranks started with shared memory on and off (mpirun's MPMD form): the first fused sum
+# agrees on MPI's messages for all, instead of one rank waiting at a barrier the other
+# never reaches.
+log=$logs/mpi-shared-memory-mixed.log
+tests=(--test-threads=1 --exact a_key_sums_alike_alone_and_fused zz_finalize_mpi)
+if timeout 120 "${MPIRUN[@]}" -x KVSTORE_MPI_SHARED_MEMORY=1 -np 1 "$bin" "${tests[@]}" : \
+    -x KVSTORE_MPI_SHARED_MEMORY=0 -np 1 "$bin" "${tests[@]}" >"$log" 2>&1 &&
+    [ "$(grep -c '2 passed' "$log")" -eq 2 ]; then
+    pass "ranks started with shared memory on and off agree on MPI's messages"
+else
+    fail "ranks started with shared memory on and off: FAILED (124: the job hung)" "$log"
+fi
+
 # A worker that is alive but stuck (one of three), before a push and before finalize:
 # with a 3 s timeout the job ends within seconds, the waiting ranks naming the stuck rank
 # and the call.

@@ -47,12 +47,14 @@ enum Window {
 }
 
 impl Mpi {
-    /// The shared window with slots of `slot_bytes`, opened (collectively) on first use:
-    /// `None` where some rank does not run on this machine.
-    fn window(&mut self, slot_bytes: usize) -> Option<&mut NodeWindow> {
+    /// The shared window with slots of `slot_bytes`, opened (collectively) at the first
+    /// fused bucket: `None`, on every rank alike, where some rank does not run on this
+    /// machine or did not want it then (`wanted`: a rank started with
+    /// `KVSTORE_MPI_SHARED_MEMORY=0` turns it off for all).
+    fn window(&mut self, slot_bytes: usize, wanted: bool) -> Option<&mut NodeWindow> {
         if matches!(self.window, Window::NotYet) {
             // Slots for the largest bucket, whatever its dtype.
-            let opened = NodeWindow::open(&self.world, PACKED_BYTES.max(slot_bytes));
+            let opened = NodeWindow::open(&self.world, PACKED_BYTES.max(slot_bytes), wanted);
             self.window = opened.map_or(Window::No, Window::Open);
         }
         match &mut self.window {
@@ -280,7 +282,8 @@ impl MpiGroup {
 
     /// Sets whether fused sums may go through shared memory (see
     /// [`MpiGroup::shared_memory`]); every rank must set the same, at the same point of
-    /// its calls.
+    /// its calls. The ranks decide at the job's first fused sum whether the shared
+    /// memory exists at all: where some rank had it off then, it stays unused.
     pub fn set_shared_memory(&self, on: bool) {
         self.shared_memory.store(on, Ordering::Relaxed);
     }
@@ -637,11 +640,12 @@ impl MpiGroup {
         let buckets = plan(pairs, bucket);
         let background = in_background();
         let through_window = self.with_mpi(|mpi| -> Result<bool> {
-            // Opened at the first bucket that may use it (every rank says the same).
+            // Opened at the first fused bucket, every rank agreeing; then used while this
+            // rank wants it (every rank must say the same: `set_shared_memory`).
             let wanted = self.shared_memory.load(Ordering::Relaxed);
-            let window = match wanted.then(|| mpi.window(bucket * size_of::<W>())).flatten() {
-                Some(w) => w,
-                None => {
+            let window = match mpi.window(bucket * size_of::<W>(), wanted) {
+                Some(w) if wanted => w,
+                _ => {
                     self.used_shared_memory.store(false, Ordering::Relaxed);
                     return Ok(false);
                 }

@@ -84,11 +84,11 @@ fn all_agree(world: &SimpleCommunicator, ok: bool) -> bool {
 impl NodeWindow {
     /// Opens the window, collectively over `world` (every rank must call it, with the
     /// same `slot_bytes`): `None`, on every rank alike, unless every rank runs on this
-    /// machine.
-    pub(crate) fn open(world: &SimpleCommunicator, slot_bytes: usize) -> Option<NodeWindow> {
+    /// machine and `wanted` it.
+    pub(crate) fn open(world: &SimpleCommunicator, slot_bytes: usize, wanted: bool) -> Option<NodeWindow> {
         let size = world.size();
         let comm = world.split_shared(world.rank());
-        if !all_agree(world, size > 1 && comm.size() == size && comm.rank() == world.rank()) {
+        if !all_agree(world, wanted && size > 1 && comm.size() == size && comm.rank() == world.rank()) {
             return None;
         }
         let bytes = isize::try_from(2 * slot_bytes).ok()?;
