@@ -67,8 +67,8 @@ pub trait Collective: Send + Sync {
 
     /// Every worker's `mine` (every worker gives the same number of bytes, any number)
     /// for the data of the call `step`, one after another in rank order (worker `r`'s
-    /// at `r * mine.len()`): how 2-bit compressed pushes move
-    /// their codes (`kvstore/compression.rs`). The default sums per-worker slots with
+    /// at `r * mine.len()`): how compressed pushes move their 2-bit codes or 16-bit
+    /// floats (`kvstore/compression.rs`). The default sums per-worker slots with
     /// [`Collective::allreduce_sum`]; a transport may do better (kvstore-mpi: MPI's
     /// allgather).
     ///

@@ -653,6 +653,8 @@ impl MpiGroup {
             self.used_shared_memory.store(true, Ordering::Relaxed);
             let mut converted = None;
             for pieces in &buckets {
+                // Each bucket is one wait for the other ranks, timed on its own.
+                watchdog::Watched::restart();
                 let len = pieces.iter().map(|p| p.2).sum();
                 pack::<W>(pairs, pieces, window.my_slot::<W>(len), &mut converted)?;
                 window.publish::<W, _>(len, background, |slots| store_sums(pairs, pieces, slots))?;
@@ -910,6 +912,12 @@ mod watchdog {
         pub(super) fn start() -> Self {
             BUSY_SINCE.store(now_ms(), Ordering::SeqCst);
             Watched(())
+        }
+
+        /// Starts the clock of the call in progress again: one MPI call of several
+        /// made under one `Watched` has finished, and the next begins.
+        pub(super) fn restart() {
+            BUSY_SINCE.store(now_ms(), Ordering::SeqCst);
         }
     }
 

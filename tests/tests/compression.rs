@@ -211,3 +211,24 @@ fn dist_sync_workers_add_up_each_others_sums_rounded_to_16_bits() {
     assert_eq!(e.kind(), ErrorKind::Unsupported);
     assert!(e.to_string().contains("dist_sync"), "{e}");
 }
+
+/// Non-blocking pushes fused into one batch under compression: a push of a key that is
+/// not float32 fails alone, as it does when made blocking; the others go on.
+#[test]
+fn a_fused_push_that_cannot_be_compressed_fails_alone() {
+    let results = kvstore_tests::run_workers(2, |_, kv| {
+        kv.set_gradient_compression(&[("type", "2bit"), ("threshold", "1")]).unwrap();
+        kv.init("w", &NDArray::zeros(&[3]).unwrap()).unwrap();
+        kv.init("steps", &NDArray::zeros_with(&[1], DType::I64, Context::cpu(0)).unwrap()).unwrap();
+        let g = NDArray::from_vec(&[3], vec![0.5f32, 1.5, -2.5]).unwrap();
+        let a = kv.push_async("w", &g, 0);
+        let b = kv.push_async("steps", &NDArray::ones_with(&[1], DType::I64, Context::cpu(0)).unwrap(), 0);
+        let (a, b) = (a.wait(), b.wait().map_err(|e| e.to_string()));
+        (a.is_ok(), b, kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap())
+    });
+    for (ok, b, w) in results {
+        assert!(ok, "the float32 push went on");
+        assert!(b.expect_err("the int64 push").contains("float32"));
+        assert_eq!(w, vec![0.0, 2.0, -2.0], "both workers' quantised 0.5, 1.5, -2.5");
+    }
+}

@@ -562,3 +562,34 @@ fn an_updater_on_the_callers_thread_that_waits_for_its_engine_gets_an_error() {
         assert_eq!(other.pull_new("k0", 0).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 4]);
     });
 }
+
+/// A blocking `dist_sync` call from inside another store's updater fails as it always
+/// did (the updater may not wait for that store), whether or not the `dist_sync`
+/// engine is idle: it never runs in the worker's stead there, so the workers of a job
+/// cannot see it succeed on one and fail on another.
+#[test]
+fn a_blocking_call_from_another_stores_updater_fails_even_on_an_idle_engine() {
+    run(1, None, |_, kv, _| {
+        init(&kv, 1, 4);
+        let kv = Arc::new(kv);
+        let local = KVStore::create("local").unwrap();
+        local.init("x", &NDArray::zeros(&[4]).unwrap()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tx = std::sync::Mutex::new(tx);
+        let dist = Arc::clone(&kv);
+        local
+            .set_updater(move |_: &kvstore_core::Key, _, merged: &NDArray, stored: &NDArray| {
+                let r = dist.push("k0", &NDArray::ones(&[4]).unwrap(), 0);
+                tx.lock().unwrap().send(r.map_err(|e| e.to_string())).unwrap();
+                stored.add_assign(merged)
+            })
+            .unwrap();
+        for _ in 0..3 {
+            kv.wait_all().unwrap(); // the dist_sync engine is idle
+            local.push("x", &NDArray::ones(&[4]).unwrap(), 0).unwrap();
+            let e = rx.recv().unwrap().expect_err("a blocking call from another store's updater");
+            assert!(e.contains("from inside an updater of another store"), "{e}");
+        }
+        assert_eq!(kv.pull_new("k0", 0).unwrap().to_vec::<f32>().unwrap(), vec![0.0; 4], "no push ran");
+    });
+}

@@ -18,7 +18,9 @@
 //!
 //! An ordered engine (shared by the `dist_sync` stores of a worker group) has one thread and
 //! ignores priority: its calls run one at a time in submission order, so every worker of
-//! a job issues the same collectives in the same order, however the calls were timed.
+//! a job issues the same collectives in the same order, however the calls were timed. A
+//! blocking call made while it is idle may run on its caller's thread in the worker's
+//! stead, holding the engine's `running` lock ([`Engine::stand_in`]): still one at a time.
 //!
 //! A blocking call first asks [`Engine::may_run_now`]: when none of its vars is busy it
 //! runs at once on the caller's thread (no hand-over to a worker); otherwise it is
@@ -570,7 +572,7 @@ impl Engine {
 
     /// Whether a call on `vars` may run now on the caller's thread: no queued or running
     /// call of the engine holds or wants any of them (always false for an ordered
-    /// engine, whose calls all run on its worker).
+    /// engine, whose calls run one at a time: see [`Engine::stand_in`]).
     ///
     /// Such a call is not registered: the caller waits for it, so no later call of that
     /// thread can overtake it, and calls of other threads made meanwhile are concurrent
@@ -643,6 +645,10 @@ impl Engine {
         }
         self.release_held(None);
         self.wait_until(|_| self.shared.is_idle());
+        // And a blocking call running on its caller's thread in the worker's stead.
+        if self.shared.ordered {
+            drop(self.shared.running.lock());
+        }
     }
 
     /// Waits, counted among the idle waiters, until `done` says so: looked at now and

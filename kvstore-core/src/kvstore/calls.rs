@@ -263,14 +263,19 @@ impl KVStore {
             }
             return self.store.push_pull(op, push, pull, spread);
         }
-        if let Some(stand_in) = self.engine.stand_in() {
+        // On an ordered engine, a call from a caller's own thread (not an updater's, nor
+        // an engine's: theirs queue or fail as ever, whatever the timing) may run in the
+        // worker's stead. Its arrays are made ready first: their waits may need the worker.
+        if self.engine.is_ordered() && !locks::inside_updater() && engine::current_worker() == 0 {
             for value in push.iter().flat_map(|g| &g.arrays) {
                 value.prepare_for_call(false)?;
             }
             for out in pull.iter().flat_map(|g| &g.arrays) {
                 out.prepare_for_call(true)?;
             }
-            return stand_in.run(|| self.store.push_pull(op, push, pull, spread));
+            if let Some(stand_in) = self.engine.stand_in() {
+                return stand_in.run(|| self.store.push_pull(op, push, pull, spread));
+            }
         }
         if locks::inside_updater() {
             return Err(locks::busy_store(op));

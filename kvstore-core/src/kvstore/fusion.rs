@@ -38,6 +38,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use super::calls::{Copies, Input, Owned, borrow, borrow_inputs, start_reads};
+use super::merge::compressible;
 use super::steps::StepKey;
 use super::{Calls, Done, Found, Group, KVStore, Merger, Pending, Store, check_group, locks::Held, slots};
 use crate::engine::{self, HeldBatch, HeldCalls, Var, Vars};
@@ -194,6 +195,8 @@ impl Store {
             Ok(l) => l,
             Err(e) => return every(e),
         };
+        // Read once: what the workers compare is what the sums do.
+        let compression = *self.compression.read();
         // Where each call's keys are among the locked ones.
         let at: Result<Vec<(Vec<usize>, Vec<usize>)>> = grouped
             .iter()
@@ -221,6 +224,7 @@ impl Store {
             .map(|((op, push, pull), (push_at, pull_at))| {
                 check(op, "value", push, push_at)
                     .and_then(|()| optimizer(push, push_at))
+                    .and_then(|()| compressible(compression, push))
                     .and_then(|()| check(op, "out", pull, pull_at))
             })
             .collect();
@@ -234,7 +238,7 @@ impl Store {
             .flat_map(|((_, push, _), (push_at, _))| push.iter().zip(push_at))
             .map(|(g, &i)| (&g.entry.key, guards[i].value.shape(), guards[i].value.dtype()))
             .collect();
-        let mut results = match self.check_calls(OP, &counts, &keys, local) {
+        let mut results = match self.check_calls(OP, &counts, &keys, local, compression) {
             Ok(r) => r,
             Err(e) => return every(e),
         };
@@ -258,7 +262,8 @@ impl Store {
         let (pull, (pull_slots, pull_calls)): (Vec<Group<'_>>, (Vec<usize>, Vec<usize>)) =
             pull.into_iter().map(|(g, i, n)| (g, (i, n))).unzip();
         let mut calls = Calls { push: push_calls, pull: pull_calls, results: &mut results };
-        let applied = self.apply(&push, &pull, &push_slots, &pull_slots, &mut guards, &merger, Some(&mut calls));
+        let applied =
+            self.apply(&push, &pull, &push_slots, &pull_slots, &mut guards, &merger, compression, Some(&mut calls));
         if let Err(e) = applied {
             for r in results.iter_mut().filter(|r| r.is_ok()) {
                 *r = Err(e.clone());

@@ -107,6 +107,7 @@ impl Store {
         pull_slots: &[usize],
         guards: &mut [RwLockWriteGuard<'_, Slot>],
         merger: &Merger,
+        compression: Option<Compression>,
         mut calls: Option<&mut Calls<'_>>,
     ) -> Result<()> {
         // The comm's policy, before the sums: where each key lives (`CommDevice` gives
@@ -140,7 +141,6 @@ impl Store {
         // residual for its position; the new residuals are kept once the call succeeded.
         // Under dist_sync each worker's sum of a key is quantised instead (with one
         // residual per key), and crosses to the others as 2-bit codes (`Across`).
-        let compression = *self.compression.read();
         let mut across = match (compression, &self.collective) {
             (Some(c), Some(_)) => Some(Across::new(c, &push, push_slots, guards)?),
             _ => None,
@@ -335,7 +335,8 @@ struct Quantised {
 /// Each pushed key's residual under dist_sync (its first; empty before its first
 /// compressed push, which reads zeros), for [`Across::sum`].
 fn residuals_of<'g>(guards: &'g [RwLockWriteGuard<'_, Slot>], push_slots: &[usize]) -> Vec<&'g [f32]> {
-    push_slots.iter().map(|&i| guards[i].residuals.first().map_or(&[][..], Vec::as_slice)).collect()
+    let of = |s: &'g Slot| s.residuals.first().filter(|r| r.len() == s.value.size()).map_or(&[][..], Vec::as_slice);
+    push_slots.iter().map(|&i| of(&guards[i])).collect()
 }
 
 /// A buffer of `len` for new residuals: the slot's spare at `position` if it has one
@@ -368,9 +369,6 @@ impl Across {
                 return Err(not_float32(d));
             }
             if let Compression::TwoBit(_) = compression {
-                if slot.residuals.first().is_some_and(|r| r.len() != slot.value.size()) {
-                    slot.residuals.clear();
-                }
                 spares.push(spare(&mut slot.residual_spares, 0, slot.value.size()));
             }
         }
@@ -436,6 +434,19 @@ fn sum_halves(h: Half, group: &dyn Collective, pairs: &[(&NDArray, &NDArray)]) -
         at += len;
     }
     Ok(())
+}
+
+/// Under gradient compression, whether a call's pushed values may be compressed: every
+/// value (and so every stored value) float32. One of each call's own checks, so that a
+/// call of a fused batch that fails it fails alone.
+pub(super) fn compressible(compression: Option<Compression>, push: &[Group<'_>]) -> Result<()> {
+    if compression.is_none() {
+        return Ok(());
+    }
+    match push.iter().flat_map(|g| g.arrays.iter()).map(|a| a.dtype()).find(|d| *d != DType::F32) {
+        Some(d) => Err(not_float32(d)),
+        None => Ok(()),
+    }
 }
 
 fn not_float32(got: DType) -> Error {

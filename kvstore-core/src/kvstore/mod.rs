@@ -1233,21 +1233,24 @@ impl Store {
         let (push_slots, pull_slots) = (slots(op, &entries, &push)?, slots(op, &entries, &pull)?);
         // Validate everything before changing anything (under dist_sync, on every
         // worker: they compare their calls before the data moves).
+        // The compression is read once: what the workers compare is what the sums do.
+        let compression = *self.compression.read();
         let checked = push
             .iter()
             .zip(&push_slots)
             .try_for_each(|(g, &i)| check_group(op, "value", g, &guards[i].value))
             .and_then(|()| {
                 pull.iter().zip(&pull_slots).try_for_each(|(g, &i)| check_group(op, "out", g, &guards[i].value))
-            });
+            })
+            .and_then(|()| merge::compressible(compression, &push));
         if self.collective.is_some() {
             let keys: Vec<steps::StepKey<'_>> =
                 push.iter().map(|g| (&g.entry.key, g.arrays[0].shape(), g.arrays[0].dtype())).collect();
-            self.check_step(op, &keys, checked)?;
+            self.check_push_step(op, &keys, checked, compression)?;
         } else {
             checked?;
         }
-        self.apply(&push, &pull, &push_slots, &pull_slots, &mut guards, &merger, None)
+        self.apply(&push, &pull, &push_slots, &pull_slots, &mut guards, &merger, compression, None)
     }
 }
 

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::key::Key;
 
 use super::Store;
+use super::compression::Compression;
 
 /// One key of a step: its name, and the shape and dtype of what the call gives for it.
 pub(super) type StepKey<'a> = (&'a Key, &'a [usize], DType);
@@ -127,7 +128,19 @@ impl Store {
     /// [`Error::InvalidArgument`] on the others, naming each worker's call, when the
     /// workers' calls differ or one refused it; the group's error if it is broken.
     pub(super) fn check_step(&self, op: &'static str, keys: &[StepKey<'_>], local: Result<()>) -> Result<()> {
-        self.check_calls(op, &[(op, keys.len())], keys, vec![local])?.pop().unwrap_or(Ok(()))
+        self.check_push_step(op, keys, local, None)
+    }
+
+    /// [`Store::check_step`] for a push that moves its data with `compression` (part of
+    /// the fingerprint: workers that compress differently would move other data).
+    pub(super) fn check_push_step(
+        &self,
+        op: &'static str,
+        keys: &[StepKey<'_>],
+        local: Result<()>,
+        compression: Option<Compression>,
+    ) -> Result<()> {
+        self.check_calls(op, &[(op, keys.len())], keys, vec![local], compression)?.pop().unwrap_or(Ok(()))
     }
 
     /// [`Store::check_step`] for several calls that move their data together (non-blocking
@@ -153,6 +166,7 @@ impl Store {
         calls: &[(&'static str, usize)],
         keys: &[StepKey<'_>],
         mut local: Vec<Result<()>>,
+        compression: Option<Compression>,
     ) -> Result<Vec<Result<()>>> {
         let Some(group) = self.collective.as_ref().filter(|_| self.compare_calls) else { return Ok(local) };
         let seq = self.steps.fetch_add(1, Ordering::Relaxed) + 1;
@@ -171,7 +185,7 @@ impl Store {
         let form = if crate::engine::in_background() { "non-blocking" } else { "blocking" };
         // Workers that compress their pushes and workers that do not would move other
         // data: part of the form, so that they fail at once instead.
-        let compressed = match *self.compression.read() {
+        let compressed = match compression {
             Some(c) if calls.iter().any(|(op, _)| op.contains("push")) => {
                 format!(", {}", c.describe())
             }
