@@ -69,6 +69,29 @@ def test_training_gives_every_rank_the_bits_of_one_store_fed_the_sums(tmp_path):
     assert ranks[0].tobytes() == expected.tobytes(), (ranks[0], expected)
 
 
+def test_compressed_pushes_give_every_rank_the_sum_of_each_ranks_quantised_sum(tmp_path):
+    done, _ = mpirun("compressed", str(tmp_path / "c"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    ranks = [np.load(tmp_path / f"c.{r}.npy") for r in range(2)]
+    assert ranks[0].tobytes() == ranks[1].tobytes(), "the ranks' values differ"
+    # The model: each rank sums its two values, adds its residual, sends +-0.5 or 0;
+    # then each rank's sum rounded once to fp16, added up in f32.
+    residual = [np.zeros(37, np.float32) for _ in range(2)]
+    want = []
+    for step in range(4):
+        total = np.zeros(37, np.float32)
+        for r in range(2):
+            residual[r] += gradient(r, step, 37) + gradient(r + 10, step, 37)
+            q = np.where(residual[r] >= 0.5, 0.5, np.where(residual[r] <= -0.5, -0.5, 0.0)).astype(np.float32)
+            residual[r] -= q
+            total += q
+        want.append(total)
+    for step in range(4):
+        halves = [(gradient(r, step, 37) + gradient(r + 10, step, 37)).astype(np.float16).astype(np.float32) for r in range(2)]
+        want.append(halves[0] + halves[1])
+    assert ranks[0].tobytes() == np.stack(want).tobytes(), (ranks[0], np.stack(want))
+
+
 def test_different_keys_on_two_ranks_fail_on_both_and_the_job_goes_on():
     done, seconds = mpirun("desync", timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -6,6 +6,9 @@ pushpulls, then writes its final weights' bytes to OUT.<rank>.npy.
 `worker.py desync`: the ranks push different keys; both must get the error at once,
 then go on with a matched call. `worker.py stall`: rank 1 never pushes; the job must end
 after KVSTORE_TIMEOUT seconds. `worker.py crash`: rank 1 raises; the job must end.
+`worker.py compressed OUT`: 2-bit compressed pushes (threshold 0.5) of gradients that
+differ by rank, then `fp16` ones on another store; writes the pulled values of every
+step to OUT.<rank>.npy.
 """
 
 import sys
@@ -99,9 +102,24 @@ def crash() -> None:
     print(f"rank {store.rank}: the push returned")
 
 
+def compressed(out: str) -> None:
+    pulled = []
+    for params in ({"type": "2bit", "threshold": 0.5}, {"type": "fp16"}):
+        store = kv.create("dist_sync")
+        store.set_gradient_compression(params)
+        store.init("w", np.zeros(37, dtype=np.float32))
+        for step in range(4):
+            local = [gradient(store.rank, step, 37), gradient(store.rank + 10, step, 37)]
+            store.push("w", local)
+            pulled.append(store.pull("w"))
+    np.save(f"{out}.{store.rank}.npy", np.stack(pulled))
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "train":
         train(sys.argv[2])
+    elif mode == "compressed":
+        compressed(sys.argv[2])
     else:
         {"desync": desync, "stall": stall, "crash": crash}[mode]()
