@@ -220,10 +220,15 @@ impl TwoBit {
             }
         }
     }
+}
 
-    /// The 2-bit codes of quantised values `q` (each +t, −t or 0), 16 to a word.
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) fn pack(&self, q: &[f32]) -> Vec<u32> {
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 2-bit codes of quantised values `q` (each +t, −t or 0), 16 to a word, by
+    /// MXNet's layout written out element by element: what the packing quantiser must give.
+    fn pack(q: &[f32]) -> Vec<u32> {
         let mut words = vec![0u32; q.len().div_ceil(16)];
         for (i, &v) in q.iter().enumerate() {
             let code: u32 = if v > 0.0 {
@@ -240,24 +245,18 @@ impl TwoBit {
     }
 
     /// The `n` values that codes `words` stand for.
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) fn unpack(&self, words: &[u32], n: usize) -> Vec<f32> {
+    fn unpack(c: &TwoBit, words: &[u32], n: usize) -> Vec<f32> {
         (0..n)
             .map(|i| {
                 let (byte, pair) = ((i % 16) / 4, i % 4);
                 match (words[i / 16] >> (byte * 8 + 6 - 2 * pair)) & 0b11 {
-                    0b11 => self.threshold,
-                    0b10 => -self.threshold,
+                    0b11 => c.threshold,
+                    0b10 => -c.threshold,
                     _ => 0.0,
                 }
             })
             .collect()
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
 
     #[test]
     fn parameters_follow_mxnets_rules() {
@@ -299,11 +298,11 @@ mod tests {
         q[0] = 0.5;
         q[5] = -0.5;
         q[19] = 0.5;
-        let words = c.pack(&q);
+        let words = pack(&q);
         assert_eq!(words.len(), 2);
         assert_eq!(words[0], 0b11 << 6 | 0b10 << (8 + 4));
         assert_eq!(words[1], 0b11); // value 19: byte 0 of word 1, pair 3
-        assert_eq!(c.unpack(&words, q.len()), q);
+        assert_eq!(unpack(&c, &words, q.len()), q);
     }
 
     #[test]
@@ -318,7 +317,7 @@ mod tests {
             c.quantize_packed(&g, &old2, &mut r2, &mut codes);
             assert_eq!(codes.len(), 37usize.div_ceil(16) * 4);
             let words: Vec<u32> = codes.chunks(4).map(|w| u32::from_le_bytes(w.try_into().unwrap())).collect();
-            assert_eq!(words, c.pack(&q));
+            assert_eq!(words, pack(&q));
             let mut sum = vec![1.0f32; 37];
             c.add_codes(&codes, &mut sum, false);
             assert_eq!(sum, q.iter().map(|x| 1.0 + x).collect::<Vec<f32>>());
