@@ -44,25 +44,21 @@ pub trait Collective: Send + Sync {
     fn broadcast(&self, arrays: &[&NDArray], root: usize) -> Result<()>;
 
     /// Every worker's `mine` (at most [`MAX_RECORD`] bytes; every worker gives one of the
-    /// same length) for the call `step` (`"push #812"`, for messages), in rank order: how the workers compare the calls they make before
-    /// the data of a call moves (desync detection, `kvstore/steps.rs`). The default
-    /// sums per-worker slots with [`Collective::allreduce_sum`]; a transport may do
-    /// better (kvstore-mpi: messages, which also tell which workers never arrived).
+    /// same length) for the call `step` (`"push #812"`, for messages), in rank order: how
+    /// the workers compare the calls they make before the data of a call moves (desync
+    /// detection, `kvstore/steps.rs`). The default is [`Collective::all_gather`]'s; a
+    /// transport may do better (kvstore-mpi: messages, which also tell which workers
+    /// never arrived).
     ///
     /// # Errors
     /// [`crate::Error::Backend`] if the group is broken; [`crate::Error::Internal`]
     /// for a record longer than [`MAX_RECORD`].
     fn exchange(&self, step: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let _ = step;
         if mine.len() > MAX_RECORD {
             return Err(Error::Internal(format!("a record of {} bytes to exchange", mine.len())));
         }
-        let (n, world, rank) = (mine.len(), self.size(), self.rank());
-        let slots = NDArray::zeros_with(&[n * world], DType::U8, crate::Context::default())?;
-        slots.write()?.bytes_mut()[rank * n..(rank + 1) * n].copy_from_slice(mine);
-        self.allreduce_sum(&[(&slots, &slots)])?;
-        let all = slots.to_vec::<u8>()?;
-        Ok(all.chunks(n.max(1)).take(world).map(<[u8]>::to_vec).collect())
+        let all = self.all_gather(step, mine)?;
+        Ok(all.chunks(mine.len().max(1)).take(self.size()).map(<[u8]>::to_vec).collect())
     }
 
     /// Every worker's `mine` (every worker gives the same number of bytes, any number)

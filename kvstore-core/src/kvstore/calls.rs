@@ -67,6 +67,18 @@ impl Store {
     }
 }
 
+/// Makes a call's arrays ready for it to run on the caller's thread
+/// ([`NDArray::prepare_for_call`]): its values to be read, its outs to be written.
+fn prepare_for_call(push: &Found<'_>, pull: &Found<'_>) -> Result<()> {
+    for value in push.iter().flat_map(|g| &g.arrays) {
+        value.prepare_for_call(false)?;
+    }
+    for out in pull.iter().flat_map(|g| &g.arrays) {
+        out.prepare_for_call(true)?;
+    }
+    Ok(())
+}
+
 /// `owned` as the call's keys with their arrays.
 pub(super) fn borrow(owned: &Owned) -> Found<'_> {
     owned.iter().map(|(e, arrays)| Group { entry: Arc::clone(e), arrays: arrays.iter().collect() }).collect()
@@ -255,24 +267,14 @@ impl KVStore {
         };
         let (push, pull) = (self.store.lookup(op, push)?, self.store.lookup(op, pull)?);
         if self.engine.may_run_now(vars_of(&push, &pull, false)) {
-            for value in push.iter().flat_map(|g| &g.arrays) {
-                value.prepare_for_call(false)?;
-            }
-            for out in pull.iter().flat_map(|g| &g.arrays) {
-                out.prepare_for_call(true)?;
-            }
+            prepare_for_call(&push, &pull)?;
             return self.store.push_pull(op, push, pull, spread);
         }
         // On an ordered engine, a call from a caller's own thread (not an updater's, nor
         // an engine's: theirs queue or fail as ever, whatever the timing) may run in the
         // worker's stead. Its arrays are made ready first: their waits may need the worker.
         if self.engine.is_ordered() && !locks::inside_updater() && engine::current_worker() == 0 {
-            for value in push.iter().flat_map(|g| &g.arrays) {
-                value.prepare_for_call(false)?;
-            }
-            for out in pull.iter().flat_map(|g| &g.arrays) {
-                out.prepare_for_call(true)?;
-            }
+            prepare_for_call(&push, &pull)?;
             if let Some(stand_in) = self.engine.stand_in() {
                 return stand_in.run(|| self.store.push_pull(op, push, pull, spread));
             }

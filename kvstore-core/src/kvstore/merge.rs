@@ -464,9 +464,10 @@ fn quantise(c: TwoBit, values: &[&NDArray], residuals: &[Vec<f32>], spares: &mut
         }
         let old = residuals.get(p).filter(|r| r.len() == v.size()).map_or(&[][..], Vec::as_slice);
         let mut new = spare(spares, p, v.size());
-        let mut out = vec![0.0f32; v.size()];
-        v.with_data(|g: &[f32]| c.quantize(g, old, &mut new, &mut out))?;
-        q.values.push(NDArray::from_slice_in(v.shape(), &out, v.context())?);
+        // Quantised straight into the array the merger sums, in the value's context.
+        let out = NDArray::zeros_with(v.shape(), DType::F32, v.context())?;
+        v.with_data(|g: &[f32]| out.with_data_mut(|o: &mut [f32]| c.quantize(g, old, &mut new, o)))??;
+        q.values.push(out);
         q.residuals.push(new);
     }
     Ok(q)
