@@ -8,6 +8,7 @@ use numpy::ndarray::{ArrayViewD, IxDyn};
 use numpy::{PyArray, PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods, npyffi};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 
 /// The memory of a Python array, kept alive (and unmoved) by a reference to the array.
 struct PyMemory {
@@ -62,6 +63,29 @@ fn dtype_of(py: Python<'_>, descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
         _ => return None,
     };
     Some(d)
+}
+
+/// numpy's own descriptors of the seven builtin dtypes (native byte order), held so
+/// that they live (and keep their addresses) as long as the module.
+static COMMON: PyOnceLock<Vec<(Py<PyArrayDescr>, DType)>> = PyOnceLock::new();
+
+/// The dtype of an array whose descriptor is `descr`, when it is one of numpy's own
+/// for the seven builtin dtypes (what nearly every array has: `np.zeros(n,
+/// np.float32).dtype is np.dtype(np.float32)`): a pointer comparison, where
+/// [`dtype_of`] asks numpy several questions.
+fn common_dtype(py: Python<'_>, descr: *mut npyffi::PyArray_Descr) -> Option<DType> {
+    let common = COMMON.get_or_init(py, || {
+        vec![
+            (numpy::dtype::<f32>(py).unbind(), DType::F32),
+            (numpy::dtype::<f64>(py).unbind(), DType::F64),
+            (numpy::dtype::<f16>(py).unbind(), DType::F16),
+            (numpy::dtype::<i32>(py).unbind(), DType::I32),
+            (numpy::dtype::<i64>(py).unbind(), DType::I64),
+            (numpy::dtype::<i8>(py).unbind(), DType::I8),
+            (numpy::dtype::<u8>(py).unbind(), DType::U8),
+        ]
+    });
+    common.iter().find(|(d, _)| d.as_ptr().cast::<npyffi::PyArray_Descr>() == descr).map(|(_, t)| *t)
 }
 
 /// Whether `descr` is ml_dtypes' bfloat16 (looked up only for 2-byte void dtypes, and
@@ -120,15 +144,19 @@ pub(crate) enum Use {
 /// view of it without a copy (DLPack, `__array_interface__`) or raises `TypeError`.
 pub(crate) fn wrap(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<NDArray> {
     let py = obj.py();
+    let converted;
     let array = match obj.cast::<PyUntypedArray>() {
-        Ok(a) => a.clone(),
+        Ok(a) => a,
         Err(_) => {
             if let Some(device) = cuda_device(obj) {
                 return wrap_cuda(obj, device, what);
             }
             let view = py.import("kvstore._arrays")?.call_method1("as_numpy", (obj, usage == Use::Write))?;
             match view.cast_into::<PyUntypedArray>() {
-                Ok(a) => a,
+                Ok(a) => {
+                    converted = a;
+                    &converted
+                }
                 Err(_) => {
                     return Err(PyTypeError::new_err(format!(
                         "{what} must be an array (numpy, or with __dlpack__), not {}",
@@ -138,19 +166,26 @@ pub(crate) fn wrap(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<N
             }
         }
     };
-    let descr = array.dtype();
-    let dtype = dtype_of(py, &descr).ok_or_else(|| {
-        PyTypeError::new_err(format!(
-            "{what}: dtype {descr} is not supported: use float32, float64, float16, bfloat16, int32, int64, int8 or uint8"
-        ))
-    })?;
+    let raw = array.as_array_ptr();
+    // SAFETY: `raw` is the live PyArrayObject of `array` (held above); reading its
+    // descriptor pointer does not change it.
+    let dtype = match common_dtype(py, unsafe { (*raw).descr }) {
+        Some(d) => d,
+        None => {
+            let descr = array.dtype();
+            dtype_of(py, &descr).ok_or_else(|| {
+                PyTypeError::new_err(format!(
+                    "{what}: dtype {descr} is not supported: use float32, float64, float16, bfloat16, int32, int64, int8 or uint8"
+                ))
+            })?
+        }
+    };
     if !array.is_c_contiguous() {
         return Err(PyValueError::new_err(format!(
             "{what} must be C-contiguous (it is read and written in place): got {}; pass numpy.ascontiguousarray(...) for a value",
             describe(obj)
         )));
     }
-    let raw = array.as_array_ptr();
     // SAFETY: `raw` is the live PyArrayObject of `array` (held above); reading its
     // flags and data pointer does not change it.
     let (flags, data) = unsafe { ((*raw).flags, (*raw).data) };
@@ -172,6 +207,11 @@ pub(crate) fn wrap(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<N
     }
     let mem = PyMemory { _owner: array.clone().into_any().unbind(), ptr: data.cast::<u8>(), len, writable };
     NDArray::from_foreign(shape, dtype, Box::new(mem), writable).map_err(crate::errors::to_py)
+}
+
+/// [`wrap`] of each of `objs`, in order: a call's many arrays.
+pub(crate) fn wrap_all(objs: &[Bound<'_, PyAny>], usage: Use, what: &str) -> PyResult<Vec<NDArray>> {
+    objs.iter().map(|obj| wrap(obj, usage, what)).collect()
 }
 
 /// Keeps a store array alive for the numpy views of its memory (their base).

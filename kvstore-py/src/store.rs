@@ -12,7 +12,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyList, PyString, PyTuple};
 
-use crate::arrays::{Use, view, wrap};
+use crate::arrays::{Use, view, wrap, wrap_all};
 use crate::errors::to_py;
 use crate::pending::Pending;
 
@@ -91,18 +91,35 @@ fn arrays_of(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<Arrays>
     if !is_list(obj) {
         return Ok(Arrays::One(wrap(obj, usage, what)?));
     }
-    let items = map_items(obj, |item| Ok(item.clone()))?;
+    let items = items_of(obj)?;
     if !items.iter().any(is_list) {
-        return Ok(Arrays::Many(items.iter().map(|a| wrap(a, usage, what)).collect::<PyResult<_>>()?));
+        return Ok(Arrays::Many(wrap_all(&items, usage, what)?));
     }
-    let nested = items
-        .iter()
-        .map(|item| match is_list(item) {
-            true => map_items(item, |a| wrap(a, usage, what)),
-            false => Ok(vec![wrap(item, usage, what)?]),
-        })
-        .collect::<PyResult<_>>()?;
-    Ok(Arrays::Nested(nested))
+    // Every array first, in one list (so that they are wrapped in one run: see
+    // `wrap_all`), then cut into each key's list.
+    let mut flat = Vec::with_capacity(items.len());
+    let mut lens = Vec::with_capacity(items.len());
+    for item in &items {
+        let before = flat.len();
+        match is_list(item) {
+            true => flat.extend(items_of(item)?),
+            false => flat.push(item.clone()),
+        }
+        lens.push(flat.len() - before);
+    }
+    let mut wrapped = wrap_all(&flat, usage, what)?.into_iter();
+    Ok(Arrays::Nested(lens.into_iter().map(|n| wrapped.by_ref().take(n).collect()).collect()))
+}
+
+/// The items of `obj`, a list or tuple, or of another iterable.
+fn items_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    if let Ok(list) = obj.cast::<PyList>() {
+        return Ok(list.iter().collect());
+    }
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return Ok(tuple.iter().collect());
+    }
+    obj.try_iter()?.collect()
 }
 
 /// `f` of each item of `obj`, a list or tuple (read in place: no iterator object), or

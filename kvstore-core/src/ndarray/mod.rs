@@ -227,7 +227,7 @@ impl NDArray {
             faulted: Default::default(),
             on_host: ctx.is_cpu(),
             flat: shape.len() == 1,
-            shape: shape.into(),
+            shape: smallvec::SmallVec::from_slice(shape),
             ctx,
             fault: OnceLock::new(),
             loans: Default::default(),
