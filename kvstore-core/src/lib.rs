@@ -75,8 +75,8 @@ pub use context::{Context, DeviceType};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
 pub use key::{Key, Keys, Values, shorten};
-pub use kvstore::{KVStore, KVStoreBuilder, Pending, Release};
-pub use ndarray::{ForeignMemory, NDArray, Operand};
+pub use kvstore::{KVStore, KVStoreBuilder, Pending, Release, StorageType};
+pub use ndarray::{ForeignMemory, NDArray, Operand, RowSparse};
 pub use optimizer::{
     LrScheduler, Optimizer, OptimizerBuilder, OptimizerSpec, ParamValue, ScheduleKind, ScheduleSpec, WarmupMode,
     optimizer_names,

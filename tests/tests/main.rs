@@ -16,6 +16,7 @@ mod hostile;
 mod nonblocking;
 mod optimizer_states;
 mod optimizers;
+mod row_sparse;
 mod shared_arrays;
 
 // The shared conformance cases of the reference (§10) and the property tests against the

@@ -26,6 +26,7 @@ mod fusion;
 mod locks;
 mod merge;
 mod pending;
+mod sparse;
 mod spread;
 mod steps;
 
@@ -35,6 +36,7 @@ use locks::Held;
 use merge::{Calls, Merger};
 use pending::{Done, Unobserved};
 pub use pending::{Pending, Release};
+pub use sparse::StorageType;
 
 use crate::engine::Engine;
 
@@ -69,6 +71,8 @@ struct Slot {
     /// become the residuals only when it succeeded.
     residuals: Vec<Vec<f32>>,
     residual_spares: Vec<Vec<f32>>,
+    /// Whether the key is row-sparse (`sparse.rs`): its value is dense either way.
+    row_sparse: bool,
 }
 
 impl Slot {
@@ -82,6 +86,7 @@ impl Slot {
             order,
             residuals: Vec::new(),
             residual_spares: Vec::new(),
+            row_sparse: false,
         }
     }
 

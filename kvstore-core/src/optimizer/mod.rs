@@ -30,7 +30,7 @@ use crate::device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::ndarray::NDArray;
+use crate::ndarray::{NDArray, RowSparse};
 
 pub use scheduler::{LrScheduler, WarmupMode};
 pub use spec::{OptimizerSpec, ParamValue, ScheduleKind, ScheduleSpec};
@@ -641,6 +641,94 @@ impl Runtime {
         grad: &NDArray,
         state: &mut Option<KeyState>,
     ) -> Result<()> {
+        self.step(key, weight, state, |step, values, st| self.apply(step, values, weight, grad, st))
+    }
+
+    /// Whether MXNet updates this optimizer lazily on a row-sparse gradient: only the
+    /// gradient's rows of the weight and of its states change (SGD and Adam with
+    /// `lazy_update`, their default; AdaGrad and Ftrl always).
+    pub(crate) fn lazy(&self) -> bool {
+        match self.opt.name {
+            "sgd" | "adam" => self.opt.params.num("lazy_update") != 0.0,
+            "adagrad" | "ftrl" => true,
+            _ => false,
+        }
+    }
+
+    /// One lazy update of an f32 or f64 `weight` with the row-sparse gradient `grad`:
+    /// the rule runs on each of its rows alone (see [`Runtime::lazy`]).
+    pub(crate) fn update_rows(
+        &self,
+        key: &Key,
+        weight: &NDArray,
+        grad: &RowSparse,
+        state: &mut Option<KeyState>,
+    ) -> Result<()> {
+        self.step(key, weight, state, |step, values, st| self.apply_rows(step, values, weight, grad, st))
+    }
+
+    /// The rows of `grad` applied to `weight` and the states, one by one.
+    #[allow(clippy::type_complexity)]
+    fn apply_rows(
+        &self,
+        step: &Step,
+        values: &mut [f64],
+        weight: &NDArray,
+        grad: &RowSparse,
+        st: &mut KeyState,
+    ) -> Result<()> {
+        fn rows<T: crate::Element>(
+            rule: &dyn Rule,
+            update: fn(&dyn Rule, &Step, &mut [f64], &mut [T], &[T], &mut [&mut [T]]),
+            (step, values): (&Step, &mut [f64]),
+            weight: &NDArray,
+            grad: &RowSparse,
+            states: &[NDArray],
+        ) -> Result<()> {
+            let rl = grad.row_len();
+            let mut guards: Vec<_> = states.iter().map(NDArray::write).collect::<Result<_>>()?;
+            let mut ss: Vec<&mut [T]> = guards.iter_mut().map(|b| b.typed_mut::<T>()).collect();
+            grad.data().with_data(|g: &[T]| {
+                weight.with_data_mut(|w: &mut [T]| {
+                    for (i, &r) in grad.indices().iter().enumerate() {
+                        let span = r as usize * rl..(r as usize + 1) * rl;
+                        let mut st_rows: Vec<&mut [T]> = ss.iter_mut().map(|s| &mut s[span.clone()]).collect();
+                        update(rule, step, values, &mut w[span], &g[i * rl..(i + 1) * rl], &mut st_rows);
+                    }
+                })
+            })?
+        }
+        let rule = &*self.opt.rule;
+        match weight.dtype() {
+            DType::F32 => rows::<f32>(
+                rule,
+                |r, s, v, w, g, st| r.update_row_f32(s, v, w, g, st),
+                (step, values),
+                weight,
+                grad,
+                &st.states,
+            ),
+            DType::F64 => rows::<f64>(
+                rule,
+                |r, s, v, w, g, st| r.update_row_f64(s, v, w, g, st),
+                (step, values),
+                weight,
+                grad,
+                &st.states,
+            ),
+            d => Err(Error::Internal(format!("a lazy update of a {d} weight"))),
+        }
+    }
+
+    /// The bookkeeping of one update of `key` (its state made at its first, its count,
+    /// the learning rate, the shared values), around `apply`.
+    fn step(
+        &self,
+        key: &Key,
+        weight: &NDArray,
+        state: &mut Option<KeyState>,
+        apply: impl FnOnce(&Step, &mut [f64], &mut KeyState) -> Result<()>,
+    ) -> Result<()> {
         if state.is_none() {
             *state = Some(self.new_state(weight)?);
         }
@@ -684,9 +772,9 @@ impl Runtime {
             // Only rules with values shared by all keys (Nadam) need the lock for the
             // update itself; the others update different keys in parallel.
             drop(global);
-            self.apply(&step, &mut [], weight, grad, st)
+            apply(&step, &mut [], st)
         } else {
-            self.apply(&step, &mut global.values, weight, grad, st)
+            apply(&step, &mut global.values, st)
         }
     }
 

@@ -147,6 +147,17 @@ pub(crate) trait Rule: Send + Sync {
         let _ = (s, f64);
         None
     }
+
+    /// Updates one row of `w` with that row of a row-sparse gradient, in f32, as MXNet's
+    /// lazy (row-sparse) kernel does: the dense update, unless that kernel differs.
+    fn update_row_f32(&self, s: &Step, global: &mut [f64], w: &mut [f32], g: &[f32], st: &mut [&mut [f32]]) {
+        self.update_f32(s, global, w, g, st)
+    }
+
+    /// [`Rule::update_row_f32`] in f64.
+    fn update_row_f64(&self, s: &Step, global: &mut [f64], w: &mut [f64], g: &[f64], st: &mut [&mut [f64]]) {
+        self.update_f64(s, global, w, g, st)
+    }
 }
 
 /// A [`FusedStep`] from scalars of the compute type `R`.
@@ -250,6 +261,24 @@ impl Sgd {
         self.params::<R>(s).run(w, g, st.first_mut().map(|m| &mut **m));
     }
 
+    /// A row of a row-sparse gradient. With momentum, MXNet's lazy kernel
+    /// (`SGDMomDnsRspDnsKernel`) is the dense one's expression; without, its
+    /// `SGDDnsRspKernel` decays the weight first: `(1 - lr * wd) * w - step(g)`.
+    fn row<R: Float>(&self, s: &Step, global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+        if self.momentum > 0.0 {
+            return self.apply(s, global, w, g, st);
+        }
+        let k = self.params::<R>(s);
+        let decay = R::one() - k.lr * k.wd;
+        match k.clip {
+            Some(c) => w.iter_mut().zip(g).for_each(|(w, &g)| *w = decay * *w - k.lr * clip(k.rescale * g, Some(c))),
+            None => {
+                let lr_rescale = k.lr * k.rescale;
+                w.iter_mut().zip(g).for_each(|(w, &g)| *w = decay * *w - lr_rescale * g);
+            }
+        }
+    }
+
     fn fused_in<R: Float>(&self, s: &Step) -> FusedStep {
         let k = self.params::<R>(s);
         let rule = if self.momentum > 0.0 { FusedRule::SgdMomentum } else { FusedRule::Sgd };
@@ -263,6 +292,14 @@ impl Rule for Sgd {
     }
     float_rule!();
     fused_rule!();
+
+    fn update_row_f32(&self, s: &Step, global: &mut [f64], w: &mut [f32], g: &[f32], st: &mut [&mut [f32]]) {
+        self.row(s, global, w, g, st)
+    }
+
+    fn update_row_f64(&self, s: &Step, global: &mut [f64], w: &mut [f64], g: &[f64], st: &mut [&mut [f64]]) {
+        self.row(s, global, w, g, st)
+    }
 }
 
 /// Nesterov momentum (`nag_mom_update`; `sgd_update` without momentum).

@@ -1,0 +1,273 @@
+//! Row-sparse keys (MXNet's `row_sparse` storage type): `init_row_sparse`,
+//! `push_row_sparse`, `row_sparse_pull` and `stype`.
+//!
+//! A row-sparse key holds its whole value, `[rows, ...]`, as a dense array (the rows
+//! no push wrote are zero), and remembers that it is row-sparse. So a dense `pull`
+//! of it is the ordinary one, `row_sparse_pull` copies the rows asked for, and a lazy
+//! optimizer update touches the pushed rows of the weight and its states in place
+//! (what MXNet does too: its optimizers require a row-sparse weight to hold every row).
+
+use std::sync::Arc;
+
+use super::locks::{self, Held};
+use super::merge::Merger;
+use super::{Entry, KVStore, Store};
+use crate::dtype::{DType, with_dtype};
+use crate::engine::{Var, Vars};
+use crate::error::{Error, Result};
+use crate::key::Key;
+use crate::ndarray::{NDArray, RowSparse, check_rows, row_len};
+use crate::waits;
+
+/// A key's storage type (MXNet's `stype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StorageType {
+    /// A dense array (MXNet's `default`).
+    Default,
+    /// Row-sparse (MXNet's `row_sparse`).
+    RowSparse,
+}
+
+impl StorageType {
+    /// MXNet's name: `default` or `row_sparse`.
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageType::Default => "default",
+            StorageType::RowSparse => "row_sparse",
+        }
+    }
+}
+
+impl KVStore {
+    /// Initialises `key` with a row-sparse value: the key holds `value`'s rows, zero
+    /// elsewhere, and is row-sparse ([`KVStore::row_sparse_pull`] reads it).
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray, RowSparse, StorageType};
+    /// let kv = KVStore::create("local")?;
+    /// let w = RowSparse::new(NDArray::from_vec(&[1, 2], vec![1.0f32, 2.0])?, vec![2], &[3, 2])?;
+    /// kv.init_row_sparse("emb", &w)?;
+    /// assert_eq!(kv.stype("emb")?, StorageType::RowSparse);
+    /// assert_eq!(kv.pull_new("emb", 0)?.to_vec::<f32>()?, vec![0.0, 0.0, 0.0, 0.0, 1.0, 2.0]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`KVStore::init`]; [`Error::Unsupported`] on a `dist_*` store.
+    pub fn init_row_sparse(&self, key: impl Into<Key>, value: &RowSparse) -> Result<()> {
+        let key = key.into();
+        self.local_only("init_row_sparse")?;
+        self.init(key.clone(), &value.to_dense()?)?;
+        let entry = self.entry("init", &key)?;
+        self.on_key("init", &entry, move |store, entry| {
+            let held = Held::new("init", store, &[entry])?;
+            held.write("init", &[entry])?[0].row_sparse = true;
+            Ok(())
+        })
+    }
+
+    /// The storage type of `key`: row-sparse once initialised with, or assigned, a
+    /// row-sparse value.
+    ///
+    /// # Errors
+    /// [`Error::KeyNotInitialized`].
+    pub fn stype(&self, key: impl Into<Key>) -> Result<StorageType> {
+        let key = key.into();
+        let entry = self.entry("stype", &key)?;
+        let held = Held::new("stype", &self.store, &[&entry])?;
+        Ok(match held.read("stype", &[&entry])?[0].row_sparse {
+            true => StorageType::RowSparse,
+            false => StorageType::Default,
+        })
+    }
+
+    /// Pushes row-sparse values into `key`: they are summed row by row over the union
+    /// of their rows (left to right, as dense sums), then merged as a dense push is:
+    /// with no updater the sum replaces the whole value (rows it lacks become zero,
+    /// MXNet's assign) and the key becomes row-sparse; an optimizer that MXNet updates
+    /// lazily (SGD and Adam with `lazy_update`, the default; AdaGrad; Ftrl) changes the
+    /// pushed rows only, of the weight and of its states; any other optimizer, and a
+    /// custom updater, gets the sum as a dense gradient (zero in the other rows).
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray, Optimizer, RowSparse};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("emb", &NDArray::ones(&[3, 2])?)?;
+    /// kv.set_optimizer(Optimizer::builder("sgd").param("learning_rate", 1.0).param("wd", 0.1).build()?)?;
+    /// let g = RowSparse::new(NDArray::full(&[1, 2], 0.5)?, vec![1], &[3, 2])?;
+    /// kv.push_row_sparse("emb", &[g], 0)?;
+    /// // Only row 1 changes, weight decay included: (1 - 1 * 0.1) * 1 - 1 * 0.5.
+    /// let r = 0.9f32 - 0.5;
+    /// assert_eq!(kv.pull_new("emb", 0)?.to_vec::<f32>()?, vec![1.0, 1.0, r, r, 1.0, 1.0]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::KeyNotInitialized`], [`Error::ShapeMismatch`], [`Error::DTypeMismatch`],
+    /// [`Error::LengthMismatch`] for no value, [`Error::Unsupported`] on a `dist_*`
+    /// store, or the updater's error. On error the key keeps its value.
+    pub fn push_row_sparse(&self, key: impl Into<Key>, values: &[RowSparse], priority: i32) -> Result<()> {
+        let _ = priority;
+        let key = key.into();
+        self.local_only("push_row_sparse")?;
+        if values.is_empty() {
+            return Err(Error::LengthMismatch {
+                context: format!("push_row_sparse of key \"{key}\""),
+                what: "values",
+                expected: 1,
+                got: 0,
+            });
+        }
+        let entry = self.entry("push", &key)?;
+        let values = values.to_vec();
+        self.on_key("push", &entry, move |store, entry| store.push_rows(entry, &values))
+    }
+
+    /// The rows `row_ids` of row-sparse `key` (any order, repeats allowed: sorted and
+    /// de-duplicated, as MXNet does), as a row-sparse array whose indices are exactly
+    /// those rows (a row the key holds as zeros comes back as zeros). Copies only those
+    /// rows.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray, RowSparse};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init_row_sparse("emb", &RowSparse::from_dense(&NDArray::ones(&[3, 2])?)?)?;
+    /// let got = kv.row_sparse_pull("emb", &[2, 0, 2], 0)?;
+    /// assert_eq!(got.indices(), &[0, 2]);
+    /// assert_eq!(got.data().to_vec::<f32>()?, vec![1.0; 4]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::KeyNotInitialized`]; [`Error::InvalidArgument`] for a key that is not
+    /// row-sparse (MXNet: "PullRowSparse expects row_sparse src NDArray") or a row id
+    /// out of range (MXNet returns a zero row for it); [`Error::Unsupported`] on a
+    /// `dist_*` store.
+    pub fn row_sparse_pull(&self, key: impl Into<Key>, row_ids: &[i64], priority: i32) -> Result<RowSparse> {
+        let _ = priority;
+        let key = key.into();
+        self.local_only("row_sparse_pull")?;
+        let entry = self.entry("row_sparse_pull", &key)?;
+        let mut ids = row_ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        self.on_key("row_sparse_pull", &entry, move |store, entry| {
+            let held = Held::new("row_sparse_pull", store, &[entry])?;
+            let guards = held.read("row_sparse_pull", &[entry])?;
+            let slot = &guards[0];
+            if !slot.row_sparse {
+                return Err(Error::invalid_argument(format!(
+                    "row_sparse_pull of key \"{}\": the key is dense, not row-sparse (pull it)",
+                    entry.key
+                )));
+            }
+            let shape = slot.value.shape().to_vec();
+            check_rows(&ids, shape[0], &format!("row_sparse_pull of key \"{}\": the row ids", entry.key))?;
+            let rl = row_len(&shape);
+            let data_shape = [&[ids.len()][..], &shape[1..]].concat();
+            let data = with_dtype!(slot.value.dtype(), T => slot.value.with_data(|v: &[T]| {
+                let mut rows = Vec::with_capacity(ids.len() * rl);
+                for &r in &ids {
+                    rows.extend_from_slice(&v[r as usize * rl..(r as usize + 1) * rl]);
+                }
+                NDArray::from_vec(&data_shape, rows)
+            })?)?;
+            RowSparse::new(data, ids, &shape)
+        })
+    }
+
+    /// The entry of `key`, for `op`.
+    fn entry(&self, op: &'static str, key: &Key) -> Result<Arc<Entry>> {
+        let entry = self.store.table.read().entries.get(key).cloned();
+        entry.ok_or_else(|| Error::KeyNotInitialized { op, key: key.clone() })
+    }
+
+    /// Refuses `op` on a store whose workers exchange values (not yet row by row).
+    fn local_only(&self, op: &str) -> Result<()> {
+        match self.store.collective {
+            Some(_) => Err(Error::Unsupported {
+                what: format!("{op} on a {} store", self.kind()),
+                hint: "row-sparse keys are not yet exchanged between workers: use a local or device store".into(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `f` on `entry` after the store's earlier calls on it: at once when none is
+    /// queued, else queued behind them (and waited for).
+    fn on_key<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        entry: &Arc<Entry>,
+        f: impl FnOnce(&Store, &Arc<Entry>) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        locks::check_reentry(op, &self.store)?;
+        let vars: Vars = [Var::Key(entry.index)].into_iter().collect();
+        if self.engine.may_run_now(vars.iter().copied()) {
+            return f(&self.store, entry);
+        }
+        if locks::inside_updater() {
+            return Err(locks::busy_store(op));
+        }
+        let _waiting = waits::wait_for(self.engine.id(), || format!("a blocking {op} that must queue"))?;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let (store, entry) = (Arc::clone(&self.store), Arc::clone(entry));
+        self.engine.submit(vars, 0, move || {
+            let _ = tx.send(f(&store, &entry));
+        });
+        rx.recv().map_err(|_| Error::Internal(format!("{op}: the queued call ended without a result")))?
+    }
+}
+
+impl Store {
+    /// `push_row_sparse`'s work, its key's earlier calls done.
+    fn push_rows(&self, entry: &Arc<Entry>, values: &[RowSparse]) -> Result<()> {
+        const OP: &str = "push";
+        let held = Held::new(OP, self, &[entry])?;
+        let merger = held.merger_read(OP, &self.merger)?;
+        let mut guards = held.write(OP, &[entry])?;
+        let slot = &mut *guards[0];
+        let key = &entry.key;
+        for v in values {
+            if v.shape() != slot.value.shape() {
+                return Err(Error::ShapeMismatch {
+                    context: format!("push_row_sparse of key \"{key}\""),
+                    key: Some(key.clone()),
+                    expected: slot.value.shape().to_vec(),
+                    got: v.shape().to_vec(),
+                });
+            }
+            if v.dtype() != slot.value.dtype() {
+                return Err(Error::DTypeMismatch {
+                    context: format!("push_row_sparse of key \"{key}\""),
+                    key: Some(key.clone()),
+                    expected: slot.value.dtype(),
+                    got: v.dtype(),
+                });
+            }
+        }
+        let refs: Vec<&RowSparse> = values.iter().collect();
+        let sum = RowSparse::sum(&refs)?;
+        match &*merger {
+            Merger::Assign => {
+                sum.assign_to(&slot.value)?;
+                slot.row_sparse = true;
+            }
+            Merger::Optimizer(runtime) => {
+                runtime.check_weight(key, &slot.value)?;
+                match runtime.lazy() && matches!(slot.value.dtype(), DType::F32 | DType::F64) {
+                    true => runtime.update_rows(key, &slot.value, &sum, &mut slot.opt)?,
+                    false => runtime.update(key, &slot.value, &sum.to_dense()?, &mut slot.opt)?,
+                }
+            }
+            Merger::Custom(updater) => {
+                // On a copy, swapped in when the updater succeeded (as dense pushes do).
+                let work = slot.value.deep_copy()?;
+                let grad = sum.to_dense()?;
+                crate::ndarray::as_user_code(|| updater.update(key, entry.index, &grad, &work))?;
+                slot.value = work;
+            }
+        }
+        Ok(())
+    }
+}

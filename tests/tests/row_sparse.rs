@@ -1,0 +1,204 @@
+//! Row-sparse keys: `tests/golden/mxnet_row_sparse.json` (recorded by
+//! `tests/golden/generate_row_sparse.py` from MXNet 1.9.1) replayed on a `local`
+//! store, every pulled value compared bit for bit; then the rules MXNet's records do
+//! not show (errors, ordering with non-blocking calls, custom updaters).
+
+use kvstore_core::{DType, ErrorKind, KVStore, NDArray, Optimizer, RowSparse, StorageType};
+use serde_json::Value;
+
+const GOLDEN: &str = include_str!("../golden/mxnet_row_sparse.json");
+
+fn f32s(v: &Value) -> Vec<f32> {
+    v.as_array().expect("numbers").iter().map(|x| x.as_f64().expect("number") as f32).collect()
+}
+
+fn ints(v: &Value) -> Vec<i64> {
+    v.as_array().expect("ints").iter().map(|x| x.as_i64().expect("int")).collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn rsp(rows: &[i64], data: Vec<f32>, shape: &[usize]) -> RowSparse {
+    let d = NDArray::from_vec(&[rows.len(), shape[1]], data).expect("data");
+    RowSparse::new(d, rows.to_vec(), shape).expect("row-sparse value")
+}
+
+fn optimizer(spec: &Value) -> Optimizer {
+    let mut b = Optimizer::builder(spec[0].as_str().expect("name"));
+    for (k, v) in spec[1].as_object().expect("params") {
+        let v = v.as_f64().or_else(|| v.as_bool().map(|b| if b { 1.0 } else { 0.0 })).expect("param");
+        b = b.param(k, v);
+    }
+    b.build().expect("optimizer")
+}
+
+#[test]
+fn every_row_sparse_case_recorded_from_mxnet_replays_bit_for_bit() {
+    let golden: Value = serde_json::from_str(GOLDEN).expect("golden JSON");
+    assert_eq!(golden["mxnet_version"], "1.9.1");
+    let cases = golden["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 12);
+    let mut failed = Vec::new();
+    for case in cases {
+        let name = case["name"].as_str().expect("name");
+        let replayed = std::panic::catch_unwind(|| replay(case));
+        if replayed.is_err() {
+            failed.push(name);
+        }
+    }
+    assert!(failed.is_empty(), "cases that do not replay: {failed:?}");
+}
+
+/// Replays one recorded case, asserting every pulled value.
+fn replay(case: &Value) {
+    {
+        let name = case["name"].as_str().expect("name");
+        assert!(case.get("crashed").is_none(), "{name}: MXNet crashed while recording: replay its pushes by hand");
+        let shape: Vec<usize> =
+            case["shape"].as_array().expect("shape").iter().map(|x| x.as_u64().unwrap() as usize).collect();
+        let kv = KVStore::create("local").expect("store");
+        let init = NDArray::from_vec(&shape, f32s(&case["init"])).expect("init");
+        kv.init_row_sparse("w", &RowSparse::from_dense(&init).expect("from_dense")).expect("init");
+        assert_eq!(kv.stype("w").expect("stype"), StorageType::RowSparse);
+        if !case["optimizer"].is_null() {
+            kv.set_optimizer(optimizer(&case["optimizer"])).expect("set_optimizer");
+        }
+        for (s, step) in case["steps"].as_array().expect("steps").iter().enumerate() {
+            let values: Vec<RowSparse> = step["values"]
+                .as_array()
+                .expect("values")
+                .iter()
+                .map(|v| rsp(&ints(&v["rows"]), f32s(&v["data"]), &shape))
+                .collect();
+            kv.push_row_sparse("w", &values, 0).expect("push_row_sparse");
+            let dense = kv.pull_new("w", 0).expect("pull").to_vec::<f32>().expect("values");
+            assert_eq!(
+                bits(&dense),
+                bits(&f32s(&step["dense"])),
+                "{name}, step {s}: dense pull\n{dense:?}\n{:?}",
+                f32s(&step["dense"])
+            );
+            let got = kv.row_sparse_pull("w", &ints(&step["row_ids"]), 0).expect("row_sparse_pull");
+            assert_eq!(got.indices(), ints(&step["pulled_indices"]).as_slice(), "{name}, step {s}");
+            let data = got.data().to_vec::<f32>().expect("rows");
+            assert_eq!(bits(&data), bits(&f32s(&step["pulled_data"])), "{name}, step {s}: row_sparse_pull");
+        }
+    }
+}
+
+#[test]
+fn mxnet_s_errors_are_the_store_s() {
+    let golden: Value = serde_json::from_str(GOLDEN).expect("golden JSON");
+    let kv = KVStore::create("local").unwrap();
+    kv.init("dense", &NDArray::ones(&[4, 2]).unwrap()).unwrap();
+    let errors = golden["errors"].as_array().expect("errors");
+    assert!(errors[0]["error"].as_str().unwrap().contains("PullRowSparse expects row_sparse src NDArray"));
+    let e = kv.row_sparse_pull("dense", &[0], 0).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.to_string().contains("not row-sparse"), "{e}");
+}
+
+#[test]
+fn bad_row_sparse_calls_are_clear_errors_and_change_nothing() {
+    let kv = KVStore::create("local").unwrap();
+    kv.init_row_sparse("w", &RowSparse::from_dense(&NDArray::ones(&[4, 2]).unwrap()).unwrap()).unwrap();
+    let before = kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap();
+    let wide = RowSparse::new(NDArray::ones(&[1, 3]).unwrap(), vec![0], &[4, 3]).unwrap();
+    assert_eq!(kv.push_row_sparse("w", &[wide], 0).unwrap_err().kind(), ErrorKind::ShapeMismatch);
+    let f64s = RowSparse::new(NDArray::zeros_with(&[1, 2], DType::F64, Default::default()).unwrap(), vec![0], &[4, 2])
+        .unwrap();
+    let ok = rsp(&[1], vec![5.0, 5.0], &[4, 2]);
+    // One bad value of several: the whole push is refused.
+    assert_eq!(kv.push_row_sparse("w", &[ok.clone(), f64s], 0).unwrap_err().kind(), ErrorKind::DTypeMismatch);
+    assert_eq!(kv.push_row_sparse("w", &[], 0).unwrap_err().kind(), ErrorKind::LengthMismatch);
+    assert_eq!(
+        kv.push_row_sparse("nope", std::slice::from_ref(&ok), 0).unwrap_err().kind(),
+        ErrorKind::KeyNotInitialized
+    );
+    assert_eq!(kv.row_sparse_pull("nope", &[0], 0).unwrap_err().kind(), ErrorKind::KeyNotInitialized);
+    let e = kv.row_sparse_pull("w", &[4], 0).unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
+    let e = kv.row_sparse_pull("w", &[-1], 0).unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
+    assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), before, "no failed call changed the key");
+    // A custom updater's error leaves the key as it was too.
+    kv.set_updater(|_: &kvstore_core::Key, _: usize, _: &NDArray, stored: &NDArray| {
+        stored.add_assign(100.0)?;
+        Err(kvstore_core::Error::invalid_argument("refused"))
+    })
+    .unwrap();
+    assert!(kv.push_row_sparse("w", &[ok], 0).is_err());
+    assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), before);
+}
+
+#[test]
+fn empty_row_ids_and_empty_values_give_empty_and_zero_results() {
+    let kv = KVStore::create("local").unwrap();
+    kv.init_row_sparse("w", &RowSparse::from_dense(&NDArray::ones(&[3, 2]).unwrap()).unwrap()).unwrap();
+    let got = kv.row_sparse_pull("w", &[], 0).unwrap();
+    assert_eq!((got.indices().len(), got.data().shape()), (0, &[0, 2][..]));
+    // No rows pushed: with no updater the value becomes all zeros (assign).
+    kv.push_row_sparse("w", &[RowSparse::zeros(&[3, 2], DType::F32).unwrap()], 0).unwrap();
+    assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), vec![0.0; 6]);
+    // With a lazy optimizer nothing changes.
+    kv.set_optimizer(Optimizer::builder("sgd").param("wd", 0.5).build().unwrap()).unwrap();
+    kv.push_row_sparse("w", &[rsp(&[0], vec![1.0, 1.0], &[3, 2])], 0).unwrap();
+    let after = kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap();
+    kv.push_row_sparse("w", &[RowSparse::zeros(&[3, 2], DType::F32).unwrap()], 0).unwrap();
+    assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), after);
+}
+
+#[test]
+fn a_row_sparse_push_onto_a_dense_key_makes_it_row_sparse_as_in_mxnet() {
+    let kv = KVStore::create("local").unwrap();
+    kv.init("d", &NDArray::ones(&[4, 2]).unwrap()).unwrap();
+    assert_eq!(kv.stype("d").unwrap(), StorageType::Default);
+    kv.push_row_sparse("d", &[rsp(&[0], vec![1.0, 1.0], &[4, 2])], 0).unwrap();
+    assert_eq!(kv.stype("d").unwrap(), StorageType::RowSparse);
+    let got = kv.row_sparse_pull("d", &[0], 0).unwrap();
+    assert_eq!(got.data().to_vec::<f32>().unwrap(), vec![1.0, 1.0]);
+    assert_eq!(kv.pull_new("d", 0).unwrap().to_vec::<f32>().unwrap(), vec![1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+}
+
+#[test]
+fn a_custom_updater_gets_the_sum_as_a_dense_gradient() {
+    let kv = KVStore::create("local").unwrap();
+    kv.init_row_sparse("w", &RowSparse::from_dense(&NDArray::ones(&[3, 2]).unwrap()).unwrap()).unwrap();
+    kv.set_updater(|_: &kvstore_core::Key, _: usize, recv: &NDArray, stored: &NDArray| {
+        stored.add_assign(&recv.mul(2.0)?)
+    })
+    .unwrap();
+    kv.push_row_sparse("w", &[rsp(&[1], vec![1.0, 2.0], &[3, 2]), rsp(&[1, 2], vec![1.0, 1.0, 3.0, 3.0], &[3, 2])], 0)
+        .unwrap();
+    assert_eq!(kv.pull_new("w", 0).unwrap().to_vec::<f32>().unwrap(), vec![1.0, 1.0, 5.0, 7.0, 7.0, 7.0]);
+}
+
+#[test]
+fn row_sparse_calls_come_after_the_non_blocking_calls_made_before_them() {
+    let kv = KVStore::create("local").unwrap();
+    kv.init_row_sparse("w", &RowSparse::from_dense(&NDArray::ones(&[64, 16]).unwrap()).unwrap()).unwrap();
+    let dense = NDArray::full(&[64, 16], 3.0).unwrap();
+    for _ in 0..50 {
+        let pending = kv.push_async("w", &dense, 0);
+        // Queued behind the dense push: it sees it.
+        kv.push_row_sparse("w", &[rsp(&[5], vec![7.0; 16], &[64, 16])], 0).unwrap();
+        pending.wait().unwrap();
+        let got = kv.row_sparse_pull("w", &[5, 6], 0).unwrap().data().to_vec::<f32>().unwrap();
+        assert_eq!(got, [vec![7.0; 16], vec![0.0; 16]].concat());
+    }
+}
+
+#[test]
+fn row_sparse_calls_on_a_dist_store_are_unsupported_for_now() {
+    let group = kvstore_tests::ThreadGroup::new(1);
+    let kv = kvstore_tests::dist_store(&group.member(0));
+    let w = RowSparse::from_dense(&NDArray::ones(&[2, 2]).unwrap()).unwrap();
+    let e = kv.init_row_sparse("w", &w).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    kv.init("d", &NDArray::ones(&[2, 2]).unwrap()).unwrap();
+    assert_eq!(kv.push_row_sparse("d", &[w], 0).unwrap_err().kind(), ErrorKind::Unsupported);
+    assert_eq!(kv.row_sparse_pull("d", &[0], 0).unwrap_err().kind(), ErrorKind::Unsupported);
+    assert_eq!(kv.pull_new("d", 0).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 4], "nothing changed");
+}
