@@ -209,11 +209,6 @@ pub(crate) fn wrap(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<N
     NDArray::from_foreign(shape, dtype, Box::new(mem), writable).map_err(crate::errors::to_py)
 }
 
-/// [`wrap`] of each of `objs`, in order: a call's many arrays.
-pub(crate) fn wrap_all(objs: &[Bound<'_, PyAny>], usage: Use, what: &str) -> PyResult<Vec<NDArray>> {
-    objs.iter().map(|obj| wrap(obj, usage, what)).collect()
-}
-
 /// Keeps a store array alive for the numpy views of its memory (their base).
 #[pyclass(frozen, module = "kvstore._kvstore")]
 pub(crate) struct Owner {

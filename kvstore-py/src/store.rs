@@ -12,7 +12,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyList, PyString, PyTuple};
 
-use crate::arrays::{Use, view, wrap, wrap_all};
+use crate::arrays::{Use, view, wrap};
 use crate::errors::to_py;
 use crate::pending::Pending;
 
@@ -92,23 +92,18 @@ fn arrays_of(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<Arrays>
         return Ok(Arrays::One(wrap(obj, usage, what)?));
     }
     let items = items_of(obj)?;
+    let wrap_one = |a: &Bound<'_, PyAny>| wrap(a, usage, what);
     if !items.iter().any(is_list) {
-        return Ok(Arrays::Many(wrap_all(&items, usage, what)?));
+        return Ok(Arrays::Many(items.iter().map(wrap_one).collect::<PyResult<_>>()?));
     }
-    // Every array first, in one list (so that they are wrapped in one run: see
-    // `wrap_all`), then cut into each key's list.
-    let mut flat = Vec::with_capacity(items.len());
-    let mut lens = Vec::with_capacity(items.len());
-    for item in &items {
-        let before = flat.len();
-        match is_list(item) {
-            true => flat.extend(items_of(item)?),
-            false => flat.push(item.clone()),
-        }
-        lens.push(flat.len() - before);
-    }
-    let mut wrapped = wrap_all(&flat, usage, what)?.into_iter();
-    Ok(Arrays::Nested(lens.into_iter().map(|n| wrapped.by_ref().take(n).collect()).collect()))
+    let nested = items
+        .iter()
+        .map(|item| match is_list(item) {
+            true => map_items(item, wrap_one),
+            false => Ok(vec![wrap_one(item)?]),
+        })
+        .collect::<PyResult<_>>()?;
+    Ok(Arrays::Nested(nested))
 }
 
 /// The items of `obj`, a list or tuple, or of another iterable.

@@ -133,17 +133,15 @@ impl RowSparse {
         row_len(&self.shape)
     }
 
-    /// The sum of `values` (all of `shape` and `dtype`, checked by the caller), row by
+    /// The sum of `values` (all of `shape` and `dtype`, checked by the caller), to be
+    /// read only (one value is returned as it is, sharing its data), row by
     /// row over the union of their rows, each row's values added left to right in the
     /// accumulator of `T` and rounded once (as dense sums are).
     pub(crate) fn sum(values: &[&RowSparse]) -> Result<RowSparse> {
         let first = values.first().ok_or_else(|| Error::invalid_argument("a row-sparse sum of no values"))?;
         if let [one] = values {
-            return Ok(RowSparse {
-                shape: one.shape.clone(),
-                indices: one.indices.clone(),
-                data: one.data.deep_copy()?,
-            });
+            // Read only (the caller's call holds the value): no copy.
+            return Ok((*one).clone());
         }
         let mut union: Vec<i64> = values.iter().flat_map(|v| v.indices.iter().copied()).collect();
         union.sort_unstable();

@@ -692,7 +692,8 @@ impl Runtime {
                 weight.with_data_mut(|w: &mut [T]| {
                     for (i, &r) in grad.indices().iter().enumerate() {
                         let span = r as usize * rl..(r as usize + 1) * rl;
-                        let mut st_rows: Vec<&mut [T]> = ss.iter_mut().map(|s| &mut s[span.clone()]).collect();
+                        let mut st_rows: smallvec::SmallVec<[&mut [T]; 4]> =
+                            ss.iter_mut().map(|s| &mut s[span.clone()]).collect();
                         update(rule, step, values, &mut w[span], &g[i * rl..(i + 1) * rl], &mut st_rows);
                     }
                 })
