@@ -43,4 +43,5 @@ pub mod native;
 pub mod ndarray;
 pub mod optimizer;
 pub mod pending;
+pub mod sparse;
 pub mod updater;

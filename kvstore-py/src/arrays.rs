@@ -148,6 +148,9 @@ pub(crate) fn wrap(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<N
     let array = match obj.cast::<PyUntypedArray>() {
         Ok(a) => a,
         Err(_) => {
+            if crate::sparse::is_row_sparse(obj) {
+                return Err(crate::sparse::not_here(what));
+            }
             if let Some(device) = cuda_device(obj) {
                 return wrap_cuda(obj, device, what);
             }

@@ -1,7 +1,8 @@
 //! `kvstore-py`: the native module `kvstore._kvstore` under the Python package
 //! `kvstore` (`python/kvstore/`), built by maturin. The package's Python layer holds
 //! MXNet's names, the optimizer classes, the error classes and the docs; this crate
-//! holds the store (`store`), arrays in place (`arrays`), errors (`errors`),
+//! holds the store (`store`), arrays in place (`arrays`), row-sparse calls (`sparse`),
+//! errors (`errors`),
 //! Python updaters (`updater`) and the handles of non-blocking calls (`pending`).
 //!
 //! Every call that may wait or compute releases the GIL. The unsafe code is in
@@ -22,6 +23,7 @@ mod arrays;
 mod dlpack;
 mod errors;
 mod pending;
+mod sparse;
 mod store;
 mod updater;
 
@@ -90,6 +92,10 @@ fn _kvstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyStore>()?;
     m.add_class::<pending::Pending>()?;
     m.add_function(wrap_pyfunction!(_has_mpi, m)?)?;
+    m.add_function(wrap_pyfunction!(sparse::_row_sparse_pull, m)?)?;
+    m.add_function(wrap_pyfunction!(sparse::_stype, m)?)?;
+    m.add_function(wrap_pyfunction!(sparse::_check_row_sparse, m)?)?;
+    m.add("RowSparseValue", m.py().get_type::<sparse::RowSparseValue>())?;
     m.add_function(wrap_pyfunction!(_register_gpu, m)?)?;
     m.add_function(wrap_pyfunction!(_finalize, m)?)?;
     m.add_function(wrap_pyfunction!(_exiting, m)?)?;

@@ -15,6 +15,7 @@ use pyo3::types::{PyBool, PyInt, PyList, PyString, PyTuple};
 use crate::arrays::{Use, view, wrap};
 use crate::errors::to_py;
 use crate::pending::Pending;
+use crate::sparse::RowSparseValue;
 
 /// A call's keys: one, or a list.
 fn keys_of(obj: &Bound<'_, PyAny>) -> PyResult<Keys> {
@@ -119,7 +120,7 @@ fn items_of<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
 
 /// `f` of each item of `obj`, a list or tuple (read in place: no iterator object), or
 /// of another iterable.
-fn map_items<'py, T>(
+pub(crate) fn map_items<'py, T>(
     obj: &Bound<'py, PyAny>,
     mut f: impl FnMut(&Bound<'py, PyAny>) -> PyResult<T>,
 ) -> PyResult<Vec<T>> {
@@ -177,7 +178,7 @@ impl Drop for PyStore {
 }
 
 /// Records which keys of an `init` or `broadcast` were ints.
-fn remember_int_keys(shared: &Shared, key: &Bound<'_, PyAny>) -> PyResult<()> {
+pub(crate) fn remember_int_keys(shared: &Shared, key: &Bound<'_, PyAny>) -> PyResult<()> {
     let int_key = |k: &Bound<'_, PyAny>| -> PyResult<Option<Key>> {
         let int = k.is_instance_of::<PyInt>() && !k.is_instance_of::<PyBool>();
         int.then(|| key_of(k)).transpose()
@@ -206,7 +207,10 @@ impl PyStore {
     /// ``dist_sync`` rank 0's value wins.
     fn init(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let keys = keys_of(key)?;
-        let values = arrays_of(value, Use::Read, "value")?;
+        let values = match arrays_of(value, Use::Read, "value") {
+            Err(e) if e.is_instance_of::<RowSparseValue>(py) => return self.init_row_sparse(py, key, value),
+            values => values?,
+        };
         py.detach(|| settled(self.shared.kv.init(keys, values.values()), &[&values])).map_err(to_py)?;
         remember_int_keys(&self.shared, key)?;
         Ok(())
@@ -228,7 +232,10 @@ impl PyStore {
     #[pyo3(signature = (key, value, priority = 0))]
     fn push(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
         let keys = keys_of(key)?;
-        let values = arrays_of(value, Use::Read, "value")?;
+        let values = match arrays_of(value, Use::Read, "value") {
+            Err(e) if e.is_instance_of::<RowSparseValue>(py) => return self.push_row_sparse(py, key, value, priority),
+            values => values?,
+        };
         py.detach(|| settled(self.shared.kv.push(keys, values.values(), priority), &[&values])).map_err(to_py)
     }
 

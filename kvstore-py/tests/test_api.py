@@ -346,11 +346,23 @@ def test_mxnets_reduction_threads_variable_sizes_the_shared_pool():
     import os
     import subprocess
 
+    # A thread names itself once it runs: wait (up to 10 s) until the count stops
+    # growing for a while, then print it.
     prog = (
-        "import glob, kvstore\n"
+        "import glob, time, kvstore\n"
         "s = kvstore.create('local')\n"
-        "names = [open(p).read().strip() for p in glob.glob('/proc/self/task/*/comm')]\n"
-        "print(sum(n.startswith('kvstore-cpu') for n in names))\n"
+        "def count():\n"
+        "    names = [open(p).read().strip() for p in glob.glob('/proc/self/task/*/comm')]\n"
+        "    return sum(n.startswith('kvstore-cpu') for n in names)\n"
+        "last, since, start = -1, time.monotonic(), time.monotonic()\n"
+        "while time.monotonic() - start < 10:\n"
+        "    n = count()\n"
+        "    if n != last:\n"
+        "        last, since = n, time.monotonic()\n"
+        "    elif time.monotonic() - since > 0.5:\n"
+        "        break\n"
+        "    time.sleep(0.02)\n"
+        "print(last)\n"
     )
     env = dict(os.environ, MXNET_KVSTORE_REDUCTION_NTHREADS="3")
     out = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=60)

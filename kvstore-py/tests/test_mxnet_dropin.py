@@ -703,12 +703,50 @@ def test_errors_and_forms_as_mxnet():
             got.append(out.asnumpy().tolist())
         assert got[0] == got[1], got
     assert got[1] == [1.0, 1.0, -1.0]
-    with pytest.raises(NotImplementedError, match="row-sparse"):
+    # row_sparse_pull into a dense out: MXNet's message, as a TypeError.
+    with pytest.raises(TypeError, match="Expected row_sparse storage type for row_sparse_pull values"):
         ours.row_sparse_pull("a", out=mx.nd.zeros((2,)), row_ids=mx.nd.array([0]))
-    with pytest.raises(TypeError, match="row_sparse"):
-        ours.push("a", mx.nd.zeros((2,)).tostype("row_sparse"))
+    with pytest.raises(TypeError, match="csr"):
+        ours.push("a", mx.nd.sparse.csr_matrix((2, 2)))
     with pytest.raises(KeyError):
         ours.pull("missing", out=mx.nd.zeros((2,)))
+
+
+def test_row_sparse_keys_match_mxnet_s_store():
+    """Row-sparse init, pushes of several row-sparse values (summed row-wise; with no
+    updater and with lazy SGD), and row_sparse_pull in its forms, on both stores."""
+    rng = np.random.default_rng(7)
+    shape = (8, 3)
+
+    def grad(rows):
+        data = rng.integers(-4, 5, size=(len(rows), 3)).astype(np.float32)
+        return data, np.array(rows, np.int64)
+
+    steps = [[[1, 4]], [[0], [0, 7]], [[2, 3, 5]], [[6], [6]]]
+    pulls = [[7, 0, 7], [1, 2, 3, 4], []]
+    for opt in (None, "sgd"):
+        native, ours = both()
+        got = {}
+        for kv in (native, ours):
+            init = mx.nd.array(np.arange(24, dtype=np.float32).reshape(shape)).tostype("row_sparse")
+            kv.init("emb", init)
+            if opt:
+                kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5, wd=0.25))
+        for step in steps:
+            values = [grad(rows) for rows in step]
+            results = []
+            for kv in (native, ours):
+                kv.push("emb", [mx.nd.sparse.row_sparse_array(v, shape=shape) for v in values])
+                outs = [mx.nd.sparse.zeros("row_sparse", shape) for _ in pulls]
+                kv.row_sparse_pull("emb", out=outs, row_ids=[mx.nd.array(ids) for ids in pulls])
+                one = mx.nd.sparse.zeros("row_sparse", shape)
+                kv.row_sparse_pull("emb", out=one, row_ids=mx.nd.array([5, 1]))
+                dense = mx.nd.zeros(shape)
+                kv.pull("emb", out=dense)
+                results.append([(o.indices.asnumpy().tolist(), o.asnumpy().tolist()) for o in outs + [one]] + [dense.asnumpy().tolist()])
+            assert results[0] == results[1], (opt, step)
+            got[tuple(map(tuple, step))] = results[1]
+        assert got
 
 
 # docs/mxnet-differences.md, each shown against MXNet itself.

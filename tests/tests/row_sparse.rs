@@ -202,3 +202,45 @@ fn row_sparse_calls_on_a_dist_store_are_unsupported_for_now() {
     assert_eq!(kv.row_sparse_pull("d", &[0], 0).unwrap_err().kind(), ErrorKind::Unsupported);
     assert_eq!(kv.pull_new("d", 0).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 4], "nothing changed");
 }
+
+#[test]
+fn several_keys_are_initialised_and_pushed_in_one_call_all_or_nothing() {
+    let kv = KVStore::create("local").unwrap();
+    let (a, b) = (RowSparse::zeros(&[3, 2], DType::F32).unwrap(), RowSparse::zeros(&[2, 2], DType::F32).unwrap());
+    kv.init_row_sparse_many(&["a".into(), "b".into()], &[a.clone(), b.clone()]).unwrap();
+    assert_eq!(kv.stype("b").unwrap(), StorageType::RowSparse);
+    // A key already there, or counts that differ: no key is made.
+    let e = kv.init_row_sparse_many(&["c".into(), "a".into()], &[a.clone(), a.clone()]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AlreadyInitialized);
+    assert_eq!(kv.init_row_sparse_many(&["c".into()], &[]).unwrap_err().kind(), ErrorKind::LengthMismatch);
+    assert!(kv.key_index("c").is_none(), "a failed init made no key");
+    // A key given twice has its values summed, as a dense push's repeated keys.
+    let one = |r: i64, v: f32, rows: usize| rsp(&[r], vec![v, v], &[rows, 2]);
+    kv.push_row_sparse_many(
+        &[
+            ("a".into(), vec![one(0, 1.0, 3)]),
+            ("b".into(), vec![one(1, 2.0, 2)]),
+            ("a".into(), vec![one(2, 3.0, 3), one(0, 4.0, 3)]),
+        ],
+        0,
+    )
+    .unwrap();
+    assert_eq!(kv.pull_new("a", 0).unwrap().to_vec::<f32>().unwrap(), vec![5.0, 5.0, 0.0, 0.0, 3.0, 3.0]);
+    assert_eq!(kv.pull_new("b", 0).unwrap().to_vec::<f32>().unwrap(), vec![0.0, 0.0, 2.0, 2.0]);
+    // Every key is checked before any changes: a bad shape, a missing key, no values.
+    let before =
+        (kv.pull_new("a", 0).unwrap().to_vec::<f32>().unwrap(), kv.pull_new("b", 0).unwrap().to_vec::<f32>().unwrap());
+    for (bad, kind) in [
+        (("b".into(), vec![one(0, 1.0, 3)]), ErrorKind::ShapeMismatch),
+        (("nope".into(), vec![one(0, 1.0, 2)]), ErrorKind::KeyNotInitialized),
+        (("b".into(), vec![]), ErrorKind::LengthMismatch),
+    ] {
+        let e = kv.push_row_sparse_many(&[("a".into(), vec![one(1, 9.0, 3)]), bad], 0).unwrap_err();
+        assert_eq!(e.kind(), kind);
+        let now = (
+            kv.pull_new("a", 0).unwrap().to_vec::<f32>().unwrap(),
+            kv.pull_new("b", 0).unwrap().to_vec::<f32>().unwrap(),
+        );
+        assert_eq!(now, before, "a refused push changed no key");
+    }
+}

@@ -55,15 +55,36 @@ impl KVStore {
     /// # Errors
     /// As [`KVStore::init`]; [`Error::Unsupported`] on a `dist_*` store.
     pub fn init_row_sparse(&self, key: impl Into<Key>, value: &RowSparse) -> Result<()> {
-        let key = key.into();
+        self.init_row_sparse_many(&[key.into()], std::slice::from_ref(value))
+    }
+
+    /// Initialises several keys with row-sparse values, one per key, as one `init`:
+    /// when one key cannot be initialised (already initialised, repeated), none is.
+    ///
+    /// # Errors
+    /// As [`KVStore::init`] ([`Error::LengthMismatch`] when the counts differ);
+    /// [`Error::Unsupported`] on a `dist_*` store.
+    pub fn init_row_sparse_many(&self, keys: &[Key], values: &[RowSparse]) -> Result<()> {
         self.local_only("init_row_sparse")?;
-        self.init(key.clone(), &value.to_dense()?)?;
-        let entry = self.entry("init", &key)?;
-        self.on_key("init", &entry, move |store, entry| {
-            let held = Held::new("init", store, &[entry])?;
-            held.write("init", &[entry])?[0].row_sparse = true;
-            Ok(())
-        })
+        if keys.len() != values.len() {
+            return Err(Error::LengthMismatch {
+                context: "init_row_sparse".into(),
+                what: "values",
+                expected: keys.len(),
+                got: values.len(),
+            });
+        }
+        let dense = values.iter().map(RowSparse::to_dense).collect::<Result<Vec<_>>>()?;
+        self.init(keys.to_vec(), &dense[..])?;
+        for key in keys {
+            let entry = self.entry("init", key)?;
+            self.on_key("init", &entry, move |store, entry| {
+                let held = Held::new("init", store, &[entry])?;
+                held.write("init", &[entry])?[0].row_sparse = true;
+                Ok(())
+            })?;
+        }
+        Ok(())
     }
 
     /// The storage type of `key`: row-sparse once initialised with, or assigned, a
@@ -107,20 +128,53 @@ impl KVStore {
     /// [`Error::LengthMismatch`] for no value, [`Error::Unsupported`] on a `dist_*`
     /// store, or the updater's error. On error the key keeps its value.
     pub fn push_row_sparse(&self, key: impl Into<Key>, values: &[RowSparse], priority: i32) -> Result<()> {
+        self.push_row_sparse_many(&[(key.into(), values.to_vec())], priority)
+    }
+
+    /// Pushes row-sparse values into several keys: `pushes` pairs each key with its
+    /// values (a key given twice has its values summed, in the order given, as a dense
+    /// push's repeated keys). Every key, shape and dtype is checked before any key
+    /// changes; then each key is pushed as [`KVStore::push_row_sparse`] does.
+    ///
+    /// # Errors
+    /// As [`KVStore::push_row_sparse`]; a check that fails changes no key. An updater's
+    /// error stops the call at its key (the keys before it keep their update).
+    pub fn push_row_sparse_many(&self, pushes: &[(Key, Vec<RowSparse>)], priority: i32) -> Result<()> {
         let _ = priority;
-        let key = key.into();
         self.local_only("push_row_sparse")?;
-        if values.is_empty() {
-            return Err(Error::LengthMismatch {
-                context: format!("push_row_sparse of key \"{key}\""),
-                what: "values",
-                expected: 1,
-                got: 0,
-            });
+        let mut merged: Vec<(Arc<Entry>, Vec<RowSparse>)> = Vec::with_capacity(pushes.len());
+        let mut at: std::collections::HashMap<usize, usize> = std::collections::HashMap::with_capacity(pushes.len());
+        for (key, values) in pushes {
+            let entry = self.entry("push", key)?;
+            match at.get(&entry.index) {
+                Some(&i) => merged[i].1.extend(values.iter().cloned()),
+                None => {
+                    at.insert(entry.index, merged.len());
+                    merged.push((entry, values.clone()));
+                }
+            }
         }
-        let entry = self.entry("push", &key)?;
-        let values = values.to_vec();
-        self.on_key("push", &entry, move |store, entry| store.push_rows(entry, &values))
+        for (entry, values) in &merged {
+            let key = &entry.key;
+            if values.is_empty() {
+                return Err(Error::LengthMismatch {
+                    context: format!("push_row_sparse of key \"{key}\""),
+                    what: "values",
+                    expected: 1,
+                    got: 0,
+                });
+            }
+            let (shape, dtype) = {
+                let held = Held::new("push", &self.store, &[entry])?;
+                let slot = &held.read("push", &[entry])?[0];
+                (slot.value.shape().to_vec(), slot.value.dtype())
+            };
+            check_like(key, values, &shape, dtype)?;
+        }
+        for (entry, values) in merged {
+            self.on_key("push", &entry, move |store, entry| store.push_rows(entry, &values))?;
+        }
+        Ok(())
     }
 
     /// The rows `row_ids` of row-sparse `key` (any order, repeats allowed: sorted and
@@ -219,6 +273,29 @@ impl KVStore {
     }
 }
 
+/// Checks that every value pushed to `key` has the key's shape and dtype.
+fn check_like(key: &Key, values: &[RowSparse], shape: &[usize], dtype: DType) -> Result<()> {
+    for v in values {
+        if v.shape() != shape {
+            return Err(Error::ShapeMismatch {
+                context: format!("push_row_sparse of key \"{key}\""),
+                key: Some(key.clone()),
+                expected: shape.to_vec(),
+                got: v.shape().to_vec(),
+            });
+        }
+        if v.dtype() != dtype {
+            return Err(Error::DTypeMismatch {
+                context: format!("push_row_sparse of key \"{key}\""),
+                key: Some(key.clone()),
+                expected: dtype,
+                got: v.dtype(),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl Store {
     /// `push_row_sparse`'s work, its key's earlier calls done.
     fn push_rows(&self, entry: &Arc<Entry>, values: &[RowSparse]) -> Result<()> {
@@ -228,24 +305,7 @@ impl Store {
         let mut guards = held.write(OP, &[entry])?;
         let slot = &mut *guards[0];
         let key = &entry.key;
-        for v in values {
-            if v.shape() != slot.value.shape() {
-                return Err(Error::ShapeMismatch {
-                    context: format!("push_row_sparse of key \"{key}\""),
-                    key: Some(key.clone()),
-                    expected: slot.value.shape().to_vec(),
-                    got: v.shape().to_vec(),
-                });
-            }
-            if v.dtype() != slot.value.dtype() {
-                return Err(Error::DTypeMismatch {
-                    context: format!("push_row_sparse of key \"{key}\""),
-                    key: Some(key.clone()),
-                    expected: slot.value.dtype(),
-                    got: v.dtype(),
-                });
-            }
-        }
+        check_like(key, values, slot.value.shape(), slot.value.dtype())?;
         let refs: Vec<&RowSparse> = values.iter().collect();
         let sum = RowSparse::sum(&refs)?;
         match &*merger {

@@ -34,7 +34,7 @@ import sys
 import weakref
 from typing import Any, Callable, Generator, List, Optional, Union
 
-from . import _kvstore, errors, lr_scheduler, optimizer
+from . import _kvstore, errors, lr_scheduler, optimizer, sparse
 from .errors import (
     AlreadyInitializedError,
     BackendError,
@@ -62,6 +62,7 @@ __all__ = [
     "Future",
     "optimizer",
     "lr_scheduler",
+    "sparse",
     "errors",
     *errors.__all__,
     "finalize",
@@ -186,6 +187,28 @@ class KVStore(_kvstore.KVStore):
         the key keeps its value.
         """
         self._set_updater(updater)
+
+    def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> None:
+        """Pulls only the rows `row_ids` of a row-sparse key into `out`, a
+        :class:`kvstore.sparse.RowSparseNDArray` (MXNet's ``row_sparse_pull``).
+
+        `row_ids` is an integer array (numpy, a list, MXNet's NDArray), in any order and
+        with repeats: the out's ``indices`` become those ids sorted and de-duplicated,
+        and its ``data`` those rows of the stored value (a row never pushed comes back
+        as zeros). Forms: ``row_sparse_pull(k, out=o, row_ids=ids)``; several outs of
+        one key, ``out=[o1, o2]``, with one `row_ids` for all or a list of one per out;
+        a list of keys with a list of outs and a list of `row_ids`, one per key.
+
+        Raises ``InvalidArgumentError`` for a key that is dense (pull it) or a row id
+        out of range, ``KeyError`` for a key never initialized, ``TypeError`` for a dense
+        out. Every pull is checked before any out changes.
+        """
+        sparse._row_sparse_pull(self, key, out, priority, row_ids)
+
+    def stype(self, key: Any) -> str:
+        """The storage type of `key`: ``"row_sparse"`` (initialized with, or assigned, a
+        row-sparse value) or ``"default"``."""
+        return _kvstore._stype(self, key)
 
     def push_async(self, key: Any, value: Any, priority: int = 0, copy: bool = True) -> Future:
         """``push``, non-blocking: returns a :class:`Future` at once.

@@ -2,11 +2,25 @@
 package ``kvstore``: its ``KVStore`` subclasses this one."""
 
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union, final
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, final
 
 from typing_extensions import disjoint_base
 
-__all__ = ["KVStore", "Pending", "__version__", "_check_optimizer_json", "_exiting", "_finalize", "_has_mpi", "_register_gpu", "_time_calls_from_rust"]
+__all__ = [
+    "KVStore",
+    "Pending",
+    "RowSparseValue",
+    "__version__",
+    "_check_optimizer_json",
+    "_check_row_sparse",
+    "_exiting",
+    "_finalize",
+    "_has_mpi",
+    "_register_gpu",
+    "_row_sparse_pull",
+    "_stype",
+    "_time_calls_from_rust",
+]
 __version__: str
 
 _Key = Union[int, str]
@@ -15,6 +29,8 @@ _Keys = Union[_Key, Sequence[_Key]]
 _Array = Any
 _Arrays = Union[_Array, Sequence[_Array], Sequence[Sequence[_Array]]]
 _PathLike = Union[str, "os.PathLike[str]"]
+
+class RowSparseValue(TypeError): ...
 
 @final
 class Pending:
@@ -65,3 +81,6 @@ def _check_optimizer_json(json: str) -> None: ...
 def _finalize() -> None: ...
 def _exiting() -> None: ...
 def _time_calls_from_rust(store: KVStore, op: str, key: _Keys, arrays: _Arrays, runs: int) -> List[float]: ...
+def _row_sparse_pull(store: KVStore, key: _Key, row_ids: Any, priority: int) -> Tuple[Any, Any, Tuple[int, ...]]: ...
+def _stype(store: KVStore, key: _Key) -> str: ...
+def _check_row_sparse(data: Any, indices: Any, shape: Sequence[int]) -> None: ...

@@ -52,11 +52,11 @@ call first waits for MXNet's pending writes to them).
   ``num_update`` and the rate its ``learning_rate`` (gluon's
   ``trainer.learning_rate``) reports stay at their start, while the store counts.
 
-Not supported, and why (each raises ``NotImplementedError`` with this reason):
+Not supported, and why:
 
-- ``row_sparse_pull``: the store holds dense arrays only (no row-sparse storage).
-- arrays on ``mx.gpu(i)`` are a ``TypeError`` (copy them to ``mx.cpu()``); sparse
-  NDArrays are a ``TypeError``.
+- arrays on ``mx.gpu(i)`` are a ``TypeError`` (copy them to ``mx.cpu()``); ``csr``
+  NDArrays are a ``TypeError``. Row-sparse NDArrays work in ``init``, ``push`` and
+  ``row_sparse_pull`` (their rows are copied at the boundary, not read in place).
 - the ``handle`` attribute (MXNet's C handle) does not exist: the store is not
   MXNet's C++ one (so MXNet's profiler does not see it).
 
@@ -109,14 +109,38 @@ def _to_mx(view: Any) -> Any:
 
 
 def _check_arrays(obj: Any) -> None:
-    """MXNet's sparse arrays and GPU arrays are refused with a clear message."""
+    """MXNet's csr arrays are refused with a clear message (row-sparse ones are
+    converted by :func:`_values`, where a call takes them)."""
     if isinstance(obj, (list, tuple)):
         for o in obj:
             _check_arrays(o)
         return
     stype = getattr(obj, "stype", "default")
-    if stype != "default":
-        raise TypeError(f"a {stype} NDArray is not supported: the store holds dense arrays only (use .tostype('default'))")
+    if stype not in ("default", "row_sparse"):
+        raise TypeError(f"a {stype} NDArray is not supported: use .tostype('default') or .tostype('row_sparse')")
+
+
+def _has_row_sparse(obj: Any) -> bool:
+    if isinstance(obj, (list, tuple)):
+        return any(_has_row_sparse(o) for o in obj)
+    return getattr(obj, "stype", "default") == "row_sparse"
+
+
+def _values(obj: Any) -> Any:
+    """A call's values with MXNet's row-sparse arrays as the store's (their data and
+    indices copied); the same object when it has none."""
+    _check_arrays(obj)
+    if not _has_row_sparse(obj):
+        return obj
+
+    def convert(o: Any) -> Any:
+        if isinstance(o, (list, tuple)):
+            return [convert(x) for x in o]
+        if getattr(o, "stype", "default") == "row_sparse":
+            return _kv.sparse.row_sparse_array((o.data.asnumpy(), o.indices.asnumpy()), shape=o.shape)
+        return o
+
+    return convert(obj)
 
 
 class _OptimizerUpdater:
@@ -146,13 +170,12 @@ class KVStore(_KVStoreBase):
 
     def init(self, key: Any, value: Any) -> None:
         """Initializes a key (or list of keys) with a copy of its value (MXNet's ``init``)."""
-        _check_arrays(value)
-        self._kv.init(key, value)
+        self._kv.init(key, _values(value))
 
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
         """Pushes values (MXNet's ``push``): each key's values are summed, then the
         optimizer or updater merges the sum, or it replaces the stored value."""
-        _check_arrays(value)
+        value = _values(value)
         self._sync_optimizer()
         self._kv.push(key, value, priority)
 
@@ -180,12 +203,35 @@ class KVStore(_KVStoreBase):
         self._kv.broadcast(key, value, out, priority)
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> None:
-        """Not supported: the store holds dense arrays only (no row-sparse storage)."""
-        assert out is not None
-        assert row_ids is not None
-        raise NotImplementedError(
-            "row_sparse_pull: the store holds dense arrays only (no row-sparse storage); use pull"
-        )
+        """Pulls the rows `row_ids` of a row-sparse key into `out`, MXNet row-sparse
+        arrays (MXNet's ``row_sparse_pull``: the forms of
+        :meth:`kvstore.KVStore.row_sparse_pull`). The rows are pulled into the store's
+        row-sparse arrays, then copied into the outs."""
+        assert out is not None, "row_sparse_pull needs out="
+        assert row_ids is not None, "row_sparse_pull needs row_ids="
+
+        def mirror(o: Any) -> Any:
+            if isinstance(o, (list, tuple)):
+                return [mirror(x) for x in o]
+            if getattr(o, "stype", "default") != "row_sparse":
+                raise TypeError(
+                    "Expected row_sparse storage type for row_sparse_pull values, "
+                    f"but detected storage type {getattr(o, 'stype', type(o).__name__)}"
+                )
+            return _kv.sparse.zeros("row_sparse", o.shape, dtype=o.dtype)
+
+        outs = mirror(out)
+        self._kv.row_sparse_pull(key, out=outs, priority=priority, row_ids=row_ids)
+
+        def copy_back(mine: Any, theirs: Any) -> None:
+            if isinstance(mine, list):
+                for m, t in zip(mine, theirs):
+                    copy_back(m, t)
+                return
+            got = _mx.nd.sparse.row_sparse_array((mine.data, mine.indices), shape=mine.shape, dtype=mine.dtype)
+            got.copyto(theirs)
+
+        copy_back(outs, out)
 
     def set_gradient_compression(self, compression_params: Dict[str, Any]) -> None:
         """MXNet's 2-bit compression (``{"type": "2bit", "threshold": 0.5}``) on a

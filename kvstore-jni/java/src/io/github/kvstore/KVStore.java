@@ -8,6 +8,7 @@ import static io.github.kvstore.Args.repeat;
 
 import java.lang.ref.Cleaner;
 import java.lang.ref.Reference;
+import java.util.Arrays;
 import java.util.Map;
 import java.util.Objects;
 import java.util.concurrent.CompletableFuture;
@@ -395,6 +396,141 @@ public final class KVStore extends NativeObject implements AutoCloseable {
             Reference.reachabilityFence(values);
         }
         return this;
+    }
+
+    // ----- row-sparse keys -----
+
+    /**
+     * Initialises {@code key} with a row-sparse value: the key holds its rows (zero
+     * elsewhere) and is row-sparse ({@link #rowSparsePull} reads it).
+     *
+     * @param key the key
+     * @param value the initial value (copied)
+     * @return this store
+     * @throws KVStoreException as {@link #initRowSparse(String[], RowSparse[])}
+     */
+    public KVStore initRowSparse(String key, RowSparse value) {
+        return initRowSparse(one(key, "key"), new RowSparse[] {Objects.requireNonNull(value, "value")});
+    }
+
+    /**
+     * Initialises each key with its row-sparse value. All or nothing: on error no key of
+     * the call is added.
+     *
+     * @param keys the keys, each at most once
+     * @param values the values, one per key (copied)
+     * @return this store
+     * @throws KVStoreException {@code ALREADY_INITIALIZED}, {@code LENGTH_MISMATCH},
+     *     {@code UNSUPPORTED} (a {@code dist_*} store), {@code DISPOSED}
+     */
+    public KVStore initRowSparse(String[] keys, RowSparse[] values) {
+        checkKeys(keys, "keys");
+        long[][] vs = RowSparse.describe(values, "values");
+        try {
+            nInitRowSparse(handle(), keys, vs[0], vs[1]);
+        } finally {
+            Reference.reachabilityFence(this);
+            Reference.reachabilityFence(values);
+        }
+        return this;
+    }
+
+    /**
+     * Pushes row-sparse values to {@code key}: they are summed row by row over the union
+     * of their rows (left to right), then merged: with no updater the sum replaces the
+     * whole value (rows it lacks become zero, MXNet's assign) and the key becomes
+     * row-sparse; SGD and Adam with {@code lazy_update} (their default), AdaGrad and Ftrl
+     * update only the pushed rows, of the weight and of their state; other optimizers
+     * and updaters get the sum as a dense gradient.
+     *
+     * @param key the key
+     * @param values the values
+     * @return this store
+     * @throws KVStoreException as {@link #pushRowSparse(String[], RowSparse[], int)}
+     */
+    public KVStore pushRowSparse(String key, RowSparse... values) {
+        Objects.requireNonNull(key, "key");
+        Objects.requireNonNull(values, "values");
+        String[] keys = new String[values.length];
+        Arrays.fill(keys, key);
+        return pushRowSparse(keys, values, 0);
+    }
+
+    /**
+     * Pushes {@code values[i]} to {@code keys[i]}, as {@link #pushRowSparse(String,
+     * RowSparse...)} for each distinct key (a key given twice has its values summed).
+     * Every key, shape and dtype is checked before any key changes.
+     *
+     * @param keys the keys
+     * @param values the values, one per key
+     * @param priority MXNet's priority (see the class doc)
+     * @return this store
+     * @throws KVStoreException {@code KEY_NOT_INITIALIZED}, {@code SHAPE_MISMATCH},
+     *     {@code DTYPE_MISMATCH}, {@code LENGTH_MISMATCH}, {@code UNSUPPORTED} (a
+     *     {@code dist_*} store), {@code BACKEND} (the updater threw), {@code DISPOSED}
+     */
+    public KVStore pushRowSparse(String[] keys, RowSparse[] values, int priority) {
+        checkKeys(keys, "keys");
+        long[][] vs = RowSparse.describe(values, "values");
+        try {
+            nPushRowSparse(handle(), keys, vs[0], vs[1], priority);
+        } finally {
+            Reference.reachabilityFence(this);
+            Reference.reachabilityFence(values);
+        }
+        return this;
+    }
+
+    /**
+     * The rows {@code rowIds} of row-sparse {@code key} (any order, repeats allowed),
+     * as a new row-sparse array whose indices are those ids sorted and de-duplicated;
+     * only those rows are copied. The caller owns the result: close it.
+     *
+     * @param key the key
+     * @param rowIds the rows to pull
+     * @return the rows
+     * @throws KVStoreException as {@link #rowSparsePull(String, long[], int)}
+     */
+    public RowSparse rowSparsePull(String key, long[] rowIds) {
+        return rowSparsePull(key, rowIds, 0);
+    }
+
+    /**
+     * {@link #rowSparsePull(String, long[])} at a priority.
+     *
+     * @param key the key
+     * @param rowIds the rows to pull
+     * @param priority MXNet's priority (see the class doc)
+     * @return the rows
+     * @throws KVStoreException {@code KEY_NOT_INITIALIZED}; {@code INVALID_ARGUMENT} for
+     *     a dense key or a row id out of range; {@code UNSUPPORTED} (a {@code dist_*}
+     *     store); {@code DISPOSED}
+     */
+    public RowSparse rowSparsePull(String key, long[] rowIds, int priority) {
+        Objects.requireNonNull(key, "key");
+        Objects.requireNonNull(rowIds, "rowIds");
+        try {
+            return RowSparse.fromJava(nRowSparsePull(handle(), key, rowIds, priority));
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
+    /**
+     * The storage type of {@code key}: {@code "row_sparse"} once initialised with, or
+     * assigned, a row-sparse value; else {@code "default"}.
+     *
+     * @param key the key
+     * @return MXNet's name of the storage type
+     * @throws KVStoreException {@code KEY_NOT_INITIALIZED}, {@code DISPOSED}
+     */
+    public String stype(String key) {
+        Objects.requireNonNull(key, "key");
+        try {
+            return nStype(handle(), key) == 1 ? "row_sparse" : "default";
+        } finally {
+            Reference.reachabilityFence(this);
+        }
     }
 
     // ----- pull -----
@@ -1153,6 +1289,14 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     static native void nPull(long h, String[] keys, long[] outs, int priority);
 
     static native void nPushKey(long h, String key, long[] values, int priority);
+
+    static native void nInitRowSparse(long h, String[] keys, long[] datas, long[] desc);
+
+    static native void nPushRowSparse(long h, String[] keys, long[] datas, long[] desc, int priority);
+
+    static native long[] nRowSparsePull(long h, String key, long[] rowIds, int priority);
+
+    static native int nStype(long h, String key);
 
     static native void nPullKey(long h, String key, long[] outs, int priority);
 
