@@ -34,6 +34,7 @@
     org.apache.clojure-mxnet.hardening-test
     org.apache.clojure-mxnet.kvstore-test
     org.apache.clojure-mxnet.optimizer-test
+    org.apache.clojure-mxnet.sparse-test
     org.apache.clojure-mxnet.util-test])
 
 (defn- file->ns

@@ -35,6 +35,8 @@ pub mod guides {
     pub struct DistSync;
     #[doc = include_str!("../../docs/compression.md")]
     pub struct Compression;
+    #[doc = include_str!("../../docs/row-sparse.md")]
+    pub struct RowSparse;
 }
 
 mod backends;

@@ -26,6 +26,10 @@
   same code, and return at once a value to `deref` (see `push-async`);
   `wait-all` waits for every call.
 
+  Row-sparse keys (an addition): `init` and `push` take row-sparse arrays
+  (`org.apache.clojure-mxnet.sparse`), `row-sparse-pull` returns the rows asked
+  for, `stype` tells a key's storage type.
+
   Additions: `set-updater` (a Clojure fn as the updater), `pushpull`,
   `broadcast`, `optimizer-name`, `keys` (the keys, in init order), `version`
   (the library's), and `(pull kvstore ks)`, which returns the value of a key
@@ -51,7 +55,7 @@
   (:refer-clojure :exclude [keys type])
   (:require [clojure.spec.alpha :as s]
             [org.apache.clojure-mxnet.util :as util])
-  (:import (io.github.kvstore KVStore KVStoreException NDArray Optimizer Updater)
+  (:import (io.github.kvstore KVStore KVStoreException NDArray Optimizer RowSparse Updater)
            (java.io Writer)
            (java.util.concurrent CompletableFuture ExecutionException TimeUnit TimeoutException)))
 
@@ -118,6 +122,20 @@
 
 (defn- kvstore? [x]
   (instance? KVStore x))
+
+(defn- row-sparse? [x]
+  (instance? RowSparse x))
+
+(defn- row-sparse-values?
+  "Whether `vs` is a row-sparse array or a non-empty vector of them."
+  [vs]
+  (or (row-sparse? vs)
+      (and (vector? vs) (pos? (count vs)) (vector-of? row-sparse? vs))))
+
+(defn- row-sparse-array
+  "The row-sparse arrays `vs` (a vector) as a RowSparse[]."
+  ^"[Lio.github.kvstore.RowSparse;" [vs]
+  (into-array RowSparse vs))
 
 (defmacro ^:private check!
   "`(util/validate! spec x msg)`, evaluated only when `(fast? x)` is false."
@@ -191,14 +209,20 @@
   "Initializes a key or a vector of keys `ks` with a value or a vector of
   values `vs` (copied). Every key must be initialized once, before push and
   pull. In a distributed store only rank 0's values are used. Returns the
-  store."
+  store. Row-sparse values (`org.apache.clojure-mxnet.sparse`) make row-sparse
+  keys, which `row-sparse-pull` reads."
   [^KVStore kvstore ks vs]
   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (check! ks? ::ks ks "Invalid keys")
-  (check! ndarrays? ::vs vs "Invalid values")
-  (util/with-kvstore-errors :init
-    (doto kvstore
-      (.init (key-array (as-vector ks)) (ndarray-array (as-vector vs))))))
+  (if (row-sparse-values? vs)
+    (util/with-kvstore-errors :init
+      (doto kvstore
+        (.initRowSparse (key-array (as-vector ks)) (row-sparse-array (as-vector vs)))))
+    (do
+      (check! ndarrays? ::vs vs "Invalid values")
+      (util/with-kvstore-errors :init
+        (doto kvstore
+          (.init (key-array (as-vector ks)) (ndarray-array (as-vector vs))))))))
 
 ;; push, pull, pushpull and broadcast, blocking or not: one helper per call kind
 ;; checks the arguments and makes the call, on the store (blocking, which returns
@@ -283,10 +307,23 @@
   `ks`. A single key with a vector of values is repeated for each value. The
   values of each key are summed, then the updater (default: assign) merges the
   sum into the stored value. `priority` (default 0) never changes results.
-  Returns the store."
-  ([kvstore ks vs priority]
-   (util/with-kvstore-errors :push
-     (push-call false kvstore ks vs priority))
+  Returns the store.
+
+  Row-sparse values (`org.apache.clojure-mxnet.sparse`; every value of the call
+  row-sparse) are summed row by row; with no updater the sum replaces the whole
+  value, lazy optimizers (SGD and Adam with `lazy_update`, AdaGrad, Ftrl)
+  update only the pushed rows."
+  ([^KVStore kvstore ks vs priority]
+   (if (row-sparse-values? vs)
+     (do
+       (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+       (check! ks? ::ks ks "Invalid keys")
+       (check! util/int-value? ::priority priority "Invalid priority")
+       (let [vals (as-vector vs)]
+         (util/with-kvstore-errors :push
+           (.pushRowSparse kvstore (key-array-for ks vals) (row-sparse-array vals) (int priority)))))
+     (util/with-kvstore-errors :push
+       (push-call false kvstore ks vs priority)))
    kvstore)
   ([kvstore ks vs]
    (push kvstore ks vs 0)))
@@ -327,6 +364,50 @@
    kvstore)
   ([kvstore ks outs]
    (pull kvstore ks outs 0)))
+
+(defn row-sparse-pull
+  "The rows `row-ids` (integers, any order, repeats allowed) of the row-sparse
+  key `ks`, as a new row-sparse array whose indices are those ids sorted and
+  de-duplicated (only those rows are copied); for a vector of keys, a vector
+  of them, with `row-ids` a vector of id vectors, one per key. The caller owns
+  the results (`sparse/close`). An addition to clojure-mxnet (MXNet's
+  `row_sparse_pull`, returning the rows instead of filling outs)."
+  ([kvstore ks row-ids]
+   (row-sparse-pull kvstore ks row-ids 0))
+  ([^KVStore kvstore ks row-ids priority]
+   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+   (check! ks? ::ks ks "Invalid keys")
+   (check! util/int-value? ::priority priority "Invalid priority")
+   (let [ids? #(and (sequential? %) (every? integer? %))]
+     (if (vector? ks)
+       (do
+         (when-not (and (vector? row-ids) (= (count ks) (count row-ids)) (every? ids? row-ids))
+           (util/validate! (s/coll-of (s/coll-of integer? :kind sequential?) :kind vector? :count (count ks))
+                           row-ids "Invalid row-ids"))
+         (let [made (java.util.ArrayList.)]
+           (try
+             (util/with-kvstore-errors :row-sparse-pull
+               (doseq [[k ids] (map vector ks row-ids)]
+                 (.add made (.rowSparsePull kvstore (key-str k) (long-array ids) (int priority)))))
+             (vec made)
+             (catch Throwable t
+               (doseq [^RowSparse r made]
+                 (.close r))
+               (throw t)))))
+       (do
+         (when-not (ids? row-ids)
+           (util/validate! (s/coll-of integer? :kind sequential?) row-ids "Invalid row-ids"))
+         (util/with-kvstore-errors :row-sparse-pull
+           (.rowSparsePull kvstore (key-str ks) (long-array row-ids) (int priority))))))))
+
+(defn stype
+  "The storage type of the key `k`: `:row-sparse` (initialized with, or
+  assigned, a row-sparse value) or `:default`."
+  [^KVStore kvstore k]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+  (check! key? ::key k "Invalid key")
+  (util/with-kvstore-errors :stype
+    (if (= "row_sparse" (.stype kvstore (key-str k))) :row-sparse :default)))
 
 (defn pushpull
   "Push then pull as one step (no other push to the key comes in between).

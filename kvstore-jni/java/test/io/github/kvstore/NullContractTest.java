@@ -35,6 +35,7 @@ import org.junit.jupiter.api.Test;
 class NullContractTest {
     /** The classes whose public methods keep the contract. */
     private static final List<Class<?>> CLASSES = List.of(KVStore.class, AsyncKVStore.class, NDArray.class,
+            RowSparse.class,
             Optimizer.class, Optimizer.Builder.class, Optimizer.Named.class, Optimizer.Sgd.class, Optimizer.Nag.class,
             Optimizer.Adam.class, Optimizer.AdaGrad.class, Optimizer.RmsProp.class, Optimizer.AdaDelta.class,
             Optimizer.Ftrl.class, Optimizer.Signum.class, Optimizer.Sgld.class, Optimizer.Dcasgd.class,
@@ -70,6 +71,16 @@ class NullContractTest {
             KVStore.broadcast(String,NDArray,NDArray[],int) key value outs
             KVStore.broadcast(String[],NDArray[],NDArray[]) keys values outs
             KVStore.broadcast(String[],NDArray[],NDArray[],int) keys values outs
+            KVStore.initRowSparse(String,RowSparse) key value
+            KVStore.initRowSparse(String[],RowSparse[]) keys values
+            KVStore.pushRowSparse(String,RowSparse[]) key values
+            KVStore.pushRowSparse(String[],RowSparse[],int) keys values
+            KVStore.rowSparsePull(String,long[]) key rowIds
+            KVStore.rowSparsePull(String,long[],int) key rowIds
+            KVStore.stype(String) key
+            RowSparse.of(NDArray,long[],int[]) data indices shape
+            RowSparse.zeros(int[],DType) shape dtype
+            RowSparse.fromDense(NDArray) dense
             KVStore.setOptimizer(Optimizer) optimizer
             KVStore.saveOptimizerStates(String) path
             KVStore.loadOptimizerStates(String) path
@@ -179,6 +190,10 @@ class NullContractTest {
             return array;
         } else if (t == NDArray[].class) {
             return new NDArray[] {array};
+        } else if (t == RowSparse.class) {
+            return RowSparse.of(array, new long[] {0, 1}, 2, 3);
+        } else if (t == RowSparse[].class) {
+            return new RowSparse[] {RowSparse.of(array, new long[] {0, 1}, 2, 3)};
         } else if (t == int[].class) {
             return new int[] {2, 3};
         } else if (t == long[].class) {
