@@ -244,3 +244,44 @@ fn several_keys_are_initialised_and_pushed_in_one_call_all_or_nothing() {
         assert_eq!(now, before, "a refused push changed no key");
     }
 }
+
+#[test]
+fn checkpoints_and_optimizer_state_files_keep_row_sparse_keys() {
+    let dir = kvstore_tests::TempDir::new("rsp-ckpt");
+    let adam = || Optimizer::builder("adam").param("learning_rate", 0.1).param("wd", 0.01).build().unwrap();
+    let init =
+        RowSparse::from_dense(&NDArray::from_vec(&[4, 2], (1..=8).map(|x| x as f32).collect()).unwrap()).unwrap();
+    let a = KVStore::create("local").unwrap();
+    a.init_row_sparse("emb", &init).unwrap();
+    a.init("dense", &NDArray::ones(&[2]).unwrap()).unwrap();
+    a.set_optimizer(adam()).unwrap();
+    let g1 = rsp(&[1, 3], vec![0.5, -0.25, 1.0, 2.0], &[4, 2]);
+    let g2 = rsp(&[0, 1], vec![-1.0, 0.75, 0.125, 3.0], &[4, 2]);
+    a.push_row_sparse("emb", std::slice::from_ref(&g1), 0).unwrap();
+    let (ckpt, states) = (dir.path("a.ckpt"), dir.path("a.states"));
+    a.save_checkpoint(&ckpt).unwrap();
+    a.save_optimizer_states(&states).unwrap();
+    // A store resumed from the checkpoint: the key is row-sparse, and the next lazy
+    // update is the same, bit for bit.
+    let b = KVStore::create("local").unwrap();
+    b.load_checkpoint(&ckpt).unwrap();
+    assert_eq!(b.stype("emb").unwrap(), StorageType::RowSparse);
+    assert_eq!(b.stype("dense").unwrap(), StorageType::Default);
+    // A store given the same value and the optimizer state file: the same too.
+    let c = KVStore::create("local").unwrap();
+    c.init_row_sparse("emb", &RowSparse::from_dense(&a.pull_new("emb", 0).unwrap()).unwrap()).unwrap();
+    c.init("dense", &NDArray::ones(&[2]).unwrap()).unwrap();
+    c.set_optimizer(adam()).unwrap();
+    c.load_optimizer_states(&states).unwrap();
+    for kv in [&a, &b, &c] {
+        kv.push_row_sparse("emb", std::slice::from_ref(&g2), 0).unwrap();
+    }
+    let want = bits(&a.pull_new("emb", 0).unwrap().to_vec::<f32>().unwrap());
+    for (name, kv) in [("checkpoint", &b), ("optimizer states", &c)] {
+        assert_eq!(bits(&kv.pull_new("emb", 0).unwrap().to_vec::<f32>().unwrap()), want, "{name}");
+        let rows = kv.row_sparse_pull("emb", &[3, 1], 0).unwrap();
+        assert_eq!(rows.indices(), &[1, 3], "{name}");
+    }
+    // Row 2 was never pushed: a lazy update left it (and its state) alone.
+    assert_eq!(a.pull_new("emb", 0).unwrap().to_vec::<f32>().unwrap()[4..6], [5.0, 6.0]);
+}

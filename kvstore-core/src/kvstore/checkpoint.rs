@@ -11,8 +11,8 @@
 //! `s{n}.{state}` its optimizer states and `s{n}.master` its f32 master copy. Metadata:
 //! `format`, `version`, `merger` (`assign`, `custom` or `optimizer`), `optimizer`
 //! (null, or everything needed to build it again in its saved state), `keys` (per key:
-//! `key`, `shape`, `dtype`, `crc32`, and `state`: null or `count`, `master`, `crc32` of
-//! each state tensor), `store` (the kind and number of workers that saved it, for
+//! `key`, `shape`, `dtype`, `crc32`, `state`: null or `count`, `master`, `crc32` of
+//! each state tensor, and `stype`: `"row_sparse"` for a row-sparse key, absent else), `store` (the kind and number of workers that saved it, for
 //! people), and `checksum`.
 //!
 //! Nothing in a file depends on the number of workers or devices that saved it: under
@@ -81,6 +81,8 @@ struct SavedKey {
     key: Key,
     value: NDArray,
     state: Option<KeyState>,
+    /// Whether the key is row-sparse (`"stype": "row_sparse"`; absent: dense).
+    row_sparse: bool,
 }
 
 /// A file, read and checked whole.
@@ -172,7 +174,13 @@ fn decode(bytes: &[u8], context: &str) -> Result<Checkpoint> {
             }
             _ => return Err(bad("a state, but no optimizer".into())),
         };
-        saved.push(SavedKey { key, value, state });
+        let row_sparse = match &k["stype"] {
+            Value::Null => false,
+            Value::String(s) if s == "row_sparse" => true,
+            Value::String(s) if s == "default" => false,
+            other => return Err(bad(format!("unknown stype {}", shorten(&other.to_string())))),
+        };
+        saved.push(SavedKey { key, value, state, row_sparse });
     }
     let tensors = file.tensors();
     let sum = opt_states::checksum(meta, tensors.iter().map(|(n, t)| (n.as_str(), t.dtype(), t.shape(), t.data())));
@@ -183,10 +191,14 @@ fn decode(bytes: &[u8], context: &str) -> Result<Checkpoint> {
     Ok(Checkpoint { keys: saved, merger, hash })
 }
 
+/// A key of a loaded file: its slot among the locked entries (`None` for a new key),
+/// name, value, optimizer state and whether it is row-sparse.
+type PlannedKey = (Option<usize>, Key, NDArray, Option<KeyState>, bool);
+
 /// A loaded file, ready to go into the store: every array already where it will live.
 struct Plan {
     /// Per key of the file: its slot among the locked entries, or `None` for a new key.
-    keys: Vec<(Option<usize>, Key, NDArray, Option<KeyState>)>,
+    keys: Vec<PlannedKey>,
     /// The new merger; `None` keeps the store's (a file saved with a custom updater).
     merger: Option<Merger>,
 }
@@ -251,7 +263,7 @@ impl Store {
                 tensors.push((tensor_name, view));
             }
             let v = &g.value;
-            meta_keys.push(json!({
+            let mut meta = json!({
                 "key": entry.key.as_str(),
                 "shape": v.shape(),
                 "dtype": v.dtype().name(),
@@ -261,7 +273,11 @@ impl Store {
                     "master": st.master.is_some(),
                     "crc32": crcs[1..],
                 })),
-            }));
+            });
+            if g.row_sparse {
+                meta["stype"] = json!("row_sparse");
+            }
+            meta_keys.push(meta);
         }
         let mut metadata = HashMap::from([
             ("format".to_string(), FORMAT.to_string()),
@@ -369,8 +385,7 @@ impl Store {
         // Everything is checked and made: from here on nothing fails but a key that
         // another thread initialised meanwhile, which is checked before any change.
         let mut table = self.table.write();
-        if let Some((_, key, _, _)) = plan.keys.iter().find(|(i, k, _, _)| i.is_none() && table.entries.contains_key(k))
-        {
+        if let Some((_, key, ..)) = plan.keys.iter().find(|(i, k, ..)| i.is_none() && table.entries.contains_key(k)) {
             return Err(Error::AlreadyInitialized {
                 op: OP,
                 key: key.clone(),
@@ -385,7 +400,7 @@ impl Store {
         }
         // The file's keys are updated in the file's order from now on, after the
         // store's other keys: the order of the run that saved it.
-        for (slot, key, value, state) in plan.keys {
+        for (slot, key, value, state, row_sparse) in plan.keys {
             let order = table.take_order();
             match slot {
                 Some(i) => {
@@ -395,12 +410,14 @@ impl Store {
                     g.merge = None;
                     g.spare = None;
                     g.order = order;
+                    g.row_sparse = row_sparse;
                 }
                 None => {
                     let index = table.next_index;
                     table.next_index += 1;
                     let mut slot = Slot::new(value, order);
                     slot.opt = state;
+                    slot.row_sparse = row_sparse;
                     table.entries.insert(key.clone(), Arc::new(Entry { key, index, value: RwLock::new(slot) }));
                 }
             }
@@ -425,7 +442,7 @@ impl Store {
     ) -> Result<Plan> {
         let at: HashMap<&Key, usize> = entries.iter().enumerate().map(|(i, e)| (&e.key, i)).collect();
         let mut keys = Vec::with_capacity(c.keys.len());
-        for SavedKey { key, value, state } in c.keys {
+        for SavedKey { key, value, state, row_sparse } in c.keys {
             let slot = at.get(&key).copied();
             let value = match slot {
                 Some(i) => {
@@ -441,7 +458,7 @@ impl Store {
                     *a = a.copy_to(value.context())?;
                 }
             }
-            keys.push((slot, key, value, state));
+            keys.push((slot, key, value, state, row_sparse));
         }
         let merger = match c.merger {
             SavedMerger::Assign => Some(Merger::Assign),
