@@ -112,6 +112,69 @@ fn machine() -> serde_json::Value {
     })
 }
 
+/// An embedding of 1,000,000 x 64 f32 (256 MB): `row_sparse_pull` of 1 % of its rows
+/// against a dense pull of the key, and a row-sparse push of 1 % of the rows with lazy
+/// SGD against the dense push and update, each pair timed in turn.
+fn row_sparse_rows(rows: &mut Vec<Row>, runs: usize) -> kvstore_core::Result<()> {
+    use kvstore_core::RowSparse;
+    const EMB_ROWS: usize = 1_000_000;
+    const DIM: usize = 64;
+    const PICK: usize = EMB_ROWS / 100;
+    // 1 % of the rows, spread over the table, in a shuffled order (a batch's ids).
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut ids: Vec<i64> = (0..PICK).map(|i| (i * 100) as i64 + (next() % 100) as i64).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, (next() % (i as u64 + 1)) as usize);
+    }
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    let runs = runs.min(11);
+    let shape = [EMB_ROWS, DIM];
+    let table = NDArray::from_vec(&shape, (0..EMB_ROWS * DIM).map(|i| (i % 7) as f32).collect())?;
+    let kv = KVStore::create("local")?;
+    kv.init_row_sparse("emb", &RowSparse::from_dense(&table)?)?;
+    let out = NDArray::zeros(&shape)?;
+    let (dense_pull_s, rsp_pull_s) = common::medians_in_turn(
+        1,
+        runs,
+        || kv.pull("emb", &out, 0).expect("pull"),
+        || {
+            black_box(kv.row_sparse_pull("emb", black_box(&ids), 0).expect("row_sparse_pull"));
+        },
+    );
+    rows.push(Row::new("store: dense pull of a 1 M x 64 f32 embedding", dense_pull_s, None, ""));
+    rows.push(Row::new(
+        "store: row_sparse_pull of 1 % of its rows (vs the dense pull)",
+        rsp_pull_s,
+        Some(dense_pull_s),
+        ">= 50",
+    ));
+    let sgd = || kvstore_core::Optimizer::builder("sgd").param("learning_rate", 0.01).build();
+    kv.set_optimizer(sgd()?)?;
+    let dense_grad = NDArray::full(&shape, 0.001)?;
+    let rows_grad = RowSparse::new(NDArray::full(&[PICK, DIM], 0.001)?, sorted, &shape)?;
+    let (dense_push_s, rsp_push_s) = common::medians_in_turn(
+        1,
+        runs,
+        || kv.push("emb", &dense_grad, 0).expect("push"),
+        || kv.push_row_sparse("emb", std::slice::from_ref(&rows_grad), 0).expect("push_row_sparse"),
+    );
+    rows.push(Row::new("store: dense push + SGD update of the embedding", dense_push_s, None, ""));
+    rows.push(Row::new(
+        "store: row-sparse push of 1 % of the rows, lazy SGD (vs dense)",
+        rsp_push_s,
+        Some(dense_push_s),
+        ">= 20",
+    ));
+    Ok(())
+}
+
 fn main() -> kvstore_core::Result<()> {
     // `cargo bench` passes `--bench`; a filter argument that is not ours means another
     // bench target was selected, so do nothing.
@@ -295,6 +358,8 @@ fn main() -> kvstore_core::Result<()> {
             Err(e) => println!("skipped {name}: {e}"),
         }
     }
+
+    row_sparse_rows(&mut rows, runs)?;
 
     // ---- the Rust side of the JVM rows: the same calls the Java and Clojure benches make ----
     let one = NDArray::ones(&[SMALL])?;

@@ -285,3 +285,28 @@ fn checkpoints_and_optimizer_state_files_keep_row_sparse_keys() {
     // Row 2 was never pushed: a lazy update left it (and its state) alone.
     assert_eq!(a.pull_new("emb", 0).unwrap().to_vec::<f32>().unwrap()[4..6], [5.0, 6.0]);
 }
+
+#[test]
+fn row_sparse_pull_sorts_few_and_many_ids_alike() {
+    // Few ids for many rows (sorted), many ids (marked in a bitmap, and copied over
+    // the pool from 4096 rows on): the same rows in order, each row its own values.
+    let kv = KVStore::create("local").unwrap();
+    let rows = 20_000usize;
+    let table = NDArray::from_vec(&[rows, 2], (0..rows * 2).map(|i| i as f32).collect()).unwrap();
+    kv.init_row_sparse("t", &RowSparse::from_dense(&table.add(1.0).unwrap()).unwrap()).unwrap();
+    let want =
+        |ids: &[i64]| -> Vec<f32> { ids.iter().flat_map(|&r| [2.0 * r as f32 + 1.0, 2.0 * r as f32 + 2.0]).collect() };
+    let few = kv.row_sparse_pull("t", &[15_000, 3, 3, 7], 0).unwrap();
+    assert_eq!(few.indices(), &[3, 7, 15_000]);
+    assert_eq!(few.data().to_vec::<f32>().unwrap(), want(&[3, 7, 15_000]));
+    let many: Vec<i64> = (0..rows as i64).rev().step_by(3).chain([0, 1, 0]).collect();
+    let mut sorted = many.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert!(sorted.len() > 4096);
+    let got = kv.row_sparse_pull("t", &many, 0).unwrap();
+    assert_eq!(got.indices(), sorted.as_slice());
+    assert_eq!(got.data().to_vec::<f32>().unwrap(), want(&sorted));
+    let e = kv.row_sparse_pull("t", &[5, rows as i64], 0).unwrap_err();
+    assert!(e.to_string().contains(&format!("row {rows} is out of range for {rows} rows")), "{e}");
+}

@@ -347,6 +347,10 @@ impl Comm for CommCpu {
         "cpu"
     }
 
+    fn pool(&self) -> Option<&ThreadPool> {
+        Some(&self.pool)
+    }
+
     fn reduce(&self, jobs: &[ReduceJob<'_>]) -> Result<()> {
         self.run_jobs(
             jobs,

@@ -110,6 +110,13 @@ pub trait Comm: Send + Sync {
         None
     }
 
+    /// The thread pool the comm splits host work over, for other host work of the
+    /// store's that is big enough to split (a `row_sparse_pull` of many rows); `None`
+    /// (the default) runs such work on the calling thread.
+    fn pool(&self) -> Option<&rayon::ThreadPool> {
+        None
+    }
+
     /// The array a store keeps for a value given to `init`: by default a copy in the
     /// value's context.
     ///

@@ -25,7 +25,7 @@ pub(crate) use loan::{Lent, Reading, copied_bytes, values_read};
 pub(crate) use pending::{PendingWrites, as_user_code, empty_list, mark_pool_thread};
 
 pub use sparse::RowSparse;
-pub(crate) use sparse::{check_rows, row_len};
+pub(crate) use sparse::row_len;
 pub use storage::ForeignMemory;
 pub(crate) use storage::{HostBuf, HostRead, HostWrite, Storage, copy_storage};
 
