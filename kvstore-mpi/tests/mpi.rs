@@ -64,6 +64,13 @@ fn a_key_sums_alike_alone_and_fused() {
 }
 
 #[test]
+fn row_sparse_pushes_sum_every_workers_rows() {
+    let kv = store();
+    let bits = dist_cases::row_sparse_pushes_sum_every_workers_rows(kv.rank(), &kv);
+    assert_as_on_rank_0(&kv, "row-sparse bits", bits);
+}
+
+#[test]
 fn compressed_pushes_sum_every_workers_quantised_values() {
     let kv = store();
     let bits = dist_cases::compressed_pushes_sum_every_workers_quantised_values(kv.rank(), &kv);

@@ -92,6 +92,43 @@ def test_compressed_pushes_give_every_rank_the_sum_of_each_ranks_quantised_sum(t
     assert ranks[0].tobytes() == np.stack(want).tobytes(), (ranks[0], np.stack(want))
 
 
+def test_row_sparse_pushes_give_every_rank_one_stores_result(tmp_path):
+    from kvstore import sparse
+
+    done, _ = mpirun("rowsparse", str(tmp_path / "r"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    ranks = [np.load(tmp_path / f"r.{r}.npy") for r in range(2)]
+    assert ranks[0].tobytes() == ranks[1].tobytes(), "the ranks' values differ"
+    # The model: one local store, fed each step's per-rank sums (each rank sums its own
+    # two values first), in rank order.
+    store = kv.create("local")
+    store.init("emb", sparse.row_sparse_array(np.ones((10, 4), np.float32)))
+    want = []
+    for step in range(6):
+        if step == 3:
+            store.set_optimizer(optimizer.SGD(learning_rate=0.5))
+        sums = []
+        for rank in range(2):
+            values = []
+            for i in range(2):
+                rows = sorted({(rank * 3 + step + 2 * i) % 10, (rank + 5 * i + step * 7) % 10})
+                data = gradient(rank + 20 * i, step, (len(rows), 4))
+                values.append(sparse.row_sparse_array((data, rows), shape=(10, 4)))
+            # One rank's sum, row by row (a local push with no updater assigns it).
+            scratch = kv.create("local")
+            scratch.init("s", sparse.zeros("row_sparse", (10, 4)))
+            scratch.push("s", values)
+            rows_pushed = sorted(set().union(*[set(v.indices.tolist()) for v in values]))
+            one = sparse.zeros("row_sparse", (10, 4))
+            scratch.row_sparse_pull("s", out=one, row_ids=rows_pushed)
+            sums.append(one)
+        store.push("emb", sums)
+        out_rows = sparse.zeros("row_sparse", (10, 4))
+        store.row_sparse_pull("emb", out=out_rows, row_ids=[0, 4, 9])
+        want.append(np.concatenate([store.pull("emb").ravel(), out_rows.data.ravel()]))
+    assert ranks[0].tobytes() == np.stack(want).tobytes(), (ranks[0], np.stack(want))
+
+
 def test_different_keys_on_two_ranks_fail_on_both_and_the_job_goes_on():
     done, seconds = mpirun("desync", timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -421,3 +421,107 @@ pub fn half_compressed_pushes_round_each_workers_sum_once(rank: usize, kv: &KVSt
     }
     bits
 }
+
+/// Row-sparse keys under dist_sync: every worker pushes two row-sparse values to each
+/// of two keys per step (its own rows, overlapping the others', now and then none),
+/// first with no updater (the sum of every worker's rows replaces the value), then
+/// with lazy SGD (only the rows some worker pushed change). Values are multiples of
+/// 1/4, so every order of summing gives the same numbers: the model is the plain sum.
+/// Also: `row_sparse_pull` on every worker, a refused push on one worker failing on
+/// all, and the returned bits, which must be equal on every worker.
+pub fn row_sparse_pushes_sum_every_workers_rows(rank: usize, kv: &KVStore) -> Vec<u8> {
+    use kvstore_core::RowSparse;
+    let workers = kv.num_workers();
+    let (rows, dim) = (12usize, 3usize);
+    let shape = [rows, dim];
+    // Worker w's i-th value of key k at step s: some rows (none for one of them now
+    // and then), each element a multiple of 1/4.
+    let rows_of = |w: usize, s: usize, k: usize, i: usize| -> Vec<i64> {
+        if (w + s + k + i) % 5 == 4 {
+            return Vec::new();
+        }
+        (0..rows as i64).filter(|r| (*r as usize * 7 + w * 3 + s + k * 5 + i).is_multiple_of(4)).collect()
+    };
+    let value = |w: usize, s: usize, k: usize, i: usize| -> RowSparse {
+        let ids = rows_of(w, s, k, i);
+        let data: Vec<f32> =
+            (0..ids.len() * dim).map(|j| (((w * 11 + s * 7 + k * 5 + i * 3 + j) % 9) as f32 - 4.0) * 0.25).collect();
+        RowSparse::new(NDArray::from_vec(&[ids.len(), dim], data).expect("data"), ids, &shape).expect("value")
+    };
+    let keys = ["rsp-a", "rsp-b"];
+    let init = RowSparse::from_dense(&full(&shape, 1.0, Context::cpu(0))).expect("init");
+    kv.init_row_sparse_many(&[keys[0].into(), keys[1].into()], &[init.clone(), init]).expect("init_row_sparse");
+    // The model: every key's value, dense.
+    let mut model = vec![vec![1.0f32; rows * dim]; keys.len()];
+    let mut bits = Vec::new();
+    for s in 0..6 {
+        let lazy = s >= 3;
+        if s == 3 {
+            kv.set_optimizer(Optimizer::builder("sgd").param("learning_rate", 0.5).build().expect("sgd"))
+                .expect("set_optimizer");
+        }
+        let pushes: Vec<(Key, Vec<RowSparse>)> = keys
+            .iter()
+            .enumerate()
+            .map(|(k, key)| ((*key).into(), (0..2).map(|i| value(rank, s, k, i)).collect()))
+            .collect();
+        kv.push_row_sparse_many(&pushes, 0).expect("push_row_sparse");
+        for (k, key) in keys.iter().enumerate() {
+            let mut sum = vec![0.0f32; rows * dim];
+            let mut touched = vec![false; rows];
+            for w in 0..workers {
+                for i in 0..2 {
+                    let v = value(w, s, k, i);
+                    let d = v.data().to_vec::<f32>().expect("data");
+                    for (n, &r) in v.indices().iter().enumerate() {
+                        touched[r as usize] = true;
+                        for c in 0..dim {
+                            sum[r as usize * dim + c] += d[n * dim + c];
+                        }
+                    }
+                }
+            }
+            for r in 0..rows {
+                for c in 0..dim {
+                    let x = &mut model[k][r * dim + c];
+                    match (lazy, touched[r]) {
+                        (false, _) => *x = sum[r * dim + c],
+                        (true, true) => *x -= 0.5 * sum[r * dim + c],
+                        (true, false) => {}
+                    }
+                }
+            }
+            let got = kv.pull_new(*key, 0).expect("pull");
+            assert_eq!(got.to_vec::<f32>().expect("f32"), model[k], "rank {rank}, step {s}, key {key}");
+            bits.extend(crate::device_checks::bits(&got));
+            let pulled = kv.row_sparse_pull(*key, &[11, 0, 5, 0], 0).expect("row_sparse_pull");
+            assert_eq!(pulled.indices(), &[0, 5, 11]);
+            let want: Vec<f32> =
+                [0usize, 5, 11].iter().flat_map(|&r| model[k][r * dim..(r + 1) * dim].to_vec()).collect();
+            assert_eq!(pulled.data().to_vec::<f32>().expect("rows"), want, "rank {rank}, step {s}");
+        }
+    }
+    assert_eq!(kv.stype(keys[0]).expect("stype"), kvstore_core::StorageType::RowSparse);
+    // A value of another shape on the last worker: refused there, and on every other
+    // worker (naming it); no key changes.
+    if workers > 1 {
+        let last = rank + 1 == workers;
+        let bad: &[usize] = if last { &[rows + 1, dim] } else { &shape };
+        let v = RowSparse::zeros(bad, DType::F32).expect("zeros");
+        let e = kv.push_row_sparse(keys[0], &[v], 0).expect_err("a refused push");
+        let m = e.to_string();
+        if last {
+            assert_eq!(e.kind(), kvstore_core::ErrorKind::ShapeMismatch, "{e}");
+        } else {
+            let expected = format!(
+                "rank {} pushed rows of \"{}\" [{}, {dim}] float32, which it refused",
+                workers - 1,
+                keys[0],
+                rows + 1
+            );
+            assert!(m.contains(&expected), "rank {rank}: {m}\nexpected: {expected}");
+        }
+        assert_eq!(kv.pull_new(keys[0], 0).expect("pull").to_vec::<f32>().expect("f32"), model[0], "unchanged");
+    }
+    bits
+}

@@ -191,16 +191,13 @@ fn row_sparse_calls_come_after_the_non_blocking_calls_made_before_them() {
 }
 
 #[test]
-fn row_sparse_calls_on_a_dist_store_are_unsupported_for_now() {
-    let group = kvstore_tests::ThreadGroup::new(1);
-    let kv = kvstore_tests::dist_store(&group.member(0));
-    let w = RowSparse::from_dense(&NDArray::ones(&[2, 2]).unwrap()).unwrap();
-    let e = kv.init_row_sparse("w", &w).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
-    kv.init("d", &NDArray::ones(&[2, 2]).unwrap()).unwrap();
-    assert_eq!(kv.push_row_sparse("d", &[w], 0).unwrap_err().kind(), ErrorKind::Unsupported);
-    assert_eq!(kv.row_sparse_pull("d", &[0], 0).unwrap_err().kind(), ErrorKind::Unsupported);
-    assert_eq!(kv.pull_new("d", 0).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 4], "nothing changed");
+fn row_sparse_pushes_under_dist_sync_sum_every_workers_rows_alike() {
+    for w in [1, 2, 3, 4] {
+        let bits = kvstore_tests::run_workers(w, |rank, kv| {
+            kvstore_tests::dist_cases::row_sparse_pushes_sum_every_workers_rows(rank, &kv)
+        });
+        assert!(bits.windows(2).all(|b| b[0] == b[1]), "{w} workers: the workers' values differ");
+    }
 }
 
 #[test]

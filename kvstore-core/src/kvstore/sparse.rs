@@ -7,6 +7,7 @@
 //! optimizer update touches the pushed rows of the weight and its states in place
 //! (what MXNet does too: its optimizers require a row-sparse weight to hold every row).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use rayon::prelude::*;
@@ -14,6 +15,7 @@ use rayon::prelude::*;
 use super::locks::{self, Held};
 use super::merge::Merger;
 use super::{Entry, KVStore, Store};
+use crate::backend::Collective;
 use crate::context::Context;
 use crate::dtype::{DType, with_dtype};
 use crate::engine::{Var, Vars};
@@ -61,7 +63,7 @@ impl KVStore {
     /// ```
     ///
     /// # Errors
-    /// As [`KVStore::init`]; [`Error::Unsupported`] on a `dist_*` store.
+    /// As [`KVStore::init`].
     pub fn init_row_sparse(&self, key: impl Into<Key>, value: &RowSparse) -> Result<()> {
         self.init_row_sparse_many(&[key.into()], std::slice::from_ref(value))
     }
@@ -70,10 +72,8 @@ impl KVStore {
     /// when one key cannot be initialised (already initialised, repeated), none is.
     ///
     /// # Errors
-    /// As [`KVStore::init`] ([`Error::LengthMismatch`] when the counts differ);
-    /// [`Error::Unsupported`] on a `dist_*` store.
+    /// As [`KVStore::init`] ([`Error::LengthMismatch`] when the counts differ).
     pub fn init_row_sparse_many(&self, keys: &[Key], values: &[RowSparse]) -> Result<()> {
-        self.local_only("init_row_sparse")?;
         if keys.len() != values.len() {
             return Err(Error::LengthMismatch {
                 context: "init_row_sparse".into(),
@@ -118,6 +118,10 @@ impl KVStore {
     /// pushed rows only, of the weight and of its states; any other optimizer, and a
     /// custom updater, gets the sum as a dense gradient (zero in the other rows).
     ///
+    /// Under `dist_sync` each worker sums its values, the sums cross between workers as
+    /// their rows and indices (not densified), and every worker sums them in rank order
+    /// and merges the result: every worker ends with the same bits.
+    ///
     /// ```
     /// use kvstore_core::{KVStore, NDArray, Optimizer, RowSparse};
     /// let kv = KVStore::create("local")?;
@@ -133,8 +137,9 @@ impl KVStore {
     ///
     /// # Errors
     /// [`Error::KeyNotInitialized`], [`Error::ShapeMismatch`], [`Error::DTypeMismatch`],
-    /// [`Error::LengthMismatch`] for no value, [`Error::Unsupported`] on a `dist_*`
-    /// store, or the updater's error. On error the key keeps its value.
+    /// [`Error::LengthMismatch`] for no value, or the updater's error. On error the key
+    /// keeps its value. Under `dist_sync`, as a dense push: every worker must make the
+    /// same call (else every worker fails it, naming each worker's call).
     pub fn push_row_sparse(&self, key: impl Into<Key>, values: &[RowSparse], priority: i32) -> Result<()> {
         self.push_row_sparse_many(&[(key.into(), values.to_vec())], priority)
     }
@@ -149,37 +154,12 @@ impl KVStore {
     /// error stops the call at its key (the keys before it keep their update).
     pub fn push_row_sparse_many(&self, pushes: &[(Key, Vec<RowSparse>)], priority: i32) -> Result<()> {
         let _ = priority;
-        self.local_only("push_row_sparse")?;
-        let mut merged: Vec<(Arc<Entry>, Vec<RowSparse>)> = Vec::with_capacity(pushes.len());
-        let mut at: std::collections::HashMap<usize, usize> = std::collections::HashMap::with_capacity(pushes.len());
-        for (key, values) in pushes {
-            let entry = self.entry("push", key)?;
-            match at.get(&entry.index) {
-                Some(&i) => merged[i].1.extend(values.iter().cloned()),
-                None => {
-                    at.insert(entry.index, merged.len());
-                    merged.push((entry, values.clone()));
-                }
-            }
+        if self.store.collective.is_some() {
+            // dist_sync: in call order with the store's other collective calls.
+            let pushes = pushes.to_vec();
+            return self.in_order("push_row_sparse", move |store| store.push_rows_across(&pushes));
         }
-        for (entry, values) in &merged {
-            let key = &entry.key;
-            if values.is_empty() {
-                return Err(Error::LengthMismatch {
-                    context: format!("push_row_sparse of key \"{key}\""),
-                    what: "values",
-                    expected: 1,
-                    got: 0,
-                });
-            }
-            let (shape, dtype) = {
-                let held = Held::new("push", &self.store, &[entry])?;
-                let slot = &held.read("push", &[entry])?[0];
-                (slot.value.shape().to_vec(), slot.value.dtype())
-            };
-            check_like(key, values, &shape, dtype)?;
-        }
-        for (entry, values) in merged {
+        for (entry, values) in self.store.checked_rows(pushes)? {
             self.on_key("push", &entry, move |store, entry| store.push_rows(entry, &values))?;
         }
         Ok(())
@@ -203,12 +183,11 @@ impl KVStore {
     /// # Errors
     /// [`Error::KeyNotInitialized`]; [`Error::InvalidArgument`] for a key that is not
     /// row-sparse (MXNet: "PullRowSparse expects row_sparse src NDArray") or a row id
-    /// out of range (MXNet returns a zero row for it); [`Error::Unsupported`] on a
-    /// `dist_*` store.
+    /// out of range (MXNet returns a zero row for it). Under `dist_sync` it reads this
+    /// worker's copy (every worker holds the same bits): nothing crosses between workers.
     pub fn row_sparse_pull(&self, key: impl Into<Key>, row_ids: &[i64], priority: i32) -> Result<RowSparse> {
         let _ = priority;
         let key = key.into();
-        self.local_only("row_sparse_pull")?;
         let entry = self.entry("row_sparse_pull", &key)?;
         let row_ids = row_ids.to_vec();
         self.on_key("row_sparse_pull", &entry, move |store, entry| {
@@ -259,17 +238,6 @@ impl KVStore {
     fn entry(&self, op: &'static str, key: &Key) -> Result<Arc<Entry>> {
         let entry = self.store.table.read().entries.get(key).cloned();
         entry.ok_or_else(|| Error::KeyNotInitialized { op, key: key.clone() })
-    }
-
-    /// Refuses `op` on a store whose workers exchange values (not yet row by row).
-    fn local_only(&self, op: &str) -> Result<()> {
-        match self.store.collective {
-            Some(_) => Err(Error::Unsupported {
-                what: format!("{op} on a {} store", self.kind()),
-                hint: "row-sparse keys are not yet exchanged between workers: use a local or device store".into(),
-            }),
-            None => Ok(()),
-        }
     }
 
     /// Runs `f` on `entry` after the store's earlier calls on it: at once when none is
@@ -329,6 +297,55 @@ fn sorted_rows(mut ids: Vec<i64>, rows: usize, what: &dyn Fn() -> String) -> Res
     Ok(ids)
 }
 
+/// Appends `rsp`'s rows to `out` as they cross between workers: the number of rows, the
+/// indices, then the rows' bytes.
+fn encode_rows(rsp: &RowSparse, out: &mut Vec<u8>) -> Result<()> {
+    out.extend_from_slice(&(rsp.indices().len() as u64).to_le_bytes());
+    for &i in rsp.indices() {
+        out.extend_from_slice(&i.to_le_bytes());
+    }
+    out.extend_from_slice(rsp.data().read()?.bytes());
+    Ok(())
+}
+
+/// The next row-sparse array of `shape` and `dtype` of a worker's bytes (see
+/// [`encode_rows`]), which `bytes` moves past.
+fn decode_rows(bytes: &mut &[u8], shape: &[usize], dtype: DType) -> Result<RowSparse> {
+    let bad = || Error::Internal("a row-sparse push: a worker's rows are cut short".into());
+    let mut take = |n: usize| -> Result<&[u8]> {
+        if bytes.len() < n {
+            return Err(bad());
+        }
+        let (head, rest) = bytes.split_at(n);
+        *bytes = rest;
+        Ok(head)
+    };
+    let n = u64::from_le_bytes(take(8)?.try_into().map_err(|_| bad())?) as usize;
+    let indices: Vec<i64> = take(n.checked_mul(8).ok_or_else(bad)?)?
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default()))
+        .collect();
+    let data_shape = [&[n][..], &shape[1..]].concat();
+    let data = NDArray::zeros_with(&data_shape, dtype, Context::default())?;
+    let len = data.size() * dtype.size();
+    data.write()?.bytes_mut().copy_from_slice(take(len)?);
+    RowSparse::new(data, indices, shape)
+}
+
+/// Every worker's `mine` (of any length), in rank order: the lengths first, then the
+/// bytes, each worker's padded to the longest ([`Collective::all_gather`] takes equal
+/// lengths).
+fn gather_varying(group: &dyn Collective, step: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let lens = group.all_gather(step, &(mine.len() as u64).to_le_bytes())?;
+    let lens: Vec<usize> =
+        lens.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()) as usize).collect();
+    let longest = lens.iter().copied().max().unwrap_or(0);
+    let mut padded = mine.to_vec();
+    padded.resize(longest, 0);
+    let all = group.all_gather(step, &padded)?;
+    Ok(lens.iter().enumerate().map(|(r, &n)| all[r * longest..r * longest + n].to_vec()).collect())
+}
+
 /// Checks that every value pushed to `key` has the key's shape and dtype.
 fn check_like(key: &Key, values: &[RowSparse], shape: &[usize], dtype: DType) -> Result<()> {
     for v in values {
@@ -352,7 +369,88 @@ fn check_like(key: &Key, values: &[RowSparse], shape: &[usize], dtype: DType) ->
     Ok(())
 }
 
+/// The step name of a row-sparse push under `dist_sync` (desync detection).
+const PUSH_ROWS: &str = "push_row_sparse";
+
 impl Store {
+    /// A row-sparse push's keys with their values, a key given twice merged (in order
+    /// of first appearance), each checked: initialised, given values, of its shape and
+    /// dtype.
+    fn checked_rows(&self, pushes: &[(Key, Vec<RowSparse>)]) -> Result<Vec<(Arc<Entry>, Vec<RowSparse>)>> {
+        let mut merged: Vec<(Arc<Entry>, Vec<RowSparse>)> = Vec::with_capacity(pushes.len());
+        let mut at: HashMap<usize, usize> = HashMap::with_capacity(pushes.len());
+        for (key, values) in pushes {
+            let entry = self.table.read().entries.get(key).cloned();
+            let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op: "push", key: key.clone() })?;
+            match at.get(&entry.index) {
+                Some(&i) => merged[i].1.extend(values.iter().cloned()),
+                None => {
+                    at.insert(entry.index, merged.len());
+                    merged.push((entry, values.clone()));
+                }
+            }
+        }
+        for (entry, values) in &merged {
+            let key = &entry.key;
+            if values.is_empty() {
+                return Err(Error::LengthMismatch {
+                    context: format!("push_row_sparse of key \"{key}\""),
+                    what: "values",
+                    expected: 1,
+                    got: 0,
+                });
+            }
+            let (shape, dtype) = {
+                let held = Held::new("push", self, &[entry])?;
+                let slot = &held.read("push", &[entry])?[0];
+                (slot.value.shape().to_vec(), slot.value.dtype())
+            };
+            check_like(key, values, &shape, dtype)?;
+        }
+        Ok(merged)
+    }
+
+    /// A row-sparse push under `dist_sync`, in call order: the workers compare their
+    /// calls (desync detection), each sums its own values per key, the sums cross as
+    /// their rows and indices (every worker's reaching every worker), and each worker
+    /// sums them in rank order, row by row, and merges that sum as a local row-sparse
+    /// push does. Every worker gets the same bits.
+    fn push_rows_across(&self, pushes: &[(Key, Vec<RowSparse>)]) -> Result<()> {
+        let Some(group) = self.collective.clone() else {
+            return Err(Error::Internal("push_rows_across on a store of one worker".into()));
+        };
+        // What the call gives per key, for the comparison: the first value's shape.
+        let mut firsts: Vec<(&Key, &[usize], DType)> = Vec::new();
+        for (key, values) in pushes {
+            if !firsts.iter().any(|(k, ..)| *k == key) {
+                let (shape, dtype) = values.first().map_or((&[][..], DType::F32), |v| (v.shape(), v.dtype()));
+                firsts.push((key, shape, dtype));
+            }
+        }
+        let (local, merged) = match self.checked_rows(pushes) {
+            Ok(m) => (Ok(()), m),
+            Err(e) => (Err(e), Vec::new()),
+        };
+        self.check_step(PUSH_ROWS, &firsts, local)?;
+        let sums = merged
+            .iter()
+            .map(|(_, values)| RowSparse::sum(&values.iter().collect::<Vec<_>>()))
+            .collect::<Result<Vec<_>>>()?;
+        let mut mine = Vec::new();
+        for sum in &sums {
+            encode_rows(sum, &mut mine)?;
+        }
+        let all = gather_varying(&*group, "a row-sparse push", &mine)?;
+        let mut readers: Vec<&[u8]> = all.iter().map(Vec::as_slice).collect();
+        for ((entry, _), sum) in merged.iter().zip(&sums) {
+            let parts =
+                readers.iter_mut().map(|r| decode_rows(r, sum.shape(), sum.dtype())).collect::<Result<Vec<_>>>()?;
+            let total = RowSparse::sum(&parts.iter().collect::<Vec<_>>())?;
+            self.push_rows(entry, std::slice::from_ref(&total))?;
+        }
+        Ok(())
+    }
+
     /// `push_row_sparse`'s work, its key's earlier calls done.
     fn push_rows(&self, entry: &Arc<Entry>, values: &[RowSparse]) -> Result<()> {
         const OP: &str = "push";

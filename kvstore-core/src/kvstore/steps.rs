@@ -27,6 +27,7 @@ const SHOWN_KEYS: usize = 3;
 fn verb(op: &str) -> &str {
     match op {
         "push" => "pushed",
+        "push_row_sparse" => "pushed rows of",
         "pushpull" => "pushpulled",
         "init" => "initialised",
         "broadcast" => "broadcast",

@@ -9,6 +9,9 @@ after KVSTORE_TIMEOUT seconds. `worker.py crash`: rank 1 raises; the job must en
 `worker.py compressed OUT`: 2-bit compressed pushes (threshold 0.5) of gradients that
 differ by rank, then `fp16` ones on another store; writes the pulled values of every
 step to OUT.<rank>.npy.
+`worker.py rowsparse OUT`: row-sparse pushes of rows that differ by rank (no updater,
+then lazy SGD), each step's dense value and a row_sparse_pull written to
+OUT.<rank>.npy.
 """
 
 import sys
@@ -115,11 +118,36 @@ def compressed(out: str) -> None:
     np.save(f"{out}.{store.rank}.npy", np.stack(pulled))
 
 
+def rowsparse(out: str) -> None:
+    from kvstore import sparse
+
+    store = kv.create("dist_sync")
+    rank = store.rank
+    store.init("emb", sparse.row_sparse_array(np.ones((10, 4), np.float32)))
+    pulled = []
+    for step in range(6):
+        if step == 3:
+            store.set_optimizer(optimizer.SGD(learning_rate=0.5))
+        values = []
+        for i in range(2):
+            rows = sorted({(rank * 3 + step + 2 * i) % 10, (rank + 5 * i + step * 7) % 10})
+            data = gradient(rank + 20 * i, step, (len(rows), 4))
+            values.append(sparse.row_sparse_array((data, rows), shape=(10, 4)))
+        store.push("emb", values)
+        out_rows = sparse.zeros("row_sparse", (10, 4))
+        store.row_sparse_pull("emb", out=out_rows, row_ids=np.array([9, 0, 4, 0]))
+        assert out_rows.indices.tolist() == [0, 4, 9]
+        pulled.append(np.concatenate([store.pull("emb").ravel(), out_rows.data.ravel()]))
+    np.save(f"{out}.{rank}.npy", np.stack(pulled))
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "train":
         train(sys.argv[2])
     elif mode == "compressed":
         compressed(sys.argv[2])
+    elif mode == "rowsparse":
+        rowsparse(sys.argv[2])
     else:
         {"desync": desync, "stall": stall, "crash": crash}[mode]()
