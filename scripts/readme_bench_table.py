@@ -17,7 +17,7 @@ import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-CPU = "bench/results/cpu-2vcpu-python-torch-2026-11-25.json"
+CPU = "bench/results/cpu-2vcpu-rowsparse-2026-11-25.json"
 GPU = "bench/results/nvidia-h100-80gb-hbm3-2026-11-25.json"
 
 # (results file, row name in it, label in the README, what the ratio is against)
@@ -28,6 +28,8 @@ HEADLINES = [
      "1000 keys × 1 Ki f32 × 4, push + pull", "all-core plain loops"),
     (CPU, "store: Adam update of 4 Mi f32 through push", "Adam step of 4 Mi f32 through push",
      "plain loop over the same bytes"),
+    (CPU, "store: row_sparse_pull of 1 % of its rows (vs the dense pull)",
+     "row_sparse_pull of 1 % of a 1 M × 64 f32 embedding", "a dense pull of it"),
     (CPU, "python: kvstore vs MXNet 1.9.1, push 4 x 4 Mi f32", "Python: push 4 × 4 Mi f32",
      "MXNet 1.9.1's store"),
     (CPU, "python: kvstore vs MXNet 1.9.1, 1000 keys x 1 Ki f32 x 4 (per key, each in its own loop)",
