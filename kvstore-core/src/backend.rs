@@ -41,3 +41,4 @@ pub use crate::device::{
     register_backend,
 };
 pub use crate::engine::{finish_group_calls, in_background};
+pub use crate::remote::{Handler, Remote};

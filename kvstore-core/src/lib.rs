@@ -68,6 +68,7 @@ mod key;
 mod kvstore;
 mod ndarray;
 mod optimizer;
+mod remote;
 mod updater;
 mod waits;
 

@@ -39,6 +39,7 @@ pub mod guides {
     pub struct RowSparse;
 }
 
+pub mod async_cases;
 mod backends;
 pub mod cases;
 pub mod device_checks;
@@ -46,11 +47,13 @@ pub mod dist_cases;
 pub mod properties;
 pub mod sim_device;
 mod support;
+mod thread_remote;
 mod threads;
 mod updaters;
 
 pub use backends::{Backend, Cpu, Gpus};
 pub use support::{TempDir, assert_all, full, pulled};
+pub use thread_remote::{HubMember, ThreadHub, async_store, run_async_workers};
 pub use threads::{ThreadGroup, ThreadMember, dist_store, run_members, run_workers};
 pub use updaters::{CallLog, Gate, gated_assign, install_add_twice, install_logging_assign, open, open_later, wait_at};
 

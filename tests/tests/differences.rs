@@ -148,9 +148,9 @@ fn unknown_store_kinds_are_rejected_and_barrier_works() {
         assert_eq!(e.kind(), ErrorKind::UnknownStoreKind, "{name}");
         assert!(e.to_string().contains("local, device"), "{e}");
     }
-    let e = KVStore::create("dist_async").expect_err("unsupported");
+    let e = KVStore::create("dist_nccl").expect_err("unsupported");
     assert_eq!(e.kind(), ErrorKind::Unsupported);
-    assert!(e.to_string().contains("the supported kinds are local, device, dist_sync"), "{e}");
+    assert!(e.to_string().contains("the supported kinds are local, device, dist_sync, dist_async"), "{e}");
     assert!(KVStore::create("local").expect("create").barrier().is_ok());
 }
 

@@ -8,6 +8,7 @@ mod compression;
 mod concurrency;
 mod differences;
 mod dist;
+mod dist_async;
 mod errors;
 mod foreign;
 mod fusion;

@@ -19,11 +19,16 @@ pub(crate) enum StoreKind {
     /// `dist_sync_device` (MXNet's other spelling `dist_device_sync`): as `dist_sync`, but
     /// each worker reduces its values on their devices first, as `device` does.
     DistDevice,
+    /// `dist_async`: each key's owner applies every push as it arrives (`Remote`).
+    DistAsync,
+    /// `dist_async_device`: as `dist_async`, each worker summing its values on their
+    /// devices first.
+    DistAsyncDevice,
 }
 
 /// The kinds a store can be, as the README lists them (`dist_sync` with a worker
 /// group); MXNet's other spellings of them are accepted too (see [`StoreKind::parse`]).
-const SUPPORTED: [&str; 3] = ["local", "device", "dist_sync"];
+const SUPPORTED: [&str; 4] = ["local", "device", "dist_sync", "dist_async"];
 
 impl StoreKind {
     /// The kind a name stands for (case-insensitive; MXNet's spellings too).
@@ -36,10 +41,12 @@ impl StoreKind {
             // MXNet's synchronous spellings; `_async` ones are not synchronous.
             "dist_sync" | "dist" => Ok(StoreKind::Dist),
             "dist_sync_device" | "dist_device_sync" => Ok(StoreKind::DistDevice),
+            "dist_async" => Ok(StoreKind::DistAsync),
+            "dist_async_device" | "dist_device_async" => Ok(StoreKind::DistAsyncDevice),
             _ if lower.contains("dist") || lower.contains("nccl") => Err(Error::Unsupported {
                 what: format!("store kind \"{}\"", crate::key::shorten(&lower)),
                 hint: format!(
-                    "the supported kinds are {} (dist_sync runs over MPI with kvstore-mpi)",
+                    "the supported kinds are {} (dist_sync and dist_async run over MPI with kvstore-mpi)",
                     SUPPORTED.join(", ")
                 ),
             }),
@@ -55,6 +62,12 @@ impl StoreKind {
         matches!(self, StoreKind::Dist | StoreKind::DistDevice)
     }
 
+    /// Whether stores of this kind apply pushes on each key's owner as they arrive
+    /// (they need a `Remote`).
+    pub(crate) fn is_async(self) -> bool {
+        matches!(self, StoreKind::DistAsync | StoreKind::DistAsyncDevice)
+    }
+
     /// The `Comm` of a store of this kind: `threads` 0 for the shared host pool.
     pub(crate) fn comm(self, threads: usize) -> Result<Box<dyn Comm>> {
         Ok(match self {
@@ -63,7 +76,8 @@ impl StoreKind {
             // Workers sum their values where they are, then across the job.
             StoreKind::Dist => Box::new(CommCpu::new(threads)?.without_host_staging()),
             // Each worker sums its values on their devices, then across the job.
-            StoreKind::DistDevice => Box::new(CommDevice::new(threads)?),
+            StoreKind::DistDevice | StoreKind::DistAsyncDevice => Box::new(CommDevice::new(threads)?),
+            StoreKind::DistAsync => Box::new(CommCpu::new(threads)?.without_host_staging()),
         })
     }
 }
@@ -75,9 +89,9 @@ mod tests {
     #[test]
     fn errors_name_the_kinds_the_readme_lists_and_promise_nothing() {
         let unknown = StoreKind::parse("horovod").expect_err("unknown").to_string();
-        assert!(unknown.ends_with("known kinds are local, device, dist_sync"), "{unknown}");
+        assert!(unknown.ends_with("known kinds are local, device, dist_sync, dist_async"), "{unknown}");
         let unsupported = StoreKind::parse("nccl").expect_err("unsupported").to_string();
-        assert!(unsupported.contains("the supported kinds are local, device, dist_sync"), "{unsupported}");
+        assert!(unsupported.contains("the supported kinds are local, device, dist_sync, dist_async"), "{unsupported}");
         assert!(!unsupported.contains("will come"), "{unsupported}");
         for alias in ["local_update_cpu", "local_allreduce_cpu", "local_allreduce_device", "dist", "dist_device_sync"] {
             assert!(StoreKind::parse(alias).is_ok(), "{alias}");

@@ -10,6 +10,7 @@ use crate::collective::Collective;
 use crate::comm::StoreKind;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::remote::Remote;
 
 /// Builds a [`KVStore`] with settings other than the defaults.
 pub struct KVStoreBuilder {
@@ -17,6 +18,7 @@ pub struct KVStoreBuilder {
     threads: usize,
     engine_threads: usize,
     collective: Option<Arc<dyn Collective>>,
+    remote: Option<Arc<dyn Remote>>,
     compare_calls: bool,
     timeout: Option<std::time::Duration>,
     fuse_bytes: Option<usize>,
@@ -68,6 +70,7 @@ impl KVStoreBuilder {
             threads: 0,
             engine_threads: 0,
             collective: None,
+            remote: None,
             compare_calls: true,
             timeout: None,
             fuse_bytes: None,
@@ -96,6 +99,13 @@ impl KVStoreBuilder {
     /// over MPI).
     pub fn collective(mut self, group: Arc<dyn Collective>) -> Self {
         self.collective = Some(group);
+        self
+    }
+
+    /// The transport a `dist_async` store reaches the keys' owners through
+    /// (`kvstore-mpi` makes one over MPI).
+    pub fn remote(mut self, remote: Arc<dyn Remote>) -> Self {
+        self.remote = Some(remote);
         self
     }
 
@@ -173,6 +183,24 @@ impl KVStoreBuilder {
     /// group, [`Error::InvalidArgument`] for a worker group on a local kind.
     pub fn build(self) -> Result<KVStore> {
         let kind = StoreKind::parse(&self.kind)?;
+        match (kind.is_async(), &self.remote) {
+            (true, None) => {
+                return Err(Error::Unsupported {
+                    what: format!(
+                        "store kind \"{}\" without a transport",
+                        crate::key::shorten(&self.kind.to_ascii_lowercase())
+                    ),
+                    hint: "create dist_async stores with kvstore-mpi, which joins the MPI job".to_string(),
+                });
+            }
+            (false, Some(_)) => {
+                return Err(Error::invalid_argument(format!(
+                    "store kind \"{}\" takes no transport (use dist_async)",
+                    crate::key::shorten(&self.kind)
+                )));
+            }
+            _ => {}
+        }
         match (kind.spans_processes(), &self.collective) {
             (true, None) => {
                 return Err(Error::Unsupported {
@@ -197,6 +225,13 @@ impl KVStoreBuilder {
             }
             group.set_timeout(timeout);
         }
+        if let (Some(remote), Some(timeout)) = (&self.remote, self.timeout) {
+            if timeout.is_zero() {
+                return Err(Error::invalid_argument("timeout: a request needs more than 0 s to be answered"));
+            }
+            remote.set_timeout(timeout);
+        }
+        let remote = self.remote.map(super::remote::Shards::new).transpose()?.map(Arc::new);
         let fuse_bytes = match (self.fuse_bytes, std::env::var("KVSTORE_FUSE_BYTES")) {
             (Some(bytes), _) => bytes,
             (None, Ok(v)) => v.trim().parse().map_err(|_| {
@@ -211,6 +246,7 @@ impl KVStoreBuilder {
             max_copied_bytes: if max_copied_bytes == 0 { usize::MAX } else { max_copied_bytes },
             fuse_bytes: if self.collective.is_some() { fuse_bytes } else { 0 },
             collective: self.collective,
+            remote,
             kind: self.kind.to_ascii_lowercase(),
             comm: kind.comm(self.threads)?,
             table: RwLock::new(Table::default()),

@@ -512,6 +512,7 @@ impl KVStore {
     /// or the call comes from inside an updater of this store; [`Error::Io`] if the file
     /// cannot be written (on every worker under `dist_sync`).
     pub fn save_checkpoint(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.not_async("save_checkpoint")?;
         let path: PathBuf = path.as_ref().to_path_buf();
         self.settle()?;
         self.in_order("save_checkpoint", move |store| store.save_checkpoint_now(&path))
@@ -550,6 +551,7 @@ impl KVStore {
     /// [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`] for a key the store has with
     /// another shape or dtype.
     pub fn load_checkpoint(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.not_async("load_checkpoint")?;
         let path: PathBuf = path.as_ref().to_path_buf();
         self.settle()?;
         self.in_order("load_checkpoint", move |store| store.load_checkpoint_now(&path))

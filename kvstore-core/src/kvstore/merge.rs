@@ -110,6 +110,9 @@ impl Store {
         compression: Option<Compression>,
         mut calls: Option<&mut Calls<'_>>,
     ) -> Result<()> {
+        if let Some(remote) = &self.remote {
+            return self.apply_remote(remote, push, pull, push_slots, pull_slots, guards);
+        }
         // The comm's policy, before the sums: where each key lives (`CommDevice` gives
         // a key pushed from devices its device), then what to sum (`CommCpu` sums
         // page-locked host copies of values on devices).
@@ -320,6 +323,49 @@ impl Store {
             .enumerate()
             .filter(|(j, _)| !calls.as_ref().is_some_and(|c| c.failed_pull(*j)))
             .map(|(_, (g, &i))| BroadcastJob { src: &guards[i].value, outs: &g.arrays })
+            .collect();
+        self.comm.broadcast(&jobs)
+    }
+}
+
+impl Store {
+    /// [`Store::apply`] for a `dist_async` store: each pushed key's values are summed
+    /// here (into its merge buffer; a single value is sent where it is) and the sum goes
+    /// to the key's owners, which merge it; each pulled key's value comes from its
+    /// owners into this worker's copy, and from there to the call's outs.
+    pub(super) fn apply_remote(
+        &self,
+        remote: &super::remote::Shards,
+        push: &[Group<'_>],
+        pull: &[Group<'_>],
+        push_slots: &[usize],
+        pull_slots: &[usize],
+        guards: &mut [RwLockWriteGuard<'_, Slot>],
+    ) -> Result<()> {
+        for (g, &i) in push.iter().zip(push_slots) {
+            let slot = &mut *guards[i];
+            if g.arrays.len() > 1 && slot.merge.is_none() {
+                let v = &slot.value;
+                slot.merge = Some(NDArray::zeros_with(v.shape(), v.dtype(), v.context())?);
+            }
+            let sum = match (&g.arrays[..], slot.merge.as_ref()) {
+                ([one], _) => *one,
+                (arrays, Some(m)) => {
+                    self.comm.reduce(&[ReduceJob { inputs: arrays, out: m }])?;
+                    m
+                }
+                _ => return Err(Error::Internal("push: no merge buffer".into())),
+            };
+            remote.push(&g.entry.key, sum)?;
+        }
+        crate::ndarray::values_read();
+        for (g, &i) in pull.iter().zip(pull_slots) {
+            remote.pull(&g.entry.key, &guards[i].value)?;
+        }
+        let jobs: Vec<BroadcastJob<'_>> = pull
+            .iter()
+            .zip(pull_slots)
+            .map(|(g, &i)| BroadcastJob { src: &guards[i].value, outs: &g.arrays })
             .collect();
         self.comm.broadcast(&jobs)
     }

@@ -26,6 +26,7 @@ mod fusion;
 mod locks;
 mod merge;
 mod pending;
+mod remote;
 mod sparse;
 mod spread;
 mod steps;
@@ -174,6 +175,8 @@ impl Drop for KVStore {
 /// What a store's calls work on, shared with the engine threads that run them.
 pub(crate) struct Store {
     collective: Option<Arc<dyn Collective>>,
+    /// A `dist_async` store's link to the keys' owners (`kvstore/remote.rs`).
+    remote: Option<Arc<remote::Shards>>,
     kind: String,
     /// How data moves and where keys live (`CommCpu` for `local` and `dist_sync`,
     /// `CommDevice` for `device` and `dist_sync_device`).
@@ -373,7 +376,10 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn rank(&self) -> usize {
-        self.store.collective.as_ref().map_or(0, |c| c.rank())
+        match &self.store.remote {
+            Some(r) => r.rank(),
+            None => self.store.collective.as_ref().map_or(0, |c| c.rank()),
+        }
     }
 
     /// The number of workers: 1 for a local store.
@@ -385,7 +391,10 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn num_workers(&self) -> usize {
-        self.store.collective.as_ref().map_or(1, |c| c.size())
+        match &self.store.remote {
+            Some(r) => r.size(),
+            None => self.store.collective.as_ref().map_or(1, |c| c.size()),
+        }
     }
 
     /// Waits for every worker: a local store has only this one, so it returns at once.
@@ -401,6 +410,11 @@ impl KVStore {
     /// # Errors
     /// [`Error::Backend`] if the worker group is broken.
     pub fn barrier(&self) -> Result<()> {
+        if let Some(remote) = &self.store.remote {
+            // This worker's earlier calls are applied on their owners first.
+            self.wait_all()?;
+            return remote.barrier();
+        }
         self.in_order("barrier", Store::barrier)
     }
 
@@ -502,6 +516,7 @@ impl KVStore {
     /// supported for this type of kvstore"), and for `fp16`/`bf16` on a `device` store.
     /// The store is unchanged then.
     pub fn set_gradient_compression(&self, params: &[(&str, &str)]) -> Result<()> {
+        self.not_async("set_gradient_compression")?;
         let kind = &self.store.kind;
         if !kind.contains("device") && self.store.collective.is_none() {
             return Err(Error::Unsupported {
@@ -546,6 +561,10 @@ impl KVStore {
     /// from an updater of another store, while this store is busy).
     pub fn set_updater(&self, updater: impl Updater + 'static) -> Result<()> {
         self.settle()?;
+        if let Some(remote) = &self.store.remote {
+            remote.set_updater(Arc::new(updater))?;
+            return remote.barrier();
+        }
         self.store.replace_merger("set_updater", Merger::Custom(Arc::new(updater)))
     }
 
@@ -569,6 +588,10 @@ impl KVStore {
     /// As [`KVStore::set_updater`].
     pub fn clear_updater(&self) -> Result<()> {
         self.settle()?;
+        if let Some(remote) = &self.store.remote {
+            remote.clear_updater()?;
+            return remote.barrier();
+        }
         self.store.replace_merger("clear_updater", Merger::Assign)
     }
 
@@ -593,6 +616,11 @@ impl KVStore {
     /// [`Error::InvalidArgument`] when called from inside an updater of this store.
     pub fn set_optimizer(&self, optimizer: Optimizer) -> Result<()> {
         self.settle()?;
+        if let Some(remote) = &self.store.remote {
+            // Every owner installs it before any worker pushes again.
+            remote.set_optimizer(optimizer)?;
+            return remote.barrier();
+        }
         let runtime = Arc::new(Runtime::new(optimizer));
         let held = Held::new("set_optimizer", &self.store, &[])?;
         let mut merger = held.merger_write("set_optimizer", &self.store.merger)?;
@@ -622,6 +650,9 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn optimizer_name(&self) -> Option<&'static str> {
+        if let Some(remote) = &self.store.remote {
+            return remote.optimizer_name();
+        }
         match &*self.store.merger.read() {
             Merger::Optimizer(r) => Some(r.optimizer().name()),
             _ => None,
@@ -656,6 +687,7 @@ impl KVStore {
     /// [`Error::InvalidArgument`] if no optimizer is set or `path` names something other
     /// than a regular file; [`Error::Io`] if the file cannot be written.
     pub fn save_optimizer_states(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        self.not_async("save_optimizer_states")?;
         const OP: &str = "save_optimizer_states";
         let path = path.as_ref();
         let target = opt_states::save_target(path, OP)?;
@@ -712,6 +744,7 @@ impl KVStore {
     /// that the store lacks; [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`] for a
     /// state that does not fit its key.
     pub fn load_optimizer_states(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        self.not_async("load_optimizer_states")?;
         const OP: &str = "load_optimizer_states";
         let path = path.as_ref();
         let context = format!("{OP} from {}", crate::key::shorten(&path.display().to_string()));
@@ -1083,6 +1116,17 @@ impl Store {
         if let Some(group) = &self.collective {
             group.broadcast(&copies.iter().collect::<Vec<_>>(), 0)?;
         }
+        // dist_async: rank 0's values go to the keys' owners; every worker waits until
+        // they are there (whatever happened on rank 0).
+        if let Some(remote) = &self.remote {
+            let sent = match remote.rank() {
+                0 => pairs.iter().zip(&copies).try_for_each(|((k, _), v)| remote.init(k, v)),
+                _ => Ok(()),
+            };
+            let met = remote.barrier();
+            sent?;
+            met?;
+        }
         let mut table = self.table.write();
         if let Some((k, _)) = pairs.iter().find(|(k, _)| table.entries.contains_key(k)) {
             return Err(Self::already(op, k));
@@ -1200,6 +1244,18 @@ impl Store {
         }
         let entries: Vec<&Arc<Entry>> = groups.iter().map(|g| &g.entry).collect();
         let held = Held::new(op, self, &entries)?;
+        if let Some(remote) = &self.remote {
+            // dist_async: the values come from their owners (into this worker's copies).
+            let mut entries = entries;
+            entries.sort_by_key(|e| e.index);
+            entries.dedup_by_key(|e| e.index);
+            let mut guards = held.write(op, &entries)?;
+            let pull_slots = slots(op, &entries, &groups)?;
+            for (g, &i) in groups.iter().zip(&pull_slots) {
+                check_group(op, "out", g, &guards[i].value)?;
+            }
+            return self.apply_remote(remote, &[], &groups, &[], &pull_slots, &mut guards);
+        }
         let guards = held.read(op, &entries)?;
         for (g, stored) in groups.iter().zip(&guards) {
             check_group(op, "out", g, &stored.value)?;

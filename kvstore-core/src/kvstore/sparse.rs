@@ -74,6 +74,7 @@ impl KVStore {
     /// # Errors
     /// As [`KVStore::init`] ([`Error::LengthMismatch`] when the counts differ).
     pub fn init_row_sparse_many(&self, keys: &[Key], values: &[RowSparse]) -> Result<()> {
+        self.not_async("init_row_sparse")?;
         if keys.len() != values.len() {
             return Err(Error::LengthMismatch {
                 context: "init_row_sparse".into(),
@@ -153,6 +154,7 @@ impl KVStore {
     /// As [`KVStore::push_row_sparse`]; a check that fails changes no key. An updater's
     /// error stops the call at its key (the keys before it keep their update).
     pub fn push_row_sparse_many(&self, pushes: &[(Key, Vec<RowSparse>)], priority: i32) -> Result<()> {
+        self.not_async("push_row_sparse")?;
         let _ = priority;
         if self.store.collective.is_some() {
             // dist_sync: in call order with the store's other collective calls.
@@ -186,6 +188,7 @@ impl KVStore {
     /// out of range (MXNet returns a zero row for it). Under `dist_sync` it reads this
     /// worker's copy (every worker holds the same bits): nothing crosses between workers.
     pub fn row_sparse_pull(&self, key: impl Into<Key>, row_ids: &[i64], priority: i32) -> Result<RowSparse> {
+        self.not_async("row_sparse_pull")?;
         let _ = priority;
         let key = key.into();
         let entry = self.entry("row_sparse_pull", &key)?;

@@ -217,7 +217,7 @@ impl Store {
     fn spread_keys(&self, op: &'static str, keys: CallKeys<'_, '_>) -> Spread {
         // One key is no call to spread (and the common blocking call: it should cost
         // no more than these comparisons here).
-        if keys.len() < 2 || self.collective.is_some() || locks::inside_updater() {
+        if keys.len() < 2 || self.collective.is_some() || self.remote.is_some() || locks::inside_updater() {
             return Spread::NotOne;
         }
         let (values, _) = keys.arrays(0);

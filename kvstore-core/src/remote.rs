@@ -1,0 +1,56 @@
+//! The transport of `dist_async` stores. Core names no transport: `kvstore-mpi`
+//! implements [`Remote`] over MPI (a serving thread per process), and tests implement it
+//! with threads. Each key of a `dist_async` store has an owner among the workers, which
+//! keeps its value and optimizer state and applies pushes as they arrive (MXNet's
+//! parameter servers, here one per worker); workers reach owners through a `Remote`.
+
+use std::sync::Arc;
+
+use crate::error::Result;
+
+/// What a worker answers the requests of the others with: `handler(from, request)`
+/// gives the reply. Requests of one worker to one channel are answered in the order
+/// they were sent.
+pub type Handler = Arc<dyn Fn(usize, &[u8]) -> Vec<u8> + Send + Sync>;
+
+/// Request and reply between the workers of a job, and a barrier.
+///
+/// Every worker creates its `dist_async` stores in the same order: the `n`-th store of
+/// each worker serves on the same channel ([`Remote::serve`] numbers them alike).
+pub trait Remote: Send + Sync {
+    /// A short name for messages (`"mpi"`).
+    fn name(&self) -> &'static str;
+
+    /// This worker's rank, in `0..size()`.
+    fn rank(&self) -> usize;
+
+    /// The number of workers.
+    fn size(&self) -> usize;
+
+    /// Starts answering requests on a new channel with `handler` (in the background,
+    /// while this worker's own calls go on), and returns the channel's number.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] if the transport cannot serve (it is finalised).
+    fn serve(&self, handler: Handler) -> Result<u32>;
+
+    /// Sends `request` to worker `to`'s handler of `channel` and returns its reply; `to`
+    /// may be this worker (its serving thread answers then too: the calling thread may
+    /// hold keys of a store).
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] if the group is broken.
+    fn request(&self, to: usize, channel: u32, request: &[u8]) -> Result<Vec<u8>>;
+
+    /// Waits until every worker has called it, answering requests meanwhile.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] if the group is broken.
+    fn barrier(&self) -> Result<()>;
+
+    /// Sets how long a request may wait for its reply before the job ends
+    /// ([`crate::KVStoreBuilder::timeout`]); a transport without a watchdog ignores it.
+    fn set_timeout(&self, timeout: std::time::Duration) {
+        let _ = timeout;
+    }
+}

@@ -1,0 +1,154 @@
+//! The `dist_async` cases, written once as functions of one worker's rank and store;
+//! they assert what that worker must see for the store's number of workers W. The
+//! thread runner (`tests/tests/dist_async.rs`) and the MPI runner
+//! (`kvstore-mpi/tests/mpi_async.rs`) call the same functions.
+//!
+//! Values are small integers (or their halves), so every order of applying the pushes
+//! gives the same numbers: the models are plain sums, whatever the timing.
+
+use kvstore_core::{Context, DType, ErrorKind, KVStore, Key, NDArray, Optimizer, Result};
+
+use crate::device_checks::bits;
+use crate::{full, pulled};
+
+/// The elements of a key split across the owners (above MXNet's default bound).
+pub const BIG: usize = 1_000_003;
+
+fn summing_updater(kv: &KVStore) {
+    kv.set_updater(|_: &Key, _: usize, merged: &NDArray, stored: &NDArray| -> Result<()> { stored.add_assign(merged) })
+        .expect("set_updater");
+}
+
+/// Worker `w`'s value for key `k` at step `s`, as a multiple of the key's ones.
+fn step_value(w: usize, s: usize, k: usize) -> f64 {
+    ((w * 7 + s * 3 + k * 5) % 11) as f64 - 5.0
+}
+
+/// Every push of every worker is applied once, whatever the interleaving: with a
+/// summing updater, the value after a barrier is the initial value (rank 0's) plus
+/// every push (blocking, non-blocking, list and repeated-key pushes, pushpulls), on
+/// small keys and on a key split across the owners. Returns the pulled bits (equal on
+/// every worker).
+pub fn every_push_is_applied_once(rank: usize, kv: &KVStore) -> Vec<u8> {
+    let workers = kv.num_workers();
+    assert_eq!(kv.rank(), rank);
+    let shapes: [&[usize]; 3] = [&[5], &[3, 4], &[BIG]];
+    let keys = ["a", "b", "big"];
+    // Rank 0's values are the ones the owners keep.
+    let inits: Vec<NDArray> = shapes.iter().map(|s| full(s, 1.0 + rank as f64 * 100.0, Context::cpu(0))).collect();
+    kv.init(&keys[..], &inits[..]).expect("init");
+    summing_updater(kv);
+    let steps = 6;
+    for s in 0..steps {
+        let vals: Vec<NDArray> = (0..3).map(|k| full(shapes[k], step_value(rank, s, k), Context::cpu(0))).collect();
+        match s % 3 {
+            // A list push, key "a" twice (its values summed).
+            0 => {
+                let zero = full(shapes[0], 0.0, Context::cpu(0));
+                let list = [vals[0].clone(), vals[1].clone(), vals[2].clone(), zero];
+                kv.push(&["a", "b", "big", "a"][..], &list[..], 0).expect("push")
+            }
+            // Non-blocking pushes, waited for together.
+            1 => {
+                let pending: Vec<_> = keys.iter().zip(&vals).map(|(k, v)| kv.push_async(*k, v, 0)).collect();
+                for p in pending {
+                    p.wait().expect("push_async");
+                }
+            }
+            // Pushpulls (the pulled value is whatever the owner holds then).
+            _ => {
+                for (k, v) in keys.iter().zip(&vals) {
+                    let out = NDArray::zeros_with(v.shape(), DType::F32, Context::cpu(0)).expect("out");
+                    kv.pushpull(*k, v, &out, 0).expect("pushpull");
+                }
+            }
+        }
+    }
+    kv.barrier().expect("barrier");
+    let mut got = Vec::new();
+    for (k, key) in keys.iter().enumerate() {
+        let want = 1.0 + (0..workers).flat_map(|w| (0..steps).map(move |s| step_value(w, s, k))).sum::<f64>();
+        let value = pulled(kv, *key, shapes[k]);
+        assert!(value.iter().all(|&x| x == want), "rank {rank}, key {key}: {:?}... want {want}", &value[..3]);
+        got.extend(bits(&NDArray::from_vec(&[value.len()], value).expect("bits")));
+    }
+    kv.barrier().expect("barrier");
+    got
+}
+
+/// The pushes of one worker to one key are applied in the order it made them: an
+/// updater that is not commutative (`stored = stored / 2 + merged`) gives the value of
+/// applying them one by one. Rank 0 pushes (blocking and non-blocking), the others
+/// pull meanwhile.
+pub fn one_workers_pushes_apply_in_order(rank: usize, kv: &KVStore) {
+    kv.init("o", &full(&[4], 0.0, Context::cpu(0))).expect("init");
+    kv.set_updater(|_: &Key, _: usize, merged: &NDArray, stored: &NDArray| -> Result<()> {
+        stored.mul_assign(0.5)?;
+        stored.add_assign(merged)
+    })
+    .expect("set_updater");
+    let n = 12;
+    if rank == 0 {
+        let vals: Vec<NDArray> = (0..n).map(|i| full(&[4], (i % 5) as f64 * 8.0, Context::cpu(0))).collect();
+        let pending: Vec<_> = vals
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| match i % 2 {
+                0 => Some(kv.push_async("o", v, 0)),
+                _ => {
+                    kv.push("o", v, 0).expect("push");
+                    None
+                }
+            })
+            .collect();
+        for p in pending {
+            p.wait().expect("push_async");
+        }
+    } else {
+        for _ in 0..n {
+            pulled(kv, "o", &[4]);
+        }
+    }
+    kv.barrier().expect("barrier");
+    let want = (0..n).fold(0.0f64, |acc, i| acc / 2.0 + (i % 5) as f64 * 8.0);
+    assert_eq!(pulled(kv, "o", &[4]), vec![want; 4], "rank {rank}");
+    kv.barrier().expect("barrier");
+}
+
+/// `set_optimizer` installs the optimizer on every owner: SGD (learning rate 0.5)
+/// applies every worker's gradients to the weights, `w = -0.5 * (every gradient)`.
+pub fn an_optimizer_runs_on_the_owners(rank: usize, kv: &KVStore) {
+    let workers = kv.num_workers();
+    kv.init(&["w1", "w2"][..], &[full(&[8], 0.0, Context::cpu(0)), full(&[2, 2], 0.0, Context::cpu(0))][..])
+        .expect("init");
+    kv.set_optimizer(Optimizer::builder("sgd").param("learning_rate", 0.5).build().expect("sgd")).expect("set");
+    assert_eq!(kv.optimizer_name(), Some("sgd"));
+    for s in 0..4 {
+        kv.push("w1", &full(&[8], step_value(rank, s, 0), Context::cpu(0)), 0).expect("push");
+        kv.push("w2", &full(&[2, 2], step_value(rank, s, 1), Context::cpu(0)), 0).expect("push");
+    }
+    kv.barrier().expect("barrier");
+    for (k, (key, shape)) in [("w1", &[8][..]), ("w2", &[2, 2][..])].into_iter().enumerate() {
+        let want = -0.5 * (0..workers).flat_map(|w| (0..4).map(move |s| step_value(w, s, k))).sum::<f64>();
+        assert!(pulled(kv, key, shape).iter().all(|&x| x == want), "rank {rank}, key {key}");
+    }
+    kv.barrier().expect("barrier");
+}
+
+/// Errors reach the worker that made the call, and nothing changes: a value of
+/// another shape, a key never initialised. The calls that the store does not have for
+/// dist_async yet say so.
+pub fn errors_reach_the_caller_only(rank: usize, kv: &KVStore) {
+    kv.init("e", &full(&[3], 2.0, Context::cpu(0))).expect("init");
+    if rank + 1 == kv.num_workers() {
+        let e = kv.push("e", &full(&[4], 1.0, Context::cpu(0)), 0).expect_err("another shape");
+        assert_eq!(e.kind(), ErrorKind::ShapeMismatch, "{e}");
+        let e = kv.push("never", &full(&[3], 1.0, Context::cpu(0)), 0).expect_err("no such key");
+        assert_eq!(e.kind(), ErrorKind::KeyNotInitialized, "{e}");
+    }
+    let e = kv.save_checkpoint(std::env::temp_dir().join("never-written.ckpt")).expect_err("not yet");
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    kv.barrier().expect("barrier");
+    assert_eq!(pulled(kv, "e", &[3]), vec![2.0; 3], "rank {rank}");
+    kv.barrier().expect("barrier");
+}
