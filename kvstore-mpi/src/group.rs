@@ -78,7 +78,7 @@ static GROUP: OnceLock<Arc<MpiGroup>> = OnceLock::new();
 static FINALIZED: AtomicBool = AtomicBool::new(false);
 
 /// Ends the whole MPI job at once (every rank), with `code`.
-fn abort_job(code: i32) {
+pub(crate) fn abort_job(code: i32) {
     // SAFETY: MPI_Abort takes the world communicator, a constant handle valid from
     // MPI_Init on; it is called only once MPI is initialised (and not finalised), and
     // it does not return in practice. Calling it while another thread is inside MPI is
@@ -93,6 +93,22 @@ extern "C" fn abort_unless_finalized() {
         eprintln!("kvstore-mpi: this rank exits without kvstore_mpi::finalize(): aborting the MPI job");
         abort_job(1);
     }
+}
+
+/// Runs `f` holding the process's MPI lock, MPI being initialised and not finalised:
+/// how `dist_async`'s short non-blocking MPI calls keep to MPI_THREAD_SERIALIZED.
+///
+/// # Errors
+/// [`Error::Backend`] once MPI is finalised.
+pub(crate) fn locked<T>(f: impl FnOnce() -> T) -> Result<T> {
+    let shared = MPI.get().ok_or_else(|| Error::Internal("MPI is not initialised".into()))?;
+    let guard = shared.0.lock();
+    if guard.is_none() {
+        return Err(Error::Backend { backend: "mpi", message: "MPI was finalised".into() });
+    }
+    let r = f();
+    drop(guard);
+    Ok(r)
 }
 
 /// Finalises MPI: call it once at the end of a `dist_sync` program, on every rank,
@@ -111,6 +127,8 @@ pub fn finalize() -> Result<()> {
     if shared.0.lock().is_none() {
         return Err(finalised());
     }
+    // dist_async: this rank goes on answering the others until every rank is here.
+    crate::remote::finish()?;
     if let Some(group) = GROUP.get() {
         kvstore_core::backend::finish_group_calls(&**group);
     }
@@ -217,6 +235,8 @@ pub fn group() -> Result<Arc<MpiGroup>> {
     }
     let world = universe.world();
     let steps = world.duplicate();
+    // dist_async's messages travel apart from everything else.
+    let _ = crate::remote::COMM.set(crate::remote::Comm(world.duplicate()));
     let (rank, size) = (world.rank() as usize, world.size() as usize);
     let _ = MPI.set(Shared(Mutex::new(Some(Mpi { world, steps, window: Window::NotYet, universe }))));
     // SAFETY: `abort_unless_finalized` is an `extern "C" fn()` that reads two statics

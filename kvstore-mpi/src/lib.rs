@@ -41,10 +41,14 @@
 #[cfg(feature = "mpi")]
 mod group;
 #[cfg(feature = "mpi")]
+mod remote;
+#[cfg(feature = "mpi")]
 mod shm;
 
 #[cfg(feature = "mpi")]
 pub use group::{BUCKET_BYTES_VAR, MpiGroup, TIMEOUT_VAR, finalize, group};
+#[cfg(feature = "mpi")]
+pub use remote::{MpiRemote, remote};
 #[cfg(feature = "mpi")]
 pub use shm::SHARED_MEMORY_VAR;
 
@@ -52,20 +56,19 @@ pub use shm::SHARED_MEMORY_VAR;
 use kvstore_core::Error;
 use kvstore_core::{KVStore, Result};
 
-/// Creates a store of `kind`: `dist_sync` (and MXNet's synchronous spellings) over the
-/// MPI job; any other kind as `KVStore::create` does.
+/// Creates a store of `kind`: `dist_sync` (and MXNet's synchronous spellings) and
+/// `dist_async` over the MPI job; any other kind as `KVStore::create` does.
 ///
 /// # Errors
-/// [`kvstore_core::Error::Unsupported`] for `dist_async` and, in a build without the `mpi` feature,
-/// for every `dist_*` kind; otherwise as `KVStore::create`.
+/// [`kvstore_core::Error::Unsupported`], in a build without the `mpi` feature, for every
+/// `dist_*` kind; otherwise as `KVStore::create`.
 pub fn create(kind: &str) -> Result<KVStore> {
     let lower = kind.to_ascii_lowercase();
     if !lower.starts_with("dist") {
         return KVStore::create(kind);
     }
     if lower.contains("async") {
-        // Let core word the refusal (it names the supported kinds).
-        return KVStore::create(kind);
+        return with_remote(kind);
     }
     with_group(kind)
 }
@@ -83,6 +86,16 @@ pub fn finalize() -> Result<()> {
 #[cfg(feature = "mpi")]
 fn with_group(kind: &str) -> Result<KVStore> {
     KVStore::builder(kind).collective(group()?).build()
+}
+
+#[cfg(feature = "mpi")]
+fn with_remote(kind: &str) -> Result<KVStore> {
+    KVStore::builder(kind).remote(remote()?).build()
+}
+
+#[cfg(not(feature = "mpi"))]
+fn with_remote(kind: &str) -> Result<KVStore> {
+    with_group(kind)
 }
 
 #[cfg(not(feature = "mpi"))]

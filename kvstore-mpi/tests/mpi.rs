@@ -5,7 +5,7 @@
 //! `zz_finalize_mpi`, ends MPI on every rank), so their collective calls match.
 #![cfg(feature = "mpi")]
 
-use kvstore_tests::dist_cases;
+use kvstore_tests::{async_cases, dist_cases};
 
 fn store() -> kvstore_core::KVStore {
     kvstore_mpi::create("dist_sync").expect("dist_sync")
@@ -54,6 +54,38 @@ fn assert_as_on_rank_0(kv: &kvstore_core::KVStore, name: &str, bits: Vec<u8>) {
     kv.init(name, &mine).expect("init");
     let root = kv.pull_new(name, 0).expect("pull");
     assert!(root.to_vec::<u8>().expect("r") == mine.to_vec::<u8>().expect("r"), "rank {} differs", kv.rank());
+}
+
+/// A `dist_async` store of the job (a new one per test: every rank makes them in the
+/// same order, so their channels match).
+fn async_store() -> kvstore_core::KVStore {
+    kvstore_mpi::create("dist_async").expect("dist_async")
+}
+
+#[test]
+fn async_every_push_of_every_rank_is_applied_once() {
+    let kv = async_store();
+    assert_eq!(kv.kind(), "dist_async");
+    let bits = async_cases::every_push_is_applied_once(kv.rank(), &kv);
+    assert_as_on_rank_0(&store(), "async bits", bits);
+}
+
+#[test]
+fn async_one_ranks_pushes_apply_in_its_order() {
+    let kv = async_store();
+    async_cases::one_workers_pushes_apply_in_order(kv.rank(), &kv);
+}
+
+#[test]
+fn async_an_optimizer_runs_on_the_owners() {
+    let kv = async_store();
+    async_cases::an_optimizer_runs_on_the_owners(kv.rank(), &kv);
+}
+
+#[test]
+fn async_errors_reach_the_caller_only() {
+    let kv = async_store();
+    async_cases::errors_reach_the_caller_only(kv.rank(), &kv);
 }
 
 #[test]
