@@ -26,7 +26,9 @@ early_exit=$(cargo test -p kvstore-mpi --features mpi --test early_exit --no-run
     2>>"$logs/mpi-build.log" | python3 scripts/cargo-executables.py | awk '$1 == "early_exit" { print $2 }')
 stall=$(cargo test -p kvstore-mpi --features mpi --test stall --no-run --message-format=json \
     2>>"$logs/mpi-build.log" | python3 scripts/cargo-executables.py | awk '$1 == "stall" { print $2 }')
-if [ -z "$early_exit" ] || [ -z "$stall" ]; then
+async_stall=$(cargo test -p kvstore-mpi --features mpi --test async_stall --no-run --message-format=json \
+    2>>"$logs/mpi-build.log" | python3 scripts/cargo-executables.py | awk '$1 == "async_stall" { print $2 }')
+if [ -z "$early_exit" ] || [ -z "$stall" ] || [ -z "$async_stall" ]; then
     tail -n 30 "$logs/mpi-build.log"
     echo "mpi: 0 passed, 1 failed"
     exit 1
@@ -127,6 +129,20 @@ stuck() {
 }
 stuck push "push #2 has waited 3 s for rank 2, which never arrived"
 stuck finalize "finalize has waited 3 s for rank 2, which never arrived"
+
+# dist_async: a rank whose process stops (its serving thread too) while the others pull
+# keys it owns: with a 3 s timeout the job ends within seconds, a waiting rank naming it.
+log="$logs/mpi-async-stall.log"
+start=$(date +%s)
+KVSTORE_TIMEOUT=3 timeout 100 "${MPIRUN[@]}" -x KVSTORE_TIMEOUT -np 3 "$async_stall" >"$log" 2>&1
+rc=$?
+elapsed=$(($(date +%s) - start))
+said="waited 3 s for rank 2 to answer a dist_async request"
+if [ "$rc" -eq 86 ] && [ "$elapsed" -lt 30 ] && grep -q "$said" "$log" && ! grep -q "returned although" "$log"; then
+    pass "a dist_async rank that stopped ended the job in ${elapsed} s: $(grep -m1 "$said" "$log")"
+else
+    fail "a dist_async rank that stopped: exit $rc after ${elapsed} s (86: the timeout; 124: the job hung)" "$log"
+fi
 
 # A worker that dies mid-job: the job must end, with an error, within seconds; once
 # while the survivor waits in a blocking push, once with non-blocking pushes queued.

@@ -883,7 +883,7 @@ impl Collective for MpiGroup {
 /// data) is watched by a thread, which ends the job when one has not returned within
 /// the timeout: a worker stopped inside it (once every worker has arrived at a call, only
 /// a worker stopped or stuck inside it keeps it from completing).
-mod watchdog {
+pub(crate) mod watchdog {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::time::{Duration, Instant};
@@ -893,7 +893,7 @@ mod watchdog {
     use super::MpiGroup;
 
     /// The exit status of a job the watchdog ended.
-    pub(super) const WATCHDOG_EXIT: i32 = 86;
+    pub(crate) const WATCHDOG_EXIT: i32 = 86;
 
     /// When the MPI call in progress started, in ms since [`epoch`] (0: none).
     static BUSY_SINCE: AtomicU64 = AtomicU64::new(0);

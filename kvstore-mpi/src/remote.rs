@@ -155,7 +155,7 @@ impl MpiRemote {
                     self.group.rank(),
                     timeout.as_secs_f64()
                 );
-                abort_job(1);
+                abort_job(crate::group::watchdog::WATCHDOG_EXIT);
             }
         }
     }

@@ -83,6 +83,14 @@ fn async_an_optimizer_runs_on_the_owners() {
 }
 
 #[test]
+fn async_random_schedules_lose_no_push() {
+    let kv = async_store();
+    for seed in 0..3 {
+        async_cases::random_schedules_lose_no_push(kv.rank(), &kv, seed);
+    }
+}
+
+#[test]
 fn async_errors_reach_the_caller_only() {
     let kv = async_store();
     async_cases::errors_reach_the_caller_only(kv.rank(), &kv);

@@ -152,3 +152,64 @@ pub fn errors_reach_the_caller_only(rank: usize, kv: &KVStore) {
     assert_eq!(pulled(kv, "e", &[3]), vec![2.0; 3], "rank {rank}");
     kv.barrier().expect("barrier");
 }
+
+/// A worker's pseudo-random numbers (xorshift), from a seed.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Worker `w`'s schedule for `seed`: its pushes as (key, value, non-blocking, pause in
+/// microseconds before it).
+fn schedule(seed: u64, w: usize, keys: usize) -> Vec<(usize, i32, bool, u64)> {
+    let mut rng = Rng::new(seed * 1000 + w as u64 + 1);
+    let n = 10 + rng.below(30) as usize;
+    (0..n)
+        .map(|_| (rng.below(keys as u64) as usize, rng.below(9) as i32 - 4, rng.below(3) == 0, rng.below(4) * 150))
+        .collect()
+}
+
+/// A property over random schedules: whatever the pushes, their order and their timing
+/// (each worker's drawn from `seed`, so every worker knows every schedule), no push is
+/// lost or applied twice: with a summing updater, after a barrier each key holds its
+/// initial value plus every worker's pushes to it. Non-blocking pushes are waited for
+/// at the end.
+pub fn random_schedules_lose_no_push(rank: usize, kv: &KVStore, seed: u64) {
+    let workers = kv.num_workers();
+    let keys: Vec<String> = (0..3).map(|k| format!("r{seed}-{k}")).collect();
+    let inits: Vec<NDArray> = (0..3).map(|k| full(&[6], k as f64, Context::cpu(0))).collect();
+    kv.init(keys.as_slice(), inits.as_slice()).expect("init");
+    summing_updater(kv);
+    let mut pending = Vec::new();
+    for (k, v, nonblocking, pause) in schedule(seed, rank, keys.len()) {
+        if pause > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(pause));
+        }
+        let value = full(&[6], f64::from(v), Context::cpu(0));
+        match nonblocking {
+            true => pending.push(kv.push_async(keys[k].as_str(), &value, 0)),
+            false => kv.push(keys[k].as_str(), &value, 0).expect("push"),
+        }
+    }
+    for p in pending {
+        p.wait().expect("push_async");
+    }
+    kv.barrier().expect("barrier");
+    for (k, key) in keys.iter().enumerate() {
+        let pushed: i32 =
+            (0..workers).flat_map(|w| schedule(seed, w, 3)).filter(|(kk, ..)| *kk == k).map(|(_, v, ..)| v).sum();
+        let want = k as f64 + f64::from(pushed);
+        assert_eq!(pulled(kv, key.as_str(), &[6]), vec![want; 6], "seed {seed}, rank {rank}, key {key}");
+    }
+    kv.barrier().expect("barrier");
+}

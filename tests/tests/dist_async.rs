@@ -42,3 +42,12 @@ fn dist_async_needs_a_transport() {
         assert!(e.to_string().contains("kvstore-mpi"), "{e}");
     }
 }
+
+#[test]
+fn random_schedules_lose_no_push() {
+    for w in [2, 3, 4] {
+        for seed in 0..4 {
+            run_async_workers(w, move |rank, kv| async_cases::random_schedules_lose_no_push(rank, &kv, seed));
+        }
+    }
+}
