@@ -498,6 +498,12 @@ fn main() -> kvstore_core::Result<()> {
                 Row::new(n, median_s, limit_s, ">= 0.97 (desync detection costs at most 3 %)")
             }
             n if n.contains("calls compared") => Row::new(n, median_s, limit_s, "desync detection's cost, reported"),
+            n if n.starts_with("mpi ") && n.contains("dist_async push then pull") => {
+                Row::new(n, median_s, limit_s, ">= 0.67 (at most 1.5 x dist_sync's pushpull)")
+            }
+            n if n.starts_with("mpi ") && n.contains("rank 0's step with dist_async") => {
+                Row::new(n, median_s, limit_s, ">= 1.8 (rank 0's steps per second vs dist_sync)")
+            }
             n if n.starts_with("mpi ") && n.contains("2-bit compressed") => {
                 Row::new(n, median_s, limit_s, "vs the uncompressed push: >= 4 over tcp")
             }

@@ -42,6 +42,16 @@ pub trait Remote: Send + Sync {
     /// [`crate::Error::Backend`] if the group is broken.
     fn request(&self, to: usize, channel: u32, request: &[u8]) -> Result<Vec<u8>>;
 
+    /// Sends each `(to, request)` of `requests` on `channel` and returns their replies, in
+    /// order: the parts of a key go to their owners together. The default sends them one
+    /// after another; a transport may have them in flight at once.
+    ///
+    /// # Errors
+    /// As [`Remote::request`].
+    fn requests(&self, channel: u32, requests: &[(usize, Vec<u8>)]) -> Result<Vec<Vec<u8>>> {
+        requests.iter().map(|(to, r)| self.request(*to, channel, r)).collect()
+    }
+
     /// Waits until every worker has called it, answering requests meanwhile.
     ///
     /// # Errors

@@ -7,7 +7,9 @@
 //! names the run in the rows (default "mpi 2 ranks"; `make bench` runs it again over
 //! TCP, where one allreduce costs what it costs across machines, not over shared memory).
 //!
-//! With `KVSTORE_BENCH_OVERLAP=1` (the TCP run) it also times a simulated training step
+//! With `KVSTORE_BENCH_OVERLAP=1` (the TCP run) it also times `dist_async` against
+//! `dist_sync` ([`async_rows`]: a 4 MB push and pull, and a loop with a straggler), and
+//! a simulated training step
 //! on ResNet-50's 161 parameter tensors: the rows `overlap: compute alone`,
 //! `overlap: communication alone`, `overlap: blocking step`,
 //! `overlap: non-blocking step` and `overlap: non-blocking step, pushes then one list
@@ -30,6 +32,82 @@ use mpi::traits::*;
 
 fn median(world: &SimpleCommunicator, runs: usize, f: impl FnMut()) -> f64 {
     kvstore_tests::bench::median(3, runs, || world.barrier(), f)
+}
+
+/// `dist_async` against `dist_sync` (2 ranks): a push then a pull of 4 MB f32 against
+/// a `dist_sync` pushpull of the same bytes; and a training loop whose rank 1 computes
+/// (sleeps) twice as long a step as rank 0: rank 0's time per step with each kind.
+fn async_rows(
+    kv: &KVStore,
+    world: &SimpleCommunicator,
+    runs: usize,
+    run: &str,
+    rows: &mut Vec<(String, f64, Option<f64>)>,
+) -> kvstore_core::Result<()> {
+    let akv = kvstore_mpi::create("dist_async")?;
+    let n = 1usize << 20;
+    let g = NDArray::ones(&[n])?;
+    let out = NDArray::zeros(&[n])?;
+    kv.init("sync-4mb", &NDArray::zeros(&[n])?)?;
+    akv.init("async-4mb", &NDArray::zeros(&[n])?)?;
+    let sync = median(world, runs, || kv.pushpull("sync-4mb", &g, &out, 0).expect("pushpull"));
+    let asynchronous = median(world, runs, || {
+        akv.push("async-4mb", &g, 0).expect("push");
+        akv.pull("async-4mb", &out, 0).expect("pull");
+    });
+    rows.push((format!("{run}: dist_sync pushpull of 4 MB f32"), sync, None));
+    rows.push((format!("{run}: dist_async push then pull of 4 MB f32"), asynchronous, Some(sync)));
+    // The straggler: 20 steps of compute (rank 0: 20 ms, rank 1: 40 ms), then a push of
+    // a 1 MB gradient and a pull of the weights; rank 0's time per step.
+    let (steps, m) = (20usize, 1usize << 18);
+    let compute = Duration::from_millis(if kv.rank() == 1 { 40 } else { 20 });
+    let grad = NDArray::full(&[m], 0.001)?;
+    let weights = NDArray::zeros(&[m])?;
+    let step_time = |store: &KVStore, key: &str, pushpull: bool| -> f64 {
+        let times: Vec<f64> = (0..runs.min(5))
+            .map(|_| {
+                world.barrier();
+                let start = Instant::now();
+                for _ in 0..steps {
+                    std::thread::sleep(compute);
+                    if pushpull {
+                        store.pushpull(key, &grad, &weights, 0).expect("pushpull");
+                    } else {
+                        store.push(key, &grad, 0).expect("push");
+                        store.pull(key, &weights, 0).expect("pull");
+                    }
+                }
+                let t = start.elapsed().as_secs_f64() / steps as f64;
+                // The ranks meet before the next run (not timed).
+                store.barrier().expect("barrier");
+                t
+            })
+            .collect();
+        median_of(times)
+    };
+    kv.init("sync-straggler", &NDArray::zeros(&[m])?)?;
+    akv.init("async-straggler", &NDArray::zeros(&[m])?)?;
+    let sync_step = step_time(kv, "sync-straggler", true);
+    let async_step = step_time(&akv, "async-straggler", false);
+    rows.push((
+        format!("{run}: straggler loop, rank 0's step with dist_sync (rank 1 computes 2 x as long)"),
+        sync_step,
+        None,
+    ));
+    rows.push((format!("{run}: straggler loop, rank 0's step with dist_async"), async_step, Some(sync_step)));
+    if kv.rank() == 0 {
+        println!(
+            "dist_async: 4 MB push+pull {:.3} ms vs dist_sync pushpull {:.3} ms ({:.2} x); straggler: rank 0's step \
+             {:.2} ms vs {:.2} ms with dist_sync ({:.2} x the steps per second)",
+            asynchronous * 1e3,
+            sync * 1e3,
+            asynchronous / sync,
+            async_step * 1e3,
+            sync_step * 1e3,
+            sync_step / async_step
+        );
+    }
+    Ok(())
 }
 
 fn main() -> kvstore_core::Result<()> {
@@ -120,6 +198,9 @@ fn main() -> kvstore_core::Result<()> {
         cost_rows(&mut rows, &format!("{run}: the list push of 1000 keys"), cost);
     }
     if std::env::var_os("KVSTORE_BENCH_OVERLAP").is_some() {
+        if std::env::var("KVSTORE_BENCH_OVERLAP").as_deref() != Ok("only") {
+            async_rows(&kv, &world, runs, &run, &mut rows)?;
+        }
         overlap(&kv, &world, runs, &mut rows)?;
     }
     if kv.rank() == 0 {

@@ -82,7 +82,7 @@ pub fn remote() -> Result<Arc<MpiRemote>> {
 }
 
 /// A pause between two tests of something not done yet: yields at first, then sleeps
-/// a little longer each time (up to 200 us), so that a waiting thread costs little.
+/// a little longer each time (up to 50 us), so that a waiting thread costs little.
 struct Backoff(u32);
 
 impl Backoff {
@@ -94,7 +94,7 @@ impl Backoff {
         self.0 = self.0.saturating_add(1);
         match self.0 {
             0..=64 => std::thread::yield_now(),
-            n => std::thread::sleep(Duration::from_micros(u64::from((n - 64).min(200)))),
+            n => std::thread::sleep(Duration::from_micros(u64::from((n - 64).min(50)))),
         }
     }
 }
@@ -254,6 +254,66 @@ impl Remote for MpiRemote {
         };
         self.start_serving()?;
         Ok(channel)
+    }
+
+    fn requests(&self, channel: u32, requests: &[(usize, Vec<u8>)]) -> Result<Vec<Vec<u8>>> {
+        if requests.len() < 2 {
+            return requests.iter().map(|(to, r)| self.request(*to, channel, r)).collect();
+        }
+        // Every request in flight at once: the sends started together, then each reply
+        // taken as it arrives.
+        let messages: Vec<(usize, i32, Vec<u8>)> = requests
+            .iter()
+            .map(|(to, request)| {
+                let tag = FIRST_REPLY_TAG + self.next_tag.fetch_add(1, Ordering::Relaxed) % REPLY_TAGS;
+                let mut message = Vec::with_capacity(8 + request.len());
+                message.extend_from_slice(&channel.to_le_bytes());
+                message.extend_from_slice(&tag.to_le_bytes());
+                message.extend_from_slice(request);
+                (*to, tag as i32, message)
+            })
+            .collect();
+        let comm = comm()?;
+        let deadline = self.deadline("an owner to answer a dist_async request".to_string());
+        let mut replies: Vec<Option<Vec<u8>>> = vec![None; messages.len()];
+        mpi::request::scope(|scope| -> Result<()> {
+            let mut sends = Vec::with_capacity(messages.len());
+            for (to, _, message) in &messages {
+                let send = locked(|| {
+                    comm.process_at_rank(*to as i32).immediate_send_with_tag(scope, &message[..], REQUEST_TAG)
+                })?;
+                sends.push(Some(send));
+            }
+            let mut backoff = Backoff::new();
+            loop {
+                let mut busy = false;
+                for slot in sends.iter_mut() {
+                    if let Some(send) = slot.take() {
+                        match locked(|| send.test())? {
+                            Ok(_) => {}
+                            Err(pending) => {
+                                *slot = Some(pending);
+                                busy = true;
+                            }
+                        }
+                    }
+                }
+                for ((to, tag, _), reply) in messages.iter().zip(replies.iter_mut()) {
+                    if reply.is_none() {
+                        match try_receive(Some(*to), *tag)? {
+                            Some((bytes, _)) => *reply = Some(bytes),
+                            None => busy = true,
+                        }
+                    }
+                }
+                if !busy {
+                    return Ok(());
+                }
+                deadline();
+                backoff.pause();
+            }
+        })?;
+        Ok(replies.into_iter().map(Option::unwrap_or_default).collect())
     }
 
     fn request(&self, to: usize, channel: u32, request: &[u8]) -> Result<Vec<u8>> {

@@ -201,24 +201,31 @@ impl Shards {
             .collect()
     }
 
-    /// Sends `request` to `owner` and returns the reply's bytes, or the owner's error.
-    fn call(&self, owner: usize, key: &Key, m: &[u8]) -> Result<Vec<u8>> {
-        // This worker's own parts too: its serving thread answers them, in turn with
-        // the others' requests (this thread may hold keys of its own store).
-        let reply = self.transport.request(owner, self.channel, m)?;
-        let mut r = reply.as_slice();
-        match take(&mut r, 1)?[0] {
-            0 => Ok(r.to_vec()),
-            _ => {
-                let n = u32_of(take(&mut r, 4)?) as usize;
-                let code = String::from_utf8_lossy(take(&mut r, n)?).into_owned();
-                let message = String::from_utf8_lossy(r);
-                Err(Error::Backend {
-                    backend: "dist_async",
-                    message: format!("rank {owner}, the owner of key \"{key}\", refused the call ({code}): {message}"),
-                })
-            }
-        }
+    /// Sends each `(owner, request)` (all in flight at once where the transport can)
+    /// and returns the replies' bytes, or the first owner's error.
+    fn call(&self, key: &Key, requests: &[(usize, Vec<u8>)]) -> Result<Vec<Vec<u8>>> {
+        let replies = self.transport.requests(self.channel, requests)?;
+        requests
+            .iter()
+            .zip(replies)
+            .map(|((owner, _), reply)| {
+                let mut r = reply.as_slice();
+                match take(&mut r, 1)?[0] {
+                    0 => Ok(r.to_vec()),
+                    _ => {
+                        let n = u32_of(take(&mut r, 4)?) as usize;
+                        let code = String::from_utf8_lossy(take(&mut r, n)?).into_owned();
+                        let message = String::from_utf8_lossy(r);
+                        Err(Error::Backend {
+                            backend: "dist_async",
+                            message: format!(
+                                "rank {owner}, the owner of key \"{key}\", refused the call ({code}): {message}"
+                            ),
+                        })
+                    }
+                }
+            })
+            .collect()
     }
 
     /// Sends `value`'s parts to their owners with `op` (INIT or PUSH).
@@ -226,21 +233,20 @@ impl Shards {
         let read = value.read()?;
         let bytes = read.bytes();
         let esize = value.dtype().size();
-        for part in self.parts(key, value.size()) {
-            let shape = match part.len == value.size() {
-                true => value.shape().to_vec(),
-                false => vec![part.len],
-            };
-            let m = request(
-                op,
-                &part.name,
-                value.dtype(),
-                &shape,
-                &bytes[part.start * esize..(part.start + part.len) * esize],
-            );
-            self.call(part.owner, key, &m)?;
-        }
-        Ok(())
+        let requests: Vec<(usize, Vec<u8>)> = self
+            .parts(key, value.size())
+            .into_iter()
+            .map(|part| {
+                let shape = match part.len == value.size() {
+                    true => value.shape().to_vec(),
+                    false => vec![part.len],
+                };
+                let range = part.start * esize..(part.start + part.len) * esize;
+                (part.owner, request(op, &part.name, value.dtype(), &shape, &bytes[range]))
+            })
+            .collect();
+        drop(read);
+        self.call(key, &requests).map(drop)
     }
 
     /// Initialises `key` on its owners with `value` (one worker does, rank 0).
@@ -257,10 +263,10 @@ impl Shards {
     pub(crate) fn pull(&self, key: &Key, into: &NDArray) -> Result<()> {
         let esize = into.dtype().size();
         let parts = self.parts(key, into.size());
-        let mut got = Vec::with_capacity(parts.len());
-        for part in &parts {
-            let m = request(PULL, &part.name, into.dtype(), &[], &[]);
-            let bytes = self.call(part.owner, key, &m)?;
+        let requests: Vec<(usize, Vec<u8>)> =
+            parts.iter().map(|p| (p.owner, request(PULL, &p.name, into.dtype(), &[], &[]))).collect();
+        let got = self.call(key, &requests)?;
+        for (part, bytes) in parts.iter().zip(&got) {
             if bytes.len() != part.len * esize {
                 return Err(Error::Internal(format!(
                     "dist_async: rank {} sent {} bytes of key \"{key}\", not {}",
@@ -269,7 +275,6 @@ impl Shards {
                     part.len * esize
                 )));
             }
-            got.push(bytes);
         }
         let mut w = into.overwrite()?;
         let out = w.bytes_mut();
