@@ -129,6 +129,17 @@ def test_row_sparse_pushes_give_every_rank_one_stores_result(tmp_path):
     assert ranks[0].tobytes() == np.stack(want).tobytes(), (ranks[0], np.stack(want))
 
 
+def test_dist_async_applies_every_push_of_every_rank_once(tmp_path):
+    done, _ = mpirun("async", str(tmp_path / "a"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    ranks = [np.load(tmp_path / f"a.{r}.npy") for r in range(2)]
+    want = sum(r + s for r in range(2) for s in range(10)) + 100 * 2
+    for got in ranks:
+        assert (got[:5] == want).all(), got
+        # The key split across the two owners: every rank's ten pushes of ones.
+        assert (got[5:] == 20).all(), got
+
+
 def test_different_keys_on_two_ranks_fail_on_both_and_the_job_goes_on():
     done, seconds = mpirun("desync", timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr

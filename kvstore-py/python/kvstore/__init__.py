@@ -22,8 +22,9 @@ the key ``"3"``). Every call that waits releases the GIL.
 
 Store kinds: ``local`` (and MXNet's other single-process names: ``device``,
 ``local_allreduce_cpu``, ``local_allreduce_device``, ``nccl``), and ``dist_sync``
-(``dist``, ``dist_sync_device``, ``dist_device_sync``) across processes under
-``mpirun``, from the ``kvstore-mpi`` distribution.
+(``dist``, ``dist_sync_device``, ``dist_device_sync``) and ``dist_async`` (each key's
+owner applies every push as it arrives) across processes under ``mpirun``, from the
+``kvstore-mpi`` distribution.
 """
 
 from __future__ import annotations

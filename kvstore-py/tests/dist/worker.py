@@ -9,6 +9,9 @@ after KVSTORE_TIMEOUT seconds. `worker.py crash`: rank 1 raises; the job must en
 `worker.py compressed OUT`: 2-bit compressed pushes (threshold 0.5) of gradients that
 differ by rank, then `fp16` ones on another store; writes the pulled values of every
 step to OUT.<rank>.npy.
+`worker.py async OUT`: a dist_async store with a Python updater that adds each push
+(run by the key's owner), pushes of both ranks (blocking and not), then the value after
+a barrier written to OUT.<rank>.npy.
 `worker.py rowsparse OUT`: row-sparse pushes of rows that differ by rank (no updater,
 then lazy SGD), each step's dense value and a row_sparse_pull written to
 OUT.<rank>.npy.
@@ -141,6 +144,27 @@ def rowsparse(out: str) -> None:
     np.save(f"{out}.{rank}.npy", np.stack(pulled))
 
 
+def async_sum(out: str) -> None:
+    store = kv.create("dist_async")
+    assert store.type == "dist_async", store.type
+    rank = store.rank
+    store.init(3, np.zeros(5, dtype=np.float32))
+    store.init("big", np.zeros(1_000_001, dtype=np.float32))
+
+    def add(key, recv, stored):
+        stored += recv
+
+    store.set_updater(add)
+    for step in range(10):
+        store.push(3, np.full(5, rank + step, dtype=np.float32))
+        store.push("big", np.full(1_000_001, 1.0, dtype=np.float32))
+        if step % 3 == 0:
+            store.pull(3)
+    store.push_async(3, np.full(5, 100, dtype=np.float32)).result()
+    store.barrier()
+    np.save(f"{out}.{rank}.npy", np.concatenate([store.pull(3), store.pull("big")[:3]]))
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "train":
@@ -149,5 +173,7 @@ if __name__ == "__main__":
         compressed(sys.argv[2])
     elif mode == "rowsparse":
         rowsparse(sys.argv[2])
+    elif mode == "async":
+        async_sum(sys.argv[2])
     else:
         {"desync": desync, "stall": stall, "crash": crash}[mode]()
