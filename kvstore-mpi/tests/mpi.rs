@@ -91,6 +91,26 @@ fn async_random_schedules_lose_no_push() {
 }
 
 #[test]
+fn async_a_checkpoint_resumes_in_dist_async_and_dist_sync_stores() {
+    let kv = async_store();
+    let dir = shared_dir(&store(), "async-ckpt");
+    let path = dir.join("async.ckpt");
+    let (saved, after) = async_cases::train_and_checkpoint(kv.rank(), &kv, &path);
+    let resumed = async_store();
+    resumed.load_checkpoint(&path).expect("load_checkpoint");
+    assert_eq!(async_cases::checkpoint_bits(&resumed), saved);
+    assert_eq!(async_cases::next_push(resumed.rank(), &resumed), after);
+    let synced = store();
+    synced.load_checkpoint(&path).expect("load_checkpoint");
+    assert_eq!(async_cases::checkpoint_bits(&synced), saved);
+    assert_as_on_rank_0(&store(), "async checkpoint bits", after);
+    synced.barrier().expect("barrier");
+    if kv.rank() == 0 {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
 fn async_errors_reach_the_caller_only() {
     let kv = async_store();
     async_cases::errors_reach_the_caller_only(kv.rank(), &kv);

@@ -146,7 +146,7 @@ pub fn errors_reach_the_caller_only(rank: usize, kv: &KVStore) {
         let e = kv.push("never", &full(&[3], 1.0, Context::cpu(0)), 0).expect_err("no such key");
         assert_eq!(e.kind(), ErrorKind::KeyNotInitialized, "{e}");
     }
-    let e = kv.save_checkpoint(std::env::temp_dir().join("never-written.ckpt")).expect_err("not yet");
+    let e = kv.save_optimizer_states(std::env::temp_dir().join("never-written.states")).expect_err("not yet");
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     kv.barrier().expect("barrier");
     assert_eq!(pulled(kv, "e", &[3]), vec![2.0; 3], "rank {rank}");
@@ -212,4 +212,52 @@ pub fn random_schedules_lose_no_push(rank: usize, kv: &KVStore, seed: u64) {
         assert_eq!(pulled(kv, key.as_str(), &[6]), vec![want; 6], "seed {seed}, rank {rank}, key {key}");
     }
     kv.barrier().expect("barrier");
+}
+
+/// The keys of the checkpoint cases: a small one and one split across the owners.
+const CKPT_KEYS: [(&str, usize); 2] = [("c-small", 7), ("c-big", BIG)];
+
+/// Every checkpoint key's bits, pulled.
+pub fn checkpoint_bits(kv: &KVStore) -> Vec<u8> {
+    CKPT_KEYS
+        .iter()
+        .flat_map(|(k, n)| {
+            let out = NDArray::zeros(&[*n]).expect("out");
+            kv.pull(*k, &out, 0).expect("pull");
+            bits(&out)
+        })
+        .collect()
+}
+
+/// The push after a resume: rank 0 pushes one gradient to every checkpoint key (the
+/// others wait), then every worker pulls: the bits (of every key).
+pub fn next_push(rank: usize, kv: &KVStore) -> Vec<u8> {
+    kv.barrier().expect("barrier");
+    if rank == 0 {
+        for (k, n) in CKPT_KEYS {
+            let g = NDArray::from_vec(&[n], (0..n).map(|i| ((i % 13) as f32 - 6.0) * 0.125).collect()).expect("g");
+            kv.push(k, &g, 0).expect("push");
+        }
+    }
+    kv.barrier().expect("barrier");
+    checkpoint_bits(kv)
+}
+
+/// Trains the checkpoint keys with Adam from every worker (a few pushes each), saves a
+/// checkpoint to `path` (every worker calls it), then makes [`next_push`]: returns the
+/// bits saved and the bits after it.
+pub fn train_and_checkpoint(rank: usize, kv: &KVStore, path: &std::path::Path) -> (Vec<u8>, Vec<u8>) {
+    let inits: Vec<NDArray> = CKPT_KEYS.iter().map(|(_, n)| full(&[*n], 0.5, Context::cpu(0))).collect();
+    let keys: Vec<&str> = CKPT_KEYS.iter().map(|(k, _)| *k).collect();
+    kv.init(keys.as_slice(), inits.as_slice()).expect("init");
+    kv.set_optimizer(Optimizer::builder("adam").param("learning_rate", 0.01).build().expect("adam")).expect("set");
+    for s in 0..3 {
+        for (k, n) in CKPT_KEYS {
+            kv.push(k, &full(&[n], step_value(rank, s, 0) * 0.25, Context::cpu(0)), 0).expect("push");
+        }
+    }
+    kv.barrier().expect("barrier");
+    let saved = checkpoint_bits(kv);
+    kv.save_checkpoint(path).expect("save_checkpoint");
+    (saved, next_push(rank, kv))
 }

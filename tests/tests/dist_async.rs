@@ -51,3 +51,38 @@ fn random_schedules_lose_no_push() {
         }
     }
 }
+
+#[test]
+fn a_checkpoint_holds_the_owners_values_and_states_and_resumes_anywhere() {
+    let dir = kvstore_tests::TempDir::new("async-ckpt");
+    let path = dir.path("async.ckpt");
+    let p = path.clone();
+    let trained = run_async_workers(2, move |rank, kv| async_cases::train_and_checkpoint(rank, &kv, &p));
+    let (saved, after) = trained[0].clone();
+    assert!(trained.iter().all(|t| t == &trained[0]), "the workers' values differ");
+    // One local store: the values saved, and (the Adam state was saved) the same step.
+    let local = KVStore::create("local").unwrap();
+    local.load_checkpoint(&path).unwrap();
+    assert_eq!(async_cases::checkpoint_bits(&local), saved);
+    assert_eq!(async_cases::next_push(0, &local), after, "a local store resumed");
+    // A dist_async job of another size.
+    for w in [1, 3] {
+        let p = path.clone();
+        let resumed = run_async_workers(w, move |rank, kv| {
+            kv.load_checkpoint(&p).expect("load_checkpoint");
+            assert_eq!(kv.optimizer_name(), Some("adam"));
+            (async_cases::checkpoint_bits(&kv), async_cases::next_push(rank, &kv))
+        });
+        for (values, next) in resumed {
+            assert_eq!(values, saved, "{w} workers: the values loaded");
+            assert_eq!(next, after, "{w} workers: the step after the resume");
+        }
+    }
+    // A dist_sync job of 2 loads it too.
+    let p = path.clone();
+    let synced = kvstore_tests::run_workers(2, move |_, kv| {
+        kv.load_checkpoint(&p).expect("load_checkpoint");
+        async_cases::checkpoint_bits(&kv)
+    });
+    assert!(synced.iter().all(|b| b == &saved));
+}

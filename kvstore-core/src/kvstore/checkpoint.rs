@@ -512,7 +512,9 @@ impl KVStore {
     /// or the call comes from inside an updater of this store; [`Error::Io`] if the file
     /// cannot be written (on every worker under `dist_sync`).
     pub fn save_checkpoint(&self, path: impl AsRef<Path>) -> Result<()> {
-        self.not_async("save_checkpoint")?;
+        if let Some(remote) = &self.store.remote {
+            return self.save_checkpoint_async(remote, path.as_ref());
+        }
         let path: PathBuf = path.as_ref().to_path_buf();
         self.settle()?;
         self.in_order("save_checkpoint", move |store| store.save_checkpoint_now(&path))
@@ -551,7 +553,9 @@ impl KVStore {
     /// [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`] for a key the store has with
     /// another shape or dtype.
     pub fn load_checkpoint(&self, path: impl AsRef<Path>) -> Result<()> {
-        self.not_async("load_checkpoint")?;
+        if let Some(remote) = &self.store.remote {
+            return self.load_checkpoint_async(remote, path.as_ref());
+        }
         let path: PathBuf = path.as_ref().to_path_buf();
         self.settle()?;
         self.in_order("load_checkpoint", move |store| store.load_checkpoint_now(&path))

@@ -15,12 +15,14 @@
 
 use std::sync::Arc;
 
-use super::KVStore;
+use super::locks::Held;
+use super::{Entry, KVStore, Merger, Slot};
 use crate::context::Context;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::ndarray::NDArray;
+use crate::optimizer::KeyState;
 use crate::optimizer::Optimizer;
 use crate::remote::{Handler, Remote};
 use crate::updater::Updater;
@@ -33,6 +35,8 @@ const DEFAULT_BOUND: usize = 1_000_000;
 const INIT: u8 = 1;
 const PUSH: u8 = 2;
 const PULL: u8 = 3;
+/// A part's value and optimizer state, for a checkpoint.
+const SNAPSHOT: u8 = 4;
 
 /// The separator of a split key's part names on its owners.
 const PART: char = '\u{1}';
@@ -131,6 +135,7 @@ fn serve(server: &KVStore, mut m: &[u8]) -> Vec<u8> {
                 let bytes = value.read()?.bytes().to_vec();
                 Ok(bytes)
             }
+            SNAPSHOT => snapshot(server, &name),
             _ => Err(Error::Internal(format!("dist_async: unknown request {op}"))),
         }
     })();
@@ -150,6 +155,50 @@ fn serve(server: &KVStore, mut m: &[u8]) -> Vec<u8> {
             r
         }
     }
+}
+
+/// Appends `a`'s bytes to `out`, after their length.
+fn put_array(out: &mut Vec<u8>, a: &NDArray) -> Result<()> {
+    let read = a.read()?;
+    out.extend_from_slice(&(read.bytes().len() as u64).to_le_bytes());
+    out.extend_from_slice(read.bytes());
+    Ok(())
+}
+
+/// The next array's bytes of a snapshot (see [`put_array`]).
+fn get_bytes<'m>(m: &mut &'m [u8]) -> Result<&'m [u8]> {
+    let n = u64::from_le_bytes(take(m, 8)?.try_into().unwrap_or_default()) as usize;
+    take(m, n)
+}
+
+/// A part's value and optimizer state on its owner: the value, then (if it has one)
+/// the update count, the state arrays and the master copy.
+fn snapshot(server: &KVStore, name: &Key) -> Result<Vec<u8>> {
+    let entry = server.store.table.read().entries.get(name).cloned();
+    let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op: "save_checkpoint", key: name.clone() })?;
+    let held = Held::new("save_checkpoint", &server.store, &[&entry])?;
+    let slot = &held.read("save_checkpoint", &[&entry])?[0];
+    let mut out = Vec::new();
+    put_array(&mut out, &slot.value)?;
+    match &slot.opt {
+        None => out.push(0),
+        Some(st) => {
+            out.push(1);
+            out.extend_from_slice(&st.count.to_le_bytes());
+            out.extend_from_slice(&(st.states.len() as u32).to_le_bytes());
+            for a in &st.states {
+                put_array(&mut out, a)?;
+            }
+            match &st.master {
+                None => out.push(0),
+                Some(m) => {
+                    out.push(1);
+                    put_array(&mut out, m)?;
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// An updater on the owners' local stores: the user's, given each key as the user wrote
@@ -308,7 +357,227 @@ impl Shards {
     }
 }
 
+/// One key of a checkpoint as the owners hold it, put together: its value and, when
+/// its owners have one, its optimizer state.
+struct Gathered {
+    value: NDArray,
+    state: Option<KeyState>,
+}
+
+impl Shards {
+    /// `key`'s value and optimizer state from its owners (each part's, put together in
+    /// the key's shape; a split key's update count is its parts' largest).
+    fn gather(&self, key: &Key, shape: &[usize], dtype: DType) -> Result<Gathered> {
+        let value = NDArray::zeros_with(shape, dtype, Context::default())?;
+        let parts = self.parts(key, value.size());
+        let requests: Vec<(usize, Vec<u8>)> =
+            parts.iter().map(|p| (p.owner, request(SNAPSHOT, &p.name, dtype, &[], &[]))).collect();
+        let replies = self.call(key, &requests)?;
+        let state_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+        let mut state: Option<KeyState> = None;
+        let bad = || Error::Internal(format!("dist_async: the owners' states of key \"{key}\" do not fit together"));
+        {
+            let mut w = value.overwrite()?;
+            let out = w.bytes_mut();
+            let esize = dtype.size();
+            for (part, reply) in parts.iter().zip(&replies) {
+                let mut m = reply.as_slice();
+                let bytes = get_bytes(&mut m)?;
+                let range = part.start * esize..(part.start + part.len) * esize;
+                out.get_mut(range).ok_or_else(bad)?.copy_from_slice(bytes);
+                if take(&mut m, 1)?[0] == 0 {
+                    continue;
+                }
+                let count = u64::from_le_bytes(take(&mut m, 8)?.try_into().unwrap_or_default());
+                let n = u32_of(take(&mut m, 4)?) as usize;
+                let st = match &mut state {
+                    Some(st) => st,
+                    None => state.insert(KeyState {
+                        count: 0,
+                        states: (0..n)
+                            .map(|_| NDArray::zeros_with(shape, state_dtype, Context::default()))
+                            .collect::<Result<_>>()?,
+                        master: None,
+                    }),
+                };
+                if st.states.len() != n {
+                    return Err(bad());
+                }
+                st.count = st.count.max(count);
+                let ssize = state_dtype.size();
+                let srange = part.start * ssize..(part.start + part.len) * ssize;
+                for a in &st.states {
+                    let bytes = get_bytes(&mut m)?;
+                    a.write()?.bytes_mut().get_mut(srange.clone()).ok_or_else(bad)?.copy_from_slice(bytes);
+                }
+                if take(&mut m, 1)?[0] == 1 {
+                    let bytes = get_bytes(&mut m)?;
+                    let master = match &mut st.master {
+                        Some(a) => a,
+                        None => st.master.insert(NDArray::zeros_with(shape, DType::F32, Context::default())?),
+                    };
+                    let frange = part.start * 4..(part.start + part.len) * 4;
+                    master.write()?.bytes_mut().get_mut(frange).ok_or_else(bad)?.copy_from_slice(bytes);
+                }
+            }
+            w.finish()?;
+        }
+        Ok(Gathered { value, state })
+    }
+
+    /// Puts this worker's parts of `key` (its whole `value` and `state`, as loaded) into
+    /// its share.
+    fn restore(&self, key: &Key, value: &NDArray, state: Option<&KeyState>) -> Result<()> {
+        let me = self.rank();
+        let esize = value.dtype().size();
+        let read = value.read()?;
+        for part in self.parts(key, value.size()).into_iter().filter(|p| p.owner == me) {
+            let whole = part.len == value.size();
+            let shape = if whole { value.shape().to_vec() } else { vec![part.len] };
+            let slice = |a: &NDArray, size: usize| -> Result<NDArray> {
+                let out = NDArray::zeros_with(&shape, a.dtype(), Context::default())?;
+                let bytes = a.read()?;
+                out.write()?
+                    .bytes_mut()
+                    .copy_from_slice(&bytes.bytes()[part.start * size..(part.start + part.len) * size]);
+                Ok(out)
+            };
+            let mine = NDArray::zeros_with(&shape, value.dtype(), Context::default())?;
+            mine.write()?
+                .bytes_mut()
+                .copy_from_slice(&read.bytes()[part.start * esize..(part.start + part.len) * esize]);
+            let state = state
+                .map(|st| -> Result<KeyState> {
+                    Ok(KeyState {
+                        count: st.count,
+                        states: st.states.iter().map(|a| slice(a, a.dtype().size())).collect::<Result<_>>()?,
+                        master: st.master.as_ref().map(|m| slice(m, 4)).transpose()?,
+                    })
+                })
+                .transpose()?;
+            let store = &self.server.store;
+            let existing = store.table.read().entries.get(&part.name).cloned();
+            let entry = match existing {
+                Some(e) => e,
+                None => {
+                    self.server.init(part.name.clone(), &mine)?;
+                    store
+                        .table
+                        .read()
+                        .entries
+                        .get(&part.name)
+                        .cloned()
+                        .ok_or_else(|| Error::Internal(format!("dist_async: part \"{}\" vanished", part.name)))?
+                }
+            };
+            let held = Held::new("load_checkpoint", store, &[&entry])?;
+            let mut guards = held.write("load_checkpoint", &[&entry])?;
+            let slot: &mut Slot = &mut guards[0];
+            if slot.value.shape() != mine.shape() || slot.value.dtype() != mine.dtype() {
+                return Err(Error::ShapeMismatch {
+                    context: format!("load_checkpoint: part {} of key \"{key}\"", part.name),
+                    key: Some(key.clone()),
+                    expected: slot.value.shape().to_vec(),
+                    got: mine.shape().to_vec(),
+                });
+            }
+            slot.value.copy_from(&mine)?;
+            slot.opt = state;
+            slot.merge = None;
+            slot.spare = None;
+        }
+        Ok(())
+    }
+}
+
 impl KVStore {
+    /// `save_checkpoint` of a `dist_async` store: every worker's calls done, rank 0
+    /// gathers every key's value and state from their owners and writes the file (the
+    /// format of every store kind's checkpoints: any kind, any number of workers, loads
+    /// it), then every worker returns.
+    pub(super) fn save_checkpoint_async(&self, remote: &Shards, path: &std::path::Path) -> Result<()> {
+        self.wait_all()?;
+        remote.barrier()?;
+        let saved = match remote.rank() {
+            0 => (|| -> Result<()> {
+                let copy = KVStore::create("local")?;
+                let entries = self.store.entries();
+                let mut states = Vec::with_capacity(entries.len());
+                for e in &entries {
+                    let (shape, dtype) = {
+                        let held = Held::new("save_checkpoint", &self.store, &[e])?;
+                        let slot = &held.read("save_checkpoint", &[e])?[0];
+                        (slot.value.shape().to_vec(), slot.value.dtype())
+                    };
+                    let g = remote.gather(&e.key, &shape, dtype)?;
+                    copy.init(e.key.clone(), &g.value)?;
+                    states.push(g.state);
+                }
+                *copy.store.merger.write() = remote.server.store.merger.read().clone();
+                for (e, state) in entries.iter().zip(states) {
+                    let entry = copy.store.table.read().entries.get(&e.key).cloned();
+                    if let (Some(entry), Some(state)) = (entry, state) {
+                        entry.value.write().opt = Some(state);
+                    }
+                }
+                copy.save_checkpoint(path)
+            })(),
+            _ => Ok(()),
+        };
+        let met = remote.barrier();
+        saved?;
+        met
+    }
+
+    /// `load_checkpoint` of a `dist_async` store: every worker reads the file (a
+    /// checkpoint of any store kind), installs its optimizer on its share and puts the
+    /// parts it owns there; keys the store lacks are made; then every worker waits for
+    /// the others.
+    pub(super) fn load_checkpoint_async(&self, remote: &Shards, path: &std::path::Path) -> Result<()> {
+        self.wait_all()?;
+        let loaded = (|| -> Result<()> {
+            let copy = KVStore::create("local")?;
+            copy.load_checkpoint(path)?;
+            let merger: Merger = copy.store.merger.read().clone();
+            if !matches!(merger, Merger::Custom(_)) {
+                *remote.server.store.merger.write() = merger;
+            }
+            for e in copy.store.entries() {
+                let (value, state) = {
+                    let slot = e.value.read();
+                    let state = slot.opt.as_ref().map(|st| KeyState {
+                        count: st.count,
+                        states: st.states.clone(),
+                        master: st.master.clone(),
+                    });
+                    (slot.value.clone(), state)
+                };
+                remote.restore(&e.key, &value, state.as_ref())?;
+                // This worker's copy of the key (made when new).
+                let mut table = self.store.table.write();
+                match table.entries.get(&e.key) {
+                    Some(mine) => {
+                        let slot = mine.value.read();
+                        super::check_like(|| "load_checkpoint".to_string(), &e.key, &slot.value, &value)?;
+                    }
+                    None => {
+                        let index = table.next_index;
+                        table.next_index += 1;
+                        let order = table.take_order();
+                        let slot = Slot::new(value.deep_copy()?, order);
+                        let entry =
+                            Arc::new(Entry { key: e.key.clone(), index, value: parking_lot::RwLock::new(slot) });
+                        table.entries.insert(e.key.clone(), entry);
+                    }
+                }
+            }
+            Ok(())
+        })();
+        let met = remote.barrier();
+        loaded?;
+        met
+    }
+
     /// Refuses `op` on a `dist_async` store, which does not have it yet.
     pub(super) fn not_async(&self, op: &str) -> Result<()> {
         match self.store.remote {
