@@ -10,7 +10,9 @@
 #     throws must end the job within seconds (never a hang), with a failing status;
 #  4. stops dist_train.clj after epoch 5 (--checkpoint-dir, --epochs 5) and restarts it
 #     with --resume: it must end with the bits of step 1's job, which never stopped;
-#  5. resumes that job's checkpoint in one process (fewer ranks): it must train on.
+#  5. resumes that job's checkpoint in one process (fewer ranks): it must train on;
+#  6. runs clojure/examples/async_sum.clj (a dist_async store with a Clojure updater on
+#     the owners) under `mpirun -np 2`: every rank must pull every push of every rank.
 # Prints one line `mpi-jvm: N passed, N failed`.
 #
 # Needs Debian's clojure (scripts/setup-jvm.sh) and Open MPI (scripts/setup-mpi.sh).
@@ -135,6 +137,21 @@ fi
 # 5. The checkpoint of the 2-rank job resumed by one process (fewer ranks): it trains on.
 single "dist_train.clj resumed on 1 rank from the 2 ranks' checkpoint" "$logs/mpi-jvm-fewer.log" \
     "resumed from $ck/epoch-04.ckpt at epoch 4 on 1 ranks" --resume "$ck/epoch-04.ckpt"
+
+# 6. dist_async from Clojure: every push of both ranks (10 + 10 steps of rank + step,
+# then 100 each) lands once: 2 * 45 + 10 + 200 = 300; the split key 20.
+out=$logs/mpi-jvm-async-sum.log
+timeout -k 10 300 "${MPIRUN[@]}" -np 2 java "${java_opts[@]}" -cp "$cp" clojure.main "$root/clojure/examples/async_sum.clj" \
+    >"$out" 2>&1
+rc=$?
+sums=$(grep -c ": sum 300.0$" "$out")
+bigs=$(grep -c ": big 20.0$" "$out")
+if [ "$rc" -eq 0 ] && [ "$sums" -eq 2 ] && [ "$bigs" -eq 2 ]; then
+    pass "async_sum.clj (dist_async), mpirun -np 2" "both ranks pulled 300 and 20"
+else
+    fail "async_sum.clj (dist_async), mpirun -np 2" "exit $rc, $sums sums and $bigs big keys right; log $out"
+    tail -n 30 "$out"
+fi
 
 echo "mpi-jvm: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
