@@ -34,13 +34,15 @@ pub trait Remote: Send + Sync {
     /// [`crate::Error::Backend`] if the transport cannot serve (it is finalised).
     fn serve(&self, handler: Handler) -> Result<u32>;
 
-    /// Sends `request` to worker `to`'s handler of `channel` and returns its reply; `to`
+    /// Sends `request` to worker `to`'s handler of `channel` and returns its reply (the
+    /// transport may add its framing to the request's end: it has room for 16 bytes);
+    /// `to`
     /// may be this worker (its serving thread answers then too: the calling thread may
     /// hold keys of a store).
     ///
     /// # Errors
     /// [`crate::Error::Backend`] if the group is broken.
-    fn request(&self, to: usize, channel: u32, request: &[u8]) -> Result<Vec<u8>>;
+    fn request(&self, to: usize, channel: u32, request: Vec<u8>) -> Result<Vec<u8>>;
 
     /// Sends each `(to, request)` of `requests` on `channel` and returns their replies, in
     /// order: the parts of a key go to their owners together. The default sends them one
@@ -48,8 +50,8 @@ pub trait Remote: Send + Sync {
     ///
     /// # Errors
     /// As [`Remote::request`].
-    fn requests(&self, channel: u32, requests: &[(usize, Vec<u8>)]) -> Result<Vec<Vec<u8>>> {
-        requests.iter().map(|(to, r)| self.request(*to, channel, r)).collect()
+    fn requests(&self, channel: u32, requests: Vec<(usize, Vec<u8>)>) -> Result<Vec<Vec<u8>>> {
+        requests.into_iter().map(|(to, r)| self.request(to, channel, r)).collect()
     }
 
     /// Waits until every worker has called it, answering requests meanwhile.

@@ -236,7 +236,7 @@ pub fn group() -> Result<Arc<MpiGroup>> {
     let world = universe.world();
     let steps = world.duplicate();
     // dist_async's messages travel apart from everything else.
-    let _ = crate::remote::COMM.set(crate::remote::Comm(world.duplicate()));
+    let _ = crate::remote::COMM.set(crate::remote::Comm(world.duplicate(), world.duplicate()));
     let (rank, size) = (world.rank() as usize, world.size() as usize);
     let _ = MPI.set(Shared(Mutex::new(Some(Mpi { world, steps, window: Window::NotYet, universe }))));
     // SAFETY: `abort_unless_finalized` is an `extern "C" fn()` that reads two statics

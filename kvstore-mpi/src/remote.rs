@@ -6,10 +6,11 @@
 //! call of the serving thread and of the callers is a short non-blocking one (send,
 //! probe, test) made under the process's MPI lock, which is released between them, so
 //! a caller waiting for a reply never keeps the serving thread from answering another
-//! rank. The messages travel on a communicator of their own (a duplicate of the world),
-//! apart from `dist_sync`'s. A request is `channel, reply tag, bytes` (tag
-//! [`REQUEST_TAG`]); its reply comes back with the reply tag, which is unique among the
-//! process's requests in flight.
+//! rank. Requests and replies travel on two communicators of their own (duplicates of
+//! the world), apart from `dist_sync`'s: a request is the store's bytes with the channel
+//! after them (no copy: the store leaves room), sent with a tag unique among the
+//! process's requests in flight; its reply comes back on the other communicator with
+//! the same tag. The serving thread receives into one buffer, reused.
 //!
 //! A rank that waits longer than the job's timeout (`KVSTORE_TIMEOUT`) for a reply or at
 //! a barrier ends the job, naming the rank it waited for. [`crate::finalize`] keeps
@@ -30,15 +31,14 @@ use parking_lot::Mutex;
 
 use crate::group::{MpiGroup, abort_job, locked};
 
-/// The tag of requests; replies use tags from [`FIRST_REPLY_TAG`] on.
-const REQUEST_TAG: i32 = 11;
-const FIRST_REPLY_TAG: u32 = 100;
-/// Reply tags cycle below this (MPI guarantees tags up to 32767).
-const REPLY_TAGS: u32 = 32_000;
+/// Request tags (each request's own, its reply's too) start here and cycle below
+/// `FIRST_TAG + TAGS` (MPI guarantees tags up to 32767).
+const FIRST_TAG: u32 = 1;
+const TAGS: u32 = 32_000;
 
-/// The communicator of `dist_async` messages (a duplicate of the world, made when MPI
-/// starts).
-pub(crate) struct Comm(pub(crate) SimpleCommunicator);
+/// The communicators of `dist_async`'s requests and replies (duplicates of the world,
+/// made when MPI starts).
+pub(crate) struct Comm(pub(crate) SimpleCommunicator, pub(crate) SimpleCommunicator);
 
 // SAFETY: the communicator is used only by MPI calls made under the process's MPI lock
 // (`locked`): MPI runs at MPI_THREAD_SERIALIZED, so no two threads call MPI at once.
@@ -48,8 +48,8 @@ unsafe impl Sync for Comm {}
 
 pub(crate) static COMM: OnceLock<Comm> = OnceLock::new();
 
-fn comm() -> Result<&'static SimpleCommunicator> {
-    COMM.get().map(|c| &c.0).ok_or_else(|| Error::Internal("mpi: dist_async's communicator is missing".into()))
+fn comms() -> Result<&'static Comm> {
+    COMM.get().ok_or_else(|| Error::Internal("mpi: dist_async's communicators are missing".into()))
 }
 
 /// The process's `dist_async` transport.
@@ -112,27 +112,38 @@ fn wait_for<'a, S: mpi::request::Scope<'a>>(mut request: Request<'a, [u8], S>, d
     }
 }
 
-/// Sends `bytes` to `to` with `tag`, waiting for the send as [`wait_for`] does.
-fn send(to: usize, tag: i32, bytes: &[u8], deadline: &dyn Fn()) -> Result<()> {
-    let comm = comm()?;
+/// Sends `bytes` to `to` with `tag` on `comm`, waiting for the send as [`wait_for`]
+/// does.
+fn send(comm: &SimpleCommunicator, to: usize, tag: i32, bytes: &[u8], deadline: &dyn Fn()) -> Result<()> {
     mpi::request::scope(|scope| {
         let request = locked(|| comm.process_at_rank(to as i32).immediate_send_with_tag(scope, bytes, tag))?;
         wait_for(request, deadline)
     })
 }
 
-/// The next message from `from` (any rank: `None`) with `tag`, if one has arrived:
-/// its bytes and sender.
-fn try_receive(from: Option<usize>, tag: i32) -> Result<Option<(Vec<u8>, usize)>> {
-    let comm = comm()?;
+/// The reply with `tag` from `from`, if it has arrived.
+fn try_reply(from: usize, tag: i32) -> Result<Option<Vec<u8>>> {
+    let replies = &comms()?.1;
     locked(|| {
-        let probed = match from {
-            Some(r) => comm.process_at_rank(r as i32).immediate_matched_probe_with_tag(tag),
-            None => comm.any_process().immediate_matched_probe_with_tag(tag),
-        };
-        probed.map(|matched| {
-            let (bytes, status) = matched.matched_receive_vec::<u8>();
-            (bytes, status.source_rank() as usize)
+        replies
+            .process_at_rank(from as i32)
+            .immediate_matched_probe_with_tag(tag)
+            .map(|matched| matched.matched_receive_vec::<u8>().0)
+    })
+}
+
+/// The next request, if one has arrived, received into `buf` (grown as needed): its
+/// length, sender and tag.
+fn try_request(buf: &mut Vec<u8>) -> Result<Option<(usize, usize, i32)>> {
+    let requests = &comms()?.0;
+    locked(|| {
+        requests.any_process().immediate_matched_probe().map(|(message, status)| {
+            let n = usize::try_from(status.count(u8::equivalent_datatype())).unwrap_or(0);
+            if buf.len() < n {
+                buf.resize(n, 0);
+            }
+            let status = message.matched_receive_into(&mut buf[..n]);
+            (n, status.source_rank() as usize, status.tag())
         })
     })
 }
@@ -143,19 +154,23 @@ pub(crate) fn finish() -> Result<()> {
 }
 
 impl MpiRemote {
-    /// A check to call while waiting for `what` from `rank`: past the job's timeout, it
-    /// ends the job naming them.
+    /// Ends the job: this rank waited the job's timeout for `what`.
+    fn give_up(&self, what: &str) {
+        eprintln!(
+            "kvstore-mpi: rank {} waited {:.0} s for {what} (KVSTORE_TIMEOUT): ending the MPI job",
+            self.group.rank(),
+            self.group.timeout().as_secs_f64()
+        );
+        abort_job(crate::group::watchdog::WATCHDOG_EXIT);
+    }
+
+    /// A check to call while waiting for `what`: past the job's timeout, it ends the job
+    /// naming it.
     fn deadline(&self, what: String) -> impl Fn() + '_ {
         let start = Instant::now();
         move || {
-            let timeout = self.group.timeout();
-            if start.elapsed() > timeout {
-                eprintln!(
-                    "kvstore-mpi: rank {} waited {:.0} s for {what} (KVSTORE_TIMEOUT): ending the MPI job",
-                    self.group.rank(),
-                    timeout.as_secs_f64()
-                );
-                abort_job(crate::group::watchdog::WATCHDOG_EXIT);
+            if start.elapsed() > self.group.timeout() {
+                self.give_up(&what);
             }
         }
     }
@@ -196,26 +211,27 @@ impl MpiRemote {
 /// The serving thread: answers each request with its channel's handler, in arrival
 /// order, until `stop`.
 fn serve(handlers: &Mutex<Vec<Handler>>, stop: &AtomicBool) {
+    let Ok(comms) = comms() else { return };
+    let mut buf = Vec::new();
     let mut backoff = Backoff::new();
     while !stop.load(Ordering::SeqCst) {
-        let received = match try_receive(None, REQUEST_TAG) {
+        let received = match try_request(&mut buf) {
             Ok(r) => r,
             // MPI was finalised under it: nothing more to serve.
             Err(_) => return,
         };
-        let Some((bytes, from)) = received else {
+        let Some((n, from, tag)) = received else {
             backoff.pause();
             continue;
         };
         backoff = Backoff::new();
-        if bytes.len() < 8 {
+        if n < 4 {
             continue;
         }
-        let channel = u32::from_le_bytes(bytes[0..4].try_into().unwrap_or_default()) as usize;
-        let tag = u32::from_le_bytes(bytes[4..8].try_into().unwrap_or_default()) as i32;
+        let channel = u32::from_le_bytes(buf[n - 4..n].try_into().unwrap_or_default()) as usize;
         let handler = handlers.lock().get(channel).cloned();
         let reply = match handler {
-            Some(h) => h(from, &bytes[8..]),
+            Some(h) => h(from, &buf[..n - 4]),
             None => {
                 let message =
                     format!("rank {from} asked for dist_async store {channel}, which this rank does not have");
@@ -227,7 +243,7 @@ fn serve(handlers: &Mutex<Vec<Handler>>, stop: &AtomicBool) {
             }
         };
         // A reply is waited for without a deadline: the rank that asked waits for it.
-        if send(from, tag, &reply, &|| {}).is_err() {
+        if send(&comms.1, from, tag, &reply, &|| {}).is_err() {
             return;
         }
     }
@@ -256,32 +272,25 @@ impl Remote for MpiRemote {
         Ok(channel)
     }
 
-    fn requests(&self, channel: u32, requests: &[(usize, Vec<u8>)]) -> Result<Vec<Vec<u8>>> {
-        if requests.len() < 2 {
-            return requests.iter().map(|(to, r)| self.request(*to, channel, r)).collect();
-        }
+    fn requests(&self, channel: u32, requests: Vec<(usize, Vec<u8>)>) -> Result<Vec<Vec<u8>>> {
         // Every request in flight at once: the sends started together, then each reply
         // taken as it arrives.
         let messages: Vec<(usize, i32, Vec<u8>)> = requests
-            .iter()
-            .map(|(to, request)| {
-                let tag = FIRST_REPLY_TAG + self.next_tag.fetch_add(1, Ordering::Relaxed) % REPLY_TAGS;
-                let mut message = Vec::with_capacity(8 + request.len());
+            .into_iter()
+            .map(|(to, mut message)| {
                 message.extend_from_slice(&channel.to_le_bytes());
-                message.extend_from_slice(&tag.to_le_bytes());
-                message.extend_from_slice(request);
-                (*to, tag as i32, message)
+                let tag = FIRST_TAG + self.next_tag.fetch_add(1, Ordering::Relaxed) % TAGS;
+                (to, tag as i32, message)
             })
             .collect();
-        let comm = comm()?;
-        let deadline = self.deadline("an owner to answer a dist_async request".to_string());
+        let comms = comms()?;
+        let start = Instant::now();
         let mut replies: Vec<Option<Vec<u8>>> = vec![None; messages.len()];
         mpi::request::scope(|scope| -> Result<()> {
             let mut sends = Vec::with_capacity(messages.len());
-            for (to, _, message) in &messages {
-                let send = locked(|| {
-                    comm.process_at_rank(*to as i32).immediate_send_with_tag(scope, &message[..], REQUEST_TAG)
-                })?;
+            for (to, tag, message) in &messages {
+                let send =
+                    locked(|| comms.0.process_at_rank(*to as i32).immediate_send_with_tag(scope, &message[..], *tag))?;
                 sends.push(Some(send));
             }
             let mut backoff = Backoff::new();
@@ -300,8 +309,8 @@ impl Remote for MpiRemote {
                 }
                 for ((to, tag, _), reply) in messages.iter().zip(replies.iter_mut()) {
                     if reply.is_none() {
-                        match try_receive(Some(*to), *tag)? {
-                            Some((bytes, _)) => *reply = Some(bytes),
+                        match try_reply(*to, *tag)? {
+                            Some(bytes) => *reply = Some(bytes),
                             None => busy = true,
                         }
                     }
@@ -309,33 +318,27 @@ impl Remote for MpiRemote {
                 if !busy {
                     return Ok(());
                 }
-                deadline();
+                if start.elapsed() > self.group.timeout() {
+                    let mut waiting: Vec<usize> =
+                        messages.iter().zip(&replies).filter(|(_, r)| r.is_none()).map(|((to, ..), _)| *to).collect();
+                    waiting.dedup();
+                    let names: Vec<String> = waiting.iter().map(usize::to_string).collect();
+                    let who = format!("{} {}", if waiting.len() == 1 { "rank" } else { "ranks" }, names.join(", "));
+                    self.give_up(&format!("{who} to answer a dist_async request"));
+                }
                 backoff.pause();
             }
         })?;
         Ok(replies.into_iter().map(Option::unwrap_or_default).collect())
     }
 
-    fn request(&self, to: usize, channel: u32, request: &[u8]) -> Result<Vec<u8>> {
-        let tag = FIRST_REPLY_TAG + self.next_tag.fetch_add(1, Ordering::Relaxed) % REPLY_TAGS;
-        let mut message = Vec::with_capacity(8 + request.len());
-        message.extend_from_slice(&channel.to_le_bytes());
-        message.extend_from_slice(&tag.to_le_bytes());
-        message.extend_from_slice(request);
-        let deadline = self.deadline(format!("rank {to} to answer a dist_async request"));
-        send(to, REQUEST_TAG, &message, &deadline)?;
-        let mut backoff = Backoff::new();
-        loop {
-            if let Some((reply, _)) = try_receive(Some(to), tag as i32)? {
-                return Ok(reply);
-            }
-            deadline();
-            backoff.pause();
-        }
+    fn request(&self, to: usize, channel: u32, request: Vec<u8>) -> Result<Vec<u8>> {
+        let mut replies = self.requests(channel, vec![(to, request)])?;
+        Ok(replies.pop().unwrap_or_default())
     }
 
     fn barrier(&self) -> Result<()> {
-        let comm = comm()?;
+        let comm = &comms()?.0;
         let mut request = locked(|| comm.immediate_barrier())?;
         let deadline = self.deadline("every rank at a dist_async barrier".to_string());
         let mut backoff = Backoff::new();

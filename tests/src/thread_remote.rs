@@ -90,7 +90,7 @@ impl Remote for HubMember {
         Ok(channel)
     }
 
-    fn request(&self, to: usize, channel: u32, request: &[u8]) -> Result<Vec<u8>> {
+    fn request(&self, to: usize, channel: u32, request: Vec<u8>) -> Result<Vec<u8>> {
         let broken = |message: String| Error::Backend { backend: "threads", message };
         let deadline = Instant::now() + Duration::from_secs(60);
         // The owner may not serve the channel yet (it has not made its store).

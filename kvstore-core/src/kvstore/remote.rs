@@ -13,7 +13,10 @@
 //! Messages: a request is `op, name, dtype, shape, bytes`; a reply is `0, bytes` or
 //! `1, error kind, message`. An owner names a part of a split key `key` `"key\u{1}p"`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use super::locks::Held;
 use super::{Entry, KVStore, Merger, Slot};
@@ -74,7 +77,8 @@ fn dtype_code(d: DType) -> u8 {
 
 /// A request: `op`, the part's `name`, and an array's dtype, shape and bytes.
 fn request(op: u8, name: &Key, dtype: DType, shape: &[usize], bytes: &[u8]) -> Vec<u8> {
-    let mut m = Vec::with_capacity(16 + name.as_str().len() + 8 * shape.len() + bytes.len());
+    // (16 bytes to spare: the transport's framing goes at the end.)
+    let mut m = Vec::with_capacity(32 + name.as_str().len() + 8 * shape.len() + bytes.len());
     m.push(op);
     m.extend_from_slice(&(name.as_str().len() as u32).to_le_bytes());
     m.extend_from_slice(name.as_str().as_bytes());
@@ -101,8 +105,26 @@ fn u32_of(b: &[u8]) -> u32 {
     u32::from_le_bytes(b.try_into().unwrap_or_default())
 }
 
+/// An owner's buffer per part, reused by every push and pull of it: a part's bytes
+/// arrive into it and leave from it (a fresh array per request would cost an allocation
+/// and its page faults each time). Requests are served one at a time.
+type Buffers = Mutex<HashMap<Key, NDArray>>;
+
+/// `name`'s buffer in `buffers`, of `shape` and `dtype` (made, or remade on a change).
+fn buffer(buffers: &Buffers, name: &Key, shape: &[usize], dtype: DType) -> Result<NDArray> {
+    let mut b = buffers.lock();
+    match b.get(name) {
+        Some(a) if a.shape() == shape && a.dtype() == dtype => Ok(a.clone()),
+        _ => {
+            let a = NDArray::zeros_with(shape, dtype, Context::default())?;
+            b.insert(name.clone(), a.clone());
+            Ok(a)
+        }
+    }
+}
+
 /// What an owner does with a request, and its reply.
-fn serve(server: &KVStore, mut m: &[u8]) -> Vec<u8> {
+fn serve(server: &KVStore, buffers: &Buffers, mut m: &[u8]) -> Vec<u8> {
     let answer = (|| -> Result<Vec<u8>> {
         let op = take(&mut m, 1)?[0];
         let n = u32_of(take(&mut m, 4)?) as usize;
@@ -116,8 +138,8 @@ fn serve(server: &KVStore, mut m: &[u8]) -> Vec<u8> {
         let shape = (0..ndim)
             .map(|_| take(&mut m, 8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()) as usize))
             .collect::<Result<Vec<_>>>()?;
-        let array = || -> Result<NDArray> {
-            let a = NDArray::zeros_with(&shape, dtype, Context::default())?;
+        let array = |name: &Key| -> Result<NDArray> {
+            let a = buffer(buffers, name, &shape, dtype)?;
             let mut w = a.write()?;
             let bytes = w.bytes_mut();
             if bytes.len() != m.len() {
@@ -128,24 +150,25 @@ fn serve(server: &KVStore, mut m: &[u8]) -> Vec<u8> {
             Ok(a)
         };
         match op {
-            INIT => server.init(name, &array()?).map(|_| Vec::new()),
-            PUSH => server.push(name, &array()?, 0).map(|_| Vec::new()),
+            INIT => server.init(name.clone(), &array(&name)?).map(|_| vec![0]),
+            PUSH => server.push(name.clone(), &array(&name)?, 0).map(|_| vec![0]),
             PULL => {
-                let value = server.pull_new(name, 0)?;
-                let bytes = value.read()?.bytes().to_vec();
-                Ok(bytes)
+                let (shape, dtype) = server.shape_dtype(&name)?;
+                let a = buffer(buffers, &name, &shape, dtype)?;
+                server.pull(name, &a, 0)?;
+                let read = a.read()?;
+                let mut r = Vec::with_capacity(read.bytes().len() + 1);
+                r.push(0);
+                r.extend_from_slice(read.bytes());
+                Ok(r)
             }
             SNAPSHOT => snapshot(server, &name),
             _ => Err(Error::Internal(format!("dist_async: unknown request {op}"))),
         }
     })();
     match answer {
-        Ok(bytes) => {
-            let mut r = Vec::with_capacity(bytes.len() + 1);
-            r.push(0);
-            r.extend_from_slice(&bytes);
-            r
-        }
+        // Every answer starts with its status byte, 0.
+        Ok(r) => r,
         Err(e) => {
             let mut r = vec![1];
             let code = e.kind().code();
@@ -178,7 +201,8 @@ fn snapshot(server: &KVStore, name: &Key) -> Result<Vec<u8>> {
     let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op: "save_checkpoint", key: name.clone() })?;
     let held = Held::new("save_checkpoint", &server.store, &[&entry])?;
     let slot = &held.read("save_checkpoint", &[&entry])?[0];
-    let mut out = Vec::new();
+    // The status byte first, as every answer.
+    let mut out = vec![0];
     put_array(&mut out, &slot.value)?;
     match &slot.opt {
         None => out.push(0),
@@ -221,7 +245,8 @@ impl Shards {
         let bound = bound_from_env()?;
         let server = Arc::new(KVStore::create("local")?);
         let served = Arc::clone(&server);
-        let handler: Handler = Arc::new(move |_from: usize, m: &[u8]| serve(&served, m));
+        let buffers: Arc<Buffers> = Arc::new(Mutex::new(HashMap::new()));
+        let handler: Handler = Arc::new(move |_from: usize, m: &[u8]| serve(&served, &buffers, m));
         let channel = transport.serve(handler)?;
         Ok(Shards { transport, channel, server, bound })
     }
@@ -252,29 +277,23 @@ impl Shards {
 
     /// Sends each `(owner, request)` (all in flight at once where the transport can)
     /// and returns the replies' bytes, or the first owner's error.
-    fn call(&self, key: &Key, requests: &[(usize, Vec<u8>)]) -> Result<Vec<Vec<u8>>> {
+    fn call(&self, key: &Key, requests: Vec<(usize, Vec<u8>)>) -> Result<Vec<Vec<u8>>> {
+        let owners: Vec<usize> = requests.iter().map(|(o, _)| *o).collect();
         let replies = self.transport.requests(self.channel, requests)?;
-        requests
-            .iter()
-            .zip(replies)
-            .map(|((owner, _), reply)| {
-                let mut r = reply.as_slice();
-                match take(&mut r, 1)?[0] {
-                    0 => Ok(r.to_vec()),
-                    _ => {
-                        let n = u32_of(take(&mut r, 4)?) as usize;
-                        let code = String::from_utf8_lossy(take(&mut r, n)?).into_owned();
-                        let message = String::from_utf8_lossy(r);
-                        Err(Error::Backend {
-                            backend: "dist_async",
-                            message: format!(
-                                "rank {owner}, the owner of key \"{key}\", refused the call ({code}): {message}"
-                            ),
-                        })
-                    }
-                }
-            })
-            .collect()
+        for (owner, reply) in owners.iter().zip(&replies) {
+            let mut r = reply.as_slice();
+            if take(&mut r, 1)?[0] != 0 {
+                let n = u32_of(take(&mut r, 4)?) as usize;
+                let code = String::from_utf8_lossy(take(&mut r, n)?).into_owned();
+                let message = String::from_utf8_lossy(r);
+                return Err(Error::Backend {
+                    backend: "dist_async",
+                    message: format!("rank {owner}, the owner of key \"{key}\", refused the call ({code}): {message}"),
+                });
+            }
+        }
+        // Each reply without its status byte is read from index 1 on.
+        Ok(replies)
     }
 
     /// Sends `value`'s parts to their owners with `op` (INIT or PUSH).
@@ -295,7 +314,7 @@ impl Shards {
             })
             .collect();
         drop(read);
-        self.call(key, &requests).map(drop)
+        self.call(key, requests).map(drop)
     }
 
     /// Initialises `key` on its owners with `value` (one worker does, rank 0).
@@ -314,8 +333,9 @@ impl Shards {
         let parts = self.parts(key, into.size());
         let requests: Vec<(usize, Vec<u8>)> =
             parts.iter().map(|p| (p.owner, request(PULL, &p.name, into.dtype(), &[], &[]))).collect();
-        let got = self.call(key, &requests)?;
-        for (part, bytes) in parts.iter().zip(&got) {
+        let got = self.call(key, requests)?;
+        for (part, reply) in parts.iter().zip(&got) {
+            let bytes = &reply[1..];
             if bytes.len() != part.len * esize {
                 return Err(Error::Internal(format!(
                     "dist_async: rank {} sent {} bytes of key \"{key}\", not {}",
@@ -327,8 +347,8 @@ impl Shards {
         }
         let mut w = into.overwrite()?;
         let out = w.bytes_mut();
-        for (part, bytes) in parts.iter().zip(got) {
-            out[part.start * esize..(part.start + part.len) * esize].copy_from_slice(&bytes);
+        for (part, reply) in parts.iter().zip(&got) {
+            out[part.start * esize..(part.start + part.len) * esize].copy_from_slice(&reply[1..]);
         }
         w.finish()
     }
@@ -372,7 +392,7 @@ impl Shards {
         let parts = self.parts(key, value.size());
         let requests: Vec<(usize, Vec<u8>)> =
             parts.iter().map(|p| (p.owner, request(SNAPSHOT, &p.name, dtype, &[], &[]))).collect();
-        let replies = self.call(key, &requests)?;
+        let replies = self.call(key, requests)?;
         let state_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
         let mut state: Option<KeyState> = None;
         let bad = || Error::Internal(format!("dist_async: the owners' states of key \"{key}\" do not fit together"));
@@ -381,7 +401,7 @@ impl Shards {
             let out = w.bytes_mut();
             let esize = dtype.size();
             for (part, reply) in parts.iter().zip(&replies) {
-                let mut m = reply.as_slice();
+                let mut m = &reply[1..];
                 let bytes = get_bytes(&mut m)?;
                 let range = part.start * esize..(part.start + part.len) * esize;
                 out.get_mut(range).ok_or_else(bad)?.copy_from_slice(bytes);
@@ -491,6 +511,15 @@ impl Shards {
 }
 
 impl KVStore {
+    /// The shape and dtype of `key`'s value.
+    fn shape_dtype(&self, key: &Key) -> Result<(Vec<usize>, DType)> {
+        let entry = self.store.table.read().entries.get(key).cloned();
+        let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op: "pull", key: key.clone() })?;
+        let held = Held::new("pull", &self.store, &[&entry])?;
+        let slot = &held.read("pull", &[&entry])?[0];
+        Ok((slot.value.shape().to_vec(), slot.value.dtype()))
+    }
+
     /// `save_checkpoint` of a `dist_async` store: every worker's calls done, rank 0
     /// gathers every key's value and state from their owners and writes the file (the
     /// format of every store kind's checkpoints: any kind, any number of workers, loads
