@@ -28,7 +28,9 @@ stall=$(cargo test -p kvstore-mpi --features mpi --test stall --no-run --message
     2>>"$logs/mpi-build.log" | python3 scripts/cargo-executables.py | awk '$1 == "stall" { print $2 }')
 async_stall=$(cargo test -p kvstore-mpi --features mpi --test async_stall --no-run --message-format=json \
     2>>"$logs/mpi-build.log" | python3 scripts/cargo-executables.py | awk '$1 == "async_stall" { print $2 }')
-if [ -z "$early_exit" ] || [ -z "$stall" ] || [ -z "$async_stall" ]; then
+async_early=$(cargo test -p kvstore-mpi --features mpi --test async_early_finish --no-run --message-format=json \
+    2>>"$logs/mpi-build.log" | python3 scripts/cargo-executables.py | awk '$1 == "async_early_finish" { print $2 }')
+if [ -z "$early_exit" ] || [ -z "$stall" ] || [ -z "$async_stall" ] || [ -z "$async_early" ]; then
     tail -n 30 "$logs/mpi-build.log"
     echo "mpi: 0 passed, 1 failed"
     exit 1
@@ -142,6 +144,17 @@ if [ "$rc" -eq 86 ] && [ "$elapsed" -lt 30 ] && grep -q "$said" "$log" && ! grep
     pass "a dist_async rank that stopped ended the job in ${elapsed} s: $(grep -m1 "$said" "$log")"
 else
     fail "a dist_async rank that stopped: exit $rc after ${elapsed} s (86: the timeout; 124: the job hung)" "$log"
+fi
+
+# dist_async: a rank that finalizes right after its last call goes on answering the
+# pulls of a rank that is still working, until that one finalizes too.
+log="$logs/mpi-async-early-finish.log"
+timeout 100 "${MPIRUN[@]}" -np 2 "$async_early" >"$log" 2>&1
+rc=$?
+if [ "$rc" -eq 0 ] && grep -q "every one saw its push" "$log"; then
+    pass "a dist_async rank that finished early kept answering: $(grep -m1 "pulls after" "$log")"
+else
+    fail "a dist_async rank that finished early: exit $rc (124: the job hung)" "$log"
 fi
 
 # A worker that dies mid-job: the job must end, with an error, within seconds; once

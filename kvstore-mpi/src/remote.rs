@@ -209,12 +209,36 @@ impl MpiRemote {
 }
 
 /// The serving thread: answers each request with its channel's handler, in arrival
-/// order, until `stop`.
+/// order, until `stop`. A request for a channel this rank does not serve yet (another
+/// rank made its store first) waits, in order, until it does.
 fn serve(handlers: &Mutex<Vec<Handler>>, stop: &AtomicBool) {
     let Ok(comms) = comms() else { return };
     let mut buf = Vec::new();
+    let mut waiting: std::collections::VecDeque<(usize, i32, Vec<u8>)> = std::collections::VecDeque::new();
     let mut backoff = Backoff::new();
+    let answer = |from: usize, tag: i32, request: &[u8], handler: &Handler| -> Result<()> {
+        let reply = handler(from, &request[..request.len() - 4]);
+        // A reply is waited for without a deadline: the rank that asked waits for it.
+        send(&comms.1, from, tag, &reply, &|| {})
+    };
+    let channel_of = |request: &[u8]| u32::from_le_bytes(request[request.len() - 4..].try_into().unwrap_or_default());
     while !stop.load(Ordering::SeqCst) {
+        // The requests that waited for a channel served now, first, in order (those of
+        // a channel still missing wait on; requests to other channels do not wait for them).
+        if !waiting.is_empty() {
+            let mut still = std::collections::VecDeque::new();
+            for (from, tag, request) in waiting.drain(..) {
+                match handlers.lock().get(channel_of(&request) as usize).cloned() {
+                    Some(h) => {
+                        if answer(from, tag, &request, &h).is_err() {
+                            return;
+                        }
+                    }
+                    None => still.push_back((from, tag, request)),
+                }
+            }
+            waiting = still;
+        }
         let received = match try_request(&mut buf) {
             Ok(r) => r,
             // MPI was finalised under it: nothing more to serve.
@@ -228,23 +252,16 @@ fn serve(handlers: &Mutex<Vec<Handler>>, stop: &AtomicBool) {
         if n < 4 {
             continue;
         }
-        let channel = u32::from_le_bytes(buf[n - 4..n].try_into().unwrap_or_default()) as usize;
-        let handler = handlers.lock().get(channel).cloned();
-        let reply = match handler {
-            Some(h) => h(from, &buf[..n - 4]),
-            None => {
-                let message =
-                    format!("rank {from} asked for dist_async store {channel}, which this rank does not have");
-                let mut r = vec![1];
-                r.extend_from_slice(&(8u32).to_le_bytes());
-                r.extend_from_slice(b"INTERNAL");
-                r.extend_from_slice(message.as_bytes());
-                r
+        let channel = channel_of(&buf[..n]);
+        let handler = handlers.lock().get(channel as usize).cloned();
+        match handler {
+            // (Behind the requests to its channel that still wait, if any.)
+            Some(h) if !waiting.iter().any(|(_, _, r)| channel_of(r) == channel) => {
+                if answer(from, tag, &buf[..n], &h).is_err() {
+                    return;
+                }
             }
-        };
-        // A reply is waited for without a deadline: the rank that asked waits for it.
-        if send(&comms.1, from, tag, &reply, &|| {}).is_err() {
-            return;
+            _ => waiting.push_back((from, tag, buf[..n].to_vec())),
         }
     }
 }

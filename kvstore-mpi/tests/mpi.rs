@@ -111,6 +111,29 @@ fn async_a_checkpoint_resumes_in_dist_async_and_dist_sync_stores() {
 }
 
 #[test]
+fn async_a_rank_that_makes_its_store_late_is_waited_for() {
+    use kvstore_core::backend::Collective;
+    // Rank 0 makes its store and inits at once, the others a moment later: rank 0's
+    // init reaches owners that do not serve the store yet, and waits for them.
+    let rank = kvstore_mpi::group().expect("group").rank();
+    // Every rank's serving thread runs already (a store made before).
+    async_store().barrier().expect("barrier");
+    if rank != 0 {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    let kv = async_store();
+    let keys: Vec<String> = (0..8).map(|i| format!("late{i}")).collect();
+    let ones: Vec<kvstore_core::NDArray> =
+        keys.iter().map(|_| kvstore_core::NDArray::ones(&[3])).collect::<Result<_, _>>().expect("ones");
+    kv.init(keys.as_slice(), ones.as_slice()).expect("init");
+    kv.barrier().expect("barrier");
+    for k in &keys {
+        assert_eq!(kv.pull_new(k.as_str(), 0).expect("pull").to_vec::<f32>().expect("f32"), vec![1.0; 3]);
+    }
+    kv.barrier().expect("barrier");
+}
+
+#[test]
 fn async_errors_reach_the_caller_only() {
     let kv = async_store();
     async_cases::errors_reach_the_caller_only(kv.rank(), &kv);
