@@ -414,6 +414,8 @@ impl Shared {
 /// How many times [`Engine::stand_in`] looks for an idle worker, a yield apart, while
 /// one call (the caller's last, most often) is still counted as queued.
 const STAND_IN_TRIES: usize = 64;
+/// And for how long at most.
+const STAND_IN_WAIT: std::time::Duration = std::time::Duration::from_micros(500);
 
 /// A blocking call's right to run on its caller's thread in an ordered engine's
 /// worker's stead ([`Engine::stand_in`]).
@@ -609,10 +611,15 @@ impl Engine {
             return None;
         }
         // A caller woken by the end of its last call may find the worker still
-        // finishing it (releasing its vars and counting it): a few pauses let it.
+        // finishing it (releasing its vars and counting it): a few pauses let it. The
+        // pauses are bounded in time too: on a loaded machine a yield may give the core
+        // away for milliseconds, and a call still running then (another of the engine's)
+        // must keep the caller's call behind it, on the worker, not see it end and
+        // let the caller stand in.
         let mut backoff = Backoff::yielding();
+        let start = std::time::Instant::now();
         for _ in 0..STAND_IN_TRIES {
-            if self.queued() > 1 {
+            if self.queued() > 1 || start.elapsed() > STAND_IN_WAIT {
                 return None;
             }
             if let Some(running) = self.shared.running.try_lock() {
