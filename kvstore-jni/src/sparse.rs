@@ -43,6 +43,12 @@ fn arrays_of(env: &Env<'_>, datas: &JLongArray<'_>, desc: &JLongArray<'_>) -> JR
     Ok(row_sparse_arrays(datas, &longs(env, desc)?)?)
 }
 
+/// The one row-sparse array of a data handle and its description.
+fn one_of(env: &Env<'_>, data: jlong, desc: &JLongArray<'_>) -> JResult<RowSparse> {
+    let data = ARRAYS.get(data)?;
+    Ok(row_sparse_arrays(vec![data], &longs(env, desc)?)?.remove(0))
+}
+
 /// `[data handle, rows, indices...]`: a row-sparse array for Java (its data handle is
 /// the caller's to free).
 fn to_java<'l>(env: &mut Env<'l>, rsp: RowSparse) -> JResult<JLongArray<'l>> {
@@ -66,12 +72,7 @@ pub extern "system" fn Java_io_github_kvstore_RowSparse_nCheck<'l>(
     data: jlong,
     desc: JLongArray<'l>,
 ) {
-    env.with_env(|env| -> JResult<()> {
-        let data = ARRAYS.get(data)?;
-        row_sparse_arrays(vec![data], &longs(env, &desc)?)?;
-        Ok(())
-    })
-    .resolve::<ThrowKvStore>()
+    env.with_env(|env| -> JResult<()> { one_of(env, data, &desc).map(drop) }).resolve::<ThrowKvStore>()
 }
 
 #[unsafe(no_mangle)]
@@ -94,12 +95,8 @@ pub extern "system" fn Java_io_github_kvstore_RowSparse_nToDense<'l>(
     data: jlong,
     desc: JLongArray<'l>,
 ) -> jlong {
-    env.with_env(|env| -> JResult<jlong> {
-        let data = ARRAYS.get(data)?;
-        let rsp = row_sparse_arrays(vec![data], &longs(env, &desc)?)?.remove(0);
-        Ok(ARRAYS.insert(rsp.to_dense()?))
-    })
-    .resolve::<ThrowKvStore>()
+    env.with_env(|env| -> JResult<jlong> { Ok(ARRAYS.insert(one_of(env, data, &desc)?.to_dense()?)) })
+        .resolve::<ThrowKvStore>()
 }
 
 #[unsafe(no_mangle)]

@@ -100,7 +100,10 @@ impl Backoff {
 }
 
 /// Waits for `request` by testing it under the MPI lock (released between tests).
-fn wait_for<'a, S: mpi::request::Scope<'a>>(mut request: Request<'a, [u8], S>, deadline: &dyn Fn()) -> Result<()> {
+fn wait_for<'a, D: ?Sized, S: mpi::request::Scope<'a>>(
+    mut request: Request<'a, D, S>,
+    deadline: &dyn Fn(),
+) -> Result<()> {
     let mut backoff = Backoff::new();
     loop {
         match locked(|| request.test())? {
@@ -356,17 +359,8 @@ impl Remote for MpiRemote {
 
     fn barrier(&self) -> Result<()> {
         let comm = &comms()?.0;
-        let mut request = locked(|| comm.immediate_barrier())?;
-        let deadline = self.deadline("every rank at a dist_async barrier".to_string());
-        let mut backoff = Backoff::new();
-        loop {
-            match locked(|| request.test())? {
-                Ok(_) => return Ok(()),
-                Err(pending) => request = pending,
-            }
-            deadline();
-            backoff.pause();
-        }
+        let request = locked(|| comm.immediate_barrier())?;
+        wait_for(request, &self.deadline("every rank at a dist_async barrier".to_string()))
     }
 
     fn set_timeout(&self, timeout: Duration) {

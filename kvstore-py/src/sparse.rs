@@ -53,9 +53,18 @@ fn row_sparse_of(obj: &Bound<'_, PyAny>) -> PyResult<RowSparse> {
             "a call mixes row-sparse and dense values ({ty}): give them in separate calls"
         )));
     }
-    let data = wrap(&obj.getattr("data")?, Use::Read, "a row-sparse value's data")?;
     let indices: PyReadonlyArray1<'_, i64> = obj.getattr("indices")?.extract()?;
-    let shape: Vec<usize> = obj.getattr("shape")?.extract()?;
+    from_parts(&obj.getattr("data")?, indices, obj.getattr("shape")?.extract()?, "a row-sparse value's data")
+}
+
+/// Core's row-sparse array over `data` (read in place), `indices` and `shape`.
+fn from_parts(
+    data: &Bound<'_, PyAny>,
+    indices: PyReadonlyArray1<'_, i64>,
+    shape: Vec<usize>,
+    what: &str,
+) -> PyResult<RowSparse> {
+    let data = wrap(data, Use::Read, what)?;
     RowSparse::new(data, indices.as_slice()?.to_vec(), &shape).map_err(to_py)
 }
 
@@ -135,6 +144,5 @@ pub(crate) fn _check_row_sparse(
     indices: PyReadonlyArray1<'_, i64>,
     shape: Vec<usize>,
 ) -> PyResult<()> {
-    let data = wrap(data, Use::Read, "data")?;
-    RowSparse::new(data, indices.as_slice()?.to_vec(), &shape).map(drop).map_err(to_py)
+    from_parts(data, indices, shape, "data").map(drop)
 }

@@ -937,11 +937,8 @@ impl KVStore {
         let entry = self.store.table.read().entries.get(&key).cloned();
         let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op: "pull", key: key.clone() })?;
         // A key's shape and dtype never change once initialised (pushes are checked).
-        let out = {
-            let held = Held::new("pull", &self.store, &[&entry])?;
-            let guards = held.read("pull", &[&entry])?;
-            NDArray::zeros_with(guards[0].value.shape(), guards[0].value.dtype(), Context::cpu(0))?
-        };
+        let (shape, dtype) = self.store.shape_dtype("pull", &entry)?;
+        let out = NDArray::zeros_with(&shape, dtype, Context::cpu(0))?;
         self.pull(key, &out, priority)?;
         Ok(out)
     }
@@ -1092,6 +1089,14 @@ impl KVStore {
 }
 
 impl Store {
+    /// The shape and dtype of `entry`'s value (fixed once the key is initialised), for
+    /// `op`.
+    fn shape_dtype(&self, op: &'static str, entry: &Arc<Entry>) -> Result<(Vec<usize>, crate::dtype::DType)> {
+        let held = Held::new(op, self, &[entry])?;
+        let slot = &held.read(op, &[entry])?[0];
+        Ok((slot.value.shape().to_vec(), slot.value.dtype()))
+    }
+
     /// Every entry, in index order.
     fn entries(&self) -> Vec<Arc<Entry>> {
         let mut entries: Vec<Arc<Entry>> = self.table.read().entries.values().cloned().collect();
@@ -1246,9 +1251,9 @@ impl Store {
         let held = Held::new(op, self, &entries)?;
         if let Some(remote) = &self.remote {
             // dist_async: the values come from their owners (into this worker's copies).
+            // (One group per key: `group` merged them.)
             let mut entries = entries;
             entries.sort_by_key(|e| e.index);
-            entries.dedup_by_key(|e| e.index);
             let mut guards = held.write(op, &entries)?;
             let pull_slots = slots(op, &entries, &groups)?;
             for (g, &i) in groups.iter().zip(&pull_slots) {

@@ -515,9 +515,7 @@ impl KVStore {
     fn shape_dtype(&self, key: &Key) -> Result<(Vec<usize>, DType)> {
         let entry = self.store.table.read().entries.get(key).cloned();
         let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op: "pull", key: key.clone() })?;
-        let held = Held::new("pull", &self.store, &[&entry])?;
-        let slot = &held.read("pull", &[&entry])?[0];
-        Ok((slot.value.shape().to_vec(), slot.value.dtype()))
+        self.store.shape_dtype("pull", &entry)
     }
 
     /// `save_checkpoint` of a `dist_async` store: every worker's calls done, rank 0
@@ -533,11 +531,7 @@ impl KVStore {
                 let entries = self.store.entries();
                 let mut states = Vec::with_capacity(entries.len());
                 for e in &entries {
-                    let (shape, dtype) = {
-                        let held = Held::new("save_checkpoint", &self.store, &[e])?;
-                        let slot = &held.read("save_checkpoint", &[e])?[0];
-                        (slot.value.shape().to_vec(), slot.value.dtype())
-                    };
+                    let (shape, dtype) = self.store.shape_dtype("save_checkpoint", e)?;
                     let g = remote.gather(&e.key, &shape, dtype)?;
                     copy.init(e.key.clone(), &g.value)?;
                     states.push(g.state);

@@ -403,11 +403,7 @@ impl Store {
                     got: 0,
                 });
             }
-            let (shape, dtype) = {
-                let held = Held::new("push", self, &[entry])?;
-                let slot = &held.read("push", &[entry])?[0];
-                (slot.value.shape().to_vec(), slot.value.dtype())
-            };
+            let (shape, dtype) = self.shape_dtype("push", entry)?;
             check_like(key, values, &shape, dtype)?;
         }
         Ok(merged)
@@ -454,7 +450,8 @@ impl Store {
         Ok(())
     }
 
-    /// `push_row_sparse`'s work, its key's earlier calls done.
+    /// `push_row_sparse`'s work, its key's earlier calls done, its values checked
+    /// ([`Store::checked_rows`]).
     fn push_rows(&self, entry: &Arc<Entry>, values: &[RowSparse]) -> Result<()> {
         const OP: &str = "push";
         let held = Held::new(OP, self, &[entry])?;
@@ -462,7 +459,8 @@ impl Store {
         let mut guards = held.write(OP, &[entry])?;
         let slot = &mut *guards[0];
         let key = &entry.key;
-        check_like(key, values, slot.value.shape(), slot.value.dtype())?;
+        // (Every value was checked against the key by `checked_rows`: a key's shape and
+        // dtype never change.)
         let refs: Vec<&RowSparse> = values.iter().collect();
         let sum = RowSparse::sum(&refs)?;
         match &*merger {
