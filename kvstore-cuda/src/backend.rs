@@ -254,7 +254,12 @@ impl Drop for CudaBuffer {
         // SAFETY: `data` is taken once, here, and never used after.
         let data = unsafe { ManuallyDrop::take(&mut self.data) };
         if self.owner.is_none() {
-            drop(data); // freed on the stream, after the work queued before
+            // Freed on the stream, after the work queued before. cudarc frees without
+            // making the context current: on a thread that never used this device (a
+            // worker's or a pool's thread), the free would fail, leak the memory and
+            // leave CUDA_ERROR_INVALID_CONTEXT for the context's next call to report.
+            bind("freeing device memory", &self.device.ctx);
+            drop(data);
             return;
         }
         // Another library's memory: not ours to free. Its owner may free it as soon as
@@ -363,8 +368,18 @@ fn launch_config(work: u64) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
 }
 
+/// Makes `ctx` current on this thread, for a free that cudarc makes without it; a
+/// failure (only of a broken context) is reported on stderr, as drops cannot return it.
+fn bind(what: &str, ctx: &CudaContext) {
+    if let Err(e) = ctx.bind_to_thread() {
+        eprintln!("kvstore-cuda: {what}: {e}");
+    }
+}
+
 /// Page-locked host memory (`cuMemHostAlloc`, portable to every context).
 struct Pinned {
+    /// The context it was allocated in, made current to free it.
+    ctx: Arc<CudaContext>,
     /// Owns the memory; `ptr` points into it.
     _slice: PinnedHostSlice<u8>,
     ptr: *mut u8,
@@ -375,6 +390,13 @@ struct Pinned {
 // `&self`/`&mut self` give shared/exclusive access to it.
 unsafe impl Send for Pinned {}
 unsafe impl Sync for Pinned {}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // Before `_slice` is dropped (and freed, by cudarc, without binding a context).
+        bind("freeing page-locked memory", &self.ctx);
+    }
+}
 
 impl PinnedMemory for Pinned {
     fn bytes(&self) -> &[u8] {
@@ -564,6 +586,6 @@ impl DeviceBackend for CudaBackend {
         let ptr = slice.as_mut_ptr().map_err(|e| backend_error("page-locked memory", e))?;
         // SAFETY: `ptr` points to `bytes.max(1)` writable bytes owned by `slice`.
         unsafe { std::ptr::write_bytes(ptr, 0, bytes.max(1)) };
-        Ok(Some(Box::new(Pinned { _slice: slice, ptr, len: bytes })))
+        Ok(Some(Box::new(Pinned { ctx: dev.ctx.clone(), _slice: slice, ptr, len: bytes })))
     }
 }

@@ -148,3 +148,55 @@ fn queued_gpu_work_takes_effect_in_call_order() {
         assert_eq!(sum(Context::gpu(0)), sum(Context::cpu(0)), "{dtype}: 10 values on the GPU sum differently");
     }
 }
+
+/// Row-sparse keys with values and outs on the GPUs (and on a GPU and the host) give
+/// the host's bits, with the default updater and lazy SGD and Adam.
+#[test]
+fn row_sparse_keys_on_gpus_give_the_host_bits() {
+    if !kvstore_cuda::gpu_or_skip("row_sparse_keys_on_gpus_give_the_host_bits") {
+        return;
+    }
+    let devices: Vec<Context> = (0..gpus().expect("register")).map(Context::gpu).collect();
+    device_checks::row_sparse_matches_the_host(&devices);
+    device_checks::row_sparse_matches_the_host(&[devices[0], Context::cpu(0)]);
+}
+
+/// `dist_sync_device` and `dist_async_device` (two workers as threads of this
+/// process) sum each worker's GPU values on its GPUs and give the host kinds' bits.
+#[test]
+fn dist_device_stores_give_the_host_bits() {
+    if !kvstore_cuda::gpu_or_skip("dist_device_stores_give_the_host_bits") {
+        return;
+    }
+    let n = gpus().expect("register");
+    device_checks::dist_device_stores_match_the_host(&(0..n).map(Context::gpu).collect::<Vec<_>>());
+}
+
+/// Device arrays and a store's page-locked buffers dropped on threads that never used
+/// CUDA are freed there: no error is left behind for the device's next call (which a
+/// free without the context made current left as CUDA_ERROR_INVALID_CONTEXT).
+#[test]
+fn memory_dropped_on_a_thread_without_cuda_is_freed_cleanly() {
+    if !kvstore_cuda::gpu_or_skip("memory_dropped_on_a_thread_without_cuda_is_freed_cleanly") {
+        return;
+    }
+    gpus().expect("register");
+    let check = |what: &str| {
+        let a = values(4099, 5, DType::F32, Context::gpu(0));
+        let host = a.copy_to(Context::cpu(0));
+        assert!(host.is_ok(), "the copy after {what}: {:?}", host.err());
+        assert!(kvstore_cuda::synchronize().is_ok(), "after {what}");
+    };
+    let arrays: Vec<NDArray> = (0..4).map(|i| values(1 << 16, i, DType::F32, Context::gpu(0))).collect();
+    std::thread::spawn(move || drop(arrays)).join().expect("dropping thread");
+    check("device arrays dropped on another thread");
+    // A local store stages device values through page-locked buffers of its own.
+    let kv = KVStore::create("local").expect("store");
+    kv.init("k", &values(1 << 16, 1, DType::F32, Context::gpu(0))).expect("init");
+    let vals: Vec<NDArray> = (0..2).map(|i| values(1 << 16, i, DType::F32, Context::gpu(0))).collect();
+    kv.push("k", &vals, 0).expect("push");
+    kv.pull("k", &vals[0], 0).expect("pull");
+    drop(vals);
+    std::thread::spawn(move || drop(kv)).join().expect("dropping thread");
+    check("a store dropped on another thread");
+}

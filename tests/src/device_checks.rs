@@ -274,3 +274,115 @@ pub fn push_sum_of(count: u64, dtype: DType, init_ctx: Context, ctxs: &[Context]
     kv.pull("k", &out, 0).expect("pull");
     bits(&out)
 }
+
+/// The `[rows, cols]` f32 array of [`values`]`(rows * cols, seed)` on `ctx`.
+fn matrix(rows: usize, cols: usize, seed: u64, ctx: Context) -> NDArray {
+    let v = values(rows * cols, seed, DType::F32, Context::cpu(0)).to_vec::<f32>().expect("values");
+    NDArray::from_vec(&[rows, cols], v).and_then(|a| a.copy_to(ctx)).expect("matrix")
+}
+
+/// Row-sparse keys with every array on `ctxs` (values, outs) give the host's bits, on
+/// `local` and `device` stores: a row-sparse init, pushes of row-sparse values from two
+/// contexts (overlapping rows, summed), with the default updater, lazy SGD with
+/// momentum and lazy Adam; dense pulls into outs on `ctxs`, and `row_sparse_pull`s of
+/// repeated, unsorted and empty row ids.
+pub fn row_sparse_matches_the_host(ctxs: &[Context]) {
+    let host = [Context::cpu(0), Context::cpu(0)];
+    for opt in [None, Some("sgd"), Some("adam")] {
+        let want = row_sparse_run("local", opt, &host);
+        for kind in ["local", "device"] {
+            assert!(
+                row_sparse_run(kind, opt, ctxs) == want,
+                "{kind} store, {opt:?}: row-sparse results differ from the host's"
+            );
+        }
+    }
+}
+
+fn row_sparse_run(kind: &str, opt: Option<&str>, ctxs: &[Context]) -> Vec<Vec<u8>> {
+    use kvstore_core::{Optimizer, RowSparse, StorageType};
+    let (rows, cols) = (300, 7);
+    let shape = [rows, cols];
+    let rsp = |ids: &[i64], seed: u64, ctx: Context| {
+        RowSparse::new(matrix(ids.len(), cols, seed, ctx), ids.to_vec(), &shape).expect("row-sparse value")
+    };
+    let kv = KVStore::create(kind).expect("store");
+    kv.init_row_sparse("emb", &rsp(&[0, 5, 17, 299], 1, ctxs[0])).expect("init");
+    assert_eq!(kv.stype("emb").expect("stype"), StorageType::RowSparse);
+    if let Some(name) = opt {
+        let b = Optimizer::builder(name).param("learning_rate", 0.05).param("lazy_update", 1.0);
+        let b = if name == "sgd" { b.param("momentum", 0.9) } else { b };
+        kv.set_optimizer(b.build().expect("optimizer")).expect("set_optimizer");
+    }
+    let mut got = Vec::new();
+    let out = NDArray::zeros_with(&shape, DType::F32, ctxs[0]).expect("out");
+    for step in 0..3u64 {
+        let a = rsp(&[1, 5, 17 + step as i64], 10 + step, ctxs[0]);
+        let b = rsp(&[5, 200, 299], 20 + step, ctxs[1 % ctxs.len()]);
+        kv.push_row_sparse("emb", &[a, b], 0).expect("push_row_sparse");
+        kv.pull("emb", &out, 0).expect("pull");
+        got.push(bits(&out));
+        for ids in [&[299, 5, 5, 1][..], &[], &[17, 18, 19, 0]] {
+            let part = kv.row_sparse_pull("emb", ids, 0).expect("row_sparse_pull");
+            got.push(bits(part.data()));
+            got.push(part.indices().iter().flat_map(|i| i.to_le_bytes()).collect());
+        }
+    }
+    got
+}
+
+/// `dist_sync_device` and `dist_async_device` (workers as threads) with every pushed
+/// value on `ctxs` give the bits of `dist_sync` and `dist_async` with the same values on
+/// the host, on both workers.
+pub fn dist_device_stores_match_the_host(ctxs: &[Context]) {
+    let sync = |kind: &'static str, ctxs: &[Context]| {
+        let ctxs = ctxs.to_vec();
+        crate::run_members(2, move |rank, member| {
+            let group: std::sync::Arc<dyn kvstore_core::backend::Collective> = member;
+            let kv = KVStore::builder(kind).collective(group).build().expect("store");
+            dist_train(&kv, rank, &ctxs, false)
+        })
+    };
+    let host = sync("dist_sync", &[Context::cpu(0)]);
+    assert_eq!(host[0], host[1], "dist_sync: the same bits on both workers");
+    for kind in ["dist_sync_device", "dist_device_sync"] {
+        assert!(sync(kind, ctxs) == host, "{kind}: not the bits of dist_sync");
+    }
+    let asynchronous = |kind: &'static str, ctxs: &[Context]| {
+        let ctxs = ctxs.to_vec();
+        crate::run_async_kind_workers(kind, 2, move |rank, kv| dist_train(&kv, rank, &ctxs, true))
+    };
+    let host = asynchronous("dist_async", &[Context::cpu(0)]);
+    assert_eq!(host[0], host[1], "dist_async: the same bits on both workers after a barrier");
+    for kind in ["dist_async_device", "dist_device_async"] {
+        assert!(asynchronous(kind, ctxs) == host, "{kind}: not the bits of dist_async");
+    }
+}
+
+/// Three steps of SGD with momentum on one key, each worker pushing three values on
+/// `ctxs`; then the value's bits after a barrier. With `turns` the workers push one at
+/// a time (a barrier between): a `dist_async` owner applies pushes in arrival order,
+/// and the bits depend on that order.
+fn dist_train(kv: &KVStore, rank: usize, ctxs: &[Context], turns: bool) -> Vec<u8> {
+    let n = 4099;
+    kv.init("k", &values(n, 99, DType::F32, Context::cpu(0))).expect("init");
+    let opt = kvstore_core::Optimizer::builder("sgd").param("learning_rate", 0.1).param("momentum", 0.9);
+    kv.set_optimizer(opt.build().expect("sgd")).expect("set_optimizer");
+    for step in 0..3u64 {
+        let vals: Vec<NDArray> = (0..3)
+            .map(|i| values(n, step * 10 + i as u64 + 100 * rank as u64, DType::F32, ctxs[i % ctxs.len()]))
+            .collect();
+        if !turns {
+            kv.push("k", &vals, 0).expect("push");
+            continue;
+        }
+        for turn in 0..kv.num_workers() {
+            if turn == rank {
+                kv.push("k", &vals, 0).expect("push");
+            }
+            kv.barrier().expect("barrier");
+        }
+    }
+    kv.barrier().expect("barrier");
+    bits(&kv.pull_new("k", 0).expect("pull"))
+}

@@ -134,13 +134,27 @@ impl Remote for HubMember {
 
 /// A `dist_async` store of the worker `member`.
 pub fn async_store(member: &Arc<HubMember>) -> KVStore {
+    async_store_of("dist_async", member)
+}
+
+/// A store of `kind` (`dist_async` or `dist_async_device`) of the worker `member`.
+fn async_store_of(kind: &str, member: &Arc<HubMember>) -> KVStore {
     let remote: Arc<dyn Remote> = Arc::clone(member) as _;
-    KVStore::builder("dist_async").num_threads(1).remote(remote).build().expect("dist_async")
+    KVStore::builder(kind).num_threads(1).remote(remote).build().expect(kind)
 }
 
 /// Runs `worker(rank, store)` on `size` threads, each with a `dist_async` store of one
 /// [`ThreadHub`], and returns their results in rank order.
 pub fn run_async_workers<T: Send + 'static>(
+    size: usize,
+    worker: impl Fn(usize, KVStore) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    run_async_kind_workers("dist_async", size, worker)
+}
+
+/// [`run_async_workers`] with stores of `kind` (`dist_async` or `dist_async_device`).
+pub fn run_async_kind_workers<T: Send + 'static>(
+    kind: &'static str,
     size: usize,
     worker: impl Fn(usize, KVStore) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
@@ -150,7 +164,7 @@ pub fn run_async_workers<T: Send + 'static>(
         .map(|rank| {
             let (member, worker) = (hub.member(rank), Arc::clone(&worker));
             std::thread::spawn(move || {
-                let kv = async_store(&member);
+                let kv = async_store_of(kind, &member);
                 let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker(rank, kv)));
                 if run.is_err() {
                     member.hub.broken.store(true, Ordering::SeqCst);

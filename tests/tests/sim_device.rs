@@ -405,4 +405,14 @@ fn dist_sync_device_sums_each_workers_values_on_its_devices_first() {
         assert_eq!(device, host, "{kind}: the bits of dist_sync");
         assert_eq!(device[0], device[1], "{kind}: the same bits on both workers");
     }
+    device_checks::dist_device_stores_match_the_host(&[Context::gpu(0), Context::gpu(1)]);
+}
+
+/// Row-sparse keys with values and outs on devices give the host's bits.
+#[test]
+fn row_sparse_keys_on_devices_give_the_host_bits() {
+    let _s = switches();
+    sim();
+    device_checks::row_sparse_matches_the_host(&[Context::gpu(0), Context::gpu(1)]);
+    device_checks::row_sparse_matches_the_host(&[Context::gpu(2), Context::cpu(0)]);
 }
