@@ -14,7 +14,14 @@
 //! sums rounded once to 16 bits for the wire (half the bytes) and added up in f32, as
 //! Horovod's fp16 compression does but with the sum in f32; no residual.
 
+use rayon::ThreadPool;
+use rayon::prelude::*;
+
 use crate::error::{Error, Result};
+
+/// The values per piece of a quantisation or a sum of codes over a thread pool: a
+/// multiple of 16 (a piece's codes are whole words).
+const PIECE: usize = 1 << 16;
 
 /// The store's compression, once set.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -155,13 +162,42 @@ impl TwoBit {
 
     /// Quantises `grad` with the residual `old` (zeros when empty) straight into 2-bit
     /// codes, 16 to a word, as little-endian bytes appended to `codes`, writing the
-    /// residual left into `new`: what a worker of a `dist_*` store sends. Written
+    /// residual left into `new`: what a worker of a `dist_*` store sends. Big values are
+    /// quantised in pieces over `pool` (each piece's codes have their own place).
+    pub(crate) fn quantize_packed(
+        &self,
+        grad: &[f32],
+        old: &[f32],
+        new: &mut [f32],
+        codes: &mut Vec<u8>,
+        pool: Option<&ThreadPool>,
+    ) {
+        let start = codes.len();
+        codes.resize(start + grad.len().div_ceil(16) * 4, 0);
+        let out = &mut codes[start..];
+        let piece = |p: usize, g: &[f32], n: &mut [f32], c: &mut [u8]| {
+            let at = p * PIECE;
+            self.quantize_words(g, old.get(at..at + g.len()).unwrap_or_default(), n, c);
+        };
+        match pool {
+            Some(pool) if grad.len() > PIECE => pool.install(|| {
+                grad.par_chunks(PIECE)
+                    .zip(new.par_chunks_mut(PIECE))
+                    .zip(out.par_chunks_mut(PIECE / 4))
+                    .enumerate()
+                    .for_each(|(p, ((g, n), c))| piece(p, g, n, c));
+            }),
+            _ => piece(0, grad, new, out),
+        }
+    }
+
+    /// [`TwoBit::quantize_packed`] of one piece into its place `codes` (4 bytes for
+    /// every 16 values); `old` is the piece's residual, or empty for zeros. Written
     /// without branches, so that the compiler keeps 16 elements in vector registers.
-    pub(crate) fn quantize_packed(&self, grad: &[f32], old: &[f32], new: &mut [f32], codes: &mut Vec<u8>) {
+    fn quantize_words(&self, grad: &[f32], old: &[f32], new: &mut [f32], codes: &mut [u8]) {
         let t = self.threshold;
-        codes.reserve(grad.len().div_ceil(16) * 4);
         let zeros = [0.0f32; 16];
-        for (c, (g, n)) in grad.chunks(16).zip(new.chunks_mut(16)).enumerate() {
+        for (c, ((g, n), out)) in grad.chunks(16).zip(new.chunks_mut(16)).zip(codes.chunks_exact_mut(4)).enumerate() {
             let r = old.get(c * 16..c * 16 + g.len()).unwrap_or(&zeros[..g.len()]);
             let mut word = 0u32;
             if let (Ok(g), Ok(r), Ok(n)) =
@@ -179,15 +215,16 @@ impl TwoBit {
                     word |= code << SHIFTS[i];
                 }
             }
-            codes.extend_from_slice(&word.to_le_bytes());
+            out.copy_from_slice(&word.to_le_bytes());
         }
     }
 
-    /// Adds the values that the little-endian codes `codes` stand for to `out`
-    /// (`out.len()` values; `codes` holds `out.len().div_ceil(16)` words), or writes
-    /// them there when `first` (as adding them to zeros would): a byte's four values at
-    /// a time, from a table of the 256 bytes.
-    pub(crate) fn add_codes(&self, codes: &[u8], out: &mut [f32], first: bool) {
+    /// Writes into `out` the sum, in the order of `codes`, of the values that each
+    /// worker's little-endian codes stand for (`out.len()` values; each of `codes`
+    /// holds `out.len().div_ceil(16)` words): `((v0 + v1) + v2) ...`, one pass over
+    /// `out`, a byte's four values at a time from a table of the 256 bytes; big outs in
+    /// pieces over `pool`.
+    pub(crate) fn sum_codes(&self, codes: &[&[u8]], out: &mut [f32], pool: Option<&ThreadPool>) {
         let t = self.threshold;
         let mut table = [[0.0f32; 4]; 256];
         for (byte, values) in table.iter_mut().enumerate() {
@@ -199,25 +236,30 @@ impl TwoBit {
                 };
             }
         }
-        let whole = out.len() / 4;
-        let (head, tail) = out.split_at_mut(whole * 4);
-        let fours = head.chunks_exact_mut(4).zip(codes);
-        if first {
-            for (o, &byte) in fours {
-                o.copy_from_slice(&table[usize::from(byte)]);
-            }
-        } else {
-            for (o, &byte) in fours {
-                let add = &table[usize::from(byte)];
-                for k in 0..4 {
-                    o[k] += add[k];
+        let Some((first, rest)) = codes.split_first() else {
+            out.fill(0.0);
+            return;
+        };
+        let piece = |p: usize, out: &mut [f32]| {
+            let bytes = p * PIECE / 4..p * PIECE / 4 + out.len().div_ceil(4);
+            let (first, rest): (&[u8], Vec<&[u8]>) =
+                (&first[bytes.clone()], rest.iter().map(|c| &c[bytes.clone()]).collect());
+            for (b, o) in out.chunks_mut(4).enumerate() {
+                let mut v = table[usize::from(first[b])];
+                for c in &rest {
+                    let add = &table[usize::from(c[b])];
+                    for k in 0..4 {
+                        v[k] += add[k];
+                    }
                 }
+                o.copy_from_slice(&v[..o.len()]);
             }
-        }
-        if let Some(&byte) = codes.get(whole).filter(|_| !tail.is_empty()) {
-            for (o, a) in tail.iter_mut().zip(&table[usize::from(byte)]) {
-                *o = if first { *a } else { *o + a };
+        };
+        match pool {
+            Some(pool) if out.len() > PIECE => {
+                pool.install(|| out.par_chunks_mut(PIECE).enumerate().for_each(|(p, o)| piece(p, o)));
             }
+            _ => piece(0, out),
         }
     }
 }
@@ -313,17 +355,52 @@ mod tests {
         for _ in 0..3 {
             let (old1, old2) = (r1.clone(), r2.clone());
             c.quantize(&g, &old1, &mut r1, &mut q);
-            let mut codes = Vec::new();
-            c.quantize_packed(&g, &old2, &mut r2, &mut codes);
-            assert_eq!(codes.len(), 37usize.div_ceil(16) * 4);
+            let mut codes = vec![9u8];
+            c.quantize_packed(&g, &old2, &mut r2, &mut codes, None);
+            assert_eq!(codes.len(), 1 + 37usize.div_ceil(16) * 4);
+            let codes = &codes[1..];
             let words: Vec<u32> = codes.chunks(4).map(|w| u32::from_le_bytes(w.try_into().unwrap())).collect();
             assert_eq!(words, pack(&q));
             let mut sum = vec![1.0f32; 37];
-            c.add_codes(&codes, &mut sum, false);
-            assert_eq!(sum, q.iter().map(|x| 1.0 + x).collect::<Vec<f32>>());
-            c.add_codes(&codes, &mut sum, true);
+            c.sum_codes(&[codes], &mut sum, None);
             assert_eq!(sum, q);
+            c.sum_codes(&[codes, codes, codes], &mut sum, None);
+            assert_eq!(sum, q.iter().map(|x| x + x + x).collect::<Vec<f32>>());
             assert_eq!(r1, r2);
         }
+    }
+
+    /// Values of several pieces, quantised and summed over a pool, give the bits of one
+    /// piece on one thread: the same codes, residuals and sums, in rank order.
+    #[test]
+    fn pieces_over_a_pool_give_the_bits_of_one_thread() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+        let c = TwoBit { threshold: 0.4 };
+        let n = 3 * PIECE + 21;
+        let g: Vec<f32> = (0..n).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 600.0).collect();
+        for old in [vec![], (0..n).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect::<Vec<f32>>()] {
+            let (mut one, mut many) = (vec![0.0f32; n], vec![0.0f32; n]);
+            let (mut c1, mut c2) = (Vec::new(), Vec::new());
+            c.quantize_packed(&g, &old, &mut one, &mut c1, None);
+            c.quantize_packed(&g, &old, &mut many, &mut c2, Some(&pool));
+            assert!(c1 == c2 && one.iter().map(|x| x.to_bits()).eq(many.iter().map(|x| x.to_bits())));
+            let mut other = Vec::new();
+            c.quantize_packed(&old.iter().map(|x| -x).collect::<Vec<_>>(), &[], &mut vec![0.0; n], &mut other, None);
+            let other = if old.is_empty() { c1.clone() } else { other };
+            let (mut s1, mut s2) = (vec![0.0f32; n], vec![7.0f32; n]);
+            c.sum_codes(&[&c1, &other, &c1], &mut s1, None);
+            c.sum_codes(&[&c1, &other, &c1], &mut s2, Some(&pool));
+            assert!(s1.iter().map(|x| x.to_bits()).eq(s2.iter().map(|x| x.to_bits())));
+            let want: Vec<f32> = unpack(&c, &words(&c1), n)
+                .iter()
+                .zip(unpack(&c, &words(&other), n))
+                .map(|(a, b)| (a + b) + a)
+                .collect();
+            assert_eq!(s1, want);
+        }
+    }
+
+    fn words(codes: &[u8]) -> Vec<u32> {
+        codes.chunks(4).map(|w| u32::from_le_bytes(w.try_into().unwrap())).collect()
     }
 }

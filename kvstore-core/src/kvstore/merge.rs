@@ -88,7 +88,7 @@ impl Store {
         let pairs: Vec<(&NDArray, &NDArray)> =
             jobs.iter().map(|j| (if direct(j) { j.inputs[0] } else { j.out }, j.out)).collect();
         match across {
-            Some((across, residuals)) => across.sum(&**group, &pairs, &residuals),
+            Some((across, residuals)) => across.sum(&**group, &pairs, &residuals, self.comm.pool()),
             None => group.allreduce_sum(&pairs),
         }
     }
@@ -426,14 +426,20 @@ impl Across {
     /// the codes of every worker reach every worker ([`Collective::all_gather`]), and
     /// each worker adds their values up in rank order, so every worker gets the same
     /// bits.
-    fn sum(&mut self, group: &dyn Collective, pairs: &[(&NDArray, &NDArray)], residuals: &[&[f32]]) -> Result<()> {
+    fn sum(
+        &mut self,
+        group: &dyn Collective,
+        pairs: &[(&NDArray, &NDArray)],
+        residuals: &[&[f32]],
+        pool: Option<&rayon::ThreadPool>,
+    ) -> Result<()> {
         let c = match self.compression {
             Compression::TwoBit(c) => c,
             Compression::Half(h) => return sum_halves(h, group, pairs),
         };
         let mut mine = Vec::new();
         for (((src, _), old), new) in pairs.iter().zip(residuals).zip(&mut self.spares) {
-            src.with_data(|g: &[f32]| c.quantize_packed(g, old, new, &mut mine))?;
+            src.with_data(|g: &[f32]| c.quantize_packed(g, old, new, &mut mine, pool))?;
         }
         let all = group.all_gather("a compressed push", &mine)?;
         if mine.is_empty() {
@@ -443,11 +449,8 @@ impl Across {
         let mut at = 0;
         for (_, dst) in pairs {
             let len = dst.size().div_ceil(16) * 4;
-            dst.with_data_mut(|d: &mut [f32]| {
-                for (r, theirs) in all.chunks(mine.len()).enumerate() {
-                    c.add_codes(&theirs[at..at + len], d, r == 0);
-                }
-            })?;
+            let theirs: Vec<&[u8]> = all.chunks(mine.len()).map(|w| &w[at..at + len]).collect();
+            dst.with_data_mut(|d: &mut [f32]| c.sum_codes(&theirs, d, pool))?;
             at += len;
         }
         Ok(())
