@@ -9,9 +9,12 @@ use std::sync::Arc;
 use crate::error::Result;
 
 /// What a worker answers the requests of the others with: `handler(from, request)`
-/// gives the reply. Requests of one worker to one channel are answered in the order
-/// they were sent.
-pub type Handler = Arc<dyn Fn(usize, &[u8]) -> Vec<u8> + Send + Sync>;
+/// gives the reply. The request is the bytes the other worker sent (without the
+/// transport's framing), in a buffer the handler may read in place and leave changed
+/// (the store lends it to a push, and gives it back; a transport reuses it, or makes a
+/// new one where it was taken). Requests of one worker to one channel are answered in
+/// the order they were sent.
+pub type Handler = Arc<dyn Fn(usize, &mut Vec<u8>) -> Vec<u8> + Send + Sync>;
 
 /// Request and reply between the workers of a job, and a barrier.
 ///
@@ -36,9 +39,8 @@ pub trait Remote: Send + Sync {
 
     /// Sends `request` to worker `to`'s handler of `channel` and returns its reply (the
     /// transport may add its framing to the request's end: it has room for 16 bytes);
-    /// `to`
-    /// may be this worker (its serving thread answers then too: the calling thread may
-    /// hold keys of a store).
+    /// `to` may be this worker (its serving thread answers then too: the calling thread
+    /// may hold keys of a store; the store serves its own worker's parts itself).
     ///
     /// # Errors
     /// [`crate::Error::Backend`] if the group is broken.

@@ -219,8 +219,10 @@ fn serve(handlers: &Mutex<Vec<Handler>>, stop: &AtomicBool) {
     let mut buf = Vec::new();
     let mut waiting: std::collections::VecDeque<(usize, i32, Vec<u8>)> = std::collections::VecDeque::new();
     let mut backoff = Backoff::new();
-    let answer = |from: usize, tag: i32, request: &[u8], handler: &Handler| -> Result<()> {
-        let reply = handler(from, &request[..request.len() - 4]);
+    // The request without its channel (the buffer may come back changed, or empty).
+    let answer = |from: usize, tag: i32, request: &mut Vec<u8>, handler: &Handler| -> Result<()> {
+        request.truncate(request.len().saturating_sub(4));
+        let reply = handler(from, request);
         // A reply is waited for without a deadline: the rank that asked waits for it.
         send(&comms.1, from, tag, &reply, &|| {})
     };
@@ -230,10 +232,10 @@ fn serve(handlers: &Mutex<Vec<Handler>>, stop: &AtomicBool) {
         // a channel still missing wait on; requests to other channels do not wait for them).
         if !waiting.is_empty() {
             let mut still = std::collections::VecDeque::new();
-            for (from, tag, request) in waiting.drain(..) {
+            for (from, tag, mut request) in waiting.drain(..) {
                 match handlers.lock().get(channel_of(&request) as usize).cloned() {
                     Some(h) => {
-                        if answer(from, tag, &request, &h).is_err() {
+                        if answer(from, tag, &mut request, &h).is_err() {
                             return;
                         }
                     }
@@ -260,7 +262,8 @@ fn serve(handlers: &Mutex<Vec<Handler>>, stop: &AtomicBool) {
         match handler {
             // (Behind the requests to its channel that still wait, if any.)
             Some(h) if !waiting.iter().any(|(_, _, r)| channel_of(r) == channel) => {
-                if answer(from, tag, &buf[..n], &h).is_err() {
+                buf.truncate(n);
+                if answer(from, tag, &mut buf, &h).is_err() {
                     return;
                 }
             }

@@ -78,10 +78,10 @@ impl Remote for HubMember {
             std::thread::Builder::new()
                 .name(format!("serve-{rank}"))
                 .spawn(move || {
-                    while let Ok((channel, from, request, reply)) = rx.recv() {
+                    while let Ok((channel, from, mut request, reply)) = rx.recv() {
                         let Some(hub) = hub.upgrade() else { return };
                         let handler = hub.handlers.lock().expect("handlers")[rank][channel as usize].clone();
-                        let _ = reply.send(handler(from, &request));
+                        let _ = reply.send(handler(from, &mut request));
                     }
                 })
                 .expect("a serving thread");

@@ -17,6 +17,32 @@ thread_local! {
     /// must fail instead of waiting for itself forever. [`Held`] values live on the
     /// stack, so entries are added and removed last in, first out.
     static HELD: RefCell<Vec<(usize, usize)>> = const { RefCell::new(Vec::new()) };
+    /// The length of [`HELD`] at which a call on another store may wait (see
+    /// [`nested_call`]).
+    static MAY_WAIT_AT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f`, a store's call on another store that never calls back into it (a
+/// `dist_async` worker's call on its own share), as if no key were held: it may wait
+/// for that store's keys. Calls nested deeper (from that store's updaters) are
+/// refused or locked without waiting, as ever.
+pub(super) fn nested_call<T>(f: impl FnOnce() -> T) -> T {
+    let at = HELD.with(|held| held.borrow().len());
+    let before = MAY_WAIT_AT.with(|m| m.replace(Some(at)));
+    struct Restore(Option<usize>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            MAY_WAIT_AT.with(|m| m.set(self.0));
+        }
+    }
+    let _restore = Restore(before);
+    f()
+}
+
+/// Whether this thread holds keys it must not wait behind (it holds keys of a store
+/// and is not in a [`nested_call`] at that depth).
+fn holds_keys(held: &[(usize, usize)]) -> bool {
+    !held.is_empty() && MAY_WAIT_AT.with(|m| m.get()) != Some(held.len())
 }
 
 /// Marks keys as locked by this thread until dropped, and decides how to lock them.
@@ -57,7 +83,7 @@ pub(super) fn check_reentry(op: &'static str, store: &Store) -> Result<()> {
 /// Whether this thread runs an updater (of any store): it may then not wait for another
 /// store's calls.
 pub(super) fn inside_updater() -> bool {
-    HELD.with(|held| !held.borrow().is_empty())
+    HELD.with(|held| holds_keys(&held.borrow()))
 }
 
 /// The error of a call from an updater on another store whose keys are busy.
@@ -77,7 +103,7 @@ impl Held {
                 return Err(reentry(op));
             }
             let mark = held.len();
-            let nonblocking = mark > 0;
+            let nonblocking = holds_keys(&held);
             // A call with no key (set_updater, ...) still marks the store, so that its
             // own nested calls are refused too.
             if entries.is_empty() {

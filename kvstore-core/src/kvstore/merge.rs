@@ -359,14 +359,18 @@ impl Store {
             remote.push(&g.entry.key, sum)?;
         }
         crate::ndarray::values_read();
+        // Each key's value comes straight into its first host out (this worker's copy
+        // of a key serves for the checks of its calls: its shape and dtype), else into
+        // the copy; from there to the other outs.
+        let mut jobs = Vec::with_capacity(pull.len());
         for (g, &i) in pull.iter().zip(pull_slots) {
-            remote.pull(&g.entry.key, &guards[i].value)?;
+            let (src, outs) = match g.arrays.split_first() {
+                Some((first, rest)) if !first.on_device() => (*first, rest),
+                _ => (&guards[i].value, &g.arrays[..]),
+            };
+            remote.pull(&g.entry.key, src)?;
+            jobs.push(BroadcastJob { src, outs });
         }
-        let jobs: Vec<BroadcastJob<'_>> = pull
-            .iter()
-            .zip(pull_slots)
-            .map(|(g, &i)| BroadcastJob { src: &guards[i].value, outs: &g.arrays })
-            .collect();
         self.comm.broadcast(&jobs)
     }
 }

@@ -58,6 +58,8 @@ pub(crate) struct Shards {
     channel: u32,
     /// The parts this worker owns, in a local store.
     server: Arc<KVStore>,
+    /// The buffers of this worker's own parts of split keys, for its own calls.
+    own: Buffers,
     bound: usize,
 }
 
@@ -87,8 +89,54 @@ fn request(op: u8, name: &Key, dtype: DType, shape: &[usize], bytes: &[u8]) -> V
     for &d in shape {
         m.extend_from_slice(&(d as u64).to_le_bytes());
     }
+    // The bytes start at a multiple of 8, so that an owner can read them in place.
+    m.resize(m.len().next_multiple_of(8), 0);
     m.extend_from_slice(bytes);
     m
+}
+
+/// A request's array bytes, lent to the owner's store as a pushed value, used in place
+/// (an updater may write it, as any pushed value); the request's buffer goes back to
+/// `back` when the array is dropped.
+struct Lent {
+    message: Vec<u8>,
+    start: usize,
+    back: Arc<Mutex<Vec<u8>>>,
+}
+
+impl crate::ndarray::ForeignMemory for Lent {
+    fn bytes(&self) -> &[u8] {
+        &self.message[self.start..]
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.message[self.start..]
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        *self.back.lock() = std::mem::take(&mut self.message);
+    }
+}
+
+/// A request's op, part name, dtype and shape, and where its array's bytes start.
+fn header(message: &[u8]) -> Result<(u8, Key, DType, Vec<usize>, usize)> {
+    let mut m = message;
+    let op = take(&mut m, 1)?[0];
+    let n = u32_of(take(&mut m, 4)?) as usize;
+    let name = std::str::from_utf8(take(&mut m, n)?).map_err(|_| Error::Internal("dist_async: a bad name".into()))?;
+    let name = Key::from(name);
+    let dtype = *DType::ALL
+        .get(usize::from(take(&mut m, 1)?[0]))
+        .ok_or_else(|| Error::Internal("dist_async: a bad dtype".into()))?;
+    let ndim = usize::from(take(&mut m, 1)?[0]);
+    let shape = (0..ndim)
+        .map(|_| take(&mut m, 8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()) as usize))
+        .collect::<Result<Vec<_>>>()?;
+    let at = message.len() - m.len();
+    take(&mut m, at.next_multiple_of(8) - at)?;
+    Ok((op, name, dtype, shape, message.len() - m.len()))
 }
 
 /// Reads `n` bytes off the front of `m`.
@@ -123,45 +171,51 @@ fn buffer(buffers: &Buffers, name: &Key, shape: &[usize], dtype: DType) -> Resul
     }
 }
 
-/// What an owner does with a request, and its reply.
-fn serve(server: &KVStore, buffers: &Buffers, mut m: &[u8]) -> Vec<u8> {
+/// What an owner does with a request, and its reply. A pushed array is read where it
+/// is in `message` (lent to the store, and given back) when its bytes are aligned for
+/// its dtype, else copied into the part's buffer.
+fn serve(server: &KVStore, buffers: &Buffers, message: &mut Vec<u8>) -> Vec<u8> {
     let answer = (|| -> Result<Vec<u8>> {
-        let op = take(&mut m, 1)?[0];
-        let n = u32_of(take(&mut m, 4)?) as usize;
-        let name =
-            std::str::from_utf8(take(&mut m, n)?).map_err(|_| Error::Internal("dist_async: a bad name".into()))?;
-        let name = Key::from(name);
-        let dtype = *DType::ALL
-            .get(usize::from(take(&mut m, 1)?[0]))
-            .ok_or_else(|| Error::Internal("dist_async: a bad dtype".into()))?;
-        let ndim = usize::from(take(&mut m, 1)?[0]);
-        let shape = (0..ndim)
-            .map(|_| take(&mut m, 8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()) as usize))
-            .collect::<Result<Vec<_>>>()?;
-        let array = |name: &Key| -> Result<NDArray> {
-            let a = buffer(buffers, name, &shape, dtype)?;
+        let (op, name, dtype, shape, start) = header(message)?;
+        let copied = |message: &[u8]| -> Result<NDArray> {
+            let a = buffer(buffers, &name, &shape, dtype)?;
             let mut w = a.write()?;
             let bytes = w.bytes_mut();
-            if bytes.len() != m.len() {
+            if bytes.len() != message.len() - start {
                 return Err(Error::Internal("dist_async: an array's bytes do not fit its shape".into()));
             }
-            bytes.copy_from_slice(m);
+            bytes.copy_from_slice(&message[start..]);
             w.finish()?;
             Ok(a)
         };
         match op {
-            INIT => server.init(name.clone(), &array(&name)?).map(|_| vec![0]),
-            PUSH => server.push(name.clone(), &array(&name)?, 0).map(|_| vec![0]),
-            PULL => {
-                let (shape, dtype) = server.shape_dtype(&name)?;
-                let a = buffer(buffers, &name, &shape, dtype)?;
-                server.pull(name, &a, 0)?;
-                let read = a.read()?;
-                let mut r = Vec::with_capacity(read.bytes().len() + 1);
-                r.push(0);
-                r.extend_from_slice(read.bytes());
-                Ok(r)
+            INIT => server.init(name.clone(), &copied(message)?).map(|_| vec![0]),
+            PUSH => {
+                let back = Arc::new(Mutex::new(Vec::new()));
+                let lent = Lent { message: std::mem::take(message), start, back: Arc::clone(&back) };
+                let lent = NDArray::from_foreign(&shape, dtype, Box::new(lent), true);
+                let value = match lent {
+                    Ok(v) => v,
+                    // Not aligned (or not the shape's bytes): through the part's buffer.
+                    Err(_) => {
+                        *message = std::mem::take(&mut *back.lock());
+                        copied(message)?
+                    }
+                };
+                let pushed = server.push(name.clone(), &value, 0);
+                drop(value);
+                if message.is_empty() {
+                    *message = std::mem::take(&mut *back.lock());
+                }
+                pushed.map(|_| vec![0])
             }
+            PULL => read_value(server, &name, |bytes| {
+                // The status byte first, as every answer; the bytes read where they are.
+                let mut r = Vec::with_capacity(bytes.len() + 1);
+                r.push(0);
+                r.extend_from_slice(bytes);
+                r
+            }),
             SNAPSHOT => snapshot(server, &name),
             _ => Err(Error::Internal(format!("dist_async: unknown request {op}"))),
         }
@@ -178,6 +232,17 @@ fn serve(server: &KVStore, buffers: &Buffers, mut m: &[u8]) -> Vec<u8> {
             r
         }
     }
+}
+
+/// `f` of the bytes of `name`'s value on the owner's share `server`, read in place
+/// under the key's lock (after the pushes applied before).
+fn read_value<T>(server: &KVStore, name: &Key, f: impl FnOnce(&[u8]) -> T) -> Result<T> {
+    let entry = server.store.table.read().entries.get(name).cloned();
+    let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op: "pull", key: name.clone() })?;
+    let held = Held::new("pull", &server.store, &[&entry])?;
+    let slot = &held.read("pull", &[&entry])?[0];
+    let read = slot.value.read()?;
+    Ok(f(read.bytes()))
 }
 
 /// Appends `a`'s bytes to `out`, after their length.
@@ -246,9 +311,9 @@ impl Shards {
         let server = Arc::new(KVStore::create("local")?);
         let served = Arc::clone(&server);
         let buffers: Arc<Buffers> = Arc::new(Mutex::new(HashMap::new()));
-        let handler: Handler = Arc::new(move |_from: usize, m: &[u8]| serve(&served, &buffers, m));
+        let handler: Handler = Arc::new(move |_from: usize, m: &mut Vec<u8>| serve(&served, &buffers, m));
         let channel = transport.serve(handler)?;
-        Ok(Shards { transport, channel, server, bound })
+        Ok(Shards { transport, channel, server, own: Mutex::new(HashMap::new()), bound })
     }
 
     pub(crate) fn rank(&self) -> usize {
@@ -296,25 +361,89 @@ impl Shards {
         Ok(replies)
     }
 
-    /// Sends `value`'s parts to their owners with `op` (INIT or PUSH).
+    /// Sends `value`'s parts to their owners with `op` (INIT or PUSH). A part this
+    /// worker owns goes straight to its share (no message, and the whole key's value
+    /// itself where the key is not split), while the others' requests are in flight.
     fn send(&self, op: u8, key: &Key, value: &NDArray) -> Result<()> {
+        let parts = self.parts(key, value.size());
         let read = value.read()?;
         let bytes = read.bytes();
         let esize = value.dtype().size();
-        let requests: Vec<(usize, Vec<u8>)> = self
-            .parts(key, value.size())
-            .into_iter()
-            .map(|part| {
-                let shape = match part.len == value.size() {
-                    true => value.shape().to_vec(),
-                    false => vec![part.len],
-                };
-                let range = part.start * esize..(part.start + part.len) * esize;
-                (part.owner, request(op, &part.name, value.dtype(), &shape, &bytes[range]))
-            })
-            .collect();
+        let mut requests = Vec::with_capacity(parts.len());
+        let mut own = None;
+        for part in &parts {
+            let range = part.start * esize..(part.start + part.len) * esize;
+            if part.owner == self.rank() {
+                own = Some(match part.len == value.size() {
+                    true => (part, value.clone()),
+                    false => (part, self.own_buffer(part, value.dtype(), &bytes[range])?),
+                });
+                continue;
+            }
+            let shape = match part.len == value.size() {
+                true => value.shape().to_vec(),
+                false => vec![part.len],
+            };
+            requests.push((part.owner, request(op, &part.name, value.dtype(), &shape, &bytes[range])));
+        }
         drop(read);
-        self.call(key, requests).map(drop)
+        let own = own.map(|(part, array)| {
+            move || {
+                super::locks::nested_call(|| match op {
+                    INIT => self.server.init(part.name.clone(), &array),
+                    _ => self.server.push(part.name.clone(), &array, 0),
+                })
+            }
+        });
+        self.call_with(key, requests, own).map(drop)
+    }
+
+    /// A buffer of this worker's own part `part` of a split key, holding `bytes`.
+    fn own_buffer(&self, part: &Part, dtype: DType, bytes: &[u8]) -> Result<NDArray> {
+        let a = buffer(&self.own, &part.name, &[part.len], dtype)?;
+        let mut w = a.overwrite()?;
+        w.bytes_mut().copy_from_slice(bytes);
+        w.finish()?;
+        Ok(a)
+    }
+
+    /// [`Shards::call`] of `requests`, with `own` (this worker's part, served by its own
+    /// share) run meanwhile; the error of `own` is reported as an owner's refusal.
+    fn call_with(
+        &self,
+        key: &Key,
+        requests: Vec<(usize, Vec<u8>)>,
+        own: Option<impl FnOnce() -> Result<()> + Send>,
+    ) -> Result<Vec<Vec<u8>>> {
+        let refused = |e: Error| Error::Backend {
+            backend: "dist_async",
+            message: format!(
+                "rank {}, the owner of key \"{key}\", refused the call ({}): {e}",
+                self.rank(),
+                e.kind().code()
+            ),
+        };
+        let Some(own) = own else { return self.call(key, requests) };
+        if requests.is_empty() {
+            return own().map_err(refused).map(|()| Vec::new());
+        }
+        // The others' parts travel while this worker's own is applied here.
+        let requests = Mutex::new(Some(requests));
+        let others = || self.call(key, requests.lock().take().unwrap_or_default());
+        std::thread::scope(|scope| {
+            match std::thread::Builder::new().name("kvstore-async-call".into()).spawn_scoped(scope, others) {
+                Ok(others) => {
+                    let mine = own().map_err(refused);
+                    let replies = others.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+                    mine.and(replies)
+                }
+                // No thread to spare: one after the other.
+                Err(_) => {
+                    own().map_err(refused)?;
+                    others()
+                }
+            }
+        })
     }
 
     /// Initialises `key` on its owners with `value` (one worker does, rank 0).
@@ -330,10 +459,24 @@ impl Shards {
     /// Writes the owners' value of `key` into `into` (of the key's shape and dtype).
     pub(crate) fn pull(&self, key: &Key, into: &NDArray) -> Result<()> {
         let esize = into.dtype().size();
-        let parts = self.parts(key, into.size());
+        let all = self.parts(key, into.size());
+        // This worker's own part comes from its share: where the key is not split,
+        // straight into `into`; else through the part's buffer.
+        let (own, parts): (Vec<Part>, Vec<Part>) = all.into_iter().partition(|p| p.owner == self.rank());
+        let own = own.into_iter().next();
+        let own_buffer = match &own {
+            Some(part) if part.len != into.size() => Some(buffer(&self.own, &part.name, &[part.len], into.dtype())?),
+            _ => None,
+        };
         let requests: Vec<(usize, Vec<u8>)> =
             parts.iter().map(|p| (p.owner, request(PULL, &p.name, into.dtype(), &[], &[]))).collect();
-        let got = self.call(key, requests)?;
+        let pull_own = own.as_ref().map(|part| {
+            || super::locks::nested_call(|| self.server.pull(part.name.clone(), own_buffer.as_ref().unwrap_or(into), 0))
+        });
+        let got = self.call_with(key, requests, pull_own)?;
+        if parts.is_empty() && own_buffer.is_none() {
+            return Ok(());
+        }
         for (part, reply) in parts.iter().zip(&got) {
             let bytes = &reply[1..];
             if bytes.len() != part.len * esize {
@@ -349,6 +492,9 @@ impl Shards {
         let out = w.bytes_mut();
         for (part, reply) in parts.iter().zip(&got) {
             out[part.start * esize..(part.start + part.len) * esize].copy_from_slice(&reply[1..]);
+        }
+        if let (Some(part), Some(b)) = (&own, &own_buffer) {
+            out[part.start * esize..(part.start + part.len) * esize].copy_from_slice(b.read()?.bytes());
         }
         w.finish()
     }
@@ -511,13 +657,6 @@ impl Shards {
 }
 
 impl KVStore {
-    /// The shape and dtype of `key`'s value.
-    fn shape_dtype(&self, key: &Key) -> Result<(Vec<usize>, DType)> {
-        let entry = self.store.table.read().entries.get(key).cloned();
-        let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op: "pull", key: key.clone() })?;
-        self.store.shape_dtype("pull", &entry)
-    }
-
     /// `save_checkpoint` of a `dist_async` store: every worker's calls done, rank 0
     /// gathers every key's value and state from their owners and writes the file (the
     /// format of every store kind's checkpoints: any kind, any number of workers, loads
@@ -610,5 +749,47 @@ impl KVStore {
             }),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn share() -> (KVStore, Buffers) {
+        let server = KVStore::create("local").unwrap();
+        server.init("k", &NDArray::from_vec(&[4], vec![1.0f32; 4]).unwrap()).unwrap();
+        (server, Mutex::new(HashMap::new()))
+    }
+
+    /// A pushed array is read where it is in the request, and the request's buffer
+    /// comes back to the transport (the same allocation, for the next request).
+    #[test]
+    fn a_push_reads_the_request_in_place_and_gives_it_back() {
+        let (server, buffers) = share();
+        let bytes: Vec<u8> = [2.0f32, 3.0, 4.0, 5.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let mut message = request(PUSH, &Key::from("k"), DType::F32, &[4], &bytes);
+        let (ptr, len) = (message.as_ptr(), message.len());
+        assert_eq!(serve(&server, &buffers, &mut message), vec![0]);
+        assert_eq!((message.as_ptr(), message.len()), (ptr, len), "the request's buffer comes back");
+        assert!(buffers.lock().is_empty(), "no copy through a part buffer");
+        assert_eq!(server.pull_new("k", 0).unwrap().to_vec::<f32>().unwrap(), vec![2.0, 3.0, 4.0, 5.0]);
+        // A pull's reply reads the value in place too: status byte, then the bytes.
+        let mut pull = request(PULL, &Key::from("k"), DType::F32, &[], &[]);
+        assert_eq!(serve(&server, &buffers, &mut pull), [&[0u8][..], &bytes].concat());
+    }
+
+    /// A push whose bytes do not fit its shape is refused, the key keeps its value,
+    /// and the request's buffer comes back.
+    #[test]
+    fn a_push_of_the_wrong_length_is_refused_and_changes_nothing() {
+        let (server, buffers) = share();
+        let mut message = request(PUSH, &Key::from("k"), DType::F32, &[4], &[0u8; 12]);
+        let len = message.len();
+        let reply = serve(&server, &buffers, &mut message);
+        assert_eq!(reply[0], 1, "an error reply");
+        assert!(String::from_utf8_lossy(&reply).contains("do not fit its shape"));
+        assert_eq!(message.len(), len);
+        assert_eq!(server.pull_new("k", 0).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 4]);
     }
 }
