@@ -56,6 +56,22 @@ pub trait Remote: Send + Sync {
         requests.into_iter().map(|(to, r)| self.request(to, channel, r)).collect()
     }
 
+    /// [`Remote::requests`], running `meanwhile` (this worker's own share of the work)
+    /// while they are in flight: the default runs it first, then sends them; a transport
+    /// that sends without waiting runs it once they are sent.
+    ///
+    /// # Errors
+    /// As [`Remote::request`].
+    fn requests_while(
+        &self,
+        channel: u32,
+        requests: Vec<(usize, Vec<u8>)>,
+        meanwhile: &mut dyn FnMut(),
+    ) -> Result<Vec<Vec<u8>>> {
+        meanwhile();
+        self.requests(channel, requests)
+    }
+
     /// Waits until every worker has called it, answering requests meanwhile.
     ///
     /// # Errors

@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 
 use kvstore_core::backend::{Collective, Handler, Remote};
 use kvstore_core::{Error, Result};
-use mpi::point_to_point::MatchedReceiveVec;
 use mpi::request::Request;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -124,30 +123,51 @@ fn send(comm: &SimpleCommunicator, to: usize, tag: i32, bytes: &[u8], deadline: 
     })
 }
 
-/// The reply with `tag` from `from`, if it has arrived.
+/// The reply with `tag` from `from`, if it has arrived (received as [`receive`] does).
 fn try_reply(from: usize, tag: i32) -> Result<Option<Vec<u8>>> {
     let replies = &comms()?.1;
-    locked(|| {
-        replies
-            .process_at_rank(from as i32)
-            .immediate_matched_probe_with_tag(tag)
-            .map(|matched| matched.matched_receive_vec::<u8>().0)
-    })
+    let Some((message, n, ..)) = locked(|| replies.process_at_rank(from as i32).immediate_matched_probe_with_tag(tag))?
+        .map(|(message, status)| matched(message, &status))
+    else {
+        return Ok(None);
+    };
+    let mut reply = vec![0u8; n];
+    receive(message, &mut reply)?;
+    Ok(Some(reply))
 }
 
 /// The next request, if one has arrived, received into `buf` (grown as needed): its
 /// length, sender and tag.
 fn try_request(buf: &mut Vec<u8>) -> Result<Option<(usize, usize, i32)>> {
     let requests = &comms()?.0;
-    locked(|| {
-        requests.any_process().immediate_matched_probe().map(|(message, status)| {
-            let n = usize::try_from(status.count(u8::equivalent_datatype())).unwrap_or(0);
-            if buf.len() < n {
-                buf.resize(n, 0);
-            }
-            let status = message.matched_receive_into(&mut buf[..n]);
-            (n, status.source_rank() as usize, status.tag())
-        })
+    let Some((message, n, from, tag)) =
+        locked(|| requests.any_process().immediate_matched_probe())?.map(|(message, status)| matched(message, &status))
+    else {
+        return Ok(None);
+    };
+    if buf.len() < n {
+        buf.resize(n, 0);
+    }
+    receive(message, &mut buf[..n])?;
+    Ok(Some((n, from, tag)))
+}
+
+/// A probed message, its length in bytes, sender and tag.
+fn matched(
+    message: mpi::point_to_point::Message,
+    status: &mpi::point_to_point::Status,
+) -> (mpi::point_to_point::Message, usize, usize, i32) {
+    let n = usize::try_from(status.count(u8::equivalent_datatype())).unwrap_or(0);
+    (message, n, status.source_rank() as usize, status.tag())
+}
+
+/// Receives the probed `message` into `buf`, waiting as [`wait_for`] does: a big message
+/// arrives while the lock is free for this process's other MPI calls (a rank's own
+/// requests go out while its serving thread takes another rank's in).
+fn receive(message: mpi::point_to_point::Message, buf: &mut [u8]) -> Result<()> {
+    mpi::request::scope(|scope| {
+        let request = locked(|| message.immediate_matched_receive_into(scope, buf))?;
+        wait_for(request, &|| {})
     })
 }
 
@@ -296,8 +316,17 @@ impl Remote for MpiRemote {
     }
 
     fn requests(&self, channel: u32, requests: Vec<(usize, Vec<u8>)>) -> Result<Vec<Vec<u8>>> {
-        // Every request in flight at once: the sends started together, then each reply
-        // taken as it arrives.
+        self.requests_while(channel, requests, &mut || {})
+    }
+
+    fn requests_while(
+        &self,
+        channel: u32,
+        requests: Vec<(usize, Vec<u8>)>,
+        meanwhile: &mut dyn FnMut(),
+    ) -> Result<Vec<Vec<u8>>> {
+        // Every request in flight at once: the sends started together, `meanwhile` run,
+        // then each reply taken as it arrives.
         let messages: Vec<(usize, i32, Vec<u8>)> = requests
             .into_iter()
             .map(|(to, mut message)| {
@@ -316,6 +345,7 @@ impl Remote for MpiRemote {
                     locked(|| comms.0.process_at_rank(*to as i32).immediate_send_with_tag(scope, &message[..], *tag))?;
                 sends.push(Some(send));
             }
+            meanwhile();
             let mut backoff = Backoff::new();
             loop {
                 let mut busy = false;

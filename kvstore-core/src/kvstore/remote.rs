@@ -342,9 +342,9 @@ impl Shards {
 
     /// Sends each `(owner, request)` (all in flight at once where the transport can)
     /// and returns the replies' bytes, or the first owner's error.
-    fn call(&self, key: &Key, requests: Vec<(usize, Vec<u8>)>) -> Result<Vec<Vec<u8>>> {
+    fn call(&self, key: &Key, requests: Vec<(usize, Vec<u8>)>, meanwhile: &mut dyn FnMut()) -> Result<Vec<Vec<u8>>> {
         let owners: Vec<usize> = requests.iter().map(|(o, _)| *o).collect();
-        let replies = self.transport.requests(self.channel, requests)?;
+        let replies = self.transport.requests_while(self.channel, requests, meanwhile)?;
         for (owner, reply) in owners.iter().zip(&replies) {
             let mut r = reply.as_slice();
             if take(&mut r, 1)?[0] != 0 {
@@ -413,7 +413,7 @@ impl Shards {
         &self,
         key: &Key,
         requests: Vec<(usize, Vec<u8>)>,
-        own: Option<impl FnOnce() -> Result<()> + Send>,
+        own: Option<impl FnOnce() -> Result<()>>,
     ) -> Result<Vec<Vec<u8>>> {
         let refused = |e: Error| Error::Backend {
             backend: "dist_async",
@@ -423,27 +423,21 @@ impl Shards {
                 e.kind().code()
             ),
         };
-        let Some(own) = own else { return self.call(key, requests) };
+        let Some(own) = own else { return self.call(key, requests, &mut || {}) };
         if requests.is_empty() {
             return own().map_err(refused).map(|()| Vec::new());
         }
-        // The others' parts travel while this worker's own is applied here.
-        let requests = Mutex::new(Some(requests));
-        let others = || self.call(key, requests.lock().take().unwrap_or_default());
-        std::thread::scope(|scope| {
-            match std::thread::Builder::new().name("kvstore-async-call".into()).spawn_scoped(scope, others) {
-                Ok(others) => {
-                    let mine = own().map_err(refused);
-                    let replies = others.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-                    mine.and(replies)
-                }
-                // No thread to spare: one after the other.
-                Err(_) => {
-                    own().map_err(refused)?;
-                    others()
-                }
-            }
-        })
+        // This worker's own part is applied here while the others' travel.
+        let (mut own, mut mine) = (Some(own), None);
+        let replies = self.call(key, requests, &mut || mine = own.take().map(|f| f()));
+        let mine = match (mine, own) {
+            (Some(r), _) => r,
+            // (A transport that failed before it ran `meanwhile`.)
+            (None, Some(f)) => f(),
+            (None, None) => Ok(()),
+        };
+        mine.map_err(refused)?;
+        replies
     }
 
     /// Initialises `key` on its owners with `value` (one worker does, rank 0).
@@ -538,7 +532,7 @@ impl Shards {
         let parts = self.parts(key, value.size());
         let requests: Vec<(usize, Vec<u8>)> =
             parts.iter().map(|p| (p.owner, request(SNAPSHOT, &p.name, dtype, &[], &[]))).collect();
-        let replies = self.call(key, requests)?;
+        let replies = self.call(key, requests, &mut || {})?;
         let state_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
         let mut state: Option<KeyState> = None;
         let bad = || Error::Internal(format!("dist_async: the owners' states of key \"{key}\" do not fit together"));
