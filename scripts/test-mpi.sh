@@ -146,6 +146,20 @@ else
     fail "a dist_async rank that stopped: exit $rc after ${elapsed} s (86: the timeout; 124: the job hung)" "$log"
 fi
 
+# dist_async next to dist_sync: a rank inside a blocking dist_sync call answers no
+# dist_async request (documented); the job ends after the timeout, and the messages say why.
+log="$logs/mpi-async-in-dist-sync.log"
+start=$(date +%s)
+KVSTORE_TIMEOUT=3 timeout 100 "${MPIRUN[@]}" -x KVSTORE_TIMEOUT -np 2 "$async_stall" dist_sync >"$log" 2>&1
+rc=$?
+elapsed=$(($(date +%s) - start))
+said="a rank inside a blocking dist_sync call answers no dist_async request"
+if [ "$rc" -eq 86 ] && [ "$elapsed" -lt 30 ] && grep -q "$said" "$log" && ! grep -q "went on although" "$log"; then
+    pass "a dist_async request to a rank inside a dist_sync call ended the job in ${elapsed} s, saying why"
+else
+    fail "a dist_async request to a rank inside a dist_sync call: exit $rc after ${elapsed} s (86: the timeout; 124: the job hung)" "$log"
+fi
+
 # dist_async: a rank that finalizes right after its last call goes on answering the
 # pulls of a rank that is still working, until that one finalizes too.
 log="$logs/mpi-async-early-finish.log"

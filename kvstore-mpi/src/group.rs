@@ -95,6 +95,9 @@ extern "C" fn abort_unless_finalized() {
     }
 }
 
+/// Whether this process made a `dist_sync` call (one of [`MpiGroup`]'s MPI calls).
+pub(crate) static SYNC_CALLS: AtomicBool = AtomicBool::new(false);
+
 /// Runs `f` holding the process's MPI lock, MPI being initialised and not finalised:
 /// how `dist_async`'s short non-blocking MPI calls keep to MPI_THREAD_SERIALIZED.
 ///
@@ -336,6 +339,7 @@ impl MpiGroup {
     /// Runs `f` with MPI, under the watchdog: a call that has not returned within the
     /// timeout ends the job (see [`watchdog`]).
     fn with_mpi<T>(&self, f: impl FnOnce(&mut Mpi) -> T) -> Result<T> {
+        SYNC_CALLS.store(true, Ordering::Relaxed);
         let shared = MPI.get().ok_or_else(|| Error::Internal("MPI is not initialised".into()))?;
         let mut guard = shared.0.lock();
         let mpi =
@@ -986,12 +990,13 @@ pub(crate) mod watchdog {
         let arrived: Vec<usize> = (0..size).filter(|r| !missing.contains(r)).collect();
         say(format!(
             "kvstore-mpi: rank {rank}: {step} has waited {} s for {}, which never arrived at it ({} did); a worker \
-             that is alive but stuck (or stopped) holds up the job: aborting it ({}={})",
+             that is alive but stuck (or stopped) holds up the job: aborting it ({}={}){}",
             seconds(timeout),
             ranks(missing),
             ranks(&arrived),
             super::TIMEOUT_VAR,
-            seconds(timeout)
+            seconds(timeout),
+            crate::remote::serving_hint()
         ));
         abort_soon()
     }
@@ -1046,11 +1051,12 @@ pub(crate) mod watchdog {
                     let step = if step.is_empty() { "a collective operation".to_string() } else { step };
                     say(format!(
                         "kvstore-mpi: rank {}: the data of {step} has not moved after {} s: every worker arrived at \
-                         the call, so one stopped or is stuck inside it; aborting the job ({}={})",
+                         the call, so one stopped or is stuck inside it; aborting the job ({}={}){}",
                         group.rank,
                         seconds(waited),
                         super::TIMEOUT_VAR,
-                        seconds(timeout)
+                        seconds(timeout),
+                        crate::remote::serving_hint()
                     ));
                     abort_soon();
                 }

@@ -171,6 +171,22 @@ fn receive(message: mpi::point_to_point::Message, buf: &mut [u8]) -> Result<()> 
     })
 }
 
+/// What a timeout's message adds where this process has both `dist_sync` and
+/// `dist_async` stores (it made a `dist_sync` call and serves `dist_async` requests): a
+/// rank inside a blocking `dist_sync` call answers no `dist_async` request, so a rank
+/// that waits for one of its replies never reaches that call.
+pub(crate) fn serving_hint() -> &'static str {
+    let serving = REMOTE.get().is_some_and(|r| r.server.lock().is_some());
+    match serving && crate::group::SYNC_CALLS.load(Ordering::Relaxed) {
+        true => {
+            "; this job has dist_sync and dist_async stores: a rank inside a blocking dist_sync call answers no \
+             dist_async request, so a rank waiting for its reply never reaches that call (end every rank's \
+             dist_async calls, with the dist_async store's barrier, before a dist_sync call: docs/dist-async.md)"
+        }
+        false => "",
+    }
+}
+
 /// [`MpiRemote::finish`] of the process's transport, if it was made.
 pub(crate) fn finish() -> Result<()> {
     REMOTE.get().map_or(Ok(()), |r| r.finish())
@@ -180,9 +196,10 @@ impl MpiRemote {
     /// Ends the job: this rank waited the job's timeout for `what`.
     fn give_up(&self, what: &str) {
         eprintln!(
-            "kvstore-mpi: rank {} waited {:.0} s for {what} (KVSTORE_TIMEOUT): ending the MPI job",
+            "kvstore-mpi: rank {} waited {:.0} s for {what} (KVSTORE_TIMEOUT): ending the MPI job{}",
             self.group.rank(),
-            self.group.timeout().as_secs_f64()
+            self.group.timeout().as_secs_f64(),
+            serving_hint()
         );
         abort_job(crate::group::watchdog::WATCHDOG_EXIT);
     }
