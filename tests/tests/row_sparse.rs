@@ -307,3 +307,65 @@ fn row_sparse_pull_sorts_few_and_many_ids_alike() {
     let e = kv.row_sparse_pull("t", &[5, rows as i64], 0).unwrap_err();
     assert!(e.to_string().contains(&format!("row {rows} is out of range for {rows} rows")), "{e}");
 }
+
+/// f16 and bf16 weights are updated lazily too, as MXNet does (its SGD gives rows 0 and
+/// 3 of this case untouched, and 0.89013671875 in row 1): only the pushed rows and their
+/// states change, each row computed in f32 and rounded once, as the dense update does
+/// the whole weight. Under `multi_precision` MXNet falls back to the dense update, and so
+/// does the store (weight decay reaches every row).
+#[test]
+fn f16_and_bf16_weights_are_updated_lazily_unless_multi_precision() {
+    let shape = [4, 2];
+    let lazy_sgd = || Optimizer::builder("sgd").param("learning_rate", 0.1).param("momentum", 0.9).param("wd", 0.1);
+    let one_row = |row: i64, dtype: DType| {
+        let d = NDArray::from_vec(&[1, 2], vec![1.0f32; 2]).and_then(|a| a.as_type(dtype)).expect("row");
+        RowSparse::new(d, vec![row], &shape).expect("row-sparse value")
+    };
+    for dtype in [DType::F16, DType::BF16] {
+        for (name, b) in [("sgd", lazy_sgd()), ("adam", Optimizer::builder("adam").param("learning_rate", 0.1))] {
+            let kv = KVStore::create("local").expect("store");
+            let ones = NDArray::from_vec(&shape, vec![1.0f32; 8]).and_then(|a| a.as_type(dtype)).expect("ones");
+            kv.init_row_sparse("w", &RowSparse::from_dense(&ones).expect("rsp")).expect("init");
+            kv.set_optimizer(b.build().expect("optimizer")).expect("set_optimizer");
+            kv.push_row_sparse("w", &[one_row(1, dtype)], 0).expect("push");
+            let after_one = kv.pull_new("w", 0).expect("pull").to_vec::<f32>().expect("read");
+            // The same first step on an f32 weight, rounded to the dtype once.
+            let f32_kv = KVStore::create("local").expect("store");
+            f32_kv
+                .init_row_sparse("w", &RowSparse::from_dense(&ones.as_type(DType::F32).expect("f32")).expect("rsp"))
+                .expect("init");
+            let b = if name == "sgd" { lazy_sgd() } else { Optimizer::builder("adam").param("learning_rate", 0.1) };
+            f32_kv.set_optimizer(b.build().expect("optimizer")).expect("set_optimizer");
+            f32_kv.push_row_sparse("w", &[one_row(1, DType::F32)], 0).expect("push");
+            let want =
+                f32_kv.pull_new("w", 0).expect("pull").as_type(dtype).and_then(|a| a.to_vec::<f32>()).expect("read");
+            assert_eq!(after_one, want, "{dtype} {name}: one lazy step");
+            kv.push_row_sparse("w", &[one_row(2, dtype)], 0).expect("push");
+            let after_two = kv.pull_new("w", 0).expect("pull").to_vec::<f32>().expect("read");
+            assert_eq!(
+                (&after_two[..2], &after_two[6..]),
+                (&[1.0f32; 2][..], &[1.0f32; 2][..]),
+                "{dtype} {name}: rows 0 and 3"
+            );
+            assert_eq!(after_two[2..4], after_one[2..4], "{dtype} {name}: row 1 is not pushed again");
+            assert!(after_two[4] < 1.0, "{dtype} {name}: row 2 is updated");
+        }
+        // multi_precision: dense, as MXNet's fallback (row 0 decays with wd).
+        let kv = KVStore::create("local").expect("store");
+        let ones = NDArray::from_vec(&shape, vec![1.0f32; 8]).and_then(|a| a.as_type(dtype)).expect("ones");
+        kv.init_row_sparse("w", &RowSparse::from_dense(&ones).expect("rsp")).expect("init");
+        kv.set_optimizer(lazy_sgd().param("multi_precision", 1.0).build().expect("sgd")).expect("set_optimizer");
+        kv.push_row_sparse("w", &[one_row(1, dtype)], 0).expect("push");
+        let got = kv.pull_new("w", 0).expect("pull").to_vec::<f32>().expect("read");
+        assert!(got[0] < 1.0, "{dtype}: multi_precision updates every row, as MXNet's dense fallback");
+    }
+    // MXNet 1.9.1's numbers for the SGD case (f16, lr 0.1, momentum 0.9, wd 0.1).
+    let kv = KVStore::create("local").expect("store");
+    let ones = NDArray::from_vec(&shape, vec![1.0f32; 8]).and_then(|a| a.as_type(DType::F16)).expect("ones");
+    kv.init_row_sparse("w", &RowSparse::from_dense(&ones).expect("rsp")).expect("init");
+    kv.set_optimizer(lazy_sgd().build().expect("sgd")).expect("set_optimizer");
+    kv.push_row_sparse("w", &[one_row(1, DType::F16)], 0).expect("push");
+    kv.push_row_sparse("w", &[one_row(2, DType::F16)], 0).expect("push");
+    let got = kv.pull_new("w", 0).expect("pull").to_vec::<f32>().expect("read");
+    assert_eq!(got, vec![1.0, 1.0, 0.890_136_7, 0.890_136_7, 0.890_136_7, 0.890_136_7, 1.0, 1.0]);
+}

@@ -470,7 +470,7 @@ impl Store {
             }
             Merger::Optimizer(runtime) => {
                 runtime.check_weight(key, &slot.value)?;
-                match runtime.lazy() && matches!(slot.value.dtype(), DType::F32 | DType::F64) {
+                match runtime.lazy_for(&slot.value) {
                     true => runtime.update_rows(key, &slot.value, &sum, &mut slot.opt)?,
                     false => runtime.update(key, &slot.value, &sum.to_dense()?, &mut slot.opt)?,
                 }

@@ -655,8 +655,21 @@ impl Runtime {
         }
     }
 
-    /// One lazy update of an f32 or f64 `weight` with the row-sparse gradient `grad`:
-    /// the rule runs on each of its rows alone (see [`Runtime::lazy`]).
+    /// Whether a row-sparse gradient updates `weight` lazily: for a lazy optimizer
+    /// ([`Runtime::lazy`]), an f32 or f64 weight, or an f16/bf16 one without
+    /// `multi_precision` (MXNet's multi-precision kernels have no row-sparse form: they
+    /// update densely).
+    pub(crate) fn lazy_for(&self, weight: &NDArray) -> bool {
+        self.lazy()
+            && match weight.dtype() {
+                DType::F32 | DType::F64 => true,
+                DType::F16 | DType::BF16 => self.opt.params.num("multi_precision") == 0.0,
+                _ => false,
+            }
+    }
+
+    /// One lazy update of `weight` with the row-sparse gradient `grad` (where
+    /// [`Runtime::lazy_for`] says so): the rule runs on each of its rows alone.
     pub(crate) fn update_rows(
         &self,
         key: &Key,
@@ -717,6 +730,41 @@ impl Runtime {
                 grad,
                 &st.states,
             ),
+            // f16/bf16 (no master copy: MXNet updates those lazily too, and falls back
+            // to the dense update under multi_precision): each row widened to f32,
+            // updated with its f32 state rows, and rounded back once, as the dense
+            // update does the whole weight.
+            DType::F16 | DType::BF16 if st.master.is_none() => {
+                let rl = grad.row_len();
+                let g = grad.data().to_vec::<f32>()?;
+                let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect::<Result<_>>()?;
+                let mut ss: Vec<&mut [f32]> = guards.iter_mut().map(|b| b.typed_mut::<f32>()).collect();
+                let mut w32 = vec![0f32; rl];
+                let mut each_row = |w: &mut dyn FnMut(usize, &mut [f32], bool)| {
+                    for (i, &r) in grad.indices().iter().enumerate() {
+                        let span = r as usize * rl..(r as usize + 1) * rl;
+                        w(span.start, &mut w32, false);
+                        let mut st_rows: smallvec::SmallVec<[&mut [f32]; 4]> =
+                            ss.iter_mut().map(|s| &mut s[span.clone()]).collect();
+                        rule.update_row_f32(step, values, &mut w32, &g[i * rl..(i + 1) * rl], &mut st_rows);
+                        w(span.start, &mut w32, true);
+                    }
+                };
+                match weight.dtype() {
+                    DType::F16 => weight.with_data_mut(|w: &mut [f16]| {
+                        each_row(&mut |at, row, back| match back {
+                            false => row.iter_mut().zip(&w[at..]).for_each(|(d, s)| *d = s.to_f32()),
+                            true => w[at..].iter_mut().zip(row.iter()).for_each(|(d, &s)| *d = f16::from_f32(s)),
+                        })
+                    }),
+                    _ => weight.with_data_mut(|w: &mut [bf16]| {
+                        each_row(&mut |at, row, back| match back {
+                            false => row.iter_mut().zip(&w[at..]).for_each(|(d, s)| *d = s.to_f32()),
+                            true => w[at..].iter_mut().zip(row.iter()).for_each(|(d, &s)| *d = bf16::from_f32(s)),
+                        })
+                    }),
+                }
+            }
             d => Err(Error::Internal(format!("a lazy update of a {d} weight"))),
         }
     }
