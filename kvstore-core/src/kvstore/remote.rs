@@ -139,6 +139,15 @@ fn header(message: &[u8]) -> Result<(u8, Key, DType, Vec<usize>, usize)> {
     Ok((op, name, dtype, shape, message.len() - m.len()))
 }
 
+/// The error of a call that `owner` refused for `key`, with its error `code` and
+/// `message`.
+fn refused(owner: usize, key: &Key, code: &str, message: &dyn std::fmt::Display) -> Error {
+    Error::Backend {
+        backend: "dist_async",
+        message: format!("rank {owner}, the owner of key \"{key}\", refused the call ({code}): {message}"),
+    }
+}
+
 /// Reads `n` bytes off the front of `m`.
 fn take<'m>(m: &mut &'m [u8], n: usize) -> Result<&'m [u8]> {
     if m.len() < n {
@@ -153,9 +162,11 @@ fn u32_of(b: &[u8]) -> u32 {
     u32::from_le_bytes(b.try_into().unwrap_or_default())
 }
 
-/// An owner's buffer per part, reused by every push and pull of it: a part's bytes
-/// arrive into it and leave from it (a fresh array per request would cost an allocation
-/// and its page faults each time). Requests are served one at a time.
+/// A buffer per part, reused by every call that needs one (a fresh array per call would
+/// cost an allocation and its page faults each time): an owner's for the parts of the
+/// requests it cannot read in place (`init`s, misaligned pushes), which it serves one at
+/// a time; a worker's for its own parts of split keys, which its calls on one key use
+/// one at a time.
 type Buffers = Mutex<HashMap<Key, NDArray>>;
 
 /// `name`'s buffer in `buffers`, of `shape` and `dtype` (made, or remade on a change).
@@ -209,14 +220,15 @@ fn serve(server: &KVStore, buffers: &Buffers, message: &mut Vec<u8>) -> Vec<u8> 
                 }
                 pushed.map(|_| vec![0])
             }
-            PULL => read_value(server, &name, |bytes| {
+            PULL => with_slot(server, "pull", &name, |slot| {
                 // The status byte first, as every answer; the bytes read where they are.
-                let mut r = Vec::with_capacity(bytes.len() + 1);
+                let read = slot.value.read()?;
+                let mut r = Vec::with_capacity(read.bytes().len() + 1);
                 r.push(0);
-                r.extend_from_slice(bytes);
-                r
+                r.extend_from_slice(read.bytes());
+                Ok(r)
             }),
-            SNAPSHOT => snapshot(server, &name),
+            SNAPSHOT => with_slot(server, "save_checkpoint", &name, snapshot),
             _ => Err(Error::Internal(format!("dist_async: unknown request {op}"))),
         }
     })();
@@ -234,15 +246,13 @@ fn serve(server: &KVStore, buffers: &Buffers, message: &mut Vec<u8>) -> Vec<u8> 
     }
 }
 
-/// `f` of the bytes of `name`'s value on the owner's share `server`, read in place
-/// under the key's lock (after the pushes applied before).
-fn read_value<T>(server: &KVStore, name: &Key, f: impl FnOnce(&[u8]) -> T) -> Result<T> {
+/// `f` of `name`'s slot on the owner's share `server` (its value and state), read in
+/// place under the key's lock (after the pushes applied before), for `op`.
+fn with_slot<T>(server: &KVStore, op: &'static str, name: &Key, f: impl FnOnce(&Slot) -> Result<T>) -> Result<T> {
     let entry = server.store.table.read().entries.get(name).cloned();
-    let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op: "pull", key: name.clone() })?;
-    let held = Held::new("pull", &server.store, &[&entry])?;
-    let slot = &held.read("pull", &[&entry])?[0];
-    let read = slot.value.read()?;
-    Ok(f(read.bytes()))
+    let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op, key: name.clone() })?;
+    let held = Held::new(op, &server.store, &[&entry])?;
+    f(&held.read(op, &[&entry])?[0])
 }
 
 /// Appends `a`'s bytes to `out`, after their length.
@@ -259,13 +269,9 @@ fn get_bytes<'m>(m: &mut &'m [u8]) -> Result<&'m [u8]> {
     take(m, n)
 }
 
-/// A part's value and optimizer state on its owner: the value, then (if it has one)
-/// the update count, the state arrays and the master copy.
-fn snapshot(server: &KVStore, name: &Key) -> Result<Vec<u8>> {
-    let entry = server.store.table.read().entries.get(name).cloned();
-    let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op: "save_checkpoint", key: name.clone() })?;
-    let held = Held::new("save_checkpoint", &server.store, &[&entry])?;
-    let slot = &held.read("save_checkpoint", &[&entry])?[0];
+/// A part's value and optimizer state on its owner (its `slot`): the value, then (if it
+/// has one) the update count, the state arrays and the master copy.
+fn snapshot(slot: &Slot) -> Result<Vec<u8>> {
     // The status byte first, as every answer.
     let mut out = vec![0];
     put_array(&mut out, &slot.value)?;
@@ -350,11 +356,7 @@ impl Shards {
             if take(&mut r, 1)?[0] != 0 {
                 let n = u32_of(take(&mut r, 4)?) as usize;
                 let code = String::from_utf8_lossy(take(&mut r, n)?).into_owned();
-                let message = String::from_utf8_lossy(r);
-                return Err(Error::Backend {
-                    backend: "dist_async",
-                    message: format!("rank {owner}, the owner of key \"{key}\", refused the call ({code}): {message}"),
-                });
+                return Err(refused(*owner, key, &code, &String::from_utf8_lossy(r)));
             }
         }
         // Each reply without its status byte is read from index 1 on.
@@ -366,6 +368,7 @@ impl Shards {
     /// itself where the key is not split), while the others' requests are in flight.
     fn send(&self, op: u8, key: &Key, value: &NDArray) -> Result<()> {
         let parts = self.parts(key, value.size());
+        let whole = |part: &Part| part.len == value.size();
         let read = value.read()?;
         let bytes = read.bytes();
         let esize = value.dtype().size();
@@ -374,13 +377,13 @@ impl Shards {
         for part in &parts {
             let range = part.start * esize..(part.start + part.len) * esize;
             if part.owner == self.rank() {
-                own = Some(match part.len == value.size() {
+                own = Some(match whole(part) {
                     true => (part, value.clone()),
                     false => (part, self.own_buffer(part, value.dtype(), &bytes[range])?),
                 });
                 continue;
             }
-            let shape = match part.len == value.size() {
+            let shape = match whole(part) {
                 true => value.shape().to_vec(),
                 false => vec![part.len],
             };
@@ -415,27 +418,22 @@ impl Shards {
         requests: Vec<(usize, Vec<u8>)>,
         own: Option<impl FnOnce() -> Result<()>>,
     ) -> Result<Vec<Vec<u8>>> {
-        let refused = |e: Error| Error::Backend {
-            backend: "dist_async",
-            message: format!(
-                "rank {}, the owner of key \"{key}\", refused the call ({}): {e}",
-                self.rank(),
-                e.kind().code()
-            ),
-        };
+        let refused = |e: Error| refused(self.rank(), key, e.kind().code(), &e);
         let Some(own) = own else { return self.call(key, requests, &mut || {}) };
         if requests.is_empty() {
             return own().map_err(refused).map(|()| Vec::new());
         }
         // This worker's own part is applied here while the others' travel.
-        let (mut own, mut mine) = (Some(own), None);
-        let replies = self.call(key, requests, &mut || mine = own.take().map(|f| f()));
-        let mine = match (mine, own) {
-            (Some(r), _) => r,
-            // (A transport that failed before it ran `meanwhile`.)
-            (None, Some(f)) => f(),
-            (None, None) => Ok(()),
-        };
+        let (mut own, mut mine) = (Some(own), Ok(()));
+        let replies = self.call(key, requests, &mut || {
+            if let Some(f) = own.take() {
+                mine = f();
+            }
+        });
+        // (A transport that failed, or never ran `meanwhile`.)
+        if let Some(f) = own.take() {
+            mine = f();
+        }
         mine.map_err(refused)?;
         replies
     }

@@ -731,40 +731,9 @@ impl Runtime {
                 &st.states,
             ),
             // f16/bf16 (no master copy: MXNet updates those lazily too, and falls back
-            // to the dense update under multi_precision): each row widened to f32,
-            // updated with its f32 state rows, and rounded back once, as the dense
-            // update does the whole weight.
-            DType::F16 | DType::BF16 if st.master.is_none() => {
-                let rl = grad.row_len();
-                let g = grad.data().to_vec::<f32>()?;
-                let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect::<Result<_>>()?;
-                let mut ss: Vec<&mut [f32]> = guards.iter_mut().map(|b| b.typed_mut::<f32>()).collect();
-                let mut w32 = vec![0f32; rl];
-                let mut each_row = |w: &mut dyn FnMut(usize, &mut [f32], bool)| {
-                    for (i, &r) in grad.indices().iter().enumerate() {
-                        let span = r as usize * rl..(r as usize + 1) * rl;
-                        w(span.start, &mut w32, false);
-                        let mut st_rows: smallvec::SmallVec<[&mut [f32]; 4]> =
-                            ss.iter_mut().map(|s| &mut s[span.clone()]).collect();
-                        rule.update_row_f32(step, values, &mut w32, &g[i * rl..(i + 1) * rl], &mut st_rows);
-                        w(span.start, &mut w32, true);
-                    }
-                };
-                match weight.dtype() {
-                    DType::F16 => weight.with_data_mut(|w: &mut [f16]| {
-                        each_row(&mut |at, row, back| match back {
-                            false => row.iter_mut().zip(&w[at..]).for_each(|(d, s)| *d = s.to_f32()),
-                            true => w[at..].iter_mut().zip(row.iter()).for_each(|(d, &s)| *d = f16::from_f32(s)),
-                        })
-                    }),
-                    _ => weight.with_data_mut(|w: &mut [bf16]| {
-                        each_row(&mut |at, row, back| match back {
-                            false => row.iter_mut().zip(&w[at..]).for_each(|(d, s)| *d = s.to_f32()),
-                            true => w[at..].iter_mut().zip(row.iter()).for_each(|(d, &s)| *d = bf16::from_f32(s)),
-                        })
-                    }),
-                }
-            }
+            // to the dense update under multi_precision).
+            DType::F16 if st.master.is_none() => half_rows::<f16>(rule, (step, values), weight, grad, &st.states),
+            DType::BF16 if st.master.is_none() => half_rows::<bf16>(rule, (step, values), weight, grad, &st.states),
             d => Err(Error::Internal(format!("a lazy update of a {d} weight"))),
         }
     }
@@ -918,6 +887,34 @@ impl Runtime {
         }
         done
     }
+}
+
+/// The rows of the row-sparse `grad` applied to an f16/bf16 `weight` and its f32
+/// `states` (a lazy update): each row widened to f32, updated with its state rows, and
+/// rounded back once, as the dense update does the whole weight.
+fn half_rows<H: crate::Element<Acc = f32>>(
+    rule: &dyn Rule,
+    (step, values): (&Step, &mut [f64]),
+    weight: &NDArray,
+    grad: &RowSparse,
+    states: &[NDArray],
+) -> Result<()> {
+    let rl = grad.row_len();
+    let g = grad.data().to_vec::<f32>()?;
+    let mut guards: Vec<_> = states.iter().map(NDArray::write).collect::<Result<_>>()?;
+    let mut ss: Vec<&mut [f32]> = guards.iter_mut().map(|b| b.typed_mut::<f32>()).collect();
+    let mut w32 = vec![0f32; rl];
+    weight.with_data_mut(|w: &mut [H]| {
+        for (i, &r) in grad.indices().iter().enumerate() {
+            let span = r as usize * rl..(r as usize + 1) * rl;
+            let row = &mut w[span.clone()];
+            w32.iter_mut().zip(row.iter()).for_each(|(d, &s)| *d = s.to_acc());
+            let mut st_rows: smallvec::SmallVec<[&mut [f32]; 4]> =
+                ss.iter_mut().map(|s| &mut s[span.clone()]).collect();
+            rule.update_row_f32(step, values, &mut w32, &g[i * rl..(i + 1) * rl], &mut st_rows);
+            row.iter_mut().zip(&w32).for_each(|(d, &s)| *d = H::from_acc(s));
+        }
+    })
 }
 
 /// A stable hash of a key (FNV-1a), for per-key random streams.
