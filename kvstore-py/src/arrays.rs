@@ -9,21 +9,29 @@ use numpy::{PyArray, PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntype
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
+use std::collections::HashMap;
 
-/// The memory of a Python array, kept alive (and unmoved) by a reference to the array.
+use parking_lot::{Mutex, MutexGuard};
+
+/// The memory of a Python array, kept alive (and unmoved) by a reference to the array:
+/// its own, or, for an array reused by blocking calls ([`REUSED`]), each call's.
 struct PyMemory {
-    /// The numpy array whose buffer this is (its base keeps any other owner alive).
-    _owner: Py<PyAny>,
+    /// The numpy array whose buffer this is (its base keeps any other owner alive);
+    /// `None` for a reused array, whose callers hold it instead.
+    _owner: Option<Py<PyAny>>,
     ptr: *mut u8,
     len: usize,
     writable: bool,
 }
 
-// SAFETY: the pointer is into the buffer of `_owner`, a numpy array this struct holds a
-// reference to: numpy frees or moves an array's buffer only when the array is freed or
-// resized, and `ndarray.resize` refuses an array that another reference holds (unless
-// the user passes `refcheck=False`, which numpy documents as unsafe). The bytes are
-// plain data, read and written under the store's array locks.
+// SAFETY: the pointer is into the buffer of a numpy array that a reference keeps alive
+// while the memory is used: `_owner`, or, for a reused array (`_owner` None), the
+// blocking call that uses it, which holds the array (`CallArrays`) and checked first
+// that its buffer is still this one (`Reusing::wrapped`); a reused array is never read
+// or written outside such a call. Numpy frees or moves an array's buffer only when the
+// array is freed or resized, and `ndarray.resize` refuses an array that another
+// reference holds (unless the user passes `refcheck=False`, which numpy documents as
+// unsafe). The bytes are plain data, read and written under the store's array locks.
 unsafe impl Send for PyMemory {}
 // SAFETY: as above; `&PyMemory` only reads.
 unsafe impl Sync for PyMemory {}
@@ -142,11 +150,17 @@ pub(crate) enum Use {
 /// `__dlpack_device__` says CUDA) becomes a `gpu(i)` array over its memory
 /// (`dlpack.rs`); anything else that is not a numpy array goes through the package's `kvstore._arrays.as_numpy`, which returns a numpy
 /// view of it without a copy (DLPack, `__array_interface__`) or raises `TypeError`.
-pub(crate) fn wrap(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<NDArray> {
+pub(crate) fn wrap<'py>(
+    obj: &Bound<'py, PyAny>,
+    usage: Use,
+    what: &str,
+    reuse: Option<&mut Reusing<'_, 'py>>,
+) -> PyResult<NDArray> {
     let py = obj.py();
     let converted;
-    let array = match obj.cast::<PyUntypedArray>() {
-        Ok(a) => a,
+    let (array, reuse) = match obj.cast::<PyUntypedArray>() {
+        Ok(a) => (a, reuse),
+        // A view made here lives for this call only: not reused.
         Err(_) => {
             if crate::sparse::is_row_sparse(obj) {
                 return Err(crate::sparse::not_here(what));
@@ -158,7 +172,7 @@ pub(crate) fn wrap(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<N
             match view.cast_into::<PyUntypedArray>() {
                 Ok(a) => {
                     converted = a;
-                    &converted
+                    (&converted, None)
                 }
                 Err(_) => {
                     return Err(PyTypeError::new_err(format!(
@@ -208,8 +222,17 @@ pub(crate) fn wrap(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<N
         // No memory to share: an empty array of the same shape.
         return NDArray::zeros_with(shape, dtype, kvstore_core::Context::cpu(0)).map_err(crate::errors::to_py);
     }
-    let mem = PyMemory { _owner: array.clone().into_any().unbind(), ptr: data.cast::<u8>(), len, writable };
-    NDArray::from_foreign(shape, dtype, Box::new(mem), writable).map_err(crate::errors::to_py)
+    let ptr = data.cast::<u8>();
+    match reuse {
+        Some(reuse) => reuse.wrapped(obj, ptr, len, writable, shape, dtype, || {
+            let mem = PyMemory { _owner: None, ptr, len, writable };
+            NDArray::from_foreign(shape, dtype, Box::new(mem), writable).map_err(crate::errors::to_py)
+        }),
+        None => {
+            let mem = PyMemory { _owner: Some(array.clone().into_any().unbind()), ptr, len, writable };
+            NDArray::from_foreign(shape, dtype, Box::new(mem), writable).map_err(crate::errors::to_py)
+        }
+    }
 }
 
 /// Keeps a store array alive for the numpy views of its memory (their base).
@@ -265,5 +288,93 @@ pub(crate) fn view<'py>(py: Python<'py>, array: &NDArray) -> PyResult<Bound<'py,
         DType::I64 => typed::<i64>(py, array),
         DType::I8 => typed::<i8>(py, array),
         DType::U8 => typed::<u8>(py, array),
+    }
+}
+
+/// The numpy arrays that blocking calls were given, wrapped once and reused by later
+/// calls (a training loop pushes and pulls the same arrays step after step), by the
+/// address of their Python object, in one map for the process. An entry holds no
+/// reference to its object: it is used only by a call that holds the object
+/// ([`CallArrays`]), and only if the object's buffer is still the one it wraps (an
+/// object freed and another made at its address is wrapped anew, unless it has the
+/// same buffer, which is then the memory the entry reads). Entries wrap memory only,
+/// nothing of a store, so every store shares them. Not for non-blocking calls (their
+/// arrays hold their objects). Nothing else of Python sees a reused array: a Python
+/// updater gets views of the store's own buffers, never of a pushed value
+/// (`test_an_updater_sees_the_stores_memory_not_the_pushed_arrays`).
+static REUSED: std::sync::LazyLock<Mutex<HashMap<usize, Reused, foldhash::fast::RandomState>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// At most this many arrays are kept for reuse (about 300 bytes each, with no Python
+/// memory): a full map is emptied.
+const MOST_REUSED: usize = 1 << 14;
+
+struct Reused {
+    ptr: usize,
+    len: usize,
+    writable: bool,
+    array: NDArray,
+}
+
+/// One blocking call's reused arrays: their objects, held until the call returns.
+#[derive(Default)]
+pub(crate) struct CallArrays<'py> {
+    held: Vec<Bound<'py, PyAny>>,
+}
+
+impl<'py> CallArrays<'py> {
+    /// The map, for wrapping one argument's arrays; `None` (wrap them anew) when
+    /// another thread has it: that thread holds it only while it wraps, and may have
+    /// let this one run meanwhile (when an iterable it reads runs Python code), so
+    /// waiting could deadlock.
+    pub(crate) fn reusing(&mut self) -> Option<Reusing<'_, 'py>> {
+        let map = REUSED.try_lock()?;
+        Some(Reusing { call: self, map })
+    }
+}
+
+/// The reused arrays, locked while one argument of a call is wrapped.
+pub(crate) struct Reusing<'c, 'py> {
+    call: &'c mut CallArrays<'py>,
+    map: MutexGuard<'static, HashMap<usize, Reused, foldhash::fast::RandomState>>,
+}
+
+impl<'py> Reusing<'_, 'py> {
+    /// The reused array of `obj` if it still wraps the object's buffer (`ptr`, `len`
+    /// bytes, `shape`, `dtype`, `writable`), else a new one from `make`, remembered;
+    /// either way the call holds `obj` until it returns.
+    #[allow(clippy::too_many_arguments)]
+    fn wrapped(
+        &mut self,
+        obj: &Bound<'py, PyAny>,
+        ptr: *mut u8,
+        len: usize,
+        writable: bool,
+        shape: &[usize],
+        dtype: DType,
+        make: impl FnOnce() -> PyResult<NDArray>,
+    ) -> PyResult<NDArray> {
+        let id = obj.as_ptr() as usize;
+        let array = match self.map.get(&id) {
+            Some(r)
+                if r.ptr == ptr as usize
+                    && r.len == len
+                    && r.writable == writable
+                    && r.array.dtype() == dtype
+                    && r.array.shape() == shape =>
+            {
+                r.array.clone()
+            }
+            _ => {
+                let array = make()?;
+                if self.map.len() >= MOST_REUSED {
+                    self.map.clear();
+                }
+                self.map.insert(id, Reused { ptr: ptr as usize, len, writable, array: array.clone() });
+                array
+            }
+        };
+        self.call.held.push(obj.clone());
+        Ok(array)
     }
 }

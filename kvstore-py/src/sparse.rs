@@ -64,7 +64,7 @@ fn from_parts(
     shape: Vec<usize>,
     what: &str,
 ) -> PyResult<RowSparse> {
-    let data = wrap(data, Use::Read, what)?;
+    let data = wrap(data, Use::Read, what, None)?;
     RowSparse::new(data, indices.as_slice()?.to_vec(), &shape).map_err(to_py)
 }
 

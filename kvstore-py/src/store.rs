@@ -12,7 +12,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyList, PyString, PyTuple};
 
-use crate::arrays::{Use, view, wrap};
+use crate::arrays::{CallArrays, Use, view, wrap};
 use crate::errors::to_py;
 use crate::pending::Pending;
 use crate::sparse::RowSparseValue;
@@ -88,19 +88,31 @@ fn is_list(obj: &Bound<'_, PyAny>) -> bool {
 }
 
 /// `obj` as a call's arrays (see [`Arrays`]), wrapped in place for `usage`.
-fn arrays_of(obj: &Bound<'_, PyAny>, usage: Use, what: &str) -> PyResult<Arrays> {
+fn arrays_of<'py>(obj: &Bound<'py, PyAny>, usage: Use, what: &str) -> PyResult<Arrays> {
+    arrays_in(obj, usage, what, None)
+}
+
+/// [`arrays_of`] for a blocking call, reusing the arrays of earlier calls (`call` holds
+/// their objects until it returns: see `arrays::REUSED`).
+fn arrays_in<'py>(
+    obj: &Bound<'py, PyAny>,
+    usage: Use,
+    what: &str,
+    call: Option<&mut CallArrays<'py>>,
+) -> PyResult<Arrays> {
+    let mut reuse = call.and_then(|c| c.reusing());
     if !is_list(obj) {
-        return Ok(Arrays::One(wrap(obj, usage, what)?));
+        return Ok(Arrays::One(wrap(obj, usage, what, reuse.as_mut())?));
     }
     let items = items_of(obj)?;
-    let wrap_one = |a: &Bound<'_, PyAny>| wrap(a, usage, what);
+    let mut wrap_one = |a: &Bound<'py, PyAny>| wrap(a, usage, what, reuse.as_mut());
     if !items.iter().any(is_list) {
-        return Ok(Arrays::Many(items.iter().map(wrap_one).collect::<PyResult<_>>()?));
+        return Ok(Arrays::Many(items.iter().map(&mut wrap_one).collect::<PyResult<_>>()?));
     }
     let nested = items
         .iter()
         .map(|item| match is_list(item) {
-            true => map_items(item, wrap_one),
+            true => map_items(item, &mut wrap_one),
             false => Ok(vec![wrap_one(item)?]),
         })
         .collect::<PyResult<_>>()?;
@@ -207,7 +219,8 @@ impl PyStore {
     /// ``dist_sync`` rank 0's value wins.
     fn init(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let keys = keys_of(key)?;
-        let values = match arrays_of(value, Use::Read, "value") {
+        let mut call = CallArrays::default();
+        let values = match arrays_in(value, Use::Read, "value", Some(&mut call)) {
             Err(e) if e.is_instance_of::<RowSparseValue>(py) => return self.init_row_sparse(py, key, value),
             values => values?,
         };
@@ -232,7 +245,8 @@ impl PyStore {
     #[pyo3(signature = (key, value, priority = 0))]
     fn push(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
         let keys = keys_of(key)?;
-        let values = match arrays_of(value, Use::Read, "value") {
+        let mut call = CallArrays::default();
+        let values = match arrays_in(value, Use::Read, "value", Some(&mut call)) {
             Err(e) if e.is_instance_of::<RowSparseValue>(py) => return self.push_row_sparse(py, key, value, priority),
             values => values?,
         };
@@ -260,7 +274,8 @@ impl PyStore {
         let Some(out) = out else {
             return self.pull_new(py, keys, priority).map(Some);
         };
-        let outs = arrays_of(out, Use::Write, "out")?;
+        let mut call = CallArrays::default();
+        let outs = arrays_in(out, Use::Write, "out", Some(&mut call))?;
         py.detach(|| settled(self.shared.kv.pull(keys, outs.values(), priority), &[&outs])).map_err(to_py)?;
         Ok(None)
     }
@@ -277,17 +292,18 @@ impl PyStore {
         priority: i32,
     ) -> PyResult<()> {
         let keys = keys_of(key)?;
+        let mut call = CallArrays::default();
         match out {
             Some(out) => {
-                let values = arrays_of(value, Use::Read, "value")?;
-                let outs = arrays_of(out, Use::Write, "out")?;
+                let values = arrays_in(value, Use::Read, "value", Some(&mut call))?;
+                let outs = arrays_in(out, Use::Write, "out", Some(&mut call))?;
                 py.detach(|| {
                     settled(self.shared.kv.pushpull(keys, values.values(), outs.values(), priority), &[&values, &outs])
                 })
                 .map_err(to_py)
             }
             None => {
-                let values = arrays_of(value, Use::Write, "value (written: pushpull with no out)")?;
+                let values = arrays_in(value, Use::Write, "value (written: pushpull with no out)", Some(&mut call))?;
                 py.detach(|| settled(self.shared.kv.pushpull_in_place(keys, values.values(), priority), &[&values]))
                     .map_err(to_py)
             }
@@ -306,8 +322,9 @@ impl PyStore {
         priority: i32,
     ) -> PyResult<()> {
         let keys = keys_of(key)?;
-        let values = arrays_of(value, Use::Read, "value")?;
-        let outs = arrays_of(out, Use::Write, "out")?;
+        let mut call = CallArrays::default();
+        let values = arrays_in(value, Use::Read, "value", Some(&mut call))?;
+        let outs = arrays_in(out, Use::Write, "out", Some(&mut call))?;
         py.detach(|| {
             settled(self.shared.kv.broadcast(keys, values.values(), outs.values(), priority), &[&values, &outs])
         })
