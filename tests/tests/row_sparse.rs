@@ -308,6 +308,51 @@ fn row_sparse_pull_sorts_few_and_many_ids_alike() {
     assert!(e.to_string().contains(&format!("row {rows} is out of range for {rows} rows")), "{e}");
 }
 
+/// `row_sparse_pull` of a table whose rows are `width` elements of `T`, the element at
+/// flat index `i` being `value(i)`: a few ids (copied on the caller's thread) and many
+/// (4096 or more: over the pool), each result row compared with its table row.
+fn pull_rows_of<T: kvstore_core::Element>(width: usize, value: impl Fn(usize) -> T) {
+    let rows = 5000usize;
+    let kv = KVStore::create("local").unwrap();
+    let table = NDArray::from_vec(&[rows, width], (0..rows * width).map(&value).collect()).unwrap();
+    kv.init_row_sparse("t", &RowSparse::from_dense(&table).unwrap()).unwrap();
+    let few = [4999, 3, 0, 3, 17];
+    let many: Vec<i64> = (0..rows as i64).rev().chain([7, 7]).collect();
+    for ids in [&few[..], &many[..]] {
+        let mut sorted = ids.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let got = kv.row_sparse_pull("t", ids, 0).unwrap();
+        assert_eq!(got.indices(), sorted.as_slice(), "{} x {width}", T::DTYPE);
+        assert_eq!(got.data().shape(), &[sorted.len(), width], "{} x {width}", T::DTYPE);
+        let value = &value;
+        let want: Vec<T> =
+            sorted.iter().flat_map(|&r| (0..width).map(move |j| value(r as usize * width + j))).collect();
+        assert!(got.data().to_vec::<T>().unwrap() == want, "{} x {width}: wrong rows", T::DTYPE);
+    }
+}
+
+#[test]
+fn row_sparse_pull_gives_each_row_for_every_row_size_and_dtype() {
+    // Rows of 64 B, 128 B, ... 4 KiB are moved whole into new memory; other sizes are
+    // copied into a zeroed buffer: both give every row its own elements.
+    for width in [16, 32, 64, 128, 256, 512, 1024] {
+        pull_rows_of(width, |i| i as f32);
+    }
+    for width in [1, 3, 100, 2048] {
+        pull_rows_of(width, |i| i as f32);
+    }
+    for width in [8, 512] {
+        pull_rows_of(width, |i| i as f64 * 0.5);
+    }
+    for width in [32, 33] {
+        pull_rows_of(width, |i| kvstore_core::f16::from_f32((i % 2000) as f32));
+    }
+    for width in [64, 4096, 8192, 65] {
+        pull_rows_of(width, |i| (i % 251) as u8);
+    }
+}
+
 /// f16 and bf16 weights are updated lazily too, as MXNet does (its SGD gives rows 0 and
 /// 3 of this case untouched, and 0.89013671875 in row 1): only the pushed rows and their
 /// states change, each row computed in f32 and rounded once, as the dense update does

@@ -208,7 +208,20 @@ impl KVStore {
             let ids = sorted_rows(row_ids, shape[0], &what)?;
             let rl = row_len(&shape);
             let data_shape = [&[ids.len()][..], &shape[1..]].concat();
-            // The rows, copied once, straight into the result's buffer.
+            // Many rows: over the comm's pool. Each row of a big table is a cache and
+            // TLB miss, and more threads wait on more of them at once (10,000 rows of
+            // 256 B from a 256 MB table, cold: 770 us on one thread of a 2-core
+            // machine, 460 on two).
+            let pool = store.comm.pool().filter(|_| ids.len() >= SPLIT_ROWS);
+            // The rows, copied once, into new memory (rows of 64 B to 4 KiB) or into a
+            // zeroed buffer.
+            let gathered = match pool {
+                Some(pool) => pool.install(|| slot.value.gathered_rows(&ids, rl, &data_shape, Some(PIECE_ROWS)))?,
+                None => slot.value.gathered_rows(&ids, rl, &data_shape, None)?,
+            };
+            if let Some(data) = gathered {
+                return RowSparse::new(data, ids, &shape);
+            }
             let data = NDArray::zeros_with(&data_shape, slot.value.dtype(), Context::default())?;
             if rl > 0 {
                 with_dtype!(slot.value.dtype(), T => slot.value.with_data(|v: &[T]| {
@@ -218,12 +231,8 @@ impl KVStore {
                                 o.copy_from_slice(&v[r as usize * rl..(r as usize + 1) * rl]);
                             }
                         };
-                        // Many rows: in pieces over the comm's pool. Each row of a big
-                        // table is a cache and TLB miss, and more threads wait on more
-                        // of them at once (10,000 rows of 256 B from a 256 MB table,
-                        // cold: 770 us on one thread of a 2-core machine, 460 on two).
-                        match store.comm.pool() {
-                            Some(pool) if ids.len() >= SPLIT_ROWS => pool.install(|| {
+                        match pool {
+                            Some(pool) => pool.install(|| {
                                 d.par_chunks_mut(rl * PIECE_ROWS)
                                     .zip(ids.par_chunks(PIECE_ROWS))
                                     .for_each(|(d, ids)| gather(d, ids));

@@ -240,6 +240,24 @@ impl NDArray {
         NDArray { inner: Arc::new(inner) }
     }
 
+    /// The rows `ids` (each `row_len` elements; every id in bounds) of this array as a
+    /// new host array of shape `shape`, gathered with no zero-filling first (see
+    /// `HostBuf::gather_rows`, which says when it is `None`); over the current rayon
+    /// pool when `piece_rows` is given.
+    pub(crate) fn gathered_rows(
+        &self,
+        ids: &[i64],
+        row_len: usize,
+        shape: &[usize],
+        piece_rows: Option<usize>,
+    ) -> Result<Option<NDArray>> {
+        let size = checked_size(shape, self.dtype())?;
+        let Some(buf) = self.read()?.gather_rows(ids, row_len * self.dtype().size(), piece_rows) else {
+            return Ok(None);
+        };
+        Ok(Some(Self::over(Storage::Host(buf), shape, size, self.dtype(), Context::cpu(0), false)))
+    }
+
     /// A host array on `cpu(0)` over memory it does not own (see [`ForeignMemory`]): a
     /// binding's way to read and write its language's arrays in place, with no copy.
     /// A read-only one (`writable` false) refuses every write with an

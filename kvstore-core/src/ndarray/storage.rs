@@ -52,7 +52,63 @@ pub trait ForeignMemory: Send + Sync {
     fn bytes_mut(&mut self) -> &mut [u8];
 }
 
+/// A vector taken over as an array's buffer, with no copy: aligned for the array's
+/// dtype by the allocator (at least 16 bytes), which is all an array read as its
+/// dtype needs.
+struct VecMemory<U>(Vec<U>);
+
+impl<U: Pod + Send + Sync> ForeignMemory for VecMemory<U> {
+    fn bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        bytemuck::cast_slice_mut(&mut self.0)
+    }
+}
+
 impl HostBuf {
+    /// The rows `ids` of this buffer (each `row_bytes` long; every id in bounds) in a
+    /// new buffer that is never zero-filled first: each row is moved once, straight
+    /// into memory from the ordinary allocator (which hands a freed buffer of the same
+    /// size back, where a fresh one costs a page fault every 4 KiB), on this thread or
+    /// over the current rayon pool in pieces of at least `piece_rows` rows. `None`
+    /// where a row is not 64, 128, ... or 4096 bytes: the caller copies into a zeroed
+    /// buffer then.
+    pub(crate) fn gather_rows(&self, ids: &[i64], row_bytes: usize, piece_rows: Option<usize>) -> Option<HostBuf> {
+        match row_bytes {
+            64 => self.gather::<64>(ids, piece_rows),
+            128 => self.gather::<128>(ids, piece_rows),
+            256 => self.gather::<256>(ids, piece_rows),
+            512 => self.gather::<512>(ids, piece_rows),
+            1024 => self.gather::<1024>(ids, piece_rows),
+            2048 => self.gather::<2048>(ids, piece_rows),
+            4096 => self.gather::<4096>(ids, piece_rows),
+            _ => None,
+        }
+    }
+
+    fn gather<const B: usize>(&self, ids: &[i64], piece_rows: Option<usize>) -> Option<HostBuf>
+    where
+        [u8; B]: Pod,
+    {
+        use rayon::prelude::*;
+        let rows: &[[u8; B]] = bytemuck::try_cast_slice(self.bytes()).ok()?;
+        let row = |&r: &i64| rows[r as usize];
+        let out: Vec<[u8; B]> = match piece_rows {
+            None => ids.iter().map(row).collect(),
+            Some(piece) => {
+                let mut out = Vec::new();
+                ids.par_iter().with_min_len(piece.max(1)).map(row).collect_into_vec(&mut out);
+                out
+            }
+        };
+        if out.is_empty() {
+            return Self::zeroed(0).ok();
+        }
+        Some(HostBuf { len: out.len() * B, mem: HostMem::Foreign(Box::new(VecMemory(out))) })
+    }
+
     /// A zero-filled buffer of `len` bytes; an allocation failure is an error, not an
     /// abort. The memory comes zeroed from the allocator (calloc), so fresh pages are
     /// not written twice before their first use.
