@@ -118,6 +118,24 @@ fn async_rows(
     Ok(())
 }
 
+/// The median seconds of the memory a 2-bit push of `n` f32 must move on each rank, as
+/// plain copies (one thread: a rank per core): the gradient and the residual read, the
+/// residual and the value written (two copies of `n` f32), with every worker's codes
+/// (`n / 16` words each) gathered in between. Any 2-bit push takes at least this long.
+fn two_bit_limit(world: &SimpleCommunicator, runs: usize, n: usize) -> f64 {
+    let grad = vec![1.0f32; n];
+    let mut residual = vec![0.0f32; n];
+    let mut value = vec![0.0f32; n];
+    let codes = vec![0u32; n / 16];
+    let mut all = vec![0u32; n / 16 * world.size() as usize];
+    median(world, runs, || {
+        residual.copy_from_slice(black_box(&grad));
+        world.all_gather_into(&codes[..], &mut all[..]);
+        value.copy_from_slice(black_box(&residual));
+        black_box((&value, &all));
+    })
+}
+
 fn main() -> kvstore_core::Result<()> {
     let out =
         std::env::args().skip(1).find(|a| !a.starts_with("--")).unwrap_or_else(|| "target/bench/mpi.json".to_string());
@@ -150,6 +168,14 @@ fn main() -> kvstore_core::Result<()> {
                 compressed.init(key.as_str(), &NDArray::zeros(&[n])?)?;
                 let t = median(&world, runs, || compressed.push(key.as_str(), &g, 0).expect("push"));
                 let codes = n / 16 * 4;
+                // Its limit: the memory it must move, as plain copies, and the codes'
+                // exchange, timed as the push is.
+                let limit = two_bit_limit(&world, runs, n);
+                rows.push((
+                    format!("{run}: limit: the memory a 2-bit push of {label} f32 moves, as plain copies, and its codes' gather"),
+                    limit,
+                    Some(store),
+                ));
                 rows.push((
                     format!(
                         "{run}: dist_sync push {label} f32, 2-bit compressed ({} MiB of codes a worker)",
@@ -157,6 +183,11 @@ fn main() -> kvstore_core::Result<()> {
                     ),
                     t,
                     Some(store),
+                ));
+                rows.push((
+                    format!("{run}: dist_sync push {label} f32, 2-bit compressed, vs that limit"),
+                    t,
+                    Some(limit),
                 ));
             }
             if n == 1 << 20 {
