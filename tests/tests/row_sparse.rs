@@ -285,8 +285,9 @@ fn checkpoints_and_optimizer_state_files_keep_row_sparse_keys() {
 
 #[test]
 fn row_sparse_pull_sorts_few_and_many_ids_alike() {
-    // Few ids for many rows (sorted), many ids (marked in a bitmap, and copied over
-    // the pool from 4096 rows on): the same rows in order, each row its own values.
+    // Few ids for many rows (sorted), a batch (radix-sorted), many ids (marked in a
+    // bitmap, and copied over the pool from 4096 rows on): the same rows in order,
+    // each row its own values.
     let kv = KVStore::create("local").unwrap();
     let rows = 20_000usize;
     let table = NDArray::from_vec(&[rows, 2], (0..rows * 2).map(|i| i as f32).collect()).unwrap();
@@ -306,6 +307,24 @@ fn row_sparse_pull_sorts_few_and_many_ids_alike() {
     assert_eq!(got.data().to_vec::<f32>().unwrap(), want(&sorted));
     let e = kv.row_sparse_pull("t", &[5, rows as i64], 0).unwrap_err();
     assert!(e.to_string().contains(&format!("row {rows} is out of range for {rows} rows")), "{e}");
+    // A batch's ids, one in 16 rows or fewer (radix-sorted): shuffled, repeated, and
+    // reaching both ends of the table.
+    let mut state = 12345u64;
+    let mut batch: Vec<i64> = (0..1200)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) as i64 % rows as i64
+        })
+        .chain([0, rows as i64 - 1, 17, 17])
+        .collect();
+    batch.swap(0, 1203);
+    let mut sorted = batch.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert!(batch.len() >= 512 && batch.len() <= rows / 16);
+    let got = kv.row_sparse_pull("t", &batch, 0).unwrap();
+    assert_eq!(got.indices(), sorted.as_slice());
+    assert_eq!(got.data().to_vec::<f32>().unwrap(), want(&sorted));
 }
 
 /// `row_sparse_pull` of a table whose rows are `width` elements of `T`, the element at

