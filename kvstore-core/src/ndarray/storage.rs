@@ -52,9 +52,8 @@ pub trait ForeignMemory: Send + Sync {
     fn bytes_mut(&mut self) -> &mut [u8];
 }
 
-/// A vector taken over as an array's buffer, with no copy: aligned for the array's
-/// dtype by the allocator (at least 16 bytes), which is all an array read as its
-/// dtype needs.
+/// A vector taken over as an array's buffer, with no copy: its elements' alignment
+/// must be at least the array's dtype's (all an array read as its dtype needs).
 struct VecMemory<U>(Vec<U>);
 
 impl<U: Pod + Send + Sync> ForeignMemory for VecMemory<U> {
@@ -77,25 +76,27 @@ impl HostBuf {
     /// buffer then.
     pub(crate) fn gather_rows(&self, ids: &[i64], row_bytes: usize, piece_rows: Option<usize>) -> Option<HostBuf> {
         match row_bytes {
-            64 => self.gather::<64>(ids, piece_rows),
-            128 => self.gather::<128>(ids, piece_rows),
-            256 => self.gather::<256>(ids, piece_rows),
-            512 => self.gather::<512>(ids, piece_rows),
-            1024 => self.gather::<1024>(ids, piece_rows),
-            2048 => self.gather::<2048>(ids, piece_rows),
-            4096 => self.gather::<4096>(ids, piece_rows),
+            64 => self.gather::<8>(ids, piece_rows),
+            128 => self.gather::<16>(ids, piece_rows),
+            256 => self.gather::<32>(ids, piece_rows),
+            512 => self.gather::<64>(ids, piece_rows),
+            1024 => self.gather::<128>(ids, piece_rows),
+            2048 => self.gather::<256>(ids, piece_rows),
+            4096 => self.gather::<512>(ids, piece_rows),
             _ => None,
         }
     }
 
-    fn gather<const B: usize>(&self, ids: &[i64], piece_rows: Option<usize>) -> Option<HostBuf>
+    /// [`HostBuf::gather_rows`] for rows of `N` 8-byte words: the new memory is aligned
+    /// for them, so for every dtype, whatever the allocator.
+    fn gather<const N: usize>(&self, ids: &[i64], piece_rows: Option<usize>) -> Option<HostBuf>
     where
-        [u8; B]: Pod,
+        [u64; N]: Pod,
     {
         use rayon::prelude::*;
-        let rows: &[[u8; B]] = bytemuck::try_cast_slice(self.bytes()).ok()?;
+        let rows: &[[u64; N]] = bytemuck::try_cast_slice(self.bytes()).ok()?;
         let row = |&r: &i64| rows[r as usize];
-        let out: Vec<[u8; B]> = match piece_rows {
+        let out: Vec<[u64; N]> = match piece_rows {
             None => ids.iter().map(row).collect(),
             Some(piece) => {
                 let mut out = Vec::new();
@@ -106,7 +107,7 @@ impl HostBuf {
         if out.is_empty() {
             return Self::zeroed(0).ok();
         }
-        Some(HostBuf { len: out.len() * B, mem: HostMem::Foreign(Box::new(VecMemory(out))) })
+        Some(HostBuf { len: out.len() * N * 8, mem: HostMem::Foreign(Box::new(VecMemory(out))) })
     }
 
     /// A zero-filled buffer of `len` bytes; an allocation failure is an error, not an
