@@ -220,3 +220,47 @@ fn an_on_done_callback_that_makes_a_blocking_call_its_store_must_queue_gets_an_e
     kv.wait_all().unwrap();
     assert_eq!(values(&kv.pull_new("k", 0).unwrap()), vec![1.0; 4]);
 }
+
+#[test]
+fn a_dist_sync_init_that_would_wait_for_ever_is_refused_before_it_is_queued() {
+    // B (one engine thread) is held in a gated push. A (`dist_sync`, whose `init`
+    // queues behind its earlier calls and waits) runs a push whose updater waits for a
+    // push of B: A's thread waits for B's. When B's gated push is done, its `on_done`
+    // callback, on B's thread, calls A's `init`: waiting for it would never end (A waits
+    // for B). The `init` must fail before it is queued, so that it never happens later
+    // behind the caller's back (and a Python caller's arrays, whose references the
+    // error releases, are never read afterwards).
+    let group = kvstore_tests::ThreadGroup::new(1);
+    let a = Arc::new(kvstore_tests::dist_store(&group.member(0)));
+    a.init("k", &NDArray::zeros(&[4]).unwrap()).unwrap();
+    let b = Arc::new(KVStore::builder("local").engine_threads(1).build().unwrap());
+    b.init("k", &NDArray::zeros(&[4]).unwrap()).unwrap();
+    let gate = gated_assign(&b);
+    let b_pushed = b.push_async("k", &NDArray::full(&[4], 5.0).unwrap(), 0);
+    let b2 = Arc::clone(&b);
+    a.set_updater(move |_: &Key, _, merged: &NDArray, stored: &NDArray| {
+        b2.push_async("k", &NDArray::full(&[4], 6.0)?, 0).wait()?;
+        stored.copy_from(merged)
+    })
+    .unwrap();
+    let a_pushed = a.push_async("k", &NDArray::ones(&[4]).unwrap(), 0);
+    let (result_tx, result) = mpsc::channel();
+    let a2 = Arc::clone(&a);
+    b_pushed.on_done(move |r| {
+        r.unwrap();
+        result_tx.send(a2.init("new", &NDArray::full(&[4], 7.0).unwrap())).unwrap();
+    });
+    // A's thread waits for B's second push well before the gate opens.
+    std::thread::sleep(Duration::from_millis(200));
+    open(&gate);
+    let Ok(r) = result.recv_timeout(Duration::from_secs(20)) else {
+        std::mem::forget((a, b, a_pushed));
+        panic!("the callback hung");
+    };
+    a_pushed.wait().unwrap();
+    a.wait_all().unwrap();
+    b.wait_all().unwrap();
+    let e = r.unwrap_err();
+    assert!(e.to_string().contains("would wait for ever"), "{e}");
+    assert!(!a.keys().iter().any(|k| k.as_str() == "new"), "the refused init happened anyway");
+}

@@ -392,6 +392,9 @@ impl KVStore {
         if locks::inside_updater() || self.engine.on_worker() {
             return Err(locks::busy_store(op));
         }
+        // Checked before `f` is queued: a wait refused after it would leave `f` to run
+        // later, behind an error its caller was given.
+        let _waiting = waits::wait_for(self.engine.id(), || format!("a blocking {op} that must queue"))?;
         let done = Done::new(Arc::clone(&self.store.unobserved), self.engine.id());
         let (store, finished) = (Arc::clone(&self.store), Arc::clone(&done));
         self.engine.submit(Vars::new(), 0, move || {
