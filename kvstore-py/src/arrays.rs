@@ -291,8 +291,8 @@ pub(crate) fn view<'py>(py: Python<'py>, array: &NDArray) -> PyResult<Bound<'py,
     }
 }
 
-/// The numpy arrays that blocking calls were given, wrapped once and reused by later
-/// calls (a training loop pushes and pulls the same arrays step after step), by the
+/// The numpy arrays that blocking pushes and pulls were given, wrapped once and reused
+/// by later calls (a training loop pushes and pulls the same arrays step after step), by the
 /// address of their Python object, in one map for the process. An entry holds no
 /// reference to its object: it is used only by a call that holds the object
 /// ([`CallArrays`]), and only if the object's buffer is still the one it wraps (an

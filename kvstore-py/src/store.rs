@@ -219,8 +219,8 @@ impl PyStore {
     /// ``dist_sync`` rank 0's value wins.
     fn init(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         let keys = keys_of(key)?;
-        let mut call = CallArrays::default();
-        let values = match arrays_in(value, Use::Read, "value", Some(&mut call)) {
+        // (Not reused: a key is initialised once.)
+        let values = match arrays_of(value, Use::Read, "value") {
             Err(e) if e.is_instance_of::<RowSparseValue>(py) => return self.init_row_sparse(py, key, value),
             values => values?,
         };
@@ -322,9 +322,9 @@ impl PyStore {
         priority: i32,
     ) -> PyResult<()> {
         let keys = keys_of(key)?;
-        let mut call = CallArrays::default();
-        let values = arrays_in(value, Use::Read, "value", Some(&mut call))?;
-        let outs = arrays_in(out, Use::Write, "out", Some(&mut call))?;
+        // (Not reused: a key is broadcast once.)
+        let values = arrays_of(value, Use::Read, "value")?;
+        let outs = arrays_of(out, Use::Write, "out")?;
         py.detach(|| {
             settled(self.shared.kv.broadcast(keys, values.values(), outs.values(), priority), &[&values, &outs])
         })
