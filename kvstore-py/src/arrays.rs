@@ -224,7 +224,7 @@ pub(crate) fn wrap<'py>(
     }
     let ptr = data.cast::<u8>();
     match reuse {
-        Some(reuse) => reuse.wrapped(obj, ptr, len, writable, shape, dtype, || {
+        Some(reuse) => reuse.wrapped(obj, ptr, writable, shape, dtype, || {
             let mem = PyMemory { _owner: None, ptr, len, writable };
             NDArray::from_foreign(shape, dtype, Box::new(mem), writable).map_err(crate::errors::to_py)
         }),
@@ -309,10 +309,10 @@ static REUSED: std::sync::LazyLock<Mutex<HashMap<usize, Reused, foldhash::fast::
 /// memory): a full map is emptied.
 const MOST_REUSED: usize = 1 << 14;
 
+/// A wrapper, and the address of the buffer it was made over (its length, dtype and
+/// writability are the array's own).
 struct Reused {
     ptr: usize,
-    len: usize,
-    writable: bool,
     array: NDArray,
 }
 
@@ -340,15 +340,13 @@ pub(crate) struct Reusing<'c, 'py> {
 }
 
 impl<'py> Reusing<'_, 'py> {
-    /// The reused array of `obj` if it still wraps the object's buffer (`ptr`, `len`
-    /// bytes, `shape`, `dtype`, `writable`), else a new one from `make`, remembered;
-    /// either way the call holds `obj` until it returns.
-    #[allow(clippy::too_many_arguments)]
+    /// The reused array of `obj` if it still wraps the object's buffer (`ptr`,
+    /// `shape`, `dtype`, `writable`), else a new one from `make`, remembered; either
+    /// way the call holds `obj` until it returns.
     fn wrapped(
         &mut self,
         obj: &Bound<'py, PyAny>,
         ptr: *mut u8,
-        len: usize,
         writable: bool,
         shape: &[usize],
         dtype: DType,
@@ -358,8 +356,7 @@ impl<'py> Reusing<'_, 'py> {
         let array = match self.map.get(&id) {
             Some(r)
                 if r.ptr == ptr as usize
-                    && r.len == len
-                    && r.writable == writable
+                    && r.array.is_read_only() != writable
                     && r.array.dtype() == dtype
                     && r.array.shape() == shape =>
             {
@@ -370,7 +367,7 @@ impl<'py> Reusing<'_, 'py> {
                 if self.map.len() >= MOST_REUSED {
                     self.map.clear();
                 }
-                self.map.insert(id, Reused { ptr: ptr as usize, len, writable, array: array.clone() });
+                self.map.insert(id, Reused { ptr: ptr as usize, array: array.clone() });
                 array
             }
         };
