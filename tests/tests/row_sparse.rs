@@ -307,6 +307,23 @@ fn row_sparse_pull_sorts_few_and_many_ids_alike() {
     assert_eq!(got.data().to_vec::<f32>().unwrap(), want(&sorted));
     let e = kv.row_sparse_pull("t", &[5, rows as i64], 0).unwrap_err();
     assert!(e.to_string().contains(&format!("row {rows} is out of range for {rows} rows")), "{e}");
+    // The first bad id in the caller's order is named, whether it fits in 32 bits, is
+    // past them, or is negative.
+    let r = rows as i64;
+    for (ids, bad) in [
+        (vec![r + 7, 3, r + 1], r + 7),
+        (vec![2, 1 << 33, r], 1 << 33),
+        (vec![2, -3, 1 << 40], -3),
+        (vec![i64::MAX, i64::MIN], i64::MAX),
+    ] {
+        let e = kv.row_sparse_pull("t", &ids, 0).unwrap_err();
+        assert!(e.to_string().contains(&format!("row {bad} is out of range for {rows} rows")), "{ids:?}: {e}");
+    }
+    // Ids already strictly increasing are taken as they are.
+    let increasing: Vec<i64> = (0..r).step_by(2).collect();
+    let got = kv.row_sparse_pull("t", &increasing, 0).unwrap();
+    assert_eq!(got.indices(), increasing.as_slice());
+    assert_eq!(got.data().to_vec::<f32>().unwrap(), want(&increasing));
     // A batch's ids, one in 16 rows or fewer (radix-sorted): shuffled, repeated, and
     // reaching both ends of the table.
     let mut state = 12345u64;

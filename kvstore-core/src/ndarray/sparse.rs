@@ -33,10 +33,20 @@ impl RowSparse {
     /// strictly increasing or not below `shape[0]`, or `data` is not of shape
     /// `[indices.len(), shape[1..]...]`.
     pub fn new(data: NDArray, indices: Vec<i64>, shape: &[usize]) -> Result<Self> {
-        let Some((&rows, rest)) = shape.split_first() else {
+        let Some(&rows) = shape.first() else {
             return Err(Error::invalid_argument("a row-sparse array needs at least one dimension (its rows)"));
         };
         check_rows(&indices, rows, "the indices of a row-sparse array")?;
+        Self::of_checked_rows(data, indices, shape)
+    }
+
+    /// [`RowSparse::new`] of `indices` already known to be strictly increasing rows of
+    /// `shape` (the store's own: a `row_sparse_pull`'s, sorted as they were checked).
+    pub(crate) fn of_checked_rows(data: NDArray, indices: Vec<i64>, shape: &[usize]) -> Result<Self> {
+        let Some((&rows, rest)) = shape.split_first() else {
+            return Err(Error::invalid_argument("a row-sparse array needs at least one dimension (its rows)"));
+        };
+        debug_assert!(check_rows(&indices, rows, "checked rows").is_ok());
         let want: Vec<usize> = std::iter::once(indices.len()).chain(rest.iter().copied()).collect();
         if data.shape() != want.as_slice() {
             return Err(Error::invalid_argument(format!(
