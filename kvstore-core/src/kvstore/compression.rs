@@ -86,6 +86,56 @@ const SHIFTS: [u32; 16] = {
     s
 };
 
+/// For each mask of 8 values (bit `i` for value `i`), the 16 bits of their two bytes
+/// with the low bit (`LOW`) or the high bit (`HIGH`) of each marked value's pair set:
+/// a word's codes are the `HIGH` bits of its values at or past ±t and the `LOW` bits
+/// of those at or past +t.
+const LOW: [u16; 256] = spread(0);
+const HIGH: [u16; 256] = spread(1);
+
+const fn spread(bit: u32) -> [u16; 256] {
+    let mut table = [0u16; 256];
+    let mut mask = 0;
+    while mask < 256 {
+        let mut i = 0;
+        while i < 8 {
+            if (mask >> i) & 1 == 1 {
+                table[mask] |= 1 << (SHIFTS[i] + bit);
+            }
+            i += 1;
+        }
+        mask += 1;
+    }
+    table
+}
+
+/// The codes of 16 values of a gradient `g` with their residual `r`, as a word, with
+/// what is left of each written into `n` ([`quantum`]'s rule). Written without
+/// branches, so that the compiler keeps the 16 values in vector registers; the codes
+/// come from two 16-bit masks through the [`LOW`] and [`HIGH`] tables (shifting each
+/// code into place took 1.5 x as long).
+#[inline(always)]
+fn word16(t: f32, g: &[f32; 16], r: &[f32; 16], n: &mut [f32; 16]) -> u32 {
+    let (mut pos, mut any) = (0u32, 0u32);
+    for i in 0..16 {
+        let x = r[i] + g[i];
+        let (p, q) = (x >= t, x <= -t);
+        n[i] = if p {
+            x - t
+        } else if q {
+            x + t
+        } else {
+            x
+        };
+        pos |= u32::from(p) << i;
+        any |= u32::from(p | q) << i;
+    }
+    let half = |table: &[u16; 256], m: u32| {
+        u32::from(table[(m & 0xff) as usize]) | u32::from(table[(m >> 8) as usize & 0xff]) << 16
+    };
+    half(&LOW, pos) | half(&HIGH, any)
+}
+
 /// The code of `r` (a residual with the new gradient added) and what is left of it:
 /// `11` and `r - t` from `t` up, `10` and `r + t` from `-t` down, else `00` and `r`.
 #[inline(always)]
@@ -192,30 +242,37 @@ impl TwoBit {
     }
 
     /// [`TwoBit::quantize_packed`] of one piece into its place `codes` (4 bytes for
-    /// every 16 values); `old` is the piece's residual, or empty for zeros. Written
-    /// without branches, so that the compiler keeps 16 elements in vector registers.
+    /// every 16 values); `old` is the piece's residual, or empty for zeros. A word at a
+    /// time ([`word16`]); the last values, fewer than 16, as a word padded with zeros.
     fn quantize_words(&self, grad: &[f32], old: &[f32], new: &mut [f32], codes: &mut [u8]) {
         let t = self.threshold;
-        let zeros = [0.0f32; 16];
-        for (c, ((g, n), out)) in grad.chunks(16).zip(new.chunks_mut(16)).zip(codes.chunks_exact_mut(4)).enumerate() {
-            let r = old.get(c * 16..c * 16 + g.len()).unwrap_or(&zeros[..g.len()]);
-            let mut word = 0u32;
-            if let (Ok(g), Ok(r), Ok(n)) =
-                (<&[f32; 16]>::try_from(g), <&[f32; 16]>::try_from(r), <&mut [f32; 16]>::try_from(&mut *n))
-            {
-                for i in 0..16 {
-                    let (code, left) = quantum(r[i] + g[i], t);
-                    n[i] = left;
-                    word |= code << SHIFTS[i];
-                }
-            } else {
-                for (i, ((g, r), n)) in g.iter().zip(r).zip(n.iter_mut()).enumerate() {
-                    let (code, left) = quantum(r + g, t);
-                    *n = left;
-                    word |= code << SHIFTS[i];
-                }
+        let (g16, g_rest) = grad.as_chunks::<16>();
+        let (n16, n_rest) = new.as_chunks_mut::<16>();
+        let (c4, _) = codes.as_chunks_mut::<4>();
+        let words = g16.iter().zip(n16.iter_mut()).zip(c4.iter_mut());
+        let (r16, r_rest) = old.as_chunks::<16>();
+        if old.is_empty() {
+            for ((g, n), c) in words {
+                *c = word16(t, g, &[0.0; 16], n).to_le_bytes();
             }
-            out.copy_from_slice(&word.to_le_bytes());
+        } else {
+            for (((g, n), c), r) in words.zip(r16) {
+                *c = word16(t, g, r, n).to_le_bytes();
+            }
+        }
+        if !g_rest.is_empty() {
+            let k = g_rest.len();
+            let (mut g, mut r, mut n) = ([0.0f32; 16], [0.0f32; 16], [0.0f32; 16]);
+            g[..k].copy_from_slice(g_rest);
+            if !old.is_empty() {
+                r[..k].copy_from_slice(r_rest);
+            }
+            let word = word16(t, &g, &r, &mut n);
+            n_rest.copy_from_slice(&n[..k]);
+            // (`codes` holds a word for them: a word for every 16 values or fewer.)
+            if let Some(c) = c4.get_mut(g16.len()) {
+                *c = word.to_le_bytes();
+            }
         }
     }
 
