@@ -301,15 +301,34 @@ impl TwoBit {
             let bytes = p * PIECE / 4..p * PIECE / 4 + out.len().div_ceil(4);
             let (first, rest): (&[u8], Vec<&[u8]>) =
                 (&first[bytes.clone()], rest.iter().map(|c| &c[bytes.clone()]).collect());
-            for (b, o) in out.chunks_mut(4).enumerate() {
-                let mut v = table[usize::from(first[b])];
+            let add = |o: &mut [f32; 4], byte: u8| {
+                let add = &table[usize::from(byte)];
+                for k in 0..4 {
+                    o[k] += add[k];
+                }
+            };
+            // 1,024 values at a time, which stay in the first cache while every
+            // worker's values are added to them (a byte of every worker at a time took
+            // 1.3 x as long for two workers).
+            let (quads, tail) = out.as_chunks_mut::<4>();
+            for (block, values) in quads.chunks_mut(256).enumerate() {
+                let at = block * 256;
+                for (o, &b) in values.iter_mut().zip(&first[at..]) {
+                    *o = table[usize::from(b)];
+                }
                 for c in &rest {
-                    let add = &table[usize::from(c[b])];
-                    for k in 0..4 {
-                        v[k] += add[k];
+                    for (o, &b) in values.iter_mut().zip(&c[at..]) {
+                        add(o, b);
                     }
                 }
-                o.copy_from_slice(&v[..o.len()]);
+            }
+            if !tail.is_empty() {
+                let b = quads.len();
+                let mut v = table[usize::from(first[b])];
+                for c in &rest {
+                    add(&mut v, c[b]);
+                }
+                tail.copy_from_slice(&v[..tail.len()]);
             }
         };
         match pool {
