@@ -118,15 +118,8 @@ const fn spread(bit: u32) -> [u16; 256] {
 fn word16(t: f32, g: &[f32; 16], r: &[f32; 16], n: &mut [f32; 16]) -> u32 {
     let (mut pos, mut any) = (0u32, 0u32);
     for i in 0..16 {
-        let x = r[i] + g[i];
-        let (p, q) = (x >= t, x <= -t);
-        n[i] = if p {
-            x - t
-        } else if q {
-            x + t
-        } else {
-            x
-        };
+        let (p, q, left) = quantum(r[i] + g[i], t);
+        n[i] = left;
         pos |= u32::from(p) << i;
         any |= u32::from(p | q) << i;
     }
@@ -136,12 +129,13 @@ fn word16(t: f32, g: &[f32; 16], r: &[f32; 16], n: &mut [f32; 16]) -> u32 {
     half(&LOW, pos) | half(&HIGH, any)
 }
 
-/// The code of `r` (a residual with the new gradient added) and what is left of it:
-/// `11` and `r - t` from `t` up, `10` and `r + t` from `-t` down, else `00` and `r`.
+/// Where `r` (a residual with the new gradient added) falls, and what is left of it:
+/// from `t` up it is sent as `+t` (code `11`) and `r - t` is left; from `-t` down as
+/// `-t` (code `10`) and `r + t` is left; else as 0 (code `00`) and `r` is left. The
+/// first two as flags, so that 16 values' codes are two masks ([`word16`]).
 #[inline(always)]
-fn quantum(r: f32, t: f32) -> (u32, f32) {
+fn quantum(r: f32, t: f32) -> (bool, bool, f32) {
     let (pos, neg) = (r >= t, r <= -t);
-    let code = (u32::from(pos) * 0b11) | (u32::from(neg) * 0b10);
     let left = if pos {
         r - t
     } else if neg {
@@ -149,7 +143,7 @@ fn quantum(r: f32, t: f32) -> (u32, f32) {
     } else {
         r
     };
-    (code, left)
+    (pos, neg, left)
 }
 
 /// MXNet's default threshold.
@@ -200,12 +194,14 @@ impl TwoBit {
         let t = self.threshold;
         let old = old.iter().copied().chain(std::iter::repeat(0.0));
         for (((&g, r), n), o) in grad.iter().zip(old).zip(new.iter_mut()).zip(out.iter_mut()) {
-            let (code, left) = quantum(r + g, t);
+            let (pos, neg, left) = quantum(r + g, t);
             *n = left;
-            *o = match code {
-                0b11 => t,
-                0b10 => -t,
-                _ => 0.0,
+            *o = if pos {
+                t
+            } else if neg {
+                -t
+            } else {
+                0.0
             };
         }
     }
@@ -302,9 +298,9 @@ impl TwoBit {
             let (first, rest): (&[u8], Vec<&[u8]>) =
                 (&first[bytes.clone()], rest.iter().map(|c| &c[bytes.clone()]).collect());
             let add = |o: &mut [f32; 4], byte: u8| {
-                let add = &table[usize::from(byte)];
+                let values = &table[usize::from(byte)];
                 for k in 0..4 {
-                    o[k] += add[k];
+                    o[k] += values[k];
                 }
             };
             // 1,024 values at a time, which stay in the first cache while every

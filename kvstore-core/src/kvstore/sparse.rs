@@ -326,27 +326,34 @@ fn sorted_rows(ids: RowIds, rows: usize, what: &dyn Fn() -> String) -> Result<Ve
     }
     // (`rows` >= 1 here: every id is below it; and the ids' rows fit in 32 bits.)
     let sparse = ids.len() <= rows / 16;
-    if !increasing && sparse && ids.len() >= 512 {
-        ids = radix_sorted(ids, rows.min(1 << 32));
-    } else if !increasing && sparse {
-        ids.sort_unstable();
-        ids.dedup();
-    } else if !increasing {
-        let mut marks = vec![0u64; rows.div_ceil(64)];
-        for &r in &ids {
-            marks[r as usize / 64] |= 1 << (r % 64);
+    if !increasing {
+        if sparse && ids.len() >= 512 {
+            ids = radix_sorted(ids, rows.min(1 << 32));
+        } else if sparse {
+            ids.sort_unstable();
+            ids.dedup();
+        } else {
+            return Ok(bitmap_sorted(&ids, rows));
         }
-        let mut sorted = Vec::with_capacity(ids.len());
-        for (w, &word) in marks.iter().enumerate() {
-            let mut bits = word;
-            while bits != 0 {
-                sorted.push((w * 64) as i64 + i64::from(bits.trailing_zeros()));
-                bits &= bits - 1;
-            }
-        }
-        return Ok(sorted);
     }
     Ok(ids.into_iter().map(i64::from).collect())
+}
+
+/// `ids` (rows of `rows`) sorted and de-duplicated through a bitmap of the rows.
+fn bitmap_sorted(ids: &[u32], rows: usize) -> Vec<i64> {
+    let mut marks = vec![0u64; rows.div_ceil(64)];
+    for &r in ids {
+        marks[r as usize / 64] |= 1 << (r % 64);
+    }
+    let mut sorted = Vec::with_capacity(ids.len());
+    for (w, &word) in marks.iter().enumerate() {
+        let mut bits = word;
+        while bits != 0 {
+            sorted.push((w * 64) as i64 + i64::from(bits.trailing_zeros()));
+            bits &= bits - 1;
+        }
+    }
+    sorted
 }
 
 /// `keys` (rows of `rows`, at most 2^32 of them) sorted and de-duplicated by a radix

@@ -33,10 +33,9 @@ impl RowSparse {
     /// strictly increasing or not below `shape[0]`, or `data` is not of shape
     /// `[indices.len(), shape[1..]...]`.
     pub fn new(data: NDArray, indices: Vec<i64>, shape: &[usize]) -> Result<Self> {
-        let Some(&rows) = shape.first() else {
-            return Err(Error::invalid_argument("a row-sparse array needs at least one dimension (its rows)"));
-        };
-        check_rows(&indices, rows, "the indices of a row-sparse array")?;
+        if let Some(&rows) = shape.first() {
+            check_rows(&indices, rows, "the indices of a row-sparse array")?;
+        }
         Self::of_checked_rows(data, indices, shape)
     }
 
