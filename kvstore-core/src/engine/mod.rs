@@ -201,6 +201,43 @@ pub(crate) fn set_current_worker(id: usize) {
 }
 
 thread_local! {
+    /// The engine whose blocking call this thread runs at once, in its caller's stead
+    /// (its address; 0 when none): see [`run_now`].
+    static RUNNING_NOW: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Runs `f`, a blocking call of engine `id` running at once on its caller's thread, with
+/// its arrays made ready (their earlier pending writes done: `prepare_for_call`).
+/// Meanwhile this thread waits for no pending write of that engine and for no read of
+/// that engine's calls: those calls were made after this one took its arrays (they are
+/// concurrent with it, made by other threads), and may wait for the locks it holds.
+pub(crate) fn run_now<T>(id: usize, f: impl FnOnce() -> T) -> T {
+    /// Puts the mark back however `f` ends (a panic included).
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            RUNNING_NOW.with(|r| r.set(self.0));
+        }
+    }
+    let _restore = Restore(RUNNING_NOW.with(|r| r.replace(id)));
+    f()
+}
+
+/// The engine whose blocking call runs at once on this thread ([`run_now`]), 0 for none.
+pub(crate) fn running_now() -> usize {
+    RUNNING_NOW.with(Cell::get)
+}
+
+/// The engine whose calls this thread runs: its worker's, or that of a blocking call
+/// running at once here ([`run_now`]); 0 for none.
+pub(crate) fn running_for() -> usize {
+    match current_worker() {
+        0 => running_now(),
+        worker => worker,
+    }
+}
+
+thread_local! {
     /// Whether the call this thread runs goes on while its caller does other work.
     static BACKGROUND: Cell<bool> = const { Cell::new(false) };
 }

@@ -257,8 +257,11 @@ impl KVStore {
         }
         // Nothing queued: a call of many small keys may be spread as given, lookups
         // and all (`spread.rs`). One that is not such a call is not offered again.
+        // Calls that run at once run as the engine's (`engine::run_now`): a pending write
+        // or a loan of its made after they took their arrays belongs to a later call.
+        let engine = self.engine.id();
         let spread = match self.engine.idle() {
-            true => match self.store.spread_runs(op, &push, &pull) {
+            true => match engine::run_now(engine, || self.store.spread_runs(op, &push, &pull)) {
                 Spread::Ran(r) => return r,
                 Spread::NotOne => false,
                 Spread::HandedBack => true,
@@ -268,7 +271,7 @@ impl KVStore {
         let (push, pull) = (self.store.lookup(op, push)?, self.store.lookup(op, pull)?);
         if self.engine.may_run_now(vars_of(&push, &pull, false)) {
             prepare_for_call(&push, &pull)?;
-            return self.store.push_pull(op, push, pull, spread);
+            return engine::run_now(engine, || self.store.push_pull(op, push, pull, spread));
         }
         // On an ordered engine, a call from a caller's own thread (not an updater's, nor
         // an engine's: theirs queue or fail as ever, whatever the timing) may run in the
@@ -276,7 +279,7 @@ impl KVStore {
         if self.engine.is_ordered() && !locks::inside_updater() && engine::current_worker() == 0 {
             prepare_for_call(&push, &pull)?;
             if let Some(stand_in) = self.engine.stand_in() {
-                return stand_in.run(|| self.store.push_pull(op, push, pull, spread));
+                return stand_in.run(|| engine::run_now(engine, || self.store.push_pull(op, push, pull, spread)));
             }
         }
         if locks::inside_updater() {
@@ -284,8 +287,7 @@ impl KVStore {
         }
         // From an engine's thread (an on_done callback), waiting for this engine must
         // not close a cycle of waits (its own engine's, at the least).
-        let _waiting = waits::wait_for(self.engine.id(), || format!("a blocking {op} that must queue"))?;
-        let engine = self.engine.id();
+        let _waiting = waits::wait_for(engine, || format!("a blocking {op} that must queue"))?;
         let vars: Vars = vars_of(&push, &pull, true).collect();
         // The caller waits anyway: the values are shared, once other engines' writes
         // to them are done (as a lent value would be). The outs' loans to other

@@ -31,7 +31,7 @@ use parking_lot::Mutex;
 
 use super::NDArray;
 use super::pending::{POOL_THREAD, SETTLED, USER_CODE};
-use crate::engine::current_worker;
+use crate::engine::{current_worker, running_now};
 use crate::error::Result;
 use crate::waits;
 
@@ -216,8 +216,15 @@ impl NDArray {
         if (store_thread && !USER_CODE.with(Cell::get)) || !self.is_lent() {
             return Ok(());
         }
-        let me = thread_token();
-        self.reclaim_if(|l| !store_thread || !matches!(*l.state.lock(), State::Reading(t) if t == me))
+        let (me, now) = (thread_token(), running_now());
+        self.reclaim_if(|l| {
+            let state = l.state.lock();
+            // A call of the engine whose blocking call runs at once on this thread, already
+            // reading the array, was made after that call took its arrays (`run_now`): it
+            // is concurrent with it, and may be waiting for the locks this thread holds.
+            let later = now != 0 && l.owner == now && matches!(*state, State::Reading(_));
+            !later && (!store_thread || !matches!(*state, State::Reading(t) if t == me))
+        })
     }
 
     /// Before a call that runs at once on this thread uses this array (`written`: as an
@@ -256,6 +263,10 @@ impl NDArray {
                     drop(state);
                     self.unlist(&loan);
                 }
+                continue;
+            }
+            // Started reading since it was picked: picked again, or left alone.
+            if !which(&loan) {
                 continue;
             }
             let _waiting = waits::wait_for(loan.owner, || {

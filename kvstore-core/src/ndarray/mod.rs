@@ -79,6 +79,14 @@ pub(crate) fn use_token() -> u32 {
     NEXT.fetch_add(2, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Whether an access to an array's storage first waits for its pending writes (and a
+/// write for the calls it is lent to), or the caller did so already.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    First,
+    Done,
+}
+
 /// An n-dimensional array whose buffer is shared by every clone of the handle.
 ///
 /// ```
@@ -560,7 +568,15 @@ impl NDArray {
     /// A shared read lock on the storage itself (recursive, so one thread may hold
     /// several read locks of one array, as when the same array is pushed twice).
     pub(crate) fn storage(&self) -> Result<RwLockReadGuard<'_, Storage>> {
-        self.settle()?;
+        self.storage_as(Wait::First)
+    }
+
+    /// [`NDArray::storage`]; with [`Wait::Done`], for a caller that waited already
+    /// ([`NDArray::ready_pair`]), taken without waiting again.
+    fn storage_as(&self, wait: Wait) -> Result<RwLockReadGuard<'_, Storage>> {
+        if wait == Wait::First {
+            self.settle()?;
+        }
         self.check_fault()?;
         Ok(self.inner.buf.read_recursive())
     }
@@ -568,17 +584,41 @@ impl NDArray {
     /// An exclusive lock on the storage itself (once queued calls that read the array
     /// have a copy of it or are done with it: see `loan.rs`).
     pub(crate) fn storage_mut(&self) -> Result<RwLockWriteGuard<'_, Storage>> {
-        if self.inner.read_only {
-            return Err(Error::invalid_argument(format!(
+        self.storage_mut_as(Wait::First)
+    }
+
+    /// [`NDArray::storage_mut`], or with [`Wait::Done`] as [`NDArray::storage_as`].
+    fn storage_mut_as(&self, wait: Wait) -> Result<RwLockWriteGuard<'_, Storage>> {
+        self.check_writable()?;
+        if wait == Wait::First {
+            self.settle()?;
+            self.reclaim()?;
+        }
+        self.check_fault()?;
+        Ok(self.inner.buf.write())
+    }
+
+    /// An error if the array is read-only.
+    fn check_writable(&self) -> Result<()> {
+        match self.inner.read_only {
+            true => Err(Error::invalid_argument(format!(
                 "the array (shape {:?}, {}) is read-only: it may be pushed, not written",
                 self.shape(),
                 self.dtype()
-            )));
+            ))),
+            false => Ok(()),
         }
+    }
+
+    /// Before `self` is written with `other` read: waits for both arrays' pending
+    /// writes and for the queued calls `self` is lent to, with no lock held, so that the
+    /// two locks are then taken without waiting (a thread that held one while it waited
+    /// for an engine could block that engine's access to it: a deadlock).
+    fn ready_pair(&self, other: &NDArray) -> Result<()> {
+        self.check_writable()?;
         self.settle()?;
-        self.reclaim()?;
-        self.check_fault()?;
-        Ok(self.inner.buf.write())
+        other.settle()?;
+        self.reclaim()
     }
 
     /// Whether `other` has this array's shape (reading only the first cache line of
@@ -608,7 +648,12 @@ impl NDArray {
     /// The elements as host memory, read-locked (staged from the device for a device
     /// array).
     pub(crate) fn read(&self) -> Result<HostRead<'_>> {
-        let guard = self.storage()?;
+        self.read_as(Wait::First)
+    }
+
+    /// [`NDArray::read`], waiting first or not (see [`NDArray::storage_as`]).
+    fn read_as(&self, wait: Wait) -> Result<HostRead<'_>> {
+        let guard = self.storage_as(wait)?;
         match RwLockReadGuard::try_map(guard, |st| st.host()) {
             Ok(host) => Ok(HostRead::Host(host)),
             Err(guard) => {
@@ -621,20 +666,20 @@ impl NDArray {
     /// The elements as host memory, write-locked (for a device array, a staged copy
     /// written back when the guard drops).
     pub(crate) fn write(&self) -> Result<HostWrite<'_>> {
-        self.host_write(true)
+        self.host_write(true, Wait::First)
     }
 
     /// The elements as host memory, write-locked, for a caller that overwrites every
     /// element: a device array's staged copy starts zeroed instead of downloaded (the
     /// download would be thrown away), and is written back on finish.
     pub(crate) fn overwrite(&self) -> Result<HostWrite<'_>> {
-        self.host_write(false)
+        self.host_write(false, Wait::First)
     }
 
     /// [`NDArray::write`] (`download`: the staged copy starts as the device's data) or
     /// [`NDArray::overwrite`] (it starts zeroed).
-    fn host_write(&self, download: bool) -> Result<HostWrite<'_>> {
-        let guard = self.storage_mut()?;
+    fn host_write(&self, download: bool, wait: Wait) -> Result<HostWrite<'_>> {
+        let guard = self.storage_mut_as(wait)?;
         match RwLockWriteGuard::try_map(guard, |st| st.host_mut()) {
             Ok(host) => Ok(HostWrite::Host(host)),
             Err(guard) => {
@@ -650,12 +695,13 @@ impl NDArray {
     /// Locks `self` for writing and `other` (a different buffer) for reading, in
     /// address order, so that two threads doing `a op= b` and `b op= a` cannot deadlock.
     fn lock_pair<'a>(&'a self, other: &'a NDArray) -> Result<(HostWrite<'a>, HostRead<'a>)> {
+        self.ready_pair(other)?;
         if Arc::as_ptr(&self.inner) < Arc::as_ptr(&other.inner) {
-            let w = self.write()?;
-            Ok((w, other.read()?))
+            let w = self.host_write(true, Wait::Done)?;
+            Ok((w, other.read_as(Wait::Done)?))
         } else {
-            let r = other.read()?;
-            Ok((self.write()?, r))
+            let r = other.read_as(Wait::Done)?;
+            Ok((self.host_write(true, Wait::Done)?, r))
         }
     }
 
@@ -665,12 +711,13 @@ impl NDArray {
         &'a self,
         other: &'a NDArray,
     ) -> Result<(RwLockWriteGuard<'a, Storage>, RwLockReadGuard<'a, Storage>)> {
+        self.ready_pair(other)?;
         if Arc::as_ptr(&self.inner) < Arc::as_ptr(&other.inner) {
-            let w = self.storage_mut()?;
-            Ok((w, other.storage()?))
+            let w = self.storage_mut_as(Wait::Done)?;
+            Ok((w, other.storage_as(Wait::Done)?))
         } else {
-            let r = other.storage()?;
-            Ok((self.storage_mut()?, r))
+            let r = other.storage_as(Wait::Done)?;
+            Ok((self.storage_mut_as(Wait::Done)?, r))
         }
     }
 

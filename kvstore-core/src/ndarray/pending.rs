@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use parking_lot::{Condvar, Mutex};
 
 use super::NDArray;
-use crate::engine::{current_worker, release_writers_of};
+use crate::engine::{release_writers_of, running_for};
 use crate::error::Result;
 use crate::waits;
 
@@ -72,7 +72,8 @@ impl NDArray {
     }
 
     /// Waits until no write is pending on this array, but those of the engine whose
-    /// thread this is (see the module docs).
+    /// thread this is, or whose blocking call runs at once on it (see the module docs and
+    /// [`crate::engine::run_now`]).
     ///
     /// # Errors
     /// On an engine's thread, when the wait could never end (`waits.rs`).
@@ -80,7 +81,7 @@ impl NDArray {
         if self.inner.pending.load(Ordering::Acquire) == 0 || POOL_THREAD.with(Cell::get) {
             return Ok(());
         }
-        self.wait_for_writes_but(current_worker())
+        self.wait_for_writes_but(running_for())
     }
 
     /// Whether writes of an engine other than `engine` (0: of any) are pending.
@@ -281,6 +282,38 @@ mod tests {
         // Engine A's own thread now waits for B, and B's for nothing.
         drop(second);
         assert!(!a.is_pending());
+    }
+
+    #[test]
+    fn a_copy_waits_for_its_outs_pending_write_holding_no_lock_of_its_source() {
+        // The source below the out in address order, so that its lock is taken first.
+        let (a, b) = (NDArray::zeros(&[4]).unwrap(), NDArray::full(&[4], 2.0).unwrap());
+        let (src, out) = if a.buffer_id() < b.buffer_id() { (a, b) } else { (b, a) };
+        src.copy_from(&NDArray::full(&[4], 2.0).unwrap()).unwrap();
+        let writes = PendingWrites::new(A, vec![out.clone()]).unwrap();
+        let copy = {
+            let (src, out) = (src.clone(), out.clone());
+            std::thread::spawn(move || out.copy_from(&src).unwrap())
+        };
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(!copy.is_finished(), "the copy did not wait for the out's pending write");
+        // The engine's write of the source (as a queued pull makes it) is not blocked by
+        // the waiting copy: it held no lock of the source while it waited.
+        let engine_write = {
+            let src = src.clone();
+            std::thread::spawn(move || {
+                crate::engine::set_current_worker(A);
+                src.copy_from(&NDArray::full(&[4], 3.0).unwrap()).unwrap();
+            })
+        };
+        let start = std::time::Instant::now();
+        while !engine_write.is_finished() {
+            assert!(start.elapsed() < Duration::from_secs(5), "a waiting copy blocked a write of its source");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(writes);
+        copy.join().unwrap();
+        assert_eq!(out.to_vec::<f32>().unwrap(), vec![3.0; 4]);
     }
 
     #[test]
