@@ -467,11 +467,14 @@
   store's threads. Calls on the
   same key take effect in the order they were made. Returns a pending value:
   `@p` waits and returns the store, or throws the `ex-info` `push` throws;
-  `(deref p ms timeout-val)` waits at most `ms` milliseconds."
+  `(deref p ms timeout-val)` waits at most `ms` milliseconds. What is found
+  before the call is made (an invalid argument, a disposed array:
+  `{:kvstore/error :disposed}`) is thrown at once, as the same `ex-info`."
   ([kvstore ks vs]
    (push-async kvstore ks vs 0))
   ([kvstore ks vs priority]
-   (pending :push kvstore (push-call true kvstore ks vs priority))))
+   (pending :push kvstore (util/with-kvstore-errors :push
+                            (push-call true kvstore ks vs priority)))))
 
 (defn pull-async
   "`pull` into `outs`, non-blocking: the outs are written later, after the
@@ -481,18 +484,21 @@
   ([kvstore ks outs]
    (pull-async kvstore ks outs 0))
   ([kvstore ks outs priority]
-   (pending :pull kvstore (pull-call true kvstore ks outs priority))))
+   (pending :pull kvstore (util/with-kvstore-errors :pull
+                            (pull-call true kvstore ks outs priority)))))
 
 (defn pushpull-async
   "`pushpull`, non-blocking (the values may be reused at once; the outs, or the values
   themselves with no `outs`, are written later). Returns a pending value, as
   `push-async`."
   ([kvstore ks vs]
-   (pending :pushpull kvstore (pushpull-call true kvstore ks vs ::in-place 0)))
+   (pending :pushpull kvstore (util/with-kvstore-errors :pushpull
+                                (pushpull-call true kvstore ks vs ::in-place 0))))
   ([kvstore ks vs outs]
    (pushpull-async kvstore ks vs outs 0))
   ([kvstore ks vs outs priority]
-   (pending :pushpull kvstore (pushpull-call true kvstore ks vs outs priority))))
+   (pending :pushpull kvstore (util/with-kvstore-errors :pushpull
+                                (pushpull-call true kvstore ks vs outs priority)))))
 
 (defn broadcast-async
   "`broadcast`, non-blocking for its pull: the keys are initialized before it
@@ -500,7 +506,8 @@
   ([kvstore ks vs outs]
    (broadcast-async kvstore ks vs outs 0))
   ([kvstore ks vs outs priority]
-   (pending :broadcast kvstore (broadcast-call true kvstore ks vs outs priority))))
+   (pending :broadcast kvstore (util/with-kvstore-errors :broadcast
+                                 (broadcast-call true kvstore ks vs outs priority)))))
 
 (defn wait-all
   "Waits until every call made so far on the store has finished (MXNet's

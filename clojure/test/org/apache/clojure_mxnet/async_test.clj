@@ -99,3 +99,27 @@
     (let [in-place (ndarray/ones [2])]
       @(kvstore/pushpull-async b "y" in-place)
       (is (= [1.0 1.0] (ndarray/->vec in-place))))))
+
+(deftest a-disposed-array-is-the-ex-info-of-the-blocking-call-thrown-at-once
+  (let [kv (kvstore/create)
+        gone (ndarray/zeros [2])
+        live (ndarray/zeros [2])]
+    (kvstore/init kv ["x" "y"] [(ndarray/zeros [2]) (ndarray/zeros [2])])
+    (ndarray/dispose gone)
+    (doseq [[op blocking non-blocking]
+            [[:push #(kvstore/push kv "x" gone) #(kvstore/push-async kv "x" gone)]
+             [:push #(kvstore/push kv ["x" "y"] [live gone]) #(kvstore/push-async kv ["x" "y"] [live gone])]
+             [:pull #(kvstore/pull kv "x" gone) #(kvstore/pull-async kv "x" gone)]
+             [:pull #(kvstore/pull kv ["x" "y"] [live gone]) #(kvstore/pull-async kv ["x" "y"] [live gone])]
+             [:pushpull #(kvstore/pushpull kv "x" gone) #(kvstore/pushpull-async kv "x" gone)]
+             [:pushpull #(kvstore/pushpull kv "x" live gone) #(kvstore/pushpull-async kv "x" live gone)]
+             [:broadcast #(kvstore/broadcast kv "z" gone live) #(kvstore/broadcast-async kv "z" gone live)]
+             [:broadcast #(kvstore/broadcast kv "z" live gone) #(kvstore/broadcast-async kv "z" live gone)]]]
+      (let [e (thrown non-blocking)]
+        (is (instance? clojure.lang.ExceptionInfo e) (str (name op) "-async throws ex-info"))
+        (is (= {:kvstore/error :disposed :kvstore/code "DISPOSED" :kvstore/op op}
+               (select-keys (ex-data e) [:kvstore/error :kvstore/code :kvstore/op])))
+        (is (= (error-of blocking) (error-of non-blocking)))))
+    (testing "nothing was made: the keys keep their values, z is not initialised"
+      (is (= [0.0 0.0] (ndarray/->vec (kvstore/pull kv "x"))))
+      (is (= ["x" "y"] (kvstore/keys kv))))))
