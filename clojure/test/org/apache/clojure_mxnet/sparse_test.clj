@@ -1,5 +1,6 @@
 (ns org.apache.clojure-mxnet.sparse-test
-  (:require [clojure.test :refer [deftest is testing]]
+  (:require [clojure.string :as string]
+            [clojure.test :refer [deftest is testing]]
             [org.apache.clojure-mxnet.kvstore :as kvstore]
             [org.apache.clojure-mxnet.ndarray :as ndarray]
             [org.apache.clojure-mxnet.optimizer :as optimizer]
@@ -75,3 +76,11 @@
     (is (= "Invalid row-ids" (spec-message-of #(kvstore/row-sparse-pull kv ["e" "e"] [[0]]))))
     (is (= "Invalid values" (spec-message-of #(kvstore/push kv "e" [good (ndarray/ones [3 2])]))))
     (is (= "Invalid values" (spec-message-of #(kvstore/push-async kv "e" good))))))
+
+(deftest a-closed-row-sparse-array-still-prints-and-says-closed
+  (let [a (rsp [1] [1 2] [3 2])]
+    (is (= "RowSparse[3, 2] FLOAT32 rows=[1]" (str a)))
+    (sparse/close a)
+    (is (= "<RowSparse closed>" (str a)))
+    (is (string/includes? (pr-str a) "<RowSparse closed>"))
+    (is (= :disposed (error-of #(sparse/to-dense a))) "the rest is still disposed")))

@@ -159,15 +159,34 @@ public final class RowSparse implements AutoCloseable {
         return data.dtype();
     }
 
-    /** Closes the data array. */
+    /**
+     * Closes the data array (idempotent). Then what reads the data ({@link #dtype()},
+     * {@link #toDense()}, a store call given the array) throws {@link KVStoreException}
+     * {@code DISPOSED}, and {@link #toString()} says {@code <RowSparse closed>}.
+     */
     @Override
     public void close() {
         data.close();
     }
 
+    /**
+     * {@code RowSparse[1000, 8] FLOAT32 rows=[3, 7]} (the whole shape, the dtype, the
+     * stored rows); {@code "<RowSparse closed>"} once its data array is closed. Never
+     * throws {@code DISPOSED}.
+     */
     @Override
     public String toString() {
-        return "RowSparse" + Arrays.toString(shape) + " " + data.dtype() + " rows=" + Arrays.toString(indices);
+        DType dtype;
+        try {
+            dtype = data.dtype();
+        } catch (KVStoreException e) {
+            if (e.code() == KVStoreException.Code.DISPOSED) {
+                // Closed, here or by another thread: printing says so, as for an NDArray.
+                return "<RowSparse closed>";
+            }
+            throw e;
+        }
+        return "RowSparse" + Arrays.toString(shape) + " " + dtype + " rows=" + Arrays.toString(indices);
     }
 
     /** This array's native description: {@code ndim, shape..., n, indices...}. */

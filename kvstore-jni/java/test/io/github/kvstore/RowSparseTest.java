@@ -64,6 +64,22 @@ class RowSparseTest {
     }
 
     @Test
+    void aClosedArrayPrintsAsClosed() {
+        RowSparse a = rsp(new long[] {1}, new float[] {1, 2}, 3, 2);
+        assertEquals("RowSparse[3, 2] " + DType.FLOAT32 + " rows=[1]", a.toString());
+        a.close();
+        assertEquals("<RowSparse closed>", a.toString());
+        // Closed through its data array, as sparse/close and NDArray.close do.
+        RowSparse b = rsp(new long[] {0}, new float[] {1, 2}, 3, 2);
+        b.data().close();
+        assertEquals("<RowSparse closed>", b.toString());
+        assertEquals("<RowSparse closed>", String.valueOf(b));
+        // Everything else of a closed array is still DISPOSED.
+        assertCode(Code.DISPOSED, a::dtype);
+        assertCode(Code.DISPOSED, a::toDense);
+    }
+
+    @Test
     void mxnetsExamplePushesSumRowWiseAndPullsOnlyTheRowsAsked() {
         try (KVStore kv = KVStore.create("local");
                 NDArray ones = NDArray.ones(3, 2);
