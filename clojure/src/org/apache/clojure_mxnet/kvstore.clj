@@ -366,7 +366,9 @@
    (pull kvstore ks outs 0)))
 
 (defn row-sparse-pull
-  "The rows `row-ids` (integers, any order, repeats allowed) of the row-sparse
+  "The rows `row-ids` (integers, any order, repeats allowed; one that does not
+  fit a long, such as a BigInt of 2^64 + 3, is \"Invalid row-ids\",
+  `{:kvstore/error :invalid-argument}`, not wrapped) of the row-sparse
   key `ks`, as a new row-sparse array whose indices are those ids sorted and
   de-duplicated (only those rows are copied); for a vector of keys, a vector
   of them, with `row-ids` a vector of id vectors, one per key. The caller owns
@@ -378,11 +380,11 @@
    (check! kvstore? ::kvstore kvstore "Invalid kvstore")
    (check! ks? ::ks ks "Invalid keys")
    (check! util/int-value? ::priority priority "Invalid priority")
-   (let [ids? #(and (sequential? %) (every? integer? %))]
+   (let [ids? #(and (sequential? %) (every? util/long-value? %))]
      (if (vector? ks)
        (do
          (when-not (and (vector? row-ids) (= (count ks) (count row-ids)) (every? ids? row-ids))
-           (util/validate! (s/coll-of (s/coll-of integer? :kind sequential?) :kind vector? :count (count ks))
+           (util/validate! (s/coll-of (s/coll-of util/long-value? :kind sequential?) :kind vector? :count (count ks))
                            row-ids "Invalid row-ids"))
          (let [made (java.util.ArrayList.)]
            (try
@@ -396,7 +398,7 @@
                (throw t)))))
        (do
          (when-not (ids? row-ids)
-           (util/validate! (s/coll-of integer? :kind sequential?) row-ids "Invalid row-ids"))
+           (util/validate! (s/coll-of util/long-value? :kind sequential?) row-ids "Invalid row-ids"))
          (util/with-kvstore-errors :row-sparse-pull
            (.rowSparsePull kvstore (key-str ks) (long-array row-ids) (int priority))))))))
 

@@ -24,7 +24,7 @@
 
 (s/def ::dim (s/and nat-int? #(<= % Integer/MAX_VALUE)))
 (s/def ::shape-vec (s/coll-of ::dim :kind sequential? :min-count 1))
-(s/def ::indices (s/coll-of integer? :kind sequential?))
+(s/def ::indices (s/coll-of util/long-value? :kind sequential?))
 (s/def ::ndarray #(instance? NDArray %))
 (s/def ::row-sparse #(instance? RowSparse %))
 
@@ -45,7 +45,8 @@
   "The row-sparse array of shape `shape-vec` whose rows `indices` (strictly
   increasing, each below `(first shape-vec)`) are the NDArray `data` (of shape
   `[(count indices) ...]`, used without a copy: the array owns it from now
-  on)."
+  on). An index that does not fit a long (a BigInt beyond it) is \"Invalid
+  indices\", `{:kvstore/error :invalid-argument}`, never wrapped."
   [data indices shape-vec]
   (util/validate! ::ndarray data "Invalid data")
   (util/validate! ::indices indices "Invalid indices")

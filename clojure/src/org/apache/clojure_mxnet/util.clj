@@ -95,6 +95,15 @@
   [x]
   (and (int? x) (<= Integer/MIN_VALUE x Integer/MAX_VALUE)))
 
+(defn long-value?
+  "True for an integer that fits a Java long: what row ids and row-sparse
+  indices are. A BigInt or BigInteger that fits is one; one that does not
+  (`(+ (bigint Long/MAX_VALUE) 1)`) is not, where a conversion to long would
+  wrap it silently (2^64 + 3 would be row 3)."
+  [x]
+  (or (int? x)
+      (and (integer? x) (<= Long/MIN_VALUE x Long/MAX_VALUE))))
+
 (defn code->keyword
   "The keyword for a `KVStoreException$Code` or its name:
   `SHAPE_MISMATCH` -> `:shape-mismatch`."

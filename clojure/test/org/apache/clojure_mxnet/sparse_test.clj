@@ -84,3 +84,22 @@
     (is (= "<RowSparse closed>" (str a)))
     (is (string/includes? (pr-str a) "<RowSparse closed>"))
     (is (= :disposed (error-of #(sparse/to-dense a))) "the rest is still disposed")))
+
+(deftest row-ids-and-indices-that-do-not-fit-a-long-are-refused-not-wrapped
+  (let [kv (kvstore/create)
+        too-big (+ (bigint Long/MAX_VALUE) 1)
+        wraps-to-3 (+ (.shiftLeft BigInteger/ONE 64) (biginteger 3))]
+    (kvstore/init kv ["e" "f"] [(sparse/from-dense (ndarray/ones [4 2])) (sparse/from-dense (ndarray/ones [4 2]))])
+    (testing "row ids: 2^64 + 3 is not row 3"
+      (is (= "Invalid row-ids" (spec-message-of #(kvstore/row-sparse-pull kv "e" [(bigint wraps-to-3)]))))
+      (is (= "Invalid row-ids" (spec-message-of #(kvstore/row-sparse-pull kv "e" [wraps-to-3]))))
+      (is (= "Invalid row-ids" (spec-message-of #(kvstore/row-sparse-pull kv "e" [0 too-big]))))
+      (is (= "Invalid row-ids" (spec-message-of #(kvstore/row-sparse-pull kv ["e" "f"] [[0] [too-big]]))))
+      (is (= :invalid-argument (error-of #(kvstore/row-sparse-pull kv "e" [(- (bigint Long/MIN_VALUE) 1)])))))
+    (testing "indices"
+      (is (= "Invalid indices" (spec-message-of #(sparse/row-sparse-array (ndarray/ones [1 2]) [(bigint wraps-to-3)] [4 2]))))
+      (is (= "Invalid indices" (spec-message-of #(sparse/row-sparse-array (ndarray/ones [1 2]) [too-big] [4 2])))))
+    (testing "big integers that fit are taken as they are"
+      (is (= [3] (sparse/indices (kvstore/row-sparse-pull kv "e" [3N]))))
+      (is (= [1 3] (sparse/indices (kvstore/row-sparse-pull kv "e" [(biginteger 3) (bigint 1)]))))
+      (is (= [2] (sparse/indices (sparse/row-sparse-array (ndarray/ones [1 2]) [2N] [4 2])))))))
