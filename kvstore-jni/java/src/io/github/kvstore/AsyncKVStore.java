@@ -10,8 +10,10 @@ import java.lang.ref.Reference;
 import java.util.Objects;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ExecutionException;
+import java.util.concurrent.Executor;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
+import java.util.function.Supplier;
 
 /**
  * The non-blocking calls of a {@link KVStore}, from {@link KVStore#async()}:
@@ -45,7 +47,12 @@ import java.util.concurrent.TimeoutException;
  * milliseconds for a dependent that computes rather than waits: use the
  * {@code ...Async} forms of {@link CompletableFuture} for long work). A call cannot be
  * withdrawn once made: {@code cancel} returns false and the future completes with the
- * call. {@code get} and {@code get(timeout, unit)} end on an interrupt (the call goes
+ * call. Nor can a future be completed by hand: {@code complete},
+ * {@code completeExceptionally}, {@code obtrudeValue}, {@code obtrudeException},
+ * {@code completeAsync}, {@code orTimeout} and {@code completeOnTimeout} throw
+ * {@link UnsupportedOperationException} (a future that said done while its call was
+ * pending would lie); {@code copy()} gives a future of the caller's own to complete or
+ * time out. {@code get} and {@code get(timeout, unit)} end on an interrupt (the call goes
  * on); {@code join} does not, as for every {@link CompletableFuture}.
  *
  * <pre>{@code
@@ -83,11 +90,31 @@ public final class AsyncKVStore {
      * as the call finishes; dependents of futures that no thread waits for may run up
      * to 50 microseconds later, as the completer takes finished calls in batches.
      * Dependents run on the completer's threads ({@link Completer}), where they may wait.
-     * {@code cancel} is refused: a submitted call is never withdrawn.
+     * {@code cancel} is refused: a submitted call is never withdrawn. Only the call
+     * completes its future ({@link #finish}): the methods that would complete it by hand
+     * throw {@link UnsupportedOperationException}, as those of
+     * {@link CompletableFuture#minimalCompletionStage()} do, so it never reports a call
+     * done (or failed) before the call has ended.
      */
-    private static final class CallFuture extends CompletableFuture<Void> {
+    static final class CallFuture extends CompletableFuture<Void> {
         /** The call's id, once registered (-1 until then). */
         volatile long id = -1;
+
+        private static UnsupportedOperationException byHand(String method) {
+            return new UnsupportedOperationException(method + " of a kvstore call's future: it is "
+                    + "completed by its call only (wait with get(timeout, unit), or complete a copy())");
+        }
+
+        /**
+         * Completes the future with the call's outcome: normally when {@code error} is
+         * null, else exceptionally with it. The one way the future completes (the
+         * {@link Completer}, and {@link #submit} for a call refused before it was queued).
+         *
+         * @return whether this completed it
+         */
+        boolean finish(Throwable error) {
+            return error == null ? super.complete(null) : super.completeExceptionally(error);
+        }
 
         private void release() {
             long call = id;
@@ -169,6 +196,61 @@ public final class AsyncKVStore {
         public boolean cancel(boolean mayInterruptIfRunning) {
             return false;
         }
+
+        /** Refused (the call completes its future): throws {@link UnsupportedOperationException}. */
+        @Override
+        public boolean complete(Void value) {
+            throw byHand("complete");
+        }
+
+        /** Refused (the call completes its future): throws {@link UnsupportedOperationException}. */
+        @Override
+        public boolean completeExceptionally(Throwable ex) {
+            throw byHand("completeExceptionally");
+        }
+
+        /** Refused (a call's outcome is never rewritten): throws {@link UnsupportedOperationException}. */
+        @Override
+        public void obtrudeValue(Void value) {
+            throw byHand("obtrudeValue");
+        }
+
+        /** Refused (a call's outcome is never rewritten): throws {@link UnsupportedOperationException}. */
+        @Override
+        public void obtrudeException(Throwable ex) {
+            throw byHand("obtrudeException");
+        }
+
+        /** Refused (the call completes its future): throws {@link UnsupportedOperationException}. */
+        @Override
+        public CompletableFuture<Void> completeAsync(Supplier<? extends Void> supplier, Executor executor) {
+            throw byHand("completeAsync");
+        }
+
+        /** Refused (the call completes its future): throws {@link UnsupportedOperationException}. */
+        @Override
+        public CompletableFuture<Void> completeAsync(Supplier<? extends Void> supplier) {
+            throw byHand("completeAsync");
+        }
+
+        /**
+         * Refused (it would fail the future while the call goes on): throws
+         * {@link UnsupportedOperationException}. Wait with {@code get(timeout, unit)}, or
+         * time out a {@code copy()}.
+         */
+        @Override
+        public CompletableFuture<Void> orTimeout(long timeout, TimeUnit unit) {
+            throw byHand("orTimeout");
+        }
+
+        /**
+         * Refused (it would complete the future while the call goes on): throws
+         * {@link UnsupportedOperationException}. Use a {@code copy()}.
+         */
+        @Override
+        public CompletableFuture<Void> completeOnTimeout(Void value, long timeout, TimeUnit unit) {
+            throw byHand("completeOnTimeout");
+        }
     }
 
     /**
@@ -194,7 +276,7 @@ public final class AsyncKVStore {
             // Found before anything was queued (a closed store, a stale array): the same
             // exception, through the future.
             Completer.forget(id);
-            future.completeExceptionally(e);
+            future.finish(e);
         } finally {
             Reference.reachabilityFence(store);
             Reference.reachabilityFence(values);

@@ -1,7 +1,6 @@
 package io.github.kvstore;
 
 import java.util.Arrays;
-import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.SynchronousQueue;
@@ -42,7 +41,7 @@ import java.util.concurrent.locks.ReentrantLock;
  * one waits, every finished call is taken at once.
  */
 final class Completer {
-    private static final ConcurrentHashMap<Long, CompletableFuture<Void>> FUTURES = new ConcurrentHashMap<>();
+    private static final ConcurrentHashMap<Long, AsyncKVStore.CallFuture> FUTURES = new ConcurrentHashMap<>();
     private static final AtomicLong NEXT_ID = new AtomicLong();
     private static final long[] NONE = new long[0];
     /** How many finished calls one native take asks for. */
@@ -103,7 +102,7 @@ final class Completer {
     private Completer() {}
 
     /** Registers {@code future} under a new id (starting the completer at first use). */
-    static long register(CompletableFuture<Void> future) {
+    static long register(AsyncKVStore.CallFuture future) {
         long id = NEXT_ID.incrementAndGet();
         FUTURES.put(id, future);
         if (taker == null) {
@@ -369,7 +368,7 @@ final class Completer {
      * them: completing a future twice does nothing.
      */
     private static final class Batch {
-        private final CompletableFuture<?>[] futures;
+        private final AsyncKVStore.CallFuture[] futures;
         /** The call's exception, or null for a call that succeeded. */
         private final Throwable[] errors;
         final int size;
@@ -385,12 +384,12 @@ final class Completer {
 
         /** The batch of the first {@code n} ids (negated for calls that failed). */
         Batch(long[] ids, int n) {
-            futures = new CompletableFuture<?>[n];
+            futures = new AsyncKVStore.CallFuture[n];
             errors = new Throwable[n];
             int k = 0;
             for (int i = 0; i < n; i++) {
                 long id = Math.abs(ids[i]);
-                CompletableFuture<Void> future = FUTURES.remove(id);
+                AsyncKVStore.CallFuture future = FUTURES.remove(id);
                 Throwable error = null;
                 if (ids[i] < 0) {
                     try {
@@ -434,19 +433,13 @@ final class Completer {
         }
 
         private void complete(int i) {
-            CompletableFuture<?> future = futures[i];
+            AsyncKVStore.CallFuture future = futures[i];
             try {
-                if (errors[i] == null) {
-                    future.complete(null);
-                } else {
-                    future.completeExceptionally(errors[i]);
-                }
+                future.finish(errors[i]);
             } catch (RuntimeException | Error e) {
                 // CompletableFuture keeps a dependent's exception to the dependent's own
                 // future; whatever got past it, the batch's other futures still complete.
-                if (!future.isDone()) {
-                    future.completeExceptionally(e);
-                }
+                future.finish(e);
             }
         }
     }

@@ -362,6 +362,52 @@ class AsyncTest {
         }
     }
 
+    /**
+     * Issue 54: a call's future is completed by its call only. Completing it by hand
+     * ({@code complete}, {@code completeExceptionally}, {@code obtrude...}, and the forms
+     * that complete it later) is refused while the call is pending, so it never reports
+     * done (or failed) before the call has taken effect; dependents and copies still work.
+     */
+    @Test
+    void aPendingCallsFutureCannotBeCompletedByHand() throws Exception {
+        try (Gated g = new Gated()) {
+            CompletableFuture<Void> pushed = g.kv.async().push("w", g.four);
+            CompletableFuture<Integer> dependent = pushed.thenApply(v -> 7);
+            CompletableFuture<Void> copy = pushed.copy();
+            assertThrows(UnsupportedOperationException.class, () -> pushed.complete(null));
+            assertThrows(UnsupportedOperationException.class,
+                    () -> pushed.completeExceptionally(new IllegalStateException("by hand")));
+            assertThrows(UnsupportedOperationException.class, () -> pushed.obtrudeValue(null));
+            assertThrows(UnsupportedOperationException.class,
+                    () -> pushed.obtrudeException(new IllegalStateException("by hand")));
+            assertThrows(UnsupportedOperationException.class, () -> pushed.completeAsync(() -> null));
+            assertThrows(UnsupportedOperationException.class,
+                    () -> pushed.completeAsync(() -> null, Runnable::run));
+            assertThrows(UnsupportedOperationException.class, () -> pushed.orTimeout(1, TimeUnit.MILLISECONDS));
+            assertThrows(UnsupportedOperationException.class,
+                    () -> pushed.completeOnTimeout(null, 1, TimeUnit.MILLISECONDS));
+            Thread.sleep(50);
+            assertFalse(pushed.isDone(), "the future of a pending call reports done");
+            assertFalse(pushed.isCompletedExceptionally());
+            assertFalse(dependent.isDone(), "a dependent ran before the call");
+            // A copy is the caller's own future: it may be completed, and that leaves
+            // the call's future as it was.
+            assertTrue(copy.complete(null));
+            assertFalse(pushed.isDone());
+            g.release.countDown();
+            assertNull(pushed.get(10, TimeUnit.SECONDS));
+            assertEquals(7, dependent.get(10, TimeUnit.SECONDS));
+            try (NDArray w = g.kv.pull("w")) {
+                assertArrayEquals(filled(4), w.toFloatArray());
+            }
+            // Done, its outcome cannot be rewritten either.
+            assertThrows(UnsupportedOperationException.class, () -> pushed.obtrudeException(new IllegalStateException()));
+            assertThrows(UnsupportedOperationException.class, () -> pushed.complete(null));
+            assertNull(pushed.getNow(null));
+            assertFalse(pushed.isCompletedExceptionally());
+        }
+    }
+
     /** A wait for a pull into {@code out} of key "w" of {@code kv}: what it returns, or throws. */
     @FunctionalInterface
     private interface PullWait {
