@@ -140,3 +140,107 @@ fn an_empty_foreign_array_at_any_address_reads_as_empty() {
         kv.pull("e", &a, 0).unwrap();
     }
 }
+
+/// `n` f32 arrays of `len` over the same bytes of one buffer (as a binding wraps the same
+/// memory once per time it is given: numpy views, one torch tensor given n times), and
+/// the buffer.
+fn views(len: usize, n: usize) -> (Arc<std::sync::Mutex<Vec<u8>>>, Vec<NDArray>) {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let (buf, first) = lent(&vec![0.0; len], 0, &drops);
+    let ptr = first.ptr;
+    let mut arrays = vec![NDArray::from_foreign(&[len], DType::F32, first, true).unwrap()];
+    for _ in 1..n {
+        let mem = Box::new(Lent { _buf: Arc::clone(&buf), ptr, len: len * 4, drops: Arc::clone(&drops) });
+        arrays.push(NDArray::from_foreign(&[len], DType::F32, mem, true).unwrap());
+    }
+    (buf, arrays)
+}
+
+const KEYS: usize = 256;
+const LEN: usize = 256;
+
+/// A store (`kind`) with keys 0..256 holding `k` each, and the keys.
+fn counting_store(kind: &str) -> (KVStore, Vec<String>) {
+    let kv = KVStore::create(kind).unwrap();
+    let keys: Vec<String> = (0..KEYS).map(|k| k.to_string()).collect();
+    let values: Vec<NDArray> = (0..KEYS).map(|k| NDArray::full(&[LEN], k as f64).unwrap()).collect();
+    kv.init(keys.as_slice(), values.as_slice()).unwrap();
+    (kv, keys)
+}
+
+/// A pull of many keys into outs over the same memory, each wrapped on its own, writes
+/// them in key order, as when one array is given for every key: the last key's value.
+/// Spread over threads, each key was written whenever its thread got to it.
+#[test]
+fn a_pull_into_outs_over_the_same_memory_writes_them_in_key_order() {
+    for kind in ["local", "device"] {
+        let (kv, keys) = counting_store(kind);
+        let one = NDArray::zeros(&[LEN]).unwrap();
+        kv.pull(keys.as_slice(), vec![one.clone(); KEYS].as_slice(), 0).unwrap();
+        let expected = one.to_vec::<f32>().unwrap();
+        assert_eq!(expected, vec![(KEYS - 1) as f32; LEN], "{kind}: one array for every key");
+        for round in 0..20 {
+            let (buf, outs) = views(LEN, KEYS);
+            kv.pull(keys.as_slice(), outs.as_slice(), 0).unwrap();
+            assert_eq!(floats(&buf, LEN), expected, "{kind}: round {round}: outs over one buffer");
+            let (buf, outs) = views(LEN, KEYS);
+            kv.pull_async(keys.as_slice(), outs.as_slice(), 0).wait().unwrap();
+            assert_eq!(floats(&buf, LEN), expected, "{kind}: round {round}: non-blocking");
+        }
+    }
+}
+
+/// A pushpull whose outs are other arrays over the memory of other keys' values gives
+/// what it gives when they are those values' own handles: every sum reads its value
+/// before any out is written.
+#[test]
+fn a_pushpull_whose_outs_are_views_of_other_keys_values_reads_every_value_first() {
+    let value = |k: usize| (1000 + k) as f32;
+    let (kv, keys) = counting_store("local");
+    // The same arrays as handles: the ordinary result.
+    let vals: Vec<NDArray> = (0..KEYS).map(|k| NDArray::full(&[LEN], value(k) as f64).unwrap()).collect();
+    let outs: Vec<NDArray> = (0..KEYS).map(|k| vals[(k + KEYS / 2) % KEYS].clone()).collect();
+    kv.pushpull(keys.as_slice(), vals.as_slice(), outs.as_slice(), 0).unwrap();
+    let expected: Vec<f32> = vals.iter().map(|v| v.to_vec::<f32>().unwrap()[0]).collect();
+    assert_eq!(expected, (0..KEYS).map(|k| value((k + KEYS / 2) % KEYS)).collect::<Vec<_>>());
+    for round in 0..20 {
+        // Each value over a buffer of its own, and each out another array over the
+        // buffer of the value half the list away.
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut bufs = Vec::new();
+        let mut vals = Vec::new();
+        let mut ptrs = Vec::new();
+        for k in 0..KEYS {
+            let (buf, mem) = lent(&vec![value(k); LEN], 0, &drops);
+            ptrs.push(mem.ptr);
+            vals.push(NDArray::from_foreign(&[LEN], DType::F32, mem, true).unwrap());
+            bufs.push(buf);
+        }
+        let outs: Vec<NDArray> = (0..KEYS)
+            .map(|k| {
+                let j = (k + KEYS / 2) % KEYS;
+                let mem = Lent { _buf: Arc::clone(&bufs[j]), ptr: ptrs[j], len: LEN * 4, drops: Arc::clone(&drops) };
+                NDArray::from_foreign(&[LEN], DType::F32, Box::new(mem), true).unwrap()
+            })
+            .collect();
+        kv.pushpull(keys.as_slice(), vals.as_slice(), outs.as_slice(), 0).unwrap();
+        let got: Vec<f32> = bufs.iter().map(|b| floats(b, 1)[0]).collect();
+        assert_eq!(got, expected, "round {round}");
+    }
+}
+
+#[test]
+fn arrays_over_overlapping_memory_share_it() {
+    let (_buf, arrays) = views(8, 2);
+    assert!(arrays[0].shares_memory(&arrays[1]) && !arrays[0].same_storage(&arrays[1]));
+    let drops = Arc::new(AtomicUsize::new(0));
+    let (buf, mem) = lent(&[0.0; 8], 0, &drops);
+    let ptr = mem.ptr;
+    let whole = NDArray::from_foreign(&[8], DType::F32, mem, true).unwrap();
+    // The second half of the same bytes, and a buffer of its own.
+    let half = Lent { _buf: Arc::clone(&buf), ptr: ptr.wrapping_add(16), len: 16, drops: Arc::clone(&drops) };
+    let half = NDArray::from_foreign(&[4], DType::F32, Box::new(half), true).unwrap();
+    assert!(whole.shares_memory(&half) && half.shares_memory(&whole));
+    let other = NDArray::zeros(&[8]).unwrap();
+    assert!(!whole.shares_memory(&other) && other.shares_memory(&other.clone()));
+}

@@ -27,7 +27,7 @@ use super::{Entry, Group, Merger, Slot, Store, Table, check_arrays, locks};
 use crate::comm::{BroadcastJob, Claims, ReduceJob};
 use crate::error::{Error, Result};
 use crate::key::Run;
-use crate::ndarray::{NDArray, use_token};
+use crate::ndarray::{NDArray, overlapping_uses, use_token};
 
 /// The guards of a piece's keys.
 type Guards<G> = SmallVec<[G; 8]>;
@@ -275,6 +275,15 @@ impl Store {
             (!in_place && values.iter().any(|v| v.used_again(token, false)))
                 || outs.iter().any(|o| o.used_again(token, true))
         };
+        // Different arrays over the same memory (views of one buffer that a binding
+        // wrapped one by one) have marks of their own: such a call, one of them written,
+        // is handed back whole.
+        if token.is_some() {
+            let values = (0..keys.len()).flat_map(|i| keys.arrays(i).0.iter());
+            if overlapping_uses(values, (0..keys.len()).flat_map(|i| keys.arrays(i).1.iter())) {
+                return Spread::HandedBack;
+            }
+        }
         let hand_back = || {
             handed_back.store(true, Ordering::Relaxed);
             stopped()

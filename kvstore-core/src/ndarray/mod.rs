@@ -55,6 +55,8 @@ struct Inner {
     /// Whether `shape` has one dimension, so that `size` is the whole shape: two such
     /// arrays are checked alike reading this line only.
     flat: bool,
+    /// Whether the elements are another owner's memory (see [`overlapping_uses`]).
+    foreign: bool,
     /// Inline up to 4 dimensions: checking a call's shapes reads no other memory.
     shape: smallvec::SmallVec<[usize; 4]>,
     ctx: Context,
@@ -69,6 +71,43 @@ struct Inner {
     pending_owner: std::sync::atomic::AtomicUsize,
     /// Whether every write is refused (foreign memory lent read-only).
     read_only: bool,
+    /// The addresses of a host array's bytes (`start..end`; `0..0` for none or a device
+    /// array), fixed for its life: what tells arrays over the same memory apart.
+    span: (usize, usize),
+}
+
+/// Whether a call that reads `reads` and writes `writes` uses memory twice in a way
+/// whose order matters, through *different* arrays over overlapping bytes, one of them
+/// written: views of one buffer that a binding wrapped each on its own, or an array
+/// over a store array's memory. Uses of one array (one buffer) are told apart by
+/// [`NDArray::used_again`]; only arrays over foreign memory can overlap other arrays, so a
+/// call with none is answered at once.
+pub(crate) fn overlapping_uses<'a>(
+    reads: impl Iterator<Item = &'a NDArray> + Clone,
+    writes: impl Iterator<Item = &'a NDArray> + Clone,
+) -> bool {
+    if !reads.clone().chain(writes.clone()).any(|a| a.inner.foreign) {
+        return false;
+    }
+    // (start, end, written, buffer), each buffer once (written if any use writes it).
+    let mut spans: Vec<(usize, usize, bool, usize)> = reads
+        .map(|a| (a, false))
+        .chain(writes.map(|a| (a, true)))
+        .filter(|(a, _)| a.inner.span.0 < a.inner.span.1)
+        .map(|(a, w)| (a.inner.span.0, a.inner.span.1, w, a.buffer_id()))
+        .collect();
+    spans.sort_unstable_by_key(|&(start, _, written, id)| (start, id, !written));
+    spans.dedup_by_key(|s| s.3);
+    // Sweep in address order, keeping the spans that reach past the current start.
+    let mut open: Vec<(usize, bool, usize)> = Vec::new();
+    for &(start, end, written, id) in &spans {
+        open.retain(|&(e, _, _)| e > start);
+        if open.iter().any(|&(_, w, other)| other != id && (w || written)) {
+            return true;
+        }
+        open.push((end, written, id));
+    }
+    false
 }
 
 /// A number for one call's marks ([`NDArray::used_again`]), even, and unlike the last
@@ -228,6 +267,10 @@ impl NDArray {
 
     /// The array of `size` elements of `dtype` in `shape` on `ctx`, over `storage`.
     fn over(storage: Storage, shape: &[usize], size: usize, dtype: DType, ctx: Context, read_only: bool) -> Self {
+        let (foreign, span) = match &storage {
+            Storage::Host(b) => (b.is_foreign(), b.span().unwrap_or_default()),
+            Storage::Device(_) => (false, (0, 0)),
+        };
         let inner = Inner {
             buf: RwLock::new(storage),
             size,
@@ -244,6 +287,8 @@ impl NDArray {
             loans: Default::default(),
             pending_owner: Default::default(),
             read_only,
+            foreign,
+            span,
         };
         NDArray { inner: Arc::new(inner) }
     }
@@ -539,6 +584,14 @@ impl NDArray {
     /// ```
     pub fn same_storage(&self, other: &NDArray) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Whether this array and `other` use some of the same bytes: handles to one buffer,
+    /// or arrays over overlapping memory (a binding's views of one buffer, each wrapped
+    /// on its own). Device arrays overlap only as handles to one buffer.
+    pub fn shares_memory(&self, other: &NDArray) -> bool {
+        let ((a, b), (c, d)) = (self.inner.span, other.inner.span);
+        self.same_storage(other) || (a < b && c < d && a < d && c < b)
     }
 
     /// Marks this array as used by the call that holds `token` (from [`use_token`]),

@@ -185,6 +185,19 @@ impl HostBuf {
         &self.all_bytes()[..self.len]
     }
 
+    /// The addresses of the bytes (`start..end`), `None` when there are none. They do
+    /// not change while the buffer lives (foreign memory neither moves nor shrinks).
+    pub(crate) fn span(&self) -> Option<(usize, usize)> {
+        let start = self.bytes().as_ptr() as usize;
+        (self.len > 0).then_some((start, start + self.len))
+    }
+
+    /// Whether the memory is another owner's (so another array may be over the same
+    /// bytes: a binding may wrap one buffer, or overlapping views of it, several times).
+    pub(crate) fn is_foreign(&self) -> bool {
+        matches!(self.mem, HostMem::Foreign(_))
+    }
+
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         let len = self.len;
         &mut self.all_bytes_mut()[..len]
