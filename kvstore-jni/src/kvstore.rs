@@ -19,6 +19,11 @@ fn with_store<T>(h: jlong, f: impl FnOnce(&KVStore) -> kvstore_core::Result<T>) 
     Ok(f(&kv)?)
 }
 
+/// What a JVM user of the default jar is told to use for `dist_*` kinds.
+const WITHOUT_MPI: &str = "this is the kvstore jar, built without MPI: use the kvstore-mpi jar \
+     (`make jar FEATURES=mpi` writes target/kvstore-mpi.jar; `make install FEATURES=mpi` installs \
+     io.github.kvstore/kvstore-mpi)";
+
 #[unsafe(no_mangle)]
 pub extern "system" fn Java_io_github_kvstore_KVStore_nCreate<'l>(
     mut env: EnvUnowned<'l>,
@@ -26,7 +31,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nCreate<'l>(
     kind: JString<'l>,
 ) -> jlong {
     env.with_env(|env| -> JResult<jlong> {
-        let kv = kvstore_mpi::create(&string(env, &kind, "the store kind")?)?;
+        let kv = kvstore_mpi::create_or_say(&string(env, &kind, "the store kind")?, WITHOUT_MPI)?;
         Ok(STORES.insert(Arc::new(kv)))
     })
     .resolve::<ThrowKvStore>()

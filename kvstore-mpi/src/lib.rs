@@ -63,14 +63,28 @@ use kvstore_core::{KVStore, Result};
 /// [`kvstore_core::Error::Unsupported`], in a build without the `mpi` feature, for every
 /// `dist_*` kind; otherwise as `KVStore::create`.
 pub fn create(kind: &str) -> Result<KVStore> {
+    create_or_say(kind, CARGO_ROUTE)
+}
+
+/// What a Rust program lacking the `mpi` feature is told to add.
+const CARGO_ROUTE: &str = "this kvstore-mpi was built without MPI: give its dependency the feature \
+     (`kvstore-mpi = { path = \"...\", features = [\"mpi\"] }` in Cargo.toml)";
+
+/// As [`create`], for a binding: in a build without the `mpi` feature, a `dist_*` kind's
+/// error says `without_mpi`, the binding's own way to a build with MPI (the jar or the
+/// wheel), where [`create`] names the Cargo feature.
+///
+/// # Errors
+/// As [`create`].
+pub fn create_or_say(kind: &str, without_mpi: &str) -> Result<KVStore> {
     let lower = kind.to_ascii_lowercase();
     if !lower.starts_with("dist") {
         return KVStore::create(kind);
     }
     if lower.contains("async") {
-        return with_remote(kind);
+        return with_remote(kind, without_mpi);
     }
-    with_group(kind)
+    with_group(kind, without_mpi)
 }
 
 /// Finalises MPI at the end of a `dist_sync` program. Without the `mpi` feature there
@@ -84,28 +98,25 @@ pub fn finalize() -> Result<()> {
 }
 
 #[cfg(feature = "mpi")]
-fn with_group(kind: &str) -> Result<KVStore> {
+fn with_group(kind: &str, _without_mpi: &str) -> Result<KVStore> {
     KVStore::builder(kind).collective(group()?).build()
 }
 
 #[cfg(feature = "mpi")]
-fn with_remote(kind: &str) -> Result<KVStore> {
+fn with_remote(kind: &str, _without_mpi: &str) -> Result<KVStore> {
     KVStore::builder(kind).remote(remote()?).build()
 }
 
 #[cfg(not(feature = "mpi"))]
-fn with_remote(kind: &str) -> Result<KVStore> {
-    with_group(kind)
+fn with_remote(kind: &str, without_mpi: &str) -> Result<KVStore> {
+    with_group(kind, without_mpi)
 }
 
 #[cfg(not(feature = "mpi"))]
-fn with_group(kind: &str) -> Result<KVStore> {
+fn with_group(kind: &str, without_mpi: &str) -> Result<KVStore> {
     Err(Error::Unsupported {
         what: format!("store kind \"{}\"", kvstore_core::shorten(kind)),
-        hint: "this kvstore-mpi was built without MPI: give its dependency the feature \
-               (`kvstore-mpi = { path = \"...\", features = [\"mpi\"] }` in Cargo.toml; for the JVM, \
-               `make jar FEATURES=mpi`, which writes target/kvstore-mpi.jar)"
-            .to_string(),
+        hint: without_mpi.to_string(),
     })
 }
 
@@ -122,7 +133,20 @@ mod tests {
     #[cfg(not(feature = "mpi"))]
     #[test]
     fn without_the_feature_dist_sync_names_the_crate_and_the_feature() {
-        let e = super::create("dist_sync").expect_err("no mpi").to_string();
-        assert!(e.contains("kvstore-mpi") && e.contains(r#"features = ["mpi"]"#), "{e}");
+        for kind in ["dist_sync", "dist_async"] {
+            let e = super::create(kind).expect_err("no mpi").to_string();
+            assert!(e.contains("kvstore-mpi") && e.contains(r#"features = ["mpi"]"#), "{e}");
+            // The JVM's and Python's routes are theirs to name, not a Rust program's.
+            assert!(!e.contains("make jar") && !e.contains("make python"), "{e}");
+        }
+    }
+
+    /// A binding's error names its own route to MPI, and only that.
+    #[cfg(not(feature = "mpi"))]
+    #[test]
+    fn a_binding_names_its_own_route() {
+        let e = super::create_or_say("dist_sync", "use the kvstore-mpi jar").expect_err("no mpi").to_string();
+        assert!(e.ends_with("use the kvstore-mpi jar"), "{e}");
+        assert!(!e.contains("Cargo.toml"), "{e}");
     }
 }

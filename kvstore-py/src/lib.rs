@@ -50,8 +50,13 @@ fn _exiting() {
 
 /// A store of `kind`: `dist_sync` over MPI when built with the `mpi` feature.
 pub(crate) fn create_store(kind: &str) -> kvstore_core::Result<kvstore_core::KVStore> {
-    kvstore_mpi::create(kind)
+    kvstore_mpi::create_or_say(kind, WITHOUT_MPI)
 }
+
+/// What a Python user of the `kvstore` wheel is told to install for `dist_*` kinds.
+const WITHOUT_MPI: &str = "this is the kvstore wheel, built without MPI: install the kvstore-mpi wheel \
+     in its place (`make python FEATURES=mpi`, then `pip uninstall kvstore` and \
+     `pip install target/wheels/kvstore_mpi-*.whl`; see docs/python.md)";
 
 /// Whether this build has `dist_sync` over MPI.
 #[pyfunction]
