@@ -35,6 +35,29 @@ import sys
 import weakref
 from typing import Any, Callable, Generator, List, Optional, Union
 
+
+def _one_distribution() -> None:
+    """Refuses an environment that has both wheels, ``kvstore`` and ``kvstore-mpi``.
+
+    Both install this package, so the second overwrote the first's files and pip then
+    keeps two records of them: which build is in place is an accident, and uninstalling
+    either breaks ``import kvstore``. Only the folder this package is in is searched
+    (a few names, no metadata parsed), so that an import costs nothing more.
+    """
+    import pathlib
+
+    site = pathlib.Path(__file__).parent.parent
+    found = {d.name.split("-")[0] for d in site.glob("kvstore*.dist-info")}
+    if {"kvstore", "kvstore_mpi"} <= found:
+        raise ImportError(
+            f"both the kvstore and the kvstore-mpi wheels are installed in {site}; they are one package "
+            "(kvstore-mpi adds dist_sync over MPI), so one overwrote the other: run "
+            "`pip uninstall -y kvstore kvstore-mpi`, then `pip install` the one you want (docs/python.md)"
+        )
+
+
+_one_distribution()
+
 from . import _kvstore, errors, lr_scheduler, optimizer, sparse
 from .errors import (
     AlreadyInitializedError,
