@@ -7,7 +7,7 @@
 # as its own script reports.
 #
 #   scripts/test.sh [GROUP...]     the groups, in this order (default: all of them):
-#     static    fmt, clippy, doc, the README's bench table, the documents' links
+#     static    fmt, clippy, doc, the README's bench table, the documents' links and claims
 #     rust      every cargo test of the workspace (with NVRTC), the GPU tests' skip
 #     java      the native library and the jar, JUnit and the Java example, javadoc
 #     clojure   the native library and the jar, clojure.test, the examples, the tools
@@ -60,6 +60,9 @@ if wants static; then
     # of the README, ARCHITECTURE.md and the guides under docs/ lead somewhere.
     check readme-bench-table python3 scripts/readme_bench_table.py --check README.md
     check doc-links python3 scripts/check_doc_links.py
+    # What the guides claim and run: every program block run by the projects group,
+    # mpirun lines that say what root and small machines need, counts that agree.
+    check docs python3 scripts/check_docs.py
 fi
 
 if wants rust; then
