@@ -860,3 +860,27 @@ def test_difference_4_an_updater_error_fails_the_push():
     out = mx.nd.zeros((1,))
     ours.pull(0, out=out)
     assert out.asnumpy().tolist() == [1]
+
+
+# ------------------------------------------------------------------ what MXNet's own KVStore tests exercise
+# (each against MXNet's store; the scenarios are this project's own)
+
+
+def test_row_sparse_pull_flattens_row_ids_of_any_dimension_as_mxnet():
+    # gluon's SparseEmbedding pulls the rows of a (batch, sequence) array of tokens.
+    native, ours = both()
+    results = []
+    for kv in (native, ours):
+        kv.init("emb", mx.nd.array(np.arange(12, dtype=np.float32).reshape(6, 2)).tostype("row_sparse"))
+        got = []
+        for ids in ([[0, 3], [3, 5]], [[[4]], [[1]]], [[2, 2, 2]]):
+            out = mx.nd.sparse.zeros("row_sparse", (6, 2))
+            kv.row_sparse_pull("emb", out=out, row_ids=mx.nd.array(ids))
+            got.append((out.indices.asnumpy().tolist(), out.asnumpy().tolist()))
+        # One 2-D ids array per out, in a list.
+        outs = [mx.nd.sparse.zeros("row_sparse", (6, 2)) for _ in range(2)]
+        kv.row_sparse_pull("emb", out=outs, row_ids=[mx.nd.array([[1], [0]]), mx.nd.array([[5, 4]])])
+        got += [(o.indices.asnumpy().tolist(), o.asnumpy().tolist()) for o in outs]
+        results.append(got)
+    assert results[0] == results[1]
+    assert results[1][0][0] == [0, 3, 5]

@@ -42,12 +42,14 @@ def _as_numpy(obj: Any) -> np.ndarray:
     return np.asarray(obj)
 
 
-def _row_ids(obj: Any, what: str = "row_ids") -> np.ndarray:
-    """Row ids of any integer (or integral float) dtype as a 1-D int64 array."""
+def _row_ids(obj: Any, what: str = "row_ids", flatten: bool = True) -> np.ndarray:
+    """Row ids of any integer (or integral float) dtype as a 1-D int64 array. Row ids
+    of more dimensions are flattened, as MXNet does (gluon pulls the rows of a batch of
+    token sequences); a row-sparse array's indices must be 1-D."""
     ids = _as_numpy(obj)
     if ids.dtype == object or not (np.issubdtype(ids.dtype, np.integer) or np.issubdtype(ids.dtype, np.floating)):
         raise TypeError(f"{what} must be integers, not an array of {ids.dtype}")
-    if ids.ndim > 1:
+    if ids.ndim > 1 and not flatten:
         raise ValueError(f"{what} must be 1-D, not of shape {ids.shape}")
     return np.ascontiguousarray(ids.reshape(-1).astype(np.int64))
 
@@ -150,7 +152,7 @@ def row_sparse_array(arg1: Any, shape: Optional[Sequence[int]] = None, dtype: An
         if dtype is None and not isinstance(raw, np.ndarray) and not hasattr(raw, "asnumpy"):
             dtype = np.float32
         data = np.array(data, dtype=dtype or data.dtype, order="C")
-        indices = _row_ids(arg1[1], "indices")
+        indices = _row_ids(arg1[1], "indices", flatten=False)
         if shape is None:
             rows = int(indices.max()) + 1 if len(indices) else 0
             shape = (rows,) + tuple(data.shape[1:])
