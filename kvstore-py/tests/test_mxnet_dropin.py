@@ -16,6 +16,7 @@ target/py-mxnet-venv with KVSTORE_REQUIRE_MXNET=1, where a failed import fails.
 
 import inspect
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -515,33 +516,27 @@ def test_reading_the_learning_rate_of_a_schedule_changes_nothing(sched):
     assert_same(outs[0], outs[1])
 
 
-def test_optimizers_the_store_cannot_run_are_refused():
-    kv = mx.kv.create("local")
-    kv.init("w", mx.nd.ones((2,)))
-    for opt in (mx.optimizer.Test(),):
-        with pytest.raises(TypeError, match="cannot run in the store"):
-            kv.set_optimizer(opt)
+def test_convert_optimizer_refuses_what_the_store_cannot_run():
+    # set_optimizer runs these as MXNet's Python update (see the test
+    # test_an_optimizer_the_store_does_not_have_runs_as_mxnets_python_updater).
+    with pytest.raises(TypeError, match="Test cannot run in the store"):
+        kmx.convert_optimizer(mx.optimizer.Test())
 
     class MySGD(mx.optimizer.SGD):
         pass
 
     with pytest.raises(TypeError, match="MySGD cannot run in the store"):
-        kv.set_optimizer(MySGD())
-
-    class Halving(mx.lr_scheduler.LRScheduler):
-        def __call__(self, num_update):
-            return self.base_lr / 2
-
+        kmx.convert_optimizer(MySGD())
     with pytest.raises(TypeError, match="Halving cannot run in the store"):
-        kv.set_optimizer(mx.optimizer.SGD(lr_scheduler=Halving(base_lr=0.1)))
+        kmx.convert_optimizer(mx.optimizer.SGD(lr_scheduler=Halving(base_lr=0.1)))
+    with pytest.raises(ValueError, match="already made updates"):
+        kmx.convert_optimizer(used_sgd())
+    kv = mx.kv.create("local")
+    kv.init("w", mx.nd.ones((2,)))
     with pytest.raises(TypeError, match="mx.optimizer.Optimizer"):
         kv.set_optimizer("sgd")
-    used = mx.optimizer.SGD()
-    used.update(0, mx.nd.ones((2,)), mx.nd.ones((2,)), None)
-    with pytest.raises(ValueError, match="already made updates"):
-        kv.set_optimizer(used)
-    # Nothing was installed by the refusals; a kvstore.optimizer one is taken as it is.
-    assert kv._kv.optimizer is None
+    # Nothing was installed by the refusal; a kvstore.optimizer one is taken as it is.
+    assert kv._kv.optimizer is None and kv._updater is None
     kv.set_optimizer(kvstore.optimizer.SGD(learning_rate=0.5))
     kv.push("w", mx.nd.ones((2,)))
     out = mx.nd.zeros((2,))
@@ -884,3 +879,245 @@ def test_row_sparse_pull_flattens_row_ids_of_any_dimension_as_mxnet():
         results.append(got)
     assert results[0] == results[1]
     assert results[1][0][0] == [0, 3, 5]
+
+
+def pushed_from_devices(kv, key, shape):
+    """Pushes four row-sparse values from four devices into `key` (one of them with no
+    rows) and returns them."""
+    kv.init(key, mx.nd.zeros(shape).tostype("row_sparse"))
+    rows = [[0, 2], [], [1, 2, 3], [3]]
+    vals = [
+        mx.nd.sparse.row_sparse_array(
+            (np.full((len(r), shape[1]), i + 1, np.float32), np.array(r, np.int64)), shape=shape, ctx=mx.cpu(i)
+        )
+        for i, r in enumerate(rows)
+    ]
+    kv.push(key, vals)
+    return vals
+
+
+@pytest.mark.parametrize("how", ["row_sparse_pull", "row_sparse_pull_one_ids", "pull"])
+def test_row_sparse_values_pushed_from_several_devices_are_pulled_back_into_them_as_mxnet(how):
+    # The outs are the pushed values themselves: row-sparse arrays of the full shape
+    # whose data held other rows (one none at all).
+    shape = (4, 3)
+    native, ours = both()
+    results = []
+    for kv in (native, ours):
+        vals = pushed_from_devices(kv, "g", shape)
+        if how == "row_sparse_pull":
+            kv.row_sparse_pull("g", out=vals, row_ids=[mx.nd.arange(0, shape[0], ctx=v.context) for v in vals])
+        elif how == "row_sparse_pull_one_ids":
+            kv.row_sparse_pull("g", out=vals, row_ids=mx.nd.array([3, 0, 1, 2]))
+        else:
+            kv.pull("g", out=vals, ignore_sparse=False)
+        results.append([(v.stype, v.context, v.indices.asnumpy().tolist(), v.asnumpy().tolist()) for v in vals])
+    assert results[0] == results[1]
+    assert results[1][0][3] == [[1, 1, 1], [3, 3, 3], [4, 4, 4], [7, 7, 7]]
+
+
+def test_pull_into_a_row_sparse_out_leaves_it_as_mxnet_does_unless_ignore_sparse_is_false():
+    shape = (4, 2)
+    native, ours = both()
+    results = []
+    for kv in (native, ours):
+        kv.init("rsp", mx.nd.sparse.row_sparse_array((np.array([[1, 2], [3, 4]], np.float32), [0, 2]), shape=shape))
+        kv.init("dense", mx.nd.array([[5, 5], [0, 0], [0, 0], [6, 6]]))
+        got = []
+        for ignore_sparse in (True, False):
+            for key in ("rsp", "dense"):
+                before = mx.nd.sparse.row_sparse_array((np.full((1, 2), 9, np.float32), [1]), shape=shape)
+                dense = mx.nd.full(shape, -1)
+                # One key, a list of outs; then a list of keys, one out each.
+                kv.pull(key, out=[dense, before], ignore_sparse=ignore_sparse)
+                got.append((before.indices.asnumpy().tolist(), before.asnumpy().tolist(), dense.asnumpy().tolist()))
+                other = mx.nd.sparse.zeros("row_sparse", shape)
+                kv.pull([key, key], out=[other, dense], ignore_sparse=ignore_sparse)
+                got.append((other.indices.asnumpy().tolist(), other.asnumpy().tolist()))
+        # Only row-sparse outs: nothing is written with ignore_sparse.
+        only = mx.nd.sparse.zeros("row_sparse", shape)
+        kv.pull("rsp", out=only)
+        got.append((only.indices.asnumpy().tolist(),))
+        results.append(got)
+        # row_sparse_pull into a dense out is an error (MXNet's is raised by its engine).
+        with pytest.raises((TypeError, mx.base.MXNetError), match="row_sparse"):
+            kv.row_sparse_pull("rsp", out=mx.nd.zeros(shape), row_ids=mx.nd.array([0]))
+            mx.nd.waitall()
+    assert results[0] == results[1]
+    assert results[1][0][0] == [1]  # left as it was
+    assert results[1][4][1] == [[1, 2], [0, 0], [3, 4], [0, 0]]  # written
+
+
+class Halving(mx.lr_scheduler.LRScheduler):
+    """A schedule the store does not have."""
+
+    def __call__(self, num_update):
+        return self.base_lr / (2 ** (num_update // 2))
+
+
+@mx.optimizer.register
+class ScaledSignSGD(mx.optimizer.Optimizer):
+    """A user's optimizer, registered with MXNet (with per-key state)."""
+
+    def create_state(self, index, weight):
+        return mx.nd.zeros(weight.shape, weight.context, dtype=weight.dtype)
+
+    def update(self, index, weight, grad, state):
+        self._update_count(index)
+        lr = self._get_lr(index)
+        state[:] = 0.5 * state + mx.nd.sign(grad * self.rescale_grad)
+        weight[:] = weight - lr * state
+
+
+def used_sgd():
+    opt = mx.optimizer.SGD(learning_rate=0.1, momentum=0.9)
+    opt.update(0, mx.nd.ones((2, 3)), mx.nd.ones((2, 3)), opt.create_state(0, mx.nd.ones((2, 3))))
+    return opt
+
+
+PYTHON_OPTIMIZERS = {
+    "registered_subclass": lambda: mx.optimizer.create("scaledsignsgd", learning_rate=0.1, rescale_grad=0.5),
+    "subclass_of_sgd": lambda: type("MySGD", (mx.optimizer.SGD,), {})(learning_rate=0.1, momentum=0.9),
+    "test": lambda: mx.optimizer.Test(rescale_grad=2.0),
+    "sgd_custom_schedule": lambda: mx.optimizer.SGD(learning_rate=0.2, lr_scheduler=Halving(base_lr=0.2)),
+    "sgd_that_made_updates": used_sgd,
+}
+
+
+@pytest.mark.parametrize("case", sorted(PYTHON_OPTIMIZERS))
+def test_an_optimizer_the_store_does_not_have_runs_as_mxnets_python_updater(case, tmp_path):
+    make = PYTHON_OPTIMIZERS[case]
+    native, ours = both()
+    expected = run_optimizer(native, make(), KEYS_INT, "float32", seed=3)
+    got = run_optimizer(ours, make(), KEYS_INT, "float32", seed=3)
+    for step, (g, e) in enumerate(zip(got, expected)):
+        for i, (a, b) in enumerate(zip(g, e)):
+            np.testing.assert_array_equal(a, b, err_msg=f"{case}: step {step}, key {i}")
+    assert not np.array_equal(got[-1][0], got[0][0])
+    # It is MXNet's updater: its states save and load as MXNet's (what gluon's
+    # Trainer.save_states and load_states do through the store).
+    assert ours._kv.optimizer is None
+    assert isinstance(ours._updater.optimizer, mx.optimizer.Optimizer)
+    for kv, name in ((native, "n"), (ours, "o")):
+        kv.save_optimizer_states(str(tmp_path / name))
+        kv.load_optimizer_states(str(tmp_path / name))
+    states = []
+    for name in ("n", "o"):
+        with open(tmp_path / name, "rb") as f:
+            states.append(pickle.loads(f.read()))  # MXNet's keeps them in pinned memory
+    assert states[0].keys() == states[1].keys() == {0, 1, 2}
+
+    def plain(state):
+        if isinstance(state, (list, tuple)):
+            return [plain(x) for x in state]
+        return None if state is None else state.asnumpy().tolist()
+
+    for k in states[0]:
+        assert plain(states[0][k]) == plain(states[1][k]), (case, k)
+
+
+def sparse_net(mx, ctxs):
+    from mxnet import gluon
+
+    class Net(gluon.Block):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                # Row-sparse weight and gradient; dense weight, sparse gradient; dense.
+                self.rsp = gluon.contrib.nn.SparseEmbedding(20, 4)
+                self.emb = gluon.nn.Embedding(20, 4, sparse_grad=True)
+                self.out = gluon.nn.Dense(2, in_units=8)
+
+        def forward(self, x):
+            h = mx.nd.concat(self.rsp(x), self.emb(x), dim=-1)
+            return self.out(h.mean(axis=1))
+
+    net = Net()
+    net.initialize(mx.init.Zero(), ctx=ctxs)
+    rng = np.random.RandomState(3)
+    for p in net.collect_params().values():
+        value = mx.nd.array(rng.uniform(-0.5, 0.5, size=p.shape).astype(np.float32))
+        p.set_data(value.tostype(p._stype) if p._stype != "default" else value)
+    return net
+
+
+def train_sparse(kvstore_name, update_on_kvstore, optimizer):
+    from mxnet import autograd, gluon
+
+    ctxs = [mx.cpu(0), mx.cpu(1)]
+    net = sparse_net(mx, ctxs)
+    trainer = gluon.Trainer(
+        net.collect_params(), optimizer, {"learning_rate": 0.1, "wd": 1e-3},
+        kvstore=kvstore_name, update_on_kvstore=update_on_kvstore,
+    )
+    rng = np.random.RandomState(5)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    for _ in range(6):
+        losses = []
+        with autograd.record():
+            for ctx in ctxs:
+                x = mx.nd.array(rng.randint(0, 20, size=(3, 5)), ctx=ctx)
+                y = mx.nd.array(rng.randint(0, 2, size=3), ctx=ctx)
+                losses.append(loss_fn(net(x), y))
+        for loss in losses:
+            loss.backward()
+        trainer.step(6)
+    rows = mx.nd.arange(0, 20)
+    params = []
+    for p in net.collect_params().values():
+        for ctx in ctxs:
+            data = p.row_sparse_data(rows.as_in_context(ctx)) if p._stype != "default" else p.data(ctx)
+            params.append(data.asnumpy())
+    return trainer, params
+
+
+@pytest.mark.parametrize("name", ["local", "device", "local_allreduce_cpu", "local_allreduce_device"])
+@pytest.mark.parametrize("update_on_kvstore", [None, True])
+def test_gluon_trainer_with_row_sparse_weights_and_sparse_gradients_as_through_mxnets(name, update_on_kvstore):
+    trainer_native, expected = train_native_sparse(name, update_on_kvstore)
+    trainer, got = train_sparse(name, update_on_kvstore, "sgd")
+    assert isinstance(trainer._kvstore, kmx.KVStore) and type(trainer_native._kvstore) is NATIVE
+    assert trainer._update_on_kvstore == trainer_native._update_on_kvstore
+    for i, (g, e) in enumerate(zip(got, expected)):
+        np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-7, err_msg=f"parameter {i}")
+
+
+def train_native_sparse(name, update_on_kvstore):
+    kmx.unregister()
+    try:
+        return train_sparse(name, update_on_kvstore, "sgd")
+    finally:
+        kmx.register()
+
+
+def test_every_store_the_drop_in_serves_passes_gluons_checks():
+    # gluon takes a store for sparse gradients only if it is an mx.kv.KVStore, and for
+    # sparse weights only if it can run an optimizer.
+    for name in kmx.NAMES:
+        try:
+            kv = mx.kv.create(name)
+        except kvstore.KVStoreError as e:  # a dist kind without the kvstore-mpi build
+            assert name.startswith("dist") and "mpi" in str(e).lower(), (name, str(e))
+            continue
+        assert isinstance(kv, mx.kv.KVStore) and isinstance(kv, mx.kv.KVStoreBase), name
+        assert kv.is_capable(mx.kv.KVStoreBase.OPTIMIZER), name
+        from mxnet.model import _create_sparse_kvstore
+
+        assert _create_sparse_kvstore(kv) == (kv, True)
+        del kv  # MXNet's __del__ frees a native handle: the drop-in has none
+
+
+def test_dist_async_is_served_by_the_drop_in():
+    for name in ("dist_async", "dist_async_device", "dist_device_async", "dist_sync_device"):
+        assert name in kmx.NAMES
+        assert mx.kv.KVStoreBase.kv_registry[name].__module__ == "kvstore.mxnet", name
+        try:
+            kv = mx.kv.create(name)
+        except kvstore.KVStoreError as e:
+            # Without the kvstore-mpi build: the error every dist kind gives.
+            assert "mpi" in str(e).lower(), str(e)
+            with pytest.raises(type(e)) as sync:
+                mx.kv.create("dist_sync")
+            assert str(sync.value) == str(e).replace(name, "dist_sync")
+        else:  # a kvstore-mpi build, one rank
+            assert kv.type == name and kv.num_workers >= 1

@@ -2,7 +2,8 @@
 ``mx.kv.create(name)`` (and so gluon's ``Trainer(..., kvstore=name)`` and
 ``Module.fit(..., kvstore=name)``) return this project's store for ``local``,
 ``device``, ``local_allreduce_cpu``, ``local_allreduce_device``, ``dist_sync``,
-``dist_device_sync`` and ``dist``::
+``dist_device_sync`` (``dist_sync_device``), ``dist`` and ``dist_async``
+(``dist_async_device``, ``dist_device_async``)::
 
     import mxnet as mx
     import kvstore.mxnet
@@ -12,19 +13,22 @@
     a = mx.nd.zeros((2, 3))
     kv.pull(3, out=a)                    # written in place: a is 2
 
-Every other name (``nccl``, ``dist_async``, ``teststore``, ...) stays MXNet's.
+Every other name (``nccl``, ``teststore``, ...) stays MXNet's.
 :func:`unregister` gives the names back to MXNet; :func:`native_create` makes MXNet's
 own store whatever is registered.
 
-The store (:class:`KVStore`) is an ``mxnet.kvstore.KVStoreBase``, so gluon takes it,
-and has every method and property of MXNet 1.9.1's ``mxnet.kvstore.KVStore`` with
-MXNet's signatures. Values and outs are ``mx.nd.NDArray`` and ``mx.np.ndarray`` arrays
+The store (:class:`KVStore`) is an ``mx.kv.KVStore`` (a subclass with no native
+handle), so gluon takes it for dense, sparse-gradient and row-sparse parameters
+alike, and has every method and property of MXNet 1.9.1's ``mxnet.kvstore.KVStore``
+with MXNet's signatures. Values and outs are ``mx.nd.NDArray`` and ``mx.np.ndarray`` arrays
 on ``mx.cpu(i)`` (numpy arrays too), read and written in place through DLPack (each
 call first waits for MXNet's pending writes to them).
 
 - ``init``, ``push``, ``pull`` (``out`` is required, as in MXNet), ``pushpull`` and
   ``broadcast`` take MXNet's forms: one key, a list of keys, a key with a list of
-  arrays, lists of lists, repeated keys.
+  arrays, lists of lists, repeated keys. ``pull`` leaves a row-sparse out as it
+  was, as MXNet does, unless ``ignore_sparse=False``; ``row_sparse_pull`` takes row
+  ids of any shape (flattened, as in MXNet).
 - ``_set_updater(fn)`` (and ``set_updater``, the same) calls ``fn(key, recv, stored)``
   as MXNet does: an int key as an int, a str key as ``bytes``; ``recv`` and ``stored``
   are ``mx.nd.NDArray`` views of the store's memory (also under ``npx.set_np()``, as
@@ -41,12 +45,17 @@ call first waits for MXNet's pending writes to them).
   them, ``set_lr_mult``/``set_wd_mult``, ``param_idx2name``). Later changes to the
   optimizer object (gluon's ``set_learning_rate``, ``rescale_grad`` for a new batch
   size, a parameter's ``lr_mult``) reach the store at the next push, with the
-  optimizer's state kept. Any other optimizer (Test, a subclass, a
-  custom schedule), or one that has already made updates itself, is a ``TypeError``
-  or ``ValueError`` naming what cannot be mapped; a kvstore.optimizer optimizer is
-  taken as it is.
-- ``save_optimizer_states``/``load_optimizer_states`` of a ``set_optimizer``
-  optimizer write and read the store's own state file (safetensors with JSON
+  optimizer's state kept. Any other MXNet optimizer (a user's own
+  ``mx.optimizer.Optimizer`` subclass, ``Test``, a custom schedule, one that has
+  already made updates itself) runs as MXNet's own Python update,
+  ``mx.optimizer.get_updater(opt)``, set as the store's updater: as MXNet's local
+  store runs it. Under ``dist_sync`` every worker runs it on the same sums in the
+  same key order, so the replicas stay bit-identical when the optimizer's update is
+  deterministic (one that draws random numbers must seed them alike on every
+  worker); under ``dist_async`` each key's owner runs it. A kvstore.optimizer
+  optimizer is taken as it is.
+- ``save_optimizer_states``/``load_optimizer_states`` of an optimizer the store
+  runs in Rust write and read the store's own state file (safetensors with JSON
   metadata), not MXNet's pickle; gluon's ``Trainer.save_states``/``load_states``
   work with it. The MXNet optimizer object itself makes no update: its
   ``num_update`` and the rate its ``learning_rate`` (gluon's
@@ -64,8 +73,8 @@ Where the results differ from MXNet's native store, the project's docs/mxnet-dif
 says why: a push copies its values, shapes and dtypes are checked (a pull does
 not convert dtypes), ``3`` and ``"3"`` are one key (no "mixed key types" error), the
 updater runs in the order keys were first initialized (MXNet sorts int keys), and an
-exception in an updater fails the push (MXNet prints it and goes on). ``dist_sync``
-and ``dist`` need the ``kvstore-mpi`` build and ``mpirun``; ``_send_command_to_servers``
+exception in an updater fails the push (MXNet prints it and goes on). The ``dist``
+kinds need the ``kvstore-mpi`` build and ``mpirun``; ``_send_command_to_servers``
 does nothing (there are no parameter servers).
 """
 
@@ -76,10 +85,13 @@ import json
 import os
 import tempfile
 import threading
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import mxnet as _mx  # type: ignore
+import numpy as np
 from mxnet.kvstore import KVStoreBase as _KVStoreBase  # type: ignore
+from mxnet.kvstore.kvstore import KVStore as _NativeKVStore  # type: ignore
 
 import kvstore as _kv
 from kvstore import lr_scheduler as _sched
@@ -95,7 +107,11 @@ NAMES: Tuple[str, ...] = (
     "local_allreduce_device",
     "dist_sync",
     "dist_device_sync",
+    "dist_sync_device",
     "dist",
+    "dist_async",
+    "dist_async_device",
+    "dist_device_async",
 )
 
 
@@ -143,6 +159,19 @@ def _values(obj: Any) -> Any:
     return convert(obj)
 
 
+def _pairs(key: Any, out: Any) -> List[Tuple[Any, Any]]:
+    """A call's (key, array) pairs in MXNet's forms (``_ctype_key_value``): one key and
+    an array or a list of them; a list of keys, each with an array or a list."""
+    if isinstance(key, (list, tuple)):
+        if not isinstance(out, (list, tuple)) or len(out) != len(key):
+            got = len(out) if isinstance(out, (list, tuple)) else 1
+            raise _kv.LengthMismatchError(f"pull: {len(key)} keys and {got} outs", None, len(key), got)
+        return [p for k, o in zip(key, out) for p in _pairs(k, o)]
+    if isinstance(out, (list, tuple)):
+        return [(key, o) for o in out]
+    return [(key, out)]
+
+
 class _OptimizerUpdater:
     """What ``KVStore._updater`` holds after ``set_optimizer`` of an MXNet optimizer:
     gluon's ``Trainer.load_states`` reads ``kvstore._updater.optimizer``."""
@@ -151,12 +180,17 @@ class _OptimizerUpdater:
         self.optimizer = optimizer
 
 
-class KVStore(_KVStoreBase):
+class KVStore(_NativeKVStore):
     """This project's store with MXNet 1.9.1's ``mxnet.kvstore.KVStore`` interface
     (see the module's documentation). Made by ``mx.kv.create(name)`` once
-    ``kvstore.mxnet`` is imported, or by :func:`create`."""
+    ``kvstore.mxnet`` is imported, or by :func:`create`.
+
+    It is an ``mx.kv.KVStore`` (a subclass that overrides every method and property,
+    and has no MXNet handle): gluon's ``Trainer`` takes only those for sparse
+    gradients."""
 
     def __init__(self, name: str = "local") -> None:
+        # MXNet's __init__ takes a native handle: this store has none.
         self._kv = _kv.create(name)
         # MXNet's: the updater set (set_optimizer: an object with .optimizer).
         self._updater: Any = None
@@ -165,6 +199,10 @@ class KVStore(_KVStoreBase):
         self._installed: Any = None
         self._scheduler_lr: Optional[float] = None
         self._sync_lock = threading.Lock()
+
+    def __del__(self) -> None:
+        # MXNet's frees its native handle; the store frees itself.
+        pass
 
     # -- the calls -------------------------------------------------------------
 
@@ -181,10 +219,39 @@ class KVStore(_KVStoreBase):
 
     def pull(self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True) -> None:
         """Pulls the stored values into `out`, written in place (MXNet's ``pull``:
-        `out` is required)."""
+        `out` is required).
+
+        A row-sparse out is left as it was (MXNet's ``ignore_sparse=True``: pull its
+        rows with ``row_sparse_pull``); with ``ignore_sparse=False`` it becomes the
+        key's whole value, its non-zero rows stored."""
         assert out is not None, "pull needs out= (the arrays to write), as MXNet's pull does"
         _check_arrays(out)
-        self._kv.pull(key, out=out, priority=priority, ignore_sparse=ignore_sparse)
+        if not _has_row_sparse(out):
+            self._kv.pull(key, out=out, priority=priority, ignore_sparse=ignore_sparse)
+            return
+        keys, outs, sparse = [], [], []
+        for k, o in _pairs(key, out):
+            if getattr(o, "stype", "default") != "row_sparse":
+                keys.append(k)
+                outs.append(o)
+            elif not ignore_sparse:
+                # Pulled dense, with the dense outs (one call: checked before any out
+                # changes), then stored into the row-sparse out.
+                dense = np.zeros(o.shape, dtype=o.dtype)
+                keys.append(k)
+                outs.append(dense)
+                sparse.append((o, dense))
+            else:
+                warnings.warn(
+                    f"pull of key {k!r}: a row-sparse out is left as it was (ignore_sparse=True, as in MXNet): "
+                    "pull its rows with row_sparse_pull",
+                    stacklevel=2,
+                )
+        if keys:
+            self._kv.pull(keys, out=outs, priority=priority)
+        with _mx.autograd.pause():
+            for o, dense in sparse:
+                _mx.nd.array(dense, ctx=o.context, dtype=o.dtype).tostype("row_sparse").copyto(o)
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
         """Pushes `value` and pulls the result into `out` (MXNet's ``pushpull``); with
@@ -228,10 +295,15 @@ class KVStore(_KVStoreBase):
                 for m, t in zip(mine, theirs):
                     copy_back(m, t)
                 return
-            got = _mx.nd.sparse.row_sparse_array((mine.data, mine.indices), shape=mine.shape, dtype=mine.dtype)
+            got = _mx.nd.sparse.row_sparse_array(
+                (mine.data, mine.indices), shape=mine.shape, dtype=mine.dtype, ctx=theirs.context
+            )
             got.copyto(theirs)
 
-        copy_back(outs, out)
+        # gluon pulls a row-sparse weight's rows inside autograd.record() (its
+        # SparseEmbedding's forward); MXNet's pull writes them outside the graph.
+        with _mx.autograd.pause():
+            copy_back(outs, out)
 
     def set_gradient_compression(self, compression_params: Dict[str, Any]) -> None:
         """MXNet's 2-bit compression (``{"type": "2bit", "threshold": 0.5}``) on a
@@ -274,16 +346,24 @@ class KVStore(_KVStoreBase):
         self._set_updater(updater)
 
     def set_optimizer(self, optimizer: Any) -> None:
-        """Runs `optimizer` on every push from now on, in the store (in Rust): an
-        ``mx.optimizer.Optimizer`` of the 16 kinds the store has (mapped with its
-        hyper-parameters, schedule and multipliers: see :func:`convert_optimizer`), or a
-        ``kvstore.optimizer`` optimizer."""
+        """Runs `optimizer` on every push from now on: an ``mx.optimizer.Optimizer``
+        of the 16 kinds the store has runs in the store, in Rust (mapped with its
+        hyper-parameters, schedule and multipliers: see :func:`convert_optimizer`); any
+        other MXNet optimizer (a user's own subclass, ``Test``, a schedule the store
+        does not have, one that has already made updates) runs as MXNet's own Python
+        update, ``mx.optimizer.get_updater(optimizer)``, as the updater of the store
+        (on every worker of a ``dist_sync`` job, on each key's owner under
+        ``dist_async``); a ``kvstore.optimizer`` optimizer is taken as it is."""
         if isinstance(optimizer, _opt.Optimizer):
             self._kv.set_optimizer(optimizer)
             self._updater = _OptimizerUpdater(optimizer)
             self._mx_optimizer = self._installed = None
             return
-        described = _describe(optimizer, True, None)
+        try:
+            described = _describe(optimizer, True, None)
+        except _NotInStore:
+            self._set_updater(_mx.optimizer.get_updater(optimizer))
+            return
         converted = described.build()
         with self._sync_lock:
             self._kv.set_optimizer(converted)
@@ -424,6 +504,19 @@ def _optimizer_table() -> Dict[type, Tuple[str, List[Tuple[str, str]]]]:
     }
 
 
+class _NotInStore(Exception):
+    """An MXNet optimizer the store cannot run as MXNet would (``set_optimizer`` then
+    runs MXNet's Python update instead)."""
+
+
+class _NotInStoreType(_NotInStore, TypeError):
+    """A class (of optimizer or schedule) the store does not have."""
+
+
+class _NotInStoreValue(_NotInStore, ValueError):
+    """An optimizer or schedule whose progress cannot be carried into the store."""
+
+
 # Hyper-parameters that are switches (MXNet takes any truthy value).
 _BOOL_PARAMS = ("lazy_update", "centered", "bias_correction", "momentum_correction")
 
@@ -444,13 +537,13 @@ def _convert_scheduler(s: Any, check_fresh: bool) -> Tuple[_sched.LRScheduler, f
     t = type(s)
     if t is m.FactorScheduler:
         if check_fresh and s.count != 0:
-            raise ValueError("the FactorScheduler has already advanced (count > 0): pass a fresh schedule")
+            raise _NotInStoreValue("the FactorScheduler has already advanced (count > 0): pass a fresh schedule")
         out: _sched.LRScheduler = _sched.FactorScheduler(
             step=int(s.step), factor=float(s.factor), stop_factor_lr=float(s.stop_factor_lr), **warm
         )
     elif t is m.MultiFactorScheduler:
         if check_fresh and s.cur_step_ind != 0:
-            raise ValueError("the MultiFactorScheduler has already advanced: pass a fresh schedule")
+            raise _NotInStoreValue("the MultiFactorScheduler has already advanced: pass a fresh schedule")
         out = _sched.MultiFactorScheduler(step=[int(x) for x in s.step], factor=float(s.factor), **warm)
     elif t is m.PolyScheduler:
         warm["base_lr"] = float(s.base_lr_orig)
@@ -459,7 +552,7 @@ def _convert_scheduler(s: Any, check_fresh: bool) -> Tuple[_sched.LRScheduler, f
         warm["base_lr"] = float(s.base_lr_orig)
         out = _sched.CosineScheduler(max_update=int(s.max_update), final_lr=float(s.final_lr), **warm)
     else:
-        raise TypeError(
+        raise _NotInStoreType(
             f"lr_scheduler {t.__module__}.{t.__qualname__} cannot run in the store: it runs MXNet's "
             "FactorScheduler, MultiFactorScheduler, PolyScheduler and CosineScheduler"
         )
@@ -509,20 +602,20 @@ def _describe(optimizer: Any, check_fresh: bool, scheduler_lr: Optional[float]) 
     if entry is None:
         t = type(optimizer)
         names = ", ".join(sorted({c.__name__ for c in table}))
-        raise TypeError(
-            f"optimizer {t.__module__}.{t.__qualname__} cannot run in the store: it runs MXNet's {names}; "
-            "for another one, pass mx.optimizer.get_updater(opt) to kv._set_updater (MXNet's Python update)"
+        raise _NotInStoreType(
+            f"optimizer {t.__module__}.{t.__qualname__} cannot run in the store: it runs MXNet's {names} "
+            "(set_optimizer runs another one as MXNet's Python update, mx.optimizer.get_updater(opt))"
         )
     name, own = entry
     if check_fresh and (optimizer.num_update != optimizer.begin_num_update or any(optimizer._all_index_update_counts.values())):
-        raise ValueError(
+        raise _NotInStoreValue(
             f"the {type(optimizer).__name__} optimizer has already made updates: its update counts and states "
             "cannot be carried into the store; pass a fresh optimizer"
         )
     if name == "nadam" and check_fresh and optimizer.m_schedule != 1.0:
-        raise ValueError("the Nadam optimizer's momentum schedule has advanced: pass a fresh optimizer")
+        raise _NotInStoreValue("the Nadam optimizer's momentum schedule has advanced: pass a fresh optimizer")
     if name == "dcasgd" and check_fresh and optimizer.weight_previous:
-        raise ValueError("the DCASGD optimizer holds previous weights: pass a fresh optimizer")
+        raise _NotInStoreValue("the DCASGD optimizer holds previous weights: pass a fresh optimizer")
     params: Dict[str, Any] = {}
     scheduler = None
     if optimizer.lr_scheduler is not None:
