@@ -14,39 +14,19 @@
 //! - `mpi`: `dist_sync` over MPI; `make python FEATURES=mpi` builds the `kvstore-mpi`
 //!   wheel with it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use pyo3::prelude::*;
 
 mod arrays;
 #[cfg(feature = "cuda")]
 mod dlpack;
 mod errors;
+mod lifecycle;
 mod pending;
 mod sparse;
 mod store;
 mod updater;
 
-/// Set once the interpreter is exiting (the package's exit hook, after it waited for
-/// every store's calls): from then on the store's threads never enter Python again.
-static EXITING: AtomicBool = AtomicBool::new(false);
-
-/// Runs `f` attached to the interpreter from one of the store's threads (an updater, a
-/// callback, giving back a tensor), or returns `None` when the interpreter is exiting
-/// or gone: entering Python then would crash it.
-pub(crate) fn attach<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> Option<R> {
-    if EXITING.load(Ordering::SeqCst) {
-        return None;
-    }
-    Python::try_attach(f)
-}
-
-/// Called by the package's exit hook once every store's calls are done: the store's
-/// threads stay out of Python from now on.
-#[pyfunction]
-fn _exiting() {
-    EXITING.store(true, Ordering::SeqCst);
-}
+pub(crate) use lifecycle::{attach, detach};
 
 /// A store of `kind`: `dist_sync` over MPI when built with the `mpi` feature.
 pub(crate) fn create_store(kind: &str) -> kvstore_core::Result<kvstore_core::KVStore> {
@@ -88,7 +68,7 @@ fn _check_optimizer_json(json: &str) -> PyResult<()> {
 /// Ends MPI for a `dist_sync` job (every rank, after its last call); nothing without.
 #[pyfunction]
 fn _finalize(py: Python<'_>) -> PyResult<()> {
-    py.detach(kvstore_mpi::finalize).map_err(errors::to_py)
+    detach(py, kvstore_mpi::finalize).map_err(errors::to_py)
 }
 
 #[pymodule]
@@ -103,7 +83,7 @@ fn _kvstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RowSparseValue", m.py().get_type::<sparse::RowSparseValue>())?;
     m.add_function(wrap_pyfunction!(_register_gpu, m)?)?;
     m.add_function(wrap_pyfunction!(_finalize, m)?)?;
-    m.add_function(wrap_pyfunction!(_exiting, m)?)?;
+    m.add_function(wrap_pyfunction!(lifecycle::_exiting, m)?)?;
     m.add_function(wrap_pyfunction!(store::_time_calls_from_rust, m)?)?;
     m.add_function(wrap_pyfunction!(_check_optimizer_json, m)?)?;
     Ok(())

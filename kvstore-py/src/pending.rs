@@ -116,7 +116,7 @@ impl Pending {
             None => None,
         };
         let inner = &self.inner;
-        Ok(py.detach(|| {
+        Ok(crate::detach(py, || {
             loop {
                 let mut st = inner.state.lock();
                 match std::mem::replace(&mut *st, State::Busy) {
@@ -186,7 +186,7 @@ impl Pending {
                 self.inner.callbacks.lock().push(callback);
                 drop(st);
                 // The hook owns the result from now on; waiters wait for `finish`.
-                py.detach(|| self.inner.hook(h));
+                crate::detach(py, || self.inner.hook(h));
             }
         }
     }

@@ -93,7 +93,7 @@ impl PyStore {
     ) -> PyResult<()> {
         let pairs = pairs_of(py, key, value, "init")?;
         let (keys, values): (Vec<Key>, Vec<RowSparse>) = pairs.into_iter().map(|(k, mut vs)| (k, vs.remove(0))).unzip();
-        py.detach(|| self.shared.kv.init_row_sparse_many(&keys, &values)).map_err(to_py)?;
+        crate::detach(py, || self.shared.kv.init_row_sparse_many(&keys, &values)).map_err(to_py)?;
         remember_int_keys(&self.shared, key)
     }
 
@@ -106,7 +106,7 @@ impl PyStore {
         priority: i32,
     ) -> PyResult<()> {
         let pairs = pairs_of(py, key, value, "push")?;
-        py.detach(|| self.shared.kv.push_row_sparse_many(&pairs, priority)).map_err(to_py)
+        crate::detach(py, || self.shared.kv.push_row_sparse_many(&pairs, priority)).map_err(to_py)
     }
 }
 
@@ -122,7 +122,7 @@ pub(crate) fn _row_sparse_pull<'py>(
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
     let key = key_of(key)?;
     let ids = row_ids.as_slice()?.to_vec();
-    let rsp = py.detach(|| store.shared.kv.row_sparse_pull(key, &ids, priority)).map_err(to_py)?;
+    let rsp = crate::detach(py, || store.shared.kv.row_sparse_pull(key, &ids, priority)).map_err(to_py)?;
     let data = view(py, rsp.data())?;
     let indices = rsp.indices().to_pyarray(py).into_any();
     Ok((data, indices, PyTuple::new(py, rsp.shape())?))
@@ -132,7 +132,7 @@ pub(crate) fn _row_sparse_pull<'py>(
 #[pyfunction]
 pub(crate) fn _stype(py: Python<'_>, store: &PyStore, key: &Bound<'_, PyAny>) -> PyResult<&'static str> {
     let key = key_of(key)?;
-    py.detach(|| store.shared.kv.stype(key)).map(|s| s.name()).map_err(to_py)
+    crate::detach(py, || store.shared.kv.stype(key)).map(|s| s.name()).map_err(to_py)
 }
 
 /// Checks that `data`, `indices` and `shape` make a row-sparse array (what the store

@@ -185,7 +185,7 @@ impl Drop for PyStore {
         // (Python frees the object with the GIL held, so this attach is the thread's
         // own; when the interpreter cannot be entered, the closure, and the store with
         // it, is dropped unrun.)
-        let _ = Python::try_attach(move |py| py.detach(move || drop(shared)));
+        let _ = Python::try_attach(move |py| crate::detach(py, move || drop(shared)));
     }
 }
 
@@ -210,7 +210,7 @@ impl PyStore {
     #[new]
     #[pyo3(signature = (name = "local"))]
     fn new(py: Python<'_>, name: &str) -> PyResult<Self> {
-        let kv = py.detach(|| crate::create_store(name)).map_err(to_py)?;
+        let kv = crate::detach(py, || crate::create_store(name)).map_err(to_py)?;
         Ok(PyStore { shared: ManuallyDrop::new(Arc::new(Shared { kv, int_keys: RwLock::new(HashSet::new()) })) })
     }
 
@@ -224,7 +224,7 @@ impl PyStore {
             Err(e) if e.is_instance_of::<RowSparseValue>(py) => return self.init_row_sparse(py, key, value),
             values => values?,
         };
-        py.detach(|| settled(self.shared.kv.init(keys, values.values()), &[&values])).map_err(to_py)?;
+        crate::detach(py, || settled(self.shared.kv.init(keys, values.values()), &[&values])).map_err(to_py)?;
         remember_int_keys(&self.shared, key)?;
         Ok(())
     }
@@ -250,7 +250,7 @@ impl PyStore {
             Err(e) if e.is_instance_of::<RowSparseValue>(py) => return self.push_row_sparse(py, key, value, priority),
             values => values?,
         };
-        py.detach(|| settled(self.shared.kv.push(keys, values.values(), priority), &[&values])).map_err(to_py)
+        crate::detach(py, || settled(self.shared.kv.push(keys, values.values(), priority), &[&values])).map_err(to_py)
     }
 
     /// Pulls stored values into `out`, written in place, and returns ``None``. The
@@ -276,7 +276,7 @@ impl PyStore {
         };
         let mut call = CallArrays::default();
         let outs = arrays_in(out, Use::Write, "out", Some(&mut call))?;
-        py.detach(|| settled(self.shared.kv.pull(keys, outs.values(), priority), &[&outs])).map_err(to_py)?;
+        crate::detach(py, || settled(self.shared.kv.pull(keys, outs.values(), priority), &[&outs])).map_err(to_py)?;
         Ok(None)
     }
 
@@ -297,15 +297,17 @@ impl PyStore {
             Some(out) => {
                 let values = arrays_in(value, Use::Read, "value", Some(&mut call))?;
                 let outs = arrays_in(out, Use::Write, "out", Some(&mut call))?;
-                py.detach(|| {
+                crate::detach(py, || {
                     settled(self.shared.kv.pushpull(keys, values.values(), outs.values(), priority), &[&values, &outs])
                 })
                 .map_err(to_py)
             }
             None => {
                 let values = arrays_in(value, Use::Write, "value (written: pushpull with no out)", Some(&mut call))?;
-                py.detach(|| settled(self.shared.kv.pushpull_in_place(keys, values.values(), priority), &[&values]))
-                    .map_err(to_py)
+                crate::detach(py, || {
+                    settled(self.shared.kv.pushpull_in_place(keys, values.values(), priority), &[&values])
+                })
+                .map_err(to_py)
             }
         }
     }
@@ -325,7 +327,7 @@ impl PyStore {
         // (Not reused: a key is broadcast once.)
         let values = arrays_of(value, Use::Read, "value")?;
         let outs = arrays_of(out, Use::Write, "out")?;
-        py.detach(|| {
+        crate::detach(py, || {
             settled(self.shared.kv.broadcast(keys, values.values(), outs.values(), priority), &[&values, &outs])
         })
         .map_err(to_py)?;
@@ -344,7 +346,7 @@ impl PyStore {
     /// Sets the optimizer described by `json` (the package's optimizer classes make it).
     fn _set_optimizer_json(&self, py: Python<'_>, json: &str) -> PyResult<()> {
         let opt = kvstore_core::OptimizerSpec::from_json(json).and_then(|s| s.build()).map_err(to_py)?;
-        py.detach(|| self.shared.kv.set_optimizer(opt)).map_err(to_py)
+        crate::detach(py, || self.shared.kv.set_optimizer(opt)).map_err(to_py)
     }
 
     /// The name of the optimizer set, or ``None``.
@@ -358,23 +360,23 @@ impl PyStore {
     #[pyo3(signature = (fname, dump_optimizer = false))]
     fn save_optimizer_states(&self, py: Python<'_>, fname: std::path::PathBuf, dump_optimizer: bool) -> PyResult<()> {
         let _ = dump_optimizer;
-        py.detach(|| self.shared.kv.save_optimizer_states(&fname)).map_err(to_py)
+        crate::detach(py, || self.shared.kv.save_optimizer_states(&fname)).map_err(to_py)
     }
 
     /// Loads an optimizer state file written by ``save_optimizer_states``.
     fn load_optimizer_states(&self, py: Python<'_>, fname: std::path::PathBuf) -> PyResult<()> {
-        py.detach(|| self.shared.kv.load_optimizer_states(&fname)).map_err(to_py)
+        crate::detach(py, || self.shared.kv.load_optimizer_states(&fname)).map_err(to_py)
     }
 
     /// Writes every key's value and optimizer state to `path` (one consistent
     /// snapshot), for ``load_checkpoint``.
     fn save_checkpoint(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
-        py.detach(|| self.shared.kv.save_checkpoint(&path)).map_err(to_py)
+        crate::detach(py, || self.shared.kv.save_checkpoint(&path)).map_err(to_py)
     }
 
     /// Loads a checkpoint written by ``save_checkpoint``.
     fn load_checkpoint(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
-        py.detach(|| self.shared.kv.load_checkpoint(&path)).map_err(to_py)
+        crate::detach(py, || self.shared.kv.load_checkpoint(&path)).map_err(to_py)
     }
 
     /// The store's kind, as given to ``create``.
@@ -397,7 +399,7 @@ impl PyStore {
 
     /// Waits until every worker reached this barrier (at once with one worker).
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.shared.kv.barrier()).map_err(to_py)
+        crate::detach(py, || self.shared.kv.barrier()).map_err(to_py)
     }
 
     /// ``barrier``, under MXNet's other name.
@@ -446,7 +448,7 @@ impl PyStore {
 
     /// Waits until every non-blocking call made before it is done.
     fn wait_all(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.shared.kv.wait_all()).map_err(to_py)
+        crate::detach(py, || self.shared.kv.wait_all()).map_err(to_py)
     }
 
     /// ``push``, non-blocking (see the package's docs for the rules on `copy`).
@@ -461,7 +463,7 @@ impl PyStore {
     ) -> PyResult<Pending> {
         let keys = keys_of(key)?;
         let values = private(arrays_of(value, Use::Read, "value")?, copy)?;
-        Ok(Pending::new(py.detach(|| self.shared.kv.push_async(keys, values.values(), priority))))
+        Ok(Pending::new(crate::detach(py, || self.shared.kv.push_async(keys, values.values(), priority))))
     }
 
     /// ``pull``, non-blocking: `out` must not be read before the handle is done.
@@ -475,7 +477,7 @@ impl PyStore {
     ) -> PyResult<Pending> {
         let keys = keys_of(key)?;
         let outs = arrays_of(out, Use::Write, "out")?;
-        Ok(Pending::new(py.detach(|| self.shared.kv.pull_async(keys, outs.values(), priority))))
+        Ok(Pending::new(crate::detach(py, || self.shared.kv.pull_async(keys, outs.values(), priority))))
     }
 
     /// ``pushpull``, non-blocking.
@@ -494,13 +496,15 @@ impl PyStore {
             Some(out) => {
                 let values = private(arrays_of(value, Use::Read, "value")?, copy)?;
                 let outs = arrays_of(out, Use::Write, "out")?;
-                Ok(Pending::new(
-                    py.detach(|| self.shared.kv.pushpull_async(keys, values.values(), outs.values(), priority)),
-                ))
+                Ok(Pending::new(crate::detach(py, || {
+                    self.shared.kv.pushpull_async(keys, values.values(), outs.values(), priority)
+                })))
             }
             None => {
                 let values = arrays_of(value, Use::Write, "value (written: pushpull with no out)")?;
-                Ok(Pending::new(py.detach(|| self.shared.kv.pushpull_in_place_async(keys, values.values(), priority))))
+                Ok(Pending::new(crate::detach(py, || {
+                    self.shared.kv.pushpull_in_place_async(keys, values.values(), priority)
+                })))
             }
         }
     }
@@ -518,7 +522,8 @@ impl PyStore {
         let keys = keys_of(key)?;
         let values = arrays_of(value, Use::Read, "value")?;
         let outs = arrays_of(out, Use::Write, "out")?;
-        let handle = py.detach(|| self.shared.kv.broadcast_async(keys, values.values(), outs.values(), priority));
+        let handle =
+            crate::detach(py, || self.shared.kv.broadcast_async(keys, values.values(), outs.values(), priority));
         remember_int_keys(&self.shared, key)?;
         Ok(Pending::new(handle))
     }
@@ -545,7 +550,7 @@ pub(crate) fn _time_calls_from_rust(
         "pull" => (arrays_of(arrays, Use::Write, "out")?, |kv, k, v| kv.pull(k, v, 0)),
         _ => return Err(PyTypeError::new_err(format!("op must be \"push\" or \"pull\", not {op:?}"))),
     };
-    py.detach(|| {
+    crate::detach(py, || {
         (0..runs)
             .map(|_| {
                 let start = std::time::Instant::now();
@@ -562,15 +567,16 @@ impl PyStore {
     fn pull_new<'py>(&self, py: Python<'py>, keys: Keys, priority: i32) -> PyResult<Bound<'py, PyAny>> {
         match keys {
             Keys::One(k) => {
-                let a = py.detach(|| self.shared.kv.pull_new(k, priority)).map_err(to_py)?;
+                let a = crate::detach(py, || self.shared.kv.pull_new(k, priority)).map_err(to_py)?;
                 view(py, &a)
             }
             Keys::Many(ks) => {
-                let arrays = py
-                    .detach(|| ks.into_iter().map(|k| self.shared.kv.pull_new(k, priority)).collect::<Vec<_>>())
-                    .into_iter()
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(to_py)?;
+                let arrays = crate::detach(py, || {
+                    ks.into_iter().map(|k| self.shared.kv.pull_new(k, priority)).collect::<Vec<_>>()
+                })
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(to_py)?;
                 let views = arrays.iter().map(|a| view(py, a)).collect::<PyResult<Vec<_>>>()?;
                 Ok(PyList::new(py, views)?.into_any())
             }

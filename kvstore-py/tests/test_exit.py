@@ -36,3 +36,41 @@ def test_a_program_that_ends_with_calls_queued_exits_cleanly():
         assert done.returncode == 0, done.stderr[-3000:]
         assert "leaving with calls queued" in done.stdout
         assert "Fatal Python error" not in done.stderr and "panicked" not in done.stderr, done.stderr[-3000:]
+
+
+DAEMONS = textwrap.dedent(
+    """
+    import threading, time
+    import numpy as np
+    import kvstore as kv
+
+    store = kv.create("local")
+    store.init(0, np.zeros(1000))
+
+    def update(key, recv, stored):
+        stored += recv
+
+    store.set_updater(update)
+
+    def sync():
+        a = np.ones(1000)
+        while True:
+            store.push(0, a)
+
+    for _ in range(4):
+        threading.Thread(target=sync, daemon=True).start()
+    time.sleep(0.2)
+    print("leaving with daemon threads pushing", flush=True)
+    """
+)
+
+
+def test_a_program_that_ends_while_daemon_threads_push_with_an_updater_exits_cleanly():
+    # Daemon threads in blocking pushes whose Python updater runs on them or on the
+    # store's threads, when the main thread ends: none may take the GIL once the
+    # interpreter finalizes (it crashed with "PyGILState_Release" in most runs).
+    for _ in range(10):
+        done = subprocess.run([sys.executable, "-c", DAEMONS], capture_output=True, text=True, timeout=120)
+        assert "leaving with daemon threads pushing" in done.stdout
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "Fatal Python error" not in done.stderr and "panicked" not in done.stderr, done.stderr[-3000:]

@@ -1,0 +1,134 @@
+//! The interpreter's exit as the store's threads see it: when a thread may enter
+//! Python, and what a thread does that finds it may not.
+//!
+//! Once the interpreter finalizes, CPython ends every other thread that takes the GIL
+//! (`pthread_exit` inside `take_gil`). On a thread with Rust frames that unwinding is a
+//! crash: the GIL guard it passes releases a thread state that is not current ("Fatal
+//! Python error: PyGILState_Release"), and a `catch_unwind` it reaches aborts on the
+//! foreign unwind. So no thread of the store may hold the GIL, or be about to take it,
+//! when finalization starts. Every entry into Python from this crate's Rust code goes
+//! through a gate ([`attach`] for the store's threads, [`detach`] for a program thread
+//! coming back from a store call) that counts the threads inside; the package's exit
+//! hook (`_exiting`, after every store's calls are done) closes the gate and waits,
+//! with the GIL released, until the threads inside have left. From then on:
+//! - [`attach`] answers `None`: updaters fail, callbacks are dropped unrun;
+//! - a program thread whose store call returns parks for good instead of taking the GIL
+//!   (a daemon thread: the interpreter would end it there), except the thread that runs
+//!   the exit itself, which finalization needs.
+//!
+//! A thread already inside the gate (an updater that makes a store call) passes again.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::ThreadId;
+
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+
+/// Set once the interpreter is exiting (the package's exit hook): the gate is closed.
+static EXITING: AtomicBool = AtomicBool::new(false);
+/// The threads inside the gate: in Python, or on their way in.
+static INSIDE: AtomicUsize = AtomicUsize::new(0);
+/// The thread that closed the gate, running the interpreter's exit: never parked.
+static EXIT_THREAD: Mutex<Option<ThreadId>> = Mutex::new(None);
+
+thread_local! {
+    /// How deep this thread is inside the gate (counted once in `INSIDE`).
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Passes the gate: `false` (not counted) once it is closed, unless this thread is
+/// inside already. The count is raised before the flag is read and the exit hook sets
+/// the flag before it reads the count (both sequentially consistent): either the hook
+/// waits for this thread, or this thread sees the gate closed.
+fn enter() -> bool {
+    let depth = DEPTH.get();
+    if depth > 0 {
+        DEPTH.set(depth + 1);
+        return true;
+    }
+    INSIDE.fetch_add(1, Ordering::SeqCst);
+    if EXITING.load(Ordering::SeqCst) {
+        INSIDE.fetch_sub(1, Ordering::SeqCst);
+        return false;
+    }
+    DEPTH.set(1);
+    true
+}
+
+/// Leaves the gate (after a successful [`enter`]).
+fn leave() {
+    let depth = DEPTH.get();
+    DEPTH.set(depth - 1);
+    if depth == 1 {
+        INSIDE.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Leaves the gate when dropped, on a panic too.
+struct Inside;
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        leave();
+    }
+}
+
+/// Runs `f` attached to the interpreter from one of the store's threads (an updater, a
+/// callback, giving back a tensor), or returns `None` when the interpreter is exiting
+/// or gone: entering Python then would crash it.
+pub(crate) fn attach<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> Option<R> {
+    if !enter() {
+        return None;
+    }
+    let _inside = Inside;
+    Python::try_attach(f)
+}
+
+/// `py.detach(f)` for a call made from Python: runs `f` with the GIL released, then
+/// takes the GIL back through the gate, or, when the interpreter is exiting, never:
+/// the thread parks for good (see the module docs).
+pub(crate) fn detach<T, F>(py: Python<'_>, f: F) -> T
+where
+    F: Send + FnOnce() -> T,
+    T: Send,
+{
+    let entered = AtomicBool::new(false);
+    let r = py.detach(|| {
+        let r = f();
+        if enter() {
+            entered.store(true, Ordering::Relaxed);
+        } else if *EXIT_THREAD.lock() != Some(std::thread::current().id()) {
+            park_for_good();
+        }
+        r
+    });
+    if entered.into_inner() {
+        leave();
+    }
+    r
+}
+
+/// Parks this thread until the process ends. Whatever it holds stays held: only what
+/// is done with the store's calls (no lock of the store) reaches here.
+fn park_for_good() -> ! {
+    loop {
+        std::thread::park();
+    }
+}
+
+/// Called by the package's exit hook once every store's calls are done: closes the
+/// gate, then waits (the GIL released) until no thread is inside it. The store's
+/// threads stay out of Python from now on.
+#[pyfunction]
+pub(crate) fn _exiting(py: Python<'_>) {
+    *EXIT_THREAD.lock() = Some(std::thread::current().id());
+    EXITING.store(true, Ordering::SeqCst);
+    // The threads inside finish what they run in Python (an updater, a callback); the
+    // GIL is theirs meanwhile.
+    py.detach(|| {
+        while INSIDE.load(Ordering::SeqCst) != 0 {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    });
+}
