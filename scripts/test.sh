@@ -56,9 +56,10 @@ if wants static; then
     check fmt cargo fmt --all -- --check
     check clippy cargo clippy --workspace --all-targets -- -D warnings
     check doc env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
-    # The README's performance table is the one its results files give, and the links
+    # The README's performance table and docs/benchmarks.md's results are the ones the
+    # results files give, and the links
     # of the README, ARCHITECTURE.md and the guides under docs/ lead somewhere.
-    check readme-bench-table python3 scripts/readme_bench_table.py --check README.md
+    check readme-bench-table python3 scripts/readme_bench_table.py --check README.md docs/benchmarks.md
     check doc-links python3 scripts/check_doc_links.py
     # What the guides claim and run: every program block run by the projects group,
     # mpirun lines that say what root and small machines need, counts that agree.
