@@ -262,3 +262,44 @@ fn a_broadcast_whose_out_names_another_key_inits_nothing() {
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
     assert_eq!(kv.key_index("new"), None);
 }
+
+/// Bytes lent to an array as foreign memory (read-only here).
+struct Bytes(Vec<u8>);
+
+impl kvstore_core::ForeignMemory for Bytes {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+/// A broadcast refused for its out (read-only, or of another shape or dtype) initialises
+/// nothing: the key is not in `keys()` and a retry with a good out succeeds. The
+/// read-only out was found only by the pull, after the key was initialised, so a retry
+/// got ALREADY_INITIALIZED.
+#[test]
+fn a_broadcast_refused_for_its_out_initialises_no_key() {
+    for kind in ["local", "device"] {
+        for blocking in [true, false] {
+            let kv = KVStore::create(kind).expect("create");
+            let value = NDArray::full_with(&[4], 7.0, DType::U8, Context::cpu(0)).expect("value");
+            let read_only = NDArray::from_foreign(&[4], DType::U8, Box::new(Bytes(vec![0; 4])), false).expect("out");
+            let wrong_shape = NDArray::zeros_with(&[5], DType::U8, Context::cpu(0)).expect("out");
+            let wrong_dtype = NDArray::zeros(&[4]).expect("out");
+            for (bad, says) in [(&read_only, "read-only"), (&wrong_shape, "shape"), (&wrong_dtype, "dtype")] {
+                let r = match blocking {
+                    true => kv.broadcast("b1", &value, bad, 0),
+                    false => kv.broadcast_async("b1", &value, bad, 0).wait(),
+                };
+                let e = r.expect_err("a bad out");
+                assert!(e.to_string().to_lowercase().contains(says), "{kind}: {e}");
+                assert!(kv.keys().is_empty(), "{kind} (blocking: {blocking}): {e} left keys {:?}", kv.keys());
+            }
+            let out = NDArray::zeros_with(&[4], DType::U8, Context::cpu(0)).expect("out");
+            kv.broadcast("b1", &value, &out, 0).expect("a retry with a good out");
+            assert_eq!(out.to_vec::<u8>().expect("convert"), vec![7; 4]);
+        }
+    }
+}

@@ -19,7 +19,7 @@ use super::spread::Spread;
 use parking_lot::Mutex;
 
 use super::pending::HasDone;
-use super::{Done, Entry, Found, Group, KVStore, Pending, Store, check_like, locks};
+use super::{Done, Entry, Found, Group, KVStore, Pending, Store, check_arrays, locks};
 use crate::engine::{self, Job, Var, Vars};
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys, Run, Values, flat_runs, pairs_of, runs};
@@ -413,15 +413,17 @@ impl KVStore {
         self.in_order(op, move |store| store.init_pairs(op, owned.iter().map(|(k, v)| (k.clone(), v)).collect()))
     }
 
-    /// Checks a broadcast's outs against its values (before anything is stored).
+    /// Checks a broadcast's outs against its values as a pull checks them against the
+    /// stored ones (shape, dtype, context, writable), before anything is stored: a
+    /// broadcast refused for its outs initialises no key.
     fn check_broadcast(init: &[(Key, &NDArray)], pull: &[Run<'_>]) -> Result<()> {
-        for (k, out) in pull.iter().flat_map(|(k, outs)| outs.iter().map(move |o| (k, o))) {
+        for (k, outs) in pull {
             let Some((_, v)) = init.iter().find(|(ik, _)| ik == k) else {
                 return Err(Error::invalid_argument(format!(
                     "broadcast: out key \"{k}\" is not one of the keys being broadcast"
                 )));
             };
-            check_like(|| format!("broadcast of key \"{k}\" (out)"), k, v, out)?;
+            check_arrays("broadcast", "out", k, outs.iter(), v)?;
         }
         Ok(())
     }
