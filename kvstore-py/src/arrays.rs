@@ -6,7 +6,6 @@
 use kvstore_core::{DType, ForeignMemory, NDArray, bf16, f16};
 use numpy::ndarray::{ArrayViewD, IxDyn};
 use numpy::{PyArray, PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods, npyffi};
-use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use std::collections::HashMap;
@@ -131,7 +130,7 @@ fn wrap_cuda(obj: &Bound<'_, PyAny>, device: i32, what: &str) -> PyResult<NDArra
 
 #[cfg(not(feature = "cuda"))]
 fn wrap_cuda(_obj: &Bound<'_, PyAny>, device: i32, what: &str) -> PyResult<NDArray> {
-    Err(PyTypeError::new_err(format!(
+    Err(crate::errors::type_error(format!(
         "{what} is a tensor on CUDA device {device}, and this build of kvstore has no GPU support (the `cuda` feature)"
     )))
 }
@@ -168,14 +167,14 @@ pub(crate) fn wrap<'py>(
             if let Some(device) = cuda_device(obj) {
                 return wrap_cuda(obj, device, what);
             }
-            let view = py.import("kvstore._arrays")?.call_method1("as_numpy", (obj, usage == Use::Write))?;
+            let view = py.import("kvstore._arrays")?.call_method1("as_numpy", (obj, usage == Use::Write, what))?;
             match view.cast_into::<PyUntypedArray>() {
                 Ok(a) => {
                     converted = a;
                     (&converted, None)
                 }
                 Err(_) => {
-                    return Err(PyTypeError::new_err(format!(
+                    return Err(crate::errors::type_error(format!(
                         "{what} must be an array (numpy, or with __dlpack__), not {}",
                         describe(obj)
                     )));
@@ -191,14 +190,14 @@ pub(crate) fn wrap<'py>(
         None => {
             let descr = array.dtype();
             dtype_of(py, &descr).ok_or_else(|| {
-                PyTypeError::new_err(format!(
+                crate::errors::type_error(format!(
                     "{what}: dtype {descr} is not supported: use float32, float64, float16, bfloat16, int32, int64, int8 or uint8"
                 ))
             })?
         }
     };
     if !array.is_c_contiguous() {
-        return Err(PyValueError::new_err(format!(
+        return Err(crate::errors::value_error(format!(
             "{what} must be C-contiguous (it is read and written in place): got {}; pass numpy.ascontiguousarray(...) for a value",
             describe(obj)
         )));
@@ -207,11 +206,11 @@ pub(crate) fn wrap<'py>(
     // flags and data pointer does not change it.
     let (flags, data) = unsafe { ((*raw).flags, (*raw).data) };
     if flags & npyffi::NPY_ARRAY_ALIGNED == 0 {
-        return Err(PyValueError::new_err(format!("{what} is not aligned for its dtype: {}", describe(obj))));
+        return Err(crate::errors::value_error(format!("{what} is not aligned for its dtype: {}", describe(obj))));
     }
     let writable = flags & npyffi::NPY_ARRAY_WRITEABLE != 0;
     if usage == Use::Write && !writable {
-        return Err(PyValueError::new_err(format!(
+        return Err(crate::errors::value_error(format!(
             "{what} is read-only: the store writes it in place ({})",
             describe(obj)
         )));
@@ -248,7 +247,7 @@ pub(crate) struct Owner {
 /// or an updater's arguments, which the store hands to the updater alone for the call.
 pub(crate) fn view<'py>(py: Python<'py>, array: &NDArray) -> PyResult<Bound<'py, PyAny>> {
     if !array.context().is_cpu() {
-        return Err(PyValueError::new_err(format!(
+        return Err(crate::errors::value_error(format!(
             "an array on {} has no host memory to view: copy it to the host first",
             array.context()
         )));
@@ -280,7 +279,9 @@ pub(crate) fn view<'py>(py: Python<'py>, array: &NDArray) -> PyResult<Bound<'py,
         DType::F16 => typed::<f16>(py, array),
         DType::BF16 => {
             py.import("ml_dtypes").map_err(|_| {
-                PyTypeError::new_err("bfloat16 arrays need the ml_dtypes package: pip install ml_dtypes")
+                crate::errors::type_error(
+                    "bfloat16 arrays need the ml_dtypes package: pip install 'kvstore[bfloat16]' (or pip install ml_dtypes)",
+                )
             })?;
             typed::<bf16>(py, array)
         }

@@ -13,7 +13,6 @@ use std::ffi::{CStr, c_void};
 use std::ptr::NonNull;
 
 use kvstore_core::{Context, DType, NDArray};
-use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyCapsuleMethods, PyDict};
 
@@ -110,7 +109,7 @@ pub(crate) fn wrap_cuda(obj: &Bound<'_, PyAny>, device: i32, what: &str) -> PyRe
     let capsule = obj.call_method("__dlpack__", (), Some(&kwargs))?;
     let capsule = capsule
         .cast_into::<PyCapsule>()
-        .map_err(|_| PyTypeError::new_err(format!("{what}: __dlpack__ did not return a DLPack capsule")))?;
+        .map_err(|_| crate::errors::type_error(format!("{what}: __dlpack__ did not return a DLPack capsule")))?;
     const NAME: &CStr = c"dltensor";
     const USED: &CStr = c"used_dltensor";
     let ptr = capsule.pointer_checked(Some(NAME))?.cast::<DLManagedTensor>();
@@ -125,19 +124,19 @@ pub(crate) fn wrap_cuda(obj: &Bound<'_, PyAny>, device: i32, what: &str) -> PyRe
     // (when `managed` is dropped); it is only read here.
     let t = unsafe { &ptr.as_ref().dl_tensor };
     if t.device.device_type != KDL_CUDA || t.device.device_id != device {
-        return Err(PyValueError::new_err(format!(
+        return Err(crate::errors::value_error(format!(
             "{what}: the tensor's DLPack device ({}, {}) is not the one __dlpack_device__ gave ({KDL_CUDA}, {device})",
             t.device.device_type, t.device.device_id
         )));
     }
     let dtype = dtype_of(&t.dtype).ok_or_else(|| {
-        PyTypeError::new_err(format!(
+        crate::errors::type_error(format!(
             "{what}: DLPack dtype (code {}, {} bits, {} lanes) is not supported: use float32, float64, float16, \
              bfloat16, int32, int64, int8 or uint8",
             t.dtype.code, t.dtype.bits, t.dtype.lanes
         ))
     })?;
-    let ndim = usize::try_from(t.ndim).map_err(|_| PyValueError::new_err(format!("{what}: ndim {}", t.ndim)))?;
+    let ndim = usize::try_from(t.ndim).map_err(|_| crate::errors::value_error(format!("{what}: ndim {}", t.ndim)))?;
     let (shape, strides): (Vec<i64>, Option<Vec<i64>>) = if ndim == 0 {
         (Vec::new(), None)
     } else {
@@ -151,7 +150,7 @@ pub(crate) fn wrap_cuda(obj: &Bound<'_, PyAny>, device: i32, what: &str) -> PyRe
         }
     };
     if shape.iter().any(|&d| d < 0) {
-        return Err(PyValueError::new_err(format!("{what}: negative dimension in {shape:?}")));
+        return Err(crate::errors::value_error(format!("{what}: negative dimension in {shape:?}")));
     }
     let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
     if let Some(strides) = &strides {
@@ -159,7 +158,7 @@ pub(crate) fn wrap_cuda(obj: &Bound<'_, PyAny>, device: i32, what: &str) -> PyRe
         let mut expected = 1i64;
         for (&d, &s) in shape.iter().zip(strides).rev() {
             if d != 1 && s != expected {
-                return Err(PyValueError::new_err(format!(
+                return Err(crate::errors::value_error(format!(
                     "{what} must be C-contiguous (it is read and written in place): strides {strides:?} for \
                      shape {shape:?}; pass tensor.contiguous()"
                 )));
@@ -171,7 +170,7 @@ pub(crate) fn wrap_cuda(obj: &Bound<'_, PyAny>, device: i32, what: &str) -> PyRe
     let len = size * dtype.size();
     let addr = (t.data as u64).wrapping_add(t.byte_offset);
     if len > 0 && !addr.is_multiple_of(dtype.size() as u64) {
-        return Err(PyValueError::new_err(format!("{what} is not aligned for its dtype (address {addr:#x})")));
+        return Err(crate::errors::value_error(format!("{what} is not aligned for its dtype (address {addr:#x})")));
     }
     let device = device as usize;
     let owner = Box::new((managed, obj.unbind()));

@@ -2,6 +2,11 @@
 //! package's `kvstore.errors` (each also subclasses the builtin a Python user would
 //! catch), made here with the error's code, message, key and shapes or dtypes.
 //!
+//! An argument refused before the store sees it is one of the package's classes too:
+//! [`type_error`] (`ArgumentTypeError`, a `TypeError`), [`value_error`]
+//! (`InvalidArgumentError`, a `ValueError`) and [`row_sparse_value`]
+//! (`RowSparseValueError`, an `ArgumentTypeError`).
+//!
 //! An exception raised by a Python updater fails its push with a `BACKEND` error; the
 //! exception itself is kept here (by the error's message, which names it uniquely) and
 //! becomes the `__cause__` of the exception the push raises.
@@ -11,9 +16,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvstore_core::Error;
 use parking_lot::Mutex;
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyTuple, PyType};
 
 /// The updater exceptions not yet raised as causes, newest last (a bounded list: a
 /// failed non-blocking push nobody waits for leaves its exception here).
@@ -77,4 +83,53 @@ fn make(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
         exc.set_cause(py, Some(cause));
     }
     Ok(exc)
+}
+
+/// The package's `kvstore.errors` classes for arguments refused here, looked up once.
+static ARGUMENT_TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static INVALID_ARGUMENT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static ROW_SPARSE_VALUE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+/// `kvstore.errors.<name>`, looked up once into `cell`.
+fn class<'py>(py: Python<'py>, cell: &'static PyOnceLock<Py<PyType>>, name: &str) -> PyResult<&'py Py<PyType>> {
+    cell.get_or_try_init(py, || Ok(py.import("kvstore.errors")?.getattr(name)?.cast_into::<PyType>()?.unbind()))
+}
+
+/// An exception of class `kvstore.errors.<name>` saying `message`; `fallback`'s when the
+/// package cannot be imported (the native module alone).
+fn argument_error(
+    cell: &'static PyOnceLock<Py<PyType>>,
+    name: &str,
+    message: String,
+    fallback: fn(String) -> PyErr,
+) -> PyErr {
+    Python::attach(|py| match class(py, cell, name) {
+        Ok(cls) => match cls.bind(py).call1((message.as_str(),)) {
+            Ok(exc) => PyErr::from_value(exc),
+            Err(e) => e,
+        },
+        Err(_) => fallback(message),
+    })
+}
+
+/// An argument of a type the call does not take: `kvstore.ArgumentTypeError` (a
+/// `TypeError`).
+pub(crate) fn type_error(message: impl Into<String>) -> PyErr {
+    argument_error(&ARGUMENT_TYPE, "ArgumentTypeError", message.into(), PyTypeError::new_err)
+}
+
+/// An argument with a wrong value: `kvstore.InvalidArgumentError` (a `ValueError`).
+pub(crate) fn value_error(message: impl Into<String>) -> PyErr {
+    argument_error(&INVALID_ARGUMENT, "InvalidArgumentError", message.into(), PyValueError::new_err)
+}
+
+/// A row-sparse array where the call takes dense ones: `kvstore.RowSparseValueError`
+/// (an `ArgumentTypeError`), which `init` and `push` catch to take the row-sparse way.
+pub(crate) fn row_sparse_value(message: impl Into<String>) -> PyErr {
+    argument_error(&ROW_SPARSE_VALUE, "RowSparseValueError", message.into(), PyTypeError::new_err)
+}
+
+/// Whether `err` is a [`row_sparse_value`] error.
+pub(crate) fn is_row_sparse_value(py: Python<'_>, err: &PyErr) -> bool {
+    class(py, &ROW_SPARSE_VALUE, "RowSparseValueError").is_ok_and(|cls| err.is_instance(py, cls.bind(py)))
 }

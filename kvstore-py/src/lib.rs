@@ -80,7 +80,6 @@ fn _kvstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sparse::_row_sparse_pull, m)?)?;
     m.add_function(wrap_pyfunction!(sparse::_stype, m)?)?;
     m.add_function(wrap_pyfunction!(sparse::_check_row_sparse, m)?)?;
-    m.add("RowSparseValue", m.py().get_type::<sparse::RowSparseValue>())?;
     m.add_function(wrap_pyfunction!(_register_gpu, m)?)?;
     m.add_function(wrap_pyfunction!(_finalize, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::_exiting, m)?)?;

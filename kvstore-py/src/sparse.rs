@@ -4,8 +4,9 @@
 //! and its values (`_pairs`); this module hands them to core's row-sparse calls.
 //!
 //! A row-sparse array met where dense arrays are wrapped ([`crate::arrays::wrap`])
-//! raises [`RowSparseValue`]: `init` and `push` catch it and take this module's way;
-//! every other call lets it through, a `TypeError` naming the calls that take one.
+//! raises [`not_here`]'s `kvstore.RowSparseValueError`: `init` and `push` catch it and
+//! take this module's way; every other call lets it through, a `TypeError` naming the
+//! calls that take one.
 
 use kvstore_core::{Key, RowSparse};
 use numpy::{PyReadonlyArray1, ToPyArray};
@@ -16,13 +17,6 @@ use pyo3::types::{PyTuple, PyType};
 use crate::arrays::{Use, view, wrap};
 use crate::errors::to_py;
 use crate::store::{PyStore, key_of, map_items, remember_int_keys};
-
-pyo3::create_exception!(
-    _kvstore,
-    RowSparseValue,
-    pyo3::exceptions::PyTypeError,
-    "A row-sparse array where the call takes dense arrays only."
-);
 
 /// `kvstore.sparse.RowSparseNDArray`, looked up once.
 static RSP_TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -39,7 +33,7 @@ pub(crate) fn is_row_sparse(obj: &Bound<'_, PyAny>) -> bool {
 
 /// The error for a row-sparse array given as `what` to a call that takes dense ones.
 pub(crate) fn not_here(what: &str) -> PyErr {
-    RowSparseValue::new_err(format!(
+    crate::errors::row_sparse_value(format!(
         "{what} is a row-sparse array, and this call takes dense arrays: row-sparse values go to init and push \
          (blocking), row-sparse outs to row_sparse_pull; a dense copy is .tostype(\"default\")"
     ))
@@ -49,7 +43,7 @@ pub(crate) fn not_here(what: &str) -> PyErr {
 fn row_sparse_of(obj: &Bound<'_, PyAny>) -> PyResult<RowSparse> {
     if !is_row_sparse(obj) {
         let ty = obj.get_type().name().map_or_else(|_| "object".to_string(), |n| n.to_string());
-        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+        return Err(crate::errors::type_error(format!(
             "a call mixes row-sparse and dense values ({ty}): give them in separate calls"
         )));
     }

@@ -8,14 +8,12 @@ use std::sync::Arc;
 
 use kvstore_core::{KVStore as Store, Key, Keys, NDArray, Values};
 use parking_lot::RwLock;
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyList, PyString, PyTuple};
 
 use crate::arrays::{CallArrays, Use, view, wrap};
 use crate::errors::to_py;
 use crate::pending::Pending;
-use crate::sparse::RowSparseValue;
 
 /// A call's keys: one, or a list.
 fn keys_of(obj: &Bound<'_, PyAny>) -> PyResult<Keys> {
@@ -37,7 +35,7 @@ pub(crate) fn key_of(obj: &Bound<'_, PyAny>) -> PyResult<Key> {
         });
     }
     let ty = obj.get_type().name().map_or_else(|_| "object".to_string(), |n| n.to_string());
-    Err(PyTypeError::new_err(format!("a key must be an int or a str, not {ty}")))
+    Err(crate::errors::type_error(format!("a key must be an int or a str, not {ty}")))
 }
 
 /// A call's arrays (values or outs) in the forms MXNet takes: one array, a list (one
@@ -221,7 +219,7 @@ impl PyStore {
         let keys = keys_of(key)?;
         // (Not reused: a key is initialised once.)
         let values = match arrays_of(value, Use::Read, "value") {
-            Err(e) if e.is_instance_of::<RowSparseValue>(py) => return self.init_row_sparse(py, key, value),
+            Err(e) if crate::errors::is_row_sparse_value(py, &e) => return self.init_row_sparse(py, key, value),
             values => values?,
         };
         crate::detach(py, || settled(self.shared.kv.init(keys, values.values()), &[&values])).map_err(to_py)?;
@@ -247,7 +245,9 @@ impl PyStore {
         let keys = keys_of(key)?;
         let mut call = CallArrays::default();
         let values = match arrays_in(value, Use::Read, "value", Some(&mut call)) {
-            Err(e) if e.is_instance_of::<RowSparseValue>(py) => return self.push_row_sparse(py, key, value, priority),
+            Err(e) if crate::errors::is_row_sparse_value(py, &e) => {
+                return self.push_row_sparse(py, key, value, priority);
+            }
             values => values?,
         };
         crate::detach(py, || settled(self.shared.kv.push(keys, values.values(), priority), &[&values])).map_err(to_py)
@@ -423,7 +423,7 @@ impl PyStore {
     /// ``local`` store it raises ``UnsupportedError``.
     fn set_gradient_compression(&self, compression_params: &Bound<'_, PyAny>) -> PyResult<()> {
         let dict = compression_params.cast::<pyo3::types::PyDict>().map_err(|_| {
-            PyTypeError::new_err(
+            crate::errors::type_error(
                 "set_gradient_compression takes a dict, such as {\"type\": \"2bit\", \"threshold\": 0.5}",
             )
         })?;
@@ -548,7 +548,7 @@ pub(crate) fn _time_calls_from_rust(
     let (arrays, call): (Arrays, Call) = match op {
         "push" => (arrays_of(arrays, Use::Read, "value")?, |kv, k, v| kv.push(k, v, 0)),
         "pull" => (arrays_of(arrays, Use::Write, "out")?, |kv, k, v| kv.pull(k, v, 0)),
-        _ => return Err(PyTypeError::new_err(format!("op must be \"push\" or \"pull\", not {op:?}"))),
+        _ => return Err(crate::errors::value_error(format!("op must be \"push\" or \"pull\", not {op:?}"))),
     };
     crate::detach(py, || {
         (0..runs)

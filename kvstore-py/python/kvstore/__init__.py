@@ -61,6 +61,7 @@ _one_distribution()
 from . import _kvstore, errors, lr_scheduler, optimizer, sparse
 from .errors import (
     AlreadyInitializedError,
+    ArgumentTypeError,
     BackendError,
     DeviceUnavailableError,
     DisposedError,
@@ -71,6 +72,7 @@ from .errors import (
     KVStoreError,
     LengthMismatchError,
     ResourceExhaustedError,
+    RowSparseValueError,
     ShapeMismatchError,
     StoreIOError,
     UnknownStoreKindError,
@@ -193,7 +195,7 @@ class KVStore(_kvstore.KVStore):
         :mod:`kvstore.optimizer` optimizer, such as ``optimizer.SGD(learning_rate=0.1,
         momentum=0.9)`` or ``optimizer.create("adam")``. It replaces any updater."""
         if not isinstance(optimizer, globals()["optimizer"].Optimizer):
-            raise TypeError(
+            raise ArgumentTypeError(
                 "set_optimizer takes a kvstore.optimizer optimizer (e.g. kvstore.optimizer.SGD(...)), "
                 f"not {type(optimizer).__name__}"
             )
@@ -291,13 +293,16 @@ def create(name: str = "local") -> KVStore:
     """A new store of kind `name` (MXNet's ``mx.kv.create``).
 
     ``local``, ``device``, ``local_allreduce_cpu``, ``local_allreduce_device`` and
-    ``nccl`` are single-process stores; ``dist_sync`` (``dist``, ``dist_sync_device``,
-    ``dist_device_sync``) spans the processes of an ``mpirun`` job and needs the
-    ``kvstore-mpi`` distribution. An unknown name raises
-    :class:`UnknownStoreKindError`; ``dist_async`` raises :class:`UnsupportedError`.
+    ``nccl`` are single-process stores. ``dist_sync`` (``dist``, ``dist_sync_device``,
+    ``dist_device_sync``: every worker holds every key, updated alike) and
+    ``dist_async`` (``dist_async_device``, ``dist_device_async``: each key's owner
+    applies every push as it arrives) span the processes of an ``mpirun`` job and need
+    the ``kvstore-mpi`` distribution: in the ``kvstore`` one they raise
+    :class:`UnsupportedError` naming how to install it. An unknown name raises
+    :class:`UnknownStoreKindError`, a name that is not a str :class:`ArgumentTypeError`.
     """
     if not isinstance(name, str):
-        raise TypeError(f"name must be a str, not {type(name).__name__}")
+        raise ArgumentTypeError(f"name must be a str, not {type(name).__name__}")
     store = KVStore(name)
     if store.type.startswith("dist"):
         _finalize_at_exit()

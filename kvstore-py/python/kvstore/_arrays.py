@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import ArgumentTypeError, InvalidArgumentError
+
 
 class _Capsule:
     """A DLPack capsule as numpy's ``from_dlpack`` wants it (an object with
@@ -29,7 +31,8 @@ class _Capsule:
 
 
 def _describe(obj: Any) -> str:
-    return f"a {type(obj).__module__}.{type(obj).__qualname__}"
+    t = type(obj)
+    return f"a {t.__qualname__}" if t.__module__ == "builtins" else f"a {t.__module__}.{t.__qualname__}"
 
 
 class _Writable:
@@ -54,21 +57,22 @@ def _writable_view(view: np.ndarray, obj: Any) -> np.ndarray:
             view.flags.writeable = True
         except ValueError:
             if not _NUMPY_1:
-                raise ValueError(f"out is read-only: the store writes it in place ({_describe(obj)})") from None
+                raise InvalidArgumentError(f"out is read-only: the store writes it in place ({_describe(obj)})") from None
             # numpy 1.x marks every DLPack import read-only and refuses to unmark it
             # (and exports no read-only array): the same memory, writable.
             view = np.asarray(_Writable(view))
     return view
 
 
-def as_numpy(obj: Any, writable: bool) -> np.ndarray:
+def as_numpy(obj: Any, writable: bool, what: str = "array") -> np.ndarray:
     """A numpy view of `obj`'s memory, without a copy; `writable` when the store
-    writes it. Raises ``TypeError`` for an object that is not an array on the host."""
+    writes it. Raises :class:`ArgumentTypeError` (a ``TypeError``) naming `what` (the
+    call's "value", "out", ...) for an object that is not an array on the host."""
     # PyTorch: `.numpy()` is a writable view of a CPU tensor.
     if type(obj).__module__.startswith("torch") and hasattr(obj, "numpy"):
         if getattr(obj, "device", None) is not None and obj.device.type != "cpu":
-            raise TypeError(
-                f"a tensor on {obj.device} is not supported yet: move it to the CPU (tensor.cpu())"
+            raise ArgumentTypeError(
+                f"{what}: a tensor on {obj.device} is not supported yet: move it to the CPU (tensor.cpu())"
             )
         if getattr(obj, "requires_grad", False):
             obj = obj.detach()
@@ -77,14 +81,17 @@ def as_numpy(obj: Any, writable: bool) -> np.ndarray:
             try:
                 import ml_dtypes
             except ImportError:
-                raise TypeError("bfloat16 tensors need the ml_dtypes package: pip install ml_dtypes") from None
+                raise ArgumentTypeError(
+                    f"{what}: bfloat16 tensors need the ml_dtypes package: pip install 'kvstore[bfloat16]' "
+                    "(or pip install ml_dtypes)"
+                ) from None
             return obj.view(sys.modules["torch"].int16).numpy().view(ml_dtypes.bfloat16)
         return obj.numpy()
     # MXNet's NDArray (mx.nd and mx.np): through its own DLPack functions.
     if hasattr(obj, "to_dlpack_for_write") and hasattr(obj, "asnumpy"):
         ctx = getattr(obj, "context", None) or getattr(obj, "ctx", None)
         if ctx is not None and getattr(ctx, "device_type", "cpu") != "cpu":
-            raise TypeError(f"an MXNet array on {ctx} is not supported yet: copy it to mx.cpu()")
+            raise ArgumentTypeError(f"{what}: an MXNet array on {ctx} is not supported yet: copy it to mx.cpu()")
         obj.wait_to_read()
         capsule = obj.to_dlpack_for_write() if writable else obj.to_dlpack_for_read()
         view = np.from_dlpack(_Capsule(capsule))
@@ -92,12 +99,15 @@ def as_numpy(obj: Any, writable: bool) -> np.ndarray:
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         device = obj.__dlpack_device__()
         if int(device[0]) not in (1, 3):  # kDLCPU, kDLCUDAHost
-            raise TypeError(f"{_describe(obj)} on DLPack device {tuple(device)} is not on the host")
+            raise ArgumentTypeError(f"{what}: {_describe(obj)} on DLPack device {tuple(device)} is not on the host")
         view = np.from_dlpack(obj)
         return _writable_view(view, obj) if writable else view
     if hasattr(obj, "__array_interface__"):
         view = np.asarray(obj)
         if writable and not view.flags.writeable:
-            raise ValueError(f"out is read-only: the store writes it in place ({_describe(obj)})")
+            raise InvalidArgumentError(f"{what} is read-only: the store writes it in place ({_describe(obj)})")
         return view
-    raise TypeError(f"expected an array (numpy, or one with __dlpack__), got {_describe(obj)}")
+    raise ArgumentTypeError(
+        f"{what}: expected an array (numpy, a CPU tensor, or anything with __dlpack__ or __array_interface__), "
+        f"got {_describe(obj)}"
+    )

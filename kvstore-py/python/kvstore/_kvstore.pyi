@@ -9,7 +9,6 @@ from typing_extensions import disjoint_base
 __all__ = [
     "KVStore",
     "Pending",
-    "RowSparseValue",
     "__version__",
     "_check_optimizer_json",
     "_check_row_sparse",
@@ -29,8 +28,6 @@ _Keys = Union[_Key, Sequence[_Key]]
 _Array = Any
 _Arrays = Union[_Array, Sequence[_Array], Sequence[Sequence[_Array]]]
 _PathLike = Union[str, "os.PathLike[str]"]
-
-class RowSparseValue(TypeError): ...
 
 @final
 class Pending:

@@ -13,6 +13,16 @@ a shape or dtype mismatch a ``ValueError``, an unsupported feature a
 Each exception has ``code`` (the error kind's stable name, shared with the Java and
 Clojure bindings), ``key`` (the key concerned, or ``None``) and, for mismatches,
 ``expected`` and ``got`` (shapes as tuples, dtypes as names, lengths as ints).
+
+An argument the package refuses before the store sees it is one too: a wrong value is
+an :class:`InvalidArgumentError` (a ``ValueError``), an argument of a type the call
+does not take an :class:`ArgumentTypeError` (a ``TypeError``; both have the code
+``INVALID_ARGUMENT``)::
+
+    try:
+        kv.push(3, "abc")
+    except TypeError as e:         # or kvstore.ArgumentTypeError, kvstore.KVStoreError
+        print(e)                   # value of push must be an array ...
 """
 
 from __future__ import annotations
@@ -30,6 +40,8 @@ __all__ = [
     "DeviceUnavailableError",
     "UnsupportedError",
     "InvalidArgumentError",
+    "ArgumentTypeError",
+    "RowSparseValueError",
     "DisposedError",
     "StoreIOError",
     "BackendError",
@@ -119,6 +131,19 @@ class InvalidArgumentError(KVStoreError, ValueError):
     """An argument that is wrong on its own (a bad hyper-parameter, a bad path)."""
 
     code = "INVALID_ARGUMENT"
+
+
+class ArgumentTypeError(KVStoreError, TypeError):
+    """An argument of a type the call does not take (an object that is not an array,
+    an array dtype the store does not have, a key that is neither an int nor a str),
+    refused before the store sees it. Its code is ``INVALID_ARGUMENT``."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class RowSparseValueError(ArgumentTypeError):
+    """A row-sparse array given to a call that takes dense arrays (row-sparse values
+    go to the blocking ``init`` and ``push``, row-sparse outs to ``row_sparse_pull``)."""
 
 
 class DisposedError(KVStoreError, RuntimeError):

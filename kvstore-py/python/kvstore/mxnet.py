@@ -133,7 +133,7 @@ def _check_arrays(obj: Any) -> None:
         return
     stype = getattr(obj, "stype", "default")
     if stype not in ("default", "row_sparse"):
-        raise TypeError(f"a {stype} NDArray is not supported: use .tostype('default') or .tostype('row_sparse')")
+        raise _kv.ArgumentTypeError(f"a {stype} NDArray is not supported: use .tostype('default') or .tostype('row_sparse')")
 
 
 def _has_row_sparse(obj: Any) -> bool:
@@ -281,7 +281,7 @@ class KVStore(_NativeKVStore):
             if isinstance(o, (list, tuple)):
                 return [mirror(x) for x in o]
             if getattr(o, "stype", "default") != "row_sparse":
-                raise TypeError(
+                raise _kv.ArgumentTypeError(
                     "Expected row_sparse storage type for row_sparse_pull values, "
                     f"but detected storage type {getattr(o, 'stype', type(o).__name__)}"
                 )
@@ -310,7 +310,7 @@ class KVStore(_NativeKVStore):
         ``device`` store, as :meth:`kvstore.KVStore.set_gradient_compression`; on
         ``local`` MXNet's own ``Exception``."""
         if "device" not in self.type and "dist" not in self.type:
-            raise Exception("Gradient compression is not supported for this type of kvstore")
+            raise _kv.UnsupportedError("Gradient compression is not supported for this type of kvstore")
         self._kv.set_gradient_compression(compression_params)
 
     # -- updaters and optimizers -----------------------------------------------
@@ -325,7 +325,7 @@ class KVStore(_NativeKVStore):
             self._mx_optimizer = self._installed = None
             return
         if not callable(updater):
-            raise TypeError(f"an updater must be callable as fn(key, recv, stored), not a {type(updater).__name__}")
+            raise _kv.ArgumentTypeError(f"an updater must be callable as fn(key, recv, stored), not a {type(updater).__name__}")
 
         def call(key: Any, recv: Any, stored: Any) -> None:
             if isinstance(key, str):
@@ -407,7 +407,7 @@ class KVStore(_NativeKVStore):
             self._kv.save_optimizer_states(fname, dump_optimizer)
             return
         if not hasattr(self._updater, "get_states"):
-            raise TypeError("save_optimizer_states: the updater set has no get_states() (set an optimizer)")
+            raise _kv.ArgumentTypeError("save_optimizer_states: the updater set has no get_states() (set an optimizer)")
         with open(fname, "wb") as fout:
             fout.write(self._updater.get_states(dump_optimizer))
 
@@ -419,7 +419,7 @@ class KVStore(_NativeKVStore):
             self._kv.load_optimizer_states(fname)
             return
         if not hasattr(self._updater, "set_states"):
-            raise TypeError("load_optimizer_states: the updater set has no set_states() (set an optimizer)")
+            raise _kv.ArgumentTypeError("load_optimizer_states: the updater set has no set_states() (set an optimizer)")
         with open(fname, "rb") as f:
             self._updater.set_states(f.read())
 
@@ -430,7 +430,7 @@ class KVStore(_NativeKVStore):
         other is MXNet's ``ValueError``."""
         if capability.lower() == _KVStoreBase.OPTIMIZER:
             return True
-        raise ValueError("Unknown capability: {}".format(capability))
+        raise _kv.InvalidArgumentError("Unknown capability: {}".format(capability))
 
     @property
     def type(self) -> str:
@@ -509,11 +509,11 @@ class _NotInStore(Exception):
     runs MXNet's Python update instead)."""
 
 
-class _NotInStoreType(_NotInStore, TypeError):
+class _NotInStoreType(_NotInStore, _kv.ArgumentTypeError):
     """A class (of optimizer or schedule) the store does not have."""
 
 
-class _NotInStoreValue(_NotInStore, ValueError):
+class _NotInStoreValue(_NotInStore, _kv.InvalidArgumentError):
     """An optimizer or schedule whose progress cannot be carried into the store."""
 
 
@@ -594,7 +594,7 @@ def convert_optimizer(optimizer: Any, check_fresh: bool = True, scheduler_lr: Op
 def _describe(optimizer: Any, check_fresh: bool, scheduler_lr: Optional[float]) -> "_Description":
     """`optimizer` as plain data (see :func:`convert_optimizer`)."""
     if not isinstance(optimizer, _mx.optimizer.Optimizer):
-        raise TypeError(
+        raise _kv.ArgumentTypeError(
             f"set_optimizer takes an mx.optimizer.Optimizer (or a kvstore.optimizer one), not {type(optimizer).__name__}"
         )
     table = _optimizer_table()
@@ -673,7 +673,7 @@ def create(name: str = "local") -> KVStore:
     """A new store of kind `name` with MXNet's interface (what ``mx.kv.create(name)``
     returns for the registered names)."""
     if not isinstance(name, str):
-        raise TypeError("name must be a string")
+        raise _kv.ArgumentTypeError("name must be a string")
     return KVStore(name.lower())
 
 
@@ -684,7 +684,7 @@ def native_create(name: str = "local") -> Any:
     from mxnet.kvstore.kvstore import KVStore as NativeKVStore  # type: ignore
 
     if not isinstance(name, str):
-        raise TypeError("name must be a string")
+        raise _kv.ArgumentTypeError("name must be a string")
     handle = KVStoreHandle()
     check_call(_LIB.MXKVStoreCreate(c_str(name.lower()), ctypes.byref(handle)))
     return NativeKVStore(handle)

@@ -21,6 +21,7 @@ import math
 from typing import Any, Dict, Optional, Type
 
 from . import _kvstore
+from .errors import ArgumentTypeError
 from .lr_scheduler import LRScheduler
 
 __all__ = [
@@ -67,10 +68,10 @@ class Optimizer:
         if name is not None:
             self.name = name.lower()
         if not self.name:
-            raise TypeError("Optimizer needs a name: Optimizer('sgd', ...), or use a subclass such as SGD")
+            raise ArgumentTypeError("Optimizer needs a name: Optimizer('sgd', ...), or use a subclass such as SGD")
         self.lr_scheduler: Optional[LRScheduler] = kwargs.pop("lr_scheduler", None)
         if self.lr_scheduler is not None and not isinstance(self.lr_scheduler, LRScheduler):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"lr_scheduler must be a kvstore.lr_scheduler schedule, not {type(self.lr_scheduler).__name__}"
             )
         for k in _IGNORED:
@@ -89,7 +90,7 @@ class Optimizer:
                 try:
                     params[k] = float(v)  # numpy scalars
                 except (TypeError, ValueError):
-                    raise TypeError(f"{self.name}: {k} must be a number, not {type(v).__name__}") from None
+                    raise ArgumentTypeError(f"{self.name}: {k} must be a number, not {type(v).__name__}") from None
         self.params = params
         self.lr_mult: Dict[str, float] = {}
         self.wd_mult: Dict[str, float] = {}

@@ -31,6 +31,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _kvstore
+from .errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = ["RowSparseNDArray", "row_sparse_array", "zeros", "cast_storage"]
 
@@ -48,9 +49,9 @@ def _row_ids(obj: Any, what: str = "row_ids", flatten: bool = True) -> np.ndarra
     token sequences); a row-sparse array's indices must be 1-D."""
     ids = _as_numpy(obj)
     if ids.dtype == object or not (np.issubdtype(ids.dtype, np.integer) or np.issubdtype(ids.dtype, np.floating)):
-        raise TypeError(f"{what} must be integers, not an array of {ids.dtype}")
+        raise ArgumentTypeError(f"{what} must be integers, not an array of {ids.dtype}")
     if ids.ndim > 1 and not flatten:
-        raise ValueError(f"{what} must be 1-D, not of shape {ids.shape}")
+        raise InvalidArgumentError(f"{what} must be 1-D, not of shape {ids.shape}")
     return np.ascontiguousarray(ids.reshape(-1).astype(np.int64))
 
 
@@ -169,9 +170,9 @@ def zeros(stype: str, shape: Any, dtype: Any = None) -> Any:
     if stype == "default":
         return np.zeros(shape, dtype)
     if stype != "row_sparse":
-        raise ValueError(f"storage type {stype!r} is not supported: use 'row_sparse' or 'default'")
+        raise InvalidArgumentError(f"storage type {stype!r} is not supported: use 'row_sparse' or 'default'")
     if not shape:
-        raise ValueError("a row-sparse array has at least one dimension (its rows)")
+        raise InvalidArgumentError("a row-sparse array has at least one dimension (its rows)")
     return RowSparseNDArray(np.zeros((0,) + shape[1:], dtype), np.zeros(0, np.int64), shape)
 
 
@@ -179,14 +180,14 @@ def cast_storage(array: Any, stype: str) -> Any:
     """`array` in storage `stype`: ``"default"`` (a dense numpy array) or
     ``"row_sparse"`` (the rows with a non-zero element). Always a new array."""
     if stype not in ("default", "row_sparse"):
-        raise ValueError(f"storage type {stype!r} is not supported: use 'row_sparse' or 'default'")
+        raise InvalidArgumentError(f"storage type {stype!r} is not supported: use 'row_sparse' or 'default'")
     if isinstance(array, RowSparseNDArray):
         return array.asnumpy() if stype == "default" else array.copy()
     dense = _as_numpy(array)
     if stype == "default":
         return np.array(dense)
     if dense.ndim == 0:
-        raise ValueError("a row-sparse array has at least one dimension (its rows)")
+        raise InvalidArgumentError("a row-sparse array has at least one dimension (its rows)")
     rows = np.flatnonzero(dense.reshape(dense.shape[0], -1).any(axis=1)) if dense.shape[0] else np.zeros(0, np.int64)
     return RowSparseNDArray(np.ascontiguousarray(dense[rows]), rows.astype(np.int64), dense.shape)
 
@@ -234,7 +235,7 @@ def _pull_plan(key: Any, out: Any, row_ids: Any) -> List[Tuple[Any, List[RowSpar
         outs = list(o) if _is_list(o) else [o]
         for x in outs:
             if not isinstance(x, RowSparseNDArray):
-                raise TypeError(
+                raise ArgumentTypeError(
                     f"row_sparse_pull writes row-sparse outs (kvstore.sparse.zeros('row_sparse', shape)), not a "
                     f"{type(x).__name__}: a dense array is filled by pull"
                 )
@@ -260,7 +261,7 @@ def _row_sparse_pull(store: Any, key: Any, out: Any, priority: int, row_ids: Any
     """``KVStore.row_sparse_pull``: every pull is made, and checked against its out,
     before any out changes."""
     if out is None or row_ids is None:
-        raise ValueError("row_sparse_pull needs out= (row-sparse arrays) and row_ids=")
+        raise InvalidArgumentError("row_sparse_pull needs out= (row-sparse arrays) and row_ids=")
     results = []
     for k, outs, ids in _pull_plan(key, out, row_ids):
         for o, i in zip(outs, ids):
