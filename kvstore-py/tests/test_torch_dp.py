@@ -205,6 +205,27 @@ def test_bad_arguments():
         kvt.DataParallel(mlp(), kv.create("local"), optimizer=optimizer.SGD(learning_rate=0.1))
 
 
+@pytest.mark.parametrize("mode", ["sum", "optimizer"])
+def test_a_non_contiguous_parameter_is_refused_by_name_with_what_to_do(mode):
+    model = mlp()
+    with torch.no_grad():
+        # The same values, stored transposed (as after a .t() of a weight).
+        model[2].weight = torch.nn.Parameter(model[2].weight.detach().t().contiguous().t())
+    assert not model[2].weight.is_contiguous()
+    store = kv.create("local")
+    opt = optimizer.SGD(learning_rate=0.1) if mode == "optimizer" else None
+    with pytest.raises(kv.InvalidArgumentError, match=r"parameter 2\.weight is not contiguous") as e:
+        kvt.DataParallel(model, store, mode=mode, optimizer=opt)
+    assert isinstance(e.value, ValueError) and ".contiguous()" in str(e.value)
+    assert store.keys() == []  # refused before any key was made
+    # What the message says to do.
+    with torch.no_grad():
+        model.get_parameter("2.weight").data = model.get_parameter("2.weight").data.contiguous()
+    dp = kvt.DataParallel(model, store, mode=mode, optimizer=opt)
+    loss_of(dp, 0).backward()
+    dp.step(None if mode == "optimizer" else torch.optim.SGD(model.parameters(), lr=0.1))
+
+
 @pytest.mark.parametrize("set_to_none", [False, True])
 def test_zeroing_the_gradients_before_synchronize_is_an_error(set_to_none):
     model = mlp()

@@ -98,13 +98,15 @@ class DataParallel:
         key_prefix: str = "",
     ) -> None:
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+            raise _kv.InvalidArgumentError(f"mode must be one of {MODES}, not {mode!r}")
         if mode == "sum" and optimizer is not None:
-            raise ValueError('mode="sum" runs the caller\'s torch optimizer: pass optimizer only with mode="optimizer"')
+            raise _kv.InvalidArgumentError(
+                'mode="sum" runs the caller\'s torch optimizer: pass optimizer only with mode="optimizer"'
+            )
         if mode == "sum" and store.optimizer is not None:
-            raise ValueError(f'mode="sum" needs a store with no optimizer (it has {store.optimizer!r})')
+            raise _kv.InvalidArgumentError(f'mode="sum" needs a store with no optimizer (it has {store.optimizer!r})')
         if mode == "optimizer" and optimizer is None and store.optimizer is None:
-            raise ValueError('mode="optimizer" needs a kvstore.optimizer optimizer (optimizer=...)')
+            raise _kv.InvalidArgumentError('mode="optimizer" needs a kvstore.optimizer optimizer (optimizer=...)')
         self.module = module
         self.store = store
         self.mode = mode
@@ -112,7 +114,15 @@ class DataParallel:
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         for name, p in named:
             if p.device.type != "cpu":
-                raise TypeError(f"parameter {name} is on {p.device}: only CPU tensors are supported")
+                raise _kv.ArgumentTypeError(f"parameter {name} is on {p.device}: only CPU tensors are supported")
+            if not p.is_contiguous():
+                # The store reads and writes each parameter in place, as one block.
+                raise _kv.InvalidArgumentError(
+                    f"parameter {name} is not contiguous (shape {tuple(p.shape)}, strides {p.stride()}): the "
+                    "store reads and writes every parameter in place, as one block of memory; make it contiguous "
+                    f"before wrapping the model (p = module.get_parameter({name!r}); p.data = p.data.contiguous()), "
+                    "or leave it out of the synchronization (p.requires_grad_(False))"
+                )
         self._names: List[str] = [n for n, _ in named]
         self._params: List[Any] = [p for _, p in named]
         self._keys: List[str] = [key_prefix + n for n in self._names]
@@ -160,7 +170,7 @@ class DataParallel:
         p = self._params[i]
         grad = p.grad
         if grad.device.type != "cpu" or grad.layout != _torch.strided:
-            raise TypeError(f"the gradient of {self._names[i]} is not a dense CPU tensor")
+            raise _kv.ArgumentTypeError(f"the gradient of {self._names[i]} is not a dense CPU tensor")
         if not grad.is_contiguous():
             p.grad = grad = grad.contiguous()
         # copy=False: read (and in "sum" mode written) in place; p.grad must not change
@@ -229,7 +239,9 @@ class DataParallel:
         self.synchronize()
         if optimizer is not None:
             if self.mode == "optimizer":
-                raise ValueError('mode="optimizer": the store runs the optimizer; call step() with no argument')
+                raise _kv.InvalidArgumentError(
+                    'mode="optimizer": the store runs the optimizer; call step() with no argument'
+                )
             optimizer.step()
 
     def remove_hooks(self) -> None:
