@@ -585,12 +585,15 @@ impl PyStore {
 }
 
 /// A non-blocking push's values as the call reads them: private copies (`copy`), or
-/// the caller's own arrays, which must then not change until the call is done.
+/// the caller's own arrays, which must then not change until the call is done. The
+/// copies count toward the store's bound on copied bytes (`max_copied_bytes`) until
+/// the call is done with them, so a loop that pushes faster than the store runs the
+/// calls waits instead of holding ever more copies.
 fn private(arrays: Arrays, copy: bool) -> PyResult<Arrays> {
     if !copy {
         return Ok(arrays);
     }
-    let dup = |a: &NDArray| a.deep_copy().map_err(to_py);
+    let dup = |a: &NDArray| a.copy_for_queued_call().map_err(to_py);
     Ok(match arrays {
         Arrays::One(a) => Arrays::One(dup(&a)?),
         Arrays::Many(v) => Arrays::Many(v.iter().map(dup).collect::<PyResult<_>>()?),

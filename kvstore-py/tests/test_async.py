@@ -186,3 +186,42 @@ def test_memory_stays_bounded_over_100000_calls():
         store.push_async("b", v).result()
     grown = rss_mib() - start
     assert grown < 16, f"RSS grew by {grown:.1f} MiB over 100,000 calls"
+
+
+COPIES = """
+import resource, time
+import numpy as np
+import kvstore as kv
+
+store = kv.create("local")
+store.init("w", np.zeros(1 << 17))  # 1 MiB of float64
+
+def update(key, recv, stored):
+    time.sleep(0.002)
+    stored += recv
+
+store.set_updater(update)
+g = np.ones(1 << 17)
+start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+futures = [store.push_async("w", g) for _ in range(400)]
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for f in futures:
+    f.result()
+print((peak - start) / 1024, float(store.pull("w")[0]))
+"""
+
+
+def test_the_copies_of_queued_push_async_calls_are_bounded_by_max_copied_bytes():
+    # 400 pushes of 1 MiB, each copied when made, faster than a 2 ms updater takes
+    # them: the copies of queued calls count toward the store's bound (here 16 MiB),
+    # so making calls waits while they hold it (they took 400 MiB before).
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, KVSTORE_MAX_COPIED_BYTES=str(16 << 20))
+    done = subprocess.run([sys.executable, "-c", COPIES], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    grown, value = map(float, done.stdout.split())
+    assert value == 400.0
+    assert grown < 100, f"RSS grew by {grown:.0f} MiB while 400 MiB of pushes were queued"

@@ -239,9 +239,11 @@ class KVStore(_kvstore.KVStore):
     def push_async(self, key: Any, value: Any, priority: int = 0, copy: bool = True) -> Future:
         """``push``, non-blocking: returns a :class:`Future` at once.
 
-        By default the values are copied now, so the caller may change them at once.
-        With ``copy=False`` they are read in place, later: they must then not change
-        until the future is done (as PyTorch's ``non_blocking`` copies require).
+        By default the values are copied now, so the caller may change them at once;
+        while the copies of queued calls hold 256 MiB (``KVSTORE_MAX_COPIED_BYTES``),
+        the call first waits for earlier calls to finish. With ``copy=False`` they are
+        read in place, later: they must then not change until the future is done (as
+        PyTorch's ``non_blocking`` copies require).
         Calls of one store take effect in the order they were made.
         """
         return Future(self._push_async(key, value, priority, copy))
