@@ -117,16 +117,18 @@ fn park_for_good() -> ! {
     }
 }
 
-/// Called by the package's exit hook once every store's calls are done: closes the
-/// gate, then waits (the GIL released) until no thread is inside it. The store's
+/// Called by the package's exit hook once every store's calls are done: waits for
+/// their callbacks, closes the gate, then waits (the GIL released) until no thread
+/// is inside it. The store's
 /// threads stay out of Python from now on.
 #[pyfunction]
 pub(crate) fn _exiting(py: Python<'_>) {
     *EXIT_THREAD.lock() = Some(std::thread::current().id());
-    EXITING.store(true, Ordering::SeqCst);
-    // The threads inside finish what they run in Python (an updater, a callback); the
-    // GIL is theirs meanwhile.
+    // The callbacks of the calls done so far run first; then the threads inside finish
+    // what they run in Python (an updater, a callback). The GIL is theirs meanwhile.
     py.detach(|| {
+        crate::pending::wait_for_callbacks();
+        EXITING.store(true, Ordering::SeqCst);
         while INSIDE.load(Ordering::SeqCst) != 0 {
             std::thread::sleep(std::time::Duration::from_micros(200));
         }

@@ -1,7 +1,14 @@
 //! The handle of a non-blocking call (`kvstore._kvstore.Pending`), under the package's
 //! `kvstore.Future`: waited for with the GIL released, from any number of threads,
 //! and with callbacks run once the call is done.
+//!
+//! Callbacks run on the package's callback thread (`kvstore-py-callbacks`), in the
+//! order their calls finished, never on the store's threads: a callback may wait for
+//! any call (a later one of its own store) or make blocking calls, which on the
+//! thread of the store's engine that finished the call would wait for that engine's
+//! own calls. (Java's futures are completed off the store's threads too.)
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -53,15 +60,76 @@ impl Inner {
         }
     }
 
-    /// Records the result, wakes the waiters and runs the callbacks (with the GIL).
+    /// Records the result, wakes the waiters and hands the callbacks to the callback
+    /// thread.
     fn finish(&self, result: Result<(), Error>) {
         *self.state.lock() = State::Done(result);
         self.changed.notify_all();
         let callbacks = std::mem::take(&mut *self.callbacks.lock());
         if !callbacks.is_empty() {
-            // Not when the interpreter is exiting: the callbacks are dropped unrun.
-            let _ = crate::attach(|py| run_callbacks(py, callbacks));
+            call_later(callbacks);
         }
+    }
+}
+
+/// The callbacks of finished calls not run yet, for the callback thread.
+struct Callbacks {
+    lists: VecDeque<Vec<Py<PyAny>>>,
+    /// Lists queued so far, and lists run (or dropped at exit) so far.
+    queued: u64,
+    ran: u64,
+    started: bool,
+}
+
+static CALLBACKS: Mutex<Callbacks> =
+    Mutex::new(Callbacks { lists: VecDeque::new(), queued: 0, ran: 0, started: false });
+/// Signalled when lists are queued (for the callback thread) and when they ran.
+static QUEUED: Condvar = Condvar::new();
+static RAN: Condvar = Condvar::new();
+
+/// Runs `callbacks` on the callback thread (started by the first call), or here if
+/// it cannot start.
+fn call_later(callbacks: Vec<Py<PyAny>>) {
+    let mut q = CALLBACKS.lock();
+    if !q.started {
+        let started = std::thread::Builder::new().name("kvstore-py-callbacks".to_string()).spawn(callback_thread);
+        if started.is_err() {
+            drop(q);
+            let _ = crate::attach(|py| run_callbacks(py, callbacks));
+            return;
+        }
+        q.started = true;
+    }
+    q.lists.push_back(callbacks);
+    q.queued += 1;
+    drop(q);
+    QUEUED.notify_one();
+}
+
+/// The callback thread: runs the queued lists, in order, with the GIL.
+fn callback_thread() {
+    loop {
+        let mut q = CALLBACKS.lock();
+        while q.lists.is_empty() {
+            QUEUED.wait(&mut q);
+        }
+        let lists: Vec<_> = q.lists.drain(..).collect();
+        drop(q);
+        let n = lists.len() as u64;
+        // Not when the interpreter is exiting: the callbacks are dropped unrun.
+        let _ = crate::attach(|py| lists.into_iter().for_each(|cbs| run_callbacks(py, cbs)));
+        CALLBACKS.lock().ran += n;
+        RAN.notify_all();
+    }
+}
+
+/// Waits until the callbacks queued so far have run: what the exit waits for before
+/// the store's threads stay out of Python. Called with the GIL released.
+pub(crate) fn wait_for_callbacks() {
+    let mut q = CALLBACKS.lock();
+    let queued = q.queued;
+    while q.ran < queued {
+        RAN.wait(&mut q);
     }
 }
 
@@ -169,8 +237,8 @@ impl Pending {
         }
     }
 
-    /// Calls `callback()` once the call is done: at once if it is, else on the thread
-    /// that finishes it.
+    /// Calls `callback()` once the call is done: at once if it is, else on the
+    /// callback thread.
     fn add_done_callback(&self, py: Python<'_>, callback: Py<PyAny>) {
         let mut st = self.inner.state.lock();
         match std::mem::replace(&mut *st, State::Busy) {

@@ -82,6 +82,35 @@ def test_result_times_out_while_the_call_runs_and_callbacks_run_once_done():
     assert late == [fut], "a callback added after the call is done runs at once"
 
 
+def test_a_done_callback_may_wait_for_a_later_future_and_make_blocking_calls():
+    # Callbacks run where they cannot hold the store up: one that waits for a later
+    # call of its store (one with a callback of its own, or not) or makes a blocking
+    # call gets its result (it deadlocked, or failed, on the store's thread).
+    store = slow_store(0.05)
+    store.init("v", f32(0))
+    first = store.push_async("w", f32(1))
+    later = store.push_async("w", f32(1))
+    hooked = store.push_async("w", f32(1))
+    hooked.add_done_callback(lambda f: None)
+    seen = []
+    done = threading.Event()
+
+    def waits(f):
+        try:
+            later.result(5)
+            hooked.result(5)
+            store.push("w", f32(1))
+            seen.append(store.pull("v")[0])
+        except Exception as e:  # recorded: the assertion shows it
+            seen.append(e)
+        done.set()
+
+    first.add_done_callback(waits)
+    assert done.wait(30)
+    assert seen == [0.0]
+    store.wait_all()
+
+
 def test_several_threads_wait_for_one_future():
     store = slow_store(0.2)
     fut = store.push_async("w", f32(1))

@@ -149,7 +149,9 @@ class Future:
 
     def add_done_callback(self, fn: Callable[["Future"], Any]) -> None:
         """Calls ``fn(self)`` once the call is done: at once if it is, else on the
-        store's thread that finishes it (with the GIL)."""
+        package's callback thread (with the GIL), in the order the calls finished. The
+        store's threads go on meanwhile: `fn` may wait for other futures (a later call
+        of the same store) or make blocking calls."""
         self._native.add_done_callback(lambda: fn(self))
 
     def __await__(self) -> Generator[Any, None, None]:
