@@ -9,6 +9,10 @@ every rank must end with the same bits, and with the weights of one process that
 trains on both ranks' shards over as many devices with a `device` store: this store's
 (kvstore.mxnet) and MXNet's own.
 
+Also, through dist/dropin_worker.py: a user's own MXNet optimizer over dist_sync (run as
+MXNet's Python updater on every worker: the same bits on both ranks, and as one MXNet
+process), and gluon's Trainer over dist_async.
+
 Exactness, and why:
 - One device per rank: each step's gradient is the sum of two values, and a + b ==
   b + a in float32, so the dist sum is the bits of the one process's sum. Against this
@@ -152,3 +156,33 @@ def test_two_devices_per_rank(update_on_kvstore):
         expected = reference(update_on_kvstore, 3, 4, store)
         np.testing.assert_allclose(ranks[0], expected, rtol=0, atol=1e-6, err_msg=store)
     assert np.abs(ranks[0] - initial_weights()).max() > 1e-2
+
+
+# kvstore.mxnet's dist kinds beyond gluon's dist_sync: kvstore-py/tests/dist/dropin_worker.py.
+DROPIN = pathlib.Path(__file__).resolve().parent / "dist" / "dropin_worker.py"
+
+
+def dropin(mode):
+    out = OUT / mode
+    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2", "-x", "OMP_NUM_THREADS"]
+    done = run(cmd + [sys.executable, str(DROPIN), mode, str(out)], 180)
+    assert done.stdout.count(": done") == 2, done.stdout
+    return out
+
+
+def test_a_users_own_optimizer_runs_on_every_dist_sync_worker_as_in_one_mxnet_process():
+    # MXNet runs any optimizer; the store runs one it does not have as MXNet's Python
+    # updater on every worker, on the same sums in the same order.
+    out = dropin("custom_sync")
+    ranks = [np.load(f"{out}.{r}.npy") for r in range(2)]
+    assert_bits(ranks[0], ranks[1], "rank 0 against rank 1")
+    ref = OUT / "custom_reference"
+    run([sys.executable, str(DROPIN), "custom_reference", str(ref)], 120)
+    assert_bits(ranks[0], np.load(f"{ref}.npy"), "dist_sync against MXNet's own store in one process")
+
+
+def test_gluon_trains_through_the_drop_ins_dist_async():
+    out = dropin("gluon_async")
+    expected = np.load(f"{out}.expected.npy")
+    for r in range(2):
+        assert_bits(np.load(f"{out}.{r}.npy"), expected, f"rank {r}: every push applied once")
