@@ -57,6 +57,7 @@ BAD_INPUT = {
     "a_read_only_out": (lambda s: s.pull(3, out=read_only(f32())), ValueError, r"out is read-only"),
     "compression_not_a_dict": (lambda s: s.set_gradient_compression(3), TypeError, r"takes a dict"),
     "create_with_an_int": (lambda s: kv.create(3), TypeError, r"name must be a str"),
+    "set_updater_not_a_function": (lambda s: s.set_updater(3), TypeError, r"set_updater takes a function"),
     "set_optimizer_a_str": (lambda s: s.set_optimizer("sgd"), TypeError, r"kvstore.optimizer optimizer"),
     "an_optimizer_with_no_name": (lambda s: optimizer.Optimizer(), TypeError, r"needs a name"),
     "a_learning_rate_not_a_number": (

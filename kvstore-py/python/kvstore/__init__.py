@@ -214,6 +214,10 @@ class KVStore(_kvstore.KVStore):
         push fails with :class:`BackendError` (the exception is its ``__cause__``) and
         the key keeps its value.
         """
+        if updater is not None and not callable(updater):
+            raise ArgumentTypeError(
+                f"set_updater takes a function fn(key, recv, stored) (or None), not a {type(updater).__name__}"
+            )
         self._set_updater(updater)
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> None:
