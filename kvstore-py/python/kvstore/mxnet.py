@@ -159,6 +159,11 @@ def _values(obj: Any) -> Any:
     return convert(obj)
 
 
+class _NotRowSparseOut(_kv.ArgumentTypeError, _mx.base.MXNetError):
+    """A dense out given to ``row_sparse_pull``: MXNet's ``MXNetError`` (which its
+    code catches) and the package's ``ArgumentTypeError``."""
+
+
 def _pairs(key: Any, out: Any) -> List[Tuple[Any, Any]]:
     """A call's (key, array) pairs in MXNet's forms (``_ctype_key_value``): one key and
     an array or a list of them; a list of keys, each with an array or a list."""
@@ -281,7 +286,7 @@ class KVStore(_NativeKVStore):
             if isinstance(o, (list, tuple)):
                 return [mirror(x) for x in o]
             if getattr(o, "stype", "default") != "row_sparse":
-                raise _kv.ArgumentTypeError(
+                raise _NotRowSparseOut(
                     "Expected row_sparse storage type for row_sparse_pull values, "
                     f"but detected storage type {getattr(o, 'stype', type(o).__name__)}"
                 )
