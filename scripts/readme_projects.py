@@ -10,6 +10,16 @@ line before a fenced code block:
     <!-- run: lein -->                  the block is shell commands, run in the folder lein
     <!-- prints: lein -->               each line of the block must be printed by the
                                         run block(s) of lein before it (a check)
+    <!-- program: rs-guide -->          the block (```rust, ```python, ```java or
+                                        ```clojure) is a whole program, run in the
+                                        folder rs-guide the way its language's
+                                        quickstart in the README runs one (PROGRAMS);
+                                        a prints block of rs-guide checks its output
+
+A program's folder is made for it: Rust gets src/main.rs and a Cargo.toml that depends
+on kvstore-core (the README's Rust quickstart's); Python runs with the venv of the
+README's Python quickstart (its folder `python`, made before); Java is compiled and run
+against target/kvstore.jar, Clojure run with it, as the README's quickstarts do.
 
 Usage: readme_projects.py OUT_DIR ROOT DOCUMENT.md...
 Writes every file under OUT_DIR (with /path/to/kvstore replaced by ROOT, the clone the
@@ -23,12 +33,42 @@ import pathlib
 import re
 import sys
 
-MARK = re.compile(r"^<!-- (file|run|prints): (\S+) -->$")
+MARK = re.compile(r"^<!-- (file|run|prints|program): (\S+) -->$")
 CLONE = "/path/to/kvstore"
+JAR = f"{CLONE}/target/kvstore.jar"
+CLOJURE_CP = f"{JAR}:/usr/share/java/clojure.jar:/usr/share/java/spec.alpha.jar:/usr/share/java/core.specs.alpha.jar"
+CARGO_TOML = f"""[package]
+name = "{{name}}"
+version = "0.1.0"
+edition = "2024"
+rust-version = "1.95"
+
+[dependencies]
+kvstore-core = {{{{ path = "{CLONE}/kvstore-core" }}}}
+"""
+
+
+def java_class(text):
+    m = re.search(r"^public class (\w+)", text, re.M)
+    if not m:
+        sys.exit("readme_projects.py: a Java program needs a `public class`")
+    return m.group(1)
+
+
+# By the block's language: (the files of the program's folder, the commands that run it).
+PROGRAMS = {
+    "rust": lambda name, text: ({"src/main.rs": text, "Cargo.toml": CARGO_TOML.format(name=name)}, "cargo run -q\n"),
+    "python": lambda name, text: ({"main.py": text}, "../python/venv/bin/python main.py\n"),
+    "java": lambda name, text: (
+        {f"{java_class(text)}.java": text},
+        f"javac -cp {JAR} {java_class(text)}.java\njava -cp {JAR}:. {java_class(text)}\n",
+    ),
+    "clojure": lambda name, text: ({"main.clj": text}, f"java -cp {CLOJURE_CP} clojure.main main.clj\n"),
+}
 
 
 def blocks(lines):
-    """(kind, name, text) for every marked block, in order."""
+    """(kind, name, language, text) for every marked block, in order."""
     i = 0
     while i < len(lines):
         m = MARK.match(lines[i].strip())
@@ -37,6 +77,7 @@ def blocks(lines):
             continue
         if i >= len(lines) or not lines[i].startswith("```"):
             sys.exit(f"readme_projects.py: line {i}: a {m.group(1)} mark must stand right before a ``` block")
+        language = lines[i][3:].strip().split(",")[0]
         i += 1
         body = []
         while i < len(lines) and not lines[i].startswith("```"):
@@ -45,7 +86,7 @@ def blocks(lines):
         if i >= len(lines):
             sys.exit(f"readme_projects.py: the block after line {i} never ends")
         i += 1
-        yield m.group(1), m.group(2), "\n".join(body) + "\n"
+        yield m.group(1), m.group(2), language, "\n".join(body) + "\n"
 
 
 def main():
@@ -56,12 +97,23 @@ def main():
     n = 0
     for document in documents:
         lines = pathlib.Path(document).read_text(encoding="utf-8").splitlines()
-        for kind, name, text in blocks(lines):
+        for kind, name, language, text in blocks(lines):
             n += 1
             text = text.replace(CLONE, root)
             if ".." in pathlib.PurePosixPath(name).parts or name.startswith("/"):
                 sys.exit(f"readme_projects.py: {document}: {kind} {name}: not a relative path")
-            if kind == "file":
+            if kind == "program":
+                if language not in PROGRAMS:
+                    sys.exit(f"readme_projects.py: {document}: program {name}: no way to run ```{language}")
+                files, run = PROGRAMS[language](name, text)
+                for file, content in files.items():
+                    path = out / name / file
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(content.replace(CLONE, root), encoding="utf-8")
+                step = out / f".step-{n}-run"
+                step.write_text(run.replace(CLONE, root), encoding="utf-8")
+                steps.append(f"run\t{name}\t{step}")
+            elif kind == "file":
                 path = out / name
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text, encoding="utf-8")
