@@ -7,7 +7,9 @@
   comparing what it prints with the document's `prints` block), or it is listed in
   NOT_RUN below with the reason it cannot run there. Every program has a `prints`
   block, and so has every project folder that runs, unless NO_PRINTS names it.
-- scripts/test-user-projects.sh hands every document to readme_projects.py.
+- scripts/test-user-projects.sh hands every document to readme_projects.py, and
+  tests/src/lib.rs doc-tests every document with Rust blocks (rustdoc compiles them
+  all, and runs those not marked `ignore`).
 - Every shell block with an `mpirun` line says, in it or in the lines just before it,
   what to add as root (`--allow-run-as-root`) and with more ranks than cores
   (`--oversubscribe`): the two ways a pasted line fails first.
@@ -111,6 +113,14 @@ def check_user_projects_reads_every_document(problems):
         problems.append("scripts/test-user-projects.sh: readme_projects.py must be given README.md docs/*.md")
 
 
+def check_rust_doc_tests_include_every_guide(problems):
+    lib = (ROOT / "tests/src/lib.rs").read_text(encoding="utf-8")
+    for doc in documents():
+        name = doc.relative_to(ROOT).as_posix()
+        if any(lang == "rust" for _, lang, *_ in blocks(doc)) and f'include_str!("../../{name}")' not in lib:
+            problems.append(f"{name}: has Rust blocks, but tests/src/lib.rs does not doc-test it")
+
+
 def check_differences_count(problems):
     items = re.findall(r"^\d+\. \*\*", (ROOT / "docs/mxnet-differences.md").read_text(encoding="utf-8"), re.M)
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -131,6 +141,9 @@ def check_stale(problems):
 
 def main():
     problems = []
+    check_blocks(problems)
+    check_user_projects_reads_every_document(problems)
+    check_rust_doc_tests_include_every_guide(problems)
     check_differences_count(problems)
     check_stale(problems)
     for p in problems:

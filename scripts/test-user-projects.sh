@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Uses kvstore from a user's own project, the way README.md and the guides say, with
-# no network: scripts/readme_projects.py writes their project files (the README's
-# quickstarts in Clojure, Java, Rust and Python; deps.edn, Leiningen and Maven from
-# docs/projects.md; the Rust GPU and dist_sync programs of docs/gpus.md and
-# docs/dist-sync.md, the latter under mpirun -np 2) into a
-# temporary folder and runs their commands there, in order (`make install` first),
-# checking that each prints what the document shows. Then the
+# no network: scripts/readme_projects.py writes the projects and programs of README.md
+# and of every guide under docs/ (the README's quickstarts in Clojure, Java, Rust and
+# Python; deps.edn, Leiningen and Maven from docs/projects.md; each guide's programs in
+# the four languages; the Rust GPU, dist_sync and dist_async programs, the last two
+# under mpirun -np 2) into a temporary folder and runs their commands there, in order
+# (`make install` first), checking that each prints what the document shows
+# (scripts/check_docs.py checks that every program block is among them). Then the
 # checks no README block can make: `lein repl :headless` answers an nREPL client, and
 # the uberjar runs from another folder.
 #
@@ -56,7 +57,7 @@ export JAVA_TOOL_OPTIONS="-Duser.home=$HOME -Djava.io.tmpdir=$tmp/java-tmp"
 mkdir -p "$HOME" "$tmp/java-tmp"
 projects=$tmp/projects
 
-if ! python3 scripts/readme_projects.py "$projects" "$root" README.md docs/projects.md docs/nonblocking.md docs/gpus.md docs/dist-sync.md >"$logs/user-projects-extract.log" 2>&1; then
+if ! python3 scripts/readme_projects.py "$projects" "$root" README.md docs/*.md >"$logs/user-projects-extract.log" 2>&1; then
     fail readme-blocks "$logs/user-projects-extract.log"
     echo "user-projects: $passed passed, $failed failed"
     exit 1

@@ -33,6 +33,8 @@ pub mod guides {
     pub struct Gpus;
     #[doc = include_str!("../../docs/dist-sync.md")]
     pub struct DistSync;
+    #[doc = include_str!("../../docs/dist-async.md")]
+    pub struct DistAsync;
     #[doc = include_str!("../../docs/compression.md")]
     pub struct Compression;
     #[doc = include_str!("../../docs/row-sparse.md")]
