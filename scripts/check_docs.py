@@ -15,6 +15,8 @@
   (`--oversubscribe`): the two ways a pasted line fails first.
 - The README's count of deliberate differences from MXNet is the number of items
   docs/mxnet-differences.md lists.
+- docs/python.md shows how to install the kvstore-mpi wheel, where the error of a
+  `dist_*` kind without MPI sends Python users.
 - Claims that were once true and are not: `dist_async` unsupported, the JVM finalising
   MPI at exit.
 
@@ -44,6 +46,13 @@ NO_PRINTS = {
 NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
            "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
            "eighteen", "nineteen", "twenty"]
+
+# (document, text, why) for what a document must say: where an error sends its reader.
+REQUIRED = [
+    ("docs/python.md", "make -C /path/to/kvstore python FEATURES=mpi",
+     "the error of a dist kind in the kvstore wheel sends Python users here for the kvstore-mpi wheel"),
+    ("docs/python.md", "pip install /path/to/kvstore/target/wheels/kvstore_mpi-", "the same: how to install it"),
+]
 
 # (document, pattern, why it is wrong) for claims that must not come back.
 STALE = [
@@ -132,6 +141,12 @@ def check_differences_count(problems):
             problems.append(f"README.md: \"{word} deliberate fixes\", but docs/mxnet-differences.md lists {len(items)}")
 
 
+def check_required(problems):
+    for doc, text, why in REQUIRED:
+        if text not in (ROOT / doc).read_text(encoding="utf-8"):
+            problems.append(f"{doc}: does not say {text!r}: {why}")
+
+
 def check_stale(problems):
     for doc, pattern, why in STALE:
         text = re.sub(r"\s+", " ", (ROOT / doc).read_text(encoding="utf-8"))
@@ -145,6 +160,7 @@ def main():
     check_user_projects_reads_every_document(problems)
     check_rust_doc_tests_include_every_guide(problems)
     check_differences_count(problems)
+    check_required(problems)
     check_stale(problems)
     for p in problems:
         print(p)
