@@ -164,6 +164,11 @@ class _NotRowSparseOut(_kv.ArgumentTypeError, _mx.base.MXNetError):
     code catches) and the package's ``ArgumentTypeError``."""
 
 
+class _DistIgnoreSparse(_kv.UnsupportedError, _mx.base.MXNetError):
+    """``pull(..., ignore_sparse=False)`` on a ``dist`` store: MXNet's ``MXNetError``
+    and the package's ``UnsupportedError``."""
+
+
 def _pairs(key: Any, out: Any) -> List[Tuple[Any, Any]]:
     """A call's (key, array) pairs in MXNet's forms (``_ctype_key_value``): one key and
     an array or a list of them; a list of keys, each with an array or a list."""
@@ -228,8 +233,11 @@ class KVStore(_NativeKVStore):
 
         A row-sparse out is left as it was (MXNet's ``ignore_sparse=True``: pull its
         rows with ``row_sparse_pull``); with ``ignore_sparse=False`` it becomes the
-        key's whole value, its non-zero rows stored."""
+        key's whole value, its non-zero rows stored. A ``dist`` store refuses
+        ``ignore_sparse=False``, as MXNet's does."""
         assert out is not None, "pull needs out= (the arrays to write), as MXNet's pull does"
+        if not ignore_sparse and "dist" in self.type:
+            raise _DistIgnoreSparse("dist kvstore pull doesn't support ignore_sparse=False")
         _check_arrays(out)
         if not _has_row_sparse(out):
             self._kv.pull(key, out=out, priority=priority, ignore_sparse=ignore_sparse)

@@ -4,7 +4,7 @@
 with an optimizer of the user's own (an `mx.optimizer.Optimizer` subclass registered
 with MXNet, with a per-key state), which the store runs as MXNet's Python updater on
 every worker; each rank pushes its own gradients for STEPS steps, then writes the
-weights it pulls to OUT.<rank>.npy.
+weights it pulls to OUT.<rank>.npy. A pull with ignore_sparse=False is MXNet's error.
 
 `dropin_worker.py custom_reference OUT` (one process, no MPI): the same pushes through
 MXNet's own `local` store, each step's two ranks' gradients pushed as one list from two
@@ -74,6 +74,13 @@ def custom_sync(out: str) -> None:
     outs = [mx.nd.zeros(SHAPES[k]) for k in keys]
     kv.pull(keys, out=outs)
     np.save(f"{out}.{rank}.npy", np.concatenate([o.asnumpy().ravel() for o in outs]))
+    # As MXNet's dist stores: pull with ignore_sparse=False is refused.
+    try:
+        kv.pull(keys[0], out=mx.nd.zeros(SHAPES[0]).tostype("row_sparse"), ignore_sparse=False)
+    except mx.base.MXNetError as e:
+        assert "doesn't support ignore_sparse=False" in str(e), str(e)
+    else:
+        raise AssertionError("a dist store's pull took ignore_sparse=False")
     kv._barrier()
     print(f"rank {rank}: done")
 
