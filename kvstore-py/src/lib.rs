@@ -68,6 +68,10 @@ fn _check_optimizer_json(json: &str) -> PyResult<()> {
 /// Ends MPI for a `dist_sync` job (every rank, after its last call); nothing without.
 #[pyfunction]
 fn _finalize(py: Python<'_>) -> PyResult<()> {
+    // A forked child's MPI job is its parent's: nothing to end here.
+    if lifecycle::forked() {
+        return Ok(());
+    }
     detach(py, kvstore_mpi::finalize).map_err(errors::to_py)
 }
 
@@ -83,6 +87,7 @@ fn _kvstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_register_gpu, m)?)?;
     m.add_function(wrap_pyfunction!(_finalize, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::_exiting, m)?)?;
+    m.add_function(wrap_pyfunction!(lifecycle::_forked, m)?)?;
     m.add_function(wrap_pyfunction!(store::_time_calls_from_rust, m)?)?;
     m.add_function(wrap_pyfunction!(_check_optimizer_json, m)?)?;
     Ok(())

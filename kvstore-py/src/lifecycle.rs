@@ -17,6 +17,13 @@
 //!   the exit itself, which finalization needs.
 //!
 //! A thread already inside the gate (an updater that makes a store call) passes again.
+//!
+//! After `fork()` only the forking thread lives on in the child: the stores' engine
+//! threads, the reduction pool and the callback thread do not exist there, and a lock
+//! another thread held stays held. So in a child of a process that made stores (the
+//! package's `os.register_at_fork` hook calls `_forked`) every store call, `create`
+//! included, fails at once with [`fork_error`] and touches nothing of the store; the
+//! stores and handles the child inherited are never dropped, only forgotten.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -27,6 +34,10 @@ use pyo3::prelude::*;
 
 /// Set once the interpreter is exiting (the package's exit hook): the gate is closed.
 static EXITING: AtomicBool = AtomicBool::new(false);
+/// Whether a store was ever made in this process (or in the one it was forked from).
+static STORES_MADE: AtomicBool = AtomicBool::new(false);
+/// Set in a child of `fork()` of a process that made stores: every store call fails.
+static FORKED: AtomicBool = AtomicBool::new(false);
 /// The threads inside the gate: in Python, or on their way in.
 static INSIDE: AtomicUsize = AtomicUsize::new(0);
 /// The thread that closed the gate, running the interpreter's exit: never parked.
@@ -133,4 +144,45 @@ pub(crate) fn _exiting(py: Python<'_>) {
             std::thread::sleep(std::time::Duration::from_micros(200));
         }
     });
+}
+
+/// Notes that this process made a store: a child of a later `fork()` cannot use stores.
+pub(crate) fn store_made() {
+    STORES_MADE.store(true, Ordering::SeqCst);
+}
+
+/// Whether this process is a child of `fork()` of a process that made stores.
+pub(crate) fn forked() -> bool {
+    FORKED.load(Ordering::Relaxed)
+}
+
+/// What every store call in a child of `fork()` fails with.
+pub(crate) fn fork_error() -> kvstore_core::Error {
+    kvstore_core::Error::Unsupported {
+        what: "using kvstore in a child of fork() (os.fork, multiprocessing's \"fork\" start method) of a \
+               process that made stores"
+            .to_string(),
+        hint: "the stores' threads do not exist in the child; make stores in a child started with \
+               multiprocessing's \"spawn\" or \"forkserver\" method, or fork before the first store is made"
+            .to_string(),
+    }
+}
+
+/// Fails with [`fork_error`] in a child of `fork()` of a process that made stores: the
+/// first thing every store call does.
+pub(crate) fn not_forked() -> PyResult<()> {
+    match forked() {
+        true => Err(crate::errors::to_py(fork_error())),
+        false => Ok(()),
+    }
+}
+
+/// The package's `os.register_at_fork(after_in_child=...)` hook, in the child: the
+/// threads that were inside the gate are gone; stores made before cannot work here.
+#[pyfunction]
+pub(crate) fn _forked() {
+    INSIDE.store(usize::from(DEPTH.get() > 0), Ordering::SeqCst);
+    if STORES_MADE.load(Ordering::SeqCst) {
+        FORKED.store(true, Ordering::SeqCst);
+    }
 }

@@ -126,6 +126,10 @@ fn callback_thread() {
 /// Waits until the callbacks queued so far have run: what the exit waits for before
 /// the store's threads stay out of Python. Called with the GIL released.
 pub(crate) fn wait_for_callbacks() {
+    // (In a child of fork() the callback thread is gone, and its queue with it.)
+    if crate::lifecycle::forked() {
+        return;
+    }
     let mut q = CALLBACKS.lock();
     let queued = q.queued;
     while q.ran < queued {
@@ -149,7 +153,27 @@ pub(crate) struct Pending {
     inner: Arc<Inner>,
 }
 
+impl Drop for Pending {
+    /// In a child of fork() the call's handle is never dropped (its locks and engine
+    /// are the parent's): forgotten.
+    fn drop(&mut self) {
+        if crate::lifecycle::forked() {
+            std::mem::forget(Arc::clone(&self.inner));
+        }
+    }
+}
+
 impl Pending {
+    /// In a child of fork(): the call's result if it was done before the fork (and
+    /// nobody held its state then), else `None`: it never will be.
+    fn done_in_child(&self) -> Option<PyResult<()>> {
+        match &*self.inner.state.try_lock()? {
+            State::Done(Ok(())) => Some(Ok(())),
+            State::Done(Err(e)) => Some(Err(to_py(e.clone()))),
+            _ => None,
+        }
+    }
+
     pub(crate) fn new(handle: Handle) -> Self {
         Pending {
             inner: Arc::new(Inner {
@@ -165,6 +189,9 @@ impl Pending {
 impl Pending {
     /// Whether the call is done.
     fn done(&self) -> bool {
+        if crate::lifecycle::forked() {
+            return self.done_in_child().is_some();
+        }
         match &*self.inner.state.lock() {
             State::Done(_) => true,
             State::Busy => false,
@@ -176,6 +203,9 @@ impl Pending {
     /// it takes); returns whether it is done. The GIL is released meanwhile.
     #[pyo3(signature = (timeout = None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        if crate::lifecycle::forked() {
+            return self.done_in_child().map(|_| true).ok_or_else(|| to_py(crate::lifecycle::fork_error()));
+        }
         let deadline = match timeout {
             Some(t) if !(t >= 0.0 && t.is_finite()) => {
                 return Err(PyValueError::new_err(format!("timeout must be a number of seconds >= 0, not {t}")));
@@ -230,6 +260,9 @@ impl Pending {
     /// The call's result once it is done: ``None``, or its error raised. Call it after
     /// ``wait`` returned ``True``.
     fn result(&self) -> PyResult<()> {
+        if crate::lifecycle::forked() {
+            return self.done_in_child().ok_or_else(|| to_py(crate::lifecycle::fork_error()))?;
+        }
         match &*self.inner.state.lock() {
             State::Done(Ok(())) => Ok(()),
             State::Done(Err(e)) => Err(to_py(e.clone())),
@@ -239,7 +272,14 @@ impl Pending {
 
     /// Calls `callback()` once the call is done: at once if it is, else on the
     /// callback thread.
-    fn add_done_callback(&self, py: Python<'_>, callback: Py<PyAny>) {
+    fn add_done_callback(&self, py: Python<'_>, callback: Py<PyAny>) -> PyResult<()> {
+        if crate::lifecycle::forked() {
+            if self.done_in_child().is_none() {
+                return Err(to_py(crate::lifecycle::fork_error()));
+            }
+            run_callbacks(py, vec![callback]);
+            return Ok(());
+        }
         let mut st = self.inner.state.lock();
         match std::mem::replace(&mut *st, State::Busy) {
             State::Done(r) => {
@@ -257,5 +297,6 @@ impl Pending {
                 crate::detach(py, || self.inner.hook(h));
             }
         }
+        Ok(())
     }
 }

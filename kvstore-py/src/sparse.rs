@@ -114,6 +114,7 @@ pub(crate) fn _row_sparse_pull<'py>(
     row_ids: PyReadonlyArray1<'py, i64>,
     priority: i32,
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+    crate::lifecycle::not_forked()?;
     let key = key_of(key)?;
     let ids = row_ids.as_slice()?.to_vec();
     let rsp = crate::detach(py, || store.shared.kv.row_sparse_pull(key, &ids, priority)).map_err(to_py)?;
@@ -125,6 +126,7 @@ pub(crate) fn _row_sparse_pull<'py>(
 /// The storage type of `key`: ``"default"`` or ``"row_sparse"``.
 #[pyfunction]
 pub(crate) fn _stype(py: Python<'_>, store: &PyStore, key: &Bound<'_, PyAny>) -> PyResult<&'static str> {
+    crate::lifecycle::not_forked()?;
     let key = key_of(key)?;
     crate::detach(py, || store.shared.kv.stype(key)).map(|s| s.name()).map_err(to_py)
 }

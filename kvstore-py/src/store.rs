@@ -180,6 +180,11 @@ impl Drop for PyStore {
     fn drop(&mut self) {
         // SAFETY: `shared` is taken once, here, and never used after.
         let shared = unsafe { ManuallyDrop::take(&mut self.shared) };
+        // A child of fork(): the store's threads and locks are its parent's.
+        if crate::lifecycle::forked() {
+            std::mem::forget(shared);
+            return;
+        }
         // (Python frees the object with the GIL held, so this attach is the thread's
         // own; when the interpreter cannot be entered, the closure, and the store with
         // it, is dropped unrun.)
@@ -208,6 +213,10 @@ impl PyStore {
     #[new]
     #[pyo3(signature = (name = "local"))]
     fn new(py: Python<'_>, name: &str) -> PyResult<Self> {
+        crate::lifecycle::not_forked()?;
+        // (Before the store starts its threads: a child of a fork from now on has some
+        // of them missing.)
+        crate::lifecycle::store_made();
         let kv = crate::detach(py, || crate::create_store(name)).map_err(to_py)?;
         Ok(PyStore { shared: ManuallyDrop::new(Arc::new(Shared { kv, int_keys: RwLock::new(HashSet::new()) })) })
     }
@@ -216,6 +225,7 @@ impl PyStore {
     /// Each key is initialized once: again is ``AlreadyInitializedError``. Under
     /// ``dist_sync`` rank 0's value wins.
     fn init(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        crate::lifecycle::not_forked()?;
         let keys = keys_of(key)?;
         // (Not reused: a key is initialised once.)
         let values = match arrays_of(value, Use::Read, "value") {
@@ -242,6 +252,7 @@ impl PyStore {
     /// fails leaves every key as it was.
     #[pyo3(signature = (key, value, priority = 0))]
     fn push(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
+        crate::lifecycle::not_forked()?;
         let keys = keys_of(key)?;
         let mut call = CallArrays::default();
         let values = match arrays_in(value, Use::Read, "value", Some(&mut call)) {
@@ -269,6 +280,7 @@ impl PyStore {
         priority: i32,
         ignore_sparse: bool,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        crate::lifecycle::not_forked()?;
         let _ = ignore_sparse;
         let keys = keys_of(key)?;
         let Some(out) = out else {
@@ -291,6 +303,7 @@ impl PyStore {
         out: Option<&Bound<'_, PyAny>>,
         priority: i32,
     ) -> PyResult<()> {
+        crate::lifecycle::not_forked()?;
         let keys = keys_of(key)?;
         let mut call = CallArrays::default();
         match out {
@@ -323,6 +336,7 @@ impl PyStore {
         out: &Bound<'_, PyAny>,
         priority: i32,
     ) -> PyResult<()> {
+        crate::lifecycle::not_forked()?;
         let keys = keys_of(key)?;
         // (Not reused: a key is broadcast once.)
         let values = arrays_of(value, Use::Read, "value")?;
@@ -337,6 +351,7 @@ impl PyStore {
 
     /// Sets a Python updater ``fn(key, recv, stored)`` (``None``: back to assignment).
     fn _set_updater(&self, updater: Option<Py<PyAny>>) -> PyResult<()> {
+        crate::lifecycle::not_forked()?;
         match updater {
             Some(f) => crate::updater::install(&self.shared, f),
             None => self.shared.kv.clear_updater().map_err(to_py),
@@ -345,13 +360,15 @@ impl PyStore {
 
     /// Sets the optimizer described by `json` (the package's optimizer classes make it).
     fn _set_optimizer_json(&self, py: Python<'_>, json: &str) -> PyResult<()> {
+        crate::lifecycle::not_forked()?;
         let opt = kvstore_core::OptimizerSpec::from_json(json).and_then(|s| s.build()).map_err(to_py)?;
         crate::detach(py, || self.shared.kv.set_optimizer(opt)).map_err(to_py)
     }
 
     /// The name of the optimizer set, or ``None``.
-    fn _optimizer_name(&self) -> Option<&'static str> {
-        self.shared.kv.optimizer_name()
+    fn _optimizer_name(&self) -> PyResult<Option<&'static str>> {
+        crate::lifecycle::not_forked()?;
+        Ok(self.shared.kv.optimizer_name())
     }
 
     /// Writes the optimizer's state (every key's, its counters, its hyper-parameters)
@@ -359,23 +376,27 @@ impl PyStore {
     /// the hyper-parameters.
     #[pyo3(signature = (fname, dump_optimizer = false))]
     fn save_optimizer_states(&self, py: Python<'_>, fname: std::path::PathBuf, dump_optimizer: bool) -> PyResult<()> {
+        crate::lifecycle::not_forked()?;
         let _ = dump_optimizer;
         crate::detach(py, || self.shared.kv.save_optimizer_states(&fname)).map_err(to_py)
     }
 
     /// Loads an optimizer state file written by ``save_optimizer_states``.
     fn load_optimizer_states(&self, py: Python<'_>, fname: std::path::PathBuf) -> PyResult<()> {
+        crate::lifecycle::not_forked()?;
         crate::detach(py, || self.shared.kv.load_optimizer_states(&fname)).map_err(to_py)
     }
 
     /// Writes every key's value and optimizer state to `path` (one consistent
     /// snapshot), for ``load_checkpoint``.
     fn save_checkpoint(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        crate::lifecycle::not_forked()?;
         crate::detach(py, || self.shared.kv.save_checkpoint(&path)).map_err(to_py)
     }
 
     /// Loads a checkpoint written by ``save_checkpoint``.
     fn load_checkpoint(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        crate::lifecycle::not_forked()?;
         crate::detach(py, || self.shared.kv.load_checkpoint(&path)).map_err(to_py)
     }
 
@@ -399,6 +420,7 @@ impl PyStore {
 
     /// Waits until every worker reached this barrier (at once with one worker).
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+        crate::lifecycle::not_forked()?;
         crate::detach(py, || self.shared.kv.barrier()).map_err(to_py)
     }
 
@@ -422,6 +444,7 @@ impl PyStore {
     /// above 0 (``ValueError`` otherwise); other names are ignored, as in MXNet. On a
     /// ``local`` store it raises ``UnsupportedError``.
     fn set_gradient_compression(&self, compression_params: &Bound<'_, PyAny>) -> PyResult<()> {
+        crate::lifecycle::not_forked()?;
         let dict = compression_params.cast::<pyo3::types::PyDict>().map_err(|_| {
             crate::errors::type_error(
                 "set_gradient_compression takes a dict, such as {\"type\": \"2bit\", \"threshold\": 0.5}",
@@ -438,16 +461,19 @@ impl PyStore {
 
     /// Whether the store has a capability (``"optimizer"``).
     fn is_capable(&self, capability: &str) -> PyResult<bool> {
+        crate::lifecycle::not_forked()?;
         self.shared.kv.is_capable(capability).map_err(to_py)
     }
 
     /// The keys the store holds, in the order they were initialized (ints as ints).
     fn keys<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        crate::lifecycle::not_forked()?;
         self.shared.kv.keys().iter().map(|k| self.shared.key_object(py, k)).collect()
     }
 
     /// Waits until every non-blocking call made before it is done.
     fn wait_all(&self, py: Python<'_>) -> PyResult<()> {
+        crate::lifecycle::not_forked()?;
         crate::detach(py, || self.shared.kv.wait_all()).map_err(to_py)
     }
 
@@ -461,6 +487,7 @@ impl PyStore {
         priority: i32,
         copy: bool,
     ) -> PyResult<Pending> {
+        crate::lifecycle::not_forked()?;
         let keys = keys_of(key)?;
         let values = private(arrays_of(value, Use::Read, "value")?, copy)?;
         Ok(Pending::new(crate::detach(py, || self.shared.kv.push_async(keys, values.values(), priority))))
@@ -475,6 +502,7 @@ impl PyStore {
         out: &Bound<'_, PyAny>,
         priority: i32,
     ) -> PyResult<Pending> {
+        crate::lifecycle::not_forked()?;
         let keys = keys_of(key)?;
         let outs = arrays_of(out, Use::Write, "out")?;
         Ok(Pending::new(crate::detach(py, || self.shared.kv.pull_async(keys, outs.values(), priority))))
@@ -491,6 +519,7 @@ impl PyStore {
         priority: i32,
         copy: bool,
     ) -> PyResult<Pending> {
+        crate::lifecycle::not_forked()?;
         let keys = keys_of(key)?;
         match out {
             Some(out) => {
@@ -519,6 +548,7 @@ impl PyStore {
         out: &Bound<'_, PyAny>,
         priority: i32,
     ) -> PyResult<Pending> {
+        crate::lifecycle::not_forked()?;
         let keys = keys_of(key)?;
         let values = arrays_of(value, Use::Read, "value")?;
         let outs = arrays_of(out, Use::Write, "out")?;
@@ -542,6 +572,7 @@ pub(crate) fn _time_calls_from_rust(
     arrays: &Bound<'_, PyAny>,
     runs: usize,
 ) -> PyResult<Vec<f64>> {
+    crate::lifecycle::not_forked()?;
     let keys = keys_of(key)?;
     let kv = &store.shared.kv;
     type Call = fn(&Store, Keys, Values<'_>) -> kvstore_core::Result<()>;

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import os
 import sys
 import weakref
 from typing import Any, Callable, Generator, List, Optional, Union
@@ -296,6 +297,11 @@ def _wait_at_exit() -> None:
 
 atexit.register(_wait_at_exit)
 
+# A child of fork() has none of the stores' threads: once the parent made a store,
+# every store call in the child fails with UnsupportedError naming fork.
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_kvstore._forked)
+
 
 def create(name: str = "local") -> KVStore:
     """A new store of kind `name` (MXNet's ``mx.kv.create``).
@@ -308,6 +314,8 @@ def create(name: str = "local") -> KVStore:
     the ``kvstore-mpi`` distribution: in the ``kvstore`` one they raise
     :class:`UnsupportedError` naming how to install it. An unknown name raises
     :class:`UnknownStoreKindError`, a name that is not a str :class:`ArgumentTypeError`.
+    In a child of ``fork()`` of a process that made a store, this and every other store
+    call raise :class:`UnsupportedError` naming fork.
     """
     if not isinstance(name, str):
         raise ArgumentTypeError(f"name must be a str, not {type(name).__name__}")
