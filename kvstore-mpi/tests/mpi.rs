@@ -170,6 +170,15 @@ fn half_compressed_pushes_round_each_workers_sum_once() {
 }
 
 #[test]
+fn an_updater_failing_on_one_worker_fails_the_push_everywhere() {
+    for compression in [false, true] {
+        let kv = store();
+        let bits = dist_cases::an_updater_failing_on_one_worker_fails_the_push_everywhere(kv.rank(), &kv, compression);
+        assert_as_on_rank_0(&kv, &format!("bits after a failed update (2-bit: {compression})"), bits);
+    }
+}
+
+#[test]
 fn case_23_init_push_and_test_optimizer() {
     let kv = store();
     dist_cases::case_23_init_push_and_test_optimizer(kv.rank(), &kv);
@@ -179,6 +188,12 @@ fn case_23_init_push_and_test_optimizer() {
 fn workers_whose_calls_differ_all_fail() {
     let kv = store();
     dist_cases::workers_whose_calls_differ_all_fail(kv.rank(), &kv);
+}
+
+#[test]
+fn a_call_given_a_refused_array_fails_on_every_worker() {
+    let kv = store();
+    dist_cases::a_call_given_a_refused_array_fails_on_every_worker(kv.rank(), &kv);
 }
 
 #[test]

@@ -282,6 +282,54 @@ pub fn workers_whose_calls_differ_all_fail(rank: usize, kv: &KVStore) {
     assert_eq!(pulled(kv, "d-b", &[3]), vec![w as f64; 3]);
 }
 
+/// A call that one worker's binding refused before making it (a Java array closed
+/// before the call) is made with `NDArray::refused` in the refused array's place: every
+/// form of call then fails on every worker as that call (there with the binding's
+/// reason, on the others naming that worker's refusal), changes nothing, and the
+/// workers' next calls stay matched. Refused in the binding alone, the call would be
+/// missing on that worker, whose next call would meet the others' this one.
+pub fn a_call_given_a_refused_array_fails_on_every_worker(rank: usize, kv: &KVStore) {
+    use kvstore_core::{Error, ErrorKind, RowSparse};
+    let w = kv.num_workers();
+    let last = rank + 1 == w;
+    let given = |shape: &[usize]| match last {
+        true => NDArray::refused(shape, DType::F32, Error::Disposed { what: "NDArray" }).expect("stand-in"),
+        false => full(shape, 1.0, Context::cpu(0)),
+    };
+    let refused = |what: &str, r: Result<()>| {
+        let e = r.expect_err(what);
+        if last {
+            assert_eq!(e.kind(), ErrorKind::Disposed, "rank {rank}: {what}: {e}");
+        } else {
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "rank {rank}: {what}: {e}");
+            let m = e.to_string();
+            assert!(m.contains(&format!("rank {} refused", w - 1)), "rank {rank}: {what}: {m}");
+            assert!(m.contains("NDArray was used after it was disposed"), "rank {rank}: {what}: {m}");
+        }
+    };
+    let ok = |what: &str, r: Result<()>| r.unwrap_or_else(|e| panic!("rank {rank}: {what} after a refusal: {e}"));
+    let one = || full(&[2], 1.0, Context::cpu(0));
+    kv.init(&["r-w", "r-e"], &[full(&[2], 0.0, Context::cpu(0)), full(&[3, 2], 0.0, Context::cpu(0))]).expect("init");
+    if w > 1 {
+        refused("push", kv.push("r-w", &given(&[2]), 0));
+        ok("push", kv.push("r-w", &one(), 0));
+        refused("pushpull into a refused out", kv.pushpull("r-w", &one(), &given(&[2]), 0));
+        ok("pushpull", kv.pushpull("r-w", &one(), &full(&[2], 0.0, Context::cpu(0)), 0));
+        refused("init", kv.init("r-x", &given(&[2])));
+        refused("broadcast", kv.broadcast("r-y", &given(&[2]), &full(&[2], 0.0, Context::cpu(0)), 0));
+        refused("push_async", kv.push_async("r-w", &given(&[2]), 0).wait());
+        ok("push_async", kv.push_async("r-w", &one(), 0).wait());
+        let rows = RowSparse::new(given(&[1, 2]), vec![1], &[3, 2]).expect("row-sparse value");
+        refused("push_row_sparse", kv.push_row_sparse("r-e", &[rows], 0));
+        ok("barrier", kv.barrier());
+        assert!(!kv.keys().iter().any(|k| k.as_str() == "r-x" || k.as_str() == "r-y"), "a refused init");
+        assert_eq!(pulled(kv, "r-e", &[3, 2]), vec![0.0; 6], "rank {rank}: a refused row-sparse push");
+    }
+    // Every push that went through summed one array per worker.
+    ok("push", kv.push("r-w", &one(), 0));
+    assert_eq!(pulled(kv, "r-w", &[2]), vec![w as f64; 2], "rank {rank}");
+}
+
 /// A key's sum across the workers has the same bits whether it travels alone or
 /// fused behind other keys (at another place in the buffer, in a buffer large enough
 /// that an allreduce may pick another algorithm): the values span many orders of
@@ -522,6 +570,73 @@ pub fn row_sparse_pushes_sum_every_workers_rows(rank: usize, kv: &KVStore) -> Ve
             assert!(m.contains(&expected), "rank {rank}: {m}\nexpected: {expected}");
         }
         assert_eq!(kv.pull_new(keys[0], 0).expect("pull").to_vec::<f32>().expect("f32"), model[0], "unchanged");
+    }
+    bits
+}
+
+/// An updater that fails on one worker only (the last, at its third call; and for key
+/// "f2" when the sum is 99 per worker) fails that push on every worker, naming the
+/// worker, and no worker changes anything for it: the replicas stay the same, bit for
+/// bit (residuals too, under `compression`). Returns the values' bits for comparing
+/// workers. Before, the worker whose updater failed kept its values and the others
+/// committed theirs, and the replicas parted for the rest of the job.
+pub fn an_updater_failing_on_one_worker_fails_the_push_everywhere(
+    rank: usize,
+    kv: &KVStore,
+    compression: bool,
+) -> Vec<u8> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let workers = kv.num_workers();
+    let last = workers - 1;
+    if compression {
+        kv.set_gradient_compression(&[("type", "2bit"), ("threshold", "0.5")]).expect("compression");
+    }
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&calls);
+    kv.set_updater(move |key: &Key, _: usize, merged: &NDArray, stored: &NDArray| -> Result<()> {
+        let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+        let first = merged.to_vec::<f32>()?[0];
+        let sentinel = key.as_str() == "f2" && first == 99.0 * workers as f32;
+        if rank == last && ((key.as_str() == "u" && n == 3) || sentinel) {
+            return Err(kvstore_core::Error::invalid_argument("a deliberate failure of this worker's updater"));
+        }
+        stored.add_assign(merged)
+    })
+    .expect("install the updater");
+    kv.init("u", &NDArray::zeros(&[8]).expect("zeros")).expect("init");
+    for s in 0..5 {
+        let r = kv.push("u", &NDArray::full(&[8], (s + 1) as f64 * 0.75).expect("value"), 0);
+        if s != 2 {
+            r.unwrap_or_else(|e| panic!("rank {rank}, step {s}: {e}"));
+            continue;
+        }
+        let e = r.expect_err("the push whose updater failed on one worker");
+        let text = e.to_string();
+        match rank == last {
+            true => assert!(text.contains("deliberate"), "rank {rank}: {text}"),
+            false => assert!(text.contains(&format!("failed on rank {last}")) && text.contains("deliberate"), "{text}"),
+        }
+    }
+    if !compression {
+        // Steps 0, 1, 3 and 4 counted: 0.75 * (1 + 2 + 4 + 5) per worker.
+        assert_eq!(pulled(kv, "u", &[8]), vec![9.0 * workers as f64; 8], "rank {rank}");
+        // Non-blocking pushes (fused into one call where the store fuses): "f2" fails on
+        // every worker, "f1" goes on.
+        kv.init(&["f1", "f2"][..], &[NDArray::zeros(&[4]).expect("z"), NDArray::zeros(&[4]).expect("z")][..])
+            .expect("init");
+        let (one, ninety_nine) = (NDArray::full(&[4], 1.0).expect("v"), NDArray::full(&[4], 99.0).expect("v"));
+        let (a, b) = (kv.push_async("f1", &one, 0), kv.push_async("f2", &ninety_nine, 0));
+        a.wait().unwrap_or_else(|e| panic!("rank {rank}: f1: {e}"));
+        let e = b.wait().expect_err("f2's updater failed on one worker");
+        assert!(rank == last || e.to_string().contains(&format!("failed on rank {last}")), "rank {rank}: {e}");
+        assert_eq!(pulled(kv, "f1", &[4]), vec![workers as f64; 4], "rank {rank}");
+        assert_eq!(pulled(kv, "f2", &[4]), vec![0.0; 4], "rank {rank}");
+    }
+    // Later pushes go on alike everywhere.
+    kv.push("u", &NDArray::full(&[8], 0.75).expect("value"), 0).expect("a push after the failure");
+    let mut bits = crate::device_checks::bits(&kv.pull_new("u", 0).expect("pull"));
+    if !compression {
+        bits.extend(crate::device_checks::bits(&kv.pull_new("f2", 0).expect("pull")));
     }
     bits
 }

@@ -46,6 +46,13 @@ fn workers_whose_calls_differ_all_fail() {
 }
 
 #[test]
+fn a_call_given_a_refused_array_fails_on_every_worker() {
+    for w in [1, 2, 3] {
+        run_workers(w, |rank, kv| dist_cases::a_call_given_a_refused_array_fails_on_every_worker(rank, &kv));
+    }
+}
+
+#[test]
 fn barrier_and_rank_come_from_the_group() {
     let ranks = run_workers(4, |rank, kv| {
         kv.barrier().expect("barrier");
@@ -77,5 +84,15 @@ fn nonblocking_training_matches_blocking_on_one_two_and_four_workers() {
     for w in [1, 2, 4] {
         let bits = run_workers(w, |rank, kv| dist_cases::nonblocking_training_matches_blocking(rank, &kv));
         assert!(bits.windows(2).all(|b| b[0] == b[1]), "{w} workers: the workers' weights differ");
+    }
+}
+
+#[test]
+fn an_updater_failing_on_one_worker_fails_the_push_everywhere() {
+    for (w, compression) in [(2, false), (3, false), (2, true), (3, true)] {
+        let bits = run_workers(w, move |rank, kv| {
+            dist_cases::an_updater_failing_on_one_worker_fails_the_push_everywhere(rank, &kv, compression)
+        });
+        assert!(bits.windows(2).all(|b| b[0] == b[1]), "{w} workers (2-bit: {compression}): replicas differ");
     }
 }

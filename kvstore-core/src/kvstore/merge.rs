@@ -275,6 +275,10 @@ impl Store {
                 self.sum(&jobs, across.as_mut().map(|a| (a, residuals_of(guards, push_slots))))?;
                 // The updater works on the sums: the values are free.
                 crate::ndarray::values_read();
+                // A failed update stops the call here (a fused call's stops its own call);
+                // under dist_sync the workers then agree on the outcome before any of them
+                // commits: an updater may fail on one worker only.
+                let mut failed = None;
                 for (j, (g, &i)) in push.iter().zip(push_slots).enumerate() {
                     let (Some(m), Some(w)) = (&guards[i].merge, &guards[i].spare) else {
                         return Err(Error::Internal("push: no merge buffer or spare".into()));
@@ -285,8 +289,18 @@ impl Store {
                     let updated = crate::ndarray::as_user_code(|| updater.update(&g.entry.key, g.entry.index, m, w));
                     match (updated, calls.as_mut()) {
                         (Err(e), Some(c)) => c.fail_push(j, e),
-                        (r, _) => r?,
+                        (Err(e), None) => {
+                            failed = Some(e);
+                            break;
+                        }
+                        (Ok(()), _) => {}
                     }
+                }
+                if let Some(group) = &self.collective {
+                    self.agree_on_updates(group.as_ref(), calls.as_deref_mut(), &mut failed)?;
+                }
+                if let Some(e) = failed {
+                    return Err(e);
                 }
                 for (j, &i) in push_slots.iter().enumerate() {
                     let slot = &mut *guards[i];
@@ -328,7 +342,84 @@ impl Store {
     }
 }
 
+/// What [`Store::agree_on_updates`] exchanges: whether the updater failed here, which
+/// calls of a fused batch it failed (a bit each; a batch holds at most 64 calls), and
+/// the start of the first failure's message.
+const FAILED_MESSAGE: usize = 240;
+
 impl Store {
+    /// Under dist_sync, once every worker ran the updater on its sums and before any
+    /// commits: the workers exchange the outcome, so that a push whose updater failed on
+    /// some worker fails on every worker and none changes anything for it (values,
+    /// residuals), and the replicas never part. `failed`: this worker's failure of an
+    /// unfused call (which it returns as it is); `calls`: a fused batch's calls, where
+    /// each call one worker failed fails everywhere.
+    ///
+    /// # Errors
+    /// The group's error if it is broken.
+    fn agree_on_updates(
+        &self,
+        group: &dyn crate::backend::Collective,
+        mut calls: Option<&mut Calls<'_>>,
+        failed: &mut Option<Error>,
+    ) -> Result<()> {
+        let failed_calls = match &calls {
+            Some(c) => (0..c.results.len().min(64)).filter(|&i| c.results[i].is_err()).fold(0u64, |m, i| m | 1 << i),
+            None => u64::from(failed.is_some()),
+        };
+        let first = failed.as_ref().map(Error::to_string).or_else(|| {
+            calls.as_ref().and_then(|c| c.results.iter().find_map(|r| r.as_ref().err().map(Error::to_string)))
+        });
+        let mut mine = failed_calls.to_le_bytes().to_vec();
+        let mut message = first.unwrap_or_default().into_bytes();
+        message.resize(FAILED_MESSAGE, 0);
+        mine.extend_from_slice(&message);
+        let step = self.steps.load(std::sync::atomic::Ordering::Relaxed);
+        let all = group.exchange(&format!("the updater's outcome of push #{step}"), &mine)?;
+        let of = |r: &[u8]| r.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+        let failed_on = |bit: u64| -> Vec<(usize, String)> {
+            all.iter()
+                .enumerate()
+                .filter(|(_, r)| of(r) & bit != 0)
+                .map(|(rank, r)| {
+                    let text = r.get(8..).unwrap_or_default();
+                    let end = text.iter().position(|&b| b == 0).unwrap_or(text.len());
+                    (rank, String::from_utf8_lossy(&text[..end]).into_owned())
+                })
+                .collect()
+        };
+        let error = |on: &[(usize, String)], what: &str| {
+            let ranks: Vec<String> = on.iter().map(|(r, _)| format!("rank {r}")).collect();
+            Error::Backend {
+                backend: "updater",
+                message: format!(
+                    "push #{step}: the updater failed on {} ({}){what}; every worker fails the push and none \
+                     changed anything for it",
+                    ranks.join(", "),
+                    on[0].1
+                ),
+            }
+        };
+        match calls.as_mut() {
+            None => {
+                let on = failed_on(1);
+                if failed.is_none() && !on.is_empty() {
+                    *failed = Some(error(&on, ""));
+                }
+            }
+            Some(c) => {
+                for i in 0..c.results.len().min(64) {
+                    let on = failed_on(1 << i);
+                    if c.results[i].is_ok() && !on.is_empty() {
+                        let n = c.results.len();
+                        c.results[i] = Err(error(&on, &format!(" in call {} of {n} fused calls", i + 1)));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// [`Store::apply`] for a `dist_async` store: each pushed key's values are summed
     /// here (into its merge buffer; a single value is sent where it is) and the sum goes
     /// to the key's owners, which merge it; each pulled key's value comes from its

@@ -271,6 +271,9 @@ fn check_arrays<'x>(
     stored: &NDArray,
 ) -> Result<()> {
     for (i, a) in arrays.clone().enumerate() {
+        if let Some(reason) = a.refusal() {
+            return Err(reason.clone());
+        }
         if a.on_device() {
             check_context(op, key, a)?;
         }
@@ -1159,6 +1162,9 @@ impl Store {
     fn check_init(&self, op: &'static str, pairs: &[(Key, &NDArray)]) -> Result<()> {
         let mut seen = HashMap::new();
         for (k, v) in pairs {
+            if let Some(reason) = v.refusal() {
+                return Err(reason.clone());
+            }
             check_context(op, k, v)?;
             if seen.insert(k, ()).is_some() {
                 return Err(Error::AlreadyInitialized {
@@ -1312,7 +1318,7 @@ impl Store {
         if self.collective.is_some() {
             let keys: Vec<steps::StepKey<'_>> =
                 push.iter().map(|g| (&g.entry.key, g.arrays[0].shape(), g.arrays[0].dtype())).collect();
-            self.check_push_step(op, &keys, checked, compression)?;
+            self.check_push_step(op, &keys, checked, compression, matches!(&*merger, Merger::Custom(_)))?;
         } else {
             checked?;
         }
