@@ -12,7 +12,11 @@
 #     with --resume: it must end with the bits of step 1's job, which never stopped;
 #  5. resumes that job's checkpoint in one process (fewer ranks): it must train on;
 #  6. runs clojure/examples/async_sum.clj (a dist_async store with a Clojure updater on
-#     the owners) under `mpirun -np 2`: every rank must pull every push of every rank.
+#     the owners) under `mpirun -np 2`: every rank must pull every push of every rank;
+#  7. runs clojure/examples/refused_rank.clj under `mpirun -np 2`: a disposed array on
+#     rank 1 only, in each form of call, must fail that call on both ranks (never a
+#     hang, never a later call of one rank met with this one of the other), and both
+#     ranks must end with the same values.
 # Prints one line `mpi-jvm: N passed, N failed`.
 #
 # Needs Debian's clojure (scripts/setup-jvm.sh) and Open MPI (scripts/setup-mpi.sh).
@@ -150,6 +154,20 @@ if [ "$rc" -eq 0 ] && [ "$sums" -eq 2 ] && [ "$bigs" -eq 2 ]; then
     pass "async_sum.clj (dist_async), mpirun -np 2" "both ranks pulled 300 and 20"
 else
     fail "async_sum.clj (dist_async), mpirun -np 2" "exit $rc, $sums sums and $bigs big keys right; log $out"
+    tail -n 30 "$out"
+fi
+
+# 7. A call that rank 1 refuses in Java (a disposed array) fails on both ranks as that
+# call; the ranks' next calls stay matched. Each rank prints `rank R: ok` if all held.
+out=$logs/mpi-jvm-refused-rank.log
+timeout -k 10 120 "${MPIRUN[@]}" -np 2 java "${java_opts[@]}" -cp "$cp" clojure.main "$root/clojure/examples/refused_rank.clj" \
+    >"$out" 2>&1
+rc=$?
+oks=$(grep -c "^rank [01]: ok$" "$out")
+if [ "$rc" -eq 0 ] && [ "$oks" -eq 2 ]; then
+    pass "refused_rank.clj, mpirun -np 2" "a disposed array on one rank fails its call on both"
+else
+    fail "refused_rank.clj, mpirun -np 2" "exit $rc$( [ "$rc" -eq 124 ] && echo " (the job hung)"), $oks of 2 ranks ok; log $out"
     tail -n 30 "$out"
 fi
 

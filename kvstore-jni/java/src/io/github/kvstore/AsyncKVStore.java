@@ -2,6 +2,7 @@ package io.github.kvstore;
 
 import static io.github.kvstore.Args.checkArrays;
 import static io.github.kvstore.Args.checkKeys;
+import static io.github.kvstore.Args.given;
 import static io.github.kvstore.Args.handles;
 import static io.github.kvstore.Args.one;
 import static io.github.kvstore.Args.repeat;
@@ -28,7 +29,10 @@ import java.util.function.Supplier;
  * and calls on one key take effect in the order they were made, from any thread. A null
  * argument ({@link NullPointerException} naming the parameter) and a closed array
  * ({@link KVStoreException} {@code DISPOSED}) are thrown at once; every other error, a
- * closed store's {@code DISPOSED} included, comes through the future.
+ * closed store's {@code DISPOSED} included, comes through the future. (On a store shared
+ * with other workers a closed array's call is made all the same, so that every worker
+ * fails it as that call (see {@link KVStore}): its {@code DISPOSED} comes through the
+ * future too.)
  *
  * <p>Values: a push may reuse its values as soon as it returns, and sums what they held
  * when it was made (a write to one before the push read it copies it for the push
@@ -261,6 +265,8 @@ public final class AsyncKVStore {
      */
     private CompletableFuture<Void> submit(
             int op, String key, String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
+        values = given(store, values);
+        outs = given(store, outs);
         long[] vs = handles(values, "values");
         long[] os = handles(outs, "outs");
         CallFuture future = new CallFuture();

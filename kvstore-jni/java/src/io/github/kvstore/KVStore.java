@@ -2,6 +2,7 @@ package io.github.kvstore;
 
 import static io.github.kvstore.Args.checkArrays;
 import static io.github.kvstore.Args.checkKeys;
+import static io.github.kvstore.Args.given;
 import static io.github.kvstore.Args.handles;
 import static io.github.kvstore.Args.one;
 import static io.github.kvstore.Args.repeat;
@@ -70,6 +71,14 @@ import java.util.concurrent.locks.ReentrantLock;
  * the one exception is {@link #setUpdater(Updater)}, where {@code null} means "back to
  * the default". Errors of the store itself are {@link KVStoreException}s: catch one and
  * switch on its {@link KVStoreException#code()}.
+ *
+ * <p>A closed array given to a call is {@code DISPOSED}. On a store shared with other
+ * workers ({@code dist_sync} under {@code mpirun}) the call is made all the same, with a
+ * stand-in that the store's checks refuse, so that it fails on every worker as that call
+ * (here with {@code DISPOSED}; on the others with {@code INVALID_ARGUMENT}, saying that
+ * this rank refused it), changes nothing, and leaves the workers' next calls matched, as
+ * a call refused by the store's own checks does. (Refused before the call, it would be
+ * missing on this worker alone, and its next call would meet the others' this one.)
  *
  * <p>{@link Thread#interrupt()} does not stop a blocking call (nor {@link #waitAll()}):
  * one that waits for earlier calls on its keys returns when it is done, with the thread's
@@ -255,6 +264,18 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     }
 
     /**
+     * Whether other workers share the store (a {@code dist_sync} or {@code dist_async}
+     * store of a job of several processes); false for a closed store.
+     */
+    boolean sharedWithOtherWorkers() {
+        try {
+            return numWorkers() > 1;
+        } catch (KVStoreException e) {
+            return false;
+        }
+    }
+
+    /**
      * The keys of the store, in the order they were first initialised.
      *
      * @return a new array of the keys (empty for a new store)
@@ -296,6 +317,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     public KVStore init(String[] keys, NDArray[] values) {
         checkKeys(keys, "keys");
         checkArrays(values, "values");
+        values = given(this, values);
         long[] vs = handles(values, "values");
         try {
             nInit(handle(), keys, vs);
@@ -347,6 +369,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     public KVStore push(String key, NDArray[] values, int priority) {
         Objects.requireNonNull(key, "key");
         checkArrays(values, "values");
+        values = given(this, values);
         long[] vs = handles(values, "values");
         try {
             nPushKey(handle(), key, vs, priority);
@@ -388,6 +411,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     public KVStore push(String[] keys, NDArray[] values, int priority) {
         checkKeys(keys, "keys");
         checkArrays(values, "values");
+        values = given(this, values);
         long[] vs = handles(values, "values");
         try {
             nPush(handle(), keys, vs, priority);
@@ -593,6 +617,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     public KVStore pull(String key, NDArray[] outs, int priority) {
         Objects.requireNonNull(key, "key");
         checkArrays(outs, "outs");
+        outs = given(this, outs);
         long[] os = handles(outs, "outs");
         try {
             nPullKey(handle(), key, os, priority);
@@ -634,6 +659,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     public KVStore pull(String[] keys, NDArray[] outs, int priority) {
         checkKeys(keys, "keys");
         checkArrays(outs, "outs");
+        outs = given(this, outs);
         long[] os = handles(outs, "outs");
         try {
             nPull(handle(), keys, os, priority);
@@ -773,7 +799,9 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     }
 
     private KVStore pushpull0(String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
+        values = given(this, values);
         long[] vs = handles(values, "values");
+        outs = given(this, outs);
         long[] os = handles(outs, "outs");
         try {
             nPushPull(handle(), keys, vs, outKeys, os, priority);
@@ -872,7 +900,9 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     }
 
     private KVStore broadcast0(String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
+        values = given(this, values);
         long[] vs = handles(values, "values");
+        outs = given(this, outs);
         long[] os = handles(outs, "outs");
         try {
             nBroadcast(handle(), keys, vs, outKeys, os, priority);

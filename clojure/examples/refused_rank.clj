@@ -1,0 +1,77 @@
+;; A call that one rank of a dist_sync job refuses before it reaches the store
+;; (scripts/test-mpi-jvm.sh runs it under mpirun -np 2; any number of ranks
+;; works): rank 1 gives a disposed array to each form of call, the others a
+;; live one. Every such call must fail on every rank as that call's refusal
+;; (:disposed on rank 1, on the others an :invalid-argument saying that rank 1
+;; refused it), change nothing, and leave the ranks' next calls matched: the
+;; calls in between succeed on every rank, and all end with the same values.
+;; Each rank prints `rank R: ok` when all of this held, else what did not, and
+;; exits non-zero.
+
+(require '[clojure.string :as string]
+         '[org.apache.clojure-mxnet.kvstore :as kvstore]
+         '[org.apache.clojure-mxnet.ndarray :as ndarray])
+
+(def kv (kvstore/create "dist_sync"))
+(def rank (kvstore/rank kv))
+(def problems (atom []))
+
+(defn- outcome
+  "What calling `f` did: :ok, or the ex-info's :kvstore/error and message."
+  [f]
+  (try (f) [:ok]
+       (catch clojure.lang.ExceptionInfo e
+         [(:kvstore/error (ex-data e)) (ex-message e)])))
+
+(defn- gone
+  "An array of shape [2]: disposed on rank 1, live (ones) on the others."
+  []
+  (let [a (ndarray/ones [2])]
+    (when (= 1 rank) (ndarray/dispose a))
+    a))
+
+(defn- refused!
+  "Calls `f` (given this rank's array from `gone`) and records a problem unless
+  it failed as rank 1's refusal."
+  [what f]
+  (let [[error message] (outcome #(f (gone)))
+        expected (if (= 1 rank) :disposed :invalid-argument)]
+    (when-not (and (= expected error)
+                   (or (= 1 rank) (string/includes? (str message) "rank 1 refused")))
+      (swap! problems conj (str what ": " error " " message)))))
+
+(defn- succeeds!
+  "Calls `f` and records a problem unless it succeeded."
+  [what f]
+  (let [[error message] (outcome f)]
+    (when-not (= :ok error)
+      (swap! problems conj (str what " after a refusal: " error " " message)))))
+
+(kvstore/init kv "w" (ndarray/zeros [2]))
+(refused! "push" #(kvstore/push kv "w" %))
+(succeeds! "push" #(kvstore/push kv "w" (ndarray/ones [2])))
+(refused! "pushpull into a disposed out" #(kvstore/pushpull kv "w" (ndarray/ones [2]) %))
+(succeeds! "pushpull" #(kvstore/pushpull kv "w" (ndarray/ones [2]) (ndarray/zeros [2])))
+(refused! "init" #(kvstore/init kv "x" %))
+(refused! "broadcast" #(kvstore/broadcast kv "y" % (ndarray/zeros [2])))
+(succeeds! "init" #(kvstore/init kv "x" (ndarray/ones [2])))
+(refused! "push-async" #(deref (kvstore/push-async kv "w" %)))
+(succeeds! "push-async" #(deref (kvstore/push-async kv "w" (ndarray/ones [2]))))
+(refused! "pushpull-async" #(deref (kvstore/pushpull-async kv "w" %)))
+(succeeds! "barrier" #(kvstore/barrier kv))
+;; Every successful push summed one array per rank: the values are the number of
+;; ranks, on every rank.
+(let [w (ndarray/->vec (kvstore/pull kv "w"))
+      n (double (kvstore/num-workers kv))
+      ks (kvstore/keys kv)]
+  (when-not (= [n n] w)
+    (swap! problems conj (str "w is " w ", not " [n n])))
+  (when-not (= ["w" "x"] ks)
+    (swap! problems conj (str "the keys are " ks ", not [\"w\" \"x\"]"))))
+(kvstore/finalize-mpi)
+(if (empty? @problems)
+  (println (str "rank " rank ": ok"))
+  (do
+    (doseq [p @problems]
+      (println (str "rank " rank ": FAILED " p)))
+    (System/exit 1)))
