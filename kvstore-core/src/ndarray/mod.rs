@@ -55,8 +55,6 @@ struct Inner {
     /// Whether `shape` has one dimension, so that `size` is the whole shape: two such
     /// arrays are checked alike reading this line only.
     flat: bool,
-    /// Whether the elements are another owner's memory (see [`overlapping_uses`]).
-    foreign: bool,
     /// Inline up to 4 dimensions: checking a call's shapes reads no other memory.
     shape: smallvec::SmallVec<[usize; 4]>,
     ctx: Context,
@@ -74,6 +72,8 @@ struct Inner {
     pending_owner: std::sync::atomic::AtomicUsize,
     /// Whether every write is refused (foreign memory lent read-only).
     read_only: bool,
+    /// Whether the elements are another owner's memory (see [`overlapping_uses`]).
+    foreign: bool,
     /// The addresses of a host array's bytes (`start..end`; `0..0` for none or a device
     /// array), fixed for its life: what tells arrays over the same memory apart.
     span: (usize, usize),
