@@ -261,3 +261,63 @@ pub fn train_and_checkpoint(rank: usize, kv: &KVStore, path: &std::path::Path) -
     kv.save_checkpoint(path).expect("save_checkpoint");
     (saved, next_push(rank, kv))
 }
+
+/// A push of 8 keys whose updater fails on "k5" (on its owner): each key is applied on
+/// its owner as the push goes, so the error names exactly the keys applied before it
+/// (k0–k4), and those, only those, changed on every worker.
+pub fn a_failed_push_names_the_keys_it_applied(rank: usize, kv: &KVStore) {
+    // (The updater of worker `rank` runs on that worker's parts: "big" fails on rank 1's.)
+    kv.set_updater(move |key: &Key, _: usize, merged: &NDArray, stored: &NDArray| -> kvstore_core::Result<()> {
+        if key.as_str() == "k5" || (key.as_str() == "big" && rank == 1) {
+            return Err(kvstore_core::Error::invalid_argument(format!("a deliberate failure for {key:?}")));
+        }
+        stored.add_assign(merged)
+    })
+    .expect("updater");
+    let keys: Vec<String> = (0..8).map(|k| format!("k{k}")).collect();
+    let zeros: Vec<NDArray> = keys.iter().map(|_| full(&[4], 0.0, Context::cpu(0))).collect();
+    kv.init(keys.as_slice(), zeros.as_slice()).expect("init");
+    kv.barrier().expect("barrier");
+    if rank == 0 {
+        let ones: Vec<NDArray> = keys.iter().map(|_| full(&[4], 1.0, Context::cpu(0))).collect();
+        let e = kv.push(keys.as_slice(), ones.as_slice(), 0).expect_err("k5's updater fails");
+        let text = e.to_string();
+        assert!(text.contains("deliberate failure for \"k5\""), "{text}");
+        let applied = text.split("were applied").nth(1).unwrap_or_default();
+        for k in 0..5 {
+            assert!(applied.contains(&format!("\"k{k}\"")), "k{k} not named as applied: {text}");
+        }
+        for k in 5..8 {
+            assert!(!applied.contains(&format!("\"k{k}\"")), "k{k} named as applied: {text}");
+        }
+    }
+    kv.barrier().expect("barrier");
+    for (k, key) in keys.iter().enumerate() {
+        let want = if k < 5 { 1.0 } else { 0.0 };
+        assert_eq!(pulled(kv, key.as_str(), &[4]), vec![want; 4], "rank {rank}, {key}");
+    }
+    kv.barrier().expect("barrier");
+    // A key split across its owners (MXNET_KVSTORE_BIGARRAY_BOUND, 1,000,000 elements):
+    // the error names the owners that applied their parts.
+    let workers = kv.num_workers();
+    if workers > 1 {
+        const BIG: usize = 1_000_000;
+        kv.init("big", &full(&[BIG], 0.0, Context::cpu(0))).expect("init");
+        kv.barrier().expect("barrier");
+        if rank == 0 {
+            let e = kv.push("big", &full(&[BIG], 1.0, Context::cpu(0)), 0).expect_err("rank 1's part fails");
+            let text = e.to_string();
+            assert!(text.contains("rank 1, the owner of key \"big\""), "{text}");
+            for r in (0..workers).filter(|&r| r != 1) {
+                assert!(text.contains(&format!("on rank {r} was served")), "rank {r}'s part not named: {text}");
+            }
+        }
+        kv.barrier().expect("barrier");
+        // Every part applied but rank 1's (part p starts at element BIG * p / W).
+        let got = kv.pull_new("big", 0).expect("pull").to_vec::<f32>().expect("f32");
+        let firsts: Vec<f32> = (0..workers).map(|p| got[BIG * p / workers]).collect();
+        assert_eq!(firsts.iter().filter(|&&x| x == 0.0).count(), 1, "rank {rank}: parts {firsts:?}");
+        assert_eq!(firsts.iter().filter(|&&x| x == 1.0).count(), workers - 1, "rank {rank}: parts {firsts:?}");
+        kv.barrier().expect("barrier");
+    }
+}

@@ -86,3 +86,10 @@ fn a_checkpoint_holds_the_owners_values_and_states_and_resumes_anywhere() {
     });
     assert!(synced.iter().all(|b| b == &saved));
 }
+
+#[test]
+fn a_failed_push_names_the_keys_it_applied() {
+    for w in [1, 2, 3] {
+        run_async_workers(w, |rank, kv| async_cases::a_failed_push_names_the_keys_it_applied(rank, &kv));
+    }
+}

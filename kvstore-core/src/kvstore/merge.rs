@@ -12,6 +12,7 @@ use crate::collective::Collective;
 use crate::comm::{BroadcastJob, PushKey, ReduceJob};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::key::Key;
 use crate::ndarray::NDArray;
 use crate::optimizer::Runtime;
 use crate::updater::Updater;
@@ -433,7 +434,7 @@ impl Store {
         pull_slots: &[usize],
         guards: &mut [RwLockWriteGuard<'_, Slot>],
     ) -> Result<()> {
-        for (g, &i) in push.iter().zip(push_slots) {
+        for (j, (g, &i)) in push.iter().zip(push_slots).enumerate() {
             let slot = &mut *guards[i];
             if g.arrays.len() > 1 && slot.merge.is_none() {
                 let v = &slot.value;
@@ -447,7 +448,12 @@ impl Store {
                 }
                 _ => return Err(Error::Internal("push: no merge buffer".into())),
             };
-            remote.push(&g.entry.key, sum)?;
+            // Each key is applied on its owners as it goes (as MXNet's dist_async applies
+            // each key on its server): a failure names the keys applied before it.
+            if let Err(e) = remote.push(&g.entry.key, sum) {
+                let applied: Vec<&Key> = push[..j].iter().map(|g| &g.entry.key).collect();
+                return Err(applied_before(e, &applied));
+            }
         }
         crate::ndarray::values_read();
         // Each key's value comes straight into its first host out (this worker's copy
@@ -463,6 +469,25 @@ impl Store {
             jobs.push(BroadcastJob { src, outs });
         }
         self.comm.broadcast(&jobs)
+    }
+}
+
+/// `e`, the failure of a `dist_async` push's key, saying which of the call's keys were
+/// applied on their owners before it (none: the message is left as it is).
+fn applied_before(e: Error, applied: &[&Key]) -> Error {
+    if applied.is_empty() {
+        return e;
+    }
+    let keys: Vec<String> = applied.iter().map(|k| format!("\"{k}\"")).collect();
+    let note = format!(
+        "; the keys pushed before it in this call were applied on their owners: {} (a dist_async push applies \
+         each key as it goes, as MXNet's does)",
+        keys.join(", ")
+    );
+    match e {
+        Error::Backend { backend, message } => Error::Backend { backend, message: message + &note },
+        Error::Internal(m) => Error::Internal(m + &note),
+        e => Error::Backend { backend: "dist_async", message: format!("{e}{note}") },
     }
 }
 

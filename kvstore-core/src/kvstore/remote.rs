@@ -148,6 +148,20 @@ fn refused(owner: usize, key: &Key, code: &str, message: &dyn std::fmt::Display)
     }
 }
 
+/// `e` (a call on `key` that some owner refused), naming the owners that served their
+/// part all the same: for a push, the parts of a split key that were applied.
+fn parts_served(e: Error, key: &Key, served: &[usize]) -> Error {
+    match (e, served) {
+        (e, []) => e,
+        (Error::Backend { backend, message }, served) => {
+            let ranks: Vec<String> = served.iter().map(usize::to_string).collect();
+            let message = format!("{message} (the part of key \"{key}\" on rank {} was served)", ranks.join(", rank "));
+            Error::Backend { backend, message }
+        }
+        (e, _) => e,
+    }
+}
+
 /// Reads `n` bytes off the front of `m`.
 fn take<'m>(m: &mut &'m [u8], n: usize) -> Result<&'m [u8]> {
     if m.len() < n {
@@ -351,16 +365,24 @@ impl Shards {
     fn call(&self, key: &Key, requests: Vec<(usize, Vec<u8>)>, meanwhile: &mut dyn FnMut()) -> Result<Vec<Vec<u8>>> {
         let owners: Vec<usize> = requests.iter().map(|(o, _)| *o).collect();
         let replies = self.transport.requests_while(self.channel, requests, meanwhile)?;
+        // Every owner served its request: the first refusal is the call's error, and
+        // the owners that did not refuse are named (a split key's parts they applied).
+        let (mut first, mut served) = (None, Vec::new());
         for (owner, reply) in owners.iter().zip(&replies) {
             let mut r = reply.as_slice();
-            if take(&mut r, 1)?[0] != 0 {
+            if take(&mut r, 1)?[0] == 0 {
+                served.push(*owner);
+            } else if first.is_none() {
                 let n = u32_of(take(&mut r, 4)?) as usize;
                 let code = String::from_utf8_lossy(take(&mut r, n)?).into_owned();
-                return Err(refused(*owner, key, &code, &String::from_utf8_lossy(r)));
+                first = Some(refused(*owner, key, &code, &String::from_utf8_lossy(r)));
             }
         }
-        // Each reply without its status byte is read from index 1 on.
-        Ok(replies)
+        match first {
+            Some(e) => Err(parts_served(e, key, &served)),
+            // Each reply without its status byte is read from index 1 on.
+            None => Ok(replies),
+        }
     }
 
     /// Sends `value`'s parts to their owners with `op` (INIT or PUSH). A part this
@@ -420,6 +442,7 @@ impl Shards {
     ) -> Result<Vec<Vec<u8>>> {
         let refused = |e: Error| refused(self.rank(), key, e.kind().code(), &e);
         let Some(own) = own else { return self.call(key, requests, &mut || {}) };
+        let owners: Vec<usize> = requests.iter().map(|(o, _)| *o).collect();
         if requests.is_empty() {
             return own().map_err(refused).map(|()| Vec::new());
         }
@@ -434,8 +457,12 @@ impl Shards {
         if let Some(f) = own.take() {
             mine = f();
         }
-        mine.map_err(refused)?;
-        replies
+        match (mine, replies) {
+            (Ok(()), Err(e)) => Err(parts_served(e, key, &[self.rank()])),
+            (Err(e), Ok(_)) => Err(parts_served(refused(e), key, &owners)),
+            (Err(e), Err(_)) => Err(refused(e)),
+            (Ok(()), replies) => replies,
+        }
     }
 
     /// Initialises `key` on its owners with `value` (one worker does, rank 0).
