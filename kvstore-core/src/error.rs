@@ -127,6 +127,19 @@ pub enum Error {
         /// Its message.
         message: String,
     },
+    /// User code that a store ran for its caller (an updater) failed: what it raised, in
+    /// the language it was written in, rides in `cause`, so that a binding gives it back
+    /// as the cause of the exception its caller sees, whatever thread ran the code. Its
+    /// kind is [`ErrorKind::Backend`].
+    #[error("{backend} backend: {message}")]
+    Raised {
+        /// The user code's kind (`python updater`, `java updater`).
+        backend: &'static str,
+        /// What failed, for the message.
+        message: String,
+        /// What the code raised.
+        cause: Cause,
+    },
     /// The machine refused a resource: memory for an array, or threads for a pool.
     /// Nothing of the call changed; it may succeed once resources are freed.
     #[error("{what}: out of resources: {detail}")]
@@ -139,6 +152,38 @@ pub enum Error {
     /// A bug in the library; please report it.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// What user code raised, as its binding holds it (a Java exception's global reference,
+/// a Python exception), carried by [`Error::Raised`]; the error's copies share it.
+///
+/// ```
+/// use kvstore_core::{Cause, Error, ErrorKind};
+/// let e = Error::Raised { backend: "my updater", message: "it failed".into(), cause: Cause::new(42u32) };
+/// assert_eq!(e.kind(), ErrorKind::Backend);
+/// let Error::Raised { cause, .. } = e.clone() else { unreachable!() };
+/// assert_eq!(cause.downcast_ref::<u32>(), Some(&42));
+/// assert_eq!(cause.downcast_ref::<String>(), None);
+/// ```
+#[derive(Clone)]
+pub struct Cause(std::sync::Arc<dyn std::any::Any + Send + Sync>);
+
+impl Cause {
+    /// `value` as a cause.
+    pub fn new<T: std::any::Any + Send + Sync>(value: T) -> Self {
+        Cause(std::sync::Arc::new(value))
+    }
+
+    /// The value, if it is a `T`.
+    pub fn downcast_ref<T: std::any::Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+}
+
+impl fmt::Debug for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Cause(..)")
+    }
 }
 
 /// A copy: the same variant with the same fields; an I/O error's copy keeps its kind
@@ -173,6 +218,9 @@ impl Clone for Error {
                 Error::Io { context: context.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
             }
             Error::Backend { backend, message } => Error::Backend { backend, message: message.clone() },
+            Error::Raised { backend, message, cause } => {
+                Error::Raised { backend, message: message.clone(), cause: cause.clone() }
+            }
             Error::ResourceExhausted { what, detail } => {
                 Error::ResourceExhausted { what: what.clone(), detail: detail.clone() }
             }
@@ -277,7 +325,7 @@ impl Error {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::Disposed { .. } => ErrorKind::Disposed,
             Error::Io { .. } => ErrorKind::Io,
-            Error::Backend { .. } => ErrorKind::Backend,
+            Error::Backend { .. } | Error::Raised { .. } => ErrorKind::Backend,
             Error::ResourceExhausted { .. } => ErrorKind::ResourceExhausted,
             Error::Internal(_) => ErrorKind::Internal,
         }

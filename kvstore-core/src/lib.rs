@@ -74,7 +74,7 @@ mod waits;
 
 pub use context::{Context, DeviceType};
 pub use dtype::{DType, Element};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Cause, Error, ErrorKind, Result};
 pub use key::{Key, Keys, Values, shorten};
 pub use kvstore::{KVStore, KVStoreBuilder, Pending, Release, StorageType};
 pub use ndarray::{ForeignMemory, NDArray, Operand, RowSparse};

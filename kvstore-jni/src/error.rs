@@ -2,11 +2,11 @@
 //! `io.github.kvstore.KVStoreException(code, message)`, whose code is the Rust
 //! [`kvstore_core::ErrorKind::code`], with the error's data ([`Detail`]: the key, the
 //! shapes, dtypes or lengths expected and got) as fields of the exception. Panics are caught by jni's `with_env` and thrown as
-//! `INTERNAL`. A Java exception from an updater becomes the cause of the `BACKEND`
-//! exception that fails the push.
+//! `INTERNAL`. A Java exception from an updater rides inside the store's error
+//! ([`Error::Raised`], a global reference) and becomes the cause of the `BACKEND`
+//! exception that fails the push, on whatever thread the updater ran.
 
 use std::any::Any;
-use std::cell::RefCell;
 use std::fmt;
 
 use jni::Env;
@@ -61,6 +61,15 @@ impl JniError {
                 (ErrorKind::InvalidArgument.code(), format!("a null argument was passed ({what})"))
             }
             JniError::Jni(e) => (ErrorKind::Internal.code(), format!("internal error: jni: {e}")),
+        }
+    }
+
+    /// What user code raised for this error (an updater's Java exception), the
+    /// exception's cause.
+    fn cause(&self) -> Option<&Global<JThrowable<'static>>> {
+        match self {
+            JniError::Store(Error::Raised { cause, .. }) => cause.downcast_ref(),
+            _ => None,
         }
     }
 
@@ -124,31 +133,21 @@ fn length(n: Option<usize>) -> i64 {
     n.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX))
 }
 
-thread_local! {
-    /// The Java exception an updater threw during the current native call, attached as
-    /// the cause of the `BACKEND` exception that the call throws.
-    static CAUSE: RefCell<Option<Global<JThrowable<'static>>>> = const { RefCell::new(None) };
-}
-
-/// Remembers `cause` for the exception the current native call will throw.
-pub fn set_cause(cause: Global<JThrowable<'static>>) {
-    CAUSE.with(|c| *c.borrow_mut() = Some(cause));
-}
-
-pub fn take_cause() -> Option<Global<JThrowable<'static>>> {
-    CAUSE.with(|c| c.borrow_mut().take())
-}
-
-/// Throws `KVStoreException(code, message)` carrying `detail`, with the updater's
-/// exception as its cause for a `BACKEND` error.
+/// Throws `KVStoreException(code, message)` carrying `detail`, with `cause` (an
+/// updater's exception) as its cause.
 ///
 /// It makes no class or method lookup (the class and constructor come from
 /// [`crate::classes`]) and calls no Java method but the constructor (the strings and
 /// `long[]`s of `detail` are made with JNI functions), so it cannot start jni-rs's
 /// class-lookup recursion on a thread that is short of stack; if the constructor itself
 /// fails there, its `StackOverflowError` is what Java sees.
-fn throw(env: &mut Env<'_>, code: &str, message: &str, detail: &Detail<'_>) -> jni::errors::Result<()> {
-    let cause = take_cause().filter(|_| code == ErrorKind::Backend.code());
+fn throw(
+    env: &mut Env<'_>,
+    code: &str,
+    message: &str,
+    detail: &Detail<'_>,
+    cause: Option<&Global<JThrowable<'static>>>,
+) -> jni::errors::Result<()> {
     let classes = classes()?;
     let jcode = env.new_string(code)?;
     let jmsg = env.new_string(message)?;
@@ -237,11 +236,10 @@ impl<T: Default> ErrorPolicy<T, JniError> for ThrowKvStore {
         err: JniError,
     ) -> jni::errors::Result<T> {
         if env.exception_check() {
-            take_cause();
             return Ok(T::default());
         }
         let (code, message) = err.code_and_message();
-        throw(env, code, &message, &err.detail())?;
+        throw(env, code, &message, &err.detail(), err.cause())?;
         Ok(T::default())
     }
 
@@ -252,7 +250,7 @@ impl<T: Default> ErrorPolicy<T, JniError> for ThrowKvStore {
     ) -> jni::errors::Result<T> {
         let message = format!("internal error: panic in kvstore-jni: {}", panic_message(payload.as_ref()));
         if !env.exception_check() {
-            throw(env, ErrorKind::Internal.code(), &message, &Detail::default())?;
+            throw(env, ErrorKind::Internal.code(), &message, &Detail::default(), None)?;
         }
         Ok(T::default())
     }

@@ -14,18 +14,18 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use jni::EnvUnowned;
-use jni::objects::{Global, JClass, JLongArray, JObjectArray, JString, JThrowable};
+use jni::objects::{JClass, JLongArray, JObjectArray, JString};
 use jni::sys::{jint, jlong};
 use kvstore_core::{Error, KVStore, Keys, Pending, Release, Values};
 use parking_lot::{Condvar, Mutex};
 
 use crate::convert::{arrays, keys, string};
-use crate::error::{JResult, ThrowKvStore, set_cause, take_cause};
+use crate::error::{JResult, ThrowKvStore};
 use crate::handles::STORES;
 
-/// A failed call's error, with the Java exception an updater threw for it (the cause of
-/// its `BACKEND` error), taken on the thread that ran the updater.
-type Failed = (Error, Option<Global<JThrowable<'static>>>);
+/// A failed call's error (with the Java exception an updater threw for it inside, the
+/// cause of its `BACKEND` error: [`Error::Raised`]).
+type Failed = Error;
 
 #[derive(Default)]
 struct Done {
@@ -96,7 +96,7 @@ fn track(id: i64, pending: Pending) {
         match result {
             Ok(()) => done.ids.push_back(id),
             Err(e) => {
-                done.failed.insert(id, (e, take_cause()));
+                done.failed.insert(id, e);
                 done.ids.push_back(-id);
             }
         }
@@ -225,12 +225,9 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nTakeDone<'l>(
 pub extern "system" fn Java_io_github_kvstore_KVStore_nResult<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, id: jlong) {
     env.with_env(|_| -> JResult<()> {
         let failed = DONE.0.lock().failed.remove(&id);
-        let Some((error, cause)) = failed else {
+        let Some(error) = failed else {
             return Err(Error::Internal(format!("no failed call numbered {id}")).into());
         };
-        if let Some(cause) = cause {
-            set_cause(cause);
-        }
         Err(error.into())
     })
     .resolve::<ThrowKvStore>()

@@ -22,10 +22,10 @@ use std::cell::{Cell, RefCell};
 use jni::objects::{JObject, JValue, Weak};
 use jni::signature::{Primitive, ReturnType};
 use jni::{Env, JavaVM};
-use kvstore_core::{Error, Key, NDArray, Result, Updater};
+use kvstore_core::{Cause, Error, Key, NDArray, Result, Updater};
 
 use crate::classes::classes;
-use crate::error::{JResult, JniError, set_cause};
+use crate::error::{JResult, JniError};
 use crate::handles::ARRAYS;
 
 /// The most updater calls that may run at once on one thread (each inside a push made
@@ -161,12 +161,15 @@ impl JavaUpdater {
             return e;
         };
         env.exception_clear();
+        let (backend, message) = ("java updater", format!("key \"{key}\": {what}"));
         match env.new_global_ref(&thrown) {
-            Ok(cause) => set_cause(cause),
+            Ok(cause) => Error::Raised { backend, message, cause: Cause::new(cause) }.into(),
             // Out of global references: the push still fails, without its cause.
-            Err(_) => env.exception_clear(),
+            Err(_) => {
+                env.exception_clear();
+                Error::Backend { backend, message }.into()
+            }
         }
-        Error::Backend { backend: "java updater", message: format!("key \"{key}\": {what}") }.into()
     }
 }
 

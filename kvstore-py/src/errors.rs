@@ -7,46 +7,22 @@
 //! (`InvalidArgumentError`, a `ValueError`) and [`row_sparse_value`]
 //! (`RowSparseValueError`, an `ArgumentTypeError`).
 //!
-//! An exception raised by a Python updater fails its push with a `BACKEND` error; the
-//! exception itself is kept here (by the error's message, which names it uniquely) and
-//! becomes the `__cause__` of the exception the push raises.
+//! An exception raised by a Python updater fails its push with a `BACKEND` error that
+//! carries the exception itself ([`Error::Raised`]), on whatever thread the updater
+//! ran; it becomes the `__cause__` of the exception the push raises.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use kvstore_core::Error;
-use parking_lot::Mutex;
+use kvstore_core::{Cause, Error};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyTuple, PyType};
 
-/// The updater exceptions not yet raised as causes, newest last (a bounded list: a
-/// failed non-blocking push nobody waits for leaves its exception here).
-static CAUSES: Mutex<VecDeque<(String, PyErr)>> = Mutex::new(VecDeque::new());
-/// How many causes are kept at most.
-const MAX_CAUSES: usize = 64;
-
 /// The store error for `err`, an exception a Python updater raised for `key`: its
-/// message names the exception, and the exception is kept to become the cause.
+/// message names the exception, which rides inside as the cause.
 pub(crate) fn updater_failed(py: Python<'_>, key: &str, err: PyErr) -> Error {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let what = err.value(py).repr().map_or_else(|_| "an exception".to_string(), |r| r.to_string());
-    let message = format!("the updater raised {what} for key \"{key}\" (updater error #{n})");
-    let mut causes = CAUSES.lock();
-    if causes.len() == MAX_CAUSES {
-        causes.pop_front();
-    }
-    causes.push_back((message.clone(), err));
-    Error::Backend { backend: "python updater", message }
-}
-
-/// The kept updater exception whose error message is `message`, taken.
-fn take_cause(message: &str) -> Option<PyErr> {
-    let mut causes = CAUSES.lock();
-    let at = causes.iter().position(|(m, _)| message.contains(m.as_str()))?;
-    causes.remove(at).map(|(_, e)| e)
+    let message = format!("the updater raised {what} for key \"{key}\"");
+    Error::Raised { backend: "python updater", message, cause: Cause::new(err) }
 }
 
 /// The Python exception for a store error.
@@ -77,10 +53,10 @@ fn make(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
     };
     let exc = errors.call_method1("_from_native", (err.kind().code(), message.as_str(), key, expected, got))?;
     let exc = PyErr::from_value(exc);
-    if let Error::Backend { .. } = err
-        && let Some(cause) = take_cause(&message)
+    if let Error::Raised { cause, .. } = err
+        && let Some(cause) = cause.downcast_ref::<PyErr>()
     {
-        exc.set_cause(py, Some(cause));
+        exc.set_cause(py, Some(cause.clone_ref(py)));
     }
     Ok(exc)
 }

@@ -231,6 +231,49 @@ def test_the_tutorials_updater_gets_int_keys(store):
     assert calls[-1] == "s"
 
 
+def test_an_updaters_exception_is_the_cause_whatever_thread_ran_it():
+    # A blocking push queued behind a running non-blocking one runs its updater on an
+    # engine thread; a push of many keys may run it on the comm's threads.
+    import time
+
+    store = kv.create("local")
+    store.init("k", f32(1))
+    calls = []
+    boom = RuntimeError("second call")
+
+    def updater(key, recv, stored):
+        calls.append(key)
+        if len(calls) == 1:
+            time.sleep(0.2)
+            return
+        raise boom
+
+    store.set_updater(updater)
+    first = store.push_async("k", f32(1))
+    with pytest.raises(kv.BackendError) as e:
+        store.push("k", f32(1))
+    assert e.value.__cause__ is boom
+    first.result()
+    for kind in ("local", "device"):
+        many = kv.create(kind)
+        keys = ["k%d" % i for i in range(256)]
+        many.init(keys, [f32(0, (16,))] * 256)
+
+        def refuse(key, recv, stored):
+            if key == "k200":
+                raise ValueError("refused " + key)
+            stored += recv
+
+        many.set_updater(refuse)
+        for _ in range(10):
+            with pytest.raises(kv.BackendError) as e:
+                many.push(keys, [f32(1, (16,))] * 256)
+            assert isinstance(e.value.__cause__, ValueError) and str(e.value.__cause__) == "refused k200", kind
+            with pytest.raises(kv.BackendError) as e:
+                many.push_async(keys, [f32(1, (16,))] * 256).result()
+            assert isinstance(e.value.__cause__, ValueError), kind
+
+
 def test_an_updater_that_raises_fails_its_push_and_the_key_keeps_its_value(store):
     store.init("w", f32(1))
 

@@ -409,7 +409,8 @@ fn mix_two_forms(pair: (Form, Form), updater: bool, length: Duration) {
     let start = Arc::new(Barrier::new(6));
     let bodies: Vec<Box<dyn FnOnce() + Send>> = (0..6u64)
         .map(|t| -> Box<dyn FnOnce() + Send> {
-            let (kv, keys, arrays, start) = (Arc::clone(&kv), Arc::clone(&keys), Arc::clone(&arrays), Arc::clone(&start));
+            let (kv, keys, arrays, start) =
+                (Arc::clone(&kv), Arc::clone(&keys), Arc::clone(&arrays), Arc::clone(&start));
             Box::new(move || {
                 let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (t + 1).wrapping_mul(0x1234_5678));
                 let mut pending = std::collections::VecDeque::new();

@@ -486,6 +486,7 @@ fn applied_before(e: Error, applied: &[&Key]) -> Error {
     );
     match e {
         Error::Backend { backend, message } => Error::Backend { backend, message: message + &note },
+        Error::Raised { backend, message, cause } => Error::Raised { backend, message: message + &note, cause },
         Error::Internal(m) => Error::Internal(m + &note),
         e => Error::Backend { backend: "dist_async", message: format!("{e}{note}") },
     }

@@ -385,6 +385,70 @@ class ErrorsTest {
         }
     }
 
+    /**
+     * The updater's exception is the cause wherever the updater ran: a blocking push queued behind a
+     * running non-blocking call runs it on an engine thread, and a push of many keys may run it on the
+     * comm's threads. It rides inside the store's error; before, a thread-local of the thread that ran
+     * the updater held it, and the caller's exception said "see the cause" with no cause.
+     */
+    @Test
+    void anUpdatersExceptionIsTheCauseWhateverThreadRanTheUpdater() throws Exception {
+        try (KVStore kv = KVStore.create("local"); NDArray a = NDArray.ones(SHAPE)) {
+            kv.init("k", a);
+            java.util.concurrent.atomic.AtomicInteger calls = new java.util.concurrent.atomic.AtomicInteger();
+            IllegalStateException boom = new IllegalStateException("second call");
+            kv.setUpdater((key, index, merged, stored) -> {
+                if (calls.incrementAndGet() == 1) {
+                    try {
+                        Thread.sleep(200);
+                    } catch (InterruptedException e) {
+                        Thread.currentThread().interrupt();
+                    }
+                    return;
+                }
+                throw boom;
+            });
+            java.util.concurrent.CompletableFuture<Void> first = kv.async().push("k", a);
+            KVStoreException e = assertCode(Code.BACKEND, () -> kv.push("k", a));
+            assertSame(boom, e.getCause(), "the blocking push queued behind a running call");
+            first.get(10, java.util.concurrent.TimeUnit.SECONDS);
+        }
+        for (String kind : new String[] {"local", "device"}) {
+            String[] keys = new String[256];
+            NDArray[] values = new NDArray[256];
+            try (KVStore kv = KVStore.create(kind)) {
+                for (int i = 0; i < keys.length; i++) {
+                    keys[i] = "k" + i;
+                    values[i] = NDArray.ones(16);
+                }
+                kv.init(keys, values);
+                kv.setUpdater((key, index, merged, stored) -> {
+                    if (key.equals("k200")) {
+                        throw new IllegalArgumentException("refused " + key);
+                    }
+                    stored.addInPlace(merged);
+                });
+                for (int round = 0; round < 20; round++) {
+                    KVStoreException e = assertCode(Code.BACKEND, () -> kv.push(keys, values));
+                    assertTrue(e.getCause() instanceof IllegalArgumentException c && c.getMessage().equals("refused k200"),
+                            () -> kind + ": blocking, cause " + e.getCause());
+                    java.util.concurrent.ExecutionException x = org.junit.jupiter.api.Assertions.assertThrows(
+                            java.util.concurrent.ExecutionException.class,
+                            () -> kv.async().push(keys, values).get(10, java.util.concurrent.TimeUnit.SECONDS));
+                    Throwable cause = x.getCause().getCause();
+                    assertTrue(cause instanceof IllegalArgumentException c && c.getMessage().equals("refused k200"),
+                            () -> kind + ": non-blocking, cause " + x.getCause().getCause());
+                }
+            } finally {
+                for (NDArray v : values) {
+                    if (v != null) {
+                        v.close();
+                    }
+                }
+            }
+        }
+    }
+
     @Test
     void aRustPanicIsInternal() {
         KVStoreException e = assertCode(Code.INTERNAL, Native::nDebugPanic);
