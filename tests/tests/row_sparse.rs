@@ -450,3 +450,151 @@ fn f16_and_bf16_weights_are_updated_lazily_unless_multi_precision() {
     let got = kv.pull_new("w", 0).expect("pull").to_vec::<f32>().expect("read");
     assert_eq!(got, vec![1.0, 1.0, 0.890_136_7, 0.890_136_7, 0.890_136_7, 0.890_136_7, 1.0, 1.0]);
 }
+
+/// The optimizers that update row-sparse gradients lazily, each with its states.
+const LAZY: [&str; 4] = ["adam", "sgd", "adagrad", "ftrl"];
+
+fn lazy_optimizer(name: &str) -> Optimizer {
+    let b = Optimizer::builder(name).param("learning_rate", 0.1).param("wd", 0.01);
+    match name {
+        "sgd" => b.param("momentum", 0.9),
+        _ => b,
+    }
+    .build()
+    .unwrap()
+}
+
+/// A row-sparse key ("emb", 6 rows) and a dense one, with `opt`.
+fn embedding_store(kv: &KVStore, opt: Optimizer) {
+    let table = NDArray::from_vec(&[6, 2], (1..=12).map(|x| x as f32 / 4.0).collect()).unwrap();
+    kv.init_row_sparse("emb", &RowSparse::from_dense(&table).unwrap()).unwrap();
+    kv.init("dense", &NDArray::ones(&[3]).unwrap()).unwrap();
+    kv.set_optimizer(opt).unwrap();
+}
+
+/// One step: `copies` values of each gradient per worker (the same sums on one worker
+/// with two copies as on two workers with one each).
+fn embedding_step(kv: &KVStore, step: usize, copies: usize) {
+    let g = match step {
+        0 => rsp(&[1, 4], vec![0.5, -0.25, 1.0, 2.0], &[6, 2]),
+        _ => rsp(&[0, 1, 5], vec![-1.0, 0.75, 0.125, 3.0, 0.25, -0.5], &[6, 2]),
+    };
+    kv.push_row_sparse("emb", &vec![g; copies], 0).unwrap();
+    let d = NDArray::from_vec(&[3], vec![0.5f32, -0.25, step as f32]).unwrap();
+    kv.push("dense", &vec![d; copies][..], 0).unwrap();
+}
+
+/// What a store resumed from a checkpoint of the first step holds after the second.
+#[derive(Debug, PartialEq)]
+struct Resumed {
+    /// The bits of "emb" and of "dense".
+    emb: Vec<u32>,
+    dense: Vec<u32>,
+    /// Their storage types, as loaded.
+    stypes: Vec<StorageType>,
+    /// What `row_sparse_pull` of rows 5, 2 and 5 gives: its rows and their values.
+    rows: Vec<i64>,
+    data: Vec<f32>,
+}
+
+fn resumed_step(kv: &KVStore, copies: usize) -> Resumed {
+    let stypes = vec![kv.stype("emb").unwrap(), kv.stype("dense").unwrap()];
+    embedding_step(kv, 1, copies);
+    let rows = kv.row_sparse_pull("emb", &[5, 2, 5], 0).unwrap();
+    Resumed {
+        emb: bits(&kv.pull_new("emb", 0).unwrap().to_vec::<f32>().unwrap()),
+        dense: bits(&kv.pull_new("dense", 0).unwrap().to_vec::<f32>().unwrap()),
+        stypes,
+        rows: rows.indices().to_vec(),
+        data: rows.data().to_vec::<f32>().unwrap(),
+    }
+}
+
+/// Checkpoints of row-sparse keys saved by `local`, `device` and 2 `dist_sync` workers
+/// load into `local`, `device`, 2 `dist_sync` workers and a store that holds the key
+/// dense: every lazy optimizer's states come back, the key is row-sparse again
+/// (`stype`, `row_sparse_pull`), and the next lazy step gives the bits of a run that
+/// never stopped (row 2, never pushed, unchanged with its state).
+#[test]
+fn row_sparse_checkpoints_resume_exactly_in_every_store_kind() {
+    use kvstore_tests::run_workers;
+    let dir = kvstore_tests::TempDir::new("rsp-ckpt-kinds");
+    for name in LAZY {
+        let reference = KVStore::create("local").unwrap();
+        embedding_store(&reference, lazy_optimizer(name));
+        embedding_step(&reference, 0, 2);
+        let want = resumed_step(&reference, 2);
+        assert_eq!(want.stypes, [StorageType::RowSparse, StorageType::Default]);
+        // Row 2 was never pushed: its value is its first.
+        assert_eq!((&want.rows[..], &want.data[..2]), (&[2, 5][..], &[1.25f32, 1.5][..]), "{name}");
+        let mut files = Vec::new();
+        for kind in ["local", "device"] {
+            let kv = KVStore::create(kind).unwrap();
+            embedding_store(&kv, lazy_optimizer(name));
+            embedding_step(&kv, 0, 2);
+            let path = dir.path(&format!("{name}-{kind}.ckpt"));
+            kv.save_checkpoint(&path).unwrap();
+            files.push((kind, path));
+        }
+        let path = dir.path(&format!("{name}-dist.ckpt"));
+        let p = path.clone();
+        run_workers(2, move |_, kv| {
+            embedding_store(&kv, lazy_optimizer(name));
+            embedding_step(&kv, 0, 1);
+            kv.save_checkpoint(&p).unwrap();
+        });
+        files.push(("dist_sync", path));
+        for (saver, path) in &files {
+            for kind in ["local", "device"] {
+                let kv = KVStore::create(kind).unwrap();
+                kv.load_checkpoint(path).unwrap();
+                assert_eq!(resumed_step(&kv, 2), want, "{name}: saved by {saver}, loaded into {kind}");
+            }
+            // A store that holds the key dense takes the file's storage type.
+            let kv = KVStore::create("local").unwrap();
+            kv.init("emb", &NDArray::zeros(&[6, 2]).unwrap()).unwrap();
+            assert_eq!(kv.stype("emb").unwrap(), StorageType::Default);
+            kv.load_checkpoint(path).unwrap();
+            assert_eq!(resumed_step(&kv, 2), want, "{name}: saved by {saver}, loaded over a dense key");
+            let p = path.clone();
+            let got = run_workers(2, move |_, kv| {
+                kv.load_checkpoint(&p).unwrap();
+                resumed_step(&kv, 1)
+            });
+            for g in got {
+                assert_eq!(g, want, "{name}: saved by {saver}, loaded into 2 dist_sync workers");
+            }
+        }
+    }
+}
+
+/// A checkpoint of row-sparse keys that passes through a `dist_async` job (which has no
+/// row-sparse calls: it loads the file, trains its dense keys, saves) keeps the keys'
+/// storage type: a store of another kind that loads the new file has them row-sparse,
+/// with their values.
+#[test]
+fn a_row_sparse_checkpoint_through_dist_async_keeps_the_keys_row_sparse() {
+    let dir = kvstore_tests::TempDir::new("rsp-ckpt-async");
+    let (first, second) = (dir.path("local.ckpt"), dir.path("async.ckpt"));
+    let kv = KVStore::create("local").unwrap();
+    embedding_store(&kv, lazy_optimizer("adam"));
+    embedding_step(&kv, 0, 1);
+    kv.save_checkpoint(&first).unwrap();
+    let emb = kv.pull_new("emb", 0).unwrap().to_vec::<f32>().unwrap();
+    let (f, s) = (first.clone(), second.clone());
+    let stypes = kvstore_tests::run_async_workers(2, move |_, kv| {
+        kv.load_checkpoint(&f).unwrap();
+        let stype = kv.stype("emb").unwrap();
+        kv.push("dense", &NDArray::ones(&[3]).unwrap(), 0).unwrap();
+        kv.barrier().unwrap();
+        kv.save_checkpoint(&s).unwrap();
+        stype
+    });
+    assert_eq!(stypes, [StorageType::RowSparse; 2], "dist_async reports the loaded key's storage type");
+    let back = KVStore::create("device").unwrap();
+    back.load_checkpoint(&second).unwrap();
+    assert_eq!(back.stype("emb").unwrap(), StorageType::RowSparse);
+    assert_eq!(back.stype("dense").unwrap(), StorageType::Default);
+    assert_eq!(back.pull_new("emb", 0).unwrap().to_vec::<f32>().unwrap(), emb);
+    assert_eq!(back.row_sparse_pull("emb", &[4], 0).unwrap().data().to_vec::<f32>().unwrap(), emb[8..10]);
+}

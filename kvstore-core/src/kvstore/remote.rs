@@ -696,10 +696,12 @@ impl KVStore {
                 }
                 *copy.store.merger.write() = remote.server.store.merger.read().clone();
                 for (e, state) in entries.iter().zip(states) {
-                    let entry = copy.store.table.read().entries.get(&e.key).cloned();
-                    if let (Some(entry), Some(state)) = (entry, state) {
-                        entry.value.write().opt = Some(state);
-                    }
+                    let Some(entry) = copy.store.table.read().entries.get(&e.key).cloned() else { continue };
+                    let mut slot = entry.value.write();
+                    slot.opt = state;
+                    // A row-sparse key of a loaded file stays row-sparse in the next one
+                    // (this store has no row-sparse calls, but others that load it do).
+                    slot.row_sparse = e.value.read().row_sparse;
                 }
                 copy.save_checkpoint(path)
             })(),
@@ -724,28 +726,32 @@ impl KVStore {
                 *remote.server.store.merger.write() = merger;
             }
             for e in copy.store.entries() {
-                let (value, state) = {
+                let (value, state, row_sparse) = {
                     let slot = e.value.read();
                     let state = slot.opt.as_ref().map(|st| KeyState {
                         count: st.count,
                         states: st.states.clone(),
                         master: st.master.clone(),
                     });
-                    (slot.value.clone(), state)
+                    (slot.value.clone(), state, slot.row_sparse)
                 };
                 remote.restore(&e.key, &value, state.as_ref())?;
                 // This worker's copy of the key (made when new).
                 let mut table = self.store.table.write();
                 match table.entries.get(&e.key) {
+                    // The key's storage type is the file's: `stype` says it, and the
+                    // store's next checkpoint keeps it.
                     Some(mine) => {
-                        let slot = mine.value.read();
+                        let mut slot = mine.value.write();
                         super::check_like(|| "load_checkpoint".to_string(), &e.key, &slot.value, &value)?;
+                        slot.row_sparse = row_sparse;
                     }
                     None => {
                         let index = table.next_index;
                         table.next_index += 1;
                         let order = table.take_order();
-                        let slot = Slot::new(value.deep_copy()?, order);
+                        let mut slot = Slot::new(value.deep_copy()?, order);
+                        slot.row_sparse = row_sparse;
                         let entry =
                             Arc::new(Entry { key: e.key.clone(), index, value: parking_lot::RwLock::new(slot) });
                         table.entries.insert(e.key.clone(), entry);
