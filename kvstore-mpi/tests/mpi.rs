@@ -110,6 +110,63 @@ fn async_a_checkpoint_resumes_in_dist_async_and_dist_sync_stores() {
     }
 }
 
+/// `dist_sync` and `dist_async` stores of one job, their calls interleaved step by
+/// step: a `dist_sync` pushpull, then `dist_async` pushes (blocking and not) and pulls
+/// of a small key and of one split over every owner, made while two non-blocking
+/// `dist_sync` pushes are pending: a big one, running in the background under them, and
+/// a small one, held back for fusion until it is waited for (so that wait is a
+/// `dist_sync` call: every rank's `dist_async` calls end with that store's barrier
+/// first, docs/dist-async.md). Every value is right on every rank, nothing waits for
+/// ever, and `zz_finalize_mpi` ends both.
+#[test]
+fn async_and_sync_stores_interleave_in_one_job() {
+    use kvstore_core::{Key, NDArray, Result};
+    const BIG: usize = 1 << 20;
+    let sync = store();
+    let a = async_store();
+    let (rank, n) = (sync.rank(), sync.num_workers());
+    let sizes = [4, async_cases::BIG];
+    let keys = ["mix a", "mix big"];
+    let zeros: Vec<NDArray> = sizes.iter().map(|&s| NDArray::zeros(&[s]).expect("zeros")).collect();
+    a.init(&keys[..], &zeros[..]).expect("init dist_async");
+    a.set_updater(|_: &Key, _: usize, merged: &NDArray, stored: &NDArray| -> Result<()> { stored.add_assign(merged) })
+        .expect("set_updater");
+    let sync_keys = ["mix s", "mix t", "mix u"];
+    let sync_zeros = [4, BIG, 4].map(|s| NDArray::zeros(&[s]).expect("zeros"));
+    sync.init(&sync_keys[..], &sync_zeros[..]).expect("init dist_sync");
+    let ranks_sum = |plus: usize| (0..n).map(|r| (r + 1 + plus) as f32).sum::<f32>();
+    for step in 0..4usize {
+        let out = NDArray::zeros(&[4]).expect("out");
+        sync.pushpull("mix s", &NDArray::full(&[4], (rank + 1 + step) as f64).expect("v"), &out, 0).expect("pushpull");
+        assert_eq!(out.to_vec::<f32>().expect("f32"), vec![ranks_sum(step); 4], "rank {rank}, step {step}: dist_sync");
+        let running = sync.push_async("mix t", &NDArray::full(&[BIG], (rank + 1) as f64).expect("v"), 0);
+        let held = sync.push_async("mix u", &NDArray::full(&[4], (rank + 1) as f64).expect("v"), 0);
+        let one = NDArray::full(&[4], (rank + 1) as f64).expect("v");
+        let big = NDArray::full(&[sizes[1]], (rank + 1) as f64).expect("v");
+        a.push(keys[0], &one, 0).expect("dist_async push");
+        a.push_async(keys[1], &big, 0).wait().expect("dist_async push_async");
+        let _ = a.pull_new(keys[1], 0).expect("dist_async pull before the barrier");
+        running.wait().expect("the running dist_sync push");
+        a.barrier().expect("dist_async barrier");
+        held.wait().expect("the held dist_sync push");
+        let want = (step + 1) as f32 * ranks_sum(0);
+        for (key, size) in keys.iter().zip(sizes) {
+            let got = a.pull_new(*key, 0).expect("dist_async pull").to_vec::<f32>().expect("f32");
+            assert!(
+                got.len() == size && got.iter().all(|&x| x == want),
+                "rank {rank}, step {step}, {key}: {:?}, want {want}",
+                &got[..4]
+            );
+        }
+        for (key, size) in [("mix t", BIG), ("mix u", 4)] {
+            let got = sync.pull_new(key, 0).expect("pull").to_vec::<f32>().expect("f32");
+            assert!(got.len() == size && got.iter().all(|&x| x == ranks_sum(0)), "rank {rank}, step {step}, {key}");
+        }
+        // Every rank's dist_async calls done before the next dist_sync call.
+        a.barrier().expect("dist_async barrier");
+    }
+}
+
 #[test]
 fn async_a_rank_that_makes_its_store_late_is_waited_for() {
     use kvstore_core::backend::Collective;
