@@ -227,6 +227,15 @@ fn half_compressed_pushes_round_each_workers_sum_once() {
 }
 
 #[test]
+fn half_compressed_sums_beyond_the_range_become_inf() {
+    for kind in ["fp16", "bf16"] {
+        let kv = store();
+        let bits = dist_cases::half_compressed_sums_beyond_the_range_become_inf(kv.rank(), &kv, kind);
+        assert_as_on_rank_0(&store(), &format!("{kind} range bits"), bits);
+    }
+}
+
+#[test]
 fn an_updater_failing_on_one_worker_fails_the_push_everywhere() {
     for compression in [false, true] {
         let kv = store();

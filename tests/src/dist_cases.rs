@@ -470,6 +470,80 @@ pub fn half_compressed_pushes_round_each_workers_sum_once(rank: usize, kv: &KVSt
     bits
 }
 
+/// fp16 and bf16 wire compression of sums beyond the 16-bit type's range: each
+/// worker's sum rounds as IEEE rounding does, so a finite sum past the largest finite
+/// value (65,504 in fp16) becomes an infinity of its sign (from 65,520 on in fp16; a
+/// dynamic loss scaler sees the overflow), inf stays inf and NaN stays NaN, and a key's
+/// value, the f32 sum of the workers' rounded sums, may exceed the 16-bit range. The
+/// same on every worker: returns the pulled bits, for comparing workers.
+pub fn half_compressed_sums_beyond_the_range_become_inf(rank: usize, kv: &KVStore, kind: &str) -> Vec<u8> {
+    let workers = kv.num_workers();
+    let w = workers as f32;
+    // Per column: worker r's two values (their f32 sum crosses the wire), and what the
+    // key holds after one push of every worker: a number, or an infinity or NaN.
+    type Column = fn(usize) -> (f32, f32);
+    let (columns, want): (Vec<Column>, Vec<f32>) = match kind {
+        "fp16" => (
+            vec![
+                |_| (65_504.0, 0.0),                         // the largest finite fp16
+                |_| (65_519.0, 0.0),                         // rounds down to it
+                |_| (65_520.0, 0.0),                         // rounds up, past it: inf
+                |_| (40_000.0, 40_000.0),                    // each finite, their sum not
+                |_| (-1.0e6, 0.0),                           // -inf
+                |_| (f32::INFINITY, 0.0),                    // inf stays inf
+                |_| (f32::NAN, 0.0),                         // NaN stays NaN
+                |r| (if r == 0 { 1.0e5 } else { 1.0 }, 0.0), // one worker's overflow
+                |_| (60_000.0, 0.0),                         // the workers' f32 sum exceeds 65,504
+            ],
+            vec![
+                w * 65_504.0,
+                w * 65_504.0,
+                f32::INFINITY,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                f32::INFINITY,
+                f32::NAN,
+                f32::INFINITY,
+                w * 60_000.0,
+            ],
+        ),
+        _ => (
+            vec![
+                |_| (2f32.powi(123), 0.0), // about 1e37: sums of a few are exact
+                |_| (f32::MAX, 0.0),       // rounds up, past bf16's largest finite: inf
+                |_| (3.0e38, 3.0e38),      // their f32 sum is already inf
+                |_| (-f32::MAX, 0.0),
+                |_| (f32::INFINITY, 0.0),
+                |_| (f32::NAN, 0.0),
+                |r| (if r == 0 { f32::MAX } else { 1.0 }, 0.0),
+                |_| (70_000.0, 0.0),
+            ],
+            vec![
+                w * 2f32.powi(123),
+                f32::INFINITY,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                f32::INFINITY,
+                f32::NAN,
+                f32::INFINITY,
+                w * 70_144.0,
+            ],
+        ),
+    };
+    kv.set_gradient_compression(&[("type", kind)]).expect("set_gradient_compression");
+    kv.init("range", &NDArray::zeros(&[columns.len()]).expect("zeros")).expect("init");
+    let (a, b): (Vec<f32>, Vec<f32>) = columns.iter().map(|c| c(rank)).unzip();
+    let mine = [NDArray::from_vec(&[a.len()], a).expect("a"), NDArray::from_vec(&[b.len()], b).expect("b")];
+    kv.push("range", &mine[..], 0).expect("push");
+    let got = kv.pull_new("range", 0).expect("pull");
+    let values = got.to_vec::<f32>().expect("f32");
+    for (j, (g, x)) in values.iter().zip(&want).enumerate() {
+        let same = (g.is_nan() && x.is_nan()) || g == x;
+        assert!(same, "rank {rank}, {kind}, column {j}: {g}, want {x} ({values:?})");
+    }
+    crate::device_checks::bits(&got)
+}
+
 /// Row-sparse keys under dist_sync: every worker pushes two row-sparse values to each
 /// of two keys per step (its own rows, overlapping the others', now and then none),
 /// first with no updater (the sum of every worker's rows replaces the value), then

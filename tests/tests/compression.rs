@@ -212,6 +212,18 @@ fn dist_sync_workers_add_up_each_others_sums_rounded_to_16_bits() {
     assert!(e.to_string().contains("dist_sync"), "{e}");
 }
 
+#[test]
+fn half_compressed_sums_beyond_the_range_become_inf_on_every_worker() {
+    for kind in ["fp16", "bf16"] {
+        for workers in [1, 2, 3] {
+            let bits = kvstore_tests::run_workers(workers, move |rank, kv| {
+                kvstore_tests::dist_cases::half_compressed_sums_beyond_the_range_become_inf(rank, &kv, kind)
+            });
+            assert!(bits.iter().all(|b| *b == bits[0]), "{kind}, {workers} workers: the same bits on every worker");
+        }
+    }
+}
+
 /// Non-blocking pushes fused into one batch under compression: a push of a key that is
 /// not float32 fails alone, as it does when made blocking; the others go on.
 #[test]

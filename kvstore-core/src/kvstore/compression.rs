@@ -12,7 +12,10 @@
 //!
 //! An extension of this store's, for `dist_*` only: `fp16` and `bf16`, each worker's
 //! sums rounded once to 16 bits for the wire (half the bytes) and added up in f32, as
-//! Horovod's fp16 compression does but with the sum in f32; no residual.
+//! Horovod's fp16 compression does but with the sum in f32; no residual. A sum beyond
+//! the 16-bit type's range rounds to an infinity of its sign (in fp16 from 65,520 on),
+//! inf and NaN stay so, as IEEE rounding does: the same bits reach every worker, and a
+//! dynamic loss scaler sees the overflow (docs/compression.md says why not an error).
 
 use rayon::ThreadPool;
 use rayon::prelude::*;
