@@ -245,6 +245,12 @@ fn an_updater_failing_on_one_worker_fails_the_push_everywhere() {
 }
 
 #[test]
+fn a_call_refused_before_its_step_fails_on_every_worker() {
+    let kv = store();
+    dist_cases::a_call_refused_before_its_step_fails_on_every_worker(kv.rank(), &kv);
+}
+
+#[test]
 fn case_23_init_push_and_test_optimizer() {
     let kv = store();
     dist_cases::case_23_init_push_and_test_optimizer(kv.rank(), &kv);

@@ -714,3 +714,41 @@ pub fn an_updater_failing_on_one_worker_fails_the_push_everywhere(
     }
     bits
 }
+
+/// A call that one worker's store refuses before the call reaches its step (a key never
+/// initialised, keys and values that do not pair up, a broadcast's out of another shape)
+/// fails on every worker, and the next calls stay matched: before, the call was missing
+/// on that worker only, and the others' call met its next one.
+pub fn a_call_refused_before_its_step_fails_on_every_worker(rank: usize, kv: &KVStore) {
+    let w = kv.num_workers();
+    let last = rank + 1 == w;
+    let one = || full(&[2], 1.0, Context::cpu(0));
+    let failed = |what: &str, r: Result<()>| {
+        let e = r.expect_err(what);
+        assert!(last || e.to_string().contains(&format!("rank {}", w - 1)), "rank {rank}: {what}: {e}");
+    };
+    let ok = |what: &str, r: Result<()>| r.unwrap_or_else(|e| panic!("rank {rank}: {what} after a refusal: {e}"));
+    kv.init("b-w", &full(&[2], 0.0, Context::cpu(0))).expect("init");
+    failed("push of a key never initialised", kv.push(if last { "b-never" } else { "b-w" }, &one(), 0));
+    ok("push", kv.push("b-w", &one(), 0));
+    let (two, values) = (["b-w", "b-w"], [one()]);
+    failed(
+        "push of keys and values that do not pair up",
+        match last {
+            true => kv.push(&two[..], &values[..], 0),
+            false => kv.push("b-w", &one(), 0),
+        },
+    );
+    ok("pushpull", kv.pushpull("b-w", &one(), &full(&[2], 0.0, Context::cpu(0)), 0));
+    failed(
+        "push_async of a key never initialised",
+        kv.push_async(if last { "b-never" } else { "b-w" }, &one(), 0).wait(),
+    );
+    ok("push_async", kv.push_async("b-w", &full(&[2], (rank + 1) as f64, Context::cpu(0)), 0).wait());
+    let out = full(&[if last { 3 } else { 2 }], 0.0, Context::cpu(0));
+    failed("broadcast into an out of another shape", kv.broadcast("b-b", &one(), &out, 0));
+    assert!(!kv.keys().iter().any(|k| k.as_str() == "b-b"), "rank {rank}: the refused broadcast initialised its key");
+    ok("broadcast", kv.broadcast("b-b", &one(), &full(&[2], 0.0, Context::cpu(0)), 0));
+    // The last push (assigned, no updater) summed every worker's rank + 1.
+    assert_eq!(pulled(kv, "b-w", &[2]), vec![triangle(w); 2], "rank {rank}");
+}

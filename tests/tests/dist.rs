@@ -96,3 +96,10 @@ fn an_updater_failing_on_one_worker_fails_the_push_everywhere() {
         assert!(bits.windows(2).all(|b| b[0] == b[1]), "{w} workers (2-bit: {compression}): replicas differ");
     }
 }
+
+#[test]
+fn a_call_refused_before_its_step_fails_on_every_worker() {
+    for w in [2, 3] {
+        run_workers(w, |rank, kv| dist_cases::a_call_refused_before_its_step_fails_on_every_worker(rank, &kv));
+    }
+}

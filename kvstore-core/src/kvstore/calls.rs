@@ -268,7 +268,9 @@ impl KVStore {
             },
             false => true,
         };
-        let (push, pull) = (self.store.lookup(op, push)?, self.store.lookup(op, pull)?);
+        let pushes = !push.is_empty();
+        let found = self.store.lookup(op, push).and_then(|push| Ok((push, self.store.lookup(op, pull)?)));
+        let (push, pull) = found.map_err(|e| if pushes { self.refused_everywhere(op, e) } else { e })?;
         if self.engine.may_run_now(vars_of(&push, &pull, false)) {
             prepare_for_call(&push, &pull)?;
             return engine::run_now(engine, || self.store.push_pull(op, push, pull, spread));
@@ -329,8 +331,28 @@ impl KVStore {
                 self.queue(op, vars, push, pull, priority, true)
             }
             Ok(_) => Pending::finished(Ok(()), Arc::clone(&self.store.unobserved)),
+            // (A broadcast's refusals before its step take it in `broadcast_init`.)
+            Err(e) if op != "broadcast" => {
+                Pending::finished(Err(self.refused_everywhere(op, e)), Arc::clone(&self.store.unobserved))
+            }
             Err(e) => Pending::finished(Err(e), Arc::clone(&self.store.unobserved)),
         }
+    }
+
+    /// Under `dist_sync`, a push or pushpull refused before it reached its step (its keys
+    /// and arrays did not pair up, a key was never initialised) still takes its step,
+    /// in call order, as this worker's refusal: every worker fails that call (the
+    /// others naming this worker and its reason), nothing changes, and the workers' next
+    /// calls stay matched (a call missing on one worker would meet its next call on the
+    /// others). Returns `e`.
+    pub(super) fn refused_everywhere(&self, op: &'static str, e: Error) -> Error {
+        if self.store.collective.is_some() && self.store.compare_calls && (op.starts_with("push") || op == "broadcast")
+        {
+            let refusal = e.clone();
+            // (Its own error again, or the group's: `e` is what the caller gets.)
+            let _ = self.in_order(op, move |store| store.check_step(op, &[], Err(refusal)));
+        }
+        e
     }
 
     /// Before a non-blocking call is made: waits while the store has too many calls
@@ -432,7 +454,7 @@ impl KVStore {
     /// checked against its values, then the keys initialised; what is left is its pull.
     pub(super) fn broadcast_init<'a>(&self, init: Vec<Run<'_>>, pull: Vec<Run<'a>>) -> Result<Vec<Run<'a>>> {
         let init = pairs_of(init);
-        Self::check_broadcast(&init, &pull)?;
+        Self::check_broadcast(&init, &pull).map_err(|e| self.refused_everywhere("broadcast", e))?;
         self.init_flat("broadcast", init)?;
         Ok(pull)
     }
@@ -539,7 +561,8 @@ impl KVStore {
         self.call_async(
             "broadcast",
             || {
-                let (init, pull) = broadcast_args(keys, values, outs)?;
+                let (init, pull) =
+                    broadcast_args(keys, values, outs).map_err(|e| self.refused_everywhere("broadcast", e))?;
                 Ok((Vec::new(), self.broadcast_init(init, pull)?))
             },
             priority,
@@ -560,7 +583,8 @@ impl KVStore {
         self.call_async(
             "broadcast",
             || {
-                let (init, pull) = flat_runs("broadcast", keys, values, out_keys, outs)?;
+                let (init, pull) = flat_runs("broadcast", keys, values, out_keys, outs)
+                    .map_err(|e| self.refused_everywhere("broadcast", e))?;
                 Ok((Vec::new(), self.broadcast_init(init, pull)?))
             },
             priority,

@@ -889,7 +889,7 @@ impl KVStore {
     pub fn push<'a>(&self, keys: impl Into<Keys>, values: impl Into<Values<'a>>, priority: i32) -> Result<()> {
         let values = values.into();
         self.wake_for(values);
-        let (push, pull) = self.store.push_args(keys.into(), values)?;
+        let (push, pull) = self.store.push_args(keys.into(), values).map_err(|e| self.refused_everywhere("push", e))?;
         self.call("push", push, pull, priority)
     }
 
@@ -970,7 +970,10 @@ impl KVStore {
     ) -> Result<()> {
         let values = values.into();
         self.wake_for(values);
-        let (push, pull) = self.store.pushpull_args(keys.into(), values, outs.into())?;
+        let (push, pull) = self
+            .store
+            .pushpull_args(keys.into(), values, outs.into())
+            .map_err(|e| self.refused_everywhere("pushpull", e))?;
         self.call("pushpull", push, pull, priority)
     }
 
@@ -998,7 +1001,8 @@ impl KVStore {
     ) -> Result<()> {
         let values = values.into();
         self.wake_for(values);
-        let (push, pull) = self.store.in_place_args(keys.into(), values)?;
+        let (push, pull) =
+            self.store.in_place_args(keys.into(), values).map_err(|e| self.refused_everywhere("pushpull", e))?;
         self.call("pushpull", push, pull, priority)
     }
 
@@ -1025,7 +1029,8 @@ impl KVStore {
         priority: i32,
     ) -> Result<()> {
         let outs = outs.into();
-        let (init, pull) = broadcast_args(keys.into(), values.into(), outs)?;
+        let (init, pull) =
+            broadcast_args(keys.into(), values.into(), outs).map_err(|e| self.refused_everywhere("broadcast", e))?;
         let pull = self.broadcast_init(init, pull)?;
         self.wake_for(outs);
         self.call("broadcast", Vec::new(), pull, priority)
@@ -1058,7 +1063,8 @@ impl KVStore {
         priority: i32,
     ) -> Result<()> {
         self.wake_for(Values::Many(values));
-        let (push, pull) = flat_runs("pushpull", keys, values, out_keys, outs)?;
+        let (push, pull) =
+            flat_runs("pushpull", keys, values, out_keys, outs).map_err(|e| self.refused_everywhere("pushpull", e))?;
         self.call("pushpull", push, pull, priority)
     }
 
@@ -1084,7 +1090,8 @@ impl KVStore {
         outs: &[NDArray],
         priority: i32,
     ) -> Result<()> {
-        let (init, pull) = flat_runs("broadcast", keys, values, out_keys, outs)?;
+        let (init, pull) = flat_runs("broadcast", keys, values, out_keys, outs)
+            .map_err(|e| self.refused_everywhere("broadcast", e))?;
         let pull = self.broadcast_init(init, pull)?;
         self.wake_for(Values::Many(outs));
         self.call("broadcast", Vec::new(), pull, priority)
