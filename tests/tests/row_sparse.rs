@@ -598,3 +598,41 @@ fn a_row_sparse_checkpoint_through_dist_async_keeps_the_keys_row_sparse() {
     assert_eq!(back.pull_new("emb", 0).unwrap().to_vec::<f32>().unwrap(), emb);
     assert_eq!(back.row_sparse_pull("emb", &[4], 0).unwrap().data().to_vec::<f32>().unwrap(), emb[8..10]);
 }
+
+/// A float16 row-sparse key in a checkpoint: updated lazily (SGD with momentum, Adam),
+/// or densely with its float32 master copy (`multi_precision`), a `device` store that
+/// loads the file takes the next two steps to the bits of the `local` store that saved
+/// it, and keeps the key row-sparse.
+#[test]
+fn a_float16_row_sparse_key_resumes_lazily_and_with_its_master_copy() {
+    let dir = kvstore_tests::TempDir::new("rsp-ckpt-f16");
+    let f16 = |shape: &[usize], data: Vec<f32>| NDArray::from_vec(shape, data).unwrap().as_type(DType::F16).unwrap();
+    let table = f16(&[6, 2], (1..=12).map(|x| x as f32 / 4.0).collect());
+    let grad = |s: usize| {
+        let data = f16(&[2, 2], vec![0.5 + s as f32, -0.25, 1.0, 2.0]);
+        RowSparse::new(data, vec![1, 4 - s as i64], &[6, 2]).unwrap()
+    };
+    let f32s = |kv: &KVStore| bits(&kv.pull_new("e", 0).unwrap().as_type(DType::F32).unwrap().to_vec::<f32>().unwrap());
+    for multi_precision in [0.0, 1.0] {
+        for name in ["sgd", "adam"] {
+            let b = Optimizer::builder(name).param("learning_rate", 0.1).param("multi_precision", multi_precision);
+            let opt = if name == "sgd" { b.param("momentum", 0.9) } else { b }.build().unwrap();
+            let a = KVStore::create("local").unwrap();
+            a.init_row_sparse("e", &RowSparse::from_dense(&table).unwrap()).unwrap();
+            a.set_optimizer(opt).unwrap();
+            a.push_row_sparse("e", &[grad(0)], 0).unwrap();
+            let path = dir.path(&format!("{name}-{multi_precision}.ckpt"));
+            a.save_checkpoint(&path).unwrap();
+            let b = KVStore::create("device").unwrap();
+            b.load_checkpoint(&path).unwrap();
+            assert_eq!(b.stype("e").unwrap(), StorageType::RowSparse);
+            for kv in [&a, &b] {
+                kv.push_row_sparse("e", &[grad(1)], 0).unwrap();
+                kv.push_row_sparse("e", &[grad(2)], 0).unwrap();
+            }
+            assert_eq!(f32s(&b), f32s(&a), "{name}, multi_precision {multi_precision}");
+            // Row 5 was never pushed: unchanged, lazily or not (no momentum built up).
+            assert_eq!(f32s(&b)[10..], bits(&[2.75, 3.0]), "{name}, multi_precision {multi_precision}");
+        }
+    }
+}
