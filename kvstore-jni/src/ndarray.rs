@@ -356,7 +356,7 @@ pub extern "system" fn Java_io_github_kvstore_NDArray_nSameStorage<'l>(
     a: jlong,
     b: jlong,
 ) -> jboolean {
-    env.with_env(|_| -> JResult<jboolean> { Ok(ARRAYS.get(a)?.same_storage(&ARRAYS.get(b)?)) })
+    env.with_env(|_| -> JResult<jboolean> { Ok(ARRAYS.get(a)?.shares_memory(&ARRAYS.get(b)?)) })
         .resolve::<ThrowKvStore>()
 }
 

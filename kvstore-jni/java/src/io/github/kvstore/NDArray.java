@@ -946,10 +946,13 @@ public final class NDArray extends NativeObject implements AutoCloseable {
     }
 
     /**
-     * Whether both objects are views of one native buffer.
+     * Whether both arrays use some of the same memory: views of one native buffer, or arrays
+     * that {@link #wrap(ByteBuffer, int[], DType)} made over overlapping bytes (views of one
+     * direct buffer). The store tells such arrays apart the same way: a call whose outs share
+     * memory writes them in key order, as if one array were given for each.
      *
      * @param other the other array
-     * @return true if they share storage
+     * @return true if they share memory
      * @throws KVStoreException {@code DISPOSED}
      */
     public boolean sameStorage(NDArray other) {

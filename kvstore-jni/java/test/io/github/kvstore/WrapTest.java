@@ -289,4 +289,68 @@ class WrapTest {
         }
         assertNull(ref.get(), "closing the array let go of the buffer");
     }
+
+    /** {@code n} keys' slices of one direct buffer ({@code len} floats each), wrapped each on its own. */
+    private static NDArray[] slices(ByteBuffer b, int n, int len, int[] of) {
+        NDArray[] out = new NDArray[n];
+        for (int i = 0; i < n; i++) {
+            ByteBuffer s = b.duplicate().order(ByteOrder.nativeOrder());
+            s.position(of[i] * len * Float.BYTES).limit((of[i] + 1) * len * Float.BYTES);
+            out[i] = NDArray.wrap(s.slice().order(ByteOrder.nativeOrder()), new int[] {len}, DType.FLOAT32);
+        }
+        return out;
+    }
+
+    /**
+     * A pushpull of 256 keys whose outs are other wraps of the bytes of other keys' values reads every
+     * value before it writes any out, as when the outs are the values' own arrays: key 128 stored 0.0
+     * (an out written before its value was read), not 128.0. And two views of the same bytes share
+     * storage.
+     */
+    @Test
+    void outsWrappedOverOtherKeysValuesAreWrittenAfterEveryValueIsRead() {
+        final int n = 256;
+        final int len = 16;
+        String[] keys = new String[n];
+        int[] own = new int[n];
+        int[] across = new int[n];
+        for (int i = 0; i < n; i++) {
+            keys[i] = "k" + i;
+            own[i] = i;
+            across[i] = (i + n / 2) % n;
+        }
+        try (KVStore kv = KVStore.create("local")) {
+            try (NDArray zero = NDArray.zeros(len)) {
+                NDArray[] zeros = new NDArray[n];
+                java.util.Arrays.fill(zeros, zero);
+                kv.init(keys, zeros);
+            }
+            for (int round = 0; round < 30; round++) {
+                ByteBuffer b = ByteBuffer.allocateDirect(n * len * Float.BYTES).order(ByteOrder.nativeOrder());
+                for (int i = 0; i < n * len; i++) {
+                    b.putFloat(i * Float.BYTES, i / len);
+                }
+                NDArray[] values = slices(b, n, len, own);
+                NDArray[] outs = slices(b, n, len, across);
+                try {
+                    assertTrue(values[3].sameStorage(outs[(3 + n / 2) % n]), "two wraps of the same bytes");
+                    assertTrue(!values[3].sameStorage(values[4]), "wraps of different bytes");
+                    kv.pushpull(keys, values, outs);
+                    for (int k = 0; k < n; k += 37) {
+                        try (NDArray stored = kv.pull(keys[k])) {
+                            assertArrayEquals(filled(len, k), stored.toFloatArray(), "round " + round + ": key " + k);
+                        }
+                        // Slice j is key (j + n/2) % n's out: it holds that key's value.
+                        assertArrayEquals(filled(len, (k + n / 2) % n), read(b, k * len * Float.BYTES, len),
+                                "round " + round + ": slice " + k);
+                    }
+                } finally {
+                    for (int i = 0; i < n; i++) {
+                        values[i].close();
+                        outs[i].close();
+                    }
+                }
+            }
+        }
+    }
 }
