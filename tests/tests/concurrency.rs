@@ -464,3 +464,56 @@ fn every_pair_of_call_forms_on_shared_arrays_runs_without_deadlock() {
         }
     }
 }
+
+/// A blocking call that runs at once, whose updater reads an array this thread's earlier
+/// non-blocking pull writes, reads what the pull wrote: the pull was made first. (A
+/// call running at once skipped its engine's pending writes, those made before it too.)
+#[test]
+fn an_updater_of_a_call_run_at_once_reads_what_an_earlier_pull_wrote() {
+    const N: usize = 1 << 18;
+    for round in 0..30 {
+        let kv = KVStore::create("local").expect("store");
+        let x = NDArray::zeros(&[N]).expect("x");
+        let read = x.clone();
+        kv.set_updater(move |k: &Key, _, merged: &NDArray, stored: &NDArray| match k.as_str() {
+            "b" => stored.copy_from(&read),
+            _ => stored.copy_from(merged),
+        })
+        .expect("updater");
+        kv.init("a", &NDArray::full(&[N], 7.0).expect("a")).expect("init");
+        kv.init("b", &NDArray::zeros(&[N]).expect("b")).expect("init");
+        let busy = kv.push_async("a", &NDArray::ones(&[N]).expect("ones"), 0);
+        let pulled = kv.pull_async("a", &x, 0);
+        kv.push("b", &NDArray::zeros(&[N]).expect("zeros"), 0).expect("push");
+        busy.wait().expect("push_async");
+        pulled.wait().expect("pull_async");
+        assert_eq!(kv.pull_new("b", 0).expect("pull").to_vec::<f32>().expect("f32")[N - 1], 1.0, "round {round}");
+    }
+}
+
+/// A blocking call that runs at once, whose updater writes an array this thread's earlier
+/// non-blocking push reads, leaves the push what the array held when it was made.
+#[test]
+fn an_updater_of_a_call_run_at_once_leaves_an_earlier_push_its_value() {
+    const N: usize = 1 << 21;
+    for round in 0..30 {
+        let kv = KVStore::create("local").expect("store");
+        let a = NDArray::ones(&[N]).expect("a");
+        let written = a.clone();
+        kv.set_updater(move |k: &Key, _, merged: &NDArray, stored: &NDArray| {
+            if k.as_str() == "k2" {
+                written.copy_from(&NDArray::full(&[N], 2.0)?)?;
+            }
+            stored.copy_from(merged)
+        })
+        .expect("updater");
+        kv.init("k1", &NDArray::zeros(&[N]).expect("z")).expect("init");
+        kv.init("k2", &NDArray::zeros(&[4]).expect("z")).expect("init");
+        let pushed = kv.push_async(&["k1", "k1"][..], &[a.clone(), a.clone()][..], 0);
+        let spin = Instant::now();
+        while spin.elapsed() < Duration::from_micros(100 * (round % 20) as u64) {}
+        kv.push("k2", &NDArray::zeros(&[4]).expect("z"), 0).expect("push");
+        pushed.wait().expect("push_async");
+        assert_eq!(kv.pull_new("k1", 0).expect("pull").to_vec::<f32>().expect("f32")[0], 2.0, "round {round}");
+    }
+}

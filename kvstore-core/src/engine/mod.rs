@@ -200,40 +200,53 @@ pub(crate) fn set_current_worker(id: usize) {
     WORKER_OF.with(|w| w.set(id));
 }
 
-thread_local! {
-    /// The engine whose blocking call this thread runs at once, in its caller's stead
-    /// (its address; 0 when none): see [`run_now`].
-    static RUNNING_NOW: Cell<usize> = const { Cell::new(0) };
+/// A blocking call running at once on its caller's thread ([`run_now`]): its engine,
+/// and how many calls had been submitted to it when the call started.
+struct NowCall {
+    shared: Arc<Shared>,
+    before: u64,
 }
 
-/// Runs `f`, a blocking call of engine `id` running at once on its caller's thread, with
-/// its arrays made ready (their earlier pending writes done: `prepare_for_call`).
-/// Meanwhile this thread waits for no pending write of that engine and for no read of
-/// that engine's calls: those calls were made after this one took its arrays (they are
-/// concurrent with it, made by other threads), and may wait for the locks it holds.
-pub(crate) fn run_now<T>(id: usize, f: impl FnOnce() -> T) -> T {
+thread_local! {
+    /// The blocking call this thread runs at once, in its engine's stead (see [`run_now`]).
+    static RUNNING_NOW: std::cell::RefCell<Option<NowCall>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f`, a blocking call of `engine` running at once on its caller's thread, with its
+/// arrays made ready (their pending writes done: `prepare_for_call`). Meanwhile, a
+/// pending write or a read in progress of that engine that this thread meets is waited
+/// for only as long as calls made before this one are not done
+/// ([`wait_for_calls_before_now`]): what is left belongs to calls made after this one took
+/// its arrays (by other threads: concurrent with it), which may wait for the key locks
+/// this call holds.
+///
+/// `before`: the calls of the engine made before this one, as [`Engine::may_run_now`]
+/// numbers them (0 when the engine was idle: none is left to wait for).
+pub(crate) fn run_now<T>(engine: &Engine, before: u64, f: impl FnOnce() -> T) -> T {
     /// Puts the mark back however `f` ends (a panic included).
-    struct Restore(usize);
+    struct Restore(Option<NowCall>);
     impl Drop for Restore {
         fn drop(&mut self) {
-            RUNNING_NOW.with(|r| r.set(self.0));
+            RUNNING_NOW.with(|r| *r.borrow_mut() = self.0.take());
         }
     }
-    let _restore = Restore(RUNNING_NOW.with(|r| r.replace(id)));
+    let now = NowCall { shared: Arc::clone(&engine.shared), before };
+    let _restore = Restore(RUNNING_NOW.with(|r| r.borrow_mut().replace(now)));
     f()
 }
 
 /// The engine whose blocking call runs at once on this thread ([`run_now`]), 0 for none.
 pub(crate) fn running_now() -> usize {
-    RUNNING_NOW.with(Cell::get)
+    RUNNING_NOW.with(|r| r.borrow().as_ref().map_or(0, |n| n.shared.id()))
 }
 
-/// The engine whose calls this thread runs: its worker's, or that of a blocking call
-/// running at once here ([`run_now`]); 0 for none.
-pub(crate) fn running_for() -> usize {
-    match current_worker() {
-        0 => running_now(),
-        worker => worker,
+/// For a blocking call running at once on this thread ([`run_now`]): waits until every
+/// call its engine was given before it has finished. None of those holds or waits for
+/// this call's keys (it ran at once because none was queued on them).
+pub(crate) fn wait_for_calls_before_now() {
+    let now = RUNNING_NOW.with(|r| r.borrow().as_ref().map(|n| (Arc::clone(&n.shared), n.before)));
+    if let Some((shared, before)) = now {
+        shared.wait_until(|st| st.done_below >= before);
     }
 }
 
@@ -264,6 +277,17 @@ pub(crate) fn run_as(background: bool, f: impl FnOnce()) {
 }
 
 impl Shared {
+    /// Waits, counted among the idle waiters, until `done` says so: looked at now and
+    /// whenever a call finishes.
+    fn wait_until(&self, mut done: impl FnMut(&State) -> bool) {
+        let mut st = self.state.lock();
+        st.idle_waiters += 1;
+        while !done(&st) {
+            self.idle.wait(&mut st);
+        }
+        st.idle_waiters -= 1;
+    }
+
     fn id(&self) -> usize {
         self as *const Shared as usize
     }
@@ -617,21 +641,26 @@ impl Engine {
     /// thread can overtake it, and calls of other threads made meanwhile are concurrent
     /// with it (the store's key locks keep each call whole). When the engine has no
     /// queued call at all, this reads two atomics.
-    pub(crate) fn may_run_now(&self, vars: impl IntoIterator<Item = Var>) -> bool {
+    ///
+    /// When it may, returns how many calls it numbered before this one (every call it
+    /// looked at: those on other vars may still run; 0 when none is left), for
+    /// [`run_now`]; a call made later is numbered after them.
+    pub(crate) fn may_run_now(&self, vars: impl IntoIterator<Item = Var>) -> Option<u64> {
         if self.shared.ordered {
-            return false;
+            return None;
         }
         if self.idle() {
-            return true;
+            return Some(0);
         }
         let mut st = self.shared.state.lock();
         let readied = self.shared.drain(&mut st);
         let free = !vars.into_iter().any(|v| st.queues.get(&v).is_some_and(|q| !q.is_empty()));
+        let before = st.next_seq;
         drop(st);
         for _ in 0..readied {
             self.shared.work.notify_one();
         }
-        free
+        free.then_some(before)
     }
 
     /// For an ordered engine with nothing queued or held: the right to run a blocking
@@ -695,15 +724,9 @@ impl Engine {
         }
     }
 
-    /// Waits, counted among the idle waiters, until `done` says so: looked at now and
-    /// whenever a call finishes.
-    fn wait_until(&self, mut done: impl FnMut(&State) -> bool) {
-        let mut st = self.shared.state.lock();
-        st.idle_waiters += 1;
-        while !done(&st) {
-            self.shared.idle.wait(&mut st);
-        }
-        st.idle_waiters -= 1;
+    /// Waits until `done` says so (see [`Shared::wait_until`]).
+    fn wait_until(&self, done: impl FnMut(&State) -> bool) {
+        self.shared.wait_until(done);
     }
 
     /// The calls submitted so far (a count on the submitting threads' own cache line).
@@ -922,14 +945,14 @@ mod tests {
             r.fetch_add(1, AtomicOrdering::SeqCst);
         });
         // Key 2 is wanted by a queued call: a call on it must not overtake that call.
-        assert!(!engine.may_run_now(vars(&[Var::Key(2)])));
-        assert!(engine.may_run_now(vars(&[Var::Key(3)])));
+        assert!(engine.may_run_now(vars(&[Var::Key(2)])).is_none());
+        assert!(engine.may_run_now(vars(&[Var::Key(3)])).is_some());
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(ran.load(AtomicOrdering::SeqCst), 0);
         gate.open();
         engine.wait_idle();
         assert_eq!(ran.load(AtomicOrdering::SeqCst), 1);
-        assert!(engine.may_run_now(vars(&[Var::Key(2)])));
+        assert!(engine.may_run_now(vars(&[Var::Key(2)])).is_some());
     }
 
     #[test]

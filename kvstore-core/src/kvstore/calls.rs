@@ -261,7 +261,7 @@ impl KVStore {
         // or a loan of its made after they took their arrays belongs to a later call.
         let engine = self.engine.id();
         let spread = match self.engine.idle() {
-            true => match engine::run_now(engine, || self.store.spread_runs(op, &push, &pull)) {
+            true => match engine::run_now(&self.engine, 0, || self.store.spread_runs(op, &push, &pull)) {
                 Spread::Ran(r) => return r,
                 Spread::NotOne => false,
                 Spread::HandedBack => true,
@@ -271,9 +271,9 @@ impl KVStore {
         let pushes = !push.is_empty();
         let found = self.store.lookup(op, push).and_then(|push| Ok((push, self.store.lookup(op, pull)?)));
         let (push, pull) = found.map_err(|e| if pushes { self.refused_everywhere(op, e) } else { e })?;
-        if self.engine.may_run_now(vars_of(&push, &pull, false)) {
+        if let Some(before) = self.engine.may_run_now(vars_of(&push, &pull, false)) {
             prepare_for_call(&push, &pull)?;
-            return engine::run_now(engine, || self.store.push_pull(op, push, pull, spread));
+            return engine::run_now(&self.engine, before, || self.store.push_pull(op, push, pull, spread));
         }
         // On an ordered engine, a call from a caller's own thread (not an updater's, nor
         // an engine's: theirs queue or fail as ever, whatever the timing) may run in the
@@ -281,7 +281,9 @@ impl KVStore {
         if self.engine.is_ordered() && !locks::inside_updater() && engine::current_worker() == 0 {
             prepare_for_call(&push, &pull)?;
             if let Some(stand_in) = self.engine.stand_in() {
-                return stand_in.run(|| engine::run_now(engine, || self.store.push_pull(op, push, pull, spread)));
+                // (The engine is idle while it stands in: no earlier call is left.)
+                return stand_in
+                    .run(|| engine::run_now(&self.engine, 0, || self.store.push_pull(op, push, pull, spread)));
             }
         }
         if locks::inside_updater() {

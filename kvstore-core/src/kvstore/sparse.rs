@@ -262,7 +262,7 @@ impl KVStore {
     ) -> Result<T> {
         locks::check_reentry(op, &self.store)?;
         let vars: Vars = [Var::Key(entry.index)].into_iter().collect();
-        if self.engine.may_run_now(vars.iter().copied()) {
+        if self.engine.may_run_now(vars.iter().copied()).is_some() {
             return f(&self.store, entry);
         }
         if locks::inside_updater() {

@@ -31,7 +31,7 @@ use parking_lot::Mutex;
 
 use super::NDArray;
 use super::pending::{POOL_THREAD, SETTLED, USER_CODE};
-use crate::engine::{current_worker, running_now};
+use crate::engine::{current_worker, running_now, wait_for_calls_before_now};
 use crate::error::Result;
 use crate::waits;
 
@@ -269,11 +269,15 @@ impl NDArray {
             return Ok(());
         }
         let (me, now) = (thread_token(), running_now());
+        // A blocking call running at once here (`run_now`): once its engine's calls made
+        // before it are done, that engine's loans left are later calls', made after it
+        // took its arrays: those already reading are concurrent with it, and may be
+        // waiting for the locks this thread holds.
+        if now != 0 && self.returned_dropped().iter().any(|l| l.owner == now) {
+            wait_for_calls_before_now();
+        }
         self.reclaim_if(|l| {
             let state = l.state.lock();
-            // A call of the engine whose blocking call runs at once on this thread, already
-            // reading the array, was made after that call took its arrays (`run_now`): it
-            // is concurrent with it, and may be waiting for the locks this thread holds.
             let later = now != 0 && l.owner == now && matches!(*state, State::Reading(_));
             !later && (!store_thread || !matches!(*state, State::Reading(t) if t == me))
         })

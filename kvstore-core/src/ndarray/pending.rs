@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use parking_lot::{Condvar, Mutex};
 
 use super::NDArray;
-use crate::engine::{release_writers_of, running_for};
+use crate::engine::{current_worker, release_writers_of, running_now, wait_for_calls_before_now};
 use crate::error::Result;
 use crate::waits;
 
@@ -81,7 +81,19 @@ impl NDArray {
         if self.inner.pending.load(Ordering::Acquire) == 0 || POOL_THREAD.with(Cell::get) {
             return Ok(());
         }
-        self.wait_for_writes_but(running_for())
+        let engine = match current_worker() {
+            // A blocking call running at once here: its engine's writes of calls made
+            // before it are waited for, those of later calls are not (`run_now`).
+            0 => {
+                let now = running_now();
+                if now != 0 && self.inner.pending_owner.load(Ordering::Acquire) == now {
+                    wait_for_calls_before_now();
+                }
+                now
+            }
+            worker => worker,
+        };
+        self.wait_for_writes_but(engine)
     }
 
     /// Whether writes of an engine other than `engine` (0: of any) are pending.
