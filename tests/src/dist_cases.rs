@@ -752,3 +752,26 @@ pub fn a_call_refused_before_its_step_fails_on_every_worker(rank: usize, kv: &KV
     // The last push (assigned, no updater) summed every worker's rank + 1.
     assert_eq!(pulled(kv, "b-w", &[2]), vec![triangle(w); 2], "rank {rank}");
 }
+
+/// An updater that panics on one worker fails that push on every worker (the others
+/// naming the worker) instead of leaving them waiting for it, blocking or not; later
+/// pushes go on alike.
+pub fn an_updater_panicking_on_one_worker_fails_the_push_everywhere(rank: usize, kv: &KVStore) -> Vec<u8> {
+    let last = kv.num_workers() - 1;
+    kv.set_updater(move |_: &Key, _: usize, merged: &NDArray, stored: &NDArray| -> Result<()> {
+        if rank == last && merged.to_vec::<f32>()?[0] < 0.0 {
+            panic!("a deliberate panic of this worker's updater");
+        }
+        stored.add_assign(merged)
+    })
+    .expect("install the updater");
+    kv.init("p", &full(&[4], 0.0, Context::cpu(0))).expect("init");
+    let minus = || full(&[4], -1.0, Context::cpu(0));
+    for (what, r) in [("blocking", kv.push("p", &minus(), 0)), ("non-blocking", kv.push_async("p", &minus(), 0).wait())]
+    {
+        let e = r.expect_err(what);
+        assert!(e.to_string().contains("panicked"), "rank {rank}: {what}: {e}");
+    }
+    kv.push("p", &full(&[4], 1.0, Context::cpu(0)), 0).expect("a push after the panics");
+    crate::device_checks::bits(&kv.pull_new("p", 0).expect("pull"))
+}

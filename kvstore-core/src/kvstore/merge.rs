@@ -287,7 +287,17 @@ impl Store {
                     if calls.as_ref().is_some_and(|c| c.failed_push(j)) {
                         continue;
                     }
-                    let updated = crate::ndarray::as_user_code(|| updater.update(&g.entry.key, g.entry.index, m, w));
+                    // A panicking updater fails its push like one that returns an error, so
+                    // that under dist_sync the workers still agree on the outcome.
+                    let updated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        crate::ndarray::as_user_code(|| updater.update(&g.entry.key, g.entry.index, m, w))
+                    }))
+                    .unwrap_or_else(|_| {
+                        Err(Error::Backend {
+                            backend: "updater",
+                            message: format!("key \"{}\": the updater panicked", g.entry.key),
+                        })
+                    });
                     match (updated, calls.as_mut()) {
                         (Err(e), Some(c)) => c.fail_push(j, e),
                         (Err(e), None) => {
