@@ -268,7 +268,7 @@ pub fn train_and_checkpoint(rank: usize, kv: &KVStore, path: &std::path::Path) -
 pub fn a_failed_push_names_the_keys_it_applied(rank: usize, kv: &KVStore) {
     // (The updater of worker `rank` runs on that worker's parts: "big" fails on rank 1's.)
     kv.set_updater(move |key: &Key, _: usize, merged: &NDArray, stored: &NDArray| -> kvstore_core::Result<()> {
-        if key.as_str() == "k5" || (key.as_str() == "big" && rank == 1) {
+        if key.as_str() == "k5" || (key.as_str() == "big" && rank == 1) || (key.as_str() == "big2" && rank <= 1) {
             return Err(kvstore_core::Error::invalid_argument(format!("a deliberate failure for {key:?}")));
         }
         stored.add_assign(merged)
@@ -318,6 +318,17 @@ pub fn a_failed_push_names_the_keys_it_applied(rank: usize, kv: &KVStore) {
         let firsts: Vec<f32> = (0..workers).map(|p| got[BIG * p / workers]).collect();
         assert_eq!(firsts.iter().filter(|&&x| x == 0.0).count(), 1, "rank {rank}: parts {firsts:?}");
         assert_eq!(firsts.iter().filter(|&&x| x == 1.0).count(), workers - 1, "rank {rank}: parts {firsts:?}");
+        kv.barrier().expect("barrier");
+        // Refused by this worker's own part and another's: the part served is named too.
+        if workers == 3 {
+            kv.init("big2", &full(&[BIG], 0.0, Context::cpu(0))).expect("init");
+            kv.barrier().expect("barrier");
+            if rank == 0 {
+                let e = kv.push("big2", &full(&[BIG], 1.0, Context::cpu(0)), 0).expect_err("two parts fail");
+                assert!(e.to_string().contains("on rank 2 was served"), "rank 2's part not named: {e}");
+            }
+            kv.barrier().expect("barrier");
+        }
         kv.barrier().expect("barrier");
     }
 }

@@ -460,7 +460,14 @@ impl Shards {
         match (mine, replies) {
             (Ok(()), Err(e)) => Err(parts_served(e, key, &[self.rank()])),
             (Err(e), Ok(_)) => Err(parts_served(refused(e), key, &owners)),
-            (Err(e), Err(_)) => Err(refused(e)),
+            // Both refused: both are said (the other owners' refusal names the parts
+            // that were served all the same).
+            (Err(e), Err(others)) => Err(match refused(e) {
+                Error::Backend { backend, message } => {
+                    Error::Backend { backend, message: format!("{message}; {others}") }
+                }
+                e => e,
+            }),
             (Ok(()), replies) => replies,
         }
     }
