@@ -226,11 +226,11 @@ impl PyStore {
     /// ``dist_sync`` rank 0's value wins.
     fn init(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         crate::lifecycle::not_forked()?;
-        let keys = keys_of(key)?;
+        let keys = keys_of(key).map_err(|e| self.refusing(py, "init", e))?;
         // (Not reused: a key is initialised once.)
         let values = match arrays_of(value, Use::Read, "value") {
             Err(e) if crate::errors::is_row_sparse_value(py, &e) => return self.init_row_sparse(py, key, value),
-            values => values?,
+            values => values.map_err(|e| self.refusing(py, "init", e))?,
         };
         crate::detach(py, || settled(self.shared.kv.init(keys, values.values()), &[&values])).map_err(to_py)?;
         remember_int_keys(&self.shared, key)?;
@@ -253,13 +253,13 @@ impl PyStore {
     #[pyo3(signature = (key, value, priority = 0))]
     fn push(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
         crate::lifecycle::not_forked()?;
-        let keys = keys_of(key)?;
+        let keys = keys_of(key).map_err(|e| self.refusing(py, "push", e))?;
         let mut call = CallArrays::default();
         let values = match arrays_in(value, Use::Read, "value", Some(&mut call)) {
             Err(e) if crate::errors::is_row_sparse_value(py, &e) => {
                 return self.push_row_sparse(py, key, value, priority);
             }
-            values => values?,
+            values => values.map_err(|e| self.refusing(py, "push", e))?,
         };
         crate::detach(py, || settled(self.shared.kv.push(keys, values.values(), priority), &[&values])).map_err(to_py)
     }
@@ -304,19 +304,21 @@ impl PyStore {
         priority: i32,
     ) -> PyResult<()> {
         crate::lifecycle::not_forked()?;
-        let keys = keys_of(key)?;
+        let refused = |e| self.refusing(py, "pushpull", e);
+        let keys = keys_of(key).map_err(refused)?;
         let mut call = CallArrays::default();
         match out {
             Some(out) => {
-                let values = arrays_in(value, Use::Read, "value", Some(&mut call))?;
-                let outs = arrays_in(out, Use::Write, "out", Some(&mut call))?;
+                let values = arrays_in(value, Use::Read, "value", Some(&mut call)).map_err(refused)?;
+                let outs = arrays_in(out, Use::Write, "out", Some(&mut call)).map_err(refused)?;
                 crate::detach(py, || {
                     settled(self.shared.kv.pushpull(keys, values.values(), outs.values(), priority), &[&values, &outs])
                 })
                 .map_err(to_py)
             }
             None => {
-                let values = arrays_in(value, Use::Write, "value (written: pushpull with no out)", Some(&mut call))?;
+                let values =
+                    arrays_in(value, Use::Write, "value (written: pushpull with no out)", Some(&mut call)).map_err(refused)?;
                 crate::detach(py, || {
                     settled(self.shared.kv.pushpull_in_place(keys, values.values(), priority), &[&values])
                 })
@@ -337,10 +339,11 @@ impl PyStore {
         priority: i32,
     ) -> PyResult<()> {
         crate::lifecycle::not_forked()?;
-        let keys = keys_of(key)?;
+        let refused = |e| self.refusing(py, "broadcast", e);
+        let keys = keys_of(key).map_err(refused)?;
         // (Not reused: a key is broadcast once.)
-        let values = arrays_of(value, Use::Read, "value")?;
-        let outs = arrays_of(out, Use::Write, "out")?;
+        let values = arrays_of(value, Use::Read, "value").map_err(refused)?;
+        let outs = arrays_of(out, Use::Write, "out").map_err(refused)?;
         crate::detach(py, || {
             settled(self.shared.kv.broadcast(keys, values.values(), outs.values(), priority), &[&values, &outs])
         })
@@ -488,8 +491,9 @@ impl PyStore {
         copy: bool,
     ) -> PyResult<Pending> {
         crate::lifecycle::not_forked()?;
-        let keys = keys_of(key)?;
-        let values = private(arrays_of(value, Use::Read, "value")?, copy)?;
+        let refused = |e| self.refusing(py, "push", e);
+        let keys = keys_of(key).map_err(refused)?;
+        let values = arrays_of(value, Use::Read, "value").and_then(|v| private(v, copy)).map_err(refused)?;
         Ok(Pending::new(crate::detach(py, || self.shared.kv.push_async(keys, values.values(), priority))))
     }
 
@@ -520,17 +524,18 @@ impl PyStore {
         copy: bool,
     ) -> PyResult<Pending> {
         crate::lifecycle::not_forked()?;
-        let keys = keys_of(key)?;
+        let refused = |e| self.refusing(py, "pushpull", e);
+        let keys = keys_of(key).map_err(refused)?;
         match out {
             Some(out) => {
-                let values = private(arrays_of(value, Use::Read, "value")?, copy)?;
-                let outs = arrays_of(out, Use::Write, "out")?;
+                let values = arrays_of(value, Use::Read, "value").and_then(|v| private(v, copy)).map_err(refused)?;
+                let outs = arrays_of(out, Use::Write, "out").map_err(refused)?;
                 Ok(Pending::new(crate::detach(py, || {
                     self.shared.kv.pushpull_async(keys, values.values(), outs.values(), priority)
                 })))
             }
             None => {
-                let values = arrays_of(value, Use::Write, "value (written: pushpull with no out)")?;
+                let values = arrays_of(value, Use::Write, "value (written: pushpull with no out)").map_err(refused)?;
                 Ok(Pending::new(crate::detach(py, || {
                     self.shared.kv.pushpull_in_place_async(keys, values.values(), priority)
                 })))
@@ -549,9 +554,10 @@ impl PyStore {
         priority: i32,
     ) -> PyResult<Pending> {
         crate::lifecycle::not_forked()?;
-        let keys = keys_of(key)?;
-        let values = arrays_of(value, Use::Read, "value")?;
-        let outs = arrays_of(out, Use::Write, "out")?;
+        let refused = |e| self.refusing(py, "broadcast", e);
+        let keys = keys_of(key).map_err(refused)?;
+        let values = arrays_of(value, Use::Read, "value").map_err(refused)?;
+        let outs = arrays_of(out, Use::Write, "out").map_err(refused)?;
         let handle =
             crate::detach(py, || self.shared.kv.broadcast_async(keys, values.values(), outs.values(), priority));
         remember_int_keys(&self.shared, key)?;
@@ -594,6 +600,18 @@ pub(crate) fn _time_calls_from_rust(
 }
 
 impl PyStore {
+    /// An argument of `op` refused here, before the call reaches the store (`err`):
+    /// under `dist_sync` the call still takes its step as this worker's refusal
+    /// (`KVStore::refuse`), so that every worker fails it and their next calls stay
+    /// matched. Returns `err`.
+    fn refusing(&self, py: Python<'_>, op: &'static str, err: PyErr) -> PyErr {
+        if self.shared.kv.num_workers() > 1 {
+            let reason = kvstore_core::Error::invalid_argument(err.value(py).to_string());
+            crate::detach(py, || drop(self.shared.kv.refuse(op, reason)));
+        }
+        err
+    }
+
     /// A pull into new numpy arrays: one per key.
     fn pull_new<'py>(&self, py: Python<'py>, keys: Keys, priority: i32) -> PyResult<Bound<'py, PyAny>> {
         match keys {

@@ -149,6 +149,14 @@ def test_different_keys_on_two_ranks_fail_on_both_and_the_job_goes_on():
     assert seconds < 30, f"the desync took {seconds:.1f} s to report"
 
 
+def test_an_argument_one_rank_refuses_before_the_store_fails_the_call_on_every_rank():
+    done, _ = mpirun("refused", timeout=60, env={"KVSTORE_TIMEOUT": "20"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "went through" not in done.stdout, done.stdout
+    assert done.stdout.count("refused") == 18, done.stdout
+    assert done.stdout.count("went on") == 2, done.stdout
+
+
 def test_a_stalled_rank_ends_the_job_after_kvstore_timeout():
     done, seconds = mpirun("stall", timeout=100, env={"KVSTORE_TIMEOUT": "3"})
     assert done.returncode != 0, done.stdout + done.stderr

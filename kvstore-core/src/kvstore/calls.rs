@@ -341,6 +341,23 @@ impl KVStore {
         }
     }
 
+    /// For bindings: a call of `op` (`"push"`, `"pushpull"`, `"broadcast"` or `"init"`)
+    /// that the binding refused before making it, `error` saying why (an argument that
+    /// is not an array it can lend the store). Under `dist_sync` the call still takes its
+    /// step, in call order, as this worker's refusal, so that every worker fails it and
+    /// their next calls stay matched; elsewhere nothing happens. Returns `error`.
+    ///
+    /// ```
+    /// use kvstore_core::{Error, KVStore};
+    /// let kv = KVStore::create("local")?;
+    /// let e = kv.refuse("push", Error::invalid_argument("not an array"));
+    /// assert_eq!(e.to_string(), "not an array");
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    pub fn refuse(&self, op: &'static str, error: Error) -> Error {
+        self.refused_everywhere(op, error)
+    }
+
     /// Under `dist_sync`, a push or pushpull refused before it reached its step (its keys
     /// and arrays did not pair up, a key was never initialised) still takes its step,
     /// in call order, as this worker's refusal: every worker fails that call (the
@@ -348,7 +365,9 @@ impl KVStore {
     /// calls stay matched (a call missing on one worker would meet its next call on the
     /// others). Returns `e`.
     pub(super) fn refused_everywhere(&self, op: &'static str, e: Error) -> Error {
-        if self.store.collective.is_some() && self.store.compare_calls && (op.starts_with("push") || op == "broadcast")
+        if self.store.collective.is_some()
+            && self.store.compare_calls
+            && (op.starts_with("push") || op == "broadcast" || op == "init")
         {
             let refusal = e.clone();
             // (Its own error again, or the group's: `e` is what the caller gets.)

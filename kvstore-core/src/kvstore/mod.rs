@@ -863,7 +863,9 @@ impl KVStore {
     /// the call; [`Error::LengthMismatch`] for lists of different lengths;
     /// [`Error::DeviceUnavailable`] for a value on an unavailable device.
     pub fn init<'a>(&self, keys: impl Into<Keys>, values: impl Into<Values<'a>>) -> Result<()> {
-        self.init_flat("init", flatten("init", keys.into(), values.into(), "values")?)
+        let pairs =
+            flatten("init", keys.into(), values.into(), "values").map_err(|e| self.refused_everywhere("init", e))?;
+        self.init_flat("init", pairs)
     }
 
     /// Pushes values: for each distinct key, sums its values left to right, then the

@@ -165,6 +165,33 @@ def async_sum(out: str) -> None:
     np.save(f"{out}.{rank}.npy", np.concatenate([store.pull(3), store.pull("big")[:3]]))
 
 
+def refused() -> None:
+    """An argument rank 1 refuses before its call reaches the store (not contiguous, of
+    dtype object, a list) fails that call on both ranks, and the next calls stay matched;
+    before, rank 1's next push met rank 0's first, and rank 0 waited at the third."""
+    store = kv.create("dist_sync")
+    rank = store.rank
+    store.init("w", np.zeros((4, 2), np.float32))
+    good = np.ones((4, 2), np.float32)
+    bads = [np.ones((4, 4), np.float32)[:, ::2], np.ones((4, 2), dtype=object), [[1.0, 2.0]] * 4]
+    for i, bad in enumerate(bads):
+        for call in ("push", "push_async", "pushpull"):
+            value = bad if rank == 1 else good
+            try:
+                if call == "push":
+                    store.push("w", value)
+                elif call == "push_async":
+                    store.push_async("w", value).result()
+                else:
+                    store.pushpull("w", value, out=np.zeros((4, 2), np.float32))
+                print(f"rank {rank}: {call} {i} went through", flush=True)
+            except kv.KVStoreError as e:
+                print(f"rank {rank}: {call} {i} refused: {type(e).__name__}", flush=True)
+            store.push("w", np.full((4, 2), rank + 1, np.float32))
+            assert (store.pull("w") == 3).all(), store.pull("w")
+    print(f"rank {rank}: went on", flush=True)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "train":
@@ -176,4 +203,4 @@ if __name__ == "__main__":
     elif mode == "async":
         async_sum(sys.argv[2])
     else:
-        {"desync": desync, "stall": stall, "crash": crash}[mode]()
+        {"desync": desync, "stall": stall, "crash": crash, "refused": refused}[mode]()
