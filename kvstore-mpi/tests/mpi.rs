@@ -251,6 +251,13 @@ fn a_call_refused_before_its_step_fails_on_every_worker() {
 }
 
 #[test]
+fn workers_with_other_optimizers_fail_their_pushes() {
+    let kv = store();
+    let bits = dist_cases::workers_with_other_optimizers_fail_their_pushes(kv.rank(), &kv);
+    assert_as_on_rank_0(&kv, "bits after the same optimizer", bits);
+}
+
+#[test]
 fn case_23_init_push_and_test_optimizer() {
     let kv = store();
     dist_cases::case_23_init_push_and_test_optimizer(kv.rank(), &kv);

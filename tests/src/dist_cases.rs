@@ -775,3 +775,28 @@ pub fn an_updater_panicking_on_one_worker_fails_the_push_everywhere(rank: usize,
     kv.push("p", &full(&[4], 1.0, Context::cpu(0)), 0).expect("a push after the panics");
     crate::device_checks::bits(&kv.pull_new("p", 0).expect("pull"))
 }
+
+/// Workers that merge a push differently (another optimizer, other hyper-parameters,
+/// an optimizer on one and none on another) fail it on every worker instead of parting
+/// silently; once they install the same optimizer, their pushes go on alike.
+pub fn workers_with_other_optimizers_fail_their_pushes(rank: usize, kv: &KVStore) -> Vec<u8> {
+    let sgd = |lr: f64| Optimizer::builder("sgd").param("learning_rate", lr).build().expect("sgd");
+    kv.init("o", &full(&[4], 1.0, Context::cpu(0))).expect("init");
+    let g = || full(&[4], 1.0, Context::cpu(0));
+    let setups: [Option<Optimizer>; 3] = match rank {
+        0 => [Some(sgd(0.1)), Some(sgd(0.1)), Some(sgd(0.1))],
+        _ => [Some(sgd(0.2)), None, Some(Optimizer::builder("adam").build().expect("adam"))],
+    };
+    for (i, opt) in setups.into_iter().enumerate() {
+        match opt {
+            Some(o) => kv.set_optimizer(o).expect("set_optimizer"),
+            None => kv.clear_updater().expect("clear"),
+        }
+        let e = kv.push("o", &g(), 0).expect_err("workers merge differently");
+        assert!(e.to_string().contains("differ"), "rank {rank}, setup {i}: {e}");
+        assert_eq!(pulled(kv, "o", &[4]), vec![1.0; 4], "rank {rank}, setup {i}: a refused push changed the value");
+    }
+    kv.set_optimizer(sgd(0.1)).expect("set_optimizer");
+    kv.push("o", &g(), 0).expect("the same optimizer everywhere");
+    crate::device_checks::bits(&kv.pull_new("o", 0).expect("pull"))
+}

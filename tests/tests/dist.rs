@@ -112,3 +112,11 @@ fn an_updater_panicking_on_one_worker_fails_the_push_everywhere() {
         assert!(bits.windows(2).all(|b| b[0] == b[1]), "{w} workers: replicas differ");
     }
 }
+
+#[test]
+fn workers_with_other_optimizers_fail_their_pushes() {
+    for w in [2, 3] {
+        let bits = run_workers(w, |rank, kv| dist_cases::workers_with_other_optimizers_fail_their_pushes(rank, &kv));
+        assert!(bits.windows(2).all(|b| b[0] == b[1]), "{w} workers: replicas differ");
+    }
+}

@@ -28,6 +28,18 @@ pub(super) enum Merger {
     Optimizer(Arc<Runtime>),
 }
 
+impl Merger {
+    /// What merges a push's sums, as the workers of a `dist_sync` job compare it (part
+    /// of each push's fingerprint: workers that merge alike end with the same values).
+    pub(super) fn identity(&self) -> String {
+        match self {
+            Merger::Assign => String::new(),
+            Merger::Custom(_) => ", with an updater".to_string(),
+            Merger::Optimizer(rt) => format!(", with the optimizer {}", rt.identity()),
+        }
+    }
+}
+
 /// A key of a push as summed: its entry, and its values as given or their staged copies.
 struct Pushed<'x> {
     entry: &'x Arc<Entry>,

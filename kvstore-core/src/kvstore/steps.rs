@@ -129,22 +129,23 @@ impl Store {
     /// [`Error::InvalidArgument`] on the others, naming each worker's call, when the
     /// workers' calls differ or one refused it; the group's error if it is broken.
     pub(super) fn check_step(&self, op: &'static str, keys: &[StepKey<'_>], local: Result<()>) -> Result<()> {
-        self.check_push_step(op, keys, local, None, false)
+        self.check_push_step(op, keys, local, None, "")
     }
 
     /// [`Store::check_step`] for a push that moves its data with `compression` (part of
     /// the fingerprint: workers that compress differently would move other data), and
-    /// merges it with an updater or not (part of it too: the workers of a push with an
-    /// updater exchange its outcome, `merge.rs`).
+    /// merges it as `merged` says ([`super::Merger::identity`], part of it too: workers
+    /// with other optimizers would part, and the workers of a push with an updater
+    /// exchange its outcome, `merge.rs`).
     pub(super) fn check_push_step(
         &self,
         op: &'static str,
         keys: &[StepKey<'_>],
         local: Result<()>,
         compression: Option<Compression>,
-        updater: bool,
+        merged: &str,
     ) -> Result<()> {
-        self.check_calls(op, &[(op, keys.len())], keys, vec![local], compression, updater)?.pop().unwrap_or(Ok(()))
+        self.check_calls(op, &[(op, keys.len())], keys, vec![local], compression, merged)?.pop().unwrap_or(Ok(()))
     }
 
     /// [`Store::check_step`] for several calls that move their data together (non-blocking
@@ -171,7 +172,7 @@ impl Store {
         keys: &[StepKey<'_>],
         mut local: Vec<Result<()>>,
         compression: Option<Compression>,
-        updater: bool,
+        merged: &str,
     ) -> Result<Vec<Result<()>>> {
         let Some(group) = self.collective.as_ref().filter(|_| self.compare_calls) else { return Ok(local) };
         let seq = self.steps.fetch_add(1, Ordering::Relaxed) + 1;
@@ -197,7 +198,7 @@ impl Store {
             _ => String::new(),
         };
         let pushes = calls.iter().any(|(op, _)| op.contains("push"));
-        let merged = if updater && pushes { ", with an updater" } else { "" };
+        let merged = if pushes { merged } else { "" };
         let form = &format!("{form}{compressed}{merged}");
         let mut mine = fingerprint(&format!("{form} {what}"), seq, keys, refused_here != 0).to_vec();
         mine.extend_from_slice(&refused_here.to_le_bytes());

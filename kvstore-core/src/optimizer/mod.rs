@@ -514,6 +514,9 @@ pub(crate) struct KeyState {
 /// An installed optimizer and its mutable, store-wide state.
 pub(crate) struct Runtime {
     opt: Optimizer,
+    /// The optimizer as the workers of a `dist_sync` job compare it (every push's
+    /// fingerprint holds it): its name, hyper-parameters, schedule and multipliers.
+    identity: String,
     /// `num_update`, the schedule's state and the rule's global values, together.
     global: parking_lot::Mutex<Global>,
 }
@@ -536,7 +539,17 @@ impl Runtime {
             scheduler: opt.scheduler.clone(),
             values: opt.rule.global_init(),
         };
-        Runtime { opt, global: parking_lot::Mutex::new(global) }
+        let mut lr: Vec<_> = opt.lr_mult.iter().collect();
+        let mut wd: Vec<_> = opt.wd_mult.iter().collect();
+        lr.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        wd.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        let identity = format!("{} {:?} {:?} {lr:?} {wd:?}", opt.name, opt.params.0, opt.scheduler);
+        Runtime { opt, identity, global: parking_lot::Mutex::new(global) }
+    }
+
+    /// The optimizer as workers compare it (see the field).
+    pub(crate) fn identity(&self) -> &str {
+        &self.identity
     }
 
     pub(crate) fn optimizer(&self) -> &Optimizer {
