@@ -317,8 +317,8 @@ impl PyStore {
                 .map_err(to_py)
             }
             None => {
-                let values =
-                    arrays_in(value, Use::Write, "value (written: pushpull with no out)", Some(&mut call)).map_err(refused)?;
+                let values = arrays_in(value, Use::Write, "value (written: pushpull with no out)", Some(&mut call))
+                    .map_err(refused)?;
                 crate::detach(py, || {
                     settled(self.shared.kv.pushpull_in_place(keys, values.values(), priority), &[&values])
                 })

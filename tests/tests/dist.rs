@@ -107,8 +107,9 @@ fn a_call_refused_before_its_step_fails_on_every_worker() {
 #[test]
 fn an_updater_panicking_on_one_worker_fails_the_push_everywhere() {
     for w in [2, 3] {
-        let bits =
-            run_workers(w, |rank, kv| dist_cases::an_updater_panicking_on_one_worker_fails_the_push_everywhere(rank, &kv));
+        let bits = run_workers(w, |rank, kv| {
+            dist_cases::an_updater_panicking_on_one_worker_fails_the_push_everywhere(rank, &kv)
+        });
         assert!(bits.windows(2).all(|b| b[0] == b[1]), "{w} workers: replicas differ");
     }
 }
