@@ -200,11 +200,12 @@ pub(crate) fn set_current_worker(id: usize) {
     WORKER_OF.with(|w| w.set(id));
 }
 
-/// A blocking call running at once on its caller's thread ([`run_now`]): its engine,
-/// and how many calls had been submitted to it when the call started.
+/// A blocking call running at once on its caller's thread ([`run_now`]): its engine's
+/// id, and the engine with the number of calls made before this one when any may still
+/// run (none when the engine was idle: the common case takes no reference).
 struct NowCall {
-    shared: Arc<Shared>,
-    before: u64,
+    id: usize,
+    earlier: Option<(Arc<Shared>, u64)>,
 }
 
 thread_local! {
@@ -230,22 +231,22 @@ pub(crate) fn run_now<T>(engine: &Engine, before: u64, f: impl FnOnce() -> T) ->
             RUNNING_NOW.with(|r| *r.borrow_mut() = self.0.take());
         }
     }
-    let now = NowCall { shared: Arc::clone(&engine.shared), before };
+    let now = NowCall { id: engine.shared.id(), earlier: (before > 0).then(|| (Arc::clone(&engine.shared), before)) };
     let _restore = Restore(RUNNING_NOW.with(|r| r.borrow_mut().replace(now)));
     f()
 }
 
 /// The engine whose blocking call runs at once on this thread ([`run_now`]), 0 for none.
 pub(crate) fn running_now() -> usize {
-    RUNNING_NOW.with(|r| r.borrow().as_ref().map_or(0, |n| n.shared.id()))
+    RUNNING_NOW.with(|r| r.borrow().as_ref().map_or(0, |n| n.id))
 }
 
 /// For a blocking call running at once on this thread ([`run_now`]): waits until every
 /// call its engine was given before it has finished. None of those holds or waits for
 /// this call's keys (it ran at once because none was queued on them).
 pub(crate) fn wait_for_calls_before_now() {
-    let now = RUNNING_NOW.with(|r| r.borrow().as_ref().map(|n| (Arc::clone(&n.shared), n.before)));
-    if let Some((shared, before)) = now {
+    let earlier = RUNNING_NOW.with(|r| r.borrow().as_ref().and_then(|n| n.earlier.clone()));
+    if let Some((shared, before)) = earlier {
         shared.wait_until(|st| st.done_below >= before);
     }
 }

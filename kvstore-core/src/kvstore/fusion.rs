@@ -238,7 +238,7 @@ impl Store {
             .flat_map(|((_, push, _), (push_at, _))| push.iter().zip(push_at))
             .map(|(g, &i)| (&g.entry.key, guards[i].value.shape(), guards[i].value.dtype()))
             .collect();
-        let mut results = match self.check_calls(OP, &counts, &keys, local, compression, &merger.identity()) {
+        let mut results = match self.check_calls(OP, &counts, &keys, local, compression, merger.identity()) {
             Ok(r) => r,
             Err(e) => return every(e),
         };

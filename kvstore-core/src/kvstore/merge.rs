@@ -31,11 +31,11 @@ pub(super) enum Merger {
 impl Merger {
     /// What merges a push's sums, as the workers of a `dist_sync` job compare it (part
     /// of each push's fingerprint: workers that merge alike end with the same values).
-    pub(super) fn identity(&self) -> String {
+    pub(super) fn identity(&self) -> &str {
         match self {
-            Merger::Assign => String::new(),
-            Merger::Custom(_) => ", with an updater".to_string(),
-            Merger::Optimizer(rt) => format!(", with the optimizer {}", rt.identity()),
+            Merger::Assign => "",
+            Merger::Custom(_) => ", with an updater",
+            Merger::Optimizer(rt) => rt.identity(),
         }
     }
 }

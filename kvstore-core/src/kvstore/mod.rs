@@ -1327,7 +1327,7 @@ impl Store {
         if self.collective.is_some() {
             let keys: Vec<steps::StepKey<'_>> =
                 push.iter().map(|g| (&g.entry.key, g.arrays[0].shape(), g.arrays[0].dtype())).collect();
-            self.check_push_step(op, &keys, checked, compression, &merger.identity())?;
+            self.check_push_step(op, &keys, checked, compression, merger.identity())?;
         } else {
             checked?;
         }

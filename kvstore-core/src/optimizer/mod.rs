@@ -515,7 +515,8 @@ pub(crate) struct KeyState {
 pub(crate) struct Runtime {
     opt: Optimizer,
     /// The optimizer as the workers of a `dist_sync` job compare it (every push's
-    /// fingerprint holds it): its name, hyper-parameters, schedule and multipliers.
+    /// fingerprint holds it, made once here): its name, hyper-parameters, schedule and
+    /// multipliers.
     identity: String,
     /// `num_update`, the schedule's state and the rule's global values, together.
     global: parking_lot::Mutex<Global>,
@@ -543,7 +544,8 @@ impl Runtime {
         let mut wd: Vec<_> = opt.wd_mult.iter().collect();
         lr.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
         wd.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-        let identity = format!("{} {:?} {:?} {lr:?} {wd:?}", opt.name, opt.params.0, opt.scheduler);
+        let identity =
+            format!(", with the optimizer {} {:?} {:?} {lr:?} {wd:?}", opt.name, opt.params.0, opt.scheduler);
         Runtime { opt, identity, global: parking_lot::Mutex::new(global) }
     }
 
