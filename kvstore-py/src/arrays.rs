@@ -51,6 +51,13 @@ impl ForeignMemory for PyMemory {
         // is core's exclusive (write-locked) access to it.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
+
+    /// A reused array's memory is kept alive by each call, not by this object: its
+    /// array is never handed to another wrapper (its calls use a live shared one
+    /// instead, `Reusing::wrapped`).
+    fn shared(&self) -> bool {
+        self._owner.is_some()
+    }
 }
 
 /// The store dtype of a numpy dtype, if it is one of the eight (in native byte order).
@@ -293,29 +300,25 @@ pub(crate) fn view<'py>(py: Python<'py>, array: &NDArray) -> PyResult<Bound<'py,
 }
 
 /// The numpy arrays that blocking pushes and pulls were given, wrapped once and reused
-/// by later calls (a training loop pushes and pulls the same arrays step after step), by the
-/// address of their Python object, in one map for the process. An entry holds no
-/// reference to its object: it is used only by a call that holds the object
-/// ([`CallArrays`]), and only if the object's buffer is still the one it wraps (an
-/// object freed and another made at its address is wrapped anew, unless it has the
-/// same buffer, which is then the memory the entry reads). Entries wrap memory only,
-/// nothing of a store, so every store shares them. Not for non-blocking calls (their
-/// arrays hold their objects). Nothing else of Python sees a reused array: a Python
-/// updater gets views of the store's own buffers, never of a pushed value
+/// by later calls (a training loop pushes and pulls the same arrays step after step), by
+/// the address of their buffer (the map's key), in one map for the process: every view of the same
+/// bytes in the same shape, dtype and writability (`s` and `s[:]`) gets the same
+/// array, so two threads' calls through two views are ordered, not torn. An entry
+/// holds no reference to a Python object: it is used only by a call that holds an
+/// object over its memory ([`CallArrays`]), with the same shape, dtype and writability.
+/// Entries wrap memory only, nothing of a store, so every store shares them. Not for
+/// non-blocking calls (their arrays hold their objects, and are shared with every
+/// other wrapper of the same memory while they live: a blocking call uses that array
+/// instead of its entry meanwhile, [`NDArray::shared_twin`], so it is ordered after
+/// them). Nothing else of Python sees a reused array: a Python updater gets views of
+/// the store's own buffers, never of a pushed value
 /// (`test_an_updater_sees_the_stores_memory_not_the_pushed_arrays`).
-static REUSED: std::sync::LazyLock<Mutex<HashMap<usize, Reused, foldhash::fast::RandomState>>> =
+static REUSED: std::sync::LazyLock<Mutex<HashMap<usize, NDArray, foldhash::fast::RandomState>>> =
     std::sync::LazyLock::new(Default::default);
 
 /// At most this many arrays are kept for reuse (about 300 bytes each, with no Python
 /// memory): a full map is emptied.
 const MOST_REUSED: usize = 1 << 14;
-
-/// A wrapper, and the address of the buffer it was made over (its length, dtype and
-/// writability are the array's own).
-struct Reused {
-    ptr: usize,
-    array: NDArray,
-}
 
 /// One blocking call's reused arrays: their objects, held until the call returns.
 #[derive(Default)]
@@ -337,13 +340,13 @@ impl<'py> CallArrays<'py> {
 /// The reused arrays, locked while one argument of a call is wrapped.
 pub(crate) struct Reusing<'c, 'py> {
     call: &'c mut CallArrays<'py>,
-    map: MutexGuard<'static, HashMap<usize, Reused, foldhash::fast::RandomState>>,
+    map: MutexGuard<'static, HashMap<usize, NDArray, foldhash::fast::RandomState>>,
 }
 
 impl<'py> Reusing<'_, 'py> {
-    /// The reused array of `obj` if it still wraps the object's buffer (`ptr`,
-    /// `shape`, `dtype`, `writable`), else a new one from `make`, remembered; either
-    /// way the call holds `obj` until it returns.
+    /// The array over `obj`'s buffer (`ptr`, `shape`, `dtype`, `writable`): a live
+    /// shared one if there is one, else the reused one, else a new one from `make`,
+    /// remembered; either way the call holds `obj` until it returns.
     fn wrapped(
         &mut self,
         obj: &Bound<'py, PyAny>,
@@ -353,26 +356,20 @@ impl<'py> Reusing<'_, 'py> {
         dtype: DType,
         make: impl FnOnce() -> PyResult<NDArray>,
     ) -> PyResult<NDArray> {
-        let id = obj.as_ptr() as usize;
+        let id = ptr as usize;
         let array = match self.map.get(&id) {
-            Some(r)
-                if r.ptr == ptr as usize
-                    && r.array.is_read_only() != writable
-                    && r.array.dtype() == dtype
-                    && r.array.shape() == shape =>
-            {
-                r.array.clone()
-            }
+            // (Its length is that of the shape in the dtype.)
+            Some(r) if r.is_read_only() != writable && r.dtype() == dtype && r.shape() == shape => r.clone(),
             _ => {
                 let array = make()?;
                 if self.map.len() >= MOST_REUSED {
                     self.map.clear();
                 }
-                self.map.insert(id, Reused { ptr: ptr as usize, array: array.clone() });
+                self.map.insert(id, array.clone());
                 array
             }
         };
         self.call.held.push(obj.clone());
-        Ok(array)
+        Ok(array.shared_twin().unwrap_or(array))
     }
 }

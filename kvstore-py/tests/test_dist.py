@@ -140,6 +140,16 @@ def test_dist_async_applies_every_push_of_every_rank_once(tmp_path):
         assert (got[5:] == 20).all(), got
 
 
+def test_a_chain_of_non_blocking_pushpulls_over_rows_of_one_array_runs_in_call_order(tmp_path):
+    done, _ = mpirun("chain", str(tmp_path / "c"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Row i + 1 is the sum over the two ranks of row i: 2 ** i.
+    want = np.repeat(2.0 ** np.arange(12), 1000).reshape(12, 1000).astype(np.float32)
+    for r in range(2):
+        got = np.load(tmp_path / f"c.{r}.npy")
+        assert (got == want).all(), got[:, 0]
+
+
 def test_different_keys_on_two_ranks_fail_on_both_and_the_job_goes_on():
     done, seconds = mpirun("desync", timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr

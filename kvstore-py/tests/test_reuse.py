@@ -1,6 +1,8 @@
 """Blocking calls wrap each numpy array once and reuse the wrapper in later calls (by
-the array object's address, checked against its buffer, shape, dtype and flags each
-time): the reuse must never read stale memory, outlive an array, or be seen by Python."""
+the address of its buffer, checked against its shape, dtype and flags each time): the
+reuse must never read stale memory, outlive an array, or be seen by Python; and calls
+on one memory through different wrappers (views, non-blocking calls' own wrappers)
+take effect in call order."""
 
 import gc
 import resource
@@ -188,3 +190,54 @@ def test_threads_pushing_and_pulling_the_same_arrays(store):
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_calls_on_one_memory_through_new_wrappers_take_effect_in_call_order():
+    n = 1 << 16
+    s = kv.create("local")
+    s.init("a", np.full(n, 7, np.float32))
+    s.init("b", np.full(n, 5, np.float32))
+    s.init("c", np.zeros(n, np.float32))
+    for _ in range(20):
+        for view in (lambda o: o, lambda o: o[:]):
+            s.push_async("a", np.ones(n, np.float32))
+            o = np.zeros(n, np.float32)
+            f = s.pull_async("a", out=view(o))
+            s.pull("b", out=view(o))
+            f.result()
+            assert (o == 5).all(), "the later, blocking pull's value"
+            f = s.pull_async("a", out=view(o))
+            s.push("c", view(o))
+            f.result()
+            c = np.zeros(n, np.float32)
+            s.pull("c", out=c)
+            assert (c == 1).all(), "the push read what the pull before it wrote"
+
+
+def test_threads_calling_through_two_views_of_one_array_do_not_tear_it():
+    n = 1 << 16
+    s = kv.create("local")
+    s.init(["a", "b", "c"], [np.full(n, 7, np.float32), np.full(n, 5, np.float32), np.zeros(n, np.float32)])
+    shared = np.full(n, 7, np.float32)
+    stop = threading.Event()
+
+    def pull(key, view):
+        while not stop.is_set():
+            s.pull(key, out=view)
+
+    threads = [threading.Thread(target=pull, args=a) for a in (("a", shared), ("b", shared[:]))]
+    for t in threads:
+        t.start()
+    torn = 0
+    seen = np.zeros(n, np.float32)
+    try:
+        for _ in range(1000):
+            # A push reads its value whole, under the lock of the array it reads.
+            s.push("c", shared[:])
+            s.pull("c", out=seen)
+            torn += int(not (seen == seen[0]).all())
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert torn == 0, f"{torn} of 1000 pushes read a mix of the two pulls' values"

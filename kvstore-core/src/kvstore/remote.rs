@@ -112,6 +112,10 @@ impl crate::ndarray::ForeignMemory for Lent {
     fn bytes_mut(&mut self) -> &mut [u8] {
         &mut self.message[self.start..]
     }
+    /// The store's own memory: no other wrapper names it.
+    fn shared(&self) -> bool {
+        false
+    }
 }
 
 impl Drop for Lent {

@@ -102,6 +102,10 @@ impl super::ForeignMemory for CountedCopy {
     fn bytes_mut(&mut self) -> &mut [u8] {
         &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
     }
+    /// The store's own memory: no other wrapper names it.
+    fn shared(&self) -> bool {
+        false
+    }
 }
 
 impl Drop for CountedCopy {

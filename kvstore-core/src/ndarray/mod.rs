@@ -20,6 +20,7 @@ mod loan;
 mod pending;
 mod sparse;
 mod storage;
+mod twins;
 
 pub(crate) use loan::{Lent, Reading, copied_bytes, values_read};
 pub(crate) use pending::{PendingWrites, as_user_code, empty_list, mark_pool_thread};
@@ -77,6 +78,16 @@ struct Inner {
     /// The addresses of a host array's bytes (`start..end`; `0..0` for none or a device
     /// array), fixed for its life: what tells arrays over the same memory apart.
     span: (usize, usize),
+    /// Whether the array is listed as the one over its foreign memory (`twins.rs`).
+    registered: bool,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.registered {
+            twins::unlist(self);
+        }
+    }
 }
 
 /// Whether a call that reads `reads` and writes `writes` uses memory twice in a way
@@ -293,6 +304,7 @@ impl NDArray {
             read_only,
             foreign,
             span,
+            registered: false,
         };
         NDArray { inner: Arc::new(inner) }
     }
@@ -321,6 +333,13 @@ impl NDArray {
     /// [`Error::InvalidArgument`]; it may still be pushed, as its elements are only
     /// read then.
     ///
+    /// While an array made here over some memory lives, another `from_foreign` over
+    /// exactly the same bytes, with the same shape, dtype and writability, returns that
+    /// array (a handle to it, [`NDArray::same_storage`]) and drops `mem`: calls made
+    /// through either are then ordered as calls on one array are, in call order (a
+    /// binding wraps its array anew for each call). Unless `mem` says it is not to be
+    /// shared ([`ForeignMemory::shared`]).
+    ///
     /// ```
     /// use kvstore_core::{DType, ForeignMemory, NDArray};
     /// struct Owned(Vec<u8>);
@@ -339,8 +358,20 @@ impl NDArray {
     /// exactly the elements of `shape`, or is not aligned for `dtype`.
     pub fn from_foreign(shape: &[usize], dtype: DType, mem: Box<dyn ForeignMemory>, writable: bool) -> Result<Self> {
         let size = checked_size(shape, dtype)?;
+        let shared = mem.shared();
         let buf = HostBuf::foreign(mem, size * dtype.size(), dtype.size())?;
-        Ok(Self::over(Storage::Host(buf), shape, size, dtype, Context::cpu(0), !writable))
+        let array = Self::over(Storage::Host(buf), shape, size, dtype, Context::cpu(0), !writable);
+        if !shared || !array.inner.foreign {
+            return Ok(array);
+        }
+        // The only handle: the shared state is this call's to give away.
+        match Arc::try_unwrap(array.inner) {
+            Ok(mut inner) => {
+                inner.registered = true;
+                Ok(twins::one_for(inner))
+            }
+            Err(_) => Err(Error::Internal("a new array is shared".into())),
+        }
     }
 
     /// An array on the device `ctx` over a buffer the caller made with that device's

@@ -50,6 +50,16 @@ pub trait ForeignMemory: Send + Sync {
     /// ([`crate::NDArray::from_foreign`]'s `writable`); a read-only array is never
     /// written (every write is an error first).
     fn bytes_mut(&mut self) -> &mut [u8];
+
+    /// Whether another array over the same bytes may use this memory's array instead
+    /// of its own (see [`crate::NDArray::from_foreign`]), as it may when this object
+    /// keeps the memory alive as long as it lives (the default). `false` for memory
+    /// no other wrapper can name (a vector taken over), and for memory that each call
+    /// keeps alive instead of this object (a binding's cache of wrappers, which then
+    /// uses [`crate::NDArray::shared_twin`] before each call).
+    fn shared(&self) -> bool {
+        true
+    }
 }
 
 /// A vector taken over as an array's buffer, with no copy: its elements' alignment
@@ -63,6 +73,10 @@ impl<U: Pod + Send + Sync> ForeignMemory for VecMemory<U> {
 
     fn bytes_mut(&mut self) -> &mut [u8] {
         bytemuck::cast_slice_mut(&mut self.0)
+    }
+
+    fn shared(&self) -> bool {
+        false
     }
 }
 

@@ -165,6 +165,22 @@ def async_sum(out: str) -> None:
     np.save(f"{out}.{rank}.npy", np.concatenate([store.pull(3), store.pull("big")[:3]]))
 
 
+def chain(out: str) -> None:
+    """Non-blocking pushpulls, each pushing the row the one before it writes (with
+    `copy=False`, so the row is read when the call runs): each call's wrapper of its row
+    is the one the call before made, so it runs after that call wrote it."""
+    store = kv.create("dist_sync")
+    rank = store.rank
+    store.init(list(range(11)), [np.zeros(1000, np.float32)] * 11)
+    rows = np.zeros((12, 1000), np.float32)
+    rows[0] = 1
+    # A key of its own each: only the rows order the calls.
+    futures = [store.pushpull_async(i, rows[i], out=rows[i + 1], copy=False) for i in range(11)]
+    for f in futures:
+        f.result()
+    np.save(f"{out}.{rank}.npy", rows)
+
+
 def refused() -> None:
     """An argument rank 1 refuses before its call reaches the store (not contiguous, of
     dtype object, a list) fails that call on both ranks, and the next calls stay matched;
@@ -202,5 +218,7 @@ if __name__ == "__main__":
         rowsparse(sys.argv[2])
     elif mode == "async":
         async_sum(sys.argv[2])
+    elif mode == "chain":
+        chain(sys.argv[2])
     else:
         {"desync": desync, "stall": stall, "crash": crash, "refused": refused}[mode]()

@@ -99,6 +99,49 @@ class WrapTest {
         }
     }
 
+    /**
+     * Calls on one buffer through different wraps of it take effect in call order: a blocking pull
+     * after a non-blocking pull (queued behind a slow push) into another wrap of the same bytes ends
+     * with its own value, and a push after such a pull pushes what the pull wrote.
+     */
+    @Test
+    void callsThroughDifferentWrapsOfOneBufferTakeEffectInCallOrder() throws Exception {
+        final int n = 1 << 14;
+        try (KVStore kv = KVStore.create("local");
+                NDArray seven = NDArray.full(new int[] {n}, 7);
+                NDArray five = NDArray.full(new int[] {n}, 5);
+                NDArray zeros = NDArray.zeros(n)) {
+            kv.init("a", seven).init("b", five).init("c", zeros);
+            kv.setUpdater((key, index, merged, stored) -> {
+                try {
+                    Thread.sleep(2);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                }
+                stored.copyFrom(merged);
+            });
+            for (int round = 0; round < 20; round++) {
+                ByteBuffer b = ByteBuffer.allocateDirect(n * Float.BYTES).order(ByteOrder.nativeOrder());
+                try (NDArray first = NDArray.wrap(b, new int[] {n}, DType.FLOAT32);
+                        NDArray second = NDArray.wrap(b.duplicate().order(ByteOrder.nativeOrder()), new int[] {n},
+                                DType.FLOAT32)) {
+                    kv.async().push("a", seven);
+                    CompletableFuture<Void> pulled = kv.async().pull("a", first);
+                    kv.pull("b", second);
+                    pulled.get(30, TimeUnit.SECONDS);
+                    assertArrayEquals(filled(n, 5), read(b, 0, n), "round " + round + ": the later pull's value");
+                    kv.async().push("a", seven);
+                    pulled = kv.async().pull("a", first);
+                    kv.push("c", second);
+                    pulled.get(30, TimeUnit.SECONDS);
+                    try (NDArray c = kv.pull("c")) {
+                        assertArrayEquals(filled(n, 7), c.toFloatArray(), "round " + round + ": the push read the pull's");
+                    }
+                }
+            }
+        }
+    }
+
     @Test
     void aCallStillPendingWhenTheArrayIsClosedStillWritesTheBuffer() throws Exception {
         ByteBuffer value = floats(4, 4);
