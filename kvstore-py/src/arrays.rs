@@ -12,33 +12,35 @@ use std::collections::HashMap;
 
 use parking_lot::{Mutex, MutexGuard};
 
-/// The memory of a Python array, kept alive (and unmoved) by a reference to the array:
-/// its own, or, for an array reused by blocking calls ([`REUSED`]), each call's.
+/// The memory of a Python array. It does not keep the array alive: whoever uses the
+/// store array does, for as long as it uses it (see the `Send` impl).
 struct PyMemory {
-    /// The numpy array whose buffer this is (its base keeps any other owner alive);
-    /// `None` for a reused array, whose callers hold it instead.
-    _owner: Option<Py<PyAny>>,
     ptr: *mut u8,
     len: usize,
     writable: bool,
 }
 
 // SAFETY: the pointer is into the buffer of a numpy array that a reference keeps alive
-// while the memory is used: `_owner`, or, for a reused array (`_owner` None), the
-// blocking call that uses it, which holds the array (`CallArrays`) and checked first
-// that its buffer is still this one (`Reusing::wrapped`); a reused array is never read
-// or written outside such a call. Numpy frees or moves an array's buffer only when the
-// array is freed or resized, and `ndarray.resize` refuses an array that another
-// reference holds (unless the user passes `refcheck=False`, which numpy documents as
-// unsafe). The bytes are plain data, read and written under the store's array locks.
+// while the memory is used: every store array over Python memory is used only through
+// a handle that holds such a reference ([`NDArray::kept_alive_by`], given the numpy
+// array: every non-blocking call's, and every call's array made over a view made for
+// the call), or by a blocking call that holds the array until it returns
+// (`CallArrays`) and checked that its buffer is this one, in the same shape, dtype and
+// writability (`Reusing::wrapped`, and `NDArray::from_foreign`, which gives an array
+// already made over the same memory to every wrapper of it). A store array is read or
+// written only by the calls it is given. Numpy frees or moves an array's buffer only
+// when the array is freed or resized, and `ndarray.resize` refuses an array that
+// another reference holds (unless the user passes `refcheck=False`, which numpy
+// documents as unsafe). The bytes are plain data, read and written under the store's
+// array locks.
 unsafe impl Send for PyMemory {}
 // SAFETY: as above; `&PyMemory` only reads.
 unsafe impl Sync for PyMemory {}
 
 impl ForeignMemory for PyMemory {
     fn bytes(&self) -> &[u8] {
-        // SAFETY: `ptr` points to `len` initialised bytes that live as long as `_owner`
-        // (see the `Send` impl); `len` > 0 (empty arrays are not wrapped).
+        // SAFETY: `ptr` points to `len` initialised bytes that live while the array is
+        // used (see the `Send` impl); `len` > 0 (empty arrays are not wrapped).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
@@ -50,13 +52,6 @@ impl ForeignMemory for PyMemory {
         // SAFETY: as in `bytes`, and numpy marked the buffer writable; `&mut self`
         // is core's exclusive (write-locked) access to it.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-
-    /// A reused array's memory is kept alive by each call, not by this object: its
-    /// array is never handed to another wrapper (its calls use a live shared one
-    /// instead, `Reusing::wrapped`).
-    fn shared(&self) -> bool {
-        self._owner.is_some()
     }
 }
 
@@ -229,15 +224,15 @@ pub(crate) fn wrap<'py>(
         return NDArray::zeros_with(shape, dtype, kvstore_core::Context::cpu(0)).map_err(crate::errors::to_py);
     }
     let ptr = data.cast::<u8>();
+    let make = || {
+        let mem = PyMemory { ptr, len, writable };
+        NDArray::from_foreign(shape, dtype, Box::new(mem), writable).map_err(crate::errors::to_py)
+    };
     match reuse {
-        Some(reuse) => reuse.wrapped(obj, ptr, writable, shape, dtype, || {
-            let mem = PyMemory { _owner: None, ptr, len, writable };
-            NDArray::from_foreign(shape, dtype, Box::new(mem), writable).map_err(crate::errors::to_py)
-        }),
-        None => {
-            let mem = PyMemory { _owner: Some(array.clone().into_any().unbind()), ptr, len, writable };
-            NDArray::from_foreign(shape, dtype, Box::new(mem), writable).map_err(crate::errors::to_py)
-        }
+        Some(reuse) => reuse.wrapped(obj, ptr, writable, shape, dtype, make),
+        // A non-blocking call's (or one made over a view made here): the array's
+        // handles keep the numpy array, as long as the call holds one.
+        None => Ok(make()?.kept_alive_by(Box::new(array.clone().into_any().unbind()))),
     }
 }
 
@@ -300,18 +295,17 @@ pub(crate) fn view<'py>(py: Python<'py>, array: &NDArray) -> PyResult<Bound<'py,
 }
 
 /// The numpy arrays that blocking pushes and pulls were given, wrapped once and reused
-/// by later calls (a training loop pushes and pulls the same arrays step after step), by
-/// the address of their buffer (the map's key), in one map for the process: every view of the same
-/// bytes in the same shape, dtype and writability (`s` and `s[:]`) gets the same
-/// array, so two threads' calls through two views are ordered, not torn. An entry
-/// holds no reference to a Python object: it is used only by a call that holds an
-/// object over its memory ([`CallArrays`]), with the same shape, dtype and writability.
-/// Entries wrap memory only, nothing of a store, so every store shares them. Not for
-/// non-blocking calls (their arrays hold their objects, and are shared with every
-/// other wrapper of the same memory while they live: a blocking call uses that array
-/// instead of its entry meanwhile, [`NDArray::shared_twin`], so it is ordered after
-/// them). Nothing else of Python sees a reused array: a Python updater gets views of
-/// the store's own buffers, never of a pushed value
+/// by later calls (a training loop pushes and pulls the same arrays step after step),
+/// by the address of their buffer (the map's key), in one map for the process. An
+/// entry holds no reference to a Python object: it is used only by a call that holds
+/// an object over its memory ([`CallArrays`]), with the same shape, dtype and
+/// writability. Every wrapper of the same memory seen the same way is one store array
+/// while one lives (`NDArray::from_foreign`): an entry, and a non-blocking call's
+/// array, whose handles hold its object ([`NDArray::kept_alive_by`]); so calls through
+/// views of one array (`s`, `s[:]`), blocking or not, from any thread, are ordered as
+/// calls on one array. Entries wrap memory only, nothing of a store, so every store
+/// shares them. Nothing else of Python sees a reused array: a Python updater gets views
+/// of the store's own buffers, never of a pushed value
 /// (`test_an_updater_sees_the_stores_memory_not_the_pushed_arrays`).
 static REUSED: std::sync::LazyLock<Mutex<HashMap<usize, NDArray, foldhash::fast::RandomState>>> =
     std::sync::LazyLock::new(Default::default);
@@ -344,9 +338,9 @@ pub(crate) struct Reusing<'c, 'py> {
 }
 
 impl<'py> Reusing<'_, 'py> {
-    /// The array over `obj`'s buffer (`ptr`, `shape`, `dtype`, `writable`): a live
-    /// shared one if there is one, else the reused one, else a new one from `make`,
-    /// remembered; either way the call holds `obj` until it returns.
+    /// The reused array over `obj`'s buffer (`ptr`, `shape`, `dtype`, `writable`), else
+    /// one from `make` (the live array over that memory, or a new one), remembered;
+    /// either way the call holds `obj` until it returns.
     fn wrapped(
         &mut self,
         obj: &Bound<'py, PyAny>,
@@ -370,6 +364,6 @@ impl<'py> Reusing<'_, 'py> {
             }
         };
         self.call.held.push(obj.clone());
-        Ok(array.shared_twin().unwrap_or(array))
+        Ok(array)
     }
 }

@@ -241,3 +241,35 @@ def test_threads_calling_through_two_views_of_one_array_do_not_tear_it():
         for t in threads:
             t.join()
     assert torn == 0, f"{torn} of 1000 pushes read a mix of the two pulls' values"
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_a_non_blocking_call_made_while_a_blocking_call_on_its_memory_runs_does_not_tear_it(copy):
+    n = 1 << 20
+    s = kv.create("local")
+    s.init(list(range(5)), [np.zeros(n, np.float32)] * 5)
+    for k in range(4):
+        s.push(k, np.full(n, k + 1, np.float32))
+    shared = np.zeros(n, np.float32)
+    stop = threading.Event()
+
+    def pull():
+        k = 0
+        while not stop.is_set():
+            s.pull(k % 4, out=shared)
+            k += 1
+
+    puller = threading.Thread(target=pull)
+    puller.start()
+    torn = 0
+    seen = np.zeros(n, np.float32)
+    try:
+        for _ in range(300):
+            # A view: another Python object over the same memory, wrapped for this call.
+            s.push_async(4, shared[:], copy=copy).result()
+            s.pull(4, out=seen)
+            torn += int(seen.min() != seen.max())
+    finally:
+        stop.set()
+        puller.join()
+    assert torn == 0, f"{torn} of 300 pushes read a mix of two pulls' values"

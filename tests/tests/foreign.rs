@@ -260,7 +260,7 @@ fn wrapper(
 }
 
 /// Wrappers of the same bytes seen the same way are one array while one lives (the
-/// later ones' memory objects dropped at once); in another shape, dtype or
+/// later ones' memory objects kept by their handles); in another shape, dtype or
 /// writability, or of other bytes, they are arrays of their own.
 #[test]
 fn wrappers_of_the_same_memory_are_one_array_while_one_lives() {
@@ -270,8 +270,7 @@ fn wrappers_of_the_same_memory_are_one_array_while_one_lives() {
     let first = NDArray::from_foreign(&[8], DType::F32, mem, true).unwrap();
     let (again, again_drops) = wrapper(&buf, ptr, 0, 8, true);
     assert!(again.same_storage(&first));
-    assert_eq!(again_drops.load(Ordering::SeqCst), 1, "the second wrapper's memory object is dropped");
-    assert_eq!(drops.load(Ordering::SeqCst), 0, "the first one's is kept");
+    assert_eq!(again_drops.load(Ordering::SeqCst), 0, "the second wrapper's handle keeps its memory object");
     let (read_only, _) = wrapper(&buf, ptr, 0, 8, false);
     let (half, _) = wrapper(&buf, ptr, 0, 4, true);
     let mem = Lent { _buf: Arc::clone(&buf), ptr, len: 32, drops: Arc::clone(&drops) };
@@ -279,11 +278,46 @@ fn wrappers_of_the_same_memory_are_one_array_while_one_lives() {
     for other in [&read_only, &half, &as_bytes] {
         assert!(!other.same_storage(&first) && other.shares_memory(&first));
     }
-    drop((first, again));
+    drop(again);
+    assert_eq!(again_drops.load(Ordering::SeqCst), 1, "it goes with the handle");
+    drop(first);
     assert_eq!(drops.load(Ordering::SeqCst), 1, "the first memory object goes with the array");
     let (anew, anew_drops) = wrapper(&buf, ptr, 0, 8, true);
     assert_eq!(anew_drops.load(Ordering::SeqCst), 0, "none lives: a new array");
-    assert!(anew.shared_twin().is_none() && !anew.same_storage(&read_only));
+    assert!(!anew.same_storage(&read_only));
+}
+
+/// A handle kept alive by an owner keeps it while a clone of it lives, a call's too;
+/// a handle to the same array got from another wrapper keeps that wrapper's memory
+/// object instead.
+#[test]
+fn a_handle_keeps_its_owner_while_it_or_a_call_holds_it() {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let (buf, mem) = lent(&[0.0; 4], 0, &drops);
+    let ptr = mem.ptr;
+    let owner = Arc::new(());
+    let gone = Arc::downgrade(&owner);
+    let a = NDArray::from_foreign(&[4], DType::F32, mem, true).unwrap().kept_alive_by(Box::new(owner));
+    let (twin, twin_drops) = wrapper(&buf, ptr, 0, 4, true);
+    assert!(twin.same_storage(&a));
+    assert_eq!(twin_drops.load(Ordering::SeqCst), 0, "the twin handle keeps its memory object");
+    drop(twin);
+    assert_eq!(twin_drops.load(Ordering::SeqCst), 1, "and lets it go with its last clone");
+    let kv = two_keys(4);
+    kv.set_updater(|_: &Key, _, merged: &NDArray, stored: &NDArray| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        stored.copy_from(merged)
+    })
+    .unwrap();
+    let pushed = kv.push_async("a", &NDArray::full(&[4], 3.0).unwrap(), 0);
+    let pulled = kv.pull_async("a", &a, 0);
+    drop(a);
+    assert!(gone.upgrade().is_some(), "the queued pull holds the handle");
+    pulled.wait().unwrap();
+    pushed.wait().unwrap();
+    kv.wait_all().unwrap();
+    assert!(gone.upgrade().is_none(), "the owner goes with the call's handle");
+    assert_eq!(floats(&buf, 4), vec![3.0; 4]);
 }
 
 /// A local store whose updater sleeps (so that calls queue behind a push), with "a"

@@ -152,8 +152,27 @@ enum Wait {
 /// # Ok::<(), kvstore_core::Error>(())
 /// ```
 #[derive(Clone)]
+#[repr(C)]
 pub struct NDArray {
+    /// First: what a store's entry reads of its value's handle, next to its lock.
     inner: Arc<Inner>,
+    /// What keeps the memory of a foreign array alive for this handle's holders, when
+    /// its memory object does not (see [`NDArray::kept_alive_by`]).
+    keep: Option<Arc<Keep>>,
+}
+
+#[cfg(test)]
+impl NDArray {
+    /// The bytes of a handle that a store's call reads: up to the end of its array's
+    /// address (`inner`; `keep` after it is read only when the handle is cloned or
+    /// dropped).
+    pub(crate) const HOT_BYTES: usize = std::mem::offset_of!(NDArray, inner) + std::mem::size_of::<Arc<Inner>>();
+}
+
+/// Objects a handle keeps alive, in a list shared by its clones.
+struct Keep {
+    _this: Box<dyn std::any::Any + Send + Sync>,
+    _next: Option<Arc<Keep>>,
 }
 
 /// The right-hand side of an element-wise operation: a scalar or an array of the
@@ -281,11 +300,23 @@ impl NDArray {
 
     /// The array of `size` elements of `dtype` in `shape` on `ctx`, over `storage`.
     fn over(storage: Storage, shape: &[usize], size: usize, dtype: DType, ctx: Context, read_only: bool) -> Self {
+        NDArray { inner: Arc::new(Self::inner_over(storage, shape, size, dtype, ctx, read_only)), keep: None }
+    }
+
+    /// The shared state of [`NDArray::over`]'s array.
+    fn inner_over(
+        storage: Storage,
+        shape: &[usize],
+        size: usize,
+        dtype: DType,
+        ctx: Context,
+        read_only: bool,
+    ) -> Inner {
         let (foreign, span) = match &storage {
             Storage::Host(b) => (b.is_foreign(), b.span().unwrap_or_default()),
             Storage::Device(_) => (false, (0, 0)),
         };
-        let inner = Inner {
+        Inner {
             buf: RwLock::new(storage),
             size,
             pending: Default::default(),
@@ -305,8 +336,7 @@ impl NDArray {
             foreign,
             span,
             registered: false,
-        };
-        NDArray { inner: Arc::new(inner) }
+        }
     }
 
     /// The rows `ids` (each `row_len` elements; every id in bounds) of this array as a
@@ -335,10 +365,10 @@ impl NDArray {
     ///
     /// While an array made here over some memory lives, another `from_foreign` over
     /// exactly the same bytes, with the same shape, dtype and writability, returns that
-    /// array (a handle to it, [`NDArray::same_storage`]) and drops `mem`: calls made
-    /// through either are then ordered as calls on one array are, in call order (a
-    /// binding wraps its array anew for each call). Unless `mem` says it is not to be
-    /// shared ([`ForeignMemory::shared`]).
+    /// array (a handle to it, [`NDArray::same_storage`], which keeps `mem` alive as
+    /// [`NDArray::kept_alive_by`] does): calls made through either are then ordered as
+    /// calls on one array are, in call order (a binding wraps its array anew for each
+    /// call). Unless `mem` says no other wrapper names it ([`ForeignMemory::shared`]).
     ///
     /// ```
     /// use kvstore_core::{DType, ForeignMemory, NDArray};
@@ -360,20 +390,21 @@ impl NDArray {
         let size = checked_size(shape, dtype)?;
         let shared = mem.shared();
         let buf = HostBuf::foreign(mem, size * dtype.size(), dtype.size())?;
-        let array = Self::over(Storage::Host(buf), shape, size, dtype, Context::cpu(0), !writable);
-        if !shared || !array.inner.foreign {
-            return Ok(array);
-        }
-        // The only handle: the shared state is this call's to give away.
-        match Arc::try_unwrap(array.inner) {
-            Ok(mut inner) => {
-                inner.registered = true;
-                Ok(twins::one_for(inner))
-            }
-            Err(_) => Err(Error::Internal("a new array is shared".into())),
+        match buf.span() {
+            Some(span) if shared && buf.is_foreign() => Ok(twins::one_for(buf, span, shape, size, dtype, !writable)),
+            _ => Ok(Self::over(Storage::Host(buf), shape, size, dtype, Context::cpu(0), !writable)),
         }
     }
 
+    /// This handle, whose clones keep `keeper` alive as long as one of them lives: for
+    /// an array over foreign memory that its memory object does not keep alive (see
+    /// [`ForeignMemory`]), the memory's owner, so that a call given the handle (which
+    /// holds a clone until it is done with the array, a non-blocking one too) keeps
+    /// the memory alive.
+    #[must_use]
+    pub fn kept_alive_by(self, keeper: Box<dyn std::any::Any + Send + Sync>) -> NDArray {
+        NDArray { inner: self.inner, keep: Some(Arc::new(Keep { _this: keeper, _next: self.keep })) }
+    }
     /// An array on the device `ctx` over a buffer the caller made with that device's
     /// backend (`kvstore_core::backend::DeviceBuffer`): a binding's way to use another
     /// library's device memory in place (a CUDA tensor through DLPack), the backend's

@@ -37,7 +37,10 @@ enum HostMem {
 
 /// Host memory that an array uses in place but does not own: a Python object's buffer,
 /// a Java direct `ByteBuffer`. The implementation (in a binding crate) keeps the owner
-/// alive as long as it lives, and the memory neither moves nor shrinks meanwhile.
+/// alive as long as it lives, and the memory neither moves nor shrinks meanwhile; or,
+/// for a binding that keeps wrappers of memory between calls without keeping the
+/// memory's owners, every handle through which the array is used keeps the owner alive
+/// instead ([`crate::NDArray::kept_alive_by`]), or the caller for the handle's use.
 ///
 /// Arrays over such memory are made by [`crate::NDArray::from_foreign`]; their
 /// elements are read and written where they are, by the store's threads too, so the
@@ -51,12 +54,10 @@ pub trait ForeignMemory: Send + Sync {
     /// written (every write is an error first).
     fn bytes_mut(&mut self) -> &mut [u8];
 
-    /// Whether another array over the same bytes may use this memory's array instead
-    /// of its own (see [`crate::NDArray::from_foreign`]), as it may when this object
-    /// keeps the memory alive as long as it lives (the default). `false` for memory
-    /// no other wrapper can name (a vector taken over), and for memory that each call
-    /// keeps alive instead of this object (a binding's cache of wrappers, which then
-    /// uses [`crate::NDArray::shared_twin`] before each call).
+    /// Whether other wrappers of the same bytes may name this memory, so that
+    /// [`crate::NDArray::from_foreign`] looks for a live array over it (the default);
+    /// `false` for memory no other wrapper can name (a vector taken over), which saves
+    /// the lookup.
     fn shared(&self) -> bool {
         true
     }
@@ -210,6 +211,14 @@ impl HostBuf {
     /// bytes: a binding may wrap one buffer, or overlapping views of it, several times).
     pub(crate) fn is_foreign(&self) -> bool {
         matches!(self.mem, HostMem::Foreign(_))
+    }
+
+    /// The foreign memory object of the buffer, if it is over one.
+    pub(crate) fn into_foreign(self) -> Option<Box<dyn ForeignMemory>> {
+        match self.mem {
+            HostMem::Foreign(f) => Some(f),
+            _ => None,
+        }
     }
 
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {

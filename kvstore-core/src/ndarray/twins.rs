@@ -10,18 +10,19 @@
 //! overwritten by the earlier pull, and two threads' calls through two views could
 //! tear each other's values).
 //!
-//! Only memory whose object keeps it alive is shared ([`ForeignMemory::shared`]): an
-//! array over memory each call keeps alive instead (a binding's cache of wrappers)
-//! is never handed to another wrapper; its binding asks for a live twin before each
-//! call instead ([`NDArray::shared_twin`]).
+//! A handle to a live array given for a wrapper keeps that wrapper's memory object
+//! alive: the array's own object may not keep the memory alive (a binding that keeps
+//! its wrappers between calls has the handles keep the owners,
+//! [`NDArray::kept_alive_by`]). Memory no other wrapper can name is not looked up
+//! ([`crate::ForeignMemory::shared`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Weak};
 
 use parking_lot::Mutex;
 
-use super::{Inner, NDArray};
+use super::{HostBuf, Inner, NDArray, Storage};
+use crate::context::Context;
 use crate::dtype::DType;
 
 /// What makes two wrappers one array: the same bytes seen the same way.
@@ -42,25 +43,35 @@ impl Key {
 /// The live shared foreign arrays, by what they wrap.
 static LIVE: LazyLock<Mutex<HashMap<Key, Weak<Inner>, foldhash::fast::RandomState>>> = LazyLock::new(Default::default);
 
-/// The number of entries of `LIVE`: a lookup with none reads this only.
-static COUNT: AtomicUsize = AtomicUsize::new(0);
-
-/// The live array over what `inner` wraps, if there is one; else `inner`'s, now listed.
-/// `inner` must be a shared foreign array no handle has yet. The array not used is
-/// dropped after the list is unlocked (dropping foreign memory may run a binding's
-/// code, which may wrap memory again).
-pub(super) fn one_for(inner: Inner) -> NDArray {
-    let key = Key::of(&inner);
+/// The live array over `buf`'s bytes (`span`) in `shape` (`size` elements of `dtype`,
+/// `read_only` or not), if there is one, as a handle that keeps `buf`'s memory object
+/// alive (its owner may be the only one keeping the memory alive: see
+/// [`NDArray::kept_alive_by`]); else a new array over `buf`, listed.
+pub(super) fn one_for(
+    buf: HostBuf,
+    span: (usize, usize),
+    shape: &[usize],
+    size: usize,
+    dtype: DType,
+    read_only: bool,
+) -> NDArray {
+    let key = Key { span, dtype, read_only, shape: smallvec::SmallVec::from_slice(shape) };
     let mut live = LIVE.lock();
     if let Some(twin) = live.get(&key).and_then(Weak::upgrade) {
+        // Unlocked first: dropping a memory object may run a binding's code.
         drop(live);
-        drop(inner);
-        return NDArray { inner: twin };
+        let array = NDArray { inner: twin, keep: None };
+        return match buf.into_foreign() {
+            Some(mem) => array.kept_alive_by(Box::new(mem)),
+            None => array,
+        };
     }
+    let mut inner = NDArray::inner_over(Storage::Host(buf), shape, size, dtype, Context::cpu(0), read_only);
+    inner.registered = true;
     let inner = Arc::new(inner);
+    // (A dead entry it replaces is its array's, being dropped: `unlist` leaves this one.)
     live.insert(key, Arc::downgrade(&inner));
-    COUNT.store(live.len(), Ordering::Relaxed);
-    NDArray { inner }
+    NDArray { inner, keep: None }
 }
 
 /// Unlists `inner`, a listed array being dropped, unless another array has its place.
@@ -69,24 +80,5 @@ pub(super) fn unlist(inner: &Inner) {
     let mut live = LIVE.lock();
     if live.get(&key).is_some_and(|w| std::ptr::eq(w.as_ptr(), inner)) {
         live.remove(&key);
-        COUNT.store(live.len(), Ordering::Relaxed);
-    }
-}
-
-impl NDArray {
-    /// The live array that [`NDArray::from_foreign`] made over the same bytes as this
-    /// array, with the same shape, dtype and writability, if it is another array than
-    /// this one: what a binding that keeps its own wrappers of memory
-    /// ([`crate::ForeignMemory::shared`] false) uses instead of its wrapper, so that
-    /// its calls are ordered with every other wrapper's. `None` for every array that is
-    /// not over foreign memory.
-    pub fn shared_twin(&self) -> Option<NDArray> {
-        if !self.inner.foreign || self.inner.registered || COUNT.load(Ordering::Relaxed) == 0 {
-            return None;
-        }
-        let live = LIVE.lock();
-        let twin = live.get(&Key::of(&self.inner)).and_then(Weak::upgrade);
-        drop(live);
-        twin.map(|inner| NDArray { inner })
     }
 }
