@@ -75,7 +75,8 @@ mod waits;
 pub use context::{Context, DeviceType};
 pub use dtype::{DType, Element};
 pub use error::{Cause, Error, ErrorKind, Result};
-pub use key::{Key, Keys, Values, shorten};
+pub use key::{Key, Keys, shorten};
+pub use kvstore::forms::Values;
 pub use kvstore::{KVStore, KVStoreBuilder, Pending, Release, StorageType};
 pub use ndarray::{ForeignMemory, NDArray, Operand, RowSparse};
 pub use optimizer::{

@@ -18,11 +18,12 @@ use smallvec::SmallVec;
 use super::spread::Spread;
 use parking_lot::Mutex;
 
+use super::forms::{Run, Values, flat_runs, pairs_of, runs};
 use super::pending::HasDone;
 use super::{Done, Entry, Found, Group, KVStore, Pending, Store, check_arrays, locks};
 use crate::engine::{self, Job, Var, Vars};
 use crate::error::{Error, Result};
-use crate::key::{Key, Keys, Run, Values, flat_runs, pairs_of, runs};
+use crate::key::{Key, Keys};
 use crate::ndarray::{Lent, NDArray, PendingWrites, Reading, empty_list};
 use crate::waits;
 

@@ -23,10 +23,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
+use super::forms::Run;
 use super::{Entry, Group, Merger, Slot, Store, Table, check_arrays, locks};
 use crate::comm::{BroadcastJob, Claims, ReduceJob};
 use crate::error::{Error, Result};
-use crate::key::Run;
 use crate::ndarray::{NDArray, overlapping_uses, use_token};
 
 /// The guards of a piece's keys.

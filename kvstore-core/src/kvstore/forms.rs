@@ -1,0 +1,154 @@
+//! The forms a call's keys and arrays come in (MXNet's: one key or a list; one array,
+//! a list, or a list per key), paired into runs: one key of the call with its arrays,
+//! as the caller gave them. Every call of a store starts here.
+
+use crate::error::{Error, Result};
+use crate::key::{Key, Keys};
+use crate::ndarray::NDArray;
+
+/// Values or outs of a call: one array, a list, or a list of lists (one list per key).
+#[derive(Clone, Copy)]
+pub enum Values<'a> {
+    /// One array.
+    One(&'a NDArray),
+    /// A list of arrays: all for the one key, or one per key.
+    Many(&'a [NDArray]),
+    /// One list of arrays per key: `push([k1, k2], [[a, b], [c]])`.
+    Nested(&'a [Vec<NDArray>]),
+}
+
+impl<'a> From<&'a NDArray> for Values<'a> {
+    fn from(a: &'a NDArray) -> Self {
+        Values::One(a)
+    }
+}
+
+impl<'a> From<&'a [NDArray]> for Values<'a> {
+    fn from(a: &'a [NDArray]) -> Self {
+        Values::Many(a)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [NDArray; N]> for Values<'a> {
+    fn from(a: &'a [NDArray; N]) -> Self {
+        Values::Many(a)
+    }
+}
+
+impl<'a> From<&'a Vec<NDArray>> for Values<'a> {
+    fn from(a: &'a Vec<NDArray>) -> Self {
+        Values::Many(a)
+    }
+}
+
+impl<'a> From<&'a [Vec<NDArray>]> for Values<'a> {
+    fn from(a: &'a [Vec<NDArray>]) -> Self {
+        Values::Nested(a)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [Vec<NDArray>; N]> for Values<'a> {
+    fn from(a: &'a [Vec<NDArray>; N]) -> Self {
+        Values::Nested(a)
+    }
+}
+
+impl<'a> From<&'a Vec<Vec<NDArray>>> for Values<'a> {
+    fn from(a: &'a Vec<Vec<NDArray>>) -> Self {
+        Values::Nested(a)
+    }
+}
+
+/// One key of a call with its arrays in call order, as the caller's slice (one array,
+/// a list, or a key's list of a list of lists): pairing a call's keys with their
+/// arrays copies no array handle, only slices.
+pub(crate) type Run<'a> = (Key, &'a [NDArray]);
+
+/// Pairs each key with its values, following MXNet's flattening rules: a run per key
+/// as given (a key given twice has two runs; a key with an empty list, none).
+pub(crate) fn runs<'a>(op: &'static str, keys: Keys, values: Values<'a>, what: &'static str) -> Result<Vec<Run<'a>>> {
+    let mismatch = |expected: usize, got: usize| Error::LengthMismatch {
+        context: format!("{op}: {expected} keys"),
+        what,
+        expected,
+        got,
+    };
+    let one = std::slice::from_ref;
+    match (keys, values) {
+        (Keys::One(k), Values::One(v)) => Ok(vec![(k, one(v))]),
+        (Keys::One(_), Values::Many([])) => Ok(Vec::new()),
+        (Keys::One(k), Values::Many(vs)) => Ok(vec![(k, vs)]),
+        (Keys::One(k), Values::Nested(_)) => Err(Error::invalid_argument(format!(
+            "{op}: key \"{k}\" takes one array or a list of arrays, not a list of lists"
+        ))),
+        (Keys::Many(ks), Values::One(v)) if ks.len() == 1 => Ok(ks.into_iter().map(|k| (k, one(v))).collect()),
+        (Keys::Many(ks), Values::One(_)) => Err(mismatch(ks.len(), 1)),
+        (Keys::Many(ks), Values::Many(vs)) if ks.len() == vs.len() => {
+            Ok(ks.into_iter().zip(vs).map(|(k, v)| (k, one(v))).collect())
+        }
+        (Keys::Many(ks), Values::Many(vs)) => Err(mismatch(ks.len(), vs.len())),
+        (Keys::Many(ks), Values::Nested(vss)) if ks.len() == vss.len() => {
+            // Sized for every key at once: keys with an empty list are few.
+            let mut runs = Vec::with_capacity(ks.len());
+            runs.extend(ks.into_iter().zip(vss).filter(|(_, vs)| !vs.is_empty()).map(|(k, vs)| (k, &vs[..])));
+            Ok(runs)
+        }
+        (Keys::Many(ks), Values::Nested(vss)) => Err(mismatch(ks.len(), vss.len())),
+    }
+}
+
+/// [`runs`] as one pair per array.
+pub(crate) fn flatten<'a>(
+    op: &'static str,
+    keys: Keys,
+    values: Values<'a>,
+    what: &'static str,
+) -> Result<Vec<(Key, &'a NDArray)>> {
+    Ok(pairs_of(runs(op, keys, values, what)?))
+}
+
+/// One pair per array of `runs`.
+pub(crate) fn pairs_of(runs: Vec<Run<'_>>) -> Vec<(Key, &NDArray)> {
+    runs.into_iter().flat_map(|(k, vs)| vs.iter().map(move |v| (k.clone(), v))).collect()
+}
+
+/// The value runs and the out runs of a flat call (`*_pairs`).
+pub(crate) type FlatRuns<'a> = (Vec<Run<'a>>, Vec<Run<'a>>);
+
+pub(crate) fn flat_runs<'a>(
+    op: &'static str,
+    keys: &[Key],
+    values: &'a [NDArray],
+    out_keys: &[Key],
+    outs: &'a [NDArray],
+) -> Result<FlatRuns<'a>> {
+    Ok((
+        runs(op, Keys::Many(keys.to_vec()), Values::Many(values), "values")?,
+        runs(op, Keys::Many(out_keys.to_vec()), Values::Many(outs), "outs")?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_keep_each_key_with_its_arrays_in_call_order() {
+        let a: Vec<NDArray> = (0..4).map(|i| NDArray::full(&[1], i as f64).unwrap()).collect();
+        let shape = |rs: &[Run<'_>]| -> Vec<(String, Vec<f32>)> {
+            rs.iter()
+                .map(|(k, vs)| (k.to_string(), vs.iter().map(|v| v.to_vec::<f32>().unwrap()[0]).collect()))
+                .collect()
+        };
+        let one = runs("push", Keys::from("w"), Values::Many(&a[..3]), "values").unwrap();
+        assert_eq!(shape(&one), [("w".into(), vec![0.0, 1.0, 2.0])]);
+        let nested = [vec![a[0].clone(), a[1].clone()], vec![], vec![a[3].clone()]];
+        let rs = runs("push", Keys::from(&["x", "y", "x"]), Values::Nested(&nested), "values").unwrap();
+        assert_eq!(shape(&rs), [("x".into(), vec![0.0, 1.0]), ("x".into(), vec![3.0])]);
+        let flat = flatten("push", Keys::from(&["x", "y", "x"]), Values::Nested(&nested), "values").unwrap();
+        assert_eq!(flat.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["x", "x", "x"]);
+        assert!(runs("push", Keys::from("w"), Values::Many(&[]), "values").unwrap().is_empty());
+        let e = runs("push", Keys::from(&["x", "y"]), Values::Many(&a[..3]), "values").unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::LengthMismatch);
+    }
+}
