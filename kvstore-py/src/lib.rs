@@ -17,6 +17,8 @@
 use pyo3::prelude::*;
 
 mod arrays;
+#[cfg(feature = "bench")]
+mod bench;
 #[cfg(feature = "cuda")]
 mod dlpack;
 mod errors;
@@ -88,7 +90,8 @@ fn _kvstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_finalize, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::_exiting, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::_forked, m)?)?;
-    m.add_function(wrap_pyfunction!(store::_time_calls_from_rust, m)?)?;
+    #[cfg(feature = "bench")]
+    m.add_function(wrap_pyfunction!(bench::_time_calls_from_rust, m)?)?;
     m.add_function(wrap_pyfunction!(_check_optimizer_json, m)?)?;
     Ok(())
 }

@@ -16,7 +16,7 @@ use crate::errors::to_py;
 use crate::pending::Pending;
 
 /// A call's keys: one, or a list.
-fn keys_of(obj: &Bound<'_, PyAny>) -> PyResult<Keys> {
+pub(crate) fn keys_of(obj: &Bound<'_, PyAny>) -> PyResult<Keys> {
     if is_list(obj) {
         return Ok(Keys::Many(map_items(obj, key_of)?));
     }
@@ -47,7 +47,7 @@ pub(crate) enum Arrays {
 }
 
 impl Arrays {
-    fn values(&self) -> Values<'_> {
+    pub(crate) fn values(&self) -> Values<'_> {
         match self {
             Arrays::One(a) => Values::One(a),
             Arrays::Many(v) => Values::Many(v),
@@ -86,7 +86,7 @@ fn is_list(obj: &Bound<'_, PyAny>) -> bool {
 }
 
 /// `obj` as a call's arrays (see [`Arrays`]), wrapped in place for `usage`.
-fn arrays_of<'py>(obj: &Bound<'py, PyAny>, usage: Use, what: &str) -> PyResult<Arrays> {
+pub(crate) fn arrays_of<'py>(obj: &Bound<'py, PyAny>, usage: Use, what: &str) -> PyResult<Arrays> {
     arrays_in(obj, usage, what, None)
 }
 
@@ -563,40 +563,6 @@ impl PyStore {
         remember_int_keys(&self.shared, key)?;
         Ok(Pending::new(handle))
     }
-}
-
-/// For `make bench` (scripts/bench_python.py): the seconds each of `runs` calls of
-/// `op` ("push" or "pull") takes when made from Rust, on arrays wrapped once, so that
-/// the Python rows are set against the same calls without Python, in the same process
-/// and moment. Not part of the API.
-#[pyfunction]
-pub(crate) fn _time_calls_from_rust(
-    py: Python<'_>,
-    store: &PyStore,
-    op: &str,
-    key: &Bound<'_, PyAny>,
-    arrays: &Bound<'_, PyAny>,
-    runs: usize,
-) -> PyResult<Vec<f64>> {
-    crate::lifecycle::not_forked()?;
-    let keys = keys_of(key)?;
-    let kv = &store.shared.kv;
-    type Call = fn(&Store, Keys, Values<'_>) -> kvstore_core::Result<()>;
-    let (arrays, call): (Arrays, Call) = match op {
-        "push" => (arrays_of(arrays, Use::Read, "value")?, |kv, k, v| kv.push(k, v, 0)),
-        "pull" => (arrays_of(arrays, Use::Write, "out")?, |kv, k, v| kv.pull(k, v, 0)),
-        _ => return Err(crate::errors::value_error(format!("op must be \"push\" or \"pull\", not {op:?}"))),
-    };
-    crate::detach(py, || {
-        (0..runs)
-            .map(|_| {
-                let start = std::time::Instant::now();
-                call(kv, keys.clone(), arrays.values())?;
-                Ok(start.elapsed().as_secs_f64())
-            })
-            .collect::<kvstore_core::Result<Vec<_>>>()
-    })
-    .map_err(to_py)
 }
 
 impl PyStore {
