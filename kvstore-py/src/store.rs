@@ -493,7 +493,7 @@ impl PyStore {
         crate::lifecycle::not_forked()?;
         let refused = |e| self.refusing(py, "push", e);
         let keys = keys_of(key).map_err(refused)?;
-        let values = arrays_of(value, Use::Read, "value").and_then(|v| private(v, copy)).map_err(refused)?;
+        let values = arrays_of(value, Use::Read, "value").and_then(|v| private(py, v, copy)).map_err(refused)?;
         Ok(Pending::new(crate::detach(py, || self.shared.kv.push_async(keys, values.values(), priority))))
     }
 
@@ -528,7 +528,8 @@ impl PyStore {
         let keys = keys_of(key).map_err(refused)?;
         match out {
             Some(out) => {
-                let values = arrays_of(value, Use::Read, "value").and_then(|v| private(v, copy)).map_err(refused)?;
+                let values =
+                    arrays_of(value, Use::Read, "value").and_then(|v| private(py, v, copy)).map_err(refused)?;
                 let outs = arrays_of(out, Use::Write, "out").map_err(refused)?;
                 Ok(Pending::new(crate::detach(py, || {
                     self.shared.kv.pushpull_async(keys, values.values(), outs.values(), priority)
@@ -604,16 +605,23 @@ impl PyStore {
 /// copies count toward the store's bound on copied bytes (`max_copied_bytes`) until
 /// the call is done with them, so a loop that pushes faster than the store runs the
 /// calls waits instead of holding ever more copies.
-fn private(arrays: Arrays, copy: bool) -> PyResult<Arrays> {
+fn private(py: Python<'_>, arrays: Arrays, copy: bool) -> PyResult<Arrays> {
     if !copy {
         return Ok(arrays);
     }
-    let dup = |a: &NDArray| a.copy_for_queued_call().map_err(to_py);
-    Ok(match arrays {
-        Arrays::One(a) => Arrays::One(dup(&a)?),
-        Arrays::Many(v) => Arrays::Many(v.iter().map(dup).collect::<PyResult<_>>()?),
-        Arrays::Nested(v) => {
-            Arrays::Nested(v.iter().map(|l| l.iter().map(dup).collect::<PyResult<_>>()).collect::<PyResult<_>>()?)
-        }
+    // Without the GIL: a copy first waits for the array's pending writes, and the calls
+    // that make them may be waiting for a Python updater.
+    crate::detach(py, || {
+        let dup = NDArray::copy_for_queued_call;
+        Ok(match arrays {
+            Arrays::One(a) => Arrays::One(dup(&a)?),
+            Arrays::Many(v) => Arrays::Many(v.iter().map(dup).collect::<kvstore_core::Result<_>>()?),
+            Arrays::Nested(v) => Arrays::Nested(
+                v.iter()
+                    .map(|l| l.iter().map(dup).collect::<kvstore_core::Result<_>>())
+                    .collect::<kvstore_core::Result<_>>()?,
+            ),
+        })
     })
+    .map_err(to_py)
 }

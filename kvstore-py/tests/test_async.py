@@ -254,3 +254,32 @@ def test_the_copies_of_queued_push_async_calls_are_bounded_by_max_copied_bytes()
     grown, value = map(float, done.stdout.split())
     assert value == 400.0
     assert grown < 100, f"RSS grew by {grown:.0f} MiB while 400 MiB of pushes were queued"
+
+
+COPY_OF_A_PENDING_OUT = """
+import numpy as np
+import kvstore as kv
+
+n = 1000
+s = kv.create("local")
+s.init(0, np.zeros(n, np.float32))
+s.init(1, np.zeros(n, np.float32))
+s.set_updater(lambda key, recv, stored: stored.__setitem__(slice(None), recv))
+for i in range(200):
+    a = np.zeros(n, np.float32)
+    s.push_async(0, np.full(n, i, np.float32))  # runs the Python updater
+    s.pull_async(0, out=a)  # a: a pending out
+    s.push_async(1, a).result()  # copied when made: after the pull wrote a
+    assert (s.pull(1) == i).all(), (i, s.pull(1)[:3])
+print("ok")
+"""
+
+
+def test_a_push_async_copying_a_pending_out_waits_for_it_without_the_gil():
+    # The copy waits for the pull, which waits behind a push whose Python updater needs
+    # the GIL: made holding the GIL, the copy hung for ever.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", COPY_OF_A_PENDING_OUT], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
