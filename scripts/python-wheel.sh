@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# `make python`: builds the Python package's wheel into target/wheels/ with pip (which
-# fetches maturin itself into an isolated build environment), from a build virtualenv
-# target/py-build whose only job is a recent pip.
+# `make python`: builds the Python package's wheel into target/wheels/, a manylinux one
+# (manylinux_2_17, glibc 2.17 or later: any x86_64 Linux pip supports), with maturin
+# linking through zig against that glibc's symbols (`--zig --compatibility
+# manylinux2014`), from a build virtualenv target/py-build that holds maturin, ziglang
+# and auditwheel (which `make test` asks what the wheel needs: scripts/test-python.sh).
 #
 # KVSTORE_PY_FEATURES=mpi builds the kvstore-mpi distribution instead: the same
 # package `kvstore`, with dist_sync over Open MPI (which it links and needs at run
@@ -20,9 +22,16 @@ mkdir -p target
 TMPDIR=$(mktemp -d "$root/target/py-wheel-tmp.XXXXXX")
 export TMPDIR
 trap 'rm -rf "$TMPDIR"' EXIT
-if [ ! -x target/py-build/bin/pip ]; then
+# The build tools, pinned to the ranges they were checked with (maturin reads the
+# pyproject's [tool.maturin]; ziglang is the zig toolchain as a Python package).
+tools="maturin>=1.9,<2 ziglang>=0.13,<0.14 auditwheel>=6,<7"
+if [ ! -x target/py-build/bin/pip ] || [ "$(cat target/py-build/.kvstore-tools 2>/dev/null)" != "$tools" ]; then
+    rm -rf target/py-build
     python3 -m venv target/py-build
     target/py-build/bin/pip install --quiet --upgrade pip
+    # shellcheck disable=SC2086 # one requirement per word
+    target/py-build/bin/pip install --quiet $tools
+    echo "$tools" >target/py-build/.kvstore-tools
 fi
 case "$features" in
     "")
@@ -50,5 +59,10 @@ case "$features" in
 esac
 version=$(bash scripts/version.sh)
 rm -f target/wheels/"$dist"-"$version"-*.whl
-target/py-build/bin/pip wheel --quiet --no-deps "./$src" -w target/wheels
+if [ "$dist" = kvstore ]; then
+    (cd "$src" && PATH="$root/target/py-build/bin:$PATH" maturin build --quiet --release --zig \
+        --compatibility manylinux2014 -o "$root/target/wheels" >&2)
+else
+    target/py-build/bin/pip wheel --quiet --no-deps "./$src" -w target/wheels
+fi
 ls target/wheels/"$dist"-"$version"-*.whl
