@@ -98,6 +98,35 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nNumWorkers<'l>(
     env.with_env(|_| -> JResult<jint> { with_store(h, |kv| Ok(kv.num_workers() as jint)) }).resolve::<ThrowKvStore>()
 }
 
+/// A call of `op` that the Java side refused before making it, because an array it was
+/// given was closed (`KVStore::refuse`): under `dist_sync` it still takes its step, as
+/// this worker's refusal, so that every worker fails it and their next calls stay
+/// matched. The Java side then throws its own `DISPOSED` exception.
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_KVStore_nRefuse<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    op: JString<'l>,
+) {
+    env.with_env(|env| -> JResult<()> {
+        let op = match string(env, &op, "the call")?.as_str() {
+            "push" => "push",
+            "pushpull" => "pushpull",
+            "push_row_sparse" => "push_row_sparse",
+            "init" => "init",
+            "broadcast" => "broadcast",
+            // A call that takes no step (a pull): nothing to take.
+            _ => return Ok(()),
+        };
+        with_store(h, |kv| {
+            drop(kv.refuse(op, kvstore_core::Error::Disposed { what: "NDArray" }));
+            Ok(())
+        })
+    })
+    .resolve::<ThrowKvStore>()
+}
+
 #[unsafe(no_mangle)]
 pub extern "system" fn Java_io_github_kvstore_KVStore_nInit<'l>(
     mut env: EnvUnowned<'l>,

@@ -370,23 +370,6 @@ pub extern "system" fn Java_io_github_kvstore_NDArray_nToString<'l>(
         .resolve::<ThrowKvStore>()
 }
 
-/// A stand-in for a closed array in a call of a store shared with other workers
-/// (`NDArray::refused`): every store call given it fails with `DISPOSED` in its checks,
-/// so under `dist_sync` the call still takes part in its step, as this worker's refusal.
-#[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_NDArray_nRefused<'l>(
-    mut env: EnvUnowned<'l>,
-    _c: JClass<'l>,
-    dims: JLongArray<'l>,
-    dt: jint,
-) -> jlong {
-    env.with_env(|env| -> JResult<jlong> {
-        let reason = Error::Disposed { what: "NDArray" };
-        Ok(ARRAYS.insert(NDArray::refused(&shape(env, &dims)?, dtype(dt)?, reason)?))
-    })
-    .resolve::<ThrowKvStore>()
-}
-
 #[unsafe(no_mangle)]
 pub extern "system" fn Java_io_github_kvstore_NDArray_nFree<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, h: jlong) {
     env.with_env(|_| -> JResult<()> {

@@ -282,19 +282,20 @@ pub fn workers_whose_calls_differ_all_fail(rank: usize, kv: &KVStore) {
     assert_eq!(pulled(kv, "d-b", &[3]), vec![w as f64; 3]);
 }
 
-/// A call that one worker's binding refused before making it (a Java array closed
-/// before the call) is made with `NDArray::refused` in the refused array's place: every
-/// form of call then fails on every worker as that call (there with the binding's
-/// reason, on the others naming that worker's refusal), changes nothing, and the
-/// workers' next calls stay matched. Refused in the binding alone, the call would be
-/// missing on that worker, whose next call would meet the others' this one.
-pub fn a_call_given_a_refused_array_fails_on_every_worker(rank: usize, kv: &KVStore) {
+/// A call that one worker's binding refuses before making it (a Java array closed
+/// before the call) is refused with `KVStore::refuse` there: every form of call then
+/// fails on every worker as that call (there with the binding's reason, on the others
+/// naming that worker's refusal), changes nothing, and the workers' next calls stay
+/// matched. Refused in the binding alone, the call would be missing on that worker,
+/// whose next call would meet the others' this one.
+pub fn a_call_a_binding_refuses_fails_on_every_worker(rank: usize, kv: &KVStore) {
     use kvstore_core::{Error, ErrorKind, RowSparse};
     let w = kv.num_workers();
     let last = rank + 1 == w;
-    let given = |shape: &[usize]| match last {
-        true => NDArray::refused(shape, DType::F32, Error::Disposed { what: "NDArray" }).expect("stand-in"),
-        false => full(shape, 1.0, Context::cpu(0)),
+    // The call, or on the last worker its refusal by the binding.
+    let call = |op: &'static str, f: &dyn Fn() -> Result<()>| match last {
+        true => Err(kv.refuse(op, Error::Disposed { what: "NDArray" })),
+        false => f(),
     };
     let refused = |what: &str, r: Result<()>| {
         let e = r.expect_err(what);
@@ -311,16 +312,17 @@ pub fn a_call_given_a_refused_array_fails_on_every_worker(rank: usize, kv: &KVSt
     let one = || full(&[2], 1.0, Context::cpu(0));
     kv.init(&["r-w", "r-e"], &[full(&[2], 0.0, Context::cpu(0)), full(&[3, 2], 0.0, Context::cpu(0))]).expect("init");
     if w > 1 {
-        refused("push", kv.push("r-w", &given(&[2]), 0));
+        refused("push", call("push", &|| kv.push("r-w", &one(), 0)));
         ok("push", kv.push("r-w", &one(), 0));
-        refused("pushpull into a refused out", kv.pushpull("r-w", &one(), &given(&[2]), 0));
-        ok("pushpull", kv.pushpull("r-w", &one(), &full(&[2], 0.0, Context::cpu(0)), 0));
-        refused("init", kv.init("r-x", &given(&[2])));
-        refused("broadcast", kv.broadcast("r-y", &given(&[2]), &full(&[2], 0.0, Context::cpu(0)), 0));
-        refused("push_async", kv.push_async("r-w", &given(&[2]), 0).wait());
+        let out = || full(&[2], 0.0, Context::cpu(0));
+        refused("pushpull", call("pushpull", &|| kv.pushpull("r-w", &one(), &out(), 0)));
+        ok("pushpull", kv.pushpull("r-w", &one(), &out(), 0));
+        refused("init", call("init", &|| kv.init("r-x", &one())));
+        refused("broadcast", call("broadcast", &|| kv.broadcast("r-y", &one(), &out(), 0)));
+        refused("push_async", call("push", &|| kv.push_async("r-w", &one(), 0).wait()));
         ok("push_async", kv.push_async("r-w", &one(), 0).wait());
-        let rows = RowSparse::new(given(&[1, 2]), vec![1], &[3, 2]).expect("row-sparse value");
-        refused("push_row_sparse", kv.push_row_sparse("r-e", &[rows], 0));
+        let rows = || RowSparse::new(full(&[1, 2], 1.0, Context::cpu(0)), vec![1], &[3, 2]).expect("row-sparse value");
+        refused("push_row_sparse", call("push_row_sparse", &|| kv.push_row_sparse("r-e", &[rows()], 0)));
         ok("barrier", kv.barrier());
         assert!(!kv.keys().iter().any(|k| k.as_str() == "r-x" || k.as_str() == "r-y"), "a refused init");
         assert_eq!(pulled(kv, "r-e", &[3, 2]), vec![0.0; 6], "rank {rank}: a refused row-sparse push");

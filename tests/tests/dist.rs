@@ -46,9 +46,9 @@ fn workers_whose_calls_differ_all_fail() {
 }
 
 #[test]
-fn a_call_given_a_refused_array_fails_on_every_worker() {
+fn a_call_a_binding_refuses_fails_on_every_worker() {
     for w in [1, 2, 3] {
-        run_workers(w, |rank, kv| dist_cases::a_call_given_a_refused_array_fails_on_every_worker(rank, &kv));
+        run_workers(w, |rank, kv| dist_cases::a_call_a_binding_refuses_fails_on_every_worker(rank, &kv));
     }
 }
 

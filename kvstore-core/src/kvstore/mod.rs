@@ -273,9 +273,6 @@ fn check_arrays<'x>(
     stored: &NDArray,
 ) -> Result<()> {
     for (i, a) in arrays.clone().enumerate() {
-        if let Some(reason) = a.refusal() {
-            return Err(reason.clone());
-        }
         if a.on_device() {
             check_context(op, key, a)?;
         }
@@ -1173,9 +1170,6 @@ impl Store {
     fn check_init(&self, op: &'static str, pairs: &[(Key, &NDArray)]) -> Result<()> {
         let mut seen = HashMap::new();
         for (k, v) in pairs {
-            if let Some(reason) = v.refusal() {
-                return Err(reason.clone());
-            }
             check_context(op, k, v)?;
             if seen.insert(k, ()).is_some() {
                 return Err(Error::AlreadyInitialized {

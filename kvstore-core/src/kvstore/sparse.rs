@@ -440,9 +440,6 @@ fn gather_varying(group: &dyn Collective, step: &str, mine: &[u8]) -> Result<Vec
 /// Checks that every value pushed to `key` has the key's shape and dtype.
 fn check_like(key: &Key, values: &[RowSparse], shape: &[usize], dtype: DType) -> Result<()> {
     for v in values {
-        if let Some(reason) = v.data().refusal() {
-            return Err(reason.clone());
-        }
         if v.shape() != shape {
             return Err(Error::ShapeMismatch {
                 context: format!("push_row_sparse of key \"{key}\""),

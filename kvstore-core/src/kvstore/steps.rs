@@ -256,7 +256,12 @@ impl Store {
                 format!("{} {text}{number}", ranks(list))
             })
             .collect();
-        let same_calls = all.iter().all(|r| r.get(..16) == all[0].get(..16));
+        // The same call, refused by some: the others made the same call, at the same
+        // step (a worker refused before its call was looked at, `KVStore::refuse`, says
+        // no keys: its record is the step's alone).
+        let made: Vec<Option<&[u8]>> =
+            (0..all.len()).filter(|r| !refused.contains(r)).map(|r| all[r].get(..16)).collect();
+        let same_calls = all.iter().all(|r| r.get(..8) == all[0].get(..8)) && made.iter().all(|m| *m == made[0]);
         let what = if same_calls && !refused.is_empty() {
             format!("{} refused the call", ranks(&refused))
         } else {

@@ -59,9 +59,6 @@ struct Inner {
     /// Inline up to 4 dimensions: checking a call's shapes reads no other memory.
     shape: smallvec::SmallVec<[usize; 4]>,
     ctx: Context,
-    /// Set for an array that stands for an argument a binding refused
-    /// ([`NDArray::refused`]): a store's checks of a call read it with the shape.
-    refusal: Option<Box<Error>>,
     /// Set when writing a staged copy back to the device failed: the device buffer may
     /// hold anything, so every later access is this error. Set once.
     fault: OnceLock<String>,
@@ -328,7 +325,6 @@ impl NDArray {
             flat: shape.len() == 1,
             shape: smallvec::SmallVec::from_slice(shape),
             ctx,
-            refusal: None,
             fault: OnceLock::new(),
             loans: Default::default(),
             pending_owner: Default::default(),
@@ -442,42 +438,6 @@ impl NDArray {
     /// Whether the array refuses writes (see [`NDArray::from_foreign`]).
     pub fn is_read_only(&self) -> bool {
         self.inner.read_only
-    }
-
-    /// An array that stands for an argument a binding refused before making its call
-    /// (a Java array closed before the call): of the shape and dtype the argument had,
-    /// zeros on `cpu(0)` (the pages are not touched), with `reason` attached. Every
-    /// store call given it fails with `reason`, found by the call's checks like a
-    /// value of the wrong shape, before anything changes. Under `dist_sync` the call
-    /// thus takes part in its step as this worker's refusal: every worker fails that
-    /// call, the others saying which worker refused it and why, and the workers' next
-    /// calls stay matched (refused in the binding, the call would be missing on this
-    /// worker, and its next call would meet the others' this call).
-    ///
-    /// ```
-    /// use kvstore_core::{DType, Error, ErrorKind, KVStore, NDArray};
-    /// let kv = KVStore::create("local")?;
-    /// kv.init("w", &NDArray::zeros(&[2])?)?;
-    /// let gone = NDArray::refused(&[2], DType::F32, Error::Disposed { what: "NDArray" })?;
-    /// assert_eq!(kv.push("w", &gone, 0).unwrap_err().kind(), ErrorKind::Disposed);
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if the shape is too large.
-    pub fn refused(shape: &[usize], dtype: DType, reason: Error) -> Result<Self> {
-        let mut a = Self::alloc(shape, dtype, Context::cpu(0))?;
-        match Arc::get_mut(&mut a.inner) {
-            Some(inner) => inner.refusal = Some(Box::new(reason)),
-            None => return Err(Error::Internal("a new array is shared".into())),
-        }
-        Ok(a)
-    }
-
-    /// Why the binding refused the argument this array stands for
-    /// ([`NDArray::refused`]); `None` for every other array.
-    pub fn refusal(&self) -> Option<&Error> {
-        self.inner.refusal.as_deref()
     }
 
     /// An f32 array of zeros on `cpu(0)`.
@@ -1366,7 +1326,6 @@ mod tests {
         assert!(first.iter().all(|&end| end <= 64), "{first:?}");
         assert_eq!(offset_of!(Inner, shape), 64);
         assert!(offset_of!(Inner, ctx) + size_of::<Context>() <= 128);
-        assert!(offset_of!(Inner, refusal) + size_of::<Option<Box<Error>>>() <= 128);
         // The reference counts of the `Arc` are on the line before.
         let a = NDArray::zeros(&[3]).unwrap();
         assert!((Arc::as_ptr(&a.inner) as usize).is_multiple_of(64));

@@ -35,27 +35,25 @@ final class Args {
     }
 
     /**
-     * The arrays to give a call of {@code store}: {@code arrays} itself, unless one is
-     * closed and the store is shared with other workers ({@code dist_sync} under
-     * {@code mpirun}); then a copy in which each closed array is its
-     * {@link NDArray#refusedStandIn()}. Such a call is made all the same and fails in the
-     * store's checks with {@code DISPOSED} here, and with the store's message naming this
-     * worker's refusal on the others: refused here alone, the call would be missing on
-     * this worker, whose next call would meet the others' this call (a desync that
-     * fails it everywhere too, or, for two pushes of the same key, sums the wrong calls
-     * together). Nulls were checked.
+     * The handles of {@code arrays} for a call {@code op} of {@code store}; {@code DISPOSED}
+     * for a closed one. When the store is shared with other workers ({@code dist_sync}
+     * under {@code mpirun}), the call is first refused in the store
+     * ({@link KVStore#refuse}): it takes its step as this worker's refusal, so that it
+     * fails on every worker (on the others with the store's message naming this worker's
+     * refusal) and the workers' next calls stay matched. Refused here alone, the call
+     * would be missing on this worker, whose next call would meet the others' this call
+     * (a desync that fails it everywhere too, or, for two pushes of the same key, sums
+     * the wrong calls together). Nulls were checked.
      */
-    static NDArray[] given(KVStore store, NDArray[] arrays) {
-        NDArray[] given = arrays;
-        for (int i = 0; i < arrays.length; i++) {
-            if (arrays[i].isClosed() && store.sharedWithOtherWorkers()) {
-                if (given == arrays) {
-                    given = arrays.clone();
-                }
-                given[i] = arrays[i].refusedStandIn();
+    static long[] handles(KVStore store, String op, NDArray[] arrays, String name) {
+        try {
+            return handles(arrays, name);
+        } catch (KVStoreException e) {
+            if (store.sharedWithOtherWorkers()) {
+                store.refuse(op);
             }
+            throw e;
         }
-        return given;
     }
 
     /** The handles of {@code arrays}; {@code DISPOSED} for a closed one. Nulls were checked. */

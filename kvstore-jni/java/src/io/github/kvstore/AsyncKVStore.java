@@ -2,7 +2,6 @@ package io.github.kvstore;
 
 import static io.github.kvstore.Args.checkArrays;
 import static io.github.kvstore.Args.checkKeys;
-import static io.github.kvstore.Args.given;
 import static io.github.kvstore.Args.handles;
 import static io.github.kvstore.Args.one;
 import static io.github.kvstore.Args.repeat;
@@ -72,6 +71,8 @@ public final class AsyncKVStore {
     private static final int OP_BROADCAST = 3;
     private static final int OP_PUSH_KEY = 4;
     private static final int OP_PULL_KEY = 5;
+    /** The store's name of each call, by its code. */
+    private static final String[] OP_NAMES = {"push", "pull", "pushpull", "broadcast", "push", "pull"};
     private static final String[] NO_KEYS = new String[0];
     private static final NDArray[] NO_ARRAYS = new NDArray[0];
 
@@ -265,11 +266,20 @@ public final class AsyncKVStore {
      */
     private CompletableFuture<Void> submit(
             int op, String key, String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
-        values = given(store, values);
-        outs = given(store, outs);
-        long[] vs = handles(values, "values");
-        long[] os = handles(outs, "outs");
         CallFuture future = new CallFuture();
+        long[] vs;
+        long[] os;
+        try {
+            vs = handles(store, OP_NAMES[op], values, "values");
+            os = handles(store, OP_NAMES[op], outs, "outs");
+        } catch (KVStoreException e) {
+            if (!store.sharedWithOtherWorkers()) {
+                throw e;
+            }
+            // Refused on every worker, in the store's call order: through the future.
+            future.finish(e);
+            return future;
+        }
         long id = Completer.register(future);
         future.id = id;
         try {

@@ -2,7 +2,6 @@ package io.github.kvstore;
 
 import static io.github.kvstore.Args.checkArrays;
 import static io.github.kvstore.Args.checkKeys;
-import static io.github.kvstore.Args.given;
 import static io.github.kvstore.Args.handles;
 import static io.github.kvstore.Args.one;
 import static io.github.kvstore.Args.repeat;
@@ -73,11 +72,11 @@ import java.util.concurrent.locks.ReentrantLock;
  * switch on its {@link KVStoreException#code()}.
  *
  * <p>A closed array given to a call is {@code DISPOSED}. On a store shared with other
- * workers ({@code dist_sync} under {@code mpirun}) the call is made all the same, with a
- * stand-in that the store's checks refuse, so that it fails on every worker as that call
- * (here with {@code DISPOSED}; on the others with {@code INVALID_ARGUMENT}, saying that
- * this rank refused it), changes nothing, and leaves the workers' next calls matched, as
- * a call refused by the store's own checks does. (Refused before the call, it would be
+ * workers ({@code dist_sync} under {@code mpirun}) the call still takes its step in the
+ * store, as this worker's refusal, so that it fails on every worker as that call (here
+ * with {@code DISPOSED}; on the others with {@code INVALID_ARGUMENT}, saying that this
+ * rank refused it), changes nothing, and leaves the workers' next calls matched, as a
+ * call refused by the store's own checks does. (Refused before the call, it would be
  * missing on this worker alone, and its next call would meet the others' this one.)
  *
  * <p>{@link Thread#interrupt()} does not stop a blocking call (nor {@link #waitAll()}):
@@ -267,6 +266,19 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      * Whether other workers share the store (a {@code dist_sync} or {@code dist_async}
      * store of a job of several processes); false for a closed store.
      */
+    /**
+     * Refuses a call {@code op} that was given a closed array, in the store: under
+     * {@code dist_sync} it still takes its step, as this worker's refusal (see
+     * {@link Args#handles(KVStore, String, NDArray[], String)}).
+     */
+    void refuse(String op) {
+        try {
+            nRefuse(handle(), op);
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
     boolean sharedWithOtherWorkers() {
         try {
             return numWorkers() > 1;
@@ -317,8 +329,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     public KVStore init(String[] keys, NDArray[] values) {
         checkKeys(keys, "keys");
         checkArrays(values, "values");
-        values = given(this, values);
-        long[] vs = handles(values, "values");
+        long[] vs = handles(this, "init", values, "values");
         try {
             nInit(handle(), keys, vs);
         } finally {
@@ -369,8 +380,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     public KVStore push(String key, NDArray[] values, int priority) {
         Objects.requireNonNull(key, "key");
         checkArrays(values, "values");
-        values = given(this, values);
-        long[] vs = handles(values, "values");
+        long[] vs = handles(this, "push", values, "values");
         try {
             nPushKey(handle(), key, vs, priority);
         } finally {
@@ -411,8 +421,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     public KVStore push(String[] keys, NDArray[] values, int priority) {
         checkKeys(keys, "keys");
         checkArrays(values, "values");
-        values = given(this, values);
-        long[] vs = handles(values, "values");
+        long[] vs = handles(this, "push", values, "values");
         try {
             nPush(handle(), keys, vs, priority);
         } finally {
@@ -495,7 +504,16 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      */
     public KVStore pushRowSparse(String[] keys, RowSparse[] values, int priority) {
         checkKeys(keys, "keys");
-        long[][] vs = RowSparse.describe(values, "values");
+        long[][] vs;
+        try {
+            vs = RowSparse.describe(values, "values");
+        } catch (KVStoreException e) {
+            // A closed value: refused on every worker, as a dense push is (Args.handles).
+            if (sharedWithOtherWorkers()) {
+                refuse("push_row_sparse");
+            }
+            throw e;
+        }
         try {
             nPushRowSparse(handle(), keys, vs[0], vs[1], priority);
         } finally {
@@ -617,8 +635,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     public KVStore pull(String key, NDArray[] outs, int priority) {
         Objects.requireNonNull(key, "key");
         checkArrays(outs, "outs");
-        outs = given(this, outs);
-        long[] os = handles(outs, "outs");
+        long[] os = handles(this, "pull", outs, "outs");
         try {
             nPullKey(handle(), key, os, priority);
         } finally {
@@ -659,8 +676,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     public KVStore pull(String[] keys, NDArray[] outs, int priority) {
         checkKeys(keys, "keys");
         checkArrays(outs, "outs");
-        outs = given(this, outs);
-        long[] os = handles(outs, "outs");
+        long[] os = handles(this, "pull", outs, "outs");
         try {
             nPull(handle(), keys, os, priority);
         } finally {
@@ -799,10 +815,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     }
 
     private KVStore pushpull0(String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
-        values = given(this, values);
-        long[] vs = handles(values, "values");
-        outs = given(this, outs);
-        long[] os = handles(outs, "outs");
+        long[] vs = handles(this, "pushpull", values, "values");
+        long[] os = handles(this, "pushpull", outs, "outs");
         try {
             nPushPull(handle(), keys, vs, outKeys, os, priority);
         } finally {
@@ -900,10 +914,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     }
 
     private KVStore broadcast0(String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
-        values = given(this, values);
-        long[] vs = handles(values, "values");
-        outs = given(this, outs);
-        long[] os = handles(outs, "outs");
+        long[] vs = handles(this, "broadcast", values, "values");
+        long[] os = handles(this, "broadcast", outs, "outs");
         try {
             nBroadcast(handle(), keys, vs, outKeys, os, priority);
         } finally {
@@ -1305,6 +1317,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
     static native int nRank(long h);
 
     static native int nNumWorkers(long h);
+
+    static native void nRefuse(long h, String op);
 
     static native String[] nKeys(long h);
 

@@ -968,22 +968,6 @@ public final class NDArray extends NativeObject implements AutoCloseable {
     // ----- lifecycle -----
 
     /**
-     * A stand-in for this array, closed, in a call of a store shared with other workers
-     * ({@link Args#given}): a new array of its shape and dtype that every store call
-     * refuses with {@code DISPOSED} in its checks (core's {@code NDArray::refused}), so
-     * that under {@code dist_sync} the call still takes part in its step, as this
-     * worker's refusal, instead of being missing on this worker only. Its pages are never
-     * touched, so its bytes are not counted (see the class docs); the Cleaner frees it.
-     */
-    NDArray refusedStandIn() {
-        long[] dims = new long[shape.length];
-        for (int i = 0; i < dims.length; i++) {
-            dims[i] = shape[i];
-        }
-        return wrapped(nRefused(dims, dtype.code()));
-    }
-
-    /**
      * MXNet's repr: the values (large arrays summarised), then a line
      * {@code <NDArray 2x3 float32 @cpu(0)>}; {@code "<NDArray closed>"} once closed.
      */
@@ -1052,7 +1036,6 @@ public final class NDArray extends NativeObject implements AutoCloseable {
 
     static native String nToString(long h);
 
-    static native long nRefused(long[] shape, int dtype);
 
     static native void nFree(long h);
 }
