@@ -10,7 +10,8 @@
 
 (require '[clojure.string :as string]
          '[org.apache.clojure-mxnet.kvstore :as kvstore]
-         '[org.apache.clojure-mxnet.ndarray :as ndarray])
+         '[org.apache.clojure-mxnet.ndarray :as ndarray]
+         '[org.apache.clojure-mxnet.sparse :as sparse])
 
 (def kv (kvstore/create "dist_sync"))
 (def rank (kvstore/rank kv))
@@ -58,6 +59,11 @@
 (refused! "push-async" #(deref (kvstore/push-async kv "w" %)))
 (succeeds! "push-async" #(deref (kvstore/push-async kv "w" (ndarray/ones [2]))))
 (refused! "pushpull-async" #(deref (kvstore/pushpull-async kv "w" %)))
+(kvstore/init kv "e" (ndarray/zeros [3 2]))
+(let [rows (sparse/row-sparse-array (ndarray/ones [1 2]) [1] [3 2])]
+  (when (= 1 rank) (.close ^java.lang.AutoCloseable rows))
+  (refused! "push of a row-sparse value whose data was closed" (fn [_] (kvstore/push kv "e" rows))))
+(succeeds! "row-sparse push" #(kvstore/push kv "e" (sparse/row-sparse-array (ndarray/ones [1 2]) [1] [3 2])))
 (succeeds! "barrier" #(kvstore/barrier kv))
 ;; Every successful push summed one array per rank: the values are the number of
 ;; ranks, on every rank.
@@ -66,8 +72,8 @@
       ks (kvstore/keys kv)]
   (when-not (= [n n] w)
     (swap! problems conj (str "w is " w ", not " [n n])))
-  (when-not (= ["w" "x"] ks)
-    (swap! problems conj (str "the keys are " ks ", not [\"w\" \"x\"]"))))
+  (when-not (= ["w" "x" "e"] ks)
+    (swap! problems conj (str "the keys are " ks ", not [\"w\" \"x\" \"e\"]"))))
 (kvstore/finalize-mpi)
 (if (empty? @problems)
   (println (str "rank " rank ": ok"))
