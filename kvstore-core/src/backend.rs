@@ -40,5 +40,16 @@ pub use crate::device::{
     DeviceBackend, DeviceBuffer, FusedArrays, FusedRule, FusedStep, PinnedMemory, backend as device_backend,
     register_backend,
 };
-pub use crate::engine::{finish_group_calls, in_background};
+pub use crate::engine::in_background;
 pub use crate::remote::{Handler, Remote};
+
+/// Runs every call that the stores of the worker group `group` (the [`Collective`]
+/// given to their builder) have queued or hold back for fusion, and waits until they
+/// are done, with the calls made meanwhile: what a group's backend does before it shuts
+/// down (as `kvstore_mpi::finalize`), so that no call is left unrun, or runs on a
+/// group that is gone. Each call's result goes to its handle, as ever. Nothing to do
+/// for a group with no stores, and from one of the group's engine threads (whose call
+/// could never finish then).
+pub fn finish_group_calls(group: &dyn Collective) {
+    crate::engine::finish_calls_of_group(group as *const dyn Collective as *const () as usize);
+}

@@ -514,18 +514,11 @@ pub(crate) struct Engine {
 /// Every ordered engine, by its worker group's address.
 static ORDERED: Mutex<Vec<(usize, std::sync::Weak<Engine>)>> = Mutex::new(Vec::new());
 
-/// Runs every call that the stores of the worker group `group` (the [`Collective`]
-/// given to their builder) have queued or hold back for fusion, and waits until they
-/// are done, with the calls made meanwhile: what a group's backend does before it shuts
-/// down (as `kvstore_mpi::finalize`), so that no call is left unrun, or runs on a
-/// group that is gone. Each call's result goes to its handle, as ever. Nothing to do
-/// for a group with no stores, and from one of the group's engine threads (whose call
-/// could never finish then).
-///
-/// [`Collective`]: crate::backend::Collective
-pub fn finish_group_calls(group: &dyn crate::backend::Collective) {
-    let id = group as *const dyn crate::backend::Collective as *const () as usize;
-    let engine = ORDERED.lock().iter().find(|(g, _)| *g == id).and_then(|(_, e)| e.upgrade());
+/// Runs every call that the stores of the worker group whose `Collective` is at
+/// address `group` have queued or hold back for fusion, and waits until they are done,
+/// with the calls made meanwhile (`backend::finish_group_calls`, which says why).
+pub(crate) fn finish_calls_of_group(group: usize) {
+    let engine = ORDERED.lock().iter().find(|(g, _)| *g == group).and_then(|(_, e)| e.upgrade());
     if let Some(engine) = engine {
         engine.wait_idle();
     }
