@@ -386,8 +386,9 @@ impl NDArray {
         let size = checked_size(shape, dtype)?;
         let shared = mem.shared();
         let buf = HostBuf::foreign(mem, size * dtype.size(), dtype.size())?;
+        // (No span: no bytes, and an ordinary empty buffer.)
         match buf.span() {
-            Some(span) if shared && buf.is_foreign() => Ok(twins::one_for(buf, span, shape, size, dtype, !writable)),
+            Some(span) if shared => Ok(twins::one_for(buf, span, shape, size, dtype, !writable)),
             _ => Ok(Self::over(Storage::Host(buf), shape, size, dtype, Context::cpu(0), !writable)),
         }
     }

@@ -49,11 +49,20 @@ final class Args {
         try {
             return handles(arrays, name);
         } catch (KVStoreException e) {
-            if (store.sharedWithOtherWorkers()) {
-                store.refuse(op);
-            }
-            throw e;
+            throw refused(store, op, e);
         }
+    }
+
+    /**
+     * {@code e}, the reason a call {@code op} of {@code store} was refused before it was
+     * made, once the call took its step as this worker's refusal where the store is
+     * shared with other workers (see {@link #handles(KVStore, String, NDArray[], String)}).
+     */
+    static KVStoreException refused(KVStore store, String op, KVStoreException e) {
+        if (store.sharedWithOtherWorkers()) {
+            store.refuse(op);
+        }
+        return e;
     }
 
     /** The handles of {@code arrays}; {@code DISPOSED} for a closed one. Nulls were checked. */

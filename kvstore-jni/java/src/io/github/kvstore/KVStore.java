@@ -508,11 +508,8 @@ public final class KVStore extends NativeObject implements AutoCloseable {
         try {
             vs = RowSparse.describe(values, "values");
         } catch (KVStoreException e) {
-            // A closed value: refused on every worker, as a dense push is (Args.handles).
-            if (sharedWithOtherWorkers()) {
-                refuse("push_row_sparse");
-            }
-            throw e;
+            // A closed value: refused on every worker, as a dense push is.
+            throw Args.refused(this, "push_row_sparse", e);
         }
         try {
             nPushRowSparse(handle(), keys, vs[0], vs[1], priority);
