@@ -17,7 +17,7 @@ line before a fenced code block:
                                         a prints block of rs-guide checks its output
 
 A program's folder is made for it: Rust gets src/main.rs and a Cargo.toml that depends
-on kvstore-core (the README's Rust quickstart's); Python runs with the venv of the
+on kvstore (the README's Rust quickstart's); Python runs with the venv of the
 README's Python quickstart (its folder `python`, made before); Java is compiled and run
 against target/kvstore.jar, Clojure run with it, as the README's quickstarts do.
 
@@ -44,7 +44,7 @@ edition = "2024"
 rust-version = "1.95"
 
 [dependencies]
-kvstore-core = {{{{ path = "{CLONE}/kvstore-core" }}}}
+kvstore = {{{{ path = "{CLONE}/kvstore" }}}}
 """
 
 

@@ -9,54 +9,10 @@
 //! touch memory outside the buffer.
 
 use jni::Env;
-use jni::objects::{Global, JByteBuffer};
-use kvstore_core::{DType, Error, ForeignMemory, NDArray};
+use jni::objects::JByteBuffer;
+use kvstore::{DType, Error, HostMemory, NDArray};
 
 use crate::error::JResult;
-
-/// The memory of a direct `ByteBuffer`, kept alive (and unmoved) by a global reference
-/// to the buffer.
-struct DirectBuffer {
-    /// The buffer whose memory this is. A slice or duplicate holds the buffer it was made
-    /// from, so the whole allocation stays reachable through it.
-    _buffer: Global<JByteBuffer<'static>>,
-    ptr: *mut u8,
-    len: usize,
-    writable: bool,
-}
-
-// SAFETY: `ptr` points into the memory of `_buffer`, a direct buffer this struct keeps
-// reachable: the JVM never moves a direct buffer's memory, and frees memory it allocated
-// (`allocateDirect`, a mapped file) only once no buffer over it is reachable. Memory an
-// owner frees explicitly while the buffer is still reachable (an `Arena` closed under a
-// `MemorySegment.asByteBuffer()`, `Unsafe.invokeCleaner`, another library's
-// `NewDirectByteBuffer` over memory it frees) must outlive the array: `NDArray.wrap`
-// documents this as the caller's obligation. The bytes are plain data, read and written
-// by the store under its array locks; Java code that touches them while a call uses them
-// breaks `NDArray.wrap`'s documented rule, as for numpy arrays.
-unsafe impl Send for DirectBuffer {}
-// SAFETY: as above; `&DirectBuffer` only reads.
-unsafe impl Sync for DirectBuffer {}
-
-impl ForeignMemory for DirectBuffer {
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: `ptr` is non-null (JNI gave a direct buffer's address, and `span`
-        // kept the offset within its capacity) and points to `len` bytes of the buffer's
-        // memory, which live as long as `_buffer` (see the `Send` impl).
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        if !self.writable {
-            // Never reached: core refuses every write to a read-only array first.
-            return &mut [];
-        }
-        // SAFETY: as in `bytes`, and the buffer is not read-only (a read-only mapped
-        // file would fault on a write); `&mut self` is core's exclusive (write-locked)
-        // access to the memory.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
 
 /// Where the array's bytes lie in a buffer at `address` of `capacity` bytes: from
 /// `position`, `remaining` bytes, which must be exactly the bytes of `shape` in
@@ -136,26 +92,27 @@ pub fn wrap(
     let address = env.get_direct_buffer_address(buffer).map_err(not_direct)?;
     let capacity = env.get_direct_buffer_capacity(buffer).map_err(not_direct)?;
     let (offset, len) = span(shape, dtype, address as usize, capacity, position, remaining)?;
-    if len == 0 {
-        // No memory to share: an empty array of the same shape, as the Python binding
-        // makes (core reads an empty foreign array's elements through a byte slice
-        // that need not be aligned for them).
-        return Ok(NDArray::zeros_with(shape, dtype, kvstore_core::Context::cpu(0))?);
-    }
-    let mem = DirectBuffer {
-        _buffer: env.new_global_ref(buffer)?,
-        // In bounds: `offset + len` is at most the capacity.
-        ptr: address.wrapping_add(offset),
-        len,
-        writable,
-    };
-    Ok(NDArray::from_foreign(shape, dtype, Box::new(mem), writable)?)
+    // In bounds: `offset + len` is at most the capacity.
+    let ptr = address.wrapping_add(offset);
+    let owner = env.new_global_ref(buffer)?;
+    // SAFETY: `ptr` points to `len` bytes of the memory of `buffer`, a direct buffer
+    // whose global reference the array keeps (a slice or duplicate holds the buffer it
+    // was made from, so the whole allocation stays reachable through it): the JVM never
+    // moves a direct buffer's memory, and frees memory it allocated (`allocateDirect`, a
+    // mapped file) only once no buffer over it is reachable. Memory an owner frees
+    // explicitly while the buffer is still reachable (an `Arena` closed under a
+    // `MemorySegment.asByteBuffer()`, `Unsafe.invokeCleaner`, another library's
+    // `NewDirectByteBuffer` over memory it frees) must outlive the array, and Java code
+    // must not touch the bytes while a call uses them: `NDArray.wrap` documents both as
+    // the caller's obligations, as for numpy arrays. `span` checked the alignment, and
+    // the Java side passes `writable` false for a read-only buffer.
+    Ok(unsafe { HostMemory::wrap(shape, dtype, ptr, len, writable, Some(Box::new(owner))) }?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvstore_core::ErrorKind;
+    use kvstore::ErrorKind;
 
     fn message(r: Result<(usize, usize), Error>) -> String {
         let e = r.unwrap_err();

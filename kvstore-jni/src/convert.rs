@@ -3,7 +3,7 @@
 
 use jni::Env;
 use jni::objects::{JLongArray, JObjectArray, JString};
-use kvstore_core::{Context, DType, Error, Key, NDArray};
+use kvstore::{Context, DType, Error, Key, NDArray};
 
 use crate::error::JResult;
 use crate::handles::ARRAYS;
@@ -120,30 +120,9 @@ pub fn context(dev_type: i32, dev_id: i32) -> Result<Context, Error> {
     let id = u32::try_from(dev_id).map_err(|_| Error::invalid_argument(format!("device id {dev_id} is negative")))?;
     match dev_type {
         1 => Ok(Context::cpu(id)),
-        2 => {
-            gpu_backend(id)?;
-            Ok(Context::gpu(id))
-        }
+        2 => kvstore::gpu(id),
         _ => Err(Error::invalid_argument(format!("unknown device type {dev_type}: 1 is cpu, 2 is gpu"))),
     }
-}
-
-/// Installs the CUDA backend on first use of a GPU context; without CUDA, the error
-/// names the context and why.
-#[cfg(feature = "cuda")]
-fn gpu_backend(id: u32) -> Result<(), Error> {
-    kvstore_cuda::register().map_err(|e| match e {
-        Error::DeviceUnavailable { reason, .. } => {
-            Error::DeviceUnavailable { context: Context::gpu(id).to_string(), reason }
-        }
-        other => other,
-    })
-}
-
-/// Without the `cuda` feature, core answers for GPU contexts (DeviceUnavailable).
-#[cfg(not(feature = "cuda"))]
-fn gpu_backend(_id: u32) -> Result<(), Error> {
-    Ok(())
 }
 
 /// The device type code of a context.
@@ -154,7 +133,7 @@ pub fn device_code(ctx: Context) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvstore_core::ErrorKind;
+    use kvstore::ErrorKind;
 
     #[test]
     fn codes_round_trip_and_bad_codes_are_invalid_arguments() {

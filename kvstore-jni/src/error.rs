@@ -1,6 +1,6 @@
 //! Errors across the boundary: every native returns normally or throws
 //! `io.github.kvstore.KVStoreException(code, message)`, whose code is the Rust
-//! [`kvstore_core::ErrorKind::code`], with the error's data ([`Detail`]: the key, the
+//! [`kvstore::ErrorKind::code`], with the error's data ([`Detail`]: the key, the
 //! shapes, dtypes or lengths expected and got) as fields of the exception. Panics are caught by jni's `with_env` and thrown as
 //! `INTERNAL`. A Java exception from an updater rides inside the store's error
 //! ([`Error::Raised`], a global reference) and becomes the cause of the `BACKEND`
@@ -13,7 +13,7 @@ use jni::Env;
 use jni::errors::ErrorPolicy;
 use jni::objects::{Global, JObject, JThrowable, JValue};
 use jni::objects::{JLongArray, JString};
-use kvstore_core::{DType, Error, ErrorKind};
+use kvstore::{DType, Error, ErrorKind};
 
 use crate::classes::classes;
 
@@ -91,7 +91,7 @@ impl JniError {
         }
     }
 
-    /// As a store error, for code that must return `kvstore_core::Result`.
+    /// As a store error, for code that must return `kvstore::Result`.
     pub fn into_store_error(self) -> Error {
         match self {
             JniError::Store(e) => e,

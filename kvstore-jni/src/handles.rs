@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use kvstore_core::{Error, KVStore, NDArray, Result};
+use kvstore::{Error, KVStore, NDArray, Result};
 use parking_lot::RwLock;
 use std::sync::Arc;
 
@@ -74,7 +74,7 @@ pub static ARRAYS: LazyLock<Table<NDArray>> = LazyLock::new(|| Table::new("NDArr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvstore_core::ErrorKind;
+    use kvstore::ErrorKind;
 
     #[test]
     fn stale_foreign_and_zero_handles_are_disposed_errors() {

@@ -18,7 +18,7 @@
 //! Java holds `long` handles into tables of `Arc`s ([`handles`]), never pointers: a
 //! closed, stale or forged handle is a `KVStoreException` with code `DISPOSED`. Every
 //! error is thrown as `KVStoreException(code, message)` with the Rust
-//! [`kvstore_core::ErrorKind`] code; a panic is caught by jni's `with_env` and thrown
+//! [`kvstore::ErrorKind`] code; a panic is caught by jni's `with_env` and thrown
 //! as `INTERNAL` with the panic's message, and nothing is printed on stderr unless the
 //! environment variable `KVSTORE_DEBUG` is set (then Rust's own report comes too, with a
 //! backtrace under `RUST_BACKTRACE`; see [`error::install_panic_hook`]). Nothing a
@@ -38,10 +38,10 @@ pub mod classes;
 pub mod convert;
 pub mod error;
 pub mod handles;
-pub mod kvstore;
 pub mod native;
 pub mod ndarray;
 pub mod optimizer;
 pub mod pending;
 pub mod sparse;
+pub mod store;
 pub mod updater;

@@ -3,7 +3,7 @@
 
 use jni::EnvUnowned;
 use jni::objects::{JClass, JObjectArray, JString};
-use kvstore_core::ErrorKind;
+use kvstore::ErrorKind;
 
 use crate::error::{JResult, ThrowKvStore};
 

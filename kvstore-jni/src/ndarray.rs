@@ -1,18 +1,18 @@
-//! Natives of `io.github.kvstore.NDArray`: thin shims over [`kvstore_core::NDArray`].
+//! Natives of `io.github.kvstore.NDArray`: thin shims over [`kvstore::NDArray`].
 
 use jni::objects::{
     JByteBuffer, JClass, JDoubleArray, JFloatArray, JIntArray, JLongArray, JPrimitiveArray, JString, TypeArray,
 };
 use jni::sys::{jboolean, jdouble, jint, jlong};
 use jni::{Env, EnvUnowned};
-use kvstore_core::{DType, Element, Error, NDArray, Operand};
+use kvstore::{DType, Element, Error, NDArray, Operand};
 
 use crate::convert::{context, device_code, dtype, dtype_code, shape};
 use crate::error::{JResult, ThrowKvStore};
 use crate::handles::ARRAYS;
 
 /// A new array of `shape` filled with `fill`.
-fn new_array(shape: &[usize], dtype: DType, ctx: kvstore_core::Context, fill: f64) -> kvstore_core::Result<i64> {
+fn new_array(shape: &[usize], dtype: DType, ctx: kvstore::Context, fill: f64) -> kvstore::Result<i64> {
     Ok(ARRAYS.insert(NDArray::full_with(shape, fill, dtype, ctx)?))
 }
 
@@ -28,7 +28,7 @@ fn from_java<T: Element + TypeArray>(
     data: &JPrimitiveArray<'_, T>,
     shape: &[usize],
     dtype: DType,
-    ctx: kvstore_core::Context,
+    ctx: kvstore::Context,
 ) -> JResult<i64> {
     let len = data.len(env)?;
     check_len(shape, len)?;
@@ -48,7 +48,7 @@ fn from_java<T: Element + TypeArray>(
 /// # Errors
 /// [`Error::InvalidArgument`] if the shape's size overflows; [`Error::ShapeMismatch`] if
 /// it is not `len`.
-fn check_len(shape: &[usize], len: usize) -> kvstore_core::Result<()> {
+fn check_len(shape: &[usize], len: usize) -> kvstore::Result<()> {
     let size = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
         Error::invalid_argument(format!("NDArray.array: shape {shape:?} has more elements than memory can hold"))
     })?;
@@ -82,7 +82,7 @@ fn to_java<'l, T: Element + TypeArray>(env: &mut Env<'l>, h: i64) -> JResult<JPr
     Ok(out)
 }
 
-fn operand_op(op: jint) -> JResult<fn(&NDArray, Operand<'_>) -> kvstore_core::Result<NDArray>> {
+fn operand_op(op: jint) -> JResult<fn(&NDArray, Operand<'_>) -> kvstore::Result<NDArray>> {
     Ok(match op {
         0 => |a, b| a.add(b),
         1 => |a, b| a.sub(b),
@@ -92,7 +92,7 @@ fn operand_op(op: jint) -> JResult<fn(&NDArray, Operand<'_>) -> kvstore_core::Re
     })
 }
 
-fn assign_op(op: jint) -> JResult<fn(&NDArray, Operand<'_>) -> kvstore_core::Result<()>> {
+fn assign_op(op: jint) -> JResult<fn(&NDArray, Operand<'_>) -> kvstore::Result<()>> {
     Ok(match op {
         0 => |a, b| a.add_assign(b),
         1 => |a, b| a.sub_assign(b),
@@ -103,7 +103,7 @@ fn assign_op(op: jint) -> JResult<fn(&NDArray, Operand<'_>) -> kvstore_core::Res
 }
 
 /// `{dtype, devType, devId, ndim, dims...}`.
-fn info(h: i64) -> kvstore_core::Result<Vec<i64>> {
+fn info(h: i64) -> kvstore::Result<Vec<i64>> {
     let a = ARRAYS.get(h)?;
     let ctx = a.context();
     let mut v = vec![dtype_code(a.dtype()), device_code(ctx), i64::from(ctx.device_id()), a.shape().len() as i64];
@@ -382,7 +382,7 @@ pub extern "system" fn Java_io_github_kvstore_NDArray_nFree<'l>(mut env: EnvUnow
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvstore_core::{Context, ErrorKind};
+    use kvstore::{Context, ErrorKind};
 
     #[test]
     fn info_describes_dtype_context_and_shape() {

@@ -4,11 +4,11 @@
 //! Java describes an optimizer as data (`Optimizer.toJson()`) and hands it over as one
 //! string, so that one native call, not one per setter, builds it; Rust checks it whole
 //! with the same code that `KVStore::set_optimizer` uses. The format, its defaults and
-//! its errors are [`kvstore_core::OptimizerSpec`]'s.
+//! its errors are [`kvstore::OptimizerSpec`]'s.
 
 use jni::EnvUnowned;
 use jni::objects::{JClass, JString};
-use kvstore_core::{Optimizer, OptimizerSpec, Result};
+use kvstore::{Optimizer, OptimizerSpec, Result};
 
 use crate::error::{JResult, ThrowKvStore};
 
@@ -16,9 +16,9 @@ use crate::error::{JResult, ThrowKvStore};
 /// by [`OptimizerSpec::build`].
 ///
 /// # Errors
-/// [`kvstore_core::Error::InvalidArgument`] for JSON that does not parse, an unknown
+/// [`kvstore::Error::InvalidArgument`] for JSON that does not parse, an unknown
 /// or ill-typed field, a non-finite number, and everything the builder rejects;
-/// [`kvstore_core::Error::Unsupported`] for an optimizer whose rule this build lacks.
+/// [`kvstore::Error::Unsupported`] for an optimizer whose rule this build lacks.
 pub fn optimizer_from_json(json: &str) -> Result<Optimizer> {
     OptimizerSpec::from_json(json)?.build()
 }

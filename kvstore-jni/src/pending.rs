@@ -16,7 +16,7 @@ use std::time::Duration;
 use jni::EnvUnowned;
 use jni::objects::{JClass, JLongArray, JObjectArray, JString};
 use jni::sys::{jint, jlong};
-use kvstore_core::{Error, KVStore, Keys, Pending, Release, Values};
+use kvstore::{Error, KVStore, Keys, Pending, Release, Values};
 use parking_lot::{Condvar, Mutex};
 
 use crate::convert::{arrays, keys, string};
@@ -38,7 +38,7 @@ struct Done {
 static DONE: LazyLock<(Mutex<Done>, Condvar)> = LazyLock::new(Default::default);
 
 /// What releases each unfinished call that a batch of fused calls holds back (see
-/// `kvstore_core::Release`), by id: a Java future's `get`, `join` and `isDone` release
+/// `kvstore::Release`), by id: a Java future's `get`, `join` and `isDone` release
 /// it first (`nRelease`). Calls that no batch holds are not here.
 static RELEASE: LazyLock<Mutex<HashMap<i64, Release>>> = LazyLock::new(Default::default);
 
@@ -110,12 +110,12 @@ fn track(id: i64, pending: Pending) {
 fn submit(
     kv: &KVStore,
     op: jint,
-    ks: Vec<kvstore_core::Key>,
-    vs: &[kvstore_core::NDArray],
-    out_ks: Vec<kvstore_core::Key>,
-    outs: &[kvstore_core::NDArray],
+    ks: Vec<kvstore::Key>,
+    vs: &[kvstore::NDArray],
+    out_ks: Vec<kvstore::Key>,
+    outs: &[kvstore::NDArray],
     priority: i32,
-) -> kvstore_core::Result<Pending> {
+) -> kvstore::Result<Pending> {
     Ok(match op {
         0 => kv.push_async(Keys::Many(ks), Values::Many(vs), priority),
         1 => kv.pull_async(Keys::Many(out_ks), Values::Many(outs), priority),
@@ -246,7 +246,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nWaitAll<'l>(mut env: EnvU
 mod tests {
     use std::sync::mpsc;
 
-    use kvstore_core::NDArray;
+    use kvstore::NDArray;
 
     use super::*;
 
@@ -260,7 +260,7 @@ mod tests {
         let (go, gate) = mpsc::channel::<()>();
         let gate = Mutex::new(gate);
         blocked
-            .set_updater(move |_: &kvstore_core::Key, _, merged: &NDArray, stored: &NDArray| {
+            .set_updater(move |_: &kvstore::Key, _, merged: &NDArray, stored: &NDArray| {
                 let _ = gate.lock().recv_timeout(Duration::from_secs(10));
                 stored.copy_from(merged)
             })

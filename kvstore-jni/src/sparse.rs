@@ -1,5 +1,5 @@
 //! Natives of `io.github.kvstore.RowSparse` and the row-sparse calls of
-//! `io.github.kvstore.KVStore`: thin shims over [`kvstore_core::RowSparse`] and the
+//! `io.github.kvstore.KVStore`: thin shims over [`kvstore::RowSparse`] and the
 //! store's `*_row_sparse*` calls.
 //!
 //! Java describes row-sparse arrays as a `long[]` of handles (their data arrays) and a
@@ -8,7 +8,7 @@
 use jni::objects::{JClass, JLongArray, JObjectArray, JString};
 use jni::sys::{jint, jlong};
 use jni::{Env, EnvUnowned};
-use kvstore_core::{Error, Key, NDArray, RowSparse, StorageType};
+use kvstore::{Error, Key, NDArray, RowSparse, StorageType};
 
 use crate::convert::{keys, longs, shape_of, string};
 use crate::error::{JResult, ThrowKvStore};

@@ -22,7 +22,7 @@ use std::cell::{Cell, RefCell};
 use jni::objects::{JObject, JValue, Weak};
 use jni::signature::{Primitive, ReturnType};
 use jni::{Env, JavaVM};
-use kvstore_core::{Cause, Error, Key, NDArray, Result, Updater};
+use kvstore::{Cause, Error, Key, NDArray, Result, Updater};
 
 use crate::classes::classes;
 use crate::error::{JResult, JniError};
@@ -195,7 +195,7 @@ impl Updater for JavaUpdater {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvstore_core::ErrorKind;
+    use kvstore::ErrorKind;
 
     #[test]
     fn nesting_is_capped_per_thread_and_released_on_drop() {

@@ -3,7 +3,7 @@
 //! becomes an [`NDArray`] over the same memory ([`NDArray::from_foreign`]), and store
 //! arrays go back to Python as numpy views that keep their memory alive.
 
-use kvstore_core::{DType, ForeignMemory, NDArray, bf16, f16};
+use kvstore::{DType, HostMemory, NDArray, bf16, f16};
 use numpy::ndarray::{ArrayViewD, IxDyn};
 use numpy::{PyArray, PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods, npyffi};
 use pyo3::prelude::*;
@@ -11,49 +11,6 @@ use pyo3::sync::PyOnceLock;
 use std::collections::HashMap;
 
 use parking_lot::{Mutex, MutexGuard};
-
-/// The memory of a Python array. It does not keep the array alive: whoever uses the
-/// store array does, for as long as it uses it (see the `Send` impl).
-struct PyMemory {
-    ptr: *mut u8,
-    len: usize,
-    writable: bool,
-}
-
-// SAFETY: the pointer is into the buffer of a numpy array that a reference keeps alive
-// while the memory is used: every store array over Python memory is used only through
-// a handle that holds such a reference ([`NDArray::kept_alive_by`], given the numpy
-// array: every non-blocking call's, and every call's array made over a view made for
-// the call), or by a blocking call that holds the array until it returns
-// (`CallArrays`) and checked that its buffer is this one, in the same shape, dtype and
-// writability (`Reusing::wrapped`, and `NDArray::from_foreign`, which gives an array
-// already made over the same memory to every wrapper of it). A store array is read or
-// written only by the calls it is given. Numpy frees or moves an array's buffer only
-// when the array is freed or resized, and `ndarray.resize` refuses an array that
-// another reference holds (unless the user passes `refcheck=False`, which numpy
-// documents as unsafe). The bytes are plain data, read and written under the store's
-// array locks.
-unsafe impl Send for PyMemory {}
-// SAFETY: as above; `&PyMemory` only reads.
-unsafe impl Sync for PyMemory {}
-
-impl ForeignMemory for PyMemory {
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: `ptr` points to `len` initialised bytes that live while the array is
-        // used (see the `Send` impl); `len` > 0 (empty arrays are not wrapped).
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        if !self.writable {
-            // Never reached: core refuses every write to a read-only array first.
-            return &mut [];
-        }
-        // SAFETY: as in `bytes`, and numpy marked the buffer writable; `&mut self`
-        // is core's exclusive (write-locked) access to it.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
 
 /// The store dtype of a numpy dtype, if it is one of the eight (in native byte order).
 fn dtype_of(py: Python<'_>, descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
@@ -220,13 +177,28 @@ pub(crate) fn wrap<'py>(
     let shape = array.shape();
     let len = array.len() * dtype.size();
     if len == 0 {
-        // No memory to share: an empty array of the same shape.
-        return NDArray::zeros_with(shape, dtype, kvstore_core::Context::cpu(0)).map_err(crate::errors::to_py);
+        // No memory to share: a new empty array of the same shape.
+        // SAFETY: no bytes: the pointer is not read.
+        return unsafe { HostMemory::wrap(shape, dtype, std::ptr::null_mut(), 0, true, None) }
+            .map_err(crate::errors::to_py);
     }
     let ptr = data.cast::<u8>();
     let make = || {
-        let mem = PyMemory { ptr, len, writable };
-        NDArray::from_foreign(shape, dtype, Box::new(mem), writable).map_err(crate::errors::to_py)
+        // SAFETY: `ptr` points to the `len` bytes of `array`'s buffer (C-contiguous,
+        // aligned for `dtype`, writable only if numpy says so, all checked above). The
+        // memory keeps no reference to the array: every store array over Python memory
+        // is used only through a handle that holds one ([`NDArray::kept_alive_by`],
+        // given the numpy array: every non-blocking call's, and every call's array made
+        // over a view made for the call), or by a blocking call that holds the array
+        // until it returns (`CallArrays`) and checked that its buffer is this one, in
+        // the same shape, dtype and writability (`Reusing::wrapped`, and
+        // `NDArray::from_foreign`, which gives an array already made over the same
+        // memory to every wrapper of it). Numpy frees or moves an array's buffer only
+        // when the array is freed or resized, and `ndarray.resize` refuses an array that
+        // another reference holds (unless the user passes `refcheck=False`, which numpy
+        // documents as unsafe). Python code that touches the bytes while a call uses
+        // them breaks the store's documented rule (docs/python.md).
+        unsafe { HostMemory::wrap(shape, dtype, ptr, len, writable, None) }.map_err(crate::errors::to_py)
     };
     match reuse {
         Some(reuse) => reuse.wrapped(obj, ptr, writable, shape, dtype, make),
@@ -254,7 +226,7 @@ pub(crate) fn view<'py>(py: Python<'py>, array: &NDArray) -> PyResult<Bound<'py,
             array.context()
         )));
     }
-    fn typed<'py, T: numpy::Element + kvstore_core::Element>(
+    fn typed<'py, T: numpy::Element + kvstore::Element>(
         py: Python<'py>,
         array: &NDArray,
     ) -> PyResult<Bound<'py, PyAny>> {

@@ -2,7 +2,7 @@
 //! built only with the crate's `bench` feature (scripts/bench-python.sh), so that the
 //! shipped wheel carries none of it.
 
-use kvstore_core::{KVStore as Store, Keys, Values};
+use kvstore::{KVStore as Store, Keys, Values};
 use pyo3::prelude::*;
 
 use crate::arrays::Use;
@@ -25,7 +25,7 @@ pub(crate) fn _time_calls_from_rust(
     crate::lifecycle::not_forked()?;
     let keys = keys_of(key)?;
     let kv = &store.shared.kv;
-    type Call = fn(&Store, Keys, Values<'_>) -> kvstore_core::Result<()>;
+    type Call = fn(&Store, Keys, Values<'_>) -> kvstore::Result<()>;
     let (arrays, call): (Arrays, Call) = match op {
         "push" => (arrays_of(arrays, Use::Read, "value")?, |kv, k, v| kv.push(k, v, 0)),
         "pull" => (arrays_of(arrays, Use::Write, "out")?, |kv, k, v| kv.pull(k, v, 0)),
@@ -38,7 +38,7 @@ pub(crate) fn _time_calls_from_rust(
                 call(kv, keys.clone(), arrays.values())?;
                 Ok(start.elapsed().as_secs_f64())
             })
-            .collect::<kvstore_core::Result<Vec<_>>>()
+            .collect::<kvstore::Result<Vec<_>>>()
     })
     .map_err(to_py)
 }

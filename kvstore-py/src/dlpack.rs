@@ -3,7 +3,7 @@
 //!
 //! The consumer's side of the DLPack protocol: the producer is asked for its tensor with
 //! `__dlpack__(stream=1)` (the legacy default stream, the one kvstore-cuda queues its
-//! work on: [`kvstore_cuda::DLPACK_STREAM`]), so its pending writes come before the
+//! work on: [`kvstore::cuda::DLPACK_STREAM`]), so its pending writes come before the
 //! store's; the capsule's `DLManagedTensor` is taken (the capsule renamed
 //! `used_dltensor`, as the protocol says) and its deleter called once the store's
 //! last use of the memory is done. Host tensors do not come here: numpy reads them.
@@ -12,7 +12,7 @@
 use std::ffi::{CStr, c_void};
 use std::ptr::NonNull;
 
-use kvstore_core::{Context, DType, NDArray};
+use kvstore::{DType, NDArray};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyCapsuleMethods, PyDict};
 
@@ -97,7 +97,10 @@ fn dtype_of(d: &DLDataType) -> Option<DType> {
 /// `gpu(device)` array over its memory, for `what` ("value", "out").
 pub(crate) fn wrap_cuda(obj: &Bound<'_, PyAny>, device: i32, what: &str) -> PyResult<NDArray> {
     let py = obj.py();
-    kvstore_cuda::register().map_err(crate::errors::to_py)?;
+    let id = u32::try_from(device).map_err(|_| {
+        crate::errors::value_error(format!("{what}: __dlpack_device__ gave a negative device id {device}"))
+    })?;
+    let context = kvstore::gpu(id).map_err(crate::errors::to_py)?;
     // PyTorch refuses to export a tensor that requires grad: its data is what is meant.
     let obj = if obj.hasattr("requires_grad")? && obj.getattr("requires_grad")?.is_truthy()? {
         obj.call_method0("detach")?
@@ -105,7 +108,7 @@ pub(crate) fn wrap_cuda(obj: &Bound<'_, PyAny>, device: i32, what: &str) -> PyRe
         obj.clone()
     };
     let kwargs = PyDict::new(py);
-    kwargs.set_item("stream", kvstore_cuda::DLPACK_STREAM)?;
+    kwargs.set_item("stream", kvstore::cuda::DLPACK_STREAM)?;
     let capsule = obj.call_method("__dlpack__", (), Some(&kwargs))?;
     let capsule = capsule
         .cast_into::<PyCapsule>()
@@ -180,7 +183,7 @@ pub(crate) fn wrap_cuda(obj: &Bound<'_, PyAny>, device: i32, what: &str) -> PyRe
         // `owner` keeps until the buffer is dropped; the producer ordered its writes
         // before the legacy default stream, as `__dlpack__(stream=1)` asked.
         let buf =
-            unsafe { kvstore_cuda::wrap_device_memory(device, addr, len, owner) }.map_err(crate::errors::to_py)?;
-        NDArray::from_device_buffer(&shape, dtype, Context::gpu(device as u32), buf, true).map_err(crate::errors::to_py)
+            unsafe { kvstore::cuda::wrap_device_memory(device, addr, len, owner) }.map_err(crate::errors::to_py)?;
+        NDArray::from_device_buffer(&shape, dtype, context, buf, true).map_err(crate::errors::to_py)
     }
 }

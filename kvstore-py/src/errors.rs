@@ -11,7 +11,7 @@
 //! carries the exception itself ([`Error::Raised`]), on whatever thread the updater
 //! ran; it becomes the `__cause__` of the exception the push raises.
 
-use kvstore_core::{Cause, Error};
+use kvstore::{Cause, Error};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;

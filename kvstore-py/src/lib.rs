@@ -31,8 +31,8 @@ mod updater;
 pub(crate) use lifecycle::{attach, detach};
 
 /// A store of `kind`: `dist_sync` over MPI when built with the `mpi` feature.
-pub(crate) fn create_store(kind: &str) -> kvstore_core::Result<kvstore_core::KVStore> {
-    kvstore_mpi::create_or_say(kind, WITHOUT_MPI)
+pub(crate) fn create_store(kind: &str) -> kvstore::Result<kvstore::KVStore> {
+    kvstore::create_or_say(kind, WITHOUT_MPI)
 }
 
 /// What a Python user of the `kvstore` wheel is told to install for `dist_*` kinds.
@@ -43,28 +43,24 @@ const WITHOUT_MPI: &str = "this is the kvstore wheel, built without MPI: install
 /// Whether this build has `dist_sync` over MPI.
 #[pyfunction]
 fn _has_mpi() -> bool {
-    cfg!(feature = "mpi")
+    kvstore::HAS_MPI
 }
 
-/// Registers the GPU backend (kvstore-cuda) if this build has it and CUDA loads:
+/// Installs the GPU backend if this build has it (the `cuda` feature) and CUDA loads:
 /// `None`, or why not.
 #[pyfunction]
 fn _register_gpu() -> Option<String> {
-    #[cfg(feature = "cuda")]
-    {
-        kvstore_cuda::register().err().map(|e| e.to_string())
+    if !kvstore::HAS_CUDA {
+        return Some("this build has no GPU support (the `cuda` feature)".to_string());
     }
-    #[cfg(not(feature = "cuda"))]
-    {
-        Some("this build has no GPU support (the `cuda` feature)".to_string())
-    }
+    kvstore::gpu(0).err().map(|e| e.to_string())
 }
 
 /// Checks an optimizer's JSON description (what `kvstore.optimizer` makes) as
 /// `set_optimizer` would, raising its error.
 #[pyfunction]
 fn _check_optimizer_json(json: &str) -> PyResult<()> {
-    kvstore_core::OptimizerSpec::from_json(json).and_then(|s| s.build()).map(drop).map_err(errors::to_py)
+    kvstore::OptimizerSpec::from_json(json).and_then(|s| s.build()).map(drop).map_err(errors::to_py)
 }
 
 /// Ends MPI for a `dist_sync` job (every rank, after its last call); nothing without.
@@ -74,7 +70,7 @@ fn _finalize(py: Python<'_>) -> PyResult<()> {
     if lifecycle::forked() {
         return Ok(());
     }
-    detach(py, kvstore_mpi::finalize).map_err(errors::to_py)
+    detach(py, kvstore::finalize).map_err(errors::to_py)
 }
 
 #[pymodule]

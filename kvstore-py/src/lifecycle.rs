@@ -157,8 +157,8 @@ pub(crate) fn forked() -> bool {
 }
 
 /// What every store call in a child of `fork()` fails with.
-pub(crate) fn fork_error() -> kvstore_core::Error {
-    kvstore_core::Error::Unsupported {
+pub(crate) fn fork_error() -> kvstore::Error {
+    kvstore::Error::Unsupported {
         what: "using kvstore in a child of fork() (os.fork, multiprocessing's \"fork\" start method) of a \
                process that made stores"
             .to_string(),

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvstore_core::{Error, Pending as Handle};
+use kvstore::{Error, Pending as Handle};
 use parking_lot::{Condvar, Mutex};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

@@ -8,7 +8,7 @@
 //! take this module's way; every other call lets it through, a `TypeError` naming the
 //! calls that take one.
 
-use kvstore_core::{Key, RowSparse};
+use kvstore::{Key, RowSparse};
 use numpy::{PyReadonlyArray1, ToPyArray};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;

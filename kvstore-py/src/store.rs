@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
-use kvstore_core::{KVStore as Store, Key, Keys, NDArray, Values};
+use kvstore::{KVStore as Store, Key, Keys, NDArray, Values};
 use parking_lot::RwLock;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyList, PyString, PyTuple};
@@ -70,11 +70,11 @@ impl Arrays {
 /// `result`, once the GPU work of a blocking call on `arrays` is done when one of them
 /// is a tensor on a GPU: the call returns with its writes to (and reads of) the
 /// caller's tensors finished, whatever stream the caller uses next.
-fn settled(result: kvstore_core::Result<()>, arrays: &[&Arrays]) -> kvstore_core::Result<()> {
+fn settled(result: kvstore::Result<()>, arrays: &[&Arrays]) -> kvstore::Result<()> {
     result?;
     #[cfg(feature = "cuda")]
     if arrays.iter().any(|a| a.any_on_device()) {
-        kvstore_cuda::synchronize()?;
+        kvstore::cuda::synchronize()?;
     }
     #[cfg(not(feature = "cuda"))]
     let _ = arrays;
@@ -364,7 +364,7 @@ impl PyStore {
     /// Sets the optimizer described by `json` (the package's optimizer classes make it).
     fn _set_optimizer_json(&self, py: Python<'_>, json: &str) -> PyResult<()> {
         crate::lifecycle::not_forked()?;
-        let opt = kvstore_core::OptimizerSpec::from_json(json).and_then(|s| s.build()).map_err(to_py)?;
+        let opt = kvstore::OptimizerSpec::from_json(json).and_then(|s| s.build()).map_err(to_py)?;
         crate::detach(py, || self.shared.kv.set_optimizer(opt)).map_err(to_py)
     }
 
@@ -573,7 +573,7 @@ impl PyStore {
     /// matched. Returns `err`.
     fn refusing(&self, py: Python<'_>, op: &'static str, err: PyErr) -> PyErr {
         if self.shared.kv.num_workers() > 1 {
-            let reason = kvstore_core::Error::invalid_argument(err.value(py).to_string());
+            let reason = kvstore::Error::invalid_argument(err.value(py).to_string());
             crate::detach(py, || drop(self.shared.kv.refuse(op, reason)));
         }
         err
@@ -615,11 +615,9 @@ fn private(py: Python<'_>, arrays: Arrays, copy: bool) -> PyResult<Arrays> {
         let dup = NDArray::copy_for_queued_call;
         Ok(match arrays {
             Arrays::One(a) => Arrays::One(dup(&a)?),
-            Arrays::Many(v) => Arrays::Many(v.iter().map(dup).collect::<kvstore_core::Result<_>>()?),
+            Arrays::Many(v) => Arrays::Many(v.iter().map(dup).collect::<kvstore::Result<_>>()?),
             Arrays::Nested(v) => Arrays::Nested(
-                v.iter()
-                    .map(|l| l.iter().map(dup).collect::<kvstore_core::Result<_>>())
-                    .collect::<kvstore_core::Result<_>>()?,
+                v.iter().map(|l| l.iter().map(dup).collect::<kvstore::Result<_>>()).collect::<kvstore::Result<_>>()?,
             ),
         })
     })

@@ -9,7 +9,7 @@
 
 use std::sync::{Arc, Weak};
 
-use kvstore_core::{Error, Key, NDArray, Result, Updater};
+use kvstore::{Error, Key, NDArray, Result, Updater};
 use pyo3::prelude::*;
 
 use crate::arrays::view;

@@ -1297,7 +1297,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
         }
     }
 
-    // ----- natives (kvstore-jni/src/kvstore.rs; contract in kvstore-jni/NATIVES.md) -----
+    // ----- natives (kvstore-jni/src/store.rs; contract in kvstore-jni/NATIVES.md) -----
 
     static native long nCreate(String kind);
 

@@ -1,11 +1,11 @@
-//! Natives of `io.github.kvstore.KVStore`: thin shims over [`kvstore_core::KVStore`].
+//! Natives of `io.github.kvstore.KVStore`: thin shims over [`kvstore::KVStore`].
 
 use std::sync::Arc;
 
 use jni::objects::{JClass, JLongArray, JObject, JObjectArray, JString};
 use jni::sys::{jboolean, jint, jlong};
 use jni::{Env, EnvUnowned};
-use kvstore_core::{KVStore, Keys, Values};
+use kvstore::{KVStore, Keys, Values};
 
 use crate::convert::{arrays, keys, string};
 use crate::error::{JResult, ThrowKvStore};
@@ -14,7 +14,7 @@ use crate::optimizer::optimizer_from_json;
 use crate::updater::JavaUpdater;
 
 /// Runs `f` with the store of handle `h`.
-fn with_store<T>(h: jlong, f: impl FnOnce(&KVStore) -> kvstore_core::Result<T>) -> JResult<T> {
+fn with_store<T>(h: jlong, f: impl FnOnce(&KVStore) -> kvstore::Result<T>) -> JResult<T> {
     let kv = STORES.get(h)?;
     Ok(f(&kv)?)
 }
@@ -31,7 +31,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nCreate<'l>(
     kind: JString<'l>,
 ) -> jlong {
     env.with_env(|env| -> JResult<jlong> {
-        let kv = kvstore_mpi::create_or_say(&string(env, &kind, "the store kind")?, WITHOUT_MPI)?;
+        let kv = kvstore::create_or_say(&string(env, &kind, "the store kind")?, WITHOUT_MPI)?;
         Ok(STORES.insert(Arc::new(kv)))
     })
     .resolve::<ThrowKvStore>()
@@ -42,7 +42,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nVersion<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
 ) -> JString<'l> {
-    env.with_env(|env| -> JResult<JString<'l>> { Ok(env.new_string(kvstore_core::VERSION)?) }).resolve::<ThrowKvStore>()
+    env.with_env(|env| -> JResult<JString<'l>> { Ok(env.new_string(kvstore::VERSION)?) }).resolve::<ThrowKvStore>()
 }
 
 #[unsafe(no_mangle)]
@@ -50,12 +50,12 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nMpiSupported<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
 ) -> jboolean {
-    env.with_env(|_| -> JResult<jboolean> { Ok(cfg!(feature = "mpi")) }).resolve::<ThrowKvStore>()
+    env.with_env(|_| -> JResult<jboolean> { Ok(kvstore::HAS_MPI) }).resolve::<ThrowKvStore>()
 }
 
 #[unsafe(no_mangle)]
 pub extern "system" fn Java_io_github_kvstore_KVStore_nFinalizeMpi<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>) {
-    env.with_env(|_| -> JResult<()> { Ok(kvstore_mpi::finalize()?) }).resolve::<ThrowKvStore>()
+    env.with_env(|_| -> JResult<()> { Ok(kvstore::finalize()?) }).resolve::<ThrowKvStore>()
 }
 
 #[unsafe(no_mangle)]
@@ -120,7 +120,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nRefuse<'l>(
             _ => return Ok(()),
         };
         with_store(h, |kv| {
-            drop(kv.refuse(op, kvstore_core::Error::Disposed { what: "NDArray" }));
+            drop(kv.refuse(op, kvstore::Error::Disposed { what: "NDArray" }));
             Ok(())
         })
     })
@@ -256,12 +256,12 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nNumKeys<'l>(
 /// The flat arguments of `nPushPull` and `nBroadcast`.
 type PairsOp = fn(
     &KVStore,
-    &[kvstore_core::Key],
-    &[kvstore_core::NDArray],
-    &[kvstore_core::Key],
-    &[kvstore_core::NDArray],
+    &[kvstore::Key],
+    &[kvstore::NDArray],
+    &[kvstore::Key],
+    &[kvstore::NDArray],
     i32,
-) -> kvstore_core::Result<()>;
+) -> kvstore::Result<()>;
 
 #[allow(clippy::too_many_arguments)]
 fn pairs_call(
@@ -426,7 +426,7 @@ fn with_path(
     mut env: EnvUnowned<'_>,
     h: jlong,
     path: &JString<'_>,
-    f: impl FnOnce(&KVStore, &str) -> kvstore_core::Result<()>,
+    f: impl FnOnce(&KVStore, &str) -> kvstore::Result<()>,
 ) {
     env.with_env(|env| -> JResult<()> {
         let path = string(env, path, "the path")?;
