@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 
 use super::forms::{Run, Values, flat_runs, pairs_of, runs};
 use super::pending::HasDone;
-use super::{Done, Entry, Found, Group, KVStore, Pending, Store, check_arrays, locks};
+use super::{Done, Entry, Found, Group, KVStore, Like, Pending, Store, check_arrays, locks};
 use crate::engine::{self, Job, Var, Vars};
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys};
@@ -467,7 +467,7 @@ impl KVStore {
                     "broadcast: out key \"{k}\" is not one of the keys being broadcast"
                 )));
             };
-            check_arrays("broadcast", "out", k, outs.iter(), v)?;
+            check_arrays("broadcast", "out", k, outs.iter(), Like::Array(v))?;
         }
         Ok(())
     }

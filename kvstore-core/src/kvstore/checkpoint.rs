@@ -23,7 +23,6 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype as StDtype, SafeTensors};
 use serde_json::{Value, json};
@@ -418,7 +417,7 @@ impl Store {
                     let mut slot = Slot::new(value, order);
                     slot.opt = state;
                     slot.row_sparse = row_sparse;
-                    table.entries.insert(key.clone(), Arc::new(Entry { key, index, value: RwLock::new(slot) }));
+                    table.entries.insert(key.clone(), Entry::new(key, index, slot));
                 }
             }
         }
@@ -447,7 +446,13 @@ impl Store {
             let value = match slot {
                 Some(i) => {
                     let stored = &guards[i].value;
-                    super::check_like(|| format!("{context}: key \"{key}\""), &key, stored, &value)?;
+                    let expected = (stored.shape(), stored.dtype());
+                    super::check_like(
+                        || format!("{context}: key \"{key}\""),
+                        &key,
+                        expected,
+                        (value.shape(), value.dtype()),
+                    )?;
                     if stored.context() == value.context() { value } else { value.copy_to(stored.context())? }
                 }
                 None => self.comm.init_value(&value)?,

@@ -38,9 +38,9 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use super::calls::{Copies, Input, Owned, borrow, borrow_inputs, start_reads};
-use super::merge::compressible;
+use super::plan::Plan;
 use super::steps::StepKey;
-use super::{Calls, Done, Found, Group, KVStore, Merger, Pending, Store, check_group, locks::Held, slots};
+use super::{Calls, Done, Entry, Found, Group, KVStore, Merger, Pending, Store, locks::Held};
 use crate::engine::{self, HeldBatch, HeldCalls, Var, Vars};
 use crate::error::{Error, Result};
 use crate::ndarray::PendingWrites;
@@ -176,40 +176,36 @@ impl KVStore {
     }
 }
 
+/// Where each group's key is among `entries` (a batch's locked keys, in index order,
+/// which hold every key of its calls).
+fn slots(entries: &[&Arc<Entry>], groups: &[Group<'_>]) -> Vec<usize> {
+    groups.iter().map(|g| entries.partition_point(|e| e.index < g.entry.index)).collect()
+}
+
 impl Store {
     /// Runs a batch's calls as one (see the module docs): each call's result, in order.
     fn push_pull_fused<'a>(&self, calls: Vec<(&'static str, Found<'a>, Found<'a>)>) -> Vec<Result<()>> {
         const OP: &str = "push";
         let n = calls.len();
         let every = |e: Error| (0..n).map(|_| Err(e.clone())).collect::<Vec<_>>();
-        let grouped: Vec<(&'static str, Vec<Group<'a>>, Vec<Group<'a>>)> =
-            calls.into_iter().map(|(op, push, pull)| (op, Self::group(push), Self::group(pull))).collect();
-        let mut owned: Vec<Arc<super::Entry>> =
-            grouped.iter().flat_map(|(_, push, pull)| push.iter().chain(pull)).map(|g| Arc::clone(&g.entry)).collect();
+        // Read once: what the workers compare is what the sums do.
+        let compression = *self.compression.read();
+        // Each call planned (and checked) alone, before anything is locked.
+        let plans: Vec<Plan<'a>> =
+            calls.into_iter().map(|(op, push, pull)| Plan::with(op, push, pull, compression)).collect();
+        let mut owned: Vec<Arc<Entry>> = plans.iter().flat_map(Plan::entries).map(Arc::clone).collect();
         owned.sort_by_key(|e| e.index);
         owned.dedup_by_key(|e| e.index);
-        let entries: Vec<&Arc<super::Entry>> = owned.iter().collect();
+        let entries: Vec<&Arc<Entry>> = owned.iter().collect();
         let locked = Held::new(OP, self, &entries)
             .and_then(|held| Ok((held.merger_read(OP, &self.merger)?, held.write(OP, &entries)?, held)));
         let (merger, mut guards, _held) = match locked {
             Ok(l) => l,
             Err(e) => return every(e),
         };
-        // Read once: what the workers compare is what the sums do.
-        let compression = *self.compression.read();
         // Where each call's keys are among the locked ones.
-        let at: Result<Vec<(Vec<usize>, Vec<usize>)>> = grouped
-            .iter()
-            .map(|(_, push, pull)| Ok((slots(OP, &entries, push)?, slots(OP, &entries, pull)?)))
-            .collect();
-        let at = match at {
-            Ok(at) => at,
-            Err(e) => return every(e),
-        };
-        // Each call checked alone, before anything changes.
-        let check = |op, what, groups: &[Group<'_>], at: &[usize]| {
-            groups.iter().zip(at).try_for_each(|(g, &i)| check_group(op, what, g, &guards[i].value))
-        };
+        let at: Vec<(Vec<usize>, Vec<usize>)> =
+            plans.iter().map(|p| (slots(&entries, &p.push), slots(&entries, &p.pull))).collect();
         // An optimizer's refusal of a key (an integer weight) is a check too: it fails
         // that call alone, as when made blocking.
         let optimizer = |push: &[Group<'_>], at: &[usize]| match &*merger {
@@ -218,26 +214,17 @@ impl Store {
             }
             _ => Ok(()),
         };
-        let local: Vec<Result<()>> = grouped
+        let local: Vec<Result<()>> = plans
             .iter()
             .zip(&at)
-            .map(|((op, push, pull), (push_at, pull_at))| {
-                check(op, "value", push, push_at)
-                    .and_then(|()| optimizer(push, push_at))
-                    .and_then(|()| compressible(compression, push))
-                    .and_then(|()| check(op, "out", pull, pull_at))
-            })
+            .map(|(p, (push_at, _))| p.checked.clone().and_then(|()| optimizer(&p.push, push_at)))
             .collect();
-        let counts: Vec<(&'static str, usize)> = grouped.iter().map(|(op, push, _)| (*op, push.len())).collect();
+        let counts: Vec<(&'static str, usize)> = plans.iter().map(|p| (p.op, p.push.len())).collect();
         // The workers compare each key with its stored shape and dtype (the same on every
         // worker): a value of another shape on one worker is that worker's refusal of
         // its call, which fails that call alone, not a difference that fails the batch.
-        let keys: Vec<StepKey<'_>> = grouped
-            .iter()
-            .zip(&at)
-            .flat_map(|((_, push, _), (push_at, _))| push.iter().zip(push_at))
-            .map(|(g, &i)| (&g.entry.key, guards[i].value.shape(), guards[i].value.dtype()))
-            .collect();
+        let keys: Vec<StepKey<'_>> =
+            plans.iter().flat_map(|p| &p.push).map(|g| (&g.entry.key, g.entry.shape(), g.entry.dtype)).collect();
         let mut results = match self.check_calls(OP, &counts, &keys, local, compression, merger.identity()) {
             Ok(r) => r,
             Err(e) => return every(e),
@@ -246,10 +233,10 @@ impl Store {
         // each with its call's number. (A custom updater, installed after the calls
         // were made and fused, updates each call's keys alone: see `Store::apply`.)
         let (mut push, mut pull) = (Vec::new(), Vec::new());
-        for (n, (((_, p, q), (p_at, q_at)), r)) in grouped.into_iter().zip(at).zip(&results).enumerate() {
+        for (n, ((plan, (p_at, q_at)), r)) in plans.into_iter().zip(at).zip(&results).enumerate() {
             if r.is_ok() {
-                push.extend(p.into_iter().zip(p_at).map(|(g, i)| (g, i, n)));
-                pull.extend(q.into_iter().zip(q_at).map(|(g, i)| (g, i, n)));
+                push.extend(plan.push.into_iter().zip(p_at).map(|(g, i)| (g, i, n)));
+                pull.extend(plan.pull.into_iter().zip(q_at).map(|(g, i)| (g, i, n)));
             }
         }
         if push.is_empty() {

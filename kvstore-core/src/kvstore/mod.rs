@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 use crate::collective::Collective;
 use crate::comm::{BroadcastJob, Comm, KeyBuffers};
 use crate::context::Context;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys};
 use crate::ndarray::NDArray;
@@ -28,6 +29,7 @@ mod fusion;
 mod locks;
 mod merge;
 mod pending;
+mod plan;
 mod remote;
 mod sparse;
 mod spread;
@@ -39,18 +41,58 @@ use locks::Held;
 use merge::{Calls, Merger};
 use pending::{Done, Unobserved};
 pub use pending::{Pending, Release};
+use plan::Plan;
 pub use sparse::StorageType;
 
 use crate::engine::Engine;
 
 /// Laid out for a call on many keys: the lock and the value's handle (first in the
-/// slot) come first, in 16 bytes that never straddle a cache line, so a call reads
-/// one line of each key's entry.
+/// slot) come first, in 16 bytes that never straddle a cache line, so a call that
+/// locks its keys reads one line of each key's entry.
 #[repr(C)]
 struct Entry {
     value: RwLock<Slot>,
     index: usize,
     key: Key,
+    /// The value's first three dimensions (the rest in `long_shape`), its number of
+    /// dimensions and dtype: fixed when the key is made (a value put in its place later,
+    /// by a checkpoint, has the same), read by a call's plan without a lock.
+    dims: [usize; 3],
+    ndim: u8,
+    dtype: DType,
+    /// The value's shape when it has more than three dimensions (else empty).
+    long_shape: Box<[usize]>,
+}
+
+impl Entry {
+    /// The entry of a new key, at `index`, holding `slot`.
+    fn new(key: Key, index: usize, slot: Slot) -> Arc<Self> {
+        let (shape, dtype) = (slot.value.shape(), slot.value.dtype());
+        let mut dims = [0; 3];
+        let long_shape = match shape.len() {
+            n @ 0..=3 => {
+                dims[..n].copy_from_slice(shape);
+                Box::default()
+            }
+            _ => shape.into(),
+        };
+        let ndim = u8::try_from(shape.len()).unwrap_or(u8::MAX);
+        Arc::new(Entry { dims, ndim, dtype, value: RwLock::new(slot), index, key, long_shape })
+    }
+
+    /// The value's shape, which never changes.
+    fn shape(&self) -> &[usize] {
+        match self.long_shape.is_empty() {
+            true => &self.dims[..usize::from(self.ndim).min(3)],
+            false => &self.long_shape,
+        }
+    }
+
+    /// The value's shape and dtype, which never change: what a call's arrays are checked
+    /// against.
+    fn like(&self) -> (&[usize], DType) {
+        (self.shape(), self.dtype)
+    }
 }
 
 /// A key's value and what lives next to it: the optimizer's state for the key, the
@@ -235,42 +277,68 @@ fn check_context(op: &'static str, key: &Key, a: &NDArray) -> Result<()> {
     })
 }
 
-/// Checks that `got` has the shape and dtype of `expected`; the error names `key` and
-/// `context()` (made only on error).
-fn check_like(context: impl Fn() -> String, key: &Key, expected: &NDArray, got: &NDArray) -> Result<()> {
-    if !got.same_shape(expected) {
+/// Checks that an array of shape and dtype `got` may stand for `key`'s value, of shape
+/// and dtype `expected`; the error names `key` and `context()` (made only on error).
+fn check_like(
+    context: impl Fn() -> String,
+    key: &Key,
+    expected: (&[usize], DType),
+    got: (&[usize], DType),
+) -> Result<()> {
+    if got.0 != expected.0 {
         return Err(Error::ShapeMismatch {
             context: context(),
             key: Some(key.clone()),
-            expected: expected.shape().to_vec(),
-            got: got.shape().to_vec(),
+            expected: expected.0.to_vec(),
+            got: got.0.to_vec(),
         });
     }
-    if got.dtype() != expected.dtype() {
+    if got.1 != expected.1 {
         return Err(Error::DTypeMismatch {
             context: context(),
             key: Some(key.clone()),
-            expected: expected.dtype(),
-            got: got.dtype(),
+            expected: expected.1,
+            got: got.1,
         });
     }
     Ok(())
 }
 
-/// Checks that every array of `group` matches the stored value in shape and dtype.
-fn check_group(op: &'static str, what: &str, group: &Group<'_>, stored: &NDArray) -> Result<()> {
-    check_arrays(op, what, &group.entry.key, group.arrays.iter().copied(), stored)
+/// What a call's arrays must be like: their key's (from its entry, without a lock), or
+/// an array's (the value a spread call locked, a broadcast's value).
+#[derive(Clone, Copy)]
+enum Like<'x> {
+    Key(&'x Entry),
+    Array(&'x NDArray),
 }
 
-/// Checks that every one of `key`'s `arrays` matches the stored value in shape and
-/// dtype, and, for outs (`what` "out"), that it may be written (see
+impl Like<'_> {
+    /// Whether `a` has the shape and dtype (reading only `a`'s first cache line, and
+    /// the other array's, when both have one dimension).
+    fn fits(self, a: &NDArray) -> bool {
+        match self {
+            Like::Key(e) => a.dtype() == e.dtype && a.has_shape(e.shape()),
+            Like::Array(v) => a.dtype() == v.dtype() && a.same_shape(v),
+        }
+    }
+
+    fn shape_dtype(&self) -> (&[usize], DType) {
+        match self {
+            Like::Key(e) => e.like(),
+            Like::Array(v) => (v.shape(), v.dtype()),
+        }
+    }
+}
+
+/// Checks that every one of `key`'s `arrays` may stand for its value, of the shape and
+/// dtype of `expected`, and, for outs (`what` "out"), that it may be written (see
 /// [`NDArray::from_foreign`]): a call with a read-only out fails before its push.
 fn check_arrays<'x>(
     op: &'static str,
     what: &str,
     key: &Key,
     arrays: impl Iterator<Item = &'x NDArray> + Clone,
-    stored: &NDArray,
+    expected: Like<'_>,
 ) -> Result<()> {
     for (i, a) in arrays.clone().enumerate() {
         if a.on_device() {
@@ -284,7 +352,9 @@ fn check_arrays<'x>(
                 format!("{op} of key \"{key}\" ({what} {} of {n})", i + 1)
             }
         };
-        check_like(context, key, stored, a)?;
+        if !expected.fits(a) {
+            check_like(context, key, expected.shape_dtype(), (a.shape(), a.dtype()))?;
+        }
         if what == "out" && a.is_read_only() {
             return Err(Error::invalid_argument(format!("{}: the out is read-only", context())));
         }
@@ -292,16 +362,11 @@ fn check_arrays<'x>(
     Ok(())
 }
 
-/// Where each group's key is in `entries` (a call's locked keys, in index order).
-///
-/// # Errors
-/// [`Error::Internal`] for a key that is not there.
-fn slots(op: &str, entries: &[&Arc<Entry>], groups: &[Group<'_>]) -> Result<Vec<usize>> {
-    groups
-        .iter()
-        .map(|g| entries.binary_search_by_key(&g.entry.index, |e| e.index).ok())
-        .collect::<Option<_>>()
-        .ok_or_else(|| Error::Internal(format!("{op}: a key of the call was not locked")))
+/// Checks every array of `group` against its key (see [`check_arrays`]): no lock is
+/// taken, as a key's shape and dtype never change.
+fn check_group(op: &'static str, what: &str, group: &Group<'_>) -> Result<()> {
+    let e = &group.entry;
+    check_arrays(op, what, &e.key, group.arrays.iter().copied(), Like::Key(e))
 }
 
 impl KVStore {
@@ -941,8 +1006,7 @@ impl KVStore {
         let entry = self.store.table.read().entries.get(&key).cloned();
         let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op: "pull", key: key.clone() })?;
         // A key's shape and dtype never change once initialised (pushes are checked).
-        let (shape, dtype) = self.store.shape_dtype("pull", &entry)?;
-        let out = NDArray::zeros_with(&shape, dtype, Context::cpu(0))?;
+        let out = NDArray::zeros_with(entry.shape(), entry.dtype, Context::cpu(0))?;
         self.pull(key, &out, priority)?;
         Ok(out)
     }
@@ -1100,14 +1164,6 @@ impl KVStore {
 }
 
 impl Store {
-    /// The shape and dtype of `entry`'s value (fixed once the key is initialised), for
-    /// `op`.
-    fn shape_dtype(&self, op: &'static str, entry: &Arc<Entry>) -> Result<(Vec<usize>, crate::dtype::DType)> {
-        let held = Held::new(op, self, &[entry])?;
-        let slot = &held.read(op, &[entry])?[0];
-        Ok((slot.value.shape().to_vec(), slot.value.dtype()))
-    }
-
     /// Every entry, in index order.
     fn entries(&self) -> Vec<Arc<Entry>> {
         let mut entries: Vec<Arc<Entry>> = self.table.read().entries.values().cloned().collect();
@@ -1151,8 +1207,7 @@ impl Store {
             let index = table.next_index;
             table.next_index += 1;
             let order = table.take_order();
-            let entry = Arc::new(Entry { key: key.clone(), index, value: RwLock::new(Slot::new(value, order)) });
-            table.entries.insert(key, entry);
+            table.entries.insert(key.clone(), Entry::new(key, index, Slot::new(value, order)));
         }
         drop(table);
         self.collective.as_ref().map_or(Ok(()), |c| c.barrier())
@@ -1250,84 +1305,61 @@ impl Store {
         }
     }
 
-    fn pull_found(&self, op: &'static str, found: Found<'_>, spread: bool) -> Result<()> {
-        if found.is_empty() {
+    /// The push algorithm (`KVStoreLocal::PushImpl`) followed by an optional pull, with
+    /// every key of the call locked (written when it pushes), in index order, for the
+    /// whole call: the plan of `push` and `pull` (see `plan.rs`), then its runner.
+    /// `spread`: whether to offer the call to [`Store::spread`] first (not when it was
+    /// found to be no call for that path already).
+    fn push_pull<'a>(&self, op: &'static str, push: Found<'a>, pull: Found<'a>, spread: bool) -> Result<()> {
+        if push.is_empty() && pull.is_empty() {
             return Ok(());
         }
-        let groups = Self::group(found);
-        if spread && let Some(r) = self.spread(op, &[], &groups) {
+        let plan = Plan::new(self, op, push, pull);
+        if spread
+            && plan.checked.is_ok()
+            && let Some(r) = self.spread(&plan)
+        {
             return r;
         }
-        let entries: Vec<&Arc<Entry>> = groups.iter().map(|g| &g.entry).collect();
+        // Lock in index order, so that concurrent multi-key calls cannot deadlock.
+        let entries = plan.entries();
         let held = Held::new(op, self, &entries)?;
+        // Under dist_sync a refusal is this worker's step (the workers compare their
+        // calls before the data moves); elsewhere it ends the call before any lock.
+        if self.collective.is_none() {
+            plan.checked.clone()?;
+        }
+        if plan.push.is_empty() {
+            return self.pull_planned(&plan, &held, &entries);
+        }
+        // The merger is held for the whole call: the updater or optimizer it starts with
+        // stays installed (and alive) until it ends.
+        let merger = held.merger_read(op, &self.merger)?;
+        let mut guards = held.write(op, &entries)?;
+        if self.collective.is_some() {
+            let checked = plan.checked.clone();
+            self.check_push_step(op, &plan.step_keys(), checked, plan.compression, merger.identity())?;
+        }
+        let (push, pull) = (&plan.push, &plan.pull);
+        self.apply(push, pull, &plan.push_slots, &plan.pull_slots, &mut guards, &merger, plan.compression, None)
+    }
+
+    /// The runner of a pull (a plan that pushes nothing), its keys `entries`.
+    fn pull_planned(&self, plan: &Plan<'_>, held: &Held, entries: &[&Arc<Entry>]) -> Result<()> {
+        let op = plan.op;
         if let Some(remote) = &self.remote {
             // dist_async: the values come from their owners (into this worker's copies).
-            // (One group per key: `group` merged them.)
-            let mut entries = entries;
-            entries.sort_by_key(|e| e.index);
-            let mut guards = held.write(op, &entries)?;
-            let pull_slots = slots(op, &entries, &groups)?;
-            for (g, &i) in groups.iter().zip(&pull_slots) {
-                check_group(op, "out", g, &guards[i].value)?;
-            }
-            return self.apply_remote(remote, &[], &groups, &[], &pull_slots, &mut guards);
+            let mut guards = held.write(op, entries)?;
+            return self.apply_remote(remote, &[], &plan.pull, &[], &plan.pull_slots, &mut guards);
         }
-        let guards = held.read(op, &entries)?;
-        for (g, stored) in groups.iter().zip(&guards) {
-            check_group(op, "out", g, &stored.value)?;
-        }
-        let jobs: Vec<BroadcastJob<'_>> = groups
+        let guards = held.read(op, entries)?;
+        let jobs: Vec<BroadcastJob<'_>> = plan
+            .pull
             .iter()
             .zip(&guards)
             .map(|(g, stored)| BroadcastJob { src: &stored.value, outs: &g.arrays })
             .collect();
         self.comm.broadcast(&jobs)
-    }
-
-    /// The push algorithm (`KVStoreLocal::PushImpl`) followed by an optional pull, with
-    /// every key of the call write-locked, in index order, for the whole call. `spread`:
-    /// whether to offer the call to [`Store::spread`] first (not when it was found to
-    /// be no call for that path already).
-    fn push_pull<'a>(&self, op: &'static str, push: Found<'a>, pull: Found<'a>, spread: bool) -> Result<()> {
-        if push.is_empty() {
-            return self.pull_found(op, pull, spread);
-        }
-        let push = Self::group(push);
-        let pull = Self::group(pull);
-        if spread && let Some(r) = self.spread(op, &push, &pull) {
-            return r;
-        }
-        // Lock the union of the keys in index order, so that concurrent multi-key
-        // calls cannot deadlock.
-        let mut entries: Vec<&Arc<Entry>> = push.iter().chain(&pull).map(|g| &g.entry).collect();
-        entries.sort_by_key(|e| e.index);
-        entries.dedup_by_key(|e| e.index);
-        let held = Held::new(op, self, &entries)?;
-        // The merger is held for the whole call: the updater or optimizer it starts with
-        // stays installed (and alive) until it ends.
-        let merger = held.merger_read(op, &self.merger)?;
-        let mut guards = held.write(op, &entries)?;
-        let (push_slots, pull_slots) = (slots(op, &entries, &push)?, slots(op, &entries, &pull)?);
-        // Validate everything before changing anything (under dist_sync, on every
-        // worker: they compare their calls before the data moves).
-        // The compression is read once: what the workers compare is what the sums do.
-        let compression = *self.compression.read();
-        let checked = push
-            .iter()
-            .zip(&push_slots)
-            .try_for_each(|(g, &i)| check_group(op, "value", g, &guards[i].value))
-            .and_then(|()| {
-                pull.iter().zip(&pull_slots).try_for_each(|(g, &i)| check_group(op, "out", g, &guards[i].value))
-            })
-            .and_then(|()| merge::compressible(compression, &push));
-        if self.collective.is_some() {
-            let keys: Vec<steps::StepKey<'_>> =
-                push.iter().map(|g| (&g.entry.key, g.arrays[0].shape(), g.arrays[0].dtype())).collect();
-            self.check_push_step(op, &keys, checked, compression, merger.identity())?;
-        } else {
-            checked?;
-        }
-        self.apply(&push, &pull, &push_slots, &pull_slots, &mut guards, &merger, compression, None)
     }
 }
 

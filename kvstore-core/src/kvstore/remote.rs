@@ -700,8 +700,7 @@ impl KVStore {
                 let entries = self.store.entries();
                 let mut states = Vec::with_capacity(entries.len());
                 for e in &entries {
-                    let (shape, dtype) = self.store.shape_dtype("save_checkpoint", e)?;
-                    let g = remote.gather(&e.key, &shape, dtype)?;
+                    let g = remote.gather(&e.key, e.shape(), e.dtype)?;
                     copy.init(e.key.clone(), &g.value)?;
                     states.push(g.state);
                 }
@@ -754,7 +753,8 @@ impl KVStore {
                     // store's next checkpoint keeps it.
                     Some(mine) => {
                         let mut slot = mine.value.write();
-                        super::check_like(|| "load_checkpoint".to_string(), &e.key, &slot.value, &value)?;
+                        let got = (value.shape(), value.dtype());
+                        super::check_like(|| "load_checkpoint".to_string(), &e.key, mine.like(), got)?;
                         slot.row_sparse = row_sparse;
                     }
                     None => {
@@ -763,9 +763,7 @@ impl KVStore {
                         let order = table.take_order();
                         let mut slot = Slot::new(value.deep_copy()?, order);
                         slot.row_sparse = row_sparse;
-                        let entry =
-                            Arc::new(Entry { key: e.key.clone(), index, value: parking_lot::RwLock::new(slot) });
-                        table.entries.insert(e.key.clone(), entry);
+                        table.entries.insert(e.key.clone(), Entry::new(e.key.clone(), index, slot));
                     }
                 }
             }

@@ -437,29 +437,6 @@ fn gather_varying(group: &dyn Collective, step: &str, mine: &[u8]) -> Result<Vec
     Ok(lens.iter().enumerate().map(|(r, &n)| all[r * longest..r * longest + n].to_vec()).collect())
 }
 
-/// Checks that every value pushed to `key` has the key's shape and dtype.
-fn check_like(key: &Key, values: &[RowSparse], shape: &[usize], dtype: DType) -> Result<()> {
-    for v in values {
-        if v.shape() != shape {
-            return Err(Error::ShapeMismatch {
-                context: format!("push_row_sparse of key \"{key}\""),
-                key: Some(key.clone()),
-                expected: shape.to_vec(),
-                got: v.shape().to_vec(),
-            });
-        }
-        if v.dtype() != dtype {
-            return Err(Error::DTypeMismatch {
-                context: format!("push_row_sparse of key \"{key}\""),
-                key: Some(key.clone()),
-                expected: dtype,
-                got: v.dtype(),
-            });
-        }
-    }
-    Ok(())
-}
-
 /// The step name of a row-sparse push under `dist_sync` (desync detection).
 const PUSH_ROWS: &str = "push_row_sparse";
 
@@ -491,8 +468,8 @@ impl Store {
                     got: 0,
                 });
             }
-            let (shape, dtype) = self.shape_dtype("push", entry)?;
-            check_like(key, values, &shape, dtype)?;
+            let context = || format!("push_row_sparse of key \"{key}\"");
+            values.iter().try_for_each(|v| super::check_like(context, key, entry.like(), (v.shape(), v.dtype())))?;
         }
         Ok(merged)
     }

@@ -4,17 +4,17 @@
 //!
 //! It does what [`Store::push_pull`] does for the same call, in two rounds over the
 //! same pieces of the call's keys (`Comm::share_keys`): first every key is locked
-//! (without waiting) and checked, then, when every key is held and passed, the sums
-//! and copies, each piece unlocked when done. A failed check changes nothing, and the
-//! error is the one the ordinary path reports (the first value's error in key order,
-//! else the first out's). A key that another call holds, or anything this path does
-//! not do, hands the call back, with every lock released and nothing changed, to the
-//! ordinary path, which waits for locks in key order: no lock is ever waited for here,
-//! so no deadlock can come of taking locks on several threads at once.
+//! (without waiting), then, when every key is held, the sums and copies, each piece
+//! unlocked when done. A planned call comes here checked (`plan.rs`). A key that another
+//! call holds, or anything this path does not do, hands the call back, with every lock
+//! released and nothing changed, to the ordinary path, which waits for locks in key
+//! order: no lock is ever waited for here, so no deadlock can come of taking locks on
+//! several threads at once.
 //!
 //! A blocking call on an idle engine comes here as its caller gave it, before its keys
-//! are looked up (`Store::spread_runs`): the first round also looks them up and checks
-//! that its arrays are ready, which the caller would otherwise do alone.
+//! are looked up (`Store::spread_runs`): the first round also looks them up, checks its
+//! arrays against them and that they are ready, which the caller would otherwise do
+//! alone; a failed check hands the call back, and the ordinary path's plan reports it.
 
 use std::ops::{Deref, Range};
 use std::sync::OnceLock;
@@ -24,7 +24,8 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use super::forms::Run;
-use super::{Entry, Group, Merger, Slot, Store, Table, check_arrays, locks};
+use super::plan::Plan;
+use super::{Entry, Group, Like, Merger, Slot, Store, Table, check_arrays, locks};
 use crate::comm::{BroadcastJob, Claims, ReduceJob};
 use crate::error::{Error, Result};
 use crate::ndarray::{NDArray, overlapping_uses, use_token};
@@ -39,23 +40,13 @@ const GATHERED: usize = 8;
 /// device, and an out) without a heap allocation.
 type Gathered<'a> = SmallVec<[&'a NDArray; 64]>;
 
-/// The first error of some keys, by key index.
-type First = Mutex<Option<(usize, Error)>>;
-
 /// Keys looked up together before the first of them is locked. A lock is a barrier for
 /// the core's loads, so lookups made between locks take their cache misses one at a
 /// time (with 100,000 keys, a list push spent a quarter of its time in them).
 const LOOKED_UP: usize = 16;
 
-fn keep_first(first: &First, at: usize, e: Error) {
-    let mut first = first.lock();
-    if first.as_ref().is_none_or(|(i, _)| at < *i) {
-        *first = Some((at, e));
-    }
-}
-
-/// What a piece of the checking pass returns to stop the pass early: the reason (a
-/// busy key, a failed check) is kept aside, and this error is never reported.
+/// What a piece of the first round returns to stop the round early: the reason (a busy
+/// key, a failed check) is kept aside, and this error is never reported.
 fn stopped() -> Error {
     Error::Internal("spread: a piece stopped early".into())
 }
@@ -151,8 +142,9 @@ impl<'k, 'a> CallKeys<'k, 'a> {
         }
     }
 
-    /// Whether a failed check hands the call back instead of failing it here.
-    fn checks_elsewhere(self) -> bool {
+    /// Whether the call's arrays are checked here: a call as given is, a planned one was
+    /// (see `plan.rs`). A failed check hands the call back, to fail on the ordinary path.
+    fn checks_here(self) -> bool {
         matches!(self, CallKeys::Runs { .. })
     }
 }
@@ -189,7 +181,8 @@ impl Store {
     /// same keys as the push, if both; the comm decides whether there is enough work to
     /// share ([`crate::comm::Comm::share_keys`]). A thread that runs an updater takes
     /// the ordinary path, which knows how such a call may lock.
-    pub(super) fn spread<'a>(&self, op: &'static str, push: &[Group<'a>], pull: &[Group<'a>]) -> Option<Result<()>> {
+    pub(super) fn spread(&self, plan: &Plan<'_>) -> Option<Result<()>> {
+        let (op, push, pull) = (plan.op, &plan.push[..], &plan.pull[..]);
         let same_keys = push.is_empty()
             || pull.is_empty()
             || (push.len() == pull.len() && push.iter().zip(pull).all(|(a, b)| a.entry.index == b.entry.index));
@@ -264,7 +257,6 @@ impl Store {
         lock: impl Fn(&'k Entry) -> Option<G> + Sync,
     ) -> Spread {
         let handed_back = AtomicBool::new(false);
-        let (value_error, out_error): (First, First) = Default::default();
         // The pieces run in no set order, each summing and copying its keys in turn: a
         // call whose outs alias each other or other keys' values needs the ordinary
         // path's order (every sum before any copy, outs written in order).
@@ -309,25 +301,14 @@ impl Store {
                 let Some(guard) = lock(entry).filter(|g| !g.value.on_device()) else {
                     return Err(hand_back());
                 };
-                let checked = |what, arrays: Side<'_, '_>| match arrays.is_empty() {
-                    true => Ok(()),
-                    false => check_arrays(op, what, &entry.key, arrays.iter(), &guard.value),
+                // A call as given is checked here, against the value it locked (its line
+                // is read for the sums anyway); a planned call was checked by its plan.
+                let checked = |what, arrays: Side<'_, '_>| {
+                    let like = Like::Array(&guard.value);
+                    arrays.is_empty() || check_arrays(op, what, &entry.key, arrays.iter(), like).is_ok()
                 };
-                if let Err(e) = checked("value", values) {
-                    if keys.checks_elsewhere() {
-                        return Err(hand_back());
-                    }
-                    // Later keys' values cannot come first; earlier pieces finish.
-                    keep_first(&value_error, entry.index, e);
-                    return Err(stopped());
-                }
-                if let Err(e) = checked("out", outs) {
-                    if keys.checks_elsewhere() {
-                        return Err(hand_back());
-                    }
-                    // A value's error comes first: the values of later keys are still
-                    // checked.
-                    keep_first(&out_error, entry.index, e);
+                if keys.checks_here() && !(checked("value", values) && checked("out", outs)) {
+                    return Err(hand_back());
                 }
                 held.push(guard);
             }
@@ -366,9 +347,8 @@ impl Store {
             while let Some((p, range)) = claims.next() {
                 *placed[p].lock() = check(range)?;
             }
-            // Every key of the call is locked and checked (else it stopped); an out's
-            // error stops nothing, so it is looked at here.
-            if !claims.all_done() || out_error.lock().is_some() {
+            // Every key of the call is locked and checked (else it stopped).
+            if !claims.all_done() {
                 return Ok(());
             }
             while let Some((p, range)) = claims.next() {
@@ -382,7 +362,7 @@ impl Store {
         if handed_back.load(Ordering::Relaxed) {
             return Spread::HandedBack;
         }
-        Spread::Ran(value_error.into_inner().or(out_error.into_inner()).map_or(r, |(_, e)| Err(e)))
+        Spread::Ran(r)
     }
 }
 
@@ -460,7 +440,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failing_spread_call_changes_nothing_and_reports_the_ordinary_error() -> Result<()> {
+    fn a_refused_call_of_many_keys_is_not_spread_and_changes_nothing() -> Result<()> {
         let (kv, keys) = store(2)?;
         let (plain, _) = store(1)?;
         // An out of the wrong shape on key 3, and a value of the wrong shape on key 150:
@@ -472,7 +452,8 @@ mod tests {
         outs[3] = NDArray::zeros(&[2])?;
         let before = taken();
         let spread_err = kv.pushpull(&keys, &bad_vals, &outs, 0).unwrap_err();
-        assert_eq!(taken() - before, 1, "the call ran spread");
+        // Its plan refused it: no key was locked.
+        assert_eq!(taken() - before, 0, "a refused call ran spread");
         let plain_err = plain.pushpull(&keys, &bad_vals, &outs, 0).unwrap_err();
         assert_eq!(spread_err.to_string(), plain_err.to_string());
         assert!(spread_err.to_string().contains("w150"), "{spread_err}");
