@@ -1,4 +1,4 @@
-//! Fusion of non-blocking `dist_sync` calls across calls (`kvstore/fusion.rs`): which
+//! Fusion of non-blocking `dist_sync` calls across calls (`kvstore/run/fused.rs`): which
 //! calls fuse (counted as the collective operations the workers make), what releases a
 //! batch, and that fused calls keep their own results and errors.
 

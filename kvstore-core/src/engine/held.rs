@@ -1,5 +1,5 @@
 //! The calls an ordered engine holds back to run later as one job (fusion across calls,
-//! `kvstore/fusion.rs`): the batch held now, its number, and the releases that queue its
+//! `kvstore/run/fused.rs`): the batch held now, its number, and the releases that queue its
 //! job (before any later call is queued, when a read of an array it writes must wait
 //! for it, or when the caller asks).
 
@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::{Engine, Job, ORDERED, Vars};
 
-/// Calls an ordered engine holds back, as `kvstore/fusion.rs` keeps them.
+/// Calls an ordered engine holds back, as `kvstore/run/fused.rs` keeps them.
 pub(crate) trait HeldBatch: Send {
     /// The batch as its own type, for a call that joins it.
     fn as_any(&mut self) -> &mut dyn std::any::Any;
@@ -15,7 +15,7 @@ pub(crate) trait HeldBatch: Send {
     fn into_job(self: Box<Self>) -> Arc<dyn Job>;
 }
 
-/// Calls an ordered engine holds back, to run later as one job (`kvstore/fusion.rs`
+/// Calls an ordered engine holds back, to run later as one job (`kvstore/run/fused.rs`
 /// decides which calls join and what the job does; the engine keeps them and submits
 /// the job before anything else is submitted, so the held calls keep their place in
 /// submission order).

@@ -738,7 +738,7 @@ impl Engine {
     /// finishes. Back-pressure for a thread that makes calls faster than the engine
     /// runs them; never from one of the engine's own workers (it could wait for itself).
     /// Held calls are not counted and not released: when a batch is released must
-    /// depend on the sequence of calls only, never on timing (`kvstore/fusion.rs`).
+    /// depend on the sequence of calls only, never on timing (`kvstore/run/fused.rs`).
     pub(crate) fn wait_while(&self, mut wait: impl FnMut(usize) -> bool) {
         if self.on_worker() || !wait(self.queued()) {
             return;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::{KVStore, Merger, Store, Table, fusion, pending::Unobserved};
+use super::{KVStore, Merger, Store, Table, pending::Unobserved, run};
 use crate::collective::Collective;
 use crate::comm::StoreKind;
 use crate::engine::Engine;
@@ -237,7 +237,7 @@ impl KVStoreBuilder {
             (None, Ok(v)) => v.trim().parse().map_err(|_| {
                 Error::invalid_argument(format!("KVSTORE_FUSE_BYTES: \"{v}\" is not a number of bytes"))
             })?,
-            (None, Err(_)) => fusion::DEFAULT_FUSE_BYTES,
+            (None, Err(_)) => run::fused::DEFAULT_FUSE_BYTES,
         };
         let max_queued_calls = bound(self.max_queued_calls, "KVSTORE_MAX_QUEUED_CALLS", DEFAULT_MAX_QUEUED_CALLS)?;
         let max_copied_bytes = bound(self.max_copied_bytes, "KVSTORE_MAX_COPIED_BYTES", DEFAULT_MAX_COPIED_BYTES)?;

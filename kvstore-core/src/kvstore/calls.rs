@@ -15,17 +15,21 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::spread::Spread;
+use super::run::pieces::Spread;
 use parking_lot::Mutex;
 
 use super::forms::{Run, Values, flat_runs, pairs_of, runs};
+use super::locks::Held;
 use super::pending::HasDone;
-use super::{Done, Entry, Found, Group, KVStore, Like, Pending, Store, check_arrays, locks};
+use super::plan::{Like, check_arrays, check_context};
+use super::{Done, Entry, Found, Group, KVStore, Pending, Store, locks};
+use super::{Slot, steps};
 use crate::engine::{self, Job, Var, Vars};
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys};
 use crate::ndarray::{Lent, NDArray, PendingWrites, Reading, empty_list};
 use crate::waits;
+use std::collections::HashMap;
 
 /// A call's keys with their arrays (or what stands for them), held by the call itself so
 /// it can run after its caller returned.
@@ -257,7 +261,7 @@ impl KVStore {
             return Ok(());
         }
         // Nothing queued: a call of many small keys may be spread as given, lookups
-        // and all (`spread.rs`). One that is not such a call is not offered again.
+        // and all (`run/pieces.rs`). One that is not such a call is not offered again.
         // Calls that run at once run as the engine's (`engine::run_now`): a pending write
         // or a loan of its made after they took their arrays belongs to a later call.
         let engine = self.engine.id();
@@ -664,6 +668,78 @@ impl KVStore {
             self.engine.wait_for_earlier();
         }
         Ok(())
+    }
+}
+
+impl Store {
+    fn init_pairs(&self, op: &'static str, pairs: Vec<(Key, &NDArray)>) -> Result<()> {
+        let _held = Held::new(op, self, &[])?;
+        let checked = self.check_init(op, &pairs);
+        if self.collective.is_some() {
+            let keys: Vec<steps::StepKey<'_>> = pairs.iter().map(|(k, v)| (k, v.shape(), v.dtype())).collect();
+            self.check_step(op, &keys, checked)?;
+        } else {
+            checked?;
+        }
+        // Copy outside the table lock: copies of big arrays take a while. Where a value
+        // is kept is the comm's business (`local`: on the host, in page-locked memory).
+        let copies: Vec<NDArray> = pairs.iter().map(|(_, v)| self.comm.init_value(v)).collect::<Result<_>>()?;
+        // dist_sync: every worker takes rank 0's values (MXNet: only rank 0's init
+        // reaches the servers), before any is visible in this store.
+        if let Some(group) = &self.collective {
+            group.broadcast(&copies.iter().collect::<Vec<_>>(), 0)?;
+        }
+        // dist_async: rank 0's values go to the keys' owners; every worker waits until
+        // they are there (whatever happened on rank 0).
+        if let Some(remote) = &self.remote {
+            let sent = match remote.rank() {
+                0 => pairs.iter().zip(&copies).try_for_each(|((k, _), v)| remote.init(k, v)),
+                _ => Ok(()),
+            };
+            let met = remote.barrier();
+            sent?;
+            met?;
+        }
+        let mut table = self.table.write();
+        if let Some((k, _)) = pairs.iter().find(|(k, _)| table.entries.contains_key(k)) {
+            return Err(Self::already(op, k));
+        }
+        for ((key, _), value) in pairs.into_iter().zip(copies) {
+            let index = table.next_index;
+            table.next_index += 1;
+            let order = table.take_order();
+            table.entries.insert(key.clone(), Entry::new(key, index, Slot::new(value, order)));
+        }
+        drop(table);
+        self.collective.as_ref().map_or(Ok(()), |c| c.barrier())
+    }
+
+    fn already(op: &'static str, k: &Key) -> Error {
+        Error::AlreadyInitialized {
+            op,
+            key: k.clone(),
+            detail: "it was initialized before; init and broadcast take each key once",
+        }
+    }
+
+    /// The checks of `init` before anything is copied.
+    fn check_init(&self, op: &'static str, pairs: &[(Key, &NDArray)]) -> Result<()> {
+        let mut seen = HashMap::new();
+        for (k, v) in pairs {
+            check_context(op, k, v)?;
+            if seen.insert(k, ()).is_some() {
+                return Err(Error::AlreadyInitialized {
+                    op,
+                    key: k.clone(),
+                    detail: "the key appears twice in this call",
+                });
+            }
+        }
+        let table = self.table.read();
+        match pairs.iter().find(|(k, _)| table.entries.contains_key(k)) {
+            Some((k, _)) => Err(Self::already(op, k)),
+            None => Ok(()),
+        }
     }
 }
 

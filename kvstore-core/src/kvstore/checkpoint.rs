@@ -447,7 +447,7 @@ impl Store {
                 Some(i) => {
                     let stored = &guards[i].value;
                     let expected = (stored.shape(), stored.dtype());
-                    super::check_like(
+                    super::plan::check_like(
                         || format!("{context}: key \"{key}\""),
                         &key,
                         expected,
@@ -564,5 +564,121 @@ impl KVStore {
         let path: PathBuf = path.as_ref().to_path_buf();
         self.settle()?;
         self.in_order("load_checkpoint", move |store| store.load_checkpoint_now(&path))
+    }
+}
+
+impl KVStore {
+    /// Writes every key's optimizer state, the update counters, the schedule's state and
+    /// the hyper-parameters to `path` (safetensors with JSON metadata and a checksum of
+    /// its contents). The file is one consistent snapshot: no push, `set_optimizer` or
+    /// load runs while it is taken.
+    ///
+    /// The file is written beside `path` under a temporary name, flushed to disk and
+    /// renamed over `path`, so a failed save leaves any old file whole. A symbolic link
+    /// is written through (its target is replaced); a path that is a directory, a device,
+    /// a FIFO or a socket is refused. Temporary files left by a process that died while
+    /// saving to the same path are removed.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray, Optimizer};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("w", &NDArray::ones(&[2])?)?;
+    /// kv.set_optimizer(Optimizer::builder("adam").build()?)?;
+    /// kv.push("w", &NDArray::ones(&[2])?, 0)?;
+    /// let path = std::env::temp_dir().join(format!("kvstore-doc-save-{}.states", std::process::id()));
+    /// kv.save_optimizer_states(&path)?;
+    /// assert!(std::fs::metadata(&path).is_ok_and(|m| m.len() > 0));
+    /// # std::fs::remove_file(&path).ok();
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if no optimizer is set or `path` names something other
+    /// than a regular file; [`Error::Io`] if the file cannot be written.
+    pub fn save_optimizer_states(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        self.not_async("save_optimizer_states")?;
+        const OP: &str = "save_optimizer_states";
+        let path = path.as_ref();
+        let target = opt_states::save_target(path, OP)?;
+        self.settle()?;
+        let held = Held::new(OP, &self.store, &[])?;
+        let merger = held.merger_read(OP, &self.store.merger)?;
+        let runtime = Store::runtime(OP, &merger)?;
+        let entries = self.store.entries();
+        let locked: Vec<&Arc<Entry>> = entries.iter().collect();
+        let guards = held.read(OP, &locked)?;
+        let keyed: Vec<(Key, Vec<usize>, &KeyState)> = entries
+            .iter()
+            .zip(&guards)
+            .filter_map(|(e, g)| Some((e.key.clone(), g.value.shape().to_vec(), g.opt.as_ref()?)))
+            .collect();
+        let bytes = opt_states::encode(runtime, &runtime.snapshot(), &keyed)?;
+        drop(guards);
+        drop(merger);
+        opt_states::write_file(&target, &bytes, OP)
+    }
+
+    /// Reads a file of [`KVStore::save_optimizer_states`] into the installed optimizer:
+    /// the states of the keys in the file, the update counters and the schedule (the
+    /// hyper-parameters stay those of the installed optimizer). Keys of the store that
+    /// are not in the file start afresh. All or nothing: the file is checked whole
+    /// (structure, checksum, counters) and against the store before anything changes,
+    /// and no push or `set_optimizer` runs while it is loaded.
+    ///
+    /// Only regular files are read (a FIFO, a device or a directory is refused), and
+    /// no more than the size the file's header declares.
+    ///
+    /// ```
+    /// # use kvstore_core::{KVStore, NDArray, Optimizer};
+    /// # let path = std::env::temp_dir().join(format!("kvstore-doc-load-{}.states", std::process::id()));
+    /// # let (kv, w, g) = (KVStore::create("local")?, NDArray::zeros(&[1])?, NDArray::ones(&[1])?);
+    /// # kv.init("w", &w)?;
+    /// // A key "w" of zeros, and a gradient g of ones.
+    /// let sgd = || Optimizer::builder("sgd").param("learning_rate", 0.5).param("momentum", 0.5).build();
+    /// kv.set_optimizer(sgd()?)?;
+    /// kv.push("w", &g, 0)?; // momentum -0.5, w -0.5
+    /// kv.save_optimizer_states(&path)?;
+    /// kv.set_optimizer(sgd()?)?; // the momentum starts afresh...
+    /// kv.load_optimizer_states(&path)?; // ...and comes back from the file
+    /// kv.pushpull("w", &g, &w, 0)?; // momentum 0.5 * -0.5 - 0.5, w -0.5 - 0.75
+    /// assert_eq!(w.to_vec::<f32>()?, vec![-1.25]);
+    /// # std::fs::remove_file(&path).ok();
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if no optimizer is set, the file is for another
+    /// optimizer, or `path` is not a regular file; [`Error::Io`] for a missing,
+    /// truncated or corrupted file; [`Error::KeyNotInitialized`] for a key of the file
+    /// that the store lacks; [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`] for a
+    /// state that does not fit its key.
+    pub fn load_optimizer_states(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        self.not_async("load_optimizer_states")?;
+        const OP: &str = "load_optimizer_states";
+        let path = path.as_ref();
+        let context = format!("{OP} from {}", crate::key::shorten(&path.display().to_string()));
+        self.settle()?;
+        let held = Held::new(OP, &self.store, &[])?;
+        // Fail early, before reading, when no optimizer is set.
+        Store::runtime(OP, &*held.merger_read(OP, &self.store.merger)?)?;
+        let bytes = opt_states::read_file(path, &context)?;
+        let merger = held.merger_write(OP, &self.store.merger)?;
+        let runtime = Store::runtime(OP, &merger)?;
+        let (snapshot, loaded) = opt_states::decode(runtime, &bytes, &context)?;
+        runtime.check_snapshot(&snapshot, &context)?;
+        let entries = self.store.entries();
+        let locked: Vec<&Arc<Entry>> = entries.iter().collect();
+        let mut guards = held.write(OP, &locked)?;
+        let mut slots: Vec<opt_states::KeySlot<'_>> = entries
+            .iter()
+            .zip(guards.iter_mut())
+            .map(|(e, g)| {
+                let Slot { value, opt, .. } = &mut **g;
+                opt_states::KeySlot { key: &e.key, weight: value, state: opt }
+            })
+            .collect();
+        opt_states::install(runtime, loaded, &mut slots, OP, &context)?;
+        runtime.restore(snapshot);
+        Ok(())
     }
 }

@@ -1,7 +1,6 @@
 //! The store: mirrors `KVStoreLocal` in MXNet's `src/kvstore/kvstore_local.h`, with
 //! the deliberate differences listed in the crate docs.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -9,30 +8,28 @@ use parking_lot::RwLock;
 use smallvec::SmallVec;
 
 use crate::collective::Collective;
-use crate::comm::{BroadcastJob, Comm, KeyBuffers};
+use crate::comm::{Comm, KeyBuffers};
 use crate::context::Context;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys};
 use crate::ndarray::NDArray;
-use crate::optimizer::states as opt_states;
 use crate::optimizer::{KeyState, Optimizer, Runtime};
 use crate::updater::Updater;
-use forms::{Run, Values, flat_runs, flatten};
+use forms::{Values, flat_runs, flatten};
 
 mod builder;
 mod calls;
 mod checkpoint;
 mod compression;
 pub(crate) mod forms;
-mod fusion;
 mod locks;
 mod merge;
 mod pending;
 mod plan;
 mod remote;
+mod run;
 mod sparse;
-mod spread;
 mod steps;
 
 pub use builder::KVStoreBuilder;
@@ -41,7 +38,6 @@ use locks::Held;
 use merge::{Calls, Merger};
 use pending::{Done, Unobserved};
 pub use pending::{Pending, Release};
-use plan::Plan;
 pub use sparse::StorageType;
 
 use crate::engine::Engine;
@@ -236,7 +232,7 @@ pub(crate) struct Store {
     /// Whether the steps are compared ([`KVStoreBuilder::compare_calls`]).
     compare_calls: bool,
     /// The fusion size of non-blocking calls across calls, 0 for none
-    /// ([`KVStoreBuilder::fuse_calls`], `kvstore/fusion.rs`).
+    /// ([`KVStoreBuilder::fuse_calls`], `kvstore/run/fused.rs`).
     fuse_bytes: usize,
     /// Back-pressure: see [`KVStoreBuilder::max_queued_calls`] (`usize::MAX`: none).
     max_queued_calls: usize,
@@ -267,107 +263,6 @@ struct Group<'a> {
 /// with many keys has one array per key and device, and an allocation per key costs
 /// more than a small key's sum.
 type Arrays<'a> = SmallVec<[&'a NDArray; 4]>;
-
-fn check_context(op: &'static str, key: &Key, a: &NDArray) -> Result<()> {
-    crate::device::check_context(a.context()).map_err(|e| match e {
-        Error::DeviceUnavailable { context, reason } => {
-            Error::DeviceUnavailable { context, reason: format!("{op} of key \"{key}\": {reason}") }
-        }
-        other => other,
-    })
-}
-
-/// Checks that an array of shape and dtype `got` may stand for `key`'s value, of shape
-/// and dtype `expected`; the error names `key` and `context()` (made only on error).
-fn check_like(
-    context: impl Fn() -> String,
-    key: &Key,
-    expected: (&[usize], DType),
-    got: (&[usize], DType),
-) -> Result<()> {
-    if got.0 != expected.0 {
-        return Err(Error::ShapeMismatch {
-            context: context(),
-            key: Some(key.clone()),
-            expected: expected.0.to_vec(),
-            got: got.0.to_vec(),
-        });
-    }
-    if got.1 != expected.1 {
-        return Err(Error::DTypeMismatch {
-            context: context(),
-            key: Some(key.clone()),
-            expected: expected.1,
-            got: got.1,
-        });
-    }
-    Ok(())
-}
-
-/// What a call's arrays must be like: their key's (from its entry, without a lock), or
-/// an array's (the value a spread call locked, a broadcast's value).
-#[derive(Clone, Copy)]
-enum Like<'x> {
-    Key(&'x Entry),
-    Array(&'x NDArray),
-}
-
-impl Like<'_> {
-    /// Whether `a` has the shape and dtype (reading only `a`'s first cache line, and
-    /// the other array's, when both have one dimension).
-    fn fits(self, a: &NDArray) -> bool {
-        match self {
-            Like::Key(e) => a.dtype() == e.dtype && a.has_shape(e.shape()),
-            Like::Array(v) => a.dtype() == v.dtype() && a.same_shape(v),
-        }
-    }
-
-    fn shape_dtype(&self) -> (&[usize], DType) {
-        match self {
-            Like::Key(e) => e.like(),
-            Like::Array(v) => (v.shape(), v.dtype()),
-        }
-    }
-}
-
-/// Checks that every one of `key`'s `arrays` may stand for its value, of the shape and
-/// dtype of `expected`, and, for outs (`what` "out"), that it may be written (see
-/// [`NDArray::from_foreign`]): a call with a read-only out fails before its push.
-fn check_arrays<'x>(
-    op: &'static str,
-    what: &str,
-    key: &Key,
-    arrays: impl Iterator<Item = &'x NDArray> + Clone,
-    expected: Like<'_>,
-) -> Result<()> {
-    for (i, a) in arrays.clone().enumerate() {
-        if a.on_device() {
-            check_context(op, key, a)?;
-        }
-        let context = || {
-            let n = arrays.clone().count();
-            if n == 1 {
-                format!("{op} of key \"{key}\" ({what})")
-            } else {
-                format!("{op} of key \"{key}\" ({what} {} of {n})", i + 1)
-            }
-        };
-        if !expected.fits(a) {
-            check_like(context, key, expected.shape_dtype(), (a.shape(), a.dtype()))?;
-        }
-        if what == "out" && a.is_read_only() {
-            return Err(Error::invalid_argument(format!("{}: the out is read-only", context())));
-        }
-    }
-    Ok(())
-}
-
-/// Checks every array of `group` against its key (see [`check_arrays`]): no lock is
-/// taken, as a key's shape and dtype never change.
-fn check_group(op: &'static str, what: &str, group: &Group<'_>) -> Result<()> {
-    let e = &group.entry;
-    check_arrays(op, what, &e.key, group.arrays.iter().copied(), Like::Key(e))
-}
 
 impl KVStore {
     /// Creates a store of the given kind with the default settings.
@@ -544,68 +439,6 @@ impl KVStore {
         }
     }
 
-    /// Sets MXNet's 2-bit gradient compression, for a `device` or `dist_sync` store: `[("type",
-    /// "2bit"), ("threshold", "0.5")]` (the threshold `t` defaults to 0.5 and must be
-    /// above 0; other names are ignored, as in MXNet). From then on every pushed value,
-    /// even a single one, is quantised to {−t, 0, +t} with a residual per key and per
-    /// position in the push's list of values (the device it came from) that carries
-    /// what was not sent to the next push; the quantised values are summed and merged
-    /// as ever. `init` and `pull` are not compressed. Values must be float32. The
-    /// residuals are not saved in checkpoints (nor were they in MXNet).
-    ///
-    /// Under `dist_sync` each worker quantises its own sum of a key's values (one
-    /// residual per key) and the workers exchange 2-bit codes, 16 to a 32-bit word (a
-    /// sixteenth of the bytes), then add every worker's quantised values up in rank
-    /// order: every worker gets the same bits. Every worker must set the same
-    /// compression before the same call (a push where they differ fails on every worker).
-    ///
-    /// An extension for `dist_sync` only: `[("type", "fp16")]` or `"bf16"` rounds each
-    /// worker's sums once to that 16-bit float for the wire (half the bytes, no
-    /// residual), and the workers add them up in f32, in rank order.
-    ///
-    /// ```
-    /// use kvstore_core::{Context, KVStore, NDArray};
-    /// let kv = KVStore::create("device")?;
-    /// kv.set_gradient_compression(&[("type", "2bit"), ("threshold", "1")])?;
-    /// kv.init("w", &NDArray::zeros(&[3])?)?;
-    /// let g = NDArray::from_vec(&[3], vec![0.5f32, 1.5, -2.5])?;
-    /// kv.push("w", &g, 0)?;
-    /// assert_eq!(kv.pull_new("w", 0)?.to_vec::<f32>()?, [0.0, 1.0, -1.0]);
-    /// kv.push("w", &g, 0)?; // the residuals 0.5, 0.5, -1.5 carried over
-    /// assert_eq!(kv.pull_new("w", 0)?.to_vec::<f32>()?, [1.0, 1.0, -1.0]);
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for parameters MXNet refuses (no `type`, a type other
-    /// than `2bit`, `fp16` or `bf16`, a threshold that is not a number above 0);
-    /// [`Error::Unsupported`] on a `local` store (MXNet: "Gradient compression is not
-    /// supported for this type of kvstore"), and for `fp16`/`bf16` on a `device` store.
-    /// The store is unchanged then.
-    pub fn set_gradient_compression(&self, params: &[(&str, &str)]) -> Result<()> {
-        self.not_async("set_gradient_compression")?;
-        let kind = &self.store.kind;
-        if !kind.contains("device") && self.store.collective.is_none() {
-            return Err(Error::Unsupported {
-                what: format!("gradient compression on a {kind} store"),
-                hint: "as in MXNet, it is for device and dist_sync stores (create(\"device\"))".to_string(),
-            });
-        }
-        let compression = compression::parse(params)?;
-        if matches!(compression, compression::Compression::Half(_)) && self.store.collective.is_none() {
-            return Err(Error::Unsupported {
-                what: format!("{} gradient compression on a {kind} store", params_type(params)),
-                hint: "fp16 and bf16 round what crosses the network: they are for dist_sync stores; a device \
-                       store takes MXNet's \"2bit\""
-                    .to_string(),
-            });
-        }
-        // Pushes made before this call are not compressed; those after are.
-        self.settle()?;
-        *self.store.compression.write() = Some(compression);
-        Ok(())
-    }
-
     /// Installs `updater`, replacing any earlier one. Pushes after this call merge
     /// through it instead of assigning; pushes in flight finish with the one they
     /// started with (this call waits for them).
@@ -724,120 +557,6 @@ impl KVStore {
             Merger::Optimizer(r) => Some(r.optimizer().name()),
             _ => None,
         }
-    }
-
-    /// Writes every key's optimizer state, the update counters, the schedule's state and
-    /// the hyper-parameters to `path` (safetensors with JSON metadata and a checksum of
-    /// its contents). The file is one consistent snapshot: no push, `set_optimizer` or
-    /// load runs while it is taken.
-    ///
-    /// The file is written beside `path` under a temporary name, flushed to disk and
-    /// renamed over `path`, so a failed save leaves any old file whole. A symbolic link
-    /// is written through (its target is replaced); a path that is a directory, a device,
-    /// a FIFO or a socket is refused. Temporary files left by a process that died while
-    /// saving to the same path are removed.
-    ///
-    /// ```
-    /// use kvstore_core::{KVStore, NDArray, Optimizer};
-    /// let kv = KVStore::create("local")?;
-    /// kv.init("w", &NDArray::ones(&[2])?)?;
-    /// kv.set_optimizer(Optimizer::builder("adam").build()?)?;
-    /// kv.push("w", &NDArray::ones(&[2])?, 0)?;
-    /// let path = std::env::temp_dir().join(format!("kvstore-doc-save-{}.states", std::process::id()));
-    /// kv.save_optimizer_states(&path)?;
-    /// assert!(std::fs::metadata(&path).is_ok_and(|m| m.len() > 0));
-    /// # std::fs::remove_file(&path).ok();
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if no optimizer is set or `path` names something other
-    /// than a regular file; [`Error::Io`] if the file cannot be written.
-    pub fn save_optimizer_states(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
-        self.not_async("save_optimizer_states")?;
-        const OP: &str = "save_optimizer_states";
-        let path = path.as_ref();
-        let target = opt_states::save_target(path, OP)?;
-        self.settle()?;
-        let held = Held::new(OP, &self.store, &[])?;
-        let merger = held.merger_read(OP, &self.store.merger)?;
-        let runtime = Store::runtime(OP, &merger)?;
-        let entries = self.store.entries();
-        let locked: Vec<&Arc<Entry>> = entries.iter().collect();
-        let guards = held.read(OP, &locked)?;
-        let keyed: Vec<(Key, Vec<usize>, &KeyState)> = entries
-            .iter()
-            .zip(&guards)
-            .filter_map(|(e, g)| Some((e.key.clone(), g.value.shape().to_vec(), g.opt.as_ref()?)))
-            .collect();
-        let bytes = opt_states::encode(runtime, &runtime.snapshot(), &keyed)?;
-        drop(guards);
-        drop(merger);
-        opt_states::write_file(&target, &bytes, OP)
-    }
-
-    /// Reads a file of [`KVStore::save_optimizer_states`] into the installed optimizer:
-    /// the states of the keys in the file, the update counters and the schedule (the
-    /// hyper-parameters stay those of the installed optimizer). Keys of the store that
-    /// are not in the file start afresh. All or nothing: the file is checked whole
-    /// (structure, checksum, counters) and against the store before anything changes,
-    /// and no push or `set_optimizer` runs while it is loaded.
-    ///
-    /// Only regular files are read (a FIFO, a device or a directory is refused), and
-    /// no more than the size the file's header declares.
-    ///
-    /// ```
-    /// # use kvstore_core::{KVStore, NDArray, Optimizer};
-    /// # let path = std::env::temp_dir().join(format!("kvstore-doc-load-{}.states", std::process::id()));
-    /// # let (kv, w, g) = (KVStore::create("local")?, NDArray::zeros(&[1])?, NDArray::ones(&[1])?);
-    /// # kv.init("w", &w)?;
-    /// // A key "w" of zeros, and a gradient g of ones.
-    /// let sgd = || Optimizer::builder("sgd").param("learning_rate", 0.5).param("momentum", 0.5).build();
-    /// kv.set_optimizer(sgd()?)?;
-    /// kv.push("w", &g, 0)?; // momentum -0.5, w -0.5
-    /// kv.save_optimizer_states(&path)?;
-    /// kv.set_optimizer(sgd()?)?; // the momentum starts afresh...
-    /// kv.load_optimizer_states(&path)?; // ...and comes back from the file
-    /// kv.pushpull("w", &g, &w, 0)?; // momentum 0.5 * -0.5 - 0.5, w -0.5 - 0.75
-    /// assert_eq!(w.to_vec::<f32>()?, vec![-1.25]);
-    /// # std::fs::remove_file(&path).ok();
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if no optimizer is set, the file is for another
-    /// optimizer, or `path` is not a regular file; [`Error::Io`] for a missing,
-    /// truncated or corrupted file; [`Error::KeyNotInitialized`] for a key of the file
-    /// that the store lacks; [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`] for a
-    /// state that does not fit its key.
-    pub fn load_optimizer_states(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
-        self.not_async("load_optimizer_states")?;
-        const OP: &str = "load_optimizer_states";
-        let path = path.as_ref();
-        let context = format!("{OP} from {}", crate::key::shorten(&path.display().to_string()));
-        self.settle()?;
-        let held = Held::new(OP, &self.store, &[])?;
-        // Fail early, before reading, when no optimizer is set.
-        Store::runtime(OP, &*held.merger_read(OP, &self.store.merger)?)?;
-        let bytes = opt_states::read_file(path, &context)?;
-        let merger = held.merger_write(OP, &self.store.merger)?;
-        let runtime = Store::runtime(OP, &merger)?;
-        let (snapshot, loaded) = opt_states::decode(runtime, &bytes, &context)?;
-        runtime.check_snapshot(&snapshot, &context)?;
-        let entries = self.store.entries();
-        let locked: Vec<&Arc<Entry>> = entries.iter().collect();
-        let mut guards = held.write(OP, &locked)?;
-        let mut slots: Vec<opt_states::KeySlot<'_>> = entries
-            .iter()
-            .zip(guards.iter_mut())
-            .map(|(e, g)| {
-                let Slot { value, opt, .. } = &mut **g;
-                opt_states::KeySlot { key: &e.key, weight: value, state: opt }
-            })
-            .collect();
-        opt_states::install(runtime, loaded, &mut slots, OP, &context)?;
-        runtime.restore(snapshot);
-        Ok(())
     }
 
     /// The keys of the store, in the order they were first initialised.
@@ -1171,201 +890,11 @@ impl Store {
         entries
     }
 
-    fn init_pairs(&self, op: &'static str, pairs: Vec<(Key, &NDArray)>) -> Result<()> {
-        let _held = Held::new(op, self, &[])?;
-        let checked = self.check_init(op, &pairs);
-        if self.collective.is_some() {
-            let keys: Vec<steps::StepKey<'_>> = pairs.iter().map(|(k, v)| (k, v.shape(), v.dtype())).collect();
-            self.check_step(op, &keys, checked)?;
-        } else {
-            checked?;
-        }
-        // Copy outside the table lock: copies of big arrays take a while. Where a value
-        // is kept is the comm's business (`local`: on the host, in page-locked memory).
-        let copies: Vec<NDArray> = pairs.iter().map(|(_, v)| self.comm.init_value(v)).collect::<Result<_>>()?;
-        // dist_sync: every worker takes rank 0's values (MXNet: only rank 0's init
-        // reaches the servers), before any is visible in this store.
-        if let Some(group) = &self.collective {
-            group.broadcast(&copies.iter().collect::<Vec<_>>(), 0)?;
-        }
-        // dist_async: rank 0's values go to the keys' owners; every worker waits until
-        // they are there (whatever happened on rank 0).
-        if let Some(remote) = &self.remote {
-            let sent = match remote.rank() {
-                0 => pairs.iter().zip(&copies).try_for_each(|((k, _), v)| remote.init(k, v)),
-                _ => Ok(()),
-            };
-            let met = remote.barrier();
-            sent?;
-            met?;
-        }
-        let mut table = self.table.write();
-        if let Some((k, _)) = pairs.iter().find(|(k, _)| table.entries.contains_key(k)) {
-            return Err(Self::already(op, k));
-        }
-        for ((key, _), value) in pairs.into_iter().zip(copies) {
-            let index = table.next_index;
-            table.next_index += 1;
-            let order = table.take_order();
-            table.entries.insert(key.clone(), Entry::new(key, index, Slot::new(value, order)));
-        }
-        drop(table);
-        self.collective.as_ref().map_or(Ok(()), |c| c.barrier())
-    }
-
-    fn already(op: &'static str, k: &Key) -> Error {
-        Error::AlreadyInitialized {
-            op,
-            key: k.clone(),
-            detail: "it was initialized before; init and broadcast take each key once",
-        }
-    }
-
-    /// The checks of `init` before anything is copied.
-    fn check_init(&self, op: &'static str, pairs: &[(Key, &NDArray)]) -> Result<()> {
-        let mut seen = HashMap::new();
-        for (k, v) in pairs {
-            check_context(op, k, v)?;
-            if seen.insert(k, ()).is_some() {
-                return Err(Error::AlreadyInitialized {
-                    op,
-                    key: k.clone(),
-                    detail: "the key appears twice in this call",
-                });
-            }
-        }
-        let table = self.table.read();
-        match pairs.iter().find(|(k, _)| table.entries.contains_key(k)) {
-            Some((k, _)) => Err(Self::already(op, k)),
-            None => Ok(()),
-        }
-    }
-
     /// Waits for every worker (a step of its own: the workers compare their calls).
     fn barrier(&self) -> Result<()> {
         self.check_step("barrier", &[], Ok(()))?;
         self.collective.as_ref().map_or(Ok(()), |c| c.barrier())
     }
-
-    /// Finds each run's entry; [`Store::group`] then groups them by key (values in
-    /// call order), sorted by internal index, the order of updates and of locking.
-    ///
-    /// One table lookup per key as given (a key given again right after is looked up
-    /// once), then a stable sort by index (linear when the keys come in the order they
-    /// were initialised, as lists of parameters do), so a key's values stay in call
-    /// order and repeated keys end up next to each other.
-    fn lookup<'a>(&self, op: &'static str, runs: Vec<Run<'a>>) -> Result<Found<'a>> {
-        let table = self.table.read();
-        let mut found: Found<'a> = Vec::with_capacity(runs.len());
-        for (key, arrays) in runs {
-            let entry = match found.last() {
-                Some(last) if last.entry.key == key => Arc::clone(&last.entry),
-                _ => match table.entries.get(&key) {
-                    Some(entry) => Arc::clone(entry),
-                    None => return Err(Error::KeyNotInitialized { op, key }),
-                },
-            };
-            found.push(Group { entry, arrays: arrays.iter().collect() });
-        }
-        Ok(found)
-    }
-
-    /// The groups of `found` (see [`Store::lookup`]).
-    fn group(mut found: Found<'_>) -> Vec<Group<'_>> {
-        // Keys in the order they were initialised, each once (lists of parameters):
-        // already the groups.
-        if found.is_sorted_by(|a, b| a.entry.index < b.entry.index) {
-            return found;
-        }
-        found.sort_by_key(|g| g.entry.index);
-        let mut groups: Vec<Group<'_>> = Vec::with_capacity(found.len());
-        for g in found {
-            match groups.last_mut() {
-                Some(last) if last.entry.index == g.entry.index => last.arrays.extend(g.arrays),
-                _ => groups.push(g),
-            }
-        }
-        groups
-    }
-
-    /// Keys of a call that come with no array (an empty list of values or outs) must
-    /// still be initialised, as with any other call on them.
-    fn require_bare_keys(&self, op: &'static str, keys: &Keys, arrays: Values<'_>) -> Result<()> {
-        let bare: Vec<&Key> = match (keys, arrays) {
-            (Keys::One(k), Values::Many([])) => vec![k],
-            (Keys::Many(ks), Values::Nested(vss)) => {
-                ks.iter().zip(vss).filter(|(_, vs)| vs.is_empty()).map(|(k, _)| k).collect()
-            }
-            _ => return Ok(()),
-        };
-        let table = self.table.read();
-        match bare.into_iter().find(|k| !table.entries.contains_key(*k)) {
-            Some(k) => Err(Error::KeyNotInitialized { op, key: k.clone() }),
-            None => Ok(()),
-        }
-    }
-
-    /// The push algorithm (`KVStoreLocal::PushImpl`) followed by an optional pull, with
-    /// every key of the call locked (written when it pushes), in index order, for the
-    /// whole call: the plan of `push` and `pull` (see `plan.rs`), then its runner.
-    /// `spread`: whether to offer the call to [`Store::spread`] first (not when it was
-    /// found to be no call for that path already).
-    fn push_pull<'a>(&self, op: &'static str, push: Found<'a>, pull: Found<'a>, spread: bool) -> Result<()> {
-        if push.is_empty() && pull.is_empty() {
-            return Ok(());
-        }
-        let plan = Plan::new(self, op, push, pull);
-        if spread
-            && plan.checked.is_ok()
-            && let Some(r) = self.spread(&plan)
-        {
-            return r;
-        }
-        // Lock in index order, so that concurrent multi-key calls cannot deadlock.
-        let entries = plan.entries();
-        let held = Held::new(op, self, &entries)?;
-        // Under dist_sync a refusal is this worker's step (the workers compare their
-        // calls before the data moves); elsewhere it ends the call before any lock.
-        if self.collective.is_none() {
-            plan.checked.clone()?;
-        }
-        if plan.push.is_empty() {
-            return self.pull_planned(&plan, &held, &entries);
-        }
-        // The merger is held for the whole call: the updater or optimizer it starts with
-        // stays installed (and alive) until it ends.
-        let merger = held.merger_read(op, &self.merger)?;
-        let mut guards = held.write(op, &entries)?;
-        if self.collective.is_some() {
-            let checked = plan.checked.clone();
-            self.check_push_step(op, &plan.step_keys(), checked, plan.compression, merger.identity())?;
-        }
-        let (push, pull) = (&plan.push, &plan.pull);
-        self.apply(push, pull, &plan.push_slots, &plan.pull_slots, &mut guards, &merger, plan.compression, None)
-    }
-
-    /// The runner of a pull (a plan that pushes nothing), its keys `entries`.
-    fn pull_planned(&self, plan: &Plan<'_>, held: &Held, entries: &[&Arc<Entry>]) -> Result<()> {
-        let op = plan.op;
-        if let Some(remote) = &self.remote {
-            // dist_async: the values come from their owners (into this worker's copies).
-            let mut guards = held.write(op, entries)?;
-            return self.apply_remote(remote, &[], &plan.pull, &[], &plan.pull_slots, &mut guards);
-        }
-        let guards = held.read(op, entries)?;
-        let jobs: Vec<BroadcastJob<'_>> = plan
-            .pull
-            .iter()
-            .zip(&guards)
-            .map(|(g, stored)| BroadcastJob { src: &stored.value, outs: &g.arrays })
-            .collect();
-        self.comm.broadcast(&jobs)
-    }
-}
-
-/// The `type` of gradient-compression parameters, for messages.
-fn params_type(params: &[(&str, &str)]) -> String {
-    params.iter().rev().find(|(k, _)| k.trim() == "type").map_or(String::new(), |(_, v)| v.trim().to_string())
 }
 
 #[cfg(test)]

@@ -128,7 +128,7 @@ impl Done {
 #[must_use = "a dropped handle's error is only reported by wait_all"]
 pub struct Pending {
     call: Arc<dyn HasDone>,
-    /// For a call fused with the calls after it (`kvstore/fusion.rs`): waiting for it
+    /// For a call fused with the calls after it (`kvstore/run/fused.rs`): waiting for it
     /// releases its batch first.
     held: Option<Release>,
 }

@@ -16,9 +16,13 @@
 use std::sync::Arc;
 
 use super::compression::Compression;
+use super::forms::{Run, Values};
 use super::steps::StepKey;
-use super::{Entry, Found, Group, Store, check_group, merge};
-use crate::error::Result;
+use super::{Entry, Found, Group, Store, merge};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::key::{Key, Keys};
+use crate::ndarray::NDArray;
 
 /// A call's keys, grouped and checked, with its lock set (see the module docs).
 pub(super) struct Plan<'a> {
@@ -110,4 +114,165 @@ fn lock_set(push: &[Group<'_>], pull: &[Group<'_>]) -> (Vec<usize>, Vec<usize>, 
         }
     }
     (locks, push_slots, pull_slots)
+}
+
+pub(super) fn check_context(op: &'static str, key: &Key, a: &NDArray) -> Result<()> {
+    crate::device::check_context(a.context()).map_err(|e| match e {
+        Error::DeviceUnavailable { context, reason } => {
+            Error::DeviceUnavailable { context, reason: format!("{op} of key \"{key}\": {reason}") }
+        }
+        other => other,
+    })
+}
+
+/// Checks that an array of shape and dtype `got` may stand for `key`'s value, of shape
+/// and dtype `expected`; the error names `key` and `context()` (made only on error).
+pub(super) fn check_like(
+    context: impl Fn() -> String,
+    key: &Key,
+    expected: (&[usize], DType),
+    got: (&[usize], DType),
+) -> Result<()> {
+    if got.0 != expected.0 {
+        return Err(Error::ShapeMismatch {
+            context: context(),
+            key: Some(key.clone()),
+            expected: expected.0.to_vec(),
+            got: got.0.to_vec(),
+        });
+    }
+    if got.1 != expected.1 {
+        return Err(Error::DTypeMismatch {
+            context: context(),
+            key: Some(key.clone()),
+            expected: expected.1,
+            got: got.1,
+        });
+    }
+    Ok(())
+}
+
+/// What a call's arrays must be like: their key's (from its entry, without a lock), or
+/// an array's (the value a spread call locked, a broadcast's value).
+#[derive(Clone, Copy)]
+pub(super) enum Like<'x> {
+    Key(&'x Entry),
+    Array(&'x NDArray),
+}
+
+impl Like<'_> {
+    /// Whether `a` has the shape and dtype (reading only `a`'s first cache line, and
+    /// the other array's, when both have one dimension).
+    fn fits(self, a: &NDArray) -> bool {
+        match self {
+            Like::Key(e) => a.dtype() == e.dtype && a.has_shape(e.shape()),
+            Like::Array(v) => a.dtype() == v.dtype() && a.same_shape(v),
+        }
+    }
+
+    fn shape_dtype(&self) -> (&[usize], DType) {
+        match self {
+            Like::Key(e) => e.like(),
+            Like::Array(v) => (v.shape(), v.dtype()),
+        }
+    }
+}
+
+/// Checks that every one of `key`'s `arrays` may stand for its value, of the shape and
+/// dtype of `expected`, and, for outs (`what` "out"), that it may be written (see
+/// [`NDArray::from_foreign`]): a call with a read-only out fails before its push.
+pub(super) fn check_arrays<'x>(
+    op: &'static str,
+    what: &str,
+    key: &Key,
+    arrays: impl Iterator<Item = &'x NDArray> + Clone,
+    expected: Like<'_>,
+) -> Result<()> {
+    for (i, a) in arrays.clone().enumerate() {
+        if a.on_device() {
+            check_context(op, key, a)?;
+        }
+        let context = || {
+            let n = arrays.clone().count();
+            if n == 1 {
+                format!("{op} of key \"{key}\" ({what})")
+            } else {
+                format!("{op} of key \"{key}\" ({what} {} of {n})", i + 1)
+            }
+        };
+        if !expected.fits(a) {
+            check_like(context, key, expected.shape_dtype(), (a.shape(), a.dtype()))?;
+        }
+        if what == "out" && a.is_read_only() {
+            return Err(Error::invalid_argument(format!("{}: the out is read-only", context())));
+        }
+    }
+    Ok(())
+}
+
+/// Checks every array of `group` against its key (see [`check_arrays`]): no lock is
+/// taken, as a key's shape and dtype never change.
+pub(super) fn check_group(op: &'static str, what: &str, group: &Group<'_>) -> Result<()> {
+    let e = &group.entry;
+    check_arrays(op, what, &e.key, group.arrays.iter().copied(), Like::Key(e))
+}
+
+impl Store {
+    /// Finds each run's entry; [`Store::group`] then groups them by key (values in
+    /// call order), sorted by internal index, the order of updates and of locking.
+    ///
+    /// One table lookup per key as given (a key given again right after is looked up
+    /// once), then a stable sort by index (linear when the keys come in the order they
+    /// were initialised, as lists of parameters do), so a key's values stay in call
+    /// order and repeated keys end up next to each other.
+    pub(super) fn lookup<'a>(&self, op: &'static str, runs: Vec<Run<'a>>) -> Result<Found<'a>> {
+        let table = self.table.read();
+        let mut found: Found<'a> = Vec::with_capacity(runs.len());
+        for (key, arrays) in runs {
+            let entry = match found.last() {
+                Some(last) if last.entry.key == key => Arc::clone(&last.entry),
+                _ => match table.entries.get(&key) {
+                    Some(entry) => Arc::clone(entry),
+                    None => return Err(Error::KeyNotInitialized { op, key }),
+                },
+            };
+            found.push(Group { entry, arrays: arrays.iter().collect() });
+        }
+        Ok(found)
+    }
+
+    /// The groups of `found` (see [`Store::lookup`]).
+    pub(super) fn group(mut found: Found<'_>) -> Vec<Group<'_>> {
+        // Keys in the order they were initialised, each once (lists of parameters):
+        // already the groups.
+        if found.is_sorted_by(|a, b| a.entry.index < b.entry.index) {
+            return found;
+        }
+        found.sort_by_key(|g| g.entry.index);
+        let mut groups: Vec<Group<'_>> = Vec::with_capacity(found.len());
+        for g in found {
+            match groups.last_mut() {
+                Some(last) if last.entry.index == g.entry.index => last.arrays.extend(g.arrays),
+                _ => groups.push(g),
+            }
+        }
+        groups
+    }
+
+    /// Keys of a call that come with no array (an empty list of values or outs) must
+    /// still be initialised, as with any other call on them.
+    pub(super) fn require_bare_keys(&self, op: &'static str, keys: &Keys, arrays: Values<'_>) -> Result<()> {
+        let bare: Vec<&Key> = match (keys, arrays) {
+            (Keys::One(k), Values::Many([])) => vec![k],
+            (Keys::Many(ks), Values::Nested(vss)) => {
+                ks.iter().zip(vss).filter(|(_, vs)| vs.is_empty()).map(|(k, _)| k).collect()
+            }
+            _ => return Ok(()),
+        };
+        let table = self.table.read();
+        match bare.into_iter().find(|k| !table.entries.contains_key(*k)) {
+            Some(k) => Err(Error::KeyNotInitialized { op, key: k.clone() }),
+            None => Ok(()),
+        }
+    }
 }

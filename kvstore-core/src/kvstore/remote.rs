@@ -754,7 +754,7 @@ impl KVStore {
                     Some(mine) => {
                         let mut slot = mine.value.write();
                         let got = (value.shape(), value.dtype());
-                        super::check_like(|| "load_checkpoint".to_string(), &e.key, mine.like(), got)?;
+                        super::plan::check_like(|| "load_checkpoint".to_string(), &e.key, mine.like(), got)?;
                         slot.row_sparse = row_sparse;
                     }
                     None => {

@@ -469,7 +469,9 @@ impl Store {
                 });
             }
             let context = || format!("push_row_sparse of key \"{key}\"");
-            values.iter().try_for_each(|v| super::check_like(context, key, entry.like(), (v.shape(), v.dtype())))?;
+            values
+                .iter()
+                .try_for_each(|v| super::plan::check_like(context, key, entry.like(), (v.shape(), v.dtype())))?;
         }
         Ok(merged)
     }

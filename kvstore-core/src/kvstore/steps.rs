@@ -149,7 +149,7 @@ impl Store {
     }
 
     /// [`Store::check_step`] for several calls that move their data together (non-blocking
-    /// calls fused across calls, `kvstore/fusion.rs`), as one step: `calls[i]` is call
+    /// calls fused across calls, `kvstore/run/fused.rs`), as one step: `calls[i]` is call
     /// `i`'s operation and how many of `keys` (in order) are its, and `local[i]` is the
     /// outcome of this worker's checks of it.
     ///

@@ -109,7 +109,7 @@ impl NDArray {
     /// As [`NDArray::settle`].
     pub(crate) fn wait_for_writes_but(&self, engine: usize) -> Result<()> {
         while self.foreign_writes(engine) {
-            // A write a batch of fused calls holds back is released first (`kvstore/fusion.rs`).
+            // A write a batch of fused calls holds back is released first (`kvstore/run/fused.rs`).
             release_writers_of(self.buffer_id());
             let owner = self.inner.pending_owner.load(Ordering::Acquire);
             let _waiting = waits::wait_for(owner, || {

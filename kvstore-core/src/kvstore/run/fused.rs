@@ -37,22 +37,22 @@ use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use super::calls::{Copies, Input, Owned, borrow, borrow_inputs, start_reads};
-use super::plan::Plan;
-use super::steps::StepKey;
-use super::{Calls, Done, Entry, Found, Group, KVStore, Merger, Pending, Store, locks::Held};
 use crate::engine::{self, HeldBatch, HeldCalls, Var, Vars};
 use crate::error::{Error, Result};
+use crate::kvstore::calls::{Copies, Input, Owned, borrow, borrow_inputs, start_reads};
+use crate::kvstore::plan::Plan;
+use crate::kvstore::steps::StepKey;
+use crate::kvstore::{Calls, Done, Entry, Found, Group, KVStore, Merger, Pending, Store, locks::Held};
 use crate::ndarray::PendingWrites;
 
 /// The most calls one batch holds (the workers' comparison marks refused calls in a
 /// 64-bit mask).
-pub(super) const MAX_CALLS: usize = 64;
+pub(in crate::kvstore) const MAX_CALLS: usize = 64;
 
 /// The default fusion size of a `dist_sync` store: a batch is released once its values
 /// reach 1 MiB, and keys of 256 KiB or more go alone. Measured on ResNet-50's tensors
 /// over TCP, buckets of 1 MiB left less communication exposed than 256 KiB or 4 MiB.
-pub(super) const DEFAULT_FUSE_BYTES: usize = 1 << 20;
+pub(in crate::kvstore) const DEFAULT_FUSE_BYTES: usize = 1 << 20;
 
 /// A call held in a batch: what `queue` would have queued.
 struct Call {
@@ -72,7 +72,7 @@ struct Batch {
 }
 
 /// What a call brings to a batch: its keys (by index) and their bytes.
-pub(super) struct Fuse {
+pub(in crate::kvstore) struct Fuse {
     keys: Vec<usize>,
     bytes: usize,
 }
@@ -113,7 +113,7 @@ impl Batch {
 impl KVStore {
     /// Whether a non-blocking call may join a batch (see the module docs), and what it
     /// brings to it.
-    pub(super) fn fusable<'a>(&self, op: &'static str, push: &Found<'a>, pull: &Found<'a>) -> Option<Fuse> {
+    pub(in crate::kvstore) fn fusable<'a>(&self, op: &'static str, push: &Found<'a>, pull: &Found<'a>) -> Option<Fuse> {
         let limit = self.store.fuse_bytes;
         if limit == 0 || !self.engine.is_ordered() || push.is_empty() || !matches!(op, "push" | "pushpull") {
             return None;
@@ -136,7 +136,14 @@ impl KVStore {
 
     /// Holds a non-blocking call in the group engine's batch (joining the batch held
     /// now, or starting one) and returns its handle.
-    pub(super) fn hold(&self, op: &'static str, vars: Vars, push: Owned<Input>, pull: Owned, fuse: Fuse) -> Pending {
+    pub(in crate::kvstore) fn hold(
+        &self,
+        op: &'static str,
+        vars: Vars,
+        push: Owned<Input>,
+        pull: Owned,
+        fuse: Fuse,
+    ) -> Pending {
         let done = Done::new(Arc::clone(&self.store.unobserved), self.engine.id());
         let outs: Vec<_> = pull.iter().flat_map(|(_, outs)| outs.iter().cloned()).collect();
         let out_ids: Vec<usize> = outs.iter().map(|a| a.buffer_id()).collect();

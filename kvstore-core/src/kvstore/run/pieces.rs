@@ -23,11 +23,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
-use super::forms::Run;
-use super::plan::Plan;
-use super::{Entry, Group, Like, Merger, Slot, Store, Table, check_arrays, locks};
 use crate::comm::{BroadcastJob, Claims, ReduceJob};
 use crate::error::{Error, Result};
+use crate::kvstore::forms::Run;
+use crate::kvstore::plan::Plan;
+use crate::kvstore::plan::{Like, check_arrays};
+use crate::kvstore::{Entry, Group, Merger, Slot, Store, Table, locks};
 use crate::ndarray::{NDArray, overlapping_uses, use_token};
 
 /// The guards of a piece's keys.
@@ -150,7 +151,7 @@ impl<'k, 'a> CallKeys<'k, 'a> {
 }
 
 /// What became of a call offered to the spread path.
-pub(super) enum Spread {
+pub(in crate::kvstore) enum Spread {
     /// It ran here, with this result.
     Ran(Result<()>),
     /// It is not a call this path runs (one key, too little work to share, a store
@@ -181,7 +182,7 @@ impl Store {
     /// same keys as the push, if both; the comm decides whether there is enough work to
     /// share ([`crate::comm::Comm::share_keys`]). A thread that runs an updater takes
     /// the ordinary path, which knows how such a call may lock.
-    pub(super) fn spread(&self, plan: &Plan<'_>) -> Option<Result<()>> {
+    pub(in crate::kvstore) fn spread(&self, plan: &Plan<'_>) -> Option<Result<()>> {
         let (op, push, pull) = (plan.op, &plan.push[..], &plan.pull[..]);
         let same_keys = push.is_empty()
             || pull.is_empty()
@@ -198,7 +199,7 @@ impl Store {
     /// nothing queued); a call handed back goes to the ordinary path, which does all
     /// that again on its own (and need not offer the call to [`Store::spread`] when
     /// it is [`Spread::NotOne`]).
-    pub(super) fn spread_runs<'a>(&self, op: &'static str, push: &[Run<'a>], pull: &[Run<'a>]) -> Spread {
+    pub(in crate::kvstore) fn spread_runs<'a>(&self, op: &'static str, push: &[Run<'a>], pull: &[Run<'a>]) -> Spread {
         // Short calls are not looked at further, nor is the table locked for them.
         if !(push.is_empty() || pull.is_empty() || push.len() == pull.len()) || push.len().max(pull.len()) < 2 {
             return Spread::NotOne;
@@ -374,7 +375,7 @@ mod tests {
 
     thread_local! {
         /// Calls of this thread that ran spread (not handed back).
-        pub(super) static TAKEN: Cell<usize> = const { Cell::new(0) };
+        pub(in crate::kvstore) static TAKEN: Cell<usize> = const { Cell::new(0) };
     }
 
     const KEYS: usize = 200;

@@ -1,0 +1,78 @@
+//! The ordinary runner: a plan's keys locked in index order (the merger first, when it
+//! pushes), then its sums, update and copies on the calling thread (sharing the sums'
+//! work with the comm's pool), every key held for the whole call. It runs every call the
+//! other runners do not take, and looks nothing up and checks nothing: under
+//! `dist_sync` it hands the plan's refusal to the step the workers compare.
+
+use std::sync::Arc;
+
+use crate::comm::BroadcastJob;
+use crate::error::Result;
+use crate::kvstore::locks::Held;
+use crate::kvstore::plan::Plan;
+use crate::kvstore::{Entry, Found, Store};
+
+impl Store {
+    /// The push algorithm (`KVStoreLocal::PushImpl`) followed by an optional pull, with
+    /// every key of the call locked (written when it pushes), in index order, for the
+    /// whole call: the plan of `push` and `pull` (see `plan.rs`), then its runner.
+    /// `spread`: whether to offer the call to [`Store::spread`] first (not when it was
+    /// found to be no call for that path already).
+    pub(in crate::kvstore) fn push_pull<'a>(
+        &self,
+        op: &'static str,
+        push: Found<'a>,
+        pull: Found<'a>,
+        spread: bool,
+    ) -> Result<()> {
+        if push.is_empty() && pull.is_empty() {
+            return Ok(());
+        }
+        let plan = Plan::new(self, op, push, pull);
+        if spread
+            && plan.checked.is_ok()
+            && let Some(r) = self.spread(&plan)
+        {
+            return r;
+        }
+        // Lock in index order, so that concurrent multi-key calls cannot deadlock.
+        let entries = plan.entries();
+        let held = Held::new(op, self, &entries)?;
+        // Under dist_sync a refusal is this worker's step (the workers compare their
+        // calls before the data moves); elsewhere it ends the call before any lock.
+        if self.collective.is_none() {
+            plan.checked.clone()?;
+        }
+        if plan.push.is_empty() {
+            return self.pull_planned(&plan, &held, &entries);
+        }
+        // The merger is held for the whole call: the updater or optimizer it starts with
+        // stays installed (and alive) until it ends.
+        let merger = held.merger_read(op, &self.merger)?;
+        let mut guards = held.write(op, &entries)?;
+        if self.collective.is_some() {
+            let checked = plan.checked.clone();
+            self.check_push_step(op, &plan.step_keys(), checked, plan.compression, merger.identity())?;
+        }
+        let (push, pull) = (&plan.push, &plan.pull);
+        self.apply(push, pull, &plan.push_slots, &plan.pull_slots, &mut guards, &merger, plan.compression, None)
+    }
+
+    /// The runner of a pull (a plan that pushes nothing), its keys `entries`.
+    fn pull_planned(&self, plan: &Plan<'_>, held: &Held, entries: &[&Arc<Entry>]) -> Result<()> {
+        let op = plan.op;
+        if let Some(remote) = &self.remote {
+            // dist_async: the values come from their owners (into this worker's copies).
+            let mut guards = held.write(op, entries)?;
+            return self.apply_remote(remote, &[], &plan.pull, &[], &plan.pull_slots, &mut guards);
+        }
+        let guards = held.read(op, entries)?;
+        let jobs: Vec<BroadcastJob<'_>> = plan
+            .pull
+            .iter()
+            .zip(&guards)
+            .map(|(g, stored)| BroadcastJob { src: &stored.value, outs: &g.arrays })
+            .collect();
+        self.comm.broadcast(&jobs)
+    }
+}
