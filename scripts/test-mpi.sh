@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The multi-rank suite: builds kvstore-mpi's tests with its `mpi` feature and runs them
-# under `mpirun -np 2` and `-np 4` (every rank runs the same tests, in order), then
-# checks that a worker dying mid-job ends the job within seconds. Prints one line
-# `mpi: N passed, N failed` (a test counts once per run, if it passed on every rank).
+# under `mpirun -np 2` and `-np 4` (every rank runs the same tests, in order), checks
+# that bad settings are refused and that ranks with shared memory on and off agree,
+# then runs the fault tests (tests/faults.rs: jobs in which a worker dies, is stuck or
+# stops, each spawning `mpirun` itself). Prints one line `mpi: N passed, N failed` (a
+# test counts once per run, if it passed on every rank).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-mpi.sh || { echo "mpi: 0 passed, 1 failed"; exit 1; }
@@ -20,17 +22,8 @@ if [ "$status" -ne 0 ] || [ -z "$bin" ]; then
     echo "mpi: 0 passed, 1 failed"
     exit 1
 fi
-# The fixtures of a worker that dies mid-job and of one that is stuck (test targets that
-# plain `cargo test` skips).
-early_exit=$(cargo test -p kvstore-mpi --features mpi --test early_exit --no-run --message-format=json \
-    2>>"$logs/mpi-build.log" | python3 scripts/cargo-executables.py | awk '$1 == "early_exit" { print $2 }')
-stall=$(cargo test -p kvstore-mpi --features mpi --test stall --no-run --message-format=json \
-    2>>"$logs/mpi-build.log" | python3 scripts/cargo-executables.py | awk '$1 == "stall" { print $2 }')
-async_stall=$(cargo test -p kvstore-mpi --features mpi --test async_stall --no-run --message-format=json \
-    2>>"$logs/mpi-build.log" | python3 scripts/cargo-executables.py | awk '$1 == "async_stall" { print $2 }')
-async_early=$(cargo test -p kvstore-mpi --features mpi --test async_early_finish --no-run --message-format=json \
-    2>>"$logs/mpi-build.log" | python3 scripts/cargo-executables.py | awk '$1 == "async_early_finish" { print $2 }')
-if [ -z "$early_exit" ] || [ -z "$stall" ] || [ -z "$async_stall" ] || [ -z "$async_early" ]; then
+faults=$(echo "$artifacts" | python3 scripts/cargo-executables.py | awk '$1 == "faults" { print $2 }')
+if [ -z "$faults" ]; then
     tail -n 30 "$logs/mpi-build.log"
     echo "mpi: 0 passed, 1 failed"
     exit 1
@@ -113,84 +106,17 @@ else
     fail "ranks started with shared memory on and off: FAILED (124: the job hung)" "$log"
 fi
 
-# A worker that is alive but stuck (one of three), before a push and before finalize:
-# with a 3 s timeout the job ends within seconds, the waiting ranks naming the stuck rank
-# and the call.
-stuck() {
-    local at=$1 said=$2 log="$logs/mpi-stall-$1.log" start rc elapsed
-    start=$(date +%s)
-    KVSTORE_STALL_AT=$at KVSTORE_TIMEOUT=3 timeout 100 "${MPIRUN[@]}" -x KVSTORE_TIMEOUT -x KVSTORE_STALL_AT -np 3 \
-        "$stall" >"$log" 2>&1
-    rc=$?
-    elapsed=$(($(date +%s) - start))
-    if [ "$rc" -eq 86 ] && [ "$elapsed" -lt 30 ] && grep -q "$said" "$log" && ! grep -q "returned although" "$log"; then
-        pass "a worker stuck before $at ended the job in ${elapsed} s: $(grep -m1 "$said" "$log")"
-    else
-        fail "a worker stuck before $at: exit $rc after ${elapsed} s (86: the watchdog; 124: the job hung)" "$log"
-    fi
-}
-stuck push "push #2 has waited 3 s for rank 2, which never arrived"
-stuck finalize "finalize has waited 3 s for rank 2, which never arrived"
-
-# dist_async: a rank whose process stops (its serving thread too) while the others pull
-# keys it owns: with a 3 s timeout the job ends within seconds, a waiting rank naming it.
-log="$logs/mpi-async-stall.log"
-start=$(date +%s)
-KVSTORE_TIMEOUT=3 timeout 100 "${MPIRUN[@]}" -x KVSTORE_TIMEOUT -np 3 "$async_stall" >"$log" 2>&1
-rc=$?
-elapsed=$(($(date +%s) - start))
-said="waited 3 s for rank 2 to answer a dist_async request"
-if [ "$rc" -eq 86 ] && [ "$elapsed" -lt 30 ] && grep -q "$said" "$log" && ! grep -q "returned although" "$log"; then
-    pass "a dist_async rank that stopped ended the job in ${elapsed} s: $(grep -m1 "$said" "$log")"
+# Jobs in which a worker dies, is stuck or stops (one job per test, so one at a time).
+log=$logs/mpi-faults.log
+"$faults" --test-threads=1 --color never >"$log" 2>&1
+read -r fp ff < <(bash scripts/count-results.sh cargo "$log")
+grep -E '^test .* (ok|FAILED)$' "$log"
+if [ "$fp" -gt 0 ] && [ "$ff" -eq 0 ] && grep -q '^test result: ok\.' "$log"; then
+    passed=$((passed + fp))
 else
-    fail "a dist_async rank that stopped: exit $rc after ${elapsed} s (86: the timeout; 124: the job hung)" "$log"
+    grep -A 30 -- '---- ' "$log" | head -60
+    failed=$((failed + (ff > 0 ? ff : 1)))
 fi
-
-# dist_async next to dist_sync: a rank inside a blocking dist_sync call answers no
-# dist_async request (documented); the job ends after the timeout, and the messages say why.
-log="$logs/mpi-async-in-dist-sync.log"
-start=$(date +%s)
-KVSTORE_TIMEOUT=3 timeout 100 "${MPIRUN[@]}" -x KVSTORE_TIMEOUT -np 2 "$async_stall" dist_sync >"$log" 2>&1
-rc=$?
-elapsed=$(($(date +%s) - start))
-said="a rank inside a blocking dist_sync call answers no dist_async request"
-if [ "$rc" -eq 86 ] && [ "$elapsed" -lt 30 ] && grep -q "$said" "$log" && ! grep -q "went on although" "$log"; then
-    pass "a dist_async request to a rank inside a dist_sync call ended the job in ${elapsed} s, saying why"
-else
-    fail "a dist_async request to a rank inside a dist_sync call: exit $rc after ${elapsed} s (86: the timeout; 124: the job hung)" "$log"
-fi
-
-# dist_async: a rank that finalizes right after its last call goes on answering the
-# pulls of a rank that is still working, until that one finalizes too.
-log="$logs/mpi-async-early-finish.log"
-timeout 100 "${MPIRUN[@]}" -np 2 "$async_early" >"$log" 2>&1
-rc=$?
-if [ "$rc" -eq 0 ] && grep -q "every one saw its push" "$log"; then
-    pass "a dist_async rank that finished early kept answering: $(grep -m1 "pulls after" "$log")"
-else
-    fail "a dist_async rank that finished early: exit $rc (124: the job hung)" "$log"
-fi
-
-# A worker that dies mid-job: the job must end, with an error, within seconds; once
-# while the survivor waits in a blocking push, once with non-blocking pushes queued.
-for mode in blocking nonblocking; do
-    start=$(date +%s)
-    if [ "$mode" = nonblocking ]; then
-        KVSTORE_EARLY_EXIT_NONBLOCKING=1 timeout 60 "${MPIRUN[@]}" -x KVSTORE_EARLY_EXIT_NONBLOCKING -np 2 \
-            "$early_exit" >"$logs/mpi-early-exit-$mode.log" 2>&1
-    else
-        timeout 60 "${MPIRUN[@]}" -np 2 "$early_exit" >"$logs/mpi-early-exit-$mode.log" 2>&1
-    fi
-    rc=$?
-    elapsed=$(($(date +%s) - start))
-    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$elapsed" -lt 30 ] \
-        && ! grep -q "push returned" "$logs/mpi-early-exit-$mode.log"; then
-        pass "a worker that died ($mode pushes) ended the job in ${elapsed} s (exit $rc)"
-    else
-        fail "a worker that died ($mode pushes): exit $rc after ${elapsed} s (124: the job hung)" \
-            "$logs/mpi-early-exit-$mode.log"
-    fi
-done
 
 echo "mpi: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
