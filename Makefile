@@ -116,7 +116,8 @@ fuzz: setup
 # with the summary: runs, kills, stops, hangs, watchdog endings, checkpoints, resumes.
 CHAOS_RUNS ?= 100
 chaos: setup
-	@bash scripts/chaos.sh $(CHAOS_RUNS)
+	@bash scripts/setup-mpi.sh >/dev/null
+	KVSTORE_CHAOS_RUNS=$(CHAOS_RUNS) $(CARGO) test -q -p kvstore-mpi --features mpi --test chaos
 
 # Criterion benches; the Java, Clojure, MPI (2 ranks), GPU and Python benches; then the report:
 # limit, store, JVM, MPI, GPU and Python rows, medians and ratios, written to target/bench/results.json.
