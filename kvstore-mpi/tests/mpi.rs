@@ -251,6 +251,12 @@ fn a_call_refused_before_its_step_fails_on_every_worker() {
 }
 
 #[test]
+fn a_pull_refuses_bad_outs_before_writing_any() {
+    let kv = store();
+    dist_cases::a_pull_refuses_bad_outs_before_writing_any(kv.rank(), &kv);
+}
+
+#[test]
 fn workers_with_other_optimizers_fail_their_pushes() {
     let kv = store();
     let bits = dist_cases::workers_with_other_optimizers_fail_their_pushes(kv.rank(), &kv);

@@ -755,6 +755,59 @@ pub fn a_call_refused_before_its_step_fails_on_every_worker(rank: usize, kv: &KV
     assert_eq!(pulled(kv, "b-w", &[2]), vec![triangle(w); 2], "rank {rank}");
 }
 
+/// Memory of f32s, for a read-only array.
+struct Floats(Vec<f32>);
+
+impl kvstore_core::ForeignMemory for Floats {
+    fn bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        bytemuck::cast_slice_mut(&mut self.0)
+    }
+}
+
+/// A pull under `dist_sync` checks its outs as any store does (a pull has no step the
+/// workers compare: each worker refuses its own bad outs), before it writes any: an out
+/// of another shape but the same size, of another dtype, or read-only is refused with
+/// the key's error, and no out of the call is written.
+pub fn a_pull_refuses_bad_outs_before_writing_any(rank: usize, kv: &KVStore) {
+    kv.init(&["p-a", "p-b"], &[full(&[2, 3], 1.0, Context::cpu(0)), full(&[4], 2.0, Context::cpu(0))]).expect("init");
+    let untouched = |what: &str, out: &NDArray| {
+        assert!(
+            out.to_vec::<f32>().expect("read").iter().all(|&x| x == 0.0),
+            "rank {rank}: {what}: an out was written"
+        );
+    };
+    let refused = |what: &str, r: Result<()>, says: &str| {
+        let e = r.expect_err(what).to_string();
+        assert!(e.contains(says), "rank {rank}: {what}: {e}");
+    };
+    let other_shape = full(&[3, 2], 0.0, Context::cpu(0));
+    refused("a pull into an out of another shape", kv.pull("p-a", &other_shape, 0), "shape mismatch");
+    untouched("an out of another shape", &other_shape);
+    refused(
+        "a pull_async into an out of another shape",
+        kv.pull_async("p-a", &other_shape, 0).wait(),
+        "shape mismatch",
+    );
+    untouched("an out of another shape (pull_async)", &other_shape);
+    let (good, f64_out) =
+        (full(&[2, 3], 0.0, Context::cpu(0)), NDArray::zeros_with(&[4], DType::F64, Context::cpu(0)).expect("f64"));
+    refused(
+        "a pull with a second out of another dtype",
+        kv.pull(&["p-a", "p-b"], &[good.clone(), f64_out], 0),
+        "pull of key \"p-b\" (out): dtype mismatch",
+    );
+    untouched("the first out of a refused pull", &good);
+    let read_only = NDArray::from_foreign(&[4], DType::F32, Box::new(Floats(vec![0.0; 4])), false).expect("read-only");
+    refused("a pull into a read-only out", kv.pull(&["p-a", "p-b"], &[good.clone(), read_only], 0), "read-only");
+    untouched("the first out of a pull refused for a read-only out", &good);
+    kv.pull(&["p-a", "p-b"], &[good.clone(), full(&[4], 0.0, Context::cpu(0))], 0).expect("a good pull");
+    assert_eq!(good.to_vec::<f32>().expect("read"), vec![1.0; 6], "rank {rank}");
+}
+
 /// An updater that panics on one worker fails that push on every worker (the others
 /// naming the worker) instead of leaving them waiting for it, blocking or not; later
 /// pushes go on alike.

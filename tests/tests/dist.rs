@@ -105,6 +105,13 @@ fn a_call_refused_before_its_step_fails_on_every_worker() {
 }
 
 #[test]
+fn a_pull_refuses_bad_outs_before_writing_any() {
+    for w in [1, 2, 3] {
+        run_workers(w, |rank, kv| dist_cases::a_pull_refuses_bad_outs_before_writing_any(rank, &kv));
+    }
+}
+
+#[test]
 fn an_updater_panicking_on_one_worker_fails_the_push_everywhere() {
     for w in [2, 3] {
         let bits = run_workers(w, |rank, kv| {

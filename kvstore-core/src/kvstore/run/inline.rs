@@ -38,9 +38,10 @@ impl Store {
         // Lock in index order, so that concurrent multi-key calls cannot deadlock.
         let entries = plan.entries();
         let held = Held::new(op, self, &entries)?;
-        // Under dist_sync a refusal is this worker's step (the workers compare their
-        // calls before the data moves); elsewhere it ends the call before any lock.
-        if self.collective.is_none() {
+        // A push's refusal under dist_sync is this worker's step (the workers compare
+        // their pushes before the data moves); any other refusal ends the call before
+        // any lock (a pull has no step: each worker refuses its own outs).
+        if self.collective.is_none() || plan.push.is_empty() {
             plan.checked.clone()?;
         }
         if plan.push.is_empty() {
