@@ -28,8 +28,9 @@ unsafe impl Sync for HostMemory {}
 
 impl ForeignMemory for HostMemory {
     fn bytes(&self) -> &[u8] {
-        // SAFETY: `ptr` is non-null and points to `len` > 0 initialised bytes that live
-        // while the array is used (`wrap`'s contract; empty memory is never wrapped).
+        // SAFETY: `ptr` is non-null and points to `len` initialised bytes that live while
+        // the array is used (`wrap`'s contract), or `len` is 0 and `ptr` is dangling but
+        // non-null and aligned (an empty read-only wrap), which a slice of no bytes allows.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
@@ -93,7 +94,14 @@ impl HostMemory {
                     empty.size() * dtype.size()
                 )));
             }
-            return Ok(empty);
+            if writable {
+                return Ok(empty);
+            }
+            // Read-only as asked (a call that would write it is refused, as for any other
+            // read-only memory): no bytes, at an address aligned for every dtype.
+            let ptr = std::ptr::NonNull::<u128>::dangling().as_ptr().cast::<u8>();
+            let mem = HostMemory { ptr, len: 0, writable, _owner: owner };
+            return NDArray::from_foreign(shape, dtype, Box::new(mem), false);
         }
         if ptr.is_null() {
             return Err(Error::invalid_argument("the memory's address is null"));
@@ -157,7 +165,13 @@ mod tests {
     fn empty_memory_is_a_new_empty_array_and_no_bytes_for_elements_is_refused() {
         // SAFETY: `len` is 0: `ptr` is not read.
         let a = unsafe { HostMemory::wrap(&[0, 4], DType::F64, std::ptr::null_mut(), 0, true, None) }.unwrap();
-        assert_eq!((a.shape(), a.size()), (&[0, 4][..], 0));
+        assert_eq!((a.shape(), a.size(), a.is_read_only()), (&[0, 4][..], 0, false));
+        // SAFETY: as above.
+        let a = unsafe { HostMemory::wrap(&[2, 0], DType::F32, std::ptr::null_mut(), 0, false, None) }.unwrap();
+        assert_eq!((a.shape(), a.is_read_only()), (&[2, 0][..], true), "read-only as asked");
+        let kv = kvstore_core::KVStore::create("local").unwrap();
+        kv.init("e", &NDArray::zeros(&[2, 0]).unwrap()).unwrap();
+        assert_eq!(kv.pull("e", &a, 0).unwrap_err().kind(), ErrorKind::InvalidArgument, "a read-only out");
         // SAFETY: as above.
         let e = unsafe { HostMemory::wrap(&[2], DType::F64, std::ptr::null_mut(), 0, true, None) }.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
