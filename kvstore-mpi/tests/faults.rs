@@ -9,6 +9,7 @@
 
 use std::io::Read;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// The exit status of a job that the watchdog ended (`KVSTORE_TIMEOUT`).
@@ -47,11 +48,13 @@ fn mpirun(np: usize, exe: &str, args: &[&str], env: &[(&str, &str)]) -> Job {
         cmd.env(name, value).args(["-x", name]);
     }
     cmd.args(["-np", &np.to_string(), exe]).args(args);
-    // Into a file, not a pipe: a job that hangs must not hang its reader too.
+    // Into a file, not a pipe: a job that hangs must not hang its reader too. A file per
+    // job (tests run in parallel unless told otherwise, some over the same fixture).
+    static JOBS: AtomicUsize = AtomicUsize::new(0);
     let log = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "faults-{}-{}.log",
         std::process::id(),
-        exe.rsplit('/').next().unwrap_or("job")
+        JOBS.fetch_add(1, Ordering::Relaxed)
     ));
     let file = std::fs::File::create(&log).expect("a log file");
     cmd.stdout(file.try_clone().expect("the log file")).stderr(file).stdin(Stdio::null());
