@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::{step_of, verify};
+use super::{checkpoints, step_of, verify};
 
 const STEPS: u64 = 32;
 const EVERY: u64 = 4;
@@ -137,12 +137,7 @@ fn one_run(exe: &Path, dir: &Path, i: u64, random: &mut Random, counts: &mut Cou
         problems.push(format!("a checkpoint does not load: {bad}"));
     }
     // Resume from the latest checkpoint, on 4 or 2 ranks.
-    let mut saved: Vec<PathBuf> = std::fs::read_dir(dir)
-        .expect("the run's folder")
-        .filter_map(|e| Some(e.ok()?.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "ckpt"))
-        .collect();
-    saved.sort();
+    let saved = checkpoints(dir);
     let latest = saved.last();
     let np = if random.below(2) == 0 { 4 } else { 2 };
     let from = latest.map_or(0, |p| step_of(p));
