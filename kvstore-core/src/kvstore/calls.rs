@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::run::pieces::Spread;
+use super::run::inline::Offered;
+use super::run::pieces::Given;
 use parking_lot::Mutex;
 
 use super::forms::{Run, Values, flat_runs, pairs_of, runs};
@@ -203,7 +204,7 @@ impl Job for Queued {
         engine::run_as(self.background, || {
             let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 let (copies, _reading) = start_reads(&work.push);
-                store.push_pull(op, borrow_inputs(&work.push, &copies), borrow(&work.pull), true)
+                store.push_pull(op, borrow_inputs(&work.push, &copies), borrow(&work.pull), Offered::Not)
             }))
             .unwrap_or_else(|_| Err(Error::Internal(format!("{op} panicked"))));
             // The values are returned and the outs readable before the handle says the
@@ -260,25 +261,32 @@ impl KVStore {
         if push.is_empty() && pull.is_empty() {
             return Ok(());
         }
-        // Nothing queued: a call of many small keys may be spread as given, lookups
-        // and all (`run/pieces.rs`). One that is not such a call is not offered again.
+        // Nothing queued: a call of many small keys may be spread as given, its plan
+        // built by the spread runner's first round, lookups and all (`run/pieces.rs`).
+        // A call is offered to that runner once, and its keys are looked up once.
         // Calls that run at once run as the engine's (`engine::run_now`): a pending write
         // or a loan of its made after they took their arrays belongs to a later call.
         let engine = self.engine.id();
-        let spread = match self.engine.idle() {
-            true => match engine::run_now(&self.engine, 0, || self.store.spread_runs(op, &push, &pull)) {
-                Spread::Ran(r) => return r,
-                Spread::NotOne => false,
-                Spread::HandedBack => true,
-            },
-            false => true,
-        };
         let pushes = !push.is_empty();
-        let found = self.store.lookup(op, push).and_then(|push| Ok((push, self.store.lookup(op, pull)?)));
-        let (push, pull) = found.map_err(|e| if pushes { self.refused_everywhere(op, e) } else { e })?;
+        let refused = |e| if pushes { self.refused_everywhere(op, e) } else { e };
+        let idle = self.engine.idle();
+        let given = match idle {
+            true => engine::run_now(&self.engine, 0, || self.store.spread_given(op, &push, &pull)),
+            false => Given::NotOne,
+        };
+        let (push, pull, offered) = match given {
+            Given::Ran(r) => return r,
+            Given::Unknown(e) => return Err(refused(e)),
+            Given::HandedBack { push, pull, checked } => (push, pull, Offered::HandedBack(checked)),
+            Given::NotOne => {
+                let found = self.store.lookup(op, push).and_then(|push| Ok((push, self.store.lookup(op, pull)?)));
+                let (push, pull) = found.map_err(refused)?;
+                (push, pull, if idle { Offered::NotOne } else { Offered::Not })
+            }
+        };
         if let Some(before) = self.engine.may_run_now(vars_of(&push, &pull, false)) {
             prepare_for_call(&push, &pull)?;
-            return engine::run_now(&self.engine, before, || self.store.push_pull(op, push, pull, spread));
+            return engine::run_now(&self.engine, before, || self.store.push_pull(op, push, pull, offered));
         }
         // On an ordered engine, a call from a caller's own thread (not an updater's, nor
         // an engine's: theirs queue or fail as ever, whatever the timing) may run in the
@@ -288,7 +296,7 @@ impl KVStore {
             if let Some(stand_in) = self.engine.stand_in() {
                 // (The engine is idle while it stands in: no earlier call is left.)
                 return stand_in
-                    .run(|| engine::run_now(&self.engine, 0, || self.store.push_pull(op, push, pull, spread)));
+                    .run(|| engine::run_now(&self.engine, 0, || self.store.push_pull(op, push, pull, offered)));
             }
         }
         if locks::inside_updater() {

@@ -42,20 +42,21 @@ pub use sparse::StorageType;
 
 use crate::engine::Engine;
 
-/// Laid out for a call on many keys: the lock and the value's handle (first in the
-/// slot) come first, in 16 bytes that never straddle a cache line, so a call that
-/// locks its keys reads one line of each key's entry.
-#[repr(C)]
+/// Laid out for a call on many keys: what a call reads of each key's entry (its index,
+/// shape and dtype, which never change, the lock, and the value's handle, first in the
+/// slot) comes first, within the first 56 bytes of an entry aligned to a cache line, so
+/// a call that plans and locks its keys reads one line of each key's entry.
+#[repr(C, align(64))]
 struct Entry {
-    value: RwLock<Slot>,
     index: usize,
-    key: Key,
     /// The value's first three dimensions (the rest in `long_shape`), its number of
     /// dimensions and dtype: fixed when the key is made (a value put in its place later,
     /// by a checkpoint, has the same), read by a call's plan without a lock.
     dims: [usize; 3],
     ndim: u8,
     dtype: DType,
+    value: RwLock<Slot>,
+    key: Key,
     /// The value's shape when it has more than three dimensions (else empty).
     long_shape: Box<[usize]>,
 }
@@ -78,9 +79,11 @@ impl Entry {
 
     /// The value's shape, which never changes.
     fn shape(&self) -> &[usize] {
-        match self.long_shape.is_empty() {
-            true => &self.dims[..usize::from(self.ndim).min(3)],
-            false => &self.long_shape,
+        // (The number of dimensions is on the entry's first cache line, `long_shape` is
+        // not: it is read only when it is the shape.)
+        match usize::from(self.ndim) {
+            n @ 0..=3 => &self.dims[..n],
+            _ => &self.long_shape,
         }
     }
 
@@ -902,14 +905,17 @@ mod tests {
     use super::{Entry, Slot};
 
     #[test]
-    fn an_entry_starts_with_its_lock_and_the_value_handle() {
-        use std::mem::{offset_of, size_of};
-        assert_eq!(offset_of!(Entry, value), 0);
+    fn what_a_call_reads_of_an_entry_is_in_its_first_cache_line() {
+        use std::mem::{align_of, offset_of, size_of};
+        assert_eq!(align_of::<Entry>(), 64);
         assert_eq!(offset_of!(Slot, value), 0);
-        // The lock's word, then the slot's handle, whose first word is what a call
-        // reads (the array's address; then what the handle keeps alive, read only when
-        // it is cloned or dropped): 16 bytes from an allocation's 16-byte aligned start,
-        // within one cache line.
-        assert!(size_of::<parking_lot::RawRwLock>() + crate::NDArray::HOT_BYTES <= 16);
+        // The index, shape and dtype, then the lock's word, then the slot's handle, whose
+        // first word is what a call reads (the array's address; then what the handle
+        // keeps alive, read only when it is cloned or dropped).
+        let hot =
+            [offset_of!(Entry, index), offset_of!(Entry, dims), offset_of!(Entry, ndim), offset_of!(Entry, dtype)];
+        assert!(hot.iter().all(|&at| at < offset_of!(Entry, value)));
+        let value = offset_of!(Entry, value);
+        assert!(value + size_of::<parking_lot::RawRwLock>() + crate::NDArray::HOT_BYTES <= 64);
     }
 }

@@ -47,23 +47,44 @@ pub(super) struct Plan<'a> {
 
 impl<'a> Plan<'a> {
     /// The plan of a call that pushes `push` and pulls `pull` (looked up, in call order).
-    pub(super) fn new(store: &Store, op: &'static str, push: Found<'a>, pull: Found<'a>) -> Self {
+    /// `checked`: the result of the checks of its values and outs, when they were made
+    /// already (by the spread runner's first round, `run/pieces.rs`, which gives it
+    /// only for keys in index order, each once: their own groups).
+    pub(super) fn new(
+        store: &Store,
+        op: &'static str,
+        push: Found<'a>,
+        pull: Found<'a>,
+        checked: Option<Result<()>>,
+    ) -> Self {
         let compression = match push.is_empty() {
             true => None,
             false => *store.compression.read(),
         };
-        Self::with(op, push, pull, compression)
+        Self::checked(op, push, pull, compression, checked)
     }
 
     /// [`Plan::new`] with the store's compression as read once for several calls (a
     /// fused batch's).
     pub(super) fn with(op: &'static str, push: Found<'a>, pull: Found<'a>, compression: Option<Compression>) -> Self {
+        Self::checked(op, push, pull, compression, None)
+    }
+
+    fn checked(
+        op: &'static str,
+        push: Found<'a>,
+        pull: Found<'a>,
+        compression: Option<Compression>,
+        checked: Option<Result<()>>,
+    ) -> Self {
         let (push, pull) = (Store::group(push), Store::group(pull));
         let (locks, push_slots, pull_slots) = lock_set(&push, &pull);
-        let checked = push
-            .iter()
-            .try_for_each(|g| check_group(op, "value", g))
-            .and_then(|()| pull.iter().try_for_each(|g| check_group(op, "out", g)))
+        let checked = checked
+            .unwrap_or_else(|| {
+                push.iter()
+                    .try_for_each(|g| check_group(op, "value", g))
+                    .and_then(|()| pull.iter().try_for_each(|g| check_group(op, "out", g)))
+            })
             .and_then(|()| merge::compressible(compression, &push));
         Plan { op, push, pull, locks, push_slots, pull_slots, compression, checked }
     }

@@ -3,8 +3,8 @@
 //! - `inline`: the ordinary runner, on the calling thread (or the engine thread that runs
 //!   a queued call), every key locked for the whole call;
 //! - `pieces`: many small host keys spread over the comm's threads, each taking whole
-//!   keys (a blocking call on an idle engine comes here as given, and its first round
-//!   looks its keys up and checks them in parallel);
+//!   keys (a blocking call on an idle engine comes here as given, and its first round is
+//!   the plan's parallel builder: it looks the keys up, groups and checks them);
 //! - `fused`: the non-blocking `dist_sync` calls an ordered engine held back, run as one
 //!   (and how they are held).
 //!
@@ -13,5 +13,5 @@
 //! (`sparse.rs`).
 
 pub(super) mod fused;
-mod inline;
+pub(super) mod inline;
 pub(super) mod pieces;

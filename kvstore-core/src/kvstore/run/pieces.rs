@@ -1,22 +1,25 @@
 //! A call of many small keys spread over the comm's threads, each thread taking whole
-//! keys: it locks, checks, sums and copies them where it is, instead of the caller doing
-//! the per-key bookkeeping of every key alone while the other threads wait for the sums.
+//! keys: it locks, sums and copies them where it is, instead of the caller doing the
+//! per-key bookkeeping of every key alone while the other threads wait for the sums.
 //!
-//! It does what [`Store::push_pull`] does for the same call, in two rounds over the
-//! same pieces of the call's keys (`Comm::share_keys`): first every key is locked
-//! (without waiting), then, when every key is held, the sums and copies, each piece
-//! unlocked when done. A planned call comes here checked (`plan.rs`). A key that another
-//! call holds, or anything this path does not do, hands the call back, with every lock
-//! released and nothing changed, to the ordinary path, which waits for locks in key
-//! order: no lock is ever waited for here, so no deadlock can come of taking locks on
-//! several threads at once.
+//! It does what the inline runner does for the same call, in two rounds over the same
+//! pieces of the call's keys (`Comm::share_keys`): first every key is locked (without
+//! waiting), then, when every key is held, the sums and copies, each piece unlocked
+//! when done. A key that another call holds, or anything this path does not do, hands
+//! the call back, with every lock released and nothing changed, to the inline runner,
+//! which waits for locks in key order: no lock is ever waited for here, so no deadlock
+//! can come of taking locks on several threads at once.
 //!
-//! A blocking call on an idle engine comes here as its caller gave it, before its keys
-//! are looked up (`Store::spread_runs`): the first round also looks them up, checks its
-//! arrays against them and that they are ready, which the caller would otherwise do
-//! alone; a failed check hands the call back, and the ordinary path's plan reports it.
+//! A call comes here once, in one of two ways. A planned call (queued, or run at once
+//! behind a busy engine) comes with its plan. A blocking call on an idle engine comes
+//! as its caller gave it, and the first round is its plan's parallel builder: each
+//! piece looks its keys up, groups them and checks them with the plan's own checks
+//! (`plan.rs`), as well as locking them. A call that ran into anything (an unknown
+//! key, a failed check, a busy key, keys out of index order) goes on to the inline
+//! runner with what the round found, its keys looked up once and its checks made once.
 
-use std::ops::{Deref, Range};
+use std::ops::Range;
+use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -26,9 +29,8 @@ use smallvec::SmallVec;
 use crate::comm::{BroadcastJob, Claims, ReduceJob};
 use crate::error::{Error, Result};
 use crate::kvstore::forms::Run;
-use crate::kvstore::plan::Plan;
-use crate::kvstore::plan::{Like, check_arrays};
-use crate::kvstore::{Entry, Group, Merger, Slot, Store, Table, locks};
+use crate::kvstore::plan::{Like, Plan, check_arrays};
+use crate::kvstore::{Entry, Found, Group, Merger, Slot, Store, Table, locks};
 use crate::ndarray::{NDArray, overlapping_uses, use_token};
 
 /// The guards of a piece's keys.
@@ -46,14 +48,54 @@ type Gathered<'a> = SmallVec<[&'a NDArray; 64]>;
 /// time (with 100,000 keys, a list push spent a quarter of its time in them).
 const LOOKED_UP: usize = 16;
 
-/// What a piece of the first round returns to stop the round early: the reason (a busy
-/// key, a failed check) is kept aside, and this error is never reported.
-fn stopped() -> Error {
-    Error::Internal("spread: a piece stopped early".into())
+/// The keys of a call as the spread runner reads them.
+#[derive(Clone, Copy)]
+enum Source<'k, 'a> {
+    /// A plan's groups: one per key, the same keys pushed and pulled (or one side empty).
+    Planned { push: &'k [Group<'a>], pull: &'k [Group<'a>] },
+    /// A call's runs as its caller gave them, to be looked up in `table`: the first
+    /// round builds their groups.
+    Given { table: &'k Table, push: &'k [Run<'a>], pull: &'k [Run<'a>] },
 }
 
-/// One key's values or outs in a call: looked up (in a group), or as the caller gave
-/// them (in a run).
+impl<'k, 'a> Source<'k, 'a> {
+    fn len(self) -> usize {
+        match self {
+            Source::Planned { push, pull } => push.len().max(pull.len()),
+            Source::Given { push, pull, .. } => push.len().max(pull.len()),
+        }
+    }
+
+    /// Key `i`'s number of values, of outs, and its first array.
+    fn counts(self, i: usize) -> (usize, usize, Option<&'a NDArray>) {
+        match self {
+            Source::Planned { push, pull } => {
+                let (v, o) = (push.get(i).map_or(&[][..], |g| &g.arrays), pull.get(i).map_or(&[][..], |g| &g.arrays));
+                (v.len(), o.len(), v.first().or(o.first()).copied())
+            }
+            Source::Given { push, pull, .. } => {
+                let (v, o) = (push.get(i).map_or(&[][..], |r| r.1), pull.get(i).map_or(&[][..], |r| r.1));
+                (v.len(), o.len(), v.first().or(o.first()))
+            }
+        }
+    }
+
+    /// Every value and every out of the call.
+    fn overlapping(self) -> bool {
+        match self {
+            Source::Planned { push, pull } => {
+                let arrays = |gs: &'k [Group<'a>]| gs.iter().flat_map(|g| g.arrays.iter().copied());
+                overlapping_uses(arrays(push), arrays(pull))
+            }
+            Source::Given { push, pull, .. } => {
+                let arrays = |rs: &'k [Run<'a>]| rs.iter().flat_map(|r| r.1.iter());
+                overlapping_uses(arrays(push), arrays(pull))
+            }
+        }
+    }
+}
+
+/// One key's values or outs in a piece: a plan's group's, or a run's as given.
 #[derive(Clone, Copy)]
 enum Side<'k, 'a> {
     Grouped(&'k [&'a NDArray]),
@@ -61,15 +103,19 @@ enum Side<'k, 'a> {
 }
 
 impl<'k, 'a> Side<'k, 'a> {
-    fn len(self) -> usize {
-        match self {
-            Side::Grouped(arrays) => arrays.len(),
-            Side::Given(arrays) => arrays.len(),
-        }
+    fn of_group(g: Option<&'k Group<'a>>) -> Self {
+        Side::Grouped(g.map_or(&[][..], |g| &g.arrays))
+    }
+
+    fn of_run(r: Option<&'k Run<'a>>) -> Self {
+        Side::Given(r.map_or(&[][..], |r| r.1))
     }
 
     fn is_empty(self) -> bool {
-        self.len() == 0
+        match self {
+            Side::Grouped(arrays) => arrays.is_empty(),
+            Side::Given(arrays) => arrays.is_empty(),
+        }
     }
 
     fn iter(self) -> impl Iterator<Item = &'a NDArray> + Clone {
@@ -88,94 +134,46 @@ impl<'k, 'a> Side<'k, 'a> {
     }
 }
 
-/// The keys of a call as a spread call reads them.
-#[derive(Clone, Copy)]
-enum CallKeys<'k, 'a> {
-    /// Looked up and grouped (one group per key), their arrays made ready for the call.
-    Groups { push: &'k [Group<'a>], pull: &'k [Group<'a>] },
-    /// As the caller gave them, looked up here in `table`. An array that is pending, or
-    /// an out that is lent, hands the call back (the ordinary path waits for the one
-    /// and copies the other first), and so does a failed check: the ordinary path
-    /// then reports it as it does any other.
-    Runs { table: &'k Table, push: &'k [Run<'a>], pull: &'k [Run<'a>] },
+/// What the first round made of one piece: the guards of its keys and, for a call as
+/// given, its keys' entries (in call order) and what their checks found. Without a heap
+/// allocation for a piece of a few keys (a call of larger keys has hundreds of pieces),
+/// and with one for a piece of many.
+struct Piece<'k, G> {
+    guards: Guards<G>,
+    entries: SmallVec<[&'k Arc<Entry>; 8]>,
+    /// The position in the call of the piece's first key that is not in the store,
+    /// pushed and pulled.
+    unknown: [Option<usize>; 2],
+    /// The positions in the call of the piece's first value and first out that failed
+    /// their checks (`check_arrays`, made again for the error).
+    failed: [Option<usize>; 2],
 }
 
-impl<'k, 'a> CallKeys<'k, 'a> {
-    fn len(self) -> usize {
-        match self {
-            CallKeys::Groups { push, pull } => push.len().max(pull.len()),
-            CallKeys::Runs { push, pull, .. } => push.len().max(pull.len()),
-        }
-    }
-
-    /// Key `i`'s values and outs (empty for none).
-    fn arrays(self, i: usize) -> (Side<'k, 'a>, Side<'k, 'a>) {
-        match self {
-            CallKeys::Groups { push, pull } => {
-                let side = |g: Option<&'k Group<'a>>| Side::Grouped(g.map_or(&[][..], |g| &g.arrays));
-                (side(push.get(i)), side(pull.get(i)))
-            }
-            CallKeys::Runs { push, pull, .. } => {
-                let side = |r: Option<&'k Run<'a>>| Side::Given(r.map_or(&[][..], |r| r.1));
-                (side(push.get(i)), side(pull.get(i)))
-            }
-        }
-    }
-
-    /// Key `i`'s entry, when the call may go on with it here.
-    fn entry(self, i: usize) -> Option<&'k Entry> {
-        match self {
-            CallKeys::Groups { push, pull } => push.get(i).or(pull.get(i)).map(|g| &*g.entry),
-            CallKeys::Runs { table, push, pull } => {
-                let key = match (push.get(i), pull.get(i)) {
-                    (Some(p), Some(q)) if p.0 != q.0 => return None,
-                    (Some((key, _)), _) | (None, Some((key, _))) => key,
-                    (None, None) => return None,
-                };
-                let (values, outs) = self.arrays(i);
-                let unready =
-                    values.iter().any(|a| a.is_pending()) || outs.iter().any(|a| a.is_pending() || a.is_lent());
-                if unready {
-                    return None;
-                }
-                table.entries.get(key).map(|e| &**e)
-            }
-        }
-    }
-
-    /// Whether the call's arrays are checked here: a call as given is, a planned one was
-    /// (see `plan.rs`). A failed check hands the call back, to fail on the ordinary path.
-    fn checks_here(self) -> bool {
-        matches!(self, CallKeys::Runs { .. })
+impl<G> Default for Piece<'_, G> {
+    fn default() -> Self {
+        Piece { guards: Guards::new(), entries: SmallVec::new(), unknown: [None; 2], failed: [None; 2] }
     }
 }
 
-/// What became of a call offered to the spread path.
-pub(in crate::kvstore) enum Spread {
+/// What became of a blocking call offered to the spread runner before its keys were
+/// looked up ([`Store::spread_given`]).
+pub(in crate::kvstore) enum Given<'a> {
     /// It ran here, with this result.
     Ran(Result<()>),
     /// It is not a call this path runs (one key, too little work to share, a store
-    /// with a worker group or another merger): offered again, it would not be either.
+    /// with a worker group or another merger): its keys are yet to be looked up.
     NotOne,
-    /// Handed back, with nothing changed and no lock held: a key was busy, or
-    /// something this path does not do came up.
-    HandedBack,
-}
-
-impl Spread {
-    /// The result of a call that ran here.
-    fn ran(self) -> Option<Result<()>> {
-        match self {
-            Spread::Ran(r) => Some(r),
-            Spread::NotOne | Spread::HandedBack => None,
-        }
-    }
+    /// A key of it is not in the store: the first in call order, pushed ones first.
+    Unknown(Error),
+    /// Handed back, with nothing changed and no lock held, its keys looked up (in
+    /// call order), and the result of its checks when its keys came in index order,
+    /// each once (they are then its plan's groups).
+    HandedBack { push: Found<'a>, pull: Found<'a>, checked: Option<Result<()>> },
 }
 
 impl Store {
-    /// [`Store::push_pull`] of `push` and `pull` (grouped), spread over the comm's
-    /// threads; `None`, with nothing changed and no lock held, when the call is not one
-    /// this path runs or a key is busy.
+    /// Runs a planned call spread over the comm's threads; `None`, with nothing
+    /// changed and no lock held, when it is not a call this path runs or a key is busy.
     ///
     /// The calls it runs: on a store with no worker group and the default merger (a push
     /// only sums), host arrays, every key with at least one array, and a pull of the
@@ -183,157 +181,198 @@ impl Store {
     /// share ([`crate::comm::Comm::share_keys`]). A thread that runs an updater takes
     /// the ordinary path, which knows how such a call may lock.
     pub(in crate::kvstore) fn spread(&self, plan: &Plan<'_>) -> Option<Result<()>> {
-        let (op, push, pull) = (plan.op, &plan.push[..], &plan.pull[..]);
+        let (push, pull) = (&plan.push[..], &plan.pull[..]);
         let same_keys = push.is_empty()
             || pull.is_empty()
             || (push.len() == pull.len() && push.iter().zip(pull).all(|(a, b)| a.entry.index == b.entry.index));
         if !same_keys {
             return None;
         }
-        self.spread_keys(op, CallKeys::Groups { push, pull }).ran()
+        match self.spread_keys(plan.op, Source::Planned { push, pull }) {
+            Given::Ran(r) => Some(r),
+            _ => None,
+        }
     }
 
-    /// [`Store::spread`] of a blocking call's keys as given, before anything else is
-    /// done with them: the lookups, the checks that its arrays are ready and the key
-    /// checks are spread too. For a caller that runs the call at once (its engine has
-    /// nothing queued); a call handed back goes to the ordinary path, which does all
-    /// that again on its own (and need not offer the call to [`Store::spread`] when
-    /// it is [`Spread::NotOne`]).
-    pub(in crate::kvstore) fn spread_runs<'a>(&self, op: &'static str, push: &[Run<'a>], pull: &[Run<'a>]) -> Spread {
+    /// [`Store::spread`] of a blocking call's keys as given, its plan built by the
+    /// first round (see the module docs). For a caller that runs the call at once (its
+    /// engine has nothing queued).
+    pub(in crate::kvstore) fn spread_given<'a>(
+        &self,
+        op: &'static str,
+        push: &[Run<'a>],
+        pull: &[Run<'a>],
+    ) -> Given<'a> {
         // Short calls are not looked at further, nor is the table locked for them.
         if !(push.is_empty() || pull.is_empty() || push.len() == pull.len()) || push.len().max(pull.len()) < 2 {
-            return Spread::NotOne;
+            return Given::NotOne;
         }
         let table = self.table.read();
-        self.spread_keys(op, CallKeys::Runs { table: &table, push, pull })
+        self.spread_keys(op, Source::Given { table: &table, push, pull })
     }
 
-    fn spread_keys(&self, op: &'static str, keys: CallKeys<'_, '_>) -> Spread {
+    fn spread_keys<'a>(&self, op: &'static str, keys: Source<'_, 'a>) -> Given<'a> {
         // One key is no call to spread (and the common blocking call: it should cost
         // no more than these comparisons here).
         if keys.len() < 2 || self.collective.is_some() || self.remote.is_some() || locks::inside_updater() {
-            return Spread::NotOne;
+            return Given::NotOne;
         }
-        let (values, _) = keys.arrays(0);
-        let Some(merger) = self.merger.try_read() else { return Spread::HandedBack };
+        let pushes = keys.counts(0).0 > 0;
+        let Some(merger) = self.merger.try_read() else { return Given::NotOne };
         // Pushes with compression quantise their values on the ordinary path.
-        if !values.is_empty() && (!matches!(*merger, Merger::Assign) || self.compression.read().is_some()) {
-            return Spread::NotOne;
+        if pushes && (!matches!(*merger, Merger::Assign) || self.compression.read().is_some()) {
+            return Given::NotOne;
         }
         let sizes: Vec<usize> = (0..keys.len())
             .map(|i| {
-                let (values, outs) = keys.arrays(i);
-                values
-                    .iter()
-                    .chain(outs.iter())
-                    .next()
-                    .map_or(0, |a| a.size() * a.dtype().size() * (values.len() + outs.len() + 1))
+                let (values, outs, first) = keys.counts(i);
+                first.map_or(0, |a| a.size() * a.dtype().size() * (values + outs + 1))
             })
             .collect();
-        let r = if values.is_empty() {
-            self.spread_locked(op, &sizes, keys, |e: &Entry| e.value.try_read())
-        } else {
-            self.spread_locked(op, &sizes, keys, |e: &Entry| e.value.try_write())
+        let r = match pushes {
+            false => self.spread_locked(op, &sizes, keys, |e: &Entry| e.value.try_read()),
+            true => self.spread_locked(op, &sizes, keys, |e: &Entry| e.value.try_write()),
         };
         drop(merger);
         #[cfg(test)]
-        tests::TAKEN.with(|t| t.set(t.get() + usize::from(matches!(r, Spread::Ran(_)))));
+        tests::TAKEN.with(|t| t.set(t.get() + usize::from(matches!(r, Given::Ran(_)))));
         r
     }
 
-    /// [`Store::spread`] with the keys locked by `lock` (shared for a pull, exclusive
-    /// when the call pushes).
+    /// [`Store::spread_keys`] with the keys locked by `lock` (shared for a pull,
+    /// exclusive when the call pushes).
     ///
-    /// In a first round the threads look the keys of the pieces they take up, lock
-    /// and check them, and leave each piece's guards in its place; when every piece is
-    /// checked (`Claims::all_done`) and nothing failed, they take the pieces again to
+    /// In a first round the threads take pieces of the keys (building their groups,
+    /// for a call as given), lock them, and leave each piece's guards in its place;
+    /// when every piece is locked and nothing came up, they take the pieces again to
     /// sum and copy them, and unlock each piece when it is done. No key is unlocked
     /// before every key is locked, so the call still takes effect at once for other
     /// calls.
-    fn spread_locked<'k, 'a, G: Deref<Target = Slot> + Send + Sync>(
+    fn spread_locked<'k, 'a, G: std::ops::Deref<Target = Slot> + Send + Sync>(
         &self,
         op: &'static str,
         sizes: &[usize],
-        keys: CallKeys<'k, 'a>,
+        keys: Source<'k, 'a>,
         lock: impl Fn(&'k Entry) -> Option<G> + Sync,
-    ) -> Spread {
-        let handed_back = AtomicBool::new(false);
+    ) -> Given<'a> {
+        // Set when anything came up: the round goes on building the plan, but locks
+        // nothing more, and the call is handed back.
+        let stop = AtomicBool::new(false);
+        let stopped = || stop.store(true, Ordering::Relaxed);
         // The pieces run in no set order, each summing and copying its keys in turn: a
         // call whose outs alias each other or other keys' values needs the ordinary
         // path's order (every sum before any copy, outs written in order).
-        let token = (!keys.arrays(0).1.is_empty()).then(use_token);
+        let token = (keys.counts(0).1 > 0).then(use_token);
         let aliased = |values: Side<'_, '_>, outs: Side<'_, '_>| {
             let Some(token) = token else { return false };
-            let in_place = values.len() == outs.len() && values.iter().zip(outs.iter()).all(|(v, o)| v.same_storage(o));
+            let in_place = values.iter().count() == outs.iter().count()
+                && values.iter().zip(outs.iter()).all(|(v, o)| v.same_storage(o));
             (!in_place && values.iter().any(|v| v.used_again(token, false)))
                 || outs.iter().any(|o| o.used_again(token, true))
         };
         // Different arrays over the same memory (views of one buffer that a binding
         // wrapped one by one) have marks of their own: such a call, one of them written,
-        // is handed back whole.
-        if token.is_some() {
-            let values = (0..keys.len()).flat_map(|i| keys.arrays(i).0.iter());
-            if overlapping_uses(values, (0..keys.len()).flat_map(|i| keys.arrays(i).1.iter())) {
-                return Spread::HandedBack;
-            }
+        // is not run here.
+        if token.is_some() && keys.overlapping() {
+            stopped();
         }
-        let hand_back = || {
-            handed_back.store(true, Ordering::Relaxed);
-            stopped()
+        // Locks key `i`, whose arrays are `values` and `outs`, unless something came up.
+        let take = |entry: &'k Entry, values: Side<'_, '_>, outs: Side<'_, '_>, held: &mut Guards<G>| {
+            let unfit = (values.is_empty() && outs.is_empty())
+                || values.iter().chain(outs.iter()).any(|a| a.on_device())
+                || aliased(values, outs);
+            if unfit {
+                return stopped();
+            }
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            match lock(entry).filter(|g| !g.value.on_device()) {
+                Some(guard) => held.push(guard),
+                None => stopped(),
+            }
         };
-        // Looks up, locks and checks the keys of `range`: their guards, in key order.
-        let check = |range: Range<usize>| -> Result<Guards<G>> {
-            let mut held = Guards::with_capacity(range.len());
-            let mut looked_up: SmallVec<[Option<&Entry>; LOOKED_UP]> = SmallVec::new();
+        // Locks the keys of `range` of a planned call.
+        let lock_planned = |push: &'k [Group<'a>], pull: &'k [Group<'a>], range: Range<usize>| {
+            let mut piece = Piece::default();
+            for i in range {
+                let (values, outs) = (Side::of_group(push.get(i)), Side::of_group(pull.get(i)));
+                let entry = push.get(i).or(pull.get(i)).map(|g| &*g.entry).expect("a key of the call");
+                take(entry, values, outs, &mut piece.guards);
+            }
+            piece
+        };
+        // A call as given whose pulled keys are not its pushed ones (a key with no
+        // value, another with no out): the ordinary path looks them up and groups them.
+        let unplanned = AtomicBool::new(false);
+        // Looks up, checks and locks the keys of `range` of a call as given.
+        let build = |table: &'k Table, push: &'k [Run<'a>], pull: &'k [Run<'a>], range: Range<usize>| {
+            let mut piece = Piece::default();
+            piece.entries.reserve(range.len());
+            let mut looked_up: SmallVec<[Option<&'k Arc<Entry>>; LOOKED_UP]> = SmallVec::new();
             for i in range.clone() {
                 let ahead = (i - range.start) % LOOKED_UP;
                 if ahead == 0 {
                     looked_up.clear();
-                    looked_up.extend((i..range.end.min(i + LOOKED_UP)).map(|k| keys.entry(k)));
+                    looked_up.extend((i..range.end.min(i + LOOKED_UP)).map(|k| {
+                        let key = &push.get(k).or(pull.get(k)).expect("a key of the call").0;
+                        table.entries.get(key)
+                    }));
+                    // Each entry's first line (index, shape, lock) loaded now, the loads
+                    // of the batch overlapping, not one at a time between locks.
+                    let lines = looked_up.iter().flatten().fold(0, |acc, e| acc ^ e.index);
+                    std::hint::black_box(lines);
                 }
-                let (values, outs) = keys.arrays(i);
-                if values.is_empty() && outs.is_empty() || values.iter().chain(outs.iter()).any(|a| a.on_device()) {
-                    return Err(hand_back());
+                let (pushed, pulled) = (push.get(i), pull.get(i));
+                if let (Some(p), Some(q)) = (pushed, pulled)
+                    && p.0 != q.0
+                {
+                    unplanned.store(true, Ordering::Relaxed);
+                    stopped();
+                    continue;
                 }
-                let Some(entry) = looked_up[ahead] else { return Err(hand_back()) };
-                if aliased(values, outs) {
-                    return Err(hand_back());
-                }
-                let Some(guard) = lock(entry).filter(|g| !g.value.on_device()) else {
-                    return Err(hand_back());
+                let Some(entry) = looked_up[ahead] else {
+                    piece.unknown[usize::from(pushed.is_none())].get_or_insert(i);
+                    stopped();
+                    continue;
                 };
-                // A call as given is checked here, against the value it locked (its line
-                // is read for the sums anyway); a planned call was checked by its plan.
-                let checked = |what, arrays: Side<'_, '_>| {
-                    let like = Like::Array(&guard.value);
-                    arrays.is_empty() || check_arrays(op, what, &entry.key, arrays.iter(), like).is_ok()
-                };
-                if keys.checks_here() && !(checked("value", values) && checked("out", outs)) {
-                    return Err(hand_back());
+                piece.entries.push(entry);
+                let (values, outs) = (Side::of_run(pushed), Side::of_run(pulled));
+                for (side, what, arrays) in [(0, "value", values), (1, "out", outs)] {
+                    if piece.failed[side].is_none() && !arrays.is_empty() && check(op, what, entry, arrays).is_err() {
+                        piece.failed[side] = Some(i);
+                        stopped();
+                    }
                 }
-                held.push(guard);
+                // An array that is pending, or an out that is lent, is made ready by
+                // the ordinary path (it waits for the one and copies the other first).
+                if values.iter().any(|a| a.is_pending()) || outs.iter().any(|a| a.is_pending() || a.is_lent()) {
+                    stopped();
+                }
+                take(entry, values, outs, &mut piece.guards);
             }
-            Ok(held)
+            piece
         };
-        // Sums and copies the keys of `range`, whose guards are `slots`.
-        let run = |range: Range<usize>, slots: &[G]| -> Result<()> {
+        // Sums and copies the keys of a piece, whose guards are `slots`: `sides(i)` are
+        // the values and outs of its `i`th key.
+        let run = |sides: &dyn Fn(usize) -> (Side<'k, 'a>, Side<'k, 'a>), slots: &[G]| -> Result<()> {
             // A few keys at a time, their arrays gathered on the stack.
-            for (start, slots) in range.step_by(GATHERED).zip(slots.chunks(GATHERED)) {
+            for (start, slots) in (0..slots.len()).step_by(GATHERED).zip(slots.chunks(GATHERED)) {
                 let mut arrays = Gathered::new();
                 let spans: SmallVec<[(Range<usize>, Range<usize>); GATHERED]> = (start..start + slots.len())
                     .map(|i| {
-                        let (values, outs) = keys.arrays(i);
+                        let (values, outs) = sides(i);
                         (values.gather(&mut arrays), outs.gather(&mut arrays))
                     })
                     .collect();
-                let sides =
+                let keys =
                     || spans.iter().map(|(values, outs)| (&arrays[values.clone()], &arrays[outs.clone()])).zip(slots);
-                let jobs: SmallVec<[ReduceJob<'_>; GATHERED]> = sides()
+                let jobs: SmallVec<[ReduceJob<'_>; GATHERED]> = keys()
                     .filter(|((values, _), _)| !values.is_empty())
                     .map(|((values, _), slot)| ReduceJob { inputs: values, out: &slot.value })
                     .collect();
                 self.comm.reduce(&jobs)?;
-                let jobs: SmallVec<[BroadcastJob<'_>; GATHERED]> = sides()
+                let jobs: SmallVec<[BroadcastJob<'_>; GATHERED]> = keys()
                     .filter(|((_, outs), _)| !outs.is_empty())
                     .map(|((_, outs), slot)| BroadcastJob { src: &slot.value, outs })
                     .collect();
@@ -341,30 +380,82 @@ impl Store {
             }
             Ok(())
         };
-        // Each piece's guards, from the round that checks it to the round that runs it.
-        let placed: OnceLock<Vec<Mutex<Guards<G>>>> = OnceLock::new();
+        // Each piece's result, from the round that builds and locks it to the round
+        // that runs it (or to the hand-back).
+        let placed: OnceLock<Vec<Mutex<Piece<'k, G>>>> = OnceLock::new();
         let work = |claims: &dyn Claims| -> Result<()> {
             let placed = placed.get_or_init(|| (0..claims.pieces()).map(|_| Mutex::default()).collect());
             while let Some((p, range)) = claims.next() {
-                *placed[p].lock() = check(range)?;
+                *placed[p].lock() = match keys {
+                    Source::Planned { push, pull } => lock_planned(push, pull, range),
+                    Source::Given { table, push, pull } => build(table, push, pull, range),
+                };
             }
-            // Every key of the call is locked and checked (else it stopped).
-            if !claims.all_done() {
+            // Every key of the call is locked (unless something came up).
+            if !claims.all_done() || stop.load(Ordering::Relaxed) {
                 return Ok(());
             }
             while let Some((p, range)) = claims.next() {
-                let slots = std::mem::take(&mut *placed[p].lock());
-                run(range, &slots)?;
+                let mut piece = placed[p].lock();
+                let sides = |i: usize| match keys {
+                    Source::Planned { push, pull } => {
+                        (Side::of_group(push.get(range.start + i)), Side::of_group(pull.get(range.start + i)))
+                    }
+                    Source::Given { push, pull, .. } => {
+                        (Side::of_run(push.get(range.start + i)), Side::of_run(pull.get(range.start + i)))
+                    }
+                };
+                run(&sides, &piece.guards)?;
+                piece.guards.clear();
             }
             Ok(())
         };
-        // The result says only whether a piece stopped early; why is kept aside.
-        let Some(r) = self.comm.share_keys(sizes, 2, &work) else { return Spread::NotOne };
-        if handed_back.load(Ordering::Relaxed) {
-            return Spread::HandedBack;
+        let Some(r) = self.comm.share_keys(sizes, 2, &work) else { return Given::NotOne };
+        if !stop.load(Ordering::Relaxed) {
+            return Given::Ran(r);
         }
-        Spread::Ran(r)
+        let pieces: Vec<Piece<'k, G>> =
+            placed.into_inner().unwrap_or_default().into_iter().map(Mutex::into_inner).collect();
+        match keys {
+            Source::Planned { .. } => Given::HandedBack { push: Vec::new(), pull: Vec::new(), checked: None },
+            Source::Given { .. } if unplanned.load(Ordering::Relaxed) => Given::NotOne,
+            Source::Given { push, pull, .. } => handed_back(op, push, pull, pieces),
+        }
     }
+}
+
+/// Checks a key's values or outs (`what`) against its entry (`plan.rs`).
+fn check(op: &'static str, what: &str, entry: &Entry, arrays: Side<'_, '_>) -> Result<()> {
+    check_arrays(op, what, &entry.key, arrays.iter(), Like::Key(entry))
+}
+
+/// A call as given (`push`, `pull`: the same keys, or one of them empty), handed back:
+/// its keys' groups in call order, or its first unknown key; and its checks' result,
+/// when its keys came in index order, each once.
+fn handed_back<'a, G>(op: &'static str, push: &[Run<'a>], pull: &[Run<'a>], pieces: Vec<Piece<'_, G>>) -> Given<'a> {
+    let first = |at: fn(&Piece<'_, G>) -> Option<usize>| pieces.iter().find_map(at);
+    if let Some(key) =
+        first(|p| p.unknown[0]).map(|i| &push[i].0).or_else(|| first(|p| p.unknown[1]).map(|i| &pull[i].0))
+    {
+        return Given::Unknown(Error::KeyNotInitialized { op, key: key.clone() });
+    }
+    let entries: Vec<&Arc<Entry>> = pieces.iter().flat_map(|p| p.entries.iter().copied()).collect();
+    let in_order = entries.windows(2).all(|w| w[0].index < w[1].index);
+    let checked = in_order.then(|| {
+        let failed = |i: usize, what, side| check(op, what, entries[i], side).err();
+        let value = first(|p| p.failed[0]).and_then(|i| failed(i, "value", Side::of_run(push.get(i))));
+        match value.or_else(|| first(|p| p.failed[1]).and_then(|i| failed(i, "out", Side::of_run(pull.get(i))))) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    });
+    let group = |runs: &[Run<'a>]| -> Found<'a> {
+        let arrays = |r: &Run<'a>| r.1.iter().collect();
+        runs.iter().zip(&entries).map(|(r, e)| Group { entry: Arc::clone(e), arrays: arrays(r) }).collect()
+    };
+    let found = (group(push), group(pull));
+    drop(pieces);
+    Given::HandedBack { push: found.0, pull: found.1, checked }
 }
 
 #[cfg(test)]
@@ -467,6 +558,45 @@ mod tests {
         kv.pull(&keys, &now, 0)?;
         assert_eq!(firsts(&now)?, (0..KEYS).map(|k| k as f32).collect::<Vec<_>>());
         assert!(outs.iter().all(|o| o.to_vec::<f32>().unwrap().iter().all(|&x| x == 0.0)));
+        Ok(())
+    }
+
+    #[test]
+    fn a_call_as_given_reports_what_its_plan_would_in_any_key_order() -> Result<()> {
+        // The first round checks the call where its pieces are: an unknown key is
+        // reported before any failed check, a failed value before a failed out, each the
+        // first in key order (the order the keys were initialised), whatever piece or
+        // order of the call it is in.
+        let (kv, keys) = store(2)?;
+        let (plain, _) = store(1)?;
+        let mut vals = values(1.0)?;
+        vals[20][1] = NDArray::zeros(&[3])?;
+        vals[170][0] = NDArray::zeros(&[4])?;
+        let mut outs = zeros(KEYS)?;
+        outs[10] = NDArray::zeros(&[5])?;
+        let mut unknown = keys.clone();
+        unknown[190] = "nope".into();
+        let reversed = |v: &[String]| v.iter().rev().cloned().collect::<Vec<_>>();
+        for keys in [keys.clone(), reversed(&keys), unknown.clone(), reversed(&unknown)] {
+            let flip = keys[0] != "w0";
+            let (vals, outs) = match flip {
+                true => (vals.iter().rev().cloned().collect(), outs.iter().rev().cloned().collect()),
+                false => (vals.clone(), outs.clone()),
+            };
+            let before = taken();
+            let err = kv.pushpull(&keys, &vals, &outs, 0).unwrap_err().to_string();
+            assert_eq!(err, plain.pushpull(&keys, &vals, &outs, 0).unwrap_err().to_string());
+            let expected = if keys.iter().any(|k| k == "nope") { "nope" } else { "\"w20\"" };
+            assert!(err.contains(expected), "{err}");
+            let pull_err = kv.pull(&keys, &outs, 0).unwrap_err().to_string();
+            assert_eq!(pull_err, plain.pull(&keys, &outs, 0).unwrap_err().to_string());
+            let expected = if keys.iter().any(|k| k == "nope") { "nope" } else { "\"w10\"" };
+            assert!(pull_err.contains(expected), "{pull_err}");
+            assert_eq!(taken(), before, "a refused call ran spread");
+        }
+        let now = zeros(KEYS)?;
+        kv.pull(&keys, &now, 0)?;
+        assert_eq!(firsts(&now)?, (0..KEYS).map(|k| k as f32).collect::<Vec<_>>());
         Ok(())
     }
 
