@@ -127,7 +127,7 @@ fn submit(
 
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nSubmit<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nSubmit<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -153,7 +153,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nSubmit<'l>(
 /// the outs): one string and one array from Java, the fewest JNI calls for the most
 /// frequent calls.
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nSubmitKey<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nSubmitKey<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -180,7 +180,11 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nSubmitKey<'l>(
 /// Releases call `id` if a batch of fused calls holds it back (a Java thread is about to
 /// wait for its future); nothing for a call that finished or that no batch holds.
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nRelease<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, id: jlong) {
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nRelease<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    id: jlong,
+) {
     env.with_env(|_| -> JResult<()> {
         let release = RELEASE.lock().get(&id).cloned();
         if let Some(r) = release {
@@ -195,7 +199,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nRelease<'l>(mut env: EnvU
 /// for calls that failed: `nResult` throws their errors); returns how many it wrote (0
 /// when none finished in time). With an empty `ids` it only waits.
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nTakeDone<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nTakeDone<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     ids: JLongArray<'l>,
@@ -222,7 +226,11 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nTakeDone<'l>(
 /// Throws the `KVStoreException` of call `id`, which `nTakeDone` gave as failed (with
 /// the updater's exception as the cause of a `BACKEND` error). Each id once.
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nResult<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, id: jlong) {
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nResult<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    id: jlong,
+) {
     env.with_env(|_| -> JResult<()> {
         let failed = DONE.0.lock().failed.remove(&id);
         let Some(error) = failed else {
@@ -234,7 +242,11 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nResult<'l>(mut env: EnvUn
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nWaitAll<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, h: jlong) {
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nWaitAll<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+) {
     env.with_env(|_| -> JResult<()> {
         let kv = STORES.get(h)?;
         Ok(kv.wait_all()?)

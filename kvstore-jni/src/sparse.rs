@@ -100,7 +100,7 @@ pub extern "system" fn Java_io_github_kvstore_RowSparse_nToDense<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nInitRowSparse<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nInitRowSparse<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -117,7 +117,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nInitRowSparse<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nPushRowSparse<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nPushRowSparse<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -145,7 +145,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nPushRowSparse<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nRowSparsePull<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nRowSparsePull<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -163,7 +163,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nRowSparsePull<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nStype<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nStype<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,

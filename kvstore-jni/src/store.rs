@@ -25,7 +25,7 @@ const WITHOUT_MPI: &str = "this is the kvstore jar, built without MPI: use the k
      io.github.kvstore/kvstore-mpi)";
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nCreate<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nCreate<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     kind: JString<'l>,
@@ -38,7 +38,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nCreate<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nVersion<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nVersion<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
 ) -> JString<'l> {
@@ -46,7 +46,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nVersion<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nMpiSupported<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nMpiSupported<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
 ) -> jboolean {
@@ -54,12 +54,16 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nMpiSupported<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nFinalizeMpi<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>) {
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nFinalizeMpi<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>) {
     env.with_env(|_| -> JResult<()> { Ok(kvstore::finalize()?) }).resolve::<ThrowKvStore>()
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nFree<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, h: jlong) {
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nFree<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+) {
     env.with_env(|_| -> JResult<()> {
         STORES.remove(h);
         Ok(())
@@ -68,7 +72,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nFree<'l>(mut env: EnvUnow
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nType<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nType<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -81,7 +85,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nType<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nRank<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nRank<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -90,7 +94,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nRank<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nNumWorkers<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nNumWorkers<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -103,7 +107,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nNumWorkers<'l>(
 /// this worker's refusal, so that every worker fails it and their next calls stay
 /// matched. The Java side then throws its own `DISPOSED` exception.
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nRefuse<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nRefuse<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -128,7 +132,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nRefuse<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nInit<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nInit<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -143,7 +147,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nInit<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nPush<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nPush<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -159,7 +163,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nPush<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nPull<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nPull<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -175,7 +179,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nPull<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nPushKey<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nPushKey<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -191,7 +195,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nPushKey<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nPullKey<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nPullKey<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -207,7 +211,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nPullKey<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nPullNew<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nPullNew<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -223,7 +227,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nPullNew<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nKeys<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nKeys<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -244,7 +248,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nKeys<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nNumKeys<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nNumKeys<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -280,7 +284,7 @@ fn pairs_call(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nPushPull<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nPushPull<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -295,7 +299,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nPushPull<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nBroadcast<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nBroadcast<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -310,7 +314,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nBroadcast<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nSetUpdater<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nSetUpdater<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -331,12 +335,16 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nSetUpdater<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nBarrier<'l>(mut env: EnvUnowned<'l>, _c: JClass<'l>, h: jlong) {
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nBarrier<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+) {
     env.with_env(|_| -> JResult<()> { with_store(h, KVStore::barrier) }).resolve::<ThrowKvStore>()
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nNumDeadNode<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nNumDeadNode<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -347,7 +355,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nNumDeadNode<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nSetBarrierBeforeExit<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nSetBarrierBeforeExit<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -363,7 +371,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nSetBarrierBeforeExit<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nSendCommandToServers<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nSendCommandToServers<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -378,7 +386,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nSendCommandToServers<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nSetGradientCompression<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nSetGradientCompression<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -394,7 +402,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nSetGradientCompression<'l
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nIsCapable<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nIsCapable<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -408,7 +416,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nIsCapable<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nSetOptimizer<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nSetOptimizer<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -436,7 +444,7 @@ fn with_path(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nSaveOptimizerStates<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nSaveOptimizerStates<'l>(
     env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -446,7 +454,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nSaveOptimizerStates<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nLoadOptimizerStates<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nLoadOptimizerStates<'l>(
     env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -456,7 +464,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nLoadOptimizerStates<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nSaveCheckpoint<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nSaveCheckpoint<'l>(
     env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -466,7 +474,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nSaveCheckpoint<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nLoadCheckpoint<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nLoadCheckpoint<'l>(
     env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
@@ -476,7 +484,7 @@ pub extern "system" fn Java_io_github_kvstore_KVStore_nLoadCheckpoint<'l>(
 }
 
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_KVStore_nOptimizerName<'l>(
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nOptimizerName<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,

@@ -18,7 +18,7 @@ import java.util.function.Supplier;
 /**
  * The non-blocking calls of a {@link KVStore}, from {@link KVStore#async()}:
  * {@code push}, {@code pull}, {@code pushpull} and {@code broadcast} in the
- * <a href="KVStore.html#forms">argument forms</a> of the store's blocking calls (with a
+ * <a href="StoreCalls.html#forms">argument forms</a> of the store's blocking calls (with a
  * {@code priority} on the forms with an {@code NDArray[]}, as there), each returning at
  * once a {@link CompletableFuture} that completes when the call has taken effect, or
  * exceptionally with the {@link KVStoreException} its blocking twin would throw. (As
@@ -64,7 +64,7 @@ import java.util.function.Supplier;
  * pulled.get();                                                   // weight is written
  * }</pre>
  */
-public final class AsyncKVStore {
+public final class AsyncKVStore implements StoreCalls<CompletableFuture<Void>> {
     private static final int OP_PUSH = 0;
     private static final int OP_PULL = 1;
     private static final int OP_PUSHPULL = 2;
@@ -124,7 +124,7 @@ public final class AsyncKVStore {
         private void release() {
             long call = id;
             if (call >= 0 && !super.isDone()) {
-                KVStore.nRelease(call);
+                StoreNatives.nRelease(call);
             }
         }
 
@@ -284,9 +284,9 @@ public final class AsyncKVStore {
         future.id = id;
         try {
             if (key != null) {
-                KVStore.nSubmitKey(store.handle(), id, op, key, op == OP_PUSH_KEY ? vs : os, priority);
+                StoreNatives.nSubmitKey(store.handle(), id, op, key, op == OP_PUSH_KEY ? vs : os, priority);
             } else {
-                KVStore.nSubmit(store.handle(), id, op, keys, vs, outKeys, os, priority);
+                StoreNatives.nSubmit(store.handle(), id, op, keys, vs, outKeys, os, priority);
             }
         } catch (KVStoreException e) {
             // Found before anything was queued (a closed store, a stale array): the same
@@ -303,67 +303,14 @@ public final class AsyncKVStore {
 
     // ----- push -----
 
-    /**
-     * {@link KVStore#push(String, NDArray)}, non-blocking.
-     *
-     * @param key the key
-     * @param value the value, free for reuse when this returns
-     * @return the call's future (see the class doc)
-     */
-    public CompletableFuture<Void> push(String key, NDArray value) {
-        return push(key, one(value, "value"), 0);
-    }
-
-    /**
-     * {@link KVStore#push(String, NDArray[])}, non-blocking, at priority 0: the values
-     * are summed into one update.
-     *
-     * @param key the key
-     * @param values the values, free for reuse when this returns
-     * @return the call's future (see the class doc)
-     */
-    public CompletableFuture<Void> push(String key, NDArray[] values) {
-        return push(key, values, 0);
-    }
-
-    /**
-     * {@link KVStore#push(String, NDArray[], int)}, non-blocking: the values are summed
-     * into one update.
-     *
-     * @param key the key
-     * @param values the values, free for reuse when this returns
-     * @param priority MXNet's priority (see {@link KVStore}): orders queued calls, never
-     *     results
-     * @return the call's future (see the class doc)
-     */
+    @Override
     public CompletableFuture<Void> push(String key, NDArray[] values, int priority) {
         Objects.requireNonNull(key, "key");
         checkArrays(values, "values");
         return submit(OP_PUSH_KEY, key, NO_KEYS, values, NO_KEYS, NO_ARRAYS, priority);
     }
 
-    /**
-     * {@link KVStore#push(String[], NDArray[])}, non-blocking, at priority 0.
-     *
-     * @param keys the keys
-     * @param values the values, one per key, free for reuse when this returns
-     * @return the call's future (see the class doc)
-     */
-    public CompletableFuture<Void> push(String[] keys, NDArray[] values) {
-        return push(keys, values, 0);
-    }
-
-    /**
-     * {@link KVStore#push(String[], NDArray[], int)}, non-blocking.
-     *
-     * @param keys the keys
-     * @param values the values, one per key, free for reuse when this returns
-     * @param priority MXNet's priority (see {@link KVStore}): orders queued calls, never
-     *     results
-     * @return the call's future, completed exceptionally with the
-     *     {@link KVStoreException} that {@link KVStore#push(String[], NDArray[], int)}
-     *     throws
-     */
+    @Override
     public CompletableFuture<Void> push(String[] keys, NDArray[] values, int priority) {
         checkKeys(keys, "keys");
         checkArrays(values, "values");
@@ -372,69 +319,14 @@ public final class AsyncKVStore {
 
     // ----- pull -----
 
-    /**
-     * {@link KVStore#pull(String, NDArray)}, non-blocking: {@code out} is pending until
-     * the future completes.
-     *
-     * @param key the key
-     * @param out the out
-     * @return the call's future (see the class doc)
-     */
-    public CompletableFuture<Void> pull(String key, NDArray out) {
-        return pull(key, one(out, "out"), 0);
-    }
-
-    /**
-     * {@link KVStore#pull(String, NDArray[])}, non-blocking, at priority 0: the outs are
-     * pending until the future completes.
-     *
-     * @param key the key
-     * @param outs the outs
-     * @return the call's future (see the class doc)
-     */
-    public CompletableFuture<Void> pull(String key, NDArray[] outs) {
-        return pull(key, outs, 0);
-    }
-
-    /**
-     * {@link KVStore#pull(String, NDArray[], int)}, non-blocking: the outs are pending
-     * until the future completes.
-     *
-     * @param key the key
-     * @param outs the outs
-     * @param priority MXNet's priority (see {@link KVStore}): orders queued calls, never
-     *     results
-     * @return the call's future (see the class doc)
-     */
+    @Override
     public CompletableFuture<Void> pull(String key, NDArray[] outs, int priority) {
         Objects.requireNonNull(key, "key");
         checkArrays(outs, "outs");
         return submit(OP_PULL_KEY, key, NO_KEYS, NO_ARRAYS, NO_KEYS, outs, priority);
     }
 
-    /**
-     * {@link KVStore#pull(String[], NDArray[])}, non-blocking, at priority 0.
-     *
-     * @param keys the keys
-     * @param outs the outs, one per key
-     * @return the call's future (see the class doc)
-     */
-    public CompletableFuture<Void> pull(String[] keys, NDArray[] outs) {
-        return pull(keys, outs, 0);
-    }
-
-    /**
-     * {@link KVStore#pull(String[], NDArray[], int)}, non-blocking: the outs are written
-     * after every call made before on their keys, and pending until then.
-     *
-     * @param keys the keys
-     * @param outs the outs, one per key
-     * @param priority MXNet's priority (see {@link KVStore}): orders queued calls, never
-     *     results
-     * @return the call's future, completed exceptionally with the
-     *     {@link KVStoreException} that {@link KVStore#pull(String[], NDArray[], int)}
-     *     throws
-     */
+    @Override
     public CompletableFuture<Void> pull(String[] keys, NDArray[] outs, int priority) {
         checkKeys(keys, "keys");
         checkArrays(outs, "outs");
@@ -443,41 +335,7 @@ public final class AsyncKVStore {
 
     // ----- pushpull -----
 
-    /**
-     * {@link KVStore#pushpull(String, NDArray, NDArray)}, non-blocking.
-     *
-     * @param key the key
-     * @param value the value, free for reuse when this returns
-     * @param out the out, pending until the future completes
-     * @return the call's future (see the class doc)
-     */
-    public CompletableFuture<Void> pushpull(String key, NDArray value, NDArray out) {
-        String[] k = one(key, "key");
-        return submit(OP_PUSHPULL, null, k, one(value, "value"), k, one(out, "out"), 0);
-    }
-
-    /**
-     * {@link KVStore#pushpull(String, NDArray[], NDArray[])}, non-blocking, at priority 0.
-     *
-     * @param key the key
-     * @param values the values, summed, free for reuse when this returns
-     * @param outs the outs, pending until the future completes
-     * @return the call's future (see the class doc)
-     */
-    public CompletableFuture<Void> pushpull(String key, NDArray[] values, NDArray[] outs) {
-        return pushpull(key, values, outs, 0);
-    }
-
-    /**
-     * {@link KVStore#pushpull(String, NDArray[], NDArray[], int)}, non-blocking.
-     *
-     * @param key the key
-     * @param values the values, summed, free for reuse when this returns
-     * @param outs the outs, pending until the future completes
-     * @param priority MXNet's priority (see {@link KVStore}): orders queued calls, never
-     *     results
-     * @return the call's future (see the class doc)
-     */
+    @Override
     public CompletableFuture<Void> pushpull(String key, NDArray[] values, NDArray[] outs, int priority) {
         String[] valueKeys = repeat(key, "key", values, "values");
         String[] outKeys = repeat(key, "key", outs, "outs");
@@ -486,32 +344,7 @@ public final class AsyncKVStore {
         return submit(OP_PUSHPULL, null, valueKeys, values, outKeys, outs, priority);
     }
 
-    /**
-     * {@link KVStore#pushpull(String[], NDArray[], NDArray[])}, non-blocking, at
-     * priority 0.
-     *
-     * @param keys the keys
-     * @param values the values, one per key, free for reuse when this returns
-     * @param outs the outs, one per key, pending until the future completes
-     * @return the call's future (see the class doc)
-     */
-    public CompletableFuture<Void> pushpull(String[] keys, NDArray[] values, NDArray[] outs) {
-        return pushpull(keys, values, outs, 0);
-    }
-
-    /**
-     * {@link KVStore#pushpull(String[], NDArray[], NDArray[], int)}, non-blocking: the
-     * values are copied before this returns, the outs written later.
-     *
-     * @param keys the keys
-     * @param values the values, one per key, free for reuse when this returns
-     * @param outs the outs, one per key, pending until the future completes (the values
-     *     themselves, to write the results back into them)
-     * @param priority MXNet's priority (see {@link KVStore}): orders queued calls, never
-     *     results
-     * @return the call's future, completed exceptionally with the
-     *     {@link KVStoreException} that the blocking call throws
-     */
+    @Override
     public CompletableFuture<Void> pushpull(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
         checkKeys(keys, "keys");
         checkArrays(values, "values");
@@ -519,82 +352,9 @@ public final class AsyncKVStore {
         return submit(OP_PUSHPULL, null, keys, values, keys, outs, priority);
     }
 
-    /**
-     * {@link KVStore#pushpull(String, NDArray)}, non-blocking: the result is written
-     * back into {@code value}, which is pending until the future completes.
-     *
-     * @param key the key
-     * @param value the value, then the result
-     * @return the call's future (see the class doc)
-     */
-    public CompletableFuture<Void> pushpull(String key, NDArray value) {
-        return pushpull(key, value, value);
-    }
-
-    /**
-     * {@link KVStore#pushpull(String, NDArray[])}, non-blocking: the result is written
-     * back into every value, each pending until the future completes.
-     *
-     * @param key the key
-     * @param values the values, summed, then the result
-     * @return the call's future (see the class doc)
-     */
-    public CompletableFuture<Void> pushpull(String key, NDArray[] values) {
-        return pushpull(key, values, values, 0);
-    }
-
-    /**
-     * {@link KVStore#pushpull(String[], NDArray[])}, non-blocking: each key's result is
-     * written back into its values, pending until the future completes.
-     *
-     * @param keys the keys
-     * @param values the values, one per key, then the results
-     * @return the call's future (see the class doc)
-     */
-    public CompletableFuture<Void> pushpull(String[] keys, NDArray[] values) {
-        return pushpull(keys, values, values, 0);
-    }
-
     // ----- broadcast -----
 
-    /**
-     * {@link KVStore#broadcast(String, NDArray, NDArray)}, non-blocking for its pull: the
-     * key is initialised before this returns.
-     *
-     * @param key the key
-     * @param value the initial value
-     * @param out the out, pending until the future completes
-     * @return the call's future (see the class doc)
-     */
-    public CompletableFuture<Void> broadcast(String key, NDArray value, NDArray out) {
-        String[] k = one(key, "key");
-        return submit(OP_BROADCAST, null, k, one(value, "value"), k, one(out, "out"), 0);
-    }
-
-    /**
-     * {@link KVStore#broadcast(String, NDArray, NDArray[])}, non-blocking for its pull,
-     * at priority 0: the key is initialised before this returns.
-     *
-     * @param key the key
-     * @param value the initial value
-     * @param outs the outs, pending until the future completes
-     * @return the call's future (see the class doc)
-     */
-    public CompletableFuture<Void> broadcast(String key, NDArray value, NDArray[] outs) {
-        return broadcast(key, value, outs, 0);
-    }
-
-    /**
-     * {@link KVStore#broadcast(String, NDArray, NDArray[], int)}, non-blocking for its
-     * pull: the key is initialised before this returns.
-     *
-     * @param key the key
-     * @param value the initial value
-     * @param outs the outs, pending until the future completes
-     * @param priority MXNet's priority (see {@link KVStore}): orders queued calls, never
-     *     results
-     * @return the call's future (see the class doc)
-     */
+    @Override
     public CompletableFuture<Void> broadcast(String key, NDArray value, NDArray[] outs, int priority) {
         String[] k = one(key, "key");
         NDArray[] v = one(value, "value");
@@ -603,32 +363,7 @@ public final class AsyncKVStore {
         return submit(OP_BROADCAST, null, k, v, outKeys, outs, priority);
     }
 
-    /**
-     * {@link KVStore#broadcast(String[], NDArray[], NDArray[])}, non-blocking for its
-     * pull, at priority 0.
-     *
-     * @param keys the keys
-     * @param values the initial values, one per key
-     * @param outs the outs, one per key, pending until the future completes
-     * @return the call's future (see the class doc)
-     */
-    public CompletableFuture<Void> broadcast(String[] keys, NDArray[] values, NDArray[] outs) {
-        return broadcast(keys, values, outs, 0);
-    }
-
-    /**
-     * {@link KVStore#broadcast(String[], NDArray[], NDArray[], int)}, non-blocking for
-     * its pull: the keys are initialised before this returns (under {@code dist_sync}
-     * that waits for the calls made before), the outs are written later.
-     *
-     * @param keys the keys
-     * @param values the initial values, one per key
-     * @param outs the outs, one per key, pending until the future completes
-     * @param priority MXNet's priority (see {@link KVStore}): orders queued calls, never
-     *     results
-     * @return the call's future, completed exceptionally with the
-     *     {@link KVStoreException} that the blocking call throws
-     */
+    @Override
     public CompletableFuture<Void> broadcast(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
         checkKeys(keys, "keys");
         checkArrays(values, "values");

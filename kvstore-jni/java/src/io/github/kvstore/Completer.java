@@ -172,7 +172,7 @@ final class Completer {
     private static Batch take(long[] ids) {
         PUBLISH.lock();
         try {
-            int n = KVStore.nTakeDone(ids, 0);
+            int n = StoreNatives.nTakeDone(ids, 0);
             if (n == 0) {
                 return null;
             }
@@ -181,7 +181,7 @@ final class Completer {
             while (last == CHUNK) {
                 // The take was full: more may be waiting, for this same batch.
                 long[] more = new long[CHUNK];
-                last = KVStore.nTakeDone(more, 0);
+                last = StoreNatives.nTakeDone(more, 0);
                 taken = Arrays.copyOf(taken, n + last);
                 System.arraycopy(more, 0, taken, n, last);
                 n += last;
@@ -250,7 +250,7 @@ final class Completer {
                             return;
                         }
                         // Waits (up to a second) until a call finishes; takes nothing.
-                        KVStore.nTakeDone(NONE, 1000);
+                        StoreNatives.nTakeDone(NONE, 1000);
                         continue;
                     }
                     since = System.nanoTime();
@@ -395,7 +395,7 @@ final class Completer {
                     try {
                         // Throws the call's exception (taken once for each failed id,
                         // even one whose future is gone).
-                        KVStore.nResult(id);
+                        StoreNatives.nResult(id);
                     } catch (RuntimeException e) {
                         error = e;
                     }

@@ -5,6 +5,7 @@ import static io.github.kvstore.Args.checkKeys;
 import static io.github.kvstore.Args.handles;
 import static io.github.kvstore.Args.one;
 import static io.github.kvstore.Args.repeat;
+import static io.github.kvstore.StoreNatives.*;
 
 import java.lang.ref.Cleaner;
 import java.lang.ref.Reference;
@@ -20,25 +21,12 @@ import java.util.concurrent.locks.ReentrantLock;
  * the {@link Updater} or the {@link Optimizer}; by default the sum replaces it),
  * {@link #pull(String, NDArray)} the stored values into outs.
  *
- * <h2 id="forms">Argument forms</h2>
- *
  * <p>{@code push}, {@code pull}, {@code pushpull} and {@code broadcast}, here and on
- * {@link AsyncKVStore}, take MXNet's three forms:
- * <ul>
- * <li>one key and one array ({@code String, NDArray});
- * <li>one key and many arrays ({@code String, NDArray[]}): pushed arrays are summed, left
- *     to right, into one update, and every out receives the value;
- * <li>parallel arrays of keys and arrays ({@code String[], NDArray[]}), where
- *     {@code arrays[i]} goes with {@code keys[i]} and a repeated key gets the sum of its
- *     arrays in one update ({@code push(new String[] {"3", "3", "3"}, ones)} stores 3, not
- *     1); keys and arrays of different lengths are
- *     {@link KVStoreException.Code#LENGTH_MISMATCH}.
- * </ul>
- * The two forms with an {@code NDArray[]} also come with a trailing {@code int priority}
- * (see below); the calls without one have priority 0. {@code pushpull} without outs
- * writes the result back into the values (give the values as the outs too for a
- * priority); {@code broadcast} takes one value per key. Push always copies: the store
- * never keeps a caller's array.
+ * {@link AsyncKVStore}, take MXNet's <a href="StoreCalls.html#forms">argument forms</a>
+ * ({@link StoreCalls}): one key and one array, one key and many arrays (summed left to
+ * right into one update; every out receives the value), or parallel arrays of keys and
+ * arrays (a repeated key gets the sum of its arrays in one update). Push always copies:
+ * the store never keeps a caller's array.
  *
  * <h2 id="blocking">Blocking and non-blocking calls</h2>
  *
@@ -52,10 +40,9 @@ import java.util.concurrent.locks.ReentrantLock;
  * {@link #waitAll()} waits for every call made so far.
  *
  * <p>{@code priority} is MXNet's: among queued calls that are ready at the same time, the
- * higher priority runs first. It never
- * changes a result, since calls on one key keep their order; a blocking call that runs at
- * once, and every call of a {@code dist_sync} store (which runs its calls in the order
- * they were made, the same on every worker), ignore it.
+ * higher priority runs first. It never changes a result, since calls on one key keep
+ * their order; a blocking call that runs at once, and every call of a {@code dist_sync}
+ * store (which runs its calls in the order they were made on every worker), ignore it.
  *
  * <h2 id="threads">Threads, nulls and errors</h2>
  *
@@ -65,13 +52,10 @@ import java.util.concurrent.locks.ReentrantLock;
  * unreachable unclosed. After {@code close()} every call throws {@link KVStoreException}
  * with code {@link KVStoreException.Code#DISPOSED}; calls already running finish.
  *
- * <p>A null argument is a {@link NullPointerException} naming the parameter
- * ({@code "keys"}, or {@code "keys[2]"} for an element), thrown before any native call;
- * the one exception is {@link #setUpdater(Updater)}, where {@code null} means "back to
- * the default". Errors of the store itself are {@link KVStoreException}s: catch one and
- * switch on its {@link KVStoreException#code()}.
- *
- * <p>A closed array given to a call is {@code DISPOSED}. On a store shared with other
+ * <p>A null argument is a {@link NullPointerException} naming the parameter (see the
+ * <a href="package-summary.html">package</a>; {@link #setUpdater(Updater)} takes
+ * {@code null} for "the default"); the store's errors are {@link KVStoreException}s. A
+ * closed array given to a call is {@code DISPOSED}. On a store shared with other
  * workers ({@code dist_sync} under {@code mpirun}) the call still takes its step in the
  * store, as this worker's refusal, so that it fails on every worker as that call (here
  * with {@code DISPOSED}; on the others with {@code INVALID_ARGUMENT}, saying that this
@@ -98,13 +82,13 @@ import java.util.concurrent.locks.ReentrantLock;
  * }
  * }</pre>
  */
-public final class KVStore extends NativeObject implements AutoCloseable {
+public final class KVStore extends NativeObject implements StoreCalls<KVStore>, AutoCloseable {
     static {
         NativeLibrary.load();
     }
 
     /** How stores are freed, and how many were (for tests). */
-    private static final Kind KIND = new Kind("KVStore", KVStore::nFree);
+    private static final Kind KIND = new Kind("KVStore", StoreNatives::nFree);
     /** What {@link #toString()} says once the store is closed. */
     private static final String CLOSED_FORM = "#kvstore/store {:closed true}";
 
@@ -341,42 +325,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
 
     // ----- push -----
 
-    /**
-     * Pushes {@code value} to {@code key} (<a href="#forms">one key, one array</a>).
-     *
-     * @param key the key
-     * @param value the value
-     * @return this store
-     * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
-     */
-    public KVStore push(String key, NDArray value) {
-        return push(key, one(value, "value"), 0);
-    }
-
-    /**
-     * Pushes {@code values} to {@code key}, summed left to right into one update, at
-     * priority 0 (<a href="#forms">one key, many arrays</a>).
-     *
-     * @param key the key
-     * @param values the values, for example one per device
-     * @return this store
-     * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
-     */
-    public KVStore push(String key, NDArray[] values) {
-        return push(key, values, 0);
-    }
-
-    /**
-     * Pushes {@code values} to {@code key}, summed left to right into one update
-     * (<a href="#forms">one key, many arrays</a>).
-     *
-     * @param key the key
-     * @param values the values, for example one per device
-     * @param priority MXNet's priority (see the class doc): orders queued calls, never
-     *     results
-     * @return this store
-     * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
-     */
+    @Override
     public KVStore push(String key, NDArray[] values, int priority) {
         Objects.requireNonNull(key, "key");
         checkArrays(values, "values");
@@ -390,34 +339,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
         return this;
     }
 
-    /**
-     * Pushes {@code values[i]} to {@code keys[i]} at priority 0: the list form of
-     * {@link #push(String[], NDArray[], int)}.
-     *
-     * @param keys the keys
-     * @param values the values, one per key
-     * @return this store
-     * @throws KVStoreException as {@link #push(String[], NDArray[], int)}
-     */
-    public KVStore push(String[] keys, NDArray[] values) {
-        return push(keys, values, 0);
-    }
-
-    /**
-     * Pushes {@code values[i]} to {@code keys[i]}: for each distinct key, its values are
-     * summed left to right, then the updater merges the sum into the stored value. On any
-     * error the store keeps the values it had before the call. An interrupt does not stop
-     * it (see the class doc).
-     *
-     * @param keys the keys
-     * @param values the values, one per key
-     * @param priority MXNet's priority (see the class doc): orders queued calls, never
-     *     results
-     * @return this store
-     * @throws KVStoreException {@code KEY_NOT_INITIALIZED}, {@code SHAPE_MISMATCH},
-     *     {@code DTYPE_MISMATCH}, {@code LENGTH_MISMATCH}, {@code BACKEND} (the updater
-     *     threw: it is the cause), {@code DISPOSED}
-     */
+    @Override
     public KVStore push(String[] keys, NDArray[] values, int priority) {
         checkKeys(keys, "keys");
         checkArrays(values, "values");
@@ -592,43 +514,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
         }
     }
 
-    /**
-     * Copies the value of {@code key} into {@code out} (<a href="#forms">one key, one
-     * array</a>).
-     *
-     * @param key the key
-     * @param out an array of the key's shape and dtype
-     * @return this store
-     * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
-     */
-    public KVStore pull(String key, NDArray out) {
-        return pull(key, one(out, "out"), 0);
-    }
-
-    /**
-     * Copies the value of {@code key} into every out, at priority 0 (<a href="#forms">one
-     * key, many arrays</a>).
-     *
-     * @param key the key
-     * @param outs the outs, each of the key's shape and dtype
-     * @return this store
-     * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
-     */
-    public KVStore pull(String key, NDArray[] outs) {
-        return pull(key, outs, 0);
-    }
-
-    /**
-     * Copies the value of {@code key} into every out (<a href="#forms">one key, many
-     * arrays</a>).
-     *
-     * @param key the key
-     * @param outs the outs, each of the key's shape and dtype
-     * @param priority MXNet's priority (see the class doc): orders queued calls, never
-     *     results
-     * @return this store
-     * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
-     */
+    @Override
     public KVStore pull(String key, NDArray[] outs, int priority) {
         Objects.requireNonNull(key, "key");
         checkArrays(outs, "outs");
@@ -642,34 +528,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
         return this;
     }
 
-    /**
-     * Copies the value of {@code keys[i]} into {@code outs[i]} at priority 0: the list
-     * form of {@link #pull(String[], NDArray[], int)}.
-     *
-     * @param keys the keys
-     * @param outs the outs, one per key
-     * @return this store
-     * @throws KVStoreException as {@link #pull(String[], NDArray[], int)}
-     */
-    public KVStore pull(String[] keys, NDArray[] outs) {
-        return pull(keys, outs, 0);
-    }
-
-    /**
-     * Copies the value of {@code keys[i]} into {@code outs[i]}. Pull does not convert: an
-     * out of another dtype is an error (use {@link NDArray#asType(DType)}). On error no out
-     * is written. An interrupt does not stop it: it returns once the outs are written,
-     * the thread's interrupt status still set (see the class doc; the interruptible wait
-     * is {@code async().pull(keys, outs, priority).get()}).
-     *
-     * @param keys the keys
-     * @param outs the outs, one per key
-     * @param priority MXNet's priority (see the class doc): orders queued calls, never
-     *     results
-     * @return this store
-     * @throws KVStoreException {@code KEY_NOT_INITIALIZED}, {@code SHAPE_MISMATCH},
-     *     {@code DTYPE_MISMATCH}, {@code LENGTH_MISMATCH}, {@code DISPOSED}
-     */
+    @Override
     public KVStore pull(String[] keys, NDArray[] outs, int priority) {
         checkKeys(keys, "keys");
         checkArrays(outs, "outs");
@@ -685,48 +544,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
 
     // ----- pushpull -----
 
-    /**
-     * Pushes {@code value} to {@code key}, then pulls the result into {@code out}, as one
-     * step: no other push to the key comes in between (<a href="#forms">one key, one
-     * array</a>).
-     *
-     * @param key the key
-     * @param value the value
-     * @param out the out
-     * @return this store
-     * @throws KVStoreException as {@link #pushpull(String[], NDArray[], NDArray[], int)}
-     */
-    public KVStore pushpull(String key, NDArray value, NDArray out) {
-        String[] k = one(key, "key");
-        return pushpull0(k, one(value, "value"), k, one(out, "out"), 0);
-    }
-
-    /**
-     * Pushes {@code values} (summed) to {@code key}, then pulls the result into every out,
-     * as one step, at priority 0 (<a href="#forms">one key, many arrays</a>).
-     *
-     * @param key the key
-     * @param values the values
-     * @param outs the outs
-     * @return this store
-     * @throws KVStoreException as {@link #pushpull(String[], NDArray[], NDArray[], int)}
-     */
-    public KVStore pushpull(String key, NDArray[] values, NDArray[] outs) {
-        return pushpull(key, values, outs, 0);
-    }
-
-    /**
-     * Pushes {@code values} (summed) to {@code key}, then pulls the result into every out,
-     * as one step (<a href="#forms">one key, many arrays</a>).
-     *
-     * @param key the key
-     * @param values the values
-     * @param outs the outs (the values themselves, to write the result back into them)
-     * @param priority MXNet's priority (see the class doc): orders queued calls, never
-     *     results
-     * @return this store
-     * @throws KVStoreException as {@link #pushpull(String[], NDArray[], NDArray[], int)}
-     */
+    @Override
     public KVStore pushpull(String key, NDArray[] values, NDArray[] outs, int priority) {
         String[] valueKeys = repeat(key, "key", values, "values");
         String[] outKeys = repeat(key, "key", outs, "outs");
@@ -735,80 +553,12 @@ public final class KVStore extends NativeObject implements AutoCloseable {
         return pushpull0(valueKeys, values, outKeys, outs, priority);
     }
 
-    /**
-     * Pushes {@code values[i]} to {@code keys[i]}, then pulls {@code keys[i]} into
-     * {@code outs[i]}, at priority 0: the list form of
-     * {@link #pushpull(String[], NDArray[], NDArray[], int)}.
-     *
-     * @param keys the keys
-     * @param values the values, one per key
-     * @param outs the outs, one per key
-     * @return this store
-     * @throws KVStoreException as {@link #pushpull(String[], NDArray[], NDArray[], int)}
-     */
-    public KVStore pushpull(String[] keys, NDArray[] values, NDArray[] outs) {
-        return pushpull(keys, values, outs, 0);
-    }
-
-    /**
-     * Pushes {@code values[i]} to {@code keys[i]}, then pulls {@code keys[i]} into
-     * {@code outs[i]}, as one step: no other push to these keys comes in between. On
-     * error nothing changes. Passing the values as the outs writes the results back into
-     * them.
-     *
-     * @param keys the keys
-     * @param values the values, one per key
-     * @param outs the outs, one per key
-     * @param priority MXNet's priority (see the class doc): orders queued calls, never
-     *     results
-     * @return this store
-     * @throws KVStoreException as {@link #push(String[], NDArray[], int)} and
-     *     {@link #pull(String[], NDArray[], int)}
-     */
+    @Override
     public KVStore pushpull(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
         checkKeys(keys, "keys");
         checkArrays(values, "values");
         checkArrays(outs, "outs");
         return pushpull0(keys, values, keys, outs, priority);
-    }
-
-    /**
-     * Pushes {@code value} to {@code key}, then writes the result back into {@code value}
-     * (MXNet's {@code pushpull} without {@code out}).
-     *
-     * @param key the key
-     * @param value the value, overwritten with the result
-     * @return this store
-     * @throws KVStoreException as {@link #pushpull(String[], NDArray[], NDArray[], int)}
-     */
-    public KVStore pushpull(String key, NDArray value) {
-        return pushpull(key, value, value);
-    }
-
-    /**
-     * Pushes {@code values} (summed) to {@code key}, then writes the result back into every
-     * one of them.
-     *
-     * @param key the key
-     * @param values the values, overwritten with the result
-     * @return this store
-     * @throws KVStoreException as {@link #pushpull(String[], NDArray[], NDArray[], int)}
-     */
-    public KVStore pushpull(String key, NDArray[] values) {
-        return pushpull(key, values, values, 0);
-    }
-
-    /**
-     * Pushes {@code values[i]} to {@code keys[i]}, then writes each key's result back into
-     * its values.
-     *
-     * @param keys the keys
-     * @param values the values, one per key, overwritten with the results
-     * @return this store
-     * @throws KVStoreException as {@link #pushpull(String[], NDArray[], NDArray[], int)}
-     */
-    public KVStore pushpull(String[] keys, NDArray[] values) {
-        return pushpull(keys, values, values, 0);
     }
 
     private KVStore pushpull0(String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
@@ -826,47 +576,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
 
     // ----- broadcast -----
 
-    /**
-     * Initialises {@code key} with {@code value}, then pulls it into {@code out}
-     * (<a href="#forms">one key, one array</a>).
-     *
-     * @param key the key
-     * @param value the initial value
-     * @param out the out
-     * @return this store
-     * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
-     */
-    public KVStore broadcast(String key, NDArray value, NDArray out) {
-        String[] k = one(key, "key");
-        return broadcast0(k, one(value, "value"), k, one(out, "out"), 0);
-    }
-
-    /**
-     * Initialises {@code key} with {@code value}, then pulls it into every out, at
-     * priority 0 (<a href="#forms">one key, many arrays</a>: many outs, one value).
-     *
-     * @param key the key
-     * @param value the initial value
-     * @param outs the outs
-     * @return this store
-     * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
-     */
-    public KVStore broadcast(String key, NDArray value, NDArray[] outs) {
-        return broadcast(key, value, outs, 0);
-    }
-
-    /**
-     * Initialises {@code key} with {@code value}, then pulls it into every out
-     * (<a href="#forms">one key, many arrays</a>: many outs, one value).
-     *
-     * @param key the key
-     * @param value the initial value
-     * @param outs the outs
-     * @param priority MXNet's priority (see the class doc): orders queued calls, never
-     *     results
-     * @return this store
-     * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
-     */
+    @Override
     public KVStore broadcast(String key, NDArray value, NDArray[] outs, int priority) {
         String[] k = one(key, "key");
         NDArray[] v = one(value, "value");
@@ -875,34 +585,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
         return broadcast0(k, v, outKeys, outs, priority);
     }
 
-    /**
-     * Initialises {@code keys[i]} with {@code values[i]}, then pulls it into
-     * {@code outs[i]}, at priority 0: the list form of
-     * {@link #broadcast(String[], NDArray[], NDArray[], int)}.
-     *
-     * @param keys the keys
-     * @param values the initial values, one per key
-     * @param outs the outs, one per key
-     * @return this store
-     * @throws KVStoreException as {@link #broadcast(String[], NDArray[], NDArray[], int)}
-     */
-    public KVStore broadcast(String[] keys, NDArray[] values, NDArray[] outs) {
-        return broadcast(keys, values, outs, 0);
-    }
-
-    /**
-     * Initialises {@code keys[i]} with {@code values[i]}, then pulls {@code keys[i]} into
-     * {@code outs[i]}. Outs are checked against their values before anything is stored.
-     *
-     * @param keys the keys
-     * @param values the initial values, one per key
-     * @param outs the outs, one per key
-     * @param priority MXNet's priority (see the class doc): orders queued calls, never
-     *     results
-     * @return this store
-     * @throws KVStoreException {@code ALREADY_INITIALIZED}, {@code SHAPE_MISMATCH},
-     *     {@code DTYPE_MISMATCH}, {@code LENGTH_MISMATCH}, {@code DISPOSED}
-     */
+    @Override
     public KVStore broadcast(String[] keys, NDArray[] values, NDArray[] outs, int priority) {
         checkKeys(keys, "keys");
         checkArrays(values, "values");
@@ -1067,7 +750,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *     {@code IO} if the file cannot be written; {@code DISPOSED}
      */
     public KVStore saveOptimizerStates(String path) {
-        return onFile(path, KVStore::nSaveOptimizerStates);
+        return onFile(path, StoreNatives::nSaveOptimizerStates);
     }
 
     /**
@@ -1085,7 +768,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *     fit its key; {@code DISPOSED}
      */
     public KVStore loadOptimizerStates(String path) {
-        return onFile(path, KVStore::nLoadOptimizerStates);
+        return onFile(path, StoreNatives::nLoadOptimizerStates);
     }
 
     /**
@@ -1107,7 +790,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *     file; {@code IO} if the file cannot be written; {@code DISPOSED}
      */
     public KVStore saveCheckpoint(String path) {
-        return onFile(path, KVStore::nSaveCheckpoint);
+        return onFile(path, StoreNatives::nSaveCheckpoint);
     }
 
     /**
@@ -1132,7 +815,7 @@ public final class KVStore extends NativeObject implements AutoCloseable {
      *     of this store that differs from the file's; {@code DISPOSED}
      */
     public KVStore loadCheckpoint(String path) {
-        return onFile(path, KVStore::nLoadCheckpoint);
+        return onFile(path, StoreNatives::nLoadCheckpoint);
     }
 
     /**
@@ -1297,83 +980,6 @@ public final class KVStore extends NativeObject implements AutoCloseable {
         }
     }
 
-    // ----- natives (kvstore-jni/src/store.rs; contract in kvstore-jni/NATIVES.md) -----
-
-    static native long nCreate(String kind);
-
-    static native void nFree(long h);
-
-    static native String nVersion();
-
-    static native boolean nMpiSupported();
-
-    static native void nFinalizeMpi();
-
-    static native String nType(long h);
-
-    static native int nRank(long h);
-
-    static native int nNumWorkers(long h);
-
-    static native void nRefuse(long h, String op);
-
-    static native String[] nKeys(long h);
-
-    static native int nNumKeys(long h);
-
-    static native long nPullNew(long h, String key, int priority);
-
-    static native void nInit(long h, String[] keys, long[] values);
-
-    static native void nPush(long h, String[] keys, long[] values, int priority);
-
-    static native void nPull(long h, String[] keys, long[] outs, int priority);
-
-    static native void nPushKey(long h, String key, long[] values, int priority);
-
-    static native void nInitRowSparse(long h, String[] keys, long[] datas, long[] desc);
-
-    static native void nPushRowSparse(long h, String[] keys, long[] datas, long[] desc, int priority);
-
-    static native long[] nRowSparsePull(long h, String key, long[] rowIds, int priority);
-
-    static native int nStype(long h, String key);
-
-    static native void nPullKey(long h, String key, long[] outs, int priority);
-
-    static native void nPushPull(long h, String[] keys, long[] values, String[] outKeys, long[] outs, int priority);
-
-    static native void nBroadcast(long h, String[] keys, long[] values, String[] outKeys, long[] outs, int priority);
-
-    static native void nSubmit(
-            long h, long id, int op, String[] keys, long[] values, String[] outKeys, long[] outs, int priority);
-
-    static native void nSubmitKey(long h, long id, int op, String key, long[] arrays, int priority);
-
-    static native int nTakeDone(long[] ids, int timeoutMs);
-
-    static native void nRelease(long id);
-
-    static native void nResult(long id);
-
-    static native void nWaitAll(long h);
-
-    static native void nSetUpdater(long h, Updater updater);
-
-    static native void nBarrier(long h);
-
-    static native int nNumDeadNode(long h, int nodeId);
-
-    static native void nSetBarrierBeforeExit(long h, boolean barrierBeforeExit);
-
-    static native void nSendCommandToServers(long h, int head, String body);
-
-    static native void nSetGradientCompression(long h, String[] keysAndValues);
-
-    static native boolean nIsCapable(long h, String capability);
-
-    static native void nSetOptimizer(long h, String optimizerJson);
-
     /** A native call on this store's handle and a file's path. */
     @FunctionalInterface
     private interface FileCall {
@@ -1390,14 +996,4 @@ public final class KVStore extends NativeObject implements AutoCloseable {
         }
         return this;
     }
-
-    static native void nSaveOptimizerStates(long h, String path);
-
-    static native void nLoadOptimizerStates(long h, String path);
-
-    static native void nSaveCheckpoint(long h, String path);
-
-    static native void nLoadCheckpoint(long h, String path);
-
-    static native String nOptimizerName(long h);
 }

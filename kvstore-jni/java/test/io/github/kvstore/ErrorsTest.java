@@ -349,8 +349,8 @@ class ErrorsTest {
         assertCode(Code.DISPOSED, () -> kv.setUpdater(null));
         assertCode(Code.DISPOSED, () -> kv.isCapable("optimizer"));
         // Stale handles reach the native side as such: still DISPOSED, never a crash.
-        assertCode(Code.DISPOSED, () -> KVStore.nType(0));
-        assertCode(Code.DISPOSED, () -> KVStore.nPush(0, new String[] {"k"}, new long[] {0}, 0));
+        assertCode(Code.DISPOSED, () -> StoreNatives.nType(0));
+        assertCode(Code.DISPOSED, () -> StoreNatives.nPush(0, new String[] {"k"}, new long[] {0}, 0));
         assertCode(Code.DISPOSED, () -> NDArray.nToFloats(0));
         assertCode(Code.DISPOSED, () -> NDArray.nToFloats(Long.MAX_VALUE));
         assertCode(Code.DISPOSED, () -> NDArray.nInfo(-42));
@@ -511,15 +511,15 @@ class ErrorsTest {
     void nullsPassedStraightToTheNativesAreInvalidArgument() {
         try (KVStore kv = KVStore.create()) {
             long h = storeHandle(kv);
-            assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nPush(h, null, new long[] {}, 0));
-            assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nPull(h, new String[] {}, null, 0));
-            assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nInit(h, new String[] {null}, new long[] {1}));
-            assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nCreate(null));
-            assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nSetOptimizer(h, null));
-            assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nSetOptimizer(h, "{\"name\": \"sgd\""));
-            assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nSaveOptimizerStates(h, null));
-            assertCode(Code.INVALID_ARGUMENT, () -> KVStore.nLoadOptimizerStates(h, null));
-            assertNull(KVStore.nOptimizerName(h));
+            assertCode(Code.INVALID_ARGUMENT, () -> StoreNatives.nPush(h, null, new long[] {}, 0));
+            assertCode(Code.INVALID_ARGUMENT, () -> StoreNatives.nPull(h, new String[] {}, null, 0));
+            assertCode(Code.INVALID_ARGUMENT, () -> StoreNatives.nInit(h, new String[] {null}, new long[] {1}));
+            assertCode(Code.INVALID_ARGUMENT, () -> StoreNatives.nCreate(null));
+            assertCode(Code.INVALID_ARGUMENT, () -> StoreNatives.nSetOptimizer(h, null));
+            assertCode(Code.INVALID_ARGUMENT, () -> StoreNatives.nSetOptimizer(h, "{\"name\": \"sgd\""));
+            assertCode(Code.INVALID_ARGUMENT, () -> StoreNatives.nSaveOptimizerStates(h, null));
+            assertCode(Code.INVALID_ARGUMENT, () -> StoreNatives.nLoadOptimizerStates(h, null));
+            assertNull(StoreNatives.nOptimizerName(h));
             assertCode(Code.INVALID_ARGUMENT, () -> NDArray.nNew(null, 0, 1, 0, 0));
             assertCode(Code.INVALID_ARGUMENT, () -> NDArray.nFromFloats(null, new long[] {1}, 0, 1, 0));
             assertCode(Code.INVALID_ARGUMENT, () -> NDArray.nNew(new long[] {1}, 99, 1, 0, 0));
