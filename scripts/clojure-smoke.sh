@@ -6,7 +6,8 @@
 #  - deps.edn: the classpath resolved by Debian's tools.deps (its API, as the
 #    Clojure CLI would), then the same check with that classpath;
 #  - deps.edn's :test alias: the test suite on the resolved classpath.
-# Ends with one line `clojure-tools: N passed, N failed`; exits non-zero on failure.
+# Each check is a test case in ${KVSTORE_REPORTS:-target/test-reports/clojure-tools}; ends
+# with one line `clojure-tools: N passed, N failed`; exits non-zero on failure.
 #
 # Needs target/kvstore.jar (make jar). Installs Debian's leiningen and
 # libtools-deps-clojure when missing and apt-get can.
@@ -14,9 +15,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 logs=$root/target/test-logs
-mkdir -p "$logs"
-passed=0
-failed=0
+reports=${KVSTORE_REPORTS:-$root/target/test-reports/clojure-tools}
+rm -rf "$reports"
+mkdir -p "$logs" "$reports"
+# record NAME [WHY]: the check NAME passed, or failed saying why.
+record() { python3 "$root/scripts/junit.py" case "$reports" "$@"; }
+totals() { python3 "$root/scripts/junit.py" total --name clojure-tools "$reports"; }
 
 if ! command -v lein >/dev/null || [ ! -f /usr/share/java/tools.deps.jar ] || [ ! -f /usr/share/java/test.check.jar ]; then
     bash scripts/apt-install.sh leiningen libtools-deps-clojure libtest-check-clojure clojure \
@@ -24,7 +28,8 @@ if ! command -v lein >/dev/null || [ ! -f /usr/share/java/tools.deps.jar ] || [ 
 fi
 if [ ! -f "$root/target/kvstore.jar" ]; then
     echo "target/kvstore.jar not found: build it first (make jar)"
-    echo "clojure-tools: 0 passed, 1 failed"
+    record jar "target/kvstore.jar not found"
+    totals
     exit 1
 fi
 
@@ -60,10 +65,10 @@ check() {
     timeout -k 10 "$limit" "$@" >"$log" 2>&1
     status=$?
     if [ "$status" -eq 0 ] && { [ -z "$want" ] || grep -qxF "$want" "$log"; }; then
-        passed=$((passed + 1))
+        record "$name"
         echo "check $name: ok"
     else
-        failed=$((failed + 1))
+        record "$name" "exit status $status (log: $log)"
         if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
             echo "check $name: FAILED (did not finish within $limit s; last lines of $log):"
         else
@@ -83,7 +88,8 @@ if command -v lein >/dev/null; then
         lein with-profile +debian test
 else
     echo "lein not found (apt-get install leiningen)"
-    failed=$((failed + 2))
+    record lein-run "lein not found"
+    record lein-test "lein not found"
 fi
 
 if [ -f /usr/share/java/tools.deps.jar ]; then
@@ -110,15 +116,16 @@ if [ -f /usr/share/java/tools.deps.jar ]; then
     else
         echo "check deps-resolve: FAILED (last lines of $logs/clojure-deps-resolve.log):"
         tail -n 30 "$logs/clojure-deps-resolve.log" | sed 's/^/    /'
-        failed=$((failed + 2))
+        record deps-run "deps.edn's classpath did not resolve"
+        record deps-test "deps.edn's classpath did not resolve"
     fi
     rm -f "$cp_file" "$test_cp_file"
 else
     echo "tools.deps not found (apt-get install libtools-deps-clojure)"
-    failed=$((failed + 2))
+    record deps-run "tools.deps not found"
+    record deps-test "tools.deps not found"
 fi
 
 [ "$had_target" -eq 0 ] && rm -rf target
 [ "$had_lein_failures" -eq 0 ] && rm -f .lein-failures
-echo "clojure-tools: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+totals

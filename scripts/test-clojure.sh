@@ -2,14 +2,14 @@
 # The Clojure suites, run against the built jar (the namespaces are loaded from
 # target/kvstore.jar, so this tests the jar, not clojure/src):
 #  1. clojure.test through the runner clojure/test/kvstore_test_runner.clj, which
-#     prints `clojure: N passed, N failed` (N counts deftests; see its docstring);
+#     writes a JUnit XML report (a case per deftest; see its docstring);
 #  2. the examples, each run from an empty folder with only the jar and
 #     Clojure's jars on the classpath: the tutorial clojure/examples/tutorial.clj,
 #     its output compared with the values the tutorial shows, and the training
 #     demo clojure/examples/train_linear.clj, whose final loss must be near the
-#     noise floor and whose learned weights near the true ones; one line
-#     `clojure-examples: N passed, N failed`.
-# Exits non-zero when anything failed.
+#     noise floor and whose learned weights near the true ones: a case each.
+# The reports go to ${KVSTORE_REPORTS:-target/test-reports/clojure}, and one line
+# `clojure: N passed, N failed` totals them. Exits non-zero when anything failed.
 #
 # Needs: target/kvstore.jar (make jar) and Debian's clojure and
 # libtest-check-clojure (installed here when missing and apt-get can).
@@ -19,7 +19,12 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 jar=${KVSTORE_JAR:-$root/target/kvstore.jar}
 logs=$root/target/test-logs
-mkdir -p "$logs"
+reports=${KVSTORE_REPORTS:-$root/target/test-reports/clojure}
+rm -rf "$reports"
+mkdir -p "$logs" "$reports"
+# A case of the suite: passed, or failed saying why; `totals` prints the suite's line.
+case_of() { python3 "$root/scripts/junit.py" case "$reports/$1" "$2" ${3:+"$3"}; }
+totals() { python3 "$root/scripts/junit.py" total --name clojure "$reports"; }
 
 share=/usr/share/java
 clojure_jars="$share/clojure.jar:$share/spec.alpha.jar:$share/core.specs.alpha.jar"
@@ -37,12 +42,14 @@ if [ -n "$(missing_jars)" ]; then
 fi
 if [ -n "$(missing_jars)" ]; then
     echo "missing: $(missing_jars | tr '\n' ' ')(apt-get install clojure libtest-check-clojure)"
-    echo "clojure: 0 passed, 1 failed"
+    case_of setup "Clojure's jars" "missing: $(missing_jars | tr '\n' ' ')"
+    totals
     exit 1
 fi
 if [ ! -f "$jar" ]; then
     echo "$jar not found: build it first (make jar)"
-    echo "clojure: 0 passed, 1 failed"
+    case_of setup "the jar" "$jar not found"
+    totals
     exit 1
 fi
 
@@ -58,29 +65,24 @@ timed_out() {
     [ "$1" -eq 124 ] || [ "$1" -eq 137 ]
 }
 
-# 1. clojure.test: the runner writes a JUnit XML report, scripts/junit_totals.py totals it.
-report=$root/target/jvm/clojure-junit.xml
-mkdir -p "$(dirname "$report")"
-rm -f "$report"
+# 1. clojure.test: the runner writes a JUnit XML report.
+report=$reports/clojure-junit.xml
 timeout -k 10 "$runner_limit" java "${java_opts[@]}" -Dkvstore.junit.xml="$report" \
     -cp "$jar:$root/clojure/test:$clojure_jars:$test_jars" \
     clojure.main -m kvstore-test-runner 2>&1 | tee "$logs/clojure.log"
 status=${PIPESTATUS[0]}
-if [ -f "$report" ]; then
-    python3 "$root/scripts/junit_totals.py" clojure "$report"
-else
+if [ ! -f "$report" ]; then
     # The runner died before its report (a JVM or classpath problem, or a hang).
     if timed_out "$status"; then
-        echo "the Clojure test runner did not finish within $runner_limit s (killed)"
+        why="the Clojure test runner did not finish within $runner_limit s (killed)"
     else
-        echo "the Clojure test runner exited with status $status before its report"
+        why="the Clojure test runner exited with status $status before its report"
     fi
-    echo "clojure: 0 passed, 1 failed"
+    echo "$why"
+    case_of runner "the test runner" "$why"
 fi
 
 # 2. the examples, each from an empty folder
-examples_passed=0
-examples_failed=0
 
 expected='[2.0 2.0 2.0 2.0 2.0 2.0]
 [8.0 8.0 8.0 8.0 8.0 8.0]
@@ -94,12 +96,12 @@ tutorial_status=$?
 rm -rf "$tmp"
 if [ "$tutorial_status" -eq 0 ] && [ "$actual" = "$expected" ]; then
     echo "tutorial.clj: ok"
-    examples_passed=$((examples_passed + 1))
+    case_of examples tutorial.clj
 else
     echo "tutorial.clj: FAILED (exit status $tutorial_status$(timed_out "$tutorial_status" && echo ", timed out after $example_limit s"))"
     diff <(echo "$expected") <(echo "$actual") | sed 's/^/  /'
     tail -n 30 "$logs/clojure-tutorial.err" | sed 's/^/  /'
-    examples_failed=$((examples_failed + 1))
+    case_of examples tutorial.clj "exit status $tutorial_status, or not the tutorial's values"
 fi
 
 # The training demo: the last epoch's loss below max_loss (the noise floor is
@@ -125,14 +127,13 @@ verdict=$(awk -v max_loss="$max_loss" -v tol="$tolerance" '
     }' "$logs/clojure-train-linear.log")
 if [ "$train_status" -eq 0 ] && [[ "$verdict" == ok* ]]; then
     echo "train_linear.clj: $verdict"
-    examples_passed=$((examples_passed + 1))
+    case_of examples train_linear.clj
 else
     echo "train_linear.clj: ${verdict:-FAILED} (exit status $train_status$(timed_out "$train_status" && echo ", timed out after $example_limit s"))"
     sed 's/^/  /' "$logs/clojure-train-linear.log"
     tail -n 30 "$logs/clojure-train-linear.err" | sed 's/^/  /'
-    examples_failed=$((examples_failed + 1))
+    case_of examples train_linear.clj "${verdict:-FAILED} (exit status $train_status)"
 fi
 
-echo "clojure-examples: $examples_passed passed, $examples_failed failed"
-[ "$examples_failed" -eq 0 ] || status=1
+totals || exit 1
 exit "$status"

@@ -5,10 +5,10 @@
 # kvstore-jni/java/examples/io/github/kvstore/examples/TrainLinear.java against the jar, as a
 # user would (javac --release 17 -Xlint:all -Werror), and runs it: it checks its own
 # result and must exit 0 with a last line `TrainLinear: ok (...)`. It counts as one more
-# test. The launcher writes JUnit XML reports into ${KVSTORE_JVM_OUT:-target/jvm}/junit-reports,
-# this script its own checks as one more (the example, a test class that failed before
+# test. The launcher writes JUnit XML reports into ${KVSTORE_REPORTS:-target/test-reports/junit},
+# this script its own checks as more (the example, a test class that failed before
 # its tests, a launcher that failed without a failing test), and
-# scripts/junit_totals.py prints one line `junit: N passed, N failed` from them.
+# scripts/junit.py prints one line `junit: N passed, N failed` from them.
 # Exits non-zero if anything failed. A test aborted by a JUnit assumption
 # (`Assumptions.assumeTrue`) is a skip: it counts neither way and is reported on its
 # own lines; the test prints why (`SKIP: ...`).
@@ -25,11 +25,14 @@ out=${KVSTORE_JVM_OUT:-target/jvm}
 classes=$out/test-classes
 logs=target/test-logs
 log=$logs/junit.log
-mkdir -p "$logs"
+reports=${KVSTORE_REPORTS:-target/test-reports/junit}
+rm -rf "$reports"
+mkdir -p "$logs" "$reports"
 
 fail() {
     echo "test-java.sh: $*" >&2
-    echo "junit: 0 passed, 1 failed"
+    python3 scripts/junit.py case "$reports" "test-java.sh" "$*"
+    python3 scripts/junit.py total --name junit "$reports"
     exit 1
 }
 
@@ -45,11 +48,7 @@ javac --release 17 -Xlint:all -Werror -encoding UTF-8 -cp "$jar:$junit" -d "$cla
     || fail "the tests do not compile"
 
 # Debian's launcher (JUnit Platform 1.9) has no `execute` subcommand: options go directly.
-# It writes JUnit XML reports into $reports; this script adds its own checks as one
-# more report there, and scripts/junit_totals.py totals them all.
-reports=$out/junit-reports
-rm -rf "$reports"
-mkdir -p "$reports"
+# It writes JUnit XML reports into $reports, and this script its own checks there too.
 timeout 900 java \
     -Djava.library.path="$out/empty-library-path" \
     -Djava.io.tmpdir="${TMPDIR:-/tmp}" \
@@ -63,24 +62,9 @@ timeout 900 java \
     2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 
-# This script's own checks, as test cases of one more report: "name" or "name<TAB>why".
-cases=()
-passes() { cases+=("$1"); }
-fails() { cases+=("$1"$'\t'"$2"); }
-write_report() {
-    python3 - "$reports/TEST-test-java-sh.xml" "${cases[@]}" <<'PY'
-import sys
-from xml.sax.saxutils import quoteattr
-out, cases = sys.argv[1], sys.argv[2:]
-with open(out, "w", encoding="utf-8") as f:
-    f.write(f'<testsuite name="test-java.sh" tests="{len(cases)}">\n')
-    for c in cases:
-        name, _, why = c.partition("\t")
-        body = f"<failure message={quoteattr(why)}/>" if why else ""
-        f.write(f'  <testcase classname="test-java.sh" name={quoteattr(name)}>{body}</testcase>\n')
-    f.write("</testsuite>\n")
-PY
-}
+# This script's own checks, as test cases: passed, or failed saying why.
+passes() { python3 scripts/junit.py case "$reports" "$1"; }
+fails() { python3 scripts/junit.py case "$reports" "$1" "$2"; }
 
 # What the XML reports cannot show: a class whose setup failed (a failed or aborted
 # container), a crashed or timed-out JVM, or a launcher error.
@@ -124,5 +108,4 @@ else
     fi
 fi
 
-write_report
-python3 scripts/junit_totals.py junit "$reports"/*.xml
+python3 scripts/junit.py total --name junit "$reports"

@@ -17,7 +17,8 @@
 #     rank 1 only, in each form of call, must fail that call on both ranks (never a
 #     hang, never a later call of one rank met with this one of the other), and both
 #     ranks must end with the same values.
-# Prints one line `mpi-jvm: N passed, N failed`.
+# Each check is a test case in ${KVSTORE_REPORTS:-target/test-reports/mpi-jvm}; prints one
+# line `mpi-jvm: N passed, N failed` that totals them.
 #
 # Needs Debian's clojure (scripts/setup-jvm.sh) and Open MPI (scripts/setup-mpi.sh).
 set -uo pipefail
@@ -31,16 +32,19 @@ cp="$jar:$share/clojure.jar:$share/spec.alpha.jar:$share/core.specs.alpha.jar"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 java_opts=(-Dclojure.main.report=stderr)
-passed=0
-failed=0
-pass() { echo "$1: ok${2:+ ($2)}"; passed=$((passed + 1)); }
-fail() { echo "$1: FAILED${2:+ ($2)}"; failed=$((failed + 1)); }
+reports=${KVSTORE_REPORTS:-$root/target/test-reports/mpi-jvm}
+rm -rf "$reports"
+mkdir -p "$reports"
+pass() { echo "$1: ok${2:+ ($2)}"; python3 "$root/scripts/junit.py" case "$reports" "$1"; }
+fail() { echo "$1: FAILED${2:+ ($2)}"; python3 "$root/scripts/junit.py" case "$reports" "$1" "${2:-failed}"; }
+totals() { python3 "$root/scripts/junit.py" total --name mpi-jvm "$reports"; }
 
-bash scripts/setup-mpi.sh || { echo "mpi-jvm: 0 passed, 1 failed"; exit 1; }
+bash scripts/setup-mpi.sh || { fail "Open MPI" "scripts/setup-mpi.sh failed"; totals; exit 1; }
 if ! cargo build --release -p kvstore-jni --features mpi >"$logs/mpi-jvm-build.log" 2>&1 ||
     ! KVSTORE_ARTIFACT=kvstore-mpi bash scripts/jar.sh >>"$logs/mpi-jvm-build.log" 2>&1; then
     tail -n 30 "$logs/mpi-jvm-build.log"
-    echo "mpi-jvm: 0 passed, 1 failed"
+    fail "the MPI jar" "log: $logs/mpi-jvm-build.log"
+    totals
     exit 1
 fi
 
@@ -80,7 +84,7 @@ else
     fail "dist_train.clj, mpirun -np 2" "exit $rc, ${#files[@]} rank outputs; log $out.log"
     tail -n 30 "$out.log"
 fi
-[ "$failed" -eq 0 ] || cat "${files[@]}" 2>/dev/null | tail -n 40
+grep -q '<failure' "$reports"/*.xml 2>/dev/null && cat "${files[@]}" 2>/dev/null | tail -n 40
 
 # dist_train.clj in one process, without mpirun (a job of one worker): $1 the check's
 # name, $2 its log, $3 a line the log must hold, then the script's arguments.
@@ -171,5 +175,4 @@ else
     tail -n 30 "$out"
 fi
 
-echo "mpi-jvm: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+totals

@@ -3,11 +3,20 @@
 # under `mpirun -np 2` and `-np 4` (every rank runs the same tests, in order), checks
 # that bad settings are refused and that ranks with shared memory on and off agree,
 # then runs the fault tests (tests/faults.rs: jobs in which a worker dies, is stuck or
-# stops, each spawning `mpirun` itself). Prints one line `mpi: N passed, N failed` (a
-# test counts once per run, if it passed on every rank).
+# stops, each spawning `mpirun` itself). Every test and check is a test case in
+# ${KVSTORE_REPORTS:-target/test-reports/mpi} (a test of a run, once, passed if it passed
+# on every rank); prints one line `mpi: N passed, N failed` that totals them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup-mpi.sh || { echo "mpi: 0 passed, 1 failed"; exit 1; }
+reports=${KVSTORE_REPORTS:-target/test-reports/mpi}
+rm -rf "$reports"
+mkdir -p "$reports"
+# A check that passed, with what it says; one that failed, with what it says and the
+# end of its log; the suite's totals.
+pass() { echo "$1"; python3 scripts/junit.py case "$reports" "$1"; }
+fail() { echo "$1"; [ -n "${2:-}" ] && tail -n 20 "$2"; python3 scripts/junit.py case "$reports" "$1" "${2:+log: $2}"; }
+totals() { python3 scripts/junit.py total --name mpi "$reports"; }
+bash scripts/setup-mpi.sh || { fail "Open MPI: scripts/setup-mpi.sh failed"; totals; exit 1; }
 # Open MPI refuses root unless told, and needs --oversubscribe for more ranks than cores.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 MPIRUN=(mpirun --oversubscribe --bind-to none)
@@ -18,19 +27,17 @@ artifacts=$(cargo test -p kvstore-mpi --features mpi --no-run --message-format=j
 status=$?
 bin=$(echo "$artifacts" | python3 scripts/cargo-executables.py | awk '$1 == "mpi" { print $2 }')
 if [ "$status" -ne 0 ] || [ -z "$bin" ]; then
-    tail -n 30 "$logs/mpi-build.log"
-    echo "mpi: 0 passed, 1 failed"
+    fail "the MPI tests build" "$logs/mpi-build.log"
+    totals
     exit 1
 fi
 faults=$(echo "$artifacts" | python3 scripts/cargo-executables.py | awk '$1 == "faults" { print $2 }')
 if [ -z "$faults" ]; then
-    tail -n 30 "$logs/mpi-build.log"
-    echo "mpi: 0 passed, 1 failed"
+    fail "the MPI fault tests build" "$logs/mpi-build.log"
+    totals
     exit 1
 fi
 
-passed=0
-failed=0
 # np 2 and 4 with the default 4 MiB buckets; then np 2 with 256-byte buckets from the
 # environment, so that every case also runs with keys split over many buckets, and with
 # fused sums through MPI's messages instead of the machine's shared memory
@@ -51,32 +58,18 @@ for run in 2 4 2:256; do
     env ${bucket:+KVSTORE_MPI_BUCKET_BYTES=$bucket KVSTORE_MPI_SHARED_MEMORY=0} timeout 300 "${MPIRUN[@]}" "${ring[@]}" \
         ${bucket:+-x KVSTORE_MPI_BUCKET_BYTES -x KVSTORE_MPI_SHARED_MEMORY} --output-filename "$ranks" -np "$np" "$bin" --test-threads=1 --color never >"$out" 2>&1
     rc=$?
-    ok_ranks=0
-    n=0
-    f=0
-    for file in $(find "$ranks" -name stdout 2>/dev/null); do
-        read -r rp rf < <(bash scripts/count-results.sh cargo "$file")
-        if grep -q '^test result: ok\. ' "$file" && [ "$rf" -eq 0 ]; then
-            ok_ranks=$((ok_ranks + 1))
-            n=$rp
-        fi
-        [ "$rf" -gt "$f" ] && f=$rf
-    done
-    if [ "$rc" -eq 0 ] && [ "$ok_ranks" -eq "$np" ] && [ "${n:-0}" -gt 0 ]; then
-        echo "mpirun -np $np${bucket:+ with $bucket-byte buckets, no shared memory}: $n tests passed on every rank"
-        passed=$((passed + n))
+    # Each rank's results, as the test harness printed them (Rust's harness has no other
+    # report outside nightly): a test of the run passes if it passed on every rank.
+    mapfile -t outputs < <(find "$ranks" -name stdout 2>/dev/null | sort)
+    python3 scripts/junit.py libtest "$reports" "$name" "${outputs[@]}"
+    what="mpirun -np $np${bucket:+ with $bucket-byte buckets, no shared memory}"
+    if [ "$rc" -eq 0 ] && [ "${#outputs[@]}" -eq "$np" ]; then
+        echo "$what: every rank finished"
     else
-        echo "mpirun -np $np${bucket:+ with $bucket-byte buckets}: exit $rc, $ok_ranks of $np ranks ok (logs: $out, $ranks)"
-        tail -n 40 "$out"
-        cat $(find "$ranks" -name stdout 2>/dev/null) | grep -E 'panicked|FAILED' | head -20
-        failed=$((failed + (f > 0 ? f : 1)))
+        fail "$what: exit $rc, ${#outputs[@]} of $np ranks wrote their results (logs: $out, $ranks)" "$out"
+        cat "${outputs[@]}" 2>/dev/null | grep -E 'panicked|FAILED' | head -20
     fi
 done
-
-# A check that passed, with what it says; one that failed, with what it says and the
-# end of its log.
-pass() { echo "$1"; passed=$((passed + 1)); }
-fail() { echo "$1"; tail -n 20 "$2"; failed=$((failed + 1)); }
 
 # A setting that is not a number (or not 0 or 1) is an error naming its variable (one
 # process, the test of that setting alone): the bucket size, the stall timeout and the
@@ -109,14 +102,8 @@ fi
 # Jobs in which a worker dies, is stuck or stops (one job per test, so one at a time).
 log=$logs/mpi-faults.log
 "$faults" --test-threads=1 --color never >"$log" 2>&1
-read -r fp ff < <(bash scripts/count-results.sh cargo "$log")
+python3 scripts/junit.py libtest "$reports" faults "$log"
 grep -E '^test .* (ok|FAILED)$' "$log"
-if [ "$fp" -gt 0 ] && [ "$ff" -eq 0 ] && grep -q '^test result: ok\.' "$log"; then
-    passed=$((passed + fp))
-else
-    grep -A 30 -- '---- ' "$log" | head -60
-    failed=$((failed + (ff > 0 ? ff : 1)))
-fi
+grep -q '^test result: ok\.' "$log" || grep -A 30 -- '---- ' "$log" | head -60
 
-echo "mpi: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+totals

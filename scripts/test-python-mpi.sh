@@ -10,17 +10,28 @@
 # when missing, broken or made for other requirements, as scripts/test-python.sh keeps
 # its venvs; MXNet's libgomp1 and libquadmath0 through scripts/apt-install.sh).
 # KVSTORE_REQUIRE_MPI=1 makes a build without MPI (or a venv without mxnet) fail
-# instead of skip. Prints one line `python-mpi: N passed, N failed`, summing both runs.
+# instead of skip. Every test is a test case in
+# ${KVSTORE_REPORTS:-target/test-reports/python-mpi} (pytest's JUnit XML reports); prints
+# one line `python-mpi: N passed, N failed` that totals them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 logs=target/test-logs
 mkdir -p "$logs"
 venv=target/py-mpi-venv
-fail() {
+reports=${KVSTORE_REPORTS:-$root/target/test-reports/python-mpi}
+rm -rf "$reports"
+mkdir -p "$reports"
+totals() { python3 scripts/junit.py total --name python-mpi "$reports"; }
+# A step that failed: its message and log's tail, as a failed case.
+step_failed() {
     echo "$1"
     tail -n 40 "$2" | sed 's/^/  /'
-    echo "python-mpi: 0 passed, 1 failed"
+    python3 scripts/junit.py case "$reports" "$1" "log: $2"
+}
+fail() {
+    step_failed "$1" "$2"
+    totals
     exit 1
 }
 wheel=$(KVSTORE_PY_FEATURES=mpi bash scripts/python-wheel.sh 2>"$logs/python-mpi-wheel.log" | tail -n 1) ||
@@ -36,34 +47,19 @@ fi
 export TMPDIR=$root/target/py-mpi-tmp
 rm -rf "$TMPDIR"
 mkdir -p "$TMPDIR"
-passed=0
-failed=0
 
 # Runs pytest with `python` from its venv's folder (so that the installed package is the
-# one tested), logging to target/test-logs/python-mpi-NAME.log, and adds its counts (a
-# skip counts as a failure: the MPI build must run everything).
+# one tested), logging to target/test-logs/python-mpi-NAME.log, its JUnit XML report in
+# $reports/pytest-NAME/report.xml (a skip is a failure: the MPI build must run everything).
 # Usage: run_pytest NAME VENV PYTEST-ARGS...
 run_pytest() {
     local name=$1 dir=$2
     shift 2
-    local log=$logs/python-mpi-$name.log
-    (cd "$dir" && KVSTORE_REQUIRE_MPI=1 bin/python -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 "$@") \
-        2>&1 | tee "$log"
+    local log=$logs/python-mpi-$name.log report=$reports/pytest-$name/report.xml
+    (cd "$dir" && KVSTORE_REQUIRE_MPI=1 bin/python -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
+        --junitxml="$report" "$@") 2>&1 | tee "$log"
     local status=${PIPESTATUS[0]}
-    local summary p f k
-    summary=$(tail -n 1 "$log")
-    p=$(echo "$summary" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+' || echo 0)
-    f=$(echo "$summary" | grep -oE '[0-9]+ (failed|errors?)' | awk '{ n += $1 } END { print n + 0 }')
-    k=$(echo "$summary" | grep -oE '[0-9]+ skipped' | grep -oE '[0-9]+' || echo 0)
-    if [ "$k" -ne 0 ]; then
-        echo "python-mpi: $k tests skipped in the MPI build ($name)"
-        f=$((f + k))
-    fi
-    if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then
-        f=1
-    fi
-    passed=$((passed + p))
-    failed=$((failed + f))
+    python3 scripts/junit.py ran "$reports" "pytest ($name)" "$status" "$report" --no-skips
 }
 
 run_pytest pytest "$venv" "$root/kvstore-py/tests/test_dist.py"
@@ -88,9 +84,7 @@ if bash scripts/apt-install.sh libgomp1 libquadmath0 >"$mxlog" 2>&1 && {
 } && "$mxnet_venv/bin/pip" install --quiet --force-reinstall --no-deps "$wheel" >>"$mxlog" 2>&1; then
     run_pytest gluon "$mxnet_venv" -W ignore::DeprecationWarning "$root/kvstore-py/tests/test_dist_gluon.py"
 else
-    echo "setting up $mxnet_venv (mxnet 1.9.1) failed"
-    tail -n 40 "$mxlog" | sed 's/^/  /'
-    failed=$((failed + 1))
+    step_failed "setting up $mxnet_venv (mxnet 1.9.1) failed" "$mxlog"
 fi
 
 # kvstore.torch over dist_sync (kvstore-py/tests/test_torch_dp_dist.py: the digits
@@ -109,11 +103,8 @@ if bash scripts/apt-install.sh python3-torch python3-sklearn python3-venv >"$tor
 } && "$torch_venv/bin/pip" install --quiet --force-reinstall --no-deps "$wheel" >>"$torchlog" 2>&1; then
     KVSTORE_REQUIRE_TORCH=1 run_pytest torch "$torch_venv" "$root/kvstore-py/tests/test_torch_dp_dist.py"
 else
-    echo "setting up $torch_venv (Debian's python3-torch, python3-sklearn) failed"
-    tail -n 40 "$torchlog" | sed 's/^/  /'
-    failed=$((failed + 1))
+    step_failed "setting up $torch_venv (Debian's python3-torch, python3-sklearn) failed" "$torchlog"
 fi
 
 rm -rf "$TMPDIR"
-echo "python-mpi: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+totals

@@ -14,8 +14,9 @@
 # requirements); the kvstore wheel is reinstalled into them every run. Installs the
 # Debian packages they need (python3-torch, python3-venv, MXNet's libgomp1 and
 # libquadmath0) through scripts/apt-install.sh.
-# Prints one line `python: N passed, N failed`, summing every pytest run and the
-# install check.
+# Every test and step is a test case in ${KVSTORE_REPORTS:-target/test-reports/python}
+# (pytest's JUnit XML reports among them); prints one line `python: N passed, N failed`
+# that totals them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=target/test-logs
@@ -31,19 +32,21 @@ torch_spec="debian-python3-torch pytest ml_dtypes<0.5 numpy<2"
 export TMPDIR=$PWD/target/py-tmp
 rm -rf "$venv" "$TMPDIR" "$wheels"
 mkdir -p "$TMPDIR"
-passed=0
-failed=0
+reports=${KVSTORE_REPORTS:-$PWD/target/test-reports/python}
+rm -rf "$reports"
+mkdir -p "$reports"
+# record NAME [WHY]: a test case of this suite, passed, or failed saying why.
+record() { python3 scripts/junit.py case "$reports" "$@"; }
 finish() {
     rm -rf "$TMPDIR"
-    echo "python: $passed passed, $failed failed"
-    [ "$failed" -eq 0 ]
+    python3 scripts/junit.py total --name python "$reports"
     exit
 }
 # A step that failed: its message and log's tail, counted as one failure.
 step_failed() {
     echo "$1"
     tail -n 40 "$2" | sed 's/^/  /'
-    failed=$((failed + 1))
+    record "$1" "log: $2"
 }
 fatal() {
     step_failed "$1" "$2"
@@ -66,11 +69,11 @@ wheel=$(ls "$PWD/$wheels"/kvstore-*.whl)
 # symbol or library it needs beyond manylinux_2_17's. Counts as one test.
 if target/py-build/bin/auditwheel show "$wheel" >"$logs/python-auditwheel.log" 2>&1 &&
     tr -s ' \n' ' ' <"$logs/python-auditwheel.log" | grep -q 'is consistent with the following platform tag: "manylinux_2_17_x86_64"'; then
-    passed=$((passed + 1))
+    record "the wheel is manylinux_2_17_x86_64"
 else
     echo "python: the wheel is not manylinux_2_17_x86_64 (auditwheel show):"
     sed 's/^/  /' "$logs/python-auditwheel.log"
-    failed=$((failed + 1))
+    record "the wheel is manylinux_2_17_x86_64" "log: $logs/python-auditwheel.log"
 fi
 "$venv/bin/pip" install "$wheel" >>"$logs/python-install.log" 2>&1 ||
     fatal "pip install of the kvstore wheel failed" "$logs/python-install.log"
@@ -81,30 +84,22 @@ if [ "$version" != "$(bash scripts/version.sh)" ]; then
     fatal "wrong version" "$logs/python-import.log"
 fi
 # The install route itself counts as one test.
-passed=$((passed + 1))
+record "the wheel installs and imports"
 "$venv/bin/pip" install --quiet pytest hypothesis ml_dtypes mypy >"$logs/python-deps.log" 2>&1 ||
     fatal "installing pytest, hypothesis, ml_dtypes and mypy failed" "$logs/python-deps.log"
 
 # Runs pytest with `python` (from outside the source tree, so that the installed package
-# is the one tested), logging to target/test-logs/python-pytest-NAME.log, and adds its
-# counts. Usage: run_pytest NAME PYTHON PYTEST-ARGS...
+# is the one tested), logging to target/test-logs/python-pytest-NAME.log, its JUnit XML
+# report in $reports/pytest-NAME/report.xml. Usage: run_pytest NAME PYTHON PYTEST-ARGS...
 run_pytest() {
     local name=$1 python=$2
     shift 2
-    local log=$logs/python-pytest-$name.log
+    local log=$logs/python-pytest-$name.log report=$reports/pytest-$name/report.xml
     echo "== pytest ($name)"
-    (cd "$TMPDIR" && "$python" -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 "$@") 2>&1 | tee "$log"
+    (cd "$TMPDIR" && "$python" -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
+        --junitxml="$report" "$@") 2>&1 | tee "$log"
     local status=${PIPESTATUS[0]}
-    local summary
-    summary=$(tail -n 1 "$log")
-    local p f
-    p=$(echo "$summary" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+' || echo 0)
-    f=$(echo "$summary" | grep -oE '[0-9]+ (failed|errors?)' | awk '{ n += $1 } END { print n + 0 }')
-    if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then
-        f=1
-    fi
-    passed=$((passed + p))
-    failed=$((failed + f))
+    python3 scripts/junit.py ran "$reports" "pytest ($name)" "$status" "$report"
 }
 
 run_pytest main "$PWD/$venv/bin/python" "$PWD/kvstore-py/tests"

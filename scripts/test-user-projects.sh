@@ -13,21 +13,25 @@
 # HOME is a fresh folder for the run (so ~/.m2, ~/.lein and the native-library cache are
 # the run's own and removed with it; cargo and rustup keep their homes), and cargo
 # builds the Rust project into target/user-projects with this workspace's Cargo.lock
-# (the versions already fetched). Prints one line `user-projects: N passed, N failed`.
+# (the versions already fetched). Each check is a test case in
+# ${KVSTORE_REPORTS:-target/test-reports/user-projects}; prints one line
+# `user-projects: N passed, N failed`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 logs=$root/target/test-logs
 mkdir -p "$logs"
 rm -f "$logs"/user-projects-*.log "$logs"/user-projects-*.log.last
-passed=0
-failed=0
-pass() { echo "check $1: ok"; passed=$((passed + 1)); }
+reports=${KVSTORE_REPORTS:-$root/target/test-reports/user-projects}
+rm -rf "$reports"
+mkdir -p "$reports"
+pass() { echo "check $1: ok"; python3 "$root/scripts/junit.py" case "$reports" "$1"; }
 fail() {
     echo "check $1: FAILED${2:+ (last lines of $2):}"
     [ -n "${2:-}" ] && tail -n 30 "$2" | sed 's/^/    /'
-    failed=$((failed + 1))
+    python3 "$root/scripts/junit.py" case "$reports" "$1" "${2:+log: $2}"
 }
+totals() { python3 "$root/scripts/junit.py" total --name user-projects "$reports"; }
 
 # Debian's tools for the three JVM routes, and the Maven plugins a plain jar project
 # uses (compile, test, jar, exec:java).
@@ -59,7 +63,7 @@ projects=$tmp/projects
 
 if ! python3 scripts/readme_projects.py "$projects" "$root" README.md docs/*.md >"$logs/user-projects-extract.log" 2>&1; then
     fail readme-blocks "$logs/user-projects-extract.log"
-    echo "user-projects: $passed passed, $failed failed"
+    totals
     exit 1
 fi
 for toml in "$projects"/*/Cargo.toml; do
@@ -162,5 +166,4 @@ else
     fail "the README's Leiningen steps made an uberjar"
 fi
 
-echo "user-projects: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+totals

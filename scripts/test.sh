@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Runs the checks and suites of `make test` and ends with one line `N passed, N failed`
-# that totals them: each static check (fmt, clippy, doc, native, jar, ...) counts as
-# one, each test of the cargo suites (unit, integration, doc tests) as one, and each
-# suite of the JVM side (JUnit, clojure.test, tutorial, Leiningen and deps.edn smoke
-# checks), of Python and of MPI (tests under mpirun -np 2 and 4, a dying worker) counts
-# as its own script reports.
+# that totals them. Every suite reports its tests as JUnit XML under target/test-reports/
+# (SUITE/), and scripts/junit.py totals those files: each static check (fmt, clippy, doc,
+# native, jar, ...) is one test case, by its exit status; each test of the cargo suites
+# (cargo-nextest's report; the doc tests are one check), of the JVM side (JUnit,
+# clojure.test, the examples, the Leiningen, deps.edn and Maven projects), of Python and
+# of MPI (tests under mpirun -np 2 and 4, the fault tests, chaos) is one or more cases of
+# its suite's reports. A suite that exits with an error but reports no failed case counts
+# one failure more.
 #
 #   scripts/test.sh [GROUP...]     the groups, in this order (default: all of them):
 #     static    fmt, clippy, doc, the README's bench table, the documents' links and claims
@@ -23,8 +26,6 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 logs=target/test-logs
 mkdir -p "$logs"
-passed=0
-failed=0
 all_groups=(static rust java clojure projects python mpi)
 groups=("$@")
 [ ${#groups[@]} -eq 0 ] && groups=("${all_groups[@]}")
@@ -39,17 +40,51 @@ wants() { [[ " ${groups[*]} " == *" $1 "* ]]; }
 TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/kvstore-test.XXXXXX")
 export TMPDIR
 
+reports=target/test-reports
+rm -rf "$reports"
+mkdir -p "$reports"
+
+# A check: one test case of the suite `checks`, passed when the command exits with 0.
 check() {
     local name=$1
     shift
     if "$@" >"$logs/$name.log" 2>&1; then
-        passed=$((passed + 1))
+        python3 scripts/junit.py case "$reports/checks" "$name"
         echo "check $name: ok"
     else
-        failed=$((failed + 1))
+        python3 scripts/junit.py case "$reports/checks" "$name" "exit status $? (log: $logs/$name.log)"
         echo "check $name: FAILED (last lines of $logs/$name.log):"
         tail -n 40 "$logs/$name.log"
     fi
+}
+
+# A suite: a script that writes JUnit XML into $KVSTORE_REPORTS (target/test-reports/NAME).
+# Its exit status counts too: an error with no failed case is one failed case more.
+suite() {
+    local name=$1
+    shift
+    KVSTORE_REPORTS="$root/$reports/$name" "$@" 2>&1 | tee "$logs/$name.log"
+    local status=${PIPESTATUS[0]} totals
+    python3 scripts/junit.py total --name "$name" "$reports/$name"
+    totals=$?
+    if [ "$totals" -eq 2 ]; then
+        python3 scripts/junit.py case "$reports/$name" "$name: the suite" "no test ran (exit status $status)"
+    elif [ "$totals" -eq 0 ] && [ "$status" -ne 0 ]; then
+        echo "$name exited with status $status without a failing test"
+        python3 scripts/junit.py case "$reports/$name" "$name: the suite" "exit status $status"
+    fi
+}
+
+# The cargo suites, run by cargo-nextest: every test runs, in a process of its own, even
+# after a failure, and its JUnit XML report is target/nextest/ci/junit.xml
+# (.config/nextest.toml).
+cargo_tests() {
+    rm -f target/nextest/ci/junit.xml
+    cargo nextest run --workspace --profile ci
+    local status=$?
+    mkdir -p "$KVSTORE_REPORTS"
+    cp target/nextest/ci/junit.xml "$KVSTORE_REPORTS/" 2>/dev/null
+    return "$status"
 }
 
 if wants static; then
@@ -75,49 +110,18 @@ if wants rust; then
         export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" KVSTORE_REQUIRE_NVRTC=1
     fi
 
-    # The cargo suites. `--no-fail-fast` runs every test binary even after a failure.
-    cargo test --workspace --no-fail-fast 2>&1 | tee "$logs/cargo.log"
-    status=${PIPESTATUS[0]}
-    read -r p f < <(bash scripts/count-results.sh cargo "$logs/cargo.log")
-    echo "cargo: $p passed, $f failed"
-    passed=$((passed + p))
-    failed=$((failed + f))
-    if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then
-        # A build error or a crashed test binary: no test reported the failure.
-        echo "cargo test exited with status $status without a failing test (build error?)"
-        failed=$((failed + 1))
-    fi
-    if [ "$p" -eq 0 ]; then
-        echo "no cargo test ran"
-        failed=$((failed + 1))
-    fi
+    # The cargo suites (cargo-nextest, installed once into cargo's bin folder), then the
+    # doc tests, which nextest does not run, as one check.
+    check nextest bash -c 'cargo nextest --version || cargo install --locked cargo-nextest@0.9.151'
+    suite cargo cargo_tests
+    check doctests cargo test --workspace --doc
 
     # GPU: kvstore-cuda's tests skip visibly without a CUDA device (make gpu-bundle runs
     # them on a GPU machine).
     check gpu-skip bash scripts/check-gpu-skip.sh
 fi
 
-suite() {
-    local name=$1
-    shift
-    "$@" 2>&1 | tee "$logs/$name.log"
-    local status=${PIPESTATUS[0]}
-    local p f
-    read -r p f < <(bash scripts/count-results.sh suites "$logs/$name.log")
-    passed=$((passed + p))
-    failed=$((failed + f))
-    if [ "$status" -ne 0 ] && [ "$f" -eq 0 ]; then
-        echo "$name exited with status $status without a failing test"
-        failed=$((failed + 1))
-    fi
-    if [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then
-        echo "$name ran no test"
-        failed=$((failed + 1))
-    fi
-}
-
-# The JVM side: build the native library and the jar once, then each suite script
-# prints one or more lines `<suite>: N passed, N failed`, which are added up here.
+# The JVM side: build the native library and the jar once, then each suite.
 if wants java || wants clojure || wants projects; then
     check native cargo build --release -p kvstore-jni
     check jar bash scripts/jar.sh
@@ -162,15 +166,13 @@ fi
 # ranks the chaos suite kills).
 litter=$(ls -A "$TMPDIR" | grep -v -e '^hsperfdata_' -e '^ompi\.' || true)
 if [ -z "$litter" ]; then
-    passed=$((passed + 1))
+    python3 scripts/junit.py case "$reports/checks" no-litter
     echo "check no-litter: ok"
-    rm -rf "$TMPDIR"
 else
-    failed=$((failed + 1))
+    python3 scripts/junit.py case "$reports/checks" no-litter "left in $TMPDIR: $(echo $litter)"
     echo "check no-litter: FAILED (left in $TMPDIR after the run):"
     echo "$litter" | sed 's/^/    /'
-    rm -rf "$TMPDIR"
 fi
+rm -rf "$TMPDIR"
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+python3 scripts/junit.py total "$reports"

@@ -1,7 +1,7 @@
 (ns kvstore-test-runner
   "Runs the Clojure test namespaces and ends with one line
   `clojure: N passed, N failed`, or, with `-Dkvstore.junit.xml=FILE`, writes the
-  results to FILE as a JUnit XML report instead (scripts/junit_totals.py totals
+  results to FILE as a JUnit XML report instead (scripts/junit.py totals
   it).
 
   It counts deftests (a test.check `defspec` is a deftest too), not

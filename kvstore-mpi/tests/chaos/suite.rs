@@ -43,6 +43,8 @@ struct Counts {
     at_finalize: u64,
     checkpoints: usize,
     resumes: u64,
+    /// Each run, and why it failed (`None`: it passed): the suite's JUnit XML report.
+    cases: Vec<(String, Option<String>)>,
 }
 
 /// Runs the suite; whether every run passed.
@@ -79,7 +81,29 @@ pub fn run() -> bool {
         c.resumes
     );
     println!("chaos: {} passed, {} failed", c.passed, c.failed);
+    let reports = std::env::var_os("KVSTORE_REPORTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-reports/chaos"));
+    let written =
+        std::fs::create_dir_all(&reports).and_then(|()| std::fs::write(reports.join("chaos.xml"), junit_xml(&c.cases)));
+    if let Err(e) = written {
+        println!("chaos: the report in {} was not written: {e}", reports.display());
+        return false;
+    }
     c.failed == 0
+}
+
+/// The runs as JUnit XML: a test case each, with a failure saying why where it failed.
+fn junit_xml(cases: &[(String, Option<String>)]) -> String {
+    let escape = |s: &str| {
+        s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&apos;")
+    };
+    let mut xml = format!("<testsuite name=\"chaos\" tests=\"{}\">\n", cases.len());
+    for (name, failure) in cases {
+        let body = failure.as_ref().map(|why| format!("<failure message=\"{}\"/>", escape(why))).unwrap_or_default();
+        xml += &format!("  <testcase classname=\"chaos\" name=\"{}\">{body}</testcase>\n", escape(name));
+    }
+    xml + "</testsuite>\n"
 }
 
 fn one_run(exe: &Path, dir: &Path, i: u64, random: &mut Random, counts: &mut Counts) {
@@ -169,6 +193,8 @@ fn one_run(exe: &Path, dir: &Path, i: u64, random: &mut Random, counts: &mut Cou
         "run {i}: {what}; the job ended in {} ms (exit {code:?}); resumed on {np} ranks from step {from} to {to}",
         took.as_millis()
     );
+    let why = (!problems.is_empty()).then(|| problems.join("; "));
+    counts.cases.push((line.clone(), why));
     if problems.is_empty() {
         println!("{line}: ok");
         counts.passed += 1;
