@@ -20,7 +20,7 @@ use super::{BroadcastJob, Claims, Comm, PushKey, ReduceJob, share};
 use crate::device::{self, DeviceBuffer};
 use crate::dtype::{Element, with_dtype};
 use crate::error::{Error, Result};
-use crate::ndarray::{HostBuf, HostRead, NDArray, copy_storage, overlapping_uses, use_token};
+use crate::ndarray::{HostBuf, HostRead, NDArray, copy_storage, overlapping_uses, used_twice};
 
 /// Arrays with at least this many bytes are split into chunks over the pool
 /// (MXNet: `MXNET_KVSTORE_BIGARRAY_BOUND`, 1e6 elements); smaller ones are one task.
@@ -364,9 +364,9 @@ impl Comm for CommCpu {
         // An out given for several keys (or outs over the same memory) is written in the
         // order of the jobs, as one thread would: such a call is not shared out.
         if jobs.len() > 1 {
-            let token = use_token();
             let outs = || jobs.iter().flat_map(|j| j.outs.iter().copied());
-            if outs().any(|out| out.used_again(token, true)) || overlapping_uses(std::iter::empty(), outs()) {
+            let written = jobs.iter().map(|j| (std::iter::empty(), j.outs.iter().copied()));
+            if used_twice(written) || overlapping_uses(std::iter::empty(), outs()) {
                 return jobs.iter().try_for_each(|j| self.broadcast_one(j, true));
             }
         }

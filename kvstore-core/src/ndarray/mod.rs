@@ -46,8 +46,6 @@ struct Inner {
     pending: std::sync::atomic::AtomicU32,
     /// The number of `loans` (as `pending`, one per queued call).
     lent: std::sync::atomic::AtomicU32,
-    /// The last call that marked its use of the array ([`NDArray::used_again`]).
-    used_by: std::sync::atomic::AtomicU32,
     dtype: DType,
     /// Whether `fault` is set (read on every access; the message is read only then).
     faulted: std::sync::atomic::AtomicBool,
@@ -91,7 +89,7 @@ impl Drop for Inner {
 /// whose order matters, through *different* arrays over overlapping bytes, one of them
 /// written: views of one buffer that a binding wrapped each on its own, or an array
 /// over a store array's memory. Uses of one array (one buffer) are told apart by
-/// [`NDArray::used_again`]; only arrays over foreign memory can overlap other arrays, so a
+/// [`used_twice`]; only arrays over foreign memory can overlap other arrays, so a
 /// call with none is answered at once.
 pub(crate) fn overlapping_uses<'a>(
     reads: impl Iterator<Item = &'a NDArray> + Clone,
@@ -121,12 +119,43 @@ pub(crate) fn overlapping_uses<'a>(
     false
 }
 
-/// A number for one call's marks ([`NDArray::used_again`]), even, and unlike the last
-/// 2^31 calls' (a call that gets a number a mark from that long ago holds only thinks
-/// it used an array twice: it then takes its slower, ordered way).
-pub(crate) fn use_token() -> u32 {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(2);
-    NEXT.fetch_add(2, std::sync::atomic::Ordering::Relaxed)
+/// Whether a call whose keys each read `values` and write `outs` uses one array (one
+/// buffer) twice in a way whose order matters: written twice, or written for one key and
+/// read for another (a key whose outs are its own values, one for one, writes them in
+/// place: no second use). Told from the call's own lists of the buffers it reads and
+/// writes, which no other call can change: arrays used by calls on other threads at the
+/// same time hide nothing. The lists are sorted: arrays made one after another are
+/// mostly in address order already, which the sort finds in about one pass.
+pub(crate) fn used_twice<'a, V, O>(keys: impl Iterator<Item = (V, O)> + Clone) -> bool
+where
+    V: Iterator<Item = &'a NDArray> + Clone,
+    O: Iterator<Item = &'a NDArray> + Clone,
+{
+    // (On the stack for the few outs of a comm's batch of jobs.)
+    type Ids = smallvec::SmallVec<[usize; 32]>;
+    let mut written: Ids = keys.clone().flat_map(|(_, outs)| outs.map(NDArray::buffer_id)).collect();
+    written.sort_unstable();
+    if written.is_empty() || written.windows(2).any(|w| w[0] == w[1]) {
+        return !written.is_empty();
+    }
+    let in_place = |values: &V, outs: &O| {
+        values.clone().count() == outs.clone().count()
+            && values.clone().zip(outs.clone()).all(|(v, o)| v.same_storage(o))
+    };
+    let mut read: Ids = keys
+        .filter(|(values, outs)| !in_place(values, outs))
+        .flat_map(|(values, _)| values.map(NDArray::buffer_id))
+        .collect();
+    read.sort_unstable();
+    let (mut i, mut j) = (0, 0);
+    while i < read.len() && j < written.len() {
+        match read[i].cmp(&written[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => return true,
+        }
+    }
+    false
 }
 
 /// Whether an access to an array's storage first waits for its pending writes (and a
@@ -318,7 +347,6 @@ impl NDArray {
             size,
             pending: Default::default(),
             lent: Default::default(),
-            used_by: Default::default(),
             dtype,
             faulted: Default::default(),
             on_host: ctx.is_cpu(),
@@ -655,15 +683,6 @@ impl NDArray {
     pub fn shares_memory(&self, other: &NDArray) -> bool {
         let ((a, b), (c, d)) = (self.inner.span, other.inner.span);
         self.same_storage(other) || (a < b && c < d && a < d && c < b)
-    }
-
-    /// Marks this array as used by the call that holds `token` (from [`use_token`]),
-    /// `written` when the call writes it; returns whether that call used it before in a
-    /// way whose order matters: written twice, or read and written. A call that runs
-    /// its keys out of order (on several threads) asks this of every array first.
-    pub(crate) fn used_again(&self, token: u32, written: bool) -> bool {
-        let before = self.inner.used_by.swap(token | u32::from(written), std::sync::atomic::Ordering::Relaxed);
-        before & !1 == token && (written || before & 1 == 1)
     }
 
     fn check_fault(&self) -> Result<()> {
@@ -1327,7 +1346,6 @@ mod tests {
             offset_of!(Inner, size) + size_of::<usize>(),
             offset_of!(Inner, pending) + 4,
             offset_of!(Inner, lent) + 4,
-            offset_of!(Inner, used_by) + 4,
             offset_of!(Inner, dtype) + size_of::<DType>(),
             offset_of!(Inner, faulted) + 1,
             offset_of!(Inner, on_host) + 1,
@@ -1343,17 +1361,19 @@ mod tests {
 
     #[test]
     fn a_call_finds_the_arrays_it_writes_twice_or_reads_and_writes() {
-        let (a, b) = (NDArray::zeros(&[2]).unwrap(), NDArray::zeros(&[2]).unwrap());
-        let t = use_token();
-        assert!(!a.used_again(t, false) && !a.used_again(t, false), "read twice is fine");
-        assert!(a.used_again(t, true), "read, then written");
-        assert!(!b.used_again(t, true));
-        assert!(b.used_again(t, false), "written, then read");
-        let u = use_token();
-        assert!(!b.used_again(u, true), "another call's marks do not count");
-        assert!(b.used_again(u, true), "written twice");
+        let (a, b, c) = (NDArray::zeros(&[2]).unwrap(), NDArray::zeros(&[2]).unwrap(), NDArray::zeros(&[2]).unwrap());
+        let twice = |keys: &[(Vec<&NDArray>, Vec<&NDArray>)]| {
+            used_twice(keys.iter().map(|(v, o)| (v.iter().copied(), o.iter().copied())))
+        };
+        assert!(!twice(&[(vec![&a, &a], vec![&b]), (vec![&a], vec![&c])]), "read twice is fine");
+        assert!(twice(&[(vec![&a], vec![&b]), (vec![&c], vec![&b])]), "written twice");
+        assert!(twice(&[(vec![&a], vec![&b]), (vec![&b], vec![&c])]), "written, then read");
+        assert!(twice(&[(vec![&b], vec![&c]), (vec![&a], vec![&b])]), "read, then written");
+        assert!(!twice(&[(vec![&a], vec![&a]), (vec![&b, &c], vec![&b, &c])]), "in place");
+        assert!(twice(&[(vec![&a], vec![&a]), (vec![&a], vec![&b])]), "in place, and read by another key");
+        assert!(twice(&[(vec![&a], vec![&b, &b])]), "one key's out given twice");
+        assert!(!twice(&[(vec![&a], vec![]), (vec![&a, &b], vec![])]), "no out");
     }
-
     #[test]
     fn shapes_compare_alike_whether_flat_or_not() {
         let a = |shape: &[usize]| NDArray::zeros(shape).unwrap();

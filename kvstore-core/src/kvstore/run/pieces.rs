@@ -31,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::kvstore::forms::Run;
 use crate::kvstore::plan::{Like, Plan, check_arrays};
 use crate::kvstore::{Entry, Found, Group, Merger, Slot, Store, Table, locks};
-use crate::ndarray::{NDArray, overlapping_uses, use_token};
+use crate::ndarray::{NDArray, overlapping_uses, used_twice};
 
 /// The guards of a piece's keys.
 type Guards<G> = SmallVec<[G; 8]>;
@@ -80,7 +80,23 @@ impl<'k, 'a> Source<'k, 'a> {
         }
     }
 
-    /// Every value and every out of the call.
+    /// Whether the call uses one array twice in a way whose order matters (see
+    /// [`used_twice`]).
+    fn used_twice(self) -> bool {
+        match self {
+            Source::Planned { push, pull } => used_twice((0..self.len()).map(|i| {
+                let side = |gs: &'k [Group<'a>]| gs.get(i).map_or(&[][..], |g| &g.arrays[..]).iter().copied();
+                (side(push), side(pull))
+            })),
+            Source::Given { push, pull, .. } => used_twice((0..self.len()).map(|i| {
+                let side = |rs: &'k [Run<'a>]| rs.get(i).map_or(&[][..], |r| r.1).iter();
+                (side(push), side(pull))
+            })),
+        }
+    }
+
+    /// Whether different arrays of the call overlap in memory, one of them written (see
+    /// [`overlapping_uses`]).
     fn overlapping(self) -> bool {
         match self {
             Source::Planned { push, pull } => {
@@ -261,26 +277,16 @@ impl Store {
         let stopped = || stop.store(true, Ordering::Relaxed);
         // The pieces run in no set order, each summing and copying its keys in turn: a
         // call whose outs alias each other or other keys' values needs the ordinary
-        // path's order (every sum before any copy, outs written in order).
-        let token = (keys.counts(0).1 > 0).then(use_token);
-        let aliased = |values: Side<'_, '_>, outs: Side<'_, '_>| {
-            let Some(token) = token else { return false };
-            let in_place = values.iter().count() == outs.iter().count()
-                && values.iter().zip(outs.iter()).all(|(v, o)| v.same_storage(o));
-            (!in_place && values.iter().any(|v| v.used_again(token, false)))
-                || outs.iter().any(|o| o.used_again(token, true))
-        };
-        // Different arrays over the same memory (views of one buffer that a binding
-        // wrapped one by one) have marks of their own: such a call, one of them written,
-        // is not run here.
-        if token.is_some() && keys.overlapping() {
+        // path's order (every sum before any copy, outs written in order), and so does
+        // one with different arrays over the same memory (views of one buffer that a
+        // binding wrapped one by one), one of them written.
+        if keys.counts(0).1 > 0 && (keys.used_twice() || keys.overlapping()) {
             stopped();
         }
         // Locks key `i`, whose arrays are `values` and `outs`, unless something came up.
         let take = |entry: &'k Entry, values: Side<'_, '_>, outs: Side<'_, '_>, held: &mut Guards<G>| {
-            let unfit = (values.is_empty() && outs.is_empty())
-                || values.iter().chain(outs.iter()).any(|a| a.on_device())
-                || aliased(values, outs);
+            let unfit =
+                (values.is_empty() && outs.is_empty()) || values.iter().chain(outs.iter()).any(|a| a.on_device());
             if unfit {
                 return stopped();
             }
@@ -664,6 +670,46 @@ mod tests {
             assert_eq!(firsts(&in_place)?, (0..KEYS).map(|k| 1000.0 + k as f32).collect::<Vec<_>>());
         }
         Ok(())
+    }
+
+    #[test]
+    fn aliased_outs_are_found_while_other_threads_use_the_same_arrays() -> Result<()> {
+        // Key w0's out is the value pushed to the last key: alone, the call takes the
+        // ordinary path (every sum before any copy). Another thread's calls that read
+        // the same array (on another store) must not hide that: they once did, when a
+        // call's uses of an array were marks on the array itself, and then the last
+        // key stored w0's sum in a few calls of a hundred.
+        let (kv, keys) = store(2)?;
+        let (other, _) = store(2)?;
+        let x = NDArray::zeros(&[LEN])?;
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| -> Result<()> {
+            let reader = s.spawn(|| -> Result<()> {
+                let mut vals = zeros(KEYS)?;
+                vals[5] = x.clone();
+                let outs = zeros(KEYS)?;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    other.pushpull(&keys, &vals, &outs, 0)?;
+                }
+                Ok(())
+            });
+            let start = std::time::Instant::now();
+            let mut wrong = 0;
+            while start.elapsed() < std::time::Duration::from_millis(1500) {
+                x.copy_from(&NDArray::full(&[LEN], 1.5)?)?;
+                let mut vals: Vec<NDArray> = (0..KEYS).map(|_| NDArray::full(&[LEN], 100.0)).collect::<Result<_>>()?;
+                vals[KEYS - 1] = x.clone();
+                let mut outs = zeros(KEYS)?;
+                outs[0] = x.clone();
+                kv.pushpull(&keys, &vals, &outs, 0)?;
+                wrong += usize::from(kv.pull_new(keys[KEYS - 1].as_str(), 0)?.to_vec::<f32>()?[0] != 1.5);
+                assert_eq!(x.to_vec::<f32>()?[0], 100.0, "w0's sum is in its out");
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            reader.join().expect("the reading thread panicked")?;
+            assert_eq!(wrong, 0, "the last key stored another key's sum");
+            Ok(())
+        })
     }
 
     #[test]
