@@ -65,7 +65,8 @@ suite() {
     shift
     KVSTORE_REPORTS="$root/$reports/$name" "$@" 2>&1 | tee "$logs/$name.log"
     local status=${PIPESTATUS[0]} totals
-    python3 scripts/junit.py total --name "$name" "$reports/$name"
+    # (The suite printed its own totals.)
+    python3 scripts/junit.py total --name "$name" "$reports/$name" >/dev/null 2>&1
     totals=$?
     if [ "$totals" -eq 2 ]; then
         python3 scripts/junit.py case "$reports/$name" "$name: the suite" "no test ran (exit status $status)"
@@ -84,6 +85,7 @@ cargo_tests() {
     local status=$?
     mkdir -p "$KVSTORE_REPORTS"
     cp target/nextest/ci/junit.xml "$KVSTORE_REPORTS/" 2>/dev/null
+    python3 scripts/junit.py total --name cargo "$KVSTORE_REPORTS"
     return "$status"
 }
 

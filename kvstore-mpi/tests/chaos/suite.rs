@@ -82,7 +82,7 @@ pub fn run() -> bool {
     );
     println!("chaos: {} passed, {} failed", c.passed, c.failed);
     let reports = std::env::var_os("KVSTORE_REPORTS")
-        .map(std::path::PathBuf::from)
+        .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-reports/chaos"));
     let written =
         std::fs::create_dir_all(&reports).and_then(|()| std::fs::write(reports.join("chaos.xml"), junit_xml(&c.cases)));
