@@ -13,10 +13,12 @@
 //! A call comes here once, in one of two ways. A planned call (queued, or run at once
 //! behind a busy engine) comes with its plan. A blocking call on an idle engine comes
 //! as its caller gave it, and the first round is its plan's parallel builder: each
-//! piece looks its keys up, groups them and checks them with the plan's own checks
-//! (`plan.rs`), as well as locking them. A call that ran into anything (an unknown
-//! key, a failed check, a busy key, keys out of index order) goes on to the inline
-//! runner with what the round found, its keys looked up once and its checks made once.
+//! piece looks its keys up and checks them with the plan's own checks (`plan.rs`), as
+//! well as locking them. A call that ran into anything (an unknown key, a failed check,
+//! a busy key, a key given twice that a push locks twice, aliased arrays) goes on to the
+//! inline runner with what the round found, its keys looked up once and, when they came
+//! in index order, its checks made once. (Keys in another order are no reason to hand a
+//! call back: the try-locks need no order, and each key's sum and copy is its own.)
 
 use std::ops::Range;
 use std::sync::Arc;
