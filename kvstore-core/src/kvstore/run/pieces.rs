@@ -235,12 +235,18 @@ impl Store {
         if keys.len() < 2 || self.collective.is_some() || self.remote.is_some() || locks::inside_updater() {
             return Given::NotOne;
         }
+        // A push holds the merger for the whole call (it only sums: the default merger;
+        // with compression it quantises its values on the ordinary path). A pull never
+        // reads it, and holds nothing that `set_updater` waits for while it waits for
+        // its outs.
         let pushes = keys.counts(0).0 > 0;
-        let Some(merger) = self.merger.try_read() else { return Given::NotOne };
-        // Pushes with compression quantise their values on the ordinary path.
-        if pushes && (!matches!(*merger, Merger::Assign) || self.compression.read().is_some()) {
-            return Given::NotOne;
-        }
+        let merger = match pushes {
+            true => match self.merger.try_read() {
+                Some(m) if matches!(*m, Merger::Assign) && self.compression.read().is_none() => Some(m),
+                _ => return Given::NotOne,
+            },
+            false => None,
+        };
         let sizes: Vec<usize> = (0..keys.len())
             .map(|i| {
                 let (values, outs, first) = keys.counts(i);
@@ -712,6 +718,50 @@ mod tests {
             assert_eq!(wrong, 0, "the last key stored another key's sum");
             Ok(())
         })
+    }
+
+    #[test]
+    fn a_spread_pull_waiting_for_an_out_does_not_hold_up_set_updater() -> Result<()> {
+        // A thread holds an out's data and installs an updater meanwhile; another
+        // thread's pull of many keys, spread, waits for that out. The pull held the
+        // store's merger while it waited, so that both waited for ever (a store on one
+        // thread, whose pull takes no merger, returned).
+        // (Threads of their own, not scoped: a test that found them waiting for each
+        // other fails instead of waiting too.)
+        let (kv, keys) = store(2)?;
+        let (kv, keys) = (std::sync::Arc::new(kv), std::sync::Arc::new(keys));
+        let x = NDArray::zeros(&[LEN])?;
+        let (done, finished) = std::sync::mpsc::channel();
+        let holder = {
+            let (kv, x, done) = (kv.clone(), x.clone(), done.clone());
+            std::thread::spawn(move || {
+                let r = x.with_data(|_: &[f32]| {
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                    kv.set_updater(|_: &crate::Key, _, merged: &NDArray, stored: &NDArray| stored.copy_from(merged))
+                });
+                let _ = done.send(r.and_then(|r| r));
+            })
+        };
+        let puller = {
+            let (kv, keys, x) = (kv.clone(), keys.clone(), x.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                let r = zeros(KEYS).and_then(|mut outs| {
+                    outs[KEYS - 1] = x;
+                    kv.pull(&keys[..], &outs, 0)
+                });
+                let _ = done.send(r);
+            })
+        };
+        for _ in 0..2 {
+            finished
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .expect("set_updater and a spread pull waited for each other")?;
+        }
+        holder.join().expect("the holding thread panicked");
+        puller.join().expect("the pulling thread panicked");
+        assert_eq!(x.to_vec::<f32>()?[0], (KEYS - 1) as f32);
+        Ok(())
     }
 
     #[test]
