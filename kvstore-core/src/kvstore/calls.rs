@@ -277,11 +277,11 @@ impl KVStore {
         let (push, pull, offered) = match given {
             Given::Ran(r) => return r,
             Given::Unknown(e) => return Err(refused(e)),
-            Given::HandedBack { push, pull, checked } => (push, pull, Offered::HandedBack(checked)),
+            Given::HandedBack { push, pull, checked } => (push, pull, Offered::Already(checked)),
             Given::NotOne => {
                 let found = self.store.lookup(op, push).and_then(|push| Ok((push, self.store.lookup(op, pull)?)));
                 let (push, pull) = found.map_err(refused)?;
-                (push, pull, if idle { Offered::NotOne } else { Offered::Not })
+                (push, pull, if idle { Offered::Already(None) } else { Offered::Not })
             }
         };
         if let Some(before) = self.engine.may_run_now(vars_of(&push, &pull, false)) {

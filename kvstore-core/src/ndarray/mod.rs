@@ -134,9 +134,12 @@ where
     // (On the stack for the few outs of a comm's batch of jobs.)
     type Ids = smallvec::SmallVec<[usize; 32]>;
     let mut written: Ids = keys.clone().flat_map(|(_, outs)| outs.map(NDArray::buffer_id)).collect();
+    if written.is_empty() {
+        return false;
+    }
     written.sort_unstable();
-    if written.is_empty() || written.windows(2).any(|w| w[0] == w[1]) {
-        return !written.is_empty();
+    if written.windows(2).any(|w| w[0] == w[1]) {
+        return true;
     }
     let in_place = |values: &V, outs: &O| {
         values.clone().count() == outs.clone().count()

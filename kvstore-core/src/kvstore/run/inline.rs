@@ -12,23 +12,21 @@ use crate::kvstore::locks::Held;
 use crate::kvstore::plan::Plan;
 use crate::kvstore::{Entry, Found, Store};
 
-/// How a call reaching [`Store::push_pull`] was offered to the spread runner before.
+/// How a call reaching [`Store::push_pull`] was offered to the spread runner before (a
+/// call is offered once).
 pub(in crate::kvstore) enum Offered {
     /// Not yet: its plan is offered (a queued call, or one run at once behind others).
     Not,
-    /// It is no call for that runner.
-    NotOne,
-    /// Its first round built the call's groups and handed it back, with the result of
-    /// its checks when it made them (see `run/pieces.rs`).
-    HandedBack(Option<Result<()>>),
+    /// Already: it was no call for that runner, or its first round handed it back,
+    /// with the result of the checks it made when it made them (see `run/pieces.rs`).
+    Already(Option<Result<()>>),
 }
 
 impl Store {
     /// The push algorithm (`KVStoreLocal::PushImpl`) followed by an optional pull, with
     /// every key of the call locked (written when it pushes), in index order, for the
     /// whole call: the plan of `push` and `pull` (see `plan.rs`), then its runner.
-    /// `offered`: how the call was offered to the spread runner already (a call is
-    /// offered once).
+    /// `offered`: whether the call was offered to the spread runner already.
     pub(in crate::kvstore) fn push_pull<'a>(
         &self,
         op: &'static str,
@@ -41,8 +39,7 @@ impl Store {
         }
         let (spread, checked) = match offered {
             Offered::Not => (true, None),
-            Offered::NotOne => (false, None),
-            Offered::HandedBack(checked) => (false, checked),
+            Offered::Already(checked) => (false, checked),
         };
         let plan = Plan::new(self, op, push, pull, checked);
         if spread
