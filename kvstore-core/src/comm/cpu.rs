@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 use smallvec::SmallVec;
 
-use super::{BroadcastJob, Claims, Comm, PushKey, ReduceJob, share};
+use super::{BroadcastJob, CLAIM_KEYS, Claims, Comm, PushKey, ReduceJob, share};
 use crate::device::{self, DeviceBuffer};
 use crate::dtype::{Element, with_dtype};
 use crate::error::{Error, Result};
@@ -401,7 +401,7 @@ impl Comm for CommCpu {
         let mut pieces: Vec<Range<usize>> = Vec::new();
         let (mut start, mut bytes) = (0, 0);
         for (i, &b) in sizes.iter().enumerate() {
-            if i > start && bytes + b >= CLAIM_BYTES {
+            if i > start && (bytes + b >= CLAIM_BYTES || i - start >= CLAIM_KEYS) {
                 pieces.push(start..i);
                 (start, bytes) = (i, 0);
             }

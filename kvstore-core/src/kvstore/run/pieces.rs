@@ -28,15 +28,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
-use crate::comm::{BroadcastJob, Claims, ReduceJob};
+use crate::comm::{BroadcastJob, CLAIM_KEYS, Claims, ReduceJob};
 use crate::error::{Error, Result};
 use crate::kvstore::forms::Run;
 use crate::kvstore::plan::{Like, Plan, check_arrays};
 use crate::kvstore::{Entry, Found, Group, Merger, Slot, Store, Table, locks};
 use crate::ndarray::{NDArray, overlapping_uses, used_twice};
 
-/// The guards of a piece's keys.
-type Guards<G> = SmallVec<[G; 8]>;
+/// The guards of a piece's keys, on the stack: a piece has at most `CLAIM_KEYS` keys.
+type Guards<G> = SmallVec<[G; CLAIM_KEYS]>;
 
 /// Keys whose arrays a piece gathers at a time to sum and copy them.
 const GATHERED: usize = 8;
@@ -154,11 +154,10 @@ impl<'k, 'a> Side<'k, 'a> {
 
 /// What the first round made of one piece: the guards of its keys and, for a call as
 /// given, its keys' entries (in call order) and what their checks found. Without a heap
-/// allocation for a piece of a few keys (a call of larger keys has hundreds of pieces),
-/// and with one for a piece of many.
+/// allocation: a piece has at most `CLAIM_KEYS` keys.
 struct Piece<'k, G> {
     guards: Guards<G>,
-    entries: SmallVec<[&'k Arc<Entry>; 8]>,
+    entries: SmallVec<[&'k Arc<Entry>; CLAIM_KEYS]>,
     /// The position in the call of the piece's first key that is not in the store,
     /// pushed and pulled.
     unknown: [Option<usize>; 2],
