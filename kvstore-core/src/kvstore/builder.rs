@@ -250,6 +250,7 @@ impl KVStoreBuilder {
             kind: self.kind.to_ascii_lowercase(),
             comm: kind.comm(self.threads)?,
             table: RwLock::new(Table::default()),
+            entries: boxcar::Vec::new(),
             merger: RwLock::new(Merger::Assign),
             compression: RwLock::new(None),
             unobserved: Unobserved::default(),

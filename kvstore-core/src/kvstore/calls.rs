@@ -709,14 +709,12 @@ impl Store {
             met?;
         }
         let mut table = self.table.write();
-        if let Some((k, _)) = pairs.iter().find(|(k, _)| table.entries.contains_key(k)) {
+        if let Some((k, _)) = pairs.iter().find(|(k, _)| table.contains_key(k)) {
             return Err(Self::already(op, k));
         }
         for ((key, _), value) in pairs.into_iter().zip(copies) {
-            let index = table.next_index;
-            table.next_index += 1;
             let order = table.take_order();
-            table.entries.insert(key.clone(), Entry::new(key, index, Slot::new(value, order)));
+            self.add_entry(&mut table, key, Slot::new(value, order));
         }
         drop(table);
         self.collective.as_ref().map_or(Ok(()), |c| c.barrier())
@@ -744,7 +742,7 @@ impl Store {
             }
         }
         let table = self.table.read();
-        match pairs.iter().find(|(k, _)| table.entries.contains_key(k)) {
+        match pairs.iter().find(|(k, _)| table.contains_key(k)) {
             Some((k, _)) => Err(Self::already(op, k)),
             None => Ok(()),
         }

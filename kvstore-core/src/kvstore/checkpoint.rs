@@ -384,7 +384,7 @@ impl Store {
         // Everything is checked and made: from here on nothing fails but a key that
         // another thread initialised meanwhile, which is checked before any change.
         let mut table = self.table.write();
-        if let Some((_, key, ..)) = plan.keys.iter().find(|(i, k, ..)| i.is_none() && table.entries.contains_key(k)) {
+        if let Some((_, key, ..)) = plan.keys.iter().find(|(i, k, ..)| i.is_none() && table.contains_key(k)) {
             return Err(Error::AlreadyInitialized {
                 op: OP,
                 key: key.clone(),
@@ -412,12 +412,10 @@ impl Store {
                     g.row_sparse = row_sparse;
                 }
                 None => {
-                    let index = table.next_index;
-                    table.next_index += 1;
                     let mut slot = Slot::new(value, order);
                     slot.opt = state;
                     slot.row_sparse = row_sparse;
-                    table.entries.insert(key.clone(), Entry::new(key, index, slot));
+                    self.add_entry(&mut table, key, slot);
                 }
             }
         }

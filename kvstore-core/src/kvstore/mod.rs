@@ -152,11 +152,12 @@ impl Slot {
     }
 }
 
-/// The keys and their entries. A lookup per key of every call: the hasher is foldhash's
-/// (seeded per process), about five times as fast as the default's on short keys.
+/// The keys: each key's index, the place of its entry in [`Store::entries`]. A lookup
+/// per key of every call: the hasher is foldhash's (seeded per process), about five
+/// times as fast as the default's on short keys.
 #[derive(Default)]
 struct Table {
-    entries: foldhash::HashMap<Key, Arc<Entry>>,
+    indices: foldhash::HashMap<Key, usize>,
     next_index: usize,
     /// The next key's [`Slot::order`]: `init` gives each key the next, and a loaded
     /// checkpoint gives its keys the next ones, in the file's order.
@@ -164,6 +165,10 @@ struct Table {
 }
 
 impl Table {
+    fn contains_key(&self, key: &Key) -> bool {
+        self.indices.contains_key(key)
+    }
+
     /// The next [`Slot::order`].
     fn take_order(&mut self) -> u64 {
         self.next_order += 1;
@@ -225,6 +230,11 @@ pub(crate) struct Store {
     /// `CommDevice` for `device` and `dist_sync_device`).
     comm: Box<dyn Comm>,
     table: RwLock<Table>,
+    /// Every key's entry, at its index, added under the table's write lock and never
+    /// removed nor moved: a call that looked its keys up holds their entries for as long
+    /// as the store lives, not only while it holds the table (a call waiting for an out
+    /// held the table, and an `init` on another thread waited for it for ever).
+    entries: boxcar::Vec<Arc<Entry>>,
     merger: RwLock<Merger>,
     /// Gradient compression, once set ([`KVStore::set_gradient_compression`]).
     compression: RwLock<Option<compression::Compression>>,
@@ -247,7 +257,7 @@ impl fmt::Debug for KVStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KVStore")
             .field("kind", &self.store.kind)
-            .field("keys", &self.store.table.read().entries.len())
+            .field("keys", &self.store.table.read().indices.len())
             .finish_non_exhaustive()
     }
 }
@@ -574,10 +584,7 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn keys(&self) -> Vec<Key> {
-        let table = self.store.table.read();
-        let mut entries: Vec<&Arc<Entry>> = table.entries.values().collect();
-        entries.sort_by_key(|e| e.index);
-        entries.iter().map(|e| e.key.clone()).collect()
+        self.store.entries().iter().map(|e| e.key.clone()).collect()
     }
 
     /// The internal number of `key` (0, 1, 2, ... in order of first init), which
@@ -592,7 +599,7 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn key_index(&self, key: impl Into<Key>) -> Option<usize> {
-        self.store.table.read().entries.get(&key.into()).map(|e| e.index)
+        self.store.table.read().indices.get(&key.into()).copied()
     }
 
     /// Where `key`'s value lives: the host for `local` stores (they sum on the host;
@@ -616,14 +623,7 @@ impl KVStore {
     pub fn context_of(&self, key: impl Into<Key>) -> Result<Context> {
         let key = key.into();
         self.settle()?;
-        let entry = self
-            .store
-            .table
-            .read()
-            .entries
-            .get(&key)
-            .cloned()
-            .ok_or(Error::KeyNotInitialized { op: "context_of", key })?;
+        let entry = self.store.find(&key).ok_or(Error::KeyNotInitialized { op: "context_of", key })?;
         let held = Held::new("context_of", &self.store, &[&entry])?;
         let guards = held.read("context_of", &[&entry])?;
         Ok(guards[0].value.context())
@@ -725,8 +725,7 @@ impl KVStore {
     /// ```
     pub fn pull_new(&self, key: impl Into<Key>, priority: i32) -> Result<NDArray> {
         let key = key.into();
-        let entry = self.store.table.read().entries.get(&key).cloned();
-        let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op: "pull", key: key.clone() })?;
+        let entry = self.store.find(&key).ok_or_else(|| Error::KeyNotInitialized { op: "pull", key: key.clone() })?;
         // A key's shape and dtype never change once initialised (pushes are checked).
         let out = NDArray::zeros_with(entry.shape(), entry.dtype, Context::cpu(0))?;
         self.pull(key, &out, priority)?;
@@ -886,11 +885,32 @@ impl KVStore {
 }
 
 impl Store {
-    /// Every entry, in index order.
+    /// Every entry, in index order: the keys of the table as it is now (an `init` on
+    /// another thread adds its keys all at once, or not yet).
     fn entries(&self) -> Vec<Arc<Entry>> {
-        let mut entries: Vec<Arc<Entry>> = self.table.read().entries.values().cloned().collect();
-        entries.sort_by_key(|e| e.index);
-        entries
+        let table = self.table.read();
+        self.entries.iter().take(table.next_index).map(|(_, e)| Arc::clone(e)).collect()
+    }
+
+    /// Key `key`'s entry, looked up in `table` (this store's, locked): held for as long
+    /// as the store lives.
+    #[inline]
+    fn entry<'s>(&'s self, table: &Table, key: &Key) -> Option<&'s Arc<Entry>> {
+        table.indices.get(key).map(|&i| &self.entries[i])
+    }
+
+    /// Key `key`'s entry.
+    fn find(&self, key: &Key) -> Option<Arc<Entry>> {
+        self.entry(&self.table.read(), key).cloned()
+    }
+
+    /// Adds key `key` with its first slot, under the table's write lock.
+    fn add_entry(&self, table: &mut Table, key: Key, slot: Slot) {
+        let index = table.next_index;
+        table.next_index += 1;
+        table.indices.insert(key.clone(), index);
+        let at = self.entries.push(Entry::new(key, index, slot));
+        debug_assert_eq!(at, index, "entries are added under the table's write lock, in index order");
     }
 
     /// Waits for every worker (a step of its own: the workers compare their calls).

@@ -252,7 +252,7 @@ impl Store {
         for (key, arrays) in runs {
             let entry = match found.last() {
                 Some(last) if last.entry.key == key => Arc::clone(&last.entry),
-                _ => match table.entries.get(&key) {
+                _ => match self.entry(&table, &key) {
                     Some(entry) => Arc::clone(entry),
                     None => return Err(Error::KeyNotInitialized { op, key }),
                 },
@@ -291,7 +291,7 @@ impl Store {
             _ => return Ok(()),
         };
         let table = self.table.read();
-        match bare.into_iter().find(|k| !table.entries.contains_key(*k)) {
+        match bare.into_iter().find(|k| !table.contains_key(k)) {
             Some(k) => Err(Error::KeyNotInitialized { op, key: k.clone() }),
             None => Ok(()),
         }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::locks::Held;
-use super::{Entry, KVStore, Merger, Slot};
+use super::{KVStore, Merger, Slot};
 use crate::context::Context;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -267,8 +267,7 @@ fn serve(server: &KVStore, buffers: &Buffers, message: &mut Vec<u8>) -> Vec<u8> 
 /// `f` of `name`'s slot on the owner's share `server` (its value and state), read in
 /// place under the key's lock (after the pushes applied before), for `op`.
 fn with_slot<T>(server: &KVStore, op: &'static str, name: &Key, f: impl FnOnce(&Slot) -> Result<T>) -> Result<T> {
-    let entry = server.store.table.read().entries.get(name).cloned();
-    let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op, key: name.clone() })?;
+    let entry = server.store.find(name).ok_or_else(|| Error::KeyNotInitialized { op, key: name.clone() })?;
     let held = Held::new(op, &server.store, &[&entry])?;
     f(&held.read(op, &[&entry])?[0])
 }
@@ -652,17 +651,13 @@ impl Shards {
                 })
                 .transpose()?;
             let store = &self.server.store;
-            let existing = store.table.read().entries.get(&part.name).cloned();
+            let existing = store.find(&part.name);
             let entry = match existing {
                 Some(e) => e,
                 None => {
                     self.server.init(part.name.clone(), &mine)?;
                     store
-                        .table
-                        .read()
-                        .entries
-                        .get(&part.name)
-                        .cloned()
+                        .find(&part.name)
                         .ok_or_else(|| Error::Internal(format!("dist_async: part \"{}\" vanished", part.name)))?
                 }
             };
@@ -706,7 +701,7 @@ impl KVStore {
                 }
                 *copy.store.merger.write() = remote.server.store.merger.read().clone();
                 for (e, state) in entries.iter().zip(states) {
-                    let Some(entry) = copy.store.table.read().entries.get(&e.key).cloned() else { continue };
+                    let Some(entry) = copy.store.find(&e.key) else { continue };
                     let mut slot = entry.value.write();
                     slot.opt = state;
                     // A row-sparse key of a loaded file stays row-sparse in the next one
@@ -748,7 +743,7 @@ impl KVStore {
                 remote.restore(&e.key, &value, state.as_ref())?;
                 // This worker's copy of the key (made when new).
                 let mut table = self.store.table.write();
-                match table.entries.get(&e.key) {
+                match self.store.entry(&table, &e.key) {
                     // The key's storage type is the file's: `stype` says it, and the
                     // store's next checkpoint keeps it.
                     Some(mine) => {
@@ -758,12 +753,10 @@ impl KVStore {
                         slot.row_sparse = row_sparse;
                     }
                     None => {
-                        let index = table.next_index;
-                        table.next_index += 1;
                         let order = table.take_order();
                         let mut slot = Slot::new(value.deep_copy()?, order);
                         slot.row_sparse = row_sparse;
-                        table.entries.insert(e.key.clone(), Entry::new(e.key.clone(), index, slot));
+                        self.store.add_entry(&mut table, e.key.clone(), slot);
                     }
                 }
             }

@@ -248,8 +248,7 @@ impl KVStore {
 
     /// The entry of `key`, for `op`.
     fn entry(&self, op: &'static str, key: &Key) -> Result<Arc<Entry>> {
-        let entry = self.store.table.read().entries.get(key).cloned();
-        entry.ok_or_else(|| Error::KeyNotInitialized { op, key: key.clone() })
+        self.store.find(key).ok_or_else(|| Error::KeyNotInitialized { op, key: key.clone() })
     }
 
     /// Runs `f` on `entry` after the store's earlier calls on it: at once when none is
@@ -448,8 +447,7 @@ impl Store {
         let mut merged: Vec<(Arc<Entry>, Vec<RowSparse>)> = Vec::with_capacity(pushes.len());
         let mut at: HashMap<usize, usize> = HashMap::with_capacity(pushes.len());
         for (key, values) in pushes {
-            let entry = self.table.read().entries.get(key).cloned();
-            let entry = entry.ok_or_else(|| Error::KeyNotInitialized { op: "push", key: key.clone() })?;
+            let entry = self.find(key).ok_or_else(|| Error::KeyNotInitialized { op: "push", key: key.clone() })?;
             match at.get(&entry.index) {
                 Some(&i) => merged[i].1.extend(values.iter().cloned()),
                 None => {

@@ -14,7 +14,9 @@
 //! behind a busy engine) comes with its plan. A blocking call on an idle engine comes
 //! as its caller gave it, and the first round is its plan's parallel builder: each
 //! piece looks its keys up and checks them with the plan's own checks (`plan.rs`), as
-//! well as locking them. A call that ran into anything (an unknown key, a failed check,
+//! well as locking them. Each thread holds the store's table of keys (read) for that
+//! round only: the entries it found live as long as the store, and a call waiting for
+//! an out in the second round must not keep an `init` waiting. A call that ran into anything (an unknown key, a failed check,
 //! a busy key, a key given twice that a push locks twice, aliased arrays) goes on to the
 //! inline runner with what the round found, its keys looked up once and, when they came
 //! in index order, its checks made once. (Keys in another order are no reason to hand a
@@ -55,9 +57,9 @@ const LOOKED_UP: usize = 16;
 enum Source<'k, 'a> {
     /// A plan's groups: one per key, the same keys pushed and pulled (or one side empty).
     Planned { push: &'k [Group<'a>], pull: &'k [Group<'a>] },
-    /// A call's runs as its caller gave them, to be looked up in `table`: the first
-    /// round builds their groups.
-    Given { table: &'k Table, push: &'k [Run<'a>], pull: &'k [Run<'a>] },
+    /// A call's runs as its caller gave them, to be looked up: the first round builds
+    /// their groups.
+    Given { push: &'k [Run<'a>], pull: &'k [Run<'a>] },
 }
 
 impl<'k, 'a> Source<'k, 'a> {
@@ -220,15 +222,14 @@ impl Store {
         push: &[Run<'a>],
         pull: &[Run<'a>],
     ) -> Given<'a> {
-        // Short calls are not looked at further, nor is the table locked for them.
+        // Short calls are not looked at further.
         if !(push.is_empty() || pull.is_empty() || push.len() == pull.len()) || push.len().max(pull.len()) < 2 {
             return Given::NotOne;
         }
-        let table = self.table.read();
-        self.spread_keys(op, Source::Given { table: &table, push, pull })
+        self.spread_keys(op, Source::Given { push, pull })
     }
 
-    fn spread_keys<'a>(&self, op: &'static str, keys: Source<'_, 'a>) -> Given<'a> {
+    fn spread_keys<'k, 'a>(&'k self, op: &'static str, keys: Source<'k, 'a>) -> Given<'a> {
         // One key is no call to spread (and the common blocking call: it should cost
         // no more than these comparisons here).
         if keys.len() < 2 || self.collective.is_some() || self.remote.is_some() || locks::inside_updater() {
@@ -272,7 +273,7 @@ impl Store {
     /// before every key is locked, so the call still takes effect at once for other
     /// calls.
     fn spread_locked<'k, 'a, G: std::ops::Deref<Target = Slot> + Send + Sync>(
-        &self,
+        &'k self,
         op: &'static str,
         sizes: &[usize],
         keys: Source<'k, 'a>,
@@ -319,7 +320,7 @@ impl Store {
         // value, another with no out): the ordinary path looks them up and groups them.
         let unplanned = AtomicBool::new(false);
         // Looks up, checks and locks the keys of `range` of a call as given.
-        let build = |table: &'k Table, push: &'k [Run<'a>], pull: &'k [Run<'a>], range: Range<usize>| {
+        let build = |table: &Table, push: &'k [Run<'a>], pull: &'k [Run<'a>], range: Range<usize>| {
             let mut piece = Piece::default();
             piece.entries.reserve(range.len());
             let mut looked_up: SmallVec<[Option<&'k Arc<Entry>>; LOOKED_UP]> = SmallVec::new();
@@ -329,7 +330,7 @@ impl Store {
                     looked_up.clear();
                     looked_up.extend((i..range.end.min(i + LOOKED_UP)).map(|k| {
                         let key = &push.get(k).or(pull.get(k)).expect("a key of the call").0;
-                        table.entries.get(key)
+                        self.entry(table, key)
                     }));
                     // Each entry's first line (index, shape, lock) loaded now, the loads
                     // of the batch overlapping, not one at a time between locks.
@@ -398,12 +399,18 @@ impl Store {
         let placed: OnceLock<Vec<Mutex<Piece<'k, G>>>> = OnceLock::new();
         let work = |claims: &dyn Claims| -> Result<()> {
             let placed = placed.get_or_init(|| (0..claims.pieces()).map(|_| Mutex::default()).collect());
+            // The table is held while the keys are looked up, not while the call waits
+            // (at the barrier, or for its arrays): every lock of the round is tried.
+            let table = matches!(keys, Source::Given { .. }).then(|| self.table.read());
             while let Some((p, range)) = claims.next() {
                 *placed[p].lock() = match keys {
                     Source::Planned { push, pull } => lock_planned(push, pull, range),
-                    Source::Given { table, push, pull } => build(table, push, pull, range),
+                    Source::Given { push, pull } => {
+                        build(table.as_deref().expect("the table, read"), push, pull, range)
+                    }
                 };
             }
+            drop(table);
             // Every key of the call is locked (unless something came up).
             if !claims.all_done() || stop.load(Ordering::Relaxed) {
                 return Ok(());
@@ -760,6 +767,47 @@ mod tests {
         holder.join().expect("the holding thread panicked");
         puller.join().expect("the pulling thread panicked");
         assert_eq!(x.to_vec::<f32>()?[0], (KEYS - 1) as f32);
+        Ok(())
+    }
+
+    #[test]
+    fn a_spread_pull_waiting_for_an_out_does_not_hold_up_init() -> Result<()> {
+        // As above, with `init` of a new key: the pull held the store's table of keys
+        // (read) while it waited for the out, and `init` waited for the table.
+        let (kv, keys) = store(2)?;
+        let (kv, keys) = (std::sync::Arc::new(kv), std::sync::Arc::new(keys));
+        let x = NDArray::zeros(&[LEN])?;
+        let (done, finished) = std::sync::mpsc::channel();
+        let holder = {
+            let (kv, x, done) = (kv.clone(), x.clone(), done.clone());
+            std::thread::spawn(move || {
+                let r = x.with_data(|_: &[f32]| {
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                    kv.init("new", &NDArray::full(&[2], 5.0)?)
+                });
+                let _ = done.send(r.and_then(|r| r));
+            })
+        };
+        let puller = {
+            let (kv, keys, x) = (kv.clone(), keys.clone(), x.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                let r = zeros(KEYS).and_then(|mut outs| {
+                    outs[KEYS - 1] = x;
+                    kv.pull(&keys[..], &outs, 0)
+                });
+                let _ = done.send(r);
+            })
+        };
+        for _ in 0..2 {
+            finished
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .expect("init and a spread pull waited for each other")?;
+        }
+        holder.join().expect("the holding thread panicked");
+        puller.join().expect("the pulling thread panicked");
+        assert_eq!(x.to_vec::<f32>()?[0], (KEYS - 1) as f32);
+        assert_eq!(kv.pull_new("new", 0)?.to_vec::<f32>()?, vec![5.0; 2]);
         Ok(())
     }
 
