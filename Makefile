@@ -131,7 +131,7 @@ bench: jar
 	bash scripts/setup-mpi.sh
 	# Over shared memory, then again over TCP (loopback): allreduce latency closer to a
 	# network's than shared memory's.
-	mpi=$$(bash scripts/bench-exe.sh kvstore-mpi mpi --features mpi) && \
+	mpi=$$(bash bench/exe.sh kvstore-mpi mpi --features mpi) && \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 2 \
 	    "$$mpi" target/bench/mpi.json && \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 KVSTORE_BENCH_LABEL="mpi 2 ranks over tcp" \
@@ -142,12 +142,12 @@ bench: jar
 	# PyTorch's a+b+c+d on the same arrays when PyTorch is installed.
 	rm -f target/bench/gpu.json target/bench/torch.json
 	$(CARGO) bench -p kvstore-cuda --bench gpu -- target/bench/gpu.json
-	python3 scripts/bench_torch.py target/bench/gpu.json target/bench/torch.json
+	python3 bench/torch_tensors.py target/bench/gpu.json target/bench/torch.json
 	# kvstore from Python (numpy) and MXNet 1.9.1's own store, timed in turn in one
 	# process (venv target/py-mxnet-venv, made when missing).
-	bash scripts/bench-python.sh target/bench/python.json
+	bash bench/python.sh target/bench/python.json
 	# PyTorch: DDP (gloo) against kvstore.torch over dist_sync, 2 ranks, the same model.
-	bash scripts/bench-torch-dp.sh target/bench/torch-dp.json
+	bash bench/torch-dp.sh target/bench/torch-dp.json
 	$(CARGO) bench -p kvstore-core --bench report
 
 # kvstore-cuda's GPU tests (release) and a run script in target/gpu-bundle, for a GPU

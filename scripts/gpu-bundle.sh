@@ -13,8 +13,8 @@ rm -f "$out"/test-* "$out"/bench_gpu
 while read -r name exe; do
     cp "$exe" "$out/test-$name"
 done <<<"$bins"
-cp "$(bash scripts/bench-exe.sh kvstore-cuda gpu)" "$out/bench_gpu"
-cp scripts/bench_torch.py "$out/bench_torch.py"
+cp "$(bash bench/exe.sh kvstore-cuda gpu)" "$out/bench_gpu"
+cp bench/torch_tensors.py "$out/bench_torch.py"
 # The Python package and its GPU tests (CUDA tensors through DLPack), with pytest's
 # wheels: the GPU machine may have PyTorch but no pytest, and no network.
 rm -rf "$out/py"

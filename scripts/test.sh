@@ -96,7 +96,7 @@ if wants static; then
     # The README's performance table and docs/benchmarks.md's results are the ones the
     # results files give, and the links
     # of the README, ARCHITECTURE.md and the guides under docs/ lead somewhere.
-    check readme-bench-table python3 scripts/readme_bench_table.py --check README.md docs/benchmarks.md
+    check readme-bench-table python3 bench/table.py --check README.md docs/benchmarks.md
     check doc-links python3 scripts/check_doc_links.py
     # What the guides claim and run: every program block run by the projects group,
     # mpirun lines that say what root and small machines need, counts that agree.

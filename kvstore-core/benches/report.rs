@@ -485,7 +485,7 @@ fn main() -> kvstore_core::Result<()> {
                     jvm_blocking_push_s.map_or(String::new(), |b| format!(" (here {:+.2} us)", (median_s - b) * 1e6));
                 Row::new(n, median_s, jvm_blocking_push_s, &format!("<= blocking + 1 us{more}"))
             }
-            // Python (scripts/bench_python.py): kvstore against MXNet 1.9.1's store in one
+            // Python (bench/python.py): kvstore against MXNet 1.9.1's store in one
             // process (limit: MXNet's time), then against the Rust rows. The 1000-key row's
             // target is on each store in its own loop; call by call in turn, each runs
             // right after the other evicted its memory from the caches: reported.

@@ -15,7 +15,7 @@
 //! `kvstore_cuda::synchronize()` (store calls return once their GPU work is queued), so
 //! wall-clock time includes all the GPU work. Without a CUDA device it prints
 //! `SKIP: no CUDA device (...)` and writes nothing (fails under `KVSTORE_REQUIRE_CUDA=1`).
-//! `scripts/bench_torch.py` adds PyTorch's `a + b + c + d` on the same sizes.
+//! `bench/torch_tensors.py` adds PyTorch's `a + b + c + d` on the same sizes.
 
 use kvstore_core::backend::{BroadcastJob, Comm, CommCpu, ReduceJob};
 use kvstore_core::{Context, DType, KVStore, NDArray, Optimizer};

@@ -1,5 +1,5 @@
-//! What `make bench` needs of the native module beyond the API (scripts/bench_python.py):
-//! built only with the crate's `bench` feature (scripts/bench-python.sh), so that the
+//! What `make bench` needs of the native module beyond the API (bench/python.py):
+//! built only with the crate's `bench` feature (bench/python.sh), so that the
 //! shipped wheel carries none of it.
 
 use kvstore::{KVStore as Store, Keys, Values};
@@ -9,7 +9,7 @@ use crate::arrays::Use;
 use crate::errors::to_py;
 use crate::store::{Arrays, PyStore, arrays_of, keys_of};
 
-/// For `make bench` (scripts/bench_python.py): the seconds each of `runs` calls of
+/// For `make bench` (bench/python.py): the seconds each of `runs` calls of
 /// `op` ("push" or "pull") takes when made from Rust, on arrays wrapped once, so that
 /// the Python rows are set against the same calls without Python, in the same process
 /// and moment. Not part of the API.

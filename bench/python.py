@@ -6,7 +6,7 @@ first in odd ones), medians of many runs after warm-ups (time.perf_counter). The
 set against Rust rows are timed as those are: the big push and pull in turn (the Rust
 ones alternate with plain loops), the small keys alone, call after call.
 
-    bench_python.py OUT_JSON
+    python.py OUT_JSON
 
 Writes OUT_JSON as the report's rows (name, median_s, limit_s); the report
 (kvstore-core/benches/report.rs) sets each `python:` row against its Rust row timed in

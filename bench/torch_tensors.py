@@ -2,7 +2,7 @@
 """PyTorch's `a + b + c + d` on four 64 Mi f32 arrays on cuda:0, timed as bench_gpu times
 its 4-input reduction (median of 21 runs after 3 warm-ups, each waiting for the GPU).
 
-    bench_torch.py GPU_JSON OUT_JSON
+    torch_tensors.py GPU_JSON OUT_JSON
 
 Reads bench_gpu's rows from GPU_JSON and writes OUT_JSON with PyTorch's time and the
 row comparing the two (ratio = PyTorch's time / kvstore's: > 1 means kvstore is
@@ -18,15 +18,15 @@ def main() -> int:
     try:
         import torch
     except ImportError:
-        print("SKIP: PyTorch is not installed: bench_torch")
+        print("SKIP: PyTorch is not installed: torch_tensors")
         return 0
     if not torch.cuda.is_available():
-        print("SKIP: PyTorch sees no CUDA device: bench_torch")
+        print("SKIP: PyTorch sees no CUDA device: torch_tensors")
         return 0
     try:
         rows = json.load(open(gpu_json))
     except OSError:
-        print(f"SKIP: no bench_gpu results in {gpu_json}: bench_torch")
+        print(f"SKIP: no bench_gpu results in {gpu_json}: torch_tensors")
         return 0
     ours = next(r for r in rows if "4-input reduce of 64 Mi f32" in r["name"])
     n = 64 << 20

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make bench`'s Python rows: kvstore from Python (numpy arrays) and MXNet 1.9.1's own
-# store, timed in one process by scripts/bench_python.py, written to OUT_JSON (default
+# store, timed in one process by bench/python.py, written to OUT_JSON (default
 # target/bench/python.json) for the report.
 #
 # Runs in the MXNet venv, target/py-mxnet-venv (mxnet 1.9.1, numpy<1.24; the kvstore
@@ -40,6 +40,6 @@ MATURIN_PEP517_ARGS="--features bench" \
     exit 1
 }
 # From outside the source tree, so that the installed package is the one timed.
-script=$PWD/scripts/bench_python.py
+script=$PWD/bench/python.py
 out_abs=$(realpath -m "$out")
 (cd "$venv" && bin/python "$script" "$out_abs")

@@ -4,7 +4,7 @@ trained data-parallel on 2 ranks with `torch.nn.parallel.DistributedDataParallel
 (gloo) and with `kvstore.torch.DataParallel` over `dist_sync`, in one `mpirun -np 2`
 job, the two in turn (DDP first in even rounds).
 
-    mpirun -np 2 python bench_torch_dp.py OUT_JSON
+    mpirun -np 2 python torch_dp.py OUT_JSON
 
 The model is kvstore-py/examples/train_digits.py's (an MLP of 5.0 M parameters on
 scikit-learn's digits, global batch 50, SGD with momentum). Per trainer: the median

@@ -12,8 +12,8 @@ ratio and whether it met the target, and the spread of the rows that several com
 files of one machine hold.
 
 Usage:
-  readme_bench_table.py --write README.md docs/benchmarks.md   rewrites the generated parts
-  readme_bench_table.py --check README.md docs/benchmarks.md   exits 1 if one differs
+  table.py --write README.md docs/benchmarks.md   rewrites the generated parts
+  table.py --check README.md docs/benchmarks.md   exits 1 if one differs
                                                                (make test runs this)
 """
 
@@ -79,14 +79,14 @@ def table():
         results = files[path]
         rows = [r for r in results["rows"] if r["name"] == name]
         if len(rows) != 1:
-            sys.exit(f"readme_bench_table.py: {path} has {len(rows)} rows named {name!r}")
+            sys.exit(f"bench/table.py: {path} has {len(rows)} rows named {name!r}")
         row = rows[0]
         ratio = ratio_of(row)
         if ratio is None:
-            sys.exit(f"readme_bench_table.py: {path}: row {name!r} has no ratio")
+            sys.exit(f"bench/table.py: {path}: row {name!r} has no ratio")
         lines.append(f"| {label} | {machine(results)} | {seconds(row['median_s'])} | {against} | {ratio:.2f} |")
     lines.append("")
-    lines.append("The results files are in `bench/results/`, one per machine; `scripts/readme_bench_table.py` names them.")
+    lines.append("The results files are in `bench/results/`, one per machine; `bench/table.py` names them.")
     return "\n".join(lines)
 
 
@@ -177,13 +177,13 @@ def regenerate(path, text):
         if text.count(begin) == 0 and text.count(end) == 0:
             continue
         if text.count(begin) != 1 or text.count(end) != 1:
-            sys.exit(f"readme_bench_table.py: {path} needs one {begin} and one {end} line")
+            sys.exit(f"bench/table.py: {path} needs one {begin} and one {end} line")
         head, rest = text.split(begin + "\n", 1)
         _, tail = rest.split(end, 1)
         text = head + begin + "\n" + make() + "\n" + end + tail
         found = True
     if not found:
-        sys.exit(f"readme_bench_table.py: {path} has no generated part")
+        sys.exit(f"bench/table.py: {path} has no generated part")
     return text
 
 
@@ -197,8 +197,8 @@ def main():
         if sys.argv[1] == "--write":
             path.write_text(new, encoding="utf-8")
         elif new != text:
-            sys.exit(f"readme_bench_table.py: the generated part of {path} is not what the results files give: "
-                     f"run scripts/readme_bench_table.py --write {path}")
+            sys.exit(f"bench/table.py: the generated part of {path} is not what the results files give: "
+                     f"run bench/table.py --write {path}")
 
 
 if __name__ == "__main__":

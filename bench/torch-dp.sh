@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make bench`'s PyTorch rows: scripts/bench_torch_dp.py under `mpirun -np 2`, DDP (gloo)
+# `make bench`'s PyTorch rows: bench/torch_dp.py under `mpirun -np 2`, DDP (gloo)
 # against kvstore.torch over dist_sync, written to OUT_JSON (default
 # target/bench/torch-dp.json) for the report. Runs in Debian's python3 with python3-torch
 # and python3-sklearn (target/py-torch-mpi-venv, made as scripts/test-python-mpi.sh makes
@@ -20,4 +20,4 @@ fi
 wheel=$(KVSTORE_PY_FEATURES=mpi bash scripts/python-wheel.sh | tail -n 1)
 "$venv/bin/pip" install --quiet --force-reinstall --no-deps "$wheel"
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 2 \
-    "$venv/bin/python" scripts/bench_torch_dp.py "$out"
+    "$venv/bin/python" bench/torch_dp.py "$out"
