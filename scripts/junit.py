@@ -6,11 +6,6 @@ folder (target/test-reports/SUITE/), and this script totals them.
       writes DIR/NAME.xml, one test case NAME: failed (saying WHY) when WHY is given,
       else passed. For a check that is a command's exit status. (A name given twice is
       two tests, the second named "NAME (2)".)
-  junit.py libtest DIR RUN LOG...
-      writes DIR/RUN-<n>.xml from each LOG of Rust's test harness, whose `test NAME ...
-      ok|FAILED|ignored` lines are its only report outside nightly Rust (used for the
-      ranks of an MPI job, each running the same tests: see `total`). A LOG without its
-      `test result: ok.` line also fails a case `RUN: the harness` (a crash).
   junit.py ran DIR NAME STATUS REPORT [--no-skips]
       after a test runner that exited with STATUS and should have written REPORT: writes
       a failed case NAME into DIR when the runner failed without a failed case in REPORT
@@ -56,25 +51,6 @@ def case(folder, name, why=None):
         n += 1
         name = f"{base} ({n})"
     write(path, name, [(os.path.basename(os.path.abspath(folder)), name, why, False)])
-
-
-def libtest(folder, run, logs):
-    line = re.compile(r"^test (\S+) \.\.\. (ok|FAILED|ignored)")
-    for i, log in enumerate(logs):
-        cases, finished = [], False
-        try:
-            with open(log, encoding="utf-8", errors="replace") as f:
-                for text in f:
-                    m = line.match(text)
-                    if m:
-                        name, verdict = m.groups()
-                        cases.append((run, name, "failed" if verdict == "FAILED" else None, verdict == "ignored"))
-                    finished |= text.startswith("test result: ok.")
-        except OSError as e:
-            cases.append((run, "the harness", f"{log}: {e}", False))
-        if not finished:
-            cases.append((run, "the harness", f"{log} has no `test result: ok.` line", False))
-        write(os.path.join(folder, f"{run}-{i}.xml"), run, cases)
 
 
 def counts(report):
@@ -142,9 +118,6 @@ def total(name, paths):
 def main(argv):
     if len(argv) >= 3 and argv[0] == "case":
         case(argv[1], argv[2], argv[3] if len(argv) > 3 else None)
-        return 0
-    if len(argv) >= 4 and argv[0] == "libtest":
-        libtest(argv[1], argv[2], argv[3:])
         return 0
     if len(argv) in (5, 6) and argv[0] == "ran" and argv[5:] in ([], ["--no-skips"]):
         ran(argv[1], argv[2], int(argv[3]), argv[4], argv[5:] == ["--no-skips"])

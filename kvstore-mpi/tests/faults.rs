@@ -4,101 +4,53 @@
 //! (`tests/fixtures/`, this crate's binaries with the `mpi` feature) and checks its
 //! exit status, how long it took and what its ranks printed.
 //!
-//! Run by `scripts/test-mpi.sh` (`cargo test -p kvstore-mpi --features mpi --test
-//! faults -- --test-threads=1`: the jobs oversubscribe the machine's cores).
+//! Run by `scripts/test-mpi.sh` under cargo-nextest, one job at a time (the `mpi-jobs`
+//! test group of `.config/nextest.toml`: the jobs oversubscribe the machine's cores).
 
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+#[path = "support/jobs.rs"]
+mod jobs;
+
+use jobs::Job;
 
 /// The exit status of a job that the watchdog ended (`KVSTORE_TIMEOUT`).
 const WATCHDOG: i32 = 86;
 
-/// What became of an `mpirun` job.
-struct Job {
-    /// Its exit status; `None` when it ran past its limit (and was ended).
-    code: Option<i32>,
-    elapsed: Duration,
-    /// Every rank's output and `mpirun`'s, as one text.
-    output: String,
+/// Checks that `job` ended with `code`, within 30 s, having printed `said` and not
+/// `not_said`; the failure shows the job's output.
+fn ended(job: &Job, code: impl Fn(i32) -> bool, said: &str, not_said: &str) {
+    assert!(job.code.is_some_and(code), "the job ended otherwise (None: it hung): {}", job.shown());
+    assert!(job.elapsed < Duration::from_secs(30), "the job took too long: {}", job.shown());
+    assert!(job.output.contains(said), "the job did not say \"{said}\": {}", job.shown());
+    assert!(!job.output.contains(not_said), "the job said \"{not_said}\": {}", job.shown());
 }
 
-impl Job {
-    /// Checks that the job ended with `code`, within 30 s, having printed `said` and
-    /// not `not_said`; the failure shows the job's output.
-    fn ended(&self, code: impl Fn(i32) -> bool, said: &str, not_said: &str) {
-        let Job { code: got, elapsed, output } = self;
-        let shown = || format!("exit {got:?} after {elapsed:?}; output:\n{output}");
-        assert!(got.is_some_and(code), "the job ended otherwise (None: it hung): {}", shown());
-        assert!(*elapsed < Duration::from_secs(30), "the job took too long: {}", shown());
-        assert!(output.contains(said), "the job did not say \"{said}\": {}", shown());
-        assert!(!output.contains(not_said), "the job said \"{not_said}\": {}", shown());
-    }
-}
-
-/// Runs `exe args` on `np` ranks, with `env` set on every rank, for at most `limit`.
+/// Runs `exe args` on `np` ranks, with `env` set on every rank, for at most 100 s.
 fn mpirun(np: usize, exe: &str, args: &[&str], env: &[(&str, &str)]) -> Job {
-    let limit = Duration::from_secs(100);
-    let mut cmd = Command::new("mpirun");
-    // Open MPI refuses root unless told, and needs --oversubscribe for more ranks than cores.
-    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    cmd.args(["--oversubscribe", "--bind-to", "none"]);
-    for (name, value) in env {
-        cmd.env(name, value).args(["-x", name]);
-    }
-    cmd.args(["-np", &np.to_string(), exe]).args(args);
-    // Into a file, not a pipe: a job that hangs must not hang its reader too. A file per
-    // job (tests run in parallel unless told otherwise, some over the same fixture).
-    static JOBS: AtomicUsize = AtomicUsize::new(0);
-    let log = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "faults-{}-{}.log",
-        std::process::id(),
-        JOBS.fetch_add(1, Ordering::Relaxed)
-    ));
-    let file = std::fs::File::create(&log).expect("a log file");
-    cmd.stdout(file.try_clone().expect("the log file")).stderr(file).stdin(Stdio::null());
-    let start = Instant::now();
-    let mut child = cmd.spawn().expect("mpirun did not start: is Open MPI installed (scripts/setup-mpi.sh)?");
-    let code = loop {
-        if let Some(status) = child.try_wait().expect("waiting for mpirun") {
-            break status.code();
-        }
-        if start.elapsed() > limit {
-            // SIGTERM: mpirun ends its ranks too (a SIGKILL would leave them behind).
-            let pid = i32::try_from(child.id()).expect("a process id");
-            // SAFETY: kill takes a process id and a signal number; nothing else.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let elapsed = start.elapsed();
-    let mut output = String::new();
-    std::fs::File::open(&log).and_then(|mut f| f.read_to_string(&mut output)).expect("reading the job's log");
-    let _ = std::fs::remove_file(&log);
-    Job { code, elapsed, output }
+    let mut cmd = jobs::mpirun(np, env);
+    cmd.arg(exe).args(args);
+    jobs::run(cmd, Duration::from_secs(100))
 }
 
 #[test]
 fn a_worker_stuck_before_a_push_ends_the_job_naming_it() {
     let env = [("KVSTORE_STALL_AT", "push"), ("KVSTORE_TIMEOUT", "3")];
     let job = mpirun(3, env!("CARGO_BIN_EXE_fixture_stall"), &[], &env);
-    job.ended(|c| c == WATCHDOG, "push #2 has waited 3 s for rank 2, which never arrived", "returned although");
+    ended(&job, |c| c == WATCHDOG, "push #2 has waited 3 s for rank 2, which never arrived", "returned although");
 }
 
 #[test]
 fn a_worker_stuck_before_finalize_ends_the_job_naming_it() {
     let env = [("KVSTORE_STALL_AT", "finalize"), ("KVSTORE_TIMEOUT", "3")];
     let job = mpirun(3, env!("CARGO_BIN_EXE_fixture_stall"), &[], &env);
-    job.ended(|c| c == WATCHDOG, "finalize has waited 3 s for rank 2, which never arrived", "returned although");
+    ended(&job, |c| c == WATCHDOG, "finalize has waited 3 s for rank 2, which never arrived", "returned although");
 }
 
 #[test]
 fn a_dist_async_rank_that_stopped_ends_the_job_naming_it() {
     let job = mpirun(3, env!("CARGO_BIN_EXE_fixture_async_stall"), &[], &[("KVSTORE_TIMEOUT", "3")]);
-    job.ended(|c| c == WATCHDOG, "waited 3 s for rank 2 to answer a dist_async request", "returned although");
+    ended(&job, |c| c == WATCHDOG, "waited 3 s for rank 2 to answer a dist_async request", "returned although");
 }
 
 /// A rank inside a blocking `dist_sync` call answers no `dist_async` request
@@ -107,7 +59,7 @@ fn a_dist_async_rank_that_stopped_ends_the_job_naming_it() {
 fn a_dist_async_request_to_a_rank_inside_dist_sync_ends_the_job_saying_why() {
     let job = mpirun(2, env!("CARGO_BIN_EXE_fixture_async_stall"), &["dist_sync"], &[("KVSTORE_TIMEOUT", "3")]);
     let said = "a rank inside a blocking dist_sync call answers no dist_async request";
-    job.ended(|c| c == WATCHDOG, said, "went on although");
+    ended(&job, |c| c == WATCHDOG, said, "went on although");
 }
 
 /// A `dist_async` rank that finalizes right after its last call goes on answering the
@@ -115,14 +67,14 @@ fn a_dist_async_request_to_a_rank_inside_dist_sync_ends_the_job_saying_why() {
 #[test]
 fn a_dist_async_rank_that_finished_early_keeps_answering() {
     let job = mpirun(2, env!("CARGO_BIN_EXE_fixture_async_early_finish"), &[], &[]);
-    job.ended(|c| c == 0, "every one saw its push", "panicked");
+    ended(&job, |c| c == 0, "every one saw its push", "panicked");
 }
 
 /// A worker that dies while the other waits in a blocking push: the job ends, failed.
 #[test]
 fn a_worker_that_died_during_a_blocking_push_ends_the_job() {
     let job = mpirun(2, env!("CARGO_BIN_EXE_fixture_early_exit"), &[], &[]);
-    job.ended(|c| c != 0, "rank 1: exiting without pushing", "push returned");
+    ended(&job, |c| c != 0, "rank 1: exiting without pushing", "push returned");
 }
 
 /// A worker that dies while the other has non-blocking pushes queued: the job ends,
@@ -131,5 +83,5 @@ fn a_worker_that_died_during_a_blocking_push_ends_the_job() {
 fn a_worker_that_died_during_non_blocking_pushes_ends_the_job() {
     let env = [("KVSTORE_EARLY_EXIT_NONBLOCKING", "1")];
     let job = mpirun(2, env!("CARGO_BIN_EXE_fixture_early_exit"), &[], &env);
-    job.ended(|c| c != 0, "rank 1: exiting without pushing", "push returned");
+    ended(&job, |c| c != 0, "rank 1: exiting without pushing", "push returned");
 }

@@ -1,7 +1,7 @@
 //! The `dist_sync` cases (reference §9, case 23), written once as functions of one
 //! worker's rank and store; they assert what that worker must see for the store's
 //! number of workers W. The thread runner (`tests/tests/dist.rs`) and the MPI runner
-//! (`kvstore-mpi/tests/mpi.rs`) call the same functions.
+//! (`kvstore-mpi/tests/mpi/`) call the same functions.
 
 use kvstore_core::{Context, DType, KVStore, Key, NDArray, Optimizer, Result};
 

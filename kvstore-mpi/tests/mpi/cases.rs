@@ -1,9 +1,6 @@
-//! The `dist_sync` cases of `kvstore_tests::dist_cases` across the processes of an MPI
-//! job: `scripts/test-mpi.sh` runs this binary under `mpirun -np 2` and `-np 4` (and
-//! `cargo test` runs it as a job of one worker). Every rank runs the same tests in the
-//! same order (`--test-threads=1`: libtest runs them sorted by name, so the last one,
-//! `zz_finalize_mpi`, ends MPI on every rank), so their collective calls match.
-#![cfg(feature = "mpi")]
+//! The `dist_sync` and `dist_async` cases of `kvstore_tests::dist_cases` and
+//! `async_cases` across the processes of an MPI job: `main.rs` runs each as a job of its
+//! own (`mpirun ... mpi case NAME`), every rank running the same case, then finalising.
 
 use kvstore_tests::{async_cases, dist_cases};
 
@@ -28,7 +25,6 @@ fn shared_dir(kv: &kvstore_core::KVStore, name: &str) -> std::path::PathBuf {
     dir
 }
 
-#[test]
 fn a_checkpoint_resumes_exactly() {
     let kv = store();
     let dir = shared_dir(&kv, "checkpoint");
@@ -62,7 +58,6 @@ fn async_store() -> kvstore_core::KVStore {
     kvstore_mpi::create("dist_async").expect("dist_async")
 }
 
-#[test]
 fn async_every_push_of_every_rank_is_applied_once() {
     let kv = async_store();
     assert_eq!(kv.kind(), "dist_async");
@@ -70,19 +65,16 @@ fn async_every_push_of_every_rank_is_applied_once() {
     assert_as_on_rank_0(&store(), "async bits", bits);
 }
 
-#[test]
 fn async_one_ranks_pushes_apply_in_its_order() {
     let kv = async_store();
     async_cases::one_workers_pushes_apply_in_order(kv.rank(), &kv);
 }
 
-#[test]
 fn async_an_optimizer_runs_on_the_owners() {
     let kv = async_store();
     async_cases::an_optimizer_runs_on_the_owners(kv.rank(), &kv);
 }
 
-#[test]
 fn async_random_schedules_lose_no_push() {
     let kv = async_store();
     for seed in 0..3 {
@@ -90,7 +82,6 @@ fn async_random_schedules_lose_no_push() {
     }
 }
 
-#[test]
 fn async_a_checkpoint_resumes_in_dist_async_and_dist_sync_stores() {
     let kv = async_store();
     let dir = shared_dir(&store(), "async-ckpt");
@@ -117,8 +108,7 @@ fn async_a_checkpoint_resumes_in_dist_async_and_dist_sync_stores() {
 /// a small one, held back for fusion until it is waited for (so that wait is a
 /// `dist_sync` call: every rank's `dist_async` calls end with that store's barrier
 /// first, docs/dist-async.md). Every value is right on every rank, nothing waits for
-/// ever, and `zz_finalize_mpi` ends both.
-#[test]
+/// ever, and finalising ends both.
 fn async_and_sync_stores_interleave_in_one_job() {
     use kvstore_core::{Key, NDArray, Result};
     const BIG: usize = 1 << 20;
@@ -167,7 +157,6 @@ fn async_and_sync_stores_interleave_in_one_job() {
     }
 }
 
-#[test]
 fn async_a_rank_that_makes_its_store_late_is_waited_for() {
     use kvstore_core::backend::Collective;
     // Rank 0 makes its store and inits at once, the others a moment later: rank 0's
@@ -190,34 +179,29 @@ fn async_a_rank_that_makes_its_store_late_is_waited_for() {
     kv.barrier().expect("barrier");
 }
 
-#[test]
 fn async_errors_reach_the_caller_only() {
     let kv = async_store();
     async_cases::errors_reach_the_caller_only(kv.rank(), &kv);
 }
 
-#[test]
 fn a_key_sums_alike_alone_and_fused() {
     let kv = store();
     let bits = dist_cases::a_key_sums_alike_alone_and_fused(kv.rank(), &kv);
     assert_as_on_rank_0(&kv, "alike bits", bits);
 }
 
-#[test]
 fn row_sparse_pushes_sum_every_workers_rows() {
     let kv = store();
     let bits = dist_cases::row_sparse_pushes_sum_every_workers_rows(kv.rank(), &kv);
     assert_as_on_rank_0(&kv, "row-sparse bits", bits);
 }
 
-#[test]
 fn compressed_pushes_sum_every_workers_quantised_values() {
     let kv = store();
     let bits = dist_cases::compressed_pushes_sum_every_workers_quantised_values(kv.rank(), &kv);
     assert_as_on_rank_0(&kv, "compressed bits", bits);
 }
 
-#[test]
 fn half_compressed_pushes_round_each_workers_sum_once() {
     for kind in ["fp16", "bf16"] {
         let kv = store();
@@ -226,7 +210,6 @@ fn half_compressed_pushes_round_each_workers_sum_once() {
     }
 }
 
-#[test]
 fn half_compressed_sums_beyond_the_range_become_inf() {
     for kind in ["fp16", "bf16"] {
         let kv = store();
@@ -235,7 +218,6 @@ fn half_compressed_sums_beyond_the_range_become_inf() {
     }
 }
 
-#[test]
 fn an_updater_failing_on_one_worker_fails_the_push_everywhere() {
     for compression in [false, true] {
         let kv = store();
@@ -244,56 +226,47 @@ fn an_updater_failing_on_one_worker_fails_the_push_everywhere() {
     }
 }
 
-#[test]
 fn a_call_refused_before_its_step_fails_on_every_worker() {
     let kv = store();
     dist_cases::a_call_refused_before_its_step_fails_on_every_worker(kv.rank(), &kv);
 }
 
-#[test]
 fn a_pull_refuses_bad_outs_before_writing_any() {
     let kv = store();
     dist_cases::a_pull_refuses_bad_outs_before_writing_any(kv.rank(), &kv);
 }
 
-#[test]
 fn workers_with_other_optimizers_fail_their_pushes() {
     let kv = store();
     let bits = dist_cases::workers_with_other_optimizers_fail_their_pushes(kv.rank(), &kv);
     assert_as_on_rank_0(&kv, "bits after the same optimizer", bits);
 }
 
-#[test]
 fn case_23_init_push_and_test_optimizer() {
     let kv = store();
     dist_cases::case_23_init_push_and_test_optimizer(kv.rank(), &kv);
 }
 
-#[test]
 fn workers_whose_calls_differ_all_fail() {
     let kv = store();
     dist_cases::workers_whose_calls_differ_all_fail(kv.rank(), &kv);
 }
 
-#[test]
 fn a_call_a_binding_refuses_fails_on_every_worker() {
     let kv = store();
     dist_cases::a_call_a_binding_refuses_fails_on_every_worker(kv.rank(), &kv);
 }
 
-#[test]
 fn each_round_every_worker_pushes_rank_plus_one() {
     let kv = store();
     dist_cases::each_round_every_worker_pushes_rank_plus_one(kv.rank(), &kv);
 }
 
-#[test]
 fn every_dtype_sums_local_then_across_workers() {
     let kv = store();
     dist_cases::every_dtype_sums_local_then_across_workers(kv.rank(), &kv);
 }
 
-#[test]
 fn replicas_are_bit_identical_after_optimizer_steps() {
     let kv = store();
     let bits = dist_cases::an_optimizer_runs_identically_on_every_worker(kv.rank(), &kv);
@@ -313,7 +286,6 @@ fn replicas_are_bit_identical_after_optimizer_steps() {
     );
 }
 
-#[test]
 fn nonblocking_training_matches_blocking() {
     let kv = store();
     let bits = dist_cases::nonblocking_training_matches_blocking(kv.rank(), &kv);
@@ -325,7 +297,6 @@ fn nonblocking_training_matches_blocking() {
     assert_eq!(root.to_vec::<i32>().expect("r"), mine.to_vec::<i32>().expect("r"), "rank {} differs", kv.rank());
 }
 
-#[test]
 fn small_buckets_split_keys_and_give_the_same_sums() {
     let group = kvstore_mpi::group().expect("group");
     let bucket = group.bucket_bytes();
@@ -339,11 +310,16 @@ fn small_buckets_split_keys_and_give_the_same_sums() {
 /// the same bits: every dtype, values whose sums round differently in another order
 /// (magnitudes 1e-6 to 1e6, both signs), keys fused with others and split over many
 /// buckets (256 bytes: both slots of the window, over several calls), on 2 and 4 ranks.
-#[test]
 fn shared_memory_and_mpi_messages_give_the_same_bits() {
     use kvstore_core::{DType, NDArray};
     let group = kvstore_mpi::group().expect("group");
     let (bucket, shm) = (group.bucket_bytes(), group.shared_memory());
+    // A job's first fused sum opens the shared window, or, in a job started with shared
+    // memory off, leaves it closed for good: that sum first, as the job's other calls
+    // would make it.
+    let first = store();
+    first.init("shm first", &NDArray::zeros(&[4]).expect("zeros")).expect("init");
+    first.push("shm first", &NDArray::ones(&[4]).expect("ones"), 0).expect("push");
     let run = |on: bool, bytes: usize| {
         group.set_shared_memory(on);
         group.set_bucket_bytes(bytes);
@@ -376,7 +352,7 @@ fn shared_memory_and_mpi_messages_give_the_same_bits() {
             }
         }
         // (Shared memory is decided at the job's first fused sum: off for good if the job
-        // started with it off, as test-mpi.sh's run with KVSTORE_MPI_SHARED_MEMORY=0 does.)
+        // started with it off, as the jobs with KVSTORE_MPI_SHARED_MEMORY=0 do.)
         assert_eq!(group.used_shared_memory(), on && shm && kv.num_workers() > 1, "rank {rank}: shared memory {on}");
         bits
     };
@@ -388,9 +364,8 @@ fn shared_memory_and_mpi_messages_give_the_same_bits() {
     group.set_shared_memory(shm);
 }
 
-/// `scripts/test-mpi.sh` runs this test alone with `KVSTORE_MPI_SHARED_MEMORY` neither
-/// 0 nor 1, and the suite once with it 0.
-#[test]
+/// Run alone with `KVSTORE_MPI_SHARED_MEMORY` neither 0 nor 1 too (`main.rs`), and in
+/// jobs with it 0.
 fn shared_memory_comes_from_the_environment() {
     // (Open MPI's transport list decides when the variable is unset; the suite sets none.)
     let btl = std::env::var_os("OMPI_MCA_btl").is_some();
@@ -408,9 +383,8 @@ fn shared_memory_comes_from_the_environment() {
     }
 }
 
-/// `scripts/test-mpi.sh` runs the whole suite once with `KVSTORE_MPI_BUCKET_BYTES=256`,
-/// and this test alone with a value that is not a number.
-#[test]
+/// Run in jobs with `KVSTORE_MPI_BUCKET_BYTES=256`, and alone with a value that is not
+/// a number (`main.rs`).
 fn bucket_bytes_come_from_the_environment() {
     match std::env::var(kvstore_mpi::BUCKET_BYTES_VAR).ok().filter(|v| !v.trim().is_empty()) {
         None => assert_eq!(kvstore_mpi::group().expect("group").bucket_bytes(), 4 << 20),
@@ -425,9 +399,8 @@ fn bucket_bytes_come_from_the_environment() {
     }
 }
 
-/// `scripts/test-mpi.sh` runs this test alone with `KVSTORE_TIMEOUT` not a number; the
-/// suite runs with it unset (the default) or as the script sets it.
-#[test]
+/// Run alone with `KVSTORE_TIMEOUT` not a number too (`main.rs`); the jobs run with it
+/// unset (the default).
 fn timeout_comes_from_the_environment() {
     match std::env::var(kvstore_mpi::TIMEOUT_VAR).ok().filter(|v| !v.trim().is_empty()) {
         None => assert_eq!(kvstore_mpi::group().expect("group").timeout(), std::time::Duration::from_secs(600)),
@@ -443,7 +416,6 @@ fn timeout_comes_from_the_environment() {
 }
 
 /// The builder's timeout is the group's, for every store of the job on this worker.
-#[test]
 fn the_builder_sets_the_timeout() {
     let group = kvstore_mpi::group().expect("group");
     let before = group.timeout();
@@ -460,7 +432,6 @@ fn the_builder_sets_the_timeout() {
 /// A call made blocking on one rank and non-blocking on another would never match
 /// in MPI (a non-blocking collective never matches a blocking one): both ranks fail
 /// it at once instead, and go on.
-#[test]
 fn a_call_made_blocking_on_one_rank_and_not_on_another_fails_on_every_rank() {
     let kv = store();
     kv.init("mixed", &kvstore_core::NDArray::zeros(&[65_536]).expect("zeros")).expect("init");
@@ -478,8 +449,7 @@ fn a_call_made_blocking_on_one_rank_and_not_on_another_fails_on_every_rank() {
 /// Finalising runs the calls still queued or held back for fusion first: a small
 /// push (held, waiting for more) and a big one, whose handles are kept, and one
 /// whose handle was dropped.
-#[test]
-fn zz_finalize_mpi() {
+fn finalize_runs_the_calls_still_queued() {
     let kv = store();
     let n = kv.num_workers() as f32;
     kv.init(
@@ -505,3 +475,49 @@ fn zz_finalize_mpi() {
     }
     assert!(kv.push("fin small", &kvstore_core::NDArray::ones(&[4]).expect("ones"), 0).is_err(), "a push after");
 }
+
+/// Every case, by name.
+pub(super) const CASES: &[(&str, fn())] = &[
+    ("a_checkpoint_resumes_exactly", a_checkpoint_resumes_exactly),
+    ("async_every_push_of_every_rank_is_applied_once", async_every_push_of_every_rank_is_applied_once),
+    ("async_one_ranks_pushes_apply_in_its_order", async_one_ranks_pushes_apply_in_its_order),
+    ("async_an_optimizer_runs_on_the_owners", async_an_optimizer_runs_on_the_owners),
+    ("async_random_schedules_lose_no_push", async_random_schedules_lose_no_push),
+    (
+        "async_a_checkpoint_resumes_in_dist_async_and_dist_sync_stores",
+        async_a_checkpoint_resumes_in_dist_async_and_dist_sync_stores,
+    ),
+    ("async_and_sync_stores_interleave_in_one_job", async_and_sync_stores_interleave_in_one_job),
+    ("async_a_rank_that_makes_its_store_late_is_waited_for", async_a_rank_that_makes_its_store_late_is_waited_for),
+    ("async_errors_reach_the_caller_only", async_errors_reach_the_caller_only),
+    ("a_key_sums_alike_alone_and_fused", a_key_sums_alike_alone_and_fused),
+    ("row_sparse_pushes_sum_every_workers_rows", row_sparse_pushes_sum_every_workers_rows),
+    ("compressed_pushes_sum_every_workers_quantised_values", compressed_pushes_sum_every_workers_quantised_values),
+    ("half_compressed_pushes_round_each_workers_sum_once", half_compressed_pushes_round_each_workers_sum_once),
+    ("half_compressed_sums_beyond_the_range_become_inf", half_compressed_sums_beyond_the_range_become_inf),
+    (
+        "an_updater_failing_on_one_worker_fails_the_push_everywhere",
+        an_updater_failing_on_one_worker_fails_the_push_everywhere,
+    ),
+    ("a_call_refused_before_its_step_fails_on_every_worker", a_call_refused_before_its_step_fails_on_every_worker),
+    ("a_pull_refuses_bad_outs_before_writing_any", a_pull_refuses_bad_outs_before_writing_any),
+    ("workers_with_other_optimizers_fail_their_pushes", workers_with_other_optimizers_fail_their_pushes),
+    ("case_23_init_push_and_test_optimizer", case_23_init_push_and_test_optimizer),
+    ("workers_whose_calls_differ_all_fail", workers_whose_calls_differ_all_fail),
+    ("a_call_a_binding_refuses_fails_on_every_worker", a_call_a_binding_refuses_fails_on_every_worker),
+    ("each_round_every_worker_pushes_rank_plus_one", each_round_every_worker_pushes_rank_plus_one),
+    ("every_dtype_sums_local_then_across_workers", every_dtype_sums_local_then_across_workers),
+    ("replicas_are_bit_identical_after_optimizer_steps", replicas_are_bit_identical_after_optimizer_steps),
+    ("nonblocking_training_matches_blocking", nonblocking_training_matches_blocking),
+    ("small_buckets_split_keys_and_give_the_same_sums", small_buckets_split_keys_and_give_the_same_sums),
+    ("shared_memory_and_mpi_messages_give_the_same_bits", shared_memory_and_mpi_messages_give_the_same_bits),
+    ("shared_memory_comes_from_the_environment", shared_memory_comes_from_the_environment),
+    ("bucket_bytes_come_from_the_environment", bucket_bytes_come_from_the_environment),
+    ("timeout_comes_from_the_environment", timeout_comes_from_the_environment),
+    ("the_builder_sets_the_timeout", the_builder_sets_the_timeout),
+    (
+        "a_call_made_blocking_on_one_rank_and_not_on_another_fails_on_every_rank",
+        a_call_made_blocking_on_one_rank_and_not_on_another_fails_on_every_rank,
+    ),
+    ("finalize_runs_the_calls_still_queued", finalize_runs_the_calls_still_queued),
+];

@@ -1,0 +1,121 @@
+//! The multi-rank suite: every case of `cases.rs` as an MPI job of its own, on 2 ranks
+//! and on 4, and on 2 ranks again with 256-byte buckets and without shared memory (so
+//! that every case also runs with keys split over many buckets, and with fused sums
+//! through MPI's messages instead of the machine's shared memory); on 4 ranks MPI's
+//! allreduce is told to use its ring, which sums each part of a buffer in another order:
+//! a key must still get the same bits alone and fused with others. Then the settings
+//! that are not numbers, each refused with a clear error, and ranks started with shared
+//! memory on and off, which must agree on MPI's messages.
+//!
+//! A test without the harness (libtest-mimic's instead), so that it can run itself:
+//!
+//! ```text
+//! mpi case NAME       under mpirun: runs case NAME on this rank, then finalises MPI
+//! mpi setting NAME    alone: runs case NAME (a setting's), without finalising
+//! mpi [ARGS]          the tests, one per job: `cargo test` and cargo-nextest run them
+//! ```
+//!
+//! A test passes when its job exits with 0 within its limit (a failed assertion on any
+//! rank fails the job), so `scripts/test-mpi.sh` reports it through nextest's JUnit XML.
+
+use std::process::{Command, ExitCode};
+use std::time::Duration;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+
+mod cases;
+#[path = "../support/jobs.rs"]
+mod jobs;
+
+/// The longest a case's job may take (the slowest take seconds on 4 ranks).
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// A way the cases run: its name, its ranks, the settings of every rank, and mpirun's
+/// extra arguments.
+type Run = (&'static str, usize, &'static [(&'static str, &'static str)], &'static [&'static str]);
+
+const RUNS: &[Run] = &[
+    ("np2", 2, &[], &[]),
+    ("np4", 4, &[], &["--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4"]),
+    ("np2-bucket256", 2, &[("KVSTORE_MPI_BUCKET_BYTES", "256"), ("KVSTORE_MPI_SHARED_MEMORY", "0")], &[]),
+];
+
+/// Settings that are not numbers (or not 0 or 1): the case of each, run alone, checks
+/// that making a store fails with an error naming the variable.
+const BAD_SETTINGS: &[(&str, &str, &str)] = &[
+    ("KVSTORE_MPI_BUCKET_BYTES", "lots", "bucket_bytes_come_from_the_environment"),
+    ("KVSTORE_TIMEOUT", "soon", "timeout_comes_from_the_environment"),
+    ("KVSTORE_MPI_SHARED_MEMORY", "maybe", "shared_memory_comes_from_the_environment"),
+];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    match (args.get(1).map(String::as_str), args.get(2)) {
+        (Some("case"), Some(name)) => run_case(name, true),
+        (Some("setting"), Some(name)) => run_case(name, false),
+        _ => {
+            let mut args = Arguments::from_args();
+            // One job at a time: a job's ranks take the machine's cores.
+            args.test_threads = Some(1);
+            libtest_mimic::run(&args, trials()).exit_code()
+        }
+    }
+}
+
+/// Runs case `name` on this rank (a panic fails the job), then finalises MPI.
+fn run_case(name: &str, finalize: bool) -> ExitCode {
+    let Some((_, case)) = cases::CASES.iter().find(|(n, _)| *n == name) else {
+        eprintln!("mpi: no case {name}");
+        return ExitCode::FAILURE;
+    };
+    case();
+    // (The finalize case finalises on its own.)
+    if finalize && name != "finalize_runs_the_calls_still_queued" {
+        kvstore_mpi::finalize().expect("finalize");
+    }
+    ExitCode::SUCCESS
+}
+
+fn trials() -> Vec<Trial> {
+    let mut trials = Vec::new();
+    for &(run, np, env, extra) in RUNS {
+        for &(name, _) in cases::CASES {
+            trials.push(Trial::test(format!("{run}::{name}"), move || {
+                let mut cmd = jobs::mpirun(np, env);
+                cmd.args(extra).arg(this_program()).args(["case", name]);
+                passed(jobs::run(cmd, LIMIT))
+            }));
+        }
+    }
+    for &(var, value, case) in BAD_SETTINGS {
+        trials.push(Trial::test(format!("settings::{var}_{value}_is_refused"), move || {
+            let mut cmd = Command::new(this_program());
+            cmd.env(var, value).args(["setting", case]);
+            passed(jobs::run(cmd, LIMIT))
+        }));
+    }
+    // mpirun's MPMD form: one rank with shared memory on, one with it off. The first
+    // fused sum agrees on MPI's messages for both, instead of one rank waiting at a
+    // barrier the other never reaches.
+    trials.push(Trial::test("settings::ranks_with_shared_memory_on_and_off_agree", || {
+        let case = "a_key_sums_alike_alone_and_fused";
+        let mut cmd = jobs::mpirun(1, &[("KVSTORE_MPI_SHARED_MEMORY", "1")]);
+        cmd.arg(this_program()).args(["case", case, ":", "-x", "KVSTORE_MPI_SHARED_MEMORY=0", "-np", "1"]);
+        cmd.arg(this_program()).args(["case", case]);
+        passed(jobs::run(cmd, LIMIT))
+    }));
+    trials
+}
+
+fn this_program() -> std::path::PathBuf {
+    std::env::current_exe().expect("this test's program")
+}
+
+/// A job that exited with 0 passed; otherwise its output says why not.
+fn passed(job: jobs::Job) -> Result<(), Failed> {
+    match job.code {
+        Some(0) => Ok(()),
+        None => Err(format!("the job ran past {LIMIT:?} (it hung): {}", job.shown()).into()),
+        Some(_) => Err(job.shown().into()),
+    }
+}
