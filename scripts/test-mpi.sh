@@ -13,6 +13,8 @@ mkdir -p "$reports"
 if ! bash scripts/setup-mpi.sh; then
     python3 scripts/junit.py case "$reports" "Open MPI" "scripts/setup-mpi.sh failed"
 else
+    # (cargo-nextest: installed once into cargo's bin folder when missing, as test.sh does.)
+    cargo nextest --version >/dev/null 2>&1 || cargo install --locked cargo-nextest@0.9.151
     rm -f target/nextest/mpi/junit.xml
     cargo nextest run -p kvstore-mpi --features mpi --profile mpi --test mpi --test faults
     status=$?
