@@ -5,13 +5,13 @@
 # native, jar, ...) is one test case, by its exit status; each test of the cargo suites
 # (cargo-nextest's report; the doc tests are one check), of the JVM side (JUnit,
 # clojure.test, the examples, the Leiningen, deps.edn and Maven projects), of Python and
-# of MPI (tests under mpirun -np 2 and 4, the fault tests, chaos) is one or more cases of
+# of MPI (jobs on 2 and 4 ranks, the fault tests, chaos) is one or more cases of
 # its suite's reports. A suite that exits with an error but reports no failed case counts
 # one failure more.
 #
 #   scripts/test.sh [GROUP...]     the groups, in this order (default: all of them):
 #     static    fmt, clippy, doc, the README's bench table, the documents' links and claims
-#     rust      every cargo test of the workspace (with NVRTC), the GPU tests' skip
+#     rust      every cargo test of the workspace (with NVRTC; the GPU tests skip)
 #     java      the native library and the jar, JUnit and the Java example, javadoc
 #     clojure   the native library and the jar, clojure.test, the examples, the tools
 #     projects  the native library and the jar, the projects of the README and docs/
@@ -117,10 +117,6 @@ if wants rust; then
     check nextest bash -c 'cargo nextest --version || cargo install --locked cargo-nextest@0.9.151'
     suite cargo cargo_tests
     check doctests cargo test --workspace --doc
-
-    # GPU: kvstore-cuda's tests skip visibly without a CUDA device (make gpu-bundle runs
-    # them on a GPU machine).
-    check gpu-skip bash scripts/check-gpu-skip.sh
 fi
 
 # The JVM side: build the native library and the jar once, then each suite.

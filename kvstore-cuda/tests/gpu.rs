@@ -5,8 +5,9 @@
 //! binaries), sums bit-identical to the host for every dtype, mixed host and GPU values,
 //! peer copies.
 //! Without a CUDA device each test prints `SKIP: no CUDA device` and passes;
-//! `KVSTORE_REQUIRE_CUDA=1` makes that a failure. The first test runs everywhere: no
-//! CUDA is a clear error, never a panic.
+//! `KVSTORE_REQUIRE_CUDA=1` makes that a failure (checked, each test alone, by
+//! `without_a_device_every_gpu_test_fails_when_cuda_is_required`). The first test runs
+//! everywhere: no CUDA is a clear error, never a panic.
 
 use kvstore_core::{Context, DType, ErrorKind, KVStore, NDArray};
 use kvstore_tests::Gpus;
@@ -48,6 +49,33 @@ fn without_cuda_every_gpu_call_is_a_clear_error() {
     assert_eq!(e.kind(), ErrorKind::DeviceUnavailable);
     let kv = KVStore::create("device").expect("store");
     assert_eq!(kv.init("w", &NDArray::zeros(&[2]).expect("w")).map(|()| kv.keys().len()).expect("init"), 1);
+}
+
+/// Without a device, every other test of this program skips through `gpu_or_skip`: run
+/// alone with `KVSTORE_REQUIRE_CUDA=1`, each fails, so none passes without a GPU having
+/// checked nothing (a GPU run, which sets it, cannot pass vacuously either).
+#[test]
+fn without_a_device_every_gpu_test_fails_when_cuda_is_required() {
+    use std::process::Command;
+    if kvstore_cuda::is_available() {
+        return; // every test runs here
+    }
+    let me = std::env::current_exe().expect("this test's program");
+    let listed = Command::new(&me).args(["--list", "--format", "terse"]).output().expect("listing the tests");
+    let listed = String::from_utf8(listed.stdout).expect("the list");
+    let others =
+        ["without_cuda_every_gpu_call_is_a_clear_error", "without_a_device_every_gpu_test_fails_when_cuda_is_required"];
+    let gpu_tests: Vec<&str> =
+        listed.lines().filter_map(|l| l.strip_suffix(": test")).filter(|name| !others.contains(name)).collect();
+    assert!(gpu_tests.len() >= 40, "only {} GPU tests listed:\n{listed}", gpu_tests.len());
+    for name in gpu_tests {
+        let run = Command::new(&me)
+            .env("KVSTORE_REQUIRE_CUDA", "1")
+            .args(["--exact", name, "--test-threads=1"])
+            .output()
+            .expect("running a GPU test");
+        assert!(!run.status.success(), "{name} passed without a CUDA device under KVSTORE_REQUIRE_CUDA=1");
+    }
 }
 
 #[test]
