@@ -101,8 +101,9 @@ pub trait Comm: Send + Sync {
     /// out every piece once, and wait at [`Claims::all_done`] until a round is done, so
     /// a call can check all its keys in one round before it changes any in the next.
     /// The first error of a `work` is returned, and no piece is given out after it. The
-    /// pieces depend only on `sizes`; each has at most [`CLAIM_KEYS`] keys and is small enough that a `reduce` or
-    /// `broadcast` of its keys, called from `work`, runs on the thread that calls it.
+    /// pieces depend only on `sizes`; each has a few keys (at most `CLAIM_KEYS`) and is
+    /// small enough that a `reduce` or `broadcast` of its keys, called from `work`, runs
+    /// on the thread that calls it.
     ///
     /// `None`, with nothing run, when the comm does not share such work out: by
     /// default, and when there is too little work to share or a key big enough to be
