@@ -157,7 +157,9 @@ impl Slot {
 /// times as fast as the default's on short keys.
 #[derive(Default)]
 struct Table {
-    indices: foldhash::HashMap<Key, usize>,
+    /// Each key's index, and its entry (the same as at that index of `Store::entries`):
+    /// a lookup starts loading the entry while it reads the store's handle of it.
+    indices: foldhash::HashMap<Key, (usize, Arc<Entry>)>,
     next_index: usize,
     /// The next key's [`Slot::order`]: `init` gives each key the next, and a loaded
     /// checkpoint gives its keys the next ones, in the file's order.
@@ -599,7 +601,7 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn key_index(&self, key: impl Into<Key>) -> Option<usize> {
-        self.store.table.read().indices.get(&key.into()).copied()
+        self.store.table.read().indices.get(&key.into()).map(|(i, _)| *i)
     }
 
     /// Where `key`'s value lives: the host for `local` stores (they sum on the host;
@@ -896,7 +898,10 @@ impl Store {
     /// as the store lives.
     #[inline]
     fn entry<'s>(&'s self, table: &Table, key: &Key) -> Option<&'s Arc<Entry>> {
-        table.indices.get(key).map(|&i| &self.entries[i])
+        let (index, entry) = table.indices.get(key)?;
+        // The entry's first line requested now, not once its place in `entries` is read.
+        std::hint::black_box(entry.index);
+        Some(&self.entries[*index])
     }
 
     /// Key `key`'s entry.
@@ -908,8 +913,9 @@ impl Store {
     fn add_entry(&self, table: &mut Table, key: Key, slot: Slot) {
         let index = table.next_index;
         table.next_index += 1;
-        table.indices.insert(key.clone(), index);
-        let at = self.entries.push(Entry::new(key, index, slot));
+        let entry = Entry::new(key.clone(), index, slot);
+        table.indices.insert(key, (index, Arc::clone(&entry)));
+        let at = self.entries.push(entry);
         debug_assert_eq!(at, index, "entries are added under the table's write lock, in index order");
     }
 
