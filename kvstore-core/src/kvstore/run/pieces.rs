@@ -726,14 +726,15 @@ mod tests {
         })
     }
 
-    #[test]
-    fn a_spread_pull_waiting_for_an_out_does_not_hold_up_set_updater() -> Result<()> {
-        // A thread holds an out's data and installs an updater meanwhile; another
-        // thread's pull of many keys, spread, waits for that out. The pull held the
-        // store's merger while it waited, so that both waited for ever (a store on one
-        // thread, whose pull takes no merger, returned).
-        // (Threads of their own, not scoped: a test that found them waiting for each
-        // other fails instead of waiting too.)
+    /// A spread pull of every key, whose last out another thread holds the data of
+    /// while it calls `meanwhile` on the store: both must return (`what` names the
+    /// call for the failure). The store, for what the caller checks after.
+    /// (Threads of their own, not scoped: a test that found them waiting for each other
+    /// fails instead of waiting too.)
+    fn pull_while_an_out_is_held(
+        what: &str,
+        meanwhile: impl FnOnce(&KVStore) -> Result<()> + Send + 'static,
+    ) -> Result<std::sync::Arc<KVStore>> {
         let (kv, keys) = store(2)?;
         let (kv, keys) = (std::sync::Arc::new(kv), std::sync::Arc::new(keys));
         let x = NDArray::zeros(&[LEN])?;
@@ -743,7 +744,7 @@ mod tests {
             std::thread::spawn(move || {
                 let r = x.with_data(|_: &[f32]| {
                     std::thread::sleep(std::time::Duration::from_millis(300));
-                    kv.set_updater(|_: &crate::Key, _, merged: &NDArray, stored: &NDArray| stored.copy_from(merged))
+                    meanwhile(&kv)
                 });
                 let _ = done.send(r.and_then(|r| r));
             })
@@ -762,11 +763,23 @@ mod tests {
         for _ in 0..2 {
             finished
                 .recv_timeout(std::time::Duration::from_secs(20))
-                .expect("set_updater and a spread pull waited for each other")?;
+                .unwrap_or_else(|_| panic!("{what} and a spread pull waited for each other"))?;
         }
         holder.join().expect("the holding thread panicked");
         puller.join().expect("the pulling thread panicked");
         assert_eq!(x.to_vec::<f32>()?[0], (KEYS - 1) as f32);
+        Ok(kv)
+    }
+
+    #[test]
+    fn a_spread_pull_waiting_for_an_out_does_not_hold_up_set_updater() -> Result<()> {
+        // A thread holds an out's data and installs an updater meanwhile; another
+        // thread's pull of many keys, spread, waits for that out. The pull held the
+        // store's merger while it waited, so that both waited for ever (a store on one
+        // thread, whose pull takes no merger, returned).
+        pull_while_an_out_is_held("set_updater", |kv| {
+            kv.set_updater(|_: &crate::Key, _, merged: &NDArray, stored: &NDArray| stored.copy_from(merged))
+        })?;
         Ok(())
     }
 
@@ -774,39 +787,7 @@ mod tests {
     fn a_spread_pull_waiting_for_an_out_does_not_hold_up_init() -> Result<()> {
         // As above, with `init` of a new key: the pull held the store's table of keys
         // (read) while it waited for the out, and `init` waited for the table.
-        let (kv, keys) = store(2)?;
-        let (kv, keys) = (std::sync::Arc::new(kv), std::sync::Arc::new(keys));
-        let x = NDArray::zeros(&[LEN])?;
-        let (done, finished) = std::sync::mpsc::channel();
-        let holder = {
-            let (kv, x, done) = (kv.clone(), x.clone(), done.clone());
-            std::thread::spawn(move || {
-                let r = x.with_data(|_: &[f32]| {
-                    std::thread::sleep(std::time::Duration::from_millis(300));
-                    kv.init("new", &NDArray::full(&[2], 5.0)?)
-                });
-                let _ = done.send(r.and_then(|r| r));
-            })
-        };
-        let puller = {
-            let (kv, keys, x) = (kv.clone(), keys.clone(), x.clone());
-            std::thread::spawn(move || {
-                std::thread::sleep(std::time::Duration::from_millis(100));
-                let r = zeros(KEYS).and_then(|mut outs| {
-                    outs[KEYS - 1] = x;
-                    kv.pull(&keys[..], &outs, 0)
-                });
-                let _ = done.send(r);
-            })
-        };
-        for _ in 0..2 {
-            finished
-                .recv_timeout(std::time::Duration::from_secs(20))
-                .expect("init and a spread pull waited for each other")?;
-        }
-        holder.join().expect("the holding thread panicked");
-        puller.join().expect("the pulling thread panicked");
-        assert_eq!(x.to_vec::<f32>()?[0], (KEYS - 1) as f32);
+        let kv = pull_while_an_out_is_held("init", |kv| kv.init("new", &NDArray::full(&[2], 5.0)?))?;
         assert_eq!(kv.pull_new("new", 0)?.to_vec::<f32>()?, vec![5.0; 2]);
         Ok(())
     }
