@@ -159,8 +159,8 @@ impl Slot {
 struct Table {
     /// Each key's index, and its entry (the same as at that index of `Store::entries`):
     /// a lookup starts loading the entry while it reads the store's handle of it.
+    /// (Keys are never removed: the next key's index is their number.)
     indices: foldhash::HashMap<Key, (usize, Arc<Entry>)>,
-    next_index: usize,
     /// The next key's [`Slot::order`]: `init` gives each key the next, and a loaded
     /// checkpoint gives its keys the next ones, in the file's order.
     next_order: u64,
@@ -891,7 +891,7 @@ impl Store {
     /// another thread adds its keys all at once, or not yet).
     fn entries(&self) -> Vec<Arc<Entry>> {
         let table = self.table.read();
-        self.entries.iter().take(table.next_index).map(|(_, e)| Arc::clone(e)).collect()
+        self.entries.iter().take(table.indices.len()).map(|(_, e)| Arc::clone(e)).collect()
     }
 
     /// Key `key`'s entry, looked up in `table` (this store's, locked): held for as long
@@ -911,8 +911,7 @@ impl Store {
 
     /// Adds key `key` with its first slot, under the table's write lock.
     fn add_entry(&self, table: &mut Table, key: Key, slot: Slot) {
-        let index = table.next_index;
-        table.next_index += 1;
+        let index = table.indices.len();
         let entry = Entry::new(key.clone(), index, slot);
         table.indices.insert(key, (index, Arc::clone(&entry)));
         let at = self.entries.push(entry);
