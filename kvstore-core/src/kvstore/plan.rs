@@ -191,6 +191,15 @@ impl Like<'_> {
         }
     }
 
+    /// Whether `a` passes [`check_arrays`] as one of the call's values (`out` false) or
+    /// outs, and is ready on the host: no write pending, and an out not lent. A
+    /// spread call's common case, told in one pass over `a`'s first cache line; an
+    /// array for which it is false goes through the checks one by one.
+    #[inline]
+    pub(super) fn fits_ready(self, a: &NDArray, out: bool) -> bool {
+        !a.on_device() && self.fits(a) && !a.is_pending() && !(out && (a.is_read_only() || a.is_lent()))
+    }
+
     fn shape_dtype(&self) -> (&[usize], DType) {
         match self {
             Like::Key(e) => e.like(),

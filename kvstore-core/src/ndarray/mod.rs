@@ -54,6 +54,11 @@ struct Inner {
     /// Whether `shape` has one dimension, so that `size` is the whole shape: two such
     /// arrays are checked alike reading this line only.
     flat: bool,
+    /// Whether every write is refused (foreign memory lent read-only). On the first
+    /// line, with the flags above: a call's checks of its outs read no other.
+    read_only: bool,
+    /// Whether the elements are another owner's memory (see [`overlapping_uses`]).
+    foreign: bool,
     /// Inline up to 4 dimensions: checking a call's shapes reads no other memory.
     shape: smallvec::SmallVec<[usize; 4]>,
     ctx: Context,
@@ -66,10 +71,6 @@ struct Inner {
     /// The engine whose queued calls make the `pending` writes (set with `loans`
     /// locked; read only while writes are pending: see `pending.rs`).
     pending_owner: std::sync::atomic::AtomicUsize,
-    /// Whether every write is refused (foreign memory lent read-only).
-    read_only: bool,
-    /// Whether the elements are another owner's memory (see [`overlapping_uses`]).
-    foreign: bool,
     /// The addresses of a host array's bytes (`start..end`; `0..0` for none or a device
     /// array), fixed for its life: what tells arrays over the same memory apart.
     span: (usize, usize),

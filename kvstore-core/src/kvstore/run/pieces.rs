@@ -25,7 +25,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use smallvec::SmallVec;
@@ -36,9 +36,6 @@ use crate::kvstore::forms::Run;
 use crate::kvstore::plan::{Like, Plan, check_arrays};
 use crate::kvstore::{Entry, Found, Group, Merger, Slot, Store, Table, locks};
 use crate::ndarray::{NDArray, overlapping_uses, used_twice};
-
-/// The guards of a piece's keys, on the stack: a piece has at most `CLAIM_KEYS` keys.
-type Guards<G> = SmallVec<[G; CLAIM_KEYS]>;
 
 /// Keys whose arrays a piece gathers at a time to sum and copy them.
 const GATHERED: usize = 8;
@@ -146,31 +143,55 @@ impl<'k, 'a> Side<'k, 'a> {
         grouped.iter().copied().chain(given)
     }
 
+    /// Whether `f` holds for every array (one slice's loop, not `iter`'s chain).
+    #[inline]
+    fn all(self, f: impl Fn(&NDArray) -> bool) -> bool {
+        match self {
+            Side::Grouped(arrays) => arrays.iter().all(|a| f(a)),
+            Side::Given(arrays) => arrays.iter().all(f),
+        }
+    }
+
     /// Appends the arrays to `to`, and says where they are there.
+    #[inline]
     fn gather(self, to: &mut Gathered<'a>) -> Range<usize> {
         let start = to.len();
-        to.extend(self.iter());
+        match self {
+            Side::Grouped(arrays) => to.extend_from_slice(arrays),
+            Side::Given(arrays) => to.extend(arrays),
+        }
         start..to.len()
     }
 }
 
-/// What the first round made of one piece: the guards of its keys and, for a call as
-/// given, its keys' entries (in call order) and what their checks found. Without a heap
-/// allocation: a piece has at most `CLAIM_KEYS` keys.
-struct Piece<'k, G> {
-    guards: Guards<G>,
-    entries: SmallVec<[&'k Arc<Entry>; CLAIM_KEYS]>,
-    /// The position in the call of the piece's first key that is not in the store,
-    /// pushed and pulled.
-    unknown: [Option<usize>; 2],
-    /// The positions in the call of the piece's first value and first out that failed
-    /// their checks (`check_arrays`, made again for the error).
-    failed: [Option<usize>; 2],
+/// What the first round made of one key of a piece: its entry and, when it was
+/// locked, its guard.
+struct Held<'k, G> {
+    entry: &'k Arc<Entry>,
+    guard: Option<G>,
 }
 
-impl<G> Default for Piece<'_, G> {
-    fn default() -> Self {
-        Piece { guards: Guards::new(), entries: SmallVec::new(), unknown: [None; 2], failed: [None; 2] }
+/// What the first round made of one piece: its keys that are in the store, in call
+/// order. Without a heap allocation (a piece has at most `CLAIM_KEYS` keys); written
+/// where it lies, each key's entry beside its guard, so that a piece of a few large
+/// keys touches a line or two of it, not one per field.
+type Piece<'k, G> = SmallVec<[Held<'k, G>; CLAIM_KEYS]>;
+
+/// The position in the call of the first key, value or out that something came up
+/// for, from any thread (`usize::MAX`: none).
+struct First(AtomicUsize);
+
+impl First {
+    fn new() -> Self {
+        First(AtomicUsize::new(usize::MAX))
+    }
+
+    fn set(&self, i: usize) {
+        self.0.fetch_min(i, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Option<usize> {
+        Some(self.0.load(Ordering::Relaxed)).filter(|&i| i != usize::MAX)
     }
 }
 
@@ -291,96 +312,108 @@ impl Store {
         if keys.counts(0).1 > 0 && (keys.used_twice() || keys.overlapping()) {
             stopped();
         }
-        // Locks key `i`, whose arrays are `values` and `outs`, unless something came up.
-        let take = |entry: &'k Entry, values: Side<'_, '_>, outs: Side<'_, '_>, held: &mut Guards<G>| {
-            let unfit =
-                (values.is_empty() && outs.is_empty()) || values.iter().chain(outs.iter()).any(|a| a.on_device());
+        // Locks a key whose arrays are `values` and `outs`, unless something came up;
+        // `on_host` when its arrays are known to be host arrays.
+        let take = |entry: &'k Entry, values: Side<'_, '_>, outs: Side<'_, '_>, on_host: bool| -> Option<G> {
+            let host = on_host || (values.all(|a| !a.on_device()) && outs.all(|a| !a.on_device()));
+            let unfit = (values.is_empty() && outs.is_empty()) || !host;
             if unfit {
-                return stopped();
+                stopped();
+                return None;
             }
             if stop.load(Ordering::Relaxed) {
-                return;
+                return None;
             }
-            match lock(entry).filter(|g| !g.value.on_device()) {
-                Some(guard) => held.push(guard),
-                None => stopped(),
+            let guard = lock(entry).filter(|g| !g.value.on_device());
+            if guard.is_none() {
+                stopped();
             }
+            guard
         };
         // Locks the keys of `range` of a planned call.
-        let lock_planned = |push: &'k [Group<'a>], pull: &'k [Group<'a>], range: Range<usize>| {
-            let mut piece = Piece::default();
-            for i in range {
-                let (values, outs) = (Side::of_group(push.get(i)), Side::of_group(pull.get(i)));
-                let entry = push.get(i).or(pull.get(i)).map(|g| &*g.entry).expect("a key of the call");
-                take(entry, values, outs, &mut piece.guards);
-            }
-            piece
-        };
+        let lock_planned =
+            |push: &'k [Group<'a>], pull: &'k [Group<'a>], range: Range<usize>, piece: &mut Piece<'k, G>| {
+                for i in range {
+                    let (values, outs) = (Side::of_group(push.get(i)), Side::of_group(pull.get(i)));
+                    let entry = push.get(i).or(pull.get(i)).map(|g| &g.entry).expect("a key of the call");
+                    piece.push(Held { entry, guard: take(entry, values, outs, false) });
+                }
+            };
         // A call as given whose pulled keys are not its pushed ones (a key with no
         // value, another with no out): the ordinary path looks them up and groups them.
         let unplanned = AtomicBool::new(false);
+        // The first key not in the store, pushed and pulled; the first value and the
+        // first out that failed their checks (`check_arrays`, made again for the error).
+        let (unknown, failed) = ([First::new(), First::new()], [First::new(), First::new()]);
         // Looks up, checks and locks the keys of `range` of a call as given.
-        let build = |table: &Table, push: &'k [Run<'a>], pull: &'k [Run<'a>], range: Range<usize>| {
-            let mut piece = Piece::default();
-            piece.entries.reserve(range.len());
-            let mut looked_up: SmallVec<[Option<&'k Arc<Entry>>; LOOKED_UP]> = SmallVec::new();
-            for i in range.clone() {
-                let ahead = (i - range.start) % LOOKED_UP;
-                if ahead == 0 {
-                    looked_up.clear();
-                    looked_up.extend((i..range.end.min(i + LOOKED_UP)).map(|k| {
-                        let key = &push.get(k).or(pull.get(k)).expect("a key of the call").0;
-                        self.entry(table, key)
-                    }));
-                    // Each entry's first line (index, shape, lock) loaded now, the loads
-                    // of the batch overlapping, not one at a time between locks.
-                    let lines = looked_up.iter().flatten().fold(0, |acc, e| acc ^ e.index);
-                    std::hint::black_box(lines);
-                }
-                let (pushed, pulled) = (push.get(i), pull.get(i));
-                if let (Some(p), Some(q)) = (pushed, pulled)
-                    && p.0 != q.0
-                {
-                    unplanned.store(true, Ordering::Relaxed);
-                    stopped();
-                    continue;
-                }
-                let Some(entry) = looked_up[ahead] else {
-                    piece.unknown[usize::from(pushed.is_none())].get_or_insert(i);
-                    stopped();
-                    continue;
-                };
-                piece.entries.push(entry);
-                let (values, outs) = (Side::of_run(pushed), Side::of_run(pulled));
-                for (side, what, arrays) in [(0, "value", values), (1, "out", outs)] {
-                    if piece.failed[side].is_none() && !arrays.is_empty() && check(op, what, entry, arrays).is_err() {
-                        piece.failed[side] = Some(i);
-                        stopped();
+        let build =
+            |table: &Table, push: &'k [Run<'a>], pull: &'k [Run<'a>], range: Range<usize>, piece: &mut Piece<'k, G>| {
+                let mut looked_up: SmallVec<[Option<&'k Arc<Entry>>; LOOKED_UP]> = SmallVec::new();
+                for i in range.clone() {
+                    let ahead = (i - range.start) % LOOKED_UP;
+                    if ahead == 0 {
+                        looked_up.clear();
+                        looked_up.extend((i..range.end.min(i + LOOKED_UP)).map(|k| {
+                            let key = &push.get(k).or(pull.get(k)).expect("a key of the call").0;
+                            self.entry(table, key)
+                        }));
+                        // Each entry's first line (index, shape, lock) loaded now, the loads
+                        // of the batch overlapping, not one at a time between locks.
+                        let lines = looked_up.iter().flatten().fold(0, |acc, e| acc ^ e.index);
+                        std::hint::black_box(lines);
                     }
+                    let (pushed, pulled) = (push.get(i), pull.get(i));
+                    if let (Some(p), Some(q)) = (pushed, pulled)
+                        && p.0 != q.0
+                    {
+                        unplanned.store(true, Ordering::Relaxed);
+                        stopped();
+                        continue;
+                    }
+                    let Some(entry) = looked_up[ahead] else {
+                        unknown[usize::from(pushed.is_none())].set(i);
+                        stopped();
+                        continue;
+                    };
+                    let (values, outs) = (Side::of_run(pushed), Side::of_run(pulled));
+                    let like = Like::Key(entry);
+                    let ready = values.all(|a| like.fits_ready(a, false)) && outs.all(|a| like.fits_ready(a, true));
+                    if !ready {
+                        for (side, what, arrays) in [(0, "value", values), (1, "out", outs)] {
+                            if !arrays.is_empty() && check(op, what, entry, arrays).is_err() {
+                                failed[side].set(i);
+                                stopped();
+                            }
+                        }
+                        // An array that is pending, or an out that is lent, is made ready by
+                        // the ordinary path (it waits for the one and copies the other first).
+                        if values.iter().any(|a| a.is_pending()) || outs.iter().any(|a| a.is_pending() || a.is_lent()) {
+                            stopped();
+                        }
+                    }
+                    piece.push(Held { entry, guard: take(entry, values, outs, ready) });
                 }
-                // An array that is pending, or an out that is lent, is made ready by
-                // the ordinary path (it waits for the one and copies the other first).
-                if values.iter().any(|a| a.is_pending()) || outs.iter().any(|a| a.is_pending() || a.is_lent()) {
-                    stopped();
-                }
-                take(entry, values, outs, &mut piece.guards);
-            }
-            piece
-        };
-        // Sums and copies the keys of a piece, whose guards are `slots`: `sides(i)` are
-        // the values and outs of its `i`th key.
-        let run = |sides: &dyn Fn(usize) -> (Side<'k, 'a>, Side<'k, 'a>), slots: &[G]| -> Result<()> {
+            };
+        // Sums and copies the keys of a piece, `held` (each locked): `sides(i)` are the
+        // values and outs of its `i`th key.
+        let run = |sides: &dyn Fn(usize) -> (Side<'k, 'a>, Side<'k, 'a>), held: &[Held<'k, G>]| -> Result<()> {
             // A few keys at a time, their arrays gathered on the stack.
-            for (start, slots) in (0..slots.len()).step_by(GATHERED).zip(slots.chunks(GATHERED)) {
+            for (start, held) in (0..held.len()).step_by(GATHERED).zip(held.chunks(GATHERED)) {
+                let slots: SmallVec<[&Slot; GATHERED]> =
+                    held.iter().map(|h| h.guard.as_deref().expect("a key locked in the first round")).collect();
                 let mut arrays = Gathered::new();
-                let spans: SmallVec<[(Range<usize>, Range<usize>); GATHERED]> = (start..start + slots.len())
+                let spans: SmallVec<[(Range<usize>, Range<usize>); GATHERED]> = (start..start + held.len())
                     .map(|i| {
                         let (values, outs) = sides(i);
                         (values.gather(&mut arrays), outs.gather(&mut arrays))
                     })
                     .collect();
-                let keys =
-                    || spans.iter().map(|(values, outs)| (&arrays[values.clone()], &arrays[outs.clone()])).zip(slots);
+                let keys = || {
+                    spans
+                        .iter()
+                        .map(|(values, outs)| (&arrays[values.clone()], &arrays[outs.clone()]))
+                        .zip(slots.iter().copied())
+                };
                 let jobs: SmallVec<[ReduceJob<'_>; GATHERED]> = keys()
                     .filter(|((values, _), _)| !values.is_empty())
                     .map(|((values, _), slot)| ReduceJob { inputs: values, out: &slot.value })
@@ -403,12 +436,14 @@ impl Store {
             // (at the barrier, or for its arrays): every lock of the round is tried.
             let table = matches!(keys, Source::Given { .. }).then(|| self.table.read());
             while let Some((p, range)) = claims.next() {
-                *placed[p].lock() = match keys {
-                    Source::Planned { push, pull } => lock_planned(push, pull, range),
+                // Made in its place: a piece has room for `CLAIM_KEYS` keys, mostly unused.
+                let piece = &mut *placed[p].lock();
+                match keys {
+                    Source::Planned { push, pull } => lock_planned(push, pull, range, piece),
                     Source::Given { push, pull } => {
-                        build(table.as_deref().expect("the table, read"), push, pull, range)
+                        build(table.as_deref().expect("the table, read"), push, pull, range, piece)
                     }
-                };
+                }
             }
             drop(table);
             // Every key of the call is locked (unless something came up).
@@ -425,8 +460,8 @@ impl Store {
                         (Side::of_run(push.get(range.start + i)), Side::of_run(pull.get(range.start + i)))
                     }
                 };
-                run(&sides, &piece.guards)?;
-                piece.guards.clear();
+                run(&sides, &piece)?;
+                piece.clear();
             }
             Ok(())
         };
@@ -439,7 +474,10 @@ impl Store {
         match keys {
             Source::Planned { .. } => Given::HandedBack { push: Vec::new(), pull: Vec::new(), checked: None },
             Source::Given { .. } if unplanned.load(Ordering::Relaxed) => Given::NotOne,
-            Source::Given { push, pull, .. } => handed_back(op, push, pull, pieces),
+            Source::Given { push, pull, .. } => {
+                let first = |f: &[First; 2]| [f[0].get(), f[1].get()];
+                handed_back(op, (push, pull), pieces, first(&unknown), first(&failed))
+            }
         }
     }
 }
@@ -452,19 +490,24 @@ fn check(op: &'static str, what: &str, entry: &Entry, arrays: Side<'_, '_>) -> R
 /// A call as given (`push`, `pull`: the same keys, or one of them empty), handed back:
 /// its keys' groups in call order, or its first unknown key; and its checks' result,
 /// when its keys came in index order, each once.
-fn handed_back<'a, G>(op: &'static str, push: &[Run<'a>], pull: &[Run<'a>], pieces: Vec<Piece<'_, G>>) -> Given<'a> {
-    let first = |at: fn(&Piece<'_, G>) -> Option<usize>| pieces.iter().find_map(at);
-    if let Some(key) =
-        first(|p| p.unknown[0]).map(|i| &push[i].0).or_else(|| first(|p| p.unknown[1]).map(|i| &pull[i].0))
-    {
+/// `unknown` and `failed` are the positions of the first unknown key, pushed and
+/// pulled, and of the first value and out that failed their checks.
+fn handed_back<'a, G>(
+    op: &'static str,
+    (push, pull): (&[Run<'a>], &[Run<'a>]),
+    pieces: Vec<Piece<'_, G>>,
+    unknown: [Option<usize>; 2],
+    failed: [Option<usize>; 2],
+) -> Given<'a> {
+    if let Some(key) = unknown[0].map(|i| &push[i].0).or_else(|| unknown[1].map(|i| &pull[i].0)) {
         return Given::Unknown(Error::KeyNotInitialized { op, key: key.clone() });
     }
-    let entries: Vec<&Arc<Entry>> = pieces.iter().flat_map(|p| p.entries.iter().copied()).collect();
+    let entries: Vec<&Arc<Entry>> = pieces.iter().flat_map(|p| p.iter().map(|h| h.entry)).collect();
     let in_order = entries.windows(2).all(|w| w[0].index < w[1].index);
     let checked = in_order.then(|| {
-        let failed = |i: usize, what, side| check(op, what, entries[i], side).err();
-        let value = first(|p| p.failed[0]).and_then(|i| failed(i, "value", Side::of_run(push.get(i))));
-        match value.or_else(|| first(|p| p.failed[1]).and_then(|i| failed(i, "out", Side::of_run(pull.get(i))))) {
+        let error = |i: usize, what, side| check(op, what, entries[i], side).err();
+        let value = failed[0].and_then(|i| error(i, "value", Side::of_run(push.get(i))));
+        match value.or_else(|| failed[1].and_then(|i| error(i, "out", Side::of_run(pull.get(i))))) {
             Some(e) => Err(e),
             None => Ok(()),
         }
