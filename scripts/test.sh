@@ -141,7 +141,9 @@ if wants python; then
 fi
 
 if wants mpi; then
-    # Multi-rank: kvstore-mpi with its `mpi` feature (Open MPI from Debian), under mpirun.
+    # Multi-rank: kvstore-mpi with its `mpi` feature (Open MPI from Debian), under mpirun,
+    # and the JVM under mpirun over target/kvstore-mpi.jar (make jar FEATURES=mpi). It
+    # rebuilds the JNI library with MPI, so it runs after every suite of the default jar.
     check clippy-mpi bash -c 'bash scripts/setup-mpi.sh && cargo clippy -p kvstore-mpi -p kvstore-jni --features kvstore-mpi/mpi,kvstore-jni/mpi --all-targets -- -D warnings'
     suite mpi bash scripts/test-mpi.sh
     # Python under mpirun: the kvstore-mpi wheel (make python FEATURES=mpi), 2-rank jobs.
@@ -152,10 +154,6 @@ if wants mpi; then
     # (kvstore-mpi/tests/chaos/: the suite runs itself under mpirun as the job.)
     suite chaos bash -c 'bash scripts/setup-mpi.sh >/dev/null 2>&1 &&
         KVSTORE_CHAOS_RUNS=6 cargo test -q -p kvstore-mpi --features mpi --test chaos'
-    # The JVM under mpirun: target/kvstore-mpi.jar (make jar FEATURES=mpi) trains
-    # clojure/examples/dist_train.clj on 2 ranks. It rebuilds the JNI library with MPI,
-    # so it runs after every suite that uses the default jar.
-    suite mpi-jvm bash scripts/test-mpi-jvm.sh
 fi
 
 # No litter: every suite removes its temporary files from the run's TMPDIR. Not counted:

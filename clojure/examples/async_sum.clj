@@ -1,4 +1,4 @@
-;; A dist_async job from Clojure (scripts/test-mpi-jvm.sh runs it under mpirun -np 2,
+;; A dist_async job from Clojure (kvstore-mpi/tests/jvm.rs runs it under mpirun -np 2,
 ;; with the kvstore-mpi jar): a Clojure updater that adds each push runs on each key's
 ;; owner; both ranks push (blocking, and non-blocking), then meet at a barrier, and
 ;; every rank must pull the initial value plus every push of every rank. Each rank

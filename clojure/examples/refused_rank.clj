@@ -1,5 +1,5 @@
 ;; A call that one rank of a dist_sync job refuses before it reaches the store
-;; (scripts/test-mpi-jvm.sh runs it under mpirun -np 2; any number of ranks
+;; (kvstore-mpi/tests/jvm.rs runs it under mpirun -np 2; any number of ranks
 ;; works): rank 1 gives a disposed array to each form of call, the others a
 ;; live one. Every such call must fail on every rank as that call's refusal
 ;; (:disposed on rank 1, on the others an :invalid-argument saying that rank 1

@@ -137,7 +137,7 @@
 
 (deftest dist-sync-needs-the-mpi-jar
   ;; The suites run on the default jar; target/kvstore-mpi.jar is tested under
-  ;; mpirun by scripts/test-mpi-jvm.sh.
+  ;; mpirun by kvstore-mpi/tests/jvm.rs.
   (is (false? (kvstore/mpi-supported?)))
   (let [e (thrown #(kvstore/create "dist_sync"))]
     (is (= :unsupported (:kvstore/error (ex-data e))))

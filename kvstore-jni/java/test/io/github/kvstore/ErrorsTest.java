@@ -183,7 +183,7 @@ class ErrorsTest {
 
     @Test
     void distSyncAndGradientCompressionAreUnsupported() {
-        // The suites run on the default jar, without MPI (scripts/test-mpi-jvm.sh runs the
+        // The suites run on the default jar, without MPI (kvstore-mpi/tests/jvm.rs runs the
         // MPI jar under mpirun).
         assertFalse(KVStore.mpiSupported());
         KVStoreException e = assertCode(Code.UNSUPPORTED, () -> KVStore.create("dist_sync"));
