@@ -13,25 +13,14 @@
 # libtools-deps-clojure when missing and apt-get can.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
-logs=$root/target/test-logs
-reports=${KVSTORE_REPORTS:-$root/target/test-reports/clojure-tools}
-rm -rf "$reports"
-mkdir -p "$logs" "$reports"
-# record NAME [WHY]: the check NAME passed, or failed saying why.
-record() { python3 "$root/scripts/junit.py" case "$reports" "$@"; }
-totals() { python3 "$root/scripts/junit.py" total --name clojure-tools "$reports"; }
+source scripts/suite.sh
+suite_init clojure-tools
 
 if ! command -v lein >/dev/null || [ ! -f /usr/share/java/tools.deps.jar ] || [ ! -f /usr/share/java/test.check.jar ]; then
     bash scripts/apt-install.sh leiningen libtools-deps-clojure libtest-check-clojure clojure \
         >"$logs/clojure-tools-apt.log" 2>&1
 fi
-if [ ! -f "$root/target/kvstore.jar" ]; then
-    echo "target/kvstore.jar not found: build it first (make jar)"
-    record jar "target/kvstore.jar not found"
-    totals
-    exit 1
-fi
+[ -f "$root/target/kvstore.jar" ] || give_up "target/kvstore.jar (make jar)"
 
 cd clojure
 # Leiningen and the checks below write clojure/target (the :debian profile's
@@ -57,34 +46,25 @@ expected='smoke: [2.0 2.0 2.0 2.0 2.0 2.0]'
 # instead of stalling the script. timeout exits 124 (137 after its KILL).
 limit=300
 
-# check NAME LOG COMMAND...: passes when COMMAND exits 0 within $limit seconds
-# and, for the smoke checks, printed the expected line.
-check() {
-    local name=$1 log=$2 want=$3 status
-    shift 3
-    timeout -k 10 "$limit" "$@" >"$log" 2>&1
+# smoke WANT COMMAND...: COMMAND exits with 0 within $limit seconds and, unless WANT is
+# empty, printed the line WANT (for `check`).
+smoke() {
+    local want=$1 out status
+    shift
+    out=$(timeout -k 10 "$limit" "$@" 2>&1)
     status=$?
-    if [ "$status" -eq 0 ] && { [ -z "$want" ] || grep -qxF "$want" "$log"; }; then
-        record "$name"
-        echo "check $name: ok"
-    else
-        record "$name" "exit status $status (log: $log)"
-        if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
-            echo "check $name: FAILED (did not finish within $limit s; last lines of $log):"
-        else
-            echo "check $name: FAILED (last lines of $log):"
-        fi
-        tail -n 30 "$log" | sed 's/^/    /' # indented: its summary lines are not ours
-    fi
+    printf '%s\n' "$out"
+    if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then echo "(did not finish within $limit s)"; fi
+    [ "$status" -eq 0 ] && { [ -z "$want" ] || grep -qxF -- "$want" <<<"$out"; }
 }
 
 if command -v lein >/dev/null; then
     # Leiningen leaves a form-init*.clj per run in java.io.tmpdir: keep them in target/.
     mkdir -p target/java-tmp
     export LEIN_JVM_OPTS="-XX:+TieredCompilation -XX:TieredStopAtLevel=1 -Djava.io.tmpdir=$(pwd)/target/java-tmp"
-    check lein-run "$logs/clojure-lein-run.log" "$expected" \
+    check lein-run smoke "$expected" \
         lein with-profile +debian run -m clojure.main -e "$form"
-    check lein-test "$logs/clojure-lein-test.log" "" \
+    check lein-test smoke "" \
         lein with-profile +debian test
 else
     echo "lein not found (apt-get install leiningen)"
@@ -108,15 +88,13 @@ if [ -f /usr/share/java/tools.deps.jar ]; then
     test_cp_file=$(mktemp)
     if resolve "[]" "$cp_file" >"$logs/clojure-deps-resolve.log" 2>&1 &&
         resolve "[:test]" "$test_cp_file" >>"$logs/clojure-deps-resolve.log" 2>&1; then
-        check deps-run "$logs/clojure-deps-run.log" "$expected" \
+        check deps-run smoke "$expected" \
             java -cp "$(cat "$cp_file")" clojure.main -e "$form"
         # The :test alias's :main-opts, as `clj -M:test` would run them.
-        check deps-test "$logs/clojure-deps-test.log" "" \
+        check deps-test smoke "" \
             java -cp "$(cat "$test_cp_file")" clojure.main -m kvstore-test-runner
     else
-        echo "check deps-resolve: FAILED (last lines of $logs/clojure-deps-resolve.log):"
-        tail -n 30 "$logs/clojure-deps-resolve.log" | sed 's/^/    /'
-        record deps-run "deps.edn's classpath did not resolve"
+        fail deps-run "$logs/clojure-deps-resolve.log"
         record deps-test "deps.edn's classpath did not resolve"
     fi
     rm -f "$cp_file" "$test_cp_file"

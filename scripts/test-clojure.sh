@@ -16,15 +16,9 @@
 # KVSTORE_JAR overrides the jar's path.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
+source scripts/suite.sh
+suite_init clojure
 jar=${KVSTORE_JAR:-$root/target/kvstore.jar}
-logs=$root/target/test-logs
-reports=${KVSTORE_REPORTS:-$root/target/test-reports/clojure}
-rm -rf "$reports"
-mkdir -p "$logs" "$reports"
-# A case of the suite: passed, or failed saying why; `totals` prints the suite's line.
-case_of() { python3 "$root/scripts/junit.py" case "$reports/$1" "$2" ${3:+"$3"}; }
-totals() { python3 "$root/scripts/junit.py" total --name clojure "$reports"; }
 
 share=/usr/share/java
 clojure_jars="$share/clojure.jar:$share/spec.alpha.jar:$share/core.specs.alpha.jar"
@@ -42,13 +36,13 @@ if [ -n "$(missing_jars)" ]; then
 fi
 if [ -n "$(missing_jars)" ]; then
     echo "missing: $(missing_jars | tr '\n' ' ')(apt-get install clojure libtest-check-clojure)"
-    case_of setup "Clojure's jars" "missing: $(missing_jars | tr '\n' ' ')"
+    record "Clojure's jars" "missing: $(missing_jars | tr '\n' ' ')"
     totals
     exit 1
 fi
 if [ ! -f "$jar" ]; then
     echo "$jar not found: build it first (make jar)"
-    case_of setup "the jar" "$jar not found"
+    record "the jar" "$jar not found"
     totals
     exit 1
 fi
@@ -79,7 +73,7 @@ if [ ! -f "$report" ]; then
         why="the Clojure test runner exited with status $status before its report"
     fi
     echo "$why"
-    case_of runner "the test runner" "$why"
+    record "the test runner" "$why"
 fi
 
 # 2. the examples, each from an empty folder
@@ -96,12 +90,12 @@ tutorial_status=$?
 rm -rf "$tmp"
 if [ "$tutorial_status" -eq 0 ] && [ "$actual" = "$expected" ]; then
     echo "tutorial.clj: ok"
-    case_of examples tutorial.clj
+    record tutorial.clj
 else
     echo "tutorial.clj: FAILED (exit status $tutorial_status$(timed_out "$tutorial_status" && echo ", timed out after $example_limit s"))"
     diff <(echo "$expected") <(echo "$actual") | sed 's/^/  /'
     tail -n 30 "$logs/clojure-tutorial.err" | sed 's/^/  /'
-    case_of examples tutorial.clj "exit status $tutorial_status, or not the tutorial's values"
+    record tutorial.clj "exit status $tutorial_status, or not the tutorial's values"
 fi
 
 # The training demo: the last epoch's loss below max_loss (the noise floor is
@@ -127,12 +121,12 @@ verdict=$(awk -v max_loss="$max_loss" -v tol="$tolerance" '
     }' "$logs/clojure-train-linear.log")
 if [ "$train_status" -eq 0 ] && [[ "$verdict" == ok* ]]; then
     echo "train_linear.clj: $verdict"
-    case_of examples train_linear.clj
+    record train_linear.clj
 else
     echo "train_linear.clj: ${verdict:-FAILED} (exit status $train_status$(timed_out "$train_status" && echo ", timed out after $example_limit s"))"
     sed 's/^/  /' "$logs/clojure-train-linear.log"
     tail -n 30 "$logs/clojure-train-linear.err" | sed 's/^/  /'
-    case_of examples train_linear.clj "${verdict:-FAILED} (exit status $train_status)"
+    record train_linear.clj "${verdict:-FAILED} (exit status $train_status)"
 fi
 
 totals || exit 1

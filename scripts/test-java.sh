@@ -18,34 +18,33 @@
 # LoaderTest starts fresh JVMs for the other places.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/suite.sh
+suite_init junit
 
 junit=${JUNIT_CONSOLE_JAR:-/usr/share/java/junit-platform-console-standalone.jar}
 jar=${KVSTORE_JAR:-target/kvstore.jar}
 out=${KVSTORE_JVM_OUT:-target/jvm}
 classes=$out/test-classes
-logs=target/test-logs
 log=$logs/junit.log
-reports=${KVSTORE_REPORTS:-target/test-reports/junit}
-rm -rf "$reports"
-mkdir -p "$logs" "$reports"
 
-fail() {
+# A step the tests need failed: one failed case, the totals, exit 1.
+stop() {
     echo "test-java.sh: $*" >&2
-    python3 scripts/junit.py case "$reports" "test-java.sh" "$*"
-    python3 scripts/junit.py total --name junit "$reports"
+    record "test-java.sh" "$*"
+    totals
     exit 1
 }
 
-[ -f "$jar" ] || fail "$jar not found: run scripts/jar.sh first"
-[ -f "$junit" ] || fail "$junit not found: install Debian's junit5 package (apt-get install junit5)"
+[ -f "$jar" ] || stop "$jar not found: run scripts/jar.sh first"
+[ -f "$junit" ] || stop "$junit not found: install Debian's junit5 package (apt-get install junit5)"
 
 mapfile -t sources < <(find kvstore-jni/java/test -name '*.java' | sort)
-[ "${#sources[@]}" -gt 0 ] || fail "no test sources under kvstore-jni/java/test"
+[ "${#sources[@]}" -gt 0 ] || stop "no test sources under kvstore-jni/java/test"
 
 rm -rf "$classes"
 mkdir -p "$classes" "$out/empty-library-path"
 javac --release 17 -Xlint:all -Werror -encoding UTF-8 -cp "$jar:$junit" -d "$classes" "${sources[@]}" \
-    || fail "the tests do not compile"
+    || stop "the tests do not compile"
 
 # Debian's launcher (JUnit Platform 1.9) has no `execute` subcommand: options go directly.
 # It writes JUnit XML reports into $reports, and this script its own checks there too.
@@ -62,18 +61,14 @@ timeout 900 java \
     2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 
-# This script's own checks, as test cases: passed, or failed saying why.
-passes() { python3 scripts/junit.py case "$reports" "$1"; }
-fails() { python3 scripts/junit.py case "$reports" "$1" "$2"; }
-
 # What the XML reports cannot show: a class whose setup failed (a failed or aborted
 # container), a crashed or timed-out JVM, or a launcher error.
 containers=$(awk '/^\[ *[0-9]+ containers (failed|aborted) *\]$/ { gsub(/[^0-9]/, "", $2); n += $2 } END { print n + 0 }' "$log")
 if [ "$containers" -gt 0 ]; then
-    fails "test classes" "$containers test class(es) failed or aborted before their tests"
+    record "test classes" "$containers test class(es) failed or aborted before their tests"
 fi
 if [ "$status" -ne 0 ] && ! grep -q '<failure\|<error' "$reports"/TEST-junit-*.xml 2>/dev/null && [ "$containers" -eq 0 ]; then
-    fails "the launcher" "it exited with status $status without a failing test"
+    record "the launcher" "it exited with status $status without a failing test"
 fi
 if grep -q '^SKIP: ' "$log"; then
     echo "test-java.sh: skipped (aborted by an assumption):"
@@ -87,12 +82,12 @@ rm -rf "$example_classes"
 mkdir -p "$example_classes"
 mapfile -t examples < <(find kvstore-jni/java/examples -name '*.java' | sort)
 if [ "${#examples[@]}" -eq 0 ]; then
-    fails "TrainLinear" "no example under kvstore-jni/java/examples"
+    record "TrainLinear" "no example under kvstore-jni/java/examples"
 elif ! javac --release 17 -Xlint:all -Werror -encoding UTF-8 -cp "$jar" -d "$example_classes" "${examples[@]}" \
     >"$example_log" 2>&1; then
     echo "TrainLinear.java: FAILED (it does not compile)"
     sed 's/^/  /' "$example_log"
-    fails "TrainLinear" "it does not compile"
+    record "TrainLinear" "it does not compile"
 else
     timeout 300 java -Djava.library.path="$out/empty-library-path" -Djava.io.tmpdir="${TMPDIR:-/tmp}" \
         -cp "$jar:$example_classes" io.github.kvstore.examples.TrainLinear >"$example_log" 2>&1
@@ -100,12 +95,12 @@ else
     verdict=$(tail -n 1 "$example_log")
     if [ "$example_status" -eq 0 ] && [[ "$verdict" == "TrainLinear: ok"* ]]; then
         echo "$verdict"
-        passes "TrainLinear"
+        record "TrainLinear"
     else
         echo "TrainLinear.java: FAILED (exit status $example_status$( [ "$example_status" -eq 124 ] && echo ", timed out after 300 s"))"
         tail -n 40 "$example_log" | sed 's/^/  /'
-        fails "TrainLinear" "exit status $example_status"
+        record "TrainLinear" "exit status $example_status"
     fi
 fi
 
-python3 scripts/junit.py total --name junit "$reports"
+totals

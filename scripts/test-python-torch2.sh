@@ -9,37 +9,21 @@
 # ${KVSTORE_REPORTS:-target/test-reports/python-torch2}).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
+source scripts/suite.sh
+suite_init python-torch2
 venv=target/py-torch2-venv
-logs=target/test-logs
-mkdir -p "$logs"
-log=$logs/python-torch2.log
-: >"$log"
-reports=${KVSTORE_REPORTS:-$root/target/test-reports/python-torch2}
-rm -rf "$reports"
-mkdir -p "$reports"
-totals() { python3 scripts/junit.py total --name python-torch2 "$reports"; }
-fail() {
-    echo "$1"
-    tail -n 30 "$log" | sed 's/^/  /'
-    python3 scripts/junit.py case "$reports" "$1" "log: $log"
-    totals
-    exit 1
+log=$logs/python-torch2-setup.log
+make_venv() {
+    python3 -m venv "$1" && "$1/bin/pip" install --quiet --upgrade pip &&
+        "$1/bin/pip" install --quiet torch pytest numpy ml_dtypes scikit-learn
 }
-if ! "$venv/bin/python" -c "import torch, pytest, numpy, ml_dtypes, sklearn" >>"$log" 2>&1; then
-    rm -rf "$venv"
-    { python3 -m venv "$venv" && "$venv/bin/pip" install --quiet --upgrade pip &&
-        "$venv/bin/pip" install --quiet torch pytest numpy ml_dtypes scikit-learn; } >>"$log" 2>&1 ||
-        fail "making $venv (PyPI torch) failed"
-fi
-wheel=$(bash scripts/python-wheel.sh 2>>"$log" | tail -n 1) || fail "make python failed"
-"$venv/bin/pip" install --quiet --force-reinstall --no-deps "$wheel" >>"$log" 2>&1 || fail "installing $wheel failed"
-tmp=$(mktemp -d "$root/target/py-torch2-tmp.XXXXXX")
-(cd "$venv" && TMPDIR=$tmp KVSTORE_REQUIRE_TORCH=1 bin/python -m pytest -q -rs -p no:cacheprovider -k "not mxnet" \
-    --junitxml="$reports/pytest.xml" \
-    "$root/kvstore-py/tests/test_torch_dp.py" "$root/kvstore-py/tests/test_interop.py" \
-    "$root/kvstore-py/tests/test_gpu.py") 2>&1 | tee -a "$log"
-status=${PIPESTATUS[0]}
-rm -rf "$tmp"
-python3 scripts/junit.py ran "$reports" pytest "$status" "$reports/pytest.xml"
+cached_venv "$venv" "torch pytest numpy ml_dtypes scikit-learn" "import torch, pytest, numpy, ml_dtypes, sklearn" \
+    make_venv >"$log" 2>&1 || give_up "making $venv (PyPI torch)" "$log"
+wheel=$(bash scripts/python-wheel.sh 2>>"$log" | tail -n 1) || give_up "make python" "$log"
+install_wheel "$venv" "$wheel" >>"$log" 2>&1 || give_up "installing $wheel" "$log"
+export TMPDIR
+TMPDIR=$(mktemp -d "$root/target/py-torch2-tmp.XXXXXX")
+KVSTORE_REQUIRE_TORCH=1 run_pytest pytest "$venv" bin/python -rs -k "not mxnet" \
+    "$root/kvstore-py/tests/test_torch_dp.py" "$root/kvstore-py/tests/test_interop.py" "$root/kvstore-py/tests/test_gpu.py"
+rm -rf "$TMPDIR"
 totals

@@ -18,20 +18,9 @@
 # `user-projects: N passed, N failed`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
-logs=$root/target/test-logs
-mkdir -p "$logs"
+source scripts/suite.sh
+suite_init user-projects
 rm -f "$logs"/user-projects-*.log "$logs"/user-projects-*.log.last
-reports=${KVSTORE_REPORTS:-$root/target/test-reports/user-projects}
-rm -rf "$reports"
-mkdir -p "$reports"
-pass() { echo "check $1: ok"; python3 "$root/scripts/junit.py" case "$reports" "$1"; }
-fail() {
-    echo "check $1: FAILED${2:+ (last lines of $2):}"
-    [ -n "${2:-}" ] && tail -n 30 "$2" | sed 's/^/    /'
-    python3 "$root/scripts/junit.py" case "$reports" "$1" "${2:+log: $2}"
-}
-totals() { python3 "$root/scripts/junit.py" total --name user-projects "$reports"; }
 
 # Debian's tools for the three JVM routes, and the Maven plugins a plain jar project
 # uses (compile, test, jar, exec:java).
@@ -61,11 +50,8 @@ export JAVA_TOOL_OPTIONS="-Duser.home=$HOME -Djava.io.tmpdir=$tmp/java-tmp"
 mkdir -p "$HOME" "$tmp/java-tmp"
 projects=$tmp/projects
 
-if ! python3 scripts/readme_projects.py "$projects" "$root" README.md docs/*.md >"$logs/user-projects-extract.log" 2>&1; then
-    fail readme-blocks "$logs/user-projects-extract.log"
-    totals
-    exit 1
-fi
+python3 scripts/readme_projects.py "$projects" "$root" README.md docs/*.md >"$logs/user-projects-extract.log" 2>&1 ||
+    give_up readme-blocks "$logs/user-projects-extract.log"
 for toml in "$projects"/*/Cargo.toml; do
     [ -f "$toml" ] && cp Cargo.lock "$(dirname "$toml")/Cargo.lock"
 done

@@ -23,9 +23,7 @@
 # ends with a no-litter check of that folder: what a suite leaves there is its own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
-logs=target/test-logs
-mkdir -p "$logs"
+source scripts/suite.sh
 all_groups=(static rust java clojure projects python mpi)
 groups=("$@")
 [ ${#groups[@]} -eq 0 ] && groups=("${all_groups[@]}")
@@ -40,39 +38,26 @@ wants() { [[ " ${groups[*]} " == *" $1 "* ]]; }
 TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/kvstore-test.XXXXXX")
 export TMPDIR
 
-reports=target/test-reports
-rm -rf "$reports"
-mkdir -p "$reports"
-
-# A check: one test case of the suite `checks`, passed when the command exits with 0.
-check() {
-    local name=$1
-    shift
-    if "$@" >"$logs/$name.log" 2>&1; then
-        python3 scripts/junit.py case "$reports/checks" "$name"
-        echo "check $name: ok"
-    else
-        python3 scripts/junit.py case "$reports/checks" "$name" "exit status $? (log: $logs/$name.log)"
-        echo "check $name: FAILED (last lines of $logs/$name.log):"
-        tail -n 40 "$logs/$name.log"
-    fi
-}
+# Each check (`check NAME COMMAND...`, scripts/suite.sh) is one test case of the suite
+# `checks`, passed when its command exits with 0.
+rm -rf target/test-reports
+suite_init checks
 
 # A suite: a script that writes JUnit XML into $KVSTORE_REPORTS (target/test-reports/NAME).
 # Its exit status counts too: an error with no failed case is one failed case more.
 suite() {
-    local name=$1
+    local name=$1 dir=$root/target/test-reports/$1
     shift
-    KVSTORE_REPORTS="$root/$reports/$name" "$@" 2>&1 | tee "$logs/$name.log"
+    KVSTORE_REPORTS=$dir "$@" 2>&1 | tee "$logs/$name.log"
     local status=${PIPESTATUS[0]} totals
     # (The suite printed its own totals.)
-    python3 scripts/junit.py total --name "$name" "$reports/$name" >/dev/null 2>&1
+    python3 scripts/junit.py total --name "$name" "$dir" >/dev/null 2>&1
     totals=$?
     if [ "$totals" -eq 2 ]; then
-        python3 scripts/junit.py case "$reports/$name" "$name: the suite" "no test ran (exit status $status)"
+        python3 scripts/junit.py case "$dir" "$name: the suite" "no test ran (exit status $status)"
     elif [ "$totals" -eq 0 ] && [ "$status" -ne 0 ]; then
         echo "$name exited with status $status without a failing test"
-        python3 scripts/junit.py case "$reports/$name" "$name: the suite" "exit status $status"
+        python3 scripts/junit.py case "$dir" "$name: the suite" "exit status $status"
     fi
 }
 
@@ -107,7 +92,7 @@ if wants rust; then
     # NVRTC from PyPI (no GPU needed): kvstore-cuda's kernels are compiled with it by
     # kvstore-cuda/tests/nvrtc.rs, which must then not skip.
     check nvrtc bash scripts/setup-nvrtc.sh
-    nvrtc=$(tail -n 1 "$logs/nvrtc.log")
+    nvrtc=$(tail -n 1 "$logs/checks-nvrtc.log")
     if [ -f "$nvrtc/libnvrtc.so.13" ]; then
         export LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" KVSTORE_REQUIRE_NVRTC=1
     fi
@@ -162,13 +147,12 @@ fi
 # ranks the chaos suite kills).
 litter=$(ls -A "$TMPDIR" | grep -v -e '^hsperfdata_' -e '^ompi\.' || true)
 if [ -z "$litter" ]; then
-    python3 scripts/junit.py case "$reports/checks" no-litter
-    echo "check no-litter: ok"
+    pass no-litter
 else
-    python3 scripts/junit.py case "$reports/checks" no-litter "left in $TMPDIR: $(echo $litter)"
-    echo "check no-litter: FAILED (left in $TMPDIR after the run):"
+    echo "no-litter: FAILED (left in $TMPDIR after the run):"
     echo "$litter" | sed 's/^/    /'
+    record no-litter "left in $TMPDIR: $(echo $litter)"
 fi
 rm -rf "$TMPDIR"
 
-python3 scripts/junit.py total "$reports"
+python3 scripts/junit.py total target/test-reports
