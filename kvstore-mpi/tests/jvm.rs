@@ -48,13 +48,18 @@ fn clojure(example: &str, args: &[&str]) -> Vec<String> {
     let path = std::env::join_paths(path).expect("a class path");
     let script = root().join("clojure/examples").join(example);
     // An empty java.library.path: the library is the jar's bundled copy, not one that a
-    // library path of the test's (cargo's target folders) would find first.
-    let empty = Path::new(env!("CARGO_TARGET_TMPDIR")).join("jvm-empty-library-path");
+    // library path of the test's (cargo's target folders) would find first. Its name
+    // holds "cp" on purpose, so that every run checks the order below.
+    let empty = Path::new(env!("CARGO_TARGET_TMPDIR")).join("jvm-empty-cp");
     std::fs::create_dir_all(&empty).expect("an empty folder");
     let text = |p: std::ffi::OsString| p.into_string().expect("a path in UTF-8");
-    let mut all: Vec<String> = vec!["java".into(), "-Dclojure.main.report=stderr".into()];
+    // `-cp` first: mpirun rewrites a java command's class path, and takes the first
+    // argument that holds the letters "cp" for its option (a folder named
+    // /tmp/tmp.fcpH9… in the library path was taken for it, and the job failed).
+    let mut all: Vec<String> = vec!["java".into(), "-cp".into(), text(path)];
+    all.push("-Dclojure.main.report=stderr".into());
     all.push(format!("-Djava.library.path={}", text(empty.into_os_string())));
-    all.extend(["-cp".into(), text(path), "clojure.main".into(), text(script.into_os_string())]);
+    all.extend(["clojure.main".into(), text(script.into_os_string())]);
     all.extend(args.iter().map(ToString::to_string));
     all
 }
