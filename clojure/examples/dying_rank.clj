@@ -1,4 +1,4 @@
-;; A rank of a dist_sync job that fails mid-job (scripts/test-mpi-jvm.sh runs it
+;; A rank of a dist_sync job that fails mid-job (kvstore-mpi/tests/jvm.rs runs it
 ;; under mpirun -np 2): rank 1 throws before its push, so rank 0 waits in its
 ;; push for a worker that is gone. The JVM of rank 1 exits without
 ;; finalize-mpi, which aborts the MPI job: mpirun ends both ranks within
