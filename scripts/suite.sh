@@ -9,6 +9,7 @@
 #   pass NAME [NOTE]       a passed case, printed `NAME: ok (NOTE)`
 #   fail NAME [LOG]        a failed case, printed with the last lines of LOG
 #   give_up NAME [LOG]     fail, then the totals, then exit 1: a step the rest needs failed
+#   stop NAME WHY          likewise, for a step that failed saying WHY (no log)
 #   check NAME CMD...      runs CMD, its output into target/test-logs/$suite-NAME.log: pass
 #                          if it exits with 0, else fail
 #   totals                 the suite's line (status 1 when a case failed)
@@ -65,6 +66,13 @@ totals() { python3 "$root/scripts/junit.py" total --name "$suite" "$reports"; }
 
 give_up() {
     fail "$@"
+    totals
+    exit 1
+}
+
+stop() {
+    echo "$1: FAILED ($2)"
+    record "$1" "$2"
     totals
     exit 1
 }

@@ -34,18 +34,9 @@ missing_jars() {
 if [ -n "$(missing_jars)" ]; then
     bash scripts/apt-install.sh clojure libtest-check-clojure >"$logs/clojure-apt.log" 2>&1
 fi
-if [ -n "$(missing_jars)" ]; then
-    echo "missing: $(missing_jars | tr '\n' ' ')(apt-get install clojure libtest-check-clojure)"
-    record "Clojure's jars" "missing: $(missing_jars | tr '\n' ' ')"
-    totals
-    exit 1
-fi
-if [ ! -f "$jar" ]; then
-    echo "$jar not found: build it first (make jar)"
-    record "the jar" "$jar not found"
-    totals
-    exit 1
-fi
+[ -z "$(missing_jars)" ] ||
+    stop "Clojure's jars" "missing: $(missing_jars | tr '\n' ' ')(apt-get install clojure libtest-check-clojure)"
+[ -f "$jar" ] || stop "the jar" "$jar not found: build it first (make jar)"
 
 # -Dclojure.main.report=stderr: an uncaught error prints its trace here instead
 # of into a temporary file.

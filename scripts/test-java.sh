@@ -27,24 +27,16 @@ out=${KVSTORE_JVM_OUT:-target/jvm}
 classes=$out/test-classes
 log=$logs/junit.log
 
-# A step the tests need failed: one failed case, the totals, exit 1.
-stop() {
-    echo "test-java.sh: $*" >&2
-    record "test-java.sh" "$*"
-    totals
-    exit 1
-}
-
-[ -f "$jar" ] || stop "$jar not found: run scripts/jar.sh first"
-[ -f "$junit" ] || stop "$junit not found: install Debian's junit5 package (apt-get install junit5)"
+[ -f "$jar" ] || stop test-java.sh "$jar not found: run scripts/jar.sh first"
+[ -f "$junit" ] || stop test-java.sh "$junit not found: install Debian's junit5 package (apt-get install junit5)"
 
 mapfile -t sources < <(find kvstore-jni/java/test -name '*.java' | sort)
-[ "${#sources[@]}" -gt 0 ] || stop "no test sources under kvstore-jni/java/test"
+[ "${#sources[@]}" -gt 0 ] || stop test-java.sh "no test sources under kvstore-jni/java/test"
 
 rm -rf "$classes"
 mkdir -p "$classes" "$out/empty-library-path"
 javac --release 17 -Xlint:all -Werror -encoding UTF-8 -cp "$jar:$junit" -d "$classes" "${sources[@]}" \
-    || stop "the tests do not compile"
+    || stop test-java.sh "the tests do not compile"
 
 # Debian's launcher (JUnit Platform 1.9) has no `execute` subcommand: options go directly.
 # It writes JUnit XML reports into $reports, and this script its own checks there too.

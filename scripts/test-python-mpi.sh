@@ -7,8 +7,7 @@
 # Trainer over dist_sync (kvstore-py/tests/test_dist_gluon.py: kvstore.mxnet under
 # mpirun, update_on_kvstore True and False, against one process) in
 # target/py-mxnet-mpi-venv (mxnet 1.9.1, numpy<1.24, pytest; kept between runs, rebuilt
-# when missing, broken or made for other requirements, as scripts/test-python.sh keeps
-# its venvs; MXNet's libgomp1 and libquadmath0 through scripts/apt-install.sh).
+# when missing, broken or made for other requirements: scripts/suite.sh's ready_venv).
 # KVSTORE_REQUIRE_MPI=1 makes a build without MPI (or a venv without mxnet) fail
 # instead of skip. Every test is a test case in
 # ${KVSTORE_REPORTS:-target/test-reports/python-mpi} (pytest's JUnit XML reports); prints
