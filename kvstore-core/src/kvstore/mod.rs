@@ -43,48 +43,57 @@ pub use sparse::StorageType;
 use crate::engine::Engine;
 
 /// Laid out for a call on many keys: what a call reads of each key's entry (its index,
-/// shape and dtype, which never change, the lock, and the value's handle, first in the
-/// slot) comes first, within the first 56 bytes of an entry aligned to a cache line, so
-/// a call that plans and locks its keys reads one line of each key's entry.
+/// shape and dtype, which never change, its key, the lock, and the value's handle,
+/// first in the slot) fills the first line of an entry aligned to a cache line, so a
+/// call that looks up, checks and locks its keys reads one line of each key's entry.
 #[repr(C, align(64))]
 struct Entry {
     index: usize,
-    /// The value's first three dimensions (the rest in `long_shape`), its number of
-    /// dimensions and dtype: fixed when the key is made (a value put in its place later,
-    /// by a checkpoint, has the same), read by a call's plan without a lock.
-    dims: [usize; 3],
+    /// The value's number of dimensions, up to three of them each below 2^32, else
+    /// [`Entry::LONG`]; its dimensions then; and its dtype: fixed when the key is made
+    /// (a value put in its place later, by a checkpoint, has the same), read by a call's
+    /// plan without a lock.
     ndim: u8,
     dtype: DType,
-    value: RwLock<Slot>,
+    dims: [u32; 3],
+    /// What the table finds the entry by (`Table::entries`).
     key: Key,
-    /// The value's shape when it has more than three dimensions (else empty).
-    long_shape: Box<[usize]>,
+    value: RwLock<Slot>,
+    /// The value's shape (what `dims` holds when it can).
+    shape: Box<[usize]>,
 }
 
 impl Entry {
+    /// [`Entry::ndim`] of a shape that `dims` cannot hold.
+    const LONG: u8 = u8::MAX;
+
     /// The entry of a new key, at `index`, holding `slot`.
     fn new(key: Key, index: usize, slot: Slot) -> Arc<Self> {
         let (shape, dtype) = (slot.value.shape(), slot.value.dtype());
         let mut dims = [0; 3];
-        let long_shape = match shape.len() {
-            n @ 0..=3 => {
-                dims[..n].copy_from_slice(shape);
-                Box::default()
-            }
-            _ => shape.into(),
+        let short = shape.len() <= dims.len()
+            && shape.iter().zip(&mut dims).all(|(&n, d)| u32::try_from(n).map(|n| *d = n).is_ok());
+        let ndim = match short {
+            true => shape.len() as u8,
+            false => Self::LONG,
         };
-        let ndim = u8::try_from(shape.len()).unwrap_or(u8::MAX);
-        Arc::new(Entry { dims, ndim, dtype, value: RwLock::new(slot), index, key, long_shape })
+        let shape = shape.into();
+        Arc::new(Entry { index, ndim, dtype, dims, key, value: RwLock::new(slot), shape })
     }
 
     /// The value's shape, which never changes.
     fn shape(&self) -> &[usize] {
-        // (The number of dimensions is on the entry's first cache line, `long_shape` is
-        // not: it is read only when it is the shape.)
-        match usize::from(self.ndim) {
-            n @ 0..=3 => &self.dims[..n],
-            _ => &self.long_shape,
-        }
+        &self.shape
+    }
+
+    /// Whether `a` has the value's shape and dtype, reading the entry's first line only
+    /// (unless the shape is [`Entry::LONG`]).
+    fn fits(&self, a: &NDArray) -> bool {
+        a.dtype() == self.dtype
+            && match self.ndim {
+                Self::LONG => a.has_shape(&self.shape),
+                n => a.has_dims(&self.dims[..usize::from(n)]),
+            }
     }
 
     /// The value's shape and dtype, which never change: what a call's arrays are checked
@@ -152,23 +161,49 @@ impl Slot {
     }
 }
 
-/// The keys: each key's index, the place of its entry in [`Store::entries`]. A lookup
-/// per key of every call: the hasher is foldhash's (seeded per process), about five
-/// times as fast as the default's on short keys.
+/// The keys: each key's entry, found by its key. A lookup per key of every call: the
+/// hasher is foldhash's (seeded per process), about five times as fast as the
+/// default's on short keys.
 #[derive(Default)]
 struct Table {
-    /// Each key's index, and its entry (the same as at that index of `Store::entries`):
-    /// a lookup starts loading the entry while it reads the store's handle of it.
-    /// (Keys are never removed: the next key's index is their number.)
-    indices: foldhash::HashMap<Key, (usize, Arc<Entry>)>,
+    /// Every key's entry (the same as at its index of `Store::entries`), found by the
+    /// key it holds on its first line. A slot of the set is one pointer, so the set of
+    /// 100,000 keys takes 1 MB, not the 5 MB of a map from keys (whose slots a call's
+    /// lookups reach at random): a lookup reads the set's slot, then the line of the
+    /// entry that the call reads anyway. (Keys are never removed: the next key's index
+    /// is their number.)
+    entries: foldhash::HashSet<ByKey>,
     /// The next key's [`Slot::order`]: `init` gives each key the next, and a loaded
     /// checkpoint gives its keys the next ones, in the file's order.
     next_order: u64,
 }
 
+/// An entry in [`Table::entries`]: hashed and compared as its key.
+struct ByKey(Arc<Entry>);
+
+impl PartialEq for ByKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key == other.0.key
+    }
+}
+
+impl Eq for ByKey {}
+
+impl std::hash::Hash for ByKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.key.hash(state);
+    }
+}
+
+impl std::borrow::Borrow<Key> for ByKey {
+    fn borrow(&self) -> &Key {
+        &self.0.key
+    }
+}
+
 impl Table {
     fn contains_key(&self, key: &Key) -> bool {
-        self.indices.contains_key(key)
+        self.entries.contains(key)
     }
 
     /// The next [`Slot::order`].
@@ -259,7 +294,7 @@ impl fmt::Debug for KVStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KVStore")
             .field("kind", &self.store.kind)
-            .field("keys", &self.store.table.read().indices.len())
+            .field("keys", &self.store.table.read().entries.len())
             .finish_non_exhaustive()
     }
 }
@@ -601,7 +636,7 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn key_index(&self, key: impl Into<Key>) -> Option<usize> {
-        self.store.table.read().indices.get(&key.into()).map(|(i, _)| *i)
+        self.store.table.read().entries.get(&key.into()).map(|e| e.0.index)
     }
 
     /// Where `key`'s value lives: the host for `local` stores (they sum on the host;
@@ -891,17 +926,15 @@ impl Store {
     /// another thread adds its keys all at once, or not yet).
     fn entries(&self) -> Vec<Arc<Entry>> {
         let table = self.table.read();
-        self.entries.iter().take(table.indices.len()).map(|(_, e)| Arc::clone(e)).collect()
+        self.entries.iter().take(table.entries.len()).map(|(_, e)| Arc::clone(e)).collect()
     }
 
     /// Key `key`'s entry, looked up in `table` (this store's, locked): held for as long
     /// as the store lives.
     #[inline]
     fn entry<'s>(&'s self, table: &Table, key: &Key) -> Option<&'s Arc<Entry>> {
-        let (index, entry) = table.indices.get(key)?;
-        // The entry's first line requested now, not once its place in `entries` is read.
-        std::hint::black_box(entry.index);
-        Some(&self.entries[*index])
+        let ByKey(entry) = table.entries.get(key)?;
+        Some(&self.entries[entry.index])
     }
 
     /// Key `key`'s entry.
@@ -911,9 +944,9 @@ impl Store {
 
     /// Adds key `key` with its first slot, under the table's write lock.
     fn add_entry(&self, table: &mut Table, key: Key, slot: Slot) {
-        let index = table.indices.len();
-        let entry = Entry::new(key.clone(), index, slot);
-        table.indices.insert(key, (index, Arc::clone(&entry)));
+        let index = table.entries.len();
+        let entry = Entry::new(key, index, slot);
+        table.entries.insert(ByKey(Arc::clone(&entry)));
         let at = self.entries.push(entry);
         debug_assert_eq!(at, index, "entries are added under the table's write lock, in index order");
     }
@@ -934,13 +967,50 @@ mod tests {
         use std::mem::{align_of, offset_of, size_of};
         assert_eq!(align_of::<Entry>(), 64);
         assert_eq!(offset_of!(Slot, value), 0);
-        // The index, shape and dtype, then the lock's word, then the slot's handle, whose
+        // The index, shape, dtype and key, then the lock's word, then the slot's handle, whose
         // first word is what a call reads (the array's address; then what the handle
         // keeps alive, read only when it is cloned or dropped).
-        let hot =
-            [offset_of!(Entry, index), offset_of!(Entry, dims), offset_of!(Entry, ndim), offset_of!(Entry, dtype)];
+        let hot = [
+            offset_of!(Entry, index),
+            offset_of!(Entry, dims),
+            offset_of!(Entry, ndim),
+            offset_of!(Entry, dtype),
+            offset_of!(Entry, key),
+        ];
         assert!(hot.iter().all(|&at| at < offset_of!(Entry, value)));
         let value = offset_of!(Entry, value);
         assert!(value + size_of::<parking_lot::RawRwLock>() + crate::NDArray::HOT_BYTES <= 64);
+    }
+
+    #[test]
+    fn an_entry_tells_the_arrays_of_its_shape_and_dtype_from_its_first_line_or_its_long_shape() {
+        use crate::{DType, Key, NDArray};
+        let entry = |shape: &[usize]| {
+            let value = NDArray::zeros(shape).expect("a value");
+            Entry::new(Key::from("k"), 0, Slot::new(value, 0))
+        };
+        let array =
+            |shape: &[usize], dtype| NDArray::zeros_with(shape, dtype, crate::Context::cpu(0)).expect("an array");
+        let big = 1 << 32;
+        let cases: [(&[usize], &[&[usize]]); 7] = [
+            (&[], &[&[1], &[1, 1]]),
+            (&[16], &[&[15], &[16, 1], &[1, 16], &[4, 4], &[]]),
+            (&[4, 4], &[&[16], &[4], &[4, 4, 1], &[1, 4, 4]]),
+            (&[2, 3, 4], &[&[24], &[2, 12], &[2, 3, 4, 1], &[4, 3, 2]]),
+            (&[1, 2, 3, 4], &[&[24], &[1, 2, 3], &[2, 3, 4], &[1, 2, 3, 4, 1]]),
+            (&[0, big], &[&[0], &[0, 0], &[0, big, 1], &[big, 0]]),
+            (&[big, 0, 0, 0], &[&[0, 0, 0, 0], &[big, 0, 0]]),
+        ];
+        for (shape, others) in cases {
+            let e = entry(shape);
+            let long = shape.len() > 3 || shape.iter().any(|&n| n >= big);
+            assert_eq!(e.ndim == Entry::LONG, long, "{shape:?}");
+            assert_eq!(e.like(), (shape, DType::F32));
+            assert!(e.fits(&array(shape, DType::F32)), "{shape:?}");
+            assert!(!e.fits(&array(shape, DType::F64)), "{shape:?} as f64");
+            for other in others {
+                assert!(!e.fits(&array(other, DType::F32)), "{shape:?} against {other:?}");
+            }
+        }
     }
 }

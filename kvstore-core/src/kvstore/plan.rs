@@ -186,7 +186,7 @@ impl Like<'_> {
     /// the other array's, when both have one dimension).
     fn fits(self, a: &NDArray) -> bool {
         match self {
-            Like::Key(e) => a.dtype() == e.dtype && a.has_shape(e.shape()),
+            Like::Key(e) => e.fits(a),
             Like::Array(v) => a.dtype() == v.dtype() && a.same_shape(v),
         }
     }

@@ -778,6 +778,15 @@ impl NDArray {
         }
     }
 
+    /// Whether this array has the shape `dims` (reading only its first cache line when
+    /// it has one dimension).
+    pub(crate) fn has_dims(&self, dims: &[u32]) -> bool {
+        match self.inner.flat {
+            true => matches!(dims, [n] if *n as usize == self.inner.size),
+            false => self.shape().iter().copied().eq(dims.iter().map(|&n| n as usize)),
+        }
+    }
+
     /// Whether the elements live on a device.
     pub(crate) fn on_device(&self) -> bool {
         !self.inner.on_host
