@@ -3,7 +3,8 @@
 # one at a time (profile `mpi` of .config/nextest.toml): tests/mpi/ (every case as an MPI
 # job of its own on 2 and 4 ranks and with 256-byte buckets, the settings that are not
 # numbers, ranks with shared memory on and off), tests/faults.rs (jobs in which a worker
-# dies, is stuck or stops) and tests/jvm.rs (the Clojure examples under mpirun, over
+# dies, is stuck or stops), tests/timeline.rs (a job with a slow rank, its merged
+# timeline and stats) and tests/jvm.rs (the Clojure examples under mpirun, over
 # target/kvstore-mpi.jar, which this script builds first as `make jar FEATURES=mpi`
 # does). nextest's JUnit XML is the suite's report, in
 # ${KVSTORE_REPORTS:-target/test-reports/mpi}; prints `mpi: N passed, N failed`.
@@ -21,7 +22,7 @@ bash scripts/setup-jvm.sh >"$logs/mpi-jvm-setup.log" 2>&1 || give_up "Clojure" "
 # (cargo-nextest: installed once into cargo's bin folder when missing, as test.sh does.)
 cargo nextest --version >/dev/null 2>&1 || cargo install --locked cargo-nextest@0.9.151
 rm -f target/nextest/mpi/junit.xml
-cargo nextest run -p kvstore-mpi --features mpi --profile mpi --test mpi --test faults --test jvm
+cargo nextest run -p kvstore-mpi --features mpi --profile mpi --test mpi --test faults --test timeline --test jvm
 status=$?
 cp target/nextest/mpi/junit.xml "$reports/" 2>/dev/null
 ran "the MPI tests" "$status" "$reports/junit.xml"

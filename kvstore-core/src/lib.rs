@@ -69,6 +69,7 @@ mod kvstore;
 mod ndarray;
 mod optimizer;
 mod remote;
+pub mod timeline;
 mod updater;
 mod waits;
 
@@ -77,7 +78,7 @@ pub use dtype::{DType, Element};
 pub use error::{Cause, Error, ErrorKind, Result};
 pub use key::{Key, Keys, shorten};
 pub use kvstore::forms::Values;
-pub use kvstore::{KVStore, KVStoreBuilder, Pending, Release, StorageType};
+pub use kvstore::{CallCount, KVStore, KVStoreBuilder, Pending, RankStats, Release, Stats, StorageType};
 pub use ndarray::{ForeignMemory, NDArray, Operand, RowSparse};
 pub use optimizer::{
     LrScheduler, Optimizer, OptimizerBuilder, OptimizerSpec, ParamValue, ScheduleKind, ScheduleSpec, WarmupMode,

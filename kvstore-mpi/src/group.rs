@@ -142,6 +142,8 @@ pub fn finalize() -> Result<()> {
     // up the launcher for ever.
     if let Some(group) = GROUP.get() {
         group.exchange("finalize", &[0])?;
+        // Then the timeline's files, merged on rank 0 (where it was on).
+        kvstore_core::backend::finish_timeline(&**group)?;
     }
     let mut mpi = shared.0.lock().take().ok_or_else(finalised)?;
     if let Window::Open(window) = std::mem::replace(&mut mpi.window, Window::No) {
@@ -241,6 +243,8 @@ pub fn group() -> Result<Arc<MpiGroup>> {
     // dist_async's messages travel apart from everything else.
     let _ = crate::remote::COMM.set(crate::remote::Comm(world.duplicate(), world.duplicate()));
     let (rank, size) = (world.rank() as usize, world.size() as usize);
+    let (offset, error, origin) = sync_clock(&world, rank, size);
+    kvstore_core::timeline::set_clock(rank, size, offset, error, origin);
     let _ = MPI.set(Shared(Mutex::new(Some(Mpi { world, steps, window: Window::NotYet, universe }))));
     // SAFETY: `abort_unless_finalized` is an `extern "C" fn()` that reads two statics
     // and may call MPI_Abort; registering it has no other effect.
@@ -468,6 +472,49 @@ fn all_reduce<W: Equivalence>(w: &SimpleCommunicator, send: &[W], recv: &mut [W]
     } else {
         w.all_reduce_into(send, recv, SystemOperation::sum());
     }
+}
+
+/// The tag of [`sync_clock`]'s messages.
+const CLOCK_TAG: i32 = 9;
+/// How many round trips [`sync_clock`] times per rank.
+const CLOCK_ROUNDS: usize = 8;
+
+/// This rank's clock's offset to rank 0's (the timeline's clock, ns: this clock less
+/// rank 0's) and the estimate's error: each rank asks rank 0 for its time
+/// [`CLOCK_ROUNDS`] times, and keeps the answer of the shortest round trip, taken as
+/// read at its middle (error: half that round trip). Rank 0 answers the ranks in turn,
+/// then tells each when its clock started: the origin of the job's timeline.
+fn sync_clock(w: &SimpleCommunicator, rank: usize, size: usize) -> (i64, u64, u64) {
+    use kvstore_core::timeline::{local_origin, now};
+    if size < 2 {
+        return (0, 0, local_origin());
+    }
+    if rank == 0 {
+        for r in 1..size {
+            let p = w.process_at_rank(r as i32);
+            for _ in 0..CLOCK_ROUNDS {
+                let (_asked, _) = p.receive_with_tag::<u64>(CLOCK_TAG);
+                p.send_with_tag(&now(), CLOCK_TAG);
+            }
+            p.send_with_tag(&local_origin(), CLOCK_TAG);
+        }
+        return (0, 0, local_origin());
+    }
+    let root = w.process_at_rank(0);
+    let mut best = (u64::MAX, 0i64);
+    for _ in 0..CLOCK_ROUNDS {
+        let sent = now();
+        root.send_with_tag(&sent, CLOCK_TAG);
+        let (theirs, _) = root.receive_with_tag::<u64>(CLOCK_TAG);
+        let back = now();
+        let trip = back.saturating_sub(sent);
+        if trip < best.0 {
+            let middle = sent + trip / 2;
+            best = (trip, middle as i64 - theirs as i64);
+        }
+    }
+    let (origin, _) = root.receive_with_tag::<u64>(CLOCK_TAG);
+    (best.1, best.0 / 2, origin)
 }
 
 /// The tag of [`tree_sum`]'s messages.
@@ -766,14 +813,27 @@ impl Collective for MpiGroup {
         // makes the same MPI calls, whatever its local values were.
         let big = |a: &NDArray| a.size() * a.dtype().size() >= bytes && wire(a.dtype()) == a.dtype();
         let mut start = 0;
+        // Each bucket (or big array) is an event of the timeline when it records.
+        let record_bucket = |at: u64, pairs: &[(&NDArray, &NDArray)], n: u64| {
+            use kvstore_core::timeline::{self, Arg};
+            let bytes = pairs.iter().map(|(_, d)| (d.size() * d.dtype().size()) as u64).sum();
+            let args = vec![("bucket", Arg::U(n)), ("keys", Arg::U(pairs.len() as u64)), ("bytes", Arg::U(bytes))];
+            timeline::complete("bucket", "wire", at, timeline::now(), args);
+        };
+        let recording = kvstore_core::timeline::recording();
+        let mut n = 0;
         while start < pairs.len() {
             let (src, dst) = pairs[start];
+            let at = if recording { kvstore_core::timeline::now() } else { 0 };
             if big(dst) {
                 with_wire!(dst.dtype(), W => {
                     let chunk = (bytes / std::mem::size_of::<W>()).max(1);
                     self.allreduce_big::<W>(src, dst, chunk)?
                 });
-                start += 1;
+                if recording {
+                    record_bucket(at, &pairs[start..=start], n);
+                }
+                (start, n) = (start + 1, n + 1);
                 continue;
             }
             // A run of small arrays of one wire type shares buckets.
@@ -784,7 +844,10 @@ impl Collective for MpiGroup {
                 let bucket = (bytes.min(PACKED_BYTES) / std::mem::size_of::<W>()).max(1);
                 self.allreduce_fused::<W>(&pairs[start..end], bucket)?
             });
-            start = end;
+            if recording {
+                record_bucket(at, &pairs[start..end], n);
+            }
+            (start, n) = (end, n + 1);
         }
         Ok(())
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::{KVStore, Merger, Store, Table, pending::Unobserved, run};
+use super::{KVStore, Merger, Store, Table, pending::Unobserved, run, stats};
 use crate::collective::Collective;
 use crate::comm::StoreKind;
 use crate::engine::Engine;
@@ -256,7 +256,14 @@ impl KVStoreBuilder {
             unobserved: Unobserved::default(),
             steps: std::sync::atomic::AtomicU64::new(0),
             compare_calls: self.compare_calls,
+            counters: stats::Counters::default(),
         };
+        // The timeline, when KVSTORE_TIMELINE asks for it; under dist_sync, the flight
+        // recorder too (a stalled or desynced job writes it).
+        crate::timeline::start_from_env()?;
+        if store.collective.is_some() || store.remote.is_some() {
+            crate::timeline::flight_on();
+        }
         let threads = match self.engine_threads {
             0 => default_engine_threads(),
             n => n,

@@ -23,6 +23,7 @@ use super::forms::{Run, Values, flat_runs, pairs_of, runs};
 use super::locks::Held;
 use super::pending::HasDone;
 use super::plan::{Like, check_arrays, check_context};
+use super::stats::{CallSpan, Phase};
 use super::{Done, Entry, Found, Group, KVStore, Pending, Store, locks};
 use super::{Slot, steps};
 use crate::engine::{self, Job, Var, Vars};
@@ -188,6 +189,8 @@ struct Work {
     push: Owned<Input>,
     pull: Owned,
     writes: PendingWrites,
+    /// A non-blocking call's span from its submission, and its flow on the timeline.
+    span: Option<(CallSpan, u64)>,
 }
 
 impl HasDone for Queued {
@@ -201,6 +204,17 @@ impl Job for Queued {
         let mut work = self.work.lock();
         let Some(store) = work.store.take() else { return };
         let op = self.op;
+        // The call's wait in the queue, then its run, on this thread.
+        let span = work.span.take().map(|(mut span, flow)| {
+            let now = crate::timeline::now();
+            store.counters.add(Phase::Queued, now.saturating_sub(span.start()));
+            if crate::timeline::recording() {
+                crate::timeline::complete("queued", "phase", span.start(), now, Vec::new());
+                crate::timeline::flow_end(op, flow, now);
+            }
+            span.restart(now);
+            span
+        });
         engine::run_as(self.background, || {
             let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 let (copies, _reading) = start_reads(&work.push);
@@ -215,6 +229,8 @@ impl Job for Queued {
                 empty_list(&mut work.pull);
             }));
             drop(work);
+            // The call's event is written before its handle says it is done.
+            drop(span);
             self.done.finish(match returned {
                 Ok(()) => r,
                 Err(_) => Err(Error::Internal(format!("{op} panicked returning its arrays"))),
@@ -261,6 +277,7 @@ impl KVStore {
         if push.is_empty() && pull.is_empty() {
             return Ok(());
         }
+        let _span = self.store.counters.begin(op, &push, &pull);
         // Nothing queued: a call of many small keys may be spread as given, its plan
         // built by the spread runner's first round, lookups and all (`run/pieces.rs`).
         // A call is offered to that runner once, and its keys are looked up once.
@@ -311,7 +328,7 @@ impl KVStore {
         // engines' calls are reclaimed when they are marked pending (`queue`).
         let push = try_own(push, |a| a.wait_for_writes_but(engine).map(|()| Input::Shared(a.clone())))?;
         let pull = own(pull, NDArray::clone);
-        self.queue(op, vars, push, pull, priority, false).wait()
+        self.queue(op, vars, push, pull, priority, None).wait()
     }
 
     /// The one path of push, pull and pushpull when non-blocking: checked and copied
@@ -326,6 +343,7 @@ impl KVStore {
         let prepared = (|| -> Result<_> {
             locks::check_reentry(op, &self.store)?;
             let (push, pull) = pairs()?;
+            let span = self.store.counters.begin(op, &push, &pull);
             let (push, pull) = (self.store.lookup(op, push)?, self.store.lookup(op, pull)?);
             let vars: Vars = vars_of(&push, &pull, true).collect();
             let fuse = self.fusable(op, &push, &pull);
@@ -338,12 +356,13 @@ impl KVStore {
             let engine = self.engine.id();
             let push = try_own(push, |a| a.lend(engine).map(Input::Lent))?;
             let pull = own(pull, NDArray::clone);
-            Ok((vars, push, pull, fuse))
+            Ok((vars, push, pull, fuse, span))
         })();
         match prepared {
-            Ok((vars, push, pull, Some(fuse))) => self.hold(op, vars, push, pull, fuse),
-            Ok((vars, push, pull, None)) if !(push.is_empty() && pull.is_empty()) => {
-                self.queue(op, vars, push, pull, priority, true)
+            Ok((vars, push, pull, Some(fuse), _span)) => self.hold(op, vars, push, pull, fuse),
+            Ok((vars, push, pull, None, span)) if !(push.is_empty() && pull.is_empty()) => {
+                let flow = crate::timeline::flow_start(op, span.start());
+                self.queue(op, vars, push, pull, priority, Some((span, flow)))
             }
             Ok(_) => Pending::finished(Ok(()), Arc::clone(&self.store.unobserved)),
             // (A broadcast's refusals before its step take it in `broadcast_init`.)
@@ -418,8 +437,10 @@ impl KVStore {
         push: Owned<Input>,
         pull: Owned,
         priority: i32,
-        background: bool,
+        span: Option<(CallSpan, u64)>,
     ) -> Pending {
+        // A call made with a span is one its caller does not wait for.
+        let background = span.is_some();
         let outs = pull.iter().flat_map(|(_, outs)| outs.iter().cloned()).collect();
         let writes = match PendingWrites::new(self.engine.id(), outs) {
             Ok(writes) => writes,
@@ -429,7 +450,7 @@ impl KVStore {
             done: Done::running(Arc::clone(&self.store.unobserved), self.engine.id()),
             op,
             background,
-            work: Mutex::new(Work { store: Some(Arc::clone(&self.store)), push, pull, writes }),
+            work: Mutex::new(Work { store: Some(Arc::clone(&self.store)), push, pull, writes, span }),
         });
         self.engine.submit_job(vars, priority, Arc::clone(&call) as Arc<dyn Job>);
         Pending::new(call)
@@ -681,6 +702,8 @@ impl KVStore {
 
 impl Store {
     fn init_pairs(&self, op: &'static str, pairs: Vec<(Key, &NDArray)>) -> Result<()> {
+        // (An init's values are neither pushed nor pulled.)
+        let _span = self.counters.span(op, pairs.len(), (0, 0), pairs.first().map(|(k, _)| k));
         let _held = Held::new(op, self, &[])?;
         let checked = self.check_init(op, &pairs);
         if self.collective.is_some() {

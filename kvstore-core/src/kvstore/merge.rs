@@ -7,6 +7,7 @@ use std::sync::Arc;
 use parking_lot::RwLockWriteGuard;
 
 use super::compression::{Compression, Half, TwoBit};
+use super::stats::{self, Phase};
 use super::{Entry, Group, Slot, Store, locks::Held};
 use crate::collective::Collective;
 use crate::comm::{BroadcastJob, PushKey, ReduceJob};
@@ -15,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::ndarray::NDArray;
 use crate::optimizer::Runtime;
+use crate::timeline::Arg;
 use crate::updater::Updater;
 
 /// What a push does with the sum of its values.
@@ -92,17 +94,39 @@ impl Store {
     /// worker's sums cross as 2-bit codes instead ([`Across::sum`]).
     fn sum(&self, jobs: &[ReduceJob<'_>], across: Option<(&mut Across, Vec<&[f32]>)>) -> Result<()> {
         let Some(group) = &self.collective else {
+            let _sum = self.counters.phase(Phase::Sum);
             return self.comm.reduce(jobs);
         };
         let direct = |j: &ReduceJob<'_>| j.inputs.len() == 1;
         let local: Vec<ReduceJob<'_>> =
             jobs.iter().filter(|j| !direct(j)).map(|j| ReduceJob { inputs: j.inputs, out: j.out }).collect();
-        self.comm.reduce(&local)?;
+        if !local.is_empty() {
+            let _sum = self.counters.phase(Phase::Sum);
+            self.comm.reduce(&local)?;
+        }
         let pairs: Vec<(&NDArray, &NDArray)> =
             jobs.iter().map(|j| (if direct(j) { j.inputs[0] } else { j.out }, j.out)).collect();
+        // An allreduce of S bytes over n workers moves 2(n-1)/n S each way (a ring's
+        // share, whatever path it takes); a compressed push, each worker's codes to
+        // every other (counted by `Across::sum`).
+        let bytes = stats::bytes_of(pairs.iter().map(|(_, out)| *out));
+        let n = group.size() as u64;
+        let _wire = self
+            .counters
+            .phase(Phase::Wire)
+            .with(|| vec![("keys", Arg::U(pairs.len() as u64)), ("bytes", Arg::U(bytes))]);
         match across {
-            Some((across, residuals)) => across.sum(&**group, &pairs, &residuals, self.comm.pool()),
-            None => group.allreduce_sum(&pairs),
+            Some((across, residuals)) => {
+                let sent = across.sum(&**group, &pairs, &residuals, self.comm.pool())?;
+                self.counters.wire(sent * (n - 1), sent * (n - 1));
+                Ok(())
+            }
+            None => {
+                group.allreduce_sum(&pairs)?;
+                let moved = 2 * (n - 1) * bytes / n.max(1);
+                self.counters.wire(moved, moved);
+                Ok(())
+            }
         }
     }
 
@@ -248,6 +272,7 @@ impl Store {
                     .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays, out: guards[i].merge.as_ref()? }))
                     .collect();
                 self.sum(&jobs, across.as_mut().map(|a| (a, residuals_of(guards, push_slots))))?;
+                let _update = self.counters.phase(Phase::Update);
                 for (g, &i) in updates.iter().map(|&j| (&push[j], &push_slots[j])) {
                     let Slot { value, opt, merge, .. } = &mut *guards[i];
                     let grad = match (g.arrays, merge.as_ref()) {
@@ -292,6 +317,7 @@ impl Store {
                 // under dist_sync the workers then agree on the outcome before any of them
                 // commits: an updater may fail on one worker only.
                 let mut failed = None;
+                let update = self.counters.phase(Phase::Update);
                 for (j, (g, &i)) in push.iter().zip(push_slots).enumerate() {
                     let (Some(m), Some(w)) = (&guards[i].merge, &guards[i].spare) else {
                         return Err(Error::Internal("push: no merge buffer or spare".into()));
@@ -319,6 +345,7 @@ impl Store {
                         (Ok(()), _) => {}
                     }
                 }
+                drop(update);
                 if let Some(group) = &self.collective {
                     self.agree_on_updates(group.as_ref(), calls.as_deref_mut(), &mut failed)?;
                 }
@@ -361,6 +388,7 @@ impl Store {
             .filter(|(j, _)| !calls.as_ref().is_some_and(|c| c.failed_pull(*j)))
             .map(|(_, (g, &i))| BroadcastJob { src: &guards[i].value, outs: &g.arrays })
             .collect();
+        let _copy = (!jobs.is_empty()).then(|| self.counters.phase(Phase::Copy));
         self.comm.broadcast(&jobs)
     }
 }
@@ -568,14 +596,14 @@ impl Across {
     /// its residual in `residuals`): each worker quantises its sums into 2-bit codes,
     /// the codes of every worker reach every worker ([`Collective::all_gather`]), and
     /// each worker adds their values up in rank order, so every worker gets the same
-    /// bits.
+    /// bits. Returns the bytes this worker gave.
     fn sum(
         &mut self,
         group: &dyn Collective,
         pairs: &[(&NDArray, &NDArray)],
         residuals: &[&[f32]],
         pool: Option<&rayon::ThreadPool>,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let c = match self.compression {
             Compression::TwoBit(c) => c,
             Compression::Half(h) => return sum_halves(h, group, pairs),
@@ -587,7 +615,7 @@ impl Across {
         let all = group.all_gather("a compressed push", &mine)?;
         if mine.is_empty() {
             // Empty keys only: nothing to sum.
-            return Ok(());
+            return Ok(0);
         }
         let mut at = 0;
         for (_, dst) in pairs {
@@ -596,21 +624,21 @@ impl Across {
             dst.with_data_mut(|d: &mut [f32]| c.sum_codes(&theirs, d, pool))?;
             at += len;
         }
-        Ok(())
+        Ok(mine.len() as u64)
     }
 }
 
 /// `dst = sum over the workers of src rounded to h` for each pair: each worker's sums
 /// cross as 16-bit floats (half the bytes) and every worker adds them up in f32, in
-/// rank order.
-fn sum_halves(h: Half, group: &dyn Collective, pairs: &[(&NDArray, &NDArray)]) -> Result<()> {
+/// rank order. Returns the bytes this worker gave.
+fn sum_halves(h: Half, group: &dyn Collective, pairs: &[(&NDArray, &NDArray)]) -> Result<u64> {
     let mut mine = Vec::with_capacity(pairs.iter().map(|(s, _)| 2 * s.size()).sum());
     for (src, _) in pairs {
         src.with_data(|g: &[f32]| mine.extend(g.iter().flat_map(|&x| h.round(x).to_le_bytes())))?;
     }
     let all = group.all_gather("a compressed push", &mine)?;
     if mine.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let mut at = 0;
     for (_, dst) in pairs {
@@ -625,7 +653,7 @@ fn sum_halves(h: Half, group: &dyn Collective, pairs: &[(&NDArray, &NDArray)]) -
         })?;
         at += len;
     }
-    Ok(())
+    Ok(mine.len() as u64)
 }
 
 /// Under gradient compression, whether a call's pushed values may be compressed: every

@@ -30,6 +30,7 @@ mod plan;
 mod remote;
 mod run;
 mod sparse;
+mod stats;
 mod steps;
 
 pub use builder::KVStoreBuilder;
@@ -39,6 +40,8 @@ use merge::{Calls, Merger};
 use pending::{Done, Unobserved};
 pub use pending::{Pending, Release};
 pub use sparse::StorageType;
+pub(crate) use stats::finish_timeline;
+pub use stats::{CallCount, LATE_MARGIN, RankStats, Stats, slowest_rank};
 
 use crate::engine::Engine;
 
@@ -281,6 +284,8 @@ pub(crate) struct Store {
     steps: std::sync::atomic::AtomicU64,
     /// Whether the steps are compared ([`KVStoreBuilder::compare_calls`]).
     compare_calls: bool,
+    /// What [`KVStore::stats`] returns (`kvstore/stats.rs`).
+    counters: stats::Counters,
     /// The fusion size of non-blocking calls across calls, 0 for none
     /// ([`KVStoreBuilder::fuse_calls`], `kvstore/run/fused.rs`).
     fuse_bytes: usize,

@@ -16,6 +16,8 @@ use crate::key::Key;
 
 use super::Store;
 use super::compression::Compression;
+use super::stats::Phase;
+use crate::timeline::{self, Arg};
 
 /// One key of a step: its name, and the shape and dtype of what the call gives for it.
 pub(super) type StepKey<'a> = (&'a Key, &'a [usize], DType);
@@ -202,12 +204,39 @@ impl Store {
         let form = &format!("{form}{compressed}{merged}");
         let mut mine = fingerprint(&format!("{form} {what}"), seq, keys, refused_here != 0).to_vec();
         mine.extend_from_slice(&refused_here.to_le_bytes());
+        // This worker's arrival, on rank 0's clock, rides along (`stats.rs`): not part
+        // of what the workers compare.
+        let compared = mine.len();
+        let arrived = timeline::now();
+        mine.extend_from_slice(&timeline::align(arrived).to_le_bytes());
         let step = format!("{op} #{seq}");
+        let waiting = self.counters.phase(Phase::Ranks).with(|| vec![("step", Arg::U(seq))]);
         let all = group.exchange(&step, &mine)?;
+        drop(waiting);
+        let at: Vec<u64> = all
+            .iter()
+            .map(|r| r.get(compared..compared + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes))
+            .collect();
+        let late = self.counters.arrivals(&at);
+        if timeline::recording() {
+            let me = group.rank();
+            let late_here = late.get(me).copied().unwrap_or(0);
+            let last = (0..at.len()).max_by_key(|&r| (at[r], std::cmp::Reverse(r))) == Some(me)
+                && late_here > timeline::LATE_MARGIN.as_nanos() as i64;
+            let args = vec![
+                ("step", Arg::U(seq)),
+                ("op", Arg::S(op.into())),
+                ("late_ms", Arg::F(late_here as f64 / 1e6)),
+                ("last", Arg::U(u64::from(last))),
+            ];
+            timeline::instant("arrive", "collective", arrived, args);
+        }
+        let mine = &mine[..compared];
+        let all: Vec<&[u8]> = all.iter().map(|r| r.get(..compared).unwrap_or(r)).collect();
         let same_calls = all.iter().all(|r| r.get(..16) == mine.get(..16));
         let refused_by = |i: usize| -> Vec<usize> {
-            let bit = |r: &Vec<u8>| r.get(17..25).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
-            (0..all.len()).filter(|&r| bit(&all[r]) & (1 << (i % 64)) != 0).collect()
+            let bit = |r: &[u8]| r.get(17..25).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+            (0..all.len()).filter(|&r| bit(all[r]) & (1 << (i % 64)) != 0).collect()
         };
         if same_calls && calls.len() > 1 {
             for (i, r) in local.iter_mut().enumerate() {

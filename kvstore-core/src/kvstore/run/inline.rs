@@ -10,6 +10,7 @@ use crate::comm::BroadcastJob;
 use crate::error::Result;
 use crate::kvstore::locks::Held;
 use crate::kvstore::plan::Plan;
+use crate::kvstore::stats::Phase;
 use crate::kvstore::{Entry, Found, Store};
 
 /// How a call reaching [`Store::push_pull`] was offered to the spread runner before (a
@@ -87,6 +88,7 @@ impl Store {
             .zip(&guards)
             .map(|(g, stored)| BroadcastJob { src: &stored.value, outs: &g.arrays })
             .collect();
+        let _copy = self.counters.phase(Phase::Copy);
         self.comm.broadcast(&jobs)
     }
 }

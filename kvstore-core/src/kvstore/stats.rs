@@ -1,0 +1,495 @@
+//! A store's counters ([`KVStore::stats`]): calls and keys by kind, bytes pushed,
+//! pulled and on the wire, time in each phase of a call, and, under `dist_sync`, which
+//! worker arrives last at the collectives, and how late. Counted per call, never per
+//! key (a call's bytes are added up from the arrays it took anyway), with relaxed
+//! atomics; each phase is also a complete event of the timeline when it is on
+//! (`timeline.rs`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::collective::Collective;
+use crate::error::{Error, Result};
+use crate::key::Key;
+use crate::ndarray::NDArray;
+use crate::timeline::{self, Arg};
+
+use super::KVStore;
+use super::forms::Run;
+
+/// What a store did since it was made or its counters were last reset
+/// ([`KVStore::stats`], [`KVStore::reset_stats`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stats {
+    /// Calls and keys by kind of call: `init`, `push`, `pull`, `pushpull`,
+    /// `broadcast`, `push_row_sparse`, `pull_row_sparse` (each blocking or not).
+    pub calls: BTreeMap<&'static str, CallCount>,
+    /// Bytes of the values pushed (every value, before any sum).
+    pub bytes_pushed: u64,
+    /// Bytes of the outs pulled into.
+    pub bytes_pulled: u64,
+    /// Bytes this worker sent to the others and received from them (`dist_sync`): an
+    /// allreduce of S bytes over n workers moves 2(n−1)/n·S each way, whatever path it
+    /// takes; a compressed push, its codes.
+    pub wire_bytes_sent: u64,
+    /// See [`Stats::wire_bytes_sent`].
+    pub wire_bytes_received: u64,
+    /// Time in each phase of the calls, by name: `queued` (a non-blocking call waiting
+    /// to run), `sum` (values summed here), `wire` (the sum across the workers),
+    /// `update` (the updater or optimizer), `copy` (values copied into outs), `ranks`
+    /// (waiting at a collective for the other workers). Phases of calls that run at
+    /// once on several threads add up.
+    pub phases: BTreeMap<&'static str, Duration>,
+    /// Under `dist_sync` with the workers' calls compared (the default): the
+    /// collectives whose arrivals were compared.
+    pub collectives: u64,
+    /// Under `dist_sync`: each worker, in rank order (the same on every worker).
+    pub ranks: Vec<RankStats>,
+}
+
+/// How many calls of one kind a store made, and their keys.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallCount {
+    /// Calls.
+    pub calls: u64,
+    /// Keys, summed over the calls (a key given twice counts twice).
+    pub keys: u64,
+}
+
+/// One worker's arrivals at the collectives of a `dist_sync` store.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RankStats {
+    /// The worker's rank.
+    pub rank: usize,
+    /// At how many of [`Stats::collectives`] it arrived last, more than [`LATE_MARGIN`]
+    /// after the median of the others (a worker within it is on time: the collectives'
+    /// own work is uneven, worker 0's sum in shared memory takes tens of microseconds
+    /// more than the others').
+    pub last: u64,
+    /// Its mean lateness, in seconds: its arrival minus the median of the others', on
+    /// rank 0's clock (negative when it arrives early).
+    pub mean_lateness_s: f64,
+}
+
+/// How much later than the median of the others a worker must arrive at a collective
+/// to count as its last ([`RankStats::last`]): 1 ms.
+pub const LATE_MARGIN: Duration = Duration::from_millis(1);
+
+/// The kinds of call counted.
+const OPS: [&str; 7] = ["init", "push", "pull", "pushpull", "broadcast", "push_row_sparse", "pull_row_sparse"];
+
+/// A phase of a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Phase {
+    Queued,
+    Sum,
+    Wire,
+    Update,
+    Copy,
+    Ranks,
+}
+
+const PHASES: [&str; 6] = ["queued", "sum", "wire", "update", "copy", "ranks"];
+
+impl Phase {
+    fn name(self) -> &'static str {
+        PHASES[self as usize]
+    }
+}
+
+/// A store's counters.
+#[derive(Default)]
+pub(super) struct Counters {
+    calls: [AtomicU64; OPS.len()],
+    keys: [AtomicU64; OPS.len()],
+    pushed: AtomicU64,
+    pulled: AtomicU64,
+    sent: AtomicU64,
+    received: AtomicU64,
+    phases: [AtomicU64; PHASES.len()],
+    ranks: Mutex<Arrivals>,
+}
+
+/// Each worker's arrivals so far: at how many collectives it came last, and the sum
+/// of its lateness (ns).
+#[derive(Default)]
+struct Arrivals {
+    collectives: u64,
+    last: Vec<u64>,
+    late_ns: Vec<i128>,
+}
+
+impl Arrivals {
+    /// Counts one collective: `at[r]`, worker r's arrival; `late[r]`, its lateness.
+    fn add(&mut self, at: &[u64], late: &[i64]) {
+        let n = at.len();
+        if self.last.len() != n {
+            self.last = vec![0; n];
+            self.late_ns = vec![0; n];
+        }
+        self.collectives += 1;
+        if let Some(last) = (0..n).max_by_key(|&r| (at[r], std::cmp::Reverse(r)))
+            && late[last] > LATE_MARGIN.as_nanos() as i64
+        {
+            self.last[last] += 1;
+        }
+        for (r, l) in late.iter().enumerate() {
+            self.late_ns[r] += i128::from(*l);
+        }
+    }
+}
+
+/// The bytes of `arrays`.
+pub(super) fn bytes_of<'x>(arrays: impl IntoIterator<Item = &'x NDArray>) -> u64 {
+    arrays.into_iter().map(|a| (a.size() * a.dtype().size()) as u64).sum()
+}
+
+impl Counters {
+    /// Counts a call of `op` on `keys` keys, pushing `pushed` bytes and pulling into
+    /// `pulled`.
+    pub(super) fn call(&self, op: &str, keys: usize, pushed: u64, pulled: u64) {
+        if let Some(i) = OPS.iter().position(|o| *o == op) {
+            self.calls[i].fetch_add(1, Ordering::Relaxed);
+            self.keys[i].fetch_add(keys as u64, Ordering::Relaxed);
+        }
+        self.pushed.fetch_add(pushed, Ordering::Relaxed);
+        self.pulled.fetch_add(pulled, Ordering::Relaxed);
+    }
+
+    /// Counts `sent` and `received` bytes on the wire, and records the counter.
+    pub(super) fn wire(&self, sent: u64, received: u64) {
+        let sent = self.sent.fetch_add(sent, Ordering::Relaxed) + sent;
+        let received = self.received.fetch_add(received, Ordering::Relaxed) + received;
+        if timeline::recording() {
+            timeline::counter(
+                "wire bytes",
+                timeline::now(),
+                vec![("sent", Arg::U(sent)), ("received", Arg::U(received))],
+            );
+        }
+    }
+
+    /// Times `phase` until the returned guard is dropped (and records it).
+    pub(super) fn phase(&self, phase: Phase) -> Timed<'_> {
+        Timed { counters: self, phase, start: timeline::now(), args: Vec::new() }
+    }
+
+    /// Adds `ns` to `phase` (measured elsewhere: from a submission to a run).
+    pub(super) fn add(&self, phase: Phase, ns: u64) {
+        self.phases[phase as usize].fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Counts one collective's arrivals (`at[r]`: worker r's, on rank 0's clock).
+    pub(super) fn arrivals(&self, at: &[u64]) -> Vec<i64> {
+        let late = lateness(at);
+        self.ranks.lock().add(at, &late);
+        JOB.lock().add(at, &late);
+        late
+    }
+
+    pub(super) fn snapshot(&self) -> Stats {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let calls = OPS
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| load(&self.calls[*i]) > 0)
+            .map(|(i, op)| (*op, CallCount { calls: load(&self.calls[i]), keys: load(&self.keys[i]) }))
+            .collect();
+        let phases = PHASES.iter().zip(&self.phases).map(|(p, ns)| (*p, Duration::from_nanos(load(ns)))).collect();
+        let a = self.ranks.lock();
+        let ranks = (0..a.last.len())
+            .map(|r| RankStats {
+                rank: r,
+                last: a.last[r],
+                mean_lateness_s: match a.collectives {
+                    0 => 0.0,
+                    n => a.late_ns[r] as f64 / n as f64 / 1e9,
+                },
+            })
+            .collect();
+        Stats {
+            calls,
+            bytes_pushed: load(&self.pushed),
+            bytes_pulled: load(&self.pulled),
+            wire_bytes_sent: load(&self.sent),
+            wire_bytes_received: load(&self.received),
+            phases,
+            collectives: a.collectives,
+            ranks,
+        }
+    }
+
+    pub(super) fn reset(&self) {
+        for a in self.calls.iter().chain(&self.keys).chain(&self.phases) {
+            a.store(0, Ordering::Relaxed);
+        }
+        for a in [&self.pushed, &self.pulled, &self.sent, &self.received] {
+            a.store(0, Ordering::Relaxed);
+        }
+        *self.ranks.lock() = Arrivals::default();
+    }
+}
+
+/// Each worker's lateness at one collective (ns): its arrival minus the median of the
+/// others' (the mean of the middle two, for an even number of others).
+fn lateness(at: &[u64]) -> Vec<i64> {
+    (0..at.len())
+        .map(|r| {
+            let mut others: Vec<u64> = at.iter().enumerate().filter(|(o, _)| *o != r).map(|(_, &t)| t).collect();
+            if others.is_empty() {
+                return 0;
+            }
+            others.sort_unstable();
+            let m = others.len();
+            let median = if m % 2 == 1 {
+                i128::from(others[m / 2])
+            } else {
+                (i128::from(others[m / 2 - 1]) + i128::from(others[m / 2])) / 2
+            };
+            (i128::from(at[r]) - median) as i64
+        })
+        .collect()
+}
+
+/// A call being timed: counted when made, recorded on the timeline when dropped.
+pub(super) struct CallSpan {
+    op: &'static str,
+    start: u64,
+    keys: usize,
+    bytes: u64,
+    key: Option<Key>,
+}
+
+impl Counters {
+    /// Counts a call of `op` that pushes the runs `push` and pulls into `pull`, and
+    /// times it until the returned span is dropped.
+    pub(super) fn begin(&self, op: &'static str, push: &[Run<'_>], pull: &[Run<'_>]) -> CallSpan {
+        let arrays = |runs: &[Run<'_>]| bytes_of(runs.iter().flat_map(|(_, a)| a.iter()));
+        let (pushed, pulled) = (arrays(push), arrays(pull));
+        let key = push.first().or(pull.first()).map(|(k, _)| k);
+        self.span(op, push.len().max(pull.len()), (pushed, pulled), key)
+    }
+
+    /// Counts a call of `op` on `keys` keys (the first `key`), pushing and pulling
+    /// `bytes`, and times it until the returned span is dropped.
+    pub(super) fn span(&self, op: &'static str, keys: usize, bytes: (u64, u64), key: Option<&Key>) -> CallSpan {
+        self.call(op, keys, bytes.0, bytes.1);
+        let key = key.filter(|_| timeline::recording()).cloned();
+        CallSpan { op, start: timeline::now(), keys, bytes: bytes.0 + bytes.1, key }
+    }
+}
+
+impl CallSpan {
+    /// The call's time from when it was made until now, recorded (it ran elsewhere: on
+    /// an engine thread, from `start`).
+    pub(super) fn args(&mut self) -> Vec<(&'static str, Arg)> {
+        let mut args = vec![("keys", Arg::U(self.keys as u64)), ("bytes", Arg::U(self.bytes))];
+        if let Some(k) = self.key.take() {
+            args.push(("key", Arg::S(k.as_str().to_string().into())));
+        }
+        args
+    }
+
+    /// When the call was made.
+    pub(super) fn start(&self) -> u64 {
+        self.start
+    }
+
+    /// Times the call from `at` on (where it runs, after its wait in a queue).
+    pub(super) fn restart(&mut self, at: u64) {
+        self.start = at;
+    }
+}
+
+impl Drop for CallSpan {
+    fn drop(&mut self) {
+        if timeline::recording() {
+            let args = self.args();
+            timeline::complete(self.op, "call", self.start, timeline::now(), args);
+        }
+    }
+}
+
+/// A phase being timed: counted, and recorded on the timeline, when dropped.
+pub(super) struct Timed<'c> {
+    counters: &'c Counters,
+    phase: Phase,
+    start: u64,
+    args: Vec<(&'static str, Arg)>,
+}
+
+impl Timed<'_> {
+    /// Adds `args` to the phase's event.
+    pub(super) fn with(mut self, args: impl FnOnce() -> Vec<(&'static str, Arg)>) -> Self {
+        if timeline::recording() {
+            self.args = args();
+        }
+        self
+    }
+}
+
+impl Drop for Timed<'_> {
+    fn drop(&mut self) {
+        let end = timeline::now();
+        self.counters.add(self.phase, end.saturating_sub(self.start));
+        if timeline::recording() {
+            timeline::complete(self.phase.name(), "phase", self.start, end, std::mem::take(&mut self.args));
+        }
+    }
+}
+
+impl KVStore {
+    /// What this store did since it was made or [`KVStore::reset_stats`]: calls and
+    /// keys by kind, bytes pushed, pulled and on the wire, time in each phase, and
+    /// under `dist_sync`, per worker, at how many collectives it arrived last and how
+    /// late on average (see [`Stats`]).
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("w", &NDArray::zeros(&[4])?)?;
+    /// kv.push("w", &NDArray::ones(&[4])?, 0)?;
+    /// let s = kv.stats();
+    /// assert_eq!((s.calls["push"].calls, s.bytes_pushed), (1, 16));
+    /// kv.reset_stats();
+    /// assert!(kv.stats().calls.is_empty());
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.store.counters.snapshot()
+    }
+
+    /// Sets this store's counters ([`KVStore::stats`]) to zero.
+    pub fn reset_stats(&self) {
+        self.store.counters.reset();
+    }
+
+    /// Starts writing the timeline of this process's stores to `path` (see
+    /// [`crate::timeline`]; as `KVSTORE_TIMELINE=path` does for a whole program). Under
+    /// `dist_sync`, each worker writes its own file beside `path` (`trace.json` →
+    /// `trace.rank1.json`) until [`KVStore::stop_timeline`] merges them.
+    ///
+    /// # Errors
+    /// [`Error::Io`](crate::Error::Io) when the file cannot be made.
+    pub fn start_timeline(&self, path: impl AsRef<Path>) -> Result<()> {
+        timeline::start(path)
+    }
+
+    /// Stops the timeline and closes its file; under `dist_sync` (a collective, as
+    /// [`KVStore::barrier`]: every worker calls it) after this worker's calls are
+    /// done, and worker 0 merges every worker's file into the path the timeline was
+    /// started with, on rank 0's clock. Returns the file written here (the merged one
+    /// on worker 0), or `None` when the timeline was off.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// let path = std::env::temp_dir().join(format!("kvstore-doc-{}.json", std::process::id()));
+    /// kv.start_timeline(&path)?;
+    /// kv.init("w", &NDArray::zeros(&[4])?)?;
+    /// kv.push("w", &NDArray::ones(&[4])?, 0)?;
+    /// assert_eq!(kv.stop_timeline()?, Some(path.clone()));
+    /// let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    /// assert!(trace["traceEvents"].as_array().unwrap().iter().any(|e| e["name"] == "push"));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Io`](crate::Error::Io) when a file cannot be written; under `dist_sync`,
+    /// an earlier call's error, and the group's errors.
+    pub fn stop_timeline(&self) -> Result<Option<PathBuf>> {
+        if self.store.collective.is_none() {
+            return timeline::stop();
+        }
+        self.wait_all()?;
+        let written = Arc::new(parking_lot::Mutex::new(None));
+        let out = Arc::clone(&written);
+        self.in_order("stop_timeline", move |store| {
+            store.check_step("stop_timeline", &[], Ok(()))?;
+            let group = store.collective.as_deref().ok_or_else(|| Error::Internal("no group".into()))?;
+            *out.lock() = finish_timeline(group)?;
+            Ok(())
+        })?;
+        Ok(written.lock().take())
+    }
+}
+
+/// Stops the timeline on every worker of `group` (each calls it) and merges every
+/// worker's file into the timeline's path on worker 0, which also logs the slowest
+/// worker (see [`slowest_rank`]). Returns the file written here: the merged one on
+/// worker 0, each worker's own elsewhere; `None` where the timeline was off on every
+/// worker.
+///
+/// # Errors
+/// [`Error::Io`] when a file cannot be read or written; the group's errors.
+pub(crate) fn finish_timeline(group: &dyn Collective) -> Result<Option<PathBuf>> {
+    let base = timeline::path();
+    let file = timeline::stop()?;
+    let mine = match &file {
+        Some(f) => std::fs::read(f)
+            .map_err(|e| Error::Io { context: format!("the timeline's file {}", f.display()), source: e })?,
+        None => Vec::new(),
+    };
+    let lens: Vec<usize> = group
+        .exchange("the timelines' sizes", &(mine.len() as u64).to_le_bytes())?
+        .iter()
+        .map(|r| r.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes) as usize)
+        .collect();
+    let longest = lens.iter().copied().max().unwrap_or(0);
+    if longest == 0 || group.size() < 2 {
+        return Ok(file);
+    }
+    let mut padded = mine;
+    padded.resize(longest, 0);
+    let all = group.all_gather("the timelines", &padded)?;
+    if group.rank() != 0 {
+        return Ok(file);
+    }
+    let parts: Vec<Vec<u8>> = all.chunks(longest).zip(&lens).map(|(c, &n)| c[..n].to_vec()).collect();
+    let Some(base) = base else { return Ok(file) };
+    timeline::merge(&base, &parts)?;
+    if let Some(line) = slowest_rank() {
+        eprintln!("kvstore: {line}");
+    }
+    Ok(Some(base))
+}
+
+/// The job's arrivals at the collectives of all of this process's stores.
+static JOB: Mutex<Arrivals> =
+    parking_lot::const_mutex(Arrivals { collectives: 0, last: Vec::new(), late_ns: Vec::new() });
+
+/// `slowest rank: R (last at N of M collectives, X ms late on average)`: the worker
+/// that arrived last at the most collectives of this process's `dist_sync` stores
+/// (of a tie, the latest on average), with its mean lateness; `None` before any
+/// collective.
+pub fn slowest_rank() -> Option<String> {
+    let a = JOB.lock();
+    let slowest = (0..a.last.len()).max_by_key(|&r| (a.last[r], a.late_ns[r]))?;
+    (a.collectives > 0).then(|| {
+        format!(
+            "slowest rank: {slowest} (last at {} of {} collectives, {:.1} ms late on average)",
+            a.last[slowest],
+            a.collectives,
+            a.late_ns[slowest] as f64 / a.collectives as f64 / 1e6
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lateness;
+
+    #[test]
+    fn lateness_is_the_arrival_less_the_median_of_the_others() {
+        assert_eq!(lateness(&[100]), vec![0]);
+        assert_eq!(lateness(&[100, 140]), vec![-40, 40]);
+        assert_eq!(lateness(&[100, 102, 140]), vec![-21, -18, 39]);
+        assert_eq!(lateness(&[10, 10, 10, 50]), vec![0, 0, 0, 40]);
+    }
+}

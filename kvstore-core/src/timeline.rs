@@ -1,0 +1,599 @@
+//! The timeline: what every call of this process's stores did and when, written as
+//! Chrome Trace Event Format JSON (the format `chrome://tracing` and Perfetto open).
+//!
+//! Turn it on with `KVSTORE_TIMELINE=PATH` in the environment (read when a store is
+//! made: no code change) or [`start`] (`KVStore::start_timeline`), and off with [`stop`].
+//! It records, as complete events (`"ph":"X"`): each call (`push`, `pull`, ...: its
+//! keys, bytes and first key in `args`), and its phases: `queued` (a non-blocking call
+//! waiting behind earlier calls), `sum` (the values summed on this worker), `wire` (the
+//! sum across the workers; a transport adds one event per fused bucket), `update` (the
+//! updater or optimizer), `copy` (the value copied into the outs) and `ranks` (a
+//! `dist_sync` worker waiting for the others at a collective). Also: a flow from a
+//! non-blocking call's submission to where it ran (`"ph":"s"`/`"f"`), an instant event
+//! per worker for its arrival at each collective (`arrive`, with its lateness: its
+//! arrival minus the median of the others'), and a counter of the bytes on the wire.
+//!
+//! One process per rank (`pid` = rank, named by metadata events), one thread row per
+//! caller thread and per engine thread. Under `mpirun` each rank writes its own file
+//! beside PATH (`trace.json` → `trace.rank1.json`), and `kvstore_mpi::finalize` (or
+//! `stop_timeline` on a `dist_sync` store, on every rank) merges them into PATH on rank
+//! 0, every rank's clock aligned to rank 0's by the transport when the job starts
+//! ([`set_clock`]; the estimated error is in the file's `otherData`).
+//!
+//! Bounded: the file is written as events come (nothing is kept in memory but a
+//! buffer), and stops growing at `KVSTORE_TIMELINE_MAX_BYTES` (default 1 GiB) with a
+//! last instant event, `truncated`. The flight recorder, a ring of the last
+//! [`FLIGHT_EVENTS`] events, records too when the timeline is off, for `dist_sync` stores
+//! ([`flight_on`]): a stalled or desynced job writes it ([`write_flight`]).
+
+use std::borrow::Cow;
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use crate::error::{Error, Result};
+pub use crate::kvstore::{LATE_MARGIN, slowest_rank};
+
+/// The environment variable that turns the timeline on: the path of its file.
+pub const TIMELINE_VAR: &str = "KVSTORE_TIMELINE";
+
+/// The environment variable that bounds the timeline's file, in bytes.
+pub const MAX_BYTES_VAR: &str = "KVSTORE_TIMELINE_MAX_BYTES";
+
+/// The default bound of a timeline's file: 1 GiB.
+pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
+
+/// How many events the flight recorder keeps (the newest).
+pub const FLIGHT_EVENTS: usize = 4096;
+
+/// Whether events are written to a file.
+static ON: AtomicBool = AtomicBool::new(false);
+/// Whether events go to the flight recorder's ring.
+static FLIGHT: AtomicBool = AtomicBool::new(false);
+/// This process's rank and the number of ranks, the clock's offset to rank 0's (ns, to
+/// subtract) and its estimated error (ns).
+static RANK: AtomicU64 = AtomicU64::new(0);
+static RANKS: AtomicU64 = AtomicU64::new(1);
+static OFFSET: AtomicU64 = AtomicU64::new(0);
+static CLOCK_ERROR: AtomicU64 = AtomicU64::new(0);
+static ORIGIN: AtomicU64 = AtomicU64::new(0);
+/// The flows' ids (a non-blocking call's submission to its run).
+static NEXT_FLOW: AtomicU64 = AtomicU64::new(1);
+static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static THREAD: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The open file, and the threads named so far (written at the start of a file).
+struct Sink {
+    out: Option<Output>,
+    threads: Vec<(u64, String)>,
+    flight: VecDeque<Event>,
+}
+
+/// A file being written.
+struct Output {
+    /// The path the timeline was started with, and this rank's file of it.
+    base: PathBuf,
+    path: PathBuf,
+    writer: BufWriter<File>,
+    written: u64,
+    max: u64,
+    truncated: bool,
+}
+
+static SINK: Mutex<Sink> = Mutex::new(Sink { out: None, threads: Vec::new(), flight: VecDeque::new() });
+
+fn sink() -> std::sync::MutexGuard<'static, Sink> {
+    SINK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The trace clock now: nanoseconds since the Unix epoch as this process's clock read
+/// them when it first asked, advanced by a monotonic clock since (so that processes on
+/// one machine agree, and an adjusted wall clock does not run a trace backwards).
+pub fn now() -> u64 {
+    let (at, unix) = anchor();
+    unix + at.elapsed().as_nanos() as u64
+}
+
+/// When this process's trace clock started: an instant, and the Unix time then (ns).
+fn anchor() -> &'static (Instant, u64) {
+    static ANCHOR: OnceLock<(Instant, u64)> = OnceLock::new();
+    ANCHOR.get_or_init(|| {
+        let unix = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        (Instant::now(), unix)
+    })
+}
+
+/// The origin of the trace's timestamps (on rank 0's clock, ns since the Unix epoch):
+/// when rank 0's trace clock started ([`set_clock`]), else when this process's did. A
+/// trace's `ts` are microseconds since then (small numbers, exact as doubles to the
+/// nanosecond for days; its `otherData` has the origin).
+pub fn origin() -> u64 {
+    match ORIGIN.load(Ordering::Relaxed) {
+        0 => anchor().1,
+        o => o,
+    }
+}
+
+/// The origin rank 0 gives the others ([`origin`]): when its trace clock started.
+pub fn local_origin() -> u64 {
+    anchor().1
+}
+
+/// `at`, a reading of [`now`], on rank 0's clock: less this clock's offset
+/// ([`set_clock`]).
+pub fn align(at: u64) -> u64 {
+    at.wrapping_sub(OFFSET.load(Ordering::Relaxed))
+}
+
+/// For transports: this process's `rank` of `ranks`, its clock's offset to rank 0's
+/// (`offset_ns`: this clock's [`now`] less rank 0's at the same instant) with the
+/// estimate's error, and rank 0's [`local_origin`] (the job's [`origin`]). Set once the
+/// job's ranks are known, before any store is made.
+pub fn set_clock(rank: usize, ranks: usize, offset_ns: i64, error_ns: u64, origin_ns: u64) {
+    ORIGIN.store(origin_ns, Ordering::Relaxed);
+    RANK.store(rank as u64, Ordering::Relaxed);
+    RANKS.store(ranks.max(1) as u64, Ordering::Relaxed);
+    OFFSET.store(offset_ns as u64, Ordering::Relaxed);
+    CLOCK_ERROR.store(error_ns, Ordering::Relaxed);
+}
+
+/// This process's rank, as the transport set it (0 without one).
+pub fn rank() -> usize {
+    RANK.load(Ordering::Relaxed) as usize
+}
+
+/// Whether events are being recorded (to a file or the flight recorder): what a caller
+/// asks before building an event.
+#[inline]
+pub fn recording() -> bool {
+    ON.load(Ordering::Relaxed) || FLIGHT.load(Ordering::Relaxed)
+}
+
+/// Whether the timeline writes a file.
+pub fn is_on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// Turns the flight recorder on (a `dist_sync` store does, when it is made).
+pub fn flight_on() {
+    FLIGHT.store(true, Ordering::Relaxed);
+}
+
+/// The file rank `rank` of a job of `ranks` writes for the timeline at `path`: `path`
+/// itself for a job of one, else `path` with `.rankR` before its extension.
+pub fn rank_path(path: &Path, rank: usize, ranks: usize) -> PathBuf {
+    if ranks <= 1 {
+        return path.to_path_buf();
+    }
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.rank{rank}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.rank{rank}"),
+    };
+    path.with_file_name(name)
+}
+
+/// Starts writing the timeline to `path` (this rank's file of it: [`rank_path`]),
+/// replacing a timeline being written (which is closed first).
+///
+/// # Errors
+/// [`Error::Io`] when the file cannot be made.
+pub fn start(path: impl AsRef<Path>) -> Result<()> {
+    let ranks = RANKS.load(Ordering::Relaxed) as usize;
+    let file = rank_path(path.as_ref(), rank(), ranks);
+    let max = std::env::var(MAX_BYTES_VAR).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_MAX_BYTES);
+    let opened = File::create(&file)
+        .map_err(|e| Error::Io { context: format!("the timeline's file {}", file.display()), source: e })?;
+    let mut sink = sink();
+    if let Some(old) = sink.out.take() {
+        close(old)?;
+    }
+    let mut out = Output {
+        base: path.as_ref().to_path_buf(),
+        path: file,
+        writer: BufWriter::new(opened),
+        written: 0,
+        max,
+        truncated: false,
+    };
+    out.line("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[")?;
+    let pid = rank();
+    let mut meta = String::new();
+    json_meta(&mut meta, pid, 0, "process_name", &format!("rank {pid}"));
+    out.event(&meta)?;
+    for (tid, name) in &sink.threads {
+        meta.clear();
+        json_meta(&mut meta, pid, *tid, "thread_name", name);
+        out.event(&meta)?;
+    }
+    sink.out = Some(out);
+    ON.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The path the timeline being written was started with (`None` when it is off).
+pub fn path() -> Option<PathBuf> {
+    sink().out.as_ref().map(|o| o.base.clone())
+}
+
+/// Starts the timeline if `KVSTORE_TIMELINE` names a file and none is being written
+/// (a store does when it is made).
+///
+/// # Errors
+/// As [`start`].
+pub fn start_from_env() -> Result<()> {
+    match std::env::var_os(TIMELINE_VAR) {
+        Some(path) if !path.is_empty() && !is_on() => start(PathBuf::from(path)),
+        _ => Ok(()),
+    }
+}
+
+/// Stops the timeline and closes its file; returns the file's path (`None` when it
+/// was off).
+///
+/// # Errors
+/// [`Error::Io`] when the file cannot be written.
+pub fn stop() -> Result<Option<PathBuf>> {
+    ON.store(false, Ordering::Relaxed);
+    let out = sink().out.take();
+    match out {
+        Some(out) => {
+            let path = out.path.clone();
+            close(out)?;
+            Ok(Some(path))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Ends a file: the last line, then the metadata.
+fn close(mut out: Output) -> Result<()> {
+    let other = format!(
+        "],\"otherData\":{{\"rank\":{},\"ranks\":{},\"clock\":\"aligned to rank 0's\",\"ts_origin_unix_ns\":{},\
+         \"clock_error_ns\":{}}}}}",
+        rank(),
+        RANKS.load(Ordering::Relaxed),
+        origin(),
+        CLOCK_ERROR.load(Ordering::Relaxed)
+    );
+    // The last event has no comma after it: the process's sort index.
+    let mut last = String::new();
+    let _ = write!(
+        last,
+        "{{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":{},\"tid\":0,\"args\":{{\"sort_index\":{}}}}}",
+        rank(),
+        rank()
+    );
+    let io = |e| Error::Io { context: format!("the timeline's file {}", out.path.display()), source: e };
+    out.writer.write_all(last.as_bytes()).map_err(io)?;
+    out.writer.write_all(b"\n").map_err(io)?;
+    out.writer.write_all(other.as_bytes()).map_err(io)?;
+    out.writer.write_all(b"\n").map_err(io)?;
+    out.writer.flush().map_err(io)
+}
+
+impl Output {
+    fn line(&mut self, s: &str) -> Result<()> {
+        self.written += s.len() as u64 + 1;
+        let path = &self.path;
+        let io = |e| Error::Io { context: format!("the timeline's file {}", path.display()), source: e };
+        self.writer.write_all(s.as_bytes()).map_err(io)?;
+        self.writer.write_all(b"\n").map_err(io)
+    }
+
+    /// One event's line (each ends in a comma: the file's last is the closing one).
+    fn event(&mut self, json: &str) -> Result<()> {
+        if self.truncated {
+            return Ok(());
+        }
+        if self.written + json.len() as u64 > self.max {
+            self.truncated = true;
+            let mut s = String::new();
+            let _ = write!(
+                s,
+                "{{\"ph\":\"i\",\"name\":\"truncated\",\"s\":\"p\",\"pid\":{},\"tid\":0,\"ts\":{},\"args\":{{\"max_bytes\":{}}}}},",
+                rank(),
+                micros(align(now()).saturating_sub(origin())),
+                self.max
+            );
+            return self.line(&s);
+        }
+        let mut s = String::with_capacity(json.len() + 1);
+        s.push_str(json);
+        s.push(',');
+        self.line(&s)
+    }
+}
+
+/// This thread's row in the trace (named the first time it records).
+fn thread_id() -> u64 {
+    THREAD.with(|t| {
+        if t.get() == 0 {
+            let id = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+            t.set(id);
+            let name = std::thread::current().name().map_or_else(|| format!("thread {id}"), str::to_string);
+            let mut sink = sink();
+            if let Some(out) = sink.out.as_mut() {
+                let mut meta = String::new();
+                json_meta(&mut meta, rank(), id, "thread_name", &name);
+                let _ = out.event(&meta);
+            }
+            sink.threads.push((id, name));
+        }
+        t.get()
+    })
+}
+
+/// A value of an event's `args`.
+#[derive(Clone, Debug)]
+pub enum Arg {
+    /// A whole number.
+    U(u64),
+    /// A signed number.
+    I(i64),
+    /// A number.
+    F(f64),
+    /// Text.
+    S(Cow<'static, str>),
+}
+
+/// An event's kind (the trace format's `ph`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Complete,
+    Instant,
+    FlowStart,
+    FlowEnd,
+    Counter,
+}
+
+/// One event, as recorded.
+#[derive(Clone, Debug)]
+struct Event {
+    kind: Kind,
+    name: Cow<'static, str>,
+    cat: &'static str,
+    /// On rank 0's clock, ns.
+    ts: u64,
+    dur: u64,
+    tid: u64,
+    id: u64,
+    args: Vec<(&'static str, Arg)>,
+}
+
+fn micros(ns: u64) -> String {
+    format!("{}.{:03}", ns / 1000, ns % 1000)
+}
+
+fn json_str(out: &mut String, s: &str) {
+    out.push_str(&serde_json::Value::from(s).to_string());
+}
+
+fn json_meta(out: &mut String, pid: usize, tid: u64, what: &str, name: &str) {
+    let _ = write!(out, "{{\"ph\":\"M\",\"name\":\"{what}\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"name\":");
+    json_str(out, name);
+    out.push_str("}}");
+}
+
+impl Event {
+    fn json(&self, pid: usize) -> String {
+        let mut s = String::with_capacity(160);
+        let ph = match self.kind {
+            Kind::Complete => "X",
+            Kind::Instant => "i",
+            Kind::FlowStart => "s",
+            Kind::FlowEnd => "f",
+            Kind::Counter => "C",
+        };
+        let _ = write!(s, "{{\"ph\":\"{ph}\",\"name\":");
+        json_str(&mut s, &self.name);
+        let ts = micros(self.ts.saturating_sub(origin()));
+        let _ = write!(s, ",\"cat\":\"{}\",\"pid\":{pid},\"tid\":{},\"ts\":{ts}", self.cat, self.tid);
+        match self.kind {
+            Kind::Complete => {
+                let _ = write!(s, ",\"dur\":{}", micros(self.dur));
+            }
+            Kind::Instant => s.push_str(",\"s\":\"t\""),
+            Kind::FlowStart => {
+                let _ = write!(s, ",\"id\":{}", self.id);
+            }
+            // Bound to the enclosing slice: the call that ran.
+            Kind::FlowEnd => {
+                let _ = write!(s, ",\"id\":{},\"bp\":\"e\"", self.id);
+            }
+            Kind::Counter => {}
+        }
+        if !self.args.is_empty() {
+            s.push_str(",\"args\":{");
+            for (i, (k, v)) in self.args.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                let _ = write!(s, "\"{k}\":");
+                match v {
+                    Arg::U(n) => {
+                        let _ = write!(s, "{n}");
+                    }
+                    Arg::I(n) => {
+                        let _ = write!(s, "{n}");
+                    }
+                    Arg::F(x) if x.is_finite() => {
+                        let _ = write!(s, "{x}");
+                    }
+                    Arg::F(_) => s.push_str("null"),
+                    Arg::S(t) => json_str(&mut s, t),
+                }
+            }
+            s.push('}');
+        }
+        s.push('}');
+        s
+    }
+}
+
+fn record(ev: Event) {
+    let mut sink = sink();
+    if let Some(out) = sink.out.as_mut() {
+        let _ = out.event(&ev.json(rank()));
+    }
+    if FLIGHT.load(Ordering::Relaxed) {
+        if sink.flight.len() == FLIGHT_EVENTS {
+            sink.flight.pop_front();
+        }
+        sink.flight.push_back(ev);
+    }
+}
+
+/// Records an event of `kind` at `at` (a reading of [`now`]) on this thread.
+fn add(
+    kind: Kind,
+    name: Cow<'static, str>,
+    cat: &'static str,
+    at: u64,
+    dur: u64,
+    id: u64,
+    args: Vec<(&'static str, Arg)>,
+) {
+    let tid = thread_id();
+    record(Event { kind, name, cat, ts: align(at), dur, tid, id, args });
+}
+
+/// Records a complete event `name` (category `cat`) from `start` to `end` ([`now`]'s
+/// readings) on this thread, with `args`. Nothing when not [`recording`].
+pub fn complete(
+    name: impl Into<Cow<'static, str>>,
+    cat: &'static str,
+    start: u64,
+    end: u64,
+    args: Vec<(&'static str, Arg)>,
+) {
+    if recording() {
+        add(Kind::Complete, name.into(), cat, start, end.saturating_sub(start), 0, args);
+    }
+}
+
+/// Records an instant event `name` at `at` ([`now`]'s reading) on this thread.
+pub fn instant(name: impl Into<Cow<'static, str>>, cat: &'static str, at: u64, args: Vec<(&'static str, Arg)>) {
+    if recording() {
+        add(Kind::Instant, name.into(), cat, at, 0, 0, args);
+    }
+}
+
+/// Records counter `name`'s `values` at `at`.
+pub fn counter(name: &'static str, at: u64, values: Vec<(&'static str, Arg)>) {
+    if recording() {
+        add(Kind::Counter, name.into(), "wire", at, 0, 0, values);
+    }
+}
+
+/// Starts a flow here (a non-blocking call submitted): its id, for [`flow_end`]
+/// (0 when not recording).
+pub fn flow_start(name: &'static str, at: u64) -> u64 {
+    if !recording() {
+        return 0;
+    }
+    let id = NEXT_FLOW.fetch_add(1, Ordering::Relaxed);
+    add(Kind::FlowStart, name.into(), "flow", at, 0, id, Vec::new());
+    id
+}
+
+/// Ends flow `id` here (where the call runs).
+pub fn flow_end(name: &'static str, id: u64, at: u64) {
+    if id != 0 && recording() {
+        add(Kind::FlowEnd, name.into(), "flow", at, 0, id, Vec::new());
+    }
+}
+
+/// Writes the flight recorder's events (the last [`FLIGHT_EVENTS`]) as a trace of
+/// their own: to this rank's file of `KVSTORE_TIMELINE`'s path when it is set, else
+/// to `kvstore-flight-RANK.json` in the working directory. Returns the path.
+///
+/// # Errors
+/// [`Error::Io`] when the file cannot be written.
+pub fn write_flight() -> Result<PathBuf> {
+    let ranks = RANKS.load(Ordering::Relaxed) as usize;
+    let path = match std::env::var_os(TIMELINE_VAR) {
+        Some(p) if !p.is_empty() => rank_path(Path::new(&p), rank(), ranks),
+        _ => PathBuf::from(format!("kvstore-flight-{}.json", rank())),
+    };
+    let (events, threads) = {
+        let sink = sink();
+        (sink.flight.iter().cloned().collect::<Vec<_>>(), sink.threads.clone())
+    };
+    // The timeline's own file, if that is where it goes, is closed first.
+    if is_on() {
+        stop()?;
+    }
+    let io = |e| Error::Io { context: format!("the flight recorder's file {}", path.display()), source: e };
+    let mut w = BufWriter::new(File::create(&path).map_err(io)?);
+    let mut text = String::from("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+    let pid = rank();
+    json_meta(&mut text, pid, 0, "process_name", &format!("rank {pid}"));
+    text.push_str(",\n");
+    for (tid, name) in &threads {
+        json_meta(&mut text, pid, *tid, "thread_name", name);
+        text.push_str(",\n");
+    }
+    for ev in &events {
+        text.push_str(&ev.json(pid));
+        text.push_str(",\n");
+    }
+    let _ = write!(
+        text,
+        "{{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":{pid},\"tid\":0,\"args\":{{\"sort_index\":{pid}}}}}\n\
+         ],\"otherData\":{{\"rank\":{pid},\"ranks\":{ranks},\"flight_recorder\":true,\"events\":{}}}}}\n",
+        events.len()
+    );
+    w.write_all(text.as_bytes()).map_err(io)?;
+    w.flush().map_err(io)?;
+    Ok(path)
+}
+
+/// Merges the files of every rank (`parts`, each one rank's whole file) into one
+/// trace at `path` (rank 0 does, at the end of a job).
+///
+/// # Errors
+/// [`Error::Io`] when `path` cannot be written; [`Error::InvalidArgument`] when a part
+/// is not such a file.
+pub fn merge(path: &Path, parts: &[Vec<u8>]) -> Result<()> {
+    let io = |e| Error::Io { context: format!("the merged timeline {}", path.display()), source: e };
+    let mut w = BufWriter::new(File::create(path).map_err(io)?);
+    w.write_all(b"{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n").map_err(io)?;
+    let mut error = 0u64;
+    let mut first = true;
+    for (rank, part) in parts.iter().enumerate() {
+        let text = String::from_utf8_lossy(part);
+        let doc_error = text
+            .rsplit_once("\"clock_error_ns\":")
+            .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok());
+        let Some(e) = doc_error else {
+            return Err(Error::invalid_argument(format!("rank {rank}'s timeline is not a whole timeline file")));
+        };
+        error = error.max(e);
+        for line in text.lines().filter(|l| l.starts_with("{\"ph\"")) {
+            let line = line.strip_suffix(',').unwrap_or(line);
+            if !first {
+                w.write_all(b",\n").map_err(io)?;
+            }
+            first = false;
+            w.write_all(line.as_bytes()).map_err(io)?;
+        }
+    }
+    let other = format!(
+        "\n],\"otherData\":{{\"ranks\":{},\"clock\":\"every rank's aligned to rank 0's\",\"ts_origin_unix_ns\":{},\
+         \"clock_error_ns\":{error}}}}}\n",
+        parts.len(),
+        origin()
+    );
+    w.write_all(other.as_bytes()).map_err(io)?;
+    w.flush().map_err(io)
+}
