@@ -462,6 +462,78 @@ impl PyStore {
         self.shared.kv.set_gradient_compression(&pairs).map_err(to_py)
     }
 
+    /// Starts writing the timeline of this process's stores to ``path``: Chrome Trace
+    /// Event Format JSON, which ``chrome://tracing`` and Perfetto open (as
+    /// ``KVSTORE_TIMELINE=path`` does for a whole program). Under ``dist_sync`` each
+    /// worker writes its own file beside ``path`` (``trace.rank1.json``) until
+    /// ``stop_timeline`` merges them. Raises ``OSError`` when the file cannot be made.
+    fn start_timeline(&self, path: std::path::PathBuf) -> PyResult<()> {
+        crate::lifecycle::not_forked()?;
+        self.shared.kv.start_timeline(&path).map_err(to_py)
+    }
+
+    /// Stops the timeline and closes its file; under ``dist_sync`` (every worker calls
+    /// it, as ``barrier``) worker 0 merges every worker's file into the path it was
+    /// started with. Returns the path of the file written here (the merged one on
+    /// worker 0), or ``None`` when the timeline was off.
+    fn stop_timeline(&self, py: Python<'_>) -> PyResult<Option<std::path::PathBuf>> {
+        crate::lifecycle::not_forked()?;
+        crate::detach(py, || self.shared.kv.stop_timeline()).map_err(to_py)
+    }
+
+    /// What this store did since it was made or ``reset_stats()``, as a dict:
+    /// ``calls`` (by kind: ``{"push": {"calls": n, "keys": n}, ...}``),
+    /// ``bytes_pushed``, ``bytes_pulled``, ``wire_bytes_sent``,
+    /// ``wire_bytes_received``, ``phases`` (seconds in ``queued``, ``sum``, ``wire``,
+    /// ``update``, ``copy``, ``ranks``), ``collectives`` and, under ``dist_sync``,
+    /// ``ranks``: per worker ``{"rank", "last", "mean_lateness_s"}`` (at how many
+    /// collectives it arrived last, more than 1 ms after the median of the others, and
+    /// its mean lateness).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        use pyo3::types::PyDict;
+        crate::lifecycle::not_forked()?;
+        let s = self.shared.kv.stats();
+        let d = PyDict::new(py);
+        let calls = PyDict::new(py);
+        for (op, c) in &s.calls {
+            let one = PyDict::new(py);
+            one.set_item("calls", c.calls)?;
+            one.set_item("keys", c.keys)?;
+            calls.set_item(op, one)?;
+        }
+        d.set_item("calls", calls)?;
+        d.set_item("bytes_pushed", s.bytes_pushed)?;
+        d.set_item("bytes_pulled", s.bytes_pulled)?;
+        d.set_item("wire_bytes_sent", s.wire_bytes_sent)?;
+        d.set_item("wire_bytes_received", s.wire_bytes_received)?;
+        let phases = PyDict::new(py);
+        for (phase, t) in &s.phases {
+            phases.set_item(phase, t.as_secs_f64())?;
+        }
+        d.set_item("phases", phases)?;
+        d.set_item("collectives", s.collectives)?;
+        let ranks = s
+            .ranks
+            .iter()
+            .map(|r| {
+                let one = PyDict::new(py);
+                one.set_item("rank", r.rank)?;
+                one.set_item("last", r.last)?;
+                one.set_item("mean_lateness_s", r.mean_lateness_s)?;
+                Ok(one)
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        d.set_item("ranks", ranks)?;
+        Ok(d)
+    }
+
+    /// Sets this store's counters (``stats()``) to zero.
+    fn reset_stats(&self) -> PyResult<()> {
+        crate::lifecycle::not_forked()?;
+        self.shared.kv.reset_stats();
+        Ok(())
+    }
+
     /// Whether the store has a capability (``"optimizer"``).
     fn is_capable(&self, capability: &str) -> PyResult<bool> {
         crate::lifecycle::not_forked()?;

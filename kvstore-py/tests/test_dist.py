@@ -180,3 +180,28 @@ def test_a_rank_that_raises_ends_the_job_instead_of_hanging_it():
     assert done.returncode != 0, done.stdout + done.stderr
     assert "rank 1 fails on purpose" in done.stderr
     assert seconds < 45, f"the job took {seconds:.1f} s to end"
+
+
+@pytest.mark.parametrize("slow", ["1", "2"])
+def test_the_timeline_names_the_slow_rank(tmp_path, slow):
+    """Rank ``slow`` of 3 sleeps 40 ms before each push: the merged timeline's summary
+    (``python -m kvstore.timeline``) names it, last at 90 % of the collectives or more,
+    late by 40 ms within 25 %; every rank's stats count the same arrivals."""
+    path = tmp_path / "trace.json"
+    done, _ = mpirun("slow", str(path), slow, ranks=3)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"rank 0: wrote {path}" in done.stdout, done.stdout
+    for r in (1, 2):
+        assert f"rank {r}: wrote {tmp_path / f'trace.rank{r}.json'}" in done.stdout, done.stdout
+    summary = subprocess.run(
+        [sys.executable, "-m", "kvstore.timeline", str(path)], capture_output=True, text=True, check=True
+    ).stdout
+    line = [l for l in summary.splitlines() if l.startswith("slowest rank: ")]
+    assert len(line) == 1, summary
+    words = line[0].replace("(", " ").replace(",", " ").split()
+    rank, last, of, late = int(words[2]), int(words[5]), int(words[7]), float(words[9])
+    # The collectives: the init, the 30 pushes and stop_timeline's own step.
+    assert (rank, of) == (int(slow), 32), line
+    assert last >= 0.9 * of and abs(late - 40.0) <= 10.0, line
+    lasts = {l.split("last ")[1] for l in done.stdout.splitlines() if ": wrote " in l}
+    assert len(lasts) == 1, done.stdout

@@ -208,6 +208,26 @@ def refused() -> None:
     print(f"rank {rank}: went on", flush=True)
 
 
+def slow(path: str, slow_rank: str) -> None:
+    """30 pushes of 4 keys, rank ``slow_rank`` sleeping 40 ms before each, with the
+    timeline started from code and stopped (merged on rank 0) at the end."""
+    import time
+
+    store = kv.create("dist_sync")
+    rank = store.rank
+    store.start_timeline(path)
+    keys = ["a", "b", "c", "d"]
+    values = [np.ones(1024, np.float32) for _ in keys]
+    store.init(keys, values)
+    for _ in range(30):
+        if str(rank) == slow_rank:
+            time.sleep(0.040)
+        store.push(keys, values)
+    written = store.stop_timeline()
+    stats = store.stats()
+    print(f"rank {rank}: wrote {written}; last {[r['last'] for r in stats['ranks']]}", flush=True)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "train":
@@ -220,5 +240,7 @@ if __name__ == "__main__":
         async_sum(sys.argv[2])
     elif mode == "chain":
         chain(sys.argv[2])
+    elif mode == "slow":
+        slow(sys.argv[2], sys.argv[3])
     else:
         {"desync": desync, "stall": stall, "crash": crash, "refused": refused}[mode]()

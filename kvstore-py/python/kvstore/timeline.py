@@ -1,0 +1,201 @@
+"""Summarise a kvstore timeline: ``python -m kvstore.timeline PATH``.
+
+A timeline is the Chrome Trace Event Format file a store writes with
+``KVSTORE_TIMELINE=PATH`` or ``KVStore.start_timeline(PATH)`` (under ``mpirun``,
+the file rank 0 merges at the end of the job). The summary gives, per rank, the time
+spent computing between calls, waiting at collectives for the other ranks, and late
+(arriving after the median of the others), the keys whose calls took longest, and one
+line naming the slowest rank::
+
+    slowest rank: 2 (last at 30 of 31 collectives, 38.7 ms late on average)
+
+A rank is last at a collective when it arrives after every other rank and more than
+1 ms after the median of the others' arrivals (the collectives' own work is uneven:
+rank 0's sum in shared memory takes tens of microseconds more); its lateness is its
+arrival minus that median, averaged over every collective. The arrivals are the
+``arrive`` instant events, on rank 0's clock.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from typing import Any, Dict, List, Optional, Tuple
+
+__all__ = ["load", "summarise", "slowest_line", "main", "LATE_MARGIN_MS"]
+
+#: How much later than the median of the others a rank must arrive to be last (ms).
+LATE_MARGIN_MS = 1.0
+
+
+def load(path: str) -> List[Dict[str, Any]]:
+    """The events of the trace at ``path``."""
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    return [e for e in events if isinstance(e, dict) and "ph" in e]
+
+
+def _arrivals(events: List[Dict[str, Any]]) -> Dict[int, Dict[int, float]]:
+    """Each collective's arrivals: step -> rank -> ts (µs)."""
+    steps: Dict[int, Dict[int, float]] = defaultdict(dict)
+    for e in events:
+        if e.get("ph") == "i" and e.get("name") == "arrive":
+            steps[int(e["args"]["step"])][int(e["pid"])] = float(e["ts"])
+    return steps
+
+
+def _lateness(at: Dict[int, float]) -> Dict[int, float]:
+    """Each rank's arrival minus the median of the others' (ms)."""
+    late = {}
+    for r, t in at.items():
+        others = [o for p, o in at.items() if p != r]
+        late[r] = (t - statistics.median(others)) / 1000.0 if others else 0.0
+    return late
+
+
+def summarise(events: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The summary of a trace's events, as a dict: ``ranks`` (per rank: ``last``,
+    ``collectives``, ``late_ms`` (mean), ``late_total_ms``, ``waiting_ms``,
+    ``computing_ms``), ``keys`` (the calls' first keys by total time, longest first:
+    ``(key, ms, calls)``) and ``slowest`` (``(rank, last, collectives, late_ms)`` or
+    ``None``)."""
+    ranks = sorted({int(e["pid"]) for e in events if "pid" in e})
+    per: Dict[int, Dict[str, float]] = {
+        r: {"last": 0, "collectives": 0, "late_sum_ms": 0.0, "late_total_ms": 0.0, "waiting_ms": 0.0, "computing_ms": 0.0}
+        for r in ranks
+    }
+    steps = _arrivals(events)
+    complete = [s for s in steps.values() if len(s) == len(ranks)]
+    for at in complete:
+        late = _lateness(at)
+        last = max(at, key=lambda r: (at[r], -r))
+        if late[last] > LATE_MARGIN_MS:
+            per[last]["last"] += 1
+        for r, l in late.items():
+            per[r]["collectives"] += 1
+            per[r]["late_sum_ms"] += l
+            per[r]["late_total_ms"] += max(l, 0.0)
+    # Waiting: the `ranks` phases; computing: on each rank's busiest calling thread, the
+    # time between its calls.
+    calls: Dict[Tuple[int, int], List[Tuple[float, float]]] = defaultdict(list)
+    keys: Dict[str, List[float]] = defaultdict(list)
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        pid, dur = int(e["pid"]), float(e.get("dur", 0.0))
+        if e.get("name") == "ranks":
+            per[pid]["waiting_ms"] += dur / 1000.0
+        if e.get("cat") == "call":
+            calls[(pid, int(e["tid"]))].append((float(e["ts"]), float(e["ts"]) + dur))
+            key = (e.get("args") or {}).get("key")
+            if key is not None:
+                keys[str(key)].append(dur / 1000.0)
+    for r in ranks:
+        threads = [on for (pid, _), on in calls.items() if pid == r]
+        if not threads:
+            continue
+        sizes = [len(t) for t in threads]
+        ordered = sorted(threads[sizes.index(max(sizes))])
+        per[r]["computing_ms"] = sum(max(b[0] - a[1], 0.0) for a, b in zip(ordered, ordered[1:])) / 1000.0
+    out_ranks: Dict[int, Dict[str, Any]] = {}
+    for r in ranks:
+        p = per[r]
+        n = int(p["collectives"])
+        out_ranks[r] = {
+            "last": int(p["last"]),
+            "collectives": n,
+            "late_ms": p["late_sum_ms"] / n if n else 0.0,
+            "late_total_ms": p["late_total_ms"],
+            "waiting_ms": p["waiting_ms"],
+            "computing_ms": p["computing_ms"],
+        }
+    longest = sorted(((k, sum(v), len(v)) for k, v in keys.items()), key=lambda x: -x[1])
+    slowest: Optional[Tuple[int, int, int, float]] = None
+    if complete and ranks:
+        r = max(ranks, key=lambda r: (out_ranks[r]["last"], out_ranks[r]["late_ms"]))
+        slowest = (r, int(out_ranks[r]["last"]), len(complete), float(out_ranks[r]["late_ms"]))
+    return {"ranks": out_ranks, "keys": longest, "slowest": slowest}
+
+
+def slowest_line(summary: Dict[str, Any]) -> Optional[str]:
+    """``slowest rank: R (last at N of M collectives, X ms late on average)``, or
+    ``None`` for a trace with no collective of every rank."""
+    if summary["slowest"] is None:
+        return None
+    r, last, of, late = summary["slowest"]
+    return f"slowest rank: {r} (last at {last} of {of} collectives, {late:.1f} ms late on average)"
+
+
+def _plot(events: List[Dict[str, Any]], out: str) -> None:
+    """Per rank, per collective: its lateness, and its time in each phase."""
+    try:
+        import matplotlib  # type: ignore[import-not-found,unused-ignore]
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
+    except ImportError as missing:  # pragma: no cover - depends on the machine
+        raise SystemExit(f"--plot needs matplotlib ({missing}): pip install matplotlib") from missing
+    steps = _arrivals(events)
+    ranks = sorted({int(e["pid"]) for e in events if "pid" in e})
+    order = sorted(s for s, at in steps.items() if len(at) == len(ranks))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=False)
+    for r in ranks:
+        late = [_lateness(steps[s])[r] for s in order]
+        top.plot(range(len(order)), late, marker=".", label=f"rank {r}")
+    top.axhline(LATE_MARGIN_MS, color="grey", linewidth=0.8, linestyle="--")
+    top.set_xlabel("collective")
+    top.set_ylabel("lateness (ms)")
+    top.set_title("arrival at each collective, minus the median of the other ranks'")
+    top.legend()
+    phases = ["sum", "wire", "update", "copy", "ranks", "queued"]
+    totals = {r: {p: 0.0 for p in phases} for r in ranks}
+    for e in events:
+        if e.get("ph") == "X" and e.get("name") in phases and int(e["pid"]) in totals:
+            totals[int(e["pid"])][e["name"]] += float(e.get("dur", 0.0)) / 1000.0
+    left = [0.0] * len(ranks)
+    for p in phases:
+        widths = [totals[r][p] for r in ranks]
+        bottom.barh([f"rank {r}" for r in ranks], widths, left=left, label=p)
+        left = [a + b for a, b in zip(left, widths)]
+    bottom.set_xlabel("time in each phase (ms)")
+    bottom.legend(ncol=len(phases))
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """The command: prints the summary of the trace at PATH (``--plot OUT.png`` also
+    draws it)."""
+    parser = argparse.ArgumentParser(prog="python -m kvstore.timeline", description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", help="a timeline (KVSTORE_TIMELINE's file, merged by rank 0)")
+    parser.add_argument("--plot", metavar="OUT.png", help="draw each rank's lateness and phase times")
+    parser.add_argument("--keys", type=int, default=5, help="how many of the longest keys to list (default 5)")
+    args = parser.parse_args(argv)
+    try:
+        events = load(args.path)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"kvstore.timeline: cannot read {args.path}: {e}", file=sys.stderr)
+        return 2
+    s = summarise(events)
+    print(f"{'rank':>4}  {'computing ms':>12}  {'waiting ms':>10}  {'late ms':>9}  {'last':>4}  of")
+    for r, p in s["ranks"].items():
+        print(
+            f"{r:>4}  {p['computing_ms']:>12.1f}  {p['waiting_ms']:>10.1f}  {p['late_total_ms']:>9.1f}"
+            f"  {p['last']:>4}  {p['collectives']}"
+        )
+    if s["keys"]:
+        print("longest keys (total ms, calls):")
+        for key, ms, n in s["keys"][: args.keys]:
+            print(f"  {key}: {ms:.1f} ms in {n} calls")
+    line = slowest_line(s)
+    print(line if line is not None else "slowest rank: none (no collective of every rank in this trace)")
+    if args.plot:
+        _plot(events, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

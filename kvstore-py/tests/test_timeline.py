@@ -1,0 +1,95 @@
+"""The timeline and the counters from Python: ``start_timeline``/``stop_timeline``,
+``stats``/``reset_stats`` on a local store, and ``python -m kvstore.timeline`` (the
+summary of a trace, checked on a trace of known arrivals). The slow-rank job across
+processes is in test_dist.py."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kvstore as kv
+from kvstore import timeline
+
+
+def test_a_local_store_writes_its_calls_and_counts_them(tmp_path):
+    path = tmp_path / "trace.json"
+    store = kv.create("local")
+    store.start_timeline(str(path))
+    store.init(["a", "b"], [np.zeros(4, np.float32), np.zeros(4, np.float32)])
+    store.push(["a", "b", "a"], [np.ones(4, np.float32)] * 3)
+    out = np.zeros(4, np.float32)
+    store.pull("a", out=out)
+    assert str(store.stop_timeline()) == str(path)
+    assert store.stop_timeline() is None
+    doc = json.loads(path.read_text())
+    names = [e["name"] for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert names.count("push") == 1 and names.count("pull") == 1 and names.count("init") == 1
+    push = next(e for e in doc["traceEvents"] if e["name"] == "push")
+    assert push["args"] == {"keys": 3, "bytes": 48, "key": "a"}
+    s = store.stats()
+    assert s["calls"] == {"init": {"calls": 1, "keys": 2}, "push": {"calls": 1, "keys": 3}, "pull": {"calls": 1, "keys": 1}}
+    assert (s["bytes_pushed"], s["bytes_pulled"], s["wire_bytes_sent"], s["collectives"], s["ranks"]) == (48, 16, 0, 0, [])
+    assert set(s["phases"]) == {"queued", "sum", "wire", "update", "copy", "ranks"} and s["phases"]["sum"] > 0
+    store.reset_stats()
+    assert store.stats()["calls"] == {} and store.stats()["bytes_pushed"] == 0
+
+
+def test_a_timeline_that_cannot_be_made_raises_and_changes_nothing(tmp_path):
+    store = kv.create("local")
+    with pytest.raises(OSError):
+        store.start_timeline(str(tmp_path / "missing" / "trace.json"))
+    assert store.stop_timeline() is None
+
+
+def trace(arrivals):
+    """A merged trace whose collective k has rank r arriving at arrivals[k][r] (ms),
+    each rank waiting in `ranks` until the last arrived, and one push per collective."""
+    events = []
+    for pid in range(len(arrivals[0])):
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"rank {pid}"}})
+    for step, at in enumerate(arrivals, start=1):
+        end = max(at)
+        for pid, t in enumerate(at):
+            events.append({"ph": "i", "name": "arrive", "pid": pid, "tid": 1, "ts": t * 1000.0, "s": "t",
+                           "args": {"step": step, "late_ms": 0.0, "last": 0}})
+            events.append({"ph": "X", "name": "push", "cat": "call", "pid": pid, "tid": 1, "ts": t * 1000.0,
+                           "dur": (end - t) * 1000.0 + 100.0, "args": {"keys": 1, "bytes": 4, "key": f"k{step % 2}"}})
+            events.append({"ph": "X", "name": "ranks", "cat": "phase", "pid": pid, "tid": 1, "ts": t * 1000.0,
+                           "dur": (end - t) * 1000.0})
+    return {"traceEvents": events, "otherData": {"clock_error_ns": 0}}
+
+
+def test_the_summary_names_the_rank_that_is_last_by_more_than_a_millisecond(tmp_path):
+    # Rank 1 arrives 10 ms after the others 8 times of 10; rank 2 is last twice, by 0.5
+    # ms only (on time: within the 1 ms margin).
+    arrivals = [[100.0 * k, 100.0 * k + 10.0, 100.0 * k] for k in range(8)]
+    arrivals += [[100.0 * k, 100.0 * k, 100.0 * k + 0.5] for k in range(8, 10)]
+    s = timeline.summarise(trace(arrivals)["traceEvents"])
+    assert s["slowest"][:3] == (1, 8, 10)
+    assert s["slowest"][3] == pytest.approx((8 * 10.0 + 2 * -0.25) / 10)
+    assert [s["ranks"][r]["last"] for r in range(3)] == [0, 8, 0]
+    assert s["ranks"][0]["waiting_ms"] == pytest.approx(8 * 10.0 + 2 * 0.5)
+    assert timeline.slowest_line(s) == "slowest rank: 1 (last at 8 of 10 collectives, 8.0 ms late on average)"
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace(arrivals)))
+    done = subprocess.run([sys.executable, "-m", "kvstore.timeline", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "slowest rank: 1 (last at 8 of 10 collectives, 8.0 ms late on average)"
+    assert "k0:" in done.stdout and "k1:" in done.stdout
+
+
+def test_the_summary_of_a_trace_without_collectives_says_so(tmp_path):
+    path = tmp_path / "local.json"
+    store = kv.create("local")
+    store.start_timeline(str(path))
+    store.init("w", np.zeros(2, np.float32))
+    store.stop_timeline()
+    done = subprocess.run([sys.executable, "-m", "kvstore.timeline", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "slowest rank: none (no collective of every rank in this trace)"
+    bad = subprocess.run([sys.executable, "-m", "kvstore.timeline", str(tmp_path / "nothing.json")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "cannot read" in bad.stderr
