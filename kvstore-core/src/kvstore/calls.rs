@@ -703,7 +703,7 @@ impl KVStore {
 impl Store {
     fn init_pairs(&self, op: &'static str, pairs: Vec<(Key, &NDArray)>) -> Result<()> {
         // (An init's values are neither pushed nor pulled.)
-        let _span = self.counters.span(op, pairs.len(), (0, 0), pairs.first().map(|(k, _)| k));
+        let _span = self.counters.span(op, pairs.len(), pairs.first().map(|(k, _)| k));
         let _held = Held::new(op, self, &[])?;
         let checked = self.check_init(op, &pairs);
         if self.collective.is_some() {

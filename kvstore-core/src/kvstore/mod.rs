@@ -73,7 +73,8 @@ impl Entry {
     /// The entry of a new key, at `index`, holding `slot`.
     fn new(key: Key, index: usize, slot: Slot) -> Arc<Self> {
         let (shape, dtype) = (slot.value.shape(), slot.value.dtype());
-        let mut dims = [0; 3];
+        // (Dimensions past the value's are 1: their product is its size.)
+        let mut dims = [1; 3];
         let short = shape.len() <= dims.len()
             && shape.iter().zip(&mut dims).all(|(&n, d)| u32::try_from(n).map(|n| *d = n).is_ok());
         let ndim = match short {
@@ -97,6 +98,16 @@ impl Entry {
                 Self::LONG => a.has_shape(&self.shape),
                 n => a.has_dims(&self.dims[..usize::from(n)]),
             }
+    }
+
+    /// The bytes of the value (and of each of a call's arrays for it), from the entry's
+    /// first line (unless the shape is [`Entry::LONG`]).
+    fn bytes(&self) -> u64 {
+        let size: u64 = match self.ndim {
+            Self::LONG => self.shape.iter().map(|&n| n as u64).product(),
+            _ => self.dims.iter().map(|&n| u64::from(n)).product(),
+        };
+        size * self.dtype.size() as u64
     }
 
     /// The value's shape and dtype, which never change: what a call's arrays are checked

@@ -89,6 +89,12 @@ impl<'a> Plan<'a> {
         Plan { op, push, pull, locks, push_slots, pull_slots, compression, checked }
     }
 
+    /// The bytes the call pushes and pulls (every array of a key has its entry's).
+    pub(super) fn bytes(&self) -> (u64, u64) {
+        let bytes = |groups: &[Group<'_>]| groups.iter().map(|g| g.arrays.len() as u64 * g.entry.bytes()).sum();
+        (bytes(&self.push), bytes(&self.pull))
+    }
+
     /// The keys to lock, in index order.
     pub(super) fn entries(&self) -> Vec<&Arc<Entry>> {
         let n = self.push.len();

@@ -150,15 +150,22 @@ pub(super) fn bytes_of<'x>(arrays: impl IntoIterator<Item = &'x NDArray>) -> u64
 }
 
 impl Counters {
-    /// Counts a call of `op` on `keys` keys, pushing `pushed` bytes and pulling into
-    /// `pulled`.
-    pub(super) fn call(&self, op: &str, keys: usize, pushed: u64, pulled: u64) {
+    /// Counts a call of `op` on `keys` keys.
+    pub(super) fn call(&self, op: &str, keys: usize) {
         if let Some(i) = OPS.iter().position(|o| *o == op) {
             self.calls[i].fetch_add(1, Ordering::Relaxed);
             self.keys[i].fetch_add(keys as u64, Ordering::Relaxed);
         }
-        self.pushed.fetch_add(pushed, Ordering::Relaxed);
-        self.pulled.fetch_add(pulled, Ordering::Relaxed);
+    }
+
+    /// Counts the bytes a call that passed its checks pushes and pulls.
+    pub(super) fn bytes(&self, (pushed, pulled): (u64, u64)) {
+        if pushed > 0 {
+            self.pushed.fetch_add(pushed, Ordering::Relaxed);
+        }
+        if pulled > 0 {
+            self.pulled.fetch_add(pulled, Ordering::Relaxed);
+        }
     }
 
     /// Counts `sent` and `received` bytes on the wire, and records the counter.
@@ -267,20 +274,25 @@ pub(super) struct CallSpan {
 
 impl Counters {
     /// Counts a call of `op` that pushes the runs `push` and pulls into `pull`, and
-    /// times it until the returned span is dropped.
+    /// times it until the returned span is dropped (its bytes are counted by the runner
+    /// that runs it, from its keys' entries: [`Counters::bytes`]).
     pub(super) fn begin(&self, op: &'static str, push: &[Run<'_>], pull: &[Run<'_>]) -> CallSpan {
-        let arrays = |runs: &[Run<'_>]| bytes_of(runs.iter().flat_map(|(_, a)| a.iter()));
-        let (pushed, pulled) = (arrays(push), arrays(pull));
         let key = push.first().or(pull.first()).map(|(k, _)| k);
-        self.span(op, push.len().max(pull.len()), (pushed, pulled), key)
+        let mut span = self.span(op, push.len().max(pull.len()), key);
+        if timeline::recording() {
+            span.bytes = bytes_of(push.iter().chain(pull).flat_map(|(_, a)| a.iter()));
+        }
+        span
     }
 
-    /// Counts a call of `op` on `keys` keys (the first `key`), pushing and pulling
-    /// `bytes`, and times it until the returned span is dropped.
-    pub(super) fn span(&self, op: &'static str, keys: usize, bytes: (u64, u64), key: Option<&Key>) -> CallSpan {
-        self.call(op, keys, bytes.0, bytes.1);
-        let key = key.filter(|_| timeline::recording()).cloned();
-        CallSpan { op, start: timeline::now(), keys, bytes: bytes.0 + bytes.1, key }
+    /// Counts a call of `op` on `keys` keys (the first `key`), and times it until the
+    /// returned span is dropped.
+    pub(super) fn span(&self, op: &'static str, keys: usize, key: Option<&Key>) -> CallSpan {
+        self.call(op, keys);
+        let recording = timeline::recording();
+        let key = key.filter(|_| recording).cloned();
+        let start = if recording { timeline::now() } else { 0 };
+        CallSpan { op, start, keys, bytes: 0, key }
     }
 }
 

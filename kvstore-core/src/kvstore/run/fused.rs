@@ -200,6 +200,9 @@ impl Store {
         // Each call planned (and checked) alone, before anything is locked.
         let plans: Vec<Plan<'a>> =
             calls.into_iter().map(|(op, push, pull)| Plan::with(op, push, pull, compression)).collect();
+        for plan in plans.iter().filter(|p| p.checked.is_ok()) {
+            self.counters.bytes(plan.bytes());
+        }
         let mut owned: Vec<Arc<Entry>> = plans.iter().flat_map(Plan::entries).map(Arc::clone).collect();
         owned.sort_by_key(|e| e.index);
         owned.dedup_by_key(|e| e.index);

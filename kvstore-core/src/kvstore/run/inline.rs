@@ -43,6 +43,9 @@ impl Store {
             Offered::Already(checked) => (false, checked),
         };
         let plan = Plan::new(self, op, push, pull, checked);
+        if plan.checked.is_ok() {
+            self.counters.bytes(plan.bytes());
+        }
         if spread
             && plan.checked.is_ok()
             && let Some(r) = self.spread(&plan)

@@ -25,7 +25,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use smallvec::SmallVec;
@@ -129,9 +129,13 @@ impl<'k, 'a> Side<'k, 'a> {
     }
 
     fn is_empty(self) -> bool {
+        self.count() == 0
+    }
+
+    fn count(self) -> usize {
         match self {
-            Side::Grouped(arrays) => arrays.is_empty(),
-            Side::Given(arrays) => arrays.is_empty(),
+            Side::Grouped(arrays) => arrays.len(),
+            Side::Given(arrays) => arrays.len(),
         }
     }
 
@@ -345,10 +349,13 @@ impl Store {
         // The first key not in the store, pushed and pulled; the first value and the
         // first out that failed their checks (`check_arrays`, made again for the error).
         let (unknown, failed) = ([First::new(), First::new()], [First::new(), First::new()]);
+        // The bytes of a call as given, pushed and pulled: counted once it ran.
+        let bytes = [AtomicU64::new(0), AtomicU64::new(0)];
         // Looks up, checks and locks the keys of `range` of a call as given.
         let build =
             |table: &Table, push: &'k [Run<'a>], pull: &'k [Run<'a>], range: Range<usize>, piece: &mut Piece<'k, G>| {
                 let mut looked_up: SmallVec<[Option<&'k Arc<Entry>>; LOOKED_UP]> = SmallVec::new();
+                let mut moved = [0u64; 2];
                 for i in range.clone() {
                     let ahead = (i - range.start) % LOOKED_UP;
                     if ahead == 0 {
@@ -391,7 +398,13 @@ impl Store {
                             stopped();
                         }
                     }
+                    let each = entry.bytes();
+                    moved[0] += values.count() as u64 * each;
+                    moved[1] += outs.count() as u64 * each;
                     piece.push(Held { entry, guard: take(entry, values, outs, ready) });
+                }
+                for (total, m) in bytes.iter().zip(moved) {
+                    total.fetch_add(m, Ordering::Relaxed);
                 }
             };
         // Sums and copies the keys of a piece, `held` (each locked): `sides(i)` are the
@@ -467,6 +480,10 @@ impl Store {
         };
         let Some(r) = self.comm.share_keys(sizes, 2, &work) else { return Given::NotOne };
         if !stop.load(Ordering::Relaxed) {
+            // (A planned call's bytes were counted with its plan.)
+            if matches!(keys, Source::Given { .. }) && r.is_ok() {
+                self.counters.bytes((bytes[0].load(Ordering::Relaxed), bytes[1].load(Ordering::Relaxed)));
+            }
             return Given::Ran(r);
         }
         let pieces: Vec<Piece<'k, G>> =
