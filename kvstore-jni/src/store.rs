@@ -497,3 +497,80 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nOptimizerName<'l>(
     })
     .resolve::<ThrowKvStore>()
 }
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nStartTimeline<'l>(
+    env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    path: JString<'l>,
+) {
+    with_path(env, h, &path, |kv, path| kv.start_timeline(path));
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nStopTimeline<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+) -> JString<'l> {
+    env.with_env(|env| -> JResult<JString<'l>> {
+        match with_store(h, KVStore::stop_timeline)? {
+            Some(path) => Ok(env.new_string(path.to_string_lossy())?),
+            None => Ok(JString::null()),
+        }
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+/// The kinds of call and the phases, in the order `Stats.java` reads them (NATIVES.md).
+const KINDS: [&str; 7] = ["init", "push", "pull", "pushpull", "broadcast", "push_row_sparse", "pull_row_sparse"];
+const PHASES: [&str; 6] = ["queued", "sum", "wire", "update", "copy", "ranks"];
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nStats<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+) -> JLongArray<'l> {
+    env.with_env(|env| -> JResult<JLongArray<'l>> {
+        let s = with_store(h, |kv| Ok(kv.stats()))?;
+        let long = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let mut out: Vec<i64> =
+            [s.bytes_pushed, s.bytes_pulled, s.wire_bytes_sent, s.wire_bytes_received, s.collectives]
+                .into_iter()
+                .map(long)
+                .collect();
+        for kind in KINDS {
+            let c = s.calls.get(kind).copied().unwrap_or_default();
+            out.extend([long(c.calls), long(c.keys)]);
+        }
+        for phase in PHASES {
+            let ns = s.phases.get(phase).map_or(0, |d| d.as_nanos());
+            out.push(i64::try_from(ns).unwrap_or(i64::MAX));
+        }
+        out.push(long(s.ranks.len() as u64));
+        for r in &s.ranks {
+            out.extend([long(r.last), (r.mean_lateness_s * 1e9) as i64]);
+        }
+        let array = env.new_long_array(out.len())?;
+        array.set_region(env, 0, &out)?;
+        Ok(array)
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nResetStats<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+) {
+    env.with_env(|_| -> JResult<()> {
+        with_store(h, |kv| {
+            kv.reset_stats();
+            Ok(())
+        })
+    })
+    .resolve::<ThrowKvStore>()
+}

@@ -754,3 +754,58 @@
   `{:kvstore/error :shape-mismatch}`."
   [^KVStore kvstore fname]
   (file-call kvstore fname :load-checkpoint #(.loadCheckpoint ^KVStore %1 ^String %2)))
+
+;;; Where the time goes: the timeline and the counters.
+
+(defn start-timeline
+  "Starts writing the timeline of this process's stores to the file `fname`:
+  Chrome Trace Event Format JSON, which Perfetto and chrome://tracing open
+  (as KVSTORE_TIMELINE=fname does for a whole program; docs/timeline.md).
+  Under dist_sync each worker writes its own file beside it until
+  `stop-timeline`. Returns the store. A file that cannot be made is
+  `{:kvstore/error :io}`."
+  [^KVStore kvstore fname]
+  (file-call kvstore fname :start-timeline #(.startTimeline ^KVStore %1 ^String %2)))
+
+(defn stop-timeline
+  "Stops the timeline and closes its file; under dist_sync (every worker
+  calls it, as `barrier`) worker 0 merges every worker's file into the path it
+  was started with. Returns the path of the file written here (the merged one
+  on worker 0), or nil when the timeline was off."
+  [^KVStore kvstore]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+  (util/with-kvstore-errors :stop-timeline
+    (.stopTimeline kvstore)))
+
+(defn stats
+  "What the store did since it was made or `reset-stats`, as a map:
+  `:calls` (by kind, `{\"push\" {:calls n :keys n} ...}`), `:bytes-pushed`,
+  `:bytes-pulled`, `:wire-bytes-sent`, `:wire-bytes-received`, `:phases`
+  (seconds in each phase: `\"queued\"`, `\"sum\"`, `\"wire\"`, `\"update\"`,
+  `\"copy\"`, `\"ranks\"`), `:collectives` and, under dist_sync, `:ranks`
+  (per worker `{:rank r :last n :mean-lateness-s x}`: at how many collectives
+  it arrived last, more than 1 ms after the median of the others, and its mean
+  lateness)."
+  [^KVStore kvstore]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+  (util/with-kvstore-errors :stats
+    (let [^io.github.kvstore.Stats s (.stats kvstore)]
+      {:calls (into {} (for [[kind n] (.calls s)]
+                         [kind {:calls n :keys (get (.keys s) kind)}]))
+       :bytes-pushed (.bytesPushed s)
+       :bytes-pulled (.bytesPulled s)
+       :wire-bytes-sent (.wireBytesSent s)
+       :wire-bytes-received (.wireBytesReceived s)
+       :phases (into {} (.phaseSeconds s))
+       :collectives (.collectives s)
+       :ranks (mapv (fn [^io.github.kvstore.Stats$Rank r]
+                      {:rank (.rank r) :last (.last r) :mean-lateness-s (.meanLatenessSeconds r)})
+                    (.ranks s))})))
+
+(defn reset-stats
+  "Sets the store's counters (`stats`) to zero. Returns the store."
+  [^KVStore kvstore]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+  (util/with-kvstore-errors :reset-stats
+    (doto kvstore
+      (.resetStats))))

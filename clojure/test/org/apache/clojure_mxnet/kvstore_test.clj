@@ -722,3 +722,32 @@
           expected (mapv #(let [s (get sums %)] (if s [(double s) (double s)] [0.0 0.0])) ks)]
       (kvstore/dispose kv)
       (= expected (mapv ndarray/->vec outs)))))
+
+;;; The timeline and the counters
+
+(deftest a-timeline-is-written-and-the-calls-are-counted
+  (let [kv (kvstore/create)
+        file (java.io.File/createTempFile "kvstore-timeline" ".json")
+        path (.getPath file)
+        out (ndarray/zeros [4])]
+    (is (identical? kv (kvstore/start-timeline kv path)))
+    (-> kv
+        (kvstore/init ["a" "b"] [(ndarray/ones [4]) (ndarray/ones [4])])
+        (kvstore/push ["a" "b" "a"] [(ndarray/ones [4]) (ndarray/ones [4]) (ndarray/ones [4])])
+        (kvstore/pull "a" out))
+    (is (= path (kvstore/stop-timeline kv)))
+    (is (nil? (kvstore/stop-timeline kv)))
+    (is (string/includes? (slurp path) "\"name\":\"push\""))
+    (let [s (kvstore/stats kv)]
+      (is (= {"init" {:calls 1 :keys 2} "push" {:calls 1 :keys 3} "pull" {:calls 1 :keys 1}} (:calls s)))
+      (is (= [48 16 0 []] [(:bytes-pushed s) (:bytes-pulled s) (:wire-bytes-sent s) (:ranks s)]))
+      (is (pos? (get-in s [:phases "sum"]))))
+    (is (identical? kv (kvstore/reset-stats kv)))
+    (is (= {} (:calls (kvstore/stats kv))))
+    (.delete file)))
+
+(deftest a-timeline-that-cannot-be-made-is-an-io-error
+  (let [kv (kvstore/create)]
+    (is (= :io (error-of #(kvstore/start-timeline kv "/nonexistent-dir/trace.json"))))
+    (is (nil? (kvstore/stop-timeline kv)))
+    (is (= :invalid-argument (error-of #(kvstore/start-timeline kv 3))))))

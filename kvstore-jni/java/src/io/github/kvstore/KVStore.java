@@ -211,11 +211,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
      * @throws KVStoreException {@code DISPOSED}
      */
     public String type() {
-        try {
-            return nType(handle());
-        } finally {
-            Reference.reachabilityFence(this);
-        }
+        return with(StoreNatives::nType);
     }
 
     /**
@@ -225,11 +221,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
      * @throws KVStoreException {@code DISPOSED}
      */
     public int rank() {
-        try {
-            return nRank(handle());
-        } finally {
-            Reference.reachabilityFence(this);
-        }
+        return with(StoreNatives::nRank);
     }
 
     /**
@@ -239,11 +231,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
      * @throws KVStoreException {@code DISPOSED}
      */
     public int numWorkers() {
-        try {
-            return nNumWorkers(handle());
-        } finally {
-            Reference.reachabilityFence(this);
-        }
+        return with(StoreNatives::nNumWorkers);
     }
 
     /**
@@ -256,11 +244,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
      * {@link Args#handles(KVStore, String, NDArray[], String)}).
      */
     void refuse(String op) {
-        try {
-            nRefuse(handle(), op);
-        } finally {
-            Reference.reachabilityFence(this);
-        }
+        on(h -> nRefuse(h, op));
     }
 
     boolean sharedWithOtherWorkers() {
@@ -278,11 +262,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
      * @throws KVStoreException {@code DISPOSED}
      */
     public String[] keys() {
-        try {
-            return nKeys(handle());
-        } finally {
-            Reference.reachabilityFence(this);
-        }
+        return with(StoreNatives::nKeys);
     }
 
     // ----- init -----
@@ -470,11 +450,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
     public RowSparse rowSparsePull(String key, long[] rowIds, int priority) {
         Objects.requireNonNull(key, "key");
         Objects.requireNonNull(rowIds, "rowIds");
-        try {
-            return RowSparse.fromJava(nRowSparsePull(handle(), key, rowIds, priority));
-        } finally {
-            Reference.reachabilityFence(this);
-        }
+        return RowSparse.fromJava(with(h -> nRowSparsePull(h, key, rowIds, priority)));
     }
 
     /**
@@ -487,11 +463,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
      */
     public String stype(String key) {
         Objects.requireNonNull(key, "key");
-        try {
-            return nStype(handle(), key) == 1 ? "row_sparse" : "default";
-        } finally {
-            Reference.reachabilityFence(this);
-        }
+        return with(h -> nStype(h, key)) == 1 ? "row_sparse" : "default";
     }
 
     // ----- pull -----
@@ -507,11 +479,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
      */
     public NDArray pull(String key) {
         Objects.requireNonNull(key, "key");
-        try {
-            return new NDArray(nPullNew(handle(), key, 0));
-        } finally {
-            Reference.reachabilityFence(this);
-        }
+        return new NDArray(with(h -> nPullNew(h, key, 0)));
     }
 
     @Override
@@ -731,11 +699,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
      * @throws KVStoreException {@code DISPOSED}
      */
     public String optimizerName() {
-        try {
-            return nOptimizerName(handle());
-        } finally {
-            Reference.reachabilityFence(this);
-        }
+        return with(StoreNatives::nOptimizerName);
     }
 
     /**
@@ -825,12 +789,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
      * @throws KVStoreException {@code DISPOSED}
      */
     public KVStore barrier() {
-        try {
-            nBarrier(handle());
-        } finally {
-            Reference.reachabilityFence(this);
-        }
-        return this;
+        return on(StoreNatives::nBarrier);
     }
 
     /**
@@ -841,11 +800,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
      * @throws KVStoreException {@code DISPOSED}
      */
     public int numDeadNode(int nodeId) {
-        try {
-            return nNumDeadNode(handle(), nodeId);
-        } finally {
-            Reference.reachabilityFence(this);
-        }
+        return with(h -> nNumDeadNode(h, nodeId));
     }
 
     /**
@@ -856,12 +811,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
      * @throws KVStoreException {@code DISPOSED}
      */
     public KVStore setBarrierBeforeExit(boolean barrierBeforeExit) {
-        try {
-            nSetBarrierBeforeExit(handle(), barrierBeforeExit);
-        } finally {
-            Reference.reachabilityFence(this);
-        }
-        return this;
+        return on(h -> nSetBarrierBeforeExit(h, barrierBeforeExit));
     }
 
     /**
@@ -874,12 +824,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
      */
     public KVStore sendCommandToServers(int head, String body) {
         Objects.requireNonNull(body, "body");
-        try {
-            nSendCommandToServers(handle(), head, body);
-        } finally {
-            Reference.reachabilityFence(this);
-        }
-        return this;
+        return on(h -> nSendCommandToServers(h, head, body));
     }
 
     /**
@@ -916,12 +861,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
         if (i != flat.length) {
             throw new java.util.ConcurrentModificationException("params changed while being read");
         }
-        try {
-            nSetGradientCompression(handle(), flat);
-        } finally {
-            Reference.reachabilityFence(this);
-        }
-        return this;
+        return on(h -> nSetGradientCompression(h, flat));
     }
 
     /**
@@ -933,11 +873,56 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
      */
     public boolean isCapable(String capability) {
         Objects.requireNonNull(capability, "capability");
-        try {
-            return nIsCapable(handle(), capability);
-        } finally {
-            Reference.reachabilityFence(this);
-        }
+        return with(h -> nIsCapable(h, capability));
+    }
+
+    // ----- where the time goes -----
+
+    /**
+     * Starts writing the timeline of this process's stores to {@code path}: Chrome Trace
+     * Event Format JSON, which Perfetto and {@code chrome://tracing} open (as {@code
+     * KVSTORE_TIMELINE=path} does for a whole program; see docs/timeline.md). Under {@code
+     * dist_sync} each worker writes its own file beside it until {@link #stopTimeline()}.
+     *
+     * @param path the trace's file
+     * @return this store
+     * @throws KVStoreException {@code IO} if the file cannot be made; {@code DISPOSED}
+     */
+    public KVStore startTimeline(String path) {
+        return onFile(path, StoreNatives::nStartTimeline);
+    }
+
+    /**
+     * Stops the timeline and closes its file; under {@code dist_sync} (every worker calls it,
+     * as {@link #barrier()}) worker 0 merges every worker's file into the path it was started
+     * with.
+     *
+     * @return the file written here (the merged one on worker 0), or null if it was off
+     * @throws KVStoreException {@code IO} if a file cannot be written; {@code DISPOSED}
+     */
+    public String stopTimeline() {
+        return with(StoreNatives::nStopTimeline);
+    }
+
+    /**
+     * What this store did since it was made or {@link #resetStats()}.
+     *
+     * @return calls, keys, bytes, time in each phase and, under {@code dist_sync}, each
+     *     worker's arrivals at the collectives
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public Stats stats() {
+        return Stats.of(with(StoreNatives::nStats));
+    }
+
+    /**
+     * Sets this store's counters ({@link #stats()}) to zero.
+     *
+     * @return this store
+     * @throws KVStoreException {@code DISPOSED}
+     */
+    public KVStore resetStats() {
+        return on(StoreNatives::nResetStats);
     }
 
     // ----- lifecycle -----
@@ -980,6 +965,25 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
         }
     }
 
+    /** Runs {@code call} on this store's handle. */
+    private KVStore on(java.util.function.LongConsumer call) {
+        try {
+            call.accept(handle());
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+        return this;
+    }
+
+    /** What {@code call} returns on this store's handle. */
+    private <T> T with(java.util.function.LongFunction<T> call) {
+        try {
+            return call.apply(handle());
+        } finally {
+            Reference.reachabilityFence(this);
+        }
+    }
+
     /** A native call on this store's handle and a file's path. */
     @FunctionalInterface
     private interface FileCall {
@@ -989,11 +993,6 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
     /** Runs {@code call} on this store and {@code path}, which must not be null. */
     private KVStore onFile(String path, FileCall call) {
         Objects.requireNonNull(path, "path");
-        try {
-            call.run(handle(), path);
-        } finally {
-            Reference.reachabilityFence(this);
-        }
-        return this;
+        return on(h -> call.run(h, path));
     }
 }

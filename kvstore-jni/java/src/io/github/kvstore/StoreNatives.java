@@ -23,6 +23,14 @@ final class StoreNatives {
 
     static native String nType(long h);
 
+    static native void nStartTimeline(long h, String path);
+
+    static native String nStopTimeline(long h);
+
+    static native long[] nStats(long h);
+
+    static native void nResetStats(long h);
+
     static native int nRank(long h);
 
     static native int nNumWorkers(long h);

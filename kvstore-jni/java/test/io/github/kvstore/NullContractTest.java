@@ -89,6 +89,7 @@ class NullContractTest {
             KVStore.sendCommandToServers(int,String) body
             KVStore.setGradientCompression(Map) params
             KVStore.isCapable(String) capability
+            KVStore.startTimeline(String) path
             NDArray.zeros(int[]) shape
             NDArray.zeros(int[],Context,DType) shape ctx dtype
             NDArray.ones(int[]) shape
