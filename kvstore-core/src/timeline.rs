@@ -151,6 +151,11 @@ pub fn rank() -> usize {
     RANK.load(Ordering::Relaxed) as usize
 }
 
+/// The number of ranks of the job, as the transport set it (1 without one).
+pub fn ranks() -> usize {
+    RANKS.load(Ordering::Relaxed) as usize
+}
+
 /// Whether events are being recorded (to a file or the flight recorder): what a caller
 /// asks before building an event.
 #[inline]
@@ -513,13 +518,18 @@ pub fn flow_end(name: &'static str, id: u64, at: u64) {
     }
 }
 
-/// Writes the flight recorder's events (the last [`FLIGHT_EVENTS`]) as a trace of
-/// their own: to this rank's file of `KVSTORE_TIMELINE`'s path when it is set, else
-/// to `kvstore-flight-RANK.json` in the working directory. Returns the path.
+/// Writes this rank's last events where a user finds them after a stall or a desync:
+/// with the timeline on, its file is closed (it holds every event, the last ones
+/// too); else the flight recorder's events (the last [`FLIGHT_EVENTS`]) are written as
+/// a trace of their own, to this rank's file of `KVSTORE_TIMELINE`'s path when it is
+/// set, else to `kvstore-flight-RANK.json` in the working directory. Returns the path.
 ///
 /// # Errors
 /// [`Error::Io`] when the file cannot be written.
 pub fn write_flight() -> Result<PathBuf> {
+    if let Some(path) = stop()? {
+        return Ok(path);
+    }
     let ranks = RANKS.load(Ordering::Relaxed) as usize;
     let path = match std::env::var_os(TIMELINE_VAR) {
         Some(p) if !p.is_empty() => rank_path(Path::new(&p), rank(), ranks),
@@ -529,10 +539,6 @@ pub fn write_flight() -> Result<PathBuf> {
         let sink = sink();
         (sink.flight.iter().cloned().collect::<Vec<_>>(), sink.threads.clone())
     };
-    // The timeline's own file, if that is where it goes, is closed first.
-    if is_on() {
-        stop()?;
-    }
     let io = |e| Error::Io { context: format!("the flight recorder's file {}", path.display()), source: e };
     let mut w = BufWriter::new(File::create(&path).map_err(io)?);
     let mut text = String::from("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
@@ -550,12 +556,24 @@ pub fn write_flight() -> Result<PathBuf> {
     let _ = write!(
         text,
         "{{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":{pid},\"tid\":0,\"args\":{{\"sort_index\":{pid}}}}}\n\
-         ],\"otherData\":{{\"rank\":{pid},\"ranks\":{ranks},\"flight_recorder\":true,\"events\":{}}}}}\n",
-        events.len()
+         ],\"otherData\":{{\"rank\":{pid},\"ranks\":{ranks},\"flight_recorder\":true,\"events\":{},\
+         \"ts_origin_unix_ns\":{},\"clock_error_ns\":{}}}}}\n",
+        events.len(),
+        origin(),
+        CLOCK_ERROR.load(Ordering::Relaxed)
     );
     w.write_all(text.as_bytes()).map_err(io)?;
     w.flush().map_err(io)?;
     Ok(path)
+}
+
+/// For an error that ends a job (a stall, a desync): [`write_flight`], said as the end
+/// of the error's message (`; this rank's last events: PATH`).
+pub fn flight_note() -> String {
+    match write_flight() {
+        Ok(path) => format!("; this rank's last events: {}", std::path::absolute(&path).unwrap_or(path).display()),
+        Err(e) => format!("; this rank's last events could not be written: {e}"),
+    }
 }
 
 /// Merges the files of every rank (`parts`, each one rank's whole file) into one

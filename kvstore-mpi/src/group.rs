@@ -1053,13 +1053,14 @@ pub(crate) mod watchdog {
         let arrived: Vec<usize> = (0..size).filter(|r| !missing.contains(r)).collect();
         say(format!(
             "kvstore-mpi: rank {rank}: {step} has waited {} s for {}, which never arrived at it ({} did); a worker \
-             that is alive but stuck (or stopped) holds up the job: aborting it ({}={}){}",
+             that is alive but stuck (or stopped) holds up the job: aborting it ({}={}){}{}",
             seconds(timeout),
             ranks(missing),
             ranks(&arrived),
             super::TIMEOUT_VAR,
             seconds(timeout),
-            crate::remote::serving_hint()
+            crate::remote::serving_hint(),
+            kvstore_core::timeline::flight_note()
         ));
         abort_soon()
     }
@@ -1089,11 +1090,12 @@ pub(crate) mod watchdog {
                         say(format!(
                             "kvstore-mpi: rank {}: MPI_Finalize has not returned after {} s: every worker arrived \
                              at finalize, so one stopped or is stuck inside it; this rank exits with status \
-                             {WATCHDOG_EXIT}, which ends the job ({}={})",
+                             {WATCHDOG_EXIT}, which ends the job ({}={}){}",
                             group.rank,
                             seconds(waited),
                             super::TIMEOUT_VAR,
-                            seconds(timeout)
+                            seconds(timeout),
+                            kvstore_core::timeline::flight_note()
                         ));
                         std::thread::sleep(Duration::from_secs(2));
                         // MPI_Abort is not allowed once MPI_Finalize has begun; a rank that
@@ -1114,12 +1116,13 @@ pub(crate) mod watchdog {
                     let step = if step.is_empty() { "a collective operation".to_string() } else { step };
                     say(format!(
                         "kvstore-mpi: rank {}: the data of {step} has not moved after {} s: every worker arrived at \
-                         the call, so one stopped or is stuck inside it; aborting the job ({}={}){}",
+                         the call, so one stopped or is stuck inside it; aborting the job ({}={}){}{}",
                         group.rank,
                         seconds(waited),
                         super::TIMEOUT_VAR,
                         seconds(timeout),
-                        crate::remote::serving_hint()
+                        crate::remote::serving_hint(),
+                        kvstore_core::timeline::flight_note()
                     ));
                     abort_soon();
                 }

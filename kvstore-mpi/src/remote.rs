@@ -196,10 +196,11 @@ impl MpiRemote {
     /// Ends the job: this rank waited the job's timeout for `what`.
     fn give_up(&self, what: &str) {
         eprintln!(
-            "kvstore-mpi: rank {} waited {:.0} s for {what} (KVSTORE_TIMEOUT): ending the MPI job{}",
+            "kvstore-mpi: rank {} waited {:.0} s for {what} (KVSTORE_TIMEOUT): ending the MPI job{}{}",
             self.group.rank(),
             self.group.timeout().as_secs_f64(),
-            serving_hint()
+            serving_hint(),
+            kvstore_core::timeline::flight_note()
         );
         abort_job(crate::group::watchdog::WATCHDOG_EXIT);
     }

@@ -7,6 +7,8 @@
 //! Run by `scripts/test-mpi.sh` under cargo-nextest, one job at a time (the `mpi-jobs`
 //! test group of `.config/nextest.toml`: the jobs oversubscribe the machine's cores).
 
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 #[path = "support/jobs.rs"]
@@ -26,18 +28,54 @@ fn ended(job: &Job, code: impl Fn(i32) -> bool, said: &str, not_said: &str) {
     assert!(!job.output.contains(not_said), "the job said \"{not_said}\": {}", job.shown());
 }
 
-/// Runs `exe args` on `np` ranks, with `env` set on every rank, for at most 100 s.
+/// Runs `exe args` on `np` ranks, with `env` set on every rank, for at most 100 s, in
+/// a folder of its own (where a rank that ends the job writes its last events).
 fn mpirun(np: usize, exe: &str, args: &[&str], env: &[(&str, &str)]) -> Job {
+    mpirun_in(&folder(), np, exe, args, env)
+}
+
+/// A new empty folder for a job.
+fn folder() -> PathBuf {
+    static JOBS: AtomicUsize = AtomicUsize::new(0);
+    let n = JOBS.fetch_add(1, Ordering::Relaxed);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("faults-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a folder for the job");
+    dir
+}
+
+/// [`mpirun`] in the folder `dir`.
+fn mpirun_in(dir: &Path, np: usize, exe: &str, args: &[&str], env: &[(&str, &str)]) -> Job {
     let mut cmd = jobs::mpirun(np, env);
-    cmd.arg(exe).args(args);
+    cmd.arg(exe).args(args).current_dir(dir);
     jobs::run(cmd, Duration::from_secs(100))
+}
+
+/// Checks that ranks `ranks` wrote their last events (the flight recorder's) in `dir`,
+/// each a trace with the push or init the job made, and named the file.
+fn last_events_written(job: &Job, dir: &Path, ranks: &[usize]) {
+    for r in ranks {
+        let file = dir.join(format!("kvstore-flight-{r}.json"));
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{file:?}: {e}; {}", job.shown()));
+        assert!(text.contains("\"flight_recorder\":true") && text.contains("\"name\":\"init\""), "{text}");
+        let said = format!("rank {r}: ");
+        let line = job.output.lines().find(|l| l.contains(&said) && l.contains("this rank's last events: "));
+        assert!(
+            line.is_some_and(|l| l.contains(&file.display().to_string())),
+            "rank {r} names {file:?}: {}",
+            job.shown()
+        );
+    }
 }
 
 #[test]
 fn a_worker_stuck_before_a_push_ends_the_job_naming_it() {
     let env = [("KVSTORE_STALL_AT", "push"), ("KVSTORE_TIMEOUT", "3")];
-    let job = mpirun(3, env!("CARGO_BIN_EXE_fixture_stall"), &[], &env);
+    let dir = folder();
+    let job = mpirun_in(&dir, 3, env!("CARGO_BIN_EXE_fixture_stall"), &[], &env);
     ended(&job, |c| c == WATCHDOG, "push #2 has waited 3 s for rank 2, which never arrived", "returned although");
+    // The waiting ranks' last events (rank 2 is stuck in its own code, not in a call).
+    last_events_written(&job, &dir, &[0, 1]);
 }
 
 #[test]

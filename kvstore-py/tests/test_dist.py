@@ -4,9 +4,11 @@ under which a build without MPI fails here instead of skipping)."""
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -26,14 +28,17 @@ if not _kvstore._has_mpi() or shutil.which("mpirun") is None:
     )
 
 
-def mpirun(*args, ranks=2, timeout=120, env=None):
+def mpirun(*args, ranks=2, timeout=120, env=None, cwd=None):
+    """Runs the worker on ``ranks`` ranks, in ``cwd`` (by default a new temporary folder:
+    a rank that ends the job writes its last events there)."""
     cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)]
     for name in env or {}:
         cmd += ["-x", name]
     cmd += [sys.executable, str(WORKER), *args]
     full_env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **(env or {}))
     start = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or tmp)
     return done, time.monotonic() - start
 
 
@@ -150,11 +155,16 @@ def test_a_chain_of_non_blocking_pushpulls_over_rows_of_one_array_runs_in_call_o
         assert (got == want).all(), got[:, 0]
 
 
-def test_different_keys_on_two_ranks_fail_on_both_and_the_job_goes_on():
-    done, seconds = mpirun("desync", timeout=60)
+def test_different_keys_on_two_ranks_fail_on_both_and_the_job_goes_on(tmp_path):
+    done, seconds = mpirun("desync", timeout=60, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("desync error") == 2, done.stdout
     assert "the workers' calls differ" in done.stdout, done.stdout
+    # Each rank wrote its last events (the flight recorder's) and said where.
+    for r in range(2):
+        flight = tmp_path / f"kvstore-flight-{r}.json"
+        assert f"this rank's last events: {flight}" in done.stdout, done.stdout
+        assert '"name":"init"' in flight.read_text()
     assert done.stdout.count("went on") == 2, done.stdout
     assert seconds < 30, f"the desync took {seconds:.1f} s to report"
 
@@ -203,5 +213,6 @@ def test_the_timeline_names_the_slow_rank(tmp_path, slow):
     # The collectives: the init, the 30 pushes and stop_timeline's own step.
     assert (rank, of) == (int(slow), 32), line
     assert last >= 0.9 * of and abs(late - 40.0) <= 10.0, line
-    lasts = {l.split("last ")[1] for l in done.stdout.splitlines() if ": wrote " in l}
-    assert len(lasts) == 1, done.stdout
+    # (mpirun may join the ranks' lines: each rank's list is found by its brackets.)
+    lasts = re.findall(r"last (\[[^\]]*\])", done.stdout)
+    assert len(lasts) == 3 and len(set(lasts)) == 1, done.stdout

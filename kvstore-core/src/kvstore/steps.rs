@@ -291,13 +291,18 @@ impl Store {
         let made: Vec<Option<&[u8]>> =
             (0..all.len()).filter(|r| !refused.contains(r)).map(|r| all[r].get(..16)).collect();
         let same_calls = all.iter().all(|r| r.get(..8) == all[0].get(..8)) && made.iter().all(|m| *m == made[0]);
-        let what = if same_calls && !refused.is_empty() {
-            format!("{} refused the call", ranks(&refused))
-        } else {
-            "the workers' calls differ".to_string()
+        let refusal = same_calls && !refused.is_empty();
+        let what = match refusal {
+            true => format!("{} refused the call", ranks(&refused)),
+            false => "the workers' calls differ".to_string(),
+        };
+        // A desync across processes: each writes its last events and says where.
+        let flight = match !refusal && timeline::ranks() > 1 {
+            true => timeline::flight_note(),
+            false => String::new(),
         };
         Err(Error::invalid_argument(format!(
-            "{op} #{seq}: {what}: {}; every worker fails this call and none changed anything",
+            "{op} #{seq}: {what}: {}; every worker fails this call and none changed anything{flight}",
             said.join("; ")
         )))
     }

@@ -220,6 +220,8 @@ fn mpirun(exe: &Path, np: usize, args: &[&str], log: &Path) -> (Child, Instant) 
         .args(["--oversubscribe", "--bind-to", "none", "-x", "KVSTORE_TIMEOUT", "-np", &np.to_string()])
         .arg(exe)
         .args(args)
+        // Beside its log: a rank that ends the job writes its last events there.
+        .current_dir(log.parent().expect("the log's folder"))
         .stdin(Stdio::null())
         .stdout(file.try_clone().expect("the log file"))
         .stderr(file)

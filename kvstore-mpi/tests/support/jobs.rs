@@ -36,7 +36,7 @@ pub fn mpirun(np: usize, env: &[(&str, &str)]) -> Command {
     cmd
 }
 
-/// Runs `cmd` for at most `limit`.
+/// Runs `cmd` for at most `limit` (in `CARGO_TARGET_TMPDIR` unless it names a folder).
 pub fn run(mut cmd: Command, limit: Duration) -> Job {
     // A file per job (tests may run in parallel, some over the same program).
     static JOBS: AtomicUsize = AtomicUsize::new(0);
@@ -47,6 +47,11 @@ pub fn run(mut cmd: Command, limit: Duration) -> Job {
     ));
     let file = std::fs::File::create(&log).expect("a log file");
     cmd.stdout(file.try_clone().expect("the log file")).stderr(file).stdin(Stdio::null());
+    // Not in the crate's folder: a rank that ends its job (a stall, a desync) writes its
+    // last events in the working directory.
+    if cmd.get_current_dir().is_none() {
+        cmd.current_dir(env!("CARGO_TARGET_TMPDIR"));
+    }
     let start = Instant::now();
     let mut child = cmd.spawn().expect("the job did not start: is Open MPI installed (scripts/setup-mpi.sh)?");
     let code = loop {
