@@ -5,6 +5,7 @@
 //! atomics; each phase is also a complete event of the timeline when it is on
 //! (`timeline.rs`).
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -158,8 +159,12 @@ impl Counters {
         }
     }
 
-    /// Counts the bytes a call that passed its checks pushes and pulls.
+    /// Counts the bytes a call that passed its checks pushes and pulls (and, while the
+    /// timeline records, gives them to the call's event: [`CALL_BYTES`]).
     pub(super) fn bytes(&self, (pushed, pulled): (u64, u64)) {
+        if timeline::recording() {
+            CALL_BYTES.with(|b| b.set(b.get() + pushed + pulled));
+        }
         if pushed > 0 {
             self.pushed.fetch_add(pushed, Ordering::Relaxed);
         }
@@ -263,12 +268,17 @@ fn lateness(at: &[u64]) -> Vec<i64> {
         .collect()
 }
 
+thread_local! {
+    /// The bytes of the call this thread runs, as its runner counted them from its keys'
+    /// entries ([`Counters::bytes`]): its event's `bytes`, while the timeline records.
+    static CALL_BYTES: Cell<u64> = const { Cell::new(0) };
+}
+
 /// A call being timed: counted when made, recorded on the timeline when dropped.
 pub(super) struct CallSpan {
     op: &'static str,
     start: u64,
     keys: usize,
-    bytes: u64,
     key: Option<Key>,
 }
 
@@ -278,11 +288,7 @@ impl Counters {
     /// that runs it, from its keys' entries: [`Counters::bytes`]).
     pub(super) fn begin(&self, op: &'static str, push: &[Run<'_>], pull: &[Run<'_>]) -> CallSpan {
         let key = push.first().or(pull.first()).map(|(k, _)| k);
-        let mut span = self.span(op, push.len().max(pull.len()), key);
-        if timeline::recording() {
-            span.bytes = bytes_of(push.iter().chain(pull).flat_map(|(_, a)| a.iter()));
-        }
-        span
+        self.span(op, push.len().max(pull.len()), key)
     }
 
     /// Counts a call of `op` on `keys` keys (the first `key`), and times it until the
@@ -291,8 +297,14 @@ impl Counters {
         self.call(op, keys);
         let recording = timeline::recording();
         let key = key.filter(|_| recording).cloned();
-        let start = if recording { timeline::now() } else { 0 };
-        CallSpan { op, start, keys, bytes: 0, key }
+        let start = match recording {
+            true => {
+                CALL_BYTES.with(|b| b.set(0));
+                timeline::now()
+            }
+            false => 0,
+        };
+        CallSpan { op, start, keys, key }
     }
 }
 
@@ -300,7 +312,8 @@ impl CallSpan {
     /// The call's time from when it was made until now, recorded (it ran elsewhere: on
     /// an engine thread, from `start`).
     pub(super) fn args(&mut self) -> Vec<(&'static str, Arg)> {
-        let mut args = vec![("keys", Arg::U(self.keys as u64)), ("bytes", Arg::U(self.bytes))];
+        let bytes = CALL_BYTES.with(Cell::get);
+        let mut args = vec![("keys", Arg::U(self.keys as u64)), ("bytes", Arg::U(bytes))];
         if let Some(k) = self.key.take() {
             args.push(("key", Arg::S(k.as_str().to_string().into())));
         }
@@ -312,9 +325,11 @@ impl CallSpan {
         self.start
     }
 
-    /// Times the call from `at` on (where it runs, after its wait in a queue).
+    /// Times the call from `at` on (where it runs, after its wait in a queue, on this
+    /// thread).
     pub(super) fn restart(&mut self, at: u64) {
         self.start = at;
+        CALL_BYTES.with(|b| b.set(0));
     }
 }
 
