@@ -239,3 +239,20 @@ def test_zeroing_the_gradients_before_synchronize_is_an_error(set_to_none):
     opt.zero_grad()
     loss_of(dp, 1).backward()
     dp.step(opt)
+
+
+@pytest.mark.parametrize("mode", ["sum", "optimizer"])
+def test_pushes_and_the_wait_are_named_ranges_in_torchs_profiler(mode):
+    model = mlp()
+    store = kv.create("local")
+    if mode == "optimizer":
+        dp = kvt.DataParallel(model, store, mode="optimizer", optimizer=optimizer.SGD(learning_rate=0.1))
+    else:
+        dp = kvt.DataParallel(model, store)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        loss_of(dp, 0).backward()
+        dp.synchronize()
+    names = {e.name for e in prof.events()}
+    verb = "pushpull" if mode == "sum" else "push"
+    assert {f"kvstore.{verb} {k}" for k in dp.keys} <= names, sorted(names)
+    assert "kvstore.synchronize" in names

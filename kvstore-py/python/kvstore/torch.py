@@ -175,10 +175,13 @@ class DataParallel:
             p.grad = grad = grad.contiguous()
         # copy=False: read (and in "sum" mode written) in place; p.grad must not change
         # until synchronize() has waited for it.
+        # Named ranges in torch's own profiler's trace (``torch.profiler.profile()``).
         if self.mode == "sum":
-            future = self.store.pushpull_async(self._keys[i], grad, priority=-i, copy=False)
+            with _torch.profiler.record_function(f"kvstore.pushpull {self._names[i]}"):
+                future = self.store.pushpull_async(self._keys[i], grad, priority=-i, copy=False)
         else:
-            future = self.store.push_async(self._keys[i], grad, priority=-i, copy=False)
+            with _torch.profiler.record_function(f"kvstore.push {self._names[i]}"):
+                future = self.store.push_async(self._keys[i], grad, priority=-i, copy=False)
         self._pending[i] = (future, grad, grad._version)
 
     @contextlib.contextmanager
@@ -211,11 +214,12 @@ class DataParallel:
             # Queued after each key's push: the weights the optimizer made from it.
             pulls = [self.store.pull_async(k, p.detach(), priority=-i) for i, (k, p) in enumerate(zip(self._keys, self._params))]
         errors = []
-        for future in [f for f, _, _ in pending.values()] + pulls:
-            try:
-                future.result()
-            except Exception as e:  # wait for every call before raising
-                errors.append(e)
+        with _torch.profiler.record_function("kvstore.synchronize"):
+            for future in [f for f, _, _ in pending.values()] + pulls:
+                try:
+                    future.result()
+                except Exception as e:  # wait for every call before raising
+                    errors.append(e)
         if errors:
             raise errors[0]
         for i in sorted(pending):
