@@ -61,8 +61,8 @@ if [ "$version" != "$(bash scripts/version.sh)" ]; then
 fi
 # The install route itself counts as one test.
 pass "the wheel installs and imports"
-"$venv/bin/pip" install --quiet pytest hypothesis ml_dtypes mypy >"$logs/python-deps.log" 2>&1 ||
-    give_up "installing pytest, hypothesis, ml_dtypes and mypy" "$logs/python-deps.log"
+"$venv/bin/pip" install --quiet pytest hypothesis ml_dtypes mypy matplotlib >"$logs/python-deps.log" 2>&1 ||
+    give_up "installing pytest, hypothesis, ml_dtypes, mypy and matplotlib" "$logs/python-deps.log"
 
 # From outside the source tree, so that the installed package is the one tested.
 run_pytest main "$TMPDIR" "$PWD/$venv/bin/python" "$PWD/kvstore-py/tests"

@@ -93,3 +93,15 @@ def test_the_summary_of_a_trace_without_collectives_says_so(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "kvstore.timeline", str(tmp_path / "nothing.json")],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "cannot read" in bad.stderr
+
+
+def test_the_summary_draws_lateness_waits_and_phases(tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib (scripts/test-python.sh installs it)")
+    arrivals = [[100.0 * k, 100.0 * k + 10.0, 100.0 * k] for k in range(5)]
+    path, png = tmp_path / "t.json", tmp_path / "steps.png"
+    path.write_text(json.dumps(trace(arrivals)))
+    done = subprocess.run([sys.executable, "-m", "kvstore.timeline", str(path), "--plot", str(png)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"wrote {png}"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

@@ -129,7 +129,8 @@ def slowest_line(summary: Dict[str, Any]) -> Optional[str]:
 
 
 def _plot(events: List[Dict[str, Any]], out: str) -> None:
-    """Per rank, per collective: its lateness, and its time in each phase."""
+    """Per rank, per collective: its lateness and its wait for the others; and per
+    rank, its time in each phase."""
     try:
         import matplotlib  # type: ignore[import-not-found,unused-ignore]
 
@@ -140,29 +141,37 @@ def _plot(events: List[Dict[str, Any]], out: str) -> None:
     steps = _arrivals(events)
     ranks = sorted({int(e["pid"]) for e in events if "pid" in e})
     order = sorted(s for s, at in steps.items() if len(at) == len(ranks))
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=False)
-    for r in ranks:
-        late = [_lateness(steps[s])[r] for s in order]
-        top.plot(range(len(order)), late, marker=".", label=f"rank {r}")
-    top.axhline(LATE_MARGIN_MS, color="grey", linewidth=0.8, linestyle="--")
-    top.set_xlabel("collective")
-    top.set_ylabel("lateness (ms)")
-    top.set_title("arrival at each collective, minus the median of the other ranks'")
-    top.legend()
+    waits: Dict[Tuple[int, int], float] = {}
     phases = ["sum", "wire", "update", "copy", "ranks", "queued"]
     totals = {r: {p: 0.0 for p in phases} for r in ranks}
     for e in events:
-        if e.get("ph") == "X" and e.get("name") in phases and int(e["pid"]) in totals:
+        if e.get("ph") != "X" or int(e.get("pid", -1)) not in totals:
+            continue
+        if e.get("name") in phases:
             totals[int(e["pid"])][e["name"]] += float(e.get("dur", 0.0)) / 1000.0
+        if e.get("name") == "ranks" and "step" in (e.get("args") or {}):
+            waits[(int(e["pid"]), int(e["args"]["step"]))] = float(e.get("dur", 0.0)) / 1000.0
+    fig, (late_ax, wait_ax, phase_ax) = plt.subplots(3, 1, figsize=(10, 10))
+    for r in ranks:
+        late_ax.plot(range(len(order)), [_lateness(steps[s])[r] for s in order], marker=".", label=f"rank {r}")
+        wait_ax.plot(range(len(order)), [waits.get((r, s), 0.0) for s in order], marker=".", label=f"rank {r}")
+    late_ax.axhline(LATE_MARGIN_MS, color="grey", linewidth=0.8, linestyle="--")
+    late_ax.set_ylabel("lateness (ms)")
+    late_ax.set_title("arrival at each collective, minus the median of the other ranks'")
+    wait_ax.set_ylabel("waiting (ms)")
+    wait_ax.set_title("time waiting at each collective for the other ranks")
+    for ax in (late_ax, wait_ax):
+        ax.set_xlabel("collective")
+        ax.legend(loc="upper right")
     left = [0.0] * len(ranks)
     for p in phases:
         widths = [totals[r][p] for r in ranks]
-        bottom.barh([f"rank {r}" for r in ranks], widths, left=left, label=p)
+        phase_ax.barh([f"rank {r}" for r in ranks], widths, left=left, label=p)
         left = [a + b for a, b in zip(left, widths)]
-    bottom.set_xlabel("time in each phase (ms)")
-    bottom.legend(ncol=len(phases))
+    phase_ax.set_xlabel("time in each phase, whole trace (ms)")
+    phase_ax.legend(ncol=len(phases), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    fig.savefig(out, dpi=90)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
