@@ -260,9 +260,23 @@ fn serve(handlers: &Mutex<Vec<Handler>>, stop: &AtomicBool) {
     // The request without its channel (the buffer may come back changed, or empty).
     let answer = |from: usize, tag: i32, request: &mut Vec<u8>, handler: &Handler| -> Result<()> {
         request.truncate(request.len().saturating_sub(4));
+        let recording = kvstore_core::timeline::recording();
+        let start = if recording { kvstore_core::timeline::now() } else { 0 };
+        let asked = request.len() as u64;
         let reply = handler(from, request);
         // A reply is waited for without a deadline: the rank that asked waits for it.
-        send(&comms.1, from, tag, &reply, &|| {})
+        let sent = send(&comms.1, from, tag, &reply, &|| {});
+        // The serving thread's work on the timeline: each request answered.
+        if recording {
+            use kvstore_core::timeline::{self, Arg};
+            let args = vec![
+                ("from", Arg::U(from as u64)),
+                ("bytes_in", Arg::U(asked)),
+                ("bytes_out", Arg::U(reply.len() as u64)),
+            ];
+            timeline::complete("serve", "serve", start, timeline::now(), args);
+        }
+        sent
     };
     let channel_of = |request: &[u8]| u32::from_le_bytes(request[request.len() - 4..].try_into().unwrap_or_default());
     while !stop.load(Ordering::SeqCst) {

@@ -195,3 +195,24 @@ fn with_no_slow_rank_no_rank_is_last_at_most_collectives() {
         assert!(last as f64 <= 0.7 * (PUSHES + 1) as f64, "rank {} last at {last} of {}", r["rank"], PUSHES + 1);
     }
 }
+
+#[test]
+fn a_dist_async_job_records_its_serving_threads_work() {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("timeline-{}-async.json", std::process::id()));
+    let path_text = path.to_string_lossy().into_owned();
+    let mut cmd = jobs::mpirun(2, &[("KVSTORE_TIMELINE", &path_text)]);
+    cmd.arg(env!("CARGO_BIN_EXE_fixture_async_early_finish"));
+    let job = jobs::run(cmd, Duration::from_secs(100));
+    assert_eq!(job.code, Some(0), "the job failed: {}", job.shown());
+    let trace: Value = serde_json::from_slice(&std::fs::read(&path).expect("the merged trace")).expect("JSON");
+    let events = trace["traceEvents"].as_array().expect("traceEvents");
+    let served: BTreeSet<u64> =
+        events.iter().filter(|e| e["name"] == "serve" && e["ph"] == "X").filter_map(|e| e["pid"].as_u64()).collect();
+    assert!(!served.is_empty(), "no rank's serving thread recorded a request");
+    assert!(events.iter().any(|e| e["name"] == "push" && e["ph"] == "X"), "the calls are recorded too");
+    for r in 0..2 {
+        let _ =
+            std::fs::remove_file(path.with_file_name(format!("timeline-{}-async.rank{r}.json", std::process::id())));
+    }
+    let _ = std::fs::remove_file(&path);
+}
