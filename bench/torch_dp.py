@@ -159,11 +159,11 @@ def main():
     tl_opt = torch.optim.SGD(tl_model.parameters(), lr=LR, momentum=MOMENTUM)
     trace = os.path.join(tempfile.gettempdir(), f"kvstore-bench-torch-timeline-{os.getppid()}.json")
     tl_times = {True: [], False: []}
-    for r in range(ROUNDS):
+    for r in range(2 * ROUNDS):
         for on in [True, False] if r % 2 == 0 else [False, True]:
             if on:
                 tl_store.start_timeline(trace)
-            for s in shards[3 + r * STEPS : 3 + (r + 1) * STEPS]:
+            for s in [shards[(3 + r * STEPS + k) % len(shards)] for k in range(STEPS)]:
                 dist.barrier()
                 t = time.perf_counter()
                 tl_opt.zero_grad()

@@ -46,13 +46,13 @@ pub use crate::remote::{Handler, Remote};
 /// For transports, at the end of a job (as `kvstore_mpi::finalize` does): stops the
 /// timeline on every worker of `group` (each calls this) and merges every worker's
 /// file into the timeline's path on worker 0, which logs the slowest worker
-/// (`slowest rank: R (...)`). Returns the file written here; `None` where the timeline
-/// was off everywhere.
+/// (`slowest rank: R (...)`) when `KVSTORE_TIMELINE` is set. Returns the file written
+/// here; `None` where the timeline was off everywhere.
 ///
 /// # Errors
 /// [`crate::Error::Io`] when a file cannot be read or written; the group's errors.
 pub fn finish_timeline(group: &dyn Collective) -> crate::Result<Option<std::path::PathBuf>> {
-    crate::kvstore::finish_timeline(group)
+    crate::kvstore::finish_timeline(group, std::env::var_os(crate::timeline::TIMELINE_VAR).is_some())
 }
 
 /// Runs every call that the stores of the worker group `group` (the [`Collective`]

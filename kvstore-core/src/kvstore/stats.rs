@@ -440,7 +440,7 @@ impl KVStore {
         self.in_order("stop_timeline", move |store| {
             store.check_step("stop_timeline", &[], Ok(()))?;
             let group = store.collective.as_deref().ok_or_else(|| Error::Internal("no group".into()))?;
-            *out.lock() = finish_timeline(group)?;
+            *out.lock() = finish_timeline(group, false)?;
             Ok(())
         })?;
         Ok(written.lock().take())
@@ -449,13 +449,13 @@ impl KVStore {
 
 /// Stops the timeline on every worker of `group` (each calls it) and merges every
 /// worker's file into the timeline's path on worker 0, which also logs the slowest
-/// worker (see [`slowest_rank`]). Returns the file written here: the merged one on
-/// worker 0, each worker's own elsewhere; `None` where the timeline was off on every
-/// worker.
+/// worker when `log` (see [`slowest_rank`]). Returns the file written here: the merged
+/// one on worker 0, each worker's own elsewhere; `None` where the timeline was off on
+/// every worker.
 ///
 /// # Errors
 /// [`Error::Io`] when a file cannot be read or written; the group's errors.
-pub(crate) fn finish_timeline(group: &dyn Collective) -> Result<Option<PathBuf>> {
+pub(crate) fn finish_timeline(group: &dyn Collective, log: bool) -> Result<Option<PathBuf>> {
     let base = timeline::path();
     let file = timeline::stop()?;
     let mine = match &file {
@@ -481,7 +481,7 @@ pub(crate) fn finish_timeline(group: &dyn Collective) -> Result<Option<PathBuf>>
     let parts: Vec<Vec<u8>> = all.chunks(longest).zip(&lens).map(|(c, &n)| c[..n].to_vec()).collect();
     let Some(base) = base else { return Ok(file) };
     timeline::merge(&base, &parts)?;
-    if let Some(line) = slowest_rank() {
+    if let Some(line) = slowest_rank().filter(|_| log) {
         eprintln!("kvstore: {line}");
     }
     Ok(Some(base))
