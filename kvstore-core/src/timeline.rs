@@ -519,16 +519,24 @@ pub fn flow_end(name: &'static str, id: u64, at: u64) {
 }
 
 /// Writes this rank's last events where a user finds them after a stall or a desync:
-/// with the timeline on, its file is closed (it holds every event, the last ones
-/// too); else the flight recorder's events (the last [`FLIGHT_EVENTS`]) are written as
-/// a trace of their own, to this rank's file of `KVSTORE_TIMELINE`'s path when it is
-/// set, else to `kvstore-flight-RANK.json` in the working directory. Returns the path.
+/// with the timeline on, its file (which holds every event, the last ones too) is
+/// closed when the job `ends`, else written out as far as it goes and kept on (a
+/// desynced call fails, and the job may go on); with it off, the flight recorder's
+/// events (the last [`FLIGHT_EVENTS`]) are written as a trace of their own, to this
+/// rank's file of `KVSTORE_TIMELINE`'s path when it is set, else to
+/// `kvstore-flight-RANK.json` in the working directory. Returns the path.
 ///
 /// # Errors
 /// [`Error::Io`] when the file cannot be written.
-pub fn write_flight() -> Result<PathBuf> {
-    if let Some(path) = stop()? {
-        return Ok(path);
+pub fn write_flight(ends: bool) -> Result<PathBuf> {
+    if ends {
+        if let Some(path) = stop()? {
+            return Ok(path);
+        }
+    } else if let Some(out) = sink().out.as_mut() {
+        let io = |e| Error::Io { context: format!("the timeline's file {}", out.path.display()), source: e };
+        out.writer.flush().map_err(io)?;
+        return Ok(out.path.clone());
     }
     let ranks = RANKS.load(Ordering::Relaxed) as usize;
     let path = match std::env::var_os(TIMELINE_VAR) {
@@ -567,10 +575,11 @@ pub fn write_flight() -> Result<PathBuf> {
     Ok(path)
 }
 
-/// For an error that ends a job (a stall, a desync): [`write_flight`], said as the end
-/// of the error's message (`; this rank's last events: PATH`).
-pub fn flight_note() -> String {
-    match write_flight() {
+/// For an error that ends the job (a stall: `ends`) or a call (a desync):
+/// [`write_flight`], said as the end of the error's message (`; this rank's last
+/// events: PATH`).
+pub fn flight_note(ends: bool) -> String {
+    match write_flight(ends) {
         Ok(path) => format!("; this rank's last events: {}", std::path::absolute(&path).unwrap_or(path).display()),
         Err(e) => format!("; this rank's last events could not be written: {e}"),
     }

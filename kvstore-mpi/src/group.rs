@@ -1060,7 +1060,7 @@ pub(crate) mod watchdog {
             super::TIMEOUT_VAR,
             seconds(timeout),
             crate::remote::serving_hint(),
-            kvstore_core::timeline::flight_note()
+            kvstore_core::timeline::flight_note(true)
         ));
         abort_soon()
     }
@@ -1095,7 +1095,7 @@ pub(crate) mod watchdog {
                             seconds(waited),
                             super::TIMEOUT_VAR,
                             seconds(timeout),
-                            kvstore_core::timeline::flight_note()
+                            kvstore_core::timeline::flight_note(true)
                         ));
                         std::thread::sleep(Duration::from_secs(2));
                         // MPI_Abort is not allowed once MPI_Finalize has begun; a rank that
@@ -1122,7 +1122,7 @@ pub(crate) mod watchdog {
                         super::TIMEOUT_VAR,
                         seconds(timeout),
                         crate::remote::serving_hint(),
-                        kvstore_core::timeline::flight_note()
+                        kvstore_core::timeline::flight_note(true)
                     ));
                     abort_soon();
                 }

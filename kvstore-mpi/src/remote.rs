@@ -200,7 +200,7 @@ impl MpiRemote {
             self.group.rank(),
             self.group.timeout().as_secs_f64(),
             serving_hint(),
-            kvstore_core::timeline::flight_note()
+            kvstore_core::timeline::flight_note(true)
         );
         abort_job(crate::group::watchdog::WATCHDOG_EXIT);
     }

@@ -2,6 +2,7 @@
 build (scripts/test-python-mpi.sh runs this file with it, and KVSTORE_REQUIRE_MPI=1,
 under which a build without MPI fails here instead of skipping)."""
 
+import json
 import os
 import pathlib
 import re
@@ -167,6 +168,20 @@ def test_different_keys_on_two_ranks_fail_on_both_and_the_job_goes_on(tmp_path):
         assert '"name":"init"' in flight.read_text()
     assert done.stdout.count("went on") == 2, done.stdout
     assert seconds < 30, f"the desync took {seconds:.1f} s to report"
+
+
+def test_a_desync_with_the_timeline_on_names_its_file_and_the_timeline_goes_on(tmp_path):
+    trace = tmp_path / "trace.json"
+    done, _ = mpirun("desync", timeout=60, cwd=tmp_path, env={"KVSTORE_TIMELINE": str(trace)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    for r in range(2):
+        assert f"this rank's last events: {tmp_path / f'trace.rank{r}.json'}" in done.stdout, done.stdout
+    assert not list(tmp_path.glob("kvstore-flight-*")), "the timeline's own files hold the last events"
+    # The job went on after the failed call, and so did its timeline: the push after it
+    # (step 3) is in the trace rank 0 merged at exit, for both ranks.
+    events = json.loads(trace.read_text())["traceEvents"]
+    after = {e["pid"] for e in events if e["name"] == "arrive" and e["args"]["step"] == 3}
+    assert after == {0, 1}, sorted(after)
 
 
 def test_an_argument_one_rank_refuses_before_the_store_fails_the_call_on_every_rank():

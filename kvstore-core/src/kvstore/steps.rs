@@ -298,7 +298,7 @@ impl Store {
         };
         // A desync across processes: each writes its last events and says where.
         let flight = match !refusal && timeline::ranks() > 1 {
-            true => timeline::flight_note(),
+            true => timeline::flight_note(false),
             false => String::new(),
         };
         Err(Error::invalid_argument(format!(
