@@ -196,31 +196,11 @@ pub fn start(path: impl AsRef<Path>) -> Result<()> {
     let ranks = RANKS.load(Ordering::Relaxed) as usize;
     let file = rank_path(path.as_ref(), rank(), ranks);
     let max = std::env::var(MAX_BYTES_VAR).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_MAX_BYTES);
-    let opened = File::create(&file)
-        .map_err(|e| Error::Io { context: format!("the timeline's file {}", file.display()), source: e })?;
     let mut sink = sink();
-    if let Some(old) = sink.out.take() {
-        close(old)?;
+    let out = Output::open(path.as_ref().to_path_buf(), file, max, &sink.threads)?;
+    if let Some(old) = sink.out.replace(out) {
+        close(old, "")?;
     }
-    let mut out = Output {
-        base: path.as_ref().to_path_buf(),
-        path: file,
-        writer: BufWriter::new(opened),
-        written: 0,
-        max,
-        truncated: false,
-    };
-    out.line("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[")?;
-    let pid = rank();
-    let mut meta = String::new();
-    json_meta(&mut meta, pid, 0, "process_name", &format!("rank {pid}"));
-    out.event(&meta)?;
-    for (tid, name) in &sink.threads {
-        meta.clear();
-        json_meta(&mut meta, pid, *tid, "thread_name", name);
-        out.event(&meta)?;
-    }
-    sink.out = Some(out);
     ON.store(true, Ordering::Relaxed);
     Ok(())
 }
@@ -253,18 +233,19 @@ pub fn stop() -> Result<Option<PathBuf>> {
     match out {
         Some(out) => {
             let path = out.path.clone();
-            close(out)?;
+            close(out, "")?;
             Ok(Some(path))
         }
         None => Ok(None),
     }
 }
 
-/// Ends a file: the last line, then the metadata.
-fn close(mut out: Output) -> Result<()> {
+/// Ends a file: the last line, then the metadata (`extra`: more of its fields, each
+/// after a comma).
+fn close(mut out: Output, extra: &str) -> Result<()> {
     let other = format!(
         "],\"otherData\":{{\"rank\":{},\"ranks\":{},\"clock\":\"aligned to rank 0's\",\"ts_origin_unix_ns\":{},\
-         \"clock_error_ns\":{}}}}}",
+         \"clock_error_ns\":{}{extra}}}}}",
         rank(),
         RANKS.load(Ordering::Relaxed),
         origin(),
@@ -287,6 +268,25 @@ fn close(mut out: Output) -> Result<()> {
 }
 
 impl Output {
+    /// A new file of this rank at `path` (of the timeline started at `base`), its first
+    /// lines written: the process's name and the names of `threads`.
+    fn open(base: PathBuf, path: PathBuf, max: u64, threads: &[(u64, String)]) -> Result<Self> {
+        let opened = File::create(&path)
+            .map_err(|e| Error::Io { context: format!("the timeline's file {}", path.display()), source: e })?;
+        let mut out = Output { base, path, writer: BufWriter::new(opened), written: 0, max, truncated: false };
+        out.line("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[")?;
+        let pid = rank();
+        let mut meta = String::new();
+        json_meta(&mut meta, pid, 0, "process_name", &format!("rank {pid}"));
+        out.event(&meta)?;
+        for (tid, name) in threads {
+            meta.clear();
+            json_meta(&mut meta, pid, *tid, "thread_name", name);
+            out.event(&meta)?;
+        }
+        Ok(out)
+    }
+
     fn line(&mut self, s: &str) -> Result<()> {
         self.written += s.len() as u64 + 1;
         let path = &self.path;
@@ -446,9 +446,11 @@ impl Event {
 }
 
 fn record(ev: Event) {
+    // Written out before the lock is taken: threads take turns only to append it.
+    let line = is_on().then(|| ev.json(rank()));
     let mut sink = sink();
-    if let Some(out) = sink.out.as_mut() {
-        let _ = out.event(&ev.json(rank()));
+    if let (Some(out), Some(line)) = (sink.out.as_mut(), line) {
+        let _ = out.event(&line);
     }
     if FLIGHT.load(Ordering::Relaxed) {
         if sink.flight.len() == FLIGHT_EVENTS {
@@ -547,31 +549,11 @@ pub fn write_flight(ends: bool) -> Result<PathBuf> {
         let sink = sink();
         (sink.flight.iter().cloned().collect::<Vec<_>>(), sink.threads.clone())
     };
-    let io = |e| Error::Io { context: format!("the flight recorder's file {}", path.display()), source: e };
-    let mut w = BufWriter::new(File::create(&path).map_err(io)?);
-    let mut text = String::from("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-    let pid = rank();
-    json_meta(&mut text, pid, 0, "process_name", &format!("rank {pid}"));
-    text.push_str(",\n");
-    for (tid, name) in &threads {
-        json_meta(&mut text, pid, *tid, "thread_name", name);
-        text.push_str(",\n");
-    }
+    let mut out = Output::open(path.clone(), path.clone(), u64::MAX, &threads)?;
     for ev in &events {
-        text.push_str(&ev.json(pid));
-        text.push_str(",\n");
+        out.event(&ev.json(rank()))?;
     }
-    let _ = write!(
-        text,
-        "{{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":{pid},\"tid\":0,\"args\":{{\"sort_index\":{pid}}}}}\n\
-         ],\"otherData\":{{\"rank\":{pid},\"ranks\":{ranks},\"flight_recorder\":true,\"events\":{},\
-         \"ts_origin_unix_ns\":{},\"clock_error_ns\":{}}}}}\n",
-        events.len(),
-        origin(),
-        CLOCK_ERROR.load(Ordering::Relaxed)
-    );
-    w.write_all(text.as_bytes()).map_err(io)?;
-    w.flush().map_err(io)?;
+    close(out, &format!(",\"flight_recorder\":true,\"events\":{}", events.len()))?;
     Ok(path)
 }
 

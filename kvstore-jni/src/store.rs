@@ -483,19 +483,22 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nLoadCheckpoint<'l>(
     with_path(env, h, &path, |kv, path| kv.load_checkpoint(path));
 }
 
+/// `text` as a Java string, or null.
+fn or_null<'l>(env: &mut Env<'l>, text: Option<impl AsRef<str>>) -> JResult<JString<'l>> {
+    match text {
+        Some(t) => Ok(env.new_string(t.as_ref())?),
+        None => Ok(JString::null()),
+    }
+}
+
 #[unsafe(no_mangle)]
 pub extern "system" fn Java_io_github_kvstore_StoreNatives_nOptimizerName<'l>(
     mut env: EnvUnowned<'l>,
     _c: JClass<'l>,
     h: jlong,
 ) -> JString<'l> {
-    env.with_env(|env| -> JResult<JString<'l>> {
-        match with_store(h, |kv| Ok(kv.optimizer_name()))? {
-            Some(name) => Ok(env.new_string(name)?),
-            None => Ok(JString::null()),
-        }
-    })
-    .resolve::<ThrowKvStore>()
+    env.with_env(|env| -> JResult<JString<'l>> { or_null(env, with_store(h, |kv| Ok(kv.optimizer_name()))?) })
+        .resolve::<ThrowKvStore>()
 }
 
 #[unsafe(no_mangle)]
@@ -515,17 +518,11 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nStopTimeline<'l>(
     h: jlong,
 ) -> JString<'l> {
     env.with_env(|env| -> JResult<JString<'l>> {
-        match with_store(h, KVStore::stop_timeline)? {
-            Some(path) => Ok(env.new_string(path.to_string_lossy())?),
-            None => Ok(JString::null()),
-        }
+        let path = with_store(h, KVStore::stop_timeline)?;
+        or_null(env, path.as_ref().map(|p| p.to_string_lossy()))
     })
     .resolve::<ThrowKvStore>()
 }
-
-/// The kinds of call and the phases, in the order `Stats.java` reads them (NATIVES.md).
-const KINDS: [&str; 7] = ["init", "push", "pull", "pushpull", "broadcast", "push_row_sparse", "pull_row_sparse"];
-const PHASES: [&str; 6] = ["queued", "sum", "wire", "update", "copy", "ranks"];
 
 #[unsafe(no_mangle)]
 pub extern "system" fn Java_io_github_kvstore_StoreNatives_nStats<'l>(
@@ -541,11 +538,12 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nStats<'l>(
                 .into_iter()
                 .map(long)
                 .collect();
-        for kind in KINDS {
+        // (In the order `Stats.java` reads them: NATIVES.md.)
+        for kind in kvstore::Stats::KINDS {
             let c = s.calls.get(kind).copied().unwrap_or_default();
             out.extend([long(c.calls), long(c.keys)]);
         }
-        for phase in PHASES {
+        for phase in kvstore::Stats::PHASES {
             let ns = s.phases.get(phase).map_or(0, |d| d.as_nanos());
             out.push(i64::try_from(ns).unwrap_or(i64::MAX));
         }

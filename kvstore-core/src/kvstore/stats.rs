@@ -81,8 +81,16 @@ pub struct RankStats {
 /// to count as its last ([`RankStats::last`]): 1 ms.
 pub const LATE_MARGIN: Duration = Duration::from_millis(1);
 
-/// The kinds of call counted.
-const OPS: [&str; 7] = ["init", "push", "pull", "pushpull", "broadcast", "push_row_sparse", "pull_row_sparse"];
+impl Stats {
+    /// The kinds of call counted, in this order ([`Stats::calls`]' keys).
+    pub const KINDS: [&'static str; 7] =
+        ["init", "push", "pull", "pushpull", "broadcast", "push_row_sparse", "pull_row_sparse"];
+
+    /// The phases timed, in this order ([`Stats::phases`]' keys).
+    pub const PHASES: [&'static str; 6] = ["queued", "sum", "wire", "update", "copy", "ranks"];
+}
+
+const OPS: [&str; 7] = Stats::KINDS;
 
 /// A phase of a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,7 +103,7 @@ pub(super) enum Phase {
     Ranks,
 }
 
-const PHASES: [&str; 6] = ["queued", "sum", "wire", "update", "copy", "ranks"];
+const PHASES: [&str; 6] = Stats::PHASES;
 
 impl Phase {
     fn name(self) -> &'static str {
@@ -126,17 +134,16 @@ struct Arrivals {
 }
 
 impl Arrivals {
-    /// Counts one collective: `at[r]`, worker r's arrival; `late[r]`, its lateness.
-    fn add(&mut self, at: &[u64], late: &[i64]) {
-        let n = at.len();
+    /// Counts one collective: `late[r]`, worker r's lateness; `last`, the worker that
+    /// arrived last, if any did (see [`lateness`]).
+    fn add(&mut self, late: &[i64], last: Option<usize>) {
+        let n = late.len();
         if self.last.len() != n {
             self.last = vec![0; n];
             self.late_ns = vec![0; n];
         }
         self.collectives += 1;
-        if let Some(last) = (0..n).max_by_key(|&r| (at[r], std::cmp::Reverse(r)))
-            && late[last] > LATE_MARGIN.as_nanos() as i64
-        {
+        if let Some(last) = last {
             self.last[last] += 1;
         }
         for (r, l) in late.iter().enumerate() {
@@ -197,11 +204,13 @@ impl Counters {
     }
 
     /// Counts one collective's arrivals (`at[r]`: worker r's, on rank 0's clock).
-    pub(super) fn arrivals(&self, at: &[u64]) -> Vec<i64> {
-        let late = lateness(at);
-        self.ranks.lock().add(at, &late);
-        JOB.lock().add(at, &late);
-        late
+    /// Counts one collective's arrivals (`at[r]`: worker r's, on rank 0's clock):
+    /// returns each worker's lateness and the worker that arrived last, if any did.
+    pub(super) fn arrivals(&self, at: &[u64]) -> (Vec<i64>, Option<usize>) {
+        let (late, last) = lateness(at);
+        self.ranks.lock().add(&late, last);
+        JOB.lock().add(&late, last);
+        (late, last)
     }
 
     pub(super) fn snapshot(&self) -> Stats {
@@ -249,23 +258,33 @@ impl Counters {
 
 /// Each worker's lateness at one collective (ns): its arrival minus the median of the
 /// others' (the mean of the middle two, for an even number of others).
-fn lateness(at: &[u64]) -> Vec<i64> {
-    (0..at.len())
+/// And the worker that arrived last (the lower rank of a tie), when it did so by more
+/// than [`LATE_MARGIN`]. One sort of the arrivals, whatever the number of workers.
+fn lateness(at: &[u64]) -> (Vec<i64>, Option<usize>) {
+    let n = at.len();
+    // The workers in order of arrival (ties by rank); `place[r]`, worker r's place there.
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_unstable_by_key(|&r| (at[r], r));
+    let mut place = vec![0; n];
+    for (p, &r) in order.iter().enumerate() {
+        place[r] = p;
+    }
+    // The others' `k`th arrival, for worker r: the order without r's place.
+    let other = |r: usize, k: usize| i128::from(at[order[if k < place[r] { k } else { k + 1 }]]);
+    let m = n.saturating_sub(1);
+    let late: Vec<i64> = (0..n)
         .map(|r| {
-            let mut others: Vec<u64> = at.iter().enumerate().filter(|(o, _)| *o != r).map(|(_, &t)| t).collect();
-            if others.is_empty() {
-                return 0;
-            }
-            others.sort_unstable();
-            let m = others.len();
-            let median = if m % 2 == 1 {
-                i128::from(others[m / 2])
-            } else {
-                (i128::from(others[m / 2 - 1]) + i128::from(others[m / 2])) / 2
+            let median = match m {
+                0 => return 0,
+                m if m % 2 == 1 => other(r, m / 2),
+                m => (other(r, m / 2 - 1) + other(r, m / 2)) / 2,
             };
             (i128::from(at[r]) - median) as i64
         })
-        .collect()
+        .collect();
+    let last =
+        (0..n).max_by_key(|&r| (at[r], std::cmp::Reverse(r))).filter(|&r| late[r] > LATE_MARGIN.as_nanos() as i64);
+    (late, last)
 }
 
 thread_local! {
@@ -309,9 +328,9 @@ impl Counters {
 }
 
 impl CallSpan {
-    /// The call's time from when it was made until now, recorded (it ran elsewhere: on
-    /// an engine thread, from `start`).
-    pub(super) fn args(&mut self) -> Vec<(&'static str, Arg)> {
+    /// The call's event's args: its keys, its bytes (as its runner counted them) and
+    /// its first key.
+    fn args(&mut self) -> Vec<(&'static str, Arg)> {
         let bytes = CALL_BYTES.with(Cell::get);
         let mut args = vec![("keys", Arg::U(self.keys as u64)), ("bytes", Arg::U(bytes))];
         if let Some(k) = self.key.take() {
@@ -514,9 +533,10 @@ mod tests {
 
     #[test]
     fn lateness_is_the_arrival_less_the_median_of_the_others() {
-        assert_eq!(lateness(&[100]), vec![0]);
-        assert_eq!(lateness(&[100, 140]), vec![-40, 40]);
-        assert_eq!(lateness(&[100, 102, 140]), vec![-21, -18, 39]);
-        assert_eq!(lateness(&[10, 10, 10, 50]), vec![0, 0, 0, 40]);
+        assert_eq!(lateness(&[100]).0, vec![0]);
+        assert_eq!(lateness(&[100, 140]).0, vec![-40, 40]);
+        assert_eq!(lateness(&[100, 102, 140]).0, vec![-21, -18, 39]);
+        assert_eq!(lateness(&[10, 10, 10, 50]).0, vec![0, 0, 0, 40]);
+        assert_eq!(lateness(&[140, 100, 102]).0, vec![39, -21, -18]);
     }
 }

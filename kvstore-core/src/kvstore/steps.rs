@@ -217,17 +217,14 @@ impl Store {
             .iter()
             .map(|r| r.get(compared..compared + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes))
             .collect();
-        let late = self.counters.arrivals(&at);
+        let (late, last) = self.counters.arrivals(&at);
         if timeline::recording() {
             let me = group.rank();
-            let late_here = late.get(me).copied().unwrap_or(0);
-            let last = (0..at.len()).max_by_key(|&r| (at[r], std::cmp::Reverse(r))) == Some(me)
-                && late_here > timeline::LATE_MARGIN.as_nanos() as i64;
             let args = vec![
                 ("step", Arg::U(seq)),
                 ("op", Arg::S(op.into())),
-                ("late_ms", Arg::F(late_here as f64 / 1e6)),
-                ("last", Arg::U(u64::from(last))),
+                ("late_ms", Arg::F(late.get(me).copied().unwrap_or(0) as f64 / 1e6)),
+                ("last", Arg::U(u64::from(last == Some(me)))),
             ];
             timeline::instant("arrive", "collective", arrived, args);
         }
