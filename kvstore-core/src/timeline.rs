@@ -4,11 +4,16 @@
 //! Turn it on with `KVSTORE_TIMELINE=PATH` in the environment (read when a store is
 //! made: no code change) or [`start`] (`KVStore::start_timeline`), and off with [`stop`].
 //! It records, as complete events (`"ph":"X"`): each call (`push`, `pull`, ...: its
-//! keys, bytes and first key in `args`), and its phases: `queued` (a non-blocking call
-//! waiting behind earlier calls), `sum` (the values summed on this worker), `wire` (the
+//! keys, bytes and first key in `args`; a non-blocking call's `submit` on the caller's
+//! thread, and a batch of fused calls as one, `fused`), and its phases: `inputs` (a call
+//! waiting for other calls' writes to its arrays), `sum` (the values summed on this worker), `wire` (the
 //! sum across the workers; a transport adds one event per fused bucket), `update` (the
 //! updater or optimizer), `copy` (the value copied into the outs) and `ranks` (a
-//! `dist_sync` worker waiting for the others at a collective). Also: a flow from a
+//! `dist_sync` worker waiting for the others at a collective); a call spread over the
+//! reduction pool's threads, one `spread` event per thread (its sums and copies
+//! alternate every few keys: their times in `args`). A non-blocking call's wait behind
+//! earlier calls, `queued`, is an async span (`"ph":"b"`/`"e"`): it overlaps the calls
+//! that run meanwhile. Also: a flow from a
 //! non-blocking call's submission to where it ran (`"ph":"s"`/`"f"`), an instant event
 //! per worker for its arrival at each collective (`arrive`, with its lateness: its
 //! arrival minus the median of the others'), and a counter of the bytes on the wire.
@@ -358,6 +363,8 @@ enum Kind {
     Instant,
     FlowStart,
     FlowEnd,
+    AsyncBegin,
+    AsyncEnd,
     Counter,
 }
 
@@ -397,6 +404,8 @@ impl Event {
             Kind::Instant => "i",
             Kind::FlowStart => "s",
             Kind::FlowEnd => "f",
+            Kind::AsyncBegin => "b",
+            Kind::AsyncEnd => "e",
             Kind::Counter => "C",
         };
         let _ = write!(s, "{{\"ph\":\"{ph}\",\"name\":");
@@ -408,7 +417,7 @@ impl Event {
                 let _ = write!(s, ",\"dur\":{}", micros(self.dur));
             }
             Kind::Instant => s.push_str(",\"s\":\"t\""),
-            Kind::FlowStart => {
+            Kind::FlowStart | Kind::AsyncBegin | Kind::AsyncEnd => {
                 let _ = write!(s, ",\"id\":{}", self.id);
             }
             // Bound to the enclosing slice: the call that ran.
@@ -517,6 +526,16 @@ pub fn flow_start(name: &'static str, at: u64) -> u64 {
 pub fn flow_end(name: &'static str, id: u64, at: u64) {
     if id != 0 && recording() {
         add(Kind::FlowEnd, name.into(), "flow", at, 0, id, Vec::new());
+    }
+}
+
+/// Records `name` from `start` to `end` as an async span of its own (`"ph":"b"`/`"e"`,
+/// matched by `id`: nonzero), not a slice of this thread: a call's wait in a queue, which
+/// overlaps the calls that run on this thread meanwhile.
+pub fn span_apart(name: &'static str, start: u64, end: u64, id: u64, args: Vec<(&'static str, Arg)>) {
+    if id != 0 && recording() {
+        add(Kind::AsyncBegin, name.into(), name, start, 0, id, args);
+        add(Kind::AsyncEnd, name.into(), name, end, 0, id, Vec::new());
     }
 }
 

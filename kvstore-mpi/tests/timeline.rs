@@ -30,13 +30,17 @@ struct Ran {
     trace: Value,
 }
 
-/// Runs the fixture with rank `slow` (or none) sleeping before its pushes.
-fn run(slow: Option<usize>) -> Ran {
+/// Runs the fixture with rank `slow` (or none) sleeping before its pushes, each push
+/// made as non-blocking pushes fused into one when `fused`.
+fn run(slow: Option<usize>, fused: bool) -> Ran {
     let name = slow.map_or("none".to_string(), |r| r.to_string());
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("timeline-{}-{name}.json", std::process::id()));
     let path_text = path.to_string_lossy().into_owned();
     let mut cmd = jobs::mpirun(RANKS, &[("KVSTORE_TIMELINE", &path_text)]);
     cmd.arg(env!("CARGO_BIN_EXE_fixture_slow_rank")).arg(&name);
+    if fused {
+        cmd.arg("fused");
+    }
     let job = jobs::run(cmd, Duration::from_secs(100));
     assert_eq!(job.code, Some(0), "the job failed: {}", job.shown());
     let line = job.output.lines().find_map(|l| l.split_once("slowest rank: ").map(|(_, rest)| rest.to_string()));
@@ -84,6 +88,8 @@ fn valid(ran: &Ran) {
     let mut spans: BTreeMap<(u64, u64), Vec<(f64, f64)>> = BTreeMap::new();
     let mut sent: BTreeMap<u64, u64> = BTreeMap::new();
     let mut arrivals: BTreeMap<u64, u64> = BTreeMap::new();
+    // Flows and async spans by id: their starts and ends pair up.
+    let mut ids: BTreeMap<(u64, &str), i64> = BTreeMap::new();
     for e in events {
         let ph = e["ph"].as_str().unwrap_or_else(|| panic!("no ph: {e}"));
         assert!(e["name"].is_string(), "no name: {e}");
@@ -116,13 +122,16 @@ fn valid(ran: &Ran) {
                     sent.insert(pid, e["args"]["sent"].as_u64().expect("sent"));
                 }
             }
-            "s" | "f" => {
+            "s" | "f" | "b" | "e" => {
                 ts();
-                assert!(e["id"].is_u64(), "a flow without id: {e}");
+                let id = e["id"].as_u64().unwrap_or_else(|| panic!("no id: {e}"));
+                let kind = if matches!(ph, "s" | "f") { "flow" } else { "async" };
+                *ids.entry((pid * (1 << 40) + id, kind)).or_default() += if matches!(ph, "s" | "b") { 1 } else { -1 };
             }
             other => panic!("an event of phase {other}: {e}"),
         }
     }
+    assert!(ids.values().all(|&n| n == 0), "every flow and async span begins and ends once");
     let all: BTreeSet<u64> = (0..RANKS as u64).collect();
     assert_eq!((&pids, &named), (&all, &all), "one named process per rank");
     // Per thread, complete events nest: each starts after and ends before the one it
@@ -173,21 +182,32 @@ fn names(ran: &Ran, slow: usize) {
 
 #[test]
 fn a_slow_rank_2_is_named_with_its_lateness_and_the_trace_is_valid() {
-    let ran = run(Some(2));
+    let ran = run(Some(2), false);
     names(&ran, 2);
     valid(&ran);
 }
 
 #[test]
-fn a_slow_rank_1_is_named() {
-    let ran = run(Some(1));
+fn a_slow_rank_1_is_named_when_its_pushes_are_fused_non_blocking_calls() {
+    let ran = run(Some(1), true);
     names(&ran, 1);
     valid(&ran);
+    // Each rank's batches: their run, and each call's submission, wait and flow.
+    let events = ran.trace["traceEvents"].as_array().expect("traceEvents");
+    for r in 0..RANKS as u64 {
+        let count = |name: &str, ph: &str| {
+            events.iter().filter(|e| e["pid"] == r && e["name"] == name && e["ph"] == ph).count()
+        };
+        assert_eq!(count("fused", "X") as u64, PUSHES, "rank {r}: a batch a step");
+        assert_eq!(count("submit", "X") as u64, 4 * PUSHES, "rank {r}: a submission a call");
+        assert_eq!(count("queued", "b") as u64, 4 * PUSHES, "rank {r}: a wait a call");
+        assert_eq!(events.iter().filter(|e| e["pid"] == r && e["ph"] == "f").count() as u64, 4 * PUSHES);
+    }
 }
 
 #[test]
 fn with_no_slow_rank_no_rank_is_last_at_most_collectives() {
-    let ran = run(None);
+    let ran = run(None, false);
     valid(&ran);
     let ranks = ran.stats[0]["ranks"].as_array().expect("ranks");
     for r in ranks {

@@ -32,7 +32,7 @@ def test_a_local_store_writes_its_calls_and_counts_them(tmp_path):
     s = store.stats()
     assert s["calls"] == {"init": {"calls": 1, "keys": 2}, "push": {"calls": 1, "keys": 3}, "pull": {"calls": 1, "keys": 1}}
     assert (s["bytes_pushed"], s["bytes_pulled"], s["wire_bytes_sent"], s["collectives"], s["ranks"]) == (48, 16, 0, 0, [])
-    assert set(s["phases"]) == {"queued", "sum", "wire", "update", "copy", "ranks"} and s["phases"]["sum"] > 0
+    assert set(s["phases"]) == {"queued", "inputs", "sum", "wire", "update", "copy", "ranks"} and s["phases"]["sum"] > 0
     store.reset_stats()
     assert store.stats()["calls"] == {} and store.stats()["bytes_pushed"] == 0
 

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvstore_core::{KVStore, NDArray};
 use kvstore_tests::run_workers;
@@ -78,7 +78,8 @@ fn a_local_store_writes_its_calls_phases_flows_and_threads() {
     assert_eq!(named("init", "X"), 1);
     assert_eq!(named("push", "X"), 2, "the blocking push and the non-blocking one, not the push after the stop");
     assert_eq!(named("pull", "X"), 1);
-    assert!(named("sum", "X") >= 1 && named("copy", "X") >= 1 && named("queued", "X") == 1);
+    assert!(named("sum", "X") >= 1 && named("copy", "X") >= 1 && named("queued", "b") == 1);
+    assert_eq!(named("queued", "e"), 1, "the non-blocking push's wait: an async span");
     let push = events.iter().find(|e| e["name"] == "push" && e["args"]["keys"] == 2).expect("the list push");
     assert_eq!((push["args"]["bytes"].as_u64(), push["args"]["key"].as_str()), (Some(64), Some("a")));
     // The non-blocking push: a flow from the caller's thread to the engine's.
@@ -86,6 +87,14 @@ fn a_local_store_writes_its_calls_phases_flows_and_threads() {
     let end = events.iter().find(|e| e["ph"] == "f").expect("a flow's end");
     assert_eq!(start["id"], end["id"]);
     assert_ne!(start["tid"], end["tid"], "submitted on the caller's thread, run on an engine's");
+    // The flow starts inside its submission's slice (a viewer binds it to a slice).
+    let submit = events
+        .iter()
+        .find(|e| e["name"] == "submit" && e["tid"] == start["tid"])
+        .expect("the submission, on the caller's thread");
+    assert_eq!(submit["args"]["call"], "push");
+    let ts = |e: &Value| e["ts"].as_f64().expect("ts");
+    assert!(ts(submit) <= ts(start) && ts(start) <= ts(submit) + submit["dur"].as_f64().expect("dur"));
     let threads: Vec<&Value> = events.iter().filter(|e| e["name"] == "thread_name").collect();
     for tid in [&start["tid"], &end["tid"]] {
         assert!(threads.iter().any(|t| t["tid"] == *tid), "thread {tid} is named");
@@ -176,4 +185,80 @@ fn a_slow_worker_is_last_at_the_collectives_and_late_by_its_delay() {
     assert!(slow.last >= 11, "the slow worker was last at {} of 13", slow.last);
     assert!((slow.mean_lateness_s - 0.020 * 12.0 / 13.0).abs() < 0.005, "{} s late", slow.mean_lateness_s);
     assert!(stats[0].ranks.iter().filter(|r| r.rank != 1).all(|r| r.last <= 1 && r.mean_lateness_s < 0.002));
+}
+
+#[test]
+fn queued_time_is_counted_with_the_timeline_off() {
+    let _turn = turn();
+    let kv = KVStore::create("local").expect("a store");
+    kv.init("a", &NDArray::zeros(&[4]).expect("zeros")).expect("init");
+    let one = NDArray::ones(&[4]).expect("ones");
+    let began = Instant::now();
+    for _ in 0..20 {
+        kv.push_async("a", &one, 0).wait().expect("push_async");
+    }
+    let (queued, took) = (kv.stats().phases["queued"], began.elapsed());
+    assert!(queued > Duration::ZERO && queued <= took, "queued {queued:?} in {took:?}");
+}
+
+#[test]
+fn a_call_waiting_for_another_stores_write_counts_its_inputs_phase() {
+    let _turn = turn();
+    let path = temp("inputs");
+    let (a, b) = (KVStore::create("local").expect("a store"), KVStore::create("local").expect("a store"));
+    let zeros = NDArray::zeros(&[4]).expect("zeros");
+    a.init("w", &zeros).expect("init");
+    b.init("w", &zeros).expect("init");
+    // Store a's engine is busy for 60 ms, then writes x (a pull into it).
+    a.set_updater(|_: &kvstore_core::Key, _, merged: &NDArray, stored: &NDArray| {
+        std::thread::sleep(Duration::from_millis(60));
+        stored.add_assign(merged)
+    })
+    .expect("updater");
+    let x = NDArray::ones(&[4]).expect("ones");
+    b.start_timeline(&path).expect("start");
+    let pushed = a.push_async("w", &zeros, 0);
+    let pulled = a.pull_async("w", &x, 0);
+    // Store b's push reads x: it waits for a's write first.
+    b.push("w", &x, 0).expect("push");
+    b.stop_timeline().expect("stop");
+    pushed.wait().and(pulled.wait()).expect("a's calls");
+    let inputs = b.stats().phases["inputs"];
+    assert!(inputs >= Duration::from_millis(40), "inputs {inputs:?}");
+    assert_eq!(a.stats().phases["inputs"], Duration::ZERO, "a's calls waited for nothing");
+    let events = events(&path);
+    let _ = std::fs::remove_file(&path);
+    let wait = events.iter().find(|e| e["name"] == "inputs" && e["ph"] == "X").expect("the inputs phase");
+    assert!(wait["dur"].as_f64().expect("dur") >= 40_000.0, "{wait}");
+    nested(&events);
+}
+
+#[test]
+fn a_call_spread_over_the_pool_counts_its_sums_and_copies() {
+    let _turn = turn();
+    let path = temp("spread");
+    let kv = KVStore::builder("local").num_threads(2).build().expect("a store");
+    let keys: Vec<String> = (0..256).map(|k| format!("k{k}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let arrays = || keys.iter().map(|_| NDArray::ones(&[512])).collect::<Result<Vec<_>, _>>().expect("arrays");
+    let (values, outs) = (arrays(), arrays());
+    kv.init(&keys[..], &values).expect("init");
+    kv.start_timeline(&path).expect("start");
+    for _ in 0..20 {
+        kv.pushpull(&keys[..], &values, &outs, 0).expect("pushpull");
+    }
+    kv.stop_timeline().expect("stop");
+    let s = kv.stats();
+    assert!(s.phases["sum"] > Duration::ZERO && s.phases["copy"] > Duration::ZERO, "{:?}", s.phases);
+    let events = events(&path);
+    let _ = std::fs::remove_file(&path);
+    let spread: Vec<&Value> = events.iter().filter(|e| e["name"] == "spread").collect();
+    assert!(!spread.is_empty(), "the calls ran spread");
+    let ran: u64 = spread.iter().map(|e| e["args"]["keys"].as_u64().expect("keys")).sum();
+    assert_eq!(ran % 256, 0, "every key of a spread call, once");
+    for e in &spread {
+        let (sum, copy) = (e["args"]["sum_us"].as_f64().expect("sum"), e["args"]["copy_us"].as_f64().expect("copy"));
+        assert!(sum > 0.0 && sum + copy <= e["dur"].as_f64().expect("dur") + 1e-3, "{e}");
+    }
+    nested(&events);
 }

@@ -208,10 +208,8 @@ impl Job for Queued {
         let span = work.span.take().map(|(mut span, flow)| {
             let now = crate::timeline::now();
             store.counters.add(Phase::Queued, now.saturating_sub(span.start()));
-            if crate::timeline::recording() {
-                crate::timeline::complete("queued", "phase", span.start(), now, Vec::new());
-                crate::timeline::flow_end(op, flow, now);
-            }
+            crate::timeline::span_apart("queued", span.start(), now, flow, Vec::new());
+            crate::timeline::flow_end(op, flow, now);
             span.restart(now);
             span
         });
@@ -278,6 +276,7 @@ impl KVStore {
             return Ok(());
         }
         let _span = self.store.counters.begin(op, &push, &pull);
+        let _inputs = self.store.counters.inputs();
         // Nothing queued: a call of many small keys may be spread as given, its plan
         // built by the spread runner's first round, lookups and all (`run/pieces.rs`).
         // A call is offered to that runner once, and its keys are looked up once.
@@ -340,10 +339,13 @@ impl KVStore {
         priority: i32,
     ) -> Pending {
         self.back_pressure();
+        let _inputs = self.store.counters.inputs();
         let prepared = (|| -> Result<_> {
             locks::check_reentry(op, &self.store)?;
             let (push, pull) = pairs()?;
-            let span = self.store.counters.begin(op, &push, &pull);
+            // Timed from here whether the timeline records or not: its wait in the
+            // queue is its `queued` phase.
+            let span = self.store.counters.begin(op, &push, &pull).timed();
             let (push, pull) = (self.store.lookup(op, push)?, self.store.lookup(op, pull)?);
             let vars: Vars = vars_of(&push, &pull, true).collect();
             let fuse = self.fusable(op, &push, &pull);
@@ -359,10 +361,17 @@ impl KVStore {
             Ok((vars, push, pull, fuse, span))
         })();
         match prepared {
-            Ok((vars, push, pull, Some(fuse), _span)) => self.hold(op, vars, push, pull, fuse),
+            Ok((vars, push, pull, Some(fuse), span)) => {
+                let made = (span.start(), crate::timeline::flow_start(op, span.start()));
+                let pending = self.hold(op, vars, push, pull, fuse, made);
+                span.submitted();
+                pending
+            }
             Ok((vars, push, pull, None, span)) if !(push.is_empty() && pull.is_empty()) => {
-                let flow = crate::timeline::flow_start(op, span.start());
-                self.queue(op, vars, push, pull, priority, Some((span, flow)))
+                let (made, flow) = (span.start(), crate::timeline::flow_start(op, span.start()));
+                let pending = self.queue(op, vars, push, pull, priority, Some((span, flow)));
+                CallSpan::submitted_at(op, made);
+                pending
             }
             Ok(_) => Pending::finished(Ok(()), Arc::clone(&self.store.unobserved)),
             // (A broadcast's refusals before its step take it in `broadcast_init`.)

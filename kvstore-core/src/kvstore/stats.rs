@@ -41,7 +41,8 @@ pub struct Stats {
     /// See [`Stats::wire_bytes_sent`].
     pub wire_bytes_received: u64,
     /// Time in each phase of the calls, by name: `queued` (a non-blocking call waiting
-    /// to run), `sum` (values summed here), `wire` (the sum across the workers),
+    /// to run), `inputs` (a call waiting for other calls' writes to its arrays: a
+    /// non-blocking pull's into the values it pushes, say), `sum` (values summed here), `wire` (the sum across the workers),
     /// `update` (the updater or optimizer), `copy` (values copied into outs), `ranks`
     /// (waiting at a collective for the other workers). Phases of calls that run at
     /// once on several threads add up.
@@ -87,7 +88,7 @@ impl Stats {
         ["init", "push", "pull", "pushpull", "broadcast", "push_row_sparse", "pull_row_sparse"];
 
     /// The phases timed, in this order ([`Stats::phases`]' keys).
-    pub const PHASES: [&'static str; 6] = ["queued", "sum", "wire", "update", "copy", "ranks"];
+    pub const PHASES: [&'static str; 7] = ["queued", "inputs", "sum", "wire", "update", "copy", "ranks"];
 }
 
 const OPS: [&str; 7] = Stats::KINDS;
@@ -96,6 +97,7 @@ const OPS: [&str; 7] = Stats::KINDS;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Phase {
     Queued,
+    Inputs,
     Sum,
     Wire,
     Update,
@@ -103,7 +105,7 @@ pub(super) enum Phase {
     Ranks,
 }
 
-const PHASES: [&str; 6] = Stats::PHASES;
+const PHASES: [&str; 7] = Stats::PHASES;
 
 impl Phase {
     fn name(self) -> &'static str {
@@ -196,6 +198,14 @@ impl Counters {
     /// Times `phase` until the returned guard is dropped (and records it).
     pub(super) fn phase(&self, phase: Phase) -> Timed<'_> {
         Timed { counters: self, phase, start: timeline::now(), args: Vec::new() }
+    }
+
+    /// Until the returned guard is dropped: the time this thread waits for other calls'
+    /// writes to the arrays of the call it makes, counted as the `inputs` phase when
+    /// dropped (timed where it waits, `ndarray/pending.rs`).
+    pub(super) fn inputs(&self) -> Inputs<'_> {
+        crate::ndarray::take_waited();
+        Inputs(self)
     }
 
     /// Adds `ns` to `phase` (measured elsewhere: from a submission to a run).
@@ -328,6 +338,19 @@ impl Counters {
 }
 
 impl CallSpan {
+    /// Times a batch of held calls run as one (`run/fused.rs`), on `keys` keys in all:
+    /// its calls were counted when made.
+    pub(super) fn batch(keys: usize) -> CallSpan {
+        let start = match timeline::recording() {
+            true => {
+                CALL_BYTES.with(|b| b.set(0));
+                timeline::now()
+            }
+            false => 0,
+        };
+        CallSpan { op: "fused", start, keys, key: None }
+    }
+
     /// The call's event's args: its keys, its bytes (as its runner counted them) and
     /// its first key.
     fn args(&mut self) -> Vec<(&'static str, Arg)> {
@@ -339,9 +362,36 @@ impl CallSpan {
         args
     }
 
-    /// When the call was made.
+    /// When the call was made: read only while the timeline records, unless
+    /// [`CallSpan::timed`].
     pub(super) fn start(&self) -> u64 {
         self.start
+    }
+
+    /// The span with its start read from the clock even when the timeline is off (a
+    /// non-blocking call: its wait in the queue is counted).
+    pub(super) fn timed(mut self) -> Self {
+        if self.start == 0 {
+            self.start = timeline::now();
+        }
+        self
+    }
+
+    /// Ends a non-blocking call's span where it was submitted (a call that runs in a
+    /// batch: the batch's event is its run), as [`CallSpan::submitted_at`].
+    pub(super) fn submitted(mut self) {
+        Self::submitted_at(self.op, self.start);
+        // (Its own event is the submission's.)
+        self.key = None;
+        self.start = u64::MAX;
+    }
+
+    /// Records the submission of a non-blocking call of `op` made at `made` (on the
+    /// caller's thread, until now): the slice its flow starts in.
+    pub(super) fn submitted_at(op: &'static str, made: u64) {
+        if timeline::recording() {
+            timeline::complete("submit", "submit", made, timeline::now(), vec![("call", Arg::S(op.into()))]);
+        }
     }
 
     /// Times the call from `at` on (where it runs, after its wait in a queue, on this
@@ -354,9 +404,21 @@ impl CallSpan {
 
 impl Drop for CallSpan {
     fn drop(&mut self) {
-        if timeline::recording() {
+        if timeline::recording() && self.start != u64::MAX {
             let args = self.args();
             timeline::complete(self.op, "call", self.start, timeline::now(), args);
+        }
+    }
+}
+
+/// A call's waits for its arrays ([`Counters::inputs`]).
+pub(super) struct Inputs<'c>(&'c Counters);
+
+impl Drop for Inputs<'_> {
+    fn drop(&mut self) {
+        let ns = crate::ndarray::take_waited();
+        if ns > 0 {
+            self.0.add(Phase::Inputs, ns);
         }
     }
 }

@@ -23,7 +23,7 @@ mod storage;
 mod twins;
 
 pub(crate) use loan::{Lent, Reading, copied_bytes, values_read};
-pub(crate) use pending::{PendingWrites, as_user_code, empty_list, mark_pool_thread};
+pub(crate) use pending::{PendingWrites, as_user_code, empty_list, mark_pool_thread, take_waited};
 
 pub use sparse::RowSparse;
 pub(crate) use sparse::row_len;

@@ -33,6 +33,19 @@ pub(super) static SETTLED: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new(
 const RELOOK: std::time::Duration = std::time::Duration::from_millis(5);
 
 thread_local! {
+    /// Nanoseconds this thread waited for other calls' writes to arrays it was about to
+    /// use ([`NDArray::wait_for_writes_but`]), since [`take_waited`] last took them: a
+    /// call's `inputs` phase.
+    static WAITED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The nanoseconds this thread waited for pending writes since the last call here (a
+/// store counts them as its call's `inputs` phase), and starts counting again.
+pub(crate) fn take_waited() -> u64 {
+    WAITED.with(|w| w.replace(0))
+}
+
+thread_local! {
     /// Whether this thread is one of the reduction pool's: it runs parts of calls
     /// whose arrays were made ready for them, and store code only, so it never waits
     /// for pending writes and never reclaims loans.
@@ -107,7 +120,23 @@ impl NDArray {
     ///
     /// # Errors
     /// As [`NDArray::settle`].
+    /// The wait is timed (the waiting call's `inputs` phase: [`take_waited`], and an
+    /// event of the timeline when it records).
     pub(crate) fn wait_for_writes_but(&self, engine: usize) -> Result<()> {
+        if !self.foreign_writes(engine) {
+            return Ok(());
+        }
+        let start = crate::timeline::now();
+        let r = self.wait_for_foreign_writes(engine);
+        let end = crate::timeline::now();
+        WAITED.with(|w| w.set(w.get() + end.saturating_sub(start)));
+        if crate::timeline::recording() {
+            crate::timeline::complete("inputs", "phase", start, end, Vec::new());
+        }
+        r
+    }
+
+    fn wait_for_foreign_writes(&self, engine: usize) -> Result<()> {
         while self.foreign_writes(engine) {
             // A write a batch of fused calls holds back is released first (`kvstore/run/fused.rs`).
             release_writers_of(self.buffer_id());

@@ -142,13 +142,26 @@ def _plot(events: List[Dict[str, Any]], out: str) -> None:
     ranks = sorted({int(e["pid"]) for e in events if "pid" in e})
     order = sorted(s for s, at in steps.items() if len(at) == len(ranks))
     waits: Dict[Tuple[int, int], float] = {}
-    phases = ["sum", "wire", "update", "copy", "ranks", "queued"]
+    phases = ["sum", "wire", "update", "copy", "ranks", "inputs", "queued"]
     totals = {r: {p: 0.0 for p in phases} for r in ranks}
+    # A non-blocking call's wait (`queued`) is an async span: its begin and end.
+    began: Dict[Tuple[int, Any], float] = {}
     for e in events:
-        if e.get("ph") != "X" or int(e.get("pid", -1)) not in totals:
+        pid = int(e.get("pid", -1))
+        if pid not in totals:
+            continue
+        if e.get("ph") == "b" and e.get("name") == "queued":
+            began[(pid, e.get("id"))] = float(e["ts"])
+        elif e.get("ph") == "e" and e.get("name") == "queued" and (pid, e.get("id")) in began:
+            totals[pid]["queued"] += (float(e["ts"]) - began.pop((pid, e.get("id")))) / 1000.0
+        if e.get("ph") != "X":
             continue
         if e.get("name") in phases:
-            totals[int(e["pid"])][e["name"]] += float(e.get("dur", 0.0)) / 1000.0
+            totals[pid][e["name"]] += float(e.get("dur", 0.0)) / 1000.0
+        if e.get("name") == "spread":  # sums and copies spread over a pool's threads
+            spread = e.get("args") or {}
+            totals[pid]["sum"] += float(spread.get("sum_us", 0.0)) / 1000.0
+            totals[pid]["copy"] += float(spread.get("copy_us", 0.0)) / 1000.0
         if e.get("name") == "ranks" and "step" in (e.get("args") or {}):
             waits[(int(e["pid"]), int(e["args"]["step"]))] = float(e.get("dur", 0.0)) / 1000.0
     fig, (late_ax, wait_ax, phase_ax) = plt.subplots(3, 1, figsize=(10, 10))

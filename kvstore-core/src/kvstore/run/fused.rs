@@ -41,9 +41,11 @@ use crate::engine::{self, HeldBatch, HeldCalls, Var, Vars};
 use crate::error::{Error, Result};
 use crate::kvstore::calls::{Copies, Input, Owned, borrow, borrow_inputs, start_reads};
 use crate::kvstore::plan::Plan;
+use crate::kvstore::stats::{CallSpan, Phase};
 use crate::kvstore::steps::StepKey;
 use crate::kvstore::{Calls, Done, Entry, Found, Group, KVStore, Merger, Pending, Store, locks::Held};
 use crate::ndarray::PendingWrites;
+use crate::timeline::{self, Arg};
 
 /// The most calls one batch holds (the workers' comparison marks refused calls in a
 /// 64-bit mask).
@@ -61,6 +63,8 @@ struct Call {
     pull: Owned,
     done: Arc<Done>,
     writes: PendingWrites,
+    /// When it was made, and its flow on the timeline (0: none).
+    made: (u64, u64),
 }
 
 /// The calls of one batch, and what decides whether the next joins.
@@ -89,7 +93,17 @@ impl HeldBatch for Batch {
 
 impl Batch {
     fn run(self) {
-        let Batch { store, calls, .. } = self;
+        let Batch { store, calls, keys, .. } = self;
+        // Each call's wait in the batch and the queue, then the batch's run.
+        let now = timeline::now();
+        for c in &calls {
+            store.counters.add(Phase::Queued, now.saturating_sub(c.made.0));
+        }
+        for c in &calls {
+            timeline::span_apart("queued", c.made.0, now, c.made.1, vec![("fused", Arg::U(calls.len() as u64))]);
+            timeline::flow_end(c.op, c.made.1, now);
+        }
+        let span = CallSpan::batch(keys.len());
         let (values, _reading): (Vec<Copies>, Vec<_>) = calls.iter().map(|c| start_reads(&c.push)).unzip();
         let n = calls.len();
         let results = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -99,6 +113,7 @@ impl Batch {
         }))
         .unwrap_or_else(|_| (0..n).map(|_| Err(Error::Internal("fused calls panicked".into()))).collect());
         drop(values);
+        drop(span);
         // As `queue`: the values returned and the outs readable before a handle says
         // its call is done.
         for (call, result) in calls.into_iter().zip(results) {
@@ -143,6 +158,7 @@ impl KVStore {
         push: Owned<Input>,
         pull: Owned,
         fuse: Fuse,
+        made: (u64, u64),
     ) -> Pending {
         let done = Done::new(Arc::clone(&self.store.unobserved), self.engine.id());
         let outs: Vec<_> = pull.iter().flat_map(|(_, outs)| outs.iter().cloned()).collect();
@@ -151,7 +167,7 @@ impl KVStore {
             Ok(writes) => writes,
             Err(e) => return Pending::finished(Err(e), Arc::clone(&self.store.unobserved)),
         };
-        let call = Call { op, push, pull, done: Arc::clone(&done), writes };
+        let call = Call { op, push, pull, done: Arc::clone(&done), writes, made };
         let owner = Arc::as_ptr(&self.store);
         let mut held = self.engine.held();
         let (id, bytes, calls) = if let Some(open) = held.open()

@@ -34,8 +34,10 @@ use crate::comm::{BroadcastJob, CLAIM_KEYS, Claims, ReduceJob};
 use crate::error::{Error, Result};
 use crate::kvstore::forms::Run;
 use crate::kvstore::plan::{Like, Plan, check_arrays};
+use crate::kvstore::stats::Phase;
 use crate::kvstore::{Entry, Found, Group, Merger, Slot, Store, Table, locks};
 use crate::ndarray::{NDArray, overlapping_uses, used_twice};
+use crate::timeline::{self, Arg};
 
 /// Keys whose arrays a piece gathers at a time to sum and copy them.
 const GATHERED: usize = 8;
@@ -408,8 +410,13 @@ impl Store {
                 }
             };
         // Sums and copies the keys of a piece, `held` (each locked): `sides(i)` are the
-        // values and outs of its `i`th key.
-        let run = |sides: &dyn Fn(usize) -> (Side<'k, 'a>, Side<'k, 'a>), held: &[Held<'k, G>]| -> Result<()> {
+        // values and outs of its `i`th key. `took`: the time spent summing and copying,
+        // added to (the two alternate every few keys: timed a few keys at a time).
+        let run = |sides: &dyn Fn(usize) -> (Side<'k, 'a>, Side<'k, 'a>),
+                   held: &[Held<'k, G>],
+                   took: &mut [u64; 2]|
+         -> Result<()> {
+            let mut at = timeline::now();
             // A few keys at a time, their arrays gathered on the stack.
             for (start, held) in (0..held.len()).step_by(GATHERED).zip(held.chunks(GATHERED)) {
                 let slots: SmallVec<[&Slot; GATHERED]> =
@@ -432,11 +439,16 @@ impl Store {
                     .map(|((values, _), slot)| ReduceJob { inputs: values, out: &slot.value })
                     .collect();
                 self.comm.reduce(&jobs)?;
+                let summed = timeline::now();
                 let jobs: SmallVec<[BroadcastJob<'_>; GATHERED]> = keys()
                     .filter(|((_, outs), _)| !outs.is_empty())
                     .map(|((_, outs), slot)| BroadcastJob { src: &slot.value, outs })
                     .collect();
                 self.comm.broadcast(&jobs)?;
+                let copied = timeline::now();
+                took[0] += summed - at;
+                took[1] += copied - summed;
+                at = copied;
             }
             Ok(())
         };
@@ -463,6 +475,9 @@ impl Store {
             if !claims.all_done() || stop.load(Ordering::Relaxed) {
                 return Ok(());
             }
+            // This thread's part of the call: its time summing and copying, its keys.
+            let (start, mut took, mut ran) = (timeline::now(), [0u64; 2], 0);
+            let mut result = Ok(());
             while let Some((p, range)) = claims.next() {
                 let mut piece = placed[p].lock();
                 let sides = |i: usize| match keys {
@@ -473,10 +488,22 @@ impl Store {
                         (Side::of_run(push.get(range.start + i)), Side::of_run(pull.get(range.start + i)))
                     }
                 };
-                run(&sides, &piece)?;
+                ran += piece.len();
+                result = run(&sides, &piece, &mut took);
                 piece.clear();
+                if result.is_err() {
+                    break;
+                }
             }
-            Ok(())
+            self.counters.add(Phase::Sum, took[0]);
+            self.counters.add(Phase::Copy, took[1]);
+            if timeline::recording() && ran > 0 {
+                // One event for the thread's part: its sums and copies alternate.
+                let us = |ns: u64| Arg::F(ns as f64 / 1e3);
+                let args = vec![("keys", Arg::U(ran as u64)), ("sum_us", us(took[0])), ("copy_us", us(took[1]))];
+                timeline::complete("spread", "phase", start, timeline::now(), args);
+            }
+            result
         };
         let Some(r) = self.comm.share_keys(sizes, 2, &work) else { return Given::NotOne };
         if !stop.load(Ordering::Relaxed) {

@@ -19,9 +19,10 @@ import java.util.Map;
  * @param wireBytesSent bytes this worker sent to the others ({@code dist_sync}: an allreduce
  *     of S bytes over n workers moves 2(n-1)/n S each way)
  * @param wireBytesReceived bytes this worker received from the others
- * @param phaseSeconds seconds in each phase of the calls: {@code queued}, {@code sum},
- *     {@code wire}, {@code update}, {@code copy}, {@code ranks} (waiting at a collective for
- *     the other workers)
+ * @param phaseSeconds seconds in each phase of the calls: {@code queued}, {@code inputs}
+ *     (waiting for other calls' writes to the call's arrays), {@code sum}, {@code wire},
+ *     {@code update}, {@code copy}, {@code ranks} (waiting at a collective for the other
+ *     workers)
  * @param collectives under {@code dist_sync}, the collectives whose arrivals were compared
  * @param ranks under {@code dist_sync}, each worker in rank order (the same on every worker)
  */
@@ -53,7 +54,7 @@ public record Stats(
     };
 
     /** The phases, in the order of {@code nStats}' longs. */
-    static final String[] PHASES = {"queued", "sum", "wire", "update", "copy", "ranks"};
+    static final String[] PHASES = {"queued", "inputs", "sum", "wire", "update", "copy", "ranks"};
 
     /** The counters {@code nStats} returns, as a record. */
     static Stats of(long[] raw) {
