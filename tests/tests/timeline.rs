@@ -261,4 +261,13 @@ fn a_call_spread_over_the_pool_counts_its_sums_and_copies() {
         assert!(sum > 0.0 && sum + copy <= e["dur"].as_f64().expect("dur") + 1e-3, "{e}");
     }
     nested(&events);
+    // A push only sums, a pull only copies.
+    kv.reset_stats();
+    kv.push(&keys[..], &values, 0).expect("push");
+    let pushed = kv.stats().phases;
+    assert!(pushed["sum"] > Duration::ZERO && pushed["copy"] == Duration::ZERO, "{pushed:?}");
+    kv.reset_stats();
+    kv.pull(&keys[..], &outs, 0).expect("pull");
+    let pulled = kv.stats().phases;
+    assert!(pulled["sum"] == Duration::ZERO && pulled["copy"] > Duration::ZERO, "{pulled:?}");
 }

@@ -409,14 +409,19 @@ impl Store {
                     total.fetch_add(m, Ordering::Relaxed);
                 }
             };
+        // A push only sums, a pull only copies; a pushpull does both, alternating every
+        // few keys: its sums and copies are timed a few keys at a time (two clock reads),
+        // the others' as a whole.
+        let (values, outs, _) = keys.counts(0);
+        let (split, pushes) = (values > 0 && outs > 0, values > 0);
         // Sums and copies the keys of a piece, `held` (each locked): `sides(i)` are the
         // values and outs of its `i`th key. `took`: the time spent summing and copying,
-        // added to (the two alternate every few keys: timed a few keys at a time).
+        // added to when `split`.
         let run = |sides: &dyn Fn(usize) -> (Side<'k, 'a>, Side<'k, 'a>),
                    held: &[Held<'k, G>],
                    took: &mut [u64; 2]|
          -> Result<()> {
-            let mut at = timeline::now();
+            let mut at = if split { timeline::now() } else { 0 };
             // A few keys at a time, their arrays gathered on the stack.
             for (start, held) in (0..held.len()).step_by(GATHERED).zip(held.chunks(GATHERED)) {
                 let slots: SmallVec<[&Slot; GATHERED]> =
@@ -439,16 +444,18 @@ impl Store {
                     .map(|((values, _), slot)| ReduceJob { inputs: values, out: &slot.value })
                     .collect();
                 self.comm.reduce(&jobs)?;
-                let summed = timeline::now();
+                let summed = if split { timeline::now() } else { 0 };
                 let jobs: SmallVec<[BroadcastJob<'_>; GATHERED]> = keys()
                     .filter(|((_, outs), _)| !outs.is_empty())
                     .map(|((_, outs), slot)| BroadcastJob { src: &slot.value, outs })
                     .collect();
                 self.comm.broadcast(&jobs)?;
-                let copied = timeline::now();
-                took[0] += summed - at;
-                took[1] += copied - summed;
-                at = copied;
+                if split {
+                    let copied = timeline::now();
+                    took[0] += summed - at;
+                    took[1] += copied - summed;
+                    at = copied;
+                }
             }
             Ok(())
         };
@@ -495,13 +502,17 @@ impl Store {
                     break;
                 }
             }
+            let end = timeline::now();
+            if !split {
+                took[usize::from(!pushes)] = end - start;
+            }
             self.counters.add(Phase::Sum, took[0]);
             self.counters.add(Phase::Copy, took[1]);
             if timeline::recording() && ran > 0 {
                 // One event for the thread's part: its sums and copies alternate.
                 let us = |ns: u64| Arg::F(ns as f64 / 1e3);
                 let args = vec![("keys", Arg::U(ran as u64)), ("sum_us", us(took[0])), ("copy_us", us(took[1]))];
-                timeline::complete("spread", "phase", start, timeline::now(), args);
+                timeline::complete("spread", "phase", start, end, args);
             }
             result
         };
