@@ -36,7 +36,7 @@ use std::cell::Cell;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{BufRead, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -586,35 +586,40 @@ pub fn flight_note(ends: bool) -> String {
     }
 }
 
-/// Merges the files of every rank (`parts`, each one rank's whole file) into one
-/// trace at `path` (rank 0 does, at the end of a job).
+/// Merges the files of every rank (`parts`, in rank order, each one rank's whole file)
+/// into one trace at `path` (rank 0 does, at the end of a job), reading them line by
+/// line: a merge holds no file in memory.
 ///
 /// # Errors
-/// [`Error::Io`] when `path` cannot be written; [`Error::InvalidArgument`] when a part
-/// is not such a file.
-pub fn merge(path: &Path, parts: &[Vec<u8>]) -> Result<()> {
+/// [`Error::Io`] when a part cannot be read or `path` written;
+/// [`Error::InvalidArgument`] when a part is not such a file.
+pub fn merge(path: &Path, parts: &[PathBuf]) -> Result<()> {
     let io = |e| Error::Io { context: format!("the merged timeline {}", path.display()), source: e };
     let mut w = BufWriter::new(File::create(path).map_err(io)?);
     w.write_all(b"{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n").map_err(io)?;
     let mut error = 0u64;
     let mut first = true;
     for (rank, part) in parts.iter().enumerate() {
-        let text = String::from_utf8_lossy(part);
-        let doc_error = text
-            .rsplit_once("\"clock_error_ns\":")
-            .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok());
-        let Some(e) = doc_error else {
-            return Err(Error::invalid_argument(format!("rank {rank}'s timeline is not a whole timeline file")));
-        };
-        error = error.max(e);
-        for line in text.lines().filter(|l| l.starts_with("{\"ph\"")) {
-            let line = line.strip_suffix(',').unwrap_or(line);
+        let read = |e| Error::Io { context: format!("rank {rank}'s timeline {}", part.display()), source: e };
+        // Line by line: nothing of a part is held but its current line.
+        let mut doc_error = None;
+        for line in std::io::BufReader::new(File::open(part).map_err(read)?).split(b'\n') {
+            let line = line.map_err(read)?;
+            if !line.starts_with(b"{\"ph\"") {
+                doc_error = doc_error.or_else(|| clock_error(&line));
+                continue;
+            }
+            let line = line.strip_suffix(b",").unwrap_or(&line);
             if !first {
                 w.write_all(b",\n").map_err(io)?;
             }
             first = false;
-            w.write_all(line.as_bytes()).map_err(io)?;
+            w.write_all(line).map_err(io)?;
         }
+        let Some(e) = doc_error else {
+            return Err(Error::invalid_argument(format!("rank {rank}'s timeline is not a whole timeline file")));
+        };
+        error = error.max(e);
     }
     let other = format!(
         "\n],\"otherData\":{{\"ranks\":{},\"clock\":\"every rank's aligned to rank 0's\",\"ts_origin_unix_ns\":{},\
@@ -624,4 +629,11 @@ pub fn merge(path: &Path, parts: &[Vec<u8>]) -> Result<()> {
     );
     w.write_all(other.as_bytes()).map_err(io)?;
     w.flush().map_err(io)
+}
+
+/// The `clock_error_ns` of a file's last line (its `otherData`), if `line` is that.
+fn clock_error(line: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(line).ok()?;
+    let (_, rest) = text.split_once("\"clock_error_ns\":")?;
+    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }

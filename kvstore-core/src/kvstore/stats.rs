@@ -539,33 +539,97 @@ impl KVStore {
 pub(crate) fn finish_timeline(group: &dyn Collective, log: bool) -> Result<Option<PathBuf>> {
     let base = timeline::path();
     let file = timeline::stop()?;
-    let mine = match &file {
-        Some(f) => std::fs::read(f)
-            .map_err(|e| Error::Io { context: format!("the timeline's file {}", f.display()), source: e })?,
-        None => Vec::new(),
+    let len = match &file {
+        Some(f) => std::fs::metadata(f).map_err(|e| read_error(f, e))?.len(),
+        None => 0,
     };
-    let lens: Vec<usize> = group
-        .exchange("the timelines' sizes", &(mine.len() as u64).to_le_bytes())?
+    let lens: Vec<u64> = group
+        .exchange("the timelines' sizes", &len.to_le_bytes())?
         .iter()
-        .map(|r| r.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes) as usize)
+        .map(|r| r.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes))
         .collect();
     let longest = lens.iter().copied().max().unwrap_or(0);
     if longest == 0 || group.size() < 2 {
         return Ok(file);
     }
-    let mut padded = mine;
-    padded.resize(longest, 0);
-    let all = group.all_gather("the timelines", &padded)?;
-    if group.rank() != 0 {
-        return Ok(file);
+    // Rank 0 receives the others' files into parts beside the merged one, in pieces
+    // of at most `PIECE` bytes a rank: what a rank holds at once is one round's pieces,
+    // whatever the size of the files.
+    let me = group.rank();
+    let parts: Vec<PathBuf> = match (&base, me) {
+        (Some(base), 0) => (0..group.size())
+            .map(|r| match (r, &file) {
+                (0, Some(f)) => f.clone(),
+                _ => base.with_extension(format!("part{r}")),
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let moved = move_files(group, file.as_deref(), &lens, &parts);
+    let merged = moved.and_then(|()| match (&base, me) {
+        (Some(base), 0) => timeline::merge(base, &parts).map(|()| Some(base.clone())),
+        _ => Ok(None),
+    });
+    for part in parts.iter().skip(1) {
+        let _ = std::fs::remove_file(part);
     }
-    let parts: Vec<Vec<u8>> = all.chunks(longest).zip(&lens).map(|(c, &n)| c[..n].to_vec()).collect();
-    let Some(base) = base else { return Ok(file) };
-    timeline::merge(&base, &parts)?;
+    let Some(merged) = merged? else { return Ok(file) };
     if let Some(line) = slowest_rank().filter(|_| log) {
         eprintln!("kvstore: {line}");
     }
-    Ok(Some(base))
+    Ok(Some(merged))
+}
+
+/// The most bytes of its timeline a rank sends in one round of [`move_files`]: 1 MiB.
+const PIECE: usize = 1 << 20;
+
+fn read_error(path: &Path, e: std::io::Error) -> Error {
+    Error::Io { context: format!("the timeline's file {}", path.display()), source: e }
+}
+
+/// Every rank's timeline file (`mine`, of `lens[rank]` bytes) to rank 0, which writes
+/// rank r's to `parts[r]` (r ≥ 1), in rounds of [`PIECE`] bytes a rank. Every rank
+/// takes part in every round whatever fails: a rank whose file cannot be read sends
+/// zeros (the merge then finds its part is not a whole file), and rank 0 stops writing
+/// at its first error, which it returns at the end.
+fn move_files(group: &dyn Collective, mine: Option<&Path>, lens: &[u64], parts: &[PathBuf]) -> Result<()> {
+    use std::io::{Read, Write};
+    let longest = lens.iter().copied().max().unwrap_or(0);
+    let piece = (longest as usize).min(PIECE);
+    let mut reader = mine.and_then(|p| std::fs::File::open(p).ok()).map(std::io::BufReader::new);
+    let mut writers = parts
+        .iter()
+        .skip(1)
+        .map(|p| std::fs::File::create(p).map(std::io::BufWriter::new).map_err(|e| read_error(p, e)))
+        .collect::<Result<Vec<_>>>();
+    let mut buf = vec![0u8; piece];
+    let mut sent = 0u64;
+    while sent < longest {
+        let n = (longest - sent).min(piece as u64) as usize;
+        buf.iter_mut().for_each(|b| *b = 0);
+        if let Some(r) = reader.as_mut()
+            && r.read_exact(&mut buf[..n.min(lens[group.rank()].saturating_sub(sent) as usize)]).is_err()
+        {
+            reader = None;
+        }
+        let all = group.all_gather("the timelines", &buf[..n])?;
+        if let Ok(ws) = writers.as_mut() {
+            let wrote = ws.iter_mut().enumerate().try_for_each(|(r, w)| {
+                let r = r + 1;
+                let have = lens[r].saturating_sub(sent).min(n as u64) as usize;
+                w.write_all(&all[r * n..r * n + have]).map_err(|e| read_error(&parts[r], e))
+            });
+            if let Err(e) = wrote {
+                writers = Err(e);
+            }
+        }
+        sent += n as u64;
+    }
+    let writers = writers?;
+    for (w, p) in writers.into_iter().zip(parts.iter().skip(1)) {
+        w.into_inner().map_err(|e| read_error(p, e.into_error()))?;
+    }
+    Ok(())
 }
 
 /// The job's arrivals at the collectives of all of this process's stores.
@@ -591,7 +655,82 @@ pub fn slowest_rank() -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::lateness;
+    use std::path::PathBuf;
+    use std::sync::{Arc, Barrier};
+
+    use parking_lot::Mutex;
+
+    use super::{PIECE, lateness, move_files};
+    use crate::collective::Collective;
+    use crate::{Error, NDArray, Result};
+
+    /// Workers as threads that only gather bytes.
+    struct Gathering {
+        rank: usize,
+        size: usize,
+        slots: Arc<Mutex<Vec<Vec<u8>>>>,
+        turns: Arc<Barrier>,
+    }
+
+    impl Collective for Gathering {
+        fn name(&self) -> &'static str {
+            "gathering threads"
+        }
+        fn rank(&self) -> usize {
+            self.rank
+        }
+        fn size(&self) -> usize {
+            self.size
+        }
+        fn barrier(&self) -> Result<()> {
+            self.turns.wait();
+            Ok(())
+        }
+        fn allreduce_sum(&self, _: &[(&NDArray, &NDArray)]) -> Result<()> {
+            Err(Error::Internal("not a sum".into()))
+        }
+        fn broadcast(&self, _: &[&NDArray], _: usize) -> Result<()> {
+            Err(Error::Internal("not a broadcast".into()))
+        }
+        fn all_gather(&self, _: &str, mine: &[u8]) -> Result<Vec<u8>> {
+            self.slots.lock()[self.rank] = mine.to_vec();
+            self.turns.wait();
+            let all = self.slots.lock().concat();
+            self.turns.wait();
+            Ok(all)
+        }
+    }
+
+    #[test]
+    fn rank_0_receives_every_ranks_file_in_pieces() {
+        let folder = std::env::temp_dir().join(format!("kvstore-move-files-{}", std::process::id()));
+        std::fs::create_dir_all(&folder).expect("a folder");
+        // Two and a half pieces, a third of one, nothing: three rounds.
+        let lens = [PIECE * 5 / 2, PIECE / 3, 0];
+        let files: Vec<PathBuf> = (0..3).map(|r| folder.join(format!("rank{r}"))).collect();
+        let bytes: Vec<Vec<u8>> =
+            lens.iter().enumerate().map(|(r, &n)| (0..n).map(|i| (i * 7 + r) as u8).collect()).collect();
+        for (f, b) in files.iter().zip(&bytes) {
+            std::fs::write(f, b).expect("a file");
+        }
+        let parts: Vec<PathBuf> = (0..3).map(|r| folder.join(format!("part{r}"))).collect();
+        let (slots, turns) = (Arc::new(Mutex::new(vec![Vec::new(); 3])), Arc::new(Barrier::new(3)));
+        let lens64: Vec<u64> = lens.iter().map(|&n| n as u64).collect();
+        std::thread::scope(|s| {
+            for (rank, file) in files.iter().enumerate() {
+                let group = Gathering { rank, size: 3, slots: Arc::clone(&slots), turns: Arc::clone(&turns) };
+                let (lens, parts) = (&lens64, &parts);
+                s.spawn(move || {
+                    let parts = if rank == 0 { &parts[..] } else { &[][..] };
+                    move_files(&group, Some(file), lens, parts).expect("moved");
+                });
+            }
+        });
+        for (r, (part, sent)) in parts.iter().zip(&bytes).enumerate().skip(1) {
+            assert!(std::fs::read(part).expect("a part") == *sent, "rank {r}'s file, whole");
+        }
+        let _ = std::fs::remove_dir_all(&folder);
+    }
 
     #[test]
     fn lateness_is_the_arrival_less_the_median_of_the_others() {
