@@ -90,6 +90,7 @@ fn valid(ran: &Ran) {
     let mut arrivals: BTreeMap<u64, u64> = BTreeMap::new();
     // Flows and async spans by id: their starts and ends pair up.
     let mut ids: BTreeMap<(u64, &str), i64> = BTreeMap::new();
+    let mut flows: Vec<(u64, u64, f64)> = Vec::new();
     for e in events {
         let ph = e["ph"].as_str().unwrap_or_else(|| panic!("no ph: {e}"));
         assert!(e["name"].is_string(), "no name: {e}");
@@ -126,12 +127,20 @@ fn valid(ran: &Ran) {
                 ts();
                 let id = e["id"].as_u64().unwrap_or_else(|| panic!("no id: {e}"));
                 let kind = if matches!(ph, "s" | "f") { "flow" } else { "async" };
+                if kind == "flow" {
+                    flows.push((pid, tid, ts()));
+                }
                 *ids.entry((pid * (1 << 40) + id, kind)).or_default() += if matches!(ph, "s" | "b") { 1 } else { -1 };
             }
             other => panic!("an event of phase {other}: {e}"),
         }
     }
     assert!(ids.values().all(|&n| n == 0), "every flow and async span begins and ends once");
+    // A viewer binds a flow's ends to the slices they lie in: each lies in one.
+    for (pid, tid, ts) in flows {
+        let inside = spans.get(&(pid, tid)).is_some_and(|s| s.iter().any(|&(a, b)| a <= ts && ts <= b));
+        assert!(inside, "pid {pid} tid {tid}: a flow's end at {ts} lies in no slice");
+    }
     let all: BTreeSet<u64> = (0..RANKS as u64).collect();
     assert_eq!((&pids, &named), (&all, &all), "one named process per rank");
     // Per thread, complete events nest: each starts after and ends before the one it

@@ -338,13 +338,14 @@ impl Counters {
 }
 
 impl CallSpan {
-    /// Times a batch of held calls run as one (`run/fused.rs`), on `keys` keys in all:
-    /// its calls were counted when made.
-    pub(super) fn batch(keys: usize) -> CallSpan {
+    /// Times a batch of held calls run as one (`run/fused.rs`) from `at` (where its
+    /// calls' flows end: inside its event), on `keys` keys in all: its calls were
+    /// counted when made.
+    pub(super) fn batch(keys: usize, at: u64) -> CallSpan {
         let start = match timeline::recording() {
             true => {
                 CALL_BYTES.with(|b| b.set(0));
-                timeline::now()
+                at
             }
             false => 0,
         };

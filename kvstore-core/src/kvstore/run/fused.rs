@@ -103,7 +103,7 @@ impl Batch {
             timeline::span_apart("queued", c.made.0, now, c.made.1, vec![("fused", Arg::U(calls.len() as u64))]);
             timeline::flow_end(c.op, c.made.1, now);
         }
-        let span = CallSpan::batch(keys.len());
+        let span = CallSpan::batch(keys.len(), now);
         let (values, _reading): (Vec<Copies>, Vec<_>) = calls.iter().map(|c| start_reads(&c.push)).unzip();
         let n = calls.len();
         let results = std::panic::catch_unwind(AssertUnwindSafe(|| {
