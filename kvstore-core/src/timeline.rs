@@ -38,7 +38,7 @@ use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{BufRead, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -71,9 +71,41 @@ static ORIGIN: AtomicU64 = AtomicU64::new(0);
 /// The flows' ids (a non-blocking call's submission to its run).
 static NEXT_FLOW: AtomicU64 = AtomicU64::new(1);
 static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+/// When the file being written was started ([`now`]'s reading): a phase that began
+/// before is written from then on.
+static STARTED: AtomicU64 = AtomicU64::new(0);
+/// The stores of this process alive now ([`Hold`]).
+static STORES: AtomicUsize = AtomicUsize::new(0);
+/// Whether `KVSTORE_TIMELINE` was read (by the first store made).
+static ENV_READ: AtomicBool = AtomicBool::new(false);
+/// A file of `KVSTORE_TIMELINE` that the last store closed: the next store made writes
+/// on where its events ended ([`start_from_env`]).
+static RESUME: Mutex<Option<Resume>> = Mutex::new(None);
+
+/// Where a closed file's events ended, to write on there.
+struct Resume {
+    base: PathBuf,
+    path: PathBuf,
+    at: u64,
+    max: u64,
+    truncated: bool,
+}
+
+/// This thread's row in the trace (0: none yet); its name is forgotten when the thread
+/// ends (a process that makes many threads keeps no list of the dead ones).
+struct Row(Cell<u64>);
+
+impl Drop for Row {
+    fn drop(&mut self) {
+        let id = self.0.get();
+        if id != 0 {
+            sink().threads.retain(|(t, _)| *t != id);
+        }
+    }
+}
 
 thread_local! {
-    static THREAD: Cell<u64> = const { Cell::new(0) };
+    static THREAD: Row = const { Row(Cell::new(0)) };
 }
 
 /// The open file, and the threads named so far (written at the start of a file).
@@ -92,6 +124,9 @@ struct Output {
     written: u64,
     max: u64,
     truncated: bool,
+    /// Whether `KVSTORE_TIMELINE` started it (the last store's drop closes it to be
+    /// resumed: [`Hold`]).
+    from_env: bool,
 }
 
 static SINK: Mutex<Sink> = Mutex::new(Sink { out: None, threads: Vec::new(), flight: VecDeque::new() });
@@ -196,18 +231,63 @@ pub fn rank_path(path: &Path, rank: usize, ranks: usize) -> PathBuf {
 /// replacing a timeline being written (which is closed first).
 ///
 /// # Errors
-/// [`Error::Io`] when the file cannot be made.
+/// [`Error::InvalidArgument`] when the file is something other than a regular file (a
+/// FIFO, a device, a folder) or `KVSTORE_TIMELINE_MAX_BYTES` is not a number of bytes;
+/// [`Error::Io`] when the file cannot be made, or the one being written closed.
 pub fn start(path: impl AsRef<Path>) -> Result<()> {
+    start_as(path.as_ref(), false)
+}
+
+fn start_as(path: &Path, from_env: bool) -> Result<()> {
     let ranks = RANKS.load(Ordering::Relaxed) as usize;
-    let file = rank_path(path.as_ref(), rank(), ranks);
-    let max = std::env::var(MAX_BYTES_VAR).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_MAX_BYTES);
-    let mut sink = sink();
-    let out = Output::open(path.as_ref().to_path_buf(), file, max, &sink.threads)?;
-    if let Some(old) = sink.out.replace(out) {
-        close(old, "")?;
+    let file = rank_path(path, rank(), ranks);
+    let max = max_bytes()?;
+    if std::fs::metadata(&file).is_ok_and(|m| !m.is_file()) {
+        return Err(Error::invalid_argument(format!("the timeline's file {} is not a regular file", file.display())));
     }
+    // The file being written is closed first (its last lines would land in a new file
+    // of the same path), and the new one made outside the lock: making a file may
+    // take a while, and every recording thread takes the lock.
+    ON.store(false, Ordering::Relaxed);
+    let old = sink().out.take();
+    old.map(|o| close(o, "")).transpose()?;
+    *resume() = None;
+    let threads = sink().threads.clone();
+    let mut out = Output::open(path.to_path_buf(), file, max, &threads)?;
+    out.from_env = from_env;
+    install(out, &threads)
+}
+
+/// Makes `out` the file events go to; names the threads that `named` (the threads
+/// known when it was made) lacks.
+fn install(mut out: Output, named: &[(u64, String)]) -> Result<()> {
+    let mut sink = sink();
+    for (id, name) in sink.threads.iter().filter(|t| !named.contains(t)) {
+        let mut meta = String::new();
+        json_meta(&mut meta, rank(), *id, "thread_name", name);
+        out.event(&meta)?;
+    }
+    let old = sink.out.replace(out);
+    STARTED.store(now(), Ordering::Relaxed);
     ON.store(true, Ordering::Relaxed);
+    drop(sink);
+    old.map(|o| close(o, "")).transpose()?;
     Ok(())
+}
+
+fn resume() -> std::sync::MutexGuard<'static, Option<Resume>> {
+    RESUME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `KVSTORE_TIMELINE_MAX_BYTES`, or the default.
+fn max_bytes() -> Result<u64> {
+    match std::env::var(MAX_BYTES_VAR) {
+        Ok(v) => v.trim().parse().map_err(|_| {
+            Error::invalid_argument(format!("{MAX_BYTES_VAR} must be a whole number of bytes, not {v:?}"))
+        }),
+        Err(std::env::VarError::NotPresent) => Ok(DEFAULT_MAX_BYTES),
+        Err(e) => Err(Error::invalid_argument(format!("{MAX_BYTES_VAR}: {e}"))),
+    }
 }
 
 /// The path the timeline being written was started with (`None` when it is off).
@@ -215,16 +295,40 @@ pub fn path() -> Option<PathBuf> {
     sink().out.as_ref().map(|o| o.base.clone())
 }
 
-/// Starts the timeline if `KVSTORE_TIMELINE` names a file and none is being written
-/// (a store does when it is made).
+/// Starts the timeline when `KVSTORE_TIMELINE` names a file (a store does when it is
+/// made): the first store made reads it; when the last store was dropped, which closed
+/// the file, the next store made writes on in it.
 ///
 /// # Errors
 /// As [`start`].
 pub fn start_from_env() -> Result<()> {
-    match std::env::var_os(TIMELINE_VAR) {
-        Some(path) if !path.is_empty() && !is_on() => start(PathBuf::from(path)),
-        _ => Ok(()),
+    if !ENV_READ.swap(true, Ordering::Relaxed) {
+        return match std::env::var_os(TIMELINE_VAR) {
+            Some(path) if !path.is_empty() && !is_on() => start_as(Path::new(&path), true),
+            _ => Ok(()),
+        };
     }
+    let Some(r) = resume().take() else { return Ok(()) };
+    if is_on() {
+        return Ok(());
+    }
+    let io = |e| Error::Io { context: format!("the timeline's file {}", r.path.display()), source: e };
+    let file = std::fs::OpenOptions::new().write(true).open(&r.path).map_err(io)?;
+    file.set_len(r.at).map_err(io)?;
+    let mut writer = BufWriter::new(file);
+    std::io::Seek::seek(&mut writer, std::io::SeekFrom::End(0)).map_err(io)?;
+    let out = Output {
+        base: r.base,
+        path: r.path,
+        writer,
+        written: r.at,
+        max: r.max,
+        truncated: r.truncated,
+        from_env: true,
+    };
+    // (Every thread known was named in the file already, or when it was made since.)
+    let named = sink().threads.clone();
+    install(out, &named)
 }
 
 /// Stops the timeline and closes its file; returns the file's path (`None` when it
@@ -234,6 +338,7 @@ pub fn start_from_env() -> Result<()> {
 /// [`Error::Io`] when the file cannot be written.
 pub fn stop() -> Result<Option<PathBuf>> {
     ON.store(false, Ordering::Relaxed);
+    *resume() = None;
     let out = sink().out.take();
     match out {
         Some(out) => {
@@ -242,6 +347,61 @@ pub fn stop() -> Result<Option<PathBuf>> {
             Ok(Some(path))
         }
         None => Ok(None),
+    }
+}
+
+/// Closes the timeline's file at the end of a program of one process (the bindings'
+/// exit hooks call it; a `dist_sync` job's files are closed and merged by its
+/// transport's finalize). Returns the file's path, if one was written.
+///
+/// # Errors
+/// As [`stop`].
+pub fn close_at_exit() -> Result<Option<PathBuf>> {
+    if ranks() > 1 {
+        return Ok(None);
+    }
+    stop()
+}
+
+/// A store's hold on the timeline: when a program of one process drops its last store,
+/// the file is closed, whole; a file of `KVSTORE_TIMELINE` is written on in by the next
+/// store made ([`start_from_env`]).
+pub struct Hold(());
+
+impl Hold {
+    /// A new store's hold.
+    pub fn new() -> Hold {
+        STORES.fetch_add(1, Ordering::Relaxed);
+        Hold(())
+    }
+}
+
+impl Default for Hold {
+    fn default() -> Self {
+        Hold::new()
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if STORES.fetch_sub(1, Ordering::AcqRel) != 1 || ranks() > 1 {
+            return;
+        }
+        let mut sink = sink();
+        let Some(mut out) = sink.out.take() else { return };
+        ON.store(false, Ordering::Relaxed);
+        drop(sink);
+        let _ = out.writer.flush();
+        let resumed = out.from_env.then(|| Resume {
+            base: out.base.clone(),
+            path: out.path.clone(),
+            at: out.written,
+            max: out.max,
+            truncated: out.truncated,
+        });
+        if close(out, "").is_ok() {
+            *resume() = resumed;
+        }
     }
 }
 
@@ -278,7 +438,8 @@ impl Output {
     fn open(base: PathBuf, path: PathBuf, max: u64, threads: &[(u64, String)]) -> Result<Self> {
         let opened = File::create(&path)
             .map_err(|e| Error::Io { context: format!("the timeline's file {}", path.display()), source: e })?;
-        let mut out = Output { base, path, writer: BufWriter::new(opened), written: 0, max, truncated: false };
+        let mut out =
+            Output { base, path, writer: BufWriter::new(opened), written: 0, max, truncated: false, from_env: false };
         out.line("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[")?;
         let pid = rank();
         let mut meta = String::new();
@@ -326,7 +487,7 @@ impl Output {
 
 /// This thread's row in the trace (named the first time it records).
 fn thread_id() -> u64 {
-    THREAD.with(|t| {
+    THREAD.with(|Row(t)| {
         if t.get() == 0 {
             let id = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
             t.set(id);
@@ -454,18 +615,23 @@ impl Event {
     }
 }
 
-fn record(ev: Event) {
-    // Written out before the lock is taken: threads take turns only to append it.
-    let line = is_on().then(|| ev.json(rank()));
+/// Records events that go together (an async span's begin and end: both or neither).
+fn record<const N: usize>(events: [Event; N]) {
+    // Written out before the lock is taken: threads take turns only to append them.
+    let lines = events.each_ref().map(|ev| is_on().then(|| ev.json(rank())));
     let mut sink = sink();
-    if let (Some(out), Some(line)) = (sink.out.as_mut(), line) {
-        let _ = out.event(&line);
+    if let Some(out) = sink.out.as_mut() {
+        for line in lines.iter().flatten() {
+            let _ = out.event(line);
+        }
     }
     if FLIGHT.load(Ordering::Relaxed) {
-        if sink.flight.len() == FLIGHT_EVENTS {
-            sink.flight.pop_front();
+        for ev in events {
+            if sink.flight.len() == FLIGHT_EVENTS {
+                sink.flight.pop_front();
+            }
+            sink.flight.push_back(ev);
         }
-        sink.flight.push_back(ev);
     }
 }
 
@@ -480,7 +646,7 @@ fn add(
     args: Vec<(&'static str, Arg)>,
 ) {
     let tid = thread_id();
-    record(Event { kind, name, cat, ts: align(at), dur, tid, id, args });
+    record([Event { kind, name, cat, ts: align(at), dur, tid, id, args }]);
 }
 
 /// Records a complete event `name` (category `cat`) from `start` to `end` ([`now`]'s
@@ -493,6 +659,8 @@ pub fn complete(
     args: Vec<(&'static str, Arg)>,
 ) {
     if recording() {
+        // (A phase that began before the file was started: from then on.)
+        let start = if is_on() { start.max(STARTED.load(Ordering::Relaxed)) } else { start };
         add(Kind::Complete, name.into(), cat, start, end.saturating_sub(start), 0, args);
     }
 }
@@ -517,7 +685,8 @@ pub fn flow_start(name: &'static str, at: u64) -> u64 {
     if !recording() {
         return 0;
     }
-    let id = NEXT_FLOW.fetch_add(1, Ordering::Relaxed);
+    // Unique across the ranks of a merged trace, whose ids a viewer takes as global.
+    let id = (rank() as u64) << 40 | NEXT_FLOW.fetch_add(1, Ordering::Relaxed);
     add(Kind::FlowStart, name.into(), "flow", at, 0, id, Vec::new());
     id
 }
@@ -534,8 +703,9 @@ pub fn flow_end(name: &'static str, id: u64, at: u64) {
 /// overlaps the calls that run on this thread meanwhile.
 pub fn span_apart(name: &'static str, start: u64, end: u64, id: u64, args: Vec<(&'static str, Arg)>) {
     if id != 0 && recording() {
-        add(Kind::AsyncBegin, name.into(), name, start, 0, id, args);
-        add(Kind::AsyncEnd, name.into(), name, end, 0, id, Vec::new());
+        let tid = thread_id();
+        let event = |kind, at, args| Event { kind, name: name.into(), cat: name, ts: align(at), dur: 0, tid, id, args };
+        record([event(Kind::AsyncBegin, start, args), event(Kind::AsyncEnd, end, Vec::new())]);
     }
 }
 
@@ -594,6 +764,21 @@ pub fn flight_note(ends: bool) -> String {
 /// [`Error::Io`] when a part cannot be read or `path` written;
 /// [`Error::InvalidArgument`] when a part is not such a file.
 pub fn merge(path: &Path, parts: &[PathBuf]) -> Result<()> {
+    // Written beside `path` and renamed over it once whole: a merge that fails leaves
+    // no half-written trace.
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let temp = path.with_file_name(format!(".{name}.merging"));
+    let merged = merge_into(&temp, parts).and_then(|()| {
+        std::fs::rename(&temp, path)
+            .map_err(|e| Error::Io { context: format!("the merged timeline {}", path.display()), source: e })
+    });
+    if merged.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    merged
+}
+
+fn merge_into(path: &Path, parts: &[PathBuf]) -> Result<()> {
     let io = |e| Error::Io { context: format!("the merged timeline {}", path.display()), source: e };
     let mut w = BufWriter::new(File::create(path).map_err(io)?);
     w.write_all(b"{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n").map_err(io)?;

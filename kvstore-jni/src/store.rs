@@ -524,6 +524,21 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nStopTimeline<'l>(
     .resolve::<ThrowKvStore>()
 }
 
+/// The JVM's shutdown hook (`KVStore`'s static initialiser): a program of one process
+/// closes its timeline's file whole. Nothing to throw to: an error is printed.
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nCloseTimelineAtExit<'l>(
+    _env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+) {
+    if let Err(e) = kvstore::timeline::close_at_exit() {
+        let _ = std::io::Write::write_fmt(
+            &mut std::io::stderr(),
+            format_args!("kvstore: the timeline's file was not closed: {e}\n"),
+        );
+    }
+}
+
 #[unsafe(no_mangle)]
 pub extern "system" fn Java_io_github_kvstore_StoreNatives_nStats<'l>(
     mut env: EnvUnowned<'l>,

@@ -142,8 +142,11 @@ pub fn finalize() -> Result<()> {
     // up the launcher for ever.
     if let Some(group) = GROUP.get() {
         group.exchange("finalize", &[0])?;
-        // Then the timeline's files, merged on rank 0 (where it was on).
-        kvstore_core::backend::finish_timeline(&**group)?;
+        // Then the timeline's files, merged on rank 0 (where it was on). A trace that
+        // could not be merged is said, and the job still ends as it would have.
+        if let Err(e) = kvstore_core::backend::finish_timeline(&**group) {
+            eprintln!("kvstore: rank {}: the timeline was not merged: {e}", group.rank());
+        }
     }
     let mut mpi = shared.0.lock().take().ok_or_else(finalised)?;
     if let Window::Open(window) = std::mem::replace(&mut mpi.window, Window::No) {

@@ -136,6 +136,13 @@ fn valid(ran: &Ran) {
         }
     }
     assert!(ids.values().all(|&n| n == 0), "every flow and async span begins and ends once");
+    // A viewer takes ids as the trace's, not a process's: no id of two ranks.
+    let mut owners: BTreeMap<(u64, &str), u64> = BTreeMap::new();
+    for e in events.iter().filter(|e| e["id"].is_u64()) {
+        let kind = if matches!(e["ph"].as_str(), Some("s" | "f")) { "flow" } else { "async" };
+        let (id, pid) = (e["id"].as_u64().expect("id"), e["pid"].as_u64().expect("pid"));
+        assert_eq!(*owners.entry((id, kind)).or_insert(pid), pid, "{kind} id {id} of two ranks");
+    }
     // A viewer binds a flow's ends to the slices they lie in: each lies in one.
     for (pid, tid, ts) in flows {
         let inside = spans.get(&(pid, tid)).is_some_and(|s| s.iter().any(|&(a, b)| a <= ts && ts <= b));
@@ -242,6 +249,28 @@ fn a_dist_async_job_records_its_serving_threads_work() {
     for r in 0..2 {
         let _ =
             std::fs::remove_file(path.with_file_name(format!("timeline-{}-async.rank{r}.json", std::process::id())));
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn a_rank_without_the_timeline_is_left_out_of_the_merge() {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("timeline-{}-partial.json", std::process::id()));
+    let set = format!("KVSTORE_TIMELINE={}", path.display());
+    let exe = env!("CARGO_BIN_EXE_fixture_slow_rank");
+    // Ranks 0 and 2 have KVSTORE_TIMELINE, rank 1 not.
+    let mut cmd = jobs::mpirun(1, &[]);
+    cmd.args(["env", &set, exe, "none", ":", "-np", "1", exe, "none", ":", "-np", "1", "env", &set, exe, "none"]);
+    let job = jobs::run(cmd, Duration::from_secs(100));
+    assert_eq!(job.code, Some(0), "the job ends as it would have: {}", job.shown());
+    let trace: Value = serde_json::from_slice(&std::fs::read(&path).expect("the merged trace")).expect("JSON");
+    let pids: BTreeSet<u64> =
+        trace["traceEvents"].as_array().expect("events").iter().filter_map(|e| e["pid"].as_u64()).collect();
+    assert_eq!(pids, BTreeSet::from([0, 2]), "the ranks that wrote a file");
+    let name = |r: &str| path.with_file_name(format!("timeline-{}-partial.{r}", std::process::id()));
+    assert!(!name("rank1.json").exists() && !name("part1").exists() && !name("part2").exists(), "no part left");
+    for r in [0, 2] {
+        let _ = std::fs::remove_file(name(&format!("rank{r}.json")));
     }
     let _ = std::fs::remove_file(&path);
 }

@@ -143,6 +143,14 @@ pub(crate) fn _exiting(py: Python<'_>) {
         while INSIDE.load(Ordering::SeqCst) != 0 {
             std::thread::sleep(std::time::Duration::from_micros(200));
         }
+        // A program of one process closes its timeline's file whole (a dist_sync
+        // job's is closed and merged by its finalize).
+        if let Err(e) = kvstore::timeline::close_at_exit() {
+            let _ = std::io::Write::write_fmt(
+                &mut std::io::stderr(),
+                format_args!("kvstore: the timeline's file was not closed: {e}\n"),
+            );
+        }
     });
 }
 

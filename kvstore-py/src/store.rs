@@ -467,9 +467,10 @@ impl PyStore {
     /// ``KVSTORE_TIMELINE=path`` does for a whole program). Under ``dist_sync`` each
     /// worker writes its own file beside ``path`` (``trace.rank1.json``) until
     /// ``stop_timeline`` merges them. Raises ``OSError`` when the file cannot be made.
-    fn start_timeline(&self, path: std::path::PathBuf) -> PyResult<()> {
+    fn start_timeline(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
         crate::lifecycle::not_forked()?;
-        self.shared.kv.start_timeline(&path).map_err(to_py)
+        // (Making a file may block: other threads go on meanwhile.)
+        crate::detach(py, || self.shared.kv.start_timeline(&path)).map_err(to_py)
     }
 
     /// Stops the timeline and closes its file; under ``dist_sync`` (every worker calls

@@ -105,3 +105,52 @@ def test_the_summary_draws_lateness_waits_and_phases(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == f"wrote {png}"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+# A program that keeps its store in a global and ends without stopping the timeline.
+_KEEPS_ITS_STORE = """
+import numpy as np
+import kvstore as kv
+store = kv.create("local")
+store.init("w", np.zeros(4, np.float32))
+store.push("w", np.ones(4, np.float32))
+"""
+
+
+def test_the_file_of_kvstore_timeline_is_whole_when_the_program_ends(tmp_path):
+    path = tmp_path / "trace.json"
+    ran = subprocess.run(
+        [sys.executable, "-c", _KEEPS_ITS_STORE],
+        env={**__import__("os").environ, "KVSTORE_TIMELINE": str(path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    doc = json.loads(path.read_text())
+    assert [e["name"] for e in doc["traceEvents"] if e["ph"] == "X" and e.get("cat") == "call"] == ["init", "push"]
+
+
+def test_start_timeline_refuses_a_fifo_at_once(tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    store = kv.create("local")
+    with pytest.raises(ValueError, match="not a regular file"):
+        store.start_timeline(str(fifo))  # (opening it to write would block)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"traceEvents": [{"ph": "X", "name": "a", "pid": "rank zero", "ts": 0, "dur": 1}]}',
+        '{"traceEvents": [{"ph": "i", "name": "arrive", "pid": 0, "ts": 0}]}',
+        "42",
+    ],
+)
+def test_the_summary_of_a_trace_it_cannot_read_says_so(tmp_path, text):
+    path = tmp_path / "foreign.json"
+    path.write_text(text)
+    done = subprocess.run([sys.executable, "-m", "kvstore.timeline", str(path)], capture_output=True, text=True)
+    assert done.returncode == 2 and "cannot read" in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -271,3 +271,150 @@ fn a_call_spread_over_the_pool_counts_its_sums_and_copies() {
     let pulled = kv.stats().phases;
     assert!(pulled["sum"] == Duration::ZERO && pulled["copy"] > Duration::ZERO, "{pulled:?}");
 }
+
+#[test]
+fn a_file_of_kvstore_timeline_is_whole_after_the_program_drops_its_stores() {
+    let path = temp("env");
+    let ran = std::process::Command::new(env!("CARGO_BIN_EXE_fixture_timeline_env"))
+        .env("KVSTORE_TIMELINE", &path)
+        .output()
+        .expect("the fixture runs");
+    assert!(ran.status.success(), "{}", String::from_utf8_lossy(&ran.stderr));
+    let events = events(&path);
+    let _ = std::fs::remove_file(&path);
+    // Both stores' calls: the second store wrote on in the file the first one closed.
+    let keys = |name: &str| -> Vec<String> {
+        events
+            .iter()
+            .filter(|e| e["name"] == name && e["ph"] == "X")
+            .map(|e| e["args"]["key"].as_str().expect("a key").to_string())
+            .collect()
+    };
+    assert_eq!(keys("init"), ["first0", "second0"]);
+    assert_eq!(keys("push"), ["first0", "second0"]);
+    nested(&events);
+}
+
+#[test]
+fn starting_again_on_the_same_path_writes_a_whole_new_file() {
+    let _turn = turn();
+    let path = temp("again");
+    let kv = KVStore::create("local").expect("a store");
+    kv.init("a", &NDArray::zeros(&[4]).expect("zeros")).expect("init");
+    kv.start_timeline(&path).expect("start");
+    for _ in 0..50 {
+        kv.push("a", &NDArray::ones(&[4]).expect("ones"), 0).expect("push");
+    }
+    kv.start_timeline(&path).expect("start again");
+    kv.pull("a", &NDArray::ones(&[4]).expect("ones"), 0).expect("pull");
+    kv.stop_timeline().expect("stop");
+    let bytes = std::fs::read(&path).expect("the trace");
+    assert!(!bytes.contains(&0), "no hole of zeros in the file");
+    let events = events(&path);
+    let _ = std::fs::remove_file(&path);
+    let count = |n: &str| events.iter().filter(|e| e["name"] == n && e["ph"] == "X").count();
+    assert_eq!((count("push"), count("pull")), (0, 1), "the second file only");
+}
+
+#[test]
+fn a_call_made_before_the_timeline_started_is_not_written() {
+    let _turn = turn();
+    let path = temp("before");
+    let kv = std::sync::Arc::new(KVStore::create("local").expect("a store"));
+    kv.init("a", &NDArray::zeros(&[4]).expect("zeros")).expect("init");
+    // The push's updater waits until the timeline is on.
+    let (on_tx, on_rx) = std::sync::mpsc::channel::<()>();
+    let on_rx = std::sync::Mutex::new(on_rx);
+    kv.set_updater(move |_: &kvstore_core::Key, _, merged: &NDArray, stored: &NDArray| {
+        let _ = on_rx.lock().expect("the channel").recv_timeout(Duration::from_secs(5));
+        stored.add_assign(merged)
+    })
+    .expect("updater");
+    let pusher = {
+        let kv = std::sync::Arc::clone(&kv);
+        std::thread::spawn(move || kv.push("a", &NDArray::ones(&[4]).expect("ones"), 0))
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let began = Instant::now();
+    kv.start_timeline(&path).expect("start");
+    on_tx.send(()).expect("the updater waits");
+    pusher.join().expect("the pushing thread").expect("push");
+    kv.stop_timeline().expect("stop");
+    let took = began.elapsed().as_secs_f64() * 1e6;
+    let events = events(&path);
+    let _ = std::fs::remove_file(&path);
+    for e in events.iter().filter(|e| e["ph"] == "X") {
+        assert!(e["dur"].as_f64().expect("dur") <= took, "an event longer than the timeline was on: {e}");
+    }
+    assert!(!events.iter().any(|e| e["name"] == "push" && e["ph"] == "X"), "the push began before");
+}
+
+#[test]
+fn a_broadcast_is_one_call_and_row_sparse_calls_are_counted() {
+    let _turn = turn();
+    let kv = KVStore::create("local").expect("a store");
+    let out = NDArray::zeros(&[4]).expect("zeros");
+    kv.broadcast("b", &NDArray::ones(&[4]).expect("ones"), &out, 0).expect("broadcast");
+    let rows = kvstore_core::RowSparse::from_dense(&NDArray::ones(&[8, 2]).expect("ones")).expect("rows");
+    kv.init_row_sparse("emb", &rows).expect("init");
+    let grad = kvstore_core::RowSparse::from_dense(&NDArray::ones(&[8, 2]).expect("ones")).expect("rows");
+    kv.push_row_sparse("emb", &[grad], 0).expect("push_row_sparse");
+    let got = kv.row_sparse_pull("emb", &[1, 3], 0).expect("row_sparse_pull");
+    assert_eq!(got.indices(), &[1, 3]);
+    let s = kv.stats();
+    let count = |op: &str| s.calls.get(op).map(|c| (c.calls, c.keys));
+    assert_eq!(count("broadcast"), Some((1, 1)));
+    assert_eq!((count("push_row_sparse"), count("pull_row_sparse")), (Some((1, 1)), Some((1, 1))));
+    // Pushed: 8 rows of 2 f32; pulled: the broadcast's out (16) and 2 rows of 2 f32.
+    assert_eq!((s.bytes_pushed, s.bytes_pulled), (64, 16 + 16));
+}
+
+#[test]
+fn a_dead_threads_name_is_not_kept() {
+    let _turn = turn();
+    let path = temp("threads");
+    let kv = std::sync::Arc::new(KVStore::create("local").expect("a store"));
+    kv.init("a", &NDArray::zeros(&[4]).expect("zeros")).expect("init");
+    kv.start_timeline(&path).expect("start");
+    for t in 0..50 {
+        let kv = std::sync::Arc::clone(&kv);
+        std::thread::Builder::new()
+            .name(format!("short-lived {t}"))
+            .spawn(move || kv.push("a", &NDArray::ones(&[4]).expect("ones"), 0).expect("push"))
+            .expect("a thread")
+            .join()
+            .expect("the thread");
+    }
+    // A new file names the threads alive, not the 50 that ended.
+    kv.start_timeline(&path).expect("start again");
+    kv.stop_timeline().expect("stop");
+    let events = events(&path);
+    let _ = std::fs::remove_file(&path);
+    let names: Vec<&Value> = events.iter().filter(|e| e["name"] == "thread_name").collect();
+    assert!(
+        !names.iter().any(|e| e["args"]["name"].as_str().is_some_and(|n| n.starts_with("short-lived"))),
+        "{names:?}"
+    );
+}
+
+#[test]
+fn a_special_file_or_a_bad_bound_is_refused_at_once() {
+    let _turn = turn();
+    let kv = KVStore::create("local").expect("a store");
+    let fifo = temp("fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    // (Opening a FIFO to write would block until a reader came.)
+    let e = kv.start_timeline(&fifo).expect_err("a FIFO");
+    let _ = std::fs::remove_file(&fifo);
+    assert_eq!(e.kind(), kvstore_core::ErrorKind::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    let e = kv.start_timeline(std::env::temp_dir()).expect_err("a folder");
+    assert_eq!(e.kind(), kvstore_core::ErrorKind::InvalidArgument, "{e}");
+    // SAFETY: the tests of this binary that read the environment take turns (`TURN`).
+    unsafe { std::env::set_var(kvstore_core::timeline::MAX_BYTES_VAR, "1k") };
+    let e = kv.start_timeline(temp("bound")).expect_err("a bound that is no number");
+    unsafe { std::env::remove_var(kvstore_core::timeline::MAX_BYTES_VAR) };
+    assert!(e.to_string().contains("KVSTORE_TIMELINE_MAX_BYTES"), "{e}");
+    assert!(!kvstore_core::timeline::is_on());
+}

@@ -257,6 +257,7 @@ impl KVStoreBuilder {
             steps: std::sync::atomic::AtomicU64::new(0),
             compare_calls: self.compare_calls,
             counters: stats::Counters::default(),
+            _timeline: crate::timeline::Hold::new(),
         };
         // The timeline, when KVSTORE_TIMELINE asks for it; under dist_sync, the flight
         // recorder too (a stalled or desynced job writes it).

@@ -711,8 +711,9 @@ impl KVStore {
 
 impl Store {
     fn init_pairs(&self, op: &'static str, pairs: Vec<(Key, &NDArray)>) -> Result<()> {
-        // (An init's values are neither pushed nor pulled.)
-        let _span = self.counters.span(op, pairs.len(), pairs.first().map(|(k, _)| k));
+        // (An init's values are neither pushed nor pulled. A broadcast's first half is
+        // counted with its second, the pull.)
+        let _span = (op == "init").then(|| self.counters.span(op, pairs.len(), pairs.first().map(|(k, _)| k)));
         let _held = Held::new(op, self, &[])?;
         let checked = self.check_init(op, &pairs);
         if self.collective.is_some() {

@@ -297,6 +297,9 @@ pub(crate) struct Store {
     compare_calls: bool,
     /// What [`KVStore::stats`] returns (`kvstore/stats.rs`).
     counters: stats::Counters,
+    /// Its hold on the timeline: the last store dropped closes the file
+    /// ([`crate::timeline::Hold`]).
+    _timeline: crate::timeline::Hold,
     /// The fusion size of non-blocking calls across calls, 0 for none
     /// ([`KVStoreBuilder::fuse_calls`], `kvstore/run/fused.rs`).
     fuse_bytes: usize,

@@ -156,12 +156,21 @@ impl KVStore {
     pub fn push_row_sparse_many(&self, pushes: &[(Key, Vec<RowSparse>)], priority: i32) -> Result<()> {
         self.not_async("push_row_sparse")?;
         let _ = priority;
+        let _span = self.store.counters.span("push_row_sparse", pushes.len(), pushes.first().map(|(k, _)| k));
+        // The rows pushed (their data), counted once the keys passed their checks.
+        let bytes = super::stats::bytes_of(pushes.iter().flat_map(|(_, vs)| vs.iter().map(RowSparse::data)));
         if self.store.collective.is_some() {
             // dist_sync: in call order with the store's other collective calls.
             let pushes = pushes.to_vec();
-            return self.in_order("push_row_sparse", move |store| store.push_rows_across(&pushes));
+            return self.in_order("push_row_sparse", move |store| {
+                store.push_rows_across(&pushes)?;
+                store.counters.bytes((bytes, 0));
+                Ok(())
+            });
         }
-        for (entry, values) in self.store.checked_rows(pushes)? {
+        let checked = self.store.checked_rows(pushes)?;
+        self.store.counters.bytes((bytes, 0));
+        for (entry, values) in checked {
             self.on_key("push", &entry, move |store, entry| store.push_rows(entry, &values))?;
         }
         Ok(())
@@ -191,6 +200,13 @@ impl KVStore {
         self.not_async("row_sparse_pull")?;
         let _ = priority;
         let key = key.into();
+        let _span = self.store.counters.span("pull_row_sparse", 1, Some(&key));
+        let pulled = self.row_sparse_pull_of(key, row_ids)?;
+        self.store.counters.bytes((0, super::stats::bytes_of([pulled.data()])));
+        Ok(pulled)
+    }
+
+    fn row_sparse_pull_of(&self, key: Key, row_ids: &[i64]) -> Result<RowSparse> {
         let entry = self.entry("row_sparse_pull", &key)?;
         let row_ids = RowIds::new(row_ids);
         self.on_key("row_sparse_pull", &entry, move |store, entry| {

@@ -405,7 +405,8 @@ impl CallSpan {
 
 impl Drop for CallSpan {
     fn drop(&mut self) {
-        if timeline::recording() && self.start != u64::MAX {
+        // (Not a call made before the timeline recorded: its start was not read.)
+        if timeline::recording() && self.start != 0 && self.start != u64::MAX {
             let args = self.args();
             timeline::complete(self.op, "call", self.start, timeline::now(), args);
         }
@@ -556,22 +557,24 @@ pub(crate) fn finish_timeline(group: &dyn Collective, log: bool) -> Result<Optio
     // Rank 0 receives the others' files into parts beside the merged one, in pieces
     // of at most `PIECE` bytes a rank: what a rank holds at once is one round's pieces,
     // whatever the size of the files.
+    // Where rank 0 writes each other rank's file (none for a rank that wrote none: it
+    // had no KVSTORE_TIMELINE, say), and the files it merges.
     let me = group.rank();
-    let parts: Vec<PathBuf> = match (&base, me) {
-        (Some(base), 0) => (0..group.size())
-            .map(|r| match (r, &file) {
-                (0, Some(f)) => f.clone(),
-                _ => base.with_extension(format!("part{r}")),
-            })
-            .collect(),
+    let parts: Vec<Option<PathBuf>> = match (&base, me) {
+        (Some(base), 0) => {
+            (0..group.size()).map(|r| (r > 0 && lens[r] > 0).then(|| base.with_extension(format!("part{r}")))).collect()
+        }
         _ => Vec::new(),
     };
     let moved = move_files(group, file.as_deref(), &lens, &parts);
     let merged = moved.and_then(|()| match (&base, me) {
-        (Some(base), 0) => timeline::merge(base, &parts).map(|()| Some(base.clone())),
+        (Some(base), 0) => {
+            let files: Vec<PathBuf> = file.iter().cloned().chain(parts.iter().flatten().cloned()).collect();
+            timeline::merge(base, &files).map(|()| Some(base.clone()))
+        }
         _ => Ok(None),
     });
-    for part in parts.iter().skip(1) {
+    for part in parts.iter().flatten() {
         let _ = std::fs::remove_file(part);
     }
     let Some(merged) = merged? else { return Ok(file) };
@@ -589,19 +592,20 @@ fn read_error(path: &Path, e: std::io::Error) -> Error {
 }
 
 /// Every rank's timeline file (`mine`, of `lens[rank]` bytes) to rank 0, which writes
-/// rank r's to `parts[r]` (r ≥ 1), in rounds of [`PIECE`] bytes a rank. Every rank
+/// rank r's to `parts[r]` (where it has one), in rounds of [`PIECE`] bytes a rank. Every rank
 /// takes part in every round whatever fails: a rank whose file cannot be read sends
 /// zeros (the merge then finds its part is not a whole file), and rank 0 stops writing
 /// at its first error, which it returns at the end.
-fn move_files(group: &dyn Collective, mine: Option<&Path>, lens: &[u64], parts: &[PathBuf]) -> Result<()> {
+fn move_files(group: &dyn Collective, mine: Option<&Path>, lens: &[u64], parts: &[Option<PathBuf>]) -> Result<()> {
     use std::io::{Read, Write};
     let longest = lens.iter().copied().max().unwrap_or(0);
     let piece = (longest as usize).min(PIECE);
     let mut reader = mine.and_then(|p| std::fs::File::open(p).ok()).map(std::io::BufReader::new);
     let mut writers = parts
         .iter()
-        .skip(1)
-        .map(|p| std::fs::File::create(p).map(std::io::BufWriter::new).map_err(|e| read_error(p, e)))
+        .enumerate()
+        .filter_map(|(r, p)| Some((r, p.as_ref()?)))
+        .map(|(r, p)| Ok((r, std::fs::File::create(p).map(std::io::BufWriter::new).map_err(|e| read_error(p, e))?)))
         .collect::<Result<Vec<_>>>();
     let mut buf = vec![0u8; piece];
     let mut sent = 0u64;
@@ -615,10 +619,11 @@ fn move_files(group: &dyn Collective, mine: Option<&Path>, lens: &[u64], parts: 
         }
         let all = group.all_gather("the timelines", &buf[..n])?;
         if let Ok(ws) = writers.as_mut() {
-            let wrote = ws.iter_mut().enumerate().try_for_each(|(r, w)| {
-                let r = r + 1;
+            let wrote = ws.iter_mut().try_for_each(|(r, w)| {
+                let r = *r;
                 let have = lens[r].saturating_sub(sent).min(n as u64) as usize;
-                w.write_all(&all[r * n..r * n + have]).map_err(|e| read_error(&parts[r], e))
+                let part = parts[r].as_deref().unwrap_or(Path::new("?"));
+                w.write_all(&all[r * n..r * n + have]).map_err(|e| read_error(part, e))
             });
             if let Err(e) = wrote {
                 writers = Err(e);
@@ -626,9 +631,8 @@ fn move_files(group: &dyn Collective, mine: Option<&Path>, lens: &[u64], parts: 
         }
         sent += n as u64;
     }
-    let writers = writers?;
-    for (w, p) in writers.into_iter().zip(parts.iter().skip(1)) {
-        w.into_inner().map_err(|e| read_error(p, e.into_error()))?;
+    for (r, w) in writers? {
+        w.into_inner().map_err(|e| read_error(parts[r].as_deref().unwrap_or(Path::new("?")), e.into_error()))?;
     }
     Ok(())
 }
@@ -714,7 +718,8 @@ mod tests {
         for (f, b) in files.iter().zip(&bytes) {
             std::fs::write(f, b).expect("a file");
         }
-        let parts: Vec<PathBuf> = (0..3).map(|r| folder.join(format!("part{r}"))).collect();
+        // Rank 0's own file is not moved: no part for it.
+        let parts: Vec<Option<PathBuf>> = (0..3).map(|r| (r > 0).then(|| folder.join(format!("part{r}")))).collect();
         let (slots, turns) = (Arc::new(Mutex::new(vec![Vec::new(); 3])), Arc::new(Barrier::new(3)));
         let lens64: Vec<u64> = lens.iter().map(|&n| n as u64).collect();
         std::thread::scope(|s| {
@@ -728,6 +733,7 @@ mod tests {
             }
         });
         for (r, (part, sent)) in parts.iter().zip(&bytes).enumerate().skip(1) {
+            let part = part.as_ref().expect("a part");
             assert!(std::fs::read(part).expect("a part") == *sent, "rank {r}'s file, whole");
         }
         let _ = std::fs::remove_dir_all(&folder);

@@ -197,10 +197,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         events = load(args.path)
-    except (OSError, ValueError, KeyError) as e:
-        print(f"kvstore.timeline: cannot read {args.path}: {e}", file=sys.stderr)
+        s = summarise(events)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        # (Not a trace this store wrote: a field missing or of another kind.)
+        print(f"kvstore.timeline: cannot read {args.path}: {e!r}", file=sys.stderr)
         return 2
-    s = summarise(events)
     print(f"{'rank':>4}  {'computing ms':>12}  {'waiting ms':>10}  {'late ms':>9}  {'last':>4}  of")
     for r, p in s["ranks"].items():
         print(
@@ -213,6 +214,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"  {key}: {ms:.1f} ms in {n} calls")
     line = slowest_line(s)
     print(line if line is not None else "slowest rank: none (no collective of every rank in this trace)")
+    cut = sorted({int(e["pid"]) for e in events if e.get("name") == "truncated" and "pid" in e})
+    if cut:
+        print(
+            f"note: the trace of rank {', '.join(map(str, cut))} stopped at KVSTORE_TIMELINE_MAX_BYTES:"
+            " these counts cover only the collectives before it"
+        )
     if args.plot:
         _plot(events, args.plot)
         print(f"wrote {args.plot}")

@@ -85,6 +85,10 @@ import java.util.concurrent.locks.ReentrantLock;
 public final class KVStore extends NativeObject implements StoreCalls<KVStore>, AutoCloseable {
     static {
         NativeLibrary.load();
+        // A program of one process closes its timeline's file whole at exit (a
+        // dist_sync job's is closed and merged by finalizeMpi).
+        Runtime.getRuntime()
+                .addShutdownHook(new Thread(StoreNatives::nCloseTimelineAtExit, "kvstore-timeline-exit"));
     }
 
     /** How stores are freed, and how many were (for tests). */

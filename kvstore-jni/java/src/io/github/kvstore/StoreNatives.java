@@ -27,6 +27,8 @@ final class StoreNatives {
 
     static native String nStopTimeline(long h);
 
+    static native void nCloseTimelineAtExit();
+
     static native long[] nStats(long h);
 
     static native void nResetStats(long h);

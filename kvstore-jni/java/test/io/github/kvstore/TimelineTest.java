@@ -50,6 +50,32 @@ class TimelineTest {
         }
     }
 
+    /** A program that ends without closing its store or stopping the timeline. */
+    static final class KeepsItsStore {
+        public static void main(String[] args) {
+            KVStore kv = KVStore.create("local");
+            NDArray ones = NDArray.ones(new int[] {4});
+            kv.init("w", ones).push("w", ones);
+        }
+    }
+
+    @Test
+    void theFileOfKvstoreTimelineIsWholeWhenTheProgramEnds(@TempDir Path dir) throws Exception {
+        Path path = dir.resolve("trace.json");
+        ChildJvm.Result r = ChildJvm.run(KeepsItsStore.class, List.of(),
+                Map.of("KVSTORE_TIMELINE", path.toString()), 120);
+        assertEquals(0, r.exit, r.toString());
+        @SuppressWarnings("unchecked")
+        Map<String, Object> trace = (Map<String, Object>) JsonReader.parse(Files.readString(path));
+        @SuppressWarnings("unchecked")
+        List<Map<String, Object>> events = (List<Map<String, Object>>) trace.get("traceEvents");
+        List<Object> calls = events.stream()
+                .filter(e -> "call".equals(e.get("cat")) && "X".equals(e.get("ph")))
+                .map(e -> e.get("name"))
+                .toList();
+        assertEquals(List.of("init", "push"), calls);
+    }
+
     @Test
     void aTimelineThatCannotBeMadeIsAnIoErrorAndChangesNothing(@TempDir Path dir) {
         try (KVStore kv = KVStore.create("local"); NDArray ones = NDArray.ones(new int[] {2})) {
