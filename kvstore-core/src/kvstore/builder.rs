@@ -258,6 +258,8 @@ impl KVStoreBuilder {
             compare_calls: self.compare_calls,
             counters: stats::Counters::default(),
             _timeline: crate::timeline::Hold::new(),
+            commits: super::commit::Folder::for_next_store()?,
+            restored: std::sync::OnceLock::new(),
         };
         // The timeline, when KVSTORE_TIMELINE asks for it; under dist_sync, the flight
         // recorder too (a stalled or desynced job writes it).
@@ -273,7 +275,17 @@ impl KVStoreBuilder {
             Some(group) => Engine::ordered_for(Arc::as_ptr(group) as *const () as usize)?,
             None => Arc::new(Engine::new(threads, false)?),
         };
-        Ok(KVStore { engine, store: Arc::new(store) })
+        let kv = KVStore { engine, store: Arc::new(store) };
+        // A store of a named job resumes from its newest commit (`kvstore/commit.rs`).
+        if kv.store.commits.is_some() {
+            kv.in_order("restore", |store| {
+                if let Some(r) = store.restore()? {
+                    let _ = store.restored.set(r);
+                }
+                Ok(())
+            })?;
+        }
+        Ok(kv)
     }
 }
 

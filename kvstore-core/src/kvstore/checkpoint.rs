@@ -205,7 +205,7 @@ struct Plan {
 impl Store {
     /// The file's bytes, from the store as it is: every key and the merger are held
     /// for the whole snapshot, so it is one consistent step.
-    fn checkpoint_bytes(&self, op: &'static str) -> Result<Vec<u8>> {
+    pub(super) fn checkpoint_bytes(&self, op: &'static str) -> Result<Vec<u8>> {
         let held = Held::new(op, self, &[])?;
         let merger = held.merger_read(op, &self.merger)?;
         let entries = self.entries();
@@ -300,7 +300,13 @@ impl Store {
     /// that all fail or none does: `local` is this worker's outcome (with the hash of
     /// the file it read, for a load). Errors name the workers that failed, or that read
     /// another file. Elsewhere, and for a worker whose own step failed, it says nothing.
-    fn agree(&self, step: &str, context: &str, local: std::result::Result<u64, ()>, what_failed: &str) -> Result<()> {
+    pub(super) fn agree(
+        &self,
+        step: &str,
+        context: &str,
+        local: std::result::Result<u64, ()>,
+        what_failed: &str,
+    ) -> Result<()> {
         let Some(group) = &self.collective else { return Ok(()) };
         let mut mine = [0u8; 9];
         match local {
@@ -368,25 +374,31 @@ impl Store {
     fn load_checkpoint_now(&self, path: &Path) -> Result<()> {
         const OP: &str = "load_checkpoint";
         let context = format!("{OP} from {}", shown(path));
-        self.check_step(OP, &[], Ok(()))?;
-        let held = Held::new(OP, self, &[])?;
-        let mut merger = held.merger_write(OP, &self.merger)?;
+        self.load_checkpoint_bytes(OP, &context, opt_states::read_file(path, &context))
+    }
+
+    /// [`Store::load_checkpoint_now`] of a checkpoint's `bytes` (read by the caller; an
+    /// error is this rank's failure, which every rank hears of).
+    pub(super) fn load_checkpoint_bytes(&self, op: &'static str, context: &str, bytes: Result<Vec<u8>>) -> Result<()> {
+        self.check_step(op, &[], Ok(()))?;
+        let held = Held::new(op, self, &[])?;
+        let mut merger = held.merger_write(op, &self.merger)?;
         let entries = self.entries();
         let locked: Vec<&Arc<Entry>> = entries.iter().collect();
-        let mut guards = held.write(OP, &locked)?;
-        let checkpoint = opt_states::read_file(path, &context).and_then(|bytes| decode(&bytes, &context));
+        let mut guards = held.write(op, &locked)?;
+        let checkpoint = bytes.and_then(|bytes| decode(&bytes, context));
         let plan = checkpoint.and_then(|c| {
             let hash = c.hash;
-            Ok((self.plan(c, &entries, &guards, &context)?, hash))
+            Ok((self.plan(c, &entries, &guards, context)?, hash))
         });
-        self.agree(OP, &context, plan.as_ref().map(|(_, h)| *h).map_err(|_| ()), "could not read or check the file")?;
+        self.agree(op, context, plan.as_ref().map(|(_, h)| *h).map_err(|_| ()), "could not read or check the file")?;
         let (plan, _) = plan?;
         // Everything is checked and made: from here on nothing fails but a key that
         // another thread initialised meanwhile, which is checked before any change.
         let mut table = self.table.write();
         if let Some((_, key, ..)) = plan.keys.iter().find(|(i, k, ..)| i.is_none() && table.contains_key(k)) {
             return Err(Error::AlreadyInitialized {
-                op: OP,
+                op,
                 key: key.clone(),
                 detail: "it was initialised while the checkpoint was loaded",
             });

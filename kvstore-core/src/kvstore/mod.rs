@@ -21,6 +21,7 @@ use forms::{Values, flat_runs, flatten};
 mod builder;
 mod calls;
 mod checkpoint;
+mod commit;
 mod compression;
 pub(crate) mod forms;
 mod locks;
@@ -35,6 +36,7 @@ mod steps;
 
 pub use builder::KVStoreBuilder;
 use calls::broadcast_args;
+pub use commit::{COMMIT_DIR_VAR, JOB_VAR, Restored};
 use locks::Held;
 use merge::{Calls, Merger};
 use pending::{Done, Unobserved};
@@ -300,6 +302,10 @@ pub(crate) struct Store {
     /// Its hold on the timeline: the last store dropped closes the file
     /// ([`crate::timeline::Hold`]).
     _timeline: crate::timeline::Hold,
+    /// Where its commits go, with a job name (`kvstore/commit.rs`).
+    commits: Option<commit::Folder>,
+    /// The commit it restored when it was made.
+    restored: std::sync::OnceLock<Restored>,
     /// The fusion size of non-blocking calls across calls, 0 for none
     /// ([`KVStoreBuilder::fuse_calls`], `kvstore/run/fused.rs`).
     fuse_bytes: usize,

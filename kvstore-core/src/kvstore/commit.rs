@@ -1,0 +1,425 @@
+//! Commits (`KVStore::commit`, `KVStore::restored`): the whole store as of a step, kept
+//! in memory that outlives the process (`/dev/shm`), so that a job restarted after a
+//! rank died resumes from its last commit instead of its last checkpoint on disk.
+//!
+//! A job has a name (`KVSTORE_JOB`; the launcher gives one that its restarts share) and
+//! its commits live in a folder of their own, `DIR/kvstore-UID-JOB/storeN` (`DIR`:
+//! `KVSTORE_COMMIT_DIR`, default `/dev/shm`; `N`: the order in which the process made
+//! its stores with a job name, the same in every run of one program). The folder is the
+//! user's alone (0700, its files 0600): a folder or file of another owner, or one that
+//! others may read or write, is refused with an error, never used.
+//!
+//! A commit of step S is, on every rank, its file `step-S-rank-R-of-N.commit` (a header
+//! with the step, the rank, the number of ranks and the lengths, a CRC-32 of the whole,
+//! then the user's `extra` bytes and the store as a checkpoint, `checkpoint.rs`), written
+//! under a temporary name and renamed; once every rank said its file is written, each
+//! writes `step-S.done`. A commit is used only with its `done` mark: a rank killed during
+//! a commit leaves no mark, and the job resumes from the commit before. The two newest
+//! marked commits are kept, everything older is removed.
+//!
+//! A store made with a job name restores, before its first call, the newest marked
+//! commit that a rank can read whole: under `dist_sync` the ranks agree on the newest
+//! step any of them has, and the lowest rank that has it gives its bytes to those that
+//! lack them (a rank on a new host), so a job restarts on as many ranks or on more or
+//! fewer. Every rank holds the same values under `dist_sync`, so any rank's file is the
+//! store's.
+
+use std::fs::{DirBuilder, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::{KVStore, Store};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ndarray::NDArray;
+
+/// The environment variable that names a job (its restarts share it).
+pub const JOB_VAR: &str = "KVSTORE_JOB";
+/// The environment variable that names the folder of the jobs' commits (default
+/// `/dev/shm`).
+pub const COMMIT_DIR_VAR: &str = "KVSTORE_COMMIT_DIR";
+
+const MAGIC: &[u8; 8] = b"KVSTCMT1";
+/// The header: magic, step, rank, ranks, extra's length, the checkpoint's length, CRC.
+const HEADER: usize = 8 + 8 + 4 + 4 + 8 + 8 + 4;
+/// How many marked commits are kept.
+const KEEP: usize = 2;
+
+/// What a store restored from a commit: its step and the user's bytes
+/// ([`KVStore::restored`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Restored {
+    /// The step given to the commit.
+    pub step: u64,
+    /// The bytes given to the commit (a data loader's position, a generator's state).
+    pub extra: Vec<u8>,
+}
+
+/// The stores made with a job name so far in this process: the next one's folder.
+static STORES: AtomicUsize = AtomicUsize::new(0);
+
+fn io(context: impl std::fmt::Display, source: std::io::Error) -> Error {
+    Error::Io { context: context.to_string(), source }
+}
+
+fn refused(path: &Path, why: impl std::fmt::Display) -> Error {
+    Error::invalid_argument(format!("the commits at {}: {why}; nothing was used", path.display()))
+}
+
+/// The job's name, when `KVSTORE_JOB` gives one: letters, digits, `.`, `_` and `-`,
+/// at most 64 of them.
+fn job() -> Result<Option<String>> {
+    let Some(name) = std::env::var_os(JOB_VAR) else { return Ok(None) };
+    let name = name.to_string_lossy().into_owned();
+    let fits = !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && !name.starts_with('.');
+    match fits {
+        true => Ok(Some(name)),
+        false => Err(Error::invalid_argument(format!(
+            "{JOB_VAR}={name:?}: a job's name is 1 to 64 letters, digits, '.', '_' or '-' (not first '.')"
+        ))),
+    }
+}
+
+/// This process's user: the owner of its `/proc/self`.
+fn uid() -> Result<u32> {
+    Ok(std::fs::metadata("/proc/self").map_err(|e| io("this process's user (/proc/self)", e))?.uid())
+}
+
+/// Makes `path` a folder of the user's alone, or checks that it is one: not a link, owned
+/// by `uid`, no access for others.
+fn own_folder(path: &Path, uid: u32) -> Result<()> {
+    match DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io(format!("the commits' folder {}", path.display()), e)),
+    }
+    let m = std::fs::symlink_metadata(path).map_err(|e| io(format!("the commits' folder {}", path.display()), e))?;
+    if !m.file_type().is_dir() {
+        return Err(refused(path, "not a folder"));
+    }
+    if m.uid() != uid {
+        return Err(refused(path, format!("the folder belongs to user {}, not to this job's user {uid}", m.uid())));
+    }
+    if m.mode() & 0o077 != 0 {
+        return Err(refused(path, format!("others may use the folder (mode {:o}, not 700)", m.mode() & 0o777)));
+    }
+    Ok(())
+}
+
+/// The folder of a job's store.
+#[derive(Clone, Debug)]
+pub(super) struct Folder {
+    path: PathBuf,
+    uid: u32,
+}
+
+impl Folder {
+    /// The folder of the next store made with a job name, made if need be; `None`
+    /// without `KVSTORE_JOB`.
+    pub(super) fn for_next_store() -> Result<Option<Folder>> {
+        let Some(job) = job()? else { return Ok(None) };
+        let uid = uid()?;
+        let base = std::env::var_os(COMMIT_DIR_VAR).map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
+        let jobs = base.join(format!("kvstore-{uid}-{job}"));
+        own_folder(&jobs, uid)?;
+        let path = jobs.join(format!("store{}", STORES.fetch_add(1, Ordering::Relaxed)));
+        own_folder(&path, uid)?;
+        Ok(Some(Folder { path, uid }))
+    }
+
+    fn file(&self, step: u64, rank: usize, ranks: usize) -> PathBuf {
+        self.path.join(format!("step-{step:020}-rank-{rank:06}-of-{ranks:06}.commit"))
+    }
+
+    fn done(&self, step: u64) -> PathBuf {
+        self.path.join(format!("step-{step:020}.done"))
+    }
+
+    /// Writes `bytes` to `path` under a temporary name (the user's alone), then renames.
+    fn write(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let temp = self.path.join(format!(".{name}.{}", std::process::id()));
+        let context = || format!("the commit {}", path.display());
+        let _ = std::fs::remove_file(&temp);
+        let written = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&temp)
+            .and_then(|mut f| f.write_all(bytes))
+            .and_then(|()| std::fs::rename(&temp, path));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&temp);
+        }
+        written.map_err(|e| io(context(), e))
+    }
+
+    /// Reads a file of the folder: a regular file of the user's alone, else refused.
+    fn read(&self, path: &Path) -> Result<Vec<u8>> {
+        let context = || format!("the commit {}", path.display());
+        let m = std::fs::symlink_metadata(path).map_err(|e| io(context(), e))?;
+        if !m.file_type().is_file() {
+            return Err(refused(path, "not a regular file"));
+        }
+        if m.uid() != self.uid || m.mode() & 0o077 != 0 {
+            return Err(refused(path, format!("a file of user {} with mode {:o}", m.uid(), m.mode() & 0o777)));
+        }
+        let mut bytes = Vec::with_capacity(m.len() as usize);
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .map_err(|e| io(context(), e))?;
+        Ok(bytes)
+    }
+
+    /// The steps marked done, newest first.
+    fn done_steps(&self) -> Result<Vec<u64>> {
+        let mut steps: Vec<u64> =
+            self.names()?.iter().filter_map(|n| n.strip_prefix("step-")?.strip_suffix(".done")?.parse().ok()).collect();
+        steps.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(steps)
+    }
+
+    fn names(&self) -> Result<Vec<String>> {
+        let entries =
+            std::fs::read_dir(&self.path).map_err(|e| io(format!("the commits' folder {}", self.path.display()), e))?;
+        Ok(entries.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned())).collect())
+    }
+
+    /// The files of `step` in the folder (any rank's).
+    fn files_of(&self, step: u64) -> Result<Vec<PathBuf>> {
+        let prefix = format!("step-{step:020}-rank-");
+        let mut files: Vec<PathBuf> = self
+            .names()?
+            .into_iter()
+            .filter(|n| n.starts_with(&prefix) && n.ends_with(".commit"))
+            .map(|n| self.path.join(n))
+            .collect();
+        files.sort();
+        Ok(files)
+    }
+
+    /// The newest marked commit in the folder: its step and bytes. A file that is not
+    /// whole (or not the user's) is passed over for another rank's copy of the step;
+    /// when no copy is whole, the commit is refused (damaged or planted), never loaded.
+    fn newest(&self) -> Result<Option<(u64, Vec<u8>)>> {
+        let Some(&step) = self.done_steps()?.first() else { return Ok(None) };
+        let mut why = String::from("no file of it is in the folder");
+        for file in self.files_of(step)? {
+            match self.read(&file).and_then(|bytes| match decode(&bytes) {
+                Ok(c) if c.step == step => Ok(bytes),
+                Ok(_) => Err(refused(&file, "a commit of another step")),
+                Err(e) => Err(refused(&file, e)),
+            }) {
+                Ok(bytes) => return Ok(Some((step, bytes))),
+                Err(e) => why = e.to_string(),
+            }
+        }
+        Err(Error::Io {
+            context: format!("the commit of step {step} in {}", self.path.display()),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("no copy is whole ({why}); remove the folder to start the job afresh"),
+            ),
+        })
+    }
+
+    /// Removes every commit older than the [`KEEP`] newest marked ones, and any
+    /// unmarked one older than the newest marked (a commit a rank died in).
+    fn prune(&self) -> Result<()> {
+        let done = self.done_steps()?;
+        let Some(&newest) = done.first() else { return Ok(()) };
+        let kept: Vec<u64> = done.iter().copied().take(KEEP).collect();
+        for name in self.names()? {
+            let step: Option<u64> =
+                name.strip_prefix("step-").and_then(|rest| rest.get(..20)).and_then(|s| s.parse().ok());
+            if let Some(step) = step
+                && !kept.contains(&step)
+                && (step < newest || !done.contains(&step))
+                && step <= newest
+            {
+                let _ = std::fs::remove_file(self.path.join(&name));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A commit file, read and checked.
+struct Commit<'b> {
+    step: u64,
+    extra: &'b [u8],
+    checkpoint: &'b [u8],
+}
+
+fn encode(step: u64, rank: usize, ranks: usize, extra: &[u8], checkpoint: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + extra.len() + checkpoint.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&step.to_le_bytes());
+    out.extend_from_slice(&(rank as u32).to_le_bytes());
+    out.extend_from_slice(&(ranks as u32).to_le_bytes());
+    out.extend_from_slice(&(extra.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(checkpoint.len() as u64).to_le_bytes());
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&out);
+    crc.update(extra);
+    crc.update(checkpoint);
+    out.extend_from_slice(&crc.finalize().to_le_bytes());
+    out.extend_from_slice(extra);
+    out.extend_from_slice(checkpoint);
+    out
+}
+
+fn decode(bytes: &[u8]) -> std::result::Result<Commit<'_>, &'static str> {
+    if bytes.len() < HEADER || &bytes[..8] != MAGIC {
+        return Err("not a commit");
+    }
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    let (step, extra_len, len) = (u64_at(8), u64_at(24), u64_at(32));
+    let body = &bytes[HEADER..];
+    if extra_len.checked_add(len) != Some(body.len() as u64) {
+        return Err("cut short");
+    }
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&bytes[..HEADER - 4]);
+    crc.update(body);
+    if crc.finalize().to_le_bytes() != bytes[HEADER - 4..HEADER] {
+        return Err("its checksum does not match");
+    }
+    let (extra, checkpoint) = body.split_at(extra_len as usize);
+    Ok(Commit { step, extra, checkpoint })
+}
+
+impl Store {
+    /// Commits now (the caller ordered it after the calls before it): every rank writes
+    /// its file, and once every rank did, marks the step done.
+    pub(super) fn commit_now(&self, step: u64, extra: &[u8]) -> Result<()> {
+        const OP: &str = "commit";
+        let folder = self.commits.as_ref().ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "commit: the store has no job name; set {JOB_VAR} (kvstore-run sets it) before making the store"
+            ))
+        })?;
+        self.check_step(OP, &[], Ok(()))?;
+        let (rank, ranks) = self.collective.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
+        let written = self.checkpoint_bytes(OP).and_then(|checkpoint| {
+            folder.write(&folder.file(step, rank, ranks), &encode(step, rank, ranks, extra, &checkpoint))
+        });
+        let context = format!("commit of step {step}");
+        self.agree(OP, &context, written.as_ref().map(|_| 0).map_err(|_| ()), "could not write its commit")?;
+        written?;
+        folder.write(&folder.done(step), b"")?;
+        folder.prune()
+    }
+
+    /// Restores the newest marked commit (see the module's docs), when the store has a
+    /// job name: what it restored, or `None`.
+    pub(super) fn restore(&self) -> Result<Option<Restored>> {
+        let Some(folder) = &self.commits else { return Ok(None) };
+        let mine = folder.newest()?;
+        let Some(group) = &self.collective else {
+            return match mine {
+                Some((step, bytes)) => self.restore_bytes(step, bytes).map(Some),
+                None => Ok(None),
+            };
+        };
+        // Each rank's newest step (0 for none, else step + 1), and its bytes' length.
+        let said = mine.as_ref().map_or([0u8; 16], |(step, bytes)| {
+            let mut b = [0u8; 16];
+            b[..8].copy_from_slice(&(step + 1).to_le_bytes());
+            b[8..].copy_from_slice(&(bytes.len() as u64).to_le_bytes());
+            b
+        });
+        let all = group.exchange("restore", &said)?;
+        let at = |r: usize, i: usize| {
+            all[r].get(i * 8..i * 8 + 8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")))
+        };
+        let newest = (0..all.len()).map(|r| at(r, 0)).max().unwrap_or(0);
+        if newest == 0 {
+            return Ok(None);
+        }
+        let step = newest - 1;
+        let root = (0..all.len()).find(|&r| at(r, 0) == newest).expect("a rank with the newest");
+        let bytes = match mine {
+            Some((s, bytes)) if s == step && (0..all.len()).all(|r| at(r, 0) == newest) => bytes,
+            mine => {
+                // Some rank lacks the step: the lowest that has it gives its bytes.
+                let len = at(root, 1) as usize;
+                let buf = NDArray::zeros_with(&[len], DType::U8, crate::Context::default())?;
+                if group.rank() == root {
+                    let (_, bytes) = mine.expect("the root's commit");
+                    buf.write()?.bytes_mut().copy_from_slice(&bytes);
+                }
+                group.broadcast(&[&buf], root)?;
+                buf.to_vec::<u8>()?
+            }
+        };
+        self.restore_bytes(step, bytes).map(Some)
+    }
+
+    fn restore_bytes(&self, step: u64, bytes: Vec<u8>) -> Result<Restored> {
+        let commit = decode(&bytes).map_err(|why| Error::Io {
+            context: format!("restore of step {step}"),
+            source: std::io::Error::other(why),
+        })?;
+        let context = format!("restore of step {step}");
+        self.load_checkpoint_bytes("restore", &context, Ok(commit.checkpoint.to_vec()))?;
+        Ok(Restored { step, extra: commit.extra.to_vec() })
+    }
+}
+
+impl KVStore {
+    /// Commits the whole store as of this call: every key's value, the optimizer with
+    /// its state and counters, the step and `extra` (the program's own bytes: its data
+    /// loader's position, its generators' state), into memory that outlives the process
+    /// (`/dev/shm`), never to disk. A store made later by a run of the same job
+    /// (`KVSTORE_JOB`) restores the newest commit every rank completed
+    /// ([`KVStore::restored`]). See the module `kvstore/commit.rs` for where commits go
+    /// and who may read them.
+    ///
+    /// Under `dist_sync` it is a collective, like `barrier`: every rank calls it at the
+    /// same point of its calls, and it returns once every rank's commit is written (or
+    /// fails on every rank, naming the ranks that could not write theirs).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a store made without `KVSTORE_JOB`;
+    /// [`Error::Io`] when the commit cannot be written.
+    pub fn commit(&self, step: u64, extra: &[u8]) -> Result<()> {
+        self.not_async("commit")?;
+        let extra = extra.to_vec();
+        self.settle()?;
+        self.in_order("commit", move |store| store.commit_now(step, &extra))
+    }
+
+    /// What this store restored when it was made: the step and `extra` of the commit it
+    /// resumed from ([`KVStore::commit`]), or `None` (no job name, or no commit yet). A
+    /// training loop is written once: `let start = kv.restored().map_or(0, |r| r.step + 1);`.
+    pub fn restored(&self) -> Option<Restored> {
+        self.store.restored.get().cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decode, encode};
+
+    #[test]
+    fn a_commit_reads_back_and_a_changed_byte_is_refused() {
+        let bytes = encode(7, 1, 3, b"loader at 7", b"the checkpoint");
+        let c = decode(&bytes).expect("whole");
+        assert_eq!((c.step, c.extra, c.checkpoint), (7, &b"loader at 7"[..], &b"the checkpoint"[..]));
+        for at in [0, 9, 30, bytes.len() - 1] {
+            let mut bad = bytes.clone();
+            bad[at] ^= 1;
+            assert!(decode(&bad).is_err(), "a flip at {at}");
+        }
+        assert!(decode(&bytes[..bytes.len() - 1]).is_err(), "cut short");
+    }
+}

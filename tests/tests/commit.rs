@@ -1,0 +1,120 @@
+//! Commits (`KVStore::commit`, `KVStore::restored`, `kvstore/commit.rs`): a job that dies
+//! after a commit resumes from it, with the same bits as a job that never died; a
+//! damaged commit or a folder others may use is refused; a store without a job name
+//! cannot commit. The job is `fixture_commit_job`, run as a process per run (a restart
+//! is a new process), each test with a commits' folder of its own.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use kvstore_core::{ErrorKind, KVStore, NDArray};
+
+/// A commits' folder of the test's own (`KVSTORE_COMMIT_DIR`).
+fn folder(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvstore-commits-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a folder");
+    dir
+}
+
+/// Runs the job `job` with its commits in `dir`.
+fn run(dir: &Path, job: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fixture_commit_job"))
+        .args(args)
+        .env("KVSTORE_JOB", job)
+        .env("KVSTORE_COMMIT_DIR", dir)
+        .output()
+        .expect("the job runs")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn line<'a>(out: &'a str, prefix: &str) -> Option<&'a str> {
+    out.lines().find(|l| l.starts_with(prefix))
+}
+
+#[test]
+fn a_job_that_died_resumes_from_its_last_commit_with_the_same_bits() {
+    let dir = folder("resume");
+    let whole = run(&dir, "never-died", &["6"]);
+    assert!(whole.status.success(), "{whole:?}");
+    let died = run(&dir, "died", &["6", "die", "2"]);
+    assert_eq!(died.status.code(), Some(3), "{died:?}");
+    let resumed = run(&dir, "died", &["6"]);
+    assert!(resumed.status.success(), "{resumed:?}");
+    let out = stdout(&resumed);
+    assert_eq!(line(&out, "restored"), Some("restored 2 loader at 2"), "{out}");
+    // The optimizer's momentum came back too: the same bits as the run that never died.
+    assert_eq!(line(&out, "w = "), line(&stdout(&whole), "w = "));
+    // The two newest commits are kept, no more.
+    let store = dir.join(format!("kvstore-{}-died", owner(&dir))).join("store0");
+    let done: Vec<String> = names(&store).into_iter().filter(|n| n.ends_with(".done")).collect();
+    assert_eq!(done.len(), 2, "{done:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn another_job_never_restores_these_commits() {
+    let dir = folder("other");
+    assert_eq!(run(&dir, "first", &["3", "die", "1"]).status.code(), Some(3));
+    let other = run(&dir, "second", &["3"]);
+    assert!(other.status.success() && line(&stdout(&other), "restored").is_none(), "{other:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_damaged_commit_is_refused_not_loaded() {
+    let dir = folder("damaged");
+    assert_eq!(run(&dir, "job", &["4", "die", "1"]).status.code(), Some(3));
+    let store = dir.join(format!("kvstore-{}-job", owner(&dir))).join("store0");
+    let newest = names(&store).into_iter().filter(|n| n.ends_with(".commit")).max().expect("a commit");
+    let path = store.join(&newest);
+    let mut bytes = std::fs::read(&path).expect("the commit");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(&path, &bytes).expect("written");
+    let refused = run(&dir, "job", &["4"]);
+    assert!(!refused.status.success(), "{refused:?}");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("checksum") && err.contains("step 1"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_folder_others_may_use_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = folder("open");
+    let jobs = dir.join(format!("kvstore-{}-job", owner(&dir)));
+    std::fs::create_dir_all(&jobs).expect("a folder");
+    std::fs::set_permissions(&jobs, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let refused = run(&dir, "job", &["2"]);
+    assert!(!refused.status.success(), "{refused:?}");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("others may use the folder"), "{refused:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_store_without_a_job_name_cannot_commit() {
+    // (This process has no KVSTORE_JOB.)
+    let kv = KVStore::create("local").expect("a store");
+    kv.init("w", &NDArray::zeros(&[2]).expect("zeros")).expect("init");
+    let e = kv.commit(0, b"").expect_err("no job name");
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("KVSTORE_JOB"), "{e}");
+    assert_eq!(kv.restored(), None);
+}
+
+/// The user that owns `dir` (this process's).
+fn owner(dir: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(dir).expect("the folder").uid()
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .expect("the folder")
+        .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
+        .collect()
+}
