@@ -22,7 +22,7 @@ bash scripts/setup-jvm.sh >"$logs/mpi-jvm-setup.log" 2>&1 || give_up "Clojure" "
 # (cargo-nextest: installed once into cargo's bin folder when missing, as test.sh does.)
 cargo nextest --version >/dev/null 2>&1 || cargo install --locked cargo-nextest@0.9.151
 rm -f target/nextest/mpi/junit.xml
-cargo nextest run -p kvstore-mpi --features mpi --profile mpi --test mpi --test faults --test timeline --test jvm
+cargo nextest run -p kvstore-mpi --features mpi --profile mpi --test mpi --test faults --test timeline --test commits --test jvm
 status=$?
 cp target/nextest/mpi/junit.xml "$reports/" 2>/dev/null
 ran "the MPI tests" "$status" "$reports/junit.xml"

@@ -323,21 +323,37 @@ impl Store {
     /// job name: what it restored, or `None`.
     pub(super) fn restore(&self) -> Result<Option<Restored>> {
         let Some(folder) = &self.commits else { return Ok(None) };
-        let mine = folder.newest()?;
+        let found = folder.newest();
         let Some(group) = &self.collective else {
-            return match mine {
+            return match found? {
                 Some((step, bytes)) => self.restore_bytes(step, bytes).map(Some),
                 None => Ok(None),
             };
         };
-        // Each rank's newest step (0 for none, else step + 1), and its bytes' length.
-        let said = mine.as_ref().map_or([0u8; 16], |(step, bytes)| {
-            let mut b = [0u8; 16];
-            b[..8].copy_from_slice(&(step + 1).to_le_bytes());
-            b[8..].copy_from_slice(&(bytes.len() as u64).to_le_bytes());
-            b
-        });
+        // Each rank's newest step (0 for none, else step + 1), its bytes' length, and
+        // whether it could not read its commits (every rank then fails, none restores).
+        let mut said = [0u8; 17];
+        match &found {
+            Ok(Some((step, bytes))) => {
+                said[..8].copy_from_slice(&(step + 1).to_le_bytes());
+                said[8..16].copy_from_slice(&(bytes.len() as u64).to_le_bytes());
+            }
+            Ok(None) => {}
+            Err(_) => said[16] = 1,
+        }
         let all = group.exchange("restore", &said)?;
+        let failed: Vec<usize> = (0..all.len()).filter(|&r| all[r].get(16) == Some(&1)).collect();
+        let mine = found?;
+        if !failed.is_empty() {
+            return Err(Error::Io {
+                context: "restore".to_string(),
+                source: std::io::Error::other(format!(
+                    "{} could not read the job's commits (the error on {} says why); no rank restored anything",
+                    super::steps::ranks(&failed),
+                    if failed.len() == 1 { "that rank" } else { "those ranks" }
+                )),
+            });
+        }
         let at = |r: usize, i: usize| {
             all[r].get(i * 8..i * 8 + 8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")))
         };
