@@ -69,3 +69,41 @@ fn a_job_resumes_on_more_or_fewer_ranks_with_the_same_bits_on_every_rank() {
     assert!(fewer.output.contains("restored 2 loader at 2"), "{}", fewer.shown());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs the job under `kvstore-run` on `np` ranks with its commits in `dir`.
+fn launch(dir: &std::path::Path, np: usize, args: &[&str]) -> jobs::Job {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"));
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("KVSTORE_COMMIT_DIR", dir);
+    cmd.args(["--max-restarts", "2", "--job", "launched", "-x", "KVSTORE_COMMIT_DIR", "--oversubscribe", "--bind-to"]);
+    cmd.args(["none", "-np", &np.to_string(), env!("CARGO_BIN_EXE_fixture_commit_job")]).args(args);
+    jobs::run(cmd, Duration::from_secs(180))
+}
+
+#[test]
+fn kvstore_run_restarts_a_job_whose_rank_was_killed_and_it_ends_with_the_same_bits() {
+    let dir = folder("launched");
+    let whole = run(&dir, "never-killed", 2, &["6"]);
+    assert_eq!(whole.code, Some(0), "{}", whole.shown());
+    let job = launch(&dir, 2, &["6", "kill", "1", "3"]);
+    assert_eq!(job.code, Some(0), "{}", job.shown());
+    assert!(job.output.contains("kvstore-run: rank 1 died (signal 9)"), "{}", job.shown());
+    assert_eq!(job.output.matches("restored 3 loader at 3").count(), 2, "{}", job.shown());
+    assert_eq!(bits(&job, 2), bits(&whole, 2), "the bits of the job never killed");
+    // A job that ended well leaves no commits behind.
+    let owner = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&dir).expect("the folder").uid()
+    };
+    assert!(!dir.join(format!("kvstore-{owner}-launched")).exists(), "its commits are removed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn kvstore_run_does_not_run_again_a_job_that_failed_by_itself() {
+    let dir = folder("failed");
+    let job = launch(&dir, 2, &["3", "fail"]);
+    assert_ne!(job.code, Some(0), "{}", job.shown());
+    assert!(job.output.contains("the job failed by itself"), "{}", job.shown());
+    assert_eq!(job.output.matches("restored").count(), 0, "not run again: {}", job.shown());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,225 @@
+//! `kvstore-run`: runs a job under `mpirun`, and when a rank of it died (killed by a
+//! signal: SIGKILL, a crash, the out-of-memory killer), runs it again, until it ends well
+//! or its restarts are spent. The job's stores restore its last commit
+//! (`KVStore::commit`): the restart loses at most the steps since then.
+//!
+//! ```text
+//! kvstore-run [--max-restarts N] [--job NAME] [mpirun's options] -np N PROGRAM ARGS...
+//! ```
+//!
+//! Every run of the job gets the job's name in `KVSTORE_JOB` (the launcher's own when
+//! it has one, else `--job`, else a new one) and its run's number in
+//! `KVSTORE_RUN_ATTEMPT` (0 first). A job that fails by itself (its program exited with
+//! an error, on every rank or on some, no rank killed) is not run again: the launcher
+//! says so and exits with the job's status. When the job ends well, its commits are
+//! removed; when it fails for good, they are kept, and the launcher says how to resume
+//! it by hand.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const USAGE: &str = "usage: kvstore-run [--max-restarts N] [--job NAME] [mpirun's options] -np N PROGRAM ARGS...";
+
+/// What the launcher read of its command line.
+struct Options {
+    max_restarts: u32,
+    job: String,
+    /// Everything else: `mpirun`'s options, the program and its arguments.
+    mpirun: Vec<String>,
+}
+
+fn options(args: &[String]) -> Result<Options, String> {
+    let mut max_restarts = 3;
+    let mut job = std::env::var("KVSTORE_JOB").ok().filter(|j| !j.is_empty());
+    let mut i = 0;
+    while i < args.len() {
+        let value = || args.get(i + 1).ok_or_else(|| format!("{} needs a value\n{USAGE}", args[i]));
+        match args[i].as_str() {
+            "--max-restarts" => {
+                let v = value()?;
+                max_restarts = v.parse().map_err(|_| format!("--max-restarts {v}: not a count"))?;
+                i += 2;
+            }
+            "--job" => {
+                job = Some(value()?.clone());
+                i += 2;
+            }
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            _ => break,
+        }
+    }
+    let mpirun = args[i..].to_vec();
+    if mpirun.is_empty() {
+        return Err(format!("no program to run\n{USAGE}"));
+    }
+    let job = job.unwrap_or_else(|| {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        format!("run-{now}-{}", std::process::id())
+    });
+    Ok(Options { max_restarts, job, mpirun })
+}
+
+/// How a run of the job ended, as `mpirun` said it.
+#[derive(Default)]
+struct Ended {
+    /// A rank killed by a signal: (rank, signal), from `mpirun`'s report.
+    killed: Option<(String, String)>,
+    /// When the launcher read that report.
+    seen: Option<Instant>,
+}
+
+/// Reads a line of `mpirun`'s output for a rank's death: Open MPI says
+/// `... process rank 1 with PID 123 on node h exited on signal 9 (Killed).`
+fn death(line: &str) -> Option<(String, String)> {
+    let (_, after) = line.split_once("exited on signal ")?;
+    let signal: String = after.chars().take_while(|c| !c.is_whitespace()).collect();
+    let rank = line
+        .split_once("rank ")
+        .map(|(_, r)| r.chars().take_while(char::is_ascii_digit).collect::<String>())
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| "?".to_string());
+    Some((rank, signal))
+}
+
+/// Copies `from` to `to` line by line, noting a rank's death in `ended`.
+fn follow(from: impl std::io::Read, mut to: impl Write, ended: Arc<Mutex<Ended>>) {
+    for line in BufReader::new(from).lines().map_while(Result::ok) {
+        if let Some(d) = death(&line) {
+            let mut e = ended.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if e.killed.is_none() {
+                e.killed = Some(d);
+                e.seen = Some(Instant::now());
+            }
+        }
+        let _ = writeln!(to, "{line}");
+    }
+}
+
+/// The folder of the job's commits (as `kvstore/commit.rs` names it).
+fn commits(job: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self").ok()?.uid();
+    let base = std::env::var_os("KVSTORE_COMMIT_DIR").map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
+    Some(base.join(format!("kvstore-{uid}-{job}")))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let o = match options(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("kvstore-run: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let say = |what: String| eprintln!("kvstore-run: {what}");
+    let began = Instant::now();
+    for attempt in 0..=o.max_restarts {
+        let started = Instant::now();
+        let child = Command::new("mpirun")
+            .args(["-x", "KVSTORE_JOB", "-x", "KVSTORE_RUN_ATTEMPT"])
+            .args(&o.mpirun)
+            .env("KVSTORE_JOB", &o.job)
+            .env("KVSTORE_RUN_ATTEMPT", attempt.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        let mut child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                say(format!("cannot run mpirun: {e}"));
+                return ExitCode::from(127);
+            }
+        };
+        let ended = Arc::new(Mutex::new(Ended::default()));
+        let out = child.stdout.take().map(|s| {
+            let ended = Arc::clone(&ended);
+            std::thread::spawn(move || follow(s, std::io::stdout(), ended))
+        });
+        let err = child.stderr.take().map(|s| {
+            let ended = Arc::clone(&ended);
+            std::thread::spawn(move || follow(s, std::io::stderr(), ended))
+        });
+        let status = child.wait();
+        for t in [out, err].into_iter().flatten() {
+            let _ = t.join();
+        }
+        let finished = Instant::now();
+        let status = match status {
+            Ok(s) => s,
+            Err(e) => {
+                say(format!("lost mpirun: {e}"));
+                return ExitCode::from(1);
+            }
+        };
+        if status.success() {
+            if let Some(dir) = commits(&o.job) {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            if attempt > 0 {
+                say(format!(
+                    "the job ended well after {attempt} restart(s), in {:.1} s",
+                    began.elapsed().as_secs_f64()
+                ));
+            }
+            return ExitCode::SUCCESS;
+        }
+        let code = status.code().unwrap_or(1);
+        let e = ended.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some((rank, signal)) = e.killed.clone() else {
+            say(format!(
+                "the job failed by itself (mpirun's exit status {code}, no rank was killed): not run again; its \
+                 commits are kept for a run by hand with KVSTORE_JOB={}",
+                o.job
+            ));
+            return ExitCode::from(code.clamp(1, 255) as u8);
+        };
+        let ending = e.seen.map_or(Duration::ZERO, |seen| finished.saturating_duration_since(seen));
+        if attempt == o.max_restarts {
+            say(format!(
+                "rank {rank} died (signal {signal}) and the {} restart(s) are spent; the job's commits are kept: \
+                 run it again with KVSTORE_JOB={} to resume",
+                o.max_restarts, o.job
+            ));
+            return ExitCode::from(code.clamp(1, 255) as u8);
+        }
+        say(format!(
+            "rank {rank} died (signal {signal}) {:.1} s into run {attempt}; mpirun ended the job {:.2} s after; \
+             restart {} of {} (job {})",
+            e.seen.map_or(0.0, |seen| seen.saturating_duration_since(started).as_secs_f64()),
+            ending.as_secs_f64(),
+            attempt + 1,
+            o.max_restarts,
+            o.job
+        ));
+    }
+    ExitCode::from(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{death, options};
+
+    #[test]
+    fn a_killed_rank_is_read_from_mpiruns_report() {
+        let line = "mpirun noticed that process rank 1 with PID 4242 on node h exited on signal 9 (Killed).";
+        assert_eq!(death(line), Some(("1".to_string(), "9".to_string())));
+        assert_eq!(death("Primary job  terminated normally, but 1 process returned"), None);
+    }
+
+    #[test]
+    fn the_launchers_options_come_first() {
+        let args: Vec<String> = ["--max-restarts", "5", "--job", "j", "-np", "2", "prog", "--max-restarts"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let o = options(&args).expect("options");
+        assert_eq!((o.max_restarts, o.job.as_str()), (5, "j"));
+        assert_eq!(o.mpirun, ["-np", "2", "prog", "--max-restarts"]);
+        assert!(options(&["--max-restarts".to_string()]).is_err());
+        assert!(options(&[]).is_err());
+    }
+}
