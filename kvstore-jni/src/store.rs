@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use jni::objects::{JClass, JLongArray, JObject, JObjectArray, JString};
+use jni::objects::{JByteArray, JClass, JLongArray, JObject, JObjectArray, JString};
 use jni::sys::{jboolean, jint, jlong};
 use jni::{Env, EnvUnowned};
 use kvstore::{KVStore, Keys, Values};
@@ -520,6 +520,44 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nStopTimeline<'l>(
     env.with_env(|env| -> JResult<JString<'l>> {
         let path = with_store(h, KVStore::stop_timeline)?;
         or_null(env, path.as_ref().map(|p| p.to_string_lossy()))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nCommit<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+    step: jlong,
+    extra: JByteArray<'l>,
+) {
+    env.with_env(|env| -> JResult<()> {
+        let step = u64::try_from(step)
+            .map_err(|_| kvstore::Error::invalid_argument(format!("commit: step {step} is negative")))?;
+        let extra = if extra.is_null() { Vec::new() } else { env.convert_byte_array(&extra)? };
+        with_store(h, |kv| kv.commit(step, &extra))
+    })
+    .resolve::<ThrowKvStore>()
+}
+
+/// What the store restored: the step (8 bytes, little-endian), then the extra bytes;
+/// null for nothing.
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_github_kvstore_StoreNatives_nRestored<'l>(
+    mut env: EnvUnowned<'l>,
+    _c: JClass<'l>,
+    h: jlong,
+) -> JByteArray<'l> {
+    env.with_env(|env| -> JResult<JByteArray<'l>> {
+        match with_store(h, |kv| Ok(kv.restored()))? {
+            Some(r) => {
+                let mut bytes = r.step.to_le_bytes().to_vec();
+                bytes.extend_from_slice(&r.extra);
+                Ok(env.byte_array_from_slice(&bytes)?)
+            }
+            None => Ok(JByteArray::null()),
+        }
     })
     .resolve::<ThrowKvStore>()
 }

@@ -528,6 +528,24 @@ impl PyStore {
         Ok(d)
     }
 
+    /// Commits the whole store as of this call (every key's value, the optimizer and
+    /// its state, ``step`` and ``extra``, the program's own bytes) into memory that
+    /// outlives the process (``/dev/shm``): a store made later by a run of the same job
+    /// (``KVSTORE_JOB``, which ``kvstore-run`` sets) restores it (``restored()``). Under
+    /// ``dist_sync`` a collective, like ``barrier``. Raises ``InvalidArgumentError``
+    /// for a store made without a job name, ``StoreIOError`` when it cannot be written.
+    #[pyo3(signature = (step, extra = Vec::new()), text_signature = "(self, /, step, extra=b'')")]
+    fn commit(&self, py: Python<'_>, step: u64, extra: Vec<u8>) -> PyResult<()> {
+        crate::lifecycle::not_forked()?;
+        crate::detach(py, || self.shared.kv.commit(step, &extra)).map_err(to_py)
+    }
+
+    /// ``(step, extra)`` of the commit this store restored when it was made, or None.
+    fn _restored<'py>(&self, py: Python<'py>) -> PyResult<Option<(u64, Bound<'py, pyo3::types::PyBytes>)>> {
+        crate::lifecycle::not_forked()?;
+        Ok(self.shared.kv.restored().map(|r| (r.step, pyo3::types::PyBytes::new(py, &r.extra))))
+    }
+
     /// Sets this store's counters (``stats()``) to zero.
     fn reset_stats(&self) -> PyResult<()> {
         crate::lifecycle::not_forked()?;

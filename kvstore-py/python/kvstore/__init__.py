@@ -34,7 +34,7 @@ import atexit
 import os
 import sys
 import weakref
-from typing import Any, Callable, Generator, List, Optional, Union
+from typing import Any, Callable, Generator, List, NamedTuple, Optional, Union
 
 
 def _one_distribution() -> None:
@@ -87,6 +87,7 @@ __all__ = [
     "create",
     "KVStore",
     "Future",
+    "Restored",
     "optimizer",
     "lr_scheduler",
     "sparse",
@@ -170,6 +171,14 @@ class Future:
         return f"<kvstore.Future {'done' if self.done() else 'running'}>"
 
 
+class Restored(NamedTuple):
+    """What a store restored when it was made (:meth:`KVStore.restored`): the ``step``
+    and ``extra`` bytes given to the commit it resumed from."""
+
+    step: int
+    extra: bytes
+
+
 class KVStore(_kvstore.KVStore):
     """A key-value store for data-parallel training (MXNet's ``mxnet.kvstore.KVStore``).
 
@@ -192,6 +201,16 @@ class KVStore(_kvstore.KVStore):
         # (The store itself is made by the native __new__.) Remembered for the exit
         # hook, which waits for the store's calls before the interpreter goes.
         _stores.add(self)
+
+    def restored(self) -> Optional[Restored]:
+        """The commit this store resumed from when it was made (see :meth:`commit`):
+        ``Restored(step, extra)``, or ``None``. A training loop is written once::
+
+            r = kv.restored()
+            start = r.step + 1 if r else 0
+        """
+        got = self._restored()
+        return None if got is None else Restored(*got)
 
     def set_optimizer(self, optimizer: "optimizer.Optimizer") -> None:
         """Runs `optimizer` on every push from now on (in the store, in Rust): a

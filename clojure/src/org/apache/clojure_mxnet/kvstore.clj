@@ -809,3 +809,36 @@
   (util/with-kvstore-errors :reset-stats
     (doto kvstore
       (.resetStats))))
+
+;;; Commits: a job that lost a rank resumes from its last commit.
+
+(s/def ::step integer?)
+(s/def ::extra #(or (bytes? %) (string? %)))
+
+(defn commit
+  "Commits the whole store as of this call (every key's value, the optimizer
+  and its state, `step` and `extra`, the program's own bytes: a byte array, or
+  a string, kept as its UTF-8 bytes) into memory that outlives the process
+  (/dev/shm): a store made later by a run of the same job (KVSTORE_JOB, which
+  kvstore-run sets) restores it (`restored`). Under dist_sync a collective,
+  like `barrier`. Returns the store. A store made without a job name is
+  `{:kvstore/error :invalid-argument}`."
+  ([^KVStore kvstore step]
+   (commit kvstore step (byte-array 0)))
+  ([^KVStore kvstore step extra]
+   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+   (check! integer? ::step step "The step must be an integer")
+   (check! bytes? ::extra extra "extra must be a byte array or a string")
+   (let [^bytes extra (if (string? extra) (.getBytes ^String extra "UTF-8") extra)]
+     (util/with-kvstore-errors :commit
+       (doto kvstore
+         (.commit (long step) extra))))))
+
+(defn restored
+  "The commit this store resumed from when it was made (see `commit`):
+  `{:step s :extra bytes}`, or nil."
+  [^KVStore kvstore]
+  (check! kvstore? ::kvstore kvstore "Invalid kvstore")
+  (util/with-kvstore-errors :restored
+    (when-let [^io.github.kvstore.Restored r (.restored kvstore)]
+      {:step (.step r) :extra (.extra r)})))

@@ -751,3 +751,13 @@
     (is (= :io (error-of #(kvstore/start-timeline kv "/nonexistent-dir/trace.json"))))
     (is (nil? (kvstore/stop-timeline kv)))
     (is (= :invalid-argument (error-of #(kvstore/start-timeline kv 3))))))
+
+;;; Commits (the restart itself is tested from Java, in a child JVM with KVSTORE_JOB)
+
+(deftest a-store-without-a-job-name-cannot-commit
+  (let [kv (kvstore/init (kvstore/create) "w" (ndarray/ones [2]))]
+    (is (= :invalid-argument (error-of #(kvstore/commit kv 0 "loader at 0"))))
+    (is (= :invalid-argument (error-of #(kvstore/commit kv 0))))
+    (is (= :invalid-argument (error-of #(kvstore/commit kv "zero" (byte-array 0)))))
+    (is (= :invalid-argument (error-of #(kvstore/commit kv 0 [1 2]))))
+    (is (nil? (kvstore/restored kv)))))

@@ -909,6 +909,32 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
     }
 
     /**
+     * Commits the whole store as of this call (every key's value, the optimizer and its
+     * state, {@code step} and {@code extra}, the program's own bytes) into memory that
+     * outlives the process ({@code /dev/shm}): a store made later by a run of the same job
+     * ({@code KVSTORE_JOB}, which {@code kvstore-run} sets) restores it ({@link
+     * #restored()}). Under {@code dist_sync} a collective, like {@link #barrier()}.
+     *
+     * @param step the step committed
+     * @param extra the program's own bytes (a data loader's position; empty for none)
+     * @throws KVStoreException {@code INVALID_ARGUMENT} for a store made without a job
+     *     name or a negative step, {@code IO} when the commit cannot be written
+     */
+    public void commit(long step, byte[] extra) {
+        Objects.requireNonNull(extra, "extra");
+        on(h -> StoreNatives.nCommit(h, step, extra));
+    }
+
+    /**
+     * The commit this store resumed from when it was made (see {@link #commit}).
+     *
+     * @return its step and extra bytes, or null when the store restored nothing
+     */
+    public Restored restored() {
+        return Restored.of(with(StoreNatives::nRestored));
+    }
+
+    /**
      * What this store did since it was made or {@link #resetStats()}.
      *
      * @return calls, keys, bytes, time in each phase and, under {@code dist_sync}, each

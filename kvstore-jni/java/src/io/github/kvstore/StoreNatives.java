@@ -29,6 +29,10 @@ final class StoreNatives {
 
     static native void nCloseTimelineAtExit();
 
+    static native void nCommit(long h, long step, byte[] extra);
+
+    static native byte[] nRestored(long h);
+
     static native long[] nStats(long h);
 
     static native void nResetStats(long h);

@@ -90,6 +90,7 @@ class NullContractTest {
             KVStore.setGradientCompression(Map) params
             KVStore.isCapable(String) capability
             KVStore.startTimeline(String) path
+            KVStore.commit(long,byte[]) extra
             NDArray.zeros(int[]) shape
             NDArray.zeros(int[],Context,DType) shape ctx dtype
             NDArray.ones(int[]) shape
