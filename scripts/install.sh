@@ -6,7 +6,9 @@
 #   <repo>/io/github/kvstore/<artifact>/<version>/_remote.repositories  (installed locally)
 #   <repo>/io/github/kvstore/<artifact>/maven-metadata-local.xml         (versions present)
 # The artifact is ${KVSTORE_ARTIFACT:-kvstore} (kvstore-mpi for the MPI build); the
-# repository is ${M2_REPO:-$HOME/.m2/repository}. Build the jar first (make jar).
+# repository is ${M2_REPO:-$HOME/.m2/repository}. Build the jar first (make jar). The MPI
+# build also installs the launcher kvstore-run (docs/recovery.md) into
+# ${KVSTORE_BIN_DIR:-$HOME/.local/bin}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,3 +61,11 @@ release=$(echo "$versions" | tail -n 1)
 } >"$base/maven-metadata-local.xml.tmp"
 mv -f "$base/maven-metadata-local.xml.tmp" "$base/maven-metadata-local.xml"
 echo "install.sh: installed io.github.kvstore/$artifact $version into ${dir/#$HOME/\~}"
+if [ "$artifact" = kvstore-mpi ]; then
+    bin=${KVSTORE_BIN_DIR:-$HOME/.local/bin}
+    cargo build --release --quiet -p kvstore-mpi --bin kvstore-run
+    mkdir -p "$bin"
+    cp target/release/kvstore-run "$bin/.kvstore-run.tmp"
+    mv -f "$bin/.kvstore-run.tmp" "$bin/kvstore-run"
+    echo "install.sh: installed the launcher kvstore-run into ${bin/#$HOME/\~}"
+fi

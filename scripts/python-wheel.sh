@@ -45,11 +45,17 @@ case "$features" in
         rm -rf "$src"
         mkdir -p "$src"
         cp -r kvstore-py/python kvstore-py/README.md "$src/"
+        # The launcher (kvstore-mpi's kvstore-run), a program of its own in the package,
+        # run by the console script `kvstore-run` (kvstore/_run.py).
+        cargo build --release --quiet -p kvstore-mpi --bin kvstore-run >&2
+        mkdir -p "$src/python/kvstore/bin"
+        cp target/release/kvstore-run "$src/python/kvstore/bin/"
         # The package's pyproject.toml, renamed, with the feature and the crate's path.
         awk -v manifest="$root/kvstore-py/Cargo.toml" '
             /^name = "kvstore"$/ { print "name = \"kvstore-mpi\""; next }
             /^description = / { print "description = \"MXNet'"'"'s KVStore, rebuilt in Rust, with dist_sync across the processes of an MPI job (Open MPI)\""; next }
             /^manifest-path = / { print "manifest-path = \"" manifest "\""; print "features = [\"mpi\"]"; print "compatibility = \"linux\""; print "auditwheel = \"skip\""; next }
+            /^\[project.optional-dependencies\]$/ { print "[project.scripts]"; print "kvstore-run = \"kvstore._run:main\""; print ""; print; next }
             { print }' kvstore-py/pyproject.toml >"$src/pyproject.toml"
         ;;
     *)

@@ -231,3 +231,52 @@ def test_the_timeline_names_the_slow_rank(tmp_path, slow):
     # (mpirun may join the ranks' lines: each rank's list is found by its brackets.)
     lasts = re.findall(r"last (\[[^\]]*\])", done.stdout)
     assert len(lasts) == 3 and len(set(lasts)) == 1, done.stdout
+
+
+# A job that commits every step; rank 1 kills itself (SIGKILL) after committing step 2,
+# in the launcher's first run only.
+_COMMIT_JOB = """
+import os, signal, sys
+import numpy as np
+import kvstore as kv
+from kvstore import optimizer
+
+store = kv.create("dist_sync")
+r = store.restored()
+if r is None:
+    store.init("w", np.zeros(6, np.float32))
+    store.set_optimizer(optimizer.Adam(learning_rate=0.01))
+    start = 0
+else:
+    print("restored", r.step, r.extra.decode(), flush=True)
+    start = r.step + 1
+for step in range(start, 5):
+    store.push("w", np.arange(6, dtype=np.float32) * (step + 1))
+    store.commit(step, f"loader at {step}".encode())
+    if sys.argv[1] == "kill" and store.rank == 1 and step == 2 and os.environ.get("KVSTORE_RUN_ATTEMPT") == "0":
+        os.kill(os.getpid(), signal.SIGKILL)
+print("rank", store.rank, "w", store.pull("w").tobytes().hex(), flush=True)
+kv.finalize()
+"""
+
+
+def test_kvstore_run_restarts_a_job_whose_rank_was_killed_from_its_last_commit(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text(_COMMIT_JOB)
+    launcher = pathlib.Path(sys.executable).parent / "kvstore-run"
+    env = dict(
+        os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", KVSTORE_COMMIT_DIR=str(tmp_path)
+    )
+    args = ["-x", "KVSTORE_COMMIT_DIR", "--oversubscribe", "--bind-to", "none", "-np", "2", sys.executable, str(job)]
+    runs = {}
+    for mode in ["whole", "kill"]:
+        runs[mode] = subprocess.run(
+            [str(launcher), "--job", f"py-{mode}", *args, mode], capture_output=True, text=True, timeout=240, env=env
+        )
+        assert runs[mode].returncode == 0, runs[mode].stdout + runs[mode].stderr
+    killed = runs["kill"].stdout + runs["kill"].stderr
+    assert "kvstore-run: rank 1 died (signal 9)" in killed, killed
+    assert killed.count("restored 2 loader at 2") == 2, killed
+    weights = lambda out: sorted(l for l in out.splitlines() if l.startswith("rank "))  # noqa: E731
+    assert weights(runs["kill"].stdout) == weights(runs["whole"].stdout)
+    assert not list(tmp_path.glob("kvstore-*")), "the commits of a job that ended well are removed"
