@@ -114,10 +114,16 @@ fuzz: setup
 # (SIGKILL) or stopped (SIGSTOP) at a random moment; every job must end (no hang), every
 # checkpoint load, and a job resumed from the latest (on 4 or 2 ranks) train on. Ends
 # with the summary: runs, kills, stops, hangs, watchdog endings, checkpoints, resumes.
+# Then the commits' chaos (COMMIT_CHAOS_RUNS, default 30; `make test` runs 3): a 2-rank
+# job under kvstore-run, a random rank killed at a random moment; every run must end
+# well with the bits of a job never killed (kvstore-mpi/tests/commits.rs).
 CHAOS_RUNS ?= 100
+COMMIT_CHAOS_RUNS ?= 30
 chaos: setup
 	@bash scripts/setup-mpi.sh >/dev/null
 	KVSTORE_CHAOS_RUNS=$(CHAOS_RUNS) $(CARGO) test -q -p kvstore-mpi --features mpi --test chaos
+	KVSTORE_COMMIT_CHAOS_RUNS=$(COMMIT_CHAOS_RUNS) $(CARGO) test -q -p kvstore-mpi --features mpi --test commits \
+	    chaos -- --nocapture
 
 # Criterion benches; the Java, Clojure, MPI (2 ranks), GPU and Python benches; then the report:
 # limit, store, JVM, MPI, GPU and Python rows, medians and ratios, written to target/bench/results.json.

@@ -107,3 +107,101 @@ fn kvstore_run_does_not_run_again_a_job_that_failed_by_itself() {
     assert_eq!(job.output.matches("restored").count(), 0, "not run again: {}", job.shown());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A xorshift generator: the chaos runs' choices, repeatable from the printed seed.
+struct Random(u64);
+
+impl Random {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+/// Chaos: runs of a 2-rank job of 40 steps (10 ms each) under `kvstore-run`, each with
+/// a random rank killed (SIGKILL) at a random moment of its first run (during a push, a
+/// commit or a sleep). Every run must end well, with the bits of a job never killed.
+/// `KVSTORE_COMMIT_CHAOS_RUNS` runs (3 here; `make chaos` runs 30),
+/// `KVSTORE_COMMIT_CHAOS_SEED` repeats a sequence. Prints a line per run and a summary.
+#[test]
+fn chaos_a_rank_killed_at_a_random_moment_costs_a_restart_not_the_job() {
+    use std::process::{Command, Stdio};
+    use std::time::Instant;
+    let runs: u64 = std::env::var("KVSTORE_COMMIT_CHAOS_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let seed: u64 = std::env::var("KVSTORE_COMMIT_CHAOS_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    println!("commit chaos: {runs} runs, seed {seed}");
+    let mut random = Random(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let dir = folder("chaos");
+    let expected = {
+        let whole = run(&dir, "never-killed", 2, &["40"]);
+        assert_eq!(whole.code, Some(0), "{}", whole.shown());
+        bits(&whole, 2)
+    };
+    let (mut restarts, mut times) = (0u64, Vec::new());
+    for i in 0..runs {
+        let pids = dir.join(format!("pids-{i}"));
+        std::fs::create_dir_all(&pids).expect("a folder");
+        let (victim, after_ms) = (random.below(2), 50 + random.below(350));
+        let log = dir.join(format!("run-{i}.log"));
+        let file = std::fs::File::create(&log).expect("a log");
+        let mut launcher = Command::new(env!("CARGO_BIN_EXE_kvstore-run"));
+        launcher
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env("KVSTORE_COMMIT_DIR", &dir)
+            .env("KVSTORE_TEST_PIDS", &pids)
+            .env("KVSTORE_TEST_STEP_MS", "10")
+            .args(["--max-restarts", "2", "--job", &format!("chaos-{i}"), "-x", "KVSTORE_COMMIT_DIR"])
+            .args(["-x", "KVSTORE_TEST_PIDS", "-x", "KVSTORE_TEST_STEP_MS", "--oversubscribe", "--bind-to", "none"])
+            .args(["-np", "2", env!("CARGO_BIN_EXE_fixture_commit_job"), "40"])
+            .stdout(file.try_clone().expect("the log"))
+            .stderr(file)
+            .stdin(Stdio::null());
+        let began = Instant::now();
+        let mut child = launcher.spawn().expect("kvstore-run starts");
+        // The victim's process id, once its rank wrote it; then the kill, a while later.
+        let pid_file = pids.join(format!("rank-{victim}.pid"));
+        while !pid_file.exists() && began.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(after_ms));
+        let killed_at = Instant::now();
+        let pid = std::fs::read_to_string(&pid_file).expect("the victim's pid");
+        let _ = Command::new("kill").args(["-9", pid.trim()]).status();
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("the launcher") {
+                break Some(s);
+            }
+            if began.elapsed() > Duration::from_secs(120) {
+                let _ = child.kill();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let output = std::fs::read_to_string(&log).unwrap_or_default();
+        let restarted = output.contains("kvstore-run: rank ");
+        println!(
+            "run {i}: rank {victim} killed {after_ms} ms after it started; {}; {:.2} s from the kill to the end",
+            if restarted { "restarted" } else { "the job had ended" },
+            killed_at.elapsed().as_secs_f64()
+        );
+        assert!(status.is_some_and(|s| s.success()), "run {i} (seed {seed}): {output}");
+        let job = jobs::Job { code: Some(0), elapsed: began.elapsed(), output };
+        assert_eq!(bits(&job, 2), expected, "run {i} (seed {seed}): the bits of a job never killed");
+        if restarted {
+            restarts += 1;
+            times.push(killed_at.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    println!(
+        "commit chaos: {runs} runs passed, {restarts} restarts, from the kill to the job's end: median {:.2} s, most {:.2} s",
+        times.get(times.len() / 2).copied().unwrap_or(0.0),
+        times.last().copied().unwrap_or(0.0)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
