@@ -108,17 +108,9 @@ fn kvstore_run_does_not_run_again_a_job_that_failed_by_itself() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A xorshift generator: the chaos runs' choices, repeatable from the printed seed.
-struct Random(u64);
-
-impl Random {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
-}
+#[path = "support/random.rs"]
+mod random;
+use random::Random;
 
 /// Chaos: runs of a 2-rank job of 40 steps (10 ms each) under `kvstore-run`, each with
 /// a random rank killed (SIGKILL) at a random moment of its first run (during a push, a

@@ -17,17 +17,9 @@ const BOUND: Duration = Duration::from_secs(60);
 /// The watchdog's timeout for a stopped rank (`KVSTORE_TIMEOUT`).
 const TIMEOUT_S: &str = "5";
 
-/// xorshift64*: the runs' faults, repeatable from a seed.
-struct Random(u64);
-
-impl Random {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
-}
+#[path = "../support/random.rs"]
+mod random;
+use random::Random;
 
 /// What the suite counted over its runs, for the summary.
 #[derive(Default)]
