@@ -137,9 +137,13 @@ bench: jar
 	bash scripts/setup-mpi.sh
 	# Over shared memory, then again over TCP (loopback): allreduce latency closer to a
 	# network's than shared memory's.
+	# (The shared-memory run also times a commit after a step: a job name of its own,
+	# its commits removed after.)
 	mpi=$$(bash bench/exe.sh kvstore-mpi mpi --features mpi) && \
-	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 2 \
-	    "$$mpi" target/bench/mpi.json && \
+	job=bench-commit-$$$$ && \
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 KVSTORE_JOB=$$job mpirun --oversubscribe \
+	    --bind-to none -np 2 -x KVSTORE_JOB "$$mpi" target/bench/mpi.json && \
+	rm -rf /dev/shm/kvstore-$$(id -u)-$$job && \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 KVSTORE_BENCH_LABEL="mpi 2 ranks over tcp" \
 	    KVSTORE_BENCH_OVERLAP=1 mpirun --oversubscribe --bind-to none --mca btl self,tcp -np 2 \
 	    -x KVSTORE_BENCH_LABEL -x KVSTORE_BENCH_OVERLAP \

@@ -242,10 +242,55 @@ fn main() -> kvstore_core::Result<()> {
             async_rows(&kv, runs, &run, &mut rows)?;
         }
     }
+    if std::env::var_os("KVSTORE_JOB").is_some() && std::env::var("KVSTORE_BENCH_OVERLAP").as_deref() != Ok("only") {
+        commit_rows(&kv, runs, &run, &mut rows)?;
+    }
     if kv.rank() == 0 {
         kvstore_tests::bench::write_rows(&out, &rows)?;
     }
     kvstore_mpi::finalize()
+}
+
+/// A commit (`KVStore::commit`, run with `KVSTORE_JOB` set) against the training step it
+/// follows: a store of 100 MB f32 in 10 keys with Adam (its state 200 MB more), a step
+/// of one push and one pull of every key; then the same step followed by a commit.
+fn commit_rows(
+    kv: &KVStore,
+    runs: usize,
+    run: &str,
+    rows: &mut Vec<(String, f64, Option<f64>)>,
+) -> kvstore_core::Result<()> {
+    let (keys, n) = (10usize, 2_621_440usize);
+    let names: Vec<String> = (0..keys).map(|k| format!("commit-{k}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let values: Vec<NDArray> = (0..keys).map(|_| NDArray::zeros(&[n])).collect::<kvstore_core::Result<_>>()?;
+    let grads: Vec<NDArray> = (0..keys).map(|_| NDArray::full(&[n], 0.001)).collect::<kvstore_core::Result<_>>()?;
+    kv.init(&names[..], &values)?;
+    kv.set_optimizer(kvstore_core::Optimizer::builder("adam").build()?)?;
+    let runs = runs.min(7);
+    let barrier = || kv.barrier().expect("barrier");
+    let step = || {
+        kv.push(&names[..], &grads, 0).expect("push");
+        kv.pull(&names[..], &values, 0).expect("pull");
+    };
+    let mut at = 0u64;
+    let step_s = kvstore_tests::bench::median(1, runs, barrier, step);
+    let with_commit = kvstore_tests::bench::median(1, runs, barrier, || {
+        step();
+        kv.commit(at, b"").expect("commit");
+        at += 1;
+    });
+    rows.push((format!("{run}: a step of a 100 MB store with Adam (push + pull of every key)"), step_s, None));
+    rows.push((format!("{run}: the same step and a commit of the store"), with_commit, Some(step_s)));
+    if kv.rank() == 0 {
+        println!(
+            "commit: a step {:.1} ms, with a commit {:.1} ms: the commit costs {:.0} % of the step (target <= 5 %)",
+            step_s * 1e3,
+            with_commit * 1e3,
+            (with_commit - step_s) / step_s * 100.0
+        );
+    }
+    Ok(())
 }
 
 /// How many stores of each kind [`alternate`] takes in turn.
