@@ -88,6 +88,8 @@ fn kvstore_run_restarts_a_job_whose_rank_was_killed_and_it_ends_with_the_same_bi
     assert_eq!(job.code, Some(0), "{}", job.shown());
     assert!(job.output.contains("kvstore-run: rank 1 died (signal 9)"), "{}", job.shown());
     assert_eq!(job.output.matches("restored 3 loader at 3").count(), 2, "{}", job.shown());
+    // Rank 0 says what the job resumed from, once.
+    assert_eq!(job.output.matches("kvstore: restored the commit of step 3 (").count(), 1, "{}", job.shown());
     assert_eq!(bits(&job, 2), bits(&whole, 2), "the bits of the job never killed");
     // A job that ended well leaves no commits behind.
     let owner = {

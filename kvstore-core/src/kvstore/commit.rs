@@ -381,12 +381,21 @@ impl Store {
     }
 
     fn restore_bytes(&self, step: u64, bytes: Vec<u8>) -> Result<Restored> {
+        let began = std::time::Instant::now();
         let commit = decode(&bytes).map_err(|why| Error::Io {
             context: format!("restore of step {step}"),
             source: std::io::Error::other(why),
         })?;
         let context = format!("restore of step {step}");
         self.load_checkpoint_bytes("restore", &context, Ok(commit.checkpoint.to_vec()))?;
+        // Said once, by rank 0: what the job resumed from (kvstore-run's output shows it).
+        if self.collective.as_ref().is_none_or(|c| c.rank() == 0) {
+            eprintln!(
+                "kvstore: restored the commit of step {step} ({:.1} MB) in {:.0} ms",
+                bytes.len() as f64 / 1e6,
+                began.elapsed().as_secs_f64() * 1e3
+            );
+        }
         Ok(Restored { step, extra: commit.extra.to_vec() })
     }
 }
