@@ -56,6 +56,21 @@ fn a_job_that_died_resumes_from_its_last_commit_with_the_same_bits() {
 }
 
 #[test]
+fn a_write_that_never_finished_is_removed_by_the_next_commit() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = folder("stale");
+    assert_eq!(run(&dir, "job", &["4", "die", "1"]).status.code(), Some(3));
+    let store = dir.join(format!("kvstore-{}-job", owner(&dir))).join("store0");
+    // What a process killed while writing step 1 leaves.
+    let stale = store.join(".step-00000000000000000001-rank-000000-of-000001.commit.4242");
+    std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&stale).expect("a stale file");
+    let resumed = run(&dir, "job", &["4"]);
+    assert!(resumed.status.success(), "{resumed:?}");
+    assert!(!stale.exists(), "the stale write is removed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn another_job_never_restores_these_commits() {
     let dir = folder("other");
     assert_eq!(run(&dir, "first", &["3", "die", "1"]).status.code(), Some(3));

@@ -231,19 +231,25 @@ impl Folder {
         })
     }
 
-    /// Removes every commit older than the [`KEEP`] newest marked ones, and any
-    /// unmarked one older than the newest marked (a commit a rank died in).
+    /// Removes every commit older than the [`KEEP`] newest marked ones (an unmarked one
+    /// is one a rank died in), and the temporary files of writes that never finished.
     fn prune(&self) -> Result<()> {
         let done = self.done_steps()?;
         let Some(&newest) = done.first() else { return Ok(()) };
         let kept: Vec<u64> = done.iter().copied().take(KEEP).collect();
         for name in self.names()? {
+            // A temporary file (`.step-...`) of a step before the newest marked one is a
+            // write that never finished (its process died): every rank finished its
+            // commit of that step before any began the next. (Another rank may still be
+            // marking the newest step itself.)
+            let (temporary, file) = match name.strip_prefix('.') {
+                Some(file) => (true, file),
+                None => (false, name.as_str()),
+            };
             let step: Option<u64> =
-                name.strip_prefix("step-").and_then(|rest| rest.get(..20)).and_then(|s| s.parse().ok());
+                file.strip_prefix("step-").and_then(|rest| rest.get(..20)).and_then(|s| s.parse().ok());
             if let Some(step) = step
-                && !kept.contains(&step)
-                && (step < newest || !done.contains(&step))
-                && step <= newest
+                && if temporary { step < newest } else { step <= newest && !kept.contains(&step) }
             {
                 let _ = std::fs::remove_file(self.path.join(&name));
             }
