@@ -54,6 +54,33 @@ fn a_job_whose_rank_died_resumes_from_its_last_commit_with_the_same_bits() {
 }
 
 #[test]
+fn a_job_on_hosts_of_their_own_resumes_each_rank_with_its_own_extra() {
+    // Each rank's commits in a folder of its own: its host's /dev/shm, on two hosts.
+    let dir = folder("hosts");
+    let whole = run(&dir, "never-died", 2, &["6"]);
+    assert_eq!(whole.code, Some(0), "{}", whole.shown());
+    let exe = env!("CARGO_BIN_EXE_fixture_commit_job");
+    let host = |r: usize| format!("KVSTORE_COMMIT_DIR={}", dir.join(format!("host{r}")).display());
+    for r in 0..2 {
+        std::fs::create_dir_all(dir.join(format!("host{r}"))).expect("a host's folder");
+    }
+    let job = |args: &[&str]| {
+        let mut cmd = jobs::mpirun(1, &[("KVSTORE_JOB", "hosts")]);
+        cmd.args(["env", &host(0), exe]).args(args).args([":", "-np", "1", "env", &host(1), exe]).args(args);
+        jobs::run(cmd, Duration::from_secs(120))
+    };
+    let died = job(&["6", "die", "1", "2"]);
+    assert_ne!(died.code, Some(0), "rank 1 died: {}", died.shown());
+    let resumed = job(&["6"]);
+    assert_eq!(resumed.code, Some(0), "{}", resumed.shown());
+    for r in 0..2 {
+        assert!(resumed.output.contains(&format!("restored 2 loader at 2 of rank {r}")), "{}", resumed.shown());
+    }
+    assert_eq!(bits(&resumed, 2), bits(&whole, 2), "the bits of the job that never died");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_job_resumes_on_more_or_fewer_ranks_with_the_same_bits_on_every_rank() {
     let dir = folder("reshard");
     let died = run(&dir, "job", 2, &["4", "die", "0", "1"]);

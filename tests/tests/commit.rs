@@ -19,12 +19,17 @@ fn folder(name: &str) -> PathBuf {
 
 /// Runs the job `job` with its commits in `dir`.
 fn run(dir: &Path, job: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fixture_commit_job"))
-        .args(args)
-        .env("KVSTORE_JOB", job)
-        .env("KVSTORE_COMMIT_DIR", dir)
-        .output()
-        .expect("the job runs")
+    run_as(dir, job, None, args)
+}
+
+/// [`run`] as rank `rank` of a launcher (`OMPI_COMM_WORLD_RANK`), if given.
+fn run_as(dir: &Path, job: &str, rank: Option<&str>, args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fixture_commit_job"));
+    cmd.args(args).env("KVSTORE_JOB", job).env("KVSTORE_COMMIT_DIR", dir).env_remove("OMPI_COMM_WORLD_RANK");
+    if let Some(rank) = rank {
+        cmd.env("OMPI_COMM_WORLD_RANK", rank);
+    }
+    cmd.output().expect("the job runs")
 }
 
 fn stdout(out: &Output) -> String {
@@ -49,7 +54,7 @@ fn a_job_that_died_resumes_from_its_last_commit_with_the_same_bits() {
     // The optimizer's momentum came back too: the same bits as the run that never died.
     assert_eq!(line(&out, "w = "), line(&stdout(&whole), "w = "));
     // The two newest commits are kept, no more.
-    let store = dir.join(format!("kvstore-{}-died", owner(&dir))).join("store0");
+    let store = dir.join(format!("kvstore-{}-died", owner(&dir))).join("local0-rank0");
     let done: Vec<String> = names(&store).into_iter().filter(|n| n.ends_with(".done")).collect();
     assert_eq!(done.len(), 2, "{done:?}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -60,13 +65,40 @@ fn a_write_that_never_finished_is_removed_by_the_next_commit() {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = folder("stale");
     assert_eq!(run(&dir, "job", &["4", "die", "1"]).status.code(), Some(3));
-    let store = dir.join(format!("kvstore-{}-job", owner(&dir))).join("store0");
+    let store = dir.join(format!("kvstore-{}-job", owner(&dir))).join("local0-rank0");
     // What a process killed while writing step 1 leaves.
     let stale = store.join(".step-00000000000000000001-rank-000000-of-000001.commit.4242");
     std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&stale).expect("a stale file");
     let resumed = run(&dir, "job", &["4"]);
     assert!(resumed.status.success(), "{resumed:?}");
     assert!(!stale.exists(), "the stale write is removed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_commit_of_a_step_not_after_the_newest_is_refused() {
+    let dir = folder("steps");
+    let out = run(&dir, "job", &["3", "recommit"]);
+    assert!(out.status.success(), "{out:?}");
+    let said = stdout(&out);
+    assert!(said.contains("refused: commit of step 0: the job's newest commit is of step 2"), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_ranks_own_stores_keep_their_own_commits() {
+    // Two ranks of a launcher, each with a store of its own (no worker group), in one job.
+    let dir = folder("ranks");
+    let whole: Vec<String> =
+        ["0", "1"].iter().map(|r| stdout(&run_as(&dir, &format!("whole-{r}"), Some(r), &["4"]))).collect();
+    for r in ["0", "1"] {
+        assert_eq!(run_as(&dir, "job", Some(r), &["4", "die", "1"]).status.code(), Some(3));
+    }
+    for (i, r) in ["0", "1"].iter().enumerate() {
+        let resumed = stdout(&run_as(&dir, "job", Some(r), &["4"]));
+        assert_eq!(line(&resumed, "restored"), Some("restored 1 loader at 1"), "{resumed}");
+        assert_eq!(line(&resumed, "w = "), line(&whole[i], "w = "), "rank {r} resumed its own store");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -83,7 +115,7 @@ fn another_job_never_restores_these_commits() {
 fn a_damaged_commit_is_refused_not_loaded() {
     let dir = folder("damaged");
     assert_eq!(run(&dir, "job", &["4", "die", "1"]).status.code(), Some(3));
-    let store = dir.join(format!("kvstore-{}-job", owner(&dir))).join("store0");
+    let store = dir.join(format!("kvstore-{}-job", owner(&dir))).join("local0-rank0");
     let newest = names(&store).into_iter().filter(|n| n.ends_with(".commit")).max().expect("a commit");
     let path = store.join(&newest);
     let mut bytes = std::fs::read(&path).expect("the commit");

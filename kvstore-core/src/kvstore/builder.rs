@@ -241,6 +241,7 @@ impl KVStoreBuilder {
         };
         let max_queued_calls = bound(self.max_queued_calls, "KVSTORE_MAX_QUEUED_CALLS", DEFAULT_MAX_QUEUED_CALLS)?;
         let max_copied_bytes = bound(self.max_copied_bytes, "KVSTORE_MAX_COPIED_BYTES", DEFAULT_MAX_COPIED_BYTES)?;
+        let commits = super::commit::Folder::for_next_store(self.collective.is_some())?;
         let store = Store {
             max_queued_calls: if max_queued_calls == 0 { usize::MAX } else { max_queued_calls },
             max_copied_bytes: if max_copied_bytes == 0 { usize::MAX } else { max_copied_bytes },
@@ -258,7 +259,7 @@ impl KVStoreBuilder {
             compare_calls: self.compare_calls,
             counters: stats::Counters::default(),
             _timeline: crate::timeline::Hold::new(),
-            commits: super::commit::Folder::for_next_store()?,
+            commits,
             restored: std::sync::OnceLock::new(),
         };
         // The timeline, when KVSTORE_TIMELINE asks for it; under dist_sync, the flight

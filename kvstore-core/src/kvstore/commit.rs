@@ -5,7 +5,9 @@
 //! A job has a name (`KVSTORE_JOB`; the launcher gives one that its restarts share) and
 //! its commits live in a folder of their own, `DIR/kvstore-UID-JOB/storeN` (`DIR`:
 //! `KVSTORE_COMMIT_DIR`, default `/dev/shm`; `N`: the order in which the process made
-//! its stores with a job name, the same in every run of one program). The folder is the
+//! its worker group's stores, the same on every rank and in every run of one program).
+//! A store of no group is its process's own: `localN-rankR`, R the rank its launcher
+//! gave the process (0 without one), so that the ranks of a job do not share it. The folder is the
 //! user's alone (0700, its files 0600): a folder or file of another owner, or one that
 //! others may read or write, is refused with an error, never used.
 //!
@@ -22,7 +24,8 @@
 //! step any of them has, and the lowest rank that has it gives its bytes to those that
 //! lack them (a rank on a new host), so a job restarts on as many ranks or on more or
 //! fewer. Every rank holds the same values under `dist_sync`, so any rank's file is the
-//! store's.
+//! store's; every rank loads the lowest such rank's bytes. `extra` is each rank's own:
+//! a rank gets its own copy's when it is on its host, else the lowest such rank's.
 
 use std::fs::{DirBuilder, OpenOptions};
 use std::io::{Read, Write};
@@ -57,8 +60,11 @@ pub struct Restored {
     pub extra: Vec<u8>,
 }
 
-/// The stores made with a job name so far in this process: the next one's folder.
+/// The stores made with a job name so far in this process, with a worker group and
+/// without: the next one's folder (each rank makes its group's stores in the same order;
+/// its other stores are its own).
 static STORES: AtomicUsize = AtomicUsize::new(0);
+static LOCAL_STORES: AtomicUsize = AtomicUsize::new(0);
 
 fn io(context: impl std::fmt::Display, source: std::io::Error) -> Error {
     Error::Io { context: context.to_string(), source }
@@ -71,7 +77,7 @@ fn refused(path: &Path, why: impl std::fmt::Display) -> Error {
 /// The job's name, when `KVSTORE_JOB` gives one: letters, digits, `.`, `_` and `-`,
 /// at most 64 of them.
 fn job() -> Result<Option<String>> {
-    let Some(name) = std::env::var_os(JOB_VAR) else { return Ok(None) };
+    let Some(name) = std::env::var_os(JOB_VAR).filter(|n| !n.is_empty()) else { return Ok(None) };
     let name = name.to_string_lossy().into_owned();
     let fits = !name.is_empty()
         && name.len() <= 64
@@ -83,6 +89,14 @@ fn job() -> Result<Option<String>> {
             "{JOB_VAR}={name:?}: a job's name is 1 to 64 letters, digits, '.', '_' or '-' (not first '.')"
         ))),
     }
+}
+
+/// This process's rank as its launcher gives it (Open MPI, PMIx, PMI, Slurm), 0 without.
+fn launcher_rank() -> u64 {
+    ["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// This process's user: the owner of its `/proc/self`.
@@ -119,15 +133,23 @@ pub(super) struct Folder {
 }
 
 impl Folder {
-    /// The folder of the next store made with a job name, made if need be; `None`
-    /// without `KVSTORE_JOB`.
-    pub(super) fn for_next_store() -> Result<Option<Folder>> {
+    /// The folder of the next store made with a job name (`grouped`: a store of a worker
+    /// group), made if need be; `None` without `KVSTORE_JOB`. A store of no group is
+    /// its process's own: under a launcher, each rank's in a folder of its own
+    /// (`localN-rankR`, R from the launcher's environment), so that ranks do not share it.
+    pub(super) fn for_next_store(grouped: bool) -> Result<Option<Folder>> {
         let Some(job) = job()? else { return Ok(None) };
         let uid = uid()?;
-        let base = std::env::var_os(COMMIT_DIR_VAR).map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
+        let base = std::env::var_os(COMMIT_DIR_VAR)
+            .filter(|d| !d.is_empty())
+            .map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
         let jobs = base.join(format!("kvstore-{uid}-{job}"));
         own_folder(&jobs, uid)?;
-        let path = jobs.join(format!("store{}", STORES.fetch_add(1, Ordering::Relaxed)));
+        let name = match grouped {
+            true => format!("store{}", STORES.fetch_add(1, Ordering::Relaxed)),
+            false => format!("local{}-rank{}", LOCAL_STORES.fetch_add(1, Ordering::Relaxed), launcher_rank()),
+        };
+        let path = jobs.join(name);
         own_folder(&path, uid)?;
         Ok(Some(Folder { path, uid }))
     }
@@ -231,6 +253,18 @@ impl Folder {
         })
     }
 
+    /// The `extra` of rank `rank`'s own copy of `step`, when it is in the folder, whole.
+    fn own_extra(&self, step: u64, rank: usize) -> Option<Vec<u8>> {
+        let prefix = format!("step-{step:020}-rank-{rank:06}-of-");
+        let file = self
+            .files_of(step)
+            .ok()?
+            .into_iter()
+            .find(|f| f.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&prefix)))?;
+        let bytes = self.read(&file).ok()?;
+        decode(&bytes).ok().filter(|c| c.step == step).map(|c| c.extra.to_vec())
+    }
+
     /// Removes every commit older than the [`KEEP`] newest marked ones (an unmarked one
     /// is one a rank died in), and the temporary files of writes that never finished.
     fn prune(&self) -> Result<()> {
@@ -315,9 +349,21 @@ impl Store {
         })?;
         self.check_step(OP, &[], Ok(()))?;
         let (rank, ranks) = self.collective.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
-        let written = self.checkpoint_bytes(OP).and_then(|checkpoint| {
-            folder.write(&folder.file(step, rank, ranks), &encode(step, rank, ranks, extra, &checkpoint))
-        });
+        // Steps must grow: the two greatest are kept, so a smaller one would be removed
+        // at once and a restart would go back to the greater. (Refused on every rank.)
+        let newest = folder.done_steps().map(|d| d.first().copied());
+        let written = newest
+            .and_then(|newest| match newest {
+                Some(newest) if step <= newest => Err(Error::invalid_argument(format!(
+                    "commit of step {step}: the job's newest commit is of step {newest}, and a commit's step must be \
+                     greater (count the steps of the whole job, not of an epoch)"
+                ))),
+                _ => Ok(()),
+            })
+            .and_then(|()| self.checkpoint_bytes(OP))
+            .and_then(|checkpoint| {
+                folder.write(&folder.file(step, rank, ranks), &encode(step, rank, ranks, extra, &checkpoint))
+            });
         let context = format!("commit of step {step}");
         self.agree(OP, &context, written.as_ref().map(|_| 0).map_err(|_| ()), "could not write its commit")?;
         written?;
@@ -369,21 +415,22 @@ impl Store {
         }
         let step = newest - 1;
         let root = (0..all.len()).find(|&r| at(r, 0) == newest).expect("a rank with the newest");
-        let bytes = match mine {
-            Some((s, bytes)) if s == step && (0..all.len()).all(|r| at(r, 0) == newest) => bytes,
-            mine => {
-                // Some rank lacks the step: the lowest that has it gives its bytes.
-                let len = at(root, 1) as usize;
-                let buf = NDArray::zeros_with(&[len], DType::U8, crate::Context::default())?;
-                if group.rank() == root {
-                    let (_, bytes) = mine.expect("the root's commit");
-                    buf.write()?.bytes_mut().copy_from_slice(&bytes);
-                }
-                group.broadcast(&[&buf], root)?;
-                buf.to_vec::<u8>()?
-            }
-        };
-        self.restore_bytes(step, bytes).map(Some)
+        // Every rank loads the same bytes, the lowest rank's that has the step: copies on
+        // other hosts hold the same values, but not byte for byte (the order of a
+        // checkpoint's metadata is its process's), and the ranks compare what they load.
+        let len = at(root, 1) as usize;
+        let buf = NDArray::zeros_with(&[len], DType::U8, crate::Context::default())?;
+        if group.rank() == root {
+            let (_, bytes) = mine.expect("the root's commit");
+            buf.write()?.bytes_mut().copy_from_slice(&bytes);
+        }
+        group.broadcast(&[&buf], root)?;
+        let mut restored = self.restore_bytes(step, buf.to_vec::<u8>()?)?;
+        // `extra` is each rank's own: its own copy's, when it is on this host.
+        if let Some(own) = folder.own_extra(step, group.rank()) {
+            restored.extra = own;
+        }
+        Ok(Some(restored))
     }
 
     fn restore_bytes(&self, step: u64, bytes: Vec<u8>) -> Result<Restored> {

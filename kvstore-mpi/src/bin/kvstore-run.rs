@@ -59,6 +59,15 @@ fn options(args: &[String]) -> Result<Options, String> {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         format!("run-{now}-{}", std::process::id())
     });
+    // The stores' rule (kvstore-core's commit.rs): the name is a folder's, under the
+    // commits' folder, which the launcher removes when the job ends well.
+    let fits = !job.is_empty()
+        && job.len() <= 64
+        && !job.starts_with('.')
+        && job.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if !fits {
+        return Err(format!("the job's name {job:?}: 1 to 64 letters, digits, '.', '_' or '-' (not first '.')"));
+    }
     Ok(Options { max_restarts, job, mpirun })
 }
 
@@ -72,8 +81,12 @@ struct Ended {
 }
 
 /// Reads a line of `mpirun`'s output for a rank's death: Open MPI says
-/// `... process rank 1 with PID 123 on node h exited on signal 9 (Killed).`
+/// `mpirun noticed that process rank 1 with PID 123 on node h exited on signal 9
+/// (Killed).` (A rank's own output that merely mentions a signal is not that line.)
 fn death(line: &str) -> Option<(String, String)> {
+    if !line.starts_with("mpirun noticed that process rank ") {
+        return None;
+    }
     let (_, after) = line.split_once("exited on signal ")?;
     let signal: String = after.chars().take_while(|c| !c.is_whitespace()).collect();
     let rank = line
@@ -84,25 +97,33 @@ fn death(line: &str) -> Option<(String, String)> {
     Some((rank, signal))
 }
 
-/// Copies `from` to `to` line by line, noting a rank's death in `ended`.
+/// Copies `from` to `to` line by line (bytes as they come: output need not be UTF-8),
+/// noting a rank's death in `ended`.
 fn follow(from: impl std::io::Read, mut to: impl Write, ended: Arc<Mutex<Ended>>) {
-    for line in BufReader::new(from).lines().map_while(Result::ok) {
-        if let Some(d) = death(&line) {
+    for line in BufReader::new(from).split(b'\n').map_while(Result::ok) {
+        if let Some(d) = death(&String::from_utf8_lossy(&line)) {
             let mut e = ended.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if e.killed.is_none() {
                 e.killed = Some(d);
                 e.seen = Some(Instant::now());
             }
         }
-        let _ = writeln!(to, "{line}");
+        let _ = to.write_all(&line).and_then(|()| to.write_all(b"\n"));
     }
+}
+
+/// Who died, for messages: `rank R`, or `mpirun`.
+fn shown(who: &str) -> String {
+    if who == "mpirun" { who.to_string() } else { format!("rank {who}") }
 }
 
 /// The folder of the job's commits (as `kvstore/commit.rs` names it).
 fn commits(job: &str) -> Option<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     let uid = std::fs::metadata("/proc/self").ok()?.uid();
-    let base = std::env::var_os("KVSTORE_COMMIT_DIR").map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
+    let base = std::env::var_os("KVSTORE_COMMIT_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
     Some(base.join(format!("kvstore-{uid}-{job}")))
 }
 
@@ -168,8 +189,13 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         let code = status.code().unwrap_or(1);
-        let e = ended.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let Some((rank, signal)) = e.killed.clone() else {
+        let mut e = ended.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // mpirun itself killed (the out-of-memory killer, say): its ranks went with it.
+        if let (None, Some(signal)) = (&e.killed, std::os::unix::process::ExitStatusExt::signal(&status)) {
+            e.killed = Some(("mpirun".to_string(), signal.to_string()));
+            e.seen = Some(finished);
+        }
+        let Some((who, signal)) = e.killed.clone() else {
             say(format!(
                 "the job failed by itself (mpirun's exit status {code}, no rank was killed): not run again; its \
                  commits are kept for a run by hand with KVSTORE_JOB={}",
@@ -180,15 +206,18 @@ fn main() -> ExitCode {
         let ending = e.seen.map_or(Duration::ZERO, |seen| finished.saturating_duration_since(seen));
         if attempt == o.max_restarts {
             say(format!(
-                "rank {rank} died (signal {signal}) and the {} restart(s) are spent; the job's commits are kept: \
+                "{} died (signal {signal}) and the {} restart(s) are spent; the job's commits are kept: \
                  run it again with KVSTORE_JOB={} to resume",
-                o.max_restarts, o.job
+                shown(&who),
+                o.max_restarts,
+                o.job
             ));
             return ExitCode::from(code.clamp(1, 255) as u8);
         }
         say(format!(
-            "rank {rank} died (signal {signal}) {:.1} s into run {attempt}; mpirun ended the job {:.2} s after; \
+            "{} died (signal {signal}) {:.1} s into run {attempt}; mpirun ended the job {:.2} s after; \
              restart {} of {} (job {})",
+            shown(&who),
             e.seen.map_or(0.0, |seen| seen.saturating_duration_since(started).as_secs_f64()),
             ending.as_secs_f64(),
             attempt + 1,
@@ -208,6 +237,8 @@ mod tests {
         let line = "mpirun noticed that process rank 1 with PID 4242 on node h exited on signal 9 (Killed).";
         assert_eq!(death(line), Some(("1".to_string(), "9".to_string())));
         assert_eq!(death("Primary job  terminated normally, but 1 process returned"), None);
+        // A rank's own output is not mpirun's report.
+        assert_eq!(death("my log: rank 7 exited on signal 15 in the last run"), None);
     }
 
     #[test]
@@ -221,5 +252,10 @@ mod tests {
         assert_eq!(o.mpirun, ["-np", "2", "prog", "--max-restarts"]);
         assert!(options(&["--max-restarts".to_string()]).is_err());
         assert!(options(&[]).is_err());
+        // A name that is not a folder's own is refused (the launcher removes the folder).
+        for bad in ["x/../../victim", "", ".hidden", "a b"] {
+            let args: Vec<String> = ["--job", bad, "-np", "1", "true"].iter().map(|s| s.to_string()).collect();
+            assert!(options(&args).is_err(), "{bad:?}");
+        }
     }
 }
