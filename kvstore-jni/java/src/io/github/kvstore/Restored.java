@@ -13,11 +13,21 @@ import java.util.Objects;
  * @param extra the program's own bytes given to the commit
  */
 public record Restored(long step, byte[] extra) {
-    /** A copy of the bytes: the record's are its own. */
+    /**
+     * A record of its own copy of the bytes.
+     *
+     * @param step the step committed
+     * @param extra the program's own bytes given to the commit (copied)
+     */
     public Restored {
         extra = Objects.requireNonNull(extra, "extra").clone();
     }
 
+    /**
+     * The program's own bytes given to the commit.
+     *
+     * @return a copy of them
+     */
     @Override
     public byte[] extra() {
         return extra.clone();
