@@ -80,7 +80,7 @@ pub use key::{Key, Keys, shorten};
 pub use kvstore::forms::Values;
 pub use kvstore::{
     COMMIT_DIR_VAR, CallCount, JOB_VAR, KVStore, KVStoreBuilder, Pending, RankStats, Release, Restored, Stats,
-    StorageType,
+    StorageType, job_folder,
 };
 pub use ndarray::{ForeignMemory, NDArray, Operand, RowSparse};
 pub use optimizer::{

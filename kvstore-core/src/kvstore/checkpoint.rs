@@ -374,19 +374,20 @@ impl Store {
     fn load_checkpoint_now(&self, path: &Path) -> Result<()> {
         const OP: &str = "load_checkpoint";
         let context = format!("{OP} from {}", shown(path));
-        self.load_checkpoint_bytes(OP, &context, opt_states::read_file(path, &context))
+        let read = opt_states::read_file(path, &context);
+        self.load_checkpoint_bytes(OP, &context, read.as_deref().map_err(Error::clone))
     }
 
     /// [`Store::load_checkpoint_now`] of a checkpoint's `bytes` (read by the caller; an
     /// error is this rank's failure, which every rank hears of).
-    pub(super) fn load_checkpoint_bytes(&self, op: &'static str, context: &str, bytes: Result<Vec<u8>>) -> Result<()> {
+    pub(super) fn load_checkpoint_bytes(&self, op: &'static str, context: &str, bytes: Result<&[u8]>) -> Result<()> {
         self.check_step(op, &[], Ok(()))?;
         let held = Held::new(op, self, &[])?;
         let mut merger = held.merger_write(op, &self.merger)?;
         let entries = self.entries();
         let locked: Vec<&Arc<Entry>> = entries.iter().collect();
         let mut guards = held.write(op, &locked)?;
-        let checkpoint = bytes.and_then(|bytes| decode(&bytes, context));
+        let checkpoint = bytes.and_then(|bytes| decode(bytes, context));
         let plan = checkpoint.and_then(|c| {
             let hash = c.hash;
             Ok((self.plan(c, &entries, &guards, context)?, hash))

@@ -74,21 +74,41 @@ fn refused(path: &Path, why: impl std::fmt::Display) -> Error {
     Error::invalid_argument(format!("the commits at {}: {why}; nothing was used", path.display()))
 }
 
-/// The job's name, when `KVSTORE_JOB` gives one: letters, digits, `.`, `_` and `-`,
-/// at most 64 of them.
+/// The job's name, when `KVSTORE_JOB` gives one (see [`job_folder`]).
 fn job() -> Result<Option<String>> {
     let Some(name) = std::env::var_os(JOB_VAR).filter(|n| !n.is_empty()) else { return Ok(None) };
     let name = name.to_string_lossy().into_owned();
+    check_job(&name)?;
+    Ok(Some(name))
+}
+
+/// A job's name is a folder's: 1 to 64 letters, digits, `.`, `_` and `-`, not first `.`.
+fn check_job(name: &str) -> Result<()> {
     let fits = !name.is_empty()
         && name.len() <= 64
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
         && !name.starts_with('.');
     match fits {
-        true => Ok(Some(name)),
+        true => Ok(()),
         false => Err(Error::invalid_argument(format!(
             "{JOB_VAR}={name:?}: a job's name is 1 to 64 letters, digits, '.', '_' or '-' (not first '.')"
         ))),
     }
+}
+
+/// The folder of job `job`'s commits on this host, `DIR/kvstore-UID-JOB` (`DIR`:
+/// `KVSTORE_COMMIT_DIR`, default `/dev/shm`): what a launcher removes when the job
+/// ended well. Nothing is made.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a name that is not a job's; [`Error::Io`] when this
+/// process's user cannot be read.
+pub fn job_folder(job: &str) -> Result<PathBuf> {
+    check_job(job)?;
+    let base = std::env::var_os(COMMIT_DIR_VAR)
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
+    Ok(base.join(format!("kvstore-{}-{job}", uid()?)))
 }
 
 /// This process's rank as its launcher gives it (Open MPI, PMIx, PMI, Slurm), 0 without.
@@ -140,10 +160,7 @@ impl Folder {
     pub(super) fn for_next_store(grouped: bool) -> Result<Option<Folder>> {
         let Some(job) = job()? else { return Ok(None) };
         let uid = uid()?;
-        let base = std::env::var_os(COMMIT_DIR_VAR)
-            .filter(|d| !d.is_empty())
-            .map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
-        let jobs = base.join(format!("kvstore-{uid}-{job}"));
+        let jobs = job_folder(&job)?;
         own_folder(&jobs, uid)?;
         let name = match grouped {
             true => format!("store{}", STORES.fetch_add(1, Ordering::Relaxed)),
@@ -440,7 +457,7 @@ impl Store {
             source: std::io::Error::other(why),
         })?;
         let context = format!("restore of step {step}");
-        self.load_checkpoint_bytes("restore", &context, Ok(commit.checkpoint.to_vec()))?;
+        self.load_checkpoint_bytes("restore", &context, Ok(commit.checkpoint))?;
         // Said once, by rank 0: what the job resumed from (kvstore-run's output shows it).
         if self.collective.as_ref().is_none_or(|c| c.rank() == 0) {
             eprintln!(

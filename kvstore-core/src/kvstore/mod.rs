@@ -36,7 +36,7 @@ mod steps;
 
 pub use builder::KVStoreBuilder;
 use calls::broadcast_args;
-pub use commit::{COMMIT_DIR_VAR, JOB_VAR, Restored};
+pub use commit::{COMMIT_DIR_VAR, JOB_VAR, Restored, job_folder};
 use locks::Held;
 use merge::{Calls, Merger};
 use pending::{Done, Unobserved};

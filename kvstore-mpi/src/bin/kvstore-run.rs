@@ -16,7 +16,6 @@
 //! it by hand.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -59,15 +58,9 @@ fn options(args: &[String]) -> Result<Options, String> {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         format!("run-{now}-{}", std::process::id())
     });
-    // The stores' rule (kvstore-core's commit.rs): the name is a folder's, under the
-    // commits' folder, which the launcher removes when the job ends well.
-    let fits = !job.is_empty()
-        && job.len() <= 64
-        && !job.starts_with('.')
-        && job.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if !fits {
-        return Err(format!("the job's name {job:?}: 1 to 64 letters, digits, '.', '_' or '-' (not first '.')"));
-    }
+    // The stores' rule: the name is a folder's, which the launcher removes when the job
+    // ends well.
+    kvstore_core::job_folder(&job).map_err(|e| e.to_string())?;
     Ok(Options { max_restarts, job, mpirun })
 }
 
@@ -115,16 +108,6 @@ fn follow(from: impl std::io::Read, mut to: impl Write, ended: Arc<Mutex<Ended>>
 /// Who died, for messages: `rank R`, or `mpirun`.
 fn shown(who: &str) -> String {
     if who == "mpirun" { who.to_string() } else { format!("rank {who}") }
-}
-
-/// The folder of the job's commits (as `kvstore/commit.rs` names it).
-fn commits(job: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::MetadataExt;
-    let uid = std::fs::metadata("/proc/self").ok()?.uid();
-    let base = std::env::var_os("KVSTORE_COMMIT_DIR")
-        .filter(|d| !d.is_empty())
-        .map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
-    Some(base.join(format!("kvstore-{uid}-{job}")))
 }
 
 fn main() -> ExitCode {
@@ -177,7 +160,7 @@ fn main() -> ExitCode {
             }
         };
         if status.success() {
-            if let Some(dir) = commits(&o.job) {
+            if let Ok(dir) = kvstore_core::job_folder(&o.job) {
                 let _ = std::fs::remove_dir_all(dir);
             }
             if attempt > 0 {
