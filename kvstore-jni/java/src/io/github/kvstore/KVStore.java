@@ -63,15 +63,11 @@ import java.util.concurrent.locks.ReentrantLock;
  * call refused by the store's own checks does. (Refused before the call, it would be
  * missing on this worker alone, and its next call would meet the others' this one.)
  *
- * <p>{@link Thread#interrupt()} does not stop a blocking call (nor {@link #waitAll()}):
- * one that waits for earlier calls on its keys returns when it is done, with the thread's
- * interrupt status still set, as {@link CompletableFuture#join()} and the streams of
- * {@code java.io} do. It could not give up honestly: the native store either runs the
- * call at once on the calling thread or queues it and waits inside the native call, where
- * no interrupt reaches, and a queued call always runs. For a wait that an interrupt ends,
- * make the non-blocking call and wait for its future: {@code kv.async().pull(keys,
- * outs).get()} throws {@link InterruptedException}, and the call still takes effect (its
- * outs stay pending until it wrote them).
+ * <p>{@link Thread#interrupt()} does not stop a blocking call (nor {@link #waitAll()}): it
+ * returns when done, with the interrupt status still set, as {@link CompletableFuture#join()}
+ * does, since a queued call always runs. For a wait that an interrupt ends, use the
+ * non-blocking call: {@code kv.async().pull(keys, outs).get()} throws
+ * {@link InterruptedException}, and the call still takes effect.
  *
  * <pre>{@code
  * try (KVStore kv = KVStore.create("local");
@@ -95,13 +91,6 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
     private static final Kind KIND = new Kind("KVStore", StoreNatives::nFree);
     /** What {@link #toString()} says once the store is closed. */
     private static final String CLOSED_FORM = "#kvstore/store {:closed true}";
-
-    /**
-     * How many {@link Updater} calls are running on each thread (see {@link #updaterDepth()});
-     * a plain ThreadLocal, filled on first use, so that no lambda or extra class has to be
-     * linked during an updater call on a thread short of stack.
-     */
-    private static final ThreadLocal<int[]> UPDATER_DEPTH = new ThreadLocal<>();
 
     /**
      * The installed updater. The native store holds it only weakly, so this field is what
@@ -193,19 +182,6 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
         return KIND.freedCount();
     }
 
-    /**
-     * The count of {@link Updater} calls running on this thread, as a mutable cell that
-     * {@code Updater.invoke} increments around each call.
-     */
-    static int[] updaterDepth() {
-        int[] depth = UPDATER_DEPTH.get();
-        if (depth == null) {
-            depth = new int[1];
-            UPDATER_DEPTH.set(depth);
-        }
-        return depth;
-    }
-
     // ----- the store's kind and place -----
 
     /**
@@ -239,10 +215,6 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
     }
 
     /**
-     * Whether other workers share the store (a {@code dist_sync} or {@code dist_async}
-     * store of a job of several processes); false for a closed store.
-     */
-    /**
      * Refuses a call {@code op} that was given a closed array, in the store: under
      * {@code dist_sync} it still takes its step, as this worker's refusal (see
      * {@link Args#handles(KVStore, String, NDArray[], String)}).
@@ -251,6 +223,10 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
         on(h -> nRefuse(h, op));
     }
 
+    /**
+     * Whether other workers share the store (a {@code dist_sync} or {@code dist_async}
+     * store of a job of several processes); false for a closed store.
+     */
     boolean sharedWithOtherWorkers() {
         try {
             return numWorkers() > 1;
@@ -649,7 +625,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
      * this call.
      */
     private void replaceMerger(Updater installed, Runnable install) {
-        if (updaterDepth()[0] > 0) {
+        if (UpdaterDepth.cell()[0] > 0) {
             // Inside an updater (of this store or another): the lock's holder may be waiting
             // for the push that runs this very updater, so never wait for it. The native
             // call then fails with INVALID_ARGUMENT for this store, or fails instead of
@@ -978,15 +954,9 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
         try {
             String kind = nType(h);
             int keys = nNumKeys(h);
-            StringBuilder out = new StringBuilder("#kvstore/store {:kind \"");
-            for (int i = 0; i < kind.length(); i++) {
-                char c = kind.charAt(i);
-                if (c == '"' || c == '\\') {
-                    out.append('\\');
-                }
-                out.append(c);
-            }
-            return out.append("\", :keys ").append(keys).append('}').toString();
+            StringBuilder out = new StringBuilder("#kvstore/store {:kind ");
+            Json.string(out, kind);
+            return out.append(", :keys ").append(keys).append('}').toString();
         } catch (KVStoreException e) {
             // Closed by another thread since the check above.
             return CLOSED_FORM;

@@ -58,7 +58,7 @@ public interface Updater {
         NDArray m = NDArray.borrowed(merged);
         NDArray s = NDArray.borrowed(stored);
         // Counted for KVStore.setUpdater, which must not wait for a lock from inside an updater.
-        int[] depth = KVStore.updaterDepth();
+        int[] depth = UpdaterDepth.cell();
         depth[0]++;
         try {
             updater.update(key, index, m, s);
