@@ -50,6 +50,22 @@ fn a_job_whose_rank_died_resumes_from_its_last_commit_with_the_same_bits() {
     assert_eq!(resumed.code, Some(0), "{}", resumed.shown());
     assert_eq!(resumed.output.matches("restored 2 loader at 2").count(), 2, "every rank: {}", resumed.shown());
     assert_eq!(bits(&resumed, 2), bits(&whole, 2), "the bits of the job that never died");
+    // The folder of the job that never died: each rank's two newest commits and one spare
+    // file (an older commit's, written over by the next), neither rank's spare removed by
+    // the other.
+    let uid = std::fs::metadata(&dir).map(|m| std::os::unix::fs::MetadataExt::uid(&m)).expect("the folder");
+    let store = dir.join(format!("kvstore-{uid}-never-died")).join("store0");
+    let mut names: Vec<String> = std::fs::read_dir(&store)
+        .expect("the store's commits")
+        .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut expected = vec![".spare-rank-000000".to_string(), ".spare-rank-000001".to_string()];
+    for step in [4, 5] {
+        expected.extend((0..2).map(|r| format!("step-{step:020}-rank-{r:06}-of-000002.commit")));
+        expected.push(format!("step-{step:020}.done"));
+    }
+    assert_eq!(names, expected);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -61,6 +61,35 @@ fn a_job_that_died_resumes_from_its_last_commit_with_the_same_bits() {
 }
 
 #[test]
+fn a_commit_written_over_an_older_ones_file_restores_the_same_bits() {
+    let dir = folder("spare");
+    let whole = run(&dir, "never-died", &["6"]);
+    // Steps 0 to 4 committed: steps 3 and 4 were written over the files of steps 0 and 1.
+    let died = run(&dir, "died", &["6", "die", "4"]);
+    assert_eq!(died.status.code(), Some(3), "{died:?}");
+    let store = dir.join(format!("kvstore-{}-died", owner(&dir))).join("local0-rank0");
+    let mut files = names(&store);
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            ".spare-rank-000000",
+            "step-00000000000000000003-rank-000000-of-000001.commit",
+            "step-00000000000000000003.done",
+            "step-00000000000000000004-rank-000000-of-000001.commit",
+            "step-00000000000000000004.done",
+        ],
+        "the two newest commits and one spare file"
+    );
+    let resumed = run(&dir, "died", &["6"]);
+    assert!(resumed.status.success(), "{resumed:?}");
+    let out = stdout(&resumed);
+    assert_eq!(line(&out, "restored"), Some("restored 4 loader at 4"), "{out}");
+    assert_eq!(line(&out, "w = "), line(&stdout(&whole), "w = "));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_write_that_never_finished_is_removed_by_the_next_commit() {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = folder("stale");

@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use safetensors::tensor::TensorView;
+use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype as StDtype, SafeTensors};
 use serde_json::{Value, json};
 
@@ -202,10 +202,80 @@ struct Plan {
     merger: Option<Merger>,
 }
 
+/// The store as one consistent step, for a file: its tensors in the file's order and
+/// what its metadata says, taken with every key and the merger held
+/// ([`Store::snapshot`]). Its tensors' CRC-32s are the writer's: each is hashed as its
+/// bytes are copied ([`Snapshot::header`]), so a file costs one pass over the data.
+pub(super) struct Snapshot<'a> {
+    /// Per tensor: name, dtype, shape and bytes (keys in update order, each value then
+    /// its optimizer states and master copy).
+    pub(super) tensors: Vec<(String, StDtype, Vec<usize>, &'a [u8])>,
+    /// Per key: its metadata without checksums, and how many tensors it has.
+    keys: Vec<(Value, usize)>,
+    /// The file's metadata but `keys` and the checksum.
+    fixed: HashMap<String, String>,
+}
+
+/// The length of a safetensors file's header-length field.
+const LEN_FIELD: usize = 8;
+
+impl Snapshot<'_> {
+    /// The file's header (its length field, then the JSON metadata padded to 8 bytes),
+    /// with the CRC-32 state `crcs` of each tensor's bytes. Its length does not depend
+    /// on the CRCs (each is 8 hex digits), so a writer may reserve it with any.
+    pub(super) fn header(&self, crcs: &[crc32fast::Hasher]) -> Result<Vec<u8>> {
+        let hex = |c: &crc32fast::Hasher| format!("{:08x}", c.clone().finalize());
+        let mut at = 0;
+        let mut meta_keys = Vec::with_capacity(self.keys.len());
+        for (meta, n) in &self.keys {
+            let mut meta = meta.clone();
+            let key_crcs: Vec<String> = crcs[at..at + n].iter().map(hex).collect();
+            meta["crc32"] = json!(key_crcs[0]);
+            if meta["state"].is_object() {
+                meta["state"]["crc32"] = json!(key_crcs[1..]);
+            }
+            meta_keys.push(meta);
+            at += n;
+        }
+        let mut metadata = self.fixed.clone();
+        metadata.insert("keys".to_string(), Value::Array(meta_keys).to_string());
+        let tensors = self.tensors.iter().zip(crcs);
+        let sum = opt_states::checksum_of(
+            &metadata,
+            tensors.map(|((n, d, s, b), crc)| (n.as_str(), *d, s.as_slice(), b.len(), crc.clone())),
+        );
+        metadata.insert(CHECKSUM.to_string(), format!("crc32:{sum:08x}"));
+        let mut offset = 0;
+        let infos = self
+            .tensors
+            .iter()
+            .map(|(name, dtype, shape, bytes)| {
+                offset += bytes.len();
+                let info =
+                    TensorInfo { dtype: *dtype, shape: shape.clone(), data_offsets: (offset - bytes.len(), offset) };
+                (name.clone(), info)
+            })
+            .collect();
+        let internal = |e: &dyn std::fmt::Display| Error::Internal(format!("checkpoint: {e}"));
+        let metadata = Metadata::new(Some(metadata), infos).map_err(|e| internal(&e))?;
+        let mut json = serde_json::to_vec(&metadata).map_err(|e| internal(&e))?;
+        json.resize(json.len().next_multiple_of(LEN_FIELD), b' ');
+        let mut header = Vec::with_capacity(LEN_FIELD + json.len());
+        header.extend_from_slice(&(json.len() as u64).to_le_bytes());
+        header.extend_from_slice(&json);
+        Ok(header)
+    }
+
+    /// The bytes of all its tensors.
+    pub(super) fn data_len(&self) -> usize {
+        self.tensors.iter().map(|t| t.3.len()).sum()
+    }
+}
+
 impl Store {
-    /// The file's bytes, from the store as it is: every key and the merger are held
-    /// for the whole snapshot, so it is one consistent step.
-    pub(super) fn checkpoint_bytes(&self, op: &'static str) -> Result<Vec<u8>> {
+    /// Runs `f` on the store as it is, with every key and the merger held for the whole
+    /// of it, so that it sees one consistent step.
+    pub(super) fn snapshot<R>(&self, op: &'static str, f: impl FnOnce(&Snapshot<'_>) -> Result<R>) -> Result<R> {
         let held = Held::new(op, self, &[])?;
         let merger = held.merger_read(op, &self.merger)?;
         let entries = self.entries();
@@ -235,8 +305,8 @@ impl Store {
             .collect();
         let bufs: Vec<Vec<_>> =
             arrays.iter().map(|a| a.iter().map(|a| a.read()).collect::<Result<Vec<_>>>()).collect::<Result<_>>()?;
-        let mut tensors: Vec<(String, TensorView<'_>)> = Vec::new();
-        let mut meta_keys = Vec::with_capacity(entries.len());
+        let mut tensors = Vec::new();
+        let mut keys = Vec::with_capacity(entries.len());
         for (n, ((entry, g), (arrays, bufs))) in entries.iter().zip(&guards).zip(arrays.iter().zip(&bufs)).enumerate() {
             let state = g.opt.as_ref().filter(|_| runtime.is_some());
             if let Some(st) = state
@@ -249,47 +319,58 @@ impl Store {
                     names.len()
                 )));
             }
-            let mut crcs = Vec::new();
             for (j, (a, buf)) in arrays.iter().zip(bufs).enumerate() {
                 let tensor_name = match j {
                     0 => format!("v{n}"),
                     j if j <= names.len() => format!("s{n}.{}", names[j - 1]),
                     _ => format!("s{n}.master"),
                 };
-                let view = TensorView::new(st_dtype(a.dtype()), a.shape().to_vec(), buf.bytes())
-                    .map_err(|e| Error::Internal(format!("{op}: tensor {tensor_name}: {e}")))?;
-                crcs.push(crc(buf.bytes()));
-                tensors.push((tensor_name, view));
+                tensors.push((tensor_name, st_dtype(a.dtype()), a.shape().to_vec(), buf.bytes()));
             }
             let v = &g.value;
             let mut meta = json!({
                 "key": entry.key.as_str(),
                 "shape": v.shape(),
                 "dtype": v.dtype().name(),
-                "crc32": crcs[0],
+                "crc32": Value::Null,
                 "state": state.map_or(Value::Null, |st| json!({
                     "count": st.count,
                     "master": st.master.is_some(),
-                    "crc32": crcs[1..],
+                    "crc32": Value::Null,
                 })),
             });
             if g.row_sparse {
                 meta["stype"] = json!("row_sparse");
             }
-            meta_keys.push(meta);
+            keys.push((meta, arrays.len()));
         }
-        let mut metadata = HashMap::from([
+        let fixed = HashMap::from([
             ("format".to_string(), FORMAT.to_string()),
             ("version".to_string(), VERSION.to_string()),
             ("merger".to_string(), name.to_string()),
             ("optimizer".to_string(), runtime.map_or(Value::Null, |rt| opt_states::runtime_json(rt)).to_string()),
-            ("keys".to_string(), Value::Array(meta_keys).to_string()),
             ("store".to_string(), json!({"kind": self.kind, "workers": self.workers()}).to_string()),
         ]);
-        let sum =
-            opt_states::checksum(&metadata, tensors.iter().map(|(n, t)| (n.as_str(), t.dtype(), t.shape(), t.data())));
-        metadata.insert(CHECKSUM.to_string(), format!("crc32:{sum:08x}"));
-        safetensors::serialize(tensors, Some(metadata)).map_err(|e| Error::Internal(format!("{op}: {e}")))
+        f(&Snapshot { tensors, keys, fixed })
+    }
+
+    /// The file's bytes, from the store as it is ([`Store::snapshot`]).
+    pub(super) fn checkpoint_bytes(&self, op: &'static str) -> Result<Vec<u8>> {
+        self.snapshot(op, |snap| {
+            let crcs: Vec<crc32fast::Hasher> = snap
+                .tensors
+                .iter()
+                .map(|t| {
+                    let mut crc = crc32fast::Hasher::new();
+                    crc.update(t.3);
+                    crc
+                })
+                .collect();
+            let mut bytes = snap.header(&crcs)?;
+            bytes.reserve_exact(snap.data_len());
+            snap.tensors.iter().for_each(|t| bytes.extend_from_slice(t.3));
+            Ok(bytes)
+        })
     }
 
     fn workers(&self) -> usize {

@@ -17,7 +17,10 @@
 //! under a temporary name and renamed; once every rank said its file is written, each
 //! writes `step-S.done`. A commit is used only with its `done` mark: a rank killed during
 //! a commit leaves no mark, and the job resumes from the commit before. The two newest
-//! marked commits are kept, everything older is removed.
+//! marked commits are kept, everything older is removed but each rank's newest removed
+//! file, kept as its spare for the next commit to write over (its memory in place). A
+//! commit is one pass over the store's data: each tensor is written into the file and
+//! hashed as it goes ([`Snapshot`]), the headers written last.
 //!
 //! A store made with a job name restores, before its first call, the newest marked
 //! commit that a rank can read whole: under `dist_sync` the ranks agree on the newest
@@ -29,10 +32,11 @@
 
 use std::fs::{DirBuilder, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::checkpoint::Snapshot;
 use super::{KVStore, Store};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -198,6 +202,67 @@ impl Folder {
         written.map_err(|e| io(context(), e))
     }
 
+    /// This rank's spare file: the file of a commit that [`Folder::prune`] removed, kept
+    /// for the next commit to write over, whose memory is then in place already (a new
+    /// file of `/dev/shm` costs a page fault per page: the commit took three times as long).
+    fn spare(&self, rank: usize) -> PathBuf {
+        self.path.join(format!(".spare-rank-{rank:06}"))
+    }
+
+    /// Writes this rank's commit of `step` to `path` (under a temporary name, then
+    /// renamed) in one pass over the store's data: each tensor is copied into the file
+    /// and hashed from the cache as it goes, the headers (whose lengths do not depend on
+    /// the checksums) are reserved first and written last.
+    fn write_commit(&self, path: &Path, at: (u64, usize, usize), extra: &[u8], snap: &Snapshot<'_>) -> Result<()> {
+        const PIECE: usize = 256 << 10;
+        let (step, rank, ranks) = at;
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let temp = self.path.join(format!(".{name}.{}", std::process::id()));
+        let context = || format!("the commit {}", path.display());
+        let _ = std::fs::remove_file(&temp);
+        let n = snap.tensors.len();
+        let reserved = snap.header(&vec![crc32fast::Hasher::new(); n])?.len();
+        let len = (reserved + snap.data_len()) as u64;
+        let written = (|| -> std::io::Result<()> {
+            let reused = std::fs::rename(self.spare(rank), &temp).is_ok();
+            let file = OpenOptions::new()
+                .write(true)
+                .create_new(!reused)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&temp)?;
+            file.set_len(HEADER as u64 + extra.len() as u64 + len)?;
+            let mut offset = (HEADER + extra.len() + reserved) as u64;
+            let mut crcs = Vec::with_capacity(n);
+            for (.., bytes) in &snap.tensors {
+                let mut crc = crc32fast::Hasher::new();
+                for piece in bytes.chunks(PIECE) {
+                    file.write_all_at(piece, offset)?;
+                    crc.update(piece);
+                    offset += piece.len() as u64;
+                }
+                crcs.push(crc);
+            }
+            let header = snap.header(&crcs).map_err(std::io::Error::other)?;
+            if header.len() != reserved {
+                return Err(std::io::Error::other("the checkpoint's header changed length"));
+            }
+            let fields = fields(step, rank, ranks, extra.len(), len);
+            let mut crc = crc32fast::Hasher::new();
+            crc.update(&fields);
+            crc.update(extra);
+            crc.update(&header);
+            crcs.iter().for_each(|c| crc.combine(c));
+            let head = [&fields[..], &crc.finalize().to_le_bytes(), extra, &header].concat();
+            file.write_all_at(&head, 0)?;
+            std::fs::rename(&temp, path)
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&temp);
+        }
+        written.map_err(|e| io(context(), e))
+    }
+
     /// Reads a file of the folder: a regular file of the user's alone, else refused.
     fn read(&self, path: &Path) -> Result<Vec<u8>> {
         let context = || format!("the commit {}", path.display());
@@ -284,11 +349,22 @@ impl Folder {
 
     /// Removes every commit older than the [`KEEP`] newest marked ones (an unmarked one
     /// is one a rank died in), and the temporary files of writes that never finished.
-    fn prune(&self) -> Result<()> {
+    /// Rank `rank` of `ranks` removes its own files (its oldest becomes its spare) and the
+    /// last rank those of ranks the job no longer has: were every rank to remove every
+    /// file, one would remove the file another keeps as its spare.
+    fn prune(&self, rank: usize, ranks: usize) -> Result<()> {
         let done = self.done_steps()?;
         let Some(&newest) = done.first() else { return Ok(()) };
         let kept: Vec<u64> = done.iter().copied().take(KEEP).collect();
+        let mine = |r: usize| r == rank || (rank + 1 == ranks && r >= ranks);
         for name in self.names()? {
+            let path = self.path.join(&name);
+            if let Some(r) = name.strip_prefix(".spare-rank-").and_then(|r| r.parse().ok()) {
+                if r >= ranks && mine(r) {
+                    let _ = std::fs::remove_file(&path);
+                }
+                continue;
+            }
             // A temporary file (`.step-...`) of a step before the newest marked one is a
             // write that never finished (its process died): every rank finished its
             // commit of that step before any began the next. (Another rank may still be
@@ -297,12 +373,18 @@ impl Folder {
                 Some(file) => (true, file),
                 None => (false, name.as_str()),
             };
-            let step: Option<u64> =
-                file.strip_prefix("step-").and_then(|rest| rest.get(..20)).and_then(|s| s.parse().ok());
-            if let Some(step) = step
-                && if temporary { step < newest } else { step <= newest && !kept.contains(&step) }
-            {
-                let _ = std::fs::remove_file(self.path.join(&name));
+            let Some(rest) = file.strip_prefix("step-") else { continue };
+            let Some(step) = rest.get(..20).and_then(|s| s.parse::<u64>().ok()) else { continue };
+            let of: Option<usize> = rest.get(20..).and_then(|r| r.strip_prefix("-rank-")?.get(..6)?.parse().ok());
+            let old = if temporary { step < newest } else { step <= newest && !kept.contains(&step) };
+            if !old || of.is_some_and(|r| !temporary && !mine(r)) {
+                continue;
+            }
+            // This rank's own file becomes its spare, once.
+            let spare = self.spare(rank);
+            let own = !temporary && of == Some(rank) && file.ends_with(".commit");
+            if !(own && !spare.exists() && std::fs::rename(&path, &spare).is_ok()) {
+                let _ = std::fs::remove_file(&path);
             }
         }
         Ok(())
@@ -316,21 +398,16 @@ struct Commit<'b> {
     checkpoint: &'b [u8],
 }
 
-fn encode(step: u64, rank: usize, ranks: usize, extra: &[u8], checkpoint: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER + extra.len() + checkpoint.len());
+/// The header's fields before its CRC: magic, step, rank, ranks, extra's length and the
+/// checkpoint's.
+fn fields(step: u64, rank: usize, ranks: usize, extra: usize, checkpoint: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER - 4);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&step.to_le_bytes());
     out.extend_from_slice(&(rank as u32).to_le_bytes());
     out.extend_from_slice(&(ranks as u32).to_le_bytes());
-    out.extend_from_slice(&(extra.len() as u64).to_le_bytes());
-    out.extend_from_slice(&(checkpoint.len() as u64).to_le_bytes());
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&out);
-    crc.update(extra);
-    crc.update(checkpoint);
-    out.extend_from_slice(&crc.finalize().to_le_bytes());
-    out.extend_from_slice(extra);
-    out.extend_from_slice(checkpoint);
+    out.extend_from_slice(&(extra as u64).to_le_bytes());
+    out.extend_from_slice(&checkpoint.to_le_bytes());
     out
 }
 
@@ -377,15 +454,16 @@ impl Store {
                 ))),
                 _ => Ok(()),
             })
-            .and_then(|()| self.checkpoint_bytes(OP))
-            .and_then(|checkpoint| {
-                folder.write(&folder.file(step, rank, ranks), &encode(step, rank, ranks, extra, &checkpoint))
+            .and_then(|()| {
+                self.snapshot(OP, |snap| {
+                    folder.write_commit(&folder.file(step, rank, ranks), (step, rank, ranks), extra, snap)
+                })
             });
         let context = format!("commit of step {step}");
         self.agree(OP, &context, written.as_ref().map(|_| 0).map_err(|_| ()), "could not write its commit")?;
         written?;
         folder.write(&folder.done(step), b"")?;
-        folder.prune()
+        folder.prune(rank, ranks)
     }
 
     /// Restores the newest marked commit (see the module's docs), when the store has a
@@ -503,7 +581,14 @@ impl KVStore {
 
 #[cfg(test)]
 mod tests {
-    use super::{decode, encode};
+    use super::{decode, fields};
+
+    /// A commit's bytes, as `Folder::write_commit` lays them out.
+    fn encode(step: u64, rank: usize, ranks: usize, extra: &[u8], checkpoint: &[u8]) -> Vec<u8> {
+        let fields = fields(step, rank, ranks, extra.len(), checkpoint.len() as u64);
+        let crc = crc32fast::hash(&[&fields[..], extra, checkpoint].concat());
+        [&fields[..], &crc.to_le_bytes(), extra, checkpoint].concat()
+    }
 
     #[test]
     fn a_commit_reads_back_and_a_changed_byte_is_refused() {

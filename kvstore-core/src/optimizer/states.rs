@@ -129,23 +129,40 @@ pub(crate) fn checksum<'a>(
     metadata: &HashMap<String, String>,
     tensors: impl Iterator<Item = (&'a str, StDtype, &'a [usize], &'a [u8])>,
 ) -> u32 {
+    checksum_of(
+        metadata,
+        tensors.map(|(n, d, s, b)| {
+            let mut crc = crc32fast::Hasher::new();
+            crc.update(b);
+            (n, d, s, b.len(), crc)
+        }),
+    )
+}
+
+/// [`checksum`] from each tensor's length and the CRC-32 state of its bytes, for a file
+/// whose tensors were hashed as they were written (`kvstore/commit.rs`), not read again.
+pub(crate) fn checksum_of<'a>(
+    metadata: &HashMap<String, String>,
+    tensors: impl Iterator<Item = (&'a str, StDtype, &'a [usize], usize, crc32fast::Hasher)>,
+) -> u32 {
     let mut h = crc32fast::Hasher::new();
-    let mut field = |b: &[u8]| {
+    let field = |h: &mut crc32fast::Hasher, b: &[u8]| {
         h.update(&(b.len() as u64).to_le_bytes());
         h.update(b);
     };
     let sorted: BTreeMap<&String, &String> = metadata.iter().filter(|(k, _)| k.as_str() != CHECKSUM).collect();
     for (k, v) in sorted {
-        field(k.as_bytes());
-        field(v.as_bytes());
+        field(&mut h, k.as_bytes());
+        field(&mut h, v.as_bytes());
     }
-    let tensors: BTreeMap<&str, (StDtype, &[usize], &[u8])> = tensors.map(|(n, d, s, b)| (n, (d, s, b))).collect();
-    for (name, (dtype, shape, data)) in tensors {
-        field(name.as_bytes());
-        field(format!("{dtype:?}").as_bytes());
+    let tensors: BTreeMap<&str, _> = tensors.map(|(n, d, s, len, crc)| (n, (d, s, len, crc))).collect();
+    for (name, (dtype, shape, len, crc)) in tensors {
+        field(&mut h, name.as_bytes());
+        field(&mut h, format!("{dtype:?}").as_bytes());
         let dims: Vec<u8> = shape.iter().flat_map(|d| (*d as u64).to_le_bytes()).collect();
-        field(&dims);
-        field(data);
+        field(&mut h, &dims);
+        h.update(&(len as u64).to_le_bytes());
+        h.combine(&crc);
     }
     h.finalize()
 }
