@@ -53,8 +53,7 @@ fn a_job_whose_rank_died_resumes_from_its_last_commit_with_the_same_bits() {
     // The folder of the job that never died: each rank's two newest commits and one spare
     // file (an older commit's, written over by the next), neither rank's spare removed by
     // the other.
-    let uid = std::fs::metadata(&dir).map(|m| std::os::unix::fs::MetadataExt::uid(&m)).expect("the folder");
-    let store = dir.join(format!("kvstore-{uid}-never-died")).join("store0");
+    let store = dir.join(format!("kvstore-{}-never-died", uid(&dir))).join("store0");
     let mut names: Vec<String> = std::fs::read_dir(&store)
         .expect("the store's commits")
         .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
@@ -80,20 +79,44 @@ fn a_job_on_hosts_of_their_own_resumes_each_rank_with_its_own_extra() {
     for r in 0..2 {
         std::fs::create_dir_all(dir.join(format!("host{r}"))).expect("a host's folder");
     }
-    let job = |args: &[&str]| {
+    // A job of `np` ranks, rank r on host r.
+    let job = |np: usize, args: &[&str]| {
         let mut cmd = jobs::mpirun(1, &[("KVSTORE_JOB", "hosts")]);
-        cmd.args(["env", &host(0), exe]).args(args).args([":", "-np", "1", "env", &host(1), exe]).args(args);
+        cmd.args(["env", &host(0), exe]).args(args);
+        for r in 1..np {
+            cmd.args([":", "-np", "1", "env", &host(r), exe]).args(args);
+        }
         jobs::run(cmd, Duration::from_secs(120))
     };
-    let died = job(&["6", "die", "1", "2"]);
+    let died = job(2, &["6", "die", "1", "2"]);
     assert_ne!(died.code, Some(0), "rank 1 died: {}", died.shown());
-    let resumed = job(&["6"]);
+    // Each rank loads its own host's copy (whose metadata its own process ordered).
+    let resumed = job(2, &["6"]);
     assert_eq!(resumed.code, Some(0), "{}", resumed.shown());
     for r in 0..2 {
         assert!(resumed.output.contains(&format!("restored 2 loader at 2 of rank {r}")), "{}", resumed.shown());
     }
     assert_eq!(bits(&resumed, 2), bits(&whole, 2), "the bits of the job that never died");
+    // Again from step 2, on 3 ranks: rank 2's host is new, so it gets rank 0's bytes.
+    let _ = std::fs::remove_dir_all(dir.join("host0").join(format!("kvstore-{}-hosts", uid(&dir))));
+    let _ = std::fs::remove_dir_all(dir.join("host1").join(format!("kvstore-{}-hosts", uid(&dir))));
+    let died = job(2, &["6", "die", "1", "2"]);
+    assert_ne!(died.code, Some(0), "rank 1 died: {}", died.shown());
+    std::fs::create_dir_all(dir.join("host2")).expect("a new host's folder");
+    let more = job(3, &["4"]);
+    assert_eq!(more.code, Some(0), "{}", more.shown());
+    // Ranks 0 and 1 their own extra, rank 2 rank 0's.
+    assert_eq!(more.output.matches("restored 2 loader at 2 of rank 0").count(), 2, "{}", more.shown());
+    assert_eq!(more.output.matches("restored 2 loader at 2 of rank 1").count(), 1, "{}", more.shown());
+    assert_eq!(more.output.matches("restored 2 loader at 2").count(), 3, "{}", more.shown());
+    let b = bits(&more, 3);
+    assert!(b.iter().all(|x| *x == b[0]), "{b:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The user that owns `dir` (this process's).
+fn uid(dir: &std::path::Path) -> u32 {
+    std::fs::metadata(dir).map(|m| std::os::unix::fs::MetadataExt::uid(&m)).expect("the folder")
 }
 
 #[test]

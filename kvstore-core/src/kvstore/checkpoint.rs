@@ -88,7 +88,7 @@ struct SavedKey {
 struct Checkpoint {
     keys: Vec<SavedKey>,
     merger: SavedMerger,
-    /// Names the file for the comparison across workers: its CRC-32 and length.
+    /// Names the file for the comparison across workers: its checksum and length.
     hash: u64,
 }
 
@@ -186,7 +186,9 @@ fn decode(bytes: &[u8], context: &str) -> Result<Checkpoint> {
     if get(CHECKSUM)? != &format!("crc32:{sum:08x}") {
         return Err(corrupt(context, "the checksum does not match the contents (the file is damaged)"));
     }
-    let hash = (u64::from(crc32fast::hash(bytes)) << 32) | (bytes.len() as u64 & 0xffff_ffff);
+    // What the workers compare: the contents' checksum (not the bytes', which depend on
+    // the order in which the writer's process lists the metadata) and the length.
+    let hash = (u64::from(sum) << 32) | (bytes.len() as u64 & 0xffff_ffff);
     Ok(Checkpoint { keys: saved, merger, hash })
 }
 
@@ -639,8 +641,9 @@ impl KVStore {
     /// runs while it loads.
     ///
     /// Under `dist_sync` every worker calls it with the same file (on a filesystem they
-    /// share, or a copy each); the workers compare the files they read (CRC-32 and
-    /// length), and if any worker could not read or check its file, or the files differ,
+    /// share, or a copy each); the workers compare the files they read (the checksum of
+    /// their contents, and their length), and if any worker could not read or check its
+    /// file, or the files differ,
     /// every worker fails and none changes.
     ///
     /// # Errors

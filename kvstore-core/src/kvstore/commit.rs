@@ -313,10 +313,14 @@ impl Folder {
     /// The newest marked commit in the folder: its step and bytes. A file that is not
     /// whole (or not the user's) is passed over for another rank's copy of the step;
     /// when no copy is whole, the commit is refused (damaged or planted), never loaded.
-    fn newest(&self) -> Result<Option<(u64, Vec<u8>)>> {
+    fn newest(&self, rank: usize) -> Result<Option<(u64, Vec<u8>)>> {
         let Some(&step) = self.done_steps()?.first() else { return Ok(None) };
         let mut why = String::from("no file of it is in the folder");
-        for file in self.files_of(step)? {
+        // This rank's own copy first: its `extra` is this rank's.
+        let mut files = self.files_of(step)?;
+        let own = format!("-rank-{rank:06}-of-");
+        files.sort_by_key(|f| !f.file_name().is_some_and(|n| n.to_string_lossy().contains(&own)));
+        for file in files {
             match self.read(&file).and_then(|bytes| match decode(&bytes) {
                 Ok(c) if c.step == step => Ok(bytes),
                 Ok(_) => Err(refused(&file, "a commit of another step")),
@@ -470,10 +474,11 @@ impl Store {
     /// job name: what it restored, or `None`.
     pub(super) fn restore(&self) -> Result<Option<Restored>> {
         let Some(folder) = &self.commits else { return Ok(None) };
-        let found = folder.newest();
+        let began = std::time::Instant::now();
+        let found = folder.newest(self.collective.as_ref().map_or(0, |c| c.rank()));
         let Some(group) = &self.collective else {
             return match found? {
-                Some((step, bytes)) => self.restore_bytes(step, bytes).map(Some),
+                Some((step, bytes)) => self.restore_bytes(step, &bytes, began).map(Some),
                 None => Ok(None),
             };
         };
@@ -509,10 +514,16 @@ impl Store {
             return Ok(None);
         }
         let step = newest - 1;
+        // Every rank that has the step loads its own copy: the copies hold the same
+        // values (every rank of a dist_sync job does), and the ranks compare what they
+        // load by its contents' checksum, which does not depend on the order of a
+        // copy's metadata (its process's). When a rank lacks the step (on a new host),
+        // every rank loads the bytes of the lowest rank that has it.
+        if (0..all.len()).all(|r| at(r, 0) == newest) {
+            let (_, bytes) = mine.expect("this rank's commit");
+            return self.restore_bytes(step, &bytes, began).map(Some);
+        }
         let root = (0..all.len()).find(|&r| at(r, 0) == newest).expect("a rank with the newest");
-        // Every rank loads the same bytes, the lowest rank's that has the step: copies on
-        // other hosts hold the same values, but not byte for byte (the order of a
-        // checkpoint's metadata is its process's), and the ranks compare what they load.
         let len = at(root, 1) as usize;
         let buf = NDArray::zeros_with(&[len], DType::U8, crate::Context::default())?;
         if group.rank() == root {
@@ -520,7 +531,7 @@ impl Store {
             buf.write()?.bytes_mut().copy_from_slice(&bytes);
         }
         group.broadcast(&[&buf], root)?;
-        let mut restored = self.restore_bytes(step, buf.to_vec::<u8>()?)?;
+        let mut restored = self.restore_bytes(step, buf.read()?.bytes(), began)?;
         // `extra` is each rank's own: its own copy's, when it is on this host.
         if let Some(own) = folder.own_extra(step, group.rank()) {
             restored.extra = own;
@@ -528,9 +539,10 @@ impl Store {
         Ok(Some(restored))
     }
 
-    fn restore_bytes(&self, step: u64, bytes: Vec<u8>) -> Result<Restored> {
-        let began = std::time::Instant::now();
-        let commit = decode(&bytes).map_err(|why| Error::Io {
+    /// Loads the commit `bytes` of `step` into the store; `began`: when the restore began
+    /// (for what rank 0 says).
+    fn restore_bytes(&self, step: u64, bytes: &[u8], began: std::time::Instant) -> Result<Restored> {
+        let commit = decode(bytes).map_err(|why| Error::Io {
             context: format!("restore of step {step}"),
             source: std::io::Error::other(why),
         })?;
