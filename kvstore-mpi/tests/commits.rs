@@ -154,8 +154,9 @@ fn kvstore_run_restarts_a_job_whose_rank_was_killed_and_it_ends_with_the_same_bi
     assert_eq!(job.code, Some(0), "{}", job.shown());
     assert!(job.output.contains("kvstore-run: rank 1 died (signal 9)"), "{}", job.shown());
     assert_eq!(job.output.matches("restored 3 loader at 3").count(), 2, "{}", job.shown());
-    // Rank 0 says what the job resumed from, once.
+    // Rank 0 says what the job resumed from, once, and the launcher how long it took.
     assert_eq!(job.output.matches("kvstore: restored the commit of step 3 (").count(), 1, "{}", job.shown());
+    assert_eq!(job.output.matches("kvstore-run: resumed from the commit of step 3 ").count(), 1, "{}", job.shown());
     assert_eq!(bits(&job, 2), bits(&whole, 2), "the bits of the job never killed");
     // A job that ended well leaves no commits behind.
     let owner = {
@@ -163,6 +164,101 @@ fn kvstore_run_restarts_a_job_whose_rank_was_killed_and_it_ends_with_the_same_bi
         std::fs::metadata(&dir).expect("the folder").uid()
     };
     assert!(!dir.join(format!("kvstore-{owner}-launched")).exists(), "its commits are removed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Starts the job under `kvstore-run` on 2 ranks, its output in `log`, and waits until
+/// both ranks wrote their process ids into `pids`: the launcher and the ranks' ids.
+fn start_launched(dir: &std::path::Path, job: &str, log: &std::path::Path) -> (std::process::Child, [u32; 2]) {
+    let pids = dir.join(format!("{job}-pids"));
+    std::fs::create_dir_all(&pids).expect("a folder");
+    let file = std::fs::File::create(log).expect("a log");
+    let launcher = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"))
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("KVSTORE_COMMIT_DIR", dir)
+        .env("KVSTORE_TEST_PIDS", &pids)
+        .env("KVSTORE_TEST_STEP_MS", "20")
+        .args(["--max-restarts", "2", "--job", job, "-x", "KVSTORE_COMMIT_DIR", "-x", "KVSTORE_TEST_PIDS"])
+        .args(["-x", "KVSTORE_TEST_STEP_MS", "--oversubscribe", "--bind-to", "none", "-np", "2"])
+        .args([env!("CARGO_BIN_EXE_fixture_commit_job"), "60"])
+        .stdout(file.try_clone().expect("the log"))
+        .stderr(file)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .expect("kvstore-run starts");
+    let began = std::time::Instant::now();
+    let pid = |r: usize| loop {
+        let read = std::fs::read_to_string(pids.join(format!("rank-{r}.pid"))).ok();
+        if let Some(p) = read.and_then(|p| p.trim().parse().ok()) {
+            break p;
+        }
+        assert!(began.elapsed() < Duration::from_secs(30), "rank {r} never started");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    (launcher, [pid(0), pid(1)])
+}
+
+/// Waits (at most a minute) for the launcher to end.
+fn ended(mut launcher: std::process::Child) -> std::process::ExitStatus {
+    let began = std::time::Instant::now();
+    loop {
+        if let Some(status) = launcher.try_wait().expect("the launcher") {
+            return status;
+        }
+        if began.elapsed() > Duration::from_secs(60) {
+            let _ = launcher.kill();
+            panic!("the launcher did not end");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    // A process is gone once /proc no longer has it, or holds it as a zombie.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+}
+
+#[test]
+fn kvstore_run_passes_sigterm_on_to_the_job_and_does_not_run_it_again() {
+    let dir = folder("sigterm");
+    let log = dir.join("launcher.log");
+    let (launcher, ranks) = start_launched(&dir, "stopped", &log);
+    let _ = std::process::Command::new("kill").args(["-TERM", &launcher.id().to_string()]).status();
+    let status = ended(launcher);
+    let output = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.code(), Some(128 + 15), "{output}");
+    assert!(output.contains("kvstore-run: stopped by signal 15"), "{output}");
+    assert!(!output.contains("restart 1 of"), "not run again: {output}");
+    for pid in ranks {
+        assert!(!alive(pid), "rank process {pid} ended: {output}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn kvstore_run_kills_what_a_killed_mpirun_left_and_runs_the_job_again() {
+    let dir = folder("mpirun-killed");
+    let whole = run(&dir, "never-killed", 2, &["60"]);
+    assert_eq!(whole.code, Some(0), "{}", whole.shown());
+    let log = dir.join("launcher.log");
+    let (launcher, ranks) = start_launched(&dir, "orphaned", &log);
+    std::thread::sleep(Duration::from_millis(200));
+    // The ranks' parent: mpirun (it starts the ranks of its own host itself).
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", ranks[0])).expect("rank 0's stat");
+    let mpirun = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)).expect("its parent");
+    let _ = std::process::Command::new("kill").args(["-KILL", mpirun]).status();
+    let status = ended(launcher);
+    let output = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.success(), "{output}");
+    assert!(output.contains("kvstore-run: killed 2 process(es) of the run that mpirun left behind"), "{output}");
+    assert!(output.contains("kvstore-run: mpirun died (signal 9)"), "{output}");
+    for pid in ranks {
+        assert!(!alive(pid), "the first run's rank {pid} is gone: {output}");
+    }
+    let job = jobs::Job { code: Some(0), elapsed: Duration::ZERO, output };
+    assert_eq!(bits(&job, 2), bits(&whole, 2), "the bits of the job never killed");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -14,9 +14,17 @@
 //! says so and exits with the job's status. When the job ends well, its commits are
 //! removed; when it fails for good, they are kept, and the launcher says how to resume
 //! it by hand.
+//!
+//! SIGINT, SIGTERM and SIGHUP sent to the launcher go on to `mpirun`, which ends the
+//! job; the launcher then does not run it again. Processes of a run left behind by an
+//! `mpirun` that was itself killed (their parent gone, they become the launcher's: it is
+//! their subreaper) are killed before the next run starts. Unless told otherwise, `mpirun`
+//! kills the other ranks of a run at once when one died (Open MPI's
+//! `odls_base_sigkill_timeout` 0, not 1 s after asking them to end).
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -71,6 +79,17 @@ struct Ended {
     killed: Option<(String, String)>,
     /// When the launcher read that report.
     seen: Option<Instant>,
+    /// For a run after a restart: when the death that caused it was read, and when the
+    /// run started (to say how long the restart took once rank 0 says it restored).
+    restart: Option<(Instant, Instant)>,
+}
+
+/// Reads rank 0's line `kvstore: restored the commit of step S (N MB) in T ms`: (S, T).
+fn restored(line: &str) -> Option<(u64, f64)> {
+    let rest = line.strip_prefix("kvstore: restored the commit of step ")?;
+    let step = rest.split(' ').next()?.parse().ok()?;
+    let ms = rest.rsplit_once(" in ")?.1.strip_suffix(" ms")?.parse().ok()?;
+    Some((step, ms))
 }
 
 /// Reads a line of `mpirun`'s output for a rank's death: Open MPI says
@@ -94,15 +113,77 @@ fn death(line: &str) -> Option<(String, String)> {
 /// noting a rank's death in `ended`.
 fn follow(from: impl std::io::Read, mut to: impl Write, ended: Arc<Mutex<Ended>>) {
     for line in BufReader::new(from).split(b'\n').map_while(Result::ok) {
-        if let Some(d) = death(&String::from_utf8_lossy(&line)) {
-            let mut e = ended.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if e.killed.is_none() {
-                e.killed = Some(d);
-                e.seen = Some(Instant::now());
-            }
+        let text = String::from_utf8_lossy(&line);
+        let mut e = ended.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(d) = death(&text)
+            && e.killed.is_none()
+        {
+            e.killed = Some(d);
+            e.seen = Some(Instant::now());
         }
         let _ = to.write_all(&line).and_then(|()| to.write_all(b"\n"));
+        if let (Some((step, ms)), Some((seen, relaunched))) = (restored(&text), e.restart.take()) {
+            let now = Instant::now();
+            let restore = ms / 1e3;
+            eprintln!(
+                "kvstore-run: resumed from the commit of step {step} {:.2} s after the death was reported \
+                 (relaunch {:.2} s, restore {restore:.2} s)",
+                now.saturating_duration_since(seen).as_secs_f64(),
+                (now.saturating_duration_since(relaunched).as_secs_f64() - restore).max(0.0),
+            );
+        }
     }
+}
+
+/// The process id of the running `mpirun` (0 between runs), for [`pass_on`].
+static MPIRUN: AtomicI32 = AtomicI32::new(0);
+/// The signal that asked the launcher to stop (0: none).
+static STOPPED_BY: AtomicI32 = AtomicI32::new(0);
+
+/// The handler of SIGINT, SIGTERM and SIGHUP: notes the signal and sends it on to
+/// `mpirun` (both async-signal-safe).
+extern "C" fn pass_on(signal: libc::c_int) {
+    STOPPED_BY.store(signal, Ordering::SeqCst);
+    let pid = MPIRUN.load(Ordering::SeqCst);
+    if pid > 0 {
+        // SAFETY: kill(2) is async-signal-safe, and `pid` is the launcher's own child.
+        unsafe { libc::kill(pid, signal) };
+    }
+}
+
+/// Makes the launcher the subreaper of its descendants (a rank whose `mpirun` died
+/// becomes its child, not init's) and passes the signals that stop a job on to `mpirun`.
+fn take_charge() {
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER only sets a flag of this process.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: `pass_on` is an extern "C" handler that only stores to atomics and
+        // calls kill(2), both async-signal-safe.
+        unsafe { libc::signal(signal, pass_on as *const () as libc::sighandler_t) };
+    }
+}
+
+/// Kills (SIGKILL) and reaps the launcher's children left once `mpirun` is gone: a
+/// run's processes whose `mpirun` was killed. Returns how many there were.
+fn kill_leftovers() -> usize {
+    let me = std::process::id().to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
+    let children: Vec<i32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            // /proc/PID/stat: "PID (COMM) STATE PPID ...", COMM may hold spaces.
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)) == Some(me.as_str())
+        })
+        .collect();
+    for &pid in &children {
+        // SAFETY: kill(2) and waitpid(2) on a child of this process.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+    }
+    children.len()
 }
 
 /// Who died, for messages: `rank R`, or `mpirun`.
@@ -120,10 +201,21 @@ fn main() -> ExitCode {
         }
     };
     let say = |what: String| eprintln!("kvstore-run: {what}");
+    take_charge();
     let began = Instant::now();
+    // mpirun kills a run's other ranks at once when one died, not a second after asking
+    // them to end (a rank asked to end may not), unless the user chose otherwise.
+    const SIGKILL_TIMEOUT: &str = "odls_base_sigkill_timeout";
+    let chosen = std::env::var_os(format!("OMPI_MCA_{SIGKILL_TIMEOUT}")).is_some()
+        || o.mpirun.iter().any(|a| a == SIGKILL_TIMEOUT);
+    let mut last_death: Option<Instant> = None;
     for attempt in 0..=o.max_restarts {
         let started = Instant::now();
-        let child = Command::new("mpirun")
+        let mut mpirun = Command::new("mpirun");
+        if !chosen {
+            mpirun.env(format!("OMPI_MCA_{SIGKILL_TIMEOUT}"), "0");
+        }
+        let child = mpirun
             .args(["-x", "KVSTORE_JOB", "-x", "KVSTORE_RUN_ATTEMPT"])
             .args(&o.mpirun)
             .env("KVSTORE_JOB", &o.job)
@@ -138,7 +230,12 @@ fn main() -> ExitCode {
                 return ExitCode::from(127);
             }
         };
-        let ended = Arc::new(Mutex::new(Ended::default()));
+        MPIRUN.store(child.id() as i32, Ordering::SeqCst);
+        // A stop asked for before mpirun's id was known reaches it now.
+        if let signal @ 1.. = STOPPED_BY.load(Ordering::SeqCst) {
+            pass_on(signal);
+        }
+        let ended = Arc::new(Mutex::new(Ended { restart: last_death.map(|seen| (seen, started)), ..Ended::default() }));
         let out = child.stdout.take().map(|s| {
             let ended = Arc::clone(&ended);
             std::thread::spawn(move || follow(s, std::io::stdout(), ended))
@@ -152,6 +249,11 @@ fn main() -> ExitCode {
             let _ = t.join();
         }
         let finished = Instant::now();
+        MPIRUN.store(0, Ordering::SeqCst);
+        let leftovers = kill_leftovers();
+        if leftovers > 0 {
+            say(format!("killed {leftovers} process(es) of the run that mpirun left behind"));
+        }
         let status = match status {
             Ok(s) => s,
             Err(e) => {
@@ -171,6 +273,14 @@ fn main() -> ExitCode {
             }
             return ExitCode::SUCCESS;
         }
+        if let signal @ 1.. = STOPPED_BY.load(Ordering::SeqCst) {
+            say(format!(
+                "stopped by signal {signal}: the job is not run again; its commits are kept for a run by hand \
+                 with KVSTORE_JOB={}",
+                o.job
+            ));
+            return ExitCode::from((128 + signal).clamp(1, 255) as u8);
+        }
         let code = status.code().unwrap_or(1);
         let mut e = ended.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // mpirun itself killed (the out-of-memory killer, say): its ranks went with it.
@@ -187,6 +297,7 @@ fn main() -> ExitCode {
             return ExitCode::from(code.clamp(1, 255) as u8);
         };
         let ending = e.seen.map_or(Duration::ZERO, |seen| finished.saturating_duration_since(seen));
+        last_death = e.seen;
         if attempt == o.max_restarts {
             say(format!(
                 "{} died (signal {signal}) and the {} restart(s) are spent; the job's commits are kept: \
@@ -213,7 +324,7 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{death, options};
+    use super::{death, options, restored};
 
     #[test]
     fn a_killed_rank_is_read_from_mpiruns_report() {
@@ -222,6 +333,12 @@ mod tests {
         assert_eq!(death("Primary job  terminated normally, but 1 process returned"), None);
         // A rank's own output is not mpirun's report.
         assert_eq!(death("my log: rank 7 exited on signal 15 in the last run"), None);
+    }
+
+    #[test]
+    fn rank_0s_restore_is_read_from_its_line() {
+        assert_eq!(restored("kvstore: restored the commit of step 12 (314.6 MB) in 560 ms"), Some((12, 560.0)));
+        assert_eq!(restored("kvstore: restored nothing"), None);
     }
 
     #[test]
