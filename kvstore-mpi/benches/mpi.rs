@@ -281,9 +281,9 @@ fn commit_rows(
         at += 1;
     });
     // The limit: the bytes a commit holds (the values and Adam's two states), written by
-    // every rank at once over a file of /dev/shm of its own whose memory is in place, as
-    // a commit writes over the file of an older one.
-    let bytes = vec![1u8; keys * n * 4 * 3];
+    // the host's ranks at once, each its share, over a file of /dev/shm whose memory is
+    // in place, as a commit writes over an older copy (one host here: every rank).
+    let bytes = vec![1u8; keys * n * 4 * 3 / kv.num_workers()];
     let path = std::path::PathBuf::from(format!("/dev/shm/kvstore-bench-commit-{}", std::process::id()));
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -302,7 +302,7 @@ fn commit_rows(
     rows.push((format!("{run}: a step of a 100 MB store with Adam (push + pull of every key)"), step_s, None));
     rows.push((format!("{run}: the same step and a commit of the store"), with_commit, Some(step_s)));
     rows.push((
-        format!("{run}: limit: every rank writes the 315 MB a commit holds over a file of /dev/shm"),
+        format!("{run}: limit: the ranks write the 315 MB a commit holds over a file of /dev/shm, a share each"),
         limit,
         None,
     ));

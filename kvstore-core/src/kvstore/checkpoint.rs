@@ -418,7 +418,7 @@ impl Store {
                 .iter()
                 .map(|(h, list)| {
                     format!(
-                        "{} read a file of {} bytes with CRC-32 {:08x}",
+                        "{} read a file of {} bytes with checksum {:08x}",
                         steps::ranks(list),
                         h & 0xffff_ffff,
                         h >> 32

@@ -11,24 +11,29 @@
 //! user's alone (0700, its files 0600): a folder or file of another owner, or one that
 //! others may read or write, is refused with an error, never used.
 //!
-//! A commit of step S is, on every rank, its file `step-S-rank-R-of-N.commit` (a header
-//! with the step, the rank, the number of ranks and the lengths, a CRC-32 of the whole,
-//! then the user's `extra` bytes and the store as a checkpoint, `checkpoint.rs`), written
-//! under a temporary name and renamed; once every rank said its file is written, each
-//! writes `step-S.done`. A commit is used only with its `done` mark: a rank killed during
-//! a commit leaves no mark, and the job resumes from the commit before. The two newest
-//! marked commits are kept, everything older is removed but each rank's newest removed
-//! file, kept as its spare for the next commit to write over (its memory in place). A
-//! commit is one pass over the store's data: each tensor is written into the file and
-//! hashed as it goes ([`Snapshot`]), the headers written last.
+//! A commit of step S is one copy per host: the ranks whose commits' folder is the same
+//! folder (its device and inode) write `step-S-rank-L-of-N.commit` together, L the
+//! first of them (a header with the step, the rank, the number of ranks and the
+//! lengths, a CRC-32 of the whole, then the store as a checkpoint, `checkpoint.rs`,
+//! then L's `extra` bytes), each rank a share of the tensors, in one pass over the data:
+//! each tensor is written into the file and hashed as it goes ([`Snapshot`]), the
+//! headers written last by L, which also hashes the others' shares from its own memory
+//! (every rank of a `dist_sync` job holds the same values). Each other rank writes its
+//! own `extra` beside it (`step-S-rank-R-of-N.extra`). Files are written under a
+//! temporary name and renamed; once every rank said it wrote its part, each writes
+//! `step-S.done`. A commit is used only with its `done` mark: a rank killed during a
+//! commit leaves no mark, and the job resumes from the commit before. The two newest
+//! marked commits are kept, everything older is removed but the host's newest removed
+//! copy, kept as L's spare for the next commit to write over (its memory in place).
 //!
 //! A store made with a job name restores, before its first call, the newest marked
 //! commit that a rank can read whole: under `dist_sync` the ranks agree on the newest
-//! step any of them has, and the lowest rank that has it gives its bytes to those that
-//! lack them (a rank on a new host), so a job restarts on as many ranks or on more or
-//! fewer. Every rank holds the same values under `dist_sync`, so any rank's file is the
-//! store's; every rank loads the lowest such rank's bytes. `extra` is each rank's own:
-//! a rank gets its own copy's when it is on its host, else the lowest such rank's.
+//! step any of them has. When every rank has it, each loads its host's copy (the ranks
+//! compare what they load by its contents' checksum: copies on other hosts hold the same
+//! values, not the same bytes); when a rank lacks it (on a new host), every rank loads
+//! the bytes of the lowest rank that has it, so a job restarts on as many ranks or on
+//! more or fewer. `extra` is each rank's own: a rank gets its own when it is on its
+//! host, else that of the copy it loaded.
 
 use std::fs::{DirBuilder, OpenOptions};
 use std::io::{Read, Write};
@@ -38,9 +43,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::checkpoint::Snapshot;
 use super::{KVStore, Store};
+use crate::collective::Collective;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
+use std::sync::Arc;
 
 /// The environment variable that names a job (its restarts share it).
 pub const JOB_VAR: &str = "KVSTORE_JOB";
@@ -48,8 +55,9 @@ pub const JOB_VAR: &str = "KVSTORE_JOB";
 /// `/dev/shm`).
 pub const COMMIT_DIR_VAR: &str = "KVSTORE_COMMIT_DIR";
 
-const MAGIC: &[u8; 8] = b"KVSTCMT1";
-/// The header: magic, step, rank, ranks, extra's length, the checkpoint's length, CRC.
+const MAGIC: &[u8; 8] = b"KVSTCMT2";
+/// The header: magic, step, rank, ranks, extra's length, the checkpoint's length, CRC;
+/// then the checkpoint and the extra bytes.
 const HEADER: usize = 8 + 8 + 4 + 4 + 8 + 8 + 4;
 /// How many marked commits are kept.
 const KEEP: usize = 2;
@@ -154,6 +162,9 @@ fn own_folder(path: &Path, uid: u32) -> Result<()> {
 pub(super) struct Folder {
     path: PathBuf,
     uid: u32,
+    /// The ranks whose folder this same folder is (their host's `/dev/shm`), in order,
+    /// found at the first commit ([`Folder::host`]).
+    host: std::sync::OnceLock<Vec<usize>>,
 }
 
 impl Folder {
@@ -172,11 +183,32 @@ impl Folder {
         };
         let path = jobs.join(name);
         own_folder(&path, uid)?;
-        Ok(Some(Folder { path, uid }))
+        Ok(Some(Folder { path, uid, host: std::sync::OnceLock::new() }))
     }
 
     fn file(&self, step: u64, rank: usize, ranks: usize) -> PathBuf {
         self.path.join(format!("step-{step:020}-rank-{rank:06}-of-{ranks:06}.commit"))
+    }
+
+    /// Rank `rank`'s own `extra` of `step`, beside its host's copy written by another rank.
+    fn extra_file(&self, step: u64, rank: usize, ranks: usize) -> PathBuf {
+        self.path.join(format!("step-{step:020}-rank-{rank:06}-of-{ranks:06}.extra"))
+    }
+
+    /// The ranks that share this folder (on one host), this rank among them, in order:
+    /// every rank says which folder it has (its device and inode), once. (A rank that
+    /// cannot tell is alone: its writes will say why.)
+    fn host(&self, group: Option<&Arc<dyn Collective>>) -> Result<&[usize]> {
+        if let Some(host) = self.host.get() {
+            return Ok(host);
+        }
+        let Some(group) = group else { return Ok(self.host.get_or_init(|| vec![0])) };
+        let mine = match std::fs::metadata(&self.path) {
+            Ok(m) => [m.dev().to_le_bytes(), m.ino().to_le_bytes()].concat(),
+            Err(_) => [[0xff; 8], (group.rank() as u64).to_le_bytes()].concat(),
+        };
+        let all = group.exchange("commit-folders", &mine)?;
+        Ok(self.host.get_or_init(|| (0..all.len()).filter(|&r| all[r] == mine).collect()))
     }
 
     fn done(&self, step: u64) -> PathBuf {
@@ -209,58 +241,141 @@ impl Folder {
         self.path.join(format!(".spare-rank-{rank:06}"))
     }
 
-    /// Writes this rank's commit of `step` to `path` (under a temporary name, then
-    /// renamed) in one pass over the store's data: each tensor is copied into the file
-    /// and hashed from the cache as it goes, the headers (whose lengths do not depend on
-    /// the checksums) are reserved first and written last.
-    fn write_commit(&self, path: &Path, at: (u64, usize, usize), extra: &[u8], snap: &Snapshot<'_>) -> Result<()> {
+    /// Writes the commit of `step` of this rank's host: one copy, `step-S-rank-L-of-N.commit`
+    /// (L the host's first rank), written by the host's ranks together, each a share of
+    /// the tensors (by bytes), in one pass: each copied into the file and hashed as it
+    /// goes. The first rank makes the file (writing over its spare), hashes the others'
+    /// shares from its own memory (every rank holds the same), and once they wrote them,
+    /// writes the headers (reserved first: their lengths do not depend on the hashes)
+    /// and its `extra`, and renames the file; each other rank writes its `extra` apart
+    /// (`.extra`). What fails is this rank's failure (every rank hears of it); the
+    /// ranks' exchanges are made whatever failed.
+    fn write_commit(
+        &self,
+        group: Option<&Arc<dyn Collective>>,
+        at: (u64, usize, usize),
+        extra: &[u8],
+        snap: std::result::Result<&Snapshot<'_>, &Error>,
+    ) -> Result<()> {
         const PIECE: usize = 256 << 10;
         let (step, rank, ranks) = at;
+        let host = self.host(group)?.to_vec();
+        let said = |step_name: &str, ok: bool, pid: u32| -> Result<Vec<Vec<u8>>> {
+            let mine = [&[u8::from(ok)][..], &pid.to_le_bytes()].concat();
+            group.map_or_else(|| Ok(vec![mine.clone()]), |g| g.exchange(step_name, &mine))
+        };
+        let snap = match snap {
+            Ok(snap) => snap,
+            Err(e) => {
+                // This rank could not even start: it says so at each step of the others.
+                said("commit-file", false, 0)?;
+                said("commit-shares", false, 0)?;
+                return Err(e.clone());
+            }
+        };
+        let (first, share, sharers) = (host[0], host.iter().position(|&r| r == rank).unwrap_or(0), host.len());
+        let path = self.file(step, first, ranks);
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let temp = self.path.join(format!(".{name}.{}", std::process::id()));
-        let context = || format!("the commit {}", path.display());
-        let _ = std::fs::remove_file(&temp);
+        let temp = |pid: u32| self.path.join(format!(".{name}.{pid}"));
         let n = snap.tensors.len();
-        let reserved = snap.header(&vec![crc32fast::Hasher::new(); n])?.len();
-        let len = (reserved + snap.data_len()) as u64;
-        let written = (|| -> std::io::Result<()> {
-            let reused = std::fs::rename(self.spare(rank), &temp).is_ok();
-            let file = OpenOptions::new()
-                .write(true)
-                .create_new(!reused)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&temp)?;
-            file.set_len(HEADER as u64 + extra.len() as u64 + len)?;
-            let mut offset = (HEADER + extra.len() + reserved) as u64;
+        let reserved = match snap.header(&vec![crc32fast::Hasher::new(); n]) {
+            Ok(header) => header.len(),
+            Err(e) => return self.write_commit(group, at, extra, Err(&e)),
+        };
+        let data_len = snap.data_len();
+        // Each tensor's writer: the host's ranks take the bytes in turn.
+        let mut begins = Vec::with_capacity(n);
+        let mut at_byte = 0usize;
+        for (.., bytes) in &snap.tensors {
+            begins.push(at_byte);
+            at_byte += bytes.len();
+        }
+        let writer = |i: usize| ((begins[i] as u128 * sharers as u128) / (data_len.max(1) as u128)) as usize;
+        // 1. The host's first rank makes the file; every rank hears whether it could.
+        let made = match rank == first {
+            true => (|| -> std::io::Result<std::fs::File> {
+                let _ = std::fs::remove_file(temp(std::process::id()));
+                let reused = std::fs::rename(self.spare(rank), temp(std::process::id())).is_ok();
+                let file = OpenOptions::new()
+                    .write(true)
+                    .create_new(!reused)
+                    .mode(0o600)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(temp(std::process::id()))?;
+                file.set_len((HEADER + reserved + data_len + extra.len()) as u64)?;
+                Ok(file)
+            })()
+            .map(Some),
+            false => Ok(None),
+        };
+        let all = said("commit-file", made.is_ok(), std::process::id())?;
+        let ok = |r: usize| all.get(r).and_then(|b| b.first()) == Some(&1);
+        let pid = all.get(first).and_then(|b| b.get(1..5)).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4")));
+        let context = || format!("the commit {}", path.display());
+        // 2. Every rank writes its share; the first hashes the others' from its memory.
+        let wrote: std::io::Result<Vec<Option<crc32fast::Hasher>>> = (|| {
+            if !ok(first) {
+                return Err(std::io::Error::other(format!("rank {first}, which makes this host's copy, could not")));
+            }
+            let file = match &made {
+                Ok(Some(file)) => file.try_clone()?,
+                _ => OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW).open(temp(pid))?,
+            };
             let mut crcs = Vec::with_capacity(n);
-            for (.., bytes) in &snap.tensors {
+            for (i, (.., bytes)) in snap.tensors.iter().enumerate() {
+                let mine = writer(i) == share;
+                if !mine && rank != first {
+                    crcs.push(None);
+                    continue;
+                }
                 let mut crc = crc32fast::Hasher::new();
+                let mut offset = (HEADER + reserved + begins[i]) as u64;
                 for piece in bytes.chunks(PIECE) {
-                    file.write_all_at(piece, offset)?;
+                    if mine {
+                        file.write_all_at(piece, offset)?;
+                    }
                     crc.update(piece);
                     offset += piece.len() as u64;
                 }
-                crcs.push(crc);
+                crcs.push(Some(crc));
             }
+            Ok(crcs)
+        })();
+        let all = said("commit-shares", wrote.is_ok(), 0)?;
+        let shares_written = host.iter().all(|&r| all.get(r).and_then(|b| b.first()) == Some(&1));
+        // 3. The first rank finishes the file; the others write their extra.
+        let finished = (|| -> std::io::Result<()> {
+            let crcs = wrote?;
+            if rank != first {
+                let fields = fields(step, rank, ranks, extra.len(), 0);
+                let crc = crc32fast::hash(&[&fields[..], extra].concat());
+                return self
+                    .write(&self.extra_file(step, rank, ranks), &[&fields[..], &crc.to_le_bytes(), extra].concat())
+                    .map_err(std::io::Error::other);
+            }
+            if !shares_written {
+                return Err(std::io::Error::other("another rank of this host could not write its share"));
+            }
+            let crcs: Vec<crc32fast::Hasher> = crcs.into_iter().flatten().collect();
             let header = snap.header(&crcs).map_err(std::io::Error::other)?;
             if header.len() != reserved {
                 return Err(std::io::Error::other("the checkpoint's header changed length"));
             }
-            let fields = fields(step, rank, ranks, extra.len(), len);
+            let fields = fields(step, rank, ranks, extra.len(), (reserved + data_len) as u64);
             let mut crc = crc32fast::Hasher::new();
             crc.update(&fields);
-            crc.update(extra);
             crc.update(&header);
             crcs.iter().for_each(|c| crc.combine(c));
-            let head = [&fields[..], &crc.finalize().to_le_bytes(), extra, &header].concat();
-            file.write_all_at(&head, 0)?;
-            std::fs::rename(&temp, path)
+            crc.update(extra);
+            let file = made.as_ref().ok().and_then(Option::as_ref).ok_or_else(|| std::io::Error::other("no file"))?;
+            file.write_all_at(&[&fields[..], &crc.finalize().to_le_bytes(), &header].concat(), 0)?;
+            file.write_all_at(extra, (HEADER + reserved + data_len) as u64)?;
+            std::fs::rename(temp(pid), &path)
         })();
-        if written.is_err() {
-            let _ = std::fs::remove_file(&temp);
+        if rank == first && finished.is_err() {
+            let _ = std::fs::remove_file(temp(pid));
         }
-        written.map_err(|e| io(context(), e))
+        finished.map_err(|e| io(context(), e))
     }
 
     /// Reads a file of the folder: a regular file of the user's alone, else refused.
@@ -339,16 +454,23 @@ impl Folder {
         })
     }
 
-    /// The `extra` of rank `rank`'s own copy of `step`, when it is in the folder, whole.
+    /// Rank `rank`'s own `extra` of `step`, when it is in the folder, whole: its `.extra`
+    /// file, or the host's copy it wrote itself.
     fn own_extra(&self, step: u64, rank: usize) -> Option<Vec<u8>> {
         let prefix = format!("step-{step:020}-rank-{rank:06}-of-");
-        let file = self
-            .files_of(step)
+        let mut files: Vec<PathBuf> = self
+            .names()
             .ok()?
             .into_iter()
-            .find(|f| f.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&prefix)))?;
-        let bytes = self.read(&file).ok()?;
-        decode(&bytes).ok().filter(|c| c.step == step).map(|c| c.extra.to_vec())
+            .filter(|n| n.starts_with(&prefix) && (n.ends_with(".extra") || n.ends_with(".commit")))
+            .map(|n| self.path.join(n))
+            .collect();
+        // `.extra` before `.commit`: the small file first.
+        files.sort_by_key(|f| f.extension().is_some_and(|e| e == "commit"));
+        files.into_iter().find_map(|file| {
+            let bytes = self.read(&file).ok()?;
+            decode(&bytes).ok().filter(|c| c.step == step && c.rank == rank).map(|c| c.extra.to_vec())
+        })
     }
 
     /// Removes every commit older than the [`KEEP`] newest marked ones (an unmarked one
@@ -398,6 +520,8 @@ impl Folder {
 /// A commit file, read and checked.
 struct Commit<'b> {
     step: u64,
+    /// The rank that wrote it.
+    rank: usize,
     extra: &'b [u8],
     checkpoint: &'b [u8],
 }
@@ -421,6 +545,7 @@ fn decode(bytes: &[u8]) -> std::result::Result<Commit<'_>, &'static str> {
     }
     let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
     let (step, extra_len, len) = (u64_at(8), u64_at(24), u64_at(32));
+    let rank = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes")) as usize;
     let body = &bytes[HEADER..];
     if extra_len.checked_add(len) != Some(body.len() as u64) {
         return Err("cut short");
@@ -431,8 +556,8 @@ fn decode(bytes: &[u8]) -> std::result::Result<Commit<'_>, &'static str> {
     if crc.finalize().to_le_bytes() != bytes[HEADER - 4..HEADER] {
         return Err("its checksum does not match");
     }
-    let (extra, checkpoint) = body.split_at(extra_len as usize);
-    Ok(Commit { step, extra, checkpoint })
+    let (checkpoint, extra) = body.split_at(len as usize);
+    Ok(Commit { step, rank, extra, checkpoint })
 }
 
 impl Store {
@@ -450,19 +575,29 @@ impl Store {
         // Steps must grow: the two greatest are kept, so a smaller one would be removed
         // at once and a restart would go back to the greater. (Refused on every rank.)
         let newest = folder.done_steps().map(|d| d.first().copied());
-        let written = newest
-            .and_then(|newest| match newest {
-                Some(newest) if step <= newest => Err(Error::invalid_argument(format!(
-                    "commit of step {step}: the job's newest commit is of step {newest}, and a commit's step must be \
-                     greater (count the steps of the whole job, not of an epoch)"
-                ))),
-                _ => Ok(()),
-            })
-            .and_then(|()| {
-                self.snapshot(OP, |snap| {
-                    folder.write_commit(&folder.file(step, rank, ranks), (step, rank, ranks), extra, snap)
-                })
-            });
+        let checked = newest.and_then(|newest| match newest {
+            Some(newest) if step <= newest => Err(Error::invalid_argument(format!(
+                "commit of step {step}: the job's newest commit is of step {newest}, and a commit's step must be \
+                 greater (count the steps of the whole job, not of an epoch)"
+            ))),
+            _ => Ok(()),
+        });
+        // Every rank takes part in the writers' exchanges, whatever failed before.
+        let group = self.collective.as_ref();
+        let written = match checked {
+            Err(e) => folder.write_commit(group, (step, rank, ranks), extra, Err(&e)),
+            Ok(()) => {
+                let mut wrote = false;
+                let snapshot = self.snapshot(OP, |snap| {
+                    wrote = true;
+                    folder.write_commit(group, (step, rank, ranks), extra, Ok(snap))
+                });
+                match (wrote, snapshot) {
+                    (false, Err(e)) => folder.write_commit(group, (step, rank, ranks), extra, Err(&e)),
+                    (_, result) => result,
+                }
+            }
+        };
         let context = format!("commit of step {step}");
         self.agree(OP, &context, written.as_ref().map(|_| 0).map_err(|_| ()), "could not write its commit")?;
         written?;
@@ -478,7 +613,7 @@ impl Store {
         let found = folder.newest(self.collective.as_ref().map_or(0, |c| c.rank()));
         let Some(group) = &self.collective else {
             return match found? {
-                Some((step, bytes)) => self.restore_bytes(step, &bytes, began).map(Some),
+                Some((step, bytes)) => self.restore_bytes(step, &bytes, began).map(|(r, _)| Some(r)),
                 None => Ok(None),
             };
         };
@@ -521,7 +656,15 @@ impl Store {
         // every rank loads the bytes of the lowest rank that has it.
         if (0..all.len()).all(|r| at(r, 0) == newest) {
             let (_, bytes) = mine.expect("this rank's commit");
-            return self.restore_bytes(step, &bytes, began).map(Some);
+            let (mut restored, writer) = self.restore_bytes(step, &bytes, began)?;
+            // The host's copy holds the extra of the rank that wrote it; the others'
+            // are beside it.
+            if writer != group.rank()
+                && let Some(own) = folder.own_extra(step, group.rank())
+            {
+                restored.extra = own;
+            }
+            return Ok(Some(restored));
         }
         let root = (0..all.len()).find(|&r| at(r, 0) == newest).expect("a rank with the newest");
         let len = at(root, 1) as usize;
@@ -531,7 +674,7 @@ impl Store {
             buf.write()?.bytes_mut().copy_from_slice(&bytes);
         }
         group.broadcast(&[&buf], root)?;
-        let mut restored = self.restore_bytes(step, buf.read()?.bytes(), began)?;
+        let (mut restored, _) = self.restore_bytes(step, buf.read()?.bytes(), began)?;
         // `extra` is each rank's own: its own copy's, when it is on this host.
         if let Some(own) = folder.own_extra(step, group.rank()) {
             restored.extra = own;
@@ -540,8 +683,8 @@ impl Store {
     }
 
     /// Loads the commit `bytes` of `step` into the store; `began`: when the restore began
-    /// (for what rank 0 says).
-    fn restore_bytes(&self, step: u64, bytes: &[u8], began: std::time::Instant) -> Result<Restored> {
+    /// (for what rank 0 says). Gives what it restored and the rank that wrote the commit.
+    fn restore_bytes(&self, step: u64, bytes: &[u8], began: std::time::Instant) -> Result<(Restored, usize)> {
         let commit = decode(bytes).map_err(|why| Error::Io {
             context: format!("restore of step {step}"),
             source: std::io::Error::other(why),
@@ -556,7 +699,7 @@ impl Store {
                 began.elapsed().as_secs_f64() * 1e3
             );
         }
-        Ok(Restored { step, extra: commit.extra.to_vec() })
+        Ok((Restored { step, extra: commit.extra.to_vec() }, commit.rank))
     }
 }
 
@@ -598,15 +741,15 @@ mod tests {
     /// A commit's bytes, as `Folder::write_commit` lays them out.
     fn encode(step: u64, rank: usize, ranks: usize, extra: &[u8], checkpoint: &[u8]) -> Vec<u8> {
         let fields = fields(step, rank, ranks, extra.len(), checkpoint.len() as u64);
-        let crc = crc32fast::hash(&[&fields[..], extra, checkpoint].concat());
-        [&fields[..], &crc.to_le_bytes(), extra, checkpoint].concat()
+        let crc = crc32fast::hash(&[&fields[..], checkpoint, extra].concat());
+        [&fields[..], &crc.to_le_bytes(), checkpoint, extra].concat()
     }
 
     #[test]
     fn a_commit_reads_back_and_a_changed_byte_is_refused() {
         let bytes = encode(7, 1, 3, b"loader at 7", b"the checkpoint");
         let c = decode(&bytes).expect("whole");
-        assert_eq!((c.step, c.extra, c.checkpoint), (7, &b"loader at 7"[..], &b"the checkpoint"[..]));
+        assert_eq!((c.step, c.rank, c.extra, c.checkpoint), (7, 1, &b"loader at 7"[..], &b"the checkpoint"[..]));
         for at in [0, 9, 30, bytes.len() - 1] {
             let mut bad = bytes.clone();
             bad[at] ^= 1;

@@ -122,7 +122,9 @@ fn follow(from: impl std::io::Read, mut to: impl Write, ended: Arc<Mutex<Ended>>
             e.seen = Some(Instant::now());
         }
         let _ = to.write_all(&line).and_then(|()| to.write_all(b"\n"));
-        if let (Some((step, ms)), Some((seen, relaunched))) = (restored(&text), e.restart.take()) {
+        if let Some((step, ms)) = restored(&text)
+            && let Some((seen, relaunched)) = e.restart.take()
+        {
             let now = Instant::now();
             let restore = ms / 1e3;
             eprintln!(
@@ -164,26 +166,30 @@ fn take_charge() {
 }
 
 /// Kills (SIGKILL) and reaps the launcher's children left once `mpirun` is gone: a
-/// run's processes whose `mpirun` was killed. Returns how many there were.
+/// run's processes whose `mpirun` was killed, and the ranks that `mpirun` killed but
+/// did not wait for. Returns how many were still running.
 fn kill_leftovers() -> usize {
     let me = std::process::id().to_string();
     let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
-    let children: Vec<i32> = entries
+    // (pid, whether it still runs): /proc/PID/stat is "PID (COMM) STATE PPID ...", and
+    // COMM may hold spaces; a zombie's STATE is Z.
+    let children: Vec<(i32, bool)> = entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            // /proc/PID/stat: "PID (COMM) STATE PPID ...", COMM may hold spaces.
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)) == Some(me.as_str())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+            let (state, parent) = (fields.next()?, fields.next()?);
+            (parent == me).then_some((pid, state != "Z"))
         })
         .collect();
-    for &pid in &children {
+    for &(pid, _) in &children {
         // SAFETY: kill(2) and waitpid(2) on a child of this process.
         unsafe {
             libc::kill(pid, libc::SIGKILL);
             libc::waitpid(pid, std::ptr::null_mut(), 0);
         }
     }
-    children.len()
+    children.iter().filter(|(_, running)| *running).count()
 }
 
 /// Who died, for messages: `rank R`, or `mpirun`.
