@@ -353,11 +353,15 @@ def finalize() -> None:
     uncaught exception, it does not: the rank then aborts the MPI job, so that the
     other ranks end too instead of waiting for it. Does nothing without MPI.
     """
+    global _finalized
     _kvstore._finalize()
+    _finalized = True
 
 
-# Whether an uncaught exception is ending the program (set by the hook below).
+# Whether an uncaught exception is ending the program (set by the hook below), and
+# whether the program called finalize() itself (the hook then does not call it again).
 _failed = False
+_finalized = False
 _hooked = False
 
 
@@ -377,7 +381,7 @@ def _finalize_at_exit() -> None:
     sys.excepthook = note_failure
 
     def at_exit() -> None:
-        if not _failed:
+        if not _failed and not _finalized:
             _kvstore._finalize()
 
     atexit.register(at_exit)
