@@ -137,10 +137,28 @@ fn a_job_resumes_on_more_or_fewer_ranks_with_the_same_bits_on_every_rank() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The folder of the ranks' shared-memory segments in a launcher test under `dir` (a
+/// folder of its own, so that the test sees what its runs left).
+fn segments(dir: &std::path::Path) -> PathBuf {
+    let folder = dir.join("segments");
+    std::fs::create_dir_all(&folder).expect("a folder");
+    folder
+}
+
+/// The shared-memory segments left in [`segments`]'s folder.
+fn segments_left(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(segments(dir))
+        .expect("the segments' folder")
+        .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+        .filter(|n| n.starts_with("vader_segment."))
+        .collect()
+}
+
 /// Runs the job under `kvstore-run` on `np` ranks with its commits in `dir`.
 fn launch(dir: &std::path::Path, np: usize, args: &[&str]) -> jobs::Job {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"));
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("KVSTORE_COMMIT_DIR", dir);
+    cmd.env("OMPI_MCA_btl_vader_backing_directory", segments(dir));
     cmd.args(["--max-restarts", "2", "--job", "launched", "-x", "KVSTORE_COMMIT_DIR", "--oversubscribe", "--bind-to"]);
     cmd.args(["none", "-np", &np.to_string(), env!("CARGO_BIN_EXE_fixture_commit_job")]).args(args);
     jobs::run(cmd, Duration::from_secs(180))
@@ -159,6 +177,8 @@ fn kvstore_run_restarts_a_job_whose_rank_was_killed_and_it_ends_with_the_same_bi
     assert_eq!(job.output.matches("kvstore: restored the commit of step 3 (").count(), 1, "{}", job.shown());
     assert_eq!(job.output.matches("kvstore-run: resumed from the commit of step 3 ").count(), 1, "{}", job.shown());
     assert_eq!(bits(&job, 2), bits(&whole, 2), "the bits of the job never killed");
+    // Nor the shared memory of the run whose rank was killed.
+    assert_eq!(segments_left(&dir), Vec::<String>::new(), "{}", job.shown());
     // A job that ended well leaves no commits behind.
     let owner = {
         use std::os::unix::fs::MetadataExt;
@@ -180,6 +200,7 @@ fn start_launched(dir: &std::path::Path, job: &str, log: &std::path::Path) -> (s
         .env("KVSTORE_COMMIT_DIR", dir)
         .env("KVSTORE_TEST_PIDS", &pids)
         .env("KVSTORE_TEST_STEP_MS", "20")
+        .env("OMPI_MCA_btl_vader_backing_directory", segments(dir))
         .args(["--max-restarts", "2", "--job", job, "-x", "KVSTORE_COMMIT_DIR", "-x", "KVSTORE_TEST_PIDS"])
         .args(["-x", "KVSTORE_TEST_STEP_MS", "--oversubscribe", "--bind-to", "none", "-np", "2"])
         .args([env!("CARGO_BIN_EXE_fixture_commit_job"), "60"])
@@ -263,6 +284,10 @@ fn kvstore_run_kills_what_a_killed_mpirun_left_and_runs_the_job_again() {
     for pid in ranks {
         assert!(!alive(pid), "the first run's rank {pid} is gone: {output}");
     }
+    // Nor does the shared memory of the run whose mpirun was killed (which mpirun
+    // would have removed).
+    assert_eq!(segments_left(&dir), Vec::<String>::new(), "{output}");
+    assert!(output.contains("kvstore-run: removed 2 shared-memory file(s) that the run's ranks left"), "{output}");
     let job = jobs::Job { code: Some(0), elapsed: Duration::ZERO, output };
     assert_eq!(bits(&job, 2), bits(&whole, 2), "the bits of the job never killed");
     let _ = std::fs::remove_dir_all(&dir);
@@ -317,6 +342,7 @@ fn chaos_a_rank_killed_at_a_random_moment_costs_a_restart_not_the_job() {
             .env("KVSTORE_COMMIT_DIR", &dir)
             .env("KVSTORE_TEST_PIDS", &pids)
             .env("KVSTORE_TEST_STEP_MS", "10")
+            .env("OMPI_MCA_btl_vader_backing_directory", segments(&dir))
             .args(["--max-restarts", "2", "--job", &format!("chaos-{i}"), "-x", "KVSTORE_COMMIT_DIR"])
             .args(["-x", "KVSTORE_TEST_PIDS", "-x", "KVSTORE_TEST_STEP_MS", "--oversubscribe", "--bind-to", "none"])
             .args(["-np", "2", env!("CARGO_BIN_EXE_fixture_commit_job"), "40"])
@@ -354,6 +380,7 @@ fn chaos_a_rank_killed_at_a_random_moment_costs_a_restart_not_the_job() {
         assert!(status.is_some_and(|s| s.success()), "run {i} (seed {seed}): {output}");
         let job = jobs::Job { code: Some(0), elapsed: began.elapsed(), output };
         assert_eq!(bits(&job, 2), expected, "run {i} (seed {seed}): the bits of a job never killed");
+        assert_eq!(segments_left(&dir), Vec::<String>::new(), "run {i} (seed {seed}): no shared memory left");
         if restarted {
             restarts += 1;
             times.push(killed_at.elapsed().as_secs_f64());

@@ -20,7 +20,10 @@
 //! `mpirun` that was itself killed (their parent gone, they become the launcher's: it is
 //! their subreaper) are killed before the next run starts. Unless told otherwise, `mpirun`
 //! kills the other ranks of a run at once when one died (Open MPI's
-//! `odls_base_sigkill_timeout` 0, not 1 s after asking them to end).
+//! `odls_base_sigkill_timeout` 0, not 1 s after asking them to end). After a run that
+//! did not end well, the shared-memory segments its ranks left on the launcher's host
+//! (Open MPI's `vader_segment.*`, made during the run and mapped by no process) are
+//! removed.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, ExitCode, Stdio};
@@ -192,6 +195,50 @@ fn kill_leftovers() -> usize {
     children.iter().filter(|(_, running)| *running).count()
 }
 
+/// Where Open MPI's ranks keep their shared-memory segments: `btl_vader_backing_directory`
+/// as `mpirun`'s options or the environment set it, else `/dev/shm`.
+fn segments_folder(mpirun: &[String]) -> std::path::PathBuf {
+    const NAME: &str = "btl_vader_backing_directory";
+    let given =
+        mpirun.windows(3).find(|w| matches!(w[0].as_str(), "--mca" | "-mca") && w[1] == NAME).map(|w| w[2].clone());
+    let given = given.or_else(|| std::env::var(format!("OMPI_MCA_{NAME}")).ok());
+    std::path::PathBuf::from(given.unwrap_or_else(|| "/dev/shm".to_string()))
+}
+
+/// Removes the shared-memory segments (`vader_segment.*`) that a run which did not end
+/// well left in `folder`: this user's, made since `since`, and mapped by no process
+/// (a rank killed by a signal never removes its own). Returns how many.
+fn remove_segments(folder: &std::path::Path, since: SystemTime) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: getuid(2) cannot fail and touches no memory.
+    let me = unsafe { libc::getuid() };
+    let Ok(entries) = std::fs::read_dir(folder) else { return 0 };
+    let left: Vec<std::path::PathBuf> = entries
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let m = e.metadata().ok()?;
+            let made = UNIX_EPOCH + Duration::new(u64::try_from(m.ctime()).ok()?, u32::try_from(m.ctime_nsec()).ok()?);
+            let ours = e.file_name().to_string_lossy().starts_with("vader_segment.") && m.uid() == me;
+            (ours && m.file_type().is_file() && made >= since).then(|| e.path())
+        })
+        .collect();
+    if left.is_empty() {
+        return 0;
+    }
+    // Every file that a process this user may look at maps.
+    let mapped: std::collections::HashSet<String> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("maps")).ok())
+        .flat_map(|maps| {
+            maps.lines().filter_map(|l| l.split_once('/').map(|(_, p)| format!("/{p}"))).collect::<Vec<_>>()
+        })
+        .collect();
+    left.iter()
+        .filter(|p| !mapped.contains(&p.to_string_lossy().into_owned()) && std::fs::remove_file(p).is_ok())
+        .count()
+}
+
 /// Who died, for messages: `rank R`, or `mpirun`.
 fn shown(who: &str) -> String {
     if who == "mpirun" { who.to_string() } else { format!("rank {who}") }
@@ -217,6 +264,9 @@ fn main() -> ExitCode {
     let mut last_death: Option<Instant> = None;
     for attempt in 0..=o.max_restarts {
         let started = Instant::now();
+        // (ctime is stored by the second's fraction; a second earlier is safe: only
+        // segments no process maps are removed.)
+        let started_at = SystemTime::now() - Duration::from_secs(1);
         let mut mpirun = Command::new("mpirun");
         if !chosen {
             mpirun.env(format!("OMPI_MCA_{SIGKILL_TIMEOUT}"), "0");
@@ -259,6 +309,12 @@ fn main() -> ExitCode {
         let leftovers = kill_leftovers();
         if leftovers > 0 {
             say(format!("killed {leftovers} process(es) of the run that mpirun left behind"));
+        }
+        if !status.as_ref().is_ok_and(|s| s.success()) {
+            let removed = remove_segments(&segments_folder(&o.mpirun), started_at);
+            if removed > 0 {
+                say(format!("removed {removed} shared-memory file(s) that the run's ranks left"));
+            }
         }
         let status = match status {
             Ok(s) => s,
