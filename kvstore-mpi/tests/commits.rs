@@ -293,6 +293,62 @@ fn kvstore_run_kills_what_a_killed_mpirun_left_and_runs_the_job_again() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Runs `kvstore-run` with `args` over a stand-in for `mpirun` (first in `PATH`) whose
+/// first run reports the daemon of node h2 lost, in Open MPI's words, and whose later
+/// runs write their arguments to `args` and end well. Gives the launcher's status,
+/// output and the arguments of the run after the loss, if any.
+fn lost_host(dir: &std::path::Path, args: &[&str]) -> (std::process::ExitStatus, String, Option<String>) {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("a folder");
+    let runs = dir.join("runs");
+    let _ = std::fs::remove_dir_all(&runs);
+    std::fs::create_dir_all(&runs).expect("a folder");
+    let mpirun = bin.join("mpirun");
+    let report = ["ORTE has lost communication with a remote daemon.", "", "  HNP daemon   : [[1,0],0] on node h1"];
+    let script = format!(
+        "#!/bin/sh\nif [ ! -e '{runs}/first' ]; then\n  touch '{runs}/first'\n  printf '%s\\n' '{}' '{}' '{}' \
+         '  Remote daemon: [[1,0],1] on node h2' >&2\n  exit 1\nfi\necho \"$@\" > '{runs}/args'\n",
+        report[0],
+        report[1],
+        report[2],
+        runs = runs.display()
+    );
+    std::fs::write(&mpirun, script).expect("the stand-in");
+    std::fs::set_permissions(&mpirun, std::fs::Permissions::from_mode(0o755)).expect("executable");
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"))
+        .env("PATH", path)
+        .env("KVSTORE_COMMIT_DIR", dir)
+        .env("OMPI_MCA_btl_vader_backing_directory", segments(dir))
+        .args(args)
+        .output()
+        .expect("kvstore-run runs");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status, said, std::fs::read_to_string(runs.join("args")).ok())
+}
+
+#[test]
+fn kvstore_run_runs_a_job_that_lost_a_host_again_without_it_down_to_min_np() {
+    let dir = folder("lost-host");
+    let job = ["--job", "lost", "-H", "h1:2,h2:2", "-np", "4", "prog"];
+    let (status, said, args) = lost_host(&dir, &[&["--min-np", "2"][..], &job].concat());
+    assert!(status.success(), "{said}");
+    assert!(said.contains("kvstore-run: host h2 is lost: the job runs again without it"), "{said}");
+    assert!(said.contains("kvstore-run: host h2 died (lost)"), "{said}");
+    assert!(args.as_deref().is_some_and(|a| a.trim_end().ends_with("-H h1:2 -np 2 prog")), "{args:?}");
+    // Fewer than --min-np ranks would be left: it stops, and says why.
+    let (status, said, args) = lost_host(&dir, &[&["--min-np", "3"][..], &job].concat());
+    assert!(!status.success(), "{said}");
+    assert!(said.contains("2 rank(s) would be left without host h2, fewer than --min-np 3"), "{said}");
+    assert_eq!(args, None, "not run again");
+    // Without --min-np: again on the same hosts.
+    let (status, said, args) = lost_host(&dir, &job);
+    assert!(status.success(), "{said}");
+    assert!(args.as_deref().is_some_and(|a| a.trim_end().ends_with("-H h1:2,h2:2 -np 4 prog")), "{args:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn kvstore_run_does_not_run_again_a_job_that_failed_by_itself() {
     let dir = folder("failed");

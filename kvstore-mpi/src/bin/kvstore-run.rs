@@ -4,8 +4,14 @@
 //! (`KVStore::commit`): the restart loses at most the steps since then.
 //!
 //! ```text
-//! kvstore-run [--max-restarts N] [--job NAME] [mpirun's options] -np N PROGRAM ARGS...
+//! kvstore-run [--max-restarts N] [--min-np M] [--job NAME] [mpirun's options] -np N PROGRAM ARGS...
 //! ```
+//!
+//! When a whole host is lost (`mpirun` says it lost communication with the daemon of
+//! node H) and `--min-np` is given, the job runs again without H: H leaves the host
+//! list (`-H`/`--host`, or a copy of `--hostfile` without it) and the number of ranks
+//! becomes at most the slots left, never below `--min-np` (the launcher stops there).
+//! Without `--min-np` it runs again on the same hosts.
 //!
 //! Every run of the job gets the job's name in `KVSTORE_JOB` (the launcher's own when
 //! it has one, else `--job`, else a new one) and its run's number in
@@ -31,11 +37,14 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-const USAGE: &str = "usage: kvstore-run [--max-restarts N] [--job NAME] [mpirun's options] -np N PROGRAM ARGS...";
+const USAGE: &str =
+    "usage: kvstore-run [--max-restarts N] [--min-np M] [--job NAME] [mpirun's options] -np N PROGRAM ARGS...";
 
 /// What the launcher read of its command line.
 struct Options {
     max_restarts: u32,
+    /// The fewest ranks to run the job on without a lost host (`None`: never fewer).
+    min_np: Option<u32>,
     job: String,
     /// Everything else: `mpirun`'s options, the program and its arguments.
     mpirun: Vec<String>,
@@ -43,6 +52,7 @@ struct Options {
 
 fn options(args: &[String]) -> Result<Options, String> {
     let mut max_restarts = 3;
+    let mut min_np = None;
     let mut job = std::env::var("KVSTORE_JOB").ok().filter(|j| !j.is_empty());
     let mut i = 0;
     while i < args.len() {
@@ -51,6 +61,11 @@ fn options(args: &[String]) -> Result<Options, String> {
             "--max-restarts" => {
                 let v = value()?;
                 max_restarts = v.parse().map_err(|_| format!("--max-restarts {v}: not a count"))?;
+                i += 2;
+            }
+            "--min-np" => {
+                let v = value()?;
+                min_np = Some(v.parse().ok().filter(|&n| n > 0).ok_or_else(|| format!("--min-np {v}: not a count"))?);
                 i += 2;
             }
             "--job" => {
@@ -72,14 +87,17 @@ fn options(args: &[String]) -> Result<Options, String> {
     // The stores' rule: the name is a folder's, which the launcher removes when the job
     // ends well.
     kvstore_core::job_folder(&job).map_err(|e| e.to_string())?;
-    Ok(Options { max_restarts, job, mpirun })
+    Ok(Options { max_restarts, min_np, job, mpirun })
 }
 
 /// How a run of the job ended, as `mpirun` said it.
 #[derive(Default)]
 struct Ended {
-    /// A rank killed by a signal: (rank, signal), from `mpirun`'s report.
+    /// What died and how, for messages: (`rank R`, `signal S`) from `mpirun`'s report,
+    /// (`mpirun`, `signal S`), or (`host H`, `lost`).
     killed: Option<(String, String)>,
+    /// The node whose daemon `mpirun` lost (the host died, or its network).
+    lost_host: Option<String>,
     /// When the launcher read that report.
     seen: Option<Instant>,
     /// For a run after a restart: when the death that caused it was read, and when the
@@ -93,6 +111,73 @@ fn restored(line: &str) -> Option<(u64, f64)> {
     let step = rest.split(' ').next()?.parse().ok()?;
     let ms = rest.rsplit_once(" in ")?.1.strip_suffix(" ms")?.parse().ok()?;
     Some((step, ms))
+}
+
+/// Reads Open MPI's report of a lost host, `  Remote daemon: [[1,0],1] on node h2`:
+/// the node's name.
+fn lost_host(line: &str) -> Option<String> {
+    let rest = line.trim_start().strip_prefix("Remote daemon:")?;
+    let node = rest.rsplit_once(" on node ")?.1.trim();
+    (!node.is_empty()).then(|| node.to_string())
+}
+
+/// `mpirun`'s arguments to run the job again without host `host`: the host leaves the
+/// host list (`-H`/`--host`/`-host`, or a copy of the `--hostfile`/`--machinefile`
+/// without its lines, written to `hostfile`) and `-np` becomes at most the slots left
+/// (1 for a host given without a count). Refused when `host` is not in the list, or
+/// when fewer than `min_np` ranks would be left.
+fn without_host(args: &[String], host: &str, min_np: u32, hostfile: &std::path::Path) -> Result<Vec<String>, String> {
+    let mut args = args.to_vec();
+    let value_of =
+        |args: &[String], names: &[&str]| args.iter().position(|a| names.contains(&a.as_str())).map(|i| i + 1);
+    let slots = |entry: &str| entry.split_once(':').and_then(|(_, n)| n.parse::<u32>().ok()).unwrap_or(1);
+    let left: u32 = if let Some(at) = value_of(&args, &["-H", "--host", "-host"]).filter(|&at| at < args.len()) {
+        let entries: Vec<&str> = args[at].split(',').filter(|e| !e.is_empty()).collect();
+        let kept: Vec<&str> = entries.iter().copied().filter(|e| e.split(':').next() != Some(host)).collect();
+        if kept.len() == entries.len() {
+            return Err(format!("host {host} is not in the job's host list {}", args[at]));
+        }
+        let left = kept.iter().map(|e| slots(e)).sum();
+        args[at] = kept.join(",");
+        left
+    } else if let Some(at) =
+        value_of(&args, &["--hostfile", "-hostfile", "--machinefile", "-machinefile"]).filter(|&at| at < args.len())
+    {
+        let text = std::fs::read_to_string(&args[at]).map_err(|e| format!("the host file {}: {e}", args[at]))?;
+        let lines: Vec<&str> = text.lines().collect();
+        let name = |l: &str| l.split('#').next().unwrap_or("").split_whitespace().next().map(str::to_string);
+        let kept: Vec<&str> = lines.iter().copied().filter(|l| name(l).as_deref() != Some(host)).collect();
+        if kept.len() == lines.len() {
+            return Err(format!("host {host} is not in the job's host file {}", args[at]));
+        }
+        let left = kept
+            .iter()
+            .filter(|l| name(l).is_some())
+            .map(|l| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix("slots=").and_then(|n| n.parse::<u32>().ok()))
+                    .unwrap_or(1)
+            })
+            .sum();
+        std::fs::write(hostfile, kept.join("\n") + "\n").map_err(|e| format!("{}: {e}", hostfile.display()))?;
+        args[at] = hostfile.to_string_lossy().into_owned();
+        left
+    } else {
+        return Err("the job names no hosts (-H or --hostfile) to leave one out of".to_string());
+    };
+    let np = match value_of(&args, &["-np", "-n", "--np", "-c"]).filter(|&at| at < args.len()) {
+        Some(at) => {
+            let np: u32 = args[at].parse().map_err(|_| format!("-np {}: not a count", args[at]))?;
+            let np = np.min(left);
+            args[at] = np.to_string();
+            np
+        }
+        None => left,
+    };
+    if np < min_np {
+        return Err(format!("{np} rank(s) would be left without host {host}, fewer than --min-np {min_np}"));
+    }
+    Ok(args)
 }
 
 /// Reads a line of `mpirun`'s output for a rank's death: Open MPI says
@@ -109,7 +194,7 @@ fn death(line: &str) -> Option<(String, String)> {
         .map(|(_, r)| r.chars().take_while(char::is_ascii_digit).collect::<String>())
         .filter(|r| !r.is_empty())
         .unwrap_or_else(|| "?".to_string());
-    Some((rank, signal))
+    Some((format!("rank {rank}"), format!("signal {signal}")))
 }
 
 /// Copies `from` to `to` line by line (bytes as they come: output need not be UTF-8),
@@ -123,6 +208,12 @@ fn follow(from: impl std::io::Read, mut to: impl Write, ended: Arc<Mutex<Ended>>
         {
             e.killed = Some(d);
             e.seen = Some(Instant::now());
+        }
+        if let Some(host) = lost_host(&text)
+            && e.lost_host.is_none()
+        {
+            e.lost_host = Some(host);
+            e.seen.get_or_insert_with(Instant::now);
         }
         let _ = to.write_all(&line).and_then(|()| to.write_all(b"\n"));
         if let Some((step, ms)) = restored(&text)
@@ -239,14 +330,9 @@ fn remove_segments(folder: &std::path::Path, since: SystemTime) -> usize {
         .count()
 }
 
-/// Who died, for messages: `rank R`, or `mpirun`.
-fn shown(who: &str) -> String {
-    if who == "mpirun" { who.to_string() } else { format!("rank {who}") }
-}
-
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let o = match options(&args) {
+    let mut o = match options(&args) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("kvstore-run: {e}");
@@ -347,10 +433,14 @@ fn main() -> ExitCode {
         let mut e = ended.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // mpirun itself killed (the out-of-memory killer, say): its ranks went with it.
         if let (None, Some(signal)) = (&e.killed, std::os::unix::process::ExitStatusExt::signal(&status)) {
-            e.killed = Some(("mpirun".to_string(), signal.to_string()));
+            e.killed = Some(("mpirun".to_string(), format!("signal {signal}")));
             e.seen = Some(finished);
         }
-        let Some((who, signal)) = e.killed.clone() else {
+        // A host lost: a death too, whichever rank's report came first.
+        if let Some(host) = &e.lost_host {
+            e.killed = Some((format!("host {host}"), "lost".to_string()));
+        }
+        let Some((who, how)) = e.killed.clone() else {
             say(format!(
                 "the job failed by itself (mpirun's exit status {code}, no rank was killed): not run again; its \
                  commits are kept for a run by hand with KVSTORE_JOB={}",
@@ -362,18 +452,33 @@ fn main() -> ExitCode {
         last_death = e.seen;
         if attempt == o.max_restarts {
             say(format!(
-                "{} died (signal {signal}) and the {} restart(s) are spent; the job's commits are kept: \
+                "{who} died ({how}) and the {} restart(s) are spent; the job's commits are kept: \
                  run it again with KVSTORE_JOB={} to resume",
-                shown(&who),
-                o.max_restarts,
-                o.job
+                o.max_restarts, o.job
             ));
             return ExitCode::from(code.clamp(1, 255) as u8);
         }
+        // Without a lost host, or without --min-np, the same hosts again.
+        if let (Some(host), Some(min_np)) = (e.lost_host.clone(), o.min_np) {
+            let hostfile = std::env::temp_dir().join(format!("kvstore-run-{}-hosts-{attempt}", std::process::id()));
+            match without_host(&o.mpirun, &host, min_np, &hostfile) {
+                Ok(args) => {
+                    say(format!("host {host} is lost: the job runs again without it ({})", args.join(" ")));
+                    o.mpirun = args;
+                }
+                Err(why) => {
+                    say(format!(
+                        "host {host} is lost and the job cannot run without it: {why}; its commits are kept: run it \
+                         again with KVSTORE_JOB={} to resume",
+                        o.job
+                    ));
+                    return ExitCode::from(code.clamp(1, 255) as u8);
+                }
+            }
+        }
         say(format!(
-            "{} died (signal {signal}) {:.1} s into run {attempt}; mpirun ended the job {:.2} s after; \
+            "{who} died ({how}) {:.1} s into run {attempt}; mpirun ended the job {:.2} s after; \
              restart {} of {} (job {})",
-            shown(&who),
             e.seen.map_or(0.0, |seen| seen.saturating_duration_since(started).as_secs_f64()),
             ending.as_secs_f64(),
             attempt + 1,
@@ -386,15 +491,48 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{death, options, restored};
+    use super::{death, lost_host, options, restored, without_host};
 
     #[test]
     fn a_killed_rank_is_read_from_mpiruns_report() {
         let line = "mpirun noticed that process rank 1 with PID 4242 on node h exited on signal 9 (Killed).";
-        assert_eq!(death(line), Some(("1".to_string(), "9".to_string())));
+        assert_eq!(death(line), Some(("rank 1".to_string(), "signal 9".to_string())));
         assert_eq!(death("Primary job  terminated normally, but 1 process returned"), None);
         // A rank's own output is not mpirun's report.
         assert_eq!(death("my log: rank 7 exited on signal 15 in the last run"), None);
+    }
+
+    #[test]
+    fn a_lost_host_is_read_from_mpiruns_report() {
+        assert_eq!(lost_host("  Remote daemon: [[4242,0],2] on node h2"), Some("h2".to_string()));
+        assert_eq!(lost_host("  HNP daemon   : [[4242,0],0] on node h0"), None);
+        assert_eq!(lost_host("my log: Remote host on node x"), None);
+    }
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_lost_host_leaves_the_host_list_and_its_slots_the_ranks() {
+        let file = std::env::temp_dir().join(format!("kvstore-run-test-{}", std::process::id()));
+        let args = strings(&["-H", "h1:2,h2:2,h3", "-np", "5", "prog", "-H"]);
+        let after = without_host(&args, "h2", 1, &file).expect("without h2");
+        assert_eq!(after, strings(&["-H", "h1:2,h3", "-np", "3", "prog", "-H"]));
+        // Not below --min-np, nor a host the job does not have.
+        assert!(without_host(&args, "h2", 4, &file).expect_err("below").contains("fewer than --min-np 4"));
+        assert!(without_host(&args, "h9", 1, &file).is_err());
+        assert!(without_host(&strings(&["-np", "2", "prog"]), "h2", 1, &file).is_err());
+        // A host file: a copy without the host's lines.
+        let hosts = std::env::temp_dir().join(format!("kvstore-run-test-hosts-{}", std::process::id()));
+        std::fs::write(&hosts, "# the job's hosts\nh1 slots=4\nh2 slots=4 # lost\nh3\n").expect("a host file");
+        let args = strings(&["--hostfile", &hosts.to_string_lossy(), "-np", "9", "prog"]);
+        let after = without_host(&args, "h2", 2, &file).expect("without h2");
+        assert_eq!(after[1], file.to_string_lossy());
+        assert_eq!(after[3], "5");
+        assert_eq!(std::fs::read_to_string(&file).expect("the copy"), "# the job's hosts\nh1 slots=4\nh3\n");
+        let _ = std::fs::remove_file(&file);
+        let _ = std::fs::remove_file(&hosts);
     }
 
     #[test]
