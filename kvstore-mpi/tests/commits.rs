@@ -349,6 +349,169 @@ fn kvstore_run_runs_a_job_that_lost_a_host_again_without_it_down_to_min_np() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Two "hosts" made as network namespaces on this machine, joined by a bridge, each with
+/// a commits' folder of its own (its /dev/shm), and an rsh agent that starts `mpirun`'s
+/// daemons in them; removed when dropped.
+struct Hosts {
+    /// The namespaces' names and addresses.
+    hosts: Vec<(String, String)>,
+    bridge: String,
+    agent: PathBuf,
+}
+
+impl Hosts {
+    /// The hosts, or why they cannot be made here (no `ip`, or not allowed to).
+    fn new(dir: &std::path::Path) -> Result<Hosts, String> {
+        let id = std::process::id() % 10_000;
+        let net = format!("10.{}.{}", 100 + id / 250, id % 250);
+        let ip = |args: &[&str]| -> Result<(), String> {
+            let out = std::process::Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
+            match out.status.success() {
+                true => Ok(()),
+                false => Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim())),
+            }
+        };
+        let mut made = Hosts { hosts: Vec::new(), bridge: format!("kvsb{id}"), agent: dir.join("agent.sh") };
+        ip(&["link", "add", &made.bridge, "type", "bridge"])?;
+        ip(&["addr", "add", &format!("{net}.1/24"), "dev", &made.bridge])?;
+        ip(&["link", "set", &made.bridge, "up"])?;
+        for h in 2..4 {
+            let (ns, veth, addr) = (format!("kvs{id}h{h}"), format!("kvs{id}v{h}"), format!("{net}.{h}"));
+            ip(&["netns", "add", &ns])?;
+            made.hosts.push((ns.clone(), addr.clone()));
+            ip(&["link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns])?;
+            ip(&["link", "set", &veth, "master", &made.bridge])?;
+            ip(&["link", "set", &veth, "up"])?;
+            ip(&["netns", "exec", &ns, "ip", "addr", "add", &format!("{addr}/24"), "dev", "eth0"])?;
+            ip(&["netns", "exec", &ns, "ip", "link", "set", "eth0", "up"])?;
+            ip(&["netns", "exec", &ns, "ip", "link", "set", "lo", "up"])?;
+            std::fs::create_dir_all(dir.join(format!("host-{addr}"))).map_err(|e| e.to_string())?;
+        }
+        // mpirun runs "AGENT HOST COMMAND...": the command in the host's namespace, with
+        // the host's own commits' folder.
+        let cases: String = made.hosts.iter().map(|(ns, addr)| format!("  {addr}) ns={ns} ;;\n")).collect();
+        let script = format!(
+            "#!/bin/sh\nhost=$1; shift\ncase $host in\n{cases}  *) echo \"no host $host\" >&2; exit 1 ;;\nesac\n\
+             exec ip netns exec $ns env KVSTORE_COMMIT_DIR={}/host-$host sh -c \"$*\"\n",
+            dir.display()
+        );
+        std::fs::write(&made.agent, script).map_err(|e| e.to_string())?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&made.agent, std::fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())?;
+        Ok(made)
+    }
+
+    /// `mpirun`'s options for a job on these hosts.
+    fn options(&self) -> Vec<String> {
+        let net = self.hosts[0].1.rsplit_once('.').map(|(n, _)| format!("{n}.0/24")).unwrap_or_default();
+        let hosts: Vec<&str> = self.hosts.iter().map(|(_, a)| a.as_str()).collect();
+        [
+            "--mca",
+            "plm_rsh_agent",
+            &self.agent.to_string_lossy(),
+            "--mca",
+            "oob_tcp_if_include",
+            &net,
+            "--mca",
+            "btl_tcp_if_include",
+            &net,
+            "-H",
+            &hosts.join(","),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    /// Kills every process of host `i`: the host is lost. Its daemon goes first, as on a
+    /// machine that stopped (its connection to mpirun ends; the agent's shell, mpirun's
+    /// child as ssh would be, ends after it).
+    fn lose(&self, i: usize) {
+        let pids = || -> Vec<String> {
+            let out = std::process::Command::new("ip").args(["netns", "pids", &self.hosts[i].0]).output();
+            let out = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+            out.split_whitespace().map(str::to_string).collect()
+        };
+        let comm = |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        for pid in pids().iter().filter(|p| comm(p).trim() == "orted") {
+            let _ = std::process::Command::new("kill").args(["-9", pid]).status();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        for pid in pids() {
+            let _ = std::process::Command::new("kill").args(["-9", &pid]).status();
+        }
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for i in 0..self.hosts.len() {
+            self.lose(i);
+        }
+        for (ns, _) in &self.hosts {
+            let _ = std::process::Command::new("ip").args(["netns", "del", ns]).status();
+        }
+        let _ = std::process::Command::new("ip").args(["link", "del", &self.bridge]).status();
+    }
+}
+
+#[test]
+fn a_job_that_lost_a_host_resumes_on_the_other_from_its_own_copy() {
+    let dir = folder("hosts-netns");
+    let hosts = match Hosts::new(&dir) {
+        Ok(h) => h,
+        Err(why) => {
+            // Only where namespaces cannot be made (not root, no iproute2): said, not hidden.
+            eprintln!("SKIP: network namespaces cannot be made here: {why}");
+            return;
+        }
+    };
+    let pids = dir.join("pids");
+    std::fs::create_dir_all(&pids).expect("a folder");
+    let log = dir.join("launcher.log");
+    let file = std::fs::File::create(&log).expect("a log");
+    let launcher = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"))
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("KVSTORE_TEST_PIDS", &pids)
+        .env("KVSTORE_TEST_STEP_MS", "30")
+        .args(["--min-np", "1", "--job", "netns", "-x", "KVSTORE_TEST_PIDS", "-x", "KVSTORE_TEST_STEP_MS"])
+        .args(hosts.options())
+        .args(["-np", "2", env!("CARGO_BIN_EXE_fixture_commit_job"), "40"])
+        .stdout(file.try_clone().expect("the log"))
+        .stderr(file)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .expect("kvstore-run starts");
+    let began = std::time::Instant::now();
+    while !pids.join("rank-1.pid").exists() && began.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(400));
+    hosts.lose(1);
+    let status = ended(launcher);
+    let output = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.success(), "{output}");
+    let lost = &hosts.hosts[1].1;
+    assert!(output.contains(&format!("kvstore-run: host {lost} is lost: the job runs again without it")), "{output}");
+    // Rank 0 alone resumed from its own host's copy, of the last step it committed.
+    let last: u64 = output
+        .lines()
+        .take_while(|l| !l.starts_with("kvstore-run: host"))
+        .filter_map(|l| l.strip_prefix("step ")?.parse().ok())
+        .max()
+        .expect("steps before the loss");
+    let restored: u64 = output
+        .lines()
+        .find_map(|l| l.strip_prefix("restored ")?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("a restore: {output}"));
+    assert!(restored == last || restored == last + 1, "restored {restored}, last step said {last}: {output}");
+    assert!(output.contains(&format!("restored {restored} loader at {restored} of rank 0")), "{output}");
+    assert!(output.contains("rank 0: w bits "), "{output}");
+    drop(hosts);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn kvstore_run_does_not_run_again_a_job_that_failed_by_itself() {
     let dir = folder("failed");
