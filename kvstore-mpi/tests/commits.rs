@@ -188,27 +188,46 @@ fn kvstore_run_restarts_a_job_whose_rank_was_killed_and_it_ends_with_the_same_bi
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Starts `kvstore-run` with `args` (after `configure` added its environment), allowed to
+/// run as root, its standard output and error in the file `log`.
+fn spawn_launcher(
+    log: &std::path::Path,
+    configure: impl FnOnce(&mut std::process::Command),
+    args: &[String],
+) -> std::process::Child {
+    let file = std::fs::File::create(log).expect("a log");
+    let mut launcher = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"));
+    launcher.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    configure(&mut launcher);
+    launcher.args(args).stdout(file.try_clone().expect("the log")).stderr(file).stdin(std::process::Stdio::null());
+    launcher.spawn().expect("kvstore-run starts")
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+/// The launcher's arguments for the fixture job `job` of `steps` steps on 2 ranks, with
+/// the tests' variables passed on to the ranks.
+fn launched_args(job: &str, steps: &str) -> Vec<String> {
+    let mut args =
+        strings(&["--max-restarts", "2", "--job", job, "-x", "KVSTORE_COMMIT_DIR", "-x", "KVSTORE_TEST_PIDS"]);
+    args.extend(strings(&["-x", "KVSTORE_TEST_STEP_MS", "--oversubscribe", "--bind-to", "none", "-np", "2"]));
+    args.extend(strings(&[env!("CARGO_BIN_EXE_fixture_commit_job"), steps]));
+    args
+}
+
 /// Starts the job under `kvstore-run` on 2 ranks, its output in `log`, and waits until
 /// both ranks wrote their process ids into `pids`: the launcher and the ranks' ids.
 fn start_launched(dir: &std::path::Path, job: &str, log: &std::path::Path) -> (std::process::Child, [u32; 2]) {
     let pids = dir.join(format!("{job}-pids"));
     std::fs::create_dir_all(&pids).expect("a folder");
-    let file = std::fs::File::create(log).expect("a log");
-    let launcher = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"))
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("KVSTORE_COMMIT_DIR", dir)
-        .env("KVSTORE_TEST_PIDS", &pids)
-        .env("KVSTORE_TEST_STEP_MS", "20")
-        .env("OMPI_MCA_btl_vader_backing_directory", segments(dir))
-        .args(["--max-restarts", "2", "--job", job, "-x", "KVSTORE_COMMIT_DIR", "-x", "KVSTORE_TEST_PIDS"])
-        .args(["-x", "KVSTORE_TEST_STEP_MS", "--oversubscribe", "--bind-to", "none", "-np", "2"])
-        .args([env!("CARGO_BIN_EXE_fixture_commit_job"), "60"])
-        .stdout(file.try_clone().expect("the log"))
-        .stderr(file)
-        .stdin(std::process::Stdio::null())
-        .spawn()
-        .expect("kvstore-run starts");
+    let configure = |c: &mut std::process::Command| {
+        c.env("KVSTORE_COMMIT_DIR", dir).env("KVSTORE_TEST_PIDS", &pids).env("KVSTORE_TEST_STEP_MS", "20");
+        c.env("OMPI_MCA_btl_vader_backing_directory", segments(dir));
+    };
+    let args = launched_args(job, "60");
+    let launcher = spawn_launcher(log, configure, &args);
     let began = std::time::Instant::now();
     let pid = |r: usize| loop {
         let read = std::fs::read_to_string(pids.join(format!("rank-{r}.pid"))).ok();
@@ -469,20 +488,14 @@ fn a_job_that_lost_a_host_resumes_on_the_other_from_its_own_copy() {
     let pids = dir.join("pids");
     std::fs::create_dir_all(&pids).expect("a folder");
     let log = dir.join("launcher.log");
-    let file = std::fs::File::create(&log).expect("a log");
-    let launcher = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"))
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("KVSTORE_TEST_PIDS", &pids)
-        .env("KVSTORE_TEST_STEP_MS", "30")
-        .args(["--min-np", "1", "--job", "netns", "-x", "KVSTORE_TEST_PIDS", "-x", "KVSTORE_TEST_STEP_MS"])
-        .args(hosts.options())
-        .args(["-np", "2", env!("CARGO_BIN_EXE_fixture_commit_job"), "40"])
-        .stdout(file.try_clone().expect("the log"))
-        .stderr(file)
-        .stdin(std::process::Stdio::null())
-        .spawn()
-        .expect("kvstore-run starts");
+    let configure = |c: &mut std::process::Command| {
+        c.env("KVSTORE_TEST_PIDS", &pids).env("KVSTORE_TEST_STEP_MS", "30");
+    };
+    let mut args =
+        strings(&["--min-np", "1", "--job", "netns", "-x", "KVSTORE_TEST_PIDS", "-x", "KVSTORE_TEST_STEP_MS"]);
+    args.extend(hosts.options());
+    args.extend(strings(&["-np", "2", env!("CARGO_BIN_EXE_fixture_commit_job"), "40"]));
+    let launcher = spawn_launcher(&log, configure, &args);
     let began = std::time::Instant::now();
     while !pids.join("rank-1.pid").exists() && began.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(10));
@@ -533,7 +546,7 @@ use random::Random;
 /// `KVSTORE_COMMIT_CHAOS_SEED` repeats a sequence. Prints a line per run and a summary.
 #[test]
 fn chaos_a_rank_killed_at_a_random_moment_costs_a_restart_not_the_job() {
-    use std::process::{Command, Stdio};
+    use std::process::Command;
     use std::time::Instant;
     let runs: u64 = std::env::var("KVSTORE_COMMIT_CHAOS_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
     let seed: u64 = std::env::var("KVSTORE_COMMIT_CHAOS_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
@@ -553,23 +566,13 @@ fn chaos_a_rank_killed_at_a_random_moment_costs_a_restart_not_the_job() {
         std::fs::create_dir_all(&pids).expect("a folder");
         let (victim, after_ms) = (random.below(2), 50 + random.below(350));
         let log = dir.join(format!("run-{i}.log"));
-        let file = std::fs::File::create(&log).expect("a log");
-        let mut launcher = Command::new(env!("CARGO_BIN_EXE_kvstore-run"));
-        launcher
-            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-            .env("KVSTORE_COMMIT_DIR", &dir)
-            .env("KVSTORE_TEST_PIDS", &pids)
-            .env("KVSTORE_TEST_STEP_MS", "10")
-            .env("OMPI_MCA_btl_vader_backing_directory", segments(&dir))
-            .args(["--max-restarts", "2", "--job", &format!("chaos-{i}"), "-x", "KVSTORE_COMMIT_DIR"])
-            .args(["-x", "KVSTORE_TEST_PIDS", "-x", "KVSTORE_TEST_STEP_MS", "--oversubscribe", "--bind-to", "none"])
-            .args(["-np", "2", env!("CARGO_BIN_EXE_fixture_commit_job"), "40"])
-            .stdout(file.try_clone().expect("the log"))
-            .stderr(file)
-            .stdin(Stdio::null());
+        let configure = |c: &mut Command| {
+            c.env("KVSTORE_COMMIT_DIR", &dir).env("KVSTORE_TEST_PIDS", &pids).env("KVSTORE_TEST_STEP_MS", "10");
+            c.env("OMPI_MCA_btl_vader_backing_directory", segments(&dir));
+        };
+        let args = launched_args(&format!("chaos-{i}"), "40");
         let began = Instant::now();
-        let mut child = launcher.spawn().expect("kvstore-run starts");
+        let mut child = spawn_launcher(&log, configure, &args);
         // The victim's process id, once its rank wrote it; then the kill, a while later.
         let pid_file = pids.join(format!("rank-{victim}.pid"));
         while !pid_file.exists() && began.elapsed() < Duration::from_secs(30) {
