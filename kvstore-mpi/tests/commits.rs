@@ -121,6 +121,110 @@ fn uid(dir: &std::path::Path) -> u32 {
 }
 
 #[test]
+fn a_commit_of_ranks_that_differ_fails_on_every_rank_and_marks_nothing() {
+    let dir = folder("differ");
+    // Values that differ per rank (an updater adds its rank), then steps that differ.
+    for (job, mode) in [("differ", "differ"), ("skew", "skew")] {
+        let ran = run(&dir, job, 2, &["3", mode]);
+        assert_ne!(ran.code, Some(0), "{}", ran.shown());
+        let why = if mode == "differ" { "hold other values than rank 0" } else { "the ranks commit different steps" };
+        assert!(ran.output.matches(why).count() >= 1, "{why}: {}", ran.shown());
+        let store = dir.join(format!("kvstore-{}-{job}", uid(&dir))).join("store0");
+        let done: Vec<String> = std::fs::read_dir(&store)
+            .map(|d| d.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned())).collect())
+            .unwrap_or_default();
+        assert!(!done.iter().any(|n| n.ends_with(".done")), "nothing marked: {done:?}");
+        // Both ranks failed (neither went on alone).
+        assert!(!ran.output.contains("w bits"), "{}", ran.shown());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_damaged_copy_is_passed_over_for_another_hosts_or_an_older_commit() {
+    let dir = folder("damaged");
+    let exe = env!("CARGO_BIN_EXE_fixture_commit_job");
+    let host = |r: usize| dir.join(format!("host{r}"));
+    let job = |args: &[&str]| {
+        let mut cmd = jobs::mpirun(1, &[("KVSTORE_JOB", "damaged")]);
+        let env = |r: usize| format!("KVSTORE_COMMIT_DIR={}", host(r).display());
+        cmd.args(["env", &env(0), exe]).args(args).args([":", "-np", "1", "env", &env(1), exe]).args(args);
+        jobs::run(cmd, Duration::from_secs(120))
+    };
+    // A copy of step `step` on host r, with one byte of its data flipped.
+    let damage = |r: usize, step: u64| {
+        let store = host(r).join(format!("kvstore-{}-damaged", uid(&dir))).join("store0");
+        let file = std::fs::read_dir(&store)
+            .expect("the host's commits")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| {
+                p.to_string_lossy().contains(&format!("step-{step:020}-"))
+                    && p.extension().is_some_and(|e| e == "commit")
+            })
+            .expect("the copy");
+        let mut bytes = std::fs::read(&file).expect("the copy");
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0x40;
+        std::fs::write(&file, bytes).expect("damaged");
+    };
+    for r in 0..2 {
+        std::fs::create_dir_all(host(r)).expect("a host's folder");
+    }
+    let died = job(&["6", "die", "1", "2"]);
+    assert_ne!(died.code, Some(0), "{}", died.shown());
+    // Host 1's copy of step 2 is damaged: both ranks resume from host 0's.
+    damage(1, 2);
+    let resumed = job(&["3"]);
+    assert_eq!(resumed.code, Some(0), "{}", resumed.shown());
+    assert_eq!(resumed.output.matches("restored 2 loader at 2").count(), 2, "{}", resumed.shown());
+    // Both copies of the newest commit (step 2 again: the run above committed nothing
+    // new) damaged: both ranks resume from step 1, and rank 0 says why.
+    damage(0, 2);
+    let older = job(&["3"]);
+    assert_eq!(older.code, Some(0), "{}", older.shown());
+    assert_eq!(older.output.matches("restored 1 loader at 1").count(), 2, "{}", older.shown());
+    assert!(older.output.contains("has no whole copy on some host"), "{}", older.shown());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn ranks_that_change_hosts_leave_no_copies_behind() {
+    let dir = folder("swapped");
+    let exe = env!("CARGO_BIN_EXE_fixture_commit_job");
+    let host = |h: usize| dir.join(format!("host{h}"));
+    // A job with rank r on host hosts[r].
+    let job = |hosts: [usize; 2], steps: &str| {
+        let mut cmd = jobs::mpirun(1, &[("KVSTORE_JOB", "swapped")]);
+        let env = |h: usize| format!("KVSTORE_COMMIT_DIR={}", host(h).display());
+        cmd.args(["env", &env(hosts[0]), exe, steps]).args([":", "-np", "1", "env", &env(hosts[1]), exe, steps]);
+        jobs::run(cmd, Duration::from_secs(120))
+    };
+    for h in 0..2 {
+        std::fs::create_dir_all(host(h)).expect("a host's folder");
+    }
+    assert_eq!(job([0, 1], "4").code, Some(0));
+    let swapped = job([1, 0], "8");
+    assert_eq!(swapped.code, Some(0), "{}", swapped.shown());
+    assert_eq!(swapped.output.matches("restored 3 loader at 3").count(), 2, "{}", swapped.shown());
+    for h in 0..2 {
+        let store = host(h).join(format!("kvstore-{}-swapped", uid(&dir))).join("store0");
+        let names: Vec<String> = std::fs::read_dir(&store)
+            .expect("the host's commits")
+            .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+            .collect();
+        let copies = names.iter().filter(|n| n.ends_with(".commit") || n.starts_with(".spare-")).count();
+        assert!(copies <= 3, "host {h} holds {copies} copies, at most 3: {names:?}");
+        assert!(
+            names.iter().all(|n| !n.contains("step-0000000000000000000")
+                || n.contains("step-00000000000000000006")
+                || n.contains("step-00000000000000000007")),
+            "only steps 6 and 7: {names:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_job_resumes_on_more_or_fewer_ranks_with_the_same_bits_on_every_rank() {
     let dir = folder("reshard");
     let died = run(&dir, "job", 2, &["4", "die", "0", "1"]);
@@ -522,6 +626,51 @@ fn a_job_that_lost_a_host_resumes_on_the_other_from_its_own_copy() {
     assert!(output.contains(&format!("restored {restored} loader at {restored} of rank 0")), "{output}");
     assert!(output.contains("rank 0: w bits "), "{output}");
     drop(hosts);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `shell` (a `sh -c` command line) with `$RUN` the launcher and `$DIR` `dir`, over
+/// the stand-in `mpirun` of [`lost_host`]'s folder (its first run reports host h2 lost).
+fn launched_by_shell(dir: &std::path::Path, shell: &str) -> std::process::Child {
+    let path = format!("{}:{}", dir.join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    std::process::Command::new("sh")
+        .args(["-c", shell])
+        .env("PATH", path)
+        .env("RUN", env!("CARGO_BIN_EXE_kvstore-run"))
+        .env("DIR", dir)
+        .env("KVSTORE_COMMIT_DIR", dir)
+        .env("OMPI_MCA_btl_vader_backing_directory", segments(dir))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("sh runs")
+}
+
+#[test]
+fn kvstore_run_leaves_alone_what_its_process_had_before_and_what_it_ignores() {
+    let dir = folder("kept");
+    // The stand-in mpirun's folder and script, from a first use.
+    let _ = lost_host(&dir, &["--job", "first", "-H", "h1,h2", "-np", "2", "prog"]);
+    let _ = std::fs::remove_file(dir.join("runs").join("first"));
+    // A shell's child started before it became the launcher (exec) outlives the runs
+    // and their cleanup.
+    let sh = launched_by_shell(
+        &dir,
+        "sleep 300 & echo $! > \"$DIR/sleep.pid\"; exec \"$RUN\" --job kept -H h1,h2 -np 2 prog",
+    );
+    let status = ended(sh);
+    assert!(status.success(), "the job ended well after its restart");
+    let sleep = std::fs::read_to_string(dir.join("sleep.pid")).expect("the child's pid");
+    let sleep: u32 = sleep.trim().parse().expect("a pid");
+    assert!(alive(sleep), "the shell's own child was left alone");
+    let _ = std::process::Command::new("kill").arg(sleep.to_string()).status();
+    // A signal the launcher was started ignoring (nohup's SIGHUP) stays ignored.
+    std::fs::write(dir.join("bin").join("mpirun"), "#!/bin/sh\nsleep 2\necho \"$@\" > \"$DIR/runs/args\"\n")
+        .expect("a slow stand-in");
+    let sh = launched_by_shell(&dir, "trap '' HUP; exec \"$RUN\" --job nohup -np 1 prog");
+    std::thread::sleep(Duration::from_millis(700));
+    let _ = std::process::Command::new("kill").args(["-HUP", &sh.id().to_string()]).status();
+    assert!(ended(sh).success(), "SIGHUP ignored, the job ended well");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

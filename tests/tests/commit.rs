@@ -145,16 +145,26 @@ fn a_damaged_commit_is_refused_not_loaded() {
     let dir = folder("damaged");
     assert_eq!(run(&dir, "job", &["4", "die", "1"]).status.code(), Some(3));
     let store = dir.join(format!("kvstore-{}-job", owner(&dir))).join("local0-rank0");
-    let newest = names(&store).into_iter().filter(|n| n.ends_with(".commit")).max().expect("a commit");
-    let path = store.join(&newest);
-    let mut bytes = std::fs::read(&path).expect("the commit");
-    let last = bytes.len() - 1;
-    bytes[last] ^= 0x40;
-    std::fs::write(&path, &bytes).expect("written");
+    let damage = |step: u64| {
+        let path = store.join(format!("step-{step:020}-rank-000000-of-000001.commit"));
+        let mut bytes = std::fs::read(&path).expect("the commit");
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x40;
+        std::fs::write(&path, &bytes).expect("written");
+    };
+    // The newest commit damaged: the one before it is restored, and why is said.
+    damage(1);
+    let older = run(&dir, "job", &["1"]);
+    assert!(older.status.success(), "{older:?}");
+    assert_eq!(line(&stdout(&older), "restored"), Some("restored 0 loader at 0"), "{older:?}");
+    let err = String::from_utf8_lossy(&older.stderr);
+    assert!(err.contains("checksum") && err.contains("step 1") && err.contains("step 0 instead"), "{err}");
+    // Every commit damaged: refused, nothing loaded.
+    damage(0);
     let refused = run(&dir, "job", &["4"]);
     assert!(!refused.status.success(), "{refused:?}");
     let err = String::from_utf8_lossy(&refused.stderr);
-    assert!(err.contains("checksum") && err.contains("step 1"), "{err}");
+    assert!(err.contains("checksum") && err.contains("no older commit is whole"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -157,6 +157,10 @@ fn own_folder(path: &Path, uid: u32) -> Result<()> {
     Ok(())
 }
 
+/// What [`Folder::newest`] found: the newest marked commit with a whole copy (its step
+/// and bytes), and why a newer marked one was passed over.
+type Found = (Option<(u64, Vec<u8>)>, Option<String>);
+
 /// The folder of a job's store.
 #[derive(Clone, Debug)]
 pub(super) struct Folder {
@@ -203,8 +207,10 @@ impl Folder {
             return Ok(host);
         }
         let Some(group) = group else { return Ok(self.host.get_or_init(|| vec![0])) };
+        // The machine too (its boot's id): two machines' fresh mounts may number alike.
+        let boot = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
         let mine = match std::fs::metadata(&self.path) {
-            Ok(m) => [m.dev().to_le_bytes(), m.ino().to_le_bytes()].concat(),
+            Ok(m) => [&m.dev().to_le_bytes()[..], &m.ino().to_le_bytes(), &boot].concat(),
             Err(_) => [[0xff; 8], (group.rank() as u64).to_le_bytes()].concat(),
         };
         let all = group.exchange("commit-folders", &mine)?;
@@ -260,23 +266,29 @@ impl Folder {
         const PIECE: usize = 256 << 10;
         let (step, rank, ranks) = at;
         let host = self.host(group)?.to_vec();
-        let said = |step_name: &str, ok: bool, pid: u32| -> Result<Vec<Vec<u8>>> {
-            let mine = [&[u8::from(ok)][..], &pid.to_le_bytes()].concat();
+        // Each exchange: whether this rank's part went well, and two numbers (the first:
+        // its process id and step; then the CRC-32 and length of the share it wrote).
+        let said = |step_name: &str, ok: bool, a: u64, b: u64| -> Result<Vec<Vec<u8>>> {
+            let mine = [&[u8::from(ok)][..], &a.to_le_bytes(), &b.to_le_bytes()].concat();
             group.map_or_else(|| Ok(vec![mine.clone()]), |g| g.exchange(step_name, &mine))
+        };
+        let number = |record: Option<&Vec<u8>>, i: usize| {
+            record.and_then(|b| b.get(1 + 8 * i..9 + 8 * i)).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")))
         };
         let snap = match snap {
             Ok(snap) => snap,
             Err(e) => {
                 // This rank could not even start: it says so at each step of the others.
-                said("commit-file", false, 0)?;
-                said("commit-shares", false, 0)?;
+                said("commit-file", false, 0, step)?;
+                said("commit-shares", false, 0, 0)?;
                 return Err(e.clone());
             }
         };
         let (first, share, sharers) = (host[0], host.iter().position(|&r| r == rank).unwrap_or(0), host.len());
         let path = self.file(step, first, ranks);
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let temp = |pid: u32| self.path.join(format!(".{name}.{pid}"));
+        let temp = |pid: u64| self.path.join(format!(".{name}.{pid}"));
+        let me = u64::from(std::process::id());
         let n = snap.tensors.len();
         let reserved = match snap.header(&vec![crc32fast::Hasher::new(); n]) {
             Ok(header) => header.len(),
@@ -294,26 +306,36 @@ impl Folder {
         // 1. The host's first rank makes the file; every rank hears whether it could.
         let made = match rank == first {
             true => (|| -> std::io::Result<std::fs::File> {
-                let _ = std::fs::remove_file(temp(std::process::id()));
-                let reused = std::fs::rename(self.spare(rank), temp(std::process::id())).is_ok();
+                let _ = std::fs::remove_file(temp(me));
+                let reused = std::fs::rename(self.spare(rank), temp(me)).is_ok();
                 let file = OpenOptions::new()
                     .write(true)
                     .create_new(!reused)
                     .mode(0o600)
                     .custom_flags(libc::O_NOFOLLOW)
-                    .open(temp(std::process::id()))?;
+                    .open(temp(me))?;
                 file.set_len((HEADER + reserved + data_len + extra.len()) as u64)?;
                 Ok(file)
             })()
             .map(Some),
             false => Ok(None),
         };
-        let all = said("commit-file", made.is_ok(), std::process::id())?;
+        let all = said("commit-file", made.is_ok(), me, step)?;
         let ok = |r: usize| all.get(r).and_then(|b| b.first()) == Some(&1);
-        let pid = all.get(first).and_then(|b| b.get(1..5)).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4")));
+        let pid = number(all.get(first), 0);
         let context = || format!("the commit {}", path.display());
+        // Every rank commits the same step (each says which): else the ranks would resume
+        // from different steps.
+        let steps: Vec<u64> = (0..all.len()).map(|r| number(all.get(r), 1)).collect();
+        let same_step = steps.iter().all(|&s| s == step);
         // 2. Every rank writes its share; the first hashes the others' from its memory.
         let wrote: std::io::Result<Vec<Option<crc32fast::Hasher>>> = (|| {
+            if !same_step {
+                return Err(std::io::Error::other(format!(
+                    "the ranks commit different steps ({}): every rank must commit the same one",
+                    steps.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+                )));
+            }
             if !ok(first) {
                 return Err(std::io::Error::other(format!("rank {first}, which makes this host's copy, could not")));
             }
@@ -341,8 +363,38 @@ impl Folder {
             }
             Ok(crcs)
         })();
-        let all = said("commit-shares", wrote.is_ok(), 0)?;
+        // This rank's share as written: the CRC-32 of its tensors, in order, and its length.
+        let share_of = |member: usize, crcs: &[Option<crc32fast::Hasher>]| {
+            let mut crc = crc32fast::Hasher::new();
+            let mut len = 0u64;
+            for (i, c) in crcs.iter().enumerate() {
+                if writer(i) == member
+                    && let Some(c) = c
+                {
+                    crc.combine(c);
+                    len += snap.tensors[i].3.len() as u64;
+                }
+            }
+            (u64::from(crc.finalize()), len)
+        };
+        let (crc, len) = wrote.as_ref().map_or((0, 0), |crcs| share_of(share, crcs));
+        let all = said("commit-shares", wrote.is_ok(), crc, len)?;
         let shares_written = host.iter().all(|&r| all.get(r).and_then(|b| b.first()) == Some(&1));
+        // The first rank's hashes of the others' shares (from its own memory) must be what
+        // they wrote: ranks that hold different values would make a copy whose checksum
+        // can never match.
+        let differing: Vec<usize> = match (&wrote, rank == first) {
+            (Ok(crcs), true) => host
+                .iter()
+                .enumerate()
+                .filter(|&(member, &r)| {
+                    let theirs = (number(all.get(r), 0), number(all.get(r), 1));
+                    all.get(r).and_then(|b| b.first()) == Some(&1) && share_of(member, crcs) != theirs
+                })
+                .map(|(_, &r)| r)
+                .collect(),
+            _ => Vec::new(),
+        };
         // 3. The first rank finishes the file; the others write their extra.
         let finished = (|| -> std::io::Result<()> {
             let crcs = wrote?;
@@ -355,6 +407,12 @@ impl Folder {
             }
             if !shares_written {
                 return Err(std::io::Error::other("another rank of this host could not write its share"));
+            }
+            if !differing.is_empty() {
+                return Err(std::io::Error::other(format!(
+                    "{} of this host hold other values than rank {first} (a dist_sync store's ranks hold the same)",
+                    super::steps::ranks(&differing)
+                )));
             }
             let crcs: Vec<crc32fast::Hasher> = crcs.into_iter().flatten().collect();
             let header = snap.header(&crcs).map_err(std::io::Error::other)?;
@@ -425,33 +483,47 @@ impl Folder {
         Ok(files)
     }
 
-    /// The newest marked commit in the folder: its step and bytes. A file that is not
-    /// whole (or not the user's) is passed over for another rank's copy of the step;
-    /// when no copy is whole, the commit is refused (damaged or planted), never loaded.
-    fn newest(&self, rank: usize) -> Result<Option<(u64, Vec<u8>)>> {
-        let Some(&step) = self.done_steps()?.first() else { return Ok(None) };
-        let mut why = String::from("no file of it is in the folder");
-        // This rank's own copy first: its `extra` is this rank's.
-        let mut files = self.files_of(step)?;
-        let own = format!("-rank-{rank:06}-of-");
-        files.sort_by_key(|f| !f.file_name().is_some_and(|n| n.to_string_lossy().contains(&own)));
-        for file in files {
-            match self.read(&file).and_then(|bytes| match decode(&bytes) {
-                Ok(c) if c.step == step => Ok(bytes),
-                Ok(_) => Err(refused(&file, "a commit of another step")),
-                Err(e) => Err(refused(&file, e)),
-            }) {
-                Ok(bytes) => return Ok(Some((step, bytes))),
-                Err(e) => why = e.to_string(),
+    /// The newest marked commit in the folder that has a whole copy: its step and bytes
+    /// (this rank's own copy first), and why a newer marked one was passed over, if one
+    /// was (no copy whole: damaged, or planted). A copy that is not whole is never loaded.
+    fn newest(&self, rank: usize) -> Result<Found> {
+        let mut passed = None;
+        for step in self.done_steps()? {
+            let mut why = String::from("no file of it is in the folder");
+            let mut files = self.files_of(step)?;
+            let own = format!("-rank-{rank:06}-of-");
+            files.sort_by_key(|f| !f.file_name().is_some_and(|n| n.to_string_lossy().contains(&own)));
+            for file in files {
+                match self.read(&file).and_then(|bytes| match decode(&bytes) {
+                    Ok(c) if c.step == step => Ok(bytes),
+                    Ok(_) => Err(refused(&file, "a commit of another step")),
+                    Err(e) => Err(refused(&file, e)),
+                }) {
+                    Ok(bytes) => return Ok((Some((step, bytes)), passed)),
+                    Err(e) => why = e.to_string(),
+                }
+            }
+            passed.get_or_insert_with(|| {
+                format!("the commit of step {step} in {}: no copy is whole ({why})", self.path.display())
+            });
+        }
+        Ok((None, passed))
+    }
+
+    /// Removes the commits after `step` (marked, but no rank has a whole copy: the job
+    /// resumed from `step`), so that the job commits those steps again.
+    fn forget_after(&self, step: u64) {
+        for name in self.names().unwrap_or_default() {
+            let later = name
+                .trim_start_matches('.')
+                .strip_prefix("step-")
+                .and_then(|rest| rest.get(..20))
+                .and_then(|s| s.parse::<u64>().ok())
+                .is_some_and(|s| s > step);
+            if later {
+                let _ = std::fs::remove_file(self.path.join(&name));
             }
         }
-        Err(Error::Io {
-            context: format!("the commit of step {step} in {}", self.path.display()),
-            source: std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("no copy is whole ({why}); remove the folder to start the job afresh"),
-            ),
-        })
     }
 
     /// Rank `rank`'s own `extra` of `step`, when it is in the folder, whole: its `.extra`
@@ -474,19 +546,22 @@ impl Folder {
     }
 
     /// Removes every commit older than the [`KEEP`] newest marked ones (an unmarked one
-    /// is one a rank died in), and the temporary files of writes that never finished.
-    /// Rank `rank` of `ranks` removes its own files (its oldest becomes its spare) and the
-    /// last rank those of ranks the job no longer has: were every rank to remove every
-    /// file, one would remove the file another keeps as its spare.
-    fn prune(&self, rank: usize, ranks: usize) -> Result<()> {
+    /// is one a rank died in), and the temporary files of writes that never finished:
+    /// done by the first of the ranks that share the folder (`rank` of the host
+    /// [`Folder::host`] found), for every rank's files, those of ranks that ran here
+    /// before included; its own newest removed copy becomes its spare, other spares go.
+    fn prune(&self, rank: usize) -> Result<()> {
+        if self.host.get().and_then(|h| h.first()).is_some_and(|&first| first != rank) {
+            return Ok(());
+        }
         let done = self.done_steps()?;
         let Some(&newest) = done.first() else { return Ok(()) };
         let kept: Vec<u64> = done.iter().copied().take(KEEP).collect();
-        let mine = |r: usize| r == rank || (rank + 1 == ranks && r >= ranks);
+        let spare = self.spare(rank);
         for name in self.names()? {
             let path = self.path.join(&name);
-            if let Some(r) = name.strip_prefix(".spare-rank-").and_then(|r| r.parse().ok()) {
-                if r >= ranks && mine(r) {
+            if let Some(r) = name.strip_prefix(".spare-rank-").and_then(|r| r.parse::<usize>().ok()) {
+                if r != rank {
                     let _ = std::fs::remove_file(&path);
                 }
                 continue;
@@ -501,14 +576,12 @@ impl Folder {
             };
             let Some(rest) = file.strip_prefix("step-") else { continue };
             let Some(step) = rest.get(..20).and_then(|s| s.parse::<u64>().ok()) else { continue };
-            let of: Option<usize> = rest.get(20..).and_then(|r| r.strip_prefix("-rank-")?.get(..6)?.parse().ok());
             let old = if temporary { step < newest } else { step <= newest && !kept.contains(&step) };
-            if !old || of.is_some_and(|r| !temporary && !mine(r)) {
+            if !old {
                 continue;
             }
-            // This rank's own file becomes its spare, once.
-            let spare = self.spare(rank);
-            let own = !temporary && of == Some(rank) && file.ends_with(".commit");
+            // This rank's own copy becomes its spare, once.
+            let own = !temporary && file.contains(&format!("-rank-{rank:06}-of-")) && file.ends_with(".commit");
             if !(own && !spare.exists() && std::fs::rename(&path, &spare).is_ok()) {
                 let _ = std::fs::remove_file(&path);
             }
@@ -576,6 +649,9 @@ impl Store {
         // at once and a restart would go back to the greater. (Refused on every rank.)
         let newest = folder.done_steps().map(|d| d.first().copied());
         let checked = newest.and_then(|newest| match newest {
+            _ if step == u64::MAX => {
+                Err(Error::invalid_argument(format!("commit of step {step}: a step must be below {}", u64::MAX)))
+            }
             Some(newest) if step <= newest => Err(Error::invalid_argument(format!(
                 "commit of step {step}: the job's newest commit is of step {newest}, and a commit's step must be \
                  greater (count the steps of the whole job, not of an epoch)"
@@ -601,8 +677,21 @@ impl Store {
         let context = format!("commit of step {step}");
         self.agree(OP, &context, written.as_ref().map(|_| 0).map_err(|_| ()), "could not write its commit")?;
         written?;
-        folder.write(&folder.done(step), b"")?;
-        folder.prune(rank, ranks)
+        // The mark: every rank of a host makes the same empty file (no temporary name,
+        // which ranks in other process namespaces could share), and fails only as every
+        // rank does. Pruning is cleanup: what it cannot remove is left for the next.
+        let marked = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(folder.done(step))
+            .map(|_| ())
+            .map_err(|e| io(format!("the mark {}", folder.done(step).display()), e));
+        self.agree(OP, &context, marked.as_ref().map(|_| 0).map_err(|_| ()), "could not mark its commit done")?;
+        marked?;
+        let _ = folder.prune(rank);
+        Ok(())
     }
 
     /// Restores the newest marked commit (see the module's docs), when the store has a
@@ -611,26 +700,51 @@ impl Store {
         let Some(folder) = &self.commits else { return Ok(None) };
         let began = std::time::Instant::now();
         let found = folder.newest(self.collective.as_ref().map_or(0, |c| c.rank()));
+        let damaged = |why: String| Error::Io {
+            context: "restore".to_string(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{why}; no older commit is whole either: remove the folder to start the job afresh"),
+            ),
+        };
+        let passed_over = |why: &Option<String>, step: u64| {
+            if let Some(why) = why
+                && self.collective.as_ref().is_none_or(|c| c.rank() == 0)
+            {
+                eprintln!("kvstore: {why}; restoring the commit of step {step} instead");
+            }
+        };
         let Some(group) = &self.collective else {
             return match found? {
-                Some((step, bytes)) => self.restore_bytes(step, &bytes, began).map(|(r, _)| Some(r)),
-                None => Ok(None),
+                (Some((step, bytes)), why) => {
+                    passed_over(&why, step);
+                    let restored = self.restore_bytes(step, &bytes, began)?.0;
+                    folder.forget_after(step);
+                    Ok(Some(restored))
+                }
+                (None, Some(why)) => Err(damaged(why)),
+                (None, None) => Ok(None),
             };
         };
-        // Each rank's newest step (0 for none, else step + 1), its bytes' length, and
-        // whether it could not read its commits (every rank then fails, none restores).
+        // Each rank's newest step with a whole copy (0 for none, else step + 1), its
+        // bytes' length, and whether it could not read its commits (1: every rank then
+        // fails, none restores) or passed over a newer one that is not whole (2).
         let mut said = [0u8; 17];
         match &found {
-            Ok(Some((step, bytes))) => {
-                said[..8].copy_from_slice(&(step + 1).to_le_bytes());
-                said[8..16].copy_from_slice(&(bytes.len() as u64).to_le_bytes());
+            Ok((whole, why)) => {
+                if let Some((step, bytes)) = whole {
+                    said[..8].copy_from_slice(&(step + 1).to_le_bytes());
+                    said[8..16].copy_from_slice(&(bytes.len() as u64).to_le_bytes());
+                }
+                if why.is_some() {
+                    said[16] = 2;
+                }
             }
-            Ok(None) => {}
             Err(_) => said[16] = 1,
         }
         let all = group.exchange("restore", &said)?;
         let failed: Vec<usize> = (0..all.len()).filter(|&r| all[r].get(16) == Some(&1)).collect();
-        let mine = found?;
+        let (mine, why) = found?;
         if !failed.is_empty() {
             return Err(Error::Io {
                 context: "restore".to_string(),
@@ -646,9 +760,25 @@ impl Store {
         };
         let newest = (0..all.len()).map(|r| at(r, 0)).max().unwrap_or(0);
         if newest == 0 {
-            return Ok(None);
+            let passed: Vec<usize> = (0..all.len()).filter(|&r| all[r].get(16) == Some(&2)).collect();
+            return match (passed.is_empty(), why) {
+                (true, _) => Ok(None),
+                (false, Some(why)) => Err(damaged(why)),
+                (false, None) => Err(damaged(format!(
+                    "{} found the job's commits, but no copy whole (the error on {} says why)",
+                    super::steps::ranks(&passed),
+                    if passed.len() == 1 { "that rank" } else { "those ranks" }
+                ))),
+            };
         }
         let step = newest - 1;
+        // A rank that passed over a newer commit says so once (rank 0 for all).
+        if (0..all.len()).any(|r| all[r].get(16) == Some(&2)) && group.rank() == 0 {
+            eprintln!(
+                "kvstore: a newer commit than step {step} has no whole copy on some host{}; restoring step {step}",
+                why.as_ref().map_or(String::new(), |w| format!(" ({w})"))
+            );
+        }
         // Every rank that has the step loads its own copy: the copies hold the same
         // values (every rank of a dist_sync job does), and the ranks compare what they
         // load by its contents' checksum, which does not depend on the order of a
@@ -657,6 +787,7 @@ impl Store {
         if (0..all.len()).all(|r| at(r, 0) == newest) {
             let (_, bytes) = mine.expect("this rank's commit");
             let (mut restored, writer) = self.restore_bytes(step, &bytes, began)?;
+            folder.forget_after(step);
             // The host's copy holds the extra of the rank that wrote it; the others'
             // are beside it.
             if writer != group.rank()
@@ -675,6 +806,7 @@ impl Store {
         }
         group.broadcast(&[&buf], root)?;
         let (mut restored, _) = self.restore_bytes(step, buf.read()?.bytes(), began)?;
+        folder.forget_after(step);
         // `extra` is each rank's own: its own copy's, when it is on this host.
         if let Some(own) = folder.own_extra(step, group.rank()) {
             restored.extra = own;

@@ -221,7 +221,8 @@ fn follow(from: impl std::io::Read, mut to: impl Write, ended: Arc<Mutex<Ended>>
         {
             let now = Instant::now();
             let restore = ms / 1e3;
-            eprintln!(
+            let _ = writeln!(
+                std::io::stderr(),
                 "kvstore-run: resumed from the commit of step {step} {:.2} s after the death was reported \
                  (relaunch {:.2} s, restore {restore:.2} s)",
                 now.saturating_duration_since(seen).as_secs_f64(),
@@ -254,36 +255,55 @@ fn take_charge() {
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: `pass_on` is an extern "C" handler that only stores to atomics and
-        // calls kill(2), both async-signal-safe.
-        unsafe { libc::signal(signal, pass_on as *const () as libc::sighandler_t) };
+        // calls kill(2), both async-signal-safe. A signal the launcher was started
+        // ignoring (nohup's SIGHUP) stays ignored, as it is for mpirun.
+        unsafe {
+            if libc::signal(signal, pass_on as *const () as libc::sighandler_t) == libc::SIG_IGN {
+                libc::signal(signal, libc::SIG_IGN);
+            }
+        }
     }
 }
 
-/// Kills (SIGKILL) and reaps the launcher's children left once `mpirun` is gone: a
-/// run's processes whose `mpirun` was killed, and the ranks that `mpirun` killed but
-/// did not wait for. Returns how many were still running.
-fn kill_leftovers() -> usize {
+/// When process `pid` started, in clock ticks since boot (field 22 of /proc/PID/stat).
+fn start_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The launcher's children: (pid, whether it still runs, when it started).
+/// /proc/PID/stat is "PID (COMM) STATE PPID ...", COMM may hold spaces; a zombie's
+/// STATE is Z.
+fn children() -> Vec<(i32, bool, u64)> {
     let me = std::process::id().to_string();
-    let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
-    // (pid, whether it still runs): /proc/PID/stat is "PID (COMM) STATE PPID ...", and
-    // COMM may hold spaces; a zombie's STATE is Z.
-    let children: Vec<(i32, bool)> = entries
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter_map(|pid| {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
             let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
             let (state, parent) = (fields.next()?, fields.next()?);
-            (parent == me).then_some((pid, state != "Z"))
+            (parent == me).then(|| (pid, state != "Z", start_ticks(&pid.to_string()).unwrap_or(0)))
         })
-        .collect();
-    for &(pid, _) in &children {
+        .collect()
+}
+
+/// Kills (SIGKILL) and reaps the launcher's children left once `mpirun` is gone: a
+/// run's processes whose `mpirun` was killed, and the ranks that `mpirun` killed but
+/// did not wait for; not the children its process had before `mpirun` started
+/// (`before`: a shell's other children, a `tee`), nor any started before `since`
+/// ([`start_ticks`]'s ticks). Returns how many were still running.
+fn kill_leftovers(since: u64, before: &[(i32, bool, u64)]) -> usize {
+    let left: Vec<(i32, bool, u64)> =
+        children().into_iter().filter(|c| c.2 >= since && !before.iter().any(|b| b.0 == c.0 && b.2 == c.2)).collect();
+    for &(pid, ..) in &left {
         // SAFETY: kill(2) and waitpid(2) on a child of this process.
         unsafe {
             libc::kill(pid, libc::SIGKILL);
             libc::waitpid(pid, std::ptr::null_mut(), 0);
         }
     }
-    children.iter().filter(|(_, running)| *running).count()
+    left.iter().filter(|c| c.1).count()
 }
 
 /// Where Open MPI's ranks keep their shared-memory segments: `btl_vader_backing_directory`
@@ -339,7 +359,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let say = |what: String| eprintln!("kvstore-run: {what}");
+    // (A closed standard error, a pipe whose reader is gone, stops no restart.)
+    let say = |what: String| {
+        let _ = writeln!(std::io::stderr(), "kvstore-run: {what}");
+    };
     take_charge();
     let began = Instant::now();
     // mpirun kills a run's other ranks at once when one died, not a second after asking
@@ -357,6 +380,12 @@ fn main() -> ExitCode {
         if !chosen {
             mpirun.env(format!("OMPI_MCA_{SIGKILL_TIMEOUT}"), "0");
         }
+        // A stop asked for between two runs: no next run.
+        if STOPPED_BY.load(Ordering::SeqCst) != 0 {
+            say(format!("stopped: the job is not run again; its commits are kept (KVSTORE_JOB={})", o.job));
+            return ExitCode::from((128 + STOPPED_BY.load(Ordering::SeqCst)).clamp(1, 255) as u8);
+        }
+        let before = children();
         let child = mpirun
             .args(["-x", "KVSTORE_JOB", "-x", "KVSTORE_RUN_ATTEMPT"])
             .args(&o.mpirun)
@@ -373,6 +402,7 @@ fn main() -> ExitCode {
             }
         };
         MPIRUN.store(child.id() as i32, Ordering::SeqCst);
+        let mpirun_started = start_ticks(&child.id().to_string()).unwrap_or(0);
         // A stop asked for before mpirun's id was known reaches it now.
         if let signal @ 1.. = STOPPED_BY.load(Ordering::SeqCst) {
             pass_on(signal);
@@ -386,13 +416,20 @@ fn main() -> ExitCode {
             let ended = Arc::clone(&ended);
             std::thread::spawn(move || follow(s, std::io::stderr(), ended))
         });
+        // mpirun's end is waited for without reaping it, so that its id is no one
+        // else's until a signal can no longer be passed on to it.
+        // SAFETY: waitid(2) on this process's own child, into a zeroed siginfo_t.
+        unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(libc::P_PID, child.id(), &mut info, libc::WEXITED | libc::WNOWAIT);
+        }
+        MPIRUN.store(0, Ordering::SeqCst);
         let status = child.wait();
         for t in [out, err].into_iter().flatten() {
             let _ = t.join();
         }
         let finished = Instant::now();
-        MPIRUN.store(0, Ordering::SeqCst);
-        let leftovers = kill_leftovers();
+        let leftovers = kill_leftovers(mpirun_started, &before);
         if leftovers > 0 {
             say(format!("killed {leftovers} process(es) of the run that mpirun left behind"));
         }
