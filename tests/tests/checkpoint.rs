@@ -372,3 +372,32 @@ fn a_load_updates_keys_in_the_files_order_whatever_the_store_had() {
         }
     }
 }
+
+#[test]
+fn every_tensor_of_a_checkpoint_lies_aligned_to_its_element() {
+    // An f16 key of odd length before f32 and f64 ones, with Adam's f32 state: written in
+    // key order, an f32 tensor would follow 6 bytes of f16.
+    let dir = TempDir::new("aligned");
+    let kv = KVStore::create("local").expect("store");
+    kv.init("a", &NDArray::zeros_with(&[3], DType::F16, Context::default()).expect("f16")).expect("init");
+    kv.init("b", &NDArray::zeros(&[5]).expect("f32")).expect("init");
+    kv.init("c", &NDArray::zeros_with(&[7], DType::F64, Context::default()).expect("f64")).expect("init");
+    kv.set_optimizer(Optimizer::builder("adam").build().expect("adam")).expect("optimizer");
+    // A push makes each key's optimizer state.
+    for (key, n, dtype) in [("a", 3, DType::F16), ("b", 5, DType::F32), ("c", 7, DType::F64)] {
+        kv.push(key, &NDArray::full_with(&[n], 0.5, dtype, Context::default()).expect("grad"), 0).expect("push");
+    }
+    let path = dir.path("c.safetensors");
+    kv.save_checkpoint(&path).expect("saved");
+    let bytes = std::fs::read(&path).expect("the file");
+    let (header, meta) = safetensors::SafeTensors::read_metadata(&bytes).expect("safetensors");
+    let tensors = meta.tensors();
+    assert!(tensors.len() >= 6, "{:?}", tensors.keys());
+    for (name, info) in tensors {
+        let at = 8 + header + info.data_offsets.0;
+        assert_eq!(at % (info.dtype.bitsize() / 8), 0, "{name} ({:?}) at byte {at}", info.dtype);
+    }
+    // And it loads back.
+    let back = KVStore::create("local").expect("store");
+    back.load_checkpoint(&path).expect("loaded");
+}

@@ -216,6 +216,9 @@ pub(super) struct Snapshot<'a> {
     keys: Vec<(Value, usize)>,
     /// The file's metadata but `keys` and the checksum.
     fixed: HashMap<String, String>,
+    /// The tensors in the file's order: by dtype, widest first, then by name (as
+    /// safetensors writes them), so that every tensor's data is aligned to its element.
+    pub(super) file_order: Vec<usize>,
 }
 
 /// The length of a safetensors file's header-length field.
@@ -247,14 +250,17 @@ impl Snapshot<'_> {
             tensors.map(|((n, d, s, b), crc)| (n.as_str(), *d, s.as_slice(), b.len(), crc.clone())),
         );
         metadata.insert(CHECKSUM.to_string(), format!("crc32:{sum:08x}"));
-        let mut offset = 0;
+        let offsets = self.offsets();
         let infos = self
-            .tensors
+            .file_order
             .iter()
-            .map(|(name, dtype, shape, bytes)| {
-                offset += bytes.len();
-                let info =
-                    TensorInfo { dtype: *dtype, shape: shape.clone(), data_offsets: (offset - bytes.len(), offset) };
+            .map(|&i| {
+                let (name, dtype, shape, bytes) = &self.tensors[i];
+                let info = TensorInfo {
+                    dtype: *dtype,
+                    shape: shape.clone(),
+                    data_offsets: (offsets[i], offsets[i] + bytes.len()),
+                };
                 (name.clone(), info)
             })
             .collect();
@@ -266,6 +272,17 @@ impl Snapshot<'_> {
         header.extend_from_slice(&(json.len() as u64).to_le_bytes());
         header.extend_from_slice(&json);
         Ok(header)
+    }
+
+    /// Each tensor's offset in the file's data (by [`Snapshot::file_order`]).
+    pub(super) fn offsets(&self) -> Vec<usize> {
+        let mut offsets = vec![0; self.tensors.len()];
+        let mut at = 0;
+        for &i in &self.file_order {
+            offsets[i] = at;
+            at += self.tensors[i].3.len();
+        }
+        offsets
     }
 
     /// The bytes of all its tensors.
@@ -353,7 +370,9 @@ impl Store {
             ("optimizer".to_string(), runtime.map_or(Value::Null, |rt| opt_states::runtime_json(rt)).to_string()),
             ("store".to_string(), json!({"kind": self.kind, "workers": self.workers()}).to_string()),
         ]);
-        f(&Snapshot { tensors, keys, fixed })
+        let mut file_order: Vec<usize> = (0..tensors.len()).collect();
+        file_order.sort_by(|&a, &b| tensors[b].1.cmp(&tensors[a].1).then_with(|| tensors[a].0.cmp(&tensors[b].0)));
+        f(&Snapshot { tensors, keys, fixed, file_order })
     }
 
     /// The file's bytes, from the store as it is ([`Store::snapshot`]).
@@ -370,7 +389,7 @@ impl Store {
                 .collect();
             let mut bytes = snap.header(&crcs)?;
             bytes.reserve_exact(snap.data_len());
-            snap.tensors.iter().for_each(|t| bytes.extend_from_slice(t.3));
+            snap.file_order.iter().for_each(|&i| bytes.extend_from_slice(snap.tensors[i].3));
             Ok(bytes)
         })
     }

@@ -295,13 +295,8 @@ impl Folder {
             Err(e) => return self.write_commit(group, at, extra, Err(&e)),
         };
         let data_len = snap.data_len();
-        // Each tensor's writer: the host's ranks take the bytes in turn.
-        let mut begins = Vec::with_capacity(n);
-        let mut at_byte = 0usize;
-        for (.., bytes) in &snap.tensors {
-            begins.push(at_byte);
-            at_byte += bytes.len();
-        }
+        // Each tensor's writer: the host's ranks take the file's bytes in turn.
+        let begins = snap.offsets();
         let writer = |i: usize| ((begins[i] as u128 * sharers as u128) / (data_len.max(1) as u128)) as usize;
         // 1. The host's first rank makes the file; every rank hears whether it could.
         let made = match rank == first {
@@ -423,7 +418,7 @@ impl Folder {
             let mut crc = crc32fast::Hasher::new();
             crc.update(&fields);
             crc.update(&header);
-            crcs.iter().for_each(|c| crc.combine(c));
+            snap.file_order.iter().for_each(|&i| crc.combine(&crcs[i]));
             crc.update(extra);
             let file = made.as_ref().ok().and_then(Option::as_ref).ok_or_else(|| std::io::Error::other("no file"))?;
             file.write_all_at(&[&fields[..], &crc.finalize().to_le_bytes(), &header].concat(), 0)?;
