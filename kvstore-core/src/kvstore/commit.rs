@@ -713,9 +713,7 @@ impl Store {
             return match found? {
                 (Some((step, bytes)), why) => {
                     passed_over(&why, step);
-                    let restored = self.restore_bytes(step, &bytes, began)?.0;
-                    folder.forget_after(step);
-                    Ok(Some(restored))
+                    self.restore_bytes(step, &bytes, began).map(Some)
                 }
                 (None, Some(why)) => Err(damaged(why)),
                 (None, None) => Ok(None),
@@ -781,16 +779,7 @@ impl Store {
         // every rank loads the bytes of the lowest rank that has it.
         if (0..all.len()).all(|r| at(r, 0) == newest) {
             let (_, bytes) = mine.expect("this rank's commit");
-            let (mut restored, writer) = self.restore_bytes(step, &bytes, began)?;
-            folder.forget_after(step);
-            // The host's copy holds the extra of the rank that wrote it; the others'
-            // are beside it.
-            if writer != group.rank()
-                && let Some(own) = folder.own_extra(step, group.rank())
-            {
-                restored.extra = own;
-            }
-            return Ok(Some(restored));
+            return self.restore_bytes(step, &bytes, began).map(Some);
         }
         let root = (0..all.len()).find(|&r| at(r, 0) == newest).expect("a rank with the newest");
         let len = at(root, 1) as usize;
@@ -800,18 +789,14 @@ impl Store {
             buf.write()?.bytes_mut().copy_from_slice(&bytes);
         }
         group.broadcast(&[&buf], root)?;
-        let (mut restored, _) = self.restore_bytes(step, buf.read()?.bytes(), began)?;
-        folder.forget_after(step);
-        // `extra` is each rank's own: its own copy's, when it is on this host.
-        if let Some(own) = folder.own_extra(step, group.rank()) {
-            restored.extra = own;
-        }
-        Ok(Some(restored))
+        self.restore_bytes(step, buf.read()?.bytes(), began).map(Some)
     }
 
-    /// Loads the commit `bytes` of `step` into the store; `began`: when the restore began
-    /// (for what rank 0 says). Gives what it restored and the rank that wrote the commit.
-    fn restore_bytes(&self, step: u64, bytes: &[u8], began: std::time::Instant) -> Result<(Restored, usize)> {
+    /// Loads the commit `bytes` of `step` into the store (`began`: when the restore began,
+    /// for what rank 0 says) and forgets the marked commits after it. `extra` is each
+    /// rank's own: the commit's when this rank wrote it, else this rank's own beside it
+    /// when it is on this host, else the commit's.
+    fn restore_bytes(&self, step: u64, bytes: &[u8], began: std::time::Instant) -> Result<Restored> {
         let commit = decode(bytes).map_err(|why| Error::Io {
             context: format!("restore of step {step}"),
             source: std::io::Error::other(why),
@@ -826,7 +811,12 @@ impl Store {
                 began.elapsed().as_secs_f64() * 1e3
             );
         }
-        Ok((Restored { step, extra: commit.extra.to_vec() }, commit.rank))
+        let rank = self.collective.as_ref().map_or(0, |c| c.rank());
+        let own = self.commits.as_ref().and_then(|folder| {
+            folder.forget_after(step);
+            (commit.rank != rank).then(|| folder.own_extra(step, rank)).flatten()
+        });
+        Ok(Restored { step, extra: own.unwrap_or_else(|| commit.extra.to_vec()) })
     }
 }
 
