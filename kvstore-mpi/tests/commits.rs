@@ -54,10 +54,7 @@ fn a_job_whose_rank_died_resumes_from_its_last_commit_with_the_same_bits() {
     // the two newest commits, written by both and named by rank 0, rank 1's extra beside
     // it, and rank 0's spare file (an older copy, written over by the next).
     let store = dir.join(format!("kvstore-{}-never-died", uid(&dir))).join("store0");
-    let mut names: Vec<String> = std::fs::read_dir(&store)
-        .expect("the store's commits")
-        .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
-        .collect();
+    let mut names = names_in(&store);
     names.sort();
     let mut expected = vec![".spare-rank-000000".to_string()];
     for step in [4, 5] {
@@ -69,26 +66,42 @@ fn a_job_whose_rank_died_resumes_from_its_last_commit_with_the_same_bits() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Host `h`'s commits' folder under `dir` (its "/dev/shm"), made.
+fn host_folder(dir: &std::path::Path, h: usize) -> PathBuf {
+    let folder = dir.join(format!("host{h}"));
+    std::fs::create_dir_all(&folder).expect("a host's folder");
+    folder
+}
+
+/// Runs the fixture job `job` with `args`, rank r on host `hosts[r]` (its own commits'
+/// folder, [`host_folder`]).
+fn on_hosts(dir: &std::path::Path, job: &str, hosts: &[usize], args: &[&str]) -> jobs::Job {
+    let mut cmd = jobs::mpirun(1, &[("KVSTORE_JOB", job)]);
+    for (r, &h) in hosts.iter().enumerate() {
+        if r > 0 {
+            cmd.args([":", "-np", "1"]);
+        }
+        let env = format!("KVSTORE_COMMIT_DIR={}", host_folder(dir, h).display());
+        cmd.args(["env", &env, env!("CARGO_BIN_EXE_fixture_commit_job")]).args(args);
+    }
+    jobs::run(cmd, Duration::from_secs(120))
+}
+
+/// The names in `folder`.
+fn names_in(folder: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(folder)
+        .map(|d| d.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned())).collect())
+        .unwrap_or_default()
+}
+
 #[test]
 fn a_job_on_hosts_of_their_own_resumes_each_rank_with_its_own_extra() {
     // Each rank's commits in a folder of its own: its host's /dev/shm, on two hosts.
     let dir = folder("hosts");
     let whole = run(&dir, "never-died", 2, &["6"]);
     assert_eq!(whole.code, Some(0), "{}", whole.shown());
-    let exe = env!("CARGO_BIN_EXE_fixture_commit_job");
-    let host = |r: usize| format!("KVSTORE_COMMIT_DIR={}", dir.join(format!("host{r}")).display());
-    for r in 0..2 {
-        std::fs::create_dir_all(dir.join(format!("host{r}"))).expect("a host's folder");
-    }
     // A job of `np` ranks, rank r on host r.
-    let job = |np: usize, args: &[&str]| {
-        let mut cmd = jobs::mpirun(1, &[("KVSTORE_JOB", "hosts")]);
-        cmd.args(["env", &host(0), exe]).args(args);
-        for r in 1..np {
-            cmd.args([":", "-np", "1", "env", &host(r), exe]).args(args);
-        }
-        jobs::run(cmd, Duration::from_secs(120))
-    };
+    let job = |np: usize, args: &[&str]| on_hosts(&dir, "hosts", &(0..np).collect::<Vec<_>>(), args);
     let died = job(2, &["6", "die", "1", "2"]);
     assert_ne!(died.code, Some(0), "rank 1 died: {}", died.shown());
     // Each rank loads its own host's copy (whose metadata its own process ordered).
@@ -103,7 +116,6 @@ fn a_job_on_hosts_of_their_own_resumes_each_rank_with_its_own_extra() {
     let _ = std::fs::remove_dir_all(dir.join("host1").join(format!("kvstore-{}-hosts", uid(&dir))));
     let died = job(2, &["6", "die", "1", "2"]);
     assert_ne!(died.code, Some(0), "rank 1 died: {}", died.shown());
-    std::fs::create_dir_all(dir.join("host2")).expect("a new host's folder");
     let more = job(3, &["4"]);
     assert_eq!(more.code, Some(0), "{}", more.shown());
     // Ranks 0 and 1 their own extra, rank 2 rank 0's.
@@ -130,9 +142,7 @@ fn a_commit_of_ranks_that_differ_fails_on_every_rank_and_marks_nothing() {
         let why = if mode == "differ" { "hold other values than rank 0" } else { "the ranks commit different steps" };
         assert!(ran.output.matches(why).count() >= 1, "{why}: {}", ran.shown());
         let store = dir.join(format!("kvstore-{}-{job}", uid(&dir))).join("store0");
-        let done: Vec<String> = std::fs::read_dir(&store)
-            .map(|d| d.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned())).collect())
-            .unwrap_or_default();
+        let done = names_in(&store);
         assert!(!done.iter().any(|n| n.ends_with(".done")), "nothing marked: {done:?}");
         // Both ranks failed (neither went on alone).
         assert!(!ran.output.contains("w bits"), "{}", ran.shown());
@@ -143,17 +153,10 @@ fn a_commit_of_ranks_that_differ_fails_on_every_rank_and_marks_nothing() {
 #[test]
 fn a_damaged_copy_is_passed_over_for_another_hosts_or_an_older_commit() {
     let dir = folder("damaged");
-    let exe = env!("CARGO_BIN_EXE_fixture_commit_job");
-    let host = |r: usize| dir.join(format!("host{r}"));
-    let job = |args: &[&str]| {
-        let mut cmd = jobs::mpirun(1, &[("KVSTORE_JOB", "damaged")]);
-        let env = |r: usize| format!("KVSTORE_COMMIT_DIR={}", host(r).display());
-        cmd.args(["env", &env(0), exe]).args(args).args([":", "-np", "1", "env", &env(1), exe]).args(args);
-        jobs::run(cmd, Duration::from_secs(120))
-    };
+    let job = |args: &[&str]| on_hosts(&dir, "damaged", &[0, 1], args);
     // A copy of step `step` on host r, with one byte of its data flipped.
     let damage = |r: usize, step: u64| {
-        let store = host(r).join(format!("kvstore-{}-damaged", uid(&dir))).join("store0");
+        let store = host_folder(&dir, r).join(format!("kvstore-{}-damaged", uid(&dir))).join("store0");
         let file = std::fs::read_dir(&store)
             .expect("the host's commits")
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -167,9 +170,6 @@ fn a_damaged_copy_is_passed_over_for_another_hosts_or_an_older_commit() {
         bytes[at] ^= 0x40;
         std::fs::write(&file, bytes).expect("damaged");
     };
-    for r in 0..2 {
-        std::fs::create_dir_all(host(r)).expect("a host's folder");
-    }
     let died = job(&["6", "die", "1", "2"]);
     assert_ne!(died.code, Some(0), "{}", died.shown());
     // Host 1's copy of step 2 is damaged: both ranks resume from host 0's.
@@ -190,28 +190,12 @@ fn a_damaged_copy_is_passed_over_for_another_hosts_or_an_older_commit() {
 #[test]
 fn ranks_that_change_hosts_leave_no_copies_behind() {
     let dir = folder("swapped");
-    let exe = env!("CARGO_BIN_EXE_fixture_commit_job");
-    let host = |h: usize| dir.join(format!("host{h}"));
-    // A job with rank r on host hosts[r].
-    let job = |hosts: [usize; 2], steps: &str| {
-        let mut cmd = jobs::mpirun(1, &[("KVSTORE_JOB", "swapped")]);
-        let env = |h: usize| format!("KVSTORE_COMMIT_DIR={}", host(h).display());
-        cmd.args(["env", &env(hosts[0]), exe, steps]).args([":", "-np", "1", "env", &env(hosts[1]), exe, steps]);
-        jobs::run(cmd, Duration::from_secs(120))
-    };
-    for h in 0..2 {
-        std::fs::create_dir_all(host(h)).expect("a host's folder");
-    }
-    assert_eq!(job([0, 1], "4").code, Some(0));
-    let swapped = job([1, 0], "8");
+    assert_eq!(on_hosts(&dir, "swapped", &[0, 1], &["4"]).code, Some(0));
+    let swapped = on_hosts(&dir, "swapped", &[1, 0], &["8"]);
     assert_eq!(swapped.code, Some(0), "{}", swapped.shown());
     assert_eq!(swapped.output.matches("restored 3 loader at 3").count(), 2, "{}", swapped.shown());
     for h in 0..2 {
-        let store = host(h).join(format!("kvstore-{}-swapped", uid(&dir))).join("store0");
-        let names: Vec<String> = std::fs::read_dir(&store)
-            .expect("the host's commits")
-            .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
-            .collect();
+        let names = names_in(&host_folder(&dir, h).join(format!("kvstore-{}-swapped", uid(&dir))).join("store0"));
         let copies = names.iter().filter(|n| n.ends_with(".commit") || n.starts_with(".spare-")).count();
         assert!(copies <= 3, "host {h} holds {copies} copies, at most 3: {names:?}");
         assert!(
@@ -251,11 +235,7 @@ fn segments(dir: &std::path::Path) -> PathBuf {
 
 /// The shared-memory segments left in [`segments`]'s folder.
 fn segments_left(dir: &std::path::Path) -> Vec<String> {
-    std::fs::read_dir(segments(dir))
-        .expect("the segments' folder")
-        .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
-        .filter(|n| n.starts_with("vader_segment."))
-        .collect()
+    names_in(&segments(dir)).into_iter().filter(|n| n.starts_with("vader_segment.")).collect()
 }
 
 /// Runs the job under `kvstore-run` on `np` ranks with its commits in `dir`.
