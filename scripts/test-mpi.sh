@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The multi-rank suite: kvstore-mpi's tests with its `mpi` feature, run by cargo-nextest
-# one at a time (profile `mpi` of .config/nextest.toml): tests/mpi/ (every case as an MPI
+# one at a time (profile `mpi` of .config/nextest.toml): its own unit tests, tests/mpi/ (every case as an MPI
 # job of its own on 2 and 4 ranks and with 256-byte buckets, the settings that are not
 # numbers, ranks with shared memory on and off), tests/faults.rs (jobs in which a worker
 # dies, is stuck or stops), tests/timeline.rs (a job with a slow rank, its merged
@@ -22,7 +22,7 @@ bash scripts/setup-jvm.sh >"$logs/mpi-jvm-setup.log" 2>&1 || give_up "Clojure" "
 # (cargo-nextest: installed once into cargo's bin folder when missing, as test.sh does.)
 cargo nextest --version >/dev/null 2>&1 || cargo install --locked cargo-nextest@0.9.151
 rm -f target/nextest/mpi/junit.xml
-cargo nextest run -p kvstore-mpi --features mpi --profile mpi --test mpi --test faults --test timeline --test commits --test jvm
+cargo nextest run -p kvstore-mpi --features mpi --profile mpi --lib --test mpi --test faults --test timeline --test commits --test jvm
 status=$?
 cp target/nextest/mpi/junit.xml "$reports/" 2>/dev/null
 ran "the MPI tests" "$status" "$reports/junit.xml"

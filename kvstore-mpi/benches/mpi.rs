@@ -19,6 +19,9 @@
 //! the host adds to the compute. It prints the exposed communication of both (see
 //! [`overlap`]). With `KVSTORE_BENCH_OVERLAP=only` it times that step alone (about 15 s
 //! over TCP with `KVSTORE_BENCH_RUNS=11`), for comparing builds run after run.
+//!
+//! With `KVSTORE_JOB` set it also times a commit after a step ([`commit_rows`]); with
+//! `KVSTORE_BENCH_COMMIT=only` as well, those rows alone.
 
 use std::hint::black_box;
 
@@ -144,7 +147,8 @@ fn main() -> kvstore_core::Result<()> {
     let world = SimpleCommunicator::world();
     let run = std::env::var("KVSTORE_BENCH_LABEL").unwrap_or_else(|_| format!("mpi {} ranks", kv.num_workers()));
     let mut rows = Vec::new();
-    if std::env::var("KVSTORE_BENCH_OVERLAP").as_deref() != Ok("only") {
+    let only_commit = std::env::var("KVSTORE_BENCH_COMMIT").as_deref() == Ok("only");
+    if std::env::var("KVSTORE_BENCH_OVERLAP").as_deref() != Ok("only") && !only_commit {
         // The bare allreduce of 4 MB in one buffer: the bytes of the list push below.
         let mut bare_4mb = f64::NAN;
         for (label, n) in [("4 MB", 1usize << 20), ("64 MB", 16 << 20)] {
@@ -236,7 +240,7 @@ fn main() -> kvstore_core::Result<()> {
         rows.push((format!("{run}: the same push, against one bare allreduce of its 4 MB"), store, Some(bare_4mb)));
         cost_rows(&mut rows, &format!("{run}: the list push of 1000 keys"), cost);
     }
-    if std::env::var_os("KVSTORE_BENCH_OVERLAP").is_some() {
+    if std::env::var_os("KVSTORE_BENCH_OVERLAP").is_some() && !only_commit {
         overlap(&kv, &world, runs, &mut rows)?;
         if std::env::var("KVSTORE_BENCH_OVERLAP").as_deref() != Ok("only") {
             async_rows(&kv, runs, &run, &mut rows)?;
@@ -280,32 +284,20 @@ fn commit_rows(
         kv.commit(at, b"").expect("commit");
         at += 1;
     });
-    // The limit: the bytes a commit holds (the values and Adam's two states), written by
-    // the host's ranks at once, each its share, over a file of /dev/shm whose memory is
-    // in place, as a commit writes over an older copy (one host here: every rank).
-    let bytes = vec![1u8; keys * n * 4 * 3 / kv.num_workers()];
-    let path = std::path::PathBuf::from(format!("/dev/shm/kvstore-bench-commit-{}", std::process::id()));
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .expect("a file of /dev/shm");
-    let write = || {
-        use std::os::unix::fs::FileExt;
-        bytes.chunks(256 << 10).enumerate().for_each(|(i, c)| file.write_all_at(c, (i << 18) as u64).expect("write"))
-    };
-    let limit = kvstore_tests::bench::median(1, runs, barrier, write);
-    drop(file);
-    let _ = std::fs::remove_file(&path);
+    // The limit: one memory copy of the bytes a commit holds (the values and Adam's two
+    // states), the host's ranks at once, each its share, from memory to memory whose
+    // pages are in place (as a commit's file is: it writes over an older copy).
+    let share = keys * n * 4 * 3 / kv.num_workers();
+    let from: Vec<u8> = (0..share).map(|i| (i * 7) as u8).collect();
+    let mut to = vec![0u8; share];
+    let limit = kvstore_tests::bench::median(1, runs, barrier, || {
+        to.copy_from_slice(black_box(&from));
+        black_box(&mut to);
+    });
+    drop((from, to));
     rows.push((format!("{run}: a step of a 100 MB store with Adam (push + pull of every key)"), step_s, None));
     rows.push((format!("{run}: the same step and a commit of the store"), with_commit, Some(step_s)));
-    rows.push((
-        format!("{run}: limit: the ranks write the 315 MB a commit holds over a file of /dev/shm, a share each"),
-        limit,
-        None,
-    ));
+    rows.push((format!("{run}: limit: the ranks copy the 315 MB a commit holds in memory, a share each"), limit, None));
     rows.push((
         format!("{run}: a commit (the step and a commit, less the step), vs that limit"),
         with_commit - step_s,
@@ -314,7 +306,7 @@ fn commit_rows(
     if kv.rank() == 0 {
         println!(
             "commit: a step {:.1} ms, with a commit {:.1} ms: the commit costs {:.0} % of the step (target <= 5 %), \
-             {:.2} x writing its bytes to /dev/shm ({:.1} ms)",
+             {:.2} x one copy of its bytes in memory ({:.1} ms)",
             step_s * 1e3,
             with_commit * 1e3,
             (with_commit - step_s) / step_s * 100.0,

@@ -41,6 +41,8 @@
 #[cfg(feature = "mpi")]
 mod group;
 #[cfg(feature = "mpi")]
+mod mapped;
+#[cfg(feature = "mpi")]
 mod remote;
 #[cfg(feature = "mpi")]
 mod shm;
@@ -122,6 +124,8 @@ fn with_group(kind: &str, without_mpi: &str) -> Result<KVStore> {
 
 #[cfg(test)]
 mod tests {
+    /// Without the feature (with it, `dist_async` is an MPI job's store).
+    #[cfg(not(feature = "mpi"))]
     #[test]
     fn local_kinds_pass_through_and_async_is_refused() {
         assert_eq!(super::create("local").expect("local").kind(), "local");

@@ -16,7 +16,9 @@
 //! first of them (a header with the step, the rank, the number of ranks and the
 //! lengths, a CRC-32 of the whole, then the store as a checkpoint, `checkpoint.rs`,
 //! then L's `extra` bytes), each rank a share of the tensors, in one pass over the data:
-//! each tensor is written into the file and hashed as it goes ([`Snapshot`]), the
+//! each tensor is copied into the file (through a shared mapping of the rank's range
+//! where its worker group maps files, `Collective::map_file`: a `write` call to
+//! `/dev/shm` costs three times a copy) and hashed as it goes ([`Snapshot`]), the
 //! headers written last by L, which also hashes the others' shares from its own memory
 //! (every rank of a `dist_sync` job holds the same values). Each other rank writes its
 //! own `extra` beside it (`step-S-rank-R-of-N.extra`). Files are written under a
@@ -264,6 +266,7 @@ impl Folder {
         snap: std::result::Result<&Snapshot<'_>, &Error>,
     ) -> Result<()> {
         const PIECE: usize = 256 << 10;
+        const MAPPED_PIECE: usize = 64 << 10;
         let (step, rank, ranks) = at;
         let host = self.host(group)?.to_vec();
         // Each exchange: whether this rank's part went well, and two numbers (the first:
@@ -304,6 +307,7 @@ impl Folder {
                 let _ = std::fs::remove_file(temp(me));
                 let reused = std::fs::rename(self.spare(rank), temp(me)).is_ok();
                 let file = OpenOptions::new()
+                    .read(true)
                     .write(true)
                     .create_new(!reused)
                     .mode(0o600)
@@ -336,7 +340,17 @@ impl Folder {
             }
             let file = match &made {
                 Ok(Some(file)) => file.try_clone()?,
-                _ => OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW).open(temp(pid))?,
+                _ => OpenOptions::new().read(true).write(true).custom_flags(libc::O_NOFOLLOW).open(temp(pid))?,
+            };
+            // This rank's share is one range of the file (the writers take the tensors
+            // in the file's order), copied through a mapping where the group can map.
+            let ranges =
+                (0..n).filter(|&i| writer(i) == share).map(|i| (begins[i], begins[i] + snap.tensors[i].3.len()));
+            let (low, high) = ranges.fold((usize::MAX, 0), |(l, h), (b, e)| (l.min(b), h.max(e)));
+            let base = HEADER + reserved + low;
+            let mut map = match group.filter(|_| high > low) {
+                Some(g) => g.map_file(&file, base as u64, high - low).transpose()?,
+                None => None,
             };
             let mut crcs = Vec::with_capacity(n);
             for (i, (.., bytes)) in snap.tensors.iter().enumerate() {
@@ -346,13 +360,16 @@ impl Folder {
                     continue;
                 }
                 let mut crc = crc32fast::Hasher::new();
-                let mut offset = (HEADER + reserved + begins[i]) as u64;
-                for piece in bytes.chunks(PIECE) {
-                    if mine {
-                        file.write_all_at(piece, offset)?;
+                let mut at = HEADER + reserved + begins[i];
+                // A piece is hashed while the cache holds it from its copy.
+                for piece in bytes.chunks(if map.is_some() { MAPPED_PIECE } else { PIECE }) {
+                    match (&mut map, mine) {
+                        (Some(map), true) => map[at - base..at - base + piece.len()].copy_from_slice(piece),
+                        (None, true) => file.write_all_at(piece, at as u64)?,
+                        (_, false) => {}
                     }
                     crc.update(piece);
-                    offset += piece.len() as u64;
+                    at += piece.len();
                 }
                 crcs.push(Some(crc));
             }
