@@ -22,8 +22,15 @@ fn folder(name: &str) -> PathBuf {
 
 /// Runs the job `job` on `np` ranks with its commits in `dir`.
 fn run(dir: &std::path::Path, job: &str, np: usize, args: &[&str]) -> jobs::Job {
+    run_with(dir, job, np, args, &[])
+}
+
+/// [`run`] with more of the fixture's settings in its environment.
+fn run_with(dir: &std::path::Path, job: &str, np: usize, args: &[&str], env: &[(&str, &str)]) -> jobs::Job {
     let dir = dir.to_string_lossy().into_owned();
-    let mut cmd = jobs::mpirun(np, &[("KVSTORE_JOB", job), ("KVSTORE_COMMIT_DIR", &dir)]);
+    let mut vars = vec![("KVSTORE_JOB", job), ("KVSTORE_COMMIT_DIR", &dir)];
+    vars.extend_from_slice(env);
+    let mut cmd = jobs::mpirun(np, &vars);
     cmd.arg(env!("CARGO_BIN_EXE_fixture_commit_job")).args(args);
     jobs::run(cmd, Duration::from_secs(120))
 }
@@ -63,6 +70,30 @@ fn a_job_whose_rank_died_resumes_from_its_last_commit_with_the_same_bits() {
         expected.push(format!("step-{step:020}.done"));
     }
     assert_eq!(names, expected);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Under 2-bit compression each rank carries its own residuals from push to push: a
+/// commit keeps each rank's, and a job resumed on as many ranks ends with the bits of
+/// one that never died (with the residuals at zero after the restart, it would not).
+#[test]
+fn a_compressed_job_resumes_with_each_ranks_residuals_and_the_same_bits() {
+    let dir = folder("residuals");
+    let env = [("KVSTORE_TEST_COMPRESSION", "2bit")];
+    let whole = run_with(&dir, "never-died", 2, &["6"], &env);
+    assert_eq!(whole.code, Some(0), "{}", whole.shown());
+    let died = run_with(&dir, "died", 2, &["6", "die", "1", "2"], &env);
+    assert_ne!(died.code, Some(0), "rank 1 died: {}", died.shown());
+    let resumed = run_with(&dir, "died", 2, &["6"], &env);
+    assert_eq!(resumed.code, Some(0), "{}", resumed.shown());
+    assert_eq!(resumed.output.matches("restored 2 loader at 2").count(), 2, "every rank: {}", resumed.shown());
+    assert_eq!(bits(&resumed, 2), bits(&whole, 2), "the bits of the job that never died");
+    // On 3 ranks the residuals of a job of 2 are not the ranks' own: they start at zero.
+    let more = run_with(&dir, "died", 3, &["8"], &env);
+    assert_eq!(more.code, Some(0), "{}", more.shown());
+    assert!(more.output.contains("residuals of step 5 were of a job of 2 ranks, not 3"), "{}", more.shown());
+    let b = bits(&more, 3);
+    assert!(b.iter().all(|x| *x == b[0]), "every rank the same bits: {b:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

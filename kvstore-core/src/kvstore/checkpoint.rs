@@ -219,6 +219,9 @@ pub(super) struct Snapshot<'a> {
     /// The tensors in the file's order: by dtype, widest first, then by name (as
     /// safetensors writes them), so that every tensor's data is aligned to its element.
     pub(super) file_order: Vec<usize>,
+    /// The keys' gradient-compression residuals, of keys that have them (this rank's
+    /// own: a commit keeps them apart from the file, `kvstore/commit.rs`).
+    pub(super) residuals: Vec<(&'a str, &'a [Vec<f32>])>,
 }
 
 /// The length of a safetensors file's header-length field.
@@ -372,7 +375,13 @@ impl Store {
         ]);
         let mut file_order: Vec<usize> = (0..tensors.len()).collect();
         file_order.sort_by(|&a, &b| tensors[b].1.cmp(&tensors[a].1).then_with(|| tensors[a].0.cmp(&tensors[b].0)));
-        f(&Snapshot { tensors, keys, fixed, file_order })
+        let residuals = entries
+            .iter()
+            .zip(&guards)
+            .filter(|(_, g)| !g.residuals.is_empty())
+            .map(|(e, g)| (e.key.as_str(), g.residuals.as_slice()))
+            .collect();
+        f(&Snapshot { tensors, keys, fixed, file_order, residuals })
     }
 
     /// The file's bytes, from the store as it is ([`Store::snapshot`]).

@@ -15,13 +15,14 @@
 //! folder (its device and inode) write `step-S-rank-L-of-N.commit` together, L the
 //! first of them (a header with the step, the rank, the number of ranks and the
 //! lengths, a CRC-32 of the whole, then the store as a checkpoint, `checkpoint.rs`,
-//! then L's `extra` bytes), each rank a share of the tensors, in one pass over the data:
+//! then L's `extra` bytes and L's gradient-compression residuals, which are each
+//! rank's own), each rank a share of the tensors, in one pass over the data:
 //! each tensor is copied into the file (through a shared mapping of the rank's range
 //! where its worker group maps files, `Collective::map_file`: a `write` call to
 //! `/dev/shm` costs three times a copy) and hashed as it goes ([`Snapshot`]), the
 //! headers written last by L, which also hashes the others' shares from its own memory
 //! (every rank of a `dist_sync` job holds the same values). Each other rank writes its
-//! own `extra` beside it (`step-S-rank-R-of-N.extra`). Files are written under a
+//! own `extra` and residuals beside it (`step-S-rank-R-of-N.extra`). Files are written under a
 //! temporary name and renamed; once every rank said it wrote its part, each writes
 //! `step-S.done`. A commit is used only with its `done` mark: a rank killed during a
 //! commit leaves no mark, and the job resumes from the commit before. The two newest
@@ -35,7 +36,10 @@
 //! values, not the same bytes); when a rank lacks it (on a new host), every rank loads
 //! the bytes of the lowest rank that has it, so a job restarts on as many ranks or on
 //! more or fewer. `extra` is each rank's own: a rank gets its own when it is on its
-//! host, else that of the copy it loaded.
+//! host, else that of the copy it loaded. So are the residuals: a rank gets its own
+//! when they are on its host and the job has as many ranks as the one that committed
+//! them; else its residuals start again at zero (said on stderr), as they would at the
+//! first compressed push.
 
 use std::fs::{DirBuilder, OpenOptions};
 use std::io::{Read, Write};
@@ -57,10 +61,11 @@ pub const JOB_VAR: &str = "KVSTORE_JOB";
 /// `/dev/shm`).
 pub const COMMIT_DIR_VAR: &str = "KVSTORE_COMMIT_DIR";
 
-const MAGIC: &[u8; 8] = b"KVSTCMT2";
-/// The header: magic, step, rank, ranks, extra's length, the checkpoint's length, CRC;
-/// then the checkpoint and the extra bytes.
-const HEADER: usize = 8 + 8 + 4 + 4 + 8 + 8 + 4;
+const MAGIC: &[u8; 8] = b"KVSTCMT3";
+/// The header: magic, step, rank, ranks, extra's length, the checkpoint's length, the
+/// residuals' length, CRC; then the checkpoint, the extra bytes and the residuals (the
+/// writing rank's gradient-compression residuals, [`encode_residuals`]).
+const HEADER: usize = 8 + 8 + 4 + 4 + 8 + 8 + 8 + 4;
 /// How many marked commits are kept.
 const KEEP: usize = 2;
 
@@ -288,6 +293,8 @@ impl Folder {
             }
         };
         let (first, share, sharers) = (host[0], host.iter().position(|&r| r == rank).unwrap_or(0), host.len());
+        // This rank's own, beside its extra (each rank's differ).
+        let residuals = encode_residuals(&snap.residuals);
         let path = self.file(step, first, ranks);
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let temp = |pid: u64| self.path.join(format!(".{name}.{pid}"));
@@ -313,7 +320,7 @@ impl Folder {
                     .mode(0o600)
                     .custom_flags(libc::O_NOFOLLOW)
                     .open(temp(me))?;
-                file.set_len((HEADER + reserved + data_len + extra.len()) as u64)?;
+                file.set_len((HEADER + reserved + data_len + extra.len() + residuals.len()) as u64)?;
                 Ok(file)
             })()
             .map(Some),
@@ -411,10 +418,13 @@ impl Folder {
         let finished = (|| -> std::io::Result<()> {
             let crcs = wrote?;
             if rank != first {
-                let fields = fields(step, rank, ranks, extra.len(), 0);
-                let crc = crc32fast::hash(&[&fields[..], extra].concat());
+                let fields = fields(step, rank, ranks, extra.len(), 0, residuals.len());
+                let crc = crc32fast::hash(&[&fields[..], extra, &residuals].concat());
                 return self
-                    .write(&self.extra_file(step, rank, ranks), &[&fields[..], &crc.to_le_bytes(), extra].concat())
+                    .write(
+                        &self.extra_file(step, rank, ranks),
+                        &[&fields[..], &crc.to_le_bytes(), extra, &residuals].concat(),
+                    )
                     .map_err(std::io::Error::other);
             }
             if !shares_written {
@@ -431,15 +441,16 @@ impl Folder {
             if header.len() != reserved {
                 return Err(std::io::Error::other("the checkpoint's header changed length"));
             }
-            let fields = fields(step, rank, ranks, extra.len(), (reserved + data_len) as u64);
+            let fields = fields(step, rank, ranks, extra.len(), (reserved + data_len) as u64, residuals.len());
             let mut crc = crc32fast::Hasher::new();
             crc.update(&fields);
             crc.update(&header);
             snap.file_order.iter().for_each(|&i| crc.combine(&crcs[i]));
             crc.update(extra);
+            crc.update(&residuals);
             let file = made.as_ref().ok().and_then(Option::as_ref).ok_or_else(|| std::io::Error::other("no file"))?;
             file.write_all_at(&[&fields[..], &crc.finalize().to_le_bytes(), &header].concat(), 0)?;
-            file.write_all_at(extra, (HEADER + reserved + data_len) as u64)?;
+            file.write_all_at(&[extra, &residuals].concat(), (HEADER + reserved + data_len) as u64)?;
             std::fs::rename(temp(pid), &path)
         })();
         if rank == first && finished.is_err() {
@@ -540,7 +551,7 @@ impl Folder {
 
     /// Rank `rank`'s own `extra` of `step`, when it is in the folder, whole: its `.extra`
     /// file, or the host's copy it wrote itself.
-    fn own_extra(&self, step: u64, rank: usize) -> Option<Vec<u8>> {
+    fn own_extra(&self, step: u64, rank: usize) -> Option<(Vec<u8>, Vec<u8>, usize)> {
         let prefix = format!("step-{step:020}-rank-{rank:06}-of-");
         let mut files: Vec<PathBuf> = self
             .names()
@@ -553,7 +564,8 @@ impl Folder {
         files.sort_by_key(|f| f.extension().is_some_and(|e| e == "commit"));
         files.into_iter().find_map(|file| {
             let bytes = self.read(&file).ok()?;
-            decode(&bytes).ok().filter(|c| c.step == step && c.rank == rank).map(|c| c.extra.to_vec())
+            let c = decode(&bytes).ok().filter(|c| c.step == step && c.rank == rank)?;
+            Some((c.extra.to_vec(), c.residuals.to_vec(), c.ranks))
         })
     }
 
@@ -602,18 +614,66 @@ impl Folder {
     }
 }
 
+/// A rank's gradient-compression residuals as its commit holds them (little-endian):
+/// the number of keys, then per key its name's length and name, its number of
+/// positions, and per position its number of values and the values (f32).
+fn encode_residuals(keys: &[(&str, &[Vec<f32>])]) -> Vec<u8> {
+    let values: usize = keys.iter().flat_map(|(_, p)| p.iter().map(Vec::len)).sum();
+    let mut out = Vec::with_capacity(4 + keys.len() * 64 + values * 4);
+    out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+    for (key, positions) in keys {
+        out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(&(positions.len() as u32).to_le_bytes());
+        for p in *positions {
+            out.extend_from_slice(&(p.len() as u64).to_le_bytes());
+            p.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+        }
+    }
+    out
+}
+
+/// [`encode_residuals`]'s keys back; `None` for bytes that are not such a list.
+fn decode_residuals(bytes: &[u8]) -> Option<Vec<(String, Vec<Vec<f32>>)>> {
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let piece = bytes.get(at..at.checked_add(n)?)?;
+        at += n;
+        Some(piece)
+    };
+    let word = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize;
+    let keys = word(take(4)?);
+    let mut out = Vec::new();
+    for _ in 0..keys {
+        let len = word(take(4)?);
+        let key = String::from_utf8(take(len)?.to_vec()).ok()?;
+        let positions = word(take(4)?);
+        let mut values = Vec::new();
+        for _ in 0..positions {
+            let n = usize::try_from(u64::from_le_bytes(take(8)?.try_into().expect("8 bytes"))).ok()?;
+            let floats = take(n.checked_mul(4)?)?;
+            values.push(floats.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect());
+        }
+        out.push((key, values));
+    }
+    (at == bytes.len()).then_some(out)
+}
+
 /// A commit file, read and checked.
 struct Commit<'b> {
     step: u64,
-    /// The rank that wrote it.
+    /// The rank that wrote it, and the job's ranks then.
     rank: usize,
+    ranks: usize,
     extra: &'b [u8],
     checkpoint: &'b [u8],
+    /// The writing rank's residuals ([`encode_residuals`]).
+    residuals: &'b [u8],
 }
 
-/// The header's fields before its CRC: magic, step, rank, ranks, extra's length and the
-/// checkpoint's.
-fn fields(step: u64, rank: usize, ranks: usize, extra: usize, checkpoint: u64) -> Vec<u8> {
+/// The header's fields before its CRC: magic, step, rank, ranks, the lengths of extra,
+/// the checkpoint and the residuals.
+fn fields(step: u64, rank: usize, ranks: usize, extra: usize, checkpoint: u64, residuals: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER - 4);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&step.to_le_bytes());
@@ -621,6 +681,7 @@ fn fields(step: u64, rank: usize, ranks: usize, extra: usize, checkpoint: u64) -
     out.extend_from_slice(&(ranks as u32).to_le_bytes());
     out.extend_from_slice(&(extra as u64).to_le_bytes());
     out.extend_from_slice(&checkpoint.to_le_bytes());
+    out.extend_from_slice(&(residuals as u64).to_le_bytes());
     out
 }
 
@@ -629,10 +690,11 @@ fn decode(bytes: &[u8]) -> std::result::Result<Commit<'_>, &'static str> {
         return Err("not a commit");
     }
     let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-    let (step, extra_len, len) = (u64_at(8), u64_at(24), u64_at(32));
-    let rank = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes")) as usize;
+    let (step, extra_len, len, residuals_len) = (u64_at(8), u64_at(24), u64_at(32), u64_at(40));
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+    let (rank, ranks) = (u32_at(16), u32_at(20));
     let body = &bytes[HEADER..];
-    if extra_len.checked_add(len) != Some(body.len() as u64) {
+    if extra_len.checked_add(len).and_then(|n| n.checked_add(residuals_len)) != Some(body.len() as u64) {
         return Err("cut short");
     }
     let mut crc = crc32fast::Hasher::new();
@@ -641,8 +703,9 @@ fn decode(bytes: &[u8]) -> std::result::Result<Commit<'_>, &'static str> {
     if crc.finalize().to_le_bytes() != bytes[HEADER - 4..HEADER] {
         return Err("its checksum does not match");
     }
-    let (checkpoint, extra) = body.split_at(len as usize);
-    Ok(Commit { step, rank, extra, checkpoint })
+    let (checkpoint, rest) = body.split_at(len as usize);
+    let (extra, residuals) = rest.split_at(extra_len as usize);
+    Ok(Commit { step, rank, ranks, extra, checkpoint, residuals })
 }
 
 impl Store {
@@ -828,18 +891,67 @@ impl Store {
                 began.elapsed().as_secs_f64() * 1e3
             );
         }
-        let rank = self.collective.as_ref().map_or(0, |c| c.rank());
+        let (rank, ranks) = self.collective.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
         let own = self.commits.as_ref().and_then(|folder| {
             folder.forget_after(step);
             (commit.rank != rank).then(|| folder.own_extra(step, rank)).flatten()
         });
-        Ok(Restored { step, extra: own.unwrap_or_else(|| commit.extra.to_vec()) })
+        // This rank's own record (its extra and residuals), else the commit's extra alone:
+        // another rank's residuals are not this rank's.
+        let (extra, residuals, then) = match own {
+            Some(own) => own,
+            None if commit.rank == rank => (commit.extra.to_vec(), commit.residuals.to_vec(), commit.ranks),
+            None => (commit.extra.to_vec(), Vec::new(), ranks),
+        };
+        if !residuals.is_empty() {
+            match then == ranks {
+                true => self.set_residuals(&context, &residuals)?,
+                // A rank's residuals are what its own pushes did not send: on another
+                // number of ranks, the pushes are other ranks' too.
+                false => eprintln!(
+                    "kvstore: rank {rank}'s gradient-compression residuals of step {step} were of a job of {then} \
+                     ranks, not {ranks}: they start again at zero"
+                ),
+            }
+        }
+        Ok(Restored { step, extra })
+    }
+
+    /// Sets the keys' gradient-compression residuals to those of a commit
+    /// ([`encode_residuals`]): all of them, or none when one does not fit its key.
+    fn set_residuals(&self, context: &str, bytes: &[u8]) -> Result<()> {
+        const OP: &str = "restore";
+        let damaged = |why: String| Error::Io {
+            context: context.to_string(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("its residuals: {why}")),
+        };
+        let residuals = decode_residuals(bytes).ok_or_else(|| damaged("not a list of residuals".to_string()))?;
+        let held = super::locks::Held::new(OP, self, &[])?;
+        let entries = self.entries();
+        let locked: Vec<&Arc<super::Entry>> = entries.iter().collect();
+        let mut guards = held.write(OP, &locked)?;
+        let mut found = Vec::with_capacity(residuals.len());
+        for (key, positions) in &residuals {
+            let i = entries.iter().position(|e| e.key.as_str() == key);
+            let i = i.ok_or_else(|| damaged(format!("key \"{key}\" is not in the store")))?;
+            let size = guards[i].value.size();
+            if let Some(p) = positions.iter().find(|p| p.len() != size) {
+                return Err(damaged(format!("key \"{key}\" has {size} values, a residual {}", p.len())));
+            }
+            found.push(i);
+        }
+        for (i, (_, positions)) in found.into_iter().zip(residuals) {
+            guards[i].residual_spares = Vec::new();
+            guards[i].residuals = positions;
+        }
+        Ok(())
     }
 }
 
 impl KVStore {
     /// Commits the whole store as of this call: every key's value, the optimizer with
-    /// its state and counters, the step and `extra` (the program's own bytes: its data
+    /// its state and counters, this rank's gradient-compression residuals, the step and
+    /// `extra` (the program's own bytes: its data
     /// loader's position, its generators' state), into memory that outlives the process
     /// (`/dev/shm`), never to disk. A store made later by a run of the same job
     /// (`KVSTORE_JOB`) restores the newest commit every rank completed
@@ -870,11 +982,25 @@ impl KVStore {
 
 #[cfg(test)]
 mod tests {
-    use super::{decode, fields};
+    use super::{decode, decode_residuals, encode_residuals, fields};
+
+    #[test]
+    fn residuals_read_back_and_bytes_that_are_not_residuals_are_refused() {
+        let (w, b) = (vec![vec![0.25f32, -0.5, 1e-3], vec![]], vec![vec![f32::MIN_POSITIVE]]);
+        let bytes = encode_residuals(&[("w", &w), ("bias", &b)]);
+        let back = decode_residuals(&bytes).expect("residuals");
+        assert_eq!(back, vec![("w".to_string(), w), ("bias".to_string(), b)]);
+        assert_eq!(decode_residuals(&encode_residuals(&[])), Some(Vec::new()));
+        assert_eq!(decode_residuals(&bytes[..bytes.len() - 1]), None, "cut short");
+        assert_eq!(decode_residuals(&[&bytes[..], &[0]].concat()), None, "a byte too many");
+        // A count of values that no file holds is refused, not allocated.
+        let huge = [&1u32.to_le_bytes()[..], &1u32.to_le_bytes(), b"w", &1u32.to_le_bytes(), &u64::MAX.to_le_bytes()];
+        assert_eq!(decode_residuals(&huge.concat()), None);
+    }
 
     /// A commit's bytes, as `Folder::write_commit` lays them out.
     fn encode(step: u64, rank: usize, ranks: usize, extra: &[u8], checkpoint: &[u8]) -> Vec<u8> {
-        let fields = fields(step, rank, ranks, extra.len(), checkpoint.len() as u64);
+        let fields = fields(step, rank, ranks, extra.len(), checkpoint.len() as u64, 0);
         let crc = crc32fast::hash(&[&fields[..], checkpoint, extra].concat());
         [&fields[..], &crc.to_le_bytes(), checkpoint, extra].concat()
     }

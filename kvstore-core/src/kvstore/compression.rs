@@ -348,7 +348,8 @@ impl KVStore {
     /// position in the push's list of values (the device it came from) that carries
     /// what was not sent to the next push; the quantised values are summed and merged
     /// as ever. `init` and `pull` are not compressed. Values must be float32. The
-    /// residuals are not saved in checkpoints (nor were they in MXNet).
+    /// residuals are not saved in checkpoints (nor were they in MXNet); commits keep
+    /// each rank's ([`KVStore::commit`]).
     ///
     /// Under `dist_sync` each worker quantises its own sum of a key's values (one
     /// residual per key) and the workers exchange 2-bit codes, 16 to a 32-bit word (a
