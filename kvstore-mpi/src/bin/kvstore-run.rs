@@ -26,7 +26,9 @@
 //! `mpirun` that was itself killed (their parent gone, they become the launcher's: it is
 //! their subreaper) are killed before the next run starts. Unless told otherwise, `mpirun`
 //! kills the other ranks of a run at once when one died (Open MPI's
-//! `odls_base_sigkill_timeout` 0, not 1 s after asking them to end). After a run that
+//! `odls_base_sigkill_timeout` 0, not 1 s after asking them to end), and its daemons do
+//! not share their hardware topology through memory (`rtc_hwloc_vmhole` none: Debian's
+//! Open MPI 4.1 crashes there now and then on other hosts). After a run that
 //! did not end well, the shared-memory segments its ranks left on the launcher's host
 //! (Open MPI's `vader_segment.*`, made during the run and mapped by no process) are
 //! removed.
@@ -368,8 +370,15 @@ fn main() -> ExitCode {
     // mpirun kills a run's other ranks at once when one died, not a second after asking
     // them to end (a rank asked to end may not), unless the user chose otherwise.
     const SIGKILL_TIMEOUT: &str = "odls_base_sigkill_timeout";
-    let chosen = std::env::var_os(format!("OMPI_MCA_{SIGKILL_TIMEOUT}")).is_some()
-        || o.mpirun.iter().any(|a| a == SIGKILL_TIMEOUT);
+    let chosen =
+        |param: &str| std::env::var_os(format!("OMPI_MCA_{param}")).is_some() || o.mpirun.iter().any(|a| a == param);
+    // Open MPI's daemons on other hosts share their hardware topology through memory
+    // mapped at an address picked in their address space, and now and then crash there
+    // (SIGSEGV in hwloc_shmem_topology_write, seen in a job of two hosts): a failure no
+    // restart would cure. Unless the user chose otherwise, they do without it.
+    const TOPOLOGY_HOLE: &str = "rtc_hwloc_vmhole";
+    let topology = (!chosen(TOPOLOGY_HOLE)).then_some(["--mca", TOPOLOGY_HOLE, "none"]);
+    let chosen = chosen(SIGKILL_TIMEOUT);
     let mut last_death: Option<Instant> = None;
     for attempt in 0..=o.max_restarts {
         let started = Instant::now();
@@ -388,6 +397,7 @@ fn main() -> ExitCode {
         let before = children();
         let child = mpirun
             .args(["-x", "KVSTORE_JOB", "-x", "KVSTORE_RUN_ATTEMPT"])
+            .args(topology.iter().flatten())
             .args(&o.mpirun)
             .env("KVSTORE_JOB", &o.job)
             .env("KVSTORE_RUN_ATTEMPT", attempt.to_string())
