@@ -87,8 +87,9 @@ pub trait Collective: Send + Sync {
     /// with no room is an error here, never a fault later): how a commit copies its share
     /// of the store into its file in `/dev/shm` at the speed of memory, where a `write`
     /// call takes about three times as long (`kvstore/commit.rs`). `None` (the default):
-    /// the group cannot map files, and the commit writes with `write` calls. (Core maps
-    /// nothing itself: it has no unsafe code.)
+    /// the group cannot map files, and the commit writes with `write` calls, as it does
+    /// for an error of kind `Unsupported` (a file system that cannot allocate blocks
+    /// ahead). (Core maps nothing itself: it has no unsafe code.)
     fn map_file(&self, file: &std::fs::File, offset: u64, len: usize) -> Option<std::io::Result<MappedFile>> {
         let _ = (file, offset, len);
         None

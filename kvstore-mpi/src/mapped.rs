@@ -11,7 +11,9 @@ use kvstore_core::backend::MappedFile;
 /// `len` bytes of `file` from `offset`, mapped shared and writable, with their blocks
 /// allocated first (`fallocate`, which also grows the file to cover them): a file system
 /// with no room says so here (`ENOSPC`) instead of a `SIGBUS` at the first write into a
-/// page it cannot give. `file` must be open for reading and writing.
+/// page it cannot give. `file` must be open for reading and writing. A file system that
+/// cannot allocate blocks ahead (`EOPNOTSUPP`: ramfs, some network file systems) gives
+/// an error of kind `Unsupported`, and the caller writes instead.
 pub(crate) fn map_for_writing(file: &File, offset: u64, len: usize) -> std::io::Result<MappedFile> {
     if len == 0 {
         return Ok(Box::new(Vec::new()));
@@ -22,7 +24,11 @@ pub(crate) fn map_for_writing(file: &File, offset: u64, len: usize) -> std::io::
     };
     // SAFETY: fallocate reads no memory; the descriptor is open for as long as `file`.
     if unsafe { libc::fallocate(file.as_raw_fd(), 0, start, count) } != 0 {
-        return Err(std::io::Error::last_os_error());
+        let e = std::io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP) => std::io::Error::new(std::io::ErrorKind::Unsupported, e),
+            _ => e,
+        });
     }
     // SAFETY: the mapping is of a commit's file, in a folder of the user's alone
     // (`kvstore/commit.rs`), whose range only this rank writes while it is mapped, and
@@ -56,43 +62,51 @@ mod tests {
         assert!(bytes[..5000].iter().all(|&b| b == 0));
     }
 
-    /// A tmpfs of 1 MiB, mounted in a mount namespace of this test's thread alone: a
-    /// share of 4 MiB is refused with ENOSPC, where a mapping without its blocks would
-    /// have killed the process (SIGBUS) at its first write past the room.
-    #[test]
-    fn a_file_system_with_no_room_is_an_error_not_a_fault() {
+    /// Maps 4 MiB of a file on a file system `kind` with `options`, mounted in a mount
+    /// namespace of this test's thread alone; `None` where no namespace can be made.
+    fn map_on(kind: &str, options: &str) -> Option<std::io::Result<()>> {
         use std::ffi::CString;
         // SAFETY: unshare and mount take no memory but these strings, alive for the calls.
-        let own = unsafe { libc::unshare(libc::CLONE_NEWNS) } == 0;
-        if !own {
+        if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
             eprintln!("SKIP: no mount namespace of its own here ({})", std::io::Error::last_os_error());
-            return;
+            return None;
         }
-        let dir = temp("no-room");
+        let dir = temp(kind);
         std::fs::create_dir_all(&dir).unwrap();
         let (root, target) = (CString::new("/").unwrap(), CString::new(dir.to_str().unwrap()).unwrap());
-        let (tmpfs, size) = (CString::new("tmpfs").unwrap(), CString::new("size=1m").unwrap());
+        let (kind, options) = (CString::new(kind).unwrap(), CString::new(options).unwrap());
+        let null = std::ptr::null;
         // SAFETY: as above.
         let mounted = unsafe {
-            libc::mount(
-                std::ptr::null(),
-                root.as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            ) == 0
-                && libc::mount(tmpfs.as_ptr(), target.as_ptr(), tmpfs.as_ptr(), 0, size.as_ptr().cast()) == 0
+            libc::mount(null(), root.as_ptr(), null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) == 0
+                && libc::mount(kind.as_ptr(), target.as_ptr(), kind.as_ptr(), 0, options.as_ptr().cast()) == 0
         };
-        assert!(mounted, "a tmpfs in a namespace of its own: {}", std::io::Error::last_os_error());
+        assert!(mounted, "a file system in a namespace of its own: {}", std::io::Error::last_os_error());
         let path = dir.join("commit");
         let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
-        let mapped = map_for_writing(&file, 0, 4 << 20);
+        let mapped = map_for_writing(&file, 0, 4 << 20).map(drop);
         drop(file);
         // SAFETY: as above.
         unsafe { libc::umount(target.as_ptr()) };
         let _ = std::fs::remove_dir(&dir);
-        let e = mapped.err().expect("no room is an error");
+        Some(mapped)
+    }
+
+    /// A tmpfs of 1 MiB: a share of 4 MiB is refused with ENOSPC, where a mapping without
+    /// its blocks would have killed the process (SIGBUS) at its first write past the room.
+    #[test]
+    fn a_file_system_with_no_room_is_an_error_not_a_fault() {
+        let Some(mapped) = map_on("tmpfs", "size=1m") else { return };
+        let e = mapped.expect_err("no room is an error");
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    }
+
+    /// ramfs allocates no blocks ahead: the error says the caller must write instead.
+    #[test]
+    fn a_file_system_that_cannot_allocate_ahead_says_it_is_unsupported() {
+        let Some(mapped) = map_on("ramfs", "") else { return };
+        let e = mapped.expect_err("no allocation ahead");
+        assert_eq!(e.kind(), std::io::ErrorKind::Unsupported, "{e}");
     }
 
     #[test]

@@ -355,9 +355,11 @@ impl Folder {
                 (0..n).filter(|&i| writer(i) == share).map(|i| (begins[i], begins[i] + snap.tensors[i].3.len()));
             let (low, high) = ranges.fold((usize::MAX, 0), |(l, h), (b, e)| (l.min(b), h.max(e)));
             let base = HEADER + reserved + low;
-            let mut map = match group.filter(|_| high > low) {
-                Some(g) => g.map_file(&file, base as u64, high - low).transpose()?,
-                None => None,
+            let mapped = group.filter(|_| high > low).and_then(|g| g.map_file(&file, base as u64, high - low));
+            let mut map = match mapped {
+                // A file system that cannot allocate blocks ahead: written instead.
+                Some(Err(e)) if e.kind() == std::io::ErrorKind::Unsupported => None,
+                mapped => mapped.transpose()?,
             };
             let mut crcs = Vec::with_capacity(n);
             for (i, (.., bytes)) in snap.tensors.iter().enumerate() {
