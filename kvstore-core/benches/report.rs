@@ -578,7 +578,7 @@ fn main() -> kvstore_core::Result<()> {
                 Row::new(n, median_s, limit_s, ">= 0.95 (a commit costs at most 5 % of the step)")
             }
             n if n.starts_with("mpi ") && n.contains("a commit (the step and a commit") => {
-                Row::new(n, median_s, limit_s, "~1 (one write of its bytes)")
+                Row::new(n, median_s, limit_s, "~1 (one memory copy of its bytes)")
             }
             n if n.starts_with("mpi ") && n.contains("dist_async push then pull") => {
                 Row::new(n, median_s, limit_s, ">= 0.67 (at most 1.5 x dist_sync's pushpull)")
