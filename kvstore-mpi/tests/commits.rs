@@ -94,6 +94,16 @@ fn a_compressed_job_resumes_with_each_ranks_residuals_and_the_same_bits() {
     assert!(more.output.contains("residuals of step 5 were of a job of 2 ranks, not 3"), "{}", more.shown());
     let b = bits(&more, 3);
     assert!(b.iter().all(|x| *x == b[0]), "every rank the same bits: {b:?}");
+    // A rank whose host has no record of its own (it moved to a new host) says that its
+    // residuals start at zero; the rank on its own host says nothing.
+    let env = ["KVSTORE_TEST_COMPRESSION=2bit"];
+    let died = on_hosts_with(&dir, "moved", &[0, 1], &["6", "die", "1", "2"], &env);
+    assert_ne!(died.code, Some(0), "rank 1 died: {}", died.shown());
+    let moved = on_hosts_with(&dir, "moved", &[0, 2], &["6"], &env);
+    assert_eq!(moved.code, Some(0), "{}", moved.shown());
+    let said = "kvstore: rank 1 has no record of its own of step 2 on its host";
+    assert!(moved.output.contains(said), "{}", moved.shown());
+    assert!(!moved.output.contains("kvstore: rank 0 has no record"), "{}", moved.shown());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -107,13 +117,19 @@ fn host_folder(dir: &std::path::Path, h: usize) -> PathBuf {
 /// Runs the fixture job `job` with `args`, rank r on host `hosts[r]` (its own commits'
 /// folder, [`host_folder`]).
 fn on_hosts(dir: &std::path::Path, job: &str, hosts: &[usize], args: &[&str]) -> jobs::Job {
+    on_hosts_with(dir, job, hosts, args, &[])
+}
+
+/// [`on_hosts`] with more of the fixture's settings (`NAME=value`) in every rank's
+/// environment.
+fn on_hosts_with(dir: &std::path::Path, job: &str, hosts: &[usize], args: &[&str], env: &[&str]) -> jobs::Job {
     let mut cmd = jobs::mpirun(1, &[("KVSTORE_JOB", job)]);
     for (r, &h) in hosts.iter().enumerate() {
         if r > 0 {
             cmd.args([":", "-np", "1"]);
         }
-        let env = format!("KVSTORE_COMMIT_DIR={}", host_folder(dir, h).display());
-        cmd.args(["env", &env, env!("CARGO_BIN_EXE_fixture_commit_job")]).args(args);
+        let folder = format!("KVSTORE_COMMIT_DIR={}", host_folder(dir, h).display());
+        cmd.args(["env", &folder]).args(env).arg(env!("CARGO_BIN_EXE_fixture_commit_job")).args(args);
     }
     jobs::run(cmd, Duration::from_secs(120))
 }

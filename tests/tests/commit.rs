@@ -181,6 +181,18 @@ fn a_folder_others_may_use_is_refused() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A store with no keys has nothing for its rank to copy: it commits and restores all
+/// the same.
+#[test]
+fn a_store_with_no_keys_commits_and_restores() {
+    let dir = folder("empty");
+    let first = run(&dir, "empty", &["1", "empty"]);
+    assert!(first.status.success() && stdout(&first).contains("committed empty"), "{first:?}");
+    let again = run(&dir, "empty", &["1", "empty"]);
+    assert!(again.status.success() && stdout(&again).contains("restored empty 0"), "{again:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_store_without_a_job_name_cannot_commit() {
     // (This process has no KVSTORE_JOB.)

@@ -353,8 +353,10 @@ impl Folder {
             // in the file's order), copied through a mapping where the group can map.
             let ranges =
                 (0..n).filter(|&i| writer(i) == share).map(|i| (begins[i], begins[i] + snap.tensors[i].3.len()));
+            // (A rank may have no tensor to write: a store with no keys, or more ranks on
+            // the host than tensors; then `low` stays above `high` and nothing is mapped.)
             let (low, high) = ranges.fold((usize::MAX, 0), |(l, h), (b, e)| (l.min(b), h.max(e)));
-            let base = HEADER + reserved + low;
+            let base = HEADER + reserved + low.min(high);
             let mapped = group.filter(|_| high > low).and_then(|g| g.map_file(&file, base as u64, high - low));
             let mut map = match mapped {
                 // A file system that cannot allocate blocks ahead: written instead.
@@ -688,6 +690,9 @@ fn fields(step: u64, rank: usize, ranks: usize, extra: usize, checkpoint: u64, r
 }
 
 fn decode(bytes: &[u8]) -> std::result::Result<Commit<'_>, &'static str> {
+    if bytes.len() >= 8 && bytes[..8] != MAGIC[..] && bytes.starts_with(b"KVSTCMT") {
+        return Err("a commit of another version of kvstore");
+    }
     if bytes.len() < HEADER || &bytes[..8] != MAGIC {
         return Err("not a commit");
     }
@@ -903,7 +908,15 @@ impl Store {
         let (extra, residuals, then) = match own {
             Some(own) => own,
             None if commit.rank == rank => (commit.extra.to_vec(), commit.residuals.to_vec(), commit.ranks),
-            None => (commit.extra.to_vec(), Vec::new(), ranks),
+            None => {
+                if !commit.residuals.is_empty() {
+                    eprintln!(
+                        "kvstore: rank {rank} has no record of its own of step {step} on its host (it ran elsewhere): \
+                         its gradient-compression residuals start again at zero"
+                    );
+                }
+                (commit.extra.to_vec(), Vec::new(), ranks)
+            }
         };
         if !residuals.is_empty() {
             match then == ranks {
@@ -1018,5 +1031,8 @@ mod tests {
             assert!(decode(&bad).is_err(), "a flip at {at}");
         }
         assert!(decode(&bytes[..bytes.len() - 1]).is_err(), "cut short");
+        let mut older = bytes.clone();
+        older[..8].copy_from_slice(b"KVSTCMT2");
+        assert_eq!(decode(&older).err(), Some("a commit of another version of kvstore"));
     }
 }
