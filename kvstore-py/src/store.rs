@@ -529,7 +529,8 @@ impl PyStore {
     }
 
     /// Commits the whole store as of this call (every key's value, the optimizer and
-    /// its state, ``step`` and ``extra``, the program's own bytes) into memory that
+    /// its state, this rank's compression residuals, ``step`` and ``extra``, the
+    /// program's own bytes) into memory that
     /// outlives the process (``/dev/shm``): a store made later by a run of the same job
     /// (``KVSTORE_JOB``, which ``kvstore-run`` sets) restores it (``restored()``). Under
     /// ``dist_sync`` a collective, like ``barrier``. Raises ``InvalidArgumentError``

@@ -817,7 +817,8 @@
 
 (defn commit
   "Commits the whole store as of this call (every key's value, the optimizer
-  and its state, `step` and `extra`, the program's own bytes: a byte array, or
+  and its state, this rank's compression residuals, `step` and `extra`, the
+  program's own bytes: a byte array, or
   a string, kept as its UTF-8 bytes) into memory that outlives the process
   (/dev/shm): a store made later by a run of the same job (KVSTORE_JOB, which
   kvstore-run sets) restores it (`restored`). Under dist_sync a collective,

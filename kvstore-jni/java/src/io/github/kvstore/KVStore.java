@@ -886,10 +886,11 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
 
     /**
      * Commits the whole store as of this call (every key's value, the optimizer and its
-     * state, {@code step} and {@code extra}, the program's own bytes) into memory that
-     * outlives the process ({@code /dev/shm}): a store made later by a run of the same job
-     * ({@code KVSTORE_JOB}, which {@code kvstore-run} sets) restores it ({@link
-     * #restored()}). Under {@code dist_sync} a collective, like {@link #barrier()}.
+     * state, this rank's compression residuals, {@code step} and {@code extra}, the
+     * program's own bytes) into memory that outlives the process ({@code /dev/shm}): a
+     * store made later by a run of the same job ({@code KVSTORE_JOB}, which {@code
+     * kvstore-run} sets) restores it ({@link #restored()}). Under {@code dist_sync} a
+     * collective, like {@link #barrier()}.
      *
      * @param step the step committed
      * @param extra the program's own bytes (a data loader's position; empty for none)
