@@ -94,14 +94,25 @@ fn a_compressed_job_resumes_with_each_ranks_residuals_and_the_same_bits() {
     assert!(more.output.contains("residuals of step 5 were of a job of 2 ranks, not 3"), "{}", more.shown());
     let b = bits(&more, 3);
     assert!(b.iter().all(|x| *x == b[0]), "every rank the same bits: {b:?}");
-    // A rank whose host has no record of its own (it moved to a new host) says that its
-    // residuals start at zero; the rank on its own host says nothing.
+    // Ranks that swapped hosts get their own records (extra and residuals) from each
+    // other's host, and end with the bits of the job that never died.
     let env = ["KVSTORE_TEST_COMPRESSION=2bit"];
+    let died = on_hosts_with(&dir, "swapped", &[0, 1], &["6", "die", "1", "2"], &env);
+    assert_ne!(died.code, Some(0), "rank 1 died: {}", died.shown());
+    let swapped = on_hosts_with(&dir, "swapped", &[1, 0], &["6"], &env);
+    assert_eq!(swapped.code, Some(0), "{}", swapped.shown());
+    for r in 0..2 {
+        assert!(swapped.output.contains(&format!("restored 2 loader at 2 of rank {r}")), "{}", swapped.shown());
+    }
+    assert!(!swapped.output.contains("has no record"), "{}", swapped.shown());
+    assert_eq!(bits(&swapped, 2), bits(&whole, 2), "the bits of the job that never died");
+    // A rank whose record was only on a host the job lost says that its residuals start
+    // at zero; the rank on its own host says nothing.
     let died = on_hosts_with(&dir, "moved", &[0, 1], &["6", "die", "1", "2"], &env);
     assert_ne!(died.code, Some(0), "rank 1 died: {}", died.shown());
     let moved = on_hosts_with(&dir, "moved", &[0, 2], &["6"], &env);
     assert_eq!(moved.code, Some(0), "{}", moved.shown());
-    let said = "kvstore: rank 1 has no record of its own of step 2 on its host";
+    let said = "kvstore: rank 1 has no record of its own of step 2 on any host of the job";
     assert!(moved.output.contains(said), "{}", moved.shown());
     assert!(!moved.output.contains("kvstore: rank 0 has no record"), "{}", moved.shown());
     let _ = std::fs::remove_dir_all(&dir);

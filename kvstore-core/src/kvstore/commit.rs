@@ -35,11 +35,11 @@
 //! compare what they load by its contents' checksum: copies on other hosts hold the same
 //! values, not the same bytes); when a rank lacks it (on a new host), every rank loads
 //! the bytes of the lowest rank that has it, so a job restarts on as many ranks or on
-//! more or fewer. `extra` is each rank's own: a rank gets its own when it is on its
-//! host, else that of the copy it loaded. So are the residuals: a rank gets its own
-//! when they are on its host and the job has as many ranks as the one that committed
-//! them; else its residuals start again at zero (said on stderr), as they would at the
-//! first compressed push.
+//! more or fewer. `extra` is each rank's own, with its residuals (its record): a rank
+//! gets its own from its host, or, when it moved, from a rank whose host has it
+//! ([`fetch_records`]), else the `extra` of the copy it loaded. Its residuals come back
+//! when the job has as many ranks as the one that committed them; else they start again
+//! at zero (said on stderr), as they would at the first compressed push.
 
 use std::fs::{DirBuilder, OpenOptions};
 use std::io::{Read, Write};
@@ -553,6 +553,18 @@ impl Folder {
         }
     }
 
+    /// The ranks whose own record of `step` (their `extra` and residuals) is in the folder:
+    /// the writer of the host's copy and the ranks of the `.extra` files beside it.
+    fn records_of(&self, step: u64) -> Vec<usize> {
+        let prefix = format!("step-{step:020}-rank-");
+        let names = self.names().unwrap_or_default();
+        names
+            .iter()
+            .filter(|n| n.ends_with(".extra") || n.ends_with(".commit"))
+            .filter_map(|n| n.strip_prefix(&prefix)?.get(..6)?.parse().ok())
+            .collect()
+    }
+
     /// Rank `rank`'s own `extra` of `step`, when it is in the folder, whole: its `.extra`
     /// file, or the host's copy it wrote itself.
     fn own_extra(&self, step: u64, rank: usize) -> Option<(Vec<u8>, Vec<u8>, usize)> {
@@ -661,6 +673,70 @@ fn decode_residuals(bytes: &[u8]) -> Option<Vec<(String, Vec<Vec<f32>>)>> {
         out.push((key, values));
     }
     (at == bytes.len()).then_some(out)
+}
+
+/// What a rank gets of its own record of a commit: its extra, its residuals and the number
+/// of ranks of the job that committed them.
+type Record = (Vec<u8>, Vec<u8>, usize);
+
+/// Each rank that lacks its own record of `step` on its host (it moved to another host)
+/// gets it from a rank whose host has it: every rank says which ranks' records its
+/// host's folder holds, and for each rank that lacks its own, the lowest rank that
+/// holds it sends it (the bytes of an `.extra` file, checked as one). A collective:
+/// every rank calls it at the same point. (A job of more ranks than a record can name,
+/// 8,184, keeps what each rank found.)
+fn fetch_records(
+    group: &Arc<dyn Collective>,
+    folder: &Folder,
+    step: u64,
+    own: Option<Record>,
+) -> Result<Option<Record>> {
+    let (me, n) = (group.rank(), group.size());
+    if n > (crate::backend::MAX_RECORD - 1) * 8 {
+        return Ok(own);
+    }
+    let mut said = vec![0u8; 1 + n.div_ceil(8)];
+    said[0] = u8::from(own.is_some());
+    for r in folder.records_of(step).into_iter().filter(|&r| r < n) {
+        said[1 + r / 8] |= 1 << (r % 8);
+    }
+    let all = group.exchange("restore-records", &said)?;
+    let holds = |q: usize, r: usize| all[q].get(1 + r / 8).is_some_and(|b| b & (1 << (r % 8)) != 0);
+    let mut own = own;
+    for r in (0..n).filter(|&r| all[r].first() == Some(&0)) {
+        let Some(q) = (0..n).find(|&q| holds(q, r)) else { continue };
+        // The record as an `.extra` file holds it, or nothing (length 0) when the rank
+        // that has it cannot read it after all.
+        let record = (me == q).then(|| folder.own_extra(step, r)).flatten().map(|(extra, residuals, then)| {
+            let fields = fields(step, r, then, extra.len(), 0, residuals.len());
+            let crc = crc32fast::hash(&[&fields[..], &extra, &residuals].concat());
+            [&fields[..], &crc.to_le_bytes(), &extra, &residuals].concat()
+        });
+        let len = NDArray::zeros_with(&[8], DType::U8, crate::Context::default())?;
+        if let Some(record) = &record {
+            len.write()?.bytes_mut().copy_from_slice(&(record.len() as u64).to_le_bytes());
+        }
+        group.broadcast(&[&len], q)?;
+        let bytes = u64::from_le_bytes(len.read()?.bytes().try_into().expect("8 bytes")) as usize;
+        if bytes == 0 {
+            continue;
+        }
+        let buf = NDArray::zeros_with(&[bytes], DType::U8, crate::Context::default())?;
+        if let Some(record) = &record {
+            buf.write()?.bytes_mut().copy_from_slice(record);
+        }
+        group.broadcast(&[&buf], q)?;
+        if me == r {
+            let got = buf.read()?;
+            if let Ok(c) = decode(got.bytes()).map_err(|_| ()).and_then(|c| match c.step == step && c.rank == r {
+                true => Ok(c),
+                false => Err(()),
+            }) {
+                own = Some((c.extra.to_vec(), c.residuals.to_vec(), c.ranks));
+            }
+        }
+    }
+    Ok(own)
 }
 
 /// A commit file, read and checked.
@@ -899,20 +975,25 @@ impl Store {
             );
         }
         let (rank, ranks) = self.collective.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
-        let own = self.commits.as_ref().and_then(|folder| {
+        let mut own = match commit.rank == rank {
+            true => Some((commit.extra.to_vec(), commit.residuals.to_vec(), commit.ranks)),
+            false => self.commits.as_ref().and_then(|folder| folder.own_extra(step, rank)),
+        };
+        if let Some(folder) = &self.commits {
             folder.forget_after(step);
-            (commit.rank != rank).then(|| folder.own_extra(step, rank)).flatten()
-        });
+            if let Some(group) = &self.collective {
+                own = fetch_records(group, folder, step, own)?;
+            }
+        }
         // This rank's own record (its extra and residuals), else the commit's extra alone:
         // another rank's residuals are not this rank's.
         let (extra, residuals, then) = match own {
             Some(own) => own,
-            None if commit.rank == rank => (commit.extra.to_vec(), commit.residuals.to_vec(), commit.ranks),
             None => {
                 if !commit.residuals.is_empty() {
                     eprintln!(
-                        "kvstore: rank {rank} has no record of its own of step {step} on its host (it ran elsewhere): \
-                         its gradient-compression residuals start again at zero"
+                        "kvstore: rank {rank} has no record of its own of step {step} on any host of the job (it ran \
+                         on a host the job lost): its gradient-compression residuals start again at zero"
                     );
                 }
                 (commit.extra.to_vec(), Vec::new(), ranks)
