@@ -118,6 +118,26 @@ fn a_compressed_job_resumes_with_each_ranks_residuals_and_the_same_bits() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A host that did not mark a step (its ranks died before they could) holds no record
+/// of it that a rank may take: its files may be of a history the job gave up. Here host
+/// 1's mark of step 2 is removed; on swapped hosts, rank 0 gets its own record from
+/// host 0, and rank 1, whose record is only on host 1, says its residuals start at zero.
+#[test]
+fn a_record_of_a_step_its_host_never_marked_is_not_used() {
+    let dir = folder("unmarked");
+    let env = ["KVSTORE_TEST_COMPRESSION=2bit"];
+    let died = on_hosts_with(&dir, "unmarked", &[0, 1], &["6", "die", "1", "2"], &env);
+    assert_ne!(died.code, Some(0), "rank 1 died: {}", died.shown());
+    let store = dir.join("host1").join(format!("kvstore-{}-unmarked", uid(&dir))).join("store0");
+    std::fs::remove_file(store.join(format!("step-{:020}.done", 2))).expect("host 1's mark of step 2");
+    let swapped = on_hosts_with(&dir, "unmarked", &[1, 0], &["6"], &env);
+    assert_eq!(swapped.code, Some(0), "{}", swapped.shown());
+    assert!(swapped.output.contains("restored 2 loader at 2 of rank 0"), "{}", swapped.shown());
+    let said = "kvstore: rank 1 has no record of its own of step 2 on any host of the job";
+    assert!(swapped.output.contains(said), "{}", swapped.shown());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Host `h`'s commits' folder under `dir` (its "/dev/shm"), made.
 fn host_folder(dir: &std::path::Path, h: usize) -> PathBuf {
     let folder = dir.join(format!("host{h}"));

@@ -554,8 +554,13 @@ impl Folder {
     }
 
     /// The ranks whose own record of `step` (their `extra` and residuals) is in the folder:
-    /// the writer of the host's copy and the ranks of the `.extra` files beside it.
+    /// the writer of the host's copy and the ranks of the `.extra` files beside it; none
+    /// where the step is not marked done here (files a rank died among, of a history the
+    /// job gave up).
     fn records_of(&self, step: u64) -> Vec<usize> {
+        if !self.done(step).exists() {
+            return Vec::new();
+        }
         let prefix = format!("step-{step:020}-rank-");
         let names = self.names().unwrap_or_default();
         names
@@ -568,6 +573,9 @@ impl Folder {
     /// Rank `rank`'s own `extra` of `step`, when it is in the folder, whole: its `.extra`
     /// file, or the host's copy it wrote itself.
     fn own_extra(&self, step: u64, rank: usize) -> Option<(Vec<u8>, Vec<u8>, usize)> {
+        if !self.done(step).exists() {
+            return None;
+        }
         let prefix = format!("step-{step:020}-rank-{rank:06}-of-");
         let mut files: Vec<PathBuf> = self
             .names()
@@ -990,11 +998,17 @@ impl Store {
         let (extra, residuals, then) = match own {
             Some(own) => own,
             None => {
-                if !commit.residuals.is_empty() {
-                    eprintln!(
+                match (commit.residuals.is_empty(), commit.ranks == ranks) {
+                    (true, _) => {}
+                    (false, true) => eprintln!(
                         "kvstore: rank {rank} has no record of its own of step {step} on any host of the job (it ran \
                          on a host the job lost): its gradient-compression residuals start again at zero"
-                    );
+                    ),
+                    (false, false) => eprintln!(
+                        "kvstore: rank {rank}'s gradient-compression residuals of step {step} were of a job of {} \
+                         ranks, not {ranks}: they start again at zero",
+                        commit.ranks
+                    ),
                 }
                 (commit.extra.to_vec(), Vec::new(), ranks)
             }
