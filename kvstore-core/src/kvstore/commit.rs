@@ -422,13 +422,8 @@ impl Folder {
         let finished = (|| -> std::io::Result<()> {
             let crcs = wrote?;
             if rank != first {
-                let fields = fields(step, rank, ranks, extra.len(), 0, residuals.len());
-                let crc = crc32fast::hash(&[&fields[..], extra, &residuals].concat());
                 return self
-                    .write(
-                        &self.extra_file(step, rank, ranks),
-                        &[&fields[..], &crc.to_le_bytes(), extra, &residuals].concat(),
-                    )
+                    .write(&self.extra_file(step, rank, ranks), &record(step, rank, ranks, extra, &residuals))
                     .map_err(std::io::Error::other);
             }
             if !shares_written {
@@ -651,7 +646,8 @@ fn encode_residuals(keys: &[(&str, &[Vec<f32>])]) -> Vec<u8> {
         out.extend_from_slice(&(positions.len() as u32).to_le_bytes());
         for p in *positions {
             out.extend_from_slice(&(p.len() as u64).to_le_bytes());
-            p.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+            // (f32 in the machine's order, little-endian: the order of a checkpoint's data.)
+            out.extend_from_slice(bytemuck::cast_slice(p));
         }
     }
     out
@@ -676,7 +672,7 @@ fn decode_residuals(bytes: &[u8]) -> Option<Vec<(String, Vec<Vec<f32>>)>> {
         for _ in 0..positions {
             let n = usize::try_from(u64::from_le_bytes(take(8)?.try_into().expect("8 bytes"))).ok()?;
             let floats = take(n.checked_mul(4)?)?;
-            values.push(floats.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect());
+            values.push(bytemuck::pod_collect_to_vec(floats));
         }
         out.push((key, values));
     }
@@ -715,11 +711,10 @@ fn fetch_records(
         let Some(q) = (0..n).find(|&q| holds(q, r)) else { continue };
         // The record as an `.extra` file holds it, or nothing (length 0) when the rank
         // that has it cannot read it after all.
-        let record = (me == q).then(|| folder.own_extra(step, r)).flatten().map(|(extra, residuals, then)| {
-            let fields = fields(step, r, then, extra.len(), 0, residuals.len());
-            let crc = crc32fast::hash(&[&fields[..], &extra, &residuals].concat());
-            [&fields[..], &crc.to_le_bytes(), &extra, &residuals].concat()
-        });
+        let record = (me == q)
+            .then(|| folder.own_extra(step, r))
+            .flatten()
+            .map(|(extra, residuals, then)| record(step, r, then, &extra, &residuals));
         let len = NDArray::zeros_with(&[8], DType::U8, crate::Context::default())?;
         if let Some(record) = &record {
             len.write()?.bytes_mut().copy_from_slice(&(record.len() as u64).to_le_bytes());
@@ -736,10 +731,10 @@ fn fetch_records(
         group.broadcast(&[&buf], q)?;
         if me == r {
             let got = buf.read()?;
-            if let Ok(c) = decode(got.bytes()).map_err(|_| ()).and_then(|c| match c.step == step && c.rank == r {
-                true => Ok(c),
-                false => Err(()),
-            }) {
+            if let Ok(c) = decode(got.bytes())
+                && c.step == step
+                && c.rank == r
+            {
                 own = Some((c.extra.to_vec(), c.residuals.to_vec(), c.ranks));
             }
         }
@@ -771,6 +766,15 @@ fn fields(step: u64, rank: usize, ranks: usize, extra: usize, checkpoint: u64, r
     out.extend_from_slice(&checkpoint.to_le_bytes());
     out.extend_from_slice(&(residuals as u64).to_le_bytes());
     out
+}
+
+/// A rank's own record of `step` as an `.extra` file holds it: the header (no checkpoint)
+/// and its CRC, then `extra` and the residuals.
+fn record(step: u64, rank: usize, ranks: usize, extra: &[u8], residuals: &[u8]) -> Vec<u8> {
+    let fields = fields(step, rank, ranks, extra.len(), 0, residuals.len());
+    let mut crc = crc32fast::Hasher::new();
+    [&fields[..], extra, residuals].iter().for_each(|b| crc.update(b));
+    [&fields[..], &crc.finalize().to_le_bytes(), extra, residuals].concat()
 }
 
 fn decode(bytes: &[u8]) -> std::result::Result<Commit<'_>, &'static str> {
@@ -964,9 +968,10 @@ impl Store {
     }
 
     /// Loads the commit `bytes` of `step` into the store (`began`: when the restore began,
-    /// for what rank 0 says) and forgets the marked commits after it. `extra` is each
-    /// rank's own: the commit's when this rank wrote it, else this rank's own beside it
-    /// when it is on this host, else the commit's.
+    /// for what rank 0 says) and forgets the marked commits after it. `extra` and the
+    /// residuals are this rank's own record: the commit's when this rank wrote it, else
+    /// the one beside it on this host, else one a rank of another host has
+    /// ([`fetch_records`]); without one, the commit's `extra` and no residuals.
     fn restore_bytes(&self, step: u64, bytes: &[u8], began: std::time::Instant) -> Result<Restored> {
         let commit = decode(bytes).map_err(|why| Error::Io {
             context: format!("restore of step {step}"),
@@ -993,36 +998,31 @@ impl Store {
                 own = fetch_records(group, folder, step, own)?;
             }
         }
+        // A rank's residuals are what its own pushes did not send: on another number of
+        // ranks, the pushes are other ranks' too.
+        let other_ranks = |then: usize| {
+            eprintln!(
+                "kvstore: rank {rank}'s gradient-compression residuals of step {step} were of a job of {then} ranks, \
+                 not {ranks}: they start again at zero"
+            );
+        };
         // This rank's own record (its extra and residuals), else the commit's extra alone:
         // another rank's residuals are not this rank's.
-        let (extra, residuals, then) = match own {
-            Some(own) => own,
-            None => {
-                match (commit.residuals.is_empty(), commit.ranks == ranks) {
-                    (true, _) => {}
-                    (false, true) => eprintln!(
-                        "kvstore: rank {rank} has no record of its own of step {step} on any host of the job (it ran \
-                         on a host the job lost): its gradient-compression residuals start again at zero"
-                    ),
-                    (false, false) => eprintln!(
-                        "kvstore: rank {rank}'s gradient-compression residuals of step {step} were of a job of {} \
-                         ranks, not {ranks}: they start again at zero",
-                        commit.ranks
-                    ),
-                }
-                (commit.extra.to_vec(), Vec::new(), ranks)
-            }
-        };
-        if !residuals.is_empty() {
-            match then == ranks {
-                true => self.set_residuals(&context, &residuals)?,
-                // A rank's residuals are what its own pushes did not send: on another
-                // number of ranks, the pushes are other ranks' too.
-                false => eprintln!(
-                    "kvstore: rank {rank}'s gradient-compression residuals of step {step} were of a job of {then} \
-                     ranks, not {ranks}: they start again at zero"
+        let Some((extra, residuals, then)) = own else {
+            match (commit.residuals.is_empty(), commit.ranks == ranks) {
+                (true, _) => {}
+                (false, true) => eprintln!(
+                    "kvstore: rank {rank} has no record of its own of step {step} on any host of the job (it ran on \
+                     a host the job lost): its gradient-compression residuals start again at zero"
                 ),
+                (false, false) => other_ranks(commit.ranks),
             }
+            return Ok(Restored { step, extra: commit.extra.to_vec() });
+        };
+        match (residuals.is_empty(), then == ranks) {
+            (true, _) => {}
+            (false, true) => self.set_residuals(&context, &residuals)?,
+            (false, false) => other_ranks(then),
         }
         Ok(Restored { step, extra })
     }
