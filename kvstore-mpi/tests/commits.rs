@@ -46,17 +46,28 @@ fn bits(job: &jobs::Job, np: usize) -> Vec<String> {
         .collect()
 }
 
+/// A 2-rank job of 6 steps with the fixture's settings `env` run whole ("never-died"),
+/// then again ("died") with rank 1 dying after its commit of step 2, then resumed: every
+/// rank restores its own extra of step 2 and ends with the bits of the whole job. The
+/// whole run's bits.
+fn died_and_resumed(dir: &std::path::Path, env: &[(&str, &str)]) -> Vec<String> {
+    let whole = run_with(dir, "never-died", 2, &["6"], env);
+    assert_eq!(whole.code, Some(0), "{}", whole.shown());
+    let died = run_with(dir, "died", 2, &["6", "die", "1", "2"], env);
+    assert_ne!(died.code, Some(0), "rank 1 died: {}", died.shown());
+    let resumed = run_with(dir, "died", 2, &["6"], env);
+    assert_eq!(resumed.code, Some(0), "{}", resumed.shown());
+    for r in 0..2 {
+        assert!(resumed.output.contains(&format!("restored 2 loader at 2 of rank {r}")), "{}", resumed.shown());
+    }
+    assert_eq!(bits(&resumed, 2), bits(&whole, 2), "the bits of the job that never died");
+    bits(&whole, 2)
+}
+
 #[test]
 fn a_job_whose_rank_died_resumes_from_its_last_commit_with_the_same_bits() {
     let dir = folder("resume");
-    let whole = run(&dir, "never-died", 2, &["6"]);
-    assert_eq!(whole.code, Some(0), "{}", whole.shown());
-    let died = run(&dir, "died", 2, &["6", "die", "1", "2"]);
-    assert_ne!(died.code, Some(0), "rank 1 died: {}", died.shown());
-    let resumed = run(&dir, "died", 2, &["6"]);
-    assert_eq!(resumed.code, Some(0), "{}", resumed.shown());
-    assert_eq!(resumed.output.matches("restored 2 loader at 2").count(), 2, "every rank: {}", resumed.shown());
-    assert_eq!(bits(&resumed, 2), bits(&whole, 2), "the bits of the job that never died");
+    died_and_resumed(&dir, &[]);
     // The folder of the job that never died, shared by both ranks: one copy of each of
     // the two newest commits, written by both and named by rank 0, rank 1's extra beside
     // it, and rank 0's spare file (an older copy, written over by the next).
@@ -80,14 +91,7 @@ fn a_job_whose_rank_died_resumes_from_its_last_commit_with_the_same_bits() {
 fn a_compressed_job_resumes_with_each_ranks_residuals_and_the_same_bits() {
     let dir = folder("residuals");
     let env = [("KVSTORE_TEST_COMPRESSION", "2bit")];
-    let whole = run_with(&dir, "never-died", 2, &["6"], &env);
-    assert_eq!(whole.code, Some(0), "{}", whole.shown());
-    let died = run_with(&dir, "died", 2, &["6", "die", "1", "2"], &env);
-    assert_ne!(died.code, Some(0), "rank 1 died: {}", died.shown());
-    let resumed = run_with(&dir, "died", 2, &["6"], &env);
-    assert_eq!(resumed.code, Some(0), "{}", resumed.shown());
-    assert_eq!(resumed.output.matches("restored 2 loader at 2").count(), 2, "every rank: {}", resumed.shown());
-    assert_eq!(bits(&resumed, 2), bits(&whole, 2), "the bits of the job that never died");
+    let whole = died_and_resumed(&dir, &env);
     // On 3 ranks the residuals of a job of 2 are not the ranks' own: they start at zero.
     let more = run_with(&dir, "died", 3, &["8"], &env);
     assert_eq!(more.code, Some(0), "{}", more.shown());
@@ -105,7 +109,7 @@ fn a_compressed_job_resumes_with_each_ranks_residuals_and_the_same_bits() {
         assert!(swapped.output.contains(&format!("restored 2 loader at 2 of rank {r}")), "{}", swapped.shown());
     }
     assert!(!swapped.output.contains("has no record"), "{}", swapped.shown());
-    assert_eq!(bits(&swapped, 2), bits(&whole, 2), "the bits of the job that never died");
+    assert_eq!(bits(&swapped, 2), whole, "the bits of the job that never died");
     // A rank whose record was only on a host the job lost says that its residuals start
     // at zero; the rank on its own host says nothing.
     let died = on_hosts_with(&dir, "moved", &[0, 1], &["6", "die", "1", "2"], &env);
@@ -115,6 +119,35 @@ fn a_compressed_job_resumes_with_each_ranks_residuals_and_the_same_bits() {
     let said = "kvstore: rank 1 has no record of its own of step 2 on any host of the job";
     assert!(moved.output.contains(said), "{}", moved.shown());
     assert!(!moved.output.contains("kvstore: rank 0 has no record"), "{}", moved.shown());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A `dist_async` job commits too: every rank gathers the store from the keys' owners
+/// (here `w` is split across both, `MXNET_KVSTORE_BIGARRAY_BOUND`), a job resumed on as
+/// many ranks ends with the bits of one that never died, on more ranks every rank holds
+/// the same bits, and ranks on hosts of their own each restore their own extra.
+#[test]
+fn a_dist_async_job_resumes_from_its_last_commit_with_the_same_bits() {
+    let dir = folder("async");
+    let env = [("KVSTORE_TEST_KIND", "dist_async"), ("MXNET_KVSTORE_BIGARRAY_BOUND", "300")];
+    let whole = died_and_resumed(&dir, &env);
+    // The store's own shares and copies are not in the job's commits: one folder.
+    let job = dir.join(format!("kvstore-{}-died", uid(&dir)));
+    assert_eq!(names_in(&job), vec!["store0".to_string()]);
+    let more = run_with(&dir, "died", 3, &["8"], &env);
+    assert_eq!(more.code, Some(0), "{}", more.shown());
+    assert_eq!(more.output.matches("restored 5 loader at 5").count(), 3, "{}", more.shown());
+    let b = bits(&more, 3);
+    assert!(b.iter().all(|x| *x == b[0]), "every rank the same bits: {b:?}");
+    let env = ["KVSTORE_TEST_KIND=dist_async", "MXNET_KVSTORE_BIGARRAY_BOUND=300"];
+    let died = on_hosts_with(&dir, "hosts", &[0, 1], &["6", "die", "0", "2"], &env);
+    assert_ne!(died.code, Some(0), "rank 0 died: {}", died.shown());
+    let swapped = on_hosts_with(&dir, "hosts", &[1, 0], &["6"], &env);
+    assert_eq!(swapped.code, Some(0), "{}", swapped.shown());
+    for r in 0..2 {
+        assert!(swapped.output.contains(&format!("restored 2 loader at 2 of rank {r}")), "{}", swapped.shown());
+    }
+    assert_eq!(bits(&swapped, 2), whole, "the bits of the job that never died");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -318,20 +351,37 @@ fn segments_left(dir: &std::path::Path) -> Vec<String> {
 
 /// Runs the job under `kvstore-run` on `np` ranks with its commits in `dir`.
 fn launch(dir: &std::path::Path, np: usize, args: &[&str]) -> jobs::Job {
+    launch_kind(dir, "dist_sync", np, args)
+}
+
+/// [`launch`] with stores of `kind`.
+fn launch_kind(dir: &std::path::Path, kind: &str, np: usize, args: &[&str]) -> jobs::Job {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"));
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("KVSTORE_COMMIT_DIR", dir);
-    cmd.env("OMPI_MCA_btl_vader_backing_directory", segments(dir));
-    cmd.args(["--max-restarts", "2", "--job", "launched", "-x", "KVSTORE_COMMIT_DIR", "--oversubscribe", "--bind-to"]);
+    cmd.env("OMPI_MCA_btl_vader_backing_directory", segments(dir)).env("KVSTORE_TEST_KIND", kind);
+    cmd.args(["--max-restarts", "2", "--job", "launched", "-x", "KVSTORE_COMMIT_DIR", "-x", "KVSTORE_TEST_KIND"]);
+    cmd.args(["--oversubscribe", "--bind-to"]);
     cmd.args(["none", "-np", &np.to_string(), env!("CARGO_BIN_EXE_fixture_commit_job")]).args(args);
     jobs::run(cmd, Duration::from_secs(180))
 }
 
 #[test]
 fn kvstore_run_restarts_a_job_whose_rank_was_killed_and_it_ends_with_the_same_bits() {
-    let dir = folder("launched");
-    let whole = run(&dir, "never-killed", 2, &["6"]);
+    launched_job_restarts("dist_sync");
+}
+
+#[test]
+fn kvstore_run_restarts_a_dist_async_job_whose_rank_was_killed_and_it_ends_with_the_same_bits() {
+    launched_job_restarts("dist_async");
+}
+
+/// A job of `kind` stores whose rank 1 kills itself after its commit of step 3, under
+/// `kvstore-run`.
+fn launched_job_restarts(kind: &str) {
+    let dir = folder(&format!("launched-{kind}"));
+    let whole = run_with(&dir, "never-killed", 2, &["6"], &[("KVSTORE_TEST_KIND", kind)]);
     assert_eq!(whole.code, Some(0), "{}", whole.shown());
-    let job = launch(&dir, 2, &["6", "kill", "1", "3"]);
+    let job = launch_kind(&dir, kind, 2, &["6", "kill", "1", "3"]);
     assert_eq!(job.code, Some(0), "{}", job.shown());
     assert!(job.output.contains("kvstore-run: rank 1 died (signal 9)"), "{}", job.shown());
     assert_eq!(job.output.matches("restored 3 loader at 3").count(), 2, "{}", job.shown());
@@ -360,6 +410,7 @@ fn spawn_launcher(
     let file = std::fs::File::create(log).expect("a log");
     let mut launcher = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"));
     launcher.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    launcher.env("KVSTORE_TEST_KIND", "dist_sync");
     configure(&mut launcher);
     launcher.args(args).stdout(file.try_clone().expect("the log")).stderr(file).stdin(std::process::Stdio::null());
     launcher.spawn().expect("kvstore-run starts")
@@ -374,6 +425,7 @@ fn strings(args: &[&str]) -> Vec<String> {
 fn launched_args(job: &str, steps: &str) -> Vec<String> {
     let mut args =
         strings(&["--max-restarts", "2", "--job", job, "-x", "KVSTORE_COMMIT_DIR", "-x", "KVSTORE_TEST_PIDS"]);
+    args.extend(strings(&["-x", "KVSTORE_TEST_KIND"]));
     args.extend(strings(&["-x", "KVSTORE_TEST_STEP_MS", "--oversubscribe", "--bind-to", "none", "-np", "2"]));
     args.extend(strings(&[env!("CARGO_BIN_EXE_fixture_commit_job"), steps]));
     args
@@ -748,7 +800,8 @@ use random::Random;
 
 /// Chaos: runs of a 2-rank job of 40 steps (10 ms each) under `kvstore-run`, each with
 /// a random rank killed (SIGKILL) at a random moment of its first run (during a push, a
-/// commit or a sleep). Every run must end well, with the bits of a job never killed.
+/// commit or a sleep), its stores `dist_sync` in even runs and `dist_async` in odd ones.
+/// Every run must end well, with the bits of a job of that kind never killed.
 /// `KVSTORE_COMMIT_CHAOS_RUNS` runs (3 here; `make chaos` runs 30),
 /// `KVSTORE_COMMIT_CHAOS_SEED` repeats a sequence. Prints a line per run and a summary.
 #[test]
@@ -762,20 +815,22 @@ fn chaos_a_rank_killed_at_a_random_moment_costs_a_restart_not_the_job() {
     println!("commit chaos: {runs} runs, seed {seed}");
     let mut random = Random(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let dir = folder("chaos");
-    let expected = {
-        let whole = run(&dir, "never-killed", 2, &["40"]);
+    let kinds = ["dist_sync", "dist_async"];
+    let expected = kinds.map(|kind| {
+        let whole = run_with(&dir, &format!("never-killed-{kind}"), 2, &["40"], &[("KVSTORE_TEST_KIND", kind)]);
         assert_eq!(whole.code, Some(0), "{}", whole.shown());
         bits(&whole, 2)
-    };
+    });
     let (mut restarts, mut times) = (0u64, Vec::new());
     for i in 0..runs {
         let pids = dir.join(format!("pids-{i}"));
         std::fs::create_dir_all(&pids).expect("a folder");
         let (victim, after_ms) = (random.below(2), 50 + random.below(350));
+        let kind = kinds[i as usize % 2];
         let log = dir.join(format!("run-{i}.log"));
         let configure = |c: &mut Command| {
             c.env("KVSTORE_COMMIT_DIR", &dir).env("KVSTORE_TEST_PIDS", &pids).env("KVSTORE_TEST_STEP_MS", "10");
-            c.env("OMPI_MCA_btl_vader_backing_directory", segments(&dir));
+            c.env("OMPI_MCA_btl_vader_backing_directory", segments(&dir)).env("KVSTORE_TEST_KIND", kind);
         };
         let args = launched_args(&format!("chaos-{i}"), "40");
         let began = Instant::now();
@@ -802,13 +857,14 @@ fn chaos_a_rank_killed_at_a_random_moment_costs_a_restart_not_the_job() {
         let output = std::fs::read_to_string(&log).unwrap_or_default();
         let restarted = output.contains("kvstore-run: rank ");
         println!(
-            "run {i}: rank {victim} killed {after_ms} ms after it started; {}; {:.2} s from the kill to the end",
+            "run {i} ({kind}): rank {victim} killed {after_ms} ms after it started; {}; {:.2} s from the kill to the end",
             if restarted { "restarted" } else { "the job had ended" },
             killed_at.elapsed().as_secs_f64()
         );
         assert!(status.is_some_and(|s| s.success()), "run {i} (seed {seed}): {output}");
         let job = jobs::Job { code: Some(0), elapsed: began.elapsed(), output };
-        assert_eq!(bits(&job, 2), expected, "run {i} (seed {seed}): the bits of a job never killed");
+        let expected = &expected[i as usize % 2];
+        assert_eq!(&bits(&job, 2), expected, "run {i} (seed {seed}): the bits of a {kind} job never killed");
         assert_eq!(segments_left(&dir), Vec::<String>::new(), "run {i} (seed {seed}): no shared memory left");
         if restarted {
             restarts += 1;

@@ -533,7 +533,7 @@ impl PyStore {
     /// program's own bytes) into memory that
     /// outlives the process (``/dev/shm``): a store made later by a run of the same job
     /// (``KVSTORE_JOB``, which ``kvstore-run`` sets) restores it (``restored()``). Under
-    /// ``dist_sync`` a collective, like ``barrier``. Raises ``InvalidArgumentError``
+    /// ``dist_sync`` and ``dist_async`` a collective, like ``barrier``. Raises ``InvalidArgumentError``
     /// for a store made without a job name, ``StoreIOError`` when it cannot be written.
     #[pyo3(signature = (step, extra = Vec::new()), text_signature = "(self, /, step, extra=b'')")]
     fn commit(&self, py: Python<'_>, step: u64, extra: Vec<u8>) -> PyResult<()> {

@@ -233,15 +233,16 @@ def test_the_timeline_names_the_slow_rank(tmp_path, slow):
     assert len(lasts) == 3 and len(set(lasts)) == 1, done.stdout
 
 
-# A job that commits every step; rank 1 kills itself (SIGKILL) after committing step 2,
-# in the launcher's first run only.
+# A job that commits every step, its store of kind argv[2]; rank 1 kills itself (SIGKILL)
+# after committing step 2, in the launcher's first run only. (Every rank pushes the same
+# gradient: under dist_async the order the owner applies them in changes no bit.)
 _COMMIT_JOB = """
 import os, signal, sys
 import numpy as np
 import kvstore as kv
 from kvstore import optimizer
 
-store = kv.create("dist_sync")
+store = kv.create(sys.argv[2])
 r = store.restored()
 if r is None:
     store.init("w", np.zeros(6, np.float32))
@@ -256,12 +257,14 @@ for step in range(start, 5):
     store.commit(step, f"loader at {step}".encode())
     if sys.argv[1] == "kill" and store.rank == 1 and step == 2 and os.environ.get("KVSTORE_RUN_ATTEMPT") == "0":
         os.kill(os.getpid(), signal.SIGKILL)
+store.barrier()
 os.write(1, f"rank {store.rank} w {store.pull('w').tobytes().hex()}\\n".encode())
 kv.finalize()
 """
 
 
-def test_kvstore_run_restarts_a_job_whose_rank_was_killed_from_its_last_commit(tmp_path):
+@pytest.mark.parametrize("kind", ["dist_sync", "dist_async"])
+def test_kvstore_run_restarts_a_job_whose_rank_was_killed_from_its_last_commit(tmp_path, kind):
     job = tmp_path / "job.py"
     job.write_text(_COMMIT_JOB)
     launcher = pathlib.Path(sys.executable).parent / "kvstore-run"
@@ -272,7 +275,11 @@ def test_kvstore_run_restarts_a_job_whose_rank_was_killed_from_its_last_commit(t
     runs = {}
     for mode in ["whole", "kill"]:
         runs[mode] = subprocess.run(
-            [str(launcher), "--job", f"py-{mode}", *args, mode], capture_output=True, text=True, timeout=240, env=env
+            [str(launcher), "--job", f"py-{mode}", *args, mode, kind],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=env,
         )
         assert runs[mode].returncode == 0, runs[mode].stdout + runs[mode].stderr
         # A program that calls finalize() itself ends quietly (the exit hook does not

@@ -24,6 +24,9 @@ pub struct KVStoreBuilder {
     fuse_bytes: Option<usize>,
     max_queued_calls: Option<usize>,
     max_copied_bytes: Option<usize>,
+    /// Whether the store takes part in its job's commits (`KVSTORE_JOB`): not the
+    /// stores a store makes for itself ([`KVStore::internal_local`]).
+    commits: bool,
 }
 
 /// The default bound on a store's queued calls ([`KVStoreBuilder::max_queued_calls`]).
@@ -61,6 +64,15 @@ fn engine_threads_for(cores: usize) -> usize {
     cores.saturating_sub(1).clamp(1, 4)
 }
 
+impl KVStore {
+    /// A `local` store that a store makes for itself (a `dist_async` worker's share of
+    /// the keys, the whole store gathered for a checkpoint or a commit): never in the
+    /// job's commits, which are the user's stores' (`kvstore/commit.rs`).
+    pub(crate) fn internal_local() -> Result<KVStore> {
+        KVStoreBuilder { commits: false, ..KVStoreBuilder::new("local") }.build()
+    }
+}
+
 impl KVStoreBuilder {
     /// A builder for a store of kind `kind`, with the default settings
     /// ([`KVStore::builder`]).
@@ -76,6 +88,7 @@ impl KVStoreBuilder {
             fuse_bytes: None,
             max_queued_calls: None,
             max_copied_bytes: None,
+            commits: true,
         }
     }
 
@@ -241,7 +254,11 @@ impl KVStoreBuilder {
         };
         let max_queued_calls = bound(self.max_queued_calls, "KVSTORE_MAX_QUEUED_CALLS", DEFAULT_MAX_QUEUED_CALLS)?;
         let max_copied_bytes = bound(self.max_copied_bytes, "KVSTORE_MAX_COPIED_BYTES", DEFAULT_MAX_COPIED_BYTES)?;
-        let commits = super::commit::Folder::for_next_store(self.collective.is_some())?;
+        let grouped = self.collective.is_some() || remote.is_some();
+        let commits = match self.commits {
+            true => super::commit::Folder::for_next_store(grouped)?,
+            false => None,
+        };
         let store = Store {
             max_queued_calls: if max_queued_calls == 0 { usize::MAX } else { max_queued_calls },
             max_copied_bytes: if max_copied_bytes == 0 { usize::MAX } else { max_copied_bytes },

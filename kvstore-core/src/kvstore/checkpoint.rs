@@ -418,7 +418,7 @@ impl Store {
         local: std::result::Result<u64, ()>,
         what_failed: &str,
     ) -> Result<()> {
-        let Some(group) = &self.collective else { return Ok(()) };
+        let Some(group) = self.peers() else { return Ok(()) };
         let mut mine = [0u8; 9];
         match local {
             Ok(hash) => mine[..8].copy_from_slice(&hash.to_le_bytes()),

@@ -5,7 +5,8 @@
 //! A job has a name (`KVSTORE_JOB`; the launcher gives one that its restarts share) and
 //! its commits live in a folder of their own, `DIR/kvstore-UID-JOB/storeN` (`DIR`:
 //! `KVSTORE_COMMIT_DIR`, default `/dev/shm`; `N`: the order in which the process made
-//! its worker group's stores, the same on every rank and in every run of one program).
+//! its `dist_sync` and `dist_async` stores, the same on every rank and in every run of
+//! one program; a store's own internal stores have none).
 //! A store of no group is its process's own: `localN-rankR`, R the rank its launcher
 //! gave the process (0 without one), so that the ranks of a job do not share it. The folder is the
 //! user's alone (0700, its files 0600): a folder or file of another owner, or one that
@@ -29,6 +30,14 @@
 //! marked commits are kept, everything older is removed but the host's newest removed
 //! copy, kept as L's spare for the next commit to write over (its memory in place).
 //!
+//! A `dist_async` store's keys live with their owners: at a commit, every rank waits for
+//! its calls and meets the others, then gathers the whole store from the owners into a
+//! local store (`Store::gathered`, as `save_checkpoint` does; no push runs meanwhile,
+//! every rank being in the commit) and commits that, so that every rank holds the same
+//! values, as under `dist_sync`, and the ranks agree through [`Peers`] (exchanges by
+//! request, `Shards::exchange`). A restore loads the copy into a local store and puts
+//! each rank's parts into its share (`Store::install_loaded`), at any number of ranks.
+//!
 //! A store made with a job name restores, before its first call, the newest marked
 //! commit that a rank can read whole: under `dist_sync` the ranks agree on the newest
 //! step any of them has. When every rank has it, each loads its host's copy (the ranks
@@ -48,8 +57,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::checkpoint::Snapshot;
+use super::remote::Shards;
 use super::{KVStore, Store};
-use crate::collective::Collective;
+use crate::collective::{Collective, MappedFile};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
@@ -77,6 +87,81 @@ pub struct Restored {
     pub step: u64,
     /// The bytes given to the commit (a data loader's position, a generator's state).
     pub extra: Vec<u8>,
+}
+
+/// The workers a store's commits and restores agree with: a `dist_sync` store's group,
+/// or a `dist_async` store's owners (exchanges by request: [`Shards::exchange`]).
+#[derive(Clone, Copy)]
+pub(super) enum Peers<'a> {
+    Sync(&'a Arc<dyn Collective>),
+    Async(&'a Shards),
+}
+
+impl Peers<'_> {
+    pub(super) fn rank(self) -> usize {
+        match self {
+            Peers::Sync(g) => g.rank(),
+            Peers::Async(r) => r.rank(),
+        }
+    }
+
+    pub(super) fn size(self) -> usize {
+        match self {
+            Peers::Sync(g) => g.size(),
+            Peers::Async(r) => r.size(),
+        }
+    }
+
+    /// Every worker's `mine` for `step`, in rank order ([`Collective::exchange`]).
+    pub(super) fn exchange(self, step: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        match self {
+            Peers::Sync(g) => g.exchange(step, mine),
+            Peers::Async(r) => r.exchange(mine),
+        }
+    }
+
+    /// Worker `root`'s bytes (`mine` there; elsewhere not read) on every worker.
+    fn broadcast(self, mine: &[u8], root: usize) -> Result<Vec<u8>> {
+        let group = match self {
+            Peers::Sync(group) => group,
+            Peers::Async(remote) => return remote.broadcast(mine, root),
+        };
+        // The length first, then the bytes.
+        let me = group.rank() == root;
+        let len = NDArray::zeros_with(&[8], DType::U8, crate::Context::default())?;
+        if me {
+            len.write()?.bytes_mut().copy_from_slice(&(mine.len() as u64).to_le_bytes());
+        }
+        group.broadcast(&[&len], root)?;
+        let bytes = u64::from_le_bytes(len.read()?.bytes().try_into().expect("8 bytes")) as usize;
+        if bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let buf = NDArray::zeros_with(&[bytes], DType::U8, crate::Context::default())?;
+        if me {
+            buf.write()?.bytes_mut().copy_from_slice(mine);
+        }
+        group.broadcast(&[&buf], root)?;
+        buf.to_vec::<u8>()
+    }
+
+    fn map_file(self, file: &std::fs::File, offset: u64, len: usize) -> Option<std::io::Result<MappedFile>> {
+        match self {
+            Peers::Sync(g) => g.map_file(file, offset, len),
+            Peers::Async(r) => r.map_file(file, offset, len),
+        }
+    }
+}
+
+impl Store {
+    /// The workers of the store's job, if it has any.
+    pub(super) fn peers(&self) -> Option<Peers<'_>> {
+        match (&self.collective, &self.remote) {
+            (Some(group), _) => Some(Peers::Sync(group)),
+            (None, Some(remote)) => Some(Peers::Async(remote)),
+            (None, None) => None,
+        }
+    }
 }
 
 /// The stores made with a job name so far in this process, with a worker group and
@@ -209,7 +294,7 @@ impl Folder {
     /// The ranks that share this folder (on one host), this rank among them, in order:
     /// every rank says which folder it has (its device and inode), once. (A rank that
     /// cannot tell is alone: its writes will say why.)
-    fn host(&self, group: Option<&Arc<dyn Collective>>) -> Result<&[usize]> {
+    fn host(&self, group: Option<Peers<'_>>) -> Result<&[usize]> {
         if let Some(host) = self.host.get() {
             return Ok(host);
         }
@@ -265,7 +350,7 @@ impl Folder {
     /// ranks' exchanges are made whatever failed.
     fn write_commit(
         &self,
-        group: Option<&Arc<dyn Collective>>,
+        group: Option<Peers<'_>>,
         at: (u64, usize, usize),
         extra: &[u8],
         snap: std::result::Result<&Snapshot<'_>, &Error>,
@@ -689,12 +774,7 @@ type Record = (Vec<u8>, Vec<u8>, usize);
 /// holds it sends it (the bytes of an `.extra` file, checked as one). A collective:
 /// every rank calls it at the same point. (A job of more ranks than a record can name,
 /// 8,184, keeps what each rank found.)
-fn fetch_records(
-    group: &Arc<dyn Collective>,
-    folder: &Folder,
-    step: u64,
-    own: Option<Record>,
-) -> Result<Option<Record>> {
+fn fetch_records(group: Peers<'_>, folder: &Folder, step: u64, own: Option<Record>) -> Result<Option<Record>> {
     let (me, n) = (group.rank(), group.size());
     if n > (crate::backend::MAX_RECORD - 1) * 8 {
         return Ok(own);
@@ -715,28 +795,16 @@ fn fetch_records(
             .then(|| folder.own_extra(step, r))
             .flatten()
             .map(|(extra, residuals, then)| record(step, r, then, &extra, &residuals));
-        let len = NDArray::zeros_with(&[8], DType::U8, crate::Context::default())?;
-        if let Some(record) = &record {
-            len.write()?.bytes_mut().copy_from_slice(&(record.len() as u64).to_le_bytes());
-        }
-        group.broadcast(&[&len], q)?;
-        let bytes = u64::from_le_bytes(len.read()?.bytes().try_into().expect("8 bytes")) as usize;
-        if bytes == 0 {
+        let got = group.broadcast(record.as_deref().unwrap_or_default(), q)?;
+        if got.is_empty() {
             continue;
         }
-        let buf = NDArray::zeros_with(&[bytes], DType::U8, crate::Context::default())?;
-        if let Some(record) = &record {
-            buf.write()?.bytes_mut().copy_from_slice(record);
-        }
-        group.broadcast(&[&buf], q)?;
-        if me == r {
-            let got = buf.read()?;
-            if let Ok(c) = decode(got.bytes())
-                && c.step == step
-                && c.rank == r
-            {
-                own = Some((c.extra.to_vec(), c.residuals.to_vec(), c.ranks));
-            }
+        if me == r
+            && let Ok(c) = decode(&got)
+            && c.step == step
+            && c.rank == r
+        {
+            own = Some((c.extra.to_vec(), c.residuals.to_vec(), c.ranks));
         }
     }
     Ok(own)
@@ -804,9 +872,10 @@ fn decode(bytes: &[u8]) -> std::result::Result<Commit<'_>, &'static str> {
 }
 
 impl Store {
-    /// Commits now (the caller ordered it after the calls before it): every rank writes
-    /// its file, and once every rank did, marks the step done.
-    pub(super) fn commit_now(&self, step: u64, extra: &[u8]) -> Result<()> {
+    /// Commits now (the caller ordered it after the calls before it; `before`: whether
+    /// this rank's calls before it went well): every rank writes its file, and once
+    /// every rank did, marks the step done.
+    pub(super) fn commit_now(&self, step: u64, extra: &[u8], before: Result<()>) -> Result<()> {
         const OP: &str = "commit";
         let folder = self.commits.as_ref().ok_or_else(|| {
             Error::invalid_argument(format!(
@@ -814,11 +883,12 @@ impl Store {
             ))
         })?;
         self.check_step(OP, &[], Ok(()))?;
-        let (rank, ranks) = self.collective.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
+        let group = self.peers();
+        let (rank, ranks) = group.map_or((0, 1), |g| (g.rank(), g.size()));
         // Steps must grow: the two greatest are kept, so a smaller one would be removed
         // at once and a restart would go back to the greater. (Refused on every rank.)
         let newest = folder.done_steps().map(|d| d.first().copied());
-        let checked = newest.and_then(|newest| match newest {
+        let checked = before.and(newest).and_then(|newest| match newest {
             _ if step == u64::MAX => {
                 Err(Error::invalid_argument(format!("commit of step {step}: a step must be below {}", u64::MAX)))
             }
@@ -829,15 +899,21 @@ impl Store {
             _ => Ok(()),
         });
         // Every rank takes part in the writers' exchanges, whatever failed before.
-        let group = self.collective.as_ref();
         let written = match checked {
             Err(e) => folder.write_commit(group, (step, rank, ranks), extra, Err(&e)),
             Ok(()) => {
                 let mut wrote = false;
-                let snapshot = self.snapshot(OP, |snap| {
+                let mut write = |snap: &Snapshot<'_>| {
                     wrote = true;
                     folder.write_commit(group, (step, rank, ranks), extra, Ok(snap))
-                });
+                };
+                let snapshot = match &self.remote {
+                    None => self.snapshot(OP, write),
+                    // dist_async: the store as its owners hold it, gathered by each rank
+                    // (no push runs: every rank is in this commit), so that every rank
+                    // holds the same, as under dist_sync.
+                    Some(remote) => self.gathered(remote).and_then(|copy| copy.store.snapshot(OP, &mut write)),
+                };
                 match (wrote, snapshot) {
                     (false, Err(e)) => folder.write_commit(group, (step, rank, ranks), extra, Err(&e)),
                     (_, result) => result,
@@ -869,7 +945,7 @@ impl Store {
     pub(super) fn restore(&self) -> Result<Option<Restored>> {
         let Some(folder) = &self.commits else { return Ok(None) };
         let began = std::time::Instant::now();
-        let found = folder.newest(self.collective.as_ref().map_or(0, |c| c.rank()));
+        let found = folder.newest(self.peers().map_or(0, |g| g.rank()));
         let damaged = |why: String| Error::Io {
             context: "restore".to_string(),
             source: std::io::Error::new(
@@ -879,12 +955,12 @@ impl Store {
         };
         let passed_over = |why: &Option<String>, step: u64| {
             if let Some(why) = why
-                && self.collective.as_ref().is_none_or(|c| c.rank() == 0)
+                && self.peers().is_none_or(|g| g.rank() == 0)
             {
                 eprintln!("kvstore: {why}; restoring the commit of step {step} instead");
             }
         };
-        let Some(group) = &self.collective else {
+        let Some(group) = self.peers() else {
             return match found? {
                 (Some((step, bytes)), why) => {
                     passed_over(&why, step);
@@ -957,14 +1033,9 @@ impl Store {
             return self.restore_bytes(step, &bytes, began).map(Some);
         }
         let root = (0..all.len()).find(|&r| at(r, 0) == newest).expect("a rank with the newest");
-        let len = at(root, 1) as usize;
-        let buf = NDArray::zeros_with(&[len], DType::U8, crate::Context::default())?;
-        if group.rank() == root {
-            let (_, bytes) = mine.expect("the root's commit");
-            buf.write()?.bytes_mut().copy_from_slice(&bytes);
-        }
-        group.broadcast(&[&buf], root)?;
-        self.restore_bytes(step, buf.read()?.bytes(), began).map(Some)
+        let mine = mine.filter(|_| group.rank() == root).map(|(_, bytes)| bytes).unwrap_or_default();
+        let bytes = group.broadcast(&mine, root)?;
+        self.restore_bytes(step, &bytes, began).map(Some)
     }
 
     /// Loads the commit `bytes` of `step` into the store (`began`: when the restore began,
@@ -978,23 +1049,23 @@ impl Store {
             source: std::io::Error::other(why),
         })?;
         let context = format!("restore of step {step}");
-        self.load_checkpoint_bytes("restore", &context, Ok(commit.checkpoint))?;
+        self.load_commit(&context, commit.checkpoint)?;
         // Said once, by rank 0: what the job resumed from (kvstore-run's output shows it).
-        if self.collective.as_ref().is_none_or(|c| c.rank() == 0) {
+        if self.peers().is_none_or(|g| g.rank() == 0) {
             eprintln!(
                 "kvstore: restored the commit of step {step} ({:.1} MB) in {:.0} ms",
                 bytes.len() as f64 / 1e6,
                 began.elapsed().as_secs_f64() * 1e3
             );
         }
-        let (rank, ranks) = self.collective.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
+        let (rank, ranks) = self.peers().map_or((0, 1), |g| (g.rank(), g.size()));
         let mut own = match commit.rank == rank {
             true => Some((commit.extra.to_vec(), commit.residuals.to_vec(), commit.ranks)),
             false => self.commits.as_ref().and_then(|folder| folder.own_extra(step, rank)),
         };
         if let Some(folder) = &self.commits {
             folder.forget_after(step);
-            if let Some(group) = &self.collective {
+            if let Some(group) = self.peers() {
                 own = fetch_records(group, folder, step, own)?;
             }
         }
@@ -1025,6 +1096,21 @@ impl Store {
             (false, false) => other_ranks(then),
         }
         Ok(Restored { step, extra })
+    }
+
+    /// Loads a commit's checkpoint into the store, all or nothing on every rank. A
+    /// `dist_async` store's goes into a local store first, then each rank puts its parts
+    /// into its share (as `load_checkpoint` does).
+    fn load_commit(&self, context: &str, checkpoint: &[u8]) -> Result<()> {
+        const OP: &str = "restore";
+        let Some(remote) = &self.remote else { return self.load_checkpoint_bytes(OP, context, Ok(checkpoint)) };
+        let copy = KVStore::internal_local()?;
+        let loaded = copy.store.load_checkpoint_bytes(OP, context, Ok(checkpoint));
+        self.agree(OP, context, loaded.as_ref().map(|_| 0).map_err(|_| ()), "could not read or check the commit")?;
+        loaded?;
+        let installed = self.install_loaded(remote, &copy);
+        self.agree(OP, context, installed.as_ref().map(|_| 0).map_err(|_| ()), "could not install the commit")?;
+        installed
     }
 
     /// Sets the keys' gradient-compression residuals to those of a commit
@@ -1068,18 +1154,25 @@ impl KVStore {
     /// ([`KVStore::restored`]). See the module `kvstore/commit.rs` for where commits go
     /// and who may read them.
     ///
-    /// Under `dist_sync` it is a collective, like `barrier`: every rank calls it at the
-    /// same point of its calls, and it returns once every rank's commit is written (or
-    /// fails on every rank, naming the ranks that could not write theirs).
+    /// Under `dist_sync` and `dist_async` it is a collective, like `barrier`: every rank
+    /// calls it at the same point of its calls, and it returns once every rank's commit
+    /// is written (or fails on every rank, naming the ranks that could not write theirs).
+    /// Under `dist_async` it first waits for the rank's own calls and for every rank to
+    /// arrive, so that the commit holds every push made before it on any rank.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a store made without `KVSTORE_JOB`;
     /// [`Error::Io`] when the commit cannot be written.
     pub fn commit(&self, step: u64, extra: &[u8]) -> Result<()> {
-        self.not_async("commit")?;
         let extra = extra.to_vec();
+        if let Some(remote) = &self.store.remote {
+            // Every rank's pushes applied by their owners before any rank gathers.
+            let waited = self.wait_all();
+            remote.barrier()?;
+            return self.store.commit_now(step, &extra, waited);
+        }
         self.settle()?;
-        self.in_order("commit", move |store| store.commit_now(step, &extra))
+        self.in_order("commit", move |store| store.commit_now(step, &extra, Ok(())))
     }
 
     /// What this store restored when it was made: the step and `extra` of the commit it

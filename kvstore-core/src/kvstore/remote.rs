@@ -15,6 +15,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -61,7 +62,15 @@ pub(crate) struct Shards {
     /// The buffers of this worker's own parts of split keys, for its own calls.
     own: Buffers,
     bound: usize,
+    /// The channel of the workers' exchanges ([`Shards::exchange`]), the messages it
+    /// received, and the number of the next exchange.
+    mail: u32,
+    mailbox: Arc<Mailbox>,
+    exchanges: AtomicU64,
 }
+
+/// The messages of the workers' exchanges, by sender and exchange, until taken.
+type Mailbox = Mutex<HashMap<(usize, u64), Vec<u8>>>;
 
 /// The split bound from the environment (unset or empty: MXNet's default).
 fn bound_from_env() -> Result<usize> {
@@ -331,12 +340,79 @@ impl Shards {
     /// worker's parts.
     pub(crate) fn new(transport: Arc<dyn Remote>) -> Result<Self> {
         let bound = bound_from_env()?;
-        let server = Arc::new(KVStore::create("local")?);
+        let server = Arc::new(KVStore::internal_local()?);
         let served = Arc::clone(&server);
         let buffers: Arc<Buffers> = Arc::new(Mutex::new(HashMap::new()));
         let handler: Handler = Arc::new(move |_from: usize, m: &mut Vec<u8>| serve(&served, &buffers, m));
         let channel = transport.serve(handler)?;
-        Ok(Shards { transport, channel, server, own: Mutex::new(HashMap::new()), bound })
+        // An exchange's message is its number, then the sender's bytes.
+        let mailbox: Arc<Mailbox> = Arc::default();
+        let posted = Arc::clone(&mailbox);
+        let mail: Handler = Arc::new(move |from: usize, m: &mut Vec<u8>| {
+            let Some(number) = m.get(..8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))) else {
+                return vec![1];
+            };
+            let mut message = std::mem::take(m);
+            message.drain(..8);
+            posted.lock().insert((from, number), message);
+            vec![0]
+        });
+        let mail = transport.serve(mail)?;
+        let own = Mutex::new(HashMap::new());
+        Ok(Shards { transport, channel, server, own, bound, mail, mailbox, exchanges: AtomicU64::new(0) })
+    }
+
+    /// Every worker's `mine`, in rank order: a collective (every worker calls it at the
+    /// same point) by requests, for a `dist_async` store's commits (`kvstore/commit.rs`).
+    /// Each worker sends its bytes to every other, then they meet at a barrier.
+    pub(crate) fn exchange(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let (me, n) = (self.rank(), self.size());
+        let number = self.post((0..n).filter(|&r| r != me).collect(), mine)?;
+        (0..n).map(|r| if r == me { Ok(mine.to_vec()) } else { self.take(r, number) }).collect()
+    }
+
+    /// Worker `root`'s bytes on every worker (`mine`: the root's; the others' is not
+    /// read): a collective, as [`Shards::exchange`].
+    pub(crate) fn broadcast(&self, mine: &[u8], root: usize) -> Result<Vec<u8>> {
+        let (me, n) = (self.rank(), self.size());
+        let to = if me == root { (0..n).filter(|&r| r != me).collect() } else { Vec::new() };
+        let number = self.post(to, mine)?;
+        if me == root { Ok(mine.to_vec()) } else { self.take(root, number) }
+    }
+
+    /// Sends `bytes` to each worker of `to` as the next exchange's message, and waits at
+    /// a barrier: then every worker's messages of it have arrived. Its number.
+    fn post(&self, to: Vec<usize>, bytes: &[u8]) -> Result<u64> {
+        let number = self.exchanges.fetch_add(1, Ordering::Relaxed);
+        let message = || {
+            // (With room for the transport's framing.)
+            let mut m = Vec::with_capacity(8 + bytes.len() + 16);
+            m.extend_from_slice(&number.to_le_bytes());
+            m.extend_from_slice(bytes);
+            m
+        };
+        let replies = self.transport.requests(self.mail, to.into_iter().map(|r| (r, message())).collect())?;
+        if replies.iter().any(|r| r.first() != Some(&0)) {
+            return Err(Error::Internal("dist_async: a worker could not take an exchange's message".into()));
+        }
+        self.transport.barrier()?;
+        Ok(number)
+    }
+
+    fn take(&self, from: usize, number: u64) -> Result<Vec<u8>> {
+        self.mailbox.lock().remove(&(from, number)).ok_or_else(|| {
+            Error::Internal(format!("dist_async: worker {from}'s message of exchange {number} never came"))
+        })
+    }
+
+    /// [`Remote::map_file`] of the transport.
+    pub(crate) fn map_file(
+        &self,
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+    ) -> Option<std::io::Result<crate::collective::MappedFile>> {
+        self.transport.map_file(file, offset, len)
     }
 
     pub(crate) fn rank(&self) -> usize {
@@ -681,6 +757,73 @@ impl Shards {
     }
 }
 
+impl super::Store {
+    /// The whole store as its keys' owners hold it, in a local store: every key's value
+    /// and optimizer state, gathered from their owners, with the optimizer. (The caller
+    /// makes sure no push runs meanwhile.)
+    pub(super) fn gathered(&self, remote: &Shards) -> Result<KVStore> {
+        let copy = KVStore::internal_local()?;
+        let entries = self.entries();
+        let mut states = Vec::with_capacity(entries.len());
+        for e in &entries {
+            let g = remote.gather(&e.key, e.shape(), e.dtype)?;
+            copy.init(e.key.clone(), &g.value)?;
+            states.push(g.state);
+        }
+        *copy.store.merger.write() = remote.server.store.merger.read().clone();
+        for (e, state) in entries.iter().zip(states) {
+            let Some(entry) = copy.store.find(&e.key) else { continue };
+            let mut slot = entry.value.write();
+            slot.opt = state;
+            // A row-sparse key of a loaded file stays row-sparse in the next one
+            // (this store has no row-sparse calls, but others that load it do).
+            slot.row_sparse = e.value.read().row_sparse;
+        }
+        Ok(copy)
+    }
+
+    /// Puts a whole store loaded into a local store (`copy`) into this one: its optimizer
+    /// on this worker's share, with the parts this worker owns; keys this store lacks
+    /// are made.
+    pub(super) fn install_loaded(&self, remote: &Shards, copy: &KVStore) -> Result<()> {
+        let merger: Merger = copy.store.merger.read().clone();
+        if !matches!(merger, Merger::Custom(_)) {
+            *remote.server.store.merger.write() = merger;
+        }
+        for e in copy.store.entries() {
+            let (value, state, row_sparse) = {
+                let slot = e.value.read();
+                let state = slot.opt.as_ref().map(|st| KeyState {
+                    count: st.count,
+                    states: st.states.clone(),
+                    master: st.master.clone(),
+                });
+                (slot.value.clone(), state, slot.row_sparse)
+            };
+            remote.restore(&e.key, &value, state.as_ref())?;
+            // This worker's copy of the key (made when new).
+            let mut table = self.table.write();
+            match self.entry(&table, &e.key) {
+                // The key's storage type is the file's: `stype` says it, and the
+                // store's next checkpoint keeps it.
+                Some(mine) => {
+                    let mut slot = mine.value.write();
+                    let got = (value.shape(), value.dtype());
+                    super::plan::check_like(|| "load_checkpoint".to_string(), &e.key, mine.like(), got)?;
+                    slot.row_sparse = row_sparse;
+                }
+                None => {
+                    let order = table.take_order();
+                    let mut slot = Slot::new(value.deep_copy()?, order);
+                    slot.row_sparse = row_sparse;
+                    self.add_entry(&mut table, e.key.clone(), slot);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 impl KVStore {
     /// `save_checkpoint` of a `dist_async` store: every worker's calls done, rank 0
     /// gathers every key's value and state from their owners and writes the file (the
@@ -690,26 +833,7 @@ impl KVStore {
         self.wait_all()?;
         remote.barrier()?;
         let saved = match remote.rank() {
-            0 => (|| -> Result<()> {
-                let copy = KVStore::create("local")?;
-                let entries = self.store.entries();
-                let mut states = Vec::with_capacity(entries.len());
-                for e in &entries {
-                    let g = remote.gather(&e.key, e.shape(), e.dtype)?;
-                    copy.init(e.key.clone(), &g.value)?;
-                    states.push(g.state);
-                }
-                *copy.store.merger.write() = remote.server.store.merger.read().clone();
-                for (e, state) in entries.iter().zip(states) {
-                    let Some(entry) = copy.store.find(&e.key) else { continue };
-                    let mut slot = entry.value.write();
-                    slot.opt = state;
-                    // A row-sparse key of a loaded file stays row-sparse in the next one
-                    // (this store has no row-sparse calls, but others that load it do).
-                    slot.row_sparse = e.value.read().row_sparse;
-                }
-                copy.save_checkpoint(path)
-            })(),
+            0 => self.store.gathered(remote).and_then(|copy| copy.save_checkpoint(path)),
             _ => Ok(()),
         };
         let met = remote.barrier();
@@ -723,45 +847,10 @@ impl KVStore {
     /// the others.
     pub(super) fn load_checkpoint_async(&self, remote: &Shards, path: &std::path::Path) -> Result<()> {
         self.wait_all()?;
-        let loaded = (|| -> Result<()> {
-            let copy = KVStore::create("local")?;
+        let loaded = KVStore::internal_local().and_then(|copy| {
             copy.load_checkpoint(path)?;
-            let merger: Merger = copy.store.merger.read().clone();
-            if !matches!(merger, Merger::Custom(_)) {
-                *remote.server.store.merger.write() = merger;
-            }
-            for e in copy.store.entries() {
-                let (value, state, row_sparse) = {
-                    let slot = e.value.read();
-                    let state = slot.opt.as_ref().map(|st| KeyState {
-                        count: st.count,
-                        states: st.states.clone(),
-                        master: st.master.clone(),
-                    });
-                    (slot.value.clone(), state, slot.row_sparse)
-                };
-                remote.restore(&e.key, &value, state.as_ref())?;
-                // This worker's copy of the key (made when new).
-                let mut table = self.store.table.write();
-                match self.store.entry(&table, &e.key) {
-                    // The key's storage type is the file's: `stype` says it, and the
-                    // store's next checkpoint keeps it.
-                    Some(mine) => {
-                        let mut slot = mine.value.write();
-                        let got = (value.shape(), value.dtype());
-                        super::plan::check_like(|| "load_checkpoint".to_string(), &e.key, mine.like(), got)?;
-                        slot.row_sparse = row_sparse;
-                    }
-                    None => {
-                        let order = table.take_order();
-                        let mut slot = Slot::new(value.deep_copy()?, order);
-                        slot.row_sparse = row_sparse;
-                        self.store.add_entry(&mut table, e.key.clone(), slot);
-                    }
-                }
-            }
-            Ok(())
-        })();
+            self.store.install_loaded(remote, &copy)
+        });
         let met = remote.barrier();
         loaded?;
         met

@@ -821,8 +821,8 @@
   program's own bytes: a byte array, or
   a string, kept as its UTF-8 bytes) into memory that outlives the process
   (/dev/shm): a store made later by a run of the same job (KVSTORE_JOB, which
-  kvstore-run sets) restores it (`restored`). Under dist_sync a collective,
-  like `barrier`. Returns the store. A store made without a job name is
+  kvstore-run sets) restores it (`restored`). Under dist_sync and dist_async
+  a collective, like `barrier`. Returns the store. A store made without a job name is
   `{:kvstore/error :invalid-argument}`."
   ([^KVStore kvstore step]
    (commit kvstore step (byte-array 0)))

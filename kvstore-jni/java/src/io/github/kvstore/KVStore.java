@@ -889,8 +889,8 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
      * state, this rank's compression residuals, {@code step} and {@code extra}, the
      * program's own bytes) into memory that outlives the process ({@code /dev/shm}): a
      * store made later by a run of the same job ({@code KVSTORE_JOB}, which {@code
-     * kvstore-run} sets) restores it ({@link #restored()}). Under {@code dist_sync} a
-     * collective, like {@link #barrier()}.
+     * kvstore-run} sets) restores it ({@link #restored()}). Under {@code dist_sync} and
+     * {@code dist_async} a collective, like {@link #barrier()}.
      *
      * @param step the step committed
      * @param extra the program's own bytes (a data loader's position; empty for none)
