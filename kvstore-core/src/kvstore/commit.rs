@@ -31,12 +31,13 @@
 //! copy, kept as L's spare for the next commit to write over (its memory in place).
 //!
 //! A `dist_async` store's keys live with their owners: at a commit, every rank waits for
-//! its calls and meets the others, then gathers the whole store from the owners into a
-//! local store (`Store::gathered`, as `save_checkpoint` does; no push runs meanwhile,
-//! every rank being in the commit) and commits that, so that every rank holds the same
-//! values, as under `dist_sync`, and the ranks agree through [`Peers`] (exchanges by
-//! request, `Shards::exchange`). A restore loads the copy into a local store and puts
-//! each rank's parts into its share (`Store::install_loaded`), at any number of ranks.
+//! its calls and meets the others; then the first rank of each host gathers the whole
+//! store from the owners into a local store (`Store::gathered`, as `save_checkpoint`
+//! does; no push runs meanwhile, every rank being in the commit) and writes the host's
+//! copy alone (`Writing::alone`), while the host's other ranks write their `extra`. The
+//! ranks agree through [`Peers`] (exchanges by request, `Shards::exchange`). A restore
+//! loads the copy into a local store and puts each rank's parts into its share
+//! (`Store::install_loaded`), at any number of ranks.
 //!
 //! A store made with a job name restores, before its first call, the newest marked
 //! commit that a rank can read whole: under `dist_sync` the ranks agree on the newest
@@ -249,6 +250,17 @@ fn own_folder(path: &Path, uid: u32) -> Result<()> {
     Ok(())
 }
 
+/// Which commit a rank writes ([`Folder::write_commit`]): its step, the rank, the job's
+/// ranks, and whether the host's first rank writes the whole copy alone (a `dist_async`
+/// store's, which only that rank gathers) rather than each of the host's ranks a share.
+#[derive(Clone, Copy)]
+struct Writing {
+    step: u64,
+    rank: usize,
+    ranks: usize,
+    alone: bool,
+}
+
 /// What [`Folder::newest`] found: the newest marked commit with a whole copy (its step
 /// and bytes), and why a newer marked one was passed over.
 type Found = (Option<(u64, Vec<u8>)>, Option<String>);
@@ -346,18 +358,19 @@ impl Folder {
     /// shares from its own memory (every rank holds the same), and once they wrote them,
     /// writes the headers (reserved first: their lengths do not depend on the hashes)
     /// and its `extra`, and renames the file; each other rank writes its `extra` apart
-    /// (`.extra`). What fails is this rank's failure (every rank hears of it); the
-    /// ranks' exchanges are made whatever failed.
+    /// (`.extra`). With `at.alone`, the first rank writes the whole copy and the others
+    /// only their `extra` (their `snap` is of an empty store). What fails is this rank's
+    /// failure (every rank hears of it); the ranks' exchanges are made whatever failed.
     fn write_commit(
         &self,
         group: Option<Peers<'_>>,
-        at: (u64, usize, usize),
+        at: Writing,
         extra: &[u8],
         snap: std::result::Result<&Snapshot<'_>, &Error>,
     ) -> Result<()> {
         const PIECE: usize = 256 << 10;
         const MAPPED_PIECE: usize = 64 << 10;
-        let (step, rank, ranks) = at;
+        let Writing { step, rank, ranks, alone } = at;
         let host = self.host(group)?.to_vec();
         // Each exchange: whether this rank's part went well, and two numbers (the first:
         // its process id and step; then the CRC-32 and length of the share it wrote).
@@ -377,7 +390,8 @@ impl Folder {
                 return Err(e.clone());
             }
         };
-        let (first, share, sharers) = (host[0], host.iter().position(|&r| r == rank).unwrap_or(0), host.len());
+        let (first, share) = (host[0], host.iter().position(|&r| r == rank).unwrap_or(0));
+        let sharers = if alone { 1 } else { host.len() };
         // This rank's own, beside its extra (each rank's differ).
         let residuals = encode_residuals(&snap.residuals);
         let path = self.file(step, first, ranks);
@@ -898,24 +912,31 @@ impl Store {
             ))),
             _ => Ok(()),
         });
+        let at = Writing { step, rank, ranks, alone: self.remote.is_some() };
         // Every rank takes part in the writers' exchanges, whatever failed before.
         let written = match checked {
-            Err(e) => folder.write_commit(group, (step, rank, ranks), extra, Err(&e)),
+            Err(e) => folder.write_commit(group, at, extra, Err(&e)),
             Ok(()) => {
                 let mut wrote = false;
                 let mut write = |snap: &Snapshot<'_>| {
                     wrote = true;
-                    folder.write_commit(group, (step, rank, ranks), extra, Ok(snap))
+                    folder.write_commit(group, at, extra, Ok(snap))
                 };
                 let snapshot = match &self.remote {
                     None => self.snapshot(OP, write),
-                    // dist_async: the store as its owners hold it, gathered by each rank
-                    // (no push runs: every rank is in this commit), so that every rank
-                    // holds the same, as under dist_sync.
-                    Some(remote) => self.gathered(remote).and_then(|copy| copy.store.snapshot(OP, &mut write)),
+                    // dist_async: the store as its owners hold it, gathered by the first
+                    // rank of each host (no push runs: every rank is in this commit),
+                    // which writes the host's copy alone; the others write their extra.
+                    Some(remote) => folder.host(group).and_then(|host| {
+                        let copy = match host.first() == Some(&rank) {
+                            true => self.gathered(remote)?,
+                            false => KVStore::internal_local()?,
+                        };
+                        copy.store.snapshot(OP, &mut write)
+                    }),
                 };
                 match (wrote, snapshot) {
-                    (false, Err(e)) => folder.write_commit(group, (step, rank, ranks), extra, Err(&e)),
+                    (false, Err(e)) => folder.write_commit(group, at, extra, Err(&e)),
                     (_, result) => result,
                 }
             }

@@ -641,9 +641,21 @@ impl Shards {
     fn gather(&self, key: &Key, shape: &[usize], dtype: DType) -> Result<Gathered> {
         let value = NDArray::zeros_with(shape, dtype, Context::default())?;
         let parts = self.parts(key, value.size());
-        let requests: Vec<(usize, Vec<u8>)> =
-            parts.iter().map(|p| (p.owner, request(SNAPSHOT, &p.name, dtype, &[], &[]))).collect();
-        let replies = self.call(key, requests, &mut || {})?;
+        // This worker's own parts read from its share directly, the others' requested.
+        let me = self.rank();
+        let requests: Vec<(usize, Vec<u8>)> = parts
+            .iter()
+            .filter(|p| p.owner != me)
+            .map(|p| (p.owner, request(SNAPSHOT, &p.name, dtype, &[], &[])))
+            .collect();
+        let mut theirs = self.call(key, requests, &mut || {})?.into_iter();
+        let replies: Vec<Vec<u8>> = parts
+            .iter()
+            .map(|p| match p.owner == me {
+                true => with_slot(&self.server, "save_checkpoint", &p.name, snapshot),
+                false => theirs.next().ok_or_else(|| Error::Internal(format!("dist_async: no reply for \"{key}\""))),
+            })
+            .collect::<Result<_>>()?;
         let state_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
         let mut state: Option<KeyState> = None;
         let bad = || Error::Internal(format!("dist_async: the owners' states of key \"{key}\" do not fit together"));
@@ -763,22 +775,19 @@ impl super::Store {
     /// makes sure no push runs meanwhile.)
     pub(super) fn gathered(&self, remote: &Shards) -> Result<KVStore> {
         let copy = KVStore::internal_local()?;
-        let entries = self.entries();
-        let mut states = Vec::with_capacity(entries.len());
-        for e in &entries {
+        for e in &self.entries() {
             let g = remote.gather(&e.key, e.shape(), e.dtype)?;
-            copy.init(e.key.clone(), &g.value)?;
-            states.push(g.state);
-        }
-        *copy.store.merger.write() = remote.server.store.merger.read().clone();
-        for (e, state) in entries.iter().zip(states) {
-            let Some(entry) = copy.store.find(&e.key) else { continue };
-            let mut slot = entry.value.write();
-            slot.opt = state;
+            // The gathered arrays become the copy's (no copy of them).
+            let mut slot = Slot::new(g.value, 0);
+            slot.opt = g.state;
             // A row-sparse key of a loaded file stays row-sparse in the next one
             // (this store has no row-sparse calls, but others that load it do).
             slot.row_sparse = e.value.read().row_sparse;
+            let mut table = copy.store.table.write();
+            slot.order = table.take_order();
+            copy.store.add_entry(&mut table, e.key.clone(), slot);
         }
+        *copy.store.merger.write() = remote.server.store.merger.read().clone();
         Ok(copy)
     }
 
