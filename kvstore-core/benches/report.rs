@@ -580,6 +580,9 @@ fn main() -> kvstore_core::Result<()> {
             n if n.starts_with("mpi ") && n.contains("a commit (the step and a commit") => {
                 Row::new(n, median_s, limit_s, "~1 (one memory copy of its bytes)")
             }
+            n if n.starts_with("mpi ") && n.contains("dist_async: a step and a commit") => {
+                Row::new(n, median_s, limit_s, "reported: a dist_async commit's cost (its gather and write)")
+            }
             n if n.starts_with("mpi ") && n.contains("dist_async push then pull") => {
                 Row::new(n, median_s, limit_s, ">= 0.67 (at most 1.5 x dist_sync's pushpull)")
             }

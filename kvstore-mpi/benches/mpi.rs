@@ -20,7 +20,8 @@
 //! [`overlap`]). With `KVSTORE_BENCH_OVERLAP=only` it times that step alone (about 15 s
 //! over TCP with `KVSTORE_BENCH_RUNS=11`), for comparing builds run after run.
 //!
-//! With `KVSTORE_JOB` set it also times a commit after a step ([`commit_rows`]); with
+//! With `KVSTORE_JOB` set it also times a commit after a step ([`commit_rows`]), and a
+//! `dist_async` store's ([`async_commit_rows`]); with
 //! `KVSTORE_BENCH_COMMIT=only` as well, those rows alone.
 
 use std::hint::black_box;
@@ -248,6 +249,8 @@ fn main() -> kvstore_core::Result<()> {
     }
     if std::env::var_os("KVSTORE_JOB").is_some() && std::env::var("KVSTORE_BENCH_OVERLAP").as_deref() != Ok("only") {
         commit_rows(runs, &run, &mut rows)?;
+        // (Last: from here on the dist_async store's serving thread makes MPI calls.)
+        async_commit_rows(runs, &run, &mut rows)?;
     }
     if kv.rank() == 0 {
         kvstore_tests::bench::write_rows(&out, &rows)?;
@@ -261,28 +264,10 @@ fn main() -> kvstore_core::Result<()> {
 /// the same step followed by a commit.
 fn commit_rows(runs: usize, run: &str, rows: &mut Vec<(String, f64, Option<f64>)>) -> kvstore_core::Result<()> {
     let kv = &kvstore_mpi::create("dist_sync")?;
-    let (keys, n) = (10usize, 2_621_440usize);
-    let names: Vec<String> = (0..keys).map(|k| format!("commit-{k}")).collect();
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let values: Vec<NDArray> = (0..keys).map(|_| NDArray::zeros(&[n])).collect::<kvstore_core::Result<_>>()?;
-    let grads: Vec<NDArray> = (0..keys).map(|_| NDArray::full(&[n], 0.001)).collect::<kvstore_core::Result<_>>()?;
-    kv.init(&names[..], &values)?;
-    kv.set_optimizer(kvstore_core::Optimizer::builder("adam").build()?)?;
+    let (keys, n) = COMMITTED;
     let runs = runs.min(7);
     let barrier = || kv.barrier().expect("barrier");
-    let step = || {
-        kv.push(&names[..], &grads, 0).expect("push");
-        kv.pull(&names[..], &values, 0).expect("pull");
-    };
-    let mut at = 0u64;
-    let step_s = kvstore_tests::bench::median(1, runs, barrier, step);
-    // Three commits before the timed ones: the host's copies rotate through three files,
-    // which the first three commits make (a job commits for as many steps as it runs).
-    let with_commit = kvstore_tests::bench::median(3, runs, barrier, || {
-        step();
-        kv.commit(at, b"").expect("commit");
-        at += 1;
-    });
+    let (step_s, with_commit) = time_commits(kv, runs)?;
     // The limit: one memory copy of the bytes a commit holds (the values and Adam's two
     // states), the host's ranks at once, each its share, from memory to memory whose
     // pages are in place (as a commit's file is: it writes over an older copy).
@@ -314,6 +299,60 @@ fn commit_rows(runs: usize, run: &str, rows: &mut Vec<(String, f64, Option<f64>)
         );
     }
     Ok(())
+}
+
+/// The store the commit rows commit: 10 keys of 2.5 Mi f32 (100 MB).
+const COMMITTED: (usize, usize) = (10, 2_621_440);
+
+/// The medians of a step of `kv` (its 100 MB in [`COMMITTED`]'s keys, initialised here,
+/// with Adam: its state 200 MB more), one push and one pull of every key, and of the same
+/// step followed by a commit.
+fn time_commits(kv: &KVStore, runs: usize) -> kvstore_core::Result<(f64, f64)> {
+    let (keys, n) = COMMITTED;
+    let names: Vec<String> = (0..keys).map(|k| format!("commit-{k}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let values: Vec<NDArray> = (0..keys).map(|_| NDArray::zeros(&[n])).collect::<kvstore_core::Result<_>>()?;
+    let grads: Vec<NDArray> = (0..keys).map(|_| NDArray::full(&[n], 0.001)).collect::<kvstore_core::Result<_>>()?;
+    kv.init(&names[..], &values)?;
+    kv.set_optimizer(kvstore_core::Optimizer::builder("adam").build()?)?;
+    let barrier = || kv.barrier().expect("barrier");
+    let step = || {
+        kv.push(&names[..], &grads, 0).expect("push");
+        kv.pull(&names[..], &values, 0).expect("pull");
+    };
+    let mut at = 0u64;
+    let step_s = kvstore_tests::bench::median(1, runs, barrier, step);
+    // Three commits before the timed ones: the host's copies rotate through three files,
+    // which the first three commits make (a job commits for as many steps as it runs).
+    let with_commit = kvstore_tests::bench::median(3, runs, barrier, || {
+        step();
+        kv.commit(at, b"").expect("commit");
+        at += 1;
+    });
+    Ok((step_s, with_commit))
+}
+
+/// A commit of a `dist_async` store: the store of [`commit_rows`], its big keys split
+/// across the ranks' shares; a step, then the same step and a commit (each rank gathers
+/// the whole store from its owners, then the host writes it).
+fn async_commit_rows(runs: usize, run: &str, rows: &mut Vec<(String, f64, Option<f64>)>) -> kvstore_core::Result<()> {
+    let kv = &kvstore_mpi::create("dist_async")?;
+    let (step_s, with_commit) = time_commits(kv, runs.min(7))?;
+    rows.push((
+        format!("{run}: dist_async: a step of a 100 MB store with Adam (push + pull of every key)"),
+        step_s,
+        None,
+    ));
+    rows.push((format!("{run}: dist_async: a step and a commit of the store"), with_commit, Some(step_s)));
+    if kv.rank() == 0 {
+        println!(
+            "dist_async commit: a step {:.1} ms, with a commit {:.1} ms: the commit costs {:.0} % of the step",
+            step_s * 1e3,
+            with_commit * 1e3,
+            (with_commit - step_s) / step_s * 100.0
+        );
+    }
+    kv.barrier()
 }
 
 /// How many stores of each kind [`alternate`] takes in turn.
