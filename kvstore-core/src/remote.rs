@@ -78,6 +78,13 @@ pub trait Remote: Send + Sync {
     /// [`crate::Error::Backend`] if the group is broken.
     fn barrier(&self) -> Result<()>;
 
+    /// The most bytes one request or one reply may hold, the transport's framing
+    /// included (kvstore-mpi: an MPI count, 2^31 - 1 bytes). A bigger one is refused with
+    /// an error by the store, at either end, before it is sent.
+    fn max_message(&self) -> usize {
+        usize::MAX
+    }
+
     /// [`crate::collective::Collective::map_file`], for the commits of a `dist_async` store: `None`
     /// (the default) where the transport cannot map files, and the commit writes with
     /// `write` calls.

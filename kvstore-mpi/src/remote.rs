@@ -337,6 +337,11 @@ impl Remote for MpiRemote {
         self.group.size()
     }
 
+    fn max_message(&self) -> usize {
+        // One MPI message: a count of bytes in a C int.
+        i32::MAX as usize
+    }
+
     fn map_file(
         &self,
         file: &std::fs::File,

@@ -122,15 +122,21 @@ fn a_compressed_job_resumes_with_each_ranks_residuals_and_the_same_bits() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A `dist_async` job commits too: every rank gathers the store from the keys' owners
-/// (here `w` is split across both, `MXNET_KVSTORE_BIGARRAY_BOUND`), a job resumed on as
-/// many ranks ends with the bits of one that never died, on more ranks every rank holds
-/// the same bits, and ranks on hosts of their own each restore their own extra.
+/// A `dist_async` job commits too: each host's first rank gathers the store from the
+/// keys' owners (here `w` is split across both, `MXNET_KVSTORE_BIGARRAY_BOUND`), a job
+/// resumed on as many ranks ends with the bits of one that never died (with NAdam too,
+/// whose store-wide state each rank's share keeps for the updates it applied), on more
+/// ranks every rank holds the same bits, and ranks on hosts of their own each restore
+/// their own extra.
 #[test]
 fn a_dist_async_job_resumes_from_its_last_commit_with_the_same_bits() {
     let dir = folder("async");
     let env = [("KVSTORE_TEST_KIND", "dist_async"), ("MXNET_KVSTORE_BIGARRAY_BOUND", "300")];
     let whole = died_and_resumed(&dir, &env);
+    let nadam = [env[0], env[1], ("KVSTORE_TEST_OPTIMIZER", "nadam")];
+    let nadam_dir = folder("async-nadam");
+    died_and_resumed(&nadam_dir, &nadam);
+    let _ = std::fs::remove_dir_all(&nadam_dir);
     // The store's own shares and copies are not in the job's commits: one folder.
     let job = dir.join(format!("kvstore-{}-died", uid(&dir)));
     assert_eq!(names_in(&job), vec!["store0".to_string()]);
@@ -148,6 +154,23 @@ fn a_dist_async_job_resumes_from_its_last_commit_with_the_same_bits() {
         assert!(swapped.output.contains(&format!("restored 2 loader at 2 of rank {r}")), "{}", swapped.shown());
     }
     assert_eq!(bits(&swapped, 2), whole, "the bits of the job that never died");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A `dist_async` commit holds a push of another thread whole or not at all: a rank's
+/// keys are held through the commit (a push holds them while its owners apply it).
+#[test]
+fn a_dist_async_commit_holds_a_push_of_another_thread_whole_or_not_at_all() {
+    let dir = folder("concurrent");
+    let env = [("KVSTORE_TEST_KIND", "dist_async")];
+    for run in 0..3 {
+        let job = format!("concurrent-{run}");
+        let died = run_with(&dir, &job, 2, &["1", "concurrent"], &env);
+        assert_ne!(died.code, Some(0), "{}", died.shown());
+        let resumed = run_with(&dir, &job, 2, &["1", "concurrent"], &env);
+        assert_eq!(resumed.code, Some(0), "{}", resumed.shown());
+        assert_eq!(resumed.output.matches(": a == b true").count(), 2, "run {run}: {}", resumed.shown());
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

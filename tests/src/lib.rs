@@ -55,7 +55,9 @@ mod updaters;
 
 pub use backends::{Backend, Cpu, Gpus};
 pub use support::{TempDir, assert_all, full, pulled};
-pub use thread_remote::{HubMember, ThreadHub, async_store, run_async_kind_workers, run_async_workers};
+pub use thread_remote::{
+    HubMember, ThreadHub, async_store, run_async_kind_workers, run_async_workers, run_async_workers_on,
+};
 pub use threads::{ThreadGroup, ThreadMember, dist_store, run_members, run_workers};
 pub use updaters::{CallLog, Gate, gated_assign, install_add_twice, install_logging_assign, open, open_later, wait_at};
 

@@ -3,7 +3,7 @@
 //! requests sent to it one after another (as kvstore-mpi's serving thread does). It
 //! runs the `dist_async` semantics without MPI.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -23,6 +23,8 @@ pub struct ThreadHub {
     handlers: Mutex<Vec<Vec<Handler>>>,
     /// Per worker, its serving thread's queue, once it serves.
     queues: Mutex<Vec<Option<Sender<Job>>>>,
+    /// The most bytes of one message (`Remote::max_message`; no bound by default).
+    max_message: AtomicUsize,
 }
 
 /// A request for a serving thread: the channel, the sender's rank, the request, and
@@ -44,7 +46,13 @@ impl ThreadHub {
             broken: AtomicBool::new(false),
             handlers: Mutex::new(vec![Vec::new(); size]),
             queues: Mutex::new(vec![None; size]),
+            max_message: AtomicUsize::new(usize::MAX),
         })
+    }
+
+    /// Bounds the bytes of one message, as a transport does (MPI: 2 GiB).
+    pub fn set_max_message(&self, bytes: usize) {
+        self.max_message.store(bytes, Ordering::SeqCst);
     }
 
     pub fn member(self: &Arc<Self>, rank: usize) -> Arc<HubMember> {
@@ -63,6 +71,10 @@ impl Remote for HubMember {
 
     fn size(&self) -> usize {
         self.hub.size
+    }
+
+    fn max_message(&self) -> usize {
+        self.hub.max_message.load(Ordering::SeqCst)
     }
 
     fn serve(&self, handler: Handler) -> Result<u32> {
@@ -158,7 +170,16 @@ pub fn run_async_kind_workers<T: Send + 'static>(
     size: usize,
     worker: impl Fn(usize, KVStore) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
-    let hub = ThreadHub::new(size);
+    run_async_workers_on(kind, ThreadHub::new(size), worker)
+}
+
+/// [`run_async_kind_workers`] on the workers of `hub`.
+pub fn run_async_workers_on<T: Send + 'static>(
+    kind: &'static str,
+    hub: Arc<ThreadHub>,
+    worker: impl Fn(usize, KVStore) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let size = hub.size;
     let worker = Arc::new(worker);
     let handles: Vec<_> = (0..size)
         .map(|rank| {

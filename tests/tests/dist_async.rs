@@ -87,6 +87,69 @@ fn a_checkpoint_holds_the_owners_values_and_states_and_resumes_anywhere() {
     assert!(synced.iter().all(|b| b == &saved));
 }
 
+/// A checkpoint saved with a custom updater keeps the store's updater when loaded (as in
+/// every store kind): the owners' shares go on applying pushes with it, not assigning.
+#[test]
+fn a_checkpoint_of_a_custom_updater_keeps_the_owners_updater() {
+    let dir = kvstore_tests::TempDir::new("async-custom");
+    let path = dir.path("custom.ckpt");
+    let sums = run_async_workers(2, move |rank, kv| {
+        kv.set_updater(
+            |_: &kvstore_core::Key, _: usize, merged: &kvstore_core::NDArray, stored: &kvstore_core::NDArray| {
+                stored.add_assign(merged)
+            },
+        )
+        .expect("updater");
+        kv.init("u", &kvstore_core::NDArray::full(&[4], 1.0).expect("value")).expect("init");
+        kv.save_checkpoint(&path).expect("save_checkpoint");
+        kv.load_checkpoint(&path).expect("load_checkpoint");
+        if rank == 0 {
+            kv.push("u", &kvstore_core::NDArray::full(&[4], 2.0).expect("g"), 0).expect("push");
+        }
+        kv.barrier().expect("barrier");
+        kv.pull_new("u", 0).expect("pull").to_vec::<f32>().expect("values")
+    });
+    assert!(sums.iter().all(|s| s == &vec![3.0f32; 4]), "1 + 2 by the updater, not 2 assigned: {sums:?}");
+}
+
+/// A message bigger than the transport carries (here 4 KiB) is an `Unsupported` error
+/// that names the bound, at either end, and nothing waits for it: a request (rank 0's
+/// init of a key that another worker owns), or a reply (an owner's part with its Adam
+/// state, gathered for a checkpoint). Calls that fit go on.
+#[test]
+fn a_message_bigger_than_the_transport_carries_is_a_clear_error() {
+    let hub = kvstore_tests::ThreadHub::new(2);
+    hub.set_max_message(4096);
+    let dir = kvstore_tests::TempDir::new("async-limit");
+    let path = dir.path("limit.ckpt");
+    let said = kvstore_tests::run_async_workers_on("dist_async", hub, move |rank, kv| {
+        let zeros = |n: usize| kvstore_core::NDArray::zeros(&[n]).expect("zeros");
+        let inits: Vec<String> = (0..4)
+            .filter_map(|k| kv.init(format!("big{k}"), &zeros(1100)).err())
+            .map(|e| format!("{:?}: {e}", e.kind()))
+            .collect();
+        for k in 0..4 {
+            kv.init(format!("v{k}"), &zeros(900)).expect("900 values fit");
+        }
+        kv.set_optimizer(kvstore_core::Optimizer::builder("adam").build().expect("adam")).expect("adam");
+        for k in 0..4 {
+            kv.push(format!("v{k}"), &kvstore_core::NDArray::full(&[900], 0.5).expect("g"), 0).expect("push");
+        }
+        let saved = kv.save_checkpoint(&path).err().map(|e| e.to_string());
+        kv.pull_new("v0", 0).expect("a pull that fits");
+        kv.barrier().expect("barrier");
+        (rank, inits, saved)
+    });
+    let (_, inits, saved) = &said[0];
+    assert!(!inits.is_empty(), "a key of 4,400 bytes that rank 1 owns");
+    for e in inits {
+        assert!(e.starts_with("Unsupported") && e.contains("at most 4096 bytes"), "{e}");
+    }
+    let saved = saved.as_deref().expect("a part with its state is more than 4 KiB");
+    assert!(saved.contains("at most 4096 bytes"), "{saved}");
+    assert!(said[1].1.is_empty() && said[1].2.is_none(), "rank 1 sent nothing too big: {:?}", said[1]);
+}
+
 #[test]
 fn a_failed_push_names_the_keys_it_applied() {
     for w in [1, 2, 3] {

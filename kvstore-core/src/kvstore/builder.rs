@@ -69,7 +69,8 @@ impl KVStore {
     /// the keys, the whole store gathered for a checkpoint or a commit): never in the
     /// job's commits, which are the user's stores' (`kvstore/commit.rs`).
     pub(crate) fn internal_local() -> Result<KVStore> {
-        KVStoreBuilder { commits: false, ..KVStoreBuilder::new("local") }.build()
+        // (One engine thread: its calls are the store's own, one at a time.)
+        KVStoreBuilder { commits: false, engine_threads: 1, ..KVStoreBuilder::new("local") }.build()
     }
 }
 

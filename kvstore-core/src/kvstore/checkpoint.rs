@@ -486,12 +486,13 @@ impl Store {
         const OP: &str = "load_checkpoint";
         let context = format!("{OP} from {}", shown(path));
         let read = opt_states::read_file(path, &context);
-        self.load_checkpoint_bytes(OP, &context, read.as_deref().map_err(Error::clone))
+        self.load_checkpoint_bytes(OP, &context, read.as_deref().map_err(Error::clone)).map(|_| ())
     }
 
     /// [`Store::load_checkpoint_now`] of a checkpoint's `bytes` (read by the caller; an
-    /// error is this rank's failure, which every rank hears of).
-    pub(super) fn load_checkpoint_bytes(&self, op: &'static str, context: &str, bytes: Result<&[u8]>) -> Result<()> {
+    /// error is this rank's failure, which every rank hears of): the checksum of what it
+    /// loaded (its contents' and length, as the workers compare them).
+    pub(super) fn load_checkpoint_bytes(&self, op: &'static str, context: &str, bytes: Result<&[u8]>) -> Result<u64> {
         self.check_step(op, &[], Ok(()))?;
         let held = Held::new(op, self, &[])?;
         let mut merger = held.merger_write(op, &self.merger)?;
@@ -504,7 +505,7 @@ impl Store {
             Ok((self.plan(c, &entries, &guards, context)?, hash))
         });
         self.agree(op, context, plan.as_ref().map(|(_, h)| *h).map_err(|_| ()), "could not read or check the file")?;
-        let (plan, _) = plan?;
+        let (plan, hash) = plan?;
         // Everything is checked and made: from here on nothing fails but a key that
         // another thread initialised meanwhile, which is checked before any change.
         let mut table = self.table.write();
@@ -548,7 +549,7 @@ impl Store {
             drop((table, guards, merger));
             drop(old);
         }
-        Ok(())
+        Ok(hash)
     }
 
     /// Checks a file against the store and makes every array where it will live: a

@@ -72,11 +72,12 @@ pub const JOB_VAR: &str = "KVSTORE_JOB";
 /// `/dev/shm`).
 pub const COMMIT_DIR_VAR: &str = "KVSTORE_COMMIT_DIR";
 
-const MAGIC: &[u8; 8] = b"KVSTCMT3";
-/// The header: magic, step, rank, ranks, extra's length, the checkpoint's length, the
-/// residuals' length, CRC; then the checkpoint, the extra bytes and the residuals (the
-/// writing rank's gradient-compression residuals, [`encode_residuals`]).
-const HEADER: usize = 8 + 8 + 4 + 4 + 8 + 8 + 8 + 4;
+const MAGIC: &[u8; 8] = b"KVSTCMT4";
+/// The header: magic, step, rank, ranks, the lengths of extra, the checkpoint, the
+/// residuals and the optimizer state, CRC; then the checkpoint and the writing rank's
+/// own [`Record`]: its extra bytes, its gradient-compression residuals
+/// ([`encode_residuals`]) and its share's optimizer state (`dist_async`).
+const HEADER: usize = 8 + 8 + 4 + 4 + 8 + 8 + 8 + 8 + 4;
 /// How many marked commits are kept.
 const KEEP: usize = 2;
 
@@ -117,15 +118,16 @@ impl Peers<'_> {
     pub(super) fn exchange(self, step: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         match self {
             Peers::Sync(g) => g.exchange(step, mine),
-            Peers::Async(r) => r.exchange(mine),
+            Peers::Async(r) => r.exchange(step, mine),
         }
     }
 
-    /// Worker `root`'s bytes (`mine` there; elsewhere not read) on every worker.
-    fn broadcast(self, mine: &[u8], root: usize) -> Result<Vec<u8>> {
+    /// Worker `root`'s bytes (`mine` there; elsewhere not read) on every worker, for the
+    /// call `step`.
+    fn broadcast(self, step: &str, mine: &[u8], root: usize) -> Result<Vec<u8>> {
         let group = match self {
             Peers::Sync(group) => group,
-            Peers::Async(remote) => return remote.broadcast(mine, root),
+            Peers::Async(remote) => return remote.broadcast(step, mine, root),
         };
         // The length first, then the bytes.
         let me = group.rank() == root;
@@ -251,14 +253,16 @@ fn own_folder(path: &Path, uid: u32) -> Result<()> {
 }
 
 /// Which commit a rank writes ([`Folder::write_commit`]): its step, the rank, the job's
-/// ranks, and whether the host's first rank writes the whole copy alone (a `dist_async`
-/// store's, which only that rank gathers) rather than each of the host's ranks a share.
+/// ranks, whether the host's first rank writes the whole copy alone (a `dist_async`
+/// store's, which only that rank gathers) rather than each of the host's ranks a share,
+/// and the rank's share's optimizer state (a `dist_async` store's, else empty).
 #[derive(Clone, Copy)]
-struct Writing {
+struct Writing<'a> {
     step: u64,
     rank: usize,
     ranks: usize,
     alone: bool,
+    optimizer: &'a [u8],
 }
 
 /// What [`Folder::newest`] found: the newest marked commit with a whole copy (its step
@@ -364,13 +368,13 @@ impl Folder {
     fn write_commit(
         &self,
         group: Option<Peers<'_>>,
-        at: Writing,
+        at: Writing<'_>,
         extra: &[u8],
         snap: std::result::Result<&Snapshot<'_>, &Error>,
     ) -> Result<()> {
         const PIECE: usize = 256 << 10;
         const MAPPED_PIECE: usize = 64 << 10;
-        let Writing { step, rank, ranks, alone } = at;
+        let Writing { step, rank, ranks, alone, optimizer } = at;
         let host = self.host(group)?.to_vec();
         // Each exchange: whether this rank's part went well, and two numbers (the first:
         // its process id and step; then the CRC-32 and length of the share it wrote).
@@ -394,6 +398,7 @@ impl Folder {
         let sharers = if alone { 1 } else { host.len() };
         // This rank's own, beside its extra (each rank's differ).
         let residuals = encode_residuals(&snap.residuals);
+        let own = Record { extra: extra.to_vec(), residuals, optimizer: optimizer.to_vec(), ranks };
         let path = self.file(step, first, ranks);
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let temp = |pid: u64| self.path.join(format!(".{name}.{pid}"));
@@ -419,7 +424,7 @@ impl Folder {
                     .mode(0o600)
                     .custom_flags(libc::O_NOFOLLOW)
                     .open(temp(me))?;
-                file.set_len((HEADER + reserved + data_len + extra.len() + residuals.len()) as u64)?;
+                file.set_len((HEADER + reserved + data_len + own.len()) as u64)?;
                 Ok(file)
             })()
             .map(Some),
@@ -522,7 +527,7 @@ impl Folder {
             let crcs = wrote?;
             if rank != first {
                 return self
-                    .write(&self.extra_file(step, rank, ranks), &record(step, rank, ranks, extra, &residuals))
+                    .write(&self.extra_file(step, rank, ranks), &record(step, rank, &own))
                     .map_err(std::io::Error::other);
             }
             if !shares_written {
@@ -539,16 +544,16 @@ impl Folder {
             if header.len() != reserved {
                 return Err(std::io::Error::other("the checkpoint's header changed length"));
             }
-            let fields = fields(step, rank, ranks, extra.len(), (reserved + data_len) as u64, residuals.len());
+            let fields = fields(step, rank, (reserved + data_len) as u64, &own);
             let mut crc = crc32fast::Hasher::new();
             crc.update(&fields);
             crc.update(&header);
             snap.file_order.iter().for_each(|&i| crc.combine(&crcs[i]));
-            crc.update(extra);
-            crc.update(&residuals);
+            let own = own.bytes();
+            crc.update(&own);
             let file = made.as_ref().ok().and_then(Option::as_ref).ok_or_else(|| std::io::Error::other("no file"))?;
             file.write_all_at(&[&fields[..], &crc.finalize().to_le_bytes(), &header].concat(), 0)?;
-            file.write_all_at(&[extra, &residuals].concat(), (HEADER + reserved + data_len) as u64)?;
+            file.write_all_at(&own, (HEADER + reserved + data_len) as u64)?;
             std::fs::rename(temp(pid), &path)
         })();
         if rank == first && finished.is_err() {
@@ -664,9 +669,9 @@ impl Folder {
             .collect()
     }
 
-    /// Rank `rank`'s own `extra` of `step`, when it is in the folder, whole: its `.extra`
+    /// Rank `rank`'s own record of `step`, when it is in the folder, whole: its `.extra`
     /// file, or the host's copy it wrote itself.
-    fn own_extra(&self, step: u64, rank: usize) -> Option<(Vec<u8>, Vec<u8>, usize)> {
+    fn own_extra(&self, step: u64, rank: usize) -> Option<Record> {
         if !self.done(step).exists() {
             return None;
         }
@@ -683,7 +688,7 @@ impl Folder {
         files.into_iter().find_map(|file| {
             let bytes = self.read(&file).ok()?;
             let c = decode(&bytes).ok().filter(|c| c.step == step && c.rank == rank)?;
-            Some((c.extra.to_vec(), c.residuals.to_vec(), c.ranks))
+            Some(c.record())
         })
     }
 
@@ -778,9 +783,28 @@ fn decode_residuals(bytes: &[u8]) -> Option<Vec<(String, Vec<Vec<f32>>)>> {
     (at == bytes.len()).then_some(out)
 }
 
-/// What a rank gets of its own record of a commit: its extra, its residuals and the number
-/// of ranks of the job that committed them.
-type Record = (Vec<u8>, Vec<u8>, usize);
+/// A rank's own record of a commit: its `extra`, its gradient-compression residuals
+/// ([`encode_residuals`]) and, under `dist_async`, its share's optimizer state (the
+/// store-wide counters of the updates its share applied: `runtime_json`'s), with the
+/// number of ranks of the job that committed them.
+#[derive(Clone, Debug)]
+struct Record {
+    extra: Vec<u8>,
+    residuals: Vec<u8>,
+    optimizer: Vec<u8>,
+    ranks: usize,
+}
+
+impl Record {
+    fn len(&self) -> usize {
+        self.extra.len() + self.residuals.len() + self.optimizer.len()
+    }
+
+    /// Its bytes as a commit holds them, one after another.
+    fn bytes(&self) -> Vec<u8> {
+        [&self.extra[..], &self.residuals, &self.optimizer].concat()
+    }
+}
 
 /// Each rank that lacks its own record of `step` on its host (it moved to another host)
 /// gets it from a rank whose host has it: every rank says which ranks' records its
@@ -805,11 +829,8 @@ fn fetch_records(group: Peers<'_>, folder: &Folder, step: u64, own: Option<Recor
         let Some(q) = (0..n).find(|&q| holds(q, r)) else { continue };
         // The record as an `.extra` file holds it, or nothing (length 0) when the rank
         // that has it cannot read it after all.
-        let record = (me == q)
-            .then(|| folder.own_extra(step, r))
-            .flatten()
-            .map(|(extra, residuals, then)| record(step, r, then, &extra, &residuals));
-        let got = group.broadcast(record.as_deref().unwrap_or_default(), q)?;
+        let record = (me == q).then(|| folder.own_extra(step, r)).flatten().map(|own| record(step, r, &own));
+        let got = group.broadcast("restore-record", record.as_deref().unwrap_or_default(), q)?;
         if got.is_empty() {
             continue;
         }
@@ -818,7 +839,7 @@ fn fetch_records(group: Peers<'_>, folder: &Folder, step: u64, own: Option<Recor
             && c.step == step
             && c.rank == r
         {
-            own = Some((c.extra.to_vec(), c.residuals.to_vec(), c.ranks));
+            own = Some(c.record());
         }
     }
     Ok(own)
@@ -832,31 +853,42 @@ struct Commit<'b> {
     ranks: usize,
     extra: &'b [u8],
     checkpoint: &'b [u8],
-    /// The writing rank's residuals ([`encode_residuals`]).
+    /// The writing rank's residuals ([`encode_residuals`]) and its share's optimizer state.
     residuals: &'b [u8],
+    optimizer: &'b [u8],
 }
 
-/// The header's fields before its CRC: magic, step, rank, ranks, the lengths of extra,
-/// the checkpoint and the residuals.
-fn fields(step: u64, rank: usize, ranks: usize, extra: usize, checkpoint: u64, residuals: usize) -> Vec<u8> {
+impl Commit<'_> {
+    /// The writing rank's own record.
+    fn record(&self) -> Record {
+        let (extra, residuals, optimizer) = (self.extra.to_vec(), self.residuals.to_vec(), self.optimizer.to_vec());
+        Record { extra, residuals, optimizer, ranks: self.ranks }
+    }
+}
+
+/// The header's fields before its CRC: magic, step, rank, ranks (`own`'s), the lengths of
+/// the checkpoint and of `own`'s extra, residuals and optimizer state.
+fn fields(step: u64, rank: usize, checkpoint: u64, own: &Record) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER - 4);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&step.to_le_bytes());
     out.extend_from_slice(&(rank as u32).to_le_bytes());
-    out.extend_from_slice(&(ranks as u32).to_le_bytes());
-    out.extend_from_slice(&(extra as u64).to_le_bytes());
+    out.extend_from_slice(&(own.ranks as u32).to_le_bytes());
+    out.extend_from_slice(&(own.extra.len() as u64).to_le_bytes());
     out.extend_from_slice(&checkpoint.to_le_bytes());
-    out.extend_from_slice(&(residuals as u64).to_le_bytes());
+    out.extend_from_slice(&(own.residuals.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(own.optimizer.len() as u64).to_le_bytes());
     out
 }
 
-/// A rank's own record of `step` as an `.extra` file holds it: the header (no checkpoint)
-/// and its CRC, then `extra` and the residuals.
-fn record(step: u64, rank: usize, ranks: usize, extra: &[u8], residuals: &[u8]) -> Vec<u8> {
-    let fields = fields(step, rank, ranks, extra.len(), 0, residuals.len());
+/// Rank `rank`'s own record of `step` as an `.extra` file holds it: the header (no
+/// checkpoint) and its CRC, then the record's bytes.
+fn record(step: u64, rank: usize, own: &Record) -> Vec<u8> {
+    let fields = fields(step, rank, 0, own);
+    let bytes = own.bytes();
     let mut crc = crc32fast::Hasher::new();
-    [&fields[..], extra, residuals].iter().for_each(|b| crc.update(b));
-    [&fields[..], &crc.finalize().to_le_bytes(), extra, residuals].concat()
+    [&fields[..], &bytes].iter().for_each(|b| crc.update(b));
+    [&fields[..], &crc.finalize().to_le_bytes(), &bytes].concat()
 }
 
 fn decode(bytes: &[u8]) -> std::result::Result<Commit<'_>, &'static str> {
@@ -867,11 +899,13 @@ fn decode(bytes: &[u8]) -> std::result::Result<Commit<'_>, &'static str> {
         return Err("not a commit");
     }
     let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-    let (step, extra_len, len, residuals_len) = (u64_at(8), u64_at(24), u64_at(32), u64_at(40));
+    let (step, extra_len, len, residuals_len, optimizer_len) =
+        (u64_at(8), u64_at(24), u64_at(32), u64_at(40), u64_at(48));
     let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
     let (rank, ranks) = (u32_at(16), u32_at(20));
     let body = &bytes[HEADER..];
-    if extra_len.checked_add(len).and_then(|n| n.checked_add(residuals_len)) != Some(body.len() as u64) {
+    let total = [len, residuals_len, optimizer_len].into_iter().try_fold(extra_len, u64::checked_add);
+    if total != Some(body.len() as u64) {
         return Err("cut short");
     }
     let mut crc = crc32fast::Hasher::new();
@@ -881,8 +915,9 @@ fn decode(bytes: &[u8]) -> std::result::Result<Commit<'_>, &'static str> {
         return Err("its checksum does not match");
     }
     let (checkpoint, rest) = body.split_at(len as usize);
-    let (extra, residuals) = rest.split_at(extra_len as usize);
-    Ok(Commit { step, rank, ranks, extra, checkpoint, residuals })
+    let (extra, rest) = rest.split_at(extra_len as usize);
+    let (residuals, optimizer) = rest.split_at(residuals_len as usize);
+    Ok(Commit { step, rank, ranks, extra, checkpoint, residuals, optimizer })
 }
 
 impl Store {
@@ -912,7 +947,9 @@ impl Store {
             ))),
             _ => Ok(()),
         });
-        let at = Writing { step, rank, ranks, alone: self.remote.is_some() };
+        // A dist_async rank's share has optimizer counters of its own.
+        let optimizer = self.remote.as_ref().map(|r| r.optimizer_state()).unwrap_or_default();
+        let at = Writing { step, rank, ranks, alone: self.remote.is_some(), optimizer: &optimizer };
         // Every rank takes part in the writers' exchanges, whatever failed before.
         let written = match checked {
             Err(e) => folder.write_commit(group, at, extra, Err(&e)),
@@ -1055,7 +1092,7 @@ impl Store {
         }
         let root = (0..all.len()).find(|&r| at(r, 0) == newest).expect("a rank with the newest");
         let mine = mine.filter(|_| group.rank() == root).map(|(_, bytes)| bytes).unwrap_or_default();
-        let bytes = group.broadcast(&mine, root)?;
+        let bytes = group.broadcast("restore-commit", &mine, root)?;
         self.restore_bytes(step, &bytes, began).map(Some)
     }
 
@@ -1065,12 +1102,12 @@ impl Store {
     /// the one beside it on this host, else one a rank of another host has
     /// ([`fetch_records`]); without one, the commit's `extra` and no residuals.
     fn restore_bytes(&self, step: u64, bytes: &[u8], began: std::time::Instant) -> Result<Restored> {
-        let commit = decode(bytes).map_err(|why| Error::Io {
-            context: format!("restore of step {step}"),
-            source: std::io::Error::other(why),
-        })?;
         let context = format!("restore of step {step}");
-        self.load_commit(&context, commit.checkpoint)?;
+        let commit =
+            decode(bytes).map_err(|why| Error::Io { context: context.clone(), source: std::io::Error::other(why) });
+        // (A rank that cannot read it fails in the load, with every rank.)
+        self.load_commit(&context, commit.as_ref().map(|c| c.checkpoint).map_err(Error::clone))?;
+        let commit = commit?;
         // Said once, by rank 0: what the job resumed from (kvstore-run's output shows it).
         if self.peers().is_none_or(|g| g.rank() == 0) {
             eprintln!(
@@ -1081,7 +1118,7 @@ impl Store {
         }
         let (rank, ranks) = self.peers().map_or((0, 1), |g| (g.rank(), g.size()));
         let mut own = match commit.rank == rank {
-            true => Some((commit.extra.to_vec(), commit.residuals.to_vec(), commit.ranks)),
+            true => Some(commit.record()),
             false => self.commits.as_ref().and_then(|folder| folder.own_extra(step, rank)),
         };
         if let Some(folder) = &self.commits {
@@ -1098,9 +1135,24 @@ impl Store {
                  not {ranks}: they start again at zero"
             );
         };
+        // A dist_async rank's share takes its own optimizer counters back on as many ranks
+        // (it has the writing rank's share's, from the commit, otherwise).
+        if let Some(remote) = &self.remote {
+            match &own {
+                Some(own) if own.ranks == ranks && !own.optimizer.is_empty() => {
+                    remote.restore_optimizer_state(&context, &own.optimizer)?
+                }
+                _ if rank == 0 && !commit.optimizer.is_empty() => eprintln!(
+                    "kvstore: the shares' optimizer counters of step {step} were of a job of {} ranks, not {ranks}: \
+                     every share starts from rank {}'s",
+                    commit.ranks, commit.rank
+                ),
+                _ => {}
+            }
+        }
         // This rank's own record (its extra and residuals), else the commit's extra alone:
         // another rank's residuals are not this rank's.
-        let Some((extra, residuals, then)) = own else {
+        let Some(Record { extra, residuals, ranks: then, .. }) = own else {
             match (commit.residuals.is_empty(), commit.ranks == ranks) {
                 (true, _) => {}
                 (false, true) => eprintln!(
@@ -1122,13 +1174,20 @@ impl Store {
     /// Loads a commit's checkpoint into the store, all or nothing on every rank. A
     /// `dist_async` store's goes into a local store first, then each rank puts its parts
     /// into its share (as `load_checkpoint` does).
-    fn load_commit(&self, context: &str, checkpoint: &[u8]) -> Result<()> {
+    fn load_commit(&self, context: &str, checkpoint: Result<&[u8]>) -> Result<()> {
         const OP: &str = "restore";
-        let Some(remote) = &self.remote else { return self.load_checkpoint_bytes(OP, context, Ok(checkpoint)) };
-        let copy = KVStore::internal_local()?;
-        let loaded = copy.store.load_checkpoint_bytes(OP, context, Ok(checkpoint));
-        self.agree(OP, context, loaded.as_ref().map(|_| 0).map_err(|_| ()), "could not read or check the commit")?;
-        loaded?;
+        let Some(remote) = &self.remote else { return self.load_checkpoint_bytes(OP, context, checkpoint).map(|_| ()) };
+        let loaded = checkpoint.and_then(|checkpoint| {
+            let copy = Store::loading_copy()?;
+            copy.store.load_checkpoint_bytes(OP, context, Ok(checkpoint))?;
+            Ok(copy)
+        });
+        // (The ranks do not compare what they loaded: each host's copy holds the
+        // optimizer counters of its writer's share, which differ from host to host; each
+        // rank's own come from its record.)
+        let what = "could not read or check the commit";
+        self.agree(OP, context, loaded.as_ref().map(|_| 0).map_err(|_| ()), what)?;
+        let copy = loaded?;
         let installed = self.install_loaded(remote, &copy);
         self.agree(OP, context, installed.as_ref().map(|_| 0).map_err(|_| ()), "could not install the commit")?;
         installed
@@ -1187,8 +1246,12 @@ impl KVStore {
     pub fn commit(&self, step: u64, extra: &[u8]) -> Result<()> {
         let extra = extra.to_vec();
         if let Some(remote) = &self.store.remote {
-            // Every rank's pushes applied by their owners before any rank gathers.
+            // Every rank's pushes applied by their owners before any rank gathers. This
+            // rank's keys are held until the commit ends: a call of another thread (which
+            // holds its keys while the owners serve it) ends before, or begins after.
             let waited = self.wait_all();
+            let entries = self.store.entries();
+            let _held: Vec<_> = entries.iter().map(|e| e.value.read()).collect();
             remote.barrier()?;
             return self.store.commit_now(step, &extra, waited);
         }
@@ -1206,7 +1269,7 @@ impl KVStore {
 
 #[cfg(test)]
 mod tests {
-    use super::{decode, decode_residuals, encode_residuals, fields};
+    use super::{Record, decode, decode_residuals, encode_residuals, fields};
 
     #[test]
     fn residuals_read_back_and_bytes_that_are_not_residuals_are_refused() {
@@ -1224,9 +1287,10 @@ mod tests {
 
     /// A commit's bytes, as `Folder::write_commit` lays them out.
     fn encode(step: u64, rank: usize, ranks: usize, extra: &[u8], checkpoint: &[u8]) -> Vec<u8> {
-        let fields = fields(step, rank, ranks, extra.len(), checkpoint.len() as u64, 0);
-        let crc = crc32fast::hash(&[&fields[..], checkpoint, extra].concat());
-        [&fields[..], &crc.to_le_bytes(), checkpoint, extra].concat()
+        let own = Record { extra: extra.to_vec(), residuals: Vec::new(), optimizer: b"{}".to_vec(), ranks };
+        let fields = fields(step, rank, checkpoint.len() as u64, &own);
+        let crc = crc32fast::hash(&[&fields[..], checkpoint, &own.bytes()].concat());
+        [&fields[..], &crc.to_le_bytes(), checkpoint, &own.bytes()].concat()
     }
 
     #[test]
@@ -1234,6 +1298,7 @@ mod tests {
         let bytes = encode(7, 1, 3, b"loader at 7", b"the checkpoint");
         let c = decode(&bytes).expect("whole");
         assert_eq!((c.step, c.rank, c.extra, c.checkpoint), (7, 1, &b"loader at 7"[..], &b"the checkpoint"[..]));
+        assert_eq!((c.ranks, c.residuals, c.optimizer), (3, &b""[..], &b"{}"[..]));
         for at in [0, 9, 30, bytes.len() - 1] {
             let mut bad = bytes.clone();
             bad[at] ^= 1;
@@ -1241,7 +1306,7 @@ mod tests {
         }
         assert!(decode(&bytes[..bytes.len() - 1]).is_err(), "cut short");
         let mut older = bytes.clone();
-        older[..8].copy_from_slice(b"KVSTCMT2");
+        older[..8].copy_from_slice(b"KVSTCMT3");
         assert_eq!(decode(&older).err(), Some("a commit of another version of kvstore"));
     }
 }

@@ -42,6 +42,13 @@ const PULL: u8 = 3;
 /// A part's value and optimizer state, for a checkpoint.
 const SNAPSHOT: u8 = 4;
 
+/// The most bytes a transport adds to a request (`Remote::request`).
+const FRAMING: usize = 16;
+
+/// The bytes of the pieces in which [`Shards::broadcast`] sends: a whole commit may be
+/// more than one message holds.
+const PIECE: usize = 256 << 20;
+
 /// The separator of a split key's part names on its owners.
 const PART: char = '\u{1}';
 
@@ -212,7 +219,7 @@ fn buffer(buffers: &Buffers, name: &Key, shape: &[usize], dtype: DType) -> Resul
 /// What an owner does with a request, and its reply. A pushed array is read where it
 /// is in `message` (lent to the store, and given back) when its bytes are aligned for
 /// its dtype, else copied into the part's buffer.
-fn serve(server: &KVStore, buffers: &Buffers, message: &mut Vec<u8>) -> Vec<u8> {
+fn serve(server: &KVStore, buffers: &Buffers, message: &mut Vec<u8>, limit: usize) -> Vec<u8> {
     let answer = (|| -> Result<Vec<u8>> {
         let (op, name, dtype, shape, start) = header(message)?;
         let copied = |message: &[u8]| -> Result<NDArray> {
@@ -261,15 +268,31 @@ fn serve(server: &KVStore, buffers: &Buffers, message: &mut Vec<u8>) -> Vec<u8> 
     })();
     match answer {
         // Every answer starts with its status byte, 0.
+        Ok(r) if r.len() > limit => refusal(&too_big(r.len(), limit)),
         Ok(r) => r,
-        Err(e) => {
-            let mut r = vec![1];
-            let code = e.kind().code();
-            r.extend_from_slice(&(code.len() as u32).to_le_bytes());
-            r.extend_from_slice(code.as_bytes());
-            r.extend_from_slice(e.to_string().as_bytes());
-            r
-        }
+        Err(e) => refusal(&e),
+    }
+}
+
+/// A reply that refuses a request with `e`: 1, the error's kind, its message.
+fn refusal(e: &Error) -> Vec<u8> {
+    let mut r = vec![1];
+    let code = e.kind().code();
+    r.extend_from_slice(&(code.len() as u32).to_le_bytes());
+    r.extend_from_slice(code.as_bytes());
+    r.extend_from_slice(e.to_string().as_bytes());
+    r
+}
+
+/// The error of a message of `len` bytes, more than the transport's `limit`.
+fn too_big(len: usize, limit: usize) -> Error {
+    Error::Unsupported {
+        what: format!("a dist_async message of {len} bytes"),
+        hint: format!(
+            "the transport carries at most {limit} bytes in one message (one MPI message's count): a key's part, \
+             with its optimizer state for a checkpoint or a commit, must fit (a key split across more workers has \
+             smaller parts)"
+        ),
     }
 }
 
@@ -343,7 +366,8 @@ impl Shards {
         let server = Arc::new(KVStore::internal_local()?);
         let served = Arc::clone(&server);
         let buffers: Arc<Buffers> = Arc::new(Mutex::new(HashMap::new()));
-        let handler: Handler = Arc::new(move |_from: usize, m: &mut Vec<u8>| serve(&served, &buffers, m));
+        let limit = transport.max_message();
+        let handler: Handler = Arc::new(move |_from: usize, m: &mut Vec<u8>| serve(&served, &buffers, m, limit));
         let channel = transport.serve(handler)?;
         // An exchange's message is its number, then the sender's bytes.
         let mailbox: Arc<Mailbox> = Arc::default();
@@ -362,36 +386,62 @@ impl Shards {
         Ok(Shards { transport, channel, server, own, bound, mail, mailbox, exchanges: AtomicU64::new(0) })
     }
 
-    /// Every worker's `mine`, in rank order: a collective (every worker calls it at the
-    /// same point) by requests, for a `dist_async` store's commits (`kvstore/commit.rs`).
-    /// Each worker sends its bytes to every other, then they meet at a barrier.
-    pub(crate) fn exchange(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+    /// Every worker's `mine` for the exchange named `step`, in rank order: a collective
+    /// (every worker calls it at the same point) by requests, for a `dist_async` store's
+    /// commits (`kvstore/commit.rs`). Each worker sends its bytes to every other, then
+    /// they meet at a barrier; a worker whose exchange there had another name (its calls
+    /// are not the others') is an error.
+    pub(crate) fn exchange(&self, step: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         let (me, n) = (self.rank(), self.size());
-        let number = self.post((0..n).filter(|&r| r != me).collect(), mine)?;
-        (0..n).map(|r| if r == me { Ok(mine.to_vec()) } else { self.take(r, number) }).collect()
+        let number = self.post(step, (0..n).filter(|&r| r != me).collect(), mine)?;
+        (0..n).map(|r| if r == me { Ok(mine.to_vec()) } else { self.take(step, r, number) }).collect()
     }
 
     /// Worker `root`'s bytes on every worker (`mine`: the root's; the others' is not
-    /// read): a collective, as [`Shards::exchange`].
-    pub(crate) fn broadcast(&self, mine: &[u8], root: usize) -> Result<Vec<u8>> {
+    /// read): a collective, as [`Shards::exchange`]. They go in pieces of [`PIECE`]
+    /// bytes, after their length.
+    pub(crate) fn broadcast(&self, step: &str, mine: &[u8], root: usize) -> Result<Vec<u8>> {
         let (me, n) = (self.rank(), self.size());
-        let to = if me == root { (0..n).filter(|&r| r != me).collect() } else { Vec::new() };
-        let number = self.post(to, mine)?;
-        if me == root { Ok(mine.to_vec()) } else { self.take(root, number) }
+        let to = || if me == root { (0..n).filter(|&r| r != me).collect() } else { Vec::new() };
+        let number = self.post(step, to(), &(mine.len() as u64).to_le_bytes())?;
+        let len = match me == root {
+            true => mine.len(),
+            false => {
+                let len = self.take(step, root, number)?;
+                let len = len.get(..8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+                let len =
+                    len.ok_or_else(|| Error::Internal("dist_async: a broadcast's length is not 8 bytes".into()))?;
+                usize::try_from(len).map_err(|_| Error::Internal(format!("dist_async: a broadcast of {len} bytes")))?
+            }
+        };
+        let mut got = Vec::new();
+        for at in (0..len).step_by(PIECE) {
+            let piece = mine.get(at..len.min(at + PIECE)).unwrap_or_default();
+            let number = self.post(step, to(), piece)?;
+            if me != root {
+                got.extend_from_slice(&self.take(step, root, number)?);
+            }
+        }
+        if me == root { Ok(mine.to_vec()) } else { Ok(got) }
     }
 
-    /// Sends `bytes` to each worker of `to` as the next exchange's message, and waits at
-    /// a barrier: then every worker's messages of it have arrived. Its number.
-    fn post(&self, to: Vec<usize>, bytes: &[u8]) -> Result<u64> {
+    /// Sends `bytes` to each worker of `to` as the next exchange's message (named `step`),
+    /// and waits at a barrier: then every worker's messages of it have arrived. Its number.
+    fn post(&self, step: &str, to: Vec<usize>, bytes: &[u8]) -> Result<u64> {
         let number = self.exchanges.fetch_add(1, Ordering::Relaxed);
         let message = || {
-            // (With room for the transport's framing.)
-            let mut m = Vec::with_capacity(8 + bytes.len() + 16);
+            // The number, the name's length and the name, then the bytes (with room for
+            // the transport's framing).
+            let mut m = Vec::with_capacity(8 + 4 + step.len() + bytes.len() + 16);
             m.extend_from_slice(&number.to_le_bytes());
+            m.extend_from_slice(&(step.len() as u32).to_le_bytes());
+            m.extend_from_slice(step.as_bytes());
             m.extend_from_slice(bytes);
             m
         };
-        let replies = self.transport.requests(self.mail, to.into_iter().map(|r| (r, message())).collect())?;
+        let requests: Vec<(usize, Vec<u8>)> = to.into_iter().map(|r| (r, message())).collect();
+        self.fits(&requests)?;
+        let replies = self.transport.requests(self.mail, requests)?;
         if replies.iter().any(|r| r.first() != Some(&0)) {
             return Err(Error::Internal("dist_async: a worker could not take an exchange's message".into()));
         }
@@ -399,10 +449,59 @@ impl Shards {
         Ok(number)
     }
 
-    fn take(&self, from: usize, number: u64) -> Result<Vec<u8>> {
-        self.mailbox.lock().remove(&(from, number)).ok_or_else(|| {
-            Error::Internal(format!("dist_async: worker {from}'s message of exchange {number} never came"))
-        })
+    /// Whether each request fits in one message of the transport (with its framing).
+    fn fits(&self, requests: &[(usize, Vec<u8>)]) -> Result<()> {
+        let limit = self.transport.max_message();
+        match requests.iter().map(|(_, r)| r.len() + FRAMING).find(|&n| n > limit) {
+            Some(n) => Err(too_big(n, limit)),
+            None => Ok(()),
+        }
+    }
+
+    /// Worker `from`'s message of exchange `number`, which must be named `step`.
+    fn take(&self, step: &str, from: usize, number: u64) -> Result<Vec<u8>> {
+        let out_of_step = |theirs: &str| {
+            Error::invalid_argument(format!(
+                "dist_async: rank {} is at {step:?} where rank {from} is at {theirs}: the ranks' calls differ (every \
+                 rank must make the same collective calls, commits and barriers in the same order, with the same \
+                 KVSTORE_JOB)",
+                self.rank()
+            ))
+        };
+        let mut message = self.mailbox.lock().remove(&(from, number)).ok_or_else(|| out_of_step("another call"))?;
+        let name_len = message.get(..4).map_or(usize::MAX, |b| u32::from_le_bytes(b.try_into().expect("4")) as usize);
+        let name = message.get(4..4usize.saturating_add(name_len)).ok_or_else(|| out_of_step("another call"))?;
+        if name != step.as_bytes() {
+            return Err(out_of_step(&format!("{:?}", String::from_utf8_lossy(name))));
+        }
+        message.drain(..4 + name_len);
+        Ok(message)
+    }
+
+    /// This worker's share's optimizer state (its store-wide counters: the updates the
+    /// share applied, the schedule's progress, the rule's shared values) as JSON bytes,
+    /// for its commits' record; empty without an optimizer.
+    pub(crate) fn optimizer_state(&self) -> Vec<u8> {
+        match &*self.server.store.merger.read() {
+            Merger::Optimizer(rt) => crate::optimizer::states::runtime_json(rt).to_string().into_bytes(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Restores this worker's share's optimizer state from [`Shards::optimizer_state`]'s
+    /// bytes, onto the optimizer the share has (a commit's, just installed).
+    pub(crate) fn restore_optimizer_state(&self, context: &str, bytes: &[u8]) -> Result<()> {
+        let bad = |why: String| Error::Io {
+            context: context.to_string(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("its optimizer state: {why}")),
+        };
+        let json: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
+        let saved = crate::optimizer::states::runtime_from_json(&json, &bad)?.snapshot();
+        if let Merger::Optimizer(rt) = &*self.server.store.merger.read() {
+            rt.check_snapshot(&saved, context)?;
+            rt.restore(saved);
+        }
+        Ok(())
     }
 
     /// [`Remote::map_file`] of the transport.
@@ -442,6 +541,7 @@ impl Shards {
     /// Sends each `(owner, request)` (all in flight at once where the transport can)
     /// and returns the replies' bytes, or the first owner's error.
     fn call(&self, key: &Key, requests: Vec<(usize, Vec<u8>)>, meanwhile: &mut dyn FnMut()) -> Result<Vec<Vec<u8>>> {
+        self.fits(&requests)?;
         let owners: Vec<usize> = requests.iter().map(|(o, _)| *o).collect();
         let replies = self.transport.requests_while(self.channel, requests, meanwhile)?;
         // Every owner served its request: the first refusal is the call's error, and
@@ -781,8 +881,9 @@ impl super::Store {
             let mut slot = Slot::new(g.value, 0);
             slot.opt = g.state;
             // A row-sparse key of a loaded file stays row-sparse in the next one
-            // (this store has no row-sparse calls, but others that load it do).
-            slot.row_sparse = e.value.read().row_sparse;
+            // (this store has no row-sparse calls, but others that load it do). (Read
+            // recursively: a commit holds the keys already.)
+            slot.row_sparse = e.value.read_recursive().row_sparse;
             let mut table = copy.store.table.write();
             slot.order = table.take_order();
             copy.store.add_entry(&mut table, e.key.clone(), slot);
@@ -791,9 +892,22 @@ impl super::Store {
         Ok(copy)
     }
 
-    /// Puts a whole store loaded into a local store (`copy`) into this one: its optimizer
-    /// on this worker's share, with the parts this worker owns; keys this store lacks
-    /// are made.
+    /// A local store to load a checkpoint into for [`Store::install_loaded`]: its merger is
+    /// a marker that only a file saved with a custom updater leaves in place (such a file
+    /// keeps the store's updater), where a file's optimizer or assignment replaces it.
+    pub(super) fn loading_copy() -> Result<KVStore> {
+        let copy = KVStore::internal_local()?;
+        let marker = |_: &Key, _: usize, _: &NDArray, _: &NDArray| -> Result<()> {
+            Err(Error::Internal("a loading copy's marker ran".into()))
+        };
+        *copy.store.merger.write() = Merger::Custom(Arc::new(marker));
+        Ok(copy)
+    }
+
+    /// Puts a whole store loaded into a local store (`copy`, a [`Store::loading_copy`])
+    /// into this one: its optimizer on this worker's share (or assignment; a file saved
+    /// with a custom updater keeps the share's), with the parts this worker owns; keys
+    /// this store lacks are made.
     pub(super) fn install_loaded(&self, remote: &Shards, copy: &KVStore) -> Result<()> {
         let merger: Merger = copy.store.merger.read().clone();
         if !matches!(merger, Merger::Custom(_)) {
@@ -856,7 +970,7 @@ impl KVStore {
     /// the others.
     pub(super) fn load_checkpoint_async(&self, remote: &Shards, path: &std::path::Path) -> Result<()> {
         self.wait_all()?;
-        let loaded = KVStore::internal_local().and_then(|copy| {
+        let loaded = super::Store::loading_copy().and_then(|copy| {
             copy.load_checkpoint(path)?;
             self.store.install_loaded(remote, &copy)
         });
@@ -895,13 +1009,13 @@ mod tests {
         let bytes: Vec<u8> = [2.0f32, 3.0, 4.0, 5.0].iter().flat_map(|x| x.to_le_bytes()).collect();
         let mut message = request(PUSH, &Key::from("k"), DType::F32, &[4], &bytes);
         let (ptr, len) = (message.as_ptr(), message.len());
-        assert_eq!(serve(&server, &buffers, &mut message), vec![0]);
+        assert_eq!(serve(&server, &buffers, &mut message, usize::MAX), vec![0]);
         assert_eq!((message.as_ptr(), message.len()), (ptr, len), "the request's buffer comes back");
         assert!(buffers.lock().is_empty(), "no copy through a part buffer");
         assert_eq!(server.pull_new("k", 0).unwrap().to_vec::<f32>().unwrap(), vec![2.0, 3.0, 4.0, 5.0]);
         // A pull's reply reads the value in place too: status byte, then the bytes.
         let mut pull = request(PULL, &Key::from("k"), DType::F32, &[], &[]);
-        assert_eq!(serve(&server, &buffers, &mut pull), [&[0u8][..], &bytes].concat());
+        assert_eq!(serve(&server, &buffers, &mut pull, usize::MAX), [&[0u8][..], &bytes].concat());
     }
 
     /// A push whose bytes do not fit its shape is refused, the key keeps its value,
@@ -911,7 +1025,7 @@ mod tests {
         let (server, buffers) = share();
         let mut message = request(PUSH, &Key::from("k"), DType::F32, &[4], &[0u8; 12]);
         let len = message.len();
-        let reply = serve(&server, &buffers, &mut message);
+        let reply = serve(&server, &buffers, &mut message, usize::MAX);
         assert_eq!(reply[0], 1, "an error reply");
         assert!(String::from_utf8_lossy(&reply).contains("do not fit its shape"));
         assert_eq!(message.len(), len);
