@@ -169,7 +169,7 @@ fn a_dist_async_commit_holds_a_push_of_another_thread_whole_or_not_at_all() {
         assert_ne!(died.code, Some(0), "{}", died.shown());
         let resumed = run_with(&dir, &job, 2, &["1", "concurrent"], &env);
         assert_eq!(resumed.code, Some(0), "{}", resumed.shown());
-        assert_eq!(resumed.output.matches(": a == b true").count(), 2, "run {run}: {}", resumed.shown());
+        assert_eq!(resumed.output.matches(": one push true").count(), 2, "run {run}: {}", resumed.shown());
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

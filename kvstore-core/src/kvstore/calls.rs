@@ -731,15 +731,24 @@ impl Store {
             group.broadcast(&copies.iter().collect::<Vec<_>>(), 0)?;
         }
         // dist_async: rank 0's values go to the keys' owners; every worker waits until
-        // they are there (whatever happened on rank 0).
+        // they are there, and hears whether they got there: every worker adds the keys,
+        // or none does.
         if let Some(remote) = &self.remote {
             let sent = match remote.rank() {
                 0 => pairs.iter().zip(&copies).try_for_each(|((k, _), v)| remote.init(k, v)),
                 _ => Ok(()),
             };
-            let met = remote.barrier();
+            let said = remote.exchange("init", &[u8::from(sent.is_ok())]);
             sent?;
-            met?;
+            if said?.first().is_none_or(|r| r.first() != Some(&1)) {
+                return Err(Error::Backend {
+                    backend: "dist_async",
+                    message: format!(
+                        "{op}: rank 0 could not send the values to the keys' owners (the error on rank 0 says why); \
+                         no worker added the keys"
+                    ),
+                });
+            }
         }
         let mut table = self.table.write();
         if let Some((k, _)) = pairs.iter().find(|(k, _)| table.contains_key(k)) {

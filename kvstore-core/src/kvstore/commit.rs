@@ -137,15 +137,21 @@ impl Peers<'_> {
         }
         group.broadcast(&[&len], root)?;
         let bytes = u64::from_le_bytes(len.read()?.bytes().try_into().expect("8 bytes")) as usize;
-        if bytes == 0 {
-            return Ok(Vec::new());
+        // In pieces of at most 1 GiB: one MPI broadcast counts its bytes in a C int.
+        const PIECE: usize = 1 << 30;
+        let mut got = Vec::with_capacity(if me { 0 } else { bytes });
+        for at in (0..bytes).step_by(PIECE) {
+            let n = PIECE.min(bytes - at);
+            let buf = NDArray::zeros_with(&[n], DType::U8, crate::Context::default())?;
+            if me {
+                buf.write()?.bytes_mut().copy_from_slice(&mine[at..at + n]);
+            }
+            group.broadcast(&[&buf], root)?;
+            if !me {
+                got.extend_from_slice(buf.read()?.bytes());
+            }
         }
-        let buf = NDArray::zeros_with(&[bytes], DType::U8, crate::Context::default())?;
-        if me {
-            buf.write()?.bytes_mut().copy_from_slice(mine);
-        }
-        group.broadcast(&[&buf], root)?;
-        buf.to_vec::<u8>()
+        Ok(if me { mine.to_vec() } else { got })
     }
 
     fn map_file(self, file: &std::fs::File, offset: u64, len: usize) -> Option<std::io::Result<MappedFile>> {
@@ -1138,17 +1144,27 @@ impl Store {
         // A dist_async rank's share takes its own optimizer counters back on as many ranks
         // (it has the writing rank's share's, from the commit, otherwise).
         if let Some(remote) = &self.remote {
-            match &own {
+            let restored = match &own {
                 Some(own) if own.ranks == ranks && !own.optimizer.is_empty() => {
-                    remote.restore_optimizer_state(&context, &own.optimizer)?
+                    remote.restore_optimizer_state(&context, &own.optimizer)
                 }
-                _ if rank == 0 && !commit.optimizer.is_empty() => eprintln!(
-                    "kvstore: the shares' optimizer counters of step {step} were of a job of {} ranks, not {ranks}: \
-                     every share starts from rank {}'s",
-                    commit.ranks, commit.rank
-                ),
-                _ => {}
-            }
+                _ if commit.optimizer.is_empty() => Ok(()),
+                _ => {
+                    let why = match &own {
+                        Some(own) => format!("were of a job of {} ranks, not {ranks}", own.ranks),
+                        None => "are on no host of the job".to_string(),
+                    };
+                    eprintln!(
+                        "kvstore: rank {rank}'s share's optimizer counters of step {step} {why}: it starts from rank \
+                         {}'s",
+                        commit.rank
+                    );
+                    Ok(())
+                }
+            };
+            let what = "could not restore its share's optimizer state";
+            self.agree("restore", &context, restored.as_ref().map(|_| 0).map_err(|_| ()), what)?;
+            restored?;
         }
         // This rank's own record (its extra and residuals), else the commit's extra alone:
         // another rank's residuals are not this rank's.
@@ -1246,12 +1262,13 @@ impl KVStore {
     pub fn commit(&self, step: u64, extra: &[u8]) -> Result<()> {
         let extra = extra.to_vec();
         if let Some(remote) = &self.store.remote {
-            // Every rank's pushes applied by their owners before any rank gathers. This
-            // rank's keys are held until the commit ends: a call of another thread (which
-            // holds its keys while the owners serve it) ends before, or begins after.
+            // (From an updater of this store, the keys it holds would wait for it.)
+            super::locks::check_reentry("commit", &self.store)?;
+            // Every rank's pushes applied by their owners before any rank gathers, and
+            // this rank's keys held until the commit ends.
             let waited = self.wait_all();
             let entries = self.store.entries();
-            let _held: Vec<_> = entries.iter().map(|e| e.value.read()).collect();
+            let _held = super::remote::held_for_gather(&entries);
             remote.barrier()?;
             return self.store.commit_now(step, &extra, waited);
         }

@@ -45,9 +45,11 @@ const SNAPSHOT: u8 = 4;
 /// The most bytes a transport adds to a request (`Remote::request`).
 const FRAMING: usize = 16;
 
-/// The bytes of the pieces in which [`Shards::broadcast`] sends: a whole commit may be
-/// more than one message holds.
-const PIECE: usize = 256 << 20;
+/// The most bytes of a piece in which [`Shards::broadcast`] sends (a whole commit may be
+/// more than one message holds), and how many workers it sends a piece to at once: the
+/// root holds at most that many copies of a piece.
+const PIECE: usize = 64 << 20;
+const AT_ONCE: usize = 8;
 
 /// The separator of a split key's part names on its owners.
 const PART: char = '\u{1}';
@@ -398,8 +400,9 @@ impl Shards {
     }
 
     /// Worker `root`'s bytes on every worker (`mine`: the root's; the others' is not
-    /// read): a collective, as [`Shards::exchange`]. They go in pieces of [`PIECE`]
-    /// bytes, after their length.
+    /// read): a collective, as [`Shards::exchange`]. They go in pieces of at most
+    /// [`PIECE`] bytes (less where the transport's messages are smaller), after their
+    /// length.
     pub(crate) fn broadcast(&self, step: &str, mine: &[u8], root: usize) -> Result<Vec<u8>> {
         let (me, n) = (self.rank(), self.size());
         let to = || if me == root { (0..n).filter(|&r| r != me).collect() } else { Vec::new() };
@@ -415,8 +418,10 @@ impl Shards {
             }
         };
         let mut got = Vec::new();
-        for at in (0..len).step_by(PIECE) {
-            let piece = mine.get(at..len.min(at + PIECE)).unwrap_or_default();
+        // (Room for the exchange's number and name, and the transport's framing.)
+        let piece_len = PIECE.min(self.transport.max_message().saturating_sub(FRAMING + 12 + step.len())).max(1);
+        for at in (0..len).step_by(piece_len) {
+            let piece = mine.get(at..len.min(at + piece_len)).unwrap_or_default();
             let number = self.post(step, to(), piece)?;
             if me != root {
                 got.extend_from_slice(&self.take(step, root, number)?);
@@ -439,11 +444,13 @@ impl Shards {
             m.extend_from_slice(bytes);
             m
         };
-        let requests: Vec<(usize, Vec<u8>)> = to.into_iter().map(|r| (r, message())).collect();
-        self.fits(&requests)?;
-        let replies = self.transport.requests(self.mail, requests)?;
-        if replies.iter().any(|r| r.first() != Some(&0)) {
-            return Err(Error::Internal("dist_async: a worker could not take an exchange's message".into()));
+        for batch in to.chunks(AT_ONCE) {
+            let requests: Vec<(usize, Vec<u8>)> = batch.iter().map(|&r| (r, message())).collect();
+            self.fits(&requests)?;
+            let replies = self.transport.requests(self.mail, requests)?;
+            if replies.iter().any(|r| r.first() != Some(&0)) {
+                return Err(Error::Internal("dist_async: a worker could not take an exchange's message".into()));
+            }
         }
         self.transport.barrier()?;
         Ok(number)
@@ -620,6 +627,8 @@ impl Shards {
         own: Option<impl FnOnce() -> Result<()>>,
     ) -> Result<Vec<Vec<u8>>> {
         let refused = |e: Error| refused(self.rank(), key, e.kind().code(), &e);
+        // (Before any part is applied: a part too big to send refuses the whole call.)
+        self.fits(&requests)?;
         let Some(own) = own else { return self.call(key, requests, &mut || {}) };
         let owners: Vec<usize> = requests.iter().map(|(o, _)| *o).collect();
         if requests.is_empty() {
@@ -809,9 +818,10 @@ impl Shards {
     }
 
     /// Puts this worker's parts of `key` (its whole `value` and `state`, as loaded) into
-    /// its share.
-    fn restore(&self, key: &Key, value: &NDArray, state: Option<&KeyState>) -> Result<()> {
+    /// its share: their names there.
+    fn restore(&self, key: &Key, value: &NDArray, state: Option<&KeyState>) -> Result<Vec<Key>> {
         let me = self.rank();
+        let mut names = Vec::new();
         let esize = value.dtype().size();
         let read = value.read()?;
         for part in self.parts(key, value.size()).into_iter().filter(|p| p.owner == me) {
@@ -864,8 +874,9 @@ impl Shards {
             slot.opt = state;
             slot.merge = None;
             slot.spare = None;
+            names.push(part.name);
         }
-        Ok(())
+        Ok(names)
     }
 }
 
@@ -910,9 +921,11 @@ impl super::Store {
     /// this store lacks are made.
     pub(super) fn install_loaded(&self, remote: &Shards, copy: &KVStore) -> Result<()> {
         let merger: Merger = copy.store.merger.read().clone();
-        if !matches!(merger, Merger::Custom(_)) {
+        let replaced = !matches!(merger, Merger::Custom(_));
+        if replaced {
             *remote.server.store.merger.write() = merger;
         }
+        let mut installed = std::collections::HashSet::new();
         for e in copy.store.entries() {
             let (value, state, row_sparse) = {
                 let slot = e.value.read();
@@ -923,7 +936,7 @@ impl super::Store {
                 });
                 (slot.value.clone(), state, slot.row_sparse)
             };
-            remote.restore(&e.key, &value, state.as_ref())?;
+            installed.extend(remote.restore(&e.key, &value, state.as_ref())?);
             // This worker's copy of the key (made when new).
             let mut table = self.table.write();
             match self.entry(&table, &e.key) {
@@ -943,8 +956,23 @@ impl super::Store {
                 }
             }
         }
+        // A new optimizer (or assignment): the share's parts that the file lacks keep
+        // their values, and their optimizer state starts afresh, as in every store kind.
+        if replaced {
+            for entry in remote.server.store.entries().iter().filter(|e| !installed.contains(&e.key)) {
+                entry.value.write().opt = None;
+            }
+        }
         Ok(())
     }
+}
+
+/// This worker's keys held (read) for a gather of the whole store from the owners (a
+/// checkpoint's, a commit's), taken before the workers meet and kept until it ends: a
+/// call of another thread, which holds its keys while the owners serve it, then ends
+/// before the gather or begins after it. (The gather reads them recursively.)
+pub(super) fn held_for_gather(entries: &[Arc<super::Entry>]) -> Vec<parking_lot::RwLockReadGuard<'_, Slot>> {
+    entries.iter().map(|e| e.value.read()).collect()
 }
 
 impl KVStore {
@@ -954,6 +982,8 @@ impl KVStore {
     /// it), then every worker returns.
     pub(super) fn save_checkpoint_async(&self, remote: &Shards, path: &std::path::Path) -> Result<()> {
         self.wait_all()?;
+        let entries = self.store.entries();
+        let _held = held_for_gather(&entries);
         remote.barrier()?;
         let saved = match remote.rank() {
             0 => self.store.gathered(remote).and_then(|copy| copy.save_checkpoint(path)),
