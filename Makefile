@@ -1,5 +1,5 @@
 # The one entry point. `make demo` and `make test` install what they need.
-.PHONY: all setup setup-jvm setup-mpi build native jar python install repl demo test test-static test-rust test-java test-clojure test-projects test-python test-mpi test-torch2 fuzz chaos bench gpu-bundle lint fmt doc javadoc clean
+.PHONY: all setup setup-jvm setup-mpi build native jar python install repl demo test test-static test-rust test-java test-clojure test-projects test-python test-mpi test-torch2 fuzz chaos bench cluster-check cluster-run gpu-bundle lint fmt doc javadoc clean
 
 CARGO ?= cargo
 JAVA ?= java
@@ -101,6 +101,21 @@ test-static test-rust test-java test-clojure test-projects test-python test-mpi:
 # 5.4 GB, kept in target/py-torch2-venv; make test uses Debian's small torch 1.13).
 test-torch2: setup
 	@bash scripts/test-python-torch2.sh
+
+# A cluster in a box (scripts/cluster.sh): HOSTS (2 to 4) network namespaces of this
+# machine, SLOTS ranks each, their links shaped to RATE (1gbit, 10gbit, 25gbit; empty:
+# not shaped), and `mpirun MPIRUN_ARGS` run across them, then everything removed.
+# `make cluster-run MPIRUN_ARGS="-np 4 target/debug/fixture_train_job dist_sync 3"`.
+# `make cluster-check` says whether namespaces can be made here. Needs root.
+HOSTS ?= 2
+SLOTS ?= 2
+RATE ?= 10gbit
+cluster-check:
+	@bash scripts/cluster.sh check && echo "network namespaces can be made here"
+
+cluster-run: setup-mpi
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 bash scripts/cluster.sh run -n $(HOSTS) \
+	    -s $(SLOTS) $(if $(RATE),-r $(RATE)) -- --oversubscribe --bind-to none $(MPIRUN_ARGS)
 
 # The state-file loader fuzzed with many more mutated files than `make test` runs
 # (FUZZ_CASES, default 20000): never a panic, never a file that loads other states.

@@ -6,6 +6,9 @@ folder (target/test-reports/SUITE/), and this script totals them.
       writes DIR/NAME.xml, one test case NAME: failed (saying WHY) when WHY is given,
       else passed. For a check that is a command's exit status. (A name given twice is
       two tests, the second named "NAME (2)".)
+  junit.py skip DIR NAME WHY
+      writes DIR/NAME.xml, one test case NAME skipped, saying WHY (a test that cannot
+      run on this machine: it counts neither way, and the totals say it was skipped).
   junit.py ran DIR NAME STATUS REPORT [--no-skips]
       after a test runner that exited with STATUS and should have written REPORT: writes
       a failed case NAME into DIR when the runner failed without a failed case in REPORT
@@ -35,12 +38,18 @@ def write(path, suite, cases):
     with open(path, "w", encoding="utf-8") as f:
         f.write(f"<testsuite name={quoteattr(suite)} tests=\"{len(cases)}\">\n")
         for classname, name, why, skipped in cases:
-            body = "<skipped/>" if skipped else f"<failure message={quoteattr(why)}/>" if why is not None else ""
+            body = (
+                f"<skipped message={quoteattr(why or '')}/>"
+                if skipped
+                else f"<failure message={quoteattr(why)}/>"
+                if why is not None
+                else ""
+            )
             f.write(f"  <testcase classname={quoteattr(classname)} name={quoteattr(name)}>{body}</testcase>\n")
         f.write("</testsuite>\n")
 
 
-def case(folder, name, why=None):
+def case(folder, name, why=None, skipped=False):
     """A second case of the same name in a folder is another test: "NAME (2)"."""
     base, n = name, 1
     while True:
@@ -50,7 +59,7 @@ def case(folder, name, why=None):
             break
         n += 1
         name = f"{base} ({n})"
-    write(path, name, [(os.path.basename(os.path.abspath(folder)), name, why, False)])
+    write(path, name, [(os.path.basename(os.path.abspath(folder)), name, why, skipped)])
 
 
 def counts(report):
@@ -116,6 +125,9 @@ def total(name, paths):
 
 
 def main(argv):
+    if len(argv) == 4 and argv[0] == "skip":
+        case(argv[1], argv[2], argv[3], skipped=True)
+        return 0
     if len(argv) >= 3 and argv[0] == "case":
         case(argv[1], argv[2], argv[3] if len(argv) > 3 else None)
         return 0

@@ -8,6 +8,8 @@
 #   record NAME [WHY]      a case: passed, or failed saying WHY
 #   pass NAME [NOTE]       a passed case, printed `NAME: ok (NOTE)`
 #   fail NAME [LOG]        a failed case, printed with the last lines of LOG
+#   skip NAME WHY          a skipped case (it cannot run on this machine), printed
+#                          `NAME: SKIPPED (WHY)`; the totals count it apart
 #   give_up NAME [LOG]     fail, then the totals, then exit 1: a step the rest needs failed
 #   stop NAME WHY          likewise, for a step that failed saying WHY (no log)
 #   check NAME CMD...      runs CMD, its output into target/test-logs/$suite-NAME.log: pass
@@ -60,6 +62,11 @@ fail() {
         echo "$1: FAILED"
         record "$1" failed
     fi
+}
+
+skip() {
+    echo "$1: SKIPPED ($2)"
+    python3 "$root/scripts/junit.py" skip "$reports" "$1" "$2"
 }
 
 totals() { python3 "$root/scripts/junit.py" total --name "$suite" "$reports"; }

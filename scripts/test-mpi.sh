@@ -4,7 +4,9 @@
 # job of its own on 2 and 4 ranks and with 256-byte buckets, the settings that are not
 # numbers, ranks with shared memory on and off), tests/faults.rs (jobs in which a worker
 # dies, is stuck or stops), tests/timeline.rs (a job with a slow rank, its merged
-# timeline and stats) and tests/jvm.rs (the Clojure examples under mpirun, over
+# timeline and stats), tests/commits.rs (commits and kvstore-run), a training job on a
+# cluster in a box (scripts/cluster.sh: 2 network namespaces of 2 ranks, against one
+# host of 4) and tests/jvm.rs (the Clojure examples under mpirun, over
 # target/kvstore-mpi.jar, which this script builds first as `make jar FEATURES=mpi`
 # does). nextest's JUnit XML is the suite's report, in
 # ${KVSTORE_REPORTS:-target/test-reports/mpi}; prints `mpi: N passed, N failed`.
@@ -26,4 +28,45 @@ cargo nextest run -p kvstore-mpi --features mpi --profile mpi --lib --test mpi -
 status=$?
 cp target/nextest/mpi/junit.xml "$reports/" 2>/dev/null
 ran "the MPI tests" "$status" "$reports/junit.xml"
+
+# Jobs across hosts, on a cluster in a box (scripts/cluster.sh): 2 hosts of 2 ranks each
+# (shared memory within a host, TCP over a link shaped to 10 Gbit/s between them), of
+# dist_sync and of dist_async stores, must end with the bits of the same job on one host
+# of 4 ranks, on every rank. Skipped, and counted as skipped, where network namespaces
+# cannot be made.
+train=target/debug/fixture_train_job
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+if why=$(bash scripts/cluster.sh check); then
+    for kind in dist_sync dist_async; do
+        name="cluster: 2 hosts x 2 ranks of $kind, the bits of one host"
+        log=$logs/mpi-cluster-$kind.log
+        {
+            echo "== one host, 4 ranks"
+            timeout 300 mpirun --oversubscribe --bind-to none -np 4 "$train" "$kind" 3
+            echo "== 2 hosts of 2 ranks"
+            timeout 300 bash scripts/cluster.sh run -n 2 -s 2 -r 10gbit -- --oversubscribe --bind-to none \
+                -np 4 "$train" "$kind" 3
+        } >"$log" 2>&1
+        if python3 - "$log" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+one, _, two = text.partition("== 2 hosts of 2 ranks")
+line = re.compile(r"rank (\d) of 4 on (\S*): bits ([0-9a-f]{8})")
+a, b = line.findall(one), line.findall(two)
+hosts = {r: h for r, h, _ in b}
+ok = (len(a) == 4 and len(b) == 4 and len({x for *_, x in a + b}) == 1
+      and hosts == {"0": "10.77.0.1", "1": "10.77.0.1", "2": "10.77.0.2", "3": "10.77.0.2"})
+sys.exit(0 if ok else 1)
+PY
+        then
+            pass "$name"
+        else
+            fail "$name" "$log"
+        fi
+    done
+else
+    for kind in dist_sync dist_async; do
+        skip "cluster: 2 hosts x 2 ranks of $kind, the bits of one host" "$why"
+    done
+fi
 totals
