@@ -176,6 +176,9 @@ bench: jar
 	bash bench/python.sh target/bench/python.json
 	# PyTorch: DDP (gloo) against kvstore.torch over dist_sync, 2 ranks, the same model.
 	bash bench/torch-dp.sh target/bench/torch-dp.json
+	# Across hosts made as network namespaces (scripts/cluster.sh), where they can be
+	# made: a 64 MB push against the link's bound and gloo, and 2-bit compression at 1 Gbit/s.
+	bash bench/cluster.sh target/bench/cluster.json
 	$(CARGO) bench -p kvstore-core --bench report
 
 # kvstore-cuda's GPU tests (release) and a run script in target/gpu-bundle, for a GPU

@@ -42,7 +42,8 @@ impl Row {
 
 /// The rows written by `make bench` before this report (the Java and Clojure benches,
 /// the MPI benches on shared memory and over TCP, the GPU benches when a GPU is
-/// there, and the Python bench: kvstore from numpy and MXNet 1.9.1's store), as
+/// there, the Python bench: kvstore from numpy and MXNet 1.9.1's store, and the cluster
+/// bench across network namespaces, where they can be made), as
 /// (name, median seconds, the limit the row was measured against in the same run, if
 /// its bench wrote one, and the target text, if its bench wrote one: the PyTorch
 /// training bench's rows carry their accuracy and exposed communication there); empty
@@ -58,6 +59,7 @@ fn outside_rows(dir: &std::path::Path) -> Vec<(String, f64, Option<f64>, Option<
         "torch.json",
         "python.json",
         "torch-dp.json",
+        "cluster.json",
     ]
     .iter()
     .filter_map(|f| std::fs::read_to_string(dir.join(f)).ok())
