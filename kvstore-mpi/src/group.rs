@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use kvstore_core::backend::{Collective, MappedFile, in_background};
 use kvstore_core::{DType, Element, Error, NDArray, Result, bf16, f16};
-use mpi::collective::SystemOperation;
 use mpi::datatype::Equivalence;
 use mpi::environment::{Threading, Universe};
 use mpi::request::{Request, Scope};
@@ -467,16 +466,6 @@ pub(crate) fn wait<'a, D: ?Sized, S: Scope<'a>>(mut request: Request<'a, D, S>) 
     }
 }
 
-/// `recv = sum(send)` across the ranks: blocking for a blocking store call, waited for
-/// as [`wait`] does for a non-blocking one.
-fn all_reduce<W: Equivalence>(w: &SimpleCommunicator, send: &[W], recv: &mut [W]) {
-    if in_background() {
-        mpi::request::scope(|scope| wait(w.immediate_all_reduce_into(scope, send, recv, SystemOperation::sum())));
-    } else {
-        w.all_reduce_into(send, recv, SystemOperation::sum());
-    }
-}
-
 /// The tag of [`sync_clock`]'s messages.
 const CLOCK_TAG: i32 = 9;
 /// How many round trips [`sync_clock`] times per rank.
@@ -549,7 +538,8 @@ fn swap<W: Equivalence>(w: &SimpleCommunicator, peer: i32, send: &[W], recv: &mu
 /// of the buffer in a different order: on 3 or more ranks, a key fused with other
 /// keys (a list call, or non-blocking calls fused across calls) could then get other
 /// bits than the same key summed alone. On 2 ranks every algorithm makes the one sum
-/// a0 + a1: big arrays use MPI's allreduce there, fused buckets [`swap`].
+/// a0 + a1: fused buckets use [`swap`] there. Big arrays use [`scatter_sum`], which sums
+/// in this order too.
 fn tree_sum<W: Element + Equivalence>(w: &SimpleCommunicator, send: &[W], recv: &mut [W]) {
     let (rank, size) = (w.rank(), w.size());
     recv.copy_from_slice(send);
@@ -586,6 +576,148 @@ fn tree_sum<W: Element + Equivalence>(w: &SimpleCommunicator, send: &[W], recv: 
         mpi::request::scope(|scope| wait(root.immediate_broadcast_into(scope, recv)));
     } else {
         root.broadcast_into(recv);
+    }
+}
+
+/// The tags of [`scatter_sum`]'s messages: a rank's pieces of another rank's segment,
+/// and a segment's sums.
+const SCATTER_TAG: i32 = 10;
+const GATHER_TAG: i32 = 11;
+/// The bytes of a piece of [`scatter_sum`]: every piece is in flight at once, and each
+/// is summed as soon as it has arrived from every rank, while the others travel.
+const PIECE_BYTES: usize = 1 << 20;
+
+thread_local! {
+    /// [`scatter_sum`]'s receive buffer, reused across calls (u64 words: every element
+    /// type is aligned).
+    static SCATTERED: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+thread_local! {
+    /// The copy of an array summed in place ([`MpiGroup::allreduce_big`]), reused.
+    static COPY: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on a buffer of `n` elements of `W` (reused across calls).
+fn with_copy<W: bytemuck::Pod, T>(n: usize, f: impl FnOnce(&mut [W]) -> T) -> T {
+    COPY.with(|b| {
+        let mut words = b.borrow_mut();
+        let need = (n * std::mem::size_of::<W>()).div_ceil(8);
+        if words.len() < need {
+            words.resize(need, 0);
+        }
+        f(&mut bytemuck::cast_slice_mut::<u64, W>(&mut words[..need])[..n])
+    })
+}
+
+/// Rank `r`'s segment of `len` elements on `size` ranks.
+fn segment(len: usize, size: usize, r: usize) -> std::ops::Range<usize> {
+    len * r / size..len * (r + 1) / size
+}
+
+/// `recv = sum(send)` across the ranks, every element in [`tree_sum`]'s order, at the
+/// bound of the bytes a rank must move: rank r owns segment r of the array (1/n of
+/// it). Every rank sends each other rank its pieces of that rank's segment, all at once;
+/// the owner sums each piece over the ranks, in the tree's order ([`tree_into`]), as
+/// soon as every rank's has arrived (while the others travel), and sends the sum to
+/// every other rank, which receives it in place. Each rank sends and receives
+/// 2(n - 1)/n of the array, as a ring does; but a ring sums each part of the array in
+/// another order, where here every element gets the same sum whatever its place in the
+/// array, the array's size or the ranks' hosts. `send` and `recv` do not overlap.
+fn scatter_sum<W: Element + Equivalence + bytemuck::Pod>(w: &SimpleCommunicator, send: &[W], recv: &mut [W]) {
+    let (me, n) = (w.rank() as usize, w.size() as usize);
+    let len = send.len();
+    let piece = (PIECE_BYTES / std::mem::size_of::<W>()).max(1);
+    let mine = segment(len, n, me);
+    let others: Vec<usize> = (0..n).filter(|&r| r != me).collect();
+    SCATTERED.with(|b| {
+        let mut words = b.borrow_mut();
+        let need = (mine.len() * others.len() * std::mem::size_of::<W>()).div_ceil(8);
+        if words.len() < need {
+            words.resize(need, 0);
+        }
+        let theirs: &mut [W] = &mut bytemuck::cast_slice_mut::<u64, W>(&mut words[..need])[..mine.len() * others.len()];
+        // recv: the other ranks' segments (their sums arrive there) and this rank's.
+        let (before, rest) = recv.split_at_mut(mine.start);
+        let (own, after) = rest.split_at_mut(mine.len());
+        mpi::request::scope(|scope| {
+            let mut requests = Vec::new();
+            // This rank's pieces of each other rank's segment, and their sums back.
+            let (mut lower, mut upper) = (&mut *before, &mut *after);
+            for &r in &others {
+                let seg = segment(len, n, r);
+                let p = w.process_at_rank(r as i32);
+                for part in send[seg.clone()].chunks(piece) {
+                    requests.push(p.immediate_send_with_tag(scope, part, SCATTER_TAG));
+                }
+                let into = if r < me {
+                    let (x, rest) = std::mem::take(&mut lower).split_at_mut(seg.len());
+                    lower = rest;
+                    x
+                } else {
+                    let (x, rest) = std::mem::take(&mut upper).split_at_mut(seg.len());
+                    upper = rest;
+                    x
+                };
+                for part in into.chunks_mut(piece) {
+                    requests.push(p.immediate_receive_into_with_tag(scope, part, GATHER_TAG));
+                }
+            }
+            // Every other rank's pieces of this rank's segment (in rank order), piece by piece.
+            let mut arriving: Vec<std::collections::VecDeque<_>> = Vec::new();
+            for (k, chunk) in theirs.chunks_mut(mine.len().max(1)).enumerate() {
+                let p = w.process_at_rank(others[k] as i32);
+                arriving.push(
+                    chunk
+                        .chunks_mut(piece)
+                        .map(|part| p.immediate_receive_into_with_tag(scope, part, SCATTER_TAG))
+                        .collect(),
+                );
+            }
+            for (i, out) in own.chunks_mut(piece).enumerate() {
+                let at = mine.start + i * piece;
+                let mut got = arriving.iter_mut().map(|from| from.pop_front().map(wait_data));
+                let parts: Vec<&[W]> = (0..n)
+                    .map(|r| if r == me { &send[at..at + out.len()] } else { got.next().flatten().unwrap_or_default() })
+                    .collect();
+                tree_into(&parts, out);
+                let out: &[W] = out;
+                for &r in &others {
+                    requests.push(w.process_at_rank(r as i32).immediate_send_with_tag(scope, out, GATHER_TAG));
+                }
+            }
+            for r in requests {
+                wait(r);
+            }
+        });
+    });
+}
+
+/// The data of a receive, once it arrived (waited for as [`wait`] does).
+fn wait_data<'a, D: ?Sized, S: Scope<'a>>(mut request: Request<'a, D, S>) -> &'a D {
+    loop {
+        match request.test_with_data() {
+            Ok((_, data)) => return data,
+            Err(pending) => {
+                request = pending;
+                if in_background() {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+}
+
+/// Writes the sums of `parts` (by rank) into `out`, in [`tree_sum`]'s order
+/// ([`tree_of`]'s), without a buffer on 2 ranks.
+fn tree_into<W: Element>(parts: &[&[W]], out: &mut [W]) {
+    match parts {
+        [a, b] => {
+            for ((o, &x), &y) in out.iter_mut().zip(*a).zip(*b) {
+                *o = W::from_acc(W::acc_add(x.to_acc(), y.to_acc()));
+            }
+        }
+        _ => out.copy_from_slice(&tree_of(parts)),
     }
 }
 
@@ -674,29 +806,19 @@ fn tree_of<W: Element>(parts: &[&[W]]) -> Vec<W> {
 const MAX_COUNT: usize = i32::MAX as usize;
 
 impl MpiGroup {
-    /// A big array whose dtype MPI sums natively: `dst = sum(src)` straight from the
-    /// source's memory into the destination's (no copy), or, in place, through one copy
-    /// into the send buffer, chunk by chunk.
-    fn allreduce_big<W: Element + Equivalence>(&self, src: &NDArray, dst: &NDArray, chunk: usize) -> Result<()> {
+    /// A big array whose dtype MPI sums natively: `dst = sum(src)` by [`scatter_sum`],
+    /// straight from the source's memory into the destination's (no copy), or, in
+    /// place, from a copy of the source.
+    fn allreduce_big<W: Element + Equivalence + bytemuck::Pod>(&self, src: &NDArray, dst: &NDArray) -> Result<()> {
         if src.same_storage(dst) {
             dst.with_data_mut(|d: &mut [W]| -> Result<()> {
-                for piece in d.chunks_mut(chunk.min(MAX_COUNT)) {
-                    with_buffers::<W, _>(piece.len(), |send, _| {
-                        send.copy_from_slice(piece);
-                        self.with_world(|w| all_reduce(w, &send[..], piece))
-                    })?;
-                }
-                Ok(())
+                with_copy::<W, _>(d.len(), |send| {
+                    send.copy_from_slice(d);
+                    self.with_world(|w| scatter_sum(w, &send[..], d))
+                })
             })??;
         } else {
-            src.with_data(|s: &[W]| {
-                dst.with_data_mut(|d: &mut [W]| -> Result<()> {
-                    for (sp, dp) in s.chunks(MAX_COUNT).zip(d.chunks_mut(MAX_COUNT)) {
-                        self.with_world(|w| all_reduce(w, sp, dp))?;
-                    }
-                    Ok(())
-                })
-            })???;
+            src.with_data(|s: &[W]| dst.with_data_mut(|d: &mut [W]| self.with_world(|w| scatter_sum(w, s, d))))???;
         }
         Ok(())
     }
@@ -829,10 +951,7 @@ impl Collective for MpiGroup {
             let (src, dst) = pairs[start];
             let at = if recording { kvstore_core::timeline::now() } else { 0 };
             if big(dst) {
-                with_wire!(dst.dtype(), W => {
-                    let chunk = (bytes / std::mem::size_of::<W>()).max(1);
-                    self.allreduce_big::<W>(src, dst, chunk)?
-                });
+                with_wire!(dst.dtype(), W => self.allreduce_big::<W>(src, dst)?);
                 if recording {
                     record_bucket(at, &pairs[start..=start], n);
                 }

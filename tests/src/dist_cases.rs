@@ -363,6 +363,43 @@ pub fn a_key_sums_alike_alone_and_fused(rank: usize, kv: &KVStore) -> Vec<u8> {
     bits
 }
 
+/// A big key (4 MB and more: it travels alone, in pieces, each summed by one worker)
+/// sums every element as the same values do in small keys fused into buckets: the
+/// workers' values span many orders of magnitude, so another order of summing them (a
+/// ring's, whose order depends on where an element sits) changes some bits. Returns the
+/// bits, which must also be equal on every worker.
+pub fn a_big_key_sums_alike_as_small_fused_keys(rank: usize, kv: &KVStore) -> Vec<u8> {
+    const N: usize = (1 << 20) + 7;
+    const PIECES: usize = 64;
+    let values: Vec<f32> = (0..N)
+        .map(|i| {
+            let mantissa = ((i * 31 + rank * 17) % 13) as f32 + 0.1;
+            let sign = if (i + rank).is_multiple_of(3) { -1.0 } else { 1.0 };
+            sign * mantissa * 10f32.powi(((i + 2 * rank) % 5) as i32 * 3 - 6)
+        })
+        .collect();
+    let bounds: Vec<usize> = (0..=PIECES).map(|p| N * p / PIECES).collect();
+    let small: Vec<String> = (0..PIECES).map(|p| format!("alike-small-{p}")).collect();
+    kv.init("alike-big", &NDArray::zeros(&[N]).expect("zeros")).expect("init");
+    for (p, k) in small.iter().enumerate() {
+        kv.init(k.as_str(), &NDArray::zeros(&[bounds[p + 1] - bounds[p]]).expect("zeros")).expect("init");
+    }
+    kv.push("alike-big", &NDArray::from_vec(&[N], values.clone()).expect("big"), 0).expect("push big");
+    let pieces: Vec<NDArray> = (0..PIECES)
+        .map(|p| NDArray::from_vec(&[bounds[p + 1] - bounds[p]], values[bounds[p]..bounds[p + 1]].to_vec()))
+        .collect::<kvstore_core::Result<_>>()
+        .expect("pieces");
+    kv.push(small.as_slice(), pieces.as_slice(), 0).expect("push small");
+    let big = kv.pull_new("alike-big", 0).expect("pull").to_vec::<f32>().expect("big");
+    let mut fused = Vec::with_capacity(N);
+    for k in &small {
+        fused.extend(kv.pull_new(k.as_str(), 0).expect("pull").to_vec::<f32>().expect("small"));
+    }
+    let differ = big.iter().zip(&fused).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    assert_eq!(differ, 0, "rank {rank}: {differ} elements of the big key got other bits than the same fused");
+    big.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()
+}
+
 /// Every dtype, string keys, a repeated key with two local values per worker: the
 /// local sums (rank + 1 each) are summed across the workers: W(W+1)/2.
 pub fn every_dtype_sums_local_then_across_workers(rank: usize, kv: &KVStore) {

@@ -34,6 +34,14 @@ fn a_key_sums_alike_alone_and_fused() {
 }
 
 #[test]
+fn a_big_key_sums_alike_as_small_fused_keys() {
+    for w in [2, 3, 4] {
+        let bits = run_workers(w, |rank, kv| dist_cases::a_big_key_sums_alike_as_small_fused_keys(rank, &kv));
+        assert!(bits.windows(2).all(|b| b[0] == b[1]), "workers differ");
+    }
+}
+
+#[test]
 fn every_dtype_sums_local_then_across_workers() {
     run_workers(3, |rank, kv| dist_cases::every_dtype_sums_local_then_across_workers(rank, &kv));
 }

@@ -190,6 +190,12 @@ fn a_key_sums_alike_alone_and_fused() {
     assert_as_on_rank_0(&kv, "alike bits", bits);
 }
 
+fn a_big_key_sums_alike_as_small_fused_keys() {
+    let kv = store();
+    let bits = dist_cases::a_big_key_sums_alike_as_small_fused_keys(kv.rank(), &kv);
+    assert_as_on_rank_0(&kv, "big key's bits", bits);
+}
+
 fn row_sparse_pushes_sum_every_workers_rows() {
     let kv = store();
     let bits = dist_cases::row_sparse_pushes_sum_every_workers_rows(kv.rank(), &kv);
@@ -491,6 +497,7 @@ pub(super) const CASES: &[(&str, fn())] = &[
     ("async_a_rank_that_makes_its_store_late_is_waited_for", async_a_rank_that_makes_its_store_late_is_waited_for),
     ("async_errors_reach_the_caller_only", async_errors_reach_the_caller_only),
     ("a_key_sums_alike_alone_and_fused", a_key_sums_alike_alone_and_fused),
+    ("a_big_key_sums_alike_as_small_fused_keys", a_big_key_sums_alike_as_small_fused_keys),
     ("row_sparse_pushes_sum_every_workers_rows", row_sparse_pushes_sum_every_workers_rows),
     ("compressed_pushes_sum_every_workers_quantised_values", compressed_pushes_sum_every_workers_quantised_values),
     ("half_compressed_pushes_round_each_workers_sum_once", half_compressed_pushes_round_each_workers_sum_once),
