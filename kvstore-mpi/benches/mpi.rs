@@ -166,6 +166,16 @@ fn main() -> kvstore_core::Result<()> {
             rows.push((format!("{run}: bare allreduce {label} f32"), bare, None));
             rows.push((format!("{run}: dist_sync push {label} f32"), store, Some(bare)));
             if n == 16 << 20 {
+                // The push against one single-thread copy of its bytes in memory, timed
+                // as the push is (each rank its own copy, at once).
+                let mut to = vec![0.0f32; n];
+                let memcpy = median(&world, runs, || {
+                    to.copy_from_slice(black_box(&send[..]));
+                    black_box(&mut to);
+                });
+                drop(to);
+                rows.push((format!("{run}: limit: one single-thread memcpy of {label}"), memcpy, None));
+                rows.push((format!("{run}: dist_sync push {label} f32, vs one memcpy of it"), store, Some(memcpy)));
                 // 2-bit compression: each worker sends 2 bits per element (a sixteenth of
                 // the bytes), quantising and adding the codes up on the host.
                 let compressed: KVStore = kvstore_mpi::create("dist_sync")?;
