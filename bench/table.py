@@ -23,7 +23,7 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-CPU = "bench/results/cpu-2vcpu-2026-11-27-2.json"
+CPU = "bench/results/cpu-2vcpu-2026-11-27-3.json"
 GPU = "bench/results/nvidia-h100-80gb-hbm3-2026-11-26.json"
 
 # (results file, row name in it, label in the README, what the ratio is against)
@@ -42,6 +42,10 @@ HEADLINES = [
      "Python: 1000 keys × 1 Ki f32 × 4", "MXNet 1.9.1's store"),
     (CPU, "torch: kvstore.torch (dist_sync) training step vs DDP, digits MLP 5.0 M, batch 50, 2 ranks",
      "PyTorch training step, 2 ranks", "PyTorch DDP (gloo)"),
+    (CPU, "mpi 2 ranks: dist_sync push 64 MB f32", "dist_sync push of 64 MB, 2 ranks, shared memory",
+     "MPI's own allreduce of it"),
+    (CPU, "mpi 2 ranks over tcp, against gloo: dist_sync push of 64 MB f32, vs gloo",
+     "dist_sync push of 64 MB, 2 ranks, TCP", "torch's gloo allreduce of it"),
     (GPU, "NVIDIA H100 80GB HBM3: 4-input reduce of 64 Mi f32 (3048 GB/s)", "GPU: 4-input sum of 64 Mi f32",
      "the device copy's bandwidth"),
     (GPU, "NVIDIA H100 80GB HBM3: kvstore 4-input reduce vs torch a+b+c+d", "GPU: the same sum",
