@@ -430,8 +430,26 @@ fn spawn_launcher(
     configure: impl FnOnce(&mut std::process::Command),
     args: &[String],
 ) -> std::process::Child {
+    spawn_launcher_in(None, log, configure, args)
+}
+
+/// [`spawn_launcher`] in the network namespace `ns` (`ip netns exec`, which execs it:
+/// the child is the launcher).
+fn spawn_launcher_in(
+    ns: Option<&str>,
+    log: &std::path::Path,
+    configure: impl FnOnce(&mut std::process::Command),
+    args: &[String],
+) -> std::process::Child {
     let file = std::fs::File::create(log).expect("a log");
-    let mut launcher = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"));
+    let mut launcher = match ns {
+        Some(ns) => {
+            let mut c = std::process::Command::new("ip");
+            c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_kvstore-run")]);
+            c
+        }
+        None => std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run")),
+    };
     launcher.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     launcher.env("KVSTORE_TEST_KIND", "dist_sync");
     configure(&mut launcher);
@@ -605,13 +623,15 @@ fn kvstore_run_runs_a_job_that_lost_a_host_again_without_it_down_to_min_np() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Two "hosts" made as network namespaces on this machine, joined by a bridge, each with
-/// a commits' folder of its own (its /dev/shm), and an rsh agent that starts `mpirun`'s
-/// daemons in them; removed when dropped.
+/// Two "hosts" made as network namespaces on this machine, joined by a bridge in a third,
+/// the launcher's (where `kvstore-run` and `mpirun` run: every address is inside the
+/// namespaces made here), each with a commits' folder of its own (its /dev/shm), and an
+/// rsh agent that starts `mpirun`'s daemons in them; removed when dropped.
 struct Hosts {
     /// The namespaces' names and addresses.
     hosts: Vec<(String, String)>,
-    bridge: String,
+    /// The launcher's namespace, which holds the bridge.
+    launcher: String,
     agent: PathBuf,
 }
 
@@ -627,17 +647,20 @@ impl Hosts {
                 false => Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim())),
             }
         };
-        let mut made = Hosts { hosts: Vec::new(), bridge: format!("kvsb{id}"), agent: dir.join("agent.sh") };
-        ip(&["link", "add", &made.bridge, "type", "bridge"])?;
-        ip(&["addr", "add", &format!("{net}.1/24"), "dev", &made.bridge])?;
-        ip(&["link", "set", &made.bridge, "up"])?;
+        let mut made = Hosts { hosts: Vec::new(), launcher: format!("kvs{id}l"), agent: dir.join("agent.sh") };
+        let l = made.launcher.clone();
+        ip(&["netns", "add", &l])?;
+        ip(&["-n", &l, "link", "set", "lo", "up"])?;
+        ip(&["-n", &l, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &l, "addr", "add", &format!("{net}.1/24"), "dev", "br0"])?;
+        ip(&["-n", &l, "link", "set", "br0", "up"])?;
         for h in 2..4 {
-            let (ns, veth, addr) = (format!("kvs{id}h{h}"), format!("kvs{id}v{h}"), format!("{net}.{h}"));
+            let (ns, veth, addr) = (format!("kvs{id}h{h}"), format!("v{h}"), format!("{net}.{h}"));
             ip(&["netns", "add", &ns])?;
             made.hosts.push((ns.clone(), addr.clone()));
-            ip(&["link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns])?;
-            ip(&["link", "set", &veth, "master", &made.bridge])?;
-            ip(&["link", "set", &veth, "up"])?;
+            ip(&["-n", &l, "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns])?;
+            ip(&["-n", &l, "link", "set", &veth, "master", "br0"])?;
+            ip(&["-n", &l, "link", "set", &veth, "up"])?;
             ip(&["netns", "exec", &ns, "ip", "addr", "add", &format!("{addr}/24"), "dev", "eth0"])?;
             ip(&["netns", "exec", &ns, "ip", "link", "set", "eth0", "up"])?;
             ip(&["netns", "exec", &ns, "ip", "link", "set", "lo", "up"])?;
@@ -704,10 +727,13 @@ impl Drop for Hosts {
         for i in 0..self.hosts.len() {
             self.lose(i);
         }
-        for (ns, _) in &self.hosts {
+        let out = std::process::Command::new("ip").args(["netns", "pids", &self.launcher]).output();
+        for pid in out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default().split_whitespace() {
+            let _ = std::process::Command::new("kill").args(["-9", pid]).status();
+        }
+        for ns in self.hosts.iter().map(|(ns, _)| ns).chain([&self.launcher]) {
             let _ = std::process::Command::new("ip").args(["netns", "del", ns]).status();
         }
-        let _ = std::process::Command::new("ip").args(["link", "del", &self.bridge]).status();
     }
 }
 
@@ -732,7 +758,7 @@ fn a_job_that_lost_a_host_resumes_on_the_other_from_its_own_copy() {
         strings(&["--min-np", "1", "--job", "netns", "-x", "KVSTORE_TEST_PIDS", "-x", "KVSTORE_TEST_STEP_MS"]);
     args.extend(hosts.options());
     args.extend(strings(&["-np", "2", env!("CARGO_BIN_EXE_fixture_commit_job"), "40"]));
-    let launcher = spawn_launcher(&log, configure, &args);
+    let launcher = spawn_launcher_in(Some(&hosts.launcher), &log, configure, &args);
     let began = std::time::Instant::now();
     while !pids.join("rank-1.pid").exists() && began.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(10));
