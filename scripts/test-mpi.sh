@@ -55,7 +55,7 @@ line = re.compile(r"rank (\d) of 4 on (\S*): bits ([0-9a-f]{8})")
 a, b = line.findall(one), line.findall(two)
 hosts = {r: h for r, h, _ in b}
 ok = (len(a) == 4 and len(b) == 4 and len({x for *_, x in a + b}) == 1
-      and hosts == {"0": "10.77.0.1", "1": "10.77.0.1", "2": "10.77.0.2", "3": "10.77.0.2"})
+      and hosts.get("0") == hosts.get("1") != hosts.get("2") == hosts.get("3"))
 sys.exit(0 if ok else 1)
 PY
         then

@@ -587,20 +587,20 @@ const GATHER_TAG: i32 = 11;
 /// is summed as soon as it has arrived from every rank, while the others travel.
 const PIECE_BYTES: usize = 1 << 20;
 
-thread_local! {
-    /// [`scatter_sum`]'s receive buffer, reused across calls (u64 words: every element
-    /// type is aligned).
-    static SCATTERED: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
-}
+/// A buffer of this thread's, reused across calls (u64 words: every element type is
+/// aligned): fresh multi-megabyte buffers would page-fault on every call.
+type Scratch = std::thread::LocalKey<std::cell::RefCell<Vec<u64>>>;
 
 thread_local! {
-    /// The copy of an array summed in place ([`MpiGroup::allreduce_big`]), reused.
+    /// [`scatter_sum`]'s receive buffer.
+    static SCATTERED: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The copy of an array summed in place ([`MpiGroup::allreduce_big`]).
     static COPY: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` on a buffer of `n` elements of `W` (reused across calls).
-fn with_copy<W: bytemuck::Pod, T>(n: usize, f: impl FnOnce(&mut [W]) -> T) -> T {
-    COPY.with(|b| {
+/// Runs `f` on `n` elements of `W` of the buffer `scratch`.
+fn with_scratch<W: bytemuck::Pod, T>(scratch: &'static Scratch, n: usize, f: impl FnOnce(&mut [W]) -> T) -> T {
+    scratch.with(|b| {
         let mut words = b.borrow_mut();
         let need = (n * std::mem::size_of::<W>()).div_ceil(8);
         if words.len() < need {
@@ -630,13 +630,7 @@ fn scatter_sum<W: Element + Equivalence + bytemuck::Pod>(w: &SimpleCommunicator,
     let piece = (PIECE_BYTES / std::mem::size_of::<W>()).max(1);
     let mine = segment(len, n, me);
     let others: Vec<usize> = (0..n).filter(|&r| r != me).collect();
-    SCATTERED.with(|b| {
-        let mut words = b.borrow_mut();
-        let need = (mine.len() * others.len() * std::mem::size_of::<W>()).div_ceil(8);
-        if words.len() < need {
-            words.resize(need, 0);
-        }
-        let theirs: &mut [W] = &mut bytemuck::cast_slice_mut::<u64, W>(&mut words[..need])[..mine.len() * others.len()];
+    with_scratch(&SCATTERED, mine.len() * others.len(), |theirs: &mut [W]| {
         // recv: the other ranks' segments (their sums arrive there) and this rank's.
         let (before, rest) = recv.split_at_mut(mine.start);
         let (own, after) = rest.split_at_mut(mine.len());
@@ -676,9 +670,10 @@ fn scatter_sum<W: Element + Equivalence + bytemuck::Pod>(w: &SimpleCommunicator,
             }
             for (i, out) in own.chunks_mut(piece).enumerate() {
                 let at = mine.start + i * piece;
-                let mut got = arriving.iter_mut().map(|from| from.pop_front().map(wait_data));
+                // (Every rank sends as many pieces of this segment as this rank receives.)
+                let mut got = arriving.iter_mut().map(|from| wait_data(from.pop_front().expect("a rank's piece")));
                 let parts: Vec<&[W]> = (0..n)
-                    .map(|r| if r == me { &send[at..at + out.len()] } else { got.next().flatten().unwrap_or_default() })
+                    .map(|r| if r == me { &send[at..at + out.len()] } else { got.next().expect("every rank's piece") })
                     .collect();
                 tree_into(&parts, out);
                 let out: &[W] = out;
@@ -812,7 +807,7 @@ impl MpiGroup {
     fn allreduce_big<W: Element + Equivalence + bytemuck::Pod>(&self, src: &NDArray, dst: &NDArray) -> Result<()> {
         if src.same_storage(dst) {
             dst.with_data_mut(|d: &mut [W]| -> Result<()> {
-                with_copy::<W, _>(d.len(), |send| {
+                with_scratch::<W, _>(&COPY, d.len(), |send| {
                     send.copy_from_slice(d);
                     self.with_world(|w| scatter_sum(w, &send[..], d))
                 })

@@ -122,9 +122,9 @@ impl Peers<'_> {
         }
     }
 
-    /// Worker `root`'s bytes (`mine` there; elsewhere not read) on every worker, for the
-    /// call `step`.
-    fn broadcast(self, step: &str, mine: &[u8], root: usize) -> Result<Vec<u8>> {
+    /// Worker `root`'s bytes (`mine` there, given back; elsewhere not read) on every
+    /// worker, for the call `step`.
+    fn broadcast(self, step: &str, mine: Vec<u8>, root: usize) -> Result<Vec<u8>> {
         let group = match self {
             Peers::Sync(group) => group,
             Peers::Async(remote) => return remote.broadcast(step, mine, root),
@@ -151,7 +151,7 @@ impl Peers<'_> {
                 got.extend_from_slice(buf.read()?.bytes());
             }
         }
-        Ok(if me { mine.to_vec() } else { got })
+        Ok(if me { mine } else { got })
     }
 
     fn map_file(self, file: &std::fs::File, offset: u64, len: usize) -> Option<std::io::Result<MappedFile>> {
@@ -836,7 +836,7 @@ fn fetch_records(group: Peers<'_>, folder: &Folder, step: u64, own: Option<Recor
         // The record as an `.extra` file holds it, or nothing (length 0) when the rank
         // that has it cannot read it after all.
         let record = (me == q).then(|| folder.own_extra(step, r)).flatten().map(|own| record(step, r, &own));
-        let got = group.broadcast("restore-record", record.as_deref().unwrap_or_default(), q)?;
+        let got = group.broadcast("restore-record", record.unwrap_or_default(), q)?;
         if got.is_empty() {
             continue;
         }
@@ -1098,7 +1098,7 @@ impl Store {
         }
         let root = (0..all.len()).find(|&r| at(r, 0) == newest).expect("a rank with the newest");
         let mine = mine.filter(|_| group.rank() == root).map(|(_, bytes)| bytes).unwrap_or_default();
-        let bytes = group.broadcast("restore-commit", &mine, root)?;
+        let bytes = group.broadcast("restore-commit", mine, root)?;
         self.restore_bytes(step, &bytes, began).map(Some)
     }
 

@@ -403,7 +403,7 @@ impl Shards {
     /// read): a collective, as [`Shards::exchange`]. They go in pieces of at most
     /// [`PIECE`] bytes (less where the transport's messages are smaller), after their
     /// length.
-    pub(crate) fn broadcast(&self, step: &str, mine: &[u8], root: usize) -> Result<Vec<u8>> {
+    pub(crate) fn broadcast(&self, step: &str, mine: Vec<u8>, root: usize) -> Result<Vec<u8>> {
         let (me, n) = (self.rank(), self.size());
         let to = || if me == root { (0..n).filter(|&r| r != me).collect() } else { Vec::new() };
         let number = self.post(step, to(), &(mine.len() as u64).to_le_bytes())?;
@@ -427,7 +427,7 @@ impl Shards {
                 got.extend_from_slice(&self.take(step, root, number)?);
             }
         }
-        if me == root { Ok(mine.to_vec()) } else { Ok(got) }
+        if me == root { Ok(mine) } else { Ok(got) }
     }
 
     /// Sends `bytes` to each worker of `to` as the next exchange's message (named `step`),
