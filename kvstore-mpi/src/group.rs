@@ -23,6 +23,7 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use parking_lot::Mutex;
 
+use crate::hosts::{self, Hosts};
 use crate::shm::{self as shm, NodeWindow};
 
 struct Mpi {
@@ -33,6 +34,8 @@ struct Mpi {
     /// The shared window of fused sums: opened at the first fused bucket (every rank
     /// makes it), freed by [`finalize`].
     window: Window,
+    /// The hosts big sums go through, found at the first big sum (every rank makes it).
+    hosts: Placement,
     // Dropping the universe calls MPI_Finalize; it goes last.
     universe: Universe,
 }
@@ -45,7 +48,27 @@ enum Window {
     Open(NodeWindow),
 }
 
+/// Whether big sums go host by host ([`Hosts`]).
+enum Placement {
+    NotYet,
+    /// Flat: one host, or hosts where the sum host by host would have other bits.
+    Flat,
+    Hosts(Hosts),
+}
+
 impl Mpi {
+    /// The hosts to sum host by host over, found (collectively) at the first big sum:
+    /// `None`, on every rank alike, where the sum is flat (see [`Hosts::find`]).
+    fn hosts(&mut self, host_ranks: Option<usize>) -> Option<&Hosts> {
+        if matches!(self.hosts, Placement::NotYet) {
+            self.hosts = Hosts::find(&self.world, host_ranks).map_or(Placement::Flat, Placement::Hosts);
+        }
+        match &self.hosts {
+            Placement::Hosts(h) => Some(h),
+            _ => None,
+        }
+    }
+
     /// The shared window with slots of `slot_bytes`, opened (collectively) at the first
     /// fused bucket: `None`, on every rank alike, where some rank does not run on this
     /// machine or did not want it then (`wanted`: a rank started with
@@ -153,6 +176,7 @@ pub fn finalize() -> Result<()> {
     }
     watchdog::finalizing();
     FINALIZED.store(true, Ordering::SeqCst);
+    drop(mpi.hosts);
     drop(mpi.steps);
     drop(mpi.world);
     drop(mpi.universe);
@@ -213,6 +237,10 @@ pub struct MpiGroup {
     shared_memory: AtomicBool,
     /// Whether the last fused bucket went through shared memory.
     used_shared_memory: AtomicBool,
+    /// Ranks per host where `KVSTORE_MPI_HOST_RANKS` sets them (see [`hosts`]).
+    host_ranks: Option<usize>,
+    /// Whether the last big sum went host by host.
+    used_hosts: AtomicBool,
 }
 
 /// The job's group, initialising MPI on first use (once per process).
@@ -234,6 +262,7 @@ pub fn group() -> Result<Arc<MpiGroup>> {
     let bucket_bytes = bucket_bytes_from_env()?;
     let timeout = timeout_from_env()?;
     let shared_memory = shm::wanted_from_env()?;
+    let host_ranks = hosts::host_ranks_from_env()?;
     let backend = |message: String| Error::Backend { backend: "mpi", message };
     let (universe, threading) = mpi::initialize_with_threading(Threading::Serialized)
         .ok_or_else(|| backend("MPI was already initialised by another library".into()))?;
@@ -247,7 +276,13 @@ pub fn group() -> Result<Arc<MpiGroup>> {
     let (rank, size) = (world.rank() as usize, world.size() as usize);
     let (offset, error, origin) = sync_clock(&world, rank, size);
     kvstore_core::timeline::set_clock(rank, size, offset, error, origin);
-    let _ = MPI.set(Shared(Mutex::new(Some(Mpi { world, steps, window: Window::NotYet, universe }))));
+    let _ = MPI.set(Shared(Mutex::new(Some(Mpi {
+        world,
+        steps,
+        window: Window::NotYet,
+        hosts: Placement::NotYet,
+        universe,
+    }))));
     // SAFETY: `abort_unless_finalized` is an `extern "C" fn()` that reads two statics
     // and may call MPI_Abort; registering it has no other effect.
     unsafe {
@@ -270,6 +305,8 @@ pub fn group() -> Result<Arc<MpiGroup>> {
         timeout_ms: AtomicU64::new(millis(timeout)),
         shared_memory: AtomicBool::new(shared_memory),
         used_shared_memory: AtomicBool::new(false),
+        host_ranks,
+        used_hosts: AtomicBool::new(false),
     });
     let group = Arc::clone(GROUP.get_or_init(|| group));
     watchdog::start(Arc::clone(&group));
@@ -322,6 +359,14 @@ impl MpiGroup {
     /// or more).
     pub fn used_shared_memory(&self) -> bool {
         self.used_shared_memory.load(Ordering::Relaxed)
+    }
+
+    /// Whether the last big sum (an array of a bucket or more) went host by host: the
+    /// job runs on 2 machines or more, each with the same power of two of consecutive
+    /// ranks (see `kvstore_mpi`'s docs on hosts). The results are the same bits either
+    /// way.
+    pub fn used_hosts(&self) -> bool {
+        self.used_hosts.load(Ordering::Relaxed)
     }
 
     /// The stall timeout: a collective that has waited this long ends the job, with a
@@ -589,7 +634,7 @@ const PIECE_BYTES: usize = 1 << 20;
 
 /// A buffer of this thread's, reused across calls (u64 words: every element type is
 /// aligned): fresh multi-megabyte buffers would page-fault on every call.
-type Scratch = std::thread::LocalKey<std::cell::RefCell<Vec<u64>>>;
+pub(crate) type Scratch = std::thread::LocalKey<std::cell::RefCell<Vec<u64>>>;
 
 thread_local! {
     /// [`scatter_sum`]'s receive buffer.
@@ -599,7 +644,11 @@ thread_local! {
 }
 
 /// Runs `f` on `n` elements of `W` of the buffer `scratch`.
-fn with_scratch<W: bytemuck::Pod, T>(scratch: &'static Scratch, n: usize, f: impl FnOnce(&mut [W]) -> T) -> T {
+pub(crate) fn with_scratch<W: bytemuck::Pod, T>(
+    scratch: &'static Scratch,
+    n: usize,
+    f: impl FnOnce(&mut [W]) -> T,
+) -> T {
     scratch.with(|b| {
         let mut words = b.borrow_mut();
         let need = (n * std::mem::size_of::<W>()).div_ceil(8);
@@ -611,7 +660,7 @@ fn with_scratch<W: bytemuck::Pod, T>(scratch: &'static Scratch, n: usize, f: imp
 }
 
 /// Rank `r`'s segment of `len` elements on `size` ranks.
-fn segment(len: usize, size: usize, r: usize) -> std::ops::Range<usize> {
+pub(crate) fn segment(len: usize, size: usize, r: usize) -> std::ops::Range<usize> {
     len * r / size..len * (r + 1) / size
 }
 
@@ -624,16 +673,46 @@ fn segment(len: usize, size: usize, r: usize) -> std::ops::Range<usize> {
 /// 2(n - 1)/n of the array, as a ring does; but a ring sums each part of the array in
 /// another order, where here every element gets the same sum whatever its place in the
 /// array, the array's size or the ranks' hosts. `send` and `recv` do not overlap.
-fn scatter_sum<W: Element + Equivalence + bytemuck::Pod>(w: &SimpleCommunicator, send: &[W], recv: &mut [W]) {
+pub(crate) fn scatter_sum<W: Element + Equivalence + bytemuck::Pod>(
+    w: &SimpleCommunicator,
+    send: &[W],
+    recv: &mut [W],
+) {
+    sum_segments(w, send, recv, true);
+}
+
+/// The first half of [`scatter_sum`]: `own` = this rank's segment ([`segment`]) of
+/// `sum(send)`, summed in the same order; no rank receives the others' sums.
+pub(crate) fn reduce_scatter<W: Element + Equivalence + bytemuck::Pod>(
+    w: &SimpleCommunicator,
+    send: &[W],
+    own: &mut [W],
+) {
+    sum_segments(w, send, own, false);
+}
+
+/// [`scatter_sum`] (`whole`: `out` is the whole array, and every segment's sums travel
+/// back to every rank) or [`reduce_scatter`] (`out` is this rank's segment only).
+fn sum_segments<W: Element + Equivalence + bytemuck::Pod>(
+    w: &SimpleCommunicator,
+    send: &[W],
+    out: &mut [W],
+    whole: bool,
+) {
     let (me, n) = (w.rank() as usize, w.size() as usize);
     let len = send.len();
     let piece = (PIECE_BYTES / std::mem::size_of::<W>()).max(1);
     let mine = segment(len, n, me);
     let others: Vec<usize> = (0..n).filter(|&r| r != me).collect();
     with_scratch(&SCATTERED, mine.len() * others.len(), |theirs: &mut [W]| {
-        // recv: the other ranks' segments (their sums arrive there) and this rank's.
-        let (before, rest) = recv.split_at_mut(mine.start);
-        let (own, after) = rest.split_at_mut(mine.len());
+        // out: the other ranks' segments (their sums arrive there) and this rank's.
+        let (before, own, after) = if whole {
+            let (before, rest) = out.split_at_mut(mine.start);
+            let (own, after) = rest.split_at_mut(mine.len());
+            (before, own, after)
+        } else {
+            (&mut [][..], out, &mut [][..])
+        };
         mpi::request::scope(|scope| {
             let mut requests = Vec::new();
             // This rank's pieces of each other rank's segment, and their sums back.
@@ -644,17 +723,10 @@ fn scatter_sum<W: Element + Equivalence + bytemuck::Pod>(w: &SimpleCommunicator,
                 for part in send[seg.clone()].chunks(piece) {
                     requests.push(p.immediate_send_with_tag(scope, part, SCATTER_TAG));
                 }
-                let into = if r < me {
-                    let (x, rest) = std::mem::take(&mut lower).split_at_mut(seg.len());
-                    lower = rest;
-                    x
-                } else {
-                    let (x, rest) = std::mem::take(&mut upper).split_at_mut(seg.len());
-                    upper = rest;
-                    x
-                };
-                for part in into.chunks_mut(piece) {
-                    requests.push(p.immediate_receive_into_with_tag(scope, part, GATHER_TAG));
+                if whole {
+                    for part in next_segment(&mut lower, &mut upper, r < me, seg.len()).chunks_mut(piece) {
+                        requests.push(p.immediate_receive_into_with_tag(scope, part, GATHER_TAG));
+                    }
                 }
             }
             // Every other rank's pieces of this rank's segment (in rank order), piece by piece.
@@ -676,9 +748,11 @@ fn scatter_sum<W: Element + Equivalence + bytemuck::Pod>(w: &SimpleCommunicator,
                     .map(|r| if r == me { &send[at..at + out.len()] } else { got.next().expect("every rank's piece") })
                     .collect();
                 tree_into(&parts, out);
-                let out: &[W] = out;
-                for &r in &others {
-                    requests.push(w.process_at_rank(r as i32).immediate_send_with_tag(scope, out, GATHER_TAG));
+                if whole {
+                    let out: &[W] = out;
+                    for &r in &others {
+                        requests.push(w.process_at_rank(r as i32).immediate_send_with_tag(scope, out, GATHER_TAG));
+                    }
                 }
             }
             for r in requests {
@@ -686,6 +760,44 @@ fn scatter_sum<W: Element + Equivalence + bytemuck::Pod>(w: &SimpleCommunicator,
             }
         });
     });
+}
+
+/// The second half of [`scatter_sum`]: every rank holds its segment of `recv`, sends
+/// it to every other rank and receives theirs, in pieces all in flight at once.
+pub(crate) fn all_gather_segments<W: Equivalence>(w: &SimpleCommunicator, recv: &mut [W]) {
+    let (me, n) = (w.rank() as usize, w.size() as usize);
+    let len = recv.len();
+    let piece = (PIECE_BYTES / std::mem::size_of::<W>()).max(1);
+    let mine = segment(len, n, me);
+    let (before, rest) = recv.split_at_mut(mine.start);
+    let (own, after) = rest.split_at_mut(mine.len());
+    let own: &[W] = own;
+    mpi::request::scope(|scope| {
+        let mut requests = Vec::new();
+        let (mut lower, mut upper) = (before, after);
+        for r in (0..n).filter(|&r| r != me) {
+            let p = w.process_at_rank(r as i32);
+            for part in own.chunks(piece) {
+                requests.push(p.immediate_send_with_tag(scope, part, GATHER_TAG));
+            }
+            let seg = segment(len, n, r).len();
+            for part in next_segment(&mut lower, &mut upper, r < me, seg).chunks_mut(piece) {
+                requests.push(p.immediate_receive_into_with_tag(scope, part, GATHER_TAG));
+            }
+        }
+        for r in requests {
+            wait(r);
+        }
+    });
+}
+
+/// The next other rank's segment of an array split around this rank's: the first `len`
+/// elements of what is left `lower` (a lower rank's) or `upper` (a higher rank's).
+fn next_segment<'a, W>(lower: &mut &'a mut [W], upper: &mut &'a mut [W], below: bool, len: usize) -> &'a mut [W] {
+    let side = if below { lower } else { upper };
+    let (x, rest) = std::mem::take(side).split_at_mut(len);
+    *side = rest;
+    x
 }
 
 /// The data of a receive, once it arrived (waited for as [`wait`] does).
@@ -805,15 +917,31 @@ impl MpiGroup {
     /// straight from the source's memory into the destination's (no copy), or, in
     /// place, from a copy of the source.
     fn allreduce_big<W: Element + Equivalence + bytemuck::Pod>(&self, src: &NDArray, dst: &NDArray) -> Result<()> {
+        let sum = |s: &[W], d: &mut [W]| {
+            self.with_mpi(|mpi| {
+                let host_ranks = self.host_ranks;
+                let by_hosts = match mpi.hosts(host_ranks) {
+                    Some(hosts) => {
+                        hosts.sum(s, d);
+                        true
+                    }
+                    None => {
+                        scatter_sum(&mpi.world, s, d);
+                        false
+                    }
+                };
+                self.used_hosts.store(by_hosts, Ordering::Relaxed);
+            })
+        };
         if src.same_storage(dst) {
             dst.with_data_mut(|d: &mut [W]| -> Result<()> {
                 with_scratch::<W, _>(&COPY, d.len(), |send| {
                     send.copy_from_slice(d);
-                    self.with_world(|w| scatter_sum(w, &send[..], d))
+                    sum(&send[..], d)
                 })
             })??;
         } else {
-            src.with_data(|s: &[W]| dst.with_data_mut(|d: &mut [W]| self.with_world(|w| scatter_sum(w, s, d))))???;
+            src.with_data(|s: &[W]| dst.with_data_mut(|d: &mut [W]| sum(s, d)))???;
         }
         Ok(())
     }
@@ -1018,7 +1146,7 @@ impl Collective for MpiGroup {
         Ok(all.chunks(n).map(<[u8]>::to_vec).collect())
     }
 
-    /// MPI's allgather (non-blocking and waited for as [`wait`] does under a
+    /// MPI's allgather (non-blocking and waited for as `wait` does under a
     /// non-blocking store call), under the watchdog.
     fn all_gather(&self, step: &str, mine: &[u8]) -> Result<Vec<u8>> {
         let n = mine.len();

@@ -29,6 +29,14 @@
 //! it off with `KVSTORE_MPI_SHARED_MEMORY=0` or `group()?.set_shared_memory(false)`;
 //! a job confined to other transports (`mpirun --mca btl self,tcp`) does without it.
 //!
+//! # Hosts
+//! A big key (a bucket or more) is summed with each rank owning 1/n of it. Across
+//! machines with the same power of two of consecutive ranks each, it goes host by host
+//! instead: through each machine's shared memory first, then over the network between
+//! the machines, with the same bits (`group()?.used_hosts()` says whether the last big
+//! key did). `KVSTORE_MPI_HOST_RANKS=K` makes blocks of K ranks count as machines, for
+//! tests.
+//!
 //! # Features
 //! `mpi` links MPI (needs `libopenmpi-dev` and `libclang-dev`). Without it, [`create`]
 //! answers `Unsupported` for `dist_*` kinds.
@@ -41,6 +49,8 @@
 #[cfg(feature = "mpi")]
 mod group;
 #[cfg(feature = "mpi")]
+mod hosts;
+#[cfg(feature = "mpi")]
 mod mapped;
 #[cfg(feature = "mpi")]
 mod remote;
@@ -49,6 +59,8 @@ mod shm;
 
 #[cfg(feature = "mpi")]
 pub use group::{BUCKET_BYTES_VAR, MpiGroup, TIMEOUT_VAR, finalize, group};
+#[cfg(feature = "mpi")]
+pub use hosts::HOST_RANKS_VAR;
 #[cfg(feature = "mpi")]
 pub use remote::{MpiRemote, remote};
 #[cfg(feature = "mpi")]

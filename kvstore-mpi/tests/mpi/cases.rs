@@ -196,6 +196,36 @@ fn a_big_key_sums_alike_as_small_fused_keys() {
     assert_as_on_rank_0(&kv, "big key's bits", bits);
 }
 
+/// The big key's case where `KVSTORE_MPI_HOST_RANKS` makes hosts of the ranks (the
+/// trials of `main.rs` that set it): big sums must go host by host exactly where
+/// `KVSTORE_TEST_HOST_BY_HOST=1` says the placement allows it, with the fused keys'
+/// bits, and a big integer key must get its exact sum.
+fn big_sums_go_host_by_host_with_the_same_bits() {
+    use kvstore_core::NDArray;
+    let kv = store();
+    let bits = dist_cases::a_big_key_sums_alike_as_small_fused_keys(kv.rank(), &kv);
+    // (Unset: the suite's runs on this one machine, which sum flat.)
+    let expected = std::env::var("KVSTORE_TEST_HOST_BY_HOST").is_ok_and(|v| v == "1");
+    let group = kvstore_mpi::group().expect("group");
+    assert_eq!(group.used_hosts(), expected, "rank {}: summed host by host", kv.rank());
+    // 4 MiB and a little: on 2 or 4 ranks a host, each rank's segment ends in a piece
+    // of one element (pieces of 1 MiB), whose part for the first of 2 hosts is empty.
+    const N: usize = 4 * (1 << 17) + 2;
+    let w = kv.num_workers() as i64;
+    kv.init(
+        "hosts-i64",
+        &NDArray::zeros_with(&[N], kvstore_core::DType::I64, kvstore_core::Context::cpu(0)).expect("z"),
+    )
+    .expect("init");
+    let mine: Vec<i64> = (0..N as i64).map(|i| i * (kv.rank() as i64 + 1)).collect();
+    kv.push("hosts-i64", &NDArray::from_vec(&[N], mine).expect("value"), 0).expect("push");
+    let sum = kv.pull_new("hosts-i64", 0).expect("pull").to_vec::<i64>().expect("i64");
+    let wrong = (0..N).filter(|&i| sum[i] != i as i64 * w * (w + 1) / 2).count();
+    assert_eq!(wrong, 0, "rank {}: {wrong} elements of the i64 key are not the sum", kv.rank());
+    assert_eq!(group.used_hosts(), expected, "rank {}: the i64 key summed host by host", kv.rank());
+    assert_as_on_rank_0(&kv, "host-by-host bits", bits);
+}
+
 fn row_sparse_pushes_sum_every_workers_rows() {
     let kv = store();
     let bits = dist_cases::row_sparse_pushes_sum_every_workers_rows(kv.rank(), &kv);
@@ -372,6 +402,18 @@ fn shared_memory_and_mpi_messages_give_the_same_bits() {
 
 /// Run alone with `KVSTORE_MPI_SHARED_MEMORY` neither 0 nor 1 too (`main.rs`), and in
 /// jobs with it 0.
+/// Run alone with a bad `KVSTORE_MPI_HOST_RANKS` (`main.rs`'s settings), making a store
+/// fails with an error naming the variable; without it, making one succeeds.
+fn host_ranks_come_from_the_environment() {
+    if std::env::var_os(kvstore_mpi::HOST_RANKS_VAR).is_none() {
+        store();
+        return;
+    }
+    let e = kvstore_mpi::create("dist_sync").expect_err("a bad setting");
+    assert_eq!(e.kind(), kvstore_core::ErrorKind::InvalidArgument);
+    assert!(e.to_string().contains(kvstore_mpi::HOST_RANKS_VAR), "{e}");
+}
+
 fn shared_memory_comes_from_the_environment() {
     // (Open MPI's transport list decides when the variable is unset; the suite sets none.)
     let btl = std::env::var_os("OMPI_MCA_btl").is_some();
@@ -498,6 +540,7 @@ pub(super) const CASES: &[(&str, fn())] = &[
     ("async_errors_reach_the_caller_only", async_errors_reach_the_caller_only),
     ("a_key_sums_alike_alone_and_fused", a_key_sums_alike_alone_and_fused),
     ("a_big_key_sums_alike_as_small_fused_keys", a_big_key_sums_alike_as_small_fused_keys),
+    ("big_sums_go_host_by_host_with_the_same_bits", big_sums_go_host_by_host_with_the_same_bits),
     ("row_sparse_pushes_sum_every_workers_rows", row_sparse_pushes_sum_every_workers_rows),
     ("compressed_pushes_sum_every_workers_quantised_values", compressed_pushes_sum_every_workers_quantised_values),
     ("half_compressed_pushes_round_each_workers_sum_once", half_compressed_pushes_round_each_workers_sum_once),
@@ -519,6 +562,7 @@ pub(super) const CASES: &[(&str, fn())] = &[
     ("small_buckets_split_keys_and_give_the_same_sums", small_buckets_split_keys_and_give_the_same_sums),
     ("shared_memory_and_mpi_messages_give_the_same_bits", shared_memory_and_mpi_messages_give_the_same_bits),
     ("shared_memory_comes_from_the_environment", shared_memory_comes_from_the_environment),
+    ("host_ranks_come_from_the_environment", host_ranks_come_from_the_environment),
     ("bucket_bytes_come_from_the_environment", bucket_bytes_come_from_the_environment),
     ("timeout_comes_from_the_environment", timeout_comes_from_the_environment),
     ("the_builder_sets_the_timeout", the_builder_sets_the_timeout),
