@@ -34,19 +34,37 @@ pub fn seconds(f: &mut impl FnMut()) -> f64 {
 /// limit and the store call measured against it see the same state of a shared
 /// machine, where timed one block after the other a drift between the blocks moved
 /// their ratio (the push of 4 x 4 Mi f32 read 0.77 and 1.06 of its limit in two runs).
-pub fn medians_in_turn(warm: usize, runs: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
+pub fn medians_in_turn(warm: usize, runs: usize, a: impl FnMut(), b: impl FnMut()) -> (f64, f64) {
+    medians_in_turn_after(warm, runs, || {}, a, b)
+}
+
+/// [`medians_in_turn`] with `before` run untimed before each timed call (an MPI
+/// barrier, so that every rank starts each call together).
+pub fn medians_in_turn_after(
+    warm: usize,
+    runs: usize,
+    mut before: impl FnMut(),
+    mut a: impl FnMut(),
+    mut b: impl FnMut(),
+) -> (f64, f64) {
     for _ in 0..warm {
+        before();
         a();
+        before();
         b();
     }
     let (mut ta, mut tb) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
     for run in 0..runs {
+        let mut time = |f: &mut dyn FnMut(), t: &mut Vec<f64>| {
+            before();
+            t.push(seconds(&mut || f()));
+        };
         if run % 2 == 0 {
-            ta.push(seconds(&mut a));
-            tb.push(seconds(&mut b));
+            time(&mut a, &mut ta);
+            time(&mut b, &mut tb);
         } else {
-            tb.push(seconds(&mut b));
-            ta.push(seconds(&mut a));
+            time(&mut b, &mut tb);
+            time(&mut a, &mut ta);
         }
     }
     (median_of(ta), median_of(tb))
