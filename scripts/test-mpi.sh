@@ -33,7 +33,8 @@ ran "the MPI tests" "$status" "$reports/junit.xml"
 # (shared memory within a host, TCP over a link shaped to 10 Gbit/s between them), of
 # dist_sync and of dist_async stores, must end with the bits of the same job on one host
 # of 4 ranks, on every rank; dist_sync's big key summed host by host on 2 hosts, flat on
-# one. Skipped, and counted as skipped, where network namespaces cannot be made.
+# one, and flat (same bits) again with the ranks dealt to the hosts in turn. Skipped,
+# and counted as skipped, where network namespaces cannot be made.
 train=target/debug/fixture_train_job
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 if why=$(bash scripts/cluster.sh check); then
@@ -46,18 +47,30 @@ if why=$(bash scripts/cluster.sh check); then
             echo "== 2 hosts of 2 ranks"
             timeout 300 bash scripts/cluster.sh run -n 2 -s 2 -r 10gbit -- --oversubscribe --bind-to none \
                 -np 4 "$train" "$kind" 3
+            if [ "$kind" = dist_sync ]; then
+                echo "== 2 hosts of 2 ranks, dealt in turn"
+                timeout 300 bash scripts/cluster.sh run -n 2 -s 2 -r 10gbit -- --oversubscribe --bind-to none \
+                    --map-by node -np 4 "$train" "$kind" 3
+            fi
         } >"$log" 2>&1
         if python3 - "$log" "$kind" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
-one, _, two = text.partition("== 2 hosts of 2 ranks")
+one, _, rest = text.partition("== 2 hosts of 2 ranks\n")
+two, _, dealt = rest.partition("== 2 hosts of 2 ranks, dealt in turn")
 line = re.compile(r"rank (\d) of 4 on (\S*): bits ([0-9a-f]{8}), host by host (true|false)")
-a, b = line.findall(one), line.findall(two)
+a, b, c = line.findall(one), line.findall(two), line.findall(dealt)
 hosts = {r: h for r, h, *_ in b}
 by_hosts = sys.argv[2] == "dist_sync"
-ok = (len(a) == 4 and len(b) == 4 and len({x for _, _, x, _ in a + b}) == 1
+ok = (len(a) == 4 and len(b) == 4 and len({x for _, _, x, _ in a + b + c}) == 1
       and hosts.get("0") == hosts.get("1") != hosts.get("2") == hosts.get("3")
       and all(y == "false" for *_, y in a) and all(y == str(by_hosts).lower() for *_, y in b))
+# dist_sync again with the ranks dealt to the hosts in turn (0 and 2 on one host): the
+# big key sums flat, with the same bits.
+if by_hosts:
+    turns = {r: h for r, h, *_ in c}
+    ok = ok and (len(c) == 4 and turns.get("0") == turns.get("2") != turns.get("1") == turns.get("3")
+                 and all(y == "false" for *_, y in c))
 sys.exit(0 if ok else 1)
 PY
         then

@@ -362,8 +362,8 @@ impl MpiGroup {
     }
 
     /// Whether the last big sum (an array of a bucket or more) went host by host: the
-    /// job runs on 2 machines or more, each with the same power of two of consecutive
-    /// ranks (see `kvstore_mpi`'s docs on hosts). The results are the same bits either
+    /// job runs on 2 machines or more, each with the same power of two (2 or more) of
+    /// consecutive ranks (see `kvstore_mpi`'s docs on hosts). The results are the same bits either
     /// way.
     pub fn used_hosts(&self) -> bool {
         self.used_hosts.load(Ordering::Relaxed)

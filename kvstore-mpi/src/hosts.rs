@@ -14,7 +14,7 @@
 //! host, ranks dealt to hosts in turn by `--map-by node`, hosts of unequal size) sums
 //! flat, which is correct everywhere.
 //!
-//! [`tree_of`]: crate::group
+//! [`tree_of`]: crate::group::tree_of
 //! [`scatter_sum`]: crate::group::scatter_sum
 
 use kvstore_core::{Element, Error, Result};
@@ -82,8 +82,17 @@ impl Hosts {
     /// `Some` on every rank alike where there are 2 hosts or more of the same power of
     /// two ranks (2 or more) each, every host's ranks consecutive from a multiple of
     /// that number: the placement where the sum host by host has the flat sum's bits.
+    /// `None` (flat) too where the ranks were not all started with the same
+    /// `host_ranks`.
     pub(crate) fn find(world: &SimpleCommunicator, host_ranks: Option<usize>) -> Option<Hosts> {
         let (rank, size) = (world.rank(), world.size());
+        // Every rank must make the same split: where ranks were started with other
+        // settings (some with blocks of ranks, some without), the sum is flat.
+        let asked = host_ranks.map_or(-1, |k| i64::try_from(k).unwrap_or(i64::MAX));
+        let (fewest_asked, most_asked) = range_of(world, asked);
+        if fewest_asked != most_asked {
+            return None;
+        }
         let node = match host_ranks {
             Some(k) => world
                 .split_by_color_with_key(Color::with_value(rank / i32::try_from(k).unwrap_or(i32::MAX)), rank)

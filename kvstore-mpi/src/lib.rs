@@ -31,7 +31,7 @@
 //!
 //! # Hosts
 //! A big key (a bucket or more) is summed with each rank owning 1/n of it. Across
-//! machines with the same power of two of consecutive ranks each, it goes host by host
+//! machines with the same power of two (2 or more) of consecutive ranks each, it goes host by host
 //! instead: through each machine's shared memory first, then over the network between
 //! the machines, with the same bits (`group()?.used_hosts()` says whether the last big
 //! key did). `KVSTORE_MPI_HOST_RANKS=K` makes blocks of K ranks count as machines, for

@@ -208,8 +208,9 @@ fn big_sums_go_host_by_host_with_the_same_bits() {
     let expected = std::env::var("KVSTORE_TEST_HOST_BY_HOST").is_ok_and(|v| v == "1");
     let group = kvstore_mpi::group().expect("group");
     assert_eq!(group.used_hosts(), expected, "rank {}: summed host by host", kv.rank());
-    // 4 MiB and a little: on 2 or 4 ranks a host, each rank's segment ends in a piece
-    // of one element (pieces of 1 MiB), whose part for the first of 2 hosts is empty.
+    // 4 MiB and a little: on 2 ranks a host each rank's segment ends in a piece of one
+    // element (pieces of 1 MiB), whose part for the first of 2 hosts is empty; on 4
+    // ranks a host, every other rank's does.
     const N: usize = 4 * (1 << 17) + 2;
     let w = kv.num_workers() as i64;
     kv.init(
@@ -400,8 +401,6 @@ fn shared_memory_and_mpi_messages_give_the_same_bits() {
     group.set_shared_memory(shm);
 }
 
-/// Run alone with `KVSTORE_MPI_SHARED_MEMORY` neither 0 nor 1 too (`main.rs`), and in
-/// jobs with it 0.
 /// Run alone with a bad `KVSTORE_MPI_HOST_RANKS` (`main.rs`'s settings), making a store
 /// fails with an error naming the variable; without it, making one succeeds.
 fn host_ranks_come_from_the_environment() {
@@ -414,6 +413,8 @@ fn host_ranks_come_from_the_environment() {
     assert!(e.to_string().contains(kvstore_mpi::HOST_RANKS_VAR), "{e}");
 }
 
+/// Run alone with `KVSTORE_MPI_SHARED_MEMORY` neither 0 nor 1 too (`main.rs`), and in
+/// jobs with it 0.
 fn shared_memory_comes_from_the_environment() {
     // (Open MPI's transport list decides when the variable is unset; the suite sets none.)
     let btl = std::env::var_os("OMPI_MCA_btl").is_some();

@@ -122,16 +122,33 @@ fn trials() -> Vec<Trial> {
             passed(jobs::run(cmd, LIMIT))
         }));
     }
-    // mpirun's MPMD form: one rank with shared memory on, one with it off. The first
-    // fused sum agrees on MPI's messages for both, instead of one rank waiting at a
-    // barrier the other never reaches.
-    trials.push(Trial::test("settings::ranks_with_shared_memory_on_and_off_agree", || {
-        let case = "a_key_sums_alike_alone_and_fused";
-        let mut cmd = jobs::mpirun(1, &[("KVSTORE_MPI_SHARED_MEMORY", "1")]);
-        cmd.arg(this_program()).args(["case", case, ":", "-x", "KVSTORE_MPI_SHARED_MEMORY=0", "-np", "1"]);
-        cmd.arg(this_program()).args(["case", case]);
-        passed(jobs::run(cmd, LIMIT))
-    }));
+    // mpirun's MPMD form: ranks started with one setting and ranks with another, which
+    // must agree. Blocks of ranks as hosts on half the ranks: every rank makes the same
+    // split of the world, and they sum flat. Shared memory on one rank and off on the
+    // other: the first fused sum agrees on MPI's messages for both, instead of one rank
+    // waiting at a barrier the other never reaches.
+    for (name, np, (var, first, second), case) in [
+        (
+            "host_ranks_on_some_ranks_only_sum_flat",
+            2,
+            ("KVSTORE_MPI_HOST_RANKS", "2", ""),
+            "big_sums_go_host_by_host_with_the_same_bits",
+        ),
+        (
+            "ranks_with_shared_memory_on_and_off_agree",
+            1,
+            ("KVSTORE_MPI_SHARED_MEMORY", "1", "0"),
+            "a_key_sums_alike_alone_and_fused",
+        ),
+    ] {
+        trials.push(Trial::test(format!("settings::{name}"), move || {
+            let mut cmd = jobs::mpirun(np, &[(var, first)]);
+            let np = np.to_string();
+            cmd.arg(this_program()).args(["case", case, ":", "-x", &format!("{var}={second}"), "-np", &np]);
+            cmd.arg(this_program()).args(["case", case]);
+            passed(jobs::run(cmd, LIMIT))
+        }));
+    }
     trials
 }
 
