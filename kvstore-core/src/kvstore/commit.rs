@@ -21,8 +21,9 @@
 //! each tensor is copied into the file (through a shared mapping of the rank's range
 //! where its worker group maps files, `Collective::map_file`: a `write` call to
 //! `/dev/shm` costs three times a copy) and hashed as it goes ([`Snapshot`]), the
-//! headers written last by L, which also hashes the others' shares from its own memory
-//! (every rank of a `dist_sync` job holds the same values). Each other rank writes its
+//! headers written last by L from every rank's checksums, which L checks against a
+//! sample of each other rank's share hashed from its own memory (every rank of a
+//! `dist_sync` job holds the same values). Each other rank writes its
 //! own `extra` and residuals beside it (`step-S-rank-R-of-N.extra`). Files are written under a
 //! temporary name and renamed; once every rank said it wrote its part, each writes
 //! `step-S.done`. A commit is used only with its `done` mark: a rank killed during a
@@ -364,9 +365,10 @@ impl Folder {
     /// Writes the commit of `step` of this rank's host: one copy, `step-S-rank-L-of-N.commit`
     /// (L the host's first rank), written by the host's ranks together, each a share of
     /// the tensors (by bytes), in one pass: each copied into the file and hashed as it
-    /// goes. The first rank makes the file (writing over its spare), hashes the others'
-    /// shares from its own memory (every rank holds the same), and once they wrote them,
-    /// writes the headers (reserved first: their lengths do not depend on the hashes)
+    /// goes. The first rank makes the file (writing over its spare), and once the others
+    /// wrote their shares and sent their tensors' checksums (each share's sample checked
+    /// against the same bytes of its own memory: every rank holds the same), writes the
+    /// headers (reserved first: their lengths do not depend on the hashes)
     /// and its `extra`, and renames the file; each other rank writes its `extra` apart
     /// (`.extra`). With `at.alone`, the first rank writes the whole copy and the others
     /// only their `extra` (their `snap` is of an empty store). What fails is this rank's
@@ -380,13 +382,19 @@ impl Folder {
     ) -> Result<()> {
         const PIECE: usize = 256 << 10;
         const MAPPED_PIECE: usize = 64 << 10;
+        // The sample the first rank checks of each other rank's share: 4 KiB of every MiB.
+        const SAMPLE_STRIDE: usize = 1 << 20;
+        const SAMPLE_BYTES: usize = 4 << 10;
         let Writing { step, rank, ranks, alone, optimizer } = at;
         let host = self.host(group)?.to_vec();
+        // An exchange of records of one length on every rank.
+        let exchange = |step_name: &str, mine: &[u8]| -> Result<Vec<Vec<u8>>> {
+            group.map_or_else(|| Ok(vec![mine.to_vec()]), |g| g.exchange(step_name, mine))
+        };
         // Each exchange: whether this rank's part went well, and two numbers (the first:
-        // its process id and step; then the CRC-32 and length of the share it wrote).
+        // its process id and step; then its share's sample CRC and its number of tensors).
         let said = |step_name: &str, ok: bool, a: u64, b: u64| -> Result<Vec<Vec<u8>>> {
-            let mine = [&[u8::from(ok)][..], &a.to_le_bytes(), &b.to_le_bytes()].concat();
-            group.map_or_else(|| Ok(vec![mine.clone()]), |g| g.exchange(step_name, &mine))
+            exchange(step_name, &[&[u8::from(ok)][..], &a.to_le_bytes(), &b.to_le_bytes()].concat())
         };
         let number = |record: Option<&Vec<u8>>, i: usize| {
             record.and_then(|b| b.get(1 + 8 * i..9 + 8 * i)).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")))
@@ -444,7 +452,7 @@ impl Folder {
         // from different steps.
         let steps: Vec<u64> = (0..all.len()).map(|r| number(all.get(r), 1)).collect();
         let same_step = steps.iter().all(|&s| s == step);
-        // 2. Every rank writes its share; the first hashes the others' from its memory.
+        // 2. Every rank writes its share, hashing it as it goes.
         let wrote: std::io::Result<Vec<Option<crc32fast::Hasher>>> = (|| {
             if !same_step {
                 return Err(std::io::Error::other(format!(
@@ -475,8 +483,7 @@ impl Folder {
             };
             let mut crcs = Vec::with_capacity(n);
             for (i, (.., bytes)) in snap.tensors.iter().enumerate() {
-                let mine = writer(i) == share;
-                if !mine && rank != first {
+                if writer(i) != share {
                     crcs.push(None);
                     continue;
                 }
@@ -484,10 +491,9 @@ impl Folder {
                 let mut at = HEADER + reserved + begins[i];
                 // A piece is hashed while the cache holds it from its copy.
                 for piece in bytes.chunks(if map.is_some() { MAPPED_PIECE } else { PIECE }) {
-                    match (&mut map, mine) {
-                        (Some(map), true) => map[at - base..at - base + piece.len()].copy_from_slice(piece),
-                        (None, true) => file.write_all_at(piece, at as u64)?,
-                        (_, false) => {}
+                    match &mut map {
+                        Some(map) => map[at - base..at - base + piece.len()].copy_from_slice(piece),
+                        None => file.write_all_at(piece, at as u64)?,
                     }
                     crc.update(piece);
                     at += piece.len();
@@ -496,37 +502,80 @@ impl Folder {
             }
             Ok(crcs)
         })();
-        // This rank's share as written: the CRC-32 of its tensors, in order, and its length.
-        let share_of = |member: usize, crcs: &[Option<crc32fast::Hasher>]| {
+        // The sample of a member's share: a few bytes of every MiB of its tensors, in order,
+        // which the first rank hashes from its own memory too (below).
+        let sample_of = |member: usize| {
             let mut crc = crc32fast::Hasher::new();
-            let mut len = 0u64;
-            for (i, c) in crcs.iter().enumerate() {
-                if writer(i) == member
-                    && let Some(c) = c
-                {
-                    crc.combine(c);
-                    len += snap.tensors[i].3.len() as u64;
+            for (i, (.., bytes)) in snap.tensors.iter().enumerate() {
+                if writer(i) == member {
+                    bytes.chunks(SAMPLE_STRIDE).for_each(|b| crc.update(&b[..b.len().min(SAMPLE_BYTES)]));
                 }
             }
-            (u64::from(crc.finalize()), len)
+            u64::from(crc.finalize())
         };
-        let (crc, len) = wrote.as_ref().map_or((0, 0), |crcs| share_of(share, crcs));
-        let all = said("commit-shares", wrote.is_ok(), crc, len)?;
+        // This rank's share as written: its sample, its number of tensors and each one's
+        // CRC-32, in order.
+        let mine: Vec<u32> = wrote
+            .as_ref()
+            .map_or_else(|_| Vec::new(), |crcs| crcs.iter().flatten().map(|c| c.clone().finalize()).collect());
+        let sample = if wrote.is_ok() { sample_of(share) } else { 0 };
+        let all = said("commit-shares", wrote.is_ok(), sample, mine.len() as u64)?;
         let shares_written = host.iter().all(|&r| all.get(r).and_then(|b| b.first()) == Some(&1));
-        // The first rank's hashes of the others' shares (from its own memory) must be what
-        // they wrote: ranks that hold different values would make a copy whose checksum
-        // can never match.
+        // Then, where every rank wrote its share, the checksums of every share, as long
+        // as the longest list (every rank knows each one's length from the exchange).
+        let everyone = (0..all.len()).all(|r| all.get(r).and_then(|b| b.first()) == Some(&1));
+        let most = (0..all.len()).map(|r| number(all.get(r), 1)).max().unwrap_or(0) as usize;
+        let lists = match everyone {
+            true => {
+                let mut listed: Vec<u8> = mine.iter().flat_map(|c| c.to_le_bytes()).collect();
+                listed.resize(4 * most, 0);
+                exchange("commit-checksums", &listed)?
+            }
+            false => Vec::new(),
+        };
+        // The first rank's samples of the others' shares (from its own memory) must be
+        // what they hashed: ranks that hold different values would make a copy whose
+        // checksum can never match. (A sample, not the whole share: hashing every other
+        // rank's bytes again made the first rank's commit cost two copies' worth.)
         let differing: Vec<usize> = match (&wrote, rank == first) {
-            (Ok(crcs), true) => host
+            (Ok(_), true) => host
                 .iter()
                 .enumerate()
                 .filter(|&(member, &r)| {
-                    let theirs = (number(all.get(r), 0), number(all.get(r), 1));
-                    all.get(r).and_then(|b| b.first()) == Some(&1) && share_of(member, crcs) != theirs
+                    member != share
+                        && all.get(r).and_then(|b| b.first()) == Some(&1)
+                        && sample_of(member) != number(all.get(r), 0)
                 })
                 .map(|(_, &r)| r)
                 .collect(),
             _ => Vec::new(),
+        };
+        // Every tensor's CRC-32, the others' as they said (each with its length).
+        let told = |crcs: Vec<Option<crc32fast::Hasher>>| -> std::io::Result<Vec<crc32fast::Hasher>> {
+            let mut listed: Vec<std::vec::IntoIter<u32>> = host
+                .iter()
+                .map(|&r| {
+                    let count = number(all.get(r), 1) as usize;
+                    let record = lists.get(r).map_or(&[][..], |b| b.get(..4 * count).unwrap_or_default());
+                    let crcs: Vec<u32> =
+                        record.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().expect("4"))).collect();
+                    crcs.into_iter()
+                })
+                .collect();
+            crcs.into_iter()
+                .enumerate()
+                .map(|(i, own)| match own {
+                    Some(crc) => Ok(crc),
+                    None => listed[writer(i)]
+                        .next()
+                        .map(|c| crc32fast::Hasher::new_with_initial_len(c, snap.tensors[i].3.len() as u64))
+                        .ok_or_else(|| {
+                            std::io::Error::other(
+                                "no checksums of a share of this host: a rank could not write its share",
+                            )
+                        }),
+                })
+                .collect()
         };
         // 3. The first rank finishes the file; the others write their extra.
         let finished = (|| -> std::io::Result<()> {
@@ -545,7 +594,7 @@ impl Folder {
                     super::steps::ranks(&differing)
                 )));
             }
-            let crcs: Vec<crc32fast::Hasher> = crcs.into_iter().flatten().collect();
+            let crcs = told(crcs)?;
             let header = snap.header(&crcs).map_err(std::io::Error::other)?;
             if header.len() != reserved {
                 return Err(std::io::Error::other("the checkpoint's header changed length"));
