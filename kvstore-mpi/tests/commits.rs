@@ -84,6 +84,16 @@ fn a_job_whose_rank_died_resumes_from_its_last_commit_with_the_same_bits() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A store of 400 keys (1200 tensors with Adam's state: each rank's list of its share's
+/// checksums takes several exchanges of at most `MAX_RECORD` bytes) resumes with the
+/// bits of the job that never died, every key's values in them.
+#[test]
+fn a_job_of_many_keys_resumes_from_its_last_commit_with_the_same_bits() {
+    let dir = folder("many");
+    died_and_resumed(&dir, &[("KVSTORE_TEST_KEYS", "400")]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Under 2-bit compression each rank carries its own residuals from push to push: a
 /// commit keeps each rank's, and a job resumed on as many ranks ends with the bits of
 /// one that never died (with the residuals at zero after the restart, it would not).

@@ -183,14 +183,22 @@ fn a_folder_others_may_use_is_refused() {
 
 /// A store with no keys has nothing for its rank to copy: it commits and restores all
 /// the same.
+/// A store with no keys, and one whose last tensor in the file is empty (the fixture's
+/// `empty` and `zero`), commit and restore.
 #[test]
-fn a_store_with_no_keys_commits_and_restores() {
-    let dir = folder("empty");
-    let first = run(&dir, "empty", &["1", "empty"]);
-    assert!(first.status.success() && stdout(&first).contains("committed empty"), "{first:?}");
-    let again = run(&dir, "empty", &["1", "empty"]);
-    assert!(again.status.success() && stdout(&again).contains("restored empty 0"), "{again:?}");
-    let _ = std::fs::remove_dir_all(&dir);
+fn a_store_with_no_keys_or_an_empty_last_tensor_commits_and_restores() {
+    for mode in ["empty", "zero"] {
+        let dir = folder(mode);
+        let first = run(&dir, mode, &["1", mode]);
+        assert!(first.status.success() && stdout(&first).contains(&format!("committed {mode}")), "{first:?}");
+        let again = run(&dir, mode, &["1", mode]);
+        let out = stdout(&again);
+        assert!(again.status.success() && out.contains(&format!("restored {mode} 0")), "{again:?}");
+        if mode == "zero" {
+            assert_eq!(line(&out, "a = "), Some("a = [1.0, 2.0, 3.0, 4.0]"), "{out}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 #[test]

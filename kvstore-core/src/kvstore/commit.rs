@@ -425,7 +425,9 @@ impl Folder {
         let data_len = snap.data_len();
         // Each tensor's writer: the host's ranks take the file's bytes in turn.
         let begins = snap.offsets();
-        let writer = |i: usize| ((begins[i] as u128 * sharers as u128) / (data_len.max(1) as u128)) as usize;
+        // (An empty tensor at the very end belongs to the last: `begins` is the data's length.)
+        let writer =
+            |i: usize| (((begins[i] as u128 * sharers as u128) / (data_len.max(1) as u128)) as usize).min(sharers - 1);
         // 1. The host's first rank makes the file; every rank hears whether it could.
         let made = match rank == first {
             true => (|| -> std::io::Result<std::fs::File> {
@@ -522,17 +524,21 @@ impl Folder {
         let all = said("commit-shares", wrote.is_ok(), sample, mine.len() as u64)?;
         let shares_written = host.iter().all(|&r| all.get(r).and_then(|b| b.first()) == Some(&1));
         // Then, where every rank wrote its share, the checksums of every share, as long
-        // as the longest list (every rank knows each one's length from the exchange).
+        // as the longest list (every rank knows each one's length from the exchange), in
+        // records of at most `MAX_RECORD` bytes. (Alone, the first rank has them all.)
         let everyone = (0..all.len()).all(|r| all.get(r).and_then(|b| b.first()) == Some(&1));
         let most = (0..all.len()).map(|r| number(all.get(r), 1)).max().unwrap_or(0) as usize;
-        let lists = match everyone {
-            true => {
-                let mut listed: Vec<u8> = mine.iter().flat_map(|c| c.to_le_bytes()).collect();
-                listed.resize(4 * most, 0);
-                exchange("commit-checksums", &listed)?
+        let mut lists: Vec<Vec<u8>> = vec![Vec::new(); all.len()];
+        if everyone && !alone {
+            let mut listed: Vec<u8> = mine.iter().flat_map(|c| c.to_le_bytes()).collect();
+            listed.resize(4 * most, 0);
+            for (k, part) in listed.chunks(crate::backend::MAX_RECORD).enumerate() {
+                let parts = exchange(&format!("commit-checksums-{k}"), part)?;
+                for (list, part) in lists.iter_mut().zip(parts) {
+                    list.extend_from_slice(&part);
+                }
             }
-            false => Vec::new(),
-        };
+        }
         // The first rank's samples of the others' shares (from its own memory) must be
         // what they hashed: ranks that hold different values would make a copy whose
         // checksum can never match. (A sample, not the whole share: hashing every other
@@ -550,7 +556,8 @@ impl Folder {
                 .collect(),
             _ => Vec::new(),
         };
-        // Every tensor's CRC-32, the others' as they said (each with its length).
+        // Every tensor's CRC-32, the others' as they said (each with its length), or,
+        // where a rank elsewhere failed and none were sent, hashed from this rank's memory.
         let told = |crcs: Vec<Option<crc32fast::Hasher>>| -> std::io::Result<Vec<crc32fast::Hasher>> {
             let mut listed: Vec<std::vec::IntoIter<u32>> = host
                 .iter()
@@ -566,14 +573,15 @@ impl Folder {
                 .enumerate()
                 .map(|(i, own)| match own {
                     Some(crc) => Ok(crc),
+                    None if !everyone => {
+                        let mut crc = crc32fast::Hasher::new();
+                        crc.update(snap.tensors[i].3);
+                        Ok(crc)
+                    }
                     None => listed[writer(i)]
                         .next()
                         .map(|c| crc32fast::Hasher::new_with_initial_len(c, snap.tensors[i].3.len() as u64))
-                        .ok_or_else(|| {
-                            std::io::Error::other(
-                                "no checksums of a share of this host: a rank could not write its share",
-                            )
-                        }),
+                        .ok_or_else(|| std::io::Error::other("a rank of this host sent too few checksums")),
                 })
                 .collect()
         };
