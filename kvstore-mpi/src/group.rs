@@ -363,8 +363,8 @@ impl MpiGroup {
 
     /// Whether the last big sum (an array of a bucket or more) went host by host: the
     /// job runs on 2 machines or more, each with the same power of two (2 or more) of
-    /// consecutive ranks (see `kvstore_mpi`'s docs on hosts). The results are the same bits either
-    /// way.
+    /// consecutive ranks (see `kvstore_mpi`'s docs on hosts). The results are the same
+    /// bits either way.
     pub fn used_hosts(&self) -> bool {
         self.used_hosts.load(Ordering::Relaxed)
     }
@@ -919,8 +919,7 @@ impl MpiGroup {
     fn allreduce_big<W: Element + Equivalence + bytemuck::Pod>(&self, src: &NDArray, dst: &NDArray) -> Result<()> {
         let sum = |s: &[W], d: &mut [W]| {
             self.with_mpi(|mpi| {
-                let host_ranks = self.host_ranks;
-                let by_hosts = match mpi.hosts(host_ranks) {
+                let by_hosts = match mpi.hosts(self.host_ranks) {
                     Some(hosts) => {
                         hosts.sum(s, d);
                         true

@@ -24,6 +24,7 @@ use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 
 use crate::group::{all_gather_segments, reduce_scatter, scatter_sum, segment, with_scratch};
+use crate::shm::all_agree;
 
 /// The environment variable that makes blocks of that many consecutive ranks count as
 /// one host, instead of the ranks that share a machine: for tests and experiments of
@@ -59,13 +60,6 @@ pub(crate) struct Hosts {
 thread_local! {
     /// This host's sum of this rank's segment, before it crosses the network.
     static PARTIAL: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Whether every rank says `ok` (a min-allreduce over the world).
-fn all_agree(world: &SimpleCommunicator, ok: bool) -> bool {
-    let mut all = 0i32;
-    world.all_reduce_into(&i32::from(ok), &mut all, SystemOperation::min());
-    all == 1
 }
 
 /// `(min, max)` of `x` over the ranks of `comm`.

@@ -75,7 +75,7 @@ pub(crate) struct NodeWindow {
 }
 
 /// Whether every rank agrees that `ok` (a min-allreduce over the world).
-fn all_agree(world: &SimpleCommunicator, ok: bool) -> bool {
+pub(crate) fn all_agree(world: &SimpleCommunicator, ok: bool) -> bool {
     let mut all = 0i32;
     world.all_reduce_into(&i32::from(ok), &mut all, SystemOperation::min());
     all == 1

@@ -522,11 +522,12 @@ impl Folder {
             .map_or_else(|_| Vec::new(), |crcs| crcs.iter().flatten().map(|c| c.clone().finalize()).collect());
         let sample = if wrote.is_ok() { sample_of(share) } else { 0 };
         let all = said("commit-shares", wrote.is_ok(), sample, mine.len() as u64)?;
-        let shares_written = host.iter().all(|&r| all.get(r).and_then(|b| b.first()) == Some(&1));
+        let wrote_at = |r: usize| all.get(r).and_then(|b| b.first()) == Some(&1);
+        let shares_written = host.iter().all(|&r| wrote_at(r));
         // Then, where every rank wrote its share, the checksums of every share, as long
         // as the longest list (every rank knows each one's length from the exchange), in
         // records of at most `MAX_RECORD` bytes. (Alone, the first rank has them all.)
-        let everyone = (0..all.len()).all(|r| all.get(r).and_then(|b| b.first()) == Some(&1));
+        let everyone = (0..all.len()).all(wrote_at);
         let most = (0..all.len()).map(|r| number(all.get(r), 1)).max().unwrap_or(0) as usize;
         let mut lists: Vec<Vec<u8>> = vec![Vec::new(); all.len()];
         if everyone && !alone {
@@ -547,11 +548,7 @@ impl Folder {
             (Ok(_), true) => host
                 .iter()
                 .enumerate()
-                .filter(|&(member, &r)| {
-                    member != share
-                        && all.get(r).and_then(|b| b.first()) == Some(&1)
-                        && sample_of(member) != number(all.get(r), 0)
-                })
+                .filter(|&(member, &r)| member != share && wrote_at(r) && sample_of(member) != number(all.get(r), 0))
                 .map(|(_, &r)| r)
                 .collect(),
             _ => Vec::new(),
