@@ -438,15 +438,18 @@ fn read_wire<W: Element>(a: &NDArray) -> Result<Vec<W>> {
     if a.dtype() == W::DTYPE { a.with_data(|s: &[W]| s.to_vec()) } else { a.to_vec::<W>() }
 }
 
-/// Writes the summed elements `part` (`len` of them, on the wire) into `dst` from
-/// element `off` on; f16/bf16 round each value as `NDArray::as_type` does.
-fn store_piece<W: Element>(dst: &NDArray, off: usize, len: usize, part: impl Iterator<Item = W>) -> Result<()> {
+/// Writes `len` summed elements (on the wire), which `fill` writes, into `dst` from
+/// element `off` on: straight into its memory, or, for f16/bf16, into a buffer first,
+/// each value then rounded as `NDArray::as_type` does.
+fn store_piece<W: Element>(dst: &NDArray, off: usize, len: usize, fill: impl FnOnce(&mut [W])) -> Result<()> {
     fn narrow<W: Element, T: Element>(
         dst: &NDArray,
         off: usize,
         len: usize,
-        part: impl Iterator<Item = W>,
+        fill: impl FnOnce(&mut [W]),
     ) -> Result<()> {
+        let mut part = vec![W::default(); len];
+        fill(&mut part);
         dst.with_data_mut(|d: &mut [T]| {
             for (o, x) in d[off..off + len].iter_mut().zip(part) {
                 *o = T::from_f64(x.to_f64());
@@ -454,14 +457,10 @@ fn store_piece<W: Element>(dst: &NDArray, off: usize, len: usize, part: impl Ite
         })
     }
     match dst.dtype() {
-        d if d == W::DTYPE => dst.with_data_mut(|d: &mut [W]| {
-            for (o, x) in d[off..off + len].iter_mut().zip(part) {
-                *o = x;
-            }
-        }),
+        d if d == W::DTYPE => dst.with_data_mut(|d: &mut [W]| fill(&mut d[off..off + len])),
         // f16/bf16 travel as f32: only the summed piece is converted back.
-        DType::F16 => narrow::<W, f16>(dst, off, len, part),
-        DType::BF16 => narrow::<W, bf16>(dst, off, len, part),
+        DType::F16 => narrow::<W, f16>(dst, off, len, fill),
+        DType::BF16 => narrow::<W, bf16>(dst, off, len, fill),
         d => Err(Error::Internal(format!("mpi: {d} does not travel as {}", W::DTYPE))),
     }
 }
@@ -815,16 +814,51 @@ fn wait_data<'a, D: ?Sized, S: Scope<'a>>(mut request: Request<'a, D, S>) -> &'a
     }
 }
 
-/// Writes the sums of `parts` (by rank) into `out`, in [`tree_sum`]'s order
-/// ([`tree_of`]'s), without a buffer on 2 ranks.
-fn tree_into<W: Element>(parts: &[&[W]], out: &mut [W]) {
+/// Writes the sums of `parts` (by rank) into `out`, in [`tree_sum`]'s order: the
+/// largest power of two of ranks below their number on the left, the rest on the right,
+/// each summed alike ((a0 + a1) + a2 on 3 ranks, ((a0 + a1) + (a2 + a3)) + a4 on 5).
+/// Straight into `out` on 2 ranks; on more, [`TREE_CHUNK`] elements at a time, each
+/// level's right-hand sums in a buffer on the stack (no allocation, and the partial
+/// sums stay in the cache).
+pub(crate) fn tree_into<W: Element>(parts: &[&[W]], out: &mut [W]) {
     match parts {
-        [a, b] => {
-            for ((o, &x), &y) in out.iter_mut().zip(*a).zip(*b) {
-                *o = W::from_acc(W::acc_add(x.to_acc(), y.to_acc()));
+        [one] => out.copy_from_slice(&one[..out.len()]),
+        [a, b] => add_into(a, b, out),
+        _ => {
+            for (i, chunk) in out.chunks_mut(TREE_CHUNK).enumerate() {
+                tree_chunk(parts, i * TREE_CHUNK, chunk);
             }
         }
-        _ => out.copy_from_slice(&tree_of(parts)),
+    }
+}
+
+/// The elements [`tree_into`] sums at a time on 3 or more ranks.
+const TREE_CHUNK: usize = 1024;
+
+/// [`tree_into`] of the elements `at..at + out.len()` of `parts` (at most
+/// [`TREE_CHUNK`]).
+fn tree_chunk<W: Element>(parts: &[&[W]], at: usize, out: &mut [W]) {
+    let range = at..at + out.len();
+    match parts {
+        [one] => out.copy_from_slice(&one[range]),
+        [a, b] => add_into(&a[range.clone()], &b[range], out),
+        _ => {
+            let left = parts.len().next_power_of_two() / 2;
+            tree_chunk(&parts[..left], at, out);
+            let mut right = [W::default(); TREE_CHUNK];
+            let right = &mut right[..out.len()];
+            tree_chunk(&parts[left..], at, right);
+            for (o, &y) in out.iter_mut().zip(&*right) {
+                *o = W::from_acc(W::acc_add(o.to_acc(), y.to_acc()));
+            }
+        }
+    }
+}
+
+/// `out = a + b`, element by element, rounded once.
+fn add_into<W: Element>(a: &[W], b: &[W], out: &mut [W]) {
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        *o = W::from_acc(W::acc_add(x.to_acc(), y.to_acc()));
     }
 }
 
@@ -885,28 +919,14 @@ fn pack<W: Element>(
 /// summed as [`tree_sum`] sums, so a key gets the same bits whichever path it took.
 fn store_sums<W: Element>(pairs: &[(&NDArray, &NDArray)], pieces: &[Piece], slots: &[&[W]]) -> Result<()> {
     let mut at = 0;
+    let mut parts = Vec::with_capacity(slots.len());
     for &(p, off, len) in pieces {
-        let parts: Vec<&[W]> = slots.iter().map(|s| &s[at..at + len]).collect();
-        if let [a, b] = parts[..] {
-            let sum = a.iter().zip(b).map(|(&x, &y)| W::from_acc(W::acc_add(x.to_acc(), y.to_acc())));
-            store_piece::<W>(pairs[p].1, off, len, sum)?;
-        } else {
-            store_piece::<W>(pairs[p].1, off, len, tree_of(&parts).into_iter())?;
-        }
+        parts.clear();
+        parts.extend(slots.iter().map(|s| &s[at..at + len]));
+        store_piece::<W>(pairs[p].1, off, len, |out| tree_into(&parts, out))?;
         at += len;
     }
     Ok(())
-}
-
-/// The sums of `parts` (by rank) in [`tree_sum`]'s order: the largest power of two of
-/// ranks below their number on the left, the rest on the right, each summed alike ((a0 + a1) + a2 on 3 ranks, ((a0 + a1) + (a2 + a3)) + a4 on 5).
-fn tree_of<W: Element>(parts: &[&[W]]) -> Vec<W> {
-    if let [one] = parts {
-        return one.to_vec();
-    }
-    let left = parts.len().next_power_of_two() / 2;
-    let (l, r) = (tree_of(&parts[..left]), tree_of(&parts[left..]));
-    l.iter().zip(&r).map(|(&x, &y)| W::from_acc(W::acc_add(x.to_acc(), y.to_acc()))).collect()
 }
 
 /// Elements per MPI call, within MPI's `int` counts.
@@ -1013,8 +1033,7 @@ impl MpiGroup {
             let mut at = 0;
             for &(p, off, len) in pending {
                 let (a, b) = (&lo[at..at + len], &hi[at..at + len]);
-                let sum = a.iter().zip(b).map(|(&x, &y)| W::from_acc(W::acc_add(x.to_acc(), y.to_acc())));
-                store_piece::<W>(pairs[p].1, off, len, sum)?;
+                store_piece::<W>(pairs[p].1, off, len, |out| add_into(a, b, out))?;
                 at += len;
             }
             return Ok(());
@@ -1022,7 +1041,7 @@ impl MpiGroup {
         self.with_world(|w| tree_sum(w, send, &mut *recv))?;
         let mut at = 0;
         for &(p, off, len) in pending {
-            store_piece::<W>(pairs[p].1, off, len, recv[at..at + len].iter().copied())?;
+            store_piece::<W>(pairs[p].1, off, len, |out| out.copy_from_slice(&recv[at..at + len]))?;
             at += len;
         }
         Ok(())
@@ -1379,5 +1398,47 @@ pub(crate) mod watchdog {
         if let Err(e) = spawned {
             eprintln!("kvstore-mpi: the stall watchdog could not start ({e}): a stuck worker would hold up the job");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{TREE_CHUNK, tree_into};
+
+    /// The tree's definition, one level at a time, each level's sums in a vector of
+    /// their own (what `tree_into` computes without allocating).
+    fn tree_by_levels(parts: &[Vec<f32>]) -> Vec<f32> {
+        if let [one] = parts {
+            return one.clone();
+        }
+        let left = parts.len().next_power_of_two() / 2;
+        let (l, r) = (tree_by_levels(&parts[..left]), tree_by_levels(&parts[left..]));
+        l.iter().zip(&r).map(|(x, y)| x + y).collect()
+    }
+
+    #[test]
+    fn a_tree_sum_of_any_number_of_ranks_and_length_has_the_bits_of_its_tree() {
+        // Values of mixed magnitudes, so that another order of the sum has other bits.
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut value = || {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            let m = (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            m * 10f32.powi(((seed >> 20) % 9) as i32 - 4)
+        };
+        let mut differs_from_left_to_right = false;
+        for ranks in 1..=9 {
+            for len in [0, 1, 7, TREE_CHUNK - 1, TREE_CHUNK, 2 * TREE_CHUNK + 3] {
+                let parts: Vec<Vec<f32>> = (0..ranks).map(|_| (0..len).map(|_| value()).collect()).collect();
+                let slices: Vec<&[f32]> = parts.iter().map(Vec::as_slice).collect();
+                let mut out = vec![f32::NAN; len];
+                tree_into(&slices, &mut out);
+                let want = tree_by_levels(&parts);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&out), bits(&want), "{ranks} ranks, {len} elements");
+                let in_order: Vec<f32> = (0..len).map(|i| parts.iter().map(|p| p[i]).fold(0.0, |a, b| a + b)).collect();
+                differs_from_left_to_right |= bits(&in_order) != bits(&want);
+            }
+        }
+        assert!(differs_from_left_to_right, "the values should make the order of the sum matter");
     }
 }

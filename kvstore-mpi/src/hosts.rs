@@ -6,7 +6,7 @@
 //! [`scatter_sum`] over 2 hosts of 2 ranks carries twice that, since each rank sends
 //! its pieces to both ranks of the other host and gets their sums back.
 //!
-//! Same bits: [`scatter_sum`] sums every element up [`tree_of`]'s fixed tree of the
+//! Same bits: [`scatter_sum`] sums every element up [`tree_into`]'s fixed tree of the
 //! ranks (the largest power of two of ranks on the left). Where every host holds the
 //! same power of two `k` of consecutive ranks, starting at a multiple of `k`, each host
 //! is a subtree of that tree, and the tree over the hosts' sums is the rest of it: the
@@ -14,7 +14,7 @@
 //! host, ranks dealt to hosts in turn by `--map-by node`, hosts of unequal size) sums
 //! flat, which is correct everywhere.
 //!
-//! [`tree_of`]: crate::group::tree_of
+//! [`tree_into`]: crate::group::tree_into
 //! [`scatter_sum`]: crate::group::scatter_sum
 
 use kvstore_core::{Element, Error, Result};
