@@ -323,8 +323,16 @@ fn get_bytes<'m>(m: &mut &'m [u8]) -> Result<&'m [u8]> {
 /// A part's value and optimizer state on its owner (its `slot`): the value, then (if it
 /// has one) the update count, the state arrays and the master copy.
 fn snapshot(slot: &Slot) -> Result<Vec<u8>> {
+    // Its length first: grown as it is written, the buffer of a part of megabytes was
+    // copied at each doubling, into memory that faulted page by page.
+    let sized = |a: &NDArray| 8 + a.size() * a.dtype().size();
+    let state = slot
+        .opt
+        .as_ref()
+        .map_or(0, |st| 8 + 4 + st.states.iter().map(sized).sum::<usize>() + 1 + st.master.as_ref().map_or(0, sized));
+    let mut out = Vec::with_capacity(1 + sized(&slot.value) + 1 + state);
     // The status byte first, as every answer.
-    let mut out = vec![0];
+    out.push(0);
     put_array(&mut out, &slot.value)?;
     match &slot.opt {
         None => out.push(0),
