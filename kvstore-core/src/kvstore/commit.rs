@@ -34,8 +34,9 @@
 //! A `dist_async` store's keys live with their owners: at a commit, every rank waits for
 //! its calls and meets the others; then the first rank of each host gathers the whole
 //! store from the owners into a local store (`Store::gathered`, as `save_checkpoint`
-//! does; no push runs meanwhile, every rank being in the commit) and writes the host's
-//! copy alone (`Writing::alone`), while the host's other ranks write their `extra`. The
+//! does; no push runs meanwhile, every rank being in the commit; kept for the next
+//! commit to gather into, its memory in place) and writes the host's copy alone
+//! (`Writing::alone`), while the host's other ranks write their `extra`. The
 //! ranks agree through [`Peers`] (exchanges by request, `Shards::exchange`). A restore
 //! loads the copy into a local store and puts each rank's parts into its share
 //! (`Store::install_loaded`), at any number of ranks.
@@ -277,13 +278,17 @@ struct Writing<'a> {
 type Found = (Option<(u64, Vec<u8>)>, Option<String>);
 
 /// The folder of a job's store.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(super) struct Folder {
     path: PathBuf,
     uid: u32,
     /// The ranks whose folder this same folder is (their host's `/dev/shm`), in order,
     /// found at the first commit ([`Folder::host`]).
     host: std::sync::OnceLock<Vec<usize>>,
+    /// A `dist_async` store's last gathered copy, on the first rank of a host: the next
+    /// commit gathers into its arrays (their memory in place, as the spare file's), where
+    /// new arrays of hundreds of megabytes faulted in page by page at every commit.
+    gathered: parking_lot::Mutex<Option<KVStore>>,
 }
 
 impl Folder {
@@ -302,7 +307,7 @@ impl Folder {
         };
         let path = jobs.join(name);
         own_folder(&path, uid)?;
-        Ok(Some(Folder { path, uid, host: std::sync::OnceLock::new() }))
+        Ok(Some(Folder { path, uid, host: std::sync::OnceLock::new(), gathered: parking_lot::Mutex::new(None) }))
     }
 
     fn file(&self, step: u64, rank: usize, ranks: usize) -> PathBuf {
@@ -1025,11 +1030,16 @@ impl Store {
                     // rank of each host (no push runs: every rank is in this commit),
                     // which writes the host's copy alone; the others write their extra.
                     Some(remote) => folder.host(group).and_then(|host| {
-                        let copy = match host.first() == Some(&rank) {
-                            true => self.gathered(remote)?,
+                        let first = host.first() == Some(&rank);
+                        let copy = match first {
+                            true => self.gathered(remote, folder.gathered.lock().take())?,
                             false => KVStore::internal_local()?,
                         };
-                        copy.store.snapshot(OP, &mut write)
+                        let wrote = copy.store.snapshot(OP, &mut write);
+                        if first && wrote.is_ok() {
+                            *folder.gathered.lock() = Some(copy);
+                        }
+                        wrote
                     }),
                 };
                 match (wrote, snapshot) {

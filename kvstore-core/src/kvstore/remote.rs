@@ -752,13 +752,59 @@ struct Gathered {
     state: Option<KeyState>,
 }
 
+/// One part of a key as its owner holds it: the value's bytes and its optimizer state's.
+struct PartOf<'a> {
+    value: &'a [u8],
+    state: Option<PartState<'a>>,
+}
+
+/// A part's optimizer state: the update count, the state arrays' bytes and the master
+/// copy's.
+type PartState<'a> = (u64, Vec<&'a [u8]>, Option<&'a [u8]>);
+
+impl<'a> PartOf<'a> {
+    /// A part from its owner's reply ([`snapshot`]'s bytes, after the status byte).
+    fn parse(mut m: &'a [u8]) -> Result<Self> {
+        let value = get_bytes(&mut m)?;
+        if take(&mut m, 1)?[0] == 0 {
+            return Ok(PartOf { value, state: None });
+        }
+        let count = u64::from_le_bytes(take(&mut m, 8)?.try_into().unwrap_or_default());
+        let n = u32_of(take(&mut m, 4)?) as usize;
+        let states = (0..n).map(|_| get_bytes(&mut m)).collect::<Result<_>>()?;
+        let master = match take(&mut m, 1)?[0] {
+            1 => Some(get_bytes(&mut m)?),
+            _ => None,
+        };
+        Ok(PartOf { value, state: Some((count, states, master)) })
+    }
+
+    /// This worker's own part, read from its slot (no copy of it first), handed to `f`.
+    fn read<T>(slot: &Slot, f: impl FnOnce(&PartOf<'_>) -> Result<T>) -> Result<T> {
+        let value = slot.value.read()?;
+        let Some(st) = &slot.opt else { return f(&PartOf { value: value.bytes(), state: None }) };
+        let states = st.states.iter().map(NDArray::read).collect::<Result<Vec<_>>>()?;
+        let master = st.master.as_ref().map(NDArray::read).transpose()?;
+        f(&PartOf {
+            value: value.bytes(),
+            state: Some((st.count, states.iter().map(|s| s.bytes()).collect(), master.as_ref().map(|m| m.bytes()))),
+        })
+    }
+}
+
 impl Shards {
     /// `key`'s value and optimizer state from its owners (each part's, put together in
-    /// the key's shape; a split key's update count is its parts' largest).
-    fn gather(&self, key: &Key, shape: &[usize], dtype: DType) -> Result<Gathered> {
-        let value = NDArray::zeros_with(shape, dtype, Context::default())?;
+    /// the key's shape; a split key's update count is its parts' largest), written into
+    /// `kept`'s arrays where they fit (the key as an earlier gather made it), else into
+    /// new ones.
+    fn gather(&self, key: &Key, shape: &[usize], dtype: DType, kept: Option<Gathered>) -> Result<Gathered> {
+        let fits = |a: &NDArray, dtype: DType| a.shape() == shape && a.dtype() == dtype;
+        let (value, mut spare) = match kept {
+            Some(k) if fits(&k.value, dtype) => (k.value, k.state),
+            _ => (NDArray::zeros_with(shape, dtype, Context::default())?, None),
+        };
         let parts = self.parts(key, value.size());
-        // This worker's own parts read from its share directly, the others' requested.
+        // The others' parts requested; this worker's own read from its share directly.
         let me = self.rank();
         let requests: Vec<(usize, Vec<u8>)> = parts
             .iter()
@@ -766,61 +812,99 @@ impl Shards {
             .map(|p| (p.owner, request(SNAPSHOT, &p.name, dtype, &[], &[])))
             .collect();
         let mut theirs = self.call(key, requests, &mut || {})?.into_iter();
-        let replies: Vec<Vec<u8>> = parts
-            .iter()
-            .map(|p| match p.owner == me {
-                true => with_slot(&self.server, "save_checkpoint", &p.name, snapshot),
-                false => theirs.next().ok_or_else(|| Error::Internal(format!("dist_async: no reply for \"{key}\""))),
-            })
-            .collect::<Result<_>>()?;
         let state_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
         let mut state: Option<KeyState> = None;
         let bad = || Error::Internal(format!("dist_async: the owners' states of key \"{key}\" do not fit together"));
+        // The parts whose owner has no state, or no master copy: their ranges of those
+        // arrays are zeros (and with no master copy in any part, the key has none).
+        let (mut stateless, mut masterless, mut with_master) = (Vec::new(), Vec::new(), false);
         {
             let mut w = value.overwrite()?;
             let out = w.bytes_mut();
             let esize = dtype.size();
-            for (part, reply) in parts.iter().zip(&replies) {
-                let mut m = &reply[1..];
-                let bytes = get_bytes(&mut m)?;
+            for part in &parts {
                 let range = part.start * esize..(part.start + part.len) * esize;
-                out.get_mut(range).ok_or_else(bad)?.copy_from_slice(bytes);
-                if take(&mut m, 1)?[0] == 0 {
-                    continue;
-                }
-                let count = u64::from_le_bytes(take(&mut m, 8)?.try_into().unwrap_or_default());
-                let n = u32_of(take(&mut m, 4)?) as usize;
-                let st = match &mut state {
-                    Some(st) => st,
-                    None => state.insert(KeyState {
-                        count: 0,
-                        states: (0..n)
-                            .map(|_| NDArray::zeros_with(shape, state_dtype, Context::default()))
-                            .collect::<Result<_>>()?,
-                        master: None,
-                    }),
-                };
-                if st.states.len() != n {
-                    return Err(bad());
-                }
-                st.count = st.count.max(count);
-                let ssize = state_dtype.size();
-                let srange = part.start * ssize..(part.start + part.len) * ssize;
-                for a in &st.states {
-                    let bytes = get_bytes(&mut m)?;
-                    a.write()?.bytes_mut().get_mut(srange.clone()).ok_or_else(bad)?.copy_from_slice(bytes);
-                }
-                if take(&mut m, 1)?[0] == 1 {
-                    let bytes = get_bytes(&mut m)?;
+                let mut fill = |part_of: &PartOf<'_>| -> Result<()> {
+                    out.get_mut(range.clone()).ok_or_else(bad)?.copy_from_slice(part_of.value);
+                    let Some((count, states, master)) = &part_of.state else {
+                        stateless.push(part.start..part.start + part.len);
+                        return Ok(());
+                    };
+                    let st = match &mut state {
+                        Some(st) => st,
+                        None => state.insert(match spare.take() {
+                            // The kept arrays, when they are as many, of the same kind.
+                            Some(k)
+                                if k.states.len() == states.len() && k.states.iter().all(|a| fits(a, state_dtype)) =>
+                            {
+                                KeyState {
+                                    count: 0,
+                                    states: k.states,
+                                    master: k.master.filter(|m| fits(m, DType::F32)),
+                                }
+                            }
+                            _ => KeyState {
+                                count: 0,
+                                states: (0..states.len())
+                                    .map(|_| NDArray::zeros_with(shape, state_dtype, Context::default()))
+                                    .collect::<Result<_>>()?,
+                                master: None,
+                            },
+                        }),
+                    };
+                    if st.states.len() != states.len() {
+                        return Err(bad());
+                    }
+                    st.count = st.count.max(*count);
+                    let ssize = state_dtype.size();
+                    let srange = part.start * ssize..(part.start + part.len) * ssize;
+                    for (a, bytes) in st.states.iter().zip(states) {
+                        a.write()?.bytes_mut().get_mut(srange.clone()).ok_or_else(bad)?.copy_from_slice(bytes);
+                    }
+                    let Some(bytes) = master else {
+                        masterless.push(part.start..part.start + part.len);
+                        return Ok(());
+                    };
+                    with_master = true;
                     let master = match &mut st.master {
                         Some(a) => a,
                         None => st.master.insert(NDArray::zeros_with(shape, DType::F32, Context::default())?),
                     };
                     let frange = part.start * 4..(part.start + part.len) * 4;
                     master.write()?.bytes_mut().get_mut(frange).ok_or_else(bad)?.copy_from_slice(bytes);
+                    Ok(())
+                };
+                if part.owner == me {
+                    with_slot(&self.server, "save_checkpoint", &part.name, |slot| PartOf::read(slot, &mut fill))?;
+                } else {
+                    let reply =
+                        theirs.next().ok_or_else(|| Error::Internal(format!("dist_async: no reply for \"{key}\"")))?;
+                    fill(&PartOf::parse(&reply[1..])?)?;
                 }
             }
             w.finish()?;
+        }
+        // Kept arrays hold an earlier gather's values: the ranges no part wrote are zeroed,
+        // as new arrays are.
+        if let Some(st) = &mut state {
+            if !with_master {
+                st.master = None;
+            }
+            let zero = |a: &NDArray, range: &std::ops::Range<usize>| -> Result<()> {
+                let size = a.dtype().size();
+                a.write()?.bytes_mut()[range.start * size..range.end * size].fill(0);
+                Ok(())
+            };
+            for range in &stateless {
+                for a in st.states.iter().chain(&st.master) {
+                    zero(a, range)?;
+                }
+            }
+            if let Some(master) = &st.master {
+                for range in &masterless {
+                    zero(master, range)?;
+                }
+            }
         }
         Ok(Gathered { value, state })
     }
@@ -892,10 +976,20 @@ impl super::Store {
     /// The whole store as its keys' owners hold it, in a local store: every key's value
     /// and optimizer state, gathered from their owners, with the optimizer. (The caller
     /// makes sure no push runs meanwhile.)
-    pub(super) fn gathered(&self, remote: &Shards) -> Result<KVStore> {
+    pub(super) fn gathered(&self, remote: &Shards, kept: Option<KVStore>) -> Result<KVStore> {
         let copy = KVStore::internal_local()?;
         for e in &self.entries() {
-            let g = remote.gather(&e.key, e.shape(), e.dtype)?;
+            // The kept copy's arrays of the key, written over (their memory in place).
+            let reused = kept.as_ref().and_then(|k| k.store.find(&e.key)).map(|k| {
+                let slot = k.value.read();
+                let state = slot.opt.as_ref().map(|st| KeyState {
+                    count: st.count,
+                    states: st.states.clone(),
+                    master: st.master.clone(),
+                });
+                Gathered { value: slot.value.clone(), state }
+            });
+            let g = remote.gather(&e.key, e.shape(), e.dtype, reused)?;
             // The gathered arrays become the copy's (no copy of them).
             let mut slot = Slot::new(g.value, 0);
             slot.opt = g.state;
@@ -994,7 +1088,7 @@ impl KVStore {
         let _held = held_for_gather(&entries);
         remote.barrier()?;
         let saved = match remote.rank() {
-            0 => self.store.gathered(remote).and_then(|copy| copy.save_checkpoint(path)),
+            0 => self.store.gathered(remote, None).and_then(|copy| copy.save_checkpoint(path)),
             _ => Ok(()),
         };
         let met = remote.barrier();
