@@ -99,3 +99,25 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Re-exported so that users name `f16` and `bf16` elements without a direct dependency.
 pub use half::{bf16, f16};
+
+/// Writes `line` and a newline to standard error in one `write` call. The ranks of a
+/// job share their terminal or pipe, and `eprintln!` writes a line in pieces, so
+/// that another rank's output could land inside it; a line of up to 4 KiB written
+/// whole to a pipe is never split. What the crates of this workspace say on standard
+/// error goes through it ([`say!`]).
+#[doc(hidden)]
+pub fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut text = line.to_string();
+    text.push('\n');
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// `eprintln!`, written in one `write` call ([`say`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::say(format_args!($($arg)*))
+    };
+}

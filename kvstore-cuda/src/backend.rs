@@ -195,7 +195,7 @@ impl Device {
             Err(e) => {
                 static SAID: std::sync::Once = std::sync::Once::new();
                 SAID.call_once(|| {
-                    eprintln!("kvstore-cuda: no GPU kernels ({e}); sums and updates stage through host memory")
+                    kvstore_core::say!("kvstore-cuda: no GPU kernels ({e}); sums and updates stage through host memory")
                 });
                 None
             }
@@ -266,7 +266,7 @@ impl Drop for CudaBuffer {
         // it is dropped, so the work queued on it must be done first.
         let _ = data.leak();
         if let Err(e) = self.device.sync() {
-            eprintln!("kvstore-cuda: giving back a tensor's memory: {e}");
+            kvstore_core::say!("kvstore-cuda: giving back a tensor's memory: {e}");
         }
         drop(self.owner.take());
     }
@@ -372,7 +372,7 @@ fn launch_config(work: u64) -> LaunchConfig {
 /// failure (only of a broken context) is reported on stderr, as drops cannot return it.
 fn bind(what: &str, ctx: &CudaContext) {
     if let Err(e) = ctx.bind_to_thread() {
-        eprintln!("kvstore-cuda: {what}: {e}");
+        kvstore_core::say!("kvstore-cuda: {what}: {e}");
     }
 }
 

@@ -112,7 +112,7 @@ pub(crate) fn abort_job(code: i32) {
 
 extern "C" fn abort_unless_finalized() {
     if MPI.get().is_some() && !FINALIZED.load(Ordering::SeqCst) {
-        eprintln!("kvstore-mpi: this rank exits without kvstore_mpi::finalize(): aborting the MPI job");
+        kvstore_core::say!("kvstore-mpi: this rank exits without kvstore_mpi::finalize(): aborting the MPI job");
         abort_job(1);
     }
 }
@@ -167,7 +167,7 @@ pub fn finalize() -> Result<()> {
         // Then the timeline's files, merged on rank 0 (where it was on). A trace that
         // could not be merged is said, and the job still ends as it would have.
         if let Err(e) = kvstore_core::backend::finish_timeline(&**group) {
-            eprintln!("kvstore: rank {}: the timeline was not merged: {e}", group.rank());
+            kvstore_core::say!("kvstore: rank {}: the timeline was not merged: {e}", group.rank());
         }
     }
     let mut mpi = shared.0.lock().take().ok_or_else(finalised)?;
@@ -294,7 +294,7 @@ pub fn group() -> Result<Arc<MpiGroup>> {
     std::panic::set_hook(Box::new(move |info| {
         previous(info);
         if !FINALIZED.load(Ordering::SeqCst) {
-            eprintln!("kvstore-mpi: a panic on this rank aborts the MPI job");
+            kvstore_core::say!("kvstore-mpi: a panic on this rank aborts the MPI job");
             abort_job(101);
         }
     }));
@@ -1396,7 +1396,9 @@ pub(crate) mod watchdog {
             }
         });
         if let Err(e) = spawned {
-            eprintln!("kvstore-mpi: the stall watchdog could not start ({e}): a stuck worker would hold up the job");
+            kvstore_core::say!(
+                "kvstore-mpi: the stall watchdog could not start ({e}): a stuck worker would hold up the job"
+            );
         }
     }
 }

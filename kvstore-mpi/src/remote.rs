@@ -195,7 +195,7 @@ pub(crate) fn finish() -> Result<()> {
 impl MpiRemote {
     /// Ends the job: this rank waited the job's timeout for `what`.
     fn give_up(&self, what: &str) {
-        eprintln!(
+        kvstore_core::say!(
             "kvstore-mpi: rank {} waited {:.0} s for {what} (KVSTORE_TIMEOUT): ending the MPI job{}{}",
             self.group.rank(),
             self.group.timeout().as_secs_f64(),

@@ -187,6 +187,59 @@ fn replacing_the_updater_waits_for_pushes_in_flight_which_finish_with_theirs() {
     assert_eq!(kv.optimizer_name(), Some("sgd"));
 }
 
+// ----- the ranks' lines on a shared standard error -----
+
+/// Lines that two processes say at once on one pipe (as the ranks of a job share
+/// their terminal) arrive whole: `say!` writes a line in one call, where `eprintln!`
+/// writes it in pieces that the other process's lines could land between.
+#[test]
+fn lines_said_by_two_processes_at_once_on_one_pipe_arrive_whole() {
+    let (mut reader, writer) = std::io::pipe().expect("pipe");
+    let children: Vec<std::process::Child> = (0..2)
+        .map(|r| {
+            let mut cmd = std::process::Command::new(std::env::current_exe().expect("test binary"));
+            cmd.args(["--exact", "hostile::say_child", "--ignored", "--nocapture", "--test-threads", "1"]);
+            cmd.env("KVSTORE_HOSTILE_CHILD", r.to_string());
+            cmd.stdout(std::process::Stdio::null()).stderr(writer.try_clone().expect("writer"));
+            cmd.spawn().expect("child")
+        })
+        .collect();
+    drop(writer);
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut reader, &mut text).expect("read");
+    for mut child in children {
+        assert!(child.wait().expect("wait").success(), "a child failed: {text}");
+    }
+    let mut seen = [0usize; 2];
+    for line in text.lines() {
+        let r: usize = line
+            .strip_prefix("kvstore: rank ")
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|r| r.parse().ok())
+            .unwrap_or_else(|| panic!("a line not whole: {line:?}"));
+        assert_eq!(line, said_line(r, seen[r]), "a line not whole");
+        seen[r] += 1;
+    }
+    assert_eq!(seen, [SAID; 2], "every line of both processes");
+}
+
+/// How many lines [`say_child`] says.
+const SAID: usize = 3000;
+
+fn said_line(rank: usize, i: usize) -> String {
+    format!("kvstore: rank {rank} says line {i} of {SAID}, {} and its end", "-".repeat(i % 97))
+}
+
+#[test]
+#[ignore = "run by lines_said_by_two_processes_at_once_on_one_pipe_arrive_whole in a child process"]
+fn say_child() {
+    let rank: usize = std::env::var("KVSTORE_HOSTILE_CHILD").expect("run by its parent test").parse().expect("rank");
+    for i in 0..SAID {
+        kvstore_core::say!("kvstore: rank {rank} says line {i} of {SAID}, {} and its end", "-".repeat(i % 97));
+    }
+    assert_eq!(said_line(rank, 0), format!("kvstore: rank {rank} says line 0 of {SAID},  and its end"));
+}
+
 // ----- all-or-nothing pushes under allocation failure (item 3) -----
 
 /// Runs the ignored test `name` of this binary in a child process and returns its output.

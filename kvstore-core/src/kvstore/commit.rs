@@ -1085,7 +1085,7 @@ impl Store {
             if let Some(why) = why
                 && self.peers().is_none_or(|g| g.rank() == 0)
             {
-                eprintln!("kvstore: {why}; restoring the commit of step {step} instead");
+                crate::say!("kvstore: {why}; restoring the commit of step {step} instead");
             }
         };
         let Some(group) = self.peers() else {
@@ -1146,7 +1146,7 @@ impl Store {
         let step = newest - 1;
         // A rank that passed over a newer commit says so once (rank 0 for all).
         if (0..all.len()).any(|r| all[r].get(16) == Some(&2)) && group.rank() == 0 {
-            eprintln!(
+            crate::say!(
                 "kvstore: a newer commit than step {step} has no whole copy on some host{}; restoring step {step}",
                 why.as_ref().map_or(String::new(), |w| format!(" ({w})"))
             );
@@ -1180,7 +1180,7 @@ impl Store {
         let commit = commit?;
         // Said once, by rank 0: what the job resumed from (kvstore-run's output shows it).
         if self.peers().is_none_or(|g| g.rank() == 0) {
-            eprintln!(
+            crate::say!(
                 "kvstore: restored the commit of step {step} ({:.1} MB) in {:.0} ms",
                 bytes.len() as f64 / 1e6,
                 began.elapsed().as_secs_f64() * 1e3
@@ -1200,7 +1200,7 @@ impl Store {
         // A rank's residuals are what its own pushes did not send: on another number of
         // ranks, the pushes are other ranks' too.
         let other_ranks = |then: usize| {
-            eprintln!(
+            crate::say!(
                 "kvstore: rank {rank}'s gradient-compression residuals of step {step} were of a job of {then} ranks, \
                  not {ranks}: they start again at zero"
             );
@@ -1218,7 +1218,7 @@ impl Store {
                         Some(own) => format!("were of a job of {} ranks, not {ranks}", own.ranks),
                         None => "are on no host of the job".to_string(),
                     };
-                    eprintln!(
+                    crate::say!(
                         "kvstore: rank {rank}'s share's optimizer counters of step {step} {why}: it starts from rank \
                          {}'s",
                         commit.rank
@@ -1235,7 +1235,7 @@ impl Store {
         let Some(Record { extra, residuals, ranks: then, .. }) = own else {
             match (commit.residuals.is_empty(), commit.ranks == ranks) {
                 (true, _) => {}
-                (false, true) => eprintln!(
+                (false, true) => crate::say!(
                     "kvstore: rank {rank} has no record of its own of step {step} on any host of the job (it ran on \
                      a host the job lost): its gradient-compression residuals start again at zero"
                 ),

@@ -579,7 +579,7 @@ pub(crate) fn finish_timeline(group: &dyn Collective, log: bool) -> Result<Optio
     }
     let Some(merged) = merged? else { return Ok(file) };
     if let Some(line) = slowest_rank().filter(|_| log) {
-        eprintln!("kvstore: {line}");
+        crate::say!("kvstore: {line}");
     }
     Ok(Some(merged))
 }

@@ -173,7 +173,7 @@ fn verify_checksum(file: &SafeTensors<'_>, meta: &HashMap<String, String>, conte
         if meta.get("version").map(String::as_str) == Some("1") {
             static SAID: AtomicBool = AtomicBool::new(false);
             if !SAID.swap(true, Ordering::Relaxed) {
-                eprintln!(
+                crate::say!(
                     "kvstore: {context}: the file is of version 1, which has no checksum; it was loaded unchecked \
                      (save it again to add one)"
                 );

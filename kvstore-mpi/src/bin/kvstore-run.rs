@@ -357,7 +357,7 @@ fn main() -> ExitCode {
     let mut o = match options(&args) {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("kvstore-run: {e}");
+            kvstore_core::say!("kvstore-run: {e}");
             return ExitCode::from(2);
         }
     };
