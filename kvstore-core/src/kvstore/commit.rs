@@ -1037,6 +1037,9 @@ impl Store {
                         };
                         let wrote = copy.store.snapshot(OP, &mut write);
                         if first && wrote.is_ok() {
+                            // Kept for its arrays only: the store's updater or optimizer
+                            // is not held alive by it.
+                            *copy.store.merger.write() = super::merge::Merger::Assign;
                             *folder.gathered.lock() = Some(copy);
                         }
                         wrote

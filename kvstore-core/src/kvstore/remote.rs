@@ -815,6 +815,14 @@ impl Shards {
         let state_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
         let mut state: Option<KeyState> = None;
         let bad = || Error::Internal(format!("dist_async: the owners' states of key \"{key}\" do not fit together"));
+        // A part's bytes into their range, which must hold exactly as many.
+        let put = |to: Option<&mut [u8]>, from: &[u8]| match to {
+            Some(to) if to.len() == from.len() => {
+                to.copy_from_slice(from);
+                Ok(())
+            }
+            _ => Err(bad()),
+        };
         // The parts whose owner has no state, or no master copy: their ranges of those
         // arrays are zeros (and with no master copy in any part, the key has none).
         let (mut stateless, mut masterless, mut with_master) = (Vec::new(), Vec::new(), false);
@@ -825,7 +833,7 @@ impl Shards {
             for part in &parts {
                 let range = part.start * esize..(part.start + part.len) * esize;
                 let mut fill = |part_of: &PartOf<'_>| -> Result<()> {
-                    out.get_mut(range.clone()).ok_or_else(bad)?.copy_from_slice(part_of.value);
+                    put(out.get_mut(range.clone()), part_of.value)?;
                     let Some((count, states, master)) = &part_of.state else {
                         stateless.push(part.start..part.start + part.len);
                         return Ok(());
@@ -859,7 +867,7 @@ impl Shards {
                     let ssize = state_dtype.size();
                     let srange = part.start * ssize..(part.start + part.len) * ssize;
                     for (a, bytes) in st.states.iter().zip(states) {
-                        a.write()?.bytes_mut().get_mut(srange.clone()).ok_or_else(bad)?.copy_from_slice(bytes);
+                        put(a.write()?.bytes_mut().get_mut(srange.clone()), bytes)?;
                     }
                     let Some(bytes) = master else {
                         masterless.push(part.start..part.start + part.len);
@@ -871,7 +879,7 @@ impl Shards {
                         None => st.master.insert(NDArray::zeros_with(shape, DType::F32, Context::default())?),
                     };
                     let frange = part.start * 4..(part.start + part.len) * 4;
-                    master.write()?.bytes_mut().get_mut(frange).ok_or_else(bad)?.copy_from_slice(bytes);
+                    put(master.write()?.bytes_mut().get_mut(frange), bytes)?;
                     Ok(())
                 };
                 if part.owner == me {
