@@ -752,6 +752,17 @@ struct Gathered {
     state: Option<KeyState>,
 }
 
+/// A key's parts asked of their owners ([`Shards::ask`]): the replies, in the order of
+/// its parts that others own, and the arrays of an earlier gather to fill.
+struct Asked {
+    key: Key,
+    shape: Vec<usize>,
+    dtype: DType,
+    parts: Vec<Part>,
+    theirs: Vec<Vec<u8>>,
+    kept: Option<Gathered>,
+}
+
 /// One part of a key as its owner holds it: the value's bytes and its optimizer state's.
 struct PartOf<'a> {
     value: &'a [u8],
@@ -793,17 +804,19 @@ impl<'a> PartOf<'a> {
 }
 
 impl Shards {
-    /// `key`'s value and optimizer state from its owners (each part's, put together in
-    /// the key's shape; a split key's update count is its parts' largest), written into
-    /// `kept`'s arrays where they fit (the key as an earlier gather made it), else into
-    /// new ones.
-    fn gather(&self, key: &Key, shape: &[usize], dtype: DType, kept: Option<Gathered>) -> Result<Gathered> {
-        let fits = |a: &NDArray, dtype: DType| a.shape() == shape && a.dtype() == dtype;
-        let (value, mut spare) = match kept {
-            Some(k) if fits(&k.value, dtype) => (k.value, k.state),
-            _ => (NDArray::zeros_with(shape, dtype, Context::default())?, None),
-        };
-        let parts = self.parts(key, value.size());
+    /// Asks `key`'s owners for their parts (its value and optimizer state), running
+    /// `meanwhile` while the requests are on their way; [`Shards::fill`] puts the replies
+    /// together, into `kept`'s arrays where they fit (the key as an earlier gather made
+    /// it).
+    fn ask(
+        &self,
+        key: &Key,
+        shape: &[usize],
+        dtype: DType,
+        kept: Option<Gathered>,
+        meanwhile: &mut dyn FnMut(),
+    ) -> Result<Asked> {
+        let parts = self.parts(key, shape.iter().product());
         // The others' parts requested; this worker's own read from its share directly.
         let me = self.rank();
         let requests: Vec<(usize, Vec<u8>)> = parts
@@ -811,7 +824,22 @@ impl Shards {
             .filter(|p| p.owner != me)
             .map(|p| (p.owner, request(SNAPSHOT, &p.name, dtype, &[], &[])))
             .collect();
-        let mut theirs = self.call(key, requests, &mut || {})?.into_iter();
+        let theirs = self.call(key, requests, meanwhile)?;
+        Ok(Asked { key: key.clone(), shape: shape.to_vec(), dtype, parts, theirs, kept })
+    }
+
+    /// `key`'s value and optimizer state put together from its owners' parts (each in
+    /// its range of the key's shape; a split key's update count is its parts' largest).
+    fn fill(&self, asked: Asked) -> Result<Gathered> {
+        let Asked { key, shape, dtype, parts, theirs, kept } = asked;
+        let shape = &shape[..];
+        let fits = |a: &NDArray, dtype: DType| a.shape() == shape && a.dtype() == dtype;
+        let (value, mut spare) = match kept {
+            Some(k) if fits(&k.value, dtype) => (k.value, k.state),
+            _ => (NDArray::zeros_with(shape, dtype, Context::default())?, None),
+        };
+        let me = self.rank();
+        let mut theirs = theirs.into_iter();
         let state_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
         let mut state: Option<KeyState> = None;
         let bad = || Error::Internal(format!("dist_async: the owners' states of key \"{key}\" do not fit together"));
@@ -986,7 +1014,23 @@ impl super::Store {
     /// makes sure no push runs meanwhile.)
     pub(super) fn gathered(&self, remote: &Shards, kept: Option<KVStore>) -> Result<KVStore> {
         let copy = KVStore::internal_local()?;
-        for e in &self.entries() {
+        // The gathered arrays become the copy's (no copy of them).
+        let add = |e: &Arc<super::Entry>, g: Gathered| {
+            let mut slot = Slot::new(g.value, 0);
+            slot.opt = g.state;
+            // A row-sparse key of a loaded file stays row-sparse in the next one
+            // (this store has no row-sparse calls, but others that load it do). (Read
+            // recursively: a commit holds the keys already.)
+            slot.row_sparse = e.value.read_recursive().row_sparse;
+            let mut table = copy.store.table.write();
+            slot.order = table.take_order();
+            copy.store.add_entry(&mut table, e.key.clone(), slot);
+        };
+        // Each key's parts are put together while the next key's are on their way (its
+        // owners copying them out meanwhile).
+        let entries = self.entries();
+        let mut waiting: Option<(&Arc<super::Entry>, Asked)> = None;
+        for e in &entries {
             // The kept copy's arrays of the key, written over (their memory in place).
             let reused = kept.as_ref().and_then(|k| k.store.find(&e.key)).map(|k| {
                 let slot = k.value.read();
@@ -997,17 +1041,22 @@ impl super::Store {
                 });
                 Gathered { value: slot.value.clone(), state }
             });
-            let g = remote.gather(&e.key, e.shape(), e.dtype, reused)?;
-            // The gathered arrays become the copy's (no copy of them).
-            let mut slot = Slot::new(g.value, 0);
-            slot.opt = g.state;
-            // A row-sparse key of a loaded file stays row-sparse in the next one
-            // (this store has no row-sparse calls, but others that load it do). (Read
-            // recursively: a commit holds the keys already.)
-            slot.row_sparse = e.value.read_recursive().row_sparse;
-            let mut table = copy.store.table.write();
-            slot.order = table.take_order();
-            copy.store.add_entry(&mut table, e.key.clone(), slot);
+            let mut previous = waiting.take();
+            let mut filled = Ok(());
+            let asked = remote.ask(&e.key, e.shape(), e.dtype, reused, &mut || {
+                if let Some((e, asked)) = previous.take() {
+                    filled = remote.fill(asked).map(|g| add(e, g));
+                }
+            });
+            filled?;
+            // (A transport that did not run `meanwhile`, or a call refused before it.)
+            if let Some((e, asked)) = previous {
+                add(e, remote.fill(asked)?);
+            }
+            waiting = Some((e, asked?));
+        }
+        if let Some((e, asked)) = waiting {
+            add(e, remote.fill(asked)?);
         }
         *copy.store.merger.write() = remote.server.store.merger.read().clone();
         Ok(copy)
