@@ -609,9 +609,7 @@ fn tree_sum<W: Element + Equivalence>(w: &SimpleCommunicator, send: &[W], recv: 
             } else {
                 from.receive_into_with_tag(&mut theirs[..], TREE_TAG);
             }
-            for (mine, &other) in recv.iter_mut().zip(&theirs) {
-                *mine = W::from_acc(W::acc_add(mine.to_acc(), other.to_acc()));
-            }
+            add_to(recv, &theirs);
         }
         step *= 2;
     }
@@ -817,22 +815,15 @@ fn wait_data<'a, D: ?Sized, S: Scope<'a>>(mut request: Request<'a, D, S>) -> &'a
 /// Writes the sums of `parts` (by rank) into `out`, in [`tree_sum`]'s order: the
 /// largest power of two of ranks below their number on the left, the rest on the right,
 /// each summed alike ((a0 + a1) + a2 on 3 ranks, ((a0 + a1) + (a2 + a3)) + a4 on 5).
-/// Straight into `out` on 2 ranks; on more, [`TREE_CHUNK`] elements at a time, each
-/// level's right-hand sums in a buffer on the stack (no allocation, and the partial
-/// sums stay in the cache).
+/// [`TREE_CHUNK`] elements at a time, each level's right-hand sums in a buffer on the
+/// stack (no allocation, and the partial sums stay in the cache).
 pub(crate) fn tree_into<W: Element>(parts: &[&[W]], out: &mut [W]) {
-    match parts {
-        [one] => out.copy_from_slice(&one[..out.len()]),
-        [a, b] => add_into(a, b, out),
-        _ => {
-            for (i, chunk) in out.chunks_mut(TREE_CHUNK).enumerate() {
-                tree_chunk(parts, i * TREE_CHUNK, chunk);
-            }
-        }
+    for (i, chunk) in out.chunks_mut(TREE_CHUNK).enumerate() {
+        tree_chunk(parts, i * TREE_CHUNK, chunk);
     }
 }
 
-/// The elements [`tree_into`] sums at a time on 3 or more ranks.
+/// The elements [`tree_into`] sums at a time.
 const TREE_CHUNK: usize = 1024;
 
 /// [`tree_into`] of the elements `at..at + out.len()` of `parts` (at most
@@ -848,10 +839,15 @@ fn tree_chunk<W: Element>(parts: &[&[W]], at: usize, out: &mut [W]) {
             let mut right = [W::default(); TREE_CHUNK];
             let right = &mut right[..out.len()];
             tree_chunk(&parts[left..], at, right);
-            for (o, &y) in out.iter_mut().zip(&*right) {
-                *o = W::from_acc(W::acc_add(o.to_acc(), y.to_acc()));
-            }
+            add_to(out, right);
         }
+    }
+}
+
+/// `out += b`, element by element, rounded once.
+fn add_to<W: Element>(out: &mut [W], b: &[W]) {
+    for (o, &y) in out.iter_mut().zip(b) {
+        *o = W::from_acc(W::acc_add(o.to_acc(), y.to_acc()));
     }
 }
 

@@ -306,53 +306,16 @@ fn with_slot<T>(server: &KVStore, op: &'static str, name: &Key, f: impl FnOnce(&
     f(&held.read(op, &[&entry])?[0])
 }
 
-/// Appends `a`'s bytes to `out`, after their length.
-fn put_array(out: &mut Vec<u8>, a: &NDArray) -> Result<()> {
-    let read = a.read()?;
-    out.extend_from_slice(&(read.bytes().len() as u64).to_le_bytes());
-    out.extend_from_slice(read.bytes());
-    Ok(())
-}
-
-/// The next array's bytes of a snapshot (see [`put_array`]).
+/// The next array's bytes of a snapshot (see [`PartOf::encode`]).
 fn get_bytes<'m>(m: &mut &'m [u8]) -> Result<&'m [u8]> {
     let n = u64::from_le_bytes(take(m, 8)?.try_into().unwrap_or_default()) as usize;
     take(m, n)
 }
 
-/// A part's value and optimizer state on its owner (its `slot`): the value, then (if it
-/// has one) the update count, the state arrays and the master copy.
+/// A part's value and optimizer state on its owner (its `slot`), as its answer to a
+/// gather ([`PartOf::encode`]).
 fn snapshot(slot: &Slot) -> Result<Vec<u8>> {
-    // Its length first: grown as it is written, the buffer of a part of megabytes was
-    // copied at each doubling, into memory that faulted page by page.
-    let sized = |a: &NDArray| 8 + a.size() * a.dtype().size();
-    let state = slot
-        .opt
-        .as_ref()
-        .map_or(0, |st| 8 + 4 + st.states.iter().map(sized).sum::<usize>() + 1 + st.master.as_ref().map_or(0, sized));
-    let mut out = Vec::with_capacity(1 + sized(&slot.value) + 1 + state);
-    // The status byte first, as every answer.
-    out.push(0);
-    put_array(&mut out, &slot.value)?;
-    match &slot.opt {
-        None => out.push(0),
-        Some(st) => {
-            out.push(1);
-            out.extend_from_slice(&st.count.to_le_bytes());
-            out.extend_from_slice(&(st.states.len() as u32).to_le_bytes());
-            for a in &st.states {
-                put_array(&mut out, a)?;
-            }
-            match &st.master {
-                None => out.push(0),
-                Some(m) => {
-                    out.push(1);
-                    put_array(&mut out, m)?;
-                }
-            }
-        }
-    }
-    Ok(out)
+    PartOf::read(slot, |part| Ok(part.encode()))
 }
 
 /// An updater on the owners' local stores: the user's, given each key as the user wrote
@@ -755,9 +718,6 @@ struct Gathered {
 /// A key's parts asked of their owners ([`Shards::ask`]): the replies, in the order of
 /// its parts that others own, and the arrays of an earlier gather to fill.
 struct Asked {
-    key: Key,
-    shape: Vec<usize>,
-    dtype: DType,
     parts: Vec<Part>,
     theirs: Vec<Vec<u8>>,
     kept: Option<Gathered>,
@@ -774,7 +734,45 @@ struct PartOf<'a> {
 type PartState<'a> = (u64, Vec<&'a [u8]>, Option<&'a [u8]>);
 
 impl<'a> PartOf<'a> {
-    /// A part from its owner's reply ([`snapshot`]'s bytes, after the status byte).
+    /// The part as its owner answers (after the status byte, 0): each array's bytes after
+    /// their length; the value, then (if it has one) 1, the update count, the number of
+    /// state arrays, the state arrays and the master copy (1 and its bytes, or 0); else 0.
+    /// Sized before it is written: grown as it went, the buffer of a part of megabytes was
+    /// copied at each doubling, into memory that faulted page by page.
+    fn encode(&self) -> Vec<u8> {
+        let sized = |b: &[u8]| 8 + b.len();
+        let state = self.state.as_ref().map_or(0, |(_, states, master)| {
+            8 + 4 + states.iter().map(|b| sized(b)).sum::<usize>() + 1 + master.map_or(0, sized)
+        });
+        let mut out = Vec::with_capacity(1 + sized(self.value) + 1 + state);
+        let put = |out: &mut Vec<u8>, b: &[u8]| {
+            out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+            out.extend_from_slice(b);
+        };
+        out.push(0);
+        put(&mut out, self.value);
+        match &self.state {
+            None => out.push(0),
+            Some((count, states, master)) => {
+                out.push(1);
+                out.extend_from_slice(&count.to_le_bytes());
+                out.extend_from_slice(&(states.len() as u32).to_le_bytes());
+                for b in states {
+                    put(&mut out, b);
+                }
+                match master {
+                    None => out.push(0),
+                    Some(b) => {
+                        out.push(1);
+                        put(&mut out, b);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// A part from its owner's reply ([`PartOf::encode`]'s bytes, after the status byte).
     fn parse(mut m: &'a [u8]) -> Result<Self> {
         let value = get_bytes(&mut m)?;
         if take(&mut m, 1)?[0] == 0 {
@@ -825,14 +823,13 @@ impl Shards {
             .map(|p| (p.owner, request(SNAPSHOT, &p.name, dtype, &[], &[])))
             .collect();
         let theirs = self.call(key, requests, meanwhile)?;
-        Ok(Asked { key: key.clone(), shape: shape.to_vec(), dtype, parts, theirs, kept })
+        Ok(Asked { parts, theirs, kept })
     }
 
     /// `key`'s value and optimizer state put together from its owners' parts (each in
     /// its range of the key's shape; a split key's update count is its parts' largest).
-    fn fill(&self, asked: Asked) -> Result<Gathered> {
-        let Asked { key, shape, dtype, parts, theirs, kept } = asked;
-        let shape = &shape[..];
+    fn fill(&self, key: &Key, shape: &[usize], dtype: DType, asked: Asked) -> Result<Gathered> {
+        let Asked { parts, theirs, kept } = asked;
         let fits = |a: &NDArray, dtype: DType| a.shape() == shape && a.dtype() == dtype;
         let (value, mut spare) = match kept {
             Some(k) if fits(&k.value, dtype) => (k.value, k.state),
@@ -1045,18 +1042,18 @@ impl super::Store {
             let mut filled = Ok(());
             let asked = remote.ask(&e.key, e.shape(), e.dtype, reused, &mut || {
                 if let Some((e, asked)) = previous.take() {
-                    filled = remote.fill(asked).map(|g| add(e, g));
+                    filled = remote.fill(&e.key, e.shape(), e.dtype, asked).map(|g| add(e, g));
                 }
             });
             filled?;
             // (A transport that did not run `meanwhile`, or a call refused before it.)
             if let Some((e, asked)) = previous {
-                add(e, remote.fill(asked)?);
+                add(e, remote.fill(&e.key, e.shape(), e.dtype, asked)?);
             }
             waiting = Some((e, asked?));
         }
         if let Some((e, asked)) = waiting {
-            add(e, remote.fill(asked)?);
+            add(e, remote.fill(&e.key, e.shape(), e.dtype, asked)?);
         }
         *copy.store.merger.write() = remote.server.store.merger.read().clone();
         Ok(copy)
