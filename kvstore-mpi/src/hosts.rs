@@ -120,12 +120,48 @@ impl Hosts {
     /// against 119 to 136 ms, four runs in turn): a message sent late waits for MPI's
     /// handshake through link queues full of the pieces before it, where the steps'
     /// messages are all posted at once.
+    ///
+    /// Each step is an event of the timeline when it records: `host sum` (the host's
+    /// ranks sum their segments), `across hosts` and `host gather`, each with the bytes
+    /// this rank sent in `args`.
     pub(crate) fn sum<W: Element + Equivalence + bytemuck::Pod>(&self, send: &[W], recv: &mut [W]) {
-        let mine = segment(send.len(), self.node.size() as usize, self.node.rank() as usize);
+        let (k, m) = (self.node.size() as usize, self.across.size() as usize);
+        let mine = segment(send.len(), k, self.node.rank() as usize);
+        // The bytes this rank sends in each step: the rest of the array to the host's
+        // other ranks; its segment's pieces to the other hosts and its own piece's sums
+        // back to each; its segment to each of the host's other ranks.
+        let own = segment(mine.len(), m, self.across.rank() as usize).len();
+        let bytes = |elements: usize| (elements * std::mem::size_of::<W>()) as u64;
+        let within = bytes(send.len() - mine.len());
+        let across = bytes(mine.len() - own + own * (m - 1));
+        let gather = bytes(mine.len() * (k - 1));
+        let mut step = Steps::start();
         with_scratch(&PARTIAL, mine.len(), |partial: &mut [W]| {
             reduce_scatter(&self.node, send, partial);
+            step.next("host sum", within);
             scatter_sum(&self.across, partial, &mut recv[mine]);
+            step.next("across hosts", across);
         });
         all_gather_segments(&self.node, recv);
+        step.next("host gather", gather);
+    }
+}
+
+/// The steps of a sum host by host, each a `wire` event of the timeline when it records.
+struct Steps(Option<u64>);
+
+impl Steps {
+    fn start() -> Steps {
+        Steps(kvstore_core::timeline::recording().then(kvstore_core::timeline::now))
+    }
+
+    /// Records the step that ends now, and starts the next.
+    fn next(&mut self, name: &'static str, bytes: u64) {
+        use kvstore_core::timeline::{Arg, complete, now};
+        if let Some(at) = self.0 {
+            let end = now();
+            complete(name, "wire", at, end, vec![("bytes", Arg::U(bytes))]);
+            self.0 = Some(end);
+        }
     }
 }

@@ -224,7 +224,49 @@ fn big_sums_go_host_by_host_with_the_same_bits() {
     let wrong = (0..N).filter(|&i| sum[i] != i as i64 * w * (w + 1) / 2).count();
     assert_eq!(wrong, 0, "rank {}: {wrong} elements of the i64 key are not the sum", kv.rank());
     assert_eq!(group.used_hosts(), expected, "rank {}: the i64 key summed host by host", kv.rank());
+    host_steps_are_on_the_timeline(&kv, N, expected);
     assert_as_on_rank_0(&kv, "host-by-host bits", bits);
+}
+
+/// A push of the `n`-element `hosts-i64` key with the timeline on: where it sums host by
+/// host, each of its three steps is an event of this rank's trace, with the bytes this
+/// rank sent in it; otherwise there are none.
+fn host_steps_are_on_the_timeline(kv: &kvstore_core::KVStore, n: usize, by_hosts: bool) {
+    let dir = shared_dir(kv, "hosts-timeline");
+    let trace = dir.join("trace.json");
+    kv.start_timeline(&trace).expect("start the timeline");
+    let ones = kvstore_core::NDArray::from_vec(&[n], vec![1i64; n]).expect("value");
+    kv.push("hosts-i64", &ones, 0).expect("push");
+    kv.stop_timeline().expect("stop the timeline");
+    let own = dir.join(format!("trace.rank{}.json", kv.rank()));
+    let text = std::fs::read_to_string(&own).unwrap_or_else(|e| panic!("{own:?}: {e}"));
+    let value: serde_json::Value = serde_json::from_str(&text).expect("a trace");
+    let events = value.get("traceEvents").unwrap_or(&value).as_array().expect("events").clone();
+    let steps: Vec<(String, u64)> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "wire" && e["name"] != "bucket")
+        .map(|e| (e["name"].as_str().expect("a name").to_string(), e["args"]["bytes"].as_u64().expect("bytes")))
+        .collect();
+    let expected: Vec<(String, u64)> = if by_hosts {
+        let k: usize = std::env::var(kvstore_mpi::HOST_RANKS_VAR).expect("ranks per host").parse().expect("a number");
+        let (w, r) = (kv.num_workers(), kv.rank());
+        let m = w / k;
+        let part = |len: usize, parts: usize, i: usize| len * (i + 1) / parts - len * i / parts;
+        let mine = part(n, k, r % k);
+        let own = part(mine, m, r / k);
+        vec![
+            ("host sum".to_string(), 8 * (n - mine) as u64),
+            ("across hosts".to_string(), 8 * (mine - own + own * (m - 1)) as u64),
+            ("host gather".to_string(), 8 * (mine * (k - 1)) as u64),
+        ]
+    } else {
+        Vec::new()
+    };
+    assert_eq!(steps, expected, "rank {}: the steps of the sum host by host on the timeline", kv.rank());
+    kv.barrier().expect("barrier");
+    if kv.rank() == 0 {
+        std::fs::remove_dir_all(&dir).expect("remove the folder");
+    }
 }
 
 fn row_sparse_pushes_sum_every_workers_rows() {
