@@ -14,14 +14,19 @@
 #       runs `mpirun -H h0:SLOTS,h1:SLOTS,... MPIRUN_ARGS` from host 0's namespace (its
 #       daemons started in the other hosts' namespaces through an rsh agent that runs
 #       `ip netns exec`), then removes the hosts, their processes and links, whatever
-#       happened (also on SIGINT and SIGTERM). Exits with mpirun's status.
+#       happened (also on SIGINT and SIGTERM). Exits with mpirun's status. Where the
+#       hosts' slots outnumber this machine's cores, the ranks yield their core while
+#       they wait in MPI (Open MPI's mpi_yield_when_idle, unless MPIRUN_ARGS or the
+#       environment set it): mpirun sees hosts of SLOTS slots each and cannot tell that
+#       they share one machine's cores, where a rank spinning in a wait takes the core
+#       another host's rank computes on (real hosts have cores of their own).
 #
 # Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN), iproute2 and Open MPI. Run as root, the
 # job needs OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, as any mpirun.
 set -uo pipefail
 
 usage() {
-    sed -n '9,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '9,22p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -149,11 +154,16 @@ run() {
     for ((i = 0; i < hosts; i++)); do
         list+=${list:+,}$net.$((i + 1)):$slots
     done
+    local shared=()
+    if [ $((hosts * slots)) -gt "$(nproc)" ] && [ -z "${OMPI_MCA_mpi_yield_when_idle:-}" ] &&
+        [[ " $* " != *" mpi_yield_when_idle "* ]]; then
+        shared=(--mca mpi_yield_when_idle 1)
+    fi
     # (Open MPI 4.1's daemon on a second host can crash writing its topology into the
     # shared memory of the first: kvstore-run passes the same setting.)
     ip netns exec "${prefix}h0" unshare --uts sh -c 'hostname "$0" && exec mpirun "$@"' "${prefix}h0" \
         --mca plm_rsh_agent "$agent" --mca oob_tcp_if_include "$net.0/24" --mca btl_tcp_if_include "$net.0/24" \
-        --mca rtc_hwloc_vmhole none -H "$list" "$@"
+        --mca rtc_hwloc_vmhole none "${shared[@]}" -H "$list" "$@"
     status=$?
     cleanup
     trap - EXIT INT TERM
