@@ -597,6 +597,12 @@ fn main() -> kvstore_core::Result<()> {
             n if n.starts_with("mpi ") && n.contains("rank 0's step with dist_async") => {
                 Row::new(n, median_s, limit_s, ">= 1.8 (rank 0's steps per second vs dist_sync)")
             }
+            n if n.starts_with("mpi ") && n.contains("vs MPI moving its bytes") => Row::new(
+                n,
+                median_s,
+                limit_s,
+                "reported: how near the push is to its bytes' time on the transport (the most any allreduce gains)",
+            ),
             n if n.starts_with("mpi ") && n.contains("vs one memcpy of it") && n.contains("over tcp") => {
                 Row::new(n, median_s, limit_s, "reported: over TCP the bytes cross the loopback")
             }

@@ -184,6 +184,33 @@ fn main() -> kvstore_core::Result<()> {
                 drop(to);
                 rows.push((format!("{run}: limit: one single-thread memcpy of {label}"), memcpy, None));
                 rows.push((format!("{run}: dist_sync push {label} f32, vs one memcpy of it"), push, Some(memcpy)));
+                if world.size() == 2 {
+                    // The push against MPI moving its bytes alone: on 2 ranks each sends
+                    // the other 2(n - 1)/n of the array, all of it, and receives as
+                    // much; here in one message each way, with no sums. No 2-rank
+                    // allreduce over this transport sends fewer bytes.
+                    let peer = world.process_at_rank(1 - world.rank());
+                    let mut theirs = vec![0.0f32; n];
+                    let (push, moved) = in_turn(
+                        &world,
+                        runs,
+                        || kv.push(key.as_str(), &g, 0).expect("push"),
+                        || {
+                            mpi::point_to_point::send_receive_into(&send[..], &peer, &mut theirs[..], &peer);
+                            black_box(&mut theirs);
+                        },
+                    );
+                    rows.push((
+                        format!("{run}: limit: MPI sends and receives {label} each way between the 2 ranks, no sums"),
+                        moved,
+                        None,
+                    ));
+                    rows.push((
+                        format!("{run}: dist_sync push {label} f32, vs MPI moving its bytes"),
+                        push,
+                        Some(moved),
+                    ));
+                }
                 // 2-bit compression: each worker sends 2 bits per element (a sixteenth of
                 // the bytes), quantising and adding the codes up on the host.
                 let compressed: KVStore = kvstore_mpi::create("dist_sync")?;
