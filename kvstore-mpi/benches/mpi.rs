@@ -23,6 +23,10 @@
 //! With `KVSTORE_JOB` set it also times a commit after a step ([`commit_rows`]), and a
 //! `dist_async` store's ([`async_commit_rows`]); with
 //! `KVSTORE_BENCH_COMMIT=only` as well, those rows alone.
+//!
+//! With `KVSTORE_BENCH_CLUSTER=1` (`bench/cluster.sh`, on 2 hosts of 2 ranks made by
+//! `scripts/cluster.sh`) it times only the 64 MB push, host by host, against MPI moving
+//! the same bytes with no sums ([`cluster_rows`]).
 
 use std::hint::black_box;
 
@@ -145,6 +149,61 @@ fn two_bit_limit(world: &SimpleCommunicator, runs: usize, n: usize) -> f64 {
     })
 }
 
+/// The 64 MB push on 2 hosts of 2 ranks, which goes host by host, against its limit on
+/// the transport: MPI moving the bytes each rank of it sends, every message posted at
+/// once and no sums: 64 MB each way with the other rank of its host (its half of the
+/// array for the host's sum, then its segment of the sums) and 32 MB each way with the
+/// rank in its place on the other host (its segment's pieces, then the sums of its own
+/// piece). A push whose steps overlapped perfectly would still move these bytes over
+/// these paths; here they share one machine's cores, as the push's do.
+fn cluster_rows(kv: &KVStore, world: &SimpleCommunicator, runs: usize, run: &str) -> kvstore_core::Result<()> {
+    let (rank, size) = (world.rank(), world.size());
+    if size != 4 {
+        return Err(kvstore_core::Error::invalid_argument("the cluster rows run on 2 hosts of 2 ranks"));
+    }
+    let n = 16usize << 20;
+    kv.init("cluster", &NDArray::zeros(&[n])?)?;
+    let g = NDArray::ones(&[n])?;
+    let send = vec![1.0f32; n];
+    let (mut within, mut across) = (vec![0.0f32; n], vec![0.0f32; n / 2]);
+    let (host_peer, other_host) = (world.process_at_rank(rank ^ 1), world.process_at_rank((rank + 2) % 4));
+    let (push, moved) = in_turn(
+        world,
+        runs,
+        || kv.push("cluster", &g, 0).expect("push"),
+        || {
+            mpi::request::scope(|scope| {
+                let requests = [
+                    host_peer.immediate_send(scope, &send[..]),
+                    other_host.immediate_send(scope, &send[..n / 2]),
+                    host_peer.immediate_receive_into(scope, &mut within[..]),
+                    other_host.immediate_receive_into(scope, &mut across[..]),
+                ];
+                for r in requests {
+                    r.wait();
+                }
+            });
+            black_box((&within, &across));
+        },
+    );
+    assert!(kvstore_mpi::group()?.used_hosts(), "the push went host by host");
+    let rows = [
+        (
+            format!(
+                "{run}: limit: MPI moves the push's bytes at once, no sums (64 MB each way in a host, 32 MB across)"
+            ),
+            moved,
+            None,
+        ),
+        (format!("{run}: dist_sync push of 64 MB f32, vs MPI moving its bytes"), push, Some(moved)),
+    ];
+    if rank == 0 {
+        let out = std::env::args().skip(1).find(|a| !a.starts_with("--")).expect("the rows' file");
+        kvstore_tests::bench::write_rows(&out, &rows)?;
+    }
+    kvstore_mpi::finalize()
+}
+
 fn main() -> kvstore_core::Result<()> {
     let out =
         std::env::args().skip(1).find(|a| !a.starts_with("--")).unwrap_or_else(|| "target/bench/mpi.json".to_string());
@@ -152,6 +211,9 @@ fn main() -> kvstore_core::Result<()> {
     let kv: KVStore = kvstore_mpi::create("dist_sync")?;
     let world = SimpleCommunicator::world();
     let run = std::env::var("KVSTORE_BENCH_LABEL").unwrap_or_else(|_| format!("mpi {} ranks", kv.num_workers()));
+    if std::env::var_os("KVSTORE_BENCH_CLUSTER").is_some() {
+        return cluster_rows(&kv, &world, runs, &run);
+    }
     let mut rows = Vec::new();
     let only_commit = std::env::var("KVSTORE_BENCH_COMMIT").as_deref() == Ok("only");
     if std::env::var("KVSTORE_BENCH_OVERLAP").as_deref() != Ok("only") && !only_commit {
