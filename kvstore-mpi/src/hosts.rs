@@ -23,7 +23,7 @@ use mpi::datatype::Equivalence;
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 
-use crate::group::{all_gather_segments, reduce_scatter, scatter_sum, segment, with_scratch};
+use crate::group::{GATHER_TAG, Summing, next_segment, segment, sum_pieces, wait, with_scratch};
 use crate::shm::all_agree;
 
 /// The environment variable that makes blocks of that many consecutive ranks count as
@@ -60,6 +60,10 @@ pub(crate) struct Hosts {
 thread_local! {
     /// This host's sum of this rank's segment, before it crosses the network.
     static PARTIAL: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The host's other ranks' parts of this rank's segment.
+    static WITHIN: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The other hosts' parts of this rank's piece of its segment.
+    static ACROSS: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `(min, max)` of `x` over the ranks of `comm`.
@@ -108,43 +112,120 @@ impl Hosts {
     }
 
     /// `recv = sum(send)` over the world, host by host, with [`scatter_sum`]'s bits
-    /// (see the module's docs): this host's ranks sum a segment each
-    /// ([`reduce_scatter`], through the host's memory), each sums its segment with the
-    /// ranks in its place on the other hosts ([`scatter_sum`], over the network), then
-    /// the host's ranks gather their segments ([`all_gather_segments`]). `send` and
-    /// `recv` do not overlap.
+    /// (see the module's docs), in chunks of at most [`CHUNK_BYTES`] whose steps overlap:
+    /// this host's ranks sum a segment each of a chunk ([`Summing`] of this rank's
+    /// segment only, through the host's memory), each sums its segment with the ranks in its place on the other
+    /// hosts ([`scatter_sum`], over the network) while the host's ranks sum the next
+    /// chunk, then sends its sums to the host's other ranks while the next chunk
+    /// crosses. The network is then busy from the end of the first chunk's sum within
+    /// the host to the last chunk's sums, and the gathers and sums within the host run
+    /// meanwhile. `send` and `recv` do not overlap.
     ///
-    /// The steps run one after the other. Overlapping them piece by piece, every
-    /// message posted as its piece was ready, was slower on the cluster in a box of
-    /// `make bench` (2 hosts of 2 ranks over 10 Gbit/s, a 64 MB push: 148 to 216 ms
-    /// against 119 to 136 ms, four runs in turn): a message sent late waits for MPI's
-    /// handshake through link queues full of the pieces before it, where the steps'
-    /// messages are all posted at once.
-    ///
-    /// Each step is an event of the timeline when it records: `host sum` (the host's
-    /// ranks sum their segments), `across hosts` and `host gather`, each with the bytes
-    /// this rank sent in `args`.
+    /// Each step is an event of the timeline when it records, with the bytes this rank
+    /// sent in it in `args`: `host sum` (the first chunk's, before anything crosses),
+    /// `across hosts` (every chunk's sum across the hosts, while the other chunks' steps
+    /// within the host run: its `chunks` in `args`) and `host gather` (until the last
+    /// chunk's sums are shared within the host; the bytes of every chunk's).
     pub(crate) fn sum<W: Element + Equivalence + bytemuck::Pod>(&self, send: &[W], recv: &mut [W]) {
         let (k, m) = (self.node.size() as usize, self.across.size() as usize);
-        let mine = segment(send.len(), k, self.node.rank() as usize);
-        // The bytes this rank sends in each step: the rest of the array to the host's
-        // other ranks; its segment's pieces to the other hosts and its own piece's sums
-        // back to each; its segment to each of the host's other ranks.
-        let own = segment(mine.len(), m, self.across.rank() as usize).len();
+        let (me, host) = (self.node.rank() as usize, self.across.rank() as usize);
+        let len = send.len();
+        let chunks = std::mem::size_of_val(send).div_ceil(CHUNK_BYTES).max(1);
+        let chunk = |c: usize| segment(len, chunks, c);
+        // Host rank j's segment of chunk c, in the array.
+        let seg = |c: usize, j: usize| {
+            let (ch, s) = (chunk(c), segment(chunk(c).len(), k, j));
+            ch.start + s.start..ch.start + s.end
+        };
+        let mine: Vec<usize> = (0..chunks).map(|c| seg(c, me).len()).collect();
+        let own: Vec<usize> = mine.iter().map(|&l| segment(l, m, host).len()).collect();
+        // The bytes this rank sends in each step: the rest of the first chunk to the
+        // host's other ranks; each chunk's segment's pieces to the other hosts and its
+        // own piece's sums back to each; each segment to each of the host's other ranks.
         let bytes = |elements: usize| (elements * std::mem::size_of::<W>()) as u64;
-        let within = bytes(send.len() - mine.len());
-        let across = bytes(mine.len() - own + own * (m - 1));
-        let gather = bytes(mine.len() * (k - 1));
-        let mut step = Steps::start();
-        with_scratch(&PARTIAL, mine.len(), |partial: &mut [W]| {
-            reduce_scatter(&self.node, send, partial);
-            step.next("host sum", within);
-            scatter_sum(&self.across, partial, &mut recv[mine]);
-            step.next("across hosts", across);
+        let within = bytes(chunk(0).len() - mine[0]);
+        let across = bytes((0..chunks).map(|c| mine[c] - own[c] + own[c] * (m - 1)).sum());
+        let gather = bytes(mine.iter().sum::<usize>() * (k - 1));
+        let total: usize = mine.iter().sum();
+        let crossing: usize = own.iter().map(|o| o * (m - 1)).sum();
+        with_scratch(&PARTIAL, total, |partial: &mut [W]| {
+            with_scratch(&WITHIN, total * (k - 1), |within_parts: &mut [W]| {
+                with_scratch(&ACROSS, crossing, |across_parts: &mut [W]| {
+                    let mut partials = split(partial, mine.iter().copied()).into_iter();
+                    let mut within_parts = split(within_parts, mine.iter().map(|l| l * (k - 1))).into_iter();
+                    let mut across_parts = split(across_parts, own.iter().map(|o| o * (m - 1))).into_iter();
+                    // Each chunk of `recv`: the host's lower ranks' segments, this rank's,
+                    // the higher ranks'.
+                    let mut outs = Vec::with_capacity(chunks);
+                    for (c, ch) in split(recv, (0..chunks).map(|c| chunk(c).len())).into_iter().enumerate() {
+                        let at = seg(c, me).start - chunk(c).start;
+                        let (lower, rest) = ch.split_at_mut(at);
+                        let (mine, upper) = rest.split_at_mut(mine[c]);
+                        outs.push((lower, mine, upper));
+                    }
+                    let mut outs = outs.into_iter();
+                    let node = &self.node;
+                    mpi::request::scope(|scope| {
+                        let mut step = Steps::start();
+                        let mut within_host = |c: usize| {
+                            let (partial, theirs) =
+                                (partials.next().expect("a part"), within_parts.next().expect("parts"));
+                            Summing::post(scope, node, &send[chunk(c)], partial, theirs, false)
+                        };
+                        let mut partial = within_host(0).finish()[0];
+                        step.next("host sum", within, None);
+                        let mut gathers = Vec::new();
+                        for c in 0..chunks {
+                            let (mut lower, out, mut upper) = outs.next().expect("a chunk");
+                            let theirs = across_parts.next().expect("parts");
+                            let mut crossing = Summing::post(scope, &self.across, partial, out, theirs, true);
+                            let mut next = (c + 1 < chunks).then(|| within_host(c + 1));
+                            while !(crossing.poll() & next.as_mut().is_none_or(Summing::poll)) {
+                                std::thread::yield_now();
+                            }
+                            let sums = crossing.finish();
+                            // This chunk's sums to the host's other ranks, and theirs here,
+                            // in the pieces they crossed in.
+                            for j in (0..k).filter(|&j| j != me) {
+                                let p = node.process_at_rank(j as i32);
+                                gathers.extend(sums.iter().map(|s| p.immediate_send_with_tag(scope, *s, GATHER_TAG)));
+                                let into = next_segment(&mut lower, &mut upper, j < me, seg(c, j).len());
+                                for part in split(into, sum_pieces::<W>(seg(c, j).len(), m)) {
+                                    gathers.push(p.immediate_receive_into_with_tag(scope, part, GATHER_TAG));
+                                }
+                            }
+                            if let Some(next) = next {
+                                partial = next.finish()[0];
+                            }
+                        }
+                        step.next("across hosts", across, Some(chunks));
+                        for r in gathers {
+                            wait(r);
+                        }
+                        step.next("host gather", gather, None);
+                    });
+                });
+            });
         });
-        all_gather_segments(&self.node, recv);
-        step.next("host gather", gather);
     }
+}
+
+/// The most bytes of the array a chunk of [`Hosts::sum`] holds. On the cluster in a box
+/// of `make bench` (2 hosts of 2 ranks, a 64 MB push, 5 runs each) over 2 Gbit/s links,
+/// where the link bounds the push at 268 ms: one chunk (the steps one after the other)
+/// 346 and 376 ms; chunks of 16 MiB 324 ms, 8 MiB 288 to 299 ms, 4 MiB 282 ms. Over 10
+/// Gbit/s, where the 4 ranks' work on the machine's 2 cores bounds it, one chunk and
+/// chunks of 4 to 8 MiB read alike (130 to 158 ms).
+const CHUNK_BYTES: usize = 4 << 20;
+
+/// `buf` split into consecutive parts of `lens` (which sum to at most its length).
+fn split<W>(mut buf: &mut [W], lens: impl Iterator<Item = usize>) -> Vec<&mut [W]> {
+    lens.map(|l| {
+        let (part, rest) = std::mem::take(&mut buf).split_at_mut(l);
+        buf = rest;
+        part
+    })
+    .collect()
 }
 
 /// The steps of a sum host by host, each a `wire` event of the timeline when it records.
@@ -156,11 +237,13 @@ impl Steps {
     }
 
     /// Records the step that ends now, and starts the next.
-    fn next(&mut self, name: &'static str, bytes: u64) {
+    fn next(&mut self, name: &'static str, bytes: u64, chunks: Option<usize>) {
         use kvstore_core::timeline::{Arg, complete, now};
         if let Some(at) = self.0 {
             let end = now();
-            complete(name, "wire", at, end, vec![("bytes", Arg::U(bytes))]);
+            let mut args = vec![("bytes", Arg::U(bytes))];
+            args.extend(chunks.map(|c| ("chunks", Arg::U(c as u64))));
+            complete(name, "wire", at, end, args);
             self.0 = Some(end);
         }
     }
