@@ -239,6 +239,8 @@ pub struct MpiGroup {
     used_shared_memory: AtomicBool,
     /// Ranks per host where `KVSTORE_MPI_HOST_RANKS` sets them (see [`hosts`]).
     host_ranks: Option<usize>,
+    /// The most bytes of a chunk of a sum host by host (`KVSTORE_MPI_HOST_CHUNK_BYTES`).
+    host_chunk_bytes: usize,
     /// Whether the last big sum went host by host.
     used_hosts: AtomicBool,
 }
@@ -263,6 +265,7 @@ pub fn group() -> Result<Arc<MpiGroup>> {
     let timeout = timeout_from_env()?;
     let shared_memory = shm::wanted_from_env()?;
     let host_ranks = hosts::host_ranks_from_env()?;
+    let host_chunk_bytes = hosts::host_chunk_bytes_from_env()?;
     let backend = |message: String| Error::Backend { backend: "mpi", message };
     let (universe, threading) = mpi::initialize_with_threading(Threading::Serialized)
         .ok_or_else(|| backend("MPI was already initialised by another library".into()))?;
@@ -306,6 +309,7 @@ pub fn group() -> Result<Arc<MpiGroup>> {
         shared_memory: AtomicBool::new(shared_memory),
         used_shared_memory: AtomicBool::new(false),
         host_ranks,
+        host_chunk_bytes,
         used_hosts: AtomicBool::new(false),
     });
     let group = Arc::clone(GROUP.get_or_init(|| group));
@@ -1033,7 +1037,7 @@ impl MpiGroup {
             self.with_mpi(|mpi| {
                 let by_hosts = match mpi.hosts(self.host_ranks) {
                     Some(hosts) => {
-                        hosts.sum(s, d);
+                        hosts.sum(s, d, self.host_chunk_bytes);
                         true
                     }
                     None => {

@@ -4,7 +4,8 @@
 //! network, and the host's ranks share the result through shared memory again. Each
 //! host's link then carries 2(m - 1)/m of the array each way (m hosts); a flat
 //! [`scatter_sum`] over 2 hosts of 2 ranks carries twice that, since each rank sends
-//! its pieces to both ranks of the other host and gets their sums back.
+//! its pieces to both ranks of the other host and gets their sums back. The steps
+//! overlap chunk by chunk ([`Hosts::sum`]).
 //!
 //! Same bits: [`scatter_sum`] sums every element up [`tree_into`]'s fixed tree of the
 //! ranks (the largest power of two of ranks on the left). Where every host holds the
@@ -45,6 +46,29 @@ pub(crate) fn host_ranks_from_env() -> Result<Option<usize>> {
             ))),
         },
         _ => Ok(None),
+    }
+}
+
+/// The environment variable that sets the most bytes of a big key a chunk of a sum
+/// host by host holds ([`CHUNK_BYTES`] by default). Read when MPI starts.
+pub const HOST_CHUNK_BYTES_VAR: &str = "KVSTORE_MPI_HOST_CHUNK_BYTES";
+
+/// The fewest bytes [`HOST_CHUNK_BYTES_VAR`] may ask for.
+const MIN_CHUNK_BYTES: usize = 64 << 10;
+
+/// The chunk size [`HOST_CHUNK_BYTES_VAR`] asks for (unset or empty: [`CHUNK_BYTES`]).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a value that is not a whole number of at least 64 KiB.
+pub(crate) fn host_chunk_bytes_from_env() -> Result<usize> {
+    match std::env::var(HOST_CHUNK_BYTES_VAR) {
+        Ok(v) if !v.trim().is_empty() => match v.trim().parse::<usize>() {
+            Ok(b) if b >= MIN_CHUNK_BYTES => Ok(b),
+            _ => Err(Error::invalid_argument(format!(
+                "{HOST_CHUNK_BYTES_VAR}={v:?}: expected a whole number of bytes, at least {MIN_CHUNK_BYTES}"
+            ))),
+        },
+        _ => Ok(CHUNK_BYTES),
     }
 }
 
@@ -111,26 +135,39 @@ impl Hosts {
         Some(Hosts { node, across })
     }
 
-    /// `recv = sum(send)` over the world, host by host, with [`scatter_sum`]'s bits
-    /// (see the module's docs), in chunks of at most [`CHUNK_BYTES`] whose steps overlap:
-    /// this host's ranks sum a segment each of a chunk ([`Summing`] of this rank's
-    /// segment only, through the host's memory), each sums its segment with the ranks in its place on the other
-    /// hosts ([`scatter_sum`], over the network) while the host's ranks sum the next
-    /// chunk, then sends its sums to the host's other ranks while the next chunk
-    /// crosses. The network is then busy from the end of the first chunk's sum within
-    /// the host to the last chunk's sums, and the gathers and sums within the host run
-    /// meanwhile. `send` and `recv` do not overlap.
+    /// `recv = sum(send)` over the world, host by host, with the flat sum's bits (see
+    /// the module's docs), in chunks of at most `chunk_bytes` whose steps overlap: this
+    /// host's ranks sum a segment each of a chunk (a [`Summing`] of this rank's segment
+    /// only, through the host's memory); each sums its segment with the ranks in its
+    /// place on the other hosts (a [`Summing`] of the whole segment, over the network)
+    /// while the host's ranks sum the next chunk; then it sends its sums to the host's
+    /// other ranks while the next chunk crosses. The network is then busy from the end
+    /// of the first chunk's sum within the host to the last chunk's sums, and the sums
+    /// and gathers within the host run meanwhile. The chunks go in groups of at most
+    /// [`GROUP_CHUNKS`], one after the other, so that the buffers a sum keeps are those
+    /// of one group, whatever the array's size. `send` and `recv` do not overlap.
     ///
-    /// Each step is an event of the timeline when it records, with the bytes this rank
-    /// sent in it in `args`: `host sum` (the first chunk's, before anything crosses),
-    /// `across hosts` (every chunk's sum across the hosts, while the other chunks' steps
-    /// within the host run: its `chunks` in `args`) and `host gather` (until the last
-    /// chunk's sums are shared within the host; the bytes of every chunk's).
-    pub(crate) fn sum<W: Element + Equivalence + bytemuck::Pod>(&self, send: &[W], recv: &mut [W]) {
+    /// Each group's steps are events of the timeline when it records, with the bytes
+    /// this rank sent in `args`: `host sum` (the group's first chunk's sum within the
+    /// host, before anything crosses: `bytes`), `across hosts` (every chunk's sum across
+    /// the hosts, `bytes`, while the host sums the group's other chunks, `host_bytes`,
+    /// and gathers them; its `chunks`) and `host gather` (until the group's last sums
+    /// are shared within the host; every chunk's gather's `bytes`).
+    pub(crate) fn sum<W: Element + Equivalence + bytemuck::Pod>(&self, send: &[W], recv: &mut [W], chunk_bytes: usize) {
+        let chunks = std::mem::size_of_val(send).div_ceil(chunk_bytes.max(1)).max(1);
+        let groups = chunks.div_ceil(GROUP_CHUNKS);
+        for g in 0..groups {
+            let part = segment(send.len(), groups, g);
+            let chunks = segment(chunks, groups, g).len();
+            self.sum_chunks(&send[part.clone()], &mut recv[part], chunks);
+        }
+    }
+
+    /// One group of [`Hosts::sum`]: `send` in `chunks` chunks.
+    fn sum_chunks<W: Element + Equivalence + bytemuck::Pod>(&self, send: &[W], recv: &mut [W], chunks: usize) {
         let (k, m) = (self.node.size() as usize, self.across.size() as usize);
         let (me, host) = (self.node.rank() as usize, self.across.rank() as usize);
         let len = send.len();
-        let chunks = std::mem::size_of_val(send).div_ceil(CHUNK_BYTES).max(1);
         let chunk = |c: usize| segment(len, chunks, c);
         // Host rank j's segment of chunk c, in the array.
         let seg = |c: usize, j: usize| {
@@ -139,11 +176,11 @@ impl Hosts {
         };
         let mine: Vec<usize> = (0..chunks).map(|c| seg(c, me).len()).collect();
         let own: Vec<usize> = mine.iter().map(|&l| segment(l, m, host).len()).collect();
-        // The bytes this rank sends in each step: the rest of the first chunk to the
-        // host's other ranks; each chunk's segment's pieces to the other hosts and its
-        // own piece's sums back to each; each segment to each of the host's other ranks.
+        // The bytes this rank sends: the rest of each chunk to the host's other ranks;
+        // each chunk's segment's pieces to the other hosts and its own piece's sums
+        // back to each; each segment to each of the host's other ranks.
         let bytes = |elements: usize| (elements * std::mem::size_of::<W>()) as u64;
-        let within = bytes(chunk(0).len() - mine[0]);
+        let within = |c: usize| bytes(chunk(c).len() - mine[c]);
         let across = bytes((0..chunks).map(|c| mine[c] - own[c] + own[c] * (m - 1)).sum());
         let gather = bytes(mine.iter().sum::<usize>() * (k - 1));
         let total: usize = mine.iter().sum();
@@ -173,7 +210,7 @@ impl Hosts {
                             Summing::post(scope, node, &send[chunk(c)], partial, theirs, false)
                         };
                         let mut partial = within_host(0).finish()[0];
-                        step.next("host sum", within, None);
+                        step.next("host sum", vec![("bytes", within(0))]);
                         let mut gathers = Vec::new();
                         for c in 0..chunks {
                             let (mut lower, out, mut upper) = outs.next().expect("a chunk");
@@ -198,11 +235,15 @@ impl Hosts {
                                 partial = next.finish()[0];
                             }
                         }
-                        step.next("across hosts", across, Some(chunks));
+                        let host_bytes = (1..chunks).map(within).sum();
+                        step.next(
+                            "across hosts",
+                            vec![("bytes", across), ("host_bytes", host_bytes), ("chunks", chunks as u64)],
+                        );
                         for r in gathers {
                             wait(r);
                         }
-                        step.next("host gather", gather, None);
+                        step.next("host gather", vec![("bytes", gather)]);
                     });
                 });
             });
@@ -217,6 +258,10 @@ impl Hosts {
 /// Gbit/s, where the 4 ranks' work on the machine's 2 cores bounds it, one chunk and
 /// chunks of 4 to 8 MiB read alike (130 to 158 ms).
 const CHUNK_BYTES: usize = 4 << 20;
+
+/// The most chunks of a group of [`Hosts::sum`]: its buffers hold a group's worth of the
+/// array (64 MiB in chunks of 4 MiB), however big the array.
+const GROUP_CHUNKS: usize = 16;
 
 /// `buf` split into consecutive parts of `lens` (which sum to at most its length).
 fn split<W>(mut buf: &mut [W], lens: impl Iterator<Item = usize>) -> Vec<&mut [W]> {
@@ -236,14 +281,12 @@ impl Steps {
         Steps(kvstore_core::timeline::recording().then(kvstore_core::timeline::now))
     }
 
-    /// Records the step that ends now, and starts the next.
-    fn next(&mut self, name: &'static str, bytes: u64, chunks: Option<usize>) {
+    /// Records the step that ends now, with `args`, and starts the next.
+    fn next(&mut self, name: &'static str, args: Vec<(&'static str, u64)>) {
         use kvstore_core::timeline::{Arg, complete, now};
         if let Some(at) = self.0 {
             let end = now();
-            let mut args = vec![("bytes", Arg::U(bytes))];
-            args.extend(chunks.map(|c| ("chunks", Arg::U(c as u64))));
-            complete(name, "wire", at, end, args);
+            complete(name, "wire", at, end, args.into_iter().map(|(k, v)| (k, Arg::U(v))).collect());
             self.0 = Some(end);
         }
     }

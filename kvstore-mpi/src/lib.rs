@@ -60,7 +60,7 @@ mod shm;
 #[cfg(feature = "mpi")]
 pub use group::{BUCKET_BYTES_VAR, MpiGroup, TIMEOUT_VAR, finalize, group};
 #[cfg(feature = "mpi")]
-pub use hosts::HOST_RANKS_VAR;
+pub use hosts::{HOST_CHUNK_BYTES_VAR, HOST_RANKS_VAR};
 #[cfg(feature = "mpi")]
 pub use remote::{MpiRemote, remote};
 #[cfg(feature = "mpi")]

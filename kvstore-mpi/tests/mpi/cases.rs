@@ -208,9 +208,10 @@ fn big_sums_go_host_by_host_with_the_same_bits() {
     let expected = std::env::var("KVSTORE_TEST_HOST_BY_HOST").is_ok_and(|v| v == "1");
     let group = kvstore_mpi::group().expect("group");
     assert_eq!(group.used_hosts(), expected, "rank {}: summed host by host", kv.rank());
-    // 4 MiB and a little: on 2 ranks a host each rank's segment ends in a piece of one
-    // element (pieces of 1 MiB), whose part for the first of 2 hosts is empty; on 4
-    // ranks a host, every other rank's does.
+    // 4 MiB and a little: in one chunk (`main.rs`'s run with chunks of 64 MiB), on 2
+    // ranks a host each rank's segment ends in a piece of one element (pieces of 1 MiB),
+    // whose part for the first of 2 hosts is empty; on 4 ranks a host, every other
+    // rank's does. In 2 chunks (the default) or 65, the chunks' segments are uneven.
     const N: usize = 4 * (1 << 17) + 2;
     let w = kv.num_workers() as i64;
     kv.init(
@@ -242,30 +243,41 @@ fn host_steps_are_on_the_timeline(kv: &kvstore_core::KVStore, n: usize, by_hosts
     let text = std::fs::read_to_string(&own).unwrap_or_else(|e| panic!("{own:?}: {e}"));
     let value: serde_json::Value = serde_json::from_str(&text).expect("a trace");
     let events = value.get("traceEvents").unwrap_or(&value).as_array().expect("events").clone();
-    let steps: Vec<(String, u64)> = events
+    let steps: Vec<(String, Vec<u64>)> = events
         .iter()
         .filter(|e| e["ph"] == "X" && e["cat"] == "wire" && e["name"] != "bucket")
-        .map(|e| (e["name"].as_str().expect("a name").to_string(), e["args"]["bytes"].as_u64().expect("bytes")))
+        .map(|e| {
+            let args = ["bytes", "host_bytes", "chunks"].iter().filter_map(|a| e["args"][a].as_u64()).collect();
+            (e["name"].as_str().expect("a name").to_string(), args)
+        })
         .collect();
-    let chunks = events.iter().find(|e| e["name"] == "across hosts").and_then(|e| e["args"]["chunks"].as_u64());
-    let expected: Vec<(String, u64)> = if by_hosts {
-        // (Chunks of the key summed in turn, their steps overlapping.)
-        let chunks = chunks.unwrap_or_else(|| panic!("rank {}: no chunks on the across event", kv.rank())) as usize;
-        assert!(chunks >= 2, "rank {}: the key's sum went in {chunks} chunk", kv.rank());
+    let expected: Vec<(String, Vec<u64>)> = if by_hosts {
+        // Chunks of at most the setting's bytes (4 MiB by default), in groups of at most
+        // 16, each group's steps three events.
+        let chunk_bytes: usize = std::env::var(kvstore_mpi::HOST_CHUNK_BYTES_VAR)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map_or(4 << 20, |v| v.parse().expect("chunk bytes"));
         let k: usize = std::env::var(kvstore_mpi::HOST_RANKS_VAR).expect("ranks per host").parse().expect("a number");
         let (w, r) = (kv.num_workers(), kv.rank());
         let m = w / k;
         let part = |len: usize, parts: usize, i: usize| len * (i + 1) / parts - len * i / parts;
-        let chunk = |c: usize| part(n, chunks, c);
-        let mine = |c: usize| part(chunk(c), k, r % k);
-        let own = |c: usize| part(mine(c), m, r / k);
-        let across: usize = (0..chunks).map(|c| mine(c) - own(c) + own(c) * (m - 1)).sum();
-        let gather: usize = (0..chunks).map(|c| mine(c) * (k - 1)).sum();
-        vec![
-            ("host sum".to_string(), 8 * (chunk(0) - mine(0)) as u64),
-            ("across hosts".to_string(), 8 * across as u64),
-            ("host gather".to_string(), 8 * gather as u64),
-        ]
+        let chunks = (n * 8).div_ceil(chunk_bytes);
+        let groups = chunks.div_ceil(16);
+        let mut expected = Vec::new();
+        for g in 0..groups {
+            let (len, chunks) = (part(n, groups, g), part(chunks, groups, g));
+            let chunk = |c: usize| part(len, chunks, c);
+            let mine = |c: usize| part(chunk(c), k, r % k);
+            let own = |c: usize| part(mine(c), m, r / k);
+            let across: usize = (0..chunks).map(|c| mine(c) - own(c) + own(c) * (m - 1)).sum();
+            let within: usize = (1..chunks).map(|c| chunk(c) - mine(c)).sum();
+            let gather: usize = (0..chunks).map(|c| mine(c) * (k - 1)).sum();
+            expected.push(("host sum".to_string(), vec![8 * (chunk(0) - mine(0)) as u64]));
+            expected.push(("across hosts".to_string(), vec![8 * across as u64, 8 * within as u64, chunks as u64]));
+            expected.push(("host gather".to_string(), vec![8 * gather as u64]));
+        }
+        expected
     } else {
         Vec::new()
     };
@@ -453,13 +465,26 @@ fn shared_memory_and_mpi_messages_give_the_same_bits() {
 /// Run alone with a bad `KVSTORE_MPI_HOST_RANKS` (`main.rs`'s settings), making a store
 /// fails with an error naming the variable; without it, making one succeeds.
 fn host_ranks_come_from_the_environment() {
-    if std::env::var_os(kvstore_mpi::HOST_RANKS_VAR).is_none() {
+    refused_when_set(kvstore_mpi::HOST_RANKS_VAR);
+}
+
+/// Without `var`, making a store succeeds; with it (a bad value), it fails with an
+/// error naming `var`.
+fn refused_when_set(var: &str) {
+    if std::env::var_os(var).is_none() {
         store();
         return;
     }
     let e = kvstore_mpi::create("dist_sync").expect_err("a bad setting");
     assert_eq!(e.kind(), kvstore_core::ErrorKind::InvalidArgument);
-    assert!(e.to_string().contains(kvstore_mpi::HOST_RANKS_VAR), "{e}");
+    assert!(e.to_string().contains(var), "{e}");
+}
+
+/// Run alone with a `KVSTORE_MPI_HOST_CHUNK_BYTES` that is not a number, or below its
+/// least (`main.rs`'s settings): making a store fails with an error naming the variable;
+/// without it, making one succeeds.
+fn host_chunk_bytes_come_from_the_environment() {
+    refused_when_set(kvstore_mpi::HOST_CHUNK_BYTES_VAR);
 }
 
 /// Run alone with `KVSTORE_MPI_SHARED_MEMORY` neither 0 nor 1 too (`main.rs`), and in
@@ -613,6 +638,7 @@ pub(super) const CASES: &[(&str, fn())] = &[
     ("shared_memory_and_mpi_messages_give_the_same_bits", shared_memory_and_mpi_messages_give_the_same_bits),
     ("shared_memory_comes_from_the_environment", shared_memory_comes_from_the_environment),
     ("host_ranks_come_from_the_environment", host_ranks_come_from_the_environment),
+    ("host_chunk_bytes_come_from_the_environment", host_chunk_bytes_come_from_the_environment),
     ("bucket_bytes_come_from_the_environment", bucket_bytes_come_from_the_environment),
     ("timeout_comes_from_the_environment", timeout_comes_from_the_environment),
     ("the_builder_sets_the_timeout", the_builder_sets_the_timeout),

@@ -42,17 +42,22 @@ const RUNS: &[Run] = &[
 
 /// Hosts made of blocks of ranks (`KVSTORE_MPI_HOST_RANKS`), where big sums go host by
 /// host or, where the placement would change the bits, flat: a run's name, ranks,
-/// ranks per host, whether it goes host by host, and its bucket size. Run by the case
+/// ranks per host, whether it goes host by host, its bucket size and its chunk size
+/// (`KVSTORE_MPI_HOST_CHUNK_BYTES`: the case's 4 MiB key in 2 chunks by default; in one,
+/// where each rank's part of its segment crosses in pieces of 1 MiB and one element;
+/// in 65 chunks of 64 KiB, in 5 groups). Run by the case
 /// `big_sums_go_host_by_host_with_the_same_bits` only.
-const HOST_RUNS: &[(&str, usize, &str, &str, &str)] = &[
-    ("hosts-2x2", 4, "2", "1", ""),
-    ("hosts-3x2", 6, "2", "1", ""),
-    ("hosts-2x4", 8, "4", "1", ""),
-    ("hosts-2x2-bucket64", 4, "2", "1", "64"),
-    ("hosts-2x1", 2, "1", "0", ""),
-    ("hosts-1x4", 4, "4", "0", ""),
-    ("hosts-2+1", 3, "2", "0", ""),
-    ("hosts-3+3", 6, "3", "0", ""),
+const HOST_RUNS: &[(&str, usize, &str, &str, &str, &str)] = &[
+    ("hosts-2x2", 4, "2", "1", "", ""),
+    ("hosts-3x2", 6, "2", "1", "", ""),
+    ("hosts-2x4", 8, "4", "1", "", ""),
+    ("hosts-2x2-bucket64", 4, "2", "1", "64", ""),
+    ("hosts-2x2-one-chunk", 4, "2", "1", "", "67108864"),
+    ("hosts-2x2-chunks64k", 4, "2", "1", "", "65536"),
+    ("hosts-2x1", 2, "1", "0", "", ""),
+    ("hosts-1x4", 4, "4", "0", "", ""),
+    ("hosts-2+1", 3, "2", "0", "", ""),
+    ("hosts-3+3", 6, "3", "0", "", ""),
 ];
 
 /// Settings that are not numbers (or not 0 or 1): the case of each, run alone, checks
@@ -62,6 +67,8 @@ const BAD_SETTINGS: &[(&str, &str, &str)] = &[
     ("KVSTORE_TIMEOUT", "soon", "timeout_comes_from_the_environment"),
     ("KVSTORE_MPI_SHARED_MEMORY", "maybe", "shared_memory_comes_from_the_environment"),
     ("KVSTORE_MPI_HOST_RANKS", "0", "host_ranks_come_from_the_environment"),
+    ("KVSTORE_MPI_HOST_CHUNK_BYTES", "lots", "host_chunk_bytes_come_from_the_environment"),
+    ("KVSTORE_MPI_HOST_CHUNK_BYTES", "4096", "host_chunk_bytes_come_from_the_environment"),
 ];
 
 fn main() -> ExitCode {
@@ -103,12 +110,13 @@ fn trials() -> Vec<Trial> {
             }));
         }
     }
-    for &(run, np, k, by_hosts, bucket) in HOST_RUNS {
+    for &(run, np, k, by_hosts, bucket, chunk) in HOST_RUNS {
         trials.push(Trial::test(format!("{run}::big_sums_go_host_by_host_with_the_same_bits"), move || {
             let env = [
                 ("KVSTORE_MPI_HOST_RANKS", k),
                 ("KVSTORE_TEST_HOST_BY_HOST", by_hosts),
                 ("KVSTORE_MPI_BUCKET_BYTES", bucket),
+                ("KVSTORE_MPI_HOST_CHUNK_BYTES", chunk),
             ];
             let mut cmd = jobs::mpirun(np, &env);
             cmd.arg(this_program()).args(["case", "big_sums_go_host_by_host_with_the_same_bits"]);
