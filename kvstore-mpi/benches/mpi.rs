@@ -156,7 +156,13 @@ fn two_bit_limit(world: &SimpleCommunicator, runs: usize, n: usize) -> f64 {
 /// rank in its place on the other host (its segment's pieces, then the sums of its own
 /// piece). A push whose steps overlapped perfectly would still move these bytes over
 /// these paths; here they share one machine's cores, as the push's do.
-fn cluster_rows(kv: &KVStore, world: &SimpleCommunicator, runs: usize, run: &str) -> kvstore_core::Result<()> {
+fn cluster_rows(
+    kv: &KVStore,
+    world: &SimpleCommunicator,
+    runs: usize,
+    run: &str,
+    out: &str,
+) -> kvstore_core::Result<()> {
     let (rank, size) = (world.rank(), world.size());
     if size != 4 {
         return Err(kvstore_core::Error::invalid_argument("the cluster rows run on 2 hosts of 2 ranks"));
@@ -198,8 +204,7 @@ fn cluster_rows(kv: &KVStore, world: &SimpleCommunicator, runs: usize, run: &str
         (format!("{run}: dist_sync push of 64 MB f32, vs MPI moving its bytes"), push, Some(moved)),
     ];
     if rank == 0 {
-        let out = std::env::args().skip(1).find(|a| !a.starts_with("--")).expect("the rows' file");
-        kvstore_tests::bench::write_rows(&out, &rows)?;
+        kvstore_tests::bench::write_rows(out, &rows)?;
     }
     kvstore_mpi::finalize()
 }
@@ -212,7 +217,7 @@ fn main() -> kvstore_core::Result<()> {
     let world = SimpleCommunicator::world();
     let run = std::env::var("KVSTORE_BENCH_LABEL").unwrap_or_else(|_| format!("mpi {} ranks", kv.num_workers()));
     if std::env::var_os("KVSTORE_BENCH_CLUSTER").is_some() {
-        return cluster_rows(&kv, &world, runs, &run);
+        return cluster_rows(&kv, &world, runs, &run, &out);
     }
     let mut rows = Vec::new();
     let only_commit = std::env::var("KVSTORE_BENCH_COMMIT").as_deref() == Ok("only");
