@@ -61,10 +61,18 @@ fn without_a_device_every_gpu_test_fails_when_cuda_is_required() {
         return; // every test runs here
     }
     let me = std::env::current_exe().expect("this test's program");
-    let listed = Command::new(&me).args(["--list", "--format", "terse"]).output().expect("listing the tests");
-    let listed = String::from_utf8(listed.stdout).expect("the list");
-    let others =
-        ["without_cuda_every_gpu_call_is_a_clear_error", "without_a_device_every_gpu_test_fails_when_cuda_is_required"];
+    let list = |args: &[&str]| {
+        let listed = Command::new(&me).args(args).output().expect("listing the tests");
+        String::from_utf8(listed.stdout).expect("the list")
+    };
+    let listed = list(&["--list", "--format", "terse"]);
+    // Ignored tests are the jobs their parent tests run (each parent is checked here).
+    let ignored = list(&["--list", "--ignored", "--format", "terse"]);
+    let mut others = vec![
+        "without_cuda_every_gpu_call_is_a_clear_error",
+        "without_a_device_every_gpu_test_fails_when_cuda_is_required",
+    ];
+    others.extend(ignored.lines().filter_map(|l| l.strip_suffix(": test")));
     let gpu_tests: Vec<&str> =
         listed.lines().filter_map(|l| l.strip_suffix(": test")).filter(|name| !others.contains(name)).collect();
     assert!(gpu_tests.len() >= 40, "only {} GPU tests listed:\n{listed}", gpu_tests.len());
@@ -227,4 +235,22 @@ fn memory_dropped_on_a_thread_without_cuda_is_freed_cleanly() {
     drop(vals);
     std::thread::spawn(move || drop(kv)).join().expect("dropping thread");
     check("a store dropped on another thread");
+}
+
+/// Commits of a `device` store whose values, pushes, 2-bit residuals and Adam state live
+/// on the GPUs restore the same bits, those of the host too
+/// (`device_checks::commits_restore_the_same_bits`; its jobs run as `commit_job_child`).
+#[test]
+fn commits_of_gpu_values_restore_the_same_bits() {
+    if !kvstore_cuda::gpu_or_skip("commits_of_gpu_values_restore_the_same_bits") {
+        return;
+    }
+    device_checks::commits_restore_the_same_bits("commit_job_child");
+}
+
+#[test]
+#[ignore = "a job of commits_of_gpu_values_restore_the_same_bits, run by it"]
+fn commit_job_child() {
+    let n = gpus().expect("register");
+    device_checks::commit_job(&(0..n).map(Context::gpu).collect::<Vec<_>>());
 }

@@ -178,3 +178,57 @@ def test_tensors_lent_to_the_store_are_freed_with_them():
         gc.collect()
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated(dev) == before
+
+
+COMMIT_JOB = """
+import os, sys
+import numpy as np
+import torch
+import kvstore as kv
+
+steps, die = int(sys.argv[1]), int(sys.argv[2])
+dev = torch.device("cuda", 0)
+store = kv.create("device")
+store.set_gradient_compression({"type": "2bit", "threshold": 0.5})
+s = store.restored()
+if s is None:
+    store.init("w", torch.linspace(-1.0, 1.0, 1001, device=dev))
+    store.set_optimizer(kv.optimizer.Adam(learning_rate=0.01))
+    start = 0
+else:
+    print("restored", s.step, s.extra.decode())
+    start = s.step + 1
+for step in range(start, steps):
+    g = torch.sin(torch.arange(1001, device=dev, dtype=torch.float32) * (step + 1))
+    store.push("w", [g, g * 2.0])
+    store.commit(step, b"at %d" % step)
+    if step == die:
+        os._exit(3)
+out = torch.zeros(1001, device=dev)
+store.pull("w", out=out)
+print("w", out.cpu().numpy().tobytes().hex())
+"""
+
+
+@needs_gpu
+def test_commits_of_cuda_tensors_restore_the_same_bits(tmp_path):
+    import subprocess
+    import sys
+
+    def run(job, *args):
+        env = dict(os.environ, KVSTORE_JOB=job, KVSTORE_COMMIT_DIR=str(tmp_path))
+        env.pop("OMPI_COMM_WORLD_RANK", None)
+        return subprocess.run([sys.executable, "-c", COMMIT_JOB, *map(str, args)], env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    def said(p, word):
+        return [line for line in p.stdout.splitlines() if line.startswith(word + " ")]
+
+    whole = run("never-died", 5, -1)
+    assert whole.returncode == 0, whole.stderr
+    died = run("died", 5, 2)
+    assert died.returncode == 3, died.stderr
+    resumed = run("died", 5, -1)
+    assert resumed.returncode == 0, resumed.stderr
+    assert said(resumed, "restored") == ["restored 2 at 2"], resumed.stdout
+    assert said(whole, "w") and said(resumed, "w") == said(whole, "w")

@@ -386,3 +386,99 @@ fn dist_train(kv: &KVStore, rank: usize, ctxs: &[Context], turns: bool) -> Vec<u
     kv.barrier().expect("barrier");
     bits(&kv.pull_new("k", 0).expect("pull"))
 }
+
+/// The variable that tells [`commit_job`] what to run: `gpu STEPS [DIE]` (the test
+/// binary's devices) or `host STEPS` (every value on the host).
+pub const COMMIT_JOB: &str = "KVSTORE_TEST_COMMIT_JOB";
+
+/// Commits of a `device` store whose values, pushes, 2-bit residuals and Adam state live
+/// on devices restore the same bits: the job of [`commit_job`] on the devices, killed
+/// right after committing step 2 and run again, ends with the bits of the same job that
+/// never died, and of that job on the host. `child` is the test binary's ignored test
+/// that runs [`commit_job`] on its devices (a restart is a new process).
+pub fn commits_restore_the_same_bits(child: &str) {
+    let dir = crate::TempDir::new(&format!("commits-{child}"));
+    let run = |job: &str, spec: &str| {
+        let exe = std::env::current_exe().expect("test binary");
+        let out = std::process::Command::new(exe)
+            .args(["--exact", child, "--ignored", "--nocapture", "--test-threads", "1"])
+            .env(COMMIT_JOB, spec)
+            .env("KVSTORE_JOB", job)
+            .env("KVSTORE_COMMIT_DIR", dir.dir())
+            .env_remove("OMPI_COMM_WORLD_RANK")
+            .output()
+            .expect("the job runs");
+        let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.code(), said)
+    };
+    // The job's lines (the first may follow the harness's `test NAME ... `).
+    let lines = |said: &str, prefix: &str| -> Vec<String> {
+        said.lines().filter_map(|l| l.find(prefix).map(|i| l[i..].to_string())).collect()
+    };
+    let (code, host) = run("on-the-host", "host 6");
+    assert_eq!(code, Some(0), "{host}");
+    let (code, whole) = run("never-died", "gpu 6");
+    assert_eq!(code, Some(0), "{whole}");
+    assert_eq!(lines(&whole, "job bits ").len(), 2, "{whole}");
+    assert_eq!(lines(&whole, "job bits "), lines(&host, "job bits "), "the devices' bits are not the host's");
+    let (code, died) = run("died", "gpu 6 2");
+    assert_eq!(code, Some(3), "{died}");
+    assert!(lines(&died, "job bits ").is_empty(), "{died}");
+    let (code, resumed) = run("died", "gpu 6");
+    assert_eq!(code, Some(0), "{resumed}");
+    assert_eq!(lines(&resumed, "job restored "), ["job restored 2 at 2"], "{resumed}");
+    assert_eq!(
+        lines(&resumed, "job bits "),
+        lines(&whole, "job bits "),
+        "a resumed job's bits are not those of one that never died"
+    );
+}
+
+/// A job of `STEPS` steps on a `device` store with 2-bit compression and Adam, two keys
+/// (their values on the first and the last of `ctxs`), three pushed values per key and
+/// step spread over `ctxs`, a commit per step; with `DIE`, it exits with status 3 right
+/// after committing that step. It prints `job restored S EXTRA` when it resumed, and at the
+/// end `job bits KEY HASH` of each key's value pulled onto the last of `ctxs`. What it runs
+/// comes from [`COMMIT_JOB`], set by [`commits_restore_the_same_bits`].
+pub fn commit_job(ctxs: &[Context]) {
+    let spec = std::env::var(COMMIT_JOB).expect("run by its parent test");
+    let words: Vec<&str> = spec.split(' ').collect();
+    let ctxs = if words[0] == "host" { vec![Context::cpu(0)] } else { ctxs.to_vec() };
+    let steps: u64 = words[1].parse().expect("steps");
+    let die: Option<u64> = words.get(2).map(|w| w.parse().expect("a step"));
+    let keys = [("k", 4099, ctxs[0]), ("j", 300, ctxs[ctxs.len() - 1])];
+    let kv = KVStore::create("device").expect("store");
+    kv.set_gradient_compression(&[("type", "2bit"), ("threshold", "0.5")]).expect("set_gradient_compression");
+    let start = match kv.restored() {
+        Some(r) => {
+            println!("job restored {} {}", r.step, String::from_utf8_lossy(&r.extra));
+            r.step + 1
+        }
+        None => {
+            for (i, (key, n, ctx)) in keys.iter().enumerate() {
+                kv.init(*key, &values(*n, 90 + i as u64, DType::F32, *ctx)).expect("init");
+            }
+            let adam = kvstore_core::Optimizer::builder("adam").param("learning_rate", 0.01).build().expect("adam");
+            kv.set_optimizer(adam).expect("set_optimizer");
+            0
+        }
+    };
+    for step in start..steps {
+        for (key, n, _) in keys {
+            let vals: Vec<NDArray> =
+                (0..3).map(|i| values(n, step * 10 + i as u64, DType::F32, ctxs[i % ctxs.len()])).collect();
+            kv.push(key, &vals, 0).expect("push");
+        }
+        kv.commit(step, format!("at {step}").as_bytes()).expect("commit");
+        if die == Some(step) {
+            std::process::exit(3);
+        }
+    }
+    for (key, n, _) in keys {
+        let out = NDArray::zeros_with(&[n], DType::F32, ctxs[ctxs.len() - 1]).expect("out");
+        kv.pull(key, &out, 0).expect("pull");
+        // FNV-1a of the bits: equal lines are equal values.
+        let hash = bits(&out).iter().fold(0xcbf29ce484222325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100000001b3));
+        println!("job bits {key} {hash:016x}");
+    }
+}

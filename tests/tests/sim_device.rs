@@ -416,3 +416,17 @@ fn row_sparse_keys_on_devices_give_the_host_bits() {
     device_checks::row_sparse_matches_the_host(&[Context::gpu(0), Context::gpu(1)]);
     device_checks::row_sparse_matches_the_host(&[Context::gpu(2), Context::cpu(0)]);
 }
+
+/// Commits of a `device` store with every value on the devices restore the same bits
+/// (`device_checks::commits_restore_the_same_bits`; its jobs run as `commit_job_child`).
+#[test]
+fn commits_of_device_values_restore_the_same_bits() {
+    device_checks::commits_restore_the_same_bits("commit_job_child");
+}
+
+#[test]
+#[ignore = "a job of commits_of_device_values_restore_the_same_bits, run by it"]
+fn commit_job_child() {
+    sim();
+    device_checks::commit_job(&(0..DEVICES).map(Context::gpu).collect::<Vec<_>>());
+}
