@@ -585,6 +585,15 @@ fn main() -> kvstore_core::Result<()> {
                 limit_s,
                 "reported: the floor of a checksummed commit, against the 5 % target (>= 0.95)",
             ),
+            n if n.starts_with("mpi ") && n.contains("of its update written to a second copy") => Row::new(
+                n,
+                median_s,
+                limit_s,
+                "reported: the floor of a commit that copied nothing, against the 5 % target (>= 0.95)",
+            ),
+            n if n.starts_with("mpi ") && n.contains("written to a second copy with its CRC-32, vs in place") => {
+                Row::new(n, median_s, limit_s, "reported: what writing an update to other memory costs")
+            }
             n if n.starts_with("mpi ") && n.contains("a commit (the step and a commit") => {
                 Row::new(n, median_s, limit_s, "~1 (one memory copy of its bytes)")
             }
