@@ -75,6 +75,21 @@ enum SavedMerger {
     Optimizer(Box<Runtime>),
 }
 
+impl SavedMerger {
+    /// The merger a store takes from the file: `None` keeps the store's (a custom
+    /// updater's file).
+    fn into_merger(self) -> Option<Merger> {
+        match self {
+            SavedMerger::Assign => Some(Merger::Assign),
+            SavedMerger::Custom => None,
+            // Keys of any dtype may be in the file (the optimizer refuses a push to a
+            // key it cannot update, as before the checkpoint); each key's state was
+            // checked against its value when read.
+            SavedMerger::Optimizer(rt) => Some(Merger::Optimizer(Arc::new(*rt))),
+        }
+    }
+}
+
 /// One key of a file, read and checked.
 struct SavedKey {
     key: Key,
@@ -92,15 +107,15 @@ struct Checkpoint {
     hash: u64,
 }
 
-/// A tensor of the file as a host array, after checking its dtype, shape and CRC-32.
-fn tensor(
-    file: &SafeTensors<'_>,
+/// A tensor of the file, after checking its dtype, shape and CRC-32: its bytes.
+fn checked<'a>(
+    file: &SafeTensors<'a>,
     name: &str,
     dtype: DType,
     shape: &[usize],
     crc32: &Value,
     bad: &dyn Fn(String) -> Error,
-) -> Result<NDArray> {
+) -> Result<&'a [u8]> {
     let t = file.tensor(name).map_err(|_| bad(format!("tensor {name} is missing")))?;
     if t.dtype() != st_dtype(dtype) || t.shape() != shape {
         return Err(bad(format!(
@@ -112,14 +127,76 @@ fn tensor(
     if crc32.as_str() != Some(crc(t.data()).as_str()) {
         return Err(bad(format!("tensor {name} is damaged: its CRC-32 does not match")));
     }
+    Ok(t.data())
+}
+
+/// A checked tensor's bytes as a new host array.
+fn host_array(shape: &[usize], dtype: DType, bytes: &[u8]) -> Result<NDArray> {
     let a = NDArray::zeros_with(shape, dtype, Context::default())?;
-    a.write()?.bytes_mut().copy_from_slice(t.data());
+    a.write()?.bytes_mut().copy_from_slice(bytes);
     Ok(a)
 }
 
-/// Reads a file's bytes whole: format, every tensor's CRC-32, the file's checksum, the
-/// optimizer, and every key's value and state (which must fit the optimizer).
-fn decode(bytes: &[u8], context: &str) -> Result<Checkpoint> {
+/// One key of a file, read and checked, its tensors still the file's bytes.
+pub(super) struct KeyBytes<'a> {
+    key: Key,
+    shape: Vec<usize>,
+    dtype: DType,
+    value: &'a [u8],
+    /// The update count and the state tensors (the optimizer's, then the master copy's).
+    state: Option<(u64, Vec<&'a [u8]>, bool)>,
+    row_sparse: bool,
+}
+
+impl KeyBytes<'_> {
+    /// The key's name, value, optimizer state and whether it is row-sparse, as new host
+    /// arrays (a copy of its tensors).
+    pub(super) fn key(&self) -> Result<(Key, NDArray, Option<KeyState>, bool)> {
+        let SavedKey { key, value, state, row_sparse } = self.arrays()?;
+        Ok((key, value, state, row_sparse))
+    }
+
+    /// The key as host arrays (a copy of its tensors).
+    fn arrays(&self) -> Result<SavedKey> {
+        let value = host_array(&self.shape, self.dtype, self.value)?;
+        let state_dtype = if self.dtype == DType::F64 { DType::F64 } else { DType::F32 };
+        let state = match &self.state {
+            None => None,
+            Some((count, tensors, master)) => {
+                let mut arrays: Vec<NDArray> =
+                    tensors.iter().map(|t| host_array(&self.shape, state_dtype, t)).collect::<Result<_>>()?;
+                let master = if *master { arrays.pop() } else { None };
+                Some(KeyState { count: *count, states: arrays, master })
+            }
+        };
+        Ok(SavedKey { key: self.key.clone(), value, state, row_sparse: self.row_sparse })
+    }
+}
+
+/// A file read and checked whole (format, every tensor's dtype, shape and CRC-32, the
+/// file's checksum, the optimizer, every key's state against it), its tensors still in
+/// the file's bytes: [`KeyBytes::key`] copies one key out, so that a loader may put
+/// each key in place before it copies the next one.
+pub(super) struct Layout<'a> {
+    keys: Vec<KeyBytes<'a>>,
+    merger: SavedMerger,
+    /// Names the file for the comparison across workers: its checksum and length.
+    hash: u64,
+}
+
+impl<'a> Layout<'a> {
+    /// What the file says pushes do with their sums (`None` keeps the store's: a file
+    /// saved with a custom updater; else the file's assignment or optimizer), and its
+    /// keys in the file's order.
+    pub(super) fn split(self) -> (Option<Merger>, Vec<KeyBytes<'a>>) {
+        (self.merger.into_merger(), self.keys)
+    }
+}
+
+/// Reads a file's bytes whole and checks them: format, every tensor's CRC-32, the
+/// file's checksum, the optimizer, and every key's value and state (which must fit the
+/// optimizer); copies no tensor.
+pub(super) fn read<'a>(bytes: &'a [u8], context: &str) -> Result<Layout<'a>> {
     let file = SafeTensors::deserialize(bytes).map_err(|e| corrupt(context, e))?;
     let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| corrupt(context, e))?;
     let meta = meta.metadata().as_ref().ok_or_else(|| corrupt(context, "no metadata"))?;
@@ -150,7 +227,7 @@ fn decode(bytes: &[u8], context: &str) -> Result<Checkpoint> {
         }
         let shape: Vec<usize> = serde_json::from_value(k["shape"].clone()).map_err(|_| bad("no shape".into()))?;
         let dtype: DType = k["dtype"].as_str().and_then(|d| d.parse().ok()).ok_or_else(|| bad("no dtype".into()))?;
-        let value = tensor(&file, &format!("v{n}"), dtype, &shape, &k["crc32"], &bad)?;
+        let value = checked(&file, &format!("v{n}"), dtype, &shape, &k["crc32"], &bad)?;
         let state = match (&k["state"], &merger) {
             (Value::Null, _) => None,
             (s, SavedMerger::Optimizer(rt)) => {
@@ -161,15 +238,14 @@ fn decode(bytes: &[u8], context: &str) -> Result<Checkpoint> {
                 let names: Vec<String> = names.chain(master.then(|| format!("s{n}.master"))).collect();
                 let crcs = s["crc32"].as_array().filter(|c| c.len() == names.len());
                 let crcs = crcs.ok_or_else(|| bad(format!("{} state checksums expected", names.len())))?;
-                let mut arrays: Vec<NDArray> = names
+                let tensors: Vec<&[u8]> = names
                     .iter()
                     .zip(crcs)
-                    .map(|(name, c)| tensor(&file, name, state_dtype, &shape, c, &bad))
+                    .map(|(name, c)| checked(&file, name, state_dtype, &shape, c, &bad))
                     .collect::<Result<_>>()?;
-                let master = if master { arrays.pop() } else { None };
-                let state = KeyState { count, states: arrays, master };
-                rt.check_loaded(&key, &value, &state)?;
-                Some(state)
+                let states = tensors.len() - usize::from(master);
+                rt.check_loaded_kinds(&key, dtype, &vec![state_dtype; states], master)?;
+                Some((count, tensors, master))
             }
             _ => return Err(bad("a state, but no optimizer".into())),
         };
@@ -179,7 +255,7 @@ fn decode(bytes: &[u8], context: &str) -> Result<Checkpoint> {
             Value::String(s) if s == "default" => false,
             other => return Err(bad(format!("unknown stype {}", shorten(&other.to_string())))),
         };
-        saved.push(SavedKey { key, value, state, row_sparse });
+        saved.push(KeyBytes { key, shape, dtype, value, state, row_sparse });
     }
     let tensors = file.tensors();
     let sum = opt_states::checksum(meta, tensors.iter().map(|(n, t)| (n.as_str(), t.dtype(), t.shape(), t.data())));
@@ -189,7 +265,14 @@ fn decode(bytes: &[u8], context: &str) -> Result<Checkpoint> {
     // What the workers compare: the contents' checksum (not the bytes', which depend on
     // the order in which the writer's process lists the metadata) and the length.
     let hash = (u64::from(sum) << 32) | (bytes.len() as u64 & 0xffff_ffff);
-    Ok(Checkpoint { keys: saved, merger, hash })
+    Ok(Layout { keys: saved, merger, hash })
+}
+
+/// Reads a file's bytes whole ([`read`]) and copies every key out.
+fn decode(bytes: &[u8], context: &str) -> Result<Checkpoint> {
+    let layout = read(bytes, context)?;
+    let keys = layout.keys.iter().map(KeyBytes::arrays).collect::<Result<_>>()?;
+    Ok(Checkpoint { keys, merger: layout.merger, hash: layout.hash })
 }
 
 /// A key of a loaded file: its slot among the locked entries (`None` for a new key),
@@ -588,15 +671,7 @@ impl Store {
             }
             keys.push((slot, key, value, state, row_sparse));
         }
-        let merger = match c.merger {
-            SavedMerger::Assign => Some(Merger::Assign),
-            SavedMerger::Custom => None,
-            // Keys of any dtype may be in the file (the optimizer refuses a push to a
-            // key it cannot update, as before the checkpoint); each key's state was
-            // checked against its value when read.
-            SavedMerger::Optimizer(rt) => Some(Merger::Optimizer(Arc::new(*rt))),
-        };
-        Ok(Plan { keys, merger })
+        Ok(Plan { keys, merger: c.merger.into_merger() })
     }
 }
 

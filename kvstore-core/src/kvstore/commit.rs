@@ -38,7 +38,7 @@
 //! commit to gather into, its memory in place) and writes the host's copy alone
 //! (`Writing::alone`), while the host's other ranks write their `extra`. The
 //! ranks agree through [`Peers`] (exchanges by request, `Shards::exchange`). A restore
-//! loads the copy into a local store and puts each rank's parts into its share
+//! checks the copy whole, then puts each rank's parts into its share one key at a time
 //! (`Store::install_loaded`), at any number of ranks.
 //!
 //! A store made with a job name restores, before its first call, the newest marked
@@ -1255,23 +1255,19 @@ impl Store {
     }
 
     /// Loads a commit's checkpoint into the store, all or nothing on every rank. A
-    /// `dist_async` store's goes into a local store first, then each rank puts its parts
-    /// into its share (as `load_checkpoint` does).
+    /// `dist_async` store's is read and checked whole first, then each rank puts its
+    /// parts into its share one key at a time (as `load_checkpoint` does).
     fn load_commit(&self, context: &str, checkpoint: Result<&[u8]>) -> Result<()> {
         const OP: &str = "restore";
         let Some(remote) = &self.remote else { return self.load_checkpoint_bytes(OP, context, checkpoint).map(|_| ()) };
-        let loaded = checkpoint.and_then(|checkpoint| {
-            let copy = Store::loading_copy()?;
-            copy.store.load_checkpoint_bytes(OP, context, Ok(checkpoint))?;
-            Ok(copy)
-        });
+        let loaded = checkpoint.and_then(|checkpoint| super::checkpoint::read(checkpoint, context));
         // (The ranks do not compare what they loaded: each host's copy holds the
         // optimizer counters of its writer's share, which differ from host to host; each
         // rank's own come from its record.)
         let what = "could not read or check the commit";
         self.agree(OP, context, loaded.as_ref().map(|_| 0).map_err(|_| ()), what)?;
-        let copy = loaded?;
-        let installed = self.install_loaded(remote, &copy);
+        let file = loaded?;
+        let installed = self.install_loaded(remote, file);
         self.agree(OP, context, installed.as_ref().map(|_| 0).map_err(|_| ()), "could not install the commit")?;
         installed
     }

@@ -1059,56 +1059,40 @@ impl super::Store {
         Ok(copy)
     }
 
-    /// A local store to load a checkpoint into for [`Store::install_loaded`]: its merger is
-    /// a marker that only a file saved with a custom updater leaves in place (such a file
-    /// keeps the store's updater), where a file's optimizer or assignment replaces it.
-    pub(super) fn loading_copy() -> Result<KVStore> {
-        let copy = KVStore::internal_local()?;
-        let marker = |_: &Key, _: usize, _: &NDArray, _: &NDArray| -> Result<()> {
-            Err(Error::Internal("a loading copy's marker ran".into()))
-        };
-        *copy.store.merger.write() = Merger::Custom(Arc::new(marker));
-        Ok(copy)
-    }
-
-    /// Puts a whole store loaded into a local store (`copy`, a [`Store::loading_copy`])
-    /// into this one: its optimizer on this worker's share (or assignment; a file saved
-    /// with a custom updater keeps the share's), with the parts this worker owns; keys
-    /// this store lacks are made.
-    pub(super) fn install_loaded(&self, remote: &Shards, copy: &KVStore) -> Result<()> {
-        let merger: Merger = copy.store.merger.read().clone();
-        let replaced = !matches!(merger, Merger::Custom(_));
-        if replaced {
+    /// Puts a whole store read from a file (`file`, checked whole by
+    /// [`checkpoint::read`](super::checkpoint::read)) into this one: the file's optimizer
+    /// on this worker's share (or assignment; a file saved with a custom updater keeps
+    /// the share's), then one key at a time, copied out of the file, the parts this
+    /// worker owns put in its share and this worker's copy of the value kept, before the
+    /// next key is copied out (a worker holds the file and one key, never a second copy
+    /// of the store); keys this store lacks are made.
+    pub(super) fn install_loaded(&self, remote: &Shards, file: super::checkpoint::Layout<'_>) -> Result<()> {
+        let (merger, keys) = file.split();
+        let replaced = merger.is_some();
+        if let Some(merger) = merger {
             *remote.server.store.merger.write() = merger;
         }
         let mut installed = std::collections::HashSet::new();
-        for e in copy.store.entries() {
-            let (value, state, row_sparse) = {
-                let slot = e.value.read();
-                let state = slot.opt.as_ref().map(|st| KeyState {
-                    count: st.count,
-                    states: st.states.clone(),
-                    master: st.master.clone(),
-                });
-                (slot.value.clone(), state, slot.row_sparse)
-            };
-            installed.extend(remote.restore(&e.key, &value, state.as_ref())?);
+        for k in &keys {
+            let (key, value, state, row_sparse) = k.key()?;
+            installed.extend(remote.restore(&key, &value, state.as_ref())?);
+            drop(state);
             // This worker's copy of the key (made when new).
             let mut table = self.table.write();
-            match self.entry(&table, &e.key) {
+            match self.entry(&table, &key) {
                 // The key's storage type is the file's: `stype` says it, and the
                 // store's next checkpoint keeps it.
                 Some(mine) => {
                     let mut slot = mine.value.write();
                     let got = (value.shape(), value.dtype());
-                    super::plan::check_like(|| "load_checkpoint".to_string(), &e.key, mine.like(), got)?;
+                    super::plan::check_like(|| "load_checkpoint".to_string(), &key, mine.like(), got)?;
                     slot.row_sparse = row_sparse;
                 }
                 None => {
                     let order = table.take_order();
-                    let mut slot = Slot::new(value.deep_copy()?, order);
+                    let mut slot = Slot::new(value, order);
                     slot.row_sparse = row_sparse;
-                    self.add_entry(&mut table, e.key.clone(), slot);
+                    self.add_entry(&mut table, key, slot);
                 }
             }
         }
@@ -1156,9 +1140,11 @@ impl KVStore {
     /// the others.
     pub(super) fn load_checkpoint_async(&self, remote: &Shards, path: &std::path::Path) -> Result<()> {
         self.wait_all()?;
-        let loaded = super::Store::loading_copy().and_then(|copy| {
-            copy.load_checkpoint(path)?;
-            self.store.install_loaded(remote, &copy)
+        let context = format!("load_checkpoint from {}", crate::optimizer::states::shown(path));
+        let bytes = crate::optimizer::states::read_file(path, &context);
+        let loaded = bytes.and_then(|bytes| {
+            let file = super::checkpoint::read(&bytes, &context)?;
+            self.store.install_loaded(remote, file)
         });
         let met = remote.barrier();
         loaded?;

@@ -595,21 +595,27 @@ impl Runtime {
     /// Checks that a state read from a file fits `weight`: the state dtype follows the
     /// weight's, and f16/bf16 weights under `multi_precision` have a master copy.
     pub(crate) fn check_loaded(&self, key: &Key, weight: &NDArray, state: &KeyState) -> Result<()> {
-        let sd = state_dtype(weight.dtype());
-        if let Some(a) = state.states.iter().find(|a| a.dtype() != sd) {
+        let states: Vec<DType> = state.states.iter().map(NDArray::dtype).collect();
+        self.check_loaded_kinds(key, weight.dtype(), &states, state.master.is_some())
+    }
+
+    /// [`Runtime::check_loaded`] of a state known by its arrays' dtypes and whether it
+    /// has a master copy.
+    pub(crate) fn check_loaded_kinds(&self, key: &Key, weight: DType, states: &[DType], master: bool) -> Result<()> {
+        let sd = state_dtype(weight);
+        if let Some(&got) = states.iter().find(|&&d| d != sd) {
             return Err(Error::DTypeMismatch {
-                context: format!("load_optimizer_states: the state of key \"{key}\" for its {} weight", weight.dtype()),
+                context: format!("load_optimizer_states: the state of key \"{key}\" for its {weight} weight"),
                 key: Some(key.clone()),
                 expected: sd,
-                got: a.dtype(),
+                got,
             });
         }
-        let wants_master =
-            self.opt.params.num("multi_precision") != 0.0 && matches!(weight.dtype(), DType::F16 | DType::BF16);
-        if wants_master != state.master.is_some() {
+        let wants_master = self.opt.params.num("multi_precision") != 0.0 && matches!(weight, DType::F16 | DType::BF16);
+        if wants_master != master {
             return Err(Error::invalid_argument(format!(
                 "load_optimizer_states: key \"{key}\": the file was saved with multi_precision {}, the optimizer has it {}",
-                if state.master.is_some() { "on" } else { "off" },
+                if master { "on" } else { "off" },
                 if wants_master { "on" } else { "off" }
             )));
         }
