@@ -50,7 +50,8 @@ pub(crate) fn host_ranks_from_env() -> Result<Option<usize>> {
 }
 
 /// The environment variable that sets the most bytes of a big key a chunk of a sum
-/// host by host holds ([`CHUNK_BYTES`] by default). Read when MPI starts.
+/// host by host holds ([`CHUNK_BYTES`] by default), and so a big sum's groups (64
+/// chunks). Read when MPI starts.
 pub const HOST_CHUNK_BYTES_VAR: &str = "KVSTORE_MPI_HOST_CHUNK_BYTES";
 
 /// The fewest bytes [`HOST_CHUNK_BYTES_VAR`] may ask for.
@@ -261,7 +262,7 @@ const CHUNK_BYTES: usize = 4 << 20;
 
 /// The most chunks of a group of [`Hosts::sum`]: its buffers hold a group's worth of the
 /// array (64 MiB in chunks of 4 MiB), however big the array.
-const GROUP_CHUNKS: usize = 16;
+pub(crate) const GROUP_CHUNKS: usize = 16;
 
 /// `buf` split into consecutive parts of `lens` (which sum to at most its length).
 fn split<W>(mut buf: &mut [W], lens: impl Iterator<Item = usize>) -> Vec<&mut [W]> {

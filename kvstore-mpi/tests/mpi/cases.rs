@@ -227,6 +227,35 @@ fn big_sums_go_host_by_host_with_the_same_bits() {
     assert_eq!(group.used_hosts(), expected, "rank {}: the i64 key summed host by host", kv.rank());
     host_steps_are_on_the_timeline(&kv, N, expected);
     assert_as_on_rank_0(&kv, "host-by-host bits", bits);
+    if std::env::var("KVSTORE_MPI_HOST_CHUNK_BYTES").is_ok_and(|c| c == "65536") {
+        big_sums_keep_a_groups_buffers(&kv);
+    }
+}
+
+/// With chunks of 64 KiB (a big sum's groups of 4 MiB, 64 chunks): a big key summed in
+/// place (a rank's two values of it summed into its merge buffer, which then goes
+/// across the ranks) and one summed from the pushed array get the same bits (each rank
+/// pushes the same sum both ways), and no buffer the sums keep from one call to the
+/// next ever held more than a group of a 16 MiB key (the copy for the sum in place held
+/// the whole key, the flat sum's receive buffer half of it).
+fn big_sums_keep_a_groups_buffers(kv: &kvstore_core::KVStore) {
+    use kvstore_core::NDArray;
+    const N: usize = (4 << 20) + 3;
+    let rank = kv.rank();
+    let half: Vec<f32> = (0..N).map(|i| ((i * 7 + rank * 3) % 11) as f32 * 0.25 - 1.0).collect();
+    let whole: Vec<f32> = half.iter().map(|x| x + x).collect();
+    let zeros = NDArray::zeros(&[N]).expect("zeros");
+    kv.init(&["in-place", "from-array"][..], &[zeros.clone(), zeros][..]).expect("init");
+    let halves = [NDArray::from_vec(&[N], half.clone()).expect("half"), NDArray::from_vec(&[N], half).expect("half")];
+    kv.push("in-place", &halves[..], 0).expect("push in place");
+    kv.push("from-array", &NDArray::from_vec(&[N], whole).expect("whole"), 0).expect("push");
+    let (a, b) = (kv.pull_new("in-place", 0).expect("pull"), kv.pull_new("from-array", 0).expect("pull"));
+    let (a, b) = (a.to_vec::<f32>().expect("f32"), b.to_vec::<f32>().expect("f32"));
+    let differ = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+    assert_eq!(differ, 0, "rank {rank}: {differ} elements summed in place got other bits");
+    let largest = kvstore_mpi::group().expect("group").largest_scratch_bytes();
+    assert!(largest <= 4 << 20, "rank {rank}: a buffer of big sums held {largest} bytes, more than a group's 4 MiB");
+    assert!(largest > 0, "rank {rank}: the big sums used no buffer");
 }
 
 /// A push of the `n`-element `hosts-i64` key with the timeline on: where it sums host by

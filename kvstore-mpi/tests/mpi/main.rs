@@ -45,7 +45,7 @@ const RUNS: &[Run] = &[
 /// ranks per host, whether it goes host by host, its bucket size and its chunk size
 /// (`KVSTORE_MPI_HOST_CHUNK_BYTES`: the case's 4 MiB key in 2 chunks by default; in one,
 /// where each rank's part of its segment crosses in pieces of 1 MiB and one element;
-/// in 65 chunks of 64 KiB, in 5 groups). Run by the case
+/// in 65 chunks of 64 KiB, in 5 groups, where a big sum goes in groups of 4 MiB). Run by the case
 /// `big_sums_go_host_by_host_with_the_same_bits` only.
 const HOST_RUNS: &[(&str, usize, &str, &str, &str, &str)] = &[
     ("hosts-2x2", 4, "2", "1", "", ""),
@@ -54,6 +54,7 @@ const HOST_RUNS: &[(&str, usize, &str, &str, &str, &str)] = &[
     ("hosts-2x2-bucket64", 4, "2", "1", "64", ""),
     ("hosts-2x2-one-chunk", 4, "2", "1", "", "67108864"),
     ("hosts-2x2-chunks64k", 4, "2", "1", "", "65536"),
+    ("hosts-1x2-chunks64k", 2, "2", "0", "", "65536"),
     ("hosts-2x1", 2, "1", "0", "", ""),
     ("hosts-1x4", 4, "4", "0", "", ""),
     ("hosts-2+1", 3, "2", "0", "", ""),
