@@ -280,6 +280,7 @@ pub fn group() -> Result<Arc<MpiGroup>> {
         return Err(backend(format!("the MPI library offers {threading:?} threading; kvstore needs Serialized")));
     }
     let world = universe.world();
+    settings_agree(&world, bucket_bytes.max(MIN_BUCKET_BYTES), host_chunk_bytes)?;
     let steps = world.duplicate();
     // dist_async's messages travel apart from everything else.
     let _ = crate::remote::COMM.set(crate::remote::Comm(world.duplicate(), world.duplicate()));
@@ -322,6 +323,25 @@ pub fn group() -> Result<Arc<MpiGroup>> {
     let group = Arc::clone(GROUP.get_or_init(|| group));
     watchdog::start(Arc::clone(&group));
     Ok(group)
+}
+
+/// Checks that every rank read the same settings that shape the ranks' messages (the
+/// buckets' bytes, the chunks' bytes): where one differs, the ranks would post messages
+/// that do not match. The same error on every rank, naming the setting and its least
+/// and greatest values. (Hosts' ranks that differ make the sums flat, `Hosts::find`.)
+fn settings_agree(world: &SimpleCommunicator, bucket_bytes: usize, host_chunk_bytes: usize) -> Result<()> {
+    let mine = [bucket_bytes as u64, host_chunk_bytes as u64];
+    let (mut least, mut most) = ([0u64; 2], [0u64; 2]);
+    world.all_reduce_into(&mine[..], &mut least[..], mpi::collective::SystemOperation::min());
+    world.all_reduce_into(&mine[..], &mut most[..], mpi::collective::SystemOperation::max());
+    let names = [BUCKET_BYTES_VAR, hosts::HOST_CHUNK_BYTES_VAR];
+    match (0..2).find(|&i| least[i] != most[i]) {
+        Some(i) => Err(Error::invalid_argument(format!(
+            "{} differs between the ranks ({} on some, {} on others): set it alike on every rank (mpirun -x {})",
+            names[i], least[i], most[i], names[i]
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The bucket size `KVSTORE_MPI_BUCKET_BYTES` asks for (unset or empty: the default).
@@ -381,8 +401,9 @@ impl MpiGroup {
     }
 
     /// The most bytes that any thread's buffer for big sums (kept from one sum to the
-    /// next) has held in this process: a group's worth of an array at most, 16 chunks
-    /// of `KVSTORE_MPI_HOST_CHUNK_BYTES` (64 MiB by default), whatever the arrays' sizes.
+    /// next) has held in this process: a group's worth of an array at most, 64 chunks
+    /// of `KVSTORE_MPI_HOST_CHUNK_BYTES` (256 MiB by default; 16 chunks host by host),
+    /// whatever the arrays' sizes.
     pub fn largest_scratch_bytes(&self) -> usize {
         LARGEST_SCRATCH.load(Ordering::Relaxed)
     }
@@ -1045,7 +1066,7 @@ fn store_sums<W: Element>(pairs: &[(&NDArray, &NDArray)], pieces: &[Piece], slot
 }
 
 /// The chunks of a sum host by host ([`hosts::GROUP_CHUNKS`]'s 4 groups) in a group of
-/// a big array's sum ([`MpiGroup::group_bytes`]): each group's messages are all in
+/// a big array's flat sum ([`MpiGroup::group_bytes`]): each group's messages are all in
 /// flight at once, and the next group's start after the last sums of this one arrived.
 /// On the 2-core machine of `make bench`, 2 ranks: a 256 MiB push in groups of 64 MiB
 /// took 101 and 111 ms against 88 and 90 ms in one; a 512 MiB push in groups of 256
@@ -1057,13 +1078,15 @@ const MAX_COUNT: usize = i32::MAX as usize;
 
 impl MpiGroup {
     /// A big array whose dtype MPI sums natively: `dst = sum(src)` by [`scatter_sum`]
-    /// (or host by host, [`Hosts::sum`](crate::hosts::Hosts::sum)), straight from the
-    /// source's memory into the destination's (no copy), or, in place, from a copy of
-    /// the source. It goes in groups of at most [`MpiGroup::group_bytes`], one after
-    /// the other, so that the buffers the sum keeps (this thread's, reused: the flat
-    /// sum's receive buffer, the copy) hold a group's worth of the array, however big
-    /// it is; the bits are the same whatever the groups (each element's sum is the same
-    /// tree over the ranks wherever it is in the array).
+    /// (or host by host, [`Hosts::sum`]), straight from the source's memory into the
+    /// destination's (no copy), or, in place, from a copy of the source. It goes in
+    /// groups, one after the other: host by host, the sum's own ([`hosts::groups`], 64
+    /// MiB by default); flat, of at most [`MpiGroup::group_bytes`] (256 MiB by default).
+    /// So the buffers the sum keeps (this thread's, reused: the flat sum's receive
+    /// buffer, the copy, the hosts' parts) hold a group's worth of the array, however big
+    /// it is. The groups are the same on every rank, whether it sums in place or not
+    /// (which another rank may do otherwise), and the bits are the same whatever the
+    /// groups (each element's sum is the same tree over the ranks wherever it is).
     fn allreduce_big<W: Element + Equivalence + bytemuck::Pod>(&self, src: &NDArray, dst: &NDArray) -> Result<()> {
         let in_place = src.same_storage(dst);
         let sum = |s: Option<&[W]>, d: &mut [W]| {
@@ -1071,14 +1094,18 @@ impl MpiGroup {
                 // (Found at the first big sum; then the world and the hosts are both read.)
                 let by_hosts = mpi.hosts(self.host_ranks).is_some();
                 let (world, hosts) = (&mpi.world, mpi.hosts.found());
-                // (Host by host from another array, the sum goes in such groups itself.)
-                let group = if s.is_some() && by_hosts { usize::MAX } else { self.group_bytes() };
-                let groups = std::mem::size_of_val(d).div_ceil(group).max(1);
-                for g in 0..groups {
-                    let part = segment(d.len(), groups, g);
+                // Each group's range, with its chunks host by host.
+                let groups = match hosts {
+                    Some(_) => hosts::groups(d.len(), std::mem::size_of::<W>(), self.host_chunk_bytes),
+                    None => {
+                        let n = std::mem::size_of_val(d).div_ceil(self.group_bytes()).max(1);
+                        (0..n).map(|g| (segment(d.len(), n, g), 0)).collect()
+                    }
+                };
+                for (part, chunks) in groups {
                     let d = &mut d[part.clone()];
                     let sum_part = |s: &[W], d: &mut [W]| match hosts {
-                        Some(hosts) => hosts.sum(s, d, self.host_chunk_bytes),
+                        Some(hosts) => hosts.sum(s, d, chunks),
                         None => scatter_sum(world, s, d),
                     };
                     match s {
@@ -1100,9 +1127,9 @@ impl MpiGroup {
         Ok(())
     }
 
-    /// The most bytes of a big array summed at once ([`MpiGroup::allreduce_big`]):
-    /// [`SUM_GROUP_CHUNKS`] chunks of `KVSTORE_MPI_HOST_CHUNK_BYTES` (256 MiB by
-    /// default).
+    /// The most bytes of a big array the flat sum sums at once
+    /// ([`MpiGroup::allreduce_big`]): [`SUM_GROUP_CHUNKS`] chunks of
+    /// `KVSTORE_MPI_HOST_CHUNK_BYTES` (256 MiB by default).
     fn group_bytes(&self) -> usize {
         self.host_chunk_bytes.saturating_mul(SUM_GROUP_CHUNKS)
     }

@@ -137,35 +137,24 @@ impl Hosts {
     }
 
     /// `recv = sum(send)` over the world, host by host, with the flat sum's bits (see
-    /// the module's docs), in chunks of at most `chunk_bytes` whose steps overlap: this
-    /// host's ranks sum a segment each of a chunk (a [`Summing`] of this rank's segment
-    /// only, through the host's memory); each sums its segment with the ranks in its
-    /// place on the other hosts (a [`Summing`] of the whole segment, over the network)
-    /// while the host's ranks sum the next chunk; then it sends its sums to the host's
-    /// other ranks while the next chunk crosses. The network is then busy from the end
-    /// of the first chunk's sum within the host to the last chunk's sums, and the sums
-    /// and gathers within the host run meanwhile. The chunks go in groups of at most
-    /// [`GROUP_CHUNKS`], one after the other, so that the buffers a sum keeps are those
-    /// of one group, whatever the array's size. `send` and `recv` do not overlap.
+    /// the module's docs), in `chunks` chunks whose steps overlap (one group of
+    /// [`groups`]: the caller sums an array group after group, so that the buffers a sum
+    /// keeps are those of one group, whatever the array's size): this host's ranks sum
+    /// a segment each of a chunk (a [`Summing`] of this rank's segment only, through the
+    /// host's memory); each sums its segment with the ranks in its place on the other
+    /// hosts (a [`Summing`] of the whole segment, over the network) while the host's
+    /// ranks sum the next chunk; then it sends its sums to the host's other ranks while
+    /// the next chunk crosses. The network is then busy from the end of the first
+    /// chunk's sum within the host to the last chunk's sums, and the sums and gathers
+    /// within the host run meanwhile. `send` and `recv` do not overlap.
     ///
-    /// Each group's steps are events of the timeline when it records, with the bytes
+    /// The group's steps are events of the timeline when it records, with the bytes
     /// this rank sent in `args`: `host sum` (the group's first chunk's sum within the
     /// host, before anything crosses: `bytes`), `across hosts` (every chunk's sum across
     /// the hosts, `bytes`, while the host sums the group's other chunks, `host_bytes`,
     /// and gathers them; its `chunks`) and `host gather` (until the group's last sums
     /// are shared within the host; every chunk's gather's `bytes`).
-    pub(crate) fn sum<W: Element + Equivalence + bytemuck::Pod>(&self, send: &[W], recv: &mut [W], chunk_bytes: usize) {
-        let chunks = std::mem::size_of_val(send).div_ceil(chunk_bytes.max(1)).max(1);
-        let groups = chunks.div_ceil(GROUP_CHUNKS);
-        for g in 0..groups {
-            let part = segment(send.len(), groups, g);
-            let chunks = segment(chunks, groups, g).len();
-            self.sum_chunks(&send[part.clone()], &mut recv[part], chunks);
-        }
-    }
-
-    /// One group of [`Hosts::sum`]: `send` in `chunks` chunks.
-    fn sum_chunks<W: Element + Equivalence + bytemuck::Pod>(&self, send: &[W], recv: &mut [W], chunks: usize) {
+    pub(crate) fn sum<W: Element + Equivalence + bytemuck::Pod>(&self, send: &[W], recv: &mut [W], chunks: usize) {
         let (k, m) = (self.node.size() as usize, self.across.size() as usize);
         let (me, host) = (self.node.rank() as usize, self.across.rank() as usize);
         let len = send.len();
@@ -263,6 +252,15 @@ const CHUNK_BYTES: usize = 4 << 20;
 /// The most chunks of a group of [`Hosts::sum`]: its buffers hold a group's worth of the
 /// array (64 MiB in chunks of 4 MiB), however big the array.
 pub(crate) const GROUP_CHUNKS: usize = 16;
+
+/// The groups that an array of `len` elements of `size` bytes is summed in host by host
+/// ([`Hosts::sum`], one after the other), in chunks of at most `chunk_bytes`: each
+/// group's range of the array and its number of chunks, at most [`GROUP_CHUNKS`].
+pub(crate) fn groups(len: usize, size: usize, chunk_bytes: usize) -> Vec<(std::ops::Range<usize>, usize)> {
+    let chunks = (len * size).div_ceil(chunk_bytes.max(1)).max(1);
+    let groups = chunks.div_ceil(GROUP_CHUNKS);
+    (0..groups).map(|g| (segment(len, groups, g), segment(chunks, groups, g).len())).collect()
+}
 
 /// `buf` split into consecutive parts of `lens` (which sum to at most its length).
 fn split<W>(mut buf: &mut [W], lens: impl Iterator<Item = usize>) -> Vec<&mut [W]> {

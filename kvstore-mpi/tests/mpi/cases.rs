@@ -235,9 +235,10 @@ fn big_sums_go_host_by_host_with_the_same_bits() {
 /// With chunks of 64 KiB (a big sum's groups of 4 MiB, 64 chunks): a big key summed in
 /// place (a rank's two values of it summed into its merge buffer, which then goes
 /// across the ranks) and one summed from the pushed array get the same bits (each rank
-/// pushes the same sum both ways), and no buffer the sums keep from one call to the
-/// next ever held more than a group of a 16 MiB key (the copy for the sum in place held
-/// the whole key, the flat sum's receive buffer half of it).
+/// pushes the same sum both ways, and a key that rank 0 sums in place and the others
+/// not gets them too), and no buffer the sums keep from one call to the next ever held
+/// more than a group of a 16 MiB key (the copy for the sum in place held the whole key,
+/// the flat sum's receive buffer half of it).
 fn big_sums_keep_a_groups_buffers(kv: &kvstore_core::KVStore) {
     use kvstore_core::NDArray;
     const N: usize = (4 << 20) + 3;
@@ -248,11 +249,21 @@ fn big_sums_keep_a_groups_buffers(kv: &kvstore_core::KVStore) {
     kv.init(&["in-place", "from-array"][..], &[zeros.clone(), zeros][..]).expect("init");
     let halves = [NDArray::from_vec(&[N], half.clone()).expect("half"), NDArray::from_vec(&[N], half).expect("half")];
     kv.push("in-place", &halves[..], 0).expect("push in place");
-    kv.push("from-array", &NDArray::from_vec(&[N], whole).expect("whole"), 0).expect("push");
+    kv.push("from-array", &NDArray::from_vec(&[N], whole.clone()).expect("whole"), 0).expect("push");
     let (a, b) = (kv.pull_new("in-place", 0).expect("pull"), kv.pull_new("from-array", 0).expect("pull"));
     let (a, b) = (a.to_vec::<f32>().expect("f32"), b.to_vec::<f32>().expect("f32"));
     let differ = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
     assert_eq!(differ, 0, "rank {rank}: {differ} elements summed in place got other bits");
+    // Rank 0 sums in place, the others from the pushed array: every rank makes the
+    // same calls (the same groups), and the key gets the same bits.
+    kv.init("mixed", &NDArray::zeros(&[N]).expect("zeros")).expect("init");
+    match rank {
+        0 => kv.push("mixed", &halves[..], 0).expect("push in place"),
+        _ => kv.push("mixed", &NDArray::from_vec(&[N], whole).expect("whole"), 0).expect("push"),
+    }
+    let mixed = kv.pull_new("mixed", 0).expect("pull").to_vec::<f32>().expect("f32");
+    let differ = mixed.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+    assert_eq!(differ, 0, "rank {rank}: {differ} elements of a key summed in place on rank 0 only got other bits");
     let largest = kvstore_mpi::group().expect("group").largest_scratch_bytes();
     assert!(largest <= 4 << 20, "rank {rank}: a buffer of big sums held {largest} bytes, more than a group's 4 MiB");
     assert!(largest > 0, "rank {rank}: the big sums used no buffer");
@@ -551,6 +562,22 @@ fn bucket_bytes_come_from_the_environment() {
     }
 }
 
+/// Run by `main.rs` with a setting that shapes the ranks' messages set on some ranks
+/// only (`KVSTORE_TEST_DIFFERS` names it): making a store fails on every rank with an
+/// error naming it, where the ranks would otherwise post messages that do not match (a
+/// job that crashed, or hung); in the other runs, where the settings agree, it works.
+fn settings_that_differ_between_ranks_are_refused() {
+    match std::env::var("KVSTORE_TEST_DIFFERS") {
+        Ok(var) => {
+            let e = kvstore_mpi::create("dist_sync").expect_err("settings that differ between the ranks");
+            assert_eq!(e.kind(), kvstore_core::ErrorKind::InvalidArgument, "{e}");
+            let shown = e.to_string();
+            assert!(shown.contains(&var) && shown.contains("differs between the ranks"), "{shown}");
+        }
+        Err(_) => drop(kvstore_mpi::create("dist_sync").expect("a store")),
+    }
+}
+
 /// Run alone with `KVSTORE_TIMEOUT` not a number too (`main.rs`); the jobs run with it
 /// unset (the default).
 fn timeout_comes_from_the_environment() {
@@ -669,6 +696,7 @@ pub(super) const CASES: &[(&str, fn())] = &[
     ("host_ranks_come_from_the_environment", host_ranks_come_from_the_environment),
     ("host_chunk_bytes_come_from_the_environment", host_chunk_bytes_come_from_the_environment),
     ("bucket_bytes_come_from_the_environment", bucket_bytes_come_from_the_environment),
+    ("settings_that_differ_between_ranks_are_refused", settings_that_differ_between_ranks_are_refused),
     ("timeout_comes_from_the_environment", timeout_comes_from_the_environment),
     ("the_builder_sets_the_timeout", the_builder_sets_the_timeout),
     (

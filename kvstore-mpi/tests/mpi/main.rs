@@ -94,7 +94,10 @@ fn run_case(name: &str, finalize: bool) -> ExitCode {
     };
     case();
     // (The finalize case finalises on its own.)
-    if finalize && name != "finalize_runs_the_calls_still_queued" {
+    // (Nor does a case whose ranks' settings differ: MPI ended with the store refused.)
+    let refused =
+        name == "settings_that_differ_between_ranks_are_refused" && std::env::var_os("KVSTORE_TEST_DIFFERS").is_some();
+    if finalize && name != "finalize_runs_the_calls_still_queued" && !refused {
         kvstore_mpi::finalize().expect("finalize");
     }
     ExitCode::SUCCESS
@@ -155,6 +158,17 @@ fn trials() -> Vec<Trial> {
             let np = np.to_string();
             cmd.arg(this_program()).args(["case", case, ":", "-x", &format!("{var}={second}"), "-np", &np]);
             cmd.arg(this_program()).args(["case", case]);
+            passed(jobs::run(cmd, LIMIT))
+        }));
+    }
+    // Settings that shape the ranks' messages, set on one rank only: refused on every
+    // rank, instead of messages that do not match.
+    for var in ["KVSTORE_MPI_HOST_CHUNK_BYTES", "KVSTORE_MPI_BUCKET_BYTES"] {
+        trials.push(Trial::test(format!("settings::{var}_on_one_rank_only_is_refused"), move || {
+            let mut cmd = jobs::mpirun(1, &[(var, "65536"), ("KVSTORE_TEST_DIFFERS", var)]);
+            let case = "settings_that_differ_between_ranks_are_refused";
+            cmd.arg(this_program()).args(["case", case, ":", "-x", &format!("{var}="), "-np", "1"]);
+            cmd.args(["-x", &format!("KVSTORE_TEST_DIFFERS={var}")]).arg(this_program()).args(["case", case]);
             passed(jobs::run(cmd, LIMIT))
         }));
     }
