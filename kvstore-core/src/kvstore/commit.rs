@@ -1255,8 +1255,11 @@ impl Store {
     }
 
     /// Loads a commit's checkpoint into the store, all or nothing on every rank. A
-    /// `dist_async` store's is read and checked whole first, then each rank puts its
-    /// parts into its share one key at a time (as `load_checkpoint` does).
+    /// `dist_async` store's is read and checked whole first, on every rank, then each
+    /// rank puts its parts into its share one key at a time (as `load_checkpoint` does),
+    /// so that it never holds a second copy of the store: a rank that then fails (out of
+    /// memory for a key) fails the restore on every rank with the keys before it in
+    /// place, and the job starts again from the commit.
     fn load_commit(&self, context: &str, checkpoint: Result<&[u8]>) -> Result<()> {
         const OP: &str = "restore";
         let Some(remote) = &self.remote else { return self.load_checkpoint_bytes(OP, context, checkpoint).map(|_| ()) };
