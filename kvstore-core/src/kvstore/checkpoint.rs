@@ -35,7 +35,7 @@ use crate::key::{Key, shorten};
 use crate::ndarray::NDArray;
 use crate::optimizer::MAX_COUNT;
 use crate::optimizer::states::{self as opt_states, shown};
-use crate::optimizer::{KeyState, Runtime};
+use crate::optimizer::{KeyState, Runtime, state_dtype};
 
 const FORMAT: &str = "kvstore-checkpoint";
 const VERSION: &str = "1";
@@ -91,12 +91,12 @@ impl SavedMerger {
 }
 
 /// One key of a file, read and checked.
-struct SavedKey {
-    key: Key,
-    value: NDArray,
-    state: Option<KeyState>,
+pub(super) struct SavedKey {
+    pub(super) key: Key,
+    pub(super) value: NDArray,
+    pub(super) state: Option<KeyState>,
     /// Whether the key is row-sparse (`"stype": "row_sparse"`; absent: dense).
-    row_sparse: bool,
+    pub(super) row_sparse: bool,
 }
 
 /// A file, read and checked whole.
@@ -149,17 +149,10 @@ pub(super) struct KeyBytes<'a> {
 }
 
 impl KeyBytes<'_> {
-    /// The key's name, value, optimizer state and whether it is row-sparse, as new host
-    /// arrays (a copy of its tensors).
-    pub(super) fn key(&self) -> Result<(Key, NDArray, Option<KeyState>, bool)> {
-        let SavedKey { key, value, state, row_sparse } = self.arrays()?;
-        Ok((key, value, state, row_sparse))
-    }
-
-    /// The key as host arrays (a copy of its tensors).
-    fn arrays(&self) -> Result<SavedKey> {
+    /// The key as new host arrays (a copy of its tensors).
+    pub(super) fn arrays(&self) -> Result<SavedKey> {
         let value = host_array(&self.shape, self.dtype, self.value)?;
-        let state_dtype = if self.dtype == DType::F64 { DType::F64 } else { DType::F32 };
+        let state_dtype = state_dtype(self.dtype);
         let state = match &self.state {
             None => None,
             Some((count, tensors, master)) => {
@@ -175,7 +168,7 @@ impl KeyBytes<'_> {
 
 /// A file read and checked whole (format, every tensor's dtype, shape and CRC-32, the
 /// file's checksum, the optimizer, every key's state against it), its tensors still in
-/// the file's bytes: [`KeyBytes::key`] copies one key out, so that a loader may put
+/// the file's bytes: [`KeyBytes::arrays`] copies one key out, so that a loader may put
 /// each key in place before it copies the next one.
 pub(super) struct Layout<'a> {
     keys: Vec<KeyBytes<'a>>,
@@ -233,7 +226,7 @@ pub(super) fn read<'a>(bytes: &'a [u8], context: &str) -> Result<Layout<'a>> {
             (s, SavedMerger::Optimizer(rt)) => {
                 let count = s["count"].as_u64().filter(|&c| c <= MAX_COUNT).ok_or_else(|| bad("no count".into()))?;
                 let master = s["master"].as_bool().ok_or_else(|| bad("no master flag".into()))?;
-                let state_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+                let state_dtype = state_dtype(dtype);
                 let names = opt_states::state_names(rt).iter().map(|s| format!("s{n}.{s}"));
                 let names: Vec<String> = names.chain(master.then(|| format!("s{n}.master"))).collect();
                 let crcs = s["crc32"].as_array().filter(|c| c.len() == names.len());

@@ -1074,7 +1074,7 @@ impl super::Store {
         }
         let mut installed = std::collections::HashSet::new();
         for k in &keys {
-            let (key, value, state, row_sparse) = k.key()?;
+            let super::checkpoint::SavedKey { key, value, state, row_sparse } = k.arrays()?;
             installed.extend(remote.restore(&key, &value, state.as_ref())?);
             drop(state);
             // This worker's copy of the key (made when new).

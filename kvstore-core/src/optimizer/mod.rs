@@ -529,7 +529,7 @@ struct Global {
 }
 
 /// The compute type of a weight dtype: f64 for f64, f32 for the others.
-fn state_dtype(weight: DType) -> DType {
+pub(crate) fn state_dtype(weight: DType) -> DType {
     if weight == DType::F64 { DType::F64 } else { DType::F32 }
 }
 
