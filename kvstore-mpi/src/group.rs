@@ -117,10 +117,25 @@ pub(crate) fn abort_job(code: i32) {
     }
 }
 
-extern "C" fn abort_unless_finalized() {
+unsafe extern "C" {
+    /// glibc's `on_exit`: `handler(status, arg)` runs at `exit(status)`, as `atexit`'s
+    /// handlers do, and is told the status the process exits with.
+    fn on_exit(
+        handler: extern "C" fn(std::ffi::c_int, *mut std::ffi::c_void),
+        arg: *mut std::ffi::c_void,
+    ) -> std::ffi::c_int;
+}
+
+/// At `exit(status)` without [`finalize`]: aborts the job with the rank's own status
+/// (`mpirun` ends with it), 1 for a rank that exits with 0.
+extern "C" fn abort_unless_finalized(status: std::ffi::c_int, _: *mut std::ffi::c_void) {
     if MPI.get().is_some() && !FINALIZED.load(Ordering::SeqCst) {
-        kvstore_core::say!("kvstore-mpi: this rank exits without kvstore_mpi::finalize(): aborting the MPI job");
-        abort_job(1);
+        let code = if status == 0 { 1 } else { status };
+        kvstore_core::say!(
+            "kvstore-mpi: this rank exits (status {status}) without kvstore_mpi::finalize(): aborting the MPI job \
+             with status {code}"
+        );
+        abort_job(code);
     }
 }
 
@@ -294,10 +309,11 @@ pub fn group() -> Result<Arc<MpiGroup>> {
         hosts: Placement::NotYet,
         universe,
     }))));
-    // SAFETY: `abort_unless_finalized` is an `extern "C" fn()` that reads two statics
-    // and may call MPI_Abort; registering it has no other effect.
+    // SAFETY: `abort_unless_finalized` is an `extern "C" fn(int, void*)` that reads two
+    // statics and may call MPI_Abort, and ignores its null argument; registering it has
+    // no other effect.
     unsafe {
-        libc::atexit(abort_unless_finalized);
+        on_exit(abort_unless_finalized, std::ptr::null_mut());
     }
     // A panic anywhere in a rank ends the job too (after the usual message): the other
     // ranks would otherwise wait in a collective that this rank never reaches.

@@ -70,7 +70,9 @@ fn _finalize(py: Python<'_>) -> PyResult<()> {
     if lifecycle::forked() {
         return Ok(());
     }
-    detach(py, kvstore::finalize).map_err(errors::to_py)
+    detach(py, kvstore::finalize).map_err(errors::to_py)?;
+    lifecycle::finalized();
+    Ok(())
 }
 
 #[pymodule]
@@ -85,6 +87,7 @@ fn _kvstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_register_gpu, m)?)?;
     m.add_function(wrap_pyfunction!(_finalize, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::_exiting, m)?)?;
+    m.add_function(wrap_pyfunction!(lifecycle::_finalize_at_exit, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::_forked, m)?)?;
     #[cfg(feature = "bench")]
     m.add_function(wrap_pyfunction!(bench::_time_calls_from_rust, m)?)?;

@@ -26,7 +26,8 @@
 //! stores and handles the child inherited are never dropped, only forgotten.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::thread::ThreadId;
 
 use parking_lot::Mutex;
@@ -152,6 +153,60 @@ pub(crate) fn _exiting(py: Python<'_>) {
             );
         }
     });
+}
+
+/// Set once MPI was finalized from Python (`kvstore.finalize()`, or a `dist_async`
+/// program's exit hook): the exit handler has nothing left to do.
+static FINALIZED: AtomicBool = AtomicBool::new(false);
+/// The process that registered [`finalize_if_clean`] (0: none did); a forked child
+/// inherits the handler, not the job.
+static FINALIZING_PID: AtomicU32 = AtomicU32::new(0);
+
+unsafe extern "C" {
+    /// glibc's `on_exit`: `handler(status, arg)` runs at `exit(status)`, after the
+    /// interpreter's finalization, and is told the status the process exits with.
+    fn on_exit(handler: extern "C" fn(c_int, *mut c_void), arg: *mut c_void) -> c_int;
+}
+
+/// Notes that MPI was finalized from Python.
+pub(crate) fn finalized() {
+    FINALIZED.store(true, Ordering::SeqCst);
+}
+
+/// The end of a `dist_*` program, decided by its exit status, which CPython passes to
+/// `exit()` only after its `atexit` hooks ran (`sys.exit(1)`, `raise SystemExit(3)` and
+/// a normal end look alike there). Status 0: finalizes MPI, every rank meeting the
+/// others (the store's calls were waited for by the package's exit hook). Any other:
+/// leaves MPI as it is, and kvstore-mpi's own handler (registered before this one,
+/// so it runs after) aborts the job with that status at once; finalizing would hold
+/// this rank at finalize's meeting while the others wait for it in a collective,
+/// until `KVSTORE_TIMEOUT`.
+extern "C" fn finalize_if_clean(status: c_int, _: *mut c_void) {
+    if status != 0 || FINALIZED.load(Ordering::SeqCst) || forked() {
+        return;
+    }
+    if FINALIZING_PID.load(Ordering::SeqCst) != std::process::id() {
+        return;
+    }
+    if let Err(e) = kvstore::finalize() {
+        let _ =
+            std::io::Write::write_fmt(&mut std::io::stderr(), format_args!("kvstore: finalize at exit failed: {e}\n"));
+    }
+}
+
+/// Registers [`finalize_if_clean`], once per process: called once the first `dist_*`
+/// store is made (MPI is initialized by then, so kvstore-mpi's handler runs after).
+#[pyfunction]
+pub(crate) fn _finalize_at_exit() {
+    let pid = std::process::id();
+    if FINALIZING_PID.swap(pid, Ordering::SeqCst) == pid {
+        return;
+    }
+    // SAFETY: `finalize_if_clean` is an `extern "C" fn(int, void*)` that ignores its
+    // null argument and calls no Python; registering it has no other effect.
+    unsafe {
+        on_exit(finalize_if_clean, std::ptr::null_mut());
+    }
 }
 
 /// Notes that this process made a store: a child of a later `fork()` cannot use stores.

@@ -207,6 +207,26 @@ def test_a_rank_that_raises_ends_the_job_instead_of_hanging_it():
     assert seconds < 45, f"the job took {seconds:.1f} s to end"
 
 
+@pytest.mark.parametrize("how,status", [("sys.exit", 1), ("SystemExit", 3), ("os._exit", 2)])
+def test_a_rank_that_exits_with_a_status_ends_the_job_at_once_with_it(how, status):
+    # Python runs its atexit hooks before it knows the status: a rank that finalized
+    # there waited at finalize's meeting for a rank stuck in a push, until
+    # KVSTORE_TIMEOUT, and the job ended with 86.
+    done, seconds = mpirun("leave", how, timeout=100, env={"KVSTORE_TIMEOUT": "120"})
+    assert f"rank 1 leaves: {how}" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == status, (done.returncode, done.stdout + done.stderr)
+    assert "the push returned" not in done.stdout
+    assert seconds < 20, f"the job took {seconds:.1f} s to end"
+
+
+def test_ranks_that_end_normally_seconds_apart_end_the_job_cleanly():
+    done, seconds = mpirun("leave", "late", timeout=100, env={"KVSTORE_TIMEOUT": "120"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("ends") == 2, done.stdout
+    assert "abort" not in (done.stdout + done.stderr).lower(), done.stdout + done.stderr
+    assert seconds < 30, f"the job took {seconds:.1f} s to end"
+
+
 @pytest.mark.parametrize("slow", ["1", "2"])
 def test_the_timeline_names_the_slow_rank(tmp_path, slow):
     """Rank ``slow`` of 3 sleeps 40 ms before each push: the merged timeline's summary

@@ -340,7 +340,7 @@ def create(name: str = "local") -> KVStore:
         raise ArgumentTypeError(f"name must be a str, not {type(name).__name__}")
     store = KVStore(name)
     if store.type.startswith("dist"):
-        _finalize_at_exit()
+        _finalize_at_exit("async" in store.type)
     return store
 
 
@@ -349,9 +349,10 @@ def finalize() -> None:
 
     It first runs every non-blocking call still pending, then ends MPI; a store call
     after it fails. A program need not call it: when a program that made a
-    ``dist_sync`` store ends normally, this runs by itself. When it ends with an
-    uncaught exception, it does not: the rank then aborts the MPI job, so that the
-    other ranks end too instead of waiting for it. Does nothing without MPI.
+    ``dist_sync`` store ends normally (exit status 0), this runs by itself. When it
+    ends with another status (an uncaught exception, ``sys.exit(1)``), it does not:
+    the rank then aborts the MPI job with its status, so that the other ranks end too
+    instead of waiting for it. Does nothing without MPI.
     """
     global _finalized
     _kvstore._finalize()
@@ -365,10 +366,16 @@ _finalized = False
 _hooked = False
 
 
-def _finalize_at_exit() -> None:
-    """Registers, once, the end-of-program finalize of a dist_sync job."""
+def _finalize_at_exit(serving: bool) -> None:
+    """Arranges the end-of-program finalize of a dist job. Only C's ``exit()`` knows
+    the exit status (Python's atexit hooks run before it), so the native module's exit
+    handler finalizes at status 0 and at any other lets the rank abort the job with
+    it. A ``dist_async`` rank (`serving`) answers the others' calls until every rank
+    arrives at finalize, running its Python updater for them, so it finalizes in an
+    atexit hook while the interpreter lives, unless an uncaught exception ends it."""
     global _hooked
-    if _hooked:
+    _kvstore._finalize_at_exit()
+    if _hooked or not serving:
         return
     _hooked = True
     previous = sys.excepthook

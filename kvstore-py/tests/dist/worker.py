@@ -6,6 +6,9 @@ pushpulls, then writes its final weights' bytes to OUT.<rank>.npy.
 `worker.py desync`: the ranks push different keys; both must get the error at once,
 then go on with a matched call. `worker.py stall`: rank 1 never pushes; the job must end
 after KVSTORE_TIMEOUT seconds. `worker.py crash`: rank 1 raises; the job must end.
+`worker.py leave HOW`: rank 1 leaves mid-training (`sys.exit`: `sys.exit(1)`;
+`SystemExit`: `raise SystemExit(3)`; `os._exit`: `os._exit(2)`) while rank 0 pushes on;
+`late`: both ranks end normally, rank 1 three seconds after rank 0.
 `worker.py compressed OUT`: 2-bit compressed pushes (threshold 0.5) of gradients that
 differ by rank, then `fp16` ones on another store; writes the pulled values of every
 step to OUT.<rank>.npy.
@@ -17,6 +20,7 @@ then lazy SGD), each step's dense value and a row_sparse_pull written to
 OUT.<rank>.npy.
 """
 
+import os
 import sys
 import time
 
@@ -106,6 +110,26 @@ def crash() -> None:
         raise RuntimeError("rank 1 fails on purpose")
     store.push("a", np.ones(3, dtype=np.float32))
     print(f"rank {store.rank}: the push returned")
+
+
+def leave(how: str) -> None:
+    store = kv.create("dist_sync")
+    store.init("a", np.zeros(3, dtype=np.float32))
+    for _ in range(3):
+        store.push("a", np.ones(3, dtype=np.float32))
+    if store.rank == 1:
+        print(f"rank 1 leaves: {how}", flush=True)
+        if how == "sys.exit":
+            sys.exit(1)
+        elif how == "SystemExit":
+            raise SystemExit(3)
+        elif how == "os._exit":
+            os._exit(2)
+        time.sleep(3)
+    elif how != "late":
+        store.push("a", np.ones(3, dtype=np.float32))
+        print("rank 0: the push returned")
+    print(f"rank {store.rank} ends", flush=True)
 
 
 def compressed(out: str) -> None:
@@ -242,5 +266,7 @@ if __name__ == "__main__":
         chain(sys.argv[2])
     elif mode == "slow":
         slow(sys.argv[2], sys.argv[3])
+    elif mode == "leave":
+        leave(sys.argv[2])
     else:
         {"desync": desync, "stall": stall, "crash": crash, "refused": refused}[mode]()
