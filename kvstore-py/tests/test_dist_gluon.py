@@ -162,11 +162,11 @@ def test_two_devices_per_rank(update_on_kvstore):
 DROPIN = pathlib.Path(__file__).resolve().parent / "dist" / "dropin_worker.py"
 
 
-def dropin(mode):
+def dropin(mode, ranks=2):
     out = OUT / mode
-    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2", "-x", "OMP_NUM_THREADS"]
+    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(ranks), "-x", "OMP_NUM_THREADS"]
     done = run(cmd + [sys.executable, str(DROPIN), mode, str(out)], 180)
-    assert done.stdout.count(": done") == 2, done.stdout
+    assert done.stdout.count(": done") == ranks, done.stdout
     return out
 
 
@@ -186,3 +186,8 @@ def test_gluon_trains_through_the_drop_ins_dist_async():
     expected = np.load(f"{out}.expected.npy")
     for r in range(2):
         assert_bits(np.load(f"{out}.{r}.npy"), expected, f"rank {r}: every push applied once")
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_float16_keys_pulled_into_float32_outs_convert_as_in_mxnets_nightly_test(ranks):
+    dropin("cast", ranks)

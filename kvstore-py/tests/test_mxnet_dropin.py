@@ -797,15 +797,50 @@ def test_difference_1_lbsgd_sums_a_batch_from_a_copy():
     assert results == [[-59.0] * 3, [-32.0] * 3]
 
 
-def test_difference_2_pull_checks_the_dtype():
+def test_difference_2_pull_checks_the_dtype_but_the_drop_in_converts_as_mxnet():
     native, ours = both()
     for kv in (native, ours):
         kv.init(3, mx.nd.array([1.7, 2.0]))
-    out = mx.nd.zeros((2,), dtype="int32")
-    native.pull(3, out=out)
-    assert out.asnumpy().tolist() == [1, 2]  # MXNet converted
-    with pytest.raises(ValueError, match="dtype"):
-        ours.pull(3, out=out)
+    for kv in (native, ours):
+        out = mx.nd.zeros((2,), dtype="int32")
+        kv.pull(3, out=out)
+        assert out.asnumpy().tolist() == [1, 2]  # converted
+    # The native API keeps its check.
+    with pytest.raises(kvstore.DTypeMismatchError):
+        ours.store.pull(3, out=np.zeros(2, dtype=np.int32))
+
+
+def test_pulls_into_outs_of_another_dtype_convert_as_mxnet():
+    # MXNet 1.9.1's nightly dist_sync_kvstore.py pulls float16 row-sparse keys into
+    # float32 outs (check_row_sparse_keys_with_zeros).
+    native, ours = both()
+    values = {"h": mx.nd.array([[1.5, -2.25], [3.0, 0.1]], dtype="float16"), "f": mx.nd.array([[2.7, -1.0], [0.5, 9.9]])}
+    for kv in (native, ours):
+        kv.init(list(values), list(values.values()))
+        kv.init("r", (mx.nd.ones((4, 2), dtype="float16") * 1.5).tostype("row_sparse"))
+    got = []
+    for kv in (native, ours):
+        outs = [mx.nd.zeros((2, 2)), mx.nd.zeros((2, 2), dtype="float64"), mx.nd.zeros((2, 2), dtype="int32")]
+        kv.pull("h", out=outs)
+        same = mx.nd.zeros((2, 2), dtype="float16")
+        kv.pull(["f", "h"], out=[[mx.nd.zeros((2, 2), dtype="float16"), mx.nd.zeros((2, 2))], same])
+        listed = [mx.nd.zeros((2, 2), dtype="float16"), mx.nd.zeros((2, 2))]
+        kv.pull(["f", "f"], out=listed)
+        rows = [mx.nd.sparse.zeros("row_sparse", (4, 2)), mx.nd.sparse.zeros("row_sparse", (4, 2), dtype="float64")]
+        kv.row_sparse_pull("r", out=rows, row_ids=[mx.nd.array([0, 2]), mx.nd.array([3])])
+        empty = mx.nd.sparse.zeros("row_sparse", (4, 2))
+        kv.row_sparse_pull("r", out=empty, row_ids=mx.nd.array([]))
+        got.append([(a.dtype, a.asnumpy().tolist()) for a in [*outs, same, *listed, *rows, empty]])
+    assert got[0] == got[1]
+    assert got[1][0] == (np.float32, [[1.5, -2.25], [3.0, np.float32(np.float16(0.1))]])
+    assert got[1][6][0] is np.float32 and got[1][6][1][2] == [1.5, 1.5]
+    # A shape that differs is still an error, and nothing changed.
+    out = mx.nd.ones((2, 2))
+    with pytest.raises(ValueError, match="shape"):
+        ours.pull(["h", "f"], out=[mx.nd.zeros((2, 2)), mx.nd.zeros((3,))])
+    with pytest.raises(ValueError, match="shape"):
+        ours.pull(["h", "f"], out=[out, mx.nd.zeros((3,))])
+    assert out.asnumpy().tolist() == [[1, 1], [1, 1]]
 
 
 def test_difference_5_sums_are_left_to_right():
@@ -830,13 +865,51 @@ def test_difference_7_keys_are_strings_and_updates_run_in_init_order():
         kv.push([2, 9], [mx.nd.ones((1,)), mx.nd.ones((1,))])
         orders.append(order)
     assert orders == [[2, 9], [9, 2]]  # MXNet sorted the int keys
-    # 3 and "3" are one key here; MXNet refuses to mix int and str keys.
+    # 3 and "3" are one key in the native API; the drop-in keeps MXNet's rule.
     ours.init(3, mx.nd.ones((1,)) * 7)
-    out = mx.nd.zeros((1,))
-    ours.pull("3", out=out)
-    assert out.asnumpy().tolist() == [7]
-    with pytest.raises(mx.base.MXNetError, match="Mixed key types"):
-        native.init("3", mx.nd.ones((1,)))
+    out = np.zeros(1, dtype=np.float32)
+    ours.store.pull("3", out=out)
+    assert out.tolist() == [7]
+    for kv in (native, ours):
+        with pytest.raises(mx.base.MXNetError, match="(?i)mixed key types"):
+            kv.init("3", mx.nd.ones((1,)))
+
+
+def test_a_store_takes_int_keys_or_str_keys_as_mxnet():
+    # MXNet 1.9.1's test_kvstore.py test_invalid_pull: every call of an int-keyed
+    # store with a str key fails with MXNetError, and the other way round.
+    shape = (4, 4)
+
+    def calls(key):
+        dense = mx.nd.ones(shape) if not isinstance(key, list) else [mx.nd.ones(shape)] * len(key)
+        rows = dense.tostype("row_sparse") if not isinstance(key, list) else [d.tostype("row_sparse") for d in dense]
+        ids = mx.nd.array([1]) if not isinstance(key, list) else [mx.nd.array([1])] * len(key)
+        return {
+            "init": lambda kv: kv.init(key, dense),
+            "push": lambda kv: kv.push(key, dense),
+            "pull": lambda kv: kv.pull(key, out=dense),
+            "row_sparse_pull": lambda kv: kv.row_sparse_pull(key, out=rows, row_ids=ids),
+            "pushpull": lambda kv: kv.pushpull(key, dense),
+            "broadcast": lambda kv: kv.broadcast(key, dense, out=dense),
+        }
+
+    for first, other in (([3, [5, 7]], ["a", ["b", "c"]]), (["a", ["b", "c"]], [3, [5, 7]])):
+        for kv in both():
+            kv.init(first[0], mx.nd.zeros(shape))
+            kv.init(first[1], [mx.nd.zeros(shape)] * 2)
+            for key in other:
+                for name, call in calls(key).items():
+                    with pytest.raises(mx.base.MXNetError, match="(?i)mixed key types"):
+                        call(kv)
+            kv.push(first[0], mx.nd.ones(shape))
+    # The first call fixes the type, even one that fails.
+    for kv in both():
+        with pytest.raises(Exception):
+            kv.pull("missing", out=mx.nd.zeros(shape))
+        with pytest.raises(mx.base.MXNetError, match="(?i)mixed key types"):
+            kv.init(1, mx.nd.zeros(shape))
+    with pytest.raises(TypeError, match="inconsistent types of keys"):
+        mx.kv.create().init([1, "a"], [mx.nd.zeros(shape)] * 2)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # MXNet's printed error

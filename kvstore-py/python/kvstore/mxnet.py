@@ -28,7 +28,8 @@ call first waits for MXNet's pending writes to them).
   ``broadcast`` take MXNet's forms: one key, a list of keys, a key with a list of
   arrays, lists of lists, repeated keys. ``pull`` leaves a row-sparse out as it
   was, as MXNet does, unless ``ignore_sparse=False``; ``row_sparse_pull`` takes row
-  ids of any shape (flattened, as in MXNet).
+  ids of any shape (flattened, as in MXNet). A store's keys are ints or strs, the type
+  of its first call's, as in MXNet: a key of the other type is MXNet's ``MXNetError``.
 - ``_set_updater(fn)`` (and ``set_updater``, the same) calls ``fn(key, recv, stored)``
   as MXNet does: an int key as an int, a str key as ``bytes``; ``recv`` and ``stored``
   are ``mx.nd.NDArray`` views of the store's memory (also under ``npx.set_np()``, as
@@ -70,9 +71,8 @@ Not supported, and why:
   MXNet's C++ one (so MXNet's profiler does not see it).
 
 Where the results differ from MXNet's native store, the project's docs/mxnet-differences.md
-says why: a push copies its values, shapes and dtypes are checked (a pull does
-not convert dtypes), ``3`` and ``"3"`` are one key (no "mixed key types" error), the
-updater runs in the order keys were first initialized (MXNet sorts int keys), and an
+says why: a push copies its values, shapes and dtypes are checked (a pull into an
+out of another dtype converts, as in MXNet; a push must match), the updater runs in the order keys were first initialized (MXNet sorts int keys), and an
 exception in an updater fails the push (MXNet prints it and goes on). The ``dist``
 kinds need the ``kvstore-mpi`` build and ``mpirun``; ``_send_command_to_servers``
 does nothing (there are no parameter servers).
@@ -169,6 +169,29 @@ class _DistIgnoreSparse(_kv.UnsupportedError, _mx.base.MXNetError):
     and the package's ``UnsupportedError``."""
 
 
+class _MixedKeyTypes(_kv.ArgumentTypeError, _mx.base.MXNetError):
+    """A key of the other type than the store's keys: MXNet's ``MXNetError`` ("Mixed
+    key types are not allowed") and the package's ``ArgumentTypeError``."""
+
+
+def _key_type(key: Any) -> type:
+    """``str`` or ``int``: the type of a call's keys (MXNet's ``_ctype_key_value``
+    refuses a list that mixes them)."""
+    keys = key if isinstance(key, (list, tuple)) else (key,)
+    types = {str if isinstance(k, str) else int for k in keys}
+    if len(types) > 1:
+        raise _MixedKeyTypes(f"inconsistent types of keys detected: {list(keys)!r}")
+    return types.pop() if types else int
+
+
+def _assign(out: Any, value: np.ndarray) -> None:
+    """Writes `value` into `out` converted to the out's dtype, as MXNet's copy does."""
+    if isinstance(out, np.ndarray):
+        np.copyto(out, value, casting="unsafe")
+    else:
+        out[:] = value
+
+
 def _pairs(key: Any, out: Any) -> List[Tuple[Any, Any]]:
     """A call's (key, array) pairs in MXNet's forms (``_ctype_key_value``): one key and
     an array or a list of them; a list of keys, each with an array or a list."""
@@ -199,6 +222,9 @@ class KVStore(_NativeKVStore):
     and has no MXNet handle): gluon's ``Trainer`` takes only those for sparse
     gradients."""
 
+    # The type of the store's keys, int or str, fixed by its first call as in MXNet.
+    _keys_are: Optional[type] = None
+
     def __init__(self, name: str = "local") -> None:
         # MXNet's __init__ takes a native handle: this store has none.
         self._kv = _kv.create(name)
@@ -218,11 +244,13 @@ class KVStore(_NativeKVStore):
 
     def init(self, key: Any, value: Any) -> None:
         """Initializes a key (or list of keys) with a copy of its value (MXNet's ``init``)."""
+        self._check_keys(key)
         self._kv.init(key, _values(value))
 
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
         """Pushes values (MXNet's ``push``): each key's values are summed, then the
         optimizer or updater merges the sum, or it replaces the stored value."""
+        self._check_keys(key)
         value = _values(value)
         self._sync_optimizer()
         self._kv.push(key, value, priority)
@@ -236,11 +264,12 @@ class KVStore(_NativeKVStore):
         key's whole value, its non-zero rows stored. A ``dist`` store refuses
         ``ignore_sparse=False``, as MXNet's does."""
         assert out is not None, "pull needs out= (the arrays to write), as MXNet's pull does"
+        self._check_keys(key)
         if not ignore_sparse and "dist" in self.type:
             raise _DistIgnoreSparse("dist kvstore pull doesn't support ignore_sparse=False")
         _check_arrays(out)
         if not _has_row_sparse(out):
-            self._kv.pull(key, out=out, priority=priority, ignore_sparse=ignore_sparse)
+            self._pull_cast(key, out, priority, ignore_sparse=ignore_sparse)
             return
         keys, outs, sparse = [], [], []
         for k, o in _pairs(key, out):
@@ -261,7 +290,7 @@ class KVStore(_NativeKVStore):
                     stacklevel=2,
                 )
         if keys:
-            self._kv.pull(keys, out=outs, priority=priority)
+            self._pull_cast(keys, outs, priority)
         with _mx.autograd.pause():
             for o, dense in sparse:
                 _mx.nd.array(dense, ctx=o.context, dtype=o.dtype).tostype("row_sparse").copyto(o)
@@ -269,6 +298,7 @@ class KVStore(_NativeKVStore):
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
         """Pushes `value` and pulls the result into `out` (MXNet's ``pushpull``); with
         no `out`, into the pushed arrays."""
+        self._check_keys(key)
         _check_arrays(value)
         if out is not None:
             _check_arrays(out)
@@ -278,6 +308,7 @@ class KVStore(_NativeKVStore):
     def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
         """Initializes the keys with `value` and pulls them into `out` (MXNet's
         ``broadcast``)."""
+        self._check_keys(key)
         _check_arrays(value)
         _check_arrays(out)
         self._kv.broadcast(key, value, out, priority)
@@ -286,22 +317,30 @@ class KVStore(_NativeKVStore):
         """Pulls the rows `row_ids` of a row-sparse key into `out`, MXNet row-sparse
         arrays (MXNet's ``row_sparse_pull``: the forms of
         :meth:`kvstore.KVStore.row_sparse_pull`). The rows are pulled into the store's
-        row-sparse arrays, then copied into the outs."""
+        row-sparse arrays, then copied into the outs (converted to their dtype, as
+        MXNet does)."""
         assert out is not None, "row_sparse_pull needs out="
         assert row_ids is not None, "row_sparse_pull needs row_ids="
+        self._check_keys(key)
+        dtypes: Dict[str, Any] = {}
 
-        def mirror(o: Any) -> Any:
+        def mirror(k: Any, o: Any) -> Any:
             if isinstance(o, (list, tuple)):
-                return [mirror(x) for x in o]
+                many = isinstance(k, (list, tuple)) and len(k) == len(o)
+                keys = k if many else [k] * len(o)
+                return [mirror(kk, x) for kk, x in zip(keys, o)]
             if getattr(o, "stype", "default") != "row_sparse":
                 raise _NotRowSparseOut(
                     "Expected row_sparse storage type for row_sparse_pull values, "
                     f"but detected storage type {getattr(o, 'stype', type(o).__name__)}"
                 )
-            return _kv.sparse.zeros("row_sparse", o.shape, dtype=o.dtype)
+            return _kv.sparse.zeros("row_sparse", o.shape, dtype=dtypes.get(str(k), o.dtype))
 
-        outs = mirror(out)
-        self._kv.row_sparse_pull(key, out=outs, priority=priority, row_ids=row_ids)
+        outs = self._cast_retry(
+            dtypes,
+            lambda: mirror(key, out),
+            lambda outs: self._kv.row_sparse_pull(key, out=outs, priority=priority, row_ids=row_ids),
+        )
 
         def copy_back(mine: Any, theirs: Any) -> None:
             if isinstance(mine, list):
@@ -309,7 +348,7 @@ class KVStore(_NativeKVStore):
                     copy_back(m, t)
                 return
             got = _mx.nd.sparse.row_sparse_array(
-                (mine.data, mine.indices), shape=mine.shape, dtype=mine.dtype, ctx=theirs.context
+                (mine.data, mine.indices), shape=mine.shape, dtype=theirs.dtype, ctx=theirs.context
             )
             got.copyto(theirs)
 
@@ -317,6 +356,56 @@ class KVStore(_NativeKVStore):
         # SparseEmbedding's forward); MXNet's pull writes them outside the graph.
         with _mx.autograd.pause():
             copy_back(outs, out)
+
+    def _check_keys(self, key: Any) -> None:
+        """MXNet's rule: a store's keys are all ints or all strs, the type of its first
+        call's keys (the native store takes both: ``3`` is ``"3"``)."""
+        kind = _key_type(key)
+        if self._keys_are is None:
+            self._keys_are = kind
+        elif kind is not self._keys_are:
+            raise _MixedKeyTypes(
+                f"key {key!r}: this store's keys are {self._keys_are.__name__}s, and mixed key types are not allowed"
+            )
+
+    @staticmethod
+    def _cast_retry(dtypes: Dict[str, Any], make: Callable[[], Any], call: Callable[[Any], None]) -> Any:
+        """Runs ``call(make())`` where `make` builds the outs to pull into, each of the
+        dtype in `dtypes` (str(key) to the key's dtype) or else the caller's out's. The
+        store refuses an out of another dtype than its key's before any out changes: the
+        key's dtype is then noted and the call made again, as many times as keys differ.
+        Returns the outs pulled into."""
+        while True:
+            outs = make()
+            try:
+                call(outs)
+                return outs
+            except _kv.DTypeMismatchError as e:
+                if e.key is None or str(e.key) in dtypes:
+                    raise
+                dtypes[str(e.key)] = np.dtype(e.expected)
+
+    def _pull_cast(self, key: Any, out: Any, priority: int, **kwargs: Any) -> None:
+        """A dense pull into `out`; an out of another dtype than its key's is pulled
+        into an array of the key's dtype, then converted into it, as MXNet's pull does
+        (the native store refuses it)."""
+        try:
+            self._kv.pull(key, out=out, priority=priority, **kwargs)
+            return
+        except _kv.DTypeMismatchError:
+            pass
+        pairs = _pairs(key, out)
+        dtypes: Dict[str, Any] = {}
+
+        def make() -> List[Any]:
+            return [o if str(k) not in dtypes else np.empty(o.shape, dtypes[str(k)]) for k, o in pairs]
+
+        keys = [k for k, _ in pairs]
+        pulled = self._cast_retry(dtypes, make, lambda outs: self._kv.pull(keys, out=outs, priority=priority, **kwargs))
+        with _mx.autograd.pause():
+            for (_, o), p in zip(pairs, pulled):
+                if p is not o:
+                    _assign(o, p)
 
     def set_gradient_compression(self, compression_params: Dict[str, Any]) -> None:
         """MXNet's 2-bit compression (``{"type": "2bit", "threshold": 0.5}``) on a

@@ -213,10 +213,10 @@ def _pairs(key: Any, value: Any, op: str) -> List[Tuple[Any, List[Any]]]:
     return pairs
 
 
-def _kvstore_error(code: str, message: str, expected: Any = None, got: Any = None) -> Exception:
+def _kvstore_error(code: str, message: str, expected: Any = None, got: Any = None, key: Any = None) -> Exception:
     from .errors import _from_native
 
-    return _from_native(code, message, None, expected, got)
+    return _from_native(code, message, None if key is None else str(key), expected, got)
 
 
 def _pull_plan(key: Any, out: Any, row_ids: Any) -> List[Tuple[Any, List[RowSparseNDArray], List[np.ndarray]]]:
@@ -270,11 +270,11 @@ def _row_sparse_pull(store: Any, key: Any, out: Any, priority: int, row_ids: Any
             got._data, got._indices, got._shape = data, indices, tuple(shape)
             if o.shape != got.shape:
                 raise _kvstore_error(
-                    "SHAPE_MISMATCH", f"row_sparse_pull of key {k!r}: out of shape {o.shape}", got.shape, o.shape
+                    "SHAPE_MISMATCH", f"row_sparse_pull of key {k!r}: out of shape {o.shape}", got.shape, o.shape, k
                 )
             if o.dtype != got.dtype:
                 raise _kvstore_error(
-                    "DTYPE_MISMATCH", f"row_sparse_pull of key {k!r}: out of dtype {o.dtype}", str(got.dtype), str(o.dtype)
+                    "DTYPE_MISMATCH", f"row_sparse_pull of key {k!r}: out of dtype {o.dtype}", str(got.dtype), str(o.dtype), k
                 )
             results.append((o, got))
     for o, got in results:

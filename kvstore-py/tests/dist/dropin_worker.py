@@ -17,6 +17,11 @@ Writes OUT.npy.
 weight, as long as the values are exact in float32 (small integers times powers of
 two). After a barrier each rank writes the weight it pulls to OUT.<rank>.npy and prints
 the weight every push applied once gives.
+
+`dropin_worker.py cast OUT` (one rank of `mpirun -np N`): as MXNet 1.9.1's nightly
+dist_sync_kvstore.py (check_row_sparse_keys_with_zeros), float16 keys, row-sparse and
+dense, small and big, pulled into float32 outs after pushes of zeros, under
+`set_optimizer`: MXNet converts; and a str key on this int-keyed store is MXNet's error.
 """
 
 import os
@@ -138,6 +143,37 @@ def gluon_async(out: str) -> None:
     print(f"rank {rank}: done")
 
 
+def cast(out: str) -> None:
+    import mxnet as mx
+
+    import kvstore.mxnet  # noqa: F401
+
+    kv = mx.kv.create("dist_sync")
+    shapes = {9: (2, 3), 97: (1200, 1200)}
+    for k, shape in shapes.items():
+        kv.init(k, mx.nd.ones(shape, dtype="float16").tostype("row_sparse"))
+        kv.init(k + 1, mx.nd.ones(shape, dtype="float16") * 1.5)
+    kv.set_optimizer(mx.optimizer.create("sgd", learning_rate=0.5, rescale_grad=2))
+    for _ in range(3):
+        for k, shape in shapes.items():
+            kv.push(k, mx.nd.sparse.zeros("row_sparse", shape, dtype="float16"))
+            val = mx.nd.sparse.zeros("row_sparse", shape)
+            kv.row_sparse_pull(k, out=val, row_ids=mx.nd.array(np.arange(shape[0])))
+            assert val.dtype == np.float32 and (val.asnumpy() == 1).all(), val
+            kv.row_sparse_pull(k, out=val, row_ids=mx.nd.array([]))
+            assert (val.asnumpy() == 0).all()
+            dense = mx.nd.zeros(shape, dtype="float64")
+            kv.pull(k + 1, out=dense)
+            assert (dense.asnumpy() == 1.5).all()
+    try:
+        kv.pull("9", out=mx.nd.zeros((2, 3)))
+        raise AssertionError("a str key on an int-keyed store did not fail")
+    except mx.base.MXNetError:
+        pass
+    print(f"rank {kv.rank}: done")
+
+
 if __name__ == "__main__":
     mode, out = sys.argv[1], sys.argv[2]
-    {"custom_sync": custom_sync, "custom_reference": custom_reference, "gluon_async": gluon_async}[mode](out)
+    workers = {"custom_sync": custom_sync, "custom_reference": custom_reference, "gluon_async": gluon_async, "cast": cast}
+    workers[mode](out)
