@@ -5,7 +5,8 @@
 # 2-rank jobs under mpirun: bit-identical training on every rank, desync errors, the
 # KVSTORE_TIMEOUT watchdog, a rank that raises. Then, with the same wheel, gluon's
 # Trainer over dist_sync (kvstore-py/tests/test_dist_gluon.py: kvstore.mxnet under
-# mpirun, update_on_kvstore True and False, against one process) in
+# mpirun, update_on_kvstore True and False, against one process; and
+# test_gluon_resume.py: a Trainer job resumed by kvstore-run after a rank was killed) in
 # target/py-mxnet-mpi-venv (mxnet 1.9.1, numpy<1.24, pytest; kept between runs, rebuilt
 # when missing, broken or made for other requirements: scripts/suite.sh's ready_venv).
 # KVSTORE_REQUIRE_MPI=1 makes a build without MPI (or a venv without mxnet) fail
@@ -39,18 +40,21 @@ run_pytest pytest "$venv" bin/python "$root/kvstore-py/tests/test_dist.py"
 mxnet_venv=target/py-mxnet-mpi-venv
 mxlog=$logs/python-mpi-mxnet-venv.log
 if ready_venv mxnet "$mxnet_venv" "$wheel" >"$mxlog" 2>&1; then
-    run_pytest gluon "$mxnet_venv" bin/python -W ignore::DeprecationWarning "$root/kvstore-py/tests/test_dist_gluon.py"
+    run_pytest gluon "$mxnet_venv" bin/python -W ignore::DeprecationWarning "$root/kvstore-py/tests/test_dist_gluon.py" \
+        "$root/kvstore-py/tests/test_gluon_resume.py"
 else
     fail "setting up $mxnet_venv (mxnet 1.9.1)" "$mxlog"
 fi
 
 # kvstore.torch over dist_sync (kvstore-py/tests/test_torch_dp_dist.py: the digits
-# example on 2 ranks, against 1): Debian's PyTorch in target/py-torch-mpi-venv (cached
-# too), with the same wheel.
+# example on 2 ranks, against 1; and test_torch_resume.py: DataParallel jobs resumed by
+# kvstore-run after a rank was killed): Debian's PyTorch in target/py-torch-mpi-venv
+# (cached too), with the same wheel.
 torch_venv=target/py-torch-mpi-venv
 torchlog=$logs/python-mpi-torch-venv.log
 if ready_venv torch "$torch_venv" "$wheel" >"$torchlog" 2>&1; then
-    KVSTORE_REQUIRE_TORCH=1 run_pytest torch "$torch_venv" bin/python "$root/kvstore-py/tests/test_torch_dp_dist.py"
+    KVSTORE_REQUIRE_TORCH=1 run_pytest torch "$torch_venv" bin/python "$root/kvstore-py/tests/test_torch_dp_dist.py" \
+        "$root/kvstore-py/tests/test_torch_resume.py"
 else
     fail "setting up $torch_venv (Debian's python3-torch, python3-sklearn)" "$torchlog"
 fi

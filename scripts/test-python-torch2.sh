@@ -24,6 +24,7 @@ install_wheel "$venv" "$wheel" >>"$log" 2>&1 || give_up "installing $wheel" "$lo
 export TMPDIR
 TMPDIR=$(mktemp -d "$root/target/py-torch2-tmp.XXXXXX")
 KVSTORE_REQUIRE_TORCH=1 run_pytest pytest "$venv" bin/python -rs -k "not mxnet" \
-    "$root/kvstore-py/tests/test_torch_dp.py" "$root/kvstore-py/tests/test_interop.py" "$root/kvstore-py/tests/test_gpu.py"
+    "$root/kvstore-py/tests/test_torch_dp.py" "$root/kvstore-py/tests/test_torch_resume.py" \
+    "$root/kvstore-py/tests/test_interop.py" "$root/kvstore-py/tests/test_gpu.py"
 rm -rf "$TMPDIR"
 totals

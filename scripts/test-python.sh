@@ -6,10 +6,11 @@
 # libraries themselves, with the same wheel:
 #   - target/py-mxnet-venv: mxnet 1.9.1 and numpy<1.24, where the MXNet tests must run
 #     (KVSTORE_REQUIRE_MXNET=1 turns a failed `import mxnet` into a failure), with
-#     kvstore.mxnet's tests (test_mxnet_dropin.py, test_mxnet_examples.py);
+#     kvstore.mxnet's tests (test_mxnet_dropin.py, test_mxnet_examples.py,
+#     test_gluon_resume.py);
 #   - target/py-torch-venv: Debian's python3 with Debian's python3-torch (CPU, small;
 #     PyPI's torch is the 5 GB CUDA build), KVSTORE_REQUIRE_TORCH=1 likewise, with
-#     kvstore.torch's tests (test_torch_dp.py).
+#     kvstore.torch's tests (test_torch_dp.py, test_torch_resume.py).
 # Those two venvs are kept between runs (rebuilt when missing, broken or made for other
 # requirements); the kvstore wheel is reinstalled into them every run. Installs the
 # Debian packages they need (python3-torch, python3-venv, MXNet's libgomp1 and
@@ -73,7 +74,7 @@ if ready_venv mxnet "$mxnet_venv" "$wheel" >"$mxlog" 2>&1; then
     # against MXNet's own store, with its examples.
     KVSTORE_REQUIRE_MXNET=1 run_pytest mxnet "$TMPDIR" "$PWD/$mxnet_venv/bin/python" -W ignore::DeprecationWarning \
         -k "not torch" "$PWD/kvstore-py/tests/test_interop.py" "$PWD/kvstore-py/tests/test_mxnet_dropin.py" \
-        "$PWD/kvstore-py/tests/test_mxnet_examples.py"
+        "$PWD/kvstore-py/tests/test_mxnet_examples.py" "$PWD/kvstore-py/tests/test_gluon_resume.py"
 else
     fail "setting up $mxnet_venv (mxnet 1.9.1)" "$mxlog"
 fi
@@ -81,7 +82,8 @@ fi
 torchlog=$logs/python-torch-venv.log
 if ready_venv torch "$torch_venv" "$wheel" >"$torchlog" 2>&1; then
     KVSTORE_REQUIRE_TORCH=1 run_pytest torch "$TMPDIR" "$PWD/$torch_venv/bin/python" \
-        -k "not mxnet" "$PWD/kvstore-py/tests/test_interop.py" "$PWD/kvstore-py/tests/test_torch_dp.py"
+        -k "not mxnet" "$PWD/kvstore-py/tests/test_interop.py" "$PWD/kvstore-py/tests/test_torch_dp.py" \
+        "$PWD/kvstore-py/tests/test_torch_resume.py"
 else
     fail "setting up $torch_venv (Debian's python3-torch)" "$torchlog"
 fi

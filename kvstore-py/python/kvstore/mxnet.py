@@ -97,7 +97,7 @@ import kvstore as _kv
 from kvstore import lr_scheduler as _sched
 from kvstore import optimizer as _opt
 
-__all__ = ["KVStore", "NAMES", "create", "native_create", "register", "unregister", "convert_optimizer"]
+__all__ = ["KVStore", "NAMES", "create", "native_create", "register", "unregister", "convert_optimizer", "resume"]
 
 # The names registered in MXNet's kv_registry.
 NAMES: Tuple[str, ...] = (
@@ -235,6 +235,9 @@ class KVStore(_NativeKVStore):
         self._installed: Any = None
         self._scheduler_lr: Optional[float] = None
         self._sync_lock = threading.Lock()
+        # The keys of the commit this store resumed (kvstore-run, docs/recovery.md) that no
+        # init or broadcast has named yet: the first that names one adopts it.
+        self._restored_keys = {str(k) for k in self._kv.keys()} if self._kv.restored() is not None else set()
 
     def __del__(self) -> None:
         # MXNet's frees its native handle; the store frees itself.
@@ -243,7 +246,14 @@ class KVStore(_NativeKVStore):
     # -- the calls -------------------------------------------------------------
 
     def init(self, key: Any, value: Any) -> None:
-        """Initializes a key (or list of keys) with a copy of its value (MXNet's ``init``)."""
+        """Initializes a key (or list of keys) with a copy of its value (MXNet's ``init``).
+        On a store that resumed a commit, a key the commit holds keeps the commit's value
+        (the first init of it is skipped, see :meth:`commit`)."""
+        if self._restored_keys:
+            call = self._adopt(key, value)
+            if call is None:
+                return
+            key, value = call
         self._check_keys(key)
         self._kv.init(key, _values(value))
 
@@ -307,7 +317,13 @@ class KVStore(_NativeKVStore):
 
     def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
         """Initializes the keys with `value` and pulls them into `out` (MXNet's
-        ``broadcast``)."""
+        ``broadcast``). On a store that resumed a commit, a key the commit holds is
+        pulled into its outs instead (see :meth:`commit`)."""
+        if self._restored_keys:
+            call = self._adopt(key, value, out, priority=priority)
+            if call is None:
+                return
+            key, value, out = call
         self._check_keys(key)
         _check_arrays(value)
         _check_arrays(out)
@@ -524,6 +540,61 @@ class KVStore(_NativeKVStore):
             raise _kv.ArgumentTypeError("load_optimizer_states: the updater set has no set_states() (set an optimizer)")
         with open(fname, "rb") as f:
             self._updater.set_states(f.read())
+
+    # -- commits: resuming a job ------------------------------------------------
+
+    def commit(self, step: int, extra: bytes = b"") -> None:
+        """Commits the whole store (:meth:`kvstore.KVStore.commit`: every key, the
+        optimizer and its state, `step` and `extra`, your own bytes) into memory that
+        outlives the process, for ``kvstore-run`` to resume the job from
+        (docs/recovery.md). Under ``dist_sync`` a collective, like ``barrier``.
+
+        A gluon program commits the store it gave its ``Trainer`` (``kv =
+        mx.kv.create(...)``, ``Trainer(..., kvstore=kv)``) after ``trainer.step``, and
+        calls :func:`resume` before its first forward pass, which says where to start.
+        Resumed, it makes the calls of a fresh start: the Trainer's ``set_optimizer`` of
+        the same optimizer keeps the commit's (and its state), and its ``init`` and
+        ``broadcast`` of a key the commit holds adopt it (``broadcast`` pulls the
+        commit's weights into the parameters). This needs ``update_on_kvstore=True``:
+        with False the weights and the optimizer live in MXNet, and ``broadcast`` of a
+        restored key raises ``ValueError``."""
+        self._sync_optimizer()
+        self._kv.commit(step, extra)
+
+    def restored(self) -> Optional["_kv.Restored"]:
+        """``Restored(step, extra)`` of the commit this store resumed from, or ``None``
+        (:meth:`kvstore.KVStore.restored`)."""
+        return self._kv.restored()
+
+    def _adopt(self, key: Any, value: Any, out: Any = None, priority: Optional[int] = None) -> Optional[Tuple[Any, ...]]:
+        """``init`` (no `priority`) or ``broadcast`` of a resumed store: adopts the keys of
+        the call that the commit holds and no call named yet (``broadcast`` pulls each
+        into its outs), and returns the call's arguments for the other keys, or None
+        when none is left."""
+        many = isinstance(key, (list, tuple))
+        keys = list(key) if many else [key]
+        columns = [value] if priority is None else [value, out]
+        if many and any(not isinstance(c, (list, tuple)) or len(c) != len(keys) for c in columns):
+            return (key, *columns)  # the store says what is wrong
+        rows = list(zip(keys, *[list(c) if many else [c] for c in columns]))
+        adopted = {str(k) for k in keys} & self._restored_keys
+        if not adopted:
+            return (key, *columns)
+        if priority is not None:
+            if self._updater is None:
+                raise _kv.InvalidArgumentError(
+                    f"broadcast of key {sorted(adopted)[0]!r}: this store resumed a commit, whose keys hold the last "
+                    "sums of gradients, not weights, for the store has no optimizer (update_on_kvstore=False "
+                    "keeps the weights and the optimizer in MXNet): a commit resumes update_on_kvstore=True only"
+                )
+            for k, _, o in rows:
+                if str(k) in adopted:
+                    self.pull(k, out=o, priority=priority)
+        self._restored_keys -= adopted
+        rest = [r for r in rows if str(r[0]) not in adopted]
+        if not rest:
+            return None
+        return tuple(list(c) for c in zip(*rest))
 
     # -- properties and the rest ---------------------------------------------
 
@@ -766,6 +837,34 @@ class _Description:
         if wd_mult:
             converted.set_wd_mult(wd_mult)
         return converted
+
+
+# -- resuming a gluon job -----------------------------------------------------------
+
+
+def resume(trainer: Any, batch_size: int) -> Optional["_kv.Restored"]:
+    """Starts gluon's `trainer` as its first ``step(batch_size)`` does, before the first
+    forward pass, and returns ``Restored(step, extra)`` of the commit its store resumed
+    from, or ``None`` (a fresh start, where it changes no bit of the training). A
+    resumed program calls it before its first forward pass (see
+    :meth:`KVStore.commit`): the Trainer sets the store's optimizer (the commit's is
+    kept, with its state) and adopts the store's keys, whose weights are pulled into
+    the parameters, so that the first forward pass uses the commit's weights (gluon's
+    Trainer does this at its first ``step``, after that pass). Parameters whose
+    initialization is deferred (a layer made without ``in_units``) are left to that
+    ``step``: give them their shapes."""
+    trainer._check_and_rescale_grad(trainer._scale / batch_size)
+    if not trainer._kv_initialized:
+        trainer._init_kvstore()
+    if trainer._params_to_init:
+        trainer._init_params()
+    store = trainer._kvstore
+    if not isinstance(store, KVStore):
+        raise _kv.ArgumentTypeError(
+            f"resume: the trainer's store is {type(store).__name__}, not kvstore.mxnet's (gluon uses no store for one "
+            "device of a local kind): pass it one, Trainer(..., kvstore=mx.kv.create(name))"
+        )
+    return store.restored()
 
 
 # -- creation and the registry ----------------------------------------------------

@@ -55,11 +55,45 @@ in each (a parameter that got no gradient is pushed, with a zero gradient, at
 ``synchronize``). Gradient accumulation over several backward passes: run all but the
 last under ``with dp.no_sync():``. Buffers (BatchNorm's running statistics) are not
 synchronized. Only CPU tensors are supported.
+
+**Resuming a job** (``kvstore-run``, docs/recovery.md): commit through the wrapper, which
+adds what lives in torch to the store's commit, and resume through it::
+
+    dp = kvstore.torch.DataParallel(model, store)    # a resumed store: the commit's weights
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    r = dp.resume(opt)                                # None the first time
+    start = r.step + 1 if r else 0
+    for step in range(start, steps):
+        ...
+        dp.step(opt)
+        dp.commit(step, loader_position, optimizer=opt)   # bytes of your own, as store.commit's
+
+A resumed program makes the same calls as a fresh one, and ends with the bits of a run
+that never stopped. On a store that restored a commit, the constructor does not
+``init`` the keys the commit holds: it adopts them. In ``"optimizer"`` mode their values
+are the weights, pulled into the parameters (and the store keeps the commit's optimizer
+and its state: pass the same `optimizer`, or none). In ``"sum"`` mode they hold the last
+sum of gradients, and the weights come from the commit: :meth:`commit` puts the module's
+state there (its parameters and buffers; in ``"optimizer"`` mode the buffers and the
+parameters not synchronized), the torch optimizer's state and torch's random generator's
+state, each rank its own (a commit's ``extra`` is each rank's). Then
+:meth:`resume` loads the optimizer's state and the generator's, and returns
+``Restored(step, extra)`` with your own ``extra``. The store's own ``restored().extra``
+holds them all in this format: the 22 bytes ``b"kvstore.torch state 1\\n"``, the length
+of your ``extra`` (8 bytes, little-endian), your ``extra``, then ``torch.save`` of
+``{"module": state_dict, "optimizer": state_dict or None, "rng":
+torch.get_rng_state()}``. A program whose store restored such a commit calls
+:meth:`resume` before its first :meth:`synchronize` (else that raises ``RuntimeError``),
+with the optimizer when the commit holds one. What else the job needs (a learning-rate
+schedule's ``state_dict()``, the data loader's position, numpy's generator) goes in your
+``extra``. One wrapper commits a store (the state is its module's).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
+import struct
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch as _torch  # type: ignore
@@ -70,6 +104,30 @@ from kvstore import optimizer as _opt
 __all__ = ["DataParallel"]
 
 MODES = ("sum", "optimizer")
+
+# A commit's extra as DataParallel.commit writes it (see the module's docs).
+_STATE_HEADER = b"kvstore.torch state 1\n"
+
+
+def _pack(extra: bytes, state: Dict[str, Any]) -> bytes:
+    """The commit's extra: the program's `extra` and the torch `state`."""
+    buf = io.BytesIO()
+    buf.write(_STATE_HEADER + struct.pack("<Q", len(extra)) + extra)
+    _torch.save(state, buf)
+    return buf.getvalue()
+
+
+def _unpack(blob: bytes) -> Optional[Tuple[bytes, Dict[str, Any]]]:
+    """The program's extra and the torch state of a commit's extra, or None for an extra
+    that :meth:`DataParallel.commit` did not write."""
+    start = len(_STATE_HEADER) + 8
+    if not blob.startswith(_STATE_HEADER) or len(blob) < start:
+        return None
+    (n,) = struct.unpack("<Q", blob[len(_STATE_HEADER) : start])
+    # The job's own bytes, from a folder of the job's user alone (torch 1.13's
+    # weights_only loader refuses floats, which optimizer states hold).
+    state = _torch.load(io.BytesIO(blob[start + n :]), weights_only=False)
+    return blob[start : start + n], state
 
 
 class DataParallel:
@@ -133,16 +191,104 @@ class DataParallel:
         self._hooks: List[Any] = []
         # The AccumulateGrad nodes hooked (torch < 2.1): kept alive here.
         self._accumulators: List[Any] = []
-        if self._keys:
-            with _torch.no_grad():
-                values = [p.detach() for p in self._params]
-                store.init(self._keys, values)
-                # Rank 0's values won: every rank starts from them.
-                store.pull(self._keys, out=values)
+        self._resume(store)
         if optimizer is not None:
             store.set_optimizer(optimizer)
         for i, p in enumerate(self._params):
             self._hook(i, p)
+
+    def _resume(self, store: _kv.KVStore) -> None:
+        """Initializes the keys, or adopts those a resumed store holds, and puts the
+        commit's module state back."""
+        restored = store.restored()
+        # What resume() returns, and the torch state it still has to load.
+        self._restored = restored
+        self._state: Optional[Dict[str, Any]] = None
+        held = set()
+        if restored is not None:
+            unpacked = _unpack(restored.extra)
+            if unpacked is not None:
+                self._restored = _kv.Restored(restored.step, unpacked[0])
+                self._state = unpacked[1]
+            held = {str(k) for k in store.keys()}
+        fresh = [i for i, k in enumerate(self._keys) if k not in held]
+        if self.mode == "sum" and len(fresh) < len(self._keys) and self._state is None:
+            raise _kv.InvalidArgumentError(
+                f'mode="sum": this store resumed a commit{self._of_step()} that DataParallel.commit did '
+                "not make: its keys hold gradients, and the weights and the torch optimizer's state live in torch. "
+                "Commit with dp.commit(step, extra, optimizer=opt), or start the job afresh"
+            )
+        # A restored key holds the weights in "optimizer" mode (pulled), the last sum of
+        # gradients in "sum" mode (the weights are the commit's module state).
+        pulled = range(len(self._keys)) if self.mode == "optimizer" else fresh
+        with _torch.no_grad():
+            values = [p.detach() for p in self._params]
+            if fresh:
+                store.init([self._keys[i] for i in fresh], [values[i] for i in fresh])
+            if pulled:
+                # A fresh key: rank 0's values won, every rank starts from them.
+                store.pull([self._keys[i] for i in pulled], out=[values[i] for i in pulled])
+        if self._state is not None:
+            got = self.module.load_state_dict(self._state["module"], strict=False)
+            # In "optimizer" mode the commit's module state leaves out the store's keys.
+            missing = sorted(set(got.missing_keys) - set(self._names if self.mode == "optimizer" else ()))
+            if missing or got.unexpected_keys:
+                raise _kv.InvalidArgumentError(
+                    f"the commit{self._of_step()} holds the state of another model: missing {missing}, "
+                    f"unexpected {sorted(got.unexpected_keys)}"
+                )
+
+    def _of_step(self) -> str:
+        """The restored commit's step, as the errors say it."""
+        return "" if self._restored is None else f" (of step {self._restored.step})"
+
+    def resume(self, optimizer: Any = None) -> Optional[_kv.Restored]:
+        """Where the job resumes: ``Restored(step, extra)`` of the commit the store
+        restored (`extra`: the program's own bytes given to :meth:`commit`), or ``None``
+        on a fresh start. For a commit of :meth:`commit`, the first call also loads the
+        torch optimizer's state into `optimizer` (required when the commit holds one,
+        refused when it holds none) and torch's random generator's state; it comes before
+        the first :meth:`synchronize`. The module's state is back already (the
+        constructor put it back)."""
+        state, self._state = self._state, None
+        if state is not None:
+            saved = state["optimizer"]
+            if (saved is None) != (optimizer is None):
+                self._state = state
+                raise _kv.InvalidArgumentError(
+                    f"the commit{self._of_step()} holds "
+                    + (
+                        "no torch optimizer state (dp.commit was given no optimizer): call dp.resume()"
+                        if saved is None
+                        else "the torch optimizer's state: pass the optimizer, dp.resume(opt)"
+                    )
+                )
+            if optimizer is not None:
+                optimizer.load_state_dict(saved)
+            _torch.set_rng_state(state["rng"])
+        return self._restored
+
+    def commit(self, step: int, extra: bytes = b"", optimizer: Any = None) -> None:
+        """Commits the store (:meth:`kvstore.KVStore.commit`, a collective under
+        ``dist_sync``) with the torch state the job needs to go on with the same bits:
+        the module's state (``"optimizer"`` mode: but the synchronized parameters, which
+        are the store's keys), `optimizer`'s state (a torch optimizer, ``"sum"`` mode)
+        and torch's random generator's, beside `extra`, the program's own bytes
+        (:meth:`resume` gives them back). Call it after a step, not between
+        ``backward()`` and :meth:`synchronize`."""
+        if optimizer is not None and self.mode == "optimizer":
+            raise _kv.InvalidArgumentError('mode="optimizer": the store holds the optimizer; commit with no optimizer')
+        if self._pending:
+            raise RuntimeError("commit() between backward() and synchronize(): commit after the step")
+        module = self.module.state_dict()
+        if self.mode == "optimizer":
+            module = {k: v for k, v in module.items() if k not in set(self._names)}
+        state = {
+            "module": module,
+            "optimizer": None if optimizer is None else optimizer.state_dict(),
+            "rng": _torch.get_rng_state(),
+        }
+        self.store.commit(step, _pack(bytes(extra), state))
 
     def _hook(self, i: int, p: Any) -> None:
         if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
@@ -203,6 +349,11 @@ class DataParallel:
         average (or sum) over the workers; ``"optimizer"`` mode: the parameters hold the
         store's new weights. Parameters whose gradient backward did not produce are
         handed over now (a missing ``p.grad`` as zeros)."""
+        if self._state is not None:
+            raise RuntimeError(
+                f"this store resumed a commit{self._of_step()} made by DataParallel.commit: call "
+                "dp.resume(opt) (the torch optimizer's state, the random generator's) before the first step"
+            )
         for i, p in enumerate(self._params):
             if i not in self._pending:
                 if p.grad is None:
