@@ -249,12 +249,12 @@ class KVStore(_NativeKVStore):
         """Initializes a key (or list of keys) with a copy of its value (MXNet's ``init``).
         On a store that resumed a commit, a key the commit holds keeps the commit's value
         (the first init of it is skipped, see :meth:`commit`)."""
+        self._check_keys(key)
         if self._restored_keys:
             call = self._adopt(key, value)
             if call is None:
                 return
             key, value = call
-        self._check_keys(key)
         self._kv.init(key, _values(value))
 
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
@@ -319,12 +319,12 @@ class KVStore(_NativeKVStore):
         """Initializes the keys with `value` and pulls them into `out` (MXNet's
         ``broadcast``). On a store that resumed a commit, a key the commit holds is
         pulled into its outs instead (see :meth:`commit`)."""
+        self._check_keys(key)
         if self._restored_keys:
             call = self._adopt(key, value, out, priority=priority)
             if call is None:
                 return
             key, value, out = call
-        self._check_keys(key)
         _check_arrays(value)
         _check_arrays(out)
         self._kv.broadcast(key, value, out, priority)
