@@ -32,11 +32,15 @@
 //! ([`flight_on`]): a stalled or desynced job writes it ([`write_flight`]). A trace cut
 //! at the bound has no span left open: an async span's begin and end are written both
 //! or neither.
+//!
+//! Under `dist_sync`, the slowest rank is the one that held the others up longest at
+//! the collectives, named when it stands out from the noise ([`Slowest`],
+//! [`slowest_rank`], `Stats::slowest`).
 
 use std::borrow::Cow;
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 use std::fs::File;
 use std::io::{BufRead, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -44,6 +48,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use crate::RankStats;
 use crate::error::{Error, Result};
 pub use crate::kvstore::{LATE_MARGIN, slowest_rank};
 
@@ -463,382 +468,20 @@ impl Output {
         self.writer.write_all(b"\n").map_err(io)
     }
 
-/// This thread's row in the trace (0: none yet); its name is forgotten when the thread
-/// ends (a process that makes many threads keeps no list of the dead ones).
-struct Row(Cell<u64>);
-
-impl Drop for Row {
-    fn drop(&mut self) {
-        let id = self.0.get();
-        if id != 0 {
-            sink().threads.retain(|(t, _)| *t != id);
-        }
-    }
-}
-
-thread_local! {
-    static THREAD: Row = const { Row(Cell::new(0)) };
-}
-
-/// The open file, and the threads named so far (written at the start of a file).
-struct Sink {
-    out: Option<Output>,
-    threads: Vec<(u64, String)>,
-    flight: VecDeque<Event>,
-}
-
-/// A file being written.
-struct Output {
-    /// The path the timeline was started with, and this rank's file of it.
-    base: PathBuf,
-    path: PathBuf,
-    writer: BufWriter<File>,
-    written: u64,
-    max: u64,
-    truncated: bool,
-    /// Whether `KVSTORE_TIMELINE` started it (the last store's drop closes it to be
-    /// resumed: [`Hold`]).
-    from_env: bool,
-}
-
-static SINK: Mutex<Sink> = Mutex::new(Sink { out: None, threads: Vec::new(), flight: VecDeque::new() });
-
-fn sink() -> std::sync::MutexGuard<'static, Sink> {
-    SINK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The trace clock now: nanoseconds since the Unix epoch as this process's clock read
-/// them when it first asked, advanced by a monotonic clock since (so that processes on
-/// one machine agree, and an adjusted wall clock does not run a trace backwards).
-pub fn now() -> u64 {
-    let (at, unix) = anchor();
-    unix + at.elapsed().as_nanos() as u64
-}
-
-/// When this process's trace clock started: an instant, and the Unix time then (ns).
-fn anchor() -> &'static (Instant, u64) {
-    static ANCHOR: OnceLock<(Instant, u64)> = OnceLock::new();
-    ANCHOR.get_or_init(|| {
-        let unix = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-        (Instant::now(), unix)
-    })
-}
-
-/// The origin of the trace's timestamps (on rank 0's clock, ns since the Unix epoch):
-/// when rank 0's trace clock started ([`set_clock`]), else when this process's did. A
-/// trace's `ts` are microseconds since then (small numbers, exact as doubles to the
-/// nanosecond for days; its `otherData` has the origin).
-pub fn origin() -> u64 {
-    match ORIGIN.load(Ordering::Relaxed) {
-        0 => anchor().1,
-        o => o,
-    }
-}
-
-/// The origin rank 0 gives the others ([`origin`]): when its trace clock started.
-pub fn local_origin() -> u64 {
-    anchor().1
-}
-
-/// `at`, a reading of [`now`], on rank 0's clock: less this clock's offset
-/// ([`set_clock`]).
-pub fn align(at: u64) -> u64 {
-    at.wrapping_sub(OFFSET.load(Ordering::Relaxed))
-}
-
-/// For transports: this process's `rank` of `ranks`, its clock's offset to rank 0's
-/// (`offset_ns`: this clock's [`now`] less rank 0's at the same instant) with the
-/// estimate's error, and rank 0's [`local_origin`] (the job's [`origin`]). Set once the
-/// job's ranks are known, before any store is made.
-pub fn set_clock(rank: usize, ranks: usize, offset_ns: i64, error_ns: u64, origin_ns: u64) {
-    ORIGIN.store(origin_ns, Ordering::Relaxed);
-    RANK.store(rank as u64, Ordering::Relaxed);
-    RANKS.store(ranks.max(1) as u64, Ordering::Relaxed);
-    OFFSET.store(offset_ns as u64, Ordering::Relaxed);
-    CLOCK_ERROR.store(error_ns, Ordering::Relaxed);
-}
-
-/// This process's rank, as the transport set it (0 without one).
-pub fn rank() -> usize {
-    RANK.load(Ordering::Relaxed) as usize
-}
-
-/// The number of ranks of the job, as the transport set it (1 without one).
-pub fn ranks() -> usize {
-    RANKS.load(Ordering::Relaxed) as usize
-}
-
-/// Whether events are being recorded (to a file or the flight recorder): what a caller
-/// asks before building an event.
-#[inline]
-pub fn recording() -> bool {
-    ON.load(Ordering::Relaxed) || FLIGHT.load(Ordering::Relaxed)
-}
-
-/// Whether the timeline writes a file.
-pub fn is_on() -> bool {
-    ON.load(Ordering::Relaxed)
-}
-
-/// Turns the flight recorder on (a `dist_sync` store does, when it is made).
-pub fn flight_on() {
-    FLIGHT.store(true, Ordering::Relaxed);
-}
-
-/// The file rank `rank` of a job of `ranks` writes for the timeline at `path`: `path`
-/// itself for a job of one, else `path` with `.rankR` before its extension.
-pub fn rank_path(path: &Path, rank: usize, ranks: usize) -> PathBuf {
-    if ranks <= 1 {
-        return path.to_path_buf();
-    }
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let name = match path.extension() {
-        Some(ext) => format!("{stem}.rank{rank}.{}", ext.to_string_lossy()),
-        None => format!("{stem}.rank{rank}"),
-    };
-    path.with_file_name(name)
-}
-
-/// Starts writing the timeline to `path` (this rank's file of it: [`rank_path`]),
-/// replacing a timeline being written (which is closed first).
-///
-/// # Errors
-/// [`Error::InvalidArgument`] when the file is something other than a regular file (a
-/// FIFO, a device, a folder) or `KVSTORE_TIMELINE_MAX_BYTES` is not a number of bytes;
-/// [`Error::Io`] when the file cannot be made, or the one being written closed.
-pub fn start(path: impl AsRef<Path>) -> Result<()> {
-    start_as(path.as_ref(), false)
-}
-
-fn start_as(path: &Path, from_env: bool) -> Result<()> {
-    let ranks = RANKS.load(Ordering::Relaxed) as usize;
-    let file = rank_path(path, rank(), ranks);
-    let max = max_bytes()?;
-    if std::fs::metadata(&file).is_ok_and(|m| !m.is_file()) {
-        return Err(Error::invalid_argument(format!("the timeline's file {} is not a regular file", file.display())));
-    }
-    // The file being written is closed first (its last lines would land in a new file
-    // of the same path), and the new one made outside the lock: making a file may
-    // take a while, and every recording thread takes the lock.
-    ON.store(false, Ordering::Relaxed);
-    let old = sink().out.take();
-    old.map(|o| close(o, "")).transpose()?;
-    *resume() = None;
-    let threads = sink().threads.clone();
-    let mut out = Output::open(path.to_path_buf(), file, max, &threads)?;
-    out.from_env = from_env;
-    install(out, &threads)
-}
-
-/// Makes `out` the file events go to; names the threads that `named` (the threads
-/// known when it was made) lacks.
-fn install(mut out: Output, named: &[(u64, String)]) -> Result<()> {
-    let mut sink = sink();
-    for (id, name) in sink.threads.iter().filter(|t| !named.contains(t)) {
-        let mut meta = String::new();
-        json_meta(&mut meta, rank(), *id, "thread_name", name);
-        out.event(&meta)?;
-    }
-    let old = sink.out.replace(out);
-    STARTED.store(now(), Ordering::Relaxed);
-    ON.store(true, Ordering::Relaxed);
-    drop(sink);
-    old.map(|o| close(o, "")).transpose()?;
-    Ok(())
-}
-
-fn resume() -> std::sync::MutexGuard<'static, Option<Resume>> {
-    RESUME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// `KVSTORE_TIMELINE_MAX_BYTES`, or the default.
-fn max_bytes() -> Result<u64> {
-    match std::env::var(MAX_BYTES_VAR) {
-        Ok(v) => v.trim().parse().map_err(|_| {
-            Error::invalid_argument(format!("{MAX_BYTES_VAR} must be a whole number of bytes, not {v:?}"))
-        }),
-        Err(std::env::VarError::NotPresent) => Ok(DEFAULT_MAX_BYTES),
-        Err(e) => Err(Error::invalid_argument(format!("{MAX_BYTES_VAR}: {e}"))),
-    }
-}
-
-/// The path the timeline being written was started with (`None` when it is off).
-pub fn path() -> Option<PathBuf> {
-    sink().out.as_ref().map(|o| o.base.clone())
-}
-
-/// Starts the timeline when `KVSTORE_TIMELINE` names a file (a store does when it is
-/// made): the first store made reads it; when the last store was dropped, which closed
-/// the file, the next store made writes on in it.
-///
-/// # Errors
-/// As [`start`].
-pub fn start_from_env() -> Result<()> {
-    if !ENV_READ.swap(true, Ordering::Relaxed) {
-        return match std::env::var_os(TIMELINE_VAR) {
-            Some(path) if !path.is_empty() && !is_on() => start_as(Path::new(&path), true),
-            _ => Ok(()),
-        };
-    }
-    let Some(r) = resume().take() else { return Ok(()) };
-    if is_on() {
-        return Ok(());
-    }
-    let io = |e| Error::Io { context: format!("the timeline's file {}", r.path.display()), source: e };
-    let file = std::fs::OpenOptions::new().write(true).open(&r.path).map_err(io)?;
-    file.set_len(r.at).map_err(io)?;
-    let mut writer = BufWriter::new(file);
-    std::io::Seek::seek(&mut writer, std::io::SeekFrom::End(0)).map_err(io)?;
-    let out = Output {
-        base: r.base,
-        path: r.path,
-        writer,
-        written: r.at,
-        max: r.max,
-        truncated: r.truncated,
-        from_env: true,
-    };
-    // (Every thread known was named in the file already, or when it was made since.)
-    let named = sink().threads.clone();
-    install(out, &named)
-}
-
-/// Stops the timeline and closes its file; returns the file's path (`None` when it
-/// was off).
-///
-/// # Errors
-/// [`Error::Io`] when the file cannot be written.
-pub fn stop() -> Result<Option<PathBuf>> {
-    ON.store(false, Ordering::Relaxed);
-    *resume() = None;
-    let out = sink().out.take();
-    match out {
-        Some(out) => {
-            let path = out.path.clone();
-            close(out, "")?;
-            Ok(Some(path))
-        }
-        None => Ok(None),
-    }
-}
-
-/// Closes the timeline's file at the end of a program of one process (the bindings'
-/// exit hooks call it; a `dist_sync` job's files are closed and merged by its
-/// transport's finalize). Returns the file's path, if one was written.
-///
-/// # Errors
-/// As [`stop`].
-pub fn close_at_exit() -> Result<Option<PathBuf>> {
-    if ranks() > 1 {
-        return Ok(None);
-    }
-    stop()
-}
-
-/// A store's hold on the timeline: when a program of one process drops its last store,
-/// the file is closed, whole; a file of `KVSTORE_TIMELINE` is written on in by the next
-/// store made ([`start_from_env`]).
-pub struct Hold(());
-
-impl Hold {
-    /// A new store's hold.
-    pub fn new() -> Hold {
-        STORES.fetch_add(1, Ordering::Relaxed);
-        Hold(())
-    }
-}
-
-impl Default for Hold {
-    fn default() -> Self {
-        Hold::new()
-    }
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        if STORES.fetch_sub(1, Ordering::AcqRel) != 1 || ranks() > 1 {
-            return;
-        }
-        let mut sink = sink();
-        let Some(mut out) = sink.out.take() else { return };
-        ON.store(false, Ordering::Relaxed);
-        drop(sink);
-        let _ = out.writer.flush();
-        let resumed = out.from_env.then(|| Resume {
-            base: out.base.clone(),
-            path: out.path.clone(),
-            at: out.written,
-            max: out.max,
-            truncated: out.truncated,
-        });
-        if close(out, "").is_ok() {
-            *resume() = resumed;
-        }
-    }
-}
-
-/// Ends a file: the last line, then the metadata (`extra`: more of its fields, each
-/// after a comma).
-fn close(mut out: Output, extra: &str) -> Result<()> {
-    let other = format!(
-        "],\"otherData\":{{\"rank\":{},\"ranks\":{},\"clock\":\"aligned to rank 0's\",\"ts_origin_unix_ns\":{},\
-         \"clock_error_ns\":{}{extra}}}}}",
-        rank(),
-        RANKS.load(Ordering::Relaxed),
-        origin(),
-        CLOCK_ERROR.load(Ordering::Relaxed)
-    );
-    // The last event has no comma after it: the process's sort index.
-    let mut last = String::new();
-    let _ = write!(
-        last,
-        "{{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":{},\"tid\":0,\"args\":{{\"sort_index\":{}}}}}",
-        rank(),
-        rank()
-    );
-    let io = |e| Error::Io { context: format!("the timeline's file {}", out.path.display()), source: e };
-    out.writer.write_all(last.as_bytes()).map_err(io)?;
-    out.writer.write_all(b"\n").map_err(io)?;
-    out.writer.write_all(other.as_bytes()).map_err(io)?;
-    out.writer.write_all(b"\n").map_err(io)?;
-    out.writer.flush().map_err(io)
-}
-
-impl Output {
-    /// A new file of this rank at `path` (of the timeline started at `base`), its first
-    /// lines written: the process's name and the names of `threads`.
-    fn open(base: PathBuf, path: PathBuf, max: u64, threads: &[(u64, String)]) -> Result<Self> {
-        let opened = File::create(&path)
-            .map_err(|e| Error::Io { context: format!("the timeline's file {}", path.display()), source: e })?;
-        let mut out =
-            Output { base, path, writer: BufWriter::new(opened), written: 0, max, truncated: false, from_env: false };
-        out.line("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[")?;
-        let pid = rank();
-        let mut meta = String::new();
-        json_meta(&mut meta, pid, 0, "process_name", &format!("rank {pid}"));
-        out.event(&meta)?;
-        for (tid, name) in threads {
-            meta.clear();
-            json_meta(&mut meta, pid, *tid, "thread_name", name);
-            out.event(&meta)?;
-        }
-        Ok(out)
-    }
-
-    fn line(&mut self, s: &str) -> Result<()> {
-        self.written += s.len() as u64 + 1;
-        let path = &self.path;
-        let io = |e| Error::Io { context: format!("the timeline's file {}", path.display()), source: e };
-        self.writer.write_all(s.as_bytes()).map_err(io)?;
-        self.writer.write_all(b"\n").map_err(io)
-    }
-
     /// One event's line (each ends in a comma: the file's last is the closing one).
     fn event(&mut self, json: &str) -> Result<()> {
+        self.events(&[json])
+    }
+
+    /// Events that go together, each on its line: all of them, or, where they would not
+    /// all fit under the bound, none (an async span's begin is never left without its
+    /// end: a viewer would show it open to the end of the trace).
+    fn events(&mut self, lines: &[&str]) -> Result<()> {
         if self.truncated {
             return Ok(());
         }
-        if self.written + json.len() as u64 > self.max {
+        let len: u64 = lines.iter().map(|l| l.len() as u64 + 2).sum();
+        if self.written + len > self.max {
             self.truncated = true;
             let mut s = String::new();
             let _ = write!(
@@ -850,10 +493,14 @@ impl Output {
             );
             return self.line(&s);
         }
-        let mut s = String::with_capacity(json.len() + 1);
-        s.push_str(json);
-        s.push(',');
-        self.line(&s)
+        let mut s = String::new();
+        for json in lines {
+            s.clear();
+            s.push_str(json);
+            s.push(',');
+            self.line(&s)?;
+        }
+        Ok(())
     }
 }
 
@@ -1192,4 +839,69 @@ fn clock_error(line: &[u8]) -> Option<u64> {
     let text = std::str::from_utf8(line).ok()?;
     let (_, rest) = text.split_once("\"clock_error_ns\":")?;
     rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// How many times the median of the other workers' [`RankStats::held_up_s`] a worker
+/// must have held the others up to stand out as the slowest ([`Slowest::stands_out`]).
+pub const STANDS_OUT: f64 = 2.0;
+
+/// The worker that held the others up longest at the collectives
+/// ([`Stats::slowest`](crate::Stats::slowest)), with its figures both ways: the time it held them up, and how often it came last
+/// and how late it was on average.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Slowest {
+    /// Its arrivals (the lower rank of a tie).
+    pub rank: RankStats,
+    /// The median of the other workers' [`RankStats::held_up_s`].
+    pub others_s: f64,
+    /// The collectives counted.
+    pub collectives: u64,
+    /// Whether it stands out from the noise: it held the others up more than
+    /// [`STANDS_OUT`] times [`Slowest::others_s`], and more than [`LATE_MARGIN`] longer.
+    /// In a balanced job the worker that comes last changes from one collective to the
+    /// next, each by little, and none stands out.
+    pub stands_out: bool,
+}
+
+impl Slowest {
+    /// The worker that held the others up longest among `ranks`, over `collectives`;
+    /// `None` before any collective.
+    pub(crate) fn of(ranks: &[RankStats], collectives: u64) -> Option<Slowest> {
+        if collectives == 0 {
+            return None;
+        }
+        let top = ranks.iter().copied().reduce(|a, b| if b.held_up_s > a.held_up_s { b } else { a })?;
+        let mut others: Vec<f64> = ranks.iter().filter(|r| r.rank != top.rank).map(|r| r.held_up_s).collect();
+        others.sort_by(f64::total_cmp);
+        let n = others.len();
+        let others_s = match n {
+            0 => 0.0,
+            n if n % 2 == 1 => others[n / 2],
+            n => (others[n / 2 - 1] + others[n / 2]) / 2.0,
+        };
+        let stands_out = top.held_up_s > STANDS_OUT * others_s && top.held_up_s - others_s > LATE_MARGIN.as_secs_f64();
+        Some(Slowest { rank: top, others_s, collectives, stands_out })
+    }
+}
+
+/// `slowest rank: R (held the others up X ms, the others Y ms (median); last at N of M
+/// collectives, Z ms late on average)`, or, when it does not stand out, `slowest rank:
+/// none stands out (rank R held the others up X ms, ...)`: the line rank 0 logs and
+/// `python -m kvstore.timeline` prints.
+impl fmt::Display for Slowest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = &self.rank;
+        let figures = format!(
+            "held the others up {:.1} ms, the others {:.1} ms (median); last at {} of {} collectives, {:.1} ms late on average",
+            r.held_up_s * 1e3,
+            self.others_s * 1e3,
+            r.last,
+            self.collectives,
+            r.mean_lateness_s * 1e3
+        );
+        match self.stands_out {
+            true => write!(f, "slowest rank: {} ({figures})", r.rank),
+            false => write!(f, "slowest rank: none stands out (rank {} {figures})", r.rank),
+        }
+    }
 }

@@ -25,7 +25,7 @@ const PUSH_BYTES: u64 = 4 * 1024 * 4;
 
 /// What a job left: rank 0's `slowest rank` line, every rank's stats, the merged trace.
 struct Ran {
-    slowest: (usize, u64, u64, f64),
+    slowest: (usize, f64, u64, u64, f64),
     stats: Vec<Value>,
     trace: Value,
 }
@@ -45,20 +45,24 @@ fn run(slow: Option<usize>, fused: bool) -> Ran {
     assert_eq!(job.code, Some(0), "the job failed: {}", job.shown());
     let line = job.output.lines().find_map(|l| l.split_once("slowest rank: ").map(|(_, rest)| rest.to_string()));
     let line = line.unwrap_or_else(|| panic!("no `slowest rank` line: {}", job.shown()));
-    // "R (last at N of M collectives, X ms late on average)"
-    let words: Vec<&str> = line.split([' ', '(', ',']).filter(|w| !w.is_empty()).collect();
+    // "R (held the others up H ms, the others O ms (median); last at N of M collectives,
+    // X ms late on average)"
+    let words: Vec<&str> = line.split([' ', '(', ',', ';']).filter(|w| !w.is_empty()).collect();
     let number = |i: usize| words.get(i).unwrap_or_else(|| panic!("the line {line:?}"));
     let slowest = (
         number(0).parse().expect("a rank"),
-        number(3).parse().expect("N"),
-        number(5).parse().expect("M"),
-        number(7).parse().expect("X"),
+        number(5).parse().expect("H"),
+        number(14).parse().expect("N"),
+        number(16).parse().expect("M"),
+        number(18).parse().expect("X"),
     );
+    let others: f64 = number(9).parse().expect("O");
     assert_eq!(
         line,
         format!(
-            "{} (last at {} of {} collectives, {:.1} ms late on average)",
-            slowest.0, slowest.1, slowest.2, slowest.3
+            "{} (held the others up {:.1} ms, the others {others:.1} ms (median); \
+             last at {} of {} collectives, {:.1} ms late on average)",
+            slowest.0, slowest.1, slowest.2, slowest.3, slowest.4
         )
     );
     let mut stats: Vec<Value> = job
@@ -182,11 +186,14 @@ fn valid(ran: &Ran) {
     }
 }
 
-/// Checks that `ran` names `slow`, last at 90 % of the collectives or more, late by
-/// 40 ms within 25 %, and that every rank's stats say the same.
+/// Checks that `ran` names `slow`, having held the others up 30 × 40 ms within 25 %,
+/// last at 90 % of the collectives or more, late by 40 ms within 25 %, and that every
+/// rank's stats say the same.
 fn names(ran: &Ran, slow: usize) {
-    let (rank, last, of, late_ms) = ran.slowest;
+    let (rank, held_ms, last, of, late_ms) = ran.slowest;
     assert_eq!(rank, slow, "the slowest rank");
+    let held = PUSHES as f64 * SLEEP_MS;
+    assert!((held_ms - held).abs() <= 0.25 * held, "held the others up {held_ms} ms");
     assert_eq!(of, PUSHES + 1, "the collectives: the init and the pushes");
     assert!(last as f64 >= 0.9 * of as f64, "last at {last} of {of}");
     assert!((late_ms - SLEEP_MS).abs() <= 0.25 * SLEEP_MS, "{late_ms} ms late");

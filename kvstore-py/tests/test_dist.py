@@ -230,8 +230,9 @@ def test_ranks_that_end_normally_seconds_apart_end_the_job_cleanly():
 @pytest.mark.parametrize("slow", ["1", "2"])
 def test_the_timeline_names_the_slow_rank(tmp_path, slow):
     """Rank ``slow`` of 3 sleeps 40 ms before each push: the merged timeline's summary
-    (``python -m kvstore.timeline``) names it, last at 90 % of the collectives or more,
-    late by 40 ms within 25 %; every rank's stats count the same arrivals."""
+    (``python -m kvstore.timeline``) names it, having held the others up 30 × 40 ms within
+    25 %, last at 90 % of the collectives or more, late by 40 ms within 25 %; every rank's
+    stats count the same arrivals."""
     path = tmp_path / "trace.json"
     done, _ = mpirun("slow", str(path), slow, ranks=3)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -243,11 +244,16 @@ def test_the_timeline_names_the_slow_rank(tmp_path, slow):
     ).stdout
     line = [l for l in summary.splitlines() if l.startswith("slowest rank: ")]
     assert len(line) == 1, summary
-    words = line[0].replace("(", " ").replace(",", " ").split()
-    rank, last, of, late = int(words[2]), int(words[5]), int(words[7]), float(words[9])
+    found = re.fullmatch(
+        r"slowest rank: (\d+) \(held the others up ([\d.]+) ms, the others ([\d.]+) ms \(median\);"
+        r" last at (\d+) of (\d+) collectives, (-?[\d.]+) ms late on average\)",
+        line[0],
+    )
+    assert found, line
+    rank, held, last, of, late = int(found[1]), float(found[2]), int(found[4]), int(found[5]), float(found[6])
     # The collectives: the init, the 30 pushes and stop_timeline's own step.
     assert (rank, of) == (int(slow), 32), line
-    assert last >= 0.9 * of and abs(late - 40.0) <= 10.0, line
+    assert last >= 0.9 * of and abs(late - 40.0) <= 10.0 and abs(held - 30 * 40.0) <= 300.0, line
     # (mpirun may join the ranks' lines: each rank's list is found by its brackets.)
     lasts = re.findall(r"last (\[[^\]]*\])", done.stdout)
     assert len(lasts) == 3 and len(set(lasts)) == 1, done.stdout

@@ -62,23 +62,50 @@ def trace(arrivals):
     return {"traceEvents": events, "otherData": {"clock_error_ns": 0}}
 
 
-def test_the_summary_names_the_rank_that_is_last_by_more_than_a_millisecond(tmp_path):
+def test_the_summary_names_the_rank_that_held_the_others_up(tmp_path):
     # Rank 1 arrives 10 ms after the others 8 times of 10; rank 2 is last twice, by 0.5
     # ms only (on time: within the 1 ms margin).
     arrivals = [[100.0 * k, 100.0 * k + 10.0, 100.0 * k] for k in range(8)]
     arrivals += [[100.0 * k, 100.0 * k, 100.0 * k + 0.5] for k in range(8, 10)]
     s = timeline.summarise(trace(arrivals)["traceEvents"])
-    assert s["slowest"][:3] == (1, 8, 10)
-    assert s["slowest"][3] == pytest.approx((8 * 10.0 + 2 * -0.25) / 10)
+    slowest = s["slowest"]
+    assert (slowest["rank"], slowest["stands_out"], slowest["last"], slowest["collectives"]) == (1, True, 8, 10)
+    assert slowest["held_up_ms"] == pytest.approx(80.0) and slowest["others_ms"] == pytest.approx(0.5)
+    assert slowest["late_ms"] == pytest.approx((8 * 10.0 + 2 * -0.25) / 10)
     assert [s["ranks"][r]["last"] for r in range(3)] == [0, 8, 0]
+    assert [s["ranks"][r]["held_up_ms"] for r in range(3)] == pytest.approx([0.0, 80.0, 1.0])
     assert s["ranks"][0]["waiting_ms"] == pytest.approx(8 * 10.0 + 2 * 0.5)
-    assert timeline.slowest_line(s) == "slowest rank: 1 (last at 8 of 10 collectives, 8.0 ms late on average)"
+    line = ("slowest rank: 1 (held the others up 80.0 ms, the others 0.5 ms (median);"
+            " last at 8 of 10 collectives, 8.0 ms late on average)")
+    assert timeline.slowest_line(s) == line
     path = tmp_path / "t.json"
     path.write_text(json.dumps(trace(arrivals)))
     done = subprocess.run([sys.executable, "-m", "kvstore.timeline", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1] == "slowest rank: 1 (last at 8 of 10 collectives, 8.0 ms late on average)"
+    assert done.stdout.splitlines()[-1] == line
     assert "k0:" in done.stdout and "k1:" in done.stdout
+
+
+def test_the_slowest_rank_is_the_one_that_held_the_others_up_longest_not_the_one_last_most_often():
+    # Rank 2 comes last at 9 collectives of 10, 2 ms after the others; rank 1 once,
+    # 500 ms after them: rank 1 held them up longest, though it was last only once.
+    arrivals = [[1000.0 * k, 1000.0 * k + (500.0 if k == 0 else 0.0), 1000.0 * k + (0.0 if k == 0 else 2.0)]
+                for k in range(10)]
+    s = timeline.summarise(trace(arrivals)["traceEvents"])
+    assert [s["ranks"][r]["last"] for r in range(3)] == [0, 1, 9]
+    assert (s["slowest"]["rank"], s["slowest"]["stands_out"]) == (1, True)
+    assert timeline.slowest_line(s) == (
+        "slowest rank: 1 (held the others up 500.0 ms, the others 9.0 ms (median);"
+        " last at 1 of 10 collectives, 49.1 ms late on average)"
+    )
+
+
+def test_no_rank_stands_out_of_a_balanced_job():
+    # Each rank comes last in turn, 0.3 ms after the others: within the noise.
+    arrivals = [[10.0 * k + (0.3 if k % 3 == r else 0.0) for r in range(3)] for k in range(31)]
+    s = timeline.summarise(trace(arrivals)["traceEvents"])
+    assert (s["slowest"]["rank"], s["slowest"]["stands_out"]) == (0, False)
+    assert timeline.slowest_line(s).startswith("slowest rank: none stands out (rank 0 held the others up 3.3 ms")
 
 
 def test_the_summary_of_a_trace_without_collectives_says_so(tmp_path):

@@ -1,7 +1,8 @@
 //! The timeline (`kvstore_core::timeline`, `KVStore::start_timeline`) and the stores'
 //! counters (`KVStore::stats`): what a local store's calls write (calls, phases, flows,
-//! threads, nested spans), the file's bound, and, with workers as threads, the counts a
-//! `dist_sync` store keeps of each worker's arrivals (a slow worker is named). A binary
+//! threads, nested spans), the file's bound (no span left open where it cuts), and, with
+//! workers as threads, the counts a `dist_sync` store keeps of each worker's arrivals
+//! (the worker that held the others up is named). A binary
 //! of its own: the timeline is the process's, and its tests take turns.
 
 use std::collections::BTreeMap;
@@ -351,6 +352,20 @@ fn a_slow_worker_is_last_at_the_collectives_and_late_by_its_delay() {
             .iter()
             .filter(|r| r.rank != 1)
             .all(|r| r.last <= 1 && r.mean_lateness_s < 0.002)
+    );
+    // It held the others up 20 ms at each push, and stands out.
+    assert!(
+        (slow.held_up_s - 0.240).abs() < 0.060,
+        "held the others up {} s",
+        slow.held_up_s
+    );
+    let named = stats[0].slowest().expect("collectives");
+    assert_eq!((named.rank.rank, named.stands_out), (1, true), "{named}");
+    assert!(
+        named
+            .to_string()
+            .starts_with("slowest rank: 1 (held the others up "),
+        "{named}"
     );
 }
 

@@ -1,6 +1,7 @@
 //! A store's counters ([`KVStore::stats`]): calls and keys by kind, bytes pushed,
-//! pulled and on the wire, time in each phase of a call, and, under `dist_sync`, which
-//! worker arrives last at the collectives, and how late. Counted per call, never per
+//! pulled and on the wire, time in each phase of a call, and, under `dist_sync`, how
+//! long each worker held the others up at the collectives, at how many it arrived
+//! last, and how late (the slowest worker: [`Stats::slowest`]). Counted per call, never per
 //! key (a call's bytes are added up from the arrays it took anyway), with relaxed
 //! atomics; each phase is also a complete event of the timeline when it is on
 //! (`timeline.rs`).
@@ -18,7 +19,7 @@ use crate::collective::Collective;
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::ndarray::NDArray;
-use crate::timeline::{self, Arg};
+use crate::timeline::{self, Arg, Slowest};
 
 use super::KVStore;
 use super::forms::Run;
@@ -68,6 +69,11 @@ pub struct CallCount {
 pub struct RankStats {
     /// The worker's rank.
     pub rank: usize,
+    /// How long it held the others up, in seconds, in all: at each collective where it
+    /// arrived last, its arrival minus the next-latest one (the time the others waited
+    /// for it alone; nothing at a tie). What names the slowest worker
+    /// ([`Stats::slowest`]).
+    pub held_up_s: f64,
     /// At how many of [`Stats::collectives`] it arrived last, more than [`LATE_MARGIN`]
     /// after the median of the others (a worker within it is on time: the collectives'
     /// own work is uneven, worker 0's sum in shared memory takes tens of microseconds
@@ -79,7 +85,9 @@ pub struct RankStats {
 }
 
 /// How much later than the median of the others a worker must arrive at a collective
-/// to count as its last ([`RankStats::last`]): 1 ms.
+/// to count as its last ([`RankStats::last`]): 1 ms. Also how much longer than the
+/// median of the others' a worker must have held the others up, in all, to stand out
+/// as the slowest ([`Slowest::stands_out`](crate::timeline::Slowest::stands_out)).
 pub const LATE_MARGIN: Duration = Duration::from_millis(1);
 
 impl Stats {
@@ -89,6 +97,13 @@ impl Stats {
 
     /// The phases timed, in this order ([`Stats::phases`]' keys).
     pub const PHASES: [&'static str; 7] = ["queued", "inputs", "sum", "wire", "update", "copy", "ranks"];
+
+    /// Under `dist_sync`: the worker that held the others up longest at the collectives
+    /// ([`RankStats::held_up_s`]), and whether it stands out ([`Slowest::stands_out`]);
+    /// `None` before any collective.
+    pub fn slowest(&self) -> Option<Slowest> {
+        Slowest::of(&self.ranks, self.collectives)
+    }
 }
 
 const OPS: [&str; 7] = Stats::KINDS;
@@ -126,21 +141,24 @@ pub(super) struct Counters {
     ranks: Mutex<Arrivals>,
 }
 
-/// Each worker's arrivals so far: at how many collectives it came last, and the sum
-/// of its lateness (ns).
+/// Each worker's arrivals so far: how long it held the others up (ns), at how many
+/// collectives it came last, and the sum of its lateness (ns).
 #[derive(Default)]
 struct Arrivals {
     collectives: u64,
+    held_ns: Vec<u64>,
     last: Vec<u64>,
     late_ns: Vec<i128>,
 }
 
 impl Arrivals {
     /// Counts one collective: `late[r]`, worker r's lateness; `last`, the worker that
-    /// arrived last, if any did (see [`lateness`]).
-    fn add(&mut self, late: &[i64], last: Option<usize>) {
+    /// arrived last, if any did; `held`, the worker that arrived last and how long it
+    /// held the others up (see [`lateness`]).
+    fn add(&mut self, late: &[i64], last: Option<usize>, held: Option<(usize, u64)>) {
         let n = late.len();
         if self.last.len() != n {
+            self.held_ns = vec![0; n];
             self.last = vec![0; n];
             self.late_ns = vec![0; n];
         }
@@ -148,9 +166,27 @@ impl Arrivals {
         if let Some(last) = last {
             self.last[last] += 1;
         }
+        if let Some((r, ns)) = held {
+            self.held_ns[r] += ns;
+        }
         for (r, l) in late.iter().enumerate() {
             self.late_ns[r] += i128::from(*l);
         }
+    }
+
+    /// Each worker's figures.
+    fn ranks(&self) -> Vec<RankStats> {
+        (0..self.last.len())
+            .map(|r| RankStats {
+                rank: r,
+                held_up_s: self.held_ns[r] as f64 / 1e9,
+                last: self.last[r],
+                mean_lateness_s: match self.collectives {
+                    0 => 0.0,
+                    n => self.late_ns[r] as f64 / n as f64 / 1e9,
+                },
+            })
+            .collect()
     }
 }
 
@@ -218,8 +254,9 @@ impl Counters {
     /// returns each worker's lateness and the worker that arrived last, if any did.
     pub(super) fn arrivals(&self, at: &[u64]) -> (Vec<i64>, Option<usize>) {
         let (late, last) = lateness(at);
-        self.ranks.lock().add(&late, last);
-        JOB.lock().add(&late, last);
+        let held = held_up(at);
+        self.ranks.lock().add(&late, last, held);
+        JOB.lock().add(&late, last, held);
         (late, last)
     }
 
@@ -233,16 +270,7 @@ impl Counters {
             .collect();
         let phases = PHASES.iter().zip(&self.phases).map(|(p, ns)| (*p, Duration::from_nanos(load(ns)))).collect();
         let a = self.ranks.lock();
-        let ranks = (0..a.last.len())
-            .map(|r| RankStats {
-                rank: r,
-                last: a.last[r],
-                mean_lateness_s: match a.collectives {
-                    0 => 0.0,
-                    n => a.late_ns[r] as f64 / n as f64 / 1e9,
-                },
-            })
-            .collect();
+        let ranks = a.ranks();
         Stats {
             calls,
             bytes_pushed: load(&self.pushed),
@@ -295,6 +323,26 @@ fn lateness(at: &[u64]) -> (Vec<i64>, Option<usize>) {
     let last =
         (0..n).max_by_key(|&r| (at[r], std::cmp::Reverse(r))).filter(|&r| late[r] > LATE_MARGIN.as_nanos() as i64);
     (late, last)
+}
+
+/// The worker that arrived last at one collective (the higher rank of a tie, which
+/// held the others up for nothing) and how long it held the others up (ns): its
+/// arrival minus the next-latest one. `None` for a single worker.
+fn held_up(at: &[u64]) -> Option<(usize, u64)> {
+    let mut latest: Option<usize> = None;
+    let mut next = 0;
+    for (r, &t) in at.iter().enumerate() {
+        match latest {
+            Some(l) if t < at[l] => next = next.max(t),
+            Some(l) => {
+                next = at[l];
+                latest = Some(r);
+            }
+            None => latest = Some(r),
+        }
+    }
+    let latest = latest.filter(|_| at.len() > 1)?;
+    Some((latest, at[latest] - next))
 }
 
 thread_local! {
@@ -639,23 +687,14 @@ fn move_files(group: &dyn Collective, mine: Option<&Path>, lens: &[u64], parts: 
 
 /// The job's arrivals at the collectives of all of this process's stores.
 static JOB: Mutex<Arrivals> =
-    parking_lot::const_mutex(Arrivals { collectives: 0, last: Vec::new(), late_ns: Vec::new() });
+    parking_lot::const_mutex(Arrivals { collectives: 0, held_ns: Vec::new(), last: Vec::new(), late_ns: Vec::new() });
 
-/// `slowest rank: R (last at N of M collectives, X ms late on average)`: the worker
-/// that arrived last at the most collectives of this process's `dist_sync` stores
-/// (of a tie, the latest on average), with its mean lateness; `None` before any
-/// collective.
+/// The line naming the worker that held the others up longest at the collectives of
+/// this process's `dist_sync` stores, or saying that none stands out (see [`Slowest`]'s
+/// `Display`); `None` before any collective.
 pub fn slowest_rank() -> Option<String> {
     let a = JOB.lock();
-    let slowest = (0..a.last.len()).max_by_key(|&r| (a.last[r], a.late_ns[r]))?;
-    (a.collectives > 0).then(|| {
-        format!(
-            "slowest rank: {slowest} (last at {} of {} collectives, {:.1} ms late on average)",
-            a.last[slowest],
-            a.collectives,
-            a.late_ns[slowest] as f64 / a.collectives as f64 / 1e6
-        )
-    })
+    Slowest::of(&a.ranks(), a.collectives).map(|s| s.to_string())
 }
 
 #[cfg(test)]
@@ -665,8 +704,9 @@ mod tests {
 
     use parking_lot::Mutex;
 
-    use super::{PIECE, lateness, move_files};
+    use super::{Arrivals, PIECE, held_up, lateness, move_files};
     use crate::collective::Collective;
+    use crate::timeline::Slowest;
     use crate::{Error, NDArray, Result};
 
     /// Workers as threads that only gather bytes.
@@ -746,5 +786,53 @@ mod tests {
         assert_eq!(lateness(&[100, 102, 140]).0, vec![-21, -18, 39]);
         assert_eq!(lateness(&[10, 10, 10, 50]).0, vec![0, 0, 0, 40]);
         assert_eq!(lateness(&[140, 100, 102]).0, vec![39, -21, -18]);
+    }
+
+    /// Counts collectives of arrivals `at` (ns, the `k`th collective's from `at(k)`):
+    /// each worker's figures, and the slowest.
+    fn counted(n: u64, at: impl Fn(u64) -> Vec<u64>) -> (Vec<super::RankStats>, Slowest) {
+        let mut a = Arrivals::default();
+        for at in (0..n).map(at) {
+            let (late, last) = lateness(&at);
+            a.add(&late, last, held_up(&at));
+        }
+        (a.ranks(), Slowest::of(&a.ranks(), a.collectives).expect("collectives"))
+    }
+
+    #[test]
+    fn the_slowest_worker_is_the_one_that_held_the_others_up_longest() {
+        // Worker 2 comes last at 9 collectives of 10, 2 ms after the others; worker 1
+        // once, 500 ms after them: it held them up longest.
+        let ms = 1_000_000;
+        let (ranks, s) = counted(10, |k| {
+            let t = k * 1000 * ms;
+            if k == 0 { vec![t, t + 500 * ms, t] } else { vec![t, t, t + 2 * ms] }
+        });
+        assert_eq!(ranks.iter().map(|r| r.last).collect::<Vec<_>>(), [0, 1, 9]);
+        assert_eq!((s.rank.rank, s.stands_out), (1, true));
+        assert!((s.rank.held_up_s - 0.5).abs() < 1e-9 && (s.others_s - 0.009).abs() < 1e-9, "{s:?}");
+        assert_eq!(
+            s.to_string(),
+            "slowest rank: 1 (held the others up 500.0 ms, the others 9.0 ms (median); \
+             last at 1 of 10 collectives, 49.1 ms late on average)"
+        );
+    }
+
+    #[test]
+    fn no_worker_stands_out_of_a_balanced_job() {
+        // Each worker comes last in turn, 0.3 ms after the others (and worker 0 once
+        // more): within the noise.
+        let us = 1_000;
+        let (_, s) = counted(31, |k| {
+            let t = k * 10_000 * us;
+            (0..3).map(|r| if k % 3 == r { t + 300 * us } else { t }).collect()
+        });
+        assert_eq!((s.rank.rank, s.stands_out), (0, false), "{s:?}");
+        assert!(s.to_string().starts_with("slowest rank: none stands out (rank 0 held the others up 3.3 ms"), "{s}");
+        // A tie holds no one up; one worker, nobody.
+        assert_eq!(held_up(&[5, 9, 9]), Some((2, 0)));
+        assert_eq!(held_up(&[5, 9, 7]), Some((1, 2)));
+        assert_eq!(held_up(&[5]), None);
+        assert!(Slowest::of(&[], 0).is_none());
     }
 }

@@ -3,17 +3,24 @@
 A timeline is the Chrome Trace Event Format file a store writes with
 ``KVSTORE_TIMELINE=PATH`` or ``KVStore.start_timeline(PATH)`` (under ``mpirun``,
 the file rank 0 merges at the end of the job). The summary gives, per rank, the time
-spent computing between calls, waiting at collectives for the other ranks, and late
-(arriving after the median of the others), the keys whose calls took longest, and one
-line naming the slowest rank::
+spent computing between calls, waiting at collectives for the other ranks, holding the
+others up, and late (arriving after the median of the others), the keys whose calls
+took longest, and one line naming the slowest rank::
 
-    slowest rank: 2 (last at 30 of 31 collectives, 38.7 ms late on average)
+    slowest rank: 2 (held the others up 1216.6 ms, the others 0.3 ms (median); last at 30 of 31 collectives, 39.2 ms late on average)
 
-A rank is last at a collective when it arrives after every other rank and more than
-1 ms after the median of the others' arrivals (the collectives' own work is uneven:
-rank 0's sum in shared memory takes tens of microseconds more); its lateness is its
-arrival minus that median, averaged over every collective. The arrivals are the
-``arrive`` instant events, on rank 0's clock.
+The slowest rank is the one that held the others up longest: at each collective, the
+rank that arrived last held the others up by its arrival minus the next-latest arrival
+(the time they waited for it alone). It stands out when that total is more than
+``STANDS_OUT`` (2) times the median of the other ranks' totals and more than
+``LATE_MARGIN_MS`` (1 ms) above it; otherwise the line says that none stands out and
+names the rank that held the others up most, with the same figures. A rank is last at
+a collective when it arrives after every other rank and more than 1 ms after the
+median of the others' arrivals (the collectives' own work is uneven: rank 0's sum in
+shared memory takes tens of microseconds more); its lateness is its arrival minus that
+median, averaged over every collective. The arrivals are the ``arrive`` instant events,
+on rank 0's clock. The same rule names the rank in the line a job's rank 0 logs
+(``kvstore_core::timeline::slowest_rank``).
 """
 
 import argparse
@@ -23,10 +30,16 @@ import sys
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["load", "summarise", "slowest_line", "main", "LATE_MARGIN_MS"]
+__all__ = ["load", "summarise", "slowest_line", "main", "LATE_MARGIN_MS", "STANDS_OUT"]
 
-#: How much later than the median of the others a rank must arrive to be last (ms).
+#: How much later than the median of the others a rank must arrive to be last (ms); and
+#: how much longer than the median of the others a rank must have held them up, in all,
+#: to stand out as the slowest.
 LATE_MARGIN_MS = 1.0
+
+#: How many times the median of the other ranks' totals a rank must have held the
+#: others up to stand out as the slowest.
+STANDS_OUT = 2.0
 
 
 def load(path: str) -> List[Dict[str, Any]]:
@@ -55,15 +68,55 @@ def _lateness(at: Dict[int, float]) -> Dict[int, float]:
     return late
 
 
+def _held_up(at: Dict[int, float]) -> Tuple[int, float]:
+    """The rank that arrived last at a collective and how long it held the others up:
+    its arrival minus the next-latest (ms; 0 for a tie)."""
+    order = sorted(at, key=lambda r: (at[r], r))
+    if len(order) < 2:
+        return order[0], 0.0
+    return order[-1], (at[order[-1]] - at[order[-2]]) / 1000.0
+
+
+def _slowest(out_ranks: Dict[int, Dict[str, Any]], collectives: int) -> Optional[Dict[str, Any]]:
+    """The rank that held the others up longest (the lower of a tie), the median of the
+    others' totals, and whether it stands out (see the module's docs)."""
+    if not collectives or not out_ranks:
+        return None
+    top = max(out_ranks, key=lambda r: (out_ranks[r]["held_up_ms"], -r))
+    held = out_ranks[top]["held_up_ms"]
+    others = [p["held_up_ms"] for r, p in out_ranks.items() if r != top]
+    median = statistics.median(others) if others else 0.0
+    return {
+        "rank": top,
+        "held_up_ms": held,
+        "others_ms": median,
+        "stands_out": held > STANDS_OUT * median and held - median > LATE_MARGIN_MS,
+        "last": int(out_ranks[top]["last"]),
+        "collectives": collectives,
+        "late_ms": float(out_ranks[top]["late_ms"]),
+    }
+
+
 def summarise(events: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """The summary of a trace's events, as a dict: ``ranks`` (per rank: ``last``,
+    """The summary of a trace's events, as a dict: ``ranks`` (per rank:
+    ``held_up_ms`` (the time it held the others up, in all), ``last``,
     ``collectives``, ``late_ms`` (mean), ``late_total_ms``, ``waiting_ms``,
     ``computing_ms``), ``keys`` (the calls' first keys by total time, longest first:
-    ``(key, ms, calls)``) and ``slowest`` (``(rank, last, collectives, late_ms)`` or
-    ``None``)."""
+    ``(key, ms, calls)``) and ``slowest`` (``None`` for a trace with no collective of
+    every rank, else a dict: ``rank``, the one that held the others up longest;
+    ``held_up_ms``; ``others_ms``, the median of the other ranks' totals;
+    ``stands_out``; its ``last``, ``collectives`` and ``late_ms``)."""
     ranks = sorted({int(e["pid"]) for e in events if "pid" in e})
     per: Dict[int, Dict[str, float]] = {
-        r: {"last": 0, "collectives": 0, "late_sum_ms": 0.0, "late_total_ms": 0.0, "waiting_ms": 0.0, "computing_ms": 0.0}
+        r: {
+            "held_up_ms": 0.0,
+            "last": 0,
+            "collectives": 0,
+            "late_sum_ms": 0.0,
+            "late_total_ms": 0.0,
+            "waiting_ms": 0.0,
+            "computing_ms": 0.0,
+        }
         for r in ranks
     }
     steps = _arrivals(events)
@@ -73,6 +126,8 @@ def summarise(events: List[Dict[str, Any]]) -> Dict[str, Any]:
         last = max(at, key=lambda r: (at[r], -r))
         if late[last] > LATE_MARGIN_MS:
             per[last]["last"] += 1
+        holder, held = _held_up(at)
+        per[holder]["held_up_ms"] += held
         for r, l in late.items():
             per[r]["collectives"] += 1
             per[r]["late_sum_ms"] += l
@@ -104,6 +159,7 @@ def summarise(events: List[Dict[str, Any]]) -> Dict[str, Any]:
         p = per[r]
         n = int(p["collectives"])
         out_ranks[r] = {
+            "held_up_ms": p["held_up_ms"],
             "last": int(p["last"]),
             "collectives": n,
             "late_ms": p["late_sum_ms"] / n if n else 0.0,
@@ -112,20 +168,25 @@ def summarise(events: List[Dict[str, Any]]) -> Dict[str, Any]:
             "computing_ms": p["computing_ms"],
         }
     longest = sorted(((k, sum(v), len(v)) for k, v in keys.items()), key=lambda x: -x[1])
-    slowest: Optional[Tuple[int, int, int, float]] = None
-    if complete and ranks:
-        r = max(ranks, key=lambda r: (out_ranks[r]["last"], out_ranks[r]["late_ms"]))
-        slowest = (r, int(out_ranks[r]["last"]), len(complete), float(out_ranks[r]["late_ms"]))
+    slowest = _slowest(out_ranks, len(complete)) if complete else None
     return {"ranks": out_ranks, "keys": longest, "slowest": slowest}
 
 
 def slowest_line(summary: Dict[str, Any]) -> Optional[str]:
-    """``slowest rank: R (last at N of M collectives, X ms late on average)``, or
-    ``None`` for a trace with no collective of every rank."""
-    if summary["slowest"] is None:
+    """``slowest rank: R (held the others up X ms, the others Y ms (median); last at N
+    of M collectives, Z ms late on average)``, or ``slowest rank: none stands out
+    (rank R held the others up most: ...)`` when no rank stands out; ``None`` for a
+    trace with no collective of every rank."""
+    s = summary["slowest"]
+    if s is None:
         return None
-    r, last, of, late = summary["slowest"]
-    return f"slowest rank: {r} (last at {last} of {of} collectives, {late:.1f} ms late on average)"
+    figures = (
+        f"held the others up {s['held_up_ms']:.1f} ms, the others {s['others_ms']:.1f} ms (median);"
+        f" last at {s['last']} of {s['collectives']} collectives, {s['late_ms']:.1f} ms late on average"
+    )
+    if s["stands_out"]:
+        return f"slowest rank: {s['rank']} ({figures})"
+    return f"slowest rank: none stands out (rank {s['rank']} {figures})"
 
 
 def _plot(events: List[Dict[str, Any]], out: str) -> None:
@@ -202,11 +263,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         # (Not a trace this store wrote: a field missing or of another kind.)
         print(f"kvstore.timeline: cannot read {args.path}: {e!r}", file=sys.stderr)
         return 2
-    print(f"{'rank':>4}  {'computing ms':>12}  {'waiting ms':>10}  {'late ms':>9}  {'last':>4}  of")
+    print(f"{'rank':>4}  {'computing ms':>12}  {'waiting ms':>10}  {'held up ms':>10}  {'late ms':>9}  {'last':>4}  of")
     for r, p in s["ranks"].items():
         print(
-            f"{r:>4}  {p['computing_ms']:>12.1f}  {p['waiting_ms']:>10.1f}  {p['late_total_ms']:>9.1f}"
-            f"  {p['last']:>4}  {p['collectives']}"
+            f"{r:>4}  {p['computing_ms']:>12.1f}  {p['waiting_ms']:>10.1f}  {p['held_up_ms']:>10.1f}"
+            f"  {p['late_total_ms']:>9.1f}  {p['last']:>4}  {p['collectives']}"
         )
     if s["keys"]:
         print("longest keys (total ms, calls):")
