@@ -5,7 +5,8 @@
 //! made: no code change) or [`start`] (`KVStore::start_timeline`), and off with [`stop`].
 //! It records, as complete events (`"ph":"X"`): each call (`push`, `pull`, ...: its
 //! keys, bytes and first key in `args`; a non-blocking call's `submit` on the caller's
-//! thread, and a batch of fused calls as one, `fused`), and its phases: `inputs` (a call
+//! thread, and a batch of fused calls as one, `fused`, with each of its keys' bytes in
+//! `key_bytes`), and its phases: `inputs` (a call
 //! waiting for other calls' writes to its arrays), `sum` (the values summed on this worker), `wire` (the
 //! sum across the workers; a transport adds one event per fused bucket), `update` (the
 //! updater or optimizer), `copy` (the value copied into the outs) and `ranks` (a
@@ -534,6 +535,9 @@ pub enum Arg {
     F(f64),
     /// Text.
     S(Cow<'static, str>),
+    /// Sizes by name, written as a JSON object (a fused call's `key_bytes`: each of its
+    /// keys and its bytes).
+    Sizes(Vec<(String, u64)>),
 }
 
 /// An event's kind (the trace format's `ph`).
@@ -625,6 +629,17 @@ impl Event {
                     }
                     Arg::F(_) => s.push_str("null"),
                     Arg::S(t) => json_str(&mut s, t),
+                    Arg::Sizes(sizes) => {
+                        s.push('{');
+                        for (i, (name, n)) in sizes.iter().enumerate() {
+                            if i > 0 {
+                                s.push(',');
+                            }
+                            json_str(&mut s, name);
+                            let _ = write!(s, ":{n}");
+                        }
+                        s.push('}');
+                    }
                 }
             }
             s.push('}');

@@ -108,6 +108,24 @@ def test_no_rank_stands_out_of_a_balanced_job():
     assert timeline.slowest_line(s).startswith("slowest rank: none stands out (rank 0 held the others up 3.3 ms")
 
 
+def test_the_longest_keys_count_fused_calls_shared_by_their_keys_bytes(tmp_path):
+    # A fused call of 2 s (non-blocking pushes of w0 and w1 run as one: 3000 and 1000
+    # bytes) and a push of k of 2.2 ms.
+    events = [
+        {"ph": "X", "name": "fused", "cat": "call", "pid": 0, "tid": 2, "ts": 0.0, "dur": 2_000_000.0,
+         "args": {"keys": 2, "bytes": 4000, "key_bytes": {"w0": 3000, "w1": 1000}}},
+        {"ph": "X", "name": "push", "cat": "call", "pid": 0, "tid": 1, "ts": 3_000_000.0, "dur": 2200.0,
+         "args": {"keys": 1, "bytes": 16, "key": "k"}},
+    ]
+    s = timeline.summarise(events)
+    assert [(k, round(ms, 1), n) for k, ms, n in s["keys"]] == [("w0", 1500.0, 1), ("w1", 500.0, 1), ("k", 2.2, 1)]
+    path = tmp_path / "fused.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    done = subprocess.run([sys.executable, "-m", "kvstore.timeline", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "  w0: 1500.0 ms in 1 calls" in done.stdout.splitlines(), done.stdout
+
+
 def test_the_summary_of_a_trace_without_collectives_says_so(tmp_path):
     path = tmp_path / "local.json"
     store = kv.create("local")

@@ -357,6 +357,8 @@ pub(super) struct CallSpan {
     start: u64,
     keys: usize,
     key: Option<Key>,
+    /// A batch's keys and their bytes (its event's `key_bytes`).
+    sizes: Vec<(String, u64)>,
 }
 
 impl Counters {
@@ -381,32 +383,36 @@ impl Counters {
             }
             false => 0,
         };
-        CallSpan { op, start, keys, key }
+        CallSpan { op, start, keys, key, sizes: Vec::new() }
     }
 }
 
 impl CallSpan {
     /// Times a batch of held calls run as one (`run/fused.rs`) from `at` (where its
-    /// calls' flows end: inside its event), on `keys` keys in all: its calls were
-    /// counted when made.
-    pub(super) fn batch(keys: usize, at: u64) -> CallSpan {
-        let start = match timeline::recording() {
+    /// calls' flows end: inside its event), on `keys` keys in all, whose bytes `sizes`
+    /// gives (read only while the timeline records): its calls were counted when made.
+    pub(super) fn batch(keys: usize, at: u64, sizes: impl FnOnce() -> Vec<(String, u64)>) -> CallSpan {
+        let (start, sizes) = match timeline::recording() {
             true => {
                 CALL_BYTES.with(|b| b.set(0));
-                at
+                (at, sizes())
             }
-            false => 0,
+            false => (0, Vec::new()),
         };
-        CallSpan { op: "fused", start, keys, key: None }
+        CallSpan { op: "fused", start, keys, key: None, sizes }
     }
 
     /// The call's event's args: its keys, its bytes (as its runner counted them) and
-    /// its first key.
+    /// its first key; a batch's, each of its keys' bytes instead (what the timeline's
+    /// summary shares its time among its keys by).
     fn args(&mut self) -> Vec<(&'static str, Arg)> {
         let bytes = CALL_BYTES.with(Cell::get);
         let mut args = vec![("keys", Arg::U(self.keys as u64)), ("bytes", Arg::U(bytes))];
         if let Some(k) = self.key.take() {
             args.push(("key", Arg::S(k.as_str().to_string().into())));
+        }
+        if !self.sizes.is_empty() {
+            args.push(("key_bytes", Arg::Sizes(std::mem::take(&mut self.sizes))));
         }
         args
     }

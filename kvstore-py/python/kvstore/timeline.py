@@ -5,7 +5,9 @@ A timeline is the Chrome Trace Event Format file a store writes with
 the file rank 0 merges at the end of the job). The summary gives, per rank, the time
 spent computing between calls, waiting at collectives for the other ranks, holding the
 others up, and late (arriving after the median of the others), the keys whose calls
-took longest, and one line naming the slowest rank::
+took longest (a call counts for its first key; a fused call, non-blocking calls run as
+one, is shared among its keys in proportion to their bytes), and one line naming the
+slowest rank::
 
     slowest rank: 2 (held the others up 1216.6 ms, the others 0.3 ms (median); last at 30 of 31 collectives, 39.2 ms late on average)
 
@@ -102,7 +104,8 @@ def summarise(events: List[Dict[str, Any]]) -> Dict[str, Any]:
     ``held_up_ms`` (the time it held the others up, in all), ``last``,
     ``collectives``, ``late_ms`` (mean), ``late_total_ms``, ``waiting_ms``,
     ``computing_ms``), ``keys`` (the calls' first keys by total time, longest first:
-    ``(key, ms, calls)``) and ``slowest`` (``None`` for a trace with no collective of
+    ``(key, ms, calls)``; a fused call's time is shared among its keys in proportion to
+    their bytes, and counts as a call of each) and ``slowest`` (``None`` for a trace with no collective of
     every rank, else a dict: ``rank``, the one that held the others up longest;
     ``held_up_ms``; ``others_ms``, the median of the other ranks' totals;
     ``stands_out``; its ``last``, ``collectives`` and ``late_ms``)."""
@@ -144,9 +147,17 @@ def summarise(events: List[Dict[str, Any]]) -> Dict[str, Any]:
             per[pid]["waiting_ms"] += dur / 1000.0
         if e.get("cat") == "call":
             calls[(pid, int(e["tid"]))].append((float(e["ts"]), float(e["ts"]) + dur))
-            key = (e.get("args") or {}).get("key")
-            if key is not None:
-                keys[str(key)].append(dur / 1000.0)
+            args = e.get("args") or {}
+            shares = args.get("key_bytes")
+            if isinstance(shares, dict) and shares:
+                # A fused call (non-blocking calls run as one): its time shared among its
+                # keys by their bytes, as its one allreduce moves them.
+                total = sum(float(b) for b in shares.values())
+                for k, b in shares.items():
+                    part = float(b) / total if total > 0 else 1.0 / len(shares)
+                    keys[str(k)].append(dur / 1000.0 * part)
+            elif args.get("key") is not None:
+                keys[str(args["key"])].append(dur / 1000.0)
     for r in ranks:
         threads = [on for (pid, _), on in calls.items() if pid == r]
         if not threads:

@@ -103,7 +103,7 @@ impl Batch {
             timeline::span_apart("queued", c.made.0, now, c.made.1, vec![("fused", Arg::U(calls.len() as u64))]);
             timeline::flow_end(c.op, c.made.1, now);
         }
-        let span = CallSpan::batch(keys.len(), now);
+        let span = CallSpan::batch(keys.len(), now, || key_bytes(&calls));
         let (values, _reading): (Vec<Copies>, Vec<_>) = calls.iter().map(|c| start_reads(&c.push)).unzip();
         let n = calls.len();
         let results = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -123,6 +123,15 @@ impl Batch {
             done.finish(result);
         }
     }
+}
+
+/// Each key of a batch's calls, once, with its bytes: the `key_bytes` of the batch's
+/// event, by which a summary of the timeline shares the batch's time among its keys
+/// (its fused allreduce moves them as one buffer).
+fn key_bytes(calls: &[Call]) -> Vec<(String, u64)> {
+    let mut seen = HashSet::new();
+    let entries = calls.iter().flat_map(|c| c.push.iter().map(|(e, _)| e).chain(c.pull.iter().map(|(e, _)| e)));
+    entries.filter(|e| seen.insert(e.index)).map(|e| (e.key.as_str().to_string(), e.bytes())).collect()
 }
 
 impl KVStore {
