@@ -29,10 +29,11 @@ import argparse
 import json
 import statistics
 import sys
+import textwrap
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["load", "summarise", "slowest_line", "main", "LATE_MARGIN_MS", "STANDS_OUT"]
+__all__ = ["load", "summarise", "slowest_line", "conclusion", "figure", "main", "LATE_MARGIN_MS", "STANDS_OUT"]
 
 #: How much later than the median of the others a rank must arrive to be last (ms); and
 #: how much longer than the median of the others a rank must have held them up, in all,
@@ -200,9 +201,25 @@ def slowest_line(summary: Dict[str, Any]) -> Optional[str]:
     return f"slowest rank: none stands out (rank {s['rank']} {figures})"
 
 
-def _plot(events: List[Dict[str, Any]], out: str) -> None:
-    """Per rank, per collective: its lateness and its wait for the others; and per
-    rank, its time in each phase."""
+def conclusion(summary: Dict[str, Any]) -> str:
+    """What the plot concludes, in its title: the rank that held the others up and by
+    how much, or that none stands out (the figures of :func:`slowest_line`)."""
+    s = summary["slowest"]
+    if s is None:
+        return "no collective of every rank in this trace: no slow rank to name"
+    both = (
+        f"{s['held_up_ms']:.1f} ms in all (the others {s['others_ms']:.1f} ms, median);"
+        f" last at {s['last']} of {s['collectives']} collectives, {s['late_ms']:.1f} ms late on average"
+    )
+    if s["stands_out"]:
+        return f"rank {s['rank']} is the slow one: it held the others up {both}"
+    return f"no rank stands out: rank {s['rank']} held the others up most, {both}"
+
+
+def figure(events: List[Dict[str, Any]]) -> Any:
+    """The plot of a trace's events, as a matplotlib figure: its title the conclusion
+    (:func:`conclusion`); per rank, per collective, its lateness and its wait for the
+    others; and per rank, its time in each phase."""
     try:
         import matplotlib  # type: ignore[import-not-found,unused-ignore]
 
@@ -255,8 +272,15 @@ def _plot(events: List[Dict[str, Any]], out: str) -> None:
         left = [a + b for a, b in zip(left, widths)]
     phase_ax.set_xlabel("time in each phase, whole trace (ms)")
     phase_ax.legend(ncol=len(phases), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    fig.suptitle(textwrap.fill(conclusion(summarise(events)), 110), fontsize=11, fontweight="bold")
     fig.tight_layout()
-    fig.savefig(out, dpi=90)
+    return fig
+
+
+def _plot(events: List[Dict[str, Any]], out: str) -> None:
+    """Draws :func:`figure` into ``out``, its conclusion also in the PNG's ``Title``."""
+    fig = figure(events)
+    fig.savefig(out, dpi=90, metadata={"Title": conclusion(summarise(events))})
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -264,7 +288,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     draws it)."""
     parser = argparse.ArgumentParser(prog="python -m kvstore.timeline", description=__doc__.split("\n\n")[0])
     parser.add_argument("path", help="a timeline (KVSTORE_TIMELINE's file, merged by rank 0)")
-    parser.add_argument("--plot", metavar="OUT.png", help="draw each rank's lateness and phase times")
+    parser.add_argument(
+        "--plot", metavar="OUT.png", help="draw each rank's lateness and phase times, the slow rank in the title"
+    )
     parser.add_argument("--keys", type=int, default=5, help="how many of the longest keys to list (default 5)")
     args = parser.parse_args(argv)
     try:
