@@ -167,6 +167,36 @@ fn a_dist_async_job_resumes_from_its_last_commit_with_the_same_bits() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A resumed program that sets its optimizer again, as a program written once does at
+/// its start, keeps the restored optimizer and its state (Adam's moments, NAdam's
+/// store-wide schedule): it ends with the bits of a job that never died, under
+/// `dist_sync` on 3 ranks and under `dist_async` on 2.
+#[test]
+fn a_resumed_program_that_sets_its_optimizer_again_ends_with_the_same_bits() {
+    let dir = folder("again-sync");
+    let env = [("KVSTORE_TEST_SET_AGAIN", "1")];
+    let whole = run_with(&dir, "never-died", 3, &["6"], &env);
+    assert_eq!(whole.code, Some(0), "{}", whole.shown());
+    let died = run_with(&dir, "died", 3, &["6", "die", "2", "2"], &env);
+    assert_ne!(died.code, Some(0), "rank 2 died: {}", died.shown());
+    let resumed = run_with(&dir, "died", 3, &["6"], &env);
+    assert_eq!(resumed.code, Some(0), "{}", resumed.shown());
+    assert_eq!(resumed.output.matches("restored 2 loader at 2").count(), 3, "{}", resumed.shown());
+    assert_eq!(bits(&resumed, 3), bits(&whole, 3), "the bits of the job that never died");
+    let _ = std::fs::remove_dir_all(&dir);
+    for optimizer in ["adam", "nadam"] {
+        let dir = folder(&format!("again-async-{optimizer}"));
+        let env = [
+            ("KVSTORE_TEST_SET_AGAIN", "1"),
+            ("KVSTORE_TEST_KIND", "dist_async"),
+            ("MXNET_KVSTORE_BIGARRAY_BOUND", "300"),
+            ("KVSTORE_TEST_OPTIMIZER", optimizer),
+        ];
+        died_and_resumed(&dir, &env);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// A `dist_async` restore puts each key's parts into the rank's share as it reads the
 /// key from the commit: while it restores, a rank holds the commit's bytes, its share,
 /// its own copy of the values and one key at a time, never a second copy of the store.

@@ -60,6 +60,48 @@ fn a_job_that_died_resumes_from_its_last_commit_with_the_same_bits() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// [`run`] with `FIXTURE_OPTIMIZER` set to `mode`.
+fn run_setting(dir: &Path, job: &str, mode: &str, args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fixture_commit_job"));
+    cmd.args(args).env("KVSTORE_JOB", job).env("KVSTORE_COMMIT_DIR", dir).env("FIXTURE_OPTIMIZER", mode);
+    cmd.env_remove("OMPI_COMM_WORLD_RANK").output().expect("the job runs")
+}
+
+#[test]
+fn a_resumed_program_that_sets_its_optimizer_again_keeps_the_restored_state() {
+    let dir = folder("again");
+    let whole = run_setting(&dir, "never-died", "again", &["6"]);
+    assert!(whole.status.success(), "{whole:?}");
+    let died = run_setting(&dir, "died", "again", &["6", "die", "3"]);
+    assert_eq!(died.status.code(), Some(3), "{died:?}");
+    let resumed = run_setting(&dir, "died", "again", &["6"]);
+    assert!(resumed.status.success(), "{resumed:?}");
+    let out = stdout(&resumed);
+    assert_eq!(line(&out, "restored"), Some("restored 3 loader at 3"), "{out}");
+    // Adam's moments, its update counts and the schedule's progress came back and
+    // stayed: the same bits as the run that never died.
+    assert_eq!(line(&out, "w = "), line(&stdout(&whole), "w = "), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_resumed_program_that_sets_another_optimizer_is_refused_and_keeps_the_restored_one() {
+    let dir = folder("other");
+    let whole = run_setting(&dir, "never-died", "again", &["6"]);
+    let died = run_setting(&dir, "died", "other", &["6", "die", "3"]);
+    assert_eq!(died.status.code(), Some(3), "{died:?}");
+    let resumed = run_setting(&dir, "died", "other", &["6"]);
+    assert!(resumed.status.success(), "{resumed:?}");
+    let out = stdout(&resumed);
+    let refused = line(&out, "refused: ").unwrap_or_else(|| panic!("not refused: {out}"));
+    for says in ["of step 3", "learning_rate: 0.1 in the commit, 0.2 here", "start the job afresh", "KVSTORE_JOB"] {
+        assert!(refused.contains(says), "{refused}");
+    }
+    // Refused, the store kept the restored optimizer and its state.
+    assert_eq!(line(&out, "w = "), line(&stdout(&whole), "w = "), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_commit_written_over_an_older_ones_file_restores_the_same_bits() {
     let dir = folder("spare");

@@ -299,6 +299,7 @@ impl KVStoreBuilder {
         if kv.store.commits.is_some() {
             kv.in_order("restore", |store| {
                 if let Some(r) = store.restore()? {
+                    store.mark_optimizer_resumed();
                     let _ = store.restored.set(r);
                 }
                 Ok(())

@@ -1254,6 +1254,18 @@ impl Store {
         Ok(Restored { step, extra })
     }
 
+    /// Marks the optimizer a restore installed (this store's, or its share's under
+    /// `dist_async`) as resumed: the program's first `set_optimizer` of the same one
+    /// keeps it ([`KVStore::set_optimizer`]).
+    pub(super) fn mark_optimizer_resumed(&self) {
+        let share = self.remote.as_ref().map(|r| r.share());
+        for store in std::iter::once(self).chain(share) {
+            if let super::merge::Merger::Optimizer(rt) = &*store.merger.read() {
+                rt.mark_resumed();
+            }
+        }
+    }
+
     /// Loads a commit's checkpoint into the store, all or nothing on every rank. A
     /// `dist_async` store's is read and checked whole first, on every rank, then each
     /// rank puts its parts into its share one key at a time (as `load_checkpoint` does),

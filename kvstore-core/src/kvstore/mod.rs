@@ -575,6 +575,11 @@ impl KVStore {
     /// starts afresh. Waits for the pushes in flight; a state file saved or loaded at
     /// the same time is wholly of the old optimizer or wholly of the new one.
     ///
+    /// On a store that resumed a commit ([`KVStore::restored`]) with an optimizer, the
+    /// first call keeps that optimizer and its state when it sets the same optimizer
+    /// with the same settings (a resumed program sets it as it did at its start), and
+    /// is refused for another one; later calls act as above.
+    ///
     /// ```
     /// use kvstore_core::{KVStore, NDArray, Optimizer};
     /// let kv = KVStore::create("local")?;
@@ -588,7 +593,9 @@ impl KVStore {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when called from inside an updater of this store.
+    /// [`Error::InvalidArgument`] when called from inside an updater of this store, or
+    /// when it is the first on a resumed store and sets another optimizer than the
+    /// commit's.
     pub fn set_optimizer(&self, optimizer: Optimizer) -> Result<()> {
         self.settle()?;
         if let Some(remote) = &self.store.remote {
@@ -599,6 +606,23 @@ impl KVStore {
         let runtime = Arc::new(Runtime::new(optimizer));
         let held = Held::new("set_optimizer", &self.store, &[])?;
         let mut merger = held.merger_write("set_optimizer", &self.store.merger)?;
+        // A resumed program sets its optimizer as it did at its start: the restored one,
+        // with its state, stays (a job resumed ends with an uninterrupted one's bits).
+        if let Merger::Optimizer(restored) = &*merger
+            && let Some(same) = restored.resumed_as(&runtime)
+        {
+            return match same {
+                true => Ok(()),
+                false => Err(Error::invalid_argument(format!(
+                    "set_optimizer: this store resumed a commit{} with its optimizer and that optimizer's state; a \
+                     resumed program sets the same optimizer with the same settings (the store then keeps that \
+                     state), and this one differs ({}). Set the one the job ran with, or start the job afresh \
+                     (remove its commits, or give it another KVSTORE_JOB)",
+                    self.store.restored.get().map_or(String::new(), |r| format!(" of step {}", r.step)),
+                    restored.differences(&runtime, "in the commit", "here").join("; "),
+                ))),
+            };
+        }
         // With the merger held no push runs, so every key's state can be dropped; keys
         // initialised later start with none.
         let entries = self.store.entries();

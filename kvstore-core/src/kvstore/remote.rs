@@ -684,6 +684,11 @@ impl Shards {
         w.finish()
     }
 
+    /// This worker's share: the local store of the parts it owns.
+    pub(crate) fn share(&self) -> &super::Store {
+        &self.server.store
+    }
+
     /// Installs `optimizer` on this worker's share.
     pub(crate) fn set_optimizer(&self, optimizer: Optimizer) -> Result<()> {
         self.server.set_optimizer(optimizer)

@@ -520,6 +520,10 @@ pub(crate) struct Runtime {
     identity: String,
     /// `num_update`, the schedule's state and the rule's global values, together.
     global: parking_lot::Mutex<Global>,
+    /// Restored from a commit and not yet set again by the resumed program: its first
+    /// `set_optimizer` of the same optimizer keeps this one, state and all
+    /// ([`crate::KVStore::set_optimizer`]).
+    resumed: std::sync::atomic::AtomicBool,
 }
 
 struct Global {
@@ -546,12 +550,55 @@ impl Runtime {
         wd.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
         let identity =
             format!(", with the optimizer {} {:?} {:?} {lr:?} {wd:?}", opt.name, opt.params.0, opt.scheduler);
-        Runtime { opt, identity, global: parking_lot::Mutex::new(global) }
+        let resumed = std::sync::atomic::AtomicBool::new(false);
+        Runtime { opt, identity, global: parking_lot::Mutex::new(global), resumed }
+    }
+
+    /// Marks it restored from a commit (see the field).
+    pub(crate) fn mark_resumed(&self) {
+        self.resumed.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether it was restored from a commit and not yet set again; the first call that
+    /// finds it so says it no longer is when `set_again` is the same optimizer.
+    pub(crate) fn resumed_as(&self, set_again: &Runtime) -> Option<bool> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.resumed.load(Relaxed) {
+            return None;
+        }
+        let same = self.identity == set_again.identity;
+        if same {
+            self.resumed.store(false, Relaxed);
+        }
+        Some(same)
     }
 
     /// The optimizer as workers compare it (see the field).
     pub(crate) fn identity(&self) -> &str {
         &self.identity
+    }
+
+    /// How `other` differs from this optimizer, setting by setting (`this` and `that`
+    /// name the two in what is said): its name, hyper-parameters, schedule, multipliers.
+    pub(crate) fn differences(&self, other: &Runtime, this: &str, that: &str) -> Vec<String> {
+        let (a, b) = (&self.opt, &other.opt);
+        let mut said = Vec::new();
+        let mut differ = |what: &str, x: String, y: String| {
+            if x != y {
+                said.push(format!("{what}: {x} {this}, {y} {that}"));
+            }
+        };
+        differ("the optimizer", a.name.to_string(), b.name.to_string());
+        let shown = |p: &Params, name: &str| p.get(name).map_or("unset".to_string(), |v| v.to_string());
+        let names: std::collections::BTreeSet<&str> = a.params.0.keys().chain(b.params.0.keys()).copied().collect();
+        for name in names {
+            differ(name, shown(&a.params, name), shown(&b.params, name));
+        }
+        differ("the schedule", format!("{:?}", a.scheduler), format!("{:?}", b.scheduler));
+        let sorted = |m: &HashMap<Key, f64>| format!("{:?}", m.iter().collect::<std::collections::BTreeMap<_, _>>());
+        differ("lr_mult", sorted(&a.lr_mult), sorted(&b.lr_mult));
+        differ("wd_mult", sorted(&a.wd_mult), sorted(&b.wd_mult));
+        said
     }
 
     pub(crate) fn optimizer(&self) -> &Optimizer {
