@@ -383,13 +383,18 @@ fn a_damaged_copy_is_passed_over_for_another_hosts_or_an_older_commit() {
     let resumed = job(&["3"]);
     assert_eq!(resumed.code, Some(0), "{}", resumed.shown());
     assert_eq!(resumed.output.matches("restored 2 loader at 2").count(), 2, "{}", resumed.shown());
+    // No newer commit than step 2 was passed over: nothing is said of one.
+    assert!(!resumed.output.contains("no whole copy"), "{}", resumed.shown());
     // Both copies of the newest commit (step 2 again: the run above committed nothing
-    // new) damaged: both ranks resume from step 1, and rank 0 says why.
+    // new) damaged: both ranks resume from step 1, and rank 0 says why, once.
     damage(0, 2);
     let older = job(&["3"]);
     assert_eq!(older.code, Some(0), "{}", older.shown());
     assert_eq!(older.output.matches("restored 1 loader at 1").count(), 2, "{}", older.shown());
-    assert!(older.output.contains("has no whole copy on some host"), "{}", older.shown());
+    let said = "kvstore: the commit of step 2 has no whole copy (ranks 0, 1 passed it over: on rank 0, the commit of \
+                step 2 in";
+    assert_eq!(older.output.matches(said).count(), 1, "{}", older.shown());
+    assert!(older.output.contains("; restoring step 1, the newest whole one"), "{}", older.shown());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -422,6 +427,8 @@ fn a_job_resumes_on_more_or_fewer_ranks_with_the_same_bits_on_every_rank() {
     let more = run(&dir, "job", 3, &["3"]);
     assert_eq!(more.code, Some(0), "{}", more.shown());
     assert_eq!(more.output.matches("restored 1 loader at 1").count(), 3, "{}", more.shown());
+    // The job never compressed its gradients: nothing is said of residuals.
+    assert!(!more.output.contains("residuals"), "{}", more.shown());
     let b = bits(&more, 3);
     assert!(b.iter().all(|x| *x == b[0]), "{b:?}");
     // And on fewer: from the 3-rank job's last commit (step 2).

@@ -274,8 +274,11 @@ struct Writing<'a> {
 }
 
 /// What [`Folder::newest`] found: the newest marked commit with a whole copy (its step
-/// and bytes), and why a newer marked one was passed over.
-type Found = (Option<(u64, Vec<u8>)>, Option<String>);
+/// and bytes), and the newer marked one passed over, if any.
+type Found = (Option<(u64, Vec<u8>)>, Option<Passed>);
+
+/// A newer marked commit passed over because no copy of it is whole: its step, and why.
+type Passed = (u64, String);
 
 /// The folder of a job's store.
 #[derive(Debug)]
@@ -695,7 +698,7 @@ impl Folder {
                 }
             }
             passed.get_or_insert_with(|| {
-                format!("the commit of step {step} in {}: no copy is whole ({why})", self.path.display())
+                (step, format!("the commit of step {step} in {}: no copy is whole ({why})", self.path.display()))
             });
         }
         Ok((None, passed))
@@ -820,6 +823,12 @@ fn encode_residuals(keys: &[(&str, &[Vec<f32>])]) -> Vec<u8> {
         }
     }
     out
+}
+
+/// Whether `bytes` hold no residual ([`encode_residuals`] of no key, or nothing): of a
+/// store that never used gradient compression.
+fn no_residuals(bytes: &[u8]) -> bool {
+    bytes.is_empty() || bytes == 0u32.to_le_bytes()
 }
 
 /// [`encode_residuals`]'s keys back; `None` for bytes that are not such a list.
@@ -1084,10 +1093,8 @@ impl Store {
                 format!("{why}; no older commit is whole either: remove the folder to start the job afresh"),
             ),
         };
-        let passed_over = |why: &Option<String>, step: u64| {
-            if let Some(why) = why
-                && self.peers().is_none_or(|g| g.rank() == 0)
-            {
+        let passed_over = |why: &Option<Passed>, step: u64| {
+            if let Some((_, why)) = why {
                 crate::say!("kvstore: {why}; restoring the commit of step {step} instead");
             }
         };
@@ -1097,22 +1104,24 @@ impl Store {
                     passed_over(&why, step);
                     self.restore_bytes(step, &bytes, began).map(Some)
                 }
-                (None, Some(why)) => Err(damaged(why)),
+                (None, Some((_, why))) => Err(damaged(why)),
                 (None, None) => Ok(None),
             };
         };
         // Each rank's newest step with a whole copy (0 for none, else step + 1), its
-        // bytes' length, and whether it could not read its commits (1: every rank then
-        // fails, none restores) or passed over a newer one that is not whole (2).
-        let mut said = [0u8; 17];
+        // bytes' length, whether it could not read its commits (1: every rank then
+        // fails, none restores) or passed over a newer one that is not whole (2), and
+        // the step it passed over (plus 1).
+        let mut said = [0u8; 25];
         match &found {
             Ok((whole, why)) => {
                 if let Some((step, bytes)) = whole {
                     said[..8].copy_from_slice(&(step + 1).to_le_bytes());
                     said[8..16].copy_from_slice(&(bytes.len() as u64).to_le_bytes());
                 }
-                if why.is_some() {
+                if let Some((passed, _)) = why {
                     said[16] = 2;
+                    said[17..25].copy_from_slice(&(passed + 1).to_le_bytes());
                 }
             }
             Err(_) => said[16] = 1,
@@ -1138,7 +1147,7 @@ impl Store {
             let passed: Vec<usize> = (0..all.len()).filter(|&r| all[r].get(16) == Some(&2)).collect();
             return match (passed.is_empty(), why) {
                 (true, _) => Ok(None),
-                (false, Some(why)) => Err(damaged(why)),
+                (false, Some((_, why))) => Err(damaged(why)),
                 (false, None) => Err(damaged(format!(
                     "{} found the job's commits, but no copy whole (the error on {} says why)",
                     super::steps::ranks(&passed),
@@ -1147,11 +1156,19 @@ impl Store {
             };
         }
         let step = newest - 1;
-        // A rank that passed over a newer commit says so once (rank 0 for all).
-        if (0..all.len()).any(|r| all[r].get(16) == Some(&2)) && group.rank() == 0 {
+        // A newer commit than the one restored that no rank has whole is said once
+        // (rank 0 for all), with the ranks that passed over it. (A rank whose copy of the
+        // step restored was not whole passed over no newer one: another rank's is.)
+        let passed_at = |r: usize| all[r].get(17..25).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")));
+        let newer: Vec<usize> = (0..all.len()).filter(|&r| passed_at(r) > newest).collect();
+        if let Some(passed) = newer.iter().map(|&r| passed_at(r) - 1).max()
+            && group.rank() == 0
+        {
             crate::say!(
-                "kvstore: a newer commit than step {step} has no whole copy on some host{}; restoring step {step}",
-                why.as_ref().map_or(String::new(), |w| format!(" ({w})"))
+                "kvstore: the commit of step {passed} has no whole copy ({} passed it over{}); restoring step {step}, \
+                 the newest whole one",
+                super::steps::ranks(&newer),
+                why.as_ref().filter(|(s, _)| *s > step).map_or(String::new(), |(_, w)| format!(": on rank 0, {w}"))
             );
         }
         // Every rank that has the step loads its own copy: the copies hold the same
@@ -1236,7 +1253,7 @@ impl Store {
         // This rank's own record (its extra and residuals), else the commit's extra alone:
         // another rank's residuals are not this rank's.
         let Some(Record { extra, residuals, ranks: then, .. }) = own else {
-            match (commit.residuals.is_empty(), commit.ranks == ranks) {
+            match (no_residuals(commit.residuals), commit.ranks == ranks) {
                 (true, _) => {}
                 (false, true) => crate::say!(
                     "kvstore: rank {rank} has no record of its own of step {step} on any host of the job (it ran on \
@@ -1246,7 +1263,7 @@ impl Store {
             }
             return Ok(Restored { step, extra: commit.extra.to_vec() });
         };
-        match (residuals.is_empty(), then == ranks) {
+        match (no_residuals(&residuals), then == ranks) {
             (true, _) => {}
             (false, true) => self.set_residuals(&context, &residuals)?,
             (false, false) => other_ranks(then),
