@@ -167,8 +167,27 @@ macro_rules! float_element {
 
 float_element!(f32, DType::F32, f32, |x| x, |a| a, |x: f32| x as f64, |v| v as f32);
 float_element!(f64, DType::F64, f64, |x| x, |a| a, |x| x, |v| v);
-float_element!(f16, DType::F16, f32, f16::to_f32, f16::from_f32, f16::to_f64, f16::from_f64);
-float_element!(bf16, DType::BF16, f32, bf16::to_f32, bf16::from_f32, bf16::to_f64, bf16::from_f64);
+float_element!(f16, DType::F16, f32, f16::to_f32, f16::from_f32, f16::to_f64, |v| f16::from_f32(to_f32_odd(v)));
+float_element!(bf16, DType::BF16, f32, bf16::to_f32, bf16::from_f32, bf16::to_f64, |v| bf16::from_f32(to_f32_odd(v)));
+
+/// `v` rounded to f32 to odd: toward zero, then the last bit set when that was inexact.
+/// f16 and bf16 have at most 11 bits to f32's 24, so rounding this once more to nearest
+/// (even) gives `v` rounded to nearest once, as `half`'s conversions from f64 do not:
+/// they drop the low 32 bits of `v` first (and f16's uses `v as f32` where F16C is), so
+/// a value just above a tie (an f32 sum whose last bits are set) went down.
+#[inline(always)]
+fn to_f32_odd(v: f64) -> f32 {
+    let nearest = v as f32;
+    if v.is_nan() || nearest as f64 == v {
+        return nearest;
+    }
+    // Inexact (an overflow to infinity too): the neighbour toward zero, made odd.
+    let mut bits = nearest.to_bits();
+    if (nearest as f64).abs() > v.abs() {
+        bits -= 1;
+    }
+    f32::from_bits(bits | 1)
+}
 
 macro_rules! int_element {
     ($t:ty, $dtype:expr) => {
@@ -284,6 +303,79 @@ mod tests {
         assert_eq!(cast::<i32, u8>(300), 44);
         assert_eq!(cast::<f32, f16>(1.7).to_f32(), 1.7001953);
         assert_eq!(cast::<i64, i64>(i64::MAX), i64::MAX);
+    }
+
+    /// `v` rounded to nearest, ties to even, among a half type's non-negative finite
+    /// values `finite` (ascending, one per bit pattern) and infinity.
+    fn reference(v: f64, finite: &[f64]) -> f64 {
+        let (a, n) = (v.abs(), finite.len());
+        let top_ulp = finite[n - 1] - finite[n - 2];
+        if a >= finite[n - 1] + top_ulp / 2.0 {
+            return f64::INFINITY.copysign(v);
+        }
+        let hi = finite.partition_point(|&x| x < a).min(n - 1);
+        if finite[hi] == a || hi == 0 {
+            return finite[hi].copysign(v);
+        }
+        let (lo, up) = (finite[hi - 1], finite[hi]);
+        let nearer = match (a - lo).partial_cmp(&(up - a)).expect("finite") {
+            std::cmp::Ordering::Less => lo,
+            std::cmp::Ordering::Greater => up,
+            // A tie goes to the even bit pattern.
+            std::cmp::Ordering::Equal if (hi - 1) % 2 == 0 => lo,
+            std::cmp::Ordering::Equal => up,
+        };
+        nearer.copysign(v)
+    }
+
+    /// Checks every conversion to the half type `T` (bits `b` are the value `value(b)`,
+    /// `exp_bits` exponent bits) against [`reference`].
+    fn check_half<T: Element<Acc = f32>>(value: fn(u16) -> f64, exp_bits: u32) {
+        let infinity = ((1u16 << exp_bits) - 1) << (15 - exp_bits);
+        let finite: Vec<f64> = (0..infinity).map(value).collect();
+        let top_ulp = finite[finite.len() - 1] - finite[finite.len() - 2];
+        // Each value and each tie between neighbours, then the overflow's edge.
+        let mut points: Vec<f64> = finite.windows(2).flat_map(|w| [w[0], (w[0] + w[1]) / 2.0]).collect();
+        points.extend([finite[finite.len() - 1], finite[finite.len() - 1] + top_ulp / 2.0]);
+        let mut checked = 0usize;
+        for v in points.iter().flat_map(|&p| [p, -p]) {
+            // Just below and above by an f32 unit in the last place, and by an f64 one.
+            let f = v as f32;
+            let f32_near = [f.to_bits(), f.to_bits().wrapping_add(1), f.to_bits().wrapping_sub(1)].map(f32::from_bits);
+            for x in f32_near.into_iter().filter(|x| x.is_finite() && (x.is_sign_negative() == f.is_sign_negative())) {
+                let want = reference(x as f64, &finite);
+                for (how, got) in
+                    [("from_acc", T::from_acc(x)), ("from_f64", T::from_f64(x as f64)), ("cast", cast::<f32, T>(x))]
+                {
+                    assert_eq!(got.to_f64(), want, "{how}({x:e}) to {}", T::DTYPE);
+                    checked += 1;
+                }
+            }
+            let f64_near = [v.to_bits(), v.to_bits().wrapping_add(1), v.to_bits().wrapping_sub(1)].map(f64::from_bits);
+            for x in f64_near.into_iter().filter(|x| x.is_finite() && (x.is_sign_negative() == v.is_sign_negative())) {
+                let want = reference(x, &finite);
+                assert_eq!(T::from_f64(x).to_f64(), want, "from_f64({x:e}) to {}", T::DTYPE);
+                assert_eq!(cast::<f64, T>(x).to_f64(), want, "cast({x:e}) to {}", T::DTYPE);
+                checked += 2;
+            }
+        }
+        assert!(T::from_f64(f64::NAN).to_f64().is_nan() && T::from_acc(f32::NAN).to_f64().is_nan());
+        assert!(checked > 500_000, "{checked}");
+    }
+
+    /// Every conversion to f16 and bf16 (from the f32 accumulator, from f64, `cast`)
+    /// rounds once to nearest, ties to even, at every point that matters: each value,
+    /// each tie between neighbours, just below and above each (by an f32 and by an f64
+    /// unit in the last place), subnormals, the largest finite value and the overflow to
+    /// infinity, both signs.
+    #[test]
+    fn conversions_to_half_types_round_once_at_every_tie_subnormal_and_overflow() {
+        check_half::<f16>(|b| f16::from_bits(b).to_f64(), 5);
+        check_half::<bf16>(|b| bf16::from_bits(b).to_f64(), 8);
+        // The f32 sum of three bf16 values just above a tie (1 + 2^-8 + 2^-23) rounds up,
+        // as a dist_sync sum of them on three ranks narrows it.
+        let sum = [1.0f32, 2f32.powi(-8), 2f32.powi(-23)].iter().fold(0.0f32, |a, &x| a + x);
+        assert_eq!(<bf16 as Element>::from_f64(sum as f64).to_f32(), 1.0 + 2f32.powi(-7));
     }
 
     #[test]
