@@ -2,8 +2,9 @@
 a job that never stopped: the resumed program makes a fresh start's calls, the
 Trainer's `set_optimizer` of the same optimizer keeps the commit's with its state, and
 its `init`/`broadcast` of a key the commit holds adopt it (dist/gluon_resume_job.py is
-the job, which calls `kvstore.mxnet.resume(trainer, batch_size)` before its first
-forward pass).
+the job: a Trainer made with a resumed store, or `kvstore.mxnet.resume(trainer,
+batch_size)`, puts the commit's weights in the parameters before the first forward
+pass).
 
 resume_check.py runs the job, locally and under `kvstore-run`; scripts/test-python.sh
 runs this file in target/py-mxnet-venv (no MPI: the launcher's tests skip),
@@ -37,7 +38,7 @@ def weights(out):
 
 
 def test_a_trainer_job_that_died_after_a_commit_resumes_with_the_bits_of_one_that_did_not(tmp_path):
-    whole, resumed = local_runs(tmp_path, JOB, "local", 1, STEPS, env=ENV)
+    whole, resumed = local_runs(tmp_path, JOB, "local", 1, "resume", STEPS, env=ENV)
     assert len(weights(whole)) == 1
     assert weights(resumed) == weights(whole)
 
@@ -46,7 +47,7 @@ def test_update_on_kvstore_false_cannot_resume_and_says_so(tmp_path):
     # The store's keys hold the last sums of gradients: adopting them as weights would
     # go on from wrong weights without a word.
     with pytest.raises(AssertionError, match="update_on_kvstore=True only"):
-        local_runs(tmp_path, JOB, "local", 0, STEPS, env=ENV)
+        local_runs(tmp_path, JOB, "local", 0, "resume", STEPS, env=ENV)
 
 
 # The first run commits; the second, the same job resumed, checks.
@@ -93,7 +94,10 @@ def test_init_adopts_a_key_of_the_commit_once_and_broadcast_pulls_it(tmp_path):
 
 
 def test_kvstore_run_resumes_a_trainer_job_whose_rank_was_killed_with_the_bits_of_one_that_was_not(tmp_path):
-    whole, killed = launcher_runs(tmp_path, "gluon", JOB, "dist_sync", 1, STEPS, env=ENV, forward=["OMP_NUM_THREADS"])
+    # The program reads kv.restored() only: the Trainer made with the resumed store
+    # pulled the commit's weights before the first forward pass.
+    forward = ["OMP_NUM_THREADS"]
+    whole, killed = launcher_runs(tmp_path, "gluon", JOB, "dist_sync", 1, "restored", STEPS, env=ENV, forward=forward)
     whole = weights(whole)
     assert len(whole) == 2 and whole[0].split()[-1] == whole[1].split()[-1], whole
     assert weights(killed) == whole

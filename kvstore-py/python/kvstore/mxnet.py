@@ -551,13 +551,14 @@ class KVStore(_NativeKVStore):
 
         A gluon program commits the store it gave its ``Trainer`` (``kv =
         mx.kv.create(...)``, ``Trainer(..., kvstore=kv)``) after ``trainer.step``, and
-        calls :func:`resume` before its first forward pass, which says where to start.
+        reads ``kv.restored()`` (or calls :func:`resume`) to know where to start.
         Resumed, it makes the calls of a fresh start: the Trainer's ``set_optimizer`` of
         the same optimizer keeps the commit's (and its state), and its ``init`` and
         ``broadcast`` of a key the commit holds adopt it (``broadcast`` pulls the
-        commit's weights into the parameters). This needs ``update_on_kvstore=True``:
-        with False the weights and the optimizer live in MXNet, and ``broadcast`` of a
-        restored key raises ``ValueError``."""
+        commit's weights into the parameters; a ``Trainer`` made with this store pulls
+        them when it is made, before the first forward pass). This needs
+        ``update_on_kvstore=True``: with False the weights and the optimizer live in
+        MXNet, and ``broadcast`` of a restored key raises ``ValueError``."""
         self._sync_optimizer()
         self._kv.commit(step, extra)
 
@@ -845,14 +846,15 @@ class _Description:
 def resume(trainer: Any, batch_size: int) -> Optional["_kv.Restored"]:
     """Starts gluon's `trainer` as its first ``step(batch_size)`` does, before the first
     forward pass, and returns ``Restored(step, extra)`` of the commit its store resumed
-    from, or ``None`` (a fresh start, where it changes no bit of the training). A
-    resumed program calls it before its first forward pass (see
-    :meth:`KVStore.commit`): the Trainer sets the store's optimizer (the commit's is
-    kept, with its state) and adopts the store's keys, whose weights are pulled into
-    the parameters, so that the first forward pass uses the commit's weights (gluon's
-    Trainer does this at its first ``step``, after that pass). Parameters whose
-    initialization is deferred (a layer made without ``in_units``) are left to that
-    ``step``: give them their shapes."""
+    from, or ``None`` (a fresh start, where it changes no bit of the training): the
+    Trainer sets the store's optimizer (the commit's is kept, with its state) and
+    adopts the store's keys, whose weights are pulled into the parameters, so that the
+    first forward pass uses the commit's weights (gluon's Trainer does this at its first
+    ``step``, after that pass). A Trainer made with a store object
+    (``Trainer(..., kvstore=kv)``) that resumed a commit pulls the commit's weights
+    when it is made, so there this call is optional; a Trainer given a store's name
+    makes its store here. Parameters whose initialization is deferred (a layer made
+    without ``in_units``) are left to the first ``step``: give them their shapes."""
     trainer._check_and_rescale_grad(trainer._scale / batch_size)
     if not trainer._kv_initialized:
         trainer._init_kvstore()
@@ -865,6 +867,34 @@ def resume(trainer: Any, batch_size: int) -> Optional["_kv.Restored"]:
             "device of a local kind): pass it one, Trainer(..., kvstore=mx.kv.create(name))"
         )
     return store.restored()
+
+
+def _pull_restored_weights(trainer: Any) -> None:
+    """A gluon Trainer made with a store that resumed a commit with an optimizer (its
+    keys are the weights): pulls the commit's weights into the parameters now, before
+    the first forward pass (gluon pulls them at its first ``step``, after that pass)."""
+    store = trainer._kvstore_params.get("kvstore")
+    if not isinstance(store, KVStore) or not store._restored_keys or store._kv.optimizer is None:
+        return
+    for param in trainer._params:
+        index = trainer._param2idx[param.name]
+        if str(index) in store._restored_keys and param._data is not None and param._stype == "default":
+            store.pull(index, out=param.list_data())
+
+
+def _trainer_init(init: Callable[..., None]) -> Callable[..., None]:
+    """gluon's ``Trainer.__init__``, then :func:`_pull_restored_weights`."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        _pull_restored_weights(self)
+
+    __init__.__wrapped__ = init  # type: ignore[attr-defined]
+    __init__.__doc__ = init.__doc__
+    return __init__
+
+
+_mx.gluon.Trainer.__init__ = _trainer_init(_mx.gluon.Trainer.__init__)
 
 
 # -- creation and the registry ----------------------------------------------------

@@ -1,11 +1,13 @@
 """A gluon Trainer job through kvstore.mxnet that commits every step, run by
 test_gluon_resume.py.
 
-`gluon_resume_job.py KIND UPDATE_ON_KVSTORE STEPS DIE`: `kv = mx.kv.create(KIND)`
+`gluon_resume_job.py KIND UPDATE_ON_KVSTORE START STEPS DIE`: `kv = mx.kv.create(KIND)`
 (`local`, or `dist_sync` under `kvstore-run`), a small MLP trained STEPS steps with
 `gluon.Trainer(params, "adam", ..., kvstore=kv, update_on_kvstore=...)` (1 or 0) on
-batches of each rank's own, `kv.commit(step, extra)` after each step,
-`kvstore.mxnet.resume(trainer, batch_size)` before the first. The last rank
+batches of each rank's own, `kv.commit(step, extra)` after each step. START says where
+it starts: `resume` calls `kvstore.mxnet.resume(trainer, batch_size)` before the first
+forward pass, `restored` reads `kv.restored()` (the Trainer made with a resumed store
+pulled the commit's weights). The last rank
 kills itself (SIGKILL) after committing step DIE, in the launcher's first run only
 (KVSTORE_RUN_ATTEMPT 0, or unset); -1 never. Prints `restored STEP EXTRA` when it
 resumed, and at the end `rank R weights HASH`: a hash of its final weights' bytes.
@@ -23,7 +25,7 @@ from mxnet import autograd, gluon
 import kvstore.mxnet  # mx.kv.create makes this project's store
 
 
-def main(kind: str, update_on_kvstore: bool, steps: int, die: int) -> None:
+def main(kind: str, update_on_kvstore: bool, start_by: str, steps: int, die: int) -> None:
     kv = mx.kv.create(kind)
     net = gluon.nn.Sequential()
     net.add(gluon.nn.Dense(8, activation="relu", in_units=5), gluon.nn.Dense(3, in_units=8))
@@ -36,8 +38,10 @@ def main(kind: str, update_on_kvstore: bool, steps: int, die: int) -> None:
         net.collect_params(), "adam", {"learning_rate": 0.01, "wd": 1e-3}, kvstore=kv, update_on_kvstore=update_on_kvstore
     )
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    # Before the first forward pass: a resumed run's parameters get the commit's weights.
-    r = kvstore.mxnet.resume(trainer, 8 * kv.num_workers)
+    if start_by == "resume":
+        r = kvstore.mxnet.resume(trainer, 8 * kv.num_workers)
+    else:
+        r = kv.restored()
     if r is not None:
         # One write: mpirun would interleave the pieces of print's.
         os.write(1, f"restored {r.step} {r.extra.decode()}\n".encode())
@@ -59,4 +63,4 @@ def main(kind: str, update_on_kvstore: bool, steps: int, die: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2] == "1", sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
