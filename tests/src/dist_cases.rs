@@ -400,6 +400,34 @@ pub fn a_big_key_sums_alike_as_small_fused_keys(rank: usize, kv: &KVStore) -> Ve
     big.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()
 }
 
+/// A bf16 sum across the workers is made in f32 and rounded to bf16 once, to nearest
+/// even: 1 + 2^-8 + 2^-23 (ranks 0, 1 and 2; a sum just above a tie) is 1 + 2^-7, where
+/// a rounding through f64 that dropped its low bits gave 1; on 2 workers the tie
+/// 1 + 2^-8 is 1. Both signs, with the value pushed in the other order too.
+pub fn bf16_sums_across_workers_round_once(rank: usize, kv: &KVStore) {
+    let w = kv.num_workers();
+    let parts = [1.0f32, 2f32.powi(-8), 2f32.powi(-23)];
+    let mine = |k: usize| parts.get(k).copied().unwrap_or(0.0);
+    let values = [mine(rank), -mine(rank), mine(w - 1 - rank), 3.0 * mine(rank)];
+    let sums: Vec<f32> = (0..values.len())
+        .map(|i| (0..w).map(|r| [mine(r), -mine(r), mine(w - 1 - r), 3.0 * mine(r)][i]).fold(0.0f32, |a, x| a + x))
+        .collect();
+    // The f32 sums rounded to bf16 by hand: to nearest, ties to the even pattern.
+    let rounded = |x: f32| {
+        let b = x.to_bits();
+        f32::from_bits(((b + 0x7fff + ((b >> 16) & 1)) >> 16) << 16)
+    };
+    let want: Vec<f32> = sums.iter().map(|&x| rounded(x)).collect();
+    let pushed = NDArray::from_vec(&[values.len()], values.to_vec()).expect("f32").as_type(DType::BF16).expect("bf16");
+    kv.init("bf16-sum", &NDArray::zeros_with(&[values.len()], DType::BF16, Context::cpu(0)).expect("z")).expect("init");
+    kv.push("bf16-sum", &pushed, 0).expect("push");
+    let got = kv.pull_new("bf16-sum", 0).expect("pull").to_vec::<f32>().expect("f32");
+    assert_eq!(got, want, "rank {rank} of {w}: the bf16 sums of {sums:?}");
+    if w >= 3 {
+        assert_eq!(got[0], 1.0 + 2f32.powi(-7), "just above a tie rounds up");
+    }
+}
+
 /// Every dtype, string keys, a repeated key with two local values per worker: the
 /// local sums (rank + 1 each) are summed across the workers: W(W+1)/2.
 pub fn every_dtype_sums_local_then_across_workers(rank: usize, kv: &KVStore) {

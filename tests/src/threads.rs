@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use kvstore_core::{KVStore, NDArray, Result};
+use kvstore_core::{DType, KVStore, NDArray, Result};
 
 /// A worker group of threads in one process: each thread is a worker with its own
 /// store, and the collective operations meet at barriers. It runs the `dist_sync`
@@ -69,12 +69,18 @@ impl kvstore_core::backend::Collective for ThreadMember {
         let sources: Vec<&NDArray> = pairs.iter().map(|p| p.0).collect();
         self.exchange(&sources, |all| {
             for (j, (_, out)) in pairs.iter().enumerate() {
-                // Rank order on every worker: bit-identical results everywhere.
-                let sum = all[0][j].deep_copy()?;
+                // Rank order on every worker: bit-identical results everywhere; f16 and
+                // bf16 accumulate in f32 and round once, as the MPI group does.
+                let dtype = all[0][j].dtype();
+                let wide = |a: &NDArray| match dtype {
+                    DType::F16 | DType::BF16 => a.as_type(DType::F32),
+                    _ => a.deep_copy(),
+                };
+                let sum = wide(&all[0][j])?;
                 for worker in &all[1..] {
-                    sum.add_assign(&worker[j])?;
+                    sum.add_assign(&wide(&worker[j])?)?;
                 }
-                out.copy_from(&sum)?;
+                out.copy_from(&sum.as_type(dtype)?)?;
             }
             Ok(())
         })

@@ -42,6 +42,13 @@ fn a_big_key_sums_alike_as_small_fused_keys() {
 }
 
 #[test]
+fn bf16_sums_across_workers_round_once() {
+    for workers in [2, 3] {
+        run_workers(workers, |rank, kv| dist_cases::bf16_sums_across_workers_round_once(rank, &kv));
+    }
+}
+
+#[test]
 fn every_dtype_sums_local_then_across_workers() {
     run_workers(3, |rank, kv| dist_cases::every_dtype_sums_local_then_across_workers(rank, &kv));
 }

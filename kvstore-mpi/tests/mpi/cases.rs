@@ -400,6 +400,11 @@ fn each_round_every_worker_pushes_rank_plus_one() {
     dist_cases::each_round_every_worker_pushes_rank_plus_one(kv.rank(), &kv);
 }
 
+fn bf16_sums_across_workers_round_once() {
+    let kv = store();
+    dist_cases::bf16_sums_across_workers_round_once(kv.rank(), &kv);
+}
+
 fn every_dtype_sums_local_then_across_workers() {
     let kv = store();
     dist_cases::every_dtype_sums_local_then_across_workers(kv.rank(), &kv);
@@ -688,6 +693,7 @@ pub(super) const CASES: &[(&str, fn())] = &[
     ("a_call_a_binding_refuses_fails_on_every_worker", a_call_a_binding_refuses_fails_on_every_worker),
     ("each_round_every_worker_pushes_rank_plus_one", each_round_every_worker_pushes_rank_plus_one),
     ("every_dtype_sums_local_then_across_workers", every_dtype_sums_local_then_across_workers),
+    ("bf16_sums_across_workers_round_once", bf16_sums_across_workers_round_once),
     ("replicas_are_bit_identical_after_optimizer_steps", replicas_are_bit_identical_after_optimizer_steps),
     ("nonblocking_training_matches_blocking", nonblocking_training_matches_blocking),
     ("small_buckets_split_keys_and_give_the_same_sums", small_buckets_split_keys_and_give_the_same_sums),
