@@ -64,6 +64,7 @@ mod device;
 mod dtype;
 mod engine;
 mod error;
+mod files;
 mod key;
 mod kvstore;
 mod ndarray;

@@ -261,7 +261,10 @@ fn start_as(path: &Path, from_env: bool) -> Result<()> {
     old.map(|o| close(o, "")).transpose()?;
     *resume() = None;
     let threads = sink().threads.clone();
-    let mut out = Output::open(path.to_path_buf(), file, max, &threads)?;
+    let opened = crate::files::create_own(&file);
+    let opened =
+        opened.map_err(|e| Error::Io { context: format!("the timeline's file {}", file.display()), source: e })?;
+    let mut out = Output::open(path.to_path_buf(), file, opened, max, &threads)?;
     out.from_env = from_env;
     install(out, &threads)
 }
@@ -321,7 +324,7 @@ pub fn start_from_env() -> Result<()> {
         return Ok(());
     }
     let io = |e| Error::Io { context: format!("the timeline's file {}", r.path.display()), source: e };
-    let file = std::fs::OpenOptions::new().write(true).open(&r.path).map_err(io)?;
+    let file = crate::files::open_own(&r.path).map_err(io)?;
     file.set_len(r.at).map_err(io)?;
     let mut writer = BufWriter::new(file);
     std::io::Seek::seek(&mut writer, std::io::SeekFrom::End(0)).map_err(io)?;
@@ -441,11 +444,9 @@ fn close(mut out: Output, extra: &str) -> Result<()> {
 }
 
 impl Output {
-    /// A new file of this rank at `path` (of the timeline started at `base`), its first
-    /// lines written: the process's name and the names of `threads`.
-    fn open(base: PathBuf, path: PathBuf, max: u64, threads: &[(u64, String)]) -> Result<Self> {
-        let opened = File::create(&path)
-            .map_err(|e| Error::Io { context: format!("the timeline's file {}", path.display()), source: e })?;
+    /// A new file of this rank, `opened` at `path` (of the timeline started at `base`),
+    /// its first lines written: the process's name and the names of `threads`.
+    fn open(base: PathBuf, path: PathBuf, opened: File, max: u64, threads: &[(u64, String)]) -> Result<Self> {
         let mut out =
             Output { base, path, writer: BufWriter::new(opened), written: 0, max, truncated: false, from_env: false };
         out.line("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[")?;
@@ -771,12 +772,24 @@ pub fn write_flight(ends: bool) -> Result<PathBuf> {
         let sink = sink();
         (sink.flight.iter().cloned().collect::<Vec<_>>(), sink.threads.clone())
     };
-    let mut out = Output::open(path.clone(), path.clone(), u64::MAX, &threads)?;
-    for ev in &events {
-        out.event(&ev.json(rank()))?;
+    // Written whole to a file of its own made afresh, then renamed to `path` (a name
+    // others can guess: a link or file planted there is replaced, never written through).
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let temp = path.with_file_name(format!(".{name}.{}.writing", std::process::id()));
+    let io = |e| Error::Io { context: format!("the flight record {}", path.display()), source: e };
+    let _ = std::fs::remove_file(&temp);
+    let written = crate::files::create_new(&temp).map_err(io).and_then(|file| {
+        let mut out = Output::open(path.clone(), temp.clone(), file, u64::MAX, &threads)?;
+        for ev in &events {
+            out.event(&ev.json(rank()))?;
+        }
+        close(out, &format!(",\"flight_recorder\":true,\"events\":{}", events.len()))?;
+        std::fs::rename(&temp, &path).map_err(io)
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
     }
-    close(out, &format!(",\"flight_recorder\":true,\"events\":{}", events.len()))?;
-    Ok(path)
+    written.map(|()| path)
 }
 
 /// For an error that ends the job (a stall: `ends`) or a call (a desync):
@@ -800,7 +813,7 @@ pub fn merge(path: &Path, parts: &[PathBuf]) -> Result<()> {
     // Written beside `path` and renamed over it once whole: a merge that fails leaves
     // no half-written trace.
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let temp = path.with_file_name(format!(".{name}.merging"));
+    let temp = path.with_file_name(format!(".{name}.{}.merging", std::process::id()));
     let merged = merge_into(&temp, parts).and_then(|()| {
         std::fs::rename(&temp, path)
             .map_err(|e| Error::Io { context: format!("the merged timeline {}", path.display()), source: e })
@@ -813,7 +826,7 @@ pub fn merge(path: &Path, parts: &[PathBuf]) -> Result<()> {
 
 fn merge_into(path: &Path, parts: &[PathBuf]) -> Result<()> {
     let io = |e| Error::Io { context: format!("the merged timeline {}", path.display()), source: e };
-    let mut w = BufWriter::new(File::create(path).map_err(io)?);
+    let mut w = BufWriter::new(crate::files::create_new(path).map_err(io)?);
     w.write_all(b"{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n").map_err(io)?;
     let mut error = 0u64;
     let mut first = true;

@@ -484,3 +484,49 @@ fn a_special_file_or_a_bad_bound_is_refused_at_once() {
     assert!(e.to_string().contains("KVSTORE_TIMELINE_MAX_BYTES"), "{e}");
     assert!(!kvstore_core::timeline::is_on());
 }
+
+/// The timeline's file and the flight record are made 0600 and never written through a
+/// link: a timeline started on a link is refused, the target kept; a flight record whose
+/// name holds a link (or a file) replaces it, the target kept; with no timeline, the
+/// record goes to `kvstore-flight-RANK.json` in the working directory.
+#[test]
+fn files_are_made_0600_and_never_written_through_a_link() {
+    use std::os::unix::fs::PermissionsExt;
+    let _turn = turn();
+    let kv = KVStore::create("local").expect("a store");
+    let mode = |p: &PathBuf| std::fs::metadata(p).expect("the file").permissions().mode() & 0o777;
+    let target = temp("kept");
+    std::fs::write(&target, b"kept").expect("a file");
+    let link = temp("link");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&target, &link).expect("a link");
+    let e = kv.start_timeline(&link).expect_err("a link");
+    assert_eq!(e.kind(), kvstore_core::ErrorKind::Io, "{e}");
+    assert_eq!(std::fs::read(&target).expect("kept"), b"kept");
+    let trace = temp("mode");
+    kv.start_timeline(&trace).expect("a timeline");
+    kv.init("w", &NDArray::zeros(&[2]).expect("w")).expect("init");
+    kvstore_core::timeline::stop().expect("stop");
+    assert_eq!(mode(&trace), 0o600);
+    // The flight record, in a folder of the test's own as the working directory.
+    let dir = std::env::temp_dir().join(format!("kvstore-flight-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a folder");
+    let planted = dir.join("kvstore-flight-0.json");
+    let _ = std::fs::remove_file(&planted);
+    std::os::unix::fs::symlink(&target, &planted).expect("a link");
+    let cwd = std::env::current_dir().expect("cwd");
+    std::env::set_current_dir(&dir).expect("cd");
+    let written = kvstore_core::timeline::write_flight(false);
+    std::env::set_current_dir(cwd).expect("cd back");
+    let written = dir.join(written.expect("the flight record"));
+    assert_eq!(written, planted);
+    assert!(!std::fs::symlink_metadata(&planted).expect("the record").file_type().is_symlink());
+    assert_eq!(mode(&planted), 0o600);
+    assert_eq!(std::fs::read(&target).expect("kept"), b"kept");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&planted).expect("the record")).expect("JSON");
+    assert_eq!(doc["otherData"]["flight_recorder"], true, "{}", doc["otherData"]);
+    for p in [target, link, trace] {
+        let _ = std::fs::remove_file(p);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

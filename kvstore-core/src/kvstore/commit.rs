@@ -236,7 +236,7 @@ fn launcher_rank() -> u64 {
 
 /// This process's user: the owner of its `/proc/self`.
 fn uid() -> Result<u32> {
-    Ok(std::fs::metadata("/proc/self").map_err(|e| io("this process's user (/proc/self)", e))?.uid())
+    crate::files::uid().map_err(|e| io("this process's user (/proc/self)", e))
 }
 
 /// Makes `path` a folder of the user's alone, or checks that it is one: not a link, owned

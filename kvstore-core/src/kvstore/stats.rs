@@ -659,7 +659,7 @@ fn move_files(group: &dyn Collective, mine: Option<&Path>, lens: &[u64], parts: 
         .iter()
         .enumerate()
         .filter_map(|(r, p)| Some((r, p.as_ref()?)))
-        .map(|(r, p)| Ok((r, std::fs::File::create(p).map(std::io::BufWriter::new).map_err(|e| read_error(p, e))?)))
+        .map(|(r, p)| Ok((r, crate::files::create_own(p).map(std::io::BufWriter::new).map_err(|e| read_error(p, e))?)))
         .collect::<Result<Vec<_>>>();
     let mut buf = vec![0u8; piece];
     let mut sent = 0u64;

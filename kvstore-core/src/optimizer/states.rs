@@ -285,7 +285,7 @@ pub(crate) fn write_file(target: &Path, bytes: &[u8], op: &str) -> Result<()> {
     static SAVES: AtomicU64 = AtomicU64::new(0);
     let tmp = dir.join(tmp_name(name, std::process::id(), SAVES.fetch_add(1, Ordering::Relaxed)));
     let written = (|| -> std::io::Result<()> {
-        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        let mut f = crate::files::create_new(&tmp)?;
         if let Ok(m) = std::fs::metadata(target) {
             f.set_permissions(m.permissions())?;
         }
