@@ -922,6 +922,40 @@ fn kvstore_run_does_not_run_again_a_job_that_failed_by_itself() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn kvstore_run_reads_only_mpiruns_own_reports_not_the_programs_output() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = folder("lookalike");
+    // A program that prints mpirun's reports of a death, a lost host and a watchdog's
+    // ending, on its standard output and error, then fails by itself.
+    let program = dir.join("lookalike.sh");
+    let lines = [
+        "mpirun noticed that process rank 1 with PID 7 on node h2 exited on signal 9 (Killed).",
+        "ORTE has lost communication with a remote daemon.",
+        "  Remote daemon: [[1,0],1] on node h2",
+        "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD",
+        "with errorcode 86.",
+    ];
+    let script: String = lines.iter().map(|l| format!("echo '{l}'\necho '{l}' >&2\n")).collect();
+    std::fs::write(&program, format!("#!/bin/sh\n{script}exit 1\n")).expect("the program");
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).expect("executable");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"));
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("KVSTORE_COMMIT_DIR", &dir);
+    cmd.env("OMPI_MCA_btl_vader_backing_directory", segments(&dir));
+    cmd.args(["--max-restarts", "2", "--job", "lookalike", "--oversubscribe", "--bind-to", "none", "-np", "2"]);
+    cmd.arg(&program);
+    let job = jobs::run(cmd, Duration::from_secs(60));
+    assert_eq!(job.code, Some(1), "{}", job.shown());
+    assert!(job.output.contains("kvstore-run: the job failed by itself"), "{}", job.shown());
+    assert!(!job.output.contains(" died ("), "no death: {}", job.shown());
+    assert!(!job.output.contains("restart 1 of"), "not run again: {}", job.shown());
+    // The program's lines are passed on as it wrote them, twice each (stdout, stderr) a rank.
+    for line in lines {
+        assert_eq!(job.output.lines().filter(|l| *l == line).count(), 4, "{line}: {}", job.shown());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[path = "support/random.rs"]
 mod random;
 use random::Random;

@@ -21,6 +21,12 @@
 //! removed; when it fails for good, they are kept, and the launcher says how to resume
 //! it by hand.
 //!
+//! What failed is read from `mpirun`'s own reports only, never from the ranks' output,
+//! which may say anything: `mpirun` runs with `--tag-output`, so that every line a rank
+//! writes starts with its tag (`[1,0]<stdout>:`), and the launcher passes the ranks'
+//! lines on without the tags (as they are when the user asked for a format of
+//! `mpirun`'s own: `--tag-output`, `--timestamp-output`, `--xml`).
+//!
 //! SIGINT, SIGTERM and SIGHUP sent to the launcher go on to `mpirun`, which ends the
 //! job; the launcher then does not run it again. Processes of a run left behind by an
 //! `mpirun` that was itself killed (their parent gone, they become the launcher's: it is
@@ -182,9 +188,63 @@ fn without_host(args: &[String], host: &str, min_np: u32, hostfile: &std::path::
     Ok(args)
 }
 
-/// Reads a line of `mpirun`'s output for a rank's death: Open MPI says
+/// The length of Open MPI's tag of a rank's output (`--tag-output`) that `line` starts
+/// with: `[J,R]<stdout>:`, `<stderr>` or `<stddiag>`.
+fn tag_len(line: &[u8]) -> Option<usize> {
+    let digits = |at: usize| line.get(at..).map_or(0, |s| s.iter().take_while(|b| b.is_ascii_digit()).count());
+    let job = digits(1);
+    let rank = digits(job + 2);
+    let fits = line.first() == Some(&b'[') && job > 0 && line.get(job + 1) == Some(&b',') && rank > 0;
+    let after = job + rank + 2;
+    let stream = [&b"]<stdout>:"[..], b"]<stderr>:", b"]<stddiag>:"]
+        .into_iter()
+        .find(|s| line.get(after..).is_some_and(|l| l.starts_with(s)))?;
+    fits.then_some(after + stream.len())
+}
+
+/// Whether `line` of `mpirun`'s output is a rank's, not `mpirun`'s own report: under
+/// `--tag-output` every line of a rank starts with its tag, after the time under
+/// `--timestamp-output` (`ctime`'s 24 characters); under `--xml` a rank's lines are
+/// elements with its rank (`<stdout rank="0">`), `mpirun`'s without (`<stderr>`), and a
+/// rank's text has its `<` escaped. (A rank's line that did not end, a `printf` without
+/// a newline, holds the next `mpirun` line that follows it: `mpirun`'s reports start
+/// with a line of dashes, so the line of the report itself is never the one held.)
+fn of_a_rank(line: &[u8]) -> bool {
+    tag_len(line).is_some()
+        || line.get(24..).is_some_and(|l| tag_len(l).is_some())
+        || [&b"<stdout rank="[..], b"<stderr rank=", b"<stddiag rank="].iter().any(|x| line.starts_with(x))
+}
+
+/// `mpirun`'s own report `line` as text: under `--xml`, out of its element
+/// (`<stderr>TEXT&#010;</stderr>`).
+fn report(line: &str) -> &str {
+    let inner = ["stderr", "stdout"]
+        .iter()
+        .find_map(|e| line.strip_prefix(&format!("<{e}>") as &str)?.strip_suffix(&format!("</{e}>") as &str));
+    inner.map_or(line, |t| t.strip_suffix("&#010;").unwrap_or(t))
+}
+
+/// A rank's `line` without Open MPI's tags: the tag that starts it, and those that
+/// start a later write on the same line (its own or another rank's: `mpirun` tags every
+/// write that does not start a line), as `mpirun` would print it untagged.
+fn untagged(line: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(line.len());
+    let mut at = 0;
+    while let Some(&b) = line.get(at) {
+        match (b == b'[').then(|| tag_len(&line[at..])).flatten() {
+            Some(n) => at += n,
+            None => {
+                out.push(b);
+                at += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Reads a line of `mpirun`'s own output for a rank's death: Open MPI says
 /// `mpirun noticed that process rank 1 with PID 123 on node h exited on signal 9
-/// (Killed).` (A rank's own output that merely mentions a signal is not that line.)
+/// (Killed).`
 fn death(line: &str) -> Option<(String, String)> {
     if !line.starts_with("mpirun noticed that process rank ") {
         return None;
@@ -200,22 +260,28 @@ fn death(line: &str) -> Option<(String, String)> {
 }
 
 /// Copies `from` to `to` line by line (bytes as they come: output need not be UTF-8),
-/// noting a rank's death in `ended`.
-fn follow(from: impl std::io::Read, mut to: impl Write, ended: Arc<Mutex<Ended>>) {
+/// noting a rank's death that `mpirun` reported in `ended`; a rank's lines lose their
+/// tags unless `tagged` (the user asked for a format of `mpirun`'s).
+fn follow(from: impl std::io::Read, mut to: impl Write, ended: Arc<Mutex<Ended>>, tagged: bool) {
     for line in BufReader::new(from).split(b'\n').map_while(Result::ok) {
+        let rank = of_a_rank(&line);
+        let line = if rank && !tagged { untagged(&line) } else { line };
         let text = String::from_utf8_lossy(&line);
         let mut e = ended.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(d) = death(&text)
-            && e.killed.is_none()
-        {
-            e.killed = Some(d);
-            e.seen = Some(Instant::now());
-        }
-        if let Some(host) = lost_host(&text)
-            && e.lost_host.is_none()
-        {
-            e.lost_host = Some(host);
-            e.seen.get_or_insert_with(Instant::now);
+        if !rank {
+            let text = report(&text);
+            if let Some(d) = death(text)
+                && e.killed.is_none()
+            {
+                e.killed = Some(d);
+                e.seen = Some(Instant::now());
+            }
+            if let Some(host) = lost_host(text)
+                && e.lost_host.is_none()
+            {
+                e.lost_host = Some(host);
+                e.seen.get_or_insert_with(Instant::now);
+            }
         }
         let _ = to.write_all(&line).and_then(|()| to.write_all(b"\n"));
         if let Some((step, ms)) = restored(&text)
@@ -379,6 +445,14 @@ fn main() -> ExitCode {
     const TOPOLOGY_HOLE: &str = "rtc_hwloc_vmhole";
     let topology = (!chosen(TOPOLOGY_HOLE)).then_some(["--mca", TOPOLOGY_HOLE, "none"]);
     let chosen = chosen(SIGKILL_TIMEOUT);
+    // Tags tell a rank's lines from mpirun's own; the user's choice of a format is kept.
+    let format = |names: &[&str], param: &str| {
+        o.mpirun.iter().any(|a| names.contains(&a.as_str()))
+            || std::env::var(format!("OMPI_MCA_orte_{param}")).is_ok_and(|v| matches!(v.as_str(), "1" | "true"))
+    };
+    let tagged = format(&["--tag-output", "-tag-output"], "tag_output")
+        || format(&["--timestamp-output", "-timestamp-output"], "timestamp_output")
+        || format(&["--xml", "-xml"], "xml_output");
     let mut last_death: Option<Instant> = None;
     for attempt in 0..=o.max_restarts {
         let started = Instant::now();
@@ -398,6 +472,7 @@ fn main() -> ExitCode {
         let child = mpirun
             .args(["-x", "KVSTORE_JOB", "-x", "KVSTORE_RUN_ATTEMPT"])
             .args(topology.iter().flatten())
+            .arg("--tag-output")
             .args(&o.mpirun)
             .env("KVSTORE_JOB", &o.job)
             .env("KVSTORE_RUN_ATTEMPT", attempt.to_string())
@@ -420,11 +495,11 @@ fn main() -> ExitCode {
         let ended = Arc::new(Mutex::new(Ended { restart: last_death.map(|seen| (seen, started)), ..Ended::default() }));
         let out = child.stdout.take().map(|s| {
             let ended = Arc::clone(&ended);
-            std::thread::spawn(move || follow(s, std::io::stdout(), ended))
+            std::thread::spawn(move || follow(s, std::io::stdout(), ended, tagged))
         });
         let err = child.stderr.take().map(|s| {
             let ended = Arc::clone(&ended);
-            std::thread::spawn(move || follow(s, std::io::stderr(), ended))
+            std::thread::spawn(move || follow(s, std::io::stderr(), ended, tagged))
         });
         // mpirun's end is waited for without reaping it, so that its id is no one
         // else's until a signal can no longer be passed on to it.
@@ -538,7 +613,7 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{death, lost_host, options, restored, without_host};
+    use super::{death, lost_host, of_a_rank, options, report, restored, untagged, without_host};
 
     #[test]
     fn a_killed_rank_is_read_from_mpiruns_report() {
@@ -547,6 +622,29 @@ mod tests {
         assert_eq!(death("Primary job  terminated normally, but 1 process returned"), None);
         // A rank's own output is not mpirun's report.
         assert_eq!(death("my log: rank 7 exited on signal 15 in the last run"), None);
+    }
+
+    #[test]
+    fn a_ranks_lines_are_told_from_mpiruns_by_their_tags() {
+        assert!(of_a_rank(b"[1,0]<stdout>:mpirun noticed that process rank 1 exited on signal 9"));
+        assert!(of_a_rank(b"[12,345]<stderr>:"));
+        assert!(of_a_rank(b"Sat Nov 28 15:41:25 2026[1,1]<stderr>:text"));
+        assert!(of_a_rank(b"<stdout rank=\"3\">mpirun noticed</stdout>"));
+        assert!(!of_a_rank(b"mpirun noticed that process rank 1 with PID 7 on node h exited on signal 9 (Killed)."));
+        assert!(!of_a_rank(b"[1,0] <stdout>:"));
+        assert!(!of_a_rank(b"[,0]<stdout>:"));
+        assert!(!of_a_rank(b"<stderr>  Remote daemon: [[1,0],1] on node h2&#010;</stderr>"));
+        assert_eq!(
+            report("<stderr>  Remote daemon: [[1,0],1] on node h2&#010;</stderr>"),
+            "  Remote daemon: [[1,0],1] on node h2"
+        );
+        assert_eq!(report("  Remote daemon: [[1,0],1] on node h2"), "  Remote daemon: [[1,0],1] on node h2");
+        // The tags go, wherever a write of a rank began; the rest stays as written.
+        assert_eq!(
+            untagged(b"[1,0]<stdout>:partial from 0[1,1]<stdout>:partial from 1"),
+            b"partial from 0partial from 1"
+        );
+        assert_eq!(untagged(b"[1,0]<stderr>:a [b] [1,x]<stdout>: [2,3]"), b"a [b] [1,x]<stdout>: [2,3]");
     }
 
     #[test]
