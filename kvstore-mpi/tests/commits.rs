@@ -458,10 +458,18 @@ fn launch(dir: &std::path::Path, np: usize, args: &[&str]) -> jobs::Job {
 
 /// [`launch`] with stores of `kind`.
 fn launch_kind(dir: &std::path::Path, kind: &str, np: usize, args: &[&str]) -> jobs::Job {
+    launch_with(dir, kind, np, args, &[])
+}
+
+/// [`launch_kind`] with more variables `env` passed on to the ranks.
+fn launch_with(dir: &std::path::Path, kind: &str, np: usize, args: &[&str], env: &[(&str, &str)]) -> jobs::Job {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"));
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("KVSTORE_COMMIT_DIR", dir);
     cmd.env("OMPI_MCA_btl_vader_backing_directory", segments(dir)).env("KVSTORE_TEST_KIND", kind);
     cmd.args(["--max-restarts", "2", "--job", "launched", "-x", "KVSTORE_COMMIT_DIR", "-x", "KVSTORE_TEST_KIND"]);
+    for (name, value) in env {
+        cmd.env(name, value).args(["-x", name]);
+    }
     cmd.args(["--oversubscribe", "--bind-to"]);
     cmd.args(["none", "-np", &np.to_string(), env!("CARGO_BIN_EXE_fixture_commit_job")]).args(args);
     jobs::run(cmd, Duration::from_secs(180))
@@ -499,6 +507,29 @@ fn launched_job_restarts(kind: &str) {
         std::fs::metadata(&dir).expect("the folder").uid()
     };
     assert!(!dir.join(format!("kvstore-{owner}-launched")).exists(), "its commits are removed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn kvstore_run_restarts_a_job_whose_stuck_rank_the_watchdog_ended() {
+    let dir = folder("stuck");
+    let whole = run(&dir, "never-stuck", 2, &["6"]);
+    assert_eq!(whole.code, Some(0), "{}", whole.shown());
+    // Rank 1 stops itself (SIGSTOP) after its commit of step 3, in the first run: rank 0
+    // waits for it at step 4 until the store's watchdog ends the job (status 86).
+    let job = launch_with(&dir, "dist_sync", 2, &["6", "stop", "1", "3"], &[("KVSTORE_TIMEOUT", "3")]);
+    assert_eq!(job.code, Some(0), "{}", job.shown());
+    assert!(job.output.contains("which never arrived at it"), "the watchdog ended the first run: {}", job.shown());
+    assert!(!job.output.contains("the job failed by itself"), "{}", job.shown());
+    assert!(
+        job.output.contains("kvstore-run: rank 1 died (stuck: the store's watchdog ended the job)"),
+        "{}",
+        job.shown()
+    );
+    assert!(job.output.contains("restart 1 of 2"), "{}", job.shown());
+    assert_eq!(job.output.matches("restored 3 loader at 3").count(), 2, "{}", job.shown());
+    assert_eq!(bits(&job, 2), bits(&whole, 2), "the bits of the job never stuck");
+    assert_eq!(segments_left(&dir), Vec::<String>::new(), "{}", job.shown());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

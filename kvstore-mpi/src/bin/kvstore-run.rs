@@ -1,7 +1,9 @@
 //! `kvstore-run`: runs a job under `mpirun`, and when a rank of it died (killed by a
-//! signal: SIGKILL, a crash, the out-of-memory killer), runs it again, until it ends well
-//! or its restarts are spent. The job's stores restore its last commit
-//! (`KVStore::commit`): the restart loses at most the steps since then.
+//! signal: SIGKILL, a crash, the out-of-memory killer) or was stuck (stopped, or hung in
+//! a store's call: the store's watchdog ended the job after `KVSTORE_TIMEOUT`, exit
+//! status 86), runs it again, until it ends well or its restarts are spent. The job's
+//! stores restore its last commit (`KVStore::commit`): the restart loses at most the
+//! steps since then.
 //!
 //! ```text
 //! kvstore-run [--max-restarts N] [--min-np M] [--job NAME] [mpirun's options] -np N PROGRAM ARGS...
@@ -16,10 +18,10 @@
 //! Every run of the job gets the job's name in `KVSTORE_JOB` (the launcher's own when
 //! it has one, else `--job`, else a new one) and its run's number in
 //! `KVSTORE_RUN_ATTEMPT` (0 first). A job that fails by itself (its program exited with
-//! an error, on every rank or on some, no rank killed) is not run again: the launcher
-//! says so and exits with the job's status. When the job ends well, its commits are
-//! removed; when it fails for good, they are kept, and the launcher says how to resume
-//! it by hand.
+//! an error, on every rank or on some, no rank killed or stuck) is not run again: the
+//! launcher says so and exits with the job's status. When the job ends well, its
+//! commits are removed; when it fails for good, they are kept, and the launcher says how
+//! to resume it by hand.
 //!
 //! What failed is read from `mpirun`'s own reports only, never from the ranks' output,
 //! which may say anything: `mpirun` runs with `--tag-output`, so that every line a rank
@@ -44,6 +46,10 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The exit status of a job that the store's stall watchdog ended (kvstore-mpi's
+/// `group.rs`, `WATCHDOG_EXIT`: `MPI_Abort` with it, or a rank's exit in `MPI_Finalize`).
+const WATCHDOG_EXIT: i32 = 86;
 
 const USAGE: &str =
     "usage: kvstore-run [--max-restarts N] [--min-np M] [--job NAME] [mpirun's options] -np N PROGRAM ARGS...";
@@ -106,6 +112,8 @@ struct Ended {
     killed: Option<(String, String)>,
     /// The node whose daemon `mpirun` lost (the host died, or its network).
     lost_host: Option<String>,
+    /// The rank(s) that the store's watchdog named as stuck, when it ended the job.
+    stuck: Option<String>,
     /// When the launcher read that report.
     seen: Option<Instant>,
     /// For a run after a restart: when the death that caused it was read, and when the
@@ -242,6 +250,31 @@ fn untagged(line: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Reads the store's watchdog's line on a rank (kvstore-mpi's `group.rs`, `remote.rs`),
+/// `kvstore-mpi: rank 0: push #2 has waited 3 s for rank 1, which never arrived at it
+/// ... (KVSTORE_TIMEOUT=3)` or `kvstore-mpi: rank 0 waited 3 s for ranks 1, 2 to answer
+/// a dist_async request (KVSTORE_TIMEOUT) ...`: the ranks it named (`rank 1`,
+/// `ranks 1, 2`). Only says whom the launcher's message names: what ended the job is
+/// `mpirun`'s exit status.
+fn stuck(line: &str) -> Option<String> {
+    let said = &line[line.find("kvstore-mpi: rank ")?..];
+    let (_, after) = said.split_once(" for rank").filter(|_| said.contains("KVSTORE_TIMEOUT"))?;
+    let mut list = after.strip_prefix('s').unwrap_or(after).strip_prefix(' ')?;
+    let mut ranks = Vec::new();
+    loop {
+        let n = list.bytes().take_while(u8::is_ascii_digit).count();
+        if n == 0 {
+            break;
+        }
+        ranks.push(&list[..n]);
+        match list[n..].strip_prefix(", ") {
+            Some(rest) if rest.starts_with(|c: char| c.is_ascii_digit()) => list = rest,
+            _ => break,
+        }
+    }
+    (!ranks.is_empty()).then(|| format!("{} {}", if ranks.len() == 1 { "rank" } else { "ranks" }, ranks.join(", ")))
+}
+
 /// Reads a line of `mpirun`'s own output for a rank's death: Open MPI says
 /// `mpirun noticed that process rank 1 with PID 123 on node h exited on signal 9
 /// (Killed).`
@@ -282,6 +315,9 @@ fn follow(from: impl std::io::Read, mut to: impl Write, ended: Arc<Mutex<Ended>>
                 e.lost_host = Some(host);
                 e.seen.get_or_insert_with(Instant::now);
             }
+        } else if e.stuck.is_none() {
+            e.stuck = stuck(&text);
+            e.seen = e.stuck.as_ref().map(|_| Instant::now()).or(e.seen);
         }
         let _ = to.write_all(&line).and_then(|()| to.write_all(b"\n"));
         if let Some((step, ms)) = restored(&text)
@@ -558,14 +594,23 @@ fn main() -> ExitCode {
             e.killed = Some(("mpirun".to_string(), format!("signal {signal}")));
             e.seen = Some(finished);
         }
+        // The store's watchdog ended the job (a rank that cannot answer keeps its peers
+        // waiting): the death of the rank it named. Told by mpirun's exit status, its
+        // `MPI_Abort`'s code or its rank's: mpirun's report of an `MPI_Abort` (`with
+        // errorcode 86.`) is now and then lost (Open MPI 4.1: `ORTE_ERROR_LOG: Data
+        // unpack would read past end of buffer` in show_help.c instead).
+        if e.killed.is_none() && code == WATCHDOG_EXIT {
+            let who = e.stuck.clone().unwrap_or_else(|| "a rank".to_string());
+            e.killed = Some((who, "stuck: the store's watchdog ended the job".to_string()));
+        }
         // A host lost: a death too, whichever rank's report came first.
         if let Some(host) = &e.lost_host {
             e.killed = Some((format!("host {host}"), "lost".to_string()));
         }
         let Some((who, how)) = e.killed.clone() else {
             say(format!(
-                "the job failed by itself (mpirun's exit status {code}, no rank was killed): not run again; its \
-                 commits are kept for a run by hand with KVSTORE_JOB={}",
+                "the job failed by itself (mpirun's exit status {code}, no rank was killed or stuck): not run \
+                 again; its commits are kept for a run by hand with KVSTORE_JOB={}",
                 o.job
             ));
             return ExitCode::from(code.clamp(1, 255) as u8);
@@ -613,7 +658,7 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{death, lost_host, of_a_rank, options, report, restored, untagged, without_host};
+    use super::{death, lost_host, of_a_rank, options, report, restored, stuck, untagged, without_host};
 
     #[test]
     fn a_killed_rank_is_read_from_mpiruns_report() {
@@ -645,6 +690,21 @@ mod tests {
             b"partial from 0partial from 1"
         );
         assert_eq!(untagged(b"[1,0]<stderr>:a [b] [1,x]<stdout>: [2,3]"), b"a [b] [1,x]<stdout>: [2,3]");
+    }
+
+    #[test]
+    fn the_rank_a_watchdog_named_is_read_from_its_line() {
+        let line = "kvstore-mpi: rank 0: push #2 has waited 3 s for rank 1, which never arrived at it (rank 0 did); \
+                    a worker that is alive but stuck (or stopped) holds up the job: aborting it (KVSTORE_TIMEOUT=3)";
+        assert_eq!(stuck(line).as_deref(), Some("rank 1"));
+        let line = "kvstore-mpi: rank 0 waited 3 s for ranks 2, 3 to answer a dist_async request (KVSTORE_TIMEOUT): \
+                    ending the MPI job";
+        assert_eq!(stuck(line).as_deref(), Some("ranks 2, 3"));
+        // A stall inside a call names no rank; nor does a line of another kind.
+        let line = "kvstore-mpi: rank 1: the data of push #2 has not moved after 3 s: every worker arrived at the \
+                    call, so one stopped or is stuck inside it; aborting the job (KVSTORE_TIMEOUT=3)";
+        assert_eq!(stuck(line), None);
+        assert_eq!(stuck("kvstore-mpi: rank 0 waits for rank 1"), None);
     }
 
     #[test]
