@@ -679,8 +679,9 @@ fn kvstore_run_kills_what_a_killed_mpirun_left_and_runs_the_job_again() {
 
 /// Runs `kvstore-run` with `args` over a stand-in for `mpirun` (first in `PATH`) whose
 /// first run reports the daemon of node h2 lost, in Open MPI's words, and whose later
-/// runs write their arguments to `args` and end well. Gives the launcher's status,
-/// output and the arguments of the run after the loss, if any.
+/// runs write their arguments to `args` (and the `--hostfile` they were given to
+/// `hostfile`: its path, its mode and its folder's, its text) and end well. Gives the
+/// launcher's status, output and the arguments of the run after the loss, if any.
 fn lost_host(dir: &std::path::Path, args: &[&str]) -> (std::process::ExitStatus, String, Option<String>) {
     use std::os::unix::fs::PermissionsExt;
     let bin = dir.join("bin");
@@ -692,7 +693,10 @@ fn lost_host(dir: &std::path::Path, args: &[&str]) -> (std::process::ExitStatus,
     let report = ["ORTE has lost communication with a remote daemon.", "", "  HNP daemon   : [[1,0],0] on node h1"];
     let script = format!(
         "#!/bin/sh\nif [ ! -e '{runs}/first' ]; then\n  touch '{runs}/first'\n  printf '%s\\n' '{}' '{}' '{}' \
-         '  Remote daemon: [[1,0],1] on node h2' >&2\n  exit 1\nfi\necho \"$@\" > '{runs}/args'\n",
+         '  Remote daemon: [[1,0],1] on node h2' >&2\n  exit 1\nfi\necho \"$@\" > '{runs}/args'\n\
+         prev=\nfor a in \"$@\"; do\n  if [ \"$prev\" = --hostfile ]; then\n    \
+         {{ echo \"$a\"; stat -c %a \"$a\" \"$(dirname \"$a\")\"; cat \"$a\"; }} > '{runs}/hostfile'\n  fi\n  \
+         prev=$a\ndone\n",
         report[0],
         report[1],
         report[2],
@@ -895,6 +899,38 @@ fn a_job_that_lost_a_host_resumes_on_the_other_from_its_own_copy() {
     assert!(output.contains(&format!("restored {restored} loader at {restored} of rank 0")), "{output}");
     assert!(output.contains("rank 0: w bits "), "{output}");
     drop(hosts);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn kvstore_run_writes_the_host_file_without_a_lost_host_privately_and_removes_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = folder("private-hosts");
+    // The stand-in mpirun's folder and script, from a first use.
+    let _ = lost_host(&dir, &["--job", "first", "-H", "h1,h2", "-np", "2", "prog"]);
+    let _ = std::fs::remove_file(dir.join("runs").join("first"));
+    std::fs::write(dir.join("hosts"), "h1 slots=2\nh2 slots=2\n").expect("a host file");
+    let victim = dir.join("victim");
+    std::fs::write(&victim, "untouched\n").expect("a file");
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).expect("its mode");
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).expect("a folder");
+    // A link where a launcher of that process id once wrote the copy of its host file,
+    // made before the launcher starts (exec: the shell's id is the launcher's).
+    let sh = launched_by_shell(
+        &dir,
+        "export TMPDIR=\"$DIR/tmp\"; ln -s \"$DIR/victim\" \"$TMPDIR/kvstore-run-$$-hosts-0\"; \
+         exec \"$RUN\" --min-np 1 --job private --hostfile \"$DIR/hosts\" -np 4 prog",
+    );
+    assert!(ended(sh).success(), "the job ended well after its restart");
+    assert_eq!(std::fs::read_to_string(&victim).expect("the file"), "untouched\n", "the link was not followed");
+    let seen = std::fs::read_to_string(dir.join("runs").join("hostfile")).expect("the run after the loss");
+    let lines: Vec<&str> = seen.lines().collect();
+    assert_eq!(lines[1..], ["600", "700", "h1 slots=2"], "{seen}");
+    let copy = std::path::Path::new(lines[0]);
+    assert!(!copy.exists() && !copy.parent().expect("its folder").exists(), "removed: {seen}");
+    // Nothing else of the launcher's is left in its temporary folder: only the link.
+    assert_eq!(names_in(&tmp).len(), 1, "{:?}", names_in(&tmp));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

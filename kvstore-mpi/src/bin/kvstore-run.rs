@@ -11,7 +11,8 @@
 //!
 //! When a whole host is lost (`mpirun` says it lost communication with the daemon of
 //! node H) and `--min-np` is given, the job runs again without H: H leaves the host
-//! list (`-H`/`--host`, or a copy of `--hostfile` without it) and the number of ranks
+//! list (`-H`/`--host`, or a copy of `--hostfile` without it, in a folder of the
+//! launcher's own, 0700, removed when it ends) and the number of ranks
 //! becomes at most the slots left, never below `--min-np` (the launcher stops there).
 //! Without `--min-np` it runs again on the same hosts.
 //!
@@ -42,6 +43,7 @@
 //! removed.
 
 use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -139,11 +141,18 @@ fn lost_host(line: &str) -> Option<String> {
 
 /// `mpirun`'s arguments to run the job again without host `host`: the host leaves the
 /// host list (`-H`/`--host`/`-host`, or a copy of the `--hostfile`/`--machinefile`
-/// without its lines, written to `hostfile`) and `-np` becomes at most the slots left
-/// (1 for a host given without a count). Refused when `host` is not in the list, or
-/// when fewer than `min_np` ranks would be left.
-fn without_host(args: &[String], host: &str, min_np: u32, hostfile: &std::path::Path) -> Result<Vec<String>, String> {
+/// without its lines, which `copy` writes, giving its path) and `-np` becomes at most
+/// the slots left (1 for a host given without a count). Refused when `host` is not in
+/// the list, or when fewer than `min_np` ranks would be left.
+fn without_host(
+    args: &[String],
+    host: &str,
+    min_np: u32,
+    copy: impl FnOnce(&str) -> Result<PathBuf, String>,
+) -> Result<Vec<String>, String> {
     let mut args = args.to_vec();
+    // The host file's place in `args` and the text of its copy, written once accepted.
+    let mut hostfile = None;
     let value_of =
         |args: &[String], names: &[&str]| args.iter().position(|a| names.contains(&a.as_str())).map(|i| i + 1);
     let slots = |entry: &str| entry.split_once(':').and_then(|(_, n)| n.parse::<u32>().ok()).unwrap_or(1);
@@ -175,8 +184,7 @@ fn without_host(args: &[String], host: &str, min_np: u32, hostfile: &std::path::
                     .unwrap_or(1)
             })
             .sum();
-        std::fs::write(hostfile, kept.join("\n") + "\n").map_err(|e| format!("{}: {e}", hostfile.display()))?;
-        args[at] = hostfile.to_string_lossy().into_owned();
+        hostfile = Some((at, kept.join("\n") + "\n"));
         left
     } else {
         return Err("the job names no hosts (-H or --hostfile) to leave one out of".to_string());
@@ -193,7 +201,48 @@ fn without_host(args: &[String], host: &str, min_np: u32, hostfile: &std::path::
     if np < min_np {
         return Err(format!("{np} rank(s) would be left without host {host}, fewer than --min-np {min_np}"));
     }
+    if let Some((at, text)) = hostfile {
+        args[at] = copy(&text)?.to_string_lossy().into_owned();
+    }
     Ok(args)
+}
+
+/// A folder of the launcher's own for the copies of a host file it writes: made new by
+/// mkdtemp(3) in the temporary folder (`TMPDIR`, else `/tmp`), mode 0700; its files made
+/// new, 0600, never through a link; removed with them when the launcher ends.
+struct Private(PathBuf);
+
+impl Private {
+    fn new() -> Result<Private, String> {
+        use std::os::unix::ffi::OsStringExt;
+        let mut template = std::env::temp_dir().join("kvstore-run-XXXXXX").into_os_string().into_vec();
+        template.push(0);
+        // SAFETY: `template` is a NUL-terminated path that ends in six X's, which
+        // mkdtemp(3) replaces in place; it outlives the call.
+        let made = unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) };
+        if made.is_null() {
+            let e = std::io::Error::last_os_error();
+            return Err(format!("a folder of its own in {}: {e}", std::env::temp_dir().display()));
+        }
+        template.pop();
+        Ok(Private(std::ffi::OsString::from_vec(template).into()))
+    }
+
+    /// Writes `text` to the new file `name` of the folder: its path.
+    fn write(&self, name: &str, text: &str) -> Result<PathBuf, String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.0.join(name);
+        let mut file = std::fs::OpenOptions::new();
+        file.write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW);
+        let written = file.open(&path).and_then(|mut f| f.write_all(text.as_bytes()));
+        written.map(|()| path.clone()).map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+impl Drop for Private {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// The length of Open MPI's tag of a rank's output (`--tag-output`) that `line` starts
@@ -490,6 +539,8 @@ fn main() -> ExitCode {
         || format(&["--timestamp-output", "-timestamp-output"], "timestamp_output")
         || format(&["--xml", "-xml"], "xml_output");
     let mut last_death: Option<Instant> = None;
+    // The copies of a host file without a lost host, made when one is lost.
+    let mut private: Option<Private> = None;
     for attempt in 0..=o.max_restarts {
         let started = Instant::now();
         // (ctime is stored by the second's fraction; a second earlier is safe: only
@@ -627,8 +678,16 @@ fn main() -> ExitCode {
         }
         // Without a lost host, or without --min-np, the same hosts again.
         if let (Some(host), Some(min_np)) = (e.lost_host.clone(), o.min_np) {
-            let hostfile = std::env::temp_dir().join(format!("kvstore-run-{}-hosts-{attempt}", std::process::id()));
-            match without_host(&o.mpirun, &host, min_np, &hostfile) {
+            let copy = |text: &str| {
+                let folder = match private.take() {
+                    Some(folder) => folder,
+                    None => Private::new()?,
+                };
+                let path = folder.write(&format!("hosts-{attempt}"), text);
+                private = Some(folder);
+                path
+            };
+            match without_host(&o.mpirun, &host, min_np, copy) {
                 Ok(args) => {
                     say(format!("host {host} is lost: the job runs again without it ({})", args.join(" ")));
                     o.mpirun = args;
@@ -658,7 +717,7 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{death, lost_host, of_a_rank, options, report, restored, stuck, untagged, without_host};
+    use super::{Private, death, lost_host, of_a_rank, options, report, restored, stuck, untagged, without_host};
 
     #[test]
     fn a_killed_rank_is_read_from_mpiruns_report() {
@@ -720,24 +779,34 @@ mod tests {
 
     #[test]
     fn a_lost_host_leaves_the_host_list_and_its_slots_the_ranks() {
-        let file = std::env::temp_dir().join(format!("kvstore-run-test-{}", std::process::id()));
+        use std::os::unix::fs::PermissionsExt;
+        let private = Private::new().expect("a folder");
+        let never = |_: &str| -> Result<std::path::PathBuf, String> { panic!("no host file to copy") };
         let args = strings(&["-H", "h1:2,h2:2,h3", "-np", "5", "prog", "-H"]);
-        let after = without_host(&args, "h2", 1, &file).expect("without h2");
+        let after = without_host(&args, "h2", 1, never).expect("without h2");
         assert_eq!(after, strings(&["-H", "h1:2,h3", "-np", "3", "prog", "-H"]));
         // Not below --min-np, nor a host the job does not have.
-        assert!(without_host(&args, "h2", 4, &file).expect_err("below").contains("fewer than --min-np 4"));
-        assert!(without_host(&args, "h9", 1, &file).is_err());
-        assert!(without_host(&strings(&["-np", "2", "prog"]), "h2", 1, &file).is_err());
-        // A host file: a copy without the host's lines.
-        let hosts = std::env::temp_dir().join(format!("kvstore-run-test-hosts-{}", std::process::id()));
-        std::fs::write(&hosts, "# the job's hosts\nh1 slots=4\nh2 slots=4 # lost\nh3\n").expect("a host file");
+        assert!(without_host(&args, "h2", 4, never).expect_err("below").contains("fewer than --min-np 4"));
+        assert!(without_host(&args, "h9", 1, never).is_err());
+        assert!(without_host(&strings(&["-np", "2", "prog"]), "h2", 1, never).is_err());
+        // A host file: a copy without the host's lines, in the launcher's own folder.
+        let hosts = private.write("hosts", "# the job's hosts\nh1 slots=4\nh2 slots=4 # lost\nh3\n").expect("a file");
         let args = strings(&["--hostfile", &hosts.to_string_lossy(), "-np", "9", "prog"]);
-        let after = without_host(&args, "h2", 2, &file).expect("without h2");
-        assert_eq!(after[1], file.to_string_lossy());
+        assert!(without_host(&args, "h2", 6, never).is_err(), "nothing written below --min-np");
+        let after = without_host(&args, "h2", 2, |text| private.write("hosts-0", text)).expect("without h2");
+        let copy = std::path::Path::new(&after[1]);
         assert_eq!(after[3], "5");
-        assert_eq!(std::fs::read_to_string(&file).expect("the copy"), "# the job's hosts\nh1 slots=4\nh3\n");
-        let _ = std::fs::remove_file(&file);
-        let _ = std::fs::remove_file(&hosts);
+        assert_eq!(std::fs::read_to_string(copy).expect("the copy"), "# the job's hosts\nh1 slots=4\nh3\n");
+        let mode = |p: &std::path::Path| std::fs::metadata(p).expect("its mode").permissions().mode() & 0o777;
+        assert_eq!((mode(copy), mode(&private.0)), (0o600, 0o700));
+        // Never over a file, nor through a link.
+        assert!(private.write("hosts-0", "again").is_err());
+        std::os::unix::fs::symlink(&hosts, private.0.join("link")).expect("a link");
+        assert!(private.write("link", "through").is_err());
+        assert!(std::fs::read_to_string(&hosts).expect("the file").starts_with("# the job's hosts"));
+        let folder = private.0.clone();
+        drop(private);
+        assert!(!folder.exists(), "removed with its files");
     }
 
     #[test]
