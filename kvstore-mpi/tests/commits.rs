@@ -1023,6 +1023,34 @@ fn kvstore_run_reads_only_mpiruns_own_reports_not_the_programs_output() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn kvstore_run_says_its_commits_are_kept_only_when_there_are_some() {
+    let dir = folder("kept-or-not");
+    // A job that failed before any commit.
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"));
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("KVSTORE_COMMIT_DIR", &dir);
+    cmd.env("OMPI_MCA_btl_vader_backing_directory", segments(&dir));
+    cmd.args(["--job", "none", "--oversubscribe", "--bind-to", "none", "-np", "1", "false"]);
+    let job = jobs::run(cmd, Duration::from_secs(60));
+    assert_eq!(job.code, Some(1), "{}", job.shown());
+    assert!(job.output.contains("kvstore-run: the job failed by itself"), "{}", job.shown());
+    assert!(job.output.contains("no commit of the job is on this host"), "{}", job.shown());
+    assert!(!job.output.contains("kept"), "{}", job.shown());
+    // A lost host, and too few ranks left without it: nothing was committed either.
+    let job = ["--job", "lost", "--min-np", "3", "-H", "h1:2,h2:2", "-np", "4", "prog"];
+    let (status, said, _) = lost_host(&dir, &job);
+    assert!(!status.success(), "{said}");
+    assert!(said.contains("no commit of the job is on this host"), "{said}");
+    assert!(!said.contains("kept"), "{said}");
+    // A job that committed step 0, then failed: its commits are kept, and it says which.
+    let job = launch(&dir, 2, &["3", "fail"]);
+    assert_ne!(job.code, Some(0), "{}", job.shown());
+    assert!(job.output.contains("the job failed by itself"), "{}", job.shown());
+    let kept = "its commits are kept (the newest on this host: step 0): run it again with KVSTORE_JOB=launched";
+    assert!(job.output.contains(kept), "{}", job.shown());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[path = "support/random.rs"]
 mod random;
 use random::Random;

@@ -22,7 +22,8 @@
 //! an error, on every rank or on some, no rank killed or stuck) is not run again: the
 //! launcher says so and exits with the job's status. When the job ends well, its
 //! commits are removed; when it fails for good, they are kept, and the launcher says how
-//! to resume it by hand.
+//! to resume it by hand when its host holds one (the newest's step), or that it holds
+//! none.
 //!
 //! What failed is read from `mpirun`'s own reports only, never from the ranks' output,
 //! which may say anything: `mpirun` runs with `--tag-output`, so that every line a rank
@@ -385,6 +386,27 @@ fn follow(from: impl std::io::Read, mut to: impl Write, ended: Arc<Mutex<Ended>>
     }
 }
 
+/// The step of the newest commit of job `job` on this host: the newest mark
+/// `step-S.done` in one of its stores' folders (kvstore-core's `kvstore/commit.rs`).
+fn newest_commit(job: &str) -> Option<u64> {
+    let stores = std::fs::read_dir(kvstore_core::job_folder(job).ok()?).ok()?;
+    let stores = stores.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir()));
+    let names = stores.filter_map(|e| std::fs::read_dir(e.path()).ok()).flatten().flatten().map(|f| f.file_name());
+    names.filter_map(|n| n.to_str()?.strip_prefix("step-")?.strip_suffix(".done")?.parse().ok()).max()
+}
+
+/// What is left of job `job` to resume when it is not run again: its commits kept on
+/// this host, or none there.
+fn kept(job: &str) -> String {
+    match newest_commit(job) {
+        Some(step) => format!(
+            "its commits are kept (the newest on this host: step {step}): run it again with KVSTORE_JOB={job} to \
+             resume"
+        ),
+        None => format!("no commit of the job is on this host (KVSTORE_JOB={job})"),
+    }
+}
+
 /// The process id of the running `mpirun` (0 between runs), for [`pass_on`].
 static MPIRUN: AtomicI32 = AtomicI32::new(0);
 /// The signal that asked the launcher to stop (0: none).
@@ -552,7 +574,7 @@ fn main() -> ExitCode {
         }
         // A stop asked for between two runs: no next run.
         if STOPPED_BY.load(Ordering::SeqCst) != 0 {
-            say(format!("stopped: the job is not run again; its commits are kept (KVSTORE_JOB={})", o.job));
+            say(format!("stopped: the job is not run again; {}", kept(&o.job)));
             return ExitCode::from((128 + STOPPED_BY.load(Ordering::SeqCst)).clamp(1, 255) as u8);
         }
         let before = children();
@@ -631,11 +653,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         if let signal @ 1.. = STOPPED_BY.load(Ordering::SeqCst) {
-            say(format!(
-                "stopped by signal {signal}: the job is not run again; its commits are kept for a run by hand \
-                 with KVSTORE_JOB={}",
-                o.job
-            ));
+            say(format!("stopped by signal {signal}: the job is not run again; {}", kept(&o.job)));
             return ExitCode::from((128 + signal).clamp(1, 255) as u8);
         }
         let code = status.code().unwrap_or(1);
@@ -661,19 +679,15 @@ fn main() -> ExitCode {
         let Some((who, how)) = e.killed.clone() else {
             say(format!(
                 "the job failed by itself (mpirun's exit status {code}, no rank was killed or stuck): not run \
-                 again; its commits are kept for a run by hand with KVSTORE_JOB={}",
-                o.job
+                 again; {}",
+                kept(&o.job)
             ));
             return ExitCode::from(code.clamp(1, 255) as u8);
         };
         let ending = e.seen.map_or(Duration::ZERO, |seen| finished.saturating_duration_since(seen));
         last_death = e.seen;
         if attempt == o.max_restarts {
-            say(format!(
-                "{who} died ({how}) and the {} restart(s) are spent; the job's commits are kept: \
-                 run it again with KVSTORE_JOB={} to resume",
-                o.max_restarts, o.job
-            ));
+            say(format!("{who} died ({how}) and the {} restart(s) are spent; {}", o.max_restarts, kept(&o.job)));
             return ExitCode::from(code.clamp(1, 255) as u8);
         }
         // Without a lost host, or without --min-np, the same hosts again.
@@ -693,11 +707,7 @@ fn main() -> ExitCode {
                     o.mpirun = args;
                 }
                 Err(why) => {
-                    say(format!(
-                        "host {host} is lost and the job cannot run without it: {why}; its commits are kept: run it \
-                         again with KVSTORE_JOB={} to resume",
-                        o.job
-                    ));
+                    say(format!("host {host} is lost and the job cannot run without it: {why}; {}", kept(&o.job)));
                     return ExitCode::from(code.clamp(1, 255) as u8);
                 }
             }
