@@ -385,7 +385,7 @@ class KVStore(_NativeKVStore):
             )
 
     @staticmethod
-    def _cast_retry(dtypes: Dict[str, Any], make: Callable[[], Any], call: Callable[[Any], None]) -> Any:
+    def _cast_retry(dtypes: Dict[str, Any], make: Callable[[], Any], call: Callable[[Any], Any]) -> Any:
         """Runs ``call(make())`` where `make` builds the outs to pull into, each of the
         dtype in `dtypes` (str(key) to the key's dtype) or else the caller's out's. The
         store refuses an out of another dtype than its key's before any out changes: the
