@@ -4,15 +4,17 @@
 - Every code block in Rust, Python, Java or Clojure (and every project file: toml,
   xml) is run by `make test`: it is marked as a file of a project or as a program for
   scripts/readme_projects.py (which scripts/test-user-projects.sh builds and runs,
-  comparing what it prints with the document's `prints` block), or it is listed in
+  comparing what it prints with the document's `prints` block; a folder marked
+  `mpi-run` is run by scripts/test-doc-mpi.sh instead), or it is listed in
   NOT_RUN below with the reason it cannot run there. Every program has a `prints`
   block, and so has every project folder that runs, unless NO_PRINTS names it.
 - scripts/test-user-projects.sh hands every document to readme_projects.py, and
   tests/src/lib.rs doc-tests every document with Rust blocks (rustdoc compiles them
   all, and runs those not marked `ignore`).
-- Every shell block with an `mpirun` line says, in it or in the lines just before it,
-  what to add as root (`--allow-run-as-root`) and with more ranks than cores
-  (`--oversubscribe`): the two ways a pasted line fails first.
+- Every shell block with an `mpirun` or `kvstore-run` line (kvstore-run passes mpirun's
+  options on and adds neither) says, in it or in the lines just before it, what to add
+  as root (`--allow-run-as-root`) and with more ranks than cores (`--oversubscribe`):
+  the two ways a pasted line fails first.
 - The README's count of deliberate differences from MXNet is the number of items
   docs/mxnet-differences.md lists.
 - docs/python.md shows how to install the kvstore-mpi wheel, where the error of a
@@ -29,7 +31,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FENCE = re.compile(r"^```(\S*)")
-MARK = re.compile(r"^<!-- (file|run|prints|program): (\S+) -->$")
+MARK = re.compile(r"^<!-- (file|run|mpi-run|prints|program): (\S+) -->$")
 # The languages whose blocks are programs or project files a user pastes.
 CODE = {"rust", "python", "java", "clojure", "toml", "xml"}
 
@@ -95,8 +97,8 @@ def check_blocks(problems):
         for line, lang, kind, mark, body, before in blocks(doc):
             where = f"{name}:{line}"
             first = next((b.strip() for b in body if b.strip()), "")
-            if kind in ("run", "prints"):
-                (runs if kind == "run" else prints).add(mark)
+            if kind in ("run", "mpi-run", "prints"):
+                (prints if kind == "prints" else runs).add(mark)
             if kind == "program":
                 programs.append((where, mark))
             if lang in CODE and kind not in ("file", "program"):
@@ -104,11 +106,12 @@ def check_blocks(problems):
                     problems.append(f"{where}: a {lang} block that make test does not run: mark it "
                                     f"<!-- file: ... --> or <!-- program: ... --> (scripts/readme_projects.py), "
                                     f"or list it in NOT_RUN in scripts/check_docs.py with the reason")
-            if lang in ("sh", "bash", "") and any(re.search(r"(^|\s)mpirun\s", b) for b in body):
+            if lang in ("sh", "bash", "") and any(re.search(r"(^|\s|/)(mpirun|kvstore-run)\s", b) for b in body):
                 near = "\n".join(before + body)
                 for flag in ("--allow-run-as-root", "--oversubscribe"):
                     if flag not in near:
-                        problems.append(f"{where}: an mpirun line with no word of {flag} in it or just before it")
+                        problems.append(f"{where}: an mpirun or kvstore-run line with no word of {flag} in it "
+                                        f"or just before it")
         for where, mark in programs:
             if mark not in prints:
                 problems.append(f"{where}: the program {mark} has no <!-- prints: {mark} --> block")

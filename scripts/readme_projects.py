@@ -8,6 +8,10 @@ line before a fenced code block:
 
     <!-- file: lein/project.clj -->     the block is the file lein/project.clj
     <!-- run: lein -->                  the block is shell commands, run in the folder lein
+    <!-- mpi-run: resume-java -->       the same, for a folder that needs the MPI builds
+                                        (target/kvstore-mpi.jar, the kvstore-mpi wheel,
+                                        kvstore-run): run by the mpi group of make test
+                                        (scripts/test-doc-mpi.sh), not with the others
     <!-- prints: lein -->               each line of the block must be printed by the
                                         run block(s) of lein before it (a check)
     <!-- program: rs-guide -->          the block (```rust, ```python, ```java or
@@ -21,19 +25,20 @@ on kvstore (the README's Rust quickstart's); Python runs with the venv of the
 README's Python quickstart (its folder `python`, made before); Java is compiled and run
 against target/kvstore.jar, Clojure run with it, as the README's quickstarts do.
 
-Usage: readme_projects.py OUT_DIR ROOT DOCUMENT.md...
+Usage: readme_projects.py [--mpi] OUT_DIR ROOT DOCUMENT.md...
 Writes every file under OUT_DIR (with /path/to/kvstore replaced by ROOT, the clone the
 documents speak of), and OUT_DIR/steps.tsv: one line per run or prints block, in the
 order of the documents and of their blocks, as `run<TAB>DIR<TAB>SCRIPT_FILE` or
 `prints<TAB>DIR<TAB>LINES_FILE`. A prints block checks the output of the last run
-block of its folder.
+block of its folder. The folders written are those without an mpi-run block; with --mpi,
+those with one (their run blocks all count as mpi-run).
 """
 
 import pathlib
 import re
 import sys
 
-MARK = re.compile(r"^<!-- (file|run|prints|program): (\S+) -->$")
+MARK = re.compile(r"^<!-- (file|run|mpi-run|prints|program): (\S+) -->$")
 CLONE = "/path/to/kvstore"
 JAR = f"{CLONE}/target/kvstore.jar"
 CLOJURE_CP = f"{JAR}:/usr/share/java/clojure.jar:/usr/share/java/spec.alpha.jar:/usr/share/java/core.specs.alpha.jar"
@@ -90,15 +95,24 @@ def blocks(lines):
 
 
 def main():
-    if len(sys.argv) < 4:
+    args = sys.argv[1:]
+    mpi = args[:1] == ["--mpi"]
+    args = args[1:] if mpi else args
+    if len(args) < 3:
         sys.exit(__doc__)
-    out, root, documents = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    out, root, documents = pathlib.Path(args[0]), args[1], args[2:]
+    texts = [pathlib.Path(document).read_text(encoding="utf-8").splitlines() for document in documents]
+    # The folders that need the MPI builds: each of their steps is the mpi group's.
+    mpi_folders = {name for lines in texts for kind, name, _, _ in blocks(lines) if kind == "mpi-run"}
     steps = []
     n = 0
-    for document in documents:
-        lines = pathlib.Path(document).read_text(encoding="utf-8").splitlines()
+    for document, lines in zip(documents, texts):
         for kind, name, language, text in blocks(lines):
             n += 1
+            folder = pathlib.PurePosixPath(name).parts[0] if kind == "file" else name
+            if (folder in mpi_folders) != mpi:
+                continue
+            kind = "run" if kind == "mpi-run" else kind
             text = text.replace(CLONE, root)
             if ".." in pathlib.PurePosixPath(name).parts or name.startswith("/"):
                 sys.exit(f"readme_projects.py: {document}: {kind} {name}: not a relative path")

@@ -19,6 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/suite.sh
+source scripts/doc-steps.sh
 suite_init user-projects
 rm -f "$logs"/user-projects-*.log "$logs"/user-projects-*.log.last
 
@@ -56,42 +57,7 @@ for toml in "$projects"/*/Cargo.toml; do
     [ -f "$toml" ] && cp Cargo.lock "$(dirname "$toml")/Cargo.lock"
 done
 
-n=0
-while IFS=$'\t' read -r kind dir file; do
-    n=$((n + 1))
-    log=$logs/user-projects-$dir.log
-    [ "$dir" = . ] && log=$logs/user-projects-install.log
-    case $kind in
-    run)
-        echo "== $(head -n 1 "$file")" >>"$log"
-        # The folder's last run alone is what its next prints block checks.
-        rc=0
-        (cd "$projects/$dir" && timeout -k 10 900 bash -euo pipefail "$file") </dev/null >"$log.last" 2>&1 || rc=$?
-        cat "$log.last" >>"$log"
-        if [ "$rc" -eq 0 ]; then
-            pass "$dir: $(grep -v '^#' "$file" | head -n 1 | cut -c1-60)"
-        else
-            fail "$dir: $(grep -v '^#' "$file" | head -n 1 | cut -c1-60)" "$log"
-        fi
-        ;;
-    prints)
-        missing_line=
-        # What a terminal shows: without colour escapes (Maven prints some even with -B).
-        sed 's/\x1b\[[0-9;]*m//g' "$log.last" >"$log.plain" 2>/dev/null
-        while IFS= read -r want; do
-            [ -z "$want" ] && continue
-            grep -qxF -- "$want" "$log.plain" || { missing_line=$want; break; }
-        done <"$file"
-        rm -f "$log.plain"
-        if [ -z "$missing_line" ]; then
-            pass "$dir prints what the document shows"
-        else
-            echo "    not printed: $missing_line" >>"$log"
-            fail "$dir prints what the document shows (missing: $missing_line)" "$log"
-        fi
-        ;;
-    esac
-done <"$projects/steps.tsv"
+run_doc_steps "$projects" user-projects
 
 # `lein repl :headless`, offline, as an editor would use it: an nREPL client evaluates
 # a form that uses kvstore in the project's REPL.

@@ -133,6 +133,10 @@ if wants mpi; then
     suite mpi bash scripts/test-mpi.sh
     # Python under mpirun: the kvstore-mpi wheel (make python FEATURES=mpi), 2-rank jobs.
     suite python-mpi bash scripts/test-python-mpi.sh
+    # The guides' programs that need those MPI builds (docs/recovery.md's training loop in
+    # five programs, each under kvstore-run with a rank killed), as the projects group
+    # runs the others.
+    suite doc-mpi bash scripts/test-doc-mpi.sh
     # Chaos, a bounded slice (6 runs; `make chaos` runs 100): a 4-rank training job that
     # checkpoints, with a random rank killed or stopped; it must end, its checkpoints
     # load and a job resumed from the latest trains on.

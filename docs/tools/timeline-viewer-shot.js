@@ -3,7 +3,8 @@
 // zoomed in and a `ranks` bar selected. The clicks are at the positions of Chromium
 // 156's DevTools in a 1600 x 900 window.
 //
-// The trace: a 3-rank job with rank 2 slow (kvstore-mpi's test fixture), e.g.
+// The trace: a 3-rank job with rank 2 slow (kvstore-mpi's test fixture), e.g. (as root
+// add --allow-run-as-root; on fewer than 3 cores, --oversubscribe)
 //   KVSTORE_TIMELINE=$PWD/trace.json mpirun -np 3 -x KVSTORE_TIMELINE \
 //       target/debug/fixture_slow_rank 2
 // Then, with Debian's chromium and `npm install playwright-core@1`:

@@ -39,6 +39,8 @@ pub mod guides {
     pub struct Compression;
     #[doc = include_str!("../../docs/row-sparse.md")]
     pub struct RowSparse;
+    #[doc = include_str!("../../docs/recovery.md")]
+    pub struct Recovery;
 }
 
 pub mod async_cases;
