@@ -12,6 +12,7 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
@@ -172,6 +173,11 @@ class AsyncTest {
             KVStoreException s = assertInstanceOf(KVStoreException.class, shape.getCause());
             assertEquals(KVStoreException.Code.SHAPE_MISMATCH, s.code());
             assertEquals("w", s.key());
+            // join() wraps it as every CompletableFuture does (docs/nonblocking.md).
+            CompletionException joined = assertThrows(CompletionException.class,
+                    () -> kv.async().push("w", wrong).join());
+            KVStoreException j = assertInstanceOf(KVStoreException.class, joined.getCause());
+            assertEquals(KVStoreException.Code.SHAPE_MISMATCH, j.code());
             // Nothing changed.
             try (NDArray w = kv.pull("w")) {
                 assertArrayEquals(filled(2), w.toFloatArray());
