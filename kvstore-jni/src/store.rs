@@ -602,7 +602,7 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nStats<'l>(
         }
         out.push(long(s.ranks.len() as u64));
         for r in &s.ranks {
-            out.extend([long(r.last), (r.mean_lateness_s * 1e9) as i64]);
+            out.extend([(r.held_up_s * 1e9) as i64, long(r.last), (r.mean_lateness_s * 1e9) as i64]);
         }
         let array = env.new_long_array(out.len())?;
         array.set_region(env, 0, &out)?;

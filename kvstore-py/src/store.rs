@@ -487,8 +487,9 @@ impl PyStore {
     /// ``bytes_pushed``, ``bytes_pulled``, ``wire_bytes_sent``,
     /// ``wire_bytes_received``, ``phases`` (seconds in ``queued``, ``sum``, ``wire``,
     /// ``update``, ``copy``, ``ranks``), ``collectives`` and, under ``dist_sync``,
-    /// ``ranks``: per worker ``{"rank", "last", "mean_lateness_s"}`` (at how many
-    /// collectives it arrived last, more than 1 ms after the median of the others, and
+    /// ``ranks``: per worker ``{"rank", "held_up_s", "last", "mean_lateness_s"}`` (how
+    /// long it held the others up in all, what names the slowest worker; at how many
+    /// collectives it arrived last, more than 1 ms after the median of the others; and
     /// its mean lateness).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
         use pyo3::types::PyDict;
@@ -519,6 +520,7 @@ impl PyStore {
             .map(|r| {
                 let one = PyDict::new(py);
                 one.set_item("rank", r.rank)?;
+                one.set_item("held_up_s", r.held_up_s)?;
                 one.set_item("last", r.last)?;
                 one.set_item("mean_lateness_s", r.mean_lateness_s)?;
                 Ok(one)

@@ -2,6 +2,7 @@
 build (scripts/test-python-mpi.sh runs this file with it, and KVSTORE_REQUIRE_MPI=1,
 under which a build without MPI fails here instead of skipping)."""
 
+import ast
 import json
 import os
 import pathlib
@@ -257,6 +258,11 @@ def test_the_timeline_names_the_slow_rank(tmp_path, slow):
     # (mpirun may join the ranks' lines: each rank's list is found by its brackets.)
     lasts = re.findall(r"last (\[[^\]]*\])", done.stdout)
     assert len(lasts) == 3 and len(set(lasts)) == 1, done.stdout
+    # Each rank's stats give each rank's time holding the others up (`held_up_s`, here in
+    # whole milliseconds): the slow rank's is about the summary's, from the trace.
+    helds = re.findall(r"held (\[[^\]]*\])", done.stdout)
+    assert len(helds) == 3 and len(set(helds)) == 1, done.stdout
+    assert abs(ast.literal_eval(helds[0])[int(slow)] - held) <= max(5.0, 0.1 * held), (helds, held)
 
 
 # A job that commits every step, its store of kind argv[2]; rank 1 kills itself (SIGKILL)

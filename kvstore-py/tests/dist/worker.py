@@ -249,7 +249,8 @@ def slow(path: str, slow_rank: str) -> None:
         store.push(keys, values)
     written = store.stop_timeline()
     stats = store.stats()
-    print(f"rank {rank}: wrote {written}; last {[r['last'] for r in stats['ranks']]}", flush=True)
+    held = [round(r["held_up_s"] * 1e3) for r in stats["ranks"]]
+    print(f"rank {rank}: wrote {written}; last {[r['last'] for r in stats['ranks']]} held {held}", flush=True)
 
 
 if __name__ == "__main__":

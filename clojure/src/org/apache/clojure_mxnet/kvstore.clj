@@ -783,9 +783,10 @@
   `:bytes-pulled`, `:wire-bytes-sent`, `:wire-bytes-received`, `:phases`
   (seconds in each phase: `\"queued\"`, `\"sum\"`, `\"wire\"`, `\"update\"`,
   `\"copy\"`, `\"ranks\"`), `:collectives` and, under dist_sync, `:ranks`
-  (per worker `{:rank r :last n :mean-lateness-s x}`: at how many collectives
-  it arrived last, more than 1 ms after the median of the others, and its mean
-  lateness)."
+  (per worker `{:rank r :held-up-s t :last n :mean-lateness-s x}`: how long it
+  held the others up in all, what names the slowest worker; at how many
+  collectives it arrived last, more than 1 ms after the median of the others;
+  and its mean lateness)."
   [^KVStore kvstore]
   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (util/with-kvstore-errors :stats
@@ -799,7 +800,8 @@
        :phases (into {} (.phaseSeconds s))
        :collectives (.collectives s)
        :ranks (mapv (fn [^io.github.kvstore.Stats$Rank r]
-                      {:rank (.rank r) :last (.last r) :mean-lateness-s (.meanLatenessSeconds r)})
+                      {:rank (.rank r) :held-up-s (.heldUpSeconds r) :last (.last r)
+                       :mean-lateness-s (.meanLatenessSeconds r)})
                     (.ranks s))})))
 
 (defn reset-stats

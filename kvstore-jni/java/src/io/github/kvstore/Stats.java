@@ -41,12 +41,15 @@ public record Stats(
      * One worker's arrivals at the collectives of a {@code dist_sync} store.
      *
      * @param rank the worker's rank
+     * @param heldUpSeconds how long it held the others up, in all: at each collective where
+     *     it arrived last, its arrival minus the next-latest one (what names the slowest
+     *     worker)
      * @param last at how many collectives it arrived last, more than 1 ms after the median of
      *     the others
      * @param meanLatenessSeconds its mean lateness: its arrival minus the median of the
      *     others' (negative when early)
      */
-    public record Rank(int rank, long last, double meanLatenessSeconds) {}
+    public record Rank(int rank, double heldUpSeconds, long last, double meanLatenessSeconds) {}
 
     /** The kinds of call, in the order of {@code nStats}' longs (NATIVES.md). */
     static final String[] KINDS = {
@@ -74,8 +77,8 @@ public record Stats(
         }
         int n = (int) raw[at++];
         List<Rank> ranks = new ArrayList<>(n);
-        for (int r = 0; r < n; r++, at += 2) {
-            ranks.add(new Rank(r, raw[at], raw[at + 1] / 1e9));
+        for (int r = 0; r < n; r++, at += 3) {
+            ranks.add(new Rank(r, raw[at] / 1e9, raw[at + 1], raw[at + 2] / 1e9));
         }
         return new Stats(
                 Collections.unmodifiableMap(calls),
