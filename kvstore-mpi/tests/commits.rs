@@ -1009,16 +1009,17 @@ fn kvstore_run_reads_only_mpiruns_own_reports_not_the_programs_output() {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"));
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("KVSTORE_COMMIT_DIR", &dir);
     cmd.env("OMPI_MCA_btl_vader_backing_directory", segments(&dir));
-    cmd.args(["--max-restarts", "2", "--job", "lookalike", "--oversubscribe", "--bind-to", "none", "-np", "2"]);
+    cmd.args(["--max-restarts", "2", "--job", "lookalike", "--oversubscribe", "--bind-to", "none", "-np", "1"]);
     cmd.arg(&program);
     let job = jobs::run(cmd, Duration::from_secs(60));
     assert_eq!(job.code, Some(1), "{}", job.shown());
     assert!(job.output.contains("kvstore-run: the job failed by itself"), "{}", job.shown());
     assert!(!job.output.contains(" died ("), "no death: {}", job.shown());
     assert!(!job.output.contains("restart 1 of"), "not run again: {}", job.shown());
-    // The program's lines are passed on as it wrote them, twice each (stdout, stderr) a rank.
+    // The program's lines are passed on as it wrote them, twice each (stdout, stderr). (One
+    // rank: of two, mpirun may end the second before it printed, once the first failed.)
     for line in lines {
-        assert_eq!(job.output.lines().filter(|l| *l == line).count(), 4, "{line}: {}", job.shown());
+        assert_eq!(job.output.lines().filter(|l| *l == line).count(), 2, "{line}: {}", job.shown());
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
