@@ -154,9 +154,52 @@ print("ok")
     assert two_runs(tmp_path, first, second) == "ok\n"
 
 
+def test_optimizer_mode_refuses_a_stores_own_commit_for_a_module_with_buffers(tmp_path):
+    """A commit of store.commit holds the weights, not a BatchNorm's running statistics:
+    resumed from it, the job would go on with them at their start, silently."""
+    first = """
+store = kv.create("local")
+dp = kvt.DataParallel(model(), store, mode="optimizer", optimizer=kv.optimizer.SGD(learning_rate=0.1))
+train_one_step(dp, None)
+store.commit(0, b"own")
+"""
+    second = """
+try:
+    kvt.DataParallel(model(), kv.create("local"), mode="optimizer", optimizer=kv.optimizer.SGD(learning_rate=0.1))
+    raise AssertionError("resumed without the module's buffers")
+except kv.InvalidArgumentError as e:
+    assert "not the module's buffers" in str(e) and "running_mean" in str(e), e
+print("ok")
+"""
+    assert two_runs(tmp_path, first, second) == "ok\n"
+
+
+def test_a_damaged_torch_state_in_a_commit_is_an_invalid_argument(tmp_path):
+    first = """
+store = kv.create("local")
+dp = kvt.DataParallel(model(), store)
+train_one_step(dp, None)
+header = b"kvstore.torch state 1\\n"
+store.commit(0, header + (5).to_bytes(8, "little") + b"own" + b"not a torch file")
+"""
+    second = """
+try:
+    kvt.DataParallel(model(), kv.create("local"))
+    raise AssertionError("a damaged state was loaded")
+except kv.InvalidArgumentError as e:
+    assert "not DataParallel.commit's" in str(e), e
+print("ok")
+"""
+    assert two_runs(tmp_path, first, second) == "ok\n"
+
+
 def test_optimizer_mode_adopts_the_keys_of_a_stores_own_commit(tmp_path):
     saved = tmp_path / "weights.pt"
     first = f"""
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))  # no buffers
+
 m = model()
 store = kv.create("local")
 dp = kvt.DataParallel(m, store, mode="optimizer", optimizer=kv.optimizer.SGD(learning_rate=0.1))
@@ -165,6 +208,10 @@ store.commit(0, b"own")
 torch.save(list(m.parameters()), {str(saved)!r})
 """
     second = f"""
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+
 m = model()
 dp = kvt.DataParallel(m, kv.create("local"), mode="optimizer", optimizer=kv.optimizer.SGD(learning_rate=0.1))
 assert all(torch.equal(p, w) for p, w in zip(m.parameters(), torch.load({str(saved)!r})))

@@ -124,9 +124,19 @@ def _unpack(blob: bytes) -> Optional[Tuple[bytes, Dict[str, Any]]]:
     if not blob.startswith(_STATE_HEADER) or len(blob) < start:
         return None
     (n,) = struct.unpack("<Q", blob[len(_STATE_HEADER) : start])
+    if n > len(blob) - start:
+        raise _kv.InvalidArgumentError(
+            f"the commit's extra is not DataParallel.commit's: it says the program's bytes are {n}, "
+            f"and holds {len(blob) - start}"
+        )
     # The job's own bytes, from a folder of the job's user alone (torch 1.13's
     # weights_only loader refuses floats, which optimizer states hold).
-    state = _torch.load(io.BytesIO(blob[start + n :]), weights_only=False)
+    try:
+        state = _torch.load(io.BytesIO(blob[start + n :]), weights_only=False)
+    except Exception as e:
+        raise _kv.InvalidArgumentError(f"the commit's extra is not DataParallel.commit's: its torch state: {e}") from e
+    if not isinstance(state, dict) or not {"module", "optimizer"} <= set(state):
+        raise _kv.InvalidArgumentError("the commit's extra is not DataParallel.commit's: no module and optimizer state")
     return blob[start : start + n], state
 
 
@@ -212,6 +222,16 @@ class DataParallel:
                 self._state = unpacked[1]
             held = {str(k) for k in store.keys()}
         fresh = [i for i, k in enumerate(self._keys) if k not in held]
+        # A commit of store.commit holds the keys alone: in "optimizer" mode the weights,
+        # enough for a module without buffers (a BatchNorm's running statistics live in
+        # torch, and would start again).
+        buffers = [name for name, _ in self.module.named_buffers()]
+        if self.mode == "optimizer" and len(fresh) < len(self._keys) and self._state is None and buffers:
+            raise _kv.InvalidArgumentError(
+                f'mode="optimizer": this store resumed a commit{self._of_step()} that DataParallel.commit did '
+                f"not make: it holds the weights, not the module's buffers ({', '.join(buffers[:3])}"
+                f"{', ...' if len(buffers) > 3 else ''}). Commit with dp.commit(step, extra), or start the job afresh"
+            )
         if self.mode == "sum" and len(fresh) < len(self._keys) and self._state is None:
             raise _kv.InvalidArgumentError(
                 f'mode="sum": this store resumed a commit{self._of_step()} that DataParallel.commit did '
