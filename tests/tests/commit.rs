@@ -102,6 +102,20 @@ fn a_resumed_program_that_sets_another_optimizer_is_refused_and_keeps_the_restor
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A resumed program that pushes with the restored optimizer (it sets none at its
+/// start) has taken it on: a later set_optimizer is its own change, accepted.
+#[test]
+fn a_resumed_program_may_change_its_optimizer_after_pushing_with_the_restored_one() {
+    let dir = folder("later");
+    let died = run_setting(&dir, "died", "later", &["6", "die", "2"]);
+    assert_eq!(died.status.code(), Some(3), "{died:?}");
+    let resumed = run_setting(&dir, "died", "later", &["6"]);
+    assert!(resumed.status.success(), "{resumed:?}");
+    let out = stdout(&resumed);
+    assert!(out.lines().any(|l| l == "accepted another optimizer"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_commit_written_over_an_older_ones_file_restores_the_same_bits() {
     let dir = folder("spare");

@@ -576,9 +576,10 @@ impl KVStore {
     /// the same time is wholly of the old optimizer or wholly of the new one.
     ///
     /// On a store that resumed a commit ([`KVStore::restored`]) with an optimizer, the
-    /// first call keeps that optimizer and its state when it sets the same optimizer
-    /// with the same settings (a resumed program sets it as it did at its start), and
-    /// is refused for another one; later calls act as above.
+    /// first call before any push keeps that optimizer and its state when it sets the
+    /// same optimizer with the same settings (a resumed program sets it as it did at its
+    /// start), and is refused for another one; later calls, and calls after the
+    /// restored optimizer updated a key, act as above.
     ///
     /// ```
     /// use kvstore_core::{KVStore, NDArray, Optimizer};

@@ -520,9 +520,10 @@ pub(crate) struct Runtime {
     identity: String,
     /// `num_update`, the schedule's state and the rule's global values, together.
     global: parking_lot::Mutex<Global>,
-    /// Restored from a commit and not yet set again by the resumed program: its first
-    /// `set_optimizer` of the same optimizer keeps this one, state and all
-    /// ([`crate::KVStore::set_optimizer`]).
+    /// Restored from a commit and neither set again nor used by the resumed program:
+    /// its first `set_optimizer` of the same optimizer keeps this one, state and all
+    /// ([`crate::KVStore::set_optimizer`]); after its first update, a `set_optimizer`
+    /// replaces it as ever.
     resumed: std::sync::atomic::AtomicBool,
 }
 
@@ -815,6 +816,12 @@ impl Runtime {
         state: &mut Option<KeyState>,
         apply: impl FnOnce(&Step, &mut [f64], &mut KeyState) -> Result<()>,
     ) -> Result<()> {
+        // A resumed program that pushes with the restored optimizer has taken it on: a
+        // later set_optimizer is a change of its own (the load first: no write to a
+        // shared line at every update).
+        if self.resumed.load(std::sync::atomic::Ordering::Relaxed) {
+            self.resumed.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         if state.is_none() {
             *state = Some(self.new_state(weight)?);
         }
