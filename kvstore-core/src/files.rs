@@ -6,7 +6,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 /// This process's user: the owner of its `/proc/self`.
@@ -46,13 +46,43 @@ pub(crate) fn open_own(path: &Path) -> io::Result<File> {
         let why = format!("it belongs to user {}, not to this process's user {me}", m.uid());
         return Err(io::Error::new(io::ErrorKind::PermissionDenied, why));
     }
+    // Another name of the same file may be in a place of another user's.
+    if m.nlink() != 1 {
+        let why = format!("it has {} names (hard links), not one", m.nlink());
+        return Err(io::Error::new(io::ErrorKind::PermissionDenied, why));
+    }
+    if m.mode() & 0o777 != 0o600 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
     Ok(file)
+}
+
+/// A name beside `path` for a file written whole before it is renamed to `path`:
+/// unique in this process (`.NAME.PID.N.writing`), made with [`create_new`].
+pub(crate) fn temp_beside(path: &Path) -> std::path::PathBuf {
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.{}.{n}.writing", std::process::id()))
+}
+
+/// Renames `temp` to `path`, unless `path` is there and not this process's user's (a
+/// link or file another user made: root could replace it even in a sticky folder).
+pub(crate) fn rename_over_own(temp: &Path, path: &Path) -> io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.uid() != uid()? => {
+            let why = format!("{} belongs to user {}, not to this process's user", path.display(), m.uid());
+            Err(io::Error::new(io::ErrorKind::PermissionDenied, why))
+        }
+        Ok(_) => std::fs::rename(temp, path),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => std::fs::rename(temp, path),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     fn folder(name: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("kvstore-files-{}-{name}", std::process::id()));
@@ -84,6 +114,25 @@ mod tests {
             std::os::unix::fs::chown(&theirs, Some(65534), None).expect("chown");
             assert_eq!(create_own(&theirs).expect_err("theirs").kind(), io::ErrorKind::PermissionDenied);
             assert_eq!(std::fs::read(&theirs).expect("theirs"), b"theirs");
+        }
+        // A second name (hard link) of a file is refused, the file kept; a file of this
+        // user's of another mode is made 0600.
+        std::fs::hard_link(&target, dir.join("second")).expect("a hard link");
+        assert_eq!(create_own(&dir.join("second")).expect_err("2 names").kind(), io::ErrorKind::PermissionDenied);
+        assert_eq!(std::fs::read(&target).expect("the file"), b"keep");
+        std::fs::set_permissions(dir.join("own"), std::fs::Permissions::from_mode(0o644)).expect("0644");
+        drop(create_own(&dir.join("own")).expect("own"));
+        assert_eq!(std::fs::metadata(dir.join("own")).expect("own").permissions().mode() & 0o777, 0o600);
+        // Renamed over: a name of this user's is replaced, another user's is not.
+        let temp = temp_beside(&dir.join("own"));
+        assert_ne!(temp, temp_beside(&dir.join("own")), "unique");
+        drop(create_new(&temp).expect("temp"));
+        rename_over_own(&temp, &dir.join("own")).expect("replaced");
+        if uid().expect("uid") == 0 {
+            drop(create_new(&temp).expect("temp"));
+            let e = rename_over_own(&temp, &dir.join("theirs")).expect_err("theirs");
+            assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+            assert_eq!(std::fs::read(dir.join("theirs")).expect("theirs"), b"theirs");
         }
         // A file of this user's is emptied; a FIFO is refused without waiting.
         std::fs::write(dir.join("own"), b"old").expect("written");

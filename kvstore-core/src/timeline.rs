@@ -773,18 +773,17 @@ pub fn write_flight(ends: bool) -> Result<PathBuf> {
         (sink.flight.iter().cloned().collect::<Vec<_>>(), sink.threads.clone())
     };
     // Written whole to a file of its own made afresh, then renamed to `path` (a name
-    // others can guess: a link or file planted there is replaced, never written through).
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let temp = path.with_file_name(format!(".{name}.{}.writing", std::process::id()));
+    // others can guess: a link there is replaced, never written through, and a file or
+    // link of another user's is left as it is, the record refused).
+    let temp = crate::files::temp_beside(&path);
     let io = |e| Error::Io { context: format!("the flight record {}", path.display()), source: e };
-    let _ = std::fs::remove_file(&temp);
     let written = crate::files::create_new(&temp).map_err(io).and_then(|file| {
         let mut out = Output::open(path.clone(), temp.clone(), file, u64::MAX, &threads)?;
         for ev in &events {
             out.event(&ev.json(rank()))?;
         }
         close(out, &format!(",\"flight_recorder\":true,\"events\":{}", events.len()))?;
-        std::fs::rename(&temp, &path).map_err(io)
+        crate::files::rename_over_own(&temp, &path).map_err(io)
     });
     if written.is_err() {
         let _ = std::fs::remove_file(&temp);
