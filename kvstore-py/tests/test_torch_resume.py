@@ -55,6 +55,10 @@ def model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
 
+def model_without_buffers():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+
 def train_one_step(dp, opt):
     x = torch.arange(12, dtype=torch.float32).reshape(4, 3)
     dp(x).sum().backward()
@@ -70,6 +74,20 @@ def two_runs(tmp_path, first, second):
         done = subprocess.run([sys.executable, "-c", PRELUDE + code], capture_output=True, text=True, timeout=120, env=env)
         assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
+
+
+def refused_on_resume(tmp_path, first, make, *says):
+    """Runs `first`, then the job's resumed run, in which `make` (a DataParallel) must
+    raise an InvalidArgumentError that says each of `says`."""
+    second = f"""
+try:
+    {make}
+    raise AssertionError("resumed, not refused")
+except kv.InvalidArgumentError as e:
+    assert all(s in str(e) for s in {list(says)!r}), e
+print("ok")
+"""
+    assert two_runs(tmp_path, first, second) == "ok\n"
 
 
 def test_commit_keeps_the_programs_extra_apart_and_resume_puts_the_torch_state_back(tmp_path):
@@ -143,15 +161,7 @@ dp = kvt.DataParallel(model(), store)
 train_one_step(dp, None)
 store.commit(0, b"")  # the store's own commit: the weights stayed in torch
 """
-    second = """
-try:
-    kvt.DataParallel(model(), kv.create("local"))
-    raise AssertionError("sum mode resumed without the weights")
-except kv.InvalidArgumentError as e:
-    assert "did not make" in str(e), e
-print("ok")
-"""
-    assert two_runs(tmp_path, first, second) == "ok\n"
+    refused_on_resume(tmp_path, first, 'kvt.DataParallel(model(), kv.create("local"))', "did not make")
 
 
 def test_optimizer_mode_refuses_a_stores_own_commit_for_a_module_with_buffers(tmp_path):
@@ -163,15 +173,9 @@ dp = kvt.DataParallel(model(), store, mode="optimizer", optimizer=kv.optimizer.S
 train_one_step(dp, None)
 store.commit(0, b"own")
 """
-    second = """
-try:
-    kvt.DataParallel(model(), kv.create("local"), mode="optimizer", optimizer=kv.optimizer.SGD(learning_rate=0.1))
-    raise AssertionError("resumed without the module's buffers")
-except kv.InvalidArgumentError as e:
-    assert "not the module's buffers" in str(e) and "running_mean" in str(e), e
-print("ok")
-"""
-    assert two_runs(tmp_path, first, second) == "ok\n"
+    sgd = "kv.optimizer.SGD(learning_rate=0.1)"
+    make = f'kvt.DataParallel(model(), kv.create("local"), mode="optimizer", optimizer={sgd})'
+    refused_on_resume(tmp_path, first, make, "not the module's buffers", "running_mean")
 
 
 def test_a_damaged_torch_state_in_a_commit_is_an_invalid_argument(tmp_path):
@@ -182,25 +186,13 @@ train_one_step(dp, None)
 header = b"kvstore.torch state 1\\n"
 store.commit(0, header + (5).to_bytes(8, "little") + b"own" + b"not a torch file")
 """
-    second = """
-try:
-    kvt.DataParallel(model(), kv.create("local"))
-    raise AssertionError("a damaged state was loaded")
-except kv.InvalidArgumentError as e:
-    assert "not DataParallel.commit's" in str(e), e
-print("ok")
-"""
-    assert two_runs(tmp_path, first, second) == "ok\n"
+    refused_on_resume(tmp_path, first, 'kvt.DataParallel(model(), kv.create("local"))', "not DataParallel.commit's")
 
 
 def test_optimizer_mode_adopts_the_keys_of_a_stores_own_commit(tmp_path):
     saved = tmp_path / "weights.pt"
     first = f"""
-def model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))  # no buffers
-
-m = model()
+m = model_without_buffers()
 store = kv.create("local")
 dp = kvt.DataParallel(m, store, mode="optimizer", optimizer=kv.optimizer.SGD(learning_rate=0.1))
 train_one_step(dp, None)
@@ -208,11 +200,7 @@ store.commit(0, b"own")
 torch.save(list(m.parameters()), {str(saved)!r})
 """
     second = f"""
-def model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
-
-m = model()
+m = model_without_buffers()
 dp = kvt.DataParallel(m, kv.create("local"), mode="optimizer", optimizer=kv.optimizer.SGD(learning_rate=0.1))
 assert all(torch.equal(p, w) for p, w in zip(m.parameters(), torch.load({str(saved)!r})))
 assert dp.resume() == kv.Restored(0, b"own")
