@@ -1025,6 +1025,30 @@ fn kvstore_run_reads_only_mpiruns_own_reports_not_the_programs_output() {
 }
 
 #[test]
+fn kvstore_run_passes_each_ranks_lines_on_whole_however_their_writes_interleave() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = folder("interleaved");
+    // Rank 0 writes the start of its line, rank 1 a whole line, then rank 0 the end of
+    // its own (a print that reaches the pipe in two writes).
+    let program = dir.join("interleaved.sh");
+    let script = "#!/bin/sh\nif [ \"$OMPI_COMM_WORLD_RANK\" = 0 ]; then printf 'rank 0 begins'; sleep 2; \
+                  printf ' and ends\\n'; printf 'no newline'; else sleep 1; echo 'rank 1 whole'; fi\n";
+    std::fs::write(&program, script).expect("the program");
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).expect("executable");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"));
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("KVSTORE_COMMIT_DIR", &dir);
+    cmd.env("OMPI_MCA_btl_vader_backing_directory", segments(&dir));
+    cmd.args(["--job", "interleaved", "--oversubscribe", "--bind-to", "none", "-np", "2"]).arg(&program);
+    let job = jobs::run(cmd, Duration::from_secs(60));
+    assert_eq!(job.code, Some(0), "{}", job.shown());
+    let lines: Vec<&str> = job.output.lines().collect();
+    for line in ["rank 0 begins and ends", "rank 1 whole", "no newline"] {
+        assert_eq!(lines.iter().filter(|l| **l == line).count(), 1, "{line}: {}", job.shown());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn kvstore_run_says_its_commits_are_kept_only_when_there_are_some() {
     let dir = folder("kept-or-not");
     // A job that failed before any commit.

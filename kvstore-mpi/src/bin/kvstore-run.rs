@@ -282,22 +282,50 @@ fn report(line: &str) -> &str {
     inner.map_or(line, |t| t.strip_suffix("&#010;").unwrap_or(t))
 }
 
-/// A rank's `line` without Open MPI's tags: the tag that starts it, and those that
-/// start a later write on the same line (its own or another rank's: `mpirun` tags every
-/// write that does not start a line), as `mpirun` would print it untagged.
-fn untagged(line: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(line.len());
-    let mut at = 0;
-    while let Some(&b) = line.get(at) {
-        match (b == b'[').then(|| tag_len(&line[at..])).flatten() {
-            Some(n) => at += n,
-            None => {
-                out.push(b);
-                at += 1;
+/// The ranks' lines, whole again: `mpirun` tags every write of a rank that does not
+/// start a line (`[1,0]<stdout>:`), so the line it prints may hold the end of one
+/// rank's line after the start of another's (rank 0 wrote `a`, rank 1 `b\n`, rank 0
+/// `\n`: `[1,0]<stdout>:a[1,1]<stdout>:b` and `[1,0]<stdout>:`). Each tag's text is held
+/// until the newline that ends it, so every rank's line comes out whole, untagged, as
+/// the rank wrote it.
+#[derive(Default)]
+struct Lines(Vec<(Vec<u8>, Vec<u8>)>);
+
+impl Lines {
+    /// Takes a line of `mpirun`'s that starts with a rank's tag: holds each tag's text,
+    /// and gives back the line that the last tag's text (the one the newline ends) makes
+    /// whole.
+    fn take(&mut self, line: &[u8]) -> Vec<u8> {
+        let mut at = 0;
+        let mut open: Option<usize> = None;
+        while let Some(&b) = line.get(at) {
+            match (b == b'[').then(|| tag_len(&line[at..])).flatten() {
+                Some(n) => {
+                    let tag = &line[at..at + n];
+                    open = Some(self.0.iter().position(|(t, _)| t == tag).unwrap_or_else(|| {
+                        self.0.push((tag.to_vec(), Vec::new()));
+                        self.0.len() - 1
+                    }));
+                    at += n;
+                }
+                None => {
+                    let i = *open.get_or_insert_with(|| {
+                        self.0.push((Vec::new(), Vec::new()));
+                        self.0.len() - 1
+                    });
+                    self.0[i].1.push(b);
+                    at += 1;
+                }
             }
         }
+        open.map(|i| self.0.remove(i).1).unwrap_or_default()
     }
-    out
+
+    /// The lines whose newline never came (a rank that ended in the middle of one), in
+    /// the order they began.
+    fn rest(self) -> impl Iterator<Item = Vec<u8>> {
+        self.0.into_iter().map(|(_, text)| text).filter(|t| !t.is_empty())
+    }
 }
 
 /// Reads the store's watchdog's line on a rank (kvstore-mpi's `group.rs`, `remote.rs`),
@@ -344,45 +372,57 @@ fn death(line: &str) -> Option<(String, String)> {
 
 /// Copies `from` to `to` line by line (bytes as they come: output need not be UTF-8),
 /// noting a rank's death that `mpirun` reported in `ended`; a rank's lines lose their
-/// tags unless `tagged` (the user asked for a format of `mpirun`'s).
+/// tags, whole again ([`Lines`]), unless `tagged` (the user asked for a format of
+/// `mpirun`'s).
 fn follow(from: impl std::io::Read, mut to: impl Write, ended: Arc<Mutex<Ended>>, tagged: bool) {
+    let mut held = Lines::default();
     for line in BufReader::new(from).split(b'\n').map_while(Result::ok) {
         let rank = of_a_rank(&line);
-        let line = if rank && !tagged { untagged(&line) } else { line };
-        let text = String::from_utf8_lossy(&line);
-        let mut e = ended.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !rank {
-            let text = report(&text);
-            if let Some(d) = death(text)
-                && e.killed.is_none()
-            {
-                e.killed = Some(d);
-                e.seen = Some(Instant::now());
-            }
-            if let Some(host) = lost_host(text)
-                && e.lost_host.is_none()
-            {
-                e.lost_host = Some(host);
-                e.seen.get_or_insert_with(Instant::now);
-            }
-        } else if e.stuck.is_none() {
-            e.stuck = stuck(&text);
-            e.seen = e.stuck.as_ref().map(|_| Instant::now()).or(e.seen);
-        }
-        let _ = to.write_all(&line).and_then(|()| to.write_all(b"\n"));
-        if let Some((step, ms)) = restored(&text)
-            && let Some((seen, relaunched)) = e.restart.take()
+        let line = if rank && !tagged { held.take(&line) } else { line };
+        pass(&line, rank, &mut to, &ended);
+    }
+    for line in held.rest() {
+        pass(&line, true, &mut to, &ended);
+    }
+}
+
+/// Passes `line` on to `to` (a rank's when `rank`, else `mpirun`'s), noting in `ended`
+/// what it says of the run: a death or a lost host `mpirun` reported, a rank the
+/// watchdog named, a restore after a restart.
+fn pass(line: &[u8], rank: bool, to: &mut impl Write, ended: &Mutex<Ended>) {
+    let text = String::from_utf8_lossy(line);
+    let mut e = ended.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !rank {
+        let text = report(&text);
+        if let Some(d) = death(text)
+            && e.killed.is_none()
         {
-            let now = Instant::now();
-            let restore = ms / 1e3;
-            let _ = writeln!(
-                std::io::stderr(),
-                "kvstore-run: resumed from the commit of step {step} {:.2} s after the death was reported \
-                 (relaunch {:.2} s, restore {restore:.2} s)",
-                now.saturating_duration_since(seen).as_secs_f64(),
-                (now.saturating_duration_since(relaunched).as_secs_f64() - restore).max(0.0),
-            );
+            e.killed = Some(d);
+            e.seen = Some(Instant::now());
         }
+        if let Some(host) = lost_host(text)
+            && e.lost_host.is_none()
+        {
+            e.lost_host = Some(host);
+            e.seen.get_or_insert_with(Instant::now);
+        }
+    } else if e.stuck.is_none() {
+        e.stuck = stuck(&text);
+        e.seen = e.stuck.as_ref().map(|_| Instant::now()).or(e.seen);
+    }
+    let _ = to.write_all(line).and_then(|()| to.write_all(b"\n"));
+    if let Some((step, ms)) = restored(&text)
+        && let Some((seen, relaunched)) = e.restart.take()
+    {
+        let now = Instant::now();
+        let restore = ms / 1e3;
+        let _ = writeln!(
+            std::io::stderr(),
+            "kvstore-run: resumed from the commit of step {step} {:.2} s after the death was reported \
+             (relaunch {:.2} s, restore {restore:.2} s)",
+            now.saturating_duration_since(seen).as_secs_f64(),
+            (now.saturating_duration_since(relaunched).as_secs_f64() - restore).max(0.0),
+        );
     }
 }
 
@@ -727,7 +767,7 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{Private, death, lost_host, of_a_rank, options, report, restored, stuck, untagged, without_host};
+    use super::{Lines, Private, death, lost_host, of_a_rank, options, report, restored, stuck, without_host};
 
     #[test]
     fn a_killed_rank_is_read_from_mpiruns_report() {
@@ -753,12 +793,18 @@ mod tests {
             "  Remote daemon: [[1,0],1] on node h2"
         );
         assert_eq!(report("  Remote daemon: [[1,0],1] on node h2"), "  Remote daemon: [[1,0],1] on node h2");
-        // The tags go, wherever a write of a rank began; the rest stays as written.
-        assert_eq!(
-            untagged(b"[1,0]<stdout>:partial from 0[1,1]<stdout>:partial from 1"),
-            b"partial from 0partial from 1"
-        );
-        assert_eq!(untagged(b"[1,0]<stderr>:a [b] [1,x]<stdout>: [2,3]"), b"a [b] [1,x]<stdout>: [2,3]");
+        // The tags go, wherever a write of a rank began, and each rank's line comes out
+        // whole when its newline came, however the ranks' writes were interleaved.
+        let mut held = Lines::default();
+        assert_eq!(held.take(b"[1,0]<stdout>:partial from 0[1,1]<stdout>:whole from 1"), b"whole from 1");
+        assert_eq!(held.take(b"[1,1]<stdout>:next from 1"), b"next from 1");
+        assert_eq!(held.take(b"[1,0]<stdout>: ends[1,0]<stdout>:"), b"partial from 0 ends");
+        assert_eq!(held.take(b"[1,0]<stderr>:a [b] [1,x]<stdout>: [2,3]"), b"a [b] [1,x]<stdout>: [2,3]");
+        // The same rank's standard output and error are two lines; one never ended is
+        // passed on at the end.
+        assert_eq!(held.take(b"[1,2]<stdout>:out[1,2]<stderr>:err"), b"err");
+        assert_eq!(held.take(b"[2,2]<stdout>:other job"), b"other job");
+        assert_eq!(held.rest().collect::<Vec<_>>(), [b"out".to_vec()]);
     }
 
     #[test]
