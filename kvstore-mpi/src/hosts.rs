@@ -15,63 +15,18 @@
 //! host, ranks dealt to hosts in turn by `--map-by node`, hosts of unequal size) sums
 //! flat, which is correct everywhere.
 //!
-//! [`tree_into`]: crate::group::tree_into
-//! [`scatter_sum`]: crate::group::scatter_sum
+//! [`tree_into`]: crate::tree::tree_into
+//! [`scatter_sum`]: crate::scatter::scatter_sum
 
-use kvstore_core::{Element, Error, Result};
+use kvstore_core::Element;
 use mpi::collective::SystemOperation;
 use mpi::datatype::Equivalence;
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 
-use crate::group::{GATHER_TAG, Summing, next_segment, segment, sum_pieces, wait, with_scratch};
+use crate::runtime::wait;
+use crate::scatter::{GATHER_TAG, Summing, next_segment, segment, sum_pieces, with_scratch};
 use crate::shm::all_agree;
-
-/// The environment variable that makes blocks of that many consecutive ranks count as
-/// one host, instead of the ranks that share a machine: for tests and experiments of
-/// the sum host by host on one machine. Read when MPI starts.
-pub const HOST_RANKS_VAR: &str = "KVSTORE_MPI_HOST_RANKS";
-
-/// The ranks per host that [`HOST_RANKS_VAR`] asks for (unset or empty: `None`, the
-/// machines' own).
-///
-/// # Errors
-/// [`Error::InvalidArgument`] for a value that is not a whole number of at least 1.
-pub(crate) fn host_ranks_from_env() -> Result<Option<usize>> {
-    match std::env::var(HOST_RANKS_VAR) {
-        Ok(v) if !v.trim().is_empty() => match v.trim().parse::<usize>() {
-            Ok(k) if k >= 1 => Ok(Some(k)),
-            _ => Err(Error::invalid_argument(format!(
-                "{HOST_RANKS_VAR}={v:?}: expected a whole number of ranks (at least 1) to count as one host"
-            ))),
-        },
-        _ => Ok(None),
-    }
-}
-
-/// The environment variable that sets the most bytes of a big key a chunk of a sum
-/// host by host holds ([`CHUNK_BYTES`] by default), and so a big sum's groups (64
-/// chunks). Read when MPI starts.
-pub const HOST_CHUNK_BYTES_VAR: &str = "KVSTORE_MPI_HOST_CHUNK_BYTES";
-
-/// The fewest bytes [`HOST_CHUNK_BYTES_VAR`] may ask for.
-const MIN_CHUNK_BYTES: usize = 64 << 10;
-
-/// The chunk size [`HOST_CHUNK_BYTES_VAR`] asks for (unset or empty: [`CHUNK_BYTES`]).
-///
-/// # Errors
-/// [`Error::InvalidArgument`] for a value that is not a whole number of at least 64 KiB.
-pub(crate) fn host_chunk_bytes_from_env() -> Result<usize> {
-    match std::env::var(HOST_CHUNK_BYTES_VAR) {
-        Ok(v) if !v.trim().is_empty() => match v.trim().parse::<usize>() {
-            Ok(b) if b >= MIN_CHUNK_BYTES => Ok(b),
-            _ => Err(Error::invalid_argument(format!(
-                "{HOST_CHUNK_BYTES_VAR}={v:?}: expected a whole number of bytes, at least {MIN_CHUNK_BYTES}"
-            ))),
-        },
-        _ => Ok(CHUNK_BYTES),
-    }
-}
 
 /// The job's hosts, where it sums host by host.
 pub(crate) struct Hosts {
@@ -247,7 +202,7 @@ impl Hosts {
 /// 346 and 376 ms; chunks of 16 MiB 324 ms, 8 MiB 288 to 299 ms, 4 MiB 282 ms. Over 10
 /// Gbit/s, where the 4 ranks' work on the machine's 2 cores bounds it, one chunk and
 /// chunks of 4 to 8 MiB read alike (130 to 158 ms).
-const CHUNK_BYTES: usize = 4 << 20;
+pub(crate) const CHUNK_BYTES: usize = 4 << 20;
 
 /// The most chunks of a group of [`Hosts::sum`]: its buffers hold a group's worth of the
 /// array (64 MiB in chunks of 4 MiB), however big the array.

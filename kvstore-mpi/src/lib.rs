@@ -47,6 +47,14 @@
 //! no call waits forever on a peer that is gone.
 
 #[cfg(feature = "mpi")]
+mod big;
+#[cfg(feature = "mpi")]
+mod clock;
+#[cfg(feature = "mpi")]
+mod collective;
+#[cfg(feature = "mpi")]
+mod fused;
+#[cfg(feature = "mpi")]
 mod group;
 #[cfg(feature = "mpi")]
 mod hosts;
@@ -55,16 +63,28 @@ mod mapped;
 #[cfg(feature = "mpi")]
 mod remote;
 #[cfg(feature = "mpi")]
+mod runtime;
+#[cfg(feature = "mpi")]
+mod scatter;
+#[cfg(feature = "mpi")]
+mod settings;
+#[cfg(feature = "mpi")]
 mod shm;
+#[cfg(feature = "mpi")]
+mod tree;
+#[cfg(feature = "mpi")]
+mod watchdog;
+#[cfg(feature = "mpi")]
+mod wire;
 
 #[cfg(feature = "mpi")]
-pub use group::{BUCKET_BYTES_VAR, MpiGroup, TIMEOUT_VAR, finalize, group};
-#[cfg(feature = "mpi")]
-pub use hosts::{HOST_CHUNK_BYTES_VAR, HOST_RANKS_VAR};
+pub use group::MpiGroup;
 #[cfg(feature = "mpi")]
 pub use remote::{MpiRemote, remote};
 #[cfg(feature = "mpi")]
-pub use shm::SHARED_MEMORY_VAR;
+pub use runtime::{finalize, group};
+#[cfg(feature = "mpi")]
+pub use settings::{BUCKET_BYTES_VAR, HOST_CHUNK_BYTES_VAR, HOST_RANKS_VAR, SHARED_MEMORY_VAR, TIMEOUT_VAR};
 
 #[cfg(not(feature = "mpi"))]
 use kvstore_core::Error;

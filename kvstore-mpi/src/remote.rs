@@ -28,7 +28,8 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use parking_lot::Mutex;
 
-use crate::group::{MpiGroup, abort_job, locked};
+use crate::group::MpiGroup;
+use crate::runtime::{abort_job, locked};
 
 /// Request tags (each request's own, its reply's too) start here and cycle below
 /// `FIRST_TAG + TAGS` (MPI guarantees tags up to 32767).
@@ -66,7 +67,7 @@ static REMOTE: OnceLock<Arc<MpiRemote>> = OnceLock::new();
 /// The job's `dist_async` transport, initialising MPI on first use.
 ///
 /// # Errors
-/// As [`crate::group`].
+/// As [`crate::group()`].
 pub fn remote() -> Result<Arc<MpiRemote>> {
     let group = crate::group()?;
     Ok(Arc::clone(REMOTE.get_or_init(|| {
@@ -177,7 +178,7 @@ fn receive(message: mpi::point_to_point::Message, buf: &mut [u8]) -> Result<()> 
 /// that waits for one of its replies never reaches that call.
 pub(crate) fn serving_hint() -> &'static str {
     let serving = REMOTE.get().is_some_and(|r| r.server.lock().is_some());
-    match serving && crate::group::SYNC_CALLS.load(Ordering::Relaxed) {
+    match serving && crate::runtime::SYNC_CALLS.load(Ordering::Relaxed) {
         true => {
             "; this job has dist_sync and dist_async stores: a rank inside a blocking dist_sync call answers no \
              dist_async request, so a rank waiting for its reply never reaches that call (end every rank's \
@@ -202,7 +203,7 @@ impl MpiRemote {
             serving_hint(),
             kvstore_core::timeline::flight_note(true)
         );
-        abort_job(crate::group::watchdog::WATCHDOG_EXIT);
+        abort_job(crate::watchdog::WATCHDOG_EXIT);
     }
 
     /// A check to call while waiting for `what`: past the job's timeout, it ends the job

@@ -14,53 +14,17 @@
 //! rank's next slot is the same, across calls too.
 //!
 //! It is used only where every rank of the job runs on one machine, unless the user
-//! turns it off ([`SHARED_MEMORY_VAR`]) or confines Open MPI to transports other than
+//! turns it off ([`SHARED_MEMORY_VAR`](crate::SHARED_MEMORY_VAR)) or confines Open MPI to transports other than
 //! shared memory (`--mca btl self,tcp`): a run that asks for TCP gets TCP.
 
 use std::ffi::c_void;
 use std::ptr;
 
-use kvstore_core::{Error, Result};
 use mpi::collective::SystemOperation;
 use mpi::ffi;
 use mpi::raw::AsRaw;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
-
-/// The environment variable that turns the shared-memory path off (`0`) or on where it
-/// can run (`1`, the default), read when MPI starts.
-pub const SHARED_MEMORY_VAR: &str = "KVSTORE_MPI_SHARED_MEMORY";
-
-/// Whether this rank would take the shared-memory path: [`SHARED_MEMORY_VAR`] (`0` or
-/// `1`; unset or empty: `1`), and, unless it says `1`, Open MPI's transport selection
-/// `OMPI_MCA_btl` (what `mpirun --mca btl LIST` sets) naming shared memory, if it is
-/// set at all.
-///
-/// # Errors
-/// [`Error::InvalidArgument`] for a value of [`SHARED_MEMORY_VAR`] other than `0` or `1`.
-pub(crate) fn wanted_from_env() -> Result<bool> {
-    let btl = std::env::var("OMPI_MCA_btl").ok();
-    match std::env::var(SHARED_MEMORY_VAR).as_deref().map(str::trim) {
-        Ok("0") => Ok(false),
-        Ok("1") => Ok(true),
-        Ok("") | Err(_) => Ok(btl.as_deref().is_none_or(btl_has_shared_memory)),
-        Ok(v) => Err(Error::invalid_argument(format!(
-            "{SHARED_MEMORY_VAR}={v:?}: expected 0 (fused sums through MPI only) or 1 (through shared memory where \
-             every rank runs on one machine; the default)"
-        ))),
-    }
-}
-
-/// Whether Open MPI's `btl` list keeps its shared-memory transport (`vader`, called `sm`
-/// from Open MPI 5): `self,vader,tcp` does, `self,tcp` and `^vader` do not.
-fn btl_has_shared_memory(list: &str) -> bool {
-    let list = list.trim();
-    let shm = |name: &str| matches!(name.trim(), "vader" | "sm");
-    match list.strip_prefix('^') {
-        Some(excluded) => !excluded.split(',').any(shm),
-        None => list.split(',').any(shm),
-    }
-}
 
 /// The shared window of the ranks of the job, all on one machine.
 pub(crate) struct NodeWindow {
@@ -165,7 +129,7 @@ impl NodeWindow {
         // SAFETY: `win` is valid and in the epoch opened in `open`.
         unsafe { ffi::MPI_Win_sync(self.win) };
         if background {
-            crate::group::wait(self.comm.immediate_barrier());
+            crate::runtime::wait(self.comm.immediate_barrier());
         } else {
             self.comm.barrier();
         }
@@ -189,27 +153,6 @@ impl NodeWindow {
         unsafe {
             ffi::MPI_Win_unlock_all(self.win);
             ffi::MPI_Win_free(&mut self.win);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::btl_has_shared_memory;
-
-    #[test]
-    fn a_btl_list_keeps_shared_memory_when_it_names_or_does_not_exclude_it() {
-        for (list, shm) in [
-            ("self,vader,tcp", true),
-            ("vader,self", true),
-            ("sm,self", true),
-            ("self,tcp", false),
-            ("tcp", false),
-            ("^vader", false),
-            ("^tcp,openib", true),
-            ("^sm", false),
-        ] {
-            assert_eq!(btl_has_shared_memory(list), shm, "{list}");
         }
     }
 }
