@@ -52,7 +52,7 @@ pub use crate::remote::{Handler, Remote};
 /// # Errors
 /// [`crate::Error::Io`] when a file cannot be read or written; the group's errors.
 pub fn finish_timeline(group: &dyn Collective) -> crate::Result<Option<std::path::PathBuf>> {
-    crate::kvstore::finish_timeline(group, std::env::var_os(crate::timeline::TIMELINE_VAR).is_some())
+    crate::kvstore::finish_timeline(group, crate::settings::timeline_set())
 }
 
 /// Runs every call that the stores of the worker group `group` (the [`Collective`]

@@ -70,6 +70,7 @@ mod kvstore;
 mod ndarray;
 mod optimizer;
 mod remote;
+mod settings;
 pub mod timeline;
 mod updater;
 mod waits;

@@ -53,14 +53,9 @@ use crate::RankStats;
 use crate::error::{Error, Result};
 pub use crate::kvstore::{LATE_MARGIN, slowest_rank};
 
-/// The environment variable that turns the timeline on: the path of its file.
-pub const TIMELINE_VAR: &str = "KVSTORE_TIMELINE";
-
-/// The environment variable that bounds the timeline's file, in bytes.
-pub const MAX_BYTES_VAR: &str = "KVSTORE_TIMELINE_MAX_BYTES";
-
-/// The default bound of a timeline's file: 1 GiB.
-pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
+pub use crate::settings::{
+    DEFAULT_TIMELINE_MAX_BYTES as DEFAULT_MAX_BYTES, TIMELINE_MAX_BYTES_VAR as MAX_BYTES_VAR, TIMELINE_VAR,
+};
 
 /// How many events the flight recorder keeps (the newest).
 pub const FLIGHT_EVENTS: usize = 4096;
@@ -249,7 +244,7 @@ pub fn start(path: impl AsRef<Path>) -> Result<()> {
 fn start_as(path: &Path, from_env: bool) -> Result<()> {
     let ranks = RANKS.load(Ordering::Relaxed) as usize;
     let file = rank_path(path, rank(), ranks);
-    let max = max_bytes()?;
+    let max = crate::settings::timeline_max_bytes()?;
     if std::fs::metadata(&file).is_ok_and(|m| !m.is_file()) {
         return Err(Error::invalid_argument(format!("the timeline's file {} is not a regular file", file.display())));
     }
@@ -290,17 +285,6 @@ fn resume() -> std::sync::MutexGuard<'static, Option<Resume>> {
     RESUME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// `KVSTORE_TIMELINE_MAX_BYTES`, or the default.
-fn max_bytes() -> Result<u64> {
-    match std::env::var(MAX_BYTES_VAR) {
-        Ok(v) => v.trim().parse().map_err(|_| {
-            Error::invalid_argument(format!("{MAX_BYTES_VAR} must be a whole number of bytes, not {v:?}"))
-        }),
-        Err(std::env::VarError::NotPresent) => Ok(DEFAULT_MAX_BYTES),
-        Err(e) => Err(Error::invalid_argument(format!("{MAX_BYTES_VAR}: {e}"))),
-    }
-}
-
 /// The path the timeline being written was started with (`None` when it is off).
 pub fn path() -> Option<PathBuf> {
     sink().out.as_ref().map(|o| o.base.clone())
@@ -314,8 +298,8 @@ pub fn path() -> Option<PathBuf> {
 /// As [`start`].
 pub fn start_from_env() -> Result<()> {
     if !ENV_READ.swap(true, Ordering::Relaxed) {
-        return match std::env::var_os(TIMELINE_VAR) {
-            Some(path) if !path.is_empty() && !is_on() => start_as(Path::new(&path), true),
+        return match crate::settings::timeline_path() {
+            Some(path) if !is_on() => start_as(Path::new(&path), true),
             _ => Ok(()),
         };
     }
@@ -764,8 +748,8 @@ pub fn write_flight(ends: bool) -> Result<PathBuf> {
         return Ok(out.path.clone());
     }
     let ranks = RANKS.load(Ordering::Relaxed) as usize;
-    let path = match std::env::var_os(TIMELINE_VAR) {
-        Some(p) if !p.is_empty() => rank_path(Path::new(&p), rank(), ranks),
+    let path = match crate::settings::timeline_path() {
+        Some(p) => rank_path(Path::new(&p), rank(), ranks),
         _ => PathBuf::from(format!("kvstore-flight-{}.json", rank())),
     };
     let (events, threads) = {

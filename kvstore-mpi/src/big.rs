@@ -9,7 +9,7 @@ use mpi::datatype::Equivalence;
 
 use crate::group::MpiGroup;
 use crate::hosts;
-use crate::scatter::{scatter_sum, segment, with_scratch};
+use crate::scatter::{LARGEST_SCRATCH, scatter_sum, segment, with_scratch};
 
 thread_local! {
     /// The copy of an array summed in place ([`MpiGroup::allreduce_big`]).
@@ -84,5 +84,15 @@ impl MpiGroup {
     /// `KVSTORE_MPI_HOST_CHUNK_BYTES` (256 MiB by default).
     fn group_bytes(&self) -> usize {
         self.host_chunk_bytes.saturating_mul(SUM_GROUP_CHUNKS)
+    }
+}
+
+impl MpiGroup {
+    /// The most bytes that any thread's buffer for big sums (kept from one sum to the
+    /// next) has held in this process: a group's worth of an array at most, 64 chunks
+    /// of `KVSTORE_MPI_HOST_CHUNK_BYTES` (256 MiB by default; 16 chunks host by host),
+    /// whatever the arrays' sizes.
+    pub fn largest_scratch_bytes(&self) -> usize {
+        LARGEST_SCRATCH.load(Ordering::Relaxed)
     }
 }

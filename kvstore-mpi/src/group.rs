@@ -12,7 +12,6 @@ use kvstore_core::{Error, Result};
 use mpi::topology::SimpleCommunicator;
 
 use crate::runtime::{MPI, Mpi, SYNC_CALLS};
-use crate::scatter::LARGEST_SCRATCH;
 use crate::settings::{MIN_BUCKET_BYTES, Settings, millis};
 use crate::watchdog;
 
@@ -93,14 +92,6 @@ impl MpiGroup {
     /// bits either way.
     pub fn used_hosts(&self) -> bool {
         self.used_hosts.load(Ordering::Relaxed)
-    }
-
-    /// The most bytes that any thread's buffer for big sums (kept from one sum to the
-    /// next) has held in this process: a group's worth of an array at most, 64 chunks
-    /// of `KVSTORE_MPI_HOST_CHUNK_BYTES` (256 MiB by default; 16 chunks host by host),
-    /// whatever the arrays' sizes.
-    pub fn largest_scratch_bytes(&self) -> usize {
-        LARGEST_SCRATCH.load(Ordering::Relaxed)
     }
 
     /// The stall timeout: a collective that has waited this long ends the job, with a

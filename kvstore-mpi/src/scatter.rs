@@ -33,7 +33,7 @@ thread_local! {
 }
 
 /// The most bytes any thread's [`Scratch`] buffer has held in this process
-/// ([`crate::MpiGroup::largest_scratch_bytes`]).
+/// (`MpiGroup::largest_scratch_bytes`).
 pub(crate) static LARGEST_SCRATCH: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs `f` on `n` elements of `W` of the buffer `scratch`.

@@ -19,6 +19,7 @@ mod optimizer_states;
 mod optimizers;
 mod row_sparse;
 mod shared_arrays;
+mod structure;
 
 // The shared conformance cases of the reference (§10) and the property tests against the
 // reference model, on `cpu(i)` contexts: one test per shared function, by its name

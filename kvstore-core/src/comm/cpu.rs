@@ -70,24 +70,6 @@ fn start_pool(threads: usize) -> Result<ThreadPool> {
         })
 }
 
-/// MXNet's variable for the number of reduction threads: here, the size of the shared
-/// pool when it starts (unset: one thread per core).
-const REDUCTION_THREADS_VAR: &str = "MXNET_KVSTORE_REDUCTION_NTHREADS";
-
-/// The shared pool's threads for the value of [`REDUCTION_THREADS_VAR`] (0: one per
-/// core, for an unset or empty variable).
-fn reduction_threads(value: Option<&str>) -> Result<usize> {
-    match value.map(str::trim) {
-        None | Some("") => Ok(0),
-        Some(v) => v.parse::<usize>().ok().filter(|n| (1..=1024).contains(n)).ok_or_else(|| {
-            Error::invalid_argument(format!(
-                "{REDUCTION_THREADS_VAR} must be a number of threads from 1 to 1024, not \"{}\"",
-                crate::key::shorten(v)
-            ))
-        }),
-    }
-}
-
 impl CommCpu {
     /// A `CommCpu` on the process's shared pool (`threads` 0: one thread per core,
     /// started by the first store that needs it), or on a pool of its own of `threads`
@@ -108,7 +90,7 @@ impl CommCpu {
         let pool = match &*shared {
             Some(p) => Arc::clone(p),
             None => {
-                let threads = reduction_threads(std::env::var(REDUCTION_THREADS_VAR).ok().as_deref())?;
+                let threads = crate::settings::reduction_threads()?;
                 Arc::clone(shared.insert(Arc::new(start_pool(threads)?)))
             }
         };
@@ -460,18 +442,6 @@ mod tests {
     use super::*;
     use crate::{Context, DType};
     use half::{bf16, f16};
-
-    #[test]
-    fn mxnets_reduction_threads_variable_sizes_the_shared_pool() {
-        assert_eq!(reduction_threads(None).unwrap(), 0);
-        assert_eq!(reduction_threads(Some("")).unwrap(), 0);
-        assert_eq!(reduction_threads(Some(" 3 ")).unwrap(), 3);
-        for bad in ["0", "-1", "two", "1.5", "100000"] {
-            let e = reduction_threads(Some(bad)).expect_err(bad);
-            assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
-            assert!(e.to_string().contains("MXNET_KVSTORE_REDUCTION_NTHREADS"), "{e}");
-        }
-    }
 
     fn reduce(comm: &CommCpu, inputs: &[NDArray]) -> NDArray {
         let out = NDArray::zeros_with(inputs[0].shape(), inputs[0].dtype(), Context::cpu(0)).unwrap();

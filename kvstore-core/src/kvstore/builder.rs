@@ -36,19 +36,6 @@ const DEFAULT_MAX_QUEUED_CALLS: usize = 16_384;
 /// ([`KVStoreBuilder::max_copied_bytes`]): 256 MiB.
 const DEFAULT_MAX_COPIED_BYTES: usize = 256 << 20;
 
-/// A bound from the builder, else from the environment variable `var` (a number),
-/// else `default`.
-fn bound(given: Option<usize>, var: &str, default: usize) -> Result<usize> {
-    match (given, std::env::var(var)) {
-        (Some(n), _) => Ok(n),
-        (None, Ok(v)) => v
-            .trim()
-            .parse()
-            .map_err(|_| Error::invalid_argument(format!("{var}: \"{}\" is not a number", crate::key::shorten(&v)))),
-        (None, Err(_)) => Ok(default),
-    }
-}
-
 /// The engine threads of a store built without [`KVStoreBuilder::engine_threads`]: one
 /// per core but one, for the thread that makes the calls, at least 1 and at most 4 (the
 /// calls they run spend most of their time in the reduction pool and in memory copies).
@@ -246,15 +233,10 @@ impl KVStoreBuilder {
             remote.set_timeout(timeout);
         }
         let remote = self.remote.map(super::remote::Shards::new).transpose()?.map(Arc::new);
-        let fuse_bytes = match (self.fuse_bytes, std::env::var("KVSTORE_FUSE_BYTES")) {
-            (Some(bytes), _) => bytes,
-            (None, Ok(v)) => v.trim().parse().map_err(|_| {
-                Error::invalid_argument(format!("KVSTORE_FUSE_BYTES: \"{v}\" is not a number of bytes"))
-            })?,
-            (None, Err(_)) => run::fused::DEFAULT_FUSE_BYTES,
-        };
-        let max_queued_calls = bound(self.max_queued_calls, "KVSTORE_MAX_QUEUED_CALLS", DEFAULT_MAX_QUEUED_CALLS)?;
-        let max_copied_bytes = bound(self.max_copied_bytes, "KVSTORE_MAX_COPIED_BYTES", DEFAULT_MAX_COPIED_BYTES)?;
+        use crate::settings::{FUSE_BYTES_VAR, MAX_COPIED_BYTES_VAR, MAX_QUEUED_CALLS_VAR, number};
+        let fuse_bytes = number(self.fuse_bytes, FUSE_BYTES_VAR, run::fused::DEFAULT_FUSE_BYTES)?;
+        let max_queued_calls = number(self.max_queued_calls, MAX_QUEUED_CALLS_VAR, DEFAULT_MAX_QUEUED_CALLS)?;
+        let max_copied_bytes = number(self.max_copied_bytes, MAX_COPIED_BYTES_VAR, DEFAULT_MAX_COPIED_BYTES)?;
         let grouped = self.collective.is_some() || remote.is_some();
         let commits = match self.commits {
             true => super::commit::Folder::for_next_store(grouped)?,

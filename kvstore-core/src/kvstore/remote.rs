@@ -31,11 +31,6 @@ use crate::optimizer::Optimizer;
 use crate::remote::{Handler, Remote};
 use crate::updater::Updater;
 
-/// MXNet's variable for the size (in elements) from which a key is split across
-/// owners.
-pub(crate) const BOUND_VAR: &str = "MXNET_KVSTORE_BIGARRAY_BOUND";
-const DEFAULT_BOUND: usize = 1_000_000;
-
 const INIT: u8 = 1;
 const PUSH: u8 = 2;
 const PULL: u8 = 3;
@@ -80,16 +75,6 @@ pub(crate) struct Shards {
 
 /// The messages of the workers' exchanges, by sender and exchange, until taken.
 type Mailbox = Mutex<HashMap<(usize, u64), Vec<u8>>>;
-
-/// The split bound from the environment (unset or empty: MXNet's default).
-fn bound_from_env() -> Result<usize> {
-    match std::env::var(BOUND_VAR) {
-        Ok(v) if !v.trim().is_empty() => v.trim().parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
-            Error::invalid_argument(format!("{BOUND_VAR}={v:?}: expected a number of elements above 0"))
-        }),
-        _ => Ok(DEFAULT_BOUND),
-    }
-}
 
 fn dtype_code(d: DType) -> u8 {
     DType::ALL.iter().position(|&x| x == d).unwrap_or(0) as u8
@@ -335,7 +320,7 @@ impl Shards {
     /// Joins `transport` with a new channel, served by a new local store of this
     /// worker's parts.
     pub(crate) fn new(transport: Arc<dyn Remote>) -> Result<Self> {
-        let bound = bound_from_env()?;
+        let bound = crate::settings::bigarray_bound()?;
         let server = Arc::new(KVStore::internal_local()?);
         let served = Arc::clone(&server);
         let buffers: Arc<Buffers> = Arc::new(Mutex::new(HashMap::new()));
