@@ -51,7 +51,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::RankStats;
 use crate::error::{Error, Result};
-pub use crate::kvstore::{LATE_MARGIN, slowest_rank};
+pub use crate::kvstore::{LATE_MARGIN, Lateness, slowest_rank};
 
 pub use crate::settings::{
     DEFAULT_TIMELINE_MAX_BYTES as DEFAULT_MAX_BYTES, TIMELINE_MAX_BYTES_VAR as MAX_BYTES_VAR, TIMELINE_VAR,
@@ -877,7 +877,7 @@ pub struct Slowest {
 impl Slowest {
     /// The worker that held the others up longest among `ranks`, over `collectives`;
     /// `None` before any collective.
-    pub(crate) fn of(ranks: &[RankStats], collectives: u64) -> Option<Slowest> {
+    pub fn of(ranks: &[RankStats], collectives: u64) -> Option<Slowest> {
         if collectives == 0 {
             return None;
         }

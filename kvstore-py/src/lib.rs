@@ -63,6 +63,31 @@ fn _check_optimizer_json(json: &str) -> PyResult<()> {
     kvstore::OptimizerSpec::from_json(json).and_then(|s| s.build()).map(drop).map_err(errors::to_py)
 }
 
+/// One collective's arrivals read from a trace (`at_ns[r]`: rank r's, ns): each rank's
+/// lateness (ns), the rank last by more than the margin (or `None`), and the rank that
+/// held the others up with how long (ns), as the store counts them
+/// (`kvstore::timeline::Lateness`): `python -m kvstore.timeline` reads a trace with it.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn _lateness(at_ns: Vec<u64>) -> (Vec<i64>, Option<usize>, Option<(usize, u64)>) {
+    let l = kvstore::timeline::Lateness::of(&at_ns);
+    (l.late_ns, l.last, l.held)
+}
+
+/// The slowest of `ranks` (each `(rank, held_up_s, last, mean_lateness_s)`) over
+/// `collectives`, as the store names it (`kvstore::timeline::Slowest`): `(rank,
+/// others_s, stands_out, line)`, the line the job's rank 0 logs; `None` before any
+/// collective.
+#[pyfunction]
+fn _slowest(ranks: Vec<(usize, f64, u64, f64)>, collectives: u64) -> Option<(usize, f64, bool, String)> {
+    let ranks: Vec<kvstore::RankStats> = ranks
+        .into_iter()
+        .map(|(rank, held_up_s, last, mean_lateness_s)| kvstore::RankStats { rank, held_up_s, last, mean_lateness_s })
+        .collect();
+    let s = kvstore::timeline::Slowest::of(&ranks, collectives)?;
+    Some((s.rank.rank, s.others_s, s.stands_out, s.to_string()))
+}
+
 /// Ends MPI for a `dist_sync` job (every rank, after its last call); nothing without.
 #[pyfunction]
 fn _finalize(py: Python<'_>) -> PyResult<()> {
@@ -92,6 +117,10 @@ fn _kvstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     #[cfg(feature = "bench")]
     m.add_function(wrap_pyfunction!(bench::_time_calls_from_rust, m)?)?;
     m.add_function(wrap_pyfunction!(_check_optimizer_json, m)?)?;
+    m.add_function(wrap_pyfunction!(_lateness, m)?)?;
+    m.add_function(wrap_pyfunction!(_slowest, m)?)?;
+    m.add("_LATE_MARGIN_MS", kvstore::timeline::LATE_MARGIN.as_secs_f64() * 1e3)?;
+    m.add("_STANDS_OUT", kvstore::timeline::STANDS_OUT)?;
     Ok(())
 }
 

@@ -43,7 +43,7 @@ use pending::{Done, Unobserved};
 pub use pending::{Pending, Release};
 pub use sparse::StorageType;
 pub(crate) use stats::finish_timeline;
-pub use stats::{CallCount, LATE_MARGIN, RankStats, Stats, slowest_rank};
+pub use stats::{CallCount, LATE_MARGIN, Lateness, RankStats, Stats, slowest_rank};
 
 use crate::engine::Engine;
 

@@ -252,12 +252,11 @@ impl Counters {
     /// Counts one collective's arrivals (`at[r]`: worker r's, on rank 0's clock).
     /// Counts one collective's arrivals (`at[r]`: worker r's, on rank 0's clock):
     /// returns each worker's lateness and the worker that arrived last, if any did.
-    pub(super) fn arrivals(&self, at: &[u64]) -> (Vec<i64>, Option<usize>) {
-        let (late, last) = lateness(at);
-        let held = held_up(at);
-        self.ranks.lock().add(&late, last, held);
-        JOB.lock().add(&late, last, held);
-        (late, last)
+    pub(super) fn arrivals(&self, at: &[u64]) -> Lateness {
+        let l = Lateness::of(at);
+        self.ranks.lock().add(&l.late_ns, l.last, l.held);
+        JOB.lock().add(&l.late_ns, l.last, l.held);
+        l
     }
 
     pub(super) fn snapshot(&self) -> Stats {
@@ -291,6 +290,32 @@ impl Counters {
             a.store(0, Ordering::Relaxed);
         }
         *self.ranks.lock() = Arrivals::default();
+    }
+}
+
+/// One collective's arrivals as the store reads them: what each worker's figures
+/// ([`RankStats`]) add up, and what `python -m kvstore.timeline` reads a trace's
+/// arrivals with, so that a job's log and the summary of its trace name the slowest
+/// worker by one rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lateness {
+    /// Each worker's lateness (ns): its arrival minus the median of the others' (the
+    /// mean of the middle two, for an even number of others).
+    pub late_ns: Vec<i64>,
+    /// The worker that arrived last (the lower rank of a tie), when it did so by more
+    /// than [`LATE_MARGIN`] after the median of the others.
+    pub last: Option<usize>,
+    /// The worker that arrived last (the higher rank of a tie, which held the others up
+    /// for nothing) and how long it held the others up (ns): its arrival minus the
+    /// next-latest one. `None` for a single worker.
+    pub held: Option<(usize, u64)>,
+}
+
+impl Lateness {
+    /// Of the arrivals `at` (`at[r]`: worker r's, in ns, on one clock).
+    pub fn of(at: &[u64]) -> Lateness {
+        let (late_ns, last) = lateness(at);
+        Lateness { late_ns, last, held: held_up(at) }
     }
 }
 

@@ -217,14 +217,14 @@ impl Store {
             .iter()
             .map(|r| r.get(compared..compared + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes))
             .collect();
-        let (late, last) = self.counters.arrivals(&at);
+        let arrived_at = self.counters.arrivals(&at);
         if timeline::recording() {
             let me = group.rank();
             let args = vec![
                 ("step", Arg::U(seq)),
                 ("op", Arg::S(op.into())),
-                ("late_ms", Arg::F(late.get(me).copied().unwrap_or(0) as f64 / 1e6)),
-                ("last", Arg::U(u64::from(last == Some(me)))),
+                ("late_ms", Arg::F(arrived_at.late_ns.get(me).copied().unwrap_or(0) as f64 / 1e6)),
+                ("last", Arg::U(u64::from(arrived_at.last == Some(me)))),
             ];
             timeline::instant("arrive", "collective", arrived, args);
         }

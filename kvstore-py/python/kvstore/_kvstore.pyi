@@ -9,6 +9,8 @@ from typing_extensions import disjoint_base
 __all__ = [
     "KVStore",
     "Pending",
+    "_LATE_MARGIN_MS",
+    "_STANDS_OUT",
     "__version__",
     "_check_optimizer_json",
     "_check_row_sparse",
@@ -17,11 +19,15 @@ __all__ = [
     "_finalize_at_exit",
     "_forked",
     "_has_mpi",
+    "_lateness",
     "_register_gpu",
     "_row_sparse_pull",
+    "_slowest",
     "_stype",
 ]
 __version__: str
+_LATE_MARGIN_MS: float
+_STANDS_OUT: float
 
 _Key = Union[int, str]
 _Keys = Union[_Key, Sequence[_Key]]
@@ -89,3 +95,7 @@ def _forked() -> None: ...
 def _row_sparse_pull(store: KVStore, key: _Key, row_ids: Any, priority: int) -> Tuple[Any, Any, Tuple[int, ...]]: ...
 def _stype(store: KVStore, key: _Key) -> str: ...
 def _check_row_sparse(data: Any, indices: Any, shape: Sequence[int]) -> None: ...
+def _lateness(at_ns: Sequence[int]) -> Tuple[List[int], Optional[int], Optional[Tuple[int, int]]]: ...
+def _slowest(
+    ranks: Sequence[Tuple[int, float, int, float]], collectives: int
+) -> Optional[Tuple[int, float, bool, str]]: ...

@@ -21,28 +21,32 @@ a collective when it arrives after every other rank and more than 1 ms after the
 median of the others' arrivals (the collectives' own work is uneven: rank 0's sum in
 shared memory takes tens of microseconds more); its lateness is its arrival minus that
 median, averaged over every collective. The arrivals are the ``arrive`` instant events,
-on rank 0's clock. The same rule names the rank in the line a job's rank 0 logs
-(``kvstore_core::timeline::slowest_rank``).
+on rank 0's clock. The store's own code reads them (``kvstore::timeline::Lateness`` and
+``Slowest``, through the native module): the summary of a trace and the line a job's
+rank 0 logs name the slowest rank by one rule.
 """
 
 import argparse
 import json
-import statistics
 import sys
 import textwrap
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
+from ._kvstore import _LATE_MARGIN_MS, _STANDS_OUT
+from ._kvstore import _lateness as _store_lateness
+from ._kvstore import _slowest as _store_slowest
+
 __all__ = ["load", "summarise", "slowest_line", "conclusion", "figure", "main", "LATE_MARGIN_MS", "STANDS_OUT"]
 
 #: How much later than the median of the others a rank must arrive to be last (ms); and
 #: how much longer than the median of the others a rank must have held them up, in all,
-#: to stand out as the slowest.
-LATE_MARGIN_MS = 1.0
+#: to stand out as the slowest (the store's ``LATE_MARGIN``).
+LATE_MARGIN_MS: float = _LATE_MARGIN_MS
 
 #: How many times the median of the other ranks' totals a rank must have held the
-#: others up to stand out as the slowest.
-STANDS_OUT = 2.0
+#: others up to stand out as the slowest (the store's ``STANDS_OUT``).
+STANDS_OUT: float = _STANDS_OUT
 
 
 def load(path: str) -> List[Dict[str, Any]]:
@@ -62,41 +66,43 @@ def _arrivals(events: List[Dict[str, Any]]) -> Dict[int, Dict[int, float]]:
     return steps
 
 
-def _lateness(at: Dict[int, float]) -> Dict[int, float]:
-    """Each rank's arrival minus the median of the others' (ms)."""
-    late = {}
-    for r, t in at.items():
-        others = [o for p, o in at.items() if p != r]
-        late[r] = (t - statistics.median(others)) / 1000.0 if others else 0.0
-    return late
-
-
-def _held_up(at: Dict[int, float]) -> Tuple[int, float]:
-    """The rank that arrived last at a collective and how long it held the others up:
-    its arrival minus the next-latest (ms; 0 for a tie)."""
-    order = sorted(at, key=lambda r: (at[r], r))
-    if len(order) < 2:
-        return order[0], 0.0
-    return order[-1], (at[order[-1]] - at[order[-2]]) / 1000.0
+def _collective(at: Dict[int, float]) -> Tuple[Dict[int, float], Optional[int], Optional[Tuple[int, float]]]:
+    """One collective's arrivals (rank -> ts, µs), read as the store reads them: each
+    rank's lateness, its arrival minus the median of the others' (ms); the rank that
+    arrived last by more than ``LATE_MARGIN_MS``, if one did; and the rank that held the
+    others up, with how long (its arrival minus the next-latest, ms)."""
+    ranks = sorted(at)
+    first = min(at.values())
+    late, last, held = _store_lateness([round((at[r] - first) * 1000.0) for r in ranks])
+    return (
+        {r: late[i] / 1e6 for i, r in enumerate(ranks)},
+        None if last is None else ranks[last],
+        None if held is None else (ranks[held[0]], held[1] / 1e6),
+    )
 
 
 def _slowest(out_ranks: Dict[int, Dict[str, Any]], collectives: int) -> Optional[Dict[str, Any]]:
     """The rank that held the others up longest (the lower of a tie), the median of the
-    others' totals, and whether it stands out (see the module's docs)."""
+    others' totals, whether it stands out (see the module's docs) and the line saying
+    so, as the store names it."""
     if not collectives or not out_ranks:
         return None
-    top = max(out_ranks, key=lambda r: (out_ranks[r]["held_up_ms"], -r))
-    held = out_ranks[top]["held_up_ms"]
-    others = [p["held_up_ms"] for r, p in out_ranks.items() if r != top]
-    median = statistics.median(others) if others else 0.0
+    figures = [
+        (r, p["held_up_ms"] / 1e3, int(p["last"]), float(p["late_ms"]) / 1e3) for r, p in sorted(out_ranks.items())
+    ]
+    found = _store_slowest(figures, collectives)
+    if found is None:
+        return None
+    rank, others_s, stands_out, line = found
     return {
-        "rank": top,
-        "held_up_ms": held,
-        "others_ms": median,
-        "stands_out": held > STANDS_OUT * median and held - median > LATE_MARGIN_MS,
-        "last": int(out_ranks[top]["last"]),
+        "rank": rank,
+        "held_up_ms": out_ranks[rank]["held_up_ms"],
+        "others_ms": others_s * 1e3,
+        "stands_out": stands_out,
+        "last": int(out_ranks[rank]["last"]),
         "collectives": collectives,
-        "late_ms": float(out_ranks[top]["late_ms"]),
+        "late_ms": float(out_ranks[rank]["late_ms"]),
+        "line": line,
     }
 
 
@@ -109,7 +115,8 @@ def summarise(events: List[Dict[str, Any]]) -> Dict[str, Any]:
     their bytes, and counts as a call of each) and ``slowest`` (``None`` for a trace with no collective of
     every rank, else a dict: ``rank``, the one that held the others up longest;
     ``held_up_ms``; ``others_ms``, the median of the other ranks' totals;
-    ``stands_out``; its ``last``, ``collectives`` and ``late_ms``)."""
+    ``stands_out``; its ``last``, ``collectives`` and ``late_ms``; ``line``, what
+    :func:`slowest_line` says)."""
     ranks = sorted({int(e["pid"]) for e in events if "pid" in e})
     per: Dict[int, Dict[str, float]] = {
         r: {
@@ -126,12 +133,11 @@ def summarise(events: List[Dict[str, Any]]) -> Dict[str, Any]:
     steps = _arrivals(events)
     complete = [s for s in steps.values() if len(s) == len(ranks)]
     for at in complete:
-        late = _lateness(at)
-        last = max(at, key=lambda r: (at[r], -r))
-        if late[last] > LATE_MARGIN_MS:
+        late, last, held = _collective(at)
+        if last is not None:
             per[last]["last"] += 1
-        holder, held = _held_up(at)
-        per[holder]["held_up_ms"] += held
+        if held is not None:
+            per[held[0]]["held_up_ms"] += held[1]
         for r, l in late.items():
             per[r]["collectives"] += 1
             per[r]["late_sum_ms"] += l
@@ -190,15 +196,7 @@ def slowest_line(summary: Dict[str, Any]) -> Optional[str]:
     (rank R held the others up most: ...)`` when no rank stands out; ``None`` for a
     trace with no collective of every rank."""
     s = summary["slowest"]
-    if s is None:
-        return None
-    figures = (
-        f"held the others up {s['held_up_ms']:.1f} ms, the others {s['others_ms']:.1f} ms (median);"
-        f" last at {s['last']} of {s['collectives']} collectives, {s['late_ms']:.1f} ms late on average"
-    )
-    if s["stands_out"]:
-        return f"slowest rank: {s['rank']} ({figures})"
-    return f"slowest rank: none stands out (rank {s['rank']} {figures})"
+    return None if s is None else str(s["line"])
 
 
 def conclusion(summary: Dict[str, Any]) -> str:
@@ -255,7 +253,7 @@ def figure(events: List[Dict[str, Any]]) -> Any:
             waits[(int(e["pid"]), int(e["args"]["step"]))] = float(e.get("dur", 0.0)) / 1000.0
     fig, (late_ax, wait_ax, phase_ax) = plt.subplots(3, 1, figsize=(10, 10))
     for r in ranks:
-        late_ax.plot(range(len(order)), [_lateness(steps[s])[r] for s in order], marker=".", label=f"rank {r}")
+        late_ax.plot(range(len(order)), [_collective(steps[s])[0][r] for s in order], marker=".", label=f"rank {r}")
         wait_ax.plot(range(len(order)), [waits.get((r, s), 0.0) for s in order], marker=".", label=f"rank {r}")
     late_ax.axhline(LATE_MARGIN_MS, color="grey", linewidth=0.8, linestyle="--")
     late_ax.set_ylabel("lateness (ms)")
