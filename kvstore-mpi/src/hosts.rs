@@ -19,14 +19,13 @@
 //! [`scatter_sum`]: crate::scatter::scatter_sum
 
 use kvstore_core::Element;
-use mpi::collective::SystemOperation;
 use mpi::datatype::Equivalence;
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 
+use crate::agree::{all_agree, range_of};
 use crate::runtime::wait;
 use crate::scatter::{GATHER_TAG, Summing, next_segment, segment, sum_pieces, with_scratch};
-use crate::shm::all_agree;
 
 /// The job's hosts, where it sums host by host.
 pub(crate) struct Hosts {
@@ -46,14 +45,6 @@ thread_local! {
     static ACROSS: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// `(min, max)` of `x` over the ranks of `comm`.
-fn range_of(comm: &SimpleCommunicator, x: i64) -> (i64, i64) {
-    let (mut lo, mut hi) = (0i64, 0i64);
-    comm.all_reduce_into(&x, &mut lo, SystemOperation::min());
-    comm.all_reduce_into(&x, &mut hi, SystemOperation::max());
-    (lo, hi)
-}
-
 impl Hosts {
     /// Finds the hosts, collectively over `world` (every rank calls it at the same
     /// point): the ranks sharing a machine, or blocks of `host_ranks` consecutive ranks.
@@ -67,7 +58,7 @@ impl Hosts {
         // Every rank must make the same split: where ranks were started with other
         // settings (some with blocks of ranks, some without), the sum is flat.
         let asked = host_ranks.map_or(-1, |k| i64::try_from(k).unwrap_or(i64::MAX));
-        let (fewest_asked, most_asked) = range_of(world, asked);
+        let ([fewest_asked], [most_asked]) = range_of(world, [asked]);
         if fewest_asked != most_asked {
             return None;
         }
@@ -79,8 +70,8 @@ impl Hosts {
         };
         let k = node.size();
         // Each rank's host: the block its rank falls in, the same for the whole host.
-        let (first, last) = range_of(&node, i64::from(rank / k.max(1)));
-        let (fewest, most) = range_of(world, i64::from(k));
+        let ([first], [last]) = range_of(&node, [i64::from(rank / k.max(1))]);
+        let ([fewest], [most]) = range_of(world, [i64::from(k)]);
         let placed = first == last && node.rank() == rank % k;
         let fits = fewest == most && k >= 2 && k < size && (k as u32).is_power_of_two();
         if !all_agree(world, placed && fits) {

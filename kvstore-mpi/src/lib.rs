@@ -47,6 +47,8 @@
 //! no call waits forever on a peer that is gone.
 
 #[cfg(feature = "mpi")]
+mod agree;
+#[cfg(feature = "mpi")]
 mod big;
 #[cfg(feature = "mpi")]
 mod clock;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use kvstore_core::{Error, Result};
 use mpi::topology::SimpleCommunicator;
-use mpi::traits::*;
 
+use crate::agree::range_of;
 use crate::hosts::CHUNK_BYTES;
 
 /// What the environment asked of this rank's MPI group when MPI started.
@@ -46,10 +46,7 @@ impl Settings {
     /// that do not match. The same error on every rank, naming the setting and its least
     /// and greatest values. (Hosts' ranks that differ make the sums flat, `Hosts::find`.)
     pub(crate) fn agree(&self, world: &SimpleCommunicator) -> Result<()> {
-        let mine = [self.bucket_bytes as u64, self.host_chunk_bytes as u64];
-        let (mut least, mut most) = ([0u64; 2], [0u64; 2]);
-        world.all_reduce_into(&mine[..], &mut least[..], mpi::collective::SystemOperation::min());
-        world.all_reduce_into(&mine[..], &mut most[..], mpi::collective::SystemOperation::max());
+        let (least, most) = range_of(world, [self.bucket_bytes as u64, self.host_chunk_bytes as u64]);
         let names = [BUCKET_BYTES_VAR, HOST_CHUNK_BYTES_VAR];
         match (0..2).find(|&i| least[i] != most[i]) {
             Some(i) => Err(Error::invalid_argument(format!(

@@ -20,11 +20,12 @@
 use std::ffi::c_void;
 use std::ptr;
 
-use mpi::collective::SystemOperation;
 use mpi::ffi;
 use mpi::raw::AsRaw;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
+
+use crate::agree::all_agree;
 
 /// The shared window of the ranks of the job, all on one machine.
 pub(crate) struct NodeWindow {
@@ -36,13 +37,6 @@ pub(crate) struct NodeWindow {
     slot_bytes: usize,
     /// The slot the next bucket is packed into (0 or 1).
     next: usize,
-}
-
-/// Whether every rank agrees that `ok` (a min-allreduce over the world).
-pub(crate) fn all_agree(world: &SimpleCommunicator, ok: bool) -> bool {
-    let mut all = 0i32;
-    world.all_reduce_into(&i32::from(ok), &mut all, SystemOperation::min());
-    all == 1
 }
 
 impl NodeWindow {

@@ -116,3 +116,27 @@ fn the_mpi_groups_state_knows_no_sum_and_no_sum_reaches_back_into_it() {
         assert!(!text(file).contains("crate::group"), "{file} imports from group.rs");
     }
 }
+
+#[test]
+fn the_ranks_agree_through_one_module_per_crate() {
+    // Core: every exchange of records the ranks decide on is read through `Said`
+    // (`kvstore/agree.rs`); the commits' own protocol (`kvstore/commit.rs`) until they
+    // leave the core as a layer.
+    for (file, text) in sources("kvstore-core/src/kvstore") {
+        if file.ends_with("kvstore/agree.rs") || file.ends_with("kvstore/commit.rs") {
+            continue;
+        }
+        for line in text.lines().filter(|l| l.contains("exchange(") && !l.trim_start().starts_with("//")) {
+            assert!(
+                line.contains("Said::exchange(") || line.contains("Said::of") || line.contains("fn exchange("),
+                "{file}: an exchange not read through kvstore/agree.rs: {line}"
+            );
+        }
+    }
+    // kvstore-mpi: the reductions that make every rank take one path are in agree.rs.
+    for (file, text) in sources("kvstore-mpi/src") {
+        if !file.ends_with("src/agree.rs") {
+            assert!(!text.contains("all_reduce_into("), "{file}: an agreement outside kvstore-mpi/src/agree.rs");
+        }
+    }
+}

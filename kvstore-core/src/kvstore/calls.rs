@@ -738,9 +738,10 @@ impl Store {
                 0 => pairs.iter().zip(&copies).try_for_each(|((k, _), v)| remote.init(k, v)),
                 _ => Ok(()),
             };
-            let said = remote.exchange("init", &[u8::from(sent.is_ok())]);
+            let said = remote.exchange("init", &[u8::from(sent.is_ok())]).map(super::agree::Said::of);
             sent?;
-            if said?.first().is_none_or(|r| r.first() != Some(&1)) {
+            let said = said?;
+            if said.len() == 0 || said.byte(0, 0) != 1 {
                 return Err(Error::Backend {
                     backend: "dist_async",
                     message: format!(

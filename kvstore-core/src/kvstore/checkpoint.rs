@@ -27,7 +27,8 @@ use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype as StDtype, SafeTensors};
 use serde_json::{Value, json};
 
-use super::{Entry, KVStore, Merger, Slot, Store, locks::Held, steps};
+use super::agree::{Said, by_value, ranks, word};
+use super::{Entry, KVStore, Merger, Slot, Store, locks::Held};
 use crate::context::Context;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -500,33 +501,27 @@ impl Store {
             Ok(hash) => mine[..8].copy_from_slice(&hash.to_le_bytes()),
             Err(()) => mine[8] = 1,
         }
-        let all = group.exchange(step, &mine)?;
+        let said = Said::of(group.exchange(step, &mine)?);
         if local.is_err() {
             return Ok(());
         }
-        let failed: Vec<usize> = (0..all.len()).filter(|&r| all[r].get(8) == Some(&1)).collect();
+        let failed = said.ranks_where(|r| r.get(8) == Some(&1));
         if !failed.is_empty() {
             let those = if failed.len() == 1 { "that rank" } else { "those ranks" };
             return Err(Error::Io {
                 context: context.to_string(),
                 source: std::io::Error::other(format!(
                     "{} {what_failed} (the error on {those} says why); no rank changed anything",
-                    steps::ranks(&failed)
+                    ranks(&failed)
                 )),
             });
         }
-        let hash = |r: &Vec<u8>| r.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
-        let groups = steps::by_value(all.iter().map(hash));
+        let groups = by_value(said.records().map(|r| word(r, 0)));
         if groups.len() > 1 {
             let said: Vec<String> = groups
                 .iter()
                 .map(|(h, list)| {
-                    format!(
-                        "{} read a file of {} bytes with checksum {:08x}",
-                        steps::ranks(list),
-                        h & 0xffff_ffff,
-                        h >> 32
-                    )
+                    format!("{} read a file of {} bytes with checksum {:08x}", ranks(list), h & 0xffff_ffff, h >> 32)
                 })
                 .collect();
             return Err(Error::invalid_argument(format!(

@@ -59,6 +59,7 @@ use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::agree::Said;
 use super::checkpoint::Snapshot;
 use super::remote::Shards;
 use super::{KVStore, Store};
@@ -404,9 +405,7 @@ impl Folder {
         let said = |step_name: &str, ok: bool, a: u64, b: u64| -> Result<Vec<Vec<u8>>> {
             exchange(step_name, &[&[u8::from(ok)][..], &a.to_le_bytes(), &b.to_le_bytes()].concat())
         };
-        let number = |record: Option<&Vec<u8>>, i: usize| {
-            record.and_then(|b| b.get(1 + 8 * i..9 + 8 * i)).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")))
-        };
+        let number = |record: Option<&Vec<u8>>, i: usize| record.map_or(0, |b| super::agree::word(b, 1 + 8 * i));
         let snap = match snap {
             Ok(snap) => snap,
             Err(e) => {
@@ -604,7 +603,7 @@ impl Folder {
             if !differing.is_empty() {
                 return Err(std::io::Error::other(format!(
                     "{} of this host hold other values than rank {first} (a dist_sync store's ranks hold the same)",
-                    super::steps::ranks(&differing)
+                    super::agree::ranks(&differing)
                 )));
             }
             let crcs = told(crcs)?;
@@ -1126,31 +1125,29 @@ impl Store {
             }
             Err(_) => said[16] = 1,
         }
-        let all = group.exchange("restore", &said)?;
-        let failed: Vec<usize> = (0..all.len()).filter(|&r| all[r].get(16) == Some(&1)).collect();
+        let all = Said::of(group.exchange("restore", &said)?);
+        let failed = all.ranks_where(|r| r.get(16) == Some(&1));
         let (mine, why) = found?;
         if !failed.is_empty() {
             return Err(Error::Io {
                 context: "restore".to_string(),
                 source: std::io::Error::other(format!(
                     "{} could not read the job's commits (the error on {} says why); no rank restored anything",
-                    super::steps::ranks(&failed),
+                    super::agree::ranks(&failed),
                     if failed.len() == 1 { "that rank" } else { "those ranks" }
                 )),
             });
         }
-        let at = |r: usize, i: usize| {
-            all[r].get(i * 8..i * 8 + 8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")))
-        };
+        let at = |r: usize, i: usize| all.word(r, i * 8);
         let newest = (0..all.len()).map(|r| at(r, 0)).max().unwrap_or(0);
         if newest == 0 {
-            let passed: Vec<usize> = (0..all.len()).filter(|&r| all[r].get(16) == Some(&2)).collect();
+            let passed = all.ranks_where(|r| r.get(16) == Some(&2));
             return match (passed.is_empty(), why) {
                 (true, _) => Ok(None),
                 (false, Some((_, why))) => Err(damaged(why)),
                 (false, None) => Err(damaged(format!(
                     "{} found the job's commits, but no copy whole (the error on {} says why)",
-                    super::steps::ranks(&passed),
+                    super::agree::ranks(&passed),
                     if passed.len() == 1 { "that rank" } else { "those ranks" }
                 ))),
             };
@@ -1159,7 +1156,7 @@ impl Store {
         // A newer commit than the one restored that no rank has whole is said once
         // (rank 0 for all), with the ranks that passed over it. (A rank whose copy of the
         // step restored was not whole passed over no newer one: another rank's is.)
-        let passed_at = |r: usize| all[r].get(17..25).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")));
+        let passed_at = |r: usize| all.word(r, 17);
         let newer: Vec<usize> = (0..all.len()).filter(|&r| passed_at(r) > newest).collect();
         if let Some(passed) = newer.iter().map(|&r| passed_at(r) - 1).max()
             && group.rank() == 0
@@ -1167,7 +1164,7 @@ impl Store {
             crate::say!(
                 "kvstore: the commit of step {passed} has no whole copy ({} passed it over{}); restoring step {step}, \
                  the newest whole one",
-                super::steps::ranks(&newer),
+                super::agree::ranks(&newer),
                 why.as_ref().filter(|(s, _)| *s > step).map_or(String::new(), |(_, w)| format!(": on rank 0, {w}"))
             );
         }

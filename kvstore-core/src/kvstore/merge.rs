@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLockWriteGuard;
 
+use super::agree;
 use super::compression::{Compression, Half, TwoBit};
 use super::stats::{self, Phase};
 use super::{Entry, Group, Slot, Store, locks::Held};
@@ -422,22 +423,12 @@ impl Store {
             calls.as_ref().and_then(|c| c.results.iter().find_map(|r| r.as_ref().err().map(Error::to_string)))
         });
         let mut mine = failed_calls.to_le_bytes().to_vec();
-        let mut message = first.unwrap_or_default().into_bytes();
-        message.resize(FAILED_MESSAGE, 0);
-        mine.extend_from_slice(&message);
+        mine.extend(agree::padded(&first.unwrap_or_default(), FAILED_MESSAGE));
         let step = self.steps.load(std::sync::atomic::Ordering::Relaxed);
-        let all = group.exchange(&format!("the updater's outcome of push #{step}"), &mine)?;
-        let of = |r: &[u8]| r.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+        let said = agree::Said::exchange(group, &format!("the updater's outcome of push #{step}"), &mine)?;
+        // Each rank's failed calls (a bit each), then its first failure's message.
         let failed_on = |bit: u64| -> Vec<(usize, String)> {
-            all.iter()
-                .enumerate()
-                .filter(|(_, r)| of(r) & bit != 0)
-                .map(|(rank, r)| {
-                    let text = r.get(8..).unwrap_or_default();
-                    let end = text.iter().position(|&b| b == 0).unwrap_or(text.len());
-                    (rank, String::from_utf8_lossy(&text[..end]).into_owned())
-                })
-                .collect()
+            said.with_bit(0, bit).into_iter().map(|r| (r, said.text(r, 8))).collect()
         };
         let error = |on: &[(usize, String)], what: &str| {
             let ranks: Vec<String> = on.iter().map(|(r, _)| format!("rank {r}")).collect();

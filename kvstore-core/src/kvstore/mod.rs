@@ -18,6 +18,7 @@ use crate::optimizer::{KeyState, Optimizer, Runtime};
 use crate::updater::Updater;
 use forms::{Values, flat_runs, flatten};
 
+mod agree;
 mod builder;
 mod calls;
 mod checkpoint;

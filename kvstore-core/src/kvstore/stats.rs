@@ -624,11 +624,8 @@ pub(crate) fn finish_timeline(group: &dyn Collective, log: bool) -> Result<Optio
         Some(f) => std::fs::metadata(f).map_err(|e| read_error(f, e))?.len(),
         None => 0,
     };
-    let lens: Vec<u64> = group
-        .exchange("the timelines' sizes", &len.to_le_bytes())?
-        .iter()
-        .map(|r| r.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes))
-        .collect();
+    let sizes = super::agree::Said::exchange(group, "the timelines' sizes", &len.to_le_bytes())?;
+    let lens: Vec<u64> = (0..sizes.len()).map(|r| sizes.word(r, 0)).collect();
     let longest = lens.iter().copied().max().unwrap_or(0);
     if longest == 0 || group.size() < 2 {
         return Ok(file);

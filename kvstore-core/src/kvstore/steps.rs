@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::key::Key;
 
 use super::Store;
+use super::agree::{Said, by_value, padded, ranks};
 use super::compression::Compression;
 use super::stats::Phase;
 use crate::timeline::{self, Arg};
@@ -100,25 +101,6 @@ fn describe(op: &str, keys: &[StepKey<'_>], refused: Option<&Error>, form: &str)
         s += "…";
     }
     s + " (" + form + ")"
-}
-
-/// `ranks 0, 2` or `rank 1`.
-pub(super) fn ranks(list: &[usize]) -> String {
-    let names: Vec<String> = list.iter().map(usize::to_string).collect();
-    format!("{} {}", if list.len() == 1 { "rank" } else { "ranks" }, names.join(", "))
-}
-
-/// The distinct values of `items`, in order of first appearance, each with the
-/// positions (ranks) that hold it.
-pub(super) fn by_value<T: PartialEq>(items: impl IntoIterator<Item = T>) -> Vec<(T, Vec<usize>)> {
-    let mut groups: Vec<(T, Vec<usize>)> = Vec::new();
-    for (r, item) in items.into_iter().enumerate() {
-        match groups.iter_mut().find(|(g, _)| *g == item) {
-            Some((_, list)) => list.push(r),
-            None => groups.push((item, vec![r])),
-        }
-    }
-    groups
 }
 
 impl Store {
@@ -211,12 +193,9 @@ impl Store {
         mine.extend_from_slice(&timeline::align(arrived).to_le_bytes());
         let step = format!("{op} #{seq}");
         let waiting = self.counters.phase(Phase::Ranks).with(|| vec![("step", Arg::U(seq))]);
-        let all = group.exchange(&step, &mine)?;
+        let said = Said::exchange(&**group, &step, &mine)?;
         drop(waiting);
-        let at: Vec<u64> = all
-            .iter()
-            .map(|r| r.get(compared..compared + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes))
-            .collect();
+        let at: Vec<u64> = (0..said.len()).map(|r| said.word(r, compared)).collect();
         let arrived_at = self.counters.arrivals(&at);
         if timeline::recording() {
             let me = group.rank();
@@ -229,12 +208,10 @@ impl Store {
             timeline::instant("arrive", "collective", arrived, args);
         }
         let mine = &mine[..compared];
-        let all: Vec<&[u8]> = all.iter().map(|r| r.get(..compared).unwrap_or(r)).collect();
+        let all: Vec<&[u8]> = said.records().map(|r| r.get(..compared).unwrap_or(r)).collect();
         let same_calls = all.iter().all(|r| r.get(..16) == mine.get(..16));
-        let refused_by = |i: usize| -> Vec<usize> {
-            let bit = |r: &[u8]| r.get(17..25).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
-            (0..all.len()).filter(|&r| bit(all[r]) & (1 << (i % 64)) != 0).collect()
-        };
+        // (The refused calls' mask follows the 17 bytes of the fingerprint.)
+        let refused_by = |i: usize| said.with_bit(17, 1 << (i % 64));
         if same_calls && calls.len() > 1 {
             for (i, r) in local.iter_mut().enumerate() {
                 let by = refused_by(i);
@@ -258,13 +235,8 @@ impl Store {
         // Every worker sees the same records, so every worker takes this path: the
         // descriptions are exchanged, and every worker builds the same message.
         let text = describe(&what, keys, local.as_ref().err(), form);
-        let mut padded = text.into_bytes();
-        padded.resize(crate::backend::MAX_RECORD, 0);
-        let texts: Vec<String> = group
-            .exchange(&step, &padded)?
-            .iter()
-            .map(|t| String::from_utf8_lossy(&t[..t.iter().position(|&b| b == 0).unwrap_or(t.len())]).into_owned())
-            .collect();
+        let described = Said::exchange(&**group, &step, &padded(&text, crate::backend::MAX_RECORD))?;
+        let texts: Vec<String> = (0..described.len()).map(|r| described.text(r, 0)).collect();
         // Each text ends with its call's form; said only where the forms differ.
         let forms: Vec<&str> = texts.iter().map(|t| t.rsplit_once(" (").map_or("", |(_, f)| f)).collect();
         let texts: Vec<String> = match forms.iter().all(|f| *f == forms[0]) {
@@ -272,7 +244,7 @@ impl Store {
             false => texts,
         };
         local?;
-        let refused: Vec<usize> = (0..all.len()).filter(|&r| all[r].get(16) == Some(&1)).collect();
+        let refused = said.ranks_where(|r| r.get(16) == Some(&1));
         let groups = by_value(all.iter().zip(&texts).map(|(record, text)| (&record[..16.min(record.len())], text)));
         let said: Vec<String> = groups
             .iter()
