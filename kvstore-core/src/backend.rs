@@ -34,13 +34,14 @@
 //! # Ok::<(), kvstore_core::Error>(())
 //! ```
 
-pub use crate::collective::{Collective, MAX_RECORD, MappedFile};
+pub use crate::collective::{Collective, MAX_RECORD};
 pub use crate::comm::{BroadcastJob, Claims, Comm, CommCpu, CommDevice, KeyBuffers, PushKey, ReduceJob};
 pub use crate::device::{
     DeviceBackend, DeviceBuffer, FusedArrays, FusedRule, FusedStep, PinnedMemory, backend as device_backend,
     register_backend,
 };
 pub use crate::engine::in_background;
+pub use crate::files::{MapFiles, MappedFile, install_file_mapper};
 pub use crate::remote::{Handler, Remote};
 
 /// For transports, at the end of a job (as `kvstore_mpi::finalize` does): stops the

@@ -82,19 +82,6 @@ pub trait Collective: Send + Sync {
         slots.to_vec::<u8>()
     }
 
-    /// `len` bytes of `file` from `offset`, mapped into this process's memory for
-    /// writing and shared with the file, their blocks allocated first (a file system
-    /// with no room is an error here, never a fault later): how a commit copies its share
-    /// of the store into its file in `/dev/shm` at the speed of memory, where a `write`
-    /// call takes about three times as long (`kvstore/commit.rs`). `None` (the default):
-    /// the group cannot map files, and the commit writes with `write` calls, as it does
-    /// for an error of kind `Unsupported` (a file system that cannot allocate blocks
-    /// ahead). (Core maps nothing itself: it has no unsafe code.)
-    fn map_file(&self, file: &std::fs::File, offset: u64, len: usize) -> Option<std::io::Result<MappedFile>> {
-        let _ = (file, offset, len);
-        None
-    }
-
     /// Sets how long a collective operation may wait for the workers before the job
     /// ends ([`crate::KVStoreBuilder::timeout`]); a transport without a watchdog ignores
     /// it.
@@ -102,9 +89,6 @@ pub trait Collective: Send + Sync {
         let _ = timeout;
     }
 }
-
-/// Bytes of a file mapped for writing ([`Collective::map_file`]); unmapped when dropped.
-pub type MappedFile = Box<dyn std::ops::DerefMut<Target = [u8]>>;
 
 /// The longest record [`Collective::exchange`] takes.
 pub const MAX_RECORD: usize = 1024;

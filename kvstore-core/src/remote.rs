@@ -85,19 +85,6 @@ pub trait Remote: Send + Sync {
         usize::MAX
     }
 
-    /// [`crate::collective::Collective::map_file`], for the commits of a `dist_async` store: `None`
-    /// (the default) where the transport cannot map files, and the commit writes with
-    /// `write` calls.
-    fn map_file(
-        &self,
-        file: &std::fs::File,
-        offset: u64,
-        len: usize,
-    ) -> Option<std::io::Result<crate::collective::MappedFile>> {
-        let _ = (file, offset, len);
-        None
-    }
-
     /// Sets how long a request may wait for its reply before the job ends
     /// ([`crate::KVStoreBuilder::timeout`]); a transport without a watchdog ignores it.
     fn set_timeout(&self, timeout: std::time::Duration) {

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use kvstore_core::backend::{Collective, MappedFile, in_background};
+use kvstore_core::backend::{Collective, in_background};
 use kvstore_core::{DType, Element, Error, NDArray, Result};
 use mpi::request::Request;
 use mpi::traits::*;
@@ -161,10 +161,6 @@ impl Collective for MpiGroup {
 
     fn set_timeout(&self, timeout: Duration) {
         MpiGroup::set_timeout(self, timeout);
-    }
-
-    fn map_file(&self, file: &std::fs::File, offset: u64, len: usize) -> Option<std::io::Result<MappedFile>> {
-        Some(crate::mapped::map_for_writing(file, offset, len))
     }
 
     fn broadcast(&self, arrays: &[&NDArray], root: usize) -> Result<()> {

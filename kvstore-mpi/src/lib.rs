@@ -60,7 +60,6 @@ mod fused;
 mod group;
 #[cfg(feature = "mpi")]
 mod hosts;
-#[cfg(feature = "mpi")]
 mod mapped;
 #[cfg(feature = "mpi")]
 mod remote;
@@ -113,6 +112,8 @@ const CARGO_ROUTE: &str = "this kvstore-mpi was built without MPI: give its depe
 /// # Errors
 /// As [`create`].
 pub fn create_or_say(kind: &str, without_mpi: &str) -> Result<KVStore> {
+    // Its commits copy into their files through mappings (any kind of store).
+    mapped::install();
     let lower = kind.to_ascii_lowercase();
     if !lower.starts_with("dist") {
         return KVStore::create(kind);

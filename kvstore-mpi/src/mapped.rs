@@ -1,5 +1,7 @@
-//! A file's bytes mapped for writing (`Collective::map_file`): how a commit copies its
-//! share of the store into its file in `/dev/shm`. There a `write` call costs about
+//! A file's bytes mapped for writing: the process's file mapper (core's `MapFiles`,
+//! installed by [`install`] when a store is made through this crate or the `kvstore`
+//! facade, of any kind): how a commit copies its share of the store into its file in
+//! `/dev/shm`. There a `write` call costs about
 //! three times a copy in memory (the kernel looks up, locks and marks each 4 KiB page),
 //! so a rank copies into a shared mapping of its range instead.
 
@@ -7,8 +9,23 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 
-use kvstore_core::backend::MappedFile;
+use kvstore_core::backend::{MapFiles, MappedFile};
 use parking_lot::Mutex;
+
+/// The mapper [`install`] installs.
+struct Mapper;
+
+impl MapFiles for Mapper {
+    fn map_for_writing(&self, file: &File, offset: u64, len: usize) -> std::io::Result<MappedFile> {
+        map_for_writing(file, offset, len)
+    }
+}
+
+/// Installs this crate's file mapper as the process's (once; a later call, or one made
+/// after another crate installed its own, changes nothing).
+pub(crate) fn install() {
+    let _ = kvstore_core::backend::install_file_mapper(Box::new(Mapper));
+}
 
 /// How many mappings a process keeps for its next commits: a host's copies rotate
 /// through three files (the two newest commits and the spare the next one writes over),

@@ -343,15 +343,6 @@ impl Remote for MpiRemote {
         i32::MAX as usize
     }
 
-    fn map_file(
-        &self,
-        file: &std::fs::File,
-        offset: u64,
-        len: usize,
-    ) -> Option<std::io::Result<kvstore_core::backend::MappedFile>> {
-        Some(crate::mapped::map_for_writing(file, offset, len))
-    }
-
     fn serve(&self, handler: Handler) -> Result<u32> {
         let channel = {
             let mut handlers = self.handlers.lock();

@@ -140,3 +140,13 @@ fn the_ranks_agree_through_one_module_per_crate() {
         }
     }
 }
+
+#[test]
+fn no_transport_maps_files() {
+    // The process's file mapper (core's `files::MapFiles`) maps a commit's file; the
+    // transports of worker groups (`Collective`, `Remote`) only move data.
+    for file in ["kvstore-core/src/collective.rs", "kvstore-core/src/remote.rs"] {
+        let text = std::fs::read_to_string(root().join(file)).expect("a source file");
+        assert!(!text.contains("fn map_file"), "{file}: a transport that maps files");
+    }
+}

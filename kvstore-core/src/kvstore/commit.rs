@@ -19,7 +19,7 @@
 //! then L's `extra` bytes and L's gradient-compression residuals, which are each
 //! rank's own), each rank a share of the tensors, in one pass over the data:
 //! each tensor is copied into the file (through a shared mapping of the rank's range
-//! where its worker group maps files, `Collective::map_file`: a `write` call to
+//! where the process has a file mapper, `files::MapFiles`: a `write` call to
 //! `/dev/shm` costs three times a copy) and hashed as it goes ([`Snapshot`]), the
 //! headers written last by L from every rank's checksums, which L checks against a
 //! sample of each other rank's share hashed from its own memory (every rank of a
@@ -63,7 +63,7 @@ use super::agree::Said;
 use super::checkpoint::Snapshot;
 use super::remote::Shards;
 use super::{KVStore, Store};
-use crate::collective::{Collective, MappedFile};
+use crate::collective::Collective;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
@@ -155,13 +155,6 @@ impl Peers<'_> {
             }
         }
         Ok(if me { mine } else { got })
-    }
-
-    fn map_file(self, file: &std::fs::File, offset: u64, len: usize) -> Option<std::io::Result<MappedFile>> {
-        match self {
-            Peers::Sync(g) => g.map_file(file, offset, len),
-            Peers::Async(r) => r.map_file(file, offset, len),
-        }
     }
 }
 
@@ -484,7 +477,9 @@ impl Folder {
             // the host than tensors; then `low` stays above `high` and nothing is mapped.)
             let (low, high) = ranges.fold((usize::MAX, 0), |(l, h), (b, e)| (l.min(b), h.max(e)));
             let base = HEADER + reserved + low.min(high);
-            let mapped = group.filter(|_| high > low).and_then(|g| g.map_file(&file, base as u64, high - low));
+            let mapped = crate::files::mapper()
+                .filter(|_| high > low)
+                .map(|m| m.map_for_writing(&file, base as u64, high - low));
             let mut map = match mapped {
                 // A file system that cannot allocate blocks ahead: written instead.
                 Some(Err(e)) if e.kind() == std::io::ErrorKind::Unsupported => None,

@@ -467,16 +467,6 @@ impl Shards {
         Ok(())
     }
 
-    /// [`Remote::map_file`] of the transport.
-    pub(crate) fn map_file(
-        &self,
-        file: &std::fs::File,
-        offset: u64,
-        len: usize,
-    ) -> Option<std::io::Result<crate::collective::MappedFile>> {
-        self.transport.map_file(file, offset, len)
-    }
-
     pub(crate) fn rank(&self) -> usize {
         self.transport.rank()
     }
