@@ -82,7 +82,7 @@ pub use key::{Key, Keys, shorten};
 pub use kvstore::forms::Values;
 pub use kvstore::{
     COMMIT_DIR_VAR, CallCount, JOB_VAR, KVStore, KVStoreBuilder, Pending, RankStats, Release, Restored, Stats,
-    StorageType, job_folder,
+    StorageType, job_folder, newest_commit,
 };
 pub use ndarray::{ForeignMemory, NDArray, Operand, RowSparse};
 pub use optimizer::{

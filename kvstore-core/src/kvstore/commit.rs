@@ -220,6 +220,22 @@ pub fn job_folder(job: &str) -> Result<PathBuf> {
     Ok(base.join(format!("kvstore-{}-{job}", uid()?)))
 }
 
+/// The step of job `job`'s newest commit on this host: the newest one marked done in
+/// one of its stores' folders ([`job_folder`]); `None` where the host holds none (or the
+/// job's name is not one). What a launcher tells a user who would resume the job by
+/// hand.
+pub fn newest_commit(job: &str) -> Option<u64> {
+    let stores = std::fs::read_dir(job_folder(job).ok()?).ok()?;
+    let stores = stores.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir()));
+    let names = stores.filter_map(|e| std::fs::read_dir(e.path()).ok()).flatten().flatten().map(|f| f.file_name());
+    names.filter_map(|n| done_step(n.to_str()?)).max()
+}
+
+/// The step a file named `name` marks done (`step-S.done`).
+fn done_step(name: &str) -> Option<u64> {
+    name.strip_prefix("step-")?.strip_suffix(".done")?.parse().ok()
+}
+
 /// This process's rank as its launcher gives it (Open MPI, PMIx, PMI, Slurm), 0 without.
 fn launcher_rank() -> u64 {
     ["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"]
@@ -646,8 +662,7 @@ impl Folder {
 
     /// The steps marked done, newest first.
     fn done_steps(&self) -> Result<Vec<u64>> {
-        let mut steps: Vec<u64> =
-            self.names()?.iter().filter_map(|n| n.strip_prefix("step-")?.strip_suffix(".done")?.parse().ok()).collect();
+        let mut steps: Vec<u64> = self.names()?.iter().filter_map(|n| done_step(n)).collect();
         steps.sort_unstable_by(|a, b| b.cmp(a));
         Ok(steps)
     }

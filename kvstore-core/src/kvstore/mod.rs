@@ -37,7 +37,7 @@ mod steps;
 
 pub use builder::KVStoreBuilder;
 use calls::broadcast_args;
-pub use commit::{COMMIT_DIR_VAR, JOB_VAR, Restored, job_folder};
+pub use commit::{COMMIT_DIR_VAR, JOB_VAR, Restored, job_folder, newest_commit};
 use locks::Held;
 use merge::{Calls, Merger};
 use pending::{Done, Unobserved};

@@ -426,19 +426,10 @@ fn pass(line: &[u8], rank: bool, to: &mut impl Write, ended: &Mutex<Ended>) {
     }
 }
 
-/// The step of the newest commit of job `job` on this host: the newest mark
-/// `step-S.done` in one of its stores' folders (kvstore-core's `kvstore/commit.rs`).
-fn newest_commit(job: &str) -> Option<u64> {
-    let stores = std::fs::read_dir(kvstore_core::job_folder(job).ok()?).ok()?;
-    let stores = stores.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir()));
-    let names = stores.filter_map(|e| std::fs::read_dir(e.path()).ok()).flatten().flatten().map(|f| f.file_name());
-    names.filter_map(|n| n.to_str()?.strip_prefix("step-")?.strip_suffix(".done")?.parse().ok()).max()
-}
-
 /// What is left of job `job` to resume when it is not run again: its commits kept on
 /// this host, or none there.
 fn kept(job: &str) -> String {
-    match newest_commit(job) {
+    match kvstore_core::newest_commit(job) {
         Some(step) => format!(
             "its commits are kept (the newest on this host: step {step}): run it again with KVSTORE_JOB={job} to \
              resume"
