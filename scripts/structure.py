@@ -10,8 +10,9 @@
 - imports inside kvstore-core/src/kvstore: edges between its modules (a file is a
   module; `mod.rs` is its folder's), from `use` and paths (`super::x`,
   `crate::kvstore::x`); circles: the strongly connected groups of more than one module;
-  up-arrows: imports of a module above the importer (its folder's `mod.rs`, or one of
-  an enclosing folder: a module's parent or its parent's siblings' parents).
+  up-arrows: imports of a module's ancestors (its folder's `mod.rs`, or one above it:
+  its parent's siblings' parents), which hold the API built on the module: an import of
+  a sibling, or of a sibling of an enclosing folder, points down or across, not up.
 - core I/O: kvstore-core files that touch the file system (`std::fs`, `File::`,
   `OpenOptions`, `crate::files`).
 - env reads: files of each crate that read the environment (`env::var`).
@@ -94,6 +95,8 @@ use_re = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?use\s+([^;]+);", re.M)
 for m, f in mods.items():
     text = f.read_text()
     text = re.sub(r"#\[cfg\(test\)\]\s*mod tests \{.*", "", text, flags=re.S)
+    # (A visibility, `pub(in crate::kvstore)`, names no module the file uses.)
+    text = re.sub(r"pub\(in [^)]*\)", "pub", text)
     found = set()
     for u in use_re.findall(text):
         u = re.sub(r"\s+", "", u)
@@ -151,13 +154,8 @@ def name(m):
 
 
 def up(src, dst):
-    """Whether `dst` is above `src`: an ancestor of it, or a module in an enclosing folder
-    other than src's own."""
-    folder = src if mods[src].name == "mod.rs" else src[:-1]
-    if dst == folder[: len(dst)] and len(dst) < len(src):
-        return True  # an ancestor (a mod.rs above it)
-    dst_folder = dst if mods[dst].name == "mod.rs" else dst[:-1]
-    return len(dst_folder) < len(folder) and folder[: len(dst_folder)] == dst_folder and dst[:-1] != folder
+    """Whether `dst` is an ancestor of `src`: a `mod.rs` of a folder that holds it."""
+    return mods[dst].name == "mod.rs" and len(dst) < len(src) and src[: len(dst)] == dst
 
 
 ups = sorted((name(s), name(t)) for (s, t) in edges if up(s, t))

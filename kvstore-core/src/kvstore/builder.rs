@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::{KVStore, Merger, Store, Table, pending::Unobserved, run, stats};
+use super::data::{KVStore, Merger, Store, Table};
+use super::{pending::Unobserved, run, stats};
 use crate::collective::Collective;
 use crate::comm::StoreKind;
 use crate::engine::Engine;

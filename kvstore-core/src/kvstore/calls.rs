@@ -19,13 +19,16 @@ use super::run::inline::Offered;
 use super::run::pieces::Given;
 use parking_lot::Mutex;
 
+use super::data::Slot;
+use super::data::{Entry, Found, Group, KVStore, Store};
 use super::forms::{Run, Values, flat_runs, pairs_of, runs};
+use super::locks;
 use super::locks::Held;
 use super::pending::HasDone;
+use super::pending::{Done, Pending};
 use super::plan::{Like, check_arrays, check_context};
 use super::stats::{CallSpan, Phase};
-use super::{Done, Entry, Found, Group, KVStore, Pending, Store, locks};
-use super::{Slot, steps};
+use super::steps;
 use crate::engine::{self, Job, Var, Vars};
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys};

@@ -28,7 +28,8 @@ use safetensors::{Dtype as StDtype, SafeTensors};
 use serde_json::{Value, json};
 
 use super::agree::{Said, by_value, ranks, word};
-use super::{Entry, KVStore, Merger, Slot, Store, locks::Held};
+use super::data::{Entry, KVStore, Merger, Slot, Store};
+use super::locks::Held;
 use crate::context::Context;
 use crate::dtype::DType;
 use crate::error::{Error, Result};

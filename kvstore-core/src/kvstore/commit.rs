@@ -61,8 +61,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::agree::Said;
 use super::checkpoint::Snapshot;
+use super::data::{KVStore, Store};
 use super::remote::Shards;
-use super::{KVStore, Store};
 use crate::collective::Collective;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -1057,7 +1057,7 @@ impl Store {
                         if first && wrote.is_ok() {
                             // Kept for its arrays only: the store's updater or optimizer
                             // is not held alive by it.
-                            *copy.store.merger.write() = super::merge::Merger::Assign;
+                            *copy.store.merger.write() = super::data::Merger::Assign;
                             *folder.gathered.lock() = Some(copy);
                         }
                         wrote
@@ -1284,7 +1284,7 @@ impl Store {
     pub(super) fn mark_optimizer_resumed(&self) {
         let share = self.remote.as_ref().map(|r| r.share());
         for store in std::iter::once(self).chain(share) {
-            if let super::merge::Merger::Optimizer(rt) = &*store.merger.read() {
+            if let super::data::Merger::Optimizer(rt) = &*store.merger.read() {
                 rt.mark_resumed();
             }
         }
@@ -1322,7 +1322,7 @@ impl Store {
         let residuals = decode_residuals(bytes).ok_or_else(|| damaged("not a list of residuals".to_string()))?;
         let held = super::locks::Held::new(OP, self, &[])?;
         let entries = self.entries();
-        let locked: Vec<&Arc<super::Entry>> = entries.iter().collect();
+        let locked: Vec<&Arc<super::data::Entry>> = entries.iter().collect();
         let mut guards = held.write(OP, &locked)?;
         let mut found = Vec::with_capacity(residuals.len());
         for (key, positions) in &residuals {

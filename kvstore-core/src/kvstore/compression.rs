@@ -20,7 +20,7 @@
 use rayon::ThreadPool;
 use rayon::prelude::*;
 
-use super::KVStore;
+use super::data::KVStore;
 use crate::error::{Error, Result};
 
 /// The values per piece of a quantisation or a sum of codes over a thread pool: a

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use super::{Entry, Merger, Slot, Store};
+use super::data::{Entry, Merger, Slot, Store};
 use crate::error::{Error, Result};
 use crate::key::Key;
 

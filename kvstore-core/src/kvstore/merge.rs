@@ -8,8 +8,9 @@ use parking_lot::RwLockWriteGuard;
 
 use super::agree;
 use super::compression::{Compression, Half, TwoBit};
+use super::data::{Entry, Group, Merger, Slot, Store};
+use super::locks::Held;
 use super::stats::{self, Phase};
-use super::{Entry, Group, Slot, Store, locks::Held};
 use crate::collective::Collective;
 use crate::comm::{BroadcastJob, PushKey, ReduceJob};
 use crate::dtype::DType;
@@ -18,18 +19,6 @@ use crate::key::Key;
 use crate::ndarray::NDArray;
 use crate::optimizer::Runtime;
 use crate::timeline::Arg;
-use crate::updater::Updater;
-
-/// What a push does with the sum of its values.
-#[derive(Clone)]
-pub(super) enum Merger {
-    /// MXNet's default: the sum replaces the value.
-    Assign,
-    /// A custom updater.
-    Custom(Arc<dyn Updater>),
-    /// An optimizer installed by `set_optimizer`.
-    Optimizer(Arc<Runtime>),
-}
 
 impl Merger {
     /// What merges a push's sums, as the workers of a `dist_sync` job compare it (part

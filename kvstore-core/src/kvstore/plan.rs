@@ -16,9 +16,10 @@
 use std::sync::Arc;
 
 use super::compression::Compression;
+use super::data::{Entry, Found, Group, Store};
 use super::forms::{Run, Values};
+use super::merge;
 use super::steps::StepKey;
-use super::{Entry, Found, Group, Store, merge};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys};

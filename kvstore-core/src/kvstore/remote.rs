@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use super::data::{KVStore, Merger, Slot};
 use super::locks::Held;
-use super::{KVStore, Merger, Slot};
 use crate::context::Context;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -660,7 +660,7 @@ impl Shards {
     }
 
     /// This worker's share: the local store of the parts it owns.
-    pub(crate) fn share(&self) -> &super::Store {
+    pub(crate) fn share(&self) -> &super::data::Store {
         &self.server.store
     }
 
@@ -985,14 +985,14 @@ impl Shards {
     }
 }
 
-impl super::Store {
+impl super::data::Store {
     /// The whole store as its keys' owners hold it, in a local store: every key's value
     /// and optimizer state, gathered from their owners, with the optimizer. (The caller
     /// makes sure no push runs meanwhile.)
     pub(super) fn gathered(&self, remote: &Shards, kept: Option<KVStore>) -> Result<KVStore> {
         let copy = KVStore::internal_local()?;
         // The gathered arrays become the copy's (no copy of them).
-        let add = |e: &Arc<super::Entry>, g: Gathered| {
+        let add = |e: &Arc<super::data::Entry>, g: Gathered| {
             let mut slot = Slot::new(g.value, 0);
             slot.opt = g.state;
             // A row-sparse key of a loaded file stays row-sparse in the next one
@@ -1006,7 +1006,7 @@ impl super::Store {
         // Each key's parts are put together while the next key's are on their way (its
         // owners copying them out meanwhile).
         let entries = self.entries();
-        let mut waiting: Option<(&Arc<super::Entry>, Asked)> = None;
+        let mut waiting: Option<(&Arc<super::data::Entry>, Asked)> = None;
         for e in &entries {
             // The kept copy's arrays of the key, written over (their memory in place).
             let reused = kept.as_ref().and_then(|k| k.store.find(&e.key)).map(|k| {
@@ -1091,7 +1091,7 @@ impl super::Store {
 /// checkpoint's, a commit's), taken before the workers meet and kept until it ends: a
 /// call of another thread, which holds its keys while the owners serve it, then ends
 /// before the gather or begins after it. (The gather reads them recursively.)
-pub(super) fn held_for_gather(entries: &[Arc<super::Entry>]) -> Vec<parking_lot::RwLockReadGuard<'_, Slot>> {
+pub(super) fn held_for_gather(entries: &[Arc<super::data::Entry>]) -> Vec<parking_lot::RwLockReadGuard<'_, Slot>> {
     entries.iter().map(|e| e.value.read()).collect()
 }
 

@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use super::data::Merger;
+use super::data::{Entry, KVStore, Store};
 use super::locks::{self, Held};
-use super::merge::Merger;
-use super::{Entry, KVStore, Store};
 use crate::backend::Collective;
 use crate::context::Context;
 use crate::dtype::{DType, with_dtype};

@@ -21,7 +21,7 @@ use crate::key::Key;
 use crate::ndarray::NDArray;
 use crate::timeline::{self, Arg, Slowest};
 
-use super::KVStore;
+use super::data::KVStore;
 use super::forms::Run;
 
 /// What a store did since it was made or its counters were last reset

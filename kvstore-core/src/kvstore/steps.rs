@@ -14,9 +14,9 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::key::Key;
 
-use super::Store;
 use super::agree::{Said, by_value, padded, ranks};
 use super::compression::Compression;
+use super::data::Store;
 use super::stats::Phase;
 use crate::timeline::{self, Arg};
 
@@ -118,7 +118,7 @@ impl Store {
 
     /// [`Store::check_step`] for a push that moves its data with `compression` (part of
     /// the fingerprint: workers that compress differently would move other data), and
-    /// merges it as `merged` says ([`super::Merger::identity`], part of it too: workers
+    /// merges it as `merged` says ([`super::data::Merger::identity`], part of it too: workers
     /// with other optimizers would part, and the workers of a push with an updater
     /// exchange its outcome, `merge.rs`).
     pub(super) fn check_push_step(
@@ -274,6 +274,12 @@ impl Store {
             "{op} #{seq}: {what}: {}; every worker fails this call and none changed anything{flight}",
             said.join("; ")
         )))
+    }
+
+    /// Waits for every worker (a step of its own: the workers compare their calls).
+    pub(super) fn barrier(&self) -> Result<()> {
+        self.check_step("barrier", &[], Ok(()))?;
+        self.collective.as_ref().map_or(Ok(()), |c| c.barrier())
     }
 }
 

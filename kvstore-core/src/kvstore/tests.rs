@@ -1,6 +1,6 @@
 //! The layout of a key's entry, and what it tells of a call's arrays.
 
-use super::{Entry, Slot};
+use super::data::{Entry, Slot};
 
 #[test]
 fn what_a_call_reads_of_an_entry_is_in_its_first_cache_line() {

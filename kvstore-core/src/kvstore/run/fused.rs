@@ -40,10 +40,13 @@ use std::sync::Arc;
 use crate::engine::{self, HeldBatch, HeldCalls, Var, Vars};
 use crate::error::{Error, Result};
 use crate::kvstore::calls::{Copies, Input, Owned, borrow, borrow_inputs, start_reads};
+use crate::kvstore::data::{Entry, Found, Group, KVStore, Merger, Store};
+use crate::kvstore::locks::Held;
+use crate::kvstore::merge::Calls;
+use crate::kvstore::pending::{Done, Pending};
 use crate::kvstore::plan::Plan;
 use crate::kvstore::stats::{CallSpan, Phase};
 use crate::kvstore::steps::StepKey;
-use crate::kvstore::{Calls, Done, Entry, Found, Group, KVStore, Merger, Pending, Store, locks::Held};
 use crate::ndarray::PendingWrites;
 use crate::timeline::{self, Arg};
 

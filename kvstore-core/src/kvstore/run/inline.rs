@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use crate::comm::BroadcastJob;
 use crate::error::Result;
+use crate::kvstore::data::{Entry, Found, Store};
 use crate::kvstore::locks::Held;
 use crate::kvstore::plan::Plan;
 use crate::kvstore::stats::Phase;
-use crate::kvstore::{Entry, Found, Store};
 
 /// How a call reaching [`Store::push_pull`] was offered to the spread runner before (a
 /// call is offered once).

@@ -32,10 +32,11 @@ use smallvec::SmallVec;
 
 use crate::comm::{BroadcastJob, CLAIM_KEYS, Claims, ReduceJob};
 use crate::error::{Error, Result};
+use crate::kvstore::data::{Entry, Found, Group, Merger, Slot, Store, Table};
 use crate::kvstore::forms::Run;
+use crate::kvstore::locks;
 use crate::kvstore::plan::{Like, Plan, check_arrays};
 use crate::kvstore::stats::Phase;
-use crate::kvstore::{Entry, Found, Group, Merger, Slot, Store, Table, locks};
 use crate::ndarray::{NDArray, overlapping_uses, used_twice};
 use crate::timeline::{self, Arg};
 
