@@ -52,17 +52,14 @@ fn engine_threads_for(cores: usize) -> usize {
     cores.saturating_sub(1).clamp(1, 4)
 }
 
-impl KVStore {
-    /// A `local` store that a store makes for itself (a `dist_async` worker's share of
-    /// the keys, the whole store gathered for a checkpoint or a commit): never in the
-    /// job's commits, which are the user's stores' (`kvstore/commit.rs`).
-    pub(crate) fn internal_local() -> Result<KVStore> {
-        // (One engine thread: its calls are the store's own, one at a time.)
-        KVStoreBuilder { commits: false, engine_threads: 1, ..KVStoreBuilder::new("local") }.build()
-    }
-}
-
 impl KVStoreBuilder {
+    /// A store's own local store (a `dist_async` owner's share, a gathered copy):
+    /// never in the job's commits, with one engine thread (its calls are the store's
+    /// own, one at a time).
+    pub(super) fn internal() -> Self {
+        KVStoreBuilder { commits: false, engine_threads: 1, ..KVStoreBuilder::new("local") }
+    }
+
     /// A builder for a store of kind `kind`, with the default settings
     /// ([`KVStore::builder`]).
     pub(super) fn new(kind: &str) -> Self {

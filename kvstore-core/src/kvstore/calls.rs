@@ -351,7 +351,7 @@ impl KVStore {
             let span = self.store.counters.begin(op, &push, &pull).timed();
             let (push, pull) = (self.store.lookup(op, push)?, self.store.lookup(op, pull)?);
             let vars: Vars = vars_of(&push, &pull, true).collect();
-            let fuse = self.fusable(op, &push, &pull);
+            let fuse = self.store.fusable(&self.engine, op, &push, &pull);
             // The values are lent, not copied: the caller may write them at once (a
             // write before the call read them copies them first). An array that
             // another store's queued call writes is lent (or marked as an out) once
@@ -366,7 +366,7 @@ impl KVStore {
         match prepared {
             Ok((vars, push, pull, Some(fuse), span)) => {
                 let made = (span.start(), crate::timeline::flow_start(op, span.start()));
-                let pending = self.hold(op, vars, push, pull, fuse, made);
+                let pending = self.store.hold(&self.engine, op, vars, push, pull, fuse, made);
                 span.submitted();
                 pending
             }
@@ -709,6 +709,36 @@ impl KVStore {
             self.engine.wait_for_earlier();
         }
         Ok(())
+    }
+
+    /// The entry of `key`, for `op`.
+    pub(super) fn entry(&self, op: &'static str, key: &Key) -> Result<Arc<Entry>> {
+        self.store.find(key).ok_or_else(|| Error::KeyNotInitialized { op, key: key.clone() })
+    }
+
+    /// Runs `f` on `entry` after the store's earlier calls on it: at once when none is
+    /// queued, else queued behind them (and waited for).
+    pub(super) fn on_key<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        entry: &Arc<Entry>,
+        f: impl FnOnce(&Store, &Arc<Entry>) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        locks::check_reentry(op, &self.store)?;
+        let vars: Vars = [Var::Key(entry.index)].into_iter().collect();
+        if self.engine.may_run_now(vars.iter().copied()).is_some() {
+            return f(&self.store, entry);
+        }
+        if locks::inside_updater() {
+            return Err(locks::busy_store(op));
+        }
+        let _waiting = waits::wait_for(self.engine.id(), || format!("a blocking {op} that must queue"))?;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let (store, entry) = (Arc::clone(&self.store), Arc::clone(entry));
+        self.engine.submit(vars, 0, move || {
+            let _ = tx.send(f(&store, &entry));
+        });
+        rx.recv().map_err(|_| Error::Internal(format!("{op}: the queued call ended without a result")))?
     }
 }
 

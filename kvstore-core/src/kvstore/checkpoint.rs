@@ -20,7 +20,7 @@
 //! loads into any store kind on any number of workers.
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use safetensors::tensor::{Metadata, TensorInfo};
@@ -28,7 +28,7 @@ use safetensors::{Dtype as StDtype, SafeTensors};
 use serde_json::{Value, json};
 
 use super::agree::{Said, by_value, ranks, word};
-use super::data::{Entry, KVStore, Merger, Slot, Store};
+use super::data::{Entry, Merger, Slot, Store};
 use super::locks::Held;
 use crate::context::Context;
 use crate::dtype::DType;
@@ -536,7 +536,7 @@ impl Store {
 
     /// Saves now (the caller ordered it after the calls before it): rank 0 writes, and
     /// every rank returns once the file is durable, or fails if rank 0 failed.
-    fn save_checkpoint_now(&self, path: &Path) -> Result<()> {
+    pub(super) fn save_checkpoint_now(&self, path: &Path) -> Result<()> {
         const OP: &str = "save_checkpoint";
         self.check_step(OP, &[], Ok(()))?;
         let rank = self.collective.as_ref().map_or(0, |c| c.rank());
@@ -554,7 +554,7 @@ impl Store {
     /// Loads now (the caller ordered it after the calls before it): every rank reads and
     /// checks the file whole and makes every array it needs, the ranks compare what they
     /// read, and only when every rank succeeded with the same file does any change.
-    fn load_checkpoint_now(&self, path: &Path) -> Result<()> {
+    pub(super) fn load_checkpoint_now(&self, path: &Path) -> Result<()> {
         const OP: &str = "load_checkpoint";
         let context = format!("{OP} from {}", shown(path));
         let read = opt_states::read_file(path, &context);
@@ -664,135 +664,15 @@ impl Store {
     }
 }
 
-impl KVStore {
-    /// Saves the whole store to `path`: every key (name, shape, dtype, value), the
-    /// optimizer with its hyper-parameters and per-key multipliers, every key's optimizer
-    /// state and update count, and the schedule's state, with a CRC-32 of every tensor
-    /// and of the file (safetensors with JSON metadata; see the module's docs in
-    /// `kvstore/checkpoint.rs` for the layout). A custom updater is code and is not
-    /// saved: the file says one was installed.
-    ///
-    /// The checkpoint is one consistent step: it waits for the calls made before it, and
-    /// no push, `set_optimizer` or load runs while it is taken. The file is written as
-    /// optimizer-state files are ([`KVStore::save_optimizer_states`]): to a temporary file
-    /// beside `path`, flushed, renamed over `path`, and the directory flushed; special
-    /// files are refused.
-    ///
-    /// Under `dist_sync` every worker calls it at the same point of its calls; rank 0
-    /// writes the file, and every worker returns only once the file is durable (or fails,
-    /// naming rank 0, if rank 0 could not write it).
-    ///
-    /// ```
-    /// use kvstore_core::{KVStore, NDArray, Optimizer};
-    /// let path = std::env::temp_dir().join(format!("kvstore-doc-ckpt-{}.safetensors", std::process::id()));
-    /// let kv = KVStore::create("local")?;
-    /// kv.init("w", &NDArray::ones(&[2])?)?;
-    /// kv.set_optimizer(Optimizer::builder("sgd").param("momentum", 0.9).build()?)?;
-    /// kv.push("w", &NDArray::ones(&[2])?, 0)?;
-    /// kv.save_checkpoint(&path)?;
-    ///
-    /// let resumed = KVStore::create("device")?; // any kind, any number of workers
-    /// resumed.load_checkpoint(&path)?;
-    /// assert_eq!(resumed.optimizer_name(), Some("sgd"));
-    /// assert_eq!(resumed.pull_new("w", 0)?.to_vec::<f32>()?, kv.pull_new("w", 0)?.to_vec::<f32>()?);
-    /// # std::fs::remove_file(&path).ok();
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if `path` names something other than a regular file,
-    /// or the call comes from inside an updater of this store; [`Error::Io`] if the file
-    /// cannot be written (on every worker under `dist_sync`).
-    pub fn save_checkpoint(&self, path: impl AsRef<Path>) -> Result<()> {
-        if let Some(remote) = &self.store.remote {
-            return self.save_checkpoint_async(remote, path.as_ref());
-        }
-        let path: PathBuf = path.as_ref().to_path_buf();
-        self.settle()?;
-        self.in_order("save_checkpoint", move |store| store.save_checkpoint_now(&path))
-    }
-
-    /// Loads a file of [`KVStore::save_checkpoint`] into this store, of any kind and on
-    /// any number of workers or devices:
-    /// - every key of the file gets the file's value: a key the store has must have the
-    ///   file's shape and dtype, and stays where it lives (its device); a key the store
-    ///   lacks is initialised with it;
-    /// - the file's optimizer is installed in the state it was saved in (counters,
-    ///   schedule, every key's state), so training resumes exactly; a file saved with no
-    ///   updater makes pushes assign again; a file saved with a custom updater keeps the
-    ///   store's updater (set it before or after loading);
-    /// - keys of the store that the file lacks keep their values, and their optimizer
-    ///   state starts afresh;
-    /// - from then on the file's keys are updated in the file's order (the order of the
-    ///   run that saved it; a schedule and NAdam's momentum depend on the order of
-    ///   updates within a call), after the store's other keys, however the store's keys
-    ///   were initialised: the run resumes as it was.
-    ///
-    /// All or nothing: the file is read and checked whole (every tensor's CRC-32, the
-    /// file's checksum, the optimizer, every key against the store) and every array is
-    /// made before anything changes. It waits for the calls made before it, and no push
-    /// runs while it loads.
-    ///
-    /// Under `dist_sync` every worker calls it with the same file (on a filesystem they
-    /// share, or a copy each); the workers compare the files they read (the checksum of
-    /// their contents, and their length), and if any worker could not read or check its
-    /// file, or the files differ,
-    /// every worker fails and none changes.
-    ///
-    /// # Errors
-    /// [`Error::Io`] for a missing, truncated or damaged file (or, under `dist_sync`,
-    /// one that another worker could not read); [`Error::InvalidArgument`] for a path
-    /// that is not a regular file or workers that read different files;
-    /// [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`] for a key the store has with
-    /// another shape or dtype.
-    pub fn load_checkpoint(&self, path: impl AsRef<Path>) -> Result<()> {
-        if let Some(remote) = &self.store.remote {
-            return self.load_checkpoint_async(remote, path.as_ref());
-        }
-        let path: PathBuf = path.as_ref().to_path_buf();
-        self.settle()?;
-        self.in_order("load_checkpoint", move |store| store.load_checkpoint_now(&path))
-    }
-}
-
-impl KVStore {
-    /// Writes every key's optimizer state, the update counters, the schedule's state and
-    /// the hyper-parameters to `path` (safetensors with JSON metadata and a checksum of
-    /// its contents). The file is one consistent snapshot: no push, `set_optimizer` or
-    /// load runs while it is taken.
-    ///
-    /// The file is written beside `path` under a temporary name, flushed to disk and
-    /// renamed over `path`, so a failed save leaves any old file whole. A symbolic link
-    /// is written through (its target is replaced); a path that is a directory, a device,
-    /// a FIFO or a socket is refused. Temporary files left by a process that died while
-    /// saving to the same path are removed.
-    ///
-    /// ```
-    /// use kvstore_core::{KVStore, NDArray, Optimizer};
-    /// let kv = KVStore::create("local")?;
-    /// kv.init("w", &NDArray::ones(&[2])?)?;
-    /// kv.set_optimizer(Optimizer::builder("adam").build()?)?;
-    /// kv.push("w", &NDArray::ones(&[2])?, 0)?;
-    /// let path = std::env::temp_dir().join(format!("kvstore-doc-save-{}.states", std::process::id()));
-    /// kv.save_optimizer_states(&path)?;
-    /// assert!(std::fs::metadata(&path).is_ok_and(|m| m.len() > 0));
-    /// # std::fs::remove_file(&path).ok();
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if no optimizer is set or `path` names something other
-    /// than a regular file; [`Error::Io`] if the file cannot be written.
-    pub fn save_optimizer_states(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
-        self.not_async("save_optimizer_states")?;
+impl Store {
+    /// `save_optimizer_states` once this store's calls are done: every key's state with
+    /// the optimizer's, written to `target`.
+    pub(super) fn save_optimizer_states_now(&self, target: &Path) -> Result<()> {
         const OP: &str = "save_optimizer_states";
-        let path = path.as_ref();
-        let target = opt_states::save_target(path, OP)?;
-        self.settle()?;
-        let held = Held::new(OP, &self.store, &[])?;
-        let merger = held.merger_read(OP, &self.store.merger)?;
+        let held = Held::new(OP, self, &[])?;
+        let merger = held.merger_read(OP, &self.merger)?;
         let runtime = Store::runtime(OP, &merger)?;
-        let entries = self.store.entries();
+        let entries = self.entries();
         let locked: Vec<&Arc<Entry>> = entries.iter().collect();
         let guards = held.read(OP, &locked)?;
         let keyed: Vec<(Key, Vec<usize>, &KeyState)> = entries
@@ -803,58 +683,22 @@ impl KVStore {
         let bytes = opt_states::encode(runtime, &runtime.snapshot(), &keyed)?;
         drop(guards);
         drop(merger);
-        opt_states::write_file(&target, &bytes, OP)
+        opt_states::write_file(target, &bytes, OP)
     }
 
-    /// Reads a file of [`KVStore::save_optimizer_states`] into the installed optimizer:
-    /// the states of the keys in the file, the update counters and the schedule (the
-    /// hyper-parameters stay those of the installed optimizer). Keys of the store that
-    /// are not in the file start afresh. All or nothing: the file is checked whole
-    /// (structure, checksum, counters) and against the store before anything changes,
-    /// and no push or `set_optimizer` runs while it is loaded.
-    ///
-    /// Only regular files are read (a FIFO, a device or a directory is refused), and
-    /// no more than the size the file's header declares.
-    ///
-    /// ```
-    /// # use kvstore_core::{KVStore, NDArray, Optimizer};
-    /// # let path = std::env::temp_dir().join(format!("kvstore-doc-load-{}.states", std::process::id()));
-    /// # let (kv, w, g) = (KVStore::create("local")?, NDArray::zeros(&[1])?, NDArray::ones(&[1])?);
-    /// # kv.init("w", &w)?;
-    /// // A key "w" of zeros, and a gradient g of ones.
-    /// let sgd = || Optimizer::builder("sgd").param("learning_rate", 0.5).param("momentum", 0.5).build();
-    /// kv.set_optimizer(sgd()?)?;
-    /// kv.push("w", &g, 0)?; // momentum -0.5, w -0.5
-    /// kv.save_optimizer_states(&path)?;
-    /// kv.set_optimizer(sgd()?)?; // the momentum starts afresh...
-    /// kv.load_optimizer_states(&path)?; // ...and comes back from the file
-    /// kv.pushpull("w", &g, &w, 0)?; // momentum 0.5 * -0.5 - 0.5, w -0.5 - 0.75
-    /// assert_eq!(w.to_vec::<f32>()?, vec![-1.25]);
-    /// # std::fs::remove_file(&path).ok();
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] if no optimizer is set, the file is for another
-    /// optimizer, or `path` is not a regular file; [`Error::Io`] for a missing,
-    /// truncated or corrupted file; [`Error::KeyNotInitialized`] for a key of the file
-    /// that the store lacks; [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`] for a
-    /// state that does not fit its key.
-    pub fn load_optimizer_states(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
-        self.not_async("load_optimizer_states")?;
+    /// `load_optimizer_states` once this store's calls are done: the file at `path`
+    /// (`context` names it in errors) installed in every key's state.
+    pub(super) fn load_optimizer_states_now(&self, path: &Path, context: &str) -> Result<()> {
         const OP: &str = "load_optimizer_states";
-        let path = path.as_ref();
-        let context = format!("{OP} from {}", crate::key::shorten(&path.display().to_string()));
-        self.settle()?;
-        let held = Held::new(OP, &self.store, &[])?;
+        let held = Held::new(OP, self, &[])?;
         // Fail early, before reading, when no optimizer is set.
-        Store::runtime(OP, &*held.merger_read(OP, &self.store.merger)?)?;
-        let bytes = opt_states::read_file(path, &context)?;
-        let merger = held.merger_write(OP, &self.store.merger)?;
+        Store::runtime(OP, &*held.merger_read(OP, &self.merger)?)?;
+        let bytes = opt_states::read_file(path, context)?;
+        let merger = held.merger_write(OP, &self.merger)?;
         let runtime = Store::runtime(OP, &merger)?;
-        let (snapshot, loaded) = opt_states::decode(runtime, &bytes, &context)?;
-        runtime.check_snapshot(&snapshot, &context)?;
-        let entries = self.store.entries();
+        let (snapshot, loaded) = opt_states::decode(runtime, &bytes, context)?;
+        runtime.check_snapshot(&snapshot, context)?;
+        let entries = self.entries();
         let locked: Vec<&Arc<Entry>> = entries.iter().collect();
         let mut guards = held.write(OP, &locked)?;
         let mut slots: Vec<opt_states::KeySlot<'_>> = entries
@@ -865,7 +709,7 @@ impl KVStore {
                 opt_states::KeySlot { key: &e.key, weight: value, state: opt }
             })
             .collect();
-        opt_states::install(runtime, loaded, &mut slots, OP, &context)?;
+        opt_states::install(runtime, loaded, &mut slots, OP, context)?;
         runtime.restore(snapshot);
         Ok(())
     }

@@ -1342,50 +1342,6 @@ impl Store {
     }
 }
 
-impl KVStore {
-    /// Commits the whole store as of this call: every key's value, the optimizer with
-    /// its state and counters, this rank's gradient-compression residuals, the step and
-    /// `extra` (the program's own bytes: its data
-    /// loader's position, its generators' state), into memory that outlives the process
-    /// (`/dev/shm`), never to disk. A store made later by a run of the same job
-    /// (`KVSTORE_JOB`) restores the newest commit every rank completed
-    /// ([`KVStore::restored`]). See the module `kvstore/commit.rs` for where commits go
-    /// and who may read them.
-    ///
-    /// Under `dist_sync` and `dist_async` it is a collective, like `barrier`: every rank
-    /// calls it at the same point of its calls, and it returns once every rank's commit
-    /// is written (or fails on every rank, naming the ranks that could not write theirs).
-    /// Under `dist_async` it first waits for the rank's own calls and for every rank to
-    /// arrive, so that the commit holds every push made before it on any rank.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a store made without `KVSTORE_JOB`;
-    /// [`Error::Io`] when the commit cannot be written.
-    pub fn commit(&self, step: u64, extra: &[u8]) -> Result<()> {
-        let extra = extra.to_vec();
-        if let Some(remote) = &self.store.remote {
-            // (From an updater of this store, the keys it holds would wait for it.)
-            super::locks::check_reentry("commit", &self.store)?;
-            // Every rank's pushes applied by their owners before any rank gathers, and
-            // this rank's keys held until the commit ends.
-            let waited = self.wait_all();
-            let entries = self.store.entries();
-            let _held = super::remote::held_for_gather(&entries);
-            remote.barrier()?;
-            return self.store.commit_now(step, &extra, waited);
-        }
-        self.settle()?;
-        self.in_order("commit", move |store| store.commit_now(step, &extra, Ok(())))
-    }
-
-    /// What this store restored when it was made: the step and `extra` of the commit it
-    /// resumed from ([`KVStore::commit`]), or `None` (no job name, or no commit yet). A
-    /// training loop is written once: `let start = kv.restored().map_or(0, |r| r.step + 1);`.
-    pub fn restored(&self) -> Option<Restored> {
-        self.store.restored.get().cloned()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::{Record, decode, decode_residuals, encode_residuals, fields};

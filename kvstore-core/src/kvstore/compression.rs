@@ -20,7 +20,6 @@
 use rayon::ThreadPool;
 use rayon::prelude::*;
 
-use super::data::KVStore;
 use crate::error::{Error, Result};
 
 /// The values per piece of a quantisation or a sum of codes over a thread pool: a
@@ -340,69 +339,25 @@ impl TwoBit {
     }
 }
 
-impl KVStore {
-    /// Sets MXNet's 2-bit gradient compression, for a `device` or `dist_sync` store: `[("type",
-    /// "2bit"), ("threshold", "0.5")]` (the threshold `t` defaults to 0.5 and must be
-    /// above 0; other names are ignored, as in MXNet). From then on every pushed value,
-    /// even a single one, is quantised to {−t, 0, +t} with a residual per key and per
-    /// position in the push's list of values (the device it came from) that carries
-    /// what was not sent to the next push; the quantised values are summed and merged
-    /// as ever. `init` and `pull` are not compressed. Values must be float32. The
-    /// residuals are not saved in checkpoints (nor were they in MXNet); commits keep
-    /// each rank's ([`KVStore::commit`]).
-    ///
-    /// Under `dist_sync` each worker quantises its own sum of a key's values (one
-    /// residual per key) and the workers exchange 2-bit codes, 16 to a 32-bit word (a
-    /// sixteenth of the bytes), then add every worker's quantised values up in rank
-    /// order: every worker gets the same bits. Every worker must set the same
-    /// compression before the same call (a push where they differ fails on every worker).
-    ///
-    /// An extension for `dist_sync` only: `[("type", "fp16")]` or `"bf16"` rounds each
-    /// worker's sums once to that 16-bit float for the wire (half the bytes, no
-    /// residual), and the workers add them up in f32, in rank order.
-    ///
-    /// ```
-    /// use kvstore_core::{Context, KVStore, NDArray};
-    /// let kv = KVStore::create("device")?;
-    /// kv.set_gradient_compression(&[("type", "2bit"), ("threshold", "1")])?;
-    /// kv.init("w", &NDArray::zeros(&[3])?)?;
-    /// let g = NDArray::from_vec(&[3], vec![0.5f32, 1.5, -2.5])?;
-    /// kv.push("w", &g, 0)?;
-    /// assert_eq!(kv.pull_new("w", 0)?.to_vec::<f32>()?, [0.0, 1.0, -1.0]);
-    /// kv.push("w", &g, 0)?; // the residuals 0.5, 0.5, -1.5 carried over
-    /// assert_eq!(kv.pull_new("w", 0)?.to_vec::<f32>()?, [1.0, 1.0, -1.0]);
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for parameters MXNet refuses (no `type`, a type other
-    /// than `2bit`, `fp16` or `bf16`, a threshold that is not a number above 0);
-    /// [`Error::Unsupported`] on a `local` store (MXNet: "Gradient compression is not
-    /// supported for this type of kvstore"), and for `fp16`/`bf16` on a `device` store.
-    /// The store is unchanged then.
-    pub fn set_gradient_compression(&self, params: &[(&str, &str)]) -> Result<()> {
-        self.not_async("set_gradient_compression")?;
-        let kind = &self.store.kind;
-        if !kind.contains("device") && self.store.collective.is_none() {
-            return Err(Error::Unsupported {
-                what: format!("gradient compression on a {kind} store"),
-                hint: "as in MXNet, it is for device and dist_sync stores (create(\"device\"))".to_string(),
-            });
-        }
-        let compression = parse(params)?;
-        if matches!(compression, Compression::Half(_)) && self.store.collective.is_none() {
-            return Err(Error::Unsupported {
-                what: format!("{} gradient compression on a {kind} store", params_type(params)),
-                hint: "fp16 and bf16 round what crosses the network: they are for dist_sync stores; a device \
-                       store takes MXNet's \"2bit\""
-                    .to_string(),
-            });
-        }
-        // Pushes made before this call are not compressed; those after are.
-        self.settle()?;
-        *self.store.compression.write() = Some(compression);
-        Ok(())
+/// The compression `params` ask for, if a store of kind `kind` (`grouped`: with a
+/// worker group, `dist_sync`) takes it.
+pub(super) fn accepted(kind: &str, grouped: bool, params: &[(&str, &str)]) -> Result<Compression> {
+    if !kind.contains("device") && !grouped {
+        return Err(Error::Unsupported {
+            what: format!("gradient compression on a {kind} store"),
+            hint: "as in MXNet, it is for device and dist_sync stores (create(\"device\"))".to_string(),
+        });
     }
+    let compression = parse(params)?;
+    if matches!(compression, Compression::Half(_)) && !grouped {
+        return Err(Error::Unsupported {
+            what: format!("{} gradient compression on a {kind} store", params_type(params)),
+            hint: "fp16 and bf16 round what crosses the network: they are for dist_sync stores; a device \
+                   store takes MXNet's \"2bit\""
+                .to_string(),
+        });
+    }
+    Ok(compression)
 }
 
 /// The `type` of gradient-compression parameters, for messages.

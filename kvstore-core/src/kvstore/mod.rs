@@ -1,13 +1,15 @@
 //! The store: mirrors `KVStoreLocal` in MXNet's `src/kvstore/kvstore_local.h`, with
 //! the deliberate differences listed in the crate docs.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys};
-use crate::ndarray::NDArray;
+use crate::ndarray::{NDArray, RowSparse};
 use crate::optimizer::{Optimizer, Runtime};
+use crate::timeline;
 use crate::updater::Updater;
 use forms::{Values, flat_runs, flatten};
 
@@ -36,6 +38,7 @@ pub use data::KVStore;
 use data::{Entry, Merger, Store};
 use locks::Held;
 pub use pending::{Pending, Release};
+use sparse::RowIds;
 pub use sparse::StorageType;
 pub(crate) use stats::finish_timeline;
 pub use stats::{CallCount, LATE_MARGIN, Lateness, RankStats, Stats, slowest_rank};
@@ -669,6 +672,510 @@ impl KVStore {
         let pull = self.broadcast_init(init, pull)?;
         self.wake_for(Values::Many(outs));
         self.call("broadcast", Vec::new(), pull, priority)
+    }
+
+    /// What this store did since it was made or [`KVStore::reset_stats`]: calls and
+    /// keys by kind, bytes pushed, pulled and on the wire, time in each phase, and
+    /// under `dist_sync`, per worker, at how many collectives it arrived last and how
+    /// late on average (see [`Stats`]).
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("w", &NDArray::zeros(&[4])?)?;
+    /// kv.push("w", &NDArray::ones(&[4])?, 0)?;
+    /// let s = kv.stats();
+    /// assert_eq!((s.calls["push"].calls, s.bytes_pushed), (1, 16));
+    /// kv.reset_stats();
+    /// assert!(kv.stats().calls.is_empty());
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.store.counters.snapshot()
+    }
+
+    /// Sets this store's counters ([`KVStore::stats`]) to zero.
+    pub fn reset_stats(&self) {
+        self.store.counters.reset();
+    }
+
+    /// Starts writing the timeline of this process's stores to `path` (see
+    /// [`crate::timeline`]; as `KVSTORE_TIMELINE=path` does for a whole program). Under
+    /// `dist_sync`, each worker writes its own file beside `path` (`trace.json` →
+    /// `trace.rank1.json`) until [`KVStore::stop_timeline`] merges them.
+    ///
+    /// # Errors
+    /// [`Error::Io`](crate::Error::Io) when the file cannot be made.
+    pub fn start_timeline(&self, path: impl AsRef<Path>) -> Result<()> {
+        timeline::start(path)
+    }
+
+    /// Stops the timeline and closes its file; under `dist_sync` (a collective, as
+    /// [`KVStore::barrier`]: every worker calls it) after this worker's calls are
+    /// done, and worker 0 merges every worker's file into the path the timeline was
+    /// started with, on rank 0's clock. Returns the file written here (the merged one
+    /// on worker 0), or `None` when the timeline was off.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray};
+    /// let kv = KVStore::create("local")?;
+    /// let path = std::env::temp_dir().join(format!("kvstore-doc-{}.json", std::process::id()));
+    /// kv.start_timeline(&path)?;
+    /// kv.init("w", &NDArray::zeros(&[4])?)?;
+    /// kv.push("w", &NDArray::ones(&[4])?, 0)?;
+    /// assert_eq!(kv.stop_timeline()?, Some(path.clone()));
+    /// let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    /// assert!(trace["traceEvents"].as_array().unwrap().iter().any(|e| e["name"] == "push"));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Io`](crate::Error::Io) when a file cannot be written; under `dist_sync`,
+    /// an earlier call's error, and the group's errors.
+    pub fn stop_timeline(&self) -> Result<Option<PathBuf>> {
+        if self.store.collective.is_none() {
+            return timeline::stop();
+        }
+        self.wait_all()?;
+        let written = Arc::new(parking_lot::Mutex::new(None));
+        let out = Arc::clone(&written);
+        self.in_order("stop_timeline", move |store| {
+            store.check_step("stop_timeline", &[], Ok(()))?;
+            let group = store.collective.as_deref().ok_or_else(|| Error::Internal("no group".into()))?;
+            *out.lock() = finish_timeline(group, false)?;
+            Ok(())
+        })?;
+        Ok(written.lock().take())
+    }
+
+    /// Sets MXNet's 2-bit gradient compression, for a `device` or `dist_sync` store: `[("type",
+    /// "2bit"), ("threshold", "0.5")]` (the threshold `t` defaults to 0.5 and must be
+    /// above 0; other names are ignored, as in MXNet). From then on every pushed value,
+    /// even a single one, is quantised to {−t, 0, +t} with a residual per key and per
+    /// position in the push's list of values (the device it came from) that carries
+    /// what was not sent to the next push; the quantised values are summed and merged
+    /// as ever. `init` and `pull` are not compressed. Values must be float32. The
+    /// residuals are not saved in checkpoints (nor were they in MXNet); commits keep
+    /// each rank's ([`KVStore::commit`]).
+    ///
+    /// Under `dist_sync` each worker quantises its own sum of a key's values (one
+    /// residual per key) and the workers exchange 2-bit codes, 16 to a 32-bit word (a
+    /// sixteenth of the bytes), then add every worker's quantised values up in rank
+    /// order: every worker gets the same bits. Every worker must set the same
+    /// compression before the same call (a push where they differ fails on every worker).
+    ///
+    /// An extension for `dist_sync` only: `[("type", "fp16")]` or `"bf16"` rounds each
+    /// worker's sums once to that 16-bit float for the wire (half the bytes, no
+    /// residual), and the workers add them up in f32, in rank order.
+    ///
+    /// ```
+    /// use kvstore_core::{Context, KVStore, NDArray};
+    /// let kv = KVStore::create("device")?;
+    /// kv.set_gradient_compression(&[("type", "2bit"), ("threshold", "1")])?;
+    /// kv.init("w", &NDArray::zeros(&[3])?)?;
+    /// let g = NDArray::from_vec(&[3], vec![0.5f32, 1.5, -2.5])?;
+    /// kv.push("w", &g, 0)?;
+    /// assert_eq!(kv.pull_new("w", 0)?.to_vec::<f32>()?, [0.0, 1.0, -1.0]);
+    /// kv.push("w", &g, 0)?; // the residuals 0.5, 0.5, -1.5 carried over
+    /// assert_eq!(kv.pull_new("w", 0)?.to_vec::<f32>()?, [1.0, 1.0, -1.0]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for parameters MXNet refuses (no `type`, a type other
+    /// than `2bit`, `fp16` or `bf16`, a threshold that is not a number above 0);
+    /// [`Error::Unsupported`] on a `local` store (MXNet: "Gradient compression is not
+    /// supported for this type of kvstore"), and for `fp16`/`bf16` on a `device` store.
+    /// The store is unchanged then.
+    pub fn set_gradient_compression(&self, params: &[(&str, &str)]) -> Result<()> {
+        self.not_async("set_gradient_compression")?;
+        let compression = compression::accepted(&self.store.kind, self.store.collective.is_some(), params)?;
+        // Pushes made before this call are not compressed; those after are.
+        self.settle()?;
+        *self.store.compression.write() = Some(compression);
+        Ok(())
+    }
+
+    /// Refuses `op` on a `dist_async` store, which does not have it yet.
+    pub(super) fn not_async(&self, op: &str) -> Result<()> {
+        match self.store.remote {
+            Some(_) => Err(Error::Unsupported {
+                what: format!("{op} on a {} store", self.kind()),
+                hint: "dist_async stores do not have it yet: use dist_sync".to_string(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Saves the whole store to `path`: every key (name, shape, dtype, value), the
+    /// optimizer with its hyper-parameters and per-key multipliers, every key's optimizer
+    /// state and update count, and the schedule's state, with a CRC-32 of every tensor
+    /// and of the file (safetensors with JSON metadata; see the module's docs in
+    /// `kvstore/checkpoint.rs` for the layout). A custom updater is code and is not
+    /// saved: the file says one was installed.
+    ///
+    /// The checkpoint is one consistent step: it waits for the calls made before it, and
+    /// no push, `set_optimizer` or load runs while it is taken. The file is written as
+    /// optimizer-state files are ([`KVStore::save_optimizer_states`]): to a temporary file
+    /// beside `path`, flushed, renamed over `path`, and the directory flushed; special
+    /// files are refused.
+    ///
+    /// Under `dist_sync` every worker calls it at the same point of its calls; rank 0
+    /// writes the file, and every worker returns only once the file is durable (or fails,
+    /// naming rank 0, if rank 0 could not write it).
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray, Optimizer};
+    /// let path = std::env::temp_dir().join(format!("kvstore-doc-ckpt-{}.safetensors", std::process::id()));
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("w", &NDArray::ones(&[2])?)?;
+    /// kv.set_optimizer(Optimizer::builder("sgd").param("momentum", 0.9).build()?)?;
+    /// kv.push("w", &NDArray::ones(&[2])?, 0)?;
+    /// kv.save_checkpoint(&path)?;
+    ///
+    /// let resumed = KVStore::create("device")?; // any kind, any number of workers
+    /// resumed.load_checkpoint(&path)?;
+    /// assert_eq!(resumed.optimizer_name(), Some("sgd"));
+    /// assert_eq!(resumed.pull_new("w", 0)?.to_vec::<f32>()?, kv.pull_new("w", 0)?.to_vec::<f32>()?);
+    /// # std::fs::remove_file(&path).ok();
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `path` names something other than a regular file,
+    /// or the call comes from inside an updater of this store; [`Error::Io`] if the file
+    /// cannot be written (on every worker under `dist_sync`).
+    pub fn save_checkpoint(&self, path: impl AsRef<Path>) -> Result<()> {
+        if let Some(remote) = &self.store.remote {
+            self.wait_all()?;
+            return self.store.save_checkpoint_async(remote, path.as_ref());
+        }
+        let path: PathBuf = path.as_ref().to_path_buf();
+        self.settle()?;
+        self.in_order("save_checkpoint", move |store| store.save_checkpoint_now(&path))
+    }
+
+    /// Loads a file of [`KVStore::save_checkpoint`] into this store, of any kind and on
+    /// any number of workers or devices:
+    /// - every key of the file gets the file's value: a key the store has must have the
+    ///   file's shape and dtype, and stays where it lives (its device); a key the store
+    ///   lacks is initialised with it;
+    /// - the file's optimizer is installed in the state it was saved in (counters,
+    ///   schedule, every key's state), so training resumes exactly; a file saved with no
+    ///   updater makes pushes assign again; a file saved with a custom updater keeps the
+    ///   store's updater (set it before or after loading);
+    /// - keys of the store that the file lacks keep their values, and their optimizer
+    ///   state starts afresh;
+    /// - from then on the file's keys are updated in the file's order (the order of the
+    ///   run that saved it; a schedule and NAdam's momentum depend on the order of
+    ///   updates within a call), after the store's other keys, however the store's keys
+    ///   were initialised: the run resumes as it was.
+    ///
+    /// All or nothing: the file is read and checked whole (every tensor's CRC-32, the
+    /// file's checksum, the optimizer, every key against the store) and every array is
+    /// made before anything changes. It waits for the calls made before it, and no push
+    /// runs while it loads.
+    ///
+    /// Under `dist_sync` every worker calls it with the same file (on a filesystem they
+    /// share, or a copy each); the workers compare the files they read (the checksum of
+    /// their contents, and their length), and if any worker could not read or check its
+    /// file, or the files differ,
+    /// every worker fails and none changes.
+    ///
+    /// # Errors
+    /// [`Error::Io`] for a missing, truncated or damaged file (or, under `dist_sync`,
+    /// one that another worker could not read); [`Error::InvalidArgument`] for a path
+    /// that is not a regular file or workers that read different files;
+    /// [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`] for a key the store has with
+    /// another shape or dtype.
+    pub fn load_checkpoint(&self, path: impl AsRef<Path>) -> Result<()> {
+        if let Some(remote) = &self.store.remote {
+            self.wait_all()?;
+            return self.store.load_checkpoint_async(remote, path.as_ref());
+        }
+        let path: PathBuf = path.as_ref().to_path_buf();
+        self.settle()?;
+        self.in_order("load_checkpoint", move |store| store.load_checkpoint_now(&path))
+    }
+    /// Writes every key's optimizer state, the update counters, the schedule's state and
+    /// the hyper-parameters to `path` (safetensors with JSON metadata and a checksum of
+    /// its contents). The file is one consistent snapshot: no push, `set_optimizer` or
+    /// load runs while it is taken.
+    ///
+    /// The file is written beside `path` under a temporary name, flushed to disk and
+    /// renamed over `path`, so a failed save leaves any old file whole. A symbolic link
+    /// is written through (its target is replaced); a path that is a directory, a device,
+    /// a FIFO or a socket is refused. Temporary files left by a process that died while
+    /// saving to the same path are removed.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray, Optimizer};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("w", &NDArray::ones(&[2])?)?;
+    /// kv.set_optimizer(Optimizer::builder("adam").build()?)?;
+    /// kv.push("w", &NDArray::ones(&[2])?, 0)?;
+    /// let path = std::env::temp_dir().join(format!("kvstore-doc-save-{}.states", std::process::id()));
+    /// kv.save_optimizer_states(&path)?;
+    /// assert!(std::fs::metadata(&path).is_ok_and(|m| m.len() > 0));
+    /// # std::fs::remove_file(&path).ok();
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if no optimizer is set or `path` names something other
+    /// than a regular file; [`Error::Io`] if the file cannot be written.
+    pub fn save_optimizer_states(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        self.not_async("save_optimizer_states")?;
+        const OP: &str = "save_optimizer_states";
+        let path = path.as_ref();
+        let target = crate::optimizer::states::save_target(path, OP)?;
+        self.settle()?;
+        self.store.save_optimizer_states_now(&target)
+    }
+
+    /// Reads a file of [`KVStore::save_optimizer_states`] into the installed optimizer:
+    /// the states of the keys in the file, the update counters and the schedule (the
+    /// hyper-parameters stay those of the installed optimizer). Keys of the store that
+    /// are not in the file start afresh. All or nothing: the file is checked whole
+    /// (structure, checksum, counters) and against the store before anything changes,
+    /// and no push or `set_optimizer` runs while it is loaded.
+    ///
+    /// Only regular files are read (a FIFO, a device or a directory is refused), and
+    /// no more than the size the file's header declares.
+    ///
+    /// ```
+    /// # use kvstore_core::{KVStore, NDArray, Optimizer};
+    /// # let path = std::env::temp_dir().join(format!("kvstore-doc-load-{}.states", std::process::id()));
+    /// # let (kv, w, g) = (KVStore::create("local")?, NDArray::zeros(&[1])?, NDArray::ones(&[1])?);
+    /// # kv.init("w", &w)?;
+    /// // A key "w" of zeros, and a gradient g of ones.
+    /// let sgd = || Optimizer::builder("sgd").param("learning_rate", 0.5).param("momentum", 0.5).build();
+    /// kv.set_optimizer(sgd()?)?;
+    /// kv.push("w", &g, 0)?; // momentum -0.5, w -0.5
+    /// kv.save_optimizer_states(&path)?;
+    /// kv.set_optimizer(sgd()?)?; // the momentum starts afresh...
+    /// kv.load_optimizer_states(&path)?; // ...and comes back from the file
+    /// kv.pushpull("w", &g, &w, 0)?; // momentum 0.5 * -0.5 - 0.5, w -0.5 - 0.75
+    /// assert_eq!(w.to_vec::<f32>()?, vec![-1.25]);
+    /// # std::fs::remove_file(&path).ok();
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if no optimizer is set, the file is for another
+    /// optimizer, or `path` is not a regular file; [`Error::Io`] for a missing,
+    /// truncated or corrupted file; [`Error::KeyNotInitialized`] for a key of the file
+    /// that the store lacks; [`Error::ShapeMismatch`] / [`Error::DTypeMismatch`] for a
+    /// state that does not fit its key.
+    pub fn load_optimizer_states(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        self.not_async("load_optimizer_states")?;
+        const OP: &str = "load_optimizer_states";
+        let path = path.as_ref();
+        let context = format!("{OP} from {}", crate::key::shorten(&path.display().to_string()));
+        self.settle()?;
+        self.store.load_optimizer_states_now(path, &context)
+    }
+
+    /// Commits the whole store as of this call: every key's value, the optimizer with
+    /// its state and counters, this rank's gradient-compression residuals, the step and
+    /// `extra` (the program's own bytes: its data
+    /// loader's position, its generators' state), into memory that outlives the process
+    /// (`/dev/shm`), never to disk. A store made later by a run of the same job
+    /// (`KVSTORE_JOB`) restores the newest commit every rank completed
+    /// ([`KVStore::restored`]). See the module `kvstore/commit.rs` for where commits go
+    /// and who may read them.
+    ///
+    /// Under `dist_sync` and `dist_async` it is a collective, like `barrier`: every rank
+    /// calls it at the same point of its calls, and it returns once every rank's commit
+    /// is written (or fails on every rank, naming the ranks that could not write theirs).
+    /// Under `dist_async` it first waits for the rank's own calls and for every rank to
+    /// arrive, so that the commit holds every push made before it on any rank.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a store made without `KVSTORE_JOB`;
+    /// [`Error::Io`] when the commit cannot be written.
+    pub fn commit(&self, step: u64, extra: &[u8]) -> Result<()> {
+        let extra = extra.to_vec();
+        if let Some(remote) = &self.store.remote {
+            // (From an updater of this store, the keys it holds would wait for it.)
+            locks::check_reentry("commit", &self.store)?;
+            // Every rank's pushes applied by their owners before any rank gathers, and
+            // this rank's keys held until the commit ends.
+            let waited = self.wait_all();
+            let entries = self.store.entries();
+            let _held = remote::held_for_gather(&entries);
+            remote.barrier()?;
+            return self.store.commit_now(step, &extra, waited);
+        }
+        self.settle()?;
+        self.in_order("commit", move |store| store.commit_now(step, &extra, Ok(())))
+    }
+
+    /// What this store restored when it was made: the step and `extra` of the commit it
+    /// resumed from ([`KVStore::commit`]), or `None` (no job name, or no commit yet). A
+    /// training loop is written once: `let start = kv.restored().map_or(0, |r| r.step + 1);`.
+    pub fn restored(&self) -> Option<Restored> {
+        self.store.restored.get().cloned()
+    }
+
+    /// Initialises `key` with a row-sparse value: the key holds `value`'s rows, zero
+    /// elsewhere, and is row-sparse ([`KVStore::row_sparse_pull`] reads it).
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray, RowSparse, StorageType};
+    /// let kv = KVStore::create("local")?;
+    /// let w = RowSparse::new(NDArray::from_vec(&[1, 2], vec![1.0f32, 2.0])?, vec![2], &[3, 2])?;
+    /// kv.init_row_sparse("emb", &w)?;
+    /// assert_eq!(kv.stype("emb")?, StorageType::RowSparse);
+    /// assert_eq!(kv.pull_new("emb", 0)?.to_vec::<f32>()?, vec![0.0, 0.0, 0.0, 0.0, 1.0, 2.0]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`KVStore::init`].
+    pub fn init_row_sparse(&self, key: impl Into<Key>, value: &RowSparse) -> Result<()> {
+        self.init_row_sparse_many(&[key.into()], std::slice::from_ref(value))
+    }
+
+    /// Initialises several keys with row-sparse values, one per key, as one `init`:
+    /// when one key cannot be initialised (already initialised, repeated), none is.
+    ///
+    /// # Errors
+    /// As [`KVStore::init`] ([`Error::LengthMismatch`] when the counts differ).
+    pub fn init_row_sparse_many(&self, keys: &[Key], values: &[RowSparse]) -> Result<()> {
+        self.not_async("init_row_sparse")?;
+        if keys.len() != values.len() {
+            return Err(Error::LengthMismatch {
+                context: "init_row_sparse".into(),
+                what: "values",
+                expected: keys.len(),
+                got: values.len(),
+            });
+        }
+        let dense = values.iter().map(RowSparse::to_dense).collect::<Result<Vec<_>>>()?;
+        self.init(keys.to_vec(), &dense[..])?;
+        for key in keys {
+            let entry = self.entry("init", key)?;
+            self.on_key("init", &entry, |store, entry| store.mark_row_sparse(entry))?;
+        }
+        Ok(())
+    }
+
+    /// The storage type of `key`: row-sparse once initialised with, or assigned, a
+    /// row-sparse value.
+    ///
+    /// # Errors
+    /// [`Error::KeyNotInitialized`].
+    pub fn stype(&self, key: impl Into<Key>) -> Result<StorageType> {
+        let key = key.into();
+        let entry = self.entry("stype", &key)?;
+        self.store.stype_of(&entry)
+    }
+
+    /// Pushes row-sparse values into `key`: they are summed row by row over the union
+    /// of their rows (left to right, as dense sums), then merged as a dense push is:
+    /// with no updater the sum replaces the whole value (rows it lacks become zero,
+    /// MXNet's assign) and the key becomes row-sparse; an optimizer that MXNet updates
+    /// lazily (SGD and Adam with `lazy_update`, the default; AdaGrad; Ftrl) changes the
+    /// pushed rows only, of the weight and of its states; any other optimizer, and a
+    /// custom updater, gets the sum as a dense gradient (zero in the other rows).
+    ///
+    /// Under `dist_sync` each worker sums its values, the sums cross between workers as
+    /// their rows and indices (not densified), and every worker sums them in rank order
+    /// and merges the result: every worker ends with the same bits.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray, Optimizer, RowSparse};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init("emb", &NDArray::ones(&[3, 2])?)?;
+    /// kv.set_optimizer(Optimizer::builder("sgd").param("learning_rate", 1.0).param("wd", 0.1).build()?)?;
+    /// let g = RowSparse::new(NDArray::full(&[1, 2], 0.5)?, vec![1], &[3, 2])?;
+    /// kv.push_row_sparse("emb", &[g], 0)?;
+    /// // Only row 1 changes, weight decay included: (1 - 1 * 0.1) * 1 - 1 * 0.5.
+    /// let r = 0.9f32 - 0.5;
+    /// assert_eq!(kv.pull_new("emb", 0)?.to_vec::<f32>()?, vec![1.0, 1.0, r, r, 1.0, 1.0]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::KeyNotInitialized`], [`Error::ShapeMismatch`], [`Error::DTypeMismatch`],
+    /// [`Error::LengthMismatch`] for no value, or the updater's error. On error the key
+    /// keeps its value. Under `dist_sync`, as a dense push: every worker must make the
+    /// same call (else every worker fails it, naming each worker's call).
+    pub fn push_row_sparse(&self, key: impl Into<Key>, values: &[RowSparse], priority: i32) -> Result<()> {
+        self.push_row_sparse_many(&[(key.into(), values.to_vec())], priority)
+    }
+
+    /// Pushes row-sparse values into several keys: `pushes` pairs each key with its
+    /// values (a key given twice has its values summed, in the order given, as a dense
+    /// push's repeated keys). Every key, shape and dtype is checked before any key
+    /// changes; then each key is pushed as [`KVStore::push_row_sparse`] does.
+    ///
+    /// # Errors
+    /// As [`KVStore::push_row_sparse`]; a check that fails changes no key. An updater's
+    /// error stops the call at its key (the keys before it keep their update).
+    pub fn push_row_sparse_many(&self, pushes: &[(Key, Vec<RowSparse>)], priority: i32) -> Result<()> {
+        self.not_async("push_row_sparse")?;
+        let _ = priority;
+        let _span = self.store.counters.span("push_row_sparse", pushes.len(), pushes.first().map(|(k, _)| k));
+        // The rows pushed (their data), counted once the keys passed their checks.
+        let bytes = stats::bytes_of(pushes.iter().flat_map(|(_, vs)| vs.iter().map(RowSparse::data)));
+        if self.store.collective.is_some() {
+            // dist_sync: in call order with the store's other collective calls.
+            let pushes = pushes.to_vec();
+            return self.in_order("push_row_sparse", move |store| {
+                store.push_rows_across(&pushes)?;
+                store.counters.bytes((bytes, 0));
+                Ok(())
+            });
+        }
+        let checked = self.store.checked_rows(pushes)?;
+        self.store.counters.bytes((bytes, 0));
+        for (entry, values) in checked {
+            self.on_key("push", &entry, move |store, entry| store.push_rows(entry, &values))?;
+        }
+        Ok(())
+    }
+
+    /// The rows `row_ids` of row-sparse `key` (any order, repeats allowed: sorted and
+    /// de-duplicated, as MXNet does), as a row-sparse array whose indices are exactly
+    /// those rows (a row the key holds as zeros comes back as zeros). Copies only those
+    /// rows.
+    ///
+    /// ```
+    /// use kvstore_core::{KVStore, NDArray, RowSparse};
+    /// let kv = KVStore::create("local")?;
+    /// kv.init_row_sparse("emb", &RowSparse::from_dense(&NDArray::ones(&[3, 2])?)?)?;
+    /// let got = kv.row_sparse_pull("emb", &[2, 0, 2], 0)?;
+    /// assert_eq!(got.indices(), &[0, 2]);
+    /// assert_eq!(got.data().to_vec::<f32>()?, vec![1.0; 4]);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::KeyNotInitialized`]; [`Error::InvalidArgument`] for a key that is not
+    /// row-sparse (MXNet: "PullRowSparse expects row_sparse src NDArray") or a row id
+    /// out of range (MXNet returns a zero row for it). Under `dist_sync` it reads this
+    /// worker's copy (every worker holds the same bits): nothing crosses between workers.
+    pub fn row_sparse_pull(&self, key: impl Into<Key>, row_ids: &[i64], priority: i32) -> Result<RowSparse> {
+        self.not_async("row_sparse_pull")?;
+        let _ = priority;
+        let key = key.into();
+        let _span = self.store.counters.span("pull_row_sparse", 1, Some(&key));
+        let entry = self.entry("row_sparse_pull", &key)?;
+        let row_ids = RowIds::new(row_ids);
+        let pulled = self.on_key("row_sparse_pull", &entry, move |store, entry| store.pull_rows(entry, row_ids))?;
+        self.store.counters.bytes((0, stats::bytes_of([pulled.data()])));
+        Ok(pulled)
+    }
+
+    /// A `local` store that a store makes for itself (a `dist_async` worker's share of
+    /// the keys, the whole store gathered for a checkpoint or a commit): never in the
+    /// job's commits, which are the user's stores' (`kvstore/commit.rs`).
+    pub(crate) fn internal_local() -> Result<KVStore> {
+        // (One engine thread: its calls are the store's own, one at a time.)
+        KVStoreBuilder::internal().build()
     }
 }
 

@@ -1095,18 +1095,17 @@ pub(super) fn held_for_gather(entries: &[Arc<super::data::Entry>]) -> Vec<parkin
     entries.iter().map(|e| e.value.read()).collect()
 }
 
-impl KVStore {
-    /// `save_checkpoint` of a `dist_async` store: every worker's calls done, rank 0
+impl super::data::Store {
+    /// `save_checkpoint` of a `dist_async` store: (every worker's calls done) rank 0
     /// gathers every key's value and state from their owners and writes the file (the
     /// format of every store kind's checkpoints: any kind, any number of workers, loads
     /// it), then every worker returns.
     pub(super) fn save_checkpoint_async(&self, remote: &Shards, path: &std::path::Path) -> Result<()> {
-        self.wait_all()?;
-        let entries = self.store.entries();
+        let entries = self.entries();
         let _held = held_for_gather(&entries);
         remote.barrier()?;
         let saved = match remote.rank() {
-            0 => self.store.gathered(remote, None).and_then(|copy| copy.save_checkpoint(path)),
+            0 => self.gathered(remote, None).and_then(|copy| copy.save_checkpoint(path)),
             _ => Ok(()),
         };
         let met = remote.barrier();
@@ -1119,27 +1118,15 @@ impl KVStore {
     /// parts it owns there; keys the store lacks are made; then every worker waits for
     /// the others.
     pub(super) fn load_checkpoint_async(&self, remote: &Shards, path: &std::path::Path) -> Result<()> {
-        self.wait_all()?;
         let context = format!("load_checkpoint from {}", crate::optimizer::states::shown(path));
         let bytes = crate::optimizer::states::read_file(path, &context);
         let loaded = bytes.and_then(|bytes| {
             let file = super::checkpoint::read(&bytes, &context)?;
-            self.store.install_loaded(remote, file)
+            self.install_loaded(remote, file)
         });
         let met = remote.barrier();
         loaded?;
         met
-    }
-
-    /// Refuses `op` on a `dist_async` store, which does not have it yet.
-    pub(super) fn not_async(&self, op: &str) -> Result<()> {
-        match self.store.remote {
-            Some(_) => Err(Error::Unsupported {
-                what: format!("{op} on a {} store", self.kind()),
-                hint: "dist_async stores do not have it yet: use dist_sync".to_string(),
-            }),
-            None => Ok(()),
-        }
     }
 }
 

@@ -12,17 +12,14 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::data::Merger;
-use super::data::{Entry, KVStore, Store};
-use super::locks::{self, Held};
+use super::data::{Entry, Merger, Store};
+use super::locks::Held;
 use crate::backend::Collective;
 use crate::context::Context;
 use crate::dtype::{DType, with_dtype};
-use crate::engine::{Var, Vars};
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::ndarray::{NDArray, RowSparse, row_len};
-use crate::waits;
 
 /// A `row_sparse_pull` of at least this many rows copies them over the comm's thread
 /// pool, in pieces of `PIECE_ROWS` rows.
@@ -48,262 +45,17 @@ impl StorageType {
     }
 }
 
-impl KVStore {
-    /// Initialises `key` with a row-sparse value: the key holds `value`'s rows, zero
-    /// elsewhere, and is row-sparse ([`KVStore::row_sparse_pull`] reads it).
-    ///
-    /// ```
-    /// use kvstore_core::{KVStore, NDArray, RowSparse, StorageType};
-    /// let kv = KVStore::create("local")?;
-    /// let w = RowSparse::new(NDArray::from_vec(&[1, 2], vec![1.0f32, 2.0])?, vec![2], &[3, 2])?;
-    /// kv.init_row_sparse("emb", &w)?;
-    /// assert_eq!(kv.stype("emb")?, StorageType::RowSparse);
-    /// assert_eq!(kv.pull_new("emb", 0)?.to_vec::<f32>()?, vec![0.0, 0.0, 0.0, 0.0, 1.0, 2.0]);
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// As [`KVStore::init`].
-    pub fn init_row_sparse(&self, key: impl Into<Key>, value: &RowSparse) -> Result<()> {
-        self.init_row_sparse_many(&[key.into()], std::slice::from_ref(value))
-    }
-
-    /// Initialises several keys with row-sparse values, one per key, as one `init`:
-    /// when one key cannot be initialised (already initialised, repeated), none is.
-    ///
-    /// # Errors
-    /// As [`KVStore::init`] ([`Error::LengthMismatch`] when the counts differ).
-    pub fn init_row_sparse_many(&self, keys: &[Key], values: &[RowSparse]) -> Result<()> {
-        self.not_async("init_row_sparse")?;
-        if keys.len() != values.len() {
-            return Err(Error::LengthMismatch {
-                context: "init_row_sparse".into(),
-                what: "values",
-                expected: keys.len(),
-                got: values.len(),
-            });
-        }
-        let dense = values.iter().map(RowSparse::to_dense).collect::<Result<Vec<_>>>()?;
-        self.init(keys.to_vec(), &dense[..])?;
-        for key in keys {
-            let entry = self.entry("init", key)?;
-            self.on_key("init", &entry, move |store, entry| {
-                let held = Held::new("init", store, &[entry])?;
-                held.write("init", &[entry])?[0].row_sparse = true;
-                Ok(())
-            })?;
-        }
-        Ok(())
-    }
-
-    /// The storage type of `key`: row-sparse once initialised with, or assigned, a
-    /// row-sparse value.
-    ///
-    /// # Errors
-    /// [`Error::KeyNotInitialized`].
-    pub fn stype(&self, key: impl Into<Key>) -> Result<StorageType> {
-        let key = key.into();
-        let entry = self.entry("stype", &key)?;
-        let held = Held::new("stype", &self.store, &[&entry])?;
-        Ok(match held.read("stype", &[&entry])?[0].row_sparse {
-            true => StorageType::RowSparse,
-            false => StorageType::Default,
-        })
-    }
-
-    /// Pushes row-sparse values into `key`: they are summed row by row over the union
-    /// of their rows (left to right, as dense sums), then merged as a dense push is:
-    /// with no updater the sum replaces the whole value (rows it lacks become zero,
-    /// MXNet's assign) and the key becomes row-sparse; an optimizer that MXNet updates
-    /// lazily (SGD and Adam with `lazy_update`, the default; AdaGrad; Ftrl) changes the
-    /// pushed rows only, of the weight and of its states; any other optimizer, and a
-    /// custom updater, gets the sum as a dense gradient (zero in the other rows).
-    ///
-    /// Under `dist_sync` each worker sums its values, the sums cross between workers as
-    /// their rows and indices (not densified), and every worker sums them in rank order
-    /// and merges the result: every worker ends with the same bits.
-    ///
-    /// ```
-    /// use kvstore_core::{KVStore, NDArray, Optimizer, RowSparse};
-    /// let kv = KVStore::create("local")?;
-    /// kv.init("emb", &NDArray::ones(&[3, 2])?)?;
-    /// kv.set_optimizer(Optimizer::builder("sgd").param("learning_rate", 1.0).param("wd", 0.1).build()?)?;
-    /// let g = RowSparse::new(NDArray::full(&[1, 2], 0.5)?, vec![1], &[3, 2])?;
-    /// kv.push_row_sparse("emb", &[g], 0)?;
-    /// // Only row 1 changes, weight decay included: (1 - 1 * 0.1) * 1 - 1 * 0.5.
-    /// let r = 0.9f32 - 0.5;
-    /// assert_eq!(kv.pull_new("emb", 0)?.to_vec::<f32>()?, vec![1.0, 1.0, r, r, 1.0, 1.0]);
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::KeyNotInitialized`], [`Error::ShapeMismatch`], [`Error::DTypeMismatch`],
-    /// [`Error::LengthMismatch`] for no value, or the updater's error. On error the key
-    /// keeps its value. Under `dist_sync`, as a dense push: every worker must make the
-    /// same call (else every worker fails it, naming each worker's call).
-    pub fn push_row_sparse(&self, key: impl Into<Key>, values: &[RowSparse], priority: i32) -> Result<()> {
-        self.push_row_sparse_many(&[(key.into(), values.to_vec())], priority)
-    }
-
-    /// Pushes row-sparse values into several keys: `pushes` pairs each key with its
-    /// values (a key given twice has its values summed, in the order given, as a dense
-    /// push's repeated keys). Every key, shape and dtype is checked before any key
-    /// changes; then each key is pushed as [`KVStore::push_row_sparse`] does.
-    ///
-    /// # Errors
-    /// As [`KVStore::push_row_sparse`]; a check that fails changes no key. An updater's
-    /// error stops the call at its key (the keys before it keep their update).
-    pub fn push_row_sparse_many(&self, pushes: &[(Key, Vec<RowSparse>)], priority: i32) -> Result<()> {
-        self.not_async("push_row_sparse")?;
-        let _ = priority;
-        let _span = self.store.counters.span("push_row_sparse", pushes.len(), pushes.first().map(|(k, _)| k));
-        // The rows pushed (their data), counted once the keys passed their checks.
-        let bytes = super::stats::bytes_of(pushes.iter().flat_map(|(_, vs)| vs.iter().map(RowSparse::data)));
-        if self.store.collective.is_some() {
-            // dist_sync: in call order with the store's other collective calls.
-            let pushes = pushes.to_vec();
-            return self.in_order("push_row_sparse", move |store| {
-                store.push_rows_across(&pushes)?;
-                store.counters.bytes((bytes, 0));
-                Ok(())
-            });
-        }
-        let checked = self.store.checked_rows(pushes)?;
-        self.store.counters.bytes((bytes, 0));
-        for (entry, values) in checked {
-            self.on_key("push", &entry, move |store, entry| store.push_rows(entry, &values))?;
-        }
-        Ok(())
-    }
-
-    /// The rows `row_ids` of row-sparse `key` (any order, repeats allowed: sorted and
-    /// de-duplicated, as MXNet does), as a row-sparse array whose indices are exactly
-    /// those rows (a row the key holds as zeros comes back as zeros). Copies only those
-    /// rows.
-    ///
-    /// ```
-    /// use kvstore_core::{KVStore, NDArray, RowSparse};
-    /// let kv = KVStore::create("local")?;
-    /// kv.init_row_sparse("emb", &RowSparse::from_dense(&NDArray::ones(&[3, 2])?)?)?;
-    /// let got = kv.row_sparse_pull("emb", &[2, 0, 2], 0)?;
-    /// assert_eq!(got.indices(), &[0, 2]);
-    /// assert_eq!(got.data().to_vec::<f32>()?, vec![1.0; 4]);
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::KeyNotInitialized`]; [`Error::InvalidArgument`] for a key that is not
-    /// row-sparse (MXNet: "PullRowSparse expects row_sparse src NDArray") or a row id
-    /// out of range (MXNet returns a zero row for it). Under `dist_sync` it reads this
-    /// worker's copy (every worker holds the same bits): nothing crosses between workers.
-    pub fn row_sparse_pull(&self, key: impl Into<Key>, row_ids: &[i64], priority: i32) -> Result<RowSparse> {
-        self.not_async("row_sparse_pull")?;
-        let _ = priority;
-        let key = key.into();
-        let _span = self.store.counters.span("pull_row_sparse", 1, Some(&key));
-        let pulled = self.row_sparse_pull_of(key, row_ids)?;
-        self.store.counters.bytes((0, super::stats::bytes_of([pulled.data()])));
-        Ok(pulled)
-    }
-
-    fn row_sparse_pull_of(&self, key: Key, row_ids: &[i64]) -> Result<RowSparse> {
-        let entry = self.entry("row_sparse_pull", &key)?;
-        let row_ids = RowIds::new(row_ids);
-        self.on_key("row_sparse_pull", &entry, move |store, entry| {
-            let held = Held::new("row_sparse_pull", store, &[entry])?;
-            let guards = held.read("row_sparse_pull", &[entry])?;
-            let slot = &guards[0];
-            if !slot.row_sparse {
-                return Err(Error::invalid_argument(format!(
-                    "row_sparse_pull of key \"{}\": the key is dense, not row-sparse (pull it)",
-                    entry.key
-                )));
-            }
-            let shape = slot.value.shape().to_vec();
-            let what = || format!("row_sparse_pull of key \"{}\": the row ids", entry.key);
-            let ids = sorted_rows(row_ids, shape[0], &what)?;
-            let rl = row_len(&shape);
-            let data_shape = [&[ids.len()][..], &shape[1..]].concat();
-            // Many rows: over the comm's pool. Each row of a big table is a cache and
-            // TLB miss, and more threads wait on more of them at once (10,000 rows of
-            // 256 B from a 256 MB table, cold: 770 us on one thread of a 2-core
-            // machine, 460 on two).
-            let pool = store.comm.pool().filter(|_| ids.len() >= SPLIT_ROWS);
-            // The rows, copied once, into new memory (rows of 64 B to 4 KiB) or into a
-            // zeroed buffer.
-            let gathered = match pool {
-                Some(pool) => pool.install(|| slot.value.gathered_rows(&ids, rl, &data_shape, Some(PIECE_ROWS)))?,
-                None => slot.value.gathered_rows(&ids, rl, &data_shape, None)?,
-            };
-            if let Some(data) = gathered {
-                return RowSparse::of_checked_rows(data, ids, &shape);
-            }
-            let data = NDArray::zeros_with(&data_shape, slot.value.dtype(), Context::default())?;
-            if rl > 0 {
-                with_dtype!(slot.value.dtype(), T => slot.value.with_data(|v: &[T]| {
-                    data.with_data_mut(|d: &mut [T]| {
-                        let gather = |d: &mut [T], ids: &[i64]| {
-                            for (o, &r) in d.chunks_exact_mut(rl).zip(ids) {
-                                o.copy_from_slice(&v[r as usize * rl..(r as usize + 1) * rl]);
-                            }
-                        };
-                        match pool {
-                            Some(pool) => pool.install(|| {
-                                d.par_chunks_mut(rl * PIECE_ROWS)
-                                    .zip(ids.par_chunks(PIECE_ROWS))
-                                    .for_each(|(d, ids)| gather(d, ids));
-                            }),
-                            _ => gather(d, &ids),
-                        }
-                    })
-                })??);
-            }
-            RowSparse::of_checked_rows(data, ids, &shape)
-        })
-    }
-
-    /// The entry of `key`, for `op`.
-    fn entry(&self, op: &'static str, key: &Key) -> Result<Arc<Entry>> {
-        self.store.find(key).ok_or_else(|| Error::KeyNotInitialized { op, key: key.clone() })
-    }
-
-    /// Runs `f` on `entry` after the store's earlier calls on it: at once when none is
-    /// queued, else queued behind them (and waited for).
-    fn on_key<T: Send + 'static>(
-        &self,
-        op: &'static str,
-        entry: &Arc<Entry>,
-        f: impl FnOnce(&Store, &Arc<Entry>) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
-        locks::check_reentry(op, &self.store)?;
-        let vars: Vars = [Var::Key(entry.index)].into_iter().collect();
-        if self.engine.may_run_now(vars.iter().copied()).is_some() {
-            return f(&self.store, entry);
-        }
-        if locks::inside_updater() {
-            return Err(locks::busy_store(op));
-        }
-        let _waiting = waits::wait_for(self.engine.id(), || format!("a blocking {op} that must queue"))?;
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let (store, entry) = (Arc::clone(&self.store), Arc::clone(entry));
-        self.engine.submit(vars, 0, move || {
-            let _ = tx.send(f(&store, &entry));
-        });
-        rx.recv().map_err(|_| Error::Internal(format!("{op}: the queued call ended without a result")))?
-    }
-}
-
 /// A `row_sparse_pull`'s row ids as the call hands them to the key's queue, read once
 /// where the caller gave them: ids in `0..2^32` as 32-bit rows (half the bytes, and the
 /// radix sort's keys), with the largest and whether they are strictly increasing
 /// already; any other ids as given (a negative one, or tables past 2^32 rows).
-enum RowIds {
+pub(super) enum RowIds {
     Rows { rows: Vec<u32>, max: u32, increasing: bool },
     Other(Vec<i64>),
 }
 
 impl RowIds {
-    fn new(ids: &[i64]) -> Self {
+    pub(super) fn new(ids: &[i64]) -> Self {
         let (max, increasing, _) =
             ids.iter().fold((0u64, true, -1i64), |(max, up, last), &r| (max.max(r as u64), up && r > last, r));
         match u32::try_from(max) {
@@ -456,10 +208,81 @@ fn gather_varying(group: &dyn Collective, step: &str, mine: &[u8]) -> Result<Vec
 const PUSH_ROWS: &str = "push_row_sparse";
 
 impl Store {
+    /// Marks key `entry` row-sparse (its value is dense either way).
+    pub(super) fn mark_row_sparse(&self, entry: &Arc<Entry>) -> Result<()> {
+        let held = Held::new("init", self, &[entry])?;
+        held.write("init", &[entry])?[0].row_sparse = true;
+        Ok(())
+    }
+
+    /// Key `entry`'s storage type.
+    pub(super) fn stype_of(&self, entry: &Arc<Entry>) -> Result<StorageType> {
+        let held = Held::new("stype", self, &[entry])?;
+        Ok(match held.read("stype", &[entry])?[0].row_sparse {
+            true => StorageType::RowSparse,
+            false => StorageType::Default,
+        })
+    }
+
+    pub(super) fn pull_rows(&self, entry: &Arc<Entry>, row_ids: RowIds) -> Result<RowSparse> {
+        let store = self;
+        let held = Held::new("row_sparse_pull", store, &[entry])?;
+        let guards = held.read("row_sparse_pull", &[entry])?;
+        let slot = &guards[0];
+        if !slot.row_sparse {
+            return Err(Error::invalid_argument(format!(
+                "row_sparse_pull of key \"{}\": the key is dense, not row-sparse (pull it)",
+                entry.key
+            )));
+        }
+        let shape = slot.value.shape().to_vec();
+        let what = || format!("row_sparse_pull of key \"{}\": the row ids", entry.key);
+        let ids = sorted_rows(row_ids, shape[0], &what)?;
+        let rl = row_len(&shape);
+        let data_shape = [&[ids.len()][..], &shape[1..]].concat();
+        // Many rows: over the comm's pool. Each row of a big table is a cache and
+        // TLB miss, and more threads wait on more of them at once (10,000 rows of
+        // 256 B from a 256 MB table, cold: 770 us on one thread of a 2-core
+        // machine, 460 on two).
+        let pool = store.comm.pool().filter(|_| ids.len() >= SPLIT_ROWS);
+        // The rows, copied once, into new memory (rows of 64 B to 4 KiB) or into a
+        // zeroed buffer.
+        let gathered = match pool {
+            Some(pool) => pool.install(|| slot.value.gathered_rows(&ids, rl, &data_shape, Some(PIECE_ROWS)))?,
+            None => slot.value.gathered_rows(&ids, rl, &data_shape, None)?,
+        };
+        if let Some(data) = gathered {
+            return RowSparse::of_checked_rows(data, ids, &shape);
+        }
+        let data = NDArray::zeros_with(&data_shape, slot.value.dtype(), Context::default())?;
+        if rl > 0 {
+            with_dtype!(slot.value.dtype(), T => slot.value.with_data(|v: &[T]| {
+                data.with_data_mut(|d: &mut [T]| {
+                    let gather = |d: &mut [T], ids: &[i64]| {
+                        for (o, &r) in d.chunks_exact_mut(rl).zip(ids) {
+                            o.copy_from_slice(&v[r as usize * rl..(r as usize + 1) * rl]);
+                        }
+                    };
+                    match pool {
+                        Some(pool) => pool.install(|| {
+                            d.par_chunks_mut(rl * PIECE_ROWS)
+                                .zip(ids.par_chunks(PIECE_ROWS))
+                                .for_each(|(d, ids)| gather(d, ids));
+                        }),
+                        _ => gather(d, &ids),
+                    }
+                })
+            })??);
+        }
+        RowSparse::of_checked_rows(data, ids, &shape)
+    }
+}
+
+impl Store {
     /// A row-sparse push's keys with their values, a key given twice merged (in order
     /// of first appearance), each checked: initialised, given values, of its shape and
     /// dtype.
-    fn checked_rows(&self, pushes: &[(Key, Vec<RowSparse>)]) -> Result<Vec<(Arc<Entry>, Vec<RowSparse>)>> {
+    pub(super) fn checked_rows(&self, pushes: &[(Key, Vec<RowSparse>)]) -> Result<Vec<(Arc<Entry>, Vec<RowSparse>)>> {
         let mut merged: Vec<(Arc<Entry>, Vec<RowSparse>)> = Vec::with_capacity(pushes.len());
         let mut at: HashMap<usize, usize> = HashMap::with_capacity(pushes.len());
         for (key, values) in pushes {
@@ -495,7 +318,7 @@ impl Store {
     /// their rows and indices (every worker's reaching every worker), and each worker
     /// sums them in rank order, row by row, and merges that sum as a local row-sparse
     /// push does. Every worker gets the same bits.
-    fn push_rows_across(&self, pushes: &[(Key, Vec<RowSparse>)]) -> Result<()> {
+    pub(super) fn push_rows_across(&self, pushes: &[(Key, Vec<RowSparse>)]) -> Result<()> {
         let Some(group) = self.collective.clone() else {
             return Err(Error::Internal("push_rows_across on a store of one worker".into()));
         };
@@ -533,7 +356,7 @@ impl Store {
 
     /// `push_row_sparse`'s work, its key's earlier calls done, its values checked
     /// ([`Store::checked_rows`]).
-    fn push_rows(&self, entry: &Arc<Entry>, values: &[RowSparse]) -> Result<()> {
+    pub(super) fn push_rows(&self, entry: &Arc<Entry>, values: &[RowSparse]) -> Result<()> {
         const OP: &str = "push";
         let held = Held::new(OP, self, &[entry])?;
         let merger = held.merger_read(OP, &self.merger)?;

@@ -9,7 +9,6 @@
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -21,11 +20,10 @@ use crate::key::Key;
 use crate::ndarray::NDArray;
 use crate::timeline::{self, Arg, Slowest};
 
-use super::data::KVStore;
 use super::forms::Run;
 
 /// What a store did since it was made or its counters were last reset
-/// ([`KVStore::stats`], [`KVStore::reset_stats`]).
+/// ([`KVStore::stats`](crate::KVStore::stats), [`KVStore::reset_stats`](crate::KVStore::reset_stats)).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stats {
     /// Calls and keys by kind of call: `init`, `push`, `pull`, `pushpull`,
@@ -529,83 +527,6 @@ impl Drop for Timed<'_> {
         if timeline::recording() {
             timeline::complete(self.phase.name(), "phase", self.start, end, std::mem::take(&mut self.args));
         }
-    }
-}
-
-impl KVStore {
-    /// What this store did since it was made or [`KVStore::reset_stats`]: calls and
-    /// keys by kind, bytes pushed, pulled and on the wire, time in each phase, and
-    /// under `dist_sync`, per worker, at how many collectives it arrived last and how
-    /// late on average (see [`Stats`]).
-    ///
-    /// ```
-    /// use kvstore_core::{KVStore, NDArray};
-    /// let kv = KVStore::create("local")?;
-    /// kv.init("w", &NDArray::zeros(&[4])?)?;
-    /// kv.push("w", &NDArray::ones(&[4])?, 0)?;
-    /// let s = kv.stats();
-    /// assert_eq!((s.calls["push"].calls, s.bytes_pushed), (1, 16));
-    /// kv.reset_stats();
-    /// assert!(kv.stats().calls.is_empty());
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    pub fn stats(&self) -> Stats {
-        self.store.counters.snapshot()
-    }
-
-    /// Sets this store's counters ([`KVStore::stats`]) to zero.
-    pub fn reset_stats(&self) {
-        self.store.counters.reset();
-    }
-
-    /// Starts writing the timeline of this process's stores to `path` (see
-    /// [`crate::timeline`]; as `KVSTORE_TIMELINE=path` does for a whole program). Under
-    /// `dist_sync`, each worker writes its own file beside `path` (`trace.json` →
-    /// `trace.rank1.json`) until [`KVStore::stop_timeline`] merges them.
-    ///
-    /// # Errors
-    /// [`Error::Io`](crate::Error::Io) when the file cannot be made.
-    pub fn start_timeline(&self, path: impl AsRef<Path>) -> Result<()> {
-        timeline::start(path)
-    }
-
-    /// Stops the timeline and closes its file; under `dist_sync` (a collective, as
-    /// [`KVStore::barrier`]: every worker calls it) after this worker's calls are
-    /// done, and worker 0 merges every worker's file into the path the timeline was
-    /// started with, on rank 0's clock. Returns the file written here (the merged one
-    /// on worker 0), or `None` when the timeline was off.
-    ///
-    /// ```
-    /// use kvstore_core::{KVStore, NDArray};
-    /// let kv = KVStore::create("local")?;
-    /// let path = std::env::temp_dir().join(format!("kvstore-doc-{}.json", std::process::id()));
-    /// kv.start_timeline(&path)?;
-    /// kv.init("w", &NDArray::zeros(&[4])?)?;
-    /// kv.push("w", &NDArray::ones(&[4])?, 0)?;
-    /// assert_eq!(kv.stop_timeline()?, Some(path.clone()));
-    /// let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
-    /// assert!(trace["traceEvents"].as_array().unwrap().iter().any(|e| e["name"] == "push"));
-    /// # std::fs::remove_file(&path)?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::Io`](crate::Error::Io) when a file cannot be written; under `dist_sync`,
-    /// an earlier call's error, and the group's errors.
-    pub fn stop_timeline(&self) -> Result<Option<PathBuf>> {
-        if self.store.collective.is_none() {
-            return timeline::stop();
-        }
-        self.wait_all()?;
-        let written = Arc::new(parking_lot::Mutex::new(None));
-        let out = Arc::clone(&written);
-        self.in_order("stop_timeline", move |store| {
-            store.check_step("stop_timeline", &[], Ok(()))?;
-            let group = store.collective.as_deref().ok_or_else(|| Error::Internal("no group".into()))?;
-            *out.lock() = finish_timeline(group, false)?;
-            Ok(())
-        })?;
-        Ok(written.lock().take())
     }
 }
 

@@ -37,10 +37,10 @@ use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use crate::engine::{self, HeldBatch, HeldCalls, Var, Vars};
+use crate::engine::{self, Engine, HeldBatch, HeldCalls, Var, Vars};
 use crate::error::{Error, Result};
 use crate::kvstore::calls::{Copies, Input, Owned, borrow, borrow_inputs, start_reads};
-use crate::kvstore::data::{Entry, Found, Group, KVStore, Merger, Store};
+use crate::kvstore::data::{Entry, Found, Group, Merger, Store};
 use crate::kvstore::locks::Held;
 use crate::kvstore::merge::Calls;
 use crate::kvstore::pending::{Done, Pending};
@@ -137,15 +137,21 @@ fn key_bytes(calls: &[Call]) -> Vec<(String, u64)> {
     entries.filter(|e| seen.insert(e.index)).map(|e| (e.key.as_str().to_string(), e.bytes())).collect()
 }
 
-impl KVStore {
+impl Store {
     /// Whether a non-blocking call may join a batch (see the module docs), and what it
     /// brings to it.
-    pub(in crate::kvstore) fn fusable<'a>(&self, op: &'static str, push: &Found<'a>, pull: &Found<'a>) -> Option<Fuse> {
-        let limit = self.store.fuse_bytes;
-        if limit == 0 || !self.engine.is_ordered() || push.is_empty() || !matches!(op, "push" | "pushpull") {
+    pub(in crate::kvstore) fn fusable<'a>(
+        &self,
+        engine: &Engine,
+        op: &'static str,
+        push: &Found<'a>,
+        pull: &Found<'a>,
+    ) -> Option<Fuse> {
+        let limit = self.fuse_bytes;
+        if limit == 0 || !engine.is_ordered() || push.is_empty() || !matches!(op, "push" | "pushpull") {
             return None;
         }
-        if !matches!(*self.store.merger.try_read()?, Merger::Assign | Merger::Optimizer(_)) {
+        if !matches!(*self.merger.try_read()?, Merger::Assign | Merger::Optimizer(_)) {
             return None;
         }
         let mut keys = Vec::with_capacity(push.len() + pull.len());
@@ -163,8 +169,10 @@ impl KVStore {
 
     /// Holds a non-blocking call in the group engine's batch (joining the batch held
     /// now, or starting one) and returns its handle.
+    #[allow(clippy::too_many_arguments)]
     pub(in crate::kvstore) fn hold(
-        &self,
+        self: &Arc<Self>,
+        engine: &Arc<Engine>,
         op: &'static str,
         vars: Vars,
         push: Owned<Input>,
@@ -172,16 +180,16 @@ impl KVStore {
         fuse: Fuse,
         made: (u64, u64),
     ) -> Pending {
-        let done = Done::new(Arc::clone(&self.store.unobserved), self.engine.id());
+        let done = Done::new(Arc::clone(&self.unobserved), engine.id());
         let outs: Vec<_> = pull.iter().flat_map(|(_, outs)| outs.iter().cloned()).collect();
         let out_ids: Vec<usize> = outs.iter().map(|a| a.buffer_id()).collect();
-        let writes = match PendingWrites::new(self.engine.id(), outs) {
+        let writes = match PendingWrites::new(engine.id(), outs) {
             Ok(writes) => writes,
-            Err(e) => return Pending::finished(Err(e), Arc::clone(&self.store.unobserved)),
+            Err(e) => return Pending::finished(Err(e), Arc::clone(&self.unobserved)),
         };
         let call = Call { op, push, pull, done: Arc::clone(&done), writes, made };
-        let owner = Arc::as_ptr(&self.store);
-        let mut held = self.engine.held();
+        let owner = Arc::as_ptr(self);
+        let mut held = engine.held();
         let (id, bytes, calls) = if let Some(open) = held.open()
             && let Some(batch) = open.calls.as_any().downcast_mut::<Batch>()
             && std::ptr::eq(Arc::as_ptr(&batch.store), owner)
@@ -196,18 +204,18 @@ impl KVStore {
             (open.id, batch.bytes, batch.calls.len())
         } else {
             let batch = Batch {
-                store: Arc::clone(&self.store),
+                store: Arc::clone(self),
                 calls: vec![call],
                 keys: fuse.keys.into_iter().collect(),
                 bytes: fuse.bytes,
             };
             (held.start(HeldCalls { id: 0, vars, outs: out_ids, calls: Box::new(batch) }), fuse.bytes, 1)
         };
-        if bytes >= self.store.fuse_bytes || calls >= MAX_CALLS {
+        if bytes >= self.fuse_bytes || calls >= MAX_CALLS {
             held.release();
         }
         drop(held);
-        Pending::held(done, &self.engine, id)
+        Pending::held(done, engine, id)
     }
 }
 
