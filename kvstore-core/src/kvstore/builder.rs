@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::data::{KVStore, Merger, Store, Table};
+use super::data::{Durable, KVStore, Merger, Store, Table};
 use super::{pending::Unobserved, run, stats};
 use crate::collective::Collective;
 use crate::comm::StoreKind;
@@ -237,7 +237,7 @@ impl KVStoreBuilder {
         let max_copied_bytes = number(self.max_copied_bytes, MAX_COPIED_BYTES_VAR, DEFAULT_MAX_COPIED_BYTES)?;
         let grouped = self.collective.is_some() || remote.is_some();
         let commits = match self.commits {
-            true => super::commit::Folder::for_next_store(grouped)?,
+            true => super::commit::Folder::for_next_store(grouped)?.map(|f| Box::new(f) as Box<dyn Durable>),
             false => None,
         };
         let store = Store {

@@ -61,7 +61,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::agree::Said;
 use super::checkpoint::Snapshot;
-use super::data::{KVStore, Store};
+use super::data::{Durable, KVStore, Restored, Store};
 use super::remote::Shards;
 use crate::collective::Collective;
 use crate::dtype::DType;
@@ -83,16 +83,6 @@ const MAGIC: &[u8; 8] = b"KVSTCMT4";
 const HEADER: usize = 8 + 8 + 4 + 4 + 8 + 8 + 8 + 8 + 4;
 /// How many marked commits are kept.
 const KEEP: usize = 2;
-
-/// What a store restored from a commit: its step and the user's bytes
-/// ([`KVStore::restored`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Restored {
-    /// The step given to the commit.
-    pub step: u64,
-    /// The bytes given to the commit (a data loader's position, a generator's state).
-    pub extra: Vec<u8>,
-}
 
 /// The workers a store's commits and restores agree with: a `dist_sync` store's group,
 /// or a `dist_async` store's owners (exchanges by request: [`Shards::exchange`]).
@@ -1005,15 +995,40 @@ fn decode(bytes: &[u8]) -> std::result::Result<Commit<'_>, &'static str> {
 
 impl Store {
     /// Commits now (the caller ordered it after the calls before it; `before`: whether
-    /// this rank's calls before it went well): every rank writes its file, and once
-    /// every rank did, marks the step done.
+    /// this rank's calls before it went well), through the store's durability.
     pub(super) fn commit_now(&self, step: u64, extra: &[u8], before: Result<()>) -> Result<()> {
-        const OP: &str = "commit";
-        let folder = self.commits.as_ref().ok_or_else(|| {
+        let durable = self.commits.as_deref().ok_or_else(|| {
             Error::invalid_argument(format!(
                 "commit: the store has no job name; set {JOB_VAR} (kvstore-run sets it) before making the store"
             ))
         })?;
+        durable.commit(self, step, extra, before)
+    }
+
+    /// Restores the newest marked commit, when the store has a job name: what it
+    /// restored, or `None`.
+    pub(super) fn restore(&self) -> Result<Option<Restored>> {
+        self.commits.as_deref().map_or(Ok(None), |durable| durable.restore(self))
+    }
+}
+
+/// A folder of commits is the store's durability.
+impl Durable for Folder {
+    fn commit(&self, store: &Store, step: u64, extra: &[u8], before: Result<()>) -> Result<()> {
+        store.commit_to(self, step, extra, before)
+    }
+
+    fn restore(&self, store: &Store) -> Result<Option<Restored>> {
+        store.restore_from(self)
+    }
+}
+
+impl Store {
+    /// Commits now (the caller ordered it after the calls before it; `before`: whether
+    /// this rank's calls before it went well): every rank writes its file, and once
+    /// every rank did, marks the step done.
+    fn commit_to(&self, folder: &Folder, step: u64, extra: &[u8], before: Result<()>) -> Result<()> {
+        const OP: &str = "commit";
         self.check_step(OP, &[], Ok(()))?;
         let group = self.peers();
         let (rank, ranks) = group.map_or((0, 1), |g| (g.rank(), g.size()));
@@ -1091,8 +1106,7 @@ impl Store {
 
     /// Restores the newest marked commit (see the module's docs), when the store has a
     /// job name: what it restored, or `None`.
-    pub(super) fn restore(&self) -> Result<Option<Restored>> {
-        let Some(folder) = &self.commits else { return Ok(None) };
+    fn restore_from(&self, folder: &Folder) -> Result<Option<Restored>> {
         let began = std::time::Instant::now();
         let found = folder.newest(self.peers().map_or(0, |g| g.rank()));
         let damaged = |why: String| Error::Io {
@@ -1111,7 +1125,7 @@ impl Store {
             return match found? {
                 (Some((step, bytes)), why) => {
                     passed_over(&why, step);
-                    self.restore_bytes(step, &bytes, began).map(Some)
+                    self.restore_bytes(folder, step, &bytes, began).map(Some)
                 }
                 (None, Some((_, why))) => Err(damaged(why)),
                 (None, None) => Ok(None),
@@ -1185,12 +1199,12 @@ impl Store {
         // every rank loads the bytes of the lowest rank that has it.
         if (0..all.len()).all(|r| at(r, 0) == newest) {
             let (_, bytes) = mine.expect("this rank's commit");
-            return self.restore_bytes(step, &bytes, began).map(Some);
+            return self.restore_bytes(folder, step, &bytes, began).map(Some);
         }
         let root = (0..all.len()).find(|&r| at(r, 0) == newest).expect("a rank with the newest");
         let mine = mine.filter(|_| group.rank() == root).map(|(_, bytes)| bytes).unwrap_or_default();
         let bytes = group.broadcast("restore-commit", mine, root)?;
-        self.restore_bytes(step, &bytes, began).map(Some)
+        self.restore_bytes(folder, step, &bytes, began).map(Some)
     }
 
     /// Loads the commit `bytes` of `step` into the store (`began`: when the restore began,
@@ -1198,7 +1212,7 @@ impl Store {
     /// residuals are this rank's own record: the commit's when this rank wrote it, else
     /// the one beside it on this host, else one a rank of another host has
     /// ([`fetch_records`]); without one, the commit's `extra` and no residuals.
-    fn restore_bytes(&self, step: u64, bytes: &[u8], began: std::time::Instant) -> Result<Restored> {
+    fn restore_bytes(&self, folder: &Folder, step: u64, bytes: &[u8], began: std::time::Instant) -> Result<Restored> {
         let context = format!("restore of step {step}");
         let commit =
             decode(bytes).map_err(|why| Error::Io { context: context.clone(), source: std::io::Error::other(why) });
@@ -1216,13 +1230,11 @@ impl Store {
         let (rank, ranks) = self.peers().map_or((0, 1), |g| (g.rank(), g.size()));
         let mut own = match commit.rank == rank {
             true => Some(commit.record()),
-            false => self.commits.as_ref().and_then(|folder| folder.own_extra(step, rank)),
+            false => folder.own_extra(step, rank),
         };
-        if let Some(folder) = &self.commits {
-            folder.forget_after(step);
-            if let Some(group) = self.peers() {
-                own = fetch_records(group, folder, step, own)?;
-            }
+        folder.forget_after(step);
+        if let Some(group) = self.peers() {
+            own = fetch_records(group, folder, step, own)?;
         }
         // A rank's residuals are what its own pushes did not send: on another number of
         // ranks, the pushes are other ranks' too.

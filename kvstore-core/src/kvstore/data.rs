@@ -277,9 +277,9 @@ pub(crate) struct Store {
     /// ([`crate::timeline::Hold`]).
     pub(super) _timeline: crate::timeline::Hold,
     /// Where its commits go, with a job name (`kvstore/commit.rs`).
-    pub(super) commits: Option<super::commit::Folder>,
+    pub(super) commits: Option<Box<dyn Durable>>,
     /// The commit it restored when it was made.
-    pub(super) restored: std::sync::OnceLock<super::commit::Restored>,
+    pub(super) restored: std::sync::OnceLock<Restored>,
     /// The fusion size of non-blocking calls across calls, 0 for none
     /// ([`KVStoreBuilder::fuse_calls`], `kvstore/run/fused.rs`).
     pub(super) fuse_bytes: usize,
@@ -296,6 +296,28 @@ impl fmt::Debug for KVStore {
             .field("keys", &self.store.table.read().entries.len())
             .finish_non_exhaustive()
     }
+}
+
+/// What a store restored from a commit: its step and the user's bytes
+/// ([`KVStore::restored`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Restored {
+    /// The step given to the commit.
+    pub step: u64,
+    /// The bytes given to the commit (a data loader's position, a generator's state).
+    pub extra: Vec<u8>,
+}
+
+/// What makes a store durable, behind the one seam the store knows: it commits the
+/// store as of a step, and restores the newest whole commit when the store is made
+/// (`kvstore/commit.rs`: a job's folder of commits).
+pub(super) trait Durable: Send + Sync {
+    /// Commits `store` as of `step`, with the user's `extra` bytes (`before`: whether
+    /// this rank's calls before it went well).
+    fn commit(&self, store: &Store, step: u64, extra: &[u8], before: Result<()>) -> Result<()>;
+
+    /// Restores the newest whole commit into `store`: what it restored, or `None`.
+    fn restore(&self, store: &Store) -> Result<Option<Restored>>;
 }
 
 /// A call's keys' entries, each with its arrays, in call order (a key may appear more

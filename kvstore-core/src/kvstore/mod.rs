@@ -33,9 +33,9 @@ mod steps;
 
 pub use builder::KVStoreBuilder;
 use calls::broadcast_args;
-pub use commit::{COMMIT_DIR_VAR, JOB_VAR, Restored, job_folder, newest_commit};
-pub use data::KVStore;
+pub use commit::{COMMIT_DIR_VAR, JOB_VAR, job_folder, newest_commit};
 use data::{Entry, Merger, Store};
+pub use data::{KVStore, Restored};
 use locks::Held;
 pub use pending::{Pending, Release};
 use sparse::RowIds;
