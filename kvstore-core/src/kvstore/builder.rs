@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::data::{Durable, KVStore, Merger, Store, Table};
+use super::data::{Durable, KVStore, Merger, Owners, Store, Table};
 use super::{pending::Unobserved, run, stats};
 use crate::collective::Collective;
 use crate::comm::StoreKind;
@@ -230,7 +230,7 @@ impl KVStoreBuilder {
             }
             remote.set_timeout(timeout);
         }
-        let remote = self.remote.map(super::remote::Shards::new).transpose()?.map(Arc::new);
+        let remote = self.remote.map(super::remote::Shards::new).transpose()?.map(|s| Arc::new(s) as Arc<dyn Owners>);
         use crate::settings::{FUSE_BYTES_VAR, MAX_COPIED_BYTES_VAR, MAX_QUEUED_CALLS_VAR, number};
         let fuse_bytes = number(self.fuse_bytes, FUSE_BYTES_VAR, run::fused::DEFAULT_FUSE_BYTES)?;
         let max_queued_calls = number(self.max_queued_calls, MAX_QUEUED_CALLS_VAR, DEFAULT_MAX_QUEUED_CALLS)?;

@@ -33,11 +33,11 @@
 //!
 //! A `dist_async` store's keys live with their owners: at a commit, every rank waits for
 //! its calls and meets the others; then the first rank of each host gathers the whole
-//! store from the owners into a local store (`Store::gathered`, as `save_checkpoint`
+//! store from the owners into a local store (`Owners::gathered`, as `save_checkpoint`
 //! does; no push runs meanwhile, every rank being in the commit; kept for the next
 //! commit to gather into, its memory in place) and writes the host's copy alone
 //! (`Writing::alone`), while the host's other ranks write their `extra`. The
-//! ranks agree through [`Peers`] (exchanges by request, `Shards::exchange`). A restore
+//! ranks agree through [`Peers`] (exchanges by request, `Owners::exchange`). A restore
 //! checks the copy whole, then puts each rank's parts into its share one key at a time
 //! (`Store::install_loaded`), at any number of ranks.
 //!
@@ -61,8 +61,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::agree::Said;
 use super::checkpoint::Snapshot;
-use super::data::{Durable, KVStore, Restored, Store};
-use super::remote::Shards;
+use super::data::{Durable, KVStore, Owners, Restored, Store};
 use crate::collective::Collective;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -85,11 +84,11 @@ const HEADER: usize = 8 + 8 + 4 + 4 + 8 + 8 + 8 + 8 + 4;
 const KEEP: usize = 2;
 
 /// The workers a store's commits and restores agree with: a `dist_sync` store's group,
-/// or a `dist_async` store's owners (exchanges by request: [`Shards::exchange`]).
+/// or a `dist_async` store's owners (exchanges by request: [`Owners::exchange`]).
 #[derive(Clone, Copy)]
 pub(super) enum Peers<'a> {
     Sync(&'a Arc<dyn Collective>),
-    Async(&'a Shards),
+    Async(&'a dyn Owners),
 }
 
 impl Peers<'_> {
@@ -153,7 +152,7 @@ impl Store {
     pub(super) fn peers(&self) -> Option<Peers<'_>> {
         match (&self.collective, &self.remote) {
             (Some(group), _) => Some(Peers::Sync(group)),
-            (None, Some(remote)) => Some(Peers::Async(remote)),
+            (None, Some(remote)) => Some(Peers::Async(&**remote)),
             (None, None) => None,
         }
     }
@@ -1065,7 +1064,7 @@ impl Store {
                     Some(remote) => folder.host(group).and_then(|host| {
                         let first = host.first() == Some(&rank);
                         let copy = match first {
-                            true => self.gathered(remote, folder.gathered.lock().take())?,
+                            true => remote.gathered(&self.entries(), folder.gathered.lock().take())?,
                             false => KVStore::internal_local()?,
                         };
                         let wrote = copy.store.snapshot(OP, &mut write);
@@ -1318,7 +1317,7 @@ impl Store {
         let what = "could not read or check the commit";
         self.agree(OP, context, loaded.as_ref().map(|_| 0).map_err(|_| ()), what)?;
         let file = loaded?;
-        let installed = self.install_loaded(remote, file);
+        let installed = self.install_loaded(&**remote, file);
         self.agree(OP, context, installed.as_ref().map(|_| 0).map_err(|_| ()), "could not install the commit")?;
         installed
     }

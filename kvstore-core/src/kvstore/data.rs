@@ -18,7 +18,7 @@ use crate::engine::Engine;
 use crate::error::Result;
 use crate::key::Key;
 use crate::ndarray::NDArray;
-use crate::optimizer::{KeyState, Runtime};
+use crate::optimizer::{KeyState, Optimizer, Runtime};
 use crate::updater::Updater;
 
 /// Laid out for a call on many keys: what a call reads of each key's entry (its index,
@@ -251,7 +251,7 @@ impl Drop for KVStore {
 pub(crate) struct Store {
     pub(super) collective: Option<Arc<dyn Collective>>,
     /// A `dist_async` store's link to the keys' owners (`kvstore/remote.rs`).
-    pub(super) remote: Option<Arc<super::remote::Shards>>,
+    pub(super) remote: Option<Arc<dyn Owners>>,
     pub(super) kind: String,
     /// How data moves and where keys live (`CommCpu` for `local` and `dist_sync`,
     /// `CommDevice` for `device` and `dist_sync_device`).
@@ -306,6 +306,49 @@ pub struct Restored {
     pub step: u64,
     /// The bytes given to the commit (a data loader's position, a generator's state).
     pub extra: Vec<u8>,
+}
+
+/// A `dist_async` store's keys' owners, behind the one seam the store knows
+/// (`kvstore/remote.rs`: `Shards`, over a `Remote` transport): each key lives, with its
+/// optimizer state, on the worker or workers that own its parts; this worker's own
+/// parts live in its share, a local store.
+pub(super) trait Owners: Send + Sync {
+    /// This worker's rank among the job's workers.
+    fn rank(&self) -> usize;
+    /// The number of workers.
+    fn size(&self) -> usize;
+    /// Gives key `key`'s first value to its owners.
+    fn init(&self, key: &Key, value: &NDArray) -> Result<()>;
+    /// Sends `sum` (this worker's sum of a push) to the key's owners, which merge it.
+    fn push(&self, key: &Key, sum: &NDArray) -> Result<()>;
+    /// Reads the key's value from its owners into `into`.
+    fn pull(&self, key: &Key, into: &NDArray) -> Result<()>;
+    /// Waits until every worker has called it (answering requests meanwhile).
+    fn barrier(&self) -> Result<()>;
+    /// Every worker's `mine` for the call `step`, in rank order.
+    fn exchange(&self, step: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
+    /// Worker `root`'s bytes (`mine` there) on every worker, for the call `step`.
+    fn broadcast(&self, step: &str, mine: Vec<u8>, root: usize) -> Result<Vec<u8>>;
+    /// This worker's share: the local store of the parts it owns.
+    fn share(&self) -> &Store;
+    /// Installs `optimizer` on this worker's share.
+    fn set_optimizer(&self, optimizer: Optimizer) -> Result<()>;
+    /// Installs `updater` on this worker's share.
+    fn set_updater(&self, updater: Arc<dyn Updater>) -> Result<()>;
+    /// Removes the share's updater.
+    fn clear_updater(&self) -> Result<()>;
+    /// The name of the share's optimizer, if it has one.
+    fn optimizer_name(&self) -> Option<&'static str>;
+    /// The share's optimizer state (its store-wide counters) as bytes, for a commit.
+    fn optimizer_state(&self) -> Vec<u8>;
+    /// Restores the share's optimizer state from [`Owners::optimizer_state`]'s bytes.
+    fn restore_optimizer_state(&self, context: &str, bytes: &[u8]) -> Result<()>;
+    /// The whole store as the owners hold it, the keys of `entries` gathered into a local
+    /// store (into `kept`, the copy of an earlier gather, when given), with the optimizer.
+    fn gathered(&self, entries: &[Arc<Entry>], kept: Option<KVStore>) -> Result<KVStore>;
+    /// Puts this worker's parts of `key` (its whole `value` and `state`, as loaded) into
+    /// its share: their names there.
+    fn restore_key(&self, key: &Key, value: &NDArray, state: Option<&KeyState>) -> Result<Vec<Key>>;
 }
 
 /// What makes a store durable, behind the one seam the store knows: it commits the

@@ -138,7 +138,7 @@ impl Store {
         mut calls: Option<&mut Calls<'_>>,
     ) -> Result<()> {
         if let Some(remote) = &self.remote {
-            return self.apply_remote(remote, push, pull, push_slots, pull_slots, guards);
+            return self.apply_remote(&**remote, push, pull, push_slots, pull_slots, guards);
         }
         // The comm's policy, before the sums: where each key lives (`CommDevice` gives
         // a key pushed from devices its device), then what to sum (`CommCpu` sums
@@ -457,7 +457,7 @@ impl Store {
     /// owners into this worker's copy, and from there to the call's outs.
     pub(super) fn apply_remote(
         &self,
-        remote: &super::remote::Shards,
+        remote: &dyn super::data::Owners,
         push: &[Group<'_>],
         pull: &[Group<'_>],
         push_slots: &[usize],

@@ -849,7 +849,7 @@ impl KVStore {
     pub fn save_checkpoint(&self, path: impl AsRef<Path>) -> Result<()> {
         if let Some(remote) = &self.store.remote {
             self.wait_all()?;
-            return self.store.save_checkpoint_async(remote, path.as_ref());
+            return self.store.save_checkpoint_async(&**remote, path.as_ref());
         }
         let path: PathBuf = path.as_ref().to_path_buf();
         self.settle()?;
@@ -892,7 +892,7 @@ impl KVStore {
     pub fn load_checkpoint(&self, path: impl AsRef<Path>) -> Result<()> {
         if let Some(remote) = &self.store.remote {
             self.wait_all()?;
-            return self.store.load_checkpoint_async(remote, path.as_ref());
+            return self.store.load_checkpoint_async(&**remote, path.as_ref());
         }
         let path: PathBuf = path.as_ref().to_path_buf();
         self.settle()?;

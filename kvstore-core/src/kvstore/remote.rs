@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::data::{KVStore, Merger, Slot};
+use super::data::{Entry, KVStore, Merger, Owners, Slot, Store};
 use super::locks::Held;
 use crate::context::Context;
 use crate::dtype::DType;
@@ -40,7 +40,7 @@ const SNAPSHOT: u8 = 4;
 /// The most bytes a transport adds to a request (`Remote::request`).
 const FRAMING: usize = 16;
 
-/// The most bytes of a piece in which [`Shards::broadcast`] sends (a whole commit may be
+/// The most bytes of a piece in which [`Owners::broadcast`] sends (a whole commit may be
 /// more than one message holds), and how many workers it sends a piece to at once: the
 /// root holds at most that many copies of a piece.
 const PIECE: usize = 64 << 20;
@@ -66,7 +66,7 @@ pub(crate) struct Shards {
     /// The buffers of this worker's own parts of split keys, for its own calls.
     own: Buffers,
     bound: usize,
-    /// The channel of the workers' exchanges ([`Shards::exchange`]), the messages it
+    /// The channel of the workers' exchanges ([`Owners::exchange`]), the messages it
     /// received, and the number of the next exchange.
     mail: u32,
     mailbox: Arc<Mailbox>,
@@ -344,48 +344,6 @@ impl Shards {
         Ok(Shards { transport, channel, server, own, bound, mail, mailbox, exchanges: AtomicU64::new(0) })
     }
 
-    /// Every worker's `mine` for the exchange named `step`, in rank order: a collective
-    /// (every worker calls it at the same point) by requests, for a `dist_async` store's
-    /// commits (`kvstore/commit.rs`). Each worker sends its bytes to every other, then
-    /// they meet at a barrier; a worker whose exchange there had another name (its calls
-    /// are not the others') is an error.
-    pub(crate) fn exchange(&self, step: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let (me, n) = (self.rank(), self.size());
-        let number = self.post(step, (0..n).filter(|&r| r != me).collect(), mine)?;
-        (0..n).map(|r| if r == me { Ok(mine.to_vec()) } else { self.take(step, r, number) }).collect()
-    }
-
-    /// Worker `root`'s bytes on every worker (`mine`: the root's; the others' is not
-    /// read): a collective, as [`Shards::exchange`]. They go in pieces of at most
-    /// [`PIECE`] bytes (less where the transport's messages are smaller), after their
-    /// length.
-    pub(crate) fn broadcast(&self, step: &str, mine: Vec<u8>, root: usize) -> Result<Vec<u8>> {
-        let (me, n) = (self.rank(), self.size());
-        let to = || if me == root { (0..n).filter(|&r| r != me).collect() } else { Vec::new() };
-        let number = self.post(step, to(), &(mine.len() as u64).to_le_bytes())?;
-        let len = match me == root {
-            true => mine.len(),
-            false => {
-                let len = self.take(step, root, number)?;
-                let len = len.get(..8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
-                let len =
-                    len.ok_or_else(|| Error::Internal("dist_async: a broadcast's length is not 8 bytes".into()))?;
-                usize::try_from(len).map_err(|_| Error::Internal(format!("dist_async: a broadcast of {len} bytes")))?
-            }
-        };
-        let mut got = Vec::new();
-        // (Room for the exchange's number and name, and the transport's framing.)
-        let piece_len = PIECE.min(self.transport.max_message().saturating_sub(FRAMING + 12 + step.len())).max(1);
-        for at in (0..len).step_by(piece_len) {
-            let piece = mine.get(at..len.min(at + piece_len)).unwrap_or_default();
-            let number = self.post(step, to(), piece)?;
-            if me != root {
-                got.extend_from_slice(&self.take(step, root, number)?);
-            }
-        }
-        if me == root { Ok(mine) } else { Ok(got) }
-    }
-
     /// Sends `bytes` to each worker of `to` as the next exchange's message (named `step`),
     /// and waits at a barrier: then every worker's messages of it have arrived. Its number.
     fn post(&self, step: &str, to: Vec<usize>, bytes: &[u8]) -> Result<u64> {
@@ -439,40 +397,6 @@ impl Shards {
         }
         message.drain(..4 + name_len);
         Ok(message)
-    }
-
-    /// This worker's share's optimizer state (its store-wide counters: the updates the
-    /// share applied, the schedule's progress, the rule's shared values) as JSON bytes,
-    /// for its commits' record; empty without an optimizer.
-    pub(crate) fn optimizer_state(&self) -> Vec<u8> {
-        match &*self.server.store.merger.read() {
-            Merger::Optimizer(rt) => crate::optimizer::states::runtime_json(rt).to_string().into_bytes(),
-            _ => Vec::new(),
-        }
-    }
-
-    /// Restores this worker's share's optimizer state from [`Shards::optimizer_state`]'s
-    /// bytes, onto the optimizer the share has (a commit's, just installed).
-    pub(crate) fn restore_optimizer_state(&self, context: &str, bytes: &[u8]) -> Result<()> {
-        let bad = |why: String| Error::Io {
-            context: context.to_string(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("its optimizer state: {why}")),
-        };
-        let json: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
-        let saved = crate::optimizer::states::runtime_from_json(&json, &bad)?.snapshot();
-        if let Merger::Optimizer(rt) = &*self.server.store.merger.read() {
-            rt.check_snapshot(&saved, context)?;
-            rt.restore(saved);
-        }
-        Ok(())
-    }
-
-    pub(crate) fn rank(&self) -> usize {
-        self.transport.rank()
-    }
-
-    pub(crate) fn size(&self) -> usize {
-        self.transport.size()
     }
 
     /// The parts of `key`, of `size` elements.
@@ -605,19 +529,30 @@ impl Shards {
             (Ok(()), replies) => replies,
         }
     }
+}
+
+/// A `dist_async` store's owners are its shards.
+impl Owners for Shards {
+    fn rank(&self) -> usize {
+        self.transport.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.transport.size()
+    }
 
     /// Initialises `key` on its owners with `value` (one worker does, rank 0).
-    pub(crate) fn init(&self, key: &Key, value: &NDArray) -> Result<()> {
+    fn init(&self, key: &Key, value: &NDArray) -> Result<()> {
         self.send(INIT, key, value)
     }
 
     /// Pushes `sum` (this worker's sum of its values of `key`) to the owners.
-    pub(crate) fn push(&self, key: &Key, sum: &NDArray) -> Result<()> {
+    fn push(&self, key: &Key, sum: &NDArray) -> Result<()> {
         self.send(PUSH, key, sum)
     }
 
     /// Writes the owners' value of `key` into `into` (of the key's shape and dtype).
-    pub(crate) fn pull(&self, key: &Key, into: &NDArray) -> Result<()> {
+    fn pull(&self, key: &Key, into: &NDArray) -> Result<()> {
         let esize = into.dtype().size();
         let all = self.parts(key, into.size());
         // This worker's own part comes from its share: where the key is not split,
@@ -659,32 +594,214 @@ impl Shards {
         w.finish()
     }
 
+    /// Waits until every worker has called it (answering requests meanwhile).
+    fn barrier(&self) -> Result<()> {
+        self.transport.barrier()
+    }
+
+    /// Every worker's `mine` for the exchange named `step`, in rank order: a collective
+    /// (every worker calls it at the same point) by requests, for a `dist_async` store's
+    /// commits (`kvstore/commit.rs`). Each worker sends its bytes to every other, then
+    /// they meet at a barrier; a worker whose exchange there had another name (its calls
+    /// are not the others') is an error.
+    fn exchange(&self, step: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let (me, n) = (self.rank(), self.size());
+        let number = self.post(step, (0..n).filter(|&r| r != me).collect(), mine)?;
+        (0..n).map(|r| if r == me { Ok(mine.to_vec()) } else { self.take(step, r, number) }).collect()
+    }
+
+    /// Worker `root`'s bytes on every worker (`mine`: the root's; the others' is not
+    /// read): a collective, as [`Owners::exchange`]. They go in pieces of at most
+    /// [`PIECE`] bytes (less where the transport's messages are smaller), after their
+    /// length.
+    fn broadcast(&self, step: &str, mine: Vec<u8>, root: usize) -> Result<Vec<u8>> {
+        let (me, n) = (self.rank(), self.size());
+        let to = || if me == root { (0..n).filter(|&r| r != me).collect() } else { Vec::new() };
+        let number = self.post(step, to(), &(mine.len() as u64).to_le_bytes())?;
+        let len = match me == root {
+            true => mine.len(),
+            false => {
+                let len = self.take(step, root, number)?;
+                let len = len.get(..8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+                let len =
+                    len.ok_or_else(|| Error::Internal("dist_async: a broadcast's length is not 8 bytes".into()))?;
+                usize::try_from(len).map_err(|_| Error::Internal(format!("dist_async: a broadcast of {len} bytes")))?
+            }
+        };
+        let mut got = Vec::new();
+        // (Room for the exchange's number and name, and the transport's framing.)
+        let piece_len = PIECE.min(self.transport.max_message().saturating_sub(FRAMING + 12 + step.len())).max(1);
+        for at in (0..len).step_by(piece_len) {
+            let piece = mine.get(at..len.min(at + piece_len)).unwrap_or_default();
+            let number = self.post(step, to(), piece)?;
+            if me != root {
+                got.extend_from_slice(&self.take(step, root, number)?);
+            }
+        }
+        if me == root { Ok(mine) } else { Ok(got) }
+    }
+
     /// This worker's share: the local store of the parts it owns.
-    pub(crate) fn share(&self) -> &super::data::Store {
+    fn share(&self) -> &Store {
         &self.server.store
     }
 
     /// Installs `optimizer` on this worker's share.
-    pub(crate) fn set_optimizer(&self, optimizer: Optimizer) -> Result<()> {
+    fn set_optimizer(&self, optimizer: Optimizer) -> Result<()> {
         self.server.set_optimizer(optimizer)
     }
 
     /// Installs `updater` on this worker's share (it gets each key as the user wrote it).
-    pub(crate) fn set_updater(&self, updater: Arc<dyn Updater>) -> Result<()> {
+    fn set_updater(&self, updater: Arc<dyn Updater>) -> Result<()> {
         self.server.set_updater(PartUpdater(updater))
     }
 
-    pub(crate) fn clear_updater(&self) -> Result<()> {
+    fn clear_updater(&self) -> Result<()> {
         self.server.clear_updater()
     }
 
-    pub(crate) fn optimizer_name(&self) -> Option<&'static str> {
+    fn optimizer_name(&self) -> Option<&'static str> {
         self.server.optimizer_name()
     }
 
-    /// Waits until every worker has called it (answering requests meanwhile).
-    pub(crate) fn barrier(&self) -> Result<()> {
-        self.transport.barrier()
+    /// This worker's share's optimizer state (its store-wide counters: the updates the
+    /// share applied, the schedule's progress, the rule's shared values) as JSON bytes,
+    /// for its commits' record; empty without an optimizer.
+    fn optimizer_state(&self) -> Vec<u8> {
+        match &*self.server.store.merger.read() {
+            Merger::Optimizer(rt) => crate::optimizer::states::runtime_json(rt).to_string().into_bytes(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Restores this worker's share's optimizer state from [`Owners::optimizer_state`]'s
+    /// bytes, onto the optimizer the share has (a commit's, just installed).
+    fn restore_optimizer_state(&self, context: &str, bytes: &[u8]) -> Result<()> {
+        let bad = |why: String| Error::Io {
+            context: context.to_string(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("its optimizer state: {why}")),
+        };
+        let json: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
+        let saved = crate::optimizer::states::runtime_from_json(&json, &bad)?.snapshot();
+        if let Merger::Optimizer(rt) = &*self.server.store.merger.read() {
+            rt.check_snapshot(&saved, context)?;
+            rt.restore(saved);
+        }
+        Ok(())
+    }
+
+    /// The whole store as its keys' owners hold it, in a local store: every key's value
+    /// and optimizer state, gathered from their owners, with the optimizer. (The caller
+    /// makes sure no push runs meanwhile.)
+    fn gathered(&self, entries: &[Arc<Entry>], kept: Option<KVStore>) -> Result<KVStore> {
+        let copy = KVStore::internal_local()?;
+        // The gathered arrays become the copy's (no copy of them).
+        let add = |e: &Arc<Entry>, g: Gathered| {
+            let mut slot = Slot::new(g.value, 0);
+            slot.opt = g.state;
+            // A row-sparse key of a loaded file stays row-sparse in the next one
+            // (this store has no row-sparse calls, but others that load it do). (Read
+            // recursively: a commit holds the keys already.)
+            slot.row_sparse = e.value.read_recursive().row_sparse;
+            let mut table = copy.store.table.write();
+            slot.order = table.take_order();
+            copy.store.add_entry(&mut table, e.key.clone(), slot);
+        };
+        // Each key's parts are put together while the next key's are on their way (its
+        // owners copying them out meanwhile).
+        let mut waiting: Option<(&Arc<Entry>, Asked)> = None;
+        for e in entries {
+            // The kept copy's arrays of the key, written over (their memory in place).
+            let reused = kept.as_ref().and_then(|k| k.store.find(&e.key)).map(|k| {
+                let slot = k.value.read();
+                let state = slot.opt.as_ref().map(|st| KeyState {
+                    count: st.count,
+                    states: st.states.clone(),
+                    master: st.master.clone(),
+                });
+                Gathered { value: slot.value.clone(), state }
+            });
+            let mut previous = waiting.take();
+            let mut filled = Ok(());
+            let asked = self.ask(&e.key, e.shape(), e.dtype, reused, &mut || {
+                if let Some((e, asked)) = previous.take() {
+                    filled = self.fill(&e.key, e.shape(), e.dtype, asked).map(|g| add(e, g));
+                }
+            });
+            filled?;
+            // (A transport that did not run `meanwhile`, or a call refused before it.)
+            if let Some((e, asked)) = previous {
+                add(e, self.fill(&e.key, e.shape(), e.dtype, asked)?);
+            }
+            waiting = Some((e, asked?));
+        }
+        if let Some((e, asked)) = waiting {
+            add(e, self.fill(&e.key, e.shape(), e.dtype, asked)?);
+        }
+        *copy.store.merger.write() = self.server.store.merger.read().clone();
+        Ok(copy)
+    }
+
+    /// Puts this worker's parts of `key` (its whole `value` and `state`, as loaded) into
+    /// its share: their names there.
+    fn restore_key(&self, key: &Key, value: &NDArray, state: Option<&KeyState>) -> Result<Vec<Key>> {
+        let me = self.rank();
+        let mut names = Vec::new();
+        let esize = value.dtype().size();
+        let read = value.read()?;
+        for part in self.parts(key, value.size()).into_iter().filter(|p| p.owner == me) {
+            let whole = part.len == value.size();
+            let shape = if whole { value.shape().to_vec() } else { vec![part.len] };
+            let slice = |a: &NDArray, size: usize| -> Result<NDArray> {
+                let out = NDArray::zeros_with(&shape, a.dtype(), Context::default())?;
+                let bytes = a.read()?;
+                out.write()?
+                    .bytes_mut()
+                    .copy_from_slice(&bytes.bytes()[part.start * size..(part.start + part.len) * size]);
+                Ok(out)
+            };
+            let mine = NDArray::zeros_with(&shape, value.dtype(), Context::default())?;
+            mine.write()?
+                .bytes_mut()
+                .copy_from_slice(&read.bytes()[part.start * esize..(part.start + part.len) * esize]);
+            let state = state
+                .map(|st| -> Result<KeyState> {
+                    Ok(KeyState {
+                        count: st.count,
+                        states: st.states.iter().map(|a| slice(a, a.dtype().size())).collect::<Result<_>>()?,
+                        master: st.master.as_ref().map(|m| slice(m, 4)).transpose()?,
+                    })
+                })
+                .transpose()?;
+            let store = &self.server.store;
+            let existing = store.find(&part.name);
+            let entry = match existing {
+                Some(e) => e,
+                None => {
+                    self.server.init(part.name.clone(), &mine)?;
+                    store
+                        .find(&part.name)
+                        .ok_or_else(|| Error::Internal(format!("dist_async: part \"{}\" vanished", part.name)))?
+                }
+            };
+            let held = Held::new("load_checkpoint", store, &[&entry])?;
+            let mut guards = held.write("load_checkpoint", &[&entry])?;
+            let slot: &mut Slot = &mut guards[0];
+            if slot.value.shape() != mine.shape() || slot.value.dtype() != mine.dtype() {
+                return Err(Error::ShapeMismatch {
+                    context: format!("load_checkpoint: part {} of key \"{key}\"", part.name),
+                    key: Some(key.clone()),
+                    expected: slot.value.shape().to_vec(),
+                    got: mine.shape().to_vec(),
+                });
+            }
+            slot.value.copy_from(&mine)?;
+            slot.opt = state;
+            slot.merge = None;
+            slot.spare = None;
+            names.push(part.name);
+        }
+        Ok(names)
     }
 }
 
@@ -921,124 +1038,9 @@ impl Shards {
         }
         Ok(Gathered { value, state })
     }
-
-    /// Puts this worker's parts of `key` (its whole `value` and `state`, as loaded) into
-    /// its share: their names there.
-    fn restore(&self, key: &Key, value: &NDArray, state: Option<&KeyState>) -> Result<Vec<Key>> {
-        let me = self.rank();
-        let mut names = Vec::new();
-        let esize = value.dtype().size();
-        let read = value.read()?;
-        for part in self.parts(key, value.size()).into_iter().filter(|p| p.owner == me) {
-            let whole = part.len == value.size();
-            let shape = if whole { value.shape().to_vec() } else { vec![part.len] };
-            let slice = |a: &NDArray, size: usize| -> Result<NDArray> {
-                let out = NDArray::zeros_with(&shape, a.dtype(), Context::default())?;
-                let bytes = a.read()?;
-                out.write()?
-                    .bytes_mut()
-                    .copy_from_slice(&bytes.bytes()[part.start * size..(part.start + part.len) * size]);
-                Ok(out)
-            };
-            let mine = NDArray::zeros_with(&shape, value.dtype(), Context::default())?;
-            mine.write()?
-                .bytes_mut()
-                .copy_from_slice(&read.bytes()[part.start * esize..(part.start + part.len) * esize]);
-            let state = state
-                .map(|st| -> Result<KeyState> {
-                    Ok(KeyState {
-                        count: st.count,
-                        states: st.states.iter().map(|a| slice(a, a.dtype().size())).collect::<Result<_>>()?,
-                        master: st.master.as_ref().map(|m| slice(m, 4)).transpose()?,
-                    })
-                })
-                .transpose()?;
-            let store = &self.server.store;
-            let existing = store.find(&part.name);
-            let entry = match existing {
-                Some(e) => e,
-                None => {
-                    self.server.init(part.name.clone(), &mine)?;
-                    store
-                        .find(&part.name)
-                        .ok_or_else(|| Error::Internal(format!("dist_async: part \"{}\" vanished", part.name)))?
-                }
-            };
-            let held = Held::new("load_checkpoint", store, &[&entry])?;
-            let mut guards = held.write("load_checkpoint", &[&entry])?;
-            let slot: &mut Slot = &mut guards[0];
-            if slot.value.shape() != mine.shape() || slot.value.dtype() != mine.dtype() {
-                return Err(Error::ShapeMismatch {
-                    context: format!("load_checkpoint: part {} of key \"{key}\"", part.name),
-                    key: Some(key.clone()),
-                    expected: slot.value.shape().to_vec(),
-                    got: mine.shape().to_vec(),
-                });
-            }
-            slot.value.copy_from(&mine)?;
-            slot.opt = state;
-            slot.merge = None;
-            slot.spare = None;
-            names.push(part.name);
-        }
-        Ok(names)
-    }
 }
 
 impl super::data::Store {
-    /// The whole store as its keys' owners hold it, in a local store: every key's value
-    /// and optimizer state, gathered from their owners, with the optimizer. (The caller
-    /// makes sure no push runs meanwhile.)
-    pub(super) fn gathered(&self, remote: &Shards, kept: Option<KVStore>) -> Result<KVStore> {
-        let copy = KVStore::internal_local()?;
-        // The gathered arrays become the copy's (no copy of them).
-        let add = |e: &Arc<super::data::Entry>, g: Gathered| {
-            let mut slot = Slot::new(g.value, 0);
-            slot.opt = g.state;
-            // A row-sparse key of a loaded file stays row-sparse in the next one
-            // (this store has no row-sparse calls, but others that load it do). (Read
-            // recursively: a commit holds the keys already.)
-            slot.row_sparse = e.value.read_recursive().row_sparse;
-            let mut table = copy.store.table.write();
-            slot.order = table.take_order();
-            copy.store.add_entry(&mut table, e.key.clone(), slot);
-        };
-        // Each key's parts are put together while the next key's are on their way (its
-        // owners copying them out meanwhile).
-        let entries = self.entries();
-        let mut waiting: Option<(&Arc<super::data::Entry>, Asked)> = None;
-        for e in &entries {
-            // The kept copy's arrays of the key, written over (their memory in place).
-            let reused = kept.as_ref().and_then(|k| k.store.find(&e.key)).map(|k| {
-                let slot = k.value.read();
-                let state = slot.opt.as_ref().map(|st| KeyState {
-                    count: st.count,
-                    states: st.states.clone(),
-                    master: st.master.clone(),
-                });
-                Gathered { value: slot.value.clone(), state }
-            });
-            let mut previous = waiting.take();
-            let mut filled = Ok(());
-            let asked = remote.ask(&e.key, e.shape(), e.dtype, reused, &mut || {
-                if let Some((e, asked)) = previous.take() {
-                    filled = remote.fill(&e.key, e.shape(), e.dtype, asked).map(|g| add(e, g));
-                }
-            });
-            filled?;
-            // (A transport that did not run `meanwhile`, or a call refused before it.)
-            if let Some((e, asked)) = previous {
-                add(e, remote.fill(&e.key, e.shape(), e.dtype, asked)?);
-            }
-            waiting = Some((e, asked?));
-        }
-        if let Some((e, asked)) = waiting {
-            add(e, remote.fill(&e.key, e.shape(), e.dtype, asked)?);
-        }
-        *copy.store.merger.write() = remote.server.store.merger.read().clone();
-        Ok(copy)
-    }
-
     /// Puts a whole store read from a file (`file`, checked whole by
     /// [`checkpoint::read`](super::checkpoint::read)) into this one: the file's optimizer
     /// on this worker's share (or assignment; a file saved with a custom updater keeps
@@ -1046,16 +1048,16 @@ impl super::data::Store {
     /// worker owns put in its share and this worker's copy of the value kept, before the
     /// next key is copied out (a worker holds the file and one key, never a second copy
     /// of the store); keys this store lacks are made.
-    pub(super) fn install_loaded(&self, remote: &Shards, file: super::checkpoint::Layout<'_>) -> Result<()> {
+    pub(super) fn install_loaded(&self, remote: &dyn Owners, file: super::checkpoint::Layout<'_>) -> Result<()> {
         let (merger, keys) = file.split();
         let replaced = merger.is_some();
         if let Some(merger) = merger {
-            *remote.server.store.merger.write() = merger;
+            *remote.share().merger.write() = merger;
         }
         let mut installed = std::collections::HashSet::new();
         for k in &keys {
             let super::checkpoint::SavedKey { key, value, state, row_sparse } = k.arrays()?;
-            installed.extend(remote.restore(&key, &value, state.as_ref())?);
+            installed.extend(remote.restore_key(&key, &value, state.as_ref())?);
             drop(state);
             // This worker's copy of the key (made when new).
             let mut table = self.table.write();
@@ -1079,7 +1081,7 @@ impl super::data::Store {
         // A new optimizer (or assignment): the share's parts that the file lacks keep
         // their values, and their optimizer state starts afresh, as in every store kind.
         if replaced {
-            for entry in remote.server.store.entries().iter().filter(|e| !installed.contains(&e.key)) {
+            for entry in remote.share().entries().iter().filter(|e| !installed.contains(&e.key)) {
                 entry.value.write().opt = None;
             }
         }
@@ -1100,12 +1102,12 @@ impl super::data::Store {
     /// gathers every key's value and state from their owners and writes the file (the
     /// format of every store kind's checkpoints: any kind, any number of workers, loads
     /// it), then every worker returns.
-    pub(super) fn save_checkpoint_async(&self, remote: &Shards, path: &std::path::Path) -> Result<()> {
+    pub(super) fn save_checkpoint_async(&self, remote: &dyn Owners, path: &std::path::Path) -> Result<()> {
         let entries = self.entries();
         let _held = held_for_gather(&entries);
         remote.barrier()?;
         let saved = match remote.rank() {
-            0 => self.gathered(remote, None).and_then(|copy| copy.save_checkpoint(path)),
+            0 => remote.gathered(&self.entries(), None).and_then(|copy| copy.save_checkpoint(path)),
             _ => Ok(()),
         };
         let met = remote.barrier();
@@ -1117,7 +1119,7 @@ impl super::data::Store {
     /// checkpoint of any store kind), installs its optimizer on its share and puts the
     /// parts it owns there; keys the store lacks are made; then every worker waits for
     /// the others.
-    pub(super) fn load_checkpoint_async(&self, remote: &Shards, path: &std::path::Path) -> Result<()> {
+    pub(super) fn load_checkpoint_async(&self, remote: &dyn Owners, path: &std::path::Path) -> Result<()> {
         let context = format!("load_checkpoint from {}", crate::optimizer::states::shown(path));
         let bytes = crate::optimizer::states::read_file(path, &context);
         let loaded = bytes.and_then(|bytes| {

@@ -82,7 +82,7 @@ impl Store {
         if let Some(remote) = &self.remote {
             // dist_async: the values come from their owners (into this worker's copies).
             let mut guards = held.write(op, entries)?;
-            return self.apply_remote(remote, &[], &plan.pull, &[], &plan.pull_slots, &mut guards);
+            return self.apply_remote(&**remote, &[], &plan.pull, &[], &plan.pull_slots, &mut guards);
         }
         let guards = held.read(op, entries)?;
         let jobs: Vec<BroadcastJob<'_>> = plan
