@@ -150,3 +150,117 @@ fn no_transport_maps_files() {
         assert!(!text.contains("fn map_file"), "{file}: a transport that maps files");
     }
 }
+
+/// The modules of `kvstore-core/src/kvstore/`, each by its path there (`run/fused`;
+/// a folder's `mod.rs` is the folder's, `""` the top's), with its text outside its
+/// comments and tests.
+fn store_modules() -> Vec<(String, String)> {
+    sources("kvstore-core/src/kvstore")
+        .into_iter()
+        .map(|(file, text)| {
+            let path = file.trim_start_matches("kvstore-core/src/kvstore/").trim_end_matches(".rs");
+            let module = path.trim_end_matches("mod").trim_end_matches('/').to_string();
+            let text = text.split("#[cfg(test)]\nmod tests {").next().unwrap_or_default();
+            let code: Vec<&str> = text.lines().filter(|l| !l.trim_start().starts_with("//")).collect();
+            (module, code.join("\n"))
+        })
+        .collect()
+}
+
+/// The modules of kvstore/ that `text` (module `module`'s) names: each path that starts
+/// with `super::` or `crate::kvstore::` resolved to the longest module it names (a
+/// brace list, `super::{a, b::C}`, read one level deep). A visibility,
+/// `pub(in crate::kvstore)`, names none.
+fn named_modules(module: &str, text: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
+    let text = text.replace("pub(in crate::kvstore)", "pub");
+    let ident = |s: &str| -> String { s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect() };
+    let mut named = BTreeSet::new();
+    let mut resolve = |base: Vec<&str>, rest: &str| {
+        let mut at: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+        let mut best = at.join("/");
+        for seg in rest.split("::") {
+            let seg = ident(seg);
+            if seg.is_empty() {
+                break;
+            }
+            at.push(seg);
+            match modules.contains(&at.join("/")) {
+                true => best = at.join("/"),
+                false => break,
+            }
+        }
+        named.insert(best);
+    };
+    let parts: Vec<&str> = if module.is_empty() { vec![] } else { module.split('/').collect() };
+    // A file's `super` is its folder's parent module: `run/fused`'s is `run`.
+    let folder_of = |m: &str| modules.iter().any(|x| x.starts_with(&format!("{m}/"))) || m.is_empty();
+    let own_folder: Vec<&str> = match folder_of(module) {
+        true => parts.clone(),
+        false => parts[..parts.len().saturating_sub(1)].to_vec(),
+    };
+    for (i, _) in text.match_indices("crate::kvstore::") {
+        let rest = &text[i + "crate::kvstore::".len()..];
+        match rest.strip_prefix('{') {
+            Some(list) => list.split('}').next().unwrap_or("").split(',').for_each(|s| resolve(vec![], s.trim())),
+            None => resolve(vec![], rest),
+        }
+    }
+    for (i, _) in text.match_indices("super::") {
+        if i >= 2 && &text[i - 2..i] == "::" {
+            continue; // (counted from the first `super`)
+        }
+        let mut rest = &text[i..];
+        let mut base = own_folder.clone();
+        // A file's `super` is its folder's module; a `mod.rs`'s is its parent's.
+        if folder_of(module) {
+            base.pop();
+        }
+        rest = &rest["super::".len()..];
+        while let Some(r) = rest.strip_prefix("super::") {
+            base.pop();
+            rest = r;
+        }
+        match rest.strip_prefix('{') {
+            Some(list) => list.split('}').next().unwrap_or("").split(',').for_each(|s| resolve(base.clone(), s.trim())),
+            None => resolve(base.clone(), rest),
+        }
+    }
+    named.remove(module);
+    named.retain(|m| modules.contains(m));
+    named
+}
+
+#[test]
+fn the_store_has_its_data_at_the_bottom_its_api_on_top_and_no_import_circle() {
+    let files = store_modules();
+    let modules: BTreeSet<String> = files.iter().map(|(m, _)| m.clone()).collect();
+    let edges: Vec<(String, BTreeSet<String>)> =
+        files.iter().map(|(m, text)| (m.clone(), named_modules(m, text, &modules))).collect();
+    // No module imports an ancestor (a `mod.rs` above it: the API built on it).
+    for (module, named) in &edges {
+        let up = named.iter().find(|n| module.starts_with(&format!("{n}/")) || (n.is_empty() && !module.is_empty()));
+        assert!(up.is_none(), "kvstore/{module} imports its ancestor kvstore/{}", up.map_or("", |u| u.as_str()));
+    }
+    // No circle: no module reaches itself.
+    let next = |m: &str| edges.iter().find(|(x, _)| x == m).map(|(_, n)| n.clone()).unwrap_or_default();
+    for (start, _) in &edges {
+        let (mut seen, mut todo) = (BTreeSet::new(), next(start).into_iter().collect::<Vec<_>>());
+        while let Some(m) = todo.pop() {
+            assert!(&m != start, "kvstore/{start} reaches itself through its imports");
+            if seen.insert(m.clone()) {
+                todo.extend(next(&m));
+            }
+        }
+    }
+    // The data names no module that extends the store (their types reach it by a seam).
+    let extends = |text: &str| text.contains("\nimpl Store {") || text.contains("\nimpl KVStore {");
+    let data = &edges.iter().find(|(m, _)| m == "data").expect("kvstore/data.rs").1;
+    for m in data {
+        let text = &files.iter().find(|(x, _)| x == m).expect("a module").1;
+        assert!(!extends(text), "kvstore/data.rs imports kvstore/{m}, which extends the store");
+    }
+    // The public API extends `KVStore` in mod.rs and calls.rs only.
+    let api: BTreeSet<&str> =
+        files.iter().filter(|(_, t)| t.contains("\nimpl KVStore {")).map(|(m, _)| m.as_str()).collect();
+    assert_eq!(api, BTreeSet::from(["", "calls"]), "impl KVStore outside mod.rs and calls.rs");
+}
