@@ -120,10 +120,10 @@ fn the_mpi_groups_state_knows_no_sum_and_no_sum_reaches_back_into_it() {
 #[test]
 fn the_ranks_agree_through_one_module_per_crate() {
     // Core: every exchange of records the ranks decide on is read through `Said`
-    // (`kvstore/agree.rs`); the commits' own protocol (`kvstore/commit.rs`) until they
-    // leave the core as a layer.
+    // (`kvstore/agree.rs`); the commits' own protocol (`kvstore/commit.rs`, over the
+    // seam's `Peers`, `kvstore/seam.rs`) until they leave the core as a layer.
     for (file, text) in sources("kvstore-core/src/kvstore") {
-        if file.ends_with("kvstore/agree.rs") || file.ends_with("kvstore/commit.rs") {
+        if ["kvstore/agree.rs", "kvstore/commit.rs", "kvstore/seam.rs"].iter().any(|f| file.ends_with(f)) {
             continue;
         }
         for line in text.lines().filter(|l| l.contains("exchange(") && !l.trim_start().starts_with("//")) {
@@ -263,4 +263,44 @@ fn the_store_has_its_data_at_the_bottom_its_api_on_top_and_no_import_circle() {
     let api: BTreeSet<&str> =
         files.iter().filter(|(_, t)| t.contains("\nimpl KVStore {")).map(|(m, _)| m.as_str()).collect();
     assert_eq!(api, BTreeSet::from(["", "calls"]), "impl KVStore outside mod.rs and calls.rs");
+}
+
+/// The names of the functions `text` defines.
+fn functions(text: &str) -> BTreeSet<String> {
+    text.match_indices("fn ")
+        .map(|(i, _)| text[i + 3..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>())
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+/// The `impl` blocks of `text` whose header is `header` (up to their closing brace at
+/// the start of a line).
+fn blocks<'t>(text: &'t str, header: &str) -> Vec<&'t str> {
+    text.match_indices(header).map(|(i, _)| &text[i..i + text[i..].find("\n}\n").unwrap_or(text.len() - i)]).collect()
+}
+
+#[test]
+fn the_commits_reach_the_store_only_through_its_seam() {
+    let read = |f: &str| std::fs::read_to_string(root().join("kvstore-core/src/kvstore").join(f)).expect(f);
+    let (commit, seam) = (read("commit.rs"), read("seam.rs"));
+    let commit = commit.split("#[cfg(test)]\nmod tests {").next().unwrap_or_default();
+    let code: String = commit.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+    // What the store offers a durability layer: the seam's methods, a call's step, the
+    // ranks' agreement, and the seam's field (the `Durable` the store dispatches to);
+    // and the commits' own methods of the store.
+    let mut allowed = functions(&seam);
+    allowed.extend(["check_step", "agree", "commits"].map(String::from));
+    let own: Vec<&str> = blocks(&code, "impl Store {");
+    for block in &own {
+        allowed.extend(functions(block));
+    }
+    for block in own.iter().chain(&blocks(&code, "impl Durable for Folder {")) {
+        for who in ["self.", "store."] {
+            for (i, _) in block.match_indices(who) {
+                let name: String =
+                    block[i + who.len()..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                assert!(allowed.contains(&name), "kvstore/commit.rs reaches the store's `{name}` past its seam");
+            }
+        }
+    }
 }

@@ -28,6 +28,9 @@ pub struct KVStoreBuilder {
     /// Whether the store takes part in its job's commits (`KVSTORE_JOB`): not the
     /// stores a store makes for itself ([`KVStore::internal_local`]).
     commits: bool,
+    /// A durability of its own in place of the job's folder (the tests' in-memory one,
+    /// `kvstore/seam.rs`).
+    durable: Option<Box<dyn Durable>>,
 }
 
 /// The default bound on a store's queued calls ([`KVStoreBuilder::max_queued_calls`]).
@@ -60,6 +63,13 @@ impl KVStoreBuilder {
         KVStoreBuilder { commits: false, engine_threads: 1, ..KVStoreBuilder::new("local") }
     }
 
+    /// With `durable` as its durability, in place of the job's folder.
+    #[cfg(test)]
+    pub(super) fn durable(mut self, durable: Box<dyn Durable>) -> Self {
+        self.durable = Some(durable);
+        self
+    }
+
     /// A builder for a store of kind `kind`, with the default settings
     /// ([`KVStore::builder`]).
     pub(super) fn new(kind: &str) -> Self {
@@ -75,6 +85,7 @@ impl KVStoreBuilder {
             max_queued_calls: None,
             max_copied_bytes: None,
             commits: true,
+            durable: None,
         }
     }
 
@@ -236,9 +247,10 @@ impl KVStoreBuilder {
         let max_queued_calls = number(self.max_queued_calls, MAX_QUEUED_CALLS_VAR, DEFAULT_MAX_QUEUED_CALLS)?;
         let max_copied_bytes = number(self.max_copied_bytes, MAX_COPIED_BYTES_VAR, DEFAULT_MAX_COPIED_BYTES)?;
         let grouped = self.collective.is_some() || remote.is_some();
-        let commits = match self.commits {
-            true => super::commit::Folder::for_next_store(grouped)?.map(|f| Box::new(f) as Box<dyn Durable>),
-            false => None,
+        let commits = match (self.durable, self.commits) {
+            (Some(durable), _) => Some(durable),
+            (None, true) => super::commit::Folder::for_next_store(grouped)?.map(|f| Box::new(f) as Box<dyn Durable>),
+            (None, false) => None,
         };
         let store = Store {
             max_queued_calls: if max_queued_calls == 0 { usize::MAX } else { max_queued_calls },

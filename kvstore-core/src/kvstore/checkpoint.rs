@@ -355,6 +355,23 @@ impl Snapshot<'_> {
         Ok(header)
     }
 
+    /// The whole file, in memory.
+    pub(super) fn to_bytes(&self) -> Result<Vec<u8>> {
+        let crcs: Vec<crc32fast::Hasher> = self
+            .tensors
+            .iter()
+            .map(|t| {
+                let mut crc = crc32fast::Hasher::new();
+                crc.update(t.3);
+                crc
+            })
+            .collect();
+        let mut bytes = self.header(&crcs)?;
+        bytes.reserve_exact(self.data_len());
+        self.file_order.iter().for_each(|&i| bytes.extend_from_slice(self.tensors[i].3));
+        Ok(bytes)
+    }
+
     /// Each tensor's offset in the file's data (by [`Snapshot::file_order`]).
     pub(super) fn offsets(&self) -> Vec<usize> {
         let mut offsets = vec![0; self.tensors.len()];
@@ -464,21 +481,7 @@ impl Store {
 
     /// The file's bytes, from the store as it is ([`Store::snapshot`]).
     pub(super) fn checkpoint_bytes(&self, op: &'static str) -> Result<Vec<u8>> {
-        self.snapshot(op, |snap| {
-            let crcs: Vec<crc32fast::Hasher> = snap
-                .tensors
-                .iter()
-                .map(|t| {
-                    let mut crc = crc32fast::Hasher::new();
-                    crc.update(t.3);
-                    crc
-                })
-                .collect();
-            let mut bytes = snap.header(&crcs)?;
-            bytes.reserve_exact(snap.data_len());
-            snap.file_order.iter().for_each(|&i| bytes.extend_from_slice(snap.tensors[i].3));
-            Ok(bytes)
-        })
+        self.snapshot(op, |snap| snap.to_bytes())
     }
 
     fn workers(&self) -> usize {

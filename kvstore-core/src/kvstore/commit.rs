@@ -61,12 +61,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::agree::Said;
 use super::checkpoint::Snapshot;
-use super::data::{Durable, KVStore, Owners, Restored, Store};
-use crate::collective::Collective;
-use crate::dtype::DType;
+use super::data::{Durable, KVStore, Restored, Store};
+use super::seam::Peers;
 use crate::error::{Error, Result};
-use crate::ndarray::NDArray;
-use std::sync::Arc;
 
 /// The environment variable that names a job (its restarts share it).
 pub const JOB_VAR: &str = "KVSTORE_JOB";
@@ -82,81 +79,6 @@ const MAGIC: &[u8; 8] = b"KVSTCMT4";
 const HEADER: usize = 8 + 8 + 4 + 4 + 8 + 8 + 8 + 8 + 4;
 /// How many marked commits are kept.
 const KEEP: usize = 2;
-
-/// The workers a store's commits and restores agree with: a `dist_sync` store's group,
-/// or a `dist_async` store's owners (exchanges by request: [`Owners::exchange`]).
-#[derive(Clone, Copy)]
-pub(super) enum Peers<'a> {
-    Sync(&'a Arc<dyn Collective>),
-    Async(&'a dyn Owners),
-}
-
-impl Peers<'_> {
-    pub(super) fn rank(self) -> usize {
-        match self {
-            Peers::Sync(g) => g.rank(),
-            Peers::Async(r) => r.rank(),
-        }
-    }
-
-    pub(super) fn size(self) -> usize {
-        match self {
-            Peers::Sync(g) => g.size(),
-            Peers::Async(r) => r.size(),
-        }
-    }
-
-    /// Every worker's `mine` for `step`, in rank order ([`Collective::exchange`]).
-    pub(super) fn exchange(self, step: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        match self {
-            Peers::Sync(g) => g.exchange(step, mine),
-            Peers::Async(r) => r.exchange(step, mine),
-        }
-    }
-
-    /// Worker `root`'s bytes (`mine` there, given back; elsewhere not read) on every
-    /// worker, for the call `step`.
-    fn broadcast(self, step: &str, mine: Vec<u8>, root: usize) -> Result<Vec<u8>> {
-        let group = match self {
-            Peers::Sync(group) => group,
-            Peers::Async(remote) => return remote.broadcast(step, mine, root),
-        };
-        // The length first, then the bytes.
-        let me = group.rank() == root;
-        let len = NDArray::zeros_with(&[8], DType::U8, crate::Context::default())?;
-        if me {
-            len.write()?.bytes_mut().copy_from_slice(&(mine.len() as u64).to_le_bytes());
-        }
-        group.broadcast(&[&len], root)?;
-        let bytes = u64::from_le_bytes(len.read()?.bytes().try_into().expect("8 bytes")) as usize;
-        // In pieces of at most 1 GiB: one MPI broadcast counts its bytes in a C int.
-        const PIECE: usize = 1 << 30;
-        let mut got = Vec::with_capacity(if me { 0 } else { bytes });
-        for at in (0..bytes).step_by(PIECE) {
-            let n = PIECE.min(bytes - at);
-            let buf = NDArray::zeros_with(&[n], DType::U8, crate::Context::default())?;
-            if me {
-                buf.write()?.bytes_mut().copy_from_slice(&mine[at..at + n]);
-            }
-            group.broadcast(&[&buf], root)?;
-            if !me {
-                got.extend_from_slice(buf.read()?.bytes());
-            }
-        }
-        Ok(if me { mine } else { got })
-    }
-}
-
-impl Store {
-    /// The workers of the store's job, if it has any.
-    pub(super) fn peers(&self) -> Option<Peers<'_>> {
-        match (&self.collective, &self.remote) {
-            (Some(group), _) => Some(Peers::Sync(group)),
-            (None, Some(remote)) => Some(Peers::Async(&**remote)),
-            (None, None) => None,
-        }
-    }
-}
 
 /// The stores made with a job name so far in this process, with a worker group and
 /// without: the next one's folder (each rank makes its group's stores in the same order;
@@ -1045,8 +967,8 @@ impl Store {
             _ => Ok(()),
         });
         // A dist_async rank's share has optimizer counters of its own.
-        let optimizer = self.remote.as_ref().map(|r| r.optimizer_state()).unwrap_or_default();
-        let at = Writing { step, rank, ranks, alone: self.remote.is_some(), optimizer: &optimizer };
+        let optimizer = self.own_counters();
+        let at = Writing { step, rank, ranks, alone: self.has_owners(), optimizer: &optimizer };
         // Every rank takes part in the writers' exchanges, whatever failed before.
         let written = match checked {
             Err(e) => folder.write_commit(group, at, extra, Err(&e)),
@@ -1056,25 +978,13 @@ impl Store {
                     wrote = true;
                     folder.write_commit(group, at, extra, Ok(snap))
                 };
-                let snapshot = match &self.remote {
-                    None => self.snapshot(OP, write),
+                let snapshot = match self.has_owners() {
+                    false => self.whole_snapshot(OP, false, &folder.gathered, &mut write),
                     // dist_async: the store as its owners hold it, gathered by the first
                     // rank of each host (no push runs: every rank is in this commit),
                     // which writes the host's copy alone; the others write their extra.
-                    Some(remote) => folder.host(group).and_then(|host| {
-                        let first = host.first() == Some(&rank);
-                        let copy = match first {
-                            true => remote.gathered(&self.entries(), folder.gathered.lock().take())?,
-                            false => KVStore::internal_local()?,
-                        };
-                        let wrote = copy.store.snapshot(OP, &mut write);
-                        if first && wrote.is_ok() {
-                            // Kept for its arrays only: the store's updater or optimizer
-                            // is not held alive by it.
-                            *copy.store.merger.write() = super::data::Merger::Assign;
-                            *folder.gathered.lock() = Some(copy);
-                        }
-                        wrote
+                    true => folder.host(group).and_then(|host| {
+                        self.whole_snapshot(OP, host.first() == Some(&rank), &folder.gathered, &mut write)
                     }),
                 };
                 match (wrote, snapshot) {
@@ -1216,7 +1126,7 @@ impl Store {
         let commit =
             decode(bytes).map_err(|why| Error::Io { context: context.clone(), source: std::io::Error::other(why) });
         // (A rank that cannot read it fails in the load, with every rank.)
-        self.load_commit(&context, commit.as_ref().map(|c| c.checkpoint).map_err(Error::clone))?;
+        self.install(&context, commit.as_ref().map(|c| c.checkpoint).map_err(Error::clone))?;
         let commit = commit?;
         // Said once, by rank 0: what the job resumed from (kvstore-run's output shows it).
         if self.peers().is_none_or(|g| g.rank() == 0) {
@@ -1245,10 +1155,10 @@ impl Store {
         };
         // A dist_async rank's share takes its own optimizer counters back on as many ranks
         // (it has the writing rank's share's, from the commit, otherwise).
-        if let Some(remote) = &self.remote {
+        if self.has_owners() {
             let restored = match &own {
                 Some(own) if own.ranks == ranks && !own.optimizer.is_empty() => {
-                    remote.restore_optimizer_state(&context, &own.optimizer)
+                    self.restore_own_counters(&context, &own.optimizer)
                 }
                 _ if commit.optimizer.is_empty() => Ok(()),
                 _ => {
@@ -1283,73 +1193,19 @@ impl Store {
         };
         match (no_residuals(&residuals), then == ranks) {
             (true, _) => {}
-            (false, true) => self.set_residuals(&context, &residuals)?,
+            (false, true) => {
+                let damaged = || Error::Io {
+                    context: context.clone(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "its residuals: not a list of residuals",
+                    ),
+                };
+                self.set_residuals(&context, decode_residuals(&residuals).ok_or_else(damaged)?)?
+            }
             (false, false) => other_ranks(then),
         }
         Ok(Restored { step, extra })
-    }
-
-    /// Marks the optimizer a restore installed (this store's, or its share's under
-    /// `dist_async`) as resumed: the program's first `set_optimizer` of the same one
-    /// keeps it ([`KVStore::set_optimizer`]).
-    pub(super) fn mark_optimizer_resumed(&self) {
-        let share = self.remote.as_ref().map(|r| r.share());
-        for store in std::iter::once(self).chain(share) {
-            if let super::data::Merger::Optimizer(rt) = &*store.merger.read() {
-                rt.mark_resumed();
-            }
-        }
-    }
-
-    /// Loads a commit's checkpoint into the store, all or nothing on every rank. A
-    /// `dist_async` store's is read and checked whole first, on every rank, then each
-    /// rank puts its parts into its share one key at a time (as `load_checkpoint` does),
-    /// so that it never holds a second copy of the store: a rank that then fails (out of
-    /// memory for a key) fails the restore on every rank with the keys before it in
-    /// place, and the job starts again from the commit.
-    fn load_commit(&self, context: &str, checkpoint: Result<&[u8]>) -> Result<()> {
-        const OP: &str = "restore";
-        let Some(remote) = &self.remote else { return self.load_checkpoint_bytes(OP, context, checkpoint).map(|_| ()) };
-        let loaded = checkpoint.and_then(|checkpoint| super::checkpoint::read(checkpoint, context));
-        // (The ranks do not compare what they loaded: each host's copy holds the
-        // optimizer counters of its writer's share, which differ from host to host; each
-        // rank's own come from its record.)
-        let what = "could not read or check the commit";
-        self.agree(OP, context, loaded.as_ref().map(|_| 0).map_err(|_| ()), what)?;
-        let file = loaded?;
-        let installed = self.install_loaded(&**remote, file);
-        self.agree(OP, context, installed.as_ref().map(|_| 0).map_err(|_| ()), "could not install the commit")?;
-        installed
-    }
-
-    /// Sets the keys' gradient-compression residuals to those of a commit
-    /// ([`encode_residuals`]): all of them, or none when one does not fit its key.
-    fn set_residuals(&self, context: &str, bytes: &[u8]) -> Result<()> {
-        const OP: &str = "restore";
-        let damaged = |why: String| Error::Io {
-            context: context.to_string(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("its residuals: {why}")),
-        };
-        let residuals = decode_residuals(bytes).ok_or_else(|| damaged("not a list of residuals".to_string()))?;
-        let held = super::locks::Held::new(OP, self, &[])?;
-        let entries = self.entries();
-        let locked: Vec<&Arc<super::data::Entry>> = entries.iter().collect();
-        let mut guards = held.write(OP, &locked)?;
-        let mut found = Vec::with_capacity(residuals.len());
-        for (key, positions) in &residuals {
-            let i = entries.iter().position(|e| e.key.as_str() == key);
-            let i = i.ok_or_else(|| damaged(format!("key \"{key}\" is not in the store")))?;
-            let size = guards[i].value.size();
-            if let Some(p) = positions.iter().find(|p| p.len() != size) {
-                return Err(damaged(format!("key \"{key}\" has {size} values, a residual {}", p.len())));
-            }
-            found.push(i);
-        }
-        for (i, (_, positions)) in found.into_iter().zip(residuals) {
-            guards[i].residual_spares = Vec::new();
-            guards[i].residuals = positions;
-        }
-        Ok(())
     }
 }
 

@@ -27,6 +27,7 @@ mod pending;
 mod plan;
 mod remote;
 mod run;
+mod seam;
 mod sparse;
 mod stats;
 mod steps;
