@@ -15,18 +15,16 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::run::inline::Offered;
 use super::run::pieces::Given;
 use parking_lot::Mutex;
 
-use super::data::Slot;
-use super::data::{Entry, Found, Group, KVStore, Store};
+use super::data::{Entry, Found, Group, KVStore, Slot, Store};
 use super::forms::{Run, Values, flat_runs, pairs_of, runs};
 use super::locks;
 use super::locks::Held;
 use super::pending::HasDone;
 use super::pending::{Done, Pending};
-use super::plan::{Like, check_arrays, check_context};
+use super::plan::{Like, Plan, check_arrays, check_context};
 use super::stats::{CallSpan, Phase};
 use super::steps;
 use crate::engine::{self, Job, Var, Vars};
@@ -51,6 +49,50 @@ pub(super) fn broadcast_args<'a>(keys: Keys, values: Values<'a>, outs: Values<'a
 
 /// The pairs of each call form, the same for its blocking and non-blocking twin. Keys
 /// that come with no array must still be initialised, as with any other call on them.
+/// How a call reaching [`Store::push_pull`] was offered to the spread runner before (a
+/// call is offered once).
+pub(in crate::kvstore) enum Offered {
+    /// Not yet: its plan is offered (a queued call, or one run at once behind others).
+    Not,
+    /// Already: it was no call for that runner, or its first round handed it back,
+    /// with the result of the checks it made when it made them (see `run/pieces.rs`).
+    Already(Option<Result<()>>),
+}
+
+impl Store {
+    /// A call's one plan (see `plan.rs`), built here for every runner but the fused one,
+    /// then its runner: the spread runner when the call was not offered to it yet and
+    /// passed its checks and it takes it (`run/pieces.rs`), else the ordinary one
+    /// (`run/inline.rs`). `offered`: whether the call was offered to the spread runner
+    /// already, with what its checks found then.
+    pub(super) fn push_pull<'a>(
+        &self,
+        op: &'static str,
+        push: Found<'a>,
+        pull: Found<'a>,
+        offered: Offered,
+    ) -> Result<()> {
+        if push.is_empty() && pull.is_empty() {
+            return Ok(());
+        }
+        let (spread, checked) = match offered {
+            Offered::Not => (true, None),
+            Offered::Already(checked) => (false, checked),
+        };
+        let plan = Plan::new(self, op, push, pull, checked);
+        if plan.checked.is_ok() {
+            self.counters.bytes(plan.bytes());
+        }
+        if spread
+            && plan.checked.is_ok()
+            && let Some(r) = self.spread(&plan)
+        {
+            return r;
+        }
+        self.run_inline(&plan)
+    }
+}
+
 impl Store {
     pub(super) fn push_args<'a>(&self, keys: Keys, values: Values<'a>) -> Result<Pairs<'a>> {
         self.require_bare_keys("push", &keys, values)?;

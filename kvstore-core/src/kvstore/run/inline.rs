@@ -8,50 +8,17 @@ use std::sync::Arc;
 
 use crate::comm::BroadcastJob;
 use crate::error::Result;
-use crate::kvstore::data::{Entry, Found, Store};
+use crate::kvstore::data::{Entry, Store};
 use crate::kvstore::locks::Held;
 use crate::kvstore::plan::Plan;
 use crate::kvstore::stats::Phase;
 
-/// How a call reaching [`Store::push_pull`] was offered to the spread runner before (a
-/// call is offered once).
-pub(in crate::kvstore) enum Offered {
-    /// Not yet: its plan is offered (a queued call, or one run at once behind others).
-    Not,
-    /// Already: it was no call for that runner, or its first round handed it back,
-    /// with the result of the checks it made when it made them (see `run/pieces.rs`).
-    Already(Option<Result<()>>),
-}
-
 impl Store {
-    /// The push algorithm (`KVStoreLocal::PushImpl`) followed by an optional pull, with
-    /// every key of the call locked (written when it pushes), in index order, for the
-    /// whole call: the plan of `push` and `pull` (see `plan.rs`), then its runner.
-    /// `offered`: whether the call was offered to the spread runner already.
-    pub(in crate::kvstore) fn push_pull<'a>(
-        &self,
-        op: &'static str,
-        push: Found<'a>,
-        pull: Found<'a>,
-        offered: Offered,
-    ) -> Result<()> {
-        if push.is_empty() && pull.is_empty() {
-            return Ok(());
-        }
-        let (spread, checked) = match offered {
-            Offered::Not => (true, None),
-            Offered::Already(checked) => (false, checked),
-        };
-        let plan = Plan::new(self, op, push, pull, checked);
-        if plan.checked.is_ok() {
-            self.counters.bytes(plan.bytes());
-        }
-        if spread
-            && plan.checked.is_ok()
-            && let Some(r) = self.spread(&plan)
-        {
-            return r;
-        }
+    /// The ordinary runner of `plan`: the push algorithm (`KVStoreLocal::PushImpl`)
+    /// followed by an optional pull, with every key of the call locked (written when it
+    /// pushes), in index order, for the whole call.
+    pub(in crate::kvstore) fn run_inline(&self, plan: &Plan<'_>) -> Result<()> {
+        let op = plan.op;
         // Lock in index order, so that concurrent multi-key calls cannot deadlock.
         let entries = plan.entries();
         let held = Held::new(op, self, &entries)?;
@@ -62,7 +29,7 @@ impl Store {
             plan.checked.clone()?;
         }
         if plan.push.is_empty() {
-            return self.pull_planned(&plan, &held, &entries);
+            return self.pull_planned(plan, &held, &entries);
         }
         // The merger is held for the whole call: the updater or optimizer it starts with
         // stays installed (and alive) until it ends.
