@@ -14,7 +14,7 @@ ARTIFACT := kvstore$(if $(filter mpi,$(FEATURES)),-mpi)
 JAR := target/$(ARTIFACT)-$(VERSION).jar
 # What the jar is built from: it is rebuilt only when one of these changed.
 # (kvstore-jni/java/src is the Java API; its tests, bench and examples are not in the jar.)
-JAR_INPUTS := $(shell find kvstore kvstore-core kvstore-cuda kvstore-mpi kvstore-jni clojure/src \
+JAR_INPUTS := $(shell find kvstore kvstore-commit kvstore-core kvstore-cuda kvstore-mpi kvstore-jni clojure/src \
     -type f -not -path '*/target/*' -not -path 'kvstore-jni/java/test/*' \
     -not -path 'kvstore-jni/java/bench/*' -not -path 'kvstore-jni/java/examples/*' \
     2>/dev/null) Cargo.toml Cargo.lock scripts/jar.sh

@@ -63,7 +63,7 @@ mv -f "$base/maven-metadata-local.xml.tmp" "$base/maven-metadata-local.xml"
 echo "install.sh: installed io.github.kvstore/$artifact $version into ${dir/#$HOME/\~}"
 if [ "$artifact" = kvstore-mpi ]; then
     bin=${KVSTORE_BIN_DIR:-$HOME/.local/bin}
-    cargo build --release --quiet -p kvstore-mpi --bin kvstore-run
+    cargo build --release --quiet -p kvstore-commit --bin kvstore-run
     mkdir -p "$bin"
     cp target/release/kvstore-run "$bin/.kvstore-run.tmp"
     mv -f "$bin/.kvstore-run.tmp" "$bin/kvstore-run"

@@ -45,9 +45,9 @@ case "$features" in
         rm -rf "$src"
         mkdir -p "$src"
         cp -r kvstore-py/python kvstore-py/README.md "$src/"
-        # The launcher (kvstore-mpi's kvstore-run), a program of its own in the package,
+        # The launcher (kvstore-commit's kvstore-run), a program of its own in the package,
         # run by the console script `kvstore-run` (kvstore/_run.py).
-        cargo build --release --quiet -p kvstore-mpi --bin kvstore-run >&2
+        cargo build --release --quiet -p kvstore-commit --bin kvstore-run >&2
         mkdir -p "$src/python/kvstore/bin"
         cp target/release/kvstore-run "$src/python/kvstore/bin/"
         # The package's pyproject.toml, renamed, with the feature and the crate's path.

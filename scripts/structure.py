@@ -172,7 +172,7 @@ def code(f: Path) -> str:
 io_files = [rel(f) for f in files(core) if io.search(code(f))]
 print(f"core files doing I/O: {len(io_files)}: {', '.join(io_files)}")
 
-for crate in ["kvstore-core", "kvstore", "kvstore-mpi", "kvstore-cuda", "kvstore-jni", "kvstore-py"]:
+for crate in ["kvstore-core", "kvstore-commit", "kvstore", "kvstore-mpi", "kvstore-cuda", "kvstore-jni", "kvstore-py"]:
     readers = [rel(f) for f in files(root / crate / "src") if re.search(r"env::var(?:_os)?\(", f.read_text())]
     print(f"env reads in {crate}: {len(readers)} files" + (f": {', '.join(readers)}" if readers else ""))
 

@@ -28,7 +28,7 @@ wheel=$(KVSTORE_PY_FEATURES=mpi bash scripts/python-wheel.sh 2>>"$setup" | tail 
     give_up "make python FEATURES=mpi" "$setup"
 venv=$root/target/py-torch-mpi-venv
 ready_venv torch "$venv" "$wheel" >>"$setup" 2>&1 || give_up "setting up $venv" "$setup"
-cargo build --release -q -p kvstore-mpi --bin kvstore-run >>"$setup" 2>&1 || give_up "kvstore-run" "$setup"
+cargo build --release -q -p kvstore-commit --bin kvstore-run >>"$setup" 2>&1 || give_up "kvstore-run" "$setup"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 tmp=$(mktemp -d)

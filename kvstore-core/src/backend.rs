@@ -41,7 +41,7 @@ pub use crate::device::{
     register_backend,
 };
 pub use crate::engine::in_background;
-pub use crate::files::{MapFiles, MappedFile, install_file_mapper};
+pub use crate::kvstore::{Durable, MakeDurable, Peers, Said, Seam, Snapshot, install_durability, ranks, word};
 pub use crate::remote::{Handler, Remote};
 
 /// For transports, at the end of a job (as `kvstore_mpi::finalize` does): stops the

@@ -1,5 +1,5 @@
 //! How the store makes the files it writes (timelines, flight records, merged traces,
-//! state files, commits): never through a symbolic link, readable by their user alone
+//! state files): never through a symbolic link, readable by their user alone
 //! (0600), and, where another user could guess the name, either created exclusively or
 //! refused when a file of that name is not this user's own regular file, so that a
 //! link or a file planted in a shared folder is never written through.
@@ -8,40 +8,6 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
-
-/// Bytes of a file mapped for writing ([`MapFiles`]); unmapped when dropped.
-pub type MappedFile = Box<dyn std::ops::DerefMut<Target = [u8]>>;
-
-/// How a commit maps the range of its file it copies its share into: `len` bytes of
-/// `file` from `offset`, mapped into this process's memory for writing and shared with
-/// the file, their blocks allocated first (a file system with no room is an error here,
-/// never a fault later). A commit copies into `/dev/shm` at the speed of memory so,
-/// where a `write` call takes about three times as long (`kvstore/commit.rs`). Core
-/// maps nothing itself (it has no unsafe code): a crate that can installs the process's
-/// mapper ([`install_file_mapper`]; kvstore-mpi's, which every store the `kvstore`
-/// facade makes has); without one, and for an error of kind `Unsupported` (a file system
-/// that cannot allocate blocks ahead), a commit writes with `write` calls.
-pub trait MapFiles: Send + Sync {
-    /// The range mapped (see the trait's docs).
-    ///
-    /// # Errors
-    /// The system's, of kind `Unsupported` where the file system cannot allocate ahead.
-    fn map_for_writing(&self, file: &File, offset: u64, len: usize) -> io::Result<MappedFile>;
-}
-
-/// The process's file mapper, once installed.
-static MAPPER: std::sync::OnceLock<Box<dyn MapFiles>> = std::sync::OnceLock::new();
-
-/// Installs the process's file mapper ([`MapFiles`]), once: `false` when one was
-/// installed already (which stays).
-pub fn install_file_mapper(mapper: Box<dyn MapFiles>) -> bool {
-    MAPPER.set(mapper).is_ok()
-}
-
-/// The process's file mapper, if one is installed.
-pub(crate) fn mapper() -> Option<&'static dyn MapFiles> {
-    MAPPER.get().map(|m| &**m)
-}
 
 /// This process's user: the owner of its `/proc/self`.
 pub(crate) fn uid() -> io::Result<u32> {

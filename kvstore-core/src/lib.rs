@@ -80,10 +80,7 @@ pub use dtype::{DType, Element};
 pub use error::{Cause, Error, ErrorKind, Result};
 pub use key::{Key, Keys, shorten};
 pub use kvstore::forms::Values;
-pub use kvstore::{
-    COMMIT_DIR_VAR, CallCount, JOB_VAR, KVStore, KVStoreBuilder, Pending, RankStats, Release, Restored, Stats,
-    StorageType, job_folder, newest_commit,
-};
+pub use kvstore::{CallCount, KVStore, KVStoreBuilder, Pending, RankStats, Release, Restored, Stats, StorageType};
 pub use ndarray::{ForeignMemory, NDArray, Operand, RowSparse};
 pub use optimizer::{
     LrScheduler, Optimizer, OptimizerBuilder, OptimizerSpec, ParamValue, ScheduleKind, ScheduleSpec, WarmupMode,

@@ -3,8 +3,8 @@
 //! setting's is an [`Error::InvalidArgument`] naming the variable). The table of
 //! `docs/configuration.md` lists them, and which ranks must agree on each. A value
 //! given in code (the builder's) wins over the environment's; each is read when the
-//! thing it sets starts. (The job's commits read `KVSTORE_JOB` and
-//! `KVSTORE_COMMIT_DIR` where they make their folder, `kvstore/commit.rs`.)
+//! thing it sets starts. (The job's commits are a layer over the core, with settings
+//! of their own: `kvstore-commit/src/settings.rs`.)
 
 use std::ffi::OsString;
 

@@ -59,7 +59,7 @@ fn restart(np: usize, run: usize) -> Parts {
     let job = format!("bench-restart-{}-{np}-{run}", std::process::id());
     let pids = std::env::temp_dir().join(&job);
     std::fs::create_dir_all(&pids).expect("a folder for the ranks' pids");
-    let mut launcher = Command::new(env!("CARGO_BIN_EXE_kvstore-run"))
+    let mut launcher = Command::new(kvstore_tests::launcher())
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env("KVSTORE_TEST_PIDS", &pids)

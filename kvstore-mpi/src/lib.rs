@@ -60,7 +60,6 @@ mod fused;
 mod group;
 #[cfg(feature = "mpi")]
 mod hosts;
-mod mapped;
 #[cfg(feature = "mpi")]
 mod remote;
 #[cfg(feature = "mpi")]
@@ -112,8 +111,8 @@ const CARGO_ROUTE: &str = "this kvstore-mpi was built without MPI: give its depe
 /// # Errors
 /// As [`create`].
 pub fn create_or_say(kind: &str, without_mpi: &str) -> Result<KVStore> {
-    // Its commits copy into their files through mappings (any kind of store).
-    mapped::install();
+    // Its commits (any kind of store, with a job name).
+    kvstore_commit::install();
     let lower = kind.to_ascii_lowercase();
     if !lower.starts_with("dist") {
         return KVStore::create(kind);

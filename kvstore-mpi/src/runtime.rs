@@ -214,8 +214,8 @@ pub fn finalize() -> Result<()> {
 /// [`Error::Backend`] if MPI cannot be initialised (another library initialised it, or
 /// the MPI library lacks serialized threading).
 pub fn group() -> Result<Arc<MpiGroup>> {
-    // A store built on the group commits through mappings.
-    crate::mapped::install();
+    // A store built on the group commits, with a job name.
+    kvstore_commit::install();
     if let Some(g) = GROUP.get() {
         return Ok(Arc::clone(g));
     }

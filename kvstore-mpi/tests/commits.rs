@@ -463,7 +463,7 @@ fn launch_kind(dir: &std::path::Path, kind: &str, np: usize, args: &[&str]) -> j
 
 /// [`launch_kind`] with more variables `env` passed on to the ranks.
 fn launch_with(dir: &std::path::Path, kind: &str, np: usize, args: &[&str], env: &[(&str, &str)]) -> jobs::Job {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"));
+    let mut cmd = std::process::Command::new(kvstore_tests::launcher());
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("KVSTORE_COMMIT_DIR", dir);
     cmd.env("OMPI_MCA_btl_vader_backing_directory", segments(dir)).env("KVSTORE_TEST_KIND", kind);
     cmd.args(["--max-restarts", "2", "--job", "launched", "-x", "KVSTORE_COMMIT_DIR", "-x", "KVSTORE_TEST_KIND"]);
@@ -555,10 +555,10 @@ fn spawn_launcher_in(
     let mut launcher = match ns {
         Some(ns) => {
             let mut c = std::process::Command::new("ip");
-            c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_kvstore-run")]);
+            c.args(["netns", "exec", ns]).arg(kvstore_tests::launcher());
             c
         }
-        None => std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run")),
+        None => std::process::Command::new(kvstore_tests::launcher()),
     };
     launcher.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     launcher.env("KVSTORE_TEST_KIND", "dist_sync");
@@ -705,7 +705,7 @@ fn lost_host(dir: &std::path::Path, args: &[&str]) -> (std::process::ExitStatus,
     std::fs::write(&mpirun, script).expect("the stand-in");
     std::fs::set_permissions(&mpirun, std::fs::Permissions::from_mode(0o755)).expect("executable");
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"))
+    let out = std::process::Command::new(kvstore_tests::launcher())
         .env("PATH", path)
         .env("KVSTORE_COMMIT_DIR", dir)
         .env("OMPI_MCA_btl_vader_backing_directory", segments(dir))
@@ -941,7 +941,7 @@ fn launched_by_shell(dir: &std::path::Path, shell: &str) -> std::process::Child 
     std::process::Command::new("sh")
         .args(["-c", shell])
         .env("PATH", path)
-        .env("RUN", env!("CARGO_BIN_EXE_kvstore-run"))
+        .env("RUN", kvstore_tests::launcher())
         .env("DIR", dir)
         .env("KVSTORE_COMMIT_DIR", dir)
         .env("OMPI_MCA_btl_vader_backing_directory", segments(dir))
@@ -1006,7 +1006,7 @@ fn kvstore_run_reads_only_mpiruns_own_reports_not_the_programs_output() {
     let script: String = lines.iter().map(|l| format!("echo '{l}'\necho '{l}' >&2\n")).collect();
     std::fs::write(&program, format!("#!/bin/sh\n{script}exit 1\n")).expect("the program");
     std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).expect("executable");
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"));
+    let mut cmd = std::process::Command::new(kvstore_tests::launcher());
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("KVSTORE_COMMIT_DIR", &dir);
     cmd.env("OMPI_MCA_btl_vader_backing_directory", segments(&dir));
     cmd.args(["--max-restarts", "2", "--job", "lookalike", "--oversubscribe", "--bind-to", "none", "-np", "1"]);
@@ -1035,7 +1035,7 @@ fn kvstore_run_passes_each_ranks_lines_on_whole_however_their_writes_interleave(
                   printf ' and ends\\n'; printf 'no newline'; else sleep 1; echo 'rank 1 whole'; fi\n";
     std::fs::write(&program, script).expect("the program");
     std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).expect("executable");
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"));
+    let mut cmd = std::process::Command::new(kvstore_tests::launcher());
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("KVSTORE_COMMIT_DIR", &dir);
     cmd.env("OMPI_MCA_btl_vader_backing_directory", segments(&dir));
     cmd.args(["--job", "interleaved", "--oversubscribe", "--bind-to", "none", "-np", "2"]).arg(&program);
@@ -1052,7 +1052,7 @@ fn kvstore_run_passes_each_ranks_lines_on_whole_however_their_writes_interleave(
 fn kvstore_run_says_its_commits_are_kept_only_when_there_are_some() {
     let dir = folder("kept-or-not");
     // A job that failed before any commit.
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvstore-run"));
+    let mut cmd = std::process::Command::new(kvstore_tests::launcher());
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("KVSTORE_COMMIT_DIR", &dir);
     cmd.env("OMPI_MCA_btl_vader_backing_directory", segments(&dir));
     cmd.args(["--job", "none", "--oversubscribe", "--bind-to", "none", "-np", "1", "false"]);

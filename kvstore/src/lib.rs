@@ -32,6 +32,9 @@ mod host;
 pub use host::HostMemory;
 pub use kvstore_core::*;
 
+/// The job's commits: its name's variable, its folder, its newest commit (kvstore-commit).
+pub use kvstore_commit::{COMMIT_DIR_VAR, JOB_VAR, job_folder, newest_commit};
+
 /// The GPU backend, with this crate's `cuda` feature.
 #[cfg(feature = "cuda")]
 pub use kvstore_cuda as cuda;

@@ -447,6 +447,8 @@ pub fn commit_job(ctxs: &[Context]) {
     let steps: u64 = words[1].parse().expect("steps");
     let die: Option<u64> = words.get(2).map(|w| w.parse().expect("a step"));
     let keys = [("k", 4099, ctxs[0]), ("j", 300, ctxs[ctxs.len() - 1])];
+    // (Its store commits: the commits installed first.)
+    kvstore_commit::install();
     let kv = KVStore::create("device").expect("store");
     kv.set_gradient_compression(&[("type", "2bit"), ("threshold", "0.5")]).expect("set_gradient_compression");
     let start = match kv.restored() {

@@ -50,3 +50,27 @@ pub fn assert_all(a: &NDArray, v: f64) {
     let got = a.to_f64_vec().expect("read");
     assert!(got.iter().all(|&x| x == v), "expected all {v}, got {got:?}");
 }
+
+/// The launcher `kvstore-run` (kvstore-commit's), built for the profile of the running
+/// executable (a test's or a bench's, in `target/PROFILE/deps`) and its path beside it:
+/// a test of another crate cannot name it through `CARGO_BIN_EXE_*`. Built once per
+/// process (a build that has nothing to do takes a moment); panics with cargo's words
+/// when it cannot be built.
+pub fn launcher() -> std::path::PathBuf {
+    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("this executable's path");
+            let dir = exe.parent().and_then(std::path::Path::parent).expect("target/PROFILE");
+            let release = dir.file_name().is_some_and(|n| n == "release");
+            let mut cargo = std::process::Command::new(env!("CARGO"));
+            cargo.args(["build", "--quiet", "-p", "kvstore-commit", "--bin", "kvstore-run"]);
+            if release {
+                cargo.arg("--release");
+            }
+            let built = cargo.output().expect("cargo runs");
+            assert!(built.status.success(), "cargo build of kvstore-run: {}", String::from_utf8_lossy(&built.stderr));
+            dir.join("kvstore-run")
+        })
+        .clone()
+}

@@ -9,79 +9,84 @@ use crate::backend::Collective;
 use crate::error::Result;
 
 /// Every rank's record at one point of agreement, in rank order.
-pub(super) struct Said(Vec<Vec<u8>>);
+pub struct Said(Vec<Vec<u8>>);
 
 impl Said {
     /// Every rank's record at `step` (`mine` on this rank), by one exchange of `group`:
     /// a rank that never arrives is named by the group after its timeout.
-    pub(super) fn exchange(group: &dyn Collective, step: &str, mine: &[u8]) -> Result<Said> {
+    pub fn exchange(group: &dyn Collective, step: &str, mine: &[u8]) -> Result<Said> {
         group.exchange(step, mine).map(Said)
     }
 
     /// The records another transport exchanged (a `dist_async` store's owners).
-    pub(super) fn of(records: Vec<Vec<u8>>) -> Said {
+    pub fn of(records: Vec<Vec<u8>>) -> Said {
         Said(records)
     }
 
     /// The number of ranks.
-    pub(super) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.0.len()
     }
 
+    /// Whether no rank said anything (a group of none).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Every rank's record, in rank order.
-    pub(super) fn records(&self) -> impl Iterator<Item = &[u8]> {
+    pub fn records(&self) -> impl Iterator<Item = &[u8]> {
         self.0.iter().map(Vec::as_slice)
     }
 
     /// The little-endian word at byte `at` of rank `r`'s record (0 where it is short).
-    pub(super) fn word(&self, r: usize, at: usize) -> u64 {
+    pub fn word(&self, r: usize, at: usize) -> u64 {
         word(&self.0[r], at)
     }
 
     /// The byte at `at` of rank `r`'s record (0 where it is short).
-    pub(super) fn byte(&self, r: usize, at: usize) -> u8 {
+    pub fn byte(&self, r: usize, at: usize) -> u8 {
         self.0[r].get(at).copied().unwrap_or(0)
     }
 
-    /// The text from byte `at` of rank `r`'s record to its first NUL (as [`padded`]
+    /// The text from byte `at` of rank `r`'s record to its first NUL (as `padded`
     /// wrote it).
-    pub(super) fn text(&self, r: usize, at: usize) -> String {
+    pub fn text(&self, r: usize, at: usize) -> String {
         let t = self.0[r].get(at..).unwrap_or_default();
         String::from_utf8_lossy(&t[..t.iter().position(|&b| b == 0).unwrap_or(t.len())]).into_owned()
     }
 
     /// The ranks whose records `f` holds for.
-    pub(super) fn ranks_where(&self, f: impl Fn(&[u8]) -> bool) -> Vec<usize> {
+    pub fn ranks_where(&self, f: impl Fn(&[u8]) -> bool) -> Vec<usize> {
         (0..self.0.len()).filter(|&r| f(&self.0[r])).collect()
     }
 
     /// The ranks whose word at byte `at` has `bit` set.
-    pub(super) fn with_bit(&self, at: usize, bit: u64) -> Vec<usize> {
+    pub fn with_bit(&self, at: usize, bit: u64) -> Vec<usize> {
         self.ranks_where(|r| word(r, at) & bit != 0)
     }
 }
 
 /// The little-endian word at byte `at` of `record` (0 where it is short).
-pub(super) fn word(record: &[u8], at: usize) -> u64 {
+pub fn word(record: &[u8], at: usize) -> u64 {
     record.get(at..at + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes)
 }
 
 /// `text` as a record's part of `len` bytes: NUL-padded (cut where longer).
-pub(super) fn padded(text: &str, len: usize) -> Vec<u8> {
+pub fn padded(text: &str, len: usize) -> Vec<u8> {
     let mut bytes = text.as_bytes().to_vec();
     bytes.resize(len, 0);
     bytes
 }
 
 /// `rank 2`, or `ranks 0, 3`: how a message names ranks.
-pub(super) fn ranks(list: &[usize]) -> String {
+pub fn ranks(list: &[usize]) -> String {
     let names: Vec<String> = list.iter().map(usize::to_string).collect();
     format!("{} {}", if list.len() == 1 { "rank" } else { "ranks" }, names.join(", "))
 }
 
 /// The distinct values of `items`, in order of first appearance, each with the
 /// positions (ranks) that hold it.
-pub(super) fn by_value<T: PartialEq>(items: impl IntoIterator<Item = T>) -> Vec<(T, Vec<usize>)> {
+pub fn by_value<T: PartialEq>(items: impl IntoIterator<Item = T>) -> Vec<(T, Vec<usize>)> {
     let mut groups: Vec<(T, Vec<usize>)> = Vec::new();
     for (r, item) in items.into_iter().enumerate() {
         match groups.iter_mut().find(|(g, _)| *g == item) {

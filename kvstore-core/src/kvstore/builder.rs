@@ -25,11 +25,11 @@ pub struct KVStoreBuilder {
     fuse_bytes: Option<usize>,
     max_queued_calls: Option<usize>,
     max_copied_bytes: Option<usize>,
-    /// Whether the store takes part in its job's commits (`KVSTORE_JOB`): not the
+    /// Whether the store takes part in its job's commits (the installed
+    /// [`MakeDurable`](crate::backend::MakeDurable) gives its durability): not the
     /// stores a store makes for itself ([`KVStore::internal_local`]).
     commits: bool,
-    /// A durability of its own in place of the job's folder (the tests' in-memory one,
-    /// `kvstore/seam.rs`).
+    /// A durability of its own in place of the installed one's ([`KVStoreBuilder::durability`]).
     durable: Option<Box<dyn Durable>>,
 }
 
@@ -63,9 +63,12 @@ impl KVStoreBuilder {
         KVStoreBuilder { commits: false, engine_threads: 1, ..KVStoreBuilder::new("local") }
     }
 
-    /// With `durable` as its durability, in place of the job's folder.
-    #[cfg(test)]
-    pub(super) fn durable(mut self, durable: Box<dyn Durable>) -> Self {
+    /// With `durable` as its durability ([`Durable`]: what [`KVStore::commit`] writes
+    /// and what the store restores when it is built), in place of the one the process's
+    /// installed [`MakeDurable`](crate::backend::MakeDurable) gives (the job's folder
+    /// of commits, where a job name is set).
+    #[must_use]
+    pub fn durability(mut self, durable: Box<dyn Durable>) -> Self {
         self.durable = Some(durable);
         self
     }
@@ -249,7 +252,7 @@ impl KVStoreBuilder {
         let grouped = self.collective.is_some() || remote.is_some();
         let commits = match (self.durable, self.commits) {
             (Some(durable), _) => Some(durable),
-            (None, true) => super::commit::Folder::for_next_store(grouped)?.map(|f| Box::new(f) as Box<dyn Durable>),
+            (None, true) => super::seam::durability_for_next_store(grouped)?,
             (None, false) => None,
         };
         let store = Store {
@@ -287,7 +290,7 @@ impl KVStoreBuilder {
             None => Arc::new(Engine::new(threads, false)?),
         };
         let kv = KVStore { engine, store: Arc::new(store) };
-        // A store of a named job resumes from its newest commit (`kvstore/commit.rs`).
+        // A durable store resumes from its newest commit ([`Durable::restore`]).
         if kv.store.commits.is_some() {
             kv.in_order("restore", |store| {
                 if let Some(r) = store.restore()? {

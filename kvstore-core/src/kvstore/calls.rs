@@ -816,7 +816,7 @@ impl Store {
             let said = remote.exchange("init", &[u8::from(sent.is_ok())]).map(super::agree::Said::of);
             sent?;
             let said = said?;
-            if said.len() == 0 || said.byte(0, 0) != 1 {
+            if said.is_empty() || said.byte(0, 0) != 1 {
                 return Err(Error::Backend {
                     backend: "dist_async",
                     message: format!(

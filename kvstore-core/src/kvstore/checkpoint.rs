@@ -284,9 +284,12 @@ struct Plan {
 
 /// The store as one consistent step, for a file: its tensors in the file's order and
 /// what its metadata says, taken with every key and the merger held
-/// ([`Store::snapshot`]). Its tensors' CRC-32s are the writer's: each is hashed as its
+/// (`Store::snapshot`). Its tensors' CRC-32s are the writer's: each is hashed as its
 /// bytes are copied ([`Snapshot::header`]), so a file costs one pass over the data.
-pub(super) struct Snapshot<'a> {
+/// A durability layer writes one ([`Seam::whole_snapshot`](super::Seam::whole_snapshot)):
+/// tensor `i`'s bytes ([`Snapshot::bytes`]) at its offset ([`Snapshot::offsets`]) after
+/// the header.
+pub struct Snapshot<'a> {
     /// Per tensor: name, dtype, shape and bytes (keys in update order, each value then
     /// its optimizer states and master copy).
     pub(super) tensors: Vec<(String, StDtype, Vec<usize>, &'a [u8])>,
@@ -298,7 +301,7 @@ pub(super) struct Snapshot<'a> {
     /// safetensors writes them), so that every tensor's data is aligned to its element.
     pub(super) file_order: Vec<usize>,
     /// The keys' gradient-compression residuals, of keys that have them (this rank's
-    /// own: a commit keeps them apart from the file, `kvstore/commit.rs`).
+    /// own: a commit keeps them apart from the file, `kvstore-commit`).
     pub(super) residuals: Vec<(&'a str, &'a [Vec<f32>])>,
 }
 
@@ -309,7 +312,10 @@ impl Snapshot<'_> {
     /// The file's header (its length field, then the JSON metadata padded to 8 bytes),
     /// with the CRC-32 state `crcs` of each tensor's bytes. Its length does not depend
     /// on the CRCs (each is 8 hex digits), so a writer may reserve it with any.
-    pub(super) fn header(&self, crcs: &[crc32fast::Hasher]) -> Result<Vec<u8>> {
+    ///
+    /// # Errors
+    /// [`Error::Internal`] where the metadata cannot be written.
+    pub fn header(&self, crcs: &[crc32fast::Hasher]) -> Result<Vec<u8>> {
         let hex = |c: &crc32fast::Hasher| format!("{:08x}", c.clone().finalize());
         let mut at = 0;
         let mut meta_keys = Vec::with_capacity(self.keys.len());
@@ -356,7 +362,10 @@ impl Snapshot<'_> {
     }
 
     /// The whole file, in memory.
-    pub(super) fn to_bytes(&self) -> Result<Vec<u8>> {
+    ///
+    /// # Errors
+    /// As [`Snapshot::header`].
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let crcs: Vec<crc32fast::Hasher> = self
             .tensors
             .iter()
@@ -373,7 +382,7 @@ impl Snapshot<'_> {
     }
 
     /// Each tensor's offset in the file's data (by [`Snapshot::file_order`]).
-    pub(super) fn offsets(&self) -> Vec<usize> {
+    pub fn offsets(&self) -> Vec<usize> {
         let mut offsets = vec![0; self.tensors.len()];
         let mut at = 0;
         for &i in &self.file_order {
@@ -384,8 +393,29 @@ impl Snapshot<'_> {
     }
 
     /// The bytes of all its tensors.
-    pub(super) fn data_len(&self) -> usize {
+    pub fn data_len(&self) -> usize {
         self.tensors.iter().map(|t| t.3.len()).sum()
+    }
+
+    /// How many tensors it has.
+    pub fn count(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Tensor `i`'s bytes.
+    pub fn bytes(&self, i: usize) -> &[u8] {
+        self.tensors[i].3
+    }
+
+    /// The tensors' indices in the file's order.
+    pub fn file_order(&self) -> &[usize] {
+        &self.file_order
+    }
+
+    /// The keys' gradient-compression residuals (key, one per device), of keys that
+    /// have them: this rank's own, kept apart from the file.
+    pub fn residuals(&self) -> &[(&str, &[Vec<f32>])] {
+        &self.residuals
     }
 }
 

@@ -276,7 +276,7 @@ pub(crate) struct Store {
     /// Its hold on the timeline: the last store dropped closes the file
     /// ([`crate::timeline::Hold`]).
     pub(super) _timeline: crate::timeline::Hold,
-    /// Where its commits go, with a job name (`kvstore/commit.rs`).
+    /// Where its commits go, with a job name ([`Durable`]).
     pub(super) commits: Option<Box<dyn Durable>>,
     /// The commit it restored when it was made.
     pub(super) restored: std::sync::OnceLock<Restored>,
@@ -352,16 +352,48 @@ pub(super) trait Owners: Send + Sync {
 }
 
 /// What makes a store durable, behind the one seam the store knows: it commits the
-/// store as of a step, and restores the newest whole commit when the store is made
-/// (`kvstore/commit.rs`: a job's folder of commits).
-pub(super) trait Durable: Send + Sync {
+/// store as of a step, and restores the newest whole commit when the store is made.
+/// Core has none: a layer implements it (the `kvstore-commit` crate: a job's folder of
+/// commits in memory that outlives the process) and installs what makes one for each
+/// store ([`MakeDurable`], [`install_durability`](crate::backend::install_durability)).
+/// It sees the store through [`Seam`] alone.
+pub trait Durable: Send + Sync {
     /// Commits `store` as of `step`, with the user's `extra` bytes (`before`: whether
-    /// this rank's calls before it went well).
-    fn commit(&self, store: &Store, step: u64, extra: &[u8], before: Result<()>) -> Result<()>;
+    /// this rank's calls before it went well; every rank takes part whatever it says).
+    ///
+    /// # Errors
+    /// Why the commit failed, the same kind on every rank.
+    fn commit(&self, store: Seam<'_>, step: u64, extra: &[u8], before: Result<()>) -> Result<()>;
 
     /// Restores the newest whole commit into `store`: what it restored, or `None`.
-    fn restore(&self, store: &Store) -> Result<Option<Restored>>;
+    ///
+    /// # Errors
+    /// Why nothing could be restored, the same kind on every rank.
+    fn restore(&self, store: Seam<'_>) -> Result<Option<Restored>>;
 }
+
+/// What gives each store its durability, installed once per process
+/// ([`install_durability`](crate::backend::install_durability)): the builder asks it for
+/// every store that takes part in its job's commits.
+pub trait MakeDurable: Send + Sync {
+    /// The durability of the next store made (`grouped`: a store of a worker group,
+    /// made in the same order on every rank), or `None` where the process has none (no
+    /// job name).
+    ///
+    /// # Errors
+    /// Why the store cannot be made durable (a job name that is not one, a folder of
+    /// another user's): the store is not made.
+    fn for_next_store(&self, grouped: bool) -> Result<Option<Box<dyn Durable>>>;
+
+    /// What a user does for a store to be durable (said by a commit on a store that is
+    /// not): "set KVSTORE_JOB".
+    fn how_to(&self) -> String;
+}
+
+/// A store as its durability sees it ([`Durable`]): the handful of methods it may call
+/// (`kvstore/seam.rs`), nothing else of the store.
+#[derive(Clone, Copy)]
+pub struct Seam<'a>(pub(super) &'a Store);
 
 /// A call's keys' entries, each with its arrays, in call order (a key may appear more
 /// than once until [`Store::group`] merges it).

@@ -17,7 +17,6 @@ mod agree;
 mod builder;
 mod calls;
 mod checkpoint;
-mod commit;
 mod compression;
 mod data;
 pub(crate) mod forms;
@@ -32,13 +31,15 @@ mod sparse;
 mod stats;
 mod steps;
 
+pub use agree::{Said, ranks, word};
 pub use builder::KVStoreBuilder;
 use calls::broadcast_args;
-pub use commit::{COMMIT_DIR_VAR, JOB_VAR, job_folder, newest_commit};
+pub use checkpoint::Snapshot;
+pub use data::{Durable, KVStore, MakeDurable, Restored, Seam};
 use data::{Entry, Merger, Store};
-pub use data::{KVStore, Restored};
 use locks::Held;
 pub use pending::{Pending, Release};
+pub use seam::{Peers, install_durability};
 use sparse::RowIds;
 pub use sparse::StorageType;
 pub(crate) use stats::finish_timeline;
@@ -323,7 +324,7 @@ impl KVStore {
                     "set_optimizer: this store resumed a commit{} with its optimizer and that optimizer's state; a \
                      resumed program sets the same optimizer with the same settings (the store then keeps that \
                      state), and this one differs ({}). Set the one the job ran with, or start the job afresh \
-                     (remove its commits, or give it another KVSTORE_JOB)",
+                     (remove its commits, or give the job another name)",
                     self.store.restored.get().map_or(String::new(), |r| format!(" of step {}", r.step)),
                     restored.differences(&runtime, "in the commit", "here").join("; "),
                 ))),
@@ -981,11 +982,13 @@ impl KVStore {
     /// Commits the whole store as of this call: every key's value, the optimizer with
     /// its state and counters, this rank's gradient-compression residuals, the step and
     /// `extra` (the program's own bytes: its data
-    /// loader's position, its generators' state), into memory that outlives the process
-    /// (`/dev/shm`), never to disk. A store made later by a run of the same job
-    /// (`KVSTORE_JOB`) restores the newest commit every rank completed
-    /// ([`KVStore::restored`]). See the module `kvstore/commit.rs` for where commits go
-    /// and who may read them.
+    /// loader's position, its generators' state), through the store's durability
+    /// ([`Durable`]). The `kvstore` crate's stores (and the bindings') have the
+    /// `kvstore-commit` crate's: memory that outlives the process (`/dev/shm`), never
+    /// disk, where a store made later by a run of the same job (`KVSTORE_JOB`) restores
+    /// the newest commit every rank completed ([`KVStore::restored`]); that crate's docs
+    /// say where commits go and who may read them. A store of `kvstore-core` alone has
+    /// none but one given to [`KVStoreBuilder::durability`].
     ///
     /// Under `dist_sync` and `dist_async` it is a collective, like `barrier`: every rank
     /// calls it at the same point of its calls, and it returns once every rank's commit
@@ -994,8 +997,8 @@ impl KVStore {
     /// arrive, so that the commit holds every push made before it on any rank.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a store made without `KVSTORE_JOB`;
-    /// [`Error::Io`] when the commit cannot be written.
+    /// [`Error::InvalidArgument`] for a store without a durability (made without a job
+    /// name); [`Error::Io`] when the commit cannot be written.
     pub fn commit(&self, step: u64, extra: &[u8]) -> Result<()> {
         let extra = extra.to_vec();
         if let Some(remote) = &self.store.remote {
@@ -1173,7 +1176,7 @@ impl KVStore {
 
     /// A `local` store that a store makes for itself (a `dist_async` worker's share of
     /// the keys, the whole store gathered for a checkpoint or a commit): never in the
-    /// job's commits, which are the user's stores' (`kvstore/commit.rs`).
+    /// job's commits, which are the user's stores' (`kvstore-commit`).
     pub(crate) fn internal_local() -> Result<KVStore> {
         // (One engine thread: its calls are the store's own, one at a time.)
         KVStoreBuilder::internal().build()

@@ -385,7 +385,7 @@ impl Shards {
             Error::invalid_argument(format!(
                 "dist_async: rank {} is at {step:?} where rank {from} is at {theirs}: the ranks' calls differ (every \
                  rank must make the same collective calls, commits and barriers in the same order, with the same \
-                 KVSTORE_JOB)",
+                 job name)",
                 self.rank()
             ))
         };
@@ -601,7 +601,7 @@ impl Owners for Shards {
 
     /// Every worker's `mine` for the exchange named `step`, in rank order: a collective
     /// (every worker calls it at the same point) by requests, for a `dist_async` store's
-    /// commits (`kvstore/commit.rs`). Each worker sends its bytes to every other, then
+    /// commits (the `kvstore-commit` crate). Each worker sends its bytes to every other, then
     /// they meet at a barrier; a worker whose exchange there had another name (its calls
     /// are not the others') is an error.
     fn exchange(&self, step: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {

@@ -1,69 +1,84 @@
-//! The seam a durability layer works through: what `Durable`'s implementations (the
-//! job's folder of commits, `commit.rs`; an in-memory one in the tests below) may ask of
-//! a store, and nothing else (`tests/tests/structure.rs` keeps `commit.rs` to it):
+//! The seam a durability layer works through ([`Seam`]): what a [`Durable`] (the job's
+//! folder of commits in the `kvstore-commit` crate; an in-memory one in the tests below)
+//! may ask of a store, and nothing else:
 //!
-//! - the peers: the workers its commits agree with ([`Store::peers`]);
+//! - the peers: the workers its commits agree with ([`Seam::peers`]);
 //! - a snapshot of the whole state, gathering a `dist_async` store's keys from their
-//!   owners inside ([`Store::whole_snapshot`]);
+//!   owners inside ([`Seam::whole_snapshot`]);
 //! - install: a commit's checkpoint put into the store on every rank, all or nothing
-//!   ([`Store::install`]);
+//!   ([`Seam::install`]);
 //! - the rank's own record: its gradient-compression residuals
-//!   ([`Store::set_residuals`]; the snapshot holds them) and, with owners, its share's
-//!   optimizer counters ([`Store::own_counters`], [`Store::restore_own_counters`]);
-//! - the optimizer a restore installed marked resumed ([`Store::mark_optimizer_resumed`]);
+//!   ([`Seam::set_residuals`]; the snapshot holds them) and, with owners, its share's
+//!   optimizer counters ([`Seam::own_counters`], [`Seam::restore_own_counters`]);
+//! - the step of a `dist_sync` call ([`Seam::check_step`]) and the ranks' agreement on
+//!   an outcome ([`Seam::agree`]).
 //!
-//! and, as every feature, the step of a `dist_sync` call (`Store::check_step`) and the
-//! ranks' agreement on an outcome (`Store::agree`).
+//! Here too: the process's [`MakeDurable`] ([`install_durability`]), which the builder
+//! asks for each store's durability, and the store's side of a commit and a restore
+//! (`Store::commit_now`, `Store::restore`).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
 use super::checkpoint::{self, Snapshot};
-use super::data::{Entry, KVStore, Merger, Owners, Store};
+use super::data::{Durable, Entry, KVStore, MakeDurable, Merger, Owners, Restored, Seam, Store};
 use super::locks::Held;
 use crate::collective::Collective;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
 
-/// The workers a store's commits and restores agree with: a `dist_sync` store's group,
-/// or a `dist_async` store's owners (exchanges by request: [`Owners::exchange`]).
+/// The workers a store's commits and restores agree with ([`Seam::peers`]): a
+/// `dist_sync` store's group, or a `dist_async` store's owners (exchanges by request).
 #[derive(Clone, Copy)]
-pub(super) enum Peers<'a> {
+pub struct Peers<'a>(Members<'a>);
+
+#[derive(Clone, Copy)]
+enum Members<'a> {
     Sync(&'a Arc<dyn Collective>),
     Async(&'a dyn Owners),
 }
 
 impl Peers<'_> {
-    pub(super) fn rank(self) -> usize {
-        match self {
-            Peers::Sync(g) => g.rank(),
-            Peers::Async(r) => r.rank(),
+    /// This worker's rank.
+    pub fn rank(self) -> usize {
+        match self.0 {
+            Members::Sync(g) => g.rank(),
+            Members::Async(r) => r.rank(),
         }
     }
 
-    pub(super) fn size(self) -> usize {
-        match self {
-            Peers::Sync(g) => g.size(),
-            Peers::Async(r) => r.size(),
+    /// The number of workers.
+    pub fn size(self) -> usize {
+        match self.0 {
+            Members::Sync(g) => g.size(),
+            Members::Async(r) => r.size(),
         }
     }
 
-    /// Every worker's `mine` for `step`, in rank order ([`Collective::exchange`]).
-    pub(super) fn exchange(self, step: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        match self {
-            Peers::Sync(g) => g.exchange(step, mine),
-            Peers::Async(r) => r.exchange(step, mine),
+    /// Every worker's `mine` for `step`, in rank order ([`Collective::exchange`]: every
+    /// worker's record of the same length, at most
+    /// [`MAX_RECORD`](crate::backend::MAX_RECORD) bytes).
+    ///
+    /// # Errors
+    /// The transport's.
+    pub fn exchange(self, step: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        match self.0 {
+            Members::Sync(g) => g.exchange(step, mine),
+            Members::Async(r) => r.exchange(step, mine),
         }
     }
 
     /// Worker `root`'s bytes (`mine` there, given back; elsewhere not read) on every
     /// worker, for the call `step`.
-    pub(super) fn broadcast(self, step: &str, mine: Vec<u8>, root: usize) -> Result<Vec<u8>> {
-        let group = match self {
-            Peers::Sync(group) => group,
-            Peers::Async(remote) => return remote.broadcast(step, mine, root),
+    ///
+    /// # Errors
+    /// The transport's.
+    pub fn broadcast(self, step: &str, mine: Vec<u8>, root: usize) -> Result<Vec<u8>> {
+        let group = match self.0 {
+            Members::Sync(group) => group,
+            Members::Async(remote) => return remote.broadcast(step, mine, root),
         };
         // The length first, then the bytes.
         let me = group.rank() == root;
@@ -91,48 +106,134 @@ impl Peers<'_> {
     }
 }
 
+/// The process's [`MakeDurable`], once installed.
+static DURABILITY: OnceLock<Box<dyn MakeDurable>> = OnceLock::new();
+
+/// Installs the process's [`MakeDurable`], once: `false` when one was installed already
+/// (which stays). Stores made before it have no durability.
+pub fn install_durability(make: Box<dyn MakeDurable>) -> bool {
+    DURABILITY.set(make).is_ok()
+}
+
+/// The durability of the next store made (see [`MakeDurable::for_next_store`]): `None`
+/// without an installed [`MakeDurable`].
+pub(super) fn durability_for_next_store(grouped: bool) -> Result<Option<Box<dyn Durable>>> {
+    DURABILITY.get().map_or(Ok(None), |make| make.for_next_store(grouped))
+}
+
 impl Store {
     /// The workers of the store's job, if it has any.
     pub(super) fn peers(&self) -> Option<Peers<'_>> {
         match (&self.collective, &self.remote) {
-            (Some(group), _) => Some(Peers::Sync(group)),
-            (None, Some(remote)) => Some(Peers::Async(&**remote)),
+            (Some(group), _) => Some(Peers(Members::Sync(group))),
+            (None, Some(remote)) => Some(Peers(Members::Async(&**remote))),
             (None, None) => None,
         }
     }
 
+    /// Commits now (the caller ordered it after the calls before it; `before`: whether
+    /// this rank's calls before it went well), through the store's durability.
+    pub(super) fn commit_now(&self, step: u64, extra: &[u8], before: Result<()>) -> Result<()> {
+        let durable = self.commits.as_deref().ok_or_else(|| {
+            let how = DURABILITY.get().map_or_else(
+                || "make it through the `kvstore` crate or a binding, which have commits".to_string(),
+                |make| make.how_to(),
+            );
+            Error::invalid_argument(format!("commit: the store takes part in no job's commits; {how}"))
+        })?;
+        durable.commit(Seam(self), step, extra, before)
+    }
+
+    /// Restores the newest whole commit, when the store has a durability: what it
+    /// restored, or `None`.
+    pub(super) fn restore(&self) -> Result<Option<Restored>> {
+        self.commits.as_deref().map_or(Ok(None), |durable| durable.restore(Seam(self)))
+    }
+
+    /// Marks the optimizer a restore installed (this store's, or its share's under
+    /// `dist_async`) as resumed: the program's first `set_optimizer` of the same one
+    /// keeps it ([`KVStore::set_optimizer`]).
+    pub(super) fn mark_optimizer_resumed(&self) {
+        let share = self.remote.as_ref().map(|r| r.share());
+        for store in std::iter::once(self).chain(share) {
+            if let Merger::Optimizer(rt) = &*store.merger.read() {
+                rt.mark_resumed();
+            }
+        }
+    }
+}
+
+impl<'a> Seam<'a> {
+    /// The workers of the store's job, if it has any.
+    pub fn peers(self) -> Option<Peers<'a>> {
+        self.0.peers()
+    }
+
     /// Whether the store's keys live with their owners (`dist_async`): its snapshots
     /// then gather them, and each rank's share has optimizer counters of its own.
-    pub(super) fn has_owners(&self) -> bool {
-        self.remote.is_some()
+    pub fn has_owners(self) -> bool {
+        self.0.remote.is_some()
     }
 
     /// This rank's share's optimizer counters, for its own record (empty without owners,
     /// or without an optimizer).
-    pub(super) fn own_counters(&self) -> Vec<u8> {
-        self.remote.as_ref().map(|r| r.optimizer_state()).unwrap_or_default()
+    pub fn own_counters(self) -> Vec<u8> {
+        self.0.remote.as_ref().map(|r| r.optimizer_state()).unwrap_or_default()
     }
 
-    /// Restores this rank's share's optimizer counters from [`Store::own_counters`]'s
+    /// Restores this rank's share's optimizer counters from [`Seam::own_counters`]'s
     /// bytes (nothing to do without owners).
-    pub(super) fn restore_own_counters(&self, context: &str, bytes: &[u8]) -> Result<()> {
-        self.remote.as_ref().map_or(Ok(()), |r| r.restore_optimizer_state(context, bytes))
+    ///
+    /// # Errors
+    /// Bytes that are not such counters.
+    pub fn restore_own_counters(self, context: &str, bytes: &[u8]) -> Result<()> {
+        self.0.remote.as_ref().map_or(Ok(()), |r| r.restore_optimizer_state(context, bytes))
+    }
+
+    /// Checks that this rank makes the same `dist_sync` call as every other (a store
+    /// of no group: nothing to check), as every call does first.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] where a rank makes another call (the ranks desync).
+    pub fn check_step(self, op: &'static str) -> Result<()> {
+        self.0.check_step(op, &[], Ok(()))
+    }
+
+    /// Every rank says whether `outcome` went well (with a hash of what it read, which
+    /// must be the same on every rank); an error on every rank where one failed or the
+    /// hashes differ (`what_failed`: what a failed rank could not do). A store of no
+    /// group: nothing to agree.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the ranks that failed or differ.
+    pub fn agree(
+        self,
+        op: &str,
+        context: &str,
+        outcome: std::result::Result<u64, ()>,
+        what_failed: &str,
+    ) -> Result<()> {
+        self.0.agree(op, context, outcome, what_failed)
     }
 
     /// `write` of a snapshot of the whole state. With owners (`dist_async`), of the store
     /// as they hold it, gathered when `gather` (a host's first rank) into `kept`'s copy
     /// (the copy of its last gather, kept again for the next), else of an empty store
-    /// (the rank writes its own record only). The caller makes sure no push runs.
-    pub(super) fn whole_snapshot(
-        &self,
+    /// (the rank writes its own record only). The caller makes sure no push runs (every
+    /// rank is in the same commit).
+    ///
+    /// # Errors
+    /// `write`'s, or the gather's.
+    pub fn whole_snapshot(
+        self,
         op: &'static str,
         gather: bool,
         kept: &Mutex<Option<KVStore>>,
         write: &mut dyn FnMut(&Snapshot<'_>) -> Result<()>,
     ) -> Result<()> {
-        let Some(remote) = &self.remote else { return self.snapshot(op, |s| write(s)) };
+        let Some(remote) = &self.0.remote else { return self.0.snapshot(op, |s| write(s)) };
         let copy = match gather {
-            true => remote.gathered(&self.entries(), kept.lock().take())?,
+            true => remote.gathered(&self.0.entries(), kept.lock().take())?,
             false => KVStore::internal_local()?,
         };
         let wrote = copy.store.snapshot(op, |s| write(s));
@@ -151,31 +252,42 @@ impl Store {
     /// so that it never holds a second copy of the store: a rank that then fails (out of
     /// memory for a key) fails the restore on every rank with the keys before it in
     /// place, and the job starts again from the commit.
-    pub(super) fn install(&self, context: &str, checkpoint: Result<&[u8]>) -> Result<()> {
+    ///
+    /// # Errors
+    /// The same kind on every rank: bytes that are not a checkpoint, or a rank that
+    /// could not install them.
+    pub fn install(self, context: &str, checkpoint: Result<&[u8]>) -> Result<()> {
         const OP: &str = "restore";
-        let Some(remote) = &self.remote else { return self.load_checkpoint_bytes(OP, context, checkpoint).map(|_| ()) };
+        let store = self.0;
+        let Some(remote) = &store.remote else {
+            return store.load_checkpoint_bytes(OP, context, checkpoint).map(|_| ());
+        };
         let loaded = checkpoint.and_then(|checkpoint| checkpoint::read(checkpoint, context));
         // (The ranks do not compare what they loaded: each host's copy holds the
         // optimizer counters of its writer's share, which differ from host to host; each
         // rank's own come from its record.)
         let what = "could not read or check the commit";
-        self.agree(OP, context, loaded.as_ref().map(|_| 0).map_err(|_| ()), what)?;
+        store.agree(OP, context, loaded.as_ref().map(|_| 0).map_err(|_| ()), what)?;
         let file = loaded?;
-        let installed = self.install_loaded(&**remote, file);
-        self.agree(OP, context, installed.as_ref().map(|_| 0).map_err(|_| ()), "could not install the commit")?;
+        let installed = store.install_loaded(&**remote, file);
+        store.agree(OP, context, installed.as_ref().map(|_| 0).map_err(|_| ()), "could not install the commit")?;
         installed
     }
 
     /// Sets the keys' gradient-compression residuals to those of a commit
-    /// ([`encode_residuals`]): all of them, or none when one does not fit its key.
-    pub(super) fn set_residuals(&self, context: &str, residuals: Vec<(String, Vec<Vec<f32>>)>) -> Result<()> {
+    /// (key, one residual per device): all of them, or none when one does not fit its key.
+    ///
+    /// # Errors
+    /// [`Error::Io`] (invalid data) naming a key the store lacks or a residual of
+    /// another length than its key's value.
+    pub fn set_residuals(self, context: &str, residuals: Vec<(String, Vec<Vec<f32>>)>) -> Result<()> {
         const OP: &str = "restore";
         let damaged = |why: String| Error::Io {
             context: context.to_string(),
             source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("its residuals: {why}")),
         };
-        let held = Held::new(OP, self, &[])?;
-        let entries = self.entries();
+        let held = Held::new(OP, self.0, &[])?;
+        let entries = self.0.entries();
         let locked: Vec<&Arc<Entry>> = entries.iter().collect();
         let mut guards = held.write(OP, &locked)?;
         let mut found = Vec::with_capacity(residuals.len());
@@ -194,18 +306,6 @@ impl Store {
         }
         Ok(())
     }
-
-    /// Marks the optimizer a restore installed (this store's, or its share's under
-    /// `dist_async`) as resumed: the program's first `set_optimizer` of the same one
-    /// keeps it ([`KVStore::set_optimizer`]).
-    pub(super) fn mark_optimizer_resumed(&self) {
-        let share = self.remote.as_ref().map(|r| r.share());
-        for store in std::iter::once(self).chain(share) {
-            if let Merger::Optimizer(rt) = &*store.merger.read() {
-                rt.mark_resumed();
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -220,7 +320,7 @@ mod tests {
     use parking_lot::Mutex;
 
     use crate::kvstore::builder::KVStoreBuilder;
-    use crate::kvstore::data::{Durable, Restored, Store};
+    use crate::kvstore::data::{Durable, Restored, Seam};
     use crate::{KVStore, NDArray, Optimizer, Result};
 
     /// A commit kept in memory: its step, its checkpoint, the user's bytes, the residuals.
@@ -230,12 +330,12 @@ mod tests {
     struct InMemory(Arc<Mutex<Option<Kept>>>);
 
     impl Durable for InMemory {
-        fn commit(&self, store: &Store, step: u64, extra: &[u8], before: Result<()>) -> Result<()> {
-            store.check_step("commit", &[], Ok(()))?;
+        fn commit(&self, store: Seam<'_>, step: u64, extra: &[u8], before: Result<()>) -> Result<()> {
+            store.check_step("commit")?;
             before?;
             let mut kept = None;
             store.whole_snapshot("commit", true, &Mutex::new(None), &mut |snap| {
-                let residuals = snap.residuals.iter().map(|(k, r)| (k.to_string(), r.to_vec())).collect();
+                let residuals = snap.residuals().iter().map(|(k, r)| (k.to_string(), r.to_vec())).collect();
                 kept = Some((step, snap.to_bytes()?, extra.to_vec(), residuals));
                 Ok(())
             })?;
@@ -243,7 +343,7 @@ mod tests {
             Ok(())
         }
 
-        fn restore(&self, store: &Store) -> Result<Option<Restored>> {
+        fn restore(&self, store: Seam<'_>) -> Result<Option<Restored>> {
             let Some((step, checkpoint, extra, residuals)) = self.0.lock().clone() else { return Ok(None) };
             store.install("restore", Ok(&checkpoint))?;
             if !residuals.is_empty() {
@@ -254,7 +354,7 @@ mod tests {
     }
 
     fn store(job: &Arc<Mutex<Option<Kept>>>) -> KVStore {
-        KVStoreBuilder::new("local").durable(Box::new(InMemory(Arc::clone(job)))).build().expect("a store")
+        KVStoreBuilder::new("local").durability(Box::new(InMemory(Arc::clone(job)))).build().expect("a store")
     }
 
     fn adam() -> Optimizer {
@@ -320,6 +420,20 @@ mod tests {
         assert_eq!(resumed.restored(), Some(Restored { step: 2, extra: b"two".to_vec() }));
         assert_eq!(bits(&resumed), bits(&kv));
         assert_eq!(resumed.pull_new("w", 0)?.to_vec::<f32>()?, grad(0).to_vec::<f32>()?);
+        Ok(())
+    }
+
+    /// Core alone has no durability: a store's commit is refused, saying where stores
+    /// that commit are made, and the store keeps what it held.
+    #[test]
+    fn a_store_of_core_alone_refuses_to_commit_and_keeps_its_values() -> Result<()> {
+        let kv = KVStore::create("local")?;
+        kv.init("w", &grad(1))?;
+        let e = kv.commit(1, b"").expect_err("no durability");
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument, "{e}");
+        assert!(e.to_string().contains("takes part in no job's commits"), "{e}");
+        assert_eq!(kv.restored(), None);
+        assert_eq!(kv.pull_new("w", 0)?.to_vec::<f32>()?, grad(1).to_vec::<f32>()?);
         Ok(())
     }
 }

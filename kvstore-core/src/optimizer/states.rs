@@ -140,7 +140,7 @@ pub(crate) fn checksum<'a>(
 }
 
 /// [`checksum`] from each tensor's length and the CRC-32 state of its bytes, for a file
-/// whose tensors were hashed as they were written (`kvstore/commit.rs`), not read again.
+/// whose tensors were hashed as they were written (a commit, `kvstore-commit`), not read again.
 pub(crate) fn checksum_of<'a>(
     metadata: &HashMap<String, String>,
     tensors: impl Iterator<Item = (&'a str, StDtype, &'a [usize], usize, crc32fast::Hasher)>,

@@ -1,8 +1,9 @@
-//! Commits (`KVStore::commit`, `KVStore::restored`, `kvstore/commit.rs`): a job that dies
+//! Commits (`KVStore::commit`, `KVStore::restored`, `src/folder.rs`): a job that dies
 //! after a commit resumes from it, with the same bits as a job that never died; a
 //! damaged commit or a folder others may use is refused; a store without a job name
-//! cannot commit. The job is `fixture_commit_job`, run as a process per run (a restart
-//! is a new process), each test with a commits' folder of its own.
+//! cannot commit. The job is `fixture_local_job`, run as a process per run (a restart
+//! is a new process), each test with a commits' folder of its own (no `/dev/shm`, no
+//! `mpirun`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -24,7 +25,7 @@ fn run(dir: &Path, job: &str, args: &[&str]) -> Output {
 
 /// [`run`] as rank `rank` of a launcher (`OMPI_COMM_WORLD_RANK`), if given.
 fn run_as(dir: &Path, job: &str, rank: Option<&str>, args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fixture_commit_job"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fixture_local_job"));
     cmd.args(args).env("KVSTORE_JOB", job).env("KVSTORE_COMMIT_DIR", dir).env_remove("OMPI_COMM_WORLD_RANK");
     if let Some(rank) = rank {
         cmd.env("OMPI_COMM_WORLD_RANK", rank);
@@ -62,7 +63,7 @@ fn a_job_that_died_resumes_from_its_last_commit_with_the_same_bits() {
 
 /// [`run`] with `FIXTURE_OPTIMIZER` set to `mode`.
 fn run_setting(dir: &Path, job: &str, mode: &str, args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fixture_commit_job"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fixture_local_job"));
     cmd.args(args).env("KVSTORE_JOB", job).env("KVSTORE_COMMIT_DIR", dir).env("FIXTURE_OPTIMIZER", mode);
     cmd.env_remove("OMPI_COMM_WORLD_RANK").output().expect("the job runs")
 }
@@ -94,7 +95,7 @@ fn a_resumed_program_that_sets_another_optimizer_is_refused_and_keeps_the_restor
     assert!(resumed.status.success(), "{resumed:?}");
     let out = stdout(&resumed);
     let refused = line(&out, "refused: ").unwrap_or_else(|| panic!("not refused: {out}"));
-    for says in ["of step 3", "learning_rate: 0.1 in the commit, 0.2 here", "start the job afresh", "KVSTORE_JOB"] {
+    for says in ["of step 3", "learning_rate: 0.1 in the commit, 0.2 here", "start the job afresh", "another name"] {
         assert!(refused.contains(says), "{refused}");
     }
     // Refused, the store kept the restored optimizer and its state.
@@ -260,6 +261,7 @@ fn a_store_with_no_keys_or_an_empty_last_tensor_commits_and_restores() {
 #[test]
 fn a_store_without_a_job_name_cannot_commit() {
     // (This process has no KVSTORE_JOB.)
+    kvstore_commit::install();
     let kv = KVStore::create("local").expect("a store");
     kv.init("w", &NDArray::zeros(&[2]).expect("zeros")).expect("init");
     let e = kv.commit(0, b"").expect_err("no job name");

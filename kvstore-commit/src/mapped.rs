@@ -1,7 +1,5 @@
-//! A file's bytes mapped for writing: the process's file mapper (core's `MapFiles`,
-//! installed by [`install`] when a store is made through this crate or the `kvstore`
-//! facade, of any kind): how a commit copies its share of the store into its file in
-//! `/dev/shm`. There a `write` call costs about
+//! A file's bytes mapped for writing: how a commit copies its share of the store into
+//! its file in `/dev/shm`. There a `write` call costs about
 //! three times a copy in memory (the kernel looks up, locks and marks each 4 KiB page),
 //! so a rank copies into a shared mapping of its range instead.
 
@@ -9,23 +7,10 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 
-use kvstore_core::backend::{MapFiles, MappedFile};
 use parking_lot::Mutex;
 
-/// The mapper [`install`] installs.
-struct Mapper;
-
-impl MapFiles for Mapper {
-    fn map_for_writing(&self, file: &File, offset: u64, len: usize) -> std::io::Result<MappedFile> {
-        map_for_writing(file, offset, len)
-    }
-}
-
-/// Installs this crate's file mapper as the process's (once; a later call, or one made
-/// after another crate installed its own, changes nothing).
-pub(crate) fn install() {
-    let _ = kvstore_core::backend::install_file_mapper(Box::new(Mapper));
-}
+/// Bytes of a file mapped for writing; unmapped (or kept, [`KEPT`]) when dropped.
+pub(crate) type MappedFile = Box<dyn std::ops::DerefMut<Target = [u8]>>;
 
 /// How many mappings a process keeps for its next commits: a host's copies rotate
 /// through three files (the two newest commits and the spare the next one writes over),
@@ -126,7 +111,7 @@ pub(crate) fn map_for_writing(file: &File, offset: u64, len: usize) -> std::io::
     let start = offset - offset % page();
     let span = usize::try_from(end - start + SLACK).map_err(std::io::Error::other)?;
     // SAFETY: the mapping is of a commit's file, in a folder of the user's alone
-    // (`kvstore/commit.rs`); this rank writes only the range lent, which no other rank
+    // (`folder.rs`); this rank writes only the range lent, which no other rank
     // writes while it is lent and whose blocks were allocated above (again, for a kept
     // mapping: a file shortened and grown since has its pages back before any write);
     // no one of the job shortens a file while a rank writes into it (the first rank

@@ -1,75 +1,17 @@
-//! Commits (`KVStore::commit`, `KVStore::restored`): the whole store as of a step, kept
-//! in memory that outlives the process (`/dev/shm`), so that a job restarted after a
-//! rank died resumes from its last commit instead of its last checkpoint on disk.
-//!
-//! A job has a name (`KVSTORE_JOB`; the launcher gives one that its restarts share) and
-//! its commits live in a folder of their own, `DIR/kvstore-UID-JOB/storeN` (`DIR`:
-//! `KVSTORE_COMMIT_DIR`, default `/dev/shm`; `N`: the order in which the process made
-//! its `dist_sync` and `dist_async` stores, the same on every rank and in every run of
-//! one program; a store's own internal stores have none).
-//! A store of no group is its process's own: `localN-rankR`, R the rank its launcher
-//! gave the process (0 without one), so that the ranks of a job do not share it. The folder is the
-//! user's alone (0700, its files 0600): a folder or file of another owner, or one that
-//! others may read or write, is refused with an error, never used.
-//!
-//! A commit of step S is one copy per host: the ranks whose commits' folder is the same
-//! folder (its device and inode) write `step-S-rank-L-of-N.commit` together, L the
-//! first of them (a header with the step, the rank, the number of ranks and the
-//! lengths, a CRC-32 of the whole, then the store as a checkpoint, `checkpoint.rs`,
-//! then L's `extra` bytes and L's gradient-compression residuals, which are each
-//! rank's own), each rank a share of the tensors, in one pass over the data:
-//! each tensor is copied into the file (through a shared mapping of the rank's range
-//! where the process has a file mapper, `files::MapFiles`: a `write` call to
-//! `/dev/shm` costs three times a copy) and hashed as it goes ([`Snapshot`]), the
-//! headers written last by L from every rank's checksums, which L checks against a
-//! sample of each other rank's share hashed from its own memory (every rank of a
-//! `dist_sync` job holds the same values). Each other rank writes its
-//! own `extra` and residuals beside it (`step-S-rank-R-of-N.extra`). Files are written under a
-//! temporary name and renamed; once every rank said it wrote its part, each writes
-//! `step-S.done`. A commit is used only with its `done` mark: a rank killed during a
-//! commit leaves no mark, and the job resumes from the commit before. The two newest
-//! marked commits are kept, everything older is removed but the host's newest removed
-//! copy, kept as L's spare for the next commit to write over (its memory in place).
-//!
-//! A `dist_async` store's keys live with their owners: at a commit, every rank waits for
-//! its calls and meets the others; then the first rank of each host gathers the whole
-//! store from the owners into a local store (`Owners::gathered`, as `save_checkpoint`
-//! does; no push runs meanwhile, every rank being in the commit; kept for the next
-//! commit to gather into, its memory in place) and writes the host's copy alone
-//! (`Writing::alone`), while the host's other ranks write their `extra`. The
-//! ranks agree through [`Peers`] (exchanges by request, `Owners::exchange`). A restore
-//! checks the copy whole, then puts each rank's parts into its share one key at a time
-//! (`Store::install_loaded`), at any number of ranks.
-//!
-//! A store made with a job name restores, before its first call, the newest marked
-//! commit that a rank can read whole: under `dist_sync` the ranks agree on the newest
-//! step any of them has. When every rank has it, each loads its host's copy (the ranks
-//! compare what they load by its contents' checksum: copies on other hosts hold the same
-//! values, not the same bytes); when a rank lacks it (on a new host), every rank loads
-//! the bytes of the lowest rank that has it, so a job restarts on as many ranks or on
-//! more or fewer. `extra` is each rank's own, with its residuals (its record): a rank
-//! gets its own from its host, or, when it moved, from a rank whose host has it
-//! ([`fetch_records`]), else the `extra` of the copy it loaded. Its residuals come back
-//! when the job has as many ranks as the one that committed them; else they start again
-//! at zero (said on stderr), as they would at the first compressed push.
+//! The folder of a job's store and what it holds: the commits' format, how the ranks
+//! write one together and read one back, and the store's [`Durable`] made of it (the
+//! crate's docs say where the folder is and what a commit promises).
 
 use std::fs::{DirBuilder, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::agree::Said;
-use super::checkpoint::Snapshot;
-use super::data::{Durable, KVStore, Restored, Store};
-use super::seam::Peers;
-use crate::error::{Error, Result};
+use kvstore_core::backend::ranks as named;
+use kvstore_core::backend::{Durable, MAX_RECORD, Peers, Said, Seam, Snapshot, word};
+use kvstore_core::{Error, KVStore, Restored, Result, say};
 
-/// The environment variable that names a job (its restarts share it).
-pub const JOB_VAR: &str = "KVSTORE_JOB";
-/// The environment variable that names the folder of the jobs' commits (default
-/// `/dev/shm`).
-pub const COMMIT_DIR_VAR: &str = "KVSTORE_COMMIT_DIR";
+use crate::done_step;
 
 const MAGIC: &[u8; 8] = b"KVSTCMT4";
 /// The header: magic, step, rank, ranks, the lengths of extra, the checkpoint, the
@@ -80,12 +22,6 @@ const HEADER: usize = 8 + 8 + 4 + 4 + 8 + 8 + 8 + 8 + 4;
 /// How many marked commits are kept.
 const KEEP: usize = 2;
 
-/// The stores made with a job name so far in this process, with a worker group and
-/// without: the next one's folder (each rank makes its group's stores in the same order;
-/// its other stores are its own).
-static STORES: AtomicUsize = AtomicUsize::new(0);
-static LOCAL_STORES: AtomicUsize = AtomicUsize::new(0);
-
 fn io(context: impl std::fmt::Display, source: std::io::Error) -> Error {
     Error::Io { context: context.to_string(), source }
 }
@@ -94,70 +30,9 @@ fn refused(path: &Path, why: impl std::fmt::Display) -> Error {
     Error::invalid_argument(format!("the commits at {}: {why}; nothing was used", path.display()))
 }
 
-/// The job's name, when `KVSTORE_JOB` gives one (see [`job_folder`]).
-fn job() -> Result<Option<String>> {
-    let Some(name) = std::env::var_os(JOB_VAR).filter(|n| !n.is_empty()) else { return Ok(None) };
-    let name = name.to_string_lossy().into_owned();
-    check_job(&name)?;
-    Ok(Some(name))
-}
-
-/// A job's name is a folder's: 1 to 64 letters, digits, `.`, `_` and `-`, not first `.`.
-fn check_job(name: &str) -> Result<()> {
-    let fits = !name.is_empty()
-        && name.len() <= 64
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-        && !name.starts_with('.');
-    match fits {
-        true => Ok(()),
-        false => Err(Error::invalid_argument(format!(
-            "{JOB_VAR}={name:?}: a job's name is 1 to 64 letters, digits, '.', '_' or '-' (not first '.')"
-        ))),
-    }
-}
-
-/// The folder of job `job`'s commits on this host, `DIR/kvstore-UID-JOB` (`DIR`:
-/// `KVSTORE_COMMIT_DIR`, default `/dev/shm`): what a launcher removes when the job
-/// ended well. Nothing is made.
-///
-/// # Errors
-/// [`Error::InvalidArgument`] for a name that is not a job's; [`Error::Io`] when this
-/// process's user cannot be read.
-pub fn job_folder(job: &str) -> Result<PathBuf> {
-    check_job(job)?;
-    let base = std::env::var_os(COMMIT_DIR_VAR)
-        .filter(|d| !d.is_empty())
-        .map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
-    Ok(base.join(format!("kvstore-{}-{job}", uid()?)))
-}
-
-/// The step of job `job`'s newest commit on this host: the newest one marked done in
-/// one of its stores' folders ([`job_folder`]); `None` where the host holds none (or the
-/// job's name is not one). What a launcher tells a user who would resume the job by
-/// hand.
-pub fn newest_commit(job: &str) -> Option<u64> {
-    let stores = std::fs::read_dir(job_folder(job).ok()?).ok()?;
-    let stores = stores.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir()));
-    let names = stores.filter_map(|e| std::fs::read_dir(e.path()).ok()).flatten().flatten().map(|f| f.file_name());
-    names.filter_map(|n| done_step(n.to_str()?)).max()
-}
-
-/// The step a file named `name` marks done (`step-S.done`).
-fn done_step(name: &str) -> Option<u64> {
-    name.strip_prefix("step-")?.strip_suffix(".done")?.parse().ok()
-}
-
-/// This process's rank as its launcher gives it (Open MPI, PMIx, PMI, Slurm), 0 without.
-fn launcher_rank() -> u64 {
-    ["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// This process's user: the owner of its `/proc/self`.
-fn uid() -> Result<u32> {
-    crate::files::uid().map_err(|e| io("this process's user (/proc/self)", e))
+pub(crate) fn uid() -> Result<u32> {
+    std::fs::metadata("/proc/self").map(|m| m.uid()).map_err(|e| io("this process's user (/proc/self)", e))
 }
 
 /// Makes `path` a folder of the user's alone, or checks that it is one: not a link, owned
@@ -203,7 +78,7 @@ type Passed = (u64, String);
 
 /// The folder of a job's store.
 #[derive(Debug)]
-pub(super) struct Folder {
+pub(crate) struct Folder {
     path: PathBuf,
     uid: u32,
     /// The ranks whose folder this same folder is (their host's `/dev/shm`), in order,
@@ -216,22 +91,14 @@ pub(super) struct Folder {
 }
 
 impl Folder {
-    /// The folder of the next store made with a job name (`grouped`: a store of a worker
-    /// group), made if need be; `None` without `KVSTORE_JOB`. A store of no group is
-    /// its process's own: under a launcher, each rank's in a folder of its own
-    /// (`localN-rankR`, R from the launcher's environment), so that ranks do not share it.
-    pub(super) fn for_next_store(grouped: bool) -> Result<Option<Folder>> {
-        let Some(job) = job()? else { return Ok(None) };
+    /// The folder `name` of the job's folder `jobs` ([`crate::job_folder`]), each made
+    /// if need be, the user's alone (else refused, never used).
+    pub(crate) fn open(jobs: &Path, name: &str) -> Result<Folder> {
         let uid = uid()?;
-        let jobs = job_folder(&job)?;
-        own_folder(&jobs, uid)?;
-        let name = match grouped {
-            true => format!("store{}", STORES.fetch_add(1, Ordering::Relaxed)),
-            false => format!("local{}-rank{}", LOCAL_STORES.fetch_add(1, Ordering::Relaxed), launcher_rank()),
-        };
+        own_folder(jobs, uid)?;
         let path = jobs.join(name);
         own_folder(&path, uid)?;
-        Ok(Some(Folder { path, uid, host: std::sync::OnceLock::new(), gathered: parking_lot::Mutex::new(None) }))
+        Ok(Folder { path, uid, host: std::sync::OnceLock::new(), gathered: parking_lot::Mutex::new(None) })
     }
 
     fn file(&self, step: u64, rank: usize, ranks: usize) -> PathBuf {
@@ -325,7 +192,7 @@ impl Folder {
         let said = |step_name: &str, ok: bool, a: u64, b: u64| -> Result<Vec<Vec<u8>>> {
             exchange(step_name, &[&[u8::from(ok)][..], &a.to_le_bytes(), &b.to_le_bytes()].concat())
         };
-        let number = |record: Option<&Vec<u8>>, i: usize| record.map_or(0, |b| super::agree::word(b, 1 + 8 * i));
+        let number = |record: Option<&Vec<u8>>, i: usize| record.map_or(0, |b| word(b, 1 + 8 * i));
         let snap = match snap {
             Ok(snap) => snap,
             Err(e) => {
@@ -338,13 +205,13 @@ impl Folder {
         let (first, share) = (host[0], host.iter().position(|&r| r == rank).unwrap_or(0));
         let sharers = if alone { 1 } else { host.len() };
         // This rank's own, beside its extra (each rank's differ).
-        let residuals = encode_residuals(&snap.residuals);
+        let residuals = encode_residuals(snap.residuals());
         let own = Record { extra: extra.to_vec(), residuals, optimizer: optimizer.to_vec(), ranks };
         let path = self.file(step, first, ranks);
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let temp = |pid: u64| self.path.join(format!(".{name}.{pid}"));
         let me = u64::from(std::process::id());
-        let n = snap.tensors.len();
+        let n = snap.count();
         let reserved = match snap.header(&vec![crc32fast::Hasher::new(); n]) {
             Ok(header) => header.len(),
             Err(e) => return self.write_commit(group, at, extra, Err(&e)),
@@ -398,22 +265,19 @@ impl Folder {
             };
             // This rank's share is one range of the file (the writers take the tensors
             // in the file's order), copied through a mapping where the group can map.
-            let ranges =
-                (0..n).filter(|&i| writer(i) == share).map(|i| (begins[i], begins[i] + snap.tensors[i].3.len()));
+            let ranges = (0..n).filter(|&i| writer(i) == share).map(|i| (begins[i], begins[i] + snap.bytes(i).len()));
             // (A rank may have no tensor to write: a store with no keys, or more ranks on
             // the host than tensors; then `low` stays above `high` and nothing is mapped.)
             let (low, high) = ranges.fold((usize::MAX, 0), |(l, h), (b, e)| (l.min(b), h.max(e)));
             let base = HEADER + reserved + low.min(high);
-            let mapped = crate::files::mapper()
-                .filter(|_| high > low)
-                .map(|m| m.map_for_writing(&file, base as u64, high - low));
+            let mapped = (high > low).then(|| crate::mapped::map_for_writing(&file, base as u64, high - low));
             let mut map = match mapped {
                 // A file system that cannot allocate blocks ahead: written instead.
                 Some(Err(e)) if e.kind() == std::io::ErrorKind::Unsupported => None,
                 mapped => mapped.transpose()?,
             };
             let mut crcs = Vec::with_capacity(n);
-            for (i, (.., bytes)) in snap.tensors.iter().enumerate() {
+            for (i, bytes) in (0..n).map(|i| (i, snap.bytes(i))) {
                 if writer(i) != share {
                     crcs.push(None);
                     continue;
@@ -437,7 +301,7 @@ impl Folder {
         // which the first rank hashes from its own memory too (below).
         let sample_of = |member: usize| {
             let mut crc = crc32fast::Hasher::new();
-            for (i, (.., bytes)) in snap.tensors.iter().enumerate() {
+            for (i, bytes) in (0..n).map(|i| (i, snap.bytes(i))) {
                 if writer(i) == member {
                     bytes.chunks(SAMPLE_STRIDE).for_each(|b| crc.update(&b[..b.len().min(SAMPLE_BYTES)]));
                 }
@@ -462,7 +326,7 @@ impl Folder {
         if everyone && !alone {
             let mut listed: Vec<u8> = mine.iter().flat_map(|c| c.to_le_bytes()).collect();
             listed.resize(4 * most, 0);
-            for (k, part) in listed.chunks(crate::backend::MAX_RECORD).enumerate() {
+            for (k, part) in listed.chunks(MAX_RECORD).enumerate() {
                 let parts = exchange(&format!("commit-checksums-{k}"), part)?;
                 for (list, part) in lists.iter_mut().zip(parts) {
                     list.extend_from_slice(&part);
@@ -501,12 +365,12 @@ impl Folder {
                     Some(crc) => Ok(crc),
                     None if !everyone => {
                         let mut crc = crc32fast::Hasher::new();
-                        crc.update(snap.tensors[i].3);
+                        crc.update(snap.bytes(i));
                         Ok(crc)
                     }
                     None => listed[writer(i)]
                         .next()
-                        .map(|c| crc32fast::Hasher::new_with_initial_len(c, snap.tensors[i].3.len() as u64))
+                        .map(|c| crc32fast::Hasher::new_with_initial_len(c, snap.bytes(i).len() as u64))
                         .ok_or_else(|| std::io::Error::other("a rank of this host sent too few checksums")),
                 })
                 .collect()
@@ -525,7 +389,7 @@ impl Folder {
             if !differing.is_empty() {
                 return Err(std::io::Error::other(format!(
                     "{} of this host hold other values than rank {first} (a dist_sync store's ranks hold the same)",
-                    super::agree::ranks(&differing)
+                    named(&differing)
                 )));
             }
             let crcs = told(crcs)?;
@@ -537,7 +401,7 @@ impl Folder {
             let mut crc = crc32fast::Hasher::new();
             crc.update(&fields);
             crc.update(&header);
-            snap.file_order.iter().for_each(|&i| crc.combine(&crcs[i]));
+            snap.file_order().iter().for_each(|&i| crc.combine(&crcs[i]));
             let own = own.bytes();
             crc.update(&own);
             let file = made.as_ref().ok().and_then(Option::as_ref).ok_or_else(|| std::io::Error::other("no file"))?;
@@ -808,7 +672,7 @@ impl Record {
 /// 8,184, keeps what each rank found.)
 fn fetch_records(group: Peers<'_>, folder: &Folder, step: u64, own: Option<Record>) -> Result<Option<Record>> {
     let (me, n) = (group.rank(), group.size());
-    if n > (crate::backend::MAX_RECORD - 1) * 8 {
+    if n > (MAX_RECORD - 1) * 8 {
         return Ok(own);
     }
     let mut said = vec![0u8; 1 + n.div_ceil(8)];
@@ -914,48 +778,29 @@ fn decode(bytes: &[u8]) -> std::result::Result<Commit<'_>, &'static str> {
     Ok(Commit { step, rank, ranks, extra, checkpoint, residuals, optimizer })
 }
 
-impl Store {
-    /// Commits now (the caller ordered it after the calls before it; `before`: whether
-    /// this rank's calls before it went well), through the store's durability.
-    pub(super) fn commit_now(&self, step: u64, extra: &[u8], before: Result<()>) -> Result<()> {
-        let durable = self.commits.as_deref().ok_or_else(|| {
-            Error::invalid_argument(format!(
-                "commit: the store has no job name; set {JOB_VAR} (kvstore-run sets it) before making the store"
-            ))
-        })?;
-        durable.commit(self, step, extra, before)
-    }
-
-    /// Restores the newest marked commit, when the store has a job name: what it
-    /// restored, or `None`.
-    pub(super) fn restore(&self) -> Result<Option<Restored>> {
-        self.commits.as_deref().map_or(Ok(None), |durable| durable.restore(self))
-    }
-}
-
 /// A folder of commits is the store's durability.
 impl Durable for Folder {
-    fn commit(&self, store: &Store, step: u64, extra: &[u8], before: Result<()>) -> Result<()> {
-        store.commit_to(self, step, extra, before)
+    fn commit(&self, store: Seam<'_>, step: u64, extra: &[u8], before: Result<()>) -> Result<()> {
+        self.commit_to(store, step, extra, before)
     }
 
-    fn restore(&self, store: &Store) -> Result<Option<Restored>> {
-        store.restore_from(self)
+    fn restore(&self, store: Seam<'_>) -> Result<Option<Restored>> {
+        self.restore_from(store)
     }
 }
 
-impl Store {
+impl Folder {
     /// Commits now (the caller ordered it after the calls before it; `before`: whether
     /// this rank's calls before it went well): every rank writes its file, and once
     /// every rank did, marks the step done.
-    fn commit_to(&self, folder: &Folder, step: u64, extra: &[u8], before: Result<()>) -> Result<()> {
+    fn commit_to(&self, store: Seam<'_>, step: u64, extra: &[u8], before: Result<()>) -> Result<()> {
         const OP: &str = "commit";
-        self.check_step(OP, &[], Ok(()))?;
-        let group = self.peers();
+        store.check_step(OP)?;
+        let group = store.peers();
         let (rank, ranks) = group.map_or((0, 1), |g| (g.rank(), g.size()));
         // Steps must grow: the two greatest are kept, so a smaller one would be removed
         // at once and a restart would go back to the greater. (Refused on every rank.)
-        let newest = folder.done_steps().map(|d| d.first().copied());
+        let newest = self.done_steps().map(|d| d.first().copied());
         let checked = before.and(newest).and_then(|newest| match newest {
             _ if step == u64::MAX => {
                 Err(Error::invalid_argument(format!("commit of step {step}: a step must be below {}", u64::MAX)))
@@ -967,34 +812,34 @@ impl Store {
             _ => Ok(()),
         });
         // A dist_async rank's share has optimizer counters of its own.
-        let optimizer = self.own_counters();
-        let at = Writing { step, rank, ranks, alone: self.has_owners(), optimizer: &optimizer };
+        let optimizer = store.own_counters();
+        let at = Writing { step, rank, ranks, alone: store.has_owners(), optimizer: &optimizer };
         // Every rank takes part in the writers' exchanges, whatever failed before.
         let written = match checked {
-            Err(e) => folder.write_commit(group, at, extra, Err(&e)),
+            Err(e) => self.write_commit(group, at, extra, Err(&e)),
             Ok(()) => {
                 let mut wrote = false;
                 let mut write = |snap: &Snapshot<'_>| {
                     wrote = true;
-                    folder.write_commit(group, at, extra, Ok(snap))
+                    self.write_commit(group, at, extra, Ok(snap))
                 };
-                let snapshot = match self.has_owners() {
-                    false => self.whole_snapshot(OP, false, &folder.gathered, &mut write),
+                let snapshot = match store.has_owners() {
+                    false => store.whole_snapshot(OP, false, &self.gathered, &mut write),
                     // dist_async: the store as its owners hold it, gathered by the first
                     // rank of each host (no push runs: every rank is in this commit),
                     // which writes the host's copy alone; the others write their extra.
-                    true => folder.host(group).and_then(|host| {
-                        self.whole_snapshot(OP, host.first() == Some(&rank), &folder.gathered, &mut write)
+                    true => self.host(group).and_then(|host| {
+                        store.whole_snapshot(OP, host.first() == Some(&rank), &self.gathered, &mut write)
                     }),
                 };
                 match (wrote, snapshot) {
-                    (false, Err(e)) => folder.write_commit(group, at, extra, Err(&e)),
+                    (false, Err(e)) => self.write_commit(group, at, extra, Err(&e)),
                     (_, result) => result,
                 }
             }
         };
         let context = format!("commit of step {step}");
-        self.agree(OP, &context, written.as_ref().map(|_| 0).map_err(|_| ()), "could not write its commit")?;
+        store.agree(OP, &context, written.as_ref().map(|_| 0).map_err(|_| ()), "could not write its commit")?;
         written?;
         // The mark: every rank of a host makes the same empty file (no temporary name,
         // which ranks in other process namespaces could share), and fails only as every
@@ -1004,20 +849,20 @@ impl Store {
             .create(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
-            .open(folder.done(step))
+            .open(self.done(step))
             .map(|_| ())
-            .map_err(|e| io(format!("the mark {}", folder.done(step).display()), e));
-        self.agree(OP, &context, marked.as_ref().map(|_| 0).map_err(|_| ()), "could not mark its commit done")?;
+            .map_err(|e| io(format!("the mark {}", self.done(step).display()), e));
+        store.agree(OP, &context, marked.as_ref().map(|_| 0).map_err(|_| ()), "could not mark its commit done")?;
         marked?;
-        let _ = folder.prune(rank);
+        let _ = self.prune(rank);
         Ok(())
     }
 
     /// Restores the newest marked commit (see the module's docs), when the store has a
     /// job name: what it restored, or `None`.
-    fn restore_from(&self, folder: &Folder) -> Result<Option<Restored>> {
+    fn restore_from(&self, store: Seam<'_>) -> Result<Option<Restored>> {
         let began = std::time::Instant::now();
-        let found = folder.newest(self.peers().map_or(0, |g| g.rank()));
+        let found = self.newest(store.peers().map_or(0, |g| g.rank()));
         let damaged = |why: String| Error::Io {
             context: "restore".to_string(),
             source: std::io::Error::new(
@@ -1027,14 +872,14 @@ impl Store {
         };
         let passed_over = |why: &Option<Passed>, step: u64| {
             if let Some((_, why)) = why {
-                crate::say!("kvstore: {why}; restoring the commit of step {step} instead");
+                say!("kvstore: {why}; restoring the commit of step {step} instead");
             }
         };
-        let Some(group) = self.peers() else {
+        let Some(group) = store.peers() else {
             return match found? {
                 (Some((step, bytes)), why) => {
                     passed_over(&why, step);
-                    self.restore_bytes(folder, step, &bytes, began).map(Some)
+                    self.restore_bytes(store, step, &bytes, began).map(Some)
                 }
                 (None, Some((_, why))) => Err(damaged(why)),
                 (None, None) => Ok(None),
@@ -1066,7 +911,7 @@ impl Store {
                 context: "restore".to_string(),
                 source: std::io::Error::other(format!(
                     "{} could not read the job's commits (the error on {} says why); no rank restored anything",
-                    super::agree::ranks(&failed),
+                    named(&failed),
                     if failed.len() == 1 { "that rank" } else { "those ranks" }
                 )),
             });
@@ -1080,7 +925,7 @@ impl Store {
                 (false, Some((_, why))) => Err(damaged(why)),
                 (false, None) => Err(damaged(format!(
                     "{} found the job's commits, but no copy whole (the error on {} says why)",
-                    super::agree::ranks(&passed),
+                    named(&passed),
                     if passed.len() == 1 { "that rank" } else { "those ranks" }
                 ))),
             };
@@ -1094,10 +939,10 @@ impl Store {
         if let Some(passed) = newer.iter().map(|&r| passed_at(r) - 1).max()
             && group.rank() == 0
         {
-            crate::say!(
+            say!(
                 "kvstore: the commit of step {passed} has no whole copy ({} passed it over{}); restoring step {step}, \
                  the newest whole one",
-                super::agree::ranks(&newer),
+                named(&newer),
                 why.as_ref().filter(|(s, _)| *s > step).map_or(String::new(), |(_, w)| format!(": on rank 0, {w}"))
             );
         }
@@ -1108,12 +953,12 @@ impl Store {
         // every rank loads the bytes of the lowest rank that has it.
         if (0..all.len()).all(|r| at(r, 0) == newest) {
             let (_, bytes) = mine.expect("this rank's commit");
-            return self.restore_bytes(folder, step, &bytes, began).map(Some);
+            return self.restore_bytes(store, step, &bytes, began).map(Some);
         }
         let root = (0..all.len()).find(|&r| at(r, 0) == newest).expect("a rank with the newest");
         let mine = mine.filter(|_| group.rank() == root).map(|(_, bytes)| bytes).unwrap_or_default();
         let bytes = group.broadcast("restore-commit", mine, root)?;
-        self.restore_bytes(folder, step, &bytes, began).map(Some)
+        self.restore_bytes(store, step, &bytes, began).map(Some)
     }
 
     /// Loads the commit `bytes` of `step` into the store (`began`: when the restore began,
@@ -1121,44 +966,44 @@ impl Store {
     /// residuals are this rank's own record: the commit's when this rank wrote it, else
     /// the one beside it on this host, else one a rank of another host has
     /// ([`fetch_records`]); without one, the commit's `extra` and no residuals.
-    fn restore_bytes(&self, folder: &Folder, step: u64, bytes: &[u8], began: std::time::Instant) -> Result<Restored> {
+    fn restore_bytes(&self, store: Seam<'_>, step: u64, bytes: &[u8], began: std::time::Instant) -> Result<Restored> {
         let context = format!("restore of step {step}");
         let commit =
             decode(bytes).map_err(|why| Error::Io { context: context.clone(), source: std::io::Error::other(why) });
         // (A rank that cannot read it fails in the load, with every rank.)
-        self.install(&context, commit.as_ref().map(|c| c.checkpoint).map_err(Error::clone))?;
+        store.install(&context, commit.as_ref().map(|c| c.checkpoint).map_err(Error::clone))?;
         let commit = commit?;
         // Said once, by rank 0: what the job resumed from (kvstore-run's output shows it).
-        if self.peers().is_none_or(|g| g.rank() == 0) {
-            crate::say!(
+        if store.peers().is_none_or(|g| g.rank() == 0) {
+            say!(
                 "kvstore: restored the commit of step {step} ({:.1} MB) in {:.0} ms",
                 bytes.len() as f64 / 1e6,
                 began.elapsed().as_secs_f64() * 1e3
             );
         }
-        let (rank, ranks) = self.peers().map_or((0, 1), |g| (g.rank(), g.size()));
+        let (rank, ranks) = store.peers().map_or((0, 1), |g| (g.rank(), g.size()));
         let mut own = match commit.rank == rank {
             true => Some(commit.record()),
-            false => folder.own_extra(step, rank),
+            false => self.own_extra(step, rank),
         };
-        folder.forget_after(step);
-        if let Some(group) = self.peers() {
-            own = fetch_records(group, folder, step, own)?;
+        self.forget_after(step);
+        if let Some(group) = store.peers() {
+            own = fetch_records(group, self, step, own)?;
         }
         // A rank's residuals are what its own pushes did not send: on another number of
         // ranks, the pushes are other ranks' too.
         let other_ranks = |then: usize| {
-            crate::say!(
+            say!(
                 "kvstore: rank {rank}'s gradient-compression residuals of step {step} were of a job of {then} ranks, \
                  not {ranks}: they start again at zero"
             );
         };
         // A dist_async rank's share takes its own optimizer counters back on as many ranks
         // (it has the writing rank's share's, from the commit, otherwise).
-        if self.has_owners() {
+        if store.has_owners() {
             let restored = match &own {
                 Some(own) if own.ranks == ranks && !own.optimizer.is_empty() => {
-                    self.restore_own_counters(&context, &own.optimizer)
+                    store.restore_own_counters(&context, &own.optimizer)
                 }
                 _ if commit.optimizer.is_empty() => Ok(()),
                 _ => {
@@ -1166,7 +1011,7 @@ impl Store {
                         Some(own) => format!("were of a job of {} ranks, not {ranks}", own.ranks),
                         None => "are on no host of the job".to_string(),
                     };
-                    crate::say!(
+                    say!(
                         "kvstore: rank {rank}'s share's optimizer counters of step {step} {why}: it starts from rank \
                          {}'s",
                         commit.rank
@@ -1175,7 +1020,7 @@ impl Store {
                 }
             };
             let what = "could not restore its share's optimizer state";
-            self.agree("restore", &context, restored.as_ref().map(|_| 0).map_err(|_| ()), what)?;
+            store.agree("restore", &context, restored.as_ref().map(|_| 0).map_err(|_| ()), what)?;
             restored?;
         }
         // This rank's own record (its extra and residuals), else the commit's extra alone:
@@ -1183,7 +1028,7 @@ impl Store {
         let Some(Record { extra, residuals, ranks: then, .. }) = own else {
             match (no_residuals(commit.residuals), commit.ranks == ranks) {
                 (true, _) => {}
-                (false, true) => crate::say!(
+                (false, true) => say!(
                     "kvstore: rank {rank} has no record of its own of step {step} on any host of the job (it ran on \
                      a host the job lost): its gradient-compression residuals start again at zero"
                 ),
@@ -1201,7 +1046,7 @@ impl Store {
                         "its residuals: not a list of residuals",
                     ),
                 };
-                self.set_residuals(&context, decode_residuals(&residuals).ok_or_else(damaged)?)?
+                store.set_residuals(&context, decode_residuals(&residuals).ok_or_else(damaged)?)?
             }
             (false, false) => other_ranks(then),
         }

@@ -103,7 +103,7 @@ fn options(args: &[String]) -> Result<Options, String> {
     });
     // The stores' rule: the name is a folder's, which the launcher removes when the job
     // ends well.
-    kvstore_core::job_folder(&job).map_err(|e| e.to_string())?;
+    kvstore_commit::job_folder(&job).map_err(|e| e.to_string())?;
     Ok(Options { max_restarts, min_np, job, mpirun })
 }
 
@@ -429,7 +429,7 @@ fn pass(line: &[u8], rank: bool, to: &mut impl Write, ended: &Mutex<Ended>) {
 /// What is left of job `job` to resume when it is not run again: its commits kept on
 /// this host, or none there.
 fn kept(job: &str) -> String {
-    match kvstore_core::newest_commit(job) {
+    match kvstore_commit::newest_commit(job) {
         Some(step) => format!(
             "its commits are kept (the newest on this host: step {step}): run it again with KVSTORE_JOB={job} to \
              resume"
@@ -672,7 +672,7 @@ fn main() -> ExitCode {
             }
         };
         if status.success() {
-            if let Ok(dir) = kvstore_core::job_folder(&o.job) {
+            if let Ok(dir) = kvstore_commit::job_folder(&o.job) {
                 let _ = std::fs::remove_dir_all(dir);
             }
             if attempt > 0 {
