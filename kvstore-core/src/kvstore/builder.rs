@@ -67,6 +67,37 @@ impl KVStoreBuilder {
     /// and what the store restores when it is built), in place of the one the process's
     /// installed [`MakeDurable`](crate::backend::MakeDurable) gives (the job's folder
     /// of commits, where a job name is set).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use kvstore_core::backend::{Durable, Seam};
+    /// use kvstore_core::{KVStore, NDArray, Restored, Result};
+    ///
+    /// /// Keeps the newest step committed (a real one keeps the store, from
+    /// /// `Seam::whole_snapshot`, and gives it back to `Seam::install` in `restore`).
+    /// struct Steps(Arc<AtomicU64>);
+    ///
+    /// impl Durable for Steps {
+    ///     fn commit(&self, store: Seam<'_>, step: u64, _extra: &[u8], before: Result<()>) -> Result<()> {
+    ///         store.check_step("commit")?;
+    ///         before?;
+    ///         self.0.store(step, Ordering::Relaxed);
+    ///         Ok(())
+    ///     }
+    ///
+    ///     fn restore(&self, _store: Seam<'_>) -> Result<Option<Restored>> {
+    ///         Ok(None)
+    ///     }
+    /// }
+    ///
+    /// let newest = Arc::new(AtomicU64::new(0));
+    /// let kv = KVStore::builder("local").durability(Box::new(Steps(Arc::clone(&newest)))).build()?;
+    /// kv.init("w", &NDArray::zeros(&[2])?)?;
+    /// kv.commit(7, b"")?;
+    /// assert_eq!(newest.load(Ordering::Relaxed), 7);
+    /// # Ok::<(), kvstore_core::Error>(())
+    /// ```
     #[must_use]
     pub fn durability(mut self, durable: Box<dyn Durable>) -> Self {
         self.durable = Some(durable);

@@ -755,7 +755,7 @@ impl KVStore {
 
     /// The entry of `key`, for `op`.
     pub(super) fn entry(&self, op: &'static str, key: &Key) -> Result<Arc<Entry>> {
-        self.store.find(key).ok_or_else(|| Error::KeyNotInitialized { op, key: key.clone() })
+        self.store.found(op, key)
     }
 
     /// Runs `f` on `entry` after the store's earlier calls on it: at once when none is

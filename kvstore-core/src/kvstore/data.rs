@@ -15,7 +15,7 @@ use crate::comm::{Comm, KeyBuffers};
 use crate::context::Context;
 use crate::dtype::DType;
 use crate::engine::Engine;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::ndarray::NDArray;
 use crate::optimizer::{KeyState, Optimizer, Runtime};
@@ -356,7 +356,10 @@ pub(super) trait Owners: Send + Sync {
 /// Core has none: a layer implements it (the `kvstore-commit` crate: a job's folder of
 /// commits in memory that outlives the process) and installs what makes one for each
 /// store ([`MakeDurable`], [`install_durability`](crate::backend::install_durability)).
-/// It sees the store through [`Seam`] alone.
+/// It sees the store through [`Seam`] alone, lent for the call: the store calls
+/// `commit` in call order (its calls before it done, every rank at the same point) and
+/// `restore` while it is built, and a `Durable` uses the `Seam` within those calls only
+/// (it may not call the store's own API from them: a call would wait for the commit).
 pub trait Durable: Send + Sync {
     /// Commits `store` as of `step`, with the user's `extra` bytes (`before`: whether
     /// this rank's calls before it went well; every rank takes part whatever it says).
@@ -440,6 +443,11 @@ impl Store {
     /// Key `key`'s entry.
     pub(super) fn find(&self, key: &Key) -> Option<Arc<Entry>> {
         self.entry(&self.table.read(), key).cloned()
+    }
+
+    /// Key `key`'s entry, or, for a key never initialised, `op`'s error saying so.
+    pub(super) fn found(&self, op: &'static str, key: &Key) -> Result<Arc<Entry>> {
+        self.find(key).ok_or_else(|| Error::KeyNotInitialized { op, key: key.clone() })
     }
 
     /// Adds key `key` with its first slot, under the table's write lock.

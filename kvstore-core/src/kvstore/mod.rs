@@ -416,7 +416,7 @@ impl KVStore {
     pub fn context_of(&self, key: impl Into<Key>) -> Result<Context> {
         let key = key.into();
         self.settle()?;
-        let entry = self.store.find(&key).ok_or(Error::KeyNotInitialized { op: "context_of", key })?;
+        let entry = self.store.found("context_of", &key)?;
         let held = Held::new("context_of", &self.store, &[&entry])?;
         let guards = held.read("context_of", &[&entry])?;
         Ok(guards[0].value.context())
@@ -518,7 +518,7 @@ impl KVStore {
     /// ```
     pub fn pull_new(&self, key: impl Into<Key>, priority: i32) -> Result<NDArray> {
         let key = key.into();
-        let entry = self.store.find(&key).ok_or_else(|| Error::KeyNotInitialized { op: "pull", key: key.clone() })?;
+        let entry = self.store.found("pull", &key)?;
         // A key's shape and dtype never change once initialised (pushes are checked).
         let out = NDArray::zeros_with(entry.shape(), entry.dtype, Context::cpu(0))?;
         self.pull(key, &out, priority)?;

@@ -286,7 +286,7 @@ fn too_big(len: usize, limit: usize) -> Error {
 /// `f` of `name`'s slot on the owner's share `server` (its value and state), read in
 /// place under the key's lock (after the pushes applied before), for `op`.
 fn with_slot<T>(server: &KVStore, op: &'static str, name: &Key, f: impl FnOnce(&Slot) -> Result<T>) -> Result<T> {
-    let entry = server.store.find(name).ok_or_else(|| Error::KeyNotInitialized { op, key: name.clone() })?;
+    let entry = server.store.found(op, name)?;
     let held = Held::new(op, &server.store, &[&entry])?;
     f(&held.read(op, &[&entry])?[0])
 }

@@ -286,7 +286,7 @@ impl Store {
         let mut merged: Vec<(Arc<Entry>, Vec<RowSparse>)> = Vec::with_capacity(pushes.len());
         let mut at: HashMap<usize, usize> = HashMap::with_capacity(pushes.len());
         for (key, values) in pushes {
-            let entry = self.find(key).ok_or_else(|| Error::KeyNotInitialized { op: "push", key: key.clone() })?;
+            let entry = self.found("push", key)?;
             match at.get(&entry.index) {
                 Some(&i) => merged[i].1.extend(values.iter().cloned()),
                 None => {
