@@ -119,10 +119,12 @@ impl Folder {
         }
         let Some(group) = group else { return Ok(self.host.get_or_init(|| vec![0])) };
         // The machine too (its boot's id): two machines' fresh mounts may number alike.
-        let boot = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        // (Every rank's record of one length: 16 bytes, then the boot's id in 40.)
+        let mut boot = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        boot.resize(40, 0);
         let mine = match std::fs::metadata(&self.path) {
             Ok(m) => [&m.dev().to_le_bytes()[..], &m.ino().to_le_bytes(), &boot].concat(),
-            Err(_) => [[0xff; 8], (group.rank() as u64).to_le_bytes()].concat(),
+            Err(_) => [&[0xff; 8][..], &(group.rank() as u64).to_le_bytes(), &[0; 40]].concat(),
         };
         let all = group.exchange("commit-folders", &mine)?;
         Ok(self.host.get_or_init(|| (0..all.len()).filter(|&r| all[r] == mine).collect()))

@@ -57,6 +57,10 @@ pub trait Collective: Send + Sync {
         if mine.len() > MAX_RECORD {
             return Err(Error::Internal(format!("a record of {} bytes to exchange", mine.len())));
         }
+        if mine.is_empty() {
+            // Every worker's empty record, one per worker.
+            return Ok(vec![Vec::new(); self.size()]);
+        }
         let all = self.all_gather(step, mine)?;
         Ok(all.chunks(mine.len().max(1)).take(self.size()).map(<[u8]>::to_vec).collect())
     }

@@ -18,6 +18,7 @@ mod nonblocking;
 mod optimizer_states;
 mod optimizers;
 mod row_sparse;
+mod seam;
 mod shared_arrays;
 mod structure;
 

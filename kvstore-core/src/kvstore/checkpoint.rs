@@ -314,8 +314,16 @@ impl Snapshot<'_> {
     /// on the CRCs (each is 8 hex digits), so a writer may reserve it with any.
     ///
     /// # Errors
-    /// [`Error::Internal`] where the metadata cannot be written.
+    /// [`Error::InvalidArgument`] for a number of checksums other than
+    /// [`Snapshot::count`]; [`Error::Internal`] where the metadata cannot be written.
     pub fn header(&self, crcs: &[crc32fast::Hasher]) -> Result<Vec<u8>> {
+        if crcs.len() != self.tensors.len() {
+            return Err(Error::invalid_argument(format!(
+                "checkpoint header: {} checksums for {} tensors (one per tensor)",
+                crcs.len(),
+                self.tensors.len()
+            )));
+        }
         let hex = |c: &crc32fast::Hasher| format!("{:08x}", c.clone().finalize());
         let mut at = 0;
         let mut meta_keys = Vec::with_capacity(self.keys.len());

@@ -57,25 +57,53 @@ impl Peers<'_> {
         }
     }
 
-    /// Every worker's `mine` for `step`, in rank order ([`Collective::exchange`]: every
-    /// worker's record of the same length, at most
-    /// [`MAX_RECORD`](crate::backend::MAX_RECORD) bytes).
+    /// Every worker's `mine` for `step`, in rank order: records of any length up to
+    /// [`MAX_RECORD`](crate::backend::MAX_RECORD) bytes (a group's workers say their
+    /// lengths first, and the records cross padded to the longest, so that records of
+    /// different lengths never desync the group).
     ///
     /// # Errors
-    /// The transport's.
+    /// The transport's; [`Error::InvalidArgument`] on every worker when a record is
+    /// longer than `MAX_RECORD`.
     pub fn exchange(self, step: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        match self.0 {
-            Members::Sync(g) => g.exchange(step, mine),
-            Members::Async(r) => r.exchange(step, mine),
+        let group = match self.0 {
+            Members::Sync(group) => group,
+            Members::Async(remote) => return remote.exchange(step, mine),
+        };
+        let lens = group.exchange(&format!("{step} (lengths)"), &(mine.len() as u64).to_le_bytes())?;
+        let lens: Vec<usize> = lens.iter().map(|r| super::agree::word(r, 0) as usize).collect();
+        let longest = lens.iter().copied().max().unwrap_or(0);
+        if longest > crate::collective::MAX_RECORD {
+            return Err(Error::invalid_argument(format!(
+                "{step}: a record of {longest} bytes to exchange (at most {})",
+                crate::collective::MAX_RECORD
+            )));
         }
+        let mut padded = mine.to_vec();
+        padded.resize(longest, 0);
+        let all = group.exchange(step, &padded)?;
+        Ok(all
+            .into_iter()
+            .zip(lens)
+            .map(|(mut record, len)| {
+                record.truncate(len);
+                record
+            })
+            .collect())
     }
 
     /// Worker `root`'s bytes (`mine` there, given back; elsewhere not read) on every
     /// worker, for the call `step`.
     ///
     /// # Errors
-    /// The transport's.
+    /// The transport's; [`Error::InvalidArgument`] for a `root` that is not a rank.
     pub fn broadcast(self, step: &str, mine: Vec<u8>, root: usize) -> Result<Vec<u8>> {
+        if root >= self.size() {
+            return Err(Error::invalid_argument(format!(
+                "{step}: a broadcast from rank {root} of a job of {} ranks",
+                self.size()
+            )));
+        }
         let group = match self.0 {
             Members::Sync(group) => group,
             Members::Async(remote) => return remote.broadcast(step, mine, root),
