@@ -11,7 +11,7 @@ use kvstore_core::backend::ranks as named;
 use kvstore_core::backend::{Durable, MAX_RECORD, Peers, Said, Seam, Snapshot, word};
 use kvstore_core::{Error, KVStore, Restored, Result, say};
 
-use crate::done_step;
+use crate::{Claim, done_step};
 
 const MAGIC: &[u8; 8] = b"KVSTCMT4";
 /// The header: magic, step, rank, ranks, the lengths of extra, the checkpoint, the
@@ -88,17 +88,20 @@ pub(crate) struct Folder {
     /// commit gathers into its arrays (their memory in place, as the spare file's), where
     /// new arrays of hundreds of megabytes faulted in page by page at every commit.
     gathered: parking_lot::Mutex<Option<KVStore>>,
+    /// The store's number, given back if its build fails.
+    claim: Claim,
 }
 
 impl Folder {
     /// The folder `name` of the job's folder `jobs` ([`crate::job_folder`]), each made
     /// if need be, the user's alone (else refused, never used).
-    pub(crate) fn open(jobs: &Path, name: &str) -> Result<Folder> {
+    pub(crate) fn open(jobs: &Path, name: &str, claim: Claim) -> Result<Folder> {
         let uid = uid()?;
         own_folder(jobs, uid)?;
         let path = jobs.join(name);
         own_folder(&path, uid)?;
-        Ok(Folder { path, uid, host: std::sync::OnceLock::new(), gathered: parking_lot::Mutex::new(None) })
+        let (host, gathered) = (std::sync::OnceLock::new(), parking_lot::Mutex::new(None));
+        Ok(Folder { path, uid, host, gathered, claim })
     }
 
     fn file(&self, step: u64, rank: usize, ranks: usize) -> PathBuf {
@@ -788,6 +791,10 @@ impl Durable for Folder {
 
     fn restore(&self, store: Seam<'_>) -> Result<Option<Restored>> {
         self.restore_from(store)
+    }
+
+    fn built(&self) {
+        self.claim.keep();
     }
 }
 

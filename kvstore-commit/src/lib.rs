@@ -108,18 +108,49 @@ impl MakeDurable for Jobs {
     fn for_next_store(&self, grouped: bool) -> Result<Option<Box<dyn Durable>>> {
         let Some(job) = settings::job()? else { return Ok(None) };
         let jobs = job_folder(&job)?;
-        let name = match grouped {
-            true => format!("store{}", STORES.fetch_add(1, Ordering::Relaxed)),
-            false => {
-                let n = LOCAL_STORES.fetch_add(1, Ordering::Relaxed);
-                format!("local{n}-rank{}", settings::launcher_rank())
-            }
+        let claim = match grouped {
+            true => Claim::next(&STORES),
+            false => Claim::next(&LOCAL_STORES),
         };
-        Ok(Some(Box::new(folder::Folder::open(&jobs, &name)?)))
+        let name = match grouped {
+            true => format!("store{}", claim.number),
+            false => format!("local{}-rank{}", claim.number, settings::launcher_rank()),
+        };
+        Ok(Some(Box::new(folder::Folder::open(&jobs, &name, claim)?)))
     }
 
     fn how_to(&self) -> String {
         format!("set {JOB_VAR} (kvstore-run sets it) before making the store")
+    }
+}
+
+/// A store's number among the process's stores of its kind (its folder's), claimed when
+/// the store is made: given back when the store's build failed (see [`Durable::built`]),
+/// unless a later store claimed the next already, so that a program that tries again
+/// gets the same folder (its commits), not an empty one.
+#[derive(Debug)]
+pub(crate) struct Claim {
+    counter: &'static AtomicUsize,
+    number: usize,
+    kept: std::sync::atomic::AtomicBool,
+}
+
+impl Claim {
+    fn next(counter: &'static AtomicUsize) -> Claim {
+        Claim { counter, number: counter.fetch_add(1, Ordering::Relaxed), kept: false.into() }
+    }
+
+    /// The store was built: the number is its own.
+    pub(crate) fn keep(&self) {
+        self.kept.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if !*self.kept.get_mut() {
+            let _ = self.counter.compare_exchange(self.number + 1, self.number, Ordering::Relaxed, Ordering::Relaxed);
+        }
     }
 }
 

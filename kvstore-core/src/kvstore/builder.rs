@@ -331,6 +331,9 @@ impl KVStoreBuilder {
                 Ok(())
             })?;
         }
+        if let Some(durable) = kv.store.commits.as_deref() {
+            durable.built();
+        }
         Ok(kv)
     }
 }

@@ -359,7 +359,8 @@ pub(super) trait Owners: Send + Sync {
 /// It sees the store through [`Seam`] alone, lent for the call: the store calls
 /// `commit` in call order (its calls before it done, every rank at the same point) and
 /// `restore` while it is built, and a `Durable` uses the `Seam` within those calls only
-/// (it may not call the store's own API from them: a call would wait for the commit).
+/// (it does not call the store's own API from them: under `dist_sync` such a call is
+/// refused, and elsewhere it would not be in the commit it runs inside).
 pub trait Durable: Send + Sync {
     /// Commits `store` as of `step`, with the user's `extra` bytes (`before`: whether
     /// this rank's calls before it went well; every rank takes part whatever it says).
@@ -373,6 +374,12 @@ pub trait Durable: Send + Sync {
     /// # Errors
     /// Why nothing could be restored, the same kind on every rank.
     fn restore(&self, store: Seam<'_>) -> Result<Option<Restored>>;
+
+    /// Called once the store is built, its restore done: what the durability claimed
+    /// for the store (the job's folder's number) is the store's from now on. One
+    /// dropped without this call belonged to a build that failed, and may give back
+    /// what it claimed, so that the program's next try claims the same.
+    fn built(&self) {}
 }
 
 /// What gives each store its durability, installed once per process
