@@ -108,13 +108,9 @@ impl MakeDurable for Jobs {
     fn for_next_store(&self, grouped: bool) -> Result<Option<Box<dyn Durable>>> {
         let Some(job) = settings::job()? else { return Ok(None) };
         let jobs = job_folder(&job)?;
-        let claim = match grouped {
-            true => Claim::next(&STORES),
-            false => Claim::next(&LOCAL_STORES),
-        };
-        let name = match grouped {
-            true => format!("store{}", claim.number),
-            false => format!("local{}-rank{}", claim.number, settings::launcher_rank()),
+        let (claim, name) = match grouped {
+            true => Claim::next(&STORES, |n| format!("store{n}")),
+            false => Claim::next(&LOCAL_STORES, |n| format!("local{n}-rank{}", settings::launcher_rank())),
         };
         Ok(Some(Box::new(folder::Folder::open(&jobs, &name, claim)?)))
     }
@@ -136,8 +132,10 @@ pub(crate) struct Claim {
 }
 
 impl Claim {
-    fn next(counter: &'static AtomicUsize) -> Claim {
-        Claim { counter, number: counter.fetch_add(1, Ordering::Relaxed), kept: false.into() }
+    /// The next number of `counter`, claimed, with the folder's name `name` gives it.
+    fn next(counter: &'static AtomicUsize, name: impl FnOnce(usize) -> String) -> (Claim, String) {
+        let number = counter.fetch_add(1, Ordering::Relaxed);
+        (Claim { counter, number, kept: false.into() }, name(number))
     }
 
     /// The store was built: the number is its own.
