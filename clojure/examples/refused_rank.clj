@@ -63,6 +63,16 @@
 (let [rows (sparse/row-sparse-array (ndarray/ones [1 2]) [1] [3 2])]
   (when (= 1 rank) (.close ^java.lang.AutoCloseable rows))
   (refused! "push of a row-sparse value whose data was closed" (fn [_] (kvstore/push kv "e" rows))))
+;; Row-sparse values rank 1 cannot pair with its keys (two keys, one value):
+;; refused in the natives before the store sees them, the push fails on every rank.
+(let [rows (sparse/row-sparse-array (ndarray/ones [1 2]) [1] [3 2])
+      [error message] (outcome #(if (= 1 rank)
+                                  (kvstore/push kv ["e" "e"] [rows])
+                                  (kvstore/push kv "e" rows)))]
+  (when-not (if (= 1 rank)
+              (= :length-mismatch error)
+              (and (= :invalid-argument error) (string/includes? (str message) "rank 1 refused")))
+    (swap! problems conj (str "row-sparse push of values without keys: " error " " message))))
 (succeeds! "row-sparse push" #(kvstore/push kv "e" (sparse/row-sparse-array (ndarray/ones [1 2]) [1] [3 2])))
 (succeeds! "barrier" #(kvstore/barrier kv))
 ;; Every successful push summed one array per rank: the values are the number of

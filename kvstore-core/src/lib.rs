@@ -79,7 +79,7 @@ pub use context::{Context, DeviceType};
 pub use dtype::{DType, Element};
 pub use error::{Cause, Error, ErrorKind, Result};
 pub use key::{Key, Keys, shorten};
-pub use kvstore::forms::Values;
+pub use kvstore::forms::{RowSparsePushes, Values};
 pub use kvstore::{CallCount, KVStore, KVStoreBuilder, Pending, RankStats, Release, Restored, Stats, StorageType};
 pub use ndarray::{ForeignMemory, NDArray, Operand, RowSparse};
 pub use optimizer::{

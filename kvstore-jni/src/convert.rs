@@ -83,9 +83,12 @@ pub fn longs(env: &Env<'_>, array: &JLongArray<'_>) -> JResult<Vec<i64>> {
     Ok(out)
 }
 
-/// The arrays of a `long[]` of handles.
-pub fn arrays(env: &Env<'_>, handles: &JLongArray<'_>) -> JResult<Vec<NDArray>> {
-    Ok(ARRAYS.get_all(&longs(env, handles)?)?)
+/// The arrays of a `long[]` of handles, or the reason one is no array: a closed one
+/// (which Java passes as 0) or a stale one. A store call takes either as its arrays
+/// (`Values::from`): refused, the call fails as the store's own refusals do, under
+/// `dist_sync` on every worker, in call order.
+pub fn arrays(env: &Env<'_>, handles: &JLongArray<'_>) -> JResult<Result<Vec<NDArray>, Error>> {
+    Ok(ARRAYS.get_all(&longs(env, handles)?))
 }
 
 /// A shape from `long[]` dimensions.

@@ -111,14 +111,14 @@ fn submit(
     kv: &KVStore,
     op: jint,
     ks: Vec<kvstore::Key>,
-    vs: &[kvstore::NDArray],
+    vs: Values<'_>,
     out_ks: Vec<kvstore::Key>,
-    outs: &[kvstore::NDArray],
+    outs: Values<'_>,
     priority: i32,
 ) -> kvstore::Result<Pending> {
     Ok(match op {
-        0 => kv.push_async(Keys::Many(ks), Values::Many(vs), priority),
-        1 => kv.pull_async(Keys::Many(out_ks), Values::Many(outs), priority),
+        0 => kv.push_async(Keys::Many(ks), vs, priority),
+        1 => kv.pull_async(Keys::Many(out_ks), outs, priority),
         2 => kv.pushpull_pairs_async(&ks, vs, &out_ks, outs, priority),
         3 => kv.broadcast_pairs_async(&ks, vs, &out_ks, outs, priority),
         _ => return Err(Error::Internal(format!("nSubmit: no call numbered {op}"))),
@@ -143,7 +143,7 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nSubmit<'l>(
         let (ks, vs) = (keys(env, &ks, "a key")?, arrays(env, &vs)?);
         let (out_ks, outs) = (keys(env, &out_ks, "an out key")?, arrays(env, &outs)?);
         let kv = STORES.get(h)?;
-        track(id, submit(&kv, op, ks, &vs, out_ks, &outs, priority)?);
+        track(id, submit(&kv, op, ks, (&vs).into(), out_ks, (&outs).into(), priority)?);
         Ok(())
     })
     .resolve::<ThrowKvStore>()
@@ -167,8 +167,8 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nSubmitKey<'l>(
         let (key, arrays) = (string(env, &key, "the key")?, arrays(env, &hs)?);
         let kv = STORES.get(h)?;
         let pending = match op {
-            4 => kv.push_async(key, Values::Many(&arrays), priority),
-            5 => kv.pull_async(key, Values::Many(&arrays), priority),
+            4 => kv.push_async(key, &arrays, priority),
+            5 => kv.pull_async(key, &arrays, priority),
             _ => return Err(Error::Internal(format!("nSubmitKey: no one-key call numbered {op}")).into()),
         };
         track(id, pending);

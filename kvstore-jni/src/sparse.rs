@@ -8,7 +8,7 @@
 use jni::objects::{JClass, JLongArray, JObjectArray, JString};
 use jni::sys::{jint, jlong};
 use jni::{Env, EnvUnowned};
-use kvstore::{Error, Key, NDArray, RowSparse, StorageType};
+use kvstore::{Error, Key, NDArray, RowSparse, StorageType, Values};
 
 use crate::convert::{keys, longs, shape_of, string};
 use crate::error::{JResult, ThrowKvStore};
@@ -37,10 +37,13 @@ fn row_sparse_arrays(datas: Vec<NDArray>, desc: &[i64]) -> Result<Vec<RowSparse>
     Ok(out)
 }
 
-/// The arrays of `datas` and `desc`, Java arguments.
-fn arrays_of(env: &Env<'_>, datas: &JLongArray<'_>, desc: &JLongArray<'_>) -> JResult<Vec<RowSparse>> {
-    let datas = ARRAYS.get_all(&longs(env, datas)?)?;
-    Ok(row_sparse_arrays(datas, &longs(env, desc)?)?)
+/// The arrays of `datas` and `desc`, Java arguments; or the reason they make none (a
+/// closed or stale data array, a malformed description), which a store call takes as
+/// its refused form: it fails as the store's own refusals do, under `dist_sync` on
+/// every worker, in call order.
+fn arrays_of(env: &Env<'_>, datas: &JLongArray<'_>, desc: &JLongArray<'_>) -> JResult<Result<Vec<RowSparse>, Error>> {
+    let (datas, desc) = (longs(env, datas)?, longs(env, desc)?);
+    Ok(ARRAYS.get_all(&datas).and_then(|datas| row_sparse_arrays(datas, &desc)))
 }
 
 /// The one row-sparse array of a data handle and its description.
@@ -110,8 +113,11 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nInitRowSparse<'l>(
 ) {
     env.with_env(|env| -> JResult<()> {
         let ks = keys(env, &ks, "a key")?;
-        let values = arrays_of(env, &datas, &desc)?;
-        Ok(STORES.get(h)?.init_row_sparse_many(&ks, &values)?)
+        let kv = STORES.get(h)?;
+        Ok(match arrays_of(env, &datas, &desc)? {
+            Ok(values) => kv.init_row_sparse_many(&ks, &values),
+            Err(refused) => kv.init(ks, Values::Refused(&refused)),
+        }?)
     })
     .resolve::<ThrowKvStore>()
 }
@@ -128,17 +134,15 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nPushRowSparse<'l>(
 ) {
     env.with_env(|env| -> JResult<()> {
         let ks = keys(env, &ks, "a key")?;
-        let values = arrays_of(env, &datas, &desc)?;
-        if ks.len() != values.len() {
-            return Err(Error::LengthMismatch {
+        let pushes = arrays_of(env, &datas, &desc)?.and_then(|values| match ks.len() == values.len() {
+            true => Ok(ks.into_iter().zip(values).map(|(k, v)| (k, vec![v])).collect::<Vec<(Key, Vec<RowSparse>)>>()),
+            false => Err(Error::LengthMismatch {
                 context: "pushRowSparse".into(),
                 what: "values",
                 expected: ks.len(),
                 got: values.len(),
-            }
-            .into());
-        }
-        let pushes: Vec<(Key, Vec<RowSparse>)> = ks.into_iter().zip(values).map(|(k, v)| (k, vec![v])).collect();
+            }),
+        });
         Ok(STORES.get(h)?.push_row_sparse_many(&pushes, priority)?)
     })
     .resolve::<ThrowKvStore>()

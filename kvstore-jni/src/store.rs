@@ -102,35 +102,6 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nNumWorkers<'l>(
     env.with_env(|_| -> JResult<jint> { with_store(h, |kv| Ok(kv.num_workers() as jint)) }).resolve::<ThrowKvStore>()
 }
 
-/// A call of `op` that the Java side refused before making it, because an array it was
-/// given was closed (`KVStore::refuse`): under `dist_sync` it still takes its step, as
-/// this worker's refusal, so that every worker fails it and their next calls stay
-/// matched. The Java side then throws its own `DISPOSED` exception.
-#[unsafe(no_mangle)]
-pub extern "system" fn Java_io_github_kvstore_StoreNatives_nRefuse<'l>(
-    mut env: EnvUnowned<'l>,
-    _c: JClass<'l>,
-    h: jlong,
-    op: JString<'l>,
-) {
-    env.with_env(|env| -> JResult<()> {
-        let op = match string(env, &op, "the call")?.as_str() {
-            "push" => "push",
-            "pushpull" => "pushpull",
-            "push_row_sparse" => "push_row_sparse",
-            "init" => "init",
-            "broadcast" => "broadcast",
-            // A call that takes no step (a pull): nothing to take.
-            _ => return Ok(()),
-        };
-        with_store(h, |kv| {
-            drop(kv.refuse(op, kvstore::Error::Disposed { what: "NDArray" }));
-            Ok(())
-        })
-    })
-    .resolve::<ThrowKvStore>()
-}
-
 #[unsafe(no_mangle)]
 pub extern "system" fn Java_io_github_kvstore_StoreNatives_nInit<'l>(
     mut env: EnvUnowned<'l>,
@@ -141,7 +112,7 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nInit<'l>(
 ) {
     env.with_env(|env| -> JResult<()> {
         let (ks, vs) = (keys(env, &ks, "a key")?, arrays(env, &vs)?);
-        with_store(h, |kv| kv.init(Keys::Many(ks), Values::Many(&vs)))
+        with_store(h, |kv| kv.init(Keys::Many(ks), &vs))
     })
     .resolve::<ThrowKvStore>()
 }
@@ -157,7 +128,7 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nPush<'l>(
 ) {
     env.with_env(|env| -> JResult<()> {
         let (ks, vs) = (keys(env, &ks, "a key")?, arrays(env, &vs)?);
-        with_store(h, |kv| kv.push(Keys::Many(ks), Values::Many(&vs), priority))
+        with_store(h, |kv| kv.push(Keys::Many(ks), &vs, priority))
     })
     .resolve::<ThrowKvStore>()
 }
@@ -173,7 +144,7 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nPull<'l>(
 ) {
     env.with_env(|env| -> JResult<()> {
         let (ks, outs) = (keys(env, &ks, "a key")?, arrays(env, &outs)?);
-        with_store(h, |kv| kv.pull(Keys::Many(ks), Values::Many(&outs), priority))
+        with_store(h, |kv| kv.pull(Keys::Many(ks), &outs, priority))
     })
     .resolve::<ThrowKvStore>()
 }
@@ -189,7 +160,7 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nPushKey<'l>(
 ) {
     env.with_env(|env| -> JResult<()> {
         let (key, vs) = (string(env, &key, "the key")?, arrays(env, &vs)?);
-        with_store(h, |kv| kv.push(key, Values::Many(&vs), priority))
+        with_store(h, |kv| kv.push(key, &vs, priority))
     })
     .resolve::<ThrowKvStore>()
 }
@@ -205,7 +176,7 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nPullKey<'l>(
 ) {
     env.with_env(|env| -> JResult<()> {
         let (key, outs) = (string(env, &key, "the key")?, arrays(env, &outs)?);
-        with_store(h, |kv| kv.pull(key, Values::Many(&outs), priority))
+        with_store(h, |kv| kv.pull(key, &outs, priority))
     })
     .resolve::<ThrowKvStore>()
 }
@@ -258,14 +229,7 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nNumKeys<'l>(
 }
 
 /// The flat arguments of `nPushPull` and `nBroadcast`.
-type PairsOp = fn(
-    &KVStore,
-    &[kvstore::Key],
-    &[kvstore::NDArray],
-    &[kvstore::Key],
-    &[kvstore::NDArray],
-    i32,
-) -> kvstore::Result<()>;
+type PairsOp = fn(&KVStore, &[kvstore::Key], Values<'_>, &[kvstore::Key], Values<'_>, i32) -> kvstore::Result<()>;
 
 #[allow(clippy::too_many_arguments)]
 fn pairs_call(
@@ -280,7 +244,7 @@ fn pairs_call(
 ) -> JResult<()> {
     let (ks, vs) = (keys(env, ks, "a key")?, arrays(env, vs)?);
     let (out_ks, outs) = (keys(env, out_ks, "an out key")?, arrays(env, outs)?);
-    with_store(h, |kv| op(kv, &ks, &vs, &out_ks, &outs, priority))
+    with_store(h, |kv| op(kv, &ks, (&vs).into(), &out_ks, (&outs).into(), priority))
 }
 
 #[unsafe(no_mangle)]
@@ -294,8 +258,12 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nPushPull<'l>(
     outs: JLongArray<'l>,
     priority: jint,
 ) {
-    env.with_env(|env| pairs_call(env, h, &ks, &vs, &out_ks, &outs, priority, KVStore::pushpull_pairs))
-        .resolve::<ThrowKvStore>()
+    env.with_env(|env| {
+        pairs_call(env, h, &ks, &vs, &out_ks, &outs, priority, |kv, ks, vs, oks, os, p| {
+            kv.pushpull_pairs(ks, vs, oks, os, p)
+        })
+    })
+    .resolve::<ThrowKvStore>()
 }
 
 #[unsafe(no_mangle)]
@@ -309,8 +277,12 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nBroadcast<'l>(
     outs: JLongArray<'l>,
     priority: jint,
 ) {
-    env.with_env(|env| pairs_call(env, h, &ks, &vs, &out_ks, &outs, priority, KVStore::broadcast_pairs))
-        .resolve::<ThrowKvStore>()
+    env.with_env(|env| {
+        pairs_call(env, h, &ks, &vs, &out_ks, &outs, priority, |kv, ks, vs, oks, os, p| {
+            kv.broadcast_pairs(ks, vs, oks, os, p)
+        })
+    })
+    .resolve::<ThrowKvStore>()
 }
 
 #[unsafe(no_mangle)]

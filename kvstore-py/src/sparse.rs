@@ -8,7 +8,7 @@
 //! take this module's way; every other call lets it through, a `TypeError` naming the
 //! calls that take one.
 
-use kvstore::{Key, RowSparse};
+use kvstore::{Key, RowSparse, RowSparsePushes, Values};
 use numpy::{PyReadonlyArray1, ToPyArray};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -16,7 +16,7 @@ use pyo3::types::{PyTuple, PyType};
 
 use crate::arrays::{Use, view, wrap};
 use crate::errors::to_py;
-use crate::store::{PyStore, key_of, map_items, remember_int_keys};
+use crate::store::{PyStore, key_of, map_items, no_keys, refusing, remember_int_keys};
 
 /// `kvstore.sparse.RowSparseNDArray`, looked up once.
 static RSP_TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -85,7 +85,8 @@ impl PyStore {
         key: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let pairs = pairs_of(py, key, value, "init")?;
+        let refused = |r: &_| self.shared.kv.init(no_keys(), Values::Refused(r));
+        let pairs = pairs_of(py, key, value, "init").map_err(|e| refusing(py, e, refused))?;
         let (keys, values): (Vec<Key>, Vec<RowSparse>) = pairs.into_iter().map(|(k, mut vs)| (k, vs.remove(0))).unzip();
         crate::detach(py, || self.shared.kv.init_row_sparse_many(&keys, &values)).map_err(to_py)?;
         remember_int_keys(&self.shared, key)
@@ -99,7 +100,8 @@ impl PyStore {
         value: &Bound<'_, PyAny>,
         priority: i32,
     ) -> PyResult<()> {
-        let pairs = pairs_of(py, key, value, "push")?;
+        let refused = |r: &_| self.shared.kv.push_row_sparse_many(RowSparsePushes::Refused(r), priority);
+        let pairs = pairs_of(py, key, value, "push").map_err(|e| refusing(py, e, refused))?;
         crate::detach(py, || self.shared.kv.push_row_sparse_many(&pairs, priority)).map_err(to_py)
     }
 }

@@ -81,6 +81,26 @@ fn settled(result: kvstore::Result<()>, arrays: &[&Arrays]) -> kvstore::Result<(
     Ok(())
 }
 
+/// `err`, the reason this binding could not convert an argument of a call, once the
+/// call was made all the same (by `make`) with the refusal in its arrays' place
+/// (`Values::Refused`, `RowSparsePushes::Refused`): the store fails it as it fails the arguments it refuses itself,
+/// so under `dist_sync` it takes its step and fails on every worker, and the workers'
+/// next calls stay matched (refused here alone, it would be missing on this worker).
+pub(crate) fn refusing(
+    py: Python<'_>,
+    err: PyErr,
+    make: impl FnOnce(&kvstore::Error) -> kvstore::Result<()> + Send,
+) -> PyErr {
+    let reason = kvstore::Error::invalid_argument(err.value(py).to_string());
+    crate::detach(py, || drop(make(&reason)));
+    err
+}
+
+/// The keys of a call whose arguments were refused (they are not read).
+pub(crate) fn no_keys() -> Keys {
+    Keys::Many(Vec::new())
+}
+
 fn is_list(obj: &Bound<'_, PyAny>) -> bool {
     obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>()
 }
@@ -226,11 +246,12 @@ impl PyStore {
     /// ``dist_sync`` rank 0's value wins.
     fn init(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         crate::lifecycle::not_forked()?;
-        let keys = keys_of(key).map_err(|e| self.refusing(py, "init", e))?;
+        let refused = |e| refusing(py, e, |r| self.shared.kv.init(no_keys(), Values::Refused(r)));
+        let keys = keys_of(key).map_err(refused)?;
         // (Not reused: a key is initialised once.)
         let values = match arrays_of(value, Use::Read, "value") {
             Err(e) if crate::errors::is_row_sparse_value(py, &e) => return self.init_row_sparse(py, key, value),
-            values => values.map_err(|e| self.refusing(py, "init", e))?,
+            values => values.map_err(refused)?,
         };
         crate::detach(py, || settled(self.shared.kv.init(keys, values.values()), &[&values])).map_err(to_py)?;
         remember_int_keys(&self.shared, key)?;
@@ -253,13 +274,14 @@ impl PyStore {
     #[pyo3(signature = (key, value, priority = 0))]
     fn push(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>, priority: i32) -> PyResult<()> {
         crate::lifecycle::not_forked()?;
-        let keys = keys_of(key).map_err(|e| self.refusing(py, "push", e))?;
+        let refused = |e| refusing(py, e, |r| self.shared.kv.push(no_keys(), Values::Refused(r), priority));
+        let keys = keys_of(key).map_err(refused)?;
         let mut call = CallArrays::default();
         let values = match arrays_in(value, Use::Read, "value", Some(&mut call)) {
             Err(e) if crate::errors::is_row_sparse_value(py, &e) => {
                 return self.push_row_sparse(py, key, value, priority);
             }
-            values => values.map_err(|e| self.refusing(py, "push", e))?,
+            values => values.map_err(refused)?,
         };
         crate::detach(py, || settled(self.shared.kv.push(keys, values.values(), priority), &[&values])).map_err(to_py)
     }
@@ -304,7 +326,8 @@ impl PyStore {
         priority: i32,
     ) -> PyResult<()> {
         crate::lifecycle::not_forked()?;
-        let refused = |e| self.refusing(py, "pushpull", e);
+        let refused =
+            |e| refusing(py, e, |r| self.shared.kv.pushpull_in_place(no_keys(), Values::Refused(r), priority));
         let keys = keys_of(key).map_err(refused)?;
         let mut call = CallArrays::default();
         match out {
@@ -339,7 +362,9 @@ impl PyStore {
         priority: i32,
     ) -> PyResult<()> {
         crate::lifecycle::not_forked()?;
-        let refused = |e| self.refusing(py, "broadcast", e);
+        let refused = |e| {
+            refusing(py, e, |r| self.shared.kv.broadcast(no_keys(), Values::Refused(r), Values::Refused(r), priority))
+        };
         let keys = keys_of(key).map_err(refused)?;
         // (Not reused: a key is broadcast once.)
         let values = arrays_of(value, Use::Read, "value").map_err(refused)?;
@@ -585,7 +610,7 @@ impl PyStore {
         copy: bool,
     ) -> PyResult<Pending> {
         crate::lifecycle::not_forked()?;
-        let refused = |e| self.refusing(py, "push", e);
+        let refused = |e| refusing(py, e, |r| self.shared.kv.push(no_keys(), Values::Refused(r), priority));
         let keys = keys_of(key).map_err(refused)?;
         let values = arrays_of(value, Use::Read, "value").and_then(|v| private(py, v, copy)).map_err(refused)?;
         Ok(Pending::new(crate::detach(py, || self.shared.kv.push_async(keys, values.values(), priority))))
@@ -618,7 +643,8 @@ impl PyStore {
         copy: bool,
     ) -> PyResult<Pending> {
         crate::lifecycle::not_forked()?;
-        let refused = |e| self.refusing(py, "pushpull", e);
+        let refused =
+            |e| refusing(py, e, |r| self.shared.kv.pushpull_in_place(no_keys(), Values::Refused(r), priority));
         let keys = keys_of(key).map_err(refused)?;
         match out {
             Some(out) => {
@@ -649,7 +675,9 @@ impl PyStore {
         priority: i32,
     ) -> PyResult<Pending> {
         crate::lifecycle::not_forked()?;
-        let refused = |e| self.refusing(py, "broadcast", e);
+        let refused = |e| {
+            refusing(py, e, |r| self.shared.kv.broadcast(no_keys(), Values::Refused(r), Values::Refused(r), priority))
+        };
         let keys = keys_of(key).map_err(refused)?;
         let values = arrays_of(value, Use::Read, "value").map_err(refused)?;
         let outs = arrays_of(out, Use::Write, "out").map_err(refused)?;
@@ -661,18 +689,6 @@ impl PyStore {
 }
 
 impl PyStore {
-    /// An argument of `op` refused here, before the call reaches the store (`err`):
-    /// under `dist_sync` the call still takes its step as this worker's refusal
-    /// (`KVStore::refuse`), so that every worker fails it and their next calls stay
-    /// matched. Returns `err`.
-    fn refusing(&self, py: Python<'_>, op: &'static str, err: PyErr) -> PyErr {
-        if self.shared.kv.num_workers() > 1 {
-            let reason = kvstore::Error::invalid_argument(err.value(py).to_string());
-            crate::detach(py, || drop(self.shared.kv.refuse(op, reason)));
-        }
-        err
-    }
-
     /// A pull into new numpy arrays: one per key.
     fn pull_new<'py>(&self, py: Python<'py>, keys: Keys, priority: i32) -> PyResult<Bound<'py, PyAny>> {
         match keys {

@@ -283,20 +283,22 @@ pub fn workers_whose_calls_differ_all_fail(rank: usize, kv: &KVStore) {
 }
 
 /// A call that one worker's binding refuses before making it (a Java array closed
-/// before the call) is refused with `KVStore::refuse` there: every form of call then
-/// fails on every worker as that call (there with the binding's reason, on the others
-/// naming that worker's refusal), changes nothing, and the workers' next calls stay
-/// matched. Refused in the binding alone, the call would be missing on that worker,
-/// whose next call would meet the others' this one.
+/// before the call) is made there all the same, with the refusal in its arrays' place
+/// (`Values::Refused`, `RowSparsePushes::Refused`): every form of call then fails
+/// on every worker as that call (there with the binding's reason, on the others naming
+/// that worker's refusal), changes nothing, and the workers' next calls stay matched.
+/// Refused in the binding alone, the call would be missing on that worker, whose next
+/// call would meet the others' this one.
 pub fn a_call_a_binding_refuses_fails_on_every_worker(rank: usize, kv: &KVStore) {
-    use kvstore_core::{Error, ErrorKind, RowSparse};
+    use kvstore_core::{Error, ErrorKind, RowSparse, RowSparsePushes, Values};
     let w = kv.num_workers();
     let last = rank + 1 == w;
-    // The call, or on the last worker its refusal by the binding.
-    let call = |op: &'static str, f: &dyn Fn() -> Result<()>| match last {
-        true => Err(kv.refuse(op, Error::Disposed { what: "NDArray" })),
-        false => f(),
-    };
+    let disposed = Error::Disposed { what: "NDArray" };
+    // The arrays of a call, or on the last worker the binding's refusal of them.
+    fn arrays<'x>(refused: Option<&'x Error>, a: &'x NDArray) -> Values<'x> {
+        refused.map_or(Values::One(a), Values::Refused)
+    }
+    let refusal = last.then_some(&disposed);
     let refused = |what: &str, r: Result<()>| {
         let e = r.expect_err(what);
         if last {
@@ -312,19 +314,28 @@ pub fn a_call_a_binding_refuses_fails_on_every_worker(rank: usize, kv: &KVStore)
     let one = || full(&[2], 1.0, Context::cpu(0));
     kv.init(&["r-w", "r-e"], &[full(&[2], 0.0, Context::cpu(0)), full(&[3, 2], 0.0, Context::cpu(0))]).expect("init");
     if w > 1 {
-        refused("push", call("push", &|| kv.push("r-w", &one(), 0)));
+        refused("push", kv.push("r-w", arrays(refusal, &one()), 0));
         ok("push", kv.push("r-w", &one(), 0));
         let out = || full(&[2], 0.0, Context::cpu(0));
-        refused("pushpull", call("pushpull", &|| kv.pushpull("r-w", &one(), &out(), 0)));
+        refused("pushpull", kv.pushpull("r-w", arrays(refusal, &one()), &out(), 0));
         ok("pushpull", kv.pushpull("r-w", &one(), &out(), 0));
-        refused("init", call("init", &|| kv.init("r-x", &one())));
-        refused("broadcast", call("broadcast", &|| kv.broadcast("r-y", &one(), &out(), 0)));
-        refused("push_async", call("push", &|| kv.push_async("r-w", &one(), 0).wait()));
+        // (Its outs refused, not its values.)
+        refused("pushpull", kv.pushpull("r-w", &one(), arrays(refusal, &out()), 0));
+        refused("pushpull_in_place", kv.pushpull_in_place("r-w", arrays(refusal, &one()), 0));
+        refused("init", kv.init("r-x", arrays(refusal, &one())));
+        refused("broadcast", kv.broadcast("r-y", arrays(refusal, &one()), &out(), 0));
+        refused("push_async", kv.push_async("r-w", arrays(refusal, &one()), 0).wait());
         ok("push_async", kv.push_async("r-w", &one(), 0).wait());
+        refused("broadcast_async", kv.broadcast_async("r-z", &one(), arrays(refusal, &out()), 0).wait());
         let rows = || RowSparse::new(full(&[1, 2], 1.0, Context::cpu(0)), vec![1], &[3, 2]).expect("row-sparse value");
-        refused("push_row_sparse", call("push_row_sparse", &|| kv.push_row_sparse("r-e", &[rows()], 0)));
+        let pushes = [("r-e".into(), vec![rows()])];
+        let sparse = match last {
+            true => RowSparsePushes::Refused(&disposed),
+            false => RowSparsePushes::Given(&pushes),
+        };
+        refused("push_row_sparse", kv.push_row_sparse_many(sparse, 0));
         ok("barrier", kv.barrier());
-        assert!(!kv.keys().iter().any(|k| k.as_str() == "r-x" || k.as_str() == "r-y"), "a refused init");
+        assert!(!kv.keys().iter().any(|k| ["r-x", "r-y", "r-z"].contains(&k.as_str())), "a refused init");
         assert_eq!(pulled(kv, "r-e", &[3, 2]), vec![0.0; 6], "rank {rank}: a refused row-sparse push");
     }
     // Every push that went through summed one array per worker.

@@ -12,27 +12,7 @@ fn root() -> PathBuf {
 
 /// Every `.rs` file under `dir`, relative to the root, with its text.
 fn sources(dir: &str) -> Vec<(String, String)> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(dir).expect("a source folder").flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                walk(&path, out);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                out.push(path);
-            }
-        }
-    }
-    let root = root();
-    let mut files = Vec::new();
-    walk(&root.join(dir), &mut files);
-    files.sort();
-    files
-        .into_iter()
-        .map(|f| {
-            let text = std::fs::read_to_string(&f).expect("a source file");
-            (f.strip_prefix(&root).expect("under the root").display().to_string(), text)
-        })
-        .collect()
+    files(dir, &[".rs"])
 }
 
 /// The shipped crates' source folders.
@@ -170,6 +150,60 @@ fn the_core_knows_no_job_no_commits_folder_no_launcher_and_maps_no_file() {
     }
     let manifest = std::fs::read_to_string(root().join("kvstore-core/Cargo.toml")).expect("kvstore-core/Cargo.toml");
     assert!(!manifest.contains("memmap2"), "kvstore-core maps files");
+}
+
+/// Every file under `dir` whose name ends with one of `ends`, relative to the root,
+/// with its text.
+fn files(dir: &str, ends: &[&str]) -> Vec<(String, String)> {
+    fn walk(dir: &Path, ends: &[&str], out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("a source folder").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, ends, out);
+            } else if ends.iter().any(|e| path.to_string_lossy().ends_with(e)) {
+                out.push(path);
+            }
+        }
+    }
+    let root = root();
+    let mut found = Vec::new();
+    walk(&root.join(dir), ends, &mut found);
+    found.sort();
+    found
+        .into_iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(&f).expect("a source file");
+            (f.strip_prefix(&root).expect("under the root").display().to_string(), text)
+        })
+        .collect()
+}
+
+#[test]
+fn the_bindings_take_no_dist_sync_step() {
+    // A binding that cannot convert an argument makes the call all the same with the
+    // refusal in its arrays' place (`Values::Refused`, `RowSparsePushes::Refused`):
+    // the core takes the step. No binding refuses a call in the store itself, asks
+    // whether other workers share it, or orders its calls.
+    let words = [".refuse(", "nRefuse", "refuse(String", "check_step", "in_order(", "sharedWithOtherWorkers"];
+    let words = words.iter().chain(&["num_workers() > 1", "numWorkers() > 1", "num-workers kv) 1"]);
+    let bindings = [
+        files("kvstore-py/src", &[".rs"]),
+        files("kvstore-py/python/kvstore", &[".py"]),
+        files("kvstore-jni/src", &[".rs"]),
+        files("kvstore-jni/java/src", &[".java"]),
+        files("clojure/src", &[".clj"]),
+    ];
+    let mut read = 0;
+    for (file, text) in bindings.iter().flatten() {
+        read += 1;
+        for word in words.clone() {
+            assert!(!text.contains(word), "{file} names `{word}`: a binding takes no dist_sync step");
+        }
+    }
+    assert!(read > 40, "read {read} files of the bindings");
+    for (file, text) in sources("kvstore-core/src") {
+        assert!(!code(&text).contains("pub fn refuse("), "{file}: the core's API has no refusal of its own");
+    }
 }
 
 #[test]

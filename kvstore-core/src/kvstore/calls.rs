@@ -297,7 +297,7 @@ impl KVStore {
                 let first = vss.first().map_or(&[][..], |vs| &vs[..]);
                 (vss.len(), first.first(), first.len())
             }
-            Values::One(_) => return,
+            Values::One(_) | Values::Refused(_) => return,
         };
         if let Some(a) = first
             && keys > 1
@@ -427,25 +427,9 @@ impl KVStore {
         }
     }
 
-    /// For bindings: a call of `op` (`"push"`, `"pushpull"`, `"broadcast"` or `"init"`)
-    /// that the binding refused before making it, `error` saying why (an argument that
-    /// is not an array it can lend the store). Under `dist_sync` the call still takes its
-    /// step, in call order, as this worker's refusal, so that every worker fails it and
-    /// their next calls stay matched; elsewhere nothing happens. Returns `error`.
-    ///
-    /// ```
-    /// use kvstore_core::{Error, KVStore};
-    /// let kv = KVStore::create("local")?;
-    /// let e = kv.refuse("push", Error::invalid_argument("not an array"));
-    /// assert_eq!(e.to_string(), "not an array");
-    /// # Ok::<(), kvstore_core::Error>(())
-    /// ```
-    pub fn refuse(&self, op: &'static str, error: Error) -> Error {
-        self.refused_everywhere(op, error)
-    }
-
-    /// Under `dist_sync`, a push or pushpull refused before it reached its step (its keys
-    /// and arrays did not pair up, a key was never initialised) still takes its step,
+    /// Under `dist_sync`, a push, pushpull, init or broadcast refused before it reached
+    /// its step (its keys and arrays did not pair up, a key was never initialised, its
+    /// caller refused its arguments: [`Values::Refused`]) still takes its step,
     /// in call order, as this worker's refusal: every worker fails that call (the
     /// others naming this worker and its reason), nothing changes, and the workers' next
     /// calls stay matched (a call missing on one worker would meet its next call on the
@@ -643,14 +627,15 @@ impl KVStore {
     /// [`KVStore::pushpull_pairs`], non-blocking.
     ///
     /// Errors are those of [`KVStore::pushpull`], from [`Pending::wait`].
-    pub fn pushpull_pairs_async(
+    pub fn pushpull_pairs_async<'a, 'b>(
         &self,
         keys: &[Key],
-        values: &[NDArray],
+        values: impl Into<Values<'a>>,
         out_keys: &[Key],
-        outs: &[NDArray],
+        outs: impl Into<Values<'b>>,
         priority: i32,
     ) -> Pending {
+        let (values, outs) = (values.into(), outs.into());
         self.call_async("pushpull", || flat_runs("pushpull", keys, values, out_keys, outs), priority)
     }
 
@@ -681,14 +666,15 @@ impl KVStore {
     /// [`KVStore::broadcast_pairs`], non-blocking as [`KVStore::broadcast_async`].
     ///
     /// Errors are those of [`KVStore::broadcast`], from [`Pending::wait`].
-    pub fn broadcast_pairs_async(
+    pub fn broadcast_pairs_async<'a, 'b>(
         &self,
         keys: &[Key],
-        values: &[NDArray],
+        values: impl Into<Values<'a>>,
         out_keys: &[Key],
-        outs: &[NDArray],
+        outs: impl Into<Values<'b>>,
         priority: i32,
     ) -> Pending {
+        let (values, outs) = (values.into(), outs.into());
         self.call_async(
             "broadcast",
             || {

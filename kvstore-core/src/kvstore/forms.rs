@@ -4,9 +4,10 @@
 
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys};
-use crate::ndarray::NDArray;
+use crate::ndarray::{NDArray, RowSparse};
 
-/// Values or outs of a call: one array, a list, or a list of lists (one list per key).
+/// Values or outs of a call: one array, a list, or a list of lists (one list per key);
+/// or the reason its caller could not give them.
 #[derive(Clone, Copy)]
 pub enum Values<'a> {
     /// One array.
@@ -15,6 +16,24 @@ pub enum Values<'a> {
     Many(&'a [NDArray]),
     /// One list of arrays per key: `push([k1, k2], [[a, b], [c]])`.
     Nested(&'a [Vec<NDArray>]),
+    /// No arrays: the caller refused its own arguments (a binding given an argument it
+    /// could not turn into arrays: a closed Java array, a Python object that is no
+    /// array). The call fails with this error as it fails for arguments it refuses
+    /// itself: under `dist_sync` a push, pushpull, init or broadcast still takes its
+    /// step, as this worker's refusal, so every worker fails it, changes nothing, and
+    /// the workers' next calls stay matched (made on one worker only, the others' next
+    /// call would meet it). The keys are not read.
+    Refused(&'a Error),
+}
+
+impl<'a> From<&'a Result<Vec<NDArray>>> for Values<'a> {
+    /// A list of arrays, or why the caller has none ([`Values::Refused`]).
+    fn from(arrays: &'a Result<Vec<NDArray>>) -> Self {
+        match arrays {
+            Ok(a) => Values::Many(a),
+            Err(e) => Values::Refused(e),
+        }
+    }
 }
 
 impl<'a> From<&'a NDArray> for Values<'a> {
@@ -59,6 +78,45 @@ impl<'a> From<&'a Vec<Vec<NDArray>>> for Values<'a> {
     }
 }
 
+/// The values of a row-sparse push ([`crate::KVStore::push_row_sparse_many`]): each key
+/// with its row-sparse values; or, as [`Values::Refused`], the reason its caller could
+/// not give them (the call fails with it, on every worker under `dist_sync`).
+#[derive(Clone, Copy)]
+pub enum RowSparsePushes<'a> {
+    /// Each key with its values (a key given twice has its values summed).
+    Given(&'a [(Key, Vec<RowSparse>)]),
+    /// No values: the caller refused its own arguments.
+    Refused(&'a Error),
+}
+
+impl<'a> From<&'a [(Key, Vec<RowSparse>)]> for RowSparsePushes<'a> {
+    fn from(pushes: &'a [(Key, Vec<RowSparse>)]) -> Self {
+        RowSparsePushes::Given(pushes)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [(Key, Vec<RowSparse>); N]> for RowSparsePushes<'a> {
+    fn from(pushes: &'a [(Key, Vec<RowSparse>); N]) -> Self {
+        RowSparsePushes::Given(pushes)
+    }
+}
+
+impl<'a> From<&'a Vec<(Key, Vec<RowSparse>)>> for RowSparsePushes<'a> {
+    fn from(pushes: &'a Vec<(Key, Vec<RowSparse>)>) -> Self {
+        RowSparsePushes::Given(pushes)
+    }
+}
+
+impl<'a> From<&'a Result<Vec<(Key, Vec<RowSparse>)>>> for RowSparsePushes<'a> {
+    /// The pushes, or why the caller has none ([`RowSparsePushes::Refused`]).
+    fn from(pushes: &'a Result<Vec<(Key, Vec<RowSparse>)>>) -> Self {
+        match pushes {
+            Ok(p) => RowSparsePushes::Given(p),
+            Err(e) => RowSparsePushes::Refused(e),
+        }
+    }
+}
+
 /// One key of a call with its arrays in call order, as the caller's slice (one array,
 /// a list, or a key's list of a list of lists): pairing a call's keys with their
 /// arrays copies no array handle, only slices.
@@ -75,6 +133,7 @@ pub(crate) fn runs<'a>(op: &'static str, keys: Keys, values: Values<'a>, what: &
     };
     let one = std::slice::from_ref;
     match (keys, values) {
+        (_, Values::Refused(e)) => Err(e.clone()),
         (Keys::One(k), Values::One(v)) => Ok(vec![(k, one(v))]),
         (Keys::One(_), Values::Many([])) => Ok(Vec::new()),
         (Keys::One(k), Values::Many(vs)) => Ok(vec![(k, vs)]),
@@ -123,14 +182,11 @@ pub(crate) type FlatRuns<'a> = (Vec<Run<'a>>, Vec<Run<'a>>);
 pub(crate) fn flat_runs<'a>(
     op: &'static str,
     keys: &[Key],
-    values: &'a [NDArray],
+    values: Values<'a>,
     out_keys: &[Key],
-    outs: &'a [NDArray],
+    outs: Values<'a>,
 ) -> Result<FlatRuns<'a>> {
-    Ok((
-        runs(op, Keys::Many(keys.to_vec()), Values::Many(values), "values")?,
-        runs(op, Keys::Many(out_keys.to_vec()), Values::Many(outs), "outs")?,
-    ))
+    Ok((runs(op, Keys::Many(keys.to_vec()), values, "values")?, runs(op, Keys::Many(out_keys.to_vec()), outs, "outs")?))
 }
 
 #[cfg(test)]
@@ -155,5 +211,10 @@ mod tests {
         assert!(runs("push", Keys::from("w"), Values::Many(&[]), "values").unwrap().is_empty());
         let e = runs("push", Keys::from(&["x", "y"]), Values::Many(&a[..3]), "values").unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::LengthMismatch);
+        let refusal = Error::Disposed { what: "NDArray" };
+        let e = runs("push", Keys::from(&["x", "y"]), Values::Refused(&refusal), "values").unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Disposed);
+        let given: Result<Vec<NDArray>> = Err(refusal.clone());
+        assert!(matches!(Values::from(&given), Values::Refused(Error::Disposed { .. })));
     }
 }

@@ -11,7 +11,7 @@ use crate::ndarray::{NDArray, RowSparse};
 use crate::optimizer::{Optimizer, Runtime};
 use crate::timeline;
 use crate::updater::Updater;
-use forms::{Values, flat_runs, flatten};
+use forms::{RowSparsePushes, Values, flat_runs, flatten};
 
 mod agree;
 mod builder;
@@ -633,15 +633,16 @@ impl KVStore {
     ///
     /// # Errors
     /// As [`KVStore::pushpull`].
-    pub fn pushpull_pairs(
+    pub fn pushpull_pairs<'a, 'b>(
         &self,
         keys: &[Key],
-        values: &[NDArray],
+        values: impl Into<Values<'a>>,
         out_keys: &[Key],
-        outs: &[NDArray],
+        outs: impl Into<Values<'b>>,
         priority: i32,
     ) -> Result<()> {
-        self.wake_for(Values::Many(values));
+        let (values, outs) = (values.into(), outs.into());
+        self.wake_for(values);
         let (push, pull) =
             flat_runs("pushpull", keys, values, out_keys, outs).map_err(|e| self.refused_everywhere("pushpull", e))?;
         self.call("pushpull", push, pull, priority)
@@ -661,18 +662,19 @@ impl KVStore {
     ///
     /// # Errors
     /// As [`KVStore::broadcast`].
-    pub fn broadcast_pairs(
+    pub fn broadcast_pairs<'a, 'b>(
         &self,
         keys: &[Key],
-        values: &[NDArray],
+        values: impl Into<Values<'a>>,
         out_keys: &[Key],
-        outs: &[NDArray],
+        outs: impl Into<Values<'b>>,
         priority: i32,
     ) -> Result<()> {
+        let (values, outs) = (values.into(), outs.into());
         let (init, pull) = flat_runs("broadcast", keys, values, out_keys, outs)
             .map_err(|e| self.refused_everywhere("broadcast", e))?;
         let pull = self.broadcast_init(init, pull)?;
-        self.wake_for(Values::Many(outs));
+        self.wake_for(outs);
         self.call("broadcast", Vec::new(), pull, priority)
     }
 
@@ -1119,9 +1121,13 @@ impl KVStore {
     /// # Errors
     /// As [`KVStore::push_row_sparse`]; a check that fails changes no key. An updater's
     /// error stops the call at its key (the keys before it keep their update).
-    pub fn push_row_sparse_many(&self, pushes: &[(Key, Vec<RowSparse>)], priority: i32) -> Result<()> {
+    pub fn push_row_sparse_many<'a>(&self, pushes: impl Into<RowSparsePushes<'a>>, priority: i32) -> Result<()> {
         self.not_async("push_row_sparse")?;
         let _ = priority;
+        let pushes = match pushes.into() {
+            RowSparsePushes::Given(pushes) => pushes,
+            RowSparsePushes::Refused(e) => return Err(self.refused_everywhere("push_row_sparse", e.clone())),
+        };
         let _span = self.store.counters.span("push_row_sparse", pushes.len(), pushes.first().map(|(k, _)| k));
         // The rows pushed (their data), counted once the keys passed their checks.
         let bytes = stats::bytes_of(pushes.iter().flat_map(|(_, vs)| vs.iter().map(RowSparse::data)));

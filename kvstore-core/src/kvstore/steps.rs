@@ -255,7 +255,7 @@ impl Store {
             })
             .collect();
         // The same call, refused by some: the others made the same call, at the same
-        // step (a worker refused before its call was looked at, `KVStore::refuse`, says
+        // step (a worker refused before its call was looked at, `Values::Refused`, says
         // no keys: its record is the step's alone).
         let made: Vec<Option<&[u8]>> =
             (0..all.len()).filter(|r| !refused.contains(r)).map(|r| all[r].get(..16)).collect();

@@ -207,8 +207,9 @@ def chain(out: str) -> None:
 
 def refused() -> None:
     """An argument rank 1 refuses before its call reaches the store (not contiguous, of
-    dtype object, a list) fails that call on both ranks, and the next calls stay matched;
-    before, rank 1's next push met rank 0's first, and rank 0 waited at the third."""
+    dtype object, a list; row-sparse values that do not pair with the keys) fails that
+    call on both ranks, and the next calls stay matched; before, rank 1's next push met
+    rank 0's first, and rank 0 waited at the third."""
     store = kv.create("dist_sync")
     rank = store.rank
     store.init("w", np.zeros((4, 2), np.float32))
@@ -229,6 +230,24 @@ def refused() -> None:
                 print(f"rank {rank}: {call} {i} refused: {type(e).__name__}", flush=True)
             store.push("w", np.full((4, 2), rank + 1, np.float32))
             assert (store.pull("w") == 3).all(), store.pull("w")
+    # Row-sparse values rank 1 cannot pair with its keys (two keys, one value): its push
+    # and its init fail on both ranks too, and change nothing.
+    rows = kv.sparse.row_sparse_array((np.ones((1, 2), np.float32), [1]), shape=(3, 2))
+    store.init("e", kv.sparse.row_sparse_array((3, 2)))
+    for call in ("push_row_sparse", "init_row_sparse"):
+        keys, values = (["e", "e"], [rows]) if rank == 1 else ("e", rows)
+        try:
+            if call == "push_row_sparse":
+                store.push(keys, values)
+            else:
+                store.init(["f", "g"] if rank == 1 else "f", values)
+            print(f"rank {rank}: {call} went through", flush=True)
+        except kv.KVStoreError as e:
+            print(f"rank {rank}: {call} refused: {type(e).__name__}", flush=True)
+        store.push("w", np.full((4, 2), rank + 1, np.float32))
+        assert (store.pull("w") == 3).all(), store.pull("w")
+    assert (store.pull("e") == 0).all(), store.pull("e")
+    assert "f" not in store.keys(), store.keys()
     print(f"rank {rank}: went on", flush=True)
 
 

@@ -471,11 +471,10 @@
   `@p` waits and returns the store, or throws the `ex-info` `push` throws;
   `(deref p ms timeout-val)` waits at most `ms` milliseconds. What is found
   before the call is made (an invalid argument, a disposed array:
-  `{:kvstore/error :disposed}`) is thrown at once, as the same `ex-info`;
-  but on a store shared with other workers (\"dist_sync\" under mpirun) a
-  disposed array's call is made all the same, so that every worker fails it
-  as that call (the others with `:invalid-argument` naming this rank's
-  refusal), and its `:disposed` comes from `@p`."
+  `{:kvstore/error :disposed}`) is thrown at once, as the same `ex-info`. (A
+  disposed array's call is made all the same, so that on a store shared with
+  other workers, \"dist_sync\" under mpirun, every worker fails it as that
+  call: the others with `:invalid-argument` naming this rank's refusal.)"
   ([kvstore ks vs]
    (push-async kvstore ks vs 0))
   ([kvstore ks vs priority]

@@ -35,48 +35,32 @@ final class Args {
     }
 
     /**
-     * The handles of {@code arrays} for a call {@code op} of {@code store}; {@code DISPOSED}
-     * for a closed one. When the store is shared with other workers ({@code dist_sync}
-     * under {@code mpirun}), the call is first refused in the store
-     * ({@link KVStore#refuse}): it takes its step as this worker's refusal, so that it
-     * fails on every worker (on the others with the store's message naming this worker's
-     * refusal) and the workers' next calls stay matched. Refused here alone, the call
-     * would be missing on this worker, whose next call would meet the others' this call
-     * (a desync that fails it everywhere too, or, for two pushes of the same key, sums
-     * the wrong calls together). Nulls were checked.
+     * The handles of {@code arrays} for a store call; 0 for a closed one. The natives
+     * take a handle that is no array (0, or one closed since) as the call's refused
+     * form: the call is made all the same and fails with {@code DISPOSED}, as the
+     * store's own refusals do. On a store shared with other workers ({@code dist_sync}
+     * under {@code mpirun}) it so takes its step as this worker's refusal and fails on
+     * every worker (on the others with the store's message naming this worker's
+     * refusal), leaving the workers' next calls matched; refused here alone, the call
+     * would be missing on this worker, whose next call would meet the others' this one.
+     * Nulls were checked.
      */
-    static long[] handles(KVStore store, String op, NDArray[] arrays, String name) {
-        try {
-            return handles(arrays, name);
-        } catch (KVStoreException e) {
-            throw refused(store, op, e);
-        }
-    }
-
-    /**
-     * {@code e}, the reason a call {@code op} of {@code store} was refused before it was
-     * made, once the call took its step as this worker's refusal where the store is
-     * shared with other workers (see {@link #handles(KVStore, String, NDArray[], String)}).
-     */
-    static KVStoreException refused(KVStore store, String op, KVStoreException e) {
-        if (store.sharedWithOtherWorkers()) {
-            store.refuse(op);
-        }
-        return e;
-    }
-
-    /** The handles of {@code arrays}; {@code DISPOSED} for a closed one. Nulls were checked. */
-    static long[] handles(NDArray[] arrays, String name) {
+    static long[] handles(NDArray[] arrays) {
         long[] hs = new long[arrays.length];
         for (int i = 0; i < arrays.length; i++) {
-            try {
-                hs[i] = arrays[i].handle();
-            } catch (KVStoreException e) {
-                throw new KVStoreException(KVStoreException.Code.DISPOSED,
-                        name + "[" + i + "] is an NDArray that was closed", e);
-            }
+            hs[i] = arrays[i].handleOrZero();
         }
         return hs;
+    }
+
+    /** Whether {@code handles} (of {@link #handles}) hold a closed array's. */
+    static boolean anyClosed(long[] handles) {
+        for (long h : handles) {
+            if (h == 0) {
+                return true;
+            }
+        }
+        return false;
     }
 
     static NDArray[] one(NDArray array, String name) {

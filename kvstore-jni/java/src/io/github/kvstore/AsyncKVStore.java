@@ -28,10 +28,9 @@ import java.util.function.Supplier;
  * and calls on one key take effect in the order they were made, from any thread. A null
  * argument ({@link NullPointerException} naming the parameter) and a closed array
  * ({@link KVStoreException} {@code DISPOSED}) are thrown at once; every other error, a
- * closed store's {@code DISPOSED} included, comes through the future. (On a store shared
- * with other workers a closed array's call is made all the same, so that every worker
- * fails it as that call (see {@link KVStore}): its {@code DISPOSED} comes through the
- * future too.)
+ * closed store's {@code DISPOSED} included, comes through the future. (A closed array's
+ * call is made all the same, as its blocking twin, so that on a store shared with other
+ * workers every worker fails it as that call: see {@link KVStore}.)
  *
  * <p>Values: a push may reuse its values as soon as it returns, and sums what they held
  * when it was made (a write to one before the push read it copies it for the push
@@ -71,8 +70,6 @@ public final class AsyncKVStore implements StoreCalls<CompletableFuture<Void>> {
     private static final int OP_BROADCAST = 3;
     private static final int OP_PUSH_KEY = 4;
     private static final int OP_PULL_KEY = 5;
-    /** The store's name of each call, by its code. */
-    private static final String[] OP_NAMES = {"push", "pull", "pushpull", "broadcast", "push", "pull"};
     private static final String[] NO_KEYS = new String[0];
     private static final NDArray[] NO_ARRAYS = new NDArray[0];
 
@@ -113,7 +110,7 @@ public final class AsyncKVStore implements StoreCalls<CompletableFuture<Void>> {
         /**
          * Completes the future with the call's outcome: normally when {@code error} is
          * null, else exceptionally with it. The one way the future completes (the
-         * {@link Completer}, and {@link #submit} for a call refused before it was queued).
+         * {@link Completer}, and {@link #submit} for a call that failed before it was queued).
          *
          * @return whether this completed it
          */
@@ -267,18 +264,18 @@ public final class AsyncKVStore implements StoreCalls<CompletableFuture<Void>> {
     private CompletableFuture<Void> submit(
             int op, String key, String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
         CallFuture future = new CallFuture();
-        long[] vs;
-        long[] os;
-        try {
-            vs = handles(store, OP_NAMES[op], values, "values");
-            os = handles(store, OP_NAMES[op], outs, "outs");
-        } catch (KVStoreException e) {
-            if (!store.sharedWithOtherWorkers()) {
-                throw e;
+        long[] vs = handles(values);
+        long[] os = handles(outs);
+        if (Args.anyClosed(vs) || Args.anyClosed(os)) {
+            // A closed array: its blocking twin, made with it as its refused argument,
+            // throws its DISPOSED at once (on a store shared with other workers, once
+            // the call took its step as this worker's refusal).
+            try {
+                blocking(op, key, keys, vs, outKeys, os, priority);
+            } finally {
+                Reference.reachabilityFence(values);
+                Reference.reachabilityFence(outs);
             }
-            // Refused on every worker, in the store's call order: through the future.
-            future.finish(e);
-            return future;
         }
         long id = Completer.register(future);
         future.id = id;
@@ -299,6 +296,24 @@ public final class AsyncKVStore implements StoreCalls<CompletableFuture<Void>> {
             Reference.reachabilityFence(outs);
         }
         return future;
+    }
+
+    /** The blocking twin of a call {@link #submit} would make. */
+    private void blocking(int op, String key, String[] keys, long[] vs, String[] outKeys, long[] os, int priority) {
+        long h = store.handle();
+        try {
+            switch (op) {
+                case OP_PUSH -> StoreNatives.nPush(h, keys, vs, priority);
+                case OP_PULL -> StoreNatives.nPull(h, outKeys, os, priority);
+                case OP_PUSHPULL -> StoreNatives.nPushPull(h, keys, vs, outKeys, os, priority);
+                case OP_BROADCAST -> StoreNatives.nBroadcast(h, keys, vs, outKeys, os, priority);
+                case OP_PUSH_KEY -> StoreNatives.nPushKey(h, key, vs, priority);
+                case OP_PULL_KEY -> StoreNatives.nPullKey(h, key, os, priority);
+                default -> throw new IllegalStateException("no call numbered " + op);
+            }
+        } finally {
+            Reference.reachabilityFence(store);
+        }
     }
 
     // ----- push -----

@@ -55,13 +55,14 @@ import java.util.concurrent.locks.ReentrantLock;
  * <p>A null argument is a {@link NullPointerException} naming the parameter (see the
  * <a href="package-summary.html">package</a>; {@link #setUpdater(Updater)} takes
  * {@code null} for "the default"); the store's errors are {@link KVStoreException}s. A
- * closed array given to a call is {@code DISPOSED}. On a store shared with other
- * workers ({@code dist_sync} under {@code mpirun}) the call still takes its step in the
- * store, as this worker's refusal, so that it fails on every worker as that call (here
- * with {@code DISPOSED}; on the others with {@code INVALID_ARGUMENT}, saying that this
- * rank refused it), changes nothing, and leaves the workers' next calls matched, as a
- * call refused by the store's own checks does. (Refused before the call, it would be
- * missing on this worker alone, and its next call would meet the others' this one.)
+ * closed array given to a call is {@code DISPOSED}: the call is made all the same, with
+ * the closed array as its refused argument, and the store fails it as it fails the
+ * arguments it refuses itself. On a store shared with other workers ({@code dist_sync}
+ * under {@code mpirun}) it so takes its step, as this worker's refusal, and fails on
+ * every worker as that call (here with {@code DISPOSED}; on the others with
+ * {@code INVALID_ARGUMENT}, saying that this rank refused it), changes nothing, and
+ * leaves the workers' next calls matched. (Refused before the call, it would be missing
+ * on this worker alone, and its next call would meet the others' this one.)
  *
  * <p>{@link Thread#interrupt()} does not stop a blocking call (nor {@link #waitAll()}): it
  * returns when done, with the interrupt status still set, as {@link CompletableFuture#join()}
@@ -215,27 +216,6 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
     }
 
     /**
-     * Refuses a call {@code op} that was given a closed array, in the store: under
-     * {@code dist_sync} it still takes its step, as this worker's refusal (see
-     * {@link Args#handles(KVStore, String, NDArray[], String)}).
-     */
-    void refuse(String op) {
-        on(h -> nRefuse(h, op));
-    }
-
-    /**
-     * Whether other workers share the store (a {@code dist_sync} or {@code dist_async}
-     * store of a job of several processes); false for a closed store.
-     */
-    boolean sharedWithOtherWorkers() {
-        try {
-            return numWorkers() > 1;
-        } catch (KVStoreException e) {
-            return false;
-        }
-    }
-
-    /**
      * The keys of the store, in the order they were first initialised.
      *
      * @return a new array of the keys (empty for a new store)
@@ -273,7 +253,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
     public KVStore init(String[] keys, NDArray[] values) {
         checkKeys(keys, "keys");
         checkArrays(values, "values");
-        long[] vs = handles(this, "init", values, "values");
+        long[] vs = handles(values);
         try {
             nInit(handle(), keys, vs);
         } finally {
@@ -289,7 +269,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
     public KVStore push(String key, NDArray[] values, int priority) {
         Objects.requireNonNull(key, "key");
         checkArrays(values, "values");
-        long[] vs = handles(this, "push", values, "values");
+        long[] vs = handles(values);
         try {
             nPushKey(handle(), key, vs, priority);
         } finally {
@@ -303,7 +283,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
     public KVStore push(String[] keys, NDArray[] values, int priority) {
         checkKeys(keys, "keys");
         checkArrays(values, "values");
-        long[] vs = handles(this, "push", values, "values");
+        long[] vs = handles(values);
         try {
             nPush(handle(), keys, vs, priority);
         } finally {
@@ -386,13 +366,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
      */
     public KVStore pushRowSparse(String[] keys, RowSparse[] values, int priority) {
         checkKeys(keys, "keys");
-        long[][] vs;
-        try {
-            vs = RowSparse.describe(values, "values");
-        } catch (KVStoreException e) {
-            // A closed value: refused on every worker, as a dense push is.
-            throw Args.refused(this, "push_row_sparse", e);
-        }
+        long[][] vs = RowSparse.describe(values, "values");
         try {
             nPushRowSparse(handle(), keys, vs[0], vs[1], priority);
         } finally {
@@ -466,7 +440,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
     public KVStore pull(String key, NDArray[] outs, int priority) {
         Objects.requireNonNull(key, "key");
         checkArrays(outs, "outs");
-        long[] os = handles(this, "pull", outs, "outs");
+        long[] os = handles(outs);
         try {
             nPullKey(handle(), key, os, priority);
         } finally {
@@ -480,7 +454,7 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
     public KVStore pull(String[] keys, NDArray[] outs, int priority) {
         checkKeys(keys, "keys");
         checkArrays(outs, "outs");
-        long[] os = handles(this, "pull", outs, "outs");
+        long[] os = handles(outs);
         try {
             nPull(handle(), keys, os, priority);
         } finally {
@@ -510,8 +484,8 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
     }
 
     private KVStore pushpull0(String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
-        long[] vs = handles(this, "pushpull", values, "values");
-        long[] os = handles(this, "pushpull", outs, "outs");
+        long[] vs = handles(values);
+        long[] os = handles(outs);
         try {
             nPushPull(handle(), keys, vs, outKeys, os, priority);
         } finally {
@@ -542,8 +516,8 @@ public final class KVStore extends NativeObject implements StoreCalls<KVStore>, 
     }
 
     private KVStore broadcast0(String[] keys, NDArray[] values, String[] outKeys, NDArray[] outs, int priority) {
-        long[] vs = handles(this, "broadcast", values, "values");
-        long[] os = handles(this, "broadcast", outs, "outs");
+        long[] vs = handles(values);
+        long[] os = handles(outs);
         try {
             nBroadcast(handle(), keys, vs, outKeys, os, priority);
         } finally {

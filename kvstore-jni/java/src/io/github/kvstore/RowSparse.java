@@ -201,7 +201,7 @@ public final class RowSparse implements AutoCloseable {
         return d;
     }
 
-    /** The data handles and concatenated descriptions of {@code values}. */
+    /** The data handles (0 for closed data) and concatenated descriptions of {@code values}. */
     static long[][] describe(RowSparse[] values, String name) {
         Objects.requireNonNull(values, name);
         long[] handles = new long[values.length];
@@ -209,12 +209,8 @@ public final class RowSparse implements AutoCloseable {
         long[][] parts = new long[values.length][];
         for (int i = 0; i < values.length; i++) {
             Objects.requireNonNull(values[i], name + "[" + i + "]");
-            try {
-                handles[i] = values[i].data.handle();
-            } catch (KVStoreException e) {
-                throw new KVStoreException(KVStoreException.Code.DISPOSED,
-                        name + "[" + i + "] is a RowSparse whose data was closed", e);
-            }
+            // 0 once closed: the store call's refused form (see Args.handles).
+            handles[i] = values[i].data.handleOrZero();
             parts[i] = values[i].describe();
             total += parts[i].length;
         }

@@ -41,8 +41,6 @@ final class StoreNatives {
 
     static native int nNumWorkers(long h);
 
-    static native void nRefuse(long h, String op);
-
     static native String[] nKeys(long h);
 
     static native int nNumKeys(long h);
