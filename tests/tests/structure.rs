@@ -207,6 +207,22 @@ fn the_bindings_take_no_dist_sync_step() {
 }
 
 #[test]
+fn the_runners_look_nothing_up() {
+    // A runner takes a plan (`Plan::new` in calls.rs, `Plan::batch` for a fused batch):
+    // it finds no key itself and builds no plan. The spread runner's first round over
+    // a call as given finds its keys through the plan's `Lookups`.
+    let words = [".entry(", "lookup(", ".found(", ".find(", ".table", "Plan::new("];
+    let runners = sources("kvstore-core/src/kvstore/run");
+    assert!(runners.len() >= 4, "the runners: {:?}", runners.iter().map(|(f, _)| f).collect::<Vec<_>>());
+    for (file, text) in &runners {
+        let code = code(text);
+        for word in words {
+            assert!(!code.contains(word), "{file} names `{word}`: a runner looks nothing up");
+        }
+    }
+}
+
+#[test]
 fn the_commits_reach_the_store_only_through_its_seam() {
     // kvstore-commit takes from the core its seam (`backend::Durable`, `Seam` and what
     // its methods hand out) and the users' types, nothing of a store's insides (which

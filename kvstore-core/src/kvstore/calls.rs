@@ -49,37 +49,16 @@ pub(super) fn broadcast_args<'a>(keys: Keys, values: Values<'a>, outs: Values<'a
 
 /// The pairs of each call form, the same for its blocking and non-blocking twin. Keys
 /// that come with no array must still be initialised, as with any other call on them.
-/// How a call reaching [`Store::push_pull`] was offered to the spread runner before (a
-/// call is offered once).
-pub(in crate::kvstore) enum Offered {
-    /// Not yet: its plan is offered (a queued call, or one run at once behind others).
-    Not,
-    /// Already: it was no call for that runner, or its first round handed it back,
-    /// with the result of the checks it made when it made them (see `run/pieces.rs`).
-    Already(Option<Result<()>>),
-}
-
 impl Store {
     /// A call's one plan (see `plan.rs`), built here for every runner but the fused one,
-    /// then its runner: the spread runner when the call was not offered to it yet and
-    /// passed its checks and it takes it (`run/pieces.rs`), else the ordinary one
-    /// (`run/inline.rs`). `offered`: whether the call was offered to the spread runner
-    /// already, with what its checks found then.
-    pub(super) fn push_pull<'a>(
-        &self,
-        op: &'static str,
-        push: Found<'a>,
-        pull: Found<'a>,
-        offered: Offered,
-    ) -> Result<()> {
+    /// then its runner: the spread runner when `spread` (the call was not offered to it
+    /// yet), its checks passed and it takes it (`run/pieces.rs`), else the ordinary one
+    /// (`run/inline.rs`).
+    pub(super) fn push_pull<'a>(&self, op: &'static str, push: Found<'a>, pull: Found<'a>, spread: bool) -> Result<()> {
         if push.is_empty() && pull.is_empty() {
             return Ok(());
         }
-        let (spread, checked) = match offered {
-            Offered::Not => (true, None),
-            Offered::Already(checked) => (false, checked),
-        };
-        let plan = Plan::new(self, op, push, pull, checked);
+        let plan = Plan::new(self, op, push, pull);
         if plan.checked.is_ok() {
             self.counters.bytes(plan.bytes());
         }
@@ -261,7 +240,7 @@ impl Job for Queued {
         engine::run_as(self.background, || {
             let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 let (copies, _reading) = start_reads(&work.push);
-                store.push_pull(op, borrow_inputs(&work.push, &copies), borrow(&work.pull), Offered::Not)
+                store.push_pull(op, borrow_inputs(&work.push, &copies), borrow(&work.pull), true)
             }))
             .unwrap_or_else(|_| Err(Error::Internal(format!("{op} panicked"))));
             // The values are returned and the outs readable before the handle says the
@@ -335,19 +314,20 @@ impl KVStore {
             true => engine::run_now(&self.engine, 0, || self.store.spread_given(op, &push, &pull)),
             false => Given::NotOne,
         };
-        let (push, pull, offered) = match given {
+        let (push, pull) = match given {
             Given::Ran(r) => return r,
-            Given::Unknown(e) => return Err(refused(e)),
-            Given::HandedBack { push, pull, checked } => (push, pull, Offered::Already(checked)),
+            Given::LookedUp { push, pull } => (push, pull),
             Given::NotOne => {
                 let found = self.store.lookup(op, push).and_then(|push| Ok((push, self.store.lookup(op, pull)?)));
-                let (push, pull) = found.map_err(refused)?;
-                (push, pull, if idle { Offered::Already(None) } else { Offered::Not })
+                found.map_err(refused)?
             }
         };
+        // Offered to the spread runner once: here when the engine was idle, else by
+        // `push_pull`.
+        let spread = !idle;
         if let Some(before) = self.engine.may_run_now(vars_of(&push, &pull, false)) {
             prepare_for_call(&push, &pull)?;
-            return engine::run_now(&self.engine, before, || self.store.push_pull(op, push, pull, offered));
+            return engine::run_now(&self.engine, before, || self.store.push_pull(op, push, pull, spread));
         }
         // On an ordered engine, a call from a caller's own thread (not an updater's, nor
         // an engine's: theirs queue or fail as ever, whatever the timing) may run in the
@@ -357,7 +337,7 @@ impl KVStore {
             if let Some(stand_in) = self.engine.stand_in() {
                 // (The engine is idle while it stands in: no earlier call is left.)
                 return stand_in
-                    .run(|| engine::run_now(&self.engine, 0, || self.store.push_pull(op, push, pull, offered)));
+                    .run(|| engine::run_now(&self.engine, 0, || self.store.push_pull(op, push, pull, spread)));
             }
         }
         if locks::inside_updater() {

@@ -15,8 +15,10 @@
 
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use super::compression::Compression;
-use super::data::{Entry, Found, Group, Store};
+use super::data::{Entry, Found, Group, Store, Table};
 use super::forms::{Run, Values};
 use super::merge;
 use super::steps::StepKey;
@@ -48,44 +50,29 @@ pub(super) struct Plan<'a> {
 
 impl<'a> Plan<'a> {
     /// The plan of a call that pushes `push` and pulls `pull` (looked up, in call order).
-    /// `checked`: the result of the checks of its values and outs, when they were made
-    /// already (by the spread runner's first round, `run/pieces.rs`, which gives it
-    /// only for keys in index order, each once: their own groups).
-    pub(super) fn new(
-        store: &Store,
-        op: &'static str,
-        push: Found<'a>,
-        pull: Found<'a>,
-        checked: Option<Result<()>>,
-    ) -> Self {
+    pub(super) fn new(store: &Store, op: &'static str, push: Found<'a>, pull: Found<'a>) -> Self {
         let compression = match push.is_empty() {
             true => None,
             false => *store.compression.read(),
         };
-        Self::checked(op, push, pull, compression, checked)
+        Self::with(op, push, pull, compression)
     }
 
-    /// [`Plan::new`] with the store's compression as read once for several calls (a
-    /// fused batch's).
-    pub(super) fn with(op: &'static str, push: Found<'a>, pull: Found<'a>, compression: Option<Compression>) -> Self {
-        Self::checked(op, push, pull, compression, None)
+    /// The plans of a fused batch's calls (`run/fused.rs`), each planned and checked
+    /// alone, with the store's compression read once for all: what the workers compare
+    /// is what the sums do.
+    pub(super) fn batch(store: &Store, calls: Vec<(&'static str, Found<'a>, Found<'a>)>) -> Vec<Self> {
+        let compression = *store.compression.read();
+        calls.into_iter().map(|(op, push, pull)| Self::with(op, push, pull, compression)).collect()
     }
 
-    fn checked(
-        op: &'static str,
-        push: Found<'a>,
-        pull: Found<'a>,
-        compression: Option<Compression>,
-        checked: Option<Result<()>>,
-    ) -> Self {
+    fn with(op: &'static str, push: Found<'a>, pull: Found<'a>, compression: Option<Compression>) -> Self {
         let (push, pull) = (Store::group(push), Store::group(pull));
         let (locks, push_slots, pull_slots) = lock_set(&push, &pull);
-        let checked = checked
-            .unwrap_or_else(|| {
-                push.iter()
-                    .try_for_each(|g| check_group(op, "value", g))
-                    .and_then(|()| pull.iter().try_for_each(|g| check_group(op, "out", g)))
-            })
+        let checked = push
+            .iter()
+            .try_for_each(|g| check_group(op, "value", g))
+            .and_then(|()| pull.iter().try_for_each(|g| check_group(op, "out", g)))
             .and_then(|()| merge::compressible(compression, &push));
         Plan { op, push, pull, locks, push_slots, pull_slots, compression, checked }
     }
@@ -252,6 +239,42 @@ pub(super) fn check_arrays<'x>(
 pub(super) fn check_group(op: &'static str, what: &str, group: &Group<'_>) -> Result<()> {
     let e = &group.entry;
     check_arrays(op, what, &e.key, group.arrays.iter().copied(), Like::Key(e))
+}
+
+/// Keys looked up together before the first of them is locked. A lock is a barrier for
+/// the core's loads, so lookups made between locks take their cache misses one at a
+/// time (with 100,000 keys, a list push spent a quarter of its time in them).
+pub(super) const LOOKED_UP: usize = 16;
+
+/// The store's table of keys, read, for the plan of a call as given built a piece at a
+/// time on several threads (the spread runner's first round, `run/pieces.rs`): each
+/// piece finds its keys here, `LOOKED_UP` at a time; the plan's groups, checks and
+/// first error are then [`Plan::new`]'s, from the entries found. Held for that round
+/// only: the entries live as long as the store, and a call waiting for an out must not
+/// keep an `init` waiting.
+pub(super) struct Lookups<'s> {
+    store: &'s Store,
+    table: parking_lot::RwLockReadGuard<'s, Table>,
+}
+
+impl<'s> Lookups<'s> {
+    pub(super) fn new(store: &'s Store) -> Self {
+        Lookups { store, table: store.table.read() }
+    }
+
+    /// The entries of `keys` (at most [`LOOKED_UP`]) into `out`, `None` for a key not
+    /// in the store; each entry's first line (index, shape, lock) loaded now, the loads
+    /// overlapping, not one at a time between the locks that follow.
+    pub(super) fn ahead<'k>(
+        &self,
+        keys: impl Iterator<Item = &'k Key>,
+        out: &mut SmallVec<[Option<&'s Arc<Entry>>; LOOKED_UP]>,
+    ) {
+        out.clear();
+        out.extend(keys.map(|key| self.store.entry(&self.table, key)));
+        let lines = out.iter().flatten().fold(0, |acc, e| acc ^ e.index);
+        std::hint::black_box(lines);
+    }
 }
 
 impl Store {

@@ -112,7 +112,7 @@ impl Batch {
         let results = std::panic::catch_unwind(AssertUnwindSafe(|| {
             let found =
                 calls.iter().zip(&values).map(|(c, v)| (c.op, borrow_inputs(&c.push, v), borrow(&c.pull))).collect();
-            store.push_pull_fused(found)
+            store.push_pull_fused(Plan::batch(&store, found))
         }))
         .unwrap_or_else(|_| (0..n).map(|_| Err(Error::Internal("fused calls panicked".into()))).collect());
         drop(values);
@@ -227,15 +227,14 @@ fn slots(entries: &[&Arc<Entry>], groups: &[Group<'_>]) -> Vec<usize> {
 
 impl Store {
     /// Runs a batch's calls as one (see the module docs): each call's result, in order.
-    fn push_pull_fused<'a>(&self, calls: Vec<(&'static str, Found<'a>, Found<'a>)>) -> Vec<Result<()>> {
+    ///
+    /// `plans`: the calls' plans ([`Plan::batch`]: each planned and checked alone,
+    /// before anything is locked, with one compression).
+    fn push_pull_fused(&self, plans: Vec<Plan<'_>>) -> Vec<Result<()>> {
         const OP: &str = "push";
-        let n = calls.len();
+        let n = plans.len();
         let every = |e: Error| (0..n).map(|_| Err(e.clone())).collect::<Vec<_>>();
-        // Read once: what the workers compare is what the sums do.
-        let compression = *self.compression.read();
-        // Each call planned (and checked) alone, before anything is locked.
-        let plans: Vec<Plan<'a>> =
-            calls.into_iter().map(|(op, push, pull)| Plan::with(op, push, pull, compression)).collect();
+        let compression = plans.first().and_then(|p| p.compression);
         for plan in plans.iter().filter(|p| p.checked.is_ok()) {
             self.counters.bytes(plan.bytes());
         }

@@ -12,30 +12,33 @@
 //!
 //! A call comes here once, in one of two ways. A planned call (queued, or run at once
 //! behind a busy engine) comes with its plan. A blocking call on an idle engine comes
-//! as its caller gave it, and the first round is its plan's parallel builder: each
-//! piece looks its keys up and checks them with the plan's own checks (`plan.rs`), as
-//! well as locking them. Each thread holds the store's table of keys (read) for that
-//! round only: the entries it found live as long as the store, and a call waiting for
-//! an out in the second round must not keep an `init` waiting. A call that ran into anything (an unknown key, a failed check,
-//! a busy key, a key given twice that a push locks twice, aliased arrays) goes on to the
-//! inline runner with what the round found, its keys looked up once and, when they came
-//! in index order, its checks made once. (Keys in another order are no reason to hand a
-//! call back: the try-locks need no order, and each key's sum and copy is its own.)
+//! as its caller gave it, and the first round finds its keys through the plan's
+//! lookups (`plan::Lookups`, each thread holding the store's table of keys for that
+//! round only: the entries live as long as the store, and a call waiting for an out in
+//! the second round must not keep an `init` waiting) and asks the plan's checks whether
+//! it may run here, as well as locking them. A call that ran into anything (a failed
+//! check, a busy key, a key given twice that a push locks twice, aliased arrays) is
+//! handed back with its keys as found, in call order; its plan ([`Plan::new`]) then
+//! groups and checks them and names the first error, as for any call, and the inline
+//! runner runs it. A key not in the store (or pulled keys that are not the pushed
+//! ones) hands back nothing: the ordinary path looks the keys up and names the first
+//! unknown one. (Keys in another order are no reason to hand a call back: the
+//! try-locks need no order, and each key's sum and copy is its own.)
 
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use crate::comm::{BroadcastJob, CLAIM_KEYS, Claims, ReduceJob};
-use crate::error::{Error, Result};
-use crate::kvstore::data::{Entry, Found, Group, Merger, Slot, Store, Table};
+use crate::error::Result;
+use crate::kvstore::data::{Entry, Found, Group, Merger, Slot, Store};
 use crate::kvstore::forms::Run;
 use crate::kvstore::locks;
-use crate::kvstore::plan::{Like, Plan, check_arrays};
+use crate::kvstore::plan::{LOOKED_UP, Like, Lookups, Plan, check_arrays};
 use crate::kvstore::stats::Phase;
 use crate::ndarray::{NDArray, overlapping_uses, used_twice};
 use crate::timeline::{self, Arg};
@@ -46,11 +49,6 @@ const GATHERED: usize = 8;
 /// The arrays of `GATHERED` keys, one after another: room for a few per key (one per
 /// device, and an out) without a heap allocation.
 type Gathered<'a> = SmallVec<[&'a NDArray; 64]>;
-
-/// Keys looked up together before the first of them is locked. A lock is a barrier for
-/// the core's loads, so lookups made between locks take their cache misses one at a
-/// time (with 100,000 keys, a list push spent a quarter of its time in them).
-const LOOKED_UP: usize = 16;
 
 /// The keys of a call as the spread runner reads them.
 #[derive(Clone, Copy)]
@@ -184,38 +182,19 @@ struct Held<'k, G> {
 /// keys touches a line or two of it, not one per field.
 type Piece<'k, G> = SmallVec<[Held<'k, G>; CLAIM_KEYS]>;
 
-/// The position in the call of the first key, value or out that something came up
-/// for, from any thread (`usize::MAX`: none).
-struct First(AtomicUsize);
-
-impl First {
-    fn new() -> Self {
-        First(AtomicUsize::new(usize::MAX))
-    }
-
-    fn set(&self, i: usize) {
-        self.0.fetch_min(i, Ordering::Relaxed);
-    }
-
-    fn get(&self) -> Option<usize> {
-        Some(self.0.load(Ordering::Relaxed)).filter(|&i| i != usize::MAX)
-    }
-}
-
 /// What became of a blocking call offered to the spread runner before its keys were
 /// looked up ([`Store::spread_given`]).
 pub(in crate::kvstore) enum Given<'a> {
     /// It ran here, with this result.
     Ran(Result<()>),
     /// It is not a call this path runs (one key, too little work to share, a store
-    /// with a worker group or another merger): its keys are yet to be looked up.
+    /// with a worker group or another merger), or a key of it is not in the store: its
+    /// keys are yet to be looked up (and the first unknown one named, by the plan).
     NotOne,
-    /// A key of it is not in the store: the first in call order, pushed ones first.
-    Unknown(Error),
-    /// Handed back, with nothing changed and no lock held, its keys looked up (in
-    /// call order), and the result of its checks when its keys came in index order,
-    /// each once (they are then its plan's groups).
-    HandedBack { push: Found<'a>, pull: Found<'a>, checked: Option<Result<()>> },
+    /// Handed back, with nothing changed and no lock held: its keys as the first round
+    /// found them, in call order, for its plan ([`Plan::new`], which checks them and
+    /// names the first error).
+    LookedUp { push: Found<'a>, pull: Found<'a> },
 }
 
 impl Store {
@@ -347,69 +326,61 @@ impl Store {
                 }
             };
         // A call as given whose pulled keys are not its pushed ones (a key with no
-        // value, another with no out): the ordinary path looks them up and groups them.
+        // value, another with no out), or with a key not in the store: the ordinary
+        // path looks them up (and names the first unknown key).
         let unplanned = AtomicBool::new(false);
-        // The first key not in the store, pushed and pulled; the first value and the
-        // first out that failed their checks (`check_arrays`, made again for the error).
-        let (unknown, failed) = ([First::new(), First::new()], [First::new(), First::new()]);
         // The bytes of a call as given, pushed and pulled: counted once it ran.
         let bytes = [AtomicU64::new(0), AtomicU64::new(0)];
-        // Looks up, checks and locks the keys of `range` of a call as given.
-        let build =
-            |table: &Table, push: &'k [Run<'a>], pull: &'k [Run<'a>], range: Range<usize>, piece: &mut Piece<'k, G>| {
-                let mut looked_up: SmallVec<[Option<&'k Arc<Entry>>; LOOKED_UP]> = SmallVec::new();
-                let mut moved = [0u64; 2];
-                for i in range.clone() {
-                    let ahead = (i - range.start) % LOOKED_UP;
-                    if ahead == 0 {
-                        looked_up.clear();
-                        looked_up.extend((i..range.end.min(i + LOOKED_UP)).map(|k| {
-                            let key = &push.get(k).or(pull.get(k)).expect("a key of the call").0;
-                            self.entry(table, key)
-                        }));
-                        // Each entry's first line (index, shape, lock) loaded now, the loads
-                        // of the batch overlapping, not one at a time between locks.
-                        let lines = looked_up.iter().flatten().fold(0, |acc, e| acc ^ e.index);
-                        std::hint::black_box(lines);
-                    }
-                    let (pushed, pulled) = (push.get(i), pull.get(i));
-                    if let (Some(p), Some(q)) = (pushed, pulled)
-                        && p.0 != q.0
+        // Finds (through the plan's lookups), checks and locks the keys of `range` of a
+        // call as given.
+        let build = |lookups: &Lookups<'k>,
+                     push: &'k [Run<'a>],
+                     pull: &'k [Run<'a>],
+                     range: Range<usize>,
+                     piece: &mut Piece<'k, G>| {
+            let mut looked_up = SmallVec::new();
+            let mut moved = [0u64; 2];
+            for i in range.clone() {
+                let ahead = (i - range.start) % LOOKED_UP;
+                if ahead == 0 {
+                    let keys = (i..range.end.min(i + LOOKED_UP))
+                        .map(|k| &push.get(k).or(pull.get(k)).expect("a key of the call").0);
+                    lookups.ahead(keys, &mut looked_up);
+                }
+                let (pushed, pulled) = (push.get(i), pull.get(i));
+                let other_keys = matches!((pushed, pulled), (Some(p), Some(q)) if p.0 != q.0);
+                let Some(entry) = looked_up[ahead].filter(|_| !other_keys) else {
+                    unplanned.store(true, Ordering::Relaxed);
+                    stopped();
+                    continue;
+                };
+                let (values, outs) = (Side::of_run(pushed), Side::of_run(pulled));
+                let like = Like::Key(entry);
+                let ready = values.all(|a| like.fits_ready(a, false)) && outs.all(|a| like.fits_ready(a, true));
+                if !ready {
+                    // A failed check hands the call back (its plan names the first error);
+                    // so does an array that is pending, or an out that is lent: the
+                    // ordinary path makes it ready (it waits for the one and copies the
+                    // other first).
+                    let failed = [("value", values), ("out", outs)]
+                        .into_iter()
+                        .any(|(what, arrays)| !arrays.is_empty() && check(op, what, entry, arrays).is_err());
+                    if failed
+                        || values.iter().any(|a| a.is_pending())
+                        || outs.iter().any(|a| a.is_pending() || a.is_lent())
                     {
-                        unplanned.store(true, Ordering::Relaxed);
                         stopped();
-                        continue;
                     }
-                    let Some(entry) = looked_up[ahead] else {
-                        unknown[usize::from(pushed.is_none())].set(i);
-                        stopped();
-                        continue;
-                    };
-                    let (values, outs) = (Side::of_run(pushed), Side::of_run(pulled));
-                    let like = Like::Key(entry);
-                    let ready = values.all(|a| like.fits_ready(a, false)) && outs.all(|a| like.fits_ready(a, true));
-                    if !ready {
-                        for (side, what, arrays) in [(0, "value", values), (1, "out", outs)] {
-                            if !arrays.is_empty() && check(op, what, entry, arrays).is_err() {
-                                failed[side].set(i);
-                                stopped();
-                            }
-                        }
-                        // An array that is pending, or an out that is lent, is made ready by
-                        // the ordinary path (it waits for the one and copies the other first).
-                        if values.iter().any(|a| a.is_pending()) || outs.iter().any(|a| a.is_pending() || a.is_lent()) {
-                            stopped();
-                        }
-                    }
-                    let each = entry.bytes();
-                    moved[0] += values.count() as u64 * each;
-                    moved[1] += outs.count() as u64 * each;
-                    piece.push(Held { entry, guard: take(entry, values, outs, ready) });
                 }
-                for (total, m) in bytes.iter().zip(moved) {
-                    total.fetch_add(m, Ordering::Relaxed);
-                }
-            };
+                let each = entry.bytes();
+                moved[0] += values.count() as u64 * each;
+                moved[1] += outs.count() as u64 * each;
+                piece.push(Held { entry, guard: take(entry, values, outs, ready) });
+            }
+            for (total, m) in bytes.iter().zip(moved) {
+                total.fetch_add(m, Ordering::Relaxed);
+            }
+        };
         // A push only sums, a pull only copies; a pushpull does both, alternating every
         // few keys: its sums and copies are timed a few keys at a time (two clock reads),
         // the others' as a whole.
@@ -467,18 +438,18 @@ impl Store {
             let placed = placed.get_or_init(|| (0..claims.pieces()).map(|_| Mutex::default()).collect());
             // The table is held while the keys are looked up, not while the call waits
             // (at the barrier, or for its arrays): every lock of the round is tried.
-            let table = matches!(keys, Source::Given { .. }).then(|| self.table.read());
+            let lookups = matches!(keys, Source::Given { .. }).then(|| Lookups::new(self));
             while let Some((p, range)) = claims.next() {
                 // Made in its place: a piece has room for `CLAIM_KEYS` keys, mostly unused.
                 let piece = &mut *placed[p].lock();
                 match keys {
                     Source::Planned { push, pull } => lock_planned(push, pull, range, piece),
                     Source::Given { push, pull } => {
-                        build(table.as_deref().expect("the table, read"), push, pull, range, piece)
+                        build(lookups.as_ref().expect("the lookups"), push, pull, range, piece)
                     }
                 }
             }
-            drop(table);
+            drop(lookups);
             // Every key of the call is locked (unless something came up).
             if !claims.all_done() || stop.load(Ordering::Relaxed) {
                 return Ok(());
@@ -528,12 +499,18 @@ impl Store {
         let pieces: Vec<Piece<'k, G>> =
             placed.into_inner().unwrap_or_default().into_iter().map(Mutex::into_inner).collect();
         match keys {
-            Source::Planned { .. } => Given::HandedBack { push: Vec::new(), pull: Vec::new(), checked: None },
-            Source::Given { .. } if unplanned.load(Ordering::Relaxed) => Given::NotOne,
-            Source::Given { push, pull, .. } => {
-                let first = |f: &[First; 2]| [f[0].get(), f[1].get()];
-                handed_back(op, (push, pull), pieces, first(&unknown), first(&failed))
+            Source::Given { push, pull } if !unplanned.load(Ordering::Relaxed) => {
+                // Each key of the call was found, in call order, piece after piece.
+                let entries = pieces.iter().flat_map(|p| p.iter().map(|h| h.entry));
+                let group = |runs: &[Run<'a>], entries| -> Found<'a> {
+                    let arrays = |r: &Run<'a>| r.1.iter().collect();
+                    runs.iter().zip(entries).map(|(r, e)| Group { entry: Arc::clone(e), arrays: arrays(r) }).collect()
+                };
+                let found = (group(push, entries.clone()), group(pull, entries));
+                drop(pieces);
+                Given::LookedUp { push: found.0, pull: found.1 }
             }
+            _ => Given::NotOne,
         }
     }
 }
@@ -541,40 +518,6 @@ impl Store {
 /// Checks a key's values or outs (`what`) against its entry (`plan.rs`).
 fn check(op: &'static str, what: &str, entry: &Entry, arrays: Side<'_, '_>) -> Result<()> {
     check_arrays(op, what, &entry.key, arrays.iter(), Like::Key(entry))
-}
-
-/// A call as given (`push`, `pull`: the same keys, or one of them empty), handed back:
-/// its keys' groups in call order, or its first unknown key; and its checks' result,
-/// when its keys came in index order, each once.
-/// `unknown` and `failed` are the positions of the first unknown key, pushed and
-/// pulled, and of the first value and out that failed their checks.
-fn handed_back<'a, G>(
-    op: &'static str,
-    (push, pull): (&[Run<'a>], &[Run<'a>]),
-    pieces: Vec<Piece<'_, G>>,
-    unknown: [Option<usize>; 2],
-    failed: [Option<usize>; 2],
-) -> Given<'a> {
-    if let Some(key) = unknown[0].map(|i| &push[i].0).or_else(|| unknown[1].map(|i| &pull[i].0)) {
-        return Given::Unknown(Error::KeyNotInitialized { op, key: key.clone() });
-    }
-    let entries: Vec<&Arc<Entry>> = pieces.iter().flat_map(|p| p.iter().map(|h| h.entry)).collect();
-    let in_order = entries.windows(2).all(|w| w[0].index < w[1].index);
-    let checked = in_order.then(|| {
-        let error = |i: usize, what, side| check(op, what, entries[i], side).err();
-        let value = failed[0].and_then(|i| error(i, "value", Side::of_run(push.get(i))));
-        match value.or_else(|| failed[1].and_then(|i| error(i, "out", Side::of_run(pull.get(i))))) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    });
-    let group = |runs: &[Run<'a>]| -> Found<'a> {
-        let arrays = |r: &Run<'a>| r.1.iter().collect();
-        runs.iter().zip(&entries).map(|(r, e)| Group { entry: Arc::clone(e), arrays: arrays(r) }).collect()
-    };
-    let found = (group(push), group(pull));
-    drop(pieces);
-    Given::HandedBack { push: found.0, pull: found.1, checked }
 }
 
 #[cfg(test)]
