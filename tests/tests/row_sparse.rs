@@ -191,6 +191,33 @@ fn row_sparse_calls_come_after_the_non_blocking_calls_made_before_them() {
 }
 
 #[test]
+fn a_row_sparse_push_of_several_keys_updates_them_in_index_order_as_a_dense_push() {
+    // Its plan's order, the order of locking and of updates, whatever the call's: a
+    // custom updater is called for the keys in the order they were initialised.
+    let kv = KVStore::create("local").unwrap();
+    let zeros = |rows| RowSparse::zeros(&[rows, 2], DType::F32).unwrap();
+    kv.init_row_sparse_many(&["a".into(), "b".into(), "c".into()], &[zeros(3), zeros(2), zeros(2)]).unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = std::sync::Arc::clone(&seen);
+    kv.set_updater(move |key: &kvstore_core::Key, _: usize, recv: &NDArray, stored: &NDArray| {
+        log.lock().unwrap().push(key.to_string());
+        stored.add_assign(recv)
+    })
+    .unwrap();
+    let one = |r: i64, rows: usize| rsp(&[r], vec![1.0, 1.0], &[rows, 2]);
+    let pushes = [("c".into(), vec![one(0, 2)]), ("a".into(), vec![one(2, 3)]), ("b".into(), vec![one(1, 2)])];
+    kv.push_row_sparse_many(&pushes, 0).unwrap();
+    assert_eq!(*seen.lock().unwrap(), ["a", "b", "c"]);
+    let dense: Vec<NDArray> = ["a", "b", "c"].iter().map(|k| kv.pull_new(*k, 0).unwrap()).collect();
+    let pushed = [(0, 3, 2), (1, 2, 1), (2, 2, 0)];
+    for (k, rows, row) in pushed {
+        let mut want = vec![0.0f32; rows * 2];
+        want[row * 2..row * 2 + 2].copy_from_slice(&[1.0, 1.0]);
+        assert_eq!(dense[k].to_vec::<f32>().unwrap(), want, "key {k}");
+    }
+}
+
+#[test]
 fn row_sparse_pushes_under_dist_sync_sum_every_workers_rows_alike() {
     for w in [1, 2, 3, 4] {
         let bits = kvstore_tests::run_workers(w, |rank, kv| {

@@ -724,27 +724,27 @@ impl KVStore {
         self.store.found(op, key)
     }
 
-    /// Runs `f` on `entry` after the store's earlier calls on it: at once when none is
+    /// Runs `f` after the store's earlier calls on `entries`: at once when none is
     /// queued, else queued behind them (and waited for).
-    pub(super) fn on_key<T: Send + 'static>(
+    pub(super) fn on_keys<T: Send + 'static>(
         &self,
         op: &'static str,
-        entry: &Arc<Entry>,
-        f: impl FnOnce(&Store, &Arc<Entry>) -> Result<T> + Send + 'static,
+        entries: &[Arc<Entry>],
+        f: impl FnOnce(&Store) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         locks::check_reentry(op, &self.store)?;
-        let vars: Vars = [Var::Key(entry.index)].into_iter().collect();
+        let vars: Vars = entries.iter().map(|e| Var::Key(e.index)).collect();
         if self.engine.may_run_now(vars.iter().copied()).is_some() {
-            return f(&self.store, entry);
+            return f(&self.store);
         }
         if locks::inside_updater() {
             return Err(locks::busy_store(op));
         }
         let _waiting = waits::wait_for(self.engine.id(), || format!("a blocking {op} that must queue"))?;
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let (store, entry) = (Arc::clone(&self.store), Arc::clone(entry));
+        let store = Arc::clone(&self.store);
         self.engine.submit(vars, 0, move || {
-            let _ = tx.send(f(&store, &entry));
+            let _ = tx.send(f(&store));
         });
         rx.recv().map_err(|_| Error::Internal(format!("{op}: the queued call ended without a result")))?
     }

@@ -39,6 +39,7 @@ pub use data::{Durable, KVStore, MakeDurable, Restored, Seam};
 use data::{Entry, Merger, Store};
 use locks::Held;
 pub use pending::{Pending, Release};
+use plan::RowsPlan;
 pub use seam::{Peers, install_durability};
 use sparse::RowIds;
 pub use sparse::StorageType;
@@ -1063,7 +1064,8 @@ impl KVStore {
         self.init(keys.to_vec(), &dense[..])?;
         for key in keys {
             let entry = self.entry("init", key)?;
-            self.on_key("init", &entry, |store, entry| store.mark_row_sparse(entry))?;
+            let marked = Arc::clone(&entry);
+            self.on_keys("init", &[entry], move |store| store.mark_row_sparse(&marked))?;
         }
         Ok(())
     }
@@ -1119,7 +1121,8 @@ impl KVStore {
     /// changes; then each key is pushed as [`KVStore::push_row_sparse`] does.
     ///
     /// # Errors
-    /// As [`KVStore::push_row_sparse`]; a check that fails changes no key. An updater's
+    /// As [`KVStore::push_row_sparse`]; a check that fails changes no key. The keys are
+    /// updated in the order they were initialised, as a dense push's; an updater's
     /// error stops the call at its key (the keys before it keep their update).
     pub fn push_row_sparse_many<'a>(&self, pushes: impl Into<RowSparsePushes<'a>>, priority: i32) -> Result<()> {
         self.not_async("push_row_sparse")?;
@@ -1140,12 +1143,11 @@ impl KVStore {
                 Ok(())
             });
         }
-        let checked = self.store.checked_rows(pushes)?;
+        let plan = RowsPlan::new(&self.store, pushes)?;
+        plan.checked.clone()?;
         self.store.counters.bytes((bytes, 0));
-        for (entry, values) in checked {
-            self.on_key("push", &entry, move |store, entry| store.push_rows(entry, &values))?;
-        }
-        Ok(())
+        let entries: Vec<Arc<Entry>> = plan.keys.iter().map(|(e, _)| Arc::clone(e)).collect();
+        self.on_keys("push", &entries, move |store| store.push_rows(&plan))
     }
 
     /// The rows `row_ids` of row-sparse `key` (any order, repeats allowed: sorted and
@@ -1175,7 +1177,8 @@ impl KVStore {
         let _span = self.store.counters.span("pull_row_sparse", 1, Some(&key));
         let entry = self.entry("row_sparse_pull", &key)?;
         let row_ids = RowIds::new(row_ids);
-        let pulled = self.on_key("row_sparse_pull", &entry, move |store, entry| store.pull_rows(entry, row_ids))?;
+        let read = Arc::clone(&entry);
+        let pulled = self.on_keys("row_sparse_pull", &[entry], move |store| store.pull_rows(&read, row_ids))?;
         self.store.counters.bytes((0, stats::bytes_of([pulled.data()])));
         Ok(pulled)
     }

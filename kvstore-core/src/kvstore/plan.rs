@@ -12,6 +12,11 @@
 //! construction. A runner takes the plan as it is: it looks nothing up and checks
 //! nothing (under `dist_sync` it hands [`Plan::checked`] to the step the workers
 //! compare, so that a call refused on one worker fails on all).
+//!
+//! The keys of a call are found here: `Store::lookup` for a call's runs, [`Lookups`]
+//! for the spread runner's first round over a call as given (a batch of keys at a
+//! time, on several threads), [`RowsPlan`] for a row-sparse push, whose plan holds its
+//! row-sparse values, grouped and checked the same way.
 
 use std::sync::Arc;
 
@@ -25,7 +30,7 @@ use super::steps::StepKey;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::key::{Key, Keys};
-use crate::ndarray::NDArray;
+use crate::ndarray::{NDArray, RowSparse};
 
 /// A call's keys, grouped and checked, with its lock set (see the module docs).
 pub(super) struct Plan<'a> {
@@ -239,6 +244,57 @@ pub(super) fn check_arrays<'x>(
 pub(super) fn check_group(op: &'static str, what: &str, group: &Group<'_>) -> Result<()> {
     let e = &group.entry;
     check_arrays(op, what, &e.key, group.arrays.iter().copied(), Like::Key(e))
+}
+
+/// A row-sparse push put together before any of its keys is locked, as a [`Plan`] is:
+/// its keys found once (a key not in the store, the first in call order, is the call's
+/// error), grouped by key in index order (the order of updates and of locking; a key
+/// given twice has its values in call order), and every value checked against its key
+/// (shape, dtype, at least one value per key), the first error in key order. The
+/// runner locks its keys together (`Store::push_rows`).
+pub(super) struct RowsPlan {
+    pub(super) keys: Vec<(Arc<Entry>, Vec<RowSparse>)>,
+    /// Every check of the call: its first error.
+    pub(super) checked: Result<()>,
+}
+
+impl RowsPlan {
+    /// The plan of a row-sparse push of `pushes` (each key with its values, in call
+    /// order); `Err` for a key not in the store.
+    pub(super) fn new(store: &Store, pushes: &[(Key, Vec<RowSparse>)]) -> Result<Self> {
+        const OP: &str = "push";
+        let mut keys: Vec<(Arc<Entry>, Vec<RowSparse>)> = Vec::with_capacity(pushes.len());
+        let table = store.table.read();
+        for (key, values) in pushes {
+            let entry =
+                store.entry(&table, key).ok_or_else(|| Error::KeyNotInitialized { op: OP, key: key.clone() })?;
+            keys.push((Arc::clone(entry), values.clone()));
+        }
+        drop(table);
+        // (Stable: a key's values stay in call order.)
+        keys.sort_by_key(|(e, _)| e.index);
+        keys.dedup_by(|later, earlier| {
+            let same = later.0.index == earlier.0.index;
+            if same {
+                earlier.1.append(&mut later.1);
+            }
+            same
+        });
+        let checked = keys.iter().try_for_each(|(entry, values)| {
+            let key = &entry.key;
+            let context = || format!("push_row_sparse of key \"{key}\"");
+            if values.is_empty() {
+                return Err(Error::LengthMismatch { context: context(), what: "values", expected: 1, got: 0 });
+            }
+            values.iter().try_for_each(|v| check_like(context, key, entry.like(), (v.shape(), v.dtype())))
+        });
+        Ok(RowsPlan { keys, checked })
+    }
+
+    /// The keys to lock, in index order.
+    pub(super) fn entries(&self) -> Vec<&Arc<Entry>> {
+        self.keys.iter().map(|(e, _)| e).collect()
+    }
 }
 
 /// Keys looked up together before the first of them is locked. A lock is a barrier for

@@ -7,13 +7,13 @@
 //! optimizer update touches the pushed rows of the weight and its states in place
 //! (what MXNet does too: its optimizers require a row-sparse weight to hold every row).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
 use super::data::{Entry, Merger, Store};
 use super::locks::Held;
+use super::plan::RowsPlan;
 use crate::backend::Collective;
 use crate::context::Context;
 use crate::dtype::{DType, with_dtype};
@@ -279,40 +279,6 @@ impl Store {
 }
 
 impl Store {
-    /// A row-sparse push's keys with their values, a key given twice merged (in order
-    /// of first appearance), each checked: initialised, given values, of its shape and
-    /// dtype.
-    pub(super) fn checked_rows(&self, pushes: &[(Key, Vec<RowSparse>)]) -> Result<Vec<(Arc<Entry>, Vec<RowSparse>)>> {
-        let mut merged: Vec<(Arc<Entry>, Vec<RowSparse>)> = Vec::with_capacity(pushes.len());
-        let mut at: HashMap<usize, usize> = HashMap::with_capacity(pushes.len());
-        for (key, values) in pushes {
-            let entry = self.found("push", key)?;
-            match at.get(&entry.index) {
-                Some(&i) => merged[i].1.extend(values.iter().cloned()),
-                None => {
-                    at.insert(entry.index, merged.len());
-                    merged.push((entry, values.clone()));
-                }
-            }
-        }
-        for (entry, values) in &merged {
-            let key = &entry.key;
-            if values.is_empty() {
-                return Err(Error::LengthMismatch {
-                    context: format!("push_row_sparse of key \"{key}\""),
-                    what: "values",
-                    expected: 1,
-                    got: 0,
-                });
-            }
-            let context = || format!("push_row_sparse of key \"{key}\"");
-            values
-                .iter()
-                .try_for_each(|v| super::plan::check_like(context, key, entry.like(), (v.shape(), v.dtype())))?;
-        }
-        Ok(merged)
-    }
-
     /// A row-sparse push under `dist_sync`, in call order: the workers compare their
     /// calls (desync detection), each sums its own values per key, the sums cross as
     /// their rows and indices (every worker's reaching every worker), and each worker
@@ -330,12 +296,13 @@ impl Store {
                 firsts.push((key, shape, dtype));
             }
         }
-        let (local, merged) = match self.checked_rows(pushes) {
-            Ok(m) => (Ok(()), m),
-            Err(e) => (Err(e), Vec::new()),
+        let (local, plan) = match RowsPlan::new(self, pushes) {
+            Ok(plan) => (plan.checked.clone(), plan),
+            Err(e) => (Err(e), RowsPlan { keys: Vec::new(), checked: Ok(()) }),
         };
         self.check_step(PUSH_ROWS, &firsts, local)?;
-        let sums = merged
+        let sums = plan
+            .keys
             .iter()
             .map(|(_, values)| RowSparse::sum(&values.iter().collect::<Vec<_>>()))
             .collect::<Result<Vec<_>>>()?;
@@ -345,46 +312,51 @@ impl Store {
         }
         let all = gather_varying(&*group, "a row-sparse push", &mine)?;
         let mut readers: Vec<&[u8]> = all.iter().map(Vec::as_slice).collect();
-        for ((entry, _), sum) in merged.iter().zip(&sums) {
+        let mut totals = Vec::with_capacity(sums.len());
+        for ((entry, _), sum) in plan.keys.iter().zip(&sums) {
             let parts =
                 readers.iter_mut().map(|r| decode_rows(r, sum.shape(), sum.dtype())).collect::<Result<Vec<_>>>()?;
-            let total = RowSparse::sum(&parts.iter().collect::<Vec<_>>())?;
-            self.push_rows(entry, std::slice::from_ref(&total))?;
+            totals.push((Arc::clone(entry), vec![RowSparse::sum(&parts.iter().collect::<Vec<_>>())?]));
         }
-        Ok(())
+        self.push_rows(&RowsPlan { keys: totals, checked: Ok(()) })
     }
 
-    /// `push_row_sparse`'s work, its key's earlier calls done, its values checked
-    /// ([`Store::checked_rows`]).
-    pub(super) fn push_rows(&self, entry: &Arc<Entry>, values: &[RowSparse]) -> Result<()> {
+    /// `push_row_sparse`'s work, its keys' earlier calls done, its plan checked: the
+    /// plan's keys locked together, in index order, then each key's values summed and
+    /// merged in turn (an updater's error stops the call at its key: the keys before
+    /// it keep their update).
+    pub(super) fn push_rows(&self, plan: &RowsPlan) -> Result<()> {
         const OP: &str = "push";
-        let held = Held::new(OP, self, &[entry])?;
+        let entries = plan.entries();
+        let held = Held::new(OP, self, &entries)?;
         let merger = held.merger_read(OP, &self.merger)?;
-        let mut guards = held.write(OP, &[entry])?;
-        let slot = &mut *guards[0];
-        let key = &entry.key;
-        // (Every value was checked against the key by `checked_rows`: a key's shape and
-        // dtype never change.)
-        let refs: Vec<&RowSparse> = values.iter().collect();
-        let sum = RowSparse::sum(&refs)?;
-        match &*merger {
-            Merger::Assign => {
-                sum.assign_to(&slot.value)?;
-                slot.row_sparse = true;
-            }
-            Merger::Optimizer(runtime) => {
-                runtime.check_weight(key, &slot.value)?;
-                match runtime.lazy_for(&slot.value) {
-                    true => runtime.update_rows(key, &slot.value, &sum, &mut slot.opt)?,
-                    false => runtime.update(key, &slot.value, &sum.to_dense()?, &mut slot.opt)?,
+        let mut guards = held.write(OP, &entries)?;
+        for ((entry, values), slot) in plan.keys.iter().zip(guards.iter_mut()) {
+            let slot = &mut **slot;
+            let key = &entry.key;
+            // (Every value was checked against the key by its plan: a key's shape and
+            // dtype never change.)
+            let refs: Vec<&RowSparse> = values.iter().collect();
+            let sum = RowSparse::sum(&refs)?;
+            match &*merger {
+                Merger::Assign => {
+                    sum.assign_to(&slot.value)?;
+                    slot.row_sparse = true;
                 }
-            }
-            Merger::Custom(updater) => {
-                // On a copy, swapped in when the updater succeeded (as dense pushes do).
-                let work = slot.value.deep_copy()?;
-                let grad = sum.to_dense()?;
-                crate::ndarray::as_user_code(|| updater.update(key, entry.index, &grad, &work))?;
-                slot.value = work;
+                Merger::Optimizer(runtime) => {
+                    runtime.check_weight(key, &slot.value)?;
+                    match runtime.lazy_for(&slot.value) {
+                        true => runtime.update_rows(key, &slot.value, &sum, &mut slot.opt)?,
+                        false => runtime.update(key, &slot.value, &sum.to_dense()?, &mut slot.opt)?,
+                    }
+                }
+                Merger::Custom(updater) => {
+                    // On a copy, swapped in when the updater succeeded (as dense pushes do).
+                    let work = slot.value.deep_copy()?;
+                    let grad = sum.to_dense()?;
+                    crate::ndarray::as_user_code(|| updater.update(key, entry.index, &grad, &work))?;
+                    slot.value = work;
+                }
             }
         }
         Ok(())
