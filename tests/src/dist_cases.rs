@@ -327,6 +327,19 @@ pub fn a_call_a_binding_refuses_fails_on_every_worker(rank: usize, kv: &KVStore)
         refused("push_async", kv.push_async("r-w", arrays(refusal, &one()), 0).wait());
         ok("push_async", kv.push_async("r-w", &one(), 0).wait());
         refused("broadcast_async", kv.broadcast_async("r-z", &one(), arrays(refusal, &out()), 0).wait());
+        // A pushpull of no values is a pull on every worker, which takes no step: its outs
+        // refused on one worker fail it there alone, and the next calls stay matched.
+        let none: [NDArray; 0] = [];
+        let pulled_only = |what: &str, r: Result<()>| match last {
+            true => assert_eq!(r.expect_err(what).kind(), ErrorKind::Disposed, "rank {rank}: {what}"),
+            false => ok(what, r),
+        };
+        pulled_only("pushpull of no values", kv.pushpull("r-w", &none[..], arrays(refusal, &out()), 0));
+        pulled_only(
+            "pushpull_async of no values",
+            kv.pushpull_async("r-w", &none[..], arrays(refusal, &out()), 0).wait(),
+        );
+        ok("push", kv.push("r-w", &one(), 0));
         let rows = || RowSparse::new(full(&[1, 2], 1.0, Context::cpu(0)), vec![1], &[3, 2]).expect("row-sparse value");
         let pushes = [("r-e".into(), vec![rows()])];
         let sparse = match last {

@@ -357,9 +357,12 @@ impl KVStore {
 
     /// The one path of push, pull and pushpull when non-blocking: checked and copied
     /// now, queued, and reported to the handle.
+    /// `pushing`: the values the call pushes, as given (a refusal takes the call's step
+    /// unless they are none).
     pub(super) fn call_async<'a>(
         &self,
         op: &'static str,
+        pushing: Values<'_>,
         pairs: impl FnOnce() -> Result<Pairs<'a>>,
         priority: i32,
     ) -> Pending {
@@ -401,7 +404,7 @@ impl KVStore {
             Ok(_) => Pending::finished(Ok(()), Arc::clone(&self.store.unobserved)),
             // (A broadcast's refusals before its step take it in `broadcast_init`.)
             Err(e) if op != "broadcast" => {
-                Pending::finished(Err(self.refused_everywhere(op, e)), Arc::clone(&self.store.unobserved))
+                Pending::finished(Err(self.refused_pushing(op, pushing, e)), Arc::clone(&self.store.unobserved))
             }
             Err(e) => Pending::finished(Err(e), Arc::clone(&self.store.unobserved)),
         }
@@ -424,6 +427,16 @@ impl KVStore {
             let _ = self.in_order(op, move |store| store.check_step(op, &[], Err(refusal)));
         }
         e
+    }
+
+    /// [`KVStore::refused_everywhere`] for a push or pushpull whose values, as given, are
+    /// `values`: a call of no values at all takes no step (a pushpull of none is a pull
+    /// on every worker, a push of none does nothing), so its refusal takes none either.
+    pub(super) fn refused_pushing(&self, op: &'static str, values: Values<'_>, e: Error) -> Error {
+        match values.are_none() {
+            true => e,
+            false => self.refused_everywhere(op, e),
+        }
     }
 
     /// Before a non-blocking call is made: waits while the store has too many calls
@@ -551,7 +564,7 @@ impl KVStore {
     /// Errors are those of [`KVStore::push`], from [`Pending::wait`].
     pub fn push_async<'a>(&self, keys: impl Into<Keys>, values: impl Into<Values<'a>>, priority: i32) -> Pending {
         let (keys, values) = (keys.into(), values.into());
-        self.call_async("push", || self.store.push_args(keys, values), priority)
+        self.call_async("push", values, || self.store.push_args(keys, values), priority)
     }
 
     /// [`KVStore::pull`], non-blocking: the outs are written later, and every access to
@@ -572,7 +585,7 @@ impl KVStore {
     /// Errors are those of [`KVStore::pull`], from [`Pending::wait`].
     pub fn pull_async<'a>(&self, keys: impl Into<Keys>, outs: impl Into<Values<'a>>, priority: i32) -> Pending {
         let (keys, outs) = (keys.into(), outs.into());
-        self.call_async("pull", || self.store.pull_args(keys, outs), priority)
+        self.call_async("pull", Values::Many(&[]), || self.store.pull_args(keys, outs), priority)
     }
 
     /// [`KVStore::pushpull`], non-blocking.
@@ -586,7 +599,7 @@ impl KVStore {
         priority: i32,
     ) -> Pending {
         let (keys, values, outs) = (keys.into(), values.into(), outs.into());
-        self.call_async("pushpull", || self.store.pushpull_args(keys, values, outs), priority)
+        self.call_async("pushpull", values, || self.store.pushpull_args(keys, values, outs), priority)
     }
 
     /// [`KVStore::pushpull_in_place`], non-blocking: the arrays are pushed as they are
@@ -601,7 +614,7 @@ impl KVStore {
         priority: i32,
     ) -> Pending {
         let (keys, values) = (keys.into(), values.into());
-        self.call_async("pushpull", || self.store.in_place_args(keys, values), priority)
+        self.call_async("pushpull", values, || self.store.in_place_args(keys, values), priority)
     }
 
     /// [`KVStore::pushpull_pairs`], non-blocking.
@@ -616,7 +629,7 @@ impl KVStore {
         priority: i32,
     ) -> Pending {
         let (values, outs) = (values.into(), outs.into());
-        self.call_async("pushpull", || flat_runs("pushpull", keys, values, out_keys, outs), priority)
+        self.call_async("pushpull", values, || flat_runs("pushpull", keys, values, out_keys, outs), priority)
     }
 
     /// [`KVStore::broadcast`], non-blocking for its pull: the keys are initialised
@@ -634,6 +647,7 @@ impl KVStore {
         let (keys, values, outs) = (keys.into(), values.into(), outs.into());
         self.call_async(
             "broadcast",
+            values,
             || {
                 let (init, pull) =
                     broadcast_args(keys, values, outs).map_err(|e| self.refused_everywhere("broadcast", e))?;
@@ -657,6 +671,7 @@ impl KVStore {
         let (values, outs) = (values.into(), outs.into());
         self.call_async(
             "broadcast",
+            values,
             || {
                 let (init, pull) = flat_runs("broadcast", keys, values, out_keys, outs)
                     .map_err(|e| self.refused_everywhere("broadcast", e))?;

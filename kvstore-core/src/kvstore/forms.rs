@@ -26,6 +26,18 @@ pub enum Values<'a> {
     Refused(&'a Error),
 }
 
+impl Values<'_> {
+    /// Whether these are no arrays at all (an empty list, or only empty lists): pushed,
+    /// they push nothing (a pushpull of them is a pull).
+    pub(crate) fn are_none(self) -> bool {
+        match self {
+            Values::Many(vs) => vs.is_empty(),
+            Values::Nested(vss) => vss.iter().all(Vec::is_empty),
+            Values::One(_) | Values::Refused(_) => false,
+        }
+    }
+}
+
 impl<'a> From<&'a Result<Vec<NDArray>>> for Values<'a> {
     /// A list of arrays, or why the caller has none ([`Values::Refused`]).
     fn from(arrays: &'a Result<Vec<NDArray>>) -> Self {

@@ -471,7 +471,8 @@ impl KVStore {
     pub fn push<'a>(&self, keys: impl Into<Keys>, values: impl Into<Values<'a>>, priority: i32) -> Result<()> {
         let values = values.into();
         self.wake_for(values);
-        let (push, pull) = self.store.push_args(keys.into(), values).map_err(|e| self.refused_everywhere("push", e))?;
+        let (push, pull) =
+            self.store.push_args(keys.into(), values).map_err(|e| self.refused_pushing("push", values, e))?;
         self.call("push", push, pull, priority)
     }
 
@@ -553,7 +554,7 @@ impl KVStore {
         let (push, pull) = self
             .store
             .pushpull_args(keys.into(), values, outs.into())
-            .map_err(|e| self.refused_everywhere("pushpull", e))?;
+            .map_err(|e| self.refused_pushing("pushpull", values, e))?;
         self.call("pushpull", push, pull, priority)
     }
 
@@ -582,7 +583,7 @@ impl KVStore {
         let values = values.into();
         self.wake_for(values);
         let (push, pull) =
-            self.store.in_place_args(keys.into(), values).map_err(|e| self.refused_everywhere("pushpull", e))?;
+            self.store.in_place_args(keys.into(), values).map_err(|e| self.refused_pushing("pushpull", values, e))?;
         self.call("pushpull", push, pull, priority)
     }
 
@@ -644,8 +645,8 @@ impl KVStore {
     ) -> Result<()> {
         let (values, outs) = (values.into(), outs.into());
         self.wake_for(values);
-        let (push, pull) =
-            flat_runs("pushpull", keys, values, out_keys, outs).map_err(|e| self.refused_everywhere("pushpull", e))?;
+        let (push, pull) = flat_runs("pushpull", keys, values, out_keys, outs)
+            .map_err(|e| self.refused_pushing("pushpull", values, e))?;
         self.call("pushpull", push, pull, priority)
     }
 
