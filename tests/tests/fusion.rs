@@ -330,6 +330,93 @@ fn a_call_made_blocking_on_one_worker_and_not_on_another_fails_on_both_at_once()
     assert!(fused.contains("rank 0 pushpulled \"k0\"") && fused.contains("rank 1 pushed \"k0\""), "{fused}");
 }
 
+/// A worker may cut its batches where the others do not: it waits for a held call, its
+/// calls use one array twice, or it refuses a call before looking it up (its caller
+/// refused the arguments, or the key is not one of the store's). The workers' steps are
+/// then cut alike: each call goes on or fails as it would unfused, on every worker, and
+/// the next calls stay matched (before, the workers made different numbers of steps,
+/// and the last to finish waited for ever).
+#[test]
+fn a_batch_cut_on_one_worker_is_cut_on_every_worker() {
+    for case in ["waits", "shares an array", "refuses its arguments", "names an unknown key"] {
+        let results = run(3, None, move |rank, kv, _| {
+            init(&kv, 3, 4);
+            let g = |v: f64| NDArray::full(&[4], v).unwrap();
+            let (one, two, three) = (g(1.0), g(2.0), g(3.0));
+            let odd = rank == 2;
+            let refusal = kvstore_core::Error::invalid_argument("its caller refused the arguments");
+            let first = kv.push_async("k0", &one, 0);
+            let (first, waited) = match case {
+                "waits" if odd => (None, Some(first.wait())),
+                _ => (Some(first), None),
+            };
+            let second = match case {
+                "shares an array" if odd => kv.push_async("k1", &one, 0),
+                "shares an array" => kv.push_async("k1", &g(1.0), 0),
+                "refuses its arguments" if odd => kv.push_async("k1", kvstore_core::Values::Refused(&refusal), 0),
+                "names an unknown key" if odd => kv.push_async("zz", &two, 0),
+                _ => kv.push_async("k1", &two, 0),
+            };
+            let third = kv.push_async("k2", &three, 0);
+            let first = waited.unwrap_or_else(|| first.expect("not waited for").wait());
+            let outcomes = vec![first, second.wait(), third.wait()];
+            // The next calls are matched.
+            kv.push("k2", &three, 0).expect("the next push");
+            kv.barrier().expect("the barrier");
+            let values: Vec<f32> =
+                keys(3).iter().map(|k| kv.pull_new(k.as_str(), 0).unwrap().to_vec::<f32>().unwrap()[0]).collect();
+            (outcomes.into_iter().map(|r| r.map_err(|e| e.to_string())).collect::<Vec<_>>(), values)
+        });
+        for (rank, (outcomes, values)) in results.iter().enumerate() {
+            assert!(outcomes[0].is_ok() && outcomes[2].is_ok(), "{case}: rank {rank}: {outcomes:?}");
+            match case {
+                "waits" | "shares an array" => {
+                    assert!(outcomes[1].is_ok(), "{case}: rank {rank}: {outcomes:?}");
+                    assert_eq!(*values, vec![3.0, if case == "waits" { 6.0 } else { 3.0 }, 9.0], "{case}");
+                }
+                _ => {
+                    let e = outcomes[1].as_ref().expect_err("the refused call fails on every worker");
+                    let want = match (rank, case) {
+                        (2, "refuses its arguments") => "its caller refused the arguments",
+                        (2, _) => "zz",
+                        _ => "rank 2 refused the call",
+                    };
+                    assert!(e.contains(want), "{case}: rank {rank}: {e}");
+                    assert_eq!(*values, vec![3.0, 0.0, 9.0], "{case}: the refused push changed a key");
+                }
+            }
+        }
+    }
+}
+
+/// Where the workers' batches are cut in different places and a step's calls then
+/// differ, that step's calls fail on every worker, saying what each called, and the
+/// calls after it go on.
+#[test]
+fn calls_that_differ_in_a_cut_step_fail_alone_on_every_worker() {
+    let results = run(2, None, |rank, kv, _| {
+        init(&kv, 3, 4);
+        // (Arrays of their own: calls that share one are not fused.)
+        let (one, other) = (NDArray::ones(&[4]).unwrap(), NDArray::ones(&[4]).unwrap());
+        let first = kv.push_async("k0", &one, 0);
+        let (first, waited) = if rank == 0 { (None, Some(first.wait())) } else { (Some(first), None) };
+        let second = kv.push_async(if rank == 0 { "k1" } else { "k2" }, &other, 0);
+        let first = waited.unwrap_or_else(|| first.expect("not waited for").wait());
+        let second = second.wait();
+        kv.push("k0", &one, 0).expect("the next push");
+        let values: Vec<f32> =
+            keys(3).iter().map(|k| kv.pull_new(k.as_str(), 0).unwrap().to_vec::<f32>().unwrap()[0]).collect();
+        (first.is_ok(), second.map_err(|e| e.to_string()), values)
+    });
+    assert_eq!(results[0].1, results[1].1, "the workers' messages differ");
+    let (first, second, values) = &results[0];
+    assert!(first, "the first call, the same on both, failed");
+    let e = second.as_ref().expect_err("calls of other keys");
+    assert!(e.contains("the workers' calls differ") && e.contains("rank 0 pushed \"k1\""), "{e}");
+    assert_eq!(*values, vec![2.0, 0.0, 0.0], "the differing calls changed a key");
+    assert_eq!(results[1].2, *values);
+}
+
 /// A worker whose allreduces of big arrays take 300 ms: keeps a big call running while
 /// a test makes the next calls.
 struct SlowBig(Arc<ThreadMember>);

@@ -103,66 +103,27 @@ fn describe(op: &str, keys: &[StepKey<'_>], refused: Option<&Error>, form: &str)
     s + " (" + form + ")"
 }
 
-impl Store {
-    /// Under `dist_sync`, checks that every worker makes this call (see the module's
-    /// docs): `keys` are the call's keys in index order with what it gives for each, and
-    /// `local` the outcome of this worker's own checks. Elsewhere returns `local`.
-    ///
-    /// # Errors
-    /// `local`'s error on a worker whose checks refused the call;
-    /// [`Error::InvalidArgument`] on the others, naming each worker's call, when the
-    /// workers' calls differ or one refused it; the group's error if it is broken.
-    pub(super) fn check_step(&self, op: &'static str, keys: &[StepKey<'_>], local: Result<()>) -> Result<()> {
-        self.check_push_step(op, keys, local, None, "")
-    }
+/// Where a step's record says how many calls the step holds (after the fingerprint's
+/// 17 bytes and the refused calls' mask).
+const COUNT_AT: usize = 25;
 
-    /// [`Store::check_step`] for a push that moves its data with `compression` (part of
-    /// the fingerprint: workers that compress differently would move other data), and
-    /// merges it as `merged` says ([`super::data::Merger::identity`], part of it too: workers
-    /// with other optimizers would part, and the workers of a push with an updater
-    /// exchange its outcome, `merge.rs`).
-    pub(super) fn check_push_step(
-        &self,
-        op: &'static str,
-        keys: &[StepKey<'_>],
-        local: Result<()>,
-        compression: Option<Compression>,
-        merged: &str,
-    ) -> Result<()> {
-        self.check_calls(op, &[(op, keys.len())], keys, vec![local], compression, merged)?.pop().unwrap_or(Ok(()))
-    }
+/// What a step's record says besides its calls: the store's step number and how it
+/// moves the pushes' data.
+struct Call<'a> {
+    op: &'static str,
+    seq: u64,
+    compression: Option<Compression>,
+    merged: &'a str,
+}
 
-    /// [`Store::check_step`] for several calls that move their data together (non-blocking
-    /// calls fused across calls, `kvstore/run/fused.rs`), as one step: `calls[i]` is call
-    /// `i`'s operation and how many of `keys` (in order) are its, and `local[i]` is the
-    /// outcome of this worker's checks of it.
-    ///
-    /// When the workers made the same calls, each call refused by some worker fails on
-    /// every worker (with its own error where it was refused) and the others go on:
-    /// the inner results. When the workers' calls differ, every call fails: the outer
-    /// error (or its own error, where refused).
-    ///
-    /// Whether the calls are non-blocking is part of the fingerprint: MPI never matches
-    /// a non-blocking collective with a blocking one, so a worker that makes a call
-    /// blocking where another makes it non-blocking would wait for ever; instead both
-    /// fail the call, saying so.
-    ///
-    /// # Errors
-    /// The outer error as above; the group's error if it is broken.
-    pub(super) fn check_calls(
-        &self,
-        op: &'static str,
-        calls: &[(&'static str, usize)],
-        keys: &[StepKey<'_>],
-        mut local: Vec<Result<()>>,
-        compression: Option<Compression>,
-        merged: &str,
-    ) -> Result<Vec<Result<()>>> {
-        let Some(group) = self.collective.as_ref().filter(|_| self.compare_calls) else { return Ok(local) };
-        let seq = self.steps.fetch_add(1, Ordering::Relaxed) + 1;
-        // Which calls this worker refused (a batch holds at most 64 calls).
-        let refused_here =
-            local.iter().enumerate().filter(|(_, r)| r.is_err()).fold(0u64, |m, (i, _)| m | 1 << (i % 64));
+/// A step's calls (operation and number of keys each), their keys, and this worker's
+/// checks of each.
+type Calls<'c, 'k> = (&'c [(&'static str, usize)], &'c [StepKey<'k>], Vec<Result<()>>);
+
+impl Call<'_> {
+    /// The step's form (`non-blocking, 2-bit compression …`) and what it calls
+    /// (`push`, or `3 fused calls (push of 1, …)`).
+    fn form_and_what(&self, calls: &[(&'static str, usize)]) -> (String, String) {
         // A batch's record names each call and its size, so that where one call ends and
         // the next begins is part of the fingerprint.
         let what = match calls {
@@ -175,40 +136,39 @@ impl Store {
         let form = if crate::engine::in_background() { "non-blocking" } else { "blocking" };
         // Workers that compress their pushes and workers that do not would move other
         // data: part of the form, so that they fail at once instead.
-        let compressed = match compression {
-            Some(c) if calls.iter().any(|(op, _)| op.contains("push")) => {
-                format!(", {}", c.describe())
-            }
+        let pushes = calls.iter().any(|(op, _)| op.contains("push"));
+        let compressed = match self.compression {
+            Some(c) if pushes => format!(", {}", c.describe()),
             _ => String::new(),
         };
-        let pushes = calls.iter().any(|(op, _)| op.contains("push"));
-        let merged = if pushes { merged } else { "" };
-        let form = &format!("{form}{compressed}{merged}");
-        let mut mine = fingerprint(&format!("{form} {what}"), seq, keys, refused_here != 0).to_vec();
+        let merged = if pushes { self.merged } else { "" };
+        (format!("{form}{compressed}{merged}"), what)
+    }
+
+    /// This worker's record of a step: the fingerprint, the mask of the calls it
+    /// refused (a batch holds at most 64 calls), and the number of calls.
+    fn record(&self, calls: &[(&'static str, usize)], keys: &[StepKey<'_>], local: &[Result<()>]) -> Vec<u8> {
+        let refused_here =
+            local.iter().enumerate().filter(|(_, r)| r.is_err()).fold(0u64, |m, (i, _)| m | 1 << (i % 64));
+        let (form, what) = self.form_and_what(calls);
+        let mut mine = fingerprint(&format!("{form} {what}"), self.seq, keys, refused_here != 0).to_vec();
         mine.extend_from_slice(&refused_here.to_le_bytes());
-        // This worker's arrival, on rank 0's clock, rides along (`stats.rs`): not part
-        // of what the workers compare.
-        let compared = mine.len();
-        let arrived = timeline::now();
-        mine.extend_from_slice(&timeline::align(arrived).to_le_bytes());
-        let step = format!("{op} #{seq}");
-        let waiting = self.counters.phase(Phase::Ranks).with(|| vec![("step", Arg::U(seq))]);
-        let said = Said::exchange(&**group, &step, &mine)?;
-        drop(waiting);
-        let at: Vec<u64> = (0..said.len()).map(|r| said.word(r, compared)).collect();
-        let arrived_at = self.counters.arrivals(&at);
-        if timeline::recording() {
-            let me = group.rank();
-            let args = vec![
-                ("step", Arg::U(seq)),
-                ("op", Arg::S(op.into())),
-                ("late_ms", Arg::F(arrived_at.late_ns.get(me).copied().unwrap_or(0) as f64 / 1e6)),
-                ("last", Arg::U(u64::from(arrived_at.last == Some(me)))),
-            ];
-            timeline::instant("arrive", "collective", arrived, args);
-        }
-        let mine = &mine[..compared];
-        let all: Vec<&[u8]> = said.records().map(|r| r.get(..compared).unwrap_or(r)).collect();
+        mine.extend_from_slice(&(calls.len() as u64).to_le_bytes());
+        mine
+    }
+
+    /// The outcome of a step whose records (`all`, this worker's `mine`) hold as many
+    /// calls on every worker: see [`Store::check_calls`].
+    fn compare(
+        &self,
+        group: &dyn crate::backend::Collective,
+        step: &str,
+        (calls, keys, mut local): Calls<'_, '_>,
+        mine: &[u8],
+        said: &Said,
+        all: &[&[u8]],
+    ) -> Result<Vec<Result<()>>> {
+        let (op, seq) = (self.op, self.seq);
         let same_calls = all.iter().all(|r| r.get(..16) == mine.get(..16));
         // (The refused calls' mask follows the 17 bytes of the fingerprint.)
         let refused_by = |i: usize| said.with_bit(17, 1 << (i % 64));
@@ -228,14 +188,15 @@ impl Store {
             return Ok(local);
         }
         // The same call, refused by no worker: every record is this one.
-        if refused_here == 0 && all.iter().all(|r| *r == mine) {
+        if local.iter().all(Result::is_ok) && all.iter().all(|r| *r == mine) {
             return Ok(local);
         }
         let local = local.into_iter().find(Result::is_err).unwrap_or(Ok(()));
         // Every worker sees the same records, so every worker takes this path: the
         // descriptions are exchanged, and every worker builds the same message.
-        let text = describe(&what, keys, local.as_ref().err(), form);
-        let described = Said::exchange(&**group, &step, &padded(&text, crate::backend::MAX_RECORD))?;
+        let (form, what) = self.form_and_what(calls);
+        let text = describe(&what, keys, local.as_ref().err(), &form);
+        let described = Said::exchange(group, step, &padded(&text, crate::backend::MAX_RECORD))?;
         let texts: Vec<String> = (0..described.len()).map(|r| described.text(r, 0)).collect();
         // Each text ends with its call's form; said only where the forms differ.
         let forms: Vec<&str> = texts.iter().map(|t| t.rsplit_once(" (").map_or("", |(_, f)| f)).collect();
@@ -274,6 +235,115 @@ impl Store {
             "{op} #{seq}: {what}: {}; every worker fails this call and none changed anything{flight}",
             said.join("; ")
         )))
+    }
+}
+
+impl Store {
+    /// Under `dist_sync`, checks that every worker makes this call (see the module's
+    /// docs): `keys` are the call's keys in index order with what it gives for each, and
+    /// `local` the outcome of this worker's own checks. Elsewhere returns `local`.
+    ///
+    /// # Errors
+    /// `local`'s error on a worker whose checks refused the call;
+    /// [`Error::InvalidArgument`] on the others, naming each worker's call, when the
+    /// workers' calls differ or one refused it; the group's error if it is broken.
+    pub(super) fn check_step(&self, op: &'static str, keys: &[StepKey<'_>], local: Result<()>) -> Result<()> {
+        self.check_push_step(op, keys, local, None, "")
+    }
+
+    /// [`Store::check_step`] for a push that moves its data with `compression` (part of
+    /// the fingerprint: workers that compress differently would move other data), and
+    /// merges it as `merged` says ([`super::data::Merger::identity`], part of it too: workers
+    /// with other optimizers would part, and the workers of a push with an updater
+    /// exchange its outcome, `merge.rs`).
+    pub(super) fn check_push_step(
+        &self,
+        op: &'static str,
+        keys: &[StepKey<'_>],
+        local: Result<()>,
+        compression: Option<Compression>,
+        merged: &str,
+    ) -> Result<()> {
+        self.check_calls(op, &[(op, keys.len())], keys, vec![local], compression, merged)?.pop().unwrap_or(Ok(()))
+    }
+
+    /// [`Store::check_step`] for several calls that move their data together (non-blocking
+    /// calls fused across calls, `kvstore/run/fused.rs`), as one step: `calls[i]` is call
+    /// `i`'s operation and how many of `keys` (in order) are its, and `local[i]` is the
+    /// outcome of this worker's checks of it.
+    ///
+    /// A step holds as many calls on every worker: where another worker's step holds
+    /// fewer (it waited for a call where this one did not, its calls used an array
+    /// twice, it refused its next call before it was looked up), every worker's step is
+    /// its first that many calls, compared again, and the results are theirs alone: the
+    /// caller makes the rest as its next step. The workers then make the same steps
+    /// whenever they make the same calls, however their batches were cut.
+    ///
+    /// When the workers made the same calls, each call refused by some worker fails on
+    /// every worker (with its own error where it was refused) and the others go on:
+    /// the inner results. When the workers' calls differ, every call fails: the outer
+    /// error (or its own error, where refused); in a step cut to fewer calls, as the
+    /// inner result of each.
+    ///
+    /// Whether the calls are non-blocking is part of the fingerprint: MPI never matches
+    /// a non-blocking collective with a blocking one, so a worker that makes a call
+    /// blocking where another makes it non-blocking would wait for ever; instead both
+    /// fail the call, saying so.
+    ///
+    /// # Errors
+    /// The outer error as above; the group's error if it is broken.
+    pub(super) fn check_calls(
+        &self,
+        op: &'static str,
+        calls: &[(&'static str, usize)],
+        keys: &[StepKey<'_>],
+        mut local: Vec<Result<()>>,
+        compression: Option<Compression>,
+        merged: &str,
+    ) -> Result<Vec<Result<()>>> {
+        let Some(group) = self.collective.as_ref().filter(|_| self.compare_calls) else { return Ok(local) };
+        let seq = self.steps.fetch_add(1, Ordering::Relaxed) + 1;
+        let step = format!("{op} #{seq}");
+        let call = Call { op, seq, compression, merged };
+        let mut mine = call.record(calls, keys, &local);
+        // This worker's arrival, on rank 0's clock, rides along (`stats.rs`): not part
+        // of what the workers compare.
+        let compared = mine.len();
+        let arrived = timeline::now();
+        mine.extend_from_slice(&timeline::align(arrived).to_le_bytes());
+        let waiting = self.counters.phase(Phase::Ranks).with(|| vec![("step", Arg::U(seq))]);
+        let said = Said::exchange(&**group, &step, &mine)?;
+        drop(waiting);
+        let at: Vec<u64> = (0..said.len()).map(|r| said.word(r, compared)).collect();
+        let arrived_at = self.counters.arrivals(&at);
+        if timeline::recording() {
+            let me = group.rank();
+            let args = vec![
+                ("step", Arg::U(seq)),
+                ("op", Arg::S(op.into())),
+                ("late_ms", Arg::F(arrived_at.late_ns.get(me).copied().unwrap_or(0) as f64 / 1e6)),
+                ("last", Arg::U(u64::from(arrived_at.last == Some(me)))),
+            ];
+            timeline::instant("arrive", "collective", arrived, args);
+        }
+        let counts: Vec<u64> = (0..said.len()).map(|r| said.word(r, COUNT_AT)).collect();
+        let fewest = counts.iter().copied().min().unwrap_or(0) as usize;
+        if counts.iter().all(|&n| n as usize == calls.len()) || fewest == 0 {
+            let all: Vec<&[u8]> = said.records().map(|r| r.get(..compared).unwrap_or(r)).collect();
+            return call.compare(&**group, &step, (calls, keys, local), &mine[..compared], &said, &all);
+        }
+        // Every worker saw the same counts: each cuts its step to the fewest calls and
+        // says it again.
+        let calls = &calls[..fewest];
+        let keys = &keys[..calls.iter().map(|(_, n)| n).sum::<usize>()];
+        local.truncate(fewest);
+        let mine = call.record(calls, keys, &local);
+        let said = Said::exchange(&**group, &step, &mine)?;
+        let all: Vec<&[u8]> = said.records().collect();
+        match call.compare(&**group, &step, (calls, keys, local), &mine, &said, &all) {
+            Err(e) => Ok(vec![Err(e); fewest]),
+            results => results,
+        }
     }
 
     /// Waits for every worker (a step of its own: the workers compare their calls).

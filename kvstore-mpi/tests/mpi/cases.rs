@@ -630,6 +630,47 @@ fn a_call_made_blocking_on_one_rank_and_not_on_another_fails_on_every_rank() {
     kv.push("mixed", &big, 0).expect("the same form on every rank");
 }
 
+/// A batch of fused calls cut on one rank (it waited for a call the others still hold)
+/// and a call refused on one rank before it was looked up (its caller refused the
+/// arguments) cut every rank's steps alike: the calls go on or fail as they would
+/// alone, and the next calls stay matched.
+fn a_batch_cut_on_one_rank_is_cut_on_every_rank() {
+    use kvstore_core::NDArray;
+    let kv = store();
+    let (n, last) = (kv.num_workers() as f32, kv.rank() + 1 == kv.num_workers());
+    let keys = ["cut a", "cut b", "cut c"];
+    for k in keys {
+        kv.init(k, &NDArray::zeros(&[4]).expect("zeros")).expect("init");
+    }
+    let (one, two, three) = (
+        NDArray::ones(&[4]).expect("ones"),
+        NDArray::full(&[4], 2.0).expect("v"),
+        NDArray::full(&[4], 3.0).expect("v"),
+    );
+    let first = kv.push_async("cut a", &one, 0);
+    let (first, waited) = if kv.rank() == 0 { (None, Some(first.wait())) } else { (Some(first), None) };
+    let refusal = kvstore_core::Error::invalid_argument("its caller refused the arguments");
+    let second = match last && kv.num_workers() > 1 {
+        true => kv.push_async("cut b", kvstore_core::Values::Refused(&refusal), 0),
+        false => kv.push_async("cut b", &two, 0),
+    };
+    let third = kv.push_async("cut c", &three, 0);
+    waited.unwrap_or_else(|| first.expect("not waited for").wait()).expect("the first push");
+    let refused = second.wait();
+    third.wait().expect("the third push");
+    if kv.num_workers() > 1 {
+        let e = refused.expect_err("refused on the last rank").to_string();
+        let want = if last { "its caller refused the arguments" } else { "refused the call" };
+        assert!(e.contains(want), "{e}");
+    }
+    kv.push("cut c", &three, 0).expect("the next push");
+    kv.barrier().expect("the barrier");
+    let b = if kv.num_workers() > 1 { 0.0 } else { 2.0 };
+    for (k, want) in keys.iter().zip([n, b, 3.0 * n]) {
+        assert_eq!(kv.pull_new(*k, 0).expect("pull").to_vec::<f32>().expect("values"), vec![want; 4], "{k}");
+    }
+}
+
 /// Finalising runs the calls still queued or held back for fusion first: a small
 /// push (held, waiting for more) and a big one, whose handles are kept, and one
 /// whose handle was dropped.
@@ -663,6 +704,7 @@ fn finalize_runs_the_calls_still_queued() {
 /// Every case, by name.
 pub(super) const CASES: &[(&str, fn())] = &[
     ("a_checkpoint_resumes_exactly", a_checkpoint_resumes_exactly),
+    ("a_batch_cut_on_one_rank_is_cut_on_every_rank", a_batch_cut_on_one_rank_is_cut_on_every_rank),
     ("async_every_push_of_every_rank_is_applied_once", async_every_push_of_every_rank_is_applied_once),
     ("async_one_ranks_pushes_apply_in_its_order", async_one_ranks_pushes_apply_in_its_order),
     ("async_an_optimizer_runs_on_the_owners", async_an_optimizer_runs_on_the_owners),

@@ -20,11 +20,14 @@
 //!   [`crate::KVStore::wait_all`], a read or write of an out one of its calls writes
 //!   (`ndarray/pending.rs`), a change of merger, dropping the store.
 //!
-//! The last rule makes waiting part of the sequence of calls: every worker must wait
-//! (or read a pending out) at the same point of its calls, as every worker must make the
-//! same calls. A worker that waits where the others do not releases a smaller batch,
-//! and the workers' comparison of their calls then fails that batch on every worker
-//! with a message naming what each called, rather than summing mismatched buffers.
+//! A worker's own calls may cut its batch where the others' do not: it waits (or reads
+//! a pending out) where they do not, its calls share an array where theirs do not, or
+//! it refuses a call before looking it up (the caller refused the arguments,
+//! [`crate::Values::Refused`], or named a key never initialised: a step of its own). Its
+//! step then holds fewer calls than theirs, and the workers' comparison of their calls
+//! cuts every worker's step to the fewest (`steps.rs`, [`Store::check_calls`]); the rest
+//! are the next step. The workers thus make the same steps whenever they make the same
+//! calls, and each call goes on or fails as it would alone, on every worker.
 //!
 //! A batch runs as one call that keeps each call's own outcome: each call is checked
 //! alone, and one that fails its checks (on any worker) fails alone, on every worker,
@@ -230,14 +233,29 @@ impl Store {
     ///
     /// `plans`: the calls' plans ([`Plan::batch`]: each planned and checked alone,
     /// before anything is locked, with one compression).
-    fn push_pull_fused(&self, plans: Vec<Plan<'_>>) -> Vec<Result<()>> {
-        const OP: &str = "push";
-        let n = plans.len();
-        let every = |e: Error| (0..n).map(|_| Err(e.clone())).collect::<Vec<_>>();
-        let compression = plans.first().and_then(|p| p.compression);
+    ///
+    /// As one step, or several where another worker's step holds fewer of them
+    /// ([`Store::check_calls`]): each step runs the calls every worker's holds.
+    fn push_pull_fused(&self, mut plans: Vec<Plan<'_>>) -> Vec<Result<()>> {
         for plan in plans.iter().filter(|p| p.checked.is_ok()) {
             self.counters.bytes(plan.bytes());
         }
+        let mut results = Vec::with_capacity(plans.len());
+        while !plans.is_empty() {
+            let (ran, rest) = self.fused_step(plans);
+            results.extend(ran);
+            plans = rest;
+        }
+        results
+    }
+
+    /// One step of [`Store::push_pull_fused`]: the results of the first calls of
+    /// `plans`, and the plans of the calls left for the next step.
+    fn fused_step<'a>(&self, mut plans: Vec<Plan<'a>>) -> (Vec<Result<()>>, Vec<Plan<'a>>) {
+        const OP: &str = "push";
+        let n = plans.len();
+        let every = |e: Error| ((0..n).map(|_| Err(e.clone())).collect::<Vec<_>>(), Vec::new());
+        let compression = plans.first().and_then(|p| p.compression);
         let mut owned: Vec<Arc<Entry>> = plans.iter().flat_map(Plan::entries).map(Arc::clone).collect();
         owned.sort_by_key(|e| e.index);
         owned.dedup_by_key(|e| e.index);
@@ -274,6 +292,8 @@ impl Store {
             Ok(r) => r,
             Err(e) => return every(e),
         };
+        // The calls past this step's are the next step's.
+        let rest = plans.split_off(results.len());
         // The calls that go on, their keys in index order (the order of their slots),
         // each with its call's number. (A custom updater, installed after the calls
         // were made and fused, updates each call's keys alone: see `Store::apply`.)
@@ -285,7 +305,7 @@ impl Store {
             }
         }
         if push.is_empty() {
-            return results;
+            return (results, rest);
         }
         push.sort_by_key(|(_, i, _)| *i);
         pull.sort_by_key(|(_, i, _)| *i);
@@ -301,6 +321,6 @@ impl Store {
                 *r = Err(e.clone());
             }
         }
-        results
+        (results, rest)
     }
 }
