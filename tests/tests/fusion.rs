@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kvstore_core::backend::Collective;
 use kvstore_core::{ErrorKind, KVStore, NDArray, Pending, Result};
-use kvstore_tests::{ThreadMember, run_members};
+use kvstore_tests::{TempDir, ThreadMember, run_members};
 
 /// A worker that counts its allreduces (each comparison of the workers' calls is one too).
 struct Counting {
@@ -681,4 +681,156 @@ fn a_blocking_call_from_another_stores_updater_fails_even_on_an_idle_engine() {
         }
         assert_eq!(kv.pull_new("k0", 0).unwrap().to_vec::<f32>().unwrap(), vec![0.0; 4], "no push ran");
     });
+}
+
+/// What a worker does at one call of a script besides making it.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Act {
+    Plain,
+    /// Waits for its previous call first (cuts its batch).
+    WaitsFirst,
+    /// Pushes the previous call's value array, refilled (shares an array: a new batch).
+    SharesAnArray,
+    /// Reads the previous call's out first (a pushpull's; cuts its batch).
+    ReadsAnOut,
+    /// Pushes a value of another shape (refused by the batch's checks).
+    WrongShape,
+    /// Refuses the arguments (`Values::Refused`: a step of its own).
+    Refuses,
+    /// Names a key never initialised (a step of its own).
+    UnknownKey,
+}
+
+/// One script of non-blocking calls, the same on every worker but for each worker's
+/// acts: the keys of the calls, pushpull or push, and the merger.
+#[derive(Clone, Debug)]
+struct Script {
+    keys: usize,
+    calls: Vec<usize>,
+    pushpull: bool,
+    /// 0: the default merger, 1: SGD with momentum, 2: 2-bit compression.
+    merger: u8,
+    /// What ends it while calls are held: 0 nothing, 1 a barrier, 2 a checkpoint.
+    tail: u8,
+}
+
+/// Each worker's outcomes, its keys' values and its outs after `script`, with `acts`.
+type Ran = Vec<(Vec<std::result::Result<(), String>>, Vec<f32>, Vec<f32>)>;
+
+fn run_script(script: &Script, acts: Vec<Vec<Act>>, dir: Arc<std::path::PathBuf>) -> Ran {
+    let (script, acts) = (Arc::new(script.clone()), Arc::new(acts));
+    run(acts.len(), None, move |rank, kv, _| {
+        init(&kv, script.keys, 4);
+        match script.merger {
+            1 => kv
+                .set_optimizer(
+                    kvstore_core::Optimizer::builder("sgd")
+                        .param("learning_rate", 0.5)
+                        .param("momentum", 0.9)
+                        .build()
+                        .unwrap(),
+                )
+                .unwrap(),
+            2 => kv.set_gradient_compression(&[("type", "2bit"), ("threshold", "2")]).unwrap(),
+            _ => {}
+        }
+        let (acts, n) = (&acts[rank], script.calls.len());
+        let refusal = kvstore_core::Error::invalid_argument("its caller refused the arguments");
+        let outs: Vec<NDArray> = (0..n).map(|_| NDArray::zeros(&[4]).unwrap()).collect();
+        let mut pending: Vec<Option<Pending>> = Vec::new();
+        let mut outcomes: Vec<Option<Result<()>>> = Vec::new();
+        let mut previous: Option<NDArray> = None;
+        for (i, &k) in script.calls.iter().enumerate() {
+            let fill: Vec<f32> = (0..4).map(|j| ((i + 1) * (rank + 1) + j) as f32 * 0.75).collect();
+            match acts[i] {
+                Act::WaitsFirst if i > 0 => outcomes[i - 1] = pending[i - 1].take().map(Pending::wait),
+                Act::ReadsAnOut if i > 0 && script.pushpull => drop(outs[i - 1].to_vec::<f32>().unwrap()),
+                _ => {}
+            }
+            let value = match (acts[i], previous.take()) {
+                (Act::SharesAnArray, Some(p)) if p.shape() == [4] => {
+                    p.copy_from(&NDArray::from_vec(&[4], fill).unwrap()).unwrap();
+                    p
+                }
+                (Act::WrongShape, _) => NDArray::full(&[5], 1.0).unwrap(),
+                _ => NDArray::from_vec(&[4], fill).unwrap(),
+            };
+            let key = if acts[i] == Act::UnknownKey { "zz".to_string() } else { format!("k{k}") };
+            let values: kvstore_core::Values<'_> = match acts[i] {
+                Act::Refuses => kvstore_core::Values::Refused(&refusal),
+                _ => (&value).into(),
+            };
+            pending.push(Some(match script.pushpull {
+                true => kv.pushpull_async(key.as_str(), values, &outs[i], 0),
+                false => kv.push_async(key.as_str(), values, 0),
+            }));
+            outcomes.push(None);
+            previous = Some(value);
+        }
+        match script.tail {
+            1 => kv.barrier().unwrap(),
+            2 => kv.save_checkpoint(dir.join("held.ckpt")).unwrap(),
+            _ => {}
+        }
+        for (i, p) in pending.into_iter().enumerate() {
+            if let Some(p) = p {
+                outcomes[i] = Some(p.wait());
+            }
+        }
+        kv.barrier().expect("the workers stay matched");
+        let values =
+            (0..script.keys).flat_map(|k| kv.pull_new(format!("k{k}").as_str(), 0).unwrap().to_vec::<f32>().unwrap());
+        let outs = outs.iter().flat_map(|o| o.to_vec::<f32>().unwrap());
+        (
+            outcomes.into_iter().map(|o| o.unwrap().map_err(|e| e.to_string())).collect(),
+            values.collect(),
+            outs.collect(),
+        )
+    })
+}
+
+/// Random scripts (2 to 4 workers, keys pushed again, pushpull or push, the default
+/// merger, an optimizer or compression, a barrier or checkpoint while calls are held),
+/// each run twice: with some calls refused on some workers, and then with the same
+/// refusals and every worker cutting its batches in random places besides. Which
+/// calls fail, the keys' values (with the optimizer's state and the residuals in them)
+/// and the outs are the same, bit for bit, on every worker.
+#[test]
+fn batches_cut_anywhere_give_the_results_of_uncut_ones() {
+    let mut seed: u64 = 987;
+    let mut next = |below: u64| {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        ((seed >> 33) % below) as usize
+    };
+    let dir = TempDir::new("fusion-cut-anywhere");
+    let dir = Arc::new(dir.dir().to_path_buf());
+    for round in 0..60 {
+        let (workers, n, keys) = (2 + next(3), 3 + next(24), 2 + next(6));
+        let calls = (0..n).map(|_| next(keys as u64)).collect();
+        let script = Script { keys, calls, pushpull: next(2) == 0, merger: next(3) as u8, tail: next(3) as u8 };
+        let mut refused = vec![vec![Act::Plain; n]; workers];
+        for _ in 0..next(3) {
+            let (r, i) = (next(workers as u64), next(n as u64));
+            refused[r][i] = [Act::WrongShape, Act::Refuses, Act::UnknownKey][next(3)];
+        }
+        let mut cut = refused.clone();
+        for act in cut.iter_mut().flat_map(|acts| acts.iter_mut().skip(1)).filter(|a| **a == Act::Plain) {
+            *act = match next(12) {
+                0 | 1 => Act::WaitsFirst,
+                2 => Act::SharesAnArray,
+                3 => Act::ReadsAnOut,
+                _ => Act::Plain,
+            };
+        }
+        let want = run_script(&script, refused, Arc::clone(&dir));
+        let got = run_script(&script, cut.clone(), Arc::clone(&dir));
+        for (r, (got, want)) in got.iter().zip(&want).enumerate() {
+            let failed =
+                |ran: &Vec<std::result::Result<(), String>>| ran.iter().map(|o| o.is_err()).collect::<Vec<_>>();
+            let at = format!("round {round}, rank {r}, {script:?}, acts {cut:?}");
+            assert_eq!(failed(&got.0), failed(&want.0), "{at}: outcomes {:?} against {:?}", got.0, want.0);
+            assert_eq!(got.1, want.1, "{at}: values");
+            assert_eq!(got.2, want.2, "{at}: outs");
+        }
+    }
 }
