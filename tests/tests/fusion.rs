@@ -389,6 +389,33 @@ fn a_batch_cut_on_one_worker_is_cut_on_every_worker() {
     }
 }
 
+/// A call of a batch cut into several steps is done once its own step has run, not the
+/// batch's last: workers that wait for a call where the others do not may meet outside
+/// the store (here at a barrier of their own) before their next calls. Before, the
+/// worker whose batch held the next call waited for it, and neither reached the
+/// barrier.
+#[test]
+fn a_call_of_a_cut_batch_is_done_once_its_own_step_has_run() {
+    let outside = Arc::new(std::sync::Barrier::new(2));
+    let results = run(2, None, move |rank, kv, _| {
+        init(&kv, 2, 4);
+        let (one, two) = (NDArray::ones(&[4]).unwrap(), NDArray::full(&[4], 2.0).unwrap());
+        let first = kv.push_async("k0", &one, 0);
+        if rank == 0 {
+            first.wait().expect("k0, alone in its batch");
+            outside.wait();
+            kv.push_async("k1", &two, 0).wait().expect("k1");
+        } else {
+            let second = kv.push_async("k1", &two, 0);
+            first.wait().expect("k0, cut from its batch");
+            outside.wait();
+            second.wait().expect("k1");
+        }
+        keys(2).iter().map(|k| kv.pull_new(k.as_str(), 0).unwrap().to_vec::<f32>().unwrap()[0]).collect::<Vec<_>>()
+    });
+    assert_eq!(results, vec![vec![2.0, 4.0]; 2]);
+}
+
 /// Where the workers' batches are cut in different places and a step's calls then
 /// differ, that step's calls fail on every worker, saying what each called, and the
 /// calls after it go on.

@@ -110,24 +110,36 @@ impl Batch {
             timeline::flow_end(c.op, c.made.1, now);
         }
         let span = CallSpan::batch(keys.len(), now, || key_bytes(&calls));
-        let (values, _reading): (Vec<Copies>, Vec<_>) = calls.iter().map(|c| start_reads(&c.push)).unzip();
-        let n = calls.len();
-        let results = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            let found =
-                calls.iter().zip(&values).map(|(c, v)| (c.op, borrow_inputs(&c.push, v), borrow(&c.pull))).collect();
-            store.push_pull_fused(Plan::batch(&store, found))
-        }))
-        .unwrap_or_else(|_| (0..n).map(|_| Err(Error::Internal("fused calls panicked".into()))).collect());
+        // What each call's handle is told once its step has run, apart from what the
+        // steps read.
+        let (calls, mut ends): (Vec<_>, Vec<_>) =
+            calls.into_iter().map(|c| ((c.op, c.push, c.pull), Some((c.done, c.writes)))).unzip();
+        let (values, _reading): (Vec<Copies>, Vec<_>) = calls.iter().map(|(_, push, _)| start_reads(push)).unzip();
+        // Each call is done once its step has run (a batch cut into several steps,
+        // `Store::check_calls`): its outs readable before its handle says so, as
+        // `queue`'s. Its values are returned with the batch's.
+        let mut finish = |first: usize, results: Vec<Result<()>>| {
+            for (end, result) in ends[first..].iter_mut().zip(results) {
+                if let Some((done, writes)) = end.take() {
+                    drop(writes);
+                    done.finish(result);
+                }
+            }
+        };
+        let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let found = calls
+                .iter()
+                .zip(&values)
+                .map(|((op, push, pull), v)| (*op, borrow_inputs(push, v), borrow(pull)))
+                .collect();
+            store.push_pull_fused(Plan::batch(&store, found), &mut finish);
+        }));
+        if ran.is_err() {
+            finish(0, (0..calls.len()).map(|_| Err(Error::Internal("fused calls panicked".into()))).collect());
+        }
         drop(values);
         drop(span);
-        // As `queue`: the values returned and the outs readable before a handle says
-        // its call is done.
-        for (call, result) in calls.into_iter().zip(results) {
-            let Call { push, writes, done, .. } = call;
-            drop(push);
-            drop(writes);
-            done.finish(result);
-        }
+        drop(calls);
     }
 }
 
@@ -229,24 +241,27 @@ fn slots(entries: &[&Arc<Entry>], groups: &[Group<'_>]) -> Vec<usize> {
 }
 
 impl Store {
-    /// Runs a batch's calls as one (see the module docs): each call's result, in order.
+    /// Runs a batch's calls as one (see the module docs).
     ///
     /// `plans`: the calls' plans ([`Plan::batch`]: each planned and checked alone,
     /// before anything is locked, with one compression).
     ///
     /// As one step, or several where another worker's step holds fewer of them
     /// ([`Store::check_calls`]): each step runs the calls every worker's holds.
-    fn push_pull_fused(&self, mut plans: Vec<Plan<'_>>) -> Vec<Result<()>> {
+    ///
+    /// `done(first, results)`: the results of a step's calls, from call `first` on, as
+    /// each step ends.
+    fn push_pull_fused(&self, mut plans: Vec<Plan<'_>>, done: &mut dyn FnMut(usize, Vec<Result<()>>)) {
         for plan in plans.iter().filter(|p| p.checked.is_ok()) {
             self.counters.bytes(plan.bytes());
         }
-        let mut results = Vec::with_capacity(plans.len());
+        let mut first = 0;
         while !plans.is_empty() {
             let (ran, rest) = self.fused_step(plans);
-            results.extend(ran);
-            plans = rest;
+            let n = ran.len();
+            done(first, ran);
+            (first, plans) = (first + n, rest);
         }
-        results
     }
 
     /// One step of [`Store::push_pull_fused`]: the results of the first calls of
