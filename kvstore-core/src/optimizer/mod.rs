@@ -754,15 +754,15 @@ impl Runtime {
     fn apply_rows(
         &self,
         step: &Step,
-        values: &mut [f64],
+        values: &[f64],
         weight: &NDArray,
         grad: &RowSparse,
         st: &mut KeyState,
     ) -> Result<()> {
         fn rows<T: crate::Element>(
             rule: &dyn Rule,
-            update: fn(&dyn Rule, &Step, &mut [f64], &mut [T], &[T], &mut [&mut [T]]),
-            (step, values): (&Step, &mut [f64]),
+            update: fn(&dyn Rule, &Step, &[f64], &mut [T], &[T], &mut [&mut [T]]),
+            (step, values): (&Step, &[f64]),
             weight: &NDArray,
             grad: &RowSparse,
             states: &[NDArray],
@@ -814,7 +814,7 @@ impl Runtime {
         key: &Key,
         weight: &NDArray,
         state: &mut Option<KeyState>,
-        apply: impl FnOnce(&Step, &mut [f64], &mut KeyState) -> Result<()>,
+        apply: impl FnOnce(&Step, &[f64], &mut KeyState) -> Result<()>,
     ) -> Result<()> {
         // A resumed program that pushes with the restored optimizer has taken it on: a
         // later set_optimizer is a change of its own (the load first: no write to a
@@ -860,25 +860,20 @@ impl Runtime {
             clip: p.get("clip_gradient"),
             t: st.count,
             seed: (p.num("seed") as u64) ^ (st.count << 20) ^ hash_key(key),
+            offset: 0,
         };
         if global.values.is_empty() {
             // Only rules with values shared by all keys (Nadam) need the lock for the
             // update itself; the others update different keys in parallel.
             drop(global);
-            apply(&step, &mut [], st)
+            apply(&step, &[], st)
         } else {
-            apply(&step, &mut global.values, st)
+            self.opt.rule.advance(&step, &mut global.values);
+            apply(&step, &global.values, st)
         }
     }
 
-    fn apply(
-        &self,
-        step: &Step,
-        values: &mut [f64],
-        weight: &NDArray,
-        grad: &NDArray,
-        st: &mut KeyState,
-    ) -> Result<()> {
+    fn apply(&self, step: &Step, values: &[f64], weight: &NDArray, grad: &NDArray, st: &mut KeyState) -> Result<()> {
         if values.is_empty() && self.fused(step, weight, grad, st)? {
             return Ok(());
         }
@@ -969,7 +964,7 @@ impl Runtime {
 /// rounded back once, as the dense update does the whole weight.
 fn half_rows<H: crate::Element<Acc = f32>>(
     rule: &dyn Rule,
-    (step, values): (&Step, &mut [f64]),
+    (step, values): (&Step, &[f64]),
     weight: &NDArray,
     grad: &RowSparse,
     states: &[NDArray],
@@ -1021,6 +1016,79 @@ mod tests {
         assert_eq!((o.name(), o.param("learning_rate"), o.param("momentum")), ("sgd", Some(0.01), Some(0.0)));
         assert_eq!(o.param("clip_gradient"), None);
         assert_eq!(Optimizer::builder("ccsgd").build().unwrap().name(), "sgd");
+    }
+
+    /// [`Runtime::update`] of `weight` run on each of `parts` alone, as the ranks that own
+    /// the parts of a key run it: one step of the key, the shared values advanced once.
+    fn update_in_parts(
+        rt: &Runtime,
+        key: &Key,
+        weight: &NDArray,
+        grad: &NDArray,
+        state: &mut Option<KeyState>,
+        parts: &[std::ops::Range<usize>],
+    ) {
+        let g = grad.to_vec::<f32>().unwrap();
+        let updated = rt.step(key, weight, state, |step, values, st| {
+            let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect::<Result<_>>()?;
+            let mut states: Vec<&mut [f32]> = guards.iter_mut().map(|b| b.typed_mut::<f32>()).collect();
+            weight.with_data_mut(|w: &mut [f32]| {
+                for part in parts {
+                    let s = Step { offset: part.start, ..*step };
+                    let mut st: Vec<&mut [f32]> = states.iter_mut().map(|s| &mut s[part.clone()]).collect();
+                    rt.opt.rule.update_f32(&s, values, &mut w[part.clone()], &g[part.clone()], &mut st);
+                }
+            })
+        });
+        updated.unwrap();
+    }
+
+    /// A key updated in parts (under `dist_sync` each rank may update only its part of a
+    /// key, with its part of the state) gets the bits of the key updated whole, for every
+    /// optimizer but those that need the whole key's norms (LAMB, LARS): the parts split
+    /// as MXNet splits a big key over 3 servers, one at an odd place (SGLD's noise
+    /// comes in pairs). A rank that owns no part of the key advances the values that
+    /// all keys share (Nadam's momentum schedule) and the counts alike.
+    #[test]
+    fn an_update_in_parts_has_the_bits_of_the_whole() {
+        let n = 1001usize;
+        // MXNet's parts: round(n (i + 1) / 3) - round(n i / 3).
+        let parts = [0..334, 334..667, 667..n];
+        let key = Key::from("w");
+        let bits = |a: &NDArray| a.to_vec::<f32>().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for name in optimizer_names().into_iter().filter(|n| !matches!(*n, "lamb" | "lars")) {
+            let make = || {
+                let opt = Optimizer::builder(name).param("learning_rate", 0.1).param("wd", 0.01).build().unwrap();
+                Runtime::new(opt)
+            };
+            let (whole, in_parts, none) = (make(), make(), make());
+            let w: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+            let (a, b, c) = (
+                NDArray::from_vec(&[n], w.clone()).unwrap(),
+                NDArray::from_vec(&[n], w.clone()).unwrap(),
+                NDArray::from_vec(&[n], w.clone()).unwrap(),
+            );
+            let (mut sa, mut sb, mut sc) = (None, None, None);
+            for t in 0..10 {
+                let g: Vec<f32> = (0..n).map(|i| (((i + 7 * t) * 13 % 29) as f32 - 14.0) / 7.0).collect();
+                let grad = NDArray::from_vec(&[n], g).unwrap();
+                whole.update(&key, &a, &grad, &mut sa).unwrap();
+                update_in_parts(&in_parts, &key, &b, &grad, &mut sb, &parts);
+                update_in_parts(&none, &key, &c, &grad, &mut sc, &[]);
+                let differs = |x: Vec<u32>, y: Vec<u32>| x.iter().zip(&y).position(|(x, y)| x != y);
+                assert_eq!(differs(bits(&a), bits(&b)), None, "{name}: the weight after update {t} differs at");
+                for (i, (x, y)) in sa.as_ref().unwrap().states.iter().zip(&sb.as_ref().unwrap().states).enumerate() {
+                    assert_eq!(differs(bits(x), bits(y)), None, "{name}: state {i} after update {t} differs at");
+                }
+                for other in [&in_parts, &none] {
+                    let (mine, theirs) = (whole.global.lock(), other.global.lock());
+                    assert_eq!(mine.num_update, theirs.num_update, "{name}");
+                    let shared = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(shared(&mine.values), shared(&theirs.values), "{name}: the shared values");
+                }
+                assert_eq!(sa.as_ref().unwrap().count, sc.as_ref().unwrap().count, "{name}: the key's count");
+            }
+        }
     }
 
     #[test]

@@ -41,6 +41,10 @@ pub(crate) struct Step<'a> {
     pub t: u64,
     /// A seed for rules that draw random numbers (SGLD): fixed per key and step.
     pub seed: u64,
+    /// The place in the key of the first element updated: 0 for the whole key, the
+    /// part's start for a part of it (the random numbers of an element depend on its
+    /// place in the key, not in the part).
+    pub offset: usize,
 }
 
 impl Step<'_> {
@@ -129,6 +133,13 @@ pub(crate) trait Rule: Send + Sync {
         Vec::new()
     }
 
+    /// Advances the values shared by all keys for one update of one key, before the
+    /// update runs: once per update of a key, whatever parts of the key it runs on (a
+    /// `dist_sync` rank that owns part of a key, or none of it, advances them alike).
+    fn advance(&self, s: &Step, global: &mut [f64]) {
+        let _ = (s, global);
+    }
+
     /// Whether MXNet reads the learning rate before it counts the update (LBSGD): a
     /// schedule then sees `num_update` as it was before this update.
     fn lr_before_count(&self) -> bool {
@@ -136,10 +147,10 @@ pub(crate) trait Rule: Send + Sync {
     }
 
     /// Updates `w` with gradient `g` in f32.
-    fn update_f32(&self, s: &Step, global: &mut [f64], w: &mut [f32], g: &[f32], st: &mut [&mut [f32]]);
+    fn update_f32(&self, s: &Step, global: &[f64], w: &mut [f32], g: &[f32], st: &mut [&mut [f32]]);
 
     /// Updates `w` with gradient `g` in f64.
-    fn update_f64(&self, s: &Step, global: &mut [f64], w: &mut [f64], g: &[f64], st: &mut [&mut [f64]]);
+    fn update_f64(&self, s: &Step, global: &[f64], w: &mut [f64], g: &[f64], st: &mut [&mut [f64]]);
 
     /// The same update as a fused device kernel's step (computing in f64 when `f64`,
     /// else in f32), for rules that have one: the scalars are the ones `update_*` uses.
@@ -150,12 +161,12 @@ pub(crate) trait Rule: Send + Sync {
 
     /// Updates one row of `w` with that row of a row-sparse gradient, in f32, as MXNet's
     /// lazy (row-sparse) kernel does: the dense update, unless that kernel differs.
-    fn update_row_f32(&self, s: &Step, global: &mut [f64], w: &mut [f32], g: &[f32], st: &mut [&mut [f32]]) {
+    fn update_row_f32(&self, s: &Step, global: &[f64], w: &mut [f32], g: &[f32], st: &mut [&mut [f32]]) {
         self.update_f32(s, global, w, g, st)
     }
 
     /// [`Rule::update_row_f32`] in f64.
-    fn update_row_f64(&self, s: &Step, global: &mut [f64], w: &mut [f64], g: &[f64], st: &mut [&mut [f64]]) {
+    fn update_row_f64(&self, s: &Step, global: &[f64], w: &mut [f64], g: &[f64], st: &mut [&mut [f64]]) {
         self.update_f64(s, global, w, g, st)
     }
 }
@@ -182,10 +193,10 @@ macro_rules! fused_rule {
 /// Implements both `update_*` methods of a rule by its generic `apply`.
 macro_rules! float_rule {
     () => {
-        fn update_f32(&self, s: &Step, global: &mut [f64], w: &mut [f32], g: &[f32], st: &mut [&mut [f32]]) {
+        fn update_f32(&self, s: &Step, global: &[f64], w: &mut [f32], g: &[f32], st: &mut [&mut [f32]]) {
             self.apply(s, global, w, g, st)
         }
-        fn update_f64(&self, s: &Step, global: &mut [f64], w: &mut [f64], g: &[f64], st: &mut [&mut [f64]]) {
+        fn update_f64(&self, s: &Step, global: &[f64], w: &mut [f64], g: &[f64], st: &mut [&mut [f64]]) {
             self.apply(s, global, w, g, st)
         }
     };
@@ -257,14 +268,14 @@ impl Sgd {
         }
     }
 
-    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+    fn apply<R: Float>(&self, s: &Step, _global: &[f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
         self.params::<R>(s).run(w, g, st.first_mut().map(|m| &mut **m));
     }
 
     /// A row of a row-sparse gradient. With momentum, MXNet's lazy kernel
     /// (`SGDMomDnsRspDnsKernel`) is the dense one's expression; without, its
     /// `SGDDnsRspKernel` decays the weight first: `(1 - lr * wd) * w - step(g)`.
-    fn row<R: Float>(&self, s: &Step, global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+    fn row<R: Float>(&self, s: &Step, global: &[f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
         if self.momentum > 0.0 {
             return self.apply(s, global, w, g, st);
         }
@@ -293,11 +304,11 @@ impl Rule for Sgd {
     float_rule!();
     fused_rule!();
 
-    fn update_row_f32(&self, s: &Step, global: &mut [f64], w: &mut [f32], g: &[f32], st: &mut [&mut [f32]]) {
+    fn update_row_f32(&self, s: &Step, global: &[f64], w: &mut [f32], g: &[f32], st: &mut [&mut [f32]]) {
         self.row(s, global, w, g, st)
     }
 
-    fn update_row_f64(&self, s: &Step, global: &mut [f64], w: &mut [f64], g: &[f64], st: &mut [&mut [f64]]) {
+    fn update_row_f64(&self, s: &Step, global: &[f64], w: &mut [f64], g: &[f64], st: &mut [&mut [f64]]) {
         self.row(s, global, w, g, st)
     }
 }
@@ -318,7 +329,7 @@ impl Nag {
         fused_step(rule, &[lr, wd, r, kp::<R>(self.momentum)], c, None)
     }
 
-    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+    fn apply<R: Float>(&self, s: &Step, _global: &[f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
         let (lr, wd, r, c) = Self::params::<R>(s);
         match st.first_mut() {
             Some(mom) if self.momentum > 0.0 => {
@@ -378,7 +389,7 @@ impl Adam {
         fused_step(FusedRule::Adam, &k, c, None)
     }
 
-    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+    fn apply<R: Float>(&self, s: &Step, _global: &[f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
         let [mean, var] = st else { return };
         let ([lr, wd, r, b1, b2, eps], c) = self.params::<R>(s);
         for (((w, &g), m), v) in w.iter_mut().zip(g).zip(mean.iter_mut()).zip(var.iter_mut()) {
@@ -414,7 +425,7 @@ impl AdaGrad {
         fused_step(FusedRule::AdaGrad, &[neg_lr, wd, r, eps], c, None)
     }
 
-    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+    fn apply<R: Float>(&self, s: &Step, _global: &[f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
         let [history] = st else { return };
         let (r, c, eps, wd, neg_lr) = self.params::<R>(s);
         for ((w, &g), h) in w.iter_mut().zip(g).zip(history.iter_mut()) {
@@ -461,7 +472,7 @@ impl RmsProp {
         }
     }
 
-    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+    fn apply<R: Float>(&self, s: &Step, _global: &[f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
         let ([lr, wd, r, g1, g2, eps], c, cw) = self.params::<R>(s);
         match st {
             [n] if !self.centered => {
@@ -501,7 +512,7 @@ pub(crate) struct AdaDelta {
 }
 
 impl AdaDelta {
-    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+    fn apply<R: Float>(&self, s: &Step, _global: &[f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
         let [acc_g, acc_delta] = st else { return };
         let (r, c, wd) = (sc::<R>(s.rescale), s.nd_clip::<R>(), sc::<R>(s.wd));
         let (rho, one_minus_rho, eps) = (sc::<R>(self.rho), sc::<R>(1.0 - self.rho), sc::<R>(self.epsilon));
@@ -531,7 +542,7 @@ pub(crate) struct Ftrl {
 }
 
 impl Ftrl {
-    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+    fn apply<R: Float>(&self, s: &Step, _global: &[f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
         let [z, n] = st else { return };
         let (lr, wd, r, c) = (kp::<R>(s.lr), kp::<R>(s.wd), kp::<R>(s.rescale), s.kernel_clip::<R>());
         let (l1, beta) = (kp::<R>(self.lamda1), kp::<R>(self.beta));
@@ -560,7 +571,7 @@ pub(crate) struct Signum {
 }
 
 impl Signum {
-    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+    fn apply<R: Float>(&self, s: &Step, _global: &[f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
         let (lr, wd, r, c) = (kp::<R>(s.lr), kp::<R>(s.wd), kp::<R>(s.rescale), s.kernel_clip::<R>());
         match st.first_mut() {
             Some(mom) if self.momentum > 0.0 => {
@@ -594,9 +605,18 @@ impl Rule for Signum {
 /// SplitMix64 (Steele, Lea & Flood 2014): a small, seedable generator for SGLD's noise.
 struct SplitMix64(u64);
 
+/// SplitMix64's increment.
+const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+
 impl SplitMix64 {
+    /// The generator of `seed`, `pairs` normal pairs on ([`SplitMix64::normal_pair`]
+    /// draws two numbers): its state moves by a fixed step per number.
+    fn at_pair(seed: u64, pairs: usize) -> Self {
+        SplitMix64(seed.wrapping_add((pairs as u64).wrapping_mul(2).wrapping_mul(GOLDEN_GAMMA)))
+    }
+
     fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        self.0 = self.0.wrapping_add(GOLDEN_GAMMA);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -623,19 +643,19 @@ impl SplitMix64 {
 pub(crate) struct Sgld;
 
 impl Sgld {
-    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], _st: &mut [&mut [R]]) {
+    fn apply<R: Float>(&self, s: &Step, _global: &[f64], w: &mut [R], g: &[R], _st: &mut [&mut [R]]) {
         let (r, c, wd, half_lr) = (sc::<R>(s.rescale), s.nd_clip::<R>(), sc::<R>(s.wd), sc::<R>(-s.lr / 2.0));
         for (w, &g) in w.iter_mut().zip(g) {
             let g = clip(g * r, c);
             *w = *w + (g + *w * wd) * half_lr;
         }
         let std = s.lr.sqrt();
-        let mut rng = SplitMix64(s.seed);
-        for pair in w.chunks_mut(2) {
-            let (a, b) = rng.normal_pair();
-            for (w, z) in pair.iter_mut().zip([a, b]) {
-                *w = *w + sc::<R>(z * std);
-            }
+        // Element i of the key gets number i % 2 of normal pair i / 2, wherever a part
+        // of the key starts.
+        let mut rng = SplitMix64::at_pair(s.seed, s.offset / 2);
+        let noise = std::iter::from_fn(|| Some(<[f64; 2]>::from(rng.normal_pair()))).flatten();
+        for (w, z) in w.iter_mut().zip(noise.skip(s.offset % 2)) {
+            *w = *w + sc::<R>(z * std);
         }
     }
 }
@@ -658,7 +678,7 @@ pub(crate) struct DcaSgd {
 }
 
 impl DcaSgd {
-    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+    fn apply<R: Float>(&self, s: &Step, _global: &[f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
         let (r, c, wd, lamda, neg_lr) =
             (sc::<R>(s.rescale), s.nd_clip::<R>(), sc::<R>(s.wd), sc::<R>(self.lamda), sc::<R>(-s.lr));
         let mu = sc::<R>(self.momentum);
@@ -702,7 +722,7 @@ pub(crate) struct Adamax {
 }
 
 impl Adamax {
-    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+    fn apply<R: Float>(&self, s: &Step, _global: &[f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
         let [mean, u] = st else { return };
         let lr = sc::<R>(s.lr / (1.0 - powt(self.beta1, s.t)));
         let (r, c, wd) = (sc::<R>(s.rescale), s.nd_clip::<R>(), sc::<R>(s.wd));
@@ -735,7 +755,7 @@ pub(crate) struct Ftml {
 }
 
 impl Ftml {
-    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+    fn apply<R: Float>(&self, s: &Step, _global: &[f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
         let [prev_d, v, z] = st else { return };
         let (lr, wd, r, c) = (kp::<R>(s.lr), kp::<R>(s.wd), kp::<R>(s.rescale), s.kernel_clip::<R>());
         let (b1, b2, eps) = (kp::<R>(self.beta1), kp::<R>(self.beta2), kp::<R>(self.epsilon));
@@ -812,7 +832,7 @@ impl Lbsgd {
         (weight2 / (grad2 + wd * weight2 + 1e-18)).sqrt().clamp(0.01, 100.0)
     }
 
-    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+    fn apply<R: Float>(&self, s: &Step, _global: &[f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
         let (mom, cum): (Option<&mut [R]>, &mut [R]) = match st {
             [mom, cum] => (Some(&mut **mom), &mut **cum),
             [cum] => (None, &mut **cum),
@@ -925,18 +945,21 @@ pub(crate) struct Nadam {
 }
 
 impl Nadam {
-    fn apply<R: Float>(&self, s: &Step, global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+    /// The momentum of update `t` (and, at `t + 1`, of the next).
+    fn momentum(&self, t: u64) -> f64 {
+        self.beta1 * (1.0 - 0.5 * 0.96f64.powf(t as f64 * self.schedule_decay))
+    }
+
+    fn apply<R: Float>(&self, s: &Step, global: &[f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
         let [mean, var] = st else { return };
-        let Some(m_schedule) = global.first_mut() else { return };
-        let t = s.t as f64;
-        let momentum_t = self.beta1 * (1.0 - 0.5 * 0.96f64.powf(t * self.schedule_decay));
-        let momentum_t_1 = self.beta1 * (1.0 - 0.5 * 0.96f64.powf((t + 1.0) * self.schedule_decay));
-        *m_schedule *= momentum_t;
-        let m_schedule_next = *m_schedule * momentum_t_1;
+        // (Advanced for this update: `Rule::advance`.)
+        let Some(&m_schedule) = global.first() else { return };
+        let (momentum_t, momentum_t_1) = (self.momentum(s.t), self.momentum(s.t + 1));
+        let m_schedule_next = m_schedule * momentum_t_1;
         let (r, c, wd, lr) = (sc::<R>(s.rescale), s.nd_clip::<R>(), sc::<R>(s.wd), sc::<R>(s.lr));
         let (b1, one_minus_b1) = (sc::<R>(self.beta1), sc::<R>(1.0 - self.beta1));
         let (b2, one_minus_b2) = (sc::<R>(self.beta2), sc::<R>(1.0 - self.beta2));
-        let g_div = sc::<R>(1.0 - *m_schedule);
+        let g_div = sc::<R>(1.0 - m_schedule);
         let m_div = sc::<R>(1.0 - m_schedule_next);
         let v_div = sc::<R>(1.0 - powt(self.beta2, s.t));
         let (c_g, c_m, eps) = (sc::<R>(1.0 - momentum_t), sc::<R>(momentum_t_1), sc::<R>(self.epsilon));
@@ -955,6 +978,11 @@ impl Nadam {
 impl Rule for Nadam {
     fn states(&self) -> &'static [&'static str] {
         &["mean", "var"]
+    }
+    fn advance(&self, s: &Step, global: &mut [f64]) {
+        if let Some(m_schedule) = global.first_mut() {
+            *m_schedule *= self.momentum(s.t);
+        }
     }
     fn global_init(&self) -> Vec<f64> {
         vec![1.0]
@@ -976,7 +1004,7 @@ pub(crate) struct Lamb {
 }
 
 impl Lamb {
-    fn apply<R: Float>(&self, s: &Step, _global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+    fn apply<R: Float>(&self, s: &Step, _global: &[f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
         let [mean, var] = st else { return };
         let (lr, wd, r, c) = (kp::<R>(s.lr), kp::<R>(s.wd), kp::<R>(s.rescale), s.kernel_clip::<R>());
         let (b1, b2, eps) = (kp::<R>(self.beta1), kp::<R>(self.beta2), kp::<R>(self.epsilon));
@@ -1039,17 +1067,11 @@ pub(crate) struct Lars {
 }
 
 impl Lars {
-    fn apply<R: Float>(&self, s: &Step, global: &mut [f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
-        let [cur_lr, last_lr] = global else { return };
-        // LARS._get_lrs tracks the schedule's rate before lr_mult; `cur_lr` is None
-        // (here negative) until the first update.
-        *last_lr = if *cur_lr < 0.0 { s.base_lr } else { *cur_lr };
-        *cur_lr = s.base_lr;
-        let momentum = if self.momentum_correction && *last_lr != 0.0 {
-            self.momentum * (*cur_lr / *last_lr)
-        } else {
-            self.momentum
-        };
+    fn apply<R: Float>(&self, s: &Step, global: &[f64], w: &mut [R], g: &[R], st: &mut [&mut [R]]) {
+        // (Advanced for this update: `Rule::advance`.)
+        let &[cur_lr, last_lr] = global else { return };
+        let momentum =
+            if self.momentum_correction && last_lr != 0.0 { self.momentum * (cur_lr / last_lr) } else { self.momentum };
         let (lr, wd) = (s.lr as f32, s.wd as f32);
         let w_sum_sq = sum_sq(w);
         let g_sum_sq = sum_sq(g);
@@ -1075,6 +1097,14 @@ impl Lars {
 impl Rule for Lars {
     fn states(&self) -> &'static [&'static str] {
         if self.momentum != 0.0 { &["momentum"] } else { &[] }
+    }
+    fn advance(&self, s: &Step, global: &mut [f64]) {
+        // LARS._get_lrs tracks the schedule's rate before lr_mult; `cur_lr` is None
+        // (here negative) until the first update.
+        if let [cur_lr, last_lr] = global {
+            *last_lr = if *cur_lr < 0.0 { s.base_lr } else { *cur_lr };
+            *cur_lr = s.base_lr;
+        }
     }
     fn global_init(&self) -> Vec<f64> {
         // Rates are never negative; -1 stands for Python's None (NaN would not survive
