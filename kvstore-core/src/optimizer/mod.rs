@@ -863,8 +863,10 @@ impl Runtime {
             offset: 0,
         };
         if global.values.is_empty() {
-            // Only rules with values shared by all keys (Nadam) need the lock for the
-            // update itself; the others update different keys in parallel.
+            // Rules with no values shared by all keys update different keys in
+            // parallel. The others (Nadam, LARS) advance them for this key and update
+            // under the lock, so that a snapshot of the optimizer never sees values
+            // advanced for a key whose update has not run.
             drop(global);
             apply(&step, &[], st)
         } else {
