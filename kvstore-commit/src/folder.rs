@@ -824,13 +824,15 @@ impl Folder {
         let optimizer = store.own_counters();
         let at = Writing { step, rank, ranks, alone: store.has_owners(), optimizer: &optimizer };
         // Every rank takes part in the writers' exchanges, whatever failed before.
+        // A dist_sync rank snapshots the store whatever failed before: with owners, the
+        // snapshot gathers the optimizer state from every rank.
         let written = match checked {
-            Err(e) => self.write_commit(group, at, extra, Err(&e)),
-            Ok(()) => {
+            Err(e) if store.has_owners() => self.write_commit(group, at, extra, Err(&e)),
+            checked => {
                 let mut wrote = false;
                 let mut write = |snap: &Snapshot<'_>| {
                     wrote = true;
-                    self.write_commit(group, at, extra, Ok(snap))
+                    self.write_commit(group, at, extra, checked.as_ref().map(|()| snap))
                 };
                 let snapshot = match store.has_owners() {
                     false => store.whole_snapshot(OP, false, &self.gathered, &mut write),

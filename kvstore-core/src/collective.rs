@@ -4,6 +4,8 @@
 //! stores (Horovod, BytePS) and PyTorch DDP sum across the workers instead, which is
 //! what a `dist_sync` store built with a `Collective` does.
 
+use std::ops::Range;
+
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
@@ -36,6 +38,34 @@ pub trait Collective: Send + Sync {
     /// # Errors
     /// [`crate::Error::Backend`] if the group is broken.
     fn allreduce_sum(&self, pairs: &[(&NDArray, &NDArray)]) -> Result<()>;
+
+    /// For each `(source, destination)` pair, the sums of [`Collective::allreduce_sum`]
+    /// (the same bits) of the elements that `parts[j][r]` names (a range of flat
+    /// elements per worker `r`), each worker receiving its own range's only: what a
+    /// `dist_sync` push with owners moves to each key's owners (`kvstore/layout.rs`).
+    /// The rest of a destination is left unspecified. The default sums everything on
+    /// every worker ([`Collective::allreduce_sum`]); a transport may move each worker's
+    /// ranges to it alone, half the bytes.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] if the group is broken.
+    fn reduce_scatter_sum(&self, pairs: &[(&NDArray, &NDArray)], parts: &[Vec<Range<usize>>]) -> Result<()> {
+        let _ = parts;
+        self.allreduce_sum(pairs)
+    }
+
+    /// For each array, worker `r`'s elements `parts[j][r]` (a range of flat elements
+    /// per worker) copied from worker `r` to every other worker, for the call `step`:
+    /// the owners' new values reaching every worker after a `dist_sync` push with
+    /// owners. The default packs each worker's ranges into one buffer and moves it with
+    /// [`Collective::all_gather`].
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] if the group is broken; [`crate::Error::Internal`] for
+    /// `parts` that do not fit the arrays.
+    fn all_gather_parts(&self, step: &str, arrays: &[&NDArray], parts: &[Vec<Range<usize>>]) -> Result<()> {
+        gather_parts_through_bytes(self, step, arrays, parts)
+    }
 
     /// Overwrites every array with the one of worker `root`.
     ///
@@ -92,6 +122,60 @@ pub trait Collective: Send + Sync {
     fn set_timeout(&self, timeout: std::time::Duration) {
         let _ = timeout;
     }
+}
+
+/// [`Collective::all_gather_parts`] over [`Collective::all_gather`]: each worker's
+/// ranges packed in array order, padded to the longest worker's bytes.
+///
+/// # Errors
+/// As [`Collective::all_gather_parts`].
+pub fn gather_parts_through_bytes<C: Collective + ?Sized>(
+    group: &C,
+    step: &str,
+    arrays: &[&NDArray],
+    parts: &[Vec<Range<usize>>],
+) -> Result<()> {
+    let (world, rank) = (group.size(), group.rank());
+    let fits = parts.len() == arrays.len()
+        && arrays
+            .iter()
+            .zip(parts)
+            .all(|(a, p)| p.len() == world && p.iter().all(|r| r.start <= r.end && r.end <= a.size()));
+    if !fits {
+        return Err(Error::Internal(format!("{step}: parts that do not fit the arrays to gather")));
+    }
+    let bytes_of = |r: usize| -> usize { arrays.iter().zip(parts).map(|(a, p)| p[r].len() * a.dtype().size()).sum() };
+    let longest = (0..world).map(bytes_of).max().unwrap_or(0);
+    if longest == 0 {
+        return Ok(());
+    }
+    let mut mine = Vec::with_capacity(longest);
+    for (a, p) in arrays.iter().zip(parts) {
+        let each = a.dtype().size();
+        mine.extend_from_slice(&a.read()?.bytes()[p[rank].start * each..p[rank].end * each]);
+    }
+    mine.resize(longest, 0);
+    let all = group.all_gather(step, &mine)?;
+    if all.len() != longest * world {
+        return Err(Error::Internal(format!("{step}: gathered {} bytes, expected {}", all.len(), longest * world)));
+    }
+    // Where each worker's next range starts in its slot: its ranges come in array order.
+    let mut at: Vec<usize> = (0..world).map(|r| r * longest).collect();
+    for (a, p) in arrays.iter().zip(parts) {
+        let each = a.dtype().size();
+        if (0..world).any(|r| r != rank && !p[r].is_empty()) {
+            let mut w = a.write()?;
+            let bytes = w.bytes_mut();
+            for r in (0..world).filter(|&r| r != rank) {
+                let n = p[r].len() * each;
+                bytes[p[r].start * each..p[r].end * each].copy_from_slice(&all[at[r]..at[r] + n]);
+            }
+        }
+        for (r, at) in at.iter_mut().enumerate() {
+            *at += p[r].len() * each;
+        }
+    }
+    Ok(())
 }
 
 /// The longest record [`Collective::exchange`] takes.

@@ -80,7 +80,9 @@ pub use dtype::{DType, Element};
 pub use error::{Cause, Error, ErrorKind, Result};
 pub use key::{Key, Keys, shorten};
 pub use kvstore::forms::{RowSparsePushes, Values};
-pub use kvstore::{CallCount, KVStore, KVStoreBuilder, Pending, RankStats, Release, Restored, Stats, StorageType};
+pub use kvstore::{
+    CallCount, KVStore, KVStoreBuilder, Layout, Pending, RankStats, Release, Restored, Stats, StorageType,
+};
 pub use ndarray::{ForeignMemory, NDArray, Operand, RowSparse};
 pub use optimizer::{
     LrScheduler, Optimizer, OptimizerBuilder, OptimizerSpec, ParamValue, ScheduleKind, ScheduleSpec, WarmupMode,

@@ -28,6 +28,9 @@ pub(crate) const MAX_QUEUED_CALLS_VAR: &str = "KVSTORE_MAX_QUEUED_CALLS";
 /// The bytes of copies held for queued calls before the next waits.
 pub(crate) const MAX_COPIED_BYTES_VAR: &str = "KVSTORE_MAX_COPIED_BYTES";
 
+/// Where a `dist_sync` store's optimizer state lives: `owners` or `replicated`.
+pub(crate) const LAYOUT_VAR: &str = "KVSTORE_LAYOUT";
+
 /// The environment variable that turns the timeline on: the path of its file.
 pub const TIMELINE_VAR: &str = "KVSTORE_TIMELINE";
 /// The environment variable that bounds the timeline's file, in bytes.
@@ -80,6 +83,18 @@ pub(crate) fn number(given: Option<usize>, var: &str, default: usize) -> Result<
             v.trim().parse().map_err(|_| Error::invalid_argument(format!("{var}: \"{}\" is not a number", shorten(&v))))
         }
         (None, None) => Ok(default),
+    }
+}
+
+/// A `dist_sync` store's layout: `given` (the builder's), else [`LAYOUT_VAR`]'s, else
+/// the default.
+pub(crate) fn layout(given: Option<crate::Layout>) -> Result<crate::Layout> {
+    match (given, read(LAYOUT_VAR)) {
+        (Some(l), _) => Ok(l),
+        (None, Some(v)) if !v.trim().is_empty() => {
+            crate::Layout::parse(&v).map_err(|e| Error::invalid_argument(format!("{LAYOUT_VAR}: {e}")))
+        }
+        _ => Ok(crate::Layout::default()),
     }
 }
 

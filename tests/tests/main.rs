@@ -17,6 +17,7 @@ mod hostile;
 mod nonblocking;
 mod optimizer_states;
 mod optimizers;
+mod owners;
 mod row_sparse;
 mod seam;
 mod shared_arrays;

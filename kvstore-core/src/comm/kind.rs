@@ -62,6 +62,12 @@ impl StoreKind {
         matches!(self, StoreKind::Dist | StoreKind::DistDevice)
     }
 
+    /// Whether stores of this kind may keep each key's optimizer state on its owners
+    /// (`dist_sync`; `dist_sync_device` keeps replicas on the devices).
+    pub(crate) fn may_have_owners(self) -> bool {
+        self == StoreKind::Dist
+    }
+
     /// Whether stores of this kind apply pushes on each key's owner as they arrive
     /// (they need a `Remote`).
     pub(crate) fn is_async(self) -> bool {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::data::{Durable, KVStore, Merger, Owners, Store, Table};
+use super::layout::Layout;
 use super::{pending::Unobserved, run, stats};
 use crate::collective::Collective;
 use crate::comm::StoreKind;
@@ -25,6 +26,8 @@ pub struct KVStoreBuilder {
     fuse_bytes: Option<usize>,
     max_queued_calls: Option<usize>,
     max_copied_bytes: Option<usize>,
+    layout: Option<Layout>,
+    bound: Option<usize>,
     /// Whether the store takes part in its job's commits (the installed
     /// [`MakeDurable`](crate::backend::MakeDurable) gives its durability): not the
     /// stores a store makes for itself ([`KVStore::internal_local`]).
@@ -118,6 +121,8 @@ impl KVStoreBuilder {
             fuse_bytes: None,
             max_queued_calls: None,
             max_copied_bytes: None,
+            layout: None,
+            bound: None,
             commits: true,
             durable: None,
         }
@@ -184,6 +189,28 @@ impl KVStoreBuilder {
     /// stores.
     pub fn fuse_calls(mut self, bytes: usize) -> Self {
         self.fuse_bytes = Some(bytes);
+        self
+    }
+
+    /// Where a `dist_sync` store's optimizer state lives and who runs each key's
+    /// update (default [`Layout::Replicated`], or `KVSTORE_LAYOUT`): with
+    /// [`Layout::Owners`], each key's state lives on its owners only, as on MXNet's
+    /// servers (a key under `MXNET_KVSTORE_BIGARRAY_BOUND` elements on one rank, a
+    /// bigger one split across every rank), a push sums each part on its owner, which
+    /// updates it, and the new values reach every rank; the values every rank pulls are
+    /// the same bits either way. Every rank must choose the same layout (ranks that
+    /// differ fail their pushes, saying so). Ignored by the other kinds, and by
+    /// `dist_sync_device`, whose keys stay replicated.
+    pub fn layout(mut self, layout: Layout) -> Self {
+        self.layout = Some(layout);
+        self
+    }
+
+    /// The size, in elements, from which a `dist_sync` store with owners splits a key
+    /// across every rank (default MXNet's 10^6, or `MXNET_KVSTORE_BIGARRAY_BOUND`); a
+    /// smaller key is owned whole by one rank. Every rank must give the same.
+    pub fn bigarray_bound(mut self, elements: usize) -> Self {
+        self.bound = Some(elements);
         self
     }
 
@@ -280,6 +307,22 @@ impl KVStoreBuilder {
         let fuse_bytes = number(self.fuse_bytes, FUSE_BYTES_VAR, run::fused::DEFAULT_FUSE_BYTES)?;
         let max_queued_calls = number(self.max_queued_calls, MAX_QUEUED_CALLS_VAR, DEFAULT_MAX_QUEUED_CALLS)?;
         let max_copied_bytes = number(self.max_copied_bytes, MAX_COPIED_BYTES_VAR, DEFAULT_MAX_COPIED_BYTES)?;
+        // Owners where the keys' values live on the host (the devices' store keeps
+        // replicas): the layout asked for, and the bound it splits keys at.
+        let layout = match (&self.collective, kind.may_have_owners()) {
+            (Some(_), true) => crate::settings::layout(self.layout)?,
+            _ => Layout::Replicated,
+        };
+        let bound = match layout {
+            Layout::Owners => match self.bound {
+                Some(0) => {
+                    return Err(Error::invalid_argument("bigarray_bound: expected a number of elements above 0"));
+                }
+                Some(n) => n,
+                None => crate::settings::bigarray_bound()?,
+            },
+            Layout::Replicated => usize::MAX,
+        };
         let grouped = self.collective.is_some() || remote.is_some();
         let commits = match (self.durable, self.commits) {
             (Some(durable), _) => Some(durable),
@@ -301,6 +344,8 @@ impl KVStoreBuilder {
             unobserved: Unobserved::default(),
             steps: std::sync::atomic::AtomicU64::new(0),
             compare_calls: self.compare_calls,
+            layout,
+            bound,
             counters: stats::Counters::default(),
             _timeline: crate::timeline::Hold::new(),
             commits,

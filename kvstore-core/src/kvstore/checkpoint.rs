@@ -448,14 +448,22 @@ impl Store {
             Merger::Optimizer(rt) => ("optimizer", Some(rt)),
         };
         let names = runtime.map_or(&[][..], |rt| opt_states::state_names(rt));
+        // With owners, every key's state gathered whole (on every worker).
+        let pairs: Vec<(&Entry, &Slot)> = entries.iter().map(|e| &***e).zip(guards.iter().copied()).collect();
+        let gathered = match runtime {
+            Some(rt) => self.whole_states(rt, &pairs)?,
+            None => None,
+        };
+        let states: Vec<Option<&KeyState>> = match &gathered {
+            Some(whole) => whole.iter().map(Option::as_ref).collect(),
+            None => guards.iter().map(|g| g.opt.as_ref().filter(|_| runtime.is_some())).collect(),
+        };
         // Per key: the value, then its state arrays (with an optimizer only).
         let arrays: Vec<Vec<&NDArray>> = guards
             .iter()
-            .map(|g| {
-                let state = g.opt.as_ref().filter(|_| runtime.is_some());
-                std::iter::once(&g.value)
-                    .chain(state.into_iter().flat_map(|s| s.states.iter().chain(&s.master)))
-                    .collect()
+            .zip(&states)
+            .map(|(g, state)| {
+                std::iter::once(&g.value).chain(state.iter().flat_map(|s| s.states.iter().chain(&s.master))).collect()
             })
             .collect();
         let bufs: Vec<Vec<_>> =
@@ -463,7 +471,7 @@ impl Store {
         let mut tensors = Vec::new();
         let mut keys = Vec::with_capacity(entries.len());
         for (n, ((entry, g), (arrays, bufs))) in entries.iter().zip(&guards).zip(arrays.iter().zip(&bufs)).enumerate() {
-            let state = g.opt.as_ref().filter(|_| runtime.is_some());
+            let state = states[n];
             if let Some(st) = state
                 && st.states.len() != names.len()
             {
@@ -582,8 +590,11 @@ impl Store {
         self.check_step(OP, &[], Ok(()))?;
         let rank = self.collective.as_ref().map_or(0, |c| c.rank());
         let written = if rank == 0 {
-            opt_states::save_target(path, OP)
-                .and_then(|target| opt_states::write_file(&target, &self.checkpoint_bytes(OP)?, OP))
+            let bytes = self.checkpoint_bytes(OP);
+            opt_states::save_target(path, OP).and_then(|target| opt_states::write_file(&target, &bytes?, OP))
+        } else if self.layout == super::layout::Layout::Owners {
+            // The owners' states reach rank 0 through every rank's snapshot.
+            self.snapshot(OP, |_| Ok(()))
         } else {
             Ok(())
         };
@@ -635,9 +646,29 @@ impl Store {
                 g.opt = None;
             }
         }
+        // With owners, each key keeps this worker's part of its state (the runtime
+        // the file brings, or the store's), cut before anything changes: a new key's
+        // owner is where `add_entry` will place it, in the file's order.
+        let runtime = match (&plan.merger, &*merger) {
+            (Some(Merger::Optimizer(rt)), _) | (None, Merger::Optimizer(rt)) => Some(Arc::clone(rt)),
+            _ => None,
+        };
+        let mut balance = table.balance.clone();
+        let mut keys = Vec::with_capacity(plan.keys.len());
+        for (slot, key, value, state, row_sparse) in plan.keys {
+            let owner = match slot {
+                Some(i) => entries[i].owner,
+                None => self.place(&mut balance, &value),
+            };
+            let state = match (&runtime, state) {
+                (Some(rt), Some(st)) => Some(self.own_part(owner, value.size(), rt, st)?),
+                (_, state) => state,
+            };
+            keys.push((slot, key, value, state, row_sparse));
+        }
         // The file's keys are updated in the file's order from now on, after the
         // store's other keys: the order of the run that saved it.
-        for (slot, key, value, state, row_sparse) in plan.keys {
+        for (slot, key, value, state, row_sparse) in keys {
             let order = table.take_order();
             match slot {
                 Some(i) => {
@@ -708,23 +739,38 @@ impl Store {
 impl Store {
     /// `save_optimizer_states` once this store's calls are done: every key's state with
     /// the optimizer's, written to `target`.
-    pub(super) fn save_optimizer_states_now(&self, target: &Path) -> Result<()> {
+    pub(super) fn save_optimizer_states_now(&self, path: &Path) -> Result<()> {
         const OP: &str = "save_optimizer_states";
+        // (A path this worker cannot write to fails its own call only, after the
+        // others' states were gathered.)
+        let target = opt_states::save_target(path, OP);
+        if self.layout == super::layout::Layout::Owners {
+            // Every worker gathers the owners' states: a step of them all.
+            self.check_step(OP, &[], Ok(()))?;
+        }
         let held = Held::new(OP, self, &[])?;
         let merger = held.merger_read(OP, &self.merger)?;
         let runtime = Store::runtime(OP, &merger)?;
         let entries = self.entries();
         let locked: Vec<&Arc<Entry>> = entries.iter().collect();
         let guards = held.read(OP, &locked)?;
+        // With owners, every key's state gathered whole (every worker saves).
+        let pairs: Vec<(&Entry, &Slot)> = entries.iter().map(|e| &**e).zip(guards.iter().map(|g| &**g)).collect();
+        let gathered = self.whole_states(runtime, &pairs)?;
+        let states: Vec<Option<&KeyState>> = match &gathered {
+            Some(whole) => whole.iter().map(Option::as_ref).collect(),
+            None => guards.iter().map(|g| g.opt.as_ref()).collect(),
+        };
         let keyed: Vec<(Key, Vec<usize>, &KeyState)> = entries
             .iter()
             .zip(&guards)
-            .filter_map(|(e, g)| Some((e.key.clone(), g.value.shape().to_vec(), g.opt.as_ref()?)))
+            .zip(states)
+            .filter_map(|((e, g), st)| Some((e.key.clone(), g.value.shape().to_vec(), st?)))
             .collect();
         let bytes = opt_states::encode(runtime, &runtime.snapshot(), &keyed)?;
         drop(guards);
         drop(merger);
-        opt_states::write_file(target, &bytes, OP)
+        opt_states::write_file(&target?, &bytes, OP)
     }
 
     /// `load_optimizer_states` once this store's calls are done: the file at `path`
@@ -750,6 +796,19 @@ impl Store {
                 opt_states::KeySlot { key: &e.key, weight: value, state: opt }
             })
             .collect();
+        // With owners, each key's state is cut to this worker's part before anything
+        // changes.
+        let by_key: HashMap<&Key, &Arc<Entry>> = entries.iter().map(|e| (&e.key, e)).collect();
+        let loaded = loaded
+            .into_iter()
+            .map(|mut l| {
+                if let Some(e) = by_key.get(&l.key) {
+                    let n = e.shape().iter().product();
+                    l.state = self.own_part(e.owner, n, runtime, l.state)?;
+                }
+                Ok(l)
+            })
+            .collect::<Result<Vec<_>>>()?;
         opt_states::install(runtime, loaded, &mut slots, OP, context)?;
         runtime.restore(snapshot);
         Ok(())

@@ -21,6 +21,8 @@ use crate::ndarray::NDArray;
 use crate::optimizer::{KeyState, Optimizer, Runtime};
 use crate::updater::Updater;
 
+use super::layout::{Balance, Layout, Owner};
+
 /// Laid out for a call on many keys: what a call reads of each key's entry (its index,
 /// shape and dtype, which never change, its key, the lock, and the value's handle,
 /// first in the slot) fills the first line of an entry aligned to a cache line, so a
@@ -40,14 +42,17 @@ pub(super) struct Entry {
     pub(super) value: RwLock<Slot>,
     /// The value's shape (what `dims` holds when it can).
     pub(super) shape: Box<[usize]>,
+    /// Who updates the key under `dist_sync` with owners (`layout.rs`), fixed when the
+    /// key is made.
+    pub(super) owner: Owner,
 }
 
 impl Entry {
     /// [`Entry::ndim`] of a shape that `dims` cannot hold.
     pub(super) const LONG: u8 = u8::MAX;
 
-    /// The entry of a new key, at `index`, holding `slot`.
-    pub(super) fn new(key: Key, index: usize, slot: Slot) -> Arc<Self> {
+    /// The entry of a new key, at `index`, holding `slot`, owned by `owner`.
+    pub(super) fn new(key: Key, index: usize, slot: Slot, owner: Owner) -> Arc<Self> {
         let (shape, dtype) = (slot.value.shape(), slot.value.dtype());
         // (Dimensions past the value's are 1: their product is its size.)
         let mut dims = [1; 3];
@@ -58,7 +63,7 @@ impl Entry {
             false => Self::LONG,
         };
         let shape = shape.into();
-        Arc::new(Entry { index, ndim, dtype, dims, key, value: RwLock::new(slot), shape })
+        Arc::new(Entry { index, ndim, dtype, dims, key, value: RwLock::new(slot), shape, owner })
     }
 
     /// The value's shape, which never changes.
@@ -166,6 +171,8 @@ pub(super) struct Table {
     /// The next key's [`Slot::order`]: `init` gives each key the next, and a loaded
     /// checkpoint gives its keys the next ones, in the file's order.
     pub(super) next_order: u64,
+    /// The bytes each rank owns so far, where the next key goes (`layout.rs`).
+    pub(super) balance: Balance,
 }
 
 /// An entry in [`Table::entries`]: hashed and compared as its key.
@@ -287,6 +294,10 @@ pub(crate) struct Store {
     pub(super) max_queued_calls: usize,
     /// Back-pressure: see [`KVStoreBuilder::max_copied_bytes`] (`usize::MAX`: none).
     pub(super) max_copied_bytes: usize,
+    /// Where a `dist_sync` store's optimizer state lives ([`Layout`]; `Replicated` for
+    /// the other kinds), and the big-array bound its owners split keys at.
+    pub(super) layout: Layout,
+    pub(super) bound: usize,
 }
 
 impl fmt::Debug for KVStore {
@@ -460,7 +471,8 @@ impl Store {
     /// Adds key `key` with its first slot, under the table's write lock.
     pub(super) fn add_entry(&self, table: &mut Table, key: Key, slot: Slot) {
         let index = table.entries.len();
-        let entry = Entry::new(key, index, slot);
+        let owner = self.place(&mut table.balance, &slot.value);
+        let entry = Entry::new(key, index, slot, owner);
         table.entries.insert(ByKey(Arc::clone(&entry)));
         let at = self.entries.push(entry);
         debug_assert_eq!(at, index, "entries are added under the table's write lock, in index order");

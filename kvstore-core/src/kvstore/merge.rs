@@ -12,6 +12,8 @@ use super::data::{Entry, Group, Merger, Slot, Store};
 use super::locks::Held;
 use super::stats::{self, Phase};
 use crate::collective::Collective;
+use std::ops::Range;
+
 use crate::comm::{BroadcastJob, PushKey, ReduceJob};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -82,7 +84,16 @@ impl Store {
     /// single value goes straight into the across-workers sum, with no local copy.
     /// With gradient compression (`across`, one job per pushed key, in order), each
     /// worker's sums cross as 2-bit codes instead ([`Across::sum`]).
-    fn sum(&self, jobs: &[ReduceJob<'_>], across: Option<(&mut Across, Vec<&[f32]>)>) -> Result<()> {
+    ///
+    /// With owners (`parts`, one entry per job: each worker's range of the job's
+    /// elements), each worker receives only its own ranges' sums (a reduce-scatter,
+    /// `kvstore/layout.rs`); a compressed push still gives every worker every sum.
+    fn sum(
+        &self,
+        jobs: &[ReduceJob<'_>],
+        across: Option<(&mut Across, Vec<&[f32]>)>,
+        parts: Option<&[Vec<Range<usize>>]>,
+    ) -> Result<()> {
         let Some(group) = &self.collective else {
             let _sum = self.counters.phase(Phase::Sum);
             return self.comm.reduce(jobs);
@@ -112,8 +123,17 @@ impl Store {
                 Ok(())
             }
             None => {
-                group.allreduce_sum(&pairs)?;
-                let moved = 2 * (n - 1) * bytes / n.max(1);
+                // A reduce-scatter moves half an allreduce's bytes.
+                let moved = match parts {
+                    Some(parts) => {
+                        group.reduce_scatter_sum(&pairs, parts)?;
+                        (n - 1) * bytes / n.max(1)
+                    }
+                    None => {
+                        group.allreduce_sum(&pairs)?;
+                        2 * (n - 1) * bytes / n.max(1)
+                    }
+                };
                 self.counters.wire(moved, moved);
                 Ok(())
             }
@@ -204,7 +224,7 @@ impl Store {
                     .zip(push_slots)
                     .map(|(g, &i)| ReduceJob { inputs: g.arrays, out: &guards[i].value })
                     .collect();
-                self.sum(&jobs, across.as_mut().map(|a| (a, residuals_of(guards, push_slots))))?;
+                self.sum(&jobs, across.as_mut().map(|a| (a, residuals_of(guards, push_slots))), None)?;
                 crate::ndarray::values_read();
             }
             Merger::Optimizer(runtime) => {
@@ -237,11 +257,19 @@ impl Store {
                 if updates.windows(2).any(|w| place(w[0]) > place(w[1])) {
                     updates.sort_by_key(|&j| place(j));
                 }
+                // With owners, each key's ranges: every worker's elements of it, and
+                // this worker updates its own only (`kvstore/layout.rs`).
+                let parts = self.owned_ranges(
+                    runtime,
+                    push.iter().zip(push_slots).map(|(g, &i)| (g.entry.owner, guards[i].value.size())),
+                );
+                let mine = |j: usize| parts.as_ref().map(|p| p[j][self.rank()].clone());
                 let mut created = Vec::new();
-                for &i in push_slots {
+                for (j, &i) in push_slots.iter().enumerate() {
                     let slot = &mut *guards[i];
                     if slot.opt.is_none() {
-                        match runtime.new_state(&slot.value) {
+                        let part = mine(j).unwrap_or(0..slot.value.size());
+                        match runtime.new_state_part(&slot.value, part) {
                             Ok(st) => {
                                 slot.opt = Some(st);
                                 created.push(i);
@@ -261,18 +289,46 @@ impl Store {
                     .filter(|(g, _)| merged(g))
                     .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays, out: guards[i].merge.as_ref()? }))
                     .collect();
-                self.sum(&jobs, across.as_mut().map(|a| (a, residuals_of(guards, push_slots))))?;
-                let _update = self.counters.phase(Phase::Update);
-                for (g, &i) in updates.iter().map(|&j| (&push[j], &push_slots[j])) {
+                let residuals = across.as_mut().map(|a| (a, residuals_of(guards, push_slots)));
+                self.sum(&jobs, residuals, parts.as_deref())?;
+                let update = self.counters.phase(Phase::Update);
+                for (j, g, &i) in updates.iter().map(|&j| (j, &push[j], &push_slots[j])) {
                     let Slot { value, opt, merge, .. } = &mut *guards[i];
                     let grad = match (g.arrays, merge.as_ref()) {
                         (_, Some(m)) if merged(g) => m,
                         ([one], _) => *one,
                         _ => return Err(Error::Internal("push: no merge buffer".into())),
                     };
-                    runtime.update(&g.entry.key, value, grad, opt)?;
+                    match mine(j) {
+                        Some(part) => runtime.update_part(&g.entry.key, value, grad, opt, part)?,
+                        None => runtime.update(&g.entry.key, value, grad, opt)?,
+                    }
                 }
+                drop(update);
                 crate::ndarray::values_read();
+                if let (Some(parts), Some(group)) = (&parts, &self.collective) {
+                    // The owners' new values reach every worker.
+                    let values: Vec<&NDArray> = push_slots.iter().map(|&i| &guards[i].value).collect();
+                    let theirs: u64 = values
+                        .iter()
+                        .zip(parts.iter())
+                        .map(|(v, p)| (v.size() - p[self.rank()].len()) as u64 * v.dtype().size() as u64)
+                        .sum();
+                    let mine: u64 = values
+                        .iter()
+                        .zip(parts.iter())
+                        .map(|(v, p)| p[self.rank()].len() as u64 * v.dtype().size() as u64)
+                        .sum();
+                    let _gather = self.counters.phase(Phase::Wire).with(|| {
+                        vec![
+                            ("collective", Arg::S("all-gather".into())),
+                            ("keys", Arg::U(values.len() as u64)),
+                            ("bytes", Arg::U(theirs)),
+                        ]
+                    });
+                    group.all_gather_parts("push: the owners' values", &values, parts)?;
+                    self.counters.wire(mine * (group.size() as u64 - 1), theirs);
+                }
             }
             Merger::Custom(updater) => {
                 // The updater works on each key's spare copy of its value, brought up
@@ -300,7 +356,7 @@ impl Store {
                 if jobs.len() != push.len() {
                     return Err(Error::Internal("push: no merge buffer".into()));
                 }
-                self.sum(&jobs, across.as_mut().map(|a| (a, residuals_of(guards, push_slots))))?;
+                self.sum(&jobs, across.as_mut().map(|a| (a, residuals_of(guards, push_slots))), None)?;
                 // The updater works on the sums: the values are free.
                 crate::ndarray::values_read();
                 // A failed update stops the call here (a fused call's stops its own call);
@@ -380,6 +436,13 @@ impl Store {
             .collect();
         let _copy = (!jobs.is_empty()).then(|| self.counters.phase(Phase::Copy));
         self.comm.broadcast(&jobs)
+    }
+}
+
+impl Store {
+    /// This worker's rank (0 without a worker group).
+    pub(super) fn rank(&self) -> usize {
+        self.collective.as_ref().map_or(0, |g| g.rank())
     }
 }
 

@@ -20,8 +20,10 @@ mod checkpoint;
 mod compression;
 mod data;
 pub(crate) mod forms;
+mod layout;
 mod locks;
 mod merge;
+mod owned;
 mod pending;
 mod plan;
 mod remote;
@@ -37,6 +39,7 @@ use calls::broadcast_args;
 pub use checkpoint::Snapshot;
 pub use data::{Durable, KVStore, MakeDurable, Restored, Seam};
 use data::{Entry, Merger, Store};
+pub use layout::Layout;
 use locks::Held;
 pub use pending::{Pending, Release};
 use plan::RowsPlan;
@@ -934,10 +937,15 @@ impl KVStore {
     pub fn save_optimizer_states(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
         self.not_async("save_optimizer_states")?;
         const OP: &str = "save_optimizer_states";
+        if self.store.layout == Layout::Owners {
+            // Every worker gathers the owners' states: a call of them all, in order.
+            let path = path.as_ref().to_path_buf();
+            return self.in_order(OP, move |store| store.save_optimizer_states_now(&path));
+        }
         let path = path.as_ref();
-        let target = crate::optimizer::states::save_target(path, OP)?;
+        crate::optimizer::states::save_target(path, OP)?;
         self.settle()?;
-        self.store.save_optimizer_states_now(&target)
+        self.store.save_optimizer_states_now(path)
     }
 
     /// Reads a file of [`KVStore::save_optimizer_states`] into the installed optimizer:

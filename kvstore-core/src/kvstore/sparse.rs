@@ -331,7 +331,15 @@ impl Store {
         let held = Held::new(OP, self, &entries)?;
         let merger = held.merger_read(OP, &self.merger)?;
         let mut guards = held.write(OP, &entries)?;
-        for ((entry, values), slot) in plan.keys.iter().zip(guards.iter_mut()) {
+        // Under dist_sync with owners, each key's ranges (every worker's elements): this
+        // worker updates its own, then the owners' new values reach every worker.
+        let ranges = match &*merger {
+            Merger::Optimizer(runtime) => {
+                self.owned_ranges(runtime, plan.keys.iter().map(|(e, _)| (e.owner, e.shape().iter().product())))
+            }
+            _ => None,
+        };
+        for (j, ((entry, values), slot)) in plan.keys.iter().zip(guards.iter_mut()).enumerate() {
             let slot = &mut **slot;
             let key = &entry.key;
             // (Every value was checked against the key by its plan: a key's shape and
@@ -345,9 +353,10 @@ impl Store {
                 }
                 Merger::Optimizer(runtime) => {
                     runtime.check_weight(key, &slot.value)?;
+                    let part = ranges.as_ref().map_or(0..slot.value.size(), |r| r[j][self.rank()].clone());
                     match runtime.lazy_for(&slot.value) {
-                        true => runtime.update_rows(key, &slot.value, &sum, &mut slot.opt)?,
-                        false => runtime.update(key, &slot.value, &sum.to_dense()?, &mut slot.opt)?,
+                        true => runtime.update_rows_part(key, &slot.value, &sum, &mut slot.opt, part)?,
+                        false => runtime.update_part(key, &slot.value, &sum.to_dense()?, &mut slot.opt, part)?,
                     }
                 }
                 Merger::Custom(updater) => {
@@ -358,6 +367,10 @@ impl Store {
                     slot.value = work;
                 }
             }
+        }
+        if let (Some(ranges), Some(group)) = (&ranges, &self.collective) {
+            let values: Vec<&NDArray> = guards.iter().map(|g| &g.value).collect();
+            group.all_gather_parts("a row-sparse push: the owners' values", &values, ranges)?;
         }
         Ok(())
     }

@@ -114,6 +114,9 @@ struct Call<'a> {
     seq: u64,
     compression: Option<Compression>,
     merged: &'a str,
+    /// Whether the store keeps its optimizer state on owners (`layout.rs`): workers
+    /// that do and workers that do not would move other data.
+    owners: bool,
 }
 
 /// A step's calls (operation and number of keys each), their keys, and this worker's
@@ -142,7 +145,8 @@ impl Call<'_> {
             _ => String::new(),
         };
         let merged = if pushes { self.merged } else { "" };
-        (format!("{form}{compressed}{merged}"), what)
+        let owners = if pushes && self.owners { ", state on owners" } else { "" };
+        (format!("{form}{compressed}{merged}{owners}"), what)
     }
 
     /// This worker's record of a step: the fingerprint, the mask of the calls it
@@ -304,7 +308,8 @@ impl Store {
         let Some(group) = self.collective.as_ref().filter(|_| self.compare_calls) else { return Ok(local) };
         let seq = self.steps.fetch_add(1, Ordering::Relaxed) + 1;
         let step = format!("{op} #{seq}");
-        let call = Call { op, seq, compression, merged };
+        let owners = self.layout == super::layout::Layout::Owners;
+        let call = Call { op, seq, compression, merged, owners };
         let mut mine = call.record(calls, keys, &local);
         // This worker's arrival, on rank 0's clock, rides along (`stats.rs`): not part
         // of what the workers compare.

@@ -27,7 +27,7 @@ fn an_entry_tells_the_arrays_of_its_shape_and_dtype_from_its_first_line_or_its_l
     use crate::{DType, Key, NDArray};
     let entry = |shape: &[usize]| {
         let value = NDArray::zeros(shape).expect("a value");
-        Entry::new(Key::from("k"), 0, Slot::new(value, 0))
+        Entry::new(Key::from("k"), 0, Slot::new(value, 0), super::layout::Owner::NONE)
     };
     let array = |shape: &[usize], dtype| NDArray::zeros_with(shape, dtype, crate::Context::cpu(0)).expect("an array");
     let big = 1 << 32;

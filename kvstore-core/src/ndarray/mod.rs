@@ -1269,6 +1269,18 @@ impl NDArray {
     pub fn deep_copy(&self) -> Result<NDArray> {
         self.copy_to(self.context())
     }
+
+    /// A copy of the elements `part` of the array (flat, row-major) as a 1-D host
+    /// array of the same dtype.
+    pub(crate) fn flat_part(&self, part: std::ops::Range<usize>) -> Result<NDArray> {
+        if part.start > part.end || part.end > self.size() {
+            return Err(Error::Internal(format!("elements {part:?} of an array of {}", self.size())));
+        }
+        let each = self.dtype().size();
+        let copy = NDArray::zeros_with(&[part.len()], self.dtype(), Context::default())?;
+        copy.write()?.bytes_mut().copy_from_slice(&self.read()?.bytes()[part.start * each..part.end * each]);
+        Ok(copy)
+    }
 }
 
 /// Elements shown per axis at each end when an array is too large to print whole.

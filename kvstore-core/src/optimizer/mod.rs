@@ -23,6 +23,7 @@ pub(crate) mod states;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::ops::Range;
 
 use half::{bf16, f16};
 
@@ -702,6 +703,16 @@ impl Runtime {
         Ok(KeyState { count: self.opt.params.num("begin_num_update") as u64, states, master })
     }
 
+    /// The state of the elements `part` of `w` (flat), as a rank that owns that part of
+    /// the key holds it (`kvstore/layout.rs`): [`Runtime::new_state`] of those elements,
+    /// on the host; the whole key's when `part` is all of it.
+    pub(crate) fn new_state_part(&self, w: &NDArray, part: Range<usize>) -> Result<KeyState> {
+        if part == (0..w.size()) {
+            return self.new_state(w);
+        }
+        self.new_state(&w.flat_part(part)?)
+    }
+
     /// One update of `weight` with gradient `grad` (same shape; any float dtype).
     pub(crate) fn update(
         &self,
@@ -710,7 +721,30 @@ impl Runtime {
         grad: &NDArray,
         state: &mut Option<KeyState>,
     ) -> Result<()> {
-        self.step(key, weight, state, |step, values, st| self.apply(step, values, weight, grad, st))
+        self.update_part(key, weight, grad, state, 0..weight.size())
+    }
+
+    /// One update of the elements `part` (flat) of `weight` with those of `grad`, with
+    /// `state` the state of that part only ([`Runtime::new_state_part`]): what the rank
+    /// that owns that part of the key runs under `dist_sync` with owners; the bits of
+    /// those elements are those of the whole update. An empty part updates nothing but
+    /// counts the update (the key's count, the shared values, the schedule), as every
+    /// rank does for every key.
+    pub(crate) fn update_part(
+        &self,
+        key: &Key,
+        weight: &NDArray,
+        grad: &NDArray,
+        state: &mut Option<KeyState>,
+        part: Range<usize>,
+    ) -> Result<()> {
+        self.step(key, weight, part.clone(), state, |step, values, st| self.apply(step, values, weight, grad, st, part))
+    }
+
+    /// Whether an update of a key in parts has the bits of the whole key's: every rule
+    /// but those whose trust ratios need the whole key's norms (LAMB, LARS).
+    pub(crate) fn updates_in_parts(&self) -> bool {
+        !matches!(self.opt.name, "lamb" | "lars")
     }
 
     /// Whether MXNet updates this optimizer lazily on a row-sparse gradient: only the
@@ -738,18 +772,24 @@ impl Runtime {
     }
 
     /// One lazy update of `weight` with the row-sparse gradient `grad` (where
-    /// [`Runtime::lazy_for`] says so): the rule runs on each of its rows alone.
-    pub(crate) fn update_rows(
+    /// [`Runtime::lazy_for`] says so): the rule runs on each of its rows alone, on the
+    /// elements `part` (flat) of `weight` only (all of them, or a rank's part under
+    /// `dist_sync` with owners), `state` that part's ([`Runtime::update_part`]).
+    pub(crate) fn update_rows_part(
         &self,
         key: &Key,
         weight: &NDArray,
         grad: &RowSparse,
         state: &mut Option<KeyState>,
+        part: Range<usize>,
     ) -> Result<()> {
-        self.step(key, weight, state, |step, values, st| self.apply_rows(step, values, weight, grad, st))
+        self.step(key, weight, part.clone(), state, |step, values, st| {
+            self.apply_rows(step, values, weight, grad, st, part)
+        })
     }
 
-    /// The rows of `grad` applied to `weight` and the states, one by one.
+    /// The rows of `grad` applied to `weight` and the states, one by one: the
+    /// elements of each row in `part` (the states hold that part).
     #[allow(clippy::type_complexity)]
     fn apply_rows(
         &self,
@@ -758,11 +798,12 @@ impl Runtime {
         weight: &NDArray,
         grad: &RowSparse,
         st: &mut KeyState,
+        part: Range<usize>,
     ) -> Result<()> {
         fn rows<T: crate::Element>(
             rule: &dyn Rule,
             update: fn(&dyn Rule, &Step, &[f64], &mut [T], &[T], &mut [&mut [T]]),
-            (step, values): (&Step, &[f64]),
+            (step, values, part): (&Step, &[f64], Range<usize>),
             weight: &NDArray,
             grad: &RowSparse,
             states: &[NDArray],
@@ -773,10 +814,12 @@ impl Runtime {
             grad.data().with_data(|g: &[T]| {
                 weight.with_data_mut(|w: &mut [T]| {
                     for (i, &r) in grad.indices().iter().enumerate() {
-                        let span = r as usize * rl..(r as usize + 1) * rl;
+                        let Some(span) = row_in_part(r as usize, rl, &part) else { continue };
                         let mut st_rows: smallvec::SmallVec<[&mut [T]; 4]> =
-                            ss.iter_mut().map(|s| &mut s[span.clone()]).collect();
-                        update(rule, step, values, &mut w[span], &g[i * rl..(i + 1) * rl], &mut st_rows);
+                            ss.iter_mut().map(|s| &mut s[span.start - part.start..span.end - part.start]).collect();
+                        let in_row = span.start - r as usize * rl..span.end - r as usize * rl;
+                        let g = &g[i * rl..(i + 1) * rl][in_row];
+                        update(rule, step, values, &mut w[span], g, &mut st_rows);
                     }
                 })
             })?
@@ -786,7 +829,7 @@ impl Runtime {
             DType::F32 => rows::<f32>(
                 rule,
                 |r, s, v, w, g, st| r.update_row_f32(s, v, w, g, st),
-                (step, values),
+                (step, values, part),
                 weight,
                 grad,
                 &st.states,
@@ -794,25 +837,29 @@ impl Runtime {
             DType::F64 => rows::<f64>(
                 rule,
                 |r, s, v, w, g, st| r.update_row_f64(s, v, w, g, st),
-                (step, values),
+                (step, values, part),
                 weight,
                 grad,
                 &st.states,
             ),
             // f16/bf16 (no master copy: MXNet updates those lazily too, and falls back
             // to the dense update under multi_precision).
-            DType::F16 if st.master.is_none() => half_rows::<f16>(rule, (step, values), weight, grad, &st.states),
-            DType::BF16 if st.master.is_none() => half_rows::<bf16>(rule, (step, values), weight, grad, &st.states),
+            DType::F16 if st.master.is_none() => half_rows::<f16>(rule, (step, values, part), weight, grad, &st.states),
+            DType::BF16 if st.master.is_none() => {
+                half_rows::<bf16>(rule, (step, values, part), weight, grad, &st.states)
+            }
             d => Err(Error::Internal(format!("a lazy update of a {d} weight"))),
         }
     }
 
-    /// The bookkeeping of one update of `key` (its state made at its first, its count,
-    /// the learning rate, the shared values), around `apply`.
+    /// The bookkeeping of one update of `key` (its state made at its first, of the
+    /// elements `part` of `weight`, its count, the learning rate, the shared values),
+    /// around `apply`.
     fn step(
         &self,
         key: &Key,
         weight: &NDArray,
+        part: Range<usize>,
         state: &mut Option<KeyState>,
         apply: impl FnOnce(&Step, &[f64], &mut KeyState) -> Result<()>,
     ) -> Result<()> {
@@ -823,16 +870,19 @@ impl Runtime {
             self.resumed.store(false, std::sync::atomic::Ordering::Relaxed);
         }
         if state.is_none() {
-            *state = Some(self.new_state(weight)?);
+            *state = Some(self.new_state_part(weight, part.clone())?);
         }
         let Some(st) = state.as_mut() else { return Err(Error::Internal("optimizer state missing".into())) };
         let rule_states = self.opt.rule.states().len();
-        if st.states.len() != rule_states || st.states.iter().chain(&st.master).any(|a| a.size() != weight.size()) {
+        if st.states.len() != rule_states
+            || st.states.iter().chain(&st.master).any(|a| a.size() != part.len())
+            || part.end > weight.size()
+        {
             // The rules would skip such a state silently; it is a bug to surface.
             return Err(Error::Internal(format!(
                 "key \"{key}\": optimizer {} needs {rule_states} state arrays of {} elements, the key has {}",
                 self.opt.name,
-                weight.size(),
+                part.len(),
                 st.states.len()
             )));
         }
@@ -875,47 +925,67 @@ impl Runtime {
         }
     }
 
-    fn apply(&self, step: &Step, values: &[f64], weight: &NDArray, grad: &NDArray, st: &mut KeyState) -> Result<()> {
-        if values.is_empty() && self.fused(step, weight, grad, st)? {
+    /// The rule run on the elements `part` of `weight` and `grad` (all of them, or a
+    /// rank's part under `dist_sync` with owners), `st` holding that part's state.
+    fn apply(
+        &self,
+        step: &Step,
+        values: &[f64],
+        weight: &NDArray,
+        grad: &NDArray,
+        st: &mut KeyState,
+        part: Range<usize>,
+    ) -> Result<()> {
+        let whole = part == (0..weight.size());
+        if whole && values.is_empty() && self.fused(step, weight, grad, st)? {
             return Ok(());
         }
+        if part.is_empty() {
+            return Ok(());
+        }
+        let step = &Step { offset: part.start, ..*step };
         let rule = &*self.opt.rule;
+        let p = part.clone();
         match (weight.dtype(), &st.master) {
             (DType::F64, _) => {
                 let g = grad.to_vec::<f64>()?;
                 let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect::<Result<_>>()?;
                 let mut ss: Vec<&mut [f64]> = guards.iter_mut().map(|b| b.typed_mut::<f64>()).collect();
-                weight.with_data_mut(|w: &mut [f64]| rule.update_f64(step, values, w, &g, &mut ss))?;
+                weight
+                    .with_data_mut(|w: &mut [f64]| rule.update_f64(step, values, &mut w[p.clone()], &g[p], &mut ss))?;
             }
             (DType::F32, _) => {
                 let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect::<Result<_>>()?;
                 let mut ss: Vec<&mut [f32]> = guards.iter_mut().map(|b| b.typed_mut::<f32>()).collect();
-                let update = |w: &mut [f32]| grad.with_data(|g: &[f32]| rule.update_f32(step, values, w, g, &mut ss));
+                let update = |w: &mut [f32]| {
+                    grad.with_data(|g: &[f32]| rule.update_f32(step, values, &mut w[p.clone()], &g[p.clone()], &mut ss))
+                };
                 weight.with_data_mut(update)??;
             }
             (dtype, master) => {
                 // f16/bf16: update in f32 (the master copy under multi_precision), then
                 // round into the weight once.
                 let g = grad.to_vec::<f32>()?;
+                let g = &g[p.clone()];
                 let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect::<Result<_>>()?;
                 let mut ss: Vec<&mut [f32]> = guards.iter_mut().map(|b| b.typed_mut::<f32>()).collect();
                 let w32 = match master {
                     Some(m) => {
-                        m.with_data_mut(|w: &mut [f32]| rule.update_f32(step, values, w, &g, &mut ss))?;
+                        m.with_data_mut(|w: &mut [f32]| rule.update_f32(step, values, w, g, &mut ss))?;
                         m.to_vec::<f32>()?
                     }
                     None => {
-                        let mut w = weight.to_vec::<f32>()?;
-                        rule.update_f32(step, values, &mut w, &g, &mut ss);
+                        let mut w = weight.to_vec::<f32>()?[p.clone()].to_vec();
+                        rule.update_f32(step, values, &mut w, g, &mut ss);
                         w
                     }
                 };
                 match dtype {
                     DType::F16 => weight.with_data_mut(|w: &mut [f16]| {
-                        w.iter_mut().zip(&w32).for_each(|(d, &s)| *d = f16::from_f32(s))
+                        w[p].iter_mut().zip(&w32).for_each(|(d, &s)| *d = f16::from_f32(s))
                     })?,
                     _ => weight.with_data_mut(|w: &mut [bf16]| {
-                        w.iter_mut().zip(&w32).for_each(|(d, &s)| *d = bf16::from_f32(s))
+                        w[p].iter_mut().zip(&w32).for_each(|(d, &s)| *d = bf16::from_f32(s))
                     })?,
                 }
             }
@@ -966,7 +1036,7 @@ impl Runtime {
 /// rounded back once, as the dense update does the whole weight.
 fn half_rows<H: crate::Element<Acc = f32>>(
     rule: &dyn Rule,
-    (step, values): (&Step, &[f64]),
+    (step, values, part): (&Step, &[f64], Range<usize>),
     weight: &NDArray,
     grad: &RowSparse,
     states: &[NDArray],
@@ -978,15 +1048,23 @@ fn half_rows<H: crate::Element<Acc = f32>>(
     let mut w32 = vec![0f32; rl];
     weight.with_data_mut(|w: &mut [H]| {
         for (i, &r) in grad.indices().iter().enumerate() {
-            let span = r as usize * rl..(r as usize + 1) * rl;
+            let Some(span) = row_in_part(r as usize, rl, &part) else { continue };
+            let in_row = span.start - r as usize * rl..span.end - r as usize * rl;
+            let w32 = &mut w32[..span.len()];
             let row = &mut w[span.clone()];
             w32.iter_mut().zip(row.iter()).for_each(|(d, &s)| *d = s.to_acc());
             let mut st_rows: smallvec::SmallVec<[&mut [f32]; 4]> =
-                ss.iter_mut().map(|s| &mut s[span.clone()]).collect();
-            rule.update_row_f32(step, values, &mut w32, &g[i * rl..(i + 1) * rl], &mut st_rows);
-            row.iter_mut().zip(&w32).for_each(|(d, &s)| *d = H::from_acc(s));
+                ss.iter_mut().map(|s| &mut s[span.start - part.start..span.end - part.start]).collect();
+            rule.update_row_f32(step, values, w32, &g[i * rl..(i + 1) * rl][in_row], &mut st_rows);
+            row.iter_mut().zip(w32.iter()).for_each(|(d, &s)| *d = H::from_acc(s));
         }
     })
+}
+
+/// The elements (flat) of row `r` of `row_len` elements that lie in `part`, if any.
+fn row_in_part(r: usize, row_len: usize, part: &Range<usize>) -> Option<Range<usize>> {
+    let (start, end) = ((r * row_len).max(part.start), ((r + 1) * row_len).min(part.end));
+    (start < end).then_some(start..end)
 }
 
 /// A stable hash of a key (FNV-1a), for per-key random streams.
@@ -1031,7 +1109,7 @@ mod tests {
         parts: &[std::ops::Range<usize>],
     ) {
         let g = grad.to_vec::<f32>().unwrap();
-        let updated = rt.step(key, weight, state, |step, values, st| {
+        let updated = rt.step(key, weight, 0..weight.size(), state, |step, values, st| {
             let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect::<Result<_>>()?;
             let mut states: Vec<&mut [f32]> = guards.iter_mut().map(|b| b.typed_mut::<f32>()).collect();
             weight.with_data_mut(|w: &mut [f32]| {

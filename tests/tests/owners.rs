@@ -1,0 +1,408 @@
+//! `dist_sync` owners (`kvstore/layout.rs`): every optimizer, run with each key's state
+//! on its owners, ends every step with the bits of the replicated layout, on every
+//! worker; the layouts' pushes differ in their fingerprints.
+
+use std::sync::Arc;
+
+use kvstore_core::backend::Collective;
+use kvstore_core::{Context, DType, ErrorKind, KVStore, Layout, LrScheduler, NDArray, Optimizer, optimizer_names};
+use kvstore_tests::{ThreadMember, run_members};
+
+/// The keys of the differential run: small keys owned whole by one worker each, keys
+/// split across the workers at the bound below (at odd places: 1001 on 3 is 334, 333,
+/// 334), an f16 key and an f64 key.
+const KEYS: [(&str, &[usize], DType); 6] = [
+    ("a", &[7], DType::F32),
+    ("b", &[3, 5], DType::F32),
+    ("big", &[1001], DType::F32),
+    ("c", &[40], DType::F32),
+    ("h", &[1200], DType::F16),
+    ("d", &[9], DType::F64),
+];
+const BOUND: usize = 1000;
+
+fn store(member: &Arc<ThreadMember>, layout: Layout) -> KVStore {
+    builder(member, layout).build().expect("dist_sync")
+}
+
+/// The builder of a `dist_sync` store of `member` with `layout`, split at [`BOUND`].
+fn builder(member: &Arc<ThreadMember>, layout: Layout) -> kvstore_core::KVStoreBuilder {
+    let group: Arc<dyn Collective> = Arc::clone(member) as _;
+    KVStore::builder("dist_sync").num_threads(1).collective(group).layout(layout).bigarray_bound(BOUND)
+}
+
+/// A value of `shape` and `dtype` that differs per worker, step and key.
+fn pseudo(shape: &[usize], dtype: DType, seed: u64) -> NDArray {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let data: Vec<f64> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 11) % 2001) as f64 / 1000.0 - 1.0
+        })
+        .collect();
+    NDArray::from_vec(shape, data).and_then(|a| a.as_type(dtype)).expect("an array")
+}
+
+fn bits(a: &NDArray) -> Vec<u64> {
+    match a.dtype() {
+        DType::F64 => a.to_vec::<f64>().expect("read").iter().map(|x| x.to_bits()).collect(),
+        _ => a
+            .as_type(DType::F32)
+            .and_then(|a| a.to_vec::<f32>())
+            .expect("read")
+            .iter()
+            .map(|x| u64::from(x.to_bits()))
+            .collect(),
+    }
+}
+
+/// The optimizer `name` as the run sets it: weight decay, a clip, multi-precision for
+/// every other one, and a schedule for some.
+fn optimizer(name: &str, i: usize) -> Optimizer {
+    let mut b = Optimizer::builder(name).param("learning_rate", 0.05).param("wd", 0.001).param("clip_gradient", 5.0);
+    if i.is_multiple_of(2) {
+        b = b.param("multi_precision", 1.0);
+    }
+    if i.is_multiple_of(3) {
+        b = b.lr_scheduler(LrScheduler::factor(7, 0.9).expect("a schedule"));
+    }
+    if name == "sgd" || name == "nag" {
+        b = b.param("momentum", 0.9);
+    }
+    b.build().expect("an optimizer")
+}
+
+/// Every built-in optimizer (16), 200 steps on 3 workers: the store with owners and the
+/// replicated one, side by side on each worker, get the same pushes (blocking and
+/// non-blocking, fused, pushpull) and pull the same bits after every step.
+#[test]
+fn every_optimizer_with_owners_has_the_bits_of_the_replicated_layout() {
+    const WORKERS: usize = 3;
+    const STEPS: u64 = 200;
+    let names: Vec<&'static str> = optimizer_names();
+    assert_eq!(names.len(), 16, "{names:?}");
+    let outcomes = run_members(WORKERS, move |rank, member| {
+        let ctx = Context::cpu(0);
+        for (i, name) in names.iter().enumerate() {
+            let kvs = [store(&member, Layout::Replicated), store(&member, Layout::Owners)];
+            for kv in &kvs {
+                for (k, shape, dtype) in KEYS {
+                    kv.init(k, &pseudo(shape, dtype, 1 + i as u64)).expect("init");
+                }
+                kv.set_optimizer(optimizer(name, i)).expect("set_optimizer");
+            }
+            let outs: Vec<Vec<NDArray>> = (0..2)
+                .map(|_| KEYS.iter().map(|(_, s, d)| NDArray::zeros_with(s, *d, ctx).expect("out")).collect())
+                .collect();
+            let keys: Vec<&str> = KEYS.iter().map(|k| k.0).collect();
+            for step in 0..STEPS {
+                let grads: Vec<NDArray> = KEYS
+                    .iter()
+                    .enumerate()
+                    .map(|(j, (_, s, d))| pseudo(s, *d, (step << 16) ^ ((rank as u64) << 8) ^ j as u64 ^ 0x5eed))
+                    .collect();
+                for (kv, outs) in kvs.iter().zip(&outs) {
+                    match step % 3 {
+                        0 => kv.pushpull(&keys[..], &grads[..], &outs[..], 0).expect("pushpull"),
+                        1 => {
+                            // Non-blocking, one key at a time: fused on every worker.
+                            let pending: Vec<_> =
+                                keys.iter().zip(&grads).map(|(k, g)| kv.push_async(*k, g, 0)).collect();
+                            for p in pending {
+                                p.wait().expect("push");
+                            }
+                            kv.pull(&keys[..], &outs[..], 0).expect("pull");
+                        }
+                        _ => {
+                            kv.push(&keys[..], &grads[..], 0).expect("push");
+                            kv.pull(&keys[..], &outs[..], 0).expect("pull");
+                        }
+                    }
+                }
+                for (j, (k, ..)) in KEYS.iter().enumerate() {
+                    let (r, o) = (bits(&outs[0][j]), bits(&outs[1][j]));
+                    if let Some(at) = r.iter().zip(&o).position(|(a, b)| a != b) {
+                        return Err(format!(
+                            "{name}: key {k} after step {step} differs at element {at} on rank {rank}"
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    });
+    for outcome in outcomes {
+        outcome.unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// Workers that lay the state out differently would move other data: their pushes fail
+/// on every worker, saying so, and the values stay as they were.
+#[test]
+fn workers_with_other_layouts_fail_their_pushes() {
+    let outcomes = run_members(2, |rank, member| {
+        let layout = if rank == 0 { Layout::Owners } else { Layout::Replicated };
+        let kv = store(&member, layout);
+        kv.init("w", &NDArray::ones(&[4]).expect("v")).expect("init");
+        kv.set_optimizer(Optimizer::builder("sgd").build().expect("sgd")).expect("set");
+        let e = kv.push("w", &NDArray::ones(&[4]).expect("g"), 0).expect_err("layouts differ");
+        let out = NDArray::zeros(&[4]).expect("o");
+        kv.pull("w", &out, 0).expect("pull");
+        (e.kind(), e.to_string(), out.to_vec::<f32>().expect("r"))
+    });
+    for (kind, message, value) in outcomes {
+        assert_eq!(kind, ErrorKind::InvalidArgument, "{message}");
+        assert!(message.contains("state on owners"), "{message}");
+        assert_eq!(value, vec![1.0; 4]);
+    }
+}
+
+/// Trains `kv` (keys of [`KEYS`] made with `seed`) for `steps` Adam steps from step
+/// `from`, with worker `rank`'s pushes.
+fn train(kv: &KVStore, rank: usize, from: u64, steps: u64) {
+    let keys: Vec<&str> = KEYS.iter().map(|k| k.0).collect();
+    for step in from..from + steps {
+        let grads: Vec<NDArray> = KEYS
+            .iter()
+            .enumerate()
+            .map(|(j, (_, s, d))| pseudo(s, *d, (step << 16) ^ ((rank as u64) << 8) ^ j as u64))
+            .collect();
+        kv.push(&keys[..], &grads[..], 0).expect("push");
+    }
+}
+
+fn adam() -> Optimizer {
+    Optimizer::builder("adam").param("learning_rate", 0.01).param("multi_precision", 1.0).build().expect("adam")
+}
+
+/// Every key's value, as bits, pulled from `kv`.
+fn values(kv: &KVStore) -> Vec<Vec<u64>> {
+    KEYS.iter().map(|(k, ..)| bits(&kv.pull_new(*k, 0).expect("pull"))).collect()
+}
+
+/// Whether two safetensors files hold the same: their headers (whose metadata's
+/// entries come in any order) and their tensors' bytes.
+fn same_file(a: &[u8], b: &[u8]) -> bool {
+    let split = |f: &[u8]| {
+        let n = u64::from_le_bytes(f[..8].try_into().expect("a length")) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&f[8..8 + n]).expect("a header");
+        let metadata = header["__metadata__"].as_object().expect("metadata").clone();
+        // Each metadata entry is JSON text of its own.
+        let parsed: Vec<(String, serde_json::Value)> = metadata
+            .into_iter()
+            .map(|(k, v)| (k, serde_json::from_str(v.as_str().expect("text")).unwrap_or(v)))
+            .collect();
+        let mut parsed = parsed;
+        parsed.sort_by(|x, y| x.0.cmp(&y.0));
+        let mut tensors = header.as_object().expect("a header").clone();
+        tensors.remove("__metadata__");
+        (parsed, tensors, f[8 + n..].to_vec())
+    };
+    split(a) == split(b)
+}
+
+/// A checkpoint and a state file saved with owners hold the states gathered whole: the
+/// same bytes as the replicated layout's. Loaded at another number of workers, with
+/// owners or replicated, training goes on with the bits of the replicated run that never
+/// stopped.
+#[test]
+fn checkpoints_with_owners_are_the_replicated_ones_and_restore_at_any_size() {
+    let dir = Arc::new(kvstore_tests::TempDir::new("owners-checkpoints"));
+    let path = {
+        let dir = Arc::clone(&dir);
+        move |what: &str| dir.dir().join(what)
+    };
+    // 3 workers: 20 steps, saved by each layout, then 10 more on the replicated one.
+    let p = path.clone();
+    let uninterrupted = run_members(3, move |rank, member| {
+        let mut after = Vec::new();
+        for layout in [Layout::Replicated, Layout::Owners] {
+            let kv = store(&member, layout);
+            for (k, shape, dtype) in KEYS {
+                kv.init(k, &pseudo(shape, dtype, 9)).expect("init");
+            }
+            kv.set_optimizer(adam()).expect("set");
+            train(&kv, rank, 0, 20);
+            kv.save_checkpoint(p(&format!("{}.ckpt", layout.name()))).expect("save_checkpoint");
+            kv.save_optimizer_states(p(&format!("{}-{rank}.states", layout.name()))).expect("save states");
+            // The shapes of worker 0 of 2 (continued below) on 3 workers: the rest.
+            train(&kv, rank % 2, 20, 10);
+            after.push(values(&kv));
+        }
+        after
+    });
+    let read = |name: &str| std::fs::read(path(name)).expect("a file");
+    assert!(same_file(&read("owners.ckpt"), &read("replicated.ckpt")), "the checkpoints differ");
+    for rank in 0..3 {
+        let (o, r) = (read(&format!("owners-{rank}.states")), read(&format!("replicated-{rank}.states")));
+        assert!(same_file(&o, &r), "rank {rank}'s state files differ");
+    }
+    // Restored at 2 workers with either layout, from either file: the same pushes give
+    // the bits the 3 workers' run did (workers 0 and 2 there pushed as worker 0 here,
+    // worker 1 as worker 1, and a sum over ranks is in rank order: so only where the
+    // sums agree; compare the two restored layouts with each other instead).
+    let p = path.clone();
+    let restored = run_members(2, move |rank, member| {
+        let mut got = Vec::new();
+        for (layout, file) in
+            [(Layout::Owners, "replicated.ckpt"), (Layout::Replicated, "owners.ckpt"), (Layout::Owners, "owners.ckpt")]
+        {
+            let kv = store(&member, layout);
+            kv.load_checkpoint(p(file)).expect("load_checkpoint");
+            train(&kv, rank, 20, 10);
+            got.push(values(&kv));
+        }
+        // A state file into a store with owners: its part of every key.
+        let kv = store(&member, Layout::Owners);
+        for (k, shape, dtype) in KEYS {
+            kv.init(k, &pseudo(shape, dtype, 9)).expect("init");
+        }
+        kv.set_optimizer(adam()).expect("set");
+        kv.load_optimizer_states(p(&format!("replicated-{rank}.states"))).expect("load states");
+        let twin = store(&member, Layout::Replicated);
+        for (k, shape, dtype) in KEYS {
+            twin.init(k, &pseudo(shape, dtype, 9)).expect("init");
+        }
+        twin.set_optimizer(adam()).expect("set");
+        twin.load_optimizer_states(p(&format!("replicated-{rank}.states"))).expect("load states");
+        train(&kv, rank, 20, 10);
+        train(&twin, rank, 20, 10);
+        (got, values(&kv), values(&twin))
+    });
+    for (rank, (got, states_owned, states_replicated)) in restored.iter().enumerate() {
+        assert!(got.iter().all(|g| g == &got[0]), "rank {rank}: the restored layouts part");
+        assert_eq!(got[0], restored[0].0[0], "the workers part");
+        assert!(states_owned == states_replicated, "rank {rank}: the state files' loads part");
+    }
+    drop(uninterrupted);
+}
+
+/// A commit kept in memory, per worker: its checkpoint's bytes.
+struct InMemory(Kept);
+
+impl kvstore_core::backend::Durable for InMemory {
+    fn commit(
+        &self,
+        store: kvstore_core::backend::Seam<'_>,
+        step: u64,
+        _extra: &[u8],
+        before: kvstore_core::Result<()>,
+    ) -> kvstore_core::Result<()> {
+        store.check_step("commit")?;
+        let mut kept = None;
+        // Every worker snapshots: with owners, the state is gathered from every worker.
+        store.whole_snapshot("commit", true, &parking_lot::Mutex::new(None), &mut |snap| {
+            kept = Some((step, snap.to_bytes()?));
+            Ok(())
+        })?;
+        before?;
+        *self.0.lock() = kept;
+        Ok(())
+    }
+
+    fn restore(&self, store: kvstore_core::backend::Seam<'_>) -> kvstore_core::Result<Option<kvstore_core::Restored>> {
+        let Some((step, bytes)) = self.0.lock().clone() else { return Ok(None) };
+        store.install("restore", Ok(&bytes))?;
+        Ok(Some(kvstore_core::Restored { step, extra: Vec::new() }))
+    }
+}
+
+type Kept = Arc<parking_lot::Mutex<Option<(u64, Vec<u8>)>>>;
+
+fn durable(member: &Arc<ThreadMember>, layout: Layout, kept: &Kept) -> KVStore {
+    builder(member, layout).durability(Box::new(InMemory(Arc::clone(kept)))).build().expect("dist_sync")
+}
+
+/// A commit with owners holds every key's whole state; a job restored from it with
+/// owners, at the same or another number of workers, or replicated, goes on with the
+/// bits of the job that never stopped.
+#[test]
+fn commits_with_owners_restore_at_any_size_and_layout() {
+    let kept: Vec<Kept> = (0..3).map(|_| Arc::default()).collect();
+    let job = kept.clone();
+    let first = run_members(3, move |rank, member| {
+        let kv = durable(&member, Layout::Owners, &job[rank]);
+        for (k, shape, dtype) in KEYS {
+            kv.init(k, &pseudo(shape, dtype, 4)).expect("init");
+        }
+        kv.set_optimizer(adam()).expect("set");
+        train(&kv, rank, 0, 10);
+        kv.commit(10, b"").expect("commit");
+        train(&kv, rank, 10, 5);
+        values(&kv)
+    });
+    let job = kept.clone();
+    let again = run_members(3, move |rank, member| {
+        let kv = durable(&member, Layout::Owners, &job[rank]);
+        assert_eq!(kv.restored().map(|r| r.step), Some(10));
+        kv.set_optimizer(adam()).expect("set again, as at the start");
+        train(&kv, rank, 10, 5);
+        values(&kv)
+    });
+    assert_eq!(first, again, "restored at 3 workers with owners");
+    let job = kept.clone();
+    let smaller = run_members(2, move |rank, member| {
+        [Layout::Owners, Layout::Replicated].map(|layout| {
+            let kv = durable(&member, layout, &job[rank]);
+            kv.set_optimizer(adam()).expect("set again");
+            train(&kv, rank, 10, 5);
+            values(&kv)
+        })
+    });
+    for (rank, [owned, replicated]) in smaller.iter().enumerate() {
+        assert_eq!(owned, replicated, "rank {rank} at 2 workers");
+        assert_eq!(owned, &smaller[0][0], "the workers part");
+    }
+}
+
+/// Row-sparse pushes (lazy updates, row by row, and the dense updates of the others)
+/// and 2-bit compressed dense pushes, with owners and replicated: the same bits on every
+/// worker after every step, rows split between owners included (a table of 60 rows of
+/// 17 splits at elements 340 and 680, inside rows).
+#[test]
+fn row_sparse_and_compressed_pushes_with_owners_have_the_replicated_bits() {
+    let outcomes = run_members(3, |rank, member| {
+        for (i, name) in ["sgd", "adam", "adagrad", "ftrl", "rmsprop"].iter().enumerate() {
+            let kvs = [store(&member, Layout::Replicated), store(&member, Layout::Owners)];
+            for kv in &kvs {
+                let table = kvstore_core::RowSparse::from_dense(&pseudo(&[60, 17], DType::F32, 3)).expect("rows");
+                kv.init_row_sparse("emb", &table).expect("init");
+                kv.init("dense", &pseudo(&[1500], DType::F32, 5)).expect("init");
+                kv.set_optimizer(optimizer(name, i + 1)).expect("set");
+                if i % 2 == 1 {
+                    kv.set_gradient_compression(&[("type", "2bit"), ("threshold", "0.5")]).expect("compression");
+                }
+            }
+            for step in 0..40u64 {
+                let seed = (step << 8) ^ rank as u64;
+                // Rows touched this step: some, none at times.
+                let mut rows: Vec<i64> =
+                    (0..(step % 5) as i64 * 3).map(|r| (r * 7 + step as i64 * 11 + rank as i64) % 60).collect();
+                rows.sort_unstable();
+                rows.dedup();
+                let data = pseudo(&[rows.len(), 17], DType::F32, seed);
+                let grad = kvstore_core::RowSparse::new(data, rows, &[60, 17]).expect("a row-sparse gradient");
+                let dense = pseudo(&[1500], DType::F32, seed ^ 0xd);
+                let mut got = Vec::new();
+                for kv in &kvs {
+                    kv.push_row_sparse("emb", std::slice::from_ref(&grad), 0).expect("push rows");
+                    kv.push("dense", &dense, 0).expect("push");
+                    got.push((
+                        bits(&kv.pull_new("emb", 0).expect("pull")),
+                        bits(&kv.pull_new("dense", 0).expect("pull")),
+                    ));
+                }
+                if got[0] != got[1] {
+                    return Err(format!("{name}: step {step} differs on rank {rank}"));
+                }
+            }
+        }
+        Ok(())
+    });
+    for outcome in outcomes {
+        outcome.unwrap_or_else(|e| panic!("{e}"));
+    }
+}
