@@ -86,6 +86,11 @@ impl Collective for MpiGroup {
         Ok(())
     }
 
+    /// Each rank's ranges travel to it alone ([`MpiGroup::reduce_scatter_parts`]).
+    fn reduce_scatter_sum(&self, pairs: &[(&NDArray, &NDArray)], parts: &[Vec<std::ops::Range<usize>>]) -> Result<()> {
+        self.reduce_scatter_parts(pairs, parts)
+    }
+
     /// The records travel as messages, one to every other worker, on a communicator of
     /// their own; the wait tests them (yielding under a non-blocking store call), so it
     /// knows which workers have arrived. After the timeout it prints which ranks never

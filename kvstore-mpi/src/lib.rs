@@ -61,6 +61,8 @@ mod group;
 #[cfg(feature = "mpi")]
 mod hosts;
 #[cfg(feature = "mpi")]
+mod parts;
+#[cfg(feature = "mpi")]
 mod remote;
 #[cfg(feature = "mpi")]
 mod runtime;

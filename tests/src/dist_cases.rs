@@ -3,7 +3,7 @@
 //! number of workers W. The thread runner (`tests/tests/dist.rs`) and the MPI runner
 //! (`kvstore-mpi/tests/mpi/`) call the same functions.
 
-use kvstore_core::{Context, DType, KVStore, Key, NDArray, Optimizer, Result};
+use kvstore_core::{Context, DType, KVStore, Key, Layout, LrScheduler, NDArray, Optimizer, Result};
 
 use crate::{full, pulled};
 
@@ -943,4 +943,82 @@ pub fn workers_with_other_optimizers_fail_their_pushes(rank: usize, kv: &KVStore
     kv.set_optimizer(sgd(0.1)).expect("set_optimizer");
     kv.push("o", &g(), 0).expect("the same optimizer everywhere");
     crate::device_checks::bits(&kv.pull_new("o", 0).expect("pull"))
+}
+
+/// `dist_sync` owners against the replicated layout: `make(layout)` makes a store of this
+/// worker with that layout, splitting keys from 1000 elements; six optimizers (a
+/// schedule, shared values, whole-key norms, noise, multi-precision) train keys whole
+/// on one owner and split in parts for 30 steps, blocking, non-blocking and pushpull;
+/// both layouts pull the same bits after every step. Returns the last step's bits, for
+/// the caller to compare across workers.
+pub fn owners_train_as_the_replicated_layout(rank: usize, make: &dyn Fn(Layout) -> KVStore) -> Vec<u32> {
+    let keys: [(&str, &[usize], DType); 4] = [
+        ("o small", &[7], DType::F32),
+        ("o big", &[2001], DType::F32),
+        ("o half", &[1500], DType::F16),
+        ("o mid", &[300], DType::F32),
+    ];
+    let names = ["sgd", "adam", "nadam", "lamb", "sgld", "adagrad"];
+    let value = |n: usize, seed: u64, dtype: DType| {
+        let data: Vec<f32> =
+            (0..n).map(|i| (((i as u64 * 7919 + seed * 104_729) % 2001) as f32 - 1000.0) / 1000.0).collect();
+        NDArray::from_vec(&[n], data).and_then(|a| a.as_type(dtype)).expect("a value")
+    };
+    let mut last = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let kvs = [make(Layout::Replicated), make(Layout::Owners)];
+        let opt = || {
+            let mut b =
+                Optimizer::builder(name).param("learning_rate", 0.02).param("wd", 0.001).param("multi_precision", 1.0);
+            if *name == "sgd" {
+                b = b.param("momentum", 0.9).lr_scheduler(LrScheduler::factor(5, 0.8).expect("a schedule"));
+            }
+            b.build().expect("an optimizer")
+        };
+        let ks: Vec<String> = keys.iter().map(|(k, ..)| format!("{k} {i}")).collect();
+        for kv in &kvs {
+            for (k, (_, shape, dtype)) in ks.iter().zip(keys) {
+                kv.init(k.as_str(), &value(shape[0], 1, dtype)).expect("init");
+            }
+            kv.set_optimizer(opt()).expect("set_optimizer");
+        }
+        let outs: Vec<Vec<NDArray>> = (0..2)
+            .map(|_| keys.iter().map(|(_, s, d)| NDArray::zeros_with(s, *d, Context::cpu(0)).expect("out")).collect())
+            .collect();
+        let names: Vec<&str> = ks.iter().map(String::as_str).collect();
+        for step in 0..30u64 {
+            let grads: Vec<NDArray> = keys
+                .iter()
+                .enumerate()
+                .map(|(j, (_, s, d))| value(s[0], step * 31 + rank as u64 * 7 + j as u64, *d))
+                .collect();
+            for (kv, outs) in kvs.iter().zip(&outs) {
+                match step % 3 {
+                    0 => kv.pushpull(&names[..], &grads[..], &outs[..], 0).expect("pushpull"),
+                    1 => {
+                        let pending: Vec<_> = names.iter().zip(&grads).map(|(k, g)| kv.push_async(*k, g, 0)).collect();
+                        for p in pending {
+                            p.wait().expect("push");
+                        }
+                        kv.pull(&names[..], &outs[..], 0).expect("pull");
+                    }
+                    _ => {
+                        kv.push(&names[..], &grads[..], 0).expect("push");
+                        kv.pull(&names[..], &outs[..], 0).expect("pull");
+                    }
+                }
+            }
+            let bits = |outs: &[NDArray]| -> Vec<u32> {
+                outs.iter()
+                    .flat_map(|o| o.as_type(DType::F32).and_then(|o| o.to_vec::<f32>()).expect("read"))
+                    .map(f32::to_bits)
+                    .collect()
+            };
+            let (replicated, owned) = (bits(&outs[0]), bits(&outs[1]));
+            let at = replicated.iter().zip(&owned).position(|(a, b)| a != b);
+            assert_eq!(at, None, "{name}: step {step} on rank {rank}: owners differ from replicated at element");
+            last = owned;
+        }
+    }
+    last
 }

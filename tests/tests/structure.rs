@@ -92,7 +92,9 @@ fn the_mpi_groups_state_knows_no_sum_and_no_sum_reaches_back_into_it() {
     let files = sources("kvstore-mpi/src");
     let text = |name: &str| &files.iter().find(|(f, _)| f.ends_with(name)).expect(name).1;
     // group.rs: the group's state; the sums are its `impl` blocks in files of their own.
-    for sum in ["crate::tree", "crate::scatter", "crate::fused", "crate::big", "crate::hosts", "crate::shm"] {
+    for sum in
+        ["crate::tree", "crate::scatter", "crate::fused", "crate::big", "crate::hosts", "crate::shm", "crate::parts"]
+    {
         assert!(!text("src/group.rs").contains(sum), "group.rs uses {sum}");
     }
     // The sums host by host and through shared memory take the group's pieces from where

@@ -429,6 +429,24 @@ fn replicas_are_bit_identical_after_optimizer_steps() {
     );
 }
 
+/// `dist_sync` owners over MPI (its reduce-scatter): the bits of the replicated layout,
+/// on every rank alike.
+fn owners_train_as_the_replicated_layout() {
+    let group = kvstore_mpi::group().expect("group");
+    let make = |layout| {
+        let group: std::sync::Arc<dyn kvstore_core::backend::Collective> = group.clone();
+        kvstore_core::KVStore::builder("dist_sync")
+            .collective(group)
+            .layout(layout)
+            .bigarray_bound(1000)
+            .build()
+            .expect("a store")
+    };
+    let kv = store();
+    let bits = dist_cases::owners_train_as_the_replicated_layout(kv.rank(), &make);
+    assert_as_on_rank_0(&kv, "owners bits", bits.iter().flat_map(|b| b.to_le_bytes()).collect());
+}
+
 fn nonblocking_training_matches_blocking() {
     let kv = store();
     let bits = dist_cases::nonblocking_training_matches_blocking(kv.rank(), &kv);
@@ -738,6 +756,7 @@ pub(super) const CASES: &[(&str, fn())] = &[
     ("bf16_sums_across_workers_round_once", bf16_sums_across_workers_round_once),
     ("replicas_are_bit_identical_after_optimizer_steps", replicas_are_bit_identical_after_optimizer_steps),
     ("nonblocking_training_matches_blocking", nonblocking_training_matches_blocking),
+    ("owners_train_as_the_replicated_layout", owners_train_as_the_replicated_layout),
     ("small_buckets_split_keys_and_give_the_same_sums", small_buckets_split_keys_and_give_the_same_sums),
     ("shared_memory_and_mpi_messages_give_the_same_bits", shared_memory_and_mpi_messages_give_the_same_bits),
     ("shared_memory_comes_from_the_environment", shared_memory_comes_from_the_environment),
