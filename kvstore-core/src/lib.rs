@@ -81,7 +81,7 @@ pub use error::{Cause, Error, ErrorKind, Result};
 pub use key::{Key, Keys, shorten};
 pub use kvstore::forms::{RowSparsePushes, Values};
 pub use kvstore::{
-    CallCount, KVStore, KVStoreBuilder, Layout, Pending, RankStats, Release, Restored, Stats, StorageType,
+    CallCount, HeldBytes, KVStore, KVStoreBuilder, Layout, Pending, RankStats, Release, Restored, Stats, StorageType,
 };
 pub use ndarray::{ForeignMemory, NDArray, Operand, RowSparse};
 pub use optimizer::{

@@ -515,7 +515,9 @@ impl PyStore {
     /// ``ranks``: per worker ``{"rank", "held_up_s", "last", "mean_lateness_s"}`` (how
     /// long it held the others up in all, what names the slowest worker; at how many
     /// collectives it arrived last, more than 1 ms after the median of the others; and
-    /// its mean lateness).
+    /// its mean lateness); and ``held``, the bytes the store holds on this worker now
+    /// (``{"values", "state", "buffers"}``: values, optimizer state, push buffers; under
+    /// ``dist_sync`` with owners, this worker's part of the state).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
         use pyo3::types::PyDict;
         crate::lifecycle::not_forked()?;
@@ -552,6 +554,11 @@ impl PyStore {
             })
             .collect::<PyResult<Vec<_>>>()?;
         d.set_item("ranks", ranks)?;
+        let held = PyDict::new(py);
+        held.set_item("values", s.held.values)?;
+        held.set_item("state", s.held.state)?;
+        held.set_item("buffers", s.held.buffers)?;
+        d.set_item("held", held)?;
         Ok(d)
     }
 

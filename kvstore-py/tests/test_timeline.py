@@ -33,8 +33,16 @@ def test_a_local_store_writes_its_calls_and_counts_them(tmp_path):
     assert s["calls"] == {"init": {"calls": 1, "keys": 2}, "push": {"calls": 1, "keys": 3}, "pull": {"calls": 1, "keys": 1}}
     assert (s["bytes_pushed"], s["bytes_pulled"], s["wire_bytes_sent"], s["collectives"], s["ranks"]) == (48, 16, 0, 0, [])
     assert set(s["phases"]) == {"queued", "inputs", "sum", "wire", "update", "copy", "ranks"} and s["phases"]["sum"] > 0
+    # Two keys of 16 bytes held; no optimizer state, no push buffer (the sums go
+    # straight into the values).
+    assert s["held"] == {"values": 32, "state": 0, "buffers": 0}
     store.reset_stats()
     assert store.stats()["calls"] == {} and store.stats()["bytes_pushed"] == 0
+    assert store.stats()["held"]["values"] == 32
+    store.set_optimizer(kv.optimizer.create("adam"))
+    store.push(["a", "b", "a"], [np.ones(4, np.float32)] * 3)
+    # Adam's mean and variance per key, and "a"'s buffer of its two values' sum.
+    assert store.stats()["held"] == {"values": 32, "state": 64, "buffers": 16}
 
 
 def test_a_timeline_that_cannot_be_made_raises_and_changes_nothing(tmp_path):

@@ -406,3 +406,31 @@ fn row_sparse_and_compressed_pushes_with_owners_have_the_replicated_bits() {
         outcome.unwrap_or_else(|e| panic!("{e}"));
     }
 }
+
+/// `stats().held`: what a rank holds. With owners, a rank holds its parts of the
+/// optimizer state only (Adam: twice its parts), where the replicated layout holds
+/// twice the model on every rank; the values stay whole on every rank.
+#[test]
+fn with_owners_a_rank_holds_its_parts_of_the_state() {
+    let held = run_members(3, |rank, member| {
+        [Layout::Replicated, Layout::Owners].map(|layout| {
+            let kv = store(&member, layout);
+            // Small keys go to ranks 0, 1, 2 in turn; the big one is split 1000 each.
+            let keys = ["s100", "s200", "s300", "big"];
+            let sizes = [100, 200, 300, 3000];
+            for (k, n) in keys.iter().zip(sizes) {
+                kv.init(*k, &NDArray::zeros(&[n]).expect("zeros")).expect("init");
+            }
+            kv.set_optimizer(adam()).expect("set");
+            let grads: Vec<NDArray> = sizes.iter().map(|&n| pseudo(&[n], DType::F32, rank as u64)).collect();
+            kv.push(&keys[..], &grads[..], 0).expect("push");
+            kv.stats().held
+        })
+    });
+    let model = 3600 * 4;
+    for (rank, [replicated, owned]) in held.iter().enumerate() {
+        assert_eq!((replicated.values, replicated.state), (model, 2 * model), "rank {rank}");
+        let small = [100, 200, 300][rank] * 4;
+        assert_eq!((owned.values, owned.state), (model, 2 * (1000 * 4 + small)), "rank {rank}");
+    }
+}

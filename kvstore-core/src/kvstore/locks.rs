@@ -45,6 +45,11 @@ fn holds_keys(held: &[(usize, usize)]) -> bool {
     !held.is_empty() && MAY_WAIT_AT.with(|m| m.get()) != Some(held.len())
 }
 
+/// Whether this thread holds keys it must not wait behind ([`holds_keys`]).
+pub(super) fn holds_any_keys() -> bool {
+    HELD.with(|held| holds_keys(&held.borrow()))
+}
+
 /// Marks keys as locked by this thread until dropped, and decides how to lock them.
 ///
 /// An updater runs while its push holds the push's keys and the store's merger. A call

@@ -47,7 +47,7 @@ pub use seam::{Peers, install_durability};
 use sparse::RowIds;
 pub use sparse::StorageType;
 pub(crate) use stats::finish_timeline;
-pub use stats::{CallCount, LATE_MARGIN, Lateness, RankStats, Stats, slowest_rank};
+pub use stats::{CallCount, HeldBytes, LATE_MARGIN, Lateness, RankStats, Stats, slowest_rank};
 
 impl KVStore {
     /// Creates a store of the given kind with the default settings.
@@ -700,7 +700,7 @@ impl KVStore {
     /// # Ok::<(), kvstore_core::Error>(())
     /// ```
     pub fn stats(&self) -> Stats {
-        self.store.counters.snapshot()
+        Stats { held: self.store.held_bytes(), ..self.store.counters.snapshot() }
     }
 
     /// Sets this store's counters ([`KVStore::stats`]) to zero.

@@ -1,12 +1,14 @@
 //! The store's side of `dist_sync` owners (`layout.rs`): where a new key goes, this
 //! worker's part of a key's state, and every key's whole state gathered from its owners
-//! for a checkpoint or a state file.
+//! for a checkpoint or a state file; and what the store holds on this worker
+//! (`Stats::held`).
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use super::data::{Entry, Slot, Store};
 use super::layout::{Balance, Layout, Owner};
+use super::stats::HeldBytes;
 use crate::collective::Collective;
 use crate::context::Context;
 use crate::error::Result;
@@ -107,5 +109,37 @@ impl Store {
         let arrays: Vec<&NDArray> = whole.iter().flatten().flat_map(|st| st.states.iter().chain(&st.master)).collect();
         group.all_gather_parts("the owners' optimizer states", &arrays, &ranges)?;
         Ok(Some(whole))
+    }
+}
+
+impl Store {
+    /// The bytes this store holds on this worker ([`HeldBytes`]), with those of a
+    /// `dist_async` worker's share. A key a call holds is waited for, unless this
+    /// thread holds keys itself (an updater asking): such a key is then left out.
+    pub(super) fn held_bytes(&self) -> HeldBytes {
+        let bytes = |a: &NDArray| (a.size() * a.dtype().size()) as u64;
+        let floats = |v: &[Vec<f32>]| v.iter().map(|r| (r.len() * 4) as u64).sum::<u64>();
+        let may_wait = !super::locks::holds_any_keys();
+        let mut held = HeldBytes::default();
+        for entry in self.entries() {
+            let slot = match may_wait {
+                true => entry.value.read(),
+                false => match entry.value.try_read() {
+                    Some(slot) => slot,
+                    None => continue,
+                },
+            };
+            held.values += bytes(&slot.value) + slot.spare.as_ref().map_or(0, bytes);
+            held.state += slot.opt.as_ref().map_or(0, |st| st.states.iter().chain(&st.master).map(bytes).sum());
+            held.buffers +=
+                slot.merge.as_ref().map_or(0, bytes) + floats(&slot.residuals) + floats(&slot.residual_spares);
+        }
+        if let Some(remote) = &self.remote {
+            let share = remote.share().held_bytes();
+            held.values += share.values;
+            held.state += share.state;
+            held.buffers += share.buffers;
+        }
+        held
     }
 }

@@ -51,6 +51,24 @@ pub struct Stats {
     pub collectives: u64,
     /// Under `dist_sync`: each worker, in rank order (the same on every worker).
     pub ranks: Vec<RankStats>,
+    /// The bytes the store holds on this worker now (not counters: [`KVStore::reset_stats`]
+    /// leaves them).
+    ///
+    /// [`KVStore::reset_stats`]: crate::KVStore::reset_stats
+    pub held: HeldBytes,
+}
+
+/// The bytes a store holds on this worker ([`Stats::held`]), by what they are for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeldBytes {
+    /// The keys' values, and the copies a custom updater works on.
+    pub values: u64,
+    /// The optimizer's state: its arrays and the f32 master copies of f16/bf16 weights
+    /// (under `dist_sync` with owners, this worker's parts only; under `dist_async`,
+    /// those of the parts this worker owns).
+    pub state: u64,
+    /// The buffers pushes are summed into, and gradient compression's residuals.
+    pub buffers: u64,
 }
 
 /// How many calls of one kind a store made, and their keys.
@@ -277,6 +295,7 @@ impl Counters {
             phases,
             collectives: a.collectives,
             ranks,
+            held: HeldBytes::default(),
         }
     }
 

@@ -785,7 +785,9 @@
   (per worker `{:rank r :held-up-s t :last n :mean-lateness-s x}`: how long it
   held the others up in all, what names the slowest worker; at how many
   collectives it arrived last, more than 1 ms after the median of the others;
-  and its mean lateness)."
+  and its mean lateness), and `:held`, the bytes the store holds on this worker
+  now (`{:values n :state n :buffers n}`: values, optimizer state, push buffers;
+  under dist_sync with owners, this worker's part of the state)."
   [^KVStore kvstore]
   (check! kvstore? ::kvstore kvstore "Invalid kvstore")
   (util/with-kvstore-errors :stats
@@ -801,7 +803,9 @@
        :ranks (mapv (fn [^io.github.kvstore.Stats$Rank r]
                       {:rank (.rank r) :held-up-s (.heldUpSeconds r) :last (.last r)
                        :mean-lateness-s (.meanLatenessSeconds r)})
-                    (.ranks s))})))
+                    (.ranks s))
+       :held (let [^io.github.kvstore.Stats$Held h (.held s)]
+               {:values (.values h) :state (.state h) :buffers (.buffers h)})})))
 
 (defn reset-stats
   "Sets the store's counters (`stats`) to zero. Returns the store."

@@ -741,9 +741,11 @@
     (let [s (kvstore/stats kv)]
       (is (= {"init" {:calls 1 :keys 2} "push" {:calls 1 :keys 3} "pull" {:calls 1 :keys 1}} (:calls s)))
       (is (= [48 16 0 []] [(:bytes-pushed s) (:bytes-pulled s) (:wire-bytes-sent s) (:ranks s)]))
-      (is (pos? (get-in s [:phases "sum"]))))
+      (is (pos? (get-in s [:phases "sum"])))
+      (is (= {:values 32 :state 0 :buffers 0} (:held s))))
     (is (identical? kv (kvstore/reset-stats kv)))
     (is (= {} (:calls (kvstore/stats kv))))
+    (is (= 32 (get-in (kvstore/stats kv) [:held :values])))
     (.delete file)))
 
 (deftest a-timeline-that-cannot-be-made-is-an-io-error

@@ -25,6 +25,8 @@ import java.util.Map;
  *     workers)
  * @param collectives under {@code dist_sync}, the collectives whose arrivals were compared
  * @param ranks under {@code dist_sync}, each worker in rank order (the same on every worker)
+ * @param held the bytes the store holds on this worker now (not a counter: {@link
+ *     KVStore#resetStats()} leaves it)
  */
 public record Stats(
         Map<String, Long> calls,
@@ -35,7 +37,18 @@ public record Stats(
         long wireBytesReceived,
         Map<String, Double> phaseSeconds,
         long collectives,
-        List<Rank> ranks) {
+        List<Rank> ranks,
+        Held held) {
+
+    /**
+     * The bytes a store holds on this worker, by what they are for.
+     *
+     * @param values the keys' values, and the copies a custom updater works on
+     * @param state the optimizer's state and the f32 master copies of f16/bf16 weights
+     *     (under {@code dist_sync} with owners, this worker's parts only)
+     * @param buffers the buffers pushes are summed into, and gradient compression's residuals
+     */
+    public record Held(long values, long state, long buffers) {}
 
     /**
      * One worker's arrivals at the collectives of a {@code dist_sync} store.
@@ -61,7 +74,7 @@ public record Stats(
 
     /** The counters {@code nStats} returns, as a record. */
     static Stats of(long[] raw) {
-        int at = 5;
+        int at = 8;
         Map<String, Long> calls = new LinkedHashMap<>();
         Map<String, Long> keys = new LinkedHashMap<>();
         for (String kind : KINDS) {
@@ -89,6 +102,7 @@ public record Stats(
                 raw[3],
                 Collections.unmodifiableMap(phases),
                 raw[4],
-                List.copyOf(ranks));
+                List.copyOf(ranks),
+                new Held(raw[5], raw[6], raw[7]));
     }
 }

@@ -44,9 +44,11 @@ class TimelineTest {
             assertEquals(0, s.wireBytesSent());
             assertEquals(List.of(), s.ranks());
             assertTrue(s.phaseSeconds().get("sum") > 0, s.phaseSeconds().toString());
+            assertEquals(new Stats.Held(32, 0, 0), s.held());
             kv.resetStats();
             assertEquals(Map.of(), kv.stats().calls());
             assertEquals(0, kv.stats().bytesPushed());
+            assertEquals(32, kv.stats().held().values());
         }
     }
 
