@@ -34,7 +34,7 @@
 //! # Ok::<(), kvstore_core::Error>(())
 //! ```
 
-pub use crate::collective::{Collective, MAX_RECORD};
+pub use crate::collective::{Collective, MAX_RECORD, check_parts, gather_parts_through_bytes};
 pub use crate::comm::{BroadcastJob, Claims, Comm, CommCpu, CommDevice, KeyBuffers, PushKey, ReduceJob};
 pub use crate::device::{
     DeviceBackend, DeviceBuffer, FusedArrays, FusedRule, FusedStep, PinnedMemory, backend as device_backend,

@@ -40,18 +40,34 @@ pub trait Collective: Send + Sync {
     fn allreduce_sum(&self, pairs: &[(&NDArray, &NDArray)]) -> Result<()>;
 
     /// For each `(source, destination)` pair, the sums of [`Collective::allreduce_sum`]
-    /// (the same bits) of the elements that `parts[j][r]` names (a range of flat
-    /// elements per worker `r`), each worker receiving its own range's only: what a
-    /// `dist_sync` push with owners moves to each key's owners (`kvstore/layout.rs`).
-    /// The rest of a destination is left unspecified. The default sums everything on
-    /// every worker ([`Collective::allreduce_sum`]); a transport may move each worker's
-    /// ranges to it alone, half the bytes.
+    /// (the same bits) of the elements of `source` that `parts[j][r]` names for worker
+    /// `r` (a range of flat elements per worker), each worker receiving its own range's
+    /// only, into `destination` (of exactly that many elements): what a `dist_sync` push
+    /// with owners moves to each key's owners (`kvstore/layout.rs`). The default sums
+    /// everything on every worker ([`Collective::allreduce_sum`], into copies) and keeps
+    /// this worker's range; a transport may move each worker's ranges to it alone, half
+    /// an allreduce's bytes.
     ///
     /// # Errors
-    /// [`crate::Error::Backend`] if the group is broken.
+    /// [`crate::Error::Backend`] if the group is broken; [`crate::Error::Internal`] for
+    /// `parts` that do not fit the arrays.
     fn reduce_scatter_sum(&self, pairs: &[(&NDArray, &NDArray)], parts: &[Vec<Range<usize>>]) -> Result<()> {
-        let _ = parts;
-        self.allreduce_sum(pairs)
+        let rank = self.rank();
+        check_parts("a reduce-scatter", pairs.iter().map(|(s, _)| *s), parts, self.size())?;
+        if pairs.iter().zip(parts).any(|((_, d), p)| d.size() != p[rank].len()) {
+            return Err(Error::Internal("a reduce-scatter's destination is not this worker's range".into()));
+        }
+        let sums = pairs
+            .iter()
+            .map(|(s, _)| NDArray::zeros_with(s.shape(), s.dtype(), crate::Context::default()))
+            .collect::<Result<Vec<_>>>()?;
+        let whole: Vec<(&NDArray, &NDArray)> = pairs.iter().zip(&sums).map(|((s, _), sum)| (*s, sum)).collect();
+        self.allreduce_sum(&whole)?;
+        for ((sum, (_, d)), p) in sums.iter().zip(pairs).zip(parts) {
+            let each = d.dtype().size();
+            d.write()?.bytes_mut().copy_from_slice(&sum.read()?.bytes()[p[rank].start * each..p[rank].end * each]);
+        }
+        Ok(())
     }
 
     /// For each array, worker `r`'s elements `parts[j][r]` (a range of flat elements
@@ -136,14 +152,7 @@ pub fn gather_parts_through_bytes<C: Collective + ?Sized>(
     parts: &[Vec<Range<usize>>],
 ) -> Result<()> {
     let (world, rank) = (group.size(), group.rank());
-    let fits = parts.len() == arrays.len()
-        && arrays
-            .iter()
-            .zip(parts)
-            .all(|(a, p)| p.len() == world && p.iter().all(|r| r.start <= r.end && r.end <= a.size()));
-    if !fits {
-        return Err(Error::Internal(format!("{step}: parts that do not fit the arrays to gather")));
-    }
+    check_parts(step, arrays.iter().copied(), parts, world)?;
     let bytes_of = |r: usize| -> usize { arrays.iter().zip(parts).map(|(a, p)| p[r].len() * a.dtype().size()).sum() };
     let longest = (0..world).map(bytes_of).max().unwrap_or(0);
     if longest == 0 {
@@ -176,6 +185,25 @@ pub fn gather_parts_through_bytes<C: Collective + ?Sized>(
         }
     }
     Ok(())
+}
+
+/// Checks that `parts` names a range of each array's elements per worker of `world`.
+///
+/// # Errors
+/// [`crate::Error::Internal`] naming `what` where they do not.
+pub fn check_parts<'a>(
+    what: &str,
+    arrays: impl ExactSizeIterator<Item = &'a NDArray>,
+    parts: &[Vec<Range<usize>>],
+    world: usize,
+) -> Result<()> {
+    let n = arrays.len();
+    let fits = parts.len() == n
+        && arrays.zip(parts).all(|(a, p)| p.len() == world && p.iter().all(|r| r.start <= r.end && r.end <= a.size()));
+    match fits {
+        true => Ok(()),
+        false => Err(Error::Internal(format!("{what}: parts that do not fit the arrays"))),
+    }
 }
 
 /// The longest record [`Collective::exchange`] takes.

@@ -30,12 +30,9 @@ impl MpiGroup {
         pairs: &[(&NDArray, &NDArray)],
         parts: &[Vec<Range<usize>>],
     ) -> Result<()> {
-        let fits = parts.len() == pairs.len()
-            && pairs.iter().zip(parts).all(|((s, d), p)| {
-                p.len() == self.size && s.size() == d.size() && p.iter().all(|r| r.start <= r.end && r.end <= d.size())
-            });
-        if !fits {
-            return Err(Error::Internal("mpi: a reduce-scatter's parts do not fit its arrays".into()));
+        kvstore_core::backend::check_parts("mpi: a reduce-scatter", pairs.iter().map(|(s, _)| *s), parts, self.size)?;
+        if pairs.iter().zip(parts).any(|((_, d), p)| d.size() != p[self.rank].len()) {
+            return Err(Error::Internal("mpi: a reduce-scatter's destination is not this rank's range".into()));
         }
         let wire = |d: DType| with_wire!(d, W => W::DTYPE);
         let mut start = 0;
@@ -102,9 +99,9 @@ impl MpiGroup {
         tree_into(&all, &mut sums);
         let mut at = 0;
         for ((_, dst), p) in pairs.iter().zip(parts) {
-            let r = p[me].clone();
-            store_piece::<W>(dst, r.start, r.len(), |d| d.copy_from_slice(&sums[at..at + r.len()]))?;
-            at += r.len();
+            let len = p[me].len();
+            store_piece::<W>(dst, 0, len, |d| d.copy_from_slice(&sums[at..at + len]))?;
+            at += len;
         }
         Ok(())
     }

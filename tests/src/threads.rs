@@ -85,28 +85,6 @@ impl kvstore_core::backend::Collective for ThreadMember {
             Ok(())
         })
     }
-    /// As a transport that moves each worker's ranges to it alone: the sums of this
-    /// worker's ranges, and the rest of each float destination overwritten with NaN, so
-    /// that a store that read another worker's sums would show it.
-    fn reduce_scatter_sum(&self, pairs: &[(&NDArray, &NDArray)], parts: &[Vec<std::ops::Range<usize>>]) -> Result<()> {
-        self.allreduce_sum(pairs)?;
-        for ((_, out), p) in pairs.iter().zip(parts) {
-            let mine = p[self.rank].clone();
-            let n = out.size();
-            match out.dtype() {
-                DType::F32 => out.with_data_mut(|d: &mut [f32]| poison(d, &mine, n, f32::NAN))?,
-                DType::F64 => out.with_data_mut(|d: &mut [f64]| poison(d, &mine, n, f64::NAN))?,
-                DType::F16 => {
-                    out.with_data_mut(|d: &mut [kvstore_core::f16]| poison(d, &mine, n, kvstore_core::f16::NAN))?
-                }
-                DType::BF16 => {
-                    out.with_data_mut(|d: &mut [kvstore_core::bf16]| poison(d, &mine, n, kvstore_core::bf16::NAN))?
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
     fn broadcast(&self, arrays: &[&NDArray], root: usize) -> Result<()> {
         self.exchange(arrays, |all| {
             for (j, out) in arrays.iter().enumerate() {
@@ -115,12 +93,6 @@ impl kvstore_core::backend::Collective for ThreadMember {
             Ok(())
         })
     }
-}
-
-/// Overwrites the elements of `d` outside `mine` with `nan`.
-fn poison<T: Copy>(d: &mut [T], mine: &std::ops::Range<usize>, n: usize, nan: T) {
-    d[..mine.start.min(n)].fill(nan);
-    d[mine.end.min(n)..].fill(nan);
 }
 
 /// A `dist_sync` store of the worker `member` (several stores of one worker share its

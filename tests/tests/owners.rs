@@ -408,8 +408,9 @@ fn row_sparse_and_compressed_pushes_with_owners_have_the_replicated_bits() {
 }
 
 /// `stats().held`: what a rank holds. With owners, a rank holds its parts of the
-/// optimizer state only (Adam: twice its parts), where the replicated layout holds
-/// twice the model on every rank; the values stay whole on every rank.
+/// optimizer state only (Adam: twice its parts) and of the push buffers, where the
+/// replicated layout holds twice the model and the model on every rank; the values
+/// stay whole on every rank.
 #[test]
 fn with_owners_a_rank_holds_its_parts_of_the_state() {
     let held = run_members(3, |rank, member| {
@@ -429,8 +430,86 @@ fn with_owners_a_rank_holds_its_parts_of_the_state() {
     });
     let model = 3600 * 4;
     for (rank, [replicated, owned]) in held.iter().enumerate() {
-        assert_eq!((replicated.values, replicated.state), (model, 2 * model), "rank {rank}");
-        let small = [100, 200, 300][rank] * 4;
-        assert_eq!((owned.values, owned.state), (model, 2 * (1000 * 4 + small)), "rank {rank}");
+        // Replicated: every key's whole sum in its buffer; with owners, this rank's parts'.
+        let (values, state, buffers) = (replicated.values, replicated.state, replicated.buffers);
+        assert_eq!((values, state, buffers), (model, 2 * model, model), "rank {rank}");
+        let mine = 1000 * 4 + [100, 200, 300][rank] * 4;
+        assert_eq!((owned.values, owned.state, owned.buffers), (model, 2 * mine, mine), "rank {rank}");
+    }
+}
+
+/// A push refused for one of its keys changes nothing on any worker, with owners as
+/// without: a row-sparse push whose second key cannot take the optimizer (an integer
+/// weight), and a dense push whose second key's update count is spent (found by the red
+/// team: with owners, the first key's part changed on its owner only).
+#[test]
+fn a_push_refused_for_one_key_changes_no_key_on_any_worker() {
+    let out = run_members(2, |rank, member| {
+        [Layout::Replicated, Layout::Owners].map(|layout| {
+            let kv = store(&member, layout);
+            let table = |dtype| kvstore_core::RowSparse::from_dense(&pseudo(&[4, 3], dtype, 1)).expect("rows");
+            kv.init_row_sparse("a", &table(DType::F32)).expect("init");
+            kv.init_row_sparse("z", &table(DType::I32)).expect("init");
+            kv.init(&["b", "c"][..], &[pseudo(&[4], DType::F32, 2), pseudo(&[4], DType::F32, 3)][..]).expect("init");
+            let last = ((1u64 << 53) - 2) as f64;
+            let sgd = Optimizer::builder("sgd").param("learning_rate", 0.1).param("begin_num_update", last);
+            kv.set_optimizer(sgd.build().expect("sgd")).expect("set");
+            let rows = |dtype| {
+                kvstore_core::RowSparse::new(pseudo(&[1, 3], dtype, 7 + rank as u64), vec![1], &[4, 3]).expect("rows")
+            };
+            let pushes: Vec<(kvstore_core::Key, Vec<kvstore_core::RowSparse>)> =
+                vec![("a".into(), vec![rows(DType::F32)]), ("z".into(), vec![rows(DType::I32)])];
+            let rows_refused = kv.push_row_sparse_many(&pushes, 0).expect_err("an integer weight");
+            let g = pseudo(&[4], DType::F32, 4 + rank as u64);
+            // "c" counts to 2^53 - 1, then 2^53: its next update is refused.
+            kv.push("c", &g, 0).expect("push");
+            kv.push("c", &g, 0).expect("push");
+            let c = bits(&kv.pull_new("c", 0).expect("pull"));
+            let count_refused = kv.push(&["b", "c"][..], &[g.clone(), g][..], 0).expect_err("a spent count");
+            let values =
+                [("a", bits(&kv.pull_new("a", 0).expect("pull"))), ("b", bits(&kv.pull_new("b", 0).expect("pull")))];
+            (
+                rows_refused.to_string(),
+                count_refused.to_string(),
+                values,
+                c == bits(&kv.pull_new("c", 0).expect("pull")),
+            )
+        })
+    });
+    let initial = [("a", bits(&pseudo(&[4, 3], DType::F32, 1))), ("b", bits(&pseudo(&[4], DType::F32, 2)))];
+    for (rank, layouts) in out.iter().enumerate() {
+        for (rows, count, values, c_kept) in layouts {
+            assert!(rows.contains("weights must be float"), "rank {rank}: {rows}");
+            assert!(count.contains("update count reached 2^53"), "rank {rank}: {count}");
+            assert_eq!(values, &initial, "rank {rank}: a refused push changed a key");
+            assert!(c_kept, "rank {rank}: the refused push changed c");
+        }
+    }
+}
+
+/// Workers that split keys at other bounds would own other elements: their pushes fail
+/// on every worker before any data moves, naming the bound, and nothing changes (found
+/// by the red team: the ranks' values parted, or a push moved one key's sums into
+/// another's).
+#[test]
+fn workers_that_split_keys_at_other_bounds_fail_their_pushes() {
+    let out = run_members(2, |rank, member| {
+        let group: Arc<dyn Collective> = Arc::clone(&member) as _;
+        let kv = KVStore::builder("dist_sync")
+            .num_threads(1)
+            .collective(group)
+            .layout(Layout::Owners)
+            .bigarray_bound(if rank == 0 { 1000 } else { 10 })
+            .build()
+            .expect("a store");
+        kv.init(&["A", "B"][..], &[pseudo(&[100], DType::F32, 1), pseudo(&[100], DType::F32, 2)][..]).expect("init");
+        kv.set_optimizer(Optimizer::builder("sgd").build().expect("sgd")).expect("set");
+        let g = [pseudo(&[100], DType::F32, 5 + rank as u64), pseudo(&[100], DType::F32, 9 + rank as u64)];
+        let e = kv.push(&["A", "B"][..], &g[..], 0).expect_err("bounds differ");
+        (e.to_string(), bits(&kv.pull_new("A", 0).expect("pull")), bits(&kv.pull_new("B", 0).expect("pull")))
+    });
+    for (message, a, b) in out {
+        assert!(message.contains("keys split from 1000 elements") && message.contains("from 10 elements"), "{message}");
+        assert_eq!((a, b), (bits(&pseudo(&[100], DType::F32, 1)), bits(&pseudo(&[100], DType::F32, 2))));
     }
 }

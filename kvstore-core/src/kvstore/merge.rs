@@ -84,29 +84,13 @@ impl Store {
     /// single value goes straight into the across-workers sum, with no local copy.
     /// With gradient compression (`across`, one job per pushed key, in order), each
     /// worker's sums cross as 2-bit codes instead ([`Across::sum`]).
-    ///
-    /// With owners (`parts`, one entry per job: each worker's range of the job's
-    /// elements), each worker receives only its own ranges' sums (a reduce-scatter,
-    /// `kvstore/layout.rs`); a compressed push still gives every worker every sum.
-    fn sum(
-        &self,
-        jobs: &[ReduceJob<'_>],
-        across: Option<(&mut Across, Vec<&[f32]>)>,
-        parts: Option<&[Vec<Range<usize>>]>,
-    ) -> Result<()> {
+    fn sum(&self, jobs: &[ReduceJob<'_>], across: Option<(&mut Across, Vec<&[f32]>)>) -> Result<()> {
         let Some(group) = &self.collective else {
             let _sum = self.counters.phase(Phase::Sum);
             return self.comm.reduce(jobs);
         };
-        let direct = |j: &ReduceJob<'_>| j.inputs.len() == 1;
-        let local: Vec<ReduceJob<'_>> =
-            jobs.iter().filter(|j| !direct(j)).map(|j| ReduceJob { inputs: j.inputs, out: j.out }).collect();
-        if !local.is_empty() {
-            let _sum = self.counters.phase(Phase::Sum);
-            self.comm.reduce(&local)?;
-        }
-        let pairs: Vec<(&NDArray, &NDArray)> =
-            jobs.iter().map(|j| (if direct(j) { j.inputs[0] } else { j.out }, j.out)).collect();
+        let sources = self.sum_here(jobs)?;
+        let pairs: Vec<(&NDArray, &NDArray)> = sources.into_iter().zip(jobs).map(|(s, j)| (s, j.out)).collect();
         // An allreduce of S bytes over n workers moves 2(n-1)/n S each way (a ring's
         // share, whatever path it takes); a compressed push, each worker's codes to
         // every other (counted by `Across::sum`).
@@ -123,21 +107,51 @@ impl Store {
                 Ok(())
             }
             None => {
-                // A reduce-scatter moves half an allreduce's bytes.
-                let moved = match parts {
-                    Some(parts) => {
-                        group.reduce_scatter_sum(&pairs, parts)?;
-                        (n - 1) * bytes / n.max(1)
-                    }
-                    None => {
-                        group.allreduce_sum(&pairs)?;
-                        2 * (n - 1) * bytes / n.max(1)
-                    }
-                };
+                group.allreduce_sum(&pairs)?;
+                let moved = 2 * (n - 1) * bytes / n.max(1);
                 self.counters.wire(moved, moved);
                 Ok(())
             }
         }
+    }
+
+    /// The first half of a `dist_sync` push's sums: the jobs with several inputs summed
+    /// here into their `out`; what each job sends across the workers (its one input as
+    /// it is, with no local copy, or its `out`).
+    fn sum_here<'j>(&self, jobs: &'j [ReduceJob<'j>]) -> Result<Vec<&'j NDArray>> {
+        let direct = |j: &ReduceJob<'_>| j.inputs.len() == 1;
+        let local: Vec<ReduceJob<'_>> =
+            jobs.iter().filter(|j| !direct(j)).map(|j| ReduceJob { inputs: j.inputs, out: j.out }).collect();
+        if !local.is_empty() {
+            let _sum = self.counters.phase(Phase::Sum);
+            self.comm.reduce(&local)?;
+        }
+        Ok(jobs.iter().map(|j| if direct(j) { j.inputs[0] } else { j.out }).collect())
+    }
+
+    /// [`Store::sum`] under `dist_sync` with owners: each job's inputs summed here (into
+    /// its `out`, when it has several), then across the workers into `dests[j]`, which
+    /// holds this worker's range of job `j` only (`parts[j]`, every worker's): a
+    /// reduce-scatter, half an allreduce's bytes.
+    fn sum_to_owners(&self, jobs: &[ReduceJob<'_>], dests: &[&NDArray], parts: &[Vec<Range<usize>>]) -> Result<()> {
+        let Some(group) = &self.collective else {
+            return Err(Error::Internal("a push to the owners without a worker group".into()));
+        };
+        let sources = self.sum_here(jobs)?;
+        let pairs: Vec<(&NDArray, &NDArray)> = sources.into_iter().zip(dests).map(|(s, d)| (s, *d)).collect();
+        let bytes = stats::bytes_of(pairs.iter().map(|(src, _)| *src));
+        let n = group.size() as u64;
+        let _wire = self.counters.phase(Phase::Wire).with(|| {
+            vec![
+                ("collective", Arg::S("reduce-scatter".into())),
+                ("keys", Arg::U(pairs.len() as u64)),
+                ("bytes", Arg::U(bytes)),
+            ]
+        });
+        group.reduce_scatter_sum(&pairs, parts)?;
+        let moved = (n - 1) * bytes / n.max(1);
+        self.counters.wire(moved, moved);
+        Ok(())
     }
 
     /// The rest of a push (the sums and the update) and of its pull (the copies), once
@@ -224,24 +238,43 @@ impl Store {
                     .zip(push_slots)
                     .map(|(g, &i)| ReduceJob { inputs: g.arrays, out: &guards[i].value })
                     .collect();
-                self.sum(&jobs, across.as_mut().map(|a| (a, residuals_of(guards, push_slots))), None)?;
+                self.sum(&jobs, across.as_mut().map(|a| (a, residuals_of(guards, push_slots))))?;
                 crate::ndarray::values_read();
             }
             Merger::Optimizer(runtime) => {
                 for (g, &i) in push.iter().zip(push_slots) {
                     runtime.check_weight(&g.entry.key, &guards[i].value)?;
+                    runtime.check_count(&g.entry.key, guards[i].opt.as_ref())?;
                 }
+                // With owners, each key's ranges: every worker's elements of it, and
+                // this worker updates its own only (`kvstore/layout.rs`).
+                let parts = self.owned_ranges(
+                    runtime,
+                    push.iter().zip(push_slots).map(|(g, &i)| (g.entry.owner, guards[i].value.size())),
+                );
+                let mine = |j: usize| parts.as_ref().map(|p| p[j][self.rank()].clone());
+                // Their sums reach the owners alone, unless compressed (every worker then
+                // adds up every worker's codes).
+                let scatter = parts.is_some() && across.is_none();
                 // Several values of a key are summed into the key's merge buffer first;
                 // a single value is read where it is (no copy: the store keeps nothing
                 // of it).
                 // dist_sync sums across the workers in the merge buffers, so every key
-                // uses one.
+                // uses one: with owners, of this worker's part only, the values summed
+                // here first into the key's spare (whole).
                 let merged = |g: &Pushed<'_>| g.arrays.len() > 1 || self.collective.is_some();
-                for (g, &i) in push.iter().zip(push_slots) {
+                for (j, (g, &i)) in push.iter().zip(push_slots).enumerate() {
                     let slot = &mut *guards[i];
-                    if merged(g) && slot.merge.is_none() {
-                        let v = &slot.value;
-                        slot.merge = Some(NDArray::zeros_with(v.shape(), v.dtype(), v.context())?);
+                    let v = &slot.value;
+                    let size = mine(j).filter(|_| scatter).map_or(v.size(), |p| p.len());
+                    if merged(g) && slot.merge.as_ref().is_none_or(|m| m.size() != size) {
+                        slot.merge = Some(match size == v.size() {
+                            true => NDArray::zeros_with(v.shape(), v.dtype(), v.context())?,
+                            false => NDArray::zeros_with(&[size], v.dtype(), v.context())?,
+                        });
+                    }
+                    if scatter && g.arrays.len() > 1 && slot.spare.is_none() {
+                        slot.spare = Some(NDArray::zeros_with(v.shape(), v.dtype(), v.context())?);
                     }
                 }
                 // Every key's state exists before any key is updated: a state that
@@ -257,13 +290,6 @@ impl Store {
                 if updates.windows(2).any(|w| place(w[0]) > place(w[1])) {
                     updates.sort_by_key(|&j| place(j));
                 }
-                // With owners, each key's ranges: every worker's elements of it, and
-                // this worker updates its own only (`kvstore/layout.rs`).
-                let parts = self.owned_ranges(
-                    runtime,
-                    push.iter().zip(push_slots).map(|(g, &i)| (g.entry.owner, guards[i].value.size())),
-                );
-                let mine = |j: usize| parts.as_ref().map(|p| p[j][self.rank()].clone());
                 let mut created = Vec::new();
                 for (j, &i) in push_slots.iter().enumerate() {
                     let slot = &mut *guards[i];
@@ -283,25 +309,54 @@ impl Store {
                         }
                     }
                 }
-                let jobs: Vec<ReduceJob<'_>> = push
-                    .iter()
-                    .zip(push_slots)
-                    .filter(|(g, _)| merged(g))
-                    .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays, out: guards[i].merge.as_ref()? }))
-                    .collect();
-                let residuals = across.as_mut().map(|a| (a, residuals_of(guards, push_slots)));
-                self.sum(&jobs, residuals, parts.as_deref())?;
+                match (&parts, scatter) {
+                    (Some(parts), true) => {
+                        let jobs: Vec<ReduceJob<'_>> = push
+                            .iter()
+                            .zip(push_slots)
+                            .map(|(g, &i)| {
+                                let slot = &guards[i];
+                                let out = slot.spare.as_ref().filter(|_| g.arrays.len() > 1).or(slot.merge.as_ref());
+                                out.map(|out| ReduceJob { inputs: g.arrays, out })
+                            })
+                            .collect::<Option<_>>()
+                            .ok_or_else(|| Error::Internal("push: no merge buffer".into()))?;
+                        let dests: Vec<&NDArray> = push_slots
+                            .iter()
+                            .map(|&i| guards[i].merge.as_ref())
+                            .collect::<Option<_>>()
+                            .ok_or_else(|| Error::Internal("push: no merge buffer".into()))?;
+                        self.sum_to_owners(&jobs, &dests, parts)?;
+                    }
+                    _ => {
+                        let jobs: Vec<ReduceJob<'_>> = push
+                            .iter()
+                            .zip(push_slots)
+                            .filter(|(g, _)| merged(g))
+                            .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays, out: guards[i].merge.as_ref()? }))
+                            .collect();
+                        self.sum(&jobs, across.as_mut().map(|a| (a, residuals_of(guards, push_slots))))?;
+                    }
+                }
                 let update = self.counters.phase(Phase::Update);
+                // An update that fails stops the call there (the keys before it keep
+                // theirs); with owners, the parts updated still reach every worker, so
+                // that the workers' values never part.
+                let mut failed = None;
                 for (j, g, &i) in updates.iter().map(|&j| (j, &push[j], &push_slots[j])) {
                     let Slot { value, opt, merge, .. } = &mut *guards[i];
                     let grad = match (g.arrays, merge.as_ref()) {
                         (_, Some(m)) if merged(g) => m,
                         ([one], _) => *one,
-                        _ => return Err(Error::Internal("push: no merge buffer".into())),
+                        _ => Err(Error::Internal("push: no merge buffer".into()))?,
                     };
-                    match mine(j) {
-                        Some(part) => runtime.update_part(&g.entry.key, value, grad, opt, part)?,
-                        None => runtime.update(&g.entry.key, value, grad, opt)?,
+                    let updated = match mine(j) {
+                        Some(part) => runtime.update_part(&g.entry.key, value, grad, opt, part),
+                        None => runtime.update(&g.entry.key, value, grad, opt),
+                    };
+                    if let Err(e) = updated {
+                        failed = Some(e);
+                        break;
                     }
                 }
                 drop(update);
@@ -328,6 +383,9 @@ impl Store {
                     });
                     group.all_gather_parts("push: the owners' values", &values, parts)?;
                     self.counters.wire(mine * (group.size() as u64 - 1), theirs);
+                }
+                if let Some(e) = failed {
+                    return Err(e);
                 }
             }
             Merger::Custom(updater) => {
@@ -356,7 +414,7 @@ impl Store {
                 if jobs.len() != push.len() {
                     return Err(Error::Internal("push: no merge buffer".into()));
                 }
-                self.sum(&jobs, across.as_mut().map(|a| (a, residuals_of(guards, push_slots))), None)?;
+                self.sum(&jobs, across.as_mut().map(|a| (a, residuals_of(guards, push_slots))))?;
                 // The updater works on the sums: the values are free.
                 crate::ndarray::values_read();
                 // A failed update stops the call here (a fused call's stops its own call);

@@ -120,6 +120,12 @@ impl Store {
         let bytes = |a: &NDArray| (a.size() * a.dtype().size()) as u64;
         let floats = |v: &[Vec<f32>]| v.iter().map(|r| (r.len() * 4) as u64).sum::<u64>();
         let may_wait = !super::locks::holds_any_keys();
+        // A slot's spare is a custom updater's copy of the value, else (with owners) the
+        // whole local sum of a key pushed with several values.
+        let spare_is_value = match self.merger.try_read() {
+            Some(m) => matches!(&*m, super::data::Merger::Custom(_)),
+            None => false,
+        };
         let mut held = HeldBytes::default();
         for entry in self.entries() {
             let slot = match may_wait {
@@ -129,10 +135,14 @@ impl Store {
                     None => continue,
                 },
             };
-            held.values += bytes(&slot.value) + slot.spare.as_ref().map_or(0, bytes);
+            let spare = slot.spare.as_ref().map_or(0, bytes);
+            let (spare_value, spare_buffer) = if spare_is_value { (spare, 0) } else { (0, spare) };
+            held.values += bytes(&slot.value) + spare_value;
             held.state += slot.opt.as_ref().map_or(0, |st| st.states.iter().chain(&st.master).map(bytes).sum());
-            held.buffers +=
-                slot.merge.as_ref().map_or(0, bytes) + floats(&slot.residuals) + floats(&slot.residual_spares);
+            held.buffers += slot.merge.as_ref().map_or(0, bytes)
+                + spare_buffer
+                + floats(&slot.residuals)
+                + floats(&slot.residual_spares);
         }
         if let Some(remote) = &self.remote {
             let share = remote.share().held_bytes();

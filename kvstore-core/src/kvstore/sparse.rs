@@ -339,24 +339,33 @@ impl Store {
             }
             _ => None,
         };
+        // Every key's weight can take the optimizer before any key changes.
+        if let Merger::Optimizer(runtime) = &*merger {
+            for ((entry, _), slot) in plan.keys.iter().zip(guards.iter()) {
+                runtime.check_weight(&entry.key, &slot.value)?;
+                runtime.check_count(&entry.key, slot.opt.as_ref())?;
+            }
+        }
+        // A key that fails stops the call there (the keys before it keep their update);
+        // with owners, the parts updated still reach every worker.
+        let mut failed = None;
         for (j, ((entry, values), slot)) in plan.keys.iter().zip(guards.iter_mut()).enumerate() {
             let slot = &mut **slot;
             let key = &entry.key;
             // (Every value was checked against the key by its plan: a key's shape and
             // dtype never change.)
             let refs: Vec<&RowSparse> = values.iter().collect();
-            let sum = RowSparse::sum(&refs)?;
-            match &*merger {
+            let merged = RowSparse::sum(&refs).and_then(|sum| match &*merger {
                 Merger::Assign => {
                     sum.assign_to(&slot.value)?;
                     slot.row_sparse = true;
+                    Ok(())
                 }
                 Merger::Optimizer(runtime) => {
-                    runtime.check_weight(key, &slot.value)?;
                     let part = ranges.as_ref().map_or(0..slot.value.size(), |r| r[j][self.rank()].clone());
                     match runtime.lazy_for(&slot.value) {
-                        true => runtime.update_rows_part(key, &slot.value, &sum, &mut slot.opt, part)?,
-                        false => runtime.update_part(key, &slot.value, &sum.to_dense()?, &mut slot.opt, part)?,
+                        true => runtime.update_rows_part(key, &slot.value, &sum, &mut slot.opt, part),
+                        false => runtime.update_part(key, &slot.value, &sum.to_dense()?, &mut slot.opt, part),
                     }
                 }
                 Merger::Custom(updater) => {
@@ -365,14 +374,19 @@ impl Store {
                     let grad = sum.to_dense()?;
                     crate::ndarray::as_user_code(|| updater.update(key, entry.index, &grad, &work))?;
                     slot.value = work;
+                    Ok(())
                 }
+            });
+            if let Err(e) = merged {
+                failed = Some(e);
+                break;
             }
         }
         if let (Some(ranges), Some(group)) = (&ranges, &self.collective) {
             let values: Vec<&NDArray> = guards.iter().map(|g| &g.value).collect();
             group.all_gather_parts("a row-sparse push: the owners' values", &values, ranges)?;
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 }
 

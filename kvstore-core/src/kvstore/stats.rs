@@ -67,7 +67,9 @@ pub struct HeldBytes {
     /// (under `dist_sync` with owners, this worker's parts only; under `dist_async`,
     /// those of the parts this worker owns).
     pub state: u64,
-    /// The buffers pushes are summed into, and gradient compression's residuals.
+    /// The buffers pushes are summed into (with owners, this worker's parts of the
+    /// sums, and the whole local sum of a key pushed with several values at once), and
+    /// gradient compression's residuals.
     pub buffers: u64,
 }
 

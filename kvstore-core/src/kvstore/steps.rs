@@ -114,9 +114,10 @@ struct Call<'a> {
     seq: u64,
     compression: Option<Compression>,
     merged: &'a str,
-    /// Whether the store keeps its optimizer state on owners (`layout.rs`): workers
-    /// that do and workers that do not would move other data.
-    owners: bool,
+    /// The big-array bound of a store that keeps its optimizer state on owners
+    /// (`layout.rs`): workers that do and workers that do not, or that split keys at
+    /// other bounds, would move other data.
+    owners: Option<usize>,
 }
 
 /// A step's calls (operation and number of keys each), their keys, and this worker's
@@ -145,7 +146,10 @@ impl Call<'_> {
             _ => String::new(),
         };
         let merged = if pushes { self.merged } else { "" };
-        let owners = if pushes && self.owners { ", state on owners" } else { "" };
+        let owners = match self.owners.filter(|_| pushes) {
+            Some(bound) => format!(", state on owners (keys split from {bound} elements)"),
+            None => String::new(),
+        };
         (format!("{form}{compressed}{merged}{owners}"), what)
     }
 
@@ -308,7 +312,7 @@ impl Store {
         let Some(group) = self.collective.as_ref().filter(|_| self.compare_calls) else { return Ok(local) };
         let seq = self.steps.fetch_add(1, Ordering::Relaxed) + 1;
         let step = format!("{op} #{seq}");
-        let owners = self.layout == super::layout::Layout::Owners;
+        let owners = (self.layout == super::layout::Layout::Owners).then_some(self.bound);
         let call = Call { op, seq, compression, merged, owners };
         let mut mine = call.record(calls, keys, &local);
         // This worker's arrival, on rank 0's clock, rides along (`stats.rs`): not part

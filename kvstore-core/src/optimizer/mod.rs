@@ -741,6 +741,19 @@ impl Runtime {
         self.step(key, weight, part.clone(), state, |step, values, st| self.apply(step, values, weight, grad, st, part))
     }
 
+    /// Whether `state` (a key's, if it has one) may count one more update: checked for
+    /// every key of a push before any key is updated, so that a push refused for it
+    /// changes nothing.
+    pub(crate) fn check_count(&self, key: &Key, state: Option<&KeyState>) -> Result<()> {
+        let count = state.map_or(self.opt.params.num("begin_num_update") as u64, |st| st.count);
+        match count >= MAX_COUNT {
+            true => Err(Error::invalid_argument(format!(
+                "push of key \"{key}\": its update count reached 2^53, the most an optimizer counts"
+            ))),
+            false => Ok(()),
+        }
+    }
+
     /// Whether an update of a key in parts has the bits of the whole key's: every rule
     /// but those whose trust ratios need the whole key's norms (LAMB, LARS).
     pub(crate) fn updates_in_parts(&self) -> bool {
@@ -886,11 +899,7 @@ impl Runtime {
                 st.states.len()
             )));
         }
-        if st.count >= MAX_COUNT {
-            return Err(Error::invalid_argument(format!(
-                "push of key \"{key}\": its update count reached 2^53, the most an optimizer counts"
-            )));
-        }
+        self.check_count(key, Some(st))?;
         st.count += 1;
         let p = &self.opt.params;
         let mut global = self.global.lock();
@@ -946,19 +955,31 @@ impl Runtime {
         let step = &Step { offset: part.start, ..*step };
         let rule = &*self.opt.rule;
         let p = part.clone();
+        // The gradient: of the whole key, or of the part only (a key's owner's sums).
+        let gp = match grad.size() {
+            n if n == weight.size() => p.clone(),
+            n if n == p.len() => 0..n,
+            n => {
+                return Err(Error::Internal(format!(
+                    "a gradient of {n} elements for elements {p:?} of a weight of {}",
+                    weight.size()
+                )));
+            }
+        };
         match (weight.dtype(), &st.master) {
             (DType::F64, _) => {
                 let g = grad.to_vec::<f64>()?;
                 let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect::<Result<_>>()?;
                 let mut ss: Vec<&mut [f64]> = guards.iter_mut().map(|b| b.typed_mut::<f64>()).collect();
-                weight
-                    .with_data_mut(|w: &mut [f64]| rule.update_f64(step, values, &mut w[p.clone()], &g[p], &mut ss))?;
+                weight.with_data_mut(|w: &mut [f64]| rule.update_f64(step, values, &mut w[p], &g[gp], &mut ss))?;
             }
             (DType::F32, _) => {
                 let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect::<Result<_>>()?;
                 let mut ss: Vec<&mut [f32]> = guards.iter_mut().map(|b| b.typed_mut::<f32>()).collect();
                 let update = |w: &mut [f32]| {
-                    grad.with_data(|g: &[f32]| rule.update_f32(step, values, &mut w[p.clone()], &g[p.clone()], &mut ss))
+                    grad.with_data(|g: &[f32]| {
+                        rule.update_f32(step, values, &mut w[p.clone()], &g[gp.clone()], &mut ss)
+                    })
                 };
                 weight.with_data_mut(update)??;
             }
@@ -966,7 +987,7 @@ impl Runtime {
                 // f16/bf16: update in f32 (the master copy under multi_precision), then
                 // round into the weight once.
                 let g = grad.to_vec::<f32>()?;
-                let g = &g[p.clone()];
+                let g = &g[gp];
                 let mut guards: Vec<_> = st.states.iter().map(NDArray::write).collect::<Result<_>>()?;
                 let mut ss: Vec<&mut [f32]> = guards.iter_mut().map(|b| b.typed_mut::<f32>()).collect();
                 let w32 = match master {
