@@ -513,3 +513,68 @@ fn workers_that_split_keys_at_other_bounds_fail_their_pushes() {
         assert_eq!((a, b), (bits(&pseudo(&[100], DType::F32, 1)), bits(&pseudo(&[100], DType::F32, 2))));
     }
 }
+
+/// A custom updater with owners runs once per push of a key, on the key's whole owner
+/// (a big key too), and every worker gets its result: the values of the replicated
+/// layout, where it runs on every worker. Its failure fails the push on every worker,
+/// naming the owner where it failed, and changes nothing; in a fused batch it fails its
+/// own call only.
+#[test]
+fn a_custom_updater_runs_once_on_the_owner() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let out = run_members(3, |rank, member| {
+        [Layout::Replicated, Layout::Owners].map(|layout| {
+            let kv = store(&member, layout);
+            let keys = ["u1", "u2", "u3", "ubig"];
+            let sizes = [5, 6, 7, 2000];
+            for (k, n) in keys.iter().zip(sizes) {
+                kv.init(*k, &pseudo(&[n], DType::F32, 3)).expect("init");
+            }
+            let runs = Arc::new(AtomicUsize::new(0));
+            let counted = Arc::clone(&runs);
+            kv.set_updater(move |key: &kvstore_core::Key, _: usize, merged: &NDArray, stored: &NDArray| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                if key.as_str() == "u2" && merged.to_vec::<f32>()?[0] > 100.0 {
+                    return Err(kvstore_core::Error::invalid_argument("u2 too big"));
+                }
+                stored.add_assign(&merged.mul(0.5)?)
+            })
+            .expect("set_updater");
+            for step in 0..4u64 {
+                let grads: Vec<NDArray> =
+                    sizes.iter().map(|&n| pseudo(&[n], DType::F32, step * 10 + rank as u64)).collect();
+                kv.push(&keys[..], &grads[..], 0).expect("push");
+            }
+            // Several values of a key at once, summed here first.
+            let two = [pseudo(&[2000], DType::F32, 70), pseudo(&[2000], DType::F32, 71 + rank as u64)];
+            kv.push("ubig", &two[..], 0).expect("push of two values");
+            let before: Vec<Vec<u64>> = keys.iter().map(|k| bits(&kv.pull_new(*k, 0).expect("pull"))).collect();
+            let e = kv.push("u2", &NDArray::full(&[6], 1000.0).expect("big"), 0).expect_err("the updater fails");
+            // Fused: the failing call fails alone.
+            let fine = kv.push_async("u1", &NDArray::ones(&[5]).expect("ones"), 0);
+            let bad = kv.push_async("u2", &NDArray::full(&[6], 1000.0).expect("big"), 0);
+            let (fine, bad) = (fine.wait(), bad.wait().expect_err("fails"));
+            fine.expect("the other call");
+            let after: Vec<Vec<u64>> = keys.iter().map(|k| bits(&kv.pull_new(*k, 0).expect("pull"))).collect();
+            (before, after, e.to_string(), bad.to_string(), runs.load(Ordering::SeqCst))
+        })
+    });
+    for (rank, [replicated, owned]) in out.iter().enumerate() {
+        assert_eq!(replicated.0, owned.0, "rank {rank}: the values before the failures");
+        assert_eq!(replicated.1, owned.1, "rank {rank}: the values after them");
+        assert_eq!(owned.0[1], owned.1[1], "rank {rank}: a failed push changed u2");
+        assert_eq!(owned.0, out[0][1].0, "rank {rank}: the workers part");
+        for message in [&owned.2, &owned.3] {
+            // u2 is owned by rank 1 (u1, u2, u3 go to ranks 0, 1, 2): its own error there,
+            // one naming it on the others.
+            assert!(message.contains("u2 too big"), "rank {rank}: {message}");
+            assert_eq!(message.contains("failed on rank 1"), rank != 1, "rank {rank}: {message}");
+        }
+        // Replicated: 4 keys x 4 pushes, the push of two values, the failing push and
+        // the fused pair, on every worker.
+        assert_eq!(replicated.4, 16 + 1 + 1 + 2, "rank {rank}");
+    }
+    // With owners, as often in all: once per push of a key, on its owner.
+    let total: usize = out.iter().map(|[_, owned]| owned.4).sum();
+    assert_eq!(total, 16 + 1 + 1 + 2);
+}

@@ -389,15 +389,36 @@ impl Store {
                 }
             }
             Merger::Custom(updater) => {
+                // With owners, a key's updater runs once, on the key's whole owner, which
+                // alone receives the key's sum (unless compressed); the others receive the
+                // new value once every worker agreed on the outcome.
+                let owners = self.whole_owned_ranges(
+                    push.iter().zip(push_slots).map(|(g, &i)| (g.entry.owner, guards[i].value.size())),
+                );
+                let rank = self.rank();
+                let runs_here = |j: usize| owners.is_none() || push[j].entry.owner.whole as usize == rank;
+                let scatter = owners.is_some() && across.is_none();
                 // The updater works on each key's spare copy of its value, brought up
                 // to date here and swapped in only when every key's update succeeded:
                 // a failing updater leaves the store as it was. The spares and the
                 // merge buffers are kept per key and reused (as MXNet's merge buffers).
-                for (g, &i) in push.iter().zip(push_slots) {
+                // (A worker that does not run a key's updater sums several values of
+                // it into its spare.)
+                for (j, (g, &i)) in push.iter().zip(push_slots).enumerate() {
                     let slot = &mut *guards[i];
                     let v = &slot.value;
-                    if slot.merge.is_none() {
-                        slot.merge = Some(NDArray::zeros_with(v.shape(), v.dtype(), v.context())?);
+                    let size = if scatter && !runs_here(j) { 0 } else { v.size() };
+                    if slot.merge.as_ref().is_none_or(|m| m.size() != size) {
+                        slot.merge = Some(match size == v.size() {
+                            true => NDArray::zeros_with(v.shape(), v.dtype(), v.context())?,
+                            false => NDArray::zeros_with(&[size], v.dtype(), v.context())?,
+                        });
+                    }
+                    if !runs_here(j) {
+                        if scatter && g.arrays.len() > 1 && slot.spare.is_none() {
+                            slot.spare = Some(NDArray::zeros_with(v.shape(), v.dtype(), v.context())?);
+                        }
+                        continue;
                     }
                     // A spare that a value of this call shares storage with (an updater
                     // kept its handle and pushed it) is not overwritten: a new one is made.
@@ -409,12 +430,27 @@ impl Store {
                 let jobs: Vec<ReduceJob<'_>> = push
                     .iter()
                     .zip(push_slots)
-                    .filter_map(|(g, &i)| Some(ReduceJob { inputs: g.arrays, out: guards[i].merge.as_ref()? }))
+                    .enumerate()
+                    .filter_map(|(j, (g, &i))| {
+                        let slot = &guards[i];
+                        let local = slot.spare.as_ref().filter(|_| scatter && !runs_here(j) && g.arrays.len() > 1);
+                        Some(ReduceJob { inputs: g.arrays, out: local.or(slot.merge.as_ref())? })
+                    })
                     .collect();
                 if jobs.len() != push.len() {
                     return Err(Error::Internal("push: no merge buffer".into()));
                 }
-                self.sum(&jobs, across.as_mut().map(|a| (a, residuals_of(guards, push_slots))))?;
+                match (&owners, scatter) {
+                    (Some(owners), true) => {
+                        let dests: Vec<&NDArray> = push_slots
+                            .iter()
+                            .map(|&i| guards[i].merge.as_ref())
+                            .collect::<Option<_>>()
+                            .ok_or_else(|| Error::Internal("push: no merge buffer".into()))?;
+                        self.sum_to_owners(&jobs, &dests, owners)?;
+                    }
+                    _ => self.sum(&jobs, across.as_mut().map(|a| (a, residuals_of(guards, push_slots))))?,
+                }
                 // The updater works on the sums: the values are free.
                 crate::ndarray::values_read();
                 // A failed update stops the call here (a fused call's stops its own call);
@@ -423,12 +459,12 @@ impl Store {
                 let mut failed = None;
                 let update = self.counters.phase(Phase::Update);
                 for (j, (g, &i)) in push.iter().zip(push_slots).enumerate() {
+                    if calls.as_ref().is_some_and(|c| c.failed_push(j)) || !runs_here(j) {
+                        continue;
+                    }
                     let (Some(m), Some(w)) = (&guards[i].merge, &guards[i].spare) else {
                         return Err(Error::Internal("push: no merge buffer or spare".into()));
                     };
-                    if calls.as_ref().is_some_and(|c| c.failed_push(j)) {
-                        continue;
-                    }
                     // A panicking updater fails its push like one that returns an error, so
                     // that under dist_sync the workers still agree on the outcome.
                     let updated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -458,12 +494,26 @@ impl Store {
                 }
                 for (j, &i) in push_slots.iter().enumerate() {
                     let slot = &mut *guards[i];
-                    if calls.as_ref().is_some_and(|c| c.failed_push(j)) {
+                    if calls.as_ref().is_some_and(|c| c.failed_push(j)) || !runs_here(j) {
                         continue;
                     }
                     if let Some(updated) = slot.spare.take() {
                         slot.spare = Some(std::mem::replace(&mut slot.value, updated));
                     }
+                }
+                if let (Some(owners), Some(group)) = (&owners, &self.collective) {
+                    // The owners' new values reach every worker (not those of a fused
+                    // call that failed: no worker changed them).
+                    let values: Vec<&NDArray> = push_slots.iter().map(|&i| &guards[i].value).collect();
+                    let ranges: Vec<Vec<Range<usize>>> = owners
+                        .iter()
+                        .enumerate()
+                        .map(|(j, r)| match calls.as_ref().is_some_and(|c| c.failed_push(j)) {
+                            true => vec![0..0; r.len()],
+                            false => r.clone(),
+                        })
+                        .collect();
+                    group.all_gather_parts("push: the updater's values", &values, &ranges)?;
                 }
             }
         }

@@ -30,8 +30,20 @@ impl Store {
         runtime: &Runtime,
         keys: impl Iterator<Item = (Owner, usize)>,
     ) -> Option<Vec<Vec<Range<usize>>>> {
+        self.ranges_of(keys, runtime.updates_in_parts())
+    }
+
+    /// [`Store::owned_ranges`] of keys each updated whole by its whole owner (a custom
+    /// updater's keys).
+    pub(super) fn whole_owned_ranges(
+        &self,
+        keys: impl Iterator<Item = (Owner, usize)>,
+    ) -> Option<Vec<Vec<Range<usize>>>> {
+        self.ranges_of(keys, false)
+    }
+
+    fn ranges_of(&self, keys: impl Iterator<Item = (Owner, usize)>, in_parts: bool) -> Option<Vec<Vec<Range<usize>>>> {
         let group = self.owners_group()?;
-        let in_parts = runtime.updates_in_parts();
         Some(keys.map(|(owner, n)| owner.ranges(n, group.size(), in_parts)).collect())
     }
 
