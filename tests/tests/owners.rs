@@ -578,3 +578,26 @@ fn a_custom_updater_runs_once_on_the_owner() {
     let total: usize = out.iter().map(|[_, owned]| owned.4).sum();
     assert_eq!(total, 16 + 1 + 1 + 2);
 }
+
+/// The `dist_sync` cases whose outcome does not depend on where the optimizer state
+/// lives, with owners: among them the message of workers whose calls differ, whose form
+/// once held a parenthesis of the owners' and came out cut ("(blocking, state on
+/// owners;"), found by running the MPI suite with owners.
+#[test]
+fn the_dist_sync_cases_hold_with_owners() {
+    use kvstore_tests::dist_cases as cases;
+    for workers in [2, 3] {
+        run_members(workers, |rank, member| {
+            let kv = || store(&member, Layout::Owners);
+            cases::case_23_init_push_and_test_optimizer(rank, &kv());
+            cases::each_round_every_worker_pushes_rank_plus_one(rank, &kv());
+            cases::an_optimizer_runs_identically_on_every_worker(rank, &kv());
+            cases::nonblocking_training_matches_blocking(rank, &kv());
+            cases::workers_whose_calls_differ_all_fail(rank, &kv());
+            cases::a_call_refused_before_its_step_fails_on_every_worker(rank, &kv());
+            cases::workers_with_other_optimizers_fail_their_pushes(rank, &kv());
+            cases::row_sparse_pushes_sum_every_workers_rows(rank, &kv());
+            cases::compressed_pushes_sum_every_workers_quantised_values(rank, &kv());
+        });
+    }
+}

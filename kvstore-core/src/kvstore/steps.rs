@@ -147,7 +147,8 @@ impl Call<'_> {
         };
         let merged = if pushes { self.merged } else { "" };
         let owners = match self.owners.filter(|_| pushes) {
-            Some(bound) => format!(", state on owners (keys split from {bound} elements)"),
+            // (No parentheses: a form is the last parenthesis of a step's text.)
+            Some(bound) => format!(", state on owners, keys split from {bound} elements"),
             None => String::new(),
         };
         (format!("{form}{compressed}{merged}{owners}"), what)

@@ -358,7 +358,14 @@ fn half_compressed_sums_beyond_the_range_become_inf() {
 
 fn an_updater_failing_on_one_worker_fails_the_push_everywhere() {
     for compression in [false, true] {
-        let kv = store();
+        // Replicated: the updater runs on every worker (with owners, on the key's owner
+        // alone: tests/tests/owners.rs).
+        let group: std::sync::Arc<dyn kvstore_core::backend::Collective> = kvstore_mpi::group().expect("group");
+        let kv = kvstore_core::KVStore::builder("dist_sync")
+            .collective(group)
+            .layout(kvstore_core::Layout::Replicated)
+            .build()
+            .expect("a store");
         let bits = dist_cases::an_updater_failing_on_one_worker_fails_the_push_everywhere(kv.rank(), &kv, compression);
         assert_as_on_rank_0(&kv, &format!("bits after a failed update (2-bit: {compression})"), bits);
     }

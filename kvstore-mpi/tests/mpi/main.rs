@@ -1,7 +1,8 @@
 //! The multi-rank suite: every case of `cases.rs` as an MPI job of its own, on 2 ranks
 //! and on 4, and on 2 ranks again with 256-byte buckets and without shared memory (so
 //! that every case also runs with keys split over many buckets, and with fused sums
-//! through MPI's messages instead of the machine's shared memory); on 4 ranks MPI's
+//! through MPI's messages instead of the machine's shared memory), and on 3 ranks with
+//! the optimizer state on owners (keys split from 1000 elements); on 4 ranks MPI's
 //! allreduce is told to use its ring, which sums each part of a buffer in another order:
 //! a key must still get the same bits alone and fused with others. Then the settings
 //! that are not numbers, each refused with a clear error, and ranks started with shared
@@ -38,6 +39,7 @@ const RUNS: &[Run] = &[
     ("np2", 2, &[], &[]),
     ("np4", 4, &[], &["--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4"]),
     ("np2-bucket256", 2, &[("KVSTORE_MPI_BUCKET_BYTES", "256"), ("KVSTORE_MPI_SHARED_MEMORY", "0")], &[]),
+    ("np3-owners", 3, &[("KVSTORE_LAYOUT", "owners"), ("MXNET_KVSTORE_BIGARRAY_BOUND", "1000")], &[]),
 ];
 
 /// Hosts made of blocks of ranks (`KVSTORE_MPI_HOST_RANKS`), where big sums go host by
