@@ -562,7 +562,6 @@ pub extern "system" fn Java_io_github_kvstore_StoreNatives_nStats<'l>(
             [s.bytes_pushed, s.bytes_pulled, s.wire_bytes_sent, s.wire_bytes_received, s.collectives]
                 .into_iter()
                 .chain([s.held.values, s.held.state, s.held.buffers])
-                .into_iter()
                 .map(long)
                 .collect();
         // (In the order `Stats.java` reads them: NATIVES.md.)
