@@ -153,8 +153,9 @@ bench: jar
 	# Over shared memory, then again over TCP (loopback): allreduce latency closer to a
 	# network's than shared memory's.
 	# (The shared-memory run also times a commit after a step: a job name of its own,
-	# its commits removed after. Then a job under kvstore-run whose rank is killed: the
-	# time to its first step after the restart, on 2 and 3 ranks.)
+	# its commits removed after. Then dist_sync owners against the replicated layout on
+	# 2 and 4 ranks. Then a job under kvstore-run whose rank is killed: the time to its
+	# first step after the restart, on 2 and 3 ranks.)
 	mpi=$$(bash bench/exe.sh kvstore-mpi mpi --features mpi) && \
 	job=bench-commit-$$$$ && \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 KVSTORE_JOB=$$job mpirun --oversubscribe \
@@ -164,6 +165,10 @@ bench: jar
 	    KVSTORE_BENCH_OVERLAP=1 mpirun --oversubscribe --bind-to none --mca btl self,tcp -np 2 \
 	    -x KVSTORE_BENCH_LABEL -x KVSTORE_BENCH_OVERLAP \
 	    "$$mpi" target/bench/mpi-tcp.json && \
+	for np in 2 4; do \
+	    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 KVSTORE_BENCH_OWNERS=only mpirun --oversubscribe \
+	        --bind-to none -np $$np -x KVSTORE_BENCH_OWNERS "$$mpi" target/bench/mpi-owners-$$np.json || exit 1; \
+	done && \
 	restart=$$(bash bench/exe.sh kvstore-mpi restart --features mpi) && \
 	"$$restart" target/bench/restart.json
 	# GPU rows when this machine has a CUDA device (otherwise they print SKIP), and

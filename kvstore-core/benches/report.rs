@@ -606,6 +606,15 @@ fn main() -> kvstore_core::Result<()> {
             n if n.starts_with("mpi ") && n.contains("rank 0's step with dist_async") => {
                 Row::new(n, median_s, limit_s, ">= 1.8 (rank 0's steps per second vs dist_sync)")
             }
+            n if n.starts_with("mpi ") && n.contains("state on owners, vs replicated") => {
+                Row::new(n, median_s, limit_s, ">= 1.0 (each rank updates its 1/n)")
+            }
+            n if n.starts_with("mpi ") && n.contains("reduce-scatter of 64 MB") => Row::new(
+                n,
+                median_s,
+                limit_s,
+                "reported: a reduce-scatter moves half an allreduce's bytes (> 1: faster)",
+            ),
             n if n.contains("vs MPI moving its bytes") => Row::new(
                 n,
                 median_s,

@@ -220,6 +220,13 @@ fn main() -> kvstore_core::Result<()> {
         return cluster_rows(&kv, &world, runs, &run, &out);
     }
     let mut rows = Vec::new();
+    if std::env::var("KVSTORE_BENCH_OWNERS").as_deref() == Ok("only") {
+        owners_rows(&world, runs, &run, &mut rows)?;
+        if kv.rank() == 0 {
+            kvstore_tests::bench::write_rows(&out, &rows)?;
+        }
+        return kvstore_mpi::finalize();
+    }
     let only_commit = std::env::var("KVSTORE_BENCH_COMMIT").as_deref() == Ok("only");
     if std::env::var("KVSTORE_BENCH_OVERLAP").as_deref() != Ok("only") && !only_commit {
         for (label, n) in [("4 MB", 1usize << 20), ("64 MB", 16 << 20)] {
@@ -382,6 +389,88 @@ fn main() -> kvstore_core::Result<()> {
         kvstore_tests::bench::write_rows(&out, &rows)?;
     }
     kvstore_mpi::finalize()
+}
+
+/// `dist_sync` owners against the replicated layout (`KVSTORE_BENCH_OWNERS=only`), each
+/// pair timed in turn: a training step, a pushpull of every key with Adam, over 100 MB
+/// f32 (4 keys of 16 MiB, split across the ranks, and 144 of 256 KiB, each owned whole
+/// by one rank); and the sums of 64 MB f32 reaching their owners (a reduce-scatter, each
+/// rank its 1/n) against MPI's allreduce of them. Rank 0 prints the bytes each layout
+/// holds per rank (`stats().held`).
+fn owners_rows(
+    world: &SimpleCommunicator,
+    runs: usize,
+    run: &str,
+    rows: &mut Vec<(String, f64, Option<f64>)>,
+) -> kvstore_core::Result<()> {
+    use kvstore_core::backend::Collective;
+    use kvstore_core::{Layout, Optimizer};
+    let group = kvstore_mpi::group()?;
+    let make = |layout| {
+        let group: std::sync::Arc<dyn Collective> = group.clone();
+        KVStore::builder("dist_sync").collective(group).layout(layout).build()
+    };
+    let sizes: Vec<usize> = [4 << 20; 4].into_iter().chain([1 << 16; 144]).collect();
+    let names: Vec<String> = (0..sizes.len()).map(|i| format!("owned{i}")).collect();
+    let grads: Vec<NDArray> = sizes.iter().map(|&n| NDArray::full(&[n], 0.001)).collect::<Result<_, _>>()?;
+    let stores = [make(Layout::Owners)?, make(Layout::Replicated)?];
+    let mut outs = Vec::new();
+    for kv in &stores {
+        let zeros: Vec<NDArray> = sizes.iter().map(|&n| NDArray::zeros(&[n])).collect::<Result<_, _>>()?;
+        kv.init(&names, &zeros)?;
+        kv.set_optimizer(Optimizer::builder("adam").param("learning_rate", 0.001).build()?)?;
+        // A first step makes the state.
+        kv.pushpull(&names, &grads, &zeros, 0)?;
+        outs.push(zeros);
+    }
+    let (owned, replicated) = in_turn(
+        world,
+        runs,
+        || stores[0].pushpull(&names, &grads, &outs[0], 0).expect("pushpull"),
+        || stores[1].pushpull(&names, &grads, &outs[1], 0).expect("pushpull"),
+    );
+    rows.push((
+        format!("{run}: dist_sync step of 100 MB with Adam, state on owners, vs replicated"),
+        owned,
+        Some(replicated),
+    ));
+    if world.rank() == 0 {
+        let mb = |b: u64| b as f64 / 1e6;
+        for (kv, name) in stores.iter().zip(["owners", "replicated"]) {
+            let h = kv.stats().held;
+            println!(
+                "{run}: {name}: rank 0 holds {:.1} MB of values, {:.1} MB of state, {:.1} MB of buffers ({:.1} MB)",
+                mb(h.values),
+                mb(h.state),
+                mb(h.buffers),
+                mb(h.values + h.state + h.buffers)
+            );
+        }
+    }
+    drop(stores);
+    drop(outs);
+    let n = 16usize << 20;
+    let size = world.size() as usize;
+    let src = NDArray::ones(&[n])?;
+    let parts: Vec<std::ops::Range<usize>> = (0..size).map(|r| n * r / size..n * (r + 1) / size).collect();
+    let dst = NDArray::zeros(&[parts[world.rank() as usize].len()])?;
+    let send = vec![1.0f32; n];
+    let mut recv = vec![0.0f32; n];
+    let (scattered, allreduced) = in_turn(
+        world,
+        runs,
+        || group.reduce_scatter_sum(&[(&src, &dst)], std::slice::from_ref(&parts)).expect("reduce-scatter"),
+        || {
+            world.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
+            black_box(&recv);
+        },
+    );
+    rows.push((
+        format!("{run}: reduce-scatter of 64 MB f32 to its owners, vs MPI's allreduce of it"),
+        scattered,
+        Some(allreduced),
+    ));
+    Ok(())
 }
 
 /// A commit (`KVStore::commit`, run with `KVSTORE_JOB` set) against the training step it
