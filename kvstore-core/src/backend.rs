@@ -44,6 +44,28 @@ pub use crate::engine::in_background;
 pub use crate::kvstore::{Durable, MakeDurable, Peers, Said, Seam, Snapshot, install_durability, ranks, word};
 pub use crate::remote::{Handler, Remote};
 
+/// Runs `f` on the bytes of `array` (read-locked meanwhile; a device array's staged
+/// through host memory): for transports that move arrays of every dtype alike, straight
+/// from their memory. The bytes are aligned for the array's dtype.
+///
+/// # Errors
+/// A backend error for a device array.
+pub fn with_bytes<R>(array: &crate::NDArray, f: impl FnOnce(&[u8]) -> R) -> crate::Result<R> {
+    Ok(f(array.read()?.bytes()))
+}
+
+/// [`with_bytes`], mutably (write-locked meanwhile; a device array's staged copy written
+/// back before it returns).
+///
+/// # Errors
+/// A backend error for a device array.
+pub fn with_bytes_mut<R>(array: &crate::NDArray, f: impl FnOnce(&mut [u8]) -> R) -> crate::Result<R> {
+    let mut w = array.write()?;
+    let r = f(w.bytes_mut());
+    w.finish()?;
+    Ok(r)
+}
+
 /// For transports, at the end of a job (as `kvstore_mpi::finalize` does): stops the
 /// timeline on every worker of `group` (each calls this) and merges every worker's
 /// file into the timeline's path on worker 0, which logs the slowest worker

@@ -91,6 +91,12 @@ impl Collective for MpiGroup {
         self.reduce_scatter_parts(pairs, parts)
     }
 
+    /// Each owner's ranges travel from its memory straight into the others'
+    /// ([`MpiGroup::gather_parts`]).
+    fn all_gather_parts(&self, step: &str, arrays: &[&NDArray], parts: &[Vec<std::ops::Range<usize>>]) -> Result<()> {
+        self.gather_parts(step, arrays, parts)
+    }
+
     /// The records travel as messages, one to every other worker, on a communicator of
     /// their own; the wait tests them (yielding under a non-blocking store call), so it
     /// knows which workers have arrived. After the timeout it prints which ranks never

@@ -291,7 +291,7 @@ pub(crate) fn next_segment<'a, W>(
 }
 
 /// The data of a receive, once it arrived (waited for as [`wait`] does).
-fn wait_data<'a, D: ?Sized, S: Scope<'a>>(mut request: Request<'a, D, S>) -> &'a D {
+pub(crate) fn wait_data<'a, D: ?Sized, S: Scope<'a>>(mut request: Request<'a, D, S>) -> &'a D {
     loop {
         match request.test_with_data() {
             Ok((_, data)) => return data,

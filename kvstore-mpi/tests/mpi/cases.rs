@@ -454,6 +454,102 @@ fn owners_train_as_the_replicated_layout() {
     assert_as_on_rank_0(&kv, "owners bits", bits.iter().flat_map(|b| b.to_le_bytes()).collect());
 }
 
+/// The owners' reduce-scatter and all-gather over MPI (`parts.rs`), on arrays that
+/// travel straight from their memory (64 KiB or more: split, whole on one rank, in
+/// several pieces of 1 MiB) and packed (small ones, and f16/bf16), of every wire type:
+/// each rank's range gets the allreduce's bits, an in-place pair and a source given
+/// twice too; the all-gather gives every rank every owner's elements, an array given
+/// twice too; parts that overlap are refused on every rank.
+fn owners_sums_and_gathers_move_each_range_to_its_rank() {
+    use kvstore_core::backend::{Collective, with_bytes};
+    use kvstore_core::{DType, NDArray};
+    let group = kvstore_mpi::group().expect("group");
+    let (me, n) = (group.rank(), group.size());
+    let bytes = |a: &NDArray| with_bytes(a, <[u8]>::to_vec).expect("bytes");
+    // (elements, dtype, the whole owner, or split)
+    let specs: [(usize, DType, Option<usize>); 10] = [
+        (600_000, DType::F32, None),
+        (70_000, DType::F32, Some(0)),
+        (16_385, DType::F32, None),
+        (1_000, DType::F32, None),
+        (500, DType::F32, Some(n - 1)),
+        (40_000, DType::F16, None),
+        (40_000, DType::BF16, Some(1 % n)),
+        (20_000, DType::F64, None),
+        (30_000, DType::I32, Some(n / 2)),
+        (300_000, DType::U8, None),
+    ];
+    let ranges = |len: usize, owner: Option<usize>| -> Vec<std::ops::Range<usize>> {
+        (0..n)
+            .map(|r| match owner {
+                Some(o) if o == r => 0..len,
+                Some(_) => len..len,
+                None => len * r / n..len * (r + 1) / n,
+            })
+            .collect()
+    };
+    let value = |k: usize, r: usize, i: usize, dtype: DType| match dtype {
+        DType::I32 | DType::U8 => ((i * 7 + k * 13 + r * 31) % 50) as f64,
+        _ => ((i * 7 + k * 13 + r * 31) % 1000) as f64 * 0.013 - 3.1,
+    };
+    let array = |dtype: DType, len: usize, f: &dyn Fn(usize) -> f64| {
+        NDArray::from_vec(&[len], (0..len).map(f).collect::<Vec<f64>>()).and_then(|a| a.as_type(dtype)).expect("array")
+    };
+    let sources: Vec<NDArray> =
+        specs.iter().enumerate().map(|(k, &(len, d, _))| array(d, len, &|i| value(k, me, i, d))).collect();
+    let parts: Vec<Vec<std::ops::Range<usize>>> = specs.iter().map(|&(len, _, o)| ranges(len, o)).collect();
+    // The allreduce's sums, whole.
+    let copies: Vec<NDArray> = sources.iter().map(|s| s.deep_copy().expect("copy")).collect();
+    let sums: Vec<NDArray> =
+        sources.iter().map(|s| NDArray::zeros_with(s.shape(), s.dtype(), s.context()).expect("zeros")).collect();
+    let pairs: Vec<(&NDArray, &NDArray)> = copies.iter().zip(&sums).collect();
+    group.allreduce_sum(&pairs).expect("allreduce");
+    // Key 1 is summed in place on its owner (rank 0); key 0's source is given again,
+    // as key 10's.
+    let dests: Vec<NDArray> = specs
+        .iter()
+        .zip(&parts)
+        .enumerate()
+        .map(|(k, (&(_, d, _), p))| match k == 1 && me == 0 {
+            true => sources[1].clone(),
+            false => NDArray::zeros_with(&[p[me].len()], d, sources[k].context()).expect("zeros"),
+        })
+        .chain([NDArray::zeros(&[parts[0][me].len()]).expect("zeros")])
+        .collect();
+    let mut pairs: Vec<(&NDArray, &NDArray)> = sources.iter().zip(&dests).collect();
+    pairs.push((&sources[0], &dests[10]));
+    let mut all_parts = parts.clone();
+    all_parts.push(parts[0].clone());
+    group.reduce_scatter_sum(&pairs, &all_parts).expect("reduce-scatter");
+    for (k, (_, dst)) in pairs.iter().enumerate() {
+        let whole = bytes(&sums[k % 10]);
+        let each = dst.dtype().size();
+        let r = &all_parts[k][me];
+        assert!(bytes(dst) == whole[r.start * each..r.end * each], "key {k}: rank {me}'s range is not the allreduce's");
+    }
+    // The all-gather: each rank writes its ranges only; every rank ends with every
+    // owner's elements. Key 0's array is given twice.
+    let owner_of = |p: &[std::ops::Range<usize>], i: usize| (0..n).find(|&r| p[r].contains(&i)).expect("an owner");
+    let values: Vec<NDArray> = specs
+        .iter()
+        .zip(&parts)
+        .enumerate()
+        .map(|(k, (&(len, d, _), p))| array(d, len, &|i| if p[me].contains(&i) { value(k, me, i, d) } else { 99.0 }))
+        .collect();
+    let mut arrays: Vec<&NDArray> = values.iter().collect();
+    arrays.push(&values[0]);
+    group.all_gather_parts("the test's all-gather", &arrays, &all_parts).expect("all-gather");
+    for (k, (&(len, d, _), p)) in specs.iter().zip(&parts).enumerate() {
+        let expected = array(d, len, &|i| value(k, owner_of(p, i), i, d));
+        assert!(bytes(&values[k]) == bytes(&expected), "key {k}: rank {me} did not get every owner's elements");
+    }
+    // Parts that overlap: refused, on every rank, before anything moves.
+    let big = NDArray::zeros(&[100_000]).expect("zeros");
+    let overlapping: Vec<std::ops::Range<usize>> = (0..n).map(|r| 0..(100_000 * (r + 1) / n).max(1)).collect();
+    let refused = group.all_gather_parts("overlapping parts", &[&big], &[overlapping]);
+    assert!(refused.is_err() || n == 1, "rank {me}: overlapping parts were gathered");
+}
+
 fn nonblocking_training_matches_blocking() {
     let kv = store();
     let bits = dist_cases::nonblocking_training_matches_blocking(kv.rank(), &kv);
@@ -764,6 +860,7 @@ pub(super) const CASES: &[(&str, fn())] = &[
     ("replicas_are_bit_identical_after_optimizer_steps", replicas_are_bit_identical_after_optimizer_steps),
     ("nonblocking_training_matches_blocking", nonblocking_training_matches_blocking),
     ("owners_train_as_the_replicated_layout", owners_train_as_the_replicated_layout),
+    ("owners_sums_and_gathers_move_each_range_to_its_rank", owners_sums_and_gathers_move_each_range_to_its_rank),
     ("small_buckets_split_keys_and_give_the_same_sums", small_buckets_split_keys_and_give_the_same_sums),
     ("shared_memory_and_mpi_messages_give_the_same_bits", shared_memory_and_mpi_messages_give_the_same_bits),
     ("shared_memory_comes_from_the_environment", shared_memory_comes_from_the_environment),
