@@ -31,29 +31,33 @@ ran "the MPI tests" "$status" "$reports/junit.xml"
 
 # Jobs across hosts, on a cluster in a box (scripts/cluster.sh): 2 hosts of 2 ranks each
 # (shared memory within a host, TCP over a link shaped to 10 Gbit/s between them), of
-# dist_sync and of dist_async stores, must end with the bits of the same job on one host
-# of 4 ranks, on every rank; dist_sync's big key summed host by host on 2 hosts, flat on
-# one, and flat (same bits) again with the ranks dealt to the hosts in turn. Skipped,
-# and counted as skipped, where network namespaces cannot be made.
+# dist_sync (its state replicated, then on owners) and of dist_async stores, must end
+# with the bits of the same job on one host of 4 ranks, on every rank; the replicated
+# dist_sync's big key summed host by host on 2 hosts, flat on one, and flat (same bits)
+# again with the ranks dealt to the hosts in turn. Skipped, and counted as skipped, where
+# network namespaces cannot be made.
 train=target/debug/fixture_train_job
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 if why=$(bash scripts/cluster.sh check); then
-    for kind in dist_sync dist_async; do
-        name="cluster: 2 hosts x 2 ranks of $kind, the bits of one host"
-        log=$logs/mpi-cluster-$kind.log
+    for run in dist_sync dist_async dist_sync_owners; do
+        kind=${run%_owners}
+        layout=replicated label=$kind
+        [ "$run" = dist_sync_owners ] && layout=owners label="dist_sync with owners"
+        name="cluster: 2 hosts x 2 ranks of $label, the bits of one host"
+        log=$logs/mpi-cluster-$run.log
         {
             echo "== one host, 4 ranks"
-            timeout 300 mpirun --oversubscribe --bind-to none -np 4 "$train" "$kind" 3
+            timeout 300 mpirun --oversubscribe --bind-to none -x KVSTORE_LAYOUT=$layout -np 4 "$train" "$kind" 3
             echo "== 2 hosts of 2 ranks"
             timeout 300 bash scripts/cluster.sh run -n 2 -s 2 -r 10gbit -- --oversubscribe --bind-to none \
-                -np 4 "$train" "$kind" 3
-            if [ "$kind" = dist_sync ]; then
+                -x KVSTORE_LAYOUT=$layout -np 4 "$train" "$kind" 3
+            if [ "$run" = dist_sync ]; then
                 echo "== 2 hosts of 2 ranks, dealt in turn"
                 timeout 300 bash scripts/cluster.sh run -n 2 -s 2 -r 10gbit -- --oversubscribe --bind-to none \
-                    --map-by node -np 4 "$train" "$kind" 3
+                    -x KVSTORE_LAYOUT=$layout --map-by node -np 4 "$train" "$kind" 3
             fi
         } >"$log" 2>&1
-        if python3 - "$log" "$kind" <<'PY'
+        if python3 - "$log" "$run" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
 one, _, rest = text.partition("== 2 hosts of 2 ranks\n")
@@ -80,7 +84,7 @@ PY
         fi
     done
 else
-    for kind in dist_sync dist_async; do
+    for kind in dist_sync dist_async "dist_sync with owners"; do
         skip "cluster: 2 hosts x 2 ranks of $kind, the bits of one host" "$why"
     done
 fi

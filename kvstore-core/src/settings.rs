@@ -15,7 +15,7 @@ use crate::key::shorten;
 /// across owners.
 pub(crate) const BIGARRAY_BOUND_VAR: &str = "MXNET_KVSTORE_BIGARRAY_BOUND";
 /// [`BIGARRAY_BOUND_VAR`]'s default, MXNet's.
-const DEFAULT_BIGARRAY_BOUND: usize = 1_000_000;
+pub(crate) const DEFAULT_BIGARRAY_BOUND: usize = 1_000_000;
 
 /// MXNet's variable for the number of reduction threads: here, the size of the shared
 /// pool when it starts (unset: one thread per core).

@@ -60,7 +60,7 @@ pub use support::{TempDir, assert_all, full, launcher, pulled};
 pub use thread_remote::{
     HubMember, ThreadHub, async_store, run_async_kind_workers, run_async_workers, run_async_workers_on,
 };
-pub use threads::{ThreadGroup, ThreadMember, dist_store, run_members, run_workers};
+pub use threads::{ThreadGroup, ThreadMember, dist_store, replicated_dist_store, run_members, run_workers};
 pub use updaters::{CallLog, Gate, gated_assign, install_add_twice, install_logging_assign, open, open_later, wait_at};
 
 /// The bench helpers, for the bench binaries outside criterion (the MPI and GPU benches).

@@ -102,6 +102,18 @@ pub fn dist_store(member: &Arc<ThreadMember>) -> KVStore {
     KVStore::builder("dist_sync").num_threads(1).collective(group).build().expect("dist_sync")
 }
 
+/// [`dist_store`] with every worker holding every key's optimizer state and running
+/// every update (`Layout::Replicated`): where a test's updater runs on every worker.
+pub fn replicated_dist_store(member: &Arc<ThreadMember>) -> KVStore {
+    let group: Arc<dyn kvstore_core::backend::Collective> = Arc::clone(member) as _;
+    KVStore::builder("dist_sync")
+        .num_threads(1)
+        .collective(group)
+        .layout(kvstore_core::Layout::Replicated)
+        .build()
+        .expect("dist_sync")
+}
+
 /// Runs `worker(rank, member)` on `size` threads, each a worker of one [`ThreadGroup`],
 /// and returns their results in rank order.
 pub fn run_members<T: Send + 'static>(

@@ -3,7 +3,7 @@
 //! `kvstore_tests::dist_cases` (kvstore-mpi runs the same ones across processes).
 
 use kvstore_core::{ErrorKind, KVStore};
-use kvstore_tests::{dist_cases, run_workers};
+use kvstore_tests::{dist_cases, replicated_dist_store, run_members, run_workers};
 
 #[test]
 fn case_23_dist_sync_with_two_and_four_workers() {
@@ -105,7 +105,10 @@ fn nonblocking_training_matches_blocking_on_one_two_and_four_workers() {
 #[test]
 fn an_updater_failing_on_one_worker_fails_the_push_everywhere() {
     for (w, compression) in [(2, false), (3, false), (2, true), (3, true)] {
-        let bits = run_workers(w, move |rank, kv| {
+        // Replicated: the updater runs on every worker (with owners, on the key's owner
+        // alone: tests/tests/owners.rs).
+        let bits = run_members(w, move |rank, member| {
+            let kv = replicated_dist_store(&member);
             dist_cases::an_updater_failing_on_one_worker_fails_the_push_everywhere(rank, &kv, compression)
         });
         assert!(bits.windows(2).all(|b| b[0] == b[1]), "{w} workers (2-bit: {compression}): replicas differ");
@@ -129,7 +132,8 @@ fn a_pull_refuses_bad_outs_before_writing_any() {
 #[test]
 fn an_updater_panicking_on_one_worker_fails_the_push_everywhere() {
     for w in [2, 3] {
-        let bits = run_workers(w, |rank, kv| {
+        let bits = run_members(w, |rank, member| {
+            let kv = replicated_dist_store(&member);
             dist_cases::an_updater_panicking_on_one_worker_fails_the_push_everywhere(rank, &kv)
         });
         assert!(bits.windows(2).all(|b| b[0] == b[1]), "{w} workers: replicas differ");

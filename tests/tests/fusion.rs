@@ -224,9 +224,10 @@ fn calls_with_a_custom_updater_big_keys_or_fusion_off_go_alone() {
         });
         assert_eq!(big, 4);
         kv.set_updater(|_: &kvstore_core::Key, _, g: &NDArray, w: &NDArray| w.copy_from(g)).unwrap();
-        // Alone, each call compares, sums, and agrees on the updater's outcome: three
-        // operations of the group each.
-        assert_eq!(counted(c, || two(&kv, "k1")), 6, "a custom updater's calls go alone");
+        // Alone, each call compares, sums (on the key's owner), agrees on the updater's
+        // outcome and gets the new value from the owner: four operations of the group
+        // each.
+        assert_eq!(counted(c, || two(&kv, "k1")), 8, "a custom updater's calls go alone");
         kv.clear_updater().unwrap();
         assert_eq!(counted(c, || two(&kv, "k1")), 2);
     });
@@ -260,8 +261,9 @@ fn an_optimizer_refusing_one_fused_call_fails_it_alone_and_the_others_go_on() {
             ["k0", "k2"].iter().map(|k| kv.pull_new(*k, 0).unwrap().to_vec::<f32>().unwrap()[0]).collect();
         (made, values)
     });
-    // One comparison and one allreduce; SGD: w = 0 - 0.5 * (sum over 2 workers).
-    assert_eq!(results, vec![(2, vec![-1.0, -3.0]); 2]);
+    // One comparison, the sums to the keys' owners and the new values from them; SGD:
+    // w = 0 - 0.5 * (sum over 2 workers).
+    assert_eq!(results, vec![(3, vec![-1.0, -3.0]); 2]);
 }
 
 #[test]

@@ -155,7 +155,7 @@ fn workers_with_other_layouts_fail_their_pushes() {
     });
     for (kind, message, value) in outcomes {
         assert_eq!(kind, ErrorKind::InvalidArgument, "{message}");
-        assert!(message.contains("state on owners"), "{message}");
+        assert!(message.contains("state replicated"), "{message}");
         assert_eq!(value, vec![1.0; 4]);
     }
 }

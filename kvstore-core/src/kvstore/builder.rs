@@ -193,7 +193,7 @@ impl KVStoreBuilder {
     }
 
     /// Where a `dist_sync` store's optimizer state lives and who runs each key's
-    /// update (default [`Layout::Replicated`], or `KVSTORE_LAYOUT`): with
+    /// update (default [`Layout::Owners`], or `KVSTORE_LAYOUT`): with
     /// [`Layout::Owners`], each key's state lives on its owners only, as on MXNet's
     /// servers (a key under `MXNET_KVSTORE_BIGARRAY_BOUND` elements on one rank, a
     /// bigger one split across every rank), a push sums each part on its owner, which

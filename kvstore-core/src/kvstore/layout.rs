@@ -20,10 +20,10 @@ use crate::error::{Error, Result};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Layout {
     /// Every rank holds every key's optimizer state and runs every update.
-    #[default]
     Replicated,
     /// Each key's optimizer state lives on its owners, which alone run its update
-    /// (the values themselves stay on every rank).
+    /// (the values themselves stay on every rank): the default.
+    #[default]
     Owners,
 }
 

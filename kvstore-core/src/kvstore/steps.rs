@@ -17,6 +17,7 @@ use crate::key::Key;
 use super::agree::{Said, by_value, padded, ranks};
 use super::compression::Compression;
 use super::data::Store;
+use super::layout::Layout;
 use super::stats::Phase;
 use crate::timeline::{self, Arg};
 
@@ -114,10 +115,10 @@ struct Call<'a> {
     seq: u64,
     compression: Option<Compression>,
     merged: &'a str,
-    /// The big-array bound of a store that keeps its optimizer state on owners
-    /// (`layout.rs`): workers that do and workers that do not, or that split keys at
-    /// other bounds, would move other data.
-    owners: Option<usize>,
+    /// How a `dist_sync` store lays out its optimizer state (`layout.rs`), said where it
+    /// is not the default (owners, split at MXNet's bound): workers with owners and
+    /// workers without, or that split keys at other bounds, would move other data.
+    layout: String,
 }
 
 /// A step's calls (operation and number of keys each), their keys, and this worker's
@@ -146,12 +147,9 @@ impl Call<'_> {
             _ => String::new(),
         };
         let merged = if pushes { self.merged } else { "" };
-        let owners = match self.owners.filter(|_| pushes) {
-            // (No parentheses: a form is the last parenthesis of a step's text.)
-            Some(bound) => format!(", state on owners, keys split from {bound} elements"),
-            None => String::new(),
-        };
-        (format!("{form}{compressed}{merged}{owners}"), what)
+        // (No parentheses: a form is the last parenthesis of a step's text.)
+        let layout = if pushes { self.layout.as_str() } else { "" };
+        (format!("{form}{compressed}{merged}{layout}"), what)
     }
 
     /// This worker's record of a step: the fingerprint, the mask of the calls it
@@ -313,8 +311,13 @@ impl Store {
         let Some(group) = self.collective.as_ref().filter(|_| self.compare_calls) else { return Ok(local) };
         let seq = self.steps.fetch_add(1, Ordering::Relaxed) + 1;
         let step = format!("{op} #{seq}");
-        let owners = (self.layout == super::layout::Layout::Owners).then_some(self.bound);
-        let call = Call { op, seq, compression, merged, owners };
+        let layout = match self.layout {
+            Layout::Owners if self.bound == crate::settings::DEFAULT_BIGARRAY_BOUND => String::new(),
+            Layout::Owners => format!(", keys split from {} elements", self.bound),
+            Layout::Replicated if self.kind == "dist_sync" => ", state replicated".to_string(),
+            Layout::Replicated => String::new(),
+        };
+        let call = Call { op, seq, compression, merged, layout };
         let mut mine = call.record(calls, keys, &local);
         // This worker's arrival, on rank 0's clock, rides along (`stats.rs`): not part
         // of what the workers compare.
