@@ -9,9 +9,11 @@ every rank must end with the same bits, and with the weights of one process that
 trains on both ranks' shards over as many devices with a `device` store: this store's
 (kvstore.mxnet) and MXNet's own.
 
-Also, through dist/dropin_worker.py: a user's own MXNet optimizer over dist_sync (run as
-MXNet's Python updater on every worker: the same bits on both ranks, and as one MXNet
-process), and gluon's Trainer over dist_async.
+Also MXNet 1.9.1's nightly dist_sync_kvstore.py cases at 2, 3 and 4 ranks, with the
+optimizer state on owners (dist/nightly_worker.py); and, through dist/dropin_worker.py:
+a user's own MXNet optimizer over dist_sync (run as
+MXNet's Python updater on each key's owner: the same bits on both ranks, and as one
+MXNet process), and gluon's Trainer over dist_async.
 
 Exactness, and why:
 - One device per rank: each step's gradient is the sum of two values, and a + b ==
@@ -170,9 +172,9 @@ def dropin(mode, ranks=2):
     return out
 
 
-def test_a_users_own_optimizer_runs_on_every_dist_sync_worker_as_in_one_mxnet_process():
+def test_a_users_own_optimizer_runs_over_dist_sync_as_in_one_mxnet_process():
     # MXNet runs any optimizer; the store runs one it does not have as MXNet's Python
-    # updater on every worker, on the same sums in the same order.
+    # updater on each key's owner, on the same sums in the same order.
     out = dropin("custom_sync")
     ranks = [np.load(f"{out}.{r}.npy") for r in range(2)]
     assert_bits(ranks[0], ranks[1], "rank 0 against rank 1")
@@ -191,3 +193,15 @@ def test_gluon_trains_through_the_drop_ins_dist_async():
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_float16_keys_pulled_into_float32_outs_convert_as_in_mxnets_nightly_test(ranks):
     dropin("cast", ranks)
+
+
+# MXNet 1.9.1's nightly dist_sync_kvstore.py cases: kvstore-py/tests/dist/nightly_worker.py.
+NIGHTLY = pathlib.Path(__file__).resolve().parent / "dist" / "nightly_worker.py"
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_mxnets_nightly_dist_sync_cases_pass_with_the_state_on_owners(ranks):
+    # Owners are the default layout: every case with each key's state on its owners.
+    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(ranks), "-x", "OMP_NUM_THREADS"]
+    done = run(cmd + [sys.executable, str(NIGHTLY), "7"], 400)
+    assert done.stdout.count(": done") == ranks, done.stdout

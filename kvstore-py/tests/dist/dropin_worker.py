@@ -3,7 +3,7 @@
 `dropin_worker.py custom_sync OUT` (one rank of `mpirun -np 2`): `mx.kv.create("dist_sync")`
 with an optimizer of the user's own (an `mx.optimizer.Optimizer` subclass registered
 with MXNet, with a per-key state), which the store runs as MXNet's Python updater on
-every worker; each rank pushes its own gradients for STEPS steps, then writes the
+each key's owner (its result reaching every worker); each rank pushes its own gradients for STEPS steps, then writes the
 weights it pulls to OUT.<rank>.npy. A pull with ignore_sparse=False is MXNet's error.
 
 `dropin_worker.py custom_reference OUT` (one process, no MPI): the same pushes through
