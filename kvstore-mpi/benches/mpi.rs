@@ -415,13 +415,18 @@ fn owners_rows(
     let grads: Vec<NDArray> = sizes.iter().map(|&n| NDArray::full(&[n], 0.001)).collect::<Result<_, _>>()?;
     let stores = [make(Layout::Owners)?, make(Layout::Replicated)?];
     let mut outs = Vec::new();
+    // What each store adds to the process's resident memory (its values, state,
+    // buffers and the sums' scratch), and the process's peak.
+    let mut grew = Vec::new();
     for kv in &stores {
+        let before = resident_kb("VmRSS");
         let zeros: Vec<NDArray> = sizes.iter().map(|&n| NDArray::zeros(&[n])).collect::<Result<_, _>>()?;
         kv.init(&names, &zeros)?;
         kv.set_optimizer(Optimizer::builder("adam").param("learning_rate", 0.001).build()?)?;
         // A first step makes the state.
         kv.pushpull(&names, &grads, &zeros, 0)?;
         outs.push(zeros);
+        grew.push(resident_kb("VmRSS").saturating_sub(before));
     }
     let (owned, replicated) = in_turn(
         world,
@@ -436,16 +441,19 @@ fn owners_rows(
     ));
     if world.rank() == 0 {
         let mb = |b: u64| b as f64 / 1e6;
-        for (kv, name) in stores.iter().zip(["owners", "replicated"]) {
+        for ((kv, name), grew) in stores.iter().zip(["owners", "replicated"]).zip(&grew) {
             let h = kv.stats().held;
             println!(
-                "{run}: {name}: rank 0 holds {:.1} MB of values, {:.1} MB of state, {:.1} MB of buffers ({:.1} MB)",
+                "{run}: {name}: rank 0 holds {:.1} MB of values, {:.1} MB of state, {:.1} MB of buffers ({:.1} MB); \
+                 its resident memory grew {:.1} MB",
                 mb(h.values),
                 mb(h.state),
                 mb(h.buffers),
-                mb(h.values + h.state + h.buffers)
+                mb(h.values + h.state + h.buffers),
+                mb(grew * 1024)
             );
         }
+        println!("{run}: rank 0's peak resident memory, both stores made: {:.1} MB", mb(resident_kb("VmHWM") * 1024));
     }
     drop(stores);
     drop(outs);
@@ -471,6 +479,14 @@ fn owners_rows(
         Some(allreduced),
     ));
     Ok(())
+}
+
+/// This process's `field` of `/proc/self/status` (`VmRSS`, `VmHWM`), in KiB; 0 where
+/// it cannot be read.
+fn resident_kb(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let line = status.lines().find_map(|l| l.strip_prefix(field).and_then(|l| l.strip_prefix(':')));
+    line.and_then(|l| l.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
 }
 
 /// A commit (`KVStore::commit`, run with `KVSTORE_JOB` set) against the training step it
