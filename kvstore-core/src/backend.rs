@@ -54,15 +54,29 @@ pub fn with_bytes<R>(array: &crate::NDArray, f: impl FnOnce(&[u8]) -> R) -> crat
     Ok(f(array.read()?.bytes()))
 }
 
-/// [`with_bytes`], mutably (write-locked meanwhile; a device array's staged copy written
-/// back before it returns).
+/// [`with_bytes`] of many arrays at once, each read-locked (in order) while `f` runs: a
+/// transport's messages of several arrays in flight together, straight from their
+/// memory. (An array's read lock is recursive: one given twice is locked twice.)
 ///
 /// # Errors
 /// A backend error for a device array.
-pub fn with_bytes_mut<R>(array: &crate::NDArray, f: impl FnOnce(&mut [u8]) -> R) -> crate::Result<R> {
-    let mut w = array.write()?;
-    let r = f(w.bytes_mut());
-    w.finish()?;
+pub fn with_all_bytes<R>(arrays: &[&crate::NDArray], f: impl FnOnce(Vec<&[u8]>) -> R) -> crate::Result<R> {
+    let held = arrays.iter().map(|a| a.read()).collect::<crate::Result<Vec<_>>>()?;
+    Ok(f(held.iter().map(|h| h.bytes()).collect()))
+}
+
+/// [`with_all_bytes`], mutably: each array write-locked (in order) while `f` runs, a
+/// device array's staged copy written back before it returns. The arrays must be
+/// distinct storages (one given twice would wait for itself).
+///
+/// # Errors
+/// A backend error for a device array.
+pub fn with_all_bytes_mut<R>(arrays: &[&crate::NDArray], f: impl FnOnce(Vec<&mut [u8]>) -> R) -> crate::Result<R> {
+    let mut held = arrays.iter().map(|a| a.write()).collect::<crate::Result<Vec<_>>>()?;
+    let r = f(held.iter_mut().map(|h| h.bytes_mut()).collect());
+    for h in held {
+        h.finish()?;
+    }
     Ok(r)
 }
 

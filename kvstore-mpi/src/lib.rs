@@ -59,8 +59,6 @@ mod fused;
 #[cfg(feature = "mpi")]
 mod group;
 #[cfg(feature = "mpi")]
-mod held;
-#[cfg(feature = "mpi")]
 mod hosts;
 #[cfg(feature = "mpi")]
 mod parts;

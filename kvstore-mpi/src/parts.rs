@@ -14,13 +14,14 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use kvstore_core::backend::gather_parts_through_bytes;
+use kvstore_core::backend::{
+    gather_parts_through_bytes, with_all_bytes as with_all, with_all_bytes_mut as with_all_mut,
+};
 use kvstore_core::{DType, Element, Error, NDArray, Result, bf16, f16};
 use mpi::datatype::Equivalence;
 use mpi::traits::*;
 
 use crate::group::MpiGroup;
-use crate::held::{with_all, with_all_mut};
 use crate::runtime::wait;
 use crate::scatter::{wait_data, with_scratch};
 use crate::tree::tree_into;
@@ -98,31 +99,42 @@ impl MpiGroup {
             s.dtype() == W::DTYPE && s.size() * std::mem::size_of::<W>() >= DIRECT_BYTES
         };
         let (small, packed) = select(pairs, |i| !direct(&pairs[i]));
+        let (big, straight) = select(pairs, |i| direct(&pairs[i]));
+        // The messages are the same whatever the arrays' memory; where it overlaps, the
+        // direct sums use private copies, made before anything is written (as the
+        // default reads every source before it writes a destination): a destination
+        // over another array of the direct sums is summed into a copy, then copied in;
+        // a source under a small pair's destination (written first) is read from a copy.
+        let all: Vec<&NDArray> = straight.iter().flat_map(|(s, d)| [*s, *d]).collect();
+        let small_dests: Vec<&NDArray> = packed.iter().map(|(_, d)| *d).collect();
+        let mut copies: Vec<(Option<NDArray>, Option<NDArray>)> = Vec::with_capacity(straight.len());
+        for (j, (s, d)) in straight.iter().enumerate() {
+            let src = match small_dests.iter().any(|x| x.shares_memory(s)) {
+                true => Some(s.deep_copy()?),
+                false => None,
+            };
+            let dst = match aliased(d, 2 * j + 1, &all) {
+                true => Some(NDArray::zeros_with(d.shape(), d.dtype(), d.context())?),
+                false => None,
+            };
+            copies.push((src, dst));
+        }
         if !packed.is_empty() {
             let small_parts: Vec<Vec<Range<usize>>> = small.iter().map(|&i| parts[i].clone()).collect();
             self.scatter_packed::<W>(&packed, &small_parts)?;
         }
-        let (big, straight) = select(pairs, |i| direct(&pairs[i]));
         if straight.is_empty() {
             return Ok(());
         }
         let big_parts: Vec<Vec<Range<usize>>> = big.iter().map(|&i| parts[i].clone()).collect();
-        // A destination over the memory of another array of the sum (an in-place pair,
-        // say) is summed into a copy, from a copy: the messages are the same either way.
-        let all: Vec<&NDArray> = straight.iter().flat_map(|(s, d)| [*s, *d]).collect();
-        let copies: Vec<Option<(NDArray, NDArray)>> = straight
+        let used: Vec<(&NDArray, &NDArray)> = straight
             .iter()
-            .enumerate()
-            .map(|(j, (s, d))| match aliased(d, 2 * j + 1, &all) {
-                true => Ok(Some((s.deep_copy()?, NDArray::zeros_with(d.shape(), d.dtype(), d.context())?))),
-                false => Ok(None),
-            })
-            .collect::<Result<_>>()?;
-        let used: Vec<(&NDArray, &NDArray)> =
-            straight.iter().zip(&copies).map(|(p, c)| c.as_ref().map_or(*p, |(s, d)| (s, d))).collect();
+            .zip(&copies)
+            .map(|((s, d), (cs, cd))| (cs.as_ref().unwrap_or(s), cd.as_ref().unwrap_or(d)))
+            .collect();
         self.scatter_direct::<W>(&used, &big_parts)?;
-        for ((_, d), c) in straight.iter().zip(&copies) {
-            if let Some((_, sums)) = c {
+        for ((_, d), (_, sums)) in straight.iter().zip(&copies) {
+            if let Some(sums) = sums {
                 d.copy_from(sums)?;
             }
         }
@@ -274,6 +286,19 @@ impl MpiGroup {
         if self.size == 1 {
             return Ok(());
         }
+        // Each array's owners by where their ranges start: the ranges must not overlap
+        // (refused before anything moves, on every rank alike: the parts are the same).
+        let order: Vec<Vec<usize>> = parts
+            .iter()
+            .map(|p| {
+                let mut owners: Vec<usize> = (0..self.size).filter(|&r| !p[r].is_empty()).collect();
+                owners.sort_by_key(|&r| p[r].start);
+                owners
+            })
+            .collect();
+        if order.iter().zip(parts).any(|(o, p)| o.windows(2).any(|w| p[w[0]].end > p[w[1]].start)) {
+            return Err(Error::Internal(format!("{step}: ranks' parts that overlap")));
+        }
         let direct = |a: &NDArray| a.size() * a.dtype().size() >= DIRECT_BYTES;
         let (small, packed) = select(arrays, |i| !direct(arrays[i]));
         if !packed.is_empty() {
@@ -285,19 +310,9 @@ impl MpiGroup {
             return Ok(());
         }
         let big_parts: Vec<Vec<Range<usize>>> = big.iter().map(|&i| parts[i].clone()).collect();
-        // Each array's ranges by where they start: they must not overlap.
-        let order: Vec<Vec<usize>> = big_parts
-            .iter()
-            .map(|p| {
-                let mut owners: Vec<usize> = (0..self.size).filter(|&r| !p[r].is_empty()).collect();
-                owners.sort_by_key(|&r| p[r].start);
-                owners
-            })
-            .collect();
-        if order.iter().zip(&big_parts).any(|(o, p)| o.windows(2).any(|w| p[w[0]].end > p[w[1]].start)) {
-            return Err(Error::Internal(format!("{step}: ranks' parts that overlap")));
-        }
-        // An array over another's memory is gathered into a copy, then written back.
+        let order: Vec<&Vec<usize>> = big.iter().map(|&i| &order[i]).collect();
+        // An array over another's memory is gathered into a copy, then the ranges it
+        // received written back (an array given twice keeps what each time received).
         let copies: Vec<Option<NDArray>> = straight
             .iter()
             .enumerate()
@@ -310,7 +325,8 @@ impl MpiGroup {
             self.with_world(|w| {
                 mpi::request::scope(|scope| {
                     let mut requests = Vec::new();
-                    for (((v, p), owners), a) in values.iter_mut().zip(&big_parts).zip(&order).zip(&used) {
+                    for (((v, p), owners), a) in values.iter_mut().zip(&big_parts).zip(order.iter().copied()).zip(&used)
+                    {
                         let each = a.dtype().size();
                         let (mut rest, mut at) = (std::mem::take(v), 0);
                         for &r in owners {
@@ -339,9 +355,17 @@ impl MpiGroup {
                 })
             })
         })??;
-        for (a, c) in straight.iter().zip(&copies) {
+        for ((a, c), p) in straight.iter().zip(&copies).zip(&big_parts) {
             if let Some(c) = c {
-                a.copy_from(c)?;
+                let each = a.dtype().size();
+                with_all(&[c], |from| {
+                    with_all_mut(&[*a], |mut into| {
+                        for r in (0..n).filter(|&r| r != me) {
+                            let bytes = p[r].start * each..p[r].end * each;
+                            into[0][bytes.clone()].copy_from_slice(&from[0][bytes]);
+                        }
+                    })
+                })??;
             }
         }
         Ok(())

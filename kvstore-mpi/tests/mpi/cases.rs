@@ -550,6 +550,60 @@ fn owners_sums_and_gathers_move_each_range_to_its_rank() {
     assert!(refused.is_err() || n == 1, "rank {me}: overlapping parts were gathered");
 }
 
+/// The same array given twice to the owners' all-gather, with complementary parts (rank
+/// 0 owns its first half the first time, rank 1 its second half the second): every rank
+/// ends with both halves, as the trait's default gives them (found by the red team: the
+/// second copy's write-back undid the first's).
+fn owners_gathers_keep_every_range_of_an_array_given_twice() {
+    use kvstore_core::NDArray;
+    use kvstore_core::backend::{Collective, gather_parts_through_bytes};
+    let group = kvstore_mpi::group().expect("group");
+    let (me, n) = (group.rank(), group.size());
+    let (len, half) = (65_536, 32_768);
+    let first: Vec<std::ops::Range<usize>> = (0..n).map(|r| if r == 0 { 0..half } else { half..half }).collect();
+    let second: Vec<std::ops::Range<usize>> = (0..n).map(|r| if r == 1 { half..len } else { len..len }).collect();
+    let make = || {
+        let owned = |i: usize| (i < half && me == 0) || (i >= half && me == 1);
+        NDArray::from_vec(&[len], (0..len).map(|i| if owned(i) { i as f32 } else { -1.0 }).collect()).expect("array")
+    };
+    let (by_default, by_mpi) = (make(), make());
+    let parts = [first, second];
+    gather_parts_through_bytes(&*group, "default", &[&by_default, &by_default], &parts).expect("default");
+    group.all_gather_parts("mpi", &[&by_mpi, &by_mpi], &parts).expect("mpi");
+    let expected: Vec<f32> = (0..len).map(|i| i as f32).collect();
+    assert_eq!(by_default.to_vec::<f32>().expect("r"), expected, "rank {me}: the default");
+    assert_eq!(by_mpi.to_vec::<f32>().expect("r"), expected, "rank {me}: MPI's");
+}
+
+/// A reduce-scatter and an all-gather of 1500 arrays of 64 KiB (each straight from its
+/// memory) on a thread of 512 KiB of stack: the arrays' locks are held in a vector
+/// (found by the red team: held by recursion, a few KiB of stack each, they overflowed
+/// a thread's stack past a few hundred arrays).
+fn owners_sums_of_many_big_arrays_need_no_more_stack() {
+    use kvstore_core::NDArray;
+    use kvstore_core::backend::Collective;
+    let group = kvstore_mpi::group().expect("group");
+    let (me, n) = (group.rank(), group.size());
+    let (count, len) = (1500, 16_384);
+    let sources: Vec<NDArray> = (0..count).map(|_| NDArray::ones(&[len]).expect("ones")).collect();
+    let parts: Vec<Vec<std::ops::Range<usize>>> =
+        (0..count).map(|_| (0..n).map(|r| len * r / n..len * (r + 1) / n).collect()).collect();
+    let dests: Vec<NDArray> = (0..count).map(|_| NDArray::zeros(&[parts[0][me].len()]).expect("zeros")).collect();
+    std::thread::Builder::new()
+        .stack_size(512 << 10)
+        .spawn(move || {
+            let pairs: Vec<(&NDArray, &NDArray)> = sources.iter().zip(&dests).collect();
+            group.reduce_scatter_sum(&pairs, &parts).expect("reduce-scatter");
+            let arrays: Vec<&NDArray> = sources.iter().collect();
+            group.all_gather_parts("many arrays", &arrays, &parts).expect("all-gather");
+            let summed = dests.iter().all(|d| d.to_vec::<f32>().expect("r").iter().all(|&x| x == n as f32));
+            assert!(summed, "rank {me}: the sums of {count} arrays");
+        })
+        .expect("a thread")
+        .join()
+        .expect("the sums on a small stack");
+}
+
 fn nonblocking_training_matches_blocking() {
     let kv = store();
     let bits = dist_cases::nonblocking_training_matches_blocking(kv.rank(), &kv);
@@ -861,6 +915,11 @@ pub(super) const CASES: &[(&str, fn())] = &[
     ("nonblocking_training_matches_blocking", nonblocking_training_matches_blocking),
     ("owners_train_as_the_replicated_layout", owners_train_as_the_replicated_layout),
     ("owners_sums_and_gathers_move_each_range_to_its_rank", owners_sums_and_gathers_move_each_range_to_its_rank),
+    (
+        "owners_gathers_keep_every_range_of_an_array_given_twice",
+        owners_gathers_keep_every_range_of_an_array_given_twice,
+    ),
+    ("owners_sums_of_many_big_arrays_need_no_more_stack", owners_sums_of_many_big_arrays_need_no_more_stack),
     ("small_buckets_split_keys_and_give_the_same_sums", small_buckets_split_keys_and_give_the_same_sums),
     ("shared_memory_and_mpi_messages_give_the_same_bits", shared_memory_and_mpi_messages_give_the_same_bits),
     ("shared_memory_comes_from_the_environment", shared_memory_comes_from_the_environment),
