@@ -2,7 +2,7 @@
 //! write one together and read one back, and the store's [`Durable`] made of it (the
 //! crate's docs say where the folder is and what a commit promises).
 
-use std::fs::{DirBuilder, OpenOptions};
+use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -222,11 +222,27 @@ impl Folder {
             Err(e) => return self.write_commit(group, at, extra, Err(&e)),
         };
         let data_len = snap.data_len();
-        // Each tensor's writer: the host's ranks take the file's bytes in turn.
         let begins = snap.offsets();
-        // (An empty tensor at the very end belongs to the last: `begins` is the data's length.)
-        let writer =
-            |i: usize| (((begins[i] as u128 * sharers as u128) / (data_len.max(1) as u128)) as usize).min(sharers - 1);
+        // A snapshot in parts (the optimizer state on its owners): each rank writes its
+        // own part of each such tensor, so every owner must be on this host.
+        let in_parts = (0..n).any(|i| snap.parts(i).is_some());
+        if in_parts && (alone || group.is_some_and(|g| g.size() != host.len())) {
+            let e = Error::Internal("commit: a snapshot in parts is written by every rank on one host".into());
+            return self.write_commit(group, at, extra, Err(&e));
+        }
+        // Each whole tensor's writer: the host's ranks take those tensors' bytes in turn
+        // (`usize::MAX` for a tensor in parts, which no one rank writes).
+        let mut whole_at = vec![0; n];
+        let mut whole_len = 0;
+        for &i in snap.file_order().iter().filter(|&&i| snap.parts(i).is_none()) {
+            whole_at[i] = whole_len;
+            whole_len += snap.len(i);
+        }
+        // (An empty tensor at the very end belongs to the last: `whole_at` is the length.)
+        let writer = |i: usize| match snap.parts(i) {
+            Some(_) => usize::MAX,
+            None => (((whole_at[i] as u128 * sharers as u128) / (whole_len.max(1) as u128)) as usize).min(sharers - 1),
+        };
         // 1. The host's first rank makes the file; every rank hears whether it could.
         let made = match rank == first {
             true => (|| -> std::io::Result<std::fs::File> {
@@ -300,6 +316,11 @@ impl Folder {
                 }
                 crcs.push(Some(crc));
             }
+            // This rank's part of each tensor in parts, each CRC-32 apart (every rank's
+            // joined in the order of their ranges, below).
+            for i in (0..n).filter(|&i| snap.parts(i).is_some()) {
+                crcs[i] = Some(write_part(&file, HEADER + reserved + begins[i], snap, i, rank)?);
+            }
             Ok(crcs)
         })();
         // The sample of a member's share: a few bytes of every MiB of its tensors, in order,
@@ -366,14 +387,32 @@ impl Folder {
                 .collect();
             crcs.into_iter()
                 .enumerate()
-                .map(|(i, own)| match own {
-                    Some(crc) => Ok(crc),
-                    None if !everyone => {
+                .map(|(i, own)| match (snap.parts(i), own) {
+                    (Some(parts), own) => {
+                        // Every rank's part's CRC-32 (this rank's own), joined in order.
+                        let mut pieces = Vec::with_capacity(host.len());
+                        for (member, &r) in host.iter().enumerate() {
+                            let range = parts.get(r).cloned().unwrap_or_default();
+                            let crc = match member == share {
+                                true => own.clone(),
+                                false => listed[member]
+                                    .next()
+                                    .map(|c| crc32fast::Hasher::new_with_initial_len(c, range.len() as u64)),
+                            };
+                            let crc = crc.filter(|_| everyone).ok_or_else(|| {
+                                std::io::Error::other(format!("rank {r} sent no checksum of its part of a tensor"))
+                            })?;
+                            pieces.push((range, crc));
+                        }
+                        join_parts(pieces, snap.len(i))
+                    }
+                    (None, Some(crc)) => Ok(crc),
+                    (None, None) if !everyone => {
                         let mut crc = crc32fast::Hasher::new();
                         crc.update(snap.bytes(i));
                         Ok(crc)
                     }
-                    None => listed[writer(i)]
+                    (None, None) => listed[writer(i)]
                         .next()
                         .map(|c| crc32fast::Hasher::new_with_initial_len(c, snap.bytes(i).len() as u64))
                         .ok_or_else(|| std::io::Error::other("a rank of this host sent too few checksums")),
@@ -597,6 +636,67 @@ impl Folder {
 /// A rank's gradient-compression residuals as its commit holds them (little-endian):
 /// the number of keys, then per key its name's length and name, its number of
 /// positions, and per position its number of values and the values (f32).
+/// Writes this rank's part of tensor `i` of a snapshot in parts into `file`, whose data
+/// of that tensor begins at `at`: through a mapping of its own where the part is big (as
+/// a share is, `mapped.rs`), else written. Its CRC-32, hashed as it is copied.
+fn write_part(
+    file: &File,
+    at: usize,
+    snap: &Snapshot<'_>,
+    i: usize,
+    rank: usize,
+) -> std::io::Result<crc32fast::Hasher> {
+    const MAPPED: usize = 1 << 20;
+    const PIECE: usize = 64 << 10;
+    let range = snap.parts(i).and_then(|parts| parts.get(rank)).cloned().unwrap_or_default();
+    let bytes = snap.bytes(i);
+    if bytes.len() != range.len() {
+        return Err(std::io::Error::other("this rank's part of a tensor is not the length its range says"));
+    }
+    let at = at + range.start;
+    let mut map = match bytes.len() >= MAPPED {
+        true => match crate::mapped::map_once_for_writing(file, at as u64, bytes.len()) {
+            // A file system that cannot allocate blocks ahead: written instead.
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => None,
+            mapped => Some(mapped?),
+        },
+        false => None,
+    };
+    let mut crc = crc32fast::Hasher::new();
+    for (k, piece) in bytes.chunks(PIECE).enumerate() {
+        match &mut map {
+            Some(map) => map[k * PIECE..k * PIECE + piece.len()].copy_from_slice(piece),
+            None => file.write_all_at(piece, (at + k * PIECE) as u64)?,
+        }
+        crc.update(piece);
+    }
+    Ok(crc)
+}
+
+/// A tensor's CRC-32 from its parts' (each with its byte range), joined in the order of
+/// their ranges, which must cover its `len` bytes once.
+fn join_parts(
+    mut pieces: Vec<(std::ops::Range<usize>, crc32fast::Hasher)>,
+    len: usize,
+) -> std::io::Result<crc32fast::Hasher> {
+    let uncovered = || std::io::Error::other("the ranks' parts of a tensor do not cover it once");
+    pieces.retain(|(range, _)| !range.is_empty());
+    pieces.sort_by_key(|(range, _)| range.start);
+    let mut crc = crc32fast::Hasher::new();
+    let mut at = 0;
+    for (range, piece) in pieces {
+        if range.start != at {
+            return Err(uncovered());
+        }
+        crc.combine(&piece);
+        at = range.end;
+    }
+    if at != len {
+        return Err(uncovered());
+    }
+    Ok(crc)
+}
+
 fn encode_residuals(keys: &[(&str, &[Vec<f32>])]) -> Vec<u8> {
     let values: usize = keys.iter().flat_map(|(_, p)| p.iter().map(Vec::len)).sum();
     let mut out = Vec::with_capacity(4 + keys.len() * 64 + values * 4);
@@ -835,7 +935,13 @@ impl Folder {
                     self.write_commit(group, at, extra, checked.as_ref().map(|()| snap))
                 };
                 let snapshot = match store.has_owners() {
-                    false => store.whole_snapshot(OP, false, &self.gathered, &mut write),
+                    // dist_sync with every rank on this host: each writes its own parts
+                    // of the optimizer state (nothing is gathered); across hosts, each
+                    // host's copy is whole, so that a host lost costs no state.
+                    false => match self.host(group).is_ok_and(|host| host.len() == ranks) {
+                        true => store.snapshot_in_parts(OP, &mut write),
+                        false => store.whole_snapshot(OP, false, &self.gathered, &mut write),
+                    },
                     // dist_async: the store as its owners hold it, gathered by the first
                     // rank of each host (no push runs: every rank is in this commit),
                     // which writes the host's copy alone; the others write their extra.

@@ -41,8 +41,9 @@ const SLACK: u64 = 1 << 16;
 /// tables filled took 9 ms and unmapping it 4 ms, a third of a commit's copy.
 static KEPT_MAPS: Mutex<Vec<Kept>> = Mutex::new(Vec::new());
 
-/// A kept mapping, lent to one commit; back to [`KEPT_MAPS`] when dropped.
-struct Lent(Option<Kept>);
+/// A mapping lent to one commit; back to [`KEPT_MAPS`] when dropped if it is to be kept
+/// (the second field), else unmapped.
+struct Lent(Option<Kept>, bool);
 
 impl std::ops::Deref for Lent {
     type Target = [u8];
@@ -59,7 +60,7 @@ impl std::ops::DerefMut for Lent {
 
 impl Drop for Lent {
     fn drop(&mut self) {
-        if let Some(kept) = self.0.take() {
+        if let Some(kept) = self.0.take().filter(|_| self.1) {
             let mut all = KEPT_MAPS.lock();
             all.push(kept);
             let over = all.len().saturating_sub(KEPT);
@@ -80,6 +81,16 @@ impl Drop for Lent {
 /// whose file lost its name is dropped at the next call, so that no removed file's
 /// memory stays in use.
 pub(crate) fn map_for_writing(file: &File, offset: u64, len: usize) -> std::io::Result<MappedFile> {
+    map(file, offset, len, true)
+}
+
+/// As [`map_for_writing`], but neither kept after its commit nor taken from those kept:
+/// a rank's part of one tensor, whose range the next commit may not have again.
+pub(crate) fn map_once_for_writing(file: &File, offset: u64, len: usize) -> std::io::Result<MappedFile> {
+    map(file, offset, len, false)
+}
+
+fn map(file: &File, offset: u64, len: usize, keep: bool) -> std::io::Result<MappedFile> {
     if len == 0 {
         return Ok(Box::new(Vec::new()));
     }
@@ -98,18 +109,18 @@ pub(crate) fn map_for_writing(file: &File, offset: u64, len: usize) -> std::io::
     let m = file.metadata()?;
     let id = (m.dev(), m.ino());
     let covers = |k: &Kept| k.id == id && k.start <= offset && offset - k.start + len as u64 <= k.map.len() as u64;
-    let found = {
+    let found = keep.then(|| {
         let mut all = KEPT_MAPS.lock();
         all.retain(|k| k.file.metadata().is_ok_and(|m| m.nlink() > 0));
         all.iter().position(covers).map(|i| all.remove(i))
-    };
-    if let Some(mut kept) = found {
+    });
+    if let Some(mut kept) = found.flatten() {
         let from = (offset - kept.start) as usize;
         kept.lent = from..from + len;
-        return Ok(Box::new(Lent(Some(kept))));
+        return Ok(Box::new(Lent(Some(kept), true)));
     }
     let start = offset - offset % page();
-    let span = usize::try_from(end - start + SLACK).map_err(std::io::Error::other)?;
+    let span = usize::try_from(end - start + if keep { SLACK } else { 0 }).map_err(std::io::Error::other)?;
     // SAFETY: the mapping is of a commit's file, in a folder of the user's alone
     // (`folder.rs`); this rank writes only the range lent, which no other rank
     // writes while it is lent and whose blocks were allocated above (again, for a kept
@@ -119,7 +130,7 @@ pub(crate) fn map_for_writing(file: &File, offset: u64, len: usize) -> std::io::
     // end (the slack) faults nothing: it stops at the end.
     let map = unsafe { memmap2::MmapOptions::new().offset(start).len(span).populate().map_mut(file)? };
     let from = (offset - start) as usize;
-    Ok(Box::new(Lent(Some(Kept { id, start, file: file.try_clone()?, map, lent: from..from + len }))))
+    Ok(Box::new(Lent(Some(Kept { id, start, file: file.try_clone()?, map, lent: from..from + len }), keep)))
 }
 
 /// The size of a page of memory.

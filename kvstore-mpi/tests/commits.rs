@@ -84,6 +84,66 @@ fn a_job_whose_rank_died_resumes_from_its_last_commit_with_the_same_bits() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Whether two commits hold the same: their fields, their checkpoints' headers (whose
+/// metadata's entries come in any order, so that the files' checksums differ) and data,
+/// and the records after.
+fn same_commit(a: &[u8], b: &[u8]) -> bool {
+    // The commit's fields (56 bytes), its CRC-32 (4), then the checkpoint.
+    const AT: usize = 60;
+    let split = |f: &[u8]| {
+        let n = u64::from_le_bytes(f[AT..AT + 8].try_into().expect("a length")) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&f[AT + 8..AT + 8 + n]).expect("a header");
+        let mut header = header.as_object().expect("a header").clone();
+        let metadata = header.remove("__metadata__").expect("metadata");
+        let metadata: Vec<(String, serde_json::Value)> = metadata
+            .as_object()
+            .expect("metadata")
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::from_str(v.as_str().expect("text")).unwrap_or(v.clone())))
+            .collect();
+        (f[..56].to_vec(), metadata, header, f[AT + 8 + n..].to_vec())
+    };
+    let (mut a, mut b) = (split(a), split(b));
+    a.1.sort_by(|x, y| x.0.cmp(&y.0));
+    b.1.sort_by(|x, y| x.0.cmp(&y.0));
+    a == b
+}
+
+/// With owners (the default), each rank writes its own parts of the optimizer state into
+/// its host's copy (parts of 1.2 MB through mappings of their own, the small keys' written,
+/// each hashed apart and the hashes joined): the commit is the replicated layout's, byte
+/// for byte. Resumed on 3 ranks, from either, in the other layout, the jobs agree.
+#[test]
+fn owners_write_their_own_parts_of_a_commit_which_is_the_replicated_ones() {
+    let dir = folder("parts");
+    let owned =
+        [("KVSTORE_TEST_FLOATS", "600000"), ("KVSTORE_TEST_KEYS", "20"), ("MXNET_KVSTORE_BIGARRAY_BOUND", "1000")];
+    let whole = died_and_resumed(&dir, &owned);
+    let mut replicated = owned.to_vec();
+    replicated.push(("KVSTORE_LAYOUT", "replicated"));
+    let twin = run_with(&dir, "replicated", 2, &["6"], &replicated);
+    assert_eq!(twin.code, Some(0), "{}", twin.shown());
+    assert_eq!(bits(&twin, 2), whole, "the layouts' bits");
+    let file = |job: &str| {
+        let store = dir.join(format!("kvstore-{}-{job}", uid(&dir))).join("store0");
+        std::fs::read(store.join(format!("step-{:020}-rank-000000-of-000002.commit", 5))).expect("the commit")
+    };
+    let (a, b) = (file("never-died"), file("replicated"));
+    assert!(a.len() > 7_000_000, "w's state is in it: {} bytes", a.len());
+    assert!(same_commit(&a, &b), "the commits of the two layouts differ");
+    // On 3 ranks: the owners' commit resumed replicated, the replicated one with owners.
+    let more = run_with(&dir, "never-died", 3, &["8"], &replicated);
+    let other = run_with(&dir, "replicated", 3, &["8"], &owned);
+    for job in [&more, &other] {
+        assert_eq!(job.code, Some(0), "{}", job.shown());
+        assert_eq!(job.output.matches("restored 5").count(), 3, "{}", job.shown());
+    }
+    let b = bits(&more, 3);
+    assert!(b.iter().all(|x| *x == b[0]), "{b:?}");
+    assert_eq!(bits(&other, 3), b, "the layouts resumed on 3 ranks");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A store of 400 keys (1200 tensors with Adam's state: each rank's list of its share's
 /// checksums takes several exchanges of at most `MAX_RECORD` bytes) resumes with the
 /// bits of the job that never died, every key's values in them.

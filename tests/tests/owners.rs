@@ -358,6 +358,92 @@ fn commits_with_owners_restore_at_any_size_and_layout() {
     }
 }
 
+/// What one worker's snapshot in parts held: each piece it would write, at its place in
+/// the file's data (its parts of the state; every whole tensor, on worker 0 only), and
+/// the whole snapshot's data taken at the same step.
+type Pieces = Arc<parking_lot::Mutex<Option<(Vec<(usize, Vec<u8>)>, Vec<u8>)>>>;
+
+/// A commit that only looks: it keeps [`Pieces`].
+struct InParts(Pieces);
+
+impl kvstore_core::backend::Durable for InParts {
+    fn commit(
+        &self,
+        store: kvstore_core::backend::Seam<'_>,
+        _step: u64,
+        _extra: &[u8],
+        before: kvstore_core::Result<()>,
+    ) -> kvstore_core::Result<()> {
+        store.check_step("commit")?;
+        let rank = store.peers().map_or(0, |p| p.rank());
+        let mut whole = Vec::new();
+        store.whole_snapshot("commit", false, &parking_lot::Mutex::new(None), &mut |snap| {
+            let bytes = snap.to_bytes()?;
+            let header = 8 + u64::from_le_bytes(bytes[..8].try_into().expect("a length")) as usize;
+            whole = bytes[header..].to_vec();
+            Ok(())
+        })?;
+        let mut pieces = Vec::new();
+        store.snapshot_in_parts("commit", &mut |snap| {
+            assert!(snap.to_bytes().is_err(), "a snapshot in parts is no whole file");
+            let offsets = snap.offsets();
+            for (i, offset) in offsets.iter().enumerate() {
+                let range = match snap.parts(i) {
+                    Some(parts) => parts[rank].clone(),
+                    None if rank == 0 => 0..snap.len(i),
+                    None => continue,
+                };
+                assert_eq!(snap.bytes(i).len(), range.len(), "tensor {i}: this worker's bytes are its range");
+                pieces.push((offset + range.start, snap.bytes(i).to_vec()));
+            }
+            Ok(())
+        })?;
+        before?;
+        *self.0.lock() = Some((pieces, whole));
+        Ok(())
+    }
+
+    fn restore(&self, _store: kvstore_core::backend::Seam<'_>) -> kvstore_core::Result<Option<kvstore_core::Restored>> {
+        Ok(None)
+    }
+}
+
+/// A snapshot in parts (what a commit on one host writes): each worker holds its own
+/// parts of the optimizer state and nothing of the others', and the parts of every
+/// worker, with the whole tensors, make the data of the whole snapshot byte for byte,
+/// each byte once.
+#[test]
+fn a_snapshot_in_parts_is_each_workers_own_of_the_whole() {
+    let seen: Vec<Pieces> = (0..3).map(|_| Arc::default()).collect();
+    let job = seen.clone();
+    run_members(3, move |rank, member| {
+        let kv = builder(&member, Layout::Owners).durability(Box::new(InParts(Arc::clone(&job[rank])))).build();
+        let kv = kv.expect("dist_sync");
+        for (k, shape, dtype) in KEYS {
+            kv.init(k, &pseudo(shape, dtype, 4)).expect("init");
+        }
+        kv.set_optimizer(adam()).expect("set");
+        train(&kv, rank, 0, 3);
+        kv.commit(3, b"").expect("commit");
+    });
+    let taken: Vec<_> = seen.iter().map(|s| s.lock().take().expect("every worker committed")).collect();
+    let whole = &taken[0].1;
+    assert!(taken.iter().all(|t| &t.1 == whole), "the workers' whole snapshots differ");
+    let mut data = vec![0u8; whole.len()];
+    let mut written = vec![0u8; whole.len()];
+    for (at, bytes) in taken.iter().flat_map(|t| &t.0) {
+        data[*at..at + bytes.len()].copy_from_slice(bytes);
+        written[*at..at + bytes.len()].iter_mut().for_each(|w| *w += 1);
+    }
+    assert!(written.iter().all(|&w| w == 1), "some bytes are held by no worker or by two");
+    assert!(&data == whole, "the parts do not make the whole snapshot");
+    // Worker 1 holds the values (worker 0 writes those) of no tensor: only its parts,
+    // about a third of the state (Adam's mean and variance, and the f16 key's master copy).
+    let state = whole.len() - KEYS.iter().map(|(_, s, d)| s.iter().product::<usize>() * d.size()).sum::<usize>();
+    let held: usize = taken[1].0.iter().map(|(_, b)| b.len()).sum();
+    assert!(held * 2 < state && held > 0, "worker 1 holds {held} bytes of a state of {state}");
+}
+
 /// Row-sparse pushes (lazy updates, row by row, and the dense updates of the others)
 /// and 2-bit compressed dense pushes, with owners and replicated: the same bits on every
 /// worker after every step, rows split between owners included (a table of 60 rows of

@@ -20,6 +20,7 @@
 //! loads into any store kind on any number of workers.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -303,6 +304,10 @@ pub struct Snapshot<'a> {
     /// The keys' gradient-compression residuals, of keys that have them (this rank's
     /// own: a commit keeps them apart from the file, `kvstore-commit`).
     pub(super) residuals: Vec<(&'a str, &'a [Vec<f32>])>,
+    /// Per tensor, where this rank holds only its part of it (a snapshot in parts, of a
+    /// `dist_sync` store whose state lives on owners): each rank's byte range of it, by
+    /// rank; `None` for a tensor held whole.
+    pub(super) parts: Vec<Option<Vec<Range<usize>>>>,
 }
 
 /// The length of a safetensors file's header-length field.
@@ -339,10 +344,10 @@ impl Snapshot<'_> {
         }
         let mut metadata = self.fixed.clone();
         metadata.insert("keys".to_string(), Value::Array(meta_keys).to_string());
-        let tensors = self.tensors.iter().zip(crcs);
+        let tensors = self.tensors.iter().enumerate().zip(crcs);
         let sum = opt_states::checksum_of(
             &metadata,
-            tensors.map(|((n, d, s, b), crc)| (n.as_str(), *d, s.as_slice(), b.len(), crc.clone())),
+            tensors.map(|((i, (n, d, s, _)), crc)| (n.as_str(), *d, s.as_slice(), self.len(i), crc.clone())),
         );
         metadata.insert(CHECKSUM.to_string(), format!("crc32:{sum:08x}"));
         let offsets = self.offsets();
@@ -350,11 +355,11 @@ impl Snapshot<'_> {
             .file_order
             .iter()
             .map(|&i| {
-                let (name, dtype, shape, bytes) = &self.tensors[i];
+                let (name, dtype, shape, _) = &self.tensors[i];
                 let info = TensorInfo {
                     dtype: *dtype,
                     shape: shape.clone(),
-                    data_offsets: (offsets[i], offsets[i] + bytes.len()),
+                    data_offsets: (offsets[i], offsets[i] + self.len(i)),
                 };
                 (name.clone(), info)
             })
@@ -372,8 +377,11 @@ impl Snapshot<'_> {
     /// The whole file, in memory.
     ///
     /// # Errors
-    /// As [`Snapshot::header`].
+    /// As [`Snapshot::header`]; [`Error::Internal`] for a snapshot in parts.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        if self.parts.iter().any(Option::is_some) {
+            return Err(Error::Internal("checkpoint: a snapshot in parts has no whole file in memory".into()));
+        }
         let crcs: Vec<crc32fast::Hasher> = self
             .tensors
             .iter()
@@ -395,14 +403,29 @@ impl Snapshot<'_> {
         let mut at = 0;
         for &i in &self.file_order {
             offsets[i] = at;
-            at += self.tensors[i].3.len();
+            at += self.len(i);
         }
         offsets
     }
 
-    /// The bytes of all its tensors.
+    /// The bytes of all its tensors, whole.
     pub fn data_len(&self) -> usize {
-        self.tensors.iter().map(|t| t.3.len()).sum()
+        (0..self.tensors.len()).map(|i| self.len(i)).sum()
+    }
+
+    /// Tensor `i`'s length in bytes, whole.
+    pub fn len(&self, i: usize) -> usize {
+        match &self.parts[i] {
+            Some(parts) => parts.iter().map(|p| p.end).max().unwrap_or(0),
+            None => self.tensors[i].3.len(),
+        }
+    }
+
+    /// Where this rank holds only its part of tensor `i` (a snapshot in parts): each
+    /// rank's byte range of it, by rank (a rank with none: an empty range), with
+    /// [`Snapshot::bytes`] this rank's; `None` where it holds the tensor whole.
+    pub fn parts(&self, i: usize) -> Option<&[Range<usize>]> {
+        self.parts[i].as_deref()
     }
 
     /// How many tensors it has.
@@ -410,7 +433,7 @@ impl Snapshot<'_> {
         self.tensors.len()
     }
 
-    /// Tensor `i`'s bytes.
+    /// Tensor `i`'s bytes (this rank's part of it, where [`Snapshot::parts`] says so).
     pub fn bytes(&self, i: usize) -> &[u8] {
         self.tensors[i].3
     }
@@ -429,8 +452,15 @@ impl Snapshot<'_> {
 
 impl Store {
     /// Runs `f` on the store as it is, with every key and the merger held for the whole
-    /// of it, so that it sees one consistent step.
-    pub(super) fn snapshot<R>(&self, op: &'static str, f: impl FnOnce(&Snapshot<'_>) -> Result<R>) -> Result<R> {
+    /// of it, so that it sees one consistent step. With owners, every key's state is
+    /// gathered whole from them (on every worker), unless `in_parts`: then each state
+    /// tensor is this worker's part ([`Snapshot::parts`]), and nothing moves.
+    pub(super) fn snapshot<R>(
+        &self,
+        op: &'static str,
+        in_parts: bool,
+        f: impl FnOnce(&Snapshot<'_>) -> Result<R>,
+    ) -> Result<R> {
         let held = Held::new(op, self, &[])?;
         let merger = held.merger_read(op, &self.merger)?;
         let entries = self.entries();
@@ -451,8 +481,13 @@ impl Store {
         // With owners, every key's state gathered whole (on every worker).
         let pairs: Vec<(&Entry, &Slot)> = entries.iter().map(|e| &***e).zip(guards.iter().copied()).collect();
         let gathered = match runtime {
-            Some(rt) => self.whole_states(rt, &pairs)?,
-            None => None,
+            Some(rt) if !in_parts => self.whole_states(rt, &pairs)?,
+            _ => None,
+        };
+        // In parts: each worker's elements of each key's state (`None`: held whole).
+        let owned = match runtime {
+            Some(rt) if in_parts => self.owned_ranges(rt, pairs.iter().map(|(e, s)| (e.owner, s.value.size()))),
+            _ => None,
         };
         let states: Vec<Option<&KeyState>> = match &gathered {
             Some(whole) => whole.iter().map(Option::as_ref).collect(),
@@ -469,6 +504,7 @@ impl Store {
         let bufs: Vec<Vec<_>> =
             arrays.iter().map(|a| a.iter().map(|a| a.read()).collect::<Result<Vec<_>>>()).collect::<Result<_>>()?;
         let mut tensors = Vec::new();
+        let mut parts = Vec::new();
         let mut keys = Vec::with_capacity(entries.len());
         for (n, ((entry, g), (arrays, bufs))) in entries.iter().zip(&guards).zip(arrays.iter().zip(&bufs)).enumerate() {
             let state = states[n];
@@ -488,7 +524,12 @@ impl Store {
                     j if j <= names.len() => format!("s{n}.{}", names[j - 1]),
                     _ => format!("s{n}.master"),
                 };
-                tensors.push((tensor_name, st_dtype(a.dtype()), a.shape().to_vec(), buf.bytes()));
+                let each = a.dtype().size();
+                let part = owned.as_ref().filter(|_| j > 0).map(|o| o[n].iter().map(|r| r.start * each..r.end * each));
+                // (A part's shape is the whole key's.)
+                let shape = if part.is_some() { g.value.shape() } else { a.shape() };
+                tensors.push((tensor_name, st_dtype(a.dtype()), shape.to_vec(), buf.bytes()));
+                parts.push(part.map(Iterator::collect));
             }
             let v = &g.value;
             let mut meta = json!({
@@ -522,12 +563,12 @@ impl Store {
             .filter(|(_, g)| !g.residuals.is_empty())
             .map(|(e, g)| (e.key.as_str(), g.residuals.as_slice()))
             .collect();
-        f(&Snapshot { tensors, keys, fixed, file_order, residuals })
+        f(&Snapshot { tensors, keys, fixed, file_order, residuals, parts })
     }
 
     /// The file's bytes, from the store as it is ([`Store::snapshot`]).
     pub(super) fn checkpoint_bytes(&self, op: &'static str) -> Result<Vec<u8>> {
-        self.snapshot(op, |snap| snap.to_bytes())
+        self.snapshot(op, false, |snap| snap.to_bytes())
     }
 
     fn workers(&self) -> usize {
@@ -594,7 +635,7 @@ impl Store {
             opt_states::save_target(path, OP).and_then(|target| opt_states::write_file(&target, &bytes?, OP))
         } else if self.layout == super::layout::Layout::Owners {
             // The owners' states reach rank 0 through every rank's snapshot.
-            self.snapshot(OP, |_| Ok(()))
+            self.snapshot(OP, false, |_| Ok(()))
         } else {
             Ok(())
         };

@@ -4,7 +4,8 @@
 //!
 //! - the peers: the workers its commits agree with ([`Seam::peers`]);
 //! - a snapshot of the whole state, gathering a `dist_async` store's keys from their
-//!   owners inside ([`Seam::whole_snapshot`]);
+//!   owners inside ([`Seam::whole_snapshot`]), or one in which each `dist_sync` rank
+//!   holds its own parts of the optimizer state ([`Seam::snapshot_in_parts`]);
 //! - install: a commit's checkpoint put into the store on every rank, all or nothing
 //!   ([`Seam::install`]);
 //! - the rank's own record: its gradient-compression residuals
@@ -259,12 +260,12 @@ impl<'a> Seam<'a> {
         kept: &Mutex<Option<KVStore>>,
         write: &mut dyn FnMut(&Snapshot<'_>) -> Result<()>,
     ) -> Result<()> {
-        let Some(remote) = &self.0.remote else { return self.0.snapshot(op, |s| write(s)) };
+        let Some(remote) = &self.0.remote else { return self.0.snapshot(op, false, |s| write(s)) };
         let copy = match gather {
             true => remote.gathered(&self.0.entries(), kept.lock().take())?,
             false => KVStore::internal_local()?,
         };
-        let wrote = copy.store.snapshot(op, |s| write(s));
+        let wrote = copy.store.snapshot(op, false, |s| write(s));
         if gather && wrote.is_ok() {
             // Kept for its arrays only: the store's updater or optimizer is not held
             // alive by it.
@@ -272,6 +273,21 @@ impl<'a> Seam<'a> {
             *kept.lock() = Some(copy);
         }
         wrote
+    }
+
+    /// `write` of a snapshot in which each rank holds its own: a `dist_sync` store whose
+    /// optimizer state lives on owners gives each state tensor as this rank's part
+    /// ([`Snapshot::parts`]) and gathers nothing, so the ranks that write it together
+    /// must be all of the job's; a store without owners, its whole state. (A
+    /// `dist_async` store's keys are gathered by [`Seam::whole_snapshot`] only.)
+    ///
+    /// # Errors
+    /// `write`'s; [`Error::Internal`] for a `dist_async` store.
+    pub fn snapshot_in_parts(self, op: &'static str, write: &mut dyn FnMut(&Snapshot<'_>) -> Result<()>) -> Result<()> {
+        if self.0.remote.is_some() {
+            return Err(Error::Internal(format!("{op}: a dist_async store's snapshot is gathered whole")));
+        }
+        self.0.snapshot(op, true, |s| write(s))
     }
 
     /// Installs a commit's checkpoint in the store, all or nothing on every rank. A
