@@ -42,7 +42,8 @@ impl Row {
 
 /// The rows written by `make bench` before this report (the Java and Clojure benches,
 /// the MPI benches on shared memory and over TCP, the GPU benches when a GPU is
-/// there, the Python bench: kvstore from numpy and MXNet 1.9.1's store, and the cluster
+/// there, the Python bench: kvstore from numpy and MXNet 1.9.1's store, the PyTorch
+/// benches: DDP, ZeRO and gloo's reduce-scatter against kvstore.torch, and the cluster
 /// bench across network namespaces, where they can be made), as
 /// (name, median seconds, the limit the row was measured against in the same run, if
 /// its bench wrote one, and the target text, if its bench wrote one: the PyTorch
@@ -54,11 +55,15 @@ fn outside_rows(dir: &std::path::Path) -> Vec<(String, f64, Option<f64>, Option<
         "jvm-clojure.json",
         "mpi.json",
         "mpi-tcp.json",
+        "mpi-owners-2.json",
+        "mpi-owners-4.json",
         "restart.json",
         "gpu.json",
         "torch.json",
         "python.json",
         "torch-dp.json",
+        "torch-owners.json",
+        "torch-scatter.json",
         "cluster.json",
     ]
     .iter()
