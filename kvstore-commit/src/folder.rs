@@ -388,23 +388,24 @@ impl Folder {
             crcs.into_iter()
                 .enumerate()
                 .map(|(i, own)| match (snap.parts(i), own) {
-                    (Some(parts), own) => {
+                    (Some(_), own) => {
                         // Every rank's part's CRC-32 (this rank's own), joined in order.
-                        let mut pieces = Vec::with_capacity(host.len());
+                        let mut each = vec![0; host.len()];
                         for (member, &r) in host.iter().enumerate() {
-                            let range = parts.get(r).cloned().unwrap_or_default();
                             let crc = match member == share {
-                                true => own.clone(),
-                                false => listed[member]
-                                    .next()
-                                    .map(|c| crc32fast::Hasher::new_with_initial_len(c, range.len() as u64)),
+                                true => own.clone().map(crc32fast::Hasher::finalize),
+                                false => listed[member].next(),
                             };
-                            let crc = crc.filter(|_| everyone).ok_or_else(|| {
+                            let crc = crc.filter(|_| everyone && r < each.len()).ok_or_else(|| {
                                 std::io::Error::other(format!("rank {r} sent no checksum of its part of a tensor"))
                             })?;
-                            pieces.push((range, crc));
+                            each[r] = crc;
                         }
-                        join_parts(pieces, snap.len(i))
+                        snap.joined_crc(i, &each).ok_or_else(|| {
+                            std::io::Error::other(
+                                "the ranks' parts of a tensor and their checksums do not make it whole",
+                            )
+                        })
                     }
                     (None, Some(crc)) => Ok(crc),
                     (None, None) if !everyone => {
@@ -669,30 +670,6 @@ fn write_part(
             None => file.write_all_at(piece, (at + k * PIECE) as u64)?,
         }
         crc.update(piece);
-    }
-    Ok(crc)
-}
-
-/// A tensor's CRC-32 from its parts' (each with its byte range), joined in the order of
-/// their ranges, which must cover its `len` bytes once.
-fn join_parts(
-    mut pieces: Vec<(std::ops::Range<usize>, crc32fast::Hasher)>,
-    len: usize,
-) -> std::io::Result<crc32fast::Hasher> {
-    let uncovered = || std::io::Error::other("the ranks' parts of a tensor do not cover it once");
-    pieces.retain(|(range, _)| !range.is_empty());
-    pieces.sort_by_key(|(range, _)| range.start);
-    let mut crc = crc32fast::Hasher::new();
-    let mut at = 0;
-    for (range, piece) in pieces {
-        if range.start != at {
-            return Err(uncovered());
-        }
-        crc.combine(&piece);
-        at = range.end;
-    }
-    if at != len {
-        return Err(uncovered());
     }
     Ok(crc)
 }

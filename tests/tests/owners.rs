@@ -3,6 +3,7 @@
 //! worker; the layouts' pushes differ in their fingerprints.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kvstore_core::backend::Collective;
 use kvstore_core::{Context, DType, ErrorKind, KVStore, Layout, LrScheduler, NDArray, Optimizer, optimizer_names};
@@ -278,6 +279,92 @@ fn checkpoints_with_owners_are_the_replicated_ones_and_restore_at_any_size() {
         assert!(states_owned == states_replicated, "rank {rank}: the state files' loads part");
     }
     drop(uninterrupted);
+}
+
+/// A worker that counts the bytes its collectives sum (every gather and exchange goes
+/// through its allreduce), and, with `other_inode` on worker 1, is told another inode
+/// than the one worker 0 said of its file.
+struct Moving {
+    member: Arc<ThreadMember>,
+    bytes: AtomicUsize,
+    other_inode: bool,
+}
+
+impl Collective for Moving {
+    fn name(&self) -> &'static str {
+        "threads counting their bytes"
+    }
+    fn rank(&self) -> usize {
+        self.member.rank()
+    }
+    fn size(&self) -> usize {
+        self.member.size()
+    }
+    fn barrier(&self) -> kvstore_core::Result<()> {
+        self.member.barrier()
+    }
+    fn allreduce_sum(&self, pairs: &[(&NDArray, &NDArray)]) -> kvstore_core::Result<()> {
+        let bytes: usize = pairs.iter().map(|(a, _)| a.size() * a.dtype().size()).sum();
+        self.bytes.fetch_add(bytes, Ordering::SeqCst);
+        self.member.allreduce_sum(pairs)
+    }
+    fn broadcast(&self, arrays: &[&NDArray], root: usize) -> kvstore_core::Result<()> {
+        self.member.broadcast(arrays, root)?;
+        // A record of bytes saying a file (made, device, inode, path): another inode.
+        if self.other_inode && self.member.rank() == 1 {
+            for a in arrays.iter().filter(|a| a.dtype() == DType::U8 && a.size() > 17) {
+                a.with_data_mut(|b: &mut [u8]| b[9] ^= 1)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// With owners, a checkpoint saved where every worker can open worker 0's file is
+/// written in parts: each worker writes its own parts of the state, and the workers'
+/// collectives move a few records, not the state; the file is the one the replicated
+/// layout saves. Where a worker cannot open that file (here: it is told another inode),
+/// every worker saves the whole way, the state gathered: the same file again.
+#[test]
+fn a_checkpoint_with_owners_is_saved_in_parts_where_every_worker_opens_its_file() {
+    const WIDE: usize = 100_000;
+    let dir = Arc::new(kvstore_tests::TempDir::new("owners-saved-in-parts"));
+    let d = Arc::clone(&dir);
+    let moved = run_members(3, move |rank, member| {
+        let mut moved = Vec::new();
+        for (name, layout, other_inode) in [
+            ("replicated", Layout::Replicated, false),
+            ("parts", Layout::Owners, false),
+            ("gathered", Layout::Owners, true),
+        ] {
+            let moving = Arc::new(Moving { member: Arc::clone(&member), bytes: AtomicUsize::new(0), other_inode });
+            let group: Arc<dyn Collective> = Arc::clone(&moving) as _;
+            let kv =
+                KVStore::builder("dist_sync").num_threads(1).collective(group).layout(layout).bigarray_bound(BOUND);
+            let kv = kv.build().expect("dist_sync");
+            for (k, shape, dtype) in KEYS {
+                kv.init(k, &pseudo(shape, dtype, 9)).expect("init");
+            }
+            kv.init("wide", &pseudo(&[WIDE], DType::F32, 9)).expect("init");
+            kv.set_optimizer(adam()).expect("set");
+            train(&kv, rank, 0, 3);
+            for step in 0..3 {
+                kv.push("wide", &pseudo(&[WIDE], DType::F32, step * 10 + rank as u64), 0).expect("push");
+            }
+            let before = moving.bytes.load(Ordering::SeqCst);
+            kv.save_checkpoint(d.dir().join(format!("{name}.ckpt"))).expect("save_checkpoint");
+            moved.push(moving.bytes.load(Ordering::SeqCst) - before);
+        }
+        moved
+    });
+    let read = |name: &str| std::fs::read(dir.dir().join(format!("{name}.ckpt"))).expect("a file");
+    assert!(same_file(&read("parts"), &read("replicated")), "the file saved in parts differs");
+    assert!(same_file(&read("gathered"), &read("replicated")), "the file saved gathered differs");
+    // "wide"'s state alone: Adam's mean and variance, 800 KB.
+    for (rank, moved) in moved.iter().enumerate() {
+        assert!(moved[1] < 100_000, "worker {rank} moved {} bytes saving in parts", moved[1]);
+        assert!(moved[2] > 2 * WIDE * 4, "worker {rank} moved {} bytes saving gathered", moved[2]);
+    }
 }
 
 /// A commit kept in memory, per worker: its checkpoint's bytes.

@@ -433,6 +433,29 @@ impl Snapshot<'_> {
         self.tensors.len()
     }
 
+    /// Tensor `i`'s CRC-32, of a tensor in parts, from each rank's part's (`crcs`, by
+    /// rank), joined in the order of their ranges; `None` where there is not one per
+    /// rank or the ranges do not cover the tensor once.
+    pub fn joined_crc(&self, i: usize, crcs: &[u32]) -> Option<crc32fast::Hasher> {
+        let parts = self.parts(i)?;
+        if crcs.len() != parts.len() {
+            return None;
+        }
+        let mut pieces: Vec<(&Range<usize>, u32)> =
+            parts.iter().zip(crcs.iter().copied()).filter(|(range, _)| !range.is_empty()).collect();
+        pieces.sort_by_key(|(range, _)| range.start);
+        let mut crc = crc32fast::Hasher::new();
+        let mut at = 0;
+        for (range, piece) in pieces {
+            if range.start != at {
+                return None;
+            }
+            crc.combine(&crc32fast::Hasher::new_with_initial_len(piece, range.len() as u64));
+            at = range.end;
+        }
+        (at == self.len(i)).then_some(crc)
+    }
+
     /// Tensor `i`'s bytes (this rank's part of it, where [`Snapshot::parts`] says so).
     pub fn bytes(&self, i: usize) -> &[u8] {
         self.tensors[i].3
@@ -624,11 +647,16 @@ impl Store {
         Ok(())
     }
 
-    /// Saves now (the caller ordered it after the calls before it): rank 0 writes, and
+    /// Saves now (the caller ordered it after the calls before it): rank 0 writes (with
+    /// owners, on a file system every rank shares, each rank its own parts), and
     /// every rank returns once the file is durable, or fails if rank 0 failed.
     pub(super) fn save_checkpoint_now(&self, path: &Path) -> Result<()> {
         const OP: &str = "save_checkpoint";
         self.check_step(OP, &[], Ok(()))?;
+        // With owners, on a file system every rank shares: each writes its own parts.
+        if self.save_in_parts(OP, path)? {
+            return Ok(());
+        }
         let rank = self.collective.as_ref().map_or(0, |c| c.rank());
         let written = if rank == 0 {
             let bytes = self.checkpoint_bytes(OP);

@@ -28,6 +28,7 @@ mod pending;
 mod plan;
 mod remote;
 mod run;
+mod saved;
 mod seam;
 mod sparse;
 mod stats;

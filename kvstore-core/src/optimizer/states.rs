@@ -272,34 +272,54 @@ fn remove_stale_tmp(dir: &Path, name: &str) {
 /// directory: written, flushed to disk, renamed over `target`, and the directory
 /// flushed, so that `target` is always either the old file or the new one, whole.
 pub(crate) fn write_file(target: &Path, bytes: &[u8], op: &str) -> Result<()> {
-    let io = |source| Error::Io { context: format!("{op} to {}", shown(target)), source };
+    let (tmp, mut f) = temp_file(target, op)?;
+    let written = f.write_all(bytes).and_then(|()| finish_file(&f, &tmp, target));
+    written.map_err(|source| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::Io { context: format!("{op} to {}", shown(target)), source }
+    })
+}
+
+/// A new temporary file beside `target` (made exclusively, 0600, or with the mode of
+/// the file it will replace), for [`finish_file`] to put in its place: its path and the
+/// file, open for writing. Temporaries of saves whose process is gone are removed first.
+pub(crate) fn temp_file(target: &Path, op: &str) -> Result<(PathBuf, File)> {
     let name = target
         .file_name()
         .and_then(|n| n.to_str())
         .ok_or_else(|| Error::invalid_argument(format!("{op} to {}: not a file name", shown(target))))?;
-    let dir = match target.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let dir = parent_of(target);
     remove_stale_tmp(&dir, name);
     static SAVES: AtomicU64 = AtomicU64::new(0);
     let tmp = dir.join(tmp_name(name, std::process::id(), SAVES.fetch_add(1, Ordering::Relaxed)));
-    let written = (|| -> std::io::Result<()> {
-        let mut f = crate::files::create_new(&tmp)?;
+    let made = (|| -> std::io::Result<File> {
+        let f = crate::files::create_new(&tmp)?;
         if let Ok(m) = std::fs::metadata(target) {
             f.set_permissions(m.permissions())?;
         }
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, target)?;
-        // The rename is durable once the directory is.
-        File::open(&dir)?.sync_all()
+        Ok(f)
     })();
-    written.map_err(|e| {
+    made.map(|f| (tmp.clone(), f)).map_err(|source| {
         let _ = std::fs::remove_file(&tmp);
-        io(e)
+        Error::Io { context: format!("{op} to {}", shown(target)), source }
     })
+}
+
+/// Makes the temporary file `tmp` ([`temp_file`], written; `file`, open) durable as
+/// `target`: its data synced, renamed over `target`, and the rename synced with the
+/// directory.
+pub(crate) fn finish_file(file: &File, tmp: &Path, target: &Path) -> std::io::Result<()> {
+    file.sync_all()?;
+    std::fs::rename(tmp, target)?;
+    // The rename is durable once the directory is.
+    File::open(parent_of(target))?.sync_all()
+}
+
+fn parent_of(target: &Path) -> PathBuf {
+    match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
 }
 
 /// Reads a state file: only a regular file (a FIFO with no writer would block, a device
