@@ -634,9 +634,6 @@ impl Folder {
     }
 }
 
-/// A rank's gradient-compression residuals as its commit holds them (little-endian):
-/// the number of keys, then per key its name's length and name, its number of
-/// positions, and per position its number of values and the values (f32).
 /// Writes this rank's part of tensor `i` of a snapshot in parts into `file`, whose data
 /// of that tensor begins at `at`: through a mapping of its own where the part is big (as
 /// a share is, `mapped.rs`), else written. Its CRC-32, hashed as it is copied.
@@ -674,6 +671,9 @@ fn write_part(
     Ok(crc)
 }
 
+/// A rank's gradient-compression residuals as its commit holds them (little-endian):
+/// the number of keys, then per key its name's length and name, its number of
+/// positions, and per position its number of values and the values (f32).
 fn encode_residuals(keys: &[(&str, &[Vec<f32>])]) -> Vec<u8> {
     let values: usize = keys.iter().flat_map(|(_, p)| p.iter().map(Vec::len)).sum();
     let mut out = Vec::with_capacity(4 + keys.len() * 64 + values * 4);

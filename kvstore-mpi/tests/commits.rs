@@ -144,6 +144,77 @@ fn owners_write_their_own_parts_of_a_commit_which_is_the_replicated_ones() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// With owners on `np` ranks (`env`: the fixture's settings), the commit of step 5 is
+/// the replicated layout's, and each resumes on 2 ranks in the other layout with the
+/// same bits.
+fn layouts_commit_alike(name: &str, np: usize, env: &[(&str, &str)]) {
+    let dir = folder(name);
+    let owned = env.to_vec();
+    let mut replicated = owned.clone();
+    replicated.push(("KVSTORE_LAYOUT", "replicated"));
+    let a = run_with(&dir, "owned", np, &["6"], &owned);
+    assert_eq!(a.code, Some(0), "{}", a.shown());
+    let b = run_with(&dir, "replicated", np, &["6"], &replicated);
+    assert_eq!(b.code, Some(0), "{}", b.shown());
+    assert_eq!(bits(&a, np), bits(&b, np), "the layouts' bits");
+    let file = |job: &str| {
+        let store = dir.join(format!("kvstore-{}-{job}", uid(&dir))).join("store0");
+        std::fs::read(store.join(format!("step-{:020}-rank-000000-of-{np:06}.commit", 5))).expect("the commit")
+    };
+    assert!(same_commit(&file("owned"), &file("replicated")), "the commits of the two layouts differ");
+    let more = run_with(&dir, "owned", 2, &["8"], &replicated);
+    let other = run_with(&dir, "replicated", 2, &["8"], &owned);
+    for job in [&more, &other] {
+        assert_eq!(job.code, Some(0), "{}", job.shown());
+        assert_eq!(job.output.matches("restored 5").count(), 2, "{}", job.shown());
+    }
+    assert_eq!(bits(&more, 2), bits(&other, 2), "resumed on 2 ranks");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Parts of one element and empty parts on 3 ranks (every key split from 1 element),
+/// keys of no element, and lists of the parts' checksums longer than one exchange's
+/// record (400 keys): the replicated layout's commit.
+#[test]
+fn owners_commit_parts_of_one_element_and_of_none_as_the_replicated_layout() {
+    layouts_commit_alike(
+        "one-element",
+        3,
+        &[("MXNET_KVSTORE_BIGARRAY_BOUND", "1"), ("KVSTORE_TEST_KEYS", "400"), ("KVSTORE_TEST_FLOATS", "1000")],
+    );
+    layouts_commit_alike(
+        "no-element",
+        3,
+        &[("MXNET_KVSTORE_BIGARRAY_BOUND", "1"), ("KVSTORE_TEST_KEYS", "4"), ("KVSTORE_TEST_KEY_FLOATS", "0")],
+    );
+}
+
+/// A commit in parts (3 ranks on one host, parts mapped) resumed on two hosts (each
+/// host's copy whole, gathered; rank 2 loads rank 0's bytes), then that job's commits
+/// resumed on the other host alone (in parts again): the bits of jobs that never died.
+#[test]
+fn owners_commits_go_from_parts_to_hosts_and_back() {
+    let dir = folder("parts-hosts");
+    let env = ["MXNET_KVSTORE_BIGARRAY_BOUND=1", "KVSTORE_TEST_FLOATS=900001", "KVSTORE_TEST_KEYS=7"];
+    let pairs: Vec<(&str, &str)> = env.iter().map(|e| e.split_once('=').expect("=")).collect();
+    let six = run_with(&dir, "six", 3, &["6"], &pairs);
+    assert_eq!(six.code, Some(0), "{}", six.shown());
+    let nine = run_with(&dir, "nine", 3, &["9"], &pairs);
+    assert_eq!(nine.code, Some(0), "{}", nine.shown());
+    let died = on_hosts_with(&dir, "moving", &[0, 0, 0], &["6", "die", "2", "2"], &env);
+    assert_ne!(died.code, Some(0), "rank 2 died: {}", died.shown());
+    let split = on_hosts_with(&dir, "moving", &[0, 0, 1], &["6"], &env);
+    assert_eq!(split.code, Some(0), "{}", split.shown());
+    assert_eq!(split.output.matches("restored 2").count(), 3, "{}", split.shown());
+    assert_eq!(bits(&split, 3), bits(&six, 3), "resumed on two hosts");
+    let _ = std::fs::remove_dir_all(dir.join("host0").join(format!("kvstore-{}-moving", uid(&dir))));
+    let back = on_hosts_with(&dir, "moving", &[1, 1, 1], &["9"], &env);
+    assert_eq!(back.code, Some(0), "{}", back.shown());
+    assert_eq!(back.output.matches("restored 5").count(), 3, "{}", back.shown());
+    assert_eq!(bits(&back, 3), bits(&nine, 3), "resumed on host 1 alone");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A store of 400 keys (1200 tensors with Adam's state: each rank's list of its share's
 /// checksums takes several exchanges of at most `MAX_RECORD` bytes) resumes with the
 /// bits of the job that never died, every key's values in them.
