@@ -2,7 +2,7 @@
 //! write one together and read one back, and the store's [`Durable`] made of it (the
 //! crate's docs say where the folder is and what a commit promises).
 
-use std::fs::{DirBuilder, File, OpenOptions};
+use std::fs::{DirBuilder, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -284,10 +284,18 @@ impl Folder {
                 Ok(Some(file)) => file.try_clone()?,
                 _ => OpenOptions::new().read(true).write(true).custom_flags(libc::O_NOFOLLOW).open(temp(pid))?,
             };
-            // This rank's share is one range of the file (the writers take the tensors
-            // in the file's order), copied through a mapping where the group can map.
-            let ranges = (0..n).filter(|&i| writer(i) == share).map(|i| (begins[i], begins[i] + snap.bytes(i).len()));
-            // (A rank may have no tensor to write: a store with no keys, or more ranks on
+            // What this rank writes: each whole tensor of its share, and its part of each
+            // tensor in parts (their CRC-32s joined in the order of the ranges, below): as
+            // (where the bytes begin in the data, the bytes), by tensor.
+            let own = |i: usize| match snap.parts(i) {
+                Some(parts) => parts.get(rank).map(|range| (begins[i] + range.start, snap.bytes(i))),
+                None => (writer(i) == share).then(|| (begins[i], snap.bytes(i))),
+            };
+            // Copied through one mapping of the range that holds them all, kept for the next
+            // commits (a share's whole tensors are one range of the file, the writers taking
+            // them in the file's order; with parts, the range spans the others' parts too).
+            let ranges = (0..n).filter_map(own).filter(|(_, b)| !b.is_empty()).map(|(at, b)| (at, at + b.len()));
+            // (A rank may have nothing to write: a store with no keys, or more ranks on
             // the host than tensors; then `low` stays above `high` and nothing is mapped.)
             let (low, high) = ranges.fold((usize::MAX, 0), |(l, h), (b, e)| (l.min(b), h.max(e)));
             let base = HEADER + reserved + low.min(high);
@@ -297,29 +305,36 @@ impl Folder {
                 Some(Err(e)) if e.kind() == std::io::ErrorKind::Unsupported => None,
                 mapped => mapped.transpose()?,
             };
-            let mut crcs = Vec::with_capacity(n);
-            for (i, bytes) in (0..n).map(|i| (i, snap.bytes(i))) {
-                if writer(i) != share {
-                    crcs.push(None);
-                    continue;
+            // In the file's order, each into its own piece of the mapping (the bytes
+            // between them may be other ranks' parts, written meanwhile).
+            let mut writes: Vec<(usize, usize, &[u8])> =
+                (0..n).filter_map(|i| own(i).map(|(at, b)| (i, at, b))).collect();
+            writes.sort_by_key(|&(_, at, _)| at);
+            let spans: Vec<std::ops::Range<usize>> =
+                writes.iter().filter(|w| !w.2.is_empty()).map(|&(_, at, b)| at - low..at - low + b.len()).collect();
+            let mapped = map.is_some();
+            let mut pieces = match &mut map {
+                Some(map) => map.pieces(&spans).ok_or_else(|| std::io::Error::other("this rank's ranges overlap"))?,
+                None => Vec::new(),
+            }
+            .into_iter();
+            let mut crcs = vec![None; n];
+            for (i, at, bytes) in writes {
+                if snap.parts(i).and_then(|p| p.get(rank)).is_some_and(|r| r.len() != bytes.len()) {
+                    return Err(std::io::Error::other("this rank's part of a tensor is not the length its range says"));
                 }
                 let mut crc = crc32fast::Hasher::new();
-                let mut at = HEADER + reserved + begins[i];
+                let mut piece = if mapped && !bytes.is_empty() { pieces.next() } else { None };
                 // A piece is hashed while the cache holds it from its copy.
-                for piece in bytes.chunks(if map.is_some() { MAPPED_PIECE } else { PIECE }) {
-                    match &mut map {
-                        Some(map) => map[at - base..at - base + piece.len()].copy_from_slice(piece),
-                        None => file.write_all_at(piece, at as u64)?,
+                let step = if piece.is_some() { MAPPED_PIECE } else { PIECE };
+                for (k, chunk) in bytes.chunks(step).enumerate() {
+                    match &mut piece {
+                        Some(piece) => piece[k * step..k * step + chunk.len()].copy_from_slice(chunk),
+                        None => file.write_all_at(chunk, (HEADER + reserved + at + k * step) as u64)?,
                     }
-                    crc.update(piece);
-                    at += piece.len();
+                    crc.update(chunk);
                 }
-                crcs.push(Some(crc));
-            }
-            // This rank's part of each tensor in parts, each CRC-32 apart (every rank's
-            // joined in the order of their ranges, below).
-            for i in (0..n).filter(|&i| snap.parts(i).is_some()) {
-                crcs[i] = Some(write_part(&file, HEADER + reserved + begins[i], snap, i, rank)?);
+                crcs[i] = Some(crc);
             }
             Ok(crcs)
         })();
@@ -632,43 +647,6 @@ impl Folder {
         }
         Ok(())
     }
-}
-
-/// Writes this rank's part of tensor `i` of a snapshot in parts into `file`, whose data
-/// of that tensor begins at `at`: through a mapping of its own where the part is big (as
-/// a share is, `mapped.rs`), else written. Its CRC-32, hashed as it is copied.
-fn write_part(
-    file: &File,
-    at: usize,
-    snap: &Snapshot<'_>,
-    i: usize,
-    rank: usize,
-) -> std::io::Result<crc32fast::Hasher> {
-    const MAPPED: usize = 1 << 20;
-    const PIECE: usize = 64 << 10;
-    let range = snap.parts(i).and_then(|parts| parts.get(rank)).cloned().unwrap_or_default();
-    let bytes = snap.bytes(i);
-    if bytes.len() != range.len() {
-        return Err(std::io::Error::other("this rank's part of a tensor is not the length its range says"));
-    }
-    let at = at + range.start;
-    let mut map = match bytes.len() >= MAPPED {
-        true => match crate::mapped::map_once_for_writing(file, at as u64, bytes.len()) {
-            // A file system that cannot allocate blocks ahead: written instead.
-            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => None,
-            mapped => Some(mapped?),
-        },
-        false => None,
-    };
-    let mut crc = crc32fast::Hasher::new();
-    for (k, piece) in bytes.chunks(PIECE).enumerate() {
-        match &mut map {
-            Some(map) => map[k * PIECE..k * PIECE + piece.len()].copy_from_slice(piece),
-            None => file.write_all_at(piece, (at + k * PIECE) as u64)?,
-        }
-        crc.update(piece);
-    }
-    Ok(crc)
 }
 
 /// A rank's gradient-compression residuals as its commit holds them (little-endian):

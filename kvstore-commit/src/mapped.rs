@@ -9,8 +9,9 @@ use std::os::unix::fs::MetadataExt;
 
 use parking_lot::Mutex;
 
-/// Bytes of a file mapped for writing; unmapped (or kept, [`KEPT`]) when dropped.
-pub(crate) type MappedFile = Box<dyn std::ops::DerefMut<Target = [u8]>>;
+/// Bytes of a file mapped for writing (the range lent, whole or in pieces:
+/// [`MappedFile::pieces`]); kept for a later commit when dropped ([`KEPT`]).
+pub(crate) type MappedFile = Lent;
 
 /// How many mappings a process keeps for its next commits: a host's copies rotate
 /// through three files (the two newest commits and the spare the next one writes over),
@@ -41,9 +42,38 @@ const SLACK: u64 = 1 << 16;
 /// tables filled took 9 ms and unmapping it 4 ms, a third of a commit's copy.
 static KEPT_MAPS: Mutex<Vec<Kept>> = Mutex::new(Vec::new());
 
-/// A mapping lent to one commit; back to [`KEPT_MAPS`] when dropped if it is to be kept
-/// (the second field), else unmapped.
-struct Lent(Option<Kept>, bool);
+/// A kept mapping, lent to one commit; back to [`KEPT_MAPS`] when dropped. (`None`: an
+/// empty range, nothing mapped.)
+pub(crate) struct Lent(Option<Kept>);
+
+impl Lent {
+    /// The pieces `ranges` of the range lent (from its start; sorted, disjoint, inside
+    /// it), each a slice of its own, for a rank whose range holds other ranks' bytes
+    /// between its own (which it must not reference while they write them); `None`
+    /// for ranges that are not so.
+    pub(crate) fn pieces(&mut self, ranges: &[std::ops::Range<usize>]) -> Option<Vec<&mut [u8]>> {
+        let lent = self.0.as_ref().map_or(0..0, |k| k.lent.clone());
+        let mut end = 0;
+        for r in ranges {
+            if r.start < end || r.end < r.start || r.end > lent.len() {
+                return None;
+            }
+            end = r.end;
+        }
+        let Some(kept) = self.0.as_mut() else { return Some(ranges.iter().map(|_| &mut [][..]).collect()) };
+        let base = kept.map.as_mut_ptr();
+        // SAFETY: each range lies inside the range lent, inside the mapping (checked
+        // above), and no two overlap, so each slice is the only reference to its bytes;
+        // they borrow `self` mutably, so the mapping outlives them and no other slice of
+        // it is made meanwhile.
+        Some(
+            ranges
+                .iter()
+                .map(|r| unsafe { std::slice::from_raw_parts_mut(base.add(lent.start + r.start), r.len()) })
+                .collect(),
+        )
+    }
+}
 
 impl std::ops::Deref for Lent {
     type Target = [u8];
@@ -60,7 +90,7 @@ impl std::ops::DerefMut for Lent {
 
 impl Drop for Lent {
     fn drop(&mut self) {
-        if let Some(kept) = self.0.take().filter(|_| self.1) {
+        if let Some(kept) = self.0.take() {
             let mut all = KEPT_MAPS.lock();
             all.push(kept);
             let over = all.len().saturating_sub(KEPT);
@@ -81,18 +111,8 @@ impl Drop for Lent {
 /// whose file lost its name is dropped at the next call, so that no removed file's
 /// memory stays in use.
 pub(crate) fn map_for_writing(file: &File, offset: u64, len: usize) -> std::io::Result<MappedFile> {
-    map(file, offset, len, true)
-}
-
-/// As [`map_for_writing`], but neither kept after its commit nor taken from those kept:
-/// a rank's part of one tensor, whose range the next commit may not have again.
-pub(crate) fn map_once_for_writing(file: &File, offset: u64, len: usize) -> std::io::Result<MappedFile> {
-    map(file, offset, len, false)
-}
-
-fn map(file: &File, offset: u64, len: usize, keep: bool) -> std::io::Result<MappedFile> {
     if len == 0 {
-        return Ok(Box::new(Vec::new()));
+        return Ok(Lent(None));
     }
     let (at, count, end) = (i64::try_from(offset), i64::try_from(len), offset.checked_add(len as u64));
     let (Ok(at), Ok(count), Some(end)) = (at, count, end) else {
@@ -109,28 +129,30 @@ fn map(file: &File, offset: u64, len: usize, keep: bool) -> std::io::Result<Mapp
     let m = file.metadata()?;
     let id = (m.dev(), m.ino());
     let covers = |k: &Kept| k.id == id && k.start <= offset && offset - k.start + len as u64 <= k.map.len() as u64;
-    let found = keep.then(|| {
+    let found = {
         let mut all = KEPT_MAPS.lock();
         all.retain(|k| k.file.metadata().is_ok_and(|m| m.nlink() > 0));
         all.iter().position(covers).map(|i| all.remove(i))
-    });
-    if let Some(mut kept) = found.flatten() {
+    };
+    if let Some(mut kept) = found {
         let from = (offset - kept.start) as usize;
         kept.lent = from..from + len;
-        return Ok(Box::new(Lent(Some(kept), true)));
+        return Ok(Lent(Some(kept)));
     }
     let start = offset - offset % page();
-    let span = usize::try_from(end - start + if keep { SLACK } else { 0 }).map_err(std::io::Error::other)?;
+    let span = usize::try_from(end - start + SLACK).map_err(std::io::Error::other)?;
     // SAFETY: the mapping is of a commit's file, in a folder of the user's alone
     // (`folder.rs`); this rank writes only the range lent, which no other rank
-    // writes while it is lent and whose blocks were allocated above (again, for a kept
+    // writes while it is lent (or, where other ranks write between this rank's bytes,
+    // only its pieces of it, `Lent::pieces`, referenced apart), and whose blocks were
+    // allocated above (again, for a kept
     // mapping: a file shortened and grown since has its pages back before any write);
     // no one of the job shortens a file while a rank writes into it (the first rank
     // sets its length before any rank maps it). Populating the pages past the file's
     // end (the slack) faults nothing: it stops at the end.
     let map = unsafe { memmap2::MmapOptions::new().offset(start).len(span).populate().map_mut(file)? };
     let from = (offset - start) as usize;
-    Ok(Box::new(Lent(Some(Kept { id, start, file: file.try_clone()?, map, lent: from..from + len }), keep)))
+    Ok(Lent(Some(Kept { id, start, file: file.try_clone()?, map, lent: from..from + len })))
 }
 
 /// The size of a page of memory.
@@ -176,6 +198,24 @@ mod tests {
         assert_eq!(bytes.len(), 5003, "the file grew to cover the range");
         assert_eq!(&bytes[5000..], b"abc");
         assert!(bytes[..5000].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn pieces_of_a_mapping_are_written_apart_and_overlapping_ones_refused() {
+        let path = temp("pieces");
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        let mut map = map_for_writing(&file, 100, 10).expect("mapped");
+        assert!(map.pieces(&[0..4, 3..6]).is_none(), "overlapping");
+        assert!(map.pieces(&[4..6, 0..2]).is_none(), "out of order");
+        assert!(map.pieces(&[8..11]).is_none(), "past the range lent");
+        let mut pieces = map.pieces(&[1..3, 3..3, 6..9]).expect("pieces");
+        pieces[0].copy_from_slice(b"ab");
+        pieces[2].copy_from_slice(b"xyz");
+        drop(map);
+        let mut bytes = Vec::new();
+        std::fs::File::open(&path).unwrap().read_to_end(&mut bytes).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(&bytes[100..110], b"\0ab\0\0\0xyz\0");
     }
 
     /// Maps 4 MiB of a file on a file system `kind` with `options`, mounted in a mount
