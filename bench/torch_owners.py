@@ -13,11 +13,12 @@ the store, each key's state on its owners): the median step of each, and the opt
 state each holds on a rank (torch's: its share's ``state`` tensors; kvstore's:
 ``stats()["held"]["state"]``).
 
-``scatter``: 64 MB of f32 summed onto its owners on every rank: torch's gloo
-``reduce_scatter`` (where this torch's gloo has one; Debian's torch 1.13 has none, and
-its users sum with ``all_reduce``, timed instead and named so) against a ``dist_sync``
-push of one key of 64 MB split across the ranks' owners, which does more (the
-reduce-scatter, an SGD update of each part, the all-gather of the parts).
+``scatter``: a ``dist_sync`` push of one key of 64 MB of f32 split across the ranks'
+owners (the reduce-scatter onto them, an SGD update of each part, the all-gather of the
+parts) against the same work in torch's gloo: ``reduce_scatter`` then
+``all_gather_into_tensor`` (and ``reduce_scatter`` alone, reported), or, where this
+torch's gloo has no ``reduce_scatter`` (Debian's torch 1.13), ``all_reduce``, which
+moves the same bytes, timed instead and named so.
 
 Rank 0 writes OUT_JSON as the report's rows (name, median_s, limit_s, target).
 """
@@ -123,19 +124,33 @@ def scatter(rank, workers, store):
     flat = torch.ones(n)
     outs = torch.empty(n // workers)
     parts = list(flat.split(n // workers))[:workers]
+    full = torch.empty(n)
+    rows = []
     try:
         dist.reduce_scatter(outs, parts)
-        gloo_name, target = "gloo reduce_scatter", ">= 3 x gloo's reduce_scatter"
-
-        def gloo():
-            dist.reduce_scatter(outs, parts)
     except RuntimeError:
+        # Debian's torch 1.13: its gloo has no reduce_scatter; its all_reduce moves the
+        # push's bytes (a reduce-scatter and an all-gather in one).
         gloo_name = f"gloo all_reduce (torch {torch.__version__}'s gloo has no reduce_scatter)"
-        target = "reported: vs one all_reduce, the least this torch's reduce-scatter costs (target: >= 3 x gloo's"
-        target += " reduce_scatter, where torch has one)"
+        target = "reported: vs the all_reduce of the same bytes (target: >= 3 x gloo's reduce_scatter and"
+        target += " all_gather, where torch has them)"
 
         def gloo():
             dist.all_reduce(flat)
+    else:
+        gloo_name = "gloo reduce_scatter and all_gather_into_tensor (the push's work)"
+        target = ">= 3 x gloo's reduce_scatter and all_gather"
+
+        def scatter_alone():
+            dist.reduce_scatter(outs, parts)
+
+        def gloo():
+            dist.reduce_scatter(outs, parts)
+            dist.all_gather_into_tensor(full, outs)
+
+        alone = timed_in_turn(["gloo"], lambda name, r: [scatter_alone] * STEPS)["gloo"]
+        rows.append({"name": f"torch: gloo reduce_scatter of {MB} MB f32, {workers} ranks", "median_s": alone,
+                     "limit_s": None, "target": ""})
 
     grad = np.ones(n, dtype=np.float32)
     store.init("g", np.zeros(n, dtype=np.float32))
@@ -151,7 +166,7 @@ def scatter(rank, workers, store):
     calls = {"gloo": gloo, "kvstore": push}
     med = timed_in_turn(["gloo", "kvstore"], lambda name, r: [calls[name]] * STEPS)
     label = f"{MB} MB f32, {workers} ranks"
-    return [
+    return rows + [
         {"name": f"torch: {gloo_name} of {label}", "median_s": med["gloo"], "limit_s": None, "target": ""},
         {"name": f"torch: dist_sync push onto owners (reduce-scatter, update, all-gather) of {label}, vs gloo",
          "median_s": med["kvstore"], "limit_s": med["gloo"], "target": target},
