@@ -207,7 +207,7 @@ mod tests {
         let mut map = map_for_writing(&file, 100, 10).expect("mapped");
         assert!(map.pieces(&[0..4, 3..6]).is_none(), "overlapping");
         assert!(map.pieces(&[4..6, 0..2]).is_none(), "out of order");
-        assert!(map.pieces(&[8..11]).is_none(), "past the range lent");
+        assert!(map.pieces(std::slice::from_ref(&(8..11))).is_none(), "past the range lent");
         let mut pieces = map.pieces(&[1..3, 3..3, 6..9]).expect("pieces");
         pieces[0].copy_from_slice(b"ab");
         pieces[2].copy_from_slice(b"xyz");
