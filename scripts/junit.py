@@ -50,15 +50,15 @@ def write(path, suite, cases):
 
 
 def case(folder, name, why=None, skipped=False):
-    """A second case of the same name in a folder is another test: "NAME (2)"."""
-    base, n = name, 1
-    while True:
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")[:100] or "case"
-        path = os.path.join(folder, safe + ".xml")
-        if not os.path.exists(path):
-            break
+    """A second case of the same name in a folder is another test: "NAME (2)". (Its
+    file's name is the name's first 100 safe characters, then "-2": a long name's
+    "(2)" alone would be cut off, and its file found taken for ever.)"""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")[:100] or "case"
+    n = 1
+    while os.path.exists(os.path.join(folder, safe + (f"-{n}" if n > 1 else "") + ".xml")):
         n += 1
-        name = f"{base} ({n})"
+    path = os.path.join(folder, safe + (f"-{n}" if n > 1 else "") + ".xml")
+    name = name if n == 1 else f"{name} ({n})"
     write(path, name, [(os.path.basename(os.path.abspath(folder)), name, why, skipped)])
 
 

@@ -86,6 +86,8 @@ if wants static; then
     # What the guides claim and run: every program block run by the projects group,
     # mpirun lines that say what root and small machines need, counts that agree.
     check docs python3 scripts/check_docs.py
+    # The reports' own tool: cases recorded twice, long names, totals.
+    check junit-tool python3 scripts/test_junit.py
 fi
 
 if wants rust; then
