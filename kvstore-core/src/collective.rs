@@ -132,6 +132,43 @@ pub trait Collective: Send + Sync {
         slots.to_vec::<u8>()
     }
 
+    /// What every worker sends every other for the call `step`: `sends[d]` (any
+    /// length, one per worker, this worker's own included) goes to worker `d`, and the
+    /// result holds what each worker sent this one, in rank order. How a row-sparse
+    /// push moves each row to its owner and `row_sparse_pull` asks the owners for rows
+    /// (`kvstore/sparse.rs`). The default gathers every worker's sends on every worker
+    /// (over [`Collective::all_gather`]) and keeps this worker's; a transport may move
+    /// each worker's bytes to their destination alone (kvstore-mpi: MPI's alltoallv).
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] if the group is broken; [`crate::Error::Internal`] for
+    /// `sends` that are not one per worker.
+    fn all_to_all(&self, step: &str, sends: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
+        let (world, rank) = (self.size(), self.rank());
+        if sends.len() != world {
+            return Err(Error::Internal(format!("{step}: {} sends for {world} workers", sends.len())));
+        }
+        // Each worker's record: its sends' lengths, then the sends in order.
+        let mut mine: Vec<u8> = sends.iter().flat_map(|s| (s.len() as u64).to_le_bytes()).collect();
+        for s in sends {
+            mine.extend_from_slice(s);
+        }
+        let lens = self.all_gather(step, &(mine.len() as u64).to_le_bytes())?;
+        let lens: Vec<usize> = lens.chunks_exact(8).map(|b| crate::kvstore::word(b, 0) as usize).collect();
+        let longest = lens.iter().copied().max().unwrap_or(0);
+        mine.resize(longest, 0);
+        let all = self.all_gather(step, &mine)?;
+        let cut = || Error::Internal(format!("{step}: a worker's sends are cut short"));
+        (0..world)
+            .map(|r| {
+                let record = all.get(r * longest..(r + 1) * longest).ok_or_else(cut)?;
+                let len = |d: usize| crate::kvstore::word(record, d * 8) as usize;
+                let start = 8 * world + (0..rank).map(len).sum::<usize>();
+                record.get(start..start + len(rank)).map(<[u8]>::to_vec).ok_or_else(cut)
+            })
+            .collect()
+    }
+
     /// Sets how long a collective operation may wait for the workers before the job
     /// ends ([`crate::KVStoreBuilder::timeout`]); a transport without a watchdog ignores
     /// it.

@@ -56,7 +56,7 @@ mod threads;
 mod updaters;
 
 pub use backends::{Backend, Cpu, Gpus};
-pub use support::{TempDir, assert_all, full, launcher, pulled};
+pub use support::{TempDir, assert_all, bits, full, launcher, pseudo, pulled};
 pub use thread_remote::{
     HubMember, ThreadHub, async_store, run_async_kind_workers, run_async_workers, run_async_workers_on,
 };

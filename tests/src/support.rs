@@ -74,3 +74,33 @@ pub fn launcher() -> std::path::PathBuf {
         })
         .clone()
 }
+
+/// A value of `shape` and `dtype` of values in [-1, 1], different for each seed (the
+/// differential tests' gradients).
+pub fn pseudo(shape: &[usize], dtype: DType, seed: u64) -> NDArray {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let data: Vec<f64> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 11) % 2001) as f64 / 1000.0 - 1.0
+        })
+        .collect();
+    NDArray::from_vec(shape, data).and_then(|a| a.as_type(dtype)).expect("an array")
+}
+
+/// The bits of `a`'s elements: an f64's, or each element's as an f32.
+pub fn bits(a: &NDArray) -> Vec<u64> {
+    match a.dtype() {
+        DType::F64 => a.to_vec::<f64>().expect("read").iter().map(|x| x.to_bits()).collect(),
+        _ => a
+            .as_type(DType::F32)
+            .and_then(|a| a.to_vec::<f32>())
+            .expect("read")
+            .iter()
+            .map(|x| u64::from(x.to_bits()))
+            .collect(),
+    }
+}

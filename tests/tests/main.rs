@@ -22,6 +22,7 @@ mod row_sparse;
 mod seam;
 mod shared_arrays;
 mod structure;
+mod tables;
 
 // The shared conformance cases of the reference (§10) and the property tests against the
 // reference model, on `cpu(i)` contexts: one test per shared function, by its name

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kvstore_core::backend::Collective;
 use kvstore_core::{Context, DType, ErrorKind, KVStore, Layout, LrScheduler, NDArray, Optimizer, optimizer_names};
-use kvstore_tests::{ThreadMember, run_members};
+use kvstore_tests::{ThreadMember, bits, pseudo, run_members};
 
 /// The keys of the differential run: small keys owned whole by one worker each, keys
 /// split across the workers at the bound below (at odd places: 1001 on 3 is 334, 333,
@@ -30,34 +30,6 @@ fn store(member: &Arc<ThreadMember>, layout: Layout) -> KVStore {
 fn builder(member: &Arc<ThreadMember>, layout: Layout) -> kvstore_core::KVStoreBuilder {
     let group: Arc<dyn Collective> = Arc::clone(member) as _;
     KVStore::builder("dist_sync").num_threads(1).collective(group).layout(layout).bigarray_bound(BOUND)
-}
-
-/// A value of `shape` and `dtype` that differs per worker, step and key.
-fn pseudo(shape: &[usize], dtype: DType, seed: u64) -> NDArray {
-    let n: usize = shape.iter().product();
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let data: Vec<f64> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 11) % 2001) as f64 / 1000.0 - 1.0
-        })
-        .collect();
-    NDArray::from_vec(shape, data).and_then(|a| a.as_type(dtype)).expect("an array")
-}
-
-fn bits(a: &NDArray) -> Vec<u64> {
-    match a.dtype() {
-        DType::F64 => a.to_vec::<f64>().expect("read").iter().map(|x| x.to_bits()).collect(),
-        _ => a
-            .as_type(DType::F32)
-            .and_then(|a| a.to_vec::<f32>())
-            .expect("read")
-            .iter()
-            .map(|x| u64::from(x.to_bits()))
-            .collect(),
-    }
 }
 
 /// The optimizer `name` as the run sets it: weight decay, a clip, multi-precision for

@@ -27,6 +27,7 @@ pub struct KVStoreBuilder {
     max_queued_calls: Option<usize>,
     max_copied_bytes: Option<usize>,
     layout: Option<Layout>,
+    rows_on_owners: bool,
     bound: Option<usize>,
     /// Whether the store takes part in its job's commits (the installed
     /// [`MakeDurable`](crate::backend::MakeDurable) gives its durability): not the
@@ -122,6 +123,7 @@ impl KVStoreBuilder {
             max_queued_calls: None,
             max_copied_bytes: None,
             layout: None,
+            rows_on_owners: false,
             bound: None,
             commits: true,
             durable: None,
@@ -203,6 +205,14 @@ impl KVStoreBuilder {
     /// `dist_sync_device`, whose keys stay replicated.
     pub fn layout(mut self, layout: Layout) -> Self {
         self.layout = Some(layout);
+        self
+    }
+
+    /// Whether, with [`Layout::Owners`], a row-sparse table's rows live on their owners
+    /// alone (each rank holding its rows' values and state only), not on every rank.
+    #[doc(hidden)]
+    pub fn rows_on_owners(mut self, on: bool) -> Self {
+        self.rows_on_owners = on;
         self
     }
 
@@ -346,6 +356,8 @@ impl KVStoreBuilder {
             compare_calls: self.compare_calls,
             layout,
             bound,
+            rows_on_owners: self.rows_on_owners && layout == Layout::Owners,
+            holds_rows: std::sync::atomic::AtomicBool::new(false),
             counters: stats::Counters::default(),
             _timeline: crate::timeline::Hold::new(),
             commits,

@@ -299,6 +299,9 @@ impl KVStore {
         if push.is_empty() && pull.is_empty() {
             return Ok(());
         }
+        if let Some(r) = self.on_tables(op, &push, &pull, priority) {
+            return r;
+        }
         let _span = self.store.counters.begin(op, &push, &pull);
         let _inputs = self.store.counters.inputs();
         // Nothing queued: a call of many small keys may be spread as given, its plan
@@ -367,10 +370,28 @@ impl KVStore {
         priority: i32,
     ) -> Pending {
         self.back_pressure();
+        let mut given = None;
+        let mut pairs = Some(pairs);
+        if self.store.holds_rows.load(std::sync::atomic::Ordering::Acquire)
+            && let Some(f) = pairs.take()
+        {
+            // A call naming a table on owners runs now (`on_tables`).
+            let pairs = f();
+            if let Ok((push, pull)) = &pairs
+                && let Some(r) = self.on_tables(op, push, pull, priority)
+            {
+                return Pending::finished(r, Arc::clone(&self.store.unobserved));
+            }
+            given = Some(pairs);
+        }
         let _inputs = self.store.counters.inputs();
         let prepared = (|| -> Result<_> {
             locks::check_reentry(op, &self.store)?;
-            let (push, pull) = pairs()?;
+            let (push, pull) = match (given, pairs) {
+                (Some(given), _) => given?,
+                (None, Some(f)) => f()?,
+                (None, None) => return Err(Error::Internal(format!("{op}: a call of no arrays"))),
+            };
             // Timed from here whether the timeline records or not: its wait in the
             // queue is its `queued` phase.
             let span = self.store.counters.begin(op, &push, &pull).timed();
@@ -408,6 +429,38 @@ impl KVStore {
             }
             Err(e) => Pending::finished(Err(e), Arc::clone(&self.store.unobserved)),
         }
+    }
+
+    /// A call naming a table whose rows live on their owners (`rows.rs`), run now: a
+    /// dense push into such a table is refused (on every worker), and a pull of one
+    /// gathers the table from its owners, in call order, after the call's other keys
+    /// were pulled as usual. `None` for a call that names none.
+    fn on_tables(&self, op: &'static str, push: &[Run<'_>], pull: &[Run<'_>], priority: i32) -> Option<Result<()>> {
+        if !self.store.holds_rows.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let table = |k: &Key| self.store.find(k).filter(|e| self.store.rows_of(e).is_some());
+        if let Some((k, _)) = push.iter().find(|(k, _)| table(k).is_some()) {
+            let e = Error::Unsupported {
+                what: format!("{op} of a dense value into key \"{k}\""),
+                hint: "its rows live on their owners (a row-sparse table of a dist_sync store with owners): push \
+                       row-sparse values (push_row_sparse), or make the store with layout replicated"
+                    .to_string(),
+            };
+            return Some(Err(self.refused_everywhere(op, e)));
+        }
+        let tables: Vec<(Arc<Entry>, Vec<NDArray>)> =
+            pull.iter().filter_map(|(k, outs)| Some((table(k)?, outs.to_vec()))).collect();
+        if tables.is_empty() {
+            return None;
+        }
+        let rest: Vec<Run<'_>> = pull.iter().filter(|(k, _)| table(k).is_none()).cloned().collect();
+        Some((|| {
+            if !rest.is_empty() {
+                self.call(op, Vec::new(), rest, priority)?;
+            }
+            self.in_order(op, move |store| store.pull_tables(op, &tables))
+        })())
     }
 
     /// Under `dist_sync`, a push, pushpull, init or broadcast refused before it reached
@@ -819,7 +872,7 @@ impl Store {
         self.collective.as_ref().map_or(Ok(()), |c| c.barrier())
     }
 
-    fn already(op: &'static str, k: &Key) -> Error {
+    pub(super) fn already(op: &'static str, k: &Key) -> Error {
         Error::AlreadyInitialized {
             op,
             key: k.clone(),
@@ -828,7 +881,7 @@ impl Store {
     }
 
     /// The checks of `init` before anything is copied.
-    fn check_init(&self, op: &'static str, pairs: &[(Key, &NDArray)]) -> Result<()> {
+    pub(super) fn check_init(&self, op: &'static str, pairs: &[(Key, &NDArray)]) -> Result<()> {
         let mut seen = HashMap::new();
         for (k, v) in pairs {
             check_context(op, k, v)?;

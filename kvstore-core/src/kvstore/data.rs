@@ -53,7 +53,14 @@ impl Entry {
 
     /// The entry of a new key, at `index`, holding `slot`, owned by `owner`.
     pub(super) fn new(key: Key, index: usize, slot: Slot, owner: Owner) -> Arc<Self> {
-        let (shape, dtype) = (slot.value.shape(), slot.value.dtype());
+        let shape = slot.value.shape().to_vec();
+        Self::of_shape(key, index, slot, owner, &shape)
+    }
+
+    /// [`Entry::new`] of a key of `shape` whose slot holds a part of it (a table whose
+    /// rows live on their owners holds this rank's rows).
+    pub(super) fn of_shape(key: Key, index: usize, slot: Slot, owner: Owner, shape: &[usize]) -> Arc<Self> {
+        let dtype = slot.value.dtype();
         // (Dimensions past the value's are 1: their product is its size.)
         let mut dims = [1; 3];
         let short = shape.len() <= dims.len()
@@ -298,6 +305,12 @@ pub(crate) struct Store {
     /// the other kinds), and the big-array bound its owners split keys at.
     pub(super) layout: Layout,
     pub(super) bound: usize,
+    /// Whether, with owners, a row-sparse table's rows live on their owners alone
+    /// (`kvstore/sparse.rs`), not on every rank.
+    pub(super) rows_on_owners: bool,
+    /// Whether a table whose rows live on their owners was added: the dense calls then
+    /// look for such tables among their keys (`KVStore::call`).
+    pub(super) holds_rows: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for KVStore {
@@ -472,7 +485,13 @@ impl Store {
     pub(super) fn add_entry(&self, table: &mut Table, key: Key, slot: Slot) {
         let index = table.entries.len();
         let owner = self.place(&mut table.balance, &slot.value);
-        let entry = Entry::new(key, index, slot, owner);
+        self.insert_entry(table, Entry::new(key, index, slot, owner));
+    }
+
+    /// Adds `entry`, the next key's (at index `table.entries.len()`), under the table's
+    /// write lock.
+    pub(super) fn insert_entry(&self, table: &mut Table, entry: Arc<Entry>) {
+        let index = entry.index;
         table.entries.insert(ByKey(Arc::clone(&entry)));
         let at = self.entries.push(entry);
         debug_assert_eq!(at, index, "entries are added under the table's write lock, in index order");

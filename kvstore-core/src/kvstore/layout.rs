@@ -54,25 +54,47 @@ impl Layout {
 
 /// A key's owners under [`Layout::Owners`], fixed when the key is made: the rank that
 /// owns it whole (where it is updated whole: a small key, or a key whose update needs
-/// all of it), and whether it is split across every rank into MXNet's parts.
+/// all of it), whether it is split across every rank into MXNet's parts, and for a
+/// row-sparse table whose rows live on their owners, the elements of a row (0 for
+/// every other key, whose value every rank holds).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Owner {
     pub(super) whole: u32,
     pub(super) split: bool,
+    pub(super) row_len: u32,
 }
 
 impl Owner {
     /// The owner of a store without owners: rank 0, whole.
-    pub(super) const NONE: Owner = Owner { whole: 0, split: false };
+    pub(super) const NONE: Owner = Owner { whole: 0, split: false, row_len: 0 };
+
+    /// Whether the key is a row-sparse table whose rows live on their owners alone.
+    pub(super) fn holds_rows(self) -> bool {
+        self.row_len > 0
+    }
 
     /// Each rank's elements of a key of `n` elements on `size` ranks (empty where it
     /// owns none): its part when the key is split and `in_parts` (the update may run in
-    /// parts), else all of it on the whole owner.
+    /// parts), else all of it on the whole owner. A table whose rows live on owners is
+    /// split at rows, in parts or not (its values are).
     pub(super) fn ranges(self, n: usize, size: usize, in_parts: bool) -> Vec<Range<usize>> {
+        if self.holds_rows() {
+            let each = self.row_len as usize;
+            return self.rows(n / each, size).into_iter().map(|r| r.start * each..r.end * each).collect();
+        }
         if self.split && in_parts {
             return parts(n, size);
         }
         (0..size).map(|r| if r == self.whole as usize { 0..n } else { n..n }).collect()
+    }
+
+    /// Each rank's rows of a table of `rows` rows on `size` ranks: MXNet's contiguous
+    /// parts of the rows when it is split, else all of them on the whole owner.
+    pub(super) fn rows(self, rows: usize, size: usize) -> Vec<Range<usize>> {
+        match self.split {
+            true => parts(rows, size),
+            false => (0..size).map(|r| if r == self.whole as usize { 0..rows } else { rows..rows }).collect(),
+        }
     }
 }
 
@@ -108,7 +130,31 @@ impl Balance {
         } else {
             held[whole] += (n * bytes_each) as u64;
         }
-        Owner { whole: whole as u32, split }
+        Owner { whole: whole as u32, split, row_len: 0 }
+    }
+
+    /// The owners of the next row-sparse table whose rows live on owners: `rows` rows of
+    /// `row_len` elements (at least one, below 2^32) of `bytes_each` bytes. A table under
+    /// the bound goes whole to the rank with the fewest bytes (MXNet: one server); a
+    /// bigger one is split at rows into MXNet's parts, each rank counted for its rows.
+    pub(super) fn place_rows(
+        &mut self,
+        rows: usize,
+        row_len: u32,
+        bytes_each: usize,
+        size: usize,
+        bound: usize,
+    ) -> Owner {
+        let size = size.max(1);
+        self.held.resize(size.max(self.held.len()), 0);
+        let held = &mut self.held[..size];
+        let whole = (0..size).min_by_key(|&r| (held[r], r)).unwrap_or(0);
+        let row_bytes = row_len as usize * bytes_each;
+        let owner = Owner { whole: whole as u32, split: rows * row_len as usize >= bound && size > 1, row_len };
+        for (r, part) in owner.rows(rows, size).into_iter().enumerate() {
+            held[r] += (part.len() * row_bytes) as u64;
+        }
+        owner
     }
 }
 
@@ -151,18 +197,35 @@ mod tests {
         assert_eq!(b.held, vec![60, 160, 44]);
         // A big key is split, every rank counted for its part.
         let big = b.place(300, 4, 3, 100);
-        assert_eq!(big, Owner { whole: 2, split: true });
+        assert_eq!(big, Owner { whole: 2, split: true, row_len: 0 });
         assert_eq!(b.held, vec![460, 560, 444]);
         // One rank: whole, never split.
-        assert_eq!(Balance::default().place(10_000_000, 4, 1, 100), Owner { whole: 0, split: false });
+        assert_eq!(Balance::default().place(10_000_000, 4, 1, 100), Owner::NONE);
     }
 
     #[test]
     fn ranges_say_each_ranks_elements() {
-        let split = Owner { whole: 1, split: true };
+        let split = Owner { whole: 1, split: true, row_len: 0 };
         assert_eq!(split.ranges(10, 3, true), vec![0..3, 3..7, 7..10]);
         assert_eq!(split.ranges(10, 3, false), vec![10..10, 0..10, 10..10]);
-        assert_eq!(Owner { whole: 2, split: false }.ranges(4, 3, true), vec![4..4, 4..4, 0..4]);
+        assert_eq!(Owner { whole: 2, split: false, row_len: 0 }.ranges(4, 3, true), vec![4..4, 4..4, 0..4]);
+        // A table of 10 rows of 3 whose rows live on owners: split at rows, in parts
+        // or not; whole on its owner under the bound.
+        let rows = Owner { whole: 0, split: true, row_len: 3 };
+        assert_eq!(rows.rows(10, 3), vec![0..3, 3..7, 7..10]);
+        assert_eq!(rows.ranges(30, 3, false), vec![0..9, 9..21, 21..30]);
+        let whole = Owner { whole: 1, split: false, row_len: 3 };
+        assert_eq!(whole.ranges(30, 3, true), vec![30..30, 0..30, 30..30]);
+    }
+
+    #[test]
+    fn tables_are_placed_by_rows() {
+        let mut b = Balance::default();
+        // 100 rows of 4 f32 at bound 1000: whole, on rank 0.
+        assert_eq!(b.place_rows(100, 4, 4, 3, 1000), Owner { whole: 0, split: false, row_len: 4 });
+        // 1000 rows of 4: split 333, 334, 333 rows (MXNet's parts of the rows).
+        assert_eq!(b.place_rows(1000, 4, 4, 3, 1000), Owner { whole: 1, split: true, row_len: 4 });
+        assert_eq!(b.held, vec![1600 + 333 * 16, 334 * 16, 333 * 16]);
     }
 
     #[test]

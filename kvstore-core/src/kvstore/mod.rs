@@ -27,6 +27,7 @@ mod owned;
 mod pending;
 mod plan;
 mod remote;
+mod rows;
 mod run;
 mod saved;
 mod seam;
@@ -1070,6 +1071,22 @@ impl KVStore {
                 got: values.len(),
             });
         }
+        if self.store.rows_on_owners {
+            // dist_sync with owners: each table's rows to their owners, in call order.
+            let (keys, values) = (keys.to_vec(), values.to_vec());
+            let on_owners = Arc::new(std::sync::atomic::AtomicBool::new(true));
+            let taken = Arc::clone(&on_owners);
+            self.in_order("init", move |store| match store.init_rows(&keys, &values) {
+                Some(r) => r,
+                None => {
+                    taken.store(false, std::sync::atomic::Ordering::Relaxed);
+                    Ok(())
+                }
+            })?;
+            if on_owners.load(std::sync::atomic::Ordering::Relaxed) {
+                return Ok(());
+            }
+        }
         let dense = values.iter().map(RowSparse::to_dense).collect::<Result<Vec<_>>>()?;
         self.init(keys.to_vec(), &dense[..])?;
         for key in keys {
@@ -1187,6 +1204,18 @@ impl KVStore {
         let _span = self.store.counters.span("pull_row_sparse", 1, Some(&key));
         let entry = self.entry("row_sparse_pull", &key)?;
         let row_ids = RowIds::new(row_ids);
+        if self.store.rows_of(&entry).is_some() {
+            // Rows on their owners: asked of them, in call order.
+            let pulled = Arc::new(parking_lot::Mutex::new(None));
+            let into = Arc::clone(&pulled);
+            self.in_order("row_sparse_pull", move |store| {
+                *into.lock() = Some(store.pull_rows_across(&entry, row_ids)?);
+                Ok(())
+            })?;
+            let pulled = pulled.lock().take().ok_or_else(|| Error::Internal("row_sparse_pull: no rows".into()))?;
+            self.store.counters.bytes((0, stats::bytes_of([pulled.data()])));
+            return Ok(pulled);
+        }
         let read = Arc::clone(&entry);
         let pulled = self.on_keys("row_sparse_pull", &[entry], move |store| store.pull_rows(&read, row_ids))?;
         self.store.counters.bytes((0, stats::bytes_of([pulled.data()])));

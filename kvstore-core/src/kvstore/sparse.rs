@@ -7,6 +7,7 @@
 //! optimizer update touches the pushed rows of the weight and its states in place
 //! (what MXNet does too: its optimizers require a row-sparse weight to hold every row).
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use rayon::prelude::*;
@@ -14,7 +15,6 @@ use rayon::prelude::*;
 use super::data::{Entry, Merger, Store};
 use super::locks::Held;
 use super::plan::RowsPlan;
-use crate::backend::Collective;
 use crate::context::Context;
 use crate::dtype::{DType, with_dtype};
 use crate::error::{Error, Result};
@@ -49,7 +49,7 @@ impl StorageType {
 /// where the caller gave them: ids in `0..2^32` as 32-bit rows (half the bytes, and the
 /// radix sort's keys), with the largest and whether they are strictly increasing
 /// already; any other ids as given (a negative one, or tables past 2^32 rows).
-pub(super) enum RowIds {
+pub(crate) enum RowIds {
     Rows { rows: Vec<u32>, max: u32, increasing: bool },
     Other(Vec<i64>),
 }
@@ -72,7 +72,7 @@ impl RowIds {
 /// table) are radix-sorted as 32-bit rows, in time linear in the ids (10,000 ids of
 /// 1 M rows, cold: 44 us, against 72 for the bitmap and 115 for a comparison sort);
 /// under 512 ids they are sorted in place.
-fn sorted_rows(ids: RowIds, rows: usize, what: &dyn Fn() -> String) -> Result<Vec<i64>> {
+pub(super) fn sorted_rows(ids: RowIds, rows: usize, what: &dyn Fn() -> String) -> Result<Vec<i64>> {
     let out_of_range =
         |bad: i64| Error::invalid_argument(format!("{}: row {bad} is out of range for {rows} rows", what()));
     let (mut ids, max, increasing) = match ids {
@@ -155,20 +155,24 @@ fn radix_sorted(mut keys: Vec<u32>, rows: usize) -> Vec<u32> {
     keys
 }
 
-/// Appends `rsp`'s rows to `out` as they cross between workers: the number of rows, the
-/// indices, then the rows' bytes.
-fn encode_rows(rsp: &RowSparse, out: &mut Vec<u8>) -> Result<()> {
-    out.extend_from_slice(&(rsp.indices().len() as u64).to_le_bytes());
-    for &i in rsp.indices() {
+/// Appends `rsp`'s rows among `rows` to `out` as they cross between workers: the number
+/// of rows, the indices, then the rows' bytes.
+pub(super) fn encode_rows_in(rsp: &RowSparse, rows: Range<usize>, out: &mut Vec<u8>) -> Result<()> {
+    let ids = rsp.indices();
+    let (from, to) = (ids.partition_point(|&i| i < rows.start as i64), ids.partition_point(|&i| i < rows.end as i64));
+    out.extend_from_slice(&((to - from) as u64).to_le_bytes());
+    for &i in &ids[from..to] {
         out.extend_from_slice(&i.to_le_bytes());
     }
-    out.extend_from_slice(rsp.data().read()?.bytes());
+    let each = rsp.row_len() * rsp.dtype().size();
+    out.extend_from_slice(&rsp.data().read()?.bytes()[from * each..to * each]);
     Ok(())
 }
 
 /// The next row-sparse array of `shape` and `dtype` of a worker's bytes (see
-/// [`encode_rows`]), which `bytes` moves past.
-fn decode_rows(bytes: &mut &[u8], shape: &[usize], dtype: DType) -> Result<RowSparse> {
+/// [`encode_rows_in`]), which `bytes` moves past, its rows numbered from `base` (each
+/// index less `base`).
+pub(super) fn decode_rows(bytes: &mut &[u8], shape: &[usize], dtype: DType, base: i64) -> Result<RowSparse> {
     let bad = || Error::Internal("a row-sparse push: a worker's rows are cut short".into());
     let mut take = |n: usize| -> Result<&[u8]> {
         if bytes.len() < n {
@@ -181,27 +185,13 @@ fn decode_rows(bytes: &mut &[u8], shape: &[usize], dtype: DType) -> Result<RowSp
     let n = u64::from_le_bytes(take(8)?.try_into().map_err(|_| bad())?) as usize;
     let indices: Vec<i64> = take(n.checked_mul(8).ok_or_else(bad)?)?
         .chunks_exact(8)
-        .map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default()))
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default()) - base)
         .collect();
     let data_shape = [&[n][..], &shape[1..]].concat();
     let data = NDArray::zeros_with(&data_shape, dtype, Context::default())?;
     let len = data.size() * dtype.size();
     data.write()?.bytes_mut().copy_from_slice(take(len)?);
     RowSparse::new(data, indices, shape)
-}
-
-/// Every worker's `mine` (of any length), in rank order: the lengths first, then the
-/// bytes, each worker's padded to the longest ([`Collective::all_gather`] takes equal
-/// lengths).
-fn gather_varying(group: &dyn Collective, step: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-    let lens = group.all_gather(step, &(mine.len() as u64).to_le_bytes())?;
-    let lens: Vec<usize> =
-        lens.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()) as usize).collect();
-    let longest = lens.iter().copied().max().unwrap_or(0);
-    let mut padded = mine.to_vec();
-    padded.resize(longest, 0);
-    let all = group.all_gather(step, &padded)?;
-    Ok(lens.iter().enumerate().map(|(r, &n)| all[r * longest..r * longest + n].to_vec()).collect())
 }
 
 /// The step name of a row-sparse push under `dist_sync` (desync detection).
@@ -285,9 +275,9 @@ impl Store {
     /// sums them in rank order, row by row, and merges that sum as a local row-sparse
     /// push does. Every worker gets the same bits.
     pub(super) fn push_rows_across(&self, pushes: &[(Key, Vec<RowSparse>)]) -> Result<()> {
-        let Some(group) = self.collective.clone() else {
+        if self.collective.is_none() {
             return Err(Error::Internal("push_rows_across on a store of one worker".into()));
-        };
+        }
         // What the call gives per key, for the comparison: the first value's shape.
         let mut firsts: Vec<(&Key, &[usize], DType)> = Vec::new();
         for (key, values) in pushes {
@@ -306,16 +296,12 @@ impl Store {
             .iter()
             .map(|(_, values)| RowSparse::sum(&values.iter().collect::<Vec<_>>()))
             .collect::<Result<Vec<_>>>()?;
-        let mut mine = Vec::new();
-        for sum in &sums {
-            encode_rows(sum, &mut mine)?;
-        }
-        let all = gather_varying(&*group, "a row-sparse push", &mine)?;
+        let keys: Vec<&Arc<Entry>> = plan.keys.iter().map(|(e, _)| e).collect();
+        let all = self.send_rows(&keys, &sums)?;
         let mut readers: Vec<&[u8]> = all.iter().map(Vec::as_slice).collect();
         let mut totals = Vec::with_capacity(sums.len());
-        for ((entry, _), sum) in plan.keys.iter().zip(&sums) {
-            let parts =
-                readers.iter_mut().map(|r| decode_rows(r, sum.shape(), sum.dtype())).collect::<Result<Vec<_>>>()?;
+        for entry in keys {
+            let parts = self.received_rows(entry, &mut readers)?;
             totals.push((Arc::clone(entry), vec![RowSparse::sum(&parts.iter().collect::<Vec<_>>())?]));
         }
         self.push_rows(&RowsPlan { keys: totals, checked: Ok(()) })
@@ -324,13 +310,15 @@ impl Store {
     /// `push_row_sparse`'s work, its keys' earlier calls done, its plan checked: the
     /// plan's keys locked together, in index order, then each key's values summed and
     /// merged in turn (an updater's error stops the call at its key: the keys before
-    /// it keep their update).
+    /// it keep their update). A table whose rows live on their owners (`rows.rs`) comes
+    /// with this worker's rows only, numbered from its first, and is updated here alone.
     pub(super) fn push_rows(&self, plan: &RowsPlan) -> Result<()> {
         const OP: &str = "push";
         let entries = plan.entries();
         let held = Held::new(OP, self, &entries)?;
         let merger = held.merger_read(OP, &self.merger)?;
         let mut guards = held.write(OP, &entries)?;
+        let on_owners: Vec<bool> = plan.keys.iter().map(|(e, _)| e.owner.holds_rows()).collect();
         // Under dist_sync with owners, each key's ranges (every worker's elements): this
         // worker updates its own, then the owners' new values reach every worker.
         let ranges = match &*merger {
@@ -339,11 +327,27 @@ impl Store {
             }
             _ => None,
         };
-        // Every key's weight can take the optimizer before any key changes.
-        if let Merger::Optimizer(runtime) = &*merger {
-            for ((entry, _), slot) in plan.keys.iter().zip(guards.iter()) {
-                runtime.check_weight(&entry.key, &slot.value)?;
-                runtime.check_count(&entry.key, slot.opt.as_ref())?;
+        // Every key's weight can take the optimizer before any key changes; a table
+        // split across its owners takes an update that runs in parts.
+        for ((entry, _), slot) in plan.keys.iter().zip(guards.iter()) {
+            let split = entry.owner.holds_rows() && entry.owner.split;
+            let whole_only = match &*merger {
+                Merger::Optimizer(runtime) => {
+                    runtime.check_weight(&entry.key, &slot.value)?;
+                    runtime.check_count(&entry.key, slot.opt.as_ref())?;
+                    (!runtime.updates_in_parts()).then(|| format!("optimizer {}", runtime.name()))
+                }
+                Merger::Custom(_) => Some("a custom updater".to_string()),
+                Merger::Assign => None,
+            };
+            if let Some(what) = whole_only.filter(|_| split) {
+                return Err(Error::Unsupported {
+                    what: format!("push_row_sparse of key \"{}\" with {what}", entry.key),
+                    hint: "it updates a table whole, and this table's rows are split across the ranks' owners: \
+                           use a built-in optimizer that updates rows alone (sgd, adam, ...), or make the store \
+                           with layout replicated"
+                        .to_string(),
+                });
             }
         }
         // A key that fails stops the call there (the keys before it keep their update);
@@ -362,12 +366,17 @@ impl Store {
                     Ok(())
                 }
                 Merger::Optimizer(runtime) => {
-                    let part = ranges.as_ref().map_or(0..slot.value.size(), |r| r[j][self.rank()].clone());
+                    let part = match (&ranges, on_owners[j]) {
+                        (Some(r), false) => r[j][self.rank()].clone(),
+                        _ => 0..slot.value.size(),
+                    };
                     match runtime.lazy_for(&slot.value) {
                         true => runtime.update_rows_part(key, &slot.value, &sum, &mut slot.opt, part),
                         false => runtime.update_part(key, &slot.value, &sum.to_dense()?, &mut slot.opt, part),
                     }
                 }
+                // A table on owners: its whole owner alone runs the updater.
+                Merger::Custom(_) if on_owners[j] && entry.owner.whole as usize != self.rank() => Ok(()),
                 Merger::Custom(updater) => {
                     // On a copy, swapped in when the updater succeeded (as dense pushes do).
                     let work = slot.value.deep_copy()?;
@@ -383,10 +392,19 @@ impl Store {
             }
         }
         if let (Some(ranges), Some(group)) = (&ranges, &self.collective) {
-            let values: Vec<&NDArray> = guards.iter().map(|g| &g.value).collect();
-            group.all_gather_parts("a row-sparse push: the owners' values", &values, ranges)?;
+            let (values, ranges): (Vec<&NDArray>, Vec<_>) = guards
+                .iter()
+                .zip(ranges)
+                .zip(&on_owners)
+                .filter(|(_, on_owners)| !**on_owners)
+                .map(|((g, r), _)| (&g.value, r.clone()))
+                .unzip();
+            group.all_gather_parts("a row-sparse push: the owners' values", &values, &ranges)?;
         }
-        failed.map_or(Ok(()), Err)
+        match on_owners.contains(&true) {
+            true => self.agree_on_rows(failed),
+            false => failed.map_or(Ok(()), Err),
+        }
     }
 }
 

@@ -754,6 +754,11 @@ impl Runtime {
         }
     }
 
+    /// The optimizer's name.
+    pub(crate) fn name(&self) -> &'static str {
+        self.opt.name
+    }
+
     /// Whether an update of a key in parts has the bits of the whole key's: every rule
     /// but those whose trust ratios need the whole key's norms (LAMB, LARS).
     pub(crate) fn updates_in_parts(&self) -> bool {

@@ -1,0 +1,299 @@
+//! Row-sparse tables whose rows live on their owners (`dist_sync` with owners,
+//! `Owner::holds_rows`): a table under the big-array bound lives whole on one rank, a
+//! bigger one in MXNet's contiguous parts of its rows, one per rank; a rank's slot holds
+//! its rows only (`[its rows, ...]`, and their optimizer state), as MXNet's servers held
+//! them. `init_row_sparse` sends rank 0's rows to their owners; a row-sparse push sends
+//! each worker's summed rows to their owners, which sum them in rank order (the bits of
+//! every other layout) and update them; `row_sparse_pull` asks the owners for the rows;
+//! a dense pull gathers the whole table from them.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::agree::{Said, ranks};
+use super::data::{Entry, Slot, Store};
+use super::locks::Held;
+use super::sparse::{RowIds, decode_rows, encode_rows_in, sorted_rows};
+use crate::backend::Collective;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::key::Key;
+use crate::ndarray::{NDArray, RowSparse, row_len};
+
+impl Store {
+    /// Each rank's rows of `entry`, a table whose rows live on their owners; `None` for
+    /// any other key (its value whole on every rank).
+    pub(super) fn rows_of(&self, entry: &Entry) -> Option<Vec<Range<usize>>> {
+        let group = self.collective.as_ref().filter(|_| entry.owner.holds_rows())?;
+        Some(entry.owner.rows(entry.shape()[0], group.size()))
+    }
+
+    /// Whether a table of `shape` may keep its rows on their owners: the store's
+    /// layout says so, and a row holds 1 to 2^32 - 1 elements.
+    fn may_hold_rows(&self, shape: &[usize]) -> bool {
+        self.rows_on_owners
+            && self.collective.is_some()
+            && !shape.is_empty()
+            && u32::try_from(row_len(shape)).is_ok_and(|n| n > 0)
+    }
+
+    /// `init_row_sparse` of tables whose rows live on their owners, in call order: the
+    /// workers compare the call, rank 0 sends each owner its rows of each table, and each
+    /// worker adds the keys, holding its rows only. `None` when one of the tables cannot
+    /// (its rows empty), for the replicated way; every worker decides alike (shapes).
+    pub(super) fn init_rows(&self, keys: &[Key], values: &[RowSparse]) -> Option<Result<()>> {
+        if !values.iter().all(|v| self.may_hold_rows(v.shape())) {
+            return None;
+        }
+        Some(self.init_rows_now(keys, values))
+    }
+
+    fn init_rows_now(&self, keys: &[Key], values: &[RowSparse]) -> Result<()> {
+        const OP: &str = "init";
+        let group = self.rows_group(OP)?;
+        let _span = self.counters.span(OP, keys.len(), keys.first());
+        let _held = Held::new(OP, self, &[])?;
+        let pairs: Vec<(Key, &NDArray)> = keys.iter().cloned().zip(values.iter().map(RowSparse::data)).collect();
+        let checked = self.check_init(OP, &pairs);
+        let step: Vec<super::steps::StepKey<'_>> =
+            keys.iter().zip(values).map(|(k, v)| (k, v.shape(), v.dtype())).collect();
+        self.check_step(OP, &step, checked)?;
+        // Where each table goes, as every worker computes it.
+        let mut balance = self.table.read().balance.clone();
+        let size = group.size();
+        let owners: Vec<_> = values
+            .iter()
+            .map(|v| {
+                let (rows, each) = (v.shape()[0], row_len(v.shape()) as u32);
+                balance.place_rows(rows, each, v.dtype().size(), size, self.bound)
+            })
+            .collect();
+        // Rank 0's rows to their owners.
+        let mut sends = vec![Vec::new(); size];
+        if group.rank() == 0 {
+            for (v, owner) in values.iter().zip(&owners) {
+                for (d, rows) in owner.rows(v.shape()[0], size).into_iter().enumerate() {
+                    encode_rows_in(v, rows, &mut sends[d])?;
+                }
+            }
+        }
+        let got = group.all_to_all("init: rank 0's rows to their owners", &sends)?;
+        let mut from_first: &[u8] = &got[0];
+        let mut slots = Vec::with_capacity(values.len());
+        for (v, owner) in values.iter().zip(&owners) {
+            let mine = owner.rows(v.shape()[0], size)[group.rank()].clone();
+            let local = [&[mine.len()][..], &v.shape()[1..]].concat();
+            let value = NDArray::zeros_with(&local, v.dtype(), Context::default())?;
+            decode_rows(&mut from_first, &local, v.dtype(), mine.start as i64)?.assign_to(&value)?;
+            slots.push(value);
+        }
+        let mut table = self.table.write();
+        if let Some(k) = keys.iter().find(|k| table.contains_key(k)) {
+            return Err(Self::already(OP, k));
+        }
+        for ((key, value), (v, owner)) in keys.iter().zip(slots).zip(values.iter().zip(owners)) {
+            let placed = table.balance.place_rows(v.shape()[0], owner.row_len, v.dtype().size(), size, self.bound);
+            if placed != owner {
+                return Err(Error::Internal(format!("init of key \"{key}\": its owners changed during the call")));
+            }
+            let order = table.take_order();
+            let mut slot = Slot::new(value, order);
+            slot.row_sparse = true;
+            let entry = Entry::of_shape(key.clone(), table.entries.len(), slot, owner, v.shape());
+            self.insert_entry(&mut table, entry);
+        }
+        self.holds_rows.store(true, Ordering::Release);
+        drop(table);
+        group.barrier()
+    }
+
+    /// The store's worker group, for `op` on a table whose rows live on their owners.
+    fn rows_group(&self, op: &str) -> Result<Arc<dyn Collective>> {
+        self.collective.clone().ok_or_else(|| Error::Internal(format!("{op}: rows on owners without workers")))
+    }
+
+    /// The rows `row_ids` of `entry`, a table whose rows live on their owners, in call
+    /// order: the workers compare the call, each asks each owner for its rows among
+    /// those it wants, and each owner answers with them. Only the rows asked for and
+    /// their ids cross.
+    pub(super) fn pull_rows_across(&self, entry: &Arc<Entry>, row_ids: RowIds) -> Result<RowSparse> {
+        const OP: &str = "row_sparse_pull";
+        let group = self.rows_group(OP)?;
+        let (shape, dtype) = (entry.shape().to_vec(), entry.dtype);
+        let what = || format!("row_sparse_pull of key \"{}\": the row ids", entry.key);
+        let ids = sorted_rows(row_ids, shape[0], &what);
+        let local = ids.as_ref().map(|_| ()).map_err(Clone::clone);
+        self.check_step(OP, &[(&entry.key, &shape, dtype)], local)?;
+        let ids = ids?;
+        let rows = self.rows_of(entry).ok_or_else(|| Error::Internal(format!("{OP}: not a table on owners")))?;
+        // The ids each owner holds: a run of the sorted ids.
+        let asks: Vec<Vec<u8>> = rows
+            .iter()
+            .map(|r| {
+                let (from, to) =
+                    (ids.partition_point(|&i| i < r.start as i64), ids.partition_point(|&i| i < r.end as i64));
+                ids[from..to].iter().flat_map(|i| i.to_le_bytes()).collect()
+            })
+            .collect();
+        let asked = group.all_to_all("row_sparse_pull: the rows asked for", &asks)?;
+        let rl = row_len(&shape);
+        let each = rl * dtype.size();
+        let mine = rows[group.rank()].start;
+        let answers = {
+            let held = Held::new(OP, self, &[entry])?;
+            let guards = held.read(OP, &[entry])?;
+            let value = guards[0].value.read()?;
+            let bytes = value.bytes();
+            asked
+                .iter()
+                .map(|ids| {
+                    let mut out = Vec::with_capacity(ids.len() / 8 * each);
+                    for id in ids.chunks_exact(8) {
+                        let r = i64::from_le_bytes(id.try_into().unwrap_or_default()) as usize;
+                        let at = r.checked_sub(mine).map(|r| r * each).filter(|&at| at + each <= bytes.len());
+                        let at =
+                            at.ok_or_else(|| Error::Internal(format!("{OP}: asked for row {r}, not held here")))?;
+                        out.extend_from_slice(&bytes[at..at + each]);
+                    }
+                    Ok(out)
+                })
+                .collect::<Result<Vec<_>>>()?
+        };
+        let back = group.all_to_all("row_sparse_pull: the rows", &answers)?;
+        let data_shape = [&[ids.len()][..], &shape[1..]].concat();
+        let data = NDArray::zeros_with(&data_shape, dtype, Context::default())?;
+        {
+            let mut w = data.write()?;
+            let out = w.bytes_mut();
+            let mut at = 0;
+            for rows in &back {
+                out.get_mut(at..at + rows.len())
+                    .ok_or_else(|| Error::Internal(format!("{OP}: more rows came back than asked for")))?
+                    .copy_from_slice(rows);
+                at += rows.len();
+            }
+            if at != out.len() {
+                return Err(Error::Internal(format!("{OP}: fewer rows came back than asked for")));
+            }
+        }
+        RowSparse::of_checked_rows(data, ids, &shape)
+    }
+
+    /// A dense pull of tables whose rows live on their owners, each into its outs, in
+    /// call order: the workers compare the call, and each table is gathered whole from
+    /// its owners (every worker takes the same step: a pull of such a table is a call
+    /// of them all).
+    pub(super) fn pull_tables(&self, op: &'static str, pulls: &[(Arc<Entry>, Vec<NDArray>)]) -> Result<()> {
+        let group = self.rows_group(op)?;
+        let step: Vec<super::steps::StepKey<'_>> = pulls.iter().map(|(e, _)| (&e.key, e.shape(), e.dtype)).collect();
+        let checked = pulls.iter().try_for_each(|(e, outs)| {
+            outs.iter().try_for_each(|o| {
+                let context = || format!("{op} of key \"{}\"", e.key);
+                super::plan::check_like(context, &e.key, e.like(), (o.shape(), o.dtype()))?;
+                super::plan::check_context(op, &e.key, o)
+            })
+        });
+        self.check_step(op, &step, checked)?;
+        for (entry, outs) in pulls {
+            let whole = NDArray::zeros_with(entry.shape(), entry.dtype, Context::default()).map_err(|e| {
+                Error::ResourceExhausted {
+                    what: format!("{op} of key \"{}\": the whole table of {} bytes", entry.key, entry.bytes()),
+                    detail: format!(
+                        "its rows live on their owners, and a dense pull gathers all of them ({e}); \
+                         pull the rows you need with row_sparse_pull"
+                    ),
+                }
+            });
+            // Every worker takes the gather, or none does.
+            let said = Said::exchange(&*group, "a dense pull of a table on owners", &[u8::from(whole.is_ok())])?;
+            let short = said.ranks_where(|r| r.first() != Some(&1));
+            let whole = whole?;
+            if !short.is_empty() {
+                return Err(Error::ResourceExhausted {
+                    what: format!("{op} of key \"{}\"", entry.key),
+                    detail: format!("{} could not hold the whole table", ranks(&short)),
+                });
+            }
+            let rows = self.rows_of(entry).ok_or_else(|| Error::Internal(format!("{op}: not a table on owners")))?;
+            let each = row_len(entry.shape());
+            {
+                let held = Held::new(op, self, &[entry])?;
+                let guards = held.read(op, &[entry])?;
+                let mine = &rows[group.rank()];
+                let b = entry.dtype.size() * each;
+                whole.write()?.bytes_mut()[mine.start * b..mine.end * b]
+                    .copy_from_slice(guards[0].value.read()?.bytes());
+            }
+            let parts: Vec<Range<usize>> = rows.iter().map(|r| r.start * each..r.end * each).collect();
+            group.all_gather_parts("a dense pull of a table on owners", &[&whole], &[parts])?;
+            for out in outs {
+                out.copy_from(&whole)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Store {
+    /// Each worker's sums of a row-sparse push, `sums[j]` of key `keys[j]`, sent to the
+    /// workers that need them: a table's rows to their owners alone, every other key's
+    /// rows to every worker; what each worker received, in rank order.
+    pub(super) fn send_rows(&self, keys: &[&Arc<Entry>], sums: &[RowSparse]) -> Result<Vec<Vec<u8>>> {
+        let group = self.rows_group("a row-sparse push")?;
+        let size = group.size();
+        let mut sends = vec![Vec::new(); size];
+        for (entry, sum) in keys.iter().zip(sums) {
+            match self.rows_of(entry) {
+                Some(rows) => {
+                    for (d, rows) in rows.into_iter().enumerate() {
+                        encode_rows_in(sum, rows, &mut sends[d])?;
+                    }
+                }
+                None => {
+                    for send in &mut sends {
+                        encode_rows_in(sum, 0..sum.shape()[0], send)?;
+                    }
+                }
+            }
+        }
+        group.all_to_all("a row-sparse push", &sends)
+    }
+
+    /// The next key's rows from every worker's bytes of [`Store::send_rows`] (which
+    /// `readers` move past): for a table on owners, this worker's rows, numbered from
+    /// its first (`[its rows, ...]`, as its slot holds them); else the key's rows.
+    pub(super) fn received_rows(&self, entry: &Entry, readers: &mut [&[u8]]) -> Result<Vec<RowSparse>> {
+        let (shape, base) = match (self.rows_of(entry), &self.collective) {
+            (Some(rows), Some(group)) => {
+                let mine = rows[group.rank()].clone();
+                ([&[mine.len()][..], &entry.shape()[1..]].concat(), mine.start as i64)
+            }
+            _ => (entry.shape().to_vec(), 0),
+        };
+        readers.iter_mut().map(|r| decode_rows(r, &shape, entry.dtype, base)).collect()
+    }
+
+    /// After a row-sparse push that updated tables on owners: whether every worker's
+    /// update went through (an owner's update may fail where the others' did not: its
+    /// memory, its updater). Every worker fails the call when one did, naming it.
+    pub(super) fn agree_on_rows(&self, failed: Option<Error>) -> Result<()> {
+        let group = self.rows_group("a row-sparse push")?;
+        let said = Said::exchange(&*group, "a row-sparse push: the owners' updates", &[u8::from(failed.is_some())])?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let failed = said.ranks_where(|r| r.first() == Some(&1));
+        match failed.is_empty() {
+            true => Ok(()),
+            false => Err(Error::Backend {
+                backend: "dist_sync",
+                message: format!(
+                    "a row-sparse push failed on {} (the error there says why): some owners' rows may have been \
+                     updated",
+                    ranks(&failed)
+                ),
+            }),
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Row-sparse tables whose rows live on their owners (`kvstore/rows.rs`): every rank
+//! holds its rows only, and pulls the bits of the replicated layout and of a `local`
+//! store given every worker's pushes in rank order.
+
+use std::sync::Arc;
+
+use kvstore_core::backend::Collective;
+use kvstore_core::{DType, ErrorKind, KVStore, Layout, Optimizer, RowSparse};
+use kvstore_tests::{ThreadMember, bits, pseudo, run_members};
+
+const BOUND: usize = 1000;
+
+/// The tables of the run: split across the workers at rows (60 x 17 = 1020 elements,
+/// over the bound), owned whole (10 x 3), and one of f64.
+const TABLES: [(&str, [usize; 2], DType); 3] =
+    [("emb", [60, 17], DType::F32), ("small", [10, 3], DType::F32), ("wide", [40, 30], DType::F64)];
+
+fn builder(member: &Arc<ThreadMember>, layout: Layout) -> kvstore_core::KVStoreBuilder {
+    let group: Arc<dyn Collective> = Arc::clone(member) as _;
+    KVStore::builder("dist_sync").num_threads(1).collective(group).layout(layout).bigarray_bound(BOUND)
+}
+
+fn on_owners(member: &Arc<ThreadMember>) -> KVStore {
+    builder(member, Layout::Owners).rows_on_owners(true).build().expect("dist_sync")
+}
+
+fn replicated(member: &Arc<ThreadMember>) -> KVStore {
+    builder(member, Layout::Replicated).build().expect("dist_sync")
+}
+
+/// Worker `rank`'s gradient of table `t` at `step`: a few rows, none at times,
+/// unsorted and repeated ids given as MXNet takes them (here: sorted, distinct).
+fn grad(t: usize, step: u64, rank: usize) -> RowSparse {
+    let (_, shape, dtype) = TABLES[t];
+    let mut rows: Vec<i64> = (0..(step % 6) as i64 * 2)
+        .map(|r| (r * 7 + step as i64 * 11 + rank as i64 * 5 + t as i64) % shape[0] as i64)
+        .collect();
+    rows.sort_unstable();
+    rows.dedup();
+    let data = pseudo(&[rows.len(), shape[1]], dtype, (step << 12) ^ ((rank as u64) << 4) ^ t as u64);
+    RowSparse::new(data, rows, &shape).expect("a row-sparse gradient")
+}
+
+/// The optimizers that update a row-sparse gradient's rows alone (lazily), and
+/// RMSProp, which updates the whole table (the owners each their rows).
+fn optimizer(name: &str) -> Option<Optimizer> {
+    if name == "assign" {
+        return None;
+    }
+    let mut b = Optimizer::builder(name).param("learning_rate", 0.05).param("wd", 0.01).param("clip_gradient", 0.8);
+    if name == "sgd" {
+        b = b.param("momentum", 0.9);
+    }
+    Some(b.build().expect("an optimizer"))
+}
+
+/// Every lazy optimizer, RMSProp and no optimizer at all (assign), 200 steps at 2, 3
+/// and 4 workers: the store with rows on owners, the replicated one and a `local` store
+/// pushed every worker's gradients in rank order pull the same bits, by row_sparse_pull
+/// (each worker its own rows) after every step and by a dense pull every 25 steps.
+#[test]
+fn tables_on_owners_pull_the_bits_of_the_replicated_and_local_stores() {
+    for workers in [2, 3, 4] {
+        let outcomes = run_members(workers, move |rank, member| {
+            for name in ["sgd", "adam", "adagrad", "ftrl", "rmsprop", "assign"] {
+                let kvs = [on_owners(&member), replicated(&member), KVStore::create("local").expect("local")];
+                for kv in &kvs {
+                    for (t, (k, shape, dtype)) in TABLES.iter().enumerate() {
+                        let init = RowSparse::from_dense(&pseudo(shape, *dtype, 40 + t as u64)).expect("rows");
+                        kv.init_row_sparse(*k, &init).expect("init");
+                    }
+                    if let Some(opt) = optimizer(name) {
+                        kv.set_optimizer(opt).expect("set");
+                    }
+                }
+                for step in 0..200u64 {
+                    for (t, (k, shape, _)) in TABLES.iter().enumerate() {
+                        kvs[0].push_row_sparse(*k, &[grad(t, step, rank)], 0).expect("push on owners");
+                        kvs[1].push_row_sparse(*k, &[grad(t, step, rank)], 0).expect("push replicated");
+                        let all: Vec<RowSparse> = (0..workers).map(|r| grad(t, step, r)).collect();
+                        kvs[2].push_row_sparse(*k, &all, 0).expect("push local");
+                        let ids: Vec<i64> =
+                            (0..7).map(|i| ((i * 13 + step * 3 + rank as u64) % shape[0] as u64) as i64).collect();
+                        let got: Vec<(Vec<i64>, Vec<u64>)> = kvs
+                            .iter()
+                            .map(|kv| {
+                                let r = kv.row_sparse_pull(*k, &ids, 0).expect("row_sparse_pull");
+                                (r.indices().to_vec(), bits(r.data()))
+                            })
+                            .collect();
+                        if got[0] != got[1] || got[0] != got[2] {
+                            return Err(format!("{name}: table {k} after step {step}: rows differ on rank {rank}"));
+                        }
+                        if step % 25 == 24 {
+                            let dense: Vec<Vec<u64>> =
+                                kvs.iter().map(|kv| bits(&kv.pull_new(*k, 0).expect("pull"))).collect();
+                            if dense[0] != dense[1] || dense[0] != dense[2] {
+                                return Err(format!(
+                                    "{name}: table {k} after step {step}: pulls differ on rank {rank}"
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(())
+        });
+        for outcome in outcomes {
+            outcome.unwrap_or_else(|e| panic!("{workers} workers: {e}"));
+        }
+    }
+}
+
+/// What a rank holds of a table on owners: its rows' values and state only (Adam: two
+/// states), where the replicated layout holds the whole table and its state on every
+/// rank.
+#[test]
+fn a_rank_holds_its_rows_of_a_table_and_their_state() {
+    let held = run_members(4, |rank, member| {
+        [on_owners(&member), replicated(&member)].map(|kv| {
+            kv.init_row_sparse("emb", &RowSparse::zeros(&[1000, 8], DType::F32).expect("rows")).expect("init");
+            kv.set_optimizer(Optimizer::builder("adam").build().expect("adam")).expect("set");
+            let g = RowSparse::new(pseudo(&[2, 8], DType::F32, rank as u64), vec![3, 700], &[1000, 8]).expect("g");
+            kv.push_row_sparse("emb", &[g], 0).expect("push");
+            kv.stats().held
+        })
+    });
+    let table = 1000 * 8 * 4;
+    for (rank, [owned, whole]) in held.iter().enumerate() {
+        assert_eq!((owned.values, owned.state), (table / 4, 2 * table / 4), "rank {rank}");
+        assert_eq!((whole.values, whole.state), (table, 2 * table), "rank {rank}");
+    }
+}
+
+/// A dense push into a table on owners is refused on every worker, naming the way to
+/// push it, and the table keeps its rows; pushes the rule cannot take split (a custom
+/// updater, LAMB) are refused before any rank changes.
+#[test]
+fn a_dense_push_into_a_table_on_owners_is_refused_on_every_worker() {
+    let out = run_members(2, |rank, member| {
+        let kv = on_owners(&member);
+        let init = RowSparse::from_dense(&pseudo(&[60, 17], DType::F32, 1)).expect("rows");
+        kv.init_row_sparse("emb", &init).expect("init");
+        let dense = kv.push("emb", &pseudo(&[60, 17], DType::F32, 2 + rank as u64), 0).expect_err("dense");
+        kv.set_optimizer(Optimizer::builder("lamb").build().expect("lamb")).expect("set");
+        let g = RowSparse::new(pseudo(&[1, 17], DType::F32, 3), vec![5], &[60, 17]).expect("g");
+        let lamb = kv.push_row_sparse("emb", &[g], 0).expect_err("lamb");
+        (dense, lamb, bits(&kv.pull_new("emb", 0).expect("pull")))
+    });
+    let want = bits(&pseudo(&[60, 17], DType::F32, 1));
+    for (rank, (dense, lamb, after)) in out.iter().enumerate() {
+        assert_eq!(dense.kind(), ErrorKind::Unsupported, "rank {rank}: {dense}");
+        assert!(dense.to_string().contains("push_row_sparse"), "rank {rank}: {dense}");
+        assert!(lamb.to_string().contains("optimizer lamb"), "rank {rank}: {lamb}");
+        assert_eq!(after, &want, "rank {rank}: a refused push changed the table");
+    }
+}
+
+/// A row id out of range on one worker fails the pull on every worker (no worker
+/// waits for the others' answers).
+#[test]
+fn a_bad_row_id_on_one_worker_fails_the_pull_on_every_worker() {
+    let out = run_members(3, |rank, member| {
+        let kv = on_owners(&member);
+        kv.init_row_sparse("emb", &RowSparse::zeros(&[60, 17], DType::F32).expect("rows")).expect("init");
+        let ids = if rank == 1 { vec![3, 60] } else { vec![3] };
+        let failed = kv.row_sparse_pull("emb", &ids, 0).map(|_| ()).expect_err("a bad id");
+        // The next pull works on every worker.
+        let next = kv.row_sparse_pull("emb", &[59, 0], 0).expect("pull");
+        (failed.to_string(), next.indices().to_vec())
+    });
+    for (rank, (failed, next)) in out.iter().enumerate() {
+        assert!(failed.contains("60"), "rank {rank}: {failed}");
+        assert_eq!(next, &[0, 59], "rank {rank}");
+    }
+}
