@@ -171,53 +171,9 @@ impl Collective for MpiGroup {
     }
 
     /// MPI's alltoallv: each worker's bytes travel to their destination alone, in
-    /// rounds of at most [`MAX_COUNT`] bytes in all per worker (every worker first
-    /// learns every worker's lengths, so all make the same rounds).
+    /// rounds within MPI's `int` counts ([`MpiGroup::all_to_all_in_rounds`]).
     fn all_to_all(&self, step: &str, sends: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
-        let (size, rank) = (self.size, self.rank);
-        if sends.len() != size {
-            return Err(Error::Internal(format!("{step}: {} sends for {size} workers", sends.len())));
-        }
-        if size == 1 {
-            return Ok(sends.to_vec());
-        }
-        let lens: Vec<u8> = sends.iter().flat_map(|s| (s.len() as u64).to_le_bytes()).collect();
-        let all = self.all_gather(step, &lens)?;
-        let len = |from: usize, to: usize| kvstore_core::backend::word(&all, (from * size + to) * 8) as usize;
-        let round = (MAX_COUNT / size).max(1);
-        let longest = (0..size * size).map(|i| len(i / size, i % size)).max().unwrap_or(0);
-        let mut got: Vec<Vec<u8>> = (0..size).map(|r| Vec::with_capacity(len(r, rank))).collect();
-        for k in 0..longest.div_ceil(round) {
-            // This round's bytes of a message of `n`.
-            let piece = |n: usize| n.saturating_sub(k * round).min(round);
-            let counts = |n: &dyn Fn(usize) -> usize| -> (Vec<i32>, Vec<i32>) {
-                let counts: Vec<i32> = (0..size).map(|r| piece(n(r)) as i32).collect();
-                let displs = counts.iter().scan(0, |at, &c| Some(std::mem::replace(at, *at + c))).collect();
-                (counts, displs)
-            };
-            let (send_counts, send_displs) = counts(&|d| sends[d].len());
-            let (recv_counts, recv_displs) = counts(&|r| len(r, rank));
-            let mut out = Vec::with_capacity(send_counts.iter().sum::<i32>() as usize);
-            for s in sends {
-                out.extend_from_slice(&s[(k * round).min(s.len())..][..piece(s.len())]);
-            }
-            let mut back = vec![0u8; recv_counts.iter().sum::<i32>() as usize];
-            watchdog::set_step(step);
-            self.with_world(|w| {
-                let send = mpi::datatype::Partition::new(&out[..], &send_counts[..], &send_displs[..]);
-                let mut recv = mpi::datatype::PartitionMut::new(&mut back[..], &recv_counts[..], &recv_displs[..]);
-                if in_background() {
-                    mpi::request::scope(|scope| wait(w.immediate_all_to_all_varcount_into(scope, &send, &mut recv)));
-                } else {
-                    w.all_to_all_varcount_into(&send, &mut recv);
-                }
-            })?;
-            for (r, got) in got.iter_mut().enumerate() {
-                let at = recv_displs[r] as usize;
-                got.extend_from_slice(&back[at..at + recv_counts[r] as usize]);
-            }
-        }
-        Ok(got)
+        self.all_to_all_in_rounds(step, sends, MAX_COUNT / self.size)
     }
 
     fn set_timeout(&self, timeout: Duration) {
@@ -237,5 +193,64 @@ impl Collective for MpiGroup {
             });
         }
         Ok(())
+    }
+}
+
+impl MpiGroup {
+    /// [`Collective::all_to_all`] in rounds of at most `round` bytes of each message
+    /// (every worker first learns every worker's lengths, so all make the same rounds):
+    /// MPI's alltoallv takes `int` counts, so `all_to_all` sends at most [`MAX_COUNT`]
+    /// bytes in all per worker and round. Public for the tests, which make rounds small.
+    ///
+    /// # Errors
+    /// As [`Collective::all_to_all`].
+    #[doc(hidden)]
+    pub fn all_to_all_in_rounds(&self, step: &str, sends: &[Vec<u8>], round: usize) -> Result<Vec<Vec<u8>>> {
+        let (size, rank) = (self.size, self.rank);
+        if sends.len() != size {
+            return Err(Error::Internal(format!("{step}: {} sends for {size} workers", sends.len())));
+        }
+        if size == 1 {
+            return Ok(sends.to_vec());
+        }
+        let lens: Vec<u8> = sends.iter().flat_map(|s| (s.len() as u64).to_le_bytes()).collect();
+        let all = self.all_gather(step, &lens)?;
+        let len = |from: usize, to: usize| kvstore_core::backend::word(&all, (from * size + to) * 8) as usize;
+        let round = round.clamp(1, MAX_COUNT / size);
+        let longest = (0..size * size).map(|i| len(i / size, i % size)).max().unwrap_or(0);
+        let mut got: Vec<Vec<u8>> = (0..size).map(|r| Vec::with_capacity(len(r, rank))).collect();
+        for k in 0..longest.div_ceil(round) {
+            // This round's bytes of a message of `n`.
+            let piece = |n: usize| n.saturating_sub(k * round).min(round);
+            let counts = |n: &dyn Fn(usize) -> usize| -> (Vec<i32>, Vec<i32>) {
+                let counts: Vec<i32> = (0..size).map(|r| piece(n(r)) as i32).collect();
+                let displs = counts.iter().scan(0, |at, &c| Some(std::mem::replace(at, *at + c))).collect();
+                (counts, displs)
+            };
+            let (send_counts, send_displs) = counts(&|d| sends[d].len());
+            let (recv_counts, recv_displs) = counts(&|r| len(r, rank));
+            // (Buffers of at least a byte: two empty ones would share a dangling address,
+            // which MPI refuses as a send buffer that is the receive buffer.)
+            let mut out = Vec::with_capacity((send_counts.iter().sum::<i32>() as usize).max(1));
+            for s in sends {
+                out.extend_from_slice(&s[(k * round).min(s.len())..][..piece(s.len())]);
+            }
+            let mut back = vec![0u8; (recv_counts.iter().sum::<i32>() as usize).max(1)];
+            watchdog::set_step(step);
+            self.with_world(|w| {
+                let send = mpi::datatype::Partition::new(&out[..], &send_counts[..], &send_displs[..]);
+                let mut recv = mpi::datatype::PartitionMut::new(&mut back[..], &recv_counts[..], &recv_displs[..]);
+                if in_background() {
+                    mpi::request::scope(|scope| wait(w.immediate_all_to_all_varcount_into(scope, &send, &mut recv)));
+                } else {
+                    w.all_to_all_varcount_into(&send, &mut recv);
+                }
+            })?;
+            for (r, got) in got.iter_mut().enumerate() {
+                let at = recv_displs[r] as usize;
+                got.extend_from_slice(&back[at..at + recv_counts[r] as usize]);
+            }
+        }
+        Ok(got)
     }
 }

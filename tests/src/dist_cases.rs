@@ -1022,3 +1022,79 @@ pub fn owners_train_as_the_replicated_layout(rank: usize, make: &dyn Fn(Layout) 
     }
     last
 }
+
+/// Row-sparse tables whose rows live on their owners (`make(true)`) against the
+/// replicated layout (`make(false)`) and a `local` store pushed every worker's rows in
+/// rank order, at `size` workers: a table split across the owners at rows (300 x 8 at
+/// a bound of 1000) and one owned whole (20 x 4), with SGD, Adam and AdaGrad, 30 steps;
+/// each worker pulls rows of its own by `row_sparse_pull` after every step, and the
+/// tables dense every 10. Returns the tables' final bits, which every rank must share.
+pub fn tables_on_owners_train_as_the_replicated_layout(
+    rank: usize,
+    size: usize,
+    make: &dyn Fn(bool) -> KVStore,
+) -> Vec<u32> {
+    use kvstore_core::RowSparse;
+    let tables: [(&str, [usize; 2]); 2] = [("t split", [300, 8]), ("t whole", [20, 4])];
+    let rows_of = |t: usize, step: u64, r: usize| -> RowSparse {
+        let shape = tables[t].1;
+        let mut ids: Vec<i64> = (0..(step % 5) * 3)
+            .map(|i| ((i * 37 + step * 11 + r as u64 * 5 + t as u64) % shape[0] as u64) as i64)
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let data: Vec<f32> = (0..ids.len() * shape[1])
+            .map(|i| (((i as u64 * 7919 + step * 104_729 + r as u64 * 31) % 2001) as f32 - 1000.0) / 1000.0)
+            .collect();
+        let data = NDArray::from_vec(&[ids.len(), shape[1]], data).expect("rows");
+        RowSparse::new(data, ids, &shape).expect("a row-sparse gradient")
+    };
+    let bits = |a: &NDArray| a.to_vec::<f32>().expect("read").iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let mut last = Vec::new();
+    for (i, name) in ["sgd", "adam", "adagrad"].iter().enumerate() {
+        let kvs = [make(true), make(false), KVStore::create("local").expect("local")];
+        let ks: Vec<String> = tables.iter().map(|(k, _)| format!("{k} {i}")).collect();
+        for kv in &kvs {
+            for (k, (_, shape)) in ks.iter().zip(tables) {
+                let init = NDArray::from_vec(&shape, (0..shape[0] * shape[1]).map(|x| (x % 13) as f32 * 0.1).collect())
+                    .expect("init");
+                kv.init_row_sparse(k.as_str(), &RowSparse::from_dense(&init).expect("rows")).expect("init");
+            }
+            let opt = Optimizer::builder(name).param("learning_rate", 0.05).param("wd", 0.01);
+            kv.set_optimizer(opt.build().expect("an optimizer")).expect("set_optimizer");
+        }
+        for step in 0..30u64 {
+            for (t, k) in ks.iter().enumerate() {
+                kvs[0].push_row_sparse(k.as_str(), &[rows_of(t, step, rank)], 0).expect("push on owners");
+                kvs[1].push_row_sparse(k.as_str(), &[rows_of(t, step, rank)], 0).expect("push replicated");
+                let all: Vec<RowSparse> = (0..size).map(|r| rows_of(t, step, r)).collect();
+                kvs[2].push_row_sparse(k.as_str(), &all, 0).expect("push local");
+                let n = tables[t].1[0] as u64;
+                let ids: Vec<i64> = (0..9).map(|j| ((j * 41 + step * 3 + rank as u64 * 17) % n) as i64).collect();
+                let got: Vec<(Vec<i64>, Vec<u32>)> = kvs
+                    .iter()
+                    .map(|kv| {
+                        let r = kv.row_sparse_pull(k.as_str(), &ids, 0).expect("row_sparse_pull");
+                        (r.indices().to_vec(), bits(r.data()))
+                    })
+                    .collect();
+                assert!(
+                    got[0] == got[1] && got[0] == got[2],
+                    "{name}: {k} after step {step}: rows differ on rank {rank}"
+                );
+                if step % 10 == 9 {
+                    let dense: Vec<Vec<u32>> =
+                        kvs.iter().map(|kv| bits(&kv.pull_new(k.as_str(), 0).expect("pull"))).collect();
+                    assert!(
+                        dense[0] == dense[1] && dense[0] == dense[2],
+                        "{name}: {k} after step {step}: pulls differ"
+                    );
+                    if step == 29 {
+                        last.extend(dense[0].iter().copied());
+                    }
+                }
+            }
+        }
+    }
+    last
+}

@@ -158,7 +158,7 @@ fn values(kv: &KVStore) -> Vec<Vec<u64>> {
 
 /// Whether two safetensors files hold the same: their headers (whose metadata's
 /// entries come in any order) and their tensors' bytes.
-fn same_file(a: &[u8], b: &[u8]) -> bool {
+pub(super) fn same_file(a: &[u8], b: &[u8]) -> bool {
     let split = |f: &[u8]| {
         let n = u64::from_le_bytes(f[..8].try_into().expect("a length")) as usize;
         let header: serde_json::Value = serde_json::from_slice(&f[8..8 + n]).expect("a header");

@@ -174,3 +174,69 @@ fn a_bad_row_id_on_one_worker_fails_the_pull_on_every_worker() {
         assert_eq!(next, &[0, 59], "rank {rank}");
     }
 }
+
+/// Worker `rank`'s pushes of steps `from..from + n` into every table, with Adam.
+fn train(kv: &KVStore, rank: usize, from: u64, n: u64) {
+    for step in from..from + n {
+        for (t, (k, ..)) in TABLES.iter().enumerate() {
+            kv.push_row_sparse(*k, &[grad(t, step, rank)], 0).expect("push");
+        }
+    }
+}
+
+/// Every table's value, pulled dense.
+fn tables(kv: &KVStore) -> Vec<Vec<u64>> {
+    TABLES.iter().map(|(k, ..)| bits(&kv.pull_new(*k, 0).expect("pull"))).collect()
+}
+
+/// A checkpoint of tables on owners, saved in parts (every worker opens the file) and
+/// gathered (a state file), is the replicated layout's; loaded at another number of
+/// workers, into either layout, training goes on alike, and the tables hold the rows
+/// the saving job had.
+#[test]
+fn checkpoints_of_tables_on_owners_are_the_replicated_ones_and_restore_at_any_size() {
+    let dir = Arc::new(kvstore_tests::TempDir::new("tables-checkpoints"));
+    let d = Arc::clone(&dir);
+    let saved = run_members(3, move |rank, member| {
+        let mut saved = Vec::new();
+        for (name, kv) in [("owners", on_owners(&member)), ("replicated", replicated(&member))] {
+            for (t, (k, shape, dtype)) in TABLES.iter().enumerate() {
+                let init = RowSparse::from_dense(&pseudo(shape, *dtype, 40 + t as u64)).expect("rows");
+                kv.init_row_sparse(*k, &init).expect("init");
+            }
+            kv.set_optimizer(Optimizer::builder("adam").param("wd", 0.01).build().expect("adam")).expect("set");
+            train(&kv, rank, 0, 30);
+            kv.save_checkpoint(d.dir().join(format!("{name}.ckpt"))).expect("save_checkpoint");
+            kv.save_optimizer_states(d.dir().join(format!("{name}-{rank}.states"))).expect("save states");
+            saved.push(tables(&kv));
+        }
+        saved
+    });
+    let read = |name: &str| std::fs::read(dir.dir().join(name)).expect("a file");
+    assert!(super::owners::same_file(&read("owners.ckpt"), &read("replicated.ckpt")), "the checkpoints differ");
+    for rank in 0..3 {
+        let (o, r) = (read(&format!("owners-{rank}.states")), read(&format!("replicated-{rank}.states")));
+        assert!(super::owners::same_file(&o, &r), "rank {rank}'s state files differ");
+    }
+    let d = Arc::clone(&dir);
+    let restored = run_members(2, move |rank, member| {
+        let mut got = Vec::new();
+        for (kv, file) in [
+            (on_owners(&member), "owners.ckpt"),
+            (on_owners(&member), "replicated.ckpt"),
+            (replicated(&member), "owners.ckpt"),
+        ] {
+            kv.load_checkpoint(d.dir().join(file)).expect("load_checkpoint");
+            let loaded = tables(&kv);
+            train(&kv, rank, 30, 10);
+            got.push((loaded, tables(&kv)));
+        }
+        got
+    });
+    for (rank, got) in restored.iter().enumerate() {
+        for (i, (loaded, after)) in got.iter().enumerate() {
+            assert_eq!(loaded, &saved[0][0], "rank {rank}, load {i}: the tables are not the saved ones");
+            assert_eq!(after, &got[0].1, "rank {rank}, load {i}: training after the load parts");
+        }
+    }
+}

@@ -507,9 +507,14 @@ impl Store {
             Some(rt) if !in_parts => self.whole_states(rt, &pairs)?,
             _ => None,
         };
+        // Tables on owners: their values gathered whole too, or in parts.
+        let tables = match in_parts {
+            false => self.whole_values(&pairs)?,
+            true => None,
+        };
         // In parts: each worker's elements of each key's state (`None`: held whole).
         let owned = match runtime {
-            Some(rt) if in_parts => self.owned_ranges(rt, pairs.iter().map(|(e, s)| (e.owner, s.value.size()))),
+            Some(rt) if in_parts => self.owned_ranges(rt, pairs.iter().map(|(e, _)| (e.owner, e.size()))),
             _ => None,
         };
         let states: Vec<Option<&KeyState>> = match &gathered {
@@ -520,8 +525,10 @@ impl Store {
         let arrays: Vec<Vec<&NDArray>> = guards
             .iter()
             .zip(&states)
-            .map(|(g, state)| {
-                std::iter::once(&g.value).chain(state.iter().flat_map(|s| s.states.iter().chain(&s.master))).collect()
+            .enumerate()
+            .map(|(n, (g, state))| {
+                let value = tables.as_ref().and_then(|t| t[n].as_ref()).unwrap_or(&g.value);
+                std::iter::once(value).chain(state.iter().flat_map(|s| s.states.iter().chain(&s.master))).collect()
             })
             .collect();
         let bufs: Vec<Vec<_>> =
@@ -548,17 +555,24 @@ impl Store {
                     _ => format!("s{n}.master"),
                 };
                 let each = a.dtype().size();
-                let part = owned.as_ref().filter(|_| j > 0).map(|o| o[n].iter().map(|r| r.start * each..r.end * each));
+                // A table's value in parts is its rows on each owner.
+                let ranges = match (j, &self.collective) {
+                    (0, Some(group)) if in_parts && entry.owner.holds_rows() => {
+                        Some(entry.owner.ranges(entry.size(), group.size(), true))
+                    }
+                    (0, _) => None,
+                    _ => owned.as_ref().map(|o| o[n].clone()),
+                };
+                let part = ranges.map(|o| o.iter().map(|r| r.start * each..r.end * each).collect::<Vec<_>>());
                 // (A part's shape is the whole key's.)
-                let shape = if part.is_some() { g.value.shape() } else { a.shape() };
+                let shape = if part.is_some() { entry.shape() } else { a.shape() };
                 tensors.push((tensor_name, st_dtype(a.dtype()), shape.to_vec(), buf.bytes()));
-                parts.push(part.map(Iterator::collect));
+                parts.push(part);
             }
-            let v = &g.value;
             let mut meta = json!({
                 "key": entry.key.as_str(),
-                "shape": v.shape(),
-                "dtype": v.dtype().name(),
+                "shape": entry.shape(),
+                "dtype": entry.dtype.name(),
                 "crc32": Value::Null,
                 "state": state.map_or(Value::Null, |st| json!({
                     "count": st.count,
@@ -727,17 +741,20 @@ impl Store {
         for (slot, key, value, state, row_sparse) in plan.keys {
             let owner = match slot {
                 Some(i) => entries[i].owner,
-                None => self.place(&mut balance, &value),
+                None => self.place_loaded(&mut balance, &value, row_sparse),
             };
+            let n = value.size();
             let state = match (&runtime, state) {
-                (Some(rt), Some(st)) => Some(self.own_part(owner, value.size(), rt, st)?),
+                (Some(rt), Some(st)) => Some(self.own_part(owner, n, rt, st)?),
                 (_, state) => state,
             };
-            keys.push((slot, key, value, state, row_sparse));
+            // A table on owners keeps this worker's rows.
+            let (shape, value) = (value.shape().to_vec(), self.own_rows(owner, value)?);
+            keys.push((slot, key, value, state, row_sparse, owner, shape));
         }
         // The file's keys are updated in the file's order from now on, after the
         // store's other keys: the order of the run that saved it.
-        for (slot, key, value, state, row_sparse) in keys {
+        for (slot, key, value, state, row_sparse, owner, shape) in keys {
             let order = table.take_order();
             match slot {
                 Some(i) => {
@@ -747,7 +764,13 @@ impl Store {
                     g.merge = None;
                     g.spare = None;
                     g.order = order;
-                    g.row_sparse = row_sparse;
+                    g.row_sparse = row_sparse || owner.holds_rows();
+                }
+                None if owner.holds_rows() => {
+                    let mut slot = Slot::new(value, order);
+                    slot.opt = state;
+                    slot.row_sparse = true;
+                    self.add_table(&mut table, key, slot, &shape)?;
                 }
                 None => {
                     let mut slot = Slot::new(value, order);
@@ -782,11 +805,10 @@ impl Store {
             let value = match slot {
                 Some(i) => {
                     let stored = &guards[i].value;
-                    let expected = (stored.shape(), stored.dtype());
                     super::plan::check_like(
                         || format!("{context}: key \"{key}\""),
                         &key,
-                        expected,
+                        entries[i].like(),
                         (value.shape(), value.dtype()),
                     )?;
                     if stored.context() == value.context() { value } else { value.copy_to(stored.context())? }
@@ -834,7 +856,7 @@ impl Store {
             .iter()
             .zip(&guards)
             .zip(states)
-            .filter_map(|((e, g), st)| Some((e.key.clone(), g.value.shape().to_vec(), st?)))
+            .filter_map(|((e, _), st)| Some((e.key.clone(), e.shape().to_vec(), st?)))
             .collect();
         let bytes = opt_states::encode(runtime, &runtime.snapshot(), &keyed)?;
         drop(guards);

@@ -98,6 +98,11 @@ impl Entry {
         size * self.dtype.size() as u64
     }
 
+    /// The value's number of elements (a table's whole, on owners or not).
+    pub(super) fn size(&self) -> usize {
+        self.shape.iter().product()
+    }
+
     /// The value's shape and dtype, which never change: what a call's arrays are checked
     /// against.
     pub(super) fn like(&self) -> (&[usize], DType) {

@@ -108,7 +108,7 @@ pub(super) fn parts(n: usize, size: usize) -> Vec<Range<usize>> {
 
 /// The bytes each rank owns so far, in the keys' order of `init`: where the next key
 /// goes.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Balance {
     held: Vec<u64>,
 }

@@ -101,11 +101,11 @@ impl Store {
                 whole.push(None);
                 continue;
             };
-            let each = entry.owner.ranges(slot.value.size(), size, in_parts);
+            let each = entry.owner.ranges(entry.size(), size, in_parts);
             let mine = each[rank].clone();
             // Each array of the state at its whole size, this worker's part in place.
             let widen = |part: &NDArray| -> Result<NDArray> {
-                let w = NDArray::zeros_with(slot.value.shape(), part.dtype(), Context::default())?;
+                let w = NDArray::zeros_with(entry.shape(), part.dtype(), Context::default())?;
                 let b = part.dtype().size();
                 w.write()?.bytes_mut()[mine.start * b..mine.end * b].copy_from_slice(part.read()?.bytes());
                 Ok(w)

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::agree::{Said, ranks};
-use super::data::{Entry, Slot, Store};
+use super::data::{Entry, Slot, Store, Table};
+use super::layout::Owner;
 use super::locks::Held;
 use super::sparse::{RowIds, decode_rows, encode_rows_in, sorted_rows};
 use crate::backend::Collective;
@@ -60,7 +61,8 @@ impl Store {
             keys.iter().zip(values).map(|(k, v)| (k, v.shape(), v.dtype())).collect();
         self.check_step(OP, &step, checked)?;
         // Where each table goes, as every worker computes it.
-        let mut balance = self.table.read().balance.clone();
+        let balance_before = self.table.read().balance.clone();
+        let mut balance = balance_before.clone();
         let size = group.size();
         let owners: Vec<_> = values
             .iter()
@@ -92,20 +94,59 @@ impl Store {
         if let Some(k) = keys.iter().find(|k| table.contains_key(k)) {
             return Err(Self::already(OP, k));
         }
-        for ((key, value), (v, owner)) in keys.iter().zip(slots).zip(values.iter().zip(owners)) {
-            let placed = table.balance.place_rows(v.shape()[0], owner.row_len, v.dtype().size(), size, self.bound);
-            if placed != owner {
-                return Err(Error::Internal(format!("init of key \"{key}\": its owners changed during the call")));
-            }
+        if table.balance != balance_before {
+            return Err(Error::Internal("init: the keys' owners changed during the call".into()));
+        }
+        for ((key, value), v) in keys.iter().zip(slots).zip(values) {
             let order = table.take_order();
             let mut slot = Slot::new(value, order);
             slot.row_sparse = true;
-            let entry = Entry::of_shape(key.clone(), table.entries.len(), slot, owner, v.shape());
-            self.insert_entry(&mut table, entry);
+            self.add_table(&mut table, key.clone(), slot, v.shape())?;
         }
-        self.holds_rows.store(true, Ordering::Release);
         drop(table);
         group.barrier()
+    }
+
+    /// The owner of a key a checkpoint brings, `value` its whole value (row-sparse in
+    /// the file or not), counted in `balance` (a copy of the table's): a row-sparse one
+    /// is a table on owners where the store keeps them.
+    pub(super) fn place_loaded(
+        &self,
+        balance: &mut super::layout::Balance,
+        value: &NDArray,
+        row_sparse: bool,
+    ) -> Owner {
+        match (row_sparse && self.may_hold_rows(value.shape()), &self.collective) {
+            (true, Some(group)) => {
+                let (rows, each) = (value.shape()[0], row_len(value.shape()) as u32);
+                balance.place_rows(rows, each, value.dtype().size(), group.size(), self.bound)
+            }
+            _ => self.place(balance, value),
+        }
+    }
+
+    /// `value`, a key's whole value, as its slot holds it: a table on owners' rows of
+    /// this worker (`[its rows, ...]`), any other key's whole.
+    pub(super) fn own_rows(&self, owner: Owner, value: NDArray) -> Result<NDArray> {
+        let Some(group) = self.collective.as_ref().filter(|_| owner.holds_rows()) else { return Ok(value) };
+        let shape = value.shape().to_vec();
+        let mine = owner.rows(shape[0], group.size())[group.rank()].clone();
+        let each = row_len(&shape) * value.dtype().size();
+        let local = NDArray::zeros_with(&[&[mine.len()][..], &shape[1..]].concat(), value.dtype(), value.context())?;
+        local.write()?.bytes_mut().copy_from_slice(&value.read()?.bytes()[mine.start * each..mine.end * each]);
+        Ok(local)
+    }
+
+    /// Adds key `key`, a table on owners of `shape` whose slot holds this worker's rows,
+    /// under the table's write lock, placed where every worker places it.
+    pub(super) fn add_table(&self, table: &mut Table, key: Key, slot: Slot, shape: &[usize]) -> Result<()> {
+        let group = self.rows_group("a table on owners")?;
+        let (rows, each) = (shape[0], row_len(shape) as u32);
+        let owner = table.balance.place_rows(rows, each, slot.value.dtype().size(), group.size(), self.bound);
+        let entry = Entry::of_shape(key, table.entries.len(), slot, owner, shape);
+        self.insert_entry(table, entry);
+        self.holds_rows.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// The store's worker group, for `op` on a table whose rows live on their owners.
@@ -236,6 +277,35 @@ impl Store {
 }
 
 impl Store {
+    /// The whole value of each of `keys` that is a table on owners, gathered from its
+    /// owners (on every worker: each calls it at the same point, with the same keys);
+    /// `None` where none is. What a checkpoint or a commit not in parts holds.
+    ///
+    /// # Errors
+    /// The group's, or an allocation's.
+    pub(super) fn whole_values(&self, keys: &[(&Entry, &Slot)]) -> Result<Option<Vec<Option<NDArray>>>> {
+        let Some(group) = self.collective.as_ref().filter(|_| keys.iter().any(|(e, _)| e.owner.holds_rows())) else {
+            return Ok(None);
+        };
+        let mut whole = Vec::with_capacity(keys.len());
+        let mut ranges = Vec::new();
+        for (entry, slot) in keys {
+            if !entry.owner.holds_rows() {
+                whole.push(None);
+                continue;
+            }
+            let each = entry.owner.ranges(entry.size(), group.size(), true);
+            let w = NDArray::zeros_with(entry.shape(), entry.dtype, Context::default())?;
+            let (mine, b) = (&each[group.rank()], entry.dtype.size());
+            w.write()?.bytes_mut()[mine.start * b..mine.end * b].copy_from_slice(slot.value.read()?.bytes());
+            ranges.push(each);
+            whole.push(Some(w));
+        }
+        let arrays: Vec<&NDArray> = whole.iter().flatten().collect();
+        group.all_gather_parts("the owners' rows of the tables", &arrays, &ranges)?;
+        Ok(Some(whole))
+    }
+
     /// Each worker's sums of a row-sparse push, `sums[j]` of key `keys[j]`, sent to the
     /// workers that need them: a table's rows to their owners alone, every other key's
     /// rows to every worker; what each worker received, in rank order.

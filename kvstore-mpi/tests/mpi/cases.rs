@@ -454,6 +454,44 @@ fn owners_train_as_the_replicated_layout() {
     assert_as_on_rank_0(&kv, "owners bits", bits.iter().flat_map(|b| b.to_le_bytes()).collect());
 }
 
+/// Row-sparse tables whose rows live on their owners, over MPI's alltoallv: the bits
+/// of the replicated layout and of a `local` store, the same on every rank.
+fn tables_on_owners_train_as_the_replicated_layout() {
+    let group = kvstore_mpi::group().expect("group");
+    let make = |on_owners: bool| {
+        let group: std::sync::Arc<dyn kvstore_core::backend::Collective> = group.clone();
+        let layout = if on_owners { kvstore_core::Layout::Owners } else { kvstore_core::Layout::Replicated };
+        kvstore_core::KVStore::builder("dist_sync")
+            .collective(group)
+            .layout(layout)
+            .rows_on_owners(on_owners)
+            .bigarray_bound(1000)
+            .build()
+            .expect("a store")
+    };
+    let kv = store();
+    let bits = dist_cases::tables_on_owners_train_as_the_replicated_layout(kv.rank(), kv.num_workers(), &make);
+    assert_as_on_rank_0(&kv, "tables bits", bits.iter().flat_map(|b| b.to_le_bytes()).collect());
+}
+
+/// MPI's alltoallv (`Collective::all_to_all`): each rank's bytes reach their rank alone,
+/// of every length (none included), whole in one round and in rounds of 7 bytes.
+fn all_to_all_moves_each_ranks_bytes_to_its_rank() {
+    use kvstore_core::backend::Collective;
+    let group = kvstore_mpi::group().expect("group");
+    let (me, n) = (group.rank(), group.size());
+    let message = |from: usize, to: usize| -> Vec<u8> {
+        let len = [0, 1, 7, 8, 100, 5000][(from * 3 + to) % 6];
+        (0..len).map(|i| (i * 31 + from * 7 + to * 13) as u8).collect()
+    };
+    let sends: Vec<Vec<u8>> = (0..n).map(|to| message(me, to)).collect();
+    let want: Vec<Vec<u8>> = (0..n).map(|from| message(from, me)).collect();
+    assert_eq!(group.all_to_all("a test", &sends).expect("all_to_all"), want, "rank {me}");
+    assert_eq!(group.all_to_all_in_rounds("a test", &sends, 7).expect("in rounds"), want, "rank {me}, in rounds");
+    let wrong = group.all_to_all("a test", &sends[1..]).expect_err("one send short");
+    assert!(wrong.to_string().contains("sends for"), "{wrong}");
+}
+
 /// The owners' reduce-scatter and all-gather over MPI (`parts.rs`), on arrays that
 /// travel straight from their memory (64 KiB or more: split, whole on one rank, in
 /// several pieces of 1 MiB) and packed (small ones, and f16/bf16), of every wire type:
@@ -915,6 +953,8 @@ pub(super) const CASES: &[(&str, fn())] = &[
     ("nonblocking_training_matches_blocking", nonblocking_training_matches_blocking),
     ("owners_train_as_the_replicated_layout", owners_train_as_the_replicated_layout),
     ("owners_sums_and_gathers_move_each_range_to_its_rank", owners_sums_and_gathers_move_each_range_to_its_rank),
+    ("tables_on_owners_train_as_the_replicated_layout", tables_on_owners_train_as_the_replicated_layout),
+    ("all_to_all_moves_each_ranks_bytes_to_its_rank", all_to_all_moves_each_ranks_bytes_to_its_rank),
     (
         "owners_gathers_keep_every_range_of_an_array_given_twice",
         owners_gathers_keep_every_range_of_an_array_given_twice,
