@@ -530,3 +530,52 @@ fn files_are_made_0600_and_never_written_through_a_link() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A row-sparse table on owners under `dist_sync`: a push writes `rows to owners` and a
+/// `row_sparse_pull` `rows from owners`, each with the rows and bytes its worker sent
+/// the others and the bytes it received (a table of 1000 x 8 f32, whole on rank 0),
+/// which its stats count too.
+#[test]
+fn rows_to_and_from_their_owners_are_events_with_their_bytes() {
+    let _turn = turn();
+    let path = temp("rows");
+    kvstore_core::timeline::start(&path).expect("start");
+    let wire = run_workers(2, |rank, kv| {
+        let zeros = kvstore_core::RowSparse::zeros(&[1000, 8], kvstore_core::DType::F32).expect("zeros");
+        kv.init_row_sparse("emb", &zeros).expect("init");
+        let rows = if rank == 1 { vec![5, 6] } else { vec![] };
+        let data = NDArray::ones(&[rows.len(), 8]).expect("data");
+        let g = kvstore_core::RowSparse::new(data, rows, &[1000, 8]).expect("rows");
+        kv.push_row_sparse("emb", &[g], 0).expect("push");
+        let ids: &[i64] = if rank == 1 { &[5, 999] } else { &[1] };
+        kv.row_sparse_pull("emb", ids, 0).expect("pull");
+        let s = kv.stats();
+        (s.wire_bytes_sent, s.wire_bytes_received)
+    });
+    // The same bytes in each worker's stats.
+    assert_eq!(wire, vec![(8 + 64, 88 + 16), (88 + 16, 8 + 64)]);
+    kvstore_core::timeline::stop().expect("stop");
+    let events = events(&path);
+    let _ = std::fs::remove_file(&path);
+    let args = |name: &str| -> Vec<(u64, u64, u64)> {
+        let mut got: Vec<(u64, u64, u64)> = events
+            .iter()
+            .filter(|e| e["name"] == name && e["ph"] == "X")
+            .map(|e| {
+                let a = &e["args"];
+                (
+                    a["rows"].as_u64().expect("rows"),
+                    a["bytes"].as_u64().expect("bytes"),
+                    a["received_bytes"].as_u64().expect("received"),
+                )
+            })
+            .collect();
+        got.sort_unstable();
+        got
+    };
+    // Rank 0 sends rank 1 a count of no rows (8 bytes); rank 1 sends rank 0 its count,
+    // 2 ids and 2 rows of 32 bytes (88).
+    assert_eq!(args("rows to owners"), vec![(0, 8, 88), (2, 88, 8)]);
+    // Rank 1 asks rank 0 for 2 rows (16 bytes of ids) and gets 64 bytes back.
+    assert_eq!(args("rows from owners"), vec![(0, 16, 64), (2, 64, 16)]);
+}

@@ -27,7 +27,6 @@ pub struct KVStoreBuilder {
     max_queued_calls: Option<usize>,
     max_copied_bytes: Option<usize>,
     layout: Option<Layout>,
-    rows_on_owners: bool,
     bound: Option<usize>,
     /// Whether the store takes part in its job's commits (the installed
     /// [`MakeDurable`](crate::backend::MakeDurable) gives its durability): not the
@@ -123,7 +122,6 @@ impl KVStoreBuilder {
             max_queued_calls: None,
             max_copied_bytes: None,
             layout: None,
-            rows_on_owners: false,
             bound: None,
             commits: true,
             durable: None,
@@ -199,20 +197,14 @@ impl KVStoreBuilder {
     /// [`Layout::Owners`], each key's state lives on its owners only, as on MXNet's
     /// servers (a key under `MXNET_KVSTORE_BIGARRAY_BOUND` elements on one rank, a
     /// bigger one split across every rank), a push sums each part on its owner, which
-    /// updates it, and the new values reach every rank; the values every rank pulls are
-    /// the same bits either way. Every rank must choose the same layout (ranks that
+    /// updates it, and the new values reach every rank; a row-sparse table's rows
+    /// (values and state) live on their owners alone, split at rows, and
+    /// `row_sparse_pull` asks the owners for them. The values every rank pulls are the
+    /// same bits either way. Every rank must choose the same layout (ranks that
     /// differ fail their pushes, saying so). Ignored by the other kinds, and by
     /// `dist_sync_device`, whose keys stay replicated.
     pub fn layout(mut self, layout: Layout) -> Self {
         self.layout = Some(layout);
-        self
-    }
-
-    /// Whether, with [`Layout::Owners`], a row-sparse table's rows live on their owners
-    /// alone (each rank holding its rows' values and state only), not on every rank.
-    #[doc(hidden)]
-    pub fn rows_on_owners(mut self, on: bool) -> Self {
-        self.rows_on_owners = on;
         self
     }
 
@@ -356,7 +348,7 @@ impl KVStoreBuilder {
             compare_calls: self.compare_calls,
             layout,
             bound,
-            rows_on_owners: self.rows_on_owners && layout == Layout::Owners,
+            rows_on_owners: layout == Layout::Owners,
             holds_rows: std::sync::atomic::AtomicBool::new(false),
             counters: stats::Counters::default(),
             _timeline: crate::timeline::Hold::new(),

@@ -310,8 +310,8 @@ pub(crate) struct Store {
     /// the other kinds), and the big-array bound its owners split keys at.
     pub(super) layout: Layout,
     pub(super) bound: usize,
-    /// Whether, with owners, a row-sparse table's rows live on their owners alone
-    /// (`kvstore/sparse.rs`), not on every rank.
+    /// Whether a row-sparse table's rows live on their owners alone (`rows.rs`), not on
+    /// every rank: with owners.
     pub(super) rows_on_owners: bool,
     /// Whether a table whose rows live on their owners was added: the dense calls then
     /// look for such tables among their keys (`KVStore::call`).

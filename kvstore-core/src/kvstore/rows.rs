@@ -177,6 +177,7 @@ impl Store {
                 ids[from..to].iter().flat_map(|i| i.to_le_bytes()).collect()
             })
             .collect();
+        let at = crate::timeline::now();
         let asked = group.all_to_all("row_sparse_pull: the rows asked for", &asks)?;
         let rl = row_len(&shape);
         let each = rl * dtype.size();
@@ -202,6 +203,10 @@ impl Store {
                 .collect::<Result<Vec<_>>>()?
         };
         let back = group.all_to_all("row_sparse_pull: the rows", &answers)?;
+        let rank = group.rank();
+        let rows_sent = asked.iter().enumerate().filter(|(r, _)| *r != rank).map(|(_, a)| a.len() / 8).sum();
+        let sent = others(rank, &asks) + others(rank, &answers);
+        self.moved("rows from owners", at, rows_sent, sent, others(rank, &asked) + others(rank, &back));
         let data_shape = [&[ids.len()][..], &shape[1..]].concat();
         let data = NDArray::zeros_with(&data_shape, dtype, Context::default())?;
         {
@@ -311,23 +316,29 @@ impl Store {
     /// rows to every worker; what each worker received, in rank order.
     pub(super) fn send_rows(&self, keys: &[&Arc<Entry>], sums: &[RowSparse]) -> Result<Vec<Vec<u8>>> {
         let group = self.rows_group("a row-sparse push")?;
-        let size = group.size();
+        let (size, at) = (group.size(), crate::timeline::now());
         let mut sends = vec![Vec::new(); size];
+        let mut rows_sent = 0;
         for (entry, sum) in keys.iter().zip(sums) {
             match self.rows_of(entry) {
                 Some(rows) => {
                     for (d, rows) in rows.into_iter().enumerate() {
-                        encode_rows_in(sum, rows, &mut sends[d])?;
+                        let n = encode_rows_in(sum, rows, &mut sends[d])?;
+                        rows_sent += if d == group.rank() { 0 } else { n };
                     }
                 }
                 None => {
-                    for send in &mut sends {
-                        encode_rows_in(sum, 0..sum.shape()[0], send)?;
+                    for (d, send) in sends.iter_mut().enumerate() {
+                        let n = encode_rows_in(sum, 0..sum.shape()[0], send)?;
+                        rows_sent += if d == group.rank() { 0 } else { n };
                     }
                 }
             }
         }
-        group.all_to_all("a row-sparse push", &sends)
+        let got = group.all_to_all("a row-sparse push", &sends)?;
+        let rank = group.rank();
+        self.moved("rows to owners", at, rows_sent, others(rank, &sends), others(rank, &got));
+        Ok(got)
     }
 
     /// The next key's rows from every worker's bytes of [`Store::send_rows`] (which
@@ -366,4 +377,25 @@ impl Store {
             }),
         }
     }
+}
+
+impl Store {
+    /// Rows that crossed between the workers since `at`: the bytes this worker sent the
+    /// others (rows, ids and counts; its own rows never cross) and received from them,
+    /// counted in its stats, and the timeline's event `name` (in `wire`) with them and
+    /// the rows it sent.
+    fn moved(&self, name: &'static str, at: u64, rows: usize, sent: u64, received: u64) {
+        use crate::timeline::{self, Arg};
+        self.counters.wire(sent, received);
+        if timeline::recording() {
+            let args =
+                vec![("rows", Arg::U(rows as u64)), ("bytes", Arg::U(sent)), ("received_bytes", Arg::U(received))];
+            timeline::complete(name, "wire", at, timeline::now(), args);
+        }
+    }
+}
+
+/// The bytes of `all` (one message per worker) but worker `rank`'s.
+fn others(rank: usize, all: &[Vec<u8>]) -> u64 {
+    all.iter().enumerate().filter(|(r, _)| *r != rank).map(|(_, b)| b.len() as u64).sum()
 }

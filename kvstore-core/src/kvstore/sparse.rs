@@ -156,8 +156,8 @@ fn radix_sorted(mut keys: Vec<u32>, rows: usize) -> Vec<u32> {
 }
 
 /// Appends `rsp`'s rows among `rows` to `out` as they cross between workers: the number
-/// of rows, the indices, then the rows' bytes.
-pub(super) fn encode_rows_in(rsp: &RowSparse, rows: Range<usize>, out: &mut Vec<u8>) -> Result<()> {
+/// of rows, the indices, then the rows' bytes. Returns the number of rows.
+pub(super) fn encode_rows_in(rsp: &RowSparse, rows: Range<usize>, out: &mut Vec<u8>) -> Result<usize> {
     let ids = rsp.indices();
     let (from, to) = (ids.partition_point(|&i| i < rows.start as i64), ids.partition_point(|&i| i < rows.end as i64));
     out.extend_from_slice(&((to - from) as u64).to_le_bytes());
@@ -166,7 +166,7 @@ pub(super) fn encode_rows_in(rsp: &RowSparse, rows: Range<usize>, out: &mut Vec<
     }
     let each = rsp.row_len() * rsp.dtype().size();
     out.extend_from_slice(&rsp.data().read()?.bytes()[from * each..to * each]);
-    Ok(())
+    Ok(to - from)
 }
 
 /// The next row-sparse array of `shape` and `dtype` of a worker's bytes (see

@@ -464,7 +464,6 @@ fn tables_on_owners_train_as_the_replicated_layout() {
         kvstore_core::KVStore::builder("dist_sync")
             .collective(group)
             .layout(layout)
-            .rows_on_owners(on_owners)
             .bigarray_bound(1000)
             .build()
             .expect("a store")
@@ -472,6 +471,78 @@ fn tables_on_owners_train_as_the_replicated_layout() {
     let kv = store();
     let bits = dist_cases::tables_on_owners_train_as_the_replicated_layout(kv.rank(), kv.num_workers(), &make);
     assert_as_on_rank_0(&kv, "tables bits", bits.iter().flat_map(|b| b.to_le_bytes()).collect());
+}
+
+/// The rows of the memory-limited table, 64 f32 each: 512 MiB in all.
+const LIMITED_ROWS: usize = 1 << 21;
+/// The memory each rank of the memory-limited job may use (`RLIMIT_DATA`, which counts
+/// its heap and private mappings): under the table's 512 MiB, over a quarter of it
+/// with its momentum (256 MiB) and the process itself.
+const LIMITED_BYTES: u64 = 448 << 20;
+
+/// A table no rank may hold: every rank's memory is limited (`setrlimit`, before MPI
+/// starts) below the table's size, and with `KVSTORE_LAYOUT=owners` each rank holds a
+/// quarter of it and of its state: 5 steps of SGD with momentum, every rank pushing and
+/// pulling rows of its own, end with the bits of a `local` store holding only the rows
+/// touched (a lazy update touches rows alone); a dense pull of the table is refused,
+/// saying to pull rows. With `KVSTORE_LAYOUT=replicated` the table cannot be made:
+/// every rank fails `init_row_sparse` with an error, and none hangs.
+fn a_table_no_rank_can_hold_trains_on_its_owners() {
+    use kvstore_core::{DType, ErrorKind, NDArray, Optimizer, RowSparse};
+    let limit = libc::rlimit { rlim_cur: LIMITED_BYTES, rlim_max: LIMITED_BYTES };
+    // SAFETY: setrlimit reads the struct it is given.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_DATA, &limit) }, 0, "setrlimit");
+    let kv = store();
+    let (rank, n) = (kv.rank(), kv.num_workers());
+    let shape = [LIMITED_ROWS, 64];
+    let sgd = || Optimizer::builder("sgd").param("learning_rate", 0.1).param("momentum", 0.9).build().expect("sgd");
+    let init = kv.init_row_sparse("table", &RowSparse::zeros(&shape, DType::F32).expect("no rows"));
+    if std::env::var("KVSTORE_LAYOUT").as_deref() == Ok("replicated") {
+        let e = init.expect_err("a whole table on every rank");
+        assert_eq!(e.kind(), ErrorKind::ResourceExhausted, "rank {rank}: {e}");
+        return;
+    }
+    init.expect("init on the owners");
+    kv.set_optimizer(sgd()).expect("set_optimizer");
+    // Each rank's rows of each step, and every rank's: spread over the table.
+    let rows = |step: usize, r: usize| -> Vec<i64> {
+        let mut ids: Vec<i64> =
+            (0..500).map(|i| ((i * 2_654_435_761 + step * 97 + r * 7919) % LIMITED_ROWS) as i64).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    };
+    let grad = |step: usize, r: usize, ids: &[i64], shape: &[usize]| {
+        let data: Vec<f32> =
+            (0..ids.len() * 64).map(|i| ((i * 31 + step * 7 + r * 13) % 201) as f32 / 100.0 - 1.0).collect();
+        let data = NDArray::from_vec(&[ids.len(), 64], data).expect("rows");
+        RowSparse::new(data, ids.to_vec(), shape).expect("a gradient")
+    };
+    // The local store: the rows any rank touches, in order, as a small table.
+    let mut touched: Vec<i64> = (0..5).flat_map(|s| (0..n).flat_map(move |r| rows(s, r))).collect();
+    touched.sort_unstable();
+    touched.dedup();
+    let small = [touched.len(), 64];
+    let at =
+        |ids: &[i64]| -> Vec<i64> { ids.iter().map(|i| touched.binary_search(i).expect("touched") as i64).collect() };
+    let local = kvstore_core::KVStore::create("local").expect("local");
+    local.init_row_sparse("table", &RowSparse::zeros(&small, DType::F32).expect("no rows")).expect("init");
+    local.set_optimizer(sgd()).expect("set_optimizer");
+    for step in 0..5 {
+        kv.push_row_sparse("table", &[grad(step, rank, &rows(step, rank), &shape)], 0).expect("push");
+        let all: Vec<RowSparse> = (0..n).map(|r| grad(step, r, &at(&rows(step, r)), &small)).collect();
+        local.push_row_sparse("table", &all, 0).expect("push local");
+        let want = rows(step, (rank + 1) % n);
+        let got = kv.row_sparse_pull("table", &want, 0).expect("row_sparse_pull");
+        let expected = local.row_sparse_pull("table", &at(&want), 0).expect("local pull");
+        assert_eq!(got.indices(), want.as_slice(), "rank {rank}");
+        let bits = |a: &NDArray| a.to_vec::<f32>().expect("read").iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(bits(got.data()) == bits(expected.data()), "rank {rank}: step {step}'s rows differ");
+    }
+    let held = kv.stats().held;
+    assert!(held.values + held.state <= 2 * 512 * (1 << 20) / n as u64 + (1 << 20), "rank {rank} holds {held:?}");
+    let dense = kv.pull_new("table", 0).map(|_| ()).expect_err("a dense pull of the table");
+    assert_eq!(dense.kind(), ErrorKind::ResourceExhausted, "rank {rank}: {dense}");
 }
 
 /// MPI's alltoallv (`Collective::all_to_all`): each rank's bytes reach their rank alone,
@@ -955,6 +1026,7 @@ pub(super) const CASES: &[(&str, fn())] = &[
     ("owners_sums_and_gathers_move_each_range_to_its_rank", owners_sums_and_gathers_move_each_range_to_its_rank),
     ("tables_on_owners_train_as_the_replicated_layout", tables_on_owners_train_as_the_replicated_layout),
     ("all_to_all_moves_each_ranks_bytes_to_its_rank", all_to_all_moves_each_ranks_bytes_to_its_rank),
+    ("a_table_no_rank_can_hold_trains_on_its_owners", a_table_no_rank_can_hold_trains_on_its_owners),
     (
         "owners_gathers_keep_every_range_of_an_array_given_twice",
         owners_gathers_keep_every_range_of_an_array_given_twice,

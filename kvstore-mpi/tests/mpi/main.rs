@@ -63,6 +63,10 @@ const HOST_RUNS: &[(&str, usize, &str, &str, &str, &str)] = &[
     ("hosts-3+3", 6, "3", "0", "", ""),
 ];
 
+/// The case of a table no rank may hold (each rank's memory limited), run on 4 ranks
+/// only, once with each layout.
+const LIMITED: &str = "a_table_no_rank_can_hold_trains_on_its_owners";
+
 /// Settings that are not numbers (or not 0 or 1): the case of each, run alone, checks
 /// that making a store fails with an error naming the variable.
 const BAD_SETTINGS: &[(&str, &str, &str)] = &[
@@ -108,7 +112,7 @@ fn run_case(name: &str, finalize: bool) -> ExitCode {
 fn trials() -> Vec<Trial> {
     let mut trials = Vec::new();
     for &(run, np, env, extra) in RUNS {
-        for &(name, _) in cases::CASES {
+        for &(name, _) in cases::CASES.iter().filter(|(name, _)| *name != LIMITED) {
             trials.push(Trial::test(format!("{run}::{name}"), move || {
                 let mut cmd = jobs::mpirun(np, env);
                 cmd.args(extra).arg(this_program()).args(["case", name]);
@@ -126,6 +130,15 @@ fn trials() -> Vec<Trial> {
             ];
             let mut cmd = jobs::mpirun(np, &env);
             cmd.arg(this_program()).args(["case", "big_sums_go_host_by_host_with_the_same_bits"]);
+            passed(jobs::run(cmd, LIMIT))
+        }));
+    }
+    // A table bigger than any rank may hold, 4 ranks with their memory limited: trained
+    // on its owners, refused replicated.
+    for layout in ["owners", "replicated"] {
+        trials.push(Trial::test(format!("memory-limited-np4-{layout}::{LIMITED}"), move || {
+            let mut cmd = jobs::mpirun(4, &[("KVSTORE_LAYOUT", layout)]);
+            cmd.arg(this_program()).args(["case", LIMITED]);
             passed(jobs::run(cmd, LIMIT))
         }));
     }
