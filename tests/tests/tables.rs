@@ -242,3 +242,106 @@ fn checkpoints_of_tables_on_owners_are_the_replicated_ones_and_restore_at_any_si
         }
     }
 }
+
+/// `run_members`, failed after `secs` (a hang) instead of waiting for ever.
+fn within<T: Send + 'static>(
+    secs: u64,
+    n: usize,
+    f: impl Fn(usize, Arc<ThreadMember>) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(run_members(n, f));
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(secs)).expect("the workers hung (or one panicked)")
+}
+
+/// `n` rows of `shape` at `rows`.
+fn rows_of(shape: &[usize], rows: Vec<i64>, seed: u64) -> RowSparse {
+    RowSparse::new(pseudo(&[&[rows.len()][..], &shape[1..]].concat(), DType::F32, seed), rows, shape).expect("rows")
+}
+
+/// A custom updater that fails on a table's owner stops the push at that key on every
+/// worker, as without owners: a later key is updated on no worker (found by the red
+/// team: the workers that own nothing of the table went on and updated it).
+#[test]
+fn an_updater_failing_on_a_tables_owner_stops_the_push_there_on_every_worker() {
+    let out = within(60, 2, |_, member| {
+        [on_owners(&member), replicated(&member)].map(|kv| {
+            // "a": a table owned whole by rank 0; "b": another; "d": a dense key.
+            for (k, seed) in [("a", 1), ("b", 2)] {
+                let init = RowSparse::from_dense(&pseudo(&[4, 3], DType::F32, seed)).expect("rows");
+                kv.init_row_sparse(k, &init).expect("init");
+            }
+            kv.init("d", &pseudo(&[4, 3], DType::F32, 3)).expect("init");
+            kv.set_updater(|k: &kvstore_core::Key, _: usize, g: &kvstore_core::NDArray, w: &kvstore_core::NDArray| {
+                match k.as_str() {
+                    "a" => Err(kvstore_core::Error::invalid_argument("no a")),
+                    _ => w.add_assign(g),
+                }
+            })
+            .expect("set_updater");
+            let g = |k: &str| (kvstore_core::Key::from(k), vec![rows_of(&[4, 3], vec![2], 9)]);
+            let failed = kv.push_row_sparse_many(&[g("a"), g("b"), g("d")], 0).is_err();
+            let values: Vec<Vec<u64>> =
+                ["a", "b", "d"].iter().map(|k| bits(&kv.pull_new(*k, 0).expect("pull"))).collect();
+            (failed, values)
+        })
+    });
+    for (rank, [owned, whole]) in out.iter().enumerate() {
+        assert!(owned.0 && whole.0, "rank {rank}: the push did not fail");
+        assert_eq!(owned.1, whole.1, "rank {rank}: the layouts part after a failed updater");
+        assert_eq!(owned.1, out[0][0].1, "rank {rank}: the workers part");
+    }
+}
+
+/// A state file of tables on owners loads back into them, whole-owned and split (found
+/// by the red team: every rank refused the table's shape, or only its non-owners did),
+/// and training goes on as the replicated layout's.
+#[test]
+fn state_files_of_tables_on_owners_load_into_them() {
+    let dir = Arc::new(kvstore_tests::TempDir::new("tables-states"));
+    let out = within(60, 2, move |rank, member| {
+        [on_owners(&member), replicated(&member)].map(|kv| {
+            for (t, (k, shape, dtype)) in TABLES.iter().enumerate() {
+                let init = RowSparse::from_dense(&pseudo(shape, *dtype, 40 + t as u64)).expect("rows");
+                kv.init_row_sparse(*k, &init).expect("init");
+            }
+            kv.set_optimizer(Optimizer::builder("adam").build().expect("adam")).expect("set");
+            train(&kv, rank, 0, 5);
+            let path = dir.dir().join(format!("{rank}.states"));
+            if kv.save_optimizer_states(&path).is_ok() {
+                kv.load_optimizer_states(&path).expect("load_optimizer_states");
+            }
+            train(&kv, rank, 5, 5);
+            tables(&kv)
+        })
+    });
+    for (rank, [owned, whole]) in out.iter().enumerate() {
+        assert_eq!(owned, whole, "rank {rank}");
+    }
+}
+
+/// A pull of a table with other keys whose pull fails on one worker (an out of another
+/// shape) fails on every worker instead of leaving the others in the table's gather;
+/// without comparing calls, a bad row id on one worker fails its pull alone (found by
+/// the red team: both hung).
+#[test]
+fn a_pull_of_a_table_that_fails_on_one_worker_hangs_no_worker() {
+    let out = within(60, 2, |rank, member| {
+        let kv = builder(&member, Layout::Owners).bigarray_bound(10).build().expect("a store");
+        kv.init_row_sparse("e", &RowSparse::from_dense(&pseudo(&[9, 3], DType::F32, 5)).expect("rows")).expect("init");
+        kv.init("w", &pseudo(&[2, 2], DType::F32, 6)).expect("init");
+        let keys: Vec<kvstore_core::Key> = vec!["e".into(), "w".into()];
+        let w = kvstore_core::NDArray::zeros(if rank == 1 { &[2, 3] } else { &[2, 2] }).expect("out");
+        let both = kv.pull(&keys[..], &[kvstore_core::NDArray::zeros(&[9, 3]).expect("out"), w][..], 0).is_err();
+        let group: Arc<dyn Collective> = Arc::clone(&member) as _;
+        let blind = KVStore::builder("dist_sync").num_threads(1).collective(group).compare_calls(false);
+        let blind = blind.bigarray_bound(10).build().expect("a store");
+        let table = RowSparse::from_dense(&pseudo(&[9, 3], DType::F32, 5)).expect("rows");
+        blind.init_row_sparse("e", &table).expect("init");
+        let ids: &[i64] = if rank == 1 { &[9] } else { &[1] };
+        (both, blind.row_sparse_pull("e", ids, 0).is_err())
+    });
+    assert_eq!(out, vec![(true, false), (true, true)]);
+}

@@ -455,12 +455,13 @@ impl KVStore {
             return None;
         }
         let rest: Vec<Run<'_>> = pull.iter().filter(|(k, _)| table(k).is_none()).cloned().collect();
-        Some((|| {
-            if !rest.is_empty() {
-                self.call(op, Vec::new(), rest, priority)?;
-            }
-            self.in_order(op, move |store| store.pull_tables(op, &tables))
-        })())
+        // (The other keys' outcome is this worker's part of the tables' step: a worker
+        // whose other keys failed still takes it, and every worker fails the call.)
+        let rest = match rest.is_empty() {
+            true => Ok(()),
+            false => self.call(op, Vec::new(), rest, priority),
+        };
+        Some(self.in_order(op, move |store| store.pull_tables(op, &tables, rest)))
     }
 
     /// Under `dist_sync`, a push, pushpull, init or broadcast refused before it reached

@@ -884,7 +884,7 @@ impl Store {
             .zip(guards.iter_mut())
             .map(|(e, g)| {
                 let Slot { value, opt, .. } = &mut **g;
-                opt_states::KeySlot { key: &e.key, weight: value, state: opt }
+                opt_states::KeySlot { key: &e.key, shape: e.shape(), weight: value, state: opt }
             })
             .collect();
         // With owners, each key's state is cut to this worker's part before anything

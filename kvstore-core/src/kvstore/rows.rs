@@ -165,8 +165,9 @@ impl Store {
         let what = || format!("row_sparse_pull of key \"{}\": the row ids", entry.key);
         let ids = sorted_rows(row_ids, shape[0], &what);
         let local = ids.as_ref().map(|_| ()).map_err(Clone::clone);
-        self.check_step(OP, &[(&entry.key, &shape, dtype)], local)?;
-        let ids = ids?;
+        let failed = self.failed_here(self.check_step(OP, &[(&entry.key, &shape, dtype)], local))?;
+        // (A worker that failed here asks for no row.)
+        let ids = ids.ok().filter(|_| failed.is_none()).unwrap_or_default();
         let rows = self.rows_of(entry).ok_or_else(|| Error::Internal(format!("{OP}: not a table on owners")))?;
         // The ids each owner holds: a run of the sorted ids.
         let asks: Vec<Vec<u8>> = rows
@@ -223,24 +224,34 @@ impl Store {
                 return Err(Error::Internal(format!("{OP}: fewer rows came back than asked for")));
             }
         }
+        if let Some(e) = failed {
+            return Err(e);
+        }
         RowSparse::of_checked_rows(data, ids, &shape)
     }
 
     /// A dense pull of tables whose rows live on their owners, each into its outs, in
-    /// call order: the workers compare the call, and each table is gathered whole from
-    /// its owners (every worker takes the same step: a pull of such a table is a call
-    /// of them all).
-    pub(super) fn pull_tables(&self, op: &'static str, pulls: &[(Arc<Entry>, Vec<NDArray>)]) -> Result<()> {
+    /// call order, after the call's other keys were pulled (`rest`, their outcome): the
+    /// workers compare the call, and each table is gathered whole from its owners (every
+    /// worker takes the same step: a pull of such a table is a call of them all).
+    pub(super) fn pull_tables(
+        &self,
+        op: &'static str,
+        pulls: &[(Arc<Entry>, Vec<NDArray>)],
+        rest: Result<()>,
+    ) -> Result<()> {
         let group = self.rows_group(op)?;
         let step: Vec<super::steps::StepKey<'_>> = pulls.iter().map(|(e, _)| (&e.key, e.shape(), e.dtype)).collect();
-        let checked = pulls.iter().try_for_each(|(e, outs)| {
-            outs.iter().try_for_each(|o| {
-                let context = || format!("{op} of key \"{}\"", e.key);
-                super::plan::check_like(context, &e.key, e.like(), (o.shape(), o.dtype()))?;
-                super::plan::check_context(op, &e.key, o)
+        let checked = rest.and_then(|()| {
+            pulls.iter().try_for_each(|(e, outs)| {
+                outs.iter().try_for_each(|o| {
+                    let context = || format!("{op} of key \"{}\"", e.key);
+                    super::plan::check_like(context, &e.key, e.like(), (o.shape(), o.dtype()))?;
+                    super::plan::check_context(op, &e.key, o)
+                })
             })
         });
-        self.check_step(op, &step, checked)?;
+        let failed = self.failed_here(self.check_step(op, &step, checked))?;
         for (entry, outs) in pulls {
             let whole = NDArray::zeros_with(entry.shape(), entry.dtype, Context::default()).map_err(|e| {
                 Error::ResourceExhausted {
@@ -273,11 +284,23 @@ impl Store {
             }
             let parts: Vec<Range<usize>> = rows.iter().map(|r| r.start * each..r.end * each).collect();
             group.all_gather_parts("a dense pull of a table on owners", &[&whole], &[parts])?;
-            for out in outs {
+            for out in outs.iter().filter(|_| failed.is_none()) {
                 out.copy_from(&whole)?;
             }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// The outcome of a step of a call on tables (`stepped`): where the workers compare
+    /// their calls, a failure is every worker's (`Err`: the call ends); where they do
+    /// not (`compare_calls(false)`), it is this worker's own, which still takes part in
+    /// the call's exchanges, so that no worker waits for it (`Ok(Some)`: fail after).
+    fn failed_here(&self, stepped: Result<()>) -> Result<Option<Error>> {
+        match (stepped, self.compare_calls) {
+            (Ok(()), _) => Ok(None),
+            (Err(e), true) => Err(e),
+            (Err(e), false) => Ok(Some(e)),
+        }
     }
 }
 
@@ -355,23 +378,22 @@ impl Store {
         readers.iter_mut().map(|r| decode_rows(r, &shape, entry.dtype, base)).collect()
     }
 
-    /// After a row-sparse push that updated tables on owners: whether every worker's
-    /// update went through (an owner's update may fail where the others' did not: its
-    /// memory, its updater). Every worker fails the call when one did, naming it.
-    pub(super) fn agree_on_rows(&self, failed: Option<Error>) -> Result<()> {
+    /// After the update of table `key` in a row-sparse push (`merged`, this worker's
+    /// outcome: an owner's update may fail where the others' did not, for its memory or
+    /// its updater): every worker hears whether it went through everywhere, and fails
+    /// where it did not, naming the ranks where it failed.
+    pub(super) fn agree_on_rows(&self, key: &Key, merged: Result<()>) -> Result<()> {
         let group = self.rows_group("a row-sparse push")?;
-        let said = Said::exchange(&*group, "a row-sparse push: the owners' updates", &[u8::from(failed.is_some())])?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
+        let said = Said::exchange(&*group, "a row-sparse push: the owners' update", &[u8::from(merged.is_err())])?;
+        merged?;
         let failed = said.ranks_where(|r| r.first() == Some(&1));
         match failed.is_empty() {
             true => Ok(()),
             false => Err(Error::Backend {
                 backend: "dist_sync",
                 message: format!(
-                    "a row-sparse push failed on {} (the error there says why): some owners' rows may have been \
-                     updated",
+                    "a row-sparse push of key \"{key}\" failed on {} (the error there says why); the keys \
+                     before it in the call keep their update, as without owners",
                     ranks(&failed)
                 ),
             }),

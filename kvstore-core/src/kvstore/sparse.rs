@@ -311,7 +311,8 @@ impl Store {
     /// plan's keys locked together, in index order, then each key's values summed and
     /// merged in turn (an updater's error stops the call at its key: the keys before
     /// it keep their update). A table whose rows live on their owners (`rows.rs`) comes
-    /// with this worker's rows only, numbered from its first, and is updated here alone.
+    /// with this worker's rows only, numbered from its first, and is updated here alone;
+    /// every worker stops at a table whose update failed on any owner.
     pub(super) fn push_rows(&self, plan: &RowsPlan) -> Result<()> {
         const OP: &str = "push";
         let entries = plan.entries();
@@ -386,6 +387,12 @@ impl Store {
                     Ok(())
                 }
             });
+            // A table's update ran on its owners alone: every worker hears whether it
+            // went through, and all stop at a key that failed anywhere.
+            let merged = match on_owners[j] {
+                true => self.agree_on_rows(key, merged),
+                false => merged,
+            };
             if let Err(e) = merged {
                 failed = Some(e);
                 break;
@@ -401,10 +408,7 @@ impl Store {
                 .unzip();
             group.all_gather_parts("a row-sparse push: the owners' values", &values, &ranges)?;
         }
-        match on_owners.contains(&true) {
-            true => self.agree_on_rows(failed),
-            false => failed.map_or(Ok(()), Err),
-        }
+        failed.map_or(Ok(()), Err)
     }
 }
 

@@ -380,6 +380,8 @@ fn data_end(header: &[u8]) -> Option<u64> {
 /// A key of the store as a load sees it: its name, its weight and its state.
 pub(crate) struct KeySlot<'a> {
     pub(crate) key: &'a Key,
+    /// The key's whole shape (a table on owners' slot holds its rows only).
+    pub(crate) shape: &'a [usize],
     pub(crate) weight: &'a NDArray,
     pub(crate) state: &'a mut Option<KeyState>,
 }
@@ -406,11 +408,11 @@ pub(crate) fn install(
             return Err(Error::KeyNotInitialized { op, key: l.key.clone() });
         };
         let weight = slots[i].weight;
-        if weight.shape() != l.shape.as_slice() {
+        if slots[i].shape != l.shape.as_slice() {
             return Err(Error::ShapeMismatch {
                 context: format!("{context}: key \"{}\"", l.key),
                 key: Some(l.key.clone()),
-                expected: weight.shape().to_vec(),
+                expected: slots[i].shape.to_vec(),
                 got: l.shape.clone(),
             });
         }
