@@ -410,6 +410,7 @@ fn owners_rows(
         let group: std::sync::Arc<dyn Collective> = group.clone();
         KVStore::builder("dist_sync").collective(group).layout(layout).build()
     };
+    let make: &dyn Fn(Layout) -> kvstore_core::Result<KVStore> = &make;
     let sizes: Vec<usize> = [4 << 20; 4].into_iter().chain([1 << 16; 144]).collect();
     let names: Vec<String> = (0..sizes.len()).map(|i| format!("owned{i}")).collect();
     let grads: Vec<NDArray> = sizes.iter().map(|&n| NDArray::full(&[n], 0.001)).collect::<Result<_, _>>()?;
@@ -478,6 +479,105 @@ fn owners_rows(
         scattered,
         Some(allreduced),
     ));
+    table_rows(world, runs, run, rows, make)
+}
+
+/// Rows of a table: the rows of an embedding table each rank pushes and pulls per step.
+const TABLE_ROW: usize = 64;
+
+/// Row-sparse tables on their owners against the replicated layout, timed in turn: a
+/// step that pushes 1 % of the rows of a 10^6 x 64 f32 table with Adam (each rank rows
+/// of its own) and `row_sparse_pull`s 1 % (the next rank's); rank 0 prints the bytes
+/// it sent per step against those of the rows it pushed and pulled. On 4 ranks, the
+/// bytes a rank holds of a 10^7 x 64 table with Adam on owners (replicated, every rank
+/// would hold the table and its state, 7.7 GB, 31 GB for the job: more than this
+/// machine has).
+fn table_rows(
+    world: &SimpleCommunicator,
+    runs: usize,
+    run: &str,
+    rows: &mut Vec<(String, f64, Option<f64>)>,
+    make: &dyn Fn(kvstore_core::Layout) -> kvstore_core::Result<KVStore>,
+) -> kvstore_core::Result<()> {
+    use kvstore_core::{DType, Layout, Optimizer, RowSparse};
+    let (rank, size) = (world.rank() as usize, world.size() as usize);
+    let adam = || Optimizer::builder("adam").param("learning_rate", 0.001).build();
+    // Each rank's 1 % of the rows at step `s`, spread over the table, sorted.
+    let ids = |n: usize, s: usize, r: usize| -> Vec<i64> {
+        let mut ids: Vec<i64> =
+            (0..n / 100).map(|i| ((i * 2_654_435_761 + s * 7919 + r * 104_729) % n) as i64).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    };
+    let n = 1_000_000;
+    let shape = [n, TABLE_ROW];
+    let grads: Vec<RowSparse> = (0..4)
+        .map(|s| {
+            let ids = ids(n, s, rank);
+            RowSparse::new(NDArray::full(&[ids.len(), TABLE_ROW], 0.001)?, ids, &shape)
+        })
+        .collect::<Result<_, _>>()?;
+    let stores = [make(Layout::Owners)?, make(Layout::Replicated)?];
+    for kv in &stores {
+        kv.init_row_sparse("table", &RowSparse::zeros(&shape, DType::F32)?)?;
+        kv.set_optimizer(adam()?)?;
+    }
+    let step = [std::cell::Cell::new(0usize), std::cell::Cell::new(0usize)];
+    let one = |i: usize| {
+        let s = step[i].get() % grads.len();
+        stores[i].push_row_sparse("table", std::slice::from_ref(&grads[s]), 0).expect("push");
+        black_box(stores[i].row_sparse_pull("table", &ids(n, s, (rank + 1) % size), 0).expect("pull"));
+        step[i].set(step[i].get() + 1);
+    };
+    // A first step makes the state.
+    one(0);
+    one(1);
+    let sent = stores[0].stats().wire_bytes_sent;
+    one(0);
+    let sent = stores[0].stats().wire_bytes_sent - sent;
+    let (owned, replicated) = in_turn(world, runs, || one(0), || one(1));
+    rows.push((
+        format!("{run}: a step of a 10^6 x 64 f32 table with Adam, 1 % of its rows pushed and pulled, on owners, vs replicated"),
+        owned,
+        Some(replicated),
+    ));
+    if rank == 0 {
+        let moved = (grads[0].indices().len() * 2 * TABLE_ROW * 4) as f64;
+        println!(
+            "{run}: a table step on owners: rank 0 sent {sent} bytes, {:.2} times the bytes of the rows it pushed and \
+             pulled ({moved} bytes)",
+            sent as f64 / moved
+        );
+    }
+    drop(stores);
+    if size == 4 {
+        let n = 10_000_000;
+        let shape = [n, TABLE_ROW];
+        let kv = make(Layout::Owners)?;
+        kv.init_row_sparse("big table", &RowSparse::zeros(&shape, DType::F32)?)?;
+        kv.set_optimizer(adam()?)?;
+        let ids = ids(n, 0, rank);
+        kv.push_row_sparse(
+            "big table",
+            &[RowSparse::new(NDArray::full(&[ids.len(), TABLE_ROW], 0.001)?, ids, &shape)?],
+            0,
+        )?;
+        let held = kv.stats().held;
+        if rank == 0 {
+            let whole = (n * TABLE_ROW * 4 * 3) as f64;
+            let mine = (held.values + held.state) as f64;
+            println!(
+                "{run}: a 10^7 x 64 f32 table with Adam on owners: rank 0 holds {:.1} MB of values and {:.1} MB of \
+                 state, {:.3} of the table and its state ({:.1} MB; a quarter: {:.1} MB)",
+                held.values as f64 / 1e6,
+                held.state as f64 / 1e6,
+                mine / whole,
+                whole / 1e6,
+                whole / 4e6
+            );
+        }
+    }
     Ok(())
 }
 
