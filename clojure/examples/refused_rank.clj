@@ -5,6 +5,8 @@
 ;; (:disposed on rank 1, on the others an :invalid-argument saying that rank 1
 ;; refused it), change nothing, and leave the ranks' next calls matched: the
 ;; calls in between succeed on every rank, and all end with the same values.
+;; Then a row-sparse table split across the ranks' owners takes every rank's
+;; rows, gives them back to a pull of rows, and refuses a dense push everywhere.
 ;; Each rank prints `rank R: ok` when all of this held, else what did not, and
 ;; exits non-zero.
 
@@ -74,6 +76,22 @@
               (and (= :invalid-argument error) (string/includes? (str message) "rank 1 refused")))
     (swap! problems conj (str "row-sparse push of values without keys: " error " " message))))
 (succeeds! "row-sparse push" #(kvstore/push kv "e" (sparse/row-sparse-array (ndarray/ones [1 2]) [1] [3 2])))
+;; A row-sparse table, split across the ranks' owners (1.2 M elements, over the
+;; bound): every rank's rows reach their owners, a pull of rows asks them, and a
+;; dense push into it is refused on every rank.
+(kvstore/init kv "t" (sparse/zeros [300000 4]))
+(let [n (kvstore/num-workers kv)
+      mine [rank (- 299999 rank)]]
+  (succeeds! "row-sparse push into a table"
+             #(kvstore/push kv "t" (sparse/row-sparse-array (ndarray/ones [2 4]) mine [300000 4])))
+  (let [ids (vec (concat (range n) (range (- 300000 n) 300000)))
+        rows (kvstore/row-sparse-pull kv "t" ids)]
+    (when-not (and (= ids (vec (sparse/indices rows)))
+                   (= (repeat (* 4 (count ids)) 1.0) (ndarray/->vec (sparse/data rows))))
+      (swap! problems conj (str "the table's rows are " (sparse/indices rows) " " (ndarray/->vec (sparse/data rows))))))
+  (let [[error _] (outcome #(kvstore/push kv "t" (ndarray/ones [300000 4])))]
+    (when-not (= :unsupported error)
+      (swap! problems conj (str "a dense push into the table: " error)))))
 (succeeds! "barrier" #(kvstore/barrier kv))
 ;; Every successful push summed one array per rank: the values are the number of
 ;; ranks, on every rank.
@@ -82,8 +100,8 @@
       ks (kvstore/keys kv)]
   (when-not (= [n n] w)
     (swap! problems conj (str "w is " w ", not " [n n])))
-  (when-not (= ["w" "x" "e"] ks)
-    (swap! problems conj (str "the keys are " ks ", not [\"w\" \"x\" \"e\"]"))))
+  (when-not (= ["w" "x" "e" "t"] ks)
+    (swap! problems conj (str "the keys are " ks ", not [\"w\" \"x\" \"e\" \"t\"]"))))
 (kvstore/finalize-mpi)
 (if (empty? @problems)
   (println (str "rank " rank ": ok"))

@@ -11,7 +11,8 @@
 //!  - a JVM rank that throws ends the job within seconds (`dying_rank.clj`);
 //!  - `dist_async` with a Clojure updater takes every push of every rank (`async_sum.clj`);
 //!  - a call refused on one rank only (a disposed array) fails on both, whose next calls
-//!    stay matched (`refused_rank.clj`).
+//!    stay matched, and a row-sparse table on its owners takes every rank's rows
+//!    (`refused_rank.clj`).
 //!
 //! Run by `scripts/test-mpi.sh` under cargo-nextest, one job at a time (the `mpi-jobs`
 //! test group of `.config/nextest.toml`).

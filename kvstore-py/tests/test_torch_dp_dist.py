@@ -97,3 +97,18 @@ def test_rank_0s_weights_win_and_the_gradients_are_averaged(tmp_path):
     np.testing.assert_allclose(r0["grad"], expected, rtol=1e-6, atol=1e-7)
     assert r0["final"].tobytes() == r1["final"].tobytes()
     assert not np.array_equal(r0["final"], r0["init"])
+
+
+EMBEDDINGS = TESTS.parent / "examples" / "train_embeddings.py"
+
+
+def test_the_embedding_example_trains_a_table_each_rank_holds_half_of():
+    # kvstore-py/examples/train_embeddings.py: a torch.nn.EmbeddingBag over the rows
+    # each batch pulls from their owners; 2 ranks hold half the table and its state each.
+    out = run(EMBEDDINGS, "--rows", "200000", "--steps", "150")
+    last = re.findall(r"^step 150 loss (\d+\.\d+) accuracy (\d+\.\d+)$", out, re.M)
+    assert last and float(last[0][1]) >= 0.9, out
+    held = re.findall(r"^rank (\d) of 2 holds (\d\.\d+) of the table's values and (\d\.\d+) of its Adam state$", out, re.M)
+    assert sorted(r for r, _, _ in held) == ["0", "1"], out
+    for _, values, state in held:
+        assert (float(values), float(state)) == (0.5, 0.5), out

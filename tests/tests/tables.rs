@@ -345,3 +345,43 @@ fn a_pull_of_a_table_that_fails_on_one_worker_hangs_no_worker() {
     });
     assert_eq!(out, vec![(true, false), (true, true)]);
 }
+
+/// A custom updater on a table split across the owners runs on each owner's rows, as
+/// MXNet's servers ran it on theirs: an updater that treats each row alone gives the
+/// replicated layout's bits (MXNet's nightly test's optimizer is one).
+#[test]
+fn a_custom_updater_runs_on_each_owners_rows_of_a_split_table() {
+    let out = within(60, 3, |rank, member| {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kvs = [on_owners(&member), replicated(&member)];
+        for kv in &kvs {
+            kv.init_row_sparse("emb", &RowSparse::from_dense(&pseudo(&[60, 17], DType::F32, 1)).expect("rows"))
+                .expect("init");
+            let seen = Arc::clone(&seen);
+            kv.set_updater(
+                move |_: &kvstore_core::Key, _: usize, g: &kvstore_core::NDArray, w: &kvstore_core::NDArray| {
+                    seen.lock().expect("seen").push(w.shape().to_vec());
+                    w.add_assign(g).and_then(|()| w.add_assign(g))
+                },
+            )
+            .expect("set_updater");
+        }
+        for step in 0..5u64 {
+            let g = rows_of(&[60, 17], vec![step as i64, 20 + rank as i64, 59], step * 10 + rank as u64);
+            for kv in &kvs {
+                kv.push_row_sparse("emb", std::slice::from_ref(&g), 0).expect("push");
+            }
+        }
+        let values: Vec<Vec<u64>> = kvs.iter().map(|kv| bits(&kv.pull_new("emb", 0).expect("pull"))).collect();
+        let shapes = seen.lock().expect("seen").clone();
+        (values, shapes)
+    });
+    for (rank, (values, shapes)) in out.iter().enumerate() {
+        assert_eq!(values[0], values[1], "rank {rank}");
+        // 60 rows at 1020 elements on 3 ranks: 20 rows each on owners, the whole table
+        // replicated, at each of the 5 pushes.
+        let mut shapes = shapes.clone();
+        shapes.sort();
+        assert_eq!(shapes, [vec![vec![20, 17]; 5], vec![vec![60, 17]; 5]].concat(), "rank {rank}");
+    }
+}

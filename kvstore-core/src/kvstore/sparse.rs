@@ -329,24 +329,16 @@ impl Store {
             _ => None,
         };
         // Every key's weight can take the optimizer before any key changes; a table
-        // split across its owners takes an update that runs in parts.
+        // split across its owners takes a built-in rule that updates parts alike.
         for ((entry, _), slot) in plan.keys.iter().zip(guards.iter()) {
-            let split = entry.owner.holds_rows() && entry.owner.split;
-            let whole_only = match &*merger {
-                Merger::Optimizer(runtime) => {
-                    runtime.check_weight(&entry.key, &slot.value)?;
-                    runtime.check_count(&entry.key, slot.opt.as_ref())?;
-                    (!runtime.updates_in_parts()).then(|| format!("optimizer {}", runtime.name()))
-                }
-                Merger::Custom(_) => Some("a custom updater".to_string()),
-                Merger::Assign => None,
-            };
-            if let Some(what) = whole_only.filter(|_| split) {
+            let Merger::Optimizer(runtime) = &*merger else { continue };
+            runtime.check_weight(&entry.key, &slot.value)?;
+            runtime.check_count(&entry.key, slot.opt.as_ref())?;
+            if entry.owner.holds_rows() && entry.owner.split && !runtime.updates_in_parts() {
                 return Err(Error::Unsupported {
-                    what: format!("push_row_sparse of key \"{}\" with {what}", entry.key),
-                    hint: "it updates a table whole, and this table's rows are split across the ranks' owners: \
-                           use a built-in optimizer that updates rows alone (sgd, adam, ...), or make the store \
-                           with layout replicated"
+                    what: format!("push_row_sparse of key \"{}\" with optimizer {}", entry.key, runtime.name()),
+                    hint: "its trust ratios need the whole table, whose rows are split across the ranks' owners: \
+                           use another optimizer (sgd, adam, ...), or make the store with layout replicated"
                         .to_string(),
                 });
             }
@@ -376,8 +368,9 @@ impl Store {
                         false => runtime.update_part(key, &slot.value, &sum.to_dense()?, &mut slot.opt, part),
                     }
                 }
-                // A table on owners: its whole owner alone runs the updater.
-                Merger::Custom(_) if on_owners[j] && entry.owner.whole as usize != self.rank() => Ok(()),
+                // A table on owners: each owner runs the updater on its rows (MXNet's
+                // servers did on theirs), a worker holding none does not.
+                Merger::Custom(_) if on_owners[j] && slot.value.shape()[0] == 0 => Ok(()),
                 Merger::Custom(updater) => {
                     // On a copy, swapped in when the updater succeeded (as dense pushes do).
                     let work = slot.value.deep_copy()?;
