@@ -4,6 +4,7 @@
 
     mpirun -np 2 python torch_owners.py zero OUT_JSON
     mpirun -np 4 python torch_owners.py scatter OUT_JSON
+    mpirun -np 4 python torch_owners.py embedding OUT_JSON
 
 ``zero``: bench/torch_dp.py's model (an MLP of 5.0 M parameters on scikit-learn's
 digits, global batch 50) trained with Adam by torch's ``ZeroRedundancyOptimizer`` over
@@ -19,6 +20,12 @@ parts) against the same work in torch's gloo: ``reduce_scatter`` then
 ``all_gather_into_tensor`` (and ``reduce_scatter`` alone, reported), or, where this
 torch's gloo has no ``reduce_scatter`` (Debian's torch 1.13), ``all_reduce``, which
 moves the same bytes, timed instead and named so.
+
+``embedding`` (issue 78): a step on a 10^6 x 64 f32 embedding table with Adam, 1 % of
+its rows a step on each rank: ``torch.nn.EmbeddingBag(sparse=True)`` under DDP (gloo
+allreduces the table's sparse gradient) with ``SparseAdam``, against a ``dist_sync``
+table on its owners: a row-sparse push of those rows' gradient and a ``row_sparse_pull``
+of another rank's rows.
 
 Rank 0 writes OUT_JSON as the report's rows (name, median_s, limit_s, target).
 """
@@ -173,6 +180,54 @@ def scatter(rank, workers, store):
     ]
 
 
+def embedding(rank, workers, store):
+    # A 10^6 x 64 f32 table (10^7 rows would hold 7.7 GB per rank under DDP, with
+    # SparseAdam's state: more than this machine has for 4 ranks).
+    rows, dim = 1_000_000, 64
+    n = rows // 100
+
+    def ids(step, r):
+        return np.unique((np.arange(n, dtype=np.int64) * 2654435761 + step * 7919 + r * 104729) % rows)
+
+    # DDP: the table on every rank; a step looks up 1 % of its rows (bags of one), runs
+    # backward, allreduces the sparse gradient (gloo) and applies SparseAdam.
+    table = torch.nn.EmbeddingBag(rows, dim, mode="sum", sparse=True)
+    ddp = torch.nn.parallel.DistributedDataParallel(table)
+    adam = torch.optim.SparseAdam(table.parameters(), lr=LR)
+
+    def ddp_step(step):
+        looked_up = torch.from_numpy(ids(step, rank)).view(-1, 1)
+        adam.zero_grad()
+        ddp(looked_up).sum().backward()
+        adam.step()
+
+    # kvstore: the table on its owners; a step pushes the same rows' gradient (ones,
+    # what the sum's backward gives) and pulls another rank's rows, Adam on the owners.
+    store.init("table", kv.sparse.zeros("row_sparse", (rows, dim)))
+    store.set_optimizer(kv.optimizer.Adam(learning_rate=LR))
+    out = kv.sparse.zeros("row_sparse", (rows, dim))
+
+    def store_step(step):
+        mine = ids(step, rank)
+        grad = np.ones((len(mine), dim), dtype=np.float32)
+        store.push("table", kv.sparse.row_sparse_array((grad, mine), shape=(rows, dim)))
+        store.row_sparse_pull("table", out=out, row_ids=ids(step, (rank + 1) % workers))
+
+    for step in range(2):
+        ddp_step(step)
+        store_step(step)
+    steps = iter(range(2, 10_000))
+    calls = {"ddp": ddp_step, "kvstore": store_step}
+    med = timed_in_turn(["ddp", "kvstore"], lambda name, r: [lambda c=calls[name]: c(next(steps))] * STEPS)
+    label = f"a 10^6 x {dim} f32 table with Adam, 1 % of its rows a step, {workers} ranks"
+    return [
+        {"name": f"torch: EmbeddingBag(sparse=True) under DDP (gloo) with SparseAdam, {label}",
+         "median_s": med["ddp"], "limit_s": None, "target": ""},
+        {"name": f"torch: dist_sync table on owners (push and row_sparse_pull), {label}, vs DDP's EmbeddingBag",
+         "median_s": med["kvstore"], "limit_s": med["ddp"], "target": "reported: DDP allreduces the table's gradient"},
+    ]
+
+
 def main():
     what, out_json = sys.argv[1], sys.argv[2]
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
@@ -183,7 +238,7 @@ def main():
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29519")
     dist.init_process_group("gloo", rank=rank, world_size=workers, timeout=datetime.timedelta(seconds=300))
-    rows = {"zero": zero, "scatter": scatter}[what](rank, workers, store)
+    rows = {"zero": zero, "scatter": scatter, "embedding": embedding}[what](rank, workers, store)
     if rank == 0:
         with open(out_json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -63,6 +63,7 @@ fn outside_rows(dir: &std::path::Path) -> Vec<(String, f64, Option<f64>, Option<
         "python.json",
         "torch-dp.json",
         "torch-owners.json",
+        "torch-embedding.json",
         "torch-scatter.json",
         "cluster.json",
     ]
