@@ -144,6 +144,35 @@ fn owners_write_their_own_parts_of_a_commit_which_is_the_replicated_ones() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A row-sparse table on its owners (3000 rows of 4, split across the ranks from 1000
+/// elements): committed in parts, resumed after a rank died with the bits of the job
+/// that never died, the replicated layout's commit, and resumed on 3 ranks in either
+/// layout alike.
+#[test]
+fn a_table_on_owners_is_committed_in_parts_and_resumes_at_any_size() {
+    let dir = folder("table");
+    let owned = [("KVSTORE_TEST_TABLE", "3000"), ("MXNET_KVSTORE_BIGARRAY_BOUND", "1000")];
+    let whole = died_and_resumed(&dir, &owned);
+    let mut replicated = owned.to_vec();
+    replicated.push(("KVSTORE_LAYOUT", "replicated"));
+    let twin = run_with(&dir, "replicated", 2, &["6"], &replicated);
+    assert_eq!(twin.code, Some(0), "{}", twin.shown());
+    assert_eq!(bits(&twin, 2), whole, "the layouts' bits");
+    let file = |job: &str| {
+        let store = dir.join(format!("kvstore-{}-{job}", uid(&dir))).join("store0");
+        std::fs::read(store.join(format!("step-{:020}-rank-000000-of-000002.commit", 5))).expect("the commit")
+    };
+    assert!(same_commit(&file("never-died"), &file("replicated")), "the commits of the two layouts differ");
+    let more = run_with(&dir, "never-died", 3, &["8"], &replicated);
+    let other = run_with(&dir, "replicated", 3, &["8"], &owned);
+    for job in [&more, &other] {
+        assert_eq!(job.code, Some(0), "{}", job.shown());
+        assert_eq!(job.output.matches("restored 5").count(), 3, "{}", job.shown());
+    }
+    assert_eq!(bits(&more, 3), bits(&other, 3), "the layouts resumed on 3 ranks");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// With owners on `np` ranks (`env`: the fixture's settings), the commit of step 5 is
 /// the replicated layout's, and each resumes on 2 ranks in the other layout with the
 /// same bits.
