@@ -23,7 +23,7 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-CPU = "bench/results/cpu-2vcpu-2026-11-29.json"
+CPU = "bench/results/cpu-2vcpu-2026-11-29-2.json"
 GPU = "bench/results/nvidia-h100-80gb-hbm3-2026-11-28.json"
 
 # (results file, row name in it, label in the README, what the ratio is against)
