@@ -385,3 +385,55 @@ fn a_custom_updater_runs_on_each_owners_rows_of_a_split_table() {
         assert_eq!(shapes, [vec![vec![20, 17]; 5], vec![vec![60, 17]; 5]].concat(), "rank {rank}");
     }
 }
+
+/// A push with a table whose earlier key's updater fails on one worker only (its
+/// memory, say) fails on every worker, and no worker waits for another (found by the
+/// red team: the failing worker skipped the table's agreement, and the others hung).
+#[test]
+fn a_key_failing_on_one_worker_before_a_table_hangs_no_worker() {
+    let out = within(60, 2, |rank, member| {
+        let kv = on_owners(&member);
+        kv.init("d0", &pseudo(&[3, 3], DType::F32, 3)).expect("init");
+        kv.init_row_sparse("a", &RowSparse::from_dense(&pseudo(&[3, 3], DType::F32, 2)).expect("rows")).expect("init");
+        kv.set_updater(move |k: &kvstore_core::Key, _: usize, g: &kvstore_core::NDArray, w: &kvstore_core::NDArray| {
+            match k.as_str() == "d0" && rank == 0 {
+                true => Err(kvstore_core::Error::invalid_argument("d0 fails on rank 0")),
+                false => w.add_assign(g),
+            }
+        })
+        .expect("set_updater");
+        let g = |k: &str| (kvstore_core::Key::from(k), vec![rows_of(&[3, 3], vec![1], 9)]);
+        let failed = kv.push_row_sparse_many(&[g("d0"), g("a")], 0).is_err();
+        // The next call works, and the table is as it was on every worker.
+        (failed, bits(&kv.pull_new("a", 0).expect("pull")))
+    });
+    let table = bits(&pseudo(&[3, 3], DType::F32, 2));
+    assert_eq!(out, vec![(true, table.clone()), (true, table)]);
+}
+
+/// A pushpull whose outs include a table pushes its values (found by the red team: the
+/// push was dropped when a pulled key was a table), blocking or not.
+#[test]
+fn a_pushpull_into_a_key_with_a_table_among_its_outs_pushes() {
+    let out = within(60, 2, |rank, member| {
+        [on_owners(&member), replicated(&member)].map(|kv| {
+            kv.init("d", &pseudo(&[3, 3], DType::F32, 1)).expect("init");
+            let table = RowSparse::from_dense(&pseudo(&[9, 3], DType::F32, 2)).expect("rows");
+            kv.init_row_sparse("s", &table).expect("init");
+            let (d, s) = (kvstore_core::Key::from("d"), kvstore_core::Key::from("s"));
+            let v = [pseudo(&[3, 3], DType::F32, 50 + rank as u64)];
+            let outs = [
+                kvstore_core::NDArray::zeros(&[3, 3]).expect("out"),
+                kvstore_core::NDArray::zeros(&[9, 3]).expect("out"),
+            ];
+            let keys = [d.clone(), s];
+            kv.pushpull_pairs(std::slice::from_ref(&d), &v[..], &keys, &outs[..], 0).expect("pushpull");
+            kv.pushpull_pairs_async(std::slice::from_ref(&d), &v[..], &keys, &outs[..], 0).wait().expect("async");
+            (bits(&outs[0]), bits(&outs[1]), bits(&kv.pull_new("d", 0).expect("pull")))
+        })
+    });
+    for (rank, [owned, whole]) in out.iter().enumerate() {
+        assert_eq!(owned, whole, "rank {rank}");
+        assert_ne!(owned.2, bits(&pseudo(&[3, 3], DType::F32, 1)), "rank {rank}: d was not pushed");
+    }
+}

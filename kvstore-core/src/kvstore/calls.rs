@@ -433,8 +433,8 @@ impl KVStore {
 
     /// A call naming a table whose rows live on their owners (`rows.rs`), run now: a
     /// dense push into such a table is refused (on every worker), and a pull of one
-    /// gathers the table from its owners, in call order, after the call's other keys
-    /// were pulled as usual. `None` for a call that names none.
+    /// gathers the table from its owners, in call order, after the call's pushes and
+    /// other pulls ran as usual. `None` for a call that names none.
     fn on_tables(&self, op: &'static str, push: &[Run<'_>], pull: &[Run<'_>], priority: i32) -> Option<Result<()>> {
         if !self.store.holds_rows.load(std::sync::atomic::Ordering::Acquire) {
             return None;
@@ -455,11 +455,12 @@ impl KVStore {
             return None;
         }
         let rest: Vec<Run<'_>> = pull.iter().filter(|(k, _)| table(k).is_none()).cloned().collect();
-        // (The other keys' outcome is this worker's part of the tables' step: a worker
-        // whose other keys failed still takes it, and every worker fails the call.)
-        let rest = match rest.is_empty() {
+        // The call's pushes (none into a table) and its other pulls first. (Their outcome
+        // is this worker's part of the tables' step: a worker whose other keys failed
+        // still takes it, and every worker fails the call.)
+        let rest = match rest.is_empty() && push.is_empty() {
             true => Ok(()),
-            false => self.call(op, Vec::new(), rest, priority),
+            false => self.call(op, push.to_vec(), rest, priority),
         };
         Some(self.in_order(op, move |store| store.pull_tables(op, &tables, rest)))
     }

@@ -378,10 +378,10 @@ impl Store {
         readers.iter_mut().map(|r| decode_rows(r, &shape, entry.dtype, base)).collect()
     }
 
-    /// After the update of table `key` in a row-sparse push (`merged`, this worker's
-    /// outcome: an owner's update may fail where the others' did not, for its memory or
-    /// its updater): every worker hears whether it went through everywhere, and fails
-    /// where it did not, naming the ranks where it failed.
+    /// After the update of `key` in a row-sparse push with a table (`merged`, this
+    /// worker's outcome: an owner's update may fail where the others' did not, for its
+    /// memory or its updater): every worker hears whether it went through everywhere,
+    /// and fails where it did not, naming the ranks where it failed.
     pub(super) fn agree_on_rows(&self, key: &Key, merged: Result<()>) -> Result<()> {
         let group = self.rows_group("a row-sparse push")?;
         let said = Said::exchange(&*group, "a row-sparse push: the owners' update", &[u8::from(merged.is_err())])?;

@@ -320,6 +320,7 @@ impl Store {
         let merger = held.merger_read(OP, &self.merger)?;
         let mut guards = held.write(OP, &entries)?;
         let on_owners: Vec<bool> = plan.keys.iter().map(|(e, _)| e.owner.holds_rows()).collect();
+        let with_tables = on_owners.contains(&true);
         // Under dist_sync with owners, each key's ranges (every worker's elements): this
         // worker updates its own, then the owners' new values reach every worker.
         let ranges = match &*merger {
@@ -380,9 +381,10 @@ impl Store {
                     Ok(())
                 }
             });
-            // A table's update ran on its owners alone: every worker hears whether it
-            // went through, and all stop at a key that failed anywhere.
-            let merged = match on_owners[j] {
+            // A table's update ran on its owners alone: in a call with a table, every
+            // worker hears whether each key's update went through, and all stop at a key
+            // that failed anywhere (so all make the same exchanges).
+            let merged = match with_tables {
                 true => self.agree_on_rows(key, merged),
                 false => merged,
             };
