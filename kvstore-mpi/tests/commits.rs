@@ -118,29 +118,8 @@ fn owners_write_their_own_parts_of_a_commit_which_is_the_replicated_ones() {
     let dir = folder("parts");
     let owned =
         [("KVSTORE_TEST_FLOATS", "600000"), ("KVSTORE_TEST_KEYS", "20"), ("MXNET_KVSTORE_BIGARRAY_BOUND", "1000")];
-    let whole = died_and_resumed(&dir, &owned);
-    let mut replicated = owned.to_vec();
-    replicated.push(("KVSTORE_LAYOUT", "replicated"));
-    let twin = run_with(&dir, "replicated", 2, &["6"], &replicated);
-    assert_eq!(twin.code, Some(0), "{}", twin.shown());
-    assert_eq!(bits(&twin, 2), whole, "the layouts' bits");
-    let file = |job: &str| {
-        let store = dir.join(format!("kvstore-{}-{job}", uid(&dir))).join("store0");
-        std::fs::read(store.join(format!("step-{:020}-rank-000000-of-000002.commit", 5))).expect("the commit")
-    };
-    let (a, b) = (file("never-died"), file("replicated"));
-    assert!(a.len() > 7_000_000, "w's state is in it: {} bytes", a.len());
-    assert!(same_commit(&a, &b), "the commits of the two layouts differ");
-    // On 3 ranks: the owners' commit resumed replicated, the replicated one with owners.
-    let more = run_with(&dir, "never-died", 3, &["8"], &replicated);
-    let other = run_with(&dir, "replicated", 3, &["8"], &owned);
-    for job in [&more, &other] {
-        assert_eq!(job.code, Some(0), "{}", job.shown());
-        assert_eq!(job.output.matches("restored 5").count(), 3, "{}", job.shown());
-    }
-    let b = bits(&more, 3);
-    assert!(b.iter().all(|x| *x == b[0]), "{b:?}");
-    assert_eq!(bits(&other, 3), b, "the layouts resumed on 3 ranks");
+    let commit = owners_commit_as_the_replicated_layout(&dir, &owned);
+    assert!(commit.len() > 7_000_000, "w's state is in it: {} bytes", commit.len());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -152,25 +131,38 @@ fn owners_write_their_own_parts_of_a_commit_which_is_the_replicated_ones() {
 fn a_table_on_owners_is_committed_in_parts_and_resumes_at_any_size() {
     let dir = folder("table");
     let owned = [("KVSTORE_TEST_TABLE", "3000"), ("MXNET_KVSTORE_BIGARRAY_BOUND", "1000")];
-    let whole = died_and_resumed(&dir, &owned);
+    owners_commit_as_the_replicated_layout(&dir, &owned);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The job of `owned` (the fixture's settings; owners, the default) dies and resumes
+/// ([`died_and_resumed`]) with the bits of the replicated layout's job, whose commit of
+/// step 5 is its own; resumed on 3 ranks, the owners' commit replicated and the
+/// replicated one with owners, the jobs agree on every rank. Returns the owners' commit.
+fn owners_commit_as_the_replicated_layout(dir: &std::path::Path, owned: &[(&str, &str)]) -> Vec<u8> {
+    let whole = died_and_resumed(dir, owned);
     let mut replicated = owned.to_vec();
     replicated.push(("KVSTORE_LAYOUT", "replicated"));
-    let twin = run_with(&dir, "replicated", 2, &["6"], &replicated);
+    let twin = run_with(dir, "replicated", 2, &["6"], &replicated);
     assert_eq!(twin.code, Some(0), "{}", twin.shown());
     assert_eq!(bits(&twin, 2), whole, "the layouts' bits");
     let file = |job: &str| {
-        let store = dir.join(format!("kvstore-{}-{job}", uid(&dir))).join("store0");
+        let store = dir.join(format!("kvstore-{}-{job}", uid(dir))).join("store0");
         std::fs::read(store.join(format!("step-{:020}-rank-000000-of-000002.commit", 5))).expect("the commit")
     };
-    assert!(same_commit(&file("never-died"), &file("replicated")), "the commits of the two layouts differ");
-    let more = run_with(&dir, "never-died", 3, &["8"], &replicated);
-    let other = run_with(&dir, "replicated", 3, &["8"], &owned);
+    let (a, b) = (file("never-died"), file("replicated"));
+    assert!(same_commit(&a, &b), "the commits of the two layouts differ");
+    // On 3 ranks: the owners' commit resumed replicated, the replicated one with owners.
+    let more = run_with(dir, "never-died", 3, &["8"], &replicated);
+    let other = run_with(dir, "replicated", 3, &["8"], owned);
     for job in [&more, &other] {
         assert_eq!(job.code, Some(0), "{}", job.shown());
         assert_eq!(job.output.matches("restored 5").count(), 3, "{}", job.shown());
     }
-    assert_eq!(bits(&more, 3), bits(&other, 3), "the layouts resumed on 3 ranks");
-    let _ = std::fs::remove_dir_all(&dir);
+    let b = bits(&more, 3);
+    assert!(b.iter().all(|x| *x == b[0]), "{b:?}");
+    assert_eq!(bits(&other, 3), b, "the layouts resumed on 3 ranks");
+    a
 }
 
 /// With owners on `np` ranks (`env`: the fixture's settings), the commit of step 5 is

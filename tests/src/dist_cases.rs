@@ -1023,8 +1023,8 @@ pub fn owners_train_as_the_replicated_layout(rank: usize, make: &dyn Fn(Layout) 
     last
 }
 
-/// Row-sparse tables whose rows live on their owners (`make(true)`) against the
-/// replicated layout (`make(false)`) and a `local` store pushed every worker's rows in
+/// Row-sparse tables whose rows live on their owners (`make(Layout::Owners)`) against
+/// the replicated layout and a `local` store pushed every worker's rows in
 /// rank order, at `size` workers: a table split across the owners at rows (300 x 8 at
 /// a bound of 1000) and one owned whole (20 x 4), with SGD, Adam and AdaGrad, 30 steps;
 /// each worker pulls rows of its own by `row_sparse_pull` after every step, and the
@@ -1032,7 +1032,7 @@ pub fn owners_train_as_the_replicated_layout(rank: usize, make: &dyn Fn(Layout) 
 pub fn tables_on_owners_train_as_the_replicated_layout(
     rank: usize,
     size: usize,
-    make: &dyn Fn(bool) -> KVStore,
+    make: &dyn Fn(Layout) -> KVStore,
 ) -> Vec<u32> {
     use kvstore_core::RowSparse;
     let tables: [(&str, [usize; 2]); 2] = [("t split", [300, 8]), ("t whole", [20, 4])];
@@ -1052,7 +1052,7 @@ pub fn tables_on_owners_train_as_the_replicated_layout(
     let bits = |a: &NDArray| a.to_vec::<f32>().expect("read").iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     let mut last = Vec::new();
     for (i, name) in ["sgd", "adam", "adagrad"].iter().enumerate() {
-        let kvs = [make(true), make(false), KVStore::create("local").expect("local")];
+        let kvs = [make(Layout::Owners), make(Layout::Replicated), KVStore::create("local").expect("local")];
         let ks: Vec<String> = tables.iter().map(|(k, _)| format!("{k} {i}")).collect();
         for kv in &kvs {
             for (k, (_, shape)) in ks.iter().zip(tables) {

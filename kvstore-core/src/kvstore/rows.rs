@@ -272,17 +272,11 @@ impl Store {
                     detail: format!("{} could not hold the whole table", ranks(&short)),
                 });
             }
-            let rows = self.rows_of(entry).ok_or_else(|| Error::Internal(format!("{op}: not a table on owners")))?;
-            let each = row_len(entry.shape());
-            {
+            let parts = {
                 let held = Held::new(op, self, &[entry])?;
                 let guards = held.read(op, &[entry])?;
-                let mine = &rows[group.rank()];
-                let b = entry.dtype.size() * each;
-                whole.write()?.bytes_mut()[mine.start * b..mine.end * b]
-                    .copy_from_slice(guards[0].value.read()?.bytes());
-            }
-            let parts: Vec<Range<usize>> = rows.iter().map(|r| r.start * each..r.end * each).collect();
+                own_rows_in(entry, &*group, &guards[0].value, &whole)?
+            };
             group.all_gather_parts("a dense pull of a table on owners", &[&whole], &[parts])?;
             for out in outs.iter().filter(|_| failed.is_none()) {
                 out.copy_from(&whole)?;
@@ -322,11 +316,8 @@ impl Store {
                 whole.push(None);
                 continue;
             }
-            let each = entry.owner.ranges(entry.size(), group.size(), true);
             let w = NDArray::zeros_with(entry.shape(), entry.dtype, Context::default())?;
-            let (mine, b) = (&each[group.rank()], entry.dtype.size());
-            w.write()?.bytes_mut()[mine.start * b..mine.end * b].copy_from_slice(slot.value.read()?.bytes());
-            ranges.push(each);
+            ranges.push(own_rows_in(entry, &**group, &slot.value, &w)?);
             whole.push(Some(w));
         }
         let arrays: Vec<&NDArray> = whole.iter().flatten().collect();
@@ -415,6 +406,16 @@ impl Store {
             timeline::complete(name, "wire", at, timeline::now(), args);
         }
     }
+}
+
+/// `whole`, an array of table `entry`'s whole shape, with this worker's rows (`rows`,
+/// as its slot holds them) in place: returns every worker's elements of it, for the
+/// gather of the others'.
+fn own_rows_in(entry: &Entry, group: &dyn Collective, rows: &NDArray, whole: &NDArray) -> Result<Vec<Range<usize>>> {
+    let each = entry.owner.ranges(entry.size(), group.size(), true);
+    let (mine, b) = (&each[group.rank()], entry.dtype.size());
+    whole.write()?.bytes_mut()[mine.start * b..mine.end * b].copy_from_slice(rows.read()?.bytes());
+    Ok(each)
 }
 
 /// The bytes of `all` (one message per worker) but worker `rank`'s.

@@ -439,37 +439,28 @@ fn replicas_are_bit_identical_after_optimizer_steps() {
 /// `dist_sync` owners over MPI (its reduce-scatter): the bits of the replicated layout,
 /// on every rank alike.
 fn owners_train_as_the_replicated_layout() {
-    let group = kvstore_mpi::group().expect("group");
-    let make = |layout| {
-        let group: std::sync::Arc<dyn kvstore_core::backend::Collective> = group.clone();
-        kvstore_core::KVStore::builder("dist_sync")
-            .collective(group)
-            .layout(layout)
-            .bigarray_bound(1000)
-            .build()
-            .expect("a store")
-    };
     let kv = store();
-    let bits = dist_cases::owners_train_as_the_replicated_layout(kv.rank(), &make);
+    let bits = dist_cases::owners_train_as_the_replicated_layout(kv.rank(), &store_of_layout);
     assert_as_on_rank_0(&kv, "owners bits", bits.iter().flat_map(|b| b.to_le_bytes()).collect());
+}
+
+/// A `dist_sync` store of the job with `layout`, splitting keys from 1000 elements.
+fn store_of_layout(layout: kvstore_core::Layout) -> kvstore_core::KVStore {
+    let group: std::sync::Arc<dyn kvstore_core::backend::Collective> = kvstore_mpi::group().expect("group");
+    kvstore_core::KVStore::builder("dist_sync")
+        .collective(group)
+        .layout(layout)
+        .bigarray_bound(1000)
+        .build()
+        .expect("a store")
 }
 
 /// Row-sparse tables whose rows live on their owners, over MPI's alltoallv: the bits
 /// of the replicated layout and of a `local` store, the same on every rank.
 fn tables_on_owners_train_as_the_replicated_layout() {
-    let group = kvstore_mpi::group().expect("group");
-    let make = |on_owners: bool| {
-        let group: std::sync::Arc<dyn kvstore_core::backend::Collective> = group.clone();
-        let layout = if on_owners { kvstore_core::Layout::Owners } else { kvstore_core::Layout::Replicated };
-        kvstore_core::KVStore::builder("dist_sync")
-            .collective(group)
-            .layout(layout)
-            .bigarray_bound(1000)
-            .build()
-            .expect("a store")
-    };
     let kv = store();
-    let bits = dist_cases::tables_on_owners_train_as_the_replicated_layout(kv.rank(), kv.num_workers(), &make);
+    let bits =
+        dist_cases::tables_on_owners_train_as_the_replicated_layout(kv.rank(), kv.num_workers(), &store_of_layout);
     assert_as_on_rank_0(&kv, "tables bits", bits.iter().flat_map(|b| b.to_le_bytes()).collect());
 }
 
