@@ -46,7 +46,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -119,6 +119,8 @@ struct Ended {
     stuck: Option<String>,
     /// When the launcher read that report.
     seen: Option<Instant>,
+    /// `mpirun` refused the command line: why, and the flag that lifts it.
+    refused: Option<(&'static str, &'static str)>,
     /// For a run after a restart: when the death that caused it was read, and when the
     /// run started (to say how long the restart took once rank 0 says it restored).
     restart: Option<(Instant, Instant)>,
@@ -249,6 +251,11 @@ impl Drop for Private {
 /// The length of Open MPI's tag of a rank's output (`--tag-output`) that `line` starts
 /// with: `[J,R]<stdout>:`, `<stderr>` or `<stddiag>`.
 fn tag_len(line: &[u8]) -> Option<usize> {
+    spaced_tag_len(line, SPACED_TAGS.load(Ordering::Relaxed))
+}
+
+/// [`tag_len`], where `spaced` says whether `mpirun` writes a space after each tag.
+fn spaced_tag_len(line: &[u8], spaced: bool) -> Option<usize> {
     let digits = |at: usize| line.get(at..).map_or(0, |s| s.iter().take_while(|b| b.is_ascii_digit()).count());
     let job = digits(1);
     let rank = digits(job + 2);
@@ -257,7 +264,22 @@ fn tag_len(line: &[u8]) -> Option<usize> {
     let stream = [&b"]<stdout>:"[..], b"]<stderr>:", b"]<stddiag>:"]
         .into_iter()
         .find(|s| line.get(after..).is_some_and(|l| l.starts_with(s)))?;
-    fits.then_some(after + stream.len())
+    let end = after + stream.len();
+    // Open MPI 5 puts a space after the tag, on every line.
+    let spaced = spaced && line.get(end) == Some(&b' ');
+    fits.then_some(end + usize::from(spaced))
+}
+
+/// Whether `mpirun` is Open MPI 5 or later (PRRTE's `prterun`), which writes a space
+/// after each rank's tag (`[1,0]<stdout>: text`); set once, before the first run.
+static SPACED_TAGS: AtomicBool = AtomicBool::new(false);
+
+/// The major version of the `mpirun` on `PATH` (`mpirun (Open MPI) 5.0.11`), if it says.
+fn mpirun_major() -> Option<u32> {
+    let out = Command::new("mpirun").arg("--version").stderr(Stdio::null()).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text.lines().next()?.rsplit(' ').next()?;
+    version.split('.').next()?.parse().ok()
 }
 
 /// Whether `line` of `mpirun`'s output is a rank's, not `mpirun`'s own report: under
@@ -355,9 +377,10 @@ fn stuck(line: &str) -> Option<String> {
 
 /// Reads a line of `mpirun`'s own output for a rank's death: Open MPI says
 /// `mpirun noticed that process rank 1 with PID 123 on node h exited on signal 9
-/// (Killed).`
+/// (Killed).` (Open MPI 5: `prterun noticed ...`, over two lines, which
+/// [`Reports`] joins).
 fn death(line: &str) -> Option<(String, String)> {
-    if !line.starts_with("mpirun noticed that process rank ") {
+    if !NOTICED.iter().any(|n| line.starts_with(n)) {
         return None;
     }
     let (_, after) = line.split_once("exited on signal ")?;
@@ -370,30 +393,74 @@ fn death(line: &str) -> Option<(String, String)> {
     Some((format!("rank {rank}"), format!("signal {signal}")))
 }
 
+/// How `mpirun` (Open MPI 4) and `prterun` (Open MPI 5's `mpirun`) begin the report of a
+/// rank's death.
+const NOTICED: [&str; 2] = ["mpirun noticed that process rank ", "prterun noticed that process rank "];
+
+/// `mpirun`'s refusals of a command line, each with the one flag that lifts it, read
+/// from its report (Open MPI 4 and 5 word them alike).
+const REFUSALS: [(&str, &str, &str); 2] = [
+    ("has detected an attempt to run as root", "--allow-run-as-root", "Open MPI refuses to run as root"),
+    (
+        "There are not enough slots available in the system",
+        "--oversubscribe",
+        "the job has more ranks than the slots Open MPI found (one per core)",
+    ),
+];
+
+/// The refusal in `line` of `mpirun`'s report: (why, the flag).
+fn refusal(line: &str) -> Option<(&'static str, &'static str)> {
+    REFUSALS.iter().find(|(said, ..)| line.contains(said)).map(|&(_, flag, why)| (why, flag))
+}
+
+/// `mpirun`'s own report lines, whole: Open MPI 5 breaks the line of a death in two
+/// (`prterun noticed that process rank 1 with PID 7 on node h exited on` and `signal 9
+/// (Killed).`); the first is held and given back with the next.
+#[derive(Default)]
+struct Reports(Option<String>);
+
+impl Reports {
+    fn join(&mut self, line: &str) -> String {
+        let whole = match self.0.take() {
+            Some(start) => format!("{start} {line}"),
+            None => line.to_string(),
+        };
+        if NOTICED.iter().any(|n| whole.starts_with(n)) && !whole.contains(" signal ") && whole.ends_with(" on") {
+            self.0 = Some(whole.clone());
+        }
+        whole
+    }
+}
+
 /// Copies `from` to `to` line by line (bytes as they come: output need not be UTF-8),
 /// noting a rank's death that `mpirun` reported in `ended`; a rank's lines lose their
 /// tags, whole again ([`Lines`]), unless `tagged` (the user asked for a format of
 /// `mpirun`'s).
 fn follow(from: impl std::io::Read, mut to: impl Write, ended: Arc<Mutex<Ended>>, tagged: bool) {
     let mut held = Lines::default();
+    let mut reports = Reports::default();
     for line in BufReader::new(from).split(b'\n').map_while(Result::ok) {
         let rank = of_a_rank(&line);
         let line = if rank && !tagged { held.take(&line) } else { line };
-        pass(&line, rank, &mut to, &ended);
+        pass(&line, rank, &mut to, &ended, &mut reports);
     }
     for line in held.rest() {
-        pass(&line, true, &mut to, &ended);
+        pass(&line, true, &mut to, &ended, &mut reports);
     }
 }
 
 /// Passes `line` on to `to` (a rank's when `rank`, else `mpirun`'s), noting in `ended`
 /// what it says of the run: a death or a lost host `mpirun` reported, a rank the
 /// watchdog named, a restore after a restart.
-fn pass(line: &[u8], rank: bool, to: &mut impl Write, ended: &Mutex<Ended>) {
+fn pass(line: &[u8], rank: bool, to: &mut impl Write, ended: &Mutex<Ended>, reports: &mut Reports) {
     let text = String::from_utf8_lossy(line);
     let mut e = ended.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if !rank {
-        let text = report(&text);
+        let whole = reports.join(report(&text));
+        let text = whole.as_str();
+        if let Some(r) = refusal(text) {
+            e.refused.get_or_insert(r);
+        }
         if let Some(d) = death(text)
             && e.killed.is_none()
         {
@@ -522,7 +589,10 @@ fn segments_folder(mpirun: &[String]) -> std::path::PathBuf {
     std::path::PathBuf::from(given.unwrap_or_else(|| "/dev/shm".to_string()))
 }
 
-/// Removes the shared-memory segments (`vader_segment.*`) that a run which did not end
+/// The names of Open MPI's shared-memory segments: 4.1's `vader` and 5's `sm`.
+const SEGMENTS: [&str; 2] = ["vader_segment.", "sm_segment."];
+
+/// Removes the shared-memory segments (`vader_segment.*`, `sm_segment.*`) that a run which did not end
 /// well left in `folder`: this user's, made since `since`, and mapped by no process
 /// (a rank killed by a signal never removes its own). Returns how many.
 fn remove_segments(folder: &std::path::Path, since: SystemTime) -> usize {
@@ -535,7 +605,8 @@ fn remove_segments(folder: &std::path::Path, since: SystemTime) -> usize {
             let e = e.ok()?;
             let m = e.metadata().ok()?;
             let made = UNIX_EPOCH + Duration::new(u64::try_from(m.ctime()).ok()?, u32::try_from(m.ctime_nsec()).ok()?);
-            let ours = e.file_name().to_string_lossy().starts_with("vader_segment.") && m.uid() == me;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let ours = SEGMENTS.iter().any(|s| name.starts_with(s)) && m.uid() == me;
             (ours && m.file_type().is_file() && made >= since).then(|| e.path())
         })
         .collect();
@@ -571,6 +642,7 @@ fn main() -> ExitCode {
     };
     take_charge();
     let began = Instant::now();
+    SPACED_TAGS.store(mpirun_major().is_some_and(|v| v >= 5), Ordering::Relaxed);
     // mpirun kills a run's other ranks at once when one died, not a second after asking
     // them to end (a rank asked to end may not), unless the user chose otherwise.
     const SIGKILL_TIMEOUT: &str = "odls_base_sigkill_timeout";
@@ -602,6 +674,7 @@ fn main() -> ExitCode {
         let mut mpirun = Command::new("mpirun");
         if !chosen {
             mpirun.env(format!("OMPI_MCA_{SIGKILL_TIMEOUT}"), "0");
+            mpirun.env(format!("PRTE_MCA_{SIGKILL_TIMEOUT}"), "0");
         }
         // A stop asked for between two runs: no next run.
         if STOPPED_BY.load(Ordering::SeqCst) != 0 {
@@ -707,6 +780,14 @@ fn main() -> ExitCode {
         if let Some(host) = &e.lost_host {
             e.killed = Some((format!("host {host}"), "lost".to_string()));
         }
+        if let (None, Some((why, flag))) = (&e.killed, e.refused) {
+            say(format!(
+                "{why}: add {flag} to the command line, after kvstore-run's own options (kvstore-run {flag} \
+                 {}); not run again",
+                o.mpirun.join(" ")
+            ));
+            return ExitCode::from(code.clamp(1, 255) as u8);
+        }
         let Some((who, how)) = e.killed.clone() else {
             say(format!(
                 "the job failed by itself (mpirun's exit status {code}, no rank was killed or stuck): not run \
@@ -758,7 +839,10 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{Lines, Private, death, lost_host, of_a_rank, options, report, restored, stuck, without_host};
+    use super::{
+        Lines, Private, Reports, death, lost_host, of_a_rank, options, refusal, report, restored, spaced_tag_len,
+        stuck, without_host,
+    };
 
     #[test]
     fn a_killed_rank_is_read_from_mpiruns_report() {
@@ -767,6 +851,43 @@ mod tests {
         assert_eq!(death("Primary job  terminated normally, but 1 process returned"), None);
         // A rank's own output is not mpirun's report.
         assert_eq!(death("my log: rank 7 exited on signal 15 in the last run"), None);
+    }
+
+    #[test]
+    fn open_mpi_5s_report_of_a_death_over_two_lines_is_read_whole() {
+        let mut r = Reports::default();
+        let first = r.join("prterun noticed that process rank 1 with PID 11192 on node vm exited on");
+        assert_eq!(death(&first), None);
+        let whole = r.join("signal 9 (Killed).");
+        assert_eq!(death(&whole), Some(("rank 1".to_string(), "signal 9".to_string())));
+        // A line after a whole report is its own.
+        assert_eq!(r.join("----"), "----");
+        assert_eq!(
+            death(&r.join("mpirun noticed that process rank 0 with PID 4 on node h exited on signal 6 (Aborted).")),
+            Some(("rank 0".to_string(), "signal 6".to_string()))
+        );
+    }
+
+    #[test]
+    fn mpiruns_refusals_name_the_flag_that_lifts_them() {
+        assert_eq!(refusal("mpirun has detected an attempt to run as root.").map(|r| r.1), Some("--allow-run-as-root"));
+        assert_eq!(
+            refusal("prterun has detected an attempt to run as root.").map(|r| r.1),
+            Some("--allow-run-as-root")
+        );
+        assert_eq!(
+            refusal("There are not enough slots available in the system to satisfy the 4").map(|r| r.1),
+            Some("--oversubscribe")
+        );
+        assert_eq!(refusal("rank 0: w = 1 2 3"), None);
+    }
+
+    #[test]
+    fn open_mpi_5s_space_after_a_tag_is_the_tags() {
+        assert_eq!(spaced_tag_len(b"[1,0]<stdout>: two", false), Some(14));
+        assert_eq!(spaced_tag_len(b"[1,0]<stdout>:   two", true), Some(15));
+        assert_eq!(spaced_tag_len(b"[1,0]<stdout>:x", true), Some(14));
+        assert_eq!(spaced_tag_len(b"[1,0]<stdout>:", true), Some(14));
     }
 
     #[test]
