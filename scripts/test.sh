@@ -133,7 +133,8 @@ if wants mpi; then
     # rebuilds the JNI library with MPI, so it runs after every suite of the default jar.
     check clippy-mpi bash -c 'bash scripts/setup-mpi.sh && cargo clippy -p kvstore-mpi -p kvstore-jni --features kvstore-mpi/mpi,kvstore-jni/mpi --all-targets -- -D warnings'
     suite mpi bash scripts/test-mpi.sh
-    # Python under mpirun: the kvstore-mpi wheel (make python FEATURES=mpi), 2-rank jobs.
+    # Python under mpirun: the wheel's MPI module, in a fresh venv with Open MPI from the
+    # package index (the system's hidden), then over the system's Open MPI: 2-rank jobs.
     suite python-mpi bash scripts/test-python-mpi.sh
     # The guides' programs that need those MPI builds (docs/recovery.md's training loop in
     # five programs, each under kvstore-run with a rank killed), as the projects group

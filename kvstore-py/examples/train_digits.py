@@ -3,8 +3,8 @@
     mpirun -np 2 python train_digits.py         # dist_sync: each rank a shard of every batch
     python train_digits.py                      # one process, a local store, whole batches
 
-Under mpirun (Open MPI's OMPI_COMM_WORLD_SIZE is set) the store is ``dist_sync`` (the
-kvstore-mpi distribution), else ``local`` (``--store`` chooses). An MLP of 5.0 M
+Under mpirun (Open MPI's OMPI_COMM_WORLD_SIZE is set) the store is ``dist_sync`` (with
+``pip install "kvstore[mpi]"``), else ``local`` (``--store`` chooses). An MLP of 5.0 M
 parameters (64-2200-2200-10) learns the 8x8 digits (1797 images, no download: they come
 with scikit-learn): 1500 to train on, the other 297 held out. Every epoch shuffles the
 training images the same way on every rank; each global batch of 50 is cut into one

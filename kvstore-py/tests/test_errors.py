@@ -129,9 +129,9 @@ def test_help_of_create_says_what_the_dist_kinds_do():
     doc = kv.create.__doc__
     assert "dist_async" in doc
     assert "``dist_async`` raises" not in doc
-    assert "kvstore-mpi" in doc and "UnsupportedError" in doc
-    if not kv._kvstore._has_mpi():  # what it says of the kvstore wheel
+    assert 'pip install "kvstore[mpi]"' in doc and "UnsupportedError" in doc
+    if not kv._kvstore._has_mpi():  # what it says without an MPI
         for kind in ("dist_sync", "dist_async"):
-            with pytest.raises(kv.UnsupportedError, match="kvstore-mpi"):
+            with pytest.raises(kv.UnsupportedError, match=r"kvstore\[mpi\]"):
                 kv.create(kind)
 

@@ -73,7 +73,7 @@ def test_import_registers_the_store_for_its_names_only():
 
 
 def test_dist_names_are_this_stores():
-    # Without mpirun and the kvstore-mpi build, the store's own error (MXNet's would
+    # Without mpirun and an MPI, the store's own error (MXNet's would
     # be ps-lite's "DMLC_NUM_WORKER" check).
     for name in ("dist_sync", "dist_device_sync", "dist"):
         assert mx.kv.KVStoreBase.kv_registry[name].__module__ == "kvstore.mxnet"
@@ -81,7 +81,7 @@ def test_dist_names_are_this_stores():
             kv = mx.kv.create(name)
         except kvstore.KVStoreError as e:
             assert "mpi" in str(e).lower(), str(e)
-        else:  # a kvstore-mpi build, one rank
+        else:  # MPI loaded, one rank
             assert kv.type == name and kv.num_workers >= 1
 
 
@@ -1178,7 +1178,7 @@ def test_every_store_the_drop_in_serves_passes_gluons_checks():
     for name in kmx.NAMES:
         try:
             kv = mx.kv.create(name)
-        except kvstore.KVStoreError as e:  # a dist kind without the kvstore-mpi build
+        except kvstore.KVStoreError as e:  # a dist kind without an MPI
             assert name.startswith("dist") and "mpi" in str(e).lower(), (name, str(e))
             continue
         assert isinstance(kv, mx.kv.KVStore) and isinstance(kv, mx.kv.KVStoreBase), name
@@ -1196,10 +1196,10 @@ def test_dist_async_is_served_by_the_drop_in():
         try:
             kv = mx.kv.create(name)
         except kvstore.KVStoreError as e:
-            # Without the kvstore-mpi build: the error every dist kind gives.
+            # Without an MPI: the error every dist kind gives.
             assert "mpi" in str(e).lower(), str(e)
             with pytest.raises(type(e)) as sync:
                 mx.kv.create("dist_sync")
             assert str(sync.value) == str(e).replace(name, "dist_sync")
-        else:  # a kvstore-mpi build, one rank
+        else:  # MPI loaded, one rank
             assert kv.type == name and kv.num_workers >= 1

@@ -2,7 +2,7 @@
 (kvstore-py/examples/train_digits.py) learns, every rank ends with the same bits, two
 runs give the same bits, and 2 ranks match 1 rank on the whole batches.
 
-Needs torch, scikit-learn and the kvstore-mpi build: scripts/test-python-mpi.sh runs
+Needs torch, scikit-learn and an MPI: scripts/test-python-mpi.sh runs
 this file in target/py-torch-mpi-venv (Debian's python3 with python3-torch and
 python3-sklearn) with KVSTORE_REQUIRE_TORCH=1 and KVSTORE_REQUIRE_MPI=1, under which a
 missing piece fails instead of skipping.

@@ -23,8 +23,9 @@ the key ``"3"``). Every call that waits releases the GIL.
 Store kinds: ``local`` (and MXNet's other single-process names: ``device``,
 ``local_allreduce_cpu``, ``local_allreduce_device``, ``nccl``), and ``dist_sync``
 (``dist``, ``dist_sync_device``, ``dist_device_sync``) and ``dist_async`` (each key's
-owner applies every push as it arrives) across processes under ``mpirun``, from the
-``kvstore-mpi`` distribution.
+owner applies every push as it arrives) across processes under ``mpirun``, with an MPI:
+``pip install "kvstore[mpi]"`` installs Open MPI from the package index, and
+``KVSTORE_MPI=system`` uses the system's (kvstore/_native.py).
 """
 
 from __future__ import annotations
@@ -37,29 +38,14 @@ import weakref
 from typing import Any, Callable, Generator, List, NamedTuple, Optional, Union
 
 
-def _one_distribution() -> None:
-    """Refuses an environment that has both wheels, ``kvstore`` and ``kvstore-mpi``.
+from . import _native
 
-    Both install this package, so the second overwrote the first's files and pip then
-    keeps two records of them: which build is in place is an accident, and uninstalling
-    either breaks ``import kvstore``. Only the folder this package is in is searched
-    (a few names, no metadata parsed), so that an import costs nothing more.
-    """
-    import pathlib
+# The native module, with MPI or without (``KVSTORE_MPI``: kvstore/_native.py). The
+# package's modules import it as ``kvstore._kvstore`` whichever it is.
+_kvstore = _native.load()
+sys.modules[__name__ + "._kvstore"] = _kvstore
 
-    site = pathlib.Path(__file__).parent.parent
-    found = {d.name.split("-")[0] for d in site.glob("kvstore*.dist-info")}
-    if {"kvstore", "kvstore_mpi"} <= found:
-        raise ImportError(
-            f"both the kvstore and the kvstore-mpi wheels are installed in {site}; they are one package "
-            "(kvstore-mpi adds dist_sync over MPI), so one overwrote the other: run "
-            "`pip uninstall -y kvstore kvstore-mpi`, then `pip install` the one you want (docs/python.md)"
-        )
-
-
-_one_distribution()
-
-from . import _kvstore, errors, lr_scheduler, optimizer, sparse
+from . import errors, lr_scheduler, optimizer, sparse
 from .errors import (
     AlreadyInitializedError,
     ArgumentTypeError,
@@ -330,14 +316,20 @@ def create(name: str = "local") -> KVStore:
     ``dist_device_sync``: every worker holds every key, updated alike) and
     ``dist_async`` (``dist_async_device``, ``dist_device_async``: each key's owner
     applies every push as it arrives) span the processes of an ``mpirun`` job and need
-    the ``kvstore-mpi`` distribution: in the ``kvstore`` one they raise
-    :class:`UnsupportedError` naming how to install it. An unknown name raises
+    an MPI (``pip install "kvstore[mpi]"``, or ``KVSTORE_MPI=system``): without one they
+    raise :class:`UnsupportedError` naming the extra. An unknown name raises
     :class:`UnknownStoreKindError`, a name that is not a str :class:`ArgumentTypeError`.
     In a child of ``fork()`` of a process that made a store, this and every other store
     call raise :class:`UnsupportedError` naming fork.
     """
     if not isinstance(name, str):
         raise ArgumentTypeError(f"name must be a str, not {type(name).__name__}")
+    if (name == "dist" or name.startswith("dist_")) and not _kvstore._has_mpi() and not _native.has_mpi_module():
+        raise UnsupportedError(
+            f'store kind "{name}" needs MPI, and this kvstore was built from source without its MPI module '
+            '(kvstore/_with_mpi): install the wheel of `make python` with `pip install "WHEEL[mpi]"` '
+            "(docs/python.md)"
+        )
     store = KVStore(name)
     if store.type.startswith("dist"):
         _finalize_at_exit("async" in store.type)

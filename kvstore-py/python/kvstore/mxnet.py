@@ -74,7 +74,7 @@ Where the results differ from MXNet's native store, the project's docs/mxnet-dif
 says why: a push copies its values, shapes and dtypes are checked (a pull into an
 out of another dtype converts, as in MXNet; a push must match), the updater runs in the order keys were first initialized (MXNet sorts int keys), and an
 exception in an updater fails the push (MXNet prints it and goes on). The ``dist``
-kinds need the ``kvstore-mpi`` build and ``mpirun``; ``_send_command_to_servers``
+kinds need an MPI (``pip install "kvstore[mpi]"``) and ``mpirun``; ``_send_command_to_servers``
 does nothing (there are no parameter servers).
 """
 
