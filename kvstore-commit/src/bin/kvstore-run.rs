@@ -285,14 +285,15 @@ fn mpirun_major() -> Option<u32> {
 /// Whether `line` of `mpirun`'s output is a rank's, not `mpirun`'s own report: under
 /// `--tag-output` every line of a rank starts with its tag, after the time under
 /// `--timestamp-output` (`ctime`'s 24 characters); under `--xml` a rank's lines are
-/// elements with its rank (`<stdout rank="0">`), `mpirun`'s without (`<stderr>`), and a
-/// rank's text has its `<` escaped. (A rank's line that did not end, a `printf` without
+/// elements with its rank (`<stdout rank="0">`), `mpirun`'s without (`<stderr>`) or, in
+/// Open MPI 5, diagnostics (`<stddiag rank="0">`, which a rank's program cannot write:
+/// Open MPI's own messages), and a rank's text has its `<` escaped. (A rank's line that did not end, a `printf` without
 /// a newline, holds the next `mpirun` line that follows it: `mpirun`'s reports start
 /// with a line of dashes, so the line of the report itself is never the one held.)
 fn of_a_rank(line: &[u8]) -> bool {
     tag_len(line).is_some()
         || line.get(24..).is_some_and(|l| tag_len(l).is_some())
-        || [&b"<stdout rank="[..], b"<stderr rank=", b"<stddiag rank="].iter().any(|x| line.starts_with(x))
+        || [&b"<stdout rank="[..], b"<stderr rank="].iter().any(|x| line.starts_with(x))
 }
 
 /// `mpirun`'s own report `line` as text: under `--xml`, out of its element
@@ -300,7 +301,13 @@ fn of_a_rank(line: &[u8]) -> bool {
 fn report(line: &str) -> &str {
     let inner = ["stderr", "stdout"]
         .iter()
-        .find_map(|e| line.strip_prefix(&format!("<{e}>") as &str)?.strip_suffix(&format!("</{e}>") as &str));
+        .find_map(|e| line.strip_prefix(&format!("<{e}>") as &str)?.strip_suffix(&format!("</{e}>") as &str))
+        .or_else(|| {
+            // Open MPI 5: `<stddiag rank="0">TEXT&#010;\0</stddiag>` (a NUL byte, the C
+            // string's end, before the closing tag).
+            let (_, rest) = line.strip_prefix("<stddiag rank=\"")?.split_once("\">")?;
+            Some(rest.strip_suffix("</stddiag>")?.trim_end_matches(['\0', ' ']))
+        });
     inner.map_or(line, |t| t.strip_suffix("&#010;").unwrap_or(t))
 }
 
@@ -905,6 +912,15 @@ mod tests {
             "  Remote daemon: [[1,0],1] on node h2"
         );
         assert_eq!(report("  Remote daemon: [[1,0],1] on node h2"), "  Remote daemon: [[1,0],1] on node h2");
+        // Open MPI 5's report of a death under --xml, over two diagnostics.
+        let xml = [
+            "<stddiag rank=\"0\">prterun noticed that process rank 1 with PID 7 on node vm exited on&#010;\0</stddiag>",
+            "<stddiag rank=\"0\">signal 9 (Killed).&#010;\0</stddiag>",
+        ];
+        assert!(xml.iter().all(|l| !of_a_rank(l.as_bytes())));
+        let mut r = Reports::default();
+        assert_eq!(death(&r.join(report(xml[0]))), None);
+        assert_eq!(death(&r.join(report(xml[1]))), Some(("rank 1".to_string(), "signal 9".to_string())));
         // The tags go, wherever a write of a rank began, and each rank's line comes out
         // whole when its newline came, however the ranks' writes were interleaved.
         let mut held = Lines::default();
