@@ -323,3 +323,17 @@ def test_kvstore_run_restarts_a_job_whose_rank_was_killed_from_its_last_commit(t
     weights = lambda out: sorted(l for l in out.splitlines() if l.startswith("rank "))  # noqa: E731
     assert weights(runs["kill"].stdout) == weights(runs["whole"].stdout)
     assert not list(tmp_path.glob("kvstore-*")), "the commits of a job that ended well are removed"
+
+
+@pytest.mark.parametrize("variable", ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
+def test_a_rank_whose_mpi_sees_another_job_than_its_launchers_is_refused(variable):
+    # Started as one of 2 ranks, but MPI sees a job of 1 (a library that is not the
+    # launcher's, or the launcher's environment lost): training alone would be a silent
+    # wrong result.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
+    env[variable] = "2"
+    code = "import kvstore as kv\ntry:\n    kv.create('dist_sync')\nexcept kv.KVStoreError as e:\n    print(e)"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"one of 2 ranks ({variable}=2), but MPI sees a job of 1" in done.stdout, done.stdout + done.stderr
+    assert "KVSTORE_MPI=system" in done.stdout, done.stdout
