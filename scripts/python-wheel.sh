@@ -60,6 +60,7 @@ python3 -c 'import sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as w:
     name = next(n for n in w.namelist() if n.rsplit("/", 1)[-1].startswith("_with_mpi.") and n.endswith(".so"))
     open(sys.argv[2] + "/" + name.rsplit("/", 1)[-1], "wb").write(w.read(name))' "$mpi_wheel" "$stage/kvstore/python/kvstore"
+chmod 755 "$stage"/kvstore/python/kvstore/_with_mpi.*.so
 
 # The launcher, against glibc 2.17 as well.
 cargo zigbuild --release --quiet --target x86_64-unknown-linux-gnu.2.17 -p kvstore-commit --bin kvstore-run >&2

@@ -63,6 +63,13 @@ def test_an_mpi_that_does_not_load_is_an_import_error_that_says_why(tmp_path):
     missing.write_bytes(b"not a library")
     result = run(WHICH, str(missing))
     assert result.returncode != 0 and "which does not load" in result.stderr, result.stderr
+    # A library that loads but is not Open MPI's libmpi.so.40 (the module would load a
+    # second MPI beside it, or crash): refused, saying so.
+    import _ctypes
+
+    result = run(WHICH, os.path.realpath(_ctypes.__file__))
+    assert result.returncode != 0, result.stdout
+    assert "is not Open MPI's libmpi.so.40 (MPI_Init is not in it)" in result.stderr, result.stderr
 
 
 @needs_mpi_module

