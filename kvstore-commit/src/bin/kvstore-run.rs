@@ -274,12 +274,15 @@ fn spaced_tag_len(line: &[u8], spaced: bool) -> Option<usize> {
 /// after each rank's tag (`[1,0]<stdout>: text`); set once, before the first run.
 static SPACED_TAGS: AtomicBool = AtomicBool::new(false);
 
-/// The major version of the `mpirun` on `PATH` (`mpirun (Open MPI) 5.0.11`), if it says.
-fn mpirun_major() -> Option<u32> {
-    let out = Command::new("mpirun").arg("--version").stderr(Stdio::null()).output().ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let version = text.lines().next()?.rsplit(' ').next()?;
-    version.split('.').next()?.parse().ok()
+/// Whether the `mpirun` on `PATH` is Open MPI 5's: PRRTE's `prterun` is beside it (or is
+/// what it links to). Read from the files, without running `mpirun`: a site's wrapper
+/// need not answer `--version`.
+fn prrte_mpirun() -> bool {
+    let Some(path) = std::env::var_os("PATH") else { return false };
+    std::env::split_paths(&path).map(|d| d.join("mpirun")).find(|p| p.is_file()).is_some_and(|p| {
+        p.with_file_name("prterun").is_file()
+            || std::fs::canonicalize(&p).is_ok_and(|r| r.file_name().is_some_and(|n| n == "prterun"))
+    })
 }
 
 /// Whether `line` of `mpirun`'s output is a rank's, not `mpirun`'s own report: under
@@ -649,7 +652,7 @@ fn main() -> ExitCode {
     };
     take_charge();
     let began = Instant::now();
-    SPACED_TAGS.store(mpirun_major().is_some_and(|v| v >= 5), Ordering::Relaxed);
+    SPACED_TAGS.store(prrte_mpirun(), Ordering::Relaxed);
     // mpirun kills a run's other ranks at once when one died, not a second after asking
     // them to end (a rank asked to end may not), unless the user chose otherwise.
     const SIGKILL_TIMEOUT: &str = "odls_base_sigkill_timeout";
