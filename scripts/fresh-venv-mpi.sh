@@ -25,14 +25,19 @@ verdict() { echo "$1 $2" >>"$results"; }
 # names).
 empty=$(mktemp -d)
 blank=$(mktemp)
+# The masks are undone at the end (a mounted file cannot be removed), then their sources
+# removed: nothing of the run is left in TMPDIR.
+masked=()
+trap 'for m in "${masked[@]}"; do umount "$m"; done; rm -rf "$empty" "$blank"' EXIT
 for d in /usr/lib/x86_64-linux-gnu/openmpi /etc/openmpi /usr/share/openmpi /usr/lib/x86_64-linux-gnu/pmix \
     /usr/lib/x86_64-linux-gnu/pmix2; do
-    [ -d "$d" ] && mount --bind "$empty" "$d"
+    [ -d "$d" ] && mount --bind "$empty" "$d" && masked=("$d" "${masked[@]}")
 done
 for f in /usr/bin/mpirun /usr/bin/mpiexec /usr/bin/orterun /usr/bin/prterun /usr/bin/mpicc /usr/bin/ompi_info \
     /usr/lib/x86_64-linux-gnu/libmpi.so* /usr/lib/x86_64-linux-gnu/libopen-rte.so* \
     /usr/lib/x86_64-linux-gnu/libopen-pal.so* /usr/lib/x86_64-linux-gnu/libpmix.so*; do
-    [ -e "$f" ] && mount --bind "$blank" "$(readlink -f "$f")"
+    target=$(readlink -f "$f")
+    [ -e "$f" ] && mount --bind "$blank" "$target" && masked=("$target" "${masked[@]}")
 done
 unset KVSTORE_MPI OMPI_ALLOW_RUN_AS_ROOT OMPI_ALLOW_RUN_AS_ROOT_CONFIRM OMPI_MCA_rmaps_base_oversubscribe
 unset VIRTUAL_ENV LD_LIBRARY_PATH PYTHONPATH
