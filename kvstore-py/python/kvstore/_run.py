@@ -21,12 +21,11 @@ def main() -> None:
             "of `make python` (docs/python.md)"
         )
     try:
-        how, _ = _native.choice()
+        how, where = _native.choice()
     except ImportError as e:
         raise SystemExit(f"kvstore-run: {e}") from None
-    folder = _native.mpirun_folder()
-    if folder is not None:
-        os.environ["PATH"] = folder + os.pathsep + os.environ.get("PATH", "")
+    if how == "environment" and where:
+        os.environ["PATH"] = os.path.join(where, "bin") + os.pathsep + os.environ.get("PATH", "")
     elif how == "none" or shutil.which("mpirun") is None:
         raise SystemExit(
             "kvstore-run: no MPI to run the job with: `pip install \"kvstore[mpi]\"` installs Open MPI "
